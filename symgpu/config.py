@@ -1,0 +1,493 @@
+"""Typed, validated configuration flags.
+
+Sources, in rising precedence:
+
+1. each flag's default;
+2. the rc file: ``$SYMGPURC`` if set, else ``~/.symgpurc``.  INI; ``[global]`` holds plain
+   flags, ``[gpuarray]``, ``[nvcc]`` ... hold dotted ones (``[gpuarray] preallocate = 0.8``);
+3. the environment variable ``SYMGPU_FLAGS``: ``name=value`` pairs separated by commas, dotted
+   names written out (``gpuarray.preallocate=0.8``).  A piece that does not start with
+   ``name=`` continues the previous value, so ``nvcc.flags=-Xcompiler -O3,-fPIC`` keeps its comma;
+4. ``config.change_flags(...)`` (context manager and decorator) and attribute assignment
+   (``config.floatX = 'float32'``, for the rest of the process).
+
+Every value is checked by the flag's param; a bad name or value raises :class:`ConfigError`
+naming the flag, the value, its source and what is allowed.  Errors in the rc file or in
+``SYMGPU_FLAGS`` surface when this module is imported.  Only the standard library is used so
+that flags can be read before anything heavy is imported.
+"""
+from __future__ import annotations
+
+import configparser
+import difflib
+import functools
+import math
+import os
+import re
+import sys
+import sysconfig
+import types
+from typing import Any, Callable, Mapping
+
+__all__ = [
+    "Config", "ConfigError", "Param", "EnumParam", "BoolParam", "FloatParam", "StrParam",
+    "PathParam", "DeviceParam", "ContextsParam", "parse_contexts", "config", "change_flags",
+]
+
+_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_ENV_ITEM = re.compile(r"\s*([A-Za-z_][\w.]*)\s*=(.*)", re.S)
+_DEVICE = re.compile(r"cpu|cuda\d*")
+_GPU_DEVICE = re.compile(r"cuda\d*")
+
+
+class ConfigError(ValueError):
+    """A bad flag name or value.  ``flag``, ``value``, ``source`` and ``allowed`` say which."""
+
+    def __init__(self, message: str, flag: str | None = None, value: Any = None,
+                 source: str | None = None, allowed: str | None = None) -> None:
+        super().__init__(message)
+        self.flag, self.value, self.source, self.allowed = flag, value, source, allowed
+
+
+# --------------------------------------------------------------------------- params
+class Param:
+    """Turns a raw value (a string from the rc file / environment, or a Python object) into
+    the flag's typed value.  Subclasses set ``allowed`` and implement ``convert``."""
+
+    allowed = "any value"
+
+    def convert(self, value: Any) -> Any:
+        """Return the typed value; raise ValueError or TypeError (with a reason) if invalid."""
+        return value
+
+    def parse(self, value: Any, flag: str, source: str) -> Any:
+        """``convert`` with errors turned into a ConfigError that names flag and source."""
+        try:
+            return self.convert(value)
+        except (ValueError, TypeError) as exc:
+            reason = f": {exc}" if str(exc) else ""
+            raise ConfigError(f"invalid value {value!r} for flag {flag!r} (from {source}){reason}; "
+                              f"allowed: {self.allowed}", flag, value, source, self.allowed) from None
+
+
+class EnumParam(Param):
+    """One of a fixed set of strings, matched exactly."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.allowed = ", ".join(choices)
+
+    def convert(self, value: Any) -> str:
+        if isinstance(value, str) and value.strip() in self.choices:
+            return value.strip()
+        raise ValueError("")
+
+
+class BoolParam(Param):
+    """A boolean; strings true/false, 1/0, yes/no, on/off are accepted in any case."""
+
+    allowed = "True, False (also true/false, 1/0, yes/no, on/off)"
+    _TRUE = {"true", "1", "yes", "on"}
+    _FALSE = {"false", "0", "no", "off"}
+
+    def convert(self, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in self._TRUE or low in self._FALSE:
+                return low in self._TRUE
+        raise ValueError("")
+
+
+class FloatParam(Param):
+    """A finite float, optionally checked by ``validator(x) -> bool`` described by ``doc``."""
+
+    def __init__(self, validator: Callable[[float], bool] | None = None,
+                 doc: str = "") -> None:
+        self.validator = validator
+        self.allowed = f"a finite number{', ' + doc if doc else ''}"
+
+    def convert(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise TypeError("not a number")
+        x = float(value.strip() if isinstance(value, str) else value)
+        if not math.isfinite(x):
+            raise ValueError("not finite")
+        if self.validator is not None and not self.validator(x):
+            raise ValueError("")
+        return x
+
+
+class StrParam(Param):
+    """Any string."""
+
+    allowed = "any string"
+
+    def convert(self, value: Any) -> str:
+        if not isinstance(value, str):
+            raise TypeError(f"expected a string, got {type(value).__name__}")
+        return value.strip()
+
+
+class PathParam(StrParam):
+    """A filesystem path; ``~`` is expanded.  The path need not exist yet."""
+
+    allowed = "a path (~ is expanded)"
+
+    def convert(self, value: Any) -> str:
+        text = super().convert(value)
+        return os.path.expanduser(text) if text else text
+
+
+class DeviceParam(Param):
+    """``cpu``, ``cuda`` (the default GPU) or ``cudaN`` (GPU number N)."""
+
+    allowed = "cpu, cuda, cudaN"
+
+    def convert(self, value: Any) -> str:
+        if isinstance(value, str) and _DEVICE.fullmatch(value.strip()):
+            return value.strip()
+        raise ValueError("")
+
+
+class ContextsParam(StrParam):
+    """``name->cudaN;name->cudaN``; kept as the string, read as a dict by ``parse_contexts``."""
+
+    allowed = "'' or name->cudaN pairs separated by ';' (e.g. dev0->cuda0;dev1->cuda1)"
+
+    def convert(self, value: Any) -> str:
+        text = super().convert(value)
+        parse_contexts(text)
+        return text
+
+
+def parse_contexts(spec: str) -> dict[str, str]:
+    """Parse ``dev0->cuda0;dev1->cuda1`` into ``{'dev0': 'cuda0', 'dev1': 'cuda1'}``.
+
+    Raises ValueError on a malformed entry, a name that looks like a device or a repeated name.
+    Several names may share one GPU (useful to test multi-context code on one device)."""
+    result: dict[str, str] = {}
+    for entry in spec.split(";"):
+        if not entry.strip():
+            continue
+        name, sep, dev = (s.strip() for s in entry.partition("->"))
+        if not sep or not re.fullmatch(r"\w+", name) or not _GPU_DEVICE.fullmatch(dev):
+            raise ValueError(f"bad entry {entry.strip()!r}, expected name->cudaN")
+        if _DEVICE.fullmatch(name):
+            raise ValueError(f"context name {name!r} is a device name")
+        if name in result:
+            raise ValueError(f"context name {name!r} appears twice")
+        result[name] = dev
+    return result
+
+
+# --------------------------------------------------------------------------- sources
+def _normalize(name: str) -> str:
+    """``gpuarray__preallocate`` -> ``gpuarray.preallocate`` (keyword-argument spelling)."""
+    return name.strip().replace("__", ".")
+
+
+def _parse_flags_string(text: str, source: str = "SYMGPU_FLAGS") -> list[tuple[str, str, str]]:
+    """Split ``a=1,b.c=x->y;z`` into (name, raw value, source) triples, in order."""
+    items: list[list[str]] = []
+    for piece in text.split(","):
+        m = _ENV_ITEM.match(piece)
+        if m:
+            items.append([_normalize(m.group(1)), m.group(2)])
+        elif items:  # no 'name=' prefix: the value itself held a comma
+            items[-1][1] += "," + piece
+        elif piece.strip():
+            raise ConfigError(f"malformed entry {piece.strip()!r} in {source}: expected "
+                              f"name=value pairs separated by commas", None, piece, source,
+                              "name=value pairs")
+    return [(name, value.strip(), source) for name, value in items]
+
+
+def _read_rc(path: str) -> list[tuple[str, str, str]]:
+    """Read the INI rc file at ``path`` (missing file: nothing) into (name, raw, source)."""
+    source = f"rc file {path}"
+    parser = configparser.ConfigParser(interpolation=None, default_section="\0none")
+    parser.optionxform = str  # type: ignore[assignment]  # keep case: floatX
+    try:
+        if not parser.read(path, encoding="utf-8"):
+            return []
+    except (configparser.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot parse {source}: {exc}", source=source) from None
+    out = []
+    for section in parser.sections():
+        prefix = "" if section == "global" else section + "."
+        for key, value in parser.items(section, raw=True):
+            out.append((_normalize(prefix + key), value.strip(), source))
+    return out
+
+
+def _default_compiledir(environ: Mapping[str, str]) -> str:
+    """``$XDG_CACHE_HOME/symgpu/<platform>-<python>`` so interpreters never share binaries."""
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+    return os.path.join(base, "symgpu", tag)
+
+
+# --------------------------------------------------------------------------- config
+class _Flag:
+    __slots__ = ("name", "doc", "param", "default", "value", "source")
+
+    def __init__(self, name: str, doc: str, param: Param, default: Any) -> None:
+        self.name, self.doc, self.param = name, doc, param
+        self.default = self.value = default
+        self.source = "default"
+
+
+class _Section:
+    """Attribute view of the flags under one dotted prefix, e.g. ``config.gpuarray``."""
+
+    def __init__(self, cfg: Config, prefix: str) -> None:
+        object.__setattr__(self, "_cfg", cfg)
+        object.__setattr__(self, "_prefix", prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._cfg._lookup(self._prefix + name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self._cfg._assign(self._prefix + name, value, "assignment")
+
+    def __dir__(self) -> list[str]:
+        n = len(self._prefix)
+        return sorted({k[n:].split(".")[0] for k in self._cfg._flags if k.startswith(self._prefix)})
+
+    def __repr__(self) -> str:
+        return f"<config section {self._prefix[:-1]!r}>"
+
+
+class _ChangeFlags:
+    """Returned by ``Config.change_flags``: a re-entrant context manager and a decorator."""
+
+    def __init__(self, cfg: Config, values: dict[str, Any]) -> None:
+        self._cfg, self._values, self._saved = cfg, values, []
+
+    def __enter__(self) -> Config:
+        flags = self._cfg._flags
+        self._saved.append({n: (flags[n].value, flags[n].source) for n in self._values})
+        for name, value in self._values.items():
+            flags[name].value, flags[name].source = value, "change_flags"
+        return self._cfg
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, (value, source) in self._saved.pop().items():
+            self._cfg._flags[name].value, self._cfg._flags[name].source = value, source
+
+    def __call__(self, fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+        return wrapper
+
+
+class Config:
+    """All flags.  Read ``config.floatX``, ``config.gpuarray.preallocate``; see module doc.
+
+    ``environ`` defaults to ``os.environ``; ``rc_path`` defaults to ``$SYMGPURC`` or
+    ``~/.symgpurc`` (``''`` reads no rc file).  With ``strict`` a name in the rc file or
+    ``SYMGPU_FLAGS`` that no built-in flag has raises at once; without it, call
+    ``check_unknown()`` once every flag is added."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None, rc_path: str | None = None,
+                 strict: bool = True) -> None:
+        env = os.environ if environ is None else environ
+        self._flags: dict[str, _Flag] = {}
+        self._sections: dict[str, _Section] = {}
+        if rc_path is None:
+            rc_path = env.get("SYMGPURC") or os.path.join(os.path.expanduser("~"), ".symgpurc")
+        self._rc_path = rc_path
+        # raw values kept so that a flag added later still gets them; lowest precedence first
+        self._raw = _read_rc(rc_path) if rc_path else []
+        self._raw += _parse_flags_string(env.get("SYMGPU_FLAGS", ""))
+        _register_builtin_flags(self, env)
+        if strict:
+            self.check_unknown()
+
+    # -- registration
+    def add(self, name: str, doc: str, param: Param, default: Any) -> None:
+        """Register flag ``name`` (dotted for a section) where the feature lives.
+
+        ``doc`` is one line; ``default`` is checked by ``param``.  A value for ``name`` already
+        read from the rc file or SYMGPU_FLAGS is applied (and validated) now."""
+        name = _normalize(name)
+        if not _NAME.fullmatch(name):
+            raise ConfigError(f"bad flag name {name!r}", name)
+        parts = name.split(".")
+        prefixes = [".".join(parts[:i]) for i in range(1, len(parts))]
+        if (name in self._flags or name + "." in self._sections or hasattr(Config, parts[0])
+                or any(p in self._flags for p in prefixes)):
+            raise ConfigError(f"flag {name!r} is already registered or clashes with another name",
+                              name)
+        flag = _Flag(name, doc, param, param.parse(default, name, "default"))
+        for raw_name, raw, source in self._raw:
+            if raw_name == name:
+                flag.value, flag.source = param.parse(raw, name, source), source
+        self._flags[name] = flag
+        for p in prefixes:
+            self._sections.setdefault(p + ".", _Section(self, p + "."))
+
+    def check_unknown(self) -> None:
+        """Raise ConfigError for a name in the rc file or SYMGPU_FLAGS that is no flag."""
+        for name, raw, source in self._raw:
+            if name not in self._flags:
+                raise self._unknown(name, raw, source)
+
+    # -- reading and writing
+    def _unknown(self, name: str, value: Any, source: str) -> ConfigError:
+        known = list(self._flags)
+        close = difflib.get_close_matches(name, known, n=3)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        return ConfigError(f"unknown flag {name!r} (value {value!r}, from {source}); known "
+                           f"flags: {', '.join(known)}{hint}", name, value, source, ", ".join(known))
+
+    def _lookup(self, name: str) -> Any:
+        if name in self._flags:
+            return self._flags[name].value
+        if name + "." in self._sections:
+            return self._sections[name + "."]
+        raise AttributeError(f"symgpu config has no flag {name!r}")
+
+    def _assign(self, name: str, value: Any, source: str) -> None:
+        flag = self._flags.get(_normalize(name))
+        if flag is None:
+            raise self._unknown(name, value, source)
+        flag.value, flag.source = flag.param.parse(value, flag.name, source), source
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._lookup(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            self._assign(name, value, "assignment")
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(super().__dir__()) | {k.split(".")[0] for k in self._flags})
+
+    def change_flags(self, values: Mapping[str, Any] | None = None, /,
+                     **kwargs: Any) -> _ChangeFlags:
+        """Set flags inside a ``with`` block or a decorated function, restoring them on exit
+        (also on exceptions).  Names and values are checked now, not on entry.
+
+        ``change_flags(floatX='float32')``, ``change_flags(gpuarray__preallocate=0.5)`` or
+        ``change_flags({'gpuarray.preallocate': 0.5})``."""
+        parsed: dict[str, Any] = {}
+        for name, value in {**(values or {}), **kwargs}.items():
+            flag = self._flags.get(_normalize(name))
+            if flag is None:
+                raise self._unknown(name, value, "change_flags")
+            parsed[flag.name] = flag.param.parse(value, flag.name, "change_flags")
+        return _ChangeFlags(self, parsed)
+
+    # -- helpers for features
+    def tags(self, name: str) -> list[str]:
+        """Split a ``:``-separated tag flag such as ``optimizer_including`` into its tags."""
+        return [t.strip() for t in str(self._lookup(name)).split(":") if t.strip()]
+
+    def context_map(self) -> dict[str, str]:
+        """The ``contexts`` flag as ``{name: 'cudaN'}``."""
+        return parse_contexts(self._lookup("contexts"))
+
+    def source(self, name: str) -> str:
+        """Where the current value of ``name`` came from (default, rc file ..., SYMGPU_FLAGS ...)."""
+        if _normalize(name) not in self._flags:
+            raise self._unknown(name, None, "source()")
+        return self._flags[_normalize(name)].source
+
+    def describe(self) -> list[tuple[str, str, str, Any, Any]]:
+        """(name, doc, allowed, default, current) per flag, in registration order; for docs."""
+        return [(f.name, f.doc, f.param.allowed, f.default, f.value) for f in self._flags.values()]
+
+    def dump(self) -> str:
+        """One ``name = value`` line per flag, with the source of every non-default value."""
+        width = max((len(n) for n in self._flags), default=0)
+        return "\n".join(f"{f.name:<{width}} = {f.value!r}"
+                         + ("" if f.source == "default" else f"  ({f.source})")
+                         for f in self._flags.values())
+
+    __str__ = dump
+
+    def __repr__(self) -> str:
+        return f"<symgpu Config, {len(self._flags)} flags; print it to see them>"
+
+
+_ACTIONS = ("ignore", "warn", "raise", "pdb")
+_BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, param, default, doc
+    ("device", DeviceParam, "cpu", "where functions run by default"),
+    ("force_device", BoolParam, False,
+     "if the GPU cannot be used: raise instead of warning and falling back to the CPU"),
+    ("floatX", lambda: EnumParam("float64", "float32", "float16"), "float64",
+     "dtype of untyped constructors and of shared() for Python floats"),
+    ("warn_float64", lambda: EnumParam(*_ACTIONS), "ignore",
+     "what to do when a float64 variable is created"),
+    ("mode", lambda: EnumParam("FAST_RUN", "FAST_COMPILE", "DebugMode"), "FAST_RUN",
+     "default compilation mode: rewrite set and checking"),
+    ("optimizer_including", StrParam, "",
+     "':'-separated rewrite tags to switch on (config.tags splits them)"),
+    ("optimizer_excluding", StrParam, "",
+     "':'-separated rewrite tags to switch off (config.tags splits them)"),
+    ("profile", BoolParam, False, "collect time profiles of compiled functions, print at exit"),
+    ("profile_memory", BoolParam, False, "also collect memory profiles, print them at exit"),
+    ("allow_gc", BoolParam, True,
+     "free intermediate results between calls (False keeps them: faster, more memory)"),
+    ("assert_no_cpu_op", lambda: EnumParam(*_ACTIONS), "ignore",
+     "what to do when a compiled GPU function keeps an op on the CPU"),
+    ("contexts", ContextsParam, "", "named GPU contexts for several GPUs, e.g. "
+     "dev0->cuda0;dev1->cuda1 (config.context_map() parses it)"),
+    ("gpuarray.preallocate", FloatParam, 0.0, "GPU memory the pool takes at start: "
+     "fraction (<=1) or MiB (>1); negative disables pooling"),
+    ("gpuarray.cuda_graphs", BoolParam, True, "capture whole GPU functions into CUDA graphs"),
+    ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
+    ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
+    ("compile_log", BoolParam, False,
+     "say for each kernel whether the compile cache hit or missed"),
+    ("exception_verbosity", lambda: EnumParam("low", "high"), "low",
+     "how much a runtime error prints"),
+    ("print_active_device", BoolParam, True, "print the device in use when the GPU starts"),
+]
+
+
+def _register_builtin_flags(cfg: Config, environ: Mapping[str, str]) -> None:
+    """All flags of the core; the check for unknown names runs after these."""
+    for name, param, default, doc in _BUILTIN_FLAGS:
+        if name == "compiledir":
+            default = _default_compiledir(environ)
+        cfg.add(name, doc, param(), default)
+
+
+config = Config()
+change_flags = config.change_flags
+
+
+def __getattr__(name: str) -> Any:
+    """Module attributes read flags too, in case ``symgpu.config`` names this module."""
+    try:
+        return config._lookup(name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+class _ConfigModule(types.ModuleType):
+    """Make ``symgpu.config.floatX = ...`` set the flag even when ``symgpu.config`` is this
+    module rather than the object (otherwise it would silently create a module global)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in config._flags:
+            config._assign(name, value, "assignment")
+        else:
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _ConfigModule
