@@ -1,0 +1,19 @@
+"""symgpu: a symbolic tensor-graph compiler in the tradition of Theano, with a CUDA backend.
+
+Build graphs from symbolic variables (`symgpu.tensor`), compile them with `function`, and run
+them on the CPU or, with `device=cuda`, on an NVIDIA GPU. Importing needs no GPU or PyCUDA.
+"""
+from symgpu.config import config
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op
+from symgpu.compile.io import In, Out
+from symgpu.compile.function import function
+from symgpu.compile.sharedvalue import shared
+import symgpu.tensor as tensor
+from symgpu.gradient import grad
+import symgpu.printing as printing
+
+__version__ = "0.1.0"
+
+__all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
+           "Constant", "tensor", "__version__"]

@@ -1,0 +1,104 @@
+"""Shared variables: symbolic variables with a value that lives across function calls."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.graph.basic import Variable
+
+__all__ = ["SharedVariable", "shared", "register_shared_constructor", "Container"]
+
+
+class Container:
+    """The one-element cell that holds a shared value; compiled functions read it in place."""
+
+    __slots__ = ("storage", "type", "name")
+
+    def __init__(self, type, value: Any, name: str | None):
+        self.type = type
+        self.storage = [value]
+        self.name = name
+
+    @property
+    def value(self) -> Any:
+        return self.storage[0]
+
+
+class SharedVariable(Variable):
+    """A variable whose value is stored with it and shared by every function that uses it."""
+
+    def __init__(self, type, value: Any, name: str | None = None, strict: bool = False,
+                 allow_downcast: bool | None = None, container: Container | None = None):
+        super().__init__(type, None, None, name)
+        if container is None:
+            container = Container(type, type.filter(value, strict=strict, allow_downcast=allow_downcast), name)
+        self.container = container
+
+    def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
+        """The current value; a copy unless `borrow=True` (then it may be the internal buffer)."""
+        value = self.container.storage[0]
+        if borrow:
+            return value
+        return self._copy_out(value)
+
+    def set_value(self, value: Any, borrow: bool = False) -> None:
+        """Replace the value (checked against the type; copied unless `borrow=True`).
+
+        A value of another ndim or an unsafe dtype is refused and nothing changes."""
+        new = self.type.filter(value, strict=False, allow_downcast=None)
+        if new is value and not borrow:
+            new = self._copy_in(new)
+        self.container.storage[0] = new
+
+    def _copy_out(self, value: Any) -> Any:
+        return value.copy()
+
+    def _copy_in(self, value: Any) -> Any:
+        return value.copy()
+
+    def clone(self) -> "SharedVariable":
+        cp = super().clone()
+        cp.container = self.container
+        return cp
+
+    @property
+    def value(self) -> Any:
+        return self.get_value()
+
+    def __str__(self) -> str:
+        return self.name if self.name is not None else f"<{self.type}>"
+
+    __repr__ = __str__
+
+
+#: constructors tried in order (most recently registered first); each returns a
+#: SharedVariable or raises TypeError to let the next one try
+_CONSTRUCTORS: list[Callable[..., SharedVariable]] = []
+
+
+def register_shared_constructor(fn: Callable[..., SharedVariable]) -> Callable[..., SharedVariable]:
+    """Register a constructor for `shared()`; later registrations are tried first."""
+    _CONSTRUCTORS.insert(0, fn)
+    return fn
+
+
+def shared(value: Any, name: str | None = None, borrow: bool = False, strict: bool = False,
+           allow_downcast: bool | None = None, target: str | None = "default", **kwargs: Any) -> SharedVariable:
+    """A shared variable holding `value` (copied unless `borrow=True`).
+
+    With `device=cuda`, float32 arrays live on the GPU; scalar integers stay on the host.
+    `target='cpu'` or a context name forces the place.
+    """
+    if isinstance(value, Variable):
+        raise TypeError(f"shared() takes a value, not a symbolic variable ({value})")
+    errors = []
+    for ctor in _CONSTRUCTORS:
+        try:
+            return ctor(value, name=name, borrow=borrow, strict=strict,
+                        allow_downcast=allow_downcast, target=target, **kwargs)
+        except TypeError as exc:
+            errors.append(f"{getattr(ctor, '__name__', ctor)}: {exc}")
+    raise TypeError(f"no shared-variable type accepts {type(value).__name__} value "
+                    f"{np.asarray(value).dtype if hasattr(value, '__len__') else value!r}: "
+                    + "; ".join(errors))

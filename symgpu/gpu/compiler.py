@@ -1,0 +1,320 @@
+"""CUDA source -> cubin -> loaded module, with a persistent kernel cache of our own.
+
+Why our own cache: PyCUDA's ``SourceModule`` runs nvcc's preprocessor on every start just to
+compute its cache key (about 0.2 s a module).  Here a warm start reads a cubin from disk and
+loads it with ``module_from_buffer``: no compiler run at all.
+
+Two levels:
+
+* in memory, :func:`get_kernel` is keyed on the *caller's* signature key (op, dtypes, ndim,
+  contiguity ...) plus the device, so hot paths never build or hash kernel source;
+* on disk, under ``config.compiledir``, entries are keyed on sha256 of (source, options, arch,
+  nvcc version, symgpu version).  A cubin is written through a temp file and ``os.replace``;
+  a sidecar holds its sha256, checked before loading; an entry that fails the check or does
+  not load is recompiled.  A ``filelock.FileLock`` per entry makes concurrent processes compile
+  a kernel once.  Nothing is pickled.  The directory must be private (mode 0700, ours).
+
+Compiling needs only ``nvcc`` (CI compiles every kernel without a GPU); loading needs PyCUDA
+and an active context.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
+    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache",
+]
+
+CACHE_FORMAT = 1  # bump when the on-disk layout changes
+
+
+class CompileError(RuntimeError):
+    """nvcc failed.  ``stderr`` holds its messages, ``source_path`` the kept ``.cu`` file."""
+
+    def __init__(self, message: str, stderr: str = "", source_path: str | None = None,
+                 command: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.stderr, self.source_path, self.command = stderr, source_path, list(command)
+
+
+# --------------------------------------------------------------------------- helpers
+_lock = threading.RLock()
+_nvcc_version: str | None = None
+_checked_dirs: set[str] = set()
+_cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin)
+_kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
+_modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
+
+
+def _config() -> Any:
+    from symgpu.config import config
+    return config
+
+
+def _log(message: str) -> None:
+    if _config().compile_log:
+        print(f"symgpu.gpu.compiler: {message}", file=sys.stderr)
+
+
+def _symgpu_version() -> str:
+    pkg = sys.modules.get("symgpu")
+    version = getattr(pkg, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        from importlib.metadata import version as dist_version
+        return dist_version("symgpu")
+    except Exception:  # not installed: a source checkout
+        return "0+source"
+
+
+def _nvcc() -> str:
+    path = shutil.which("nvcc")
+    if path is None:
+        raise CompileError("nvcc was not found on PATH: install the CUDA toolkit or add its bin/ "
+                           "directory to PATH to compile GPU kernels")
+    return path
+
+
+def nvcc_version() -> str:
+    """``nvcc --version`` output (memoised per process); part of every disk-cache key."""
+    global _nvcc_version
+    if _nvcc_version is None:
+        out = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            raise CompileError(f"`nvcc --version` failed: {out.stderr.strip()}", out.stderr)
+        _nvcc_version = out.stdout.strip()
+    return _nvcc_version
+
+
+def _all_options(options: Sequence[str]) -> list[str]:
+    """Caller options followed by ``config.nvcc.flags`` (split like a shell would)."""
+    return [*options, *shlex.split(_config().nvcc.flags or "")]
+
+
+def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> str:
+    """sha256 hex digest naming a disk-cache entry (``options`` already include nvcc.flags)."""
+    blob = json.dumps({"format": CACHE_FORMAT, "source": source, "options": list(options),
+                       "arch": arch, "nvcc": nvcc_version(), "symgpu": _symgpu_version()},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _check_private_dir(path: str) -> None:
+    """Refuse a directory that others could write into: they could plant a cubin we load."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise PermissionError(f"symgpu compiledir {path!r} is not a directory")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise PermissionError(
+            f"symgpu compiledir {path!r} is owned by uid {st.st_uid}, not by you "
+            f"(uid {os.getuid()}): refusing to load kernels another user could have written. "
+            f"Set the compiledir flag to a directory of your own.")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(
+            f"symgpu compiledir {path!r} is writable by group or others (mode "
+            f"{stat.S_IMODE(st.st_mode):#o}): refusing to load kernels others could replace. "
+            f"Run `chmod 700 {path}` or set the compiledir flag to a private directory.")
+
+
+def _private_dir(path: str) -> str:
+    """Create ``path`` mode 0700 if missing, then check it is private (once per process)."""
+    if path in _checked_dirs:
+        return path
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    _check_private_dir(path)
+    _checked_dirs.add(path)
+    return path
+
+
+def kernel_cache_dir() -> str:
+    """``<compiledir>/kernels``, created and checked (0700, owned by us) on first use."""
+    root = _config().compiledir
+    if not root:
+        raise PermissionError("the compiledir flag is empty: set it to a private directory")
+    _private_dir(root)
+    return _private_dir(os.path.join(root, "kernels"))
+
+
+def _entry_paths(digest: str) -> tuple[str, str, str]:
+    sub = _private_dir(os.path.join(kernel_cache_dir(), digest[:2]))
+    base = os.path.join(sub, digest)
+    return base + ".cubin", base + ".cubin.sha256", base + ".lock"
+
+
+def _read_entry(cubin_path: str, sum_path: str) -> tuple[bytes | None, str]:
+    """(cubin, '') when valid, else (None, why): 'absent', 'unreadable', 'checksum mismatch'."""
+    try:
+        with open(cubin_path, "rb") as f:
+            data = f.read()
+        with open(sum_path, "r", encoding="ascii") as f:
+            expected = f.read().strip()
+    except FileNotFoundError:
+        return None, "absent"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"unreadable ({exc})"
+    if not data or hashlib.sha256(data).hexdigest() != expected:
+        return None, "checksum mismatch"
+    return data, ""
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> bytes:
+    """Compile in a private temp dir; on failure keep the ``.cu`` and raise CompileError."""
+    root = kernel_cache_dir()
+    work = tempfile.mkdtemp(prefix="build-", dir=root)
+    src = os.path.join(work, f"{digest[:16]}.cu")
+    out = os.path.join(work, f"{digest[:16]}.cubin")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write(source)
+    cmd = [_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", out, src]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            with open(out, "rb") as f:
+                return f.read()
+        failed = _private_dir(os.path.join(root, "failed"))
+        kept = os.path.join(failed, f"{digest[:16]}.cu")
+        os.replace(src, kept)
+        stderr = (proc.stderr or proc.stdout).strip()
+        raise CompileError(f"nvcc failed (exit {proc.returncode}) compiling a kernel for {arch}; "
+                           f"source kept at {kept}\ncommand: {shlex.join(cmd)}\n{stderr}",
+                           stderr, kept, cmd)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- public API
+def compile_to_cubin(source: str, options: Sequence[str] = (),
+                     arch: str = "sm_90") -> tuple[str, bytes, bool]:
+    """Return ``(cubin_path, cubin_bytes, hit)`` for ``source``; needs nvcc, not PyCUDA.
+
+    ``hit`` is True when the disk cache (or this process's memo of it) already had the entry.
+    ``config.nvcc.flags`` is appended to ``options``."""
+    opts = _all_options(options)
+    digest = cache_key(source, opts, arch)
+    with _lock:
+        memo = _cubin_memo.get(digest)
+    if memo is not None:
+        _log(f"hit (memory) {digest[:16]}")
+        return memo[0], memo[1], True
+    cubin_path, sum_path, lock_path = _entry_paths(digest)
+    data, why = _read_entry(cubin_path, sum_path)
+    hit = data is not None
+    if not hit:
+        from filelock import FileLock
+        with FileLock(lock_path):
+            data, why = _read_entry(cubin_path, sum_path)  # another process may have finished
+            hit = data is not None
+            if not hit:
+                _log(f"miss ({why}) {digest[:16]}: compiling for {arch} with {opts}")
+                data = _run_nvcc(source, opts, arch, digest)
+                _atomic_write(cubin_path, data)
+                _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode() + b"\n")
+    if hit:
+        _log(f"hit (disk) {digest[:16]}")
+    with _lock:
+        _cubin_memo[digest] = (cubin_path, data)
+    return cubin_path, data, hit
+
+
+def _forget(digest: str, cubin_path: str) -> None:
+    """Drop a cache entry that failed to load so the next compile rebuilds it."""
+    with _lock:
+        _cubin_memo.pop(digest, None)
+    for path in (cubin_path, cubin_path + ".sha256"):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def load_module(cubin: bytes, context: Any = None) -> Any:
+    """Load cubin bytes into ``context`` (default: the default GPU context) via PyCUDA."""
+    from symgpu.gpu.context import get_context
+    ctx = context if context is not None else get_context(None)
+    ctx.activate()
+    import pycuda.driver as drv
+    return drv.module_from_buffer(cubin)
+
+
+def compile_module(source: str, options: Sequence[str] = (), arch: str | None = None,
+                   context: Any = None) -> Any:
+    """Compile (or fetch from cache) and load ``source``; returns a PyCUDA module.
+
+    ``arch`` defaults to the context's (``sm_90`` on Hopper).  An entry that fails to load is
+    recompiled once.  Use :func:`get_kernel` on hot paths: this hashes the source."""
+    from symgpu.gpu.context import get_context
+    ctx = context if context is not None else get_context(None)
+    arch = arch or ctx.arch
+    digest = cache_key(source, _all_options(options), arch)
+    with _lock:
+        module = _modules.get((digest, id(ctx)))
+    if module is not None:
+        return module
+    for attempt in (0, 1):
+        path, cubin, _ = compile_to_cubin(source, options, arch)
+        try:
+            module = load_module(cubin, ctx)
+            break
+        except Exception as exc:
+            if attempt:
+                raise
+            _log(f"entry {digest[:16]} did not load ({exc}); recompiling")
+            _forget(digest, path)
+    with _lock:
+        _modules[(digest, id(ctx))] = module
+    return module
+
+
+def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
+               options: Sequence[str] = (), context: Any = None) -> Any:
+    """The PyCUDA ``Function`` ``fn_name`` for the caller's hashable ``key`` on ``context``.
+
+    ``source_factory`` is called only on a memory miss, so the hot path costs one dict lookup.
+    ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...)."""
+    from symgpu.gpu.context import get_context
+    ctx = context if context is not None else get_context(None)
+    mkey = (key, tuple(options), _config().nvcc.flags, id(ctx))
+    fn = _kernels.get(mkey)
+    if fn is not None:
+        return fn
+    module = compile_module(source_factory(), options, ctx.arch, ctx)
+    fn = module.get_function(fn_name)
+    with _lock:
+        _kernels[mkey] = fn
+    return fn
+
+
+def clear_memory_cache() -> None:
+    """Forget in-process caches (disk entries stay); tests use it to force disk lookups."""
+    with _lock:
+        _cubin_memo.clear()
+        _kernels.clear()
+        _modules.clear()

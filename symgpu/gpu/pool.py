@@ -1,0 +1,239 @@
+"""A caching device-memory pool, one per context.
+
+Why: ``cuMemAlloc``/``cuMemFree`` cost tens of microseconds and ``cuMemFree`` synchronises the
+device, so a graph that allocates its outputs on every call would be bound by the allocator.
+The pool keeps freed blocks in size-class bins and hands them out again; once warm, the hot
+path is a dict lookup and a list pop.  Reuse is safe without events because all symgpu work on
+a context runs on its one stream: a block freed by the host is only reused by work queued later
+on the same stream.
+
+Size classes: multiples of 512 B up to 1 MiB; above, four classes per power of two (at most
+25% waste).  ``gpuarray.preallocate`` (read when the context starts):
+
+* ``0``: grow on demand;
+* ``0 < x <= 1``: take that fraction of total memory at start as one arena and carve blocks
+  from it (first fit, coalescing on free); past the arena, grow on demand;
+* ``x > 1``: the same with ``x`` MiB;
+* ``x < 0``: no pooling: every block is a plain allocation freed when its array dies.
+
+Out of memory: cached blocks are released and the allocation retried once; then
+:class:`GpuMemoryError` (a ``MemoryError``) reports bytes asked, free and total.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from typing import Any
+
+__all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class"]
+
+_SMALL = 512
+_SMALL_LIMIT = 1 << 20
+_MIB = 1 << 20
+
+
+class GpuMemoryError(MemoryError):
+    """Device memory is exhausted; ``asked``, ``free`` and ``total`` are in bytes."""
+
+    def __init__(self, message: str, asked: int = 0, free: int = 0, total: int = 0) -> None:
+        super().__init__(message)
+        self.asked, self.free, self.total = asked, free, total
+
+
+def size_class(nbytes: int) -> int:
+    """The rounded size a request of ``nbytes`` is served with (and binned under)."""
+    if nbytes <= _SMALL_LIMIT:
+        return max(_SMALL, -(-nbytes // _SMALL) * _SMALL)
+    step = 1 << max((nbytes - 1).bit_length() - 3, 0)
+    return -(-nbytes // step) * step
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n} bytes ({n / size:.2f} {unit})"
+    return f"{n} bytes"
+
+
+class _OutOfMemory(Exception):
+    """The driver refused an allocation (internal; becomes GpuMemoryError after a retry)."""
+
+
+class Block:
+    """A device block owned by one or more arrays; returns to its pool when collected.
+
+    ``ptr`` is the device address, ``size`` the size class actually reserved."""
+
+    __slots__ = ("ptr", "size", "_pool", "_alloc", "__weakref__")
+
+    def __init__(self, ptr: int, size: int, pool: "DevicePool", alloc: Any) -> None:
+        self.ptr, self.size, self._pool, self._alloc = ptr, size, pool, alloc
+
+    def __int__(self) -> int:
+        return self.ptr
+
+    def __del__(self) -> None:
+        pool = self._pool
+        if pool is not None:
+            self._pool = None
+            try:
+                pool._release(self.ptr, self.size, self._alloc)
+            except Exception:  # interpreter shutdown: the driver frees everything anyway
+                pass
+
+
+class _Arena:
+    """One preallocated region carved first-fit; freed ranges coalesce with their neighbours."""
+
+    def __init__(self, alloc: Any, size: int) -> None:
+        self.alloc, self.base, self.size = alloc, int(alloc), size
+        self.starts: list[int] = [self.base]   # free ranges, sorted by start
+        self.sizes: list[int] = [size]
+
+    def take(self, size: int) -> int | None:
+        for i, avail in enumerate(self.sizes):
+            if avail >= size:
+                start = self.starts[i]
+                if avail == size:
+                    del self.starts[i], self.sizes[i]
+                else:
+                    self.starts[i] += size
+                    self.sizes[i] -= size
+                return start
+        return None
+
+    def give(self, start: int, size: int) -> None:
+        i = bisect.bisect_left(self.starts, start)
+        if i < len(self.starts) and start + size == self.starts[i]:   # merge with next
+            size += self.sizes[i]
+            del self.starts[i], self.sizes[i]
+        if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == start:  # merge with previous
+            self.sizes[i - 1] += size
+        else:
+            self.starts.insert(i, start)
+            self.sizes.insert(i, size)
+
+    def free_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+class DevicePool:
+    """The allocator of one context.  ``allocate(nbytes) -> Block``; a Block frees itself.
+
+    ``preallocate`` follows the ``gpuarray.preallocate`` flag (see the module doc)."""
+
+    def __init__(self, context: Any, preallocate: float = 0.0) -> None:
+        self.context = context
+        self.pooling = preallocate >= 0
+        self._lock = threading.RLock()
+        self._bins: dict[int, list[tuple[int, Any]]] = {}
+        self._arena: _Arena | None = None
+        self.bytes_in_use = 0        # reserved by live blocks (size classes)
+        self.bytes_cached = 0        # held in bins, ready for reuse
+        self.n_device_allocs = 0     # cuMemAlloc calls made
+        self.n_device_frees = 0      # cuMemFree calls made
+        self.n_allocs = 0            # allocate() calls served
+        self.n_reused = 0            # ... of which from a bin or the arena
+        self.preallocated = 0
+        if preallocate > 0:
+            total = int(context.total_memory) or context.mem_info()[1]
+            want = int(total * preallocate) if preallocate <= 1 else int(preallocate * _MIB)
+            want = min(want, context.mem_info()[0])
+            want -= want % _SMALL
+            if want > 0:
+                self._arena = _Arena(self._device_alloc(want), want)
+                self.preallocated = want
+
+    # -- low level (the only two methods that touch the driver)
+    def _device_alloc(self, nbytes: int) -> Any:
+        """cuMemAlloc; raises _OutOfMemory when the device is full."""
+        import pycuda.driver as drv
+        self.context.activate()
+        try:
+            alloc = drv.mem_alloc(nbytes)
+        except drv.MemoryError as exc:
+            raise _OutOfMemory(str(exc)) from exc
+        self.n_device_allocs += 1
+        return alloc
+
+    def _device_free(self, alloc: Any) -> None:
+        alloc.free()
+        self.n_device_frees += 1
+
+    # -- public
+    def allocate(self, nbytes: int) -> Block:
+        """A block of at least ``nbytes`` (rounded up to its size class)."""
+        size = size_class(int(nbytes))
+        with self._lock:
+            self.n_allocs += 1
+            if self.pooling:
+                cached = self._bins.get(size)
+                if cached:
+                    ptr, alloc = cached.pop()
+                    self.bytes_cached -= size
+                    self.bytes_in_use += size
+                    self.n_reused += 1
+                    return Block(ptr, size, self, alloc)
+                if self._arena is not None:
+                    start = self._arena.take(size)
+                    if start is not None:
+                        self.bytes_in_use += size
+                        self.n_reused += 1
+                        return Block(start, size, self, None)
+            alloc = self._alloc_or_retry(size, nbytes)
+            self.bytes_in_use += size
+            return Block(int(alloc), size, self, alloc)
+
+    def _alloc_or_retry(self, size: int, nbytes: int) -> Any:
+        try:
+            return self._device_alloc(size)
+        except _OutOfMemory:
+            self.release_cached()
+        try:
+            return self._device_alloc(size)
+        except _OutOfMemory as exc:
+            free, total = self.context.mem_info()
+            raise GpuMemoryError(
+                f"out of GPU memory on {self.context.device}: asked {_fmt(nbytes)}, free "
+                f"{_fmt(free)}, total {_fmt(total)} (the pool holds {_fmt(self.bytes_in_use)} "
+                f"in live arrays; its cache was released before this retry)",
+                nbytes, free, total) from exc
+
+    def _release(self, ptr: int, size: int, alloc: Any) -> None:
+        with self._lock:
+            self.bytes_in_use -= size
+            if alloc is None:
+                if self._arena is not None:
+                    self._arena.give(ptr, size)
+            elif self.pooling:
+                self._bins.setdefault(size, []).append((ptr, alloc))
+                self.bytes_cached += size
+            else:
+                self._device_free(alloc)
+
+    def release_cached(self) -> int:
+        """Free every cached block back to the device; returns the bytes freed."""
+        with self._lock:
+            freed = 0
+            for size, blocks in self._bins.items():
+                for _ptr, alloc in blocks:
+                    self._device_free(alloc)
+                    freed += size
+            self._bins.clear()
+            self.bytes_cached = 0
+            return freed
+
+    def stats(self) -> dict[str, int]:
+        """Counters tests and profiles read: bytes in use/cached/preallocated, call counts."""
+        with self._lock:
+            arena_free = self._arena.free_bytes() if self._arena is not None else 0
+            return {"bytes_in_use": self.bytes_in_use, "bytes_cached": self.bytes_cached,
+                    "bytes_preallocated": self.preallocated, "arena_free": arena_free,
+                    "n_device_allocs": self.n_device_allocs,
+                    "n_device_frees": self.n_device_frees, "n_allocs": self.n_allocs,
+                    "n_reused": self.n_reused}
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"<DevicePool {self.context.device}: {s['bytes_in_use']} B in use, "
+                f"{s['bytes_cached']} B cached, {s['n_device_allocs']} device allocations>")

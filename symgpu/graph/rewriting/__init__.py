@@ -1,0 +1,1 @@
+"""The rewrite machinery: node rewrites, graph rewrites and the pass database."""

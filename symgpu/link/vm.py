@@ -1,0 +1,142 @@
+"""The VM: runs a function's thunks in order over storage cells, with errors a user can act on.
+
+Each variable of the graph owns one storage cell (a one-element list). Thunks read their
+inputs' cells and write their outputs' cells. With `allow_gc`, a cell is emptied right after
+its last reader ran, so intermediates do not outlive their use.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+from symgpu.config import config
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.fg import FunctionGraph
+
+__all__ = ["VM", "link", "describe_failure"]
+
+
+class VM:
+    """Callable that runs the thunks once; `thunks[i]` computes `nodes[i]`."""
+
+    def __init__(self, fgraph: FunctionGraph, nodes: list[Apply], thunks: list[Callable[[], None]],
+                 storage_map: dict[Variable, list], gc_after: list[list[list]] | None):
+        self.fgraph = fgraph
+        self.nodes = nodes
+        self.thunks = thunks
+        self.storage_map = storage_map
+        self.gc_after = gc_after
+        self.pairs = list(zip(thunks, gc_after)) if gc_after is not None else None
+        #: set by the profiler: a callable(vm) that runs and times the thunks instead
+        self.profiler = None
+
+    def __call__(self) -> None:
+        if self.profiler is not None:
+            self.profiler(self)
+            return
+        i = 0
+        try:
+            if self.pairs is None:
+                for i, thunk in enumerate(self.thunks):
+                    thunk()
+            else:
+                for i, (thunk, dead) in enumerate(self.pairs):
+                    thunk()
+                    for cell in dead:
+                        cell[0] = None
+        except Exception as exc:
+            self.raise_with_node_info(i, exc)
+
+    def clear_intermediates(self) -> None:
+        """Empty every cell that is not an input or a constant (after an error)."""
+        inputs = set(self.fgraph.inputs)
+        for var, cell in self.storage_map.items():
+            if var not in inputs and not isinstance(var, Constant):
+                cell[0] = None
+
+    def raise_with_node_info(self, index: int, exc: BaseException) -> None:
+        """Re-raise `exc` (same class where possible) with the failing node described."""
+        node = self.nodes[index]
+        message = f"{exc}\n{describe_failure(node, self.storage_map, index, self.fgraph)}"
+        self.clear_intermediates()
+        try:
+            new = type(exc)(message)
+        except Exception:  # exception classes with unusual constructors
+            new = RuntimeError(message)
+        new.__dict__.update(getattr(exc, "__dict__", {}))
+        new.node = node
+        raise new.with_traceback(exc.__traceback__) from exc
+
+
+def _value_info(value: Any) -> tuple[str, str, str]:
+    if value is None:
+        return "(not computed)", "", ""
+    shape = getattr(value, "shape", None)
+    strides = getattr(value, "strides", None)
+    return str(tuple(shape) if shape is not None else "scalar"), str(strides), str(getattr(value, "dtype", type(value).__name__))
+
+
+def describe_failure(node: Apply, storage_map: dict, index: int | None = None,
+                     fgraph: FunctionGraph | None = None) -> str:
+    """The node, its inputs' types, shapes and strides, and the user's line that built it."""
+    lines = [f"Apply node that caused the error: {node}"]
+    if index is not None:
+        lines.append(f"Toposort index: {index}")
+    lines.append("Inputs types: [" + ", ".join(str(v.type) for v in node.inputs) + "]")
+    infos = [_value_info(storage_map.get(v, [None])[0]) for v in node.inputs]
+    lines.append("Inputs shapes: [" + ", ".join(i[0] for i in infos) + "]")
+    lines.append("Inputs strides: [" + ", ".join(i[1] for i in infos) + "]")
+    lines.append("Inputs dtypes: [" + ", ".join(i[2] for i in infos) + "]")
+    trace = getattr(node.tag, "trace", None) or []
+    if trace:
+        lines.append("The node was created at (the last frames of your code):")
+        for frame in trace[-3:]:
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}')
+            if frame.line:
+                lines.append(f"    {frame.line}")
+    else:
+        lines.append("The node has no recorded creation trace.")
+    if config.exception_verbosity == "high" and fgraph is not None:
+        import io
+        from symgpu.printing import debugprint
+        buf = io.StringIO()
+        debugprint(node.outputs, file=buf)
+        lines.append("The node and what feeds it:")
+        lines.append(buf.getvalue().rstrip())
+    else:
+        lines.append("Use exception_verbosity=high to see the graph around this node.")
+    return "\n".join(lines)
+
+
+def link(fgraph: FunctionGraph, storage_map: dict[Variable, list] | None = None,
+         allow_gc: bool | None = None, keep: Sequence[Variable] = ()) -> VM:
+    """Make a cell per variable and a thunk per node; returns the VM.
+
+    Cells already in `storage_map` (inputs, shared values) are used as they are. Variables
+    in `keep` (outputs) are never garbage-collected by the VM.
+    """
+    storage_map = {} if storage_map is None else storage_map
+    allow_gc = config.allow_gc if allow_gc is None else allow_gc
+    nodes = fgraph.toposort()
+    for var in fgraph.variables:
+        if var not in storage_map:
+            storage_map[var] = [var.data if isinstance(var, Constant) else None]
+    compute_map = {v: [v.owner is None] for v in storage_map}
+    thunks = []
+    for node in nodes:
+        node.op.prepare_node(node, storage_map, compute_map, None)
+        thunks.append(node.op.make_thunk(node, storage_map, compute_map, []))
+    gc_after = None
+    if allow_gc:
+        protected = set(fgraph.inputs) | set(fgraph.outputs) | set(keep)
+        last_use: dict[Variable, int] = {}
+        for i, node in enumerate(nodes):
+            for v in node.inputs:
+                last_use[v] = i
+            for v in node.outputs:
+                last_use.setdefault(v, i)
+        gc_after = [[] for _ in nodes]
+        for v, i in last_use.items():
+            if v not in protected and v.owner is not None:
+                gc_after[i].append(storage_map[v])
+    return VM(fgraph, nodes, thunks, storage_map, gc_after)

@@ -1,0 +1,381 @@
+"""The scalar-op table: one row per elementwise operation.
+
+Each row says, in one place, everything the compiler needs to know about a scalar function:
+its NumPy implementation (CPU thunks), its CUDA C expression (GPU kernels and fusion), its
+gradient (autodiff) and its output-dtype rule. Elemwise, Composite, the GPU code generator,
+the gradient and the printer all read this table; adding an op is adding a row.
+
+Gradient rules receive `T` (the tensor namespace, so this layer needs no tensor import), the
+input variables, the output variable and the output gradient, and return one gradient (or
+None: no gradient flows, e.g. through comparisons) per input.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import scipy.special as sps
+
+from symgpu.scalar.dtypes import (FLOAT_DTYPES, is_bool, is_float, is_int, upcast,
+                                  upgrade_to_float)
+
+__all__ = ["ScalarOp", "Cast", "SCALAR_OPS", "get_scalar_op", "cuda_expression"]
+
+
+# ----------------------------------------------------------------------------- dtype rules
+
+def _upcast(*d: str) -> str:
+    return upcast(*d)
+
+
+def _float(*d: str) -> str:
+    return upgrade_to_float(upcast(*d))
+
+
+def _bool(*d: str) -> str:
+    return "bool"
+
+
+def _int_or_bool(*d: str) -> str:
+    out = upcast(*d)
+    if not (is_int(out) or is_bool(out)):
+        raise TypeError(f"bitwise operations need integer or bool inputs, got {', '.join(d)}")
+    return out
+
+
+def _switch(cond: str, a: str, b: str) -> str:
+    return upcast(a, b)
+
+
+def _int_div(*d: str) -> str:
+    out = upcast(*d)
+    return "int8" if out == "bool" else out
+
+
+DTYPE_RULES: dict[str, Callable[..., str]] = {
+    "upcast": _upcast, "float": _float, "bool": _bool, "int_or_bool": _int_or_bool,
+    "switch": _switch, "int_div": _int_div, "second": lambda a, b: b,
+}
+
+
+# ----------------------------------------------------------------------------- numpy helpers
+
+def _sigmoid(x):
+    return sps.expit(x)
+
+
+def _softplus(x):
+    # log(1+exp(x)) without overflow, the identity log1p(exp(-|x|)) + max(x, 0)
+    return np.logaddexp(np.zeros((), dtype=np.asarray(x).dtype), x)
+
+
+def _round_half_even(x):
+    return np.round(x)
+
+
+def _sqr(x):
+    return np.multiply(x, x)
+
+
+def _int_div_np(a, b):
+    return np.floor_divide(a, b)
+
+
+def _switch_np(c, a, b):
+    return np.where(c, a, b)
+
+
+def _true_div(a, b):
+    return np.true_divide(a, b)
+
+
+# ----------------------------------------------------------------------------- gradients
+# g(T, inputs, output, gz) -> list of gradients, one per input (None: no gradient).
+
+def _g_add(T, ins, out, gz):
+    return [gz for _ in ins]
+
+
+def _g_sub(T, ins, out, gz):
+    return [gz, -gz]
+
+
+def _g_mul(T, ins, out, gz):
+    grads = []
+    for i in range(len(ins)):
+        others = [x for j, x in enumerate(ins) if j != i]
+        prod = others[0]
+        for o in others[1:]:
+            prod = prod * o
+        grads.append(gz * prod)
+    return grads
+
+
+def _g_true_div(T, ins, out, gz):
+    a, b = ins
+    return [gz / b, -gz * a / (b * b)]
+
+
+def _g_pow(T, ins, out, gz):
+    a, b = ins
+    ga = gz * b * a ** (b - 1)
+    gb = gz * out * T.log(T.switch(T.eq(a, 0), T.ones_like(a), a))
+    return [ga, gb]
+
+
+def _g_maximum(T, ins, out, gz):
+    a, b = ins
+    pick_a = T.eq(out, a)
+    return [gz * pick_a, gz * (1 - pick_a) * T.eq(out, b)]
+
+
+def _g_minimum(T, ins, out, gz):
+    return _g_maximum(T, ins, out, gz)
+
+
+def _g_switch(T, ins, out, gz):
+    c, a, b = ins
+    zero = T.zeros_like(gz)
+    return [None, T.switch(c, gz, zero), T.switch(c, zero, gz)]
+
+
+def _g_clip(T, ins, out, gz):
+    x, lo, hi = ins
+    inside = T.and_(T.ge(x, lo), T.le(x, hi))
+    return [gz * inside, gz * T.lt(x, lo), gz * T.gt(x, hi)]
+
+
+def _unary(rule):
+    def g(T, ins, out, gz):
+        return [rule(T, ins[0], out, gz)]
+    return g
+
+
+def _no_grad(T, ins, out, gz):
+    return [None for _ in ins]
+
+
+def _zero_grad(T, ins, out, gz):
+    return [T.zeros_like(x) for x in ins]
+
+
+# ----------------------------------------------------------------------------- the table
+
+@dataclass(frozen=True)
+class ScalarOpSpec:
+    """One row of the table. `cuda` formats with {0},{1},.. for operands and {f} for the
+    float-suffix of the compute type ('f' for float, '' for double); an entry may also be
+    a dict keyed by 'float'/'int'/'bool' when the expression differs by kind."""
+    name: str
+    nin: int
+    numpy: Callable
+    cuda: Any
+    grad: Callable
+    dtype_rule: str = "upcast"
+    commutative: bool = False
+    associative: bool = False
+    symbol: str | None = None  # infix spelling for pp
+
+
+_F = "float"
+SCALAR_TABLE: list[ScalarOpSpec] = [
+    # arithmetic
+    ScalarOpSpec("add", -1, np.add, "({0} + {1})", _g_add, "upcast", True, True, "+"),
+    ScalarOpSpec("sub", 2, np.subtract, "({0} - {1})", _g_sub, "upcast", symbol="-"),
+    ScalarOpSpec("mul", -1, np.multiply, "({0} * {1})", _g_mul, "upcast", True, True, "*"),
+    ScalarOpSpec("true_div", 2, _true_div, "({0} / {1})", _g_true_div, "float", symbol="/"),
+    ScalarOpSpec("int_div", 2, _int_div_np,
+                 {"float": "floor{f}({0} / {1})",
+                  "int": "(({1}) == 0 ? 0 : (({0}) / ({1}) - ((({0}) % ({1}) != 0) && ((({0}) < 0) != (({1}) < 0)))))"},
+                 _no_grad, "int_div", symbol="//"),
+    ScalarOpSpec("mod", 2, np.mod,
+                 {"float": "({0} - floor{f}({0} / {1}) * {1})",
+                  "int": "(({1}) == 0 ? 0 : (((({0}) % ({1})) + ({1})) % ({1})))"},
+                 lambda T, ins, out, gz: [gz, -gz * T.floor_div(ins[0], ins[1])], "upcast",
+                 symbol="%"),
+    ScalarOpSpec("pow", 2, np.power, "pow{f}({0}, {1})", _g_pow, "upcast", symbol="**"),
+    ScalarOpSpec("maximum", 2, np.maximum, {"float": "fmax{f}({0}, {1})", "int": "max({0}, {1})",
+                                            "bool": "({0} || {1})"},
+                 _g_maximum, "upcast", True, True),
+    ScalarOpSpec("minimum", 2, np.minimum, {"float": "fmin{f}({0}, {1})", "int": "min({0}, {1})",
+                                            "bool": "({0} && {1})"},
+                 _g_minimum, "upcast", True, True),
+    ScalarOpSpec("neg", 1, np.negative, "(-{0})", _unary(lambda T, x, o, gz: -gz), symbol="-"),
+    ScalarOpSpec("abs", 1, np.abs, {"float": "fabs{f}({0})", "int": "(({0}) < 0 ? -({0}) : ({0}))",
+                                    "bool": "{0}"},
+                 _unary(lambda T, x, o, gz: gz * T.sgn(x))),
+    ScalarOpSpec("sgn", 1, np.sign, "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0))", _zero_grad),
+    ScalarOpSpec("sqr", 1, _sqr, "(({0}) * ({0}))", _unary(lambda T, x, o, gz: gz * 2 * x)),
+    ScalarOpSpec("reciprocal", 1, np.reciprocal, "(1 / {0})",
+                 _unary(lambda T, x, o, gz: -gz * o * o), "float"),
+    ScalarOpSpec("second", 2, lambda a, b: b, "{1}", lambda T, ins, out, gz: [None, gz], "second"),
+    ScalarOpSpec("identity", 1, lambda x: x, "{0}", _unary(lambda T, x, o, gz: gz)),
+    # exponentials and logarithms
+    ScalarOpSpec("exp", 1, np.exp, "exp{f}({0})", _unary(lambda T, x, o, gz: gz * o), "float"),
+    ScalarOpSpec("exp2", 1, np.exp2, "exp2{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * o * np.log(2.0)), "float"),
+    ScalarOpSpec("expm1", 1, np.expm1, "expm1{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (o + 1)), "float"),
+    ScalarOpSpec("log", 1, np.log, "log{f}({0})", _unary(lambda T, x, o, gz: gz / x), "float"),
+    ScalarOpSpec("log2", 1, np.log2, "log2{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (x * np.log(2.0))), "float"),
+    ScalarOpSpec("log10", 1, np.log10, "log10{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (x * np.log(10.0))), "float"),
+    ScalarOpSpec("log1p", 1, np.log1p, "log1p{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (1 + x)), "float"),
+    ScalarOpSpec("sqrt", 1, np.sqrt, "sqrt{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * 0.5 / o), "float"),
+    ScalarOpSpec("sigmoid", 1, _sigmoid, "(1 / (1 + exp{f}(-({0}))))",
+                 _unary(lambda T, x, o, gz: gz * o * (1 - o)), "float"),
+    ScalarOpSpec("softplus", 1, _softplus,
+                 "(({0}) > 0 ? ({0}) + log1p{f}(exp{f}(-({0}))) : log1p{f}(exp{f}({0})))",
+                 _unary(lambda T, x, o, gz: gz * T.sigmoid(x)), "float"),
+    # trigonometric and hyperbolic
+    ScalarOpSpec("sin", 1, np.sin, "sin{f}({0})", _unary(lambda T, x, o, gz: gz * T.cos(x)), "float"),
+    ScalarOpSpec("cos", 1, np.cos, "cos{f}({0})", _unary(lambda T, x, o, gz: -gz * T.sin(x)), "float"),
+    ScalarOpSpec("tan", 1, np.tan, "tan{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (1 + o * o)), "float"),
+    ScalarOpSpec("arctan", 1, np.arctan, "atan{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (1 + x * x)), "float"),
+    ScalarOpSpec("tanh", 1, np.tanh, "tanh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (1 - o * o)), "float"),
+    ScalarOpSpec("sinh", 1, np.sinh, "sinh{f}({0})", _unary(lambda T, x, o, gz: gz * T.cosh(x)), "float"),
+    ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
+    ScalarOpSpec("erf", 1, sps.erf, "erf{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
+    # rounding: piecewise constant, so the gradient is zero
+    ScalarOpSpec("floor", 1, np.floor, {"float": "floor{f}({0})", "int": "{0}", "bool": "{0}"},
+                 _zero_grad),
+    ScalarOpSpec("ceil", 1, np.ceil, {"float": "ceil{f}({0})", "int": "{0}", "bool": "{0}"},
+                 _zero_grad),
+    ScalarOpSpec("round", 1, _round_half_even, {"float": "rint{f}({0})", "int": "{0}", "bool": "{0}"},
+                 _zero_grad),
+    # comparisons and logic: integer-valued, no gradient path
+    ScalarOpSpec("lt", 2, np.less, "({0} < {1})", _no_grad, "bool", symbol="<"),
+    ScalarOpSpec("le", 2, np.less_equal, "({0} <= {1})", _no_grad, "bool", symbol="<="),
+    ScalarOpSpec("gt", 2, np.greater, "({0} > {1})", _no_grad, "bool", symbol=">"),
+    ScalarOpSpec("ge", 2, np.greater_equal, "({0} >= {1})", _no_grad, "bool", symbol=">="),
+    ScalarOpSpec("eq", 2, np.equal, "({0} == {1})", _no_grad, "bool", True, symbol="=="),
+    ScalarOpSpec("neq", 2, np.not_equal, "({0} != {1})", _no_grad, "bool", True, symbol="!="),
+    ScalarOpSpec("isnan", 1, np.isnan, {"float": "isnan({0})", "int": "false", "bool": "false"},
+                 _no_grad, "bool"),
+    ScalarOpSpec("isinf", 1, np.isinf, {"float": "isinf({0})", "int": "false", "bool": "false"},
+                 _no_grad, "bool"),
+    ScalarOpSpec("and_", 2, np.bitwise_and, {"bool": "({0} && {1})", "int": "({0} & {1})"},
+                 _no_grad, "int_or_bool", True, True, "&"),
+    ScalarOpSpec("or_", 2, np.bitwise_or, {"bool": "({0} || {1})", "int": "({0} | {1})"},
+                 _no_grad, "int_or_bool", True, True, "|"),
+    ScalarOpSpec("xor", 2, np.bitwise_xor, {"bool": "({0} != {1})", "int": "({0} ^ {1})"},
+                 _no_grad, "int_or_bool", True, True, "^"),
+    ScalarOpSpec("invert", 1, np.invert, {"bool": "(!{0})", "int": "(~{0})"},
+                 _no_grad, "int_or_bool", symbol="~"),
+    # selection
+    ScalarOpSpec("switch", 3, _switch_np, "(({0}) ? ({1}) : ({2}))", _g_switch, "switch"),
+    ScalarOpSpec("clip", 3, np.clip,
+                 {"float": "fmin{f}(fmax{f}({0}, {1}), {2})", "int": "min(max({0}, {1}), {2})"},
+                 _g_clip, "upcast"),
+]
+
+
+class ScalarOp:
+    """An operation on scalars, defined by one table row. Instances are shared singletons."""
+
+    __props__ = ("name",)
+
+    def __init__(self, spec: ScalarOpSpec):
+        self.spec = spec
+        self.name = spec.name
+        self.nin = spec.nin
+        self.nout = 1
+        self.impl = spec.numpy
+        self.commutative = spec.commutative
+        self.associative = spec.associative
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.name == other.name
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name))
+
+    def __str__(self) -> str:
+        return self.name
+
+    __repr__ = __str__
+
+    def output_dtype(self, *in_dtypes: str) -> str:
+        if self.nin > 0 and len(in_dtypes) != self.nin:
+            raise TypeError(f"{self.name} takes {self.nin} inputs, got {len(in_dtypes)}")
+        return DTYPE_RULES[self.spec.dtype_rule](*in_dtypes)
+
+    def grad(self, T, inputs, output, gz) -> list:
+        return self.spec.grad(T, inputs, output, gz)
+
+    def cuda(self, compute_dtype: str, operands: list[str]) -> str:
+        """The CUDA C expression of this op over operand expressions."""
+        return cuda_expression(self.spec.cuda, compute_dtype, operands, self.nin < 0)
+
+
+class Cast(ScalarOp):
+    """Conversion to a fixed dtype: a parametrised row."""
+
+    __props__ = ("dtype",)
+
+    def __init__(self, dtype: str):
+        spec = ScalarOpSpec(f"cast_{dtype}", 1, None, None, self._grad)
+        super().__init__(spec)
+        self.dtype = dtype
+        self.impl = lambda x: np.asarray(x).astype(dtype)
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.dtype == other.dtype
+
+    def __hash__(self) -> int:
+        return hash((Cast, self.dtype))
+
+    def __str__(self) -> str:
+        return f"Cast{{{self.dtype}}}"
+
+    def output_dtype(self, *in_dtypes: str) -> str:
+        return self.dtype
+
+    def _grad(self, T, inputs, output, gz):
+        (x,) = inputs
+        if is_float(x.dtype) and is_float(self.dtype):
+            return [T.cast(gz, x.dtype)]
+        return [None]
+
+    def cuda(self, compute_dtype: str, operands: list[str]) -> str:
+        from symgpu.scalar.dtypes import C_TYPES
+        if self.dtype == "bool":
+            return f"(({operands[0]}) != 0)"
+        ctype = "float" if self.dtype == "float16" else C_TYPES[self.dtype]
+        return f"(({ctype})({operands[0]}))"
+
+
+def _kind(dtype: str) -> str:
+    return "bool" if is_bool(dtype) else ("float" if dtype in FLOAT_DTYPES else "int")
+
+
+def cuda_expression(template: Any, compute_dtype: str, operands: list[str], variadic: bool) -> str:
+    """Fill a row's CUDA template; variadic (n-ary) ops fold left over their operands."""
+    if isinstance(template, dict):
+        kind = _kind(compute_dtype)
+        template = template.get(kind) or template.get("int" if kind == "bool" else "float")
+    suffix = "" if compute_dtype == "float64" else "f"
+    if variadic:
+        acc = operands[0]
+        for op in operands[1:]:
+            acc = template.format(acc, op, f=suffix)
+        return acc
+    return template.format(*operands, f=suffix)
+
+
+SCALAR_OPS: dict[str, ScalarOp] = {spec.name: ScalarOp(spec) for spec in SCALAR_TABLE}
+
+
+def get_scalar_op(name: str) -> ScalarOp:
+    try:
+        return SCALAR_OPS[name]
+    except KeyError:
+        raise KeyError(f"no scalar op named {name!r}; known: {', '.join(sorted(SCALAR_OPS))}") from None

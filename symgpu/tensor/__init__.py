@@ -1,0 +1,16 @@
+"""The tensor language: symbolic n-dimensional arrays and the operations on them."""
+from symgpu.tensor.type import (Float64Warning, TensorConstant, TensorType, TensorVariable,
+                                as_tensor_variable, col, constant, matrix, row, scalar, tensor, vector,
+                                tensor3, tensor4, _install_operators)
+from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from symgpu.tensor.math import *  # noqa: F401,F403  (elementwise, reductions, dot)
+from symgpu.tensor.math import (abs, all, any, argmax, argmin, cast, dot, matmul, max, mean,
+                                min, outer, prod, std, sum, tensordot, var)
+from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
+                                 specify_broadcastable_as, transpose)
+from symgpu.tensor.basic import *  # noqa: F401,F403
+from symgpu.tensor.sharedvar import TensorSharedVariable
+from symgpu.tensor import typed_constructors as _typed
+
+_install_operators()
+globals().update(_typed.CONSTRUCTORS)

@@ -1,0 +1,300 @@
+"""Elemwise (a scalar op over broadcast tensors), DimShuffle and CAReduce."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
+from symgpu.scalar.dtypes import is_float, upcast
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+
+__all__ = ["Elemwise", "DimShuffle", "CAReduce", "broadcast_shape_of"]
+
+
+def _tensor_namespace():
+    import symgpu.tensor as T
+    return T
+
+
+class DimShuffle(Op):
+    """Reorder, drop (broadcastable only) and insert ('x') dimensions; a view of its input."""
+
+    __props__ = ("input_broadcastable", "new_order", "inplace")
+    view_map = {0: [0]}
+
+    def __init__(self, input_broadcastable: Sequence[bool], new_order: Sequence[Any], inplace: bool = True):
+        self.input_broadcastable = tuple(bool(b) for b in input_broadcastable)
+        self.new_order = tuple(new_order)
+        self.inplace = inplace
+        nd = len(self.input_broadcastable)
+        kept = [d for d in self.new_order if d != "x"]
+        for d in kept:
+            if not isinstance(d, (int, np.integer)) or not 0 <= d < nd:
+                raise ValueError(f"dimshuffle pattern {self.new_order} names dimension {d!r}; "
+                                 f"the input has {nd} dimensions")
+        if len(set(kept)) != len(kept):
+            raise ValueError(f"dimshuffle pattern {self.new_order} repeats a dimension")
+        self.drop = [d for d in range(nd) if d not in kept]
+        for d in self.drop:
+            if not self.input_broadcastable[d]:
+                raise ValueError(f"dimshuffle pattern {self.new_order} drops dimension {d}, "
+                                 "which is not broadcastable (length not known to be 1)")
+        self.shuffle = kept
+        self.augment = [i for i, d in enumerate(self.new_order) if d == "x"]
+        self.is_transpose_only = not self.augment and not self.drop
+
+    def __str__(self) -> str:
+        return f"{'Inplace' if self.inplace else ''}DimShuffle{{{','.join(str(d) for d in self.new_order)}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        if x.type.broadcastable != self.input_broadcastable:
+            if len(x.broadcastable) != len(self.input_broadcastable) or any(
+                    b and not xb for b, xb in zip(self.input_broadcastable, x.broadcastable)):
+                raise TypeError(f"{self} expects an input with broadcastable pattern "
+                                f"{self.input_broadcastable}, got {x.type}")
+        bcast = tuple(True if d == "x" else x.broadcastable[d] for d in self.new_order)
+        return Apply(self, [x], [TensorType(x.dtype, bcast)()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        res = x.transpose(self.shuffle + self.drop) if self.shuffle + self.drop != list(range(x.ndim)) else x
+        shape = list(res.shape[: len(self.shuffle)])
+        for i in self.augment:
+            shape.insert(i, 1)
+        out[0][0] = res.reshape(shape)
+
+    def grad(self, inputs, output_grads):
+        (x,), (gz,) = inputs, output_grads
+        # put gz's kept dims back in input order; dropped (length-1) dims come back as 'x'
+        grad_order = []
+        for d in range(x.ndim):
+            grad_order.append(self.new_order.index(d) if d in self.new_order else "x")
+        gz_kept = gz
+        if self.augment:
+            gz_kept = gz.sum(axis=self.augment, keepdims=True)
+        pattern = [p if p == "x" else p for p in grad_order]
+        gx = DimShuffle(gz_kept.broadcastable, pattern)(gz_kept)
+        return [gx]
+
+    def R_op(self, inputs, eval_points):
+        return [None if eval_points[0] is None else self(eval_points[0])]
+
+
+def broadcast_shape_of(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    return np.broadcast_shapes(*shapes)
+
+
+class Elemwise(Op):
+    """A scalar op applied elementwise with NumPy broadcasting.
+
+    `inplace_pattern` maps an output index to the input it overwrites.
+    """
+
+    __props__ = ("scalar_op", "inplace_pattern")
+
+    def __init__(self, scalar_op: ScalarOp, inplace_pattern: dict[int, int] | None = None,
+                 name: str | None = None):
+        self.scalar_op = scalar_op
+        self.inplace_pattern = tuple(sorted((inplace_pattern or {}).items()))
+        self.destroy_map = {o: [i] for o, i in self.inplace_pattern}
+        self.name = name
+        impl = scalar_op.impl
+        self._ufunc = impl if isinstance(impl, np.ufunc) and impl.nout == 1 else None
+
+    def __str__(self) -> str:
+        if self.name:
+            return self.name
+        if self.inplace_pattern:
+            return f"Elemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        return f"Elemwise{{{self.scalar_op},no_inplace}}"
+
+    def make_node(self, *inputs: Any) -> Apply:
+        inputs = [as_tensor_variable(i) for i in inputs]
+        nd = max((i.ndim for i in inputs), default=0)
+        padded = []
+        for i in inputs:
+            if i.ndim < nd:
+                i = DimShuffle(i.broadcastable, ["x"] * (nd - i.ndim) + list(range(i.ndim)))(i)
+            padded.append(i)
+        bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd))
+        out_dtype = self.scalar_op.output_dtype(*[p.dtype for p in padded])
+        for o, i in self.inplace_pattern:
+            inp = padded[i]
+            if inp.dtype != out_dtype or inp.broadcastable != bcast:
+                raise TypeError(f"{self}: input {i} ({inp.type}) cannot hold the output "
+                                f"({out_dtype}, broadcastable {bcast}) in place")
+        return Apply(self, padded, [TensorType(out_dtype, bcast)()])
+
+    def perform(self, node, inputs, out):
+        dtype = node.outputs[0].type.dtype
+        ufunc = self._ufunc
+        if self.inplace_pattern:
+            target = inputs[self.inplace_pattern[0][1]]
+            if ufunc is not None:
+                ufunc(*inputs, out=target)
+            else:
+                target[...] = self.scalar_op.impl(*inputs)
+            out[0][0] = target
+            return
+        if ufunc is not None:
+            result = ufunc(*inputs)
+            if result.__class__ is not np.ndarray or result.dtype != dtype:
+                result = np.asarray(result, dtype=dtype)
+        else:
+            # table rows that are not ufuncs (e.g. `second`) may not broadcast by themselves
+            result = np.asarray(self.scalar_op.impl(*inputs), dtype=dtype)
+            shape = np.broadcast_shapes(*[np.shape(i) for i in inputs])
+            if result.shape != shape:
+                result = np.array(np.broadcast_to(result, shape))
+        out[0][0] = result
+
+    def grad(self, inputs, output_grads):
+        T = _tensor_namespace()
+        out = self(*inputs)
+        (gz,) = output_grads
+        raw = self.scalar_op.grad(T, list(inputs), out, gz)
+        grads = []
+        for x, g in zip(inputs, raw):
+            if g is None or not is_float(x.dtype):
+                grads.append(None)
+                continue
+            g = as_tensor_variable(g)
+            g = _sum_to_broadcast_pattern(g, x)
+            if g.dtype != x.dtype:
+                g = T.cast(g, x.dtype)
+            grads.append(g)
+        return grads
+
+    def R_op(self, inputs, eval_points):
+        T = _tensor_namespace()
+        total = None
+        for i, ep in enumerate(eval_points):
+            if ep is None:
+                continue
+            gz = T.ones_like(self(*inputs))
+            partial = self.grad(inputs, [gz])[i]
+            if partial is None:
+                continue
+            term = partial * ep
+            total = term if total is None else total + term
+        return [total]
+
+
+def _sum_to_broadcast_pattern(g: TensorVariable, x: TensorVariable) -> TensorVariable:
+    """Sum a gradient over the dimensions where `x` was broadcast."""
+    T = _tensor_namespace()
+    if g.ndim > x.ndim:
+        g = g.sum(axis=tuple(range(g.ndim - x.ndim)))
+    axes = [d for d in range(x.ndim) if x.broadcastable[d] and not g.broadcastable[d]]
+    if axes:
+        g = g.sum(axis=tuple(axes), keepdims=True)
+    if g.broadcastable != x.broadcastable:
+        g = T.specify_broadcastable_as(g, x.type.clone(dtype=g.dtype))
+    return g
+
+
+# ----------------------------------------------------------------------------- reductions
+
+_REDUCE_NAMES = {"add": "Sum", "mul": "Prod", "maximum": "Max", "minimum": "Min",
+                 "and_": "All", "or_": "Any"}
+_REDUCE_UFUNC = {"add": np.add, "mul": np.multiply, "maximum": np.maximum,
+                 "minimum": np.minimum, "and_": np.logical_and, "or_": np.logical_or}
+
+
+def reduce_output_dtype(op_name: str, dtype: str) -> str:
+    """NumPy's accumulator rule: sum/prod of small ints and bools give int64/uint64."""
+    if op_name in ("and_", "or_"):
+        return "bool"
+    if op_name in ("add", "mul"):
+        if dtype == "bool" or dtype in ("int8", "int16", "int32"):
+            return "int64"
+        if dtype in ("uint8", "uint16", "uint32"):
+            return "uint64"
+    return dtype
+
+
+class CAReduce(Op):
+    """Reduce over `axis` (a tuple, or None for all) with a commutative associative op."""
+
+    __props__ = ("scalar_op", "axis", "dtype")
+
+    def __init__(self, scalar_op: ScalarOp | str, axis: Sequence[int] | None = None, dtype: str | None = None):
+        if isinstance(scalar_op, str):
+            scalar_op = SCALAR_OPS[scalar_op]
+        if scalar_op.name not in _REDUCE_UFUNC:
+            raise ValueError(f"cannot reduce with {scalar_op}; use one of {', '.join(_REDUCE_UFUNC)}")
+        self.scalar_op = scalar_op
+        self.axis = None if axis is None else tuple(sorted(int(a) for a in axis))
+        self.dtype = dtype
+        self.ufunc = _REDUCE_UFUNC[scalar_op.name]
+
+    def __str__(self) -> str:
+        name = _REDUCE_NAMES[self.scalar_op.name]
+        parts = []
+        if self.axis is not None:
+            parts.append(f"axis={list(self.axis)}")
+        if self.dtype is not None:
+            parts.append(f"acc_dtype={self.dtype}")
+        return f"{name}{{{', '.join(parts)}}}" if parts else name
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        axis = tuple(range(x.ndim)) if self.axis is None else self.axis
+        for a in axis:
+            if not 0 <= a < x.ndim:
+                raise ValueError(f"{self}: axis {a} is out of range for {x.type}")
+        dtype = self.dtype or reduce_output_dtype(self.scalar_op.name, x.dtype)
+        bcast = tuple(b for d, b in enumerate(x.broadcastable) if d not in axis)
+        return Apply(self, [x], [TensorType(dtype, bcast)()])
+
+    def perform(self, node, inputs, out):
+        (x,) = inputs
+        axis = self.axis if self.axis is not None else None
+        dtype = node.outputs[0].dtype
+        name = self.scalar_op.name
+        if name in ("add", "mul"):
+            res = self.ufunc.reduce(x, axis=axis, dtype=dtype)
+        elif name in ("maximum", "minimum"):
+            if x.size == 0 and (axis is None or any(x.shape[a] == 0 for a in axis)):
+                raise ValueError(f"{self}: cannot reduce an empty array of shape {x.shape}")
+            res = self.ufunc.reduce(x, axis=axis)
+        else:
+            res = self.ufunc.reduce(x, axis=axis)
+        out[0][0] = np.asarray(res, dtype=dtype)
+
+    def grad(self, inputs, output_grads):
+        T = _tensor_namespace()
+        (x,), (gz,) = inputs, output_grads
+        if not is_float(x.dtype):
+            return [None]
+        axis = tuple(range(x.ndim)) if self.axis is None else self.axis
+        pattern, j = [], 0
+        for d in range(x.ndim):
+            if d in axis:
+                pattern.append("x")
+            else:
+                pattern.append(j)
+                j += 1
+        gz_b = DimShuffle(gz.broadcastable, pattern)(gz)
+        name = self.scalar_op.name
+        if name == "add":
+            g = T.second(x, gz_b)
+        elif name in ("maximum", "minimum"):
+            z_b = DimShuffle(gz.broadcastable, pattern)(self(x))
+            g = gz_b * T.eq(x, z_b)
+        elif name == "mul":
+            g = T.prod_grad(x, axis, gz_b)
+        else:
+            return [None]
+        return [T.cast(g, x.dtype) if g.dtype != x.dtype else g]
+
+    def R_op(self, inputs, eval_points):
+        if eval_points[0] is None:
+            return [None]
+        if self.scalar_op.name == "add":
+            return [self(eval_points[0])]
+        raise NotImplementedError(f"{self} has no R_op")

@@ -1,0 +1,285 @@
+"""TensorType and the symbolic tensor variables and constants."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from symgpu.config import config
+from symgpu.graph.basic import Constant, Type, Variable
+from symgpu.scalar.dtypes import check_dtype, is_float
+
+__all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
+           "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
+           "Float64Warning"]
+
+_NDIM_NAMES = {0: "scalar", 1: "vector", 2: "matrix", 3: "tensor3", 4: "tensor4"}
+
+
+class Float64Warning(UserWarning):
+    """A float64 variable was created while `warn_float64=warn`."""
+
+
+class TensorType(Type):
+    """An n-dimensional array type: a dtype and, per dimension, whether it is broadcastable
+    (known to have length 1)."""
+
+    def __init__(self, dtype: str, broadcastable: Sequence[bool] = (), shape: Sequence | None = None):
+        self.dtype = check_dtype(dtype)
+        if shape is not None:
+            broadcastable = tuple(s == 1 for s in shape)
+        self.broadcastable = tuple(bool(b) for b in broadcastable)
+        self.ndim = len(self.broadcastable)
+        self._hash = hash((TensorType, self.dtype, self.broadcastable))
+
+    # -- identity ---------------------------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        return (type(self) is type(other) and self.dtype == other.dtype
+                and self.broadcastable == other.broadcastable)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def clone(self, dtype: str | None = None, broadcastable: Sequence[bool] | None = None) -> "TensorType":
+        return type(self)(dtype or self.dtype,
+                          self.broadcastable if broadcastable is None else broadcastable)
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(1 if b else None for b in self.broadcastable)
+
+    def __str__(self) -> str:
+        kind = _NDIM_NAMES.get(self.ndim, f"{self.ndim}D")
+        if self.ndim == 2 and self.broadcastable == (True, False):
+            kind = "row"
+        elif self.ndim == 2 and self.broadcastable == (False, True):
+            kind = "col"
+        return f"TensorType({self.dtype}, {kind})"
+
+    __repr__ = __str__
+
+    # -- values -----------------------------------------------------------------------------
+    def filter(self, value: Any, strict: bool = False, allow_downcast: bool | None = None) -> np.ndarray:
+        """Return `value` as an ndarray of this type, or raise a TypeError saying why."""
+        if isinstance(value, np.ndarray) and value.dtype.name == self.dtype:
+            arr = value
+        elif strict:
+            raise TypeError(f"expected an ndarray of dtype {self.dtype}, got "
+                            f"{type(value).__name__} of dtype {getattr(value, 'dtype', '?')}")
+        else:
+            if hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray):
+                value = np.asarray(value)
+            arr = np.asarray(value)
+            if arr.dtype.name != self.dtype:
+                arr = self._convert_dtype(arr, value, allow_downcast)
+        if arr.ndim != self.ndim:
+            raise TypeError(f"expected {self.ndim} dimension(s) ({self}), got {arr.ndim} "
+                            f"(shape {arr.shape})")
+        for i, (b, s) in enumerate(zip(self.broadcastable, arr.shape)):
+            if b and s != 1:
+                raise TypeError(f"dimension {i} is broadcastable in {self} and must have length 1, "
+                                f"got shape {arr.shape}")
+        return arr
+
+    def _convert_dtype(self, arr: np.ndarray, original: Any, allow_downcast: bool | None) -> np.ndarray:
+        if arr.dtype.kind in "OUSV":
+            raise TypeError(f"cannot convert a {arr.dtype} value to {self.dtype}")
+        if np.can_cast(arr.dtype, self.dtype, casting="safe"):
+            return arr.astype(self.dtype)
+        is_python_scalar = isinstance(original, (int, float, bool)) or (
+            isinstance(original, (list, tuple)) and arr.dtype.kind in "biuf")
+        converted = arr.astype(self.dtype)
+        if allow_downcast:
+            return converted
+        if allow_downcast is None and (is_python_scalar or arr.dtype.name == "float64"
+                                       and self.dtype == config.floatX):
+            # Python numbers and floatX-casts of float64 data are accepted when exact enough
+            if np.all(np.asarray(converted, dtype=arr.dtype) == arr) or (
+                    is_float(self.dtype) and arr.dtype.kind == "f"):
+                return converted
+        raise TypeError(
+            f"cannot safely convert a {arr.dtype} value to {self.dtype} (it could lose "
+            f"precision); cast it yourself (e.g. numpy.asarray(v, dtype='{self.dtype}')) "
+            "or pass allow_input_downcast=True")
+
+    def make_fast_filter(self):
+        """A predicate true for values that need no conversion (the hot path of a call)."""
+        dtype, ndim, ndarray = np.dtype(self.dtype), self.ndim, np.ndarray
+        ones = [d for d, b in enumerate(self.broadcastable) if b]
+        if ones:
+            return lambda v: (v.__class__ is ndarray and v.dtype == dtype and v.ndim == ndim
+                              and all(v.shape[d] == 1 for d in ones))
+        return lambda v: v.__class__ is ndarray and v.dtype == dtype and v.ndim == ndim
+
+    def values_eq(self, a: Any, b: Any) -> bool:
+        return a.shape == b.shape and bool(np.all(a == b))
+
+    def values_eq_approx(self, a: Any, b: Any, rtol: float | None = None, atol: float | None = None) -> bool:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape:
+            return False
+        if a.dtype.kind in "biu":
+            return bool(np.all(a == b))
+        tol = 1e-4 if a.dtype.itemsize <= 4 else 1e-8
+        return bool(np.allclose(a, b, rtol=rtol or tol, atol=atol or tol, equal_nan=True))
+
+    def make_variable(self, name: str | None = None) -> "TensorVariable":
+        return TensorVariable(self, None, None, name)
+
+    def convert_variable(self, var: Variable) -> Variable | None:
+        """A variable of this type from `var`: same dtype, and broadcastable dims only
+        relaxed (a known-1 dim may stand where any length is allowed)."""
+        vt = var.type
+        if vt == self:
+            return var
+        if (isinstance(vt, TensorType) and vt.dtype == self.dtype and vt.ndim == self.ndim
+                and all(vb or not sb for vb, sb in zip(vt.broadcastable, self.broadcastable))):
+            from symgpu.tensor.basic import specify_broadcastable_as
+            return specify_broadcastable_as(var, self)
+        return None
+
+
+def _warn_float64(dtype: str) -> None:
+    if dtype != "float64":
+        return
+    action = config.warn_float64
+    if action == "ignore":
+        return
+    message = "a float64 variable was created (warn_float64); use floatX=float32 for the GPU"
+    if action == "warn":
+        warnings.warn(message, Float64Warning, stacklevel=4)
+    elif action == "raise":
+        raise TypeError(message)
+    elif action == "pdb":  # pragma: no cover - interactive
+        import pdb
+        pdb.set_trace()
+
+
+class TensorVariable(Variable):
+    """A symbolic tensor; operators and methods come from `_TensorOperators`."""
+
+    def __init__(self, type: TensorType, owner=None, index=None, name=None):
+        super().__init__(type, owner, index, name)
+        _warn_float64(type.dtype)
+
+    @property
+    def dtype(self) -> str:
+        return self.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.type.ndim
+
+    @property
+    def broadcastable(self) -> tuple[bool, ...]:
+        return self.type.broadcastable
+
+
+class TensorConstant(Constant, TensorVariable):
+    """A tensor with a fixed value (merged with equal constants by the optimizer)."""
+
+    def __init__(self, type: TensorType, data: Any, name: str | None = None):
+        Constant.__init__(self, type, type.filter(data), name)
+
+    def signature(self) -> tuple:
+        d = self.data
+        return (self.type, d.shape, d.tobytes() if d.size <= 1024 else id(d))
+
+    def auto_name(self) -> str:
+        if self.name is not None:
+            return self.name
+        d = self.data
+        if d.size == 1:
+            val = d.item()
+            text = repr(val) if not isinstance(val, float) else f"{val:.12g}"
+            if not isinstance(val, bool) and isinstance(val, float) and "." not in text and "e" not in text and "n" not in text:
+                text += ".0"
+            if d.ndim:
+                text = f"{d.shape} of {text}"
+            return f"TensorConstant{{{text}}}"
+        return f"TensorConstant{{{d.dtype} {d.shape}}}"
+
+
+def _install_operators() -> None:
+    from symgpu.tensor import variable as _ops
+    for name, value in vars(_ops.TensorOperators).items():
+        if not name.startswith("__") or name in _ops.TensorOperators.dunders:
+            setattr(TensorVariable, name, value)
+
+
+def tensor(dtype: str | None = None, shape: Sequence | None = None, name: str | None = None,
+           broadcastable: Sequence[bool] | None = None) -> TensorVariable:
+    """A symbolic tensor of the given dtype (floatX by default) and static shape/broadcast."""
+    dtype = dtype or config.floatX
+    if broadcastable is None:
+        broadcastable = tuple(s == 1 for s in (shape or ()))
+    return TensorType(dtype, broadcastable)(name)
+
+
+def _constructor(bcast: tuple[bool, ...], default_dtype: str | None):
+    def make(name: str | None = None, dtype: str | None = None) -> TensorVariable:
+        return TensorType(dtype or default_dtype or config.floatX, bcast)(name)
+    return make
+
+
+scalar = _constructor((), None)
+vector = _constructor((False,), None)
+matrix = _constructor((False, False), None)
+row = _constructor((True, False), None)
+col = _constructor((False, True), None)
+tensor3 = _constructor((False,) * 3, None)
+tensor4 = _constructor((False,) * 4, None)
+
+
+def constant(value: Any, name: str | None = None, ndim: int | None = None,
+             dtype: str | None = None) -> TensorConstant:
+    """A TensorConstant; Python floats take floatX, Python ints int64 (unless dtype says)."""
+    if isinstance(value, TensorConstant):
+        return value
+    arr = _as_array(value, dtype)
+    if ndim is not None:
+        if arr.ndim > ndim:
+            raise ValueError(f"constant {value!r} has {arr.ndim} dimensions, more than {ndim}")
+        arr = arr.reshape((1,) * (ndim - arr.ndim) + arr.shape)
+    ttype = TensorType(arr.dtype.name, tuple(s == 1 for s in arr.shape))
+    return TensorConstant(ttype, arr, name)
+
+
+def _as_array(value: Any, dtype: str | None) -> np.ndarray:
+    if dtype is not None:
+        return np.asarray(value, dtype=check_dtype(dtype))
+    if isinstance(value, bool):
+        return np.asarray(value)
+    if isinstance(value, float):
+        return np.asarray(value, dtype=config.floatX)
+    if isinstance(value, int):
+        return np.asarray(value, dtype="int64")
+    arr = np.asarray(value)
+    if arr.dtype.kind == "f" and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
+        arr = arr.astype(config.floatX)
+    return arr
+
+
+def as_tensor_variable(x: Any, name: str | None = None, ndim: int | None = None,
+                       dtype: str | None = None) -> TensorVariable:
+    """`x` as a symbolic tensor: variables pass through, values become constants."""
+    if isinstance(x, TensorVariable):
+        if ndim is not None and x.ndim != ndim:
+            if x.ndim < ndim:
+                from symgpu.tensor.elemwise import DimShuffle
+                return DimShuffle(x.broadcastable, ("x",) * (ndim - x.ndim) + tuple(range(x.ndim)))(x)
+            raise ValueError(f"{x} has {x.ndim} dimensions, expected {ndim}")
+        return x
+    if isinstance(x, Variable):
+        converted = getattr(x.type, "as_tensor", None)
+        if converted is not None:
+            return converted(x)
+        raise TypeError(f"{x} ({x.type}) is not a tensor variable")
+    if hasattr(x, "owner") and hasattr(x, "type"):
+        raise TypeError(f"cannot use {x!r} as a tensor")
+    try:
+        return constant(x, name=name, ndim=ndim, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot convert {x!r} ({type(x).__name__}) to a tensor: {exc}") from None
+

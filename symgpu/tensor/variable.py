@@ -1,0 +1,131 @@
+"""Python operators and methods of symbolic tensors (installed on TensorVariable)."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def _m():
+    from symgpu.tensor import math
+    return math
+
+
+def _b():
+    from symgpu.tensor import basic
+    return basic
+
+
+class TensorOperators:
+    """Methods copied onto TensorVariable; kept apart so the type module stays small."""
+
+    dunders = {
+        "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+        "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__",
+        "__rpow__", "__neg__", "__pos__", "__abs__", "__lt__", "__le__", "__gt__", "__ge__",
+        "__and__", "__rand__", "__or__", "__ror__", "__xor__", "__rxor__", "__invert__",
+        "__matmul__", "__rmatmul__", "__getitem__", "__iter__", "__len__", "__bool__",
+    }
+
+    # arithmetic
+    def __add__(self, o): return _m().add(self, o)
+    def __radd__(self, o): return _m().add(o, self)
+    def __sub__(self, o): return _m().sub(self, o)
+    def __rsub__(self, o): return _m().sub(o, self)
+    def __mul__(self, o): return _m().mul(self, o)
+    def __rmul__(self, o): return _m().mul(o, self)
+    def __truediv__(self, o): return _m().true_div(self, o)
+    def __rtruediv__(self, o): return _m().true_div(o, self)
+    def __floordiv__(self, o): return _m().floor_div(self, o)
+    def __rfloordiv__(self, o): return _m().floor_div(o, self)
+    def __mod__(self, o): return _m().mod(self, o)
+    def __rmod__(self, o): return _m().mod(o, self)
+    def __pow__(self, o): return _m().pow(self, o)
+    def __rpow__(self, o): return _m().pow(o, self)
+    def __neg__(self): return _m().neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return _m().abs(self)
+    # comparisons (== and != keep Python identity semantics, as in Theano: use eq/neq)
+    def __lt__(self, o): return _m().lt(self, o)
+    def __le__(self, o): return _m().le(self, o)
+    def __gt__(self, o): return _m().gt(self, o)
+    def __ge__(self, o): return _m().ge(self, o)
+    # logic
+    def __and__(self, o): return _m().and_(self, o)
+    def __rand__(self, o): return _m().and_(o, self)
+    def __or__(self, o): return _m().or_(self, o)
+    def __ror__(self, o): return _m().or_(o, self)
+    def __xor__(self, o): return _m().xor(self, o)
+    def __rxor__(self, o): return _m().xor(o, self)
+    def __invert__(self): return _m().invert(self)
+    # linear algebra
+    def __matmul__(self, o): return _m().matmul(self, o)
+    def __rmatmul__(self, o): return _m().matmul(o, self)
+
+    def __getitem__(self, index):
+        from symgpu.tensor.subtensor import getitem
+        return getitem(self, index)
+
+    def __iter__(self):
+        raise TypeError("a symbolic tensor cannot be iterated; index it (x[i]) instead")
+
+    def __len__(self):
+        raise TypeError("a symbolic tensor has no len(); use x.shape[0]")
+
+    def __bool__(self):
+        raise TypeError("a symbolic tensor has no truth value; use switch/where, eq, or "
+                        "compare with `is` for identity")
+
+    # shape
+    @property
+    def T(self): return _b().transpose(self)
+    @property
+    def shape(self): return _b().shape(self)
+    @property
+    def size(self): return _m().prod(_b().shape(self))
+
+    def dimshuffle(self, *pattern):
+        if len(pattern) == 1 and isinstance(pattern[0], (list, tuple)):
+            pattern = tuple(pattern[0])
+        return _b().dimshuffle(self, pattern)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and isinstance(axes[0], (list, tuple)):
+            axes = tuple(axes[0])
+        return _b().transpose(self, axes or None)
+
+    def reshape(self, shape, *more, ndim=None):
+        if more:
+            shape = (shape,) + more
+        return _b().reshape(self, shape, ndim=ndim)
+
+    def flatten(self, ndim=1): return _b().flatten(self, ndim)
+    def ravel(self): return _b().flatten(self, 1)
+    def astype(self, dtype): return _b().cast(self, dtype)
+    def squeeze(self, axis=None): return _b().squeeze(self, axis)
+
+    # reductions
+    def sum(self, axis=None, dtype=None, keepdims=False, acc_dtype=None):
+        return _m().sum(self, axis=axis, dtype=dtype, keepdims=keepdims, acc_dtype=acc_dtype)
+    def mean(self, axis=None, dtype=None, keepdims=False): return _m().mean(self, axis, dtype, keepdims)
+    def prod(self, axis=None, dtype=None, keepdims=False): return _m().prod(self, axis, dtype, keepdims)
+    def max(self, axis=None, keepdims=False): return _m().max(self, axis, keepdims)
+    def min(self, axis=None, keepdims=False): return _m().min(self, axis, keepdims)
+    def argmax(self, axis=None, keepdims=False): return _m().argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims=False): return _m().argmin(self, axis, keepdims)
+    def var(self, axis=None, ddof=0, keepdims=False): return _m().var(self, axis, ddof, keepdims)
+    def std(self, axis=None, ddof=0, keepdims=False): return _m().std(self, axis, ddof, keepdims)
+    def all(self, axis=None, keepdims=False): return _m().all(self, axis, keepdims)
+    def any(self, axis=None, keepdims=False): return _m().any(self, axis, keepdims)
+
+    # elementwise conveniences
+    def dot(self, o): return _m().dot(self, o)
+    def clip(self, lo, hi): return _m().clip(self, lo, hi)
+    def exp(self): return _m().exp(self)
+    def log(self): return _m().log(self)
+    def sqrt(self): return _m().sqrt(self)
+    def abs(self): return _m().abs(self)
+
+    # placement
+    def transfer(self, target: Any):
+        """Move this value to `target`: None = the default GPU context, 'cpu', or a name."""
+        from symgpu.tensor.transfer import transfer
+        return transfer(self, target)

@@ -1,0 +1,31 @@
+"""Markers for tests that need a GPU or nvcc (imported by test modules; no conftest needed).
+
+``requires_gpu`` marks a test ``gpu`` and skips it, with ``why_unavailable()`` as the reason,
+where no usable GPU is present; ``requires_nvcc`` marks ``nvcc`` and skips without nvcc.
+"""
+from __future__ import annotations
+
+import shutil
+from typing import Callable, TypeVar
+
+import pytest
+
+from symgpu.gpu.context import gpu_available, why_unavailable
+
+F = TypeVar("F", bound=Callable)
+
+_GPU_SKIP = pytest.mark.skipif(not gpu_available(),
+                               reason=f"no usable GPU here: {why_unavailable() or 'unknown'}")
+_NVCC_SKIP = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="nvcc is not on PATH (install the CUDA toolkit to run "
+                                       "kernel-compilation tests)")
+
+
+def requires_gpu(obj: F) -> F:
+    """Mark ``obj`` (a test function or class) ``gpu`` and skip it without a usable GPU."""
+    return pytest.mark.gpu(_GPU_SKIP(obj))
+
+
+def requires_nvcc(obj: F) -> F:
+    """Mark ``obj`` ``nvcc`` and skip it where nvcc is not on PATH."""
+    return pytest.mark.nvcc(_NVCC_SKIP(obj))
