@@ -101,6 +101,8 @@ class Function:
         fg = maker.fgraph
         self._clear_after_call = [vm.storage_map[v] for v in fg.outputs[: len(output_cells)]
                                   if v.owner is not None]
+        self._clear_updates = [vm.storage_map[v] for v in fg.outputs[len(output_cells):]
+                               if v.owner is not None]
         self._any_copy = any(output_copy)
         self._updates = updates
         self._single = single_output
@@ -145,10 +147,13 @@ class Function:
                 cells[i][0] = value
         self.vm()
         results = [cell[0] for cell in self._output_cells]
-        for container, cell, copy in self._updates:
-            value = cell[0]
-            container[0] = value.copy() if copy else value
-            cell[0] = None
+        if self._updates:
+            # read every new value before writing any: updates are simultaneous
+            values = [cell[0] for _, cell, _ in self._updates]
+            for (container, _, copy), value in zip(self._updates, values):
+                container[0] = value.copy() if copy else value
+            for cell in self._clear_updates:
+                cell[0] = None
         if self._any_copy:
             results = [r.copy() if c else r for r, c in zip(results, self._output_copy)]
         for cell in self._clear_after_call:

@@ -83,7 +83,7 @@ class TensorType(Type):
         return arr
 
     def _convert_dtype(self, arr: np.ndarray, original: Any, allow_downcast: bool | None) -> np.ndarray:
-        if arr.dtype.kind in "OUSV":
+        if arr.dtype.kind in "OUSV" or (arr.dtype.kind == "c" and not self.dtype.startswith("complex")):
             raise TypeError(f"cannot convert a {arr.dtype} value to {self.dtype}")
         if np.can_cast(arr.dtype, self.dtype, casting="safe"):
             return arr.astype(self.dtype)
