@@ -263,11 +263,11 @@ def start_device(device: str = "cuda0") -> GpuContext:
         return ctx
 
 
-def _announce(name: str | None, ctx: GpuContext) -> None:
-    cfg = _config()
-    if cfg.print_active_device:
+def _announce(name: str | None, ctx: GpuContext, first: bool) -> None:
+    """Theano's start-up lines, on stderr: the preallocation (once a device) and the mapping."""
+    if _config().print_active_device:
         pre = ctx.pool.preallocated if ctx.pool is not None else 0
-        if pre:
+        if pre and first:
             print(f"Preallocating {pre // _MIB}/{ctx.total_memory // _MIB} Mb "
                   f"({pre / ctx.total_memory:f}) on {ctx.device}", file=sys.stderr)
         print(f"Mapped name {name} to device {ctx.device}: {ctx.devname}", file=sys.stderr)
@@ -276,10 +276,11 @@ def _announce(name: str | None, ctx: GpuContext) -> None:
 def _map(name: str | None, device: str) -> GpuContext:
     ctx = start_device(device)
     if name not in _registry:
-        if ctx.name is None and name is not None:
+        first = not any(c is ctx for c in _registry.values())
+        if first:
             ctx.name = name
         _registry[name] = ctx
-        _announce(name, ctx)
+        _announce(name, ctx, first)
     return _registry[name]
 
 
