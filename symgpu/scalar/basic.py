@@ -53,9 +53,25 @@ def _int_div(*d: str) -> str:
     return "int8" if out == "bool" else out
 
 
+def _true_div(*d: str) -> str:
+    # NumPy: integers and bools divide in float64, whatever their width (int8/int8 -> float64)
+    out = upcast(*d)
+    return out if is_float(out) or out.startswith("complex") else "float64"
+
+
+def _numeric(*d: str) -> str:
+    # NumPy refuses `-` and sign on booleans; say so when the graph is built, not at run time
+    out = upcast(*d)
+    if is_bool(out):
+        raise TypeError("boolean subtract/negative/sign are not supported (as in NumPy); use "
+                        "xor (^) or invert (~), or cast to an integer dtype first")
+    return out
+
+
 DTYPE_RULES: dict[str, Callable[..., str]] = {
     "upcast": _upcast, "float": _float, "bool": _bool, "int_or_bool": _int_or_bool,
     "switch": _switch, "int_div": _int_div, "second": lambda a, b: b,
+    "true_div": _true_div, "numeric": _numeric,
 }
 
 
@@ -182,9 +198,9 @@ _F = "float"
 SCALAR_TABLE: list[ScalarOpSpec] = [
     # arithmetic
     ScalarOpSpec("add", -1, np.add, "({0} + {1})", _g_add, "upcast", True, True, "+"),
-    ScalarOpSpec("sub", 2, np.subtract, "({0} - {1})", _g_sub, "upcast", symbol="-"),
+    ScalarOpSpec("sub", 2, np.subtract, "({0} - {1})", _g_sub, "numeric", symbol="-"),
     ScalarOpSpec("mul", -1, np.multiply, "({0} * {1})", _g_mul, "upcast", True, True, "*"),
-    ScalarOpSpec("true_div", 2, _true_div, "({0} / {1})", _g_true_div, "float", symbol="/"),
+    ScalarOpSpec("true_div", 2, _true_div, "({0} / {1})", _g_true_div, "true_div", symbol="/"),
     ScalarOpSpec("int_div", 2, _int_div_np,
                  {"float": "floor{f}({0} / {1})",
                   "int": "(({1}) == 0 ? 0 : (({0}) / ({1}) - ((({0}) % ({1}) != 0) && ((({0}) < 0) != (({1}) < 0)))))"},
@@ -192,20 +208,24 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("mod", 2, np.mod,
                  {"float": "({0} - floor{f}({0} / {1}) * {1})",
                   "int": "(({1}) == 0 ? 0 : (((({0}) % ({1})) + ({1})) % ({1})))"},
-                 lambda T, ins, out, gz: [gz, -gz * T.floor_div(ins[0], ins[1])], "upcast",
+                 lambda T, ins, out, gz: [gz, -gz * T.floor_div(ins[0], ins[1])], "int_div",
                  symbol="%"),
-    ScalarOpSpec("pow", 2, np.power, "pow{f}({0}, {1})", _g_pow, "upcast", symbol="**"),
-    ScalarOpSpec("maximum", 2, np.maximum, {"float": "fmax{f}({0}, {1})", "int": "max({0}, {1})",
+    ScalarOpSpec("pow", 2, np.power, "pow{f}({0}, {1})", _g_pow, "int_div", symbol="**"),
+    ScalarOpSpec("maximum", 2, np.maximum, {"float": "((({0}) > ({1}) || isnan({0})) ? ({0}) : ({1}))",
+                                            "int": "max({0}, {1})",
                                             "bool": "({0} || {1})"},
                  _g_maximum, "upcast", True, True),
-    ScalarOpSpec("minimum", 2, np.minimum, {"float": "fmin{f}({0}, {1})", "int": "min({0}, {1})",
+    ScalarOpSpec("minimum", 2, np.minimum, {"float": "((({0}) < ({1}) || isnan({0})) ? ({0}) : ({1}))",
+                                            "int": "min({0}, {1})",
                                             "bool": "({0} && {1})"},
                  _g_minimum, "upcast", True, True),
-    ScalarOpSpec("neg", 1, np.negative, "(-{0})", _unary(lambda T, x, o, gz: -gz), symbol="-"),
+    ScalarOpSpec("neg", 1, np.negative, "(-{0})", _unary(lambda T, x, o, gz: -gz), "numeric",
+                 symbol="-"),
     ScalarOpSpec("abs", 1, np.abs, {"float": "fabs{f}({0})", "int": "(({0}) < 0 ? -({0}) : ({0}))",
                                     "bool": "{0}"},
                  _unary(lambda T, x, o, gz: gz * T.sgn(x))),
-    ScalarOpSpec("sgn", 1, np.sign, "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0))", _zero_grad),
+    ScalarOpSpec("sgn", 1, np.sign, "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0))", _zero_grad,
+                 "numeric"),
     ScalarOpSpec("sqr", 1, _sqr, "(({0}) * ({0}))", _unary(lambda T, x, o, gz: gz * 2 * x)),
     ScalarOpSpec("reciprocal", 1, np.reciprocal, "(1 / {0})",
                  _unary(lambda T, x, o, gz: -gz * o * o), "float"),
@@ -273,7 +293,8 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     # selection
     ScalarOpSpec("switch", 3, _switch_np, "(({0}) ? ({1}) : ({2}))", _g_switch, "switch"),
     ScalarOpSpec("clip", 3, np.clip,
-                 {"float": "fmin{f}(fmax{f}({0}, {1}), {2})", "int": "min(max({0}, {1}), {2})"},
+                 {"float": "(isnan({0}) ? ({0}) : fmin{f}(fmax{f}({0}, {1}), {2}))",
+                  "int": "min(max({0}, {1}), {2})"},
                  _g_clip, "upcast"),
 ]
 

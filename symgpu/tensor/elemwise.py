@@ -104,6 +104,9 @@ class Elemwise(Op):
         self.name = name
         impl = scalar_op.impl
         self._ufunc = impl if isinstance(impl, np.ufunc) and impl.nout == 1 else None
+        # float-valued rows (exp, log, reciprocal...) must compute in the output dtype: NumPy
+        # would compute exp(int8) in float16 (or reciprocal(int) in integers) and lose it all
+        self._float_rule = getattr(getattr(scalar_op, "spec", None), "dtype_rule", None) == "float"
 
     def __str__(self) -> str:
         if self.name:
@@ -132,6 +135,8 @@ class Elemwise(Op):
     def perform(self, node, inputs, out):
         dtype = node.outputs[0].type.dtype
         ufunc = self._ufunc
+        if self._float_rule and any(i.dtype.kind not in "fc" for i in inputs):
+            inputs = [i if i.dtype.kind in "fc" else i.astype(dtype) for i in inputs]
         if self.inplace_pattern:
             target = inputs[self.inplace_pattern[0][1]]
             if ufunc is not None:

@@ -43,8 +43,13 @@ def _weak_dtype(value: Any, strong: list[str]) -> str:
     return "int64"
 
 
-def as_operands(*args: Any) -> list[TensorVariable]:
-    """Convert arguments of an elementwise op; Python numbers adopt the tensors' dtype."""
+def as_operands(*args: Any, promote: bool | Sequence[int] = False) -> list[TensorVariable]:
+    """Convert arguments of an elementwise op; Python numbers adopt the tensors' dtype.
+
+    With `promote` (arithmetic rows; a sequence names the operands it applies to), a Python
+    float meeting only integer/bool tensors makes those operands floatX: NumPy 2 gives its
+    default float there, and symgpu's default float is floatX (`int32_vector + 1.5` stays
+    float32 on the GPU instead of becoming float64)."""
     strong = [a.dtype for a in args if isinstance(a, Variable)]
     strong += [np.asarray(a).dtype.name for a in args
                if not isinstance(a, Variable) and not _is_python_scalar(a)]
@@ -54,14 +59,29 @@ def as_operands(*args: Any) -> list[TensorVariable]:
             out.append(constant(a, dtype=_weak_dtype(a, strong)))
         else:
             out.append(as_tensor_variable(a))
+    if promote and config.floatX != "float64" and not builtins.any(is_float(d) for d in strong) \
+            and builtins.any(isinstance(a, float) for a in args):
+        idx = range(len(out)) if promote is True else promote
+        for i in idx:
+            if not is_float(out[i].dtype):
+                out[i] = cast(out[i], config.floatX)
     return out
+
+
+#: rows whose result dtype follows their operands (see `as_operands`), and which operands
+_PROMOTING: dict[str, bool | tuple[int, ...]] = {
+    **{n: True for n in ("add", "sub", "mul", "true_div", "int_div", "mod", "pow", "maximum",
+                         "minimum", "clip")},
+    "switch": (1, 2),
+}
 
 
 def _make_elemwise(name: str, doc: str):
     op = _ELEMWISE[name]
+    promote = _PROMOTING.get(name, False)
 
     def fn(*args):
-        return op(*as_operands(*args))
+        return op(*as_operands(*args, promote=promote))
 
     fn.__name__ = name
     fn.__doc__ = doc

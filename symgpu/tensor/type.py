@@ -148,7 +148,15 @@ def _warn_float64(dtype: str) -> None:
         return
     message = "a float64 variable was created (warn_float64); use floatX=float32 for the GPU"
     if action == "warn":
-        warnings.warn(message, Float64Warning, stacklevel=4)
+        # point at the user's line: skip every frame inside the symgpu package (the depth
+        # differs between constructors, operators and constants)
+        import os
+        import sys
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        frame, level = sys._getframe(0), 1
+        while frame is not None and frame.f_code.co_filename.startswith(package):
+            frame, level = frame.f_back, level + 1
+        warnings.warn(message, Float64Warning, stacklevel=level)
     elif action == "raise":
         raise TypeError(message)
     elif action == "pdb":  # pragma: no cover - interactive
