@@ -332,6 +332,34 @@ def test_print_active_device_and_preallocate():
 
 
 @requires_gpu
+@pytest.mark.parametrize("force", [False, True])
+def test_fallback_when_the_driver_sees_no_device(force):
+    """PyCUDA present but no visible device: the driver's own reason reaches the user."""
+    env_flags = "device=cuda" + (",force_device=True" if force else "")
+    code = """
+        import os, warnings
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        import symgpu.gpu.context as c
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                print("RESULT", c.init_default_context())
+            except RuntimeError as exc:
+                print("RAISED", exc)
+        for x in w:
+            print("WARNED", x.category.__name__, x.message)
+    """
+    r = run_python(code, env_flags)
+    assert r.returncode == 0, r.stderr
+    if force:
+        assert "RAISED device cuda was asked for" in r.stdout and "force_device" in r.stdout
+    else:
+        assert "RESULT None" in r.stdout and "WARNED GpuUnavailableWarning" in r.stdout
+        assert "running on the CPU" in r.stdout
+    assert "device" in r.stdout.split("RAISED" if force else "WARNED")[1].lower()
+
+
+@requires_gpu
 def test_pool_reuse_on_device(ctx):
     p = ctx.pool
     x = empty((1024, 1024), "float32", ctx)
@@ -386,6 +414,8 @@ def test_round_trip_every_dtype(ctx, dt):
     c = g.T.copy()
     assert c.is_c_contiguous
     np.testing.assert_array_equal(c.get(), host.T)
+    d = empty(c.shape, dt, ctx).set(c)  # device-to-device
+    np.testing.assert_array_equal(d.get(), host.T)
     value = host.reshape(-1)[3]
     np.testing.assert_array_equal(empty((5, 3), dt, ctx).fill(value).get(),
                                   np.full((5, 3), value, dt))

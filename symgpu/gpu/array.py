@@ -349,7 +349,14 @@ class GpuArray:
                          self.itemsize)
 
     def set(self, ary: Any) -> "GpuArray":
-        """Upload ``ary`` (same shape; cast to this dtype) into this array."""
+        """Upload ``ary`` (same shape; cast to this dtype) into this array.  A GpuArray of the
+        same dtype is copied on the device."""
+        if isinstance(ary, GpuArray) and ary.dtype == self.dtype and ary.context is self.context:
+            if ary.shape != self.shape:
+                raise ValueError(f"cannot set a GpuArray of shape {self.shape} from one of "
+                                 f"shape {ary.shape}")
+            self._copy_from_device(ary)
+            return self
         host = np.asarray(ary)
         if host.shape != self.shape:
             raise ValueError(f"cannot set a GpuArray of shape {self.shape} from an array of "

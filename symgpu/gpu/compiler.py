@@ -277,6 +277,7 @@ def compile_module(source: str, options: Sequence[str] = (), arch: str | None = 
     with _lock:
         module = _modules.get((digest, id(ctx)))
     if module is not None:
+        _log(f"hit (memory, loaded) {digest[:16]}")
         return module
     for attempt in (0, 1):
         path, cubin, _ = compile_to_cubin(source, options, arch)
