@@ -137,6 +137,19 @@ class Elemwise(Op):
         ufunc = self._ufunc
         if self._float_rule and any(i.dtype.kind not in "fc" for i in inputs):
             inputs = [i if i.dtype.kind in "fc" else i.astype(dtype) for i in inputs]
+        if ufunc is not None and len(inputs) > ufunc.nin:
+            # variadic rows (add, mul) fold left in the output dtype: a third positional
+            # argument of a NumPy ufunc is its `out`, which silently overwrote an input
+            acc = None
+            for i in inputs:
+                i = i if i.dtype == dtype else i.astype(dtype)
+                acc = i if acc is None else ufunc(acc, i)
+            if self.inplace_pattern:
+                target = inputs[self.inplace_pattern[0][1]]
+                target[...] = acc
+                acc = target
+            out[0][0] = np.asarray(acc, dtype=dtype)
+            return
         if self.inplace_pattern:
             target = inputs[self.inplace_pattern[0][1]]
             if ufunc is not None:
