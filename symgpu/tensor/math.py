@@ -196,7 +196,7 @@ def _norm_axis(x: TensorVariable, axis: Any) -> tuple[int, ...] | None:
         out.append(a % x.ndim if x.ndim else 0)
     if len(set(out)) != len(out):
         raise ValueError(f"axis {axis} repeats a dimension")
-    return tuple(sorted(out))
+    return tuple(sorted(out)) if x.ndim else ()  # a scalar's axis 0: nothing to reduce
 
 
 def _keep(x: TensorVariable, r: TensorVariable, axis: tuple[int, ...] | None) -> TensorVariable:
@@ -269,8 +269,10 @@ def mean(x: Any, axis: Any = None, dtype: str | None = None, keepdims: bool = Fa
     x = as_tensor_variable(x)
     ax = _norm_axis(x, axis)
     out_dtype = dtype or (x.dtype if is_float(x.dtype) else "float64")
-    s = sum(x, axis=ax, keepdims=keepdims, acc_dtype=out_dtype if not is_float(x.dtype) else None)
-    return true_div(s, cast(_count(x, ax), out_dtype))
+    # float16 sums and counts overflow at 65504: accumulate and divide in float32, like NumPy
+    acc = "float32" if out_dtype == "float16" else out_dtype
+    s = sum(x, axis=ax, keepdims=keepdims, acc_dtype=acc if acc != x.dtype else None)
+    return cast(true_div(s, cast(_count(x, ax), acc)), out_dtype)
 
 
 def var(x: Any, axis: Any = None, ddof: int = 0, keepdims: bool = False) -> TensorVariable:
@@ -420,7 +422,16 @@ class MatMul(Op):
         return Apply(self, [x, y], [TensorType(upcast(x.dtype, y.dtype), bcast)()])
 
     def perform(self, node, inputs, out):
-        out[0][0] = np.asarray(np.matmul(*inputs), dtype=node.outputs[0].dtype)
+        x, y = inputs
+        if x.shape[-1] != y.shape[-2]:
+            raise ValueError(f"matmul: shapes {x.shape} and {y.shape} are not aligned "
+                             f"({x.shape[-1]} != {y.shape[-2]})")
+        try:
+            np.broadcast_shapes(x.shape[:-2], y.shape[:-2])
+        except ValueError:
+            raise ValueError(f"matmul: the batch dimensions of shapes {x.shape} and {y.shape} "
+                             "do not broadcast") from None
+        out[0][0] = np.asarray(np.matmul(x, y), dtype=node.outputs[0].dtype)
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.elemwise import _sum_to_broadcast_pattern
@@ -495,9 +506,10 @@ def tensordot(a: Any, b: Any, axes: Any = 2) -> TensorVariable:
     a_shape = [shape_i(a, d) for d in a_free]
     b_shape = [shape_i(b, d) for d in b_free]
     k = _prod_of([shape_i(a, d) for d in a_axes])
+    k_b = _prod_of([shape_i(b, d) for d in b_axes])  # b's own: a mismatch then fails in Dot
     m = _prod_of(a_shape)
     n = _prod_of(b_shape)
-    r = _dot(reshape(at, [m, k], ndim=2), reshape(bt, [k, n], ndim=2))
+    r = _dot(reshape(at, [m, k], ndim=2), reshape(bt, [k_b, n], ndim=2))
     return reshape(r, a_shape + b_shape, ndim=len(a_free) + len(b_free))
 
 
