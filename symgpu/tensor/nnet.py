@@ -1,0 +1,236 @@
+"""Neural-network helpers: softmax, log_softmax, relu, sigmoid, softplus and cross-entropies.
+
+`Softmax` and `LogSoftmax` are Ops (not compositions of exp/sum) so that their CPU thunks can
+subtract the maximum first (no overflow for large logits) and so that rewrites and the GPU
+backend can recognise them; their gradients are ordinary graphs of elementwise ops and sums.
+`CrossentropyCategorical1Hot` is the integer-label cross-entropy, an Op because it picks one
+entry per row (-log p[i, y_i]) without building a one-hot matrix.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.scalar.dtypes import is_float, is_int, upgrade_to_float
+from symgpu.tensor import math as _m
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+
+__all__ = ["Softmax", "LogSoftmax", "CrossentropyCategorical1Hot",
+           "CrossentropyCategorical1HotGrad", "softmax", "log_softmax", "logsoftmax", "sigmoid",
+           "softplus", "relu", "binary_crossentropy", "categorical_crossentropy",
+           "crossentropy_categorical_1hot"]
+
+#: the elementwise logistic function and log(1+exp(x)) of the scalar table, re-exported here
+#: because Theano users reach them as `T.nnet.sigmoid` / `T.nnet.softplus`
+sigmoid = _m.sigmoid
+softplus = _m.softplus
+
+
+def _as_float_tensor(x: Any) -> TensorVariable:
+    """`x` as a tensor of a float dtype (integers follow the scalar table's float rule)."""
+    x = as_tensor_variable(x)
+    if not is_float(x.dtype):
+        x = _m.cast(x, upgrade_to_float(x.dtype))
+    return x
+
+
+def _norm_axis(axis: int | None, ndim: int, who: str) -> int | None:
+    if ndim == 0:
+        raise TypeError(f"{who} needs at least one dimension, got a scalar")
+    if axis is None:
+        return None
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{who}: axis {axis} is out of range for an input with {ndim} "
+                         "dimensions")
+    return int(axis) % ndim
+
+
+class _SoftmaxBase(Op):
+    """Shared make_node for the softmax family: one float input, same type out.
+    `axis=None` normalises over all elements."""
+
+    __props__ = ("axis",)
+
+    def __init__(self, axis: int | None = -1):
+        self.axis = None if axis is None else int(axis)
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}{{axis={self.axis}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        if not is_float(x.dtype):
+            raise TypeError(f"{self} needs a float input, got {x.type}; use softmax(), which "
+                            "casts integers")
+        if x.ndim == 0:
+            raise TypeError(f"{self} needs at least one dimension, got a scalar")
+        if self.axis is not None and not 0 <= self.axis < x.ndim:
+            raise ValueError(f"{self}: axis {self.axis} is out of range for {x.type}")
+        return Apply(self, [x], [x.type()])
+
+    def _sum(self, v: TensorVariable) -> TensorVariable:
+        return _m.sum(v, axis=self.axis, keepdims=True)
+
+
+class Softmax(_SoftmaxBase):
+    """exp(x) / sum(exp(x)) along `axis`, computed as exp(x - max) to avoid overflow."""
+
+    def perform(self, node, inputs, out):
+        (x,) = inputs
+        e = np.exp(x - np.max(x, axis=self.axis, keepdims=True))
+        e /= np.sum(e, axis=self.axis, keepdims=True)
+        out[0][0] = np.asarray(e, dtype=node.outputs[0].dtype)
+
+    def L_op(self, inputs, outputs, output_grads):
+        # d softmax: J^T g = sm * (g - sum(g * sm)), reusing the forward output
+        (sm,), (gz,) = outputs, output_grads
+        return [sm * (gz - self._sum(gz * sm))]
+
+    def grad(self, inputs, output_grads):
+        return self.L_op(inputs, [self(inputs[0])], output_grads)
+
+    def R_op(self, inputs, eval_points):
+        # J v has the same form as J^T g (the Jacobian is symmetric)
+        (x,), (ev,) = inputs, eval_points
+        if ev is None:
+            return [None]
+        sm = self(x)
+        return [sm * (ev - self._sum(ev * sm))]
+
+
+class LogSoftmax(_SoftmaxBase):
+    """x - logsumexp(x) along `axis`: exact where log(softmax(x)) would give -inf."""
+
+    def perform(self, node, inputs, out):
+        (x,) = inputs
+        shifted = x - np.max(x, axis=self.axis, keepdims=True)
+        res = shifted - np.log(np.sum(np.exp(shifted), axis=self.axis, keepdims=True))
+        out[0][0] = np.asarray(res, dtype=node.outputs[0].dtype)
+
+    def L_op(self, inputs, outputs, output_grads):
+        # d log_softmax: J^T g = g - softmax * sum(g), reusing the forward output
+        (out,), (gz,) = outputs, output_grads
+        return [gz - _m.exp(out) * self._sum(gz)]
+
+    def grad(self, inputs, output_grads):
+        return self.L_op(inputs, [self(inputs[0])], output_grads)
+
+    def R_op(self, inputs, eval_points):
+        # J v = v - sum(softmax * v)
+        (x,), (ev,) = inputs, eval_points
+        if ev is None:
+            return [None]
+        sm = _m.exp(self(x))
+        return [ev - self._sum(sm * ev)]
+
+
+def softmax(x: Any, axis: int | None = -1) -> TensorVariable:
+    """Softmax along `axis` (the last by default; None = over all elements)."""
+    x = _as_float_tensor(x)
+    return Softmax(_norm_axis(axis, x.ndim, "softmax"))(x)
+
+
+def log_softmax(x: Any, axis: int | None = -1) -> TensorVariable:
+    """log(softmax(x)) along `axis`, computed stably (finite for any finite logits)."""
+    x = _as_float_tensor(x)
+    return LogSoftmax(_norm_axis(axis, x.ndim, "log_softmax"))(x)
+
+
+logsoftmax = log_softmax
+
+
+def relu(x: Any, alpha: Any = 0) -> TensorVariable:
+    """Rectifier max(x, 0); with `alpha`, the leaky form (x if x >= 0 else alpha * x).
+
+    Written as a switch (not 0.5*(x+|x|) as in Theano) so relu(-inf) is 0, NaN propagates and
+    the gradient is exactly 1 or alpha."""
+    x = as_tensor_variable(x)
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 0:
+        return _m.switch(_m.lt(x, 0), 0, x)
+    return _m.switch(_m.lt(x, 0), _m.mul(alpha, x), x)
+
+
+def binary_crossentropy(output: Any, target: Any) -> TensorVariable:
+    """Elementwise -(t*log(o) + (1-t)*log(1-o)) for probabilities `output` and targets in
+    [0, 1] (Theano's definition; no reduction). Kept in exactly this form so that the
+    stabilising rewrites recognise log(sigmoid(x)) and log(1 - sigmoid(x))."""
+    o, t = _m.as_operands(output, target)
+    return _m.neg(_m.add(_m.mul(t, _m.log(o)), _m.mul(_m.sub(1, t), _m.log(_m.sub(1, o)))))
+
+
+class CrossentropyCategorical1Hot(Op):
+    """-log(coding_dist[i, y_i]) per row: the cross-entropy against integer labels."""
+
+    __props__ = ()
+
+    def make_node(self, coding_dist: Any, true_one_of_n: Any) -> Apply:
+        p = as_tensor_variable(coding_dist)
+        y = as_tensor_variable(true_one_of_n)
+        if p.ndim != 2 or not is_float(p.dtype):
+            raise TypeError(f"{self}: coding_dist must be a float matrix, got {p.type}")
+        if y.ndim != 1 or not is_int(y.dtype):
+            raise TypeError(f"{self}: true labels must be an integer vector, got {y.type}")
+        return Apply(self, [p, y], [TensorType(p.dtype, (p.broadcastable[0],))()])
+
+    def perform(self, node, inputs, out):
+        p, y = inputs
+        _check_labels(p, y)
+        picked = p[np.arange(p.shape[0]), y]
+        with np.errstate(divide="ignore"):
+            out[0][0] = np.asarray(-np.log(picked), dtype=node.outputs[0].dtype)
+
+    def grad(self, inputs, output_grads):
+        p, y = inputs
+        (g,) = output_grads
+        return [CrossentropyCategorical1HotGrad()(g, p, y), None]
+
+
+class CrossentropyCategorical1HotGrad(Op):
+    """The gradient of CrossentropyCategorical1Hot w.r.t. coding_dist: -g_i / p[i, y_i] at
+    (i, y_i), zero elsewhere."""
+
+    __props__ = ()
+
+    def make_node(self, g: Any, coding_dist: Any, true_one_of_n: Any) -> Apply:
+        g, p, y = (as_tensor_variable(v) for v in (g, coding_dist, true_one_of_n))
+        return Apply(self, [g, p, y], [p.type()])
+
+    def perform(self, node, inputs, out):
+        g, p, y = inputs
+        _check_labels(p, y)
+        rows = np.arange(p.shape[0])
+        res = np.zeros_like(p, dtype=node.outputs[0].dtype)
+        with np.errstate(divide="ignore"):
+            res[rows, y] = -np.broadcast_to(g, rows.shape) / p[rows, y]
+        out[0][0] = res
+
+
+def _check_labels(p: np.ndarray, y: np.ndarray) -> None:
+    if y.shape[0] != p.shape[0]:
+        raise ValueError(f"categorical_crossentropy: {y.shape[0]} labels for {p.shape[0]} rows "
+                         f"(coding_dist shape {p.shape}, labels shape {y.shape})")
+    if y.size and (y.min() < 0 or y.max() >= p.shape[1]):
+        raise ValueError(f"categorical_crossentropy: labels must lie in [0, {p.shape[1]}) for "
+                         f"coding_dist of shape {p.shape}; got values in [{y.min()}, {y.max()}]")
+
+
+crossentropy_categorical_1hot = CrossentropyCategorical1Hot()
+
+
+def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable:
+    """Cross-entropy of each row of `coding_dist` (probabilities) against `true_dist`.
+
+    `true_dist` is either a distribution of the same shape (-sum(t * log(p)) over the last
+    axis) or an integer vector of class indices (-log(p[i, y_i])), as in Theano."""
+    p = as_tensor_variable(coding_dist)
+    t = as_tensor_variable(true_dist)
+    if t.ndim == p.ndim:
+        return _m.neg(_m.sum(_m.mul(t, _m.log(p)), axis=p.ndim - 1))
+    if t.ndim == p.ndim - 1:
+        return crossentropy_categorical_1hot(p, t)
+    raise TypeError(f"categorical_crossentropy: true_dist must have the same number of "
+                    f"dimensions as coding_dist ({p.type}) or one fewer (integer labels); "
+                    f"got {t.type}")
