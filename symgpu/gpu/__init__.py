@@ -40,3 +40,31 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
+
+
+# =========================================================================== graph section
+# Owned by the placement work (type.py, basic_ops.py, rewriting.py). Importing these registers
+# the GPU backend with the core: the shared-variable constructor, the transfer() handler and
+# the graph-to-GPU passes. None of them imports PyCUDA.
+_GRAPH.update({
+    "GpuArrayType": "type", "GpuArrayVariable": "type", "GpuArrayConstant": "type",
+    "GpuArraySharedVariable": "type", "gpuarray_shared_constructor": "type",
+    "GpuFromHost": "basic_ops", "HostFromGpu": "basic_ops", "GpuToGpu": "basic_ops",
+    "GpuContiguous": "basic_ops", "GpuAlloc": "basic_ops", "GpuDimShuffle": "basic_ops",
+    "gpu_from_host": "basic_ops", "host_from_gpu": "basic_ops",
+    "as_gpuarray_variable": "basic_ops", "gpu_contiguous": "basic_ops",
+    "register_lifter": "rewriting", "virtual_context": "rewriting",
+})
+_LAZY.update(_GRAPH)
+__all__ = sorted(_LAZY)
+
+import symgpu.gpu.type  # noqa: E402,F401  (shared constructor)
+import symgpu.gpu.basic_ops  # noqa: E402,F401  (transfer() handler)
+import symgpu.gpu.rewriting  # noqa: E402,F401  (graph_to_gpu and transfer cancelling)
+
+# Kernel modules register their lifters (register_lifter) on import; load those present.
+import importlib.util as _ilu  # noqa: E402
+
+for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet", "lifters"):
+    if _ilu.find_spec(f"{__name__}.{_mod}") is not None:
+        importlib.import_module(f"{__name__}.{_mod}")

@@ -133,6 +133,13 @@ class TensorType(Type):
         vt = var.type
         if vt == self:
             return var
+        to_host = getattr(vt, "as_tensor", None)  # a device variable: its host form
+        if (to_host is not None and not isinstance(vt, TensorType)
+                and getattr(vt, "dtype", None) == self.dtype and getattr(vt, "ndim", None) == self.ndim):
+            var = to_host(var)
+            vt = var.type
+            if vt == self:
+                return var
         if (isinstance(vt, TensorType) and vt.dtype == self.dtype and vt.ndim == self.ndim
                 and all(vb or not sb for vb, sb in zip(vt.broadcastable, self.broadcastable))):
             from symgpu.tensor.basic import specify_broadcastable_as

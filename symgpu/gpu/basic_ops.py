@@ -1,0 +1,498 @@
+"""Transfer ops (GpuFromHost, HostFromGpu, GpuToGpu) and the GPU view/shape ops.
+
+Why here and small: placement is one subsystem (DESIGN.md). These ops only move or re-view
+GpuArrays through the runtime API (symgpu.gpu.array); compute kernels live in elemwise.py,
+blas.py and codegen/. Every class is a `Gpu*` op (or HostFromGpu) and none subclasses a CPU
+op, so `isinstance(node.op, T.Elemwise)` tells CPU from GPU as in the seeds.
+
+`TRANSFER_COUNTS` counts the transfers these ops performed (tests assert that shared
+variables stay on the device across calls).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.transfer import TransferError, register_transfer
+
+__all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
+           "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",
+           "GpuAlloc", "gpu_from_host", "host_from_gpu", "as_gpuarray_variable",
+           "gpu_contiguous", "gpu_alloc", "specify_gpu_broadcastable_as", "TRANSFER_COUNTS",
+           "reset_transfer_counts", "TRANSFER_OPS"]
+
+#: transfers performed, by kind ('host_to_gpu', 'gpu_to_host', 'gpu_to_gpu') and bytes
+TRANSFER_COUNTS: Counter = Counter()
+
+
+def reset_transfer_counts() -> None:
+    """Zero `TRANSFER_COUNTS` (tests call it before counting)."""
+    TRANSFER_COUNTS.clear()
+
+
+def _count(kind: str, nbytes: int) -> None:
+    TRANSFER_COUNTS[kind] += 1
+    TRANSFER_COUNTS[kind + "_bytes"] += int(nbytes)
+
+
+def _get_context(name: str | None) -> Any:
+    from symgpu.gpu.context import get_context
+    return get_context(name)
+
+
+def _host_grad(gz: Any) -> TensorVariable:
+    return gz if isinstance(gz, TensorVariable) else as_tensor_variable(gz)
+
+
+# ----------------------------------------------------------------------------- transfers
+
+class GpuFromHost(Op):
+    """Upload a host tensor to the context `context_name` (None = the default one)."""
+
+    __props__ = ("context_name",)
+
+    def __init__(self, context_name: str | None = None):
+        self.context_name = context_name
+
+    def __str__(self) -> str:
+        return f"GpuFromHost<{self.context_name}>"
+
+    def make_node(self, x: Any) -> Apply:
+        if is_gpu_var(x):
+            raise TypeError(f"{self}: {x} is already on the GPU ({x.type}); use GpuToGpu or "
+                            "as_gpuarray_variable")
+        x = as_tensor_variable(x)
+        return Apply(self, [x], [gpu_type_like(x, self.context_name)()])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.array import to_gpu
+        x = inputs[0]
+        out[0][0] = to_gpu(x, _get_context(self.context_name))
+        _count("host_to_gpu", x.nbytes)
+
+    def grad(self, inputs, output_grads):
+        return [_host_grad(output_grads[0])]
+
+    def R_op(self, inputs, eval_points):
+        ep = eval_points[0]
+        return [None if ep is None else self(ep)]
+
+
+class HostFromGpu(Op):
+    """Copy a GpuArray back to a host ndarray (through the runtime's pinned staging)."""
+
+    __props__ = ()
+
+    def __str__(self) -> str:
+        return "HostFromGpu(gpuarray)"
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x} "
+                            f"({getattr(x, 'type', type(x).__name__)})")
+        return Apply(self, [x], [x.type.tensor_type()()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        out[0][0] = x.get()
+        _count("gpu_to_host", x.nbytes)
+
+    def grad(self, inputs, output_grads):
+        return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
+
+    def R_op(self, inputs, eval_points):
+        ep = eval_points[0]
+        return [None if ep is None else self(ep)]
+
+
+class GpuToGpu(Op):
+    """Copy a GpuArray to another context (a no-copy view when both names share one)."""
+
+    __props__ = ("context_name",)
+    view_map = {0: [0]}
+
+    def __init__(self, context_name: str | None = None):
+        self.context_name = context_name
+
+    def __str__(self) -> str:
+        return f"GpuToGpu<{self.context_name}>"
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        return Apply(self, [x], [x.type.clone(context_name=self.context_name)()])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.array import to_gpu
+        x = inputs[0]
+        ctx = _get_context(self.context_name)
+        if x.context is ctx:
+            out[0][0] = x
+            return
+        # through the host: correct for any pair of devices (peer copies are an optimisation)
+        out[0][0] = to_gpu(x.get(), ctx)
+        _count("gpu_to_gpu", x.nbytes)
+
+    def grad(self, inputs, output_grads):
+        return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
+
+
+TRANSFER_OPS = (GpuFromHost, HostFromGpu, GpuToGpu)
+_host_from_gpu = HostFromGpu()
+
+
+def gpu_from_host(x: Any, context_name: str | None = None) -> Variable:
+    """Upload `x` to context `context_name` (None = the default context)."""
+    return GpuFromHost(context_name)(x)
+
+
+def host_from_gpu(x: Any) -> TensorVariable:
+    """The host copy of GPU variable `x` (`x` itself if it already is a host tensor)."""
+    if not is_gpu_var(x):
+        return as_tensor_variable(x)
+    return _host_from_gpu(x)
+
+
+def as_gpuarray_variable(x: Any, context_name: str | None = None) -> Variable:
+    """`x` as a GPU variable on `context_name`: GPU variables pass (or are copied to that
+    context), `HostFromGpu(y)` gives back `y`, host values and tensors are uploaded."""
+    from symgpu.gpu.array import GpuArray
+    if is_gpu_var(x):
+        if x.type.context_name == context_name:
+            return x
+        return GpuToGpu(context_name)(x)
+    if isinstance(x, Variable) and x.owner is not None and isinstance(x.owner.op, HostFromGpu):
+        return as_gpuarray_variable(x.owner.inputs[0], context_name)
+    if isinstance(x, GpuArray):
+        t = GpuArrayType(x.dtype.name, (False,) * x.ndim, context_name)
+        return GpuArrayConstant(t, x)
+    return GpuFromHost(context_name)(as_tensor_variable(x))
+
+
+# ----------------------------------------------------------------------------- views
+
+class GpuContiguous(Op):
+    """`x` itself if it is C-contiguous, else a C-contiguous copy (kernels that need dense
+    input put this in front of it)."""
+
+    __props__ = ()
+    view_map = {0: [0]}
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_gpuarray_variable(x, getattr(getattr(x, "type", None), "context_name", None))
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        out[0][0] = x if x.is_c_contiguous else x.copy()
+
+    def grad(self, inputs, output_grads):
+        return [output_grads[0]]
+
+
+def gpu_contiguous(x: Any) -> Variable:
+    """A C-contiguous version of GPU variable `x` (a no-op at run time when it is already)."""
+    if is_gpu_var(x) and x.owner is not None and isinstance(x.owner.op, GpuContiguous):
+        return x
+    return GpuContiguous()(x)
+
+
+class GpuDimShuffle(Op):
+    """DimShuffle on the GPU: a pure view (transpose, drop length-1 dims, insert 'x')."""
+
+    __props__ = ("input_broadcastable", "new_order")
+    view_map = {0: [0]}
+
+    def __init__(self, input_broadcastable: Sequence[bool], new_order: Sequence[Any]):
+        from symgpu.tensor.elemwise import DimShuffle
+        self.input_broadcastable = tuple(bool(b) for b in input_broadcastable)
+        self.new_order = tuple(new_order)
+        ref = DimShuffle(self.input_broadcastable, self.new_order)  # validates the pattern
+        self._perm = tuple(ref.shuffle) + tuple(ref.drop)
+        self._identity_perm = self._perm == tuple(range(len(self._perm)))
+        self._key = tuple(None if d == "x" else slice(None) for d in self.new_order) + \
+            (0,) * len(ref.drop)
+
+    def __str__(self) -> str:
+        return f"GpuDimShuffle{{{','.join(str(d) for d in self.new_order)}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        if len(x.broadcastable) != len(self.input_broadcastable) or any(
+                b and not xb for b, xb in zip(self.input_broadcastable, x.broadcastable)):
+            raise TypeError(f"{self} expects an input with broadcastable pattern "
+                            f"{self.input_broadcastable}, got {x.type}")
+        bcast = tuple(True if d == "x" else x.broadcastable[d] for d in self.new_order)
+        return Apply(self, [x], [x.type.clone(broadcastable=bcast)()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        if not self._identity_perm:
+            x = x.transpose(self._perm)
+        out[0][0] = x[self._key] if self._key else x
+
+    def grad(self, inputs, output_grads):
+        from symgpu.tensor.elemwise import DimShuffle
+        x = inputs[0]
+        host_x = x.type.tensor_type()()
+        (g,) = DimShuffle(self.input_broadcastable, self.new_order).grad(
+            [host_x], [_host_grad(output_grads[0])])
+        return [as_gpuarray_variable(g, x.type.context_name)]
+
+
+class GpuReshape(Op):
+    """Reshape on the GPU: a view when the input is C-contiguous, else a contiguous copy.
+    The target shape is a host int64 vector."""
+
+    __props__ = ("ndim",)
+    view_map = {0: [0]}
+
+    def __init__(self, ndim: int):
+        self.ndim = int(ndim)
+
+    def __str__(self) -> str:
+        return f"GpuReshape{{{self.ndim}}}"
+
+    def make_node(self, x: Any, shp: Any, broadcastable: Sequence[bool] | None = None) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        shp = host_from_gpu(shp)
+        if shp.ndim != 1 or shp.dtype[0] not in "iu":
+            raise TypeError(f"{self}: the shape must be an integer vector, got {shp.type}")
+        bcast = tuple(broadcastable) if broadcastable is not None else (False,) * self.ndim
+        return Apply(self, [x, shp], [x.type.clone(broadcastable=bcast)()])
+
+    def perform(self, node, inputs, out):
+        x, shp = inputs
+        target = tuple(int(s) for s in shp)
+        if len(target) != self.ndim:
+            raise ValueError(f"{self}: got a shape with {len(target)} entries {target}")
+        try:
+            out[0][0] = x.reshape(target)
+        except ValueError:
+            raise ValueError(f"cannot reshape an array of shape {x.shape} (size {x.size}) into "
+                             f"shape {target}") from None
+
+    def grad(self, inputs, output_grads):
+        from symgpu.tensor.basic import Reshape
+        x, shp = inputs
+        host_x = host_from_gpu(x)
+        g = Reshape(self.ndim).grad([host_x, shp], [_host_grad(output_grads[0])])[0]
+        return [None if g is None else as_gpuarray_variable(g, x.type.context_name), None]
+
+
+class _GpuRebroadcast(Op):
+    """Base of the two broadcast-pattern view ops (no device work)."""
+
+    view_map = {0: [0]}
+
+    def _out_bcast(self, bcast: tuple[bool, ...]) -> tuple[bool, ...]:
+        raise NotImplementedError
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        if x.ndim != len(self._axes()):
+            raise TypeError(f"{self}: {x} has {x.ndim} dimensions")
+        return Apply(self, [x], [x.type.clone(broadcastable=self._out_bcast(x.broadcastable))()])
+
+    def _axes(self) -> tuple[bool, ...]:
+        raise NotImplementedError
+
+
+class GpuSpecifyBroadcastable(_GpuRebroadcast):
+    """Checks at run time that some dims have length 1, so the type can say so."""
+
+    __props__ = ("broadcastable",)
+
+    def __init__(self, broadcastable: Sequence[bool]):
+        self.broadcastable = tuple(bool(b) for b in broadcastable)
+
+    def _axes(self) -> tuple[bool, ...]:
+        return self.broadcastable
+
+    def _out_bcast(self, bcast):
+        return tuple(a or b for a, b in zip(bcast, self.broadcastable))
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        for d, b in enumerate(self.broadcastable):
+            if b and x.shape[d] != 1:
+                raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
+                                 "broadcastable (length 1)")
+        out[0][0] = x
+
+    def grad(self, inputs, output_grads):
+        return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
+
+
+class GpuUnbroadcast(_GpuRebroadcast):
+    """Forget that some dims are known to have length 1 (no run-time cost)."""
+
+    __props__ = ("axes",)
+
+    def __init__(self, axes: Sequence[bool]):
+        self.axes = tuple(bool(a) for a in axes)
+
+    def _axes(self) -> tuple[bool, ...]:
+        return self.axes
+
+    def _out_bcast(self, bcast):
+        return tuple(b and not a for b, a in zip(bcast, self.axes))
+
+    def perform(self, node, inputs, out):
+        out[0][0] = inputs[0]
+
+    def grad(self, inputs, output_grads):
+        x = inputs[0]
+        g = as_gpuarray_variable(output_grads[0], x.type.context_name)
+        return [specify_gpu_broadcastable_as(g, x.type.clone(dtype=g.dtype))]
+
+
+def specify_gpu_broadcastable_as(x: Variable, gtype: GpuArrayType) -> Variable:
+    """GPU variable `x` with the broadcast pattern of `gtype` (run-time checked where dims
+    become broadcastable; relaxed where `x` knows more), like specify_broadcastable_as."""
+    if x.broadcastable == gtype.broadcastable:
+        return x
+    needed = tuple(b and not xb for b, xb in zip(gtype.broadcastable, x.broadcastable))
+    if any(needed):
+        x = GpuSpecifyBroadcastable(needed)(x)
+    if x.broadcastable != gtype.broadcastable:
+        x = GpuUnbroadcast(tuple(xb and not b for xb, b in
+                                 zip(x.broadcastable, gtype.broadcastable)))(x)
+    return x
+
+
+# ----------------------------------------------------------------------------- shapes
+
+class GpuShape(Op):
+    """The shape of a GpuArray as a host int64 vector (read from the array, no device work)."""
+
+    __props__ = ()
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        return Apply(self, [x], [TensorType("int64", (False,))()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = np.asarray(inputs[0].shape, dtype="int64")
+
+    def grad(self, inputs, output_grads):
+        return [None]
+
+
+class GpuShape_i(Op):
+    """The length of one dimension of a GpuArray as a host int64 scalar."""
+
+    __props__ = ("i",)
+
+    def __init__(self, i: int):
+        self.i = int(i)
+
+    def __str__(self) -> str:
+        return f"GpuShape_i{{{self.i}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        if not 0 <= self.i < x.ndim:
+            raise ValueError(f"{self}: {x} has only {x.ndim} dimensions")
+        return Apply(self, [x], [TensorType("int64", ())()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = np.asarray(inputs[0].shape[self.i], dtype="int64")
+
+    def grad(self, inputs, output_grads):
+        return [None]
+
+
+# ----------------------------------------------------------------------------- alloc
+
+class GpuAlloc(Op):
+    """A new GpuArray of the given shape filled with `value` broadcast to it: a memset for a
+    host scalar, a broadcasting device copy for a GPU value."""
+
+    __props__ = ("context_name",)
+
+    def __init__(self, context_name: str | None = None):
+        self.context_name = context_name
+
+    def __str__(self) -> str:
+        return f"GpuAlloc<{self.context_name}>"
+
+    def make_node(self, value: Any, *shape: Any,
+                  broadcastable: Sequence[bool] | None = None) -> Apply:
+        if not is_gpu_var(value):
+            value = as_tensor_variable(value)
+            if value.ndim:
+                value = as_gpuarray_variable(value, self.context_name)
+        elif value.type.context_name != self.context_name:
+            value = GpuToGpu(self.context_name)(value)
+        shape = [host_from_gpu(s) for s in shape]
+        for s in shape:
+            if s.ndim != 0 or s.dtype[0] not in "iu":
+                raise TypeError(f"{self}: shape entries must be integer scalars, got {s.type}")
+        if value.ndim > len(shape):
+            raise ValueError(f"{self}: the value has {value.ndim} dims, more than the shape's "
+                             f"{len(shape)}")
+        bcast = tuple(broadcastable) if broadcastable is not None else (False,) * len(shape)
+        out = GpuArrayType(value.dtype, bcast, self.context_name)()
+        return Apply(self, [value, *shape], [out])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.array import GpuArray
+        v, target = inputs[0], tuple(int(s) for s in inputs[1:])
+        if any(s < 0 for s in target):
+            raise ValueError(f"{self}: negative dimension in the shape {target}")
+        res = GpuArray(target, node.outputs[0].type.dtype, _get_context(self.context_name))
+        if not isinstance(v, GpuArray):
+            res.fill(np.asarray(v).reshape(()).item())
+        elif v.size == 1:
+            res.fill(v.get().reshape(()).item())
+        else:
+            shape = (1,) * (len(target) - v.ndim) + tuple(v.shape)
+            strides = (0,) * (len(target) - v.ndim) + tuple(v.strides)
+            for d, (s, t) in enumerate(zip(shape, target)):
+                if s != t and s != 1:
+                    raise ValueError(f"{self}: cannot broadcast a value of shape {v.shape} to "
+                                     f"the shape {target}")
+            strides = tuple(0 if s != t else st for s, t, st in zip(shape, target, strides))
+            src = v._view(v.ptr, target, strides)
+            res._copy_from_device(src)
+        out[0][0] = res
+
+    def grad(self, inputs, output_grads):
+        from symgpu.tensor.basic import Alloc
+        value = inputs[0]
+        host_v = host_from_gpu(value)
+        g = Alloc().grad([host_v, *inputs[1:]], [_host_grad(output_grads[0])])
+        g0 = g[0]
+        if g0 is not None and is_gpu_var(value):
+            g0 = as_gpuarray_variable(g0, value.type.context_name)
+        return [g0] + [None] * (len(inputs) - 1)
+
+
+def gpu_alloc(value: Any, *shape: Any, context_name: str | None = None) -> Variable:
+    """`value` broadcast to `shape` in a new GpuArray on `context_name`."""
+    return GpuAlloc(context_name)(value, *shape)
+
+
+# ----------------------------------------------------------------------------- transfer()
+
+@register_transfer
+def _gpu_transfer(var: Variable, target: str | None) -> Variable:
+    """Serve `var.transfer(None | name)`: the context must exist (clear error otherwise)."""
+    from symgpu.gpu.context import ContextNotFound
+    try:
+        _get_context(target)
+    except ContextNotFound as exc:
+        raise TransferError(f"cannot transfer {var} to {target!r}: {exc}") from None
+    return as_gpuarray_variable(var, target)
