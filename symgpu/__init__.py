@@ -18,4 +18,5 @@ __version__ = "0.1.0"
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
            "Constant", "tensor", "__version__"]
 
+import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)

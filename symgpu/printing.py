@@ -1,66 +1,379 @@
-"""debugprint: the graph in Theano's indented form."""
+"""Looking at graphs: `debugprint` (Theano's indented text form), `pp` (a readable formula)
+and `pydotprint` (a Graphviz picture with CPU, GPU and transfer ops in distinct colours).
+
+Everything here is duck-typed on ops (``scalar_op``, ``axis``, ``new_order``, class names
+starting with ``Gpu``) so that the printer never imports the GPU backend.
+"""
 from __future__ import annotations
 
+import io
+import os
+import shutil
+import subprocess
 import sys
-from typing import Any, TextIO
+import warnings
+from typing import Any, Callable, TextIO
 
-from symgpu.graph.basic import Variable
+from symgpu.graph.basic import Apply, Constant, Variable
 
-__all__ = ["debugprint"]
+__all__ = ["debugprint", "pp", "pprint", "pydotprint", "register_pp", "op_kind",
+           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning"]
 
-
-def _ids():
-    n = 0
-    while True:
-        s, k = "", n
-        while True:
-            s = chr(ord("A") + k % 26) + s
-            k = k // 26 - 1
-            if k < 0:
-                break
-        yield s
-        n += 1
+#: class names of the ops that move data between host and device (or between devices)
+TRANSFER_OP_NAMES = frozenset({"GpuFromHost", "HostFromGpu", "GpuToGpu"})
 
 
-def debugprint(obj: Any, file: TextIO | None = None, print_type: bool = False,
-               print_shape: bool = False) -> None:
-    """Print each output's graph: `Op [id X] 'name' order` lines, inputs indented with `|`."""
-    out = file or sys.stdout
-    order = {}
-    if hasattr(obj, "maker"):
-        fg = obj.maker.fgraph
-        outputs = fg.outputs
-        order = {node: i for i, node in enumerate(fg.toposort())}
-    elif isinstance(obj, Variable):
-        outputs = [obj]
-    else:
-        outputs = list(obj)
-    ids, gen, done = {}, _ids(), set()
+def op_kind(op: Any) -> str:
+    """'transfer', 'gpu' or 'cpu': how the profiler and pydotprint classify an op.
 
-    def ident(x):
-        if x not in ids:
-            ids[x] = next(gen)
-        return ids[x]
+    Decided by class name (GPU classes start with ``Gpu``) so nothing GPU is imported."""
+    name = type(op).__name__
+    if name in TRANSFER_OP_NAMES:
+        return "transfer"
+    if name.startswith("Gpu"):
+        return "gpu"
+    return "cpu"
 
-    def visit(var, depth):
-        prefix = " " * depth + ("|" if depth else "")
+
+# ============================================================================ debugprint
+
+def char_from_number(number: int) -> str:
+    """Theano's node ids: 0 -> 'A', 25 -> 'Z', 26 -> 'BA' (base 26 with A as the zero)."""
+    if number == 0:
+        return "A"
+    text = ""
+    while number:
+        number, rem = divmod(number, 26)
+        text = chr(ord("A") + rem) + text
+    return text
+
+
+def _roots(obj: Any) -> list[tuple[Variable, dict[Apply, int]]]:
+    """(variable, toposort positions) pairs to print for a Function, FunctionGraph, Apply,
+    variable or a list of any of these."""
+    if isinstance(obj, Variable):
+        return [(obj, {})]
+    if isinstance(obj, Apply):
+        return [(o, {}) for o in obj.outputs]
+    maker = getattr(obj, "maker", None)
+    fgraph = getattr(maker, "fgraph", None) if maker is not None else None
+    if fgraph is None and hasattr(obj, "toposort") and hasattr(obj, "outputs"):
+        fgraph = obj
+    if fgraph is not None:
+        order = {node: i for i, node in enumerate(fgraph.toposort())}
+        return [(o, order) for o in fgraph.outputs]
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        roots = []
+        for item in obj:
+            roots.extend(_roots(item))
+        return roots
+    raise TypeError(f"debugprint cannot print a {type(obj).__name__}; pass a Function, a "
+                    "FunctionGraph, an Apply, a variable or a list of them")
+
+
+def _static_shape(var: Variable) -> str:
+    shape = getattr(var.type, "shape", None)
+    return f" shape={tuple(shape)}" if shape is not None else ""
+
+
+def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = False,
+               print_shape: bool = False, ids: str = "CHAR", stop_on_name: bool = False,
+               print_destroy_map: bool = False, print_view_map: bool = False,
+               depth: int = -1) -> TextIO | str:
+    """Print a graph the way Theano does, so users can read and compare graphs they know.
+
+    One line per variable: ``Op [id X] 'name' pos`` for computed ones (``pos`` is the toposort
+    position, for compiled functions only) and ``var [id X]`` for inputs and constants. Each
+    level of depth adds one space before ``|``. A node met again is printed once more, with
+    its id, but without its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
+    or '' (none); ``stop_on_name`` does not descend below named variables; ``depth`` >= 0
+    limits the levels printed. Returns ``file`` (``sys.stdout`` by default), or the text
+    when ``file='str'``.
+    """
+    if ids not in ("CHAR", "int", "id", ""):
+        raise ValueError(f"ids must be 'CHAR', 'int', 'id' or '', got {ids!r}")
+    out: TextIO = io.StringIO() if file == "str" else (file or sys.stdout)
+    labels: dict[Any, str] = {}
+    printed: set[Apply] = set()
+
+    def ident(obj_: Any) -> str:
+        if obj_ not in labels:
+            n = len(labels)
+            labels[obj_] = {"CHAR": lambda: f"[id {char_from_number(n)}]",
+                            "int": lambda: f"[id {n}]",
+                            "id": lambda: f"[id {id(obj_)}]",
+                            "": lambda: ""}[ids]()
+        return labels[obj_]
+
+    def visit(var: Variable, level: int, order: dict[Apply, int]) -> None:
+        if 0 <= depth <= level:
+            return
+        prefix = " " * level + ("|" if level else "")
+        extra = ""
+        if print_type:
+            extra += f" <{var.type}>"
+        if print_shape:
+            extra += _static_shape(var)
         node = var.owner
-        type_str = f" {var.type}" if print_type else ""
         if node is None:
-            out.write(f"{prefix}{var} [id {ident(var)}]{type_str}\n")
+            parts = [f"{prefix}{var}", ident(var)]
+            out.write(" ".join(p for p in parts if p) + extra + "\n")
             return
-        name = f" '{var.name}'" if var.name else " ''"
-        label = str(node.op)
-        if len(node.outputs) > 1:
-            label += f".{var.index}"
-        pos = f" {order[node]}" if node in order else ""
-        seen = node in done
-        out.write(f"{prefix}{label} [id {ident(node)}]{name}{type_str}{pos}{'' if not seen else ''}\n")
-        if seen:
+        label = f"{node.op}" + (f".{var.index}" if len(node.outputs) > 1 else "")
+        parts = [f"{prefix}{label}", ident(node)]
+        line = " ".join(p for p in parts if p) + extra + f" '{var.name or ''}'"
+        if print_destroy_map and getattr(node.op, "destroy_map", None):
+            line += f" d={dict(node.op.destroy_map)}"
+        if print_view_map and getattr(node.op, "view_map", None):
+            line += f" v={dict(node.op.view_map)}"
+        if node in order:
+            line += f" {order[node]}"
+        out.write(line + "\n")
+        if node in printed:
             return
-        done.add(node)
+        printed.add(node)
+        if stop_on_name and var.name is not None:
+            return
         for inp in node.inputs:
-            visit(inp, depth + 1)
+            visit(inp, level + 1, order)
 
-    for o in outputs:
-        visit(o, 0)
+    for root, order in _roots(obj):
+        visit(root, 0, order)
+    if file == "str":
+        return out.getvalue()  # type: ignore[union-attr]
+    out.flush()
+    return out
+
+
+# ============================================================================ pp
+
+#: class name -> printer(op, node, argument strings) -> str, for ops without a table row
+PP_PRINTERS: dict[str, Callable[[Any, Apply, list[str]], str]] = {
+    "Dot": lambda op, node, a: f"dot({a[0]}, {a[1]})",
+    "MatMul": lambda op, node, a: f"({a[0]} @ {a[1]})",
+    "Shape": lambda op, node, a: f"shape({a[0]})",
+    "Shape_i": lambda op, node, a: f"shape({a[0]})[{op.i}]",
+}
+
+_REDUCE_PP = {"add": "sum", "mul": "prod", "maximum": "max", "minimum": "min",
+              "and_": "all", "or_": "any"}
+
+
+def register_pp(op_class_name: str, printer: Callable[[Any, Apply, list[str]], str]) -> None:
+    """Teach `pp` an op (by class name, so backends need not be imported here)."""
+    PP_PRINTERS[op_class_name] = printer
+
+
+def _pp_leaf(var: Variable) -> str:
+    if var.name is not None:
+        return var.name
+    if isinstance(var, Constant):
+        data = getattr(var, "data", None)
+        size = getattr(data, "size", None)
+        if size == 1 and getattr(data, "ndim", 0) == 0:
+            text = str(var)  # TensorConstant{2.0} -> 2.0
+            if "{" in text and text.endswith("}"):
+                return text[text.index("{") + 1:-1]
+        return str(var)
+    return str(var)
+
+
+def _pp_node(var: Variable, args: list[str]) -> str:
+    node = var.owner
+    op = node.op
+    printer = PP_PRINTERS.get(type(op).__name__)
+    if printer is not None:
+        return printer(op, node, args)
+    scalar_op = getattr(op, "scalar_op", None)
+    if scalar_op is not None and hasattr(op, "axis"):  # a reduction
+        name = _REDUCE_PP.get(getattr(scalar_op, "name", ""), str(scalar_op))
+        axis = op.axis
+        return f"{name}({args[0]})" if axis is None else f"{name}({args[0]}, axis={list(axis)})"
+    if scalar_op is not None:  # elementwise: infix from the scalar table's `symbol`
+        spec = getattr(scalar_op, "spec", None)
+        symbol = getattr(spec, "symbol", None)
+        if symbol is not None and len(args) == 1:
+            return f"{symbol}{args[0]}"
+        if symbol is not None and len(args) >= 2:
+            return "(" + f" {symbol} ".join(args) + ")"
+        index = f".{var.index}" if len(node.outputs) > 1 else ""  # fused multi-output
+        return f"{scalar_op}{index}({', '.join(args)})"
+    new_order = getattr(op, "new_order", None)
+    if new_order is not None and len(args) == 1:  # a dimshuffle
+        order = list(new_order)
+        while order and order[0] == "x":  # leading broadcast dims are implicit
+            order.pop(0)
+        ndim = node.inputs[0].type.ndim if hasattr(node.inputs[0].type, "ndim") else None
+        if order == list(range(ndim or 0)):
+            return args[0]
+        if ndim and ndim > 1 and order == list(reversed(range(ndim))):
+            return f"{args[0]}.T"
+        return f"{args[0]}.dimshuffle({', '.join(repr(d) for d in new_order)})"
+    label = str(op)
+    if len(node.outputs) > 1:
+        label += f".{var.index}"
+    return f"{label}({', '.join(args)})"
+
+
+def pp(obj: Any) -> str:
+    """A readable formula for a variable (``(exp(x) + y)``, ``sum(x, axis=[0])``): quicker to
+    read than debugprint when the question is *what* is computed, not *how*.
+
+    Accepts a variable, a list of them, or a Function / FunctionGraph (one line per output).
+    Binary ops with a table ``symbol`` print infix and parenthesised, unary ones prefix;
+    other ops print as calls. Shared subexpressions are printed in full where they occur.
+    """
+    if isinstance(obj, Variable):
+        roots = [obj]
+    else:
+        roots = [v for v, _ in _roots(obj)]
+    memo: dict[Variable, str] = {}
+
+    def walk(root: Variable) -> str:
+        # iterative post-order: deep graphs must not hit Python's recursion limit
+        stack = [(root, False)]
+        while stack:
+            var, expanded = stack.pop()
+            if var in memo:
+                continue
+            if var.owner is None:
+                memo[var] = _pp_leaf(var)
+            elif expanded:
+                memo[var] = _pp_node(var, [memo[i] for i in var.owner.inputs])
+            else:
+                stack.append((var, True))
+                stack.extend((i, False) for i in reversed(var.owner.inputs) if i not in memo)
+        return memo[root]
+
+    return "\n".join(walk(r) for r in roots)
+
+
+#: Theano's name for the same thing
+pprint = pp
+
+
+# ============================================================================ pydotprint
+
+class GraphvizNotFoundWarning(UserWarning):
+    """Graphviz's `dot` is not installed, so only the .dot source was written."""
+
+
+#: fill colours by op kind (and for the variables at the graph's edges)
+DOT_COLORS = {"cpu": "#FFAABB", "gpu": "#7CCD7C", "transfer": "#FF5555",
+              "input": "#B0E0E6", "output": "#6495ED", "constant": "#DDDDDD"}
+
+
+def _dot_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def graph_to_dot(obj: Any, max_label_size: int = 70) -> str:
+    """The Graphviz source of a graph: apply nodes as ellipses coloured by kind, inputs,
+    constants and outputs as boxes, intermediate variables as labelled edges."""
+    roots = _roots(obj)
+    order: dict[Apply, int] = {}
+    for _, o in roots:
+        order.update(o)
+    outputs = [v for v, _ in roots]
+    names: dict[Any, str] = {}
+
+    def nid(x: Any) -> str:
+        if x not in names:
+            names[x] = f"n{len(names)}"
+        return names[x]
+
+    def short(text: str) -> str:
+        return text if len(text) <= max_label_size else text[: max_label_size - 3] + "..."
+
+    lines = ["digraph G {", '  graph [rankdir=TB, fontname="Helvetica"];',
+             '  node [fontname="Helvetica", style=filled];', '  edge [fontname="Helvetica"];']
+    seen_nodes: set[Apply] = set()
+    seen_leaves: set[Variable] = set()
+    edges: list[str] = []
+    stack = list(reversed(outputs))
+    while stack:
+        var = stack.pop()
+        node = var.owner
+        if node is None:
+            if var not in seen_leaves:
+                seen_leaves.add(var)
+                color = DOT_COLORS["constant" if isinstance(var, Constant) else "input"]
+                label = short(f"{var}")
+                lines.append(f"  {nid(var)} [label={_dot_quote(label)}, shape=box, "
+                             f"fillcolor={_dot_quote(color)}];")
+            continue
+        if node in seen_nodes:
+            continue
+        seen_nodes.add(node)
+        kind = op_kind(node.op)
+        label = str(node.op)
+        if node in order:
+            label += f" id={order[node]}"
+        lines.append(f"  {nid(node)} [label={_dot_quote(short(label))}, shape=ellipse, "
+                     f"fillcolor={_dot_quote(DOT_COLORS[kind])}];")
+        many = len(node.inputs) > 1
+        for i, inp in enumerate(node.inputs):
+            src = nid(inp) if inp.owner is None else nid(inp.owner)
+            elabel = f"{i} {inp.type}" if many else f"{inp.type}"
+            edges.append(f"  {src} -> {nid(node)} [label={_dot_quote(short(elabel))}];")
+            stack.append(inp)
+    for k, var in enumerate(outputs):
+        out_id = f"out{k}"
+        label = short(var.name or f"output {k}") + f"\n{var.type}"
+        lines.append(f"  {out_id} [label={_dot_quote(label)}, shape=box, "
+                     f"fillcolor={_dot_quote(DOT_COLORS['output'])}];")
+        src = nid(var) if var.owner is None else nid(var.owner)
+        edges.append(f"  {src} -> {out_id};")
+    lines.append("  subgraph cluster_legend { label=\"legend\"; fontsize=10;")
+    for kind in ("cpu", "gpu", "transfer"):
+        lines.append(f"    legend_{kind} [label={_dot_quote(kind + ' op')}, shape=ellipse, "
+                     f"fillcolor={_dot_quote(DOT_COLORS[kind])}, fontsize=10];")
+    lines.append("  }")
+    lines.extend(edges)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _default_outfile(fmt: str) -> str:
+    from symgpu.config import config
+    base = getattr(config, "compiledir", None) or os.getcwd()
+    return os.path.join(base, f"symgpu.pydotprint.{config.device}.{fmt}")
+
+
+def pydotprint(fn_or_var: Any, outfile: str | None = None, format: str = "svg",
+               max_label_size: int = 70) -> str:
+    """Draw the graph with Graphviz so the placement (CPU, GPU, transfers) is seen at a glance.
+
+    Writes ``outfile`` (default: ``<compiledir>/symgpu.pydotprint.<device>.<format>``) in
+    ``format`` ('svg', 'png', 'pdf' ... or 'dot' for the source itself) and returns its path.
+    Where Graphviz's ``dot`` program is missing, writes the ``.dot`` source next to it,
+    warns (GraphvizNotFoundWarning) and returns the ``.dot`` path.
+    """
+    source = graph_to_dot(fn_or_var, max_label_size=max_label_size)
+    if outfile is None:
+        outfile = _default_outfile(format)
+    outfile = os.path.abspath(os.path.expanduser(outfile))
+    os.makedirs(os.path.dirname(outfile), exist_ok=True)
+    if format == "dot" or outfile.endswith(".dot"):
+        with open(outfile, "w") as fh:
+            fh.write(source)
+        return outfile
+    dot_exe = shutil.which("dot")
+    root, _ = os.path.splitext(outfile)
+    dot_path = root + ".dot"
+    if dot_exe is None:
+        with open(dot_path, "w") as fh:
+            fh.write(source)
+        warnings.warn(f"pydotprint: Graphviz's 'dot' program was not found, so {outfile} was "
+                      f"not drawn; the graph's source was written to {dot_path} instead. Install "
+                      f"Graphviz (e.g. apt-get install graphviz) and run: dot -T{format} "
+                      f"{dot_path} -o {outfile}", GraphvizNotFoundWarning, stacklevel=2)
+        return dot_path
+    proc = subprocess.run([dot_exe, f"-T{format}", "-o", outfile], input=source.encode(),
+                          capture_output=True)
+    if proc.returncode != 0:
+        with open(dot_path, "w") as fh:
+            fh.write(source)
+        raise RuntimeError(f"pydotprint: dot -T{format} failed ({proc.returncode}): "
+                           f"{proc.stderr.decode(errors='replace').strip()}; the source is in {dot_path}")
+    return outfile

@@ -1,0 +1,318 @@
+"""debugprint (Theano's exact text form), pp formulas and pydotprint files.
+
+GPU-looking ops are stand-ins defined here (the printers go by class name), so these tests
+run without a GPU and without importing the GPU backend.
+"""
+import io
+import os
+import stat
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from symgpu import Apply, Op, function
+from symgpu.compile.mode import Mode
+from symgpu.printing import (GraphvizNotFoundWarning, char_from_number, debugprint, op_kind, pp,
+                             pydotprint, register_pp)
+
+#: compile without rewrites so the compiled graphs (and their positions) are fixed here
+NO_REWRITES = Mode("FAST_RUN").excluding_tags("fast_run", "fast_compile")
+
+
+class _Copy(Op):
+    __props__ = ()
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = np.array(inputs[0], copy=True)
+
+
+class GpuFromHost(_Copy):
+    pass
+
+
+class HostFromGpu(_Copy):
+    pass
+
+
+class GpuElemwise(_Copy):
+    def __str__(self):
+        return "GpuElemwise{exp,no_inplace}"
+
+    def perform(self, node, inputs, out):
+        out[0][0] = np.exp(inputs[0])
+
+
+class Split2(Op):
+    """Two outputs: the first and second halves of a vector."""
+    __props__ = ()
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type(), x.type()])
+
+    def perform(self, node, inputs, out):
+        h = len(inputs[0]) // 2
+        out[0][0], out[1][0] = inputs[0][:h].copy(), inputs[0][h:].copy()
+
+
+def gpu_chain(x):
+    return HostFromGpu()(GpuElemwise()(GpuFromHost()(x)))
+
+
+# ----------------------------------------------------------------------------- debugprint
+
+def test_char_ids_follow_theano():
+    assert [char_from_number(n) for n in (0, 1, 25, 26, 27, 52)] == ["A", "B", "Z", "BA", "BB", "CA"]
+
+
+def test_debugprint_variable_exact():
+    x = T.dmatrix("x")
+    assert debugprint(T.exp(x), file="str") == "Elemwise{exp,no_inplace} [id A] ''\n |x [id B]\n"
+
+
+def test_debugprint_spec_example_for_a_variable():
+    x = T.fmatrix("x")
+    text = debugprint(gpu_chain(x), file="str")
+    assert text == ("HostFromGpu [id A] ''\n"
+                    " |GpuElemwise{exp,no_inplace} [id B] ''\n"
+                    "  |GpuFromHost [id C] ''\n"
+                    "   |x [id D]\n")
+
+
+def test_debugprint_compiled_function_has_toposort_positions():
+    x = T.fmatrix("x")
+    f = function([x], gpu_chain(x), mode=NO_REWRITES)
+    text = debugprint(f, file="str")
+    assert text == ("HostFromGpu [id A] '' 2\n"
+                    " |GpuElemwise{exp,no_inplace} [id B] '' 1\n"
+                    "  |GpuFromHost [id C] '' 0\n"
+                    "   |x [id D]\n")
+    # a FunctionGraph prints the same way
+    assert debugprint(f.maker.fgraph, file="str") == text
+
+
+def test_debugprint_repeated_node_printed_once_then_referenced():
+    x = T.dmatrix("x")
+    e = T.exp(x)
+    e.name = "e"
+    text = debugprint(e * e, file="str")
+    assert text == ("Elemwise{mul,no_inplace} [id A] ''\n"
+                    " |Elemwise{exp,no_inplace} [id B] 'e'\n"
+                    "  |x [id C]\n"
+                    " |Elemwise{exp,no_inplace} [id B] 'e'\n")
+
+
+def test_debugprint_several_outputs_share_ids():
+    x, y = T.dvector("x"), T.dvector("y")
+    s = x + y
+    text = debugprint([s, s * y], file="str")
+    assert text == ("Elemwise{add,no_inplace} [id A] ''\n"
+                    " |x [id B]\n"
+                    " |y [id C]\n"
+                    "Elemwise{mul,no_inplace} [id D] ''\n"
+                    " |Elemwise{add,no_inplace} [id A] ''\n"
+                    " |y [id C]\n")
+
+
+def test_debugprint_multi_output_node_and_apply():
+    x = T.dvector("x")
+    a, b = Split2()(x)
+    text = debugprint([a, b], file="str")
+    assert text == "Split2.0 [id A] ''\n |x [id B]\nSplit2.1 [id A] ''\n"
+    assert debugprint(a.owner, file="str") == text
+
+
+def test_debugprint_print_type_and_shape():
+    x = T.dmatrix("x")
+    text = debugprint(T.exp(x), file="str", print_type=True)
+    assert text == ("Elemwise{exp,no_inplace} [id A] <TensorType(float64, matrix)> ''\n"
+                    " |x [id B] <TensorType(float64, matrix)>\n")
+    r = T.drow("r")
+    text = debugprint(r, file="str", print_shape=True)
+    assert text == "r [id A] shape=(1, None)\n"
+
+
+def test_debugprint_ids_modes_and_stop_on_name():
+    x = T.dvector("x")
+    e = T.exp(x)
+    e.name = "e"
+    out = e + 1
+    assert debugprint(out, file="str", ids="int") == (
+        "Elemwise{add,no_inplace} [id 0] ''\n |Elemwise{exp,no_inplace} [id 1] 'e'\n"
+        "  |x [id 2]\n |InplaceDimShuffle{x} [id 3] ''\n  |TensorConstant{1.0} [id 4]\n")
+    assert debugprint(out, file="str", ids="").splitlines()[1] == " |Elemwise{exp,no_inplace} 'e'"
+    assert f"[id {id(x)}]" in debugprint(e, file="str", ids="id")
+    stopped = debugprint(out, file="str", stop_on_name=True)
+    assert " |Elemwise{exp,no_inplace} [id B] 'e'\n |InplaceDimShuffle" in stopped
+    assert "x [id" not in stopped
+    with pytest.raises(ValueError, match="ids"):
+        debugprint(out, ids="hex")
+
+
+def test_debugprint_depth_limits_levels():
+    x = T.fmatrix("x")
+    assert debugprint(gpu_chain(x), file="str", depth=2) == (
+        "HostFromGpu [id A] ''\n |GpuElemwise{exp,no_inplace} [id B] ''\n")
+
+
+def test_debugprint_returns_file_and_defaults_to_stdout(capsys):
+    x = T.dvector("x")
+    buf = io.StringIO()
+    assert debugprint(x, file=buf) is buf
+    assert buf.getvalue() == "x [id A]\n"
+    assert debugprint(x) is sys.stdout
+    assert capsys.readouterr().out == "x [id A]\n"
+
+
+def test_debugprint_rejects_other_objects():
+    with pytest.raises(TypeError, match="debugprint"):
+        debugprint(42)
+
+
+def test_debugprint_constant_and_inplace_destroy_map():
+    x = T.dvector("x")
+    text = debugprint(x * 2, file="str", print_view_map=True)
+    assert "TensorConstant{2.0} [id" in text
+    assert "InplaceDimShuffle{x} [id C] '' v={0: [0]}" in text
+
+
+def test_runtime_error_with_high_verbosity_shows_debugprint():
+    x, y = T.dmatrix("x"), T.dmatrix("y")
+    f = function([x, y], T.dot(x, y), mode=NO_REWRITES)
+    with symgpu.config.change_flags(exception_verbosity="high"):
+        with pytest.raises(ValueError) as info:
+            f(np.ones((2, 3)), np.ones((2, 3)))
+    assert "Dot [id A] ''" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- pp
+
+def test_pp_formulas():
+    x, y = T.dmatrix("x"), T.dmatrix("y")
+    v = T.dvector("v")
+    assert pp(T.exp(x)) == "exp(x)"
+    assert pp(x + y) == "(x + y)"
+    assert pp(x.sum(axis=0)) == "sum(x, axis=[0])"
+    assert pp(x.sum()) == "sum(x)"
+    assert pp(x.max(axis=1)) == "max(x, axis=[1])"
+    assert pp(-x) == "-x"
+    assert pp((x + y) * 2) == "((x + y) * 2.0)"
+    assert pp(x / y - x ** 2) == "((x / y) - (x ** 2.0))"
+    assert pp(x > y) == "(x > y)"
+    assert pp(x + v) == "(x + v)"          # broadcasting dimshuffle is implicit
+    assert pp(x.T) == "x.T"
+    assert pp(T.dot(x, y)) == "dot(x, y)"
+    assert pp(T.maximum(x, y)) == "maximum(x, y)"
+    assert pp(T.log(T.exp(x) + 1).sum(axis=1)) == "sum(log((exp(x) + 1.0)), axis=[1])"
+
+
+def test_pp_unnamed_inputs_lists_functions_and_custom_printers():
+    x = T.dvector()
+    assert pp(T.exp(x)) == "exp(<TensorType(float64, vector)>)"
+    a, b = T.dvector("a"), T.dvector("b")
+    assert pp([a + b, a * b]) == "(a + b)\n(a * b)"
+    f = function([a, b], [a + b, T.exp(a)], mode=NO_REWRITES)
+    assert pp(f) == "(a + b)\nexp(a)"
+    first, second = Split2()(a)
+    assert pp(second + first) == "(Split2.1(a) + Split2.0(a))"
+    assert pp(gpu_chain(a)) == "HostFromGpu(GpuElemwise{exp,no_inplace}(GpuFromHost(a)))"
+    register_pp("GpuFromHost", lambda op, node, args: f"to_gpu({args[0]})")
+    try:
+        assert pp(GpuFromHost()(a)) == "to_gpu(a)"
+    finally:
+        from symgpu.printing import PP_PRINTERS
+        PP_PRINTERS.pop("GpuFromHost")
+
+
+def test_pp_deep_graph_does_not_recurse():
+    x = T.dvector("x")
+    y = x
+    for _ in range(3000):
+        y = -y
+    assert pp(y).endswith("x") and pp(y).count("-") == 3000
+
+
+# ----------------------------------------------------------------------------- pydotprint
+
+def test_op_kind_by_class_name():
+    assert op_kind(GpuFromHost()) == op_kind(HostFromGpu()) == "transfer"
+    assert op_kind(GpuElemwise()) == "gpu"
+    assert op_kind(T.exp(T.dvector()).owner.op) == "cpu"
+
+
+def _no_dot(monkeypatch):
+    import symgpu.printing as printing
+    monkeypatch.setattr(printing.shutil, "which", lambda name: None)
+
+
+def test_pydotprint_without_graphviz_writes_dot_and_warns(tmp_path, monkeypatch):
+    _no_dot(monkeypatch)
+    x = T.fmatrix("x")
+    f = function([x], gpu_chain(x) * 2, mode=NO_REWRITES)
+    target = tmp_path / "graph.png"
+    with pytest.warns(GraphvizNotFoundWarning, match="dot.*not found"):
+        written = pydotprint(f, outfile=str(target), format="png")
+    assert written == str(tmp_path / "graph.dot")
+    assert not target.exists()
+    src = (tmp_path / "graph.dot").read_text()
+    assert src.startswith("digraph G {") and src.rstrip().endswith("}")
+    from symgpu.printing import DOT_COLORS
+
+    def fill(label):
+        line = next(l for l in src.splitlines() if f'label="{label}' in l)
+        return line.split('fillcolor="')[1].split('"')[0]
+
+    assert fill("GpuFromHost id=0") == fill("HostFromGpu id=2") == DOT_COLORS["transfer"]
+    assert fill("GpuElemwise{exp,no_inplace} id=1") == DOT_COLORS["gpu"]
+    assert fill("Elemwise{mul,no_inplace} id=4") == DOT_COLORS["cpu"]
+    assert len({DOT_COLORS["cpu"], DOT_COLORS["gpu"], DOT_COLORS["transfer"]}) == 3
+    assert src.count(" -> ") == 7  # 6 node inputs (3 transfers/gpu, mul 2, dimshuffle 1) + output
+
+
+def test_pydotprint_dot_format_and_variables(tmp_path):
+    x = T.dvector("x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # writing .dot never needs graphviz
+        out = pydotprint(T.exp(x) + 1, outfile=str(tmp_path / "g.dot"), format="dot")
+    text = open(out).read()
+    assert 'label="Elemwise{exp,no_inplace}"' in text and 'label="x"' in text
+
+
+def test_pydotprint_default_outfile_in_compiledir(tmp_path, monkeypatch):
+    _no_dot(monkeypatch)
+    with symgpu.config.change_flags(compiledir=str(tmp_path / "cache")):
+        with pytest.warns(GraphvizNotFoundWarning):
+            out = pydotprint(T.exp(T.dvector("x")))
+    assert out == str(tmp_path / "cache" / f"symgpu.pydotprint.{symgpu.config.device}.dot")
+    assert os.path.exists(out)
+
+
+def test_pydotprint_with_a_dot_program(tmp_path, monkeypatch):
+    """The Graphviz path, with a stand-in `dot` that records its arguments."""
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\n" 'out=""; while [ $# -gt 0 ]; do case "$1" in -o) out="$2"; '
+                    'shift;; esac; shift; done\n' 'cat > "$out"\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    import symgpu.printing as printing
+    monkeypatch.setattr(printing.shutil, "which", lambda name: str(fake))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = pydotprint(T.exp(T.dvector("x")), outfile=str(tmp_path / "g.svg"))
+    assert out == str(tmp_path / "g.svg")
+    assert open(out).read().startswith("digraph G {")
+    assert not (tmp_path / "g.dot").exists()
+
+
+@pytest.mark.skipif(__import__("shutil").which("dot") is None, reason="Graphviz is not installed")
+def test_pydotprint_real_graphviz(tmp_path):
+    x = T.fmatrix("x")
+    out = pydotprint(gpu_chain(x), outfile=str(tmp_path / "g.svg"), format="svg")
+    assert "<svg" in open(out).read()
+    out = pydotprint(gpu_chain(x), outfile=str(tmp_path / "g.png"), format="png")
+    assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
