@@ -11,6 +11,7 @@ from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
 from symgpu.tensor.basic import *  # noqa: F401,F403
 from symgpu.tensor.sharedvar import TensorSharedVariable
 from symgpu.tensor import typed_constructors as _typed
+from symgpu.gradient import Lop, Rop, grad, hessian, jacobian  # T.grad, as in Theano
 from symgpu.tensor import nnet
 
 _install_operators()
