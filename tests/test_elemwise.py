@@ -3,7 +3,10 @@ tensor language's functions and operators, broadcasting (static row/col types, d
 ndims, random shapes) and the floating-point edge cases (division by zero, NaN, inf)."""
 from __future__ import annotations
 
+import itertools
 import operator
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -413,3 +416,104 @@ def test_float32_results_stay_float32():
                 T.clip(x, 0, 1), T.switch(x > 0, x, 0.1)]
         for o, g in zip(outs, run([x], outs, X)):
             assert o.dtype == "float32" and g.dtype == np.float32
+
+
+# ----------------------------------------------------------------------------- CUDA rows, on the host
+# The CUDA expressions of the table are plain C: compiled with the host C compiler (same
+# operand and result conversions as the GPU renderer: operands in the compute dtype, result
+# converted to the output dtype) they must agree with the rows' NumPy functions, NaN, inf and
+# Python's floor-division/modulo signs included. This checks GPU semantics without a GPU.
+
+_C_PRELUDE = """
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdint.h>
+#define max(a, b) ((a) > (b) ? (a) : (b))
+#define min(a, b) ((a) < (b) ? (a) : (b))
+"""
+_C_TYPES = {"float32": "float", "float64": "double", "int32": "int32_t", "int64": "int64_t",
+            "bool": "bool"}
+_EDGE_FLOATS = [-7.0, -2.5, -1.0, -0.0, 0.0, 0.1, 0.3, 1.0, 2.0, 3.0, 7.0, 1e-30, np.inf,
+                -np.inf, np.nan]
+_EDGE_INTS = [-7, -2, -1, 0, 1, 2, 3, 7, 9]
+
+
+def _host_cases(dtype: str):
+    """(op, input dtypes, operand tuples, output dtype) for every row that applies to dtype."""
+    grid = _EDGE_FLOATS if dtype.startswith("float") else _EDGE_INTS
+    for name, op in sorted(SCALAR_OPS.items()):
+        nin = 2 if op.nin < 0 else op.nin
+        if name == "switch":
+            in_dtypes = ("bool", dtype, dtype)
+            tuples = [(c, a, b) for c in (0, 1) for a in grid[:4] for b in grid[-4:]]
+        elif name == "clip":
+            in_dtypes = (dtype,) * 3
+            tuples = [(x, lo, hi) for x in grid for lo, hi in [(-1, 2), (0, 0), (-2, -1)]]
+        else:
+            in_dtypes = (dtype,) * nin
+            tuples = list(itertools.product(grid, repeat=nin))
+            if name == "pow" and dtype.startswith("int"):
+                tuples = [t for t in tuples if t[1] >= 0]  # NumPy refuses negative int powers
+        try:
+            out = op.output_dtype(*in_dtypes)
+        except TypeError:
+            continue
+        if dtype.startswith("int") and (out.startswith("float") or name in ("isnan", "isinf")):
+            continue  # computed in the float output dtype: covered by the float cases
+        yield op, in_dtypes, tuples, out
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no host C compiler")
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_cuda_templates_match_numpy_on_the_host(dtype, tmp_path):
+    cases = list(_host_cases(dtype))
+    is_float = dtype.startswith("float")
+    store = "double" if is_float else "long long"
+    lines = [_C_PRELUDE, "int main(void) {"]
+    for k, (op, in_dtypes, tuples, out) in enumerate(cases):
+        compute = dtype if op.spec.dtype_rule == "bool" or out == "bool" else out
+        for j, d in enumerate(in_dtypes):
+            vals = ", ".join(("NAN" if np.isnan(t[j]) else "INFINITY" if t[j] > 0 else
+                              "-INFINITY") if is_float and not np.isfinite(t[j]) else
+                             (float(t[j]).hex() if is_float else str(int(t[j])))
+                             for t in tuples)
+            lines.append(f"static const {store} in{k}_{j}[] = {{{vals}}};")
+        decls = " ".join(
+            f"{_C_TYPES['bool' if d == 'bool' else compute]} v{j} = "
+            f"({_C_TYPES['bool' if d == 'bool' else compute]})in{k}_{j}[i];"
+            for j, d in enumerate(in_dtypes))
+        expr = op.cuda(compute, [f"v{j}" for j in range(len(in_dtypes))])
+        fmt = '"%a\\n", (double)' if out.startswith("float") else '"%lld\\n", (long long)'
+        lines.append(f"for (int i = 0; i < {len(tuples)}; i++) {{ {decls} "
+                     f"{_C_TYPES[out]} r = ({_C_TYPES[out]})({expr}); printf({fmt}r); }}")
+    lines.append("return 0; }")
+    src = tmp_path / "rows.c"
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "rows"
+    subprocess.run(["cc", "-std=gnu99", "-O0", "-w", "-o", str(exe), str(src), "-lm"],
+                   check=True, capture_output=True)
+    printed = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    pos = 0
+    failures = []
+    for op, in_dtypes, tuples, out in cases:
+        cols = [np.array([t[j] for t in tuples], dtype=d) for j, d in enumerate(in_dtypes)]
+        with np.errstate(all="ignore"):
+            expected = np.asarray(op.impl(*cols)).astype(out)
+        got_text = printed[pos:pos + len(tuples)]
+        pos += len(tuples)
+        if out.startswith("float"):
+            got = np.array([float.fromhex(s) if "nan" not in s and "inf" not in s else float(s)
+                            for s in got_text], dtype=out)
+            rtol = 2e-6 if out == "float32" else 1e-13
+            ok = np.isclose(got, expected, rtol=rtol, atol=0, equal_nan=True)
+            # signed zeros too (e.g. -0.0 // 1 and 0.0 % -1 in Python)
+            ok &= (got != 0) | (np.signbit(got) == np.signbit(expected))
+        else:
+            got = np.array([int(s) for s in got_text]).astype(out)
+            ok = got == expected
+        for i in np.flatnonzero(~ok)[:3]:
+            failures.append(f"{op.name}{tuples[i]} [{dtype}]: cuda {got[i]!r}, "
+                            f"numpy {expected[i]!r}")
+    assert pos == len(printed)
+    assert not failures, "\n".join(failures)

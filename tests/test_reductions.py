@@ -183,7 +183,7 @@ def _shape_and_axis(draw):
     return shape, axis, draw(st.booleans())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(_shape_and_axis())
 def test_reductions_random_shapes(case):
     shape, axis, keepdims = case

@@ -194,6 +194,18 @@ class ScalarOpSpec:
     symbol: str | None = None  # infix spelling for pp
 
 
+# Float // and % on the GPU follow NumPy's npy_divmod (fmod, then Python's sign convention, then
+# snapping the quotient to an integer): floor(a / b) gives 1.0 // 0.1 == 10 where NumPy (and
+# Python) give 9, and a - floor(a/b)*b gives nan for 7 % inf where NumPy gives 7.
+_FMOD = "fmod{f}(({0}), ({1}))"
+_FMOD_ADJUST = f"({_FMOD} != 0 && ((({{1}}) < 0) != ({_FMOD} < 0)))"
+_FDIV_RAW = f"((({{0}}) - {_FMOD}) / ({{1}}) - ({_FMOD_ADJUST} ? 1 : 0))"
+_CUDA_FLOAT_FLOORDIV = (
+    f"(({{1}}) == 0 ? ({{0}}) / ({{1}}) : ({_FDIV_RAW} == 0 ? copysign{{f}}(0, ({{0}}) / ({{1}})) : "
+    f"floor{{f}}({_FDIV_RAW}) + (({_FDIV_RAW} - floor{{f}}({_FDIV_RAW})) > 0.5{{f}} ? 1 : 0)))")
+_CUDA_FLOAT_MOD = (f"({_FMOD} != 0 ? ({_FMOD_ADJUST} ? {_FMOD} + ({{1}}) : {_FMOD}) : "
+                   f"copysign{{f}}(0, ({{1}})))")
+
 _F = "float"
 SCALAR_TABLE: list[ScalarOpSpec] = [
     # arithmetic
@@ -202,15 +214,18 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("mul", -1, np.multiply, "({0} * {1})", _g_mul, "upcast", True, True, "*"),
     ScalarOpSpec("true_div", 2, _true_div, "({0} / {1})", _g_true_div, "true_div", symbol="/"),
     ScalarOpSpec("int_div", 2, _int_div_np,
-                 {"float": "floor{f}({0} / {1})",
+                 {"float": _CUDA_FLOAT_FLOORDIV,
                   "int": "(({1}) == 0 ? 0 : (({0}) / ({1}) - ((({0}) % ({1}) != 0) && ((({0}) < 0) != (({1}) < 0)))))"},
                  _no_grad, "int_div", symbol="//"),
     ScalarOpSpec("mod", 2, np.mod,
-                 {"float": "({0} - floor{f}({0} / {1}) * {1})",
+                 {"float": _CUDA_FLOAT_MOD,
                   "int": "(({1}) == 0 ? 0 : (((({0}) % ({1})) + ({1})) % ({1})))"},
                  lambda T, ins, out, gz: [gz, -gz * T.floor_div(ins[0], ins[1])], "int_div",
                  symbol="%"),
-    ScalarOpSpec("pow", 2, np.power, "pow{f}({0}, {1})", _g_pow, "int_div", symbol="**"),
+    # integer powers in double: powf rounds results above 2**24 (7**9 gave 40353608)
+    ScalarOpSpec("pow", 2, np.power, {"float": "pow{f}({0}, {1})",
+                                      "int": "pow((double)({0}), (double)({1}))"},
+                 _g_pow, "int_div", symbol="**"),
     ScalarOpSpec("maximum", 2, np.maximum, {"float": "((({0}) > ({1}) || isnan({0})) ? ({0}) : ({1}))",
                                             "int": "max({0}, {1})",
                                             "bool": "({0} || {1})"},
@@ -224,7 +239,8 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("abs", 1, np.abs, {"float": "fabs{f}({0})", "int": "(({0}) < 0 ? -({0}) : ({0}))",
                                     "bool": "{0}"},
                  _unary(lambda T, x, o, gz: gz * T.sgn(x))),
-    ScalarOpSpec("sgn", 1, np.sign, "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0))", _zero_grad,
+    ScalarOpSpec("sgn", 1, np.sign, {"float": "(isnan({0}) ? ({0}) : (({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0)))",
+                                     "int": "(({0}) > 0 ? 1 : (({0}) < 0 ? -1 : 0))"}, _zero_grad,
                  "numeric"),
     ScalarOpSpec("sqr", 1, _sqr, "(({0}) * ({0}))", _unary(lambda T, x, o, gz: gz * 2 * x)),
     ScalarOpSpec("reciprocal", 1, np.reciprocal, "(1 / {0})",
@@ -263,7 +279,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("sinh", 1, np.sinh, "sinh{f}({0})", _unary(lambda T, x, o, gz: gz * T.cosh(x)), "float"),
     ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
     ScalarOpSpec("erf", 1, sps.erf, "erf{f}({0})",
-                 _unary(lambda T, x, o, gz: gz * (2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
+                 _unary(lambda T, x, o, gz: gz * float(2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
     # rounding: piecewise constant, so the gradient is zero
     ScalarOpSpec("floor", 1, np.floor, {"float": "floor{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),
