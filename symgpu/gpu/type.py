@@ -276,7 +276,7 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         new = self.type.filter(value, strict=False, allow_downcast=None)
         on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
         if on_device and not borrow:
-            new = new.copy()
+            new = new.copy().sync()  # the owner may overwrite its array on its own stream
         self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:
@@ -327,6 +327,8 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
     data = gtype.filter(value, strict=strict, allow_downcast=allow_downcast)
     if isinstance(value, GpuArray) and data is value and not borrow:
         data = data.copy()
+        if foreign:
+            data.sync()  # the owner may overwrite its array on its own stream
     return GpuArraySharedVariable(gtype, None, name=name, strict=strict,
                                   allow_downcast=allow_downcast,
                                   container=Container(gtype, data, name))
