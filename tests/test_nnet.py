@@ -300,3 +300,22 @@ def test_categorical_crossentropy_errors():
         nnet.categorical_crossentropy(p, T.dvector())
     with pytest.raises(TypeError, match="float matrix"):
         nnet.crossentropy_categorical_1hot(T.dtensor3(), T.lmatrix())
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_nnet_grads_with_verify_grad(dtype):
+    """The project's own checker agrees (float32 with its looser tolerances)."""
+    from symgpu.gradient import verify_grad
+    X = RNG.normal(size=(3, 4)).astype(dtype)
+    P = sps.softmax(RNG.normal(size=(3, 4)), axis=-1).astype(dtype)
+    Tt = RNG.random((3, 4)).astype(dtype)
+    y = T.constant(np.array([1, 3, 0]))
+    verify_grad(lambda x: nnet.softmax(x), [X])
+    verify_grad(lambda x: nnet.softmax(x, axis=0), [X])
+    verify_grad(lambda x: nnet.log_softmax(x), [X])
+    verify_grad(lambda x: nnet.log_softmax(x, axis=None), [X])
+    verify_grad(lambda x: nnet.relu(x, 0.2), [X + np.sign(X).astype(dtype) * 0.1])
+    verify_grad(lambda p, t: nnet.binary_crossentropy(p, t), [P, Tt])
+    verify_grad(lambda p: nnet.categorical_crossentropy(p, y), [P])
+    verify_grad(lambda p, t: nnet.categorical_crossentropy(p, t), [P, Tt])
+    verify_grad(lambda x: nnet.categorical_crossentropy(nnet.softmax(x), y), [X])

@@ -201,10 +201,10 @@ _FMOD = "fmod{f}(({0}), ({1}))"
 _FMOD_ADJUST = f"({_FMOD} != 0 && ((({{1}}) < 0) != ({_FMOD} < 0)))"
 _FDIV_RAW = f"((({{0}}) - {_FMOD}) / ({{1}}) - ({_FMOD_ADJUST} ? 1 : 0))"
 _CUDA_FLOAT_FLOORDIV = (
-    f"(({{1}}) == 0 ? ({{0}}) / ({{1}}) : ({_FDIV_RAW} == 0 ? copysign{{f}}(0, ({{0}}) / ({{1}})) : "
+    f"(({{1}}) == 0 ? ({{0}}) / ({{1}}) : ({_FDIV_RAW} == 0 ? copysign{{f}}(0.0{{f}}, ({{0}}) / ({{1}})) : "
     f"floor{{f}}({_FDIV_RAW}) + (({_FDIV_RAW} - floor{{f}}({_FDIV_RAW})) > 0.5{{f}} ? 1 : 0)))")
 _CUDA_FLOAT_MOD = (f"({_FMOD} != 0 ? ({_FMOD_ADJUST} ? {_FMOD} + ({{1}}) : {_FMOD}) : "
-                   f"copysign{{f}}(0, ({{1}})))")
+                   f"copysign{{f}}(0.0{{f}}, ({{1}})))")
 
 _F = "float"
 SCALAR_TABLE: list[ScalarOpSpec] = [
