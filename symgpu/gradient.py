@@ -237,6 +237,19 @@ def _zeros_for(v: Variable) -> Variable:
     return _T().zeros_like(v, dtype=v.dtype if _float_dtype(v) else config.floatX)
 
 
+def _zeros_like_var(w: Variable) -> Variable:
+    """Zeros of w's type; a non-tensor type (a GPU array) goes through its host form."""
+    T = _T()
+    if _is_tensor(w):
+        return T.zeros_like(w)
+    as_tensor = getattr(w.type, "as_tensor", None)
+    if as_tensor is not None:
+        back = w.type.convert_variable(T.zeros_like(as_tensor(w)))
+        if back is not None:
+            return back
+    raise TypeError(f"grad: cannot build a zero gradient for {w} of type {w.type}")
+
+
 def _sum_terms(terms: list[Variable]) -> Variable:
     """The total gradient of a variable: one n-ary add of all its terms."""
     for t in terms:
@@ -404,7 +417,7 @@ def grad(cost: Variable | None, wrt: Any, consider_constant: Sequence[Variable] 
                 if return_disconnected == "Disconnected":
                     results.append(DisconnectedType()())
                     continue
-            g = T.zeros_like(w) if _is_tensor(w) else DisconnectedType()()
+            g = _zeros_like_var(w)
         elif _is_tensor(w) and g.dtype != w.dtype:
             g = T.cast(g, w.dtype)
         if add_names and cost is not None and cost.name and w.name and g.name is None \

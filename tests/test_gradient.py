@@ -414,3 +414,17 @@ def test_jacobian_of_shared_parameters():
     J = run([x], jacobian(y, w), xv)
     s = 1 / (1 + np.exp(-xv @ w.get_value()))
     np.testing.assert_allclose(J, (s * (1 - s))[:, None] * xv)
+
+
+def test_gradient_of_gpu_typed_variables_keeps_their_type():
+    """With device=cuda, float32 shared variables are GPU-typed; their gradients are too,
+    zero gradients included (built through the host form)."""
+    gpu_type = pytest.importorskip("symgpu.gpu.type")
+    rewriting = pytest.importorskip("symgpu.gpu.rewriting")
+    with symgpu.config.change_flags(floatX="float32"), rewriting.virtual_context(None):
+        w = gpu_type.GpuArrayType("float32", (False,), None)("w")
+        x = T.matrix("x")
+        g = grad((T.dot(x, w) ** 2).sum(), w)
+        assert g.type == w.type
+        z = grad(T.cast(T.gt(w, 0), "float32").sum(), w)
+        assert z.type == w.type
