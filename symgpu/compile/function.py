@@ -313,7 +313,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
         input_cells.append(cell)
     for var, sv in zip(fgraph.inputs[len(explicit):], shared_vars):
         storage_map[var] = sv.container.storage
-    vm = link(fgraph, storage_map)
+    vm = mode_obj.link(fgraph, storage_map)  # DebugMode links a checking VM
     t2 = time.perf_counter()
 
     graph_in = set(fgraph.inputs)

@@ -1,4 +1,16 @@
-"""Modes: which rewrite passes run and how the graph is linked."""
+"""Modes: which rewrite passes run, and how the rewritten graph is linked.
+
+* FAST_RUN — every pass tagged `fast_run` (see symgpu/graph/rewriting/db.py for the list and
+  positions): merge, canonicalize, stabilize, specialize, BLAS, fusion, in-place...
+* FAST_COMPILE — only what is tagged `fast_compile`: merge and constant folding (plus the GPU
+  backend's placement passes), for the quickest compile.
+* DebugMode — FAST_RUN's rewrites, then every call also runs the unrewritten graph and
+  compares outputs, and checks that no op writes into memory it did not declare destroyed
+  (symgpu/compile/debugmode.py).
+
+The `optimizer_including` / `optimizer_excluding` flags add or remove tags (pass names, rewrite
+names or group tags) for every mode.
+"""
 from __future__ import annotations
 
 import time
@@ -6,7 +18,7 @@ import time
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["Mode", "get_mode", "MODE_TAGS"]
+__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {
@@ -14,6 +26,12 @@ MODE_TAGS = {
     "FAST_COMPILE": ("fast_compile",),
     "DebugMode": ("fast_run",),
 }
+
+
+def _load_rewrites() -> None:
+    # tensor rewrites register themselves on import (symgpu.tensor imports them at its end);
+    # importing here too keeps a graph-only user of Mode from silently getting no rewrites
+    import symgpu.tensor.rewriting  # noqa: F401
 
 
 class Mode:
@@ -27,17 +45,36 @@ class Mode:
         self.including = tuple(including)
         self.excluding = tuple(excluding)
 
+    def _clone(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
+        return get_mode(self.name)._with(including, excluding)
+
+    def _with(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
+        self.including, self.excluding = tuple(including), tuple(excluding)
+        return self
+
     def including_tags(self, *tags: str) -> "Mode":
-        return Mode(self.name, self.including + tags, self.excluding)
+        """A copy of this mode that also runs the rewrites with these tags."""
+        return self._clone(self.including + tags, self.excluding)
 
     def excluding_tags(self, *tags: str) -> "Mode":
-        return Mode(self.name, self.including, self.excluding + tags)
+        """A copy of this mode that skips the rewrites with these tags."""
+        return self._clone(self.including, self.excluding + tags)
+
+    # Theano/PyTensor spellings
+    including_ = including_tags
+    excluding_ = excluding_tags
+
+    def tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(include, exclude) tags, flags included."""
+        include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
+        exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
+        return include, exclude
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
         from symgpu.graph.rewriting.db import optdb
-        include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
-        exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
+        _load_rewrites()
+        include, exclude = self.tags()
         return optdb.query(include, exclude)
 
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
@@ -49,16 +86,28 @@ class Mode:
             times[name] = time.perf_counter() - t0
         return times
 
+    def link(self, fgraph: FunctionGraph, storage_map: dict):
+        """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one)."""
+        from symgpu.link.vm import link
+        return link(fgraph, storage_map)
+
     def __repr__(self) -> str:
         return f"Mode({self.name!r})"
+
+
+FAST_RUN = "FAST_RUN"
+FAST_COMPILE = "FAST_COMPILE"
 
 
 def get_mode(mode) -> Mode:
     """A Mode from None (the `mode` flag), a name, or a Mode."""
     if mode is None:
-        return Mode(config.mode)
+        mode = config.mode
     if isinstance(mode, Mode):
         return mode
     if isinstance(mode, str):
+        if mode == "DebugMode":
+            from symgpu.compile.debugmode import DebugMode
+            return DebugMode()
         return Mode(mode)
     raise TypeError(f"mode must be a name ({', '.join(MODE_TAGS)}) or a Mode, got {mode!r}")

@@ -16,3 +16,4 @@ from symgpu.tensor import nnet
 
 _install_operators()
 globals().update(_typed.CONSTRUCTORS)
+import symgpu.tensor.rewriting  # noqa: E402,F401  (registers the tensor rewrite passes)

@@ -124,15 +124,29 @@ class Elemwise(Op):
                 i = DimShuffle(i.broadcastable, ["x"] * (nd - i.ndim) + list(range(i.ndim)))(i)
             padded.append(i)
         bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd))
-        out_dtype = self.scalar_op.output_dtype(*[p.dtype for p in padded])
+        in_dtypes = [p.dtype for p in padded]
+        # scalar ops with several outputs (fused Composites) give one dtype per output
+        out_dtypes = (list(self.scalar_op.output_dtypes(*in_dtypes))
+                      if getattr(self.scalar_op, "nout", 1) != 1
+                      else [self.scalar_op.output_dtype(*in_dtypes)])
         for o, i in self.inplace_pattern:
             inp = padded[i]
-            if inp.dtype != out_dtype or inp.broadcastable != bcast:
+            if inp.dtype != out_dtypes[o] or inp.broadcastable != bcast:
                 raise TypeError(f"{self}: input {i} ({inp.type}) cannot hold the output "
-                                f"({out_dtype}, broadcastable {bcast}) in place")
-        return Apply(self, padded, [TensorType(out_dtype, bcast)()])
+                                f"({out_dtypes[o]}, broadcastable {bcast}) in place")
+        return Apply(self, padded, [TensorType(d, bcast)() for d in out_dtypes])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        # scalar ops that evaluate themselves (Composite: generated NumPy code) make the thunk
+        hook = getattr(self.scalar_op, "make_elemwise_thunk", None)
+        if hook is not None:
+            return hook(node, storage_map, compute_map)
+        return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
 
     def perform(self, node, inputs, out):
+        hook = getattr(self.scalar_op, "elemwise_perform", None)
+        if hook is not None:
+            return hook(node, inputs, out)
         dtype = node.outputs[0].type.dtype
         ufunc = self._ufunc
         if self._float_rule and any(i.dtype.kind not in "fc" for i in inputs):

@@ -1,0 +1,90 @@
+"""The destroy handler: which variables an in-place op may overwrite.
+
+Policy (simple on purpose, so it is obviously right):
+
+* never a graph input — an explicit argument (the caller's array), a constant, or a shared
+  variable, *whether or not it is updated*. Updates therefore compute into fresh memory and
+  the function swaps it in after the whole call succeeded, which keeps the promise that a
+  call that raises leaves every shared variable as it was. The cost is one copy of each
+  updated value per call (e.g. `Gemv` on `w` copies `w` before accumulating into it);
+* never a function output (the caller receives it);
+* only a variable read by no other node (exactly one client: the destroyer), so no ordering
+  constraint between readers and the destroyer is ever needed;
+* through views: destroying a view destroys its base, so the base must pass the same test.
+"""
+from __future__ import annotations
+
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.fg import Feature, FunctionGraph
+from symgpu.graph.rewriting.basic import InconsistencyError
+
+__all__ = ["DestroyHandler", "why_not_destroyable", "attach_destroy_handler"]
+
+
+def why_not_destroyable(fgraph: FunctionGraph, var: Variable, destroyer: Apply) -> str | None:
+    """None if `destroyer` may overwrite `var`; otherwise the reason, in words."""
+    if isinstance(var, Constant):
+        return "a constant"
+    if var.owner is None:
+        return "an input of the function (explicit or shared)"
+    if getattr(var.tag, "indestructible", False):
+        return "marked indestructible"
+    clients = fgraph.clients.get(var, ())
+    if any(c == "output" for c, _ in clients):
+        return "an output of the function"
+    if len(clients) != 1 or clients[0][0] is not destroyer:
+        return "read by other nodes"
+    owner = var.owner
+    op = owner.op
+    for mapping in (getattr(op, "view_map", None) or {}, getattr(op, "destroy_map", None) or {}):
+        for j in mapping.get(var.index, ()):
+            reason = why_not_destroyable(fgraph, owner.inputs[j], owner)
+            if reason is not None:
+                return f"a view of {owner.inputs[j]}, which is {reason}"
+    return None
+
+
+class DestroyHandler(Feature):
+    """Validates every node with a `destroy_map` against the policy above."""
+
+    def __init__(self) -> None:
+        self.destroyers: set[Apply] = set()
+
+    def on_attach(self, fgraph: FunctionGraph) -> None:
+        if getattr(fgraph, "destroy_handler", None) not in (None, self):
+            raise ValueError("this graph already has a destroy handler")
+        fgraph.destroy_handler = self
+        self.destroyers = {n for n in fgraph.apply_nodes if getattr(n.op, "destroy_map", None)}
+
+    def on_detach(self, fgraph: FunctionGraph) -> None:
+        fgraph.destroy_handler = None
+
+    def on_import(self, fgraph: FunctionGraph, node: Apply, reason) -> None:
+        if getattr(node.op, "destroy_map", None):
+            self.destroyers.add(node)
+
+    def on_prune(self, fgraph: FunctionGraph, node: Apply, reason) -> None:
+        self.destroyers.discard(node)
+
+    def check(self, fgraph: FunctionGraph, node: Apply) -> str | None:
+        for ins in node.op.destroy_map.values():
+            for i in ins:
+                reason = why_not_destroyable(fgraph, node.inputs[i], node)
+                if reason is not None:
+                    return f"{node.op} would overwrite input {i} ({node.inputs[i]}), which is {reason}"
+        return None
+
+    def validate(self, fgraph: FunctionGraph) -> None:
+        for node in self.destroyers:
+            reason = self.check(fgraph, node)
+            if reason is not None:
+                raise InconsistencyError(reason)
+
+
+def attach_destroy_handler(fgraph: FunctionGraph) -> DestroyHandler:
+    """The graph's destroy handler, attaching one if it has none."""
+    dh = getattr(fgraph, "destroy_handler", None)
+    if dh is None:
+        dh = DestroyHandler()
+        fgraph.attach_feature(dh)
+    return dh

@@ -1,0 +1,13 @@
+"""Tensor rewrites, one module per topic; importing this package registers them all.
+
+basic       constant folding, useless ops, fill sinking, dimshuffles, shape lifting
+shape_ops   Shape()[i] -> Shape_i, useless reshape/alloc/subtensor, known shapes
+math        add/mul canonical forms, powers, sums, log1p/expm1
+stabilize   softplus, sigmoid, log_softmax, stable crossentropies
+sigm        sigmoid/exp algebra on products, greedy distribution (finite gradients)
+blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
+elemwise    elementwise fusion into Composite (pass `fusion`, 49)
+inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
+"""
+from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
+from symgpu.tensor.rewriting import blas, elemwise, inplace  # noqa: F401

@@ -1,0 +1,172 @@
+"""Rewrites of shape, reshape, alloc and indexing ops (the ops of tensor/basic.py and
+tensor/subtensor.py): `Shape()[i]` -> `Shape_i(i)`, useless reshapes/allocs/subtensors,
+shapes of nodes whose shape is known from their inputs."""
+from __future__ import annotations
+
+import numpy as np
+
+from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
+from symgpu.tensor.basic import Alloc, MakeVector, Reshape
+from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.subtensor import Slice, Subtensor
+from symgpu.tensor.type import TensorConstant
+from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
+
+__all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
+           "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
+           "local_shape_of_known", "local_shape_i_of_known"]
+
+
+def _is_dim_of(var, x, d: int) -> bool:
+    """Whether scalar `var` is known to equal x.shape[d]."""
+    node = var.owner
+    if node is not None and type(node.op) is Shape_i and node.op.i == d and node.inputs[0] is x:
+        return True
+    return bool(x.broadcastable[d]) and scalar_constant(var) == 1
+
+
+def _shape_entries(shp):
+    """The entries of a shape vector built by MakeVector or given as a constant, else None."""
+    if isinstance(shp, TensorConstant):
+        return [make_constant(int(s), "int64") for s in shp.data]
+    node = shp.owner
+    if node is not None and type(node.op) is MakeVector:
+        return list(node.inputs)
+    return None
+
+
+@register_canonicalize
+@node_rewriter([Subtensor])
+def local_shape_to_shape_i(fgraph, node):
+    """Shape(x)[i] -> Shape_i(i)(x)."""
+    x = node.inputs[0]
+    idx = node.op.idx_list
+    if x.owner is None or type(x.owner.op) is not Shape or len(idx) != 1 or not isinstance(idx[0], int):
+        return None
+    src = x.owner.inputs[0]
+    i = idx[0] + src.ndim if idx[0] < 0 else idx[0]
+    if not 0 <= i < src.ndim:
+        return None
+    return [Shape_i(i)(src)]
+
+
+@register_canonicalize
+@node_rewriter([Subtensor])
+def local_subtensor_of_make_vector(fgraph, node):
+    """MakeVector(a, b, c)[1] -> b (shape arithmetic stays scalar)."""
+    x = node.inputs[0]
+    idx = node.op.idx_list
+    if x.owner is None or type(x.owner.op) is not MakeVector or len(idx) != 1 \
+            or not isinstance(idx[0], int):
+        return None
+    entries = x.owner.inputs
+    i = idx[0]
+    if not -len(entries) <= i < len(entries):
+        return None
+    return [ew_cast(entries[i], node.outputs[0].dtype)]
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Subtensor])
+def local_useless_subtensor(fgraph, node):
+    """x[:, ::1, 0:] and similar full slices -> x."""
+    x = node.inputs[0]
+    for e in node.op.idx_list:
+        if not isinstance(e, Slice) or e.start not in (None, 0) or e.stop is not None \
+                or e.step not in (None, 1):
+            return None
+    out = node.outputs[0]
+    return [x] if x.type == out.type else None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Reshape])
+def local_useless_reshape(fgraph, node):
+    """Reshape(x, shape(x)) (or an equal MakeVector of x's dims) -> x."""
+    x, shp = node.inputs
+    out = node.outputs[0]
+    if x.ndim != node.op.ndim or x.type != out.type:
+        return None
+    if shp.owner is not None and type(shp.owner.op) is Shape and shp.owner.inputs[0] is x:
+        return [x]
+    entries = _shape_entries(shp)
+    if entries is not None and all(_is_dim_of(e, x, d) for d, e in enumerate(entries)):
+        return [x]
+    if x.ndim == 1 and entries is not None and scalar_constant(entries[0]) == -1:
+        return [x]
+    return None
+
+
+@register_canonicalize
+@node_rewriter([Reshape])
+def local_reshape_reshape(fgraph, node):
+    """Reshape(Reshape(x, s1), s2) -> Reshape(x, s2)."""
+    inner = node.inputs[0].owner
+    if inner is None or type(inner.op) is not Reshape:
+        return None
+    new = node.op(inner.inputs[0], node.inputs[1])
+    return [new] if new.type == node.outputs[0].type else None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Alloc])
+def local_useless_alloc(fgraph, node):
+    """Alloc(v, *shape(v)) -> v: nothing to broadcast."""
+    v, *shape = node.inputs
+    out = node.outputs[0]
+    if v.type != out.type or len(shape) != v.ndim:
+        return None
+    if all(_is_dim_of(s, v, d) for d, s in enumerate(shape)):
+        return [v]
+    return None
+
+
+@register_canonicalize
+@node_rewriter([Shape])
+def local_shape_of_known(fgraph, node):
+    """Shape(x) where x's shape is spelled out by its node (Alloc, Reshape with a known
+    shape) or fully broadcastable -> that shape vector."""
+    x = node.inputs[0]
+    out = node.outputs[0]
+    if x.ndim and all(x.broadcastable):
+        return [TensorConstant(out.type, np.ones(x.ndim, dtype="int64"))]
+    owner = x.owner
+    if owner is None:
+        return None
+    if type(owner.op) is Alloc:
+        entries = [ew_cast(s, "int64") for s in owner.inputs[1:]]
+    elif type(owner.op) is Reshape:
+        entries = _shape_entries(owner.inputs[1])
+        if entries is None or any(scalar_constant(e) == -1 for e in entries):
+            return None
+        entries = [ew_cast(e, "int64") for e in entries]
+    else:
+        return None
+    new = MakeVector("int64")(*entries)
+    return [new] if new.type == out.type else None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Shape_i])
+def local_shape_i_of_known(fgraph, node):
+    """Shape_i(d) of Alloc(v, *s) -> s[d]; of a Reshape to a known shape -> that entry; of
+    MakeVector(n entries) -> n."""
+    x = node.inputs[0]
+    owner = x.owner
+    if owner is None:
+        return None
+    d = node.op.i
+    if type(owner.op) is Alloc:
+        return [ew_cast(owner.inputs[1 + d], "int64")]
+    if type(owner.op) is Reshape:
+        entries = _shape_entries(owner.inputs[1])
+        if entries is None or scalar_constant(entries[d]) == -1:
+            return None
+        return [ew_cast(entries[d], "int64")]
+    if type(owner.op) is MakeVector:
+        return [make_constant(len(owner.inputs), "int64")]
+    return None
