@@ -6,6 +6,7 @@ devices; types give meaning to values, ops give meaning to nodes.
 from __future__ import annotations
 
 import copy
+import sys
 import traceback
 from collections import deque
 from typing import Any, Iterable, Iterator, Sequence
@@ -19,10 +20,20 @@ _PACKAGE_DIR = __file__.rsplit("/graph/", 1)[0]
 
 
 def user_stack(limit: int = 8) -> list[traceback.FrameSummary]:
-    """The caller's frames outside symgpu, innermost last: where the user built a node."""
-    frames = traceback.extract_stack()[:-1]
-    user = [f for f in frames if not f.filename.startswith(_PACKAGE_DIR)]
-    return user[-limit:]
+    """The caller's frames outside symgpu, innermost last: where the user built a node.
+
+    Walks the frames directly and reads source lines lazily: every node records this, so
+    it must cost microseconds (extract_stack read every line of the whole stack)."""
+    user = []
+    f = sys._getframe(1)
+    while f is not None and len(user) < limit:
+        code = f.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            user.append(traceback.FrameSummary(code.co_filename, f.f_lineno, code.co_name,
+                                               lookup_line=False))
+        f = f.f_back
+    user.reverse()
+    return user
 
 
 class Scratchpad:
