@@ -185,8 +185,12 @@ class Elemwise(Op):
         out[0][0] = result
 
     def grad(self, inputs, output_grads):
+        return self.L_op(inputs, [self(*inputs)], output_grads)
+
+    def L_op(self, inputs, outputs, output_grads):
+        # reuse the node's own output (exp, sigmoid, sqrt... grads use it): no recomputation
         T = _tensor_namespace()
-        out = self(*inputs)
+        out = outputs[0]
         (gz,) = output_grads
         raw = self.scalar_op.grad(T, list(inputs), out, gz)
         grads = []
@@ -204,15 +208,19 @@ class Elemwise(Op):
     def R_op(self, inputs, eval_points):
         T = _tensor_namespace()
         total = None
+        out = self(*inputs)
         for i, ep in enumerate(eval_points):
             if ep is None:
                 continue
-            gz = T.ones_like(self(*inputs))
-            partial = self.grad(inputs, [gz])[i]
-            if partial is None:
+            # the unreduced partial derivative: summing it to the input's broadcast pattern
+            # (as grad does) would be wrong here, the tangent lives on the output's shape
+            partial = self.scalar_op.grad(T, list(inputs), out, T.ones_like(out))[i]
+            if partial is None or not is_float(inputs[i].dtype) or not is_float(out.dtype):
                 continue
             term = partial * ep
             total = term if total is None else total + term
+        if total is not None and total.dtype != out.dtype:
+            total = T.cast(total, out.dtype)
         return [total]
 
 
@@ -299,6 +307,9 @@ class CAReduce(Op):
         out[0][0] = np.asarray(res, dtype=dtype)
 
     def grad(self, inputs, output_grads):
+        return self.L_op(inputs, [self(*inputs)], output_grads)
+
+    def L_op(self, inputs, outputs, output_grads):
         T = _tensor_namespace()
         (x,), (gz,) = inputs, output_grads
         if not is_float(x.dtype):
@@ -316,7 +327,8 @@ class CAReduce(Op):
         if name == "add":
             g = T.second(x, gz_b)
         elif name in ("maximum", "minimum"):
-            z_b = DimShuffle(gz.broadcastable, pattern)(self(x))
+            z = outputs[0]  # the node's own max/min, not a recomputed one
+            z_b = DimShuffle(z.broadcastable, pattern)(z)
             g = gz_b * T.eq(x, z_b)
         elif name == "mul":
             g = T.prod_grad(x, axis, gz_b)
