@@ -165,6 +165,20 @@ def disconnected_grad(x: Any) -> Variable:
 consider_constant = zero_grad  # Theano's older name for the same stop
 
 
+def _register_removal() -> None:
+    from symgpu.graph.rewriting import node_rewriter, register_canonicalize
+
+    @register_canonicalize("fast_run", "fast_compile")
+    @node_rewriter([ZeroGrad, DisconnectedGrad])
+    def local_remove_gradient_stops(fgraph, node):
+        """zero_grad/disconnected_grad only speak to grad(): a compiled function drops them
+        (so they cost nothing and do not split elementwise fusion)."""
+        return [node.inputs[0]]
+
+
+_register_removal()
+
+
 # ============================================================================ grad
 
 def _as_var_list(x: Any, what: str) -> tuple[list[Variable], str]:
