@@ -1,0 +1,18 @@
+/* symgpu: helpers shared by every generated module (pasted in, not #included, so that a
+ * module's source text alone determines its cubin and its cache key). */
+#include <cuda_fp16.h>
+
+/* loads and stores convert between storage and value types: only float16 differs */
+template <typename T> __device__ __forceinline__ T sg_load(const T x) { return x; }
+__device__ __forceinline__ float sg_load(const __half x) { return __half2float(x); }
+
+template <typename T, typename V> __device__ __forceinline__ void sg_store(T &dst, const V v)
+{ dst = (T)v; }
+template <typename V> __device__ __forceinline__ void sg_store(__half &dst, const V v)
+{ dst = __float2half_rn((float)v); }
+template <typename V> __device__ __forceinline__ void sg_store(bool &dst, const V v)
+{ dst = (v != 0); }
+
+/* four elements moved as one aligned access (16 bytes for 4-byte types; the compiler splits
+ * 32-byte ones into two 16-byte accesses) */
+template <typename T> struct alignas(4 * sizeof(T)) sg_vec4 { T v[4]; };

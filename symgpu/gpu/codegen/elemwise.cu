@@ -1,0 +1,78 @@
+/* symgpu elementwise module: ${title}
+ *
+ * Rendered by symgpu/gpu/codegen/elemwise.py from this template and the scalar table.  The
+ * renderer supplies: the sg_ptrs struct (one pointer per operand), sg_scalars (operands of
+ * size 1, read once per thread), SG_NFULL (operands indexed per element: inputs that are not
+ * scalars, then outputs), and the element functions that apply sg_apply at an index
+ * (sg_elem_contig, sg_elem_off) or to 4 elements (sg_vec_load, then sg_vec_store).
+ *
+ * Kernels (all grid-stride loops; grid and block are fixed when the thunk is made):
+ *   sg_contig            every full operand C-contiguous with the output's shape
+ *   sg_contig_vec        the same through 4-wide aligned vector accesses, then a scalar tail
+ *   sg_strided_<nd>_<w>  any non-negative element strides (0 where broadcast), <nd> dims left
+ *                        after collapsing, <w>-bit index arithmetic
+ */
+${common}
+${apply}
+${operands}
+
+extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        sg_elem_contig(p, s, i);
+}
+
+/* two vectors per thread and step, both loaded before either is used: twice the bytes in
+ * flight of a plain loop, which is what streaming at full bandwidth needs on Hopper */
+extern "C" __global__ void sg_contig_vec(const long long n, const sg_ptrs p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nvec = n >> 2;
+    long long j = tid;
+    for (; j + step < nvec; j += 2 * step) {
+        const sg_vin a = sg_vec_load(p, j);
+        const sg_vin b = sg_vec_load(p, j + step);
+        sg_vec_store(p, s, j, a);
+        sg_vec_store(p, s, j + step, b);
+    }
+    if (j < nvec) sg_vec_store(p, s, j, sg_vec_load(p, j));
+    for (long long i = (nvec << 2) + tid; i < n; i += step)
+        sg_elem_contig(p, s, i);
+}
+
+template <int ND, typename I> struct sg_meta {
+    I shape[ND];
+    I stride[SG_NFULL][ND];   /* in elements */
+};
+
+template <int ND, typename I>
+__device__ __forceinline__ void sg_strided_body(const I n, const sg_meta<ND, I> &m,
+                                                const sg_ptrs &p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        I off[SG_NFULL];
+#pragma unroll
+        for (int k = 0; k < SG_NFULL; ++k) off[k] = 0;
+        I rest = i;
+#pragma unroll
+        for (int d = ND - 1; d >= 0; --d) {
+            const I c = (d == 0) ? rest : rest % m.shape[d];
+            if (d > 0) rest /= m.shape[d];
+#pragma unroll
+            for (int k = 0; k < SG_NFULL; ++k) off[k] += c * m.stride[k][d];
+        }
+        sg_elem_off<I>(p, s, off);
+    }
+}
+
+#define SG_STRIDED(ND, I, NAME)                                                              \
+    extern "C" __global__ void NAME(const I n, const sg_meta<ND, I> m, const sg_ptrs p)     \
+    { sg_strided_body<ND, I>(n, m, p); }
+
+${instances}

@@ -1,0 +1,173 @@
+"""Index geometry for launches, in plain Python (tested on the CPU): broadcasting operand
+shapes, collapsing dimensions, and casting a reduction as (K kept, R reduced) positions.
+
+Why collapse: a kernel's per-element cost is one division per dimension; merging dimensions
+that are contiguous in every operand (and dropping length-1 ones) turns most real layouts into
+one or two dimensions, and C-contiguous ones into the contiguous fast path.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["broadcast_shapes", "element_strides", "collapse", "ReducePlan", "plan_reduction",
+           "c_contiguous", "fits_32bit"]
+
+
+def broadcast_shapes(shapes: Sequence[tuple[int, ...]], what: str = "elementwise op") -> tuple[int, ...]:
+    """The common shape of same-ndim operands (each dim: equal, or 1); ValueError naming all
+    shapes otherwise."""
+    nd = len(shapes[0]) if shapes else 0
+    out = []
+    for d in range(nd):
+        size = 1
+        for s in shapes:
+            n = s[d]
+            if n != 1:
+                if size != 1 and n != size:
+                    raise ValueError(f"{what}: input shapes {', '.join(map(str, shapes))} do not "
+                                     f"broadcast (dimension {d}: {size} vs {n})")
+                size = n
+        out.append(size)
+    return tuple(out)
+
+
+def element_strides(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int,
+                    out_shape: tuple[int, ...]) -> list[int]:
+    """Strides in elements of an operand read at ``out_shape``: 0 where it is broadcast."""
+    res = []
+    for n, s, o in zip(shape, strides, out_shape):
+        if n == 1 and o != 1:
+            res.append(0)
+        else:
+            if s % itemsize:
+                raise ValueError(f"byte stride {s} is not a multiple of the item size {itemsize}")
+            res.append(s // itemsize if n != 1 else 0)
+    return res
+
+
+def c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> bool:
+    """NumPy's C-contiguity (length-1 dims may have any stride)."""
+    expected = itemsize
+    for n, s in zip(reversed(shape), reversed(strides)):
+        if n == 0:
+            return True
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]
+             ) -> tuple[list[int], list[list[int]]]:
+    """Drop length-1 dims and merge neighbours contiguous in every operand.
+
+    ``strides[k]`` are operand k's element strides.  Returns (shape, strides) with at least
+    one dimension (``[1]`` and zero strides for a single element)."""
+    out_shape: list[int] = []
+    out_str: list[list[int]] = [[] for _ in strides]
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if out_shape and all(os[-1] == n * s[d] for os, s in zip(out_str, strides)):
+            out_shape[-1] *= n
+            for os, s in zip(out_str, strides):
+                os[-1] = s[d]
+        else:
+            out_shape.append(n)
+            for os, s in zip(out_str, strides):
+                os.append(s[d])
+    if not out_shape:
+        return [1], [[0] for _ in strides]
+    return out_shape, out_str
+
+
+def fits_32bit(n: int, step: int, shape: Sequence[int], strides: Sequence[Sequence[int]]) -> bool:
+    """Whether unsigned 32-bit index arithmetic is exact: the loop index (plus one grid step)
+    and every operand's largest offset stay below 2**32."""
+    limit = 1 << 32
+    if n + step >= limit or any(x >= limit for x in shape):
+        return False
+    for st in strides:
+        if any(s < 0 or s >= limit for s in st):
+            return False
+        if sum((sz - 1) * s for sz, s in zip(shape, st)) >= limit:
+            return False
+    return True
+
+
+class ReducePlan:
+    """How one reduction launch looks: K kept positions of R values each, the collapsed
+    kept/reduced shapes and per-operand strides, the strategy and the launch geometry."""
+
+    __slots__ = ("K", "R", "kshape", "rshape", "kstrides", "rstrides", "strategy", "grid",
+                 "block", "chunk", "G", "finish_grid", "out_shape")
+
+    def __repr__(self) -> str:
+        return (f"ReducePlan(K={self.K}, R={self.R}, kshape={self.kshape}, rshape={self.rshape}, "
+                f"strategy={self.strategy}, grid={self.grid}, block={self.block}, G={self.G})")
+
+    @property
+    def knd(self) -> int:
+        return len(self.kshape)
+
+    @property
+    def rnd(self) -> int:
+        return len(self.rshape)
+
+    def meta(self) -> list[int]:
+        """kshape, rshape, kstride[op][d], rstride[op][d] flattened (reduce.cu's sg_rmeta)."""
+        out = list(self.kshape) + list(self.rshape)
+        for s in self.kstrides:
+            out += s
+        for s in self.rstrides:
+            out += s
+        return out
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_reduction(shape: tuple[int, ...], strides: Sequence[Sequence[int]],
+                   axes: Sequence[int], sm_count: int) -> ReducePlan:
+    """Plan reducing ``axes`` of an iteration space ``shape`` read by operands with element
+    ``strides`` (0 where broadcast)."""
+    kept = [d for d in range(len(shape)) if d not in axes]
+    red = [d for d in range(len(shape)) if d in axes]
+    kshape, kstr = collapse([shape[d] for d in kept], [[s[d] for d in kept] for s in strides])
+    rshape, rstr = collapse([shape[d] for d in red], [[s[d] for d in red] for s in strides])
+    p = ReducePlan()
+    p.K = 1
+    for d in kept:
+        p.K *= shape[d]
+    p.R = 1
+    for d in red:
+        p.R *= shape[d]
+    p.kshape, p.rshape, p.kstrides, p.rstrides = kshape, rshape, kstr, rstr
+    p.out_shape = tuple(shape[d] for d in kept)
+    # operand 0 decides which axis the threads of a warp walk along (coalescing)
+    k_inner = abs(kstr[0][-1]) if p.K > 1 else None
+    r_inner = abs(rstr[0][-1]) if p.R > 1 else None
+    if r_inner == 1 or k_inner is None:
+        strategy = "rows"
+    elif k_inner == 1:
+        strategy = "cols"
+    else:
+        strategy = "rows" if (r_inner or 0) <= k_inner else "cols"
+    target = 8 * sm_count      # a full wave of 256-thread blocks
+    if strategy == "rows":
+        tx, ty = (256, 1) if p.R >= 4096 or p.K < 2 * sm_count else (32, 8)
+        kb = _ceil(p.K, ty)
+        per_block = tx * 16
+        p.block = (tx, ty, 1)
+    else:
+        kb = _ceil(p.K, 32)
+        per_block = 8 * 16
+        p.block = (32, 8, 1)
+    g = 1 if kb >= target else max(1, min(_ceil(target, max(kb, 1)), _ceil(p.R, per_block), 65535))
+    p.chunk = _ceil(p.R, g) if p.R else 0
+    p.G = _ceil(p.R, p.chunk) if p.chunk else 1
+    p.strategy = strategy
+    p.grid = (max(1, min(kb, 16 * sm_count)), p.G, 1)
+    p.finish_grid = (max(1, min(_ceil(p.K, 8), 16 * sm_count)), 1, 1)
+    return p

@@ -1,0 +1,176 @@
+/* symgpu reduction module: ${title}
+ *
+ * Rendered by symgpu/gpu/codegen/reduce.py.  The problem is always "K kept positions, each
+ * reducing R values": position (k, r) of operand i sits at element offset koff_i(k) + roff_i(r),
+ * with SG_KND kept and SG_RND reduced dimensions left after collapsing (one each in the common
+ * cases: all axes, leading axes, trailing axes).  sg_value applies the fused elementwise pre-op
+ * (sum(x**2) reads x once) and converts to the accumulator type acc_t.
+ *
+ * Kernels:
+ *   sg_rows_{final,partial}  threads along r (reduced axis contiguous): a warp per row
+ *                            (blockDim 32x8) or a block per row (blockDim 256x1)
+ *   sg_cols_{final,partial}  threads along k (kept axis contiguous), blockDim 32x8: 32 columns
+ *                            per block, 8 lanes down r combined through shared memory
+ *   sg_finish                reduces the (K, G) partials when R was split over G blocks
+ * Warp steps use __shfl_down_sync over full warps (never warp-synchronous volatile memory).
+ */
+${common}
+${apply}
+typedef ${acc_ctype} acc_t;   /* ${acc_dtype} */
+typedef ${out_ctype} out_t;   /* ${out_dtype} */
+#define SG_NIN ${nin}
+#define SG_KND ${knd}
+#define SG_RND ${rnd}
+#define SG_IDENTITY (${identity})
+#define SG_COLS_Y 8
+
+__device__ __forceinline__ acc_t sg_combine(const acc_t a, const acc_t b) { return ${combine}; }
+
+${operands}
+
+struct sg_rmeta {
+    long long kshape[SG_KND];
+    long long rshape[SG_RND];
+    long long kstride[SG_NIN][SG_KND];   /* in elements, 0 where broadcast */
+    long long rstride[SG_NIN][SG_RND];
+};
+
+__device__ __forceinline__ void sg_koff(const sg_rmeta &m, long long k, long long *off)
+{
+#pragma unroll
+    for (int i = 0; i < SG_NIN; ++i) off[i] = 0;
+#pragma unroll
+    for (int d = SG_KND - 1; d >= 0; --d) {
+        const long long c = (d == 0) ? k : k % m.kshape[d];
+        if (d > 0) k /= m.kshape[d];
+#pragma unroll
+        for (int i = 0; i < SG_NIN; ++i) off[i] += c * m.kstride[i][d];
+    }
+}
+
+__device__ __forceinline__ acc_t sg_at(const sg_rmeta &m, const sg_rptrs &p,
+                                       const long long *koff, long long r)
+{
+    long long off[SG_NIN];
+#pragma unroll
+    for (int i = 0; i < SG_NIN; ++i) off[i] = koff[i];
+#pragma unroll
+    for (int d = SG_RND - 1; d >= 0; --d) {
+        const long long c = (d == 0) ? r : r % m.rshape[d];
+        if (d > 0) r /= m.rshape[d];
+#pragma unroll
+        for (int i = 0; i < SG_NIN; ++i) off[i] += c * m.rstride[i][d];
+    }
+    return sg_value(p, off);
+}
+
+/* combine the values at r, r + lanes, ... below r_end, eight loads in flight per thread */
+__device__ __forceinline__ acc_t sg_strip(const sg_rmeta &m, const sg_rptrs &p,
+                                          const long long *koff, long long r,
+                                          const long long r_end, const long long lanes)
+{
+    acc_t acc = SG_IDENTITY;
+    for (; r + 7 * lanes < r_end; r += 8 * lanes) {
+        acc_t v[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) v[u] = sg_at(m, p, koff, r + u * lanes);
+#pragma unroll
+        for (int w = 4; w > 0; w >>= 1)
+#pragma unroll
+            for (int u = 0; u < w; ++u) v[u] = sg_combine(v[u], v[u + w]);
+        acc = sg_combine(acc, v[0]);
+    }
+    for (; r < r_end; r += lanes) acc = sg_combine(acc, sg_at(m, p, koff, r));
+    return acc;
+}
+
+__device__ __forceinline__ acc_t sg_warp_reduce(acc_t v)
+{
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = sg_combine(v, __shfl_down_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* reduce over threadIdx.x (a whole warp, or the whole block when blockDim.y == 1); the result
+ * is valid in threadIdx.x == 0.  Called uniformly by every thread of the block. */
+__device__ __forceinline__ acc_t sg_row_reduce(acc_t v, acc_t *sm)
+{
+    v = sg_warp_reduce(v);
+    if (blockDim.x <= 32) return v;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sm[warp] = v;
+    __syncthreads();
+    v = (threadIdx.x < (blockDim.x >> 5)) ? sm[lane] : SG_IDENTITY;
+    if (warp == 0) v = sg_warp_reduce(v);
+    __syncthreads();
+    return v;
+}
+
+template <bool FINAL>
+__device__ __forceinline__ void sg_rows_body(const long long K, const long long R,
+                                             const long long chunk, const sg_rmeta &m,
+                                             const sg_rptrs &p)
+{
+    __shared__ acc_t sm[32];
+    const long long r_begin = (long long)blockIdx.y * chunk;
+    const long long r_end = min(R, r_begin + chunk);
+    const long long k_step = (long long)gridDim.x * blockDim.y;
+    for (long long k = (long long)blockIdx.x * blockDim.y + threadIdx.y; k < K; k += k_step) {
+        long long koff[SG_NIN];
+        sg_koff(m, k, koff);
+        acc_t acc = sg_strip(m, p, koff, r_begin + threadIdx.x, r_end, blockDim.x);
+        acc = sg_row_reduce(acc, sm);
+        if (threadIdx.x == 0) {
+            if (FINAL) sg_store(p.out[k], acc);
+            else p.partial[k * gridDim.y + blockIdx.y] = acc;
+        }
+    }
+}
+
+template <bool FINAL>
+__device__ __forceinline__ void sg_cols_body(const long long K, const long long R,
+                                             const long long chunk, const sg_rmeta &m,
+                                             const sg_rptrs &p)
+{
+    __shared__ acc_t sm[SG_COLS_Y][33];
+    const long long r_begin = (long long)blockIdx.y * chunk;
+    const long long r_end = min(R, r_begin + chunk);
+    for (long long kb = (long long)blockIdx.x * 32; kb < K; kb += (long long)gridDim.x * 32) {
+        const long long k = kb + threadIdx.x;
+        acc_t acc = SG_IDENTITY;
+        if (k < K) {
+            long long koff[SG_NIN];
+            sg_koff(m, k, koff);
+            acc = sg_strip(m, p, koff, r_begin + threadIdx.y, r_end, SG_COLS_Y);
+        }
+        sm[threadIdx.y][threadIdx.x] = acc;
+        __syncthreads();
+        if (threadIdx.y == 0 && k < K) {
+            acc_t a = sm[0][threadIdx.x];
+#pragma unroll
+            for (int t = 1; t < SG_COLS_Y; ++t) a = sg_combine(a, sm[t][threadIdx.x]);
+            if (FINAL) sg_store(p.out[k], a);
+            else p.partial[k * gridDim.y + blockIdx.y] = a;
+        }
+        __syncthreads();
+    }
+}
+
+#define SG_ARGS const long long K, const long long R, const long long chunk, \
+                const sg_rmeta m, const sg_rptrs p
+extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<true>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_rows_partial(SG_ARGS) { sg_rows_body<false>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_cols_final(SG_ARGS) { sg_cols_body<true>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, chunk, m, p); }
+
+extern "C" __global__ void sg_finish(const long long K, const long long G,
+                                     const acc_t *partial, out_t *out)
+{
+    const long long k_step = (long long)gridDim.x * blockDim.y;
+    for (long long k = (long long)blockIdx.x * blockDim.y + threadIdx.y; k < K; k += k_step) {
+        acc_t acc = SG_IDENTITY;
+        for (long long g = threadIdx.x; g < G; g += 32) acc = sg_combine(acc, partial[k * G + g]);
+        acc = sg_warp_reduce(acc);
+        if (threadIdx.x == 0) sg_store(out[k], acc);
+    }
+}
