@@ -1,0 +1,161 @@
+"""The user guide's code runs, its links resolve, and docs/flags.md is up to date.
+
+Every ```python block of docs/*.md is executed, in order, in one fresh interpreter per page
+(so a block may use what an earlier block of the same page defined), with
+``SYMGPU_FLAGS=device=cpu`` and no rc file. Blocks fenced ```python gpu need a GPU: they run,
+in order, in a separate interpreter per page with ``SYMGPU_FLAGS=device=cuda`` in tests
+marked ``gpu`` (``pytest -m gpu``; skipped where no GPU can be used). A failure names the page
+and the line of the block (tracebacks point into the .md file). Other fences (bash, ini, text)
+are not run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+PAGES = sorted(f for f in os.listdir(DOCS) if f.endswith(".md"))
+FENCE = re.compile(r"^(\s*)```(.*)$")
+RUNNABLE = {"python": "cpu", "python gpu": "gpu"}
+
+# Runs the blocks it reads as JSON on stdin; each is compiled with the page's name and padded
+# so that tracebacks give the line in the .md file.
+RUNNER = r"""
+import json, sys, traceback
+blocks = json.load(sys.stdin)
+namespace = {"__name__": "__main__"}
+for page, line, code in blocks:
+    try:
+        exec(compile("\n" * (line - 1) + code, page, "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        print(f"FAILED: the block at {page}:{line}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def code_blocks(page: str) -> list[tuple[int, str, str]]:
+    """(first code line, fence info, code) of every fenced block of docs/<page>."""
+    with open(os.path.join(DOCS, page), encoding="utf-8") as fh:
+        text = fh.read().splitlines()
+    blocks, i = [], 0
+    while i < len(text):
+        m = FENCE.match(text[i])
+        if not m:
+            i += 1
+            continue
+        indent, info = m.group(1), m.group(2).strip()
+        body, j = [], i + 1
+        while j < len(text) and not re.match(rf"^{indent}```\s*$", text[j]):
+            line = text[j]
+            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            j += 1
+        assert j < len(text), f"{page}:{i + 1}: unclosed code fence"
+        blocks.append((i + 2, info, "\n".join(body) + "\n"))
+        i = j + 1
+    return blocks
+
+
+def runnable(page: str, kind: str) -> list[tuple[str, int, str]]:
+    return [(f"docs/{page}", line, code) for line, info, code in code_blocks(page)
+            if RUNNABLE.get(info) == kind]
+
+
+def run_blocks(blocks: list, flags: str, cwd: str, timeout: float = 120
+               ) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env.update({"SYMGPU_FLAGS": flags, "SYMGPURC": os.devnull, "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+    return subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(blocks), cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def check(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+
+
+# ============================================================================ structure
+
+def test_the_guide_has_its_pages():
+    for page in ("using_the_gpu.md", "memory_and_variables.md", "profiling.md",
+                 "pycuda_interop.md", "multiple_gpus.md", "flags.md", "README.md"):
+        assert page in PAGES, page
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_fences_are_known(page):
+    """A ```python fence with another word (```python-gpu, ```python cpu) would silently not
+    run: only `python` and `python gpu` are allowed for Python."""
+    for line, info, _ in code_blocks(page):
+        if info.startswith("python") or info.startswith("py"):
+            assert info in RUNNABLE, f"docs/{page}:{line - 1}: unknown fence ```{info}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_relative_links_resolve(page):
+    with open(os.path.join(DOCS, page), encoding="utf-8") as fh:
+        text = fh.read()
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # not inside code
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        assert os.path.exists(os.path.normpath(os.path.join(DOCS, path))), \
+            f"docs/{page}: broken link {target}"
+
+
+def test_every_page_is_in_the_index():
+    with open(os.path.join(DOCS, "README.md"), encoding="utf-8") as fh:
+        index = fh.read()
+    for page in PAGES:
+        if page != "README.md":
+            assert f"({page})" in index, f"docs/README.md does not link {page}"
+
+
+def test_flags_reference_is_up_to_date():
+    env = {k: v for k, v in os.environ.items() if k not in ("SYMGPU_FLAGS",)}
+    env["SYMGPURC"] = os.devnull
+    proc = subprocess.run([sys.executable, os.path.join(DOCS, "gen_flags.py"), "--check"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr + "\n(run: python3 docs/gen_flags.py)"
+
+
+def test_flags_reference_lists_every_flag():
+    from symgpu import config
+    with open(os.path.join(DOCS, "flags.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    for name, *_ in config.describe():
+        assert f"\n## {name}\n" in text, name
+
+
+# ============================================================================ running
+
+CPU_PAGES = [p for p in PAGES if runnable(p, "cpu")]
+GPU_PAGES = [p for p in PAGES if runnable(p, "gpu")]
+
+
+@pytest.mark.parametrize("page", CPU_PAGES)
+def test_python_blocks_run_on_the_cpu(page, tmp_path):
+    check(run_blocks(runnable(page, "cpu"), "device=cpu", str(tmp_path)))
+
+
+def _pycuda_utils_missing() -> bool:
+    import importlib.util
+    try:
+        return importlib.util.find_spec("symgpu.misc.pycuda_utils") is None
+    except ImportError:
+        return True
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page", GPU_PAGES)
+def test_python_gpu_blocks_run_on_the_gpu(page, tmp_path):
+    if page == "pycuda_interop.md" and _pycuda_utils_missing():  # being written (interop)
+        pytest.xfail("symgpu.misc.pycuda_utils (to_gpuarray/from_gpuarray) is not there yet")
+    check(run_blocks(runnable(page, "gpu"), "device=cuda", str(tmp_path), timeout=300))
