@@ -1,6 +1,17 @@
 """The seeds' check1 program: is the CPU or the GPU used?
 
-Run with SYMGPU_FLAGS=device=cpu,floatX=float32 (or device=cuda on a GPU machine).
+Run with SYMGPU_FLAGS=device=cpu,floatX=float32 (or device=cuda on a GPU machine).  It computes
+exp() of a shared vector of random numbers 1000 times (with device=cuda the vector is stored on
+the GPU once) and prints, e.g. on an H200 (the times depend on the machine)::
+
+    Mapped name None to device cuda0: NVIDIA H200 (0000:00:06.0)
+    [GpuElemwise{exp,no_inplace}(<GpuArrayType<None>(float32, (False,))>), HostFromGpu(gpuarray)(GpuElemwise{exp,no_inplace}.0)]
+    Looping 1000 times took 0.118046 seconds
+    Result is [1.2317803 1.6187935 1.5227807 ... 2.2077181 2.2996776 1.623233 ]
+    Used the gpu
+
+and with device=cpu ``[Elemwise{exp,no_inplace}(<TensorType(float32, vector)>)]`` ...
+``Used the cpu``.  See docs/using_the_gpu.md.
 """
 import time
 
