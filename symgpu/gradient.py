@@ -383,6 +383,8 @@ def grad(cost: Variable | None, wrt: Any, consider_constant: Sequence[Variable] 
             return totals[v]
         ts = terms.pop(v, None)
         t = _sum_terms(ts) if ts else None
+        if t is not None and len(ts) > 1 and not _is_null(t) and t.type != v.type:
+            t = _fit_to(t, v, f"the gradient sum of {v}")  # e.g. an add of GPU terms
         totals[v] = t
         return t
 

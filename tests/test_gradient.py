@@ -428,5 +428,7 @@ def test_gradient_of_gpu_typed_variables_keeps_their_type():
         x = T.matrix("x")
         g = grad((T.dot(x, w) ** 2).sum(), w)
         assert g.type == w.type
+        g2 = grad((T.dot(x, w) ** 2).sum() + (w ** 2).sum(), w)  # a sum of GPU terms
+        assert g2.type == w.type
         z = grad(T.cast(T.gt(w, 0), "float32").sum(), w)
         assert z.type == w.type
