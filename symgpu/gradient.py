@@ -360,9 +360,9 @@ def grad(cost: Variable | None, wrt: Any, consider_constant: Sequence[Variable] 
     # seed the walk
     terms: dict[Variable, list[Variable]] = {}
     if cost is not None and cost not in known:
-        dtype = cost.type.dtype if is_float(getattr(cost.type, "dtype", "")) else None
-        terms[cost] = [T.ones_like(cost, dtype=dtype) if dtype else
-                       T.ones_like(cost, dtype=_default_float())]
+        # d cost/d cost = 1, in the cost's dtype (floatX for an integer cost)
+        dtype = cost.type.dtype if is_float(getattr(cost.type, "dtype", "")) else _default_float()
+        terms[cost] = [T.ones_like(cost, dtype=dtype)]
     for var, g in known.items():
         if not isinstance(var, Variable):
             raise TypeError(f"known_grads keys must be symbolic variables, got {var!r}")
