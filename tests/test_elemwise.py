@@ -517,3 +517,74 @@ def test_cuda_templates_match_numpy_on_the_host(dtype, tmp_path):
                             f"numpy {expected[i]!r}")
     assert pos == len(printed)
     assert not failures, "\n".join(failures)
+
+
+# ----------------------------------------------------------------------------- CUDA rows, on the GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_gpu_rows_match_numpy_on_edge_values(dtype):
+    """The same edge values through the real GPU renderer: one fused kernel per dtype whose
+    outputs are every applicable row (pytest -m gpu; skipped where no GPU can be used)."""
+    from symgpu.gpu import context as gctx
+    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.link.vm import link
+    from symgpu.scalar.composite import CompositeBuilder
+
+    if not gctx.gpu_available():
+        pytest.skip(f"needs a usable NVIDIA GPU: {gctx.why_unavailable()}")
+    ctx = gctx.start_device("cuda0")
+    assert not ctx.virtual, "this test must run on a real GPU"
+    name = "test-elemwise-rows"
+    gctx.register_context(name, ctx)
+    try:
+        grid = _EDGE_FLOATS if dtype.startswith("float") else _EDGE_INTS
+        pairs = list(itertools.product(grid, repeat=2))
+        a = np.array([p[0] for p in pairs], dtype)
+        b = np.array([p[1] for p in pairs], dtype)
+        if dtype.startswith("int"):
+            b_pow = np.abs(b)  # NumPy refuses negative integer powers
+        cond = np.arange(len(pairs)) % 3 == 0
+        lo = np.resize(np.array([-1, 0, -2], dtype), len(pairs))
+        hi = np.resize(np.array([2, 0, -1], dtype), len(pairs))
+        builder = CompositeBuilder()
+        ra, rb, rc, rlo, rhi = (builder.add_input(d) for d in (dtype, dtype, "bool", dtype, dtype))
+        outs, expected, labels = [], [], []
+        for op, in_dtypes, _, out in _host_cases(dtype):
+            if op.name == "switch":
+                refs, vals = [rc, ra, rb], [cond, a, b]
+            elif op.name == "clip":
+                refs, vals = [ra, rlo, rhi], [a, lo, hi]
+            elif len(in_dtypes) == 1:
+                refs, vals = [ra], [a]
+            elif op.name == "pow" and dtype.startswith("int"):
+                refs, vals = [ra, builder.add_op(SCALAR_OPS["abs"], [rb])[0]], [a, b_pow]
+            else:
+                refs, vals = [ra, rb], [a, b]
+            outs += builder.add_op(op, refs)
+            with np.errstate(all="ignore"):
+                expected.append(np.asarray(op.impl(*vals)).astype(out))
+            labels.append(op.name)
+        comp = builder.build(outs)
+        ins = [GpuArrayType(d, (False,), name)() for d in (dtype, dtype, "bool", dtype, dtype)]
+        results = GpuElemwise(comp)(*ins)
+        fg = FunctionGraph(ins, list(results), clone=False)
+        storage = {v: [to_gpu(x, ctx)] for v, x in zip(ins, (a, b, cond, lo, hi))}
+        link(fg, storage)()
+        failures = []
+        for label, o, e in zip(labels, fg.outputs, expected):
+            g = np.asarray(storage[o][0])
+            assert g.dtype == e.dtype, label
+            if e.dtype.kind == "f":
+                ok = np.isclose(g, e, rtol=2e-6 if e.dtype == np.float32 else 1e-13,
+                                atol=0, equal_nan=True)
+            else:
+                ok = g == e
+            for i in np.flatnonzero(~ok)[:3]:
+                failures.append(f"{label}{pairs[i]} [{dtype}]: gpu {g[i]!r}, numpy {e[i]!r}")
+        assert not failures, "\n".join(failures)
+    finally:
+        gctx.unregister_context(name)

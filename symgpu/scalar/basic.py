@@ -222,9 +222,10 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                   "int": "(({1}) == 0 ? 0 : (((({0}) % ({1})) + ({1})) % ({1})))"},
                  lambda T, ins, out, gz: [gz, -gz * T.floor_div(ins[0], ins[1])], "int_div",
                  symbol="%"),
-    # integer powers in double: powf rounds results above 2**24 (7**9 gave 40353608)
+    # integer powers in double, rounded to the nearest integer: powf loses results above
+    # 2**24 (7**9 gave 40353608), and CUDA's pow is not exact (3**1 truncated to 2)
     ScalarOpSpec("pow", 2, np.power, {"float": "pow{f}({0}, {1})",
-                                      "int": "pow((double)({0}), (double)({1}))"},
+                                      "int": "rint(pow((double)({0}), (double)({1})))"},
                  _g_pow, "int_div", symbol="**"),
     ScalarOpSpec("maximum", 2, np.maximum, {"float": "((({0}) > ({1}) || isnan({0})) ? ({0}) : ({1}))",
                                             "int": "max({0}, {1})",
