@@ -47,6 +47,9 @@ FAST_IMPLS: dict[str, tuple[Callable, bool]] = {
     "int_div": (np.floor_divide, True),
 }
 
+#: ufuncs whose `out` must be passed by keyword
+_KEYWORD_OUT = (np.maximum, np.minimum)
+
 #: rows whose NumPy value may be (a view of) an argument rather than a fresh array
 _ALIASING = {"second", "identity"}
 
@@ -278,8 +281,36 @@ def _cuda_literal(v: Any, dtype: str) -> str:
     return f"(({C_TYPES[dtype]}){int(v)})"
 
 
+def _lowered(c: Composite) -> Composite:
+    """The program with softplus spelled out in table ops, so that softplus(x) and
+    softplus(-x) share |x|, exp(-|x|) and log1p (the costly part) after step merging."""
+    if not any(op.name == "softplus" for op, _ in c.steps):
+        return c
+    from symgpu.scalar.basic import SCALAR_OPS as S
+    b = CompositeBuilder()
+    slots: list[Ref] = [b.add_input(d) for d in c.in_dtypes]
+    slots += [b.add_constant(v, d) for v, d in c.constants]
+    neg_of: dict[Ref, Ref] = {}
+    for op, args in c.steps:
+        refs = [slots[a] for a in args]
+        dtype = c.slot_dtypes[len(slots)]
+        if op.name == "softplus" and c.slot_dtypes[args[0]] == dtype:
+            x = refs[0]
+            a = b.add_op(S["abs"], [neg_of.get(x, x)])[0]
+            e = b.add_op(S["exp"], [b.add_op(S["neg"], [a])[0]])[0]
+            m = b.add_op(S["maximum"], [x, b.add_constant(0, dtype)])[0]
+            r = b.add_op(S["add"], [m, b.add_op(S["log1p"], [e])[0]])[0]
+        else:
+            r = b.add_op(op, refs)[0]
+            if op.name == "neg":
+                neg_of[r] = refs[0]
+        slots.append(r)
+    return b.build([slots[o] for o in c.out_slots])
+
+
 def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells: bool):
     """Write and compile the Python evaluation code (see Composite._kernel)."""
+    c = _lowered(c)
     nin, first = c.nin, c.first_step
     ns: dict[str, Any] = {"np": np, "_asarray": np.asarray, "_array": np.array,
                           "_cast": lambda a, d: np.asarray(a, dtype=d),
@@ -302,7 +333,8 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
     out_of_slot = {}
     for j, o in enumerate(c.out_slots):
         out_of_slot.setdefault(o, j)
-    owned: dict[int, bool] = {}
+    owned: dict[int, bool] = {}  # a fresh ndarray this kernel may overwrite once dead
+    fresh: dict[int, bool] = {}  # a new object (not an input, a constant or another slot)
     free: list[int] = []  # dead intermediate slots whose buffers may be reused
     body: list[str] = []
     for k, (op, args) in enumerate(c.steps):
@@ -342,11 +374,14 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
                     free.remove(a)
                     target = names[a]
                     break
+        fresh[slot] = op.name not in _ALIASING
         if op.name in _ALIASING:
             body.append(f"    {t} = {names[args[-1]]}")
             owned[slot] = False
         elif target is not None:
-            body.append(f"    try:\n        {t} = {fname}({argtext}, out={target})\n"
+            # positional `out` is faster, but deprecated for np.maximum/np.minimum
+            out_kw = "" if isinstance(fn, np.ufunc) and fn not in _KEYWORD_OUT else "out="
+            body.append(f"    try:\n        {t} = {fname}({argtext}, {out_kw}{target})\n"
                         f"    except ValueError:\n        {t} = {fname}({argtext})")
             owned[slot] = True
         else:
@@ -354,7 +389,7 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
             owned[slot] = not scalar
         if fold and op.name not in _ALIASING:
             for extra in argnames[2:]:
-                tail = f", out={t}" if target is not None else ""
+                tail = "" if target is None else f", out={t}" if fn in _KEYWORD_OUT else f", {t}"
                 body.append(f"    {t} = {fname}({t}, {extra}{tail})")
         if np_dtypes[slot] != dtype and op.name not in _ALIASING:
             body.append(f"    {t} = _asarray({t}).astype('{dtype}')")
@@ -366,14 +401,14 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
         t = names[o]
         expr = t
         full = known and bc[o] == tuple(out_bcast)
-        if not owned.get(o) or o in seen_out:
+        if scalar:
+            expr = f"_array({t})" if not fresh.get(o) or o in seen_out else f"_asarray({t})"
+        elif not fresh.get(o) or o in seen_out:
             expr = f"_array(_broadcast_to({t}, _shape))"
             need_shape = True
         elif not full:
             expr = f"({t} if {t}.shape == _shape else _array(_broadcast_to({t}, _shape)))"
             need_shape = True
-        elif scalar:
-            expr = f"_asarray({t})"
         seen_out.add(o)
         if j in inplace:
             i = inplace[j]

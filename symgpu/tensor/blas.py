@@ -75,20 +75,21 @@ def gemv_value(fn: Callable, y, alpha, a, x, beta, inplace: bool, dtype: str) ->
     if m == 0 or k == 0:
         res = np.zeros(m, dtype=dtype) if beta == 0 else np.broadcast_to(beta * y, (m,)).astype(dtype)
         return res
-    if a.flags.c_contiguous:
+    flags = a.flags
+    if flags.c_contiguous:
         f, trans = a.T, 1
-    elif a.flags.f_contiguous:
+    elif flags.f_contiguous:
         f, trans = a, 0
     else:
         f, trans = np.ascontiguousarray(a).T, 1
     if beta == 0:
         return fn(alpha, f, x, trans=trans)
-    if inplace and y.shape[0] == m and y.flags.c_contiguous:
-        buf = y
+    if y.shape[0] == m:
+        buf = y if inplace and y.flags.c_contiguous else y.copy()
     else:
         buf = np.empty(m, dtype=dtype)
         buf[...] = y
-    return fn(alpha, f, x, beta=beta, y=buf, trans=trans, overwrite_y=True)
+    return fn(alpha, f, x, beta, buf, trans=trans, overwrite_y=True)
 
 
 def gemm_value(fn: Callable, c, alpha, a, b, beta, inplace: bool, dtype: str) -> np.ndarray:

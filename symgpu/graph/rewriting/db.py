@@ -82,6 +82,12 @@ class RewriteGroup:
         self._cache.clear()
         return rewriter
 
+    def remove(self, rewriter: NodeRewriter | str) -> None:
+        """Drop a member (by object or name), e.g. a rewrite a test registered."""
+        self.members = [(r, t) for r, t in self.members
+                        if r is not rewriter and r.name != rewriter]
+        self._cache.clear()
+
     def names(self) -> list[str]:
         return [r.name for r, _ in self.members]
 

@@ -53,6 +53,8 @@ class _Scale:
         self.value, self.syms = value, tuple(syms)
 
     def times(self, other: "_Scale") -> "_Scale":
+        if self.value == 0 or other.value == 0:
+            return _Scale(0.0)  # beta = 0 stays the constant that tells BLAS to ignore y
         return _Scale(self.value * other.value, self.syms + other.syms)
 
     def build(self, dtype: str) -> Variable:

@@ -4,7 +4,8 @@ scalar op is a Composite, with one output per value still needed outside the gro
 Why: on the CPU each node costs a VM dispatch and a fresh array; a Composite runs its steps
 back to back in reused buffers. On the GPU it is one kernel instead of one per op.
 
-A group must stay *convex* (no path leaving the group and coming back, or the fused node
+Groups grow through producers, consumers and siblings (nodes reading the same input with
+the same output pattern: one pass over the input instead of two). A group must stay *convex* (no path leaving the group and coming back, or the fused node
 would depend on itself), and every value it exports must have the broadcast pattern of the
 fused node's output. Convexity is checked with ancestor/descendant bitsets over the
 topological order, so a group grows in O(1) big-int operations per candidate.
@@ -115,6 +116,7 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
     mask = 1 << start
     A, D = anc[start], desc[start]
     ndim = nodes[start].outputs[0].ndim
+    bcast = nodes[start].outputs[0].type.broadcastable
     changed = True
     while changed:
         changed = False
@@ -128,6 +130,14 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
             for o in n.outputs:
                 for c, _ in fgraph.clients.get(o, ()):
                     if c != "output":
+                        q = index.get(c)
+                        if q is not None:
+                            cands.append(q)
+            for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
+                if isinstance(inp, Constant):
+                    continue
+                for c, _ in fgraph.clients.get(inp, ()):
+                    if c != "output" and c.outputs[0].type.broadcastable == bcast:
                         q = index.get(c)
                         if q is not None:
                             cands.append(q)

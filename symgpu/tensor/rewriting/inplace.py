@@ -37,7 +37,8 @@ def make_inplace(fgraph: FunctionGraph) -> int:
             continue
         op = node.op
         new_op = None
-        if type(op) is Elemwise and not op.inplace_pattern:
+        if type(op) is Elemwise and not op.inplace_pattern and node.outputs[0].ndim > 0:
+            # (0-d results: a fresh scalar is cheaper than writing into an input)
             pattern: dict[int, int] = {}
             for o in range(len(node.outputs)):
                 cands = _candidates(fgraph, node, o, set(pattern.values()))

@@ -103,6 +103,13 @@ class Factors:
             self.sign = -self.sign
             self.add(var.owner.inputs[0], inverted)
             return
+        if name in ("sqr", "pow"):
+            k = 2 if name == "sqr" else scalar_constant(var.owner.inputs[1])
+            base = var.owner.inputs[0]
+            if k is not None and k in (2, 3, -1, -2) and base.dtype == self.dtype:
+                for _ in range(abs(int(k))):
+                    self.add(base, inverted if k > 0 else not inverted)
+                return
         c = scalar_constant(var)
         if c is not None and np.ndim(c) == 0 and np.asarray(c).dtype.kind in "biuf":
             c = float(c)
@@ -283,14 +290,15 @@ def local_pow_specialize(fgraph, node):
 @node_rewriter([CAReduce])
 def local_sum_mul_by_scalar(fgraph, node):
     """sum(c * x) -> c * sum(x) for factors c constant along the summed axes; also
-    sum(-x) -> -sum(x) and sum(x / c) -> sum(x) / c. One multiply instead of n."""
+    sum(-x) -> -sum(x) and sum(x / c) -> sum(x) / c. One multiply instead of n (when the
+    scaled x is read by nothing else)."""
     op = node.op
     if op.scalar_op.name != "add" or op.dtype is not None:
         return None
     (x,) = node.inputs
     out = node.outputs[0]
-    if not is_float(x.dtype) or x.owner is None:
-        return None
+    if not is_float(x.dtype) or x.owner is None or len(fgraph.clients.get(x, ())) != 1:
+        return None  # if the scaled x is needed anyway, scaling the sum saves nothing
     axes = tuple(range(x.ndim)) if op.axis is None else op.axis
     kept = [d for d in range(x.ndim) if d not in axes]
     name = ew_name(x)

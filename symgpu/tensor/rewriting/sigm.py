@@ -25,11 +25,11 @@ from symgpu.graph.basic import Variable
 from symgpu.graph.rewriting import node_rewriter, register_stabilize
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.rewriting.math import (CONST, Factors, build, cancel, finish, float_node,
-                                          mul_layout)
+                                          mul_layout, _Terms)
 from symgpu.tensor.rewriting.stabilize import _one_minus, _one_plus
 from symgpu.tensor.rewriting.utils import ew, ew_name, is_ew
 
-__all__ = ["local_sigmoid_algebra"]
+__all__ = ["local_sigmoid_algebra", "local_logistic_crossentropy"]
 
 
 def _signed(u: Variable) -> tuple[Variable, int]:
@@ -87,7 +87,7 @@ class _Algebra:
                 opp = self._get("exp", base, -sign)
                 if opp > 0:  # exp(u) * exp(-u) = 1
                     k = min(p, opp)
-                    self.add("exp", base, sign, -k)
+                    self.pw[("exp", id(base), sign)][1] -= k
                     self.pw[("exp", id(base), -sign)][1] -= k
                     changed = True
                     continue
@@ -183,3 +183,96 @@ def local_sigmoid_algebra(fgraph, node):
         return None
     num, den = _normalise(f.num, f.den, dtype)
     return finish(node, mul_layout(const, num, den, dtype), f.num + f.den)
+
+
+# ----------------------------------------------------------------------------- crossentropy
+
+def _take(factors: list[Variable], pred) -> tuple[Variable | None, list[Variable]]:
+    """The first factor satisfying `pred` and the others."""
+    for k, v in enumerate(factors):
+        if pred(v):
+            return v, factors[:k] + factors[k + 1:]
+    return None, factors
+
+
+def _same(a: list, b: list) -> bool:
+    return sorted(map(id, a)) == sorted(map(id, b))
+
+
+def _fn_of(var: Variable, name: str, negated: bool) -> Variable | None:
+    """t if var is name(-t) (negated) or name(t), else None."""
+    if ew_name(var) != name:
+        return None
+    u = var.owner.inputs[0]
+    if negated:
+        return u.owner.inputs[0] if ew_name(u) == "neg" else None
+    return u
+
+
+def _match_pair(fa: Factors, fb: Factors, name: str, dtype: str):
+    """If fa = c * y * name(-t) and fb = c' * (1-y) * name(t) with equal other factors, return
+    (c, c', y, t, other num, other den)."""
+    for k, v in enumerate(fa.num):
+        t = _fn_of(v, name, True)
+        if t is None:
+            continue
+        rest_a = fa.num[:k] + fa.num[k + 1:]
+        f, rest_b = _take(fb.num, lambda w: _fn_of(w, name, False) is t)
+        if f is None:
+            continue
+        for j, one_minus_y in enumerate(rest_b):
+            y = _one_minus(one_minus_y)
+            if y is None or y.dtype != dtype:
+                continue
+            ya, others_a = _take(rest_a, lambda w: w is y)
+            others_b = rest_b[:j] + rest_b[j + 1:]
+            if ya is not None and _same(others_a, others_b) and _same(fa.den, fb.den):
+                return (fa.const * fa.sign, fb.const * fb.sign, y, t, others_a, fa.den)
+    return None
+
+
+@register_stabilize
+@node_rewriter([Elemwise])
+def local_logistic_crossentropy(fgraph, node):
+    """The stable forms of the logistic crossentropy and of its gradient:
+    y*softplus(-t) + (1-y)*softplus(t) -> softplus(t) - y*t   (one softplus, not two)
+    (1-y)*sigmoid(t) - y*sigmoid(-t)   -> sigmoid(t) - y      (the classic dL/dt)
+    (also with a common factor on both terms, e.g. the 1/n of a mean)."""
+    if not is_ew(node, "add", "sub") or not float_node(node):
+        return None
+    out = node.outputs[0]
+    dtype = out.dtype
+    t_ = _Terms(dtype)
+    t_.add(out, 1, root=True)
+    terms = t_.terms
+    if len(terms) < 2:
+        return None
+    facs = [_parse(v, dtype) for _, v in terms]
+    for a in range(len(terms)):
+        for b in range(len(terms)):
+            if a == b:
+                continue
+            fa, fb = facs[a], facs[b]
+            sa, sb = terms[a][0], terms[b][0]
+            m = _match_pair(fa, fb, "softplus", dtype)
+            if m is not None and sa * m[0] == sb * m[1]:
+                c, _, y, t, num, den = m
+                core = ew("sub", ew("softplus", t), ew("mul", y, t))
+            else:
+                # (1-y)*sigmoid(t) - y*sigmoid(-t): fb carries sigmoid(t), fa sigmoid(-t)
+                m = _match_pair(fa, fb, "sigmoid", dtype)
+                if m is None or sa * m[0] != -sb * m[1]:
+                    continue
+                c, _, y, t, num, den = m
+                core = ew("sub", ew("sigmoid", t), y)
+                c = sb * m[1]
+                sa = 1
+            new_term = build(mul_layout(sa * c, [core] + num, den, dtype))
+            rest = [v if s > 0 else ew("neg", v) for k, (s, v) in enumerate(terms) if k not in (a, b)]
+            if t_.const:
+                rest.append(build((CONST, np.asarray(t_.const, dtype=dtype)[()], dtype)))
+            new = new_term if not rest else ew("add", new_term, *rest)
+            if new.type != out.type:
+                return None
+            return [new]
+    return None

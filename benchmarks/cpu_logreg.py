@@ -1,0 +1,136 @@
+"""The seeds' logistic regression on the CPU (N=400, feats=784, float32), measured side by side
+in one run: symgpu, a hand-written NumPy loop of the same updates, and PyTensor when it is
+installed (`pip install pytensor`; it is not a dependency).
+
+Prints, for each: compile time (building the training function from the symbolic graph) and
+time per training step (best of several timed blocks). Goals: step time at most 1.0x the
+NumPy loop and under half of PyTensor's; compile time under 0.25 s.
+
+    python benchmarks/cpu_logreg.py [--steps 2000] [--repeat 5]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+N, FEATS = 400, 784
+
+
+def data(seed: int = 22):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(N, FEATS).astype("float32")
+    y = rng.randint(size=N, low=0, high=2).astype("float32")
+    w = rng.randn(FEATS).astype("float32")
+    return x, y, w
+
+
+def timed_steps(step, steps: int, repeat: int) -> float:
+    """Best-of-`repeat` seconds per call of `step()` over blocks of `steps` calls."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return best
+
+
+def bench_symgpu(steps: int, repeat: int) -> dict:
+    import symgpu
+    import symgpu.tensor as T
+    symgpu.config.floatX = "float32"
+    x0, y0, w0 = data()
+    x, y = T.matrix("x"), T.vector("y")
+    w = symgpu.shared(w0.copy(), name="w")
+    b = symgpu.shared(np.asarray(0.0, dtype="float32"), name="b")
+    p_1 = 1 / (1 + T.exp(-T.dot(x, w) - b))
+    prediction = p_1 > 0.5
+    xent = -y * T.log(p_1) - (1 - y) * T.log(1 - p_1)
+    cost = xent.mean() + 0.01 * (w ** 2).sum()
+    gw, gb = T.grad(cost, [w, b])
+    t0 = time.perf_counter()
+    train = symgpu.function([x, y], [prediction, xent],
+                            updates={w: w - 0.01 * gw, b: b - 0.01 * gb}, name="train")
+    compile_s = time.perf_counter() - t0
+    topo = train.maker.fgraph.toposort()
+    used_cpu = any(n.op.__class__.__name__ in ("Gemv", "CGemv", "Gemm", "CGemm") for n in topo)
+    step = lambda: train(x0, y0)  # noqa: E731
+    step()
+    return {"compile": compile_s, "step": timed_steps(step, steps, repeat), "nodes": len(topo),
+            "gemv": used_cpu, "w": w.get_value(), "b": float(b.get_value())}
+
+
+def bench_numpy(steps: int, repeat: int) -> dict:
+    x, y, w0 = data()
+    state = {"w": w0.copy(), "b": np.float32(0.0)}
+
+    def step():
+        w, b = state["w"], state["b"]
+        p = 1 / (1 + np.exp(-(x @ w) - b))
+        prediction = p > 0.5
+        xent = -y * np.log(p) - (1 - y) * np.log(1 - p)
+        g = (p - y) / np.float32(N)  # d mean(xent) / d (x @ w + b)
+        w -= np.float32(0.01) * (x.T @ g + np.float32(0.02) * w)
+        state["b"] = b - np.float32(0.01) * g.sum()
+        return prediction, xent
+
+    with np.errstate(all="ignore"):  # the naive formulas overflow on saturated logits
+        step()
+        t = timed_steps(step, steps, repeat)
+    return {"compile": 0.0, "step": t}
+
+
+def bench_pytensor(steps: int, repeat: int) -> dict | None:
+    try:
+        import pytensor
+        import pytensor.tensor as pt
+    except ImportError:
+        return None
+    pytensor.config.floatX = "float32"
+    x0, y0, w0 = data()
+    x, y = pt.matrix("x"), pt.vector("y")
+    w = pytensor.shared(w0.copy(), name="w")
+    b = pytensor.shared(np.asarray(0.0, dtype="float32"), name="b")
+    p_1 = 1 / (1 + pt.exp(-pt.dot(x, w) - b))
+    prediction = p_1 > 0.5
+    xent = -y * pt.log(p_1) - (1 - y) * pt.log(1 - p_1)
+    cost = xent.mean() + 0.01 * (w ** 2).sum()
+    gw, gb = pt.grad(cost, [w, b])
+    t0 = time.perf_counter()
+    train = pytensor.function([x, y], [prediction, xent],
+                              updates={w: w - 0.01 * gw, b: b - 0.01 * gb}, name="train")
+    compile_s = time.perf_counter() - t0
+    step = lambda: train(x0, y0)  # noqa: E731
+    step()
+    return {"compile": compile_s, "step": timed_steps(step, steps, repeat),
+            "version": pytensor.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    sg = bench_symgpu(args.steps, args.repeat)
+    npy = bench_numpy(args.steps, args.repeat)
+    pt = bench_pytensor(args.steps, args.repeat)
+    us = 1e6
+    print(f"logistic regression, N={N}, feats={FEATS}, float32, {args.steps} steps x {args.repeat}")
+    print(f"symgpu:  {sg['nodes']} Apply nodes, {'Used the cpu (Gemv)' if sg['gemv'] else 'no Gemv!'}")
+    print(f"{'':10s}{'step (us)':>12s}{'compile (s)':>14s}")
+    print(f"{'symgpu':10s}{sg['step'] * us:12.1f}{sg['compile']:14.3f}")
+    print(f"{'numpy':10s}{npy['step'] * us:12.1f}{'-':>14s}")
+    if pt is not None:
+        print(f"{'pytensor':10s}{pt['step'] * us:12.1f}{pt['compile']:14.3f}   (PyTensor {pt['version']})")
+    else:
+        print(f"{'pytensor':10s}{'not installed':>12s}")
+    print(f"symgpu / numpy step time:    {sg['step'] / npy['step']:.3f}x  (goal <= 1.0x)")
+    if pt is not None:
+        print(f"symgpu / pytensor step time: {sg['step'] / pt['step']:.3f}x  (goal < 0.5x)")
+    print(f"symgpu compile time:         {sg['compile']:.3f} s  (goal < 0.25 s)")
+
+
+if __name__ == "__main__":
+    main()
