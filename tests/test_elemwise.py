@@ -9,6 +9,7 @@ import shutil
 import subprocess
 
 import numpy as np
+import symgpu
 import pytest
 import scipy.special as sps
 from hypothesis import HealthCheck, given, settings
@@ -333,6 +334,19 @@ def test_broadcast_mismatch_names_shapes():
     assert "(3, 2)" in str(info.value) or "(3,2)" in str(info.value)
 
 
+def test_undeclared_broadcasting_is_refused_clearly():
+    x, y = T.dvector("x"), T.dvector("y")
+    f = function([x, y], x * y)
+    with pytest.raises(ValueError, match="dimension 0.*not broadcastable"):
+        f(np.ones(3), np.ones(1))
+    # declared broadcastable, the same values broadcast (and the gradient has y's shape)
+    yb = T.TensorType("float64", (True,))("yb")
+    g = function([x, yb], [x * yb, symgpu.grad((x * yb).sum(), yb)])
+    out, gy = g(np.arange(3.0), np.ones(1))
+    np.testing.assert_array_equal(out, np.arange(3.0))
+    assert gy.shape == (1,) and gy[0] == 3.0
+
+
 def test_broadcastable_dim_must_have_length_one():
     r = T.drow()
     f = function([r], r * 2)
@@ -344,9 +358,14 @@ def test_broadcastable_dim_must_have_length_one():
 def _broadcast_case(draw):
     shapes = draw(hnp.mutually_broadcastable_shapes(num_shapes=3, min_dims=0, max_dims=4,
                                                     max_side=4))
-    # a dim of length 1 may be declared broadcastable or not: both must work
-    bcasts = [tuple(s == 1 and draw(st.booleans()) for s in shp)
-              for shp in shapes.input_shapes]
+    # a length-1 dim that is stretched must be declared broadcastable (Theano's rule); one
+    # that meets only other length-1 dims may be declared or not: both must work
+    out = shapes.result_shape
+    bcasts = []
+    for shp in shapes.input_shapes:
+        lead = len(out) - len(shp)
+        bcasts.append(tuple(s == 1 and (out[lead + d] > 1 or draw(st.booleans()))
+                            for d, s in enumerate(shp)))
     return shapes.input_shapes, bcasts
 
 

@@ -140,8 +140,13 @@ class Elemwise(Op):
         # scalar ops that evaluate themselves (Composite: generated NumPy code) make the thunk
         hook = getattr(self.scalar_op, "make_elemwise_thunk", None)
         if hook is not None:
-            return hook(node, storage_map, compute_map)
-        return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+            thunk = hook(node, storage_map, compute_map)
+        else:
+            thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+        checks = runtime_broadcast_checks(node)
+        if not checks:
+            return thunk
+        return _BroadcastCheckedThunk(thunk, node, [storage_map[v] for v in node.inputs], checks)
 
     def perform(self, node, inputs, out):
         hook = getattr(self.scalar_op, "elemwise_perform", None)
@@ -222,6 +227,47 @@ class Elemwise(Op):
         if total is not None and total.dtype != out.dtype:
             total = T.cast(total, out.dtype)
         return [total]
+
+
+def runtime_broadcast_checks(node) -> list[tuple[int, list[int]]]:
+    """(dim, inputs) pairs where two or more inputs are not known to have length 1: those
+    lengths must agree at run time. Like Theano and PyTensor, a length-1 dimension whose type
+    is not broadcastable is not stretched (its gradient would come back with the wrong shape);
+    declare it broadcastable (T.row, T.col, specify_broadcastable_as) instead."""
+    checks = []
+    for d in range(node.outputs[0].ndim):
+        idx = [i for i, v in enumerate(node.inputs) if not v.broadcastable[d]]
+        if len(idx) > 1:
+            checks.append((d, idx))
+    return checks
+
+
+class _BroadcastCheckedThunk:
+    """Runs an Elemwise thunk after checking that no undeclared broadcasting happens."""
+
+    lazy = False
+
+    def __init__(self, thunk, node, cells, checks):
+        self.thunk, self.node, self.op = thunk, node, node.op
+        self.cells, self.checks = cells, checks
+        self.inputs = getattr(thunk, "inputs", cells)
+        self.outputs = getattr(thunk, "outputs", None)
+
+    def __call__(self) -> None:
+        cells = self.cells
+        for d, idx in self.checks:
+            n = cells[idx[0]][0].shape[d]
+            for i in idx[1:]:
+                m = cells[i][0].shape[d]
+                if m != n and (m == 1 or n == 1):
+                    shapes = [cells[j][0].shape for j in range(len(cells))]
+                    raise ValueError(
+                        f"{self.op}: input shapes {shapes} need broadcasting along dimension "
+                        f"{d}, which the types do not allow (input {idx[0] if n == 1 else i} "
+                        "has length 1 there but its type is not broadcastable); declare the "
+                        "dimension broadcastable, e.g. T.row/T.col or "
+                        "T.specify_broadcastable_as")
+        self.thunk()
 
 
 def _sum_to_broadcast_pattern(g: TensorVariable, x: TensorVariable) -> TensorVariable:
