@@ -176,3 +176,33 @@ def test_softplus_pair_shares_work_and_is_exact():
     from symgpu.scalar.composite import _lowered
     lowered = _lowered(c.op.scalar_op)
     assert [op.name for op, _ in lowered.steps].count("log1p") == 1  # shared by both
+
+
+def test_deep_chains_fuse_quickly_without_recursion():
+    import time
+    x = T.dvector("x")
+    out = x
+    for i in range(600):
+        out = T.tanh(out * 1.01 + 0.1) if i % 2 else T.exp(-out * 0.5) - 0.25
+    t0 = time.perf_counter()
+    f = function([x], out)
+    assert time.perf_counter() - t0 < 5.0
+    assert len(f.maker.fgraph.toposort()) == 1
+    v = np.linspace(-1, 1, 5)
+    np.testing.assert_allclose(f(v), function([x], out, mode="FAST_COMPILE")(v))
+
+
+def test_successive_fusions_do_not_close_a_cycle():
+    # two groups joined only through another group: the second fusion must see the first
+    from symgpu import grad, shared
+    X, Y = T.dmatrix("X"), T.lvector("Y")
+    W1, b1 = shared(rng.randn(6, 7) * 0.1), shared(np.zeros(7))
+    W2, b2 = shared(rng.randn(7, 3) * 0.1), shared(np.zeros(3))
+    h = T.tanh(T.dot(X, W1) + b1)
+    p = T.nnet.softmax(T.dot(h, W2) + b2)
+    loss = T.nnet.categorical_crossentropy(p, Y).mean()
+    params = [W1, b1, W2, b2]
+    step = function([X, Y], loss, updates=[(q, q - 0.1 * g) for q, g in zip(params, grad(loss, params))])
+    Xv, Yv = rng.randn(16, 6), rng.randint(0, 3, 16)
+    losses = [step(Xv, Yv) for _ in range(50)]
+    assert losses[-1] < losses[0]

@@ -121,27 +121,31 @@ class FunctionGraph:
             self._prune(old, reason)
 
     def _prune(self, var: Variable, reason: str | None) -> None:
-        node = var.owner
-        if node is None or node not in self.apply_nodes:
-            if var.owner is None and var not in self.inputs:
-                self.variables.discard(var)
-                self.clients.pop(var, None)
-            return
-        if any(self.clients.get(o) for o in node.outputs):
-            return
-        self.apply_nodes.discard(node)
-        for o in node.outputs:
-            self.variables.discard(o)
-            self.clients.pop(o, None)
-        self._toposort_cache = None
-        self.execute_callbacks("on_prune", node, reason)
-        for i, inp in enumerate(node.inputs):
-            cl = self.clients.get(inp)
-            if cl is None:
+        # iterative: dropping the end of a chain of thousands of nodes must not recurse
+        stack = [var]
+        while stack:
+            var = stack.pop()
+            node = var.owner
+            if node is None or node not in self.apply_nodes:
+                if var.owner is None and var not in self.inputs:
+                    self.variables.discard(var)
+                    self.clients.pop(var, None)
                 continue
-            cl.remove((node, i))
-            if not cl:
-                self._prune(inp, reason)
+            if any(self.clients.get(o) for o in node.outputs):
+                continue
+            self.apply_nodes.discard(node)
+            for o in node.outputs:
+                self.variables.discard(o)
+                self.clients.pop(o, None)
+            self._toposort_cache = None
+            self.execute_callbacks("on_prune", node, reason)
+            for i, inp in reversed(list(enumerate(node.inputs))):
+                cl = self.clients.get(inp)
+                if cl is None:
+                    continue
+                cl.remove((node, i))
+                if not cl:
+                    stack.append(inp)
 
     def replace(self, var: Variable, new_var: Variable, reason: str | None = None,
                 validate: bool = False) -> None:

@@ -15,6 +15,7 @@ algorithm over its own elementwise op: `fuse_elemwise(fgraph, GpuElemwise, GpuEl
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
@@ -50,13 +51,42 @@ def _inlinable_constant(var: Variable) -> bool:
 def fuse_elemwise(fgraph: FunctionGraph, op_class: type = Elemwise,
                   make_op: Callable[[Any], Any] = Elemwise,
                   fusable: Callable[[Apply], bool] | None = None) -> int:
-    """Fuse groups of `op_class` nodes into `make_op(Composite)` nodes; returns how many."""
+    """Fuse groups of `op_class` nodes into `make_op(Composite)` nodes; returns how many.
+
+    After each fusion the reachability bitsets are rebuilt: one node standing for a group
+    joins paths that went through different members, and a stale view would let a later
+    group close a cycle through it."""
     ok = fusable or (lambda n: _default_fusable(n, op_class))
+    tried: set[Apply] = set()
+    count = 0
+    while True:
+        nodes, index, can, anc, desc = _analyse(fgraph, ok)
+        if sum(can) < 2:
+            return count
+        assigned: set[int] = set()
+        fused = False
+        for k in range(len(nodes) - 1, -1, -1):
+            if not can[k] or k in assigned or nodes[k] in tried:
+                continue
+            group = _grow(fgraph, nodes, index, can, anc, desc, assigned, k)
+            if len(group) < 2:
+                tried.add(nodes[k])
+                continue
+            assigned |= group
+            if _fuse_group(fgraph, [nodes[j] for j in sorted(group)], make_op):
+                count += 1
+                fused = True
+                break
+            tried.update(nodes[j] for j in group)
+        if not fused:
+            return count
+
+
+def _analyse(fgraph, ok):
+    """Topological order, index, fusable flags and ancestor/descendant bitsets."""
     nodes = fgraph.toposort()
     index = {n: k for k, n in enumerate(nodes)}
     can = [ok(n) for n in nodes]
-    if sum(can) < 2:
-        return 0
     anc = [0] * len(nodes)
     for k, n in enumerate(nodes):
         a = 0
@@ -74,18 +104,7 @@ def fuse_elemwise(fgraph: FunctionGraph, op_class: type = Elemwise,
                 if j is not None:
                     d |= desc[j] | (1 << j)
         desc[k] = d
-    assigned: set[int] = set()
-    count = 0
-    for k in range(len(nodes) - 1, -1, -1):
-        if not can[k] or k in assigned:
-            continue
-        group = _grow(fgraph, nodes, index, can, anc, desc, assigned, k)
-        if len(group) < 2:
-            continue
-        assigned |= group
-        if _fuse_group(fgraph, [nodes[j] for j in sorted(group)], make_op):
-            count += 1
-    return count
+    return nodes, index, can, anc, desc
 
 
 def _group_io(fgraph, members: list[Apply], inside: set[Apply]):
@@ -102,63 +121,80 @@ def _group_io(fgraph, members: list[Apply], inside: set[Apply]):
     return ext, exported
 
 
-def _valid(fgraph, members: list[Apply], inside: set[Apply]) -> bool:
-    ext, exported = _group_io(fgraph, members, inside)
-    if not exported or len(ext) > MAX_FUSED_INPUTS:
-        return False
-    ndim = members[0].outputs[0].ndim
-    bcast = tuple(all(v.broadcastable[d] for v in ext) for d in range(ndim))
-    return all(o.broadcastable == bcast for o in exported)
-
-
 def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int]:
-    group = {start}
-    mask = 1 << start
+    """The group grown from node `start` through producers, consumers and siblings.
+
+    Validity is kept locally: every member must be at least as broadcastable as the group's
+    output pattern B (so the fused output is B), and a member whose pattern is not B must be
+    read only inside the group (only B-shaped values can be exported). A candidate refused
+    for a reason that more members could lift (a path through an outside node, an outside
+    reader) is retried once the group has grown."""
+    out0 = nodes[start].outputs[0]
+    ndim, B = out0.ndim, out0.type.broadcastable
+    must = [d for d in range(ndim) if B[d]]
+    group, mask = {start}, 1 << start
     A, D = anc[start], desc[start]
-    ndim = nodes[start].outputs[0].ndim
-    bcast = nodes[start].outputs[0].type.broadcastable
-    changed = True
-    while changed:
-        changed = False
-        cands = []
-        for j in group:
-            n = nodes[j]
-            for inp in n.inputs:
-                p = index.get(inp.owner)
-                if p is not None:
-                    cands.append(p)
-            for o in n.outputs:
-                for c, _ in fgraph.clients.get(o, ()):
-                    if c != "output":
-                        q = index.get(c)
-                        if q is not None:
-                            cands.append(q)
-            for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
-                if isinstance(inp, Constant):
-                    continue
-                for c, _ in fgraph.clients.get(inp, ()):
-                    if c != "output" and c.outputs[0].type.broadcastable == bcast:
-                        q = index.get(c)
-                        if q is not None:
-                            cands.append(q)
-        for c in cands:
-            if c in group or c in assigned or not can[c] or nodes[c].outputs[0].ndim != ndim:
-                continue
-            bit = 1 << c
-            nA, nD = A | anc[c], D | desc[c]
-            if (nA & nD) & ~(mask | bit):
-                continue  # a path would leave the group and come back
-            trial = group | {c}
-            members = [nodes[j] for j in sorted(trial)]
-            if not _valid(fgraph, members, set(members)):
-                # a producer whose value is also used elsewhere may still join later, once
-                # the group grew; a group that is valid now stays valid without it
-                continue
-            group, mask, A, D = trial, mask | bit, nA, nD
-            changed = True
-    if len(group) > 1 and not _valid(fgraph, [nodes[j] for j in sorted(group)],
-                                     {nodes[j] for j in group}):
-        return {start}
+    inside = {nodes[start]}
+    ext: dict[Variable, int] = {}
+
+    def add_inputs(n: Apply, sign: int) -> None:
+        for inp in n.inputs:
+            if inp.owner not in inside and not _inlinable_constant(inp):
+                ext[inp] = ext.get(inp, 0) + sign
+                if ext[inp] <= 0:
+                    del ext[inp]
+
+    add_inputs(nodes[start], 1)
+
+    def neighbours(j: int) -> list[int]:
+        n = nodes[j]
+        out = [index[i.owner] for i in n.inputs if i.owner in index]
+        for o in n.outputs:
+            out += [index[c] for c, _ in fgraph.clients.get(o, ()) if c != "output" and c in index]
+        for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
+            if not isinstance(inp, Constant):
+                out += [index[c] for c, _ in fgraph.clients.get(inp, ())
+                        if c != "output" and c in index and c.outputs[0].type.broadcastable == B]
+        return out
+
+    work = deque(neighbours(start))
+    deferred: set[int] = set()
+    grew = False
+    while work or (deferred and grew):
+        if not work:
+            work.extend(deferred)
+            deferred.clear()
+            grew = False
+        c = work.popleft()
+        if c in group or c in assigned or not can[c]:
+            continue
+        node = nodes[c]
+        bc = node.outputs[0].type.broadcastable
+        if len(bc) != ndim or not all(bc[d] for d in must):
+            continue
+        if bc != B and any(cl == "output" or (cl not in inside and cl is not node)
+                           for o in node.outputs for cl, _ in fgraph.clients.get(o, ())):
+            deferred.add(c)
+            continue
+        bit = 1 << c
+        nA, nD = A | anc[c], D | desc[c]
+        if (nA & nD) & ~(mask | bit):
+            deferred.add(c)  # a path leaves the group and comes back (for now)
+            continue
+        n_ext = len(ext) + sum(1 for i in set(node.inputs) if i not in ext and i.owner not in inside
+                               and not _inlinable_constant(i)) \
+            - sum(1 for o in node.outputs if o in ext)
+        if n_ext > MAX_FUSED_INPUTS:
+            deferred.add(c)
+            continue
+        group.add(c)
+        inside.add(node)
+        mask, A, D = mask | bit, nA, nD
+        for o in node.outputs:
+            ext.pop(o, None)
+        add_inputs(node, 1)
+        work.extend(neighbours(c))
+        grew = True
     return group
 
 
