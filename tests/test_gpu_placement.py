@@ -566,3 +566,25 @@ def test_gpu_alloc_and_reshape(real_gpu):
     assert np.array_equal(filled, np.full((4, 3), 1.5, "float32"))
     assert np.array_equal(bcast, np.tile(np.array([1, 2, 3], "float32"), (4, 1)))
     assert np.array_equal(resh, np.array([[1], [2], [3]], "float32"))
+
+
+def test_operator_on_a_named_context_transfer_runs_there():
+    """`a.transfer('dev0') * 2` must run on dev0 even with no default context: the
+    HostFromGpu(GpuFromHost) pair that the GPU variable's operator builds is read by the
+    lifting pass before anything cancels it."""
+    a = T.fmatrix("a")
+    with virtual_context("dev0"):
+        f = function([a], a.transfer("dev0") * 2)
+    ops = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuElemwise" in ops and "Elemwise" not in ops
+    assert any(isinstance(n.op, GpuFromHost) and n.op.context_name == "dev0"
+               for n in f.maker.fgraph.toposort())
+
+
+def test_assert_no_cpu_op_ignores_host_shape_arithmetic():
+    x = T.fvector("x")
+    y = T.fmatrix("y")
+    with virtual_context(None), config.change_flags(assert_no_cpu_op="raise"):
+        function([x], x.mean())  # Shape_i and the cast of the count stay on the host
+        with pytest.raises(CpuOpError, match="Argmax"):
+            function([y], y.argmax(axis=1))

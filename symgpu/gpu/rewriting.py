@@ -295,6 +295,18 @@ def local_cut_gpu_transfers(fgraph: FunctionGraph | None, node: Apply) -> list[V
     return None
 
 
+@node_rewriter([GpuFromHost, HostFromGpu, GpuToGpu])
+def local_cut_gpu_transfers_before_lifting(fgraph: FunctionGraph | None,
+                                           node: Apply) -> list[Variable] | None:
+    """The canonicalize-time cancelling: like `local_cut_gpu_transfers`, except that
+    HostFromGpu(GpuFromHost(x)) stays until the lifting pass has read it: it is how an
+    operator on `x.transfer('dev0')` says where its node should run."""
+    if isinstance(node.op, HostFromGpu) and node.inputs[0].owner is not None and isinstance(
+            node.inputs[0].owner.op, GpuFromHost):
+        return None
+    return local_cut_gpu_transfers.transform(fgraph, node)
+
+
 @node_rewriter([GpuFromHost])
 def local_fold_gpu_constant_upload(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuFromHost(constant) -> a GpuArrayConstant uploaded once at compile time: on real
@@ -338,16 +350,21 @@ class CpuOpWarning(UserWarning):
     """`assert_no_cpu_op=warn`: a function compiled for the GPU keeps float work on the CPU."""
 
 
+#: ops that read only an array's shape, never its data: no transfer, no real CPU work
+_METADATA_OPS = ("Shape", "Shape_i")
+
+
 def cpu_nodes(fgraph: FunctionGraph) -> list[Apply]:
     """Nodes doing float work on the host: not a GPU op or a transfer, with a float host
-    tensor among their inputs or outputs (integer shape arithmetic is ignored)."""
+    array (ndim > 0) among their inputs or outputs. Host scalar arithmetic (shape lengths,
+    their casts, a mean's divisor) is cheap and is not reported."""
     found = []
     for node in fgraph.toposort():
         name = type(node.op).__name__
-        if name.startswith("Gpu") or isinstance(node.op, TRANSFER_OPS):
+        if name.startswith("Gpu") or isinstance(node.op, TRANSFER_OPS) or name in _METADATA_OPS:
             continue
         if any(isinstance(v.type, TensorType) and v.type.dtype.startswith("float")
-               for v in node.inputs + node.outputs):
+               and v.type.ndim > 0 for v in node.inputs + node.outputs):
             found.append(node)
     return found
 
@@ -444,7 +461,7 @@ def _lift_unbroadcast(op, node, context_name, inputs):
 
 # ----------------------------------------------------------------------------- registration
 
-register_canonicalize(local_cut_gpu_transfers, "fast_run", "fast_compile", "gpu")
+register_canonicalize(local_cut_gpu_transfers_before_lifting, "fast_run", "fast_compile", "gpu")
 optdb.register("graph_to_gpu", lift_to_gpu, POSITIONS["gpu"], "fast_run", "fast_compile", "gpu")
 optdb.register("gpu_transfer_cancel",
                EquilibriumRewriter([local_cut_gpu_transfers, local_fold_gpu_constant_upload],
