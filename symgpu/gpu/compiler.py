@@ -302,7 +302,7 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
     ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...)."""
     from symgpu.gpu.context import get_context
     ctx = context if context is not None else get_context(None)
-    mkey = (key, tuple(options), _config().nvcc.flags, id(ctx))
+    mkey = (key, fn_name, tuple(options), _config().nvcc.flags, id(ctx))
     fn = _kernels.get(mkey)
     if fn is not None:
         return fn

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import re
+import os
 import sys
 import threading
 import warnings
@@ -314,8 +315,18 @@ def init_default_context() -> GpuContext | None:
                 if cfg.force_device:
                     raise GpuUnavailableError(error + " (force_device=True)") from exc
                 warnings.warn(error + "; running on the CPU instead", GpuUnavailableWarning,
-                              stacklevel=2)
+                              stacklevel=_user_stacklevel())
         return _registry.get(None)
+
+
+def _user_stacklevel() -> int:
+    """The warnings stacklevel of the first caller outside symgpu (so a warning points at
+    the user's line, whichever symgpu entry point started the GPU)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def register_context(name: str | None, context: GpuContext | None = None, *,

@@ -15,6 +15,7 @@ Layouts follow dlpack.h (v1.x); strides there count elements, ours count bytes.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from typing import Any
 
@@ -154,14 +155,18 @@ def export_capsule(arr: Any, versioned: bool) -> Any:
 class _DLPackOwner:
     """Holds a consumed DLPack tensor; calls the producer's deleter when collected."""
 
-    __slots__ = ("ptr", "versioned", "producer")
+    __slots__ = ("ptr", "versioned", "producer", "struct_class", "is_finalizing")
 
     def __init__(self, ptr: int, versioned: bool, producer: Any) -> None:
         self.ptr, self.versioned, self.producer = ptr, versioned, producer
+        # bound now: at interpreter exit module globals may already be gone
+        self.struct_class = _ManagedVersioned if versioned else _Managed
+        self.is_finalizing = sys.is_finalizing
 
     def __del__(self) -> None:
-        cls = _ManagedVersioned if self.versioned else _Managed
-        struct = cls.from_address(self.ptr)
+        if self.is_finalizing():
+            return  # the producer's library may already be unloaded; the OS reclaims memory
+        struct = self.struct_class.from_address(self.ptr)
         if struct.deleter:
             struct.deleter(self.ptr)
 
