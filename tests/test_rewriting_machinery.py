@@ -237,3 +237,23 @@ def test_fast_compile_is_faster_to_compile_and_gives_the_same_values():
 def test_unknown_mode_names_the_choices():
     with pytest.raises(ValueError, match="FAST_RUN"):
         Mode("FASTEST")
+
+
+def test_optimizer_including_flag_turns_on_an_optional_rewrite():
+    from symgpu.graph.rewriting.db import canonicalize
+
+    @node_rewriter([Elemwise])
+    def optional_sin_to_cos(fgraph, node):
+        if ew_name(node.outputs[0]) == "sin":
+            return [ELEMWISE["cos"](node.inputs[0])]
+        return None
+
+    canonicalize.register(optional_sin_to_cos, "my_optional_tag")  # not in fast_run
+    try:
+        x = T.dvector("x")
+        assert names(function([x], T.sin(x))) == ["sin"]
+        with config.change_flags(optimizer_including="my_optional_tag"):
+            assert names(function([x], T.sin(x))) == ["cos"]
+        assert names(function([x], T.sin(x), mode=Mode("FAST_RUN").including_tags("my_optional_tag"))) == ["cos"]
+    finally:
+        canonicalize.remove(optional_sin_to_cos)
