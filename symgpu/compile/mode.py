@@ -14,13 +14,10 @@ names or group tags) for every mode.
 from __future__ import annotations
 
 import time
-from typing import Callable
-
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "FAST_THUNKS",
-           "register_fast_thunk"]
+__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {
@@ -89,100 +86,13 @@ class Mode:
         return times
 
     def link(self, fgraph: FunctionGraph, storage_map: dict):
-        """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one).
-
-        Nodes of the ops in FAST_THUNKS get a closure thunk instead of the generic
-        perform-based one: for a transpose or a shape lookup the generic path costs
-        several times the work itself, and such nodes are in every function."""
-        from symgpu.link.vm import VM, link
-        vm = link(fgraph, storage_map)
-        changed = False
-        thunks = list(vm.thunks)
-        for k, node in enumerate(vm.nodes):
-            make = FAST_THUNKS.get(type(node.op))
-            if make is None:
-                continue
-            fast = make(node, [vm.storage_map[v] for v in node.inputs],
-                        [vm.storage_map[v] for v in node.outputs])
-            if fast is not None:
-                fast.op, fast.node = node.op, node
-                fast.inputs = [vm.storage_map[v] for v in node.inputs]
-                fast.outputs = [vm.storage_map[v] for v in node.outputs]
-                fast.lazy = False
-                thunks[k] = fast
-                changed = True
-        if not changed:
-            return vm
-        return VM(fgraph, vm.nodes, thunks, vm.storage_map, vm.gc_after)
+        """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one)."""
+        from symgpu.link.vm import link
+        return link(fgraph, storage_map)
 
     def __repr__(self) -> str:
         return f"Mode({self.name!r})"
 
-
-# ----------------------------------------------------------------------------- fast thunks
-
-#: op class -> make(node, input_cells, output_cells) -> thunk or None (use the generic one)
-FAST_THUNKS: dict[type, Callable] = {}
-
-
-def register_fast_thunk(op_class: type) -> Callable[[Callable], Callable]:
-    """Decorator: a closure-thunk maker for nodes of `op_class` (see Mode.link)."""
-    def deco(fn: Callable) -> Callable:
-        FAST_THUNKS[op_class] = fn
-        return fn
-    return deco
-
-
-def _register_tensor_thunks() -> None:
-    import numpy as np
-    from symgpu.tensor.elemwise import CAReduce, DimShuffle
-    from symgpu.tensor.shape import Shape_i
-
-    @register_fast_thunk(DimShuffle)
-    def _dimshuffle(node, ins, outs):
-        op = node.op
-        (cin,), (cout,) = ins, outs
-        nd = len(op.input_broadcastable)
-        perm = tuple(op.shuffle + op.drop)
-        if perm == tuple(range(nd)):
-            perm = None
-        if not op.augment and not op.drop:
-            def thunk():
-                cout[0] = cin[0].transpose(perm)
-            return thunk if perm is not None else None
-        if nd == 0:  # a scalar made a (1, 1, ...) array
-            shape = (1,) * len(op.new_order)
-
-            def thunk():
-                cout[0] = cin[0].reshape(shape)
-            return thunk
-        return None
-
-    @register_fast_thunk(Shape_i)
-    def _shape_i(node, ins, outs):
-        i = node.op.i
-        (cin,), (cout,) = ins, outs
-        asarray = np.asarray
-
-        def thunk():
-            cout[0] = asarray(cin[0].shape[i], dtype="int64")
-        return thunk
-
-    @register_fast_thunk(CAReduce)
-    def _careduce(node, ins, outs):
-        op = node.op
-        if op.scalar_op.name not in ("add", "mul"):
-            return None
-        (cin,), (cout,) = ins, outs
-        reduce, axis, dtype = op.ufunc.reduce, op.axis, node.outputs[0].dtype
-        asarray = np.asarray
-
-        def thunk():
-            cout[0] = asarray(reduce(cin[0], axis=axis, dtype=dtype))
-        return thunk
-
-
-_register_tensor_thunks()
 
 FAST_RUN = "FAST_RUN"
 FAST_COMPILE = "FAST_COMPILE"

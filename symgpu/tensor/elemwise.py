@@ -59,6 +59,25 @@ class DimShuffle(Op):
         bcast = tuple(True if d == "x" else x.broadcastable[d] for d in self.new_order)
         return Apply(self, [x], [TensorType(x.dtype, bcast)()])
 
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """A closure for the common shapes: a transpose or a scalar made (1, 1, ...) cost
+        far less than the generic perform path, and such nodes are in every function."""
+        (cin,), (cout,) = [storage_map[v] for v in node.inputs], [storage_map[v] for v in node.outputs]
+        nd = len(self.input_broadcastable)
+        perm = tuple(self.shuffle + self.drop)
+        thunk = None
+        if not self.augment and not self.drop and perm != tuple(range(nd)):
+            def thunk():
+                cout[0] = cin[0].transpose(perm)
+        elif nd == 0:
+            shape = (1,) * len(self.new_order)
+
+            def thunk():
+                cout[0] = cin[0].reshape(shape)
+        if thunk is None:
+            return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+        return _closure_thunk(thunk, node, storage_map)
+
     def perform(self, node, inputs, out):
         x = inputs[0]
         res = x.transpose(self.shuffle + self.drop) if self.shuffle + self.drop != list(range(x.ndim)) else x
@@ -229,6 +248,15 @@ class Elemwise(Op):
         return [total]
 
 
+def _closure_thunk(fn, node, storage_map):
+    """Give a closure the attributes the VM, profiler and DebugMode read from thunks."""
+    fn.op, fn.node = node.op, node
+    fn.inputs = [storage_map[v] for v in node.inputs]
+    fn.outputs = [storage_map[v] for v in node.outputs]
+    fn.lazy = False
+    return fn
+
+
 def runtime_broadcast_checks(node) -> list[tuple[int, list[int]]]:
     """(dim, inputs) pairs where two or more inputs are not known to have length 1: those
     lengths must agree at run time. Like Theano and PyTensor, a length-1 dimension whose type
@@ -336,6 +364,17 @@ class CAReduce(Op):
         dtype = self.dtype or reduce_output_dtype(self.scalar_op.name, x.dtype)
         bcast = tuple(b for d, b in enumerate(x.broadcastable) if d not in axis)
         return Apply(self, [x], [TensorType(dtype, bcast)()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """Sums and products: one ufunc.reduce call in a closure (no generic perform path)."""
+        if self.scalar_op.name not in ("add", "mul"):
+            return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+        (cin,), (cout,) = [storage_map[v] for v in node.inputs], [storage_map[v] for v in node.outputs]
+        reduce, axis, dtype, asarray = self.ufunc.reduce, self.axis, node.outputs[0].dtype, np.asarray
+
+        def thunk():
+            cout[0] = asarray(reduce(cin[0], axis=axis, dtype=dtype))
+        return _closure_thunk(thunk, node, storage_map)
 
     def perform(self, node, inputs, out):
         (x,) = inputs

@@ -18,6 +18,7 @@ class Shape(Op):
     """The shape of a tensor as an int64 vector."""
 
     __props__ = ()
+    reads_only_shape = True  # a device array fed to its input needs no host copy
 
     def make_node(self, x: Any) -> Apply:
         x = as_tensor_variable(x)
@@ -34,6 +35,7 @@ class Shape_i(Op):
     """The length of one dimension as an int64 scalar (cheaper than Shape then indexing)."""
 
     __props__ = ("i",)
+    reads_only_shape = True  # a device array fed to its input needs no host copy
 
     def __init__(self, i: int):
         self.i = int(i)
@@ -46,6 +48,15 @@ class Shape_i(Op):
         if not 0 <= self.i < x.ndim:
             raise ValueError(f"Shape_i{{{self.i}}}: {x} has only {x.ndim} dimensions")
         return Apply(self, [x], [TensorType("int64", ())()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """A closure: reading one length must not cost a generic perform call."""
+        from symgpu.tensor.elemwise import _closure_thunk
+        cin, cout, i, asarray = storage_map[node.inputs[0]], storage_map[node.outputs[0]], self.i, np.asarray
+
+        def thunk():
+            cout[0] = asarray(cin[0].shape[i], dtype="int64")
+        return _closure_thunk(thunk, node, storage_map)
 
     def perform(self, node, inputs, out):
         out[0][0] = np.asarray(inputs[0].shape[self.i], dtype="int64")
