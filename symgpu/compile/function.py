@@ -175,9 +175,34 @@ class _Missing:
 _MISSING = _Missing()
 
 
+def _device_input_filter(var: Variable, fgraph: FunctionGraph) -> Callable | None:
+    """How a device array (a CUDA array, a torch tensor...) fed to host input `var` stays on
+    the device, or None. Only when every reader of `var` can take it there: one op with
+    `filter_device_input(value, host_type, strict, allow_downcast)` (GpuFromHost, which
+    returns None for values that are not device arrays) and ops that read only the shape."""
+    taker = None
+    for client, _ in fgraph.clients.get(var, []):
+        if client == "output":
+            return None
+        hook = getattr(client.op, "filter_device_input", None)
+        if hook is None:
+            if getattr(client.op, "reads_only_shape", False):
+                continue
+            return None
+        if taker is not None and client.op != taker.__self__:
+            return None
+        taker = hook
+    if taker is None:
+        return None
+    host_type = var.type
+    return lambda value, strict, allow: taker(value, host_type, strict, allow)
+
+
 def _input_filter(var: Variable, inp: In, index: int, fname: str | None,
-                  allow_input_downcast: bool | None) -> Callable[[Any], Any]:
-    """A fast check-and-convert for one argument, with errors that name the input."""
+                  allow_input_downcast: bool | None,
+                  device: Callable | None = None) -> Callable[[Any], Any]:
+    """A fast check-and-convert for one argument, with errors that name the input.
+    `device` (see `_device_input_filter`) takes device arrays fed to a host input."""
     ttype = var.type
     label = f"input {inp.name!r} (#{index})" if inp.name else f"input #{index}"
     where = f" of function {fname!r}" if fname else ""
@@ -190,6 +215,10 @@ def _input_filter(var: Variable, inp: In, index: int, fname: str | None,
         if accept is not None and accept(value):
             return value
         try:
+            if device is not None:
+                moved = device(value, inp.strict, allow)
+                if moved is not None:
+                    return moved
             return slow(value, strict=inp.strict, allow_downcast=allow)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"bad argument for {label}{where}, expected {ttype}: {exc}") from None
@@ -326,7 +355,8 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
         v = fgraph.outputs[n_out + k]
         update_cells.append((s.container.storage, storage_map[v], _aliases_an_input(v, graph_in)
                              and v is not fgraph.inputs[fgraph.update_mapping[n_out + k]]))
-    filters = [_input_filter(v, inp, i, name, allow_input_downcast)
+    filters = [_input_filter(v, inp, i, name, allow_input_downcast,
+                             _device_input_filter(v, fgraph))
                for i, (v, inp) in enumerate(zip(fgraph.inputs, ins))]
     defaults = []
     for i, inp in enumerate(ins):

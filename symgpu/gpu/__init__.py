@@ -54,6 +54,7 @@ _GRAPH.update({
     "gpu_from_host": "basic_ops", "host_from_gpu": "basic_ops",
     "as_gpuarray_variable": "basic_ops", "gpu_contiguous": "basic_ops",
     "register_lifter": "rewriting", "virtual_context": "rewriting",
+    "ElemwiseKernelOp": "kernel_op",
 })
 _LAZY.update(_GRAPH)
 __all__ = sorted(_LAZY)
@@ -65,6 +66,7 @@ import symgpu.gpu.rewriting  # noqa: E402,F401  (graph_to_gpu and transfer cance
 # Kernel modules register their lifters (register_lifter) on import; load those present.
 import importlib.util as _ilu  # noqa: E402
 
-for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet", "lifters"):
+for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet", "lifters",
+             "graphs"):
     if _ilu.find_spec(f"{__name__}.{_mod}") is not None:
         importlib.import_module(f"{__name__}.{_mod}")
