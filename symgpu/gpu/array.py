@@ -6,9 +6,11 @@ device work.  Memory comes from the context's pool; the owner (a pool Block, or 
 object such as a torch tensor) lives as long as any view of it.  Strides are in bytes like
 NumPy's and never negative: a reversed slice (``a[::-1]``) returns a contiguous *copy*.
 
-Every copy runs on the context's stream.  Copies to the host go through a cached pinned staging
-buffer (``memcpy_dtoh_async`` + one stream sync), which is several times faster than a pageable
-copy for the sizes a training loop moves.
+Every copy runs on the context's stream.  Copies to the host land directly in a page-locked
+buffer leased from the context's :class:`~symgpu.gpu.pool.PinnedPool` (``memcpy_dtoh_async`` +
+one stream sync); the returned ndarray *is* that buffer and gives it back to the pool when it is
+garbage-collected, so a loop ``r = f()`` allocates nothing and copies each byte once.  Past the
+pool's limits a copy goes through pageable memory.
 
 PyCUDA is imported only inside functions, so ``import symgpu.gpu.array`` works without it.
 """
@@ -19,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray",
+__all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
            "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
            "SUPPORTED_DTYPES"]
 
@@ -400,15 +402,19 @@ class GpuArray:
         return self
 
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
-        """A host copy (C-contiguous ndarray), or the data written into ``out``."""
-        if out is not None:
-            if out.shape != self.shape or out.dtype != self.dtype:
-                raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected "
-                                 f"{self.shape} and {self.dtype}")
-            if not out.flags.c_contiguous:
-                out[...] = self.get()
-                return out
-        result = out if out is not None else np.empty(self.shape, self.dtype)
+        """A host copy (C-contiguous ndarray), or the data written into ``out``.
+
+        Without ``out`` the copy lands directly in a pinned buffer leased from the context's
+        pool (see the module doc): one async copy, one stream sync, no second host copy."""
+        if out is None:
+            return get_many([self])[0]
+        if out.shape != self.shape or out.dtype != self.dtype:
+            raise ValueError(f"out has shape {out.shape} and dtype {out.dtype}; expected "
+                             f"{self.shape} and {self.dtype}")
+        if not out.flags.c_contiguous:
+            out[...] = self.get()
+            return out
+        result = out
         if self.size == 0:
             return result
         src = self if self.is_c_contiguous else self.copy()
@@ -469,6 +475,41 @@ class GpuArray:
 
     def __str__(self) -> str:
         return str(self.get())
+
+
+def get_many(arrays: Sequence[GpuArray]) -> list[np.ndarray]:
+    """Host copies of ``arrays``: every copy is queued on its context's stream into a pinned
+    buffer of the context's pool, then one sync per stream.  Copies the pool refuses (too
+    large, or past its cap) go through pageable memory after that sync."""
+    results: list[Any] = []
+    late: list[tuple[int, GpuArray]] = []
+    contexts: list[Any] = []
+    import pycuda.driver as drv
+    for k, a in enumerate(arrays):
+        if a.size == 0:
+            results.append(np.empty(a.shape, a.dtype))
+            continue
+        src = a if a.is_c_contiguous else a.copy()
+        ctx = src._activate()
+        if ctx not in contexts:
+            contexts.append(ctx)
+        pinned = getattr(ctx, "pinned", None)
+        res = pinned.empty(a.shape, a.dtype) if pinned is not None else None
+        if res is None:
+            results.append(None)
+            late.append((k, src))
+            continue
+        drv.memcpy_dtoh_async(res.reshape(-1).view(np.uint8), src.ptr, ctx.stream)
+        results.append(res)
+    for ctx in contexts:
+        ctx.activate()
+        ctx.stream.synchronize()
+    for k, src in late:
+        src._activate()
+        res = np.empty(src.shape, src.dtype)
+        drv.memcpy_dtoh(res.reshape(-1).view(np.uint8), src.ptr)
+        results[k] = res
+    return results
 
 
 def _staging(ctx: Any, nbytes: int) -> np.ndarray:

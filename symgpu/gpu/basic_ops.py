@@ -85,7 +85,8 @@ class GpuFromHost(Op):
 
 
 class HostFromGpu(Op):
-    """Copy a GpuArray back to a host ndarray (through the runtime's pinned staging)."""
+    """Copy a GpuArray back to a host ndarray: the copy lands in a pinned buffer leased from
+    the context's pool, which the returned array owns (no second host copy)."""
 
     __props__ = ()
 
@@ -102,6 +103,16 @@ class HostFromGpu(Op):
         x = inputs[0]
         out[0][0] = x.get()
         _count("gpu_to_host", x.nbytes)
+
+    @staticmethod
+    def perform_many(values: Sequence[Any]) -> list[np.ndarray]:
+        """Host copies of several GpuArrays with one stream sync (the VM's graph runner
+        batches adjacent HostFromGpu nodes through this)."""
+        from symgpu.gpu.array import get_many
+        results = get_many(values)
+        for x in values:
+            _count("gpu_to_host", x.nbytes)
+        return results
 
     def grad(self, inputs, output_grads):
         return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
@@ -183,6 +194,7 @@ class GpuContiguous(Op):
 
     __props__ = ()
     view_map = {0: [0]}
+    capturable = True   # a pool allocation and a copy on the stream at most (graphs.py)
 
     def make_node(self, x: Any) -> Apply:
         x = as_gpuarray_variable(x, getattr(getattr(x, "type", None), "context_name", None))
@@ -208,6 +220,7 @@ class GpuDimShuffle(Op):
 
     __props__ = ("input_broadcastable", "new_order")
     view_map = {0: [0]}
+    capturable = True   # a view: host bookkeeping only (graphs.py)
 
     def __init__(self, input_broadcastable: Sequence[bool], new_order: Sequence[Any]):
         from symgpu.tensor.elemwise import DimShuffle
@@ -253,6 +266,7 @@ class GpuReshape(Op):
 
     __props__ = ("ndim",)
     view_map = {0: [0]}
+    capturable = True   # a view, or a contiguous copy on the stream (graphs.py)
 
     def __init__(self, ndim: int):
         self.ndim = int(ndim)
@@ -292,6 +306,7 @@ class _GpuRebroadcast(Op):
     """Base of the two broadcast-pattern view ops (no device work)."""
 
     view_map = {0: [0]}
+    capturable = True
 
     def _out_bcast(self, bcast: tuple[bool, ...]) -> tuple[bool, ...]:
         raise NotImplementedError
@@ -376,6 +391,7 @@ class GpuShape(Op):
     """The shape of a GpuArray as a host int64 vector (read from the array, no device work)."""
 
     __props__ = ()
+    capturable = True
 
     def make_node(self, x: Any) -> Apply:
         if not is_gpu_var(x):
@@ -393,6 +409,7 @@ class GpuShape_i(Op):
     """The length of one dimension of a GpuArray as a host int64 scalar."""
 
     __props__ = ("i",)
+    capturable = True
 
     def __init__(self, i: int):
         self.i = int(i)

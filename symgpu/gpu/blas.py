@@ -28,6 +28,7 @@ __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuAllocEmpty", "gpu_gemm", "gpu_g
 BLAS_DTYPES = ("float32", "float64")
 _N, _T = 0, 1                       # cublasOperation_t
 _POINTER_HOST, _POINTER_DEVICE = 0, 1
+_WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
 _STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
            8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
            14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
@@ -56,6 +57,7 @@ class _Cublas:
         self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
         self.handles: dict[int, ctypes.c_void_p] = {}
+        self.workspaces: dict[int, Any] = {}
         self.lock = threading.Lock()
 
     def handle(self, ctx: Any) -> ctypes.c_void_p:
@@ -68,8 +70,23 @@ class _Cublas:
                 self.check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
                 self.check(self.lib.cublasSetStream_v2(h, ctypes.c_void_p(ctx.stream_handle)),
                            "cublasSetStream")
+                self._set_workspace(h, ctx)
                 self.handles[id(ctx)] = h
         return h
+
+    def _set_workspace(self, h: ctypes.c_void_p, ctx: Any) -> None:
+        """Give the handle a workspace of our own (after cublasSetStream, which resets it),
+        so cuBLAS allocates nothing while a CUDA graph is being captured (graphs.py).
+        Best effort: without the call cuBLAS keeps its own workspace pool."""
+        fn = getattr(self.lib, "cublasSetWorkspace_v2", None)
+        if fn is None or getattr(ctx, "pool", None) is None:
+            return
+        try:
+            block = ctx.pool.allocate(_WORKSPACE_BYTES)
+        except Exception:
+            return
+        if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
+            self.workspaces[id(ctx)] = block    # alive as long as the handle
 
     def pointer_mode(self, h: ctypes.c_void_p, mode: int) -> None:
         self.check(self.lib.cublasSetPointerMode_v2(h, mode), "cublasSetPointerMode")
@@ -352,6 +369,16 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             del keep
         out_cell[0] = out
 
+    return _blas_capturable(thunk, scal)
+
+
+def _blas_capturable(thunk: Callable[[], None], scal: "_Scalars | None") -> Callable[[], None]:
+    """Mark a BLAS thunk for CUDA-graph capture (symgpu/gpu/graphs.py) unless its scalars go
+    through a host-to-device upload each call (device pointer mode fed by a host value), which
+    a graph would replay from freed host memory."""
+    thunk.launches = True   # type: ignore[attr-defined]
+    thunk.capturable = scal is None or not scal.device or all(  # type: ignore[attr-defined]
+        c is not None or gpu for c, gpu in zip(scal.const, scal.is_gpu))
     return thunk
 
 
@@ -441,13 +468,14 @@ class GpuGemv(Op):
                 del keep
             out_cell[0] = out
 
-        return thunk
+        return _blas_capturable(thunk, scal)
 
 
 class GpuAllocEmpty(Op):
     """An uninitialised GpuArray of a host-given shape (for outputs that are fully written)."""
 
     __props__ = ("dtype", "context_name")
+    capturable = True   # a pool allocation only (symgpu/gpu/graphs.py)
 
     def __init__(self, dtype: str, context_name: Any = None):
         self.dtype, self.context_name = str(dtype), context_name

@@ -132,6 +132,7 @@ class GpuContext:
         self.stream: Any = None
         self.stream_handle = 0
         self.pool: Any = None
+        self.pinned: Any = None  # PinnedPool: page-locked host buffers for copies back
         self.total_memory = 0
         self.lock = threading.RLock()  # guards the staging buffers of host copies
         self.staging: dict[int, Any] = {}
@@ -192,6 +193,8 @@ class GpuContext:
         ctx.stream_handle = int(ctx.stream.handle)
         from symgpu.gpu.pool import DevicePool
         ctx.pool = DevicePool(ctx, _config().gpuarray.preallocate)
+        from symgpu.gpu.pool import PinnedPool
+        ctx.pinned = PinnedPool()
         return ctx
 
 
@@ -423,6 +426,8 @@ def _shutdown() -> None:
             if ctx.pool is not None:
                 ctx.pool.release_cached()
             ctx.staging.clear()
+            if ctx.pinned is not None:
+                ctx.pinned.release_cached()  # leased buffers stay with their arrays
         except Exception:
             pass
     if getattr(_tls, "current", None) is not None:

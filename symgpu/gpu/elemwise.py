@@ -308,8 +308,8 @@ class _ElemwiseThunk:
                 out_cells[j][0] = outs[j]
 
         if len(in_cells) == 1 and n_out == 1 and not inplace and not self.scalar[0]:
-            return self._unary_thunk()
-        return thunk
+            return _capturable(self._unary_thunk())
+        return _capturable(thunk)
 
     def _unary_thunk(self) -> Callable[[], None]:
         """The common one-input, one-output case with every lookup hoisted (check1's exp)."""
@@ -349,6 +349,15 @@ class _ElemwiseThunk:
             out_cell[0] = out
 
         return thunk
+
+
+def _capturable(thunk: Callable[[], None]) -> Callable[[], None]:
+    """Mark a thunk that only takes pool memory and launches on the context's stream, so
+    symgpu/gpu/graphs.py may record it into a CUDA graph (``launches``: it queues device work;
+    ``capturable``: it never syncs, reads device memory on the host or copies from the host)."""
+    thunk.capturable = True   # type: ignore[attr-defined]
+    thunk.launches = True     # type: ignore[attr-defined]
+    return thunk
 
 
 def layout_c_strides(shape: tuple, itemsize: int) -> tuple:
@@ -505,7 +514,7 @@ class _ReduceThunk:
                     finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr)
             out_cell[0] = out
 
-        return thunk
+        return _capturable(thunk)
 
 
 def careduce_supported(scalar_op: Any, pre_scalar_op: Any, in_dtypes: Sequence[str]) -> bool:

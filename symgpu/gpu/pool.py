@@ -18,14 +18,26 @@ Size classes: multiples of 512 B up to 1 MiB; above, four classes per power of t
 
 Out of memory: cached blocks are released and the allocation retried once; then
 :class:`GpuMemoryError` (a ``MemoryError``) reports bytes asked, free and total.
+
+CUDA-graph capture (symgpu/gpu/graphs.py): while a capture runs, ``sink`` is a list and every
+block handed out on the capturing thread is appended to it, so the graph owns (keeps alive)
+each buffer its kernels touch; ``capture_guard`` wraps the driver allocation (a context manager
+that lets ``cuMemAlloc`` run under capture).
+
+:class:`PinnedPool` is the page-locked *host* counterpart: size-classed pinned buffers that
+device-to-host copies land in directly (no second host copy), leased to the returned ndarray
+and recycled when it is garbage-collected.
 """
 from __future__ import annotations
 
 import bisect
+import ctypes
 import threading
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class"]
+import numpy as np
+
+__all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class", "PinnedPool"]
 
 _SMALL = 512
 _SMALL_LIMIT = 1 << 20
@@ -135,6 +147,12 @@ class DevicePool:
         self.n_allocs = 0            # allocate() calls served
         self.n_reused = 0            # ... of which from a bin or the arena
         self.preallocated = 0
+        #: during a CUDA-graph capture: the list every block handed out on the capturing
+        #: thread (``sink_thread``) is appended to; None otherwise
+        self.sink: list | None = None
+        self.sink_thread = 0
+        #: during a capture: a context-manager factory wrapped around cuMemAlloc
+        self.capture_guard: Callable[[], Any] | None = None
         if preallocate > 0:
             total = int(context.total_memory) or context.mem_info()[1]
             want = int(total * preallocate) if preallocate <= 1 else int(preallocate * _MIB)
@@ -160,9 +178,30 @@ class DevicePool:
         alloc.free()
         self.n_device_frees += 1
 
+    # -- capture support
+    def begin_sink(self, sink: list, guard: Callable[[], Any] | None = None) -> None:
+        """Route every block allocated on this thread into ``sink`` until :meth:`end_sink`."""
+        with self._lock:
+            self.sink_thread = threading.get_ident()
+            self.capture_guard = guard
+            self.sink = sink
+
+    def end_sink(self) -> None:
+        with self._lock:
+            self.sink = None
+            self.capture_guard = None
+            self.sink_thread = 0
+
     # -- public
     def allocate(self, nbytes: int) -> Block:
         """A block of at least ``nbytes`` (rounded up to its size class)."""
+        block = self._allocate(nbytes)
+        sink = self.sink
+        if sink is not None and self.sink_thread == threading.get_ident():
+            sink.append(block)
+        return block
+
+    def _allocate(self, nbytes: int) -> Block:
         size = size_class(int(nbytes))
         with self._lock:
             self.n_allocs += 1
@@ -184,13 +223,22 @@ class DevicePool:
             self.bytes_in_use += size
             return Block(int(alloc), size, self, alloc)
 
+    def _guarded_alloc(self, size: int) -> Any:
+        guard = self.capture_guard
+        if guard is None or self.sink_thread != threading.get_ident():
+            return self._device_alloc(size)
+        with guard():
+            return self._device_alloc(size)
+
     def _alloc_or_retry(self, size: int, nbytes: int) -> Any:
         try:
-            return self._device_alloc(size)
+            return self._guarded_alloc(size)
         except _OutOfMemory:
+            if self.sink is not None:
+                raise  # no cuMemFree under capture: the capture fails and is retried plainly
             self.release_cached()
         try:
-            return self._device_alloc(size)
+            return self._guarded_alloc(size)
         except _OutOfMemory as exc:
             free, total = self.context.mem_info()
             raise GpuMemoryError(
@@ -237,3 +285,127 @@ class DevicePool:
         s = self.stats()
         return (f"<DevicePool {self.context.device}: {s['bytes_in_use']} B in use, "
                 f"{s['bytes_cached']} B cached, {s['n_device_allocs']} device allocations>")
+
+
+# --------------------------------------------------------------------------- pinned host pool
+_PINNED_CAP = 256 * _MIB          # page-locked bytes a context keeps at most (leased + cached)
+_PINNED_LEASE_LIMIT = 64 * _MIB   # larger copies go through pageable memory
+
+
+def _pagelocked_empty(nbytes: int) -> np.ndarray:
+    import pycuda.driver as drv
+    return drv.pagelocked_empty(nbytes, np.uint8)
+
+
+class PinnedPool:
+    """Page-locked host buffers in size classes (:func:`size_class`), one pool per context.
+
+    ``empty(shape, dtype)`` returns an ndarray whose memory is a pinned buffer of the pool, or
+    None when the buffer would be larger than ``lease_limit`` or the pool would pass ``cap``
+    bytes (the caller then copies through pageable memory).  The array's base is a small owner
+    object that keeps the buffer alive and gives it back to the pool when the last view of the
+    array is garbage-collected: ``r = f()`` in a loop recycles one buffer, with no allocation
+    and no page faults in the steady state.
+
+    ``alloc(nbytes) -> uint8 ndarray`` makes a buffer (default: PyCUDA's
+    ``pagelocked_empty``); tests pass a plain NumPy allocator."""
+
+    def __init__(self, alloc: Callable[[int], np.ndarray] | None = None,
+                 cap: int = _PINNED_CAP, lease_limit: int = _PINNED_LEASE_LIMIT) -> None:
+        self._alloc = alloc or _pagelocked_empty
+        self.cap, self.lease_limit = int(cap), int(lease_limit)
+        self._lock = threading.RLock()   # __del__ of an owner may run inside a pool call
+        self._bins: dict[int, list[tuple[int, np.ndarray]]] = {}
+        self._owners: dict[int, type] = {}
+        self.bytes_pinned = 0    # page-locked bytes held: leased + cached
+        self.bytes_leased = 0
+        self.n_allocs = 0        # buffers made (page-locking calls)
+        self.n_leases = 0        # empty() calls served
+        self.n_reused = 0        # ... of which from a bin
+        self.n_refused = 0       # empty() calls answered None (size or cap)
+        self.n_freed = 0         # cached buffers dropped to stay under the cap
+
+    def _owner_class(self, size: int) -> type:
+        cls = self._owners.get(size)
+        if cls is None:
+            pool = self
+
+            class _PinnedOwner(ctypes.c_ubyte * size):  # type: ignore[misc]
+                """The base of a leased array: returns its buffer to the pool when it dies."""
+                __slots__ = ("_buf",)
+
+                def __del__(self) -> None:
+                    try:
+                        pool._give_back(size, ctypes.addressof(self), self._buf)
+                    except Exception:  # interpreter shutdown
+                        pass
+
+            cls = self._owners[size] = _PinnedOwner
+        return cls
+
+    def empty(self, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+        """A C-contiguous ndarray of ``shape``/``dtype`` in pinned memory, or None."""
+        count = 1
+        for n in shape:
+            count *= n
+        nbytes = count * dtype.itemsize
+        if nbytes == 0 or nbytes > self.lease_limit:
+            self.n_refused += 1
+            return None
+        size = size_class(nbytes)
+        with self._lock:
+            cached = self._bins.get(size)
+            if cached:
+                ptr, buf = cached.pop()
+                self.n_reused += 1
+            else:
+                if self.bytes_pinned + size > self.cap:
+                    self._trim(self.cap - size)
+                    if self.bytes_pinned + size > self.cap:
+                        self.n_refused += 1
+                        return None
+                buf = self._alloc(size)
+                ptr = buf.__array_interface__["data"][0]
+                self.bytes_pinned += size
+                self.n_allocs += 1
+            self.bytes_leased += size
+            self.n_leases += 1
+        owner = self._owner_class(size).from_address(ptr)
+        owner._buf = buf
+        arr = np.frombuffer(owner, dtype, count)
+        return arr if len(shape) == 1 else arr.reshape(shape)
+
+    def _give_back(self, size: int, ptr: int, buf: np.ndarray) -> None:
+        with self._lock:
+            self.bytes_leased -= size
+            self._bins.setdefault(size, []).append((ptr, buf))
+
+    def _trim(self, target: int) -> None:
+        """Drop cached buffers (largest classes first) until at most ``target`` bytes are
+        pinned or none is cached."""
+        for size in sorted(self._bins, reverse=True):
+            cached = self._bins[size]
+            while cached and self.bytes_pinned > target:
+                cached.pop()
+                self.bytes_pinned -= size
+                self.n_freed += 1
+
+    def release_cached(self) -> int:
+        """Free every cached (not leased) buffer; returns the bytes freed."""
+        with self._lock:
+            before = self.bytes_pinned
+            self._trim(0)
+            self._bins.clear()
+            return before - self.bytes_pinned
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            cached = sum(size * len(b) for size, b in self._bins.items())
+            return {"bytes_pinned": self.bytes_pinned, "bytes_leased": self.bytes_leased,
+                    "bytes_cached": cached, "n_allocs": self.n_allocs,
+                    "n_leases": self.n_leases, "n_reused": self.n_reused,
+                    "n_refused": self.n_refused, "n_freed": self.n_freed}
+
+    def __repr__(self) -> str:
+        return (f"<PinnedPool {self.bytes_leased} B leased, {self.bytes_pinned} B pinned, "
+                f"cap {self.cap} B>")

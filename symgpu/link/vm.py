@@ -13,7 +13,12 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["VM", "link", "describe_failure"]
+__all__ = ["VM", "link", "describe_failure", "VM_HOOKS"]
+
+#: callables(vm) run on every new VM; a backend may set ``vm.runner``, a zero-argument
+#: callable that then runs the thunks instead of the loop below (symgpu/gpu/graphs.py uses it
+#: for CUDA graphs).  The profiler's hook (``vm.profiler``) takes precedence over a runner.
+VM_HOOKS: list[Callable[["VM"], None]] = []
 
 
 class VM:
@@ -29,10 +34,24 @@ class VM:
         self.pairs = list(zip(thunks, gc_after)) if gc_after is not None else None
         #: set by the profiler: a callable(vm) that runs and times the thunks instead
         self.profiler = None
+        #: set by a VM hook (VM_HOOKS): a callable() that runs the thunks instead
+        self.runner = None
+        for hook in VM_HOOKS:
+            try:
+                hook(self)
+            except Exception as exc:  # a backend's optimisation must never break linking
+                import warnings
+                warnings.warn(f"VM hook {getattr(hook, '__qualname__', hook)} failed "
+                              f"({type(exc).__name__}: {exc}); running the plain VM",
+                              RuntimeWarning, stacklevel=2)
+                self.runner = None
 
     def __call__(self) -> None:
         if self.profiler is not None:
             self.profiler(self)
+            return
+        if self.runner is not None:
+            self.runner()
             return
         i = 0
         try:

@@ -1,0 +1,400 @@
+"""Issue 7: every row of the speed table, symgpu against the peers present, in one run.
+
+    python3 benchmarks/gpu_speed.py                      # GPU machine, under 3 minutes
+    python3 benchmarks/gpu_speed.py --no-torch-compile   # skip torch.compile (its compiles
+                                                         # take most of the run)
+
+Rows: check1 (exp over 230,400 float32) with the result on the device and returned to the
+host; one logistic-regression step (400 x 784) with outputs on the device and with prediction
+and cross-entropy to the host; the fused chain tanh(x*.5+.1)*exp(-x*x)+log1p(x*x) over 2^26
+floats (bandwidth: bytes read + written over time); the sum of an 8192 x 8192 matrix over rows
+(axis 1), columns (axis 0) and all of it (bytes read over time); sgemm 4096^3 without TF32;
+one SGD step of an MLP 784-1024-1024-10 (ReLU, softmax cross-entropy) on a batch of 512; and
+the compile time of the logistic-regression step (symgpu: fresh process with an empty kernel
+cache, then warm).  Each figure is the median of 5 loops of N calls with one synchronisation
+(``ctx.synchronize()``, ``torch.cuda.synchronize()``, ``block_until_ready()``).  Prints each
+row's ratio against its goal and whether it is met.  A peer that fails prints why; the run
+goes on.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
+
+import numpy as np  # noqa: E402
+
+import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic regression)
+
+say, per_call = seeds.say, seeds.per_call
+ROWS: dict[str, dict[str, float]] = {}
+T_START = time.perf_counter()
+BUDGET_S = 160          # optional peer compiles are skipped past this point
+BIG = 1 << 26
+SQ = 8192
+MM = 4096
+MLP = (784, 1024, 1024, 10)
+BATCH = 512
+
+
+def row(name: str, who: str, value: float, unit: str) -> None:
+    ROWS.setdefault(name, {})[who] = value
+    say(f"  {name:28s} {who:26s} {value:12.3f} {unit}")
+
+
+def guarded(label: str, fn) -> None:
+    try:
+        fn()
+    except Exception as exc:
+        say(f"  {label}: unavailable ({type(exc).__name__}: {exc})")
+        if os.environ.get("BENCH_TRACEBACK"):
+            traceback.print_exc()
+
+
+def over_budget() -> bool:
+    return time.perf_counter() - T_START > BUDGET_S
+
+
+def chain_np(x):
+    return np.tanh(x * 0.5 + 0.1) * np.exp(-x * x) + np.log1p(x * x)
+
+
+def mlp_init(rng):
+    Ws, bs = [], []
+    for a, b in zip(MLP[:-1], MLP[1:]):
+        Ws.append((rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype("float32"))
+        bs.append(np.zeros(b, "float32"))
+    X = rng.standard_normal((BATCH, MLP[0])).astype("float32")
+    labels = rng.integers(0, MLP[-1], BATCH)
+    Y = np.eye(MLP[-1], dtype="float32")[labels]
+    return Ws, bs, X, Y
+
+
+# ============================================================================ symgpu
+
+def bench_symgpu(data) -> None:
+    import symgpu
+    import symgpu.gpu
+    import symgpu.tensor as T
+    from symgpu import Out, function, shared
+    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gradient import disconnected_grad
+    vec, X, Y, w0 = data
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    sync = ctx.synchronize
+    say(f"symgpu on {ctx.devname}")
+    x = shared(vec)
+    f_dev = function([], gpu_from_host(T.exp(x)))
+    f_host = function([], T.exp(x))
+    row("check1 device (us)", "symgpu", per_call(f_dev, 2000, sync) * 1e6, "us")
+    row("check1 host (us)", "symgpu", per_call(f_host, 500) * 1e6, "us")
+    build = seeds.symgpu_logreg_module()
+    train_dev, _, _ = build(X, Y, w0, on_device=True)
+    train_host, _, _ = build(X, Y, w0, on_device=False)
+    row("logreg device (us)", "symgpu", per_call(train_dev, 500, sync) * 1e6, "us")
+    row("logreg host (us)", "symgpu", per_call(train_host, 500) * 1e6, "us")
+
+    rng = np.random.default_rng(3)
+    hb = rng.standard_normal(BIG).astype("float32")
+    xb = shared(hb)
+    fc = function([], gpu_from_host(T.tanh(xb * 0.5 + 0.1) * T.exp(-xb * xb) +
+                                    T.log1p(xb * xb)))
+    got = np.asarray(fc())
+    np.testing.assert_allclose(got[:1 << 16], chain_np(hb[:1 << 16]), rtol=1e-4, atol=1e-5)
+    t = per_call(fc, 20, sync)
+    row("fused chain 2^26 (TB/s)", "symgpu", 8 * BIG / t / 1e12, "TB/s")
+    xb = fc = got = None  # noqa: F841
+
+    hm = rng.standard_normal((SQ, SQ)).astype("float32")
+    xm = shared(hm)
+    for label, axis in (("rows", 1), ("columns", 0), ("all", None)):
+        fs = function([], gpu_from_host(T.sum(xm, axis=axis)))
+        got = np.asarray(fs())
+        want = hm.astype("float64").sum(axis=axis)
+        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-1 * (SQ ** 0.5))
+        t = per_call(fs, 20, sync)
+        row(f"sum {label} 8192^2 (TB/s)", "symgpu", 4 * SQ * SQ / t / 1e12, "TB/s")
+    xm = None  # noqa: F841
+
+    ha = rng.standard_normal((MM, MM)).astype("float32")
+    a_ = shared(ha)
+    b_ = shared(ha.T.copy())
+    fm = function([], gpu_from_host(T.dot(a_, b_)))
+    fm()
+    t = per_call(fm, 10, sync)
+    row("sgemm 4096^3 (TFLOP/s)", "symgpu", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
+    a_ = b_ = fm = None  # noqa: F841
+
+    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
+    sW = [shared(W) for W in Ws]
+    sb = [shared(b) for b in bs]
+    sX, sY = shared(Xm), shared(Ym)
+    h = sX
+    for k in range(len(sW)):
+        h = T.dot(h, sW[k]) + sb[k]
+        if k < len(sW) - 1:
+            h = T.maximum(h, 0)
+    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
+    lse = T.log(T.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
+    loss = T.cast(-(sY * (h - lse)).sum() / BATCH, "float32")
+    params = sW + sb
+    grads = T.grad(loss, params)
+    step = function([], Out(gpu_from_host(loss), borrow=True),
+                    updates=[(p, p - 0.01 * g) for p, g in zip(params, grads)])
+    step()
+    row("MLP SGD step (us)", "symgpu", per_call(step, 200, sync) * 1e6, "us")
+    kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})
+    say(f"    MLP step ops: {', '.join(kinds)}")
+    st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
+    say(f"    MLP step graphs: {st}")
+
+    seeds.RESULTS.clear()
+    seeds.bench_compile()
+    for label in ("compile cold", "compile warm"):
+        t = seeds.RESULTS.get(label, {}).get("symgpu")
+        if t is not None:
+            row(f"{label} logreg (s)", "symgpu", t, "s")
+
+
+# ============================================================================ PyTorch
+
+def bench_torch(data, use_compile: bool) -> None:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    vec, X, Y, w0 = data
+    dev = torch.device("cuda")
+    sync = torch.cuda.synchronize
+    say(f"PyTorch {torch.__version__}")
+    tx = torch.from_numpy(vec).to(dev)
+    row("check1 device (us)", "PyTorch", per_call(lambda: torch.exp(tx), 2000, sync) * 1e6, "us")
+    row("check1 host (us)", "PyTorch", per_call(lambda: torch.exp(tx).cpu(), 500) * 1e6, "us")
+
+    tX, tY = torch.from_numpy(X).to(dev), torch.from_numpy(Y).to(dev)
+    tw = torch.from_numpy(w0.copy()).to(dev).requires_grad_(True)
+    tb = torch.zeros((), device=dev, requires_grad=True)
+
+    def step():
+        p1 = 1 / (1 + torch.exp(-(tX @ tw) - tb))
+        xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
+        cost = xent.mean() + 0.01 * (tw ** 2).sum()
+        gw, gb = torch.autograd.grad(cost, [tw, tb])
+        with torch.no_grad():
+            tw.sub_(0.01 * gw)
+            tb.sub_(0.01 * gb)
+        return p1 > 0.5, xent
+    row("logreg device (us)", "PyTorch", per_call(step, 300, sync) * 1e6, "us")
+    row("logreg host (us)", "PyTorch",
+        per_call(lambda: [t.detach().cpu() for t in step()], 300) * 1e6, "us")
+
+    rng = np.random.default_rng(3)
+    hb = torch.from_numpy(rng.standard_normal(BIG).astype("float32")).to(dev)
+
+    def chain(v):
+        return torch.tanh(v * 0.5 + 0.1) * torch.exp(-v * v) + torch.log1p(v * v)
+    t = per_call(lambda: chain(hb), 20, sync)
+    row("fused chain 2^26 (TB/s)", "PyTorch", 8 * BIG / t / 1e12, "TB/s")
+    if use_compile and not over_budget():
+        cchain = torch.compile(chain)
+        t0 = time.perf_counter()
+        cchain(hb)
+        sync()
+        say(f"    torch.compile of the chain took {time.perf_counter() - t0:.1f} s")
+        t = per_call(lambda: cchain(hb), 20, sync)
+        row("fused chain 2^26 (TB/s)", "torch.compile", 8 * BIG / t / 1e12, "TB/s")
+    hb = None  # noqa: F841  (frees the device memory)
+
+    hm = torch.from_numpy(rng.standard_normal((SQ, SQ)).astype("float32")).to(dev)
+    for label, dim in (("rows", 1), ("columns", 0), ("all", None)):
+        fn = (lambda: hm.sum()) if dim is None else (lambda d=dim: hm.sum(dim=d))
+        t = per_call(fn, 20, sync)
+        row(f"sum {label} 8192^2 (TB/s)", "PyTorch", 4 * SQ * SQ / t / 1e12, "TB/s")
+    hm = None  # noqa: F841
+
+    ha = torch.from_numpy(rng.standard_normal((MM, MM)).astype("float32")).to(dev)
+    hbm = ha.t().contiguous()
+    t = per_call(lambda: ha @ hbm, 10, sync)
+    row("sgemm 4096^3 (TFLOP/s)", "PyTorch", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
+    ha = hbm = None  # noqa: F841
+
+    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
+    tW = [torch.from_numpy(W).to(dev).requires_grad_(True) for W in Ws]
+    tB = [torch.from_numpy(b).to(dev).requires_grad_(True) for b in bs]
+    tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).to(dev)
+    params = tW + tB
+
+    def mlp_step():
+        h = tXm
+        for k in range(len(tW)):
+            h = h @ tW[k] + tB[k]
+            if k < len(tW) - 1:
+                h = torch.relu(h)
+        loss = -(tYm * torch.log_softmax(h, dim=1)).sum() / BATCH
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(0.01 * g)
+        return loss
+    row("MLP SGD step (us)", "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
+
+    if use_compile and not over_budget():
+        tw2 = torch.from_numpy(w0.copy()).to(dev)
+        tb2 = torch.zeros((), device=dev)
+
+        def manual_step(w, b):
+            p1 = 1 / (1 + torch.exp(-(tX @ w) - b))
+            xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
+            d = (p1 - tY) / N
+            gw = tX.t() @ d + 0.02 * w
+            return p1 > 0.5, xent, w - 0.01 * gw, b - 0.01 * d.sum()
+        t0 = time.perf_counter()
+        cstep = torch.compile(manual_step)
+        out = cstep(tw2, tb2)
+        sync()
+        row("compile cold logreg (s)", "torch.compile", time.perf_counter() - t0, "s")
+        state = [out[2], out[3]]
+
+        def run():
+            p, x_, state[0], state[1] = cstep(state[0], state[1])
+        row("logreg device (us)", "torch.compile", per_call(run, 300, sync) * 1e6, "us")
+
+
+N = seeds.N
+
+
+# ============================================================================ JAX
+
+def bench_jax(data) -> None:
+    import jax
+    import jax.numpy as jnp
+    vec, X, Y, w0 = data
+    say(f"JAX {jax.__version__} on {jax.devices()[0]}")
+    seeds.RESULTS.clear()
+    seeds.bench_jax(vec, X, Y, w0)
+    got = seeds.RESULTS
+    for src, dst, scale, unit in (("check1 device", "check1 device (us)", 1e6, "us"),
+                                  ("check1 host", "check1 host (us)", 1e6, "us"),
+                                  ("logreg device", "logreg device (us)", 1e6, "us"),
+                                  ("logreg host", "logreg host (us)", 1e6, "us"),
+                                  ("compile cold", "compile cold logreg (s)", 1.0, "s")):
+        if "JAX" in got.get(src, {}):
+            row(dst, "JAX", got[src]["JAX"] * scale, unit)
+
+    rng = np.random.default_rng(3)
+    jb = jax.device_put(rng.standard_normal(BIG).astype("float32"))
+    jchain = jax.jit(lambda v: jnp.tanh(v * 0.5 + 0.1) * jnp.exp(-v * v) + jnp.log1p(v * v))
+    hold = [jchain(jb)]
+
+    def run_chain():
+        hold[0] = jchain(jb)
+    t = per_call(run_chain, 20, lambda: hold[0].block_until_ready())
+    row("fused chain 2^26 (TB/s)", "JAX", 8 * BIG / t / 1e12, "TB/s")
+    jb = hold = None  # noqa: F841
+
+    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
+    params = [jax.device_put(p) for p in Ws + bs]
+    jX, jY = jax.device_put(Xm), jax.device_put(Ym)
+    n_w = len(Ws)
+
+    def loss(ps, Xd, Yd):
+        h = Xd
+        for k in range(n_w):
+            h = h @ ps[k] + ps[n_w + k]
+            if k < n_w - 1:
+                h = jax.nn.relu(h)
+        return -(Yd * jax.nn.log_softmax(h, axis=1)).sum() / BATCH
+
+    @jax.jit
+    def step(ps, Xd, Yd):
+        val, gs = jax.value_and_grad(loss)(ps, Xd, Yd)
+        return val, [p - 0.01 * g for p, g in zip(ps, gs)]
+    state = [params, None]
+    state[1], state[0] = step(state[0], jX, jY)
+
+    def run_mlp():
+        state[1], state[0] = step(state[0], jX, jY)
+    row("MLP SGD step (us)", "JAX", per_call(run_mlp, 200,
+                                             lambda: state[1].block_until_ready()) * 1e6, "us")
+
+
+def bench_cupy(data) -> None:
+    import cupy
+    vec = data[0]
+    say(f"CuPy {cupy.__version__}")
+    cx = cupy.asarray(vec)
+    stream = cupy.cuda.get_current_stream()
+    row("check1 device (us)", "CuPy", per_call(lambda: cupy.exp(cx), 2000,
+                                               stream.synchronize) * 1e6, "us")
+    row("check1 host (us)", "CuPy", per_call(lambda: cupy.exp(cx).get(), 500) * 1e6, "us")
+
+
+# ============================================================================ report
+
+GOALS = [  # (row, peer, kind, factor): time rows symgpu <= factor*peer; rate rows >=
+    ("check1 device (us)", "PyTorch", "le", 1.0),
+    ("check1 host (us)", "PyTorch", "le", 0.5),
+    ("logreg device (us)", "JAX", "le", 0.8),
+    ("logreg host (us)", "JAX", "le", 0.5),
+    ("fused chain 2^26 (TB/s)", "torch.compile", "ge", 0.95),
+    ("sum rows 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
+    ("sum columns 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
+    ("sum all 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
+    ("sgemm 4096^3 (TFLOP/s)", "PyTorch", "ge", 0.95),
+    ("MLP SGD step (us)", "JAX", "le", 1.0),
+]
+
+
+def report() -> None:
+    peers = ["symgpu", "PyTorch", "torch.compile", "CuPy", "JAX"]
+    say("")
+    say("=" * 110)
+    say(f"{'row':30s}" + "".join(f"{p:>15s}" for p in peers))
+    for name, vals in ROWS.items():
+        say(f"{name:30s}" + "".join(f"{vals[p]:15.3f}" if p in vals else f"{'-':>15s}"
+                                    for p in peers))
+    say("")
+    say("goals:")
+    for name, peer, kind, factor in GOALS:
+        vals = ROWS.get(name, {})
+        if "symgpu" not in vals or peer not in vals:
+            alt = "PyTorch" if peer == "torch.compile" and "PyTorch" in vals else None
+            if alt is None or "symgpu" not in vals:
+                say(f"  {name:30s} vs {peer}: not measured")
+                continue
+            peer = alt + " (eager; torch.compile not run)"
+            ref = vals[alt]
+        else:
+            ref = vals[peer]
+        ratio = vals["symgpu"] / ref
+        ok = ratio <= factor if kind == "le" else ratio >= factor
+        rel = "<=" if kind == "le" else ">="
+        say(f"  {name:30s} symgpu/{peer} = {ratio:6.3f} (goal {rel} {factor}): "
+            f"{'MET' if ok else 'not met'}")
+    for name, limit in (("compile warm logreg (s)", 0.3), ("compile cold logreg (s)", 3.0)):
+        t = ROWS.get(name, {}).get("symgpu")
+        if t is not None:
+            say(f"  {name:30s} symgpu {t:.3f} s (goal <= {limit} s): "
+                f"{'MET' if t <= limit else 'not met'}")
+
+
+def main() -> None:
+    use_compile = "--no-torch-compile" not in sys.argv[1:]
+    data = seeds.data()
+    guarded("symgpu", lambda: bench_symgpu(data))
+    guarded("PyTorch", lambda: bench_torch(data, use_compile))
+    guarded("CuPy", lambda: bench_cupy(data))
+    guarded("JAX", lambda: bench_jax(data))
+    report()
+    say(f"(benchmark took {time.perf_counter() - T_START:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,821 @@
+"""The GPU fast paths: whole-function CUDA graphs (symgpu/gpu/graphs.py), the pinned host
+pool (symgpu/gpu/pool.py) and the VM's runner hook.
+
+Most of it runs on the CPU: the graph runner is driven by a fake context, pool and driver whose
+"kernels" are Python closures over a fake device memory (a capture records them, a replay runs
+them), so keys, ownership, ping-pong, fallbacks and results are checked without a GPU.  The
+tests marked ``gpu`` check, on a real device, that results are the same with cuda_graphs on and
+off and that a captured function replays.
+"""
+from __future__ import annotations
+
+import gc
+import warnings
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+
+from symgpu.config import config
+from symgpu.graph.basic import Apply
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
+from symgpu.gpu import graphs
+from symgpu.gpu.pool import DevicePool, PinnedPool, size_class
+from symgpu.link.vm import link
+
+CTX = "fake-graphs"
+
+
+# ============================================================================ fakes
+
+class FakeDriver:
+    """Capture records launches; a graph launch runs them in order."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+        self.recorded: list = []
+        self.launches = 0
+        self.fail_next_capture = False
+
+    def launch_kernel(self, fn) -> None:
+        if self.capturing:
+            self.recorded.append(fn)
+        else:
+            fn()
+
+    # the graphs._Driver interface
+    def begin(self, stream):
+        assert not self.capturing
+        self.capturing, self.recorded = True, []
+
+    def end(self, stream):
+        self.capturing = False
+        if self.fail_next_capture:
+            self.fail_next_capture = False
+            return None, "cuStreamEndCapture failed: operation not permitted when capturing"
+        return list(self.recorded), None
+
+    def instantiate(self, graph):
+        return ("exe", graph)
+
+    def launcher(self, exe, stream):
+        def go():
+            self.launches += 1
+            for fn in exe[1]:
+                fn()
+            return 0
+        return go
+
+    def destroy(self, exe, graph):
+        pass
+
+    def node_count(self, graph):
+        return len(graph)
+
+    def check(self, status, what):
+        if status:
+            raise RuntimeError(what)
+
+    def relaxed(self):
+        return nullcontext()
+
+
+MEM: dict[int, np.ndarray] = {}
+
+
+class _FakeAlloc:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __int__(self):
+        return self.ptr
+
+    def free(self):
+        MEM.pop(self.ptr, None)
+
+
+class FakePool(DevicePool):
+    next_ptr = 0x10000
+
+    def _device_alloc(self, nbytes):
+        ptr = FakePool.next_ptr
+        FakePool.next_ptr += max(nbytes, 512) + 512
+        MEM[ptr] = np.full(max(nbytes, 4) // 4, np.nan, dtype="float32")
+        self.n_device_allocs += 1
+        return _FakeAlloc(ptr)
+
+
+class FakeCtx:
+    virtual = False
+    name = CTX
+    device = "cuda0"
+    ordinal = 0
+    arch = "sm_90"
+    stream_handle = 7
+    pinned = None
+    total_memory = 1 << 30
+
+    def __init__(self):
+        self.pool = FakePool(self, 0.0)
+
+    def activate(self):
+        return self
+
+    def synchronize(self):
+        pass
+
+
+def read(a) -> np.ndarray:
+    return MEM[a.ptr][: a.size].reshape(a.shape).copy()
+
+
+def upload(ctx, values) -> object:
+    from symgpu.gpu.elemwise import new_array
+    values = np.asarray(values, dtype="float32")
+    a = new_array(ctx, values.shape, values.dtype)
+    if a.size:
+        MEM[a.ptr][: a.size] = values.reshape(-1)
+    return a
+
+
+class FakeKernelOp(Op):
+    """out = f(inputs) elementwise, through the fake driver; optionally in place on input 0
+    and with a scratch buffer (as GpuCAReduce's partial sums)."""
+
+    __props__ = ("name", "inplace", "scratch", "fail_when_capturing")
+
+    def __init__(self, name, fn, inplace=False, scratch=False, fail_when_capturing=False):
+        self.name, self.fn, self.inplace, self.scratch = name, fn, inplace, scratch
+        self.fail_when_capturing = fail_when_capturing
+        if inplace:
+            self.destroy_map = {0: [0]}
+
+    def __str__(self):
+        return f"Fake{self.name}"
+
+    def make_node(self, *xs):
+        return Apply(self, list(xs), [xs[0].type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.elemwise import new_array
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+        ctx, drv, fn = CTX_OBJ, DRV, self.fn
+
+        def thunk():
+            if self.fail_when_capturing and drv.capturing:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            xs = [c[0] for c in ins]
+            if xs[0].shape != xs[-1].shape:
+                raise ValueError(f"shapes differ: {xs[0].shape} {xs[-1].shape}")
+            o = xs[0] if self.inplace else new_array(ctx, xs[0].shape, np.dtype("float32"))
+            ptrs, n, optr = [x.ptr for x in xs], xs[0].size, o.ptr
+            if n == 0:
+                out[0] = o
+                return
+            if self.scratch:
+                tmp = new_array(ctx, xs[0].shape, np.dtype("float32"))
+                tptr = tmp.ptr
+
+                def k1():
+                    MEM[tptr][:n] = fn(*[MEM[p][:n] for p in ptrs])
+
+                def k2():
+                    MEM[optr][:n] = MEM[tptr][:n]
+                drv.launch_kernel(k1)
+                drv.launch_kernel(k2)
+            else:
+                def k():
+                    MEM[optr][:n] = fn(*[MEM[p][:n] for p in ptrs])
+                drv.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = True
+        thunk.launches = True
+        return thunk
+
+
+class FakeToHost(Op):
+    """Not capturable: reads device memory on the host."""
+
+    __props__ = ()
+
+    def make_node(self, x):
+        from symgpu.tensor.type import TensorType
+        return Apply(self, [x], [TensorType("float32", x.type.broadcastable)()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = read(inputs[0])
+
+
+CTX_OBJ: FakeCtx = None  # type: ignore[assignment]
+DRV: FakeDriver = None   # type: ignore[assignment]
+
+
+@pytest.fixture(autouse=True)
+def fake_gpu(monkeypatch):
+    global CTX_OBJ, DRV
+    from symgpu.gpu import context as gctx
+    CTX_OBJ, DRV = FakeCtx(), FakeDriver()
+    gctx.register_context(CTX, CTX_OBJ)
+    monkeypatch.setattr(graphs, "_driver", DRV)
+    yield CTX_OBJ
+    gctx.unregister_context(CTX)
+    MEM.clear()
+
+
+def gvec():
+    from symgpu.gpu.type import GpuArrayType
+    return GpuArrayType("float32", (False,), CTX)()
+
+
+def add1():
+    return FakeKernelOp("add1", lambda a: a + 1)
+
+
+def mul2(**kw):
+    return FakeKernelOp("mul2", lambda a: a * 2, **kw)
+
+
+def call(vm, out_vars):
+    """What Function.__call__ does around the VM: run, take the outputs, empty their cells."""
+    vm()
+    res = [vm.storage_map[v][0] for v in out_vars]
+    for v in out_vars:
+        vm.storage_map[v][0] = None
+    return res
+
+
+# ============================================================================ decisions
+
+def test_capturability_comes_from_the_thunk_or_the_op():
+    from symgpu.gpu.basic_ops import GpuDimShuffle, GpuShape_i, HostFromGpu
+    x = gvec()
+    y = add1()(x)
+    node = y.owner
+    thunk = node.op.make_thunk(node, {v: [None] for v in node.inputs + node.outputs}, {}, [])
+    assert graphs.node_capturable(node, thunk) and graphs.node_launches(node, thunk)
+
+    def plain():
+        pass
+    assert not graphs.node_capturable(node, plain)          # the op says nothing
+    ds = GpuDimShuffle((False,), ("x", 0))(x).owner
+    assert graphs.node_capturable(ds, plain) and not graphs.node_launches(ds, plain)
+    sh = GpuShape_i(0)(x).owner
+    assert graphs.node_capturable(sh, plain)
+    h = HostFromGpu()(x).owner
+    assert not graphs.node_capturable(h, plain)
+
+
+def test_capturability_of_the_real_gpu_thunk_markers():
+    from symgpu.gpu import blas, elemwise
+    assert elemwise._capturable(lambda: None).capturable
+    from symgpu.gpu.basic_ops import GpuAlloc, GpuFromHost, GpuToGpu, HostFromGpu
+    for op_cls in (GpuAlloc, GpuFromHost, GpuToGpu, HostFromGpu):
+        assert not getattr(op_cls, "capturable", False), op_cls
+    assert blas.GpuAllocEmpty.capturable
+
+    class Scal:  # device pointer mode fed by a host value: an upload each call
+        device, const, is_gpu = True, [None, 0.0], [False, False]
+    assert not blas._blas_capturable(lambda: None, Scal()).capturable
+    Scal.is_gpu = [True, False]
+    assert blas._blas_capturable(lambda: None, Scal()).capturable
+    assert blas._blas_capturable(lambda: None, None).capturable
+
+
+def test_a_node_reading_a_big_host_input_is_not_capturable():
+    from symgpu.tensor.type import TensorType
+
+    class HostIn(Op):
+        capturable = True
+
+        def make_node(self, x, h):
+            return Apply(self, [x, h], [x.type()])
+    x = gvec()
+    assert graphs.node_capturable(HostIn()(x, TensorType("int64", ())()).owner, None)
+    assert graphs.node_capturable(HostIn()(x, TensorType("int64", (False,))()).owner, None)
+    assert not graphs.node_capturable(HostIn()(x, TensorType("float32", (False, False))()).owner,
+                                      None)
+
+
+def test_schedule_puts_host_work_first_and_transfers_last():
+    x = gvec()
+    a = add1()(x)                 # 0 launch
+    h1 = FakeToHost()(a)          # 1 tail (after a launch)
+    b = mul2()(a)                 # 2 launch
+    h0 = FakeToHost()(x)          # 3 head (no launch before it)
+    c = add1()(b)                 # 4 launch
+    h2 = FakeToHost()(c)          # 5 tail
+    nodes = [a.owner, h1.owner, b.owner, h0.owner, c.owner, h2.owner]
+    capt = [True, False, True, False, True, False]
+    launches = capt
+    order = graphs.schedule(nodes, capt, launches)
+    assert [nodes[i] for i in order] == [h0.owner, a.owner, b.owner, c.owner, h1.owner,
+                                         h2.owner]
+    steps = graphs.plan_steps(nodes, capt, launches, [not c for c in capt])
+    assert steps == [("plain", [3]), ("segment", [0, 2, 4]), ("batch", [1, 5])]
+
+
+def test_plan_keeps_view_only_runs_plain_and_splits_at_dependencies():
+    from symgpu.gpu.basic_ops import GpuDimShuffle
+    x = gvec()
+    v = GpuDimShuffle((False,), (0,))(x)           # a view: capturable, no launch
+    h = FakeToHost()(v)
+    nodes = [v.owner, h.owner]
+    assert graphs.plan_steps(nodes, [True, False], [False, False], [False, False]) == \
+        [("plain", [0]), ("plain", [1])]
+    # a launch that needs a host result computed after another launch: two segments
+    a = add1()(x)
+    h = FakeToHost()(a)
+
+    class NeedsHost(Op):
+        def make_node(self, x, h):
+            return Apply(self, [x, h], [x.type()])
+    b = NeedsHost()(a, h)
+    nodes = [a.owner, h.owner, b.owner]
+    assert graphs.plan_steps(nodes, [True, False, True], [True, False, True],
+                             [False, False, False]) == \
+        [("segment", [0]), ("plain", [1]), ("segment", [2])]
+
+
+def test_graph_keys():
+    ctx = CTX_OBJ
+    a, b = upload(ctx, [1, 2, 3]), upload(ctx, [4, 5, 6])
+    key = graphs.make_keyer([True, True])
+    assert key([a, b]) == key([a, b])
+    assert key([a, b]) != key([b, a])
+    assert key([a, b]) != key([a[:2], b])                       # shape
+    assert key([a, b]) != key([a[::2], b])                      # strides
+    assert key([a, b]) == key([a._view(a.ptr, a.shape, a.strides), b])  # same memory
+    hk = graphs.make_keyer([True, False])
+    assert hk([a, np.int64(3)]) == hk([a, np.int64(3)])
+    assert hk([a, np.int64(3)]) != hk([a, np.int64(4)])
+    assert hk([a, np.asarray([3, 4])]) != hk([a, np.asarray([3, 5])])
+    assert hk([a, 0.5]) != hk([a, np.float32(0.5)])             # the type is part of it
+    with pytest.raises(graphs.Unkeyable):
+        hk([a, np.zeros(1000)])
+    with pytest.raises(AttributeError):
+        key([a, None])
+
+
+# ============================================================================ pinned pool
+
+def fake_pinned(cap=8 << 20, limit=4 << 20):
+    made = []
+
+    def alloc(n):
+        made.append(n)
+        return np.zeros(n, np.uint8)
+    return PinnedPool(alloc, cap=cap, lease_limit=limit), made
+
+
+def test_pinned_pool_recycles_a_result_when_it_is_collected():
+    pool, made = fake_pinned()
+    dt = np.dtype("float32")
+    r = None
+    for i in range(50):
+        r = pool.empty((230400,), dt)      # the previous r is alive during the call
+        r[:] = i
+    assert made == [size_class(4 * 230400)] * 2
+    s = pool.stats()
+    assert s["n_leases"] == 50 and s["n_reused"] == 48 and s["bytes_leased"] == size_class(
+        4 * 230400)
+    v = r[10:20]            # a view keeps the buffer leased
+    del r
+    gc.collect()
+    assert pool.stats()["bytes_leased"] == size_class(4 * 230400)
+    assert v[0] == 49
+    del v
+    gc.collect()
+    assert pool.stats()["bytes_leased"] == 0
+
+
+def test_pinned_pool_shapes_dtypes_and_limits():
+    pool, made = fake_pinned(cap=(3 << 20) + 4096, limit=1 << 20)
+    a = pool.empty((3, 4, 5), np.dtype("float64"))
+    assert a.shape == (3, 4, 5) and a.dtype == np.float64 and a.flags.c_contiguous
+    assert a.flags.writeable
+    z = pool.empty((), np.dtype("int32"))
+    assert z.shape == () and z.dtype == np.int32
+    assert pool.empty((0,), np.dtype("float32")) is None          # nothing to pin
+    assert pool.empty(((1 << 20) // 4 + 1,), np.dtype("float32")) is None  # over the limit
+    held = [pool.empty(((1 << 20) // 4,), np.dtype("float32")) for _ in range(4)]
+    assert held[-1] is None                                       # over the cap
+    assert pool.stats()["n_refused"] == 3
+    del held
+    gc.collect()
+    # cached buffers of another class are dropped to make room under the cap
+    b = [pool.empty((200000,), np.dtype("float32")) for _ in range(3)]
+    assert all(x is not None for x in b)
+    assert pool.stats()["bytes_pinned"] <= (3 << 20) + 4096 and pool.stats()["n_freed"] >= 1
+    assert pool.release_cached() >= 0
+
+
+def test_pinned_pool_distinct_live_results_do_not_share_memory():
+    pool, _ = fake_pinned()
+    xs = [pool.empty((1000,), np.dtype("float32")) for _ in range(5)]
+    for i, x in enumerate(xs):
+        x[:] = i
+    assert [float(x[0]) for x in xs] == [0, 1, 2, 3, 4]
+
+
+# ============================================================================ the runner
+
+def linked(inputs, outputs, values, allow_gc=True):
+    fg = FunctionGraph(inputs, outputs, clone=False)
+    storage = {v: [x] for v, x in zip(inputs, values)}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, storage, allow_gc=allow_gc)
+    return vm, fg
+
+
+def test_check1_like_function_captures_then_replays_alternating_two_graphs():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = mul2()(add1()(x))
+    xv = upload(ctx, np.arange(5))
+    vm, fg = linked([x], [y], [xv])
+    assert isinstance(vm.runner, graphs.Runner)
+    want = (np.arange(5) + 1) * 2
+    r = None
+    for i in range(8):
+        (r,) = call(vm, [y])               # the previous r is still held meanwhile
+        np.testing.assert_array_equal(read(r), want)
+    st = vm.runner.stats()
+    assert st["plain"] == 1 and st["captures"] == 2 and st["replays"] == 5, st
+    assert st["graphs"] == 2 and st["nodes_captured"] == 2
+    allocs = ctx.pool.n_device_allocs
+    for i in range(10):
+        (r,) = call(vm, [y])
+    assert ctx.pool.n_device_allocs == allocs      # no allocation in the steady state
+    assert vm.runner.stats()["replays"] == 15
+
+
+def test_results_the_caller_keeps_are_never_overwritten():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    xv = upload(ctx, np.zeros(3))
+    vm, fg = linked([x], [y], [xv])
+    kept = []
+    for i in range(12):
+        MEM[xv.ptr][:3] = i
+        (r,) = call(vm, [y])
+        kept.append(r)
+    for i, r in enumerate(kept):
+        np.testing.assert_array_equal(read(r), np.full(3, i + 1))
+    st = vm.runner.stats()
+    assert st["graphs"] == graphs.MAX_GRAPHS and st["plain"] >= 12 - graphs.MAX_GRAPHS
+
+
+def test_scratch_memory_of_a_graph_is_never_handed_out():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = FakeKernelOp("sq", lambda a: a * a, scratch=True)(x)
+    xv = upload(ctx, [1, 2, 3])
+    vm, fg = linked([x], [y], [xv])
+    users = []
+    for i in range(6):
+        MEM[xv.ptr][:3] = [i, i + 1, i + 2]
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), np.array([i, i + 1, i + 2]) ** 2)
+        u = upload(ctx, [7, 7, 7])      # the caller's own arrays, from the same pool
+        users.append(u)
+        del r
+    for u in users:
+        np.testing.assert_array_equal(read(u), [7, 7, 7])
+    assert vm.runner.stats()["replays"] >= 3
+
+
+def test_new_pointers_or_shapes_run_plainly_then_get_their_own_graph():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    a, b = upload(ctx, [1, 2]), upload(ctx, [5, 6, 7])
+    vm, fg = linked([x], [y], [a])
+    cell = vm.storage_map[x]
+    for v, want in [(a, [2, 3]), (b, [6, 7, 8]), (a, [2, 3]), (b, [6, 7, 8]), (a, [2, 3]),
+                    (b, [6, 7, 8])]:
+        cell[0] = v
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), want)
+        del r
+    st = vm.runner.stats()
+    assert st["plain"] == 2 and st["captures"] == 2 and st["replays"] == 2, st
+
+
+def test_in_place_update_of_an_input_keeps_its_pointer():
+    ctx = CTX_OBJ
+    w = gvec()
+    w2 = mul2(inplace=True)(w)
+    wv = upload(ctx, [1, 1])
+    vm, fg = linked([w], [w2], [wv])
+    for i in range(6):
+        (r,) = call(vm, [w2])
+        assert r is wv
+    np.testing.assert_array_equal(read(wv), [64, 64])
+    st = vm.runner.stats()
+    assert st["graphs"] == 1 and st["replays"] == 4, st
+
+
+def test_feeding_a_result_back_as_the_next_input():
+    ctx = CTX_OBJ
+    w = gvec()
+    w2 = mul2(inplace=True)(add1()(w))
+    wv = upload(ctx, [1, 1])
+    vm, fg = linked([w], [w2], [wv])
+    for i in range(16):
+        (r,) = call(vm, [w2])
+        vm.storage_map[w][0] = r          # the update: the new value is the next input
+    want = 1.0
+    for i in range(16):
+        want = 2 * (want + 1)
+    np.testing.assert_array_equal(read(vm.storage_map[w][0]), [want, want])
+    st = vm.runner.stats()
+    assert st["replays"] >= 8 and st["graphs"] <= 4, st
+
+
+def test_update_through_a_shared_cell_ping_pongs_between_two_keys():
+    ctx = CTX_OBJ
+    b = gvec()
+    b2 = add1()(b)                         # not in place: a new buffer each call
+    bv = upload(ctx, [0, 0, 0])
+    vm, fg = linked([b], [b2], [bv])
+    cell = vm.storage_map[b]
+    for i in range(10):
+        vm()
+        new = vm.storage_map[b2][0]
+        vm.storage_map[b2][0] = None
+        cell[0] = new
+    np.testing.assert_array_equal(read(cell[0]), [10, 10, 10])
+    assert vm.runner.stats()["replays"] >= 4
+
+
+def test_outputs_read_by_a_host_node_and_views_of_inputs():
+    from symgpu.gpu.basic_ops import GpuDimShuffle
+    ctx = CTX_OBJ
+    x = gvec()
+    a = add1()(x)
+    v = GpuDimShuffle((False,), ("x", 0))(x)      # a view of the input, an output
+    h = FakeToHost()(a)
+    xv = upload(ctx, [1, 2, 3])
+    vm, fg = linked([x], [h, v], [xv])
+    kinds = [k for k, _ in graphs.plan_steps(vm.nodes, [True, False, True], [True, False, False],
+                                             [False] * 3)]
+    assert "segment" in kinds
+    for i in range(5):
+        MEM[xv.ptr][:3] = [i, i, i]
+        hv, vv = call(vm, [h, v])
+        np.testing.assert_array_equal(hv, [i + 1] * 3)
+        assert vv.shape == (1, 3) and vv.ptr == xv.ptr
+    assert vm.runner.stats()["replays"] == 3
+
+
+def test_empty_arrays_and_views_of_constants_are_rebuilt():
+    from symgpu.gpu.basic_ops import GpuDimShuffle
+    from symgpu.gpu.type import GpuArrayConstant, GpuArrayType
+    ctx = CTX_OBJ
+    x = gvec()
+    c = GpuArrayConstant(GpuArrayType("float32", (False,), CTX), upload(ctx, [5, 6]))
+    y = add1()(x)
+    v = GpuDimShuffle((False,), ("x", 0))(c)
+    z = add1()(v)
+    vm, fg = linked([x], [y, v, z], [upload(ctx, np.zeros(0))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphs.GraphCaptureWarning)
+        for i in range(6):
+            yv, vv, zv = call(vm, [y, v, z])
+            assert yv.shape == (0,) and vv.shape == (1, 2)
+            np.testing.assert_array_equal(read(vv), [[5, 6]])
+            np.testing.assert_array_equal(read(zv), [[6, 7]])
+    assert vm.runner.stats()["replays"] == 3
+
+
+def test_allow_gc_false_still_replays():
+    ctx = CTX_OBJ
+    x = gvec()
+    h = FakeToHost()(mul2()(add1()(x)))
+    xv = upload(ctx, [1, 2])
+    vm, fg = linked([x], [h], [xv], allow_gc=False)
+    for i in range(5):
+        (hv,) = call(vm, [h])
+        np.testing.assert_array_equal(hv, [4, 6])
+    st = vm.runner.stats()
+    assert st["graphs"] == 1 and st["replays"] == 3, st
+
+
+def test_a_capture_error_warns_once_and_falls_back_for_the_function():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = FakeKernelOp("bad", lambda a: a + 3, fail_when_capturing=True)(x)
+    xv = upload(ctx, [1])
+    vm, fg = linked([x], [y], [xv])
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(5):
+            (r,) = call(vm, [y])
+            np.testing.assert_array_equal(read(r), [4])
+    msgs = [m for m in w if issubclass(m.category, graphs.GraphCaptureWarning)]
+    assert len(msgs) == 1 and "capturing" in str(msgs[0].message)
+    assert not vm.runner.enabled and vm.runner.stats()["plain"] == 5
+
+
+def test_an_end_capture_error_falls_back_too():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    xv = upload(ctx, [1])
+    vm, fg = linked([x], [y], [xv])
+    DRV.fail_next_capture = True
+    with pytest.warns(graphs.GraphCaptureWarning):
+        for i in range(4):
+            (r,) = call(vm, [y])
+            np.testing.assert_array_equal(read(r), [2])
+    assert not vm.runner.enabled
+
+
+def test_a_users_own_error_propagates_and_leaves_graphs_on():
+    ctx = CTX_OBJ
+    x, z = gvec(), gvec()
+    y = FakeKernelOp("add", lambda a, b: a + b)(x, z)
+    a, b = upload(ctx, [1, 2]), upload(ctx, [1, 2, 3])
+    vm, fg = linked([x, z], [y], [a, b])
+    for _ in range(3):
+        with pytest.raises(ValueError, match="shapes differ"):
+            vm()
+    assert vm.runner.enabled
+    vm.storage_map[z][0] = upload(ctx, [10, 20])
+    for _ in range(4):
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), [11, 22])
+    assert vm.runner.stats()["replays"] >= 1
+
+
+def test_flag_off_and_profiling_use_the_plain_vm():
+    ctx = CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    fg = FunctionGraph([x], [y], clone=False)
+    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+        vm = link(fg, {x: [upload(ctx, [1])]})
+    assert vm.runner is None
+    vm, fg = linked([x], [y], [upload(ctx, [1])])
+    calls = []
+    vm.profiler = lambda v: calls.append(v)
+    vm()
+    assert calls == [vm] and vm.runner.stats()["plain"] == 0
+
+
+def test_virtual_contexts_get_no_runner():
+    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.type import GpuArrayType
+    with virtual_context("virt-graphs"):
+        x = GpuArrayType("float32", (False,), "virt-graphs")()
+        y = add1()(x)
+        vm = link(FunctionGraph([x], [y], clone=False), {x: [None]})
+    assert vm.runner is None
+
+
+def test_a_failing_vm_hook_never_breaks_linking(monkeypatch):
+    from symgpu.link import vm as vm_mod
+
+    def broken(vm):
+        raise RuntimeError("boom")
+    monkeypatch.setattr(vm_mod, "VM_HOOKS", [broken])
+    x = gvec()
+    with pytest.warns(RuntimeWarning, match="boom"):
+        vm = link(FunctionGraph([x], [add1()(x)], clone=False), {x: [upload(CTX_OBJ, [1])]})
+    assert vm.runner is None
+    vm()
+
+
+def test_errors_inside_a_segment_name_the_node():
+    ctx = CTX_OBJ
+    x, z = gvec(), gvec()
+    y = FakeKernelOp("add", lambda a, b: a + b)(x, z)
+    vm, fg = linked([x, z], [y], [upload(ctx, [1]), upload(ctx, [1, 2])])
+    with pytest.raises(ValueError) as info:
+        vm()
+    assert "Apply node that caused the error: Fakeadd" in str(info.value)
+
+
+def test_gpu_event_timers_are_registered_for_gpu_nodes():
+    from symgpu.compile import profiling
+    from symgpu.gpu.basic_ops import HostFromGpu
+    x = gvec()
+    h = HostFromGpu()(x).owner
+    assert graphs._is_gpu_node(h)
+    # the fake context has no real stream: the factory falls back to wall-clock timing
+    assert any(f is graphs._event_timer for _, f in profiling.TIMERS)
+
+
+# ============================================================================ on a GPU
+
+def _real_gpu():
+    from symgpu.gpu.context import gpu_available
+    return gpu_available()
+
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif("not _real_gpu()")]
+
+
+def _gpu_functions(flag: bool):
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu import Out, shared
+    from symgpu.gpu.basic_ops import gpu_from_host
+    rng = np.random.default_rng(5)
+    with config.change_flags(**{"gpuarray.cuda_graphs": flag}):
+        xs = shared(rng.random(230400).astype("float32"), target=GPU_CTX)
+        check_dev = symgpu.function([], Out(gpu_from_host(T.exp(xs), GPU_CTX), borrow=True))
+        check_host = symgpu.function([], T.exp(xs))
+        X = shared(rng.standard_normal((400, 784)).astype("float32"), target=GPU_CTX)
+        Y = shared(rng.integers(0, 2, 400).astype("float32"), target=GPU_CTX)
+        w = shared(rng.standard_normal(784).astype("float32"), target=GPU_CTX)
+        b = shared(np.asarray(0.0, dtype="float32"), target=GPU_CTX)
+        p1 = 1 / (1 + T.exp(-T.dot(X, w) - b))
+        xent = -Y * T.log(p1) - (1 - Y) * T.log(1 - p1)
+        cost = T.cast(xent.mean(), "float32") + 0.01 * (w ** 2).sum()
+        gw, gb = T.grad(cost, [w, b])
+        train = symgpu.function([], [p1 > 0.5, xent], updates=[(w, w - 0.1 * gw),
+                                                               (b, b - 0.1 * gb)])
+    return check_dev, check_host, train, w, b
+
+
+GPU_CTX = "speed-paths-test"
+
+
+@pytest.fixture
+def real_ctx():
+    from symgpu.gpu import context as gctx
+    c = gctx.start_device("cuda0")
+    assert not c.virtual and c.stream_handle, "these tests must run on a real GPU"
+    gctx.register_context(GPU_CTX, c)
+    yield c
+    gctx.unregister_context(GPU_CTX)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _real_gpu()", reason="needs a usable NVIDIA GPU")
+def test_gpu_results_equal_with_and_without_graphs_and_replays_happen(real_ctx, monkeypatch):
+    monkeypatch.setattr(graphs, "_driver", None)          # the real driver
+    on = _gpu_functions(True)
+    off = _gpu_functions(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", graphs.GraphCaptureWarning)
+        for step in range(12):
+            r_on, r_off = on[0](), off[0]()
+            np.testing.assert_allclose(np.asarray(r_on), np.asarray(r_off), rtol=1e-6)
+            np.testing.assert_allclose(on[1](), off[1](), rtol=1e-6)
+            p_on, x_on = on[2]()
+            p_off, x_off = off[2]()
+            assert np.mean(p_on != p_off) < 0.01     # a borderline p1 may round differently
+            np.testing.assert_allclose(x_on, x_off, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(on[3].get_value(), off[3].get_value(), rtol=1e-4,
+                                       atol=1e-5)
+            np.testing.assert_allclose(on[4].get_value(), off[4].get_value(), rtol=1e-4,
+                                       atol=1e-5)
+    for f in on[:3]:
+        assert f.vm.runner is not None, f.maker.fgraph.toposort()
+        st = f.vm.runner.stats()
+        assert st["replays"] >= 4 and st["captures"] <= graphs.MAX_GRAPHS, \
+            (st, f.maker.fgraph.toposort())
+    for f in off[:3]:
+        assert f.vm.runner is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _real_gpu()", reason="needs a usable NVIDIA GPU")
+def test_gpu_host_results_land_in_the_pinned_pool(real_ctx):
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu import shared
+    xs = shared(np.linspace(-1, 1, 230400).astype("float32"), target=GPU_CTX)
+    f = symgpu.function([], T.exp(xs))
+    r = f()
+    before = real_ctx.pinned.stats()
+    for _ in range(20):
+        r = f()
+    after = real_ctx.pinned.stats()
+    assert after["n_allocs"] - before["n_allocs"] <= 1
+    assert after["n_leases"] - before["n_leases"] == 20
+    np.testing.assert_allclose(r, np.exp(np.linspace(-1, 1, 230400).astype("float32")),
+                               rtol=1e-6)
+    assert isinstance(r, np.ndarray) and type(r) is np.ndarray and r.flags.writeable
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _real_gpu()", reason="needs a usable NVIDIA GPU")
+def test_gpu_profiled_function_uses_events_and_no_graphs(real_ctx):
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu import shared
+    from symgpu.compile.profiling import ProfileStats
+    xs = shared(np.ones(1 << 20, dtype="float32"), target=GPU_CTX)
+    prof = ProfileStats(atexit_print=False)
+    f = symgpu.function([], T.exp(xs) * 2, profile=prof)
+    for _ in range(3):
+        f()
+    assert prof.fct_callcount == 3 and prof.thunk_time > 0
+    if f.vm.runner is not None:
+        assert f.vm.runner.stats()["captures"] == 0
