@@ -181,11 +181,12 @@ def bench_symgpu(vec, X, Y, w0) -> None:
             say(f"  pinned pool: {ctx.pinned.stats() if ctx.pinned is not None else None}")
             say("  logreg graph: " + ", ".join(
                 type(n.op).__name__ for n in train_host.maker.fgraph.toposort()))
-        final[tag] = wh.get_value()
-    # the same steps with and without graphs must give the same model
-    w_on, w_off = final["symgpu"], final["symgpu (no graphs)"]
-    err = float(np.max(np.abs(w_on - w_off)) / (np.max(np.abs(w_off)) + 1e-30))
-    say(f"  logreg weights, graphs on vs off after the same steps: max rel diff {err:.2e}")
+        final[tag] = (wh.get_value(), wd.get_value(), bh.get_value(), bd.get_value())
+    # the same steps with and without graphs must give the same models
+    for k, name in enumerate(("w (to host)", "w (on device)", "b (to host)", "b (on device)")):
+        on, off = final["symgpu"][k], final["symgpu (no graphs)"][k]
+        err = float(np.max(np.abs(on - off)) / (np.max(np.abs(off)) + 1e-30))
+        say(f"  logreg {name}, graphs on vs off after the same steps: max rel diff {err:.2e}")
 
 
 def bench_compile() -> None:

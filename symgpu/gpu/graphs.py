@@ -26,24 +26,39 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   captures or replays a second graph, so ``r = f()`` in a loop alternates between two).
   Outputs come back as new GpuArrays over the graph's blocks (or over the inputs, for in-place
   and view outputs).
+* **Stable pointers.** Keys repeat only if the inputs' buffers do.  A plain node whose output
+  feeds a segment (an upload) recycles its own few pool blocks (``_StablePlainStep``), and an
+  update's new value is copied back into the buffer of the shared variable it updates (in the
+  graph, or after a plain run) when nobody else holds either and nothing that can fail runs
+  after the segment, so ``w`` keeps its pointer from call to call (the copy costs one
+  device-to-device copy of the variable; the destroy handler never lets ops write into a
+  function's inputs, so updates are computed into fresh memory).
+* **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
+  inputs, then the graph runs from the same values, and the results must agree (segments
+  whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
 * **Fallback.** Anything unexpected (an unkeyable input, a capture error, an output the graph
-  cannot rebuild) runs the thunks plainly; a capture error also warns once and turns graphs off
-  for that function.  Profiled functions (``vm.profiler`` set) never use graphs.
+  cannot rebuild, a disagreeing graph) runs the thunks plainly; a capture error also warns once
+  and turns graphs off for that function.  Profiled functions (``vm.profiler`` set) never use
+  graphs.
 
-Also here: CUDA-event node timers for the profiler (:func:`register_gpu_timers`).
+Beside it: graph_plan.py (which nodes, in which order, keys: pure functions), graph_driver.py
+(the driver calls through ctypes) and event_timers.py (the profiler's CUDA-event timers, which
+importing this module registers).
 """
 from __future__ import annotations
 
-import ctypes
 import sys
 import threading
 import warnings
 from collections import Counter
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.event_timers import register_gpu_timers
+from symgpu.gpu.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
+                                   make_keyer, node_capturable, node_launches, plan_steps,
+                                   schedule)
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
@@ -54,130 +69,22 @@ __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_step
 MAX_GRAPHS = 8
 #: keys remembered per segment before the first repeat
 MAX_SEEN = 64
-#: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
-HOST_KEY_LIMIT = 64
-#: process-wide counters: 'plain', 'captures', 'replays', 'capture_failures', 'fallbacks'
+#: check each new graph once against plain launches of the same inputs (the GPU inputs are
+#: copied for that; segments whose GPU inputs pass VERIFY_LIMIT bytes are never captured)
+VERIFY = True
+VERIFY_LIMIT = 64 << 20
+#: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
+#: counts of plain runs and replays: ``Runner.stats()``)
 STATS: Counter = Counter()
 
 _getrefcount = sys.getrefcount
-_CAPTURE_THREAD_LOCAL, _CAPTURE_RELAXED = 1, 2
-_INSTANTIATE_AUTO_FREE_ON_LAUNCH = 1
 
 
 class GraphCaptureWarning(RuntimeWarning):
     """A function's launches could not be captured into a CUDA graph; it runs them plainly."""
 
 
-class Unkeyable(Exception):
-    """A segment input whose value cannot be part of a graph key (a large host array...)."""
-
-
 # ============================================================================ the driver
-
-class _Driver:
-    """The graph entry points of libcuda, through ctypes (handles are ``c_void_p``)."""
-
-    def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
-        vp, P = ctypes.c_void_p, ctypes.POINTER
-        sigs = {
-            "cuStreamBeginCapture_v2": [vp, ctypes.c_int],
-            "cuStreamEndCapture": [vp, P(vp)],
-            "cuGraphInstantiateWithFlags": [P(vp), vp, ctypes.c_ulonglong],
-            "cuGraphExecDestroy": [vp],
-            "cuGraphDestroy": [vp],
-            "cuThreadExchangeStreamCaptureMode": [P(ctypes.c_int)],
-            "cuGetErrorString": [ctypes.c_int, P(ctypes.c_char_p)],
-        }
-        optional = {   # only for statistics and checks: absent, they are skipped
-            "cuGraphGetNodes": [vp, vp, P(ctypes.c_size_t)],
-            "cuStreamIsCapturing": [vp, P(ctypes.c_int)],
-        }
-        for name, args in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
-        self.optional: dict[str, Any] = {}
-        for name, args in optional.items():
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes, fn.restype = args, ctypes.c_int
-                self.optional[name] = fn
-        self.lib = lib
-        # the replay call: PyDLL (the GIL stays held, no argument conversion: c_void_p in)
-        self._launch = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
-        self._launch.restype = ctypes.c_int
-
-    def error(self, status: int) -> str:
-        msg = ctypes.c_char_p()
-        self.lib.cuGetErrorString(status, ctypes.byref(msg))
-        return msg.value.decode() if msg.value else f"CUresult {status}"
-
-    def check(self, status: int, what: str) -> None:
-        if status:
-            raise RuntimeError(f"{what} failed: {self.error(status)}")
-
-    def begin(self, stream: int) -> None:
-        self.check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream),
-                                                     _CAPTURE_THREAD_LOCAL),
-                   "cuStreamBeginCapture")
-
-    def end(self, stream: int) -> tuple[Any, str | None]:
-        """End the capture (always call it once begun): (graph or None, error or None)."""
-        graph = ctypes.c_void_p()
-        status = self.lib.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph))
-        if status:
-            if graph.value:
-                self.lib.cuGraphDestroy(graph)
-            return None, f"cuStreamEndCapture failed: {self.error(status)}"
-        return graph, None
-
-    def instantiate(self, graph: Any) -> Any:
-        exe = ctypes.c_void_p()
-        self.check(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph,
-                                                        _INSTANTIATE_AUTO_FREE_ON_LAUNCH),
-                   "cuGraphInstantiateWithFlags")
-        return exe
-
-    def launcher(self, exe: Any, stream: int) -> Callable[[], int]:
-        """A zero-argument replay call returning the CUresult."""
-        launch, s = self._launch, ctypes.c_void_p(stream)
-        return lambda: launch(exe, s)
-
-    def destroy(self, exe: Any, graph: Any) -> None:
-        if exe is not None and exe.value:
-            self.lib.cuGraphExecDestroy(exe)
-        if graph is not None and graph.value:
-            self.lib.cuGraphDestroy(graph)
-
-    def node_count(self, graph: Any) -> int:
-        """Nodes in a captured graph (-1 where the driver lacks cuGraphGetNodes)."""
-        fn = self.optional.get("cuGraphGetNodes")
-        if fn is None:
-            return -1
-        n = ctypes.c_size_t(0)
-        self.check(fn(graph, None, ctypes.byref(n)), "cuGraphGetNodes")
-        return int(n.value)
-
-    def capturing(self, stream: int) -> bool:
-        """Whether ``stream`` is capturing now (False where the driver cannot say)."""
-        fn = self.optional.get("cuStreamIsCapturing")
-        if fn is None:
-            return False
-        status = ctypes.c_int(0)
-        self.check(fn(ctypes.c_void_p(stream), ctypes.byref(status)), "cuStreamIsCapturing")
-        return status.value != 0
-
-    @contextmanager
-    def relaxed(self) -> Iterator[None]:
-        """Let this thread make calls a capture forbids (cuMemAlloc from the pool)."""
-        mode = ctypes.c_int(_CAPTURE_RELAXED)
-        self.check(self.lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)),
-                   "cuThreadExchangeStreamCaptureMode")
-        try:
-            yield
-        finally:
-            self.lib.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode))
-
 
 _driver: Any = None
 
@@ -186,139 +93,9 @@ def driver() -> Any:
     """The process's graph driver (tests may replace ``symgpu.gpu.graphs._driver``)."""
     global _driver
     if _driver is None:
-        _driver = _Driver()
+        from symgpu.gpu.graph_driver import CudaGraphDriver
+        _driver = CudaGraphDriver()
     return _driver
-
-
-# ============================================================================ decisions
-
-def _flag(node: Any, thunk: Any, name: str) -> bool:
-    value = getattr(thunk, name, None)
-    if value is None:
-        value = getattr(node.op, name, False)
-    return bool(value)
-
-
-def node_capturable(node: Any, thunk: Any) -> bool:
-    """Whether ``node``'s thunk may run inside a stream capture: it (or its op) says so, and
-    every host-typed input is a small value a key can hold (a scalar or a short vector)."""
-    if not _flag(node, thunk, "capturable"):
-        return False
-    for v in node.inputs:
-        if _is_gpu_var(v):
-            continue
-        ndim = getattr(getattr(v, "type", None), "ndim", None)
-        if ndim is None or ndim > 1:
-            return False
-    return True
-
-
-def node_launches(node: Any, thunk: Any) -> bool:
-    """Whether the thunk queues device work (a segment is worth a graph only with one)."""
-    return _flag(node, thunk, "launches")
-
-
-def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
-             launches: Sequence[bool]) -> list[int]:
-    """A topological order (indices into ``nodes``, themselves in topological order) that
-    groups capturable nodes: ready host work with no launching node before it first, then
-    capturable nodes (non-launching ones, such as views, before launching ones), then the
-    remaining nodes as late as possible.  Ties keep the original order."""
-    n = len(nodes)
-    index = {node: i for i, node in enumerate(nodes)}
-    parents: list[set[int]] = []
-    children: list[list[int]] = [[] for _ in range(n)]
-    for i, node in enumerate(nodes):
-        ps = {index[v.owner] for v in node.inputs if v.owner is not None and v.owner in index}
-        parents.append(ps)
-        for p in ps:
-            children[p].append(i)
-    after_launch = [False] * n      # some launching node is an ancestor
-    for i in range(n):
-        after_launch[i] = any(after_launch[p] or launches[p] for p in parents[i])
-
-    def rank(i: int) -> tuple[int, int]:
-        if not capturable[i]:
-            return (0 if not after_launch[i] else 3, i)
-        return (1 if not launches[i] else 2, i)
-
-    import heapq
-    waiting = [len(ps) for ps in parents]
-    ready = [rank(i) for i in range(n) if waiting[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(i)
-        for c in children[i]:
-            waiting[c] -= 1
-            if waiting[c] == 0:
-                heapq.heappush(ready, rank(c))
-    if len(order) != n:  # pragma: no cover - nodes were not in topological order
-        return list(range(n))
-    return order
-
-
-def plan_steps(nodes: Sequence[Any], capturable: Sequence[bool], launches: Sequence[bool],
-               batchable: Sequence[bool]) -> list[tuple[str, list[int]]]:
-    """The runner's steps in order: ``('segment', [i...])`` for a run of capturable nodes
-    with a launch, ``('batch', [i...])`` for adjacent batchable (HostFromGpu) nodes,
-    ``('plain', [i])`` for everything else."""
-    order = schedule(nodes, capturable, launches)
-    steps: list[tuple[str, list[int]]] = []
-    run: list[int] = []
-
-    def flush_run() -> None:
-        if run:
-            if any(launches[i] for i in run):
-                steps.append(("segment", list(run)))
-            else:
-                steps.extend(("plain", [i]) for i in run)
-            run.clear()
-
-    for i in order:
-        if capturable[i]:
-            run.append(i)
-            continue
-        flush_run()
-        if batchable[i] and steps and steps[-1][0] in ("batch", "plain") and \
-                all(batchable[j] for j in steps[-1][1]):
-            kind, idx = steps.pop()
-            steps.append(("batch", idx + [i]))
-        else:
-            steps.append(("plain", [i]))
-    flush_run()
-    return steps
-
-
-# ============================================================================ keys
-
-def _host_key(v: Any) -> Any:
-    if isinstance(v, np.ndarray):
-        if v.size > HOST_KEY_LIMIT:
-            raise Unkeyable(f"a host array of {v.size} elements")
-        return (v.dtype.str, v.shape, v.tobytes())
-    if isinstance(v, (bool, int, float, np.generic)):
-        return (type(v), v)
-    if v is None:
-        return None
-    raise Unkeyable(f"a host value of type {type(v).__name__}")
-
-
-def make_keyer(is_gpu: Sequence[bool]) -> Callable[[list], tuple]:
-    """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
-    (pointer, shape, strides); host values their dtype, shape and bytes (scalars: type and
-    value).  Raises :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
-    gpu = tuple(bool(g) for g in is_gpu)
-    if all(gpu):
-        def key_gpu(vals: list) -> tuple:
-            return tuple([(v.ptr, v.shape, v.strides) for v in vals])
-        return key_gpu
-
-    def key(vals: list) -> tuple:
-        return tuple([(v.ptr, v.shape, v.strides) if g else _host_key(v)
-                      for v, g in zip(vals, gpu)])
-    return key
 
 
 # ============================================================================ graphs
@@ -326,12 +103,14 @@ def make_keyer(is_gpu: Sequence[bool]) -> Callable[[list], tuple]:
 class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
-    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "__weakref__")
+    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs",
+                 "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
         self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
         self.outs, self.launch, self.ctx = outs, launch, ctx
+        self.backs: tuple = ()   # inputs the graph overwrites with an update's value
 
     def free(self) -> bool:
         """No one but this graph holds any of its blocks (they may be overwritten)."""
@@ -375,7 +154,8 @@ class Segment:
     def __init__(self, runner: "Runner", items: list[tuple[int, Callable, list]],
                  in_cells: list[list], in_gpu: list[bool], const_values: list[Any],
                  out_cells: list[list], produced_cells: list[list],
-                 internal_cells: list[list], ctx: Any) -> None:
+                 internal_cells: list[list], ctx: Any,
+                 copy_back: Sequence[tuple[list, int]] = ()) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -383,14 +163,20 @@ class Segment:
         self.out_cells = out_cells           # read after the segment (or function outputs)
         self.produced_cells = produced_cells  # every output cell of the segment's nodes
         self.internal_cells = internal_cells  # produced and read only inside the segment
+        #: (update output cell, index of the updated input): a graph may copy the new value
+        #: back into the input's buffer, so shared variables keep their pointers
+        self.copy_back = list(copy_back)
+        #: inputs whose cells empty inside the segment: their memory is scratch after it
+        dead_ids = {id(c) for _, _, d in items for c in d}
+        self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
         self.dead = [c for _, _, d in items for c in d]
         self.key = make_keyer(in_gpu)
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
-        self.seen: dict[tuple, None] = {}
+        self.seen: dict[tuple, bool] = {}    # key -> may be captured
         self.current = items[0][0]
-        self.plain_runs = self.captures = self.replays = 0
+        self.plain_runs = self.captures = self.replays = self.verified = 0
         self.nodes_captured = 0
 
     # -- the per-call path
@@ -410,25 +196,57 @@ class Segment:
                             if _getrefcount(b) > 3:
                                 break
                         else:
+                            if g.backs and not self._exclusive(vals, g.backs):
+                                continue
                             self._replay(g, vals)
                             return
-                if key in self.seen:
+                ok = self.seen.get(key)
+                if ok:
                     if self.n_graphs < MAX_GRAPHS:
                         self._capture(key, vals)
                         return
-                else:
+                elif ok is None:
                     if len(self.seen) >= MAX_SEEN:
                         self.seen.clear()
-                    self.seen[key] = None
+                    self.seen[key] = True
+            self._plain_call(vals)
+            return
         self._plain()
 
-    def _plain(self) -> None:
-        self.plain_runs += 1
+    def _plain_call(self, vals: list) -> None:
+        self._plain()
+        if self.copy_back:
+            self._plain_copy_back(vals)
+
+    def _plain(self, count: bool = True) -> None:
+        if count:   # the reference run of a capture being verified is not counted
+            self.plain_runs += 1
         for idx, thunk, dead in self.items:
             self.current = idx
             thunk()
             for c in dead:
                 c[0] = None
+
+    @staticmethod
+    def _exclusive(vals: list, inputs: Sequence[int]) -> bool:
+        """Whether the arrays ``vals[j]`` are held by their cell (and ``vals``) alone, with
+        their memory: a graph may then overwrite them with an update's new value."""
+        for j in inputs:
+            v = vals[j]
+            # the cell, the vals list, this local, getrefcount's argument
+            if _getrefcount(v) != 4:
+                return False
+            base = v.base
+            if type(base) is not _Block:
+                return False
+            refs = _getrefcount(base) - base.held   # not counting recycling caches
+            gd = v._gpudata
+            if gd is None:
+                if refs != 3:                   # v.base, this local, the argument
+                    return False
+            elif _getrefcount(gd) != 3 or refs != 4:  # gd.owner too
+                return False
+        return True
 
     def _replay(self, g: _Graph, vals: list) -> None:
         self.current = self.items[0][0]
@@ -460,11 +278,72 @@ class Segment:
             c[0] = None
         self.replays += 1
 
+    # -- capture
+    def _snapshot(self, vals: list) -> list | None:
+        """Device copies of the GPU inputs (to run the segment twice from the same values),
+        or None when they are too large to copy (the key is then never captured)."""
+        total = 0
+        for v, g in zip(vals, self.in_gpu):
+            if g:
+                total += v.nbytes
+        if total > VERIFY_LIMIT:
+            return None
+        from symgpu.gpu.elemwise import new_array
+        copy = self.runner.driver.copy
+        snap: list = []
+        for v, g in zip(vals, self.in_gpu):
+            if g and v.size:
+                s = new_array(self.ctx, v.shape, v.dtype)
+                copy(s, v)
+                snap.append(s)
+            else:
+                snap.append(None)
+        return snap
+
+    def _restore(self, vals: list, snap: list) -> None:
+        copy = self.runner.driver.copy
+        for c, v, s in zip(self.in_cells, vals, snap):
+            if s is not None:
+                copy(v, s)
+            c[0] = v
+
+    def _host_values(self) -> list:
+        vals = [c[0] for c in self.out_cells]
+        dev = [k for k, v in enumerate(vals) if isinstance(v, _GpuArray)]
+        got = self.runner.driver.to_host([vals[k] for k in dev]) if dev else []
+        out: list = [np.array(v, copy=True) if not isinstance(v, _GpuArray) else None
+                     for v in vals]
+        for k, h in zip(dev, got):
+            out[k] = h
+        return out
+
     def _capture(self, key: tuple, vals: list) -> None:
         runner, ctx = self.runner, self.ctx
         drv = runner.driver
         pool = ctx.pool
         stream = ctx.stream_handle
+        ref = snap = None
+        if runner.verify:
+            # run plainly first: the graph must give the same values (checked below)
+            try:
+                snap = self._snapshot(vals)
+            except Exception as exc:   # no memory for the copies...: no graphs, no harm
+                self.runner.disable(f"copying the inputs to check a graph failed "
+                                    f"({type(exc).__name__}: {exc})", self)
+                snap = None
+            if snap is None:
+                self.seen[key] = False
+                self._plain_call(vals)
+                return
+            self._plain(count=False)   # a thunk's error is the call's own: it propagates
+            try:
+                ref = self._host_values()
+            except Exception as exc:   # the plain results stand
+                self.runner.disable(f"reading results to check a graph failed "
+                                    f"({type(exc).__name__}: {exc})", self)
+                return
+            self._restore(vals, snap)
+        backs = [j for _, j in self.copy_back if self._exclusive(vals, (j,))]
         for c in self.produced_cells:
             c[0] = None
         sink: list = []
@@ -477,13 +356,19 @@ class Segment:
                 pool.end_sink()
                 raise
         except Exception as exc:
-            self._give_up(exc, vals)
+            self._give_up(exc, vals, snap)
             return
         err: BaseException | None = None
+        copied: list[int] = []
         try:
             for idx, thunk, _dead in self.items:  # cells die at the end: a failed capture
                 self.current = idx                # runs again plainly from the same inputs
                 thunk()
+            scratch = {id(b) for b in sink}
+            scratch.update(id(vals[k]) for k in self.dying_inputs)
+            for cell, j in self.copy_back:
+                if j in backs and self._copy_back(cell, vals[j], scratch):
+                    copied.append(j)
         except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
             err = exc
         finally:
@@ -497,16 +382,16 @@ class Segment:
             drv.destroy(None, graph)
             if err is not None and not isinstance(err, Exception):
                 raise err  # KeyboardInterrupt and the like
-            if err is not None:
+            if err is not None and snap is None:
                 self._retry_after_thunk_error(err, vals)
             else:
-                self._give_up(RuntimeError(end_err), vals)
+                self._give_up(err or RuntimeError(end_err), vals, snap)
             return
         try:
             exe = drv.instantiate(graph)
         except Exception as exc:
             drv.destroy(None, graph)
-            self._give_up(exc, vals)
+            self._give_up(exc, vals, snap)
             return
         owned = tuple(b for b in sink if b is not None)
         del sink
@@ -514,17 +399,30 @@ class Segment:
         if outs is None:
             drv.destroy(exe, graph)
             del owned
-            self._give_up(None, vals, why="an output the graph cannot rebuild")
+            self._give_up(None, vals, snap, why="an output the graph cannot rebuild")
             return
         launch = drv.launcher(exe, stream)
         status = launch()
         if status:
             drv.check(status, "cuGraphLaunch (first replay)")
+        g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
+        g.backs = tuple(copied)
+        if ref is not None:
+            try:
+                why = _differs(ref, self._host_values())
+            except Exception as exc:
+                why = f"reading them failed: {type(exc).__name__}: {exc}"
+            if why is not None:
+                del g, owned
+                self._give_up(None, vals, snap, why=f"the graph's results differ from plain "
+                                                   f"launches ({why})")
+                return
+            self.verified += 1
         try:
             self.nodes_captured = drv.node_count(graph)
         except Exception:
             pass
-        self.graphs.setdefault(key, []).append(_Graph(drv, exe, graph, owned, outs, launch, ctx))
+        self.graphs.setdefault(key, []).append(g)
         self.n_graphs += 1
         self.captures += 1
         STATS["captures"] += 1
@@ -532,6 +430,36 @@ class Segment:
             c[0] = None
         for c in self.dead:
             c[0] = None
+
+    def _copy_back(self, cell: list, target: Any, scratch: set) -> bool:
+        """Under capture: copy an update's new value into the buffer of the variable it
+        updates, and hand that variable's array on as the new value.  The new value must be
+        scratch: a buffer of the graph, or a segment input that dies in the segment."""
+        new = cell[0]
+        if not isinstance(new, _GpuArray) or new is target or not _same_layout(new, target):
+            return False
+        if id(new) not in scratch and (new.base is None or id(new.base) not in scratch):
+            return False
+        self.runner.driver.copy(target, new)
+        cell[0] = target
+        return True
+
+    def _plain_copy_back(self, vals: list) -> None:
+        """After a plain run: copy each update's new value into the updated variable's
+        buffer when nobody else holds either, so shared variables keep their pointers (and
+        the keys of later calls repeat) from the first call on."""
+        copy = None
+        for cell, j in self.copy_back:
+            new = cell[0]
+            if not isinstance(new, _GpuArray) or new is vals[j] or \
+                    not _same_layout(new, vals[j]) or \
+                    not _sole(new, sum(1 for v in vals if v is new)) or \
+                    not self._exclusive(vals, (j,)):
+                continue
+            if copy is None:
+                copy = self.runner.driver.copy
+            copy(vals[j], new)
+            cell[0] = vals[j]
 
     def _output_specs(self, vals: list, owned: tuple) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left
@@ -592,14 +520,19 @@ class Segment:
         STATS["capture_failures"] += 1
         self.runner.disable(f"{type(err).__name__}: {err}", self)
 
-    def _give_up(self, exc: BaseException | None, vals: list, why: str | None = None) -> None:
-        """A capture failed: warn once, turn graphs off for the function, run plainly."""
+    def _give_up(self, exc: BaseException | None, vals: list, snap: list | None = None,
+                 why: str | None = None) -> None:
+        """A capture failed: warn once, turn graphs off for the function, and compute the
+        call plainly (from the snapshot of the inputs when one was taken: a graph that ran may
+        have written into them)."""
         STATS["capture_failures"] += 1
         reason = why or f"{type(exc).__name__}: {exc}"
         self.runner.disable(reason, self)
         for c in self.produced_cells:
             c[0] = None
-        for c, v in zip(self.in_cells, vals):   # nothing was cleared, but be sure
+        if snap is not None:
+            self._restore(vals, snap)
+        for c, v in zip(self.in_cells, vals):
             c[0] = v
         self._plain()
 
@@ -609,8 +542,43 @@ class Segment:
 
 
 from symgpu.gpu.array import GpuArray as _GpuArray  # noqa: E402  (no PyCUDA import)
+from symgpu.gpu.pool import Block as _Block  # noqa: E402
 
 _gpuarray_new = _GpuArray.__new__
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.size > 0 and \
+        a.is_c_contiguous and b.is_c_contiguous
+
+
+def _sole(a: Any, extra: int = 0) -> bool:
+    """Whether GpuArray ``a`` is held by one cell (and the caller's local, plus ``extra``
+    references the caller knows of) alone, with its memory (a Block nobody else holds)."""
+    if _getrefcount(a) != 4 + extra:   # the cell, the caller's local, this argument, the call
+        return False
+    base = a.base
+    if type(base) is not _Block:
+        return False
+    refs = _getrefcount(base) - base.held       # not counting recycling caches
+    gd = a._gpudata
+    if gd is None:
+        return refs == 3                        # a.base, this local, the argument
+    return _getrefcount(gd) == 3 and refs == 4
+
+
+def _differs(ref: list, got: list) -> str | None:
+    """Why two lists of host results differ (None when they agree)."""
+    for k, (a, b) in enumerate(zip(ref, got)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {k}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        if a.dtype.kind in "fc":
+            if not np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True):
+                return f"output {k}: max difference {np.nanmax(np.abs(a - b)):.3g}"
+        elif not np.array_equal(a, b):
+            return f"output {k}: {int(np.sum(a != b))} elements differ"
+    return None
 
 
 # ============================================================================ the runner
@@ -623,6 +591,43 @@ class _PlainStep:
 
     def run(self) -> None:
         self.thunk()
+        for c in self.dead:
+            c[0] = None
+
+
+class _StablePlainStep:
+    """A plain node whose GPU output feeds a segment (an upload, typically): its output
+    memory is recycled from the node's own few blocks, so the segment's key (which holds the
+    pointer) repeats whatever else the pool hands out or a capture takes from it."""
+
+    __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "cache")
+
+    def __init__(self, index: int, thunk: Callable, dead: list, out_cell: list,
+                 pool: Any) -> None:
+        self.current, self.thunk, self.dead = index, thunk, dead
+        self.out_cell, self.pool, self.cache = out_cell, pool, []
+
+    def run(self) -> None:
+        pool = self.pool
+        cache = self.cache
+        for b in cache:
+            if _getrefcount(b) <= 3:   # the list, the loop variable, the argument
+                pool.hint_thread = threading.get_ident()
+                pool.hint = b
+                break
+        try:
+            self.thunk()
+        finally:
+            pool.hint = None
+        v = self.out_cell[0]
+        base = getattr(v, "base", None)
+        if type(base) is _Block and len(cache) < 4:
+            for b in cache:
+                if b is base:
+                    break
+            else:
+                cache.append(base)
+                base.held += 1
         for c in self.dead:
             c[0] = None
 
@@ -654,21 +659,36 @@ class Runner:
         self.ctx = ctx
         self.driver = drv if drv is not None else driver()
         self.enabled = True
+        self.verify = VERIFY
         self.disabled_reason: str | None = None
         nodes, thunks, sm = vm.nodes, vm.thunks, vm.storage_map
         fg = vm.fgraph
         order = [i for _, idx in steps for i in idx]
         dead = _dead_cells(nodes, order, vm.gc_after, sm)
         protected = set(fg.outputs)
+        # update pairs (new value, updated input): fgraph.update_mapping {out idx: in idx}
+        mapping = getattr(fg, "update_mapping", None) or {}
+        updates = [(fg.outputs[o], fg.inputs[i]) for o, i in mapping.items()
+                   if o < len(fg.outputs) and i < len(fg.inputs)]
+        seg_inputs: set = set()
+        for kind, idx in steps:
+            if kind == "segment":
+                seg_inputs.update(v for i in idx for v in nodes[i].inputs)
         self.segments: list[Segment] = []
         self.steps: list[Any] = []
         seg_out_cells: list[list] = []
         pos = 0
-        for kind, idx in steps:
+        for s_no, (kind, idx) in enumerate(steps):
             my_dead = [dead[pos + k] for k in range(len(idx))]
             pos += len(idx)
             if kind == "plain":
-                self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
+                node = nodes[idx[0]]
+                outs = node.outputs
+                if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]):
+                    self.steps.append(_StablePlainStep(idx[0], thunks[idx[0]], my_dead[0],
+                                                       sm[outs[0]], ctx.pool))
+                else:
+                    self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
             elif kind == "batch":
                 from symgpu.gpu.basic_ops import HostFromGpu
                 self.steps.append(_BatchStep(
@@ -676,7 +696,14 @@ class Runner:
                     [sm[nodes[i].outputs[0]] for i in idx],
                     [c for d in my_dead for c in d], HostFromGpu.perform_many))
             else:
-                seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected)
+                # an update may be copied back into its variable's buffer only when nothing
+                # that can fail runs after the segment (the call then cannot raise after the
+                # shared variable changed): the steps left are copies to the host at most
+                tail_safe = all(k == "batch" or (k == "plain" and all(
+                    type(nodes[i].op).__name__ == "HostFromGpu" for i in ix))
+                    for k, ix in steps[s_no + 1:])
+                seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected,
+                                    updates if tail_safe else [])
                 seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
                 self.segments.append(seg)
                 self.steps.append(seg)
@@ -684,7 +711,7 @@ class Runner:
         self.post_clear = seg_out_cells if vm.gc_after is None else []
 
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
-                 sm: dict, order: list[int], protected: set) -> Segment:
+                 sm: dict, order: list[int], protected: set, updates: list) -> Segment:
         from symgpu.graph.basic import Constant
         produced = [v for i in idx for v in nodes[i].outputs]
         produced_set = set(produced)
@@ -706,10 +733,17 @@ class Runner:
             later.update(nodes[i].inputs)
         out_vars = [v for v in produced if v in later or v in protected]
         internal = [v for v in produced if v not in later and v not in protected]
+        copy_back = []
+        readers = later | set(protected)
+        for new, old in updates:
+            if new in produced_set and old in inputs and _is_gpu_var(old) and \
+                    sum(1 for n, _ in updates if n is new) == 1 and \
+                    not any(_aliases(v, old) for v in readers if v is not new):
+                copy_back.append((sm[new], inputs.index(old)))
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
-                      [sm[v] for v in internal], self.ctx)
+                      [sm[v] for v in internal], self.ctx, copy_back)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         return seg
 
@@ -750,28 +784,6 @@ class Runner:
             out["graphs"] += s.n_graphs
             out["nodes_captured"] = max(out["nodes_captured"], s.nodes_captured)
         return out
-
-
-def _dead_cells(nodes: list, order: list[int], gc_after: list | None, sm: dict) -> list[list]:
-    """Cells to empty after each position of ``order``: the VM's collectable cells, each
-    after its last reader in the new order (none without garbage collection)."""
-    if gc_after is None:
-        return [[] for _ in order]
-    collectable = {id(c) for d in gc_after for c in d}
-    last: dict[Any, int] = {}
-    for pos, i in enumerate(order):
-        for v in nodes[i].inputs:
-            last[v] = pos
-        for v in nodes[i].outputs:
-            last.setdefault(v, pos)
-    dead: list[list] = [[] for _ in order]
-    done: set[int] = set()
-    for v, pos in last.items():
-        cell = sm.get(v)
-        if cell is not None and id(cell) in collectable and id(cell) not in done:
-            done.add(id(cell))
-            dead[pos].append(cell)
-    return dead
 
 
 # ============================================================================ installing
@@ -818,56 +830,6 @@ def _register_vm_hook() -> None:
     hooks = getattr(vm_mod, "VM_HOOKS", None)
     if hooks is not None and install not in hooks:
         hooks.append(install)
-
-
-# ============================================================================ profiler timers
-
-def _node_context(node: Any) -> Any:
-    from symgpu.gpu import context as gctx
-    for v in list(node.outputs) + list(node.inputs):
-        if _is_gpu_var(v):
-            return gctx._registry.get(v.type.context_name)
-    return None
-
-
-def _is_gpu_node(node: Any) -> bool:
-    name = type(node.op).__name__
-    return (name.startswith("Gpu") or name == "HostFromGpu") and _node_context(node) is not None
-
-
-def _event_timer(node: Any) -> Callable:
-    """Time ``node`` with two CUDA events on its context's stream (resolved after the call,
-    so a profiled call syncs once, not once per node)."""
-    from symgpu.compile.profiling import perf_counter_timer
-    ctx = _node_context(node)
-    if ctx is None or ctx.virtual or not ctx.stream_handle:
-        return perf_counter_timer
-    events: list = []
-
-    def timer(thunk: Callable[[], None]) -> Callable[[], float]:
-        if not events:
-            import pycuda.driver as drv
-            ctx.activate()
-            events.extend([drv.Event(), drv.Event()])
-        start, end = events
-        start.record(ctx.stream)
-        thunk()
-        end.record(ctx.stream)
-
-        def elapsed() -> float:
-            end.synchronize()
-            return end.time_since(start) / 1e3
-        return elapsed
-
-    return timer
-
-
-def register_gpu_timers() -> None:
-    """Make the profiler time Gpu* and HostFromGpu nodes with CUDA events (once)."""
-    from symgpu.compile import profiling
-    if any(f is _event_timer for _, f in profiling.TIMERS):
-        return
-    profiling.register_node_timer(_is_gpu_node, _event_timer)
 
 
 _lock = threading.Lock()

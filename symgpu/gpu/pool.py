@@ -76,10 +76,11 @@ class Block:
 
     ``ptr`` is the device address, ``size`` the size class actually reserved."""
 
-    __slots__ = ("ptr", "size", "_pool", "_alloc", "__weakref__")
+    __slots__ = ("ptr", "size", "_pool", "_alloc", "held", "__weakref__")
 
     def __init__(self, ptr: int, size: int, pool: "DevicePool", alloc: Any) -> None:
         self.ptr, self.size, self._pool, self._alloc = ptr, size, pool, alloc
+        self.held = 0   # references kept by caches that only recycle it (graphs.py)
 
     def __int__(self) -> int:
         return self.ptr
@@ -153,6 +154,10 @@ class DevicePool:
         self.sink_thread = 0
         #: during a capture: a context-manager factory wrapped around cuMemAlloc
         self.capture_guard: Callable[[], Any] | None = None
+        #: a live block the next allocation of its size class on ``hint_thread`` returns (the
+        #: graph runner keeps a node's buffers stable from call to call this way)
+        self.hint: Block | None = None
+        self.hint_thread = 0
         if preallocate > 0:
             total = int(context.total_memory) or context.mem_info()[1]
             want = int(total * preallocate) if preallocate <= 1 else int(preallocate * _MIB)
@@ -195,6 +200,13 @@ class DevicePool:
     # -- public
     def allocate(self, nbytes: int) -> Block:
         """A block of at least ``nbytes`` (rounded up to its size class)."""
+        hint = self.hint
+        if hint is not None and hint.size == size_class(int(nbytes)) and \
+                self.hint_thread == threading.get_ident():
+            self.hint = None
+            self.n_allocs += 1
+            self.n_reused += 1
+            return hint
         block = self._allocate(nbytes)
         sink = self.sink
         if sink is not None and self.sink_thread == threading.get_ident():
