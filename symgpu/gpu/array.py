@@ -553,6 +553,10 @@ def from_cuda_array_interface(obj: Any, context: Any = None) -> GpuArray:
     from symgpu.gpu.context import context_for_ordinal, device_of_pointer, \
         wait_for_foreign_stream
     cai = obj.__cuda_array_interface__
+    if "stream" not in cai and hasattr(obj, "__dlpack__"):
+        # a version-2 producer (PyTorch) names no stream to wait for; through DLPack it
+        # makes our stream wait for its current stream itself
+        return from_dlpack(obj, None if context is None else _default_context(context))
     if cai.get("mask") is not None:
         raise ValueError("masked __cuda_array_interface__ arrays are not supported")
     ptr = int(cai["data"][0] or 0)

@@ -27,7 +27,8 @@ __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShu
            "gpu_contiguous", "gpu_alloc", "specify_gpu_broadcastable_as", "TRANSFER_COUNTS",
            "reset_transfer_counts", "TRANSFER_OPS"]
 
-#: transfers performed, by kind ('host_to_gpu', 'gpu_to_host', 'gpu_to_gpu') and bytes
+#: transfers performed, by kind ('host_to_gpu', 'gpu_to_host', 'gpu_to_gpu', and
+#: 'device_copy': a device array fed to a host-typed input, copied on the device) and bytes
 TRANSFER_COUNTS: Counter = Counter()
 
 
@@ -44,6 +45,23 @@ def _count(kind: str, nbytes: int) -> None:
 def _get_context(name: str | None) -> Any:
     from symgpu.gpu.context import get_context
     return get_context(name)
+
+
+def _is_device_array(value: Any) -> bool:
+    """Whether `value` lives in CUDA device memory (GpuArray, __cuda_array_interface__, or a
+    DLPack producer on a CUDA device). Never raises."""
+    if isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple)):
+        return False
+    try:
+        from symgpu.gpu.array import GpuArray
+        if isinstance(value, GpuArray):
+            return True
+        device = getattr(value, "__dlpack_device__", None)
+        if device is not None:
+            return int(device()[0]) in (2, 13)  # kDLCUDA, kDLCUDAManaged
+        return hasattr(value, "__cuda_array_interface__")
+    except Exception:
+        return False
 
 
 def _host_grad(gz: Any) -> TensorVariable:
@@ -70,9 +88,23 @@ class GpuFromHost(Op):
         x = as_tensor_variable(x)
         return Apply(self, [x], [gpu_type_like(x, self.context_name)()])
 
+    def filter_device_input(self, value: Any, host_type: TensorType, strict: bool = False,
+                            allow_downcast: bool | None = None) -> Any:
+        """A CUDA array (GpuArray, torch/CuPy/PyCUDA...) fed to a host input that only this
+        op reads, kept on the device as a GpuArray (compile/function.py asks; None: not a
+        device array, take the host path). `perform` then copies it on the device."""
+        if not _is_device_array(value):
+            return None
+        gtype = GpuArrayType(host_type.dtype, host_type.broadcastable, self.context_name)
+        return gtype.filter(value, strict=strict, allow_downcast=allow_downcast)
+
     def perform(self, node, inputs, out):
-        from symgpu.gpu.array import to_gpu
+        from symgpu.gpu.array import GpuArray, to_gpu
         x = inputs[0]
+        if isinstance(x, GpuArray):  # from filter_device_input: no host round trip; a fresh
+            out[0][0] = x.copy()     # buffer, as in-place kernels may overwrite this output
+            _count("device_copy", x.nbytes)
+            return
         out[0][0] = to_gpu(x, _get_context(self.context_name))
         _count("host_to_gpu", x.nbytes)
 
