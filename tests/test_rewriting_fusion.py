@@ -206,3 +206,24 @@ def test_successive_fusions_do_not_close_a_cycle():
     Xv, Yv = rng.randn(16, 6), rng.randint(0, 3, 16)
     losses = [step(Xv, Yv) for _ in range(50)]
     assert losses[-1] < losses[0]
+
+
+def test_readers_of_a_broadcastable_value_with_different_shapes_are_not_fused():
+    """`a - s` and `b - s` with s of shape (1, 1): a and b may differ in shape, so one fused
+    node (one iteration space, which the GPU kernel needs) would be wrong."""
+    import numpy as np
+    from symgpu import function, grad, shared
+    a = shared(np.ones((3, 4)), name="a")
+    b = shared(np.ones((5, 2)), name="b")
+    x = T.dmatrix("x")
+    cost = (a.sum() + b.sum()) * x.sum()
+    ga, gb = grad(cost, [a, b])
+    f = function([x], cost, updates=[(a, a - 0.01 * ga), (b, b - 0.01 * gb)])
+    for node in f.maker.fgraph.toposort():
+        if isinstance(node.op, Elemwise):
+            shapes = {v.broadcastable for v in node.inputs if v.ndim == 2}
+            assert not ({a.type.broadcastable} <= shapes and len(
+                [v for v in node.inputs if v.name in ("a", "b")]) == 2), node
+    f(np.ones((2, 2)))
+    np.testing.assert_allclose(a.get_value(), 1 - 0.01 * 4 * np.ones((3, 4)))
+    np.testing.assert_allclose(b.get_value(), 1 - 0.01 * 4 * np.ones((5, 2)))

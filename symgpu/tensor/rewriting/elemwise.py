@@ -147,12 +147,18 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
     add_inputs(nodes[start], 1)
 
     def neighbours(j: int) -> list[int]:
+        # Every B-patterned member must have the same run-time shape, so consumers and
+        # siblings are reached only through a B-patterned value (which has that shape, since
+        # undeclared broadcasting is refused): two readers of a broadcastable value may have
+        # different shapes and must not share one iteration space.
         n = nodes[j]
         out = [index[i.owner] for i in n.inputs if i.owner in index]
         for o in n.outputs:
-            out += [index[c] for c, _ in fgraph.clients.get(o, ()) if c != "output" and c in index]
+            if o.type.broadcastable == B:
+                out += [index[c] for c, _ in fgraph.clients.get(o, ())
+                        if c != "output" and c in index]
         for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
-            if not isinstance(inp, Constant):
+            if not isinstance(inp, Constant) and inp.type.broadcastable == B:
                 out += [index[c] for c, _ in fgraph.clients.get(inp, ())
                         if c != "output" and c in index and c.outputs[0].type.broadcastable == B]
         return out
