@@ -20,6 +20,8 @@ from symgpu.graph.op import Op
 from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.transfer import TransferError, register_transfer
+from symgpu.tensor.basic import Reshape as _Reshape
+from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i
 
 __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
            "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",
@@ -315,16 +317,9 @@ class GpuReshape(Op):
         bcast = tuple(broadcastable) if broadcastable is not None else (False,) * self.ndim
         return Apply(self, [x, shp], [x.type.clone(broadcastable=bcast)()])
 
-    def perform(self, node, inputs, out):
-        x, shp = inputs
-        target = tuple(int(s) for s in shp)
-        if len(target) != self.ndim:
-            raise ValueError(f"{self}: got a shape with {len(target)} entries {target}")
-        try:
-            out[0][0] = x.reshape(target)
-        except ValueError:
-            raise ValueError(f"cannot reshape an array of shape {x.shape} (size {x.size}) into "
-                             f"shape {target}") from None
+    # GpuArray.reshape has NumPy's contract (a view when possible): the host op's run-time
+    # code applies unchanged (shared as a function, not by subclassing the CPU op)
+    perform = _Reshape.perform
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.basic import Reshape
@@ -430,11 +425,8 @@ class GpuShape(Op):
             raise TypeError(f"{self}: expected a GPU variable, got {x}")
         return Apply(self, [x], [TensorType("int64", (False,))()])
 
-    def perform(self, node, inputs, out):
-        out[0][0] = np.asarray(inputs[0].shape, dtype="int64")
-
-    def grad(self, inputs, output_grads):
-        return [None]
+    perform = _Shape.perform  # reads only the (host-side) shape tuple
+    grad = _Shape.grad
 
 
 class GpuShape_i(Op):
@@ -456,8 +448,7 @@ class GpuShape_i(Op):
             raise ValueError(f"{self}: {x} has only {x.ndim} dimensions")
         return Apply(self, [x], [TensorType("int64", ())()])
 
-    def perform(self, node, inputs, out):
-        out[0][0] = np.asarray(inputs[0].shape[self.i], dtype="int64")
+    perform = _Shape_i.perform
 
     def grad(self, inputs, output_grads):
         return [None]
