@@ -37,23 +37,30 @@ def timed_steps(step, steps: int, repeat: int) -> float:
     return best
 
 
-def bench_symgpu(steps: int, repeat: int) -> dict:
-    import symgpu
-    import symgpu.tensor as T
-    symgpu.config.floatX = "float32"
+def build_train(lib, T):
+    """The seeds' training function, built with `lib` (symgpu or pytensor, same API) and its
+    tensor module `T`; returns (train, w, b, compile seconds)."""
+    lib.config.floatX = "float32"
     x0, y0, w0 = data()
     x, y = T.matrix("x"), T.vector("y")
-    w = symgpu.shared(w0.copy(), name="w")
-    b = symgpu.shared(np.asarray(0.0, dtype="float32"), name="b")
+    w = lib.shared(w0.copy(), name="w")
+    b = lib.shared(np.asarray(0.0, dtype="float32"), name="b")
     p_1 = 1 / (1 + T.exp(-T.dot(x, w) - b))
     prediction = p_1 > 0.5
     xent = -y * T.log(p_1) - (1 - y) * T.log(1 - p_1)
     cost = xent.mean() + 0.01 * (w ** 2).sum()
     gw, gb = T.grad(cost, [w, b])
     t0 = time.perf_counter()
-    train = symgpu.function([x, y], [prediction, xent],
-                            updates={w: w - 0.01 * gw, b: b - 0.01 * gb}, name="train")
-    compile_s = time.perf_counter() - t0
+    train = lib.function([x, y], [prediction, xent],
+                         updates={w: w - 0.01 * gw, b: b - 0.01 * gb}, name="train")
+    return train, w, b, time.perf_counter() - t0
+
+
+def bench_symgpu(steps: int, repeat: int) -> dict:
+    import symgpu
+    import symgpu.tensor as T
+    x0, y0, _ = data()
+    train, w, b, compile_s = build_train(symgpu, T)
     topo = train.maker.fgraph.toposort()
     used_cpu = any(n.op.__class__.__name__ in ("Gemv", "CGemv", "Gemm", "CGemm") for n in topo)
     step = lambda: train(x0, y0)  # noqa: E731
@@ -88,20 +95,8 @@ def bench_pytensor(steps: int, repeat: int) -> dict | None:
         import pytensor.tensor as pt
     except ImportError:
         return None
-    pytensor.config.floatX = "float32"
-    x0, y0, w0 = data()
-    x, y = pt.matrix("x"), pt.vector("y")
-    w = pytensor.shared(w0.copy(), name="w")
-    b = pytensor.shared(np.asarray(0.0, dtype="float32"), name="b")
-    p_1 = 1 / (1 + pt.exp(-pt.dot(x, w) - b))
-    prediction = p_1 > 0.5
-    xent = -y * pt.log(p_1) - (1 - y) * pt.log(1 - p_1)
-    cost = xent.mean() + 0.01 * (w ** 2).sum()
-    gw, gb = pt.grad(cost, [w, b])
-    t0 = time.perf_counter()
-    train = pytensor.function([x, y], [prediction, xent],
-                              updates={w: w - 0.01 * gw, b: b - 0.01 * gb}, name="train")
-    compile_s = time.perf_counter() - t0
+    x0, y0, _ = data()
+    train, _, _, compile_s = build_train(pytensor, pt)
     step = lambda: train(x0, y0)  # noqa: E731
     step()
     return {"compile": compile_s, "step": timed_steps(step, steps, repeat),
