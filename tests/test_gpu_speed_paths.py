@@ -954,6 +954,49 @@ def test_gpu_event_timers_are_registered_for_gpu_nodes():
     assert any(f is event_timers.event_timer for _, f in profiling.TIMERS)
 
 
+class FakeView(Op):
+    __props__ = ()
+    view_map = {0: [0]}
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        i, o = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
+        def thunk():
+            x = i[0]
+            o[0] = x._view(x.ptr, x.shape, x.strides)
+        thunk.capturable = True
+        thunk.launches = False
+        return thunk
+
+def test_update_of_a_variable_read_through_a_plain_view_replays():
+    """The training step's shape: b.dimshuffle('x') is a plain (view-only) step before the
+    segment, so the view (a segment input dying in it) holds b's memory while the capture
+    decides whether b's update may be copied back into b.  It must not block the copy back."""
+    ctx = CTX_OBJ
+    b = gvec()
+    bv = FakeView()(b)
+    up = FakeUpload(0.1)(bv)
+    t = add1()(bv)
+    b_new = FakeKernelOp("bupd", lambda u, t_, b_: t_ - u, inplace=True)(up, t, b)
+    h = HostFromGpu()(mul2()(t))
+    vm, fg = linked([b], [h, b_new], [upload(ctx, [1.0])], updates={1: 0})
+    ptr = vm.storage_map[b][0].ptr
+    want = 1.0
+    for i in range(20):
+        vm()
+        got = vm.storage_map[h][0]
+        new = vm.storage_map[b_new][0]
+        vm.storage_map[h][0] = vm.storage_map[b_new][0] = None
+        vm.storage_map[b][0] = new
+        np.testing.assert_allclose(got, [2 * (want + 1)], rtol=1e-5)
+        want = want + 1 - 0.1
+        np.testing.assert_allclose(read(new), [want], rtol=1e-5)
+        del new, got
+    st = vm.runner.stats()
+    assert st["replays"] >= 17 and st["graphs"] == 1, st
+    assert vm.storage_map[b][0].ptr == ptr     # copied back in the graph too
+
+
 # ============================================================================ on a GPU
 
 def _real_gpu():
@@ -991,8 +1034,11 @@ GPU_CTX = "speed-paths-test"
 
 
 @pytest.fixture
-def real_ctx():
+def real_ctx(monkeypatch):
     from symgpu.gpu import context as gctx
+    # the autouse fake_gpu fixture installs the fake driver: a real device needs the real one
+    # (the fake's copy looked device pointers up in MEM: "KeyError: <device pointer>")
+    monkeypatch.setattr(graphs, "_driver", None)
     c = gctx.start_device("cuda0")
     assert not c.virtual and c.stream_handle, "these tests must run on a real GPU"
     gctx.register_context(GPU_CTX, c)

@@ -227,10 +227,11 @@ class Segment:
             for c in dead:
                 c[0] = None
 
-    @staticmethod
-    def _exclusive(vals: list, inputs: Sequence[int]) -> bool:
+    def _exclusive(self, vals: list, inputs: Sequence[int]) -> bool:
         """Whether the arrays ``vals[j]`` are held by their cell (and ``vals``) alone, with
-        their memory: a graph may then overwrite them with an update's new value."""
+        their memory: a graph may then overwrite them with an update's new value.  Views of
+        the same memory that are segment inputs dying inside the segment (``b.dimshuffle('x')``
+        made by a plain step before it) are read before the copy back and do not count."""
         for j in inputs:
             v = vals[j]
             # the cell, the vals list, this local, getrefcount's argument
@@ -240,6 +241,11 @@ class Segment:
             if type(base) is not _Block:
                 return False
             refs = _getrefcount(base) - base.held   # not counting recycling caches
+            for k in self.dying_inputs:
+                u = vals[k]
+                if k != j and u is not v and getattr(u, "base", None) is base and \
+                        getattr(u, "_gpudata", None) is None:
+                    refs -= 1
             gd = v._gpudata
             if gd is None:
                 if refs != 3:                   # v.base, this local, the argument
