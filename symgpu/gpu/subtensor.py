@@ -1,0 +1,372 @@
+"""GPU indexing and joining: GpuSubtensor (a view), GpuIncSubtensor (set/inc into a copy or
+in place), GpuJoin (device copies into slices of a new array), and their lifters.
+
+Indices follow the CPU ops' `idx_list` convention (symgpu/tensor/subtensor.py): constants are
+folded into the props and symbolic parts arrive as host int scalars (they stay on the host in
+lifted graphs). The data movement is GpuArray's: basic-index views, the strided device copy
+(symgpu/gpu/copykernel.py) for set and join, and a small strided "+=" kernel for inc.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
+from symgpu.gpu.rewriting import register_lifter
+from symgpu.gpu.type import is_gpu_var
+from symgpu.tensor.subtensor import (Slice, _check_inputs, _constant_index, build_index,
+                                     index_broadcastable)
+
+__all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin", "INC_KERNEL_SOURCE",
+           "INC_DTYPES", "strided_inc", "broadcast_view"]
+
+#: dtype -> CUDA type of the strided "+=" kernels
+INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+              "int16": "short", "int32": "int", "int64": "long long",
+              "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+              "uint64": "unsigned long long"}
+
+_MAX_DIMS = 8
+
+INC_KERNEL_SOURCE = r"""
+#define MAX_DIMS 8
+
+struct IncMeta {
+    long long shape[MAX_DIMS];
+    long long src_stride[MAX_DIMS];   /* bytes */
+    long long dst_stride[MAX_DIMS];   /* bytes */
+};
+
+template <typename T>
+__device__ __forceinline__ void strided_inc_body(const char *src, char *dst, long long n,
+                                                 int ndim, const IncMeta &m)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        long long rest = i, s = 0, d = 0;
+        for (int k = ndim - 1; k >= 0; --k) {
+            const long long idx = rest % m.shape[k];
+            rest /= m.shape[k];
+            s += idx * m.src_stride[k];
+            d += idx * m.dst_stride[k];
+        }
+        *reinterpret_cast<T *>(dst + d) += *reinterpret_cast<const T *>(src + s);
+    }
+}
+""" + "".join(f"""
+extern "C" __global__ void strided_inc_{name}(const char *src, char *dst, long long n,
+                                              long long ndim, IncMeta m)
+{{ strided_inc_body<{ctype}>(src, dst, n, (int)ndim, m); }}
+""" for name, ctype in INC_DTYPES.items())
+
+_INC_FORMAT = "PPqq" + "q" * (3 * _MAX_DIMS)
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+_inc_prepared: dict[tuple[int, str], Any] = {}
+
+
+def _context(name: Any) -> Any:
+    from symgpu.gpu.context import get_context
+    return get_context(name)
+
+
+def strided_inc(dst: Any, src: Any) -> None:
+    """Queue ``dst[...] += src[...]`` on dst's stream (equal shapes and dtypes; any byte
+    strides, 0 for broadcast source dims, negative for reversed views). Destination
+    elements must not repeat (basic indexing never makes them)."""
+    if dst.size == 0:
+        return
+    from symgpu.gpu.copykernel import collapse_axes
+    dtype = dst.dtype.name
+    if dtype not in INC_DTYPES:
+        raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
+    dims, s_str, d_str = collapse_axes(dst.shape, src.strides, dst.strides)
+    if len(dims) > _MAX_DIMS:
+        raise ValueError(f"GpuIncSubtensor: a region of shape {dst.shape} needs {len(dims)} "
+                         f"axes after merging; at most {_MAX_DIMS} are supported")
+    ctx = dst.context
+    ctx.activate()
+    key = (id(ctx), dtype)
+    fn = _inc_prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.compiler import get_kernel
+        fn = get_kernel(("symgpu.strided_inc",), lambda: INC_KERNEL_SOURCE,
+                        f"strided_inc_{dtype}", context=ctx)
+        fn.prepare(_INC_FORMAT)
+        _inc_prepared[key] = fn
+    pad = [0] * (_MAX_DIMS - len(dims))
+    meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
+    size = dst.size
+    blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
+    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src.ptr, dst.ptr, size,
+                           len(dims), *meta)
+
+
+def _writable_view(arr: Any, key: tuple) -> Any:
+    """``arr[key]`` as a true view for ints, slices (any step), None and Ellipsis: unlike
+    GpuArray.__getitem__, a negative step gives negative strides, not a copy."""
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > arr.ndim:
+        raise IndexError(f"too many indices: array is {arr.ndim}-dimensional, but {n_real} "
+                         "were indexed")
+    fill = (slice(None),) * (arr.ndim - n_real)
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + fill + tuple(k for k in key[i + 1:] if k is not Ellipsis)
+    else:
+        key = key + fill
+    ptr, shape, strides, axis = arr.ptr, [], [], 0
+    for k in key:
+        if k is None:
+            shape.append(1)
+            strides.append(0)
+            continue
+        n, s = arr.shape[axis], arr.strides[axis]
+        if isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            length = len(range(start, stop, step))
+            if length:
+                ptr += start * s
+            shape.append(length)
+            strides.append(step * s)
+        else:
+            i = int(k)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+            ptr += (i % n) * s
+        axis += 1
+    return arr._view(ptr, tuple(shape), tuple(strides))
+
+
+def broadcast_view(y: Any, target: tuple, who: str = "") -> Any:
+    """A (stride-0) view of GpuArray ``y`` broadcast to ``target`` (NumPy's rules)."""
+    if y.ndim > len(target):
+        raise ValueError(f"{who}: cannot broadcast a value of shape {y.shape} to {target}")
+    shape = (1,) * (len(target) - y.ndim) + tuple(y.shape)
+    strides = (0,) * (len(target) - y.ndim) + tuple(y.strides)
+    new_strides = []
+    for n, t, st in zip(shape, target, strides):
+        if n == t:
+            new_strides.append(st if n != 1 else 0)
+        elif n == 1:
+            new_strides.append(0)
+        else:
+            raise ValueError(f"{who}: cannot write a value of shape {y.shape} into a region of "
+                             f"shape {target}")
+    return y._view(y.ptr, tuple(target), tuple(new_strides))
+
+
+def _host_index(index: Sequence[Any]) -> list:
+    out = []
+    for i in index:
+        i = host_from_gpu(i)
+        out.append(i)
+    return out
+
+
+def _index_key(idx_list: tuple, const: tuple | None, values: Sequence) -> tuple:
+    if const is not None:
+        return const
+    return build_index(idx_list, [np.asarray(v) for v in values])
+
+
+def _check_basic(op: Op, idx_list: tuple) -> None:
+    for e in idx_list:
+        if not (e is None or e is Ellipsis or isinstance(e, (int, str, Slice))) or \
+                isinstance(e, bool):
+            raise TypeError(f"{op}: unsupported index entry {e!r}")
+
+
+# ----------------------------------------------------------------------------- GpuSubtensor
+
+class GpuSubtensor(Op):
+    """Basic indexing of a GpuArray (ints, slices, newaxis, Ellipsis) as a view; symbolic
+    index parts are host int scalars. A negative step yields a copy (GPU kernels assume
+    non-negative strides)."""
+
+    __props__ = ("idx_list",)
+    view_map = {0: [0]}
+
+    def __init__(self, idx_list: Sequence):
+        self.idx_list = tuple(idx_list)
+        _check_basic(self, self.idx_list)
+        self._const = _constant_index(self.idx_list)
+
+    def __str__(self) -> str:
+        from symgpu.tensor.subtensor import _entry_str
+        return f"GpuSubtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}}}"
+
+    def make_node(self, x: Any, *index: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        index = _host_index(index)
+        _check_inputs(self, self.idx_list, index, False)
+        bcast = index_broadcastable(x.broadcastable, self.idx_list, index)
+        return Apply(self, [x, *index], [x.type.clone(broadcastable=tuple(bcast))()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        key = _index_key(self.idx_list, self._const, inputs[1:])
+        if Ellipsis not in key:
+            key = key + (Ellipsis,)
+        try:
+            out[0][0] = x[key]
+        except IndexError as exc:
+            raise IndexError(f"{self}: {exc} (indexing an array of shape {x.shape})") from None
+
+    def grad(self, inputs, output_grads):
+        x, rest = inputs[0], inputs[1:]
+        if not x.dtype.startswith("float"):
+            return [None] * len(inputs)
+        from symgpu.gpu.elemwise import gpu_elemwise
+        gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
+        zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
+        return [GpuIncSubtensor(self.idx_list)(zeros, gz, *rest)] + [None] * len(rest)
+
+
+# ----------------------------------------------------------------------------- GpuIncSubtensor
+
+class GpuIncSubtensor(Op):
+    """``x`` with ``x[idx]`` set to (or incremented by) ``y`` broadcast to the region: a copy
+    of ``x`` unless ``inplace``; the region is a view written by a device copy (set) or a
+    strided "+=" kernel (inc)."""
+
+    __props__ = ("idx_list", "set_instead_of_inc", "inplace")
+
+    def __init__(self, idx_list: Sequence, set_instead_of_inc: bool = False,
+                 inplace: bool = False):
+        self.idx_list = tuple(idx_list)
+        _check_basic(self, self.idx_list)
+        self.set_instead_of_inc = bool(set_instead_of_inc)
+        self.inplace = bool(inplace)
+        self.destroy_map = {0: [0]} if self.inplace else {}
+        self._const = _constant_index(self.idx_list)
+
+    def __str__(self) -> str:
+        from symgpu.tensor.subtensor import _entry_str
+        kind = "Set" if self.set_instead_of_inc else "Inc"
+        flag = ", inplace" if self.inplace else ""
+        return f"Gpu{kind}Subtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}{flag}}}"
+
+    def make_node(self, x: Any, y: Any, *index: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        y = as_gpuarray_variable(y, x.type.context_name)
+        index = _host_index(index)
+        _check_inputs(self, self.idx_list, index, False)
+        region = index_broadcastable(x.broadcastable, self.idx_list, index)
+        if y.ndim > len(region):
+            raise ValueError(f"{self}: the value {y} has {y.ndim} dimensions, more than the "
+                             f"{len(region)} of the indexed region")
+        if y.dtype != x.dtype:
+            raise TypeError(f"{self}: the value {y} has dtype {y.dtype} but {x} has {x.dtype}")
+        if not self.set_instead_of_inc and x.dtype not in INC_DTYPES:
+            raise TypeError(f"{self}: no increment kernel for dtype {x.dtype}")
+        return Apply(self, [x, y, *index], [x.type()])
+
+    def perform(self, node, inputs, out):
+        x, y = inputs[0], inputs[1]
+        res = x if self.inplace else x.copy()
+        key = _index_key(self.idx_list, self._const, inputs[2:])
+        try:
+            region = _writable_view(res, key)
+        except IndexError as exc:
+            raise IndexError(f"{self}: {exc} (indexing an array of shape {x.shape})") from None
+        if region.size:
+            src = broadcast_view(y, region.shape, str(self))
+            if self.set_instead_of_inc:
+                region._copy_from_device(src)
+            else:
+                strided_inc(region, src)
+        out[0][0] = res
+
+
+# ----------------------------------------------------------------------------- GpuJoin
+
+class GpuJoin(Op):
+    """Concatenate GPU tensors of one dtype along ``axis``: a new array, each input copied
+    on the device into its slice."""
+
+    __props__ = ("axis",)
+
+    def __init__(self, axis: int):
+        self.axis = int(axis)
+
+    def __str__(self) -> str:
+        return f"GpuJoin{{axis={self.axis}}}"
+
+    def make_node(self, *tensors: Any) -> Apply:
+        if not tensors:
+            raise ValueError("GpuJoin needs at least one tensor")
+        ctx = next((t.type.context_name for t in tensors if is_gpu_var(t)), None)
+        tensors = [as_gpuarray_variable(t, ctx) for t in tensors]
+        nd = tensors[0].ndim
+        dtype = tensors[0].dtype
+        for i, t in enumerate(tensors):
+            if t.ndim != nd or t.dtype != dtype:
+                raise TypeError(f"{self}: input {i} ({t.type}) differs in rank or dtype from "
+                                f"input 0 ({tensors[0].type})")
+        if not 0 <= self.axis < nd:
+            raise ValueError(f"{self}: axis {self.axis} is out of range for {nd} dimensions")
+        bcast = [any(t.broadcastable[d] for t in tensors) for d in range(nd)]
+        bcast[self.axis] = len(tensors) == 1 and tensors[0].broadcastable[self.axis]
+        return Apply(self, tensors, [tensors[0].type.clone(broadcastable=tuple(bcast))()])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.array import GpuArray
+        a = self.axis
+        first = inputs[0].shape
+        for x in inputs:
+            if len(x.shape) != len(first) or any(
+                    s != f for d, (s, f) in enumerate(zip(x.shape, first)) if d != a):
+                raise ValueError(f"join along axis {a}: the shapes "
+                                 f"{', '.join(str(i.shape) for i in inputs)} differ outside "
+                                 "that axis")
+        shape = list(first)
+        shape[a] = sum(x.shape[a] for x in inputs)
+        res = GpuArray(tuple(shape), node.outputs[0].dtype, inputs[0].context)
+        start = 0
+        for x in inputs:
+            n = x.shape[a]
+            if n and x.size:
+                view = res[(slice(None),) * a + (slice(start, start + n),)]
+                view._copy_from_device(x)
+            start += n
+        out[0][0] = res
+
+
+# ----------------------------------------------------------------------------- lifters
+
+@register_lifter("Subtensor")
+def lift_subtensor(op, node, context_name, inputs):
+    if not inputs.was_on_gpu[0] and not is_gpu_var(inputs[0]):
+        return None
+    index = [inputs.host(i) for i in range(1, len(node.inputs))]
+    return [GpuSubtensor(op.idx_list)(inputs[0], *index)]
+
+
+@register_lifter("IncSubtensor")
+def lift_incsubtensor(op, node, context_name, inputs):
+    if type(op).__name__ != "IncSubtensor":
+        return None
+    x = inputs[0]
+    if not is_gpu_var(x):
+        return None
+    if not op.set_instead_of_inc and x.dtype not in INC_DTYPES:
+        return None
+    y = inputs[1] if is_gpu_var(inputs[1]) else inputs.host(1)
+    index = [inputs.host(i) for i in range(2, len(node.inputs))]
+    # never in place here: the placement pass shares uploads among readers
+    return [GpuIncSubtensor(op.idx_list, op.set_instead_of_inc, False)(x, y, *index)]
+
+
+@register_lifter("Join")
+def lift_join(op, node, context_name, inputs):
+    if not all(is_gpu_var(v) for v in inputs):
+        return None
+    if len({v.dtype for v in inputs}) != 1 or inputs[0].dtype != node.outputs[0].dtype:
+        return None
+    return [GpuJoin(op.axis)(*inputs)]

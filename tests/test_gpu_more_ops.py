@@ -1,0 +1,193 @@
+"""GpuSubtensor, GpuIncSubtensor, GpuJoin, the softmax family and GpuArgmax: placement on a
+virtual context (CPU), nvcc compilation of their kernels (``nvcc``) and values against NumPy
+on a real GPU (``gpu``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from gpu_helpers import requires_gpu, requires_nvcc
+from symgpu import config, function
+from symgpu.gpu import compiler
+from symgpu.gpu.nnet import GpuArgmax, argmax_source
+from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.subtensor import INC_KERNEL_SOURCE, GpuIncSubtensor, GpuJoin, GpuSubtensor
+
+CPU_NAMES = {"Subtensor", "IncSubtensor", "Join", "Softmax", "LogSoftmax", "Argmax",
+             "Elemwise", "CAReduce"}
+
+
+def _graphs():
+    x, y = T.matrix("x"), T.matrix("y")
+    i = T.lscalar("i")
+    v = T.vector("v")
+    return [x, y, i, v], {
+        "sub": (x[1:, i], GpuSubtensor),
+        "sub_rev": (x[::-1, 2], GpuSubtensor),
+        "sub_newaxis": (x[None, 0, ::2], GpuSubtensor),
+        "set": (T.set_subtensor(x[1:3], y[0]), GpuIncSubtensor),
+        "inc": (T.inc_subtensor(x[:, i], v), GpuIncSubtensor),
+        "join": (T.concatenate([x, y], axis=1), GpuJoin),
+        "softmax": (T.nnet.softmax(x), None),
+        "log_softmax": (T.nnet.log_softmax(x, axis=0), None),
+        "argmax": (T.argmax(x, axis=1), GpuArgmax),
+        "argmin_all": (T.argmin(x), GpuArgmax),
+    }
+
+
+@pytest.mark.parametrize("name", ["sub", "sub_rev", "sub_newaxis", "set", "inc", "join",
+                                  "softmax", "log_softmax", "argmax", "argmin_all"])
+def test_placement_on_virtual_context(name):
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        inputs, graphs = _graphs()
+        out, gpu_op = graphs[name]
+        f = function(inputs, out, on_unused_input="ignore")
+        ops = [n.op for n in f.maker.fgraph.toposort()]
+        names = {type(op).__name__ for op in ops}
+        assert not names & CPU_NAMES, names
+        if gpu_op is not None:
+            assert any(isinstance(op, gpu_op) for op in ops), names
+        else:
+            assert {"GpuCAReduce", "GpuElemwise"} <= names, names
+
+
+def test_grad_of_subtensor_lifts():
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        x = T.matrix("x")
+        g = T.grad(T.sum(x[1:, 0] ** 2), x)
+        f = function([x], g)
+        names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert "GpuIncSubtensor" in names and not names & CPU_NAMES, names
+
+
+def test_int_index_stays_on_host():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x, i = T.matrix("x"), T.lscalar("i")
+        f = function([x, i], x[i])
+        node = next(n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuSubtensor))
+        assert type(node.inputs[1].type).__name__ == "TensorType"
+
+
+@requires_nvcc
+@pytest.mark.parametrize("source", [INC_KERNEL_SOURCE, argmax_source()], ids=["inc", "argmax"])
+def test_kernels_compile(source, tmp_path):
+    compiler.clear_memory_cache()
+    with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):
+        path, cubin, _ = compiler.compile_to_cubin(source, (), "sm_90")
+    compiler.clear_memory_cache()
+    assert cubin
+
+
+# ============================================================================ GPU
+
+RNG = np.random.default_rng(42)
+
+
+@pytest.fixture
+def cuda():
+    """The machine's GPU registered as the default context, with device=cuda."""
+    from symgpu.gpu import context as gctx
+    ctx = gctx.start_device("cuda0")
+    assert not ctx.virtual
+    prev = gctx.get_context(None) if None in gctx.context_names() else None
+    gctx.register_context(None, ctx)
+    try:
+        with config.change_flags(device="cuda", floatX="float32"):
+            yield ctx
+    finally:
+        if prev is not None:
+            gctx.register_context(None, prev)
+        else:
+            gctx.unregister_context(None)
+
+
+def _check(inputs, out, values, want, rtol=None):
+    f = function(inputs, out, on_unused_input="ignore")
+    names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+    assert not names & CPU_NAMES, names
+    got = f(*values)
+    got = np.asarray(got)
+    assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype, (
+        got.shape, got.dtype, np.shape(want), np.asarray(want).dtype)
+    if got.dtype.kind == "f":
+        tol = rtol or (1e-5 if got.dtype == np.float32 else 1e-12)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_subtensor(cuda, dtype):
+    x, i = T.matrix("x", dtype=dtype), T.lscalar("i")
+    a = RNG.standard_normal((7, 5)).astype(dtype)
+    _check([x, i], x[1:, i], [a, 3], a[1:, 3])
+    _check([x, i], x[::-2, i], [a, -1], a[::-2, -1])
+    _check([x, i], x[i, None, 1:4], [a, 2], a[2, None, 1:4])
+    _check([x, i], x[i, i], [a, 4], a[4, 4])
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_inc_set_subtensor(cuda, dtype):
+    x, y, v, i = T.matrix("x", dtype=dtype), T.matrix("y", dtype=dtype), \
+        T.vector("v", dtype=dtype), T.lscalar("i")
+    a = RNG.standard_normal((6, 5)).astype(dtype)
+    b = RNG.standard_normal((2, 5)).astype(dtype)
+    c = RNG.standard_normal(6).astype(dtype)
+    want = a.copy(); want[1:3] = b
+    _check([x, y], T.set_subtensor(x[1:3], y), [a, b], want)
+    want = a.copy(); want[:, 2] += c
+    _check([x, v, i], T.inc_subtensor(x[:, i], v), [a, c, 2], want)
+    want = a.copy(); want[::-2, 1:] += 2.5
+    _check([x], T.inc_subtensor(x[::-2, 1:], np.asarray(2.5, dtype=dtype)), [a], want)
+    want = a.copy(); want[::-1, 0] = c
+    _check([x, v], T.set_subtensor(x[::-1, 0], v), [a, c], want)
+    _check([x, v], T.set_subtensor(x[::-1, 0], v), [a, c], want)  # reuse
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_join(cuda, dtype):
+    x, y = T.matrix("x", dtype=dtype), T.matrix("y", dtype=dtype)
+    a = RNG.standard_normal((3, 4)).astype(dtype)
+    b = RNG.standard_normal((3, 2)).astype(dtype)
+    _check([x, y], T.concatenate([x, y], axis=1), [a, b], np.concatenate([a, b], 1))
+    c = RNG.standard_normal((4, 3)).astype(dtype)
+    _check([x, y], T.concatenate([x, y.T, x], axis=0), [a, c], np.concatenate([a, c.T, a], 0))
+
+
+def _np_softmax(a, axis):
+    e = np.exp(a - a.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _np_log_softmax(a, axis):
+    s = a - a.max(axis=axis, keepdims=True)
+    return s - np.log(np.exp(s).sum(axis=axis, keepdims=True))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("axis", [-1, 0, None])
+def test_gpu_softmax(cuda, dtype, axis):
+    x = T.matrix("x", dtype=dtype)
+    a = (RNG.standard_normal((9, 33)) * 20).astype(dtype)
+    _check([x], T.nnet.softmax(x, axis=axis), [a], _np_softmax(a, axis).astype(dtype),
+           1e-4 if dtype == "float32" else None)
+    _check([x], T.nnet.log_softmax(x, axis=axis), [a], _np_log_softmax(a, axis).astype(dtype),
+           1e-4 if dtype == "float32" else None)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_argmax(cuda, dtype):
+    x = T.tensor3("x", dtype=dtype)
+    a = RNG.integers(-3, 4, (5, 700, 3)).astype(dtype)   # many ties: first index wins
+    for axis in (0, 1, 2):
+        _check([x], T.argmax(x, axis=axis), [a], np.argmax(a, axis=axis))
+        _check([x], T.argmin(x, axis=axis), [a], np.argmin(a, axis=axis))
+    _check([x], T.argmax(x), [a], np.asarray(np.argmax(a)))
+    a[1, 5, 2] = np.nan
+    _check([x], T.argmin(x), [a], np.asarray(np.argmin(a)))
