@@ -1088,7 +1088,8 @@ def test_gpu_host_results_land_in_the_pinned_pool(real_ctx):
     from symgpu import shared
     xs = shared(np.linspace(-1, 1, 230400).astype("float32"), target=GPU_CTX)
     f = symgpu.function([], T.exp(xs))
-    r = f()
+    for _ in range(3):   # past the capture, whose check reads the results twice more
+        r = f()
     before = real_ctx.pinned.stats()
     for _ in range(20):
         r = f()
