@@ -161,11 +161,41 @@ class Elemwise(Op):
         if hook is not None:
             thunk = hook(node, storage_map, compute_map)
         else:
-            thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+            thunk = self._ufunc_thunk(node, storage_map)
+            if thunk is None:
+                thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         checks = runtime_broadcast_checks(node)
         if not checks:
             return thunk
         return _BroadcastCheckedThunk(thunk, node, [storage_map[v] for v in node.inputs], checks)
+
+    def _ufunc_thunk(self, node, storage_map):
+        """A closure for the plain case (one NumPy ufunc, its own arity, float inputs where
+        the row needs them, not in place): no per-call dispatch beyond the ufunc itself."""
+        ufunc = self._ufunc
+        if (ufunc is None or self.inplace_pattern or len(node.inputs) != ufunc.nin
+                or len(node.outputs) != 1 or getattr(self.scalar_op, "elemwise_perform", None)
+                or (self._float_rule and any(v.dtype[0] not in "fc" for v in node.inputs))):
+            return None
+        cells = [storage_map[v] for v in node.inputs]
+        cout = storage_map[node.outputs[0]]
+        dtype = np.dtype(node.outputs[0].dtype)
+        asarray = np.asarray
+        if len(cells) == 1:
+            (c0,) = cells
+
+            def thunk():
+                r = ufunc(c0[0])
+                cout[0] = r if r.__class__ is np.ndarray and r.dtype == dtype else asarray(r, dtype)
+        elif len(cells) == 2:
+            c0, c1 = cells
+
+            def thunk():
+                r = ufunc(c0[0], c1[0])
+                cout[0] = r if r.__class__ is np.ndarray and r.dtype == dtype else asarray(r, dtype)
+        else:
+            return None
+        return _closure_thunk(thunk, node, storage_map)
 
     def perform(self, node, inputs, out):
         hook = getattr(self.scalar_op, "elemwise_perform", None)
