@@ -1,0 +1,233 @@
+"""GpuAdvancedSubtensor1, GpuAdvancedIncSubtensor1 and GpuBatchedDot: placement on a virtual
+context (CPU), nvcc compilation of the gather/scatter kernels (``nvcc``) and values against
+NumPy on a real GPU (``gpu``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from gpu_helpers import requires_gpu, requires_nvcc
+from symgpu import config, function
+from symgpu.gpu import compiler
+from symgpu.gpu.advanced import (GpuAdvancedIncSubtensor1, GpuAdvancedSubtensor1,
+                                 GpuBatchedDot, advanced_source)
+from symgpu.gpu.rewriting import virtual_context
+
+CPU_NAMES = {"AdvancedSubtensor", "AdvancedIncSubtensor", "MatMul"}
+
+
+def _graphs():
+    x, y = T.matrix("x"), T.matrix("y")
+    x3 = T.tensor3("x3")
+    a3, b3 = T.tensor3("a3"), T.tensor3("b3")
+    iv = T.lvector("iv")
+    i32 = T.ivector("i32")
+    v = T.vector("v")
+    return [x, y, x3, a3, b3, iv, i32, v], {
+        "gather": (x[iv], GpuAdvancedSubtensor1),
+        "gather_int32": (x3[i32], GpuAdvancedSubtensor1),
+        "gather_slices": (x3[iv, :, :], GpuAdvancedSubtensor1),
+        "gather_const": (x[[0, 2, -1]], GpuAdvancedSubtensor1),
+        "gather_vector": (v[iv], GpuAdvancedSubtensor1),
+        "inc": (T.inc_subtensor(x[iv], y), GpuAdvancedIncSubtensor1),
+        "set": (T.set_subtensor(x[iv], y), GpuAdvancedIncSubtensor1),
+        "inc_bcast": (T.inc_subtensor(x[iv], v), GpuAdvancedIncSubtensor1),
+        "batched": (T.matmul(a3, b3), GpuBatchedDot),
+    }
+
+
+@pytest.mark.parametrize("name", ["gather", "gather_int32", "gather_slices", "gather_const",
+                                  "gather_vector", "inc", "set", "inc_bcast", "batched"])
+def test_placement_on_virtual_context(name):
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        inputs, graphs = _graphs()
+        out, gpu_op = graphs[name]
+        f = function(inputs, out, on_unused_input="ignore")
+        ops = [n.op for n in f.maker.fgraph.toposort()]
+        names = {type(op).__name__ for op in ops}
+        assert not names & CPU_NAMES, names
+        assert any(isinstance(op, gpu_op) for op in ops), names
+
+
+def _names(out, inputs):
+    f = function(inputs, out, on_unused_input="ignore")
+    return {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+
+
+def test_other_advanced_forms_stay_on_cpu():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x, iv, jv = T.matrix("x"), T.lvector("iv"), T.lvector("jv")
+        m = T.lmatrix("m")
+        assert "AdvancedSubtensor" in _names(x[:, iv], [x, iv])          # not axis 0
+        assert "AdvancedSubtensor" in _names(x[iv, jv], [x, iv, jv])     # two vectors
+        assert "AdvancedSubtensor" in _names(x[m], [x, m])               # matrix index
+        assert "AdvancedSubtensor" in _names(x[iv, 1:], [x, iv])         # partial slice
+        assert "AdvancedIncSubtensor" in _names(T.inc_subtensor(x[:, iv], x[:, iv]), [x, iv])
+
+
+def test_matmul_with_batch_broadcasting_stays_on_cpu():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        a = T.tensor3("a")
+        b = T.tensor(dtype="float32", shape=(1, None, None), name="b")
+        names = _names(T.matmul(a, b), [a, b])
+        assert "MatMul" in names and "GpuBatchedDot" not in names, names
+        c = T.tensor4("c")
+        names = _names(T.matmul(c, c), [c])
+        assert "MatMul" in names, names
+
+
+def test_grad_of_gather_lifts():
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        x, iv = T.matrix("x"), T.lvector("iv")
+        g = T.grad(T.sum(x[iv] ** 2), x)
+        names = _names(g, [x, iv])
+        assert "GpuAdvancedIncSubtensor1" in names and not names & CPU_NAMES, names
+
+
+@requires_nvcc
+def test_kernels_compile(tmp_path):
+    compiler.clear_memory_cache()
+    with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):
+        path, cubin, _ = compiler.compile_to_cubin(advanced_source(), (), "sm_90")
+    compiler.clear_memory_cache()
+    assert cubin
+
+
+# ============================================================================ GPU
+
+RNG = np.random.default_rng(7)
+
+
+@pytest.fixture
+def cuda():
+    """The machine's GPU registered as the default context, with device=cuda."""
+    from symgpu.gpu import context as gctx
+    ctx = gctx.start_device("cuda0")
+    assert not ctx.virtual
+    prev = gctx.get_context(None) if None in gctx.context_names() else None
+    gctx.register_context(None, ctx)
+    try:
+        with config.change_flags(device="cuda", floatX="float32"):
+            yield ctx
+    finally:
+        if prev is not None:
+            gctx.register_context(None, prev)
+        else:
+            gctx.unregister_context(None)
+
+
+def _check(inputs, out, values, want, rtol=None):
+    f = function(inputs, out, on_unused_input="ignore")
+    names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+    assert not names & CPU_NAMES, names
+    got = np.asarray(f(*values))
+    want = np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        got.shape, got.dtype, want.shape, want.dtype)
+    if got.dtype.kind == "f":
+        tol = rtol or (1e-5 if got.dtype == np.float32 else 1e-12)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+    return f
+
+
+def _values(shape, dtype):
+    if dtype.startswith("float"):
+        return RNG.standard_normal(shape).astype(dtype)
+    return RNG.integers(-50, 50, shape).astype(dtype)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("idx_dtype", ["int32", "int64"])
+def test_gpu_gather(cuda, dtype, idx_dtype):
+    x3 = T.tensor3("x3", dtype=dtype)
+    v = T.vector("v", dtype=dtype)
+    iv = T.vector("iv", dtype=idx_dtype)
+    a = _values((6, 4, 3), dtype)
+    idx = np.asarray([0, -1, 3, 3, -6, 5, 0], dtype=idx_dtype)
+    _check([x3, iv], x3[iv], [a, idx], a[idx])
+    _check([x3, iv], x3[iv], [a[:, ::2, :], idx], a[:, ::2, :][idx])   # strided x
+    _check([x3, iv], x3[iv], [a, idx[:0]], a[idx[:0]])                # empty index
+    b = _values(9, dtype)
+    _check([v, iv], v[iv], [b, idx], b[idx])
+
+
+@requires_gpu
+def test_gpu_gather_out_of_bounds(cuda):
+    x, iv = T.matrix("x"), T.lvector("iv")
+    f = function([x, iv], x[iv])
+    a = RNG.standard_normal((5, 3)).astype("float32")
+    with pytest.raises(IndexError, match=r"index 7 .*size 5"):
+        f(a, np.asarray([0, 7, 1]))
+    with pytest.raises(IndexError, match=r"index -6 .*size 5"):
+        f(a, np.asarray([-6]))
+    np.testing.assert_array_equal(np.asarray(f(a, np.asarray([4, -5]))), a[[4, -5]])
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_gpu_inc_repeated_indices(cuda, dtype):
+    x, y = T.matrix("x", dtype=dtype), T.matrix("y", dtype=dtype)
+    v = T.vector("v", dtype=dtype)
+    iv = T.lvector("iv")
+    a = _values((5, 4), dtype)
+    idx = np.asarray([1, 3, 1, -1, 1, 0, 4], dtype="int64")
+    b = _values((len(idx), 4), dtype)
+    want = a.copy()
+    np.add.at(want, idx, b)
+    before = a.copy()
+    f = _check([x, y, iv], T.inc_subtensor(x[iv], y), [a, b, idx], want)
+    np.testing.assert_array_equal(a, before)   # x is copied, never written
+    c = _values(4, dtype)
+    want = a.copy()
+    np.add.at(want, idx, c)
+    _check([x, v, iv], T.inc_subtensor(x[iv], v), [a, c, idx], want)   # y broadcast
+    # many repeats of one row: the atomics must not lose updates
+    big = np.zeros(1000, dtype="int64")
+    ones = np.ones((1000, 4), dtype=dtype)
+    want = a.copy()
+    np.add.at(want, big, ones)
+    _check([x, y, iv], T.inc_subtensor(x[iv], y), [a, ones, big], want,
+           1e-4 if dtype == "float32" else None)
+    with pytest.raises(IndexError, match=r"index 5 .*size 5"):
+        f(a, b, np.asarray([0, 1, 2, 3, 4, 5, 0]))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+def test_gpu_set(cuda, dtype):
+    x, y = T.matrix("x", dtype=dtype), T.matrix("y", dtype=dtype)
+    iv = T.ivector("iv")
+    a = _values((6, 3), dtype)
+    idx = np.asarray([4, -6, 2], dtype="int32")
+    b = _values((3, 3), dtype)
+    want = a.copy()
+    want[idx] = b
+    _check([x, y, iv], T.set_subtensor(x[iv], y), [a, b, idx], want)
+    # repeated indices: one of the written rows lands (which one is unspecified)
+    f = function([x, y, iv], T.set_subtensor(x[iv], y))
+    rep = np.asarray([2, 2], dtype="int32")
+    rows = np.stack([np.full(3, 1), np.full(3, 2)]).astype(dtype)
+    got = np.asarray(f(a, rows, rep))
+    assert any(np.array_equal(got[2], r) for r in rows)
+    np.testing.assert_array_equal(np.delete(got, 2, 0), np.delete(a, 2, 0))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_batched_dot(cuda, dtype):
+    a3, b3 = T.tensor3("a3", dtype=dtype), T.tensor3("b3", dtype=dtype)
+    a = RNG.standard_normal((4, 5, 3)).astype(dtype)
+    b = RNG.standard_normal((4, 3, 6)).astype(dtype)
+    tol = 1e-4 if dtype == "float32" else None
+    _check([a3, b3], T.matmul(a3, b3), [a, b], np.matmul(a, b), tol)
+    at = np.ascontiguousarray(a.transpose(0, 2, 1)).transpose(0, 2, 1)   # F-order matrices
+    _check([a3, b3], T.matmul(a3, b3), [at, b], np.matmul(a, b), tol)
+    _check([a3, b3], T.matmul(a3, b3), [a[:, :, :], b[:, :, ::2]], np.matmul(a, b[:, :, ::2]),
+           tol)
+    f = function([a3, b3], T.matmul(a3, b3))
+    with pytest.raises(ValueError, match="not aligned"):
+        f(a, a)
