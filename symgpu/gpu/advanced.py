@@ -129,8 +129,8 @@ def advanced_source() -> str:
     for dtype, t in ADVANCED_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
             parts.append(f"""
-extern "C" __global__ void {_gather_name(dtype, idt)}(const {t} *x, const {it} *idx,
-    {t} *out, long long n, long long row, long long len, unsigned long long *err)
+extern "C" __global__ void {_gather_name(dtype, idt)}(const {t} *x, {t} *out,
+    const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
 {{ gather_body<{t}, {it}>(x, idx, out, n, row, len, err); }}
 """)
             for set_ in (True, False):
@@ -163,7 +163,8 @@ def _contiguous(a: Any) -> Any:
 def _launch(op: Op, ctx: Any, name: str, a: Any, b: Any, idx: Any, n: int, row: int,
             length: int, shape: tuple) -> None:
     """Launch kernel ``name`` over n indices (rows of ``row`` elements) on the context's
-    stream, then read the error buffer back and raise IndexError for a bad index."""
+    stream, then read the error buffer back and raise IndexError for a bad index. Every
+    kernel takes (a, b, idx, ...): (x, out, idx) to gather, (out, y, idx) to scatter."""
     from symgpu.gpu.array import GpuArray
     if n == 0:
         return
