@@ -17,6 +17,16 @@ def per_call(fn, number: int, repeat: int = 7) -> float:
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
 
 
+def interleaved(fns: list, number: int, rounds: int = 25) -> list[float]:
+    """Best seconds per call of each function, timed in alternation so that drift in the
+    machine's load (other processes, frequency) hits every contender alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for k, fn in enumerate(fns):
+            best[k] = min(best[k], timeit.timeit(fn, number=number) / number)
+    return best
+
+
 def main() -> None:
     with config.change_flags(floatX="float32", device="cpu"):
         x = T.fvector("x")
@@ -33,8 +43,7 @@ def main() -> None:
         data = np.asarray(rng.rand(vlen), "float32")
         xs = shared(data)
         check1 = function([], T.exp(xs))
-        t_check1 = per_call(check1, 300)
-        t_numpy = per_call(lambda: np.exp(data), 300)
+        t_check1, t_numpy = interleaved([check1, lambda: np.exp(data)], 100)
 
     print(f"trivial function f(x)=x, per call:        {t_trivial * 1e6:8.2f} us  (goal < 10 us)")
     print(f"f()=shared+1 (4 floats), per call:        {t_no_args * 1e6:8.2f} us")
