@@ -84,24 +84,6 @@ def test_kernels_compile(source, tmp_path):
 RNG = np.random.default_rng(42)
 
 
-@pytest.fixture
-def cuda():
-    """The machine's GPU registered as the default context, with device=cuda."""
-    from symgpu.gpu import context as gctx
-    ctx = gctx.start_device("cuda0")
-    assert not ctx.virtual
-    prev = gctx.get_context(None) if None in gctx.context_names() else None
-    gctx.register_context(None, ctx)
-    try:
-        with config.change_flags(device="cuda", floatX="float32"):
-            yield ctx
-    finally:
-        if prev is not None:
-            gctx.register_context(None, prev)
-        else:
-            gctx.unregister_context(None)
-
-
 def _check(inputs, out, values, want, rtol=None):
     f = function(inputs, out, on_unused_input="ignore")
     names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
