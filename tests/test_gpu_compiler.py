@@ -1,6 +1,7 @@
 """The persistent kernel cache (symgpu.gpu.compiler): runs nvcc, needs no GPU."""
 from __future__ import annotations
 
+from pathlib import Path
 import os
 import stat
 import subprocess
@@ -198,7 +199,7 @@ def test_compile_error_keeps_source(cachedir):
         compile_to_cubin(bad)
     err = info.value
     assert err.source_path and os.path.exists(err.source_path)
-    assert open(err.source_path).read() == bad
+    assert Path(err.source_path).read_text() == bad
     assert err.source_path in str(err)
     assert "undefined_name" in str(err) and "undefined_name" in err.stderr
     assert "-arch=sm_90" in str(err)

@@ -3,6 +3,7 @@
 GPU-looking ops are stand-ins defined here (the printers go by class name), so these tests
 run without a GPU and without importing the GPU backend.
 """
+from pathlib import Path
 import io
 import os
 import stat
@@ -280,7 +281,7 @@ def test_pydotprint_dot_format_and_variables(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # writing .dot never needs graphviz
         out = pydotprint(T.exp(x) + 1, outfile=str(tmp_path / "g.dot"), format="dot")
-    text = open(out).read()
+    text = Path(out).read_text()
     assert 'label="Elemwise{exp,no_inplace}"' in text and 'label="x"' in text
 
 
@@ -305,7 +306,7 @@ def test_pydotprint_with_a_dot_program(tmp_path, monkeypatch):
         warnings.simplefilter("error")
         out = pydotprint(T.exp(T.dvector("x")), outfile=str(tmp_path / "g.svg"))
     assert out == str(tmp_path / "g.svg")
-    assert open(out).read().startswith("digraph G {")
+    assert Path(out).read_text().startswith("digraph G {")
     assert not (tmp_path / "g.dot").exists()
 
 
