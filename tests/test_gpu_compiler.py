@@ -1,7 +1,6 @@
 """The persistent kernel cache (symgpu.gpu.compiler): runs nvcc, needs no GPU."""
 from __future__ import annotations
 
-from pathlib import Path
 import os
 import stat
 import subprocess
@@ -9,6 +8,7 @@ import sys
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 

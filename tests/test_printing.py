@@ -3,12 +3,12 @@
 GPU-looking ops are stand-ins defined here (the printers go by class name), so these tests
 run without a GPU and without importing the GPU backend.
 """
-from pathlib import Path
 import io
 import os
 import stat
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
