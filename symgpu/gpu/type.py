@@ -18,7 +18,7 @@ from symgpu.compile.sharedvalue import Container, SharedVariable, register_share
 from symgpu.config import config
 from symgpu.graph.basic import Constant, Type, Variable
 from symgpu.scalar.dtypes import check_dtype
-from symgpu.tensor.type import TensorType, TensorVariable
+from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
 from symgpu.tensor.variable import TensorOperators
 
 __all__ = ["GpuArrayType", "GpuArrayVariable", "GpuArrayConstant", "GpuArraySharedVariable",
@@ -190,21 +190,9 @@ class GpuArrayType(Type):
         return specify_gpu_broadcastable_as(moved, self)
 
 
-class GpuArrayVariable(Variable):
+class GpuArrayVariable(ArrayVariableMixin, Variable):
     """A symbolic GPU array; it has the tensor operators (computed through the host form,
     which the placement pass moves back to the device)."""
-
-    @property
-    def dtype(self) -> str:
-        return self.type.dtype
-
-    @property
-    def ndim(self) -> int:
-        return self.type.ndim
-
-    @property
-    def broadcastable(self) -> tuple[bool, ...]:
-        return self.type.broadcastable
 
 
 def _install_operators() -> None:

@@ -12,7 +12,7 @@ from symgpu.scalar.dtypes import check_dtype, is_float
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
-           "Float64Warning"]
+           "Float64Warning", "ArrayVariableMixin"]
 
 _NDIM_NAMES = {0: "scalar", 1: "vector", 2: "matrix", 3: "tensor3", 4: "tensor4"}
 
@@ -171,12 +171,9 @@ def _warn_float64(dtype: str) -> None:
         pdb.set_trace()
 
 
-class TensorVariable(Variable):
-    """A symbolic tensor; operators and methods come from `_TensorOperators`."""
-
-    def __init__(self, type: TensorType, owner=None, index=None, name=None):
-        super().__init__(type, owner, index, name)
-        _warn_float64(type.dtype)
+class ArrayVariableMixin:
+    """dtype/ndim/broadcastable read from the type: shared by host and device array
+    variables (symgpu.gpu.type.GpuArrayVariable uses it too)."""
 
     @property
     def dtype(self) -> str:
@@ -189,6 +186,14 @@ class TensorVariable(Variable):
     @property
     def broadcastable(self) -> tuple[bool, ...]:
         return self.type.broadcastable
+
+
+class TensorVariable(ArrayVariableMixin, Variable):
+    """A symbolic tensor; operators and methods come from `_TensorOperators`."""
+
+    def __init__(self, type: TensorType, owner=None, index=None, name=None):
+        super().__init__(type, owner, index, name)
+        _warn_float64(type.dtype)
 
 
 class TensorConstant(Constant, TensorVariable):
