@@ -21,7 +21,7 @@ import symgpu
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu
 from symgpu import Out, config, function, shared
-from symgpu.graph.basic import Apply
+from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.gpu import context as gctx
@@ -589,3 +589,32 @@ def test_assert_no_cpu_op_ignores_host_shape_arithmetic():
         idx = T.lvector("idx")
         with pytest.raises(CpuOpError, match="AdvancedSubtensor"):
             function([y, idx], y[:, idx])  # a gather on axis 1 stays on the host
+
+
+def test_constants_are_inlined_into_gpu_kernels_and_never_overwritten(vgpu):
+    """Constants a GPU kernel reads become literals of its Composite (even a lone node's:
+    `maximum(h, 0)`), so no per-call upload is left, and no in-place op may take a copy of a
+    constant as its output buffer (it could then never be uploaded once)."""
+    from symgpu.gpu.elemwise import GpuElemwise
+    x, w = T.matrix("x"), T.matrix("w")
+    h = T.maximum(T.dot(x, w), 0)
+    s = h.sum() * (-1.0 / 512)
+    f = function([x, w], [gpu_from_host(h), gpu_from_host(s)])
+    topo = f.maker.fgraph.toposort()
+    ups = [n for n in topo if isinstance(n.op, GpuFromHost)
+           and isinstance(n.inputs[0], Constant)]
+    assert not ups, dprint(f)
+    texts = [str(n.op) for n in topo if isinstance(n.op, GpuElemwise)]
+    assert any("maximum(i0, 0.0)" in t for t in texts), texts
+    assert any("-0.001953125" in t for t in texts), texts
+
+
+def test_a_copy_of_a_constant_is_not_destroyable():
+    from symgpu.graph.rewriting import why_not_destroyable
+    from symgpu.graph.basic import constant_behind
+    c = T.constant(np.float32(2.0))
+    up = GpuFromHost(None)(c)
+    assert constant_behind(up) is c and constant_behind(T.vector()) is None
+    fg = FunctionGraph([], [host_from_gpu(up)], clone=False)
+    reader = fg.clients[up][0][0]
+    assert why_not_destroyable(fg, up, reader) == "a constant"

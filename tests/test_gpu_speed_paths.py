@@ -298,6 +298,19 @@ def test_capturability_of_the_real_gpu_thunk_markers():
     assert blas._blas_capturable(lambda: None, None).capturable
 
 
+def test_one_element_uploads_are_capturable_memsets():
+    """GpuFromHost of a one-element host value (x.shape[0] as a float, a scalar input) is a
+    memset recorded into the graph, keyed on the value; bigger uploads stay plain."""
+    from symgpu.gpu.basic_ops import GpuFromHost, _ScalarUploadThunk
+    from symgpu.tensor.type import TensorType
+    for bcast in ((), (True,), (True, True)):
+        node = GpuFromHost(None)(TensorType("float64", bcast)()).owner
+        assert graphs.node_capturable(node, _ScalarUploadThunk)
+        assert graphs.node_launches(node, _ScalarUploadThunk)
+    big = GpuFromHost(None)(TensorType("float32", (False, False))()).owner
+    assert not graphs.node_capturable(big, None)
+
+
 def test_a_node_reading_a_big_host_input_is_not_capturable():
     from symgpu.tensor.type import TensorType
 
@@ -1116,3 +1129,36 @@ def test_gpu_profiled_function_uses_events_and_no_graphs(real_ctx):
     assert prof.fct_callcount == 3 and prof.thunk_time > 0
     if f.vm.runner is not None:
         assert f.vm.runner.stats()["captures"] == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _real_gpu()", reason="needs a usable NVIDIA GPU")
+def test_gpu_logistic_regression_step_is_one_graph(real_ctx, monkeypatch):
+    """The tutorial's training step: its constants are kernel literals and its one
+    shape-derived scalar (N) a memset inside the graph, so a call is one graph replay."""
+    monkeypatch.setattr(graphs, "_driver", None)
+    train = _gpu_functions(True)[2]
+    for _ in range(6):
+        train()
+    st = train.vm.runner.stats()
+    assert st["segments"] == 1 and st["replays"] >= 3, \
+        (st, [str(n.op) for n in train.maker.fgraph.toposort()])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif("not _real_gpu()", reason="needs a usable NVIDIA GPU")
+def test_gpu_scalar_uploads_in_graphs_follow_the_value(real_ctx, monkeypatch):
+    """A scalar input uploaded by memset: each value gets its own graph, replays give that
+    value's result (float64 0.1 needs two word memsets), and shape-derived scalars too."""
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu import Out, shared
+    from symgpu.gpu.basic_ops import gpu_from_host
+    monkeypatch.setattr(graphs, "_driver", None)
+    xs = shared(np.arange(6.0), target=GPU_CTX)
+    s = T.dscalar("s")
+    f = symgpu.function([s], Out(gpu_from_host(xs * s / xs.shape[0], GPU_CTX), borrow=True))
+    for v in (0.1, 0.1, 0.1, 0.3, 0.3, 0.3, 0.1, -2.5, 0.1):
+        np.testing.assert_allclose(np.asarray(f(v)), np.arange(6.0) * v / 6, rtol=1e-15)
+    st = f.vm.runner.stats()
+    assert st["replays"] >= 3 and st["segments"] == 1, st

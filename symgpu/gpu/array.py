@@ -375,8 +375,8 @@ class GpuArray:
         return self
 
     def fill(self, value: Any) -> "GpuArray":
-        """Set every element to ``value`` with a driver memset (host upload for 8-byte values
-        whose halves differ)."""
+        """Set every element to ``value`` with driver memsets (a host upload for several
+        8-byte values whose halves differ)."""
         if self.size == 0:
             return self
         if not self.is_c_contiguous:
@@ -397,6 +397,9 @@ class GpuArray:
             halves = pattern.view(np.uint32)
             if halves[0] == halves[1]:
                 drv.memset_d32_async(self.ptr, int(halves[0]), 2 * size, stream)
+            elif size == 1:   # two word memsets: no host buffer (a CUDA graph may record it)
+                drv.memset_d32_async(self.ptr, int(halves[0]), 1, stream)
+                drv.memset_d32_async(self.ptr + 4, int(halves[1]), 1, stream)
             else:
                 self.set(np.full(self.shape, value, dtype=self.dtype))
         return self

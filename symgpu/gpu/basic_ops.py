@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.transfer import TransferError, register_transfer
@@ -76,6 +76,7 @@ class GpuFromHost(Op):
     """Upload a host tensor to the context `context_name` (None = the default one)."""
 
     __props__ = ("context_name",)
+    copies_value = True  # rewrites may see a constant through it (graph.basic.constant_behind)
 
     def __init__(self, context_name: str | None = None):
         self.context_name = context_name
@@ -110,12 +111,48 @@ class GpuFromHost(Op):
         out[0][0] = to_gpu(x, _get_context(self.context_name))
         _count("host_to_gpu", x.nbytes)
 
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """A one-element host value (shape-derived scalars such as ``x.shape[0]``, scalar
+        inputs) goes up as a driver memset of its bytes: asynchronous, no staging buffer, and
+        capturable into a CUDA graph, whose key holds the host value (graph_plan.py), so a
+        replay only happens for the value the memset was recorded with."""
+        if not all(node.inputs[0].type.broadcastable):
+            return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+        return _ScalarUploadThunk(self, node, storage_map, compute_map)
+
     def grad(self, inputs, output_grads):
         return [_host_grad(output_grads[0])]
 
     def R_op(self, inputs, eval_points):
         ep = eval_points[0]
         return [None if ep is None else self(ep)]
+
+
+class _ScalarUploadThunk(PerformThunk):
+    """GpuFromHost of a one-element value: a pool block set with memsets (see make_thunk)."""
+
+    __slots__ = ("ctx", "shape", "dtype")
+    capturable = True
+    launches = True
+
+    def __init__(self, op: "GpuFromHost", node: Apply, storage_map: dict, compute_map: dict):
+        super().__init__(op, node, storage_map, compute_map)
+        self.ctx = _get_context(op.context_name)
+        self.shape = (1,) * node.inputs[0].ndim
+        self.dtype = np.dtype(node.outputs[0].dtype)
+
+    def __call__(self) -> None:
+        from symgpu.gpu.array import GpuArray
+        from symgpu.gpu.elemwise import new_array
+        x = self.inputs[0][0]
+        if isinstance(x, GpuArray):   # a device array fed to the input: the plain path
+            self.perform(self.node, [x], self.outputs)
+            return
+        value = np.asarray(x, dtype=self.dtype)
+        out = new_array(self.ctx, self.shape, self.dtype)
+        out.fill(value.reshape(()))
+        self.outputs[0][0] = out
+        _count("host_to_gpu", self.dtype.itemsize)
 
 
 class HostFromGpu(Op):
@@ -161,6 +198,7 @@ class GpuToGpu(Op):
 
     __props__ = ("context_name",)
     view_map = {0: [0]}
+    copies_value = True
 
     def __init__(self, context_name: str | None = None):
         self.context_name = context_name

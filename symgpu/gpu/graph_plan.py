@@ -31,14 +31,14 @@ def _flag(node: Any, thunk: Any, name: str) -> bool:
 
 def node_capturable(node: Any, thunk: Any) -> bool:
     """Whether ``node``'s thunk may run inside a stream capture: it (or its op) says so, and
-    every host-typed input is a small value a key can hold (a scalar or a short vector)."""
+    every host-typed input is a small value a key can hold (one element, or a short vector)."""
     if not _flag(node, thunk, "capturable"):
         return False
     for v in node.inputs:
         if _is_gpu_var(v):
             continue
-        ndim = getattr(getattr(v, "type", None), "ndim", None)
-        if ndim is None or ndim > 1:
+        bcast = getattr(getattr(v, "type", None), "broadcastable", None)
+        if bcast is None or (len(bcast) > 1 and not all(bcast)):
             return False
     return True
 

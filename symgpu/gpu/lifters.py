@@ -151,7 +151,7 @@ def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
 def gpu_fusion(fgraph: FunctionGraph) -> None:
     """The CPU fusion pass's algorithm over GpuElemwise nodes."""
     from symgpu.tensor.rewriting.elemwise import fuse_elemwise
-    fuse_elemwise(fgraph, GpuElemwise, GpuElemwise)
+    fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
 
 
 def _destroyable_inputs(fgraph: FunctionGraph, node: Apply, out: Variable, taken: set,

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = [
     "Type", "Variable", "Constant", "Apply", "Scratchpad",
-    "ancestors", "graph_inputs", "io_toposort", "clone_graph", "user_stack",
+    "ancestors", "graph_inputs", "io_toposort", "clone_graph", "user_stack", "constant_behind",
 ]
 
 _PACKAGE_DIR = __file__.rsplit("/graph/", 1)[0]
@@ -150,6 +150,18 @@ class Constant(Variable):
         if self.name is not None:
             return self.name
         return f"{type(self).__name__}{{{self.data}}}"
+
+
+def constant_behind(var: Variable) -> Constant | None:
+    """The Constant whose value `var` holds: `var` itself, or the constant that ops marked
+    `copies_value = True` (device transfers) carry unchanged. Rewrites see through such
+    copies, e.g. to inline a constant uploaded to the GPU into a fused kernel."""
+    while not isinstance(var, Constant):
+        owner = var.owner
+        if owner is None or not getattr(owner.op, "copies_value", False):
+            return None
+        var = owner.inputs[0]
+    return var
 
 
 def _hashable(data: Any) -> Any:

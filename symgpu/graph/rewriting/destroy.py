@@ -14,7 +14,7 @@ Policy (simple on purpose, so it is obviously right):
 """
 from __future__ import annotations
 
-from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import Feature, FunctionGraph
 from symgpu.graph.rewriting.basic import InconsistencyError
 
@@ -23,8 +23,8 @@ __all__ = ["DestroyHandler", "why_not_destroyable", "attach_destroy_handler"]
 
 def why_not_destroyable(fgraph: FunctionGraph, var: Variable, destroyer: Apply) -> str | None:
     """None if `destroyer` may overwrite `var`; otherwise the reason, in words."""
-    if isinstance(var, Constant):
-        return "a constant"
+    if constant_behind(var) is not None:
+        return "a constant"  # or a copy of one, which constant folding uploads only once
     if var.owner is None:
         return "an input of the function (explicit or shared)"
     if getattr(var.tag, "indestructible", False):

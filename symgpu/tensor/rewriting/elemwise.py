@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import (GraphRewriter, InconsistencyError, optdb, replace_validate)
 from symgpu.scalar.basic import ScalarOp
@@ -44,14 +44,21 @@ def _default_fusable(node: Apply, op_class: type) -> bool:
 
 
 def _inlinable_constant(var: Variable) -> bool:
-    return isinstance(var, Constant) and getattr(var, "data", None) is not None \
-        and np.asarray(var.data).size == 1
+    """A one-element constant, or a device copy of one: it becomes a literal of the kernel."""
+    const = constant_behind(var)
+    return const is not None and getattr(const, "data", None) is not None \
+        and np.asarray(const.data).size == 1
 
 
 def fuse_elemwise(fgraph: FunctionGraph, op_class: type = Elemwise,
                   make_op: Callable[[Any], Any] = Elemwise,
-                  fusable: Callable[[Apply], bool] | None = None) -> int:
+                  fusable: Callable[[Apply], bool] | None = None,
+                  inline_lone_constants: bool = False) -> int:
     """Fuse groups of `op_class` nodes into `make_op(Composite)` nodes; returns how many.
+
+    With `inline_lone_constants` a node that fuses with nothing but reads a one-element
+    constant becomes a Composite too, the constant a literal (the GPU's choice: a literal
+    costs no argument, no upload and no buffer that in-place rewrites could take).
 
     After each fusion the reachability bitsets are rebuilt: one node standing for a group
     joins paths that went through different members, and a stale view would let a later
@@ -69,7 +76,7 @@ def fuse_elemwise(fgraph: FunctionGraph, op_class: type = Elemwise,
             if not can[k] or k in assigned or nodes[k] in tried:
                 continue
             group = _grow(fgraph, nodes, index, can, anc, desc, assigned, k)
-            if len(group) < 2:
+            if len(group) < 2 and not (inline_lone_constants and _reads_inlinable(nodes[k])):
                 tried.add(nodes[k])
                 continue
             assigned |= group
@@ -80,6 +87,11 @@ def fuse_elemwise(fgraph: FunctionGraph, op_class: type = Elemwise,
             tried.update(nodes[j] for j in group)
         if not fused:
             return count
+
+
+def _reads_inlinable(node: Apply) -> bool:
+    return not isinstance(node.op.scalar_op, Composite) and \
+        any(_inlinable_constant(i) for i in node.inputs)
 
 
 def _analyse(fgraph, ok):
@@ -158,7 +170,7 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
                 out += [index[c] for c, _ in fgraph.clients.get(o, ())
                         if c != "output" and c in index]
         for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
-            if not isinstance(inp, Constant) and inp.type.broadcastable == B:
+            if constant_behind(inp) is None and inp.type.broadcastable == B:
                 out += [index[c] for c, _ in fgraph.clients.get(inp, ())
                         if c != "output" and c in index and c.outputs[0].type.broadcastable == B]
         return out
@@ -216,7 +228,7 @@ def _fuse_group(fgraph, members: list[Apply], make_op) -> bool:
         for inp in n.inputs:
             r = refs.get(inp)
             if r is None:
-                data = np.asarray(inp.data)
+                data = np.asarray(constant_behind(inp).data)
                 r = b.add_constant(data.reshape(-1)[0], data.dtype.name)
             args.append(r)
         for o, r in zip(n.outputs, b.add_op(n.op.scalar_op, args)):
