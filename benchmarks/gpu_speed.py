@@ -77,15 +77,37 @@ def mlp_init(rng):
     return Ws, bs, X, Y
 
 
+def symgpu_mlp_step(Ws, bs, Xm, Ym, profile=None):
+    """The MLP's SGD step as one symgpu function (loss returned on the device)."""
+    import symgpu.tensor as T
+    from symgpu import Out, function, shared
+    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gradient import disconnected_grad
+    sW = [shared(W) for W in Ws]
+    sb = [shared(b) for b in bs]
+    sX, sY = shared(Xm), shared(Ym)
+    h = sX
+    for k in range(len(sW)):
+        h = T.dot(h, sW[k]) + sb[k]
+        if k < len(sW) - 1:
+            h = T.maximum(h, 0)
+    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
+    lse = T.log(T.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
+    loss = T.cast(-(sY * (h - lse)).sum() / BATCH, "float32")
+    params = sW + sb
+    grads = T.grad(loss, params)
+    return function([], Out(gpu_from_host(loss), borrow=True), profile=profile,
+                    updates=[(p, p - 0.01 * g) for p, g in zip(params, grads)])
+
+
 # ============================================================================ symgpu
 
 def bench_symgpu(data) -> None:
     import symgpu
     import symgpu.gpu
     import symgpu.tensor as T
-    from symgpu import Out, function, shared
+    from symgpu import function, shared
     from symgpu.gpu.basic_ops import gpu_from_host
-    from symgpu.gradient import disconnected_grad
     vec, X, Y, w0 = data
     ctx = symgpu.gpu.init_default_context()
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
@@ -133,22 +155,7 @@ def bench_symgpu(data) -> None:
     row("sgemm 4096^3 (TFLOP/s)", "symgpu", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
     a_ = b_ = fm = None  # noqa: F841
 
-    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
-    sW = [shared(W) for W in Ws]
-    sb = [shared(b) for b in bs]
-    sX, sY = shared(Xm), shared(Ym)
-    h = sX
-    for k in range(len(sW)):
-        h = T.dot(h, sW[k]) + sb[k]
-        if k < len(sW) - 1:
-            h = T.maximum(h, 0)
-    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
-    lse = T.log(T.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
-    loss = T.cast(-(sY * (h - lse)).sum() / BATCH, "float32")
-    params = sW + sb
-    grads = T.grad(loss, params)
-    step = function([], Out(gpu_from_host(loss), borrow=True),
-                    updates=[(p, p - 0.01 * g) for p, g in zip(params, grads)])
+    step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
     step()
     row("MLP SGD step (us)", "symgpu", per_call(step, 200, sync) * 1e6, "us")
     kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})

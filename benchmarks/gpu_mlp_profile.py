@@ -1,0 +1,63 @@
+"""Where the MLP SGD step of benchmarks/gpu_speed.py spends its time on the GPU: the step's
+ops, its CUDA-graph segments, the per-node profile (CUDA-event timers, graphs off), and the
+same matrix products run by PyTorch alone (the cuBLAS floor) when it is installed.
+
+    python3 benchmarks/gpu_mlp_profile.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
+
+import numpy as np  # noqa: E402
+
+from gpu_speed import BATCH, MLP, mlp_init, per_call, symgpu_mlp_step  # noqa: E402
+
+
+def main() -> None:
+    import symgpu.gpu
+    from symgpu.compile.profiling import ProfileStats
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    data = mlp_init(np.random.default_rng(4))
+    step = symgpu_mlp_step(*data)
+    step()
+    t = per_call(step, 200, ctx.synchronize)
+    print(f"MLP step, CUDA graphs on: {t * 1e6:.1f} us")
+    runner = step.vm.runner
+    print("graphs:", runner.stats() if runner is not None else "no runner")
+    for n in step.maker.fgraph.toposort():
+        print("   ", n.op, [str(v.type) for v in n.inputs])
+    prof = ProfileStats(atexit_print=False)
+    profiled = symgpu_mlp_step(*data, profile=prof)
+    for _ in range(50):
+        profiled()
+    ctx.synchronize()
+    prof.summary(n_ops_to_print=40)
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    Ws, _, X, _ = data
+    A = [torch.from_numpy(X).to(dev)] + [torch.randn(BATCH, n, device=dev) for n in MLP[1:]]
+    W = [torch.from_numpy(w).to(dev) for w in Ws]
+
+    def products():
+        for k in range(len(W)):
+            A[k] @ W[k]                      # forward
+            A[k].T @ A[k + 1]                # weight gradient
+            if k:
+                A[k + 1] @ W[k].T            # input gradient
+    t = per_call(products, 200, torch.cuda.synchronize)
+    print(f"the step's matrix products alone in PyTorch: {t * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+    main()
