@@ -3,10 +3,11 @@ in one run: symgpu, a hand-written NumPy loop of the same updates, and PyTensor 
 installed (`pip install pytensor`; it is not a dependency).
 
 Prints, for each: compile time (building the training function from the symbolic graph) and
-time per training step (best of several timed blocks). Goals: step time at most 1.0x the
-NumPy loop and under half of PyTensor's; compile time under 0.25 s.
+time per training step: the best block of `--steps` calls over `--rounds` rounds, the
+contenders timed in alternation so that drift in the machine's load hits them alike. Goals:
+step time at most 1.0x the NumPy loop and under half of PyTensor's; compile time under 0.25 s.
 
-    python benchmarks/cpu_logreg.py [--steps 2000] [--repeat 5]
+    python benchmarks/cpu_logreg.py [--steps 500] [--rounds 20]
 """
 from __future__ import annotations
 
@@ -26,14 +27,16 @@ def data(seed: int = 22):
     return x, y, w
 
 
-def timed_steps(step, steps: int, repeat: int) -> float:
-    """Best-of-`repeat` seconds per call of `step()` over blocks of `steps` calls."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        best = min(best, (time.perf_counter() - t0) / steps)
+def interleaved(steps: list, number: int, rounds: int) -> list[float]:
+    """Best seconds per call of each `step()`, over blocks of `number` calls, the steps timed
+    in alternation round after round."""
+    best = [float("inf")] * len(steps)
+    for _ in range(rounds):
+        for k, step in enumerate(steps):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                step()
+            best[k] = min(best[k], (time.perf_counter() - t0) / number)
     return best
 
 
@@ -56,7 +59,7 @@ def build_train(lib, T):
     return train, w, b, time.perf_counter() - t0
 
 
-def bench_symgpu(steps: int, repeat: int) -> dict:
+def bench_symgpu() -> dict:
     import symgpu
     import symgpu.tensor as T
     x0, y0, _ = data()
@@ -65,11 +68,10 @@ def bench_symgpu(steps: int, repeat: int) -> dict:
     used_cpu = any(n.op.__class__.__name__ in ("Gemv", "CGemv", "Gemm", "CGemm") for n in topo)
     step = lambda: train(x0, y0)  # noqa: E731
     step()
-    return {"compile": compile_s, "step": timed_steps(step, steps, repeat), "nodes": len(topo),
-            "gemv": used_cpu, "w": w.get_value(), "b": float(b.get_value())}
+    return {"compile": compile_s, "fn": step, "nodes": len(topo), "gemv": used_cpu}
 
 
-def bench_numpy(steps: int, repeat: int) -> dict:
+def bench_numpy() -> dict:
     x, y, w0 = data()
     state = {"w": w0.copy(), "b": np.float32(0.0)}
 
@@ -83,13 +85,14 @@ def bench_numpy(steps: int, repeat: int) -> dict:
         state["b"] = b - np.float32(0.01) * g.sum()
         return prediction, xent
 
-    with np.errstate(all="ignore"):  # the naive formulas overflow on saturated logits
-        step()
-        t = timed_steps(step, steps, repeat)
-    return {"compile": 0.0, "step": t}
+    def quiet_step():
+        with np.errstate(all="ignore"):  # the naive formulas overflow on saturated logits
+            return step()
+    quiet_step()
+    return {"compile": 0.0, "fn": quiet_step}
 
 
-def bench_pytensor(steps: int, repeat: int) -> dict | None:
+def bench_pytensor() -> dict | None:
     try:
         import pytensor
         import pytensor.tensor as pt
@@ -99,20 +102,23 @@ def bench_pytensor(steps: int, repeat: int) -> dict | None:
     train, _, _, compile_s = build_train(pytensor, pt)
     step = lambda: train(x0, y0)  # noqa: E731
     step()
-    return {"compile": compile_s, "step": timed_steps(step, steps, repeat),
-            "version": pytensor.__version__}
+    return {"compile": compile_s, "fn": step, "version": pytensor.__version__}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    sg = bench_symgpu(args.steps, args.repeat)
-    npy = bench_numpy(args.steps, args.repeat)
-    pt = bench_pytensor(args.steps, args.repeat)
+    contenders = [c for c in (bench_symgpu(), bench_numpy(), bench_pytensor()) if c is not None]
+    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
+    for c, t in zip(contenders, times):
+        c["step"] = t
+    sg, npy = contenders[0], contenders[1]
+    pt = contenders[2] if len(contenders) > 2 else None
     us = 1e6
-    print(f"logistic regression, N={N}, feats={FEATS}, float32, {args.steps} steps x {args.repeat}")
+    print(f"logistic regression, N={N}, feats={FEATS}, float32, best block of {args.steps} "
+          f"steps over {args.rounds} alternating rounds")
     print(f"symgpu:  {sg['nodes']} Apply nodes, {'Used the cpu (Gemv)' if sg['gemv'] else 'no Gemv!'}")
     print(f"{'':10s}{'step (us)':>12s}{'compile (s)':>14s}")
     print(f"{'symgpu':10s}{sg['step'] * us:12.1f}{sg['compile']:14.3f}")
