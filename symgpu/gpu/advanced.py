@@ -34,7 +34,8 @@ from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.subtensor import SYM, Slice
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
-           "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot"]
+           "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
+           "ERROR_REPORT_SOURCE", "new_error_buffer", "read_error"]
 
 #: value dtype -> CUDA type of the gather/scatter kernels
 ADVANCED_DTYPES = {"float32": "float", "float64": "double", "int32": "int",
@@ -46,14 +47,16 @@ _BLOCK = 256
 _MAX_BLOCKS = 4096
 _FULL = Slice(None, None, None)
 
-_ADVANCED_TEMPLATE = r"""
-/* err[0]: 0, or 1 once some index was out of bounds; err[1]: the first such raw index
-   recorded (as a long long). */
+#: the device side of a kernel's error buffer (see new_error_buffer / read_error): err[0] is
+#: 0, or 1 once some thread reported; err[1] the first reported value (as a long long)
+ERROR_REPORT_SOURCE = r"""
 __device__ __forceinline__ void report(unsigned long long *err, long long raw)
 {
     if (atomicCAS(err, 0ULL, 1ULL) == 0ULL) err[1] = (unsigned long long)raw;
 }
+"""
 
+_ADVANCED_TEMPLATE = ERROR_REPORT_SOURCE + r"""
 template <typename I>
 __device__ __forceinline__ bool fix_index(I raw, long long len, long long &j)
 {
@@ -160,24 +163,36 @@ def _contiguous(a: Any) -> Any:
     return a if a.is_c_contiguous else a.copy()
 
 
+def new_error_buffer(ctx: Any) -> Any:
+    """A zeroed two-word device buffer a kernel's ``report`` (ERROR_REPORT_SOURCE) writes."""
+    from symgpu.gpu.array import GpuArray
+    return GpuArray((2,), "uint64", ctx).fill(0)
+
+
+def read_error(err: Any) -> int | None:
+    """The value a kernel reported into ``err`` (a stream sync), or None if none did."""
+    flag, bad = err.get()
+    if not flag:
+        return None
+    return int(np.asarray(bad, dtype=np.uint64).view(np.int64))
+
+
 def _launch(op: Op, ctx: Any, name: str, a: Any, b: Any, idx: Any, n: int, row: int,
             length: int, shape: tuple) -> None:
     """Launch kernel ``name`` over n indices (rows of ``row`` elements) on the context's
     stream, then read the error buffer back and raise IndexError for a bad index. Every
     kernel takes (a, b, idx, ...): (x, out, idx) to gather, (out, y, idx) to scatter."""
-    from symgpu.gpu.array import GpuArray
     if n == 0:
         return
     ctx.activate()
-    err = GpuArray((2,), "uint64", ctx).fill(0)
+    err = new_error_buffer(ctx)
     fn = _kernel(ctx, name)
     total = n * max(row, 1)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
     fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, a.ptr, b.ptr, idx.ptr,
                            n, row, length, err.ptr)
-    flag, bad = err.get()
-    if flag:
-        bad = int(np.asarray(bad, dtype=np.uint64).view(np.int64))
+    bad = read_error(err)
+    if bad is not None:
         raise IndexError(f"{op}: index {bad} is out of bounds for axis 0 with size {length} "
                          f"(indexing an array of shape {shape})")
 

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
-
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-# advanced.py's error-buffer device function ``report`` sits in its private template string
-from symgpu.gpu.advanced import INDEX_DTYPES, _ADVANCED_TEMPLATE
+from symgpu.gpu.advanced import (ERROR_REPORT_SOURCE, INDEX_DTYPES, new_error_buffer,
+                                 read_error)
 from symgpu.gpu.basic_ops import as_gpuarray_variable
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
@@ -100,8 +98,8 @@ def _grad_name(dtype: str, g_dtype: str, idx_dtype: str) -> str:
 
 def crossentropy_source() -> str:
     """The CUDA module with every forward and gradient kernel (all p, g and label dtypes),
-    after advanced.py's template for its ``report`` device function."""
-    parts = [_ADVANCED_TEMPLATE, _CROSSENTROPY_TEMPLATE]
+    after advanced.py's ``report`` device function."""
+    parts = [ERROR_REPORT_SOURCE, _CROSSENTROPY_TEMPLATE]
     for dtype, t in CROSSENTROPY_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
             parts.append(f"""
@@ -158,16 +156,14 @@ def _launch(op: Op, name: str, kind: str, args: tuple, total: int, p: Any, y: An
     """Launch ``name`` over ``total`` threads' worth of work on p's context stream, then
     read the advanced.py-style error buffer back (the kernel's last argument) and raise
     ValueError for a label outside [0, k)."""
-    from symgpu.gpu.array import GpuArray
     ctx = p.context
     ctx.activate()
-    err = GpuArray((2,), "uint64", ctx).fill(0)
+    err = new_error_buffer(ctx)
     fn = _kernel(ctx, name, kind)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
     fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, *args, err.ptr)
-    flag, bad = err.get()
-    if flag:
-        bad = int(np.asarray(bad, dtype=np.uint64).view(np.int64))
+    bad = read_error(err)
+    if bad is not None:
         raise ValueError(f"categorical_crossentropy ({op}): labels must lie in "
                          f"[0, {p.shape[1]}) for coding_dist of shape {p.shape} (labels "
                          f"shape {y.shape}); got label {bad}")
