@@ -1,4 +1,4 @@
-"""cuBLAS through ctypes: GpuGemm, GpuGemv, GpuDot22 (float32, float64).
+"""cuBLAS through ctypes: GpuGemm, GpuGemv, GpuDot22, GpuGer (float32, float64).
 
 Why ctypes: cuBLAS ships with every CUDA install (``libcublas.so.13`` on the GPU machine) and
 its C API is a handful of calls; binding them directly costs nothing to build and works on the
@@ -8,7 +8,10 @@ generated kernels and can be captured in CUDA graphs.
 
 Row-major arrays are column-major transposes: ``C = A @ B`` is ``C^T = B^T A^T``; a
 C-contiguous matrix is passed untransposed with its row stride as leading dimension, an
-F-contiguous one transposed, anything else is first copied to C order.
+F-contiguous one transposed, anything else is first copied to C order.  The rank-1 update
+of a row-major A (m x n) is the update of the column-major A^T (n x m) with x and y swapped.
+
+GpuGer's lifter and in-place pass live here (the other BLAS ops' are in lifters.py).
 """
 from __future__ import annotations
 
@@ -20,10 +23,14 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.elemwise import _as_gpu, _context, _virtual_thunk, new_array
+from symgpu.gpu.rewriting import register_lifter
 
-__all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
-           "gpu_dot22", "cublas", "CublasError", "BLAS_DTYPES"]
+__all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
+           "gpu_dot22", "gpu_ger", "lift_ger", "make_gpu_ger_inplace", "cublas", "CublasError",
+           "BLAS_DTYPES"]
 
 BLAS_DTYPES = ("float32", "float64")
 _N, _T = 0, 1                       # cublasOperation_t
@@ -56,6 +63,7 @@ class _Cublas:
         self.lib = lib
         self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
+        self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
         self.handles: dict[int, ctypes.c_void_p] = {}
         self.workspaces: dict[int, Any] = {}
         self.lock = threading.Lock()
@@ -471,6 +479,97 @@ class GpuGemv(Op):
         return _blas_capturable(thunk, scal)
 
 
+# ----------------------------------------------------------------------------- GpuGer
+
+def _ger_operands(op: int, m: int, n: int, x: Any, y: Any) -> tuple[int, int, Any, Any]:
+    """(rows, cols, first vector, second vector) of the column-major ger that adds
+    alpha * outer(x, y) to a row-major (m x n) matrix which ``_colmajor`` reads as ``op``:
+    N means the memory is its transpose (n x m) column-major, updated by alpha * y x^T;
+    T means the memory is the matrix itself column-major, updated by alpha * x y^T."""
+    return (n, m, y, x) if op == _N else (m, n, x, y)
+
+
+class GpuGer(Op):
+    """``A <- A + alpha * outer(x, y)`` (inputs A, alpha, x, y; cuBLAS ger, the rank-1
+    update); in place on A when ``inplace``, else into a copy of A from the pool."""
+
+    __props__ = ("inplace",)
+
+    def __init__(self, inplace: bool = False):
+        self.inplace = bool(inplace)
+        self.destroy_map = {0: [0]} if self.inplace else {}
+
+    def __str__(self) -> str:
+        return "GpuGer{inplace}" if self.inplace else "GpuGer{no_inplace}"
+
+    def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
+        ctx = _ctx_name(A, x, y)
+        A = _blas_matrix(A, ctx, 2, "GpuGer's A")
+        x, y = _blas_matrix(x, ctx, 1, "GpuGer's x"), _blas_matrix(y, ctx, 1, "GpuGer's y")
+        if not (A.dtype == x.dtype == y.dtype):
+            raise TypeError(f"GpuGer needs one dtype, got A {A.dtype}, x {x.dtype}, y {y.dtype}")
+        alpha = _scalar_input(alpha, A.dtype, ctx)
+        out = A.type.clone(broadcastable=(A.broadcastable[0] and x.broadcastable[0],
+                                          A.broadcastable[1] and y.broadcastable[0]))
+        if self.inplace and A.type != out:
+            raise TypeError(f"{self}: A ({A.type}) cannot hold the output ({out}) in place")
+        return Apply(self, [A, alpha, x, y], [out()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        blas = cublas()
+        handle = blas.handle(ctx)
+        dtype = node.outputs[0].dtype
+        np_dtype = np.dtype(dtype)
+        ger = blas.ger[dtype]
+        scal = _Scalars(node, (1,), dtype, ctx, storage_map)
+        A_cell, x_cell, y_cell = (storage_map[node.inputs[i]] for i in (0, 2, 3))
+        out_cell = storage_map[node.outputs[0]]
+        inplace, label = self.inplace, str(self)
+
+        def thunk() -> None:
+            ctx.activate()
+            A, x, y = A_cell[0], x_cell[0], y_cell[0]
+            m, n = x.shape[0], y.shape[0]
+            if A.shape[0] not in (m, 1) or A.shape[1] not in (n, 1):
+                raise ValueError(f"{label}: A {A.shape} does not match outer(x, y) of x "
+                                 f"{x.shape} and y {y.shape} (A must have shape {(m, n)} or "
+                                 f"broadcast to it)")
+            layout = _colmajor(A) if inplace and A.shape == (m, n) else None
+            if layout is not None:
+                out = A
+            else:
+                out = new_array(ctx, (m, n), np_dtype)
+                if out.size:
+                    out._copy_from_device(_broadcast(A, (m, n)))
+                    layout = _colmajor(out)
+            if m and n:
+                _check_int(m, n)
+                if _inc(x) == 0:
+                    x = x.copy()
+                if _inc(y) == 0:
+                    y = y.copy()
+                op_, ld = layout
+                rows, cols, u, v = _ger_operands(op_, m, n, x, y)
+                (alpha_p,), keep = scal.args()
+                if scal.device:
+                    blas.pointer_mode(handle, _POINTER_DEVICE)
+                try:
+                    status = ger(handle, rows, cols, alpha_p, ctypes.c_void_p(u.ptr), _inc(u),
+                                 ctypes.c_void_p(v.ptr), _inc(v), ctypes.c_void_p(out.ptr),
+                                 max(ld, 1))
+                finally:
+                    if scal.device:
+                        blas.pointer_mode(handle, _POINTER_HOST)
+                blas.check(status, f"{label} (ger {m}x{n})")
+                del keep
+            out_cell[0] = out
+
+        return _blas_capturable(thunk, scal)
+
+
 class GpuAllocEmpty(Op):
     """An uninitialised GpuArray of a host-given shape (for outputs that are fully written)."""
 
@@ -517,6 +616,10 @@ def gpu_dot22(x: Any, y: Any) -> Variable:
     return GpuDot22()(x, y)
 
 
+def gpu_ger(A: Any, alpha: Any, x: Any, y: Any, inplace: bool = False) -> Variable:
+    return GpuGer(inplace)(A, alpha, x, y)
+
+
 def gpu_matvec(A: Variable, x: Variable) -> Variable:
     """``dot(A, x)`` as Theano spelt it on the GPU: GpuGemv{inplace} on a GpuAllocEmpty."""
     from symgpu.gpu.basic_ops import GpuShape_i
@@ -526,3 +629,48 @@ def gpu_matvec(A: Variable, x: Variable) -> Variable:
     one = np.asarray(1, dtype=A.dtype)
     from symgpu.tensor.type import constant
     return GpuGemv(True)(y, constant(one), A, x, constant(zero))
+
+
+# ----------------------------------------------------------------------------- Ger lifting
+
+@register_lifter("Ger")
+def lift_ger(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Ger(A, alpha, x, y) -> GpuGer (``W + lr * outer(x, y)`` is one call); alpha stays
+    where it was (a host alpha is read in host pointer mode, constants once)."""
+    A, _, x, y = inputs
+    if len({A.dtype, x.dtype, y.dtype}) != 1 or A.dtype not in BLAS_DTYPES:
+        return None
+    alpha = inputs[1] if inputs.was_on_gpu[1] else inputs.host(1)
+    return [GpuGer(False)(A, alpha, x, y)]
+
+
+def make_gpu_ger_inplace(fgraph: FunctionGraph) -> int:
+    """GpuGer -> GpuGer{inplace} where A is an intermediate read by nobody else: the
+    ``gpu_inplace`` pass's rule (lifters.py) for GpuGemv/GpuGemm, applied to GpuGer (so an
+    updated GPU shared variable is never overwritten); returns how many changed."""
+    from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler,
+                                        replace_validate, why_not_destroyable)
+    if not any(type(n.op) is GpuGer for n in fgraph.apply_nodes):
+        return 0        # (most graphs: no toposort)
+    nodes = [n for n in fgraph.toposort() if type(n.op) is GpuGer and not n.op.inplace]
+    attach_destroy_handler(fgraph)
+    changed = 0
+    for node in nodes:
+        if node not in fgraph.apply_nodes:
+            continue
+        a, out = node.inputs[0], node.outputs[0]
+        if a.type != out.type or node.inputs.count(a) != 1 or \
+                why_not_destroyable(fgraph, a, node) is not None:
+            continue
+        try:
+            new = GpuGer(True).make_node(*node.inputs).outputs
+            new[0].owner.tag.__dict__.update(node.tag.__dict__)
+            replace_validate(fgraph, list(zip(node.outputs, new)), reason="gpu_inplace")
+            changed += 1
+        except (InconsistencyError, TypeError):
+            continue
+    return changed
+
+
+# right after gpu_inplace (76, lifters.py), which does this for GpuGemv/GpuGemm
+optdb.register("gpu_ger_inplace", make_gpu_ger_inplace, 76.5, "fast_run", "inplace", "gpu")

@@ -1,4 +1,4 @@
-"""BLAS ops: Gemv, Gemm and Dot22, run by scipy.linalg.blas (s/d gemv, s/d gemm).
+"""BLAS ops: Gemv, Gemm, Dot22 and Ger, run by scipy.linalg.blas (s/d gemv, gemm, ger).
 
 The BLAS rewrites (tensor/rewriting/blas.py) turn `dot` into these and fold scalings and
 additive terms into them, so `w - lr * (dot(x.T, g) + c*w)` is one `Gemv(w, -lr, x.T, g,
@@ -8,11 +8,13 @@ BLAS is Fortran-ordered while our arrays are C-ordered: a C-contiguous matrix M 
 Fortran matrix M^T without a copy, so A @ v is `gemv(alpha, A.T, v, trans=1)` and the C-order
 product Z = A @ B is computed as the Fortran product Z^T = B^T A^T. (Passing a C array as
 is would make the wrapper copy it to Fortran order: ten times slower for a 400x784 gemv.)
+Likewise the rank-1 update A + alpha*outer(x, y) of a C-ordered A is the Fortran update of
+A^T with x and y swapped.
 
 `y` of Gemv (and `C` of Gemm) may be broadcastable (length-1 dimensions): the output is then
 allocated and filled with it, which lets `dot(x, w) + b` be a single Gemv. With `inplace=True`
 the op overwrites `y`/`C` (declared in destroy_map), which the in-place pass allows only for
-intermediates.
+intermediates. Ger's `A` follows the same rules.
 """
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
-__all__ = ["Gemv", "Gemm", "Dot22", "gemv_inplace", "gemv_no_inplace", "gemm_inplace",
-           "gemm_no_inplace", "dot22", "BLAS_DTYPES"]
+__all__ = ["Gemv", "Gemm", "Dot22", "Ger", "gemv_inplace", "gemv_no_inplace", "gemm_inplace",
+           "gemm_no_inplace", "dot22", "ger_inplace", "ger_no_inplace", "BLAS_DTYPES"]
 
 BLAS_DTYPES = ("float32", "float64")
 _FUNCS: dict[tuple[str, str], Callable] = {}
@@ -115,6 +117,26 @@ def gemm_value(fn: Callable, c, alpha, a, b, beta, inplace: bool, dtype: str) ->
         buf = np.empty((m, n), dtype=dtype)
         buf[...] = c
     return fn(alpha, bt, at, beta=beta, c=buf.T, trans_a=tb, trans_b=ta, overwrite_c=True).T
+
+
+def ger_value(fn: Callable, a, alpha, x, y, inplace: bool, dtype: str) -> np.ndarray:
+    """a + alpha*outer(x, y) with a broadcast to the result; written into `a` itself when
+    `inplace` and a is contiguous either way (BLAS updates its matrix in place)."""
+    m, n = x.shape[0], y.shape[0]
+    if a.ndim != 2 or a.shape[0] not in (m, 1) or a.shape[1] not in (n, 1):
+        raise ValueError(f"Ger: A of shape {a.shape} does not match outer(x, y) of x {x.shape} "
+                         f"and y {y.shape} (A must have shape {(m, n)} or broadcast to it)")
+    if inplace and a.shape == (m, n) and (a.flags.c_contiguous or a.flags.f_contiguous):
+        buf = a
+    else:
+        buf = np.empty((m, n), dtype=dtype)
+        buf[...] = a
+    if m == 0 or n == 0:
+        return buf
+    alpha = float(alpha)
+    if buf.flags.c_contiguous:   # buf^T is Fortran (n, m): buf^T += alpha * y x^T
+        return fn(alpha, y, x, a=buf.T, overwrite_a=True).T
+    return fn(alpha, x, y, a=buf, overwrite_a=True)
 
 
 def _scalar_or_cell(var, cell):
@@ -251,6 +273,64 @@ class Dot22(Op):
         return [dot(gz, b.T), dot(a.T, gz)]
 
 
+class Ger(Op):
+    """Z = A + alpha * outer(x, y) (BLAS ger, the rank-1 update); inputs (A, alpha, x, y),
+    alpha 0-d. The BLAS rewrites make it from `A + alpha * outer(x, y)`."""
+
+    __props__ = ("inplace",)
+
+    def __init__(self, inplace: bool = False):
+        self.inplace = bool(inplace)
+        self.destroy_map = {0: [0]} if self.inplace else {}
+
+    def __str__(self) -> str:
+        return f"Ger{{{'inplace' if self.inplace else 'no_inplace'}}}"
+
+    def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
+        A = as_tensor_variable(A)
+        if isinstance(alpha, (int, float)) and A.dtype in BLAS_DTYPES:
+            alpha = np.asarray(alpha, dtype=A.dtype)   # a Python number takes A's dtype
+        alpha, x, y = (as_tensor_variable(v) for v in (alpha, x, y))
+        dtype = _check(self, [A, alpha, x, y], (2, 0, 1, 1))
+        out = TensorType(dtype, (A.broadcastable[0] and x.broadcastable[0],
+                                 A.broadcastable[1] and y.broadcastable[0]))
+        if self.inplace and A.type != out:
+            raise TypeError(f"{self}: A ({A.type}) cannot hold the output ({out}) in place")
+        return Apply(self, [A, alpha, x, y], [out()])
+
+    def perform(self, node, inputs, out):
+        A, alpha, x, y = inputs
+        dtype = node.outputs[0].dtype
+        out[0][0] = ger_value(_blas("ger", dtype), A, alpha, x, y, self.inplace, dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        cA, ca, cx, cy = (storage_map[v] for v in node.inputs)
+        out = storage_map[node.outputs[0]]
+        dtype = node.outputs[0].dtype
+        fn = _blas("ger", dtype)
+        inplace = self.inplace
+        alpha, ca = _scalar_or_cell(node.inputs[1], ca)
+        if ca is None:
+            def thunk():
+                out[0] = ger_value(fn, cA[0], alpha, cx[0], cy[0], inplace, dtype)
+        else:
+            def thunk():
+                out[0] = ger_value(fn, cA[0], ca[0], cx[0], cy[0], inplace, dtype)
+        return _annotate(thunk, self, node, storage_map)
+
+    def dim_source(self, node: Apply, i: int):
+        return node.inputs[2 + i], 0
+
+    def grad(self, inputs, output_grads):
+        from symgpu.tensor.math import dot
+        A, alpha, x, y = inputs
+        (gz,) = output_grads
+        axes = [d for d in range(2) if A.broadcastable[d] and not gz.broadcastable[d]]
+        gA = gz.sum(axis=axes, keepdims=True) if axes else gz
+        gzy = dot(gz, y)
+        return [gA, dot(x, gzy), alpha * gzy, alpha * dot(x, gz)]
+
+
 def _annotate(thunk, op: Op, node: Apply, storage_map: dict):
     """Give a closure thunk the attributes the VM and profiler read from PerformThunk."""
     thunk.op, thunk.node = op, node
@@ -263,3 +343,4 @@ def _annotate(thunk, op: Op, node: Apply, storage_map: dict):
 gemv_inplace, gemv_no_inplace = Gemv(True), Gemv(False)
 gemm_inplace, gemm_no_inplace = Gemm(True), Gemm(False)
 dot22 = Dot22()
+ger_inplace, ger_no_inplace = Ger(True), Ger(False)

@@ -1,22 +1,28 @@
 """BLAS rewrites (the `blas` pass, position 20): dot -> Gemv / Dot22, then fold scalings and
 added terms into them: `b + dot(x, w)` -> Gemv(b, 1, x, w, 1) and
-`w - lr*(dot(x.T, g) + c*w)` -> Gemv(w, -lr, x.T, g, 1 - lr*c).
+`w - lr*(dot(x.T, g) + c*w)` -> Gemv(w, -lr, x.T, g, 1 - lr*c). `outer(x, y)` is
+`dot(x[:, None], y[None, :])`, so `A + alpha*outer(x, y)` folds into a rank-1
+Gemm(A, alpha, x[:, None], y[None, :], 1), which becomes Ger(A, alpha, x, y).
 
-It runs before the GPU lifting (40) so the GPU backend maps Gemv/Gemm/Dot22 one to one.
+It runs before the GPU lifting (40) so the GPU backend maps Gemv/Gemm/Dot22/Ger one to one.
+Ger's in-place variant comes from `ger_inplace` (75.5), the in-place pass's rule applied to Ger.
 """
 from __future__ import annotations
 
 from symgpu.graph.basic import Variable
-from symgpu.graph.rewriting import RewriteGroup, node_rewriter, optdb
-from symgpu.tensor.blas import BLAS_DTYPES, Dot22, Gemm, Gemv, dot22, gemm_no_inplace, \
-    gemv_no_inplace
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import (InconsistencyError, RewriteGroup, attach_destroy_handler,
+                                    node_rewriter, optdb, replace_validate, why_not_destroyable)
+from symgpu.tensor.blas import BLAS_DTYPES, Dot22, Gemm, Gemv, Ger, dot22, gemm_no_inplace, \
+    gemv_no_inplace, ger_inplace, ger_no_inplace
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.math import Dot
 from symgpu.tensor.rewriting.basic import constant_folding, local_dimshuffle_merge
 from symgpu.tensor.rewriting.utils import (broadcast_to_type, ew, ew_name, is_ew, make_constant,
                                            scalar_constant, single_client)
 
-__all__ = ["blas", "local_dot_to_blas", "local_fold_into_blas"]
+__all__ = ["blas", "local_dot_to_blas", "local_fold_into_blas", "local_gemm_to_ger",
+           "make_ger_inplace"]
 
 blas = RewriteGroup("blas")
 optdb.register("blas", blas, 20, "fast_run")
@@ -194,7 +200,63 @@ def local_fold_into_blas(fgraph, node):
     return [new]
 
 
+def _drop_broadcastable(var: Variable, axis: int) -> Variable:
+    """`var` (a matrix whose dimension `axis` is broadcastable) as the vector it holds."""
+    node = var.owner
+    if node is not None and type(node.op) is DimShuffle and node.inputs[0].ndim == 1 and \
+            node.op.new_order == ((0, "x") if axis == 1 else ("x", 0)):
+        return node.inputs[0]          # outer's own x[:, None] / y[None, :]
+    return DimShuffle(var.broadcastable, (1 - axis,))(var)
+
+
+@node_rewriter([Gemm])
+def local_gemm_to_ger(fgraph, node):
+    """Gemm(A, alpha, x[:, None], y[None, :], 1) -> Ger(A, alpha, x, y): the rank-1 update
+    `A + alpha*outer(x, y)` (as local_fold_into_blas leaves it) runs as BLAS ger, which reads
+    x and y as vectors and updates A in place instead of a k=1 matrix product."""
+    if node.op.inplace:
+        return None
+    c, alpha, a, b, beta = node.inputs
+    if not (a.broadcastable[1] and b.broadcastable[0]):
+        return None
+    beta_v = scalar_constant(beta)
+    if beta_v is None or beta_v != 1:
+        return None
+    new = ger_no_inplace(c, alpha, _drop_broadcastable(a, 1), _drop_broadcastable(b, 0))
+    return [new] if new.type == node.outputs[0].type else None
+
+
+def make_ger_inplace(fgraph: FunctionGraph) -> int:
+    """Ger -> Ger{inplace} where A is an intermediate read by nobody else: what the in-place
+    pass (tensor/rewriting/inplace.py) does for Gemv/Gemm, under the same DestroyHandler
+    rules (so an updated shared variable is never overwritten); returns how many changed."""
+    if not any(type(n.op) is Ger for n in fgraph.apply_nodes):
+        return 0        # (most graphs: no toposort)
+    nodes = [n for n in fgraph.toposort() if type(n.op) is Ger and not n.op.inplace]
+    attach_destroy_handler(fgraph)
+    n = 0
+    for node in nodes:
+        if node not in fgraph.apply_nodes:
+            continue
+        a, out = node.inputs[0], node.outputs[0]
+        if a.type != out.type or node.inputs.count(a) != 1 or \
+                why_not_destroyable(fgraph, a, node) is not None:
+            continue
+        try:
+            new = ger_inplace.make_node(*node.inputs).outputs
+            new[0].owner.tag.__dict__.update(node.tag.__dict__)
+            replace_validate(fgraph, list(zip(node.outputs, new)), reason="inplace")
+            n += 1
+        except (InconsistencyError, TypeError):
+            continue
+    return n
+
+
 blas.register(local_dot_to_blas)
 blas.register(local_fold_into_blas)
+blas.register(local_gemm_to_ger)
 blas.register(constant_folding)
 blas.register(local_dimshuffle_merge)
+
+# right after the in-place pass (75), which does this for Gemv/Gemm
+optdb.register("ger_inplace", make_ger_inplace, 75.5, "fast_run", "inplace")
