@@ -17,7 +17,7 @@ like two's complement), so repeated indices accumulate exactly as ``np.add.at``.
 plainly: with repeated indices WHICH write lands is unspecified (NumPy's "last one wins" is
 not guaranteed on the GPU). Both work on a copy of ``x``, never in place.
 
-No ``Ger`` op exists in symgpu/tensor/blas.py, so there is no GpuGer here.
+GpuGer (the rank-1 update) lives with the other cuBLAS ops in blas.py.
 """
 from __future__ import annotations
 

@@ -23,13 +23,11 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.elemwise import _as_gpu, _context, _virtual_thunk, new_array
 from symgpu.gpu.rewriting import register_lifter
 
 __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
-           "gpu_dot22", "gpu_ger", "lift_ger", "make_gpu_ger_inplace", "cublas", "CublasError",
+           "gpu_dot22", "gpu_ger", "lift_ger", "cublas", "CublasError",
            "BLAS_DTYPES"]
 
 BLAS_DTYPES = ("float32", "float64")
@@ -644,33 +642,3 @@ def lift_ger(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Varia
     return [GpuGer(False)(A, alpha, x, y)]
 
 
-def make_gpu_ger_inplace(fgraph: FunctionGraph) -> int:
-    """GpuGer -> GpuGer{inplace} where A is an intermediate read by nobody else: the
-    ``gpu_inplace`` pass's rule (lifters.py) for GpuGemv/GpuGemm, applied to GpuGer (so an
-    updated GPU shared variable is never overwritten); returns how many changed."""
-    from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler,
-                                        replace_validate, why_not_destroyable)
-    if not any(type(n.op) is GpuGer for n in fgraph.apply_nodes):
-        return 0        # (most graphs: no toposort)
-    nodes = [n for n in fgraph.toposort() if type(n.op) is GpuGer and not n.op.inplace]
-    attach_destroy_handler(fgraph)
-    changed = 0
-    for node in nodes:
-        if node not in fgraph.apply_nodes:
-            continue
-        a, out = node.inputs[0], node.outputs[0]
-        if a.type != out.type or node.inputs.count(a) != 1 or \
-                why_not_destroyable(fgraph, a, node) is not None:
-            continue
-        try:
-            new = GpuGer(True).make_node(*node.inputs).outputs
-            new[0].owner.tag.__dict__.update(node.tag.__dict__)
-            replace_validate(fgraph, list(zip(node.outputs, new)), reason="gpu_inplace")
-            changed += 1
-        except (InconsistencyError, TypeError):
-            continue
-    return changed
-
-
-# right after gpu_inplace (76, lifters.py), which does this for GpuGemv/GpuGemm
-optdb.register("gpu_ger_inplace", make_gpu_ger_inplace, 76.5, "fast_run", "inplace", "gpu")

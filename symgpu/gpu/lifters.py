@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, gpu_matvec
+from symgpu.gpu.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
 from symgpu.gpu.codegen.scalar import supports_scalar_op
 from symgpu.gpu.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.rewriting import register_lifter
@@ -168,7 +166,7 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
                                         replace_validate, why_not_destroyable)
     nodes = [n for n in fgraph.toposort()
              if (type(n.op) is GpuElemwise and not n.op.inplace_pattern)
-             or (type(n.op) in (GpuGemv, GpuGemm) and not n.op.inplace)]
+             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer) and not n.op.inplace)]
     if not nodes:
         return 0
     attach_destroy_handler(fgraph)

@@ -5,24 +5,21 @@ added terms into them: `b + dot(x, w)` -> Gemv(b, 1, x, w, 1) and
 Gemm(A, alpha, x[:, None], y[None, :], 1), which becomes Ger(A, alpha, x, y).
 
 It runs before the GPU lifting (40) so the GPU backend maps Gemv/Gemm/Dot22/Ger one to one.
-Ger's in-place variant comes from `ger_inplace` (75.5), the in-place pass's rule applied to Ger.
+Their in-place variants come from the in-place pass (tensor/rewriting/inplace.py).
 """
 from __future__ import annotations
 
 from symgpu.graph.basic import Variable
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting import (InconsistencyError, RewriteGroup, attach_destroy_handler,
-                                    node_rewriter, optdb, replace_validate, why_not_destroyable)
-from symgpu.tensor.blas import BLAS_DTYPES, Dot22, Gemm, Gemv, Ger, dot22, gemm_no_inplace, \
-    gemv_no_inplace, ger_inplace, ger_no_inplace
+from symgpu.graph.rewriting import RewriteGroup, node_rewriter, optdb
+from symgpu.tensor.blas import BLAS_DTYPES, Dot22, Gemm, Gemv, dot22, gemm_no_inplace, \
+    gemv_no_inplace, ger_no_inplace
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.math import Dot
 from symgpu.tensor.rewriting.basic import constant_folding, local_dimshuffle_merge
 from symgpu.tensor.rewriting.utils import (broadcast_to_type, ew, ew_name, is_ew, make_constant,
                                            scalar_constant, single_client)
 
-__all__ = ["blas", "local_dot_to_blas", "local_fold_into_blas", "local_gemm_to_ger",
-           "make_ger_inplace"]
+__all__ = ["blas", "local_dot_to_blas", "local_fold_into_blas", "local_gemm_to_ger"]
 
 blas = RewriteGroup("blas")
 optdb.register("blas", blas, 20, "fast_run")
@@ -226,37 +223,8 @@ def local_gemm_to_ger(fgraph, node):
     return [new] if new.type == node.outputs[0].type else None
 
 
-def make_ger_inplace(fgraph: FunctionGraph) -> int:
-    """Ger -> Ger{inplace} where A is an intermediate read by nobody else: what the in-place
-    pass (tensor/rewriting/inplace.py) does for Gemv/Gemm, under the same DestroyHandler
-    rules (so an updated shared variable is never overwritten); returns how many changed."""
-    if not any(type(n.op) is Ger for n in fgraph.apply_nodes):
-        return 0        # (most graphs: no toposort)
-    nodes = [n for n in fgraph.toposort() if type(n.op) is Ger and not n.op.inplace]
-    attach_destroy_handler(fgraph)
-    n = 0
-    for node in nodes:
-        if node not in fgraph.apply_nodes:
-            continue
-        a, out = node.inputs[0], node.outputs[0]
-        if a.type != out.type or node.inputs.count(a) != 1 or \
-                why_not_destroyable(fgraph, a, node) is not None:
-            continue
-        try:
-            new = ger_inplace.make_node(*node.inputs).outputs
-            new[0].owner.tag.__dict__.update(node.tag.__dict__)
-            replace_validate(fgraph, list(zip(node.outputs, new)), reason="inplace")
-            n += 1
-        except (InconsistencyError, TypeError):
-            continue
-    return n
-
-
 blas.register(local_dot_to_blas)
 blas.register(local_fold_into_blas)
 blas.register(local_gemm_to_ger)
 blas.register(constant_folding)
 blas.register(local_dimshuffle_merge)
-
-# right after the in-place pass (75), which does this for Gemv/Gemm
-optdb.register("ger_inplace", make_ger_inplace, 75.5, "fast_run", "inplace")

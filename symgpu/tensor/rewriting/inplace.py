@@ -11,7 +11,7 @@ from __future__ import annotations
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import (GraphRewriter, InconsistencyError, attach_destroy_handler,
                                     optdb, replace_validate, why_not_destroyable)
-from symgpu.tensor.blas import Gemm, Gemv
+from symgpu.tensor.blas import Gemm, Gemv, Ger
 from symgpu.tensor.elemwise import Elemwise
 
 __all__ = ["InplaceRewriter", "make_inplace"]
@@ -46,7 +46,7 @@ def make_inplace(fgraph: FunctionGraph) -> int:
                     pattern[o] = cands[0]
             if pattern:
                 new_op = Elemwise(op.scalar_op, pattern, op.name)
-        elif type(op) in (Gemv, Gemm) and not op.inplace:
+        elif type(op) in (Gemv, Gemm, Ger) and not op.inplace:
             if _candidates(fgraph, node, 0, set()) [:1] == [0]:
                 new_op = type(op)(inplace=True)
         if new_op is None:
