@@ -388,11 +388,12 @@ class GpuBatchedDot(Op):
 
 
 def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
-    from symgpu.gpu.blas import _check_int, cublas
+    from symgpu.gpu.blas import _check_int, cublas, gemm_math_mode
     from symgpu.gpu.elemwise import new_array
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
+    math_mode = gemm_math_mode(dtype)
     np_dtype = np.dtype(dtype)
     lib = blas.lib
     gemm = lib.cublasSgemmStridedBatched if dtype == "float32" else \
@@ -423,6 +424,7 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
                 _check_int(b, m, n, k)
                 x, tb, ldb, sx = _batch_operand(x)
                 y, ta, lda, sy = _batch_operand(y)
+                blas.math_mode(handle, math_mode)
                 status = gemm(handle, ctypes.c_int(ta), ctypes.c_int(tb), ctypes.c_int(n),
                               ctypes.c_int(m), ctypes.c_int(k), ctypes.byref(one),
                               ctypes.c_void_p(y.ptr), ctypes.c_int(max(lda, 1)),

@@ -27,12 +27,13 @@ from symgpu.gpu.elemwise import _as_gpu, _context, _virtual_thunk, new_array
 from symgpu.gpu.rewriting import register_lifter
 
 __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
-           "gpu_dot22", "gpu_ger", "lift_ger", "cublas", "CublasError",
+           "gpu_dot22", "gpu_ger", "lift_ger", "gemm_math_mode", "cublas", "CublasError",
            "BLAS_DTYPES"]
 
 BLAS_DTYPES = ("float32", "float64")
 _N, _T = 0, 1                       # cublasOperation_t
 _POINTER_HOST, _POINTER_DEVICE = 0, 1
+_DEFAULT_MATH, _TF32_MATH = 0, 3     # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 _WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
 _STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
            8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
@@ -63,6 +64,7 @@ class _Cublas:
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
         self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
         self.handles: dict[int, ctypes.c_void_p] = {}
+        self.math_modes: dict[int, int] = {}     # handle -> the cublasMath_t it was last set to
         self.workspaces: dict[int, Any] = {}
         self.lock = threading.Lock()
 
@@ -93,6 +95,13 @@ class _Cublas:
             return
         if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
             self.workspaces[id(ctx)] = block    # alive as long as the handle
+
+    def math_mode(self, h: ctypes.c_void_p, mode: int) -> None:
+        """Set the handle's math mode if it differs (a host-side setting: the calls that
+        follow, captured ones included, use it)."""
+        if self.math_modes.get(h.value) != mode:
+            self.check(self.lib.cublasSetMathMode(h, mode), "cublasSetMathMode")
+            self.math_modes[h.value] = mode
 
     def pointer_mode(self, h: ctypes.c_void_p, mode: int) -> None:
         self.check(self.lib.cublasSetPointerMode_v2(h, mode), "cublasSetPointerMode")
@@ -314,11 +323,19 @@ class GpuDot22(Op):
         return _gemm_thunk(self, node, storage_map, ctx, None, 0, 1, ())
 
 
+def gemm_math_mode(dtype: str) -> int:
+    """The cublasMath_t a matrix product of ``dtype`` compiled now runs with
+    (``gpuarray.allow_tf32``: TF32 tensor cores for float32)."""
+    from symgpu.config import config
+    return _TF32_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else _DEFAULT_MATH
+
+
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
+    math_mode = gemm_math_mode(dtype)
     np_dtype = np.dtype(dtype)
     gemm = blas.gemm[dtype]
     ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
@@ -362,6 +379,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
             else:
                 (alpha_p, beta_p), keep = scal.args()
+            blas.math_mode(handle, math_mode)
             if scal is not None and scal.device:
                 blas.pointer_mode(handle, _POINTER_DEVICE)
             try:
