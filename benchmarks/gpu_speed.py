@@ -9,7 +9,9 @@ host; one logistic-regression step (400 x 784) with outputs on the device and wi
 and cross-entropy to the host; the fused chain tanh(x*.5+.1)*exp(-x*x)+log1p(x*x) over 2^26
 floats (bandwidth: bytes read + written over time); the sum of an 8192 x 8192 matrix over rows
 (axis 1), columns (axis 0) and all of it (bytes read over time); sgemm 4096^3 without TF32;
-one SGD step of an MLP 784-1024-1024-10 (ReLU, softmax cross-entropy) on a batch of 512; and
+one SGD step of an MLP 784-1024-1024-10 (ReLU, softmax cross-entropy) on a batch of 512, in
+full float32 everywhere (JAX at matmul precision "highest") and with TF32 matrix products
+everywhere (symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32, JAX's default); and
 the compile time of the logistic-regression step (symgpu: fresh process with an empty kernel
 cache, then warm).  Each figure is the median of 5 loops of N calls with one synchronisation
 (``ctx.synchronize()``, ``torch.cuda.synchronize()``, ``block_until_ready()``).  Prints each
@@ -22,6 +24,7 @@ import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -42,6 +45,9 @@ SQ = 8192
 MM = 4096
 MLP = (784, 1024, 1024, 10)
 BATCH = 512
+#: the MLP row with TF32 matrix products everywhere (symgpu's gpuarray.allow_tf32, PyTorch's
+#: allow_tf32, JAX's default precision); the plain row is full float32 everywhere
+MLP_TF32 = "MLP SGD step TF32 (us)"
 
 
 def row(name: str, who: str, value: float, unit: str) -> None:
@@ -106,7 +112,7 @@ def bench_symgpu(data) -> None:
     import symgpu
     import symgpu.gpu
     import symgpu.tensor as T
-    from symgpu import function, shared
+    from symgpu import config, function, shared
     from symgpu.gpu.basic_ops import gpu_from_host
     vec, X, Y, w0 = data
     ctx = symgpu.gpu.init_default_context()
@@ -162,6 +168,11 @@ def bench_symgpu(data) -> None:
     say(f"    MLP step ops: {', '.join(kinds)}")
     st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
     say(f"    MLP step graphs: {st}")
+    with config.change_flags(**{"gpuarray.allow_tf32": True}):
+        step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
+    step()
+    row(MLP_TF32, "symgpu", per_call(step, 200, sync) * 1e6, "us")
+    step = None
 
     seeds.RESULTS.clear()
     seeds.bench_compile()
@@ -251,6 +262,9 @@ def bench_torch(data, use_compile: bool) -> None:
                 p.sub_(0.01 * g)
         return loss
     row("MLP SGD step (us)", "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    row(MLP_TF32, "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
+    torch.backends.cuda.matmul.allow_tf32 = False
 
     if use_compile and not over_budget():
         tw2 = torch.from_numpy(w0.copy()).to(dev)
@@ -319,17 +333,21 @@ def bench_jax(data) -> None:
                 h = jax.nn.relu(h)
         return -(Yd * jax.nn.log_softmax(h, axis=1)).sum() / BATCH
 
-    @jax.jit
     def step(ps, Xd, Yd):
         val, gs = jax.value_and_grad(loss)(ps, Xd, Yd)
         return val, [p - 0.01 * g for p, g in zip(ps, gs)]
-    state = [params, None]
-    state[1], state[0] = step(state[0], jX, jY)
 
-    def run_mlp():
-        state[1], state[0] = step(state[0], jX, jY)
-    row("MLP SGD step (us)", "JAX", per_call(run_mlp, 200,
-                                             lambda: state[1].block_until_ready()) * 1e6, "us")
+    # JAX's default matmul precision on NVIDIA GPUs is TF32; "highest" is full float32
+    for label, precision in ((MLP_TF32, None), ("MLP SGD step (us)", "highest")):
+        with jax.default_matmul_precision(precision) if precision else nullcontext():
+            jstep = jax.jit(step)
+            state = [params, None]
+            state[1], state[0] = jstep(state[0], jX, jY)
+
+            def run_mlp():
+                state[1], state[0] = jstep(state[0], jX, jY)
+            row(label, "JAX", per_call(run_mlp, 200,
+                                       lambda: state[1].block_until_ready()) * 1e6, "us")
 
 
 def bench_cupy(data) -> None:
@@ -356,6 +374,7 @@ GOALS = [  # (row, peer, kind, factor): time rows symgpu <= factor*peer; rate ro
     ("sum all 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
     ("sgemm 4096^3 (TFLOP/s)", "PyTorch", "ge", 0.95),
     ("MLP SGD step (us)", "JAX", "le", 1.0),
+    (MLP_TF32, "JAX", "le", 1.0),
 ]
 
 
