@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
-    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache",
+    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached",
 ]
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
@@ -49,12 +49,17 @@ class CompileError(RuntimeError):
 
 
 # --------------------------------------------------------------------------- helpers
+# Thread safety: symgpu/gpu/prefetch.py compiles a function's kernels from a thread pool, so
+# every module-level dict below is written under ``_lock``, and one compile per digest runs
+# at a time in this process (``_digest_lock``; the per-entry file lock does it across
+# processes).
 _lock = threading.RLock()
 _nvcc_version: str | None = None
 _checked_dirs: set[str] = set()
 _cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin)
 _kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
 _modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
+_digest_locks: dict[str, threading.Lock] = {}           # digest -> held while compiling it
 
 
 def _config() -> Any:
@@ -91,10 +96,14 @@ def nvcc_version() -> str:
     """``nvcc --version`` output (memoised per process); part of every disk-cache key."""
     global _nvcc_version
     if _nvcc_version is None:
-        out = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            raise CompileError(f"`nvcc --version` failed: {out.stderr.strip()}", out.stderr)
-        _nvcc_version = out.stdout.strip()
+        with _lock:   # once, even when a thread pool asks first
+            if _nvcc_version is None:
+                out = subprocess.run([_nvcc(), "--version"], capture_output=True, text=True,
+                                     check=False)
+                if out.returncode != 0:
+                    raise CompileError(f"`nvcc --version` failed: {out.stderr.strip()}",
+                                       out.stderr)
+                _nvcc_version = out.stdout.strip()
     return _nvcc_version
 
 
@@ -134,7 +143,8 @@ def _private_dir(path: str) -> str:
         return path
     os.makedirs(path, mode=0o700, exist_ok=True)
     _check_private_dir(path)
-    _checked_dirs.add(path)
+    with _lock:
+        _checked_dirs.add(path)
     return path
 
 
@@ -210,13 +220,24 @@ def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> by
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _digest_lock(digest: str) -> threading.Lock:
+    """The in-process lock of one cache entry: threads compiling the same source wait for the
+    first instead of polling its file lock."""
+    with _lock:
+        lock = _digest_locks.get(digest)
+        if lock is None:
+            lock = _digest_locks[digest] = threading.Lock()
+    return lock
+
+
 # --------------------------------------------------------------------------- public API
 def compile_to_cubin(source: str, options: Sequence[str] = (),
                      arch: str = "sm_90") -> tuple[str, bytes, bool]:
     """Return ``(cubin_path, cubin_bytes, hit)`` for ``source``; needs nvcc, not PyCUDA.
 
     ``hit`` is True when the disk cache (or this process's memo of it) already had the entry.
-    ``config.nvcc.flags`` is appended to ``options``."""
+    ``config.nvcc.flags`` is appended to ``options``.  Safe to call from several threads: a
+    source is compiled once, the other callers get the result."""
     opts = _all_options(options)
     digest = cache_key(source, opts, arch)
     with _lock:
@@ -224,6 +245,18 @@ def compile_to_cubin(source: str, options: Sequence[str] = (),
     if memo is not None:
         _log(f"hit (memory) {digest[:16]}")
         return memo[0], memo[1], True
+    with _digest_lock(digest):
+        with _lock:
+            memo = _cubin_memo.get(digest)   # another thread may have just finished it
+        if memo is not None:
+            _log(f"hit (memory) {digest[:16]}")
+            return memo[0], memo[1], True
+        return _compile_entry(source, opts, arch, digest)
+
+
+def _compile_entry(source: str, opts: list[str], arch: str,
+                   digest: str) -> tuple[str, bytes, bool]:
+    """compile_to_cubin's disk part: read the entry, else compile it under its file lock."""
     cubin_path, sum_path, lock_path = _entry_paths(digest)
     data, why = _read_entry(cubin_path, sum_path)
     hit = data is not None
@@ -242,6 +275,19 @@ def compile_to_cubin(source: str, options: Sequence[str] = (),
     with _lock:
         _cubin_memo[digest] = (cubin_path, data)
     return cubin_path, data, hit
+
+
+def is_cached(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> bool:
+    """Whether :func:`compile_to_cubin` would find ``source`` without running nvcc (this
+    process's memo, or a disk entry present; its checksum is checked only when loaded).
+
+    The prefetch (symgpu/gpu/prefetch.py) asks this to send only misses to its thread pool."""
+    digest = cache_key(source, _all_options(options), arch)
+    with _lock:
+        if digest in _cubin_memo:
+            return True
+    cubin_path, sum_path, _ = _entry_paths(digest)
+    return os.path.exists(cubin_path) and os.path.exists(sum_path)
 
 
 def _forget(digest: str, cubin_path: str) -> None:

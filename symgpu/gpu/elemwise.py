@@ -148,6 +148,12 @@ class GpuElemwise(Op):
         sig = self.signature(node)
         return [(("symgpu.elemwise", sig), render_elemwise(sig, str(self)))]
 
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads, so symgpu/gpu/
+        prefetch.py can compile it in parallel with the function's other kernels."""
+        sig = self.signature(node)
+        return [(("symgpu.elemwise", sig), lambda: render_elemwise(sig, str(self)), ())]
+
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
         ctx = _context(node.outputs[0].type.context_name)
@@ -432,6 +438,12 @@ class GpuCAReduce(Op):
                 out.append((("symgpu.reduce", sig), render_reduce(sig, str(self))))
         return out
 
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads (the 1 kept / 1
+        reduced dims one; others compile on first use), for symgpu/gpu/prefetch.py."""
+        sig = self.signature(node, 1, 1)
+        return [(("symgpu.reduce", sig), lambda: render_reduce(sig, str(self)), ())]
+
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
         ctx = _context(node.outputs[0].type.context_name)
@@ -523,3 +535,6 @@ def careduce_supported(scalar_op: Any, pre_scalar_op: Any, in_dtypes: Sequence[s
     if scalar_op.name not in _REDUCE_NAMES or any(d not in SUPPORTED for d in in_dtypes):
         return False
     return pre_scalar_op is None or supports_scalar_op(pre_scalar_op, in_dtypes)
+
+
+import symgpu.gpu.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)

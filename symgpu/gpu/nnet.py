@@ -7,7 +7,7 @@ argmax/argmin needs its own kernel (a reduction carrying an index).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
@@ -185,6 +185,11 @@ class GpuArgmax(Op):
         bcast = () if self.axis is None else tuple(
             b for d, b in enumerate(x.broadcastable) if d != self.axis)
         return Apply(self, [x], [GpuArrayType("int64", bcast, x.type.context_name)()])
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The argmax module (compiled on the first call otherwise), for symgpu/gpu/
+        prefetch.py to compile in parallel with the function's other kernels."""
+        return [(("symgpu.argmax",), argmax_source, ())]
 
     def _kernel(self, ctx: Any, dtype: str) -> Any:
         key = (id(ctx), dtype, self.kind)

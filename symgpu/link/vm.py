@@ -13,12 +13,17 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["VM", "link", "describe_failure", "VM_HOOKS"]
+__all__ = ["VM", "link", "describe_failure", "VM_HOOKS", "LINK_HOOKS"]
 
 #: callables(vm) run on every new VM; a backend may set ``vm.runner``, a zero-argument
 #: callable that then runs the thunks instead of the loop below (symgpu/gpu/graphs.py uses it
 #: for CUDA graphs).  The profiler's hook (``vm.profiler``) takes precedence over a runner.
 VM_HOOKS: list[Callable[["VM"], None]] = []
+
+#: callables(fgraph, nodes) run by `link` before it makes any thunk (``nodes`` in run order):
+#: a backend may prepare what the thunks will need, e.g. compile their kernels in parallel
+#: (symgpu/gpu/prefetch.py).  A hook that fails only warns; the thunks then do the work.
+LINK_HOOKS: list[Callable[[FunctionGraph, list[Apply]], None]] = []
 
 
 class VM:
@@ -141,6 +146,13 @@ def link(fgraph: FunctionGraph, storage_map: dict[Variable, list] | None = None,
         if var not in storage_map:
             storage_map[var] = [var.data if isinstance(var, Constant) else None]
     compute_map = {v: [v.owner is None] for v in storage_map}
+    for hook in LINK_HOOKS:
+        try:
+            hook(fgraph, nodes)
+        except Exception as exc:  # preparation only: the thunks below still do the work
+            import warnings
+            warnings.warn(f"link hook {getattr(hook, '__qualname__', hook)} failed "
+                          f"({type(exc).__name__}: {exc})", RuntimeWarning, stacklevel=2)
     thunks = []
     for node in nodes:
         node.op.prepare_node(node, storage_map, compute_map, None)

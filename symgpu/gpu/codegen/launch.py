@@ -152,10 +152,18 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
                       f"cuModuleGetFunction({name})")
             kernels[name] = Kernel(name, fmt, fn.value, None, context)
     else:
+        rendered: list[str] = []
+
+        def source_once() -> str:
+            # each kernel's memory miss asks for the source: render the module once, not
+            # once per kernel (the warm path's cost is mostly rendering and hashing)
+            if not rendered:
+                rendered.append(source_factory())
+            return rendered[0]
         for name, fmt in formats.items():
             # get_kernel's memory cache is keyed on the key alone, not on the function name:
             # name each kernel of the module in its key (the module itself is loaded once)
-            fn = get_kernel((key, name), source_factory, name, options, context)
+            fn = get_kernel((key, name), source_once, name, options, context)
             kernels[name] = Kernel(name, fmt, None, fn, context)
     with _lock:
         _modules[mkey] = kernels
