@@ -96,6 +96,13 @@ def test_gemv_and_gemm_values_on_every_layout(layout, dtype):
                                2 * y + 0.5 * a @ x, **tol)
     np.testing.assert_allclose(gemv_value(_blas("gemv", dtype), y[:1], 1.0, arrange(a), x, 1.0, False, dtype),
                                y[0] + a @ x, **tol)
+    r = gemv_value(_blas("gemv", dtype), y[:1], 0.5, arrange(a), x, -3.0, False, dtype)
+    assert r.dtype == dtype
+    np.testing.assert_allclose(r, -3 * y[0] + 0.5 * a @ x, **tol)
+    yc = y.copy()
+    r = gemv_value(_blas("gemv", dtype), yc, 0.5, arrange(a), x, 2.0, True, dtype)
+    assert r is yc or np.shares_memory(r, yc)   # in place: the result is y's own buffer
+    np.testing.assert_allclose(r, 2 * y + 0.5 * a @ x, **tol)
     b = rng.randn(4, 3).astype(dtype)
     c = rng.randn(5, 3).astype(dtype)
     np.testing.assert_allclose(gemm_value(_blas("gemm", dtype), c, 0.5, arrange(a), arrange(b), 2.0, False, dtype),

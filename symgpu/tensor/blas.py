@@ -86,12 +86,15 @@ def gemv_value(fn: Callable, y, alpha, a, x, beta, inplace: bool, dtype: str) ->
         f, trans = np.ascontiguousarray(a).T, 1
     if beta == 0:
         return fn(alpha, f, x, trans=trans)
-    if y.shape[0] == m:
-        buf = y if inplace and y.flags.c_contiguous else y.copy()
-    else:
-        buf = np.empty(m, dtype=dtype)
-        buf[...] = y
-    return fn(alpha, f, x, beta, buf, trans=trans, overwrite_y=True)
+    if y.shape[0] != m:
+        # a broadcast y (the bias of dot(x, w) + b): BLAS's fresh result, then one add
+        res = fn(alpha, f, x, trans=trans)
+        res += y if beta == 1 else beta * y
+        return res
+    buf = y if inplace and y.flags.c_contiguous else y.copy()
+    # positional arguments (alpha, a, x, beta, y, offx, incx, offy, incy, trans, overwrite_y):
+    # f2py parses keywords about a microsecond slower
+    return fn(alpha, f, x, beta, buf, 0, 1, 0, 1, trans, 1)
 
 
 def gemm_value(fn: Callable, c, alpha, a, b, beta, inplace: bool, dtype: str) -> np.ndarray:
