@@ -453,7 +453,26 @@ class GpuCAReduce(Op):
 
 
 class _ReduceThunk:
-    """Plans (per input layout) and launches one GpuCAReduce node."""
+    """Plans (per input layout) and launches one GpuCAReduce node.
+
+    Launch shapes (reduce.cu names the kernels): enough kept positions to fill the GPU -> one
+    ``final`` launch; otherwise R is split over G blocks per position and, for the rows
+    strategy, combined in the same launch (``onepass``: the last block of each column reduces
+    the partials, counted on ``counters``); the cols strategy still finishes in a second launch
+    (``sg_finish``).  Where every operand's reduced values of a row are contiguous and the
+    module has vector kernels, rows read 16-byte vectors (``sg_vrows_*``): always when R is
+    split, and for whole rows of at least ``VEC_MIN_ROW`` values (a block per row).  A full
+    reduction (K == 1) gets its own one-pass grid: ``ONEPASS_BLOCKS_PER_SM`` blocks of 256 per
+    multiprocessor, fewer where R is short."""
+
+    #: tuning knobs (class attributes, read when a plan is made)
+    USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
+    VEC = True
+    VEC_MIN_ROW = 4096
+    ONEPASS_BLOCKS_PER_SM = 4
+    #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
+    ONEPASS_MIN_BYTES_PER_THREAD = 64
+    FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
         from symgpu.gpu.codegen.launch import sm_count
@@ -466,6 +485,7 @@ class _ReduceThunk:
         self.modules: dict[tuple[int, int], dict] = {}
         self.plans: dict[tuple, tuple] = {}
         self.is_minmax = op.scalar_op.name in ("maximum", "minimum")
+        self.counters: Any = None    # one-pass launches' block counters (made on first need)
         self.kernels(1, 1)   # the common module, compiled (or fetched) now
 
     def kernels(self, knd: int, rnd: int) -> dict:
@@ -479,6 +499,17 @@ class _ReduceThunk:
             got["acc_dtype"] = np.dtype(sig.acc_dtype)
         return got
 
+    def counter_ptr(self) -> int:
+        """The device address of this node's one-pass block counters: one per possible
+        blockIdx.x (the layout caps the grid at 16 blocks per multiprocessor), allocated and
+        zeroed once, kept for the node's life (CUDA graphs captured from its launches point at
+        them) and left at zero by every launch."""
+        if self.counters is None:
+            counters = new_array(self.ctx, (16 * self.sms,), np.dtype("uint32"))
+            counters.fill(0)
+            self.counters = counters
+        return self.counters.ptr
+
     def plan(self, ins: list) -> tuple:
         shape = layout.broadcast_shapes([a.shape for a in ins], str(self.op))
         strides = [layout.element_strides(a.shape, a.strides, a.dtype.itemsize, shape)
@@ -488,6 +519,7 @@ class _ReduceThunk:
             axes = (0,)
         else:
             axes = self.axes
+            shape, strides = _order_reduced(shape, strides, axes)
         p = layout.plan_reduction(shape, strides, axes, self.sms)
         if not ins[0].shape:
             p.out_shape = ()
@@ -495,14 +527,34 @@ class _ReduceThunk:
             raise ValueError(f"{self.op}: cannot reduce an empty array of shape "
                              f"{ins[0].shape} (zero-size reduction has no identity)")
         ks = self.kernels(p.knd, p.rnd)
+        mode, counters = (self.FINAL if p.G == 1 else self.SPLIT), 0
         name = f"sg_{p.strategy}_{'final' if p.G == 1 else 'partial'}"
-        return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta())
+        if p.strategy == "rows" and p.K and p.R:
+            vec = (self.VEC and "sg_vrows_final" in ks and p.rnd == 1
+                   and all(s[-1] == 1 for s in p.rstrides))
+            if p.G == 1:
+                if vec and p.R >= self.VEC_MIN_ROW:
+                    name = "sg_vrows_final"
+            elif self.USE_ONEPASS:
+                mode, counters = self.ONEPASS, self.counter_ptr()
+                name = "sg_vrows_onepass" if vec else "sg_rows_onepass"
+                if p.K == 1:
+                    per_thread = max(1, self.ONEPASS_MIN_BYTES_PER_THREAD // ins[0].dtype.itemsize)
+                    g = min(max(1, self.ONEPASS_BLOCKS_PER_SM) * self.sms,
+                            -(-p.R // (256 * per_thread)), 65535)
+                    if g == 1:
+                        mode, counters = self.FINAL, 0
+                        name = "sg_vrows_final" if vec else "sg_rows_final"
+                    p.G, p.chunk = g, -(-p.R // g)
+                    p.block, p.grid = (256, 1, 1), (1, g, 1)
+        return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
 
     def thunk(self) -> Callable[[], None]:
         in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx
         plans, plan_for, out_dtype = self.plans, self.plan, self.out_dtype
         activate = ctx.activate
         finish_block = (32, 8, 1)
+        FINAL, ONEPASS = self.FINAL, self.ONEPASS
 
         def thunk() -> None:
             activate()
@@ -511,22 +563,42 @@ class _ReduceThunk:
             got = plans.get(key)
             if got is None:
                 got = plans[key] = plan_for(ins)
-            p, main, finish, acc_dtype, meta = got
+            p, main, finish, acc_dtype, meta, mode, counters = got
             out = out_cell[0]
             if out is None or out.shape != p.out_shape or out.dtype != out_dtype or \
                     not sole_owner(out_cell, 1):
                 out = new_array(ctx, p.out_shape, out_dtype)
             if p.K:
                 ptrs = [a.ptr for a in ins]
-                if p.G == 1:
-                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, 0)
+                if mode == FINAL:
+                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, 0, 0)
                 else:
                     partial = new_array(ctx, (p.K * p.G,), acc_dtype)
-                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, partial.ptr)
-                    finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr)
+                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, partial.ptr,
+                         counters)
+                    if mode != ONEPASS:
+                        finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr)
             out_cell[0] = out
 
+        thunk.reduce_thunk = self   # type: ignore[attr-defined]  (tests read plans, counters)
         return _capturable(thunk)
+
+
+def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tuple, list]:
+    """The same iteration space with the reduced dims (their order does not change a
+    commutative reduction) sorted by operand 0's stride, largest outside and broadcast ones
+    outermost, so that ``x.T.sum()`` walks memory in order (and collapses like ``x.sum()``)."""
+    red = [d for d in range(len(shape)) if d in axes]
+    if len(red) < 2:
+        return shape, strides
+    s0 = strides[0]
+    order = sorted(red, key=lambda d: float("inf") if s0[d] == 0 else abs(s0[d]), reverse=True)
+    if order == red:
+        return shape, strides
+    perm = list(range(len(shape)))
+    for pos, d in zip(red, order):
+        perm[pos] = d
+    return tuple(shape[d] for d in perm), [[s[d] for d in perm] for s in strides]
 
 
 def careduce_supported(scalar_op: Any, pre_scalar_op: Any, in_dtypes: Sequence[str]) -> bool:

@@ -7,11 +7,24 @@
  * (sum(x**2) reads x once) and converts to the accumulator type acc_t.
  *
  * Kernels:
- *   sg_rows_{final,partial}  threads along r (reduced axis contiguous): a warp per row
+ *   sg_rows_{final,partial,onepass}
+ *                            threads along r (reduced axis contiguous): a warp per row
  *                            (blockDim 32x8) or a block per row (blockDim 256x1)
+ *   sg_vrows_{final,onepass} the same when every operand's R values of a row sit at consecutive
+ *                            addresses (SG_RND 1, stride 1, one item size): 16-byte loads from
+ *                            each row's first 16-byte boundary, four in flight per thread, a
+ *                            scalar head and tail (rows whose operands are misaligned with one
+ *                            another take the scalar loop); emitted where SG_VW > 0
  *   sg_cols_{final,partial}  threads along k (kept axis contiguous), blockDim 32x8: 32 columns
  *                            per block, 8 lanes down r combined through shared memory
  *   sg_finish                reduces the (K, G) partials when R was split over G blocks
+ * A *partial* launch splits R over gridDim.y = G blocks, each writing its share to
+ * partial[k * G + blockIdx.y], and sg_finish combines them in a second launch.  A *onepass*
+ * launch does both in one: after writing its partials a block fences, then bumps
+ * counters[blockIdx.x] with atomicInc(.., G - 1); the block that sees G - 1 is the last of its
+ * column, combines the column's partials (in a fixed order: deterministic) and stores the
+ * results.  atomicInc wraps the counter back to 0 at that moment, so the counters (zeroed once
+ * when allocated) are zero between launches, as CUDA-graph replays need.
  * Warp steps use __shfl_down_sync over full warps (never warp-synchronous volatile memory).
  */
 ${common}
@@ -21,10 +34,37 @@ typedef ${out_ctype} out_t;   /* ${out_dtype} */
 #define SG_NIN ${nin}
 #define SG_KND ${knd}
 #define SG_RND ${rnd}
+#define SG_VW ${vw}      /* elements per 16-byte vector; 0: no vector kernels */
 #define SG_IDENTITY (${identity})
 #define SG_COLS_Y 8
+#define SG_FINAL 0
+#define SG_PARTIAL 1
+#define SG_ONEPASS 2
 
 __device__ __forceinline__ acc_t sg_combine(const acc_t a, const acc_t b) { return ${combine}; }
+
+#if SG_VW
+/* element u (a compile-time constant once unrolled) of the SG_VW storage elements that 16 loaded
+ * bytes hold, taken out of the four 32-bit words with shifts (a byte array indexed in a loop
+ * would go through local memory) */
+template <typename T> __device__ __forceinline__ T sg_velem(const uint4 &r, const int u)
+{
+    T v;
+    if (sizeof(T) == 8) {
+        const unsigned long long q = u == 0 ? ((unsigned long long)r.y << 32) | r.x
+                                            : ((unsigned long long)r.w << 32) | r.z;
+        memcpy(&v, &q, 8);
+    } else {
+        const int word = u * (int)sizeof(T) / 4;
+        const unsigned int w = word == 0 ? r.x : word == 1 ? r.y : word == 2 ? r.z : r.w;
+        const unsigned int bits = w >> (8 * ((u * (int)sizeof(T)) & 3));
+        if (sizeof(T) == 4) memcpy(&v, &w, 4);
+        else if (sizeof(T) == 2) { const unsigned short h = (unsigned short)bits; memcpy(&v, &h, 2); }
+        else { const unsigned char c = (unsigned char)bits; memcpy(&v, &c, 1); }
+    }
+    return v;
+}
+#endif
 
 ${operands}
 
@@ -106,7 +146,37 @@ __device__ __forceinline__ acc_t sg_row_reduce(acc_t v, acc_t *sm)
     return v;
 }
 
-template <bool FINAL>
+/* one-pass launches: whether this block is the last of its column (blockIdx.x) to have written
+ * its partials.  Every thread fences its own partial stores before the barrier; one thread
+ * counts; the last block fences again before reading the others' partials (through L2). */
+__device__ __forceinline__ bool sg_last_block(unsigned int *counters)
+{
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        last = atomicInc(counters + blockIdx.x, gridDim.y - 1) == gridDim.y - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
+/* the last block of a rows-shaped one-pass launch: the same kept positions as the block's own
+ * loop, each combining its G partials over threadIdx.x */
+__device__ __forceinline__ void sg_rows_gather(const long long K, const sg_rptrs &p, acc_t *sm)
+{
+    const long long G = gridDim.y;
+    const long long k_step = (long long)gridDim.x * blockDim.y;
+    for (long long k = (long long)blockIdx.x * blockDim.y + threadIdx.y; k < K; k += k_step) {
+        acc_t acc = SG_IDENTITY;
+        for (long long g = threadIdx.x; g < G; g += blockDim.x)
+            acc = sg_combine(acc, __ldcg(p.partial + k * G + g));
+        acc = sg_row_reduce(acc, sm);
+        if (threadIdx.x == 0) sg_store(p.out[k], acc);
+    }
+}
+
+template <int MODE>
 __device__ __forceinline__ void sg_rows_body(const long long K, const long long R,
                                              const long long chunk, const sg_rmeta &m,
                                              const sg_rptrs &p)
@@ -121,12 +191,60 @@ __device__ __forceinline__ void sg_rows_body(const long long K, const long long 
         acc_t acc = sg_strip(m, p, koff, r_begin + threadIdx.x, r_end, blockDim.x);
         acc = sg_row_reduce(acc, sm);
         if (threadIdx.x == 0) {
-            if (FINAL) sg_store(p.out[k], acc);
+            if (MODE == SG_FINAL) sg_store(p.out[k], acc);
             else p.partial[k * gridDim.y + blockIdx.y] = acc;
         }
     }
+    if (MODE == SG_ONEPASS && sg_last_block(p.counters)) sg_rows_gather(K, p, sm);
 }
 
+#if SG_VW
+/* sg_vrows: the rows kernels for operands whose reduced values are contiguous.  The G * blockDim.x
+ * lanes of a row (G = gridDim.y) take its 16-byte vectors round-robin, four in flight per thread;
+ * lane t < SG_VW also takes head element t (before the first 16-byte boundary) and tail element
+ * t (after the last whole vector).  A row whose operands sit at different offsets from a 16-byte
+ * boundary has no common vector grid: it takes the scalar loop. */
+template <int MODE>
+__device__ __forceinline__ void sg_vrows_body(const long long K, const long long R,
+                                              const sg_rmeta &m, const sg_rptrs &p)
+{
+    __shared__ acc_t sm[32];
+    const long long lanes = (long long)gridDim.y * blockDim.x;
+    const long long lane = (long long)blockIdx.y * blockDim.x + threadIdx.x;
+    const long long k_step = (long long)gridDim.x * blockDim.y;
+    for (long long k = (long long)blockIdx.x * blockDim.y + threadIdx.y; k < K; k += k_step) {
+        long long koff[SG_NIN];
+        sg_koff(m, k, koff);
+        acc_t acc;
+        const unsigned int mis = sg_misalign(p, koff);
+        if (mis >= 16u) {
+            acc = sg_strip(m, p, koff, lane, R, lanes);
+        } else {
+            const long long head = min(R, (long long)(((16u - mis) & 15u) / SG_ITEM));
+            const long long nvec = (R - head) / SG_VW;
+            const long long tail = head + nvec * SG_VW;
+            acc = SG_IDENTITY;
+            if (lane < head) acc = sg_at(m, p, koff, lane);
+            if (lane < R - tail) acc = sg_combine(acc, sg_at(m, p, koff, tail + lane));
+            const sg_vbase b = sg_vbase_at(p, koff, head);
+            long long j = lane;
+            for (; j + 3 * lanes < nvec; j += 4 * lanes) {
+                const sg_vraw v0 = sg_vload(b, j), v1 = sg_vload(b, j + lanes);
+                const sg_vraw v2 = sg_vload(b, j + 2 * lanes), v3 = sg_vload(b, j + 3 * lanes);
+                acc = sg_combine(acc, sg_combine(sg_combine(sg_vreduce(v0), sg_vreduce(v1)),
+                                                 sg_combine(sg_vreduce(v2), sg_vreduce(v3))));
+            }
+            for (; j < nvec; j += lanes) acc = sg_combine(acc, sg_vreduce(sg_vload(b, j)));
+        }
+        acc = sg_row_reduce(acc, sm);
+        if (threadIdx.x == 0) {
+            if (MODE == SG_FINAL) sg_store(p.out[k], acc);
+            else p.partial[k * gridDim.y + blockIdx.y] = acc;
+        }
+    }
+    if (MODE == SG_ONEPASS && sg_last_block(p.counters)) sg_rows_gather(K, p, sm);
+}
+#endif
 template <bool FINAL>
 __device__ __forceinline__ void sg_cols_body(const long long K, const long long R,
                                              const long long chunk, const sg_rmeta &m,
@@ -158,11 +276,18 @@ __device__ __forceinline__ void sg_cols_body(const long long K, const long long 
 
 #define SG_ARGS const long long K, const long long R, const long long chunk, \
                 const sg_rmeta m, const sg_rptrs p
-extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<true>(K, R, chunk, m, p); }
-extern "C" __global__ void sg_rows_partial(SG_ARGS) { sg_rows_body<false>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<SG_FINAL>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_rows_partial(SG_ARGS) { sg_rows_body<SG_PARTIAL>(K, R, chunk, m, p); }
+extern "C" __global__ void sg_rows_onepass(SG_ARGS) { sg_rows_body<SG_ONEPASS>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_final(SG_ARGS) { sg_cols_body<true>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, chunk, m, p); }
-
+#if SG_VW
+/* 256 threads (256x1 or 32x8), at most 64 registers: 4 blocks (1024 threads) per multiprocessor */
+extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_final(SG_ARGS)
+{ sg_vrows_body<SG_FINAL>(K, R, m, p); }
+extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_onepass(SG_ARGS)
+{ sg_vrows_body<SG_ONEPASS>(K, R, m, p); }
+#endif
 extern "C" __global__ void sg_finish(const long long K, const long long G,
                                      const acc_t *partial, out_t *out)
 {
