@@ -117,6 +117,20 @@ def test_requests_follow_the_thunks_keys_once_each_in_run_order(fake_nvcc):
     assert prefetch.requests(nodes) == []
 
 
+def test_blas_ops_with_a_broadcast_accumulator_prefetch_the_copy_kernel(fake_nvcc):
+    """dot(x, w) + b fills the output with b by the strided-copy kernel: it is compiled with
+    the function's kernels, not on the first call; a full-size y needs no kernel."""
+    from symgpu.gpu.blas import GpuGemm, GpuGemv
+    a, x = gvar(bcast=(False, False)), gvar()
+    b1 = gvar(bcast=(True,))
+    gemv = GpuGemv()(b1, np.float32(1.0), a, x, np.float32(1.0)).owner
+    full = GpuGemv()(gvar(), np.float32(1.0), a, x, np.float32(1.0)).owner
+    gemm = GpuGemm()(gvar(bcast=(True, False)), np.float32(1.0), a, a, np.float32(1.0)).owner
+    keys = [r.key for r in prefetch.requests([gemv, full, gemm], include_virtual=True)]
+    assert keys == [("symgpu.strided_copy",)]            # once, for gemv and gemm together
+    assert prefetch.requests([full], include_virtual=True) == []
+
+
 def test_prefetch_compiles_every_source_once_in_parallel(fake_nvcc):
     fake_nvcc.delay = 0.3
     nodes = graph_nodes()

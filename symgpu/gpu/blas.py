@@ -259,6 +259,14 @@ def _blas_matrix(x: Any, ctx_name: Any, ndim: int, what: str) -> Variable:
     return x
 
 
+def _broadcast_fill_prefetch(acc: Variable) -> list[tuple]:
+    """The strided-copy module when the accumulated input (y, C, A) is broadcast: its value is
+    copied into the output by that kernel (see ``_broadcast``), compiled ahead with the
+    function's kernels rather than on the first call."""
+    from symgpu.gpu.copykernel import prefetch_request
+    return [prefetch_request()] if any(acc.broadcastable) else []
+
+
 def _ctx_name(*xs: Any) -> Any:
     from symgpu.gpu.type import is_gpu_var
     return next((x.type.context_name for x in xs if is_gpu_var(x)), None)
@@ -278,6 +286,9 @@ class GpuGemm(Op):
 
     def __str__(self) -> str:
         return "GpuGemm{inplace}" if self.inplace else "GpuGemm{no_inplace}"
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return _broadcast_fill_prefetch(node.inputs[0])
 
     def make_node(self, z: Any, alpha: Any, x: Any, y: Any, beta: Any) -> Apply:
         ctx = _ctx_name(z, x, y)
@@ -421,6 +432,9 @@ class GpuGemv(Op):
     def __str__(self) -> str:
         return "GpuGemv{inplace}" if self.inplace else "GpuGemv{no_inplace}"
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return _broadcast_fill_prefetch(node.inputs[0])
+
     def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:
         ctx = _ctx_name(y, A, x)
         y = _blas_matrix(y, ctx, 1, "GpuGemv's y")
@@ -517,6 +531,9 @@ class GpuGer(Op):
 
     def __str__(self) -> str:
         return "GpuGer{inplace}" if self.inplace else "GpuGer{no_inplace}"
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return _broadcast_fill_prefetch(node.inputs[0])
 
     def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(A, x, y)

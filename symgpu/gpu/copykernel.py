@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "collapse_axes", "strided_copy"]
+__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "collapse_axes", "strided_copy",
+           "prefetch_request"]
 
 MAX_DIMS = 8
 
@@ -80,6 +81,13 @@ def collapse_axes(shape: Sequence[int], src: Sequence[int],
             out_src.append(s)
             out_dst.append(d)
     return out_shape, out_src, out_dst
+
+
+def prefetch_request() -> tuple:
+    """(key, source factory, options) of the strided-copy module, for the ops that will copy
+    a broadcast or strided value on the device (symgpu/gpu/prefetch.py compiles it with the
+    function's other kernels instead of on the first call)."""
+    return (("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, ())
 
 
 def _kernel(ctx: Any, itemsize: int) -> Any:
