@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.graph.basic import Apply, Variable
+import numpy as np
+
+from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
@@ -88,13 +90,35 @@ def _scalar(inputs: Any, i: int) -> Variable:
     return inputs[i] if inputs.was_on_gpu[i] else inputs.host(i)
 
 
+def _is_one(var: Variable) -> bool:
+    const = constant_behind(var)
+    if const is None:
+        return False
+    data = np.asarray(const.data)
+    return data.size == 1 and data.reshape(()) == 1
+
+
+def _bias_add(node: Apply, inputs: Any, product: Any) -> list[Variable] | None:
+    """``dot(x, w) + b`` (a Gemv/Gemm whose y/C is broadcast, alpha = beta = 1) as the bare
+    product plus an elementwise add: on the GPU the broadcast y/C would cost a copy kernel
+    filling the output, while the add fuses into the kernel that reads the result next
+    (the ReLU, the sigmoid...). None where this is not that case."""
+    acc, out = node.inputs[0], node.outputs[0]
+    if acc.broadcastable == out.broadcastable or not (_is_one(node.inputs[1])
+                                                      and _is_one(node.inputs[4])):
+        return None
+    res = GpuElemwise(SCALAR_OPS["add"])(product(), inputs[0])
+    return [res] if res.broadcastable == out.broadcastable else None
+
+
 @register_lifter("Gemv")
 def lift_gemv(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Gemv(y, alpha, A, x, beta) -> GpuGemv (``w - lr * dot(x.T, g)`` is one call)."""
     y, _, A, x, _ = inputs
     if not _blas_ok(y, A, x):
         return None
-    return [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
+    return _bias_add(node, inputs, lambda: gpu_matvec(A, x)) or \
+        [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
 
 
 @register_lifter("Gemm")
@@ -103,7 +127,8 @@ def lift_gemm(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Vari
     z, _, x, y, _ = inputs
     if not _blas_ok(z, x, y):
         return None
-    return [GpuGemm(False)(z, _scalar(inputs, 1), x, y, _scalar(inputs, 4))]
+    return _bias_add(node, inputs, lambda: GpuDot22()(x, y)) or \
+        [GpuGemm(False)(z, _scalar(inputs, 1), x, y, _scalar(inputs, 4))]
 
 
 # ----------------------------------------------------------------------------- fusion
