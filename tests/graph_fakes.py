@@ -1,0 +1,254 @@
+"""Fakes for the CUDA-graph runner tests (tests/test_gpu_graph_runner.py and
+tests/test_gpu_speed_paths.py): a fake context, device pool and graph driver whose "kernels"
+are Python closures over a fake device memory (``MEM``: a capture records them, a replay runs
+them), so keys, ownership, ping-pong, fallbacks and results are checked without a GPU.
+
+Each test module's autouse fixture runs :func:`use_fake_gpu`, which makes a new fake context
+and driver per test: read them as ``graph_fakes.CTX_OBJ`` and ``graph_fakes.DRV`` (module
+attributes, replaced per test), not through ``from graph_fakes import CTX_OBJ``.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.gpu import graphs
+from symgpu.gpu.pool import DevicePool
+
+CTX = "fake-graphs"
+
+
+class FakeDriver:
+    """Capture records launches; a graph launch runs them in order."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+        self.recorded: list = []
+        self.launches = 0
+        self.fail_next_capture = False
+
+    def launch_kernel(self, fn) -> None:
+        if self.capturing:
+            self.recorded.append(fn)
+        else:
+            fn()
+
+    # the interface of graph_driver.CudaGraphDriver
+    def begin(self, stream):
+        assert not self.capturing
+        self.capturing, self.recorded = True, []
+
+    def end(self, stream):
+        self.capturing = False
+        if self.fail_next_capture:
+            self.fail_next_capture = False
+            return None, "cuStreamEndCapture failed: operation not permitted when capturing"
+        return list(self.recorded), None
+
+    def instantiate(self, graph):
+        return ("exe", graph)
+
+    def launcher(self, exe, stream):
+        def go():
+            self.launches += 1
+            for fn in exe[1]:
+                fn()
+            return 0
+        return go
+
+    def destroy(self, exe, graph):
+        pass
+
+    def node_count(self, graph):
+        return len(graph)
+
+    def check(self, status, what):
+        if status:
+            raise RuntimeError(what)
+
+    def relaxed(self):
+        return nullcontext()
+
+    def copy(self, dst, src):
+        assert dst.size == src.size and dst.is_c_contiguous and src.is_c_contiguous
+        d, s_, n = dst.ptr, src.ptr, src.size
+
+        def k():
+            MEM[d][:n] = MEM[s_][:n]
+        self.launch_kernel(k)
+
+    def to_host(self, arrays):
+        return [read(a) if a.size else np.empty(a.shape, a.dtype) for a in arrays]
+
+
+MEM: dict[int, np.ndarray] = {}
+
+
+class _FakeAlloc:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __int__(self):
+        return self.ptr
+
+    def free(self):
+        MEM.pop(self.ptr, None)
+
+
+class FakePool(DevicePool):
+    next_ptr = 0x10000
+
+    def _device_alloc(self, nbytes):
+        ptr = FakePool.next_ptr
+        FakePool.next_ptr += max(nbytes, 512) + 512
+        MEM[ptr] = np.full(max(nbytes, 4) // 4, np.nan, dtype="float32")
+        self.n_device_allocs += 1
+        return _FakeAlloc(ptr)
+
+
+class FakeCtx:
+    virtual = False
+    name = CTX
+    device = "cuda0"
+    ordinal = 0
+    arch = "sm_90"
+    stream_handle = 7
+    pinned = None
+    total_memory = 1 << 30
+
+    def __init__(self):
+        self.pool = FakePool(self, 0.0)
+
+    def activate(self):
+        return self
+
+    def synchronize(self):
+        pass
+
+
+def read(a) -> np.ndarray:
+    return MEM[a.ptr][: a.size].reshape(a.shape).copy()
+
+
+def upload(ctx, values) -> object:
+    from symgpu.gpu.elemwise import new_array
+    values = np.asarray(values, dtype="float32")
+    a = new_array(ctx, values.shape, values.dtype)
+    if a.size:
+        MEM[a.ptr][: a.size] = values.reshape(-1)
+    return a
+
+
+class FakeKernelOp(Op):
+    """out = f(inputs) elementwise, through the fake driver; optionally in place on input 0
+    and with a scratch buffer (as GpuCAReduce's partial sums)."""
+
+    __props__ = ("name", "inplace", "scratch", "fail_when_capturing", "lie_when_captured")
+
+    def __init__(self, name, fn, inplace=False, scratch=False, fail_when_capturing=False,
+                 lie_when_captured=False):
+        self.name, self.fn, self.inplace, self.scratch = name, fn, inplace, scratch
+        self.fail_when_capturing = fail_when_capturing
+        self.lie_when_captured = lie_when_captured
+        if inplace:
+            self.destroy_map = {0: [0]}
+
+    def __str__(self):
+        return f"Fake{self.name}"
+
+    def make_node(self, *xs):
+        return Apply(self, list(xs), [xs[0].type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.elemwise import new_array
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+        ctx, drv, fn = CTX_OBJ, DRV, self.fn
+
+        def thunk():
+            if self.fail_when_capturing and drv.capturing:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            xs = [c[0] for c in ins]
+            if xs[0].shape != xs[-1].shape:
+                raise ValueError(f"shapes differ: {xs[0].shape} {xs[-1].shape}")
+            o = xs[0] if self.inplace else new_array(ctx, xs[0].shape, np.dtype("float32"))
+            ptrs, n, optr = [x.ptr for x in xs], xs[0].size, o.ptr
+            if n == 0:
+                out[0] = o
+                return
+            if self.scratch:
+                tmp = new_array(ctx, xs[0].shape, np.dtype("float32"))
+                tptr = tmp.ptr
+
+                def k1():
+                    MEM[tptr][:n] = fn(*[MEM[p][:n] for p in ptrs])
+
+                def k2():
+                    MEM[optr][:n] = MEM[tptr][:n]
+                drv.launch_kernel(k1)
+                drv.launch_kernel(k2)
+            else:
+                lie = 1.0 if self.lie_when_captured and drv.capturing else 0.0
+
+                def k():
+                    MEM[optr][:n] = fn(*[MEM[p][:n] for p in ptrs]) + lie
+                drv.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = True
+        thunk.launches = True
+        return thunk
+
+
+class FakeToHost(Op):
+    """Not capturable: reads device memory on the host."""
+
+    __props__ = ()
+
+    def make_node(self, x):
+        from symgpu.tensor.type import TensorType
+        return Apply(self, [x], [TensorType("float32", x.type.broadcastable)()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = read(inputs[0])
+
+
+CTX_OBJ: FakeCtx = None  # type: ignore[assignment]
+DRV: FakeDriver = None   # type: ignore[assignment]
+
+
+def use_fake_gpu(monkeypatch):
+    """The body of the test modules' autouse fixture: a fresh fake context registered as
+    ``CTX`` and a fresh fake driver installed as ``graphs._driver``, for one test."""
+    global CTX_OBJ, DRV
+    from symgpu.gpu import context as gctx
+    CTX_OBJ, DRV = FakeCtx(), FakeDriver()
+    gctx.register_context(CTX, CTX_OBJ)
+    monkeypatch.setattr(graphs, "_driver", DRV)
+    yield CTX_OBJ
+    gctx.unregister_context(CTX)
+    MEM.clear()
+
+
+def gvec():
+    from symgpu.gpu.type import GpuArrayType
+    return GpuArrayType("float32", (False,), CTX)()
+
+
+def add1():
+    return FakeKernelOp("add1", lambda a: a + 1)
+
+
+def mul2(**kw):
+    return FakeKernelOp("mul2", lambda a: a * 2, **kw)
+
+
+def call(vm, out_vars):
+    """What Function.__call__ does around the VM: run, take the outputs, empty their cells."""
+    vm()
+    res = [vm.storage_map[v][0] for v in out_vars]
+    for v in out_vars:
+        vm.storage_map[v][0] = None
+    return res
