@@ -99,7 +99,7 @@ def _is_one(var: Variable) -> bool:
 
 
 def _bias_add(node: Apply, inputs: Any, product: Any) -> list[Variable] | None:
-    """``dot(x, w) + b`` (a Gemv/Gemm whose y/C is broadcast, alpha = beta = 1) as the bare
+    """``dot(x, w) + b`` (a Gemm whose C is broadcast, alpha = beta = 1) as the bare
     product plus an elementwise add: on the GPU the broadcast y/C would cost a copy kernel
     filling the output, while the add fuses into the kernel that reads the result next
     (the ReLU, the sigmoid...). None where this is not that case."""
@@ -117,8 +117,7 @@ def lift_gemv(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Vari
     y, _, A, x, _ = inputs
     if not _blas_ok(y, A, x):
         return None
-    return _bias_add(node, inputs, lambda: gpu_matvec(A, x)) or \
-        [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
+    return [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
 
 
 @register_lifter("Gemm")
