@@ -30,39 +30,11 @@ from typing import Iterator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 N, FEATS = 400, 784
 MLP = (784, 1024, 1024, 10)
 BATCH = 512
-
-# the seeds' logistic-regression step (benchmarks/gpu_seeds.py), on shared variables
-LOGREG = r'''
-def build_logreg(shared, tt, X, Y, w0, b0):
-    x, y, w, b = shared(X, name="x"), shared(Y, name="y"), shared(w0, name="w"), shared(b0, name="b")
-    p_1 = 1 / (1 + tt.exp(-tt.dot(x, w) - b))
-    prediction = p_1 > 0.5
-    xent = -y * tt.log(p_1) - (1 - y) * tt.log(1 - p_1)
-    cost = tt.cast(xent.mean(), "float32") + 0.01 * (w ** 2).sum()
-    gw, gb = tt.grad(cost, [w, b])
-    return [prediction, xent], [(w, w - 0.01 * gw), (b, b - 0.01 * gb)]
-
-
-def build_mlp(shared, tt, Ws, bs, X, Y):
-    from symgpu.gradient import disconnected_grad
-    sW = [shared(W) for W in Ws]
-    sb = [shared(b) for b in bs]
-    h = shared(X)
-    for k in range(len(sW)):
-        h = tt.dot(h, sW[k]) + sb[k]
-        if k < len(sW) - 1:
-            h = tt.maximum(h, 0)
-    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
-    lse = tt.log(tt.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
-    loss = tt.cast(-(shared(Y) * (h - lse)).sum() / len(X), "float32")
-    params = sW + sb
-    grads = tt.grad(loss, params)
-    return [loss], [(p, p - 0.01 * g) for p, g in zip(params, grads)]
-'''
 
 
 def data(graph: str):
@@ -79,9 +51,8 @@ def data(graph: str):
 
 
 def builders() -> dict:
-    ns: dict = {}
-    exec(compile(LOGREG, "<cold_compile graphs>", "exec"), ns)
-    return ns
+    from workloads import build_logreg, build_mlp
+    return {"build_logreg": build_logreg, "build_mlp": build_mlp}
 
 
 # ============================================================================ 1. sources
@@ -165,13 +136,14 @@ def time_warm_prefetch(nodes: list, reqs: list) -> tuple[float, float]:
 
 # ============================================================================ 3. GPU
 
-PROBE = LOGREG + r'''
+PROBE = r'''
 import json, os, sys, time
 import numpy as np
 import symgpu, symgpu.gpu
 import symgpu.tensor as tt
 sys.path.insert(0, os.environ["COLD_BENCH_DIR"])
 from cold_compile import data
+from workloads import build_logreg, build_mlp
 if os.environ.get("COLD_NO_PREFETCH"):
     from symgpu.gpu import prefetch
     from symgpu.link import vm

@@ -88,22 +88,10 @@ def symgpu_mlp_step(Ws, bs, Xm, Ym, profile=None):
     import symgpu.tensor as T
     from symgpu import Out, function, shared
     from symgpu.gpu.basic_ops import gpu_from_host
-    from symgpu.gradient import disconnected_grad
-    sW = [shared(W) for W in Ws]
-    sb = [shared(b) for b in bs]
-    sX, sY = shared(Xm), shared(Ym)
-    h = sX
-    for k in range(len(sW)):
-        h = T.dot(h, sW[k]) + sb[k]
-        if k < len(sW) - 1:
-            h = T.maximum(h, 0)
-    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
-    lse = T.log(T.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
-    loss = T.cast(-(sY * (h - lse)).sum() / BATCH, "float32")
-    params = sW + sb
-    grads = T.grad(loss, params)
-    return function([], Out(gpu_from_host(loss), borrow=True), profile=profile,
-                    updates=[(p, p - 0.01 * g) for p, g in zip(params, grads)])
+    from workloads import build_mlp
+    outs, updates = build_mlp(shared, T, Ws, bs, Xm, Ym)
+    return function([], Out(gpu_from_host(outs[0]), borrow=True), profile=profile,
+                    updates=updates)
 
 
 # ============================================================================ symgpu

@@ -1,4 +1,5 @@
-"""Markers for tests that need a GPU or nvcc (imported by test modules; no conftest needed).
+"""Markers for tests that need a GPU or nvcc (imported by test modules; no conftest needed),
+and a fake device context for thunk tests that run on the CPU.
 
 ``requires_gpu`` marks a test ``gpu`` and skips it, with ``why_unavailable()`` as the reason,
 where no usable GPU is present; ``requires_nvcc`` marks ``nvcc`` and skips without nvcc.
@@ -29,3 +30,29 @@ def requires_gpu(obj: F) -> F:
 def requires_nvcc(obj: F) -> F:
     """Mark ``obj`` ``nvcc`` and skip it where nvcc is not on PATH."""
     return pytest.mark.nvcc(_NVCC_SKIP(obj))
+
+
+class FakePool:
+    """Hands out distinct fake device addresses (and records the sizes asked for)."""
+
+    def __init__(self) -> None:
+        self.next = 1 << 20
+        self.sizes: list[int] = []
+
+    def allocate(self, nbytes: int):
+        from symgpu.gpu.pool import Block, size_class
+        ptr, self.next = self.next, self.next + size_class(nbytes) + 4096
+        self.sizes.append(nbytes)
+        return Block(ptr, size_class(nbytes), None, None)
+
+
+class FakeCtx:
+    """A context with a FakePool whose thunks can be built (not run) without a GPU."""
+
+    virtual, name, arch, pycuda_device, stream_handle = False, "fake", "sm_90", None, 0
+
+    def __init__(self) -> None:
+        self.pool = FakePool()
+
+    def activate(self) -> "FakeCtx":
+        return self

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import requires_nvcc
+from gpu_helpers import FakeCtx, requires_nvcc
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.blas import GpuAllocEmpty, GpuDot22, GpuGemm, GpuGemv, _colmajor
@@ -367,26 +367,6 @@ def test_reduction_module_names_every_kernel(cachedir):
 
 
 # ============================================================================ thunks (fake device)
-class _FakePool:
-    def __init__(self):
-        self.next = 1 << 20
-
-    def allocate(self, nbytes):
-        from symgpu.gpu.pool import Block, size_class
-        ptr, self.next = self.next, self.next + size_class(nbytes) + 4096
-        return Block(ptr, size_class(nbytes), None, None)
-
-
-class _FakeCtx:
-    virtual, name, arch, pycuda_device, stream_handle = False, "fake", "sm_90", None, 0
-
-    def __init__(self):
-        self.pool = _FakePool()
-
-    def activate(self):
-        return self
-
-
 @pytest.fixture
 def fake_device(monkeypatch):
     """Thunks built against a context whose kernels record their launches."""
@@ -410,7 +390,7 @@ def fake_device(monkeypatch):
         source_factory()                                  # rendering must work
         return {n: FakeKernel(n, f) for n, f in formats.items()}
 
-    ctx = _FakeCtx()
+    ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", fake_load)
     monkeypatch.setattr(gelem, "_context", lambda name: ctx)
     return ctx, calls

@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import requires_nvcc
+from gpu_helpers import FakeCtx, requires_nvcc
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
@@ -98,28 +98,6 @@ def test_order_reduced_puts_the_smallest_stride_innermost():
     assert _order_reduced((3, 4), [[1, 3]], (0,)) == ((3, 4), [[1, 3]])
 
 
-class _FakePool:
-    def __init__(self):
-        self.next = 1 << 20
-        self.sizes = []
-
-    def allocate(self, nbytes):
-        from symgpu.gpu.pool import Block, size_class
-        ptr, self.next = self.next, self.next + size_class(nbytes) + 4096
-        self.sizes.append(nbytes)
-        return Block(ptr, size_class(nbytes), None, None)
-
-
-class _FakeCtx:
-    virtual, name, arch, pycuda_device, stream_handle = False, "fake", "sm_90", None, 0
-
-    def __init__(self):
-        self.pool = _FakePool()
-
-    def activate(self):
-        return self
-
-
 @pytest.fixture
 def fake_device(monkeypatch):
     """Reduction thunks against a context whose kernels record their launches (and whose
@@ -145,7 +123,7 @@ def fake_device(monkeypatch):
         source_factory()
         return {n: FakeKernel(n, f) for n, f in formats.items()}
 
-    ctx = _FakeCtx()
+    ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", fake_load)
     monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
     monkeypatch.setattr(gelem, "_context", lambda name: ctx)

@@ -274,9 +274,9 @@ def _ctx_name(*xs: Any) -> Any:
 
 # ----------------------------------------------------------------------------- GpuGemm
 
-class GpuGemm(Op):
-    """``z <- beta * z + alpha * dot(x, y)`` (inputs z, alpha, x, y, beta); in place on z
-    when ``inplace``."""
+class _AccumulatingBlasOp(Op):
+    """A cuBLAS op that adds into its first input (GpuGemm's z, GpuGemv's y, GpuGer's A):
+    in place on it when ``inplace``, else into a copy from the pool."""
 
     __props__ = ("inplace",)
 
@@ -285,10 +285,15 @@ class GpuGemm(Op):
         self.destroy_map = {0: [0]} if self.inplace else {}
 
     def __str__(self) -> str:
-        return "GpuGemm{inplace}" if self.inplace else "GpuGemm{no_inplace}"
+        return f"{type(self).__name__}{{{'inplace' if self.inplace else 'no_inplace'}}}"
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         return _broadcast_fill_prefetch(node.inputs[0])
+
+
+class GpuGemm(_AccumulatingBlasOp):
+    """``z <- beta * z + alpha * dot(x, y)`` (inputs z, alpha, x, y, beta); in place on z
+    when ``inplace``."""
 
     def make_node(self, z: Any, alpha: Any, x: Any, y: Any, beta: Any) -> Apply:
         ctx = _ctx_name(z, x, y)
@@ -419,21 +424,9 @@ def _blas_capturable(thunk: Callable[[], None], scal: "_Scalars | None") -> Call
 
 # ----------------------------------------------------------------------------- GpuGemv
 
-class GpuGemv(Op):
+class GpuGemv(_AccumulatingBlasOp):
     """``y <- beta * y + alpha * dot(A, x)`` (inputs y, alpha, A, x, beta); in place on y when
     ``inplace``.  ``dot(matrix, vector)`` on the GPU is this with beta = 0 on an empty y."""
-
-    __props__ = ("inplace",)
-
-    def __init__(self, inplace: bool = False):
-        self.inplace = bool(inplace)
-        self.destroy_map = {0: [0]} if self.inplace else {}
-
-    def __str__(self) -> str:
-        return "GpuGemv{inplace}" if self.inplace else "GpuGemv{no_inplace}"
-
-    def prefetch_sources(self, node: Apply) -> list[tuple]:
-        return _broadcast_fill_prefetch(node.inputs[0])
 
     def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:
         ctx = _ctx_name(y, A, x)
@@ -519,21 +512,9 @@ def _ger_operands(op: int, m: int, n: int, x: Any, y: Any) -> tuple[int, int, An
     return (n, m, y, x) if op == _N else (m, n, x, y)
 
 
-class GpuGer(Op):
+class GpuGer(_AccumulatingBlasOp):
     """``A <- A + alpha * outer(x, y)`` (inputs A, alpha, x, y; cuBLAS ger, the rank-1
     update); in place on A when ``inplace``, else into a copy of A from the pool."""
-
-    __props__ = ("inplace",)
-
-    def __init__(self, inplace: bool = False):
-        self.inplace = bool(inplace)
-        self.destroy_map = {0: [0]} if self.inplace else {}
-
-    def __str__(self) -> str:
-        return "GpuGer{inplace}" if self.inplace else "GpuGer{no_inplace}"
-
-    def prefetch_sources(self, node: Apply) -> list[tuple]:
-        return _broadcast_fill_prefetch(node.inputs[0])
 
     def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(A, x, y)

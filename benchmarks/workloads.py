@@ -1,0 +1,33 @@
+"""The training steps the GPU benchmarks compile, written once: each takes the library's
+`shared` and tensor module and returns (outputs, updates)."""
+from __future__ import annotations
+
+
+def build_logreg(shared, tt, X, Y, w0, b0):
+    """The seeds' logistic-regression step (benchmarks/gpu_seeds.py) on shared variables."""
+    x, y = shared(X, name="x"), shared(Y, name="y")
+    w, b = shared(w0, name="w"), shared(b0, name="b")
+    p_1 = 1 / (1 + tt.exp(-tt.dot(x, w) - b))
+    prediction = p_1 > 0.5
+    xent = -y * tt.log(p_1) - (1 - y) * tt.log(1 - p_1)
+    cost = tt.cast(xent.mean(), "float32") + 0.01 * (w ** 2).sum()
+    gw, gb = tt.grad(cost, [w, b])
+    return [prediction, xent], [(w, w - 0.01 * gw), (b, b - 0.01 * gb)]
+
+
+def build_mlp(shared, tt, Ws, bs, X, Y):
+    """One SGD step of the MLP of benchmarks/gpu_speed.py (ReLU, softmax cross-entropy)."""
+    from symgpu.gradient import disconnected_grad
+    sW = [shared(W) for W in Ws]
+    sb = [shared(b) for b in bs]
+    h = shared(X)
+    for k in range(len(sW)):
+        h = tt.dot(h, sW[k]) + sb[k]
+        if k < len(sW) - 1:
+            h = tt.maximum(h, 0)
+    zmax = disconnected_grad(h.max(axis=1, keepdims=True))
+    lse = tt.log(tt.exp(h - zmax).sum(axis=1, keepdims=True)) + zmax
+    loss = tt.cast(-(shared(Y) * (h - lse)).sum() / len(X), "float32")
+    params = sW + sb
+    grads = tt.grad(loss, params)
+    return [loss], [(p, p - 0.01 * g) for p, g in zip(params, grads)]
