@@ -100,7 +100,7 @@ def _is_one(var: Variable) -> bool:
 
 def _bias_add(node: Apply, inputs: Any, product: Any) -> list[Variable] | None:
     """``dot(x, w) + b`` (a Gemm whose C is broadcast, alpha = beta = 1) as the bare
-    product plus an elementwise add: on the GPU the broadcast y/C would cost a copy kernel
+    product plus an elementwise add: on the GPU the broadcast C would cost a copy kernel
     filling the output, while the add fuses into the kernel that reads the result next
     (the ReLU, the sigmoid...). None where this is not that case."""
     acc, out = node.inputs[0], node.outputs[0]
