@@ -211,10 +211,12 @@ def test_compile_error_keeps_source(cachedir):
 @requires_nvcc
 def test_strided_copy_kernels_compile(cachedir):
     """The codegen layer of CI: every kernel the runtime ships compiles for sm_90."""
-    from symgpu.gpu.copykernel import STRIDED_COPY_SOURCE
+    from symgpu.gpu.copykernel import INC_DTYPES, STRIDED_COPY_SOURCE
     _, cubin, _ = compile_to_cubin(STRIDED_COPY_SOURCE)
     for size in (1, 2, 4, 8):
         assert f"strided_copy_{size}".encode() in cubin
+    for dtype in INC_DTYPES:
+        assert f"strided_inc_{dtype}".encode() in cubin
 
 
 def test_missing_nvcc_is_a_clear_error(cachedir, monkeypatch):

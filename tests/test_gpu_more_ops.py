@@ -12,7 +12,8 @@ from symgpu import config, function
 from symgpu.gpu import compiler
 from symgpu.gpu.nnet import GpuArgmax, argmax_source
 from symgpu.gpu.rewriting import virtual_context
-from symgpu.gpu.subtensor import INC_KERNEL_SOURCE, GpuIncSubtensor, GpuJoin, GpuSubtensor
+from symgpu.gpu.copykernel import STRIDED_COPY_SOURCE
+from symgpu.gpu.subtensor import GpuIncSubtensor, GpuJoin, GpuSubtensor
 
 CPU_NAMES = {"Subtensor", "IncSubtensor", "Join", "Softmax", "LogSoftmax", "Argmax",
              "Elemwise", "CAReduce"}
@@ -70,7 +71,8 @@ def test_int_index_stays_on_host():
 
 
 @requires_nvcc
-@pytest.mark.parametrize("source", [INC_KERNEL_SOURCE, argmax_source()], ids=["inc", "argmax"])
+@pytest.mark.parametrize("source", [STRIDED_COPY_SOURCE, argmax_source()],
+                         ids=["copy_and_inc", "argmax"])
 def test_kernels_compile(source, tmp_path):
     compiler.clear_memory_cache()
     with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):

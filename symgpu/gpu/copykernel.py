@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "collapse_axes", "strided_copy",
-           "prefetch_request"]
+__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
+           "strided_inc", "prefetch_request"]
 
 MAX_DIMS = 8
 
+#: dtype -> CUDA type of the strided "+=" kernels (a copy only needs the item size)
+INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+              "int16": "short", "int32": "int", "int64": "long long",
+              "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+              "uint64": "unsigned long long"}
+
+#: one module: ``dst[...] = src[...]`` per item size (strided_copy_N) and ``dst[...] +=
+#: src[...]`` per dtype (strided_inc_<dtype>, GpuIncSubtensor), one walk over the strides
 STRIDED_COPY_SOURCE = r"""
 #define MAX_DIMS 8
 
@@ -24,9 +32,12 @@ struct CopyMeta {
     long long dst_stride[MAX_DIMS];   /* bytes */
 };
 
-template <typename T>
-__device__ __forceinline__ void strided_copy_body(const char *src, char *dst, long long n,
-                                                  int ndim, const CopyMeta &m)
+struct SgAssign { template <typename T> __device__ static void apply(T &d, T s) { d = s; } };
+struct SgAdd { template <typename T> __device__ static void apply(T &d, T s) { d += s; } };
+
+template <typename T, typename Op>
+__device__ __forceinline__ void strided_body(const char *src, char *dst, long long n,
+                                             int ndim, const CopyMeta &m)
 {
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
@@ -37,31 +48,23 @@ __device__ __forceinline__ void strided_copy_body(const char *src, char *dst, lo
             s += idx * m.src_stride[k];
             d += idx * m.dst_stride[k];
         }
-        *reinterpret_cast<T *>(dst + d) = *reinterpret_cast<const T *>(src + s);
+        Op::apply(*reinterpret_cast<T *>(dst + d), *reinterpret_cast<const T *>(src + s));
     }
 }
-
-extern "C" __global__ void strided_copy_1(const char *src, char *dst, long long n,
-                                          long long ndim, CopyMeta m)
-{ strided_copy_body<unsigned char>(src, dst, n, (int)ndim, m); }
-
-extern "C" __global__ void strided_copy_2(const char *src, char *dst, long long n,
-                                          long long ndim, CopyMeta m)
-{ strided_copy_body<unsigned short>(src, dst, n, (int)ndim, m); }
-
-extern "C" __global__ void strided_copy_4(const char *src, char *dst, long long n,
-                                          long long ndim, CopyMeta m)
-{ strided_copy_body<unsigned int>(src, dst, n, (int)ndim, m); }
-
-extern "C" __global__ void strided_copy_8(const char *src, char *dst, long long n,
-                                          long long ndim, CopyMeta m)
-{ strided_copy_body<unsigned long long>(src, dst, n, (int)ndim, m); }
-"""
+""" + "".join(f"""
+extern "C" __global__ void {name}(const char *src, char *dst, long long n, long long ndim,
+                                  CopyMeta m)
+{{ strided_body<{ctype}, {op}>(src, dst, n, (int)ndim, m); }}
+""" for name, ctype, op in (
+    [(f"strided_copy_{n}", t, "SgAssign") for n, t in
+     ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
+      (8, "unsigned long long"))]
+    + [(f"strided_inc_{d}", t, "SgAdd") for d, t in INC_DTYPES.items()]))
 
 _ARG_FORMAT = "PPqq" + "q" * (3 * MAX_DIMS)
 _BLOCK = 256
 _MAX_BLOCKS = 4096
-_prepared: dict[tuple[int, int], Any] = {}
+_prepared: dict[tuple[int, str], Any] = {}
 
 
 def collapse_axes(shape: Sequence[int], src: Sequence[int],
@@ -90,20 +93,19 @@ def prefetch_request() -> tuple:
     return (("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, ())
 
 
-def _kernel(ctx: Any, itemsize: int) -> Any:
-    fn = _prepared.get((id(ctx), itemsize))
+def _kernel(ctx: Any, name: str) -> Any:
+    fn = _prepared.get((id(ctx), name))
     if fn is None:
         from symgpu.gpu.compiler import get_kernel
-        fn = get_kernel(("symgpu.strided_copy", itemsize), lambda: STRIDED_COPY_SOURCE,
-                        f"strided_copy_{itemsize}", context=ctx)
+        fn = get_kernel(("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, name,
+                        context=ctx)
         fn.prepare(_ARG_FORMAT)
-        _prepared[(id(ctx), itemsize)] = fn
+        _prepared[(id(ctx), name)] = fn
     return fn
 
 
-def strided_copy(ctx: Any, src_ptr: int, dst_ptr: int, shape: Sequence[int],
-                 src_strides: Sequence[int], dst_strides: Sequence[int], itemsize: int) -> None:
-    """Queue ``dst[...] = src[...]`` on ``ctx``'s stream; strides are in bytes."""
+def _launch(ctx: Any, name: str, src_ptr: int, dst_ptr: int, shape: Sequence[int],
+            src_strides: Sequence[int], dst_strides: Sequence[int], what: str) -> None:
     size = 1
     for n in shape:
         size *= n
@@ -111,13 +113,31 @@ def strided_copy(ctx: Any, src_ptr: int, dst_ptr: int, shape: Sequence[int],
         return
     dims, s_str, d_str = collapse_axes(shape, src_strides, dst_strides)
     if len(dims) > MAX_DIMS:
-        raise ValueError(f"strided copy of shape {tuple(shape)} needs {len(dims)} axes after "
-                         f"merging; at most {MAX_DIMS} are supported: copy it in pieces")
-    if itemsize not in (1, 2, 4, 8):
-        raise TypeError(f"no strided copy for items of {itemsize} bytes")
+        raise ValueError(f"{what} of shape {tuple(shape)} needs {len(dims)} axes after "
+                         f"merging; at most {MAX_DIMS} are supported: do it in pieces")
     pad = [0] * (MAX_DIMS - len(dims))
     meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
     ctx.activate()
     blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
-    _kernel(ctx, itemsize).prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream,
-                                               src_ptr, dst_ptr, size, len(dims), *meta)
+    _kernel(ctx, name).prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src_ptr,
+                                           dst_ptr, size, len(dims), *meta)
+
+
+def strided_copy(ctx: Any, src_ptr: int, dst_ptr: int, shape: Sequence[int],
+                 src_strides: Sequence[int], dst_strides: Sequence[int], itemsize: int) -> None:
+    """Queue ``dst[...] = src[...]`` on ``ctx``'s stream; strides are in bytes."""
+    if itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"no strided copy for items of {itemsize} bytes")
+    _launch(ctx, f"strided_copy_{itemsize}", src_ptr, dst_ptr, shape, src_strides,
+            dst_strides, "a strided copy")
+
+
+def strided_inc(dst: Any, src: Any) -> None:
+    """Queue ``dst[...] += src[...]`` on dst's stream (GpuArrays of equal shapes and dtypes;
+    any byte strides, 0 for broadcast source dims, negative for reversed views).
+    Destination elements must not repeat (basic indexing never makes them)."""
+    dtype = dst.dtype.name
+    if dtype not in INC_DTYPES:
+        raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
+    _launch(dst.context, f"strided_inc_{dtype}", src.ptr, dst.ptr, dst.shape, src.strides,
+            dst.strides, "GpuIncSubtensor: a region")

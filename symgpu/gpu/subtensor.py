@@ -4,7 +4,7 @@ in place), GpuJoin (device copies into slices of a new array), and their lifters
 Indices follow the CPU ops' `idx_list` convention (symgpu/tensor/subtensor.py): constants are
 folded into the props and symbolic parts arrive as host int scalars (they stay on the host in
 lifted graphs). The data movement is GpuArray's: basic-index views, the strided device copy
-(symgpu/gpu/copykernel.py) for set and join, and a small strided "+=" kernel for inc.
+(symgpu/gpu/copykernel.py) for set and join, and its strided "+=" twin for inc.
 """
 from __future__ import annotations
 
@@ -15,95 +15,13 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
+from symgpu.gpu.copykernel import INC_DTYPES, strided_inc
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.subtensor import (Slice, _check_inputs, _constant_index, build_index,
                                      index_broadcastable)
 
-__all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin", "INC_KERNEL_SOURCE",
-           "INC_DTYPES", "strided_inc", "broadcast_view"]
-
-#: dtype -> CUDA type of the strided "+=" kernels
-INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
-              "int16": "short", "int32": "int", "int64": "long long",
-              "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
-              "uint64": "unsigned long long"}
-
-_MAX_DIMS = 8
-
-INC_KERNEL_SOURCE = r"""
-#define MAX_DIMS 8
-
-struct IncMeta {
-    long long shape[MAX_DIMS];
-    long long src_stride[MAX_DIMS];   /* bytes */
-    long long dst_stride[MAX_DIMS];   /* bytes */
-};
-
-template <typename T>
-__device__ __forceinline__ void strided_inc_body(const char *src, char *dst, long long n,
-                                                 int ndim, const IncMeta &m)
-{
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        long long rest = i, s = 0, d = 0;
-        for (int k = ndim - 1; k >= 0; --k) {
-            const long long idx = rest % m.shape[k];
-            rest /= m.shape[k];
-            s += idx * m.src_stride[k];
-            d += idx * m.dst_stride[k];
-        }
-        *reinterpret_cast<T *>(dst + d) += *reinterpret_cast<const T *>(src + s);
-    }
-}
-""" + "".join(f"""
-extern "C" __global__ void strided_inc_{name}(const char *src, char *dst, long long n,
-                                              long long ndim, IncMeta m)
-{{ strided_inc_body<{ctype}>(src, dst, n, (int)ndim, m); }}
-""" for name, ctype in INC_DTYPES.items())
-
-_INC_FORMAT = "PPqq" + "q" * (3 * _MAX_DIMS)
-_BLOCK = 256
-_MAX_BLOCKS = 4096
-_inc_prepared: dict[tuple[int, str], Any] = {}
-
-
-def _context(name: Any) -> Any:
-    from symgpu.gpu.context import get_context
-    return get_context(name)
-
-
-def strided_inc(dst: Any, src: Any) -> None:
-    """Queue ``dst[...] += src[...]`` on dst's stream (equal shapes and dtypes; any byte
-    strides, 0 for broadcast source dims, negative for reversed views). Destination
-    elements must not repeat (basic indexing never makes them)."""
-    if dst.size == 0:
-        return
-    from symgpu.gpu.copykernel import collapse_axes
-    dtype = dst.dtype.name
-    if dtype not in INC_DTYPES:
-        raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
-    dims, s_str, d_str = collapse_axes(dst.shape, src.strides, dst.strides)
-    if len(dims) > _MAX_DIMS:
-        raise ValueError(f"GpuIncSubtensor: a region of shape {dst.shape} needs {len(dims)} "
-                         f"axes after merging; at most {_MAX_DIMS} are supported")
-    ctx = dst.context
-    ctx.activate()
-    key = (id(ctx), dtype)
-    fn = _inc_prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.compiler import get_kernel
-        fn = get_kernel(("symgpu.strided_inc",), lambda: INC_KERNEL_SOURCE,
-                        f"strided_inc_{dtype}", context=ctx)
-        fn.prepare(_INC_FORMAT)
-        _inc_prepared[key] = fn
-    pad = [0] * (_MAX_DIMS - len(dims))
-    meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
-    size = dst.size
-    blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
-    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src.ptr, dst.ptr, size,
-                           len(dims), *meta)
-
+__all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin", "broadcast_view"]
 
 def _writable_view(arr: Any, key: tuple) -> Any:
     """``arr[key]`` as a true view for ints, slices (any step), None and Ellipsis: unlike
