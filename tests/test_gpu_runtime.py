@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from gpu_helpers import requires_gpu
+from gpu_helpers import FakeCtx, requires_gpu
 from symgpu.config import config
 from symgpu.gpu import context as gctx
 from symgpu.gpu import dlpack, pool
@@ -142,6 +142,29 @@ def test_size_classes():
         assert n <= c <= n * 1.25 + 1, n
         assert pool.size_class(c) == c  # a class is its own class
     assert len({pool.size_class(n) for n in range((1 << 21) + 1, (1 << 22) + 1, 4096)}) == 4
+
+
+def _fake_array(shape, strides, ptr=4096):
+    arr = GpuArray.__new__(GpuArray)
+    arr._set(FakeCtx(), ptr, shape, strides, np.dtype("float32"), None)
+    return arr
+
+
+def test_views_are_computed_without_a_device():
+    """The one view computation behind __getitem__ and GpuIncSubtensor's regions (true
+    views, negative strides for reversed axes), and the one broadcast view of Alloc, the
+    BLAS accumulators and set/inc_subtensor."""
+    a = _fake_array((3, 4), (16, 4))
+    v, rev = a._basic_view((slice(None, None, -1), 1))
+    assert (v.shape, v.strides, v.ptr, rev) == ((3,), (-16,), 4096 + 2 * 16 + 4, True)
+    v, rev = a._basic_view((Ellipsis, None, slice(1, 3)))
+    assert (v.shape, v.strides, v.ptr, rev) == ((3, 1, 2), (16, 0, 4), 4096 + 4, False)
+    with pytest.raises(IndexError, match="out of bounds"):
+        a._basic_view((3,))
+    b = _fake_array((3, 1), (4, 4))._broadcast_to((2, 3, 5), "Op")
+    assert (b.shape, b.strides) == ((2, 3, 5), (0, 4, 0))
+    with pytest.raises(ValueError, match=r"Op: cannot broadcast a value of shape \(3, 4\)"):
+        a._broadcast_to((3, 5), "Op")
 
 
 def test_collapse_axes():

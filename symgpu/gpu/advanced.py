@@ -287,12 +287,11 @@ class GpuAdvancedIncSubtensor1(Op):
 
     def perform(self, node, inputs, out):
         from symgpu.gpu.array import GpuArray
-        from symgpu.gpu.subtensor import broadcast_view
         x, y, idx = inputs
         res = x.copy()
         n = idx.shape[0]
         region = (n,) + tuple(x.shape[1:])
-        src = broadcast_view(y, region, str(self))
+        src = y._broadcast_to(region, str(self))
         if n:
             if not src.is_c_contiguous:
                 full = GpuArray(region, x.dtype, x.context)

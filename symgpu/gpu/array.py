@@ -276,6 +276,28 @@ class GpuArray:
 
     def __getitem__(self, key: Any) -> "GpuArray":
         """Basic indexing: ints, slices (a negative step copies), None and Ellipsis."""
+        view, reversed_ = self._basic_view(key)
+        return view.copy() if reversed_ else view
+
+    def _broadcast_to(self, target: tuple, who: str = "") -> "GpuArray":
+        """A view read as shape ``target`` (NumPy's broadcasting: length-1 and new leading
+        dims repeat through stride 0); ``who`` names the caller in the error."""
+        if self.ndim > len(target):
+            raise ValueError(f"{who}: cannot broadcast a value of shape {self.shape} to "
+                             f"{tuple(target)}")
+        lead = len(target) - self.ndim
+        strides = [0] * lead
+        for n, t, st in zip(self.shape, target[lead:], self.strides):
+            if n != t and n != 1:
+                raise ValueError(f"{who}: cannot broadcast a value of shape {self.shape} to "
+                                 f"{tuple(target)}")
+            strides.append(st if n == t and n != 1 else 0)
+        return self._view(self.ptr, tuple(target), tuple(strides))
+
+    def _basic_view(self, key: Any) -> tuple["GpuArray", bool]:
+        """``(self[key] as a true view, whether some axis runs backwards)``: a negative step
+        gives negative strides here (GpuIncSubtensor writes through them), where
+        ``__getitem__`` returns a copy."""
         if not isinstance(key, tuple):
             key = (key,)
         n_ell = sum(1 for k in key if k is Ellipsis)
@@ -317,8 +339,7 @@ class GpuArray:
                     raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
                 ptr += (i % n) * s
             axis += 1
-        view = self._view(ptr, tuple(shape), tuple(strides))
-        return view.copy() if reversed_ else view
+        return self._view(ptr, tuple(shape), tuple(strides)), reversed_
 
     # -- device work
     def _activate(self) -> Any:

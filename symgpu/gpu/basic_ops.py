@@ -536,15 +536,7 @@ class GpuAlloc(Op):
         elif v.size == 1:
             res.fill(v.get().reshape(()).item())
         else:
-            shape = (1,) * (len(target) - v.ndim) + tuple(v.shape)
-            strides = (0,) * (len(target) - v.ndim) + tuple(v.strides)
-            for d, (s, t) in enumerate(zip(shape, target)):
-                if s != t and s != 1:
-                    raise ValueError(f"{self}: cannot broadcast a value of shape {v.shape} to "
-                                     f"the shape {target}")
-            strides = tuple(0 if s != t else st for s, t, st in zip(shape, target, strides))
-            src = v._view(v.ptr, target, strides)
-            res._copy_from_device(src)
+            res._copy_from_device(v._broadcast_to(target, str(self)))
         out[0][0] = res
 
     def grad(self, inputs, output_grads):

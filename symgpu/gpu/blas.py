@@ -159,14 +159,6 @@ def _inc(v: Any) -> int:
     return s // v.dtype.itemsize if s > 0 and s % v.dtype.itemsize == 0 else 0
 
 
-def _broadcast(a: Any, shape: tuple) -> Any:
-    """A view of ``a`` read as ``shape`` (length-1 dimensions repeated through stride 0)."""
-    if a.shape == shape:
-        return a
-    strides = tuple(0 if n == 1 and t != 1 else s for n, t, s in zip(a.shape, shape, a.strides))
-    return a._view(a.ptr, shape, strides)
-
-
 def _check_int(*dims: int) -> None:
     if any(d >= 2 ** 31 for d in dims):
         raise ValueError(f"matrix dimensions {dims} exceed cuBLAS's 32-bit int arguments")
@@ -261,7 +253,7 @@ def _blas_matrix(x: Any, ctx_name: Any, ndim: int, what: str) -> Variable:
 
 def _broadcast_fill_prefetch(acc: Variable) -> list[tuple]:
     """The strided-copy module when the accumulated input (y, C, A) is broadcast: its value is
-    copied into the output by that kernel (see ``_broadcast``), compiled ahead with the
+    copied into the output by that kernel (``GpuArray._broadcast_to``), compiled ahead with the
     function's kernels rather than on the first call."""
     from symgpu.gpu.copykernel import prefetch_request
     return [prefetch_request()] if any(acc.broadcastable) else []
@@ -383,7 +375,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             else:
                 out = new_array(ctx, (m, n), np_dtype)
                 if not beta_zero and out.size:
-                    out._copy_from_device(_broadcast(z, (m, n)))
+                    out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
         if m and n:
@@ -468,7 +460,7 @@ class GpuGemv(_AccumulatingBlasOp):
             else:
                 out = new_array(ctx, (m,), np_dtype)
                 if not beta_zero and m:
-                    out._copy_from_device(_broadcast(y, (m,)))
+                    out._copy_from_device(y._broadcast_to((m,)))
             if m and n == 0:
                 # BLAS returns early on an empty product without scaling y: do it here
                 beta = scal.value(1)
@@ -557,7 +549,7 @@ class GpuGer(_AccumulatingBlasOp):
             else:
                 out = new_array(ctx, (m, n), np_dtype)
                 if out.size:
-                    out._copy_from_device(_broadcast(A, (m, n)))
+                    out._copy_from_device(A._broadcast_to((m, n)))
                     layout = _colmajor(out)
             if m and n:
                 _check_int(m, n)

@@ -21,61 +21,7 @@ from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.subtensor import (Slice, _check_inputs, _constant_index, build_index,
                                      index_broadcastable)
 
-__all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin", "broadcast_view"]
-
-def _writable_view(arr: Any, key: tuple) -> Any:
-    """``arr[key]`` as a true view for ints, slices (any step), None and Ellipsis: unlike
-    GpuArray.__getitem__, a negative step gives negative strides, not a copy."""
-    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if n_real > arr.ndim:
-        raise IndexError(f"too many indices: array is {arr.ndim}-dimensional, but {n_real} "
-                         "were indexed")
-    fill = (slice(None),) * (arr.ndim - n_real)
-    if Ellipsis in key:
-        i = key.index(Ellipsis)
-        key = key[:i] + fill + tuple(k for k in key[i + 1:] if k is not Ellipsis)
-    else:
-        key = key + fill
-    ptr, shape, strides, axis = arr.ptr, [], [], 0
-    for k in key:
-        if k is None:
-            shape.append(1)
-            strides.append(0)
-            continue
-        n, s = arr.shape[axis], arr.strides[axis]
-        if isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            length = len(range(start, stop, step))
-            if length:
-                ptr += start * s
-            shape.append(length)
-            strides.append(step * s)
-        else:
-            i = int(k)
-            if not -n <= i < n:
-                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
-            ptr += (i % n) * s
-        axis += 1
-    return arr._view(ptr, tuple(shape), tuple(strides))
-
-
-def broadcast_view(y: Any, target: tuple, who: str = "") -> Any:
-    """A (stride-0) view of GpuArray ``y`` broadcast to ``target`` (NumPy's rules)."""
-    if y.ndim > len(target):
-        raise ValueError(f"{who}: cannot broadcast a value of shape {y.shape} to {target}")
-    shape = (1,) * (len(target) - y.ndim) + tuple(y.shape)
-    strides = (0,) * (len(target) - y.ndim) + tuple(y.strides)
-    new_strides = []
-    for n, t, st in zip(shape, target, strides):
-        if n == t:
-            new_strides.append(st if n != 1 else 0)
-        elif n == 1:
-            new_strides.append(0)
-        else:
-            raise ValueError(f"{who}: cannot write a value of shape {y.shape} into a region of "
-                             f"shape {target}")
-    return y._view(y.ptr, tuple(target), tuple(new_strides))
-
+__all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
 def _host_index(index: Sequence[Any]) -> list:
     out = []
@@ -190,11 +136,11 @@ class GpuIncSubtensor(Op):
         res = x if self.inplace else x.copy()
         key = _index_key(self.idx_list, self._const, inputs[2:])
         try:
-            region = _writable_view(res, key)
+            region = res._basic_view(key)[0]
         except IndexError as exc:
             raise IndexError(f"{self}: {exc} (indexing an array of shape {x.shape})") from None
         if region.size:
-            src = broadcast_view(y, region.shape, str(self))
+            src = y._broadcast_to(region.shape, str(self))
             if self.set_instead_of_inc:
                 region._copy_from_device(src)
             else:
