@@ -73,30 +73,11 @@ __device__ __forceinline__ void atomic_inc(long long *p, long long v)
     atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
 }
 
-/* out[r, c] = x[idx[r], c] for n indices and rows of `row` elements (x and out C-contiguous);
-   with row == 0 the indices are still checked. */
-template <typename T, typename I>
-__device__ __forceinline__ void gather_body(const T *x, const I *idx, T *out, long long n,
-                                            long long row, long long len,
-                                            unsigned long long *err)
-{
-    const long long rr = row ? row : 1;
-    const long long total = n * rr;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const long long r = i / rr, c = i - r * rr;
-        long long j;
-        if (!fix_index<I>(idx[r], len, j)) {
-            if (c == 0) report(err, (long long)idx[r]);
-            continue;
-        }
-        if (row) out[i] = x[j * row + c];
-    }
-}
-
-/* out[idx[r], c] = y[r, c] (SET) or += y[r, c] atomically (repeated indices accumulate). */
-template <typename T, typename I, bool SET>
-__device__ __forceinline__ void scatter_body(T *out, const T *y, const I *idx, long long n,
+/* One walk over n indices and rows of `row` elements (arrays C-contiguous), each index
+   checked (also with row == 0); MODE 0 gathers dst[r, c] = src[idx[r], c], MODE 1 sets
+   dst[idx[r], c] = src[r, c], MODE 2 adds it atomically (repeated indices accumulate). */
+template <typename T, typename I, int MODE>
+__device__ __forceinline__ void indexed_body(T *dst, const T *src, const I *idx, long long n,
                                              long long row, long long len,
                                              unsigned long long *err)
 {
@@ -111,8 +92,10 @@ __device__ __forceinline__ void scatter_body(T *out, const T *y, const I *idx, l
             continue;
         }
         if (!row) continue;
-        if (SET) out[j * row + c] = y[i];
-        else atomic_inc(out + j * row + c, y[i]);
+        const long long at = j * row + c;
+        if (MODE == 0) dst[i] = src[at];
+        else if (MODE == 1) dst[at] = src[i];
+        else atomic_inc(dst + at, src[i]);
     }
 }
 """
@@ -134,13 +117,13 @@ def advanced_source() -> str:
             parts.append(f"""
 extern "C" __global__ void {_gather_name(dtype, idt)}(const {t} *x, {t} *out,
     const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
-{{ gather_body<{t}, {it}>(x, idx, out, n, row, len, err); }}
+{{ indexed_body<{t}, {it}, 0>(out, x, idx, n, row, len, err); }}
 """)
             for set_ in (True, False):
                 parts.append(f"""
 extern "C" __global__ void {_scatter_name(dtype, idt, set_)}({t} *out, const {t} *y,
     const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
-{{ scatter_body<{t}, {it}, {'true' if set_ else 'false'}>(out, y, idx, n, row, len, err); }}
+{{ indexed_body<{t}, {it}, {1 if set_ else 2}>(out, y, idx, n, row, len, err); }}
 """)
     return "".join(parts)
 

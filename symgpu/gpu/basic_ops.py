@@ -131,25 +131,26 @@ class GpuFromHost(Op):
 class _ScalarUploadThunk(PerformThunk):
     """GpuFromHost of a one-element value: a pool block set with memsets (see make_thunk)."""
 
-    __slots__ = ("ctx", "shape", "dtype")
+    __slots__ = ("ctx", "shape", "dtype", "device_array", "new_array")
     capturable = True
     launches = True
 
     def __init__(self, op: "GpuFromHost", node: Apply, storage_map: dict, compute_map: dict):
+        from symgpu.gpu.array import GpuArray
+        from symgpu.gpu.elemwise import new_array
         super().__init__(op, node, storage_map, compute_map)
         self.ctx = _get_context(op.context_name)
         self.shape = (1,) * node.inputs[0].ndim
         self.dtype = np.dtype(node.outputs[0].dtype)
+        self.device_array, self.new_array = GpuArray, new_array
 
     def __call__(self) -> None:
-        from symgpu.gpu.array import GpuArray
-        from symgpu.gpu.elemwise import new_array
         x = self.inputs[0][0]
-        if isinstance(x, GpuArray):   # a device array fed to the input: the plain path
+        if isinstance(x, self.device_array):   # a device array fed to the input: plain path
             self.perform(self.node, [x], self.outputs)
             return
         value = np.asarray(x, dtype=self.dtype)
-        out = new_array(self.ctx, self.shape, self.dtype)
+        out = self.new_array(self.ctx, self.shape, self.dtype)
         out.fill(value.reshape(()))
         self.outputs[0][0] = out
         _count("host_to_gpu", self.dtype.itemsize)

@@ -266,7 +266,18 @@ def _ctx_name(*xs: Any) -> Any:
 
 # ----------------------------------------------------------------------------- GpuGemm
 
-class _AccumulatingBlasOp(Op):
+class _CublasOp(Op):
+    """A cuBLAS op: on a virtual context its thunk only says so; otherwise the subclass's
+    ``_thunk(node, storage_map, ctx)`` makes it."""
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return self._thunk(node, storage_map, ctx)
+
+
+class _AccumulatingBlasOp(_CublasOp):
     """A cuBLAS op that adds into its first input (GpuGemm's z, GpuGemv's y, GpuGer's A):
     in place on it when ``inplace``, else into a copy from the pool."""
 
@@ -300,14 +311,11 @@ class GpuGemm(_AccumulatingBlasOp):
             raise TypeError(f"{self}: z ({z.type}) cannot hold the output ({out}) in place")
         return Apply(self, [z, alpha, x, y, beta], [out()])
 
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        ctx = _context(node.outputs[0].type.context_name)
-        if ctx.virtual:
-            return _virtual_thunk(self, ctx)
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         return _gemm_thunk(self, node, storage_map, ctx, node.inputs[0], 2, 3, (1, 4))
 
 
-class GpuDot22(Op):
+class GpuDot22(_CublasOp):
     """``dot(x, y)`` of two matrices through cuBLAS gemm (beta = 0, a fresh output)."""
 
     __props__ = ()
@@ -324,10 +332,7 @@ class GpuDot22(Op):
         out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
         return Apply(self, [x, y], [out()])
 
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        ctx = _context(node.outputs[0].type.context_name)
-        if ctx.virtual:
-            return _virtual_thunk(self, ctx)
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         return _gemm_thunk(self, node, storage_map, ctx, None, 0, 1, ())
 
 
@@ -432,10 +437,7 @@ class GpuGemv(_AccumulatingBlasOp):
             raise TypeError(f"{self}: y ({y.type}) cannot hold the output ({out}) in place")
         return Apply(self, [y, alpha, A, x, beta], [out()])
 
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        ctx = _context(node.outputs[0].type.context_name)
-        if ctx.virtual:
-            return _virtual_thunk(self, ctx)
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         blas = cublas()
         handle = blas.handle(ctx)
         dtype = node.outputs[0].dtype
@@ -521,10 +523,7 @@ class GpuGer(_AccumulatingBlasOp):
             raise TypeError(f"{self}: A ({A.type}) cannot hold the output ({out}) in place")
         return Apply(self, [A, alpha, x, y], [out()])
 
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        ctx = _context(node.outputs[0].type.context_name)
-        if ctx.virtual:
-            return _virtual_thunk(self, ctx)
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         blas = cublas()
         handle = blas.handle(ctx)
         dtype = node.outputs[0].dtype
