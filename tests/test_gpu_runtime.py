@@ -155,6 +155,9 @@ def test_views_are_computed_without_a_device():
     views, negative strides for reversed axes), and the one broadcast view of Alloc, the
     BLAS accumulators and set/inc_subtensor."""
     a = _fake_array((3, 4), (16, 4))
+    assert a.is_c_contiguous and not a.is_f_contiguous
+    f = _fake_array((3, 4), (4, 12))
+    assert f.is_f_contiguous and not f.is_c_contiguous
     v, rev = a._basic_view((slice(None, None, -1), 1))
     assert (v.shape, v.strides, v.ptr, rev) == ((3,), (-16,), 4096 + 2 * 16 + 4, True)
     v, rev = a._basic_view((Ellipsis, None, slice(1, 3)))

@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.gpu.codegen.layout import c_contiguous
+
 __all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
            "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
            "SUPPORTED_DTYPES"]
@@ -200,25 +202,11 @@ class GpuArray:
 
     @property
     def is_c_contiguous(self) -> bool:
-        expected = self.dtype.itemsize
-        for n, s in zip(reversed(self.shape), reversed(self.strides)):
-            if n == 0:
-                return True
-            if n != 1 and s != expected:
-                return False
-            expected *= n
-        return True
+        return c_contiguous(self.shape, self.strides, self.dtype.itemsize)
 
     @property
     def is_f_contiguous(self) -> bool:
-        expected = self.dtype.itemsize
-        for n, s in zip(self.shape, self.strides):
-            if n == 0:
-                return True
-            if n != 1 and s != expected:
-                return False
-            expected *= n
-        return True
+        return c_contiguous(self.shape[::-1], self.strides[::-1], self.dtype.itemsize)
 
     @property
     def flags(self) -> _Flags:

@@ -21,7 +21,7 @@ from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gp
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.transfer import TransferError, register_transfer
 from symgpu.tensor.basic import Reshape as _Reshape
-from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i
+from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i, check_declared_broadcastable
 
 __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
            "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",
@@ -403,12 +403,7 @@ class GpuSpecifyBroadcastable(_GpuRebroadcast):
         return tuple(a or b for a, b in zip(bcast, self.broadcastable))
 
     def perform(self, node, inputs, out):
-        x = inputs[0]
-        for d, b in enumerate(self.broadcastable):
-            if b and x.shape[d] != 1:
-                raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
-                                 "broadcastable (length 1)")
-        out[0][0] = x
+        out[0][0] = check_declared_broadcastable(inputs[0], self.broadcastable)
 
     def grad(self, inputs, output_grads):
         return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]

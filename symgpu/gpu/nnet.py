@@ -16,6 +16,7 @@ from symgpu.gpu.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.elemwise import keepdims_order
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
@@ -27,14 +28,7 @@ _SOFTMAX_DTYPES = ("float32", "float64")
 def _reduce_keepdims(red: str, x: Variable, axis: int | None) -> Variable:
     axes = tuple(range(x.ndim)) if axis is None else (axis,)
     r = GpuCAReduce(red, axes)(x)
-    order, k = [], 0
-    for d in range(x.ndim):
-        if d in axes:
-            order.append("x")
-        else:
-            order.append(k)
-            k += 1
-    return GpuDimShuffle(r.broadcastable, order)(r)
+    return GpuDimShuffle(r.broadcastable, keepdims_order(x.ndim, axes))(r)
 
 
 def _shifted(x: Variable, axis: int | None) -> Variable:

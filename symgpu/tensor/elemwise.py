@@ -5,13 +5,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
-from symgpu.scalar.dtypes import is_float, upcast
+from symgpu.scalar.dtypes import is_float
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
-__all__ = ["Elemwise", "DimShuffle", "CAReduce", "broadcast_shape_of"]
+__all__ = ["Elemwise", "DimShuffle", "CAReduce", "broadcast_shape_of", "keepdims_order"]
 
 
 def _tensor_namespace():
@@ -65,7 +65,6 @@ class DimShuffle(Op):
         (cin,), (cout,) = [storage_map[v] for v in node.inputs], [storage_map[v] for v in node.outputs]
         nd = len(self.input_broadcastable)
         perm = tuple(self.shuffle + self.drop)
-        thunk = None
         if not self.augment and not self.drop and perm != tuple(range(nd)):
             def thunk():
                 cout[0] = cin[0].transpose(perm)
@@ -74,7 +73,7 @@ class DimShuffle(Op):
 
             def thunk():
                 cout[0] = cin[0].reshape(shape)
-        if thunk is None:
+        else:
             return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         return _closure_thunk(thunk, node, storage_map)
 
@@ -361,6 +360,16 @@ def reduce_output_dtype(op_name: str, dtype: str) -> str:
     return dtype
 
 
+def keepdims_order(ndim: int, axes: Sequence[int] | None) -> list:
+    """The DimShuffle order that puts back, as length-1 dims, the ``axes`` a reduction over
+    an ``ndim``-d input removed (None: all of them): NumPy's ``keepdims``."""
+    removed = range(ndim) if axes is None else axes
+    order: list = []
+    for d in range(ndim):
+        order.append("x" if d in removed else len(order) - order.count("x"))
+    return order
+
+
 class CAReduce(Op):
     """Reduce over `axis` (a tuple, or None for all) with a commutative associative op."""
 
@@ -430,13 +439,7 @@ class CAReduce(Op):
         if not is_float(x.dtype):
             return [None]
         axis = tuple(range(x.ndim)) if self.axis is None else self.axis
-        pattern, j = [], 0
-        for d in range(x.ndim):
-            if d in axis:
-                pattern.append("x")
-            else:
-                pattern.append(j)
-                j += 1
+        pattern = keepdims_order(x.ndim, axis)
         gz_b = DimShuffle(gz.broadcastable, pattern)(gz)
         name = self.scalar_op.name
         if name == "add":

@@ -10,9 +10,8 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, Cast
-from symgpu.scalar.dtypes import (FLOAT_DTYPES, check_dtype, is_bool, is_float, is_int,
-                                  upcast, upgrade_to_float)
-from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast
+from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise, keepdims_order
 from symgpu.tensor.shape import shape_i, transpose
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, constant
 
@@ -200,15 +199,7 @@ def _norm_axis(x: TensorVariable, axis: Any) -> tuple[int, ...] | None:
 
 
 def _keep(x: TensorVariable, r: TensorVariable, axis: tuple[int, ...] | None) -> TensorVariable:
-    axes = tuple(range(x.ndim)) if axis is None else axis
-    pattern, j = [], 0
-    for d in range(x.ndim):
-        if d in axes:
-            pattern.append("x")
-        else:
-            pattern.append(j)
-            j += 1
-    return DimShuffle(r.broadcastable, pattern)(r)
+    return DimShuffle(r.broadcastable, keepdims_order(x.ndim, axis))(r)
 
 
 def _reduce(name: str, x: Any, axis: Any, keepdims: bool, dtype: str | None = None) -> TensorVariable:

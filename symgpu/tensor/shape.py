@@ -99,6 +99,16 @@ def transpose(x: Any, axes: Sequence[int] | None = None) -> TensorVariable:
     return DimShuffle(x.broadcastable, axes)(x)
 
 
+def check_declared_broadcastable(x: Any, broadcastable: Sequence[bool]) -> Any:
+    """``x`` (a host or device array) after checking that each dim declared broadcastable has
+    length 1 (SpecifyBroadcastable and its GPU twin)."""
+    for d, b in enumerate(broadcastable):
+        if b and x.shape[d] != 1:
+            raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
+                             "broadcastable (length 1)")
+    return x
+
+
 class SpecifyBroadcastable(Op):
     """Asserts at run time that some dimensions have length 1, so the type can say so."""
 
@@ -116,12 +126,7 @@ class SpecifyBroadcastable(Op):
         return Apply(self, [x], [TensorType(x.dtype, bcast)()])
 
     def perform(self, node, inputs, out):
-        x = inputs[0]
-        for d, b in enumerate(self.broadcastable):
-            if b and x.shape[d] != 1:
-                raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
-                                 "broadcastable (length 1)")
-        out[0][0] = x
+        out[0][0] = check_declared_broadcastable(inputs[0], self.broadcastable)
 
     def grad(self, inputs, output_grads):
         return [output_grads[0]]

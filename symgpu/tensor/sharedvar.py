@@ -6,8 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.compile.sharedvalue import SharedVariable, register_shared_constructor
-from symgpu.config import config
-from symgpu.tensor.type import TensorType, TensorVariable
+from symgpu.tensor.type import TensorType, TensorVariable, python_number_array
 
 __all__ = ["TensorSharedVariable", "tensor_constructor", "host_value"]
 
@@ -18,12 +17,9 @@ class TensorSharedVariable(SharedVariable, TensorVariable):
 
 def host_value(value: Any) -> np.ndarray:
     """`value` as an ndarray; Python floats take floatX, Python ints int64."""
-    if isinstance(value, bool):
-        return np.asarray(value)
-    if isinstance(value, float):
-        return np.asarray(value, dtype=config.floatX)
-    if isinstance(value, int):
-        return np.asarray(value, dtype="int64")
+    arr = python_number_array(value)
+    if arr is not None:
+        return arr
     if isinstance(value, (np.ndarray, np.generic)):
         return np.asarray(value)
     raise TypeError(f"expected an ndarray or a Python number, got {type(value).__name__}")

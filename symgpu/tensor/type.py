@@ -12,7 +12,7 @@ from symgpu.scalar.dtypes import check_dtype, is_float
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
-           "Float64Warning", "ArrayVariableMixin"]
+           "Float64Warning", "ArrayVariableMixin", "python_number_array"]
 
 _NDIM_NAMES = {0: "scalar", 1: "vector", 2: "matrix", 3: "tensor3", 4: "tensor4"}
 
@@ -266,15 +266,24 @@ def constant(value: Any, name: str | None = None, ndim: int | None = None,
     return TensorConstant(ttype, arr, name)
 
 
-def _as_array(value: Any, dtype: str | None) -> np.ndarray:
-    if dtype is not None:
-        return np.asarray(value, dtype=check_dtype(dtype))
+def python_number_array(value: Any) -> np.ndarray | None:
+    """A Python bool, float or int as a 0-d array of symgpu's dtype for it (bool, floatX,
+    int64); None for anything else. Constants and shared values follow this one rule."""
     if isinstance(value, bool):
         return np.asarray(value)
     if isinstance(value, float):
         return np.asarray(value, dtype=config.floatX)
     if isinstance(value, int):
         return np.asarray(value, dtype="int64")
+    return None
+
+
+def _as_array(value: Any, dtype: str | None) -> np.ndarray:
+    if dtype is not None:
+        return np.asarray(value, dtype=check_dtype(dtype))
+    arr = python_number_array(value)
+    if arr is not None:
+        return arr
     arr = np.asarray(value)
     if arr.dtype.kind == "f" and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
         arr = arr.astype(config.floatX)
