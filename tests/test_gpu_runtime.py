@@ -599,3 +599,12 @@ def test_cupy_exchange_both_ways(ctx):
     del src
     gc.collect()
     np.testing.assert_array_equal(b.get(), np.full((5, 3), 1.5))
+
+
+def test_driver_errors_read_the_same_everywhere(monkeypatch):
+    """Every ctypes driver call (launches, graphs, events) reports a failure one way."""
+    from symgpu.gpu import libcuda
+    monkeypatch.setattr(libcuda, "error_string", lambda status: f"code {status} explained")
+    libcuda.check(0, "cuNothing")
+    with pytest.raises(RuntimeError, match=r"^cuEventRecord failed: code 700 explained$"):
+        libcuda.check(700, "cuEventRecord")

@@ -181,8 +181,8 @@ def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch)
             fn = Fn(name)
             setattr(self, name, fn)
             return fn
-    monkeypatch.setattr(graph_driver.ctypes, "CDLL", lambda name: Lib({"cuGraphGetNodes"}))
-    monkeypatch.setattr(graph_driver.ctypes, "PyDLL", lambda name: Lib())
+    monkeypatch.setattr(graph_driver.libcuda, "cdll", lambda: Lib({"cuGraphGetNodes"}))
+    monkeypatch.setattr(graph_driver.libcuda, "pydll", lambda: Lib())
     d = graph_driver.CudaGraphDriver()
     d.begin(77)
     name, args = calls[-1]

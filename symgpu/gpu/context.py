@@ -62,27 +62,18 @@ def _parse_device(device: str) -> int:
 
 # --------------------------------------------------------------------------- the driver
 class _Driver:
-    """A few driver-API calls PyCUDA lacks (cross-stream ordering, pointer queries), via ctypes
-    on the same libcuda PyCUDA uses."""
+    """A few driver-API calls PyCUDA lacks (cross-stream ordering, pointer queries)."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
+        from symgpu.gpu import libcuda
+        lib = libcuda.cdll()
         vp, u32 = ctypes.c_void_p, ctypes.c_uint
         for name, args in (("cuEventCreate", [ctypes.POINTER(vp), u32]),
                            ("cuEventRecord", [vp, vp]), ("cuEventDestroy_v2", [vp]),
                            ("cuStreamWaitEvent", [vp, vp, u32]),
-                           ("cuPointerGetAttribute", [vp, ctypes.c_int, ctypes.c_uint64]),
-                           ("cuGetErrorString", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
-        self.lib = lib
-
-    def check(self, status: int, what: str) -> None:
-        if status:
-            msg = ctypes.c_char_p()
-            self.lib.cuGetErrorString(status, ctypes.byref(msg))
-            text = msg.value.decode() if msg.value else f"error {status}"
-            raise RuntimeError(f"CUDA driver call {what} failed: {text}")
+                           ("cuPointerGetAttribute", [vp, ctypes.c_int, ctypes.c_uint64])):
+            libcuda.declare(lib, name, args)
+        self.lib, self.check = lib, libcuda.check
 
     def order(self, first: int, then: int) -> None:
         """Make work later queued on stream ``then`` wait for work already on ``first``."""

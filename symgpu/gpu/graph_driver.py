@@ -8,6 +8,8 @@ import ctypes
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
+from symgpu.gpu import libcuda
+
 __all__ = ["CudaGraphDriver"]
 
 _CAPTURE_THREAD_LOCAL, _CAPTURE_RELAXED = 1, 2
@@ -18,7 +20,7 @@ class CudaGraphDriver:
     """The graph entry points of libcuda, through ctypes (handles are ``c_void_p``)."""
 
     def __init__(self) -> None:
-        lib = ctypes.CDLL("libcuda.so.1")
+        lib = libcuda.cdll()
         vp, P = ctypes.c_void_p, ctypes.POINTER
         sigs = {
             "cuStreamBeginCapture_v2": [vp, ctypes.c_int],
@@ -27,34 +29,21 @@ class CudaGraphDriver:
             "cuGraphExecDestroy": [vp],
             "cuGraphDestroy": [vp],
             "cuThreadExchangeStreamCaptureMode": [P(ctypes.c_int)],
-            "cuGetErrorString": [ctypes.c_int, P(ctypes.c_char_p)],
         }
         optional = {   # only for statistics and checks: absent, they are skipped
             "cuGraphGetNodes": [vp, vp, P(ctypes.c_size_t)],
             "cuStreamIsCapturing": [vp, P(ctypes.c_int)],
         }
         for name, args in sigs.items():
-            fn = getattr(lib, name)
-            fn.argtypes, fn.restype = args, ctypes.c_int
+            libcuda.declare(lib, name, args)
         self.optional: dict[str, Any] = {}
         for name, args in optional.items():
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                fn.argtypes, fn.restype = args, ctypes.c_int
-                self.optional[name] = fn
+            if hasattr(lib, name):
+                self.optional[name] = libcuda.declare(lib, name, args)
         self.lib = lib
         # the replay call: PyDLL (the GIL stays held, no argument conversion: c_void_p in)
-        self._launch = ctypes.PyDLL("libcuda.so.1").cuGraphLaunch
-        self._launch.restype = ctypes.c_int
-
-    def error(self, status: int) -> str:
-        msg = ctypes.c_char_p()
-        self.lib.cuGetErrorString(status, ctypes.byref(msg))
-        return msg.value.decode() if msg.value else f"CUresult {status}"
-
-    def check(self, status: int, what: str) -> None:
-        if status:
-            raise RuntimeError(f"{what} failed: {self.error(status)}")
+        self._launch = libcuda.declare(libcuda.pydll(), "cuGraphLaunch", None)
+        self.error, self.check = libcuda.error_string, libcuda.check
 
     def begin(self, stream: int) -> None:
         self.check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream),

@@ -91,10 +91,10 @@ def _stream_handle(stream: Any) -> int | None:
 
 def _driver_context_of(ptr: int) -> int | None:
     """The CUcontext ``ptr`` was allocated in, or None where the driver does not say."""
+    from symgpu.gpu import libcuda
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuPointerGetAttribute
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64], ctypes.c_int
+        fn = libcuda.declare(libcuda.cdll(), "cuPointerGetAttribute",
+                             [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64])
         out = ctypes.c_void_p()
         if fn(ctypes.byref(out), _CU_POINTER_ATTRIBUTE_CONTEXT, ptr) != 0:
             return None
@@ -104,10 +104,10 @@ def _driver_context_of(ptr: int) -> int | None:
 
 
 def _current_driver_context() -> int | None:
+    from symgpu.gpu import libcuda
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
         out = ctypes.c_void_p()
-        if lib.cuCtxGetCurrent(ctypes.byref(out)) != 0:
+        if libcuda.cdll().cuCtxGetCurrent(ctypes.byref(out)) != 0:
             return None
         return out.value or None
     except (OSError, AttributeError):

@@ -43,22 +43,15 @@ class _Driver:
     """The few driver entry points this module calls, on the libcuda PyCUDA already loaded."""
 
     def __init__(self) -> None:
-        lib = ctypes.PyDLL("libcuda.so.1")
-        self.launch = lib.cuLaunchKernel          # no argtypes: the fastest ctypes call path
-        self.launch.restype = ctypes.c_int
-        self.load = lib.cuModuleLoadData
-        self.load.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p]
-        self.get = lib.cuModuleGetFunction
-        self.get.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
-        self.errstr = lib.cuGetErrorString
-        self.errstr.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-
-    def check(self, status: int, what: str) -> None:
-        if status:
-            msg = ctypes.c_char_p()
-            self.errstr(status, ctypes.byref(msg))
-            text = msg.value.decode() if msg.value else f"CUresult {status}"
-            raise RuntimeError(f"{what} failed: {text}")
+        from symgpu.gpu import libcuda
+        lib = libcuda.pydll()
+        self.launch = libcuda.declare(lib, "cuLaunchKernel", None)   # the fastest call path
+        self.load = libcuda.declare(lib, "cuModuleLoadData",
+                                    [ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p])
+        self.get = libcuda.declare(lib, "cuModuleGetFunction",
+                                   [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
+                                    ctypes.c_char_p])
+        self.check = libcuda.check
 
 
 _driver: _Driver | None = None
