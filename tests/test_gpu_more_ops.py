@@ -62,6 +62,15 @@ def test_grad_of_subtensor_lifts():
         assert "GpuIncSubtensor" in names and not names & CPU_NAMES, names
 
 
+def test_gpu_inc_subtensor_props_and_names_follow_the_host_op():
+    from symgpu.tensor.subtensor import IncSubtensor, Slice
+    idx = [Slice(1, None, None)]
+    assert str(GpuIncSubtensor(idx, True)) == "Gpu" + str(IncSubtensor(idx, True))
+    assert str(GpuIncSubtensor([0], False, True)) == "GpuIncSubtensor{0, inplace}"
+    assert GpuIncSubtensor([0], False, True).destroy_map == {0: [0]}
+    assert GpuIncSubtensor([0]) == GpuIncSubtensor([0]) != GpuIncSubtensor([0], True)
+
+
 def test_int_index_stays_on_host():
     with config.change_flags(floatX="float32"), virtual_context(None):
         x, i = T.matrix("x"), T.lscalar("i")

@@ -18,8 +18,8 @@ from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.copykernel import INC_DTYPES, strided_inc
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
-from symgpu.tensor.subtensor import (Slice, _check_inputs, _constant_index, build_index,
-                                     index_broadcastable)
+from symgpu.tensor.subtensor import (IncSubtensorProps, Slice, _check_inputs, _constant_index,
+                                     build_index, index_broadcastable)
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
@@ -93,27 +93,15 @@ class GpuSubtensor(Op):
 
 # ----------------------------------------------------------------------------- GpuIncSubtensor
 
-class GpuIncSubtensor(Op):
+class GpuIncSubtensor(IncSubtensorProps):
     """``x`` with ``x[idx]`` set to (or incremented by) ``y`` broadcast to the region: a copy
     of ``x`` unless ``inplace``; the region is a view written by a device copy (set) or a
     strided "+=" kernel (inc)."""
 
-    __props__ = ("idx_list", "set_instead_of_inc", "inplace")
-
     def __init__(self, idx_list: Sequence, set_instead_of_inc: bool = False,
                  inplace: bool = False):
-        self.idx_list = tuple(idx_list)
+        super().__init__(idx_list, set_instead_of_inc, inplace)
         _check_basic(self, self.idx_list)
-        self.set_instead_of_inc = bool(set_instead_of_inc)
-        self.inplace = bool(inplace)
-        self.destroy_map = {0: [0]} if self.inplace else {}
-        self._const = _constant_index(self.idx_list)
-
-    def __str__(self) -> str:
-        from symgpu.tensor.subtensor import _entry_str
-        kind = "Set" if self.set_instead_of_inc else "Inc"
-        flag = ", inplace" if self.inplace else ""
-        return f"Gpu{kind}Subtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}{flag}}}"
 
     def make_node(self, x: Any, y: Any, *index: Any) -> Apply:
         if not is_gpu_var(x):

@@ -21,6 +21,7 @@ from symgpu.tensor.type import (TensorConstant, TensorType, TensorVariable, as_t
                                 constant)
 
 __all__ = ["Subtensor", "AdvancedSubtensor", "IncSubtensor", "AdvancedIncSubtensor", "Slice",
+           "IncSubtensorProps",
            "SYM", "getitem", "set_subtensor", "inc_subtensor"]
 
 #: placeholder in `idx_list` for a symbolic index part (the op's next extra input)
@@ -333,13 +334,11 @@ class AdvancedSubtensor(_IndexOp):
         return [gx] + [None] * len(rest)
 
 
-class _IncOp(Op):
-    """Shared body of IncSubtensor/AdvancedIncSubtensor: `x` with `x[idx]` set to (or
-    incremented by) `y`; a new array unless `inplace` (which the in-place rewrite sets)."""
+class IncSubtensorProps(Op):
+    """What every set/inc-subtensor op (host and GPU) is made of: the index list, set or
+    inc, in place or not; printed as ``SetSubtensor{...}`` / ``IncSubtensor{...}``."""
 
     __props__ = ("idx_list", "set_instead_of_inc", "inplace")
-    _advanced = False
-    _reader: type = None  # the matching reading op
 
     def __init__(self, idx_list: Sequence, set_instead_of_inc: bool = False, inplace: bool = False):
         self.idx_list = tuple(idx_list)
@@ -350,9 +349,17 @@ class _IncOp(Op):
 
     def __str__(self) -> str:
         kind = "Set" if self.set_instead_of_inc else "Inc"
-        name = type(self).__name__.replace("Inc", kind)
+        name = type(self).__name__.replace("Inc", kind, 1)
         flag = ", inplace" if self.inplace else ""
         return f"{name}{{{', '.join(_entry_str(e) for e in self.idx_list)}{flag}}}"
+
+
+class _IncOp(IncSubtensorProps):
+    """Shared body of IncSubtensor/AdvancedIncSubtensor: `x` with `x[idx]` set to (or
+    incremented by) `y`; a new array unless `inplace` (which the in-place rewrite sets)."""
+
+    _advanced = False
+    _reader: type = None  # the matching reading op
 
     def make_node(self, x: Any, y: Any, *index: Any) -> Apply:
         x, y = as_tensor_variable(x), as_tensor_variable(y)
