@@ -369,13 +369,11 @@ class GpuReshape(Op):
 
 
 class _GpuRebroadcast(Op):
-    """Base of the two broadcast-pattern view ops (no device work)."""
+    """Base of the two broadcast-pattern view ops (no device work); a subclass says which
+    dims it is about (``_axes()``) and the pattern it gives (``_out_bcast(bcast)``)."""
 
     view_map = {0: [0]}
     capturable = True
-
-    def _out_bcast(self, bcast: tuple[bool, ...]) -> tuple[bool, ...]:
-        raise NotImplementedError
 
     def make_node(self, x: Any) -> Apply:
         if not is_gpu_var(x):
@@ -383,9 +381,6 @@ class _GpuRebroadcast(Op):
         if x.ndim != len(self._axes()):
             raise TypeError(f"{self}: {x} has {x.ndim} dimensions")
         return Apply(self, [x], [x.type.clone(broadcastable=self._out_bcast(x.broadcastable))()])
-
-    def _axes(self) -> tuple[bool, ...]:
-        raise NotImplementedError
 
 
 class GpuSpecifyBroadcastable(_GpuRebroadcast):
