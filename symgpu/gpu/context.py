@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import re
 import os
 import sys
@@ -93,14 +94,9 @@ class _Driver:
         return out.value
 
 
-_driver: _Driver | None = None
-
-
+@functools.cache
 def _drv() -> _Driver:
-    global _driver
-    if _driver is None:
-        _driver = _Driver()
-    return _driver
+    return _Driver()
 
 
 # --------------------------------------------------------------------------- contexts

@@ -21,6 +21,7 @@ are kept per (key, context) in memory, so the hot path never hashes source text.
 from __future__ import annotations
 
 import ctypes
+import functools
 import struct
 import threading
 from typing import Any, Callable, Sequence
@@ -54,14 +55,9 @@ class _Driver:
         self.check = libcuda.check
 
 
-_driver: _Driver | None = None
-
-
+@functools.cache
 def _drv() -> _Driver:
-    global _driver
-    if _driver is None:
-        _driver = _Driver()
-    return _driver
+    return _Driver()
 
 
 class Kernel:
