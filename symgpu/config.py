@@ -454,6 +454,8 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "inputs rounded to 10 mantissa bits (PyTorch's allow_tf32; JAX's default precision)"),
     ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
     ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
+    ("cxx", StrParam, "cc", "the C compiler of the CPU's fused elementwise kernels; empty: "
+     "none, NumPy does all CPU work (also when the compiler or Python's headers are missing)"),
     ("compile_log", BoolParam, False,
      "say for each kernel whether the compile cache hit or missed"),
     ("exception_verbosity", lambda: EnumParam("low", "high"), "low",

@@ -15,6 +15,7 @@ import pytest
 from gpu_helpers import requires_nvcc
 from symgpu.config import config
 from symgpu.gpu import compiler
+from symgpu.link import diskcache
 from symgpu.gpu.compiler import CompileError, cache_key, compile_to_cubin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,7 +171,7 @@ def test_world_writable_dir_is_refused(tmp_path):
     root.mkdir()
     os.chmod(root, 0o777)
     compiler.clear_memory_cache()
-    compiler._checked_dirs.clear()
+    diskcache._checked_dirs.clear()
     with config.change_flags(compiledir=str(root)):
         with pytest.raises(PermissionError, match="writable by group or others.*chmod 700"):
             compile_to_cubin(KERNEL)
@@ -186,7 +187,7 @@ def test_dir_of_another_user_is_refused(tmp_path):
     root.mkdir(mode=0o700)
     os.chown(root, 4242, -1)
     compiler.clear_memory_cache()
-    compiler._checked_dirs.clear()
+    diskcache._checked_dirs.clear()
     with config.change_flags(compiledir=str(root)):
         with pytest.raises(PermissionError, match="owned by uid 4242"):
             compile_to_cubin(KERNEL)

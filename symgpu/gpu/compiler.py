@@ -24,12 +24,13 @@ import json
 import os
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 from typing import Any, Callable, Sequence
+
+from symgpu.link.diskcache import build_once, private_dir as _private_dir
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
@@ -55,7 +56,6 @@ class CompileError(RuntimeError):
 # processes).
 _lock = threading.RLock()
 _nvcc_version: str | None = None
-_checked_dirs: set[str] = set()
 _cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin)
 _kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
 _modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
@@ -120,32 +120,8 @@ def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _check_private_dir(path: str) -> None:
-    """Refuse a directory that others could write into: they could plant a cubin we load."""
-    st = os.stat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise PermissionError(f"symgpu compiledir {path!r} is not a directory")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
-        raise PermissionError(
-            f"symgpu compiledir {path!r} is owned by uid {st.st_uid}, not by you "
-            f"(uid {os.getuid()}): refusing to load kernels another user could have written. "
-            f"Set the compiledir flag to a directory of your own.")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise PermissionError(
-            f"symgpu compiledir {path!r} is writable by group or others (mode "
-            f"{stat.S_IMODE(st.st_mode):#o}): refusing to load kernels others could replace. "
-            f"Run `chmod 700 {path}` or set the compiledir flag to a private directory.")
 
 
-def _private_dir(path: str) -> str:
-    """Create ``path`` mode 0700 if missing, then check it is private (once per process)."""
-    if path in _checked_dirs:
-        return path
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    _check_private_dir(path)
-    with _lock:
-        _checked_dirs.add(path)
-    return path
 
 
 def kernel_cache_dir() -> str:
@@ -163,36 +139,8 @@ def _entry_paths(digest: str) -> tuple[str, str, str]:
     return base + ".cubin", base + ".cubin.sha256", base + ".lock"
 
 
-def _read_entry(cubin_path: str, sum_path: str) -> tuple[bytes | None, str]:
-    """(cubin, '') when valid, else (None, why): 'absent', 'unreadable', 'checksum mismatch'."""
-    try:
-        with open(cubin_path, "rb") as f:
-            data = f.read()
-        with open(sum_path, "r", encoding="ascii") as f:
-            expected = f.read().strip()
-    except FileNotFoundError:
-        return None, "absent"
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"unreadable ({exc})"
-    if not data or hashlib.sha256(data).hexdigest() != expected:
-        return None, "checksum mismatch"
-    return data, ""
 
 
-def _atomic_write(path: str, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> bytes:
@@ -257,21 +205,11 @@ def compile_to_cubin(source: str, options: Sequence[str] = (),
 def _compile_entry(source: str, opts: list[str], arch: str,
                    digest: str) -> tuple[str, bytes, bool]:
     """compile_to_cubin's disk part: read the entry, else compile it under its file lock."""
-    cubin_path, sum_path, lock_path = _entry_paths(digest)
-    data, why = _read_entry(cubin_path, sum_path)
-    hit = data is not None
-    if not hit:
-        from filelock import FileLock
-        with FileLock(lock_path):
-            data, why = _read_entry(cubin_path, sum_path)  # another process may have finished
-            hit = data is not None
-            if not hit:
-                _log(f"miss ({why}) {digest[:16]}: compiling for {arch} with {opts}")
-                data = _run_nvcc(source, opts, arch, digest)
-                _atomic_write(cubin_path, data)
-                _atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode() + b"\n")
-    if hit:
-        _log(f"hit (disk) {digest[:16]}")
+    cubin_path, _, _ = _entry_paths(digest)
+
+    data, hit, why = build_once(cubin_path, lambda: _run_nvcc(source, opts, arch, digest))
+    _log(f"hit (disk) {digest[:16]}" if hit
+         else f"miss ({why}) {digest[:16]}: compiled for {arch} with {opts}")
     with _lock:
         _cubin_memo[digest] = (cubin_path, data)
     return cubin_path, data, hit

@@ -164,9 +164,13 @@ class Elemwise(Op):
             if thunk is None:
                 thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         checks = runtime_broadcast_checks(node)
-        if not checks:
-            return thunk
-        return _BroadcastCheckedThunk(thunk, node, [storage_map[v] for v in node.inputs], checks)
+        if checks:
+            thunk = _BroadcastCheckedThunk(thunk, node, [storage_map[v] for v in node.inputs],
+                                           checks)
+        # a compiled loop where it can run; it checks shapes itself, and takes `thunk`
+        # (NumPy, with the broadcast checks and their errors) for any other call
+        from symgpu.tensor.c_elemwise import c_elemwise_thunk
+        return c_elemwise_thunk(node, storage_map, thunk) or thunk
 
     def _ufunc_thunk(self, node, storage_map):
         """A closure for the plain case (one NumPy ufunc, its own arity, float inputs where
