@@ -5,15 +5,12 @@ import time
 import warnings
 from typing import Any, Callable, Sequence
 
-import numpy as np
-
 from symgpu.compile.io import In, Out
 from symgpu.compile.mode import Mode, get_mode
 from symgpu.compile.sharedvalue import SharedVariable
-from symgpu.config import config
 from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, graph_inputs
 from symgpu.graph.fg import FunctionGraph
-from symgpu.link.vm import VM, link
+from symgpu.link.vm import VM
 
 __all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace"]
 
@@ -108,6 +105,7 @@ class Function:
         self._single = single_output
         self.profile = None
         self.trust_input = False
+        self._fast = _fast_call(self)
 
     # -- calling ----------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> list:
@@ -135,6 +133,8 @@ class Function:
         return f"function {self.name!r}" if self.name else "the function"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and len(args) == self._n_inputs and not self.trust_input:
+            return self._fast(*args)
         if kwargs or len(args) != self._n_inputs:
             args = self._bind(args, kwargs)
         cells = self._input_cells
@@ -165,6 +165,41 @@ class Function:
     # -- introspection ----------------------------------------------------------------------
     def __repr__(self) -> str:
         return f"<symgpu.Function {self.name or ''} with {len(self.maker.fgraph.apply_nodes)} nodes>"
+
+
+def _fast_call(fn: Function) -> Callable:
+    """`Function.__call__` for all inputs given positionally, as straight-line code written
+    for this function's inputs, outputs and updates (the general path loops over lists)."""
+    vm = fn.vm
+    ns: dict[str, Any] = {"vm": vm, "run": vm.run_thunks}
+    n = fn._n_inputs
+    args = ", ".join(f"a{i}" for i in range(n))
+    lines = [f"def call({args}):"]
+    for i, (cell, filt) in enumerate(zip(fn._input_cells, fn._filters)):
+        ns[f"c{i}"], ns[f"f{i}"] = cell, filt
+        lines.append(f"    c{i}[0] = f{i}(a{i})")
+    if type(vm).__call__ is VM.__call__:  # not a checking VM (DebugMode): skip its dispatch
+        lines += ["    if vm.profiler is None and vm.runner is None:", "        run()",
+                  "    else:", "        vm()"]
+    else:
+        lines.append("    vm()")
+    for j, cell in enumerate(fn._output_cells):
+        ns[f"o{j}"] = cell
+        lines.append(f"    r{j} = o{j}[0]")
+    # read every new value before writing any: updates are simultaneous
+    for k, (_, cell, _) in enumerate(fn._updates):
+        ns[f"u{k}"] = cell
+        lines.append(f"    v{k} = u{k}[0]")
+    for k, (container, _, copy) in enumerate(fn._updates):
+        ns[f"s{k}"] = container
+        lines.append(f"    s{k}[0] = v{k}.copy()" if copy else f"    s{k}[0] = v{k}")
+    for k, cell in enumerate(fn._clear_updates + fn._clear_after_call):
+        ns[f"z{k}"] = cell
+        lines.append(f"    z{k}[0] = None")
+    results = [f"r{j}.copy()" if c else f"r{j}" for j, c in enumerate(fn._output_copy)]
+    lines.append(f"    return {results[0]}" if fn._single else f"    return [{', '.join(results)}]")
+    exec(compile("\n".join(lines), f"<symgpu Function {fn.name or ''}>", "exec"), ns)
+    return ns["call"]
 
 
 class _Missing:

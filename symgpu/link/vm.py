@@ -6,7 +6,6 @@ its last reader ran, so intermediates do not outlive their use.
 """
 from __future__ import annotations
 
-import sys
 from typing import Any, Callable, Sequence
 
 from symgpu.config import config
@@ -36,7 +35,8 @@ class VM:
         self.thunks = thunks
         self.storage_map = storage_map
         self.gc_after = gc_after
-        self.pairs = list(zip(thunks, gc_after)) if gc_after is not None else None
+        #: the thunks and cell clearing as straight-line code (no loop, no per-node unpacking)
+        self.run_thunks = _straight_line(self)
         #: set by the profiler: a callable(vm) that runs and times the thunks instead
         self.profiler = None
         #: set by a VM hook (VM_HOOKS): a callable() that runs the thunks instead
@@ -58,18 +58,7 @@ class VM:
         if self.runner is not None:
             self.runner()
             return
-        i = 0
-        try:
-            if self.pairs is None:
-                for i, thunk in enumerate(self.thunks):
-                    thunk()
-            else:
-                for i, (thunk, dead) in enumerate(self.pairs):
-                    thunk()
-                    for cell in dead:
-                        cell[0] = None
-        except Exception as exc:
-            self.raise_with_node_info(i, exc)
+        self.run_thunks()
 
     def clear_intermediates(self) -> None:
         """Empty every cell that is not an input or a constant (after an error)."""
@@ -90,6 +79,25 @@ class VM:
         new.__dict__.update(getattr(exc, "__dict__", {}))
         new.node = node
         raise new.with_traceback(exc.__traceback__) from exc
+
+
+def _straight_line(vm: VM) -> Callable[[], None]:
+    """Generated code that calls each thunk in turn and empties the cells of values read for
+    the last time (with allow_gc), noting the index so an error names the failing node.
+    What a loop over (thunk, dead cells) does, a few tenths of a microsecond a node faster."""
+    ns: dict[str, Any] = {"fail": vm.raise_with_node_info}
+    lines = ["def run():", "    i = 0", "    try:"]
+    for i, thunk in enumerate(vm.thunks):
+        ns[f"t{i}"] = thunk
+        lines.append(f"        i = {i}")
+        lines.append(f"        t{i}()")
+        for j, cell in enumerate(vm.gc_after[i] if vm.gc_after is not None else ()):
+            ns[f"d{i}_{j}"] = cell
+            lines.append(f"        d{i}_{j}[0] = None")
+    lines.append("        pass")
+    lines += ["    except Exception as exc:", "        fail(i, exc)"]
+    exec(compile("\n".join(lines), "<symgpu VM>", "exec"), ns)
+    return ns["run"]
 
 
 def _value_info(value: Any) -> tuple[str, str, str]:

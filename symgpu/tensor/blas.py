@@ -84,16 +84,17 @@ def gemv_value(fn: Callable, y, alpha, a, x, beta, inplace: bool, dtype: str) ->
         f, trans = a, 0
     else:
         f, trans = np.ascontiguousarray(a).T, 1
-    if beta == 0:
-        return fn(alpha, f, x, trans=trans)
-    if y.shape[0] != m:
-        # a broadcast y (the bias of dot(x, w) + b): BLAS's fresh result, then one add
-        res = fn(alpha, f, x, trans=trans)
-        res += y if beta == 1 else beta * y
-        return res
-    buf = y if inplace and y.flags.c_contiguous else y.copy()
     # positional arguments (alpha, a, x, beta, y, offx, incx, offy, incy, trans, overwrite_y):
     # f2py parses keywords about a microsecond slower
+    if beta == 0:
+        return fn(alpha, f, x, 0.0, None, 0, 1, 0, 1, trans, 0)
+    if y.shape[0] != m:
+        # a broadcast y (the bias of dot(x, w) + b): a filled buffer BLAS accumulates into,
+        # cheaper than adding the bias to BLAS's result afterwards
+        buf = np.empty(m, dtype=dtype)
+        buf.fill(y[0])
+    else:
+        buf = y if inplace and y.flags.c_contiguous else y.copy()
     return fn(alpha, f, x, beta, buf, 0, 1, 0, 1, trans, 1)
 
 
