@@ -6,7 +6,8 @@ ctypes would cost microseconds per call in argument conversion; this small exten
 once per machine and Python, takes the arrays' buffers directly (about 0.1 us an array).
 
 ``kinds`` has two characters per array: a letter, ``f`` a full input, ``s`` a one-element
-input (read as a scalar), ``w`` a full output; then the element size in bytes (1-8). Every
+input (read as a scalar), ``w`` a full output, ``o`` a one-element output (a reduction's);
+then the element size in bytes (1-8). Every
 full array must be C-contiguous and of the first full array's shape, and every array of its
 element size; ``run`` returns False (and runs nothing) when they are not, so the caller can
 take its general path. Arrays of over 32768 elements run with the GIL released.
@@ -22,9 +23,10 @@ from typing import Callable
 
 from symgpu.link import cc
 
-__all__ = ["runner", "unavailable_reason"]
+__all__ = ["runner", "unavailable_reason", "MAX_ARRAYS"]
 
 MODULE = "_symgpu_crt"
+MAX_ARRAYS = 128  # the most arrays one call takes (SOURCE's MAX_ARRAYS)
 
 SOURCE = r"""
 #define PY_SSIZE_T_CLEAN
@@ -32,7 +34,7 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_ARRAYS 64
+#define MAX_ARRAYS 128
 typedef void (*kernel_t)(int64_t, void **);
 
 static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -59,7 +61,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     for (; got < count; got++) {
         char kind = kinds[2 * got];
         Py_ssize_t itemsize = kinds[2 * got + 1] - '0';
-        int flags = PyBUF_C_CONTIGUOUS | (kind == 'w' ? PyBUF_WRITABLE : 0);
+        int flags = PyBUF_C_CONTIGUOUS | (kind == 'w' || kind == 'o' ? PyBUF_WRITABLE : 0);
         if (PyObject_GetBuffer(args[got + 2], &views[got], flags) != 0) {
             PyErr_Clear();
             ok = 0;
@@ -68,7 +70,7 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_buffer *v = &views[got];
         data[got] = v->buf;
         if (v->itemsize != itemsize) { ok = 0; got++; break; }
-        if (kind == 's') {
+        if (kind == 's' || kind == 'o') {
             if (v->len != v->itemsize) { ok = 0; got++; break; }
             continue;
         }

@@ -21,7 +21,7 @@ from symgpu.scalar.basic import Cast, ScalarOp
 from symgpu.scalar.composite import Composite, _cuda_literal
 from symgpu.scalar.dtypes import C_TYPES, upcast
 
-__all__ = ["C_DTYPES", "SYMBOL", "supports", "elemwise_source", "VECTOR_MATH"]
+__all__ = ["C_DTYPES", "SYMBOL", "supports", "elemwise_source", "sum_source", "VECTOR_MATH"]
 
 SYMBOL = "symgpu_elemwise"
 
@@ -157,3 +157,47 @@ def elemwise_source(c: Composite, kinds: str) -> str:
         "    #pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n",
         "\n".join(loads + ["        " + line for line in lines] + stores),
         "\n    }\n}\n"])
+
+
+def sum_source(dtype: str) -> str:
+    """The C source of a full sum of a contiguous float array: pairwise summation as NumPy's
+    (eight running sums over blocks of at most 128 elements, halves added), so the error
+    stays O(log n) ulp; the order differs from NumPy 2's, so the last bits may too.
+    ``data``: the input (n elements), then the one-element output."""
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"sum_source: {dtype} sums stay on NumPy")
+    t = _ctype(dtype)
+    return f"""/* sum {dtype} */
+#include <stdint.h>
+static {t} pairwise(const {t} *a, int64_t n)
+{{
+    if (n < 8) {{
+        {t} res = 0;
+        for (int64_t i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }}
+    if (n <= 128) {{
+        {t} r[8];
+        int64_t i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        {t} res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }}
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise(a, n2) + pairwise(a + n2, n - n2);
+}}
+void {SYMBOL}(int64_t n, void **data)
+{{
+    const {t} *a = data[0];
+    {t} *out = data[1];
+    out[0] = pairwise(a, n);
+}}
+"""

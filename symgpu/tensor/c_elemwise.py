@@ -1,4 +1,5 @@
-"""Elemwise nodes of fused chains run as one compiled C loop (``symgpu.scalar.ccode``).
+"""Elemwise nodes of fused chains, and full float sums, run as compiled C loops
+(``symgpu.scalar.ccode``).
 
 Why: NumPy evaluates a fused Composite one ufunc per step, each with its dispatch and its
 temporary; on the arrays of a training step that overhead is most of the time. The C loop
@@ -23,7 +24,7 @@ import numpy as np
 from symgpu.scalar import ccode
 from symgpu.scalar.composite import Composite
 
-__all__ = ["c_elemwise_thunk", "allow_c_kernels", "c_kernels_enabled"]
+__all__ = ["c_elemwise_thunk", "c_sum_thunk", "allow_c_kernels", "c_kernels_enabled"]
 
 _allowed: ContextVar[bool] = ContextVar("symgpu_c_kernels_allowed", default=True)
 _warned: set[str] = set()
@@ -68,11 +69,10 @@ def _warn_once(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _kernel_address(composite: Composite, kinds: str) -> int | None:
-    """The compiled kernel (libmvec first where there is one); None, with a warning, when
-    it does not compile, so the node runs on NumPy."""
+def _kernel_address(source: str, what: object) -> int | None:
+    """The compiled kernel of `source` (libmvec first where there is one); None, with a
+    warning naming `what`, when it does not compile, so the node runs on NumPy."""
     from symgpu.link import cc
-    source = ccode.elemwise_source(composite, kinds)
     attempts = [(("-DSYMGPU_MVEC",), ("mvec", "m"))] if cc.has_libmvec() else []
     attempts.append(((), ("m",)))
     error = None
@@ -82,8 +82,7 @@ def _kernel_address(composite: Composite, kinds: str) -> int | None:
             return _address(lib)
         except cc.CCompileError as exc:
             error = exc
-    _warn_once(f"symgpu: the C kernel of {composite} did not compile, so it runs on NumPy: "
-               f"{error}")
+    _warn_once(f"symgpu: the C kernel of {what} did not compile, so it runs on NumPy: {error}")
     return None
 
 
@@ -100,13 +99,40 @@ def c_elemwise_thunk(node, storage_map: dict, fallback: Callable) -> Callable | 
             or not ccode.supports(composite) or not c_kernels_enabled()):
         return None
     kinds = _kinds(node)
-    if kinds is None:
+    from symgpu.link import c_runtime
+    if kinds is None or len(node.inputs) + len(node.outputs) > c_runtime.MAX_ARRAYS:
         return None
-    address = _kernel_address(composite, kinds)
+    address = _kernel_address(ccode.elemwise_source(composite, kinds), composite)
+    if address is None:
+        return None
+    return _generate(c_runtime.runner(), address, node, kinds, storage_map, fallback)
+
+
+def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
+    """A thunk for a sum over every axis of a float32/float64 array (the node's input and
+    output dtype alike) through the pairwise-sum kernel; `fallback` for strided inputs."""
+    (x,), (out,) = node.inputs, node.outputs
+    if (x.dtype not in ("float32", "float64") or out.dtype != x.dtype or out.ndim != 0
+            or not c_kernels_enabled()):
+        return None
+    address = _kernel_address(ccode.sum_source(x.dtype), node.op)
     if address is None:
         return None
     from symgpu.link import c_runtime
-    return _generate(c_runtime.runner(), address, node, kinds, storage_map, fallback)
+    run, empty, dtype = c_runtime.runner(), np.empty, out.dtype
+    tags = f"f{np.dtype(dtype).itemsize}o{np.dtype(dtype).itemsize}".encode()
+    cin, cout = storage_map[x], storage_map[out]
+
+    def thunk():
+        r = empty((), dtype)
+        if run(address, tags, cin[0], r):
+            cout[0] = r
+        else:
+            fallback()
+    thunk.op, thunk.node, thunk.lazy = node.op, node, False
+    thunk.inputs, thunk.outputs = [cin], [cout]
+    thunk.c_kernel, thunk.fallback = address, fallback
+    return thunk
 
 
 def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable):

@@ -417,7 +417,11 @@ class CAReduce(Op):
 
         def thunk():
             cout[0] = asarray(reduce(cin[0], axis=axis, dtype=dtype))
-        return _closure_thunk(thunk, node, storage_map)
+        thunk = _closure_thunk(thunk, node, storage_map)
+        if self.scalar_op.name == "add":
+            from symgpu.tensor.c_elemwise import c_sum_thunk
+            return c_sum_thunk(node, storage_map, thunk) or thunk
+        return thunk
 
     def perform(self, node, inputs, out):
         (x,) = inputs
