@@ -139,6 +139,11 @@ def runner() -> Callable | None:
     return _load()[0]
 
 
+def is_loaded() -> bool:
+    """Whether this process has already built (or given up on) the runtime."""
+    return _load.cache_info().currsize > 0
+
+
 def unavailable_reason() -> str:
     """Why :func:`runner` is None ('' when it is not)."""
     return _load()[1]

@@ -29,8 +29,8 @@ from typing import Sequence
 
 from symgpu.link.diskcache import build_once, cache_subdir, private_dir
 
-__all__ = ["CCompileError", "compiler", "build_library", "load_library", "kernel_address",
-           "OPTIMIZE_FLAGS"]
+__all__ = ["CCompileError", "compiler", "build_library", "is_built", "load_library",
+           "kernel_address", "OPTIMIZE_FLAGS"]
 
 CACHE_FORMAT = 1  # bump when the layout or the flags' meaning changes
 
@@ -41,6 +41,7 @@ OPTIMIZE_FLAGS = ("-O3", "-march=native", "-fPIC", "-fno-math-errno", "-ffp-cont
 
 _lock = threading.RLock()
 _libraries: dict[str, ctypes.CDLL] = {}
+_building: dict[str, threading.Lock] = {}
 
 
 class CCompileError(RuntimeError):
@@ -105,21 +106,42 @@ def _run(cc: str, source: str, flags: Sequence[str], libs: Sequence[str], digest
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _entry(cc: str, source: str, flags: Sequence[str], libs: Sequence[str]) -> tuple[str, str]:
+    """(digest, library path) of a cache entry."""
+    blob = json.dumps({"format": CACHE_FORMAT, "source": source, "flags": list(flags),
+                       "libs": list(libs), "compiler": _identity(cc)}, sort_keys=True)
+    digest = hashlib.sha256(blob.encode()).hexdigest()
+    return digest, os.path.join(cache_subdir("cpu"), digest[:2], digest + ".so")
+
+
+def _digest_lock(digest: str) -> threading.Lock:
+    """One build per entry at a time in this process (the file lock does it across them)."""
+    with _lock:
+        return _building.setdefault(digest, threading.Lock())
+
+
 def build_library(source: str, flags: Sequence[str] = OPTIMIZE_FLAGS,
                   libs: Sequence[str] = ()) -> str:
-    """The path of ``source`` built as a shared library (from the cache when it is there)."""
+    """The path of ``source`` built as a shared library (from the cache when it is there).
+    Threads may build different sources at once (symgpu.tensor.c_elemwise.prefetch)."""
     cc = compiler()
     if cc is None:
         raise CCompileError("no C compiler: the cxx flag is empty or names no program on PATH")
-    blob = json.dumps({"format": CACHE_FORMAT, "source": source, "flags": list(flags),
-                       "libs": list(libs),
-                       "compiler": _identity(cc)}, sort_keys=True)
-    digest = hashlib.sha256(blob.encode()).hexdigest()
-    path = os.path.join(private_dir(os.path.join(cache_subdir("cpu"), digest[:2])),
-                        digest + ".so")
-    with _lock:
+    digest, path = _entry(cc, source, flags, libs)
+    private_dir(os.path.dirname(path))
+    with _digest_lock(digest):
         build_once(path, lambda: _run(cc, source, flags, libs, digest))
     return path
+
+
+def is_built(source: str, flags: Sequence[str] = OPTIMIZE_FLAGS,
+             libs: Sequence[str] = ()) -> bool:
+    """Whether `build_library` would find ``source`` in the cache without compiling."""
+    cc = compiler()
+    if cc is None:
+        return False
+    _, path = _entry(cc, source, flags, libs)
+    return os.path.exists(path) and os.path.exists(path + ".sha256")
 
 
 def load_library(source: str, flags: Sequence[str] = OPTIMIZE_FLAGS,
@@ -128,12 +150,15 @@ def load_library(source: str, flags: Sequence[str] = OPTIMIZE_FLAGS,
     key = hashlib.sha256(json.dumps([source, list(flags), list(libs)]).encode()).hexdigest()
     with _lock:
         lib = _libraries.get(key)
-        if lib is None:
-            lib = _libraries[key] = ctypes.CDLL(build_library(source, flags, libs))
+    if lib is None:
+        path = build_library(source, flags, libs)
+        with _lock:
+            lib = _libraries.setdefault(key, ctypes.CDLL(path))
     return lib
 
 
-def kernel_address(source: str, symbol: str, libs: Sequence[str] = ()) -> int:
+def kernel_address(source: str, symbol: str, flags: Sequence[str] = OPTIMIZE_FLAGS,
+                   libs: Sequence[str] = ()) -> int:
     """The address of function ``symbol`` in ``source``'s library, for the C runtime."""
-    lib = load_library(source, libs=libs)
+    lib = load_library(source, flags, libs)
     return ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value

@@ -206,6 +206,10 @@ _CUDA_FLOAT_FLOORDIV = (
 _CUDA_FLOAT_MOD = (f"({_FMOD} != 0 ? ({_FMOD_ADJUST} ? {_FMOD} + ({{1}}) : {_FMOD}) : "
                    f"copysign{{f}}(0.0{{f}}, ({{1}})))")
 
+# clip is NumPy's minimum(maximum(x, lo), hi): a nan in x or in either bound gives nan
+_FLOAT_MAX = "((({0}) > ({1}) || isnan({0})) ? ({0}) : ({1}))"
+_FLOAT_CLIP = f"((({_FLOAT_MAX}) < ({{2}}) || isnan({_FLOAT_MAX})) ? ({_FLOAT_MAX}) : ({{2}}))"
+
 _F = "float"
 SCALAR_TABLE: list[ScalarOpSpec] = [
     # arithmetic
@@ -227,7 +231,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("pow", 2, np.power, {"float": "pow{f}({0}, {1})",
                                       "int": "rint(pow((double)({0}), (double)({1})))"},
                  _g_pow, "int_div", symbol="**"),
-    ScalarOpSpec("maximum", 2, np.maximum, {"float": "((({0}) > ({1}) || isnan({0})) ? ({0}) : ({1}))",
+    ScalarOpSpec("maximum", 2, np.maximum, {"float": _FLOAT_MAX,
                                             "int": "max({0}, {1})",
                                             "bool": "({0} || {1})"},
                  _g_maximum, "upcast", True, True),
@@ -310,8 +314,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     # selection
     ScalarOpSpec("switch", 3, _switch_np, "(({0}) ? ({1}) : ({2}))", _g_switch, "switch"),
     ScalarOpSpec("clip", 3, np.clip,
-                 {"float": "(isnan({0}) ? ({0}) : fmin{f}(fmax{f}({0}, {1}), {2}))",
-                  "int": "min(max({0}, {1}), {2})"},
+                 {"float": _FLOAT_CLIP, "int": "min(max({0}, {1}), {2})"},
                  _g_clip, "upcast"),
 ]
 

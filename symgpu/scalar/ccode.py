@@ -89,6 +89,10 @@ def supports(c: Composite) -> bool:
                                c.slot_dtypes[c.first_step + k])
         if op.name in _INT_UNSAFE and (dtype is None or not dtype.startswith("float")):
             return False
+        arg_dtypes = [c.slot_dtypes[a] for a in args]
+        if (_rule(op) == "bool" and dtype == "float64"
+                and not any(d.startswith("float") for d in arg_dtypes)):
+            return False  # uint64 vs a signed integer: NumPy compares exactly, not as doubles
     return True
 
 

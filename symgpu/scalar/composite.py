@@ -38,11 +38,22 @@ def _softplus(x, out=None):
     return a
 
 
+def _round(x, out=None):
+    """Round half to even; integers are already whole (np.rint would round them through
+    float64, losing those above 2**53)."""
+    if np.asarray(x).dtype.kind in "biu":
+        if out is None:
+            return np.array(x)
+        np.copyto(out, x)
+        return out
+    return np.rint(x) if out is None else np.rint(x, out=out)
+
+
 #: faster or out=-capable NumPy spellings of table rows, by row name: (function, takes out=)
 FAST_IMPLS: dict[str, tuple[Callable, bool]] = {
     "sqr": (np.square, True),
     "true_div": (np.true_divide, True),
-    "round": (np.rint, True),
+    "round": (_round, True),
     "softplus": (_softplus, True),
     "int_div": (np.floor_divide, True),
 }

@@ -14,6 +14,8 @@ errors. Compiling uses the ``cxx`` flag; FAST_COMPILE never compiles (``c_kernel
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -27,13 +29,14 @@ from symgpu.scalar.composite import Composite
 __all__ = ["c_elemwise_thunk", "c_sum_thunk", "allow_c_kernels", "c_kernels_enabled"]
 
 _allowed: ContextVar[bool] = ContextVar("symgpu_c_kernels_allowed", default=True)
-_warned: set[str] = set()
+_failed: set[str] = set()  # sources that did not compile in this process
 
 
 @contextmanager
 def allow_c_kernels(allowed: bool) -> Iterator[None]:
-    """Within the block, Elemwise thunks compile C kernels only if `allowed` (modes use it)."""
-    token = _allowed.set(allowed)
+    """Within the block, thunks compile C kernels only if `allowed` and no enclosing block
+    said no (modes use it: FAST_COMPILE says no)."""
+    token = _allowed.set(_allowed.get() and allowed)
     try:
         yield
     finally:
@@ -44,8 +47,8 @@ def c_kernels_enabled() -> bool:
     """Whether thunks made now may use C kernels (mode allows, compiler and runtime usable)."""
     if not _allowed.get():
         return False
-    from symgpu.link import c_runtime
-    return c_runtime.runner() is not None
+    from symgpu.link import c_runtime, cc
+    return cc.compiler() is not None and c_runtime.runner() is not None
 
 
 def _kinds(node) -> str | None:
@@ -63,62 +66,78 @@ def _kinds(node) -> str | None:
     return "".join(kinds)
 
 
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+def _attempts() -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(extra flags, libraries) to try in turn: with libmvec's SIMD math first where it is."""
+    from symgpu.link import cc
+    plain = ((), ("m",))
+    return [(("-DSYMGPU_MVEC",), ("mvec", "m")), plain] if cc.has_libmvec() else [plain]
 
 
 def _kernel_address(source: str, what: object) -> int | None:
-    """The compiled kernel of `source` (libmvec first where there is one); None, with a
-    warning naming `what`, when it does not compile, so the node runs on NumPy."""
+    """The compiled kernel of `source`; None, with a warning naming `what`, when it does not
+    compile, so the node runs on NumPy."""
     from symgpu.link import cc
-    attempts = [(("-DSYMGPU_MVEC",), ("mvec", "m"))] if cc.has_libmvec() else []
-    attempts.append(((), ("m",)))
+    if source in _failed:
+        return None
     error = None
-    for defines, libs in attempts:
+    for defines, libs in _attempts():
         try:
-            lib = cc.load_library(source, (*cc.OPTIMIZE_FLAGS, *defines), libs)
-            return _address(lib)
+            return cc.kernel_address(source, ccode.SYMBOL, (*cc.OPTIMIZE_FLAGS, *defines), libs)
         except cc.CCompileError as exc:
             error = exc
-    _warn_once(f"symgpu: the C kernel of {what} did not compile, so it runs on NumPy: {error}")
+    _failed.add(source)  # once: not rebuilt, not warned about again, in this process
+    warnings.warn(f"symgpu: the C kernel of {what} did not compile, so it runs on NumPy: "
+                  f"{error}", RuntimeWarning, stacklevel=3)
     return None
 
 
-def _address(lib) -> int:
-    import ctypes
-    return ctypes.cast(getattr(lib, ccode.SYMBOL), ctypes.c_void_p).value
+def c_source(node) -> str | None:
+    """The C source `node`'s kernel is built from, or None when the node stays on NumPy:
+    an Elemwise of a Composite of two or more C-able steps whose inputs are full or scalar,
+    or a sum of every axis of a float32/float64 array. (Whether a compiler is usable is
+    asked separately: `c_kernels_enabled`.)"""
+    from symgpu.link import c_runtime
+    from symgpu.tensor.elemwise import CAReduce, Elemwise
+    op = node.op
+    if isinstance(op, Elemwise):
+        composite = op.scalar_op
+        if (not isinstance(composite, Composite) or len(composite.steps) < 2
+                or len(node.inputs) + len(node.outputs) > c_runtime.MAX_ARRAYS
+                or not ccode.supports(composite)):
+            return None
+        kinds = _kinds(node)
+        return None if kinds is None else ccode.elemwise_source(composite, kinds)
+    if isinstance(op, CAReduce) and op.scalar_op.name == "add":
+        (x,), (out,) = node.inputs, node.outputs
+        if x.dtype in ("float32", "float64") and out.dtype == x.dtype and out.ndim == 0:
+            return ccode.sum_source(x.dtype)
+    return None
 
 
 def c_elemwise_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     """A thunk running `node` through its C kernel (`fallback` for layouts it does not
     take), or None when the node is not one for C or C kernels are off."""
-    composite = node.op.scalar_op
-    if (not isinstance(composite, Composite) or len(composite.steps) < 2
-            or not ccode.supports(composite) or not c_kernels_enabled()):
+    source = c_source(node)
+    if source is None or not c_kernels_enabled():
         return None
-    kinds = _kinds(node)
-    from symgpu.link import c_runtime
-    if kinds is None or len(node.inputs) + len(node.outputs) > c_runtime.MAX_ARRAYS:
-        return None
-    address = _kernel_address(ccode.elemwise_source(composite, kinds), composite)
+    address = _kernel_address(source, node.op.scalar_op)
     if address is None:
         return None
-    return _generate(c_runtime.runner(), address, node, kinds, storage_map, fallback)
+    from symgpu.link import c_runtime
+    return _generate(c_runtime.runner(), address, node, _kinds(node), storage_map, fallback)
 
 
 def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     """A thunk for a sum over every axis of a float32/float64 array (the node's input and
     output dtype alike) through the pairwise-sum kernel; `fallback` for strided inputs."""
-    (x,), (out,) = node.inputs, node.outputs
-    if (x.dtype not in ("float32", "float64") or out.dtype != x.dtype or out.ndim != 0
-            or not c_kernels_enabled()):
+    source = c_source(node)
+    if source is None or not c_kernels_enabled():
         return None
-    address = _kernel_address(ccode.sum_source(x.dtype), node.op)
+    address = _kernel_address(source, node.op)
     if address is None:
         return None
     from symgpu.link import c_runtime
+    (x,), (out,) = node.inputs, node.outputs
     run, empty, dtype = c_runtime.runner(), np.empty, out.dtype
     tags = f"f{np.dtype(dtype).itemsize}o{np.dtype(dtype).itemsize}".encode()
     cin, cout = storage_map[x], storage_map[out]
@@ -133,6 +152,43 @@ def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     thunk.inputs, thunk.outputs = [cin], [cout]
     thunk.c_kernel, thunk.fallback = address, fallback
     return thunk
+
+
+def prefetch(fgraph, nodes: list) -> None:
+    """``LINK_HOOKS`` entry: build the runtime and the function's missing kernels in
+    parallel (the compiler is a subprocess, so threads suffice) before any thunk asks for
+    one; a cold compile then waits for the slowest build, not for their sum. Failures are
+    left to the thunks, which warn and fall back."""
+    if not _allowed.get():
+        return
+    from symgpu.link import c_runtime, cc
+    if cc.compiler() is None:
+        return
+    defines, libs = _attempts()[0]
+    flags = (*cc.OPTIMIZE_FLAGS, *defines)
+    sources = list(dict.fromkeys(s for s in map(c_source, nodes) if s is not None))
+    jobs = [lambda s=s: cc.build_library(s, flags, libs) for s in sources
+            if not cc.is_built(s, flags, libs)]
+    if not sources or (not jobs and c_runtime.is_loaded()):
+        return
+    jobs.append(c_runtime.runner)
+    if len(jobs) == 1:
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the node's own build raises and warns
+                pass
+
+
+def _register() -> None:
+    from symgpu.link import vm
+    if prefetch not in vm.LINK_HOOKS:
+        vm.LINK_HOOKS.append(prefetch)
+
+
+_register()
 
 
 def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable):
