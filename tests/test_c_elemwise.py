@@ -802,3 +802,28 @@ def test_uint64_int64_comparison_is_exact():
     eq, lt = f(a, b)
     assert_same(eq, np.equal(a, b))
     assert_same(lt, np.less(b, a))
+
+
+@pytest.mark.parametrize("cxx", ["", "no-such-compiler-symgpu"])
+def test_without_a_compiler_everything_runs_on_numpy(cxx, tmp_path):
+    """cxx empty or naming no program: no compile is attempted, no warning, NumPy results."""
+    import subprocess
+    import sys
+    tmp_path.chmod(0o700)
+    code = ("import warnings; warnings.simplefilter('error')\n"
+            "import numpy as np, symgpu, symgpu.tensor as T\n"
+            "from symgpu.tensor import c_elemwise\n"
+            "x = T.dvector('x')\n"
+            "f = symgpu.function([x], [T.exp(x) * 2 + 1, (x * x).sum()])\n"
+            "a = np.arange(5.0)\n"
+            "r = f(a)\n"
+            "assert np.allclose(r[0], np.exp(a) * 2 + 1) and np.isclose(r[1], 30.0)\n"
+            "assert not c_elemwise.c_kernels_enabled()\n"
+            "assert not any(getattr(t, 'c_kernel', None) for t in f.vm.thunks)\n"
+            "print('ok')\n")
+    env = dict(os.environ, SYMGPU_FLAGS=f"cxx={cxx},compiledir={tmp_path}",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+    assert not (tmp_path / "cpu").exists()  # nothing was compiled
