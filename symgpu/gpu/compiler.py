@@ -26,11 +26,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from typing import Any, Callable, Sequence
 
-from symgpu.link.diskcache import build_once, private_dir as _private_dir
+from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
@@ -120,10 +119,6 @@ def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-
-
-
-
 def kernel_cache_dir() -> str:
     """``<compiledir>/kernels``, created and checked (0700, owned by us) on first use."""
     root = _config().compiledir
@@ -139,33 +134,15 @@ def _entry_paths(digest: str) -> tuple[str, str, str]:
     return base + ".cubin", base + ".cubin.sha256", base + ".lock"
 
 
-
-
-
-
 def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> bytes:
     """Compile in a private temp dir; on failure keep the ``.cu`` and raise CompileError."""
-    root = kernel_cache_dir()
-    work = tempfile.mkdtemp(prefix="build-", dir=root)
-    src = os.path.join(work, f"{digest[:16]}.cu")
-    out = os.path.join(work, f"{digest[:16]}.cubin")
-    with open(src, "w", encoding="utf-8") as f:
-        f.write(source)
-    cmd = [_nvcc(), "-cubin", f"-arch={arch}", *options, "-o", out, src]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            with open(out, "rb") as f:
-                return f.read()
-        failed = _private_dir(os.path.join(root, "failed"))
-        kept = os.path.join(failed, f"{digest[:16]}.cu")
-        os.replace(src, kept)
-        stderr = (proc.stderr or proc.stdout).strip()
-        raise CompileError(f"nvcc failed (exit {proc.returncode}) compiling a kernel for {arch}; "
-                           f"source kept at {kept}\ncommand: {shlex.join(cmd)}\n{stderr}",
-                           stderr, kept, cmd)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    def failure(code: int, stderr: str, kept: str, cmd: Sequence[str]) -> CompileError:
+        return CompileError(f"nvcc failed (exit {code}) compiling a kernel for {arch}; "
+                            f"source kept at {kept}\ncommand: {shlex.join(cmd)}\n{stderr}",
+                            stderr, kept, cmd)
+    return run_compiler(kernel_cache_dir(), digest[:16], source, (".cu", ".cubin"),
+                        lambda src, out: [_nvcc(), "-cubin", f"-arch={arch}", *options,
+                                          "-o", out, src], failure)
 
 
 def _digest_lock(digest: str) -> threading.Lock:

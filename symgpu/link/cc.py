@@ -22,12 +22,11 @@ import platform
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 from functools import cache
 from typing import Sequence
 
-from symgpu.link.diskcache import build_once, cache_subdir, private_dir
+from symgpu.link.diskcache import build_once, cache_subdir, private_dir, run_compiler
 
 __all__ = ["CCompileError", "compiler", "build_library", "is_built", "load_library",
            "kernel_address", "OPTIMIZE_FLAGS"]
@@ -82,28 +81,14 @@ def has_libmvec() -> bool:
 
 
 def _run(cc: str, source: str, flags: Sequence[str], libs: Sequence[str], digest: str) -> bytes:
-    """Compile in a private temp dir; on failure keep the source and raise CCompileError."""
-    root = cache_subdir("cpu")
-    work = tempfile.mkdtemp(prefix="build-", dir=root)
-    src = os.path.join(work, f"{digest[:16]}.c")
-    out = os.path.join(work, f"{digest[:16]}.so")
-    with open(src, "w", encoding="utf-8") as f:
-        f.write(source)
+    """Compile the shared library; on failure keep the source and raise CCompileError."""
+    def failure(code: int, stderr: str, kept: str, cmd: Sequence[str]) -> CCompileError:
+        return CCompileError(f"the C compiler failed (exit {code}); source kept at {kept}\n"
+                             f"command: {shlex.join(cmd)}\n{stderr}", stderr, kept)
     # libraries after the source, or the linker drops them
-    cmd = [cc, *flags, "-shared", "-o", out, src, *[f"-l{lib}" for lib in libs]]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        if proc.returncode == 0:
-            with open(out, "rb") as f:
-                return f.read()
-        failed = private_dir(os.path.join(root, "failed"))
-        kept = os.path.join(failed, f"{digest[:16]}.c")
-        os.replace(src, kept)
-        stderr = (proc.stderr or proc.stdout).strip()
-        raise CCompileError(f"the C compiler failed (exit {proc.returncode}); source kept at "
-                            f"{kept}\ncommand: {shlex.join(cmd)}\n{stderr}", stderr, kept)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_compiler(cache_subdir("cpu"), digest[:16], source, (".c", ".so"),
+                        lambda src, out: [cc, *flags, "-shared", "-o", out, src,
+                                          *[f"-l{lib}" for lib in libs]], failure)
 
 
 def _entry(cc: str, source: str, flags: Sequence[str], libs: Sequence[str]) -> tuple[str, str]:

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
+import subprocess
 import tempfile
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 __all__ = ["check_private_dir", "private_dir", "cache_subdir", "read_entry", "atomic_write",
-           "build_once"]
+           "build_once", "run_compiler"]
 
 _lock = threading.RLock()
 _checked_dirs: set[str] = set()
@@ -108,3 +110,28 @@ def build_once(path: str, build: Callable[[], bytes]) -> tuple[bytes, bool, str]
         atomic_write(path, data)
         atomic_write(sum_path, hashlib.sha256(data).hexdigest().encode() + b"\n")
     return data, False, why
+
+
+def run_compiler(root: str, name: str, source: str, suffixes: tuple[str, str],
+                 command: Callable[[str, str], Sequence[str]],
+                 failure: Callable[[int, str, str, Sequence[str]], Exception]) -> bytes:
+    """Write `source` to a private temp dir under `root`, run ``command(source_path,
+    output_path)`` and return the output's bytes. On failure the source is kept in
+    ``root/failed`` and ``failure(exit code, compiler messages, kept path, command)`` is
+    raised."""
+    work = tempfile.mkdtemp(prefix="build-", dir=root)
+    src = os.path.join(work, name + suffixes[0])
+    out = os.path.join(work, name + suffixes[1])
+    with open(src, "w", encoding="utf-8") as f:
+        f.write(source)
+    cmd = list(command(src, out))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if proc.returncode == 0:
+            with open(out, "rb") as f:
+                return f.read()
+        kept = os.path.join(private_dir(os.path.join(root, "failed")), name + suffixes[0])
+        os.replace(src, kept)
+        raise failure(proc.returncode, (proc.stderr or proc.stdout).strip(), kept, cmd)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
