@@ -10,7 +10,7 @@ compile) whose dtypes and rows ``ccode.supports``, with every input either of th
 broadcast pattern or broadcastable in every dimension (read as a scalar). At run time the
 full inputs must be C-contiguous and of one shape; any other call, and every call when no C
 compiler is usable, runs the node's NumPy thunk (``fallback``), which also raises the usual
-errors. Compiling uses the ``cxx`` flag; FAST_COMPILE never compiles (``c_kernels_allowed``).
+errors. Compiling uses the ``cxx`` flag; FAST_COMPILE never compiles (``allow_c_kernels``).
 """
 from __future__ import annotations
 
@@ -154,6 +154,40 @@ def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     return thunk
 
 
+def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable):
+    """A closure written for this node's arity: reads the cells, allocates the outputs
+    (or takes the overwritten inputs), runs the kernel or else `fallback`."""
+    nin, nout = len(node.inputs), len(node.outputs)
+    inplace = dict(node.op.inplace_pattern)
+    sizes = [np.dtype(v.dtype).itemsize for v in [*node.inputs, *node.outputs]]
+    tags = "".join(k + str(s) for k, s in zip(kinds + "w" * nout, sizes)).encode()
+    shape_from = f"a{kinds.index('f')}" if "f" in kinds else "a0"
+    src = ["def make(in_cells, out_cells):"]
+    src += [f"    c{k} = in_cells[{k}]" for k in range(nin)]
+    src += [f"    o{j} = out_cells[{j}]" for j in range(nout)]
+    src += ["    def thunk():"]
+    src += [f"        a{k} = c{k}[0]" for k in range(nin)]
+    src += [f"        shape = {shape_from}.shape"]
+    for j, v in enumerate(node.outputs):
+        src.append(f"        r{j} = a{inplace[j]}" if j in inplace
+                   else f"        r{j} = empty(shape, '{v.dtype}')")
+    args = ", ".join([f"a{k}" for k in range(nin)] + [f"r{j}" for j in range(nout)])
+    src += [f"        if run(address, tags, {args}):"]
+    src += [f"            o{j}[0] = r{j}" for j in range(nout)]
+    src += ["        else:", "            fallback()", "    return thunk"]
+    ns = {"run": run, "address": address, "tags": tags, "empty": np.empty,
+          "fallback": fallback}
+    exec(compile("\n".join(src), f"<C thunk {node.op}>", "exec"), ns)
+    thunk = ns["make"]([storage_map[v] for v in node.inputs],
+                       [storage_map[v] for v in node.outputs])
+    thunk.op, thunk.node, thunk.lazy = node.op, node, False
+    thunk.inputs = [storage_map[v] for v in node.inputs]
+    thunk.outputs = [storage_map[v] for v in node.outputs]
+    thunk.c_kernel = address
+    thunk.fallback = fallback
+    return thunk
+
+
 def prefetch(fgraph, nodes: list) -> None:
     """``LINK_HOOKS`` entry: build the runtime and the function's missing kernels in
     parallel (the compiler is a subprocess, so threads suffice) before any thunk asks for
@@ -189,37 +223,3 @@ def _register() -> None:
 
 
 _register()
-
-
-def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable):
-    """A closure written for this node's arity: reads the cells, allocates the outputs
-    (or takes the overwritten inputs), runs the kernel or else `fallback`."""
-    nin, nout = len(node.inputs), len(node.outputs)
-    inplace = dict(node.op.inplace_pattern)
-    sizes = [np.dtype(v.dtype).itemsize for v in [*node.inputs, *node.outputs]]
-    tags = "".join(k + str(s) for k, s in zip(kinds + "w" * nout, sizes)).encode()
-    shape_from = f"a{kinds.index('f')}" if "f" in kinds else "a0"
-    src = ["def make(in_cells, out_cells):"]
-    src += [f"    c{k} = in_cells[{k}]" for k in range(nin)]
-    src += [f"    o{j} = out_cells[{j}]" for j in range(nout)]
-    src += ["    def thunk():"]
-    src += [f"        a{k} = c{k}[0]" for k in range(nin)]
-    src += [f"        shape = {shape_from}.shape"]
-    for j, v in enumerate(node.outputs):
-        src.append(f"        r{j} = a{inplace[j]}" if j in inplace
-                   else f"        r{j} = empty(shape, '{v.dtype}')")
-    args = ", ".join([f"a{k}" for k in range(nin)] + [f"r{j}" for j in range(nout)])
-    src += [f"        if run(address, tags, {args}):"]
-    src += [f"            o{j}[0] = r{j}" for j in range(nout)]
-    src += ["        else:", "            fallback()", "    return thunk"]
-    ns = {"run": run, "address": address, "tags": tags, "empty": np.empty,
-          "fallback": fallback}
-    exec(compile("\n".join(src), f"<C thunk {node.op}>", "exec"), ns)
-    thunk = ns["make"]([storage_map[v] for v in node.inputs],
-                       [storage_map[v] for v in node.outputs])
-    thunk.op, thunk.node, thunk.lazy = node.op, node, False
-    thunk.inputs = [storage_map[v] for v in node.inputs]
-    thunk.outputs = [storage_map[v] for v in node.outputs]
-    thunk.c_kernel = address
-    thunk.fallback = fallback
-    return thunk
