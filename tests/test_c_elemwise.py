@@ -110,15 +110,18 @@ def assert_close(got, expected, label="", cancel=False):
 def spy(monkeypatch):
     """Records what the trampoline answered on every call of a C thunk built in the test:
     True (the C loop ran) or False (the thunk took its NumPy fallback)."""
-    real = c_runtime.runner()
     calls = []
 
-    def run(address, tags, *arrays):
-        ok = real(address, tags, *arrays)
-        calls.append(ok)
-        return ok
+    def spied(real):
+        def run(address, tags, *arrays):
+            ok = real(address, tags, *arrays)
+            calls.append(ok)
+            return ok
+        return run
 
+    run, run_sized = spied(c_runtime.runner()), spied(c_runtime.sized_runner())
     monkeypatch.setattr(c_runtime, "runner", lambda: run)
+    monkeypatch.setattr(c_runtime, "sized_runner", lambda: run_sized)
     return calls
 
 
@@ -497,14 +500,70 @@ def test_zero_d_inputs():
     assert g(np.zeros((0, 4)), 1.5).shape == (0, 4)
 
 
-def test_partly_broadcast_input_stays_on_numpy():
+def test_partly_broadcast_inputs_run_the_broadcasting_kernel():
     r, m = T.row("r", dtype="float32"), T.matrix("m", dtype="float32")
     f = symgpu.function([r, m], T.exp(r) * m + 2)
     fused = fused_thunks(f)
-    assert fused and not any(getattr(t, "c_kernel", None) for _, t in fused)
+    assert fused and all(getattr(t, "c_kernel", None) for _, t in fused)
     a = RNG.randn(1, 5).astype("float32")
     b = RNG.randn(3, 5).astype("float32")
-    assert_same(f(a, b), _exp_mul_add_numpy(a, b))
+    np.testing.assert_allclose(f(a, b), _exp_mul_add_numpy(a, b), rtol=RTOL["float32"])
+
+
+BROADCAST_CASES = [
+    # (patterns, shape): every mix of full, row, column, scalar-like in 2 to 4 dimensions
+    ([(False, False), (True, False), (False, True)], (6, 37)),
+    ([(False, True), (True, False)], (5, 4)),
+    ([(True, False, True), (False, False, False), (False, True, False)], (3, 4, 19)),
+    ([(False, False, False, True), (True, True, False, False), (True, True, True, True)],
+     (2, 3, 4, 1)),
+    ([(False, False, True, False), (False, True, False, False)], (2, 3, 5, 17)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("patterns,shape", BROADCAST_CASES)
+def test_broadcast_patterns_match_numpy(patterns, shape, dtype):
+    ins = [T.TensorType(dtype, p)(f"x{k}") for k, p in enumerate(patterns)]
+    total = ins[0]
+    for v in ins[1:]:
+        total = total * 0.5 + T.exp(v) - v
+    out = T.tanh(total) * ins[-1] + 1
+    f = symgpu.function(ins, out)
+    assert c_thunks(f), "the broadcasting kernel was not used"
+    values = [RNG.randn(*[1 if b else n for b, n in zip(p, shape)]).astype(dtype)
+              for p in patterns]
+    expect = values[0]
+    for v in values[1:]:
+        expect = expect * 0.5 + np.exp(v) - v
+    expect = np.tanh(expect) * values[-1] + 1
+    np.testing.assert_allclose(f(*values), expect, rtol=RTOL[dtype] * 4, atol=1e-6)
+
+
+def test_broadcast_kernel_fallbacks_and_errors(spy):
+    r, m = T.row("r", dtype="float64"), T.matrix("m", dtype="float64")
+    f = symgpu.function([r, m], T.exp(r) * m + 2)
+    a, b = RNG.randn(1, 5), RNG.randn(3, 5)
+    expect = np.exp(a) * b + 2
+    calls = len(spy)
+    assert_same(f(a, np.asfortranarray(b)), expect)   # Fortran-ordered: NumPy
+    assert_same(f(np.repeat(a, 2, axis=1)[:, ::2], b), expect)  # a strided row: NumPy
+    assert spy[calls:] == [False, False]
+    np.testing.assert_allclose(f(a, b), expect, rtol=RTOL["float64"])
+    assert spy[-1] is True
+    with pytest.raises(ValueError):                    # 5 columns against 4: the usual error
+        f(a, RNG.randn(3, 4))
+    assert_same(f(a, np.zeros((0, 5))), np.zeros((0, 5)))
+
+
+def test_five_dimensions_stay_on_numpy():
+    pat = (False, True, False, False, False)
+    x, y = T.TensorType("float32", (False,) * 5)("x"), T.TensorType("float32", pat)("y")
+    f = symgpu.function([x, y], T.exp(x) * y + 1)
+    assert not c_thunks(f)
+    a = RNG.randn(2, 3, 2, 2, 2).astype("float32")
+    b = RNG.randn(2, 1, 2, 2, 2).astype("float32")
+    np.testing.assert_allclose(f(a, b), np.exp(a) * b + 1, rtol=1e-6)
 
 
 @pytest.mark.parametrize("shapes", [((5,), (4,)), ((1,), (4,)), ((4,), (1,)), ((0,), (3,))])
@@ -650,6 +709,29 @@ def _refused(address, tags, a, s, out):
     before = np.array(out, copy=True)
     assert c_runtime.runner()(address, tags, a, s, out) is False
     np.testing.assert_array_equal(out, before)
+
+
+def test_sized_trampoline_and_broadcast_kernel_checks():
+    """run_sized hands shapes to the kernel, which declines any shape its patterns forbid;
+    the trampoline itself refuses strided arrays, wrong item sizes and over 4 dimensions."""
+    comp = composite(["float64", "float64"], [("mul", [0, 1]), ("add", [2, 3])], [4],
+                     [(1.0, "float64")])
+    address = cc.kernel_address(ccode.broadcast_source(comp, [(False, False), (True, False)]),
+                                ccode.SYMBOL, libs=("m",))
+    run = c_runtime.sized_runner()
+    a, row = RNG.randn(3, 4), RNG.randn(1, 4)
+    out = np.zeros((3, 4))
+    assert run(address, b"f8f8w8", a, row, out) is True
+    np.testing.assert_array_equal(out, a * row + 1)
+    for args in [(a, RNG.randn(3, 4), np.zeros((3, 4))),      # a full row: not the pattern
+                 (a, RNG.randn(1, 5), np.zeros((3, 4))),      # wrong length
+                 (a, row, np.zeros((3, 5))),                  # output of another shape
+                 (a[:, ::2], row[:, :2], np.zeros((3, 2))),   # strided
+                 (a.reshape(3, 4, 1, 1, 1), row, np.zeros((3, 4)))]:  # 5 dimensions
+        before = args[-1].copy()
+        assert run(address, b"f8f8w8", *args) is False
+        np.testing.assert_array_equal(args[-1], before)
+    assert run(address, b"f4f8w8", a, row, out) is False       # item size
 
 
 def test_trampoline_runs_good_arrays(axpy_address):

@@ -1,4 +1,5 @@
-"""The one Python extension the CPU kernels need: ``run(address, kinds, *arrays)``.
+"""The one Python extension the CPU kernels need: ``run(address, kinds, *arrays)``, and
+``run_sized`` for kernels over arrays of different (broadcast) shapes.
 
 Why a trampoline: a kernel is a plain C function ``void f(int64_t n, void **data)``, built
 without Python's headers (so it compiles in a few hundredths of a second). Calling it through
@@ -23,7 +24,7 @@ from typing import Callable
 
 from symgpu.link import cc
 
-__all__ = ["runner", "unavailable_reason", "MAX_ARRAYS"]
+__all__ = ["runner", "sized_runner", "unavailable_reason", "MAX_ARRAYS"]
 
 MODULE = "_symgpu_crt"
 MAX_ARRAYS = 128  # the most arrays one call takes (SOURCE's MAX_ARRAYS)
@@ -35,63 +36,61 @@ SOURCE = r"""
 #include <string.h>
 
 #define MAX_ARRAYS 128
+#define PARALLEL_WORK 32768  /* elements above which the GIL is released */
+/* run `call`, without the GIL when there is enough work for other threads to use it */
+#define RUN(work, call)                       \
+    do {                                      \
+        if ((work) > PARALLEL_WORK) {         \
+            Py_BEGIN_ALLOW_THREADS call;      \
+            Py_END_ALLOW_THREADS              \
+        } else {                              \
+            call;                             \
+        }                                     \
+    } while (0)
 typedef void (*kernel_t)(int64_t, void **);
+typedef int (*sized_kernel_t)(void **, const int64_t *, const int *);
 
-static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+/* The kernel's address, the kinds string and the array count; NULL kinds on a bad call. */
+static const char *parse(PyObject *const *args, Py_ssize_t nargs, const char *name,
+                         void **address, Py_ssize_t *count)
 {
     if (nargs < 2) {
-        PyErr_SetString(PyExc_TypeError, "run(address, kinds, *arrays)");
+        PyErr_Format(PyExc_TypeError, "%s(address, kinds, *arrays)", name);
         return NULL;
     }
-    kernel_t kernel = (kernel_t)PyLong_AsVoidPtr(args[0]);
-    if (kernel == NULL && PyErr_Occurred())
+    *address = PyLong_AsVoidPtr(args[0]);
+    if (*address == NULL && PyErr_Occurred())
         return NULL;
     const char *kinds = PyBytes_AsString(args[1]);
     if (kinds == NULL)
         return NULL;
-    Py_ssize_t count = nargs - 2;
-    if (count > MAX_ARRAYS || (Py_ssize_t)strlen(kinds) != 2 * count) {
-        PyErr_Format(PyExc_ValueError, "run: %zd arrays for kinds '%s'", count, kinds);
+    *count = nargs - 2;
+    if (*count > MAX_ARRAYS || (Py_ssize_t)strlen(kinds) != 2 * *count) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd arrays for kinds '%s'", name, *count, kinds);
         return NULL;
     }
-    Py_buffer views[MAX_ARRAYS];
-    void *data[MAX_ARRAYS];
-    Py_ssize_t got = 0, n = 1, *shape = NULL;
-    int ndim = -1, ok = 1;
-    for (; got < count; got++) {
-        char kind = kinds[2 * got];
-        Py_ssize_t itemsize = kinds[2 * got + 1] - '0';
-        int flags = PyBUF_C_CONTIGUOUS | (kind == 'w' || kind == 'o' ? PyBUF_WRITABLE : 0);
-        if (PyObject_GetBuffer(args[got + 2], &views[got], flags) != 0) {
-            PyErr_Clear();
-            ok = 0;
-            break;
-        }
-        Py_buffer *v = &views[got];
-        data[got] = v->buf;
-        if (v->itemsize != itemsize) { ok = 0; got++; break; }
-        if (kind == 's' || kind == 'o') {
-            if (v->len != v->itemsize) { ok = 0; got++; break; }
-            continue;
-        }
-        if (ndim < 0) {
-            ndim = v->ndim;
-            shape = v->shape;
-            n = v->itemsize ? v->len / v->itemsize : 0;
-        } else if (v->ndim != ndim ||
-                   (ndim > 0 && memcmp(v->shape, shape, ndim * sizeof(Py_ssize_t)) != 0)) {
-            ok = 0; got++; break;
-        }
+    return kinds;
+}
+
+/* Buffer of array i: C-contiguous, writable for outputs ('w', 'o'), of the tagged item
+   size. 0 when refused (nothing to release). */
+static int take(PyObject *array, const char *kinds, Py_ssize_t i, Py_buffer *view)
+{
+    char kind = kinds[2 * i];
+    int flags = PyBUF_C_CONTIGUOUS | (kind == 'w' || kind == 'o' ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(array, view, flags) != 0) {
+        PyErr_Clear();
+        return 0;
     }
-    if (ok) {
-        if (n > 32768) {
-            Py_BEGIN_ALLOW_THREADS
-            kernel((int64_t)n, data);
-            Py_END_ALLOW_THREADS
-        } else {
-            kernel((int64_t)n, data);
-        }
+    if (view->itemsize != kinds[2 * i + 1] - '0') {
+        PyBuffer_Release(view);
+        return 0;
     }
+    return 1;
+}
+
+static PyObject *finish(Py_buffer *views, Py_ssize_t got, int ok)
+{
     for (Py_ssize_t i = 0; i < got; i++)
         PyBuffer_Release(&views[i]);
     if (ok)
@@ -99,8 +98,76 @@ static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_FALSE;
 }
 
+static PyObject *run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    void *address;
+    Py_ssize_t count, got = 0, n = 1, *shape = NULL;
+    const char *kinds = parse(args, nargs, "run", &address, &count);
+    if (kinds == NULL)
+        return NULL;
+    Py_buffer views[MAX_ARRAYS];
+    void *data[MAX_ARRAYS];
+    int ndim = -1, ok = 1;
+    for (; ok && got < count; got++) {
+        if (!take(args[got + 2], kinds, got, &views[got])) {
+            ok = 0;
+            break;
+        }
+        Py_buffer *v = &views[got];
+        data[got] = v->buf;
+        char kind = kinds[2 * got];
+        if (kind == 's' || kind == 'o') {
+            ok = v->len == v->itemsize;
+        } else if (ndim < 0) {
+            ndim = v->ndim;
+            shape = v->shape;
+            n = v->itemsize ? v->len / v->itemsize : 0;
+        } else {
+            ok = v->ndim == ndim &&
+                 (ndim == 0 || memcmp(v->shape, shape, ndim * sizeof(Py_ssize_t)) == 0);
+        }
+    }
+    if (ok)
+        RUN(n, ((kernel_t)address)((int64_t)n, data));
+    return finish(views, got, ok);
+}
+
+/* run_sized: arrays of any shapes (C-contiguous, of the tagged item size, at most 4-d); the
+   kernel gets their shapes, checks them itself and returns 0, or non-zero for "not mine". */
+static PyObject *run_sized(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    void *address;
+    Py_ssize_t count, got = 0, work = 0;
+    const char *kinds = parse(args, nargs, "run_sized", &address, &count);
+    if (kinds == NULL)
+        return NULL;
+    Py_buffer views[MAX_ARRAYS];
+    void *data[MAX_ARRAYS];
+    int64_t shapes[MAX_ARRAYS * 4];
+    int ndims[MAX_ARRAYS], ok = 1;
+    for (; ok && got < count; got++) {
+        if (!take(args[got + 2], kinds, got, &views[got])) {
+            ok = 0;
+            break;
+        }
+        Py_buffer *v = &views[got];
+        data[got] = v->buf;
+        ndims[got] = v->ndim;
+        ok = v->ndim <= 4;
+        for (int d = 0; ok && d < 4; d++)
+            shapes[4 * got + d] = d < v->ndim ? (int64_t)v->shape[d] : 1;
+        if (v->itemsize && v->len / v->itemsize > work)
+            work = v->len / v->itemsize;
+    }
+    if (ok)
+        RUN(work, ok = ((sized_kernel_t)address)(data, shapes, ndims) == 0);
+    return finish(views, got, ok);
+}
+
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "run(address, kinds, *arrays)"},
+    {"run_sized", (PyCFunction)(void (*)(void))run_sized, METH_FASTCALL,
+     "run_sized(address, kinds, *arrays)"},
     {NULL, NULL, 0, NULL}
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_symgpu_crt", NULL, -1, methods};
@@ -113,13 +180,13 @@ def _python_include() -> str:
 
 
 @cache
-def _load() -> tuple[Callable | None, str]:
-    """(run, '') once built and imported, else (None, why not)."""
+def _load() -> tuple[Callable | None, str, Callable | None]:
+    """(run, '', run_sized) once built and imported, else (None, why not, None)."""
     if cc.compiler() is None:
-        return None, "no C compiler (the cxx flag is empty or names no program on PATH)"
+        return None, "no C compiler (the cxx flag is empty or names no program on PATH)", None
     include = _python_include()
     if not os.path.exists(os.path.join(include, "Python.h")):
-        return None, f"Python's C headers are not installed (no Python.h in {include})"
+        return None, f"Python's C headers are not installed (no Python.h in {include})", None
     # the ABI tag keeps interpreters apart even in a shared compiledir
     tag = f"/* {sysconfig.get_config_var('EXT_SUFFIX')} */\n"
     try:
@@ -129,8 +196,16 @@ def _load() -> tuple[Callable | None, str]:
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
     except Exception as exc:  # compiler broken, compiledir refused...: NumPy does the work
-        return None, f"{type(exc).__name__}: {exc}"
-    return module.run, ""
+        return None, f"{type(exc).__name__}: {exc}", None
+    return module.run, "", module.run_sized
+
+
+def sized_runner() -> Callable | None:
+    """The trampoline's ``run_sized``, for kernels ``int f(void **data, const int64_t
+    *shapes, const int *ndims)`` over arrays of different shapes (4 shape entries an array,
+    padded with 1): the kernel checks the shapes and returns 0, or non-zero to decline (then
+    ``run_sized`` returns False). None like :func:`runner`."""
+    return _load()[2]
 
 
 def runner() -> Callable | None:

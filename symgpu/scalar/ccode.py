@@ -21,9 +21,13 @@ from symgpu.scalar.basic import Cast, ScalarOp
 from symgpu.scalar.composite import Composite, _cuda_literal
 from symgpu.scalar.dtypes import C_TYPES, upcast
 
-__all__ = ["C_DTYPES", "SYMBOL", "supports", "elemwise_source", "sum_source", "VECTOR_MATH"]
+__all__ = ["C_DTYPES", "SYMBOL", "MAX_BROADCAST_NDIM", "supports", "elemwise_source",
+           "broadcast_source", "sum_source", "VECTOR_MATH"]
 
 SYMBOL = "symgpu_elemwise"
+
+#: the most dimensions a kernel with partly broadcast inputs handles (the trampoline's 4)
+MAX_BROADCAST_NDIM = 4
 
 #: dtypes the C kernels handle (float16 and complex stay on NumPy)
 C_DTYPES = frozenset(["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
@@ -161,6 +165,65 @@ def elemwise_source(c: Composite, kinds: str) -> str:
         "    #pragma omp simd\n    for (int64_t i = 0; i < n; i++) {\n",
         "\n".join(loads + ["        " + line for line in lines] + stores),
         "\n    }\n}\n"])
+
+
+def broadcast_source(c: Composite, patterns: Sequence[tuple[bool, ...]]) -> str:
+    """The C source of `c`'s kernel for inputs of these broadcast patterns (any mix of full,
+    partly and wholly broadcast, 2 to MAX_BROADCAST_NDIM dimensions): ``int
+    symgpu_elemwise(void **data, const int64_t *shape, const int *ndim)``, run through
+    ``run_sized``. Output 0 gives the shape; every array is checked against it (an input's
+    broadcast dimensions must be 1, the others equal) and a mismatch returns 1, so the caller
+    takes the NumPy path and its errors. Loops go over the outer dimensions; the innermost
+    is one vectorised loop, where an input broadcast along it is read once."""
+    n = len(patterns[0]) if patterns else 0
+    if not 2 <= n <= MAX_BROADCAST_NDIM or len(patterns) != c.nin:
+        raise ValueError(f"broadcast_source: {len(patterns)} patterns of {n} dimensions for a "
+                         f"Composite of {c.nin} inputs")
+    nin, nout = c.nin, c.nout
+    head = [f"    const int64_t *os = shape + {4 * nin};",
+            f"    for (int j = {nin}; j < {nin + nout}; j++) {{",
+            f"        if (ndim[j] != {n}) return 1;",
+            f"        for (int d = 0; d < {n}; d++) if (shape[4 * j + d] != os[d]) return 1;",
+            "    }"]
+    for k, pat in enumerate(patterns):
+        head.append(f"    if (ndim[{k}] != {n}) return 1;")
+        for d, b in enumerate(pat):
+            want = "1" if b else f"os[{d}]"
+            head.append(f"    if (shape[{4 * k + d}] != {want}) return 1;")
+    for k, pat in enumerate(patterns):
+        t = _ctype(c.in_dtypes[k])
+        head.append(f"    const {t} *p{k} = data[{k}];")
+        for d in range(n - 1):  # element strides of input k (C-contiguous, length 1 if broadcast)
+            after = " * ".join(f"os[{e}]" for e in range(d + 1, n) if not pat[e]) or "1"
+            head.append(f"    const int64_t st{k}_{d} = {'0' if pat[d] else after};")
+    for j, slot in enumerate(c.out_slots):
+        head.append(f"    {_ctype(c.slot_dtypes[slot])} *q{j} = data[{nin + j}];")
+    lines, exprs = _body(c, [f"i{k}" for k in range(nin)])
+    loops, indent = [], "    "
+    for d in range(n - 1):
+        loops.append(f"{indent}for (int64_t x{d} = 0; x{d} < os[{d}]; x{d}++) {{")
+        indent += "    "
+    out_base = "x0"
+    for d in range(1, n - 1):
+        out_base = f"({out_base} * os[{d}] + x{d})"
+    loops.append(f"{indent}const int64_t ob = {out_base} * os[{n - 1}];")
+    for k in range(nin):
+        offset = " + ".join(f"x{d} * st{k}_{d}" for d in range(n - 1))
+        loops.append(f"{indent}const {_ctype(c.in_dtypes[k])} *b{k} = p{k} + {offset};")
+    loops.append(f"{indent}#pragma omp simd")
+    loops.append(f"{indent}for (int64_t i = 0; i < os[{n - 1}]; i++) {{")
+    inner = indent + "    "
+    for k, pat in enumerate(patterns):
+        loops.append(f"{inner}const {_ctype(c.in_dtypes[k])} i{k} = b{k}[{'0' if pat[-1] else 'i'}];")
+    loops += [inner + line for line in lines]
+    loops += [f"{inner}q{j}[ob + i] = {exprs[slot]};" for j, slot in enumerate(c.out_slots)]
+    for d in range(n, 0, -1):
+        indent = "    " * d
+        loops.append(f"{indent}}}")
+    return "".join([
+        f"/* {c.name[:200].replace('*/', '* /')} {patterns} */\n", _DECLARATIONS,
+        f"int {SYMBOL}(void **data, const int64_t *shape, const int *ndim)\n{{\n",
+        "\n".join(head + loops), "\n    return 0;\n}\n"])
 
 
 def sum_source(dtype: str) -> str:

@@ -6,11 +6,12 @@ temporary; on the arrays of a training step that overhead is most of the time. T
 computes all outputs in one pass, vectorised.
 
 Which nodes: Composites (two or more steps; a lone ufunc gains nothing and would cost a
-compile) whose dtypes and rows ``ccode.supports``, with every input either of the output's
-broadcast pattern or broadcastable in every dimension (read as a scalar). At run time the
-full inputs must be C-contiguous and of one shape; any other call, and every call when no C
-compiler is usable, runs the node's NumPy thunk (``fallback``), which also raises the usual
-errors. Compiling uses the ``cxx`` flag; FAST_COMPILE never compiles (``allow_c_kernels``).
+compile) whose dtypes and rows ``ccode.supports``. Inputs of the output's broadcast pattern
+or broadcastable in every dimension (read as scalars) take the flat kernel; partly broadcast
+inputs (a row added to a matrix, a column subtracted), up to 4 dimensions, take the
+broadcasting one. At run time every array must be C-contiguous and of the shapes its
+pattern says; any other call, and every call when no C compiler is usable, runs the node's
+NumPy thunk (``fallback``), which also raises the usual errors. Compiling uses the ``cxx`` flag; FAST_COMPILE never compiles (``allow_c_kernels``).
 """
 from __future__ import annotations
 
@@ -51,19 +52,12 @@ def c_kernels_enabled() -> bool:
     return cc.compiler() is not None and c_runtime.runner() is not None
 
 
-def _kinds(node) -> str | None:
-    """'f' (full) or 's' (scalar) per input, or None when an input is partly broadcast."""
+def _kinds(node) -> str:
+    """Per input: 's' broadcastable in every dimension (read as a scalar), 'f' of the
+    output's pattern, 'b' partly broadcast."""
     out = node.outputs[0].type.broadcastable
-    kinds = []
-    for v in node.inputs:
-        b = v.type.broadcastable
-        if all(b):
-            kinds.append("s")
-        elif b == out:
-            kinds.append("f")
-        else:
-            return None
-    return "".join(kinds)
+    return "".join("s" if all(v.type.broadcastable) else "f" if v.type.broadcastable == out
+                   else "b" for v in node.inputs)
 
 
 def _attempts() -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
@@ -93,8 +87,8 @@ def _kernel_address(source: str, what: object) -> int | None:
 
 def c_source(node) -> str | None:
     """The C source `node`'s kernel is built from, or None when the node stays on NumPy:
-    an Elemwise of a Composite of two or more C-able steps whose inputs are full or scalar,
-    or a sum of every axis of a float32/float64 array. (Whether a compiler is usable is
+    an Elemwise of a Composite of two or more C-able steps (inputs full or scalar; or, up to
+    MAX_BROADCAST_NDIM dimensions, any broadcast patterns), or a sum of every axis of a float32/float64 array. (Whether a compiler is usable is
     asked separately: `c_kernels_enabled`.)"""
     from symgpu.link import c_runtime
     from symgpu.tensor.elemwise import CAReduce, Elemwise
@@ -106,7 +100,11 @@ def c_source(node) -> str | None:
                 or not ccode.supports(composite)):
             return None
         kinds = _kinds(node)
-        return None if kinds is None else ccode.elemwise_source(composite, kinds)
+        if "b" not in kinds:
+            return ccode.elemwise_source(composite, kinds)
+        if not 2 <= node.outputs[0].ndim <= ccode.MAX_BROADCAST_NDIM:
+            return None
+        return ccode.broadcast_source(composite, [v.type.broadcastable for v in node.inputs])
     if isinstance(op, CAReduce) and op.scalar_op.name == "add":
         (x,), (out,) = node.inputs, node.outputs
         if x.dtype in ("float32", "float64") and out.dtype == x.dtype and out.ndim == 0:
@@ -124,7 +122,21 @@ def c_elemwise_thunk(node, storage_map: dict, fallback: Callable) -> Callable | 
     if address is None:
         return None
     from symgpu.link import c_runtime
-    return _generate(c_runtime.runner(), address, node, _kinds(node), storage_map, fallback)
+    kinds = _kinds(node)
+    if "b" in kinds:
+        return _generate(c_runtime.sized_runner(), address, node, "f" * len(kinds),
+                         storage_map, fallback, _broadcast_shape(node))
+    return _generate(c_runtime.runner(), address, node, kinds, storage_map, fallback)
+
+
+def _broadcast_shape(node) -> str:
+    """Python for the output shape: each dimension's length read from the first input not
+    broadcast along it (the kernel checks the others)."""
+    dims = []
+    for d in range(node.outputs[0].ndim):
+        k = next((k for k, v in enumerate(node.inputs) if not v.type.broadcastable[d]), None)
+        dims.append("1" if k is None else f"a{k}.shape[{d}]")
+    return "(" + ", ".join(dims) + ",)"
 
 
 def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
@@ -154,20 +166,24 @@ def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     return thunk
 
 
-def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable):
+def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: Callable,
+              shape_expr: str | None = None):
     """A closure written for this node's arity: reads the cells, allocates the outputs
-    (or takes the overwritten inputs), runs the kernel or else `fallback`."""
+    (or takes the overwritten inputs), runs the kernel or else `fallback`. The outputs'
+    shape is `shape_expr` (Python over the inputs a0, a1...), by default the first full
+    input's."""
     nin, nout = len(node.inputs), len(node.outputs)
     inplace = dict(node.op.inplace_pattern)
     sizes = [np.dtype(v.dtype).itemsize for v in [*node.inputs, *node.outputs]]
     tags = "".join(k + str(s) for k, s in zip(kinds + "w" * nout, sizes)).encode()
-    shape_from = f"a{kinds.index('f')}" if "f" in kinds else "a0"
+    if shape_expr is None:
+        shape_expr = f"a{kinds.index('f') if 'f' in kinds else 0}.shape"
     src = ["def make(in_cells, out_cells):"]
     src += [f"    c{k} = in_cells[{k}]" for k in range(nin)]
     src += [f"    o{j} = out_cells[{j}]" for j in range(nout)]
     src += ["    def thunk():"]
     src += [f"        a{k} = c{k}[0]" for k in range(nin)]
-    src += [f"        shape = {shape_from}.shape"]
+    src += [f"        shape = {shape_expr}"]
     for j, v in enumerate(node.outputs):
         src.append(f"        r{j} = a{inplace[j]}" if j in inplace
                    else f"        r{j} = empty(shape, '{v.dtype}')")
