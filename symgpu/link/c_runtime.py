@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 import os
+import sys
 import sysconfig
 from functools import cache
 from typing import Callable
@@ -190,7 +191,9 @@ def _load() -> tuple[Callable | None, str, Callable | None]:
     # the ABI tag keeps interpreters apart even in a shared compiledir
     tag = f"/* {sysconfig.get_config_var('EXT_SUFFIX')} */\n"
     try:
-        path = cc.build_library(tag + SOURCE, (*cc.OPTIMIZE_FLAGS, f"-I{include}"))
+        # macOS links an extension's Python symbols when it is loaded, not when it is built
+        lazy = ("-undefined", "dynamic_lookup") if sys.platform == "darwin" else ()
+        path = cc.build_library(tag + SOURCE, (*cc.OPTIMIZE_FLAGS, f"-I{include}", *lazy))
         loader = importlib.machinery.ExtensionFileLoader(MODULE, path)
         spec = importlib.util.spec_from_file_location(MODULE, path, loader=loader)
         module = importlib.util.module_from_spec(spec)
