@@ -1,5 +1,6 @@
 """Markers for tests that need a GPU or nvcc (imported by test modules; no conftest needed),
-and a fake device context for thunk tests that run on the CPU.
+a fake device context for thunk tests that run on the CPU, and virtual sm_90 contexts for
+tests that build and render GPU graphs without one.
 
 ``requires_gpu`` marks a test ``gpu`` and skips it, with ``why_unavailable()`` as the reason,
 where no usable GPU is present; ``requires_nvcc`` marks ``nvcc`` and skips without nvcc.
@@ -11,7 +12,8 @@ from typing import Callable, TypeVar
 
 import pytest
 
-from symgpu.gpu.context import gpu_available, why_unavailable
+from symgpu.gpu.context import (gpu_available, register_context, unregister_context,
+                                why_unavailable)
 
 F = TypeVar("F", bound=Callable)
 
@@ -30,6 +32,49 @@ def requires_gpu(obj: F) -> F:
 def requires_nvcc(obj: F) -> F:
     """Mark ``obj`` ``nvcc`` and skip it where nvcc is not on PATH."""
     return pytest.mark.nvcc(_NVCC_SKIP(obj))
+
+
+def virtual_context(name: str):
+    """A module-scoped autouse fixture that registers the virtual context `name` (an sm_90
+    device: graphs are built and kernels rendered and compiled, nothing runs). Assign it to
+    a module-level name in the test module."""
+    @pytest.fixture(scope="module", autouse=True)
+    def fixture():
+        ctx = register_context(name, device="cuda0", arch="sm_90")
+        yield ctx
+        unregister_context(name)
+    return fixture
+
+
+def gpu_vector_maker(name: str) -> Callable:
+    """gvar(dtype, bcast=(False,)): a fresh GPU variable on the context `name`."""
+    from symgpu.gpu.type import GpuArrayType
+
+    def gvar(dtype: str, bcast: tuple = (False,)) -> object:
+        return GpuArrayType(dtype, bcast, name)()
+    return gvar
+
+
+def recording_loader(calls: list) -> Callable:
+    """A stand-in for ``launch.load_kernels``: it renders the source (rendering must work)
+    and returns kernels whose launches check their argument format and append (name, grid,
+    block, args) to `calls`."""
+    import struct
+
+    class FakeKernel:
+        def __init__(self, name, fmt):
+            self.name, self.fmt = name, fmt
+
+        def fast_launcher(self):
+            def go(grid, block, *args):
+                struct.pack("@" + self.fmt, *args)       # the format matches the arguments
+                calls.append((self.name, grid, block, args))
+            return go
+
+    def fake_load(context, key, source_factory, formats, options=()):
+        source_factory()
+        return {n: FakeKernel(n, f) for n, f in formats.items()}
+    return fake_load
 
 
 class FakePool:

@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import FakeCtx, requires_nvcc
+from gpu_helpers import (FakeCtx, gpu_vector_maker, recording_loader, requires_nvcc,
+                         virtual_context)
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.blas import GpuAllocEmpty, GpuDot22, GpuGemm, GpuGemv, _colmajor
@@ -18,7 +19,6 @@ from symgpu.gpu.codegen.elemwise import ElemwiseSignature, kernel_names, render_
 from symgpu.gpu.codegen.reduce import KERNELS, ReduceSignature, render_reduce
 from symgpu.gpu.codegen.scalar import ScalarRenderer, render_apply_function, supports_scalar_op
 from symgpu.gpu.codegen.types import SUPPORTED, literal
-from symgpu.gpu.context import register_context, unregister_context
 from symgpu.gpu.elemwise import GpuCAReduce, GpuElemwise, sole_owner
 from symgpu.gpu.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS, SCALAR_TABLE, Cast
@@ -27,15 +27,8 @@ from symgpu.scalar.composite import CompositeBuilder
 CTX = "codegen-test"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def virtual_ctx():
-    ctx = register_context(CTX, device="cuda0", arch="sm_90")
-    yield ctx
-    unregister_context(CTX)
-
-
-def gvar(dtype: str, bcast: tuple = (False,)) -> object:
-    return GpuArrayType(dtype, bcast, CTX)()
+virtual_ctx = virtual_context(CTX)
+gvar = gpu_vector_maker(CTX)
 
 
 # ============================================================================ layout (CPU)
@@ -374,21 +367,7 @@ def fake_device(monkeypatch):
     import symgpu.gpu.elemwise as gelem
     calls = []
 
-    class FakeKernel:
-        def __init__(self, name, fmt):
-            self.name, self.fmt = name, fmt
-
-        def fast_launcher(self):
-            import struct
-
-            def go(grid, block, *args):
-                struct.pack("@" + self.fmt, *args)       # the format matches the arguments
-                calls.append((self.name, grid, block, args))
-            return go
-
-    def fake_load(context, key, source_factory, formats, options=()):
-        source_factory()                                  # rendering must work
-        return {n: FakeKernel(n, f) for n, f in formats.items()}
+    fake_load = recording_loader(calls)
 
     ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", fake_load)

@@ -15,13 +15,13 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import FakeCtx, requires_nvcc
+from gpu_helpers import (FakeCtx, gpu_vector_maker, recording_loader, requires_nvcc,
+                         virtual_context)
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
                                        kernel_names, reduce_formats, render_reduce)
-from symgpu.gpu.context import gpu_available, register_context, unregister_context, \
-    why_unavailable
+from symgpu.gpu.context import gpu_available, why_unavailable
 from symgpu.gpu.elemwise import GpuCAReduce, _order_reduced, _ReduceThunk
 from symgpu.gpu.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS as S
@@ -30,15 +30,8 @@ CTX = "reduce-paths-test"
 SMS = 132
 
 
-@pytest.fixture(scope="module", autouse=True)
-def virtual_ctx():
-    ctx = register_context(CTX, device="cuda0", arch="sm_90")
-    yield ctx
-    unregister_context(CTX)
-
-
-def gvar(dtype: str, bcast: tuple = (False,)) -> object:
-    return GpuArrayType(dtype, bcast, CTX)()
+virtual_ctx = virtual_context(CTX)
+gvar = gpu_vector_maker(CTX)
 
 
 # ============================================================================ rendering
@@ -107,21 +100,7 @@ def fake_device(monkeypatch):
     from symgpu.gpu.array import GpuArray
     calls, fills = [], []
 
-    class FakeKernel:
-        def __init__(self, name, fmt):
-            self.name, self.fmt = name, fmt
-
-        def fast_launcher(self):
-            import struct
-
-            def go(grid, block, *args):
-                struct.pack("@" + self.fmt, *args)       # the format matches the arguments
-                calls.append((self.name, grid, block, args))
-            return go
-
-    def fake_load(context, key, source_factory, formats, options=()):
-        source_factory()
-        return {n: FakeKernel(n, f) for n, f in formats.items()}
+    fake_load = recording_loader(calls)
 
     ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", fake_load)
