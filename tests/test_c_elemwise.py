@@ -909,3 +909,22 @@ def test_without_a_compiler_everything_runs_on_numpy(cxx, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
     assert not (tmp_path / "cpu").exists()  # nothing was compiled
+
+
+def test_a_compiler_without_python_headers_warns_once_and_numpy_works(monkeypatch):
+    monkeypatch.setattr(c_runtime, "_python_include", lambda: "/nonexistent-include")
+    c_runtime._load.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="C kernels are off .*Python.h"):
+            assert c_runtime.runner() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert c_runtime.runner() is None and not c_elemwise.c_kernels_enabled()
+            x = T.dvector("x")
+            f = symgpu.function([x], T.exp(x) * 2 + 1)
+        assert not c_thunks(f)
+        np.testing.assert_allclose(f(np.arange(3.0)), np.exp(np.arange(3.0)) * 2 + 1)
+    finally:
+        c_runtime._load.cache_clear()
+    monkeypatch.undo()
+    assert c_runtime.runner() is not None

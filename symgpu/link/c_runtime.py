@@ -20,6 +20,7 @@ import importlib.util
 import os
 import sys
 import sysconfig
+import warnings
 from functools import cache
 from typing import Callable
 
@@ -182,9 +183,20 @@ def _python_include() -> str:
 
 @cache
 def _load() -> tuple[Callable | None, str, Callable | None]:
-    """(run, '', run_sized) once built and imported, else (None, why not, None)."""
+    """(run, '', run_sized) once built and imported, else (None, why not, None). Where a
+    compiler is named and found but the runtime cannot be had, it says so once: a user who
+    has a compiler expects the compiled CPU path."""
     if cc.compiler() is None:
         return None, "no C compiler (the cxx flag is empty or names no program on PATH)", None
+    run, why, run_sized = _build()
+    if run is None:
+        warnings.warn(f"symgpu: C kernels are off ({why}); fused elementwise code runs "
+                      f"through NumPy on the CPU. Set the cxx flag empty to silence this.",
+                      RuntimeWarning, stacklevel=2)
+    return run, why, run_sized
+
+
+def _build() -> tuple[Callable | None, str, Callable | None]:
     include = _python_include()
     if not os.path.exists(os.path.join(include, "Python.h")):
         return None, f"Python's C headers are not installed (no Python.h in {include})", None
