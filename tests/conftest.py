@@ -31,3 +31,37 @@ def cuda():
             gctx.register_context(None, prev)
         else:
             gctx.unregister_context(None)
+
+
+# ----------------------------------------------------------------------------- C kernels
+@pytest.fixture
+def spy(monkeypatch):
+    """Records what the trampoline answered on every call of a C thunk built in the test:
+    True (the C loop ran) or False (the thunk took its NumPy fallback)."""
+    from symgpu.link import c_runtime
+    calls = []
+
+    def spied(real):
+        def run(address, tags, *arrays):
+            ok = real(address, tags, *arrays)
+            calls.append(ok)
+            return ok
+        return run
+
+    run, run_sized = spied(c_runtime.runner()), spied(c_runtime.sized_runner())
+    monkeypatch.setattr(c_runtime, "runner", lambda: run)
+    monkeypatch.setattr(c_runtime, "sized_runner", lambda: run_sized)
+    return calls
+
+
+@pytest.fixture
+def private_compiledir(tmp_path, monkeypatch):
+    """A fresh compiledir (mode 0700) and empty in-memory caches: every kernel compiles."""
+    import symgpu
+    from symgpu.link import cc
+    from symgpu.tensor import c_elemwise
+    tmp_path.chmod(0o700)
+    monkeypatch.setattr(cc, "_libraries", {})
+    monkeypatch.setattr(c_elemwise, "_failed", set())
+    with symgpu.config.change_flags(compiledir=str(tmp_path)):
+        yield tmp_path
