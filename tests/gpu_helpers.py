@@ -77,6 +77,36 @@ def recording_loader(calls: list) -> Callable:
     return fake_load
 
 
+def fake_kernel_device(monkeypatch, calls: list) -> "FakeCtx":
+    """A FakeCtx that GPU elementwise/reduction thunks are built against, their kernels
+    recording each launch in `calls` (see `recording_loader`)."""
+    import symgpu.gpu.codegen.launch as launch
+    import symgpu.gpu.elemwise as gelem
+    ctx = FakeCtx()
+    monkeypatch.setattr(launch, "load_kernels", recording_loader(calls))
+    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
+    return ctx
+
+
+def fake_gpu_array(ctx, shape, dtype="float32", strides=None, ptr=None):
+    """A GpuArray header on `ctx`'s fake pool (C-contiguous unless `strides` are given)."""
+    import numpy as np
+    from symgpu.gpu.array import GpuArray, c_strides
+    a = GpuArray.__new__(GpuArray)
+    dt = np.dtype(dtype)
+    nbytes = max(dt.itemsize * int(np.prod(shape)), 1)
+    a._set(ctx, ptr if ptr is not None else ctx.pool.allocate(nbytes).ptr, tuple(shape),
+           tuple(strides) if strides else c_strides(shape, dt.itemsize), dt, object())
+    return a
+
+
+def thunk_over(node, values):
+    """`node`'s thunk over fresh cells holding `values`; returns (thunk, storage map)."""
+    storage = {v: [x] for v, x in zip(node.inputs, values)}
+    storage.update({v: [None] for v in node.outputs})
+    return node.op.make_thunk(node, storage, {}, []), storage
+
+
 class FakePool:
     """Hands out distinct fake device addresses (and records the sizes asked for)."""
 

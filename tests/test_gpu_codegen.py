@@ -9,8 +9,8 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import (FakeCtx, gpu_vector_maker, recording_loader, requires_nvcc,
-                         virtual_context)
+from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
+                         requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.blas import GpuAllocEmpty, GpuDot22, GpuGemm, GpuGemv, _colmajor
@@ -363,39 +363,17 @@ def test_reduction_module_names_every_kernel(cachedir):
 @pytest.fixture
 def fake_device(monkeypatch):
     """Thunks built against a context whose kernels record their launches."""
-    import symgpu.gpu.codegen.launch as launch
-    import symgpu.gpu.elemwise as gelem
     calls = []
+    return fake_kernel_device(monkeypatch, calls), calls
 
-    fake_load = recording_loader(calls)
-
-    ctx = FakeCtx()
-    monkeypatch.setattr(launch, "load_kernels", fake_load)
-    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
-    return ctx, calls
-
-
-def _arr(ctx, shape, dtype="float32", strides=None, ptr=None):
-    from symgpu.gpu.array import GpuArray, c_strides
-    a = GpuArray.__new__(GpuArray)
-    dt = np.dtype(dtype)
-    a._set(ctx, ptr if ptr is not None else ctx.pool.allocate(4096).ptr, tuple(shape),
-           tuple(strides) if strides else c_strides(shape, dt.itemsize), dt, object())
-    return a
-
-
-def _thunk(node, values):
-    storage = {v: [x] for v, x in zip(node.inputs, values)}
-    storage.update({v: [None] for v in node.outputs})
-    return node.op.make_thunk(node, storage, {}, []), storage
 
 
 def test_elemwise_thunk_picks_vector_scalar_and_strided_kernels(fake_device):
     ctx, calls = fake_device
     x = gvar("float32", (False, False))
     node = GpuElemwise(SCALAR_OPS["exp"])(x).owner
-    a = _arr(ctx, (100, 30))
-    thunk, storage = _thunk(node, [a])
+    a = fake_gpu_array(ctx, (100, 30))
+    thunk, storage = thunk_over(node, [a])
     thunk()
     name, grid, block, args = calls[-1]
     assert name == "sg_contig_vec" and args[0] == 3000 and block == (256, 1, 1)
@@ -407,10 +385,10 @@ def test_elemwise_thunk_picks_vector_scalar_and_strided_kernels(fake_device):
     del out
     thunk()
     assert id(storage[node.outputs[0]][0]) == out_id               # nobody holds it: reused
-    storage[node.inputs[0]][0] = _arr(ctx, (100, 30), ptr=a.ptr + 4)
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (100, 30), ptr=a.ptr + 4)
     thunk()
     assert calls[-1][0] == "sg_contig"                             # misaligned: scalar loop
-    storage[node.inputs[0]][0] = _arr(ctx, (30, 100)).transpose()
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (30, 100)).transpose()
     thunk()
     name, grid, block, args = calls[-1]
     assert name == "sg_strided_2_32" and args[:3] == (3000, 100, 30)
@@ -420,14 +398,14 @@ def test_elemwise_thunk_broadcast_collapses_and_inplace(fake_device):
     ctx, calls = fake_device
     m, row = gvar("float32", (False, False, False)), gvar("float32", (True, True, False))
     node = GpuElemwise(SCALAR_OPS["add"])(m, row).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (4, 5, 6)), _arr(ctx, (1, 1, 6))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (4, 5, 6)), fake_gpu_array(ctx, (1, 1, 6))])
     thunk()
     name, _, _, args = calls[-1]
     # dims 0 and 1 merge for every operand: (20, 6); row strides (0, 1)
     assert name == "sg_strided_2_32" and args[:9] == (120, 20, 6, 6, 1, 0, 1, 6, 1)
     node = GpuElemwise(SCALAR_OPS["mul"], {0: 0})(m, gvar("float32", (False,) * 3)).owner
-    a = _arr(ctx, (4, 5, 6))
-    thunk, storage = _thunk(node, [a, _arr(ctx, (4, 5, 6))])
+    a = fake_gpu_array(ctx, (4, 5, 6))
+    thunk, storage = thunk_over(node, [a, fake_gpu_array(ctx, (4, 5, 6))])
     thunk()
     assert storage[node.outputs[0]][0] is a and calls[-1][3][-1] == a.ptr
 
@@ -436,18 +414,18 @@ def test_reduce_thunk_plans_and_splits(fake_device):
     ctx, calls = fake_device
     x = gvar("float32", (False, False))
     node = GpuCAReduce(SCALAR_OPS["add"], (0,))(x).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (1000, 64))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (1000, 64))])
     thunk()
     names = [c[0] for c in calls]
     assert names[-2:] == ["sg_cols_partial", "sg_finish"]          # 64 columns: split rows
     assert storage[node.outputs[0]][0].shape == (64,)
     calls.clear()
     node = GpuCAReduce(SCALAR_OPS["maximum"], (1,))(x).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (100000, 64))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (100000, 64))])
     thunk()
     assert [c[0] for c in calls] == ["sg_rows_final"]
     node = GpuCAReduce(SCALAR_OPS["maximum"], (1,))(x).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (3, 0))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (3, 0))])
     with pytest.raises(ValueError, match="empty"):
         thunk()
 

@@ -15,8 +15,8 @@ import re
 import numpy as np
 import pytest
 
-from gpu_helpers import (FakeCtx, gpu_vector_maker, recording_loader, requires_nvcc,
-                         virtual_context)
+from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
+                         requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
 from symgpu.gpu import compiler
 from symgpu.gpu.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
@@ -96,40 +96,19 @@ def fake_device(monkeypatch):
     """Reduction thunks against a context whose kernels record their launches (and whose
     memsets record their arrays)."""
     import symgpu.gpu.codegen.launch as launch
-    import symgpu.gpu.elemwise as gelem
     from symgpu.gpu.array import GpuArray
     calls, fills = [], []
-
-    fake_load = recording_loader(calls)
-
-    ctx = FakeCtx()
-    monkeypatch.setattr(launch, "load_kernels", fake_load)
+    ctx = fake_kernel_device(monkeypatch, calls)
     monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
-    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
     monkeypatch.setattr(GpuArray, "fill", lambda self, v: fills.append((self.ptr, v)) or self)
     return ctx, calls, fills
 
-
-def _arr(ctx, shape, dtype="float32", strides=None, ptr=None):
-    from symgpu.gpu.array import GpuArray, c_strides
-    a = GpuArray.__new__(GpuArray)
-    dt = np.dtype(dtype)
-    nbytes = max(dt.itemsize * int(np.prod(shape)), 1)
-    a._set(ctx, ptr if ptr is not None else ctx.pool.allocate(nbytes).ptr, tuple(shape),
-           tuple(strides) if strides else c_strides(shape, dt.itemsize), dt, object())
-    return a
-
-
-def _thunk(node, values):
-    storage = {v: [x] for v, x in zip(node.inputs, values)}
-    storage.update({v: [None] for v in node.outputs})
-    return node.op.make_thunk(node, storage, {}, []), storage
 
 
 def test_full_reduction_is_one_vector_launch_sized_from_the_sm_count(fake_device):
     ctx, calls, fills = fake_device
     node = GpuCAReduce(S["add"], None)(gvar("float32", (False, False))).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (8192, 8192))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (8192, 8192))])
     thunk()
     assert len(calls) == 1
     name, grid, block, args = calls[0]
@@ -155,11 +134,11 @@ def test_full_reduction_is_one_vector_launch_sized_from_the_sm_count(fake_device
 ])
 def test_full_reduction_layouts(fake_device, case, kernel):
     ctx, calls, fills = fake_device
-    base = _arr(ctx, (1000, 1003))
+    base = fake_gpu_array(ctx, (1000, 1003))
     x = {"contiguous": base, "misaligned": base[1:], "transposed": base.transpose(),
-         "strided": base[:, ::2], "tiny": _arr(ctx, (3, 5)), "odd": _arr(ctx, (1000003,))}[case]
+         "strided": base[:, ::2], "tiny": fake_gpu_array(ctx, (3, 5)), "odd": fake_gpu_array(ctx, (1000003,))}[case]
     node = GpuCAReduce(S["maximum"], None)(gvar("float32", (False,) * x.ndim)).owner
-    thunk, storage = _thunk(node, [x])
+    thunk, storage = thunk_over(node, [x])
     thunk()
     assert [c[0] for c in calls] == [kernel]
     name, grid, block, args = calls[0]
@@ -174,19 +153,19 @@ def test_rows_vector_path_for_long_rows_and_onepass_for_few_rows(fake_device):
     ctx, calls, fills = fake_device
     x = gvar("float32", (False, False))
     node = GpuCAReduce(S["add"], (1,))(x).owner
-    thunk, _ = _thunk(node, [_arr(ctx, (8192, 8192))])
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (8192, 8192))])
     thunk()
     assert calls[-1][0] == "sg_vrows_final" and calls[-1][2] == (256, 1, 1)
-    thunk, _ = _thunk(node, [_arr(ctx, (4, 1 << 20))])           # 4 long rows: split, one pass
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (4, 1 << 20))])           # 4 long rows: split, one pass
     thunk()
     name, grid, block, args = calls[-1]
     assert name == "sg_vrows_onepass" and grid[0] == 4 and grid[1] > 1 and args[-1]
-    thunk, _ = _thunk(node, [_arr(ctx, (100000, 64))])           # short rows: warp per row
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (100000, 64))])           # short rows: warp per row
     thunk()
     assert calls[-1][0] == "sg_rows_final"
     n = len(calls)
     node = GpuCAReduce(S["add"], (0,))(x).owner                  # columns: unchanged, 2 passes
-    thunk, _ = _thunk(node, [_arr(ctx, (1000, 64))])
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (1000, 64))])
     thunk()
     assert [c[0] for c in calls[n:]] == ["sg_cols_partial", "sg_finish"]
 
@@ -195,12 +174,12 @@ def test_mixed_item_sizes_and_broadcast_operands_take_the_indexed_kernels(fake_d
     ctx, calls, fills = fake_device
     node = GpuCAReduce(S["add"], None, None, S["mul"])(
         gvar("float32", (False,)), gvar("float64", (False,))).owner
-    thunk, _ = _thunk(node, [_arr(ctx, (100000,)), _arr(ctx, (100000,), "float64")])
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (100000,)), fake_gpu_array(ctx, (100000,), "float64")])
     thunk()
     assert calls[-1][0] == "sg_rows_onepass"
     node = GpuCAReduce(S["add"], None, None, S["mul"])(
         gvar("float32", (False, False)), gvar("float32", (True, False))).owner
-    thunk, _ = _thunk(node, [_arr(ctx, (300, 1000)), _arr(ctx, (1, 1000))])
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (300, 1000)), fake_gpu_array(ctx, (1, 1000))])
     thunk()
     assert calls[-1][0] == "sg_rows_onepass"                    # the row is broadcast
 
@@ -210,7 +189,7 @@ def test_knobs_restore_the_two_pass_and_scalar_paths(fake_device, monkeypatch):
     monkeypatch.setattr(_ReduceThunk, "USE_ONEPASS", False)
     monkeypatch.setattr(_ReduceThunk, "VEC", False)
     node = GpuCAReduce(S["add"], None)(gvar("float32", (False,))).owner
-    thunk, _ = _thunk(node, [_arr(ctx, (1 << 20,))])
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (1 << 20,))])
     thunk()
     assert [c[0] for c in calls] == ["sg_rows_partial", "sg_finish"] and not fills
 
@@ -218,11 +197,11 @@ def test_knobs_restore_the_two_pass_and_scalar_paths(fake_device, monkeypatch):
 def test_empty_and_zero_size_inputs_launch_nothing_or_the_identity(fake_device):
     ctx, calls, fills = fake_device
     node = GpuCAReduce(S["add"], None)(gvar("float32", (False,))).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (0,))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (0,))])
     thunk()
     assert [c[0] for c in calls] == ["sg_rows_final"] and calls[0][3][:2] == (1, 0)
     node = GpuCAReduce(S["add"], (1,))(gvar("float32", (False, False))).owner
-    thunk, storage = _thunk(node, [_arr(ctx, (0, 5))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (0, 5))])
     thunk()
     assert len(calls) == 1 and storage[node.outputs[0]][0].shape == (0,)
 
