@@ -107,6 +107,37 @@ def thunk_over(node, values):
     return node.op.make_thunk(node, storage, {}, []), storage
 
 
+def compile_for_sm90(source: str, compiledir) -> bytes:
+    """The cubin nvcc makes of `source` for sm_90, compiled afresh in `compiledir`."""
+    from symgpu.config import config
+    from symgpu.gpu import compiler
+    compiler.clear_memory_cache()
+    with config.change_flags(compiledir=str(compiledir), compile_log=False,
+                             **{"nvcc.flags": ""}):
+        _, cubin, _ = compiler.compile_to_cubin(source, (), "sm_90")
+    compiler.clear_memory_cache()
+    return cubin
+
+
+def check_on_gpu(inputs, out, values, want, cpu_names, rtol=None):
+    """Compile `out`, assert no op named in `cpu_names` stayed on the host, and compare the
+    result with `want` (dtype and shape too; floats within rtol). Returns the function."""
+    import numpy as np
+    from symgpu import function
+    f = function(inputs, out, on_unused_input="ignore")
+    names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+    assert not names & cpu_names, names
+    got, want = np.asarray(f(*values)), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        got.shape, got.dtype, want.shape, want.dtype)
+    if got.dtype.kind == "f":
+        tol = rtol or (1e-5 if got.dtype == np.float32 else 1e-12)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+    return f
+
+
 class FakePool:
     """Hands out distinct fake device addresses (and records the sizes asked for)."""
 

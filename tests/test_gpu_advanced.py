@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu, requires_nvcc
+from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu import compiler
 from symgpu.gpu.advanced import (GpuAdvancedIncSubtensor1, GpuAdvancedSubtensor1,
                                  GpuBatchedDot, advanced_source)
 from symgpu.gpu.rewriting import virtual_context
@@ -87,10 +86,7 @@ def test_grad_of_gather_lifts():
 
 @requires_nvcc
 def test_kernels_compile(tmp_path):
-    compiler.clear_memory_cache()
-    with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):
-        path, cubin, _ = compiler.compile_to_cubin(advanced_source(), (), "sm_90")
-    compiler.clear_memory_cache()
+    cubin = compile_for_sm90(advanced_source(), tmp_path)
     assert cubin
 
 
@@ -100,19 +96,7 @@ RNG = np.random.default_rng(7)
 
 
 def _check(inputs, out, values, want, rtol=None):
-    f = function(inputs, out, on_unused_input="ignore")
-    names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
-    assert not names & CPU_NAMES, names
-    got = np.asarray(f(*values))
-    want = np.asarray(want)
-    assert got.shape == want.shape and got.dtype == want.dtype, (
-        got.shape, got.dtype, want.shape, want.dtype)
-    if got.dtype.kind == "f":
-        tol = rtol or (1e-5 if got.dtype == np.float32 else 1e-12)
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    else:
-        np.testing.assert_array_equal(got, want)
-    return f
+    return check_on_gpu(inputs, out, values, want, CPU_NAMES, rtol)
 
 
 def _values(shape, dtype):

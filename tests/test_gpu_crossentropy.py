@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu, requires_nvcc
+from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu import compiler
 from symgpu.gpu.crossentropy import (GpuCrossentropyCategorical1Hot,
                                      GpuCrossentropyCategorical1HotGrad, crossentropy_source)
 from symgpu.gpu.rewriting import cpu_nodes, virtual_context
@@ -123,10 +122,7 @@ def test_both_ops_offer_their_module_to_the_prefetch():
 
 @requires_nvcc
 def test_kernels_compile(tmp_path):
-    compiler.clear_memory_cache()
-    with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):
-        path, cubin, _ = compiler.compile_to_cubin(crossentropy_source(), (), "sm_90")
-    compiler.clear_memory_cache()
+    cubin = compile_for_sm90(crossentropy_source(), tmp_path)
     assert cubin
     for name in ("ce1hot_float32_int32", "ce1hot_float64_int64",
                  "ce1hot_grad_float32_float64_int32", "ce1hot_grad_float64_float64_int64"):

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu, requires_nvcc
+from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu import compiler
 from symgpu.gpu.nnet import GpuArgmax, argmax_source
 from symgpu.gpu.rewriting import virtual_context
 from symgpu.gpu.copykernel import STRIDED_COPY_SOURCE
@@ -83,10 +82,7 @@ def test_int_index_stays_on_host():
 @pytest.mark.parametrize("source", [STRIDED_COPY_SOURCE, argmax_source()],
                          ids=["copy_and_inc", "argmax"])
 def test_kernels_compile(source, tmp_path):
-    compiler.clear_memory_cache()
-    with config.change_flags(compiledir=str(tmp_path), compile_log=False, **{"nvcc.flags": ""}):
-        path, cubin, _ = compiler.compile_to_cubin(source, (), "sm_90")
-    compiler.clear_memory_cache()
+    cubin = compile_for_sm90(source, tmp_path)
     assert cubin
 
 
@@ -96,18 +92,7 @@ RNG = np.random.default_rng(42)
 
 
 def _check(inputs, out, values, want, rtol=None):
-    f = function(inputs, out, on_unused_input="ignore")
-    names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
-    assert not names & CPU_NAMES, names
-    got = f(*values)
-    got = np.asarray(got)
-    assert got.shape == np.shape(want) and got.dtype == np.asarray(want).dtype, (
-        got.shape, got.dtype, np.shape(want), np.asarray(want).dtype)
-    if got.dtype.kind == "f":
-        tol = rtol or (1e-5 if got.dtype == np.float32 else 1e-12)
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
-    else:
-        np.testing.assert_array_equal(got, want)
+    return check_on_gpu(inputs, out, values, want, CPU_NAMES, rtol)
 
 
 @requires_gpu
