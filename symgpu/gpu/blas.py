@@ -393,20 +393,28 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             else:
                 (alpha_p, beta_p), keep = scal.args()
             blas.math_mode(handle, math_mode)
-            if scal is not None and scal.device:
-                blas.pointer_mode(handle, _POINTER_DEVICE)
-            try:
-                status = gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
-                              max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
-                              ctypes.c_void_p(out.ptr), max(ldc, 1))
-            finally:
-                if scal is not None and scal.device:
-                    blas.pointer_mode(handle, _POINTER_HOST)
+            status = _with_pointer_mode(
+                blas, handle, scal is not None and scal.device,
+                lambda: gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
+                             max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
+                             ctypes.c_void_p(out.ptr), max(ldc, 1)))
             blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
             del keep
         out_cell[0] = out
 
     return _blas_capturable(thunk, scal)
+
+
+def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:
+    """`call()`'s status; with `device`, cuBLAS reads alpha/beta from device memory while it
+    runs, and the shared handle is back in host mode afterwards, even if it raised."""
+    if not device:
+        return call()
+    blas.pointer_mode(handle, _POINTER_DEVICE)
+    try:
+        return call()
+    finally:
+        blas.pointer_mode(handle, _POINTER_HOST)
 
 
 def _blas_capturable(thunk: Callable[[], None], scal: "_Scalars | None") -> Callable[[], None]:
@@ -480,15 +488,11 @@ class GpuGemv(_AccumulatingBlasOp):
                 # op N: memory is A^T (n x m) column-major -> gemv(T, n, m); op T: A itself
                 trans, rows, cols = (_T, n, m) if op_ == _N else (_N, m, n)
                 (alpha_p, beta_p), keep = scal.args()
-                if scal.device:
-                    blas.pointer_mode(handle, _POINTER_DEVICE)
-                try:
-                    status = gemv(handle, trans, rows, cols, alpha_p, ctypes.c_void_p(A.ptr),
-                                  max(ld, 1), ctypes.c_void_p(x.ptr), _inc(x), beta_p,
-                                  ctypes.c_void_p(out.ptr), _inc(out))
-                finally:
-                    if scal.device:
-                        blas.pointer_mode(handle, _POINTER_HOST)
+                status = _with_pointer_mode(
+                    blas, handle, scal.device,
+                    lambda: gemv(handle, trans, rows, cols, alpha_p, ctypes.c_void_p(A.ptr),
+                                 max(ld, 1), ctypes.c_void_p(x.ptr), _inc(x), beta_p,
+                                 ctypes.c_void_p(out.ptr), _inc(out)))
                 blas.check(status, f"{label} (gemv {m}x{n})")
                 del keep
             out_cell[0] = out
@@ -559,15 +563,11 @@ class GpuGer(_AccumulatingBlasOp):
                 op_, ld = layout
                 rows, cols, u, v = _ger_operands(op_, m, n, x, y)
                 (alpha_p,), keep = scal.args()
-                if scal.device:
-                    blas.pointer_mode(handle, _POINTER_DEVICE)
-                try:
-                    status = ger(handle, rows, cols, alpha_p, ctypes.c_void_p(u.ptr), _inc(u),
-                                 ctypes.c_void_p(v.ptr), _inc(v), ctypes.c_void_p(out.ptr),
-                                 max(ld, 1))
-                finally:
-                    if scal.device:
-                        blas.pointer_mode(handle, _POINTER_HOST)
+                status = _with_pointer_mode(
+                    blas, handle, scal.device,
+                    lambda: ger(handle, rows, cols, alpha_p, ctypes.c_void_p(u.ptr), _inc(u),
+                                ctypes.c_void_p(v.ptr), _inc(v), ctypes.c_void_p(out.ptr),
+                                max(ld, 1)))
                 blas.check(status, f"{label} (ger {m}x{n})")
                 del keep
             out_cell[0] = out
