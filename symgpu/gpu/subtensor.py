@@ -18,6 +18,7 @@ from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.copykernel import INC_DTYPES, strided_inc
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
+from symgpu.tensor.basic import join_broadcastable
 from symgpu.tensor.subtensor import (IncSubtensorProps, Slice, _check_inputs, _constant_index,
                                      build_index, index_broadcastable)
 
@@ -161,11 +162,8 @@ class GpuJoin(Op):
             if t.ndim != nd or t.dtype != dtype:
                 raise TypeError(f"{self}: input {i} ({t.type}) differs in rank or dtype from "
                                 f"input 0 ({tensors[0].type})")
-        if not 0 <= self.axis < nd:
-            raise ValueError(f"{self}: axis {self.axis} is out of range for {nd} dimensions")
-        bcast = [any(t.broadcastable[d] for t in tensors) for d in range(nd)]
-        bcast[self.axis] = len(tensors) == 1 and tensors[0].broadcastable[self.axis]
-        return Apply(self, tensors, [tensors[0].type.clone(broadcastable=tuple(bcast))()])
+        bcast = join_broadcastable(tensors, self.axis, str(self))
+        return Apply(self, tensors, [tensors[0].type.clone(broadcastable=bcast)()])
 
     def perform(self, node, inputs, out):
         from symgpu.gpu.array import GpuArray

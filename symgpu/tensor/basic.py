@@ -286,10 +286,7 @@ class Join(Op):
             if t.ndim != nd:
                 raise TypeError(f"join: all tensors need the same number of dimensions; input 0 "
                                 f"has {nd}, input {i} ({t}) has {t.ndim}")
-        if not 0 <= self.axis < nd:
-            raise ValueError(f"join: axis {self.axis} is out of range for {nd}-dimensional tensors")
-        bcast = [any(t.broadcastable[d] for t in tensors) for d in range(nd)]
-        bcast[self.axis] = len(tensors) == 1 and tensors[0].broadcastable[self.axis]
+        bcast = join_broadcastable(tensors, self.axis, "join")
         dtype = upcast(*[t.dtype for t in tensors])
         return Apply(self, tensors, [TensorType(dtype, bcast)()])
 
@@ -319,6 +316,18 @@ class Join(Op):
             g = specify_broadcastable_as(cast(g, t.dtype), t.type)
             grads.append(g)
         return grads
+
+
+def join_broadcastable(tensors: Sequence[Any], axis: int, what: str) -> tuple[bool, ...]:
+    """The broadcast pattern of the join of `tensors` (equal rank) along `axis`: a dimension
+    is broadcastable where any input's is, the joined one only for a lone input's (host and
+    GPU join alike)."""
+    nd = tensors[0].ndim
+    if not 0 <= axis < nd:
+        raise ValueError(f"{what}: axis {axis} is out of range for {nd} dimensions")
+    bcast = [any(t.broadcastable[d] for t in tensors) for d in range(nd)]
+    bcast[axis] = len(tensors) == 1 and tensors[0].broadcastable[axis]
+    return tuple(bcast)
 
 
 def _norm_join_axis(axis: int, nd: int, what: str) -> int:
