@@ -17,20 +17,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def cuda():
     """The machine's GPU registered as the default context, with device=cuda (GPU tests)."""
+    from gpu_helpers import real_default_gpu
     from symgpu.config import config
-    from symgpu.gpu import context as gctx
-    ctx = gctx.start_device("cuda0")
-    assert not ctx.virtual, "GPU tests must run on a real device"
-    prev = gctx.get_context(None) if None in gctx.context_names() else None
-    gctx.register_context(None, ctx)
-    try:
-        with config.change_flags(device="cuda", floatX="float32"):
-            yield ctx
-    finally:
-        if prev is not None:
-            gctx.register_context(None, prev)
-        else:
-            gctx.unregister_context(None)
+    with real_default_gpu() as ctx, config.change_flags(device="cuda", floatX="float32"):
+        yield ctx
 
 
 # ----------------------------------------------------------------------------- C kernels

@@ -8,7 +8,8 @@ where no usable GPU is present; ``requires_nvcc`` marks ``nvcc`` and skips witho
 from __future__ import annotations
 
 import shutil
-from typing import Callable, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
@@ -32,6 +33,24 @@ def requires_gpu(obj: F) -> F:
 def requires_nvcc(obj: F) -> F:
     """Mark ``obj`` ``nvcc`` and skip it where nvcc is not on PATH."""
     return pytest.mark.nvcc(_NVCC_SKIP(obj))
+
+
+@contextmanager
+def real_default_gpu() -> Iterator[object]:
+    """The machine's first GPU as symgpu's default context for the block (asserted real,
+    not virtual); whatever was the default before is put back."""
+    from symgpu.gpu import context as gctx
+    ctx = gctx.start_device("cuda0")
+    assert not ctx.virtual and ctx.stream_handle, "these tests must run on a real GPU"
+    prev = gctx.get_context(None) if None in gctx.context_names() else None
+    gctx.register_context(None, ctx)
+    try:
+        yield ctx
+    finally:
+        if prev is not None:
+            gctx.register_context(None, prev)
+        else:
+            gctx.unregister_context(None)
 
 
 def virtual_context(name: str):

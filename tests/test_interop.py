@@ -17,10 +17,9 @@ import pytest
 import symgpu
 import symgpu.gpu
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu, requires_nvcc
+from gpu_helpers import real_default_gpu, requires_gpu, requires_nvcc
 from symgpu.compile.io import Out
 from symgpu.config import config
-from symgpu.gpu import context as gctx
 from symgpu.gpu.array import GpuArray
 from symgpu.gpu.basic_ops import TRANSFER_COUNTS, gpu_contiguous, reset_transfer_counts
 from symgpu.gpu.kernel_op import ElemwiseKernelOp
@@ -216,17 +215,8 @@ def test_device_array_fed_to_a_host_input_stays_on_the_device():
 @pytest.fixture(scope="module")
 def gpu():
     """The machine's GPU as symgpu's default context."""
-    ctx = gctx.start_device("cuda0")
-    assert not ctx.virtual and ctx.stream_handle, "these tests must run on a real GPU"
-    prev = gctx.get_context(None) if None in gctx.context_names() else None
-    gctx.register_context(None, ctx)
-    try:
+    with real_default_gpu() as ctx:
         yield ctx
-    finally:
-        if prev is not None:
-            gctx.register_context(None, prev)
-        else:
-            gctx.unregister_context(None)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu
+from gpu_helpers import real_default_gpu, requires_gpu
 from symgpu.config import config
 from symgpu.gpu import context as gctx
 from symgpu.gpu.array import GpuArray
@@ -155,19 +155,10 @@ def test_custom_op_with_gpu_outputs_counts_as_gpu_op():
 @pytest.fixture(scope="module")
 def gpu():
     """The machine's GPU as symgpu's default context, made current for PyCUDA."""
-    ctx = gctx.start_device("cuda0")
-    assert not ctx.virtual and ctx.stream_handle, "these tests must run on a real GPU"
-    prev = gctx.get_context(None) if None in gctx.context_names() else None
-    gctx.register_context(None, ctx)
-    import symgpu.misc.pycuda_init as pycuda_init
-    assert pycuda_init.pycuda_available and pycuda_init.context is ctx
-    try:
+    with real_default_gpu() as ctx:
+        import symgpu.misc.pycuda_init as pycuda_init
+        assert pycuda_init.pycuda_available and pycuda_init.context is ctx
         yield ctx
-    finally:
-        if prev is not None:
-            gctx.register_context(None, prev)
-        else:
-            gctx.unregister_context(None)
 
 
 @requires_gpu
