@@ -194,6 +194,15 @@ def _check_index_var(op: Op, idx: Any) -> None:
 
 # ----------------------------------------------------------------------------- gather
 
+def _check_indexed_var(op: Op, x: Any) -> None:
+    """The array the indexing ops read: a GPU variable of an ADVANCED_DTYPES dtype, >= 1-d."""
+    if not is_gpu_var(x):
+        raise TypeError(f"{op}: expected a GPU variable, got {x}")
+    if x.ndim < 1 or x.dtype not in ADVANCED_DTYPES:
+        raise TypeError(f"{op}: x must be a float32/float64/int32/int64 array of at "
+                        f"least 1 dimension, got {x.type}")
+
+
 class GpuAdvancedSubtensor1(Op):
     """``x[idx]`` for an integer vector ``idx`` on axis 0 of ``x`` (any ndim >= 1): a new
     C-contiguous array of shape ``(len(idx),) + x.shape[1:]``; negative indices allowed,
@@ -205,11 +214,7 @@ class GpuAdvancedSubtensor1(Op):
         return "GpuAdvancedSubtensor1"
 
     def make_node(self, x: Any, idx: Any) -> Apply:
-        if not is_gpu_var(x):
-            raise TypeError(f"{self}: expected a GPU variable, got {x}")
-        if x.ndim < 1 or x.dtype not in ADVANCED_DTYPES:
-            raise TypeError(f"{self}: x must be a float32/float64/int32/int64 array of at "
-                            f"least 1 dimension, got {x.type}")
+        _check_indexed_var(self, x)
         idx = as_gpuarray_variable(idx, x.type.context_name)
         _check_index_var(self, idx)
         bcast = (idx.broadcastable[0],) + tuple(x.broadcastable[1:])
@@ -253,11 +258,7 @@ class GpuAdvancedIncSubtensor1(Op):
         return f"GpuAdvanced{'Set' if self.set_instead_of_inc else 'Inc'}Subtensor1"
 
     def make_node(self, x: Any, y: Any, idx: Any) -> Apply:
-        if not is_gpu_var(x):
-            raise TypeError(f"{self}: expected a GPU variable, got {x}")
-        if x.ndim < 1 or x.dtype not in ADVANCED_DTYPES:
-            raise TypeError(f"{self}: x must be a float32/float64/int32/int64 array of at "
-                            f"least 1 dimension, got {x.type}")
+        _check_indexed_var(self, x)
         y = as_gpuarray_variable(y, x.type.context_name)
         idx = as_gpuarray_variable(idx, x.type.context_name)
         _check_index_var(self, idx)
