@@ -85,7 +85,7 @@ def test_sized_trampoline_and_broadcast_kernel_checks():
     the trampoline itself refuses strided arrays, wrong item sizes and over 4 dimensions."""
     comp = composite(["float64", "float64"], [("mul", [0, 1]), ("add", [2, 3])], [4],
                      [(1.0, "float64")])
-    address = cc.kernel_address(ccode.broadcast_source(comp, [(False, False), (True, False)]),
+    address = cc.kernel_address(ccode.broadcast_source(comp, ((False, False), (True, False))),
                                 ccode.SYMBOL, libs=("m",))
     run = c_runtime.sized_runner()
     a, row = RNG.randn(3, 4), RNG.randn(1, 4)

@@ -15,6 +15,7 @@ from NumPy (integer ``//``, ``%`` and ``**``) keep the node on NumPy.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Sequence
 
 from symgpu.scalar.basic import Cast, ScalarOp
@@ -143,6 +144,7 @@ def _body(c: Composite, operands: list[str]) -> tuple[list[str], list[str]]:
     return lines, exprs
 
 
+@lru_cache(maxsize=1024)  # asked by the link-time prefetch, then by the thunk
 def elemwise_source(c: Composite, kinds: str) -> str:
     """The C source of `c`'s kernel; ``kinds[k]`` is 'f' (full) or 's' (scalar) for input k."""
     if len(kinds) != c.nin:
@@ -167,7 +169,8 @@ def elemwise_source(c: Composite, kinds: str) -> str:
         "\n    }\n}\n"])
 
 
-def broadcast_source(c: Composite, patterns: Sequence[tuple[bool, ...]]) -> str:
+@lru_cache(maxsize=1024)
+def broadcast_source(c: Composite, patterns: tuple[tuple[bool, ...], ...]) -> str:
     """The C source of `c`'s kernel for inputs of these broadcast patterns (any mix of full,
     partly and wholly broadcast, 2 to MAX_BROADCAST_NDIM dimensions): ``int
     symgpu_elemwise(void **data, const int64_t *shape, const int *ndim)``, run through
@@ -226,6 +229,7 @@ def broadcast_source(c: Composite, patterns: Sequence[tuple[bool, ...]]) -> str:
         "\n".join(head + loops), "\n    return 0;\n}\n"])
 
 
+@lru_cache(maxsize=None)
 def sum_source(dtype: str) -> str:
     """The C source of a full sum of a contiguous float array: pairwise summation as NumPy's
     (eight running sums over blocks of at most 128 elements, halves added), so the error

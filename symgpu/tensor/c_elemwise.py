@@ -104,7 +104,8 @@ def c_source(node) -> str | None:
             return ccode.elemwise_source(composite, kinds)
         if not 2 <= node.outputs[0].ndim <= ccode.MAX_BROADCAST_NDIM:
             return None
-        return ccode.broadcast_source(composite, [v.type.broadcastable for v in node.inputs])
+        return ccode.broadcast_source(composite,
+                                      tuple(v.type.broadcastable for v in node.inputs))
     if isinstance(op, CAReduce) and op.scalar_op.name == "add":
         (x,), (out,) = node.inputs, node.outputs
         if x.dtype in ("float32", "float64") and out.dtype == x.dtype and out.ndim == 0:
