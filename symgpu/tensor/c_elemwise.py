@@ -187,13 +187,14 @@ def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: 
     src += [f"        shape = {shape_expr}"]
     for j, v in enumerate(node.outputs):
         src.append(f"        r{j} = a{inplace[j]}" if j in inplace
-                   else f"        r{j} = empty(shape, '{v.dtype}')")
+                   else f"        r{j} = empty(shape, d{j})")
     args = ", ".join([f"a{k}" for k in range(nin)] + [f"r{j}" for j in range(nout)])
     src += [f"        if run(address, tags, {args}):"]
     src += [f"            o{j}[0] = r{j}" for j in range(nout)]
     src += ["        else:", "            fallback()", "    return thunk"]
     ns = {"run": run, "address": address, "tags": tags, "empty": np.empty,
           "fallback": fallback}
+    ns.update({f"d{j}": np.dtype(v.dtype) for j, v in enumerate(node.outputs)})  # not parsed per call
     exec(compile("\n".join(src), f"<C thunk {node.op}>", "exec"), ns)
     thunk = ns["make"]([storage_map[v] for v in node.inputs],
                        [storage_map[v] for v in node.outputs])
