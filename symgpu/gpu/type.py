@@ -1,6 +1,6 @@
 """GpuArrayType: the device type of the graph, its variables, constants and shared variables.
 
-Why it looks like this (DESIGN.md, "Placement is one small subsystem"): one device type
+Why it looks like this (placement is one small subsystem): one device type
 carries a context name, so placement is a property of types and the graph-to-GPU pass can be
 tested on the CPU with a virtual context. GPU variables carry the tensor operators: an
 expression on one builds an ordinary tensor graph through `HostFromGpu` (`as_tensor`), and
