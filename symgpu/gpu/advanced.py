@@ -209,6 +209,7 @@ class GpuAdvancedSubtensor1(Op):
     out-of-bounds ones raise IndexError after the launch."""
 
     __props__ = ()
+    host_sync = "reads its bounds-check flag back after the launch"  # symgpu.explain
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"
@@ -250,6 +251,7 @@ class GpuAdvancedIncSubtensor1(Op):
     unspecified. Never in place."""
 
     __props__ = ("set_instead_of_inc",)
+    host_sync = "reads its bounds-check flag back after the launch"  # symgpu.explain
 
     def __init__(self, set_instead_of_inc: bool = False):
         self.set_instead_of_inc = bool(set_instead_of_inc)

@@ -185,6 +185,8 @@ def _check_p_y(op: Op, p: Any, y: Any) -> None:
 class _CrossentropyKernelOp(Op):
     """What both ops share: their one CUDA module, offered to the parallel prefetch."""
 
+    host_sync = "reads its label-check flag back after the launch"  # symgpu.explain
+
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         """The crossentropy module (else compiled on the first call), for the link-time
         prefetch (symgpu/gpu/prefetch.py) to compile alongside the function's other kernels."""
