@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["DeviceChecks", "REPORT_SOURCE", "checks_of", "raise_device_errors"]
+__all__ = ["DeviceChecks", "REPORT_SOURCE", "checks_of", "raise_device_errors",
+           "is_device_check_error"]
 
 #: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1
 REPORT_SOURCE = r"""
@@ -80,7 +81,15 @@ class DeviceChecks:
             bad = int(host[i, 1:2].view(np.int64)[0])
             for other, _ in self._chunks:
                 other[...] = 0
-            raise self._describe[c * _CHUNK + i](bad)
+            exc = self._describe[c * _CHUNK + i](bad)
+            exc.device_check = True   # the call's own error, never a reason to change course
+            raise exc
+
+
+def is_device_check_error(exc: BaseException) -> bool:
+    """Whether `exc` is a kernel's reported check (a user error to propagate as is, not a
+    failure of the machinery that happened to synchronise, such as a graph's check)."""
+    return getattr(exc, "device_check", False)
 
 
 _lock = threading.Lock()

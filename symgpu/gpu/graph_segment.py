@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from symgpu.gpu.graph_plan import make_keyer
+from symgpu.gpu.device_checks import is_device_check_error
 
 if TYPE_CHECKING:
     from symgpu.gpu.graphs import Runner
@@ -279,6 +280,8 @@ class Segment:
             try:
                 ref = self._host_values()
             except Exception as exc:   # the plain results stand
+                if is_device_check_error(exc):
+                    raise               # a bad index of the call itself
                 self.runner.disable(f"reading results to check a graph failed "
                                     f"({type(exc).__name__}: {exc})", self)
                 return
@@ -351,6 +354,8 @@ class Segment:
             try:
                 why = _differs(ref, self._host_values())
             except Exception as exc:
+                if is_device_check_error(exc):
+                    raise
                 why = f"reading them failed: {type(exc).__name__}: {exc}"
             if why is not None:
                 del g, owned
