@@ -253,10 +253,11 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
         """A host ndarray copy of the value; the GpuArray itself with
         `return_internal_type=True` (copied unless `borrow=True`), as in Theano."""
-        value = self.container.storage[0]
-        if return_internal_type:
-            return value if borrow else value.copy()
-        return value.get()
+        with self.container.lock:  # not while a call is between reading and updating it
+            value = self.container.storage[0]
+            if return_internal_type:
+                return value if borrow else value.copy()
+            return value.get()
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Upload `value` (checked against the type first: on error nothing changes). A
@@ -265,7 +266,8 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
         if on_device and not borrow:
             new = new.copy().sync()  # the owner may overwrite its array on its own stream
-        self.container.storage[0] = new
+        with self.container.lock:  # after (not inside) any call updating it
+            self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:
         return value.get()
