@@ -224,8 +224,12 @@ class Function:
         return self.copy()
 
     def __reduce__(self):
-        return (_rebuild_function, (self.maker, self.name, self.trust_input,
-                                    self.profile is not None))
+        p = self.profile
+        profile = None
+        if p is not None:
+            from symgpu.compile import profiling
+            profile = (p.message, any(q is p for q in profiling._atexit_print_list), p.memory)
+        return (_rebuild_function, (self.maker, self.name, self.trust_input, profile))
 
     def get_shared(self) -> list[SharedVariable]:
         """The shared variables this function reads or updates."""
@@ -237,14 +241,19 @@ class Function:
 
 
 def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
-                      profiled: bool) -> Function:
+                      profile: tuple | None) -> Function:
     """Unpickling: re-link the pickled (already rewritten) graph; the kernel caches make
-    this fast."""
+    this fast. A profiled function comes back profiled, into fresh statistics."""
     t0 = time.perf_counter()
     fn = Function(maker, name)
     maker.link_time = time.perf_counter() - t0
     fn.trust_input = trust_input
-    _attach_profile(fn, True if profiled else None)
+    stats = None
+    if profile is not None:
+        from symgpu.compile.profiling import ProfileStats
+        message, atexit_print, memory = profile
+        stats = ProfileStats(atexit_print=atexit_print, message=message, memory=memory)
+    _attach_profile(fn, stats)
     return fn
 
 
