@@ -294,3 +294,18 @@ def test_pkl_utils_persistent_names_and_file_like_objects():
         assert any("weights" in n for n in zf.namelist())
     buf.seek(0)
     np.testing.assert_array_equal(load(buf).get_value(), np.arange(3.0))
+
+
+def test_strip_pickler_drops_traces_and_leaves_the_graph_alone():
+    from symgpu.misc.pkl_utils import dump, load
+    x = T.dvector("x")
+    y = T.exp(x) + 1
+    assert getattr(y.owner.tag, "trace", None)  # where the user built it
+    buf = io.BytesIO()
+    dump(y, buf)
+    buf.seek(0)
+    y2 = load(buf)
+    assert not hasattr(y2.owner.tag, "trace")
+    assert y.owner.tag.trace  # the saved graph keeps its traces
+    np.testing.assert_array_equal(function([y2.owner.inputs[0].owner.inputs[0]], y2)(np.zeros(2)),
+                                  [2.0, 2.0])
