@@ -14,6 +14,8 @@ from symgpu import function, shared
 from symgpu.compile.io import In, Out
 from symgpu.scalar.basic import SCALAR_OPS
 
+from gpu_helpers import real_default_gpu, requires_gpu
+
 
 def rng(seed=0):
     return np.random.default_rng(seed)
@@ -287,13 +289,20 @@ def test_pkl_utils_stores_arrays_as_npy_members(tmp_path):
 def test_pkl_utils_persistent_names_and_file_like_objects():
     from symgpu.misc.pkl_utils import dump, load
     w = shared(np.arange(3.0), name="weights")
+    w_too = shared(np.ones(2), name="weights")
     buf = io.BytesIO()
-    dump(w, buf)
+    dump([w, w_too, w], buf)
     buf.seek(0)
     with zipfile.ZipFile(buf) as zf:
-        assert any("weights" in n for n in zf.namelist())
+        assert sorted(zf.namelist()) == ["pkl", "weights.npy", "weights_2.npy"]
+        np.testing.assert_array_equal(np.load(zf.open("weights.npy")), np.arange(3.0))
     buf.seek(0)
-    np.testing.assert_array_equal(load(buf).get_value(), np.arange(3.0))
+    a, b, a_again = load(buf)
+    assert a is a_again
+    np.testing.assert_array_equal(a.get_value(), np.arange(3.0))
+    np.testing.assert_array_equal(b.get_value(), np.ones(2))
+    with pytest.raises(ValueError, match="reserved"):
+        dump(shared(np.ones(2), name="pkl"), io.BytesIO())
 
 
 def test_strip_pickler_drops_traces_and_leaves_the_graph_alone():
@@ -309,3 +318,91 @@ def test_strip_pickler_drops_traces_and_leaves_the_graph_alone():
     assert y.owner.tag.trace  # the saved graph keeps its traces
     np.testing.assert_array_equal(function([y2.owner.inputs[0].owner.inputs[0]], y2)(np.zeros(2)),
                                   [2.0, 2.0])
+
+
+# ---------------------------------------------------------------- GPU shared variables
+
+class FakeDeviceValue:
+    """Stands for a GpuArray: a device value whose `get()` downloads it."""
+
+    def __init__(self, host):
+        self.host = np.array(host)
+        self.shape, self.dtype = self.host.shape, self.host.dtype
+
+    def get(self):
+        return self.host.copy()
+
+
+def _gpu_shared(context_name, host, name="gw"):
+    from symgpu.compile.sharedvalue import Container
+    from symgpu.gpu.type import GpuArraySharedVariable, GpuArrayType
+    gtype = GpuArrayType(str(host.dtype), (False,) * host.ndim, context_name)
+    return GpuArraySharedVariable(gtype, None, name=name,
+                                  container=Container(gtype, FakeDeviceValue(host), name))
+
+
+@pytest.mark.parametrize("virtual", [True, False])
+def test_gpu_shared_value_unpickles_on_the_host_without_that_gpu(virtual):
+    from symgpu.gpu.context import register_context, unregister_context
+    from symgpu.tensor.sharedvar import TensorSharedVariable
+    from symgpu.tensor.type import TensorType
+    host = np.arange(6, dtype="float32").reshape(2, 3)
+    name = "pickle_virtual" if virtual else "pickle_absent"
+    if virtual:
+        register_context(name, device="cuda0", arch="sm_90")
+    try:
+        sv = _gpu_shared(name, host)
+        t, t_again = roundtrip((sv, sv))
+    finally:
+        if virtual:
+            unregister_context(name)
+    assert type(t) is TensorSharedVariable and t is t_again
+    assert t.type == TensorType("float32", (False, False)) and t.name == "gw"
+    np.testing.assert_array_equal(t.get_value(), host)
+    # and it works in host functions
+    np.testing.assert_array_equal(function([], t * 2)(), host * 2)
+
+
+def test_gpu_shared_value_goes_back_to_the_gpu_where_one_is_in_use(monkeypatch):
+    import symgpu.gpu.type as gtype_mod
+    from gpu_helpers import FakeCtx
+    monkeypatch.setattr(gtype_mod, "_unpickle_context", lambda name: FakeCtx())
+    monkeypatch.setattr(gtype_mod.GpuArrayType, "filter",
+                        lambda self, value, strict=False, allow_downcast=None:
+                        FakeDeviceValue(value))
+    host = np.arange(4, dtype="float32")
+    sv = _gpu_shared("somegpu", host)
+    t = roundtrip(sv)
+    assert type(t) is gtype_mod.GpuArraySharedVariable and t.type == sv.type
+    assert isinstance(t.container.storage[0], FakeDeviceValue)
+    np.testing.assert_array_equal(t.get_value(), host)
+    assert t.container is not sv.container
+
+
+def test_gpu_shared_values_in_the_zip_format_are_npy_members():
+    from symgpu.misc.pkl_utils import dump, load
+    host = np.arange(5, dtype="float32")
+    buf = io.BytesIO()
+    dump(_gpu_shared("pickle_absent", host, name="gpu_w"), buf)
+    buf.seek(0)
+    with zipfile.ZipFile(buf) as zf:
+        assert "gpu_w.npy" in zf.namelist()
+    buf.seek(0)
+    np.testing.assert_array_equal(load(buf).get_value(), host)
+
+
+@requires_gpu
+def test_gpu_function_and_shared_round_trip_on_a_real_gpu():
+    from symgpu.gpu.type import GpuArraySharedVariable
+    with real_default_gpu():
+        w = shared(np.arange(4, dtype="float32"), name="w")
+        assert isinstance(w, GpuArraySharedVariable)
+        x = T.fvector("x")
+        f = function([x], T.exp(w) * x, updates=[(w, w + 1)])
+        expected = f(np.ones(4, dtype="float32"))
+        w.set_value(np.arange(4, dtype="float32"))
+        g, w2 = roundtrip((f, w))
+        assert isinstance(w2, GpuArraySharedVariable)
+        np.testing.assert_allclose(g(np.ones(4, dtype="float32")), expected, rtol=1e-6)
+        np.testing.assert_array_equal(w2.get_value(), np.arange(4) + 1)
+        np.testing.assert_array_equal(w.get_value(), np.arange(4))

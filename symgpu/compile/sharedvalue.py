@@ -35,11 +35,21 @@ class Container:
         return self.storage[0]
 
     def __reduce__(self):
-        # the lock and the order are made anew on load
-        return (_rebuild_container, (self.type, self.storage[0], self.name))
+        # the lock and the order are made anew on load; a type may pickle its values in
+        # another form (`value_to_pickle`: a GPU array as a host array) and choose, on load,
+        # the type and value the container takes there (`value_from_pickle`)
+        with self.lock:
+            value = self.storage[0]
+        to_pickle = getattr(self.type, "value_to_pickle", None)
+        if to_pickle is not None:
+            value = to_pickle(value)
+        return (_rebuild_container, (self.type, value, self.name))
 
 
 def _rebuild_container(type, value: Any, name: str | None) -> Container:
+    from_pickle = getattr(type, "value_from_pickle", None)
+    if from_pickle is not None:
+        type, value = from_pickle(value)
     return Container(type, value, name)
 
 

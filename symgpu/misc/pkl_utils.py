@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Callable
 
 import numpy as np
 
+from symgpu.compile.sharedvalue import Container
 from symgpu.graph.basic import Scratchpad
 
 __all__ = ["dump", "load", "StripPickler", "PersistentNdarrayID",
@@ -43,6 +44,14 @@ class StripPickler(pickle.Pickler):
         if type(obj) is Scratchpad and any(k in obj.__dict__ for k in self.tag_to_remove):
             kept = {k: v for k, v in obj.__dict__.items() if k not in self.tag_to_remove}
             return (_scratchpad, (kept,))
+        if type(obj) is Container:
+            # the value as it will be pickled (a GPU value as a host array), named after
+            # the shared variable when the persistent ids store arrays by name
+            rebuild, (ctype, value, name) = obj.__reduce__()
+            namer = getattr(getattr(self, "persistent_id", None), "name_array", None)
+            if namer is not None and name:
+                namer(value, name)
+            return (rebuild, (ctype, value, name))
         return NotImplemented
 
 
@@ -99,21 +108,19 @@ class PersistentSharedVariableID(PersistentNdarrayID):
             return super()._resolve_name(obj)
         return name
 
-    def __call__(self, obj: Any) -> str | None:
-        from symgpu.compile.sharedvalue import SharedVariable
-        if isinstance(obj, SharedVariable) and obj.name:
-            if obj.name in _RESERVED:
-                raise ValueError(f"a shared variable cannot be named {obj.name!r} in a zip "
-                                 "pickle (the name is reserved)")
-            value = obj.container.storage[0]
-            if type(value) is np.ndarray and id(value) not in self.names:
-                n = self.used.get(obj.name, 0) + 1
-                if n > 1 and not self.allow_duplicates:
-                    raise ValueError(f"two shared variables are named {obj.name!r} "
-                                     "(allow_duplicates=False)")
-                self.used[obj.name] = n
-                self.names[id(value)] = obj.name if n == 1 else f"{obj.name}_{n}"
-        return super().__call__(obj)
+    def name_array(self, value: Any, name: str) -> None:
+        """Store `value` (a shared variable's value about to be pickled) as ``name.npy``."""
+        if type(value) is not np.ndarray or id(value) in self.names:
+            return
+        if name in _RESERVED:
+            raise ValueError(f"a shared variable cannot be named {name!r} in a zip pickle "
+                             "(the name is reserved)")
+        n = self.used.get(name, 0) + 1
+        if n > 1 and not self.allow_duplicates:
+            raise ValueError(f"two shared variables are named {name!r} (allow_duplicates=False)")
+        self.used[name] = n
+        self.names[id(value)] = name if n == 1 else f"{name}_{n}"
+        self._keep.append(value)
 
 
 class PersistentNdarrayLoad:
