@@ -406,3 +406,21 @@ def test_gpu_function_and_shared_round_trip_on_a_real_gpu():
         np.testing.assert_allclose(g(np.ones(4, dtype="float32")), expected, rtol=1e-6)
         np.testing.assert_array_equal(w2.get_value(), np.arange(4) + 1)
         np.testing.assert_array_equal(w.get_value(), np.arange(4))
+
+
+def test_gpu_function_loads_only_where_its_context_is_in_use():
+    from symgpu.config import config
+    from symgpu.gpu.rewriting import virtual_context
+    with config.change_flags(floatX="float32"):
+        x = T.fvector("x")
+        with virtual_context("pickle_dev"):
+            from symgpu.gpu.type import GpuArrayType
+            g = GpuArrayType("float32", (False,), "pickle_dev")("g")
+            f = function([g, x], T.exp(g) + x, name="on_gpu")
+            assert any("Gpu" in type(n.op).__name__ for n in f.maker.fgraph.toposort())
+            blob = pickle.dumps(f)
+            again = pickle.loads(blob)  # re-linked where the context is in use
+            assert [type(n.op).__name__ for n in again.maker.fgraph.toposort()] == \
+                [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+        with pytest.raises(RuntimeError, match="'on_gpu'.*GPU context 'pickle_dev'.*not in use"):
+            pickle.loads(blob)

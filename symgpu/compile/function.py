@@ -244,6 +244,7 @@ def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
                       profile: tuple | None) -> Function:
     """Unpickling: re-link the pickled (already rewritten) graph; the kernel caches make
     this fast. A profiled function comes back profiled, into fresh statistics."""
+    _check_contexts(maker, name)
     t0 = time.perf_counter()
     fn = Function(maker, name)
     maker.link_time = time.perf_counter() - t0
@@ -255,6 +256,27 @@ def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
         stats = ProfileStats(atexit_print=atexit_print, message=message, memory=memory)
     _attach_profile(fn, stats)
     return fn
+
+
+def _check_contexts(maker: FunctionMaker, name: str | None) -> None:
+    """Refuse to re-link a graph compiled for a GPU context that is not in use here (its
+    shared values load as host values; the graph's GPU ops cannot run)."""
+    names = {v.type.context_name for v in maker.fgraph.variables
+             if hasattr(v.type, "context_name") and hasattr(v.type, "value_from_pickle")}
+    if not names:
+        return
+    from symgpu.gpu import context as gctx
+    from symgpu.gpu.type import default_context_active
+    missing = [n for n in names if n not in gctx.context_names()
+               and not (n is None and default_context_active())]
+    if missing:
+        where = ", ".join("the default GPU context" if n is None else f"GPU context {n!r}"
+                          for n in missing)
+        raise RuntimeError(
+            f"cannot load {'function ' + repr(name) if name else 'a function'}: it was "
+            f"compiled for {where}, which is not in use here. Shared variables pickled with it "
+            "load as host values: pickle them on their own (or with symgpu.misc.pkl_utils) and "
+            "compile the function again on this machine")
 
 
 class _Missing:
