@@ -8,10 +8,11 @@ with a non-blocking lock (tens of nanoseconds) and only when the lock is taken (
 thread is inside, or a callback re-enters the function) does it take a spare frame from a
 small pool, linking a new one on demand (the kernel caches make a re-link cheap).
 
-Shared values are read into the frame's own cells at the start of a call. The shared
-variables a function updates are locked for the call (reading their values, running,
-writing the updates), in one global order (`Container.order`) so that two functions
-updating overlapping sets cannot deadlock; see docs/threads.md.
+Shared values a function only reads are read into the frame's own cells at the start of a
+call (one consistent state per call). The shared variables a function updates are locked for
+the call (reading their values in place, running, writing the updates), in one global order
+(`Container.order`) so that two functions updating overlapping sets cannot deadlock; see
+docs/threads.md.
 """
 from __future__ import annotations
 
@@ -85,8 +86,15 @@ def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
     `Function.copy(share_memory=True)`), thunks bound to them by the mode's linker."""
     fg = layout.fgraph
     storage_map: dict[Variable, list] = dict(share or {})
-    for var in fg.inputs:
-        storage_map[var] = [None]
+    n_in = layout.n_explicit
+    for i, var in enumerate(fg.inputs):
+        k = i - n_in
+        # an updated shared value is read in place (every frame, under its lock, so one call
+        # at a time): a GPU runner may then copy an update back into its buffer, as it checks
+        # by reference counts (gpu/graph_segment.py); other shared values are read into the
+        # frame's own cell, once per call
+        storage_map[var] = (layout.containers[k].storage if k in layout.updated_positions
+                            else [None])
     vm = layout.mode.link(fg, storage_map)  # DebugMode links a checking VM
     if primary and lock is None:
         lock = [None]  # the frame's token: see _generate
@@ -127,8 +135,6 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         if k not in updated:
             lines.append(f"{ind}h{k}[0] = H{k}[0]")
     body = []
-    for k in sorted(updated):
-        body.append(f"h{k}[0] = H{k}[0]")
     if type(vm).__call__ is VM.__call__:  # not a checking VM (DebugMode): skip its dispatch
         body += ["if vm.profiler is None and vm.runner is None:", "    run()",
                  "else:", "    vm()"]
@@ -162,7 +168,7 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         if v.owner is not None and id(cell) not in seen:
             seen.add(id(cell))
             clear.append(cell)
-    clear += frame.shared_cells
+    clear += [c for k, c in enumerate(frame.shared_cells) if k not in updated]
     tail = []
     for z, cell in enumerate(clear):
         ns[f"z{z}"] = cell
