@@ -140,6 +140,30 @@ def _cases():
         return [f, i, b], [f * i, i // 3, i % 3, T.invert(b), b & 6, f.sum(dtype="float64"),
                            T.isnan(f), T.cast(f, "bool")], [vf, vi, vb]
 
+    @add("blas_matmul_broadcast_gradstops")
+    def _():
+        from symgpu.gradient import disconnected_grad, zero_grad
+        from symgpu.tensor.type import TensorType
+        a, va = _m("a", (3, 4), 0)
+        b, vb = _m("b", (4, 5), 1)
+        c, vc = _m("c", (3, 5), 3)
+        t = T.dtensor3("t")
+        vt = rng(7).standard_normal((2, 3, 3))
+        r = T.dmatrix("r")
+        vr = rng(8).standard_normal((1, 5))
+        y = T.lvector("y")
+        x = a.dimshuffle(0, 1)
+        cost = T.nnet.categorical_crossentropy(T.nnet.softmax(x), y).sum()
+        return [a, b, c, t, r, y], [
+            (c * 2) + T.dot(a, b) * 0.5,                      # Gemm into an intermediate
+            T.matmul(t, t),                                   # batched MatMul
+            T.specify_broadcastable_as(r, TensorType("float64", (True, False))) + c,
+            T.specify_broadcastable_as(T.specify_broadcastable_as(
+                r, TensorType("float64", (True, False))), TensorType("float64", (False, False))),
+            T.grad(cost, a),                                  # crossentropy's gradient op
+            zero_grad(a) * 2 + disconnected_grad(a),
+        ], [va, vb, vc, vt, vr, np.array([0, 3, 1])]
+
     return cases
 
 
@@ -151,6 +175,33 @@ def _check_same(got, expected):
     for g, e in zip(got, expected):
         assert np.asarray(g).dtype == np.asarray(e).dtype
         np.testing.assert_array_equal(g, e)
+
+
+def test_the_cases_cover_every_host_op_class():
+    """Every concrete Op class of the host packages appears in a case above (a new op needs
+    a case in `_cases`, so that its pickling is tested)."""
+    import importlib
+    from symgpu.graph.basic import ancestors
+    from symgpu.graph.op import Op
+    for m in ("math", "nnet", "shape", "basic", "blas", "subtensor", "elemwise"):
+        importlib.import_module(f"symgpu.tensor.{m}")
+    importlib.import_module("symgpu.gradient")
+
+    def subclasses(c):
+        for s in c.__subclasses__():
+            yield s
+            yield from subclasses(s)
+
+    host = {c for c in subclasses(Op) if c.__module__.startswith(("symgpu.tensor", "symgpu.gradient"))}
+    concrete = {c for c in host if not any(issubclass(o, c) and o is not c for o in host)}
+    seen = set()
+    for make in CASES.values():
+        for mode in ("FAST_RUN", "FAST_COMPILE"):
+            ins, outs, _ = make()
+            seen |= {type(n.op) for n in function(ins, outs, mode=mode).maker.fgraph.toposort()}
+            seen |= {type(v.owner.op) for v in ancestors(outs) if v.owner is not None}
+    missing = sorted(f"{c.__module__}.{c.__name__}" for c in concrete - seen)
+    assert not missing, f"add pickling cases for: {missing}"
 
 
 @pytest.mark.parametrize("name", SCALAR_CASES)
