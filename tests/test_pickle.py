@@ -475,3 +475,21 @@ def test_gpu_function_loads_only_where_its_context_is_in_use():
                 [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
         with pytest.raises(RuntimeError, match="'on_gpu'.*GPU context 'pickle_dev'.*not in use"):
             pickle.loads(blob)
+
+
+def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
+    from symgpu.config import config
+    from symgpu.gpu.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        a, b = T.fmatrix("a"), T.fmatrix("b")
+        y, i = T.lvector("y"), T.lvector("i")
+        p = T.nnet.softmax(T.dot(a, b))
+        cost = T.nnet.categorical_crossentropy(p, y).mean()
+        outs = [p, cost, a.sum(axis=0), a[i], T.inc_subtensor(a[i], 1.0),
+                a.T.reshape((-1,)), T.concatenate([a, a]), T.grad(cost, b),
+                T.argmax(a, axis=1), T.outer(a[0], a[1]) + a[:2, :2]]
+        f = function([a, b, y, i], outs)
+        names = sorted(type(n.op).__name__ for n in f.maker.fgraph.toposort())
+        assert sum(n.startswith("Gpu") for n in names) >= 10
+        g = pickle.loads(pickle.dumps(f))
+        assert sorted(type(n.op).__name__ for n in g.maker.fgraph.toposort()) == names
