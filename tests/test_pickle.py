@@ -234,6 +234,11 @@ def test_graphs_of_every_op_family_round_trip(name):
     ins2, outs2 = roundtrip((ins, outs))
     assert [str(v.type) for v in outs2] == [str(v.type) for v in outs]
     _check_same(function(ins2, outs2)(*vals), expected)
+    # a rewritten FunctionGraph (with its destroy handler) pickles as well
+    fg = function(ins, outs).maker.fgraph
+    fg2 = roundtrip(fg)
+    assert sorted(map(str, fg2.toposort())) == sorted(map(str, fg.toposort()))
+    fg2.check_integrity()
 
 
 @pytest.mark.parametrize("value", [np.arange(6.0).reshape(2, 3), np.float32(1.5), np.int64(3),
