@@ -188,4 +188,24 @@ def test_borrowed_outputs_and_reentrant_calls():
             np.testing.assert_array_equal(f(a + k), (a + k) * 2)
 
     run_threads(work)
-    assert f.n_frames <= 1 + 4  # spares beyond the pool's size are dropped
+    assert f.n_frames <= 1 + N_THREADS  # one frame per call in flight at most
+
+
+def test_spare_frames_beyond_the_pool_are_dropped(monkeypatch):
+    from symgpu.compile import frames
+    monkeypatch.setattr(frames, "SPARE_FRAMES", 2)
+    x = T.dvector("x")
+    f = function([x], x * 3)
+    f._frame.lock.pop()  # the primary frame is busy (as while another thread is inside)
+    try:
+        np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])  # runs in a spare frame
+        assert f.n_frames == 2
+        taken = [f._take_spare() for _ in range(4)]  # four calls in flight at once
+        assert len({id(t) for t in taken}) == 4
+        for t in taken:
+            np.testing.assert_array_equal(t.caller(f._filters, None)(np.ones(2)), [3.0, 3.0])
+            f._give_back(t)
+    finally:
+        f._frame.lock.append(None)
+    assert f.n_frames == 1 + 2  # two kept, the others dropped
+    np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])

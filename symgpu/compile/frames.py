@@ -23,8 +23,10 @@ from symgpu.graph.fg import FunctionGraph
 
 __all__ = ["Layout", "Frame", "link_frame", "SPARE_FRAMES"]
 
-#: spare frames a function keeps for concurrent calls (more are linked on demand and dropped)
-SPARE_FRAMES = 4
+#: spare frames a function keeps for concurrent calls (more are linked on demand and dropped
+#: after their call); an idle frame holds little memory (its cells are emptied after each
+#: call, unless allow_gc is off), and a call that finds none spare pays a re-link
+SPARE_FRAMES = 8
 
 
 class Layout:

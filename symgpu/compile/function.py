@@ -6,7 +6,8 @@ import time
 import warnings
 from typing import Any, Callable, Sequence
 
-from symgpu.compile.frames import SPARE_FRAMES, Layout, link_frame
+from symgpu.compile import frames as _frames
+from symgpu.compile.frames import Layout, link_frame
 from symgpu.compile.io import In, Out
 from symgpu.compile.mode import Mode, get_mode
 from symgpu.compile.sharedvalue import SharedVariable
@@ -204,7 +205,7 @@ class Function:
         return frame
 
     def _give_back(self, frame) -> None:
-        if len(self._spares) < SPARE_FRAMES:
+        if len(self._spares) < _frames.SPARE_FRAMES:
             self._spares.append(frame)
 
     @property
