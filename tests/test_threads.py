@@ -209,3 +209,24 @@ def test_spare_frames_beyond_the_pool_are_dropped(monkeypatch):
         f._frame.lock.append(None)
     assert f.n_frames == 1 + 2  # two kept, the others dropped
     np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])
+
+
+def test_keyword_and_trusted_calls_from_threads():
+    x, y = T.dvector("x"), T.dvector("y")
+    f = function([x, y], T.tanh(x) - y)
+    g = function([x, y], T.tanh(x) - y)
+    g.trust_input = True
+    data = [(np.full(16, k / 8.0), np.full(16, k / 4.0)) for k in range(N_THREADS)]
+    expected = [f(a, b) for a, b in data]
+    bad = []
+
+    def work(k):
+        a, b = data[k]
+        for _ in range(400):
+            r1 = f(y=b, x=a)
+            r2 = g(a, b)
+            if not (np.array_equal(r1, expected[k]) and np.array_equal(r2, expected[k])):
+                bad.append(k)
+
+    run_threads(work)
+    assert bad == []
