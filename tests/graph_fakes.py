@@ -28,6 +28,7 @@ class FakeDriver:
         self.capturing = False
         self.recorded: list = []
         self.launches = 0
+        self.uploads = 0
         self.fail_next_capture = False
 
     def launch_kernel(self, fn) -> None:
@@ -79,6 +80,12 @@ class FakeDriver:
         def k():
             MEM[d][:n] = MEM[s_][:n]
         self.launch_kernel(k)
+
+    def upload(self, ptr, data, stream):
+        """A parameter block's bytes (graph_params.py): never while capturing."""
+        assert not self.capturing
+        self.uploads += 1
+        MEM[ptr].view(np.uint8)[: len(data)] = np.frombuffer(data, np.uint8)
 
     def to_host(self, arrays):
         return [read(a) if a.size else np.empty(a.shape, a.dtype) for a in arrays]
@@ -252,3 +259,135 @@ def call(vm, out_vars):
     for v in out_vars:
         vm.storage_map[v][0] = None
     return res
+
+
+# ============================================================================ parameters
+
+def _slot_bytes(slot, n):
+    block, off = slot
+    return MEM[block.ptr].view(np.uint8)[off:off + n]
+
+
+class FakeDynSlice(Op):
+    """x[start:stop] of a fake device vector, copied (fake memory has no views), speaking the
+    parameter protocol of symgpu/gpu/graph_params.py: under a capture with a slot, the
+    recorded kernel reads start from the parameter block at replay."""
+
+    __props__ = ()
+
+    def make_node(self, x, start, stop):
+        from symgpu.tensor.type import as_tensor_variable
+        return Apply(self, [x, as_tensor_variable(start), as_tensor_variable(stop)],
+                     [x.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.elemwise import new_array
+        xc, sc, ec = (storage_map[v] for v in node.inputs)
+        out = storage_map[node.outputs[0]]
+        ctx, drv = CTX_OBJ, DRV
+
+        class Thunk:
+            capturable = True
+            launches = True
+            param_nbytes = 8
+            param_slot = None
+
+            def bounds(self):
+                x = xc[0]
+                start, stop, _ = slice(int(sc[0]), int(ec[0])).indices(x.size)
+                return x, start, max(stop - start, 0)
+
+            def param_values(self):
+                _, start, n = self.bounds()
+                return n, np.int64(start).tobytes()
+
+            def __call__(self):
+                x, start, n = self.bounds()
+                o = new_array(ctx, (n,), np.dtype("float32"))
+                xp, op_, slot = x.ptr, o.ptr, self.param_slot
+                if n:
+                    if slot is None:
+                        def k():
+                            MEM[op_][:n] = MEM[xp][start:start + n]
+                    else:
+                        def k():
+                            s0 = int(_slot_bytes(slot, 8).view(np.int64)[0])
+                            MEM[op_][:n] = MEM[xp][s0:s0 + n]
+                    drv.launch_kernel(k)
+                out[0] = o
+        return Thunk()
+
+
+class FakeScalarUp(Op):
+    """A host float scalar filled into a fake device vector of length ``n`` (GpuFromHost of a
+    scalar, broadcast), speaking the parameter protocol: captured, it reads the value from the
+    parameter block."""
+
+    __props__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def make_node(self, s):
+        from symgpu.gpu.type import GpuArrayType
+        from symgpu.tensor.type import as_tensor_variable
+        return Apply(self, [as_tensor_variable(s)], [GpuArrayType("float32", (False,), CTX)()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.graph_params import pack_scalar
+        sc = storage_map[node.inputs[0]]
+        out = storage_map[node.outputs[0]]
+        ctx, drv, n = CTX_OBJ, DRV, self.n
+
+        class Thunk:
+            capturable = True
+            launches = True
+            param_nbytes = 8
+            param_slot = None
+
+            def param_values(self):
+                return (), pack_scalar(sc[0], "float32")
+
+            def __call__(self):
+                o = new_array(ctx, (n,), np.dtype("float32"))
+                optr, slot, value = o.ptr, self.param_slot, float(sc[0])
+                if slot is None:
+                    def k():
+                        MEM[optr][:n] = value
+                else:
+                    def k():
+                        MEM[optr][:n] = _slot_bytes(slot, 4).view(np.float32)[0]
+                drv.launch_kernel(k)
+                out[0] = o
+        return Thunk()
+
+
+class FakeHostScale(Op):
+    """x * s for a host scalar s passed as a kernel argument: no parameter protocol, so s
+    stays in the graph's key by value."""
+
+    __props__ = ()
+
+    def make_node(self, x, s):
+        from symgpu.tensor.type import as_tensor_variable
+        return Apply(self, [x, as_tensor_variable(s)], [x.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.elemwise import new_array
+        xc, sc = storage_map[node.inputs[0]], storage_map[node.inputs[1]]
+        out = storage_map[node.outputs[0]]
+        ctx, drv = CTX_OBJ, DRV
+
+        def thunk():
+            x, s = xc[0], float(sc[0])
+            o = new_array(ctx, x.shape, np.dtype("float32"))
+            xp, op_, n = x.ptr, o.ptr, x.size
+
+            def k():
+                MEM[op_][:n] = MEM[xp][:n] * s
+            drv.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = True
+        thunk.launches = True
+        return thunk

@@ -21,13 +21,14 @@ from typing import Any
 import numpy as np
 
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.basic_ops import GpuFromHost, as_gpuarray_variable
 from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
                                       sync_check_reason)
+from symgpu.gpu.graph_params import arange_from_params, pack_int64, slot_ptr
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
@@ -304,6 +305,12 @@ class GpuARange(Op):
                                    step, n)
         out[0][0] = res
 
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform``, and the parameter protocol of symgpu/gpu/graph_params.py: under a
+        capture with a slot, start and step are read from the graph's parameter block (the
+        length stays in the graph's key), so one graph serves every start."""
+        return _ARangeThunk(self, node, storage_map, compute_map)
+
     def infer_shape(self, fgraph, node, input_shapes):
         start, stop, step = node.inputs
         from symgpu.tensor.math import cast, ceil, maximum
@@ -312,6 +319,43 @@ class GpuARange(Op):
 
     def grad(self, inputs, output_grads):
         return [None, None, None]
+
+
+class _ARangeThunk(PerformThunk):
+    """GpuARange's thunk (see GpuARange.make_thunk)."""
+
+    __slots__ = ("param_slot",)
+    capturable = True
+    launches = True
+    param_nbytes = 16   # start, step as int64
+
+    def __init__(self, op: GpuARange, node: Apply, storage_map: dict, compute_map: dict):
+        super().__init__(op, node, storage_map, compute_map)
+        self.param_slot: tuple | None = None
+
+    def _args(self) -> tuple[int, int, int]:
+        start, stop, step = (int(c[0]) for c in self.inputs)
+        if step == 0:
+            raise ValueError(f"{self.op}: arange step must not be zero")
+        return start, step, len(range(start, stop, step))
+
+    def param_values(self) -> tuple[int, bytes]:
+        """(the length, start and step)."""
+        start, step, n = self._args()
+        return n, pack_int64(start, step)
+
+    def __call__(self) -> None:
+        slot = self.param_slot
+        if slot is None:
+            self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
+            return
+        from symgpu.gpu.array import GpuArray
+        from symgpu.gpu.context import get_context
+        _, _, n = self._args()
+        ctx = get_context(self.op.context_name)
+        res = GpuArray((n,), self.op.dtype, ctx)
+        arange_from_params(ctx, res.ptr, slot_ptr(slot), n, self.op.dtype)
+        self.outputs[0][0] = res
 
 
 # ----------------------------------------------------------------------------- lifting

@@ -17,6 +17,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op, PerformThunk
+from symgpu.gpu.graph_params import pack_scalar, slot_ptr
 from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.transfer import TransferError, register_transfer
@@ -131,7 +132,10 @@ class GpuFromHost(Op):
 class _ScalarUploadThunk(PerformThunk):
     """GpuFromHost of a one-element value: a pool block set with memsets (see make_thunk)."""
 
-    __slots__ = ("ctx", "shape", "dtype", "device_array", "new_array")
+    # param_*: symgpu/gpu/graph_params.py: under a capture with a slot, the value is copied
+    # on the device from the graph's parameter block, so one graph serves every value
+    __slots__ = ("ctx", "shape", "dtype", "device_array", "new_array", "param_slot",
+                 "param_nbytes")
     capturable = True
     launches = True
 
@@ -143,14 +147,31 @@ class _ScalarUploadThunk(PerformThunk):
         self.shape = (1,) * node.inputs[0].ndim
         self.dtype = np.dtype(node.outputs[0].dtype)
         self.device_array, self.new_array = GpuArray, new_array
+        self.param_slot: tuple | None = None
+        self.param_nbytes = -(-self.dtype.itemsize // 8) * 8
+
+    def param_values(self) -> tuple[tuple, bytes]:
+        """(nothing for the key, the value's bytes); a device array fed to the input makes
+        the segment run plainly (its value cannot be packed)."""
+        x = self.inputs[0][0]
+        if isinstance(x, self.device_array):
+            raise TypeError("a device array fed to a host input")
+        return (), pack_scalar(x, self.dtype)
 
     def __call__(self) -> None:
         x = self.inputs[0][0]
         if isinstance(x, self.device_array):   # a device array fed to the input: plain path
             self.perform(self.node, [x], self.outputs)
             return
-        value = np.asarray(x, dtype=self.dtype)
         out = self.new_array(self.ctx, self.shape, self.dtype)
+        slot = self.param_slot
+        if slot is not None:                   # capturing: read from the parameter block
+            import pycuda.driver as drv
+            drv.memcpy_dtod_async(out.ptr, slot_ptr(slot), self.dtype.itemsize,
+                                  self.ctx.stream)
+            self.outputs[0][0] = out
+            return
+        value = np.asarray(x, dtype=self.dtype)
         out.fill(value.reshape(()))
         self.outputs[0][0] = out
         _count("host_to_gpu", self.dtype.itemsize)

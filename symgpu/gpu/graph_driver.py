@@ -44,6 +44,11 @@ class CudaGraphDriver:
         # the replay call: PyDLL (the GIL stays held, no argument conversion: c_void_p in)
         self._launch = libcuda.declare(libcuda.pydll(), "cuGraphLaunch", None)
         self.error, self.check = libcuda.error_string, libcuda.check
+        # a graph's parameter block (graph_params.py): pageable host memory, whose bytes the
+        # driver has taken when the call returns; ordered on the stream before the launch
+        self._htod = libcuda.declare(libcuda.pydll(), "cuMemcpyHtoDAsync_v2",
+                                     [ctypes.c_uint64, ctypes.c_char_p, ctypes.c_size_t,
+                                      ctypes.c_void_p])
 
     def begin(self, stream: int) -> None:
         self.check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream),
@@ -71,6 +76,12 @@ class CudaGraphDriver:
         """A zero-argument replay call returning the CUresult."""
         launch, s = self._launch, ctypes.c_void_p(stream)
         return lambda: launch(exe, s)
+
+    def upload(self, ptr: int, data: bytes, stream: int) -> None:
+        """Queue a copy of ``data`` to device address ``ptr`` on ``stream``."""
+        status = self._htod(ptr, data, len(data), stream)
+        if status:
+            self.check(status, "cuMemcpyHtoDAsync (graph parameters)")
 
     def destroy(self, exe: Any, graph: Any) -> None:
         if exe is not None and exe.value:

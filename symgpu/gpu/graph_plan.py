@@ -134,15 +134,28 @@ def _host_key(v: Any) -> Any:
     raise Unkeyable(f"a host value of type {type(v).__name__}")
 
 
-def make_keyer(is_gpu: Sequence[bool]) -> Callable[[list], tuple]:
+def make_keyer(is_gpu: Sequence[bool],
+               params: Sequence[bool] | None = None) -> Callable[[list], tuple]:
     """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
     (pointer, shape, strides); host values their dtype, shape and bytes (scalars: type and
-    value).  Raises :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
+    value), except those marked in ``params``: parameters of the graph (graph_params.py),
+    whose values are written into its parameter block instead and only count through the
+    key parts of the nodes reading them.  Raises :class:`Unkeyable` (or AttributeError for
+    a value of the wrong kind)."""
     gpu = tuple(bool(g) for g in is_gpu)
+    skip = tuple(bool(p) for p in params) if params is not None else (False,) * len(gpu)
     if all(gpu):
         def key_gpu(vals: list) -> tuple:
             return tuple([(v.ptr, v.shape, v.strides) for v in vals])
         return key_gpu
+    if any(skip):
+        kinds = tuple(0 if g else (2 if p else 1) for g, p in zip(gpu, skip))
+
+        def key_params(vals: list) -> tuple:
+            return tuple([(v.ptr, v.shape, v.strides) if k == 0 else
+                          (_host_key(v) if k == 1 else None)
+                          for v, k in zip(vals, kinds)])
+        return key_params
 
     def key(vals: list) -> tuple:
         return tuple([(v.ptr, v.shape, v.strides) if g else _host_key(v)

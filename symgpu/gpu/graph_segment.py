@@ -90,7 +90,9 @@ class Segment:
                  in_cells: list[list], in_gpu: list[bool], const_values: list[Any],
                  out_cells: list[list], produced_cells: list[list],
                  internal_cells: list[list], ctx: Any,
-                 copy_back: Sequence[tuple[list, int]] = ()) -> None:
+                 copy_back: Sequence[tuple[list, int]] = (),
+                 param_thunks: Sequence[Any] = (),
+                 param_inputs: Sequence[bool] | None = None) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -105,7 +107,17 @@ class Segment:
         dead_ids = {id(c) for _, _, d in items for c in d}
         self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
         self.dead = [c for _, _, d in items for c in d]
-        self.key = make_keyer(in_gpu)
+        self.key = make_keyer(in_gpu, param_inputs)
+        #: nodes reading host scalars from the parameter block when captured (graph_params.py)
+        self.param_thunks = list(param_thunks)
+        self.param_offsets: list[int] = []
+        size = 0
+        for t in self.param_thunks:
+            self.param_offsets.append(size)
+            size += int(t.param_nbytes)
+        self.param_size = size
+        self.param_block: Any = None     # a pool block, taken at the first capture
+        self.params = b""                # this call's parameter bytes
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
@@ -120,7 +132,9 @@ class Segment:
             vals = [c[0] for c in self.in_cells]
             try:
                 key = self.key(vals)
-            except Exception:
+                if self.param_thunks:
+                    key = (key, self._param_key())
+            except Exception:   # unkeyable or bad input: the plain run raises the node's error
                 key = None
             if key is not None:
                 graphs = self.graphs.get(key)
@@ -147,6 +161,25 @@ class Segment:
             self._plain_call(vals)
             return
         self._plain()
+
+    def _param_key(self) -> tuple:
+        """The parameter nodes' key parts; their bytes go to ``self.params``."""
+        parts = []
+        raws = []
+        for t in self.param_thunks:
+            part, raw = t.param_values()
+            parts.append(part)
+            raws.append(raw)
+        params = b"".join(raws)
+        if len(params) != self.param_size:
+            raise ValueError(f"parameter bytes: {len(params)}, slots: {self.param_size}")
+        self.params = params
+        return tuple(parts)
+
+    def _upload_params(self) -> None:
+        """One stream-ordered host-to-device copy of this call's parameters."""
+        if self.param_thunks:
+            self.runner.driver.upload(self.param_block.ptr, self.params, self.ctx.stream_handle)
 
     def _plain_call(self, vals: list) -> None:
         self._plain()
@@ -191,6 +224,8 @@ class Segment:
 
     def _replay(self, g: _Graph, vals: list) -> None:
         self.current = self.items[0][0]
+        if self.param_thunks:
+            self._upload_params()
         status = g.launch()
         if status:
             g.drv.check(status, "cuGraphLaunch")
@@ -287,6 +322,12 @@ class Segment:
                 return
             self._restore(vals, snap)
         backs = [j for _, j in self.copy_back if self._exclusive(vals, (j,))]
+        if self.param_thunks and self.param_block is None:
+            try:
+                self.param_block = pool.allocate(self.param_size)
+            except Exception as exc:
+                self._give_up(exc, vals, snap)
+                return
         for c in self.produced_cells:
             c[0] = None
         sink: list = []
@@ -304,6 +345,8 @@ class Segment:
         err: BaseException | None = None
         copied: list[int] = []
         try:
+            for t, off in zip(self.param_thunks, self.param_offsets):
+                t.param_slot = (self.param_block, off)
             for idx, thunk, _dead in self.items:  # cells die at the end: a failed capture
                 self.current = idx                # runs again plainly from the same inputs
                 thunk()
@@ -315,6 +358,8 @@ class Segment:
         except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
             err = exc
         finally:
+            for t in self.param_thunks:
+                t.param_slot = None
             try:
                 graph, end_err = drv.end(stream)
             finally:
@@ -345,6 +390,7 @@ class Segment:
             self._give_up(None, vals, snap, why="an output the graph cannot rebuild")
             return
         launch = drv.launcher(exe, stream)
+        self._upload_params()
         status = launch()
         if status:
             drv.check(status, "cuGraphLaunch (first replay)")

@@ -265,10 +265,12 @@ class Runner:
                     sum(1 for n, _ in updates if n is new) == 1 and \
                     not any(_aliases(v, old) for v in readers if v is not new):
                 copy_back.append((sm[new], inputs.index(old)))
+        param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
-                      [sm[v] for v in internal], self.ctx, copy_back)
+                      [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
+                      param_inputs)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         return seg
 
@@ -309,6 +311,30 @@ class Runner:
             out["graphs"] += s.n_graphs
             out["nodes_captured"] = max(out["nodes_captured"], s.nodes_captured)
         return out
+
+
+def _parameters(idx: list[int], nodes: list, thunks: list,
+                inputs: list) -> tuple[list, list[bool]]:
+    """A segment's parameter nodes and which of its inputs are parameters (graph_params.py).
+
+    A node takes part when its thunk speaks the protocol (``param_nbytes``) and each of its
+    inputs is a segment input or a constant (its values are known before the segment runs).
+    A host input is a parameter (left out of the key) when every node of the segment that
+    reads it takes part; otherwise its value stays in the key."""
+    from symgpu.graph.basic import Constant
+    known = set(inputs)
+    active = set()
+    for i in idx:
+        if getattr(thunks[i], "param_nbytes", None) and all(
+                v in known or isinstance(v, Constant) for v in nodes[i].inputs):
+            active.add(i)
+    readers: dict = {}
+    for i in idx:
+        for v in nodes[i].inputs:
+            readers.setdefault(v, set()).add(i)
+    mask = [not _is_gpu_var(v) and bool(readers.get(v)) and readers[v] <= active
+            for v in inputs]
+    return [thunks[i] for i in idx if i in active], mask
 
 
 # ============================================================================ installing

@@ -13,9 +13,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.copykernel import INC_DTYPES, strided_inc
+from symgpu.gpu.graph_params import dyn_slice_copy, pack_int64, slot_ptr
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.basic import join_broadcastable
@@ -82,6 +83,13 @@ class GpuSubtensor(Op):
         except IndexError as exc:
             raise IndexError(f"{self}: {exc} (indexing an array of shape {x.shape})") from None
 
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """A thunk CUDA graphs may capture (symgpu/gpu/graphs.py): a view on the host, and
+        under a capture with a parameter slot (symbolic bounds, symgpu/gpu/graph_params.py)
+        a copy of the slice whose offset the kernel reads from the graph's parameter block,
+        so one graph serves every value of the bounds (JAX's dynamic_slice)."""
+        return _SliceThunk(self, node, storage_map, compute_map)
+
     def grad(self, inputs, output_grads):
         x, rest = inputs[0], inputs[1:]
         if not x.dtype.startswith("float"):
@@ -90,6 +98,51 @@ class GpuSubtensor(Op):
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
         return [GpuIncSubtensor(self.idx_list)(zeros, gz, *rest)] + [None] * len(rest)
+
+
+class _SliceThunk(PerformThunk):
+    """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
+    symgpu/gpu/graph_params.py when its bounds are symbolic."""
+
+    __slots__ = ("param_slot", "param_nbytes", "ctx")
+    capturable = True   # a view (host bookkeeping), or one launch under a capture
+    launches = False
+
+    def __init__(self, op: GpuSubtensor, node: Apply, storage_map: dict, compute_map: dict):
+        super().__init__(op, node, storage_map, compute_map)
+        self.param_slot: tuple | None = None
+        if len(node.inputs) > 1:
+            self.param_nbytes = 8   # the slice's byte offset from x's pointer
+        self.ctx = None
+
+    def _view(self) -> tuple[Any, Any, bool]:
+        op = self.op
+        x = self.inputs[0][0]
+        key = _index_key(op.idx_list, op._const, [c[0] for c in self.inputs[1:]])
+        if Ellipsis not in key:
+            key = key + (Ellipsis,)
+        try:
+            view, reversed_ = x._basic_view(key)
+        except IndexError as exc:
+            raise IndexError(f"{op}: {exc} (indexing an array of shape {x.shape})") from None
+        return x, view, reversed_
+
+    def param_values(self) -> tuple[tuple, bytes]:
+        """(the slice's shape and strides, its byte offset from x's pointer)."""
+        x, view, _ = self._view()
+        return (view.shape, view.strides), pack_int64(view.ptr - x.ptr)
+
+    def __call__(self) -> None:
+        slot = self.param_slot
+        if slot is None:
+            self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
+            return
+        from symgpu.gpu.elemwise import new_array
+        x, view, _ = self._view()
+        out = new_array(x.context, view.shape, view.dtype)
+        dyn_slice_copy(x.context, x.ptr, slot_ptr(slot), out.ptr, view.shape, view.strides,
+                       out.strides, view.itemsize)
+        self.outputs[0][0] = out
 
 
 # ----------------------------------------------------------------------------- GpuIncSubtensor

@@ -1,0 +1,279 @@
+"""Host scalars as CUDA-graph parameters (symgpu/gpu/graph_params.py): one capture serves
+every value of an index, a learning rate or a slice offset; shapes still key graphs.
+
+CPU tests drive the runner with the fakes of tests/graph_fakes.py (a recorded "kernel"
+reads the parameter block at replay, as a real one reads device memory); the GPU tests
+(``requires_gpu``) check cycling indices and learning rates against NumPy on a device.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_fakes as fakes
+from graph_fakes import (FakeDynSlice, FakeHostScale, FakeKernelOp, FakeScalarUp, add1, call,
+                         gvec, read, upload)
+from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc, thunk_over
+from symgpu.config import config
+from symgpu.graph.fg import FunctionGraph
+from symgpu.gpu import graphs
+from symgpu.link.vm import link
+from symgpu.tensor.type import TensorType
+
+
+@pytest.fixture(autouse=True)
+def fake_gpu(monkeypatch):
+    yield from fakes.use_fake_gpu(monkeypatch)
+
+
+def linked(inputs, outputs, values):
+    fg = FunctionGraph(inputs, outputs, clone=False)
+    fg.update_mapping = {}
+    storage = {v: [x] for v, x in zip(inputs, values)}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, storage, allow_gc=True)
+    return vm
+
+
+def iscalar():
+    return TensorType("int64", ())()
+
+
+def fscalar():
+    return TensorType("float32", ())()
+
+
+DATA = np.arange(60, dtype="float32") * 0.5
+
+
+def test_one_capture_serves_every_index_value():
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(x, i, j))
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
+    seg = vm.runner.segments[0]
+    assert len(seg.param_thunks) == 1 and seg.param_size == 8
+    for k in [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3:
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[k:k + 5] + 1)
+        del r
+    st = vm.runner.stats()
+    assert st["plain"] == 1 and st["captures"] == 1 and st["replays"] == 28, st
+    assert st["graphs"] == 1
+    # one parameter upload per launch of the graph, none while capturing
+    assert fakes.DRV.uploads == fakes.DRV.launches == 29
+
+
+def test_learning_rate_and_index_together_one_graph():
+    x, i, j, lr = gvec(), iscalar(), iscalar(), fscalar()
+    sl = FakeDynSlice()(x, i, j)
+    y = FakeKernelOp("mul", lambda a, b: a * b)(sl, FakeScalarUp(4)(lr))
+    vm = linked([x, i, j, lr], [y], [upload(fakes.CTX_OBJ, DATA), 0, 4, 1.0])
+    rng = np.random.default_rng(0)
+    for step in range(25):
+        k, rate = int(rng.integers(0, 50)), np.float32(rng.random())
+        cells = vm.storage_map
+        cells[i][0], cells[j][0], cells[lr][0] = np.int64(k), np.int64(k + 4), rate
+        (r,) = call(vm, [y])
+        np.testing.assert_allclose(read(r), DATA[k:k + 4] * rate, rtol=1e-6)
+        del r
+    st = vm.runner.stats()
+    assert st["captures"] == 1 and st["replays"] == 23 and st["graphs"] == 1, st
+    assert len(vm.runner.segments[0].param_thunks) == 2
+
+
+def test_a_host_scalar_also_read_as_a_kernel_argument_stays_in_the_key():
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = FakeHostScale()(FakeDynSlice()(x, i, j), i)
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 3])
+    seg = vm.runner.segments[0]
+    ks = [1, 2, 3, 4] * 4
+    for k in ks:
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 3)
+        (r,) = call(vm, [y])
+        np.testing.assert_allclose(read(r), DATA[k:k + 3] * k)
+        del r
+    st = vm.runner.stats()
+    # i is in the key (a new value is a new graph); j only through the slice's length
+    assert st["graphs"] == 4 and st["captures"] == 4 and st["plain"] == 4, st
+    assert len(seg.param_thunks) == 1
+
+
+def test_shapes_still_key_graphs():
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(x, i, j))
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
+    for step in range(20):
+        k, n = step * 2, 3 if step % 2 else 6
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + n)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[k:k + n] + 1)
+        del r
+    st = vm.runner.stats()
+    assert st["graphs"] == 2 and st["replays"] == 16, st
+
+
+def test_plain_runs_and_failed_parameters_leave_no_slot_bound():
+    """A capture binds each parameter node to its slot only while recording."""
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(x, i, j))
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
+    seg = vm.runner.segments[0]
+    for k in range(4):
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        call(vm, [y])
+        assert all(t.param_slot is None for t in seg.param_thunks)
+    vm.storage_map[i][0] = "not an index"        # param_values raises: runs plainly, raises
+    with pytest.raises(Exception):
+        call(vm, [y])
+    vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(7), np.int64(12)
+    (r,) = call(vm, [y])
+    np.testing.assert_array_equal(read(r), DATA[7:12] + 1)
+    assert vm.runner.enabled
+
+
+# ============================================================================ the real ops
+
+@pytest.mark.parametrize("idx, values, shape", [
+    ((slice(0, 1, None),), (4, 9), (10, 3)),              # x[a:b]
+    ((slice(0, 1, None), 2), (1, 7, 3), (10, 5)),         # x[a:b, c]
+    ((0,), (-2,), (6, 4)),                                 # x[a] (negative)
+    ((slice(0, 1, 2),), (1, 9, 3), (12, 2)),              # x[a:b:c]
+])
+def test_dynamic_slice_parameters_match_numpy_views(idx, values, shape):
+    """GpuSubtensor's parameter: the byte offset of the NumPy view, its shape and strides."""
+    from gpu_helpers import FakeCtx, fake_gpu_array
+    from symgpu.gpu.subtensor import GpuSubtensor
+    from symgpu.gpu.type import GpuArrayType
+    ctx = FakeCtx()
+    syms = iter([TensorType("int64", ())() for _ in values])
+    x = GpuArrayType("float32", (False,) * len(shape), fakes.CTX)()
+    op = GpuSubtensor(_sym_idx(idx))
+    node = op.make_node(x, *[next(syms) for _ in values])
+    arr = fake_gpu_array(ctx, shape)
+    thunk, _ = thunk_over(node, [arr] + [np.int64(v) for v in values])
+    assert thunk.param_nbytes == 8 and thunk.capturable
+    (shp, strides), raw = thunk.param_values()
+    host = np.zeros(shape, "float32")
+    view = host[_np_index(idx, values)]
+    assert shp == view.shape and strides == view.strides
+    offset = view.__array_interface__["data"][0] - host.__array_interface__["data"][0]
+    assert np.frombuffer(raw, np.int64)[0] == offset
+
+
+def _sym_idx(idx):
+    from symgpu.tensor.subtensor import SYM, Slice
+    out = []
+    for e in idx:
+        if isinstance(e, slice):
+            out.append(Slice(*[None if p is None else SYM for p in (e.start, e.stop, e.step)]))
+        else:
+            out.append(SYM)
+    return tuple(out)
+
+
+def _np_index(idx, values):
+    it = iter(values)
+    out = []
+    for e in idx:
+        if isinstance(e, slice):
+            out.append(slice(*[None if p is None else next(it) for p in
+                               (e.start, e.stop, e.step)]))
+        else:
+            out.append(next(it))
+    return tuple(out)
+
+
+def test_an_out_of_range_integer_index_raises_from_the_parameters():
+    from gpu_helpers import FakeCtx, fake_gpu_array
+    from symgpu.gpu.subtensor import GpuSubtensor
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.tensor.subtensor import SYM
+    x = GpuArrayType("float32", (False, False), fakes.CTX)()
+    node = GpuSubtensor((SYM,)).make_node(x, TensorType("int64", ())())
+    thunk, _ = thunk_over(node, [fake_gpu_array(FakeCtx(), (4, 3)), np.int64(4)])
+    with pytest.raises(IndexError, match="GpuSubtensor"):
+        thunk.param_values()
+
+
+def test_arange_and_scalar_upload_parameters():
+    from symgpu.gpu.advanced_pairs import GpuARange
+    from symgpu.gpu.basic_ops import GpuFromHost
+    a, b, c = (TensorType("int64", ())() for _ in range(3))
+    node = GpuARange("int64", fakes.CTX).make_node(a, b, c)
+    thunk, _ = thunk_over(node, [np.int64(3), np.int64(20), np.int64(4)])
+    n, raw = thunk.param_values()
+    assert n == len(range(3, 20, 4)) and list(np.frombuffer(raw, np.int64)) == [3, 4]
+    s = TensorType("float32", ())()
+    up = GpuFromHost(fakes.CTX).make_node(s)
+    thunk, _ = thunk_over(up, [np.float32(0.25)])
+    key, raw = thunk.param_values()
+    assert key == () and len(raw) == thunk.param_nbytes == 8
+    assert np.frombuffer(raw[:4], np.float32)[0] == np.float32(0.25)
+
+
+@requires_nvcc
+def test_parameter_kernels_compile_for_sm90(tmp_path):
+    from symgpu.gpu.graph_params import PARAMS_SOURCE
+    cubin = compile_for_sm90(PARAMS_SOURCE, tmp_path)
+    for name in ("dyn_slice_copy_4", "dyn_slice_copy_8", "arange_dev_int64", "arange_dev_int32"):
+        assert name.encode() in cubin
+
+
+# ============================================================================ on the GPU
+
+@pytest.fixture
+def real_gpu(monkeypatch):
+    from gpu_helpers import real_default_gpu
+    monkeypatch.setattr(graphs, "_driver", None)      # the real driver
+    with config.change_flags(floatX="float32", **{"gpuarray.cuda_graphs": True}):
+        with real_default_gpu() as ctx:
+            yield ctx
+
+
+@requires_gpu
+def test_gpu_minibatch_cycling_index_and_learning_rate_one_graph(real_gpu):
+    import symgpu
+    import symgpu.tensor as T
+    rng = np.random.default_rng(1)
+    B, N = 8, 10
+    X = rng.standard_normal((B * N, 6)).astype("float32")
+    W = rng.standard_normal((6, 3)).astype("float32")
+    sx, w = symgpu.shared(X), symgpu.shared(W)
+    i, lr = T.lscalar("i"), T.fscalar("lr")
+    x = T.fmatrix("x")
+    cost = T.mean(T.tanh(T.dot(x, w)) ** 2)
+    f = symgpu.function([i, lr], cost, updates=[(w, w - lr * T.grad(cost, w))],
+                        givens={x: sx[i * B:(i + 1) * B]})
+    wn = W.astype("float64")
+    for step in range(3 * N):
+        k, rate = (step * 7) % N, 0.05 + 0.01 * (step % 4)
+        xb = X[k * B:(k + 1) * B].astype("float64")
+        h = np.tanh(xb @ wn)
+        want = np.mean(h ** 2)
+        g = xb.T @ (2 * h * (1 - h * h)) / h.size
+        got = f(k, rate)
+        np.testing.assert_allclose(got, want, rtol=2e-4, atol=1e-6)
+        wn = wn - np.float32(rate) * g
+        np.testing.assert_allclose(w.get_value(), wn, rtol=2e-3, atol=1e-5)
+    st = f.vm.runner.stats()
+    assert st["replays"] >= 2 * N and st["captures"] <= 2, (st, f.vm.runner.disabled_reason)
+
+
+@requires_gpu
+def test_gpu_arange_and_integer_index_follow_their_values(real_gpu):
+    import symgpu
+    import symgpu.tensor as T
+    Y = np.arange(40, dtype="float32").reshape(10, 4)
+    sy = symgpu.shared(Y)
+    a = T.lscalar("a")
+    f = symgpu.function([a], [sy[a] * 2, T.cast(T.arange(a, a + 5), "float32") * sy[0, 0]
+                              + sy[a, 1]])
+    for k in [0, 3, 9, -1, 5, 3, 0, 7, -4, 2] * 2:
+        r0, r1 = f(k)
+        np.testing.assert_array_equal(r0, Y[k] * 2)
+        np.testing.assert_array_equal(r1, np.arange(k, k + 5) * Y[0, 0] + Y[k, 1])
+    with pytest.raises(IndexError):
+        f(10)
+    r0, _ = f(4)
+    np.testing.assert_array_equal(r0, Y[4] * 2)
