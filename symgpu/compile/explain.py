@@ -161,7 +161,17 @@ def _graph_status(f: Any, nodes: list) -> list[str]:
              if not _is_gpu(v) and getattr(v, "ndim", None) == 0
              and any(_is_gpu_node(c) for c, _ in f.maker.fgraph.clients.get(v, ())
                      if c != "output")]
+    from symgpu.graph.basic import ancestors
+    by_value = [w for s in segments for w in getattr(s, "keyed_host_vars", ())]
+    as_param = [w for s in segments for w in getattr(s, "param_vars", ())]
+    feeds_key = set(ancestors(by_value)) if by_value else set()
+    feeds_params = set(ancestors(as_param)) if as_param else set()
     for v in keyed:
-        out.append(f"host scalar {_describe(v)} is part of the graph key: each new value runs "
-                   "plainly once, then captures a graph of its own")
+        if v in feeds_key:
+            out.append(f"host scalar {_describe(v)} is part of the graph key: each new value "
+                       "runs plainly once, then captures a graph of its own")
+        elif v in feeds_params:
+            out.append(f"host scalar {_describe(v)} is a graph parameter: each call writes it "
+                       "to the graph's parameter block, every value replays the same graph "
+                       "(values that change a shape still key graphs)")
     return out

@@ -28,7 +28,8 @@ from symgpu.gpu.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.basic_ops import GpuFromHost, as_gpuarray_variable
 from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
                                       sync_check_reason)
-from symgpu.gpu.graph_params import arange_from_params, pack_int64, slot_ptr
+from symgpu.gpu.graph_params import (arange_from_params, load_kernels, pack_int64,
+                                     prefetch_request, slot_ptr)
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
@@ -305,6 +306,10 @@ class GpuARange(Op):
                                    step, n)
         out[0][0] = res
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        """Its plain kernel's module and the one a captured graph runs."""
+        return [(_MODULE_KEY, pairs_source, ()), prefetch_request()]
+
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         """``perform``, and the parameter protocol of symgpu/gpu/graph_params.py: under a
         capture with a slot, start and step are read from the graph's parameter block (the
@@ -338,6 +343,10 @@ class _ARangeThunk(PerformThunk):
         if step == 0:
             raise ValueError(f"{self.op}: arange step must not be zero")
         return start, step, len(range(start, stop, step))
+
+    def param_prepare(self) -> None:
+        from symgpu.gpu.context import get_context
+        load_kernels(get_context(self.op.context_name), dtype=self.op.dtype)
 
     def param_values(self) -> tuple[int, bytes]:
         """(the length, start and step)."""

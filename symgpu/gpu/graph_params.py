@@ -35,7 +35,7 @@ from typing import Any, Sequence
 from symgpu.gpu.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
-           "arange_from_params", "prefetch_request"]
+           "arange_from_params", "prefetch_request", "load_kernels"]
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -101,6 +101,15 @@ def _kernel(ctx: Any, name: str, fmt: str) -> Any:
         fn.prepare(fmt)
         _prepared[(id(ctx), name)] = fn
     return fn
+
+
+def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None) -> None:
+    """Load the kernels a capture will launch (a thunk's ``param_prepare``): no module is
+    loaded while a stream captures."""
+    if itemsize is not None:
+        _kernel(ctx, f"dyn_slice_copy_{itemsize}", _COPY_FORMAT)
+    if dtype is not None:
+        _kernel(ctx, f"arange_dev_{dtype}", "PPq")
 
 
 def dyn_slice_copy(ctx: Any, base_ptr: int, offset_ptr: int, dst_ptr: int,

@@ -322,9 +322,14 @@ class Segment:
                 return
             self._restore(vals, snap)
         backs = [j for _, j in self.copy_back if self._exclusive(vals, (j,))]
-        if self.param_thunks and self.param_block is None:
+        if self.param_thunks:
             try:
-                self.param_block = pool.allocate(self.param_size)
+                if self.param_block is None:
+                    self.param_block = pool.allocate(self.param_size)
+                for t in self.param_thunks:    # load kernels now: no module loads under capture
+                    prepare = getattr(t, "param_prepare", None)
+                    if prepare is not None:
+                        prepare()
             except Exception as exc:
                 self._give_up(exc, vals, snap)
                 return

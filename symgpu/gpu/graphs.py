@@ -272,6 +272,10 @@ class Runner:
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
                       param_inputs)
         seg._out_vars = [(sm[v], v) for v in out_vars]
+        # for symgpu.explain: host inputs keyed by value, and those passed as parameters
+        seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
+        seg.keyed_host_vars = [v for v, p in zip(inputs, param_inputs)
+                               if not p and not _is_gpu_var(v)]
         return seg
 
     def __call__(self) -> None:

@@ -16,7 +16,8 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.copykernel import INC_DTYPES, strided_inc
-from symgpu.gpu.graph_params import dyn_slice_copy, pack_int64, slot_ptr
+from symgpu.gpu.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
+                                     prefetch_request, slot_ptr)
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.basic import join_broadcastable
@@ -83,6 +84,10 @@ class GpuSubtensor(Op):
         except IndexError as exc:
             raise IndexError(f"{self}: {exc} (indexing an array of shape {x.shape})") from None
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        """The dynamic-slice kernels a captured graph runs (symbolic bounds only)."""
+        return [prefetch_request()] if len(node.inputs) > 1 else []
+
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         """A thunk CUDA graphs may capture (symgpu/gpu/graphs.py): a view on the host, and
         under a capture with a parameter slot (symbolic bounds, symgpu/gpu/graph_params.py)
@@ -126,6 +131,11 @@ class _SliceThunk(PerformThunk):
         except IndexError as exc:
             raise IndexError(f"{op}: {exc} (indexing an array of shape {x.shape})") from None
         return x, view, reversed_
+
+    def param_prepare(self) -> None:
+        x = self.inputs[0][0]
+        if x.itemsize in (1, 2, 4, 8):
+            load_kernels(x.context, itemsize=x.itemsize)
 
     def param_values(self) -> tuple[tuple, bytes]:
         """(the slice's shape and strides, its byte offset from x's pointer)."""
