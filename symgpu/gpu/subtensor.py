@@ -109,16 +109,15 @@ class _SliceThunk(PerformThunk):
     """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
     symgpu/gpu/graph_params.py when its bounds are symbolic."""
 
-    __slots__ = ("param_slot", "param_nbytes", "ctx")
+    __slots__ = ("param_slot", "param_nbytes")
     capturable = True   # a view (host bookkeeping), or one launch under a capture
     launches = False
 
     def __init__(self, op: GpuSubtensor, node: Apply, storage_map: dict, compute_map: dict):
         super().__init__(op, node, storage_map, compute_map)
         self.param_slot: tuple | None = None
-        if len(node.inputs) > 1:
+        if len(node.inputs) > 1 and np.dtype(node.inputs[0].dtype).itemsize in (1, 2, 4, 8):
             self.param_nbytes = 8   # the slice's byte offset from x's pointer
-        self.ctx = None
 
     def _view(self) -> tuple[Any, Any, bool]:
         op = self.op
@@ -134,8 +133,7 @@ class _SliceThunk(PerformThunk):
 
     def param_prepare(self) -> None:
         x = self.inputs[0][0]
-        if x.itemsize in (1, 2, 4, 8):
-            load_kernels(x.context, itemsize=x.itemsize)
+        load_kernels(x.context, itemsize=x.itemsize)
 
     def param_values(self) -> tuple[tuple, bytes]:
         """(the slice's shape and strides, its byte offset from x's pointer)."""
