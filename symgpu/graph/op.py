@@ -5,7 +5,11 @@ from typing import Any, Callable, Sequence
 
 from symgpu.graph.basic import Apply, Variable
 
-__all__ = ["Op", "Thunk", "PerformThunk"]
+__all__ = ["Op", "Thunk", "PerformThunk", "ShapeError"]
+
+
+class ShapeError(Exception):
+    """An op cannot say the shape of its outputs from its inputs' shapes (no `infer_shape`)."""
 
 
 class Op:
@@ -83,6 +87,13 @@ class Op:
 
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
         return [[True] * len(node.outputs) for _ in node.inputs]
+
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: Sequence[tuple]) -> list[tuple]:
+        """One tuple of int64 scalar variables per output (its length per dimension), from
+        `input_shapes[i]` (the same for input i). Ops override it; the shape rewrites use it to
+        answer `x.shape` without computing `x` (symgpu/tensor/rewriting/shape_feature.py)."""
+        raise ShapeError(f"{type(self).__name__} ({self}) does not implement infer_shape: the "
+                         f"shape of its outputs cannot be derived from its inputs' shapes")
 
 
 class Thunk:
