@@ -496,7 +496,10 @@ def _register_shape_reads() -> None:
                                  local_subtensor_of_make_vector], name="gpu_shape_infer")
 
     def gpu_shape_infer(fgraph: FunctionGraph) -> None:
-        if any(type(n.op) in (GpuShape, GpuShape_i) for n in fgraph.apply_nodes):
+        if not any(type(n.op) in (GpuShape, GpuShape_i) for n in fgraph.apply_nodes):
+            return
+        # a second sweep sees reads whose value lost its last real client in the first
+        if sweep.apply(fgraph):
             sweep.apply(fgraph)
     optdb.register("gpu_shape_infer", gpu_shape_infer, POSITIONS["gpu"] + 1, "fast_run", "gpu",
                    "shape")

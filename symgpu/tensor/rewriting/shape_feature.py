@@ -21,7 +21,7 @@ from symgpu.graph.op import ShapeError
 from symgpu.tensor.shape_rules import SHAPE_READ_OPS, as_dim, dim_value
 
 __all__ = ["register_shape_reader", "shape_i_of", "shape_tuple", "node_shapes",
-           "infer_graph_shapes", "rewrite_shape_read", "SHAPE_OPS"]
+           "infer_graph_shapes", "rewrite_shape_read", "inferred_shape", "same_dim", "SHAPE_OPS"]
 
 #: class names of the ops that only read shapes (their reads do not need the value)
 SHAPE_OPS = ("Shape", "Shape_i", "GpuShape", "GpuShape_i")
@@ -122,6 +122,29 @@ def _memo_shapes(fgraph: Any, node: Apply) -> list[tuple] | None:
         shapes = None
     memo[node] = (tuple(node.inputs), shapes)
     return shapes
+
+
+def inferred_shape(fgraph: Any, var: Variable) -> tuple | None:
+    """`var`'s shape from its op's infer_shape (memoised for `fgraph`), or None for a graph
+    input or an op without a rule."""
+    if var.owner is None:
+        return None
+    shapes = _memo_shapes(fgraph, var.owner)
+    return None if shapes is None else shapes[var.owner.outputs.index(var)]
+
+
+def same_dim(a: Variable, b: Variable) -> bool:
+    """Whether two dims are provably equal: the same variable, equal constants, or the same
+    op on the same inputs (two reads of one length)."""
+    if a is b:
+        return True
+    va, vb = dim_value(a), dim_value(b)
+    if va is not None or vb is not None:
+        return va == vb
+    return (a.owner is not None and b.owner is not None and a.owner.op == b.owner.op
+            and len(a.owner.inputs) == len(b.owner.inputs)
+            and all(x is y for x, y in zip(a.owner.inputs, b.owner.inputs))
+            and a.owner.outputs.index(a) == b.owner.outputs.index(b))
 
 
 def _computed_anyway(fgraph: Any, node: Apply) -> bool:

@@ -10,7 +10,7 @@ from symgpu.tensor.basic import Alloc, MakeVector, Reshape
 from symgpu.tensor.shape import Shape, Shape_i
 from symgpu.tensor.subtensor import Slice, Subtensor
 from symgpu.tensor.type import TensorConstant
-from symgpu.tensor.rewriting.shape_feature import rewrite_shape_read
+from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
 from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
@@ -115,12 +115,16 @@ def local_reshape_reshape(fgraph, node):
 @register_specialize
 @node_rewriter([Alloc])
 def local_useless_alloc(fgraph, node):
-    """Alloc(v, *shape(v)) -> v: nothing to broadcast."""
+    """Alloc(v, *shape(v)) -> v: nothing to broadcast (the shape read from v, or provably
+    the same as the shape infer_shape gives v)."""
     v, *shape = node.inputs
     out = node.outputs[0]
     if v.type != out.type or len(shape) != v.ndim:
         return None
     if all(_is_dim_of(s, v, d) for d, s in enumerate(shape)):
+        return [v]
+    inferred = inferred_shape(fgraph, v)  # v's shape spelled from its inputs' shapes
+    if inferred is not None and all(same_dim(s, e) for s, e in zip(shape, inferred)):
         return [v]
     return None
 
