@@ -7,7 +7,7 @@ import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
 from symgpu.tensor.basic import Alloc, MakeVector, Reshape
-from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
 from symgpu.tensor.subtensor import Slice, Subtensor
 from symgpu.tensor.type import TensorConstant
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
@@ -15,7 +15,7 @@ from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constan
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
-           "local_shape_infer"]
+           "local_shape_infer", "local_useless_specify_shape"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -137,3 +137,40 @@ def local_shape_infer(fgraph, node):
     from its inputs' shapes (see shape_feature.py): `(x ** 2).shape` becomes
     MakeVector(Shape_i{0}(x), Shape_i{1}(x)) and computes nothing."""
     return rewrite_shape_read(fgraph, node)
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([SpecifyShape])
+def local_useless_specify_shape(fgraph, node):
+    """SpecifyShape(x, ...) whose every entry is provably x's length already -> x; nested
+    ones merge into one check."""
+    x, *entries = node.inputs
+    out = node.outputs[0]
+    inner = x.owner
+    if inner is not None and type(inner.op) is SpecifyShape:
+        outer_e, inner_e = iter(entries), iter(inner.inputs[1:])
+        given, merged = [], []
+        for g_out, g_in in zip(node.op.given, inner.op.given):
+            e_out = next(outer_e) if g_out else None
+            e_in = next(inner_e) if g_in else None
+            if e_out is not None or e_in is not None:
+                given.append(True)
+                merged.append(e_out if e_out is not None else e_in)
+            else:
+                given.append(False)
+        new = SpecifyShape(given)(inner.inputs[0], *merged)
+        return [new] if new.type == out.type else None
+    if x.type != out.type:
+        return None
+    known = inferred_shape(fgraph, x)
+    it = iter(entries)
+    for d, g in enumerate(node.op.given):
+        if not g:
+            continue
+        e = next(it)
+        read = x.owner is None and e.owner is not None and type(e.owner.op) is Shape_i \
+            and e.owner.op.i == d and e.owner.inputs[0] is x
+        if not (read or _is_dim_of(e, x, d) or (known is not None and same_dim(e, known[d]))):
+            return None
+    return [x]
