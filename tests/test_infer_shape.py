@@ -461,3 +461,33 @@ def test_specify_shape_stays_on_the_gpu():
         assert names.count("GpuFromHost") == 1 and names.count("HostFromGpu") == 1, names
         spec = [nd for nd in f.maker.fgraph.toposort() if type(nd.op).__name__ == "SpecifyShape"]
         assert len(spec) == 1 and type(spec[0].outputs[0].type).__name__ == "GpuArrayType"
+
+
+@pytest.mark.parametrize("step_kind", ["none", "sym", 2, -3])
+def test_slice_length_matches_python(step_kind):
+    from symgpu.tensor.shape_rules import slice_length
+    n, a, b, s = T.lscalar("n"), T.lscalar("a"), T.lscalar("b"), T.lscalar("s")
+    step = {"none": None, "sym": s}.get(step_kind, step_kind)
+    outs = [slice_length(start, stop, step, n) for start in (None, a) for stop in (None, b)]
+    f = function([n, a, b, s], outs, on_unused_input="ignore")
+    for nv in (0, 1, 5):
+        for av in (-7, -2, 0, 1, 3, 9):
+            for bv in (-6, -1, 0, 2, 4, 10):
+                for sv in ((-4, -1, 1, 3) if step_kind == "sym" else (1,)):
+                    py_step = sv if step_kind == "sym" else step
+                    got = [int(g) for g in f(nv, av, bv, sv)]
+                    want = [len(range(nv)[slice(st, sp, py_step)])
+                            for st in (None, av) for sp in (None, bv)]
+                    assert got == want, (nv, av, bv, py_step)
+
+
+def test_arange_length_matches_numpy():
+    from symgpu.tensor.shape_rules import arange_length
+    a, b, c = T.lscalar("a"), T.lscalar("b"), T.lscalar("c")
+    fa, fb, fc = T.dscalar("fa"), T.dscalar("fb"), T.dscalar("fc")
+    f = function([a, b, c], arange_length(a, b, c))
+    g = function([fa, fb, fc], arange_length(fa, fb, fc))
+    for args in [(0, 10, 3), (10, 0, -3), (5, 5, 1), (5, 1, 2), (-4, 7, 11), (3, -8, -1)]:
+        assert int(f(*args)) == len(np.arange(*args)), args
+    for args in [(0.5, 3.2, 0.7), (3.0, -1.0, -0.5), (1.0, 1.0, 0.1), (0.0, 1.0, 0.25)]:
+        assert int(g(*args)) == len(np.arange(*args)), args

@@ -17,7 +17,7 @@ __all__ = ["as_dim", "dim_value", "s_add", "s_sub", "s_mul", "s_floordiv", "s_ma
            "s_switch", "s_eq", "s_lt", "s_prod", "s_sum", "pick_dim", "elemwise_shape",
            "numpy_broadcast", "reduce_shape", "dimshuffle_shape", "slice_length",
            "index_shape", "reshape_shape", "join_shape", "dot_shape", "matmul_shape",
-           "arange_length", "is_shape_read", "SHAPE_READ_OPS"]
+           "arange_length", "is_shape_read", "is_nonnegative", "SHAPE_READ_OPS"]
 
 #: class names of the ops that read one dimension's length (host and GPU)
 SHAPE_READ_OPS = ("Shape_i", "GpuShape_i")
@@ -71,6 +71,27 @@ def as_dim(s: Any) -> Variable:
 def is_shape_read(s: Variable) -> bool:
     """Whether `s` is the length of a dimension read from an array (never negative)."""
     return s.owner is not None and type(s.owner.op).__name__ in SHAPE_READ_OPS
+
+
+def is_nonnegative(s: Any, depth: int = 4) -> bool:
+    """Whether `s` is provably >= 0: a constant, a length read from an array, or sums,
+    products, floor quotients and maxima of such (a flatten's product of lengths)."""
+    v = dim_value(s)
+    if v is not None:
+        return v >= 0
+    if not isinstance(s, Variable) or s.owner is None or depth == 0:
+        return False
+    if is_shape_read(s):
+        return True
+    op = s.owner.op
+    name = getattr(getattr(op, "scalar_op", None), "name", None)
+    ins = s.owner.inputs
+    if name in ("add", "mul", "int_div") or type(op).__name__ == "Elemwise" and \
+            type(getattr(op, "scalar_op", None)).__name__ == "Cast":
+        return all(is_nonnegative(i, depth - 1) for i in ins)
+    if name == "maximum":
+        return any(is_nonnegative(i, depth - 1) for i in ins)
+    return False
 
 
 def _binary(name: str, fold, a: Any, b: Any) -> Variable:
@@ -331,6 +352,9 @@ def _shape_vector_entries(shp: Variable, ndim: int) -> list[Variable]:
     node = shp.owner
     if node is not None and type(node.op).__name__ == "MakeVector":
         return [as_dim(s) for s in node.inputs]
+    if node is not None and type(node.op).__name__ in ("Shape", "GpuShape"):
+        from symgpu.tensor.rewriting.shape_feature import shape_tuple
+        return list(shape_tuple(node.inputs[0]))  # reshape(x, y.shape)
     from symgpu.tensor.subtensor import getitem
     return [as_dim(getitem(shp, i)) for i in range(ndim)]
 
@@ -340,9 +364,7 @@ def reshape_shape(x_shape: tuple, shp: Variable, ndim: int) -> tuple:
     that turns out -1 at run time) replaced by what the size of `x` leaves over."""
     entries = _shape_vector_entries(shp, ndim)
 
-    def sure(e):  # an entry that cannot be -1
-        v = dim_value(e)
-        return (v is not None and v >= 0) or is_shape_read(e)
+    sure = is_nonnegative  # an entry that cannot be -1
     if all(sure(e) for e in entries):
         return tuple(entries)
     size = s_prod(x_shape)

@@ -114,7 +114,7 @@ def _memo_shapes(fgraph: Any, node: Apply) -> list[tuple] | None:
             pass
     hit = memo.get(node)
     if hit is not None and len(hit[0]) == len(node.inputs) and all(
-            a is b for a, b in zip(hit[0], node.inputs)):
+            a is b for a, b in zip(hit[0], node.inputs)) and _still_valid(fgraph, hit[1]):
         return hit[1]
     try:
         shapes = node_shapes(node, fgraph=fgraph)
@@ -145,6 +145,25 @@ def same_dim(a: Variable, b: Variable) -> bool:
             and len(a.owner.inputs) == len(b.owner.inputs)
             and all(x is y for x, y in zip(a.owner.inputs, b.owner.inputs))
             and a.owner.outputs.index(a) == b.owner.outputs.index(b))
+
+
+def _still_valid(fgraph: Any, shapes: list[tuple] | None) -> bool:
+    """Whether a memoised answer only builds on variables still in the graph (a rewrite may
+    have replaced a variable that an entry reads, e.g. a reshape's MakeVector input)."""
+    if shapes is None:
+        return True
+    known = fgraph.variables
+    todo = [e for s in shapes for e in s]
+    seen: set = set()
+    while todo:
+        v = todo.pop()
+        if v in known or isinstance(v, Constant) or id(v) in seen:
+            continue
+        seen.add(id(v))
+        if v.owner is None:
+            return False
+        todo.extend(v.owner.inputs)
+    return True
 
 
 def _computed_anyway(fgraph: Any, node: Apply) -> bool:
