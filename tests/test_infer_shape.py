@@ -491,3 +491,15 @@ def test_arange_length_matches_numpy():
         assert int(f(*args)) == len(np.arange(*args)), args
     for args in [(0.5, 3.2, 0.7), (3.0, -1.0, -0.5), (1.0, 1.0, 0.1), (0.0, 1.0, 0.25)]:
         assert int(g(*args)) == len(np.arange(*args)), args
+
+
+def test_lengths_the_graph_already_has_replace_reads_of_computed_values():
+    x, n = T.matrix("x"), T.lscalar("n")
+    a = T.alloc(T.exp(x[0]), n, x.shape[1])
+    f = function([x, n], [a * 2, a.shape, a.shape[0]])
+    names = op_names(f)
+    assert "Shape" not in names  # MakeVector(n, Shape_i{1}(x)): a's own shape is not read
+    assert not any(nd.op.__class__.__name__ == "Shape_i" and nd.inputs[0].owner is not None
+                   for nd in f.maker.fgraph.toposort())
+    v, s, s0 = f(r(2, 3), 4)
+    assert v.shape == (4, 3) and list(s) == [4, 3] and s0 == 4

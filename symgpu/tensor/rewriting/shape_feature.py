@@ -175,8 +175,11 @@ def _computed_anyway(fgraph: Any, node: Apply) -> bool:
     return False
 
 
-def _cheap(e: Variable) -> bool:
-    return dim_value(e) is not None or (e.owner is not None and type(e.owner.op).__name__ in SHAPE_READ_OPS)
+def _cheap(fgraph: Any, e: Variable) -> bool:
+    """Free to use in place of reading a computed value's length: a constant, a value the
+    graph has already, or a length read."""
+    return dim_value(e) is not None or e in fgraph.variables or (
+        e.owner is not None and type(e.owner.op).__name__ in SHAPE_READ_OPS)
 
 
 def _as_shape_vector(entries: Sequence[Variable], out: Variable) -> Variable | None:
@@ -214,7 +217,7 @@ def rewrite_shape_read(fgraph: Any, node: Apply) -> list[Variable] | None:
         e = entries[d]
         if e.owner is not None and e.owner.op == node.op and e.owner.inputs[0] is x:
             return None
-        return None if anyway and not _cheap(e) else [e]
-    if anyway and not all(dim_value(e) is not None for e in entries):
+        return None if anyway and not _cheap(fgraph, e) else [e]
+    if anyway and not all(dim_value(e) is not None or e in fgraph.variables for e in entries):
         return None
     return [_as_shape_vector(entries, node.outputs[0])]
