@@ -116,8 +116,18 @@ def _memo_shapes(fgraph: Any, node: Apply) -> list[tuple] | None:
     if hit is not None and len(hit[0]) == len(node.inputs) and all(
             a is b for a, b in zip(hit[0], node.inputs)) and _still_valid(fgraph, hit[1]):
         return hit[1]
+    reads = memo.setdefault("reads", {})
+
+    def read(v: Variable) -> tuple | None:
+        """v's dims, each read once per fgraph (one Shape_i node per (v, d) to merge)."""
+        if not hasattr(v.type, "ndim"):
+            return None
+        got = reads.get(v)
+        if got is None:
+            got = reads[v] = shape_tuple(v)
+        return got
     try:
-        shapes = node_shapes(node, fgraph=fgraph)
+        shapes = node_shapes(node, [read(v) for v in node.inputs], fgraph=fgraph)
     except ShapeError:
         shapes = None
     memo[node] = (tuple(node.inputs), shapes)
