@@ -232,6 +232,7 @@ def all_op_classes() -> set[type]:
     return {c for c in found if not any(s in found for s in c.__subclasses__())}
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # importing symgpu.misc.pycuda_init here
 def test_the_table_covers_every_op_class():
     missing = sorted(f"{c.__module__}.{c.__qualname__}" for c in all_op_classes() - set(CASES))
     assert not missing, f"ops without an infer_shape case in CASES: {missing}"
@@ -503,3 +504,26 @@ def test_lengths_the_graph_already_has_replace_reads_of_computed_values():
                    for nd in f.maker.fgraph.toposort())
     v, s, s0 = f(r(2, 3), 4)
     assert v.shape == (4, 3) and list(s) == [4, 3] and s0 == 4
+
+
+@pytest.mark.parametrize("where", ["host", "virtual_device"])
+def test_benchmark_logreg_reads_lengths_of_inputs_only(where):
+    """benchmarks/workloads.py's logistic regression: the mean's divisor is the length of the
+    labels, not of the computed cross-entropy (the rewrite off: Shape_i of the Composite)."""
+    import contextlib
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    from workloads import build_logreg
+    X, Y = r(40, 7, dtype="float32"), (r(40) > 0).astype("float32")
+    ctx = virtual_context(None) if where == "virtual_device" else contextlib.nullcontext()
+    with symgpu.config.change_flags(floatX="float32"), ctx:
+        outs, ups = build_logreg(symgpu.shared, T, X, Y, r(7, dtype="float32"), np.float32(0))
+        f = function([], outs, updates=ups)
+        reads = [n for n in f.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
+        assert reads and all(n.inputs[0].owner is None for n in reads), [str(n) for n in reads]
+        with symgpu.config.change_flags(optimizer_excluding="local_shape_infer:gpu_shape_infer"):
+            outs, ups = build_logreg(symgpu.shared, T, X, Y, r(7, dtype="float32"), np.float32(0))
+            g = function([], outs, updates=ups)
+        reads = [n for n in g.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
+        assert any(n.inputs[0].owner is not None for n in reads), [str(n) for n in reads]
