@@ -79,11 +79,16 @@ class Mode:
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
         """Run the passes on `fgraph` in place; returns seconds spent per pass."""
         times = {}
+        # nodes the rewrites build get test values only if compute_test_value_opt says so
+        with config.change_flags(compute_test_value=config.compute_test_value_opt):
+            self._run_passes(fgraph, times)
+        return times
+
+    def _run_passes(self, fgraph: FunctionGraph, times: dict[str, float]) -> None:
         for name, rewrite in self.passes():
             t0 = time.perf_counter()
             rewrite(fgraph)
             times[name] = time.perf_counter() - t0
-        return times
 
     def link(self, fgraph: FunctionGraph, storage_map: dict):
         """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one)."""
