@@ -14,10 +14,13 @@ import sys
 import warnings
 from typing import Any, Callable, TextIO
 
+import numpy as np
+
 from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op
 
 __all__ = ["debugprint", "pp", "pprint", "pydotprint", "register_pp", "op_kind",
-           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning"]
+           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning", "Print"]
 
 #: class names of the ops that move data between host and device (or between devices)
 TRANSFER_OP_NAMES = frozenset({"GpuFromHost", "HostFromGpu", "GpuToGpu"})
@@ -377,3 +380,70 @@ def pydotprint(fn_or_var: Any, outfile: str | None = None, format: str = "svg",
         raise RuntimeError(f"pydotprint: dot -T{format} failed ({proc.returncode}): "
                            f"{proc.stderr.decode(errors='replace').strip()}; the source is in {dot_path}")
     return outfile
+
+
+# ============================================================================ Print
+
+def _host_value(value: Any) -> Any:
+    """A device array copied to the host (printing reads it there); anything else as is."""
+    if hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray):
+        return np.asarray(value)
+    return value
+
+
+def _print_fn(op: "Print", value: Any) -> None:
+    """Theano's printer: ``<message> <attr> = <value of attr>`` for each attr."""
+    for attr in op.attrs:
+        item = getattr(value, attr) if attr in _DEVICE_ATTRS else getattr(_host_value(value), attr)
+        print(op.message, attr, "=", item() if callable(item) else item)
+
+
+#: attributes a device array answers without a copy to the host
+_DEVICE_ATTRS = frozenset({"shape", "dtype", "ndim", "size", "strides"})
+
+
+class Print(Op):
+    """An identity op that prints when its value is computed (Theano's ``Print``):
+    ``Print("x")(x)`` prints ``x __str__ = [...]`` each time the function computes ``x``.
+
+    ``attrs`` are read on the value (called if callable), e.g. ``("shape", "__str__")``;
+    ``global_fn(op, value)`` replaces the printing. The output is a view of the input, the
+    gradient passes through, and rewrites neither fold nor merge distinct Print ops away.
+    A value on the GPU is printed from a host copy (its shape and dtype without one).
+    """
+
+    __props__ = None  # identity: two Prints with one message are still two prints
+    view_map = {0: [0]}
+    #: constant folding would print once at compile time instead of at every call
+    _no_constant_folding = True
+
+    def __init__(self, message: str = "", attrs: tuple[str, ...] = ("__str__",),
+                 global_fn: Callable[["Print", Any], None] = _print_fn) -> None:
+        if isinstance(attrs, str):
+            raise TypeError(f"Print: attrs must be a tuple of attribute names, got the "
+                            f"string {attrs!r} (write ({attrs!r},))")
+        self.message = message
+        self.attrs = tuple(attrs)
+        self.global_fn = global_fn
+
+    def __str__(self) -> str:
+        return f"Print{{message={self.message!r}, attrs={self.attrs}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        if not isinstance(x, Variable):
+            from symgpu.tensor.type import as_tensor_variable
+            x = as_tensor_variable(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node: Apply, inputs: Any, output_storage: list[list]) -> None:
+        output_storage[0][0] = inputs[0]
+        self.global_fn(self, inputs[0])
+
+    def grad(self, inputs: Any, output_grads: Any) -> list[Variable]:
+        return list(output_grads)
+
+    def R_op(self, inputs: Any, eval_points: Any) -> list[Variable]:
+        return list(eval_points)
+
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: list) -> list:
+        return list(input_shapes)
