@@ -9,7 +9,10 @@
   (symgpu/compile/debugmode.py).
 
 The `optimizer_including` / `optimizer_excluding` flags add or remove tags (pass names, rewrite
-names or group tags) for every mode.
+names or group tags) for every mode. `mode.including(*tags)` / `mode.excluding(*tags)` (Theano's
+spelling; also `including_tags` / `excluding_tags`) return a copy with more tags; a few Theano
+rewrite names are read as ours (`TAG_ALIASES`, e.g. `local_elemwise_fusion` is `fusion`).
+`MonitorMode` and `NanGuardMode` (symgpu/compile/monitormode.py) call functions around each node.
 """
 from __future__ import annotations
 
@@ -17,13 +20,21 @@ import time
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE"]
+__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {
     "FAST_RUN": ("fast_run",),
     "FAST_COMPILE": ("fast_compile",),
     "DebugMode": ("fast_run",),
+}
+
+
+#: Theano rewrite names that tutorials exclude, and the tag of ours that does the same work
+TAG_ALIASES = {
+    "local_elemwise_fusion": "fusion",
+    "elemwise_fusion": "fusion",
+    "fusion_optimizer": "fusion",
 }
 
 
@@ -41,33 +52,36 @@ class Mode:
         if name not in MODE_TAGS:
             raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODE_TAGS)}")
         self.name = name
-        self.including = tuple(including)
-        self.excluding = tuple(excluding)
+        #: the tags this mode adds to / removes from its rewrite selection
+        self.included_tags = tuple(including)
+        self.excluded_tags = tuple(excluding)
 
     def _clone(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
         return get_mode(self.name)._with(including, excluding)
 
     def _with(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
-        self.including, self.excluding = tuple(including), tuple(excluding)
+        self.included_tags, self.excluded_tags = tuple(including), tuple(excluding)
         return self
 
     def including_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that also runs the rewrites with these tags."""
-        return self._clone(self.including + tags, self.excluding)
+        return self._clone(self.included_tags + tags, self.excluded_tags)
 
     def excluding_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that skips the rewrites with these tags."""
-        return self._clone(self.including, self.excluding + tags)
+        return self._clone(self.included_tags, self.excluded_tags + tags)
 
-    # Theano/PyTensor spellings
-    including_ = including_tags
-    excluding_ = excluding_tags
+    # Theano/PyTensor spellings: Mode('FAST_RUN').excluding('fusion', 'inplace')
+    including = including_ = including_tags
+    excluding = excluding_ = excluding_tags
 
     def tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(include, exclude) tags, flags included."""
-        include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
-        exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
-        return include, exclude
+        include = (MODE_TAGS[self.name] + self.included_tags
+                   + tuple(config.tags("optimizer_including")))
+        exclude = self.excluded_tags + tuple(config.tags("optimizer_excluding"))
+        return (tuple(TAG_ALIASES.get(t, t) for t in include),
+                tuple(TAG_ALIASES.get(t, t) for t in exclude))
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
