@@ -158,6 +158,9 @@ PP_PRINTERS: dict[str, Callable[[Any, Apply, list[str]], str]] = {
     "Shape_i": lambda op, node, a: f"shape({a[0]})[{op.i}]",
 }
 
+#: elementwise table rows printed under Theano's name (``second`` is Theano's ``fill``)
+_ELEMWISE_PP_NAMES = {"second": "fill"}
+
 _REDUCE_PP = {"add": "sum", "mul": "prod", "maximum": "max", "minimum": "min",
               "and_": "all", "or_": "any"}
 
@@ -200,7 +203,8 @@ def _pp_node(var: Variable, args: list[str]) -> str:
         if symbol is not None and len(args) >= 2:
             return "(" + f" {symbol} ".join(args) + ")"
         index = f".{var.index}" if len(node.outputs) > 1 else ""  # fused multi-output
-        return f"{scalar_op}{index}({', '.join(args)})"
+        name = _ELEMWISE_PP_NAMES.get(getattr(scalar_op, "name", None), scalar_op)
+        return f"{name}{index}({', '.join(args)})"
     new_order = getattr(op, "new_order", None)
     if new_order is not None and len(args) == 1:  # a dimshuffle
         order = list(new_order)
