@@ -337,7 +337,7 @@ class _DotWriter:
     def style(self, color: str) -> str:
         if self.high_contrast:
             return f"style=filled, fillcolor={_dot_quote(color)}"
-        return f"color={_dot_quote(color)}"
+        return f"color={_dot_quote('black' if color == 'white' else color)}"
 
     def var_label(self, var: Variable) -> str:
         if var.name is not None:
