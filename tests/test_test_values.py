@@ -120,6 +120,18 @@ def test_elemwise_broadcast_mismatch_raises_when_built(raise_mode):
         x + y
 
 
+def test_undeclared_broadcast_raises_when_built_as_the_compiled_function_would(raise_mode):
+    x, y = T.dvector("x"), T.dvector("y")  # length 1 is not broadcastable in a vector
+    x.tag.test_value, y.tag.test_value = np.ones(1), np.ones(3)
+    with pytest.raises(ValueError, match="need broadcasting along dimension 0"):
+        x + y
+    r = T.drow("r")
+    r.tag.test_value = np.ones((1, 3))
+    m = T.dmatrix("m")
+    m.tag.test_value = np.ones((2, 3))
+    assert (r + m).tag.test_value.shape == (2, 3)
+
+
 def test_missing_input_value_raise(raise_mode):
     x, y = T.dvector("x"), T.dvector("y")
     x.tag.test_value = np.ones(2)

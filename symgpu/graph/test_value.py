@@ -4,8 +4,9 @@ before ``function()`` compiles anything.
 
 `Op.__call__` calls `compute_test_values(node, action)` when ``config.compute_test_value`` is
 not ``'off'``. Inputs give their values through `Variable.get_test_value` (``tag.test_value``,
-a constant's data, a shared variable's value). The node is evaluated with the op's
-``perform`` where it has one, else with a thunk made for this one node.
+a constant's data, a shared variable's value). The node is evaluated by a thunk made
+for this one node (the op's ``make_thunk``, as the compiled function runs it), or by the op's
+``perform`` where the op makes no thunk of its own.
 """
 from __future__ import annotations
 
@@ -55,8 +56,11 @@ def _missing(node: Apply, i: int, var: Variable, action: str) -> None:
 
 
 def _evaluate(node: Apply, values: list[Any]) -> list[Any]:
+    """The op's own thunk where it makes one (it is what the compiled function runs, with
+    its run-time checks, e.g. Elemwise's undeclared-broadcast check), else ``perform``."""
     op = node.op
-    if type(op).perform is not _base_perform():
+    base = _base_op()
+    if type(op).make_thunk is base.make_thunk and type(op).perform is not base.perform:
         storage: list[list] = [[None] for _ in node.outputs]
         op.perform(node, list(values), storage)
         return [cell[0] for cell in storage]
@@ -69,9 +73,9 @@ def _evaluate(node: Apply, values: list[Any]) -> list[Any]:
     return [storage_map[v][0] for v in node.outputs]
 
 
-def _base_perform():
+def _base_op() -> type:
     from symgpu.graph.op import Op
-    return Op.perform
+    return Op
 
 
 def compute_test_values(node: Apply, action: str) -> None:
