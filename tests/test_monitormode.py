@@ -190,3 +190,27 @@ def test_nanguard_ignores_integers():
     i = T.lvector("i")
     f = function([i], i * 2, mode=NanGuardMode())
     assert list(f(np.array([1, 2]))) == [2, 4]
+
+
+# ----------------------------------------------------------------------------- on a real GPU
+from gpu_helpers import requires_gpu  # noqa: E402
+
+
+@requires_gpu
+def test_monitor_sees_gpu_nodes_and_nan(cuda, capsys):
+    from symgpu.gpu.type import is_gpu_var
+    seen = []
+    x = T.fvector("x")
+
+    def post(i, node, fn):
+        seen.append(type(node.op).__name__)
+        library_detect_nan(i, node, fn)
+
+    f = function([x], T.log(x) * x, mode=MonitorMode(post_func=post))
+    assert any(is_gpu_var(v) for n in f.maker.fgraph.toposort() for v in n.outputs)
+    with np.errstate(all="ignore"):
+        out = f(np.array([0.0, 1.0], dtype="float32"))
+    assert np.isnan(out[0]) and out[1] == 0.0
+    assert seen == [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuElemwise" in seen
+    assert capsys.readouterr().out.startswith("*** NaN detected ***\nGpuElemwise")

@@ -140,3 +140,22 @@ def test_stays_on_the_gpu_when_lifted():
         assert is_gpu_var(node.inputs[0]) and is_gpu_var(node.outputs[0])
         names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
         assert names.count("GpuFromHost") == 1 and names.count("HostFromGpu") == 1
+
+
+# ----------------------------------------------------------------------------- on a real GPU
+from gpu_helpers import requires_gpu  # noqa: E402
+
+
+@requires_gpu
+def test_gpu_value_printed_from_the_device(cuda, capsys):
+    from symgpu.gpu.type import is_gpu_var
+    w = symgpu.shared(np.arange(4, dtype="float32"), "w")
+    assert is_gpu_var(w)
+    f = function([], T.exp(Print("w", attrs=("shape", "__str__"))(w * 2)) + 1)
+    (node,) = print_nodes(f)
+    assert is_gpu_var(node.inputs[0])
+    out = f()
+    np.testing.assert_allclose(out, np.exp(np.arange(4) * 2.0) + 1, rtol=1e-5)
+    assert capsys.readouterr().out == f"w shape = (4,)\nw __str__ = {np.arange(4.0, dtype='float32') * 2}\n"
+    f()
+    assert capsys.readouterr().out.count("w shape = (4,)") == 1
