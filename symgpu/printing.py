@@ -157,10 +157,49 @@ PP_PRINTERS: dict[str, Callable[[Any, Apply, list[str]], str]] = {
     "MatMul": lambda op, node, a: f"({a[0]} @ {a[1]})",
     "Shape": lambda op, node, a: f"shape({a[0]})",
     "Shape_i": lambda op, node, a: f"shape({a[0]})[{op.i}]",
+    "Reshape": lambda op, node, a: f"reshape({a[0]}, {a[1]})",
 }
 
 #: elementwise table rows printed under Theano's name (``second`` is Theano's ``fill``)
 _ELEMWISE_PP_NAMES = {"second": "fill"}
+
+
+def _index_text(idx_list: Any, extra: list[str]) -> str:
+    """``0, 1:3, ::2`` from an indexing op's ``idx_list``; ``$`` parts take the next of
+    `extra` (the symbolic index inputs, printed)."""
+    it = iter(extra)
+
+    def part(p: Any) -> str:
+        return "" if p is None else next(it, "?") if isinstance(p, str) else str(p)
+
+    out = []
+    for e in idx_list:
+        if e is None:
+            out.append("None")
+        elif e is Ellipsis:
+            out.append("...")
+        elif isinstance(e, tuple) and len(e) == 3:  # a Slice(start, stop, step)
+            parts = [part(e[0]), part(e[1])] + ([] if e[2] is None else [part(e[2])])
+            out.append(":".join(parts))
+        else:
+            out.append(part(e))
+    return ", ".join(out)
+
+
+def _pp_subtensor(op: Any, node: Apply, a: list[str]) -> str:
+    return f"{a[0]}[{_index_text(op.idx_list, a[1:])}]"
+
+
+def _pp_inc_subtensor(op: Any, node: Apply, a: list[str]) -> str:
+    fn = "set_subtensor" if getattr(op, "set_instead_of_inc", False) else "inc_subtensor"
+    return f"{fn}({a[0]}[{_index_text(op.idx_list, a[2:])}], {a[1]})"
+
+
+for _name in ("Subtensor", "AdvancedSubtensor", "GpuSubtensor", "GpuAdvancedSubtensor"):
+    PP_PRINTERS[_name] = _pp_subtensor
+for _name in ("IncSubtensor", "AdvancedIncSubtensor", "GpuIncSubtensor",
+              "GpuAdvancedIncSubtensor"):
+    PP_PRINTERS[_name] = _pp_inc_subtensor
 
 _REDUCE_PP = {"add": "sum", "mul": "prod", "maximum": "max", "minimum": "min",
               "and_": "all", "or_": "any"}
@@ -181,8 +220,14 @@ def _pp_leaf(var: Variable) -> str:
             text = str(var)  # TensorConstant{2.0} -> 2.0
             if "{" in text and text.endswith("}"):
                 return text[text.index("{") + 1:-1]
+        if isinstance(data, np.ndarray) and 1 < data.size <= _PP_MAX_LISTED:
+            return np.array2string(data, separator=", ")  # a short index list reads as one
         return str(var)
     return str(var)
+
+
+#: constants with at most this many elements are printed by value in `pp`
+_PP_MAX_LISTED = 8
 
 
 def _pp_node(var: Variable, args: list[str]) -> str:

@@ -450,3 +450,20 @@ def test_optimizer_verbose_prints_each_replacement(capsys):
     assert soft[0].endswith("of Elemwise{softplus,no_inplace}(x)")
     function([x], T.log(1 + T.exp(x)))
     assert capsys.readouterr().out == ""
+
+
+def test_pp_indexing_reads_as_python():
+    x = T.dmatrix("x")
+    i = T.lscalar("i")
+    v = T.lvector("v")
+    assert pp(x[0]) == "x[0]"
+    assert pp(x[1:3, ::2]) == "x[1:3, ::2]"
+    assert pp(x[:, i:]) == "x[:, i:]"
+    assert pp(x[None, 0]) == "x[None, 0]"
+    assert pp(x[..., 0]) == "x[..., 0]"
+    assert pp(x[i:i + 2:2]) == "x[i:(i + 2):2]"
+    assert pp(x[v, 1:]) == "x[v, 1:]"
+    assert pp(x[[0, 1]]) == "x[[0, 1]]"
+    assert pp(T.set_subtensor(x[0], 1.0)) == "set_subtensor(x[0], 1.0)"
+    assert pp(T.inc_subtensor(x[1:, i], 2.0)) == "inc_subtensor(x[1:, i], 2.0)"
+    assert pp(x.reshape((3, -1))) == "reshape(x, [ 3, -1])"
