@@ -142,9 +142,13 @@ def test_missing_input_value_raise(raise_mode):
 def test_missing_input_value_warn():
     x, y = T.dvector("x"), T.dvector("y")
     with config.change_flags(compute_test_value="warn"):
-        with pytest.warns(UserWarning, match="has no test value"):
-            z = x + y
+        with pytest.warns(UserWarning, match="has no test value") as record:
+            z = x + y  # WARN-LINE
+            T.dot(x, y)  # through tensor/math.py's dot(): still the user's line
     assert not hasattr(z.tag, "test_value")
+    assert [w.filename for w in record] == [__file__] * 2
+    assert record[0].lineno == line_of("# WARN-LINE")
+    assert record[1].lineno == line_of("# WARN-LINE") + 1
 
 
 def test_missing_input_value_ignore():

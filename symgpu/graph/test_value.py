@@ -10,6 +10,7 @@ for this one node (the op's ``make_thunk``, as the compiled function runs it), o
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -37,6 +38,15 @@ def _where(node: Apply) -> str:
     return "\n".join(lines)
 
 
+def _user_stacklevel() -> int:
+    """The `warnings.warn` stacklevel of the first caller outside symgpu (the user's line)."""
+    package = __file__.rsplit("/graph/", 1)[0]
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def _missing(node: Apply, i: int, var: Variable, action: str) -> None:
     """An input without a test value: ignore, warn, raise or start pdb, as `action` says."""
     if action == "ignore":
@@ -45,7 +55,7 @@ def _missing(node: Apply, i: int, var: Variable, action: str) -> None:
                f"of {node} get none; set `{var.name or 'var'}.tag.test_value = <array>` "
                f"(config.compute_test_value={action!r})\n{_where(node)}")
     if action == "warn":
-        warnings.warn(message, UserWarning, stacklevel=4)
+        warnings.warn(message, UserWarning, stacklevel=_user_stacklevel())
         return
     if action == "pdb":
         import pdb
