@@ -159,7 +159,7 @@ def test_theano_excluding_spelling_on_any_mode():
     x = T.dvector("x")
     f = function([x], T.exp(T.sin(x)), mode=m)
     assert len(f.maker.fgraph.toposort()) == 2
-    assert Mode("FAST_RUN").including("a").included_tags == ("a",)
+    assert Mode("FAST_RUN").including("a").including == ("a",)
 
 
 # ----------------------------------------------------------------------------- NanGuardMode

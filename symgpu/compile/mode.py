@@ -30,14 +30,6 @@ MODE_TAGS = {
 }
 
 
-#: Theano rewrite names that tutorials exclude, and the tag of ours that does the same work
-TAG_ALIASES = {
-    "local_elemwise_fusion": "fusion",
-    "elemwise_fusion": "fusion",
-    "fusion_optimizer": "fusion",
-}
-
-
 def _load_rewrites() -> None:
     # tensor rewrites register themselves on import (symgpu.tensor imports them at its end);
     # importing here too keeps a graph-only user of Mode from silently getting no rewrites
@@ -52,36 +44,51 @@ class Mode:
         if name not in MODE_TAGS:
             raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODE_TAGS)}")
         self.name = name
-        #: the tags this mode adds to / removes from its rewrite selection
-        self.included_tags = tuple(including)
-        self.excluded_tags = tuple(excluding)
+        self.including = tuple(including)
+        self.excluding = tuple(excluding)
 
     def _clone(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
         return get_mode(self.name)._with(including, excluding)
 
     def _with(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
-        self.included_tags, self.excluded_tags = tuple(including), tuple(excluding)
+        self.including, self.excluding = tuple(including), tuple(excluding)
         return self
 
     def including_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that also runs the rewrites with these tags."""
-        return self._clone(self.included_tags + tags, self.excluded_tags)
+        return self._clone(self.including + tags, self.excluding)
 
     def excluding_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that skips the rewrites with these tags."""
-        return self._clone(self.included_tags, self.excluded_tags + tags)
+        return self._clone(self.including, self.excluding + tags)
 
-    # Theano/PyTensor spellings: Mode('FAST_RUN').excluding('fusion', 'inplace')
-    including = including_ = including_tags
-    excluding = excluding_ = excluding_tags
+    # Theano/PyTensor spellings
+    including_ = including_tags
+    excluding_ = excluding_tags
+
+    # `mode.including` / `mode.excluding` read as the tag tuples and, called, are Theano's
+    # `mode.excluding('fusion', 'inplace')` (a copy of the mode with more tags)
+    @property
+    def including(self) -> "_CallableTags":
+        return _CallableTags(self._including, self.including_tags)
+
+    @including.setter
+    def including(self, tags: tuple[str, ...]) -> None:
+        self._including = tuple(tags)
+
+    @property
+    def excluding(self) -> "_CallableTags":
+        return _CallableTags(self._excluding, self.excluding_tags)
+
+    @excluding.setter
+    def excluding(self, tags: tuple[str, ...]) -> None:
+        self._excluding = tuple(tags)
 
     def tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(include, exclude) tags, flags included."""
-        include = (MODE_TAGS[self.name] + self.included_tags
-                   + tuple(config.tags("optimizer_including")))
-        exclude = self.excluded_tags + tuple(config.tags("optimizer_excluding"))
-        return (tuple(TAG_ALIASES.get(t, t) for t in include),
-                tuple(TAG_ALIASES.get(t, t) for t in exclude))
+        include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
+        exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
+        return _aliased(include), _aliased(exclude)
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
@@ -131,3 +138,28 @@ def get_mode(mode) -> Mode:
             return DebugMode()
         return Mode(mode)
     raise TypeError(f"mode must be a name ({', '.join(MODE_TAGS)}) or a Mode, got {mode!r}")
+
+
+#: Theano rewrite names that tutorials exclude, and the tag of ours that does the same work
+TAG_ALIASES = {
+    "local_elemwise_fusion": "fusion",
+    "elemwise_fusion": "fusion",
+    "fusion_optimizer": "fusion",
+}
+
+
+def _aliased(tags: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(TAG_ALIASES.get(t, t) for t in tags)
+
+
+class _CallableTags(tuple):
+    """A mode's included or excluded tags: a tuple that, called with more tags, returns a copy
+    of the mode with them added (Theano's ``mode.excluding('fusion')``)."""
+
+    def __new__(cls, tags: tuple[str, ...], add) -> "_CallableTags":
+        obj = super().__new__(cls, tags)
+        obj._add = add
+        return obj
+
+    def __call__(self, *tags: str) -> "Mode":
+        return self._add(*tags)
