@@ -286,7 +286,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
              mode: Any = None, profile: Any = None, name: str | None = None,
              on_unused_input: str | None = "raise", allow_input_downcast: bool | None = None,
              no_default_updates: bool = False, accept_inplace: bool = False) -> Function:
-    """Compile `outputs` as a function of `inputs`; see SPEC.md "Compiling and running".
+    """Compile `outputs` as a function of `inputs`; see docs/api.md.
 
     `updates` assigns new values to shared variables after each call (all at once, only when
     the whole call succeeded); `givens` substitutes variables before compiling.

@@ -1,6 +1,6 @@
 """GpuArrayType: the device type of the graph, its variables, constants and shared variables.
 
-Why it looks like this (DESIGN.md, "Placement is one small subsystem"): one device type
+Why it looks like this (placement is one small subsystem): one device type
 carries a context name, so placement is a property of types and the graph-to-GPU pass can be
 tested on the CPU with a virtual context. GPU variables carry the tensor operators: an
 expression on one builds an ordinary tensor graph through `HostFromGpu` (`as_tensor`), and
@@ -287,6 +287,11 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
     if target == "cpu":
         raise TypeError("target='cpu' asks for the host")
     foreign = not isinstance(value, GpuArray) and hasattr(value, "__cuda_array_interface__")
+    if isinstance(value, (float, np.floating)):
+        # a float scalar (a bias written `shared(0.)`) lives on the device like an array:
+        # on the host it would be uploaded and downloaded on every call, two syncs a step
+        from symgpu.tensor.sharedvar import host_value
+        value = host_value(value)
     if not (isinstance(value, (np.ndarray, GpuArray)) or foreign):
         raise TypeError(f"only arrays go to the GPU, not {type(value).__name__}")
     if target == "default":
