@@ -214,3 +214,14 @@ def test_monitor_sees_gpu_nodes_and_nan(cuda, capsys):
     assert seen == [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
     assert "GpuElemwise" in seen
     assert capsys.readouterr().out.startswith("*** NaN detected ***\nGpuElemwise")
+
+
+def test_compile_package_exports():
+    import symgpu.compile as compile_pkg
+    from symgpu.compile import DebugMode, In, Mode as M, MonitorMode as MM, NanGuardMode as NG
+    from symgpu.compile.debugmode import DebugMode as DM
+    assert MM is MonitorMode and NG is NanGuardMode and M is Mode and DebugMode is DM
+    assert In is symgpu.In and compile_pkg.shared is symgpu.shared
+    assert set(compile_pkg.__all__) <= set(dir(compile_pkg))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        compile_pkg.nope

@@ -1,4 +1,4 @@
-"""Compiling graphs: `function`, modes (`Mode`, `DebugMode`, `MonitorMode`, `NanGuardMode`),
+"""Compiling graphs: modes (`Mode`, `DebugMode`, `MonitorMode`, `NanGuardMode`),
 `In`/`Out`, shared variables and the profiler. Names load on first use (Theano's
 ``theano.compile.MonitorMode`` spelling) so importing this package stays cheap."""
 from __future__ import annotations
@@ -7,8 +7,9 @@ import importlib
 from typing import Any
 
 #: public name -> module of this package that defines it
+#: (`function` is not listed: `symgpu.compile.function` is the module; use `symgpu.function`)
 _LAZY = {
-    "function": "function", "Function": "function", "In": "io", "Out": "io",
+    "Function": "function", "In": "io", "Out": "io",
     "Mode": "mode", "get_mode": "mode", "FAST_RUN": "mode", "FAST_COMPILE": "mode",
     "DebugMode": "debugmode", "MonitorMode": "monitormode", "NanGuardMode": "monitormode",
     "detect_nan": "monitormode", "shared": "sharedvalue", "SharedVariable": "sharedvalue",
