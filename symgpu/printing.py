@@ -411,8 +411,8 @@ class _DotWriter:
         return self.contexts[ctx]
 
     def add_var_box(self, var: Variable, color: str) -> None:
-        self.lines.append(f"  {self.nid(var)} [label={_dot_quote(self.short(self.var_label(var)))}, "
-                          f"shape=box, {self.style(color)}];")
+        label = _dot_quote(self.short(self.var_label(var)))
+        self.lines.append(f"  {self.nid(var)} [label={label}, shape=box, {self.style(color)}];")
 
     def leaf_color(self, var: Variable) -> str:
         if isinstance(var, Constant):

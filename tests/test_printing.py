@@ -296,7 +296,8 @@ def test_pydotprint_real_graphviz(tmp_path):
 
 
 # ----------------------------------------------------------------------------- pydotprint options
-from symgpu.printing import DOT_COLORS, EDGE_COLORS, GraphvizNotFoundError, graph_to_dot  # noqa: E402
+from symgpu.printing import (DOT_COLORS, EDGE_COLORS, GraphvizNotFoundError,  # noqa: E402
+                             graph_to_dot)
 
 
 def _node_line(src, label):
@@ -319,13 +320,15 @@ def test_dot_compact_keeps_named_intermediates_only():
     h.name = "h"
     y = T.sin(T.cos(h))
     compact = graph_to_dot(y, var_with_name_simple=True)
-    boxes = [l for l in compact.splitlines() if "shape=box" in l and not l.strip().startswith("out")]
+    boxes = [l for l in compact.splitlines()
+             if "shape=box" in l and not l.strip().startswith("out")]
     assert sum('label="h"' in l for l in boxes) == 1
     # the unnamed cos output is an edge label, not a box
     assert sum("TensorType(float64, vector)\", shape=box" in l for l in boxes) == 0
     assert 'label="TensorType(float64, vector)"]' in compact
     full = graph_to_dot(y, compact=False, var_with_name_simple=True)
-    var_boxes = [l for l in full.splitlines() if 'label="TensorType(float64, vector)", shape=box' in l]
+    var_boxes = [l for l in full.splitlines()
+                 if 'label="TensorType(float64, vector)", shape=box' in l]
     assert len(var_boxes) == 1  # cos's output now has its own box
     assert full.count(" -> ") == compact.count(" -> ") + 1
 
@@ -428,7 +431,7 @@ def test_pydotprint_return_image_with_a_dot_program(tmp_path, monkeypatch):
     assert isinstance(img, bytes) and img.startswith(b"-Tsvg\ndigraph G {")
 
 
-# ----------------------------------------------------------------------------- pp and optimizer_verbose
+# ----------------------------------------------------------------------------- pp, optimizer_verbose
 
 def test_symgpu_pp_is_printing_pp_and_reads_the_tutorial_example():
     assert symgpu.pp is pp
