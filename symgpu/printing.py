@@ -362,6 +362,8 @@ class _DotWriter:
             from symgpu.graph.basic import graph_inputs, io_toposort
             self.order = {n: i for i, n in enumerate(io_toposort(graph_inputs(self.outputs),
                                                                  self.outputs))}
+        #: a profiled Function's stats: each node's label gets its time, as Theano's
+        self.profile = getattr(obj, "profile", None) if hasattr(obj, "maker") else None
         self.compact, self.high_contrast = compact, high_contrast
         self.color_codes = color_codes or {}
         self.max_label_size, self.simple = max_label_size, var_with_name_simple
@@ -410,6 +412,14 @@ class _DotWriter:
                                   GPU_CONTEXT_COLORS[(k - 1) % len(GPU_CONTEXT_COLORS)])
         return self.contexts[ctx]
 
+    def profile_text(self, node: Apply) -> str:
+        times = getattr(self.profile, "apply_time", None)
+        if not times:
+            return ""
+        seconds = float(times.get(node, 0.0))
+        total = getattr(self.profile, "fct_call_time", 0.0)
+        return f"   ({seconds:.3f}s,{seconds * 100 / total if total else 0.0:.3f}%)"
+
     def add_var_box(self, var: Variable, color: str) -> None:
         label = _dot_quote(self.short(self.var_label(var)))
         self.lines.append(f"  {self.nid(var)} [label={label}, shape=box, {self.style(color)}];")
@@ -439,6 +449,7 @@ class _DotWriter:
             label = str(node.op)
             if node in self.order:
                 label += f" id={self.order[node]}"
+            label += self.profile_text(node)
             self.lines.append(f"  {self.nid(node)} [label={_dot_quote(self.short(label))}, "
                               f"shape=ellipse, {self.style(self.node_color(node))}];")
             viewed, destroyed = _indices(node.op.view_map), _indices(node.op.destroy_map)

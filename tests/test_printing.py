@@ -470,3 +470,17 @@ def test_pp_indexing_reads_as_python():
     assert pp(T.set_subtensor(x[0], 1.0)) == "set_subtensor(x[0], 1.0)"
     assert pp(T.inc_subtensor(x[1:, i], 2.0)) == "inc_subtensor(x[1:, i], 2.0)"
     assert pp(x.reshape((3, -1))) == "reshape(x, [ 3, -1])"
+
+
+def test_dot_of_a_profiled_function_shows_node_times():
+    from symgpu.compile.profiling import ProfileStats
+    x = T.dvector("x")
+    stats = ProfileStats(atexit_print=False)
+    f = function([x], T.exp(x), profile=stats, mode=NO_REWRITES)
+    f(np.ones(3))
+    (node,) = f.maker.fgraph.toposort()
+    stats.apply_time[node] = 0.25  # a known time, so the label is exact
+    stats.fct_call_time = 1.0
+    src = graph_to_dot(f)
+    assert 'label="Elemwise{exp,no_inplace} id=0   (0.250s,25.000%)"' in src
+    assert "%)" not in graph_to_dot(function([x], T.exp(x), mode=NO_REWRITES))
