@@ -278,3 +278,50 @@ def test_print_test_value_without_a_value_is_just_the_name():
 
 def test_graph_module_exports():
     assert graph_basic.TestValueError is tv.TestValueError
+
+
+class Halves(Op):
+    """Two outputs (first and second half of a vector), perform only."""
+    __props__ = ()
+
+    def make_node(self, x):
+        x = T.as_tensor_variable(x)
+        return Apply(self, [x], [x.type(), x.type()])
+
+    def perform(self, node, inputs, out):
+        h = len(inputs[0]) // 2
+        out[0][0], out[1][0] = inputs[0][:h].copy(), inputs[0][h:].copy()
+
+
+def test_every_output_of_a_multi_output_node_gets_its_value(raise_mode):
+    x = T.dvector("x")
+    x.tag.test_value = np.arange(4.0)
+    first, second = Halves()(x)
+    assert np.array_equal(first.tag.test_value, [0.0, 1.0])
+    assert np.array_equal(second.tag.test_value, [2.0, 3.0])
+
+
+@pytest.mark.parametrize("action", ["ignore", "warn"])
+def test_a_failing_computation_raises_whatever_the_action(action):
+    x = T.dmatrix("x")
+    x.tag.test_value = np.ones((2, 3))
+    with config.change_flags(compute_test_value=action):
+        with pytest.raises(ValueError, match="Test value computation failed"):
+            T.dot(x, x)
+
+
+def test_an_output_value_that_does_not_fit_its_type_is_named():
+    class Wrong(Op):
+        __props__ = ()
+
+        def make_node(self, x):
+            return Apply(self, [x], [T.dmatrix()])
+
+        def perform(self, node, inputs, out):
+            out[0][0] = inputs[0]  # a vector where a matrix was promised
+
+    x = T.dvector("x")
+    x.tag.test_value = np.ones(3)
+    with config.change_flags(compute_test_value="raise"):
+        with pytest.raises(TypeError, match=r"does not fit its output 0 \(TensorType\(float64, m"):
+            Wrong()(x)
