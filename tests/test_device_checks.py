@@ -24,9 +24,10 @@ def test_slots_raise_the_first_reported_value_then_clear():
     checks = DeviceChecks(_host_allocator(chunks))
     a = checks.new_slot(lambda bad: IndexError(f"a got {bad}"))
     b = checks.new_slot(lambda bad: ValueError(f"b got {bad}"))
-    assert (a, b) == (1 << 40, (1 << 40) + 16)     # two words per slot
-    checks.raise_pending()                           # nothing reported: nothing raised
-    chunks[0][1] = (1, np.uint64(2**64 - 3))        # slot b reports -3
+    assert (a, b) == ((1 << 40) + 16, (1 << 40) + 32)   # two words per slot; the page's
+    checks.raise_pending()                               # first is its report word
+    chunks[0][2] = (1, np.uint64(2**64 - 3))             # slot b reports -3
+    chunks[0][0, 0] = 1
     with pytest.raises(ValueError, match="b got -3"):
         checks.raise_pending()
     checks.raise_pending()                           # cleared
@@ -37,10 +38,14 @@ def test_slots_grow_in_chunks_without_moving():
     chunks = []
     checks = DeviceChecks(_host_allocator(chunks))
     ptrs = [checks.new_slot(lambda bad: IndexError()) for _ in range(300)]
-    assert len(chunks) == 2 and ptrs[0] == 1 << 40 and len(set(ptrs)) == 300
-    chunks[1][300 - 256, 0] = 1
+    assert len(chunks) == 2 and ptrs[0] == (1 << 40) + 16 and len(set(ptrs)) == 300
+    assert checks.report_words() == [1 << 40, (1 << 40) + (1 << 20)]
+    chunks[1][300 - 255, 0] = 1                        # the last slot: row 45 of page 2
     with pytest.raises(IndexError):
         checks.raise_pending()
+    chunks[0][0, 0] = 1                                # a report word alone: cleared, no error
+    checks.raise_pending()
+    assert not chunks[0].any()
 
 
 class _FakeKernel:
@@ -64,8 +69,8 @@ def test_launch_checked_gives_each_node_one_slot_and_names_its_line():
     for n in (3, 4):
         launch_checked(node, ctx, fn, (1, 1), (32, 1, 1), (n,),
                        lambda bad, n=n: IndexError(f"index {bad} of {n}"))
-    assert fn.calls[0][-1] == fn.calls[1][-1] == 1 << 40   # the same slot, last argument
-    chunks[0][0] = (1, 7)
+    assert fn.calls[0][-1] == fn.calls[1][-1] == (1 << 40) + 16   # one slot, last argument
+    chunks[0][1] = (1, 7)
     with pytest.raises(IndexError, match=r"index 7 of 4 \(the node was created at .*test_device_checks"):
         ctx.device_checks.raise_pending()
 
@@ -75,7 +80,9 @@ def test_the_report_function_compiles_in_the_kernels(tmp_path):
     from gpu_helpers import compile_for_sm90
     from symgpu.gpu.advanced import advanced_source
     from symgpu.gpu.crossentropy import crossentropy_source
+    from symgpu.gpu.device_checks import GUARDED_COPY_SOURCE
     assert REPORT_SOURCE in advanced_source() and REPORT_SOURCE in crossentropy_source()
+    assert compile_for_sm90(GUARDED_COPY_SOURCE, tmp_path)
     assert compile_for_sm90(advanced_source(), tmp_path)
     assert compile_for_sm90(crossentropy_source(), tmp_path)
 
@@ -102,3 +109,23 @@ def test_sync_checks_raise_at_the_node(cuda):
         f = function([x, i], x[i].sum())
         with pytest.raises(IndexError, match="index 9 is out of bounds"):
             f(np.zeros((4, 3), "float32"), np.array([9]))
+
+
+@requires_gpu
+def test_a_failed_call_with_cuda_graphs_leaves_updates_unapplied(cuda):
+    """The update is copied back into w's buffer inside the graph; a bad index of the same
+    call must stop that copy (guarded_copy), not only raise."""
+    import symgpu
+    x, i = T.fmatrix("x"), T.lvector("i")
+    w = symgpu.shared(np.zeros((4, 3), "float32"), name="w")
+    f = function([x, i], x[i].sum(), updates=[(w, w + x)])
+    xs = np.ones((4, 3), "float32")
+    for _ in range(4):                   # plain, capture, replays
+        f(xs, np.array([0, 1]))
+    assert f.vm.runner is not None and f.vm.runner.device_checked
+    before = w.get_value()
+    with pytest.raises(IndexError, match="index 7"):
+        f(xs, np.array([7]))
+    np.testing.assert_array_equal(w.get_value(), before)
+    f(xs, np.array([0]))
+    np.testing.assert_array_equal(w.get_value(), before + 1)

@@ -59,6 +59,18 @@ def _ctx(name: str | None) -> Any:
     return get_context(name)
 
 
+def _unpickle_context(name: str | None) -> Any:
+    """The context an unpickled GPU value goes to, or None (no GPU there, or a virtual one)."""
+    from symgpu.gpu import context as gctx
+    if name is None:
+        if not default_context_active():
+            return None
+    elif name not in gctx.context_names():
+        return None
+    ctx = _ctx(name)
+    return None if ctx.virtual else ctx
+
+
 class GpuArrayType(Type):
     """An n-d array on the GPU context named `context_name` (None = the default context)."""
 
@@ -108,6 +120,19 @@ class GpuArrayType(Type):
     def tensor_type(self) -> TensorType:
         """The host twin of this type (what `HostFromGpu` produces)."""
         return TensorType(self.dtype, self.broadcastable)
+
+    # -- pickling of shared values (symgpu.compile.sharedvalue.Container) -------------------
+    def value_to_pickle(self, value: Any) -> Any:
+        """A shared value is pickled as a host ndarray, so that it loads anywhere."""
+        return value.get() if hasattr(value, "get") else np.asarray(value)
+
+    def value_from_pickle(self, value: np.ndarray) -> tuple[Type, Any]:
+        """On load: uploaded to this type's context where it is in use; a host value of the
+        host twin type where there is none (Theano's unpickle_gpu_on_cpu)."""
+        ctx = _unpickle_context(self.context_name)
+        if ctx is None:
+            return self.tensor_type(), self.tensor_type().filter(value)
+        return self, self.filter(value)
 
     # -- values -----------------------------------------------------------------------------
     def filter(self, value: Any, strict: bool = False, allow_downcast: bool | None = None) -> Any:
@@ -253,10 +278,11 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
         """A host ndarray copy of the value; the GpuArray itself with
         `return_internal_type=True` (copied unless `borrow=True`), as in Theano."""
-        value = self.container.storage[0]
-        if return_internal_type:
-            return value if borrow else value.copy()
-        return value.get()
+        with self.container.lock:  # not while a call is between reading and updating it
+            value = self.container.storage[0]
+            if return_internal_type:
+                return value if borrow else value.copy()
+            return value.get()
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Upload `value` (checked against the type first: on error nothing changes). A
@@ -265,13 +291,27 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
         if on_device and not borrow:
             new = new.copy().sync()  # the owner may overwrite its array on its own stream
-        self.container.storage[0] = new
+        with self.container.lock:  # after (not inside) any call updating it
+            self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:
         return value.get()
 
     def _copy_in(self, value: Any) -> Any:
         return value.copy()
+
+    def __reduce__(self):
+        # the container pickles the value as a host array (GpuArrayType.value_to_pickle)
+        # and decides on load whether it goes back to a GPU or stays on the host
+        return (_unpickle_gpu_shared, (self.container, self.name))
+
+
+def _unpickle_gpu_shared(container: Container, name: str | None) -> SharedVariable:
+    """A GPU shared variable where its context is in use, else a host one (same value)."""
+    if isinstance(container.type, GpuArrayType):
+        return GpuArraySharedVariable(container.type, None, name=name, container=container)
+    from symgpu.tensor.sharedvar import TensorSharedVariable
+    return TensorSharedVariable(container.type, None, name=name, container=container)
 
 
 @register_shared_constructor
