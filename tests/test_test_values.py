@@ -325,3 +325,19 @@ def test_an_output_value_that_does_not_fit_its_type_is_named():
     with config.change_flags(compute_test_value="raise"):
         with pytest.raises(TypeError, match=r"does not fit its output 0 \(TensorType\(float64, m"):
             Wrong()(x)
+
+
+def test_strip_pickler_strips_variable_tags_and_keeps_their_check(tmp_path):
+    import io
+    import pickle
+    from symgpu.misc.pkl_utils import StripPickler
+    x = T.dvector("x")
+    x.tag.test_value = np.arange(3.0)
+    x.tag.note = "kept"
+    buf = io.BytesIO()
+    StripPickler(buf).dump(x)
+    y = pickle.loads(buf.getvalue())
+    assert not hasattr(y.tag, "trace") and not hasattr(y.tag, "test_value")
+    assert y.tag.note == "kept" and hasattr(x.tag, "trace")  # the saved object is untouched
+    with pytest.raises(TypeError, match="bad test value"):
+        y.tag.test_value = np.ones((2, 2))
