@@ -225,3 +225,13 @@ def test_compile_package_exports():
     assert set(compile_pkg.__all__) <= set(dir(compile_pkg))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         compile_pkg.nope
+
+
+def test_monitoring_survives_pickling_and_copy(capsys):
+    import pickle
+    x = T.dvector("x")
+    f = function([x], T.log(x) * x, mode=MonitorMode(post_func=library_detect_nan))
+    for g in (pickle.loads(pickle.dumps(f)), f.copy()):
+        with np.errstate(all="ignore"):
+            g(np.zeros(1))
+        assert capsys.readouterr().out.startswith("*** NaN detected ***\n")

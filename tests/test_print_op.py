@@ -160,3 +160,12 @@ def test_gpu_value_printed_from_the_device(cuda, capsys):
     assert capsys.readouterr().out == f"w shape = (4,)\nw __str__ = {doubled}\n"
     f()
     assert capsys.readouterr().out.count("w shape = (4,)") == 1
+
+
+def test_a_function_with_print_pickles(capsys):
+    import pickle
+    x = T.dvector("x")
+    f = function([x], Print("p")(x) * 2)
+    g = pickle.loads(pickle.dumps(f))
+    assert np.array_equal(g(np.ones(2)), [2.0, 2.0])
+    assert capsys.readouterr().out == "p __str__ = [1. 1.]\n"
