@@ -1,0 +1,124 @@
+"""Philox4x32-10 (Salmon et al., SC'11; the constants of Random123 and cuRAND) in vectorised
+NumPy, and the one definition of how its 32-bit words become floats.
+
+The GPU kernels (symgpu/gpu/random.py) implement the same functions in CUDA; the layout here
+is the contract both follow, so one seed gives the same numbers on the CPU and the GPU:
+
+* the state is four uint32 words ``[key0, key1, ctr_lo, ctr_hi]``; block ``b`` of a draw is
+  ``philox(counter=(lo, hi, 0, 0) of ctr + b, key=(key0, key1))`` (four words);
+* a 32-bit element ``i`` (float16/float32) reads block ``i // 4``, a float64 element block
+  ``i // 2``, so a draw of ``n`` elements uses ``ceil(n / per_block)`` blocks and the
+  counter advances by that much;
+* uniform float32 ``((w >> 9) + 0.5) * 2**-23`` (exact, in (0, 1)); uniform float64 from two
+  words ``((w0 << 20 | w1 >> 12) + 0.5) * 2**-52`` (exact, in (0, 1));
+* normal: Box-Muller on the pairs (u1, u2) of a block, ``r = sqrt(-2 log u1)``,
+  ``z_even = r cos(2 pi u2)``, ``z_odd = r sin(2 pi u2)``, computed in the output's float type.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["M0", "M1", "W0", "W1", "philox4x32", "blocks", "per_block", "uniform_from_words",
+           "sample", "advance", "stream_key", "DISTS"]
+
+M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
+W0, W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
+ROUNDS = 10
+DISTS = ("uniform", "normal")
+_MASK = np.uint64(0xFFFFFFFF)
+_S32 = np.uint64(32)
+
+
+def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.ndarray:
+    """Philox4x32 of counters `ctr` (uint32, shape (..., 4)) under `key` (two uint32 words).
+
+    The 32x32->64 multiplies run in uint64; returns uint32 of the same shape."""
+    ctr = np.asarray(ctr, dtype=np.uint32)
+    if ctr.shape[-1:] != (4,):
+        raise ValueError(f"philox4x32: counters must have a last axis of 4 words, got {ctr.shape}")
+    key = np.asarray(key, dtype=np.uint32).reshape(2)
+    c0, c1, c2, c3 = (ctr[..., j].astype(np.uint64) for j in range(4))
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for r in range(rounds):
+        if r:
+            k0 = (k0 + np.uint64(W0)) & _MASK
+            k1 = (k1 + np.uint64(W1)) & _MASK
+        p0 = M0 * c0
+        p1 = M1 * c2
+        c0, c1, c2, c3 = ((p1 >> _S32) ^ c1 ^ k0, p1 & _MASK, (p0 >> _S32) ^ c3 ^ k1, p0 & _MASK)
+    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+
+
+def per_block(dtype: str) -> int:
+    """Elements of `dtype` one 128-bit block serves (4 for 32-bit floats, 2 for float64)."""
+    return 2 if np.dtype(dtype).itemsize == 8 else 4
+
+
+def blocks(n: int, dtype: str) -> int:
+    """Blocks (counter steps) a draw of `n` elements of `dtype` uses."""
+    k = per_block(dtype)
+    return (int(n) + k - 1) // k
+
+
+def _block_words(state: np.ndarray, nblocks: int) -> np.ndarray:
+    """The (nblocks, 4) uint32 words of the blocks a draw from `state` reads."""
+    state = np.asarray(state, dtype=np.uint32)
+    base = (int(state[3]) << 32) | int(state[2])
+    idx = (np.arange(nblocks, dtype=np.uint64) + np.uint64(base))  # wraps at 2**64 as uint64
+    ctr = np.zeros((nblocks, 4), dtype=np.uint32)
+    ctr[:, 0] = (idx & _MASK).astype(np.uint32)
+    ctr[:, 1] = (idx >> _S32).astype(np.uint32)
+    return philox4x32(ctr, state[:2])
+
+
+def uniform_from_words(words: np.ndarray, dtype: str) -> np.ndarray:
+    """Uniform (0, 1) floats from a block's words: (..., 4) -> (..., per_block(dtype))."""
+    w = np.asarray(words, dtype=np.uint32)
+    if np.dtype(dtype).itemsize == 8:
+        hi = w[..., 0::2].astype(np.uint64) << np.uint64(20)
+        lo = w[..., 1::2].astype(np.uint64) >> np.uint64(12)
+        return ((hi | lo).astype(np.float64) + 0.5) * 2.0 ** -52
+    u = ((w >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -23)
+    return u.astype(dtype)
+
+
+def _normal(u: np.ndarray, dtype: str) -> np.ndarray:
+    """Box-Muller on consecutive pairs of the last axis, in the output's float type."""
+    ftype = np.float64 if np.dtype(dtype).itemsize == 8 else np.float32
+    u = u.astype(ftype)
+    u1, u2 = u[..., 0::2], u[..., 1::2]
+    r = np.sqrt(ftype(-2.0) * np.log(u1))
+    theta = ftype(2.0 * np.pi) * u2
+    z = np.empty_like(u)
+    z[..., 0::2] = r * np.cos(theta)
+    z[..., 1::2] = r * np.sin(theta)
+    return z.astype(dtype)
+
+
+def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """The draw of `dist` ('uniform' in (0, 1) or standard 'normal') of `shape` from `state`."""
+    if dist not in DISTS:
+        raise ValueError(f"philox sample: unknown distribution {dist!r}; expected one of {DISTS}")
+    n = int(np.prod(shape, dtype=np.int64))
+    nb = blocks(n, dtype)
+    gen_dtype = "float64" if np.dtype(dtype).itemsize == 8 else "float32"
+    u = uniform_from_words(_block_words(state, nb), gen_dtype)
+    vals = u if dist == "uniform" else _normal(u, gen_dtype)
+    return vals.reshape(-1)[:n].astype(dtype, copy=False).reshape(shape)
+
+
+def advance(state: np.ndarray, nblocks: int) -> np.ndarray:
+    """`state` with its 64-bit counter moved on by `nblocks` (wrapping at 2**64)."""
+    state = np.asarray(state, dtype=np.uint32)
+    base = ((int(state[3]) << 32) | int(state[2])) + int(nblocks)
+    base &= (1 << 64) - 1
+    return np.array([state[0], state[1], base & 0xFFFFFFFF, base >> 32], dtype=np.uint32)
+
+
+def stream_key(seed: int, index: int) -> np.ndarray:
+    """The key of stream `index` of a generator seeded with `seed`: the first two words of
+    philox(counter=(index, 0, 0, 0), key=seed's two words), so streams do not overlap."""
+    seed = int(seed) & ((1 << 64) - 1)
+    key = np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32)
+    ctr = np.array([[index & 0xFFFFFFFF, (index >> 32) & 0xFFFFFFFF, 0x5EED, 0]], dtype=np.uint32)
+    return philox4x32(ctr, key)[0, :2]
