@@ -1,0 +1,116 @@
+"""Philox on the GPU: placement on a virtual context (CPU), nvcc compilation of the kernels
+(``nvcc``), and the same numbers as the CPU for the same seed on a real GPU (``gpu``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
+from symgpu import config, function
+from symgpu.gpu.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
+                               random_source, sample_kernel_name)
+from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.type import GpuArrayType
+from symgpu.tensor.random import PhiloxSample, RandomStreams, philox
+
+
+def _ops(f):
+    return [n.op for n in f.maker.fgraph.toposort()]
+
+
+# ============================================================================ CPU
+
+def test_sample_moves_to_the_gpu_on_a_virtual_context():
+    srng = RandomStreams(seed=1)          # made before: a host state, uploaded per call
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.matrix("x")
+        f = function([x], x * srng.uniform(x.shape, low=-1.0, high=1.0))
+        ops = _ops(f)
+        assert any(isinstance(op, GpuPhiloxSample) and op.dist == "uniform" for op in ops)
+        assert not any(isinstance(op, PhiloxSample) for op in ops)
+        g = function([], srng.normal((4, 4), dtype="float64"))
+        assert any(isinstance(op, GpuPhiloxSample) and op.dtype == "float64" for op in _ops(g))
+
+
+def test_float16_stays_on_the_cpu():
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function([], srng.uniform((4,), dtype="float16"))
+        assert any(isinstance(op, PhiloxSample) for op in _ops(f))
+
+
+def test_ops_types_and_errors():
+    st = GpuArrayType("uint32", (False,), None)()
+    n = T.lscalar("n")
+    out = GpuPhiloxSample("normal", "float32")(st, n, 3)
+    assert out.type == GpuArrayType("float32", (False, False), None)
+    assert out.owner.op.grad(out.owner.inputs, [None]) == [None, None, None]
+    assert GpuPhiloxAdvance("float32")(st, n).type == st.type
+    with pytest.raises(ValueError, match="no kernel"):
+        GpuPhiloxSample("normal", "float16")
+    with pytest.raises(TypeError, match="uint32 vector"):
+        GpuPhiloxSample("uniform", "float32")(GpuArrayType("int32", (False,), None)(), n)
+    ((key, factory, options),) = out.owner.op.prefetch_sources(out.owner)
+    assert factory is random_source and options == ()
+
+
+@requires_nvcc
+def test_kernels_compile(tmp_path):
+    cubin = compile_for_sm90(random_source(), tmp_path)
+    for dist in ("uniform", "normal"):
+        for dtype in GPU_RANDOM_DTYPES:
+            assert sample_kernel_name(dist, dtype).encode() in cubin
+    assert b"sg_philox_advance" in cubin
+
+
+# ============================================================================ GPU
+
+def _reference(seed, stream, dist, dtype, shape, call):
+    """What stream `stream` of RandomStreams(seed) draws at call `call` (NumPy Philox)."""
+    state = RandomStreams(seed=seed)._initial_state(stream)
+    state = philox.advance(state, call * philox.blocks(int(np.prod(shape)), dtype))
+    return philox.sample(state, dist, dtype, shape)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs):
+    def make(s):
+        return [s.uniform((1001, 3), dtype=dtype), s.normal((7, 333), dtype=dtype),
+                s.uniform((5,), low=2.0, high=4.0, dtype=dtype)]
+    with config.change_flags(**{"gpuarray.cuda_graphs": cuda_graphs}):
+        srng = RandomStreams(seed=5)
+        f = function([], make(srng))
+        ops = _ops(f)
+        assert sum(isinstance(op, GpuPhiloxSample) for op in ops) == 3
+        assert sum(isinstance(op, GpuPhiloxAdvance) for op in ops) == 3
+        assert isinstance(srng.state_updates[0][0].type, GpuArrayType)
+        for call in range(4):
+            u, z, v = f()
+            want_u = _reference(5, 0, "uniform", dtype, (1001, 3), call)
+            want_z = _reference(5, 1, "normal", dtype, (7, 333), call)
+            want_v = 2 + 2 * _reference(5, 2, "uniform", dtype, (5,), call)
+            assert u.dtype == dtype and z.dtype == dtype
+            np.testing.assert_array_equal(u, want_u)          # bitwise
+            tol = 2e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(z, want_z, rtol=tol, atol=tol)
+            np.testing.assert_allclose(v, want_v, rtol=1e-6 if dtype == "float32" else 1e-15)
+        st = np.asarray(srng.state_updates[0][0].get_value())
+        assert st.dtype == np.uint32 and int(st[2]) == 4 * -(-3003 // (4 if dtype == "float32" else 2))
+
+
+@requires_gpu
+def test_dropout_on_the_gpu_matches_the_cpu(cuda):
+    x = np.random.default_rng(0).standard_normal((64, 100)).astype("float32")
+
+    def make(s):
+        xv = T.constant(x)
+        return xv * T.cast(s.binomial((64, 100), p=0.5, dtype="int8"), "float32") * 2.0
+    srng = RandomStreams(seed=9)
+    f = function([], make(srng))
+    assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
+    for call in range(3):
+        keep = _reference(9, 0, "uniform", "float32", (1, 64, 100), call)[0] < 0.5
+        np.testing.assert_array_equal(f(), x * keep.astype("float32") * 2.0)
