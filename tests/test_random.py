@@ -1,6 +1,7 @@
 """RandomStreams on Philox4x32-10: the generator against Random123's known answers, the
 distributions against scipy.stats (fixed seeds: deterministic), streams, seeding, default
 updates, gradients through the parameters only."""
+import os
 import subprocess
 import sys
 
@@ -283,3 +284,16 @@ def test_infer_shape_of_the_ops():
     adv = x.rng.default_update.owner
     assert isinstance(adv.op, PhiloxAdvance)
     assert adv.op.infer_shape(None, adv, [(4,), (), ()]) == [(4,)]
+
+
+def test_mlp_dropout_example_trains():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SYMGPU_FLAGS="device=cpu,floatX=float32", SYMGPURC=os.devnull,
+               PYTHONPATH=root)
+    proc = subprocess.run([sys.executable, "examples/mlp_dropout.py", "6"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Used the cpu"
+    losses = [float(l.split()[-1]) for l in lines if l.startswith("step ")]
+    assert losses[-1] < losses[0]

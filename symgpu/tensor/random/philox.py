@@ -29,24 +29,47 @@ _MASK = np.uint64(0xFFFFFFFF)
 _S32 = np.uint64(32)
 
 
+_CHUNK = 8192   # blocks per pass: the eight uint64 work arrays stay in the L2 cache
+
+
 def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.ndarray:
     """Philox4x32 of counters `ctr` (uint32, shape (..., 4)) under `key` (two uint32 words).
 
-    The 32x32->64 multiplies run in uint64; returns uint32 of the same shape."""
+    The 32x32->64 multiplies run in uint64, in place, a cache-sized chunk at a time;
+    returns uint32 of the same shape."""
     ctr = np.asarray(ctr, dtype=np.uint32)
     if ctr.shape[-1:] != (4,):
         raise ValueError(f"philox4x32: counters must have a last axis of 4 words, got {ctr.shape}")
     key = np.asarray(key, dtype=np.uint32).reshape(2)
-    c0, c1, c2, c3 = (ctr[..., j].astype(np.uint64) for j in range(4))
-    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    flat = ctr.reshape(-1, 4)
+    out = np.empty_like(flat)
+    for start in range(0, len(flat), _CHUNK):
+        stop = min(start + _CHUNK, len(flat))
+        out[start:stop] = _rounds(flat[start:stop], int(key[0]), int(key[1]), rounds)
+    return out.reshape(ctr.shape)
+
+
+def _rounds(ctr: np.ndarray, k0: int, k1: int, rounds: int) -> np.ndarray:
+    c0, c1, c2, c3 = (ctr[:, j].astype(np.uint64) for j in range(4))
+    p0, p1 = np.empty_like(c0), np.empty_like(c0)
     for r in range(rounds):
         if r:
-            k0 = (k0 + np.uint64(W0)) & _MASK
-            k1 = (k1 + np.uint64(W1)) & _MASK
-        p0 = M0 * c0
-        p1 = M1 * c2
-        c0, c1, c2, c3 = ((p1 >> _S32) ^ c1 ^ k0, p1 & _MASK, (p0 >> _S32) ^ c3 ^ k1, p0 & _MASK)
-    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+            k0 = (k0 + int(W0)) & 0xFFFFFFFF
+            k1 = (k1 + int(W1)) & 0xFFFFFFFF
+        np.multiply(c0, M0, out=p0)
+        np.multiply(c2, M1, out=p1)
+        np.right_shift(p1, _S32, out=c0)
+        c0 ^= c1
+        c0 ^= np.uint64(k0)
+        np.right_shift(p0, _S32, out=c2)
+        c2 ^= c3
+        c2 ^= np.uint64(k1)
+        np.bitwise_and(p1, _MASK, out=c1)
+        np.bitwise_and(p0, _MASK, out=c3)
+    res = np.empty((len(c0), 4), dtype=np.uint32)
+    for j, c in enumerate((c0, c1, c2, c3)):
+        res[:, j] = c
+    return res
 
 
 def per_block(dtype: str) -> int:
