@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import symgpu.tensor as T
-from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
+from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_kernel_device, requires_gpu,
+                         requires_nvcc, thunk_over)
 from symgpu import config, function
 from symgpu.gpu.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
                                random_source, sample_kernel_name)
@@ -53,6 +54,31 @@ def test_ops_types_and_errors():
         GpuPhiloxSample("uniform", "float32")(GpuArrayType("int32", (False,), None)(), n)
     ((key, factory, options),) = out.owner.op.prefetch_sources(out.owner)
     assert factory is random_source and options == ()
+
+
+def test_thunks_launch_with_the_state_pointer_and_the_size(monkeypatch):
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    n = T.lscalar("n")
+    out = GpuPhiloxSample("normal", "float32")(st, n, 3)
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    thunk, storage = thunk_over(out.owner, [state, np.int64(11), np.int64(3)])
+    assert thunk.capturable and thunk.launches
+    thunk()
+    (name, grid, block, args), = calls
+    assert name == "sg_philox_normal_float32" and block == (256, 1, 1)
+    assert args[0] == state.ptr and args[2] == 33
+    res = storage[out][0]
+    assert res.shape == (11, 3) and res.dtype == np.float32 and args[1] == res.ptr
+    adv = GpuPhiloxAdvance("float64")(st, n).owner
+    thunk, storage = thunk_over(adv, [state, np.int64(5)])
+    thunk()
+    name, grid, block, args = calls[-1]
+    assert name == "sg_philox_advance" and args[0] == state.ptr and args[2] == 3
+    assert storage[adv.outputs[0]][0].shape == (4,) and args[1] == storage[adv.outputs[0]][0].ptr
+    with pytest.raises(ValueError, match="4 contiguous uint32"):
+        thunk_over(adv, [fake_gpu_array(ctx, (3,), "uint32"), np.int64(5)])[0]()
 
 
 @requires_nvcc
@@ -112,5 +138,5 @@ def test_dropout_on_the_gpu_matches_the_cpu(cuda):
     f = function([], make(srng))
     assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
     for call in range(3):
-        keep = _reference(9, 0, "uniform", "float32", (1, 64, 100), call)[0] < 0.5
+        keep = _reference(9, 0, "uniform", "float32", (64, 100), call) < 0.5
         np.testing.assert_array_equal(f(), x * keep.astype("float32") * 2.0)

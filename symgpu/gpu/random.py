@@ -30,7 +30,6 @@ __all__ = ["GpuPhiloxSample", "GpuPhiloxAdvance", "PHILOX_CUDA", "random_source"
 GPU_RANDOM_DTYPES = {"float32": ("float", 4), "float64": ("double", 2)}
 
 _BLOCK = 256
-_MAX_GRID = 65535
 
 #: the generator and the word->float conversions (the contract of philox.py), as device
 #: functions any kernel can include
@@ -71,14 +70,16 @@ __device__ __forceinline__ double sg_u01_f64(unsigned int w0, unsigned int w1)
 __device__ __forceinline__ void sg_box_muller(float u1, float u2, float *z0, float *z1)
 {
     const float r = sqrtf(__fmul_rn(-2.0f, logf(u1)));
-    const float t = __fmul_rn(6.2831854820251465f, u2);
-    *z0 = __fmul_rn(r, cosf(t)); *z1 = __fmul_rn(r, sinf(t));
+    float s, c;
+    sincosf(__fmul_rn(6.2831854820251465f, u2), &s, &c);
+    *z0 = __fmul_rn(r, c); *z1 = __fmul_rn(r, s);
 }
 __device__ __forceinline__ void sg_box_muller(double u1, double u2, double *z0, double *z1)
 {
     const double r = sqrt(__dmul_rn(-2.0, log(u1)));
-    const double t = __dmul_rn(6.283185307179586, u2);
-    *z0 = __dmul_rn(r, cos(t)); *z1 = __dmul_rn(r, sin(t));
+    double s, c;
+    sincos(__dmul_rn(6.283185307179586, u2), &s, &c);
+    *z0 = __dmul_rn(r, c); *z1 = __dmul_rn(r, s);
 }
 
 /* The 4 (float32) or 2 (float64) values of block b of a uniform or normal draw. */
@@ -164,18 +165,21 @@ def sample_kernel_name(dist: str, dtype: str) -> str:
     return f"sg_philox_{dist}_{dtype}"
 
 
-_prepared: dict[tuple[int, str], Any] = {}
+#: kernel name -> argument format (struct syntax, the CUDA parameter layout)
+_FORMATS = {sample_kernel_name(d, t): "PPq" for d in philox.DISTS for t in GPU_RANDOM_DTYPES}
+_FORMATS["sg_philox_advance"] = "PPQ"
 
 
-def _kernel(ctx: Any, name: str, fmt: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, random_source, name, context=ctx)
-        fn.prepare(fmt)
-        _prepared[key] = fn
-    return fn
+def _launcher(ctx: Any, name: str) -> Callable[..., None]:
+    from symgpu.gpu.codegen.launch import load_kernels
+    return load_kernels(ctx, _MODULE_KEY, random_source, _FORMATS)[name].fast_launcher()
+
+
+def grid_for(ctx: Any, nblocks: int) -> tuple[int, int, int]:
+    """Thread blocks for `nblocks` Philox blocks: one per thread, at most 8 waves of 256 per
+    multiprocessor (the kernels loop over the rest)."""
+    from symgpu.gpu.codegen.launch import sm_count
+    return (max(1, min(8 * sm_count(ctx), -(-nblocks // _BLOCK))), 1, 1)
 
 
 def _launch_thunk(thunk: Callable[[], None]) -> Callable[[], None]:
@@ -244,10 +248,10 @@ class GpuPhiloxSample(_RandomKernelOp):
         st_cell = storage_map[node.inputs[0]]
         size_cells = [storage_map[v] for v in node.inputs[1:]]
         out_cell = storage_map[node.outputs[0]]
-        name = sample_kernel_name(self.dist, self.dtype)
+        launch = _launcher(ctx, sample_kernel_name(self.dist, self.dtype))
         np_dtype = np.dtype(self.dtype)
         per = GPU_RANDOM_DTYPES[self.dtype][1]
-        op = self
+        op, block = self, (_BLOCK, 1, 1)
 
         def thunk() -> None:
             ctx.activate()
@@ -257,10 +261,7 @@ class GpuPhiloxSample(_RandomKernelOp):
             out = new_array(ctx, shape, np_dtype)
             n = int(np.prod(shape, dtype=np.int64))
             if n:
-                nb = (n + per - 1) // per
-                grid = max(1, min(_MAX_GRID, -(-nb // _BLOCK)))
-                _kernel(ctx, name, "PPq").prepared_async_call(
-                    (grid, 1), (_BLOCK, 1, 1), ctx.stream, st.ptr, out.ptr, n)
+                launch(grid_for(ctx, (n + per - 1) // per), block, st.ptr, out.ptr, n)
             out_cell[0] = out
 
         return _launch_thunk(thunk)
@@ -293,6 +294,7 @@ class GpuPhiloxAdvance(_RandomKernelOp):
         out_cell = storage_map[node.outputs[0]]
         op, dtype = self, self.dtype
         u32 = np.dtype("uint32")
+        launch = _launcher(ctx, "sg_philox_advance")
 
         def thunk() -> None:
             ctx.activate()
@@ -300,8 +302,7 @@ class GpuPhiloxAdvance(_RandomKernelOp):
             _check_state_array(op, st)
             n = int(np.prod(_shape(op, [c[0] for c in size_cells]), dtype=np.int64))
             out = new_array(ctx, (4,), u32)
-            _kernel(ctx, "sg_philox_advance", "PPQ").prepared_async_call(
-                (1, 1), (32, 1, 1), ctx.stream, st.ptr, out.ptr, philox.blocks(n, dtype))
+            launch((1, 1, 1), (32, 1, 1), st.ptr, out.ptr, philox.blocks(n, dtype))
             out_cell[0] = out
 
         return _launch_thunk(thunk)

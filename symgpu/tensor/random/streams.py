@@ -139,9 +139,11 @@ class RandomStreams:
         dtype = check_dtype(dtype)
         entries = _size_entries(size, ndim, [p], "binomial")
         fdtype = _float_dtype(None, p)
-        u = self._raw("uniform", [constant(int(n), dtype="int64"), *entries], fdtype)
+        trials = [] if n == 1 else [constant(int(n), dtype="int64")]
+        u = self._raw("uniform", [*trials, *entries], fdtype)
         hit = tm.lt(u, tm.cast(as_tensor_variable(p), fdtype))
-        return self._tag(tm.cast(tm.sum(hit, axis=0, dtype="int64"), dtype), u)
+        count = hit if n == 1 else tm.sum(hit, axis=0, dtype="int64")
+        return self._tag(tm.cast(count, dtype), u)
 
     def integers(self, size: Any = None, low: Any = 0, high: Any = 1, ndim: int | None = None,
                  dtype: str = "int64") -> TensorVariable:
