@@ -11,6 +11,7 @@ from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_kernel_device, r
 from symgpu import config, function
 from symgpu.gpu.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
                                random_source, sample_kernel_name)
+from symgpu.gpu.random_fusion import GpuPhiloxElemwise, render_philox_elemwise
 from symgpu.gpu.rewriting import virtual_context
 from symgpu.gpu.type import GpuArrayType
 from symgpu.tensor.random import PhiloxSample, RandomStreams, philox
@@ -28,10 +29,42 @@ def test_sample_moves_to_the_gpu_on_a_virtual_context():
         x = T.matrix("x")
         f = function([x], x * srng.uniform(x.shape, low=-1.0, high=1.0))
         ops = _ops(f)
-        assert any(isinstance(op, GpuPhiloxSample) and op.dist == "uniform" for op in ops)
+        assert any(isinstance(op, (GpuPhiloxSample, GpuPhiloxElemwise)) and op.dist == "uniform"
+                   for op in ops)
         assert not any(isinstance(op, PhiloxSample) for op in ops)
         g = function([], srng.normal((4, 4), dtype="float64"))
         assert any(isinstance(op, GpuPhiloxSample) and op.dtype == "float64" for op in _ops(g))
+
+
+def _dropout_graph(srng):
+    x, b = T.matrix("x"), T.vector("b")
+    h = T.nnet.relu(x + b)
+    out = h * srng.binomial(h.shape, p=0.5, dtype="float32") * 2
+    return [x, b], [out, T.grad(T.sum(out * x), x)]
+
+
+def test_dropout_mask_is_generated_inside_the_fused_kernel():
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng))
+        ops = _ops(f)
+        fused = [op for op in ops if isinstance(op, GpuPhiloxElemwise)]
+        assert len(fused) == 1 and fused[0].dist == "uniform", ops
+        assert not any(isinstance(op, (GpuPhiloxSample, PhiloxSample)) for op in ops), ops
+        # a draw that is also an output is materialised once; its other readers still fuse
+        u = srng.uniform((3, 4))
+        g = function([], [u, u * 2.0 + 1.0])
+        assert any(isinstance(op, GpuPhiloxSample) for op in _ops(g))
+        assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(g))
+
+
+def test_fusion_can_be_turned_off():
+    from symgpu.compile.mode import Mode
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng), mode=Mode(excluding=("gpu_philox_fusion",)))
+        assert not any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f))
+        assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
 
 
 def test_float16_stays_on_the_cpu():
@@ -81,6 +114,47 @@ def test_thunks_launch_with_the_state_pointer_and_the_size(monkeypatch):
         thunk_over(adv, [fake_gpu_array(ctx, (3,), "uint32"), np.int64(5)])[0]()
 
 
+def test_fused_thunk_launches_contiguous_and_strided(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    x = GpuArrayType("float32", (False, False), None)()
+    n0, n1 = T.lscalar("n0"), T.lscalar("n1")
+    out = GpuPhiloxElemwise(SCALAR_OPS["mul"], 1, "normal", "float32", 2)(st, n0, n1, x)
+    node = out.owner
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    xv = fake_gpu_array(ctx, (5, 7))
+    thunk, storage = thunk_over(node, [state, np.int64(5), np.int64(7), xv])
+    assert thunk.capturable
+    thunk()
+    name, grid, block, args = calls[-1]
+    res = storage[out][0]
+    assert name == "sg_philox_ew_contig" and args == (state.ptr, 35, xv.ptr, res.ptr)
+    assert res.shape == (5, 7) and res.dtype == np.float32
+    xt = fake_gpu_array(ctx, (5, 7), strides=(4, 20))            # a transposed view
+    thunk, storage = thunk_over(node, [state, np.int64(5), np.int64(7), xt])
+    thunk()
+    name, grid, block, args = calls[-1]
+    assert name == "sg_philox_ew_strided"
+    assert args[:6] == (state.ptr, 35, 5, 7, 1, 5) and args[6] == xt.ptr
+
+
+@requires_nvcc
+def test_fused_kernels_compile(tmp_path):
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng))
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuPhiloxElemwise)]
+    source = node.op._source(node)()
+    cubin = compile_for_sm90(source, tmp_path)
+    assert b"sg_philox_ew_contig" in cubin and b"sg_philox_ew_strided" in cubin
+    from symgpu.scalar.basic import SCALAR_OPS
+    src64 = render_philox_elemwise(SCALAR_OPS["add"], ["float64", "float64"], [True, False],
+                                   1, "normal", 3)
+    assert b"sg_philox_ew_strided" in compile_for_sm90(src64, tmp_path / "b")
+
+
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     cubin = compile_for_sm90(random_source(), tmp_path)
@@ -110,7 +184,7 @@ def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs):
         srng = RandomStreams(seed=5)
         f = function([], make(srng))
         ops = _ops(f)
-        assert sum(isinstance(op, GpuPhiloxSample) for op in ops) == 3
+        assert sum(isinstance(op, (GpuPhiloxSample, GpuPhiloxElemwise)) for op in ops) == 3
         assert sum(isinstance(op, GpuPhiloxAdvance) for op in ops) == 3
         assert isinstance(srng.state_updates[0][0].type, GpuArrayType)
         for call in range(4):
@@ -136,7 +210,26 @@ def test_dropout_on_the_gpu_matches_the_cpu(cuda):
         return xv * T.cast(s.binomial((64, 100), p=0.5, dtype="int8"), "float32") * 2.0
     srng = RandomStreams(seed=9)
     f = function([], make(srng))
-    assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f))     # generated in-kernel
     for call in range(3):
         keep = _reference(9, 0, "uniform", "float32", (64, 100), call) < 0.5
         np.testing.assert_array_equal(f(), x * keep.astype("float32") * 2.0)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_kernel_on_strided_and_broadcast_inputs(cuda, dtype):
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((30, 20)).astype(dtype)
+    bv = rng.standard_normal(30).astype(dtype)
+    x, b = T.matrix("x", dtype=dtype), T.vector("b", dtype=dtype)
+    srng = RandomStreams(seed=4)
+    out = x.T * srng.normal((20, 30), dtype=dtype) + b
+    f = function([x, b], out)
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f)), _ops(f)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for call in range(3):
+        want = xv.T * _reference(4, 0, "normal", dtype, (20, 30), call) + bv
+        got = f(xv, bv)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)

@@ -126,7 +126,9 @@ __device__ __forceinline__ void sg_philox_fill(const unsigned int *st, T *out, l
             for (int u = 0; u < K; ++u) xs[u] = v[u];
             reinterpret_cast<V *>(out)[b] = x;
         } else {
-            for (int u = 0; i + u < n; ++u) out[i + u] = v[u];
+#pragma unroll
+            for (int u = 0; u < K; ++u)
+                if (i + u < n) out[i + u] = v[u];
         }
     }
 }
