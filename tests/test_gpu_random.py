@@ -67,6 +67,24 @@ def test_fusion_can_be_turned_off():
         assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
 
 
+def test_a_gpu_state_is_advanced_on_the_device():
+    from symgpu.compile.sharedvalue import Container
+    from symgpu.gpu.basic_ops import HostFromGpu
+    from symgpu.gpu.type import GpuArraySharedVariable
+    from symgpu.tensor.random import PhiloxAdvance
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        t = GpuArrayType("uint32", (False,), None)
+        st = GpuArraySharedVariable(t, None, name="st", container=Container(t, None, "st"))
+        st.default_update = PhiloxAdvance("float32")(st, 3, 4)
+        f = function([], PhiloxSample("uniform", "float32")(st, 3, 4) * 2.0)
+        fg = f.maker.fgraph
+        (adv,) = [n for n in fg.toposort() if isinstance(n.op, GpuPhiloxAdvance)]
+        assert adv.inputs[0] is fg.inputs[0] and fg.update_mapping == {1: 0}
+        assert fg.outputs[1] is adv.outputs[0]
+        # the state never visits the host: nothing reads it through HostFromGpu
+        assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
+
+
 def test_float16_stays_on_the_cpu():
     srng = RandomStreams(seed=1)
     with config.change_flags(floatX="float32"), virtual_context(None):
@@ -138,6 +156,24 @@ def test_fused_thunk_launches_contiguous_and_strided(monkeypatch):
     name, grid, block, args = calls[-1]
     assert name == "sg_philox_ew_strided"
     assert args[:6] == (state.ptr, 35, 5, 7, 1, 5) and args[6] == xt.ptr
+
+
+def test_fused_thunk_falls_back_when_the_draw_is_broadcast_at_run_time(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    x = GpuArrayType("float32", (False, False), None)()
+    n0, n1 = T.lscalar("n0"), T.lscalar("n1")
+    out = GpuPhiloxElemwise(SCALAR_OPS["add"], 0, "uniform", "float32", 2)(st, n0, n1, x)
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    thunk, storage = thunk_over(out.owner, [state, np.int64(1), np.int64(7),
+                                            fake_gpu_array(ctx, (5, 7))])
+    thunk()
+    names = [c[0] for c in calls]
+    assert names[0] == "sg_philox_uniform_float32" and names[1].startswith("sg_strided"), names
+    assert calls[-2][3][2] == 7                     # 7 numbers drawn, broadcast to (5, 7)
+    assert storage[out][0].shape == (5, 7)
 
 
 @requires_nvcc
