@@ -244,7 +244,14 @@ def main() -> None:
         guarded("PyTorch", bench_torch)
         guarded("CuPy", bench_cupy)
         guarded("JAX", bench_jax)
-    say("== CPU")
+        ratios()
+        say("== CPU (a fresh process with device=cpu)")
+        import subprocess
+        env = dict(os.environ, SYMGPU_FLAGS="device=cpu,floatX=float32")
+        proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--cpu"], env=env,
+                              capture_output=True, text=True, timeout=600)
+        say(proc.stdout + proc.stderr[-2000:])
+        return
     guarded("symgpu cpu", bench_cpu)
     ratios()
 
