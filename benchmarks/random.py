@@ -95,6 +95,10 @@ def bench_symgpu_gpu() -> None:
             names = {type(n.op).__name__ for n in train.maker.fgraph.toposort()}
             assert "GpuPhiloxElemwise" in names, names        # masks made in the kernels
             record("mlp step", tag, per_call(train, 200, ctx.synchronize))
+    with config.change_flags(optimizer_excluding="gpu_philox_fusion"):
+        import mlp_dropout
+        train, _, _ = mlp_dropout.build(BATCH, on_device=True)
+        record("mlp step", "symgpu (masks in memory)", per_call(train, 200, ctx.synchronize))
     del symgpu
 
 
