@@ -5,7 +5,8 @@ and JAX (GPU) and NumPy's Generator(Philox) (CPU), in one run.
     python3 benchmarks/random.py --cpu      # CPU figures only
 
 GPU: 2**26 float32 standard normals and uniforms (result left on the device), as GB/s
-written; one SGD step of the MLP 784-1024-1024-10 with two dropout layers (p=0.5), batch 512
+written; dropout (p=0.5) of 2**26 float32 (GB/s read + written; symgpu with the mask made
+inside the kernel and, for comparison, written to memory first); one SGD step of the MLP 784-1024-1024-10 with two dropout layers (p=0.5), batch 512
 (symgpu with CUDA graphs on and off, PyTorch eager, JAX jit). CPU: 2**22 float32 normals and
 uniforms, symgpu's CPU function against NumPy's Generator(Philox) (a Philox4x64 stream) and
 NumPy's default PCG64. Each figure is the median of 5 loops of N calls with one sync. Numbers,
@@ -77,9 +78,21 @@ def bench_symgpu_gpu() -> None:
     from symgpu.gpu import init_default_context
     from symgpu.gpu.basic_ops import gpu_from_host
     from symgpu.tensor.random import RandomStreams
+    import mlp_dropout
     ctx = init_default_context()
     assert ctx is not None, "no GPU"
     say(f"symgpu on {getattr(ctx, 'devname', ctx)}")
+    x = symgpu.shared(np.random.default_rng(0).standard_normal(N_GPU).astype("float32"), name="x")
+
+    def dropout_fn():
+        srng = RandomStreams(seed=2)
+        keep = srng.binomial(x.shape, p=0.5, dtype="float32")
+        return function([], Out(gpu_from_host(x * keep * 2.0), borrow=True))
+
+    def mlp(tag):
+        train, _, _ = mlp_dropout.build(BATCH, on_device=True)
+        record("mlp step", tag, per_call(train, 200, ctx.synchronize))
+
     for graphs_on in (True, False):
         tag = "symgpu" + ("" if graphs_on else " (no graphs)")
         with config.change_flags(**{"gpuarray.cuda_graphs": graphs_on}):
@@ -90,16 +103,18 @@ def bench_symgpu_gpu() -> None:
                 names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
                 assert "GpuPhiloxSample" in names, names
                 record(dist, tag, per_call(f, 50, ctx.synchronize), 4 * N_GPU)
-            import mlp_dropout
-            train, _, _ = mlp_dropout.build(BATCH, on_device=True)
-            names = {type(n.op).__name__ for n in train.maker.fgraph.toposort()}
-            assert "GpuPhiloxElemwise" in names, names        # masks made in the kernels
-            record("mlp step", tag, per_call(train, 200, ctx.synchronize))
+            f = dropout_fn()
+            names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+            assert "GpuPhiloxElemwise" in names, names        # the mask made in the kernel
+            record("dropout", tag, per_call(f, 50, ctx.synchronize), 8 * N_GPU)
+            mlp(tag)
+    # the same with the draws written to memory (gpu_philox_fusion off), then fused again,
+    # to see the fusion's effect apart from the order of the measurements
     with config.change_flags(optimizer_excluding="gpu_philox_fusion"):
-        import mlp_dropout
-        train, _, _ = mlp_dropout.build(BATCH, on_device=True)
-        record("mlp step", "symgpu (masks in memory)", per_call(train, 200, ctx.synchronize))
-    del symgpu
+        record("dropout", "symgpu (mask in memory)", per_call(dropout_fn(), 50, ctx.synchronize),
+               8 * N_GPU)
+        mlp("symgpu (masks in memory)")
+    mlp("symgpu (again)")
 
 
 def bench_torch() -> None:
@@ -111,6 +126,10 @@ def bench_torch() -> None:
     record("normal", "PyTorch", per_call(lambda: torch.randn(N_GPU, device=dev), 50, sync), 4 * N_GPU)
     record("normal", "PyTorch (out=)", per_call(lambda: out.normal_(), 50, sync), 4 * N_GPU)
     record("uniform", "PyTorch", per_call(lambda: torch.rand(N_GPU, device=dev), 50, sync), 4 * N_GPU)
+    tx = torch.randn(N_GPU, device=dev)
+    F = torch.nn.functional
+    record("dropout", "PyTorch", per_call(lambda: F.dropout(tx, 0.5, training=True), 50, sync),
+           8 * N_GPU)
     import mlp_dropout
     xv, yv = _mlp_data()
     x, y = torch.from_numpy(xv).to(dev), torch.from_numpy(yv).to(dev)
@@ -120,7 +139,6 @@ def bench_torch() -> None:
     for n_in, n_out in zip(sizes[:-1], sizes[1:]):
         params.append((torch.randn(n_in, n_out, generator=g) * (2.0 / n_in) ** 0.5).to(dev).requires_grad_())
         params.append(torch.zeros(n_out, device=dev, requires_grad=True))
-    F = torch.nn.functional
 
     def step():
         h = x
@@ -178,6 +196,14 @@ def bench_jax() -> None:
     sync = lambda: state["out"].block_until_ready()  # noqa: E731
     record("normal", "JAX jit", per_call(run(normal), 50, sync), 4 * N_GPU)
     record("uniform", "JAX jit", per_call(run(uniform), 50, sync), 4 * N_GPU)
+
+    jx = jax.device_put(np.random.default_rng(0).standard_normal(N_GPU).astype("float32"))
+
+    @jax.jit
+    def dropout(key):
+        key, sub = jax.random.split(key)
+        return key, jx * jax.random.bernoulli(sub, 0.5, jx.shape) * 2.0
+    record("dropout", "JAX jit", per_call(run(dropout), 50, sync), 8 * N_GPU)
 
     import mlp_dropout
     xv, yv = _mlp_data()
