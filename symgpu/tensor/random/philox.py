@@ -44,13 +44,16 @@ def philox4x32(ctr: np.ndarray, key: np.ndarray, rounds: int = ROUNDS) -> np.nda
     flat = ctr.reshape(-1, 4)
     out = np.empty_like(flat)
     for start in range(0, len(flat), _CHUNK):
-        stop = min(start + _CHUNK, len(flat))
-        out[start:stop] = _rounds(flat[start:stop], int(key[0]), int(key[1]), rounds)
+        words = _rounds(*(flat[start:start + _CHUNK, j].astype(np.uint64) for j in range(4)),
+                        int(key[0]), int(key[1]), rounds)
+        for j, w in enumerate(words):
+            out[start:start + _CHUNK, j] = w
     return out.reshape(ctr.shape)
 
 
-def _rounds(ctr: np.ndarray, k0: int, k1: int, rounds: int) -> np.ndarray:
-    c0, c1, c2, c3 = (ctr[:, j].astype(np.uint64) for j in range(4))
+def _rounds(c0: np.ndarray, c1: np.ndarray, c2: np.ndarray, c3: np.ndarray, k0: int, k1: int,
+            rounds: int = ROUNDS) -> tuple[np.ndarray, ...]:
+    """The rounds on four uint64 arrays of 32-bit words (overwritten); returns the words."""
     p0, p1 = np.empty_like(c0), np.empty_like(c0)
     for r in range(rounds):
         if r:
@@ -66,10 +69,7 @@ def _rounds(ctr: np.ndarray, k0: int, k1: int, rounds: int) -> np.ndarray:
         c2 ^= np.uint64(k1)
         np.bitwise_and(p1, _MASK, out=c1)
         np.bitwise_and(p0, _MASK, out=c3)
-    res = np.empty((len(c0), 4), dtype=np.uint32)
-    for j, c in enumerate((c0, c1, c2, c3)):
-        res[:, j] = c
-    return res
+    return c0, c1, c2, c3
 
 
 def per_block(dtype: str) -> int:
@@ -83,50 +83,61 @@ def blocks(n: int, dtype: str) -> int:
     return (int(n) + k - 1) // k
 
 
-def _block_words(state: np.ndarray, nblocks: int) -> np.ndarray:
-    """The (nblocks, 4) uint32 words of the blocks a draw from `state` reads."""
+def _block_words(state: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, ...]:
+    """The four words (uint64 arrays) of blocks start..stop-1 of a draw from `state`."""
     state = np.asarray(state, dtype=np.uint32)
     base = (int(state[3]) << 32) | int(state[2])
-    idx = (np.arange(nblocks, dtype=np.uint64) + np.uint64(base))  # wraps at 2**64 as uint64
-    ctr = np.zeros((nblocks, 4), dtype=np.uint32)
-    ctr[:, 0] = (idx & _MASK).astype(np.uint32)
-    ctr[:, 1] = (idx >> _S32).astype(np.uint32)
-    return philox4x32(ctr, state[:2])
+    idx = np.arange(start, stop, dtype=np.uint64) + np.uint64(base)   # wraps at 2**64
+    zero = np.zeros(stop - start, dtype=np.uint64)
+    return _rounds(idx & _MASK, idx >> _S32, zero, zero.copy(), int(state[0]), int(state[1]))
+
+
+def _u01_f32(w: np.ndarray) -> np.ndarray:
+    return ((w >> np.uint64(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -23)
+
+
+def _u01_f64(w0: np.ndarray, w1: np.ndarray) -> np.ndarray:
+    m = (w0 << np.uint64(20)) | (w1 >> np.uint64(12))
+    return (m.astype(np.float64) + 0.5) * 2.0 ** -52
 
 
 def uniform_from_words(words: np.ndarray, dtype: str) -> np.ndarray:
     """Uniform (0, 1) floats from a block's words: (..., 4) -> (..., per_block(dtype))."""
-    w = np.asarray(words, dtype=np.uint32)
+    w = np.asarray(words, dtype=np.uint32).astype(np.uint64)
     if np.dtype(dtype).itemsize == 8:
-        hi = w[..., 0::2].astype(np.uint64) << np.uint64(20)
-        lo = w[..., 1::2].astype(np.uint64) >> np.uint64(12)
-        return ((hi | lo).astype(np.float64) + 0.5) * 2.0 ** -52
-    u = ((w >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) * np.float32(2.0 ** -23)
-    return u.astype(dtype)
+        return _u01_f64(w[..., 0::2], w[..., 1::2])
+    return _u01_f32(w).astype(dtype)
 
 
-def _normal(u: np.ndarray, dtype: str) -> np.ndarray:
-    """Box-Muller on consecutive pairs of the last axis, in the output's float type."""
-    ftype = np.float64 if np.dtype(dtype).itemsize == 8 else np.float32
-    u = u.astype(ftype)
-    u1, u2 = u[..., 0::2], u[..., 1::2]
+def _box_muller(u1: np.ndarray, u2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """r cos(2 pi u2), r sin(2 pi u2) with r = sqrt(-2 log u1), in the inputs' float type."""
+    ftype = u1.dtype.type
     r = np.sqrt(ftype(-2.0) * np.log(u1))
     theta = ftype(2.0 * np.pi) * u2
-    z = np.empty_like(u)
-    z[..., 0::2] = r * np.cos(theta)
-    z[..., 1::2] = r * np.sin(theta)
-    return z.astype(dtype)
+    return r * np.cos(theta), r * np.sin(theta)
 
 
 def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """The draw of `dist` ('uniform' in (0, 1) or standard 'normal') of `shape` from `state`."""
+    """The draw of `dist` ('uniform' in (0, 1) or standard 'normal') of `shape` from `state`,
+    made a cache-sized chunk of blocks at a time."""
     if dist not in DISTS:
         raise ValueError(f"philox sample: unknown distribution {dist!r}; expected one of {DISTS}")
     n = int(np.prod(shape, dtype=np.int64))
+    wide = np.dtype(dtype).itemsize == 8
+    per = 2 if wide else 4
     nb = blocks(n, dtype)
-    gen_dtype = "float64" if np.dtype(dtype).itemsize == 8 else "float32"
-    u = uniform_from_words(_block_words(state, nb), gen_dtype)
-    vals = u if dist == "uniform" else _normal(u, gen_dtype)
+    vals = np.empty((nb, per), dtype=np.float64 if wide else np.float32)
+    for start in range(0, nb, _CHUNK):
+        stop = min(start + _CHUNK, nb)
+        w = _block_words(state, start, stop)
+        if wide:
+            us = [_u01_f64(w[0], w[1]), _u01_f64(w[2], w[3])]
+        else:
+            us = [_u01_f32(x) for x in w]
+        if dist == "normal":
+            us = [z for k in range(0, per, 2) for z in _box_muller(us[k], us[k + 1])]
+        for j, u in enumerate(us):
+            vals[start:stop, j] = u
     return vals.reshape(-1)[:n].astype(dtype, copy=False).reshape(shape)
 
 
