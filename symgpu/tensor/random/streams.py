@@ -62,7 +62,9 @@ def _size_entries(size: Any, ndim: int | None, params: list[Any], what: str) -> 
 class RandomStreams:
     """A family of random streams with one seed (Theano's RandomStreams / MRG_RandomStreams).
 
-    The same seed gives the same numbers on the CPU and the GPU, in every process."""
+    The same seed gives the same numbers on the CPU and the GPU, in every process.
+    `nstreams` (MRG_RandomStreams' parallel-stream count) is accepted and has no effect:
+    every element of a Philox draw already has its own counter."""
 
     def __init__(self, seed: int | None = None):
         self.state_updates: list[tuple[SharedVariable, Variable]] = []
@@ -110,7 +112,7 @@ class RandomStreams:
 
     # -- continuous ---------------------------------------------------------------------------
     def uniform(self, size: Any = None, low: Any = 0.0, high: Any = 1.0, ndim: int | None = None,
-                dtype: str | None = None) -> TensorVariable:
+                dtype: str | None = None, nstreams: int | None = None) -> TensorVariable:
         """Uniform on (low, high): `low + (high - low) * U`, U in (0, 1) (gradients reach
         low and high)."""
         dtype = _float_dtype(dtype, low, high)
@@ -121,7 +123,7 @@ class RandomStreams:
         return self._tag(tm.cast(low + (high - low) * u, dtype), u)
 
     def normal(self, size: Any = None, avg: Any = 0.0, std: Any = 1.0, ndim: int | None = None,
-               dtype: str | None = None) -> TensorVariable:
+               dtype: str | None = None, nstreams: int | None = None) -> TensorVariable:
         """Normal with mean `avg` and deviation `std`: `avg + std * Z` (Box-Muller Z)."""
         dtype = _float_dtype(dtype, avg, std)
         z = self._raw("normal", _size_entries(size, ndim, [avg, std], "normal"), dtype)
@@ -132,7 +134,7 @@ class RandomStreams:
 
     # -- discrete ------------------------------------------------------------------------------
     def binomial(self, size: Any = None, n: int = 1, p: Any = 0.5, ndim: int | None = None,
-                 dtype: str = "int64") -> TensorVariable:
+                 dtype: str = "int64", nstreams: int | None = None) -> TensorVariable:
         """Binomial(n, p) counts: the number of n uniforms below p (n a Python int)."""
         if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
             raise TypeError(f"binomial: n must be a non-negative Python int, got {n!r}")
@@ -167,7 +169,7 @@ class RandomStreams:
         return self._tag(tm.cast(val, dtype), u)
 
     def multinomial(self, size: Any = None, n: int = 1, pvals: Any = None, ndim: int | None = None,
-                    dtype: str = "int64") -> TensorVariable:
+                    dtype: str = "int64", nstreams: int | None = None) -> TensorVariable:
         """Counts of n draws from the categories `pvals` (a vector, or a matrix with one
         distribution per row); `size` (with a vector pvals) is the number of rows."""
         if pvals is None:
