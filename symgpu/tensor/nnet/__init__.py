@@ -241,3 +241,7 @@ from symgpu.tensor.nnet.abstract_conv import (  # noqa: E402
     conv2d, conv2d_grad_wrt_inputs, conv2d_grad_wrt_weights, conv2d_transpose)
 
 __all__ += ["conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose"]
+from symgpu.tensor.nnet.activations import elu, selu  # noqa: E402
+from symgpu.tensor.nnet import bn  # noqa: E402,F401
+
+__all__ += ["elu", "selu"]
