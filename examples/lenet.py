@@ -6,13 +6,15 @@ easy for people and still need the convolutions' translation invariance. The net
 tutorial's: conv 20 5x5, tanh, max-pool 2; conv 50 5x5, tanh, max-pool 2; dense 500, tanh;
 dense 10, softmax; trained by SGD on the mean cross-entropy.
 
-    SYMGPU_FLAGS=device=cpu,floatX=float32 python3 examples/lenet.py      # about 1 min
+    SYMGPU_FLAGS=device=cpu,floatX=float32 python3 examples/lenet.py
     SYMGPU_FLAGS=device=cuda,floatX=float32 python3 examples/lenet.py
 
-The number of epochs is the first argument (default 2) or LENET_EPOCHS. It prints ``Used the
+The number of epochs is the first argument (default 5) or LENET_EPOCHS. It prints ``Used the
 cpu`` or ``Used the gpu`` (whether the graph's convolutions are GpuConv2d), the cost and the
-test accuracy after each epoch; after 2 epochs the accuracy is above 95% (the CPU takes about
-a minute).
+test accuracy after each epoch: 52.5%, 77.1%, 90.1%, 95.5%, 96.8% after epochs 1 to 5 (5000
+training images in batches of 50, SGD at 0.1); the CPU took 35 s for the 5 epochs on a loaded
+2-core machine with OPENBLAS_NUM_THREADS=1 (with OpenBLAS's threads fighting other load it was
+several times slower).
 """
 import os
 import sys
@@ -84,7 +86,7 @@ def lenet(x, params):
 
 
 def main():
-    epochs = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LENET_EPOCHS", 2))
+    epochs = int(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LENET_EPOCHS", 5))
     batch, lr = 50, 0.1
     train_x, train_y = make_digits(5000, seed=1)
     test_x, test_y = make_digits(1000, seed=2)
