@@ -78,7 +78,7 @@ def data(seed: int = 0):
             params.append(np.zeros(s, "float32"))
         else:
             fan_in = int(np.prod(s[1:]))
-            params.append(rng.uniform(-1, 1, s).astype("float32") / np.sqrt(fan_in))
+            params.append((rng.uniform(-1, 1, s) / np.sqrt(fan_in)).astype("float32"))
     return x, y, params
 
 
@@ -266,6 +266,7 @@ def main() -> None:
     gpu = not args.cpu
     os.environ.setdefault("SYMGPU_FLAGS", f"device={'cuda' if gpu else 'cpu'},floatX=float32")
     x, y, params = data()
+    assert all(p.dtype == np.float32 for p in params + [x])
     n = args.number or (50 if gpu else 3)
     say(f"LeNet SGD step, batch {BATCH} of 1x28x28, float32, on the {'GPU' if gpu else 'CPU'}")
     guarded("symgpu", lambda: bench_symgpu(x, y, params, n, gpu))
