@@ -164,6 +164,20 @@ def _cases():
             zero_grad(a) * 2 + disconnected_grad(a),
         ], [va, vb, vc, vt, vr, np.array([0, 3, 1])]
 
+    @add("conv_and_pool")
+    def _():
+        from symgpu.tensor.nnet import conv2d
+        from symgpu.tensor.signal.pool import pool_2d
+        x, w = T.dtensor4("x"), T.dtensor4("w")
+        vx, vw = rng(9).standard_normal((2, 2, 6, 6)), rng(10).standard_normal((3, 2, 3, 3))
+        y = conv2d(x, w, border_mode="half", subsample=(1, 2))
+        mx = pool_2d(x, (2, 2), ignore_border=False)
+        av = pool_2d(x, (3, 3), pad=(1, 1), mode="average_exc_pad")
+        gx, gw = T.grad((y ** 2).sum(), [x, w])
+        gmax = T.grad((mx ** 2).sum(), x)
+        return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
+                        T.grad((gmax ** 2).sum(), x)], [vx, vw]
+
     return cases
 
 
