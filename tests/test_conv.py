@@ -196,3 +196,18 @@ def test_errors_name_the_problem():
     h = function([x, w], conv2d(x, w, input_shape=(None, 1, 5, 5)))
     with pytest.raises(Exception, match="input_shape was declared"):
         h(np.zeros((1, 1, 6, 6)), np.zeros((1, 1, 3, 3)))
+
+
+def test_theano_older_spellings():
+    """nnet.conv.conv2d(image_shape=...) and conv2d(image_shape=...) as in older Theano."""
+    from symgpu.tensor.nnet import conv as old_conv
+    x, w = T.dtensor4(), T.dtensor4()
+    xv, wv = RNG.normal(size=(1, 2, 5, 5)), RNG.normal(size=(3, 2, 3, 3))
+    a = old_conv.conv2d(x, w, image_shape=(1, 2, 5, 5), filter_shape=(3, 2, 3, 3),
+                        border_mode="full")
+    b = conv2d(x, w, image_shape=(1, 2, 5, 5), border_mode="full")
+    outs = function([x, w], [a, b])(xv, wv)
+    for o in outs:
+        np.testing.assert_allclose(o, conv_reference(xv, wv, "full"))
+    with pytest.raises(ValueError, match="not both"):
+        conv2d(x, w, input_shape=(1, 2, 5, 5), image_shape=(1, 2, 5, 5))

@@ -126,3 +126,14 @@ def test_errors():
         pool_2d(x, (0, 2))
     with pytest.raises(TypeError, match="at least 2 dimensions"):
         pool_2d(T.dvector(), (2, 2))
+
+
+def test_theano_older_parameter_names():
+    x = T.dtensor4()
+    xv = RNG.normal(size=(1, 1, 6, 7))
+    old = pool_2d(x, ds=(3, 2), st=(2, 2), padding=(1, 1), mode="average_inc_pad")
+    new = pool_2d(x, ws=(3, 2), stride=(2, 2), pad=(1, 1), mode="average_inc_pad")
+    a, b = function([x], [old, new])(xv)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="not both"):
+        pool_2d(x, ws=(2, 2), ds=(2, 2))

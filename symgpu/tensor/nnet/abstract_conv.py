@@ -225,13 +225,19 @@ def _spatial(shape: Any, what: str) -> list[Any]:
 
 def conv2d(input: Any, filters: Any, input_shape: Any = None, filter_shape: Any = None,
            border_mode: Any = "valid", subsample: Any = (1, 1), filter_flip: bool = True,
-           filter_dilation: Any = (1, 1), num_groups: int = 1) -> TensorVariable:
+           filter_dilation: Any = (1, 1), num_groups: int = 1, *,
+           image_shape: Any = None) -> TensorVariable:
     """Theano's 2-d convolution of a (N, C, H, W) batch with (O, C/num_groups, kh, kw) filters.
 
     border_mode: 'valid' (no padding), 'full' (pad kh-1), 'half' (pad kh//2: same size for odd
     kernels), an int, (int, int) or ((top, bottom), (left, right)). filter_flip=True flips the
     filters (true convolution); False computes the cross-correlation most frameworks call
-    convolution. input_shape / filter_shape are optional hints, checked at run time."""
+    convolution. input_shape / filter_shape are optional hints, checked at run time
+    (`image_shape` is Theano's older name of input_shape)."""
+    if image_shape is not None:
+        if input_shape is not None:
+            raise ValueError("conv2d: give input_shape or its old name image_shape, not both")
+        input_shape = image_shape
     op = Conv2d(border_mode, subsample, filter_flip, filter_dilation, num_groups,
                 input_shape, filter_shape)
     return op(input, filters)

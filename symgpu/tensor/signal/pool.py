@@ -177,12 +177,21 @@ class AveragePoolGrad(_PoolBase):
 
 
 def pool_2d(input: Any, ws: Any = None, ignore_border: bool = True, stride: Any = None,
-            pad: Any = (0, 0), mode: str = "max") -> TensorVariable:
+            pad: Any = (0, 0), mode: str = "max", ds: Any = None, st: Any = None,
+            padding: Any = None) -> TensorVariable:
     """Pool the last two axes of `input` with windows `ws` (Theano's pool_2d).
 
     stride defaults to ws; pad (< ws) pads both sides of each axis and needs
     ignore_border=True. ignore_border=False keeps the partial windows at the far edges. Modes:
-    'max', 'sum', 'average_inc_pad' (padding counts in the divisor), 'average_exc_pad'."""
+    'max', 'sum', 'average_inc_pad' (padding counts in the divisor), 'average_exc_pad'.
+    `ds`, `st` and `padding` are Theano's older names of `ws`, `stride` and `pad`."""
+    for old, new, value, current in (("ds", "ws", ds, ws), ("st", "stride", st, stride),
+                                     ("padding", "pad", padding, None)):
+        if value is not None and current is not None:
+            raise ValueError(f"pool_2d: give {new} or its old name {old}, not both")
+    ws = ds if ds is not None else ws
+    stride = st if st is not None else stride
+    pad = padding if padding is not None else pad
     if ws is None:
         raise ValueError("pool_2d: ws (the window size) is required")
     return Pool(ws, stride, pad, ignore_border, mode)(input)
