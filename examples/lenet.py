@@ -14,7 +14,8 @@ cpu`` or ``Used the gpu`` (whether the graph's convolutions are GpuConv2d), the 
 test accuracy after each epoch: 52.5%, 77.1%, 90.1%, 95.5%, 96.8% after epochs 1 to 5 (5000
 training images in batches of 50, SGD at 0.1); the CPU took 35 s for the 5 epochs on a loaded
 2-core machine with OPENBLAS_NUM_THREADS=1 (with OpenBLAS's threads fighting other load it was
-several times slower).
+several times slower). On an H100 (cuDNN 9.14) the first 2 epochs gave 52.7% and 76.6%
+in 2.0 s, compilation included.
 """
 import os
 import sys
