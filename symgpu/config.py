@@ -449,6 +449,9 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("gpuarray.preallocate", FloatParam, 0.0, "GPU memory the pool takes at start: "
      "fraction (<=1) or MiB (>1); negative disables pooling"),
     ("gpuarray.cuda_graphs", BoolParam, True, "capture whole GPU functions into CUDA graphs"),
+    ("gpuarray.sync_checks", BoolParam, False,
+     "check indices and labels right after each GPU launch (a stream sync each, errors raised "
+     "at the node) instead of at the next synchronisation"),
     ("gpuarray.allow_tf32", BoolParam, False,
      "let cuBLAS run float32 matrix products on TF32 tensor cores: several times faster, "
      "inputs rounded to 10 mantissa bits (PyTorch's allow_tf32; JAX's default precision)"),
@@ -461,6 +464,15 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("exception_verbosity", lambda: EnumParam("low", "high"), "low",
      "how much a runtime error prints"),
     ("print_active_device", BoolParam, True, "print the device in use when the GPU starts"),
+    ("compute_test_value", lambda: EnumParam("off", *_ACTIONS), "off",
+     "compute test values (tag.test_value) as the graph is built, so a bad shape fails at the "
+     "user's line; what to do when an input has none (off: feature inactive)"),
+    ("compute_test_value_opt", lambda: EnumParam("off", *_ACTIONS), "off",
+     "compute_test_value's setting while rewrites run (nodes made by the optimizer)"),
+    ("print_test_value", BoolParam, False,
+     "repr() of a variable also shows its test value"),
+    ("optimizer_verbose", BoolParam, False,
+     "print each replacement a rewrite makes: rewriting: rewrite <name> replaces <old> ..."),
 ]
 
 

@@ -296,9 +296,12 @@ def test_describe_and_dump():
     rows = {r[0]: r for r in c.describe()}
     names = ["device", "force_device", "floatX", "warn_float64", "mode", "optimizer_including",
              "optimizer_excluding", "profile", "profile_memory", "allow_gc", "assert_no_cpu_op",
-             "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.allow_tf32",
+             "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.sync_checks",
+             "gpuarray.allow_tf32",
              "nvcc.flags",
-             "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device"]
+             "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device",
+             "compute_test_value", "compute_test_value_opt", "print_test_value",
+             "optimizer_verbose"]
     assert list(rows) == names
     assert rows["floatX"][1:] == (rows["floatX"][1], "float64, float32, float16", "float64",
                                   "float32")

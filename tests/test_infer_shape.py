@@ -80,6 +80,16 @@ ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
 MUL = symgpu.scalar.basic.SCALAR_OPS["mul"]
 n3, n4 = i64(3), i64(4)
 
+from symgpu.printing import Print  # noqa: E402
+from symgpu.tensor.nnet import abstract_conv as _conv  # noqa: E402
+from symgpu.tensor.random import ops as _rnd  # noqa: E402
+from symgpu.tensor.signal import pool as _pool  # noqa: E402
+for _mod in ("conv", "pooling", "advanced_pairs", "random", "random_fusion"):
+    G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
+STATE = np.array([1, 2, 3, 4], dtype="uint32")
+IMG, KERN, GY = r(2, 3, 7, 7), r(4, 3, 3, 3), r(2, 4, 3, 3)   # conv with subsample 2
+PX, PZ = r(2, 3, 6, 6), r(2, 3, 3, 3)                          # 2x2 pooling
+
 CASES: dict[type, list[Case]] = {
     # ---------------------------------------------------------------- host ops
     O["Shape"]: [case(lambda x: T.shape(x), r(2, 3))],
@@ -148,7 +158,60 @@ CASES: dict[type, list[Case]] = {
     O["DisconnectedGrad"]: [case(lambda x: O["DisconnectedGrad"]()(x), r(2, 3))],
     O["JacobianOp"]: [case(lambda v: T.jacobian(T.exp(v) * 2, v), r(3)),
                       case(lambda m: T.jacobian(T.exp(m).sum(axis=0), m), r(2, 3))],
+    Print: [case(lambda x: Print("shape test", attrs=())(x), r(2, 3))],
+    _conv.Conv2d: [case(lambda x, w: _conv.conv2d(x, w, border_mode="half", subsample=(2, 1)),
+                        r(2, 3, 7, 6), KERN),
+                   case(lambda x, w: _conv.conv2d(x, w, subsample=(2, 2)), IMG, KERN)],
+    _conv.Conv2dGradInputs: [case(lambda w, g, h: _conv.Conv2dGradInputs(subsample=(2, 2))(w, g, [h, h]),
+                                  KERN, GY, i64(7))],
+    _conv.Conv2dGradWeights: [case(lambda x, g, k: _conv.Conv2dGradWeights(subsample=(2, 2))(x, g, [k, k]),
+                                   IMG, GY, i64(3))],
+    _pool.Pool: [case(lambda x: _pool.pool_2d(x, ws=(2, 3), ignore_border=False), r(2, 3, 7, 6)),
+                 case(lambda x: _pool.pool_2d(x, ws=(3, 3), stride=(2, 2), pad=(1, 1)), r(2, 3, 7, 6))],
+    _pool.MaxPoolGrad: [case(lambda x, z, g: _pool.MaxPoolGrad(ws=(2, 2))(x, z, g), PX, PZ, PZ)],
+    _pool.MaxPoolGradGrad: [case(lambda x, z, g: _pool.MaxPoolGradGrad(ws=(2, 2))(x, z, g), PX, PZ, PX)],
+    _pool.AveragePoolGrad: [case(lambda x, g: _pool.AveragePoolGrad(ws=(2, 2), mode="average_inc_pad")(x, g),
+                                 PX, PZ)],
+    _rnd.PhiloxSample: [case(lambda st, n: _rnd.PhiloxSample("normal", "float64")(st, n, 3), STATE, n4)],
+    _rnd.PhiloxAdvance: [case(lambda st, n: _rnd.PhiloxAdvance("float64")(st, n, 3), STATE, n4)],
+    _rnd.CategoricalFromUniform: [case(lambda p, u: _rnd.CategoricalFromUniform()(p, u),
+                                       np.abs(r(4)) + .1, np.abs(r(2, 5)))],
+    _rnd.MultinomialFromUniform: [case(lambda p, u: _rnd.MultinomialFromUniform()(p, u),
+                                       np.abs(r(3, 4)) + .1, np.abs(r(5, 3)))],
+    _rnd.ArgsortKeys: [case(lambda k: _rnd.ArgsortKeys(2)(k), r(3, 5)),
+                       case(lambda k: _rnd.ArgsortKeys()(k), r(3, 5))],
     # ---------------------------------------------------------------- GPU ops (virtual context)
+    G["GpuConv2d"]: [gcase(lambda x, w: G["GpuConv2d"](subsample=(2, 2))(x, w),
+                           lambda x, w: _conv.conv2d(x, w, subsample=(2, 2)), "gg", IMG, KERN)],
+    G["GpuConv2dGradInputs"]: [gcase(lambda w, g, h: G["GpuConv2dGradInputs"](subsample=(2, 2))(w, g, [h, h]),
+                                     lambda w, g, h: _conv.Conv2dGradInputs(subsample=(2, 2))(w, g, [h, h]),
+                                     "ggh", KERN, GY, i64(7))],
+    G["GpuConv2dGradWeights"]: [gcase(lambda x, g, k: G["GpuConv2dGradWeights"](subsample=(2, 2))(x, g, [k, k]),
+                                      lambda x, g, k: _conv.Conv2dGradWeights(subsample=(2, 2))(x, g, [k, k]),
+                                      "ggh", IMG, GY, i64(3))],
+    G["GpuPool"]: [gcase(lambda x: G["GpuPool"](ws=(2, 3), ignore_border=False)(x),
+                         lambda x: _pool.pool_2d(x, ws=(2, 3), ignore_border=False), "g", r(2, 3, 7, 6))],
+    G["GpuMaxPoolGrad"]: [gcase(lambda x, z, g: G["GpuMaxPoolGrad"](ws=(2, 2))(x, z, g),
+                                lambda x, z, g: x, "ggg", PX, PZ, PZ)],
+    G["GpuMaxPoolGradGrad"]: [gcase(lambda x, z, g: G["GpuMaxPoolGradGrad"](ws=(2, 2))(x, z, g),
+                                    lambda x, z, g: z, "ggg", PX, PZ, PX)],
+    G["GpuAveragePoolGrad"]: [gcase(lambda x, g: G["GpuAveragePoolGrad"](ws=(2, 2), mode="average_inc_pad")(x, g),
+                                    lambda x, g: x, "gg", PX, PZ)],
+    G["GpuARange"]: [gcase(lambda a, b, c: G["GpuARange"]("int64")(a, b, c),
+                           lambda a, b, c: T.arange(a, b, c), "hhh", i64(10), i64(1), i64(-4))],
+    G["GpuAdvancedSubtensor2"]: [gcase(lambda x, a, b: G["GpuAdvancedSubtensor2"]()(x, a, b),
+                                       lambda x, a, b: x[a, b], "ggg", r(4, 5), i64([0, 3, 1]), i64([2]))],
+    G["GpuAdvancedIncSubtensor2"]: [gcase(lambda x, y, a, b: G["GpuAdvancedIncSubtensor2"]()(x, y, a, b),
+                                          lambda x, y, a, b: x, "gggg", r(4, 5), r(3), i64([0, 3, 1]),
+                                          i64([2, 0, 1]))],
+    G["GpuPhiloxSample"]: [gcase(lambda st, n: G["GpuPhiloxSample"]("uniform", "float32")(st, n, 3),
+                                 lambda st, n: _rnd.PhiloxSample("uniform", "float32")(st, n, 3),
+                                 "gh", STATE, n4)],
+    G["GpuPhiloxAdvance"]: [gcase(lambda st, n: G["GpuPhiloxAdvance"]("float32")(st, n, 3),
+                                  lambda st, n: _rnd.PhiloxAdvance("float32")(st, n, 3), "gh", STATE, n4)],
+    G["GpuPhiloxElemwise"]: [gcase(lambda st, n, y: G["GpuPhiloxElemwise"](ADD, 0, "uniform", "float32", 2)(st, n, 3, y),
+                                   lambda st, n, y: _rnd.PhiloxSample("uniform", "float32")(st, n, 3) + y,
+                                   "ghg", STATE, n4, r(4, 3, dtype="float32"))],
     G["GpuFromHost"]: [gcase(lambda x: G["GpuFromHost"](None)(x), lambda x: x, "h", r(2, 3))],
     G["HostFromGpu"]: [gcase(lambda x: G["HostFromGpu"]()(x), lambda x: x, "g", r(2, 3))],
     G["GpuToGpu"]: [gcase(lambda x: G["GpuToGpu"](None)(x), lambda x: x, "g", r(2, 3))],
