@@ -20,3 +20,10 @@ __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "
 
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)
+
+# loops (scan is a callable module: symgpu.scan(...) and symgpu.scan.until both work)
+import symgpu.scan  # noqa: E402
+from symgpu.scan import foldl, foldr, map, reduce  # noqa: E402,A004
+import symgpu.scan_module  # noqa: E402,F401
+scan = symgpu.scan  # noqa: E402
+__all__ += ["scan", "map", "reduce", "foldl", "foldr"]
