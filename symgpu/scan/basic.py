@@ -261,16 +261,10 @@ def scan_impl(fn, sequences, outputs_info, non_sequences, n_steps, truncate_grad
         ([] if outputs_info is None else [outputs_info])
     specs = _parse_outputs_info(list(info_list), name, keep_last)
 
-    nonseq_args, nonseq_map = [], {}
-    for k, v in enumerate(_as_list(non_sequences)):
-        if not isinstance(v, Variable):
-            v = T.as_tensor_variable(v)
-        if isinstance(v, (SharedVariable, Constant)):
-            nonseq_args.append(v)
-        else:
-            ph = v.type(v.name)
-            nonseq_map[ph] = v
-            nonseq_args.append(ph)
+    # fn gets the non-sequences themselves (Theano does too: grad(y[i], v) inside a step must
+    # see v); like any outer variable the step uses, they become inputs of the inner graph
+    nonseq_args = [v if isinstance(v, Variable) else T.as_tensor_variable(v)
+                   for v in _as_list(non_sequences)]
 
     tap_args = [ph for s in specs if s is not None for ph in s.placeholders]
     rv = fn(*seq_inner, *tap_args, *nonseq_args)
@@ -308,7 +302,7 @@ def scan_impl(fn, sequences, outputs_info, non_sequences, n_steps, truncate_grad
         all_outs = clone_with(all_outs, dict(zip(upd_shared, upd_phs)))
 
     variant = seq_inner + tap_args + upd_phs
-    all_outs, nonseq_pairs, closures = hoist_invariants(all_outs, variant, nonseq_map)
+    all_outs, nonseq_pairs, closures = hoist_invariants(all_outs, variant, {}, nonseq_args)
     if strict and closures:
         raise ValueError(f"{name}: strict=True but the step function uses "
                          f"{', '.join(str(c) for c in closures)} without receiving it as a "

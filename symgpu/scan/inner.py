@@ -96,7 +96,7 @@ def variant_set(outputs: Sequence[Variable], sources: Sequence[Variable]) -> set
 
 
 def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Variable],
-                     inner_to_outer: dict[Variable, Variable]
+                     inner_to_outer: dict[Variable, Variable], allowed: Sequence[Variable] = ()
                      ) -> tuple[list[Variable], list[tuple[Variable, Variable]], list[Variable]]:
     """Split an inner graph at the loop-invariant frontier.
 
@@ -106,7 +106,7 @@ def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Vari
     (non-sequences) to the outer values they stand for.
 
     Returns (new inner outputs, [(inner placeholder, outer value)], free outer variables that
-    reached the frontier without being placeholders: closures)."""
+    reached the frontier without being placeholders or `allowed`: closures)."""
     outputs = list(outputs)
     variant = variant_set(outputs, variant_sources)
     frontier: list[Variable] = []
@@ -124,8 +124,9 @@ def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Vari
                 add(v)
     for o in outputs:
         add(o)
-    closures = [v for v in ancestors(frontier, blockers=list(inner_to_outer))
-                if v.owner is None and v not in inner_to_outer and not isinstance(v, Constant)]
+    stop = set(inner_to_outer) | set(allowed)
+    closures = [v for v in ancestors(frontier, blockers=stop)
+                if v not in stop and v.owner is None and not isinstance(v, Constant)]
     # outer values: the frontier with placeholders replaced by the outer variables
     direct = [v for v in frontier if v in inner_to_outer]
     computed = [v for v in frontier if v not in inner_to_outer]

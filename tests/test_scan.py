@@ -1,0 +1,372 @@
+"""scan, map/reduce/foldl/foldr and until: Theano's loop tutorial programs give Theano's
+results, and every feature is checked against a NumPy loop."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from symgpu.scan.op import Scan, ScanError
+
+floatX = symgpu.config.floatX
+
+
+def scan_nodes(f):
+    return [n for n in f.maker.fgraph.toposort() if isinstance(n.op, Scan)]
+
+
+# ============================================================================ the tutorial
+
+def test_tutorial_power_A_k():
+    k = T.iscalar("k")
+    A = T.vector("A")
+    result, updates = symgpu.scan(fn=lambda prior_result, A: prior_result * A,
+                                  outputs_info=T.ones_like(A), non_sequences=A, n_steps=k)
+    final_result = result[-1]
+    power = symgpu.function(inputs=[A, k], outputs=final_result, updates=updates)
+    out = power(np.arange(10, dtype=floatX), 2)
+    np.testing.assert_allclose(out, [0., 1., 4., 9., 16., 25., 36., 49., 64., 81.])
+
+
+def test_tutorial_polynomial():
+    coefficients = T.vector("coefficients")
+    x = T.scalar("x")
+    max_coefficients_supported = 10000
+    components, updates = symgpu.scan(
+        fn=lambda coefficient, power, free_variable: coefficient * (free_variable ** power),
+        outputs_info=None, sequences=[coefficients, T.arange(max_coefficients_supported)],
+        non_sequences=x)
+    polynomial = components.sum()
+    calculate_polynomial = symgpu.function(inputs=[coefficients, x], outputs=polynomial)
+    test_coefficients = np.asarray([1, 0, 2], dtype=np.float32)
+    assert float(calculate_polynomial(test_coefficients, 3)) == 19.0
+
+
+def test_tutorial_tanh_elementwise():
+    X, W, b_sym = T.matrix("X"), T.matrix("W"), T.vector("b_sym")
+    results, updates = symgpu.scan(lambda v: T.tanh(T.dot(v, W) + b_sym), sequences=X)
+    compute_elementwise = symgpu.function(inputs=[X, W, b_sym], outputs=results)
+    x = np.eye(2, dtype=floatX)
+    w = np.ones((2, 2), dtype=floatX)
+    b = np.ones((2), dtype=floatX)
+    b[1] = 2
+    np.testing.assert_allclose(compute_elementwise(x, w, b),
+                               [[0.96402758, 0.99505475], [0.96402758, 0.99505475]], rtol=1e-6)
+    np.testing.assert_allclose(compute_elementwise(x, w, b), np.tanh(x.dot(w) + b), rtol=1e-6)
+
+
+def test_tutorial_recurrence_with_reversed_sequence():
+    X, W, U, V = T.vector("X"), T.matrix("W"), T.matrix("U"), T.matrix("V")
+    Y, P = T.matrix("Y"), T.matrix("P")
+    results, updates = symgpu.scan(
+        lambda y, p, x_tm1: T.tanh(T.dot(x_tm1, W) + T.dot(y, U) + T.dot(p, V)),
+        sequences=[Y, P[::-1]], outputs_info=[X])
+    compute_seq = symgpu.function(inputs=[X, W, Y, U, P, V], outputs=results)
+    x = np.zeros((2), dtype=floatX)
+    x[1] = 1
+    w = np.ones((2, 2), dtype=floatX)
+    y = np.ones((5, 2), dtype=floatX)
+    y[0, :] = -3
+    u = np.ones((2, 2), dtype=floatX)
+    p = np.ones((5, 2), dtype=floatX)
+    p[0, :] = 3
+    v = np.ones((2, 2), dtype=floatX)
+    x_res = np.zeros((5, 2), dtype=floatX)
+    x_res[0] = np.tanh(x.dot(w) + y[0].dot(u) + p[4].dot(v))
+    for i in range(1, 5):
+        x_res[i] = np.tanh(x_res[i - 1].dot(w) + y[i].dot(u) + p[4 - i].dot(v))
+    np.testing.assert_allclose(compute_seq(x, w, y, u, p, v), x_res, rtol=1e-6)
+    np.testing.assert_allclose(x_res[0], [-0.99505475, -0.99505475], rtol=1e-6)
+
+
+def test_tutorial_norms_of_rows_and_columns():
+    X = T.matrix("X")
+    rows, _ = symgpu.scan(lambda x_i: T.sqrt((x_i ** 2).sum()), sequences=[X])
+    cols, _ = symgpu.scan(lambda x_i: T.sqrt((x_i ** 2).sum()), sequences=[X.T])
+    f = symgpu.function([X], [rows, cols])
+    x = np.diag(np.arange(1, 6, dtype=floatX), 1)
+    r, c = f(x)
+    np.testing.assert_allclose(r, [1., 2., 3., 4., 5., 0.])
+    np.testing.assert_allclose(c, [0., 1., 2., 3., 4., 5.])
+
+
+def test_tutorial_trace():
+    X = T.matrix("X")
+    results, _ = symgpu.scan(lambda i, j, t_f: T.cast(X[i, j] + t_f, floatX),
+                             sequences=[T.arange(X.shape[0]), T.arange(X.shape[1])],
+                             outputs_info=np.asarray(0., dtype=floatX))
+    compute_trace = symgpu.function([X], results[-1])
+    x = np.eye(5, dtype=floatX)
+    x[0] = np.arange(5, dtype=floatX)
+    assert float(compute_trace(x)) == 4.0
+    assert float(compute_trace(x)) == np.diagonal(x).sum()
+
+
+def test_tutorial_two_taps_recurrence():
+    X, W, b_sym, U, V = T.matrix("X"), T.matrix("W"), T.vector("b_sym"), T.matrix("U"), \
+        T.matrix("V")
+    n_sym = T.iscalar("n_sym")
+    results, _ = symgpu.scan(
+        lambda x_tm2, x_tm1: T.dot(x_tm2, U) + T.dot(x_tm1, V) + T.tanh(T.dot(x_tm1, W) + b_sym),
+        n_steps=n_sym, outputs_info=[dict(initial=X, taps=[-2, -1])])
+    compute_seq2 = symgpu.function([X, U, V, W, b_sym, n_sym], results)
+    x = np.zeros((2, 2), dtype=floatX)
+    x[1, 1] = 1
+    w = 0.5 * np.ones((2, 2), dtype=floatX)
+    u = 0.5 * (np.ones((2, 2), dtype=floatX) - np.eye(2, dtype=floatX))
+    v = 0.5 * np.ones((2, 2), dtype=floatX)
+    n = 10
+    b = np.ones((2), dtype=floatX)
+    x_res = np.zeros((10, 2))
+    x_res[0] = x[0].dot(u) + x[1].dot(v) + np.tanh(x[1].dot(w) + b)
+    x_res[1] = x[1].dot(u) + x_res[0].dot(v) + np.tanh(x_res[0].dot(w) + b)
+    x_res[2] = x_res[0].dot(u) + x_res[1].dot(v) + np.tanh(x_res[1].dot(w) + b)
+    for i in range(2, 10):
+        x_res[i] = (x_res[i - 2].dot(u) + x_res[i - 1].dot(v) + np.tanh(x_res[i - 1].dot(w) + b))
+    np.testing.assert_allclose(compute_seq2(x, u, v, w, b, n), x_res, rtol=1e-5)
+
+
+def test_tutorial_jacobian_by_scan():
+    v = T.vector()
+    A = T.matrix()
+    y = T.tanh(T.dot(v, A))
+    results, updates = symgpu.scan(lambda i: T.grad(y[i], v), sequences=[T.arange(y.shape[0])])
+    compute_jac_t = symgpu.function([A, v], results, allow_input_downcast=True)
+    x = np.eye(5, dtype=floatX)[0]
+    w = np.eye(5, 3, dtype=floatX)
+    w[2] = np.ones((3), dtype=floatX)
+    expected = ((1 - np.tanh(x.dot(w)) ** 2) * w).T
+    np.testing.assert_allclose(compute_jac_t(w, x), expected, rtol=1e-6)
+    # the same with y and v given as non-sequences, as the tutorial writes it
+    results2, _ = symgpu.scan(lambda i, y, x: T.grad(y[i], x), sequences=T.arange(y.shape[0]),
+                              non_sequences=[y, v])
+    f2 = symgpu.function([A, v], results2)
+    np.testing.assert_allclose(f2(w, x), expected, rtol=1e-6)
+
+
+def test_tutorial_accumulator_shared_update():
+    k = symgpu.shared(0)
+    n_sym = T.iscalar("n_sym")
+    results, updates = symgpu.scan(lambda: {k: (k + 1)}, n_steps=n_sym)
+    accumulator = symgpu.function([n_sym], [], updates=updates, allow_input_downcast=True)
+    assert k.get_value() == 0
+    accumulator(5)
+    assert k.get_value() == 5
+    accumulator(3)
+    assert k.get_value() == 8
+
+
+def test_tutorial_until_power_of_2():
+    def power_of_2(previous_power, max_value):
+        return previous_power * 2, symgpu.scan_module.until(previous_power * 2 > max_value)
+
+    max_value = T.scalar()
+    values, _ = symgpu.scan(power_of_2, outputs_info=T.constant(1.), non_sequences=max_value,
+                            n_steps=1024)
+    f = symgpu.function([max_value], values)
+    np.testing.assert_array_equal(f(45), [2., 4., 8., 16., 32., 64.])
+    # symgpu.scan.until is the same class
+    assert symgpu.scan.until is symgpu.scan_module.until
+
+
+# ============================================================================ semantics
+
+def test_sequence_taps_cut_like_theano():
+    x = T.dvector("x")
+    out, _ = symgpu.scan(lambda a, b, c: a + 10 * b + 100 * c,
+                         sequences={"input": x, "taps": [-2, 0, 1]})
+    xv = np.arange(8.0)
+    res = symgpu.function([x], out)(xv)
+    expected = [xv[t - 2] + 10 * xv[t] + 100 * xv[t + 1] for t in range(2, 7)]
+    np.testing.assert_allclose(res, expected)
+
+
+def test_go_backwards_and_negative_n_steps():
+    x = T.dvector("x")
+    out, _ = symgpu.scan(lambda a, acc: acc * 2 + a, sequences=x,
+                         outputs_info=T.constant(0.0, dtype="float64"), go_backwards=True)
+    xv = np.array([1.0, 2.0, 3.0])
+    np.testing.assert_allclose(symgpu.function([x], out)(xv), [3.0, 8.0, 17.0])
+    # a negative constant n_steps runs backwards too
+    out2, _ = symgpu.scan(lambda a, acc: acc * 2 + a, sequences=x,
+                          outputs_info=T.constant(0.0, dtype="float64"), n_steps=-3)
+    np.testing.assert_allclose(symgpu.function([x], out2)(xv), [3.0, 8.0, 17.0])
+
+
+def test_several_outputs_mixed_kinds_and_return_list():
+    x = T.dvector("x")
+    (s, p, d), _ = symgpu.scan(lambda a, s, p: [s + a, p * a, a * 2], sequences=x,
+                               outputs_info=[T.constant(0.0, dtype="float64"),
+                                             T.constant(1.0, dtype="float64"), None])
+    f = symgpu.function([x], [s, p, d])
+    xv = np.array([1.0, 2.0, 3.0, 4.0])
+    rs, rp, rd = f(xv)
+    np.testing.assert_allclose(rs, np.cumsum(xv))
+    np.testing.assert_allclose(rp, np.cumprod(xv))
+    np.testing.assert_allclose(rd, xv * 2)
+    outs, _ = symgpu.scan(lambda a: a + 1, sequences=x, return_list=True)
+    assert isinstance(outs, list) and len(outs) == 1
+
+
+def test_n_steps_with_sequences_and_symbolic_n_steps():
+    x = T.dvector("x")
+    n = T.iscalar("n")
+    out, _ = symgpu.scan(lambda a: a * 3, sequences=x, n_steps=n)
+    f = symgpu.function([x, n], out)
+    np.testing.assert_allclose(f(np.arange(5.0), 3), [0.0, 3.0, 6.0])
+    with pytest.raises(ScanError, match="sequence 0 .* 5 entries but the loop runs 7 steps"):
+        f(np.arange(5.0), 7)
+    np.testing.assert_allclose(f(np.arange(5.0), 0), np.zeros(0))
+
+
+def test_shared_variable_updates_are_honoured_and_read_each_step():
+    s = symgpu.shared(np.zeros(2), name="s")
+    x = T.dmatrix("x")
+    out, updates = symgpu.scan(lambda row: (s + row, {s: s + row}), sequences=x)
+    f = symgpu.function([x], out, updates=updates)
+    xv = np.arange(6.0).reshape(3, 2)
+    np.testing.assert_allclose(f(xv), np.cumsum(xv, axis=0))
+    np.testing.assert_allclose(s.get_value(), xv.sum(0))
+    np.testing.assert_allclose(f(xv)[0], xv.sum(0) + xv[0])
+    assert isinstance(updates, symgpu.scan.ScanUpdates)
+
+
+def test_closures_become_implicit_non_sequences_and_invariants_are_hoisted():
+    W = T.dmatrix("W")
+    x = T.dmatrix("x")
+    Wt2 = W.T * 2
+    out, _ = symgpu.scan(lambda row: T.tanh(T.dot(Wt2, row) + W.sum()), sequences=x)
+    f = symgpu.function([W, x], out)
+    rng = np.random.default_rng(1)
+    wv, xv = rng.normal(size=(3, 3)), rng.normal(size=(4, 3))
+    np.testing.assert_allclose(f(wv, xv), np.tanh(xv @ (2 * wv) + wv.sum()), rtol=1e-12)
+    (node,) = scan_nodes(f)
+    inner_ops = {type(n.op).__name__ for n in node.op.fgraph.toposort()}
+    # W.T * 2 and W.sum() are computed once, outside the loop
+    assert "CAReduce" not in inner_ops and "Sum" not in inner_ops
+    assert not any(str(n.op).startswith("Sum") for n in node.op.fgraph.toposort())
+
+
+def test_strict_refuses_closures():
+    W = T.dmatrix("W")
+    x = T.dmatrix("x")
+    with pytest.raises(ValueError, match="strict=True .* uses W"):
+        symgpu.scan(lambda row: T.dot(W, row), sequences=x, strict=True)
+    out, _ = symgpu.scan(lambda row, W: T.dot(W, row), sequences=x, non_sequences=W,
+                         strict=True)
+    assert out.ndim == 2
+
+
+def test_until_with_sequences_stops_early():
+    x = T.dvector("x")
+    out, _ = symgpu.scan(lambda a, acc: (acc + a, symgpu.scan.until(acc + a > 5)), sequences=x,
+                         outputs_info=T.constant(0.0, dtype="float64"))
+    f = symgpu.function([x], [out, out.shape[0]])
+    res, n = f(np.arange(10.0))
+    np.testing.assert_allclose(res, [0.0, 1.0, 3.0, 6.0])
+    assert int(n) == 4
+
+
+def test_map_reduce_foldl_foldr():
+    x = T.dvector("x")
+    sq, _ = symgpu.map(lambda a: a ** 2, sequences=x)
+    total, _ = symgpu.reduce(lambda a, acc: acc + a, sequences=x,
+                             outputs_info=T.constant(0.0, dtype="float64"))
+    left, _ = symgpu.foldl(lambda a, acc: acc * 10 + a, sequences=x,
+                           outputs_info=T.constant(0.0, dtype="float64"))
+    right, _ = symgpu.foldr(lambda a, acc: acc * 10 + a, sequences=x,
+                            outputs_info=T.constant(0.0, dtype="float64"))
+    f = symgpu.function([x], [sq, total, left, right])
+    r = f(np.array([1.0, 2.0, 3.0]))
+    np.testing.assert_allclose(r[0], [1.0, 4.0, 9.0])
+    assert float(r[1]) == 6.0 and float(r[2]) == 123.0 and float(r[3]) == 321.0
+    # reduce keeps no history: its state is stored as a window of one value
+    node = total.owner.inputs[0].owner
+    assert isinstance(node.op, Scan) and node.op.info.keep == (False,)
+
+
+def test_nested_scan():
+    X = T.dmatrix("X")
+
+    def row_cumsum(row):
+        out, _ = symgpu.scan(lambda a, acc: acc + a, sequences=row,
+                             outputs_info=T.constant(0.0, dtype="float64"))
+        return out
+
+    out, _ = symgpu.scan(row_cumsum, sequences=X)
+    xv = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_allclose(symgpu.function([X], out)(xv), np.cumsum(xv, axis=1))
+
+
+# ============================================================================ errors
+
+def test_error_output_dtype_mismatch_names_output():
+    x = T.fvector("x")
+    with pytest.raises(TypeError, match=r"output 0 .*float64.*float32"):
+        symgpu.scan(lambda a, acc: acc + T.cast(a, "float64"), sequences=x,
+                    outputs_info=T.constant(0.0, dtype="float32"))
+
+
+def test_error_bad_taps_and_counts():
+    x = T.dvector("x")
+    with pytest.raises(ValueError, match="output 0 has taps \\[1\\]"):
+        symgpu.scan(lambda a, p: a + p, sequences=x,
+                    outputs_info=[dict(initial=x, taps=[1])])
+    with pytest.raises(ValueError, match="returned 2 output\\(s\\) but outputs_info has 1"):
+        symgpu.scan(lambda a, p: [a + p, a], sequences=x, outputs_info=[x[0]])
+    with pytest.raises(ValueError, match="no sequences and no n_steps"):
+        symgpu.scan(lambda p: p * 2, outputs_info=[x[0]])
+    with pytest.raises(ValueError, match="sequence 0 has taps"):
+        symgpu.scan(lambda a, b: a + b, sequences=dict(input=x, taps=[0, 0]))
+
+
+def test_error_shape_change_names_output_and_step():
+    v = T.dvector("v")
+    out, _ = symgpu.scan(lambda p: T.concatenate([p, p]), outputs_info=v, n_steps=3)
+    f = symgpu.function([v], out)
+    with pytest.raises(ScanError, match=r"output 0 has shape \(4,\) at step 0.*\(2,\)"):
+        f(np.ones(2))
+
+
+def test_error_initial_too_short_for_taps():
+    v = T.dvector("v")
+    out, _ = symgpu.scan(lambda a, b, c: a + b + c, outputs_info=dict(initial=v, taps=[-3, -2, -1]),
+                         n_steps=2)
+    f = symgpu.function([v], out)
+    np.testing.assert_allclose(f(np.array([1.0, 2.0, 3.0])), [6.0, 11.0])
+    with pytest.raises(ScanError, match="initial value of output 0 has 2 entries.*need 3"):
+        f(np.array([1.0, 2.0]))
+
+
+# ============================================================================ the op
+
+def test_inner_graph_gets_the_normal_passes():
+    X, W, b = T.dmatrix("X"), T.dmatrix("W"), T.dvector("b")
+    h0 = T.dvector("h0")
+    out, _ = symgpu.scan(lambda x, h: T.tanh(T.dot(h, W) + T.dot(x, W) + b), sequences=X,
+                         outputs_info=h0)
+    f = symgpu.function([X, W, b, h0], out)
+    (node,) = scan_nodes(f)
+    node.op.inner.compile()
+    names = [type(n.op).__name__ for n in node.op.inner.compiled_fgraph.toposort()]
+    assert any(nm in ("Gemv", "Dot22", "Gemm") for nm in names), names
+    fused = [n for n in node.op.inner.compiled_fgraph.toposort() if "Composite" in str(n.op)]
+    assert fused, names
+
+
+def test_infer_shape():
+    x = T.dmatrix("x")
+    h0 = T.dvector("h0")
+    out, _ = symgpu.scan(lambda a, h: h + a, sequences=x, outputs_info=h0)
+    node = out.owner.inputs[0].owner
+    shapes = node.op.infer_shape(None, node, [(), tuple(x.shape[i] for i in range(2)),
+                                              tuple(node.inputs[2].shape[i] for i in range(2))])
+    f = symgpu.function([x, h0], [s for s in shapes[0]])
+    assert [int(v) for v in f(np.ones((4, 3)), np.ones(3))] == [5, 3]
+
+
+def test_constant_folding_of_a_constant_loop():
+    out, _ = symgpu.scan(lambda p: p * 2, outputs_info=T.constant(np.float64(1.0)), n_steps=5)
+    f = symgpu.function([], out)
+    np.testing.assert_allclose(f(), [2.0, 4.0, 8.0, 16.0, 32.0])
