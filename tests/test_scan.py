@@ -370,3 +370,39 @@ def test_constant_folding_of_a_constant_loop():
     out, _ = symgpu.scan(lambda p: p * 2, outputs_info=T.constant(np.float64(1.0)), n_steps=5)
     f = symgpu.function([], out)
     np.testing.assert_allclose(f(), [2.0, 4.0, 8.0, 16.0, 32.0])
+
+
+# ============================================================================ loop rewrites
+
+def test_save_memory_when_only_the_last_value_is_read():
+    k = T.iscalar("k")
+    A = T.dvector("A")
+    result, _ = symgpu.scan(lambda prior, A: prior * A, outputs_info=T.ones_like(A),
+                            non_sequences=A, n_steps=k)
+    f = symgpu.function([A, k], result[-1])
+    (node,) = scan_nodes(f)
+    assert node.op.info.keep == (False,)
+    np.testing.assert_allclose(f(np.arange(4.0), 3), np.arange(4.0) ** 3)
+    # a 100000-step loop over a 1000-vector: the history would take 800 MB
+    np.testing.assert_allclose(f(np.full(1000, 1.0), 100000), np.ones(1000))
+    g = symgpu.function([A, k], [result[-1], result.sum()])
+    (node,) = scan_nodes(g)
+    assert node.op.info.keep == (True,)
+
+
+def test_unused_outputs_and_their_inputs_are_pruned():
+    x, y = T.dvector("x"), T.dvector("y")
+    (a, b), _ = symgpu.scan(lambda u, v: [u * 2, T.exp(v)], sequences=[x, y])
+    f = symgpu.function([x, y], a)
+    (node,) = scan_nodes(f)
+    assert node.op.info.n_nitsot == 1 and node.op.info.n_seqs == 1
+    np.testing.assert_allclose(f(np.arange(3.0), np.arange(3.0)), [0.0, 2.0, 4.0])
+
+
+def test_backward_loop_computes_no_unrequested_sequence_gradient():
+    x, h0, W = T.dmatrix("x"), T.dvector("h0"), T.dmatrix("W")
+    out, _ = symgpu.scan(lambda xt, h, W: T.tanh(T.dot(h, W) + xt), sequences=x,
+                         outputs_info=h0, non_sequences=W)
+    f = symgpu.function([x, h0, W], T.grad(out.sum(), W))
+    back = [n for n in scan_nodes(f) if n.op.info.name.startswith("grad_of")]
+    assert len(back) == 1 and back[0].op.info.n_nitsot == 0

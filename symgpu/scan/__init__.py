@@ -22,3 +22,5 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+import symgpu.scan.rewriting  # noqa: E402,F401  (registers the loop rewrites)
