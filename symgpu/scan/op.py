@@ -150,45 +150,48 @@ class Scan(Op):
             else:
                 bufs.append([init[i, ...] for i in range(n_init)])
         nitsot: list[Any] = [None] * K
-        taps = [(j, tap) for j in range(M) for tap in info.state_taps[j]]
+        n_inits = [info.n_init(j) for j in range(M)]
+        keep = info.keep
+        # (cell, state, offset into the buffer or window index, kept?) per tap
+        tap_plan = []
+        for cell, (j, tap) in zip(tap_cells, [(j, tap) for j in range(M)
+                                              for tap in info.state_taps[j]]):
+            tap_plan.append((cell, bufs[j], n_inits[j] + tap if keep[j] else tap, keep[j]))
+        state_plan = [(out_cells[j], bufs[j], n_inits[j], keep[j], j) for j in range(M)]
+        seq_plan = list(zip(seq_cells, seqs))
         cond_cell = out_cells[M + K] if info.as_while else None
         run = inner._run
         steps_done = n
         for t in range(n):
-            for cell, s in zip(seq_cells, seqs):
+            for cell, s in seq_plan:
                 cell[0] = s[t, ...]
-            for cell, (j, tap) in zip(tap_cells, taps):
-                if info.keep[j]:
-                    cell[0] = bufs[j][t + info.n_init(j) + tap, ...]
-                else:
-                    cell[0] = bufs[j][tap]
+            for cell, buf, off, kept in tap_plan:
+                cell[0] = buf[t + off, ...] if kept else buf[off]
             try:
                 run()
             except Exception as exc:
                 if not _simple(exc):
                     raise
                 raise type(exc)(f"{exc}\n(in {info.name}, step {t} of {n})") from exc
-            for j in range(M):
-                val = out_cells[j][0]
-                if info.keep[j]:
-                    buf = bufs[j]
-                    if np.shape(val) != buf.shape[1:]:
+            for cell, buf, n_init, kept, j in state_plan:
+                val = cell[0]
+                if kept:
+                    if val.shape != buf.shape[1:]:
                         raise ScanError(self._shape_msg(info.state_label(j), t, np.shape(val),
                                                         buf.shape[1:]))
-                    buf[t + info.n_init(j)] = val
+                    buf[t + n_init] = val
                 else:
-                    win = bufs[j]
-                    if np.shape(val) != np.shape(win[-1]):
+                    if np.shape(val) != np.shape(buf[-1]):
                         raise ScanError(self._shape_msg(info.state_label(j), t, np.shape(val),
-                                                        np.shape(win[-1])))
-                    win.append(val)
-                    del win[0]
+                                                        np.shape(buf[-1])))
+                    buf.append(val)
+                    del buf[0]
             for i in range(K):
                 val = out_cells[M + i][0]
                 arr = nitsot[i]
                 if arr is None:
                     arr = nitsot[i] = np.empty((n,) + np.shape(val), dtype=node.outputs[M + i].dtype)
-                elif np.shape(val) != arr.shape[1:]:
+                elif val.shape != arr.shape[1:]:
                     raise ScanError(self._shape_msg(info.nitsot_label(i), t, np.shape(val),
                                                     arr.shape[1:]))
                 arr[t] = val
