@@ -406,3 +406,19 @@ def test_backward_loop_computes_no_unrequested_sequence_gradient():
     f = symgpu.function([x, h0, W], T.grad(out.sum(), W))
     back = [n for n in scan_nodes(f) if n.op.info.name.startswith("grad_of")]
     assert len(back) == 1 and back[0].op.info.n_nitsot == 0
+
+
+def test_example_rnn_sequence_trains():
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SYMGPU_FLAGS="device=cpu", SYMGPURC=os.devnull,
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "rnn_sequence.py"),
+                           "--epochs", "60"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    first = float(proc.stdout.split("initial test loss ")[1].split()[0])
+    last = float(proc.stdout.split("final test loss ")[1].split()[0])
+    assert last < first / 20, proc.stdout
