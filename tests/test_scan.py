@@ -422,3 +422,48 @@ def test_example_rnn_sequence_trains():
     first = float(proc.stdout.split("initial test loss ")[1].split()[0])
     last = float(proc.stdout.split("final test loss ")[1].split()[0])
     assert last < first / 20, proc.stdout
+
+
+def test_loops_over_the_same_steps_merge():
+    x = T.dvector("x")
+    a, _ = symgpu.scan(lambda u: u * 2, sequences=x)
+    b, _ = symgpu.scan(lambda u, acc: acc + u, sequences=x,
+                       outputs_info=T.constant(0.0, dtype="float64"))
+    c, _ = symgpu.scan(lambda u: u + a.sum(), sequences=x)  # reads a: cannot join a's loop
+    f = symgpu.function([x], [a, b, c])
+    nodes = scan_nodes(f)
+    assert len(nodes) == 2
+    assert any(n.op.info.n_nitsot == 1 and n.op.info.n_states == 1 for n in nodes)
+    xv = np.array([1.0, 2.0, 3.0])
+    ra, rb, rc = f(xv)
+    np.testing.assert_allclose(ra, xv * 2)
+    np.testing.assert_allclose(rb, np.cumsum(xv))
+    np.testing.assert_allclose(rc, xv + 12.0)
+
+
+def test_gradient_of_a_last_value_loop_runs_the_forward_loop_once():
+    v = T.dvector("v")
+    total, _ = symgpu.reduce(lambda a, acc: acc * 0.5 + T.sin(a), sequences=v,
+                             outputs_info=T.constant(0.0, dtype="float64"))
+    f = symgpu.function([v], [total, T.grad(total, v)])
+    forward = [n for n in scan_nodes(f) if not n.op.info.name.startswith("grad_of")]
+    assert len(forward) == 1
+    vv = np.array([0.3, -1.0, 2.0])
+    t, g = f(vv)
+    assert np.isclose(float(t), ((0 * 0.5 + np.sin(0.3)) * 0.5 + np.sin(-1.0)) * 0.5 + np.sin(2.0))
+    np.testing.assert_allclose(g, np.cos(vv) * np.array([0.25, 0.5, 1.0]))
+
+
+def test_inner_graph_is_compiled_with_the_outer_mode():
+    x = T.dvector("x")
+    out, _ = symgpu.scan(lambda u: T.exp(u) * 2 + 1, sequences=x)
+    fast = symgpu.function([x], out, mode="FAST_RUN")
+    quick = symgpu.function([x], out, mode="FAST_COMPILE")
+    (nf,), (nq,) = scan_nodes(fast), scan_nodes(quick)
+    assert nf.op.mode == "FAST_RUN" and nq.op.mode == "FAST_COMPILE"
+    for node in (nf, nq):
+        node.op.inner.compile()
+    fused = lambda n: any("Composite" in str(m.op) for m in n.op.inner.compiled_fgraph.toposort())  # noqa: E731
+    assert fused(nf) and not fused(nq)
+    np.testing.assert_allclose(quick(np.zeros(2)), [3.0, 3.0])
+    np.testing.assert_allclose(fast(np.zeros(2)), [3.0, 3.0])

@@ -124,3 +124,132 @@ def scan_prune_and_save_memory(fgraph: FunctionGraph) -> None:
 
 
 optdb.register("scan_save_mem", scan_prune_and_save_memory, 4, "fast_run", "scan")
+
+
+# ----------------------------------------------------------------------------- merging loops
+
+def _depends_on(var_list, targets: set) -> bool:
+    return any(v in targets for v in ancestors(var_list))
+
+
+def _same_body(a: Scan, b: Scan) -> bool:
+    return a.inner_inputs == b.inner_inputs and a.inner_outputs == b.inner_outputs
+
+
+def _merge_pair(fgraph: FunctionGraph, na, nb) -> bool:
+    """One loop doing the work of the two loops `na` and `nb` (same step count, neither
+    reading the other's results); returns whether the graph changed."""
+    a, b = na.op, nb.op
+    ia, ib = a.info, b.info
+    if _same_body(a, b) and list(na.inputs) == list(nb.inputs):
+        # the same loop twice (e.g. the gradient's full-history copy of a loop that keeps only
+        # its last values): the one that keeps every history the other keeps serves both
+        if not all(ka or not kb for ka, kb in zip(ia.keep, ib.keep)):
+            if all(kb or not ka for ka, kb in zip(ia.keep, ib.keep)):
+                return _merge_pair(fgraph, nb, na)
+            return False
+        for j in range(ia.n_states):
+            if ia.keep[j] == ib.keep[j]:
+                fgraph.replace(nb.outputs[j], na.outputs[j], reason="scan_merge")
+            else:
+                fgraph.replace(nb.outputs[j], na.outputs[j][-ia.n_init(j):], reason="scan_merge")
+        for i in range(ia.n_nitsot):
+            k = ia.n_states + i
+            fgraph.replace(nb.outputs[k], na.outputs[k], reason="scan_merge")
+        return True
+    if set(a.inner_inputs) & set(b.inner_inputs) or a.mode != b.mode:
+        return False
+
+    def parts(node):
+        op, info = node.op, node.op.info
+        S, M, T = info.n_seqs, info.n_states, info.n_taps
+        ins, outs = op.inner_inputs, op.inner_outputs
+        return dict(seq_in=ins[:S], tap_in=ins[S:S + T], ns_in=ins[S + T:],
+                    st_out=outs[:M], ni_out=outs[M:M + info.n_nitsot],
+                    seqs=node.inputs[1:1 + S], inits=node.inputs[1 + S:1 + S + M],
+                    nonseqs=node.inputs[1 + S + M:])
+    pa, pb = parts(na), parts(nb)
+    info = dc_replace(
+        ia, n_seqs=ia.n_seqs + ib.n_seqs, state_taps=ia.state_taps + ib.state_taps,
+        keep=ia.keep + ib.keep, n_nitsot=ia.n_nitsot + ib.n_nitsot,
+        n_nonseqs=ia.n_nonseqs + ib.n_nonseqs, name=f"{ia.name}&{ib.name}",
+        truncate_gradient=-1,
+        state_names=_names(ia.state_names, ia.n_states) + _names(ib.state_names, ib.n_states),
+        nitsot_names=_names(ia.nitsot_names, ia.n_nitsot) + _names(ib.nitsot_names, ib.n_nitsot))
+    op = Scan(pa["seq_in"] + pb["seq_in"] + pa["tap_in"] + pb["tap_in"] + pa["ns_in"] + pb["ns_in"],
+              pa["st_out"] + pb["st_out"] + pa["ni_out"] + pb["ni_out"], info, a.mode)
+    outs = op(na.inputs[0], *pa["seqs"], *pb["seqs"], *pa["inits"], *pb["inits"],
+              *pa["nonseqs"], *pb["nonseqs"])
+    outs = outs if isinstance(outs, list) else [outs]
+    Ma, Mb = ia.n_states, ib.n_states
+    old = list(na.outputs[:Ma]) + list(nb.outputs[:Mb]) + list(na.outputs[Ma:]) + \
+        list(nb.outputs[Mb:])
+    for o, n in zip(old, outs):
+        fgraph.replace(o, n, reason="scan_merge")
+    return True
+
+
+def _names(names: tuple, n: int) -> tuple:
+    return tuple(names[i] if i < len(names) else "" for i in range(n))
+
+
+def scan_merge(fgraph: FunctionGraph) -> None:
+    """Merge loops that run the same number of steps (the same `n_steps` variable) and do not
+    read each other's results: one Python loop instead of two."""
+    changed = True
+    while changed:
+        changed = False
+        nodes = [n for n in fgraph.toposort() if isinstance(n.op, Scan) and not n.op.info.as_while]
+        for i, na in enumerate(nodes):
+            for nb in nodes[i + 1:]:
+                if na.inputs[0] is not nb.inputs[0]:
+                    continue
+                if _depends_on(list(nb.inputs), set(na.outputs)) or \
+                        _depends_on(list(na.inputs), set(nb.outputs)):
+                    continue
+                if _merge_pair(fgraph, na, nb):
+                    changed = True
+                    break
+            if changed:
+                break
+
+
+optdb.register("scan_merge", scan_merge, 3.5, "fast_run", "scan")
+
+
+# ----------------------------------------------------------------------------- the inner mode
+
+def _with_mode(op, mode: str):
+    """`op` (a Scan or an IfElse without a mode of its own) for the outer function's mode; one
+    copy per mode, so each inner graph is compiled once per mode."""
+    from symgpu.ifelse import IfElse
+    cache = op.__dict__.setdefault("_mode_copies", {})
+    if mode not in cache:
+        if isinstance(op, Scan):
+            new = Scan(op.inner_inputs, op.inner_outputs, op.info, mode)
+        else:
+            new = IfElse(op.then_fn.inputs, op.then_fn.outputs, op.else_fn.inputs,
+                         op.else_fn.outputs, name=op.name, mode=mode)
+        new.__dict__["_mode_copies"] = cache
+        cache[mode] = new
+    return cache[mode]
+
+
+def _inner_mode_pass(mode: str):
+    def set_inner_mode(fgraph: FunctionGraph) -> None:
+        from symgpu.ifelse import IfElse
+        for node in list(fgraph.toposort()):
+            op = node.op
+            if isinstance(op, (Scan, IfElse)) and op.mode is None:
+                new = _with_mode(op, mode)
+                outs = new.make_node(*node.inputs).outputs
+                for o, n in zip(node.outputs, outs):
+                    fgraph.replace(o, n, reason="scan_inner_mode")
+    set_inner_mode.__name__ = f"scan_inner_mode_{mode.lower()}"
+    return set_inner_mode
+
+
+# loops and branches built without `mode=` compile their inner graphs with the outer mode
+optdb.register("scan_inner_mode_fast_run", _inner_mode_pass("FAST_RUN"), 4.5, "fast_run")
+optdb.register("scan_inner_mode_fast_compile", _inner_mode_pass("FAST_COMPILE"), 4.5,
+               "fast_compile")
