@@ -48,6 +48,11 @@ class IfElse(Op):
             outs.append(TensorType(a.type.dtype, bc)())
         return Apply(self, [condition, *branch_inputs], outs)
 
+    def prepare_node(self, node: Apply, storage_map: dict, compute_map: dict, impl: Any) -> None:
+        """Compile both branches when the outer function is linked (once per op)."""
+        self.then_fn.compile()
+        self.else_fn.compile()
+
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         c = inputs[0]
         if bool(np.asarray(c)):

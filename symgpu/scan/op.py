@@ -111,6 +111,10 @@ class Scan(Op):
                             *outer], outs)
 
     # -- running ----------------------------------------------------------------------------
+    def prepare_node(self, node: Apply, storage_map: dict, compute_map: dict, impl: Any) -> None:
+        """Compile the loop body when the outer function is linked (once per op)."""
+        self.inner.compile()
+
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         info = self.info
         inner = self.inner
