@@ -27,3 +27,4 @@ from symgpu.scan import foldl, foldr, map, reduce  # noqa: E402,A004
 import symgpu.scan_module  # noqa: E402,F401
 scan = symgpu.scan  # noqa: E402
 __all__ += ["scan", "map", "reduce", "foldl", "foldr"]
+import symgpu.ifelse  # noqa: E402,F401  (symgpu.ifelse.ifelse, the lazy branch)

@@ -467,3 +467,20 @@ def test_inner_graph_is_compiled_with_the_outer_mode():
     assert fused(nf) and not fused(nq)
     np.testing.assert_allclose(quick(np.zeros(2)), [3.0, 3.0])
     np.testing.assert_allclose(fast(np.zeros(2)), [3.0, 3.0])
+
+
+def test_inner_graph_is_placed_on_the_gpu_by_the_normal_passes():
+    """With device=cuda (a virtual context: compiled, not run) the step's graph gets the GPU
+    placement like any graph (for now its inputs and outputs cross to the host each step)."""
+    from symgpu.config import config
+    from symgpu.gpu.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        with config.change_flags(device="cuda"):
+            x = T.fmatrix("x")
+            W = symgpu.shared(np.ones((3, 3), dtype="float32"), name="W")
+            out, _ = symgpu.scan(lambda a, h: T.tanh(T.dot(h, W) + a), sequences=x,
+                                 outputs_info=T.zeros((3,), dtype="float32"))
+            f = symgpu.function([x], [out, T.grad(out.sum(), W)])
+    for node in scan_nodes(f):
+        names = [type(n.op).__name__ for n in node.op.inner.compiled_fgraph.toposort()]
+        assert "GpuGemv" in names or "GpuGer" in names, names
