@@ -484,3 +484,31 @@ def test_inner_graph_is_placed_on_the_gpu_by_the_normal_passes():
     for node in scan_nodes(f):
         names = [type(n.op).__name__ for n in node.op.inner.compiled_fgraph.toposort()]
         assert "GpuGemv" in names or "GpuGer" in names, names
+
+
+def test_threads_and_pickling():
+    import pickle
+    import threading
+    x = T.dvector("x")
+    out, _ = symgpu.scan(lambda a, acc: acc * 0.5 + a, sequences=x,
+                         outputs_info=T.constant(0.0, dtype="float64"))
+    f = symgpu.function([x], out)
+    inputs = [np.full(2000, float(k)) for k in range(4)]
+    want = [f(v) for v in inputs]
+    errors = []
+
+    def work(k):
+        for _ in range(5):
+            if not np.array_equal(f(inputs[k]), want[k]):
+                errors.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    # the symbolic graph (op, inner graph) pickles and still computes
+    out2 = pickle.loads(pickle.dumps(out))
+    (x2,) = [v for v in symgpu.graph.basic.graph_inputs([out2]) if v.name == "x"]
+    np.testing.assert_allclose(symgpu.function([x2], out2)(np.ones(3)), [1.0, 1.5, 1.75])

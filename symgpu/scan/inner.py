@@ -7,6 +7,7 @@ the argument checks of `Function.__call__`.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, io_toposort
@@ -37,11 +38,18 @@ class InnerFunction:
         self.fgraph = FunctionGraph(self.inputs, self.outputs, clone=True)
         self.compiled_fgraph: FunctionGraph | None = None
         self.vm = None
+        #: held while a call uses the cells: one compiled function may run in several threads
+        self.lock = threading.RLock()
 
     def compile(self) -> None:
         """Rewrite a copy of the inner graph with the mode's passes and link it (once)."""
         if self.vm is not None:
             return
+        with self.lock:
+            if self.vm is None:
+                self._compile()
+
+    def _compile(self) -> None:
         from symgpu.compile.mode import get_mode
         mode = get_mode(self.mode)
         fg = self.fgraph.clone()
@@ -69,21 +77,31 @@ class InnerFunction:
 
     def __call__(self, *values: Any) -> list:
         self.compile()
-        for cell, v in zip(self.input_cells, values):
-            cell[0] = v
-        self._run()
-        out = [c[0] for c in self.output_cells]
-        for c in self.clear_cells:
-            c[0] = None
+        with self.lock:
+            for cell, v in zip(self.input_cells, values):
+                cell[0] = v
+            try:
+                self._run()
+                out = [c[0] for c in self.output_cells]
+            finally:
+                for c in self.clear_cells:
+                    c[0] = None
+                for cell in self.input_cells:
+                    cell[0] = None
         return out
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for k in ("vm", "_run", "input_cells", "output_cells", "clear_cells", "compiled_fgraph"):
+        for k in ("vm", "_run", "input_cells", "output_cells", "clear_cells", "compiled_fgraph",
+                  "lock"):
             state.pop(k, None)
         state["vm"] = None
         state["compiled_fgraph"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
 
 def variant_set(outputs: Sequence[Variable], sources: Sequence[Variable]) -> set[Variable]:

@@ -116,9 +116,20 @@ class Scan(Op):
         self.inner.compile()
 
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
+        self.inner.compile()
+        inner = self.inner
+        with inner.lock:  # the body's cells are shared by every call of this op
+            try:
+                self._loop(node, inputs, output_storage)
+            finally:  # also after an error: the cells must not keep this call's arrays
+                for cell in inner.input_cells:
+                    cell[0] = None
+                for cell in inner.clear_cells:
+                    cell[0] = None
+
+    def _loop(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         info = self.info
         inner = self.inner
-        inner.compile()
         n = int(inputs[0])
         S, M, K = info.n_seqs, info.n_states, info.n_nitsot
         seqs = inputs[1:1 + S]
