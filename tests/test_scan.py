@@ -512,3 +512,23 @@ def test_threads_and_pickling():
     out2 = pickle.loads(pickle.dumps(out))
     (x2,) = [v for v in symgpu.graph.basic.graph_inputs([out2]) if v.name == "x"]
     np.testing.assert_allclose(symgpu.function([x2], out2)(np.ones(3)), [1.0, 1.5, 1.75])
+
+
+def test_pushout_of_sequence_only_products_when_included():
+    x, h0, W, U = T.dtensor3("x"), T.dmatrix("h0"), T.dmatrix("W"), T.dmatrix("U")
+    out, _ = symgpu.scan(lambda a, h: T.tanh(T.dot(a, W) + T.dot(h, U)), sequences=x,
+                         outputs_info=h0)
+    rng = np.random.default_rng(3)
+    vals = [rng.normal(size=(5, 2, 3)), rng.normal(size=(2, 4)), rng.normal(size=(3, 4)),
+            rng.normal(size=(4, 4))]
+    plain = symgpu.function([x, h0, W, U], out)
+    with symgpu.config.change_flags(optimizer_including="scan_pushout_seq_dot"):
+        pushed = symgpu.function([x, h0, W, U], out)
+    (node,) = scan_nodes(pushed)
+    assert node.op.info.n_seqs == 1
+    inner = node.op.fgraph.toposort()
+    assert sum(1 for n in inner if "Dot" in type(n.op).__name__) == 1
+    outside = [n for n in pushed.maker.fgraph.toposort() if n.op.__class__.__name__ in
+               ("Dot22", "Gemm", "Dot")]
+    assert outside
+    np.testing.assert_allclose(pushed(*vals), plain(*vals), rtol=1e-12)

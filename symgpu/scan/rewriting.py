@@ -253,3 +253,67 @@ def _inner_mode_pass(mode: str):
 optdb.register("scan_inner_mode_fast_run", _inner_mode_pass("FAST_RUN"), 4.5, "fast_run")
 optdb.register("scan_inner_mode_fast_compile", _inner_mode_pass("FAST_COMPILE"), 4.5,
                "fast_compile")
+
+
+# ----------------------------------------------------------------------------- sequence-only work
+
+def _pushout_seq_dots(fgraph: FunctionGraph, node) -> bool:
+    """dot(x[t], W) with x a sequence and W a non-sequence is computed for every step at once,
+    before the loop, as one large matrix product (BLAS runs it faster than n small ones); the
+    loop reads its rows as a new sequence."""
+    import symgpu.tensor as T
+    from symgpu.graph.basic import io_toposort
+    from symgpu.scan.inner import clone_with
+    from symgpu.tensor.math import Dot
+    op: Scan = node.op
+    info = op.info
+    S, M = info.n_seqs, info.n_states
+    inner_in, inner_out = op.inner_inputs, op.inner_outputs
+    seq_in = inner_in[:S]
+    nonseq_in = inner_in[S + info.n_taps:]
+    outer_seqs = node.inputs[1:1 + S]
+    outer_nonseqs = node.inputs[1 + S + M:]
+    n = node.inputs[0]
+    found = []
+    for inner_node in io_toposort(set(inner_in), list(inner_out)):
+        if not isinstance(inner_node.op, Dot):
+            continue
+        a, w = inner_node.inputs
+        if a in seq_in and w in nonseq_in and a.ndim in (1, 2) and w.ndim == 2:
+            found.append((inner_node, seq_in.index(a), nonseq_in.index(w)))
+    if not found:
+        return False
+    new_phs, new_seqs, replace = [], [], {}
+    for inner_node, k, m in found:
+        x, w = outer_seqs[k][:n], outer_nonseqs[m]
+        if x.ndim == 2:
+            y = T.dot(x, w)
+        else:
+            flat = x.reshape((x.shape[0] * x.shape[1], x.shape[2]), ndim=2)
+            y = T.dot(flat, w).reshape((x.shape[0], x.shape[1], w.shape[1]), ndim=3)
+        out = inner_node.outputs[0]
+        ph = out.type(f"{out.name or 'dot'}[t] (computed before the loop)")
+        new_phs.append(ph)
+        new_seqs.append(y)
+        replace[out] = ph
+    new_out = clone_with(list(inner_out), replace)
+    new_info = dc_replace(info, n_seqs=S + len(new_phs))
+    new_op = Scan(list(seq_in) + new_phs + list(inner_in[S:]), new_out, new_info, op.mode)
+    outs = new_op(n, *outer_seqs, *new_seqs, *node.inputs[1 + S:])
+    outs = outs if isinstance(outs, list) else [outs]
+    for o, nw in zip(node.outputs, outs):
+        fgraph.replace(o, nw, reason="scan_pushout_seq_dot")
+    return True
+
+
+def scan_pushout_seq_dot(fgraph: FunctionGraph) -> None:
+    """Apply `_pushout_seq_dots` to every for-loop of `fgraph`."""
+    for node in list(fgraph.toposort()):
+        if isinstance(node.op, Scan) and not node.op.info.as_while and node in fgraph.apply_nodes:
+            _pushout_seq_dots(fgraph, node)
+
+
+# opt-in (optimizer_including=scan_pushout_seq_dot): on the CPU, measured on benchmarks/rnn.py,
+# one large product is no faster than the per-step ones (and the step's Gemm can then no
+# longer work in place); on the GPU it saves a launch per step
+optdb.register("scan_pushout_seq_dot", scan_pushout_seq_dot, 3.7, "scan_pushout")
