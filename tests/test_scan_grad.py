@@ -245,3 +245,35 @@ def test_backward_loop_reuses_forward_outputs():
     assert len(back) == 1
     inner = back[0].op.fgraph.toposort()
     assert not any("tanh" in str(n.op) for n in inner), [str(n.op) for n in inner]
+
+
+def test_hessian_wrt_non_sequence_and_float32_grad():
+    """Second order through the backward loop's running sums (kept at their last value only,
+    so their gradient re-runs that loop with its history)."""
+    w, x = T.dvector("w"), T.dmatrix("x")
+    out, _ = symgpu.scan(lambda a, h, w: T.tanh(h * w + a), sequences=x,
+                         outputs_info=T.zeros((2,), dtype="float64"), non_sequences=w)
+    H = symgpu.function([x, w], T.hessian((out ** 2).sum(), w))
+    xv, wv = rand(4, 2), rand(2)
+
+    def c(wv):
+        h, t = np.zeros(2), 0.0
+        for a in xv:
+            h = np.tanh(h * wv + a)
+            t += (h ** 2).sum()
+        return t
+    e = 1e-4
+    num = np.zeros((2, 2))
+    for i in range(2):
+        for j in range(2):
+            ei, ej = np.eye(2)[i] * e, np.eye(2)[j] * e
+            num[i, j] = (c(wv + ei + ej) - c(wv + ei - ej) - c(wv - ei + ej)
+                         + c(wv - ei - ej)) / (4 * e * e)
+    np.testing.assert_allclose(H(xv, wv), num, atol=1e-6)
+
+    def f(x, h0, W):
+        o, _ = symgpu.scan(lambda a, h, W: T.tanh(T.dot(h, W) + a), sequences=x,
+                           outputs_info=h0, non_sequences=W)
+        return o
+    verify_grad(f, [rand(5, 3).astype("float32"), rand(3).astype("float32"),
+                    rand(3, 3, scale=0.5).astype("float32")])
