@@ -532,3 +532,18 @@ def test_pushout_of_sequence_only_products_when_included():
                ("Dot22", "Gemm", "Dot")]
     assert outside
     np.testing.assert_allclose(pushed(*vals), plain(*vals), rtol=1e-12)
+
+
+def test_initial_value_more_broadcastable_than_the_step_result():
+    W = T.dmatrix("W")
+    h0 = T.zeros((1, 3), dtype="float64")  # dims of length 1 known as such
+    assert h0.broadcastable[0]
+    out, _ = symgpu.scan(lambda h, W: T.tanh(T.dot(h, W) + 1), outputs_info=h0,
+                         non_sequences=W, n_steps=3)
+    f = symgpu.function([W], out)
+    h = np.zeros((1, 3))
+    want = []
+    for _ in range(3):
+        h = np.tanh(h @ np.eye(3) + 1)
+        want.append(h)
+    np.testing.assert_allclose(f(np.eye(3)), np.array(want))

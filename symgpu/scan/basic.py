@@ -169,8 +169,19 @@ class _StateSpec:
                                 f"scalar {initial} ({initial.type})")
             self.inner_type = _inner_type(initial)
             self.init_buffer = initial[:-min(taps)]
-        label = initial.name or f"output{index}"
-        self.placeholders = [self.inner_type(f"{label}[t{tap:+d}]") for tap in taps]
+        self.label = initial.name or f"output{index}"
+        self.placeholders = [self.inner_type(f"{self.label}[t{tap:+d}]") for tap in taps]
+
+    def relax(self, broadcastable: tuple) -> None:
+        """Forget the dims the step's result does not know to have length 1."""
+        from symgpu.tensor.shape import Unbroadcast
+        from symgpu.tensor.type import TensorType
+        axes = tuple(ib and not ob for ib, ob in zip(self.inner_type.broadcastable, broadcastable))
+        self.inner_type = TensorType(self.inner_type.dtype,
+                                     tuple(ib and ob for ib, ob in
+                                           zip(self.inner_type.broadcastable, broadcastable)))
+        self.init_buffer = Unbroadcast((False,) + axes)(self.init_buffer)
+        self.placeholders = [self.inner_type(f"{self.label}[t{tap:+d}]") for tap in self.taps]
 
 
 def _parse_outputs_info(outputs_info: list, name: str, keep_last: bool) -> list[_StateSpec | None]:
@@ -266,16 +277,25 @@ def scan_impl(fn, sequences, outputs_info, non_sequences, n_steps, truncate_grad
     nonseq_args = [v if isinstance(v, Variable) else T.as_tensor_variable(v)
                    for v in _as_list(non_sequences)]
 
-    tap_args = [ph for s in specs if s is not None for ph in s.placeholders]
-    rv = fn(*seq_inner, *tap_args, *nonseq_args)
-    outputs, update_pairs, cond = _parse_return(rv, name)
-    outputs = [o if isinstance(o, Variable) else T.as_tensor_variable(o) for o in outputs]
-    if outputs_info is None:
-        specs = [None] * len(outputs)
-    elif len(outputs) != len(specs):
-        raise ValueError(f"{name}: the step function returned {len(outputs)} output(s) but "
-                         f"outputs_info has {len(specs)} entrie(s); give one entry per output "
-                         "(None for an output that is not fed back)")
+    for attempt in range(2):
+        tap_args = [ph for s in specs if s is not None for ph in s.placeholders]
+        rv = fn(*seq_inner, *tap_args, *nonseq_args)
+        outputs, update_pairs, cond = _parse_return(rv, name)
+        outputs = [o if isinstance(o, Variable) else T.as_tensor_variable(o) for o in outputs]
+        if outputs_info is None:
+            specs = [None] * len(outputs)
+        elif len(outputs) != len(specs):
+            raise ValueError(f"{name}: the step function returned {len(outputs)} output(s) but "
+                             f"outputs_info has {len(specs)} entrie(s); give one entry per "
+                             "output (None for an output that is not fed back)")
+        # an initial value known to have length 1 where the step's result is not (e.g.
+        # T.zeros((1, n)) fed to dot(h, W)): the state forgets that, and fn runs once more
+        relaxed = [s for o, s in zip(outputs, specs) if s is not None and attempt == 0
+                   and _relaxable(o, s.inner_type)]
+        if not relaxed:
+            break
+        for s in relaxed:
+            s.relax(outputs[s.index].type.broadcastable)
 
     state_specs = [s for s in specs if s is not None]
     state_outs, nitsot_outs, nitsot_index = [], [], []
@@ -338,6 +358,14 @@ def scan_impl(fn, sequences, outputs_info, non_sequences, n_steps, truncate_grad
     return results, updates, node_outs[0].owner if node_outs else None
 
 
+def _relaxable(o: Variable, inner_type: Any) -> bool:
+    """Whether `o` differs from the state's type only by dims the state thinks have length 1."""
+    ot = o.type
+    return (getattr(ot, "dtype", None) == inner_type.dtype
+            and getattr(ot, "ndim", None) == inner_type.ndim
+            and any(ib and not ob for ib, ob in zip(inner_type.broadcastable, ot.broadcastable)))
+
+
 def _fit_state(o: Variable, inner_type: Any, what: str) -> Variable:
     """`o` as a value of the state's type, or a TypeError naming the output."""
     ot = o.type
@@ -351,5 +379,5 @@ def _fit_state(o: Variable, inner_type: Any, what: str) -> Variable:
         raise TypeError(
             f"{what}: the step returns {ot} (broadcastable {ot.broadcastable}) but the initial "
             f"value is {inner_type} (broadcastable {inner_type.broadcastable}); make the "
-            "initial value's broadcast pattern match (e.g. T.unbroadcast)")
+            "broadcast patterns match (T.specify_broadcastable_as)")
     return conv
