@@ -241,8 +241,10 @@ def scan(fn: Callable[..., Any], sequences: Any = None, outputs_info: Any = None
     return outs, updates
 
 
-def scan_impl(fn, sequences, outputs_info, non_sequences, n_steps, truncate_gradient,
-              go_backwards, mode, name, strict, keep_last: bool = False):
+def scan_impl(fn: Callable[..., Any], sequences: Any, outputs_info: Any, non_sequences: Any,
+              n_steps: Any, truncate_gradient: int, go_backwards: bool, mode: Any,
+              name: str | None, strict: bool, keep_last: bool = False
+              ) -> tuple[list[Any], ScanUpdates, Any]:
     """scan's work; `keep_last` (reduce/fold) keeps only the last value of each state and
     returns it instead of the whole history. Returns (outputs, updates, node)."""
     from symgpu.compile.sharedvalue import SharedVariable
