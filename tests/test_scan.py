@@ -547,3 +547,14 @@ def test_initial_value_more_broadcastable_than_the_step_result():
         h = np.tanh(h @ np.eye(3) + 1)
         want.append(h)
     np.testing.assert_allclose(f(np.eye(3)), np.array(want))
+
+
+def test_save_memory_in_a_while_loop():
+    m = T.dscalar("m")
+    values, _ = symgpu.scan(lambda p, m: (p * 2, symgpu.scan.until(p * 2 > m)),
+                            outputs_info=T.constant(np.float64(1.0)), non_sequences=m,
+                            n_steps=1024)
+    f = symgpu.function([m], values[-1])
+    (node,) = scan_nodes(f)
+    assert node.op.info.keep == (False,)
+    assert float(f(45.0)) == 64.0

@@ -70,7 +70,7 @@ def _rewrite_node(fgraph: FunctionGraph, node) -> bool:
     new_keep = list(info.keep)
     last_readers: dict[int, list] = {}
     for j in range(M):
-        if keep_state[j] and info.keep[j] and not info.as_while:
+        if keep_state[j] and info.keep[j]:
             readers = _last_value_readers(fgraph, node.outputs[j], info.n_init(j))
             if readers:
                 new_keep[j] = False
