@@ -80,7 +80,9 @@ ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
 MUL = symgpu.scalar.basic.SCALAR_OPS["mul"]
 n3, n4 = i64(3), i64(4)
 
+from symgpu.ifelse import IfElse, ifelse  # noqa: E402
 from symgpu.printing import Print  # noqa: E402
+from symgpu.scan.op import Scan  # noqa: E402
 from symgpu.tensor.nnet import abstract_conv as _conv  # noqa: E402
 from symgpu.tensor.random import ops as _rnd  # noqa: E402
 from symgpu.tensor.signal import pool as _pool  # noqa: E402
@@ -172,6 +174,11 @@ CASES: dict[type, list[Case]] = {
     _pool.MaxPoolGradGrad: [case(lambda x, z, g: _pool.MaxPoolGradGrad(ws=(2, 2))(x, z, g), PX, PZ, PX)],
     _pool.AveragePoolGrad: [case(lambda x, g: _pool.AveragePoolGrad(ws=(2, 2), mode="average_inc_pad")(x, g),
                                  PX, PZ)],
+    Scan: [case(lambda x: symgpu.scan(lambda v: v * 2, sequences=x)[0], r(5, 3)),
+           case(lambda x, n: symgpu.scan(lambda v: v + 1, outputs_info=None, sequences=x,
+                                         n_steps=n)[0], r(5, 3), n4)],
+    IfElse: [case(lambda c, x, y: ifelse(c, x * 2, y + 1), i64(1), r(2, 3), r(2, 3)),
+             case(lambda c, x, y: ifelse(c, x * 2, y + 1), i64(0), r(2, 3), r(2, 3))],
     _rnd.PhiloxSample: [case(lambda st, n: _rnd.PhiloxSample("normal", "float64")(st, n, 3), STATE, n4)],
     _rnd.PhiloxAdvance: [case(lambda st, n: _rnd.PhiloxAdvance("float64")(st, n, 3), STATE, n4)],
     _rnd.CategoricalFromUniform: [case(lambda p, u: _rnd.CategoricalFromUniform()(p, u),
