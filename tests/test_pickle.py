@@ -164,6 +164,41 @@ def _cases():
             zero_grad(a) * 2 + disconnected_grad(a),
         ], [va, vb, vc, vt, vr, np.array([0, 3, 1])]
 
+    @add("random")
+    def _():
+        from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
+                                              MultinomialFromUniform, PhiloxAdvance,
+                                              PhiloxSample)
+        state = T.vector("state", dtype="uint32")   # an input: every call draws the same
+        p = T.dvector("p")
+        u = PhiloxSample("uniform", "float64")(state, 3, 4)
+        return [state, p], [
+            u, PhiloxSample("normal", "float32")(state, 5), PhiloxAdvance("float64")(state, 3, 4),
+            CategoricalFromUniform()(p, u), MultinomialFromUniform()(p.dimshuffle("x", 0), u[:, :1]),
+            ArgsortKeys(2)(u),
+        ], [np.array([1, 2, 3, 4], dtype="uint32"), np.array([0.2, 0.3, 0.5])]
+
+    @add("conv_and_pool")
+    def _():
+        from symgpu.tensor.nnet import conv2d
+        from symgpu.tensor.signal.pool import pool_2d
+        x, w = T.dtensor4("x"), T.dtensor4("w")
+        vx, vw = rng(9).standard_normal((2, 2, 6, 6)), rng(10).standard_normal((3, 2, 3, 3))
+        y = conv2d(x, w, border_mode="half", subsample=(1, 2))
+        mx = pool_2d(x, (2, 2), ignore_border=False)
+        av = pool_2d(x, (3, 3), pad=(1, 1), mode="average_exc_pad")
+        gx, gw = T.grad((y ** 2).sum(), [x, w])
+        gmax = T.grad((mx ** 2).sum(), x)
+        return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
+                        T.grad((gmax ** 2).sum(), x)], [vx, vw]
+
+    @add("specify_shape")
+    def _():
+        x, v = _m()
+        n = T.lscalar("n")
+        y = T.specify_shape(x, (3, n))
+        return [x, n], [y * 2, T.specify_shape(T.exp(x), (None, 4))], [v, 4]
+
     return cases
 
 

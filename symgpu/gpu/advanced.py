@@ -29,11 +29,12 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.basic_ops import as_gpuarray_variable
-from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
-                                      sync_check_reason)
+from symgpu.gpu.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.subtensor import SYM, Slice
+from symgpu.tensor.math import MatMul as _MatMul
+from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
@@ -199,19 +200,19 @@ def _check_indexed_var(op: Op, x: Any) -> None:
                         f"least 1 dimension, got {x.type}")
 
 
-class GpuAdvancedSubtensor1(Op):
+class GpuAdvancedSubtensor1(DeviceChecked, Op):
     """``x[idx]`` for an integer vector ``idx`` on axis 0 of ``x`` (any ndim >= 1): a new
     C-contiguous array of shape ``(len(idx),) + x.shape[1:]``; negative indices allowed,
     out-of-bounds ones raise IndexError after the launch."""
 
     __props__ = ()
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """x[idx] for an integer vector idx: the host AdvancedSubtensor's rule."""
+        return _AdvancedSubtensor.infer_shape(_AdvancedSubtensor((SYM,)), fgraph, node, input_shapes)
 
     def make_node(self, x: Any, idx: Any) -> Apply:
         _check_indexed_var(self, x)
@@ -243,23 +244,22 @@ class GpuAdvancedSubtensor1(Op):
 
 # ----------------------------------------------------------------------------- set / inc
 
-class GpuAdvancedIncSubtensor1(Op):
+class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
     """A copy of ``x`` with ``x[idx]`` incremented by (``np.add.at``: repeated indices
     accumulate, through atomicAdd) or set to ``y`` broadcast to ``(len(idx),) +
     x.shape[1:]``. With repeated indices a set keeps one of the writes, which one is
     unspecified. Never in place."""
 
     __props__ = ("set_instead_of_inc",)
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __init__(self, set_instead_of_inc: bool = False):
         self.set_instead_of_inc = bool(set_instead_of_inc)
 
     def __str__(self) -> str:
         return f"GpuAdvanced{'Set' if self.set_instead_of_inc else 'Inc'}Subtensor1"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
 
     def make_node(self, x: Any, y: Any, idx: Any) -> Apply:
         _check_indexed_var(self, x)
@@ -354,6 +354,8 @@ class GpuBatchedDot(Op):
 
     def __str__(self) -> str:
         return "GpuBatchedDot"
+
+    infer_shape = _MatMul.infer_shape  # stacks of 1 broadcast, as in matmul
 
     def make_node(self, x: Any, y: Any) -> Apply:
         from symgpu.gpu.blas import _blas_matrix, _ctx_name

@@ -26,8 +26,7 @@ from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.basic_ops import GpuFromHost, as_gpuarray_variable
-from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
-                                      sync_check_reason)
+from symgpu.gpu.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.graph_params import (arange_from_params, load_kernels, pack_int64,
                                      prefetch_request, slot_ptr)
 from symgpu.gpu.rewriting import register_lifter
@@ -170,16 +169,7 @@ def _check_vars(op: Op, x: Any, a: Any, b: Any) -> None:
             raise TypeError(f"{op}: the {name} index must be an int32/int64 vector, got {v.type}")
 
 
-class _PairsOp(Op):
-    """What the pair ops share: capture and reporting behaviour (see the module doc)."""
-
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
-
-
-class GpuAdvancedSubtensor2(_PairsOp):
+class GpuAdvancedSubtensor2(DeviceChecked, Op):
     """``x[a, b]`` of a GPU matrix and two integer vectors: a new C-contiguous vector."""
 
     __props__ = ()
@@ -208,9 +198,9 @@ class GpuAdvancedSubtensor2(_PairsOp):
         out[0][0] = res
 
     def infer_shape(self, fgraph, node, input_shapes):
-        from symgpu.tensor.math import maximum
-        na, nb = input_shapes[1][0], input_shapes[2][0]
-        return [(maximum(na, nb),)]
+        """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
+        from symgpu.tensor.shape_rules import numpy_broadcast
+        return [numpy_broadcast([input_shapes[1], input_shapes[2]])]
 
     def grad(self, inputs, output_grads):
         x, a, b = inputs
@@ -222,7 +212,7 @@ class GpuAdvancedSubtensor2(_PairsOp):
         return [GpuAdvancedIncSubtensor2(False)(zeros, gz, a, b), None, None]
 
 
-class GpuAdvancedIncSubtensor2(_PairsOp):
+class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
     """A copy of matrix x with ``x[a, b]`` incremented by (atomically: repeated pairs
     accumulate) or set to y, a scalar or a vector broadcast to the pairs. With repeated pairs
     a set keeps one of the writes, which one is unspecified. Never in place."""
@@ -317,10 +307,9 @@ class GpuARange(Op):
         return _ARangeThunk(self, node, storage_map, compute_map)
 
     def infer_shape(self, fgraph, node, input_shapes):
-        start, stop, step = node.inputs
-        from symgpu.tensor.math import cast, ceil, maximum
-        n = ceil((cast(stop, "float64") - cast(start, "float64")) / cast(step, "float64"))
-        return [(cast(maximum(n, 0), "int64"),)]
+        """The host ARange's rule (exact integer arithmetic)."""
+        from symgpu.tensor.shape_rules import arange_length
+        return [(arange_length(*node.inputs),)]
 
     def grad(self, inputs, output_grads):
         return [None, None, None]

@@ -71,6 +71,9 @@ class _SoftmaxBase(Op):
             raise ValueError(f"{self}: axis {self.axis} is out of range for {x.type}")
         return Apply(self, [x], [x.type()])
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
     def _sum(self, v: TensorVariable) -> TensorVariable:
         return _m.sum(v, axis=self.axis, keepdims=True)
 
@@ -187,6 +190,10 @@ class CrossentropyCategorical1Hot(Op):
         (g,) = output_grads
         return [CrossentropyCategorical1HotGrad()(g, p, y), None]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """One value per row of coding_dist (the GPU op's too)."""
+        return [(input_shapes[0][0],)]
+
 
 class CrossentropyCategorical1HotGrad(Op):
     """The gradient of CrossentropyCategorical1Hot w.r.t. coding_dist: -g_i / p[i, y_i] at
@@ -197,6 +204,10 @@ class CrossentropyCategorical1HotGrad(Op):
     def make_node(self, g: Any, coding_dist: Any, true_one_of_n: Any) -> Apply:
         g, p, y = (as_tensor_variable(v) for v in (g, coding_dist, true_one_of_n))
         return Apply(self, [g, p, y], [p.type()])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """coding_dist's shape (the GPU op's too)."""
+        return [input_shapes[1]]
 
     def perform(self, node, inputs, out):
         g, p, y = inputs
@@ -234,3 +245,14 @@ def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable
     raise TypeError(f"categorical_crossentropy: true_dist must have the same number of "
                     f"dimensions as coding_dist ({p.type}) or one fewer (integer labels); "
                     f"got {t.type}")
+
+
+# convolution (a submodule; imported last because it builds on the ops above)
+from symgpu.tensor.nnet.abstract_conv import (  # noqa: E402
+    conv2d, conv2d_grad_wrt_inputs, conv2d_grad_wrt_weights, conv2d_transpose)
+
+__all__ += ["conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose"]
+from symgpu.tensor.nnet.activations import elu, selu  # noqa: E402
+from symgpu.tensor.nnet import bn  # noqa: E402,F401
+
+__all__ += ["elu", "selu"]
