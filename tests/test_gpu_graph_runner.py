@@ -19,6 +19,7 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.gpu import graphs
+from symgpu.gpu.pool import lend
 from symgpu.link.vm import link
 
 
@@ -183,7 +184,9 @@ def test_an_update_whose_old_value_is_held_elsewhere_is_not_overwritten():
     b2 = add1()(b)
     vm, fg = linked([b], [b2], [upload(ctx, [0])], updates={0: 0})
     function_like_updates(vm, b2, b, 4)
-    borrowed = vm.storage_map[b][0]          # get_value(borrow=True)
+    # get_value(borrow=True, return_internal_type=True) lends the buffer: explicit ownership,
+    # no reference counting
+    borrowed = lend(vm.storage_map[b][0])
     function_like_updates(vm, b2, b, 3)
     np.testing.assert_array_equal(read(borrowed), [4])
     np.testing.assert_array_equal(read(vm.storage_map[b][0]), [7])
@@ -528,3 +531,63 @@ def test_update_of_a_variable_read_through_a_plain_view_replays():
     st = vm.runner.stats()
     assert st["replays"] >= 17 and st["graphs"] == 1, st
     assert vm.storage_map[b][0].ptr == ptr     # copied back in the graph too
+
+
+# ============================================================================ ownership without reference counts
+
+def test_a_kept_view_of_a_result_keeps_its_graph_busy():
+    """Results leave a call under a lease that views share: a view the caller keeps is never
+    overwritten by a later replay (liveness decides, not a count of references)."""
+    from symgpu.gpu.graph_segment import _Lease
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    xv = upload(ctx, np.zeros(4))
+    vm, fg = linked([x], [y], [xv])
+    kept, leased = [], 0
+    for i in range(10):
+        MEM[xv.ptr][:4] = i
+        (r,) = call(vm, [y])
+        leased += type(r.base) is _Lease          # a graph's hand-out (else a plain run's)
+        kept.append(r._view(r.ptr, (2,), (4,)))  # keep only a view
+        del r
+    assert leased >= 5
+    for i, v in enumerate(kept):
+        np.testing.assert_array_equal(read(v), [i + 1, i + 1])
+    kept.clear()
+    before = vm.runner.stats()["replays"]
+    for i in range(5):
+        (r,) = call(vm, [y])
+        del r
+    st = vm.runner.stats()
+    assert st["replays"] == before + 5, st      # views gone: the graphs replay again
+
+
+def test_no_copy_back_when_the_function_also_returns_the_new_value():
+    """A value the caller receives must not become the shared variable's buffer (a later call
+    would overwrite it): decided from the graph, when the runner is built."""
+    ctx = fakes.CTX_OBJ
+    b = gvec()
+    b2 = add1()(b)
+    vm, fg = linked([b], [b2, b2], [upload(ctx, [0, 0])], updates={1: 0})
+    assert vm.runner.segments[0].copy_back == []
+    got = []
+    for i in range(6):
+        vm()
+        r = vm.storage_map[b2][0]
+        vm.storage_map[b2][0] = None
+        vm.storage_map[b][0] = r
+        got.append(r)
+    for i, r in enumerate(got):
+        np.testing.assert_array_equal(read(r), [i + 1, i + 1])
+
+
+def test_a_lent_shared_buffer_is_never_written_by_a_graph():
+    ctx = fakes.CTX_OBJ
+    b = gvec()
+    b2 = add1()(b)
+    vm, fg = linked([b], [b2], [lend(upload(ctx, [5, 5]))], updates={0: 0})
+    mine = vm.storage_map[b][0]
+    function_like_updates(vm, b2, b, 8)
+    np.testing.assert_array_equal(read(mine), [5, 5])
+    np.testing.assert_array_equal(read(vm.storage_map[b][0]), [13, 13])

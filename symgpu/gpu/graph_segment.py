@@ -1,15 +1,17 @@
 """One segment of a whole-function CUDA graph (the design is in symgpu/gpu/graphs.py's
 docstring): per call, plain launches, a capture or a replay, and all a capture needs.
 
-Holds :class:`Segment` (key its inputs, capture on a repeated key, replay while no one else
-holds the graph's blocks, check each new graph against plain launches, copy updates back into
-the buffers of the variables they update, fall back to plain launches on anything unexpected),
-``_Graph`` (one instantiated graph: the pool blocks it owns and how its outputs are rebuilt on
-replay) and the graveyard (graphs collected while a capture runs are destroyed once it has
+Holds :class:`Segment` (key its inputs, write its graph parameters, capture on a repeated key,
+replay while nothing handed out of an earlier call uses the graph's blocks, check each new
+graph against plain launches, copy updates back into the buffers of the variables they update,
+fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
+pool blocks it owns and how its outputs are rebuilt on replay), ``_Lease`` (what the arrays
+handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
+graveyard (graphs collected while a capture runs are destroyed once it has
 ended, since no stream sync may run during a capture).
 
-Why apart from graphs.py: this is the machinery behind one segment, whose reference-count,
-ownership and error-path rules must be read together; graphs.py keeps the entry points (the
+Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
+parameter and error-path rules must be read together; graphs.py keeps the entry points (the
 VM hook, ``Runner`` and its other steps, the driver) and the settings.  The settings
 (``MAX_GRAPHS``, ``MAX_SEEN``, ``VERIFY_LIMIT``, ``STATS``) stay in graphs.py and are read here
 through that module at call time, so setting or patching ``symgpu.gpu.graphs.VERIFY_LIMIT``
@@ -17,7 +19,7 @@ through that module at call time, so setting or patching ``symgpu.gpu.graphs.VER
 """
 from __future__ import annotations
 
-import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -30,30 +32,41 @@ if TYPE_CHECKING:
 
 __all__ = ["Segment"]
 
-_getrefcount = sys.getrefcount
 
 
 # ============================================================================ graphs
 
+class _Lease:
+    """The base of the arrays a graph hands out of the call (its escaping outputs) over its
+    own blocks: while any of them, or a view of one, is alive, so is the lease, and the graph
+    does not run again (its next launch would overwrite them).  Liveness, not a count of
+    references: the graph only keeps a weak reference to it."""
+
+    __slots__ = ("blocks", "__weakref__")
+
+    def __init__(self, blocks: tuple) -> None:
+        self.blocks = blocks   # keeps the memory alive for the arrays, even past the graph
+
+
 class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
-    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs",
-                 "__weakref__")
+    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
+                 "escapes", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
         self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
         self.outs, self.launch, self.ctx = outs, launch, ctx
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
+        self.lease: Any = None   # weak reference to the _Lease of the last hand-out
+        #: whether some output handed out of the call is a buffer of the graph
+        self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
 
     def free(self) -> bool:
-        """No one but this graph holds any of its blocks (they may be overwritten)."""
-        for b in self.owned:
-            # the tuple, the loop variable, getrefcount's argument
-            if _getrefcount(b) > 3:
-                return False
-        return True
+        """Whether nothing handed out of an earlier call still uses the graph's memory."""
+        ref = self.lease
+        return ref is None or ref() is None
 
     def __del__(self) -> None:
         entry = (self.drv, self.ctx, self.exe, self.graph, self.owned)
@@ -98,6 +111,9 @@ class Segment:
         self.in_cells, self.in_gpu = in_cells, in_gpu
         self.const_ids = {id(c): c for c in const_values}
         self.out_cells = out_cells           # read after the segment (or function outputs)
+        #: ids of the out cells whose values may leave the call (function outputs, or values
+        #: a function output may alias): handed out under a lease (_Lease)
+        self.escaping: set[int] = set()
         self.produced_cells = produced_cells  # every output cell of the segment's nodes
         self.internal_cells = internal_cells  # produced and read only inside the segment
         #: (update output cell, index of the updated input): a graph may copy the new value
@@ -140,13 +156,7 @@ class Segment:
                 graphs = self.graphs.get(key)
                 if graphs is not None:
                     for g in graphs:
-                        for b in g.owned:
-                            # the tuple, the loop variable, getrefcount's argument
-                            if _getrefcount(b) > 3:
-                                break
-                        else:
-                            if g.backs and not self._exclusive(vals, g.backs):
-                                continue
+                        if g.free() and (not g.backs or self._overwritable(vals, g.backs)):
                             self._replay(g, vals)
                             return
                 ok = self.seen.get(key)
@@ -195,30 +205,18 @@ class Segment:
             for c in dead:
                 c[0] = None
 
-    def _exclusive(self, vals: list, inputs: Sequence[int]) -> bool:
-        """Whether the arrays ``vals[j]`` are held by their cell (and ``vals``) alone, with
-        their memory: a graph may then overwrite them with an update's new value.  Views of
-        the same memory that are segment inputs dying inside the segment (``b.dimshuffle('x')``
-        made by a plain step before it) are read before the copy back and do not count."""
+    @staticmethod
+    def _overwritable(vals: list, inputs: Sequence[int]) -> bool:
+        """Whether a graph may overwrite the arrays ``vals[j]`` (the buffers of the shared
+        variables an update is copied back into): pool memory never lent to the user (a
+        GpuArray handed out by ``get_value(borrow=True)`` or taken by
+        ``set_value(..., borrow=True)`` is marked lent: symgpu.gpu.pool.lend).  Which other
+        values of the function may alias them is decided when the runner is built
+        (graphs.Runner._segment), not here."""
         for j in inputs:
             v = vals[j]
-            # the cell, the vals list, this local, getrefcount's argument
-            if _getrefcount(v) != 4:
-                return False
-            base = v.base
-            if type(base) is not _Block:
-                return False
-            refs = _getrefcount(base) - base.held   # not counting recycling caches
-            for k in self.dying_inputs:
-                u = vals[k]
-                if k != j and u is not v and getattr(u, "base", None) is base and \
-                        getattr(u, "_gpudata", None) is None:
-                    refs -= 1
-            gd = v._gpudata
-            if gd is None:
-                if refs != 3:                   # v.base, this local, the argument
-                    return False
-            elif _getrefcount(gd) != 3 or refs != 4:  # gd.owner too
+            base = getattr(v, "base", None)
+            if type(base) is not _Block or base.lent or v._gpudata is not None:
                 return False
         return True
 
@@ -229,12 +227,24 @@ class Segment:
         status = g.launch()
         if status:
             g.drv.check(status, "cuGraphLaunch")
+        self._hand_out(g, vals)
+        for c in self.dead:
+            c[0] = None
+        self.replays += 1
+
+    def _hand_out(self, g: _Graph, vals: list) -> None:
+        """Fill the output cells from the graph's specs; the arrays over the graph's blocks
+        that leave the call share one new lease (see _Lease)."""
         owned = g.owned
-        for cell, kind, a, b in g.outs:
+        lease = None
+        if g.escapes:
+            lease = _Lease(owned)
+            g.lease = weakref.ref(lease)
+        for cell, kind, a, b, esc in g.outs:
             if kind == 0:        # a buffer of the graph: a = its index in owned, b = layout
                 arr = _gpuarray_new(_GpuArray)
                 ctx, ptr, shape, strides, dtype = b
-                arr._set(ctx, ptr, shape, strides, dtype, owned[a])
+                arr._set(ctx, ptr, shape, strides, dtype, lease if esc else owned[a])
                 cell[0] = arr
             elif kind == 1:      # a segment input itself
                 cell[0] = vals[a]
@@ -250,9 +260,6 @@ class Segment:
                 arr = _gpuarray_new(_GpuArray)
                 arr._set(*b)
                 cell[0] = arr
-        for c in self.dead:
-            c[0] = None
-        self.replays += 1
 
     # -- capture
     def _snapshot(self, vals: list) -> list | None:
@@ -321,7 +328,7 @@ class Segment:
                                     f"({type(exc).__name__}: {exc})", self)
                 return
             self._restore(vals, snap)
-        backs = [j for _, j in self.copy_back if self._exclusive(vals, (j,))]
+        backs = [j for _, j in self.copy_back if self._overwritable(vals, (j,))]
         if self.param_thunks:
             try:
                 if self.param_block is None:
@@ -401,6 +408,7 @@ class Segment:
             drv.check(status, "cuGraphLaunch (first replay)")
         g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
         g.backs = tuple(copied)
+        self._hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
                 why = _differs(ref, self._host_values())
@@ -456,9 +464,7 @@ class Segment:
         for cell, j in self.copy_back:
             new = cell[0]
             if not isinstance(new, _GpuArray) or new is vals[j] or \
-                    not _same_layout(new, vals[j]) or \
-                    not _sole(new, sum(1 for v in vals if v is new)) or \
-                    not self._exclusive(vals, (j,)):
+                    not _same_layout(new, vals[j]) or not self._overwritable(vals, (j,)):
                 continue
             if self._copy(vals[j], new):
                 cell[0] = vals[j]
@@ -481,31 +487,32 @@ class Segment:
                 return None
             j = in_ids.get(id(a))
             if j is not None:
-                outs.append((cell, 1, j, None))
+                outs.append((cell, 1, j, None, False))
                 continue
             if id(a) in self.const_ids:
-                outs.append((cell, 3, a, None))
+                outs.append((cell, 3, a, None, False))
                 continue
             if isinstance(a, _GpuArray):
                 base = a.base
                 if a.size == 0:
                     outs.append((cell, 5, None, (a.context, 0, a.shape, a.strides, a.dtype,
-                                                 None)))
+                                                 None), False))
                     continue
                 if base is not None and id(base) in const_bases:
-                    outs.append((cell, 3, a, None))
+                    outs.append((cell, 3, a, None, False))
                     continue
                 k = where.get(id(base)) if base is not None else None
                 if k is not None:
-                    outs.append((cell, 0, k, (a.context, a.ptr, a.shape, a.strides, a.dtype)))
+                    outs.append((cell, 0, k, (a.context, a.ptr, a.shape, a.strides, a.dtype),
+                                 id(cell) in self.escaping))
                     continue
                 j = in_bases.get(id(base)) if base is not None else None
                 if j is not None and vals[j].dtype == a.dtype:
-                    outs.append((cell, 2, j, (a.ptr - vals[j].ptr, a.shape, a.strides)))
+                    outs.append((cell, 2, j, (a.ptr - vals[j].ptr, a.shape, a.strides), False))
                     continue
                 return None
             if isinstance(a, (np.ndarray, np.generic, int, float, bool)):
-                outs.append((cell, 4, a, None))
+                outs.append((cell, 4, a, None, False))
                 continue
             return None
         return outs
@@ -555,21 +562,6 @@ _gpuarray_new = _GpuArray.__new__
 def _same_layout(a: Any, b: Any) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.size > 0 and \
         a.is_c_contiguous and b.is_c_contiguous
-
-
-def _sole(a: Any, extra: int = 0) -> bool:
-    """Whether GpuArray ``a`` is held by one cell (and the caller's local, plus ``extra``
-    references the caller knows of) alone, with its memory (a Block nobody else holds)."""
-    if _getrefcount(a) != 4 + extra:   # the cell, the caller's local, this argument, the call
-        return False
-    base = a.base
-    if type(base) is not _Block:
-        return False
-    refs = _getrefcount(base) - base.held       # not counting recycling caches
-    gd = a._gpudata
-    if gd is None:
-        return refs == 3                        # a.base, this local, the argument
-    return _getrefcount(gd) == 3 and refs == 4
 
 
 def _differs(ref: list, got: list) -> str | None:

@@ -17,22 +17,31 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   possible; maximal runs of capturable nodes with at least one launch become *segments*, and
   adjacent HostFromGpu nodes one batched copy with a single stream sync.
 * **When.** A segment is keyed on its inputs: device pointer, shape and strides of every GPU
-  value, the value of every (small) host value.  The first call with a new key runs plainly
-  and remembers the key; a repeat captures (the thunks run with the stream in capture mode and
-  every pool block they take goes to the graph); later repeats replay.
+  value, the value of every (small) host value, except host scalars that are *graph
+  parameters* (graph_params.py: an index, a learning rate, slice bounds, an arange's start),
+  which each call writes into the segment's device parameter block before the launch and the
+  captured kernels read there; what they change in shapes stays in the key.  The first call
+  with a new key runs plainly and remembers the key; a repeat captures (the thunks run with
+  the stream in capture mode and every pool block they take goes to the graph); later
+  repeats replay.
 * **Whose memory.** A graph owns every block allocated while it was captured: outputs,
-  intermediates, reduction scratch.  It replays only while no one else holds any of them
-  (reference counts: a result the caller still holds keeps its graph busy, and the next call
-  captures or replays a second graph, so ``r = f()`` in a loop alternates between two).
-  Outputs come back as new GpuArrays over the graph's blocks (or over the inputs, for in-place
-  and view outputs).
+  intermediates, reduction scratch.  Which of its outputs may leave the call is known when the
+  runner is built (function outputs and what they may alias through views and in-place ops);
+  those are handed out as arrays sharing one lease (graph_segment._Lease), of which the graph
+  keeps a weak reference: while a result the caller kept (or a view of it) is alive, the graph
+  does not run again, and the next call captures or replays a second graph, so ``r = f()``
+  in a loop alternates between two.  Outputs that stay inside the call are plain arrays over
+  the graph's blocks.  No decision counts Python references.
 * **Stable pointers.** Keys repeat only if the inputs' buffers do.  A plain node whose output
-  feeds a segment (an upload) recycles its own few pool blocks (``_StablePlainStep``), and an
-  update's new value is copied back into the buffer of the shared variable it updates (in the
-  graph, or after a plain run) when nobody else holds either and nothing that can fail runs
-  after the segment, so ``w`` keeps its pointer from call to call (the copy costs one
-  device-to-device copy of the variable; the destroy handler never lets ops write into a
-  function's inputs, so updates are computed into fresh memory).
+  feeds a segment (an upload) recycles its own few pool blocks once the lease of its last
+  output is dead (``_StablePlainStep``), and an update's new value is copied back into the
+  buffer of the shared variable it updates (in the graph, or after a plain run) when that
+  buffer is pool memory never lent to the user (``pool.lend``: ``get_value(borrow=True,
+  return_internal_type=True)`` and ``set_value(..., borrow=True)`` mark it), no value the
+  function returns may alias the new value, no later reader aliases the old one, and nothing
+  that can fail runs after the segment, so ``w`` keeps its pointer from call to call (the copy
+  costs one device-to-device copy of the variable; the destroy handler never lets ops write
+  into a function's inputs, so updates are computed into fresh memory).
 * **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
   inputs, then the graph runs from the same values, and the results must agree (segments
   whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
@@ -51,9 +60,9 @@ CUDA-event timers, which importing this module registers).
 """
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
+import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -61,7 +70,7 @@ from symgpu.gpu.event_timers import register_gpu_timers
 from symgpu.gpu.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
                                    make_keyer, node_capturable, node_launches, plan_steps,
                                    schedule)
-from symgpu.gpu.graph_segment import Segment
+from symgpu.gpu.graph_segment import Segment, _Lease
 from symgpu.gpu.pool import Block as _Block
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
 
@@ -80,9 +89,6 @@ VERIFY_LIMIT = 64 << 20
 #: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
 #: counts of plain runs and replays: ``Runner.stats()``)
 STATS: Counter = Counter()
-
-_getrefcount = sys.getrefcount
-
 
 class GraphCaptureWarning(RuntimeWarning):
     """A function's launches could not be captured into a CUDA graph; it runs them plainly."""
@@ -119,20 +125,24 @@ class _PlainStep:
 class _StablePlainStep:
     """A plain node whose GPU output feeds a segment (an upload, typically): its output
     memory is recycled from the node's own few blocks, so the segment's key (which holds the
-    pointer) repeats whatever else the pool hands out or a capture takes from it."""
+    pointer) repeats whatever else the pool hands out or a capture takes from it.
+
+    Each output is handed on under a lease (graph_segment._Lease): a block is recycled once
+    the lease of the array made over it is dead (nothing, not even a view, kept it past its
+    call), which is liveness, not a count of references."""
 
     __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "cache")
 
     def __init__(self, index: int, thunk: Callable, dead: list, out_cell: list,
                  pool: Any) -> None:
         self.current, self.thunk, self.dead = index, thunk, dead
-        self.out_cell, self.pool, self.cache = out_cell, pool, []
+        self.out_cell, self.pool, self.cache = out_cell, pool, []   # [(block, lease ref)]
 
     def run(self) -> None:
         pool = self.pool
         cache = self.cache
-        for b in cache:
-            if _getrefcount(b) <= 3:   # the list, the loop variable, the argument
+        for b, ref in cache:
+            if ref is None or ref() is None:
                 pool.hint_thread = threading.get_ident()
                 pool.hint = b
                 break
@@ -142,13 +152,16 @@ class _StablePlainStep:
             pool.hint = None
         v = self.out_cell[0]
         base = getattr(v, "base", None)
-        if type(base) is _Block and len(cache) < 4:
-            for b in cache:
+        if type(base) is _Block and getattr(v, "_gpudata", None) is None:
+            lease = _Lease((base,))
+            v.base = lease
+            for k, (b, _) in enumerate(cache):
                 if b is base:
+                    cache[k] = (b, weakref.ref(lease))
                     break
             else:
-                cache.append(base)
-                base.held += 1
+                if len(cache) < 4:
+                    cache.append((base, weakref.ref(lease)))
         for c in self.dead:
             c[0] = None
 
@@ -191,6 +204,9 @@ class Runner:
         mapping = getattr(fg, "update_mapping", None) or {}
         updates = [(fg.outputs[o], fg.inputs[i]) for o, i in mapping.items()
                    if o < len(fg.outputs) and i < len(fg.inputs)]
+        #: outputs returned to the caller (not update values): a value copied back into a
+        #: shared variable's buffer must not be one of them, nor seen through one
+        self._returned = [v for k, v in enumerate(fg.outputs) if k not in mapping]
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
@@ -232,12 +248,14 @@ class Runner:
                 seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
                 self.segments.append(seg)
                 self.steps.append(seg)
-        # without garbage collection, cells read after a segment would keep its graph busy
+        # without garbage collection, the cells read after a segment are emptied after the
+        # call all the same: nothing keeps a graph's buffers between calls
         self.post_clear = seg_out_cells if vm.gc_after is None else []
 
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
                  sm: dict, order: list[int], protected: set, updates: list) -> Segment:
         from symgpu.graph.basic import Constant
+        fg_outputs = self.vm.fgraph.outputs
         produced = [v for i in idx for v in nodes[i].outputs]
         produced_set = set(produced)
         inputs: list[Any] = []
@@ -263,7 +281,8 @@ class Runner:
         for new, old in updates:
             if new in produced_set and old in inputs and _is_gpu_var(old) and \
                     sum(1 for n, _ in updates if n is new) == 1 and \
-                    not any(_aliases(v, old) for v in readers if v is not new):
+                    not any(_aliases(v, old) for v in readers if v is not new) and \
+                    not any(_aliases(r, new) for r in self._returned):
                 copy_back.append((sm[new], inputs.index(old)))
         param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
@@ -272,6 +291,7 @@ class Runner:
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
                       param_inputs)
         seg._out_vars = [(sm[v], v) for v in out_vars]
+        seg.escaping = {id(sm[v]) for v in out_vars if any(_aliases(o, v) for o in fg_outputs)}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
         seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
         seg.keyed_host_vars = [v for v, p in zip(inputs, param_inputs)

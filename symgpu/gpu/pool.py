@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class", "PinnedPool"]
+__all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class", "PinnedPool", "lend"]
 
 _SMALL = 512
 _SMALL_LIMIT = 1 << 20
@@ -74,13 +74,15 @@ class _OutOfMemory(Exception):
 class Block:
     """A device block owned by one or more arrays; returns to its pool when collected.
 
-    ``ptr`` is the device address, ``size`` the size class actually reserved."""
+    ``ptr`` is the device address, ``size`` the size class actually reserved; ``lent``: an
+    array over it was handed to the user as a value they may keep (:func:`lend`), so no graph
+    overwrites it in place."""
 
-    __slots__ = ("ptr", "size", "_pool", "_alloc", "held", "__weakref__")
+    __slots__ = ("ptr", "size", "_pool", "_alloc", "lent", "__weakref__")
 
     def __init__(self, ptr: int, size: int, pool: "DevicePool", alloc: Any) -> None:
         self.ptr, self.size, self._pool, self._alloc = ptr, size, pool, alloc
-        self.held = 0   # references kept by caches that only recycle it (graphs.py)
+        self.lent = False
 
     def __int__(self) -> int:
         return self.ptr
@@ -93,6 +95,17 @@ class Block:
                 pool._release(self.ptr, self.size, self._alloc)
             except Exception:  # interpreter shutdown: the driver frees everything anyway
                 pass
+
+
+def lend(array: Any) -> Any:
+    """Mark the memory of a GpuArray handed to the user as theirs to keep (a shared
+    variable's ``get_value(borrow=True, return_internal_type=True)`` or ``set_value(value,
+    borrow=True)``): CUDA graphs then never copy an update back into it in place.  Returns
+    ``array``."""
+    base = getattr(array, "base", None)
+    if type(base) is Block:
+        base.lent = True
+    return array
 
 
 class _Arena:

@@ -17,6 +17,7 @@ import numpy as np
 from symgpu.compile.sharedvalue import Container, SharedVariable, register_shared_constructor
 from symgpu.config import config
 from symgpu.graph.basic import Constant, Type, Variable
+from symgpu.gpu.pool import lend
 from symgpu.scalar.dtypes import check_dtype
 from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
 from symgpu.tensor.variable import TensorOperators
@@ -281,7 +282,8 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         with self.container.lock:  # not while a call is between reading and updating it
             value = self.container.storage[0]
             if return_internal_type:
-                return value if borrow else value.copy()
+                # a borrowed buffer is the user's to keep: graphs stop updating it in place
+                return lend(value) if borrow else value.copy()
             return value.get()
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
@@ -291,6 +293,8 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
         if on_device and not borrow:
             new = new.copy().sync()  # the owner may overwrite its array on its own stream
+        elif on_device:
+            lend(new)                # the caller keeps it: graphs never write into it
         with self.container.lock:  # after (not inside) any call updating it
             self.container.storage[0] = new
 
@@ -362,6 +366,8 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
         data = data.copy()
         if foreign:
             data.sync()  # the owner may overwrite its array on its own stream
+    elif isinstance(value, GpuArray) and data is value:
+        lend(data)       # borrowed: the caller keeps it, graphs never write into it
     return GpuArraySharedVariable(gtype, None, name=name, strict=strict,
                                   allow_downcast=allow_downcast,
                                   container=Container(gtype, data, name))
