@@ -25,11 +25,10 @@ from symgpu.gpu.codegen.scalar import output_dtypes, supports_scalar_op
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
 
-__all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array", "sole_owner",
+__all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
            "BLOCK"]
 
 BLOCK = 256                 # threads per block of elementwise kernels
-_getrefcount = sys.getrefcount
 _new_gpuarray = GpuArray.__new__
 _REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
                  "and_": "and", "or_": "or"}
@@ -55,23 +54,6 @@ def new_array(ctx: Any, shape: tuple, dtype: np.dtype, strides: tuple | None = N
     arr._set(ctx, block.ptr if block is not None else 0, shape,
              strides if strides is not None else c_strides(shape, dtype.itemsize), dtype, block)
     return arr
-
-
-def sole_owner(cell: list, held: int = 0) -> bool:
-    """Whether the array in ``cell`` is referenced by the cell alone (plus ``held`` references
-    the caller keeps in locals): no user, view or pointer wrapper holds it or its memory, so
-    the next call may overwrite it."""
-    arr = cell[0]
-    # references to arr: the cell, this local, getrefcount's argument, the caller's
-    if _getrefcount(arr) != 3 + held:
-        return False
-    base = arr.base
-    if base is None:
-        return True
-    gd = arr._gpudata
-    if gd is None:
-        return _getrefcount(base) == 3          # arr.base, this local, the argument
-    return _getrefcount(gd) == 3 and _getrefcount(base) == 4   # gd.owner holds base too
 
 
 def _as_gpu(x: Any, context_name: Any) -> Variable:
@@ -274,6 +256,7 @@ class _ElemwiseThunk:
         inplace = self.inplace
         activate = ctx.activate
         n_out = len(out_cells)
+        reuse = [False] * n_out   # graph_plan.mark_reusable_outputs sets them
 
         def thunk() -> None:
             activate()
@@ -291,8 +274,8 @@ class _ElemwiseThunk:
                 cell = out_cells[j]
                 if j in inplace and p.inplace_ok:
                     out = ins[inplace[j]]
-                elif cell[0] is not None and cell[0].shape == p.out_shape and \
-                        cell[0].dtype == out_dtypes[j] and sole_owner(cell):
+                elif reuse[j] and cell[0] is not None and cell[0].shape == p.out_shape and \
+                        cell[0].dtype == out_dtypes[j]:
                     out = cell[0]
                 else:
                     out = new_array(ctx, p.out_shape, out_dtypes[j], p.out_strides
@@ -318,6 +301,7 @@ class _ElemwiseThunk:
 
         if len(in_cells) == 1 and n_out == 1 and not inplace and not self.scalar[0]:
             return _capturable(self._unary_thunk())
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
         return _capturable(thunk)
 
     def _unary_thunk(self) -> Callable[[], None]:
@@ -329,6 +313,7 @@ class _ElemwiseThunk:
         block = (BLOCK, 1, 1)
         # the last layout seen: shape, strides, then the plan's fields
         last: list = [None, None, None, None, 0, 0]
+        reuse = [False]   # graph_plan.mark_reusable_outputs sets it
 
         def replan(x: Any) -> None:
             key = (x.shape + x.strides,)
@@ -345,7 +330,7 @@ class _ElemwiseThunk:
                 replan(x)
             p = last[2]
             out = out_cell[0]
-            if out is None or out.shape != last[3] or not sole_owner(out_cell, 1):
+            if not reuse[0] or out is None or out.shape != last[3]:
                 out = new_array(ctx, last[3], out_dtype, last[4], last[5])
             if p.n:
                 xp, op_ = x.ptr, out.ptr
@@ -357,6 +342,7 @@ class _ElemwiseThunk:
                     p.launch_vec(p.grid_vec, block, p.n, xp, op_)
             out_cell[0] = out
 
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
         return thunk
 
 
@@ -560,6 +546,7 @@ class _ReduceThunk:
         activate = ctx.activate
         finish_block = (32, 8, 1)
         FINAL, ONEPASS = self.FINAL, self.ONEPASS
+        reuse = [False]   # graph_plan.mark_reusable_outputs sets it
 
         def thunk() -> None:
             activate()
@@ -570,8 +557,8 @@ class _ReduceThunk:
                 got = plans[key] = plan_for(ins)
             p, main, finish, acc_dtype, meta, mode, counters = got
             out = out_cell[0]
-            if out is None or out.shape != p.out_shape or out.dtype != out_dtype or \
-                    not sole_owner(out_cell, 1):
+            if not reuse[0] or out is None or out.shape != p.out_shape or \
+                    out.dtype != out_dtype:
                 out = new_array(ctx, p.out_shape, out_dtype)
             if p.K:
                 ptrs = [a.ptr for a in ins]
@@ -586,6 +573,7 @@ class _ReduceThunk:
             out_cell[0] = out
 
         thunk.reduce_thunk = self   # type: ignore[attr-defined]  (tests read plans, counters)
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
         return _capturable(thunk)
 
 

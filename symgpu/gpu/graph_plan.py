@@ -12,7 +12,8 @@ import numpy as np
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
-           "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells"]
+           "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
+           "mark_reusable_outputs"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
 HOST_KEY_LIMIT = 64
@@ -180,6 +181,44 @@ def aliases(var: Any, target: Any) -> bool:
             for i in mapping.get(v.index, ()):
                 stack.append(v.owner.inputs[i])
     return False
+
+
+def escaping(fgraph: Any) -> set:
+    """The variables whose memory may leave a call of ``fgraph``: its outputs and every
+    variable one of them may share memory with through views and in-place ops (the reverse
+    of :func:`aliases`, for all outputs at once).  A buffer outside this set is the call's
+    own: nothing holds it after the call, so it may be reused or overwritten by the next."""
+    out: set = set()
+    stack = list(fgraph.outputs)
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        out.add(v)
+        if v.owner is None:
+            continue
+        op = v.owner.op
+        for mapping in (getattr(op, "view_map", None) or {},
+                        getattr(op, "destroy_map", None) or {}):
+            for i in mapping.get(v.index, ()):
+                stack.append(v.owner.inputs[i])
+    return out
+
+
+def mark_reusable_outputs(vm: Any) -> None:
+    """A VM hook: tell each thunk with a ``reuse_outputs`` list (one flag per output) which
+    of its outputs it may compute into the buffer its cell still holds from the previous call
+    (without garbage collection): those that never leave a call (:func:`escaping`).  The
+    flags start False (a fresh buffer each call), so a VM without this hook stays correct."""
+    esc = None
+    for node, thunk in zip(vm.nodes, vm.thunks):
+        flags = getattr(thunk, "reuse_outputs", None)
+        if flags is None:
+            continue
+        if esc is None:
+            esc = escaping(vm.fgraph)
+        for j, v in enumerate(node.outputs[:len(flags)]):
+            flags[j] = v not in esc
 
 
 def dead_cells(nodes: list, order: list[int], gc_after: list | None, sm: dict) -> list[list]:

@@ -68,8 +68,8 @@ from typing import Any, Callable
 
 from symgpu.gpu.event_timers import register_gpu_timers
 from symgpu.gpu.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
-                                   make_keyer, node_capturable, node_launches, plan_steps,
-                                   schedule)
+                                   escaping as _escaping, make_keyer, mark_reusable_outputs,
+                                   node_capturable, node_launches, plan_steps, schedule)
 from symgpu.gpu.graph_segment import Segment, _Lease
 from symgpu.gpu.pool import Block as _Block
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
@@ -207,6 +207,8 @@ class Runner:
         #: outputs returned to the caller (not update values): a value copied back into a
         #: shared variable's buffer must not be one of them, nor seen through one
         self._returned = [v for k, v in enumerate(fg.outputs) if k not in mapping]
+        #: what may leave a call (graph_plan.escaping): those outputs go out under a lease
+        self._escaping = _escaping(fg)
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
@@ -255,7 +257,6 @@ class Runner:
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
                  sm: dict, order: list[int], protected: set, updates: list) -> Segment:
         from symgpu.graph.basic import Constant
-        fg_outputs = self.vm.fgraph.outputs
         produced = [v for i in idx for v in nodes[i].outputs]
         produced_set = set(produced)
         inputs: list[Any] = []
@@ -291,7 +292,7 @@ class Runner:
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
                       param_inputs)
         seg._out_vars = [(sm[v], v) for v in out_vars]
-        seg.escaping = {id(sm[v]) for v in out_vars if any(_aliases(o, v) for o in fg_outputs)}
+        seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
         seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
         seg.keyed_host_vars = [v for v, p in zip(inputs, param_inputs)
@@ -403,8 +404,10 @@ def install(vm: Any) -> None:
 def _register_vm_hook() -> None:
     from symgpu.link import vm as vm_mod
     hooks = getattr(vm_mod, "VM_HOOKS", None)
-    if hooks is not None and install not in hooks:
-        hooks.append(install)
+    if hooks is not None:
+        for hook in (mark_reusable_outputs, install):
+            if hook not in hooks:
+                hooks.append(hook)
 
 
 _lock = threading.Lock()
