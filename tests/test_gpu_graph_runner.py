@@ -591,3 +591,32 @@ def test_a_lent_shared_buffer_is_never_written_by_a_graph():
     function_like_updates(vm, b2, b, 8)
     np.testing.assert_array_equal(read(mine), [5, 5])
     np.testing.assert_array_equal(read(vm.storage_map[b][0]), [13, 13])
+
+
+def test_inputs_passed_per_call_replay_one_graph_whatever_their_pointers():
+    """A GPU input that is not a shared variable is staged: the graph reads a static buffer
+    of its own, copied into before each launch, and its key holds shapes and strides only."""
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    y = mul2()(add1()(x))
+    vm, fg = linked([x], [y], [upload(ctx, [0, 0, 0])])
+    seg = vm.runner.segments[0]
+    assert seg.staged == [0]
+    for i in range(12):
+        vm.storage_map[x][0] = upload(ctx, [i, i + 1, i + 2])   # a new array, a new pointer
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (np.array([i, i + 1, i + 2]) + 1) * 2)
+        del r
+    st = vm.runner.stats()
+    assert st["plain"] == 1 and st["captures"] == 1 and st["replays"] == 10, st
+
+
+def test_updated_and_shared_inputs_are_not_staged():
+    ctx = fakes.CTX_OBJ
+    w, x = gvec(), gvec()
+    w2 = FakeKernelOp("axpy", lambda a, b: a + b)(w, x)
+    vm, fg = linked([w, x], [w2], [upload(ctx, [1, 1]), upload(ctx, [2, 2])], updates={0: 0})
+    seg = vm.runner.segments[0]
+    inputs = [c for c in seg.in_cells]
+    staged_cells = [inputs[k] for k in seg.staged]
+    assert staged_cells == [vm.storage_map[x]]       # w is updated: read in place

@@ -135,16 +135,27 @@ def _host_key(v: Any) -> Any:
     raise Unkeyable(f"a host value of type {type(v).__name__}")
 
 
-def make_keyer(is_gpu: Sequence[bool],
-               params: Sequence[bool] | None = None) -> Callable[[list], tuple]:
+def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
+               staged: Sequence[bool] | None = None) -> Callable[[list], tuple]:
     """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
     (pointer, shape, strides); host values their dtype, shape and bytes (scalars: type and
     value), except those marked in ``params``: parameters of the graph (graph_params.py),
     whose values are written into its parameter block instead and only count through the
-    key parts of the nodes reading them.  Raises :class:`Unkeyable` (or AttributeError for
-    a value of the wrong kind)."""
+    key parts of the nodes reading them.  GPU values marked in ``staged`` (copied into a
+    graph's own buffers before each launch) give their shape and strides only.  Raises
+    :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
     gpu = tuple(bool(g) for g in is_gpu)
     skip = tuple(bool(p) for p in params) if params is not None else (False,) * len(gpu)
+    if staged is not None and any(staged):
+        kinds = tuple(3 if st else (0 if g else (2 if p else 1))
+                      for g, p, st in zip(gpu, skip, staged))
+
+        def key_staged(vals: list) -> tuple:
+            return tuple([(v.ptr, v.shape, v.strides) if k == 0 else
+                          ((v.shape, v.strides) if k == 3 else
+                           (_host_key(v) if k == 1 else None))
+                          for v, k in zip(vals, kinds)])
+        return key_staged
     if all(gpu):
         def key_gpu(vals: list) -> tuple:
             return tuple([(v.ptr, v.shape, v.strides) for v in vals])

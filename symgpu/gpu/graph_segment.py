@@ -52,7 +52,7 @@ class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
     __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
-                 "escapes", "__weakref__")
+                 "escapes", "staged", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
@@ -60,6 +60,7 @@ class _Graph:
         self.outs, self.launch, self.ctx = outs, launch, ctx
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
         self.lease: Any = None   # weak reference to the _Lease of the last hand-out
+        self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
         #: whether some output handed out of the call is a buffer of the graph
         self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
 
@@ -105,7 +106,8 @@ class Segment:
                  internal_cells: list[list], ctx: Any,
                  copy_back: Sequence[tuple[list, int]] = (),
                  param_thunks: Sequence[Any] = (),
-                 param_inputs: Sequence[bool] | None = None) -> None:
+                 param_inputs: Sequence[bool] | None = None,
+                 staged: Sequence[int] = ()) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -123,7 +125,12 @@ class Segment:
         dead_ids = {id(c) for _, _, d in items for c in d}
         self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
         self.dead = [c for _, _, d in items for c in d]
-        self.key = make_keyer(in_gpu, param_inputs)
+        #: GPU inputs the caller passes per call (not shared variables, never written in
+        #: place): a graph reads them from static buffers of its own, copied into before each
+        #: launch, so their pointers are not part of the key (only shapes and strides)
+        self.staged = list(staged)
+        self.key = make_keyer(in_gpu, param_inputs,
+                              [k in self.staged for k in range(len(in_gpu))])
         #: nodes reading host scalars from the parameter block when captured (graph_params.py)
         self.param_thunks = list(param_thunks)
         self.param_offsets: list[int] = []
@@ -224,6 +231,10 @@ class Segment:
         self.current = self.items[0][0]
         if self.param_thunks:
             self._upload_params()
+        if g.staged:
+            copy = g.drv.copy
+            for j, buf in g.staged:
+                copy(buf, vals[j])
         status = g.launch()
         if status:
             g.drv.check(status, "cuGraphLaunch")
@@ -340,6 +351,23 @@ class Segment:
             except Exception as exc:
                 self._give_up(exc, vals, snap)
                 return
+        staged: list = []
+        cap_vals = vals
+        if self.staged:
+            try:
+                from symgpu.gpu.elemwise import new_array
+                cap_vals = list(vals)
+                for j in self.staged:
+                    v = vals[j]
+                    if v.size:
+                        buf = new_array(ctx, v.shape, v.dtype)
+                        drv.copy(buf, v)
+                        staged.append((j, buf))
+                        cap_vals[j] = buf
+                        self.in_cells[j][0] = buf
+            except Exception as exc:
+                self._give_up(exc, vals, snap)
+                return
         for c in self.produced_cells:
             c[0] = None
         sink: list = []
@@ -363,7 +391,7 @@ class Segment:
                 self.current = idx                # runs again plainly from the same inputs
                 thunk()
             scratch = {id(b) for b in sink}
-            scratch.update(id(vals[k]) for k in self.dying_inputs)
+            scratch.update(id(cap_vals[k]) for k in self.dying_inputs)
             for cell, j in self.copy_back:
                 if j in backs and self._copy_back(cell, vals[j], scratch):
                     copied.append(j)
@@ -393,9 +421,17 @@ class Segment:
             drv.destroy(None, graph)
             self._give_up(exc, vals, snap)
             return
-        owned = tuple(b for b in sink if b is not None)
+        # an output that is a staged input or a view of one is rebuilt over the caller's
+        # array (nothing writes into either) when that array has the static buffer's layout;
+        # otherwise it is a buffer of the graph
+        strided = {j for j, _ in staged if not vals[j].is_c_contiguous}
+        owned = tuple(b for b in sink if b is not None) + tuple(
+            b.base for j, b in staged if j in strided)
         del sink
-        outs = self._output_specs(vals, owned)
+        outs = self._output_specs(cap_vals, owned, strided)
+        owned += tuple(b.base for j, b in staged if j not in strided)
+        for j, _ in staged:
+            self.in_cells[j][0] = vals[j]
         if outs is None:
             drv.destroy(exe, graph)
             del owned
@@ -408,6 +444,7 @@ class Segment:
             drv.check(status, "cuGraphLaunch (first replay)")
         g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
         g.backs = tuple(copied)
+        g.staged = tuple(staged)
         self._hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
@@ -469,14 +506,15 @@ class Segment:
             if self._copy(vals[j], new):
                 cell[0] = vals[j]
 
-    def _output_specs(self, vals: list, owned: tuple) -> list | None:
+    def _output_specs(self, vals: list, owned: tuple, staged: set = frozenset()) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left
-        in them; None when one cannot be."""
+        in them; None when one cannot be.  Staged inputs (``vals[j]`` is then the graph's own
+        static buffer) are buffers of the graph, not inputs."""
         where = {id(b): k for k, b in enumerate(owned)}
-        in_ids = {id(v): j for j, v in enumerate(vals)}
+        in_ids = {id(v): j for j, v in enumerate(vals) if j not in staged}
         in_bases = {}
         for j, (v, g) in enumerate(zip(vals, self.in_gpu)):
-            if g and v is not None and getattr(v, "base", None) is not None:
+            if g and j not in staged and v is not None and getattr(v, "base", None) is not None:
                 in_bases.setdefault(id(v.base), j)
         const_bases = {id(c.base) for c in self.const_ids.values()
                        if isinstance(c, _GpuArray) and c.base is not None}

@@ -209,6 +209,15 @@ class Runner:
         self._returned = [v for k, v in enumerate(fg.outputs) if k not in mapping]
         #: what may leave a call (graph_plan.escaping): those outputs go out under a lease
         self._escaping = _escaping(fg)
+        #: inputs the caller passes per call that segments may stage (Segment.staged): GPU
+        #: function inputs that are not shared variables, not updated, never written in place
+        from symgpu.compile.sharedvalue import SharedVariable
+        updated = {fg.inputs[i] for i in mapping.values() if i < len(fg.inputs)}
+        destroyed = [n.inputs[i] for n in nodes
+                     for ins in (getattr(n.op, "destroy_map", None) or {}).values() for i in ins]
+        self._stageable = {v for v in fg.inputs
+                           if _is_gpu_var(v) and not isinstance(v, SharedVariable)
+                           and v not in updated and not any(_aliases(d, v) for d in destroyed)}
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
@@ -286,11 +295,12 @@ class Runner:
                     not any(_aliases(r, new) for r in self._returned):
                 copy_back.append((sm[new], inputs.index(old)))
         param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
+        staged = [k for k, v in enumerate(inputs) if v in self._stageable]
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
-                      param_inputs)
+                      param_inputs, staged)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
