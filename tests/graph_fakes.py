@@ -9,6 +9,7 @@ attributes, replaced per test), not through ``from graph_fakes import CTX_OBJ``.
 """
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 
 import numpy as np
@@ -128,6 +129,7 @@ class FakeCtx:
 
     def __init__(self):
         self.pool = FakePool(self, 0.0)
+        self.call_lock = threading.RLock()
 
     def activate(self):
         return self

@@ -449,7 +449,7 @@ def test_flag_off_and_profiling_use_the_plain_vm():
     fg = FunctionGraph([x], [y], clone=False)
     with config.change_flags(**{"gpuarray.cuda_graphs": False}):
         vm = link(fg, {x: [upload(ctx, [1])]})
-    assert vm.runner is None
+    assert not isinstance(vm.runner, graphs.Runner)   # a plain run, under the call lock
     vm, fg = linked([x], [y], [upload(ctx, [1])])
     calls = []
     vm.profiler = lambda v: calls.append(v)
@@ -620,3 +620,29 @@ def test_updated_and_shared_inputs_are_not_staged():
     inputs = [c for c in seg.in_cells]
     staged_cells = [inputs[k] for k in seg.staged]
     assert staged_cells == [vm.storage_map[x]]       # w is updated: read in place
+
+
+def test_gpu_calls_hold_their_contexts_call_lock():
+    """One GPU function call at a time per context, with or without graphs (a capture records
+    whatever reaches the context's stream): another thread cannot take the lock meanwhile."""
+    import threading
+    ctx = fakes.CTX_OBJ
+    seen = []
+
+    def probe(a):
+        got = []
+        t = threading.Thread(target=lambda: got.append(ctx.call_lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        seen.append(got[0])
+        return a + 1
+    x = gvec()
+    y = FakeKernelOp("probe", probe)(x)
+    for flag in (True, False):
+        fg = FunctionGraph([x], [y], clone=False)
+        with config.change_flags(**{"gpuarray.cuda_graphs": flag}):
+            vm = link(fg, {x: [upload(ctx, [1, 2])]})
+        assert vm.runner is not None
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), [2, 3])
+    assert seen and not any(seen)

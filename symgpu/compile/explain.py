@@ -142,7 +142,7 @@ def _graph_status(f: Any, nodes: list) -> list[str]:
     if getattr(vm, "profiler", None) is not None:
         return ["not used: profiled functions run node by node"]
     runner = getattr(vm, "runner", None)
-    if runner is None:
+    if runner is None or not hasattr(runner, "segments"):
         return ["not used: no run of capturable GPU nodes (transfers and CPU ops only, "
                 "or GPU values on more than one context)"]
     if not getattr(runner, "enabled", True):

@@ -103,6 +103,22 @@ def _drv() -> _Driver:
 _tls = threading.local()
 
 
+class _PopAtThreadExit:
+    """Kept in a worker thread's local storage once it has pushed a context: when the thread
+    ends, Python drops its locals on that thread and this pops the context, so PyCUDA finds
+    the thread's context stack empty (it aborts the process otherwise: "The context stack was
+    not empty upon module cleanup")."""
+
+    __slots__ = ()
+
+    def __del__(self) -> None:
+        try:
+            import pycuda.driver as drv
+            drv.Context.pop()
+        except Exception:  # no context left (popped already) or interpreter shutdown
+            pass
+
+
 class GpuContext:
     """One device's primary context, its stream and memory pool (or a virtual stand-in).
 
@@ -122,6 +138,11 @@ class GpuContext:
         self.pinned: Any = None  # PinnedPool: page-locked host buffers for copies back
         self.total_memory = 0
         self.lock = threading.RLock()  # guards the staging buffers of host copies
+        #: held by each call of a compiled GPU function (symgpu/gpu/graphs.py) and by a GPU
+        #: shared variable's transfers: one at a time per context, since a CUDA-graph capture
+        #: records whatever reaches the context's one stream and cuBLAS's handle settings are
+        #: per context (docs/threads.md)
+        self.call_lock = threading.RLock()
         self.staging: dict[int, Any] = {}
 
     def __repr__(self) -> str:
@@ -141,6 +162,8 @@ class GpuContext:
         import pycuda.driver as drv
         if getattr(_tls, "current", None) is not None:
             drv.Context.pop()
+        elif threading.current_thread() is not threading.main_thread():
+            _tls.exit_guard = _PopAtThreadExit()   # the first push of a worker thread
         self.pycuda_context.push()
         _tls.current = self
         return self

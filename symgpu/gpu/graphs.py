@@ -191,6 +191,8 @@ class Runner:
                  drv: Any = None) -> None:
         self.vm = vm
         self.ctx = ctx
+        #: the context's call lock (context.GpuContext.call_lock, docs/threads.md)
+        self.lock = getattr(ctx, "call_lock", None) or threading.RLock()
         self.driver = drv if drv is not None else driver()
         self.enabled = True
         self.verify = VERIFY
@@ -311,13 +313,14 @@ class Runner:
 
     def __call__(self) -> None:
         step = None
-        try:
-            for step in self.steps:
-                step.run()
-        except Exception as exc:
-            self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
-        for c in self.post_clear:
-            c[0] = None
+        with self.lock:
+            try:
+                for step in self.steps:
+                    step.run()
+            except Exception as exc:
+                self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
+            for c in self.post_clear:
+                c[0] = None
 
     def disable(self, reason: str, segment: Segment | None = None) -> None:
         """Turn graphs off for this function (warned once)."""
@@ -374,31 +377,63 @@ def _parameters(idx: list[int], nodes: list, thunks: list,
 
 # ============================================================================ installing
 
-def _graph_context(vm: Any) -> Any:
-    """The one started (non-virtual) context all GPU variables of ``vm`` live on, or None."""
+def _contexts(vm: Any) -> list:
+    """The started (non-virtual) contexts the GPU variables of ``vm`` live on."""
     from symgpu.gpu import context as gctx
     names = set()
     for node in vm.nodes:
         for v in list(node.inputs) + list(node.outputs):
             if _is_gpu_var(v):
                 names.add(v.type.context_name)
-    if len(names) != 1:
-        return None
-    ctx = gctx._registry.get(next(iter(names)))
-    if ctx is None or ctx.virtual or ctx.pool is None or not ctx.stream_handle:
-        return None
-    return ctx
+    out = []
+    for name in sorted(names, key=str):
+        ctx = gctx._registry.get(name)
+        if ctx is not None and not ctx.virtual and ctx.stream_handle and ctx not in out:
+            out.append(ctx)
+    return out
+
+
+class _Locked:
+    """``vm.runner`` of a GPU function that runs no CUDA graph: its plain run, under the call
+    locks of its contexts (taken in one order), as graphs' Runner runs under its own."""
+
+    __slots__ = ("run", "locks")
+
+    def __init__(self, vm: Any, locks: list) -> None:
+        self.run, self.locks = vm.run_thunks, locks
+
+    def __call__(self) -> None:
+        if len(self.locks) == 1:
+            with self.locks[0]:
+                self.run()
+            return
+        for lock in self.locks:
+            lock.acquire()
+        try:
+            self.run()
+        finally:
+            for lock in reversed(self.locks):
+                lock.release()
 
 
 def install(vm: Any) -> None:
-    """The VM hook: give ``vm`` a :class:`Runner` when graphs are on and worth it."""
+    """The VM hook: give a GPU ``vm`` a :class:`Runner` when graphs are on and worth it, or
+    else a :class:`_Locked` plain run (calls from several threads: docs/threads.md)."""
     from symgpu.config import config
     from symgpu.link.vm import VM
-    if type(vm) is not VM or not config.gpuarray.cuda_graphs or not vm.nodes:
+    if type(vm) is not VM or not vm.nodes:
         return
-    ctx = _graph_context(vm)
-    if ctx is None:
+    ctxs = _contexts(vm)
+    if not ctxs:
         return
+    locks = [getattr(c, "call_lock", None) or threading.RLock() for c in ctxs]
+    vm.runner = _Locked(vm, locks)
+    if not config.gpuarray.cuda_graphs or len(ctxs) != 1 or ctxs[0].pool is None:
+        return
+    ctx = ctxs[0]
+    if len({v.type.context_name for n in vm.nodes for v in list(n.inputs) + list(n.outputs)
+            if _is_gpu_var(v)}) != 1:
+        return   # a virtual context beside the real one
     nodes, thunks = vm.nodes, vm.thunks
     capt = [node_capturable(n, t) for n, t in zip(nodes, thunks)]
     if not any(capt):

@@ -10,6 +10,7 @@ Nothing here imports PyCUDA; device work goes through the runtime (symgpu.gpu.ar
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any, Sequence
 
 import numpy as np
@@ -272,6 +273,13 @@ def gpu_type_like(x: Any, context_name: str | None = None,
 
 # ----------------------------------------------------------------------------- shared
 
+def _call_lock(value: Any) -> Any:
+    """The call lock of the context ``value`` lives on (context.GpuContext.call_lock), or a
+    no-op: a shared variable's transfers wait for a GPU function call in another thread."""
+    lock = getattr(getattr(value, "context", None), "call_lock", None)
+    return lock if lock is not None else nullcontext()
+
+
 class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     """A shared array that lives on the GPU across calls; compiled functions read and update
     the GpuArray in place of a host copy."""
@@ -281,20 +289,23 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         `return_internal_type=True` (copied unless `borrow=True`), as in Theano."""
         with self.container.lock:  # not while a call is between reading and updating it
             value = self.container.storage[0]
-            if return_internal_type:
-                # a borrowed buffer is the user's to keep: graphs stop updating it in place
-                return lend(value) if borrow else value.copy()
-            return value.get()
+            with _call_lock(value):  # not while another thread's call captures a graph
+                if return_internal_type:
+                    # a borrowed buffer is the user's to keep: graphs stop updating it in place
+                    return lend(value) if borrow else value.copy()
+                return value.get()
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Upload `value` (checked against the type first: on error nothing changes). A
         device value is copied unless `borrow=True`."""
-        new = self.type.filter(value, strict=False, allow_downcast=None)
-        on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
-        if on_device and not borrow:
-            new = new.copy().sync()  # the owner may overwrite its array on its own stream
-        elif on_device:
-            lend(new)                # the caller keeps it: graphs never write into it
+        with _call_lock(self.container.storage[0]):  # not during another thread's capture
+            new = self.type.filter(value, strict=False, allow_downcast=None)
+            on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list,
+                                               tuple))
+            if on_device and not borrow:
+                new = new.copy().sync()  # the owner may overwrite its array on its own stream
+            elif on_device:
+                lend(new)                # the caller keeps it: graphs never write into it
         with self.container.lock:  # after (not inside) any call updating it
             self.container.storage[0] = new
 
