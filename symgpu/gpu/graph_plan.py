@@ -135,6 +135,15 @@ def _host_key(v: Any) -> Any:
     raise Unkeyable(f"a host value of type {type(v).__name__}")
 
 
+def _staged_key(v: Any) -> tuple:
+    """A staged input's key: shape and strides; its pointer too when a stride is negative
+    (such inputs are not staged: graph_segment.Segment._capture)."""
+    for st in v.strides:
+        if st < 0:
+            return (v.ptr, v.shape, v.strides)
+    return (v.shape, v.strides)
+
+
 def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
                staged: Sequence[bool] | None = None) -> Callable[[list], tuple]:
     """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
@@ -152,7 +161,7 @@ def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
 
         def key_staged(vals: list) -> tuple:
             return tuple([(v.ptr, v.shape, v.strides) if k == 0 else
-                          ((v.shape, v.strides) if k == 3 else
+                          (_staged_key(v) if k == 3 else
                            (_host_key(v) if k == 1 else None))
                           for v, k in zip(vals, kinds)])
         return key_staged

@@ -359,8 +359,11 @@ class Segment:
                 cap_vals = list(vals)
                 for j in self.staged:
                     v = vals[j]
-                    if v.size:
-                        buf = new_array(ctx, v.shape, v.dtype)
+                    if v.size and min(v.strides, default=0) >= 0:   # else keyed by pointer
+                        # the input's own layout, so offsets and strides read from it hold
+                        extent = v.itemsize + sum((n - 1) * st for n, st in
+                                                  zip(v.shape, v.strides))
+                        buf = new_array(ctx, v.shape, v.dtype, v.strides, extent)
                         drv.copy(buf, v)
                         staged.append((j, buf))
                         cap_vals[j] = buf
@@ -422,14 +425,11 @@ class Segment:
             self._give_up(exc, vals, snap)
             return
         # an output that is a staged input or a view of one is rebuilt over the caller's
-        # array (nothing writes into either) when that array has the static buffer's layout;
-        # otherwise it is a buffer of the graph
-        strided = {j for j, _ in staged if not vals[j].is_c_contiguous}
-        owned = tuple(b for b in sink if b is not None) + tuple(
-            b.base for j, b in staged if j in strided)
+        # array: nothing writes into either, and the static buffer has the input's layout
+        owned = tuple(b for b in sink if b is not None)
         del sink
-        outs = self._output_specs(cap_vals, owned, strided)
-        owned += tuple(b.base for j, b in staged if j not in strided)
+        outs = self._output_specs(cap_vals, owned)
+        owned += tuple(b.base for _, b in staged)
         for j, _ in staged:
             self.in_cells[j][0] = vals[j]
         if outs is None:
@@ -506,15 +506,14 @@ class Segment:
             if self._copy(vals[j], new):
                 cell[0] = vals[j]
 
-    def _output_specs(self, vals: list, owned: tuple, staged: set = frozenset()) -> list | None:
+    def _output_specs(self, vals: list, owned: tuple) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left
-        in them; None when one cannot be.  Staged inputs (``vals[j]`` is then the graph's own
-        static buffer) are buffers of the graph, not inputs."""
+        in them; None when one cannot be."""
         where = {id(b): k for k, b in enumerate(owned)}
-        in_ids = {id(v): j for j, v in enumerate(vals) if j not in staged}
+        in_ids = {id(v): j for j, v in enumerate(vals)}
         in_bases = {}
         for j, (v, g) in enumerate(zip(vals, self.in_gpu)):
-            if g and j not in staged and v is not None and getattr(v, "base", None) is not None:
+            if g and v is not None and getattr(v, "base", None) is not None:
                 in_bases.setdefault(id(v.base), j)
         const_bases = {id(c.base) for c in self.const_ids.values()
                        if isinstance(c, _GpuArray) and c.base is not None}
