@@ -184,6 +184,29 @@ def _np_index(idx, values):
     return tuple(out)
 
 
+def test_the_row_slice_fast_path_agrees_with_the_general_one():
+    """x[a:b] (the minibatch slice) has its own quick parameters: the same as the view's."""
+    from gpu_helpers import FakeCtx, fake_gpu_array
+    from symgpu.gpu.subtensor import GpuSubtensor
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.tensor.subtensor import SYM, Slice
+    rng = np.random.default_rng(2)
+    for shape in [(50, 7), (9,), (0, 3), (12, 2, 3)]:
+        x = GpuArrayType("float32", (False,) * len(shape), fakes.CTX)()
+        node = GpuSubtensor((Slice(SYM, SYM, None),)).make_node(
+            x, TensorType("int64", ())(), TensorType("int64", ())())
+        arr = fake_gpu_array(FakeCtx(), shape)
+        for _ in range(40):
+            a, b = (int(v) for v in rng.integers(-70, 70, 2))
+            thunk, _ = thunk_over(node, [arr, np.int64(a), np.int64(b)])
+            assert thunk.rows
+            fast = thunk.param_values()
+            thunk.rows = False
+            assert fast == thunk.param_values(), (shape, a, b)
+            host = np.zeros(shape, "float32")[a:b]
+            assert fast[0][0] == host.shape
+
+
 def test_an_out_of_range_integer_index_raises_from_the_parameters():
     from gpu_helpers import FakeCtx, fake_gpu_array
     from symgpu.gpu.subtensor import GpuSubtensor

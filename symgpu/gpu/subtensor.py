@@ -21,8 +21,8 @@ from symgpu.gpu.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.basic import join_broadcastable
-from symgpu.tensor.subtensor import (IncSubtensorProps, Slice, _check_inputs, _constant_index,
-                                     build_index, index_broadcastable)
+from symgpu.tensor.subtensor import (SYM, IncSubtensorProps, Slice, _check_inputs,
+                                     _constant_index, build_index, index_broadcastable)
 from symgpu.tensor.basic import Join as _Join
 from symgpu.tensor.subtensor import Subtensor as _Subtensor
 
@@ -113,7 +113,7 @@ class _SliceThunk(PerformThunk):
     """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
     symgpu/gpu/graph_params.py when its bounds are symbolic."""
 
-    __slots__ = ("param_slot", "param_nbytes")
+    __slots__ = ("param_slot", "param_nbytes", "rows")
     capturable = True   # a view (host bookkeeping), or one launch under a capture
     launches = False
 
@@ -122,6 +122,8 @@ class _SliceThunk(PerformThunk):
         self.param_slot: tuple | None = None
         if len(node.inputs) > 1 and np.dtype(node.inputs[0].dtype).itemsize in (1, 2, 4, 8):
             self.param_nbytes = 8   # the slice's byte offset from x's pointer
+        #: x[a:b] on the first axis (the minibatch of a data set): computed directly per call
+        self.rows = op.idx_list == (Slice(SYM, SYM, None),)
 
     def _view(self) -> tuple[Any, Any, bool]:
         op = self.op
@@ -141,6 +143,15 @@ class _SliceThunk(PerformThunk):
 
     def param_values(self) -> tuple[tuple, bytes]:
         """(the slice's shape and strides, its byte offset from x's pointer)."""
+        if self.rows:
+            x = self.inputs[0][0]
+            shape = x.shape
+            if shape:
+                start, stop, _ = slice(int(self.inputs[1][0]), int(self.inputs[2][0])).indices(
+                    shape[0])
+                n = stop - start if stop > start else 0
+                return ((n,) + shape[1:], x.strides), pack_int64(start * x.strides[0] if n
+                                                                  else 0)
         x, view, _ = self._view()
         return (view.shape, view.strides), pack_int64(view.ptr - x.ptr)
 
