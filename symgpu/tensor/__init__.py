@@ -16,4 +16,5 @@ from symgpu.tensor import nnet
 
 _install_operators()
 globals().update(_typed.CONSTRUCTORS)
+globals().update(_typed.PLURALS)
 import symgpu.tensor.rewriting  # noqa: E402,F401  (registers the tensor rewrite passes)
