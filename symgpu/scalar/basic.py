@@ -90,6 +90,17 @@ def _round_half_even(x):
     return np.round(x)
 
 
+def _round_half_away(x):
+    # C's round(): x - trunc(x) is exact, so halves are found without the error that
+    # floor(x + 0.5) makes at 0.49999999999999994
+    x = np.asarray(x)
+    if x.dtype.kind in "biu":
+        return x
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t).astype(x.dtype)
+
+
 def _sqr(x):
     return np.multiply(x, x)
 
@@ -292,6 +303,8 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _zero_grad),
     ScalarOpSpec("round", 1, _round_half_even, {"float": "rint{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),
+    ScalarOpSpec("round_half_away_from_zero", 1, _round_half_away,
+                 {"float": "round{f}({0})", "int": "{0}", "bool": "{0}"}, _zero_grad),
     # comparisons and logic: integer-valued, no gradient path
     ScalarOpSpec("lt", 2, np.less, "({0} < {1})", _no_grad, "bool", symbol="<"),
     ScalarOpSpec("le", 2, np.less_equal, "({0} <= {1})", _no_grad, "bool", symbol="<="),

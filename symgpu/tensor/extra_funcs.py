@@ -1,0 +1,164 @@
+"""Theano's everyday functions that are built from other ops (so they fuse, run on the GPU
+and differentiate through those): rounding modes, tile, roll, max_and_argmax, norm, trace,
+swapaxes.
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import numpy as np
+
+from symgpu.graph.basic import Variable
+from symgpu.tensor.basic import _as_int_scalar, _vector_length, alloc, concatenate, flatten, \
+    reshape
+from symgpu.tensor.extra_ops import diagonal
+from symgpu.tensor.math import (_make_elemwise, abs as _abs, argmax, cast, max as _max,
+                                maximum, min as _min, neq, sqr, sqrt, sum as _sum)
+from symgpu.tensor.shape import dimshuffle, shape_i
+from symgpu.tensor.type import TensorVariable, as_tensor_variable
+
+__all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero", "tile",
+           "roll", "max_and_argmax", "norm", "trace", "swapaxes"]
+
+round_half_to_even = _make_elemwise("round", "Elementwise rounding, halves to even (NumPy's).")
+round_half_away_from_zero = _make_elemwise(
+    "round_half_away_from_zero", "Elementwise rounding, halves away from zero (C's round).")
+
+_ROUND_MODES = {"half_to_even": round_half_to_even,
+                "half_away_from_zero": round_half_away_from_zero}
+
+
+def round(a: Any, mode: str | None = None) -> TensorVariable:
+    """Elementwise rounding; `mode` 'half_to_even' (the default, as NumPy and PyTensor) or
+    'half_away_from_zero' (Theano 0.x's default)."""
+    try:
+        fn = _ROUND_MODES["half_to_even" if mode is None else mode]
+    except KeyError:
+        raise ValueError(f"round: mode must be one of {sorted(_ROUND_MODES)}, "
+                         f"got {mode!r}") from None
+    return fn(a)
+
+
+def iround(a: Any, mode: str | None = None) -> TensorVariable:
+    """round(a, mode) as int64."""
+    return cast(round(a, mode), "int64")
+
+
+def _reps(reps: Any, ndim: int | None) -> list:
+    """tile's repetitions as a list of ints / int scalars."""
+    if isinstance(reps, Variable):
+        reps = as_tensor_variable(reps)
+        if reps.ndim == 0:
+            return [_as_int_scalar(reps, "tile repetition")]
+        if reps.ndim != 1:
+            raise ValueError(f"tile: reps must be a vector or a list, got {reps} ({reps.type})")
+        n = _vector_length(reps)
+        if n is None:
+            n = ndim
+        if n is None:
+            raise ValueError(f"tile: the length of the symbolic reps {reps} is not known; "
+                             "pass ndim=")
+        return [_as_int_scalar(reps[i], "tile repetition") for i in range(n)]
+    if isinstance(reps, (int, np.integer)):
+        return [int(reps)]
+    out = []
+    for r in reps:
+        if isinstance(r, (int, np.integer)):
+            if r < 0:
+                raise ValueError(f"tile: negative repetition {r} in {reps!r}")
+            out.append(int(r))
+        else:
+            out.append(_as_int_scalar(r, "tile repetition"))
+    return out
+
+
+def tile(x: Any, reps: Any, ndim: int | None = None) -> TensorVariable:
+    """`x` repeated `reps[d]` times along each dimension d, as np.tile (reps: ints, integer
+    scalars, or an integer vector of known length; `ndim`: the output's rank)."""
+    x = as_tensor_variable(x)
+    reps = _reps(reps, ndim)
+    d = builtins.max(x.ndim, len(reps))
+    if ndim is not None:
+        if ndim < d:
+            raise ValueError(f"tile: ndim={ndim} is less than x's {x.ndim} dimensions or the "
+                             f"{len(reps)} repetitions")
+        d = ndim
+    reps = [1] * (d - len(reps)) + reps
+    xp = dimshuffle(x, ["x"] * (d - x.ndim) + list(range(x.ndim)))
+    if builtins.all(isinstance(r, int) and r == 1 for r in reps):
+        return xp
+    sizes = [shape_i(xp, i) for i in range(d)]
+    pattern = []
+    for i in range(d):
+        pattern += ["x", i]
+    spread = alloc(dimshuffle(xp, pattern), *[v for pair in zip(reps, sizes) for v in pair])
+    return reshape(spread, [r * s for r, s in zip(reps, sizes)], ndim=d)
+
+
+def roll(x: Any, shift: Any, axis: Any = None) -> TensorVariable:
+    """Elements of `x` shifted by `shift` along `axis` (of the flattened array, then
+    reshaped, if None), wrapping around, as np.roll; tuples of shifts and axes roll in turn."""
+    x = as_tensor_variable(x)
+    if axis is None:
+        if isinstance(shift, (tuple, list)):
+            raise ValueError("roll: a tuple of shifts needs a tuple of axes")
+        return reshape(roll(flatten(x, 1), shift, 0), x.shape, ndim=x.ndim)
+    if isinstance(axis, (tuple, list)):
+        shifts = shift if isinstance(shift, (tuple, list)) else [shift] * len(axis)
+        if len(shifts) != len(axis):
+            raise ValueError(f"roll: {len(shifts)} shifts for {len(axis)} axes")
+        for s, a in zip(shifts, axis):
+            x = roll(x, s, a)
+        return x
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"roll: axis {axis} is out of range for {x} ({x.type})")
+    axis = int(axis) % x.ndim
+    n = shape_i(x, axis)
+    s = _as_int_scalar(shift, "roll shift") % maximum(n, 1)  # in [0, n): Python's sign rule
+    before = (slice(None),) * axis
+    return concatenate([x[before + (slice(n - s, None),)], x[before + (slice(0, n - s),)]],
+                       axis=axis)
+
+
+def max_and_argmax(a: Any, axis: Any = None, keepdims: bool = False) -> list[TensorVariable]:
+    """[max(a, axis), argmax(a, axis)]: Theano's pair."""
+    return [_max(a, axis, keepdims), argmax(a, axis, keepdims)]
+
+
+def norm(x: Any, L: Any, axis: Any = None, keepdims: bool = False) -> TensorVariable:
+    """The L-norm of `x`'s elements over `axis` (all by default), (sum |x|**L)**(1/L), as
+    Theano's `x.norm(L)`; L may also be 0 (count of nonzeros), inf (max |x|) or -inf."""
+    x = as_tensor_variable(x)
+    if isinstance(L, Variable):
+        return _sum(_abs(x) ** L, axis=axis, keepdims=keepdims) ** (1.0 / L)
+    L = float(L)
+    if L == np.inf:
+        return _max(_abs(x), axis, keepdims)
+    if L == -np.inf:
+        return _min(_abs(x), axis, keepdims)
+    if L == 0:
+        return _sum(neq(x, 0), axis=axis, keepdims=keepdims)
+    if L == 1:
+        return _sum(_abs(x), axis=axis, keepdims=keepdims)
+    if L == 2:
+        return sqrt(_sum(sqr(_abs(x)) if x.dtype.startswith("complex") else sqr(x),
+                         axis=axis, keepdims=keepdims))
+    return _sum(_abs(x) ** L, axis=axis, keepdims=keepdims) ** (1.0 / L)
+
+
+def trace(a: Any, offset: int = 0, axis1: int = 0, axis2: int = 1) -> TensorVariable:
+    """The sum of the diagonal `offset` of `a`, as np.trace."""
+    return _sum(diagonal(a, offset, axis1, axis2), axis=-1)
+
+
+def swapaxes(x: Any, axis1: int, axis2: int) -> TensorVariable:
+    """`x` with two axes exchanged, as np.swapaxes."""
+    x = as_tensor_variable(x)
+    for a in (axis1, axis2):
+        if not -x.ndim <= a < x.ndim:
+            raise ValueError(f"swapaxes: axis {a} is out of range for {x} ({x.type})")
+    order = list(range(x.ndim))
+    a1, a2 = int(axis1) % x.ndim, int(axis2) % x.ndim
+    order[a1], order[a2] = order[a2], order[a1]
+    return dimshuffle(x, order)
