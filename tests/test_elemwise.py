@@ -44,6 +44,8 @@ UNARY = {
     "reciprocal": (np.reciprocal, "pos"), "identity": (lambda v: v, "any"),
     "isnan": (np.isnan, "any"), "isinf": (np.isinf, "any"),
 }
+UNARY["round_half_away_from_zero"] = (
+    lambda v: np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5)).astype(v.dtype), "any")
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "true_div": np.true_divide,
     "int_div": np.floor_divide, "mod": np.mod, "pow": np.power, "maximum": np.maximum,
