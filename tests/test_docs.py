@@ -159,3 +159,61 @@ def test_python_gpu_blocks_run_on_the_gpu(page, tmp_path):
     if page == "pycuda_interop.md" and _pycuda_utils_missing():  # being written (interop)
         pytest.xfail("symgpu.misc.pycuda_utils (to_gpuarray/from_gpuarray) is not there yet")
     check(run_blocks(runnable(page, "gpu"), "device=cuda", str(tmp_path), timeout=300))
+
+
+# ============================================================================ API reference
+
+def _api_sections() -> dict[str, str]:
+    """docs/api.md split into its `## <module>` sections (text outside code fences)."""
+    with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as fh:
+        text = re.sub(r"```.*?```", "", fh.read(), flags=re.S)
+    parts = re.split(r"^## (\S+)[^\n]*$", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def _own_public_names(module, prefixes: tuple[str, ...]) -> list[str]:
+    """The names a user reaches through `module`: not private, not a module, and defined in
+    one of `prefixes` (names a module merely imported, like Apply or np, are documented
+    where they are defined)."""
+    import types
+    names = []
+    for name in dir(module):
+        obj = getattr(module, name)
+        if name.startswith("_") or isinstance(obj, types.ModuleType):
+            continue
+        if (getattr(obj, "__module__", None) or "").startswith(prefixes):
+            names.append(name)
+    return names
+
+
+def _documented(section: str, name: str) -> bool:
+    # a code span that starts with the name: `name`, `name(...)`, `name[...]` or `name ...`
+    return re.search(r"`" + re.escape(name) + r"[`(\[ ]", section) is not None
+
+
+def test_api_reference_names_every_public_name():
+    import symgpu
+    import symgpu.gradient
+    import symgpu.printing
+    import symgpu.tensor
+    import symgpu.tensor.nnet
+    sections = _api_sections()
+    wanted = {
+        "symgpu": list(symgpu.__all__),
+        "symgpu.tensor": _own_public_names(symgpu.tensor, ("symgpu.tensor", "symgpu.gradient")),
+        "symgpu.tensor.nnet": _own_public_names(symgpu.tensor.nnet, ("symgpu.tensor.nnet",)),
+        "symgpu.gradient": _own_public_names(symgpu.gradient, ("symgpu.gradient",)),
+        "symgpu.printing": list(symgpu.printing.__all__),
+    }
+    missing = []
+    for module, names in wanted.items():
+        assert module in sections, f"docs/api.md has no '## {module}' section"
+        assert len(names) > 5 or module == "symgpu.tensor.nnet", (module, names)
+        missing += [f"{module}.{n}" for n in sorted(names) if not _documented(sections[module], n)]
+    assert not missing, ("docs/api.md does not document (add a line `name(signature)` — ... to "
+                         "the module's section): " + ", ".join(missing))
+
+
+def test_api_reference_starts_with_its_heading():
+    with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as fh:
+        assert fh.readline().strip() == "# API reference"
