@@ -348,3 +348,35 @@ def test_new_ops_compile_for_a_gpu_context():
         names = {type(n.op).__name__ for n in nodes}
         assert {"CumOp", "Sort", "Repeat", "ExtractDiag", "Eye", "Nonzero"} <= names
         assert "GpuFromHost" in names and "HostFromGpu" in names and "GpuElemwise" in names
+
+
+# ============================================================================ new table rows
+
+@pytest.mark.parametrize("name,low,high", [("arcsin", -0.9, 0.9), ("arccos", -0.9, 0.9),
+                                           ("arcsinh", -3, 3), ("arccosh", 1.1, 4),
+                                           ("arctanh", -0.9, 0.9), ("deg2rad", -400, 400),
+                                           ("rad2deg", -7, 7)])
+def test_inverse_trigonometry_and_degrees(name, low, high):
+    X = RNG.uniform(low, high, (3, 4))
+    x = T.dmatrix("x")
+    np.testing.assert_allclose(run([x], getattr(T, name)(x), X), getattr(np, name)(X),
+                               rtol=1e-13)
+    verify_grad(getattr(T, name), [X])
+    assert getattr(T, name)(T.ivector()).dtype == "float64"
+    assert getattr(T, name)(T.bvector()).dtype == "float32"
+
+
+def test_arctan2_quadrants_and_gradient():
+    y, x = T.dvectors("y", "x")
+    Y = np.array([1.0, 1.0, -1.0, -1.0, 0.0, 2.0])
+    X = np.array([1.0, -1.0, -1.0, 1.0, -1.0, 0.0])
+    np.testing.assert_allclose(run([y, x], T.arctan2(y, x), Y, X), np.arctan2(Y, X))
+    verify_grad(T.arctan2, [RNG.uniform(0.5, 2, 4), RNG.uniform(-2, -0.5, 4)])
+
+
+def test_new_rows_fuse_on_a_gpu_graph():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.fvector("x")
+        f = function([x], T.rad2deg(T.arcsin(x)) + T.arctan2(x, 2.0) * T.arccosh(x + 2))
+        names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+        assert names.count("GpuElemwise") == 1 and "Elemwise" not in names, names

@@ -173,6 +173,12 @@ def _g_clip(T, ins, out, gz):
     return [gz * inside, gz * T.lt(x, lo), gz * T.gt(x, hi)]
 
 
+def _g_arctan2(T, ins, out, gz):
+    y, x = ins
+    r2 = x * x + y * y
+    return [gz * x / r2, -gz * y / r2]
+
+
 def _unary(rule):
     def g(T, ins, out, gz):
         return [rule(T, ins[0], out, gz)]
@@ -296,6 +302,22 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
     ScalarOpSpec("erf", 1, sps.erf, "erf{f}({0})",
                  _unary(lambda T, x, o, gz: gz * float(2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
+    ScalarOpSpec("arcsin", 1, np.arcsin, "asin{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(1 - x * x)), "float"),
+    ScalarOpSpec("arccos", 1, np.arccos, "acos{f}({0})",
+                 _unary(lambda T, x, o, gz: -gz / T.sqrt(1 - x * x)), "float"),
+    ScalarOpSpec("arcsinh", 1, np.arcsinh, "asinh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(x * x + 1)), "float"),
+    ScalarOpSpec("arccosh", 1, np.arccosh, "acosh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(x * x - 1)), "float"),
+    ScalarOpSpec("arctanh", 1, np.arctanh, "atanh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (1 - x * x)), "float"),
+    ScalarOpSpec("arctan2", 2, np.arctan2, "atan2{f}({0}, {1})", _g_arctan2, "float"),
+    # NumPy's constants: pi/180 and 180/pi divided in the compute precision
+    ScalarOpSpec("deg2rad", 1, np.deg2rad, "(({0}) * (3.14159265358979323846{f} / 180.0{f}))",
+                 _unary(lambda T, x, o, gz: gz * float(np.pi / 180)), "float"),
+    ScalarOpSpec("rad2deg", 1, np.rad2deg, "(({0}) * (180.0{f} / 3.14159265358979323846{f}))",
+                 _unary(lambda T, x, o, gz: gz * float(180 / np.pi)), "float"),
     # rounding: piecewise constant, so the gradient is zero
     ScalarOpSpec("floor", 1, np.floor, {"float": "floor{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),

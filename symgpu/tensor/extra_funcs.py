@@ -1,6 +1,6 @@
 """Theano's everyday functions that are built from other ops (so they fuse, run on the GPU
 and differentiate through those): rounding modes, tile, roll, max_and_argmax, norm, trace,
-swapaxes.
+swapaxes; and the elementwise rows added for them (inverse trigonometry, degrees).
 """
 from __future__ import annotations
 
@@ -19,11 +19,21 @@ from symgpu.tensor.shape import dimshuffle, shape_i
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
 
 __all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero", "tile",
-           "roll", "max_and_argmax", "norm", "trace", "swapaxes"]
+           "roll", "max_and_argmax", "norm", "trace", "swapaxes", "arcsin", "arccos", "arcsinh",
+           "arccosh", "arctanh", "arctan2", "deg2rad", "rad2deg"]
 
 round_half_to_even = _make_elemwise("round", "Elementwise rounding, halves to even (NumPy's).")
 round_half_away_from_zero = _make_elemwise(
     "round_half_away_from_zero", "Elementwise rounding, halves away from zero (C's round).")
+
+arcsin = _make_elemwise("arcsin", "Elementwise arc sine.")
+arccos = _make_elemwise("arccos", "Elementwise arc cosine.")
+arcsinh = _make_elemwise("arcsinh", "Elementwise inverse hyperbolic sine.")
+arccosh = _make_elemwise("arccosh", "Elementwise inverse hyperbolic cosine.")
+arctanh = _make_elemwise("arctanh", "Elementwise inverse hyperbolic tangent.")
+arctan2 = _make_elemwise("arctan2", "Elementwise arc tangent of y/x in the right quadrant.")
+deg2rad = _make_elemwise("deg2rad", "Elementwise degrees to radians.")
+rad2deg = _make_elemwise("rad2deg", "Elementwise radians to degrees.")
 
 _ROUND_MODES = {"half_to_even": round_half_to_even,
                 "half_away_from_zero": round_half_away_from_zero}
