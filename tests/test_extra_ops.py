@@ -380,3 +380,88 @@ def test_new_rows_fuse_on_a_gpu_graph():
         f = function([x], T.rad2deg(T.arcsin(x)) + T.arctan2(x, 2.0) * T.arccosh(x + 2))
         names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
         assert names.count("GpuElemwise") == 1 and "Elemwise" not in names, names
+
+
+# ============================================================================ broadcast, pad
+
+def test_broadcast_patterns():
+    x = T.dmatrix("x")
+    r = T.addbroadcast(x, 0)
+    assert r.broadcastable == (True, False)
+    y = T.dmatrix("y")
+    np.testing.assert_array_equal(run([x, y], r + y, np.ones((1, 3)), np.ones((2, 3))),
+                                  np.full((2, 3), 2.0))
+    with pytest.raises(ValueError, match="declared broadcastable"):
+        run([x], r, np.ones((2, 3)))
+    assert T.unbroadcast(T.drow(), 0).broadcastable == (False, False)
+    assert T.unbroadcast(x, 1) is x
+    assert T.patternbroadcast(x, (False, True)).broadcastable == (False, True)
+    with pytest.raises(ValueError, match="out of range"):
+        T.addbroadcast(x, 2)
+    with pytest.raises(ValueError, match="2 dimensions"):
+        T.patternbroadcast(x, (True,))
+
+
+def test_shape_padding():
+    v = T.dvector("v")
+    assert T.shape_padleft(v).broadcastable == (True, False)
+    assert T.shape_padright(v, 2).broadcastable == (False, True, True)
+    assert T.shape_padaxis(v, 0).broadcastable == (True, False)
+    assert T.shape_padaxis(v, -1).broadcastable == (False, True)
+    V = np.arange(3.0)
+    got = run([v], [T.shape_padleft(v, 2), T.shape_padright(v), T.shape_padaxis(v, 1)], V)
+    assert [g.shape for g in got] == [(1, 1, 3), (3, 1), (3, 1)]
+    with pytest.raises(ValueError, match="out of range"):
+        T.shape_padaxis(v, 3)
+
+
+# ============================================================================ tri, stacks, diff
+
+@pytest.mark.parametrize("k", [0, 1, -1])
+def test_tri_tril_triu(k):
+    x = T.dmatrix("x")
+    X = RNG.randn(3, 4)
+    X[0, 3] = np.inf  # zeroed by tril, not nan
+    got = run([x], [T.tri(3, 4, k), T.tril(x, k), T.triu(x, k)], X)
+    np.testing.assert_array_equal(got[0], np.tri(3, 4, k))
+    np.testing.assert_array_equal(got[1], np.tril(X, k))
+    np.testing.assert_array_equal(got[2], np.triu(X, k))
+    verify_grad(lambda x: T.tril(x, k), [RNG.randn(3, 4)])
+    verify_grad(lambda x: T.triu(x, k), [RNG.randn(3, 4)])
+    t = T.dtensor3("t")
+    B = RNG.randn(2, 3, 3)
+    np.testing.assert_array_equal(run([t], T.tril(t, k), B), np.tril(B, k))
+    with pytest.raises(ValueError, match="2 dimensions"):
+        T.tril(T.dvector())
+
+
+def test_stacks():
+    a, b, c, d = T.dscalars("a", "b", "c", "d")
+    np.testing.assert_array_equal(run([a, b, c, d], T.stacklists([[a, b], [c, d]]), 1, 2, 3, 4),
+                                  [[1.0, 2.0], [3.0, 4.0]])
+    x, y = T.dmatrices("x", "y")
+    X, Y = RNG.randn(2, 3), RNG.randn(2, 1)
+    np.testing.assert_array_equal(run([x, y], T.horizontal_stack(x, y), X, Y), np.hstack([X, Y]))
+    np.testing.assert_array_equal(run([x, y], T.vertical_stack(x, x), X, Y), np.vstack([X, X]))
+
+
+@pytest.mark.parametrize("n,axis", [(1, -1), (2, -1), (1, 0), (0, 1)])
+def test_diff(n, axis):
+    x = T.dmatrix("x")
+    X = RNG.randn(4, 5)
+    np.testing.assert_allclose(run([x], T.diff(x, n, axis), X), np.diff(X, n, axis))
+    verify_grad(lambda x: T.diff(x, n, axis), [X])
+
+
+def test_ptp_and_take():
+    x = T.dmatrix("x")
+    i = T.lvector("i")
+    X = RNG.randn(3, 4)
+    I = np.array([2, 0, 2])
+    got = run([x, i], [T.ptp(x), T.ptp(x, axis=1), T.take(x, i), T.take(x, i, axis=1),
+                       T.take(x, i, axis=0)], X, I)
+    np.testing.assert_allclose(got[0], np.ptp(X))
+    np.testing.assert_allclose(got[1], np.ptp(X, axis=1))
+    np.testing.assert_array_equal(got[2], np.take(X, I))
+    np.testing.assert_array_equal(got[3], np.take(X, I, axis=1))
+    np.testing.assert_array_equal(got[4], np.take(X, I, axis=0))

@@ -1,6 +1,7 @@
 """Theano's everyday functions that are built from other ops (so they fuse, run on the GPU
 and differentiate through those): rounding modes, tile, roll, max_and_argmax, norm, trace,
-swapaxes; and the elementwise rows added for them (inverse trigonometry, degrees).
+swapaxes, broadcast patterns and padding, triangles, stacks, diff, ptp, take; and the
+elementwise functions of the rows added with them (inverse trigonometry, degrees).
 """
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.config import config
 from symgpu.graph.basic import Variable
-from symgpu.tensor.basic import _as_int_scalar, _vector_length, alloc, concatenate, flatten, \
-    reshape
+from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, concatenate,
+                                 flatten, reshape, stack)
 from symgpu.tensor.extra_ops import diagonal
-from symgpu.tensor.math import (_make_elemwise, abs as _abs, argmax, cast, max as _max,
-                                maximum, min as _min, neq, sqr, sqrt, sum as _sum)
-from symgpu.tensor.shape import dimshuffle, shape_i
-from symgpu.tensor.type import TensorVariable, as_tensor_variable
+from symgpu.tensor.math import (_make_elemwise, abs as _abs, argmax, cast, ge, max as _max,
+                                maximum, min as _min, neq, sqr, sqrt, sum as _sum, switch,
+                                zeros_like)
+from symgpu.tensor.shape import Unbroadcast, dimshuffle, shape_i, specify_broadcastable_as
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero", "tile",
            "roll", "max_and_argmax", "norm", "trace", "swapaxes", "arcsin", "arccos", "arcsinh",
-           "arccosh", "arctanh", "arctan2", "deg2rad", "rad2deg"]
+           "arccosh", "arctanh", "arctan2", "deg2rad", "rad2deg", "addbroadcast", "unbroadcast",
+           "patternbroadcast", "shape_padleft", "shape_padright", "shape_padaxis", "tri", "tril",
+           "triu", "stacklists", "horizontal_stack", "vertical_stack", "diff", "ptp", "take"]
 
 round_half_to_even = _make_elemwise("round", "Elementwise rounding, halves to even (NumPy's).")
 round_half_away_from_zero = _make_elemwise(
@@ -172,3 +177,145 @@ def swapaxes(x: Any, axis1: int, axis2: int) -> TensorVariable:
     a1, a2 = int(axis1) % x.ndim, int(axis2) % x.ndim
     order[a1], order[a2] = order[a2], order[a1]
     return dimshuffle(x, order)
+
+
+# ============================================================================ broadcast patterns
+
+def _axes(x: TensorVariable, axes: tuple, what: str) -> list[int]:
+    out = []
+    for a in axes:
+        if not isinstance(a, (int, np.integer)) or not -x.ndim <= a < x.ndim:
+            raise ValueError(f"{what}: axis {a!r} is out of range for {x} ({x.type})")
+        out.append(int(a) % x.ndim)
+    return out
+
+
+def addbroadcast(x: Any, *axes: int) -> TensorVariable:
+    """`x` with `axes` declared broadcastable (checked to have length 1 at run time)."""
+    x = as_tensor_variable(x)
+    bcast = list(x.broadcastable)
+    for a in _axes(x, axes, "addbroadcast"):
+        bcast[a] = True
+    return specify_broadcastable_as(x, TensorType(x.dtype, bcast))
+
+
+def unbroadcast(x: Any, *axes: int) -> TensorVariable:
+    """`x` with `axes` no longer known to have length 1 (a view)."""
+    x = as_tensor_variable(x)
+    drop = [False] * x.ndim
+    for a in _axes(x, axes, "unbroadcast"):
+        drop[a] = x.broadcastable[a]
+    return Unbroadcast(drop)(x) if any(drop) else x
+
+
+def patternbroadcast(x: Any, broadcastable: Any) -> TensorVariable:
+    """`x` with exactly the broadcastable pattern `broadcastable`."""
+    x = as_tensor_variable(x)
+    if len(broadcastable) != x.ndim:
+        raise ValueError(f"patternbroadcast: {len(broadcastable)} flags for {x} with {x.ndim} "
+                         "dimensions")
+    return specify_broadcastable_as(x, TensorType(x.dtype, [bool(b) for b in broadcastable]))
+
+
+def shape_padleft(t: Any, n_ones: int = 1) -> TensorVariable:
+    """`t` with `n_ones` broadcastable dimensions in front."""
+    t = as_tensor_variable(t)
+    return dimshuffle(t, ["x"] * n_ones + list(range(t.ndim)))
+
+
+def shape_padright(t: Any, n_ones: int = 1) -> TensorVariable:
+    """`t` with `n_ones` broadcastable dimensions at the end."""
+    t = as_tensor_variable(t)
+    return dimshuffle(t, list(range(t.ndim)) + ["x"] * n_ones)
+
+
+def shape_padaxis(t: Any, axis: int) -> TensorVariable:
+    """`t` with a broadcastable dimension inserted at `axis` (as np.expand_dims)."""
+    t = as_tensor_variable(t)
+    if not -t.ndim - 1 <= axis <= t.ndim:
+        raise ValueError(f"shape_padaxis: axis {axis} is out of range for {t} with {t.ndim} "
+                         "dimensions")
+    axis = axis % (t.ndim + 1)
+    pattern: list = list(range(t.ndim))
+    pattern.insert(axis, "x")
+    return dimshuffle(t, pattern)
+
+
+# ============================================================================ triangles, stacks
+
+def tri(N: Any, M: Any = None, k: Any = 0, dtype: str | None = None) -> TensorVariable:
+    """An N x M matrix with ones at and below diagonal `k`, as np.tri (dtype floatX)."""
+    dtype = config.floatX if dtype in (None, "floatX") else dtype
+    rows = arange(N, dtype="int64")
+    cols = arange(N if M is None else M, dtype="int64")
+    return cast(ge(dimshuffle(rows, [0, "x"]) + k, dimshuffle(cols, ["x", 0])), dtype)
+
+
+def _triangle(m: Any, k: Any, lower: bool, what: str) -> TensorVariable:
+    m = as_tensor_variable(m)
+    if m.ndim < 2:
+        raise ValueError(f"{what}: {m} ({m.type}) needs 2 dimensions or more")
+    mask = tri(shape_i(m, m.ndim - 2), shape_i(m, m.ndim - 1), k if lower else k - 1, "bool")
+    if lower:
+        return switch(mask, m, zeros_like(m))
+    return switch(mask, zeros_like(m), m)
+
+
+def tril(m: Any, k: Any = 0) -> TensorVariable:
+    """`m` with the elements above diagonal `k` zeroed (last two axes), as np.tril."""
+    return _triangle(m, k, True, "tril")
+
+
+def triu(m: Any, k: Any = 0) -> TensorVariable:
+    """`m` with the elements below diagonal `k` zeroed (last two axes), as np.triu."""
+    return _triangle(m, k, False, "triu")
+
+
+def stacklists(arg: Any) -> TensorVariable:
+    """A tensor from nested lists of scalars/tensors: `stacklists([[a, b], [c, d]])` is a
+    2 x 2 (x the elements' shape) tensor."""
+    if isinstance(arg, (list, tuple)):
+        return stack([stacklists(a) for a in arg])
+    return as_tensor_variable(arg)
+
+
+def horizontal_stack(*args: Any) -> TensorVariable:
+    """Matrices side by side (along axis 1), as np.hstack of matrices."""
+    return concatenate(list(args), axis=1)
+
+
+def vertical_stack(*args: Any) -> TensorVariable:
+    """Matrices one above the other (along axis 0), as np.vstack of matrices."""
+    return concatenate(list(args), axis=0)
+
+
+# ============================================================================ differences, ranges
+
+def diff(x: Any, n: int = 1, axis: int = -1) -> TensorVariable:
+    """The n-th discrete difference along `axis`, as np.diff."""
+    x = as_tensor_variable(x)
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"diff: axis {axis} is out of range for {x} ({x.type})")
+    if n < 0:
+        raise ValueError(f"diff: order n must be >= 0, got {n}")
+    axis = axis % x.ndim
+    before = (slice(None),) * axis
+    for _ in range(n):
+        x = x[before + (slice(1, None),)] - x[before + (slice(None, -1),)]
+    return x
+
+
+def ptp(a: Any, axis: Any = None, keepdims: bool = False) -> TensorVariable:
+    """max - min over `axis` (peak to peak), as np.ptp."""
+    return _max(a, axis, keepdims) - _min(a, axis, keepdims)
+
+
+def take(a: Any, indices: Any, axis: int | None = None) -> TensorVariable:
+    """Elements of `a` at integer `indices` along `axis` (of the flattened array if None),
+    as np.take (out-of-range indices raise)."""
+    a = as_tensor_variable(a)
+    indices = as_tensor_variable(indices)
+    if axis is None:
+        return flatten(a, 1)[indices]
+    (axis,) = _axes(a, (axis,), "take")
+    return a[(slice(None),) * axis + (indices,)]
