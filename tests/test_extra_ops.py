@@ -465,3 +465,48 @@ def test_ptp_and_take():
     np.testing.assert_array_equal(got[2], np.take(X, I))
     np.testing.assert_array_equal(got[3], np.take(X, I, axis=1))
     np.testing.assert_array_equal(got[4], np.take(X, I, axis=0))
+
+
+# ============================================================================ PyTensor
+
+CALLS = [  # (name, args after the matrix, kwargs): the same call in both libraries
+    ("sort", (), {}), ("sort", (0,), {}), ("argsort", (), {}), ("cumsum", (), {"axis": 1}),
+    ("cumprod", (), {}), ("repeat", (2,), {"axis": 0}), ("tile", ((2, 1),), {}),
+    ("roll", (1,), {"axis": 1}), ("roll", (-2,), {}), ("diag", (), {}), ("diag", (1,), {}),
+    ("tril", (), {}), ("triu", (1,), {}), ("iround", (), {}), ("round", (), {}),
+    ("round", ("half_away_from_zero",), {}), ("nonzero_values", (), {}),
+    ("flatnonzero", (), {}), ("diff", (), {}), ("diff", (2, 0), {}), ("ptp", (), {"axis": 1}),
+    ("trace", (), {}), ("swapaxes", (0, 1), {}), ("diagonal", (1,), {}),
+    ("shape_padleft", (), {}), ("shape_padaxis", (1,), {}), ("arcsin", (), {}),
+    ("deg2rad", (), {}), ("rad2deg", (), {}), ("identity_like", (), {}),
+]
+
+
+def test_same_results_as_pytensor():
+    pt = pytest.importorskip("pytensor.tensor")
+    import pytensor
+    M = np.array([[0.5, -0.25, 0.0], [0.75, 0.5, -0.5], [2.5, 0.0, 0.125]])
+    compared = 0
+    for name, args, kwargs in CALLS:
+        if not hasattr(pt, name):
+            continue
+        x, px = T.dmatrix("x"), pt.dmatrix("x")
+        ours = run([x], getattr(T, name)(x, *args, **kwargs), M)
+        theirs = pytensor.function([px], getattr(pt, name)(px, *args, **kwargs))(M)
+        np.testing.assert_allclose(ours, theirs, err_msg=name)
+        assert ours.dtype == theirs.dtype, name
+        compared += 1
+    for ours, theirs in [(T.max_and_argmax, getattr(pt, "max_and_argmax", None)),
+                         (T.nonzero, pt.nonzero)]:
+        if theirs is None:
+            continue
+        x, px = T.dmatrix("x"), pt.dmatrix("x")
+        a = run([x], list(ours(x)), M)
+        b = pytensor.function([px], list(theirs(px)))(M)
+        for u, v in zip(a, b):
+            np.testing.assert_array_equal(u, v)
+        compared += 1
+    n, pn = T.lscalar("n"), pt.lscalar("n")
+    np.testing.assert_array_equal(run([n], T.eye(n, 4, 1), 3),
+                                  pytensor.function([pn], pt.eye(pn, 4, 1))(3))
+    assert compared >= 25
