@@ -10,16 +10,17 @@ from symgpu.compile.io import In, Out
 from symgpu.compile.function import function
 from symgpu.compile.sharedvalue import shared
 import symgpu.tensor as tensor
+from symgpu.compile.mode import Mode  # Theano's theano.Mode
+import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...
 from symgpu.gradient import grad
 import symgpu.printing as printing
-from symgpu.printing import pp  # Theano's `from theano import pp`
-from symgpu.compile.mode import Mode
-import symgpu.gradient as gradient
 
 __version__ = "0.1.0"
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
-           "Constant", "tensor", "__version__", "pp", "Mode", "printing", "gradient"]
+           "Constant", "tensor", "__version__"]
 
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
+from symgpu.printing import pp  # noqa: E402  (Theano's `from theano import pp`)
+__all__ += ["pp", "Mode", "printing", "gradient"]
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)
