@@ -14,11 +14,13 @@ from symgpu.compile.mode import Mode  # Theano's theano.Mode
 import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...
 from symgpu.gradient import grad
 import symgpu.printing as printing
+from symgpu.compile.explain import explain
 
 __version__ = "0.1.0"
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
            "Constant", "tensor", "__version__"]
+__all__ += ["explain"]
 
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
 from symgpu.printing import pp  # noqa: E402  (Theano's `from theano import pp`)

@@ -449,6 +449,9 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("gpuarray.preallocate", FloatParam, 0.0, "GPU memory the pool takes at start: "
      "fraction (<=1) or MiB (>1); negative disables pooling"),
     ("gpuarray.cuda_graphs", BoolParam, True, "capture whole GPU functions into CUDA graphs"),
+    ("gpuarray.sync_checks", BoolParam, False,
+     "check indices and labels right after each GPU launch (a stream sync each, errors raised "
+     "at the node) instead of at the next synchronisation"),
     ("gpuarray.allow_tf32", BoolParam, False,
      "let cuBLAS run float32 matrix products on TF32 tensor cores: several times faster, "
      "inputs rounded to 10 mantissa bits (PyTorch's allow_tf32; JAX's default precision)"),

@@ -296,7 +296,8 @@ def test_describe_and_dump():
     rows = {r[0]: r for r in c.describe()}
     names = ["device", "force_device", "floatX", "warn_float64", "mode", "optimizer_including",
              "optimizer_excluding", "profile", "profile_memory", "allow_gc", "assert_no_cpu_op",
-             "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.allow_tf32",
+             "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.sync_checks",
+             "gpuarray.allow_tf32",
              "nvcc.flags",
              "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device"]
     assert list(rows) == names

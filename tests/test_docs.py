@@ -230,3 +230,26 @@ def test_api_reference_names_every_public_name():
 def test_api_reference_starts_with_its_heading():
     with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as fh:
         assert fh.readline().strip() == "# API reference"
+
+
+def _project_files() -> list[str]:
+    """What a user receives: the package, the docs, the examples and the README."""
+    found = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "pyproject.toml")]
+    for top in ("symgpu", "docs", "examples"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            found += [os.path.join(dirpath, f) for f in files
+                      if f.endswith((".py", ".md", ".cu", ".cuh", ".txt", ".toml"))]
+    return found
+
+
+def test_no_file_points_outside_the_repository():
+    """Users have only the repository: no page or docstring may send them to the
+    developers' workspace files."""
+    outside = re.compile(r"\.\./shared|SPEC\.md|DESIGN\.md")
+    offenders = []
+    for path in _project_files():
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if outside.search(line):
+                    offenders.append(f"{os.path.relpath(path, ROOT)}:{lineno}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

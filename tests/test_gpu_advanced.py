@@ -59,7 +59,7 @@ def test_other_advanced_forms_stay_on_cpu():
         x, iv, jv = T.matrix("x"), T.lvector("iv"), T.lvector("jv")
         m = T.lmatrix("m")
         assert "AdvancedSubtensor" in _names(x[:, iv], [x, iv])          # not axis 0
-        assert "AdvancedSubtensor" in _names(x[iv, jv], [x, iv, jv])     # two vectors
+        assert "GpuAdvancedSubtensor2" in _names(x[iv, jv], [x, iv, jv])  # advanced_pairs.py
         assert "AdvancedSubtensor" in _names(x[m], [x, m])               # matrix index
         assert "AdvancedSubtensor" in _names(x[iv, 1:], [x, iv])         # partial slice
         assert "AdvancedIncSubtensor" in _names(T.inc_subtensor(x[:, iv], x[:, iv]), [x, iv])

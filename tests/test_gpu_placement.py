@@ -478,6 +478,18 @@ def test_gpu_shared_variable_lives_on_device(real_gpu):
     assert isinstance(shared(0), TensorSharedVariable)
     assert isinstance(shared(host, target="cpu"), TensorSharedVariable)
     assert isinstance(shared(host, target="dev1"), GpuArraySharedVariable)
+    # float scalars live on the device too, and read back as the host path's values
+    for spelling in (0.5, np.float32(0.5), np.asarray(0.5, dtype="float32")):
+        b = shared(spelling)
+        assert isinstance(b, GpuArraySharedVariable), spelling
+        host_twin = shared(spelling, target="cpu")
+        assert b.dtype == host_twin.dtype and b.broadcastable == ()
+        got, want = b.get_value(), host_twin.get_value()
+        assert type(got) is type(want) and got.shape == want.shape and got == want
+        b.set_value(1.5)
+        assert b.get_value() == 1.5
+        b.set_value(np.float32(2.5))
+        assert b.get_value() == 2.5
     # set_value uploads; a bad value changes nothing
     x.set_value(host * 2)
     assert np.array_equal(x.get_value(), host * 2)

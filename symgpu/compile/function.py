@@ -1,16 +1,18 @@
 """`function()`: compile a graph into a callable, and the Function it returns."""
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from typing import Any, Callable, Sequence
 
+from symgpu.compile import frames as _frames
+from symgpu.compile.frames import Layout, link_frame
 from symgpu.compile.io import In, Out
 from symgpu.compile.mode import Mode, get_mode
 from symgpu.compile.sharedvalue import SharedVariable
 from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, graph_inputs
 from symgpu.graph.fg import FunctionGraph
-from symgpu.link.vm import VM
 
 __all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace"]
 
@@ -62,10 +64,16 @@ def _to_variable_like(target: Variable, value: Any, what: str) -> Variable:
 
 
 class FunctionMaker:
-    """Holds what was compiled: the rewritten `fgraph`, the mode and the timings."""
+    """Holds what was compiled: the rewritten `fgraph`, the mode, the inputs (In), outputs
+    (Out), the shared variables read (`shared_vars`, fgraph.inputs after the explicit ones)
+    and the updates (`updates`: (shared variable, fgraph output index)), and the timings.
+    It is what a pickled Function carries: loading re-links it (no rewriting)."""
 
     def __init__(self, fgraph: FunctionGraph, mode: Mode, inputs: list[In], outputs: list[Out],
-                 rewrite_time: float, link_time: float, pass_times: dict[str, float]):
+                 rewrite_time: float, link_time: float, pass_times: dict[str, float],
+                 shared_vars: list[SharedVariable] | None = None,
+                 updates: list[tuple[SharedVariable, int]] | None = None,
+                 single: bool = False, allow_input_downcast: bool | None = None):
         self.fgraph = fgraph
         self.mode = mode
         self.inputs = inputs
@@ -73,39 +81,66 @@ class FunctionMaker:
         self.rewrite_time = rewrite_time
         self.link_time = link_time
         self.pass_times = pass_times
+        self.shared_vars = list(shared_vars or [])
+        self.updates = list(updates or [])
+        self.single = single
+        self.allow_input_downcast = allow_input_downcast
+
+    def __reduce__(self):
+        fg = self.fgraph
+        state = {k: v for k, v in self.__dict__.items() if k != "fgraph"}
+        return (_rebuild_maker, (fg.inputs, fg.outputs, dict(fg.update_mapping), state))
+
+
+def _rebuild_maker(inputs: list, outputs: list, update_mapping: dict, state: dict) -> FunctionMaker:
+    maker = FunctionMaker.__new__(FunctionMaker)
+    maker.__dict__.update(state)
+    maker.fgraph = FunctionGraph(inputs, outputs, clone=False, update_mapping=update_mapping)
+    return maker
 
 
 class Function:
-    """A compiled graph. Call it with the inputs' values (positionally or by name)."""
+    """A compiled graph. Call it with the inputs' values (positionally or by name).
 
-    def __init__(self, maker: FunctionMaker, vm: VM, input_cells: list[list], filters: list[Callable],
-                 defaults: list[Any], names: dict[str, int], output_cells: list[list],
-                 output_copy: list[bool], updates: list[tuple[list, list, bool]],
-                 single_output: bool, name: str | None):
+    Calls from several threads are safe: each call runs in its own execution frame
+    (symgpu/compile/frames.py) and the updates of one call are atomic (docs/threads.md)."""
+
+    def __init__(self, maker: FunctionMaker, name: str | None,
+                 share: dict[Variable, list] | None = None, lock: Any | None = None):
         self.maker = maker
-        self.vm = vm
-        self.fn = vm
         self.name = name
-        self._input_cells = input_cells
-        self._filters = filters
-        self._defaults = defaults
-        self._names = names
-        self._n_inputs = len(input_cells)
-        self._output_cells = output_cells
-        self._output_copy = output_copy
-        # cells of computed outputs are emptied after each call so no later call can write
-        # into an array the caller holds; input, shared and constant cells keep their values
         fg = maker.fgraph
-        self._clear_after_call = [vm.storage_map[v] for v in fg.outputs[: len(output_cells)]
-                                  if v.owner is not None]
-        self._clear_updates = [vm.storage_map[v] for v in fg.outputs[len(output_cells):]
-                               if v.owner is not None]
-        self._any_copy = any(output_copy)
-        self._updates = updates
-        self._single = single_output
+        n_out = len(maker.outputs)
+        ins = maker.inputs
+        self._n_inputs = len(ins)
+        graph_in = set(fg.inputs)
+        updated_outputs = set(fg.outputs[n_out:])
+        output_copy = [not o.borrow and (_aliases_an_input(v, graph_in) or v in updated_outputs)
+                       for o, v in zip(maker.outputs, fg.outputs[:n_out])]
+        n_explicit = len(ins)
+        updates = []
+        for s, j in maker.updates:
+            k = maker.shared_vars.index(s)
+            v = fg.outputs[j]
+            updates.append((j, k, _aliases_an_input(v, graph_in)
+                            and v is not fg.inputs[n_explicit + k]))
+        self._layout = Layout(fg, maker.mode, n_explicit, n_out,
+                              [sv.container for sv in maker.shared_vars], updates, output_copy,
+                              maker.single, name)
+        self._frame = link_frame(self._layout, share, lock, primary=True)
+        self.vm = self._frame.vm
+        self.fn = self.vm
+        self._filters = [_input_filter(v, inp, i, name, maker.allow_input_downcast,
+                                       _device_input_filter(v, fg))
+                         for i, (v, inp) in enumerate(zip(fg.inputs, ins))]
+        self._defaults = [self._filters[i](inp.value) if inp.has_default else _MISSING
+                          for i, inp in enumerate(ins)]
+        self._names = {inp.name: i for i, inp in enumerate(ins) if inp.name}
+        self._spares: list = []
+        self._link_lock = threading.Lock()
         self.profile = None
         self.trust_input = False
-        self._fast = _fast_call(self)
+        self._fast = self._frame.caller(self._filters, self._call_spare)
 
     # -- calling ----------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> list:
@@ -137,69 +172,112 @@ class Function:
             return self._fast(*args)
         if kwargs or len(args) != self._n_inputs:
             args = self._bind(args, kwargs)
-        cells = self._input_cells
-        if not self.trust_input:
-            filters = self._filters
-            for i, value in enumerate(args):
-                cells[i][0] = filters[i](value)
-        else:
-            for i, value in enumerate(args):
-                cells[i][0] = value
-        self.vm()
-        results = [cell[0] for cell in self._output_cells]
-        if self._updates:
-            # read every new value before writing any: updates are simultaneous
-            values = [cell[0] for _, cell, _ in self._updates]
-            for (container, _, copy), value in zip(self._updates, values):
-                container[0] = value.copy() if copy else value
-            for cell in self._clear_updates:
-                cell[0] = None
-        if self._any_copy:
-            results = [r.copy() if c else r for r, c in zip(results, self._output_copy)]
-        for cell in self._clear_after_call:
-            cell[0] = None
-        if self._single:
-            return results[0]
-        return results
+        if self.trust_input:
+            return self._frame.caller(None, self._call_spare_trusted)(*args)
+        return self._fast(*args)
+
+    # -- frames -----------------------------------------------------------------------------
+    def _call_spare(self, *args: Any) -> Any:
+        """A call made while the primary frame is busy: run in a spare frame."""
+        frame = self._take_spare()
+        try:
+            return frame.caller(self._filters, None)(*args)
+        finally:
+            self._give_back(frame)
+
+    def _call_spare_trusted(self, *args: Any) -> Any:
+        frame = self._take_spare()
+        try:
+            return frame.caller(None, None)(*args)
+        finally:
+            self._give_back(frame)
+
+    def _take_spare(self):
+        try:
+            return self._spares.pop()  # atomic: each spare goes to one call
+        except IndexError:
+            pass
+        with self._link_lock:  # linking is not reentrant-safe for one graph
+            frame = link_frame(self._layout)
+        profiler = self.vm.profiler
+        if profiler is not None:  # profile the spare frame into the same stats
+            frame.vm.profiler = type(profiler)(profiler.stats, frame.vm)
+        return frame
+
+    def _give_back(self, frame) -> None:
+        if len(self._spares) < _frames.SPARE_FRAMES:
+            self._spares.append(frame)
+
+    @property
+    def n_frames(self) -> int:
+        """Frames linked and kept (1 + spares): how many calls ran at once, up to a few."""
+        return 1 + len(self._spares)
+
+    # -- copying and pickling ---------------------------------------------------------------
+    def copy(self, share_memory: bool = False, swap: dict | None = None,
+             delete_updates: bool = False, name: str | None = None,
+             profile: Any = None) -> "Function":
+        """A new Function computing the same graph (Theano's `Function.copy`)."""
+        from symgpu.compile.function_copy import copy_function
+        return copy_function(self, share_memory, swap, delete_updates, name, profile)
+
+    def __copy__(self) -> "Function":
+        return self.copy()
+
+    def __reduce__(self):
+        p = self.profile
+        profile = None
+        if p is not None:
+            from symgpu.compile import profiling
+            profile = (p.message, any(q is p for q in profiling._atexit_print_list), p.memory)
+        return (_rebuild_function, (self.maker, self.name, self.trust_input, profile))
+
+    def get_shared(self) -> list[SharedVariable]:
+        """The shared variables this function reads or updates."""
+        return list(self.maker.shared_vars)
 
     # -- introspection ----------------------------------------------------------------------
     def __repr__(self) -> str:
         return f"<symgpu.Function {self.name or ''} with {len(self.maker.fgraph.apply_nodes)} nodes>"
 
 
-def _fast_call(fn: Function) -> Callable:
-    """`Function.__call__` for all inputs given positionally, as straight-line code written
-    for this function's inputs, outputs and updates (the general path loops over lists)."""
-    vm = fn.vm
-    ns: dict[str, Any] = {"vm": vm, "run": vm.run_thunks}
-    n = fn._n_inputs
-    args = ", ".join(f"a{i}" for i in range(n))
-    lines = [f"def call({args}):"]
-    for i, (cell, filt) in enumerate(zip(fn._input_cells, fn._filters)):
-        ns[f"c{i}"], ns[f"f{i}"] = cell, filt
-        lines.append(f"    c{i}[0] = f{i}(a{i})")
-    if type(vm).__call__ is VM.__call__:  # not a checking VM (DebugMode): skip its dispatch
-        lines += ["    if vm.profiler is None and vm.runner is None:", "        run()",
-                  "    else:", "        vm()"]
-    else:
-        lines.append("    vm()")
-    for j, cell in enumerate(fn._output_cells):
-        ns[f"o{j}"] = cell
-        lines.append(f"    r{j} = o{j}[0]")
-    # read every new value before writing any: updates are simultaneous
-    for k, (_, cell, _) in enumerate(fn._updates):
-        ns[f"u{k}"] = cell
-        lines.append(f"    v{k} = u{k}[0]")
-    for k, (container, _, copy) in enumerate(fn._updates):
-        ns[f"s{k}"] = container
-        lines.append(f"    s{k}[0] = v{k}.copy()" if copy else f"    s{k}[0] = v{k}")
-    for k, cell in enumerate(fn._clear_updates + fn._clear_after_call):
-        ns[f"z{k}"] = cell
-        lines.append(f"    z{k}[0] = None")
-    results = [f"r{j}.copy()" if c else f"r{j}" for j, c in enumerate(fn._output_copy)]
-    lines.append(f"    return {results[0]}" if fn._single else f"    return [{', '.join(results)}]")
-    exec(compile("\n".join(lines), f"<symgpu Function {fn.name or ''}>", "exec"), ns)
-    return ns["call"]
+def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
+                      profile: tuple | None) -> Function:
+    """Unpickling: re-link the pickled (already rewritten) graph; the kernel caches make
+    this fast. A profiled function comes back profiled, into fresh statistics."""
+    _check_contexts(maker, name)
+    t0 = time.perf_counter()
+    fn = Function(maker, name)
+    maker.link_time = time.perf_counter() - t0
+    fn.trust_input = trust_input
+    stats = None
+    if profile is not None:
+        from symgpu.compile.profiling import ProfileStats
+        message, atexit_print, memory = profile
+        stats = ProfileStats(atexit_print=atexit_print, message=message, memory=memory)
+    _attach_profile(fn, stats)
+    return fn
+
+
+def _check_contexts(maker: FunctionMaker, name: str | None) -> None:
+    """Refuse to re-link a graph compiled for a GPU context that is not in use here (its
+    shared values load as host values; the graph's GPU ops cannot run)."""
+    names = {v.type.context_name for v in maker.fgraph.variables
+             if hasattr(v.type, "context_name") and hasattr(v.type, "value_from_pickle")}
+    if not names:
+        return
+    from symgpu.gpu import context as gctx
+    from symgpu.gpu.type import default_context_active
+    missing = [n for n in names if n not in gctx.context_names()
+               and not (n is None and default_context_active())]
+    if missing:
+        where = ", ".join("the default GPU context" if n is None else f"GPU context {n!r}"
+                          for n in missing)
+        raise RuntimeError(
+            f"cannot load {'function ' + repr(name) if name else 'a function'}: it was "
+            f"compiled for {where}, which is not in use here. Shared variables pickled with it "
+            "load as host values: pickle them on their own (or with symgpu.misc.pkl_utils) and "
+            "compile the function again on this machine")
 
 
 class _Missing:
@@ -286,7 +364,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
              mode: Any = None, profile: Any = None, name: str | None = None,
              on_unused_input: str | None = "raise", allow_input_downcast: bool | None = None,
              no_default_updates: bool = False, accept_inplace: bool = False) -> Function:
-    """Compile `outputs` as a function of `inputs`; see SPEC.md "Compiling and running".
+    """Compile `outputs` as a function of `inputs`; see docs/api.md.
 
     `updates` assigns new values to shared variables after each call (all at once, only when
     the whole call succeeded); `givens` substitutes variables before compiling.
@@ -369,38 +447,12 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
     pass_times = mode_obj.rewrite(fgraph)
     t1 = time.perf_counter()
 
-    storage_map = {}
-    input_cells = []
-    for var in fgraph.inputs[: len(explicit)]:
-        cell = [None]
-        storage_map[var] = cell
-        input_cells.append(cell)
-    for var, sv in zip(fgraph.inputs[len(explicit):], shared_vars):
-        storage_map[var] = sv.container.storage
-    vm = mode_obj.link(fgraph, storage_map)  # DebugMode links a checking VM
-    t2 = time.perf_counter()
-
-    graph_in = set(fgraph.inputs)
-    output_cells = [storage_map[v] for v in fgraph.outputs[:n_out]]
-    updated_outputs = set(fgraph.outputs[n_out:])
-    output_copy = [not o.borrow and (_aliases_an_input(v, graph_in) or v in updated_outputs)
-                   for o, v in zip(outs, fgraph.outputs[:n_out])]
-    update_cells = []
-    for k, (s, _) in enumerate(update_pairs):
-        v = fgraph.outputs[n_out + k]
-        update_cells.append((s.container.storage, storage_map[v], _aliases_an_input(v, graph_in)
-                             and v is not fgraph.inputs[fgraph.update_mapping[n_out + k]]))
-    filters = [_input_filter(v, inp, i, name, allow_input_downcast,
-                             _device_input_filter(v, fgraph))
-               for i, (v, inp) in enumerate(zip(fgraph.inputs, ins))]
-    defaults = []
-    for i, inp in enumerate(ins):
-        defaults.append(filters[i](inp.value) if inp.has_default else _MISSING)
-    names = {inp.name: i for i, inp in enumerate(ins) if inp.name}
-    maker = FunctionMaker(fgraph, mode_obj, ins, outs, t1 - t0, t2 - t1, pass_times)
+    maker = FunctionMaker(fgraph, mode_obj, ins, outs, t1 - t0, 0.0, pass_times, shared_vars,
+                          [(s, n_out + k) for k, (s, _) in enumerate(update_pairs)], single,
+                          allow_input_downcast)
+    fn = Function(maker, name)
+    maker.link_time = time.perf_counter() - t1
     maker.compile_time = time.perf_counter() - t_start
-    fn = Function(maker, vm, input_cells, filters, defaults, names, output_cells, output_copy,
-                  update_cells, single, name)
     _attach_profile(fn, profile)
     return fn
 

@@ -290,7 +290,18 @@ class ProfileStats:
         print(f"Spent {k['cpu']:.3f}s({100 * k['cpu'] / tot:.2f}%) in cpu Op, "
               f"{k['gpu']:.3f}s({100 * k['gpu'] / tot:.2f}%) in gpu Op and "
               f"{k['transfer']:.3f}s({100 * k['transfer'] / tot:.2f}%) in transfer Op", file=file)
+        waits = self.host_waits()
+        if waits > 1:
+            print(f"Each call waits for the GPU at up to {waits} points (copies to the host, "
+                  "ops that read a flag back): symgpu.explain(f) says which and why.", file=file)
         print("", file=file)
+
+    def host_waits(self) -> int:
+        """At most how many points of a call make the host wait for the GPU: copies to the
+        host and ops that read a flag back (adjacent copies at the end share one wait)."""
+        downloads = sum(type(n.op).__name__ == "HostFromGpu" for n in self.apply_callcount)
+        flags = sum(bool(getattr(n.op, "host_sync", None)) for n in self.apply_callcount)
+        return downloads + flags
 
     def summary_nodes(self, file: TextIO, n: int = 20) -> None:
         """Time per Apply node, slowest first, with the inputs' shapes/dtypes of each row."""

@@ -1,6 +1,8 @@
 """Shared variables: symbolic variables with a value that lives across function calls."""
 from __future__ import annotations
 
+import itertools
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -10,19 +12,45 @@ from symgpu.graph.basic import Variable
 __all__ = ["SharedVariable", "shared", "register_shared_constructor", "Container"]
 
 
-class Container:
-    """The one-element cell that holds a shared value; compiled functions read it in place."""
+#: creation order of containers: the global order in which calls lock shared values
+_ORDER = itertools.count()
 
-    __slots__ = ("storage", "type", "name")
+
+class Container:
+    """The one-element cell that holds a shared value; compiled functions read it at the
+    start of each call. `lock` serialises the calls that update it (and set_value /
+    get_value) so that no update is lost; calls take several in `order` (no deadlock)."""
+
+    __slots__ = ("storage", "type", "name", "lock", "order")
 
     def __init__(self, type, value: Any, name: str | None):
         self.type = type
         self.storage = [value]
         self.name = name
+        self.lock = threading.RLock()  # re-entrant: a callback inside a call may read it
+        self.order = next(_ORDER)
 
     @property
     def value(self) -> Any:
         return self.storage[0]
+
+    def __reduce__(self):
+        # the lock and the order are made anew on load; a type may pickle its values in
+        # another form (`value_to_pickle`: a GPU array as a host array) and choose, on load,
+        # the type and value the container takes there (`value_from_pickle`)
+        with self.lock:
+            value = self.storage[0]
+        to_pickle = getattr(self.type, "value_to_pickle", None)
+        if to_pickle is not None:
+            value = to_pickle(value)
+        return (_rebuild_container, (self.type, value, self.name))
+
+
+def _rebuild_container(type, value: Any, name: str | None) -> Container:
+    from_pickle = getattr(type, "value_from_pickle", None)
+    if from_pickle is not None:
+        type, value = from_pickle(value)
+    return Container(type, value, name)
 
 
 class SharedVariable(Variable):
@@ -37,10 +65,11 @@ class SharedVariable(Variable):
 
     def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
         """The current value; a copy unless `borrow=True` (then it may be the internal buffer)."""
-        value = self.container.storage[0]
-        if borrow:
-            return value
-        return self._copy_out(value)
+        with self.container.lock:  # not while a call is between reading and updating it
+            value = self.container.storage[0]
+            if borrow:
+                return value
+            return self._copy_out(value)
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Replace the value (checked against the type; copied unless `borrow=True`).
@@ -49,7 +78,8 @@ class SharedVariable(Variable):
         new = self.type.filter(value, strict=False, allow_downcast=None)
         if new is value and not borrow:
             new = self._copy_in(new)
-        self.container.storage[0] = new
+        with self.container.lock:  # after (not inside) any call updating it
+            self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:
         return value.copy()

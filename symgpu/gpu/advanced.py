@@ -7,10 +7,10 @@ integer vector (int32/int64) on axis 0 followed by nothing or full slices
 (``x[idx]``, ``x[idx, :]``); any other advanced index stays on the CPU.
 
 The index vector lives on the device. Negative indices count from the end (NumPy); every
-index is bounds-checked by the kernel, which records the first offending value in a small
-device buffer (a flag and the value) that is read back after the launch, so an out-of-bounds
-index raises ``IndexError`` naming the index and the length of axis 0. That read-back is a
-stream sync per call (these ops are not CUDA-graph capturable).
+index is bounds-checked by the kernel, which reports a bad one into its node's slot
+(symgpu/gpu/device_checks.py): ``IndexError`` naming the index and the length of axis 0 is
+raised at the next synchronisation (in the same call when its results come back to the
+host), so the ops need no sync of their own and are captured into CUDA graphs.
 
 Inc uses ``atomicAdd`` (float, double, int; int64 through ``unsigned long long``, which wraps
 like two's complement), so repeated indices accumulate exactly as ``np.add.at``. Set writes
@@ -29,6 +29,8 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.basic_ops import as_gpuarray_variable
+from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
+                                      sync_check_reason)
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.subtensor import SYM, Slice
@@ -47,14 +49,9 @@ _BLOCK = 256
 _MAX_BLOCKS = 4096
 _FULL = Slice(None, None, None)
 
-#: the device side of a kernel's error buffer (see new_error_buffer / read_error): err[0] is
-#: 0, or 1 once some thread reported; err[1] the first reported value (as a long long)
-ERROR_REPORT_SOURCE = r"""
-__device__ __forceinline__ void report(unsigned long long *err, long long raw)
-{
-    if (atomicCAS(err, 0ULL, 1ULL) == 0ULL) err[1] = (unsigned long long)raw;
-}
-"""
+#: the device side of a kernel's report slot (symgpu/gpu/device_checks.py): slot[1] gets the
+#: bad value, then slot[0] becomes 1
+ERROR_REPORT_SOURCE = REPORT_SOURCE
 
 _ADVANCED_TEMPLATE = ERROR_REPORT_SOURCE + r"""
 template <typename I>
@@ -160,24 +157,23 @@ def read_error(err: Any) -> int | None:
     return int(np.asarray(bad, dtype=np.uint64).view(np.int64))
 
 
-def _launch(op: Op, ctx: Any, name: str, a: Any, b: Any, idx: Any, n: int, row: int,
-            length: int, shape: tuple) -> None:
+def _launch(op: Op, node: Apply, ctx: Any, name: str, a: Any, b: Any, idx: Any, n: int,
+            row: int, length: int, shape: tuple) -> None:
     """Launch kernel ``name`` over n indices (rows of ``row`` elements) on the context's
-    stream, then read the error buffer back and raise IndexError for a bad index. Every
-    kernel takes (a, b, idx, ...): (x, out, idx) to gather, (out, y, idx) to scatter."""
+    stream; a bad index raises IndexError at the next synchronisation (device_checks.py).
+    Every kernel takes (a, b, idx, ...): (x, out, idx) to gather, (out, y, idx) to scatter."""
     if n == 0:
         return
     ctx.activate()
-    err = new_error_buffer(ctx)
     fn = _kernel(ctx, name)
     total = n * max(row, 1)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
-    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, a.ptr, b.ptr, idx.ptr,
-                           n, row, length, err.ptr)
-    bad = read_error(err)
-    if bad is not None:
-        raise IndexError(f"{op}: index {bad} is out of bounds for axis 0 with size {length} "
-                         f"(indexing an array of shape {shape})")
+
+    def describe(bad: int) -> Exception:
+        return IndexError(f"{op}: index {bad} is out of bounds for axis 0 with size {length} "
+                          f"(indexing an array of shape {shape})")
+    launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
+                   (a.ptr, b.ptr, idx.ptr, n, row, length), describe)
 
 
 def _row(shape: tuple) -> int:
@@ -209,6 +205,10 @@ class GpuAdvancedSubtensor1(Op):
     out-of-bounds ones raise IndexError after the launch."""
 
     __props__ = ()
+    capturable = property(lambda self: checks_are_deferred())   # graphs.py
+    launches = True
+    device_checked = True   # reports at the next sync: no update may be copied back before
+    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"
@@ -227,7 +227,7 @@ class GpuAdvancedSubtensor1(Op):
         res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
         if n:
             xc, ic = _contiguous(x), _contiguous(idx)
-            _launch(self, x.context, _gather_name(x.dtype.name, idx.dtype.name), xc, res, ic,
+            _launch(self, node, x.context, _gather_name(x.dtype.name, idx.dtype.name), xc, res, ic,
                     n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
 
@@ -250,6 +250,10 @@ class GpuAdvancedIncSubtensor1(Op):
     unspecified. Never in place."""
 
     __props__ = ("set_instead_of_inc",)
+    capturable = property(lambda self: checks_are_deferred())   # graphs.py
+    launches = True
+    device_checked = True   # reports at the next sync: no update may be copied back before
+    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __init__(self, set_instead_of_inc: bool = False):
         self.set_instead_of_inc = bool(set_instead_of_inc)
@@ -281,7 +285,7 @@ class GpuAdvancedIncSubtensor1(Op):
                 full = GpuArray(region, x.dtype, x.context)
                 full._copy_from_device(src)
                 src = full
-            _launch(self, x.context,
+            _launch(self, node, x.context,
                     _scatter_name(x.dtype.name, idx.dtype.name, self.set_instead_of_inc),
                     res, src, _contiguous(idx), n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res

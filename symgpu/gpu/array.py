@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.gpu.codegen.layout import c_contiguous
+from symgpu.gpu.device_checks import raise_device_errors
 
 __all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
            "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
@@ -436,6 +437,7 @@ class GpuArray:
         flat = result.reshape(-1).view(np.uint8)
         if nbytes > _STAGING_LIMIT:
             ctx.stream.synchronize()
+            raise_device_errors(ctx)
             drv.memcpy_dtoh(flat, src.ptr)
             return result
         with ctx.lock:
@@ -443,6 +445,7 @@ class GpuArray:
             drv.memcpy_dtoh_async(buf, src.ptr, ctx.stream)
             ctx.stream.synchronize()
             np.copyto(flat, buf)
+        raise_device_errors(ctx)
         return result
 
     # -- interop
@@ -516,6 +519,8 @@ def get_many(arrays: Sequence[GpuArray]) -> list[np.ndarray]:
     for ctx in contexts:
         ctx.activate()
         ctx.stream.synchronize()
+    for ctx in contexts:
+        raise_device_errors(ctx)
     for k, src in late:
         src._activate()
         res = np.empty(src.shape, src.dtype)

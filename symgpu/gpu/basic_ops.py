@@ -1,6 +1,6 @@
 """Transfer ops (GpuFromHost, HostFromGpu, GpuToGpu) and the GPU view/shape ops.
 
-Why here and small: placement is one subsystem (DESIGN.md). These ops only move or re-view
+Why here and small: placement is one subsystem (docs/internals.md). These ops only move or re-view
 GpuArrays through the runtime API (symgpu.gpu.array); compute kernels live in elemwise.py,
 blas.py and codegen/. Every class is a `Gpu*` op (or HostFromGpu) and none subclasses a CPU
 op, so `isinstance(node.op, T.Elemwise)` tells CPU from GPU as in the seeds.

@@ -146,9 +146,12 @@ class GpuContext:
         return self
 
     def synchronize(self) -> None:
-        """Wait for all work queued on this context's stream."""
+        """Wait for all work queued on this context's stream, then raise what its kernels'
+        checks reported (symgpu/gpu/device_checks.py)."""
         self._require_device()
         self.stream.synchronize()
+        from symgpu.gpu.device_checks import raise_device_errors
+        raise_device_errors(self)
 
     def mem_info(self) -> tuple[int, int]:
         """(free, total) bytes of device memory as the driver reports them now."""
@@ -409,7 +412,7 @@ def _shutdown() -> None:
     """Drop cached memory and pop our contexts at exit, as pycuda.autoprimaryctx does."""
     for ctx in list(_devices.values()):
         try:
-            ctx.synchronize()
+            ctx.stream.synchronize()  # not synchronize(): no pending check errors at exit
             if ctx.pool is not None:
                 ctx.pool.release_cached()
             ctx.staging.clear()

@@ -10,12 +10,11 @@ probabilities).
 p is a float32/float64 matrix read through its strides (transposed or sliced views need no
 copy); labels are an int32/int64 vector on the device, also read through their stride. As on
 the CPU, labels must lie in [0, k): negative labels do NOT count from the end. Every label is
-checked by the kernel, which records the first offending value in the small device error
-buffer of symgpu/gpu/advanced.py (its ``report`` device function, a flag and the value); the
-buffer is read back after the launch and a bad label raises ValueError naming the shapes and
-the value, like the CPU op. That read-back is one stream sync per call, so these ops are not
-CUDA-graph capturable (as GpuAdvancedSubtensor1). g of the gradient is a scalar, a length-1
-vector or a length-n vector (NumPy broadcasting of the CPU op); a g of the other float dtype
+checked by the kernel, which records an offending value in the report
+slot of its node (symgpu/gpu/device_checks.py); a bad label raises ValueError naming the
+shapes and the value, like the CPU op, at the next synchronisation (in the same call when
+its results come back to the host): no sync of their own, and they capture into CUDA graphs.
+g of the gradient is a scalar, a length-1 vector or a length-n vector (NumPy broadcasting of the CPU op); a g of the other float dtype
 is read as is and the quotient is computed in the wider type, as NumPy does.
 """
 from __future__ import annotations
@@ -24,8 +23,8 @@ from typing import Any, Callable
 
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.gpu.advanced import (ERROR_REPORT_SOURCE, INDEX_DTYPES, new_error_buffer,
-                                 read_error)
+from symgpu.gpu.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
+from symgpu.gpu.device_checks import checks_are_deferred, launch_checked, sync_check_reason
 from symgpu.gpu.basic_ops import as_gpuarray_variable
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
@@ -45,8 +44,8 @@ __device__ __forceinline__ float ce_log(float v) { return logf(v); }
 __device__ __forceinline__ double ce_log(double v) { return log(v); }
 
 /* out[i] = -log(p[i, y[i]]) for n rows of k classes; p read through element strides
-   (ps0, ps1), y through ys. A label outside [0, k) is reported (report(): advanced.py's
-   error buffer) and its row left unwritten: the host raises after the launch. */
+   (ps0, ps1), y through ys. A label outside [0, k) is reported (report(): the node's slot,
+   device_checks.py) and its row left unwritten: the host raises at its next sync. */
 template <typename T, typename I>
 __device__ __forceinline__ void ce1hot_body(const T *p, long long ps0, long long ps1,
                                             const I *y, long long ys, T *out, long long n,
@@ -152,21 +151,21 @@ def _check_rows(op: Op, p: Any, y: Any) -> None:
                          f"{y.shape})")
 
 
-def _launch(op: Op, name: str, kind: str, args: tuple, total: int, p: Any, y: Any) -> None:
-    """Launch ``name`` over ``total`` threads' worth of work on p's context stream, then
-    read the advanced.py-style error buffer back (the kernel's last argument) and raise
-    ValueError for a label outside [0, k)."""
+def _launch(op: Op, node: Apply, name: str, kind: str, args: tuple, total: int, p: Any,
+            y: Any) -> None:
+    """Launch ``name`` over ``total`` threads' worth of work on p's context stream; a label
+    outside [0, k) raises ValueError at the next synchronisation (device_checks.py)."""
     ctx = p.context
     ctx.activate()
-    err = new_error_buffer(ctx)
     fn = _kernel(ctx, name, kind)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
-    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, *args, err.ptr)
-    bad = read_error(err)
-    if bad is not None:
-        raise ValueError(f"categorical_crossentropy ({op}): labels must lie in "
-                         f"[0, {p.shape[1]}) for coding_dist of shape {p.shape} (labels "
-                         f"shape {y.shape}); got label {bad}")
+    p_shape, y_shape = p.shape, y.shape
+
+    def describe(bad: int) -> Exception:
+        return ValueError(f"categorical_crossentropy ({op}): labels must lie in "
+                          f"[0, {p_shape[1]}) for coding_dist of shape {p_shape} (labels "
+                          f"shape {y_shape}); got label {bad}")
+    launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1), args, describe)
 
 
 def _context_of(op: Op, p: Any) -> Any:
@@ -184,6 +183,11 @@ def _check_p_y(op: Op, p: Any, y: Any) -> None:
 
 class _CrossentropyKernelOp(Op):
     """What both ops share: their one CUDA module, offered to the parallel prefetch."""
+
+    capturable = property(lambda self: checks_are_deferred())   # graphs.py
+    launches = True
+    device_checked = True   # reports at the next sync: no update may be copied back before
+    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         """The crossentropy module (else compiled on the first call), for the link-time
@@ -220,7 +224,7 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         if n:
             p, (ps0, ps1) = _elem_strides(p)
             y, (ys,) = _elem_strides(y)
-            _launch(self, _fwd_name(p.dtype.name, y.dtype.name), "fwd",
+            _launch(self, node, _fwd_name(p.dtype.name, y.dtype.name), "fwd",
                     (p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k), n, p, y)
         out[0][0] = res
 
@@ -267,7 +271,7 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
             y, (ys,) = _elem_strides(y)
             g, gstr = _elem_strides(g)
             gs = gstr[0] if gstr else 0
-            _launch(self, _grad_name(p.dtype.name, g.dtype.name, y.dtype.name), "grad",
+            _launch(self, node, _grad_name(p.dtype.name, g.dtype.name, y.dtype.name), "grad",
                     (g.ptr, gs, p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k),
                     n * max(k, 1), p, y)
         out[0][0] = res

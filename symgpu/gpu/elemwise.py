@@ -1,6 +1,6 @@
 """GpuElemwise and GpuCAReduce: generated CUDA kernels for elementwise graphs and reductions.
 
-Why it looks like this (DESIGN.md, "Precompute each launch"): compiling a node renders and
+Why it looks like this (precompute each launch): compiling a node renders and
 loads its module once; each call then only reads the input arrays' shapes and strides, looks
 up a *plan* cached for exactly that layout (kernel, grid, fixed arguments), takes its output
 from the pool (or reuses the one still in its cell when nobody else holds it) and launches on

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from symgpu.gpu.graph_plan import make_keyer
+from symgpu.gpu.device_checks import guarded_copy, is_device_check_error
 
 if TYPE_CHECKING:
     from symgpu.gpu.graphs import Runner
@@ -279,6 +280,8 @@ class Segment:
             try:
                 ref = self._host_values()
             except Exception as exc:   # the plain results stand
+                if is_device_check_error(exc):
+                    raise               # a bad index of the call itself
                 self.runner.disable(f"reading results to check a graph failed "
                                     f"({type(exc).__name__}: {exc})", self)
                 return
@@ -351,6 +354,8 @@ class Segment:
             try:
                 why = _differs(ref, self._host_values())
             except Exception as exc:
+                if is_device_check_error(exc):
+                    raise
                 why = f"reading them failed: {type(exc).__name__}: {exc}"
             if why is not None:
                 del g, owned
@@ -380,15 +385,23 @@ class Segment:
             return False
         if id(new) not in scratch and (new.base is None or id(new.base) not in scratch):
             return False
-        self.runner.driver.copy(target, new)
+        if not self._copy(target, new):
+            return False
         cell[0] = target
+        return True
+
+    def _copy(self, dst: Any, src: Any) -> bool:
+        """dst[...] = src on the stream; guarded when the function has ops whose checks are
+        read at the next sync (the copy must not land in a call that is about to fail)."""
+        if getattr(self.runner, "device_checked", False):
+            return guarded_copy(self.ctx, dst, src)
+        self.runner.driver.copy(dst, src)
         return True
 
     def _plain_copy_back(self, vals: list) -> None:
         """After a plain run: copy each update's new value into the updated variable's
         buffer when nobody else holds either, so shared variables keep their pointers (and
         the keys of later calls repeat) from the first call on."""
-        copy = None
         for cell, j in self.copy_back:
             new = cell[0]
             if not isinstance(new, _GpuArray) or new is vals[j] or \
@@ -396,10 +409,8 @@ class Segment:
                     not _sole(new, sum(1 for v in vals if v is new)) or \
                     not self._exclusive(vals, (j,)):
                 continue
-            if copy is None:
-                copy = self.runner.driver.copy
-            copy(vals[j], new)
-            cell[0] = vals[j]
+            if self._copy(vals[j], new):
+                cell[0] = vals[j]
 
     def _output_specs(self, vals: list, owned: tuple) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left

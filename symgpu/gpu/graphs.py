@@ -191,6 +191,9 @@ class Runner:
         mapping = getattr(fg, "update_mapping", None) or {}
         updates = [(fg.outputs[o], fg.inputs[i]) for o, i in mapping.items()
                    if o < len(fg.outputs) and i < len(fg.inputs)]
+        # with ops that report checks at the next sync, copies back into shared variables
+        # are guarded: they do not land once a check has reported (graph_segment.py)
+        self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
         seg_inputs: set = set()
         for kind, idx in steps:
             if kind == "segment":
@@ -220,6 +223,7 @@ class Runner:
                 # an update may be copied back into its variable's buffer only when nothing
                 # that can fail runs after the segment (the call then cannot raise after the
                 # shared variable changed): the steps left are copies to the host at most
+                # (a check they raise stops the copy itself: device_checks.guarded_copy)
                 tail_safe = all(k == "batch" or (k == "plain" and all(
                     type(nodes[i].op).__name__ == "HostFromGpu" for i in ix))
                     for k, ix in steps[s_no + 1:])

@@ -1,6 +1,6 @@
 """GpuArrayType: the device type of the graph, its variables, constants and shared variables.
 
-Why it looks like this (DESIGN.md, "Placement is one small subsystem"): one device type
+Why it looks like this (placement is one small subsystem): one device type
 carries a context name, so placement is a property of types and the graph-to-GPU pass can be
 tested on the CPU with a virtual context. GPU variables carry the tensor operators: an
 expression on one builds an ordinary tensor graph through `HostFromGpu` (`as_tensor`), and
@@ -59,6 +59,18 @@ def _ctx(name: str | None) -> Any:
     return get_context(name)
 
 
+def _unpickle_context(name: str | None) -> Any:
+    """The context an unpickled GPU value goes to, or None (no GPU there, or a virtual one)."""
+    from symgpu.gpu import context as gctx
+    if name is None:
+        if not default_context_active():
+            return None
+    elif name not in gctx.context_names():
+        return None
+    ctx = _ctx(name)
+    return None if ctx.virtual else ctx
+
+
 class GpuArrayType(Type):
     """An n-d array on the GPU context named `context_name` (None = the default context)."""
 
@@ -108,6 +120,19 @@ class GpuArrayType(Type):
     def tensor_type(self) -> TensorType:
         """The host twin of this type (what `HostFromGpu` produces)."""
         return TensorType(self.dtype, self.broadcastable)
+
+    # -- pickling of shared values (symgpu.compile.sharedvalue.Container) -------------------
+    def value_to_pickle(self, value: Any) -> Any:
+        """A shared value is pickled as a host ndarray, so that it loads anywhere."""
+        return value.get() if hasattr(value, "get") else np.asarray(value)
+
+    def value_from_pickle(self, value: np.ndarray) -> tuple[Type, Any]:
+        """On load: uploaded to this type's context where it is in use; a host value of the
+        host twin type where there is none (Theano's unpickle_gpu_on_cpu)."""
+        ctx = _unpickle_context(self.context_name)
+        if ctx is None:
+            return self.tensor_type(), self.tensor_type().filter(value)
+        return self, self.filter(value)
 
     # -- values -----------------------------------------------------------------------------
     def filter(self, value: Any, strict: bool = False, allow_downcast: bool | None = None) -> Any:
@@ -253,10 +278,11 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
         """A host ndarray copy of the value; the GpuArray itself with
         `return_internal_type=True` (copied unless `borrow=True`), as in Theano."""
-        value = self.container.storage[0]
-        if return_internal_type:
-            return value if borrow else value.copy()
-        return value.get()
+        with self.container.lock:  # not while a call is between reading and updating it
+            value = self.container.storage[0]
+            if return_internal_type:
+                return value if borrow else value.copy()
+            return value.get()
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Upload `value` (checked against the type first: on error nothing changes). A
@@ -265,13 +291,27 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
         on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple))
         if on_device and not borrow:
             new = new.copy().sync()  # the owner may overwrite its array on its own stream
-        self.container.storage[0] = new
+        with self.container.lock:  # after (not inside) any call updating it
+            self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:
         return value.get()
 
     def _copy_in(self, value: Any) -> Any:
         return value.copy()
+
+    def __reduce__(self):
+        # the container pickles the value as a host array (GpuArrayType.value_to_pickle)
+        # and decides on load whether it goes back to a GPU or stays on the host
+        return (_unpickle_gpu_shared, (self.container, self.name))
+
+
+def _unpickle_gpu_shared(container: Container, name: str | None) -> SharedVariable:
+    """A GPU shared variable where its context is in use, else a host one (same value)."""
+    if isinstance(container.type, GpuArrayType):
+        return GpuArraySharedVariable(container.type, None, name=name, container=container)
+    from symgpu.tensor.sharedvar import TensorSharedVariable
+    return TensorSharedVariable(container.type, None, name=name, container=container)
 
 
 @register_shared_constructor
@@ -287,6 +327,11 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
     if target == "cpu":
         raise TypeError("target='cpu' asks for the host")
     foreign = not isinstance(value, GpuArray) and hasattr(value, "__cuda_array_interface__")
+    if isinstance(value, (float, np.floating)):
+        # a float scalar (a bias written `shared(0.)`) lives on the device like an array:
+        # on the host it would be uploaded and downloaded on every call, two syncs a step
+        from symgpu.tensor.sharedvar import host_value
+        value = host_value(value)
     if not (isinstance(value, (np.ndarray, GpuArray)) or foreign):
         raise TypeError(f"only arrays go to the GPU, not {type(value).__name__}")
     if target == "default":

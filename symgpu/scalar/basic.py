@@ -379,6 +379,10 @@ class ScalarOp:
 
     __repr__ = __str__
 
+    def __reduce__(self):
+        # a row's functions are lambdas: pickle the singleton by its name in the table
+        return (get_scalar_op, (self.name,))
+
     def output_dtype(self, *in_dtypes: str) -> str:
         if self.nin > 0 and len(in_dtypes) != self.nin:
             raise TypeError(f"{self.name} takes {self.nin} inputs, got {len(in_dtypes)}")
@@ -408,6 +412,9 @@ class Cast(ScalarOp):
 
     def __hash__(self) -> int:
         return hash((Cast, self.dtype))
+
+    def __reduce__(self):
+        return (Cast, (self.dtype,))
 
     def __str__(self) -> str:
         return f"Cast{{{self.dtype}}}"

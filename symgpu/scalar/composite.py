@@ -128,6 +128,10 @@ class Composite:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self):
+        # the kernel caches hold generated functions: pickle the program, rebuild on load
+        return (Composite, (self.in_dtypes, self.constants, self.steps, self.out_slots))
+
     def __str__(self) -> str:
         names = [f"i{k}" for k in range(self.nin)]
         names += [_const_text(v) for v, _ in self.constants]

@@ -150,6 +150,18 @@ def _scalar_or_cell(var, cell):
     return None, cell
 
 
+def check_accumulator(op: Any, acc: Any, product_broadcastable: tuple) -> None:
+    """Refuse an accumulator that the product would have to broadcast into: BLAS writes the
+    product over the accumulator's copy, so wherever the product may have length 1 (a
+    broadcastable dimension) the accumulator must too (it may broadcast, the product may not)."""
+    for d, (acc_b, prod_b) in enumerate(zip(acc.broadcastable, product_broadcastable)):
+        if prod_b and not acc_b:
+            raise TypeError(f"{op}: the accumulator {acc} ({acc.type}) is not broadcastable in "
+                            f"dimension {d} but the product is (broadcastable "
+                            f"{tuple(product_broadcastable)}): beta*y + alpha*dot(...) would "
+                            "broadcast the product into y, which BLAS cannot do")
+
+
 class Gemv(Op):
     """z = beta * y + alpha * dot(A, x); inputs (y, alpha, A, x, beta), alpha/beta 0-d."""
 
@@ -165,6 +177,7 @@ class Gemv(Op):
     def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:
         y, alpha, A, x, beta = (as_tensor_variable(v) for v in (y, alpha, A, x, beta))
         dtype = _check(self, [y, alpha, A, x, beta], (1, 0, 2, 1, 0))
+        check_accumulator(self, y, (A.broadcastable[0],))
         out = TensorType(dtype, (A.broadcastable[0] and y.broadcastable[0],))
         if self.inplace and y.type != out:
             raise TypeError(f"{self}: y ({y.type}) cannot hold the output ({out}) in place")
@@ -214,6 +227,7 @@ class Gemm(Op):
     def make_node(self, C: Any, alpha: Any, A: Any, B: Any, beta: Any) -> Apply:
         C, alpha, A, B, beta = (as_tensor_variable(v) for v in (C, alpha, A, B, beta))
         dtype = _check(self, [C, alpha, A, B, beta], (2, 0, 2, 2, 0))
+        check_accumulator(self, C, (A.broadcastable[0], B.broadcastable[1]))
         out = TensorType(dtype, (A.broadcastable[0] and C.broadcastable[0],
                                  B.broadcastable[1] and C.broadcastable[1]))
         if self.inplace and C.type != out:

@@ -1,7 +1,7 @@
 """`transfer(var, target)`: move a symbolic value between the host and devices.
 
-Why a registry: the tensor layer must not import any backend (see DESIGN.md, "Backends
-register themselves"), yet `x.transfer(None)` has to reach the GPU backend. A backend
+Why a registry: the tensor layer must not import any backend (backends register
+themselves), yet `x.transfer(None)` has to reach the GPU backend. A backend
 registers a handler here when it is imported (`symgpu.gpu` does so on `import symgpu`).
 """
 from __future__ import annotations

@@ -124,6 +124,22 @@ def _blas_node(var: Variable, fgraph):
     return node
 
 
+def _product_broadcastable(node) -> tuple:
+    """The broadcastable pattern of the product alone (dot(a, b)) that a BLAS node computes."""
+    if type(node.op) is Dot22:
+        a, b = node.inputs
+    else:
+        a, b = node.inputs[2], node.inputs[3]
+    return (a.broadcastable[0],) if b.ndim == 1 else (a.broadcastable[0], b.broadcastable[1])
+
+
+def _fits_accumulator(v: Variable, product_bcast: tuple) -> bool:
+    """Whether `v` may be the y of beta*y + alpha*product: same rank, and broadcastable
+    wherever the product is (the product must never be broadcast into y)."""
+    return v.ndim == len(product_bcast) and \
+        all(vb or not pb for vb, pb in zip(v.broadcastable, product_bcast))
+
+
 def _beta_is_zero(node) -> bool:
     if type(node.op) is Dot22:
         return True
@@ -163,9 +179,9 @@ def local_fold_into_blas(fgraph, node):
             merged.append((s, v))
     y_k = None
     if _beta_is_zero(bnode):
-        nd = out.ndim
+        product_bcast = _product_broadcastable(bnode)
         for k, (s, v) in enumerate(merged):
-            if v.ndim == nd and v.dtype == out.dtype:
+            if v.dtype == out.dtype and _fits_accumulator(v, product_bcast):
                 y_k = k
                 break
     if y_k is None and s_blas.value == 1.0 and not s_blas.syms:

@@ -226,10 +226,12 @@ def local_add_canonizer(fgraph, node):
             neg.remove(v)
     leaves = [v for _, v in t.terms]
     dtype, c = out.dtype, t.const
+    # the constant leads both sums: a subtracted sum `a - (c + s)` must have the layout
+    # that the inner `c + s` canonicalises to on its own, or the two rewrites undo each other
     if c > 0:
         pos.insert(0, (CONST, np.asarray(c, dtype=dtype)[()], dtype))
     elif c < 0:
-        neg.append((CONST, np.asarray(-c, dtype=dtype)[()], dtype))
+        neg.insert(0, (CONST, np.asarray(-c, dtype=dtype)[()], dtype))
     if not pos and not neg:
         zero = broadcast_to_type(make_constant(0, dtype), out.type, leaves)
         return [zero] if zero is not None and not matches(out, (CONST, 0.0, dtype)) else None

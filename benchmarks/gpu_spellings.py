@@ -1,0 +1,273 @@
+"""Issue 18: speed that holds however users write it — the same programs in the spellings a
+user would choose, beside JAX and PyTorch doing the same, in one run.
+
+    python3 benchmarks/gpu_spellings.py          # GPU machine, about a minute
+
+Logistic-regression step (400 x 784, prediction and cross-entropy to the host unless said):
+the bias as a 0-d array, a Python float or a NumPy scalar; the data in shared variables or
+passed on every call; results held across calls or dropped; ``T.nnet.sigmoid`` or the explicit
+``1 / (1 + exp(-z))``.  Minibatch MLP 784-512-10 (tanh, the tutorials' negative
+log-likelihood ``-mean(log(p)[arange(n), y])`` with int32 labels in a shared variable, data
+set of 50 minibatches of 128 in shared variables, ``givens`` slicing it by the index input,
+the cost to the host as the tutorials' ``train_model``): the same index every call, cycling
+over the 50 minibatches, and cycling with the learning rate as a second input.  Each figure
+is the median of 5 loops of N calls with one synchronisation at the end of each loop.  The
+summary prints each spelling's ratio to the best of its group.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
+
+import numpy as np  # noqa: E402
+
+from gpu_seeds import guarded, per_call, say  # noqa: E402
+
+N, FEATS = 400, 784
+HIDDEN, CLASSES, BS, BATCHES = 512, 10, 128, 50
+ROWS: dict[str, dict[str, float]] = {}
+
+
+def row(group: str, name: str, seconds: float) -> None:
+    ROWS.setdefault(group, {})[name] = seconds * 1e6
+    say(f"  {group:8s} {name:52s} {seconds * 1e6:9.1f} us")
+
+
+def logreg_data():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((N, FEATS)).astype("float32")
+    Y = rng.integers(0, 2, N).astype("float32")
+    w0 = (rng.standard_normal(FEATS) * 0.01).astype("float32")
+    return X, Y, w0
+
+
+def mlp_data():
+    rng = np.random.default_rng(1)
+    X = rng.standard_normal((BS * BATCHES, FEATS)).astype("float32")
+    Y = rng.integers(0, CLASSES, BS * BATCHES).astype("int32")
+    W1 = (rng.standard_normal((FEATS, HIDDEN)) * np.sqrt(1 / FEATS)).astype("float32")
+    W2 = (rng.standard_normal((HIDDEN, CLASSES)) * np.sqrt(1 / HIDDEN)).astype("float32")
+    return X, Y, W1, W2
+
+
+# ============================================================================ symgpu
+
+def symgpu_logreg(bias, data_shared=True, sigmoid=False):
+    import symgpu
+    import symgpu.tensor as T
+    X, Y, w0 = logreg_data()
+    if data_shared:
+        x, y = symgpu.shared(X, name="x"), symgpu.shared(Y, name="y")
+        inputs, args = [], ()
+    else:
+        x, y = T.fmatrix("x"), T.fvector("y")
+        inputs, args = [x, y], (X, Y)
+    w = symgpu.shared(w0.copy(), name="w")
+    b = symgpu.shared(bias, name="b")
+    z = T.dot(x, w) + b
+    p_1 = T.nnet.sigmoid(z) if sigmoid else 1 / (1 + T.exp(-z))
+    xent = -y * T.log(p_1) - (1 - y) * T.log(1 - p_1)
+    cost = T.cast(xent.mean(), "float32") + 0.01 * (w ** 2).sum()
+    gw, gb = T.grad(cost, [w, b])
+    f = symgpu.function(inputs, [p_1 > 0.5, xent],
+                        updates=[(w, w - 0.01 * gw), (b, b - 0.01 * gb)])
+    return f, args
+
+
+def bench_symgpu_logreg(sync) -> None:
+    import symgpu
+    spellings = [
+        ("bias numpy.asarray(0., dtype=floatX)", dict(bias=np.asarray(0., dtype="float32"))),
+        ("bias shared(0.)", dict(bias=0.)),
+        ("bias shared(numpy.float32(0))", dict(bias=np.float32(0))),
+        ("T.nnet.sigmoid", dict(bias=0., sigmoid=True)),
+        ("data passed per call", dict(bias=0., data_shared=False)),
+    ]
+    for name, kw in spellings:
+        f, args = symgpu_logreg(**kw)
+        row("logreg", f"symgpu {name}", per_call(lambda: f(*args), 300, sync))
+        if name.startswith("bias shared(0.)"):
+            held = []
+
+            def keep():
+                held[:] = f(*args)
+            row("logreg", "symgpu bias shared(0.), results held", per_call(keep, 300, sync))
+            say("    " + str(symgpu.explain(f, file=None)).replace("\n", "\n    "))
+
+
+def symgpu_minibatch(lr_input=False):
+    import symgpu
+    import symgpu.tensor as T
+    X, Y, W1, W2 = mlp_data()
+    sx, sy = symgpu.shared(X, name="X"), symgpu.shared(Y, name="Y")
+    w1, w2 = symgpu.shared(W1, name="W1"), symgpu.shared(W2, name="W2")
+    b1 = symgpu.shared(np.zeros(HIDDEN, "float32"), name="b1")
+    b2 = symgpu.shared(np.zeros(CLASSES, "float32"), name="b2")
+    i = T.lscalar("i")
+    x, y = T.fmatrix("x"), T.ivector("y")
+    h = T.tanh(T.dot(x, w1) + b1)
+    p = T.nnet.softmax(T.dot(h, w2) + b2)
+    cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
+    params = [w1, b1, w2, b2]
+    grads = T.grad(cost, params)
+    lr = T.fscalar("lr") if lr_input else np.float32(0.01)
+    f = symgpu.function([i, lr] if lr_input else [i], cost,
+                        updates=[(q, q - lr * g) for q, g in zip(params, grads)],
+                        givens={x: sx[i * BS:(i + 1) * BS], y: sy[i * BS:(i + 1) * BS]})
+    return f
+
+
+def bench_symgpu_minibatch(sync) -> None:
+    import symgpu
+    f = symgpu_minibatch()
+    row("minibatch", "symgpu fixed index", per_call(lambda: f(0), 300, sync))
+    k = [0]
+
+    def cycling():
+        k[0] = (k[0] + 1) % BATCHES
+        f(k[0])
+    row("minibatch", "symgpu cycling index", per_call(cycling, 300, sync))
+    say("    " + str(symgpu.explain(f, file=None)).replace("\n", "\n    "))
+    g = symgpu_minibatch(lr_input=True)
+
+    def cycling_lr():
+        k[0] = (k[0] + 1) % BATCHES
+        g(k[0], 0.01)
+    row("minibatch", "symgpu cycling index, learning rate input", per_call(cycling_lr, 300, sync))
+
+
+def bench_symgpu() -> None:
+    import symgpu.gpu
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    say(f"symgpu on {ctx.devname}")
+    bench_symgpu_logreg(ctx.synchronize)
+    bench_symgpu_minibatch(ctx.synchronize)
+
+
+# ============================================================================ JAX
+
+def bench_jax() -> None:
+    import jax
+    import jax.numpy as jnp
+    say(f"JAX {jax.__version__}")
+    X, Y, w0 = logreg_data()
+    jX, jY = jax.device_put(X), jax.device_put(Y)
+
+    @jax.jit
+    def step(w, b, Xd, Yd):
+        def cost(w, b):
+            p = jax.nn.sigmoid(Xd @ w + b)
+            xent = -Yd * jnp.log(p) - (1 - Yd) * jnp.log(1 - p)
+            return xent.mean() + 0.01 * (w ** 2).sum(), (p, xent)
+        (c, (p, xent)), (gw, gb) = jax.value_and_grad(cost, (0, 1), has_aux=True)(w, b)
+        return p > 0.5, xent, w - 0.01 * gw, b - 0.01 * gb
+    state = [jax.device_put(w0), jnp.float32(0)]
+
+    def run():
+        pred, xent, state[0], state[1] = step(state[0], state[1], jX, jY)
+        np.asarray(pred), np.asarray(xent)
+    row("logreg", "JAX jit (results to host)", per_call(run, 300))
+
+    Xm, Ym, W1, W2 = mlp_data()
+    jXm, jYm = jax.device_put(Xm), jax.device_put(Ym)
+    params = [jax.device_put(W1), jnp.zeros(HIDDEN), jax.device_put(W2), jnp.zeros(CLASSES)]
+
+    @jax.jit
+    def mb_step(ps, i, lr):
+        xb = jax.lax.dynamic_slice(jXm, (i * BS, 0), (BS, FEATS))
+        yb = jax.lax.dynamic_slice(jYm, (i * BS,), (BS,))
+
+        def cost(ps):
+            h = jnp.tanh(xb @ ps[0] + ps[1])
+            logp = jax.nn.log_softmax(h @ ps[2] + ps[3], axis=1)
+            return -jnp.mean(logp[jnp.arange(BS), yb])
+        c, gs = jax.value_and_grad(cost)(ps)
+        return c, [q - lr * g for q, g in zip(ps, gs)]
+    box = [params]
+
+    def fixed():
+        c, box[0] = mb_step(box[0], 0, 0.01)
+        float(c)
+    row("minibatch", "JAX jit fixed index (dynamic_slice)", per_call(fixed, 300))
+    k = [0]
+
+    def cycling():
+        k[0] = (k[0] + 1) % BATCHES
+        c, box[0] = mb_step(box[0], k[0], 0.01)
+        float(c)
+    row("minibatch", "JAX jit cycling index (dynamic_slice)", per_call(cycling, 300))
+
+
+# ============================================================================ PyTorch
+
+def bench_torch() -> None:
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda")
+    say(f"PyTorch {torch.__version__}")
+    X, Y, w0 = logreg_data()
+    tX, tY = torch.from_numpy(X).to(dev), torch.from_numpy(Y).to(dev)
+    tw = torch.from_numpy(w0.copy()).to(dev).requires_grad_(True)
+    tb = torch.zeros((), device=dev, requires_grad=True)
+
+    def step():
+        p = torch.sigmoid(tX @ tw + tb)
+        xent = -tY * torch.log(p) - (1 - tY) * torch.log(1 - p)
+        cost = xent.mean() + 0.01 * (tw ** 2).sum()
+        gw, gb = torch.autograd.grad(cost, [tw, tb])
+        with torch.no_grad():
+            tw.sub_(0.01 * gw)
+            tb.sub_(0.01 * gb)
+        (p > 0.5).cpu(), xent.detach().cpu()
+    row("logreg", "PyTorch eager (results to host)", per_call(step, 300))
+
+    Xm, Ym, W1, W2 = mlp_data()
+    tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).long().to(dev)
+    ps = [torch.from_numpy(W1).to(dev), torch.zeros(HIDDEN, device=dev),
+          torch.from_numpy(W2).to(dev), torch.zeros(CLASSES, device=dev)]
+    for q in ps:
+        q.requires_grad_(True)
+    k = [0]
+
+    def mb():
+        k[0] = (k[0] + 1) % BATCHES
+        xb, yb = tXm[k[0] * BS:(k[0] + 1) * BS], tYm[k[0] * BS:(k[0] + 1) * BS]
+        h = torch.tanh(xb @ ps[0] + ps[1])
+        logp = torch.log_softmax(h @ ps[2] + ps[3], dim=1)
+        cost = -logp[torch.arange(BS, device=dev), yb].mean()
+        gs = torch.autograd.grad(cost, ps)
+        with torch.no_grad():
+            for q, g in zip(ps, gs):
+                q.sub_(0.01 * g)
+        cost.item()
+    row("minibatch", "PyTorch eager cycling index", per_call(mb, 300))
+
+
+def report() -> None:
+    say("\nratios to the best symgpu spelling of each group (goal: logreg <= 1.25, "
+        "cycling index <= 1.1 of fixed and <= JAX)")
+    for group, rows in ROWS.items():
+        mine = {k: v for k, v in rows.items() if k.startswith("symgpu")}
+        if not mine:
+            continue
+        best = min(mine.values())
+        for name, us in rows.items():
+            say(f"  {group:9s} {name:52s} {us:9.1f} us  {us / best:5.2f}x")
+
+
+def main() -> None:
+    guarded("symgpu", bench_symgpu)
+    guarded("JAX", bench_jax)
+    guarded("PyTorch", bench_torch)
+    report()
+
+
+if __name__ == "__main__":
+    main()

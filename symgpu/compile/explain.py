@@ -1,0 +1,167 @@
+"""`symgpu.explain(f)`: what will cost a user time on every call of a compiled function.
+
+Why a report of its own: the profiler says where time went after the fact; this says, from the
+compiled graph alone and before any call, which per-call costs the graph carries — host<->device
+transfers and the stream synchronisations they force, ops left on the CPU in a GPU function,
+float64 work, and whether calls can replay a CUDA graph or run node by node, and why.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+__all__ = ["explain", "Explanation"]
+
+_UPLOAD, _DOWNLOAD = "GpuFromHost", "HostFromGpu"
+
+
+@dataclass
+class Explanation:
+    """The findings of :func:`explain`; ``str()`` gives the report."""
+
+    name: str
+    contexts: list = field(default_factory=list)
+    uploads: list[str] = field(default_factory=list)
+    downloads: list[str] = field(default_factory=list)
+    syncs: list[str] = field(default_factory=list)
+    cpu_ops: list[str] = field(default_factory=list)
+    float64: list[str] = field(default_factory=list)
+    graphs: list[str] = field(default_factory=list)
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.contexts)
+
+    @property
+    def syncs_per_call(self) -> int:
+        """Stream synchronisations a call makes at least (downloads of one batch share one)."""
+        return len(self.syncs)
+
+    def __str__(self) -> str:
+        names = ["the default GPU context" if c is None else f"GPU context {c!r}"
+                 for c in self.contexts]
+        where = ", ".join(names) if self.on_gpu else "the CPU (no GPU value in the graph)"
+        lines = [f"symgpu.explain: {self.name} runs on {where}"]
+
+        def section(title: str, items: list[str], empty: str) -> None:
+            lines.append(f"{title}: {len(items) if items else empty}")
+            lines.extend(f"  - {item}" for item in items)
+
+        if self.on_gpu:
+            section("host->device transfers per call", self.uploads, "none")
+            section("device->host transfers per call", self.downloads, "none")
+            section("stream synchronisations per call", self.syncs,
+                    "none (the call returns without waiting for the GPU)")
+            section("ops left on the CPU", self.cpu_ops, "none")
+        section("float64 nodes", self.float64, "none")
+        if self.on_gpu:
+            lines.append("CUDA graphs:")
+            lines.extend(f"  - {g}" for g in self.graphs)
+        return "\n".join(lines)
+
+
+def _describe(var: Any) -> str:
+    name = getattr(var, "name", None)
+    if name:
+        return repr(name)
+    owner = getattr(var, "owner", None)
+    return f"the output of {owner.op}" if owner is not None else str(var)
+
+
+def _is_gpu(var: Any) -> bool:
+    return type(var.type).__name__ == "GpuArrayType"
+
+
+def _is_gpu_node(node: Any) -> bool:
+    return type(node.op).__module__.startswith("symgpu.gpu") or \
+        any(_is_gpu(v) for v in list(node.inputs) + list(node.outputs))
+
+
+def _shape_work(node: Any) -> bool:
+    """Host arithmetic on shapes and integer scalars: cheap, and expected on the host."""
+    if getattr(node.op, "reads_only_shape", False):
+        return True
+    return all(v.ndim == 0 and v.dtype.startswith(("int", "uint")) for v in node.outputs)
+
+
+def explain(f: Any, file: TextIO | None = sys.stdout) -> Explanation:
+    """Report the per-call costs of the compiled function `f` (printed to `file`, None for
+    no printing) and return them as an :class:`Explanation`."""
+    fgraph = f.maker.fgraph
+    nodes = fgraph.toposort()
+    report = Explanation(name=f"function {f.name!r}" if getattr(f, "name", None) else "the function")
+    report.contexts = sorted({v.type.context_name for n in nodes for v in n.outputs + n.inputs
+                              if _is_gpu(v)}, key=str)
+    inputs = set(fgraph.inputs)
+    n_final = 0
+    for node in nodes:
+        kind = type(node.op).__name__
+        if kind == _UPLOAD:
+            src = node.inputs[0]
+            origin = "an input" if src in inputs else "a CPU op's result"
+            report.uploads.append(f"{_describe(src)} ({origin}, {src.type})")
+        elif kind == _DOWNLOAD:
+            src = node.inputs[0]
+            report.downloads.append(f"{_describe(src)} ({src.type})")
+            readers = [c for c, _ in fgraph.clients.get(node.outputs[0], ()) if c != "output"]
+            if readers:   # a round trip in the middle of the call: the host waits for it
+                report.syncs.append(f"{_describe(src)} is copied to the host for "
+                                    f"{', '.join(sorted({str(c.op) for c in readers}))}")
+            else:
+                n_final += 1
+        elif report.on_gpu and not _is_gpu_node(node) and not _shape_work(node):
+            report.cpu_ops.append(f"{node.op} (no GPU implementation for these inputs: "
+                                  f"{', '.join(str(v.type) for v in node.inputs)})")
+        why = getattr(node.op, "host_sync", None)
+        if why:
+            report.syncs.append(f"{node.op} {why}")
+        if any(getattr(v, "dtype", None) == "float64" for v in node.outputs) and \
+                (report.on_gpu or kind == "Elemwise"):
+            report.float64.append(f"{node.op} -> float64"
+                                  + (" (float64 is many times slower on most GPUs)"
+                                     if _is_gpu_node(node) else ""))
+    if n_final:
+        report.syncs.insert(0, f"the {n_final} result(s) copied to the host at the end "
+                               "(batched into one wait)")
+    if report.on_gpu:
+        report.graphs = _graph_status(f, nodes)
+    if file is not None:
+        print(report, file=file)
+    return report
+
+
+def _graph_status(f: Any, nodes: list) -> list[str]:
+    """Whether calls replay CUDA graphs, what splits them, what re-captures them."""
+    from symgpu.config import config
+    if not config.gpuarray.cuda_graphs:
+        return ["off (flag gpuarray.cuda_graphs=False): every node launches from Python"]
+    vm = getattr(f, "vm", None)
+    if vm is None:
+        return ["unknown (the function has no VM)"]
+    if getattr(vm, "profiler", None) is not None:
+        return ["not used: profiled functions run node by node"]
+    runner = getattr(vm, "runner", None)
+    if runner is None:
+        return ["not used: no run of capturable GPU nodes (transfers and CPU ops only, "
+                "or GPU values on more than one context)"]
+    if not getattr(runner, "enabled", True):
+        return [f"turned off for this function: {runner.disabled_reason}"]
+    from symgpu.gpu.graph_plan import node_capturable
+    out = []
+    segments = [s for s in runner.segments]
+    out.append(f"{len(segments)} captured segment(s); the first call with new input pointers, "
+               "shapes or host values runs plainly, a repeat captures, later repeats replay")
+    breaking = [n for n, t in zip(vm.nodes, vm.thunks) if not node_capturable(n, t)
+                and type(n.op).__name__ not in (_DOWNLOAD,) and _is_gpu_node(n)]
+    for n in breaking:
+        why = getattr(n.op, "host_sync", None) or "not capturable"
+        out.append(f"runs plainly between segments: {n.op} ({why})")
+    keyed = [v for v in f.maker.fgraph.inputs
+             if not _is_gpu(v) and getattr(v, "ndim", None) == 0
+             and any(_is_gpu_node(c) for c, _ in f.maker.fgraph.clients.get(v, ())
+                     if c != "output")]
+    for v in keyed:
+        out.append(f"host scalar {_describe(v)} is part of the graph key: each new value runs "
+                   "plainly once, then captures a graph of its own")
+    return out

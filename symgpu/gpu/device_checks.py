@@ -1,0 +1,231 @@
+"""Device-side checks that cost no synchronisation: bad indices and labels reported at the next
+point where the host waits for the GPU anyway.
+
+Why: a kernel that checks its indices used to read its error flag back right after its launch,
+one stream sync per call, which also kept the op out of CUDA graphs and stopped the host from
+running ahead of the GPU. Now each checking node owns a *slot*: two words of page-locked host
+memory mapped into the device's address space (zero-copy). Its kernel stores a bad value there
+with plain stores (no atomics on host memory: any one of several bad values may be the one
+kept). The host looks at the slots of a context right after every synchronisation of its stream
+(a copy to the host, ``get_value``, ``synchronize()``) and raises the error of the first slot
+set, naming the op and the user's line that created it. A call whose results come back to the
+host therefore fails in that same call, before its updates are applied; a call whose results
+all stay on the device reports the error at the next synchronisation, as CUDA errors do in
+PyTorch. ``config.gpuarray.sync_checks`` (or the ``sync_checks`` argument) restores a check
+right after each launch, for debugging.
+
+A report also sets the first word of its slot's page. The graph runner copies an update back
+into its shared variable's buffer inside a call (so pointers, and graph keys, repeat); in a
+function with checking ops that copy is ``guarded_copy``, a kernel that does nothing once a
+page word is set, so a call that is about to fail leaves its shared variables untouched. Until
+the error is raised (at the next synchronisation), later calls' copies are skipped too.
+
+Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
+device address of the slot its kernel writes.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["DeviceChecks", "REPORT_SOURCE", "checks_of", "raise_device_errors",
+           "is_device_check_error"]
+
+#: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
+#: so does the first word of the slot's page (its chunk's "something was reported" word, which
+#: guarded copies read: see guarded_copy)
+REPORT_SOURCE = r"""
+__device__ __forceinline__ void report(volatile unsigned long long *slot, long long raw)
+{
+    if (slot[0] == 0ULL) {
+        slot[1] = (unsigned long long)raw;
+        __threadfence_system();
+        slot[0] = 1ULL;
+        *(volatile unsigned long long *)((unsigned long long)slot & ~4095ULL) = 1ULL;
+    }
+}
+"""
+
+_CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page's report word
+_MAX_GUARDED_CHUNKS = 4
+
+#: copies that do not happen once a check has reported: an update copied back into its shared
+#: variable's buffer inside a call must not land when that call is about to fail
+GUARDED_COPY_SOURCE = r"""
+extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long n16,
+    unsigned char *dst_b, const unsigned char *src_b, long long tail,
+    const volatile unsigned long long *w0, const volatile unsigned long long *w1,
+    const volatile unsigned long long *w2, const volatile unsigned long long *w3)
+{
+    __shared__ int reported;
+    if (threadIdx.x == 0)
+        reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+    __syncthreads();
+    if (reported) return;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long i = first; i < n16; i += step) dst[i] = src[i];
+    for (long long i = first; i < tail; i += step) dst_b[i] = src_b[i];
+}
+"""
+
+def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
+    """(n x 2 uint64 page-locked host array, its device address) through PyCUDA."""
+    import pycuda.driver as drv
+    arr = drv.pagelocked_zeros((n, 2), np.uint64, mem_flags=drv.host_alloc_flags.DEVICEMAP)
+    return arr, int(arr.base.get_device_pointer())
+
+
+class DeviceChecks:
+    """The slots of one context. `allocate(n)` gives (host array, device address) of n zeroed
+    slots; tests pass a plain NumPy allocator."""
+
+    def __init__(self, allocate: Callable[[int], tuple[np.ndarray, int]] = _mapped_zeros):
+        self._allocate = allocate
+        self._chunks: list[tuple[np.ndarray, int]] = []
+        self._describe: list[Callable[[int], Exception]] = []
+        self._lock = threading.Lock()
+
+    def new_slot(self, describe: Callable[[int], Exception]) -> int:
+        """A fresh slot for one node: returns the device address its kernel writes to;
+        `describe(bad_value)` makes the exception raised when the slot is found set."""
+        with self._lock:
+            k = len(self._describe)
+            chunk, offset = divmod(k, _CHUNK - 1)
+            if chunk == len(self._chunks):
+                self._chunks.append(self._allocate(_CHUNK))
+            self._describe.append(describe)
+            return self._chunks[chunk][1] + (offset + 1) * 16
+
+    def report_words(self) -> list[int] | None:
+        """The device addresses of every chunk's report word (None past the number a guarded
+        copy reads)."""
+        if len(self._chunks) > _MAX_GUARDED_CHUNKS:
+            return None
+        return [base for _, base in self._chunks]
+
+    def raise_pending(self) -> None:
+        """Raise the error of the first set slot (and clear every slot): call only when the
+        stream has been synchronised, so every queued kernel has finished writing."""
+        for c, (host, _) in enumerate(self._chunks):
+            flags = host[1:, 0]
+            if not host[0, 0] and not flags.any():
+                continue
+            hits = np.flatnonzero(flags)
+            if not len(hits):
+                host[0] = 0
+                continue
+            i = int(hits[0])
+            bad = int(host[i + 1, 1:2].view(np.int64)[0])
+            for other, _ in self._chunks:
+                other[...] = 0
+            exc = self._describe[c * (_CHUNK - 1) + i](bad)
+            exc.device_check = True   # the call's own error, never a reason to change course
+            raise exc
+
+
+def is_device_check_error(exc: BaseException) -> bool:
+    """Whether `exc` is a kernel's reported check (a user error to propagate as is, not a
+    failure of the machinery that happened to synchronise, such as a graph's check)."""
+    return getattr(exc, "device_check", False)
+
+
+_lock = threading.Lock()
+
+
+def checks_of(ctx: Any) -> DeviceChecks:
+    """The DeviceChecks of a context (made on first use)."""
+    checks = getattr(ctx, "device_checks", None)
+    if checks is None:
+        with _lock:
+            checks = getattr(ctx, "device_checks", None)
+            if checks is None:
+                checks = ctx.device_checks = DeviceChecks()
+    return checks
+
+
+def raise_device_errors(ctx: Any) -> None:
+    """After a synchronisation of `ctx`'s stream: raise what its kernels reported."""
+    checks = getattr(ctx, "device_checks", None)
+    if checks is not None:
+        checks.raise_pending()
+
+
+def _user_line(node: Any) -> str:
+    trace = getattr(getattr(node, "tag", None), "trace", None) or []
+    if not trace:
+        return ""
+    frame = trace[-1]
+    return f' (the node was created at "{frame.filename}", line {frame.lineno}: {frame.line})'
+
+
+def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple,
+                   describe: Callable[[int], Exception]) -> None:
+    """Launch the prepared kernel `fn` with `args` and a report slot as its last argument.
+    Deferred (default): the slot is `node`'s mapped slot, read at the next synchronisation;
+    with ``config.gpuarray.sync_checks``: a fresh device buffer read back at once.
+    `describe(bad)` makes the exception for a reported value (the launch's shapes go in it)."""
+    from symgpu.config import config
+    if config.gpuarray.sync_checks:
+        from symgpu.gpu.advanced import new_error_buffer, read_error
+        err = new_error_buffer(ctx)
+        fn.prepared_async_call(grid, block, ctx.stream, *args, err.ptr)
+        bad = read_error(err)
+        if bad is not None:
+            raise describe(bad)
+        return
+    slots = node.tag.__dict__.setdefault("device_check_slots", {})
+    entry = slots.get(id(ctx))
+    if entry is None:
+        record: list = [describe]
+        where = _user_line(node)
+
+        def raise_for(bad: int, record: list = record) -> Exception:
+            exc = record[0](bad)
+            return type(exc)(f"{exc}{where}")
+        entry = slots[id(ctx)] = (checks_of(ctx).new_slot(raise_for), record)
+    entry[1][0] = describe   # this launch's shapes, for the message
+    fn.prepared_async_call(grid, block, ctx.stream, *args, entry[0])
+
+
+def checks_are_deferred() -> bool:
+    """Whether checking ops report at the next synchronisation (then they can be captured
+    into CUDA graphs: they take pool memory and queue work on the stream only)."""
+    from symgpu.config import config
+    return not config.gpuarray.sync_checks
+
+
+def sync_check_reason() -> str | None:
+    """Why a checking op makes the host wait (for symgpu.explain), or None when it does not."""
+    return None if checks_are_deferred() else \
+        "reads its check flag back after the launch (gpuarray.sync_checks=True)"
+
+
+_copy_kernels: dict[int, Any] = {}
+
+
+def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
+    """``dst[...] = src`` (same layout, contiguous) on ctx's stream, skipped on the device if
+    any check of the context has reported; False (nothing queued) when the context has more
+    report pages than the kernel reads."""
+    words = checks_of(ctx).report_words()
+    if words is None:
+        return False
+    fn = _copy_kernels.get(id(ctx))
+    if fn is None:
+        from symgpu.gpu.compiler import get_kernel
+        fn = get_kernel(("symgpu.guarded_copy",), lambda: GUARDED_COPY_SOURCE, "guarded_copy",
+                        context=ctx)
+        fn.prepare("PPqPPqPPPP")
+        _copy_kernels[id(ctx)] = fn
+    nbytes = dst.nbytes
+    n16, tail = divmod(nbytes, 16) if dst.ptr % 16 == 0 and src.ptr % 16 == 0 else (0, nbytes)
+    done = n16 * 16
+    words = words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
+    threads = max(n16, tail)
+    blocks = max(1, min(1024, -(-threads // 256)))
+    fn.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
+                           dst.ptr + done, src.ptr + done, nbytes - done, *words)
+    return True

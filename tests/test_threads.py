@@ -1,0 +1,232 @@
+"""Calls from several threads: exact results, no lost updates, safe set_value/get_value.
+
+The interpreter's thread switch interval is made tiny so that threads are interleaved inside
+calls (with the default 5 ms, a race needs many thousands of calls to show)."""
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from symgpu import function, shared
+from symgpu.compile.io import Out
+
+N_THREADS = 8
+
+
+@pytest.fixture(autouse=True)
+def fast_switching():
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+def run_threads(target, n=N_THREADS):
+    """Run target(k) in n threads started together; re-raise the first failure."""
+    errors = []
+    start = threading.Barrier(n)
+
+    def body(k):
+        try:
+            start.wait()
+            target(k)
+        except BaseException as exc:  # collected and re-raised in the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_concurrent_calls_give_exact_results(seed):
+    rng = np.random.default_rng(seed)
+    x, y = T.dvector("x"), T.dvector("y")
+    f = function([x, y], [T.exp(x) * 2 + y, (x * y).sum()])
+    inputs = [(rng.standard_normal(64), rng.standard_normal(64)) for _ in range(N_THREADS)]
+    expected = [[np.exp(a) * 2 + b, (a * b).sum()] for a, b in inputs]
+    for k in range(N_THREADS):  # the single-threaded results are the (exact) reference
+        got = f(*inputs[k])
+        np.testing.assert_allclose(got[0], expected[k][0], rtol=1e-12)
+        expected[k] = got
+    bad = []
+
+    def work(k):
+        a, b = inputs[k]
+        held = []
+        for i in range(1500):
+            r = f(a, b)
+            if not (np.array_equal(r[0], expected[k][0]) and r[1] == expected[k][1]):
+                bad.append((k, i))
+            if i % 100 == 0:
+                held.append(r)
+        # results handed out earlier were not overwritten by later calls
+        for r in held:
+            if not np.array_equal(r[0], expected[k][0]):
+                bad.append((k, "held"))
+
+    run_threads(work)
+    assert bad == []
+    assert f.n_frames > 1  # contended calls ran in spare frames
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_updates_are_never_lost(seed):
+    rng = np.random.default_rng(seed)
+    w = shared(np.float64(0.0), name="w")
+    v = shared(rng.standard_normal(5), name="v")
+    x = T.dvector("x")
+    f = function([], w, updates=[(w, w + 1)])
+    # an input, an output and two updated shared values
+    g = function([x], (v * x).sum(), updates=[(w, w + 1), (v, v + x)])
+    v0 = v.get_value()
+    n_f, n_g = 700, 300
+    ones = np.ones(5)
+
+    def work(k):
+        for _ in range(n_f):
+            f()
+        for _ in range(n_g):
+            g(ones)
+
+    run_threads(work)
+    assert w.get_value() == N_THREADS * (n_f + n_g)
+    np.testing.assert_allclose(v.get_value(), v0 + N_THREADS * n_g)
+
+
+def test_overlapping_updates_in_opposite_orders_do_not_deadlock():
+    a = shared(np.int64(0), name="a")
+    b = shared(np.int64(0), name="b")
+    f = function([], [], updates=[(a, a + 1), (b, b + 1)])
+    g = function([], [], updates=[(b, b + 2), (a, a + 2)])
+    n = 400
+
+    def work(k):
+        h = f if k % 2 else g
+        for _ in range(n):
+            h()
+
+    run_threads(work)
+    half = N_THREADS // 2
+    assert a.get_value() == b.get_value() == half * n * 3
+
+
+def test_each_call_sees_one_consistent_state():
+    # w's two entries are always equal: a call that read w while another call's update
+    # landed between two reads would return unequal entries
+    w = shared(np.zeros(2), name="w")
+    f = function([], [w[0] - w[1], w + 0], updates=[(w, w + 1)])
+    bad = []
+
+    def work(k):
+        for _ in range(500):
+            d, value = f()
+            if d != 0 or value[0] != value[1]:
+                bad.append(value)
+
+    run_threads(work)
+    assert bad == []
+    assert w.get_value()[0] == N_THREADS * 500
+
+
+def test_set_value_from_another_thread_is_never_lost():
+    # entry 0 counts calls, entry 1 is a marker only set_value changes; a call that read w
+    # before a set_value and wrote its update after it would bring an old marker back
+    w = shared(np.zeros(2), name="w")
+    f = function([], w, updates=[(w, w + np.array([1.0, 0.0]))])
+    n_sets = 300
+    bad = []
+
+    def work(k):
+        if k == 0:
+            for marker in range(1, n_sets + 1):
+                w.set_value(np.array([0.0, marker]))
+                seen = w.get_value()[1]
+                if seen < marker:
+                    bad.append((marker, seen))
+        else:
+            for _ in range(800):
+                f()
+
+    run_threads(work)
+    assert bad == []
+    assert w.get_value()[1] == n_sets
+
+
+def test_failed_calls_in_threads_change_nothing():
+    w = shared(np.ones(3), name="w")
+    x = T.dvector("x")
+    f = function([x], T.dot(x, w), updates=[(w, w + 1)])
+    good, wrong = np.ones(3), np.ones(4)
+    n = 300
+
+    def work(k):
+        for i in range(n):
+            if k % 2:
+                with pytest.raises(ValueError):
+                    f(wrong)
+            else:
+                f(good)
+
+    run_threads(work)
+    np.testing.assert_array_equal(w.get_value(), np.ones(3) + N_THREADS // 2 * n)
+
+
+def test_borrowed_outputs_and_reentrant_calls():
+    x = T.dvector("x")
+    f = function([x], Out(x * 2, borrow=True))
+    a = np.arange(4.0)
+
+    def work(k):
+        for _ in range(500):
+            np.testing.assert_array_equal(f(a + k), (a + k) * 2)
+
+    run_threads(work)
+    assert f.n_frames <= 1 + N_THREADS  # one frame per call in flight at most
+
+
+def test_spare_frames_beyond_the_pool_are_dropped(monkeypatch):
+    from symgpu.compile import frames
+    monkeypatch.setattr(frames, "SPARE_FRAMES", 2)
+    x = T.dvector("x")
+    f = function([x], x * 3)
+    f._frame.lock.pop()  # the primary frame is busy (as while another thread is inside)
+    try:
+        np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])  # runs in a spare frame
+        assert f.n_frames == 2
+        taken = [f._take_spare() for _ in range(4)]  # four calls in flight at once
+        assert len({id(t) for t in taken}) == 4
+        for t in taken:
+            np.testing.assert_array_equal(t.caller(f._filters, None)(np.ones(2)), [3.0, 3.0])
+            f._give_back(t)
+    finally:
+        f._frame.lock.append(None)
+    assert f.n_frames == 1 + 2  # two kept, the others dropped
+    np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])
+
+
+def test_keyword_and_trusted_calls_from_threads():
+    x, y = T.dvector("x"), T.dvector("y")
+    f = function([x, y], T.tanh(x) - y)
+    g = function([x, y], T.tanh(x) - y)
+    g.trust_input = True
+    data = [(np.full(16, k / 8.0), np.full(16, k / 4.0)) for k in range(N_THREADS)]
+    expected = [f(a, b) for a, b in data]
+    bad = []
+
+    def work(k):
+        a, b = data[k]
+        for _ in range(400):
+            r1 = f(y=b, x=a)
+            r2 = g(a, b)
+            if not (np.array_equal(r1, expected[k]) and np.array_equal(r2, expected[k])):
+                bad.append(k)
+
+    run_threads(work)
+    assert bad == []
