@@ -189,6 +189,18 @@ def more_examples(lib: Lib) -> dict:
     foo = T.scalar(dtype=state.dtype)
     skip_shared = function([inc, foo], fn_of_state, givens=[(state, foo)])
     out["givens"] = [skip_shared(1, 3), state.get_value()]
+    # copying functions: the same accumulator on a new state, and one without updates
+    state = shared(0)
+    inc = T.iscalar("inc")
+    accumulator = function([inc], state, updates=[(state, state + inc)])
+    accumulator(10)
+    new_state = shared(0)
+    new_accumulator = accumulator.copy(swap={state: new_state})
+    new_accumulator(100)
+    copies = [state.get_value(), new_state.get_value()]
+    null_accumulator = accumulator.copy(delete_updates=True)
+    null_accumulator(9000)
+    out["copy"] = [int(v) for v in copies + [state.get_value()]]
     return out
 
 
@@ -205,6 +217,7 @@ def test_more_examples():
     assert [float(v) for v in out["named"]] == [68.0, 70.0, 33.0, 34.0, 33.0]
     assert out["accumulator"] == [0, 0, 1, 1, 301, -1, 2, 2, 0]
     assert int(out["givens"][0]) == 7 and int(out["givens"][1]) == 0
+    assert out["copy"] == [10, 100, 10]
 
 
 def derivatives(lib: Lib) -> dict:
