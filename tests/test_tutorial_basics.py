@@ -220,6 +220,48 @@ def test_more_examples():
     assert out["copy"] == [10, 100, 10]
 
 
+def logistic_regression(lib: Lib, steps: int = 20) -> dict:
+    """The "A Real Example: Logistic Regression" program of *More examples*, smaller."""
+    T, function, shared = lib.T, lib.function, lib.shared
+    rng = np.random.RandomState(0)
+    N, feats = 40, 7
+    D = (rng.randn(N, feats), rng.randint(size=N, low=0, high=2))
+    x = T.dmatrix("x")
+    y = T.dvector("y")
+    w = shared(rng.randn(feats), name="w")
+    b = shared(0., name="b")
+    p_1 = 1 / (1 + T.exp(-T.dot(x, w) - b))
+    prediction = p_1 > 0.5
+    xent = -y * T.log(p_1) - (1 - y) * T.log(1 - p_1)
+    cost = xent.mean() + 0.01 * (w ** 2).sum()
+    gw, gb = T.grad(cost, [w, b])
+    train = function(inputs=[x, y], outputs=[prediction, xent],
+                     updates=((w, w - 0.1 * gw), (b, b - 0.1 * gb)))
+    predict = function(inputs=[x], outputs=prediction)
+    for _ in range(steps):
+        pred, err = train(D[0], D[1])
+    return {"w": w.get_value(), "b": b.get_value(), "err": err, "predict": predict(D[0]),
+            "D": D}
+
+
+def test_logistic_regression_matches_numpy():
+    out = logistic_regression(Lib("symgpu"))
+    X, Y = out["D"]
+    rng = np.random.RandomState(0)
+    rng.randn(*X.shape), rng.randint(size=len(Y), low=0, high=2)  # the same stream as above
+    w, b = rng.randn(X.shape[1]), 0.0
+    for _ in range(20):
+        p = 1 / (1 + np.exp(-X.dot(w) - b))
+        err = -Y * np.log(p) - (1 - Y) * np.log(1 - p)
+        gw = X.T.dot(p - Y) / len(Y) + 0.02 * w
+        gb = (p - Y).mean()
+        w, b = w - 0.1 * gw, b - 0.1 * gb
+    np.testing.assert_allclose(out["w"], w, rtol=1e-10)
+    np.testing.assert_allclose(out["b"], b, rtol=1e-10)
+    np.testing.assert_allclose(out["err"], err, rtol=1e-10)
+    np.testing.assert_array_equal(out["predict"], 1 / (1 + np.exp(-X.dot(w) - b)) > 0.5)
+
+
 def derivatives(lib: Lib) -> dict:
     T, function, gradient = lib.T, lib.function, lib.gradient
     out = {}
@@ -333,7 +375,8 @@ def test_reference_names_the_tutorials_use():
 
 # ============================================================================ PyTensor
 
-@pytest.mark.parametrize("program", [baby_steps, more_examples, derivatives, conditions])
+@pytest.mark.parametrize("program", [baby_steps, more_examples, logistic_regression,
+                                     derivatives, conditions])
 def test_same_results_as_pytensor(program):
     theirs = program(Lib("pytensor"))
     ours = program(Lib("symgpu"))
