@@ -526,3 +526,78 @@ def test_the_new_ops_pickle():
     assert [o.owner.op for o in outs2] == [o.owner.op for o in outs]
     for a, b in zip(function(ins2, outs2)(X, 3), function([x, n], outs)(X, 3)):
         np.testing.assert_array_equal(a, b)
+
+
+# ============================================================================ bincount, search, misc
+
+def test_bincount():
+    x, w = T.lvector("x"), T.dvector("w")
+    X, W = np.array([0, 3, 3, 1, 7]), RNG.rand(5)
+    got = run([x, w], [T.bincount(x), T.bincount(x, minlength=10), T.bincount(x, W)], X, W)
+    np.testing.assert_array_equal(got[0], np.bincount(X))
+    np.testing.assert_array_equal(got[1], np.bincount(X, minlength=10))
+    np.testing.assert_allclose(got[2], np.bincount(X, W))
+    assert got[0].dtype == np.int64
+    empty = run([x], T.bincount(x, minlength=3), np.zeros(0, "int64"))
+    np.testing.assert_array_equal(empty, [0, 0, 0])
+    check_infer_shape([x], T.bincount(x, minlength=2), X)
+    check_infer_shape([x], T.bincount(x, minlength=2), np.zeros(0, "int64"))
+    verify_grad(lambda w: T.bincount(X, w), [W])
+    with pytest.raises(ValueError, match="negative value -1"):
+        run([x], T.bincount(x), np.array([1, -1]))
+    with pytest.raises(TypeError, match="integers"):
+        T.bincount(w)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted(side):
+    a, v = T.dvector("a"), T.dmatrix("v")
+    A = np.array([1.0, 2.0, 2.0, 5.0])
+    V = np.array([[0.0, 2.0], [3.0, 9.0]])
+    got = run([a, v], T.searchsorted(a, v, side), A, V)
+    np.testing.assert_array_equal(got, np.searchsorted(A, V, side))
+    assert got.dtype == np.int64
+    check_infer_shape([a, v], T.searchsorted(a, v, side), A, V)
+    with pytest.raises(ValueError, match="side"):
+        T.searchsorted(a, v, "middle")
+
+
+def test_isclose_allclose_largest_smallest():
+    x, y = T.dvectors("x", "y")
+    X = np.array([1.0, np.inf, -np.inf, np.nan, 1e-9, np.inf, 100.0])
+    Y = np.array([1 + 1e-7, np.inf, np.inf, np.nan, 0.0, 1.0, 100.001])
+    with np.errstate(all="ignore"):
+        got = run([x, y], [T.isclose(x, y), T.isclose(x, y, equal_nan=True),
+                           T.isclose(x, y, rtol=1e-3), T.allclose(x[:2], y[:2]),
+                           T.allclose(x, y), T.largest(x, y, 0.5), T.smallest(x, y, 0.5)], X, Y)
+    np.testing.assert_array_equal(got[0], np.isclose(X, Y))
+    np.testing.assert_array_equal(got[1], np.isclose(X, Y, equal_nan=True))
+    np.testing.assert_array_equal(got[2], np.isclose(X, Y, rtol=1e-3))
+    assert bool(got[3]) and not bool(got[4])
+    np.testing.assert_array_equal(got[5], np.maximum(np.maximum(X, Y), 0.5))
+    np.testing.assert_array_equal(got[6], np.minimum(np.minimum(X, Y), 0.5))
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((4, 3), (4, 3)), ((4, 2, 3), (4, 3, 5)),
+                                             ((4, 3), (4, 3, 5)), ((4, 2, 3), (4, 3))])
+def test_batched_dot(a_shape, b_shape):
+    A, B = RNG.randn(*a_shape), RNG.randn(*b_shape)
+    a = T.TensorType("float64", (False,) * len(a_shape))("a")
+    b = T.TensorType("float64", (False,) * len(b_shape))("b")
+    np.testing.assert_allclose(run([a, b], T.batched_dot(a, b), A, B),
+                               np.array([np.dot(A[i], B[i]) for i in range(4)]))
+    verify_grad(T.batched_dot, [A, B])
+
+
+def test_fill_diagonal_and_to_one_hot():
+    m, y = T.dmatrix("m"), T.lvector("y")
+    M = RNG.randn(3, 4)
+    expected = M.copy()
+    np.fill_diagonal(expected, 5.0)
+    np.testing.assert_array_equal(run([m], T.fill_diagonal(m, 5), M), expected)
+    verify_grad(lambda m: T.fill_diagonal(m, 0.0), [M])
+    oh = run([y], T.to_one_hot(y, 4), np.array([0, 3, 1]))
+    np.testing.assert_array_equal(oh, np.eye(4)[[0, 3, 1]])
+    assert oh.dtype == config.floatX
+    with pytest.raises(TypeError, match="integer vector"):
+        T.to_one_hot(T.dvector(), 3)

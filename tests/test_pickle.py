@@ -171,7 +171,8 @@ def _cases():
         cost = (T.sort(x, 0) * T.cumprod(x, 1)).sum() + T.repeat(x, 2, 0).sum() \
             + (T.diagonal(x) ** 2).sum() + T.diag(T.diag(x)).sum()
         return [x, n], [T.grad(cost, x), T.argsort(x), T.eye(n, 4, 1), T.nonzero(x > 0, True),
-                        T.cumsum(x)], [v, np.int64(3)]
+                        T.cumsum(x), T.bincount(T.argmax(x, axis=1)),
+                        T.searchsorted(T.sort(x[0]), x)], [v, np.int64(3)]
 
     return cases
 

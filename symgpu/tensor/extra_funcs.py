@@ -1,6 +1,7 @@
 """Theano's everyday functions that are built from other ops (so they fuse, run on the GPU
 and differentiate through those): rounding modes, tile, roll, max_and_argmax, norm, trace,
-swapaxes, broadcast patterns and padding, triangles, stacks, diff, ptp, take; and the
+swapaxes, broadcast patterns and padding, triangles, stacks, diff, ptp, take, isclose,
+largest/smallest, batched_dot, fill_diagonal, to_one_hot; and the
 elementwise functions of the rows added with them (inverse trigonometry, degrees).
 """
 from __future__ import annotations
@@ -15,8 +16,9 @@ from symgpu.graph.basic import Variable
 from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, concatenate,
                                  flatten, reshape, stack)
 from symgpu.tensor.extra_ops import diagonal
-from symgpu.tensor.math import (_make_elemwise, abs as _abs, argmax, cast, ge, max as _max,
-                                maximum, min as _min, neq, sqr, sqrt, sum as _sum, switch,
+from symgpu.tensor.math import (_make_elemwise, abs as _abs, all as _all, and_, argmax, cast,
+                                eq, ge, invert, isinf, isnan, le, matmul, max as _max, maximum,
+                                min as _min, minimum, neq, or_, sqr, sqrt, sum as _sum, switch,
                                 zeros_like)
 from symgpu.tensor.shape import Unbroadcast, dimshuffle, shape_i, specify_broadcastable_as
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
@@ -25,7 +27,9 @@ __all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero",
            "roll", "max_and_argmax", "norm", "trace", "swapaxes", "arcsin", "arccos", "arcsinh",
            "arccosh", "arctanh", "arctan2", "deg2rad", "rad2deg", "addbroadcast", "unbroadcast",
            "patternbroadcast", "shape_padleft", "shape_padright", "shape_padaxis", "tri", "tril",
-           "triu", "stacklists", "horizontal_stack", "vertical_stack", "diff", "ptp", "take"]
+           "triu", "stacklists", "horizontal_stack", "vertical_stack", "diff", "ptp", "take",
+           "isclose", "allclose", "largest", "smallest", "batched_dot", "fill_diagonal",
+           "to_one_hot"]
 
 round_half_to_even = _make_elemwise("round", "Elementwise rounding, halves to even (NumPy's).")
 round_half_away_from_zero = _make_elemwise(
@@ -319,3 +323,82 @@ def take(a: Any, indices: Any, axis: int | None = None) -> TensorVariable:
         return flatten(a, 1)[indices]
     (axis,) = _axes(a, (axis,), "take")
     return a[(slice(None),) * axis + (indices,)]
+
+
+# ============================================================================ comparisons, misc
+
+def isclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
+            equal_nan: bool = False) -> TensorVariable:
+    """Elementwise |a - b| <= atol + rtol * |b|, infinities equal only to themselves, as
+    np.isclose."""
+    a, b = as_tensor_variable(a), as_tensor_variable(b)
+    finite = and_(invert(isinf(a)), invert(isinf(b)))
+    close = le(_abs(a - b), atol + rtol * _abs(b))
+    # where either is infinite: equal only if both are the same infinity (|inf - inf| is nan)
+    result = switch(finite, close, eq(a, b))
+    if equal_nan:
+        result = or_(result, and_(isnan(a), isnan(b)))
+    return result
+
+
+def allclose(a: Any, b: Any, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> TensorVariable:
+    """True if every element of a and b is close (isclose), as np.allclose."""
+    return _all(isclose(a, b, rtol, atol, equal_nan))
+
+
+def largest(*args: Any) -> TensorVariable:
+    """The elementwise maximum of any number of tensors."""
+    if not args:
+        raise TypeError("largest() needs at least one argument")
+    out = as_tensor_variable(args[0])
+    for a in args[1:]:
+        out = maximum(out, a)
+    return out
+
+
+def smallest(*args: Any) -> TensorVariable:
+    """The elementwise minimum of any number of tensors."""
+    if not args:
+        raise TypeError("smallest() needs at least one argument")
+    out = as_tensor_variable(args[0])
+    for a in args[1:]:
+        out = minimum(out, a)
+    return out
+
+
+def batched_dot(a: Any, b: Any) -> TensorVariable:
+    """One dot product per leading index: out[i] = dot(a[i], b[i]) for stacks of vectors or
+    matrices (Theano's batched_dot)."""
+    a, b = as_tensor_variable(a), as_tensor_variable(b)
+    if a.ndim < 2 or b.ndim < 2 or a.ndim > 3 or b.ndim > 3:
+        raise ValueError(f"batched_dot: {a} ({a.type}) and {b} ({b.type}) must be stacks "
+                         "(2 or 3 dimensions) of vectors or matrices")
+    a3 = dimshuffle(a, [0, "x", 1]) if a.ndim == 2 else a
+    b3 = dimshuffle(b, [0, 1, "x"]) if b.ndim == 2 else b
+    out = matmul(a3, b3)
+    drop = [0] + ([1] if a.ndim == 3 else []) + ([2] if b.ndim == 3 else [])
+    return dimshuffle(out, drop)
+
+
+def fill_diagonal(a: Any, val: Any) -> TensorVariable:
+    """A copy of the matrix `a` with its main diagonal set to the scalar `val`, as
+    np.fill_diagonal (which works in place)."""
+    from symgpu.tensor.subtensor import set_subtensor
+    a = as_tensor_variable(a)
+    if a.ndim != 2:
+        raise ValueError(f"fill_diagonal: {a} ({a.type}) must be a matrix")
+    n = minimum(shape_i(a, 0), shape_i(a, 1))
+    i = arange(n, dtype="int64")
+    return set_subtensor(a[i, i], cast(val, a.dtype))
+
+
+def to_one_hot(y: Any, nb_class: Any, dtype: str | None = None) -> TensorVariable:
+    """A (len(y), nb_class) matrix with a 1 at (i, y[i]) for the integer vector `y`
+    (dtype floatX by default)."""
+    y = as_tensor_variable(y)
+    if y.ndim != 1 or not (y.dtype.startswith("int") or y.dtype.startswith("uint")):
+        raise TypeError(f"to_one_hot: {y} ({y.type}) must be an integer vector")
+    dtype = config.floatX if dtype in (None, "floatX") else dtype
+    classes = arange(nb_class, dtype="int64")
+    return cast(eq(dimshuffle(y, [0, "x"]), dimshuffle(classes, ["x", 0])), dtype)

@@ -1,5 +1,5 @@
 """Theano's everyday array functions that are not elementwise: cumulative sums and products,
-sorting, repetition, diagonals, identity matrices and nonzero.
+sorting, repetition, diagonals, identity matrices, nonzero, bincount and searchsorted.
 
 Each op computes with NumPy on the host (on a GPU graph it keeps its transfers around it) and
 knows its gradient and its output shape (`infer_shape`). Functions built from other ops (tile,
@@ -22,7 +22,8 @@ from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, c
 
 __all__ = ["CumOp", "Sort", "ArgSort", "Repeat", "Eye", "AllocDiag", "ExtractDiag", "Nonzero",
            "cumsum", "cumprod", "sort", "argsort", "repeat", "eye", "identity_like", "diag",
-           "diagonal", "nonzero", "flatnonzero", "nonzero_values"]
+           "diagonal", "nonzero", "flatnonzero", "nonzero_values", "BinCount", "SearchSorted",
+           "bincount", "searchsorted"]
 
 _SORT_KINDS = ("quicksort", "mergesort", "heapsort", "stable")
 
@@ -514,3 +515,84 @@ def nonzero_values(a: Any) -> TensorVariable:
     """The nonzero elements of `a`, flattened, as a[np.nonzero(a)]."""
     a = as_tensor_variable(a)
     return flatten(a, 1)[flatnonzero(a)]
+
+
+# ============================================================================ bincount / searchsorted
+
+class BinCount(Op):
+    """np.bincount(x, minlength=...) of a non-negative integer vector (int64 counts)."""
+
+    __props__ = ("minlength",)
+
+    def __init__(self, minlength: int = 0):
+        self.minlength = int(minlength)
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        _require_int(x, "bincount", "the values")
+        if x.ndim != 1:
+            raise ValueError(f"bincount: {x} ({x.type}) must be a vector")
+        return Apply(self, [x], [TensorType("int64", (False,))()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        if x.size and x.min() < 0:
+            raise ValueError(f"bincount: negative value {x.min()} in an input of shape {x.shape}")
+        out[0][0] = np.bincount(x, minlength=self.minlength).astype("int64")
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        from symgpu.tensor.basic import concatenate
+        from symgpu.tensor.math import max as _max
+        # max(x) + 1, or 0 for an empty x: the max of x with a -1 appended
+        padded = concatenate([cast(node.inputs[0], "int64"), constant(np.array([-1]))])
+        return [(_int64(maximum(_max(padded) + 1, self.minlength)),)]
+
+    def grad(self, inputs, output_grads):
+        return [None]
+
+
+def bincount(x: Any, weights: Any = None, minlength: int = 0) -> TensorVariable:
+    """How often each value 0..max(x) occurs in the integer vector `x` (or the sum of
+    `weights` at those places), as np.bincount."""
+    x = as_tensor_variable(x)
+    if weights is None:
+        return BinCount(minlength)(x)
+    from symgpu.tensor.basic import zeros
+    from symgpu.tensor.subtensor import inc_subtensor
+    weights = as_tensor_variable(weights)
+    n = shape_i(BinCount(minlength)(x), 0)
+    return inc_subtensor(zeros((n,), dtype=weights.dtype)[x], weights)
+
+
+class SearchSorted(Op):
+    """np.searchsorted(a, v, side): where the values of `v` would go in the sorted vector
+    `a` (int64 indices, the shape of `v`)."""
+
+    __props__ = ("side",)
+
+    def __init__(self, side: str = "left"):
+        if side not in ("left", "right"):
+            raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
+        self.side = side
+
+    def make_node(self, a: Any, v: Any) -> Apply:
+        a, v = as_tensor_variable(a), as_tensor_variable(v)
+        if a.ndim != 1:
+            raise ValueError(f"searchsorted: the sorted array {a} ({a.type}) must be a vector")
+        return Apply(self, [a, v], [TensorType("int64", v.broadcastable)()])
+
+    def perform(self, node, inputs, out):
+        a, v = inputs
+        out[0][0] = np.asarray(np.searchsorted(a, v, side=self.side), dtype="int64")
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [tuple(input_shapes[1])]
+
+    def grad(self, inputs, output_grads):
+        return [None, None]
+
+
+def searchsorted(a: Any, v: Any, side: str = "left") -> TensorVariable:
+    """Indices where the elements of `v` would be inserted into the sorted vector `a` to
+    keep it sorted, as np.searchsorted."""
+    return SearchSorted(side)(a, v)
