@@ -528,7 +528,7 @@ def test_the_new_ops_pickle():
         np.testing.assert_array_equal(a, b)
 
 
-# ============================================================================ bincount, search, misc
+# ========================================================================= bincount, search, misc
 
 def test_bincount():
     x, w = T.lvector("x"), T.dvector("w")

@@ -365,7 +365,8 @@ def test_reference_names_the_tutorials_use():
         got = function([x], outs)(X)
         ref = [X == 0.5, X != 0.5, X < 0, X > 0, X <= 0.5, X >= 0.5, np.where(np.isnan(X), 0, X),
                np.clip(X, -1, 1), np.maximum(X, 0), np.minimum(X, 0), X * X, np.log1p(abs(X)),
-               np.expm1(X), np.sign(X), np.round(X), np.round(np.where(np.isnan(X), 0, X)), np.floor(X), np.ceil(X),
+               np.expm1(X), np.sign(X), np.round(X), np.round(np.where(np.isnan(X), 0, X)),
+               np.floor(X), np.ceil(X),
                np.isinf(X / 0.0), np.zeros_like(X), np.ones_like(X), np.eye(2), X.ravel(),
                X.reshape(4), 2]
     for i, (g, r) in enumerate(zip(got, ref)):

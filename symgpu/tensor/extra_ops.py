@@ -517,7 +517,7 @@ def nonzero_values(a: Any) -> TensorVariable:
     return flatten(a, 1)[flatnonzero(a)]
 
 
-# ============================================================================ bincount / searchsorted
+# ========================================================================= bincount / searchsorted
 
 class BinCount(Op):
     """np.bincount(x, minlength=...) of a non-negative integer vector (int64 counts)."""
