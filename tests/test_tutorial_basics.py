@@ -315,6 +315,31 @@ def test_derivatives_through_the_tensor_namespace():
     assert T.jacobian is symgpu.gradient.jacobian and T.hessian is symgpu.gradient.hessian
 
 
+def test_broadcasting_page():
+    r = T.row()
+    mtr = T.matrix()
+    c = T.col()
+    assert (r.broadcastable, mtr.broadcastable, c.broadcastable) == \
+        ((True, False), (False, False), (False, True))
+    f_row = function([r, mtr], [r + mtr])
+    f_col = function([c, mtr], [c + mtr])
+    R, C, M = np.arange(3).reshape(1, 3), np.arange(3).reshape(3, 1), np.arange(9).reshape(3, 3)
+    np.testing.assert_array_equal(f_row(R, M)[0], [[0, 2, 4], [3, 5, 7], [6, 8, 10]])
+    np.testing.assert_array_equal(f_col(C, M)[0], [[0, 1, 2], [4, 5, 6], [8, 9, 10]])
+
+
+def test_graph_structures_page():
+    """The 'Graph Structures' page: owners, inputs and the DimShuffle of a constant."""
+    x = T.dmatrix("x")
+    y = x * 2.
+    assert str(y.owner.op) == "Elemwise{mul,no_inplace}"
+    assert len(y.owner.inputs) == 2 and y.owner.inputs[0] is x
+    assert str(y.owner.inputs[1]) == "InplaceDimShuffle{x,x}.0"
+    assert type(y.owner.inputs[1]) is T.TensorVariable
+    assert type(y.owner.inputs[1].owner) is symgpu.Apply
+    assert str(y.owner.inputs[1].owner.inputs) == "[TensorConstant{2.0}]"
+
+
 def conditions(lib: Lib) -> dict:
     T, function = lib.T, lib.function
     a, b = T.scalars("a", "b")
