@@ -601,3 +601,49 @@ def test_fill_diagonal_and_to_one_hot():
     assert oh.dtype == config.floatX
     with pytest.raises(TypeError, match="integer vector"):
         T.to_one_hot(T.dvector(), 3)
+
+
+# ============================================================================ grids, constants, copy
+
+def test_mgrid_and_ogrid():
+    a = T.mgrid[0:5, 0:3]
+    np.testing.assert_array_equal(a[0].eval(), np.mgrid[0:5, 0:3][0])
+    np.testing.assert_array_equal(a[1].eval(), np.mgrid[0:5, 0:3][1])
+    b = T.ogrid[0:5, 0:3]
+    np.testing.assert_array_equal(b[0].eval(), np.ogrid[0:5, 0:3][0])
+    np.testing.assert_array_equal(b[1].eval(), np.ogrid[0:5, 0:3][1])
+    assert b[0].broadcastable == (False, True)
+    np.testing.assert_allclose(T.mgrid[0:1:5j][0].eval(), np.mgrid[0:1:5j])
+    np.testing.assert_array_equal(T.mgrid[1:9:3, 2:0:-1][1].eval(), np.mgrid[1:9:3, 2:0:-1][1])
+    n = T.lscalar("n")
+    got = run([n], T.mgrid[0:n, 1:3], 2)
+    np.testing.assert_array_equal(got[0], np.mgrid[0:2, 1:3][0])
+    with pytest.raises(TypeError, match="stop"):
+        T.mgrid[0:]
+    with pytest.raises(ValueError, match="complex step"):
+        T.mgrid[0:n:3j]
+
+
+def test_get_scalar_constant_value():
+    gscv = T.get_scalar_constant_value
+    assert gscv(T.constant(3) * 2 + 1) == 7
+    assert gscv(T.drow("r").shape[0]) == 1
+    assert gscv(T.cast(T.constant(2.7), "int32")) == 2
+    assert gscv(T.constant(np.array([[4.5]])).dimshuffle()) == 4.5
+    assert gscv(5) == 5 and T.constant(2.5).get_scalar_constant_value() == 2.5
+    with pytest.raises(T.NotScalarConstantError, match="input"):
+        gscv(T.dscalar("s") + 1)
+    with pytest.raises(T.NotScalarConstantError, match="not fix"):
+        gscv(T.constant(3) + 1, elemwise=False)
+    with pytest.raises(T.NotScalarConstantError, match="3 values"):
+        gscv(T.constant(np.arange(3)))
+    with pytest.raises(T.NotScalarConstantError):
+        gscv(T.dmatrix().shape[0])
+
+
+def test_copy_method():
+    x = T.dvector("x")
+    c = x.copy("c")
+    assert c.name == "c" and c is not x and c.owner is not None
+    np.testing.assert_array_equal(run([x], c, np.arange(3.0)), np.arange(3.0))
+    verify_grad(lambda x: x.copy(), [RNG.randn(3)])

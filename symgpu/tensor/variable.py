@@ -145,6 +145,13 @@ class TensorOperators:
     def swapaxes(self, axis1, axis2): return _x().swapaxes(self, axis1, axis2)
     def zeros_like(self, dtype=None): return _m().zeros_like(self, dtype)
     def ones_like(self, dtype=None): return _m().ones_like(self, dtype)
+    def copy(self, name=None):
+        """A copy of this value as a new node (Theano's tensor_copy), named `name`."""
+        out = _m().identity(self)
+        out.name = name
+        return out
+
+    def get_scalar_constant_value(self): return _x().get_scalar_constant_value(self)
 
     # placement
     def transfer(self, target: Any):
