@@ -15,14 +15,15 @@ import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...
 from symgpu.gradient import grad
 import symgpu.printing as printing
 from symgpu.compile.explain import explain
+from symgpu.printing import pp  # Theano's theano.pp
 
 __version__ = "0.1.0"
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
            "Constant", "tensor", "__version__"]
 __all__ += ["explain"]
+__all__ += ["pp"]
 
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
-from symgpu.printing import pp  # noqa: E402  (Theano's `from theano import pp`)
-__all__ += ["pp", "Mode", "printing", "gradient"]
+__all__ += ["Mode", "printing", "gradient"]
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)

@@ -464,6 +464,15 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("exception_verbosity", lambda: EnumParam("low", "high"), "low",
      "how much a runtime error prints"),
     ("print_active_device", BoolParam, True, "print the device in use when the GPU starts"),
+    ("compute_test_value", lambda: EnumParam("off", *_ACTIONS), "off",
+     "compute test values (tag.test_value) as the graph is built, so a bad shape fails at the "
+     "user's line; what to do when an input has none (off: feature inactive)"),
+    ("compute_test_value_opt", lambda: EnumParam("off", *_ACTIONS), "off",
+     "compute_test_value's setting while rewrites run (nodes made by the optimizer)"),
+    ("print_test_value", BoolParam, False,
+     "repr() of a variable also shows its test value"),
+    ("optimizer_verbose", BoolParam, False,
+     "print each replacement a rewrite makes: rewriting: rewrite <name> replaces <old> ..."),
 ]
 
 

@@ -14,10 +14,14 @@ import sys
 import warnings
 from typing import Any, Callable, TextIO
 
+import numpy as np
+
 from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op
 
 __all__ = ["debugprint", "pp", "pprint", "pydotprint", "register_pp", "op_kind",
-           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning"]
+           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning", "Print",
+           "GraphvizNotFoundError", "graph_to_dot"]
 
 #: class names of the ops that move data between host and device (or between devices)
 TRANSFER_OP_NAMES = frozenset({"GpuFromHost", "HostFromGpu", "GpuToGpu"})
@@ -153,7 +157,49 @@ PP_PRINTERS: dict[str, Callable[[Any, Apply, list[str]], str]] = {
     "MatMul": lambda op, node, a: f"({a[0]} @ {a[1]})",
     "Shape": lambda op, node, a: f"shape({a[0]})",
     "Shape_i": lambda op, node, a: f"shape({a[0]})[{op.i}]",
+    "Reshape": lambda op, node, a: f"reshape({a[0]}, {a[1]})",
 }
+
+#: elementwise table rows printed under Theano's name (``second`` is Theano's ``fill``)
+_ELEMWISE_PP_NAMES = {"second": "fill"}
+
+
+def _index_text(idx_list: Any, extra: list[str]) -> str:
+    """``0, 1:3, ::2`` from an indexing op's ``idx_list``; ``$`` parts take the next of
+    `extra` (the symbolic index inputs, printed)."""
+    it = iter(extra)
+
+    def part(p: Any) -> str:
+        return "" if p is None else next(it, "?") if isinstance(p, str) else str(p)
+
+    out = []
+    for e in idx_list:
+        if e is None:
+            out.append("None")
+        elif e is Ellipsis:
+            out.append("...")
+        elif isinstance(e, tuple) and len(e) == 3:  # a Slice(start, stop, step)
+            parts = [part(e[0]), part(e[1])] + ([] if e[2] is None else [part(e[2])])
+            out.append(":".join(parts))
+        else:
+            out.append(part(e))
+    return ", ".join(out)
+
+
+def _pp_subtensor(op: Any, node: Apply, a: list[str]) -> str:
+    return f"{a[0]}[{_index_text(op.idx_list, a[1:])}]"
+
+
+def _pp_inc_subtensor(op: Any, node: Apply, a: list[str]) -> str:
+    fn = "set_subtensor" if getattr(op, "set_instead_of_inc", False) else "inc_subtensor"
+    return f"{fn}({a[0]}[{_index_text(op.idx_list, a[2:])}], {a[1]})"
+
+
+for _name in ("Subtensor", "AdvancedSubtensor", "GpuSubtensor", "GpuAdvancedSubtensor"):
+    PP_PRINTERS[_name] = _pp_subtensor
+for _name in ("IncSubtensor", "AdvancedIncSubtensor", "GpuIncSubtensor",
+              "GpuAdvancedIncSubtensor"):
+    PP_PRINTERS[_name] = _pp_inc_subtensor
 
 _REDUCE_PP = {"add": "sum", "mul": "prod", "maximum": "max", "minimum": "min",
               "and_": "all", "or_": "any"}
@@ -174,8 +220,14 @@ def _pp_leaf(var: Variable) -> str:
             text = str(var)  # TensorConstant{2.0} -> 2.0
             if "{" in text and text.endswith("}"):
                 return text[text.index("{") + 1:-1]
+        if isinstance(data, np.ndarray) and 1 < data.size <= _PP_MAX_LISTED:
+            return np.array2string(data, separator=", ")  # a short index list reads as one
         return str(var)
     return str(var)
+
+
+#: constants with at most this many elements are printed by value in `pp`
+_PP_MAX_LISTED = 8
 
 
 def _pp_node(var: Variable, args: list[str]) -> str:
@@ -197,7 +249,8 @@ def _pp_node(var: Variable, args: list[str]) -> str:
         if symbol is not None and len(args) >= 2:
             return "(" + f" {symbol} ".join(args) + ")"
         index = f".{var.index}" if len(node.outputs) > 1 else ""  # fused multi-output
-        return f"{scalar_op}{index}({', '.join(args)})"
+        name = _ELEMWISE_PP_NAMES.get(getattr(scalar_op, "name", None), scalar_op)
+        return f"{name}{index}({', '.join(args)})"
     new_order = getattr(op, "new_order", None)
     if new_order is not None and len(args) == 1:  # a dimshuffle
         order = list(new_order)
@@ -258,80 +311,210 @@ class GraphvizNotFoundWarning(UserWarning):
     """Graphviz's `dot` is not installed, so only the .dot source was written."""
 
 
+class GraphvizNotFoundError(RuntimeError):
+    """An image was asked for (``return_image=True``) but Graphviz's `dot` is not installed."""
+
+
 #: fill colours by op kind (and for the variables at the graph's edges)
 DOT_COLORS = {"cpu": "#FFAABB", "gpu": "#7CCD7C", "transfer": "#FF5555",
-              "input": "#B0E0E6", "output": "#6495ED", "constant": "#DDDDDD"}
+              "input": "#B0E0E6", "output": "#6495ED", "constant": "#DDDDDD",
+              "shared": "cyan", "variable": "white"}
+
+#: colours of GPU ops on the 2nd, 3rd ... GPU context met (the first uses DOT_COLORS['gpu'])
+GPU_CONTEXT_COLORS = ("#40B0B0", "#B0B040", "#9370DB", "#D2B48C", "#66CDAA", "#DAA520")
+
+#: edge colours: an input the op's output is a view of, or an input it overwrites (Theano's)
+EDGE_COLORS = {"view": "blue", "destroy": "red"}
+
+#: the image formats Graphviz's dot writes (for the outfile's extension)
+DOT_FORMATS = frozenset({"svg", "png", "pdf", "ps", "eps", "jpg", "jpeg", "gif", "bmp",
+                         "dot", "gv", "xdot", "json", "plain", "svgz", "tif", "tiff", "webp"})
 
 
 def _dot_quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def graph_to_dot(obj: Any, max_label_size: int = 70) -> str:
-    """The Graphviz source of a graph: apply nodes as ellipses coloured by kind, inputs,
-    constants and outputs as boxes, intermediate variables as labelled edges."""
-    roots = _roots(obj)
-    order: dict[Apply, int] = {}
-    for _, o in roots:
-        order.update(o)
-    outputs = [v for v, _ in roots]
-    names: dict[Any, str] = {}
+def _context_of(node: Apply) -> Any:
+    """The GPU context a Gpu* node runs on (from its outputs' types; duck-typed)."""
+    for v in list(node.outputs) + list(node.inputs):
+        if hasattr(v.type, "context_name"):
+            return v.type.context_name
+    return None
 
-    def nid(x: Any) -> str:
-        if x not in names:
-            names[x] = f"n{len(names)}"
-        return names[x]
 
-    def short(text: str) -> str:
-        return text if len(text) <= max_label_size else text[: max_label_size - 3] + "..."
+def _indices(mapping: dict) -> set[int]:
+    return {i for idx in (mapping or {}).values() for i in idx}
 
-    lines = ["digraph G {", '  graph [rankdir=TB, fontname="Helvetica"];',
-             '  node [fontname="Helvetica", style=filled];', '  edge [fontname="Helvetica"];']
-    seen_nodes: set[Apply] = set()
-    seen_leaves: set[Variable] = set()
-    edges: list[str] = []
-    stack = list(reversed(outputs))
-    while stack:
-        var = stack.pop()
-        node = var.owner
-        if node is None:
-            if var not in seen_leaves:
-                seen_leaves.add(var)
-                color = DOT_COLORS["constant" if isinstance(var, Constant) else "input"]
-                label = short(f"{var}")
-                lines.append(f"  {nid(var)} [label={_dot_quote(label)}, shape=box, "
-                             f"fillcolor={_dot_quote(color)}];")
-            continue
-        if node in seen_nodes:
-            continue
-        seen_nodes.add(node)
+
+class _DotWriter:
+    """Builds the Graphviz source of one graph with pydotprint's options."""
+
+    def __init__(self, obj: Any, compact: bool, with_ids: bool, high_contrast: bool,
+                 color_codes: dict[str, str] | None, max_label_size: int,
+                 var_with_name_simple: bool) -> None:
+        roots = _roots(obj)
+        self.order: dict[Apply, int] = {}
+        for _, o in roots:
+            self.order.update(o)
+        self.outputs = [v for v, _ in roots]
+        if with_ids and not self.order:  # a graph of variables: number it like a function
+            from symgpu.graph.basic import graph_inputs, io_toposort
+            self.order = {n: i for i, n in enumerate(io_toposort(graph_inputs(self.outputs),
+                                                                 self.outputs))}
+        #: a profiled Function's stats: each node's label gets its time, as Theano's
+        self.profile = getattr(obj, "profile", None) if hasattr(obj, "maker") else None
+        self.compact, self.high_contrast = compact, high_contrast
+        self.color_codes = color_codes or {}
+        self.max_label_size, self.simple = max_label_size, var_with_name_simple
+        self.names: dict[Any, str] = {}
+        self.contexts: dict[Any, str] = {}
+        self.lines: list[str] = []
+        self.edges: list[str] = []
+
+    def nid(self, x: Any) -> str:
+        if x not in self.names:
+            self.names[x] = f"n{len(self.names)}"
+        return self.names[x]
+
+    def short(self, text: str) -> str:
+        m = self.max_label_size
+        return text if len(text) <= m else text[: m - 3] + "..."
+
+    def style(self, color: str) -> str:
+        if self.high_contrast:
+            return f"style=filled, fillcolor={_dot_quote(color)}"
+        return f"color={_dot_quote('black' if color == 'white' else color)}"
+
+    def var_label(self, var: Variable) -> str:
+        if var.name is not None:
+            return var.name if self.simple else f"name={var.name} {var.type}"
+        if isinstance(var, Constant):
+            text = f"val={np.asarray(var.data)}".split("\n")[0]
+            return f"{text} {var.type}"
+        return str(var.type)
+
+    def node_color(self, node: Apply) -> str:
+        name = type(node.op).__name__
+        color = None
+        for key, value in self.color_codes.items():  # Theano: the last matching key wins
+            if key in name:
+                color = value
+        if color is not None:
+            return color
         kind = op_kind(node.op)
-        label = str(node.op)
-        if node in order:
-            label += f" id={order[node]}"
-        lines.append(f"  {nid(node)} [label={_dot_quote(short(label))}, shape=ellipse, "
-                     f"fillcolor={_dot_quote(DOT_COLORS[kind])}];")
-        many = len(node.inputs) > 1
-        for i, inp in enumerate(node.inputs):
-            src = nid(inp) if inp.owner is None else nid(inp.owner)
-            elabel = f"{i} {inp.type}" if many else f"{inp.type}"
-            edges.append(f"  {src} -> {nid(node)} [label={_dot_quote(short(elabel))}];")
-            stack.append(inp)
-    for k, var in enumerate(outputs):
-        out_id = f"out{k}"
-        label = short(var.name or f"output {k}") + f"\n{var.type}"
-        lines.append(f"  {out_id} [label={_dot_quote(label)}, shape=box, "
-                     f"fillcolor={_dot_quote(DOT_COLORS['output'])}];")
-        src = nid(var) if var.owner is None else nid(var.owner)
-        edges.append(f"  {src} -> {out_id};")
-    lines.append("  subgraph cluster_legend { label=\"legend\"; fontsize=10;")
-    for kind in ("cpu", "gpu", "transfer"):
-        lines.append(f"    legend_{kind} [label={_dot_quote(kind + ' op')}, shape=ellipse, "
-                     f"fillcolor={_dot_quote(DOT_COLORS[kind])}, fontsize=10];")
-    lines.append("  }")
-    lines.extend(edges)
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        if kind != "gpu":
+            return DOT_COLORS[kind]
+        ctx = _context_of(node)
+        if ctx not in self.contexts:
+            k = len(self.contexts)
+            self.contexts[ctx] = (DOT_COLORS["gpu"] if k == 0 else
+                                  GPU_CONTEXT_COLORS[(k - 1) % len(GPU_CONTEXT_COLORS)])
+        return self.contexts[ctx]
+
+    def profile_text(self, node: Apply) -> str:
+        times = getattr(self.profile, "apply_time", None)
+        if not times:
+            return ""
+        seconds = float(times.get(node, 0.0))
+        total = getattr(self.profile, "fct_call_time", 0.0)
+        return f"   ({seconds:.3f}s,{seconds * 100 / total if total else 0.0:.3f}%)"
+
+    def add_var_box(self, var: Variable, color: str) -> None:
+        label = _dot_quote(self.short(self.var_label(var)))
+        self.lines.append(f"  {self.nid(var)} [label={label}, shape=box, {self.style(color)}];")
+
+    def leaf_color(self, var: Variable) -> str:
+        if isinstance(var, Constant):
+            return DOT_COLORS["constant"]
+        if getattr(var, "container", None) is not None:  # a shared variable
+            return DOT_COLORS["shared"]
+        return DOT_COLORS["input"]
+
+    def build(self) -> str:
+        shown: set[Variable] = set()  # variables drawn as boxes
+        seen_nodes: set[Apply] = set()
+        stack = list(reversed(self.outputs))
+        while stack:
+            var = stack.pop()
+            node = var.owner
+            if node is None:
+                if var not in shown:
+                    shown.add(var)
+                    self.add_var_box(var, self.leaf_color(var))
+                continue
+            if node in seen_nodes:
+                continue
+            seen_nodes.add(node)
+            label = str(node.op)
+            if node in self.order:
+                label += f" id={self.order[node]}"
+            label += self.profile_text(node)
+            self.lines.append(f"  {self.nid(node)} [label={_dot_quote(self.short(label))}, "
+                              f"shape=ellipse, {self.style(self.node_color(node))}];")
+            viewed, destroyed = _indices(node.op.view_map), _indices(node.op.destroy_map)
+            many = len(node.inputs) > 1
+            for i, inp in enumerate(node.inputs):
+                attrs = []
+                if i in destroyed:
+                    attrs.append(f"color={EDGE_COLORS['destroy']}")
+                elif i in viewed:
+                    attrs.append(f"color={EDGE_COLORS['view']}")
+                as_box = inp.owner is None or inp.name is not None or not self.compact
+                if as_box:
+                    if inp.owner is not None and inp not in shown:
+                        shown.add(inp)
+                        self.add_var_box(inp, DOT_COLORS["variable"])
+                        src = self.nid(inp.owner)
+                        self.edges.append(f"  {src} -> {self.nid(inp)};")
+                    if many:
+                        attrs.insert(0, f"label={_dot_quote(str(i))}")
+                    src = self.nid(inp)
+                else:
+                    elabel = f"{i} {inp.type}" if many else f"{inp.type}"
+                    attrs.insert(0, f"label={_dot_quote(self.short(elabel))}")
+                    src = self.nid(inp.owner)
+                extra = f" [{', '.join(attrs)}]" if attrs else ""
+                self.edges.append(f"  {src} -> {self.nid(node)}{extra};")
+                stack.append(inp)
+        for k, var in enumerate(self.outputs):
+            out_id = f"out{k}"
+            name = var.name if self.simple and var.name else None
+            label = name or (self.short(var.name or f"output {k}") + f"\n{var.type}")
+            self.lines.append(f"  {out_id} [label={_dot_quote(label)}, shape=box, "
+                              f"{self.style(DOT_COLORS['output'])}];")
+            src = self.nid(var) if var.owner is None or var in shown else self.nid(var.owner)
+            self.edges.append(f"  {src} -> {out_id};")
+        return self.finish()
+
+    def finish(self) -> str:
+        node_style = "style=filled" if self.high_contrast else "style=solid"
+        head = ["digraph G {", '  graph [rankdir=TB, fontname="Helvetica"];',
+                f'  node [fontname="Helvetica", {node_style}];', '  edge [fontname="Helvetica"];']
+        legend = ["  subgraph cluster_legend { label=\"legend\"; fontsize=10;"]
+        kinds = [("cpu", "cpu op", DOT_COLORS["cpu"]), ("transfer", "transfer op",
+                                                          DOT_COLORS["transfer"])]
+        if not self.contexts:
+            kinds.insert(1, ("gpu", "gpu op", DOT_COLORS["gpu"]))
+        for k, (ctx, color) in enumerate(self.contexts.items()):
+            label = "gpu op" if ctx is None else f"gpu op ({ctx})"
+            kinds.insert(1 + k, (f"gpu{k}", label, color))
+        for key, label, color in kinds:
+            legend.append(f"    legend_{key} [label={_dot_quote(label)}, shape=ellipse, "
+                          f"{self.style(color)}, fontsize=10];")
+        legend.append("  }")
+        return "\n".join(head + self.lines + legend + self.edges + ["}"]) + "\n"
+
+
+def graph_to_dot(obj: Any, max_label_size: int = 70, compact: bool = True,
+                 with_ids: bool = False, high_contrast: bool = True,
+                 colorCodes: dict[str, str] | None = None,
+                 var_with_name_simple: bool = False) -> str:
+    """The Graphviz source of a graph (see `pydotprint` for the options): apply nodes as
+    ellipses coloured by kind and GPU context, inputs, constants, shared variables and
+    outputs as boxes, unnamed intermediate variables as labelled edges when `compact`."""
+    return _DotWriter(obj, compact, with_ids, high_contrast, colorCodes, max_label_size,
+                      var_with_name_simple).build()
 
 
 def _default_outfile(fmt: str) -> str:
@@ -340,25 +523,68 @@ def _default_outfile(fmt: str) -> str:
     return os.path.join(base, f"symgpu.pydotprint.{config.device}.{fmt}")
 
 
-def pydotprint(fn_or_var: Any, outfile: str | None = None, format: str = "svg",
-               max_label_size: int = 70) -> str:
-    """Draw the graph with Graphviz so the placement (CPU, GPU, transfers) is seen at a glance.
+def _run_dot(dot_exe: str, fmt: str, source: str, outfile: str | None) -> bytes:
+    args = [dot_exe, f"-T{fmt}"] + (["-o", outfile] if outfile else [])
+    proc = subprocess.run(args, input=source.encode(), capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pydotprint: dot -T{fmt} failed ({proc.returncode}): "
+                           f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc.stdout
+
+
+def pydotprint(fn_or_var: Any, outfile: str | None = None, format: str | None = None,
+               max_label_size: int = 70, compact: bool = True, with_ids: bool = False,
+               high_contrast: bool = True, colorCodes: dict[str, str] | None = None,
+               var_with_name_simple: bool = False, print_output_file: bool = True,
+               return_image: bool = False) -> str | bytes:
+    """Draw the graph with Graphviz so the placement (CPU, GPU, transfers) is seen at a glance
+    (Theano's options and colours; the legend names each GPU context met).
 
     Writes ``outfile`` (default: ``<compiledir>/symgpu.pydotprint.<device>.<format>``) in
-    ``format`` ('svg', 'png', 'pdf' ... or 'dot' for the source itself) and returns its path.
-    Where Graphviz's ``dot`` program is missing, writes the ``.dot`` source next to it,
-    warns (GraphvizNotFoundWarning) and returns the ``.dot`` path.
+    ``format`` ('svg', 'png', 'pdf' ... or 'dot' for the source itself; default: the
+    outfile's extension, else 'svg') and returns its path, printing it when
+    ``print_output_file``. ``compact`` draws unnamed intermediate variables as edge labels
+    (False: every variable is a box); ``with_ids`` numbers the nodes of a variable graph
+    (compiled functions always show their toposort positions); ``high_contrast`` fills
+    nodes (False: coloured borders); ``colorCodes`` maps op class-name substrings to
+    colours; ``var_with_name_simple`` labels named variables by name only. Edges are blue
+    into an op viewing the input, red into one overwriting it. ``return_image`` returns
+    the image (bytes; the source text for 'dot') instead of writing a file.
+    Where Graphviz's ``dot`` program is missing, writes the ``.dot`` source next to
+    ``outfile``, warns (GraphvizNotFoundWarning) and returns the ``.dot`` path; with
+    ``return_image`` it raises GraphvizNotFoundError.
     """
-    source = graph_to_dot(fn_or_var, max_label_size=max_label_size)
+    if format is None:
+        ext = os.path.splitext(outfile or "")[1].lstrip(".").lower()
+        format = ext if ext in DOT_FORMATS else "svg"
+    source = graph_to_dot(fn_or_var, max_label_size=max_label_size, compact=compact,
+                          with_ids=with_ids, high_contrast=high_contrast, colorCodes=colorCodes,
+                          var_with_name_simple=var_with_name_simple)
+    dot_exe = shutil.which("dot")
+    if return_image:
+        if format in ("dot", "gv"):
+            return source
+        if dot_exe is None:
+            raise GraphvizNotFoundError(
+                f"pydotprint(return_image=True, format={format!r}) needs Graphviz's 'dot' "
+                "program, which was not found; install Graphviz (e.g. apt-get install "
+                "graphviz) or pass format='dot' to get the graph's source")
+        return _run_dot(dot_exe, format, source, None)
     if outfile is None:
         outfile = _default_outfile(format)
     outfile = os.path.abspath(os.path.expanduser(outfile))
     os.makedirs(os.path.dirname(outfile), exist_ok=True)
-    if format == "dot" or outfile.endswith(".dot"):
+    written = _write_graph(source, outfile, format, dot_exe)
+    if print_output_file:
+        print(f"The output file is available at {written}")
+    return written
+
+
+def _write_graph(source: str, outfile: str, format: str, dot_exe: str | None) -> str:
+    if format in ("dot", "gv") or outfile.endswith(".dot"):
         with open(outfile, "w") as fh:
             fh.write(source)
         return outfile
-    dot_exe = shutil.which("dot")
     root, _ = os.path.splitext(outfile)
     dot_path = root + ".dot"
     if dot_exe is None:
@@ -367,13 +593,79 @@ def pydotprint(fn_or_var: Any, outfile: str | None = None, format: str = "svg",
         warnings.warn(f"pydotprint: Graphviz's 'dot' program was not found, so {outfile} was "
                       f"not drawn; the graph's source was written to {dot_path} instead. Install "
                       f"Graphviz (e.g. apt-get install graphviz) and run: dot -T{format} "
-                      f"{dot_path} -o {outfile}", GraphvizNotFoundWarning, stacklevel=2)
+                      f"{dot_path} -o {outfile}", GraphvizNotFoundWarning, stacklevel=3)
         return dot_path
-    proc = subprocess.run([dot_exe, f"-T{format}", "-o", outfile], input=source.encode(),
-                          capture_output=True)
-    if proc.returncode != 0:
+    try:
+        _run_dot(dot_exe, format, source, outfile)
+    except RuntimeError as exc:
         with open(dot_path, "w") as fh:
             fh.write(source)
-        raise RuntimeError(f"pydotprint: dot -T{format} failed ({proc.returncode}): "
-                           f"{proc.stderr.decode(errors='replace').strip()}; the source is in {dot_path}")
+        raise RuntimeError(f"{exc}; the source is in {dot_path}") from None
     return outfile
+
+
+# ============================================================================ Print
+
+def _host_value(value: Any) -> Any:
+    """A device array copied to the host (printing reads it there); anything else as is."""
+    if hasattr(value, "__cuda_array_interface__") and not isinstance(value, np.ndarray):
+        return np.asarray(value)
+    return value
+
+
+def _print_fn(op: "Print", value: Any) -> None:
+    """Theano's printer: ``<message> <attr> = <value of attr>`` for each attr."""
+    for attr in op.attrs:
+        item = getattr(value, attr) if attr in _DEVICE_ATTRS else getattr(_host_value(value), attr)
+        print(op.message, attr, "=", item() if callable(item) else item)
+
+
+#: attributes a device array answers without a copy to the host
+_DEVICE_ATTRS = frozenset({"shape", "dtype", "ndim", "size", "strides"})
+
+
+class Print(Op):
+    """An identity op that prints when its value is computed (Theano's ``Print``):
+    ``Print("x")(x)`` prints ``x __str__ = [...]`` each time the function computes ``x``.
+
+    ``attrs`` are read on the value (called if callable), e.g. ``("shape", "__str__")``;
+    ``global_fn(op, value)`` replaces the printing. The output is a view of the input, the
+    gradient passes through, and rewrites neither fold nor merge distinct Print ops away.
+    A value on the GPU is printed from a host copy (its shape and dtype without one).
+    """
+
+    __props__ = None  # identity: two Prints with one message are still two prints
+    view_map = {0: [0]}
+    #: constant folding would print once at compile time instead of at every call
+    _no_constant_folding = True
+
+    def __init__(self, message: str = "", attrs: tuple[str, ...] = ("__str__",),
+                 global_fn: Callable[["Print", Any], None] = _print_fn) -> None:
+        if isinstance(attrs, str):
+            raise TypeError(f"Print: attrs must be a tuple of attribute names, got the "
+                            f"string {attrs!r} (write ({attrs!r},))")
+        self.message = message
+        self.attrs = tuple(attrs)
+        self.global_fn = global_fn
+
+    def __str__(self) -> str:
+        return f"Print{{message={self.message!r}, attrs={self.attrs}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        if not isinstance(x, Variable):
+            from symgpu.tensor.type import as_tensor_variable
+            x = as_tensor_variable(x)
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node: Apply, inputs: Any, output_storage: list[list]) -> None:
+        output_storage[0][0] = inputs[0]
+        self.global_fn(self, inputs[0])
+
+    def grad(self, inputs: Any, output_grads: Any) -> list[Variable]:
+        return list(output_grads)
+
+    def R_op(self, inputs: Any, eval_points: Any) -> list[Variable]:
+        return list(eval_points)
+
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: list) -> list:
+        return list(input_shapes)

@@ -299,7 +299,9 @@ def test_describe_and_dump():
              "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.sync_checks",
              "gpuarray.allow_tf32",
              "nvcc.flags",
-             "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device"]
+             "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device",
+             "compute_test_value", "compute_test_value_opt", "print_test_value",
+             "optimizer_verbose"]
     assert list(rows) == names
     assert rows["floatX"][1:] == (rows["floatX"][1], "float64, float32, float16", "float64",
                                   "float32")

@@ -255,7 +255,8 @@ def test_pydotprint_dot_format_and_variables(tmp_path):
     x = T.dvector("x")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # writing .dot never needs graphviz
-        out = pydotprint(T.exp(x) + 1, outfile=str(tmp_path / "g.dot"), format="dot")
+        out = pydotprint(T.exp(x) + 1, outfile=str(tmp_path / "g.dot"), format="dot",
+                         var_with_name_simple=True)
     text = Path(out).read_text()
     assert 'label="Elemwise{exp,no_inplace}"' in text and 'label="x"' in text
 
@@ -292,3 +293,194 @@ def test_pydotprint_real_graphviz(tmp_path):
     assert "<svg" in open(out).read()
     out = pydotprint(gpu_chain(x), outfile=str(tmp_path / "g.png"), format="png")
     assert open(out, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------- pydotprint options
+from symgpu.printing import (DOT_COLORS, EDGE_COLORS, GraphvizNotFoundError,  # noqa: E402
+                             graph_to_dot)
+
+
+def _node_line(src, label):
+    return next(l for l in src.splitlines() if f'label="{label}' in l)
+
+
+def test_dot_var_with_name_simple_and_theano_labels():
+    x = T.dvector("x")
+    y = T.exp(x) * 2.0
+    full = graph_to_dot(y)
+    assert 'label="name=x TensorType(float64, vector)"' in full
+    assert 'label="val=2.0 TensorType(float64, scalar)"' in full
+    simple = graph_to_dot(y, var_with_name_simple=True)
+    assert 'label="x", shape=box' in simple and "name=x" not in simple
+
+
+def test_dot_compact_keeps_named_intermediates_only():
+    x = T.dvector("x")
+    h = T.exp(x)
+    h.name = "h"
+    y = T.sin(T.cos(h))
+    compact = graph_to_dot(y, var_with_name_simple=True)
+    boxes = [l for l in compact.splitlines()
+             if "shape=box" in l and not l.strip().startswith("out")]
+    assert sum('label="h"' in l for l in boxes) == 1
+    # the unnamed cos output is an edge label, not a box
+    assert sum("TensorType(float64, vector)\", shape=box" in l for l in boxes) == 0
+    assert 'label="TensorType(float64, vector)"]' in compact
+    full = graph_to_dot(y, compact=False, var_with_name_simple=True)
+    var_boxes = [l for l in full.splitlines()
+                 if 'label="TensorType(float64, vector)", shape=box' in l]
+    assert len(var_boxes) == 1  # cos's output now has its own box
+    assert full.count(" -> ") == compact.count(" -> ") + 1
+
+
+def test_dot_with_ids_numbers_a_variable_graph():
+    x = T.dvector("x")
+    y = T.sin(T.exp(x))
+    assert " id=" not in graph_to_dot(y)
+    src = graph_to_dot(y, with_ids=True)
+    assert 'label="Elemwise{exp,no_inplace} id=0"' in src
+    assert 'label="Elemwise{sin,no_inplace} id=1"' in src
+
+
+def test_dot_high_contrast_and_color_codes():
+    x = T.dvector("x")
+    y = T.exp(x)
+    filled = _node_line(graph_to_dot(y), "Elemwise{exp")
+    assert f'style=filled, fillcolor="{DOT_COLORS["cpu"]}"' in filled
+    border = graph_to_dot(y, high_contrast=False, colorCodes={"Elem": "yellow"})
+    assert 'color="yellow"' in _node_line(border, "Elemwise{exp") and "fillcolor" not in border
+    assert "node [fontname=\"Helvetica\", style=solid]" in border
+
+
+def test_dot_view_and_destroy_edges():
+    x = T.dvector("x")
+    v = T.dvector("v")
+    from symgpu.printing import Print
+    from symgpu.tensor.elemwise import Elemwise
+    from symgpu.scalar.basic import SCALAR_OPS
+    src = graph_to_dot([Print("p")(x), Elemwise(SCALAR_OPS["exp"], {0: 0})(v)],
+                       var_with_name_simple=True)
+    ids = {l.split()[0]: l for l in src.splitlines() if "[label=" in l}
+    xid = next(k for k, l in ids.items() if 'label="x"' in l)
+    vid = next(k for k, l in ids.items() if 'label="v"' in l)
+    assert any(l.strip().startswith(f"{xid} -> ") and f"color={EDGE_COLORS['view']}" in l
+               for l in src.splitlines())
+    assert any(l.strip().startswith(f"{vid} -> ") and f"color={EDGE_COLORS['destroy']}" in l
+               for l in src.splitlines())
+
+
+def test_dot_shared_variables_are_cyan():
+    w = symgpu.shared(np.ones(2), "w")
+    src = graph_to_dot(T.exp(w), var_with_name_simple=True)
+    assert f'fillcolor="{DOT_COLORS["shared"]}"' in _node_line(src, "w")
+
+
+def test_dot_gpu_contexts_get_their_own_colours():
+    from symgpu.gpu.rewriting import virtual_context
+    with config_f32(), virtual_context("dev0", device="cuda0"), \
+            virtual_context("dev1", device="cuda1"):
+        x = T.fvector("x")
+        f = function([x], [T.exp(x.transfer("dev0")).transfer("cpu"),
+                           T.exp(x.transfer("dev1")).transfer("cpu")])
+        src = graph_to_dot(f)
+    gpu_fills = {l.split('fillcolor="')[1].split('"')[0] for l in src.splitlines()
+                 if 'label="GpuElemwise' in l}
+    assert len(gpu_fills) == 2 and DOT_COLORS["gpu"] in gpu_fills
+    transfer_fills = {l.split('fillcolor="')[1].split('"')[0] for l in src.splitlines()
+                      if 'label="GpuFromHost' in l or 'label="HostFromGpu' in l}
+    assert transfer_fills == {DOT_COLORS["transfer"]}
+    assert 'label="gpu op (dev0)"' in src and 'label="gpu op (dev1)"' in src
+
+
+def config_f32():
+    return symgpu.config.change_flags(floatX="float32")
+
+
+def test_pydotprint_prints_the_output_file(tmp_path, capsys):
+    out = pydotprint(T.exp(T.dvector("x")), outfile=str(tmp_path / "g.dot"))
+    assert capsys.readouterr().out == f"The output file is available at {out}\n"
+    pydotprint(T.exp(T.dvector("x")), outfile=str(tmp_path / "h.dot"), print_output_file=False)
+    assert capsys.readouterr().out == ""
+
+
+def test_pydotprint_format_from_the_outfile_extension(tmp_path, monkeypatch):
+    _no_dot(monkeypatch)
+    with pytest.warns(GraphvizNotFoundWarning, match=r"dot -Tpng"):
+        written = pydotprint(T.exp(T.dvector("x")), outfile=str(tmp_path / "pic.png"),
+                             var_with_name_simple=True, print_output_file=False)
+    assert written == str(tmp_path / "pic.dot")
+
+
+def test_pydotprint_return_image(tmp_path, monkeypatch):
+    _no_dot(monkeypatch)
+    y = T.exp(T.dvector("x"))
+    src = pydotprint(y, format="dot", return_image=True)
+    assert src == graph_to_dot(y)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(GraphvizNotFoundError, match="format='dot'"):
+        pydotprint(y, format="png", return_image=True)
+
+
+def test_pydotprint_return_image_with_a_dot_program(tmp_path, monkeypatch):
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\necho \"$1\"\ncat\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    import symgpu.printing as printing
+    monkeypatch.setattr(printing.shutil, "which", lambda name: str(fake))
+    img = pydotprint(T.exp(T.dvector("x")), format="svg", return_image=True)
+    assert isinstance(img, bytes) and img.startswith(b"-Tsvg\ndigraph G {")
+
+
+# ----------------------------------------------------------------------------- pp, optimizer_verbose
+
+def test_symgpu_pp_is_printing_pp_and_reads_the_tutorial_example():
+    assert symgpu.pp is pp
+    x = T.dscalar("x")
+    gy = symgpu.grad(x ** 2, x)
+    assert pp(gy) == "((fill((x ** 2.0), 1.0) * 2.0) * (x ** (2.0 - 1.0)))"
+    f = function([x], gy)
+    assert pp(f.maker.fgraph.outputs[0]) == "(2.0 * x)"
+
+
+def test_optimizer_verbose_prints_each_replacement(capsys):
+    x = T.dvector("x")
+    with symgpu.config.change_flags(optimizer_verbose=True):
+        function([x], T.log(1 + T.exp(x)))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines and all(l.startswith("rewriting: rewrite ") for l in lines)
+    soft = [l for l in lines if "softplus" in l.split(" with ")[-1]]
+    assert soft and " replaces Elemwise{log,no_inplace}.0 of Elemwise{log,no_inplace}(" in soft[0]
+    assert soft[0].endswith("of Elemwise{softplus,no_inplace}(x)")
+    function([x], T.log(1 + T.exp(x)))
+    assert capsys.readouterr().out == ""
+
+
+def test_pp_indexing_reads_as_python():
+    x = T.dmatrix("x")
+    i = T.lscalar("i")
+    v = T.lvector("v")
+    assert pp(x[0]) == "x[0]"
+    assert pp(x[1:3, ::2]) == "x[1:3, ::2]"
+    assert pp(x[:, i:]) == "x[:, i:]"
+    assert pp(x[None, 0]) == "x[None, 0]"
+    assert pp(x[..., 0]) == "x[..., 0]"
+    assert pp(x[i:i + 2:2]) == "x[i:(i + 2):2]"
+    assert pp(x[v, 1:]) == "x[v, 1:]"
+    assert pp(x[[0, 1]]) == "x[[0, 1]]"
+    assert pp(T.set_subtensor(x[0], 1.0)) == "set_subtensor(x[0], 1.0)"
+    assert pp(T.inc_subtensor(x[1:, i], 2.0)) == "inc_subtensor(x[1:, i], 2.0)"
+    assert pp(x.reshape((3, -1))) == "reshape(x, [ 3, -1])"
+
+
+def test_dot_of_a_profiled_function_shows_node_times():
+    from symgpu.compile.profiling import ProfileStats
+    x = T.dvector("x")
+    stats = ProfileStats(atexit_print=False)
+    f = function([x], T.exp(x), profile=stats, mode=NO_REWRITES)
+    f(np.ones(3))
+    (node,) = f.maker.fgraph.toposort()
+    stats.apply_time[node] = 0.25  # a known time, so the label is exact
+    stats.fct_call_time = 1.0
+    src = graph_to_dot(f)
+    assert 'label="Elemwise{exp,no_inplace} id=0   (0.250s,25.000%)"' in src
+    assert "%)" not in graph_to_dot(function([x], T.exp(x), mode=NO_REWRITES))

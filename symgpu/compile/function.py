@@ -363,7 +363,7 @@ def _aliases_an_input(var: Variable, inputs: set) -> bool:
 def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (), givens: Any = (),
              mode: Any = None, profile: Any = None, name: str | None = None,
              on_unused_input: str | None = "raise", allow_input_downcast: bool | None = None,
-             no_default_updates: bool = False, accept_inplace: bool = False) -> Function:
+             no_default_updates: Any = False, accept_inplace: bool = False) -> Function:
     """Compile `outputs` as a function of `inputs`; see docs/api.md.
 
     `updates` assigns new values to shared variables after each call (all at once, only when
@@ -409,6 +409,8 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
         update_pairs.append((shared_var, _to_variable_like(shared_var, value, f"update of {shared_var}")))
     if len({id(s) for s, _ in update_pairs}) != len(update_pairs):
         raise ValueError("updates: a shared variable is updated twice")
+    update_pairs += _default_updates([o.variable for o in outs] + [v for _, v in update_pairs],
+                                     update_pairs, no_default_updates)
 
     given_pairs = {}
     for var, value in _as_pairs(givens, "givens"):
@@ -465,6 +467,23 @@ def _attach_profile(fn: Function, profile: Any) -> None:
 
 #: callables (fn, profile_arg) run on every new Function; the profiler registers one
 PROFILE_HOOKS: list[Callable[[Function, Any], None]] = []
+
+
+def _default_updates(roots: list[Variable], explicit: list, skip_all: Any) -> list:
+    """Theano's rule: each shared variable the graph reads that has a `default_update` is
+    updated by it, unless `no_default_updates` is True or lists it, or `updates` names it.
+    Default updates may read more such variables, so this repeats until none is new."""
+    if skip_all is True:
+        return []
+    skip = {id(s) for s, _ in explicit} | {id(v) for v in (skip_all or ())}
+    found, todo = [], roots
+    while todo:
+        todo = [v for v in graph_inputs(todo) if isinstance(v, SharedVariable) and id(v) not in skip
+                and getattr(v, "default_update", None) is not None]
+        skip.update(id(v) for v in todo)
+        found += [(v, _to_variable_like(v, v.default_update, f"default_update of {v}")) for v in todo]
+        todo = [u for _, u in found[len(found) - len(todo):]]
+    return found
 
 
 def _bad_input(i: Any) -> In:

@@ -9,7 +9,10 @@
   (symgpu/compile/debugmode.py).
 
 The `optimizer_including` / `optimizer_excluding` flags add or remove tags (pass names, rewrite
-names or group tags) for every mode.
+names or group tags) for every mode. `mode.including(*tags)` / `mode.excluding(*tags)` (Theano's
+spelling; also `including_tags` / `excluding_tags`) return a copy with more tags; a few Theano
+rewrite names are read as ours (`TAG_ALIASES`, e.g. `local_elemwise_fusion` is `fusion`).
+`MonitorMode` and `NanGuardMode` (symgpu/compile/monitormode.py) call functions around each node.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE"]
+__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {
@@ -80,11 +83,29 @@ class Mode:
     including_ = including_tags
     excluding_ = excluding_tags
 
+    # `mode.including` / `mode.excluding` read as the tag tuples and, called, are Theano's
+    # `mode.excluding('fusion', 'inplace')` (a copy of the mode with more tags)
+    @property
+    def including(self) -> "_CallableTags":
+        return _CallableTags(self._including, self.including_tags)
+
+    @including.setter
+    def including(self, tags: tuple[str, ...]) -> None:
+        self._including = tuple(tags)
+
+    @property
+    def excluding(self) -> "_CallableTags":
+        return _CallableTags(self._excluding, self.excluding_tags)
+
+    @excluding.setter
+    def excluding(self, tags: tuple[str, ...]) -> None:
+        self._excluding = tuple(tags)
+
     def tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(include, exclude) tags, flags included."""
         include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
         exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
-        return include, exclude
+        return _aliased(include), _aliased(exclude)
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
@@ -96,11 +117,16 @@ class Mode:
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
         """Run the passes on `fgraph` in place; returns seconds spent per pass."""
         times = {}
+        # nodes the rewrites build get test values only if compute_test_value_opt says so
+        with config.change_flags(compute_test_value=config.compute_test_value_opt):
+            self._run_passes(fgraph, times)
+        return times
+
+    def _run_passes(self, fgraph: FunctionGraph, times: dict[str, float]) -> None:
         for name, rewrite in self.passes():
             t0 = time.perf_counter()
             rewrite(fgraph)
             times[name] = time.perf_counter() - t0
-        return times
 
     def link(self, fgraph: FunctionGraph, storage_map: dict):
         """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one)."""
@@ -129,3 +155,28 @@ def get_mode(mode) -> Mode:
             return DebugMode()
         return Mode(mode)
     raise TypeError(f"mode must be a name ({', '.join(MODE_TAGS)}) or a Mode, got {mode!r}")
+
+
+#: Theano rewrite names that tutorials exclude, and the tag of ours that does the same work
+TAG_ALIASES = {
+    "local_elemwise_fusion": "fusion",
+    "elemwise_fusion": "fusion",
+    "fusion_optimizer": "fusion",
+}
+
+
+def _aliased(tags: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(TAG_ALIASES.get(t, t) for t in tags)
+
+
+class _CallableTags(tuple):
+    """A mode's included or excluded tags: a tuple that, called with more tags, returns a copy
+    of the mode with them added (Theano's ``mode.excluding('fusion')``)."""
+
+    def __new__(cls, tags: tuple[str, ...], add) -> "_CallableTags":
+        obj = super().__new__(cls, tags)
+        obj._add = add
+        return obj
+
+    def __call__(self, *tags: str) -> "Mode":
+        return self._add(*tags)

@@ -67,7 +67,6 @@ import symgpu.gpu.rewriting  # noqa: E402,F401  (graph_to_gpu and transfer cance
 import importlib.util as _ilu  # noqa: E402
 
 for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet", "advanced",
-             "advanced_pairs",
-             "crossentropy", "lifters", "graphs"):
+             "advanced_pairs", "crossentropy", "lifters", "graphs", "random", "random_fusion"):
     if _ilu.find_spec(f"{__name__}.{_mod}") is not None:
         importlib.import_module(f"{__name__}.{_mod}")

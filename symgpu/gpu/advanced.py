@@ -29,8 +29,7 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.basic_ops import as_gpuarray_variable
-from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
-                                      sync_check_reason)
+from symgpu.gpu.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.subtensor import SYM, Slice
@@ -199,16 +198,12 @@ def _check_indexed_var(op: Op, x: Any) -> None:
                         f"least 1 dimension, got {x.type}")
 
 
-class GpuAdvancedSubtensor1(Op):
+class GpuAdvancedSubtensor1(DeviceChecked, Op):
     """``x[idx]`` for an integer vector ``idx`` on axis 0 of ``x`` (any ndim >= 1): a new
     C-contiguous array of shape ``(len(idx),) + x.shape[1:]``; negative indices allowed,
     out-of-bounds ones raise IndexError after the launch."""
 
     __props__ = ()
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"
@@ -243,17 +238,13 @@ class GpuAdvancedSubtensor1(Op):
 
 # ----------------------------------------------------------------------------- set / inc
 
-class GpuAdvancedIncSubtensor1(Op):
+class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
     """A copy of ``x`` with ``x[idx]`` incremented by (``np.add.at``: repeated indices
     accumulate, through atomicAdd) or set to ``y`` broadcast to ``(len(idx),) +
     x.shape[1:]``. With repeated indices a set keeps one of the writes, which one is
     unspecified. Never in place."""
 
     __props__ = ("set_instead_of_inc",)
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def __init__(self, set_instead_of_inc: bool = False):
         self.set_instead_of_inc = bool(set_instead_of_inc)

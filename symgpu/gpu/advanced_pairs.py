@@ -26,8 +26,7 @@ from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.basic_ops import GpuFromHost, as_gpuarray_variable
-from symgpu.gpu.device_checks import (REPORT_SOURCE, checks_are_deferred, launch_checked,
-                                      sync_check_reason)
+from symgpu.gpu.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
@@ -168,16 +167,7 @@ def _check_vars(op: Op, x: Any, a: Any, b: Any) -> None:
             raise TypeError(f"{op}: the {name} index must be an int32/int64 vector, got {v.type}")
 
 
-class _PairsOp(Op):
-    """What the pair ops share: capture and reporting behaviour (see the module doc)."""
-
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
-
-
-class GpuAdvancedSubtensor2(_PairsOp):
+class GpuAdvancedSubtensor2(DeviceChecked, Op):
     """``x[a, b]`` of a GPU matrix and two integer vectors: a new C-contiguous vector."""
 
     __props__ = ()
@@ -220,7 +210,7 @@ class GpuAdvancedSubtensor2(_PairsOp):
         return [GpuAdvancedIncSubtensor2(False)(zeros, gz, a, b), None, None]
 
 
-class GpuAdvancedIncSubtensor2(_PairsOp):
+class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
     """A copy of matrix x with ``x[a, b]`` incremented by (atomically: repeated pairs
     accumulate) or set to y, a scalar or a vector broadcast to the pairs. With repeated pairs
     a set keeps one of the writes, which one is unspecified. Never in place."""

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
-from symgpu.gpu.device_checks import checks_are_deferred, launch_checked, sync_check_reason
+from symgpu.gpu.device_checks import DeviceChecked, launch_checked
 from symgpu.gpu.basic_ops import as_gpuarray_variable
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
@@ -181,13 +181,9 @@ def _check_p_y(op: Op, p: Any, y: Any) -> None:
         raise TypeError(f"{op}: true labels must be an int32/int64 vector, got {y.type}")
 
 
-class _CrossentropyKernelOp(Op):
+class _CrossentropyKernelOp(DeviceChecked, Op):
     """What both ops share: their one CUDA module, offered to the parallel prefetch."""
 
-    capturable = property(lambda self: checks_are_deferred())   # graphs.py
-    launches = True
-    device_checked = True   # reports at the next sync: no update may be copied back before
-    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         """The crossentropy module (else compiled on the first call), for the link-time

@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["DeviceChecks", "REPORT_SOURCE", "checks_of", "raise_device_errors",
-           "is_device_check_error"]
+__all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
+           "raise_device_errors", "is_device_check_error", "launch_checked", "guarded_copy"]
 
 #: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
 #: so does the first word of the slot's page (its chunk's "something was reported" word, which
@@ -229,3 +229,13 @@ def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
     fn.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
                            dst.ptr + done, src.ptr + done, nbytes - done, *words)
     return True
+
+
+class DeviceChecked:
+    """Mixin of ops whose kernels check their inputs through launch_checked: capturable
+    unless checks are synchronous, and counted by the runner (guarded copies) and explain."""
+
+    capturable = property(lambda self: checks_are_deferred())   # graphs.py
+    launches = True
+    device_checked = True   # reports at the next sync: copies back into shared variables guarded
+    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain

@@ -227,3 +227,10 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
 optdb.register("gpu_fusion", gpu_fusion, 49.5, "fast_run", "fusion", "gpu")
 optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu")
 optdb.register("gpu_inplace", make_gpu_inplace, 76, "fast_run", "inplace", "gpu")
+
+
+@register_lifter("Print")
+def lift_print(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """symgpu.printing.Print takes any type: it stays where its input is (the value is
+    copied to the host only to be printed), so lifting adds no transfer pair around it."""
+    return [op(inputs[0])]

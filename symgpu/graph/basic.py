@@ -12,7 +12,7 @@ from collections import deque
 from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = [
-    "Type", "Variable", "Constant", "Apply", "Scratchpad",
+    "Type", "Variable", "Constant", "Apply", "Scratchpad", "VariableTag", "TestValueError",
     "ancestors", "graph_inputs", "io_toposort", "clone_graph", "user_stack", "constant_behind",
 ]
 
@@ -41,6 +41,52 @@ class Scratchpad:
 
     def __repr__(self) -> str:
         return f"Scratchpad({self.__dict__})"
+
+
+class TestValueError(ValueError):
+    """A variable needed for test values has none (see config.compute_test_value)."""
+
+
+class _TestValueSlot:
+    """``tag.test_value``: stored in the tag's ``__dict__`` (so copying a tag copies it), but
+    checked against the variable's type when set, so a wrong dtype or ndim fails at once."""
+
+    def __get__(self, tag: "VariableTag | None", owner: type) -> Any:
+        if tag is None:
+            return self
+        try:
+            return tag.__dict__["test_value"]
+        except KeyError:
+            raise AttributeError("test_value") from None
+
+    def __set__(self, tag: "VariableTag", value: Any) -> None:
+        vtype = tag._type
+        if vtype is not None:
+            try:
+                value = vtype.filter(value)
+            except (TypeError, ValueError) as exc:
+                shape = getattr(value, "shape", None)
+                what = (f"shape {tuple(shape)}, dtype {getattr(value, 'dtype', '?')}"
+                        if shape is not None else f"{type(value).__name__} {value!r}")
+                raise TypeError(f"bad test value for a variable of type {vtype} ({what}): "
+                                f"{exc}") from None
+        tag.__dict__["test_value"] = value
+
+    def __delete__(self, tag: "VariableTag") -> None:
+        try:
+            del tag.__dict__["test_value"]
+        except KeyError:
+            raise AttributeError("test_value") from None
+
+
+class VariableTag(Scratchpad):
+    """A Variable's tag: a Scratchpad whose ``test_value`` is checked against the type."""
+
+    __slots__ = ("_type",)
+    test_value = _TestValueSlot()
+
+    def __init__(self, vtype: "Type | None" = None) -> None:
+        self._type = vtype
 
 
 class Type:
@@ -90,7 +136,7 @@ class Variable:
         self.owner = owner
         self.index = index
         self.name = name
-        self.tag = Scratchpad()
+        self.tag = VariableTag(type)
         if owner is None:
             self.tag.trace = user_stack()
 
@@ -99,7 +145,7 @@ class Variable:
         cp = copy.copy(self)  # no __init__: cloning must not re-run creation side effects
         cp.owner = None
         cp.index = None
-        cp.tag = Scratchpad()
+        cp.tag = VariableTag(cp.type)
         cp.tag.__dict__.update(self.tag.__dict__)
         cp.__dict__.pop("_eval_cache", None)
         return cp
@@ -118,7 +164,27 @@ class Variable:
         return self.auto_name()
 
     def __repr__(self) -> str:
-        return self.auto_name()
+        """The name; with config.print_test_value, the test value on a second line (Theano)."""
+        text = str(self)
+        if _print_test_value():
+            try:
+                return f"{text}\n{self.get_test_value()!r}"
+            except TestValueError:
+                pass
+        return text
+
+    def get_test_value(self) -> Any:
+        """The value used to compute test values: ``tag.test_value``, a constant's data or a
+        shared variable's current value; TestValueError when there is none."""
+        try:
+            return self.tag.__dict__["test_value"]
+        except KeyError:
+            pass
+        storage = getattr(getattr(self, "container", None), "storage", None)
+        if storage is not None:  # a shared variable (compile/sharedvalue.py)
+            return storage[0]
+        raise TestValueError(f"{self} has no test value; set `{self.name or 'var'}.tag."
+                             "test_value = <array>` (or config.compute_test_value='off')")
 
     def get_parents(self) -> list["Apply"]:
         return [self.owner] if self.owner is not None else []
@@ -142,6 +208,9 @@ class Constant(Variable):
         super().__init__(type, None, None, name)
         self.data = data
 
+    def get_test_value(self) -> Any:
+        return self.data
+
     def signature(self) -> tuple:
         """What makes two constants interchangeable (used by merge)."""
         return (self.type, _hashable(self.data))
@@ -150,6 +219,11 @@ class Constant(Variable):
         if self.name is not None:
             return self.name
         return f"{type(self).__name__}{{{self.data}}}"
+
+
+def _print_test_value() -> bool:
+    from symgpu.config import config
+    return bool(config.print_test_value)
 
 
 def constant_behind(var: Variable) -> Constant | None:

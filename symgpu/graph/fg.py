@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable, clone_graph, io_toposort
 
 __all__ = ["FunctionGraph", "MissingInputError", "Feature"]
+
+
+_flags = config._flags  # read directly: replace runs thousands of times per compile
 
 
 class MissingInputError(ValueError):
@@ -161,6 +165,9 @@ class FunctionGraph:
             new_var = converted
         if var not in self.variables:
             return
+        if _flags["optimizer_verbose"].value:  # Theano's optimizer_verbose line
+            print(f"rewriting: rewrite {reason} replaces {var} of {var.owner} with {new_var} "
+                  f"of {new_var.owner}")
         for node, i in list(self.clients[var]):
             self.change_node_input(node, i, new_var, reason)
         if validate:

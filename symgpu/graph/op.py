@@ -3,9 +3,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from symgpu.config import config
 from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.test_value import compute_test_values
 
 __all__ = ["Op", "Thunk", "PerformThunk"]
+
+
+#: the flag table, read directly: Op.__call__ runs for every node a user builds
+_flags = config._flags
 
 
 class Op:
@@ -54,6 +60,9 @@ class Op:
 
     def __call__(self, *inputs: Any, **kwargs: Any):
         node = self.make_node(*inputs, **kwargs)
+        action = _flags["compute_test_value"].value
+        if action != "off":  # Theano's test values: evaluate now, fail at the user's line
+            compute_test_values(node, action)
         if self.default_output is not None:
             return node.outputs[self.default_output]
         return node.outputs[0] if len(node.outputs) == 1 else list(node.outputs)

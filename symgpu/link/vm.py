@@ -39,7 +39,8 @@ class VM:
         self.run_thunks = _straight_line(self)
         #: set by the profiler: a callable(vm) that runs and times the thunks instead
         self.profiler = None
-        #: set by a VM hook (VM_HOOKS): a callable() that runs the thunks instead
+        #: set by a VM hook (VM_HOOKS), or by MonitorMode (compile/monitormode.py) to call
+        #: its pre/post functions around each node: a callable() that runs the thunks instead
         self.runner = None
         for hook in VM_HOOKS:
             try:

@@ -21,10 +21,13 @@ from typing import Any, BinaryIO, Callable
 import numpy as np
 
 from symgpu.compile.sharedvalue import Container
-from symgpu.graph.basic import Scratchpad
+from symgpu.graph.basic import Scratchpad, VariableTag
 
 __all__ = ["dump", "load", "StripPickler", "PersistentNdarrayID",
            "PersistentSharedVariableID", "PersistentNdarrayLoad"]
+
+#: the tag classes StripPickler strips (a Variable's tag is a VariableTag)
+_TAGS = (Scratchpad, VariableTag)
 
 #: member names that cannot hold arrays
 _RESERVED = {"pkl"}
@@ -41,8 +44,10 @@ class StripPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         # the objects being saved are left alone: a tag is saved as a copy without them
-        if type(obj) is Scratchpad and any(k in obj.__dict__ for k in self.tag_to_remove):
+        if type(obj) in _TAGS and any(k in obj.__dict__ for k in self.tag_to_remove):
             kept = {k: v for k, v in obj.__dict__.items() if k not in self.tag_to_remove}
+            if type(obj) is VariableTag:  # a variable's tag keeps its type (test-value checks)
+                return (_variable_tag, (obj._type, kept))
             return (_scratchpad, (kept,))
         if type(obj) is Container:
             # the value as it will be pickled (a GPU value as a host array), named after
@@ -53,6 +58,12 @@ class StripPickler(pickle.Pickler):
                 namer(value, name)
             return (rebuild, (ctype, value, name))
         return NotImplemented
+
+
+def _variable_tag(vtype: Any, state: dict) -> VariableTag:
+    tag = VariableTag(vtype)
+    tag.__dict__.update(state)
+    return tag
 
 
 def _scratchpad(state: dict) -> Scratchpad:

@@ -1,0 +1,30 @@
+"""Compiling graphs: modes (`Mode`, `DebugMode`, `MonitorMode`, `NanGuardMode`),
+`In`/`Out`, shared variables and the profiler. Names load on first use (Theano's
+``theano.compile.MonitorMode`` spelling) so importing this package stays cheap."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> module of this package that defines it
+#: (`function` is not listed: `symgpu.compile.function` is the module; use `symgpu.function`)
+_LAZY = {
+    "Function": "function", "In": "io", "Out": "io",
+    "Mode": "mode", "get_mode": "mode", "FAST_RUN": "mode", "FAST_COMPILE": "mode",
+    "DebugMode": "debugmode", "MonitorMode": "monitormode", "NanGuardMode": "monitormode",
+    "detect_nan": "monitormode", "shared": "sharedvalue", "SharedVariable": "sharedvalue",
+    "ProfileStats": "profiling",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,1 @@
+"""Theano's `theano.sandbox` import paths (rng_mrg)."""

@@ -1,0 +1,4 @@
+"""Theano's `theano.tensor.shared_randomstreams` import path for symgpu's RandomStreams."""
+from symgpu.tensor.random.streams import RandomStreams
+
+__all__ = ["RandomStreams"]

@@ -1,0 +1,271 @@
+"""Philox on the GPU: placement on a virtual context (CPU), nvcc compilation of the kernels
+(``nvcc``), and the same numbers as the CPU for the same seed on a real GPU (``gpu``)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_kernel_device, requires_gpu,
+                         requires_nvcc, thunk_over)
+from symgpu import config, function
+from symgpu.gpu.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
+                               random_source, sample_kernel_name)
+from symgpu.gpu.random_fusion import GpuPhiloxElemwise, render_philox_elemwise
+from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.type import GpuArrayType
+from symgpu.tensor.random import PhiloxSample, RandomStreams, philox
+
+
+def _ops(f):
+    return [n.op for n in f.maker.fgraph.toposort()]
+
+
+# ============================================================================ CPU
+
+def test_sample_moves_to_the_gpu_on_a_virtual_context():
+    srng = RandomStreams(seed=1)          # made before: a host state, uploaded per call
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.matrix("x")
+        f = function([x], x * srng.uniform(x.shape, low=-1.0, high=1.0))
+        ops = _ops(f)
+        assert any(isinstance(op, (GpuPhiloxSample, GpuPhiloxElemwise)) and op.dist == "uniform"
+                   for op in ops)
+        assert not any(isinstance(op, PhiloxSample) for op in ops)
+        g = function([], srng.normal((4, 4), dtype="float64"))
+        assert any(isinstance(op, GpuPhiloxSample) and op.dtype == "float64" for op in _ops(g))
+
+
+def _dropout_graph(srng):
+    x, b = T.matrix("x"), T.vector("b")
+    h = T.nnet.relu(x + b)
+    out = h * srng.binomial(h.shape, p=0.5, dtype="float32") * 2
+    return [x, b], [out, T.grad(T.sum(out * x), x)]
+
+
+def test_dropout_mask_is_generated_inside_the_fused_kernel():
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng))
+        ops = _ops(f)
+        fused = [op for op in ops if isinstance(op, GpuPhiloxElemwise)]
+        assert len(fused) == 1 and fused[0].dist == "uniform", ops
+        assert not any(isinstance(op, (GpuPhiloxSample, PhiloxSample)) for op in ops), ops
+        # a draw that is also an output is materialised once; its other readers still fuse
+        u = srng.uniform((3, 4))
+        g = function([], [u, u * 2.0 + 1.0])
+        assert any(isinstance(op, GpuPhiloxSample) for op in _ops(g))
+        assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(g))
+
+
+def test_fusion_can_be_turned_off():
+    from symgpu.compile.mode import Mode
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng), mode=Mode(excluding=("gpu_philox_fusion",)))
+        assert not any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f))
+        assert any(isinstance(op, GpuPhiloxSample) for op in _ops(f))
+
+
+def test_a_gpu_state_is_advanced_on_the_device():
+    from symgpu.compile.sharedvalue import Container
+    from symgpu.gpu.basic_ops import HostFromGpu
+    from symgpu.gpu.type import GpuArraySharedVariable
+    from symgpu.tensor.random import PhiloxAdvance
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        t = GpuArrayType("uint32", (False,), None)
+        st = GpuArraySharedVariable(t, None, name="st", container=Container(t, None, "st"))
+        st.default_update = PhiloxAdvance("float32")(st, 3, 4)
+        f = function([], PhiloxSample("uniform", "float32")(st, 3, 4) * 2.0)
+        fg = f.maker.fgraph
+        (adv,) = [n for n in fg.toposort() if isinstance(n.op, GpuPhiloxAdvance)]
+        assert adv.inputs[0] is fg.inputs[0] and fg.update_mapping == {1: 0}
+        assert fg.outputs[1] is adv.outputs[0]
+        # the state never visits the host: nothing reads it through HostFromGpu
+        assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
+
+
+def test_float16_stays_on_the_cpu():
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function([], srng.uniform((4,), dtype="float16"))
+        assert any(isinstance(op, PhiloxSample) for op in _ops(f))
+
+
+def test_ops_types_and_errors():
+    st = GpuArrayType("uint32", (False,), None)()
+    n = T.lscalar("n")
+    out = GpuPhiloxSample("normal", "float32")(st, n, 3)
+    assert out.type == GpuArrayType("float32", (False, False), None)
+    assert out.owner.op.grad(out.owner.inputs, [None]) == [None, None, None]
+    assert GpuPhiloxAdvance("float32")(st, n).type == st.type
+    with pytest.raises(ValueError, match="no kernel"):
+        GpuPhiloxSample("normal", "float16")
+    with pytest.raises(TypeError, match="uint32 vector"):
+        GpuPhiloxSample("uniform", "float32")(GpuArrayType("int32", (False,), None)(), n)
+    ((key, factory, options),) = out.owner.op.prefetch_sources(out.owner)
+    assert factory is random_source and options == ()
+
+
+def test_thunks_launch_with_the_state_pointer_and_the_size(monkeypatch):
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    n = T.lscalar("n")
+    out = GpuPhiloxSample("normal", "float32")(st, n, 3)
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    thunk, storage = thunk_over(out.owner, [state, np.int64(11), np.int64(3)])
+    assert thunk.capturable and thunk.launches
+    thunk()
+    (name, grid, block, args), = calls
+    assert name == "sg_philox_normal_float32" and block == (256, 1, 1)
+    assert args[0] == state.ptr and args[2] == 33
+    res = storage[out][0]
+    assert res.shape == (11, 3) and res.dtype == np.float32 and args[1] == res.ptr
+    adv = GpuPhiloxAdvance("float64")(st, n).owner
+    thunk, storage = thunk_over(adv, [state, np.int64(5)])
+    thunk()
+    name, grid, block, args = calls[-1]
+    assert name == "sg_philox_advance" and args[0] == state.ptr and args[2] == 3
+    assert storage[adv.outputs[0]][0].shape == (4,) and args[1] == storage[adv.outputs[0]][0].ptr
+    with pytest.raises(ValueError, match="4 contiguous uint32"):
+        thunk_over(adv, [fake_gpu_array(ctx, (3,), "uint32"), np.int64(5)])[0]()
+
+
+def test_fused_thunk_launches_contiguous_and_strided(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    x = GpuArrayType("float32", (False, False), None)()
+    n0, n1 = T.lscalar("n0"), T.lscalar("n1")
+    out = GpuPhiloxElemwise(SCALAR_OPS["mul"], 1, "normal", "float32", 2)(st, n0, n1, x)
+    node = out.owner
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    xv = fake_gpu_array(ctx, (5, 7))
+    thunk, storage = thunk_over(node, [state, np.int64(5), np.int64(7), xv])
+    assert thunk.capturable
+    thunk()
+    name, grid, block, args = calls[-1]
+    res = storage[out][0]
+    assert name == "sg_philox_ew_contig" and args == (state.ptr, 35, xv.ptr, res.ptr)
+    assert res.shape == (5, 7) and res.dtype == np.float32
+    xt = fake_gpu_array(ctx, (5, 7), strides=(4, 20))            # a transposed view
+    thunk, storage = thunk_over(node, [state, np.int64(5), np.int64(7), xt])
+    thunk()
+    name, grid, block, args = calls[-1]
+    assert name == "sg_philox_ew_strided"
+    assert args[:6] == (state.ptr, 35, 5, 7, 1, 5) and args[6] == xt.ptr
+
+
+def test_fused_thunk_falls_back_when_the_draw_is_broadcast_at_run_time(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    calls = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    st = GpuArrayType("uint32", (False,), None)()
+    x = GpuArrayType("float32", (False, False), None)()
+    n0, n1 = T.lscalar("n0"), T.lscalar("n1")
+    out = GpuPhiloxElemwise(SCALAR_OPS["add"], 0, "uniform", "float32", 2)(st, n0, n1, x)
+    state = fake_gpu_array(ctx, (4,), "uint32")
+    thunk, storage = thunk_over(out.owner, [state, np.int64(1), np.int64(7),
+                                            fake_gpu_array(ctx, (5, 7))])
+    thunk()
+    names = [c[0] for c in calls]
+    assert names[0] == "sg_philox_uniform_float32" and names[1].startswith("sg_strided"), names
+    assert calls[-2][3][2] == 7                     # 7 numbers drawn, broadcast to (5, 7)
+    assert storage[out][0].shape == (5, 7)
+
+
+@requires_nvcc
+def test_fused_kernels_compile(tmp_path):
+    srng = RandomStreams(seed=1)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(*_dropout_graph(srng))
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuPhiloxElemwise)]
+    source = node.op._source(node)()
+    cubin = compile_for_sm90(source, tmp_path)
+    assert b"sg_philox_ew_contig" in cubin and b"sg_philox_ew_strided" in cubin
+    from symgpu.scalar.basic import SCALAR_OPS
+    src64 = render_philox_elemwise(SCALAR_OPS["add"], ["float64", "float64"], [True, False],
+                                   1, "normal", 3)
+    assert b"sg_philox_ew_strided" in compile_for_sm90(src64, tmp_path / "b")
+
+
+@requires_nvcc
+def test_kernels_compile(tmp_path):
+    cubin = compile_for_sm90(random_source(), tmp_path)
+    for dist in ("uniform", "normal"):
+        for dtype in GPU_RANDOM_DTYPES:
+            assert sample_kernel_name(dist, dtype).encode() in cubin
+    assert b"sg_philox_advance" in cubin
+
+
+# ============================================================================ GPU
+
+def _reference(seed, stream, dist, dtype, shape, call):
+    """What stream `stream` of RandomStreams(seed) draws at call `call` (NumPy Philox)."""
+    state = RandomStreams(seed=seed)._initial_state(stream)
+    state = philox.advance(state, call * philox.blocks(int(np.prod(shape)), dtype))
+    return philox.sample(state, dist, dtype, shape)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs):
+    def make(s):
+        return [s.uniform((1001, 3), dtype=dtype), s.normal((7, 333), dtype=dtype),
+                s.uniform((5,), low=2.0, high=4.0, dtype=dtype)]
+    with config.change_flags(**{"gpuarray.cuda_graphs": cuda_graphs}):
+        srng = RandomStreams(seed=5)
+        f = function([], make(srng))
+        ops = _ops(f)
+        assert sum(isinstance(op, (GpuPhiloxSample, GpuPhiloxElemwise)) for op in ops) == 3
+        assert sum(isinstance(op, GpuPhiloxAdvance) for op in ops) == 3
+        assert isinstance(srng.state_updates[0][0].type, GpuArrayType)
+        for call in range(4):
+            u, z, v = f()
+            want_u = _reference(5, 0, "uniform", dtype, (1001, 3), call)
+            want_z = _reference(5, 1, "normal", dtype, (7, 333), call)
+            want_v = 2 + 2 * _reference(5, 2, "uniform", dtype, (5,), call)
+            assert u.dtype == dtype and z.dtype == dtype
+            np.testing.assert_array_equal(u, want_u)          # bitwise
+            tol = 2e-5 if dtype == "float32" else 1e-12
+            np.testing.assert_allclose(z, want_z, rtol=tol, atol=tol)
+            np.testing.assert_allclose(v, want_v, rtol=1e-6 if dtype == "float32" else 1e-15)
+        st = np.asarray(srng.state_updates[0][0].get_value())
+        assert st.dtype == np.uint32 and int(st[2]) == 4 * -(-3003 // (4 if dtype == "float32" else 2))
+
+
+@requires_gpu
+def test_dropout_on_the_gpu_matches_the_cpu(cuda):
+    x = np.random.default_rng(0).standard_normal((64, 100)).astype("float32")
+
+    def make(s):
+        xv = T.constant(x)
+        return xv * T.cast(s.binomial((64, 100), p=0.5, dtype="int8"), "float32") * 2.0
+    srng = RandomStreams(seed=9)
+    f = function([], make(srng))
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f))     # generated in-kernel
+    for call in range(3):
+        keep = _reference(9, 0, "uniform", "float32", (64, 100), call) < 0.5
+        np.testing.assert_array_equal(f(), x * keep.astype("float32") * 2.0)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_kernel_on_strided_and_broadcast_inputs(cuda, dtype):
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((30, 20)).astype(dtype)
+    bv = rng.standard_normal(30).astype(dtype)
+    x, b = T.matrix("x", dtype=dtype), T.vector("b", dtype=dtype)
+    srng = RandomStreams(seed=4)
+    out = x.T * srng.normal((20, 30), dtype=dtype) + b
+    f = function([x, b], out)
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f)), _ops(f)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    for call in range(3):
+        want = xv.T * _reference(4, 0, "normal", dtype, (20, 30), call) + bv
+        got = f(xv, bv)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
