@@ -188,6 +188,20 @@ def _cases():
             ArgsortKeys(2)(u),
         ], [np.array([1, 2, 3, 4], dtype="uint32"), np.array([0.2, 0.3, 0.5])]
 
+    @add("conv_and_pool")
+    def _():
+        from symgpu.tensor.nnet import conv2d
+        from symgpu.tensor.signal.pool import pool_2d
+        x, w = T.dtensor4("x"), T.dtensor4("w")
+        vx, vw = rng(9).standard_normal((2, 2, 6, 6)), rng(10).standard_normal((3, 2, 3, 3))
+        y = conv2d(x, w, border_mode="half", subsample=(1, 2))
+        mx = pool_2d(x, (2, 2), ignore_border=False)
+        av = pool_2d(x, (3, 3), pad=(1, 1), mode="average_exc_pad")
+        gx, gw = T.grad((y ** 2).sum(), [x, w])
+        gmax = T.grad((mx ** 2).sum(), x)
+        return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
+                        T.grad((gmax ** 2).sum(), x)], [vx, vw]
+
     return cases
 
 

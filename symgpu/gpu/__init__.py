@@ -70,3 +70,8 @@ for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet",
              "advanced_pairs", "crossentropy", "lifters", "graphs", "random", "random_fusion"):
     if _ilu.find_spec(f"{__name__}.{_mod}") is not None:
         importlib.import_module(f"{__name__}.{_mod}")
+
+# Convolution and pooling (issue 17): their lifters register on import, like the kernel
+# modules above.
+for _mod in ("conv", "pooling"):
+    importlib.import_module(f"{__name__}.{_mod}")

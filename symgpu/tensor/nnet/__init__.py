@@ -234,3 +234,14 @@ def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable
     raise TypeError(f"categorical_crossentropy: true_dist must have the same number of "
                     f"dimensions as coding_dist ({p.type}) or one fewer (integer labels); "
                     f"got {t.type}")
+
+
+# convolution (a submodule; imported last because it builds on the ops above)
+from symgpu.tensor.nnet.abstract_conv import (  # noqa: E402
+    conv2d, conv2d_grad_wrt_inputs, conv2d_grad_wrt_weights, conv2d_transpose)
+
+__all__ += ["conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose"]
+from symgpu.tensor.nnet.activations import elu, selu  # noqa: E402
+from symgpu.tensor.nnet import bn  # noqa: E402,F401
+
+__all__ += ["elu", "selu"]

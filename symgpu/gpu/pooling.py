@@ -1,0 +1,327 @@
+"""GPU 2-d pooling with Theano's semantics, by kernels of our own: GpuPool, GpuMaxPoolGrad,
+GpuAveragePoolGrad, GpuMaxPoolGradGrad and their lifters from symgpu/tensor/signal/pool.py.
+
+Why not cuDNN's pooling: Theano's Pool keeps partial windows (ignore_border=False), has a
+'sum' mode and gives a max window's gradient to every element equal to the max; cuDNN does
+none of these. The kernels are one thread per output (forward, grad-grad) or per input element
+(gradients, a gather over the windows that contain it: deterministic, no atomics), over a
+C-contiguous (L, H, W) view of the input (L = the product of the leading axes).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.gpu.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.rewriting import register_lifter
+from symgpu.gpu.type import GpuArrayType, is_gpu_var
+from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
+                                       _PoolBase)
+from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
+
+__all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
+           "pooling_source", "POOL_DTYPES"]
+
+POOL_DTYPES = {"float32": "float", "float64": "double"}
+_MODULE_KEY = ("symgpu.pooling",)
+_BLOCK = 256
+
+_TEMPLATE = r"""
+struct PoolGeo { long long L, H, W, ho, wo, ws0, ws1, st0, st1, p0, p1; };
+
+/* Window (i, j) in input coordinates: the padded extent [rs, re) x [cs, ce) and the part
+   inside the image [r0, r1) x [c0, c1) (Theano's region for the non-inc_pad modes). */
+__device__ __forceinline__ void pool_window(const PoolGeo &g, long long i, long long j,
+    long long &rs, long long &re, long long &cs, long long &ce,
+    long long &r0, long long &r1, long long &c0, long long &c1)
+{
+    rs = i * g.st0 - g.p0; re = min(rs + g.ws0, g.H + g.p0);
+    cs = j * g.st1 - g.p1; ce = min(cs + g.ws1, g.W + g.p1);
+    r0 = max(rs, 0LL); r1 = min(re, g.H); c0 = max(cs, 0LL); c1 = min(ce, g.W);
+}
+
+template <typename T>
+__device__ __forceinline__ T pool_divisor(int mode, long long rs, long long re, long long cs,
+    long long ce, long long r0, long long r1, long long c0, long long c1)
+{
+    if (mode == 2) return (T)((re - rs) * (ce - cs));
+    if (mode == 3) return (T)((r1 - r0) * (c1 - c0));
+    return T(1);
+}
+
+/* mode: 0 max, 1 sum, 2 average_inc_pad, 3 average_exc_pad */
+template <typename T>
+__device__ void pool_fwd_body(const T *x, T *z, PoolGeo g, int mode)
+{
+    const long long total = g.L * g.ho * g.wo, step = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long j = t % g.wo, i = (t / g.wo) % g.ho, l = t / (g.wo * g.ho);
+        long long rs, re, cs, ce, r0, r1, c0, c1;
+        pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+        const T *xl = x + l * g.H * g.W;
+        T acc = mode == 0 ? xl[r0 * g.W + c0] : T(0);
+        for (long long r = r0; r < r1; ++r)
+            for (long long c = c0; c < c1; ++c) {
+                const T v = xl[r * g.W + c];
+                if (mode == 0) { if (v > acc || v != v) acc = (acc != acc) ? acc : v; }
+                else acc += v;
+            }
+        z[t] = mode >= 2 ? acc / pool_divisor<T>(mode, rs, re, cs, ce, r0, r1, c0, c1) : acc;
+    }
+}
+
+/* gx[l, r, c] = sum over the windows containing (r, c) of (max: x == z) gz / divisor */
+template <typename T>
+__device__ void pool_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo g, int mode)
+{
+    const long long total = g.L * g.H * g.W, step = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long c = t % g.W, r = (t / g.W) % g.H, l = t / (g.W * g.H);
+        const long long ilo = r + g.p0 - g.ws0 >= 0 ? (r + g.p0 - g.ws0) / g.st0 + 1 : 0;
+        const long long ihi = min((r + g.p0) / g.st0, g.ho - 1);
+        const long long jlo = c + g.p1 - g.ws1 >= 0 ? (c + g.p1 - g.ws1) / g.st1 + 1 : 0;
+        const long long jhi = min((c + g.p1) / g.st1, g.wo - 1);
+        const T xv = mode == 0 ? x[t] : T(0);
+        T acc = T(0);
+        for (long long i = ilo; i <= ihi; ++i)
+            for (long long j = jlo; j <= jhi; ++j) {
+                const long long o = (l * g.ho + i) * g.wo + j;
+                if (mode == 0) { if (xv == z[o]) acc += gz[o]; continue; }
+                long long rs, re, cs, ce, r0, r1, c0, c1;
+                pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+                acc += gz[o] / pool_divisor<T>(mode, rs, re, cs, ce, r0, r1, c0, c1);
+            }
+        gx[t] = acc;
+    }
+}
+
+/* ggz[l, i, j] = sum of ggx over window (i, j)'s elements equal to its max */
+template <typename T>
+__device__ void pool_ggrad_body(const T *x, const T *z, const T *ggx, T *ggz, PoolGeo g)
+{
+    const long long total = g.L * g.ho * g.wo, step = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const long long j = t % g.wo, i = (t / g.wo) % g.ho, l = t / (g.wo * g.ho);
+        long long rs, re, cs, ce, r0, r1, c0, c1;
+        pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+        const long long base = l * g.H * g.W;
+        T acc = T(0);
+        for (long long r = r0; r < r1; ++r)
+            for (long long c = c0; c < c1; ++c)
+                if (x[base + r * g.W + c] == z[t]) acc += ggx[base + r * g.W + c];
+        ggz[t] = acc;
+    }
+}
+"""
+
+_GEO = ("long long L, long long H, long long W, long long ho, long long wo, long long ws0, "
+        "long long ws1, long long st0, long long st1, long long p0, long long p1")
+_MAKE = "PoolGeo g = {L, H, W, ho, wo, ws0, ws1, st0, st1, p0, p1};"
+_FORMATS = {"fwd": "PP" + "q" * 11 + "i", "grad": "PPPP" + "q" * 11 + "i",
+            "ggrad": "PPPP" + "q" * 11}
+
+
+def pooling_source() -> str:
+    parts = [_TEMPLATE]
+    for dt, t in POOL_DTYPES.items():
+        parts.append(f'extern "C" __global__ void pool_fwd_{dt}(const {t} *x, {t} *z, {_GEO}, '
+                     f'int mode) {{ {_MAKE} pool_fwd_body<{t}>(x, z, g, mode); }}\n')
+        parts.append(f'extern "C" __global__ void pool_grad_{dt}(const {t} *x, const {t} *z, '
+                     f'const {t} *gz, {t} *gx, {_GEO}, int mode) {{ {_MAKE} '
+                     f'pool_grad_body<{t}>(x, z, gz, gx, g, mode); }}\n')
+        parts.append(f'extern "C" __global__ void pool_ggrad_{dt}(const {t} *x, const {t} *z, '
+                     f'const {t} *ggx, {t} *ggz, {_GEO}) {{ {_MAKE} '
+                     f'pool_ggrad_body<{t}>(x, z, ggx, ggz, g); }}\n')
+    return "".join(parts)
+
+
+_prepared: dict[tuple, Any] = {}
+
+
+def _kernel(ctx: Any, kind: str, dtype: str) -> Any:
+    key = (id(ctx), kind, dtype)
+    fn = _prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.compiler import get_kernel
+        fn = get_kernel(_MODULE_KEY, pooling_source, f"pool_{kind}_{dtype}", context=ctx)
+        fn.prepare(_FORMATS[kind])
+        _prepared[key] = fn
+    return fn
+
+
+def _packed(a: Any) -> Any:
+    return a if a.is_c_contiguous else a.copy()
+
+
+class _GpuPoolBase(_PoolBase):
+    """What the GPU pooling ops share: their thunk (a launch on the context's stream)."""
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return [(_MODULE_KEY, pooling_source, ())]
+
+    def _gpu(self, v: Any, ctx_name: Any, what: str) -> Any:
+        from symgpu.gpu.basic_ops import as_gpuarray_variable
+        v = as_gpuarray_variable(v, ctx_name)
+        if v.ndim < 2 or v.dtype not in POOL_DTYPES:
+            raise TypeError(f"{self}: {what} must be a float32/float64 GPU array of 2 or more "
+                            f"dimensions, got {v.type}")
+        return v
+
+    @staticmethod
+    def _ctx_name(*vs: Any) -> Any:
+        return next((v.type.context_name for v in vs if is_gpu_var(v)), None)
+
+    def geo(self, shape: tuple) -> list[int]:
+        h, w = shape[-2:]
+        ho = pool_out_len(h, self.ws[0], self.stride[0], self.pad[0], self.ignore_border)
+        wo = pool_out_len(w, self.ws[1], self.stride[1], self.pad[1], self.ignore_border)
+        lead = int(np.prod(shape[:-2], dtype=np.int64))
+        return [lead, h, w, ho, wo, self.ws[0], self.ws[1], self.stride[0], self.stride[1],
+                self.pad[0], self.pad[1]]
+
+    def _launch(self, ctx: Any, kind: str, dtype: str, total: int, *args: Any) -> None:
+        if total:
+            blocks = max(1, min(65535, -(-total // _BLOCK)))
+            _kernel(ctx, kind, dtype).prepared_async_call((blocks, 1), (_BLOCK, 1, 1),
+                                                          ctx.stream, *args)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        cells = [storage_map[v] for v in node.inputs]
+        out_cell = storage_map[node.outputs[0]]
+
+        def thunk() -> None:
+            ctx.activate()
+            out_cell[0] = self._run(ctx, [_packed(c[0]) for c in cells])
+
+        thunk.capturable = True   # type: ignore[attr-defined]
+        thunk.launches = True     # type: ignore[attr-defined]
+        return thunk
+
+    def _check_out(self, x: Any, other: Any, geo: list[int], what: str) -> None:
+        want = tuple(x.shape[:-2]) + (geo[3], geo[4])
+        if tuple(other.shape) != want:
+            raise ValueError(f"{self}: {what} has shape {other.shape}, expected {want} for an "
+                             f"input of shape {x.shape}")
+
+
+class GpuPool(_GpuPoolBase):
+    """Pool on the GPU."""
+
+    def make_node(self, x: Any) -> Apply:
+        x = self._gpu(x, self._ctx_name(x), "input")
+        bc = x.broadcastable[:-2] + (False, False)
+        return Apply(self, [x], [GpuArrayType(x.dtype, bc, x.type.context_name)()])
+
+    def _run(self, ctx, inputs):
+        (x,) = inputs
+        geo = self.geo(x.shape)
+        z = new_array(ctx, tuple(x.shape[:-2]) + (geo[3], geo[4]), x.dtype)
+        self._launch(ctx, "fwd", x.dtype.name, z.size if x.size else 0, x.ptr, z.ptr, *geo,
+                     MODES.index(self.mode))
+        if z.size and not x.size:
+            z.fill(0)
+        return z
+
+
+class GpuMaxPoolGrad(_GpuPoolBase):
+    """MaxPoolGrad on the GPU: (x, maxout, gz) -> gx."""
+
+    def make_node(self, x: Any, maxout: Any, gz: Any) -> Apply:
+        ctx = self._ctx_name(x, maxout, gz)
+        x = self._gpu(x, ctx, "input")
+        maxout, gz = self._gpu(maxout, ctx, "maxout"), self._gpu(gz, ctx, "output gradient")
+        if not x.dtype == maxout.dtype == gz.dtype:
+            raise TypeError(f"{self}: x, maxout and gz need one dtype")
+        return Apply(self, [x, maxout, gz], [x.type()])
+
+    def _run(self, ctx, inputs):
+        x, z, gz = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, z, geo, "maxout")
+        self._check_out(x, gz, geo, "the output gradient")
+        gx = new_array(ctx, tuple(x.shape), x.dtype)
+        self._launch(ctx, "grad", x.dtype.name, gx.size, x.ptr, z.ptr, gz.ptr, gx.ptr, *geo, 0)
+        return gx
+
+
+class GpuAveragePoolGrad(_GpuPoolBase):
+    """AveragePoolGrad on the GPU ('sum' and both averages): (x, gz) -> gx."""
+
+    def make_node(self, x: Any, gz: Any) -> Apply:
+        ctx = self._ctx_name(x, gz)
+        x, gz = self._gpu(x, ctx, "input"), self._gpu(gz, ctx, "output gradient")
+        if x.dtype != gz.dtype:
+            raise TypeError(f"{self}: x and gz need one dtype")
+        return Apply(self, [x, gz], [x.type()])
+
+    def _run(self, ctx, inputs):
+        x, gz = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, gz, geo, "the output gradient")
+        gx = new_array(ctx, tuple(x.shape), x.dtype)
+        self._launch(ctx, "grad", x.dtype.name, gx.size, x.ptr, gz.ptr, gz.ptr, gx.ptr, *geo,
+                     MODES.index(self.mode))
+        return gx
+
+
+class GpuMaxPoolGradGrad(_GpuPoolBase):
+    """MaxPoolGradGrad on the GPU: (x, maxout, ggx) -> ggz."""
+
+    def make_node(self, x: Any, maxout: Any, ggx: Any) -> Apply:
+        ctx = self._ctx_name(x, maxout, ggx)
+        x, maxout, ggx = (self._gpu(v, ctx, w) for v, w in
+                          ((x, "input"), (maxout, "maxout"), (ggx, "ggx")))
+        return Apply(self, [x, maxout, ggx], [maxout.type()])
+
+    def _run(self, ctx, inputs):
+        x, z, ggx = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, z, geo, "maxout")
+        ggz = new_array(ctx, tuple(z.shape), x.dtype)
+        self._launch(ctx, "ggrad", x.dtype.name, ggz.size if x.size else 0, x.ptr, z.ptr,
+                     ggx.ptr, ggz.ptr, *geo)
+        if ggz.size and not x.size:
+            ggz.fill(0)
+        return ggz
+
+
+# ----------------------------------------------------------------------------- lifters
+
+def _floats(*vs: Any) -> bool:
+    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in POOL_DTYPES
+
+
+@register_lifter(Pool)
+def lift_pool(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
+    if not _floats(node.inputs[0]):
+        return None
+    return [GpuPool(**op.params())(inputs[0])]
+
+
+@register_lifter(MaxPoolGrad)
+def lift_max_pool_grad(op: Any, node: Apply, context_name: Any,
+                       inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuMaxPoolGrad(**op.params())(*inputs)]
+
+
+@register_lifter(AveragePoolGrad)
+def lift_average_pool_grad(op: Any, node: Apply, context_name: Any,
+                           inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuAveragePoolGrad(**op.params())(*inputs)]
+
+
+@register_lifter(MaxPoolGradGrad)
+def lift_max_pool_grad_grad(op: Any, node: Apply, context_name: Any,
+                            inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuMaxPoolGradGrad(**op.params())(*inputs)]
