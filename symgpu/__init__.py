@@ -27,3 +27,11 @@ __all__ += ["pp"]
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
 __all__ += ["Mode", "printing", "gradient"]
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)
+
+# loops (scan is a callable module: symgpu.scan(...) and symgpu.scan.until both work)
+import symgpu.scan  # noqa: E402
+from symgpu.scan import foldl, foldr, map, reduce  # noqa: E402,A004
+import symgpu.scan_module  # noqa: E402,F401
+scan = symgpu.scan  # noqa: E402
+__all__ += ["scan", "map", "reduce", "foldl", "foldr"]
+import symgpu.ifelse  # noqa: E402,F401  (symgpu.ifelse.ifelse, the lazy branch)

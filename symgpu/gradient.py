@@ -123,6 +123,9 @@ class _GradStop(Op):
     def perform(self, node, inputs, out):
         out[0][0] = inputs[0]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
 
 class ZeroGrad(_GradStop):
     """Forward: the input itself. Backward: a zero gradient (the input stays connected)."""
@@ -606,6 +609,22 @@ class JacobianOp(Op):
         outs = [TensorType(g.dtype, expression.broadcastable + g.broadcastable)()
                 for g in self.inner_outputs]
         return Apply(self, [expression, *frontier], outs)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """expression's shape + the shape of each inner gradient, inferred through the inner
+        graph with the seed shaped as the expression and the frontier as the op's inputs."""
+        from symgpu.compile.function import clone_replace
+        from symgpu.tensor.rewriting.shape_feature import infer_graph_shapes
+        known = {inner: shp for inner, shp in zip(self.inner_inputs, input_shapes)}
+        inner = infer_graph_shapes(self.inner_outputs, known)
+        flat = [e for s in inner for e in s]
+        if flat:  # a shape that reads an inner input's value reads the outer one's
+            flat = clone_replace(flat, dict(zip(self.inner_inputs, node.inputs)))
+        out, k = [], 0
+        for s in inner:
+            out.append(tuple(input_shapes[0]) + tuple(flat[k:k + len(s)]))
+            k += len(s)
+        return out
 
     def _compiled(self):
         if self._fn is None:

@@ -202,6 +202,13 @@ def _cases():
         return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
                         T.grad((gmax ** 2).sum(), x)], [vx, vw]
 
+    @add("specify_shape")
+    def _():
+        x, v = _m()
+        n = T.lscalar("n")
+        y = T.specify_shape(x, (3, n))
+        return [x, n], [y * 2, T.specify_shape(T.exp(x), (None, 4))], [v, 4]
+
     return cases
 
 

@@ -33,6 +33,8 @@ from symgpu.gpu.device_checks import REPORT_SOURCE, DeviceChecked, launch_checke
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.subtensor import SYM, Slice
+from symgpu.tensor.math import MatMul as _MatMul
+from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
@@ -208,6 +210,10 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """x[idx] for an integer vector idx: the host AdvancedSubtensor's rule."""
+        return _AdvancedSubtensor.infer_shape(_AdvancedSubtensor((SYM,)), fgraph, node, input_shapes)
+
     def make_node(self, x: Any, idx: Any) -> Apply:
         _check_indexed_var(self, x)
         idx = as_gpuarray_variable(idx, x.type.context_name)
@@ -251,6 +257,9 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
 
     def __str__(self) -> str:
         return f"GpuAdvanced{'Set' if self.set_instead_of_inc else 'Inc'}Subtensor1"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
 
     def make_node(self, x: Any, y: Any, idx: Any) -> Apply:
         _check_indexed_var(self, x)
@@ -345,6 +354,8 @@ class GpuBatchedDot(Op):
 
     def __str__(self) -> str:
         return "GpuBatchedDot"
+
+    infer_shape = _MatMul.infer_shape  # stacks of 1 broadcast, as in matmul
 
     def make_node(self, x: Any, y: Any) -> Apply:
         from symgpu.gpu.blas import _blas_matrix, _ctx_name

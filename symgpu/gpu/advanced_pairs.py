@@ -196,9 +196,9 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
         out[0][0] = res
 
     def infer_shape(self, fgraph, node, input_shapes):
-        from symgpu.tensor.math import maximum
-        na, nb = input_shapes[1][0], input_shapes[2][0]
-        return [(maximum(na, nb),)]
+        """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
+        from symgpu.tensor.shape_rules import numpy_broadcast
+        return [numpy_broadcast([input_shapes[1], input_shapes[2]])]
 
     def grad(self, inputs, output_grads):
         x, a, b = inputs
@@ -295,10 +295,9 @@ class GpuARange(Op):
         out[0][0] = res
 
     def infer_shape(self, fgraph, node, input_shapes):
-        start, stop, step = node.inputs
-        from symgpu.tensor.math import cast, ceil, maximum
-        n = ceil((cast(stop, "float64") - cast(start, "float64")) / cast(step, "float64"))
-        return [(cast(maximum(n, 0), "int64"),)]
+        """The host ARange's rule (exact integer arithmetic)."""
+        from symgpu.tensor.shape_rules import arange_length
+        return [(arange_length(*node.inputs),)]
 
     def grad(self, inputs, output_grads):
         return [None, None, None]

@@ -20,8 +20,11 @@ from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.transfer import TransferError, register_transfer
-from symgpu.tensor.basic import Reshape as _Reshape
+from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
+from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
 from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i, check_declared_broadcastable
+from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
+from symgpu.tensor.shape import Unbroadcast as _Unbroadcast
 
 __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
            "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",
@@ -120,6 +123,8 @@ class GpuFromHost(Op):
             return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         return _ScalarUploadThunk(self, node, storage_map, compute_map)
 
+    infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape
+
     def grad(self, inputs, output_grads):
         return [_host_grad(output_grads[0])]
 
@@ -186,6 +191,8 @@ class HostFromGpu(Op):
             _count("gpu_to_host", x.nbytes)
         return results
 
+    infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape
+
     def grad(self, inputs, output_grads):
         return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
 
@@ -222,6 +229,8 @@ class GpuToGpu(Op):
         # through the host: correct for any pair of devices (peer copies are an optimisation)
         out[0][0] = to_gpu(x.get(), ctx)
         _count("gpu_to_gpu", x.nbytes)
+
+    infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape
 
     def grad(self, inputs, output_grads):
         return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
@@ -277,6 +286,8 @@ class GpuContiguous(Op):
         x = inputs[0]
         out[0][0] = x if x.is_c_contiguous else x.copy()
 
+    infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape
+
     def grad(self, inputs, output_grads):
         return [output_grads[0]]
 
@@ -324,6 +335,8 @@ class GpuDimShuffle(Op):
             x = x.transpose(self._perm)
         out[0][0] = x[self._key] if self._key else x
 
+    infer_shape = _DimShuffle.infer_shape
+
     def grad(self, inputs, output_grads):
         from symgpu.tensor.elemwise import DimShuffle
         x = inputs[0]
@@ -359,6 +372,8 @@ class GpuReshape(Op):
     # GpuArray.reshape has NumPy's contract (a view when possible): the host op's run-time
     # code applies unchanged (shared as a function, not by subclassing the CPU op)
     perform = _Reshape.perform
+
+    infer_shape = _Reshape.infer_shape
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.basic import Reshape
@@ -400,6 +415,8 @@ class GpuSpecifyBroadcastable(_GpuRebroadcast):
     def perform(self, node, inputs, out):
         out[0][0] = check_declared_broadcastable(inputs[0], self.broadcastable)
 
+    infer_shape = _SpecifyBroadcastable.infer_shape
+
     def grad(self, inputs, output_grads):
         return [as_gpuarray_variable(output_grads[0], inputs[0].type.context_name)]
 
@@ -420,6 +437,8 @@ class GpuUnbroadcast(_GpuRebroadcast):
 
     def perform(self, node, inputs, out):
         out[0][0] = inputs[0]
+
+    infer_shape = _Unbroadcast.infer_shape
 
     def grad(self, inputs, output_grads):
         x = inputs[0]
@@ -456,6 +475,7 @@ class GpuShape(Op):
 
     perform = _Shape.perform  # reads only the (host-side) shape tuple
     grad = _Shape.grad
+    infer_shape = _Shape.infer_shape
 
 
 class GpuShape_i(Op):
@@ -478,6 +498,7 @@ class GpuShape_i(Op):
         return Apply(self, [x], [TensorType("int64", ())()])
 
     perform = _Shape_i.perform
+    infer_shape = _Shape_i.infer_shape
 
     def grad(self, inputs, output_grads):
         return [None]
@@ -529,6 +550,8 @@ class GpuAlloc(Op):
         else:
             res._copy_from_device(v._broadcast_to(target, str(self)))
         out[0][0] = res
+
+    infer_shape = _Alloc.infer_shape
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.basic import Alloc

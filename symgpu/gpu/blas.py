@@ -25,6 +25,7 @@ from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
 from symgpu.gpu.elemwise import _as_gpu, _context, _virtual_thunk, new_array
 from symgpu.gpu.rewriting import register_lifter
+from symgpu.tensor import blas as _host_blas
 
 __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
            "gpu_dot22", "gpu_ger", "lift_ger", "gemm_math_mode", "cublas", "CublasError",
@@ -298,6 +299,8 @@ class GpuGemm(_AccumulatingBlasOp):
     """``z <- beta * z + alpha * dot(x, y)`` (inputs z, alpha, x, y, beta); in place on z
     when ``inplace``."""
 
+    infer_shape = _host_blas.Gemm.infer_shape
+
     def make_node(self, z: Any, alpha: Any, x: Any, y: Any, beta: Any) -> Apply:
         ctx = _ctx_name(z, x, y)
         z = _blas_matrix(z, ctx, 2, "GpuGemm's z")
@@ -322,6 +325,8 @@ class GpuDot22(_CublasOp):
 
     def __str__(self) -> str:
         return "GpuDot22"
+
+    infer_shape = _host_blas.Dot22.infer_shape
 
     def make_node(self, x: Any, y: Any) -> Apply:
         from symgpu.gpu.type import GpuArrayType
@@ -433,6 +438,8 @@ class GpuGemv(_AccumulatingBlasOp):
     """``y <- beta * y + alpha * dot(A, x)`` (inputs y, alpha, A, x, beta); in place on y when
     ``inplace``.  ``dot(matrix, vector)`` on the GPU is this with beta = 0 on an empty y."""
 
+    infer_shape = _host_blas.Gemv.infer_shape
+
     def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:
         ctx = _ctx_name(y, A, x)
         y = _blas_matrix(y, ctx, 1, "GpuGemv's y")
@@ -514,6 +521,8 @@ class GpuGer(_AccumulatingBlasOp):
     """``A <- A + alpha * outer(x, y)`` (inputs A, alpha, x, y; cuBLAS ger, the rank-1
     update); in place on A when ``inplace``, else into a copy of A from the pool."""
 
+    infer_shape = _host_blas.Ger.infer_shape
+
     def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(A, x, y)
         A = _blas_matrix(A, ctx, 2, "GpuGer's A")
@@ -586,6 +595,9 @@ class GpuAllocEmpty(Op):
 
     def __str__(self) -> str:
         return f"GpuAllocEmpty{{dtype='{self.dtype}', context_name={self.context_name!r}}}"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [tuple(node.inputs)]
 
     def make_node(self, *shape: Any) -> Apply:
         from symgpu.gpu.type import GpuArrayType

@@ -153,6 +153,8 @@ class GpuConv2d(_GpuConvBase):
 
     kind = "fwd"
 
+    infer_shape = Conv2d.infer_shape
+
     def make_node(self, img: Any, kern: Any) -> Apply:
         ctx = self._ctx_name(img, kern)
         img, kern = self._gpu4(img, ctx, "input"), self._gpu4(kern, ctx, "filters")
@@ -194,6 +196,8 @@ class GpuConv2dGradInputs(_GpuConvBase):
     input spatial shape on the host)."""
 
     kind = "bwd_data"
+
+    infer_shape = Conv2dGradInputs.infer_shape
 
     def make_node(self, kern: Any, topgrad: Any, shape: Any) -> Apply:
         ctx = self._ctx_name(kern, topgrad)
@@ -249,6 +253,8 @@ class GpuConv2dGradWeights(_GpuConvBase):
     host)."""
 
     kind = "bwd_filter"
+
+    infer_shape = Conv2dGradWeights.infer_shape
 
     def make_node(self, img: Any, topgrad: Any, shape: Any) -> Apply:
         ctx = self._ctx_name(img, topgrad)

@@ -203,6 +203,8 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
     def __str__(self) -> str:
         return "GpuCrossentropyCategorical1Hot"
 
+    infer_shape = CrossentropyCategorical1Hot.infer_shape
+
     def make_node(self, coding_dist: Any, true_one_of_n: Any) -> Apply:
         p = coding_dist
         ctx_name = _context_of(self, p)
@@ -241,6 +243,8 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
 
     def __str__(self) -> str:
         return "GpuCrossentropyCategorical1HotGrad"
+
+    infer_shape = CrossentropyCategorical1HotGrad.infer_shape
 
     def make_node(self, g: Any, coding_dist: Any, true_one_of_n: Any) -> Apply:
         p = coding_dist

@@ -23,6 +23,7 @@ from symgpu.gpu.codegen.elemwise import (ElemwiseSignature, kernel_names, render
 from symgpu.gpu.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
 from symgpu.gpu.codegen.scalar import output_dtypes, supports_scalar_op
 from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
 
 __all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array", "sole_owner",
            "BLOCK"]
@@ -123,6 +124,8 @@ class GpuElemwise(Op):
         if self.inplace_pattern:
             return f"GpuElemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
         return f"GpuElemwise{{{self.scalar_op},no_inplace}}"
+
+    infer_shape = _Elemwise.infer_shape
 
     def make_node(self, *inputs: Any) -> Apply:
         from symgpu.gpu.type import GpuArrayType
@@ -397,6 +400,8 @@ class GpuCAReduce(Op):
         axes = "all" if self.axis is None else ",".join(str(a) for a in self.axis)
         acc = f", acc_dtype={self.dtype}" if self.dtype else ""
         return f"GpuCAReduce{{{head}}}{{{axes}{acc}}}"
+
+    infer_shape = _CAReduce.infer_shape  # its inputs broadcast, then axes drop
 
     def make_node(self, *inputs: Any) -> Apply:
         from symgpu.gpu.type import GpuArrayType

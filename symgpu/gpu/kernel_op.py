@@ -39,6 +39,7 @@ from symgpu.graph.op import Op
 from symgpu.gpu.codegen.types import SUPPORTED, value_ctype
 from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, default_context_active, is_gpu_var
+from symgpu.tensor.elemwise import Elemwise as _Elemwise
 
 __all__ = ["ElemwiseKernelOp", "KernelScalarOp"]
 
@@ -201,6 +202,8 @@ class ElemwiseKernelOp(Op):
         return self.name
 
     # -- building
+    infer_shape = _Elemwise.infer_shape  # elementwise over broadcast inputs
+
     def make_node(self, *inputs: Any) -> Apply:
         from symgpu.tensor.type import as_tensor_variable
         if len(inputs) != len(self.in_dtypes):

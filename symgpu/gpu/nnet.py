@@ -17,6 +17,7 @@ from symgpu.gpu.rewriting import register_lifter
 from symgpu.gpu.type import GpuArrayType, is_gpu_var
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import keepdims_order
+from symgpu.tensor.math import Argmax as _Argmax
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
@@ -168,6 +169,8 @@ class GpuArgmax(Op):
 
     def __str__(self) -> str:
         return f"GpuArg{self.kind}{{axis={self.axis}}}"
+
+    infer_shape = _Argmax.infer_shape
 
     def make_node(self, x: Any) -> Apply:
         if not is_gpu_var(x):

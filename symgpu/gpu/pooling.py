@@ -212,6 +212,8 @@ class _GpuPoolBase(_PoolBase):
 class GpuPool(_GpuPoolBase):
     """Pool on the GPU."""
 
+    infer_shape = Pool.infer_shape
+
     def make_node(self, x: Any) -> Apply:
         x = self._gpu(x, self._ctx_name(x), "input")
         bc = x.broadcastable[:-2] + (False, False)
@@ -230,6 +232,8 @@ class GpuPool(_GpuPoolBase):
 
 class GpuMaxPoolGrad(_GpuPoolBase):
     """MaxPoolGrad on the GPU: (x, maxout, gz) -> gx."""
+
+    infer_shape = MaxPoolGrad.infer_shape
 
     def make_node(self, x: Any, maxout: Any, gz: Any) -> Apply:
         ctx = self._ctx_name(x, maxout, gz)
@@ -252,6 +256,8 @@ class GpuMaxPoolGrad(_GpuPoolBase):
 class GpuAveragePoolGrad(_GpuPoolBase):
     """AveragePoolGrad on the GPU ('sum' and both averages): (x, gz) -> gx."""
 
+    infer_shape = AveragePoolGrad.infer_shape
+
     def make_node(self, x: Any, gz: Any) -> Apply:
         ctx = self._ctx_name(x, gz)
         x, gz = self._gpu(x, ctx, "input"), self._gpu(gz, ctx, "output gradient")
@@ -271,6 +277,8 @@ class GpuAveragePoolGrad(_GpuPoolBase):
 
 class GpuMaxPoolGradGrad(_GpuPoolBase):
     """MaxPoolGradGrad on the GPU: (x, maxout, ggx) -> ggz."""
+
+    infer_shape = MaxPoolGradGrad.infer_shape
 
     def make_node(self, x: Any, maxout: Any, ggx: Any) -> Apply:
         ctx = self._ctx_name(x, maxout, ggx)

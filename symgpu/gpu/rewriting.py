@@ -467,3 +467,42 @@ optdb.register("gpu_transfer_cancel",
                EquilibriumRewriter([local_cut_gpu_transfers, local_fold_gpu_constant_upload],
                                    name="gpu_transfer_cancel"),
                POSITIONS["gpu_transfer_cancel"], "fast_run", "fast_compile", "gpu")
+
+
+# ----------------------------------------------------------------------------- shapes on the GPU
+
+@register_lifter("SpecifyShape")
+def _lift_specify_shape(op, node, context_name, inputs):
+    if not inputs.was_on_gpu[0]:
+        return None  # a host value is checked where it is
+    return [op(inputs[0], *[inputs.host(i) for i in range(1, len(node.inputs))])]
+
+
+def _gpu_shape_i(var: Variable, d: int) -> Variable:
+    return GpuShape_i(d)(var)
+
+
+def _register_shape_reads() -> None:
+    """GpuShape/GpuShape_i of a computed GPU value rewrite as the host reads do (from the
+    ops' infer_shape); a GPU variable's dims are read with GpuShape_i (no transfer). The pass
+    runs right after the lifting, which is where GPU shape reads appear."""
+    from symgpu.tensor.rewriting.shape_feature import register_shape_reader, rewrite_shape_read
+    from symgpu.tensor.rewriting.shape_ops import local_shape_to_shape_i, local_subtensor_of_make_vector
+    from symgpu.tensor.shape import Shape, Shape_i
+    register_shape_reader(GpuArrayType, _gpu_shape_i)
+    local_gpu_shape_infer = node_rewriter([GpuShape, GpuShape_i, Shape, Shape_i])(rewrite_shape_read)
+    local_gpu_shape_infer.name = local_gpu_shape_infer.__name__ = "local_gpu_shape_infer"
+    sweep = EquilibriumRewriter([local_gpu_shape_infer, local_shape_to_shape_i,
+                                 local_subtensor_of_make_vector], name="gpu_shape_infer")
+
+    def gpu_shape_infer(fgraph: FunctionGraph) -> None:
+        if not any(type(n.op) in (GpuShape, GpuShape_i) for n in fgraph.apply_nodes):
+            return
+        # a second sweep sees reads whose value lost its last real client in the first
+        if sweep.apply(fgraph):
+            sweep.apply(fgraph)
+    optdb.register("gpu_shape_infer", gpu_shape_infer, POSITIONS["gpu"] + 1, "fast_run", "gpu",
+                   "shape")
+
+
+_register_shape_reads()

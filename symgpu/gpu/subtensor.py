@@ -21,6 +21,8 @@ from symgpu.gpu.type import is_gpu_var
 from symgpu.tensor.basic import join_broadcastable
 from symgpu.tensor.subtensor import (IncSubtensorProps, Slice, _check_inputs, _constant_index,
                                      build_index, index_broadcastable)
+from symgpu.tensor.basic import Join as _Join
+from symgpu.tensor.subtensor import Subtensor as _Subtensor
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
@@ -63,6 +65,8 @@ class GpuSubtensor(Op):
     def __str__(self) -> str:
         from symgpu.tensor.subtensor import _entry_str
         return f"GpuSubtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}}}"
+
+    infer_shape = _Subtensor.infer_shape
 
     def make_node(self, x: Any, *index: Any) -> Apply:
         if not is_gpu_var(x):
@@ -150,6 +154,8 @@ class GpuJoin(Op):
 
     def __str__(self) -> str:
         return f"GpuJoin{{axis={self.axis}}}"
+
+    infer_shape = _Join.infer_shape
 
     def make_node(self, *tensors: Any) -> Apply:
         if not tensors:

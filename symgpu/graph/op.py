@@ -7,7 +7,11 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.test_value import compute_test_values
 
-__all__ = ["Op", "Thunk", "PerformThunk"]
+__all__ = ["Op", "Thunk", "PerformThunk", "ShapeError"]
+
+
+class ShapeError(Exception):
+    """An op cannot say the shape of its outputs from its inputs' shapes (no `infer_shape`)."""
 
 
 #: the flag table, read directly: Op.__call__ runs for every node a user builds
@@ -92,6 +96,13 @@ class Op:
 
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
         return [[True] * len(node.outputs) for _ in node.inputs]
+
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: Sequence[tuple]) -> list[tuple]:
+        """One tuple of int64 scalar variables per output (its length per dimension), from
+        `input_shapes[i]` (the same for input i). Ops override it; the shape rewrites use it to
+        answer `x.shape` without computing `x` (symgpu/tensor/rewriting/shape_feature.py)."""
+        raise ShapeError(f"{type(self).__name__} ({self}) does not implement infer_shape: the "
+                         f"shape of its outputs cannot be derived from its inputs' shapes")
 
 
 class Thunk:

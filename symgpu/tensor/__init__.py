@@ -9,6 +9,7 @@ from symgpu.tensor.math import (abs, all, any, argmax, argmin, cast, dot, matmul
 from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
                                  specify_broadcastable_as, transpose)
 from symgpu.tensor.basic import *  # noqa: F401,F403
+from symgpu.tensor.shape import SpecifyShape, specify_shape
 from symgpu.tensor.sharedvar import TensorSharedVariable
 from symgpu.tensor.extra_ops import *  # noqa: F401,F403  (cumsum, sort, repeat, diag, eye...)
 from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, roll, norm...)

@@ -136,6 +136,9 @@ class MakeVector(Op):
     def perform(self, node, inputs, out):
         out[0][0] = np.array(inputs, dtype=self.dtype).reshape(len(inputs))
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [(len(node.inputs),)]
+
     def grad(self, inputs, output_grads):
         gz = output_grads[0]
         if not is_float(self.dtype):
@@ -190,6 +193,11 @@ class Reshape(Op):
         except ValueError:
             raise ValueError(f"cannot reshape an array of shape {x.shape} (size {x.size}) into "
                              f"shape {target}") from None
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The requested shape; a -1 is what x's size leaves over (GpuReshape's too)."""
+        from symgpu.tensor.shape_rules import reshape_shape
+        return [reshape_shape(input_shapes[0], node.inputs[1], self.ndim)]
 
     def grad(self, inputs, output_grads):
         x, gz = inputs[0], output_grads[0]
@@ -298,6 +306,11 @@ class Join(Op):
                              f"{', '.join(str(i.shape) for i in inputs)} differ outside that "
                              "axis") from None
         out[0][0] = res.astype(node.outputs[0].dtype, copy=False)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """Lengths along `axis` add up; the others agree (GpuJoin's too)."""
+        from symgpu.tensor.shape_rules import join_shape
+        return [join_shape(self.axis, [t.broadcastable for t in node.inputs], input_shapes)]
 
     def grad(self, inputs, output_grads):
         gz = output_grads[0]
@@ -408,6 +421,10 @@ class Alloc(Op):
         res[...] = v
         out[0][0] = res
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The shape inputs themselves (GpuAlloc's too)."""
+        return [tuple(node.inputs[1:])]
+
     def grad(self, inputs, output_grads):
         value, gz = inputs[0], output_grads[0]
         if not is_float(value.dtype):
@@ -469,6 +486,10 @@ class ARange(Op):
         if step == 0:
             raise ValueError("arange: step must not be zero")
         out[0][0] = np.arange(start, stop, step, dtype=self.dtype)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        from symgpu.tensor.shape_rules import arange_length
+        return [(arange_length(*node.inputs),)]
 
     def grad(self, inputs, output_grads):
         start, stop, step = inputs

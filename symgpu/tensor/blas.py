@@ -150,6 +150,14 @@ def _scalar_or_cell(var, cell):
     return None, cell
 
 
+def _dim_of(node: Apply, input_shapes, *places: tuple[int, int]):
+    """One output length that several (input, dim) places all have (BLAS checks they
+    agree): the first not broadcastable, else 1."""
+    from symgpu.tensor.shape_rules import pick_dim
+    cands = [input_shapes[i][d] for i, d in places if not node.inputs[i].broadcastable[d]]
+    return pick_dim(cands) if cands else 1
+
+
 def check_accumulator(op: Any, acc: Any, product_broadcastable: tuple) -> None:
     """Refuse an accumulator that the product would have to broadcast into: BLAS writes the
     product over the accumulator's copy, so wherever the product may have length 1 (a
@@ -205,8 +213,9 @@ class Gemv(Op):
                                     beta if cb is None else cb[0], inplace, dtype)
         return _annotate(thunk, self, node, storage_map)
 
-    def dim_source(self, node: Apply, i: int):
-        return node.inputs[2], 0
+    def infer_shape(self, fgraph, node, input_shapes):
+        """y's length, which is A's rows (GpuGemv shares it)."""
+        return [(_dim_of(node, input_shapes, (0, 0), (2, 0)),)]
 
     def grad(self, inputs, output_grads):
         raise NotImplementedError("Gemv comes from the BLAS rewrites; differentiate the dot")
@@ -250,8 +259,10 @@ class Gemm(Op):
             out[0] = gemm_value(fn, cc[0], ca[0], cA[0], cB[0], cb[0], inplace, dtype)
         return _annotate(thunk, self, node, storage_map)
 
-    def dim_source(self, node: Apply, i: int):
-        return (node.inputs[2], 0) if i == 0 else (node.inputs[3], 1)
+    def infer_shape(self, fgraph, node, input_shapes):
+        """C's shape: A's rows by B's columns (GpuGemm shares it)."""
+        return [(_dim_of(node, input_shapes, (0, 0), (2, 0)),
+                 _dim_of(node, input_shapes, (0, 1), (3, 1)))]
 
     def grad(self, inputs, output_grads):
         raise NotImplementedError("Gemm comes from the BLAS rewrites; differentiate the dot")
@@ -282,8 +293,9 @@ class Dot22(Op):
             out[0] = gemm_value(fn, None, 1.0, cA[0], cB[0], 0.0, False, dtype)
         return _annotate(thunk, self, node, storage_map)
 
-    def dim_source(self, node: Apply, i: int):
-        return (node.inputs[0], 0) if i == 0 else (node.inputs[1], 1)
+    def infer_shape(self, fgraph, node, input_shapes):
+        """A's rows by B's columns (GpuDot22 shares it)."""
+        return [(_dim_of(node, input_shapes, (0, 0)), _dim_of(node, input_shapes, (1, 1)))]
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.math import dot
@@ -336,8 +348,10 @@ class Ger(Op):
                 out[0] = ger_value(fn, cA[0], ca[0], cx[0], cy[0], inplace, dtype)
         return _annotate(thunk, self, node, storage_map)
 
-    def dim_source(self, node: Apply, i: int):
-        return node.inputs[2 + i], 0
+    def infer_shape(self, fgraph, node, input_shapes):
+        """A's shape: len(x) by len(y) (GpuGer shares it)."""
+        return [(_dim_of(node, input_shapes, (0, 0), (2, 0)),
+                 _dim_of(node, input_shapes, (0, 1), (3, 0)))]
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.math import dot

@@ -101,6 +101,11 @@ class DimShuffle(Op):
     def R_op(self, inputs, eval_points):
         return [None if eval_points[0] is None else self(eval_points[0])]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The input's lengths reordered; 1 for each 'x' (GpuDimShuffle shares it)."""
+        from symgpu.tensor.shape_rules import dimshuffle_shape
+        return [dimshuffle_shape(input_shapes[0], self.new_order)]
+
 
 def broadcast_shape_of(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return np.broadcast_shapes(*shapes)
@@ -153,6 +158,13 @@ class Elemwise(Op):
                 raise TypeError(f"{self}: input {i} ({inp.type}) cannot hold the output "
                                 f"({out_dtypes[o]}, broadcastable {bcast}) in place")
         return Apply(self, padded, [TensorType(d, bcast)() for d in out_dtypes])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """Each dim: the length of an input not broadcastable there (they must agree), else
+        1. GpuElemwise and ElemwiseKernelOp share it."""
+        from symgpu.tensor.shape_rules import elemwise_shape
+        shape = elemwise_shape([v.broadcastable for v in node.inputs], input_shapes)
+        return [shape] * len(node.outputs)
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         # scalar ops that evaluate themselves (Composite: generated NumPy code) make the thunk
@@ -440,6 +452,13 @@ class CAReduce(Op):
 
     def grad(self, inputs, output_grads):
         return self.L_op(inputs, [self(*inputs)], output_grads)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The (broadcast) input shape without the reduced axes (GpuCAReduce shares it: its
+        several inputs broadcast like an Elemwise's)."""
+        from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
+        shape = elemwise_shape([v.broadcastable for v in node.inputs], input_shapes)
+        return [reduce_shape(shape, self.axis)]
 
     def L_op(self, inputs, outputs, output_grads):
         T = _tensor_namespace()

@@ -308,6 +308,13 @@ class Argmax(Op):
     def grad(self, inputs, output_grads):
         return [None]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """() for the flattened array, else the input's shape without `axis` (GpuArgmax's
+        too)."""
+        if self.axis is None:
+            return [()]
+        return [tuple(s for d, s in enumerate(input_shapes[0]) if d != self.axis)]
+
 
 def _arg(kind: str, x: Any, axis: Any, keepdims: bool) -> TensorVariable:
     x = as_tensor_variable(x)
@@ -369,6 +376,10 @@ class Dot(Op):
                              f"({x.shape[-1]} != {y.shape[0]})")
         out[0][0] = np.asarray(np.dot(x, y), dtype=node.outputs[0].dtype)
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        from symgpu.tensor.shape_rules import dot_shape
+        return [dot_shape(*input_shapes)]
+
     def grad(self, inputs, output_grads):
         (x, y), (gz,) = inputs, output_grads
         if x.ndim == 1 and y.ndim == 1:
@@ -423,6 +434,12 @@ class MatMul(Op):
             raise ValueError(f"matmul: the batch dimensions of shapes {x.shape} and {y.shape} "
                              "do not broadcast") from None
         out[0][0] = np.asarray(np.matmul(x, y), dtype=node.outputs[0].dtype)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The stacks broadcast (NumPy's rule, at run time), then rows of x by columns of y
+        (GpuBatchedDot shares it)."""
+        from symgpu.tensor.shape_rules import matmul_shape
+        return [matmul_shape(*input_shapes)]
 
     def grad(self, inputs, output_grads):
         from symgpu.tensor.elemwise import _sum_to_broadcast_pattern

@@ -11,7 +11,8 @@ from symgpu.tensor.elemwise import DimShuffle
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["Shape", "Shape_i", "shape", "shape_i", "dimshuffle", "transpose",
-           "SpecifyBroadcastable", "specify_broadcastable_as", "Unbroadcast"]
+           "SpecifyBroadcastable", "specify_broadcastable_as", "Unbroadcast", "SpecifyShape",
+           "specify_shape"]
 
 
 class Shape(Op):
@@ -29,6 +30,9 @@ class Shape(Op):
 
     def grad(self, inputs, output_grads):
         return [None]
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [(len(input_shapes[0]),)]
 
 
 class Shape_i(Op):
@@ -63,6 +67,9 @@ class Shape_i(Op):
 
     def grad(self, inputs, output_grads):
         return [None]
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [()]
 
 
 _shape = Shape()
@@ -131,6 +138,10 @@ class SpecifyBroadcastable(Op):
     def grad(self, inputs, output_grads):
         return [output_grads[0]]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The input's shape with 1 where the op checks it (GpuSpecifyBroadcastable too)."""
+        return [tuple(1 if b else s for b, s in zip(self.broadcastable, input_shapes[0]))]
+
 
 def specify_broadcastable_as(x: Any, ttype: TensorType) -> TensorVariable:
     """`x` with the broadcastable pattern of `ttype` (dims may only become broadcastable
@@ -164,6 +175,105 @@ class Unbroadcast(Op):
     def perform(self, node, inputs, out):
         out[0][0] = inputs[0]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
     def grad(self, inputs, output_grads):
         g = output_grads[0]
         return [specify_broadcastable_as(g, inputs[0].type.clone(dtype=g.dtype))]
+
+
+class SpecifyShape(Op):
+    """`x` itself (a view), after checking at run time that its shape is the given one.
+
+    Why: the shape rewrites then know x's shape from the given entries (constants or other
+    variables' lengths) without reading it. `given[d]` says whether dim d has an entry; the
+    entries (int64 scalars) are the inputs after x. Works on host and device arrays alike.
+    """
+
+    __props__ = ("given",)
+    view_map = {0: [0]}
+
+    def __init__(self, given: Sequence[bool]):
+        self.given = tuple(bool(g) for g in given)
+
+    def __str__(self) -> str:
+        return "SpecifyShape"
+
+    def make_node(self, x: Any, *entries: Any) -> Apply:
+        from symgpu.graph.basic import Variable
+        from symgpu.tensor.shape_rules import as_dim, dim_value
+        if not (isinstance(x, Variable) and hasattr(x.type, "broadcastable")):
+            x = as_tensor_variable(x)
+        if len(self.given) != x.type.ndim:
+            raise ValueError(f"specify_shape: {x} has {x.type.ndim} dimensions but the shape "
+                             f"has {len(self.given)} entries")
+        if len(entries) != sum(self.given):
+            raise TypeError(f"{self} expects {sum(self.given)} shape entries, got {len(entries)}")
+        entries = [as_dim(e) for e in entries]
+        it = iter(entries)
+        bcast = []
+        for d, g in enumerate(self.given):
+            known_one = g and dim_value(next(it)) == 1
+            bcast.append(x.type.broadcastable[d] or known_one)
+        return Apply(self, [x, *entries], [x.type.clone(broadcastable=tuple(bcast))()])
+
+    def perform(self, node, inputs, out):
+        x, entries = inputs[0], iter(inputs[1:])
+        want = tuple(int(next(entries)) if g else None for g in self.given)
+        got = tuple(x.shape)
+        if len(got) != len(want) or any(w is not None and w != s for w, s in zip(want, got)):
+            shown = "(" + ", ".join("?" if w is None else str(w) for w in want) + \
+                (",)" if len(want) == 1 else ")")
+            raise AssertionError(f"specify_shape: {node.inputs[0]} should have the shape {shown} "
+                                 f"but has the shape {got}")
+        out[0][0] = x
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        entries = iter(node.inputs[1:])
+        return [tuple(next(entries) if g else s for g, s in zip(self.given, input_shapes[0]))]
+
+    def grad(self, inputs, output_grads):
+        return [output_grads[0]] + [None] * (len(inputs) - 1)
+
+    def R_op(self, inputs, eval_points):
+        return [None if eval_points[0] is None else self(eval_points[0], *inputs[1:])]
+
+
+def specify_shape(x: Any, shape: Any) -> Any:
+    """`x`, checked at run time to have `shape` (Theano's/PyTensor's): a tuple of ints,
+    int scalar variables and None (any length), or a symbolic int vector. The shape
+    rewrites use it: `specify_shape(x, (3, n)).shape[0]` is the constant 3."""
+    from symgpu.graph.basic import Variable
+    from symgpu.tensor.shape_rules import dim_value
+    if not (isinstance(x, Variable) and hasattr(x.type, "broadcastable")):
+        x = as_tensor_variable(x)
+    if isinstance(shape, (int, np.integer)) or (isinstance(shape, Variable) and shape.ndim == 0):
+        shape = (shape,)
+    if isinstance(shape, Variable):
+        from symgpu.tensor.basic import _vector_length
+        from symgpu.tensor.subtensor import getitem
+        n = _vector_length(shape)
+        if n is None:
+            raise ValueError(f"specify_shape: cannot tell how many entries the shape {shape} has; "
+                             "pass a tuple")
+        shape = tuple(getitem(shape, i) for i in range(n))
+    shape = tuple(shape)
+    if len(shape) != x.type.ndim:
+        raise ValueError(f"specify_shape: {x} has {x.type.ndim} dimensions but the shape "
+                         f"{shape} has {len(shape)} entries")
+    for d, e in enumerate(shape):
+        if e is None:
+            continue
+        v = dim_value(e)
+        if v is not None and v < 0:
+            raise ValueError(f"specify_shape: entry {d} of the shape {shape} is negative")
+        if v is None and not (isinstance(e, Variable) and e.ndim == 0 and e.dtype[0] in "iu"):
+            raise TypeError(f"specify_shape: entry {d} of the shape must be an int, None or an "
+                            f"integer scalar variable, got {e!r}")
+        if v is not None and v != 1 and x.type.broadcastable[d]:
+            raise ValueError(f"specify_shape: dimension {d} of {x} ({x.type}) has length 1, "
+                             f"the shape {shape} says {v}")
+    if all(e is None for e in shape):
+        return x
+    return SpecifyShape([e is not None for e in shape])(x, *[e for e in shape if e is not None])

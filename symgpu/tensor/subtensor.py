@@ -289,6 +289,12 @@ class _IndexOp(Op):
         bcast = index_broadcastable(x.broadcastable, self.idx_list, index)
         return Apply(self, [x, *index], [TensorType(x.dtype, bcast)()])
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """NumPy's indexing shape (slices' lengths, advanced dims placed as NumPy places
+        them); GpuSubtensor shares it."""
+        from symgpu.tensor.shape_rules import index_shape
+        return [index_shape(self.idx_list, input_shapes[0], node.inputs[1:], input_shapes[1:])]
+
     def perform(self, node, inputs, out):
         x = inputs[0]
         try:
@@ -352,6 +358,10 @@ class IncSubtensorProps(Op):
         name = type(self).__name__.replace("Inc", kind, 1)
         flag = ", inplace" if self.inplace else ""
         return f"{name}{{{', '.join(_entry_str(e) for e in self.idx_list)}{flag}}}"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """x's shape: only a region of it changes."""
+        return [input_shapes[0]]
 
 
 class _IncOp(IncSubtensorProps):

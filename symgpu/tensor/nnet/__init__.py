@@ -71,6 +71,9 @@ class _SoftmaxBase(Op):
             raise ValueError(f"{self}: axis {self.axis} is out of range for {x.type}")
         return Apply(self, [x], [x.type()])
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
     def _sum(self, v: TensorVariable) -> TensorVariable:
         return _m.sum(v, axis=self.axis, keepdims=True)
 
@@ -187,6 +190,10 @@ class CrossentropyCategorical1Hot(Op):
         (g,) = output_grads
         return [CrossentropyCategorical1HotGrad()(g, p, y), None]
 
+    def infer_shape(self, fgraph, node, input_shapes):
+        """One value per row of coding_dist (the GPU op's too)."""
+        return [(input_shapes[0][0],)]
+
 
 class CrossentropyCategorical1HotGrad(Op):
     """The gradient of CrossentropyCategorical1Hot w.r.t. coding_dist: -g_i / p[i, y_i] at
@@ -197,6 +204,10 @@ class CrossentropyCategorical1HotGrad(Op):
     def make_node(self, g: Any, coding_dist: Any, true_one_of_n: Any) -> Apply:
         g, p, y = (as_tensor_variable(v) for v in (g, coding_dist, true_one_of_n))
         return Apply(self, [g, p, y], [p.type()])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """coding_dist's shape (the GPU op's too)."""
+        return [input_shapes[1]]
 
     def perform(self, node, inputs, out):
         g, p, y = inputs

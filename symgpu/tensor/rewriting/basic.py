@@ -12,14 +12,13 @@ from symgpu.graph.rewriting import node_rewriter, register_canonicalize, registe
     register_stabilize
 from symgpu.scalar.basic import Cast
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
-from symgpu.tensor.math import Dot
-from symgpu.tensor.shape import Shape, Shape_i, SpecifyBroadcastable, Unbroadcast
+from symgpu.tensor.shape import Shape, SpecifyBroadcastable, Unbroadcast
 from symgpu.tensor.type import TensorConstant, TensorType
 from symgpu.tensor.rewriting.utils import ew, fill_like, is_ew, make_constant, single_client
 
 __all__ = ["constant_folding", "local_useless_elemwise", "local_cast_cast", "local_fill_sink",
            "local_dimshuffle_merge", "local_useless_dimshuffle", "local_dimshuffle_lift",
-           "local_shape_i_lift", "local_useless_specify_broadcastable", "evaluate_node",
+           "local_useless_specify_broadcastable", "evaluate_node",
            "local_reduce_over_broadcastable"]
 
 #: folded constants larger than this (elements) are not made, unless the inputs were as big
@@ -214,63 +213,7 @@ def local_reduce_over_broadcastable(fgraph, node):
 
 
 # ----------------------------------------------------------------------------- shapes
-
-def _dim_source(node: Apply, i: int):
-    """(variable, dim) whose length equals dimension i of node's output 0, or None."""
-    op = node.op
-    out = node.outputs[0]
-    if type(op) is Elemwise:
-        best = None
-        for x in node.inputs:
-            if not x.broadcastable[i]:
-                if x.owner is None:
-                    return x, i
-                best = best or (x, i)
-        return best
-    if type(op) is DimShuffle:
-        d = op.new_order[i]
-        return None if d == "x" else (node.inputs[0], d)
-    if type(op) is CAReduce:
-        x = node.inputs[0]
-        axes = range(x.ndim) if op.axis is None else op.axis
-        kept = [d for d in range(x.ndim) if d not in axes]
-        return x, kept[i]
-    if type(op) in (SpecifyBroadcastable, Unbroadcast):
-        return node.inputs[0], i
-    if type(op) is Dot:
-        x, y = node.inputs
-        if x.ndim == 2 and (y.ndim == 1 or i == 0):
-            return (x, 0) if i == 0 else (y, 1)
-        if x.ndim == 1 and y.ndim == 2:
-            return y, 1
-        if x.ndim == 2 and y.ndim == 2:
-            return y, 1
-    shape_of = getattr(op, "dim_source", None)  # ops may say it themselves (BLAS ops do)
-    if shape_of is not None:
-        return shape_of(node, i)
-    return None
-
-
-@register_canonicalize
-@register_specialize
-@node_rewriter([Shape_i])
-def local_shape_i_lift(fgraph, node):
-    """Shape_i(i)(x) -> 1 for a broadcastable dimension, else the same length read from an
-    input of x's node: the shape no longer keeps the computation of x alive."""
-    (x,) = node.inputs
-    i = node.op.i
-    if x.broadcastable[i]:
-        return [make_constant(1, "int64")]
-    if x.owner is None:
-        return None
-    src = _dim_source(x.owner, i) if x.owner.outputs[0] is x else None
-    if src is None:
-        return None
-    var, d = src
-    if var.broadcastable[d]:
-        return [make_constant(1, "int64")]
-    return [Shape_i(d)(var)]
-
+# (Shape_i of a computed variable: local_shape_infer in shape_ops.py, from infer_shape)
 
 @register_canonicalize
 @node_rewriter([Shape])

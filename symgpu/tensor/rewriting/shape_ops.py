@@ -1,20 +1,21 @@
 """Rewrites of shape, reshape, alloc and indexing ops (the ops of tensor/basic.py and
 tensor/subtensor.py): `Shape()[i]` -> `Shape_i(i)`, useless reshapes/allocs/subtensors,
-shapes of nodes whose shape is known from their inputs."""
+shapes of computed variables from their ops' `infer_shape` (shape_feature.py)."""
 from __future__ import annotations
 
 import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
 from symgpu.tensor.basic import Alloc, MakeVector, Reshape
-from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
 from symgpu.tensor.subtensor import Slice, Subtensor
 from symgpu.tensor.type import TensorConstant
+from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
 from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
-           "local_shape_of_known", "local_shape_i_of_known"]
+           "local_shape_infer", "local_useless_specify_shape"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -114,59 +115,62 @@ def local_reshape_reshape(fgraph, node):
 @register_specialize
 @node_rewriter([Alloc])
 def local_useless_alloc(fgraph, node):
-    """Alloc(v, *shape(v)) -> v: nothing to broadcast."""
+    """Alloc(v, *shape(v)) -> v: nothing to broadcast (the shape read from v, or provably
+    the same as the shape infer_shape gives v)."""
     v, *shape = node.inputs
     out = node.outputs[0]
     if v.type != out.type or len(shape) != v.ndim:
         return None
     if all(_is_dim_of(s, v, d) for d, s in enumerate(shape)):
         return [v]
+    inferred = inferred_shape(fgraph, v)  # v's shape spelled from its inputs' shapes
+    if inferred is not None and all(same_dim(s, e) for s, e in zip(shape, inferred)):
+        return [v]
     return None
-
-
-@register_canonicalize
-@node_rewriter([Shape])
-def local_shape_of_known(fgraph, node):
-    """Shape(x) where x's shape is spelled out by its node (Alloc, Reshape with a known
-    shape) or fully broadcastable -> that shape vector."""
-    x = node.inputs[0]
-    out = node.outputs[0]
-    if x.ndim and all(x.broadcastable):
-        return [TensorConstant(out.type, np.ones(x.ndim, dtype="int64"))]
-    owner = x.owner
-    if owner is None:
-        return None
-    if type(owner.op) is Alloc:
-        entries = [ew_cast(s, "int64") for s in owner.inputs[1:]]
-    elif type(owner.op) is Reshape:
-        entries = _shape_entries(owner.inputs[1])
-        if entries is None or any(scalar_constant(e) == -1 for e in entries):
-            return None
-        entries = [ew_cast(e, "int64") for e in entries]
-    else:
-        return None
-    new = MakeVector("int64")(*entries)
-    return [new] if new.type == out.type else None
 
 
 @register_canonicalize
 @register_specialize
-@node_rewriter([Shape_i])
-def local_shape_i_of_known(fgraph, node):
-    """Shape_i(d) of Alloc(v, *s) -> s[d]; of a Reshape to a known shape -> that entry; of
-    MakeVector(n entries) -> n."""
-    x = node.inputs[0]
-    owner = x.owner
-    if owner is None:
+@node_rewriter([Shape, Shape_i])
+def local_shape_infer(fgraph, node):
+    """Shape(x) / Shape_i(d)(x) of a computed x -> the shape its op's `infer_shape` gives
+    from its inputs' shapes (see shape_feature.py): `(x ** 2).shape` becomes
+    MakeVector(Shape_i{0}(x), Shape_i{1}(x)) and computes nothing."""
+    return rewrite_shape_read(fgraph, node)
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([SpecifyShape])
+def local_useless_specify_shape(fgraph, node):
+    """SpecifyShape(x, ...) whose every entry is provably x's length already -> x; nested
+    ones merge into one check."""
+    x, *entries = node.inputs
+    out = node.outputs[0]
+    inner = x.owner
+    if inner is not None and type(inner.op) is SpecifyShape:
+        outer_e, inner_e = iter(entries), iter(inner.inputs[1:])
+        given, merged = [], []
+        for g_out, g_in in zip(node.op.given, inner.op.given):
+            e_out = next(outer_e) if g_out else None
+            e_in = next(inner_e) if g_in else None
+            if e_out is not None or e_in is not None:
+                given.append(True)
+                merged.append(e_out if e_out is not None else e_in)
+            else:
+                given.append(False)
+        new = SpecifyShape(given)(inner.inputs[0], *merged)
+        return [new] if new.type == out.type else None
+    if x.type != out.type:
         return None
-    d = node.op.i
-    if type(owner.op) is Alloc:
-        return [ew_cast(owner.inputs[1 + d], "int64")]
-    if type(owner.op) is Reshape:
-        entries = _shape_entries(owner.inputs[1])
-        if entries is None or scalar_constant(entries[d]) == -1:
+    known = inferred_shape(fgraph, x)
+    it = iter(entries)
+    for d, g in enumerate(node.op.given):
+        if not g:
+            continue
+        e = next(it)
+        read = x.owner is None and e.owner is not None and type(e.owner.op) is Shape_i \
+            and e.owner.op.i == d and e.owner.inputs[0] is x
+        if not (read or _is_dim_of(e, x, d) or (known is not None and same_dim(e, known[d]))):
             return None
-        return [ew_cast(entries[d], "int64")]
-    if type(owner.op) is MakeVector:
-        return [make_constant(len(owner.inputs), "int64")]
-    return None
+    return [x]

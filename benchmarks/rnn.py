@@ -1,0 +1,259 @@
+"""An Elman RNN (tanh; input 128, hidden 512, batch 64, 100 steps, float32): one training step
+is the forward loop, back-propagation through time and an SGD update of W_x, W_h and b, with
+loss = mean((h - y)^2) over every step. symgpu runs it as `scan` and its gradient (a second
+scan); the same step is timed side by side, in one run:
+
+* on the CPU (default): a hand-written NumPy loop (forward and BPTT) and PyTensor's scan when
+  installed;
+* with `--device cuda`: JAX (`lax.scan` under `jit`), PyTorch's cuDNN `nn.RNN` and a PyTorch
+  Python loop, whichever are installed.
+
+Prints compile time, the best and the median time per step (contenders timed in alternation),
+and each contender's ratio to symgpu. Goal on the CPU: under 0.5x PyTensor's scan.
+
+    python benchmarks/rnn.py [--device cpu|cuda] [--steps 3] [--rounds 15] [--seq 100]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+IN, HID, BATCH = 128, 512, 64
+LR = np.float32(0.01)
+
+
+def data(seq: int, seed: int = 7):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(seq, BATCH, IN).astype("float32")
+    y = (rng.rand(seq, BATCH, HID).astype("float32") - 0.5)
+    wx = (rng.randn(IN, HID) / np.sqrt(IN)).astype("float32")
+    wh = (rng.randn(HID, HID) / np.sqrt(HID)).astype("float32")
+    b = np.zeros(HID, dtype="float32")
+    return x, y, wx, wh, b
+
+
+def interleaved(steps: list, number: int, rounds: int) -> list[tuple[float, float]]:
+    """(best, median) seconds per call of each step, timed block by block in alternation."""
+    blocks: list[list[float]] = [[] for _ in steps]
+    for _ in range(rounds):
+        for k, step in enumerate(steps):
+            t0 = time.perf_counter()
+            for _ in range(number):
+                step()
+            blocks[k].append((time.perf_counter() - t0) / number)
+    return [(min(b), sorted(b)[len(b) // 2]) for b in blocks]
+
+
+def build_train(lib, T, seq: int, shared_data: bool):
+    """The training step with `lib` (symgpu or pytensor: same API); returns (step, shared
+    weights, compile seconds). With `shared_data` the inputs live in shared variables (so on
+    the GPU they stay on the device)."""
+    lib.config.floatX = "float32"
+    x0, y0, wx0, wh0, b0 = data(seq)
+    wx = lib.shared(wx0.copy(), name="W_x")
+    wh = lib.shared(wh0.copy(), name="W_h")
+    b = lib.shared(b0.copy(), name="b")
+    if shared_data:
+        x, y = lib.shared(x0, name="x"), lib.shared(y0, name="y")
+        ins, args = [], ()
+    else:
+        x, y = T.tensor3("x"), T.tensor3("y")
+        ins, args = [x, y], (x0, y0)
+    h0 = T.zeros((BATCH, HID), dtype="float32")
+
+    def step(x_t, h_prev, wx, wh, b):
+        return T.tanh(T.dot(x_t, wx) + T.dot(h_prev, wh) + b)
+
+    h, _ = lib.scan(step, sequences=x, outputs_info=h0, non_sequences=[wx, wh, b])
+    loss = T.mean((h - y) ** 2)
+    gwx, gwh, gb = T.grad(loss, [wx, wh, b])
+    t0 = time.perf_counter()
+    train = lib.function(ins, loss, updates=[(wx, wx - LR * gwx), (wh, wh - LR * gwh),
+                                             (b, b - LR * gb)], name="rnn_train")
+    compile_s = time.perf_counter() - t0
+    return (lambda: train(*args)), (wx, wh, b), compile_s
+
+
+def bench_symgpu(seq: int, device: str) -> dict:
+    import symgpu
+    import symgpu.tensor as T
+    step, weights, compile_s = build_train(symgpu, T, seq, shared_data=device != "cpu")
+    step()
+    return {"name": f"symgpu scan ({device})", "compile": compile_s, "fn": step,
+            "weights": weights}
+
+
+def bench_numpy(seq: int) -> dict:
+    x, y, wx, wh, b = data(seq)
+    n = np.float32(seq * BATCH * HID)
+    hs = np.empty((seq + 1, BATCH, HID), dtype="float32")
+
+    def step():
+        hs[0] = 0
+        for t in range(seq):
+            np.tanh(x[t] @ wx + hs[t] @ wh + b, out=hs[t + 1])
+        diff = hs[1:] - y
+        loss = (diff * diff).mean()
+        dh = (np.float32(2) / n) * diff
+        gwx = np.zeros_like(wx)
+        gwh = np.zeros_like(wh)
+        gb = np.zeros_like(b)
+        carry = np.zeros((BATCH, HID), dtype="float32")
+        for t in range(seq - 1, -1, -1):
+            g = (dh[t] + carry) * (1 - hs[t + 1] * hs[t + 1])
+            gwx += x[t].T @ g
+            gwh += hs[t].T @ g
+            gb += g.sum(0)
+            carry = g @ wh.T
+        wx[...] -= LR * gwx
+        wh[...] -= LR * gwh
+        b[...] -= LR * gb
+        return loss
+
+    step()
+    return {"name": "NumPy loop", "compile": 0.0, "fn": step}
+
+
+def bench_pytensor(seq: int) -> dict | None:
+    try:
+        import pytensor
+        import pytensor.tensor as pt
+    except ImportError:
+        return None
+    step, _, compile_s = build_train(pytensor, pt, seq, shared_data=False)
+    step()
+    return {"name": f"PyTensor {pytensor.__version__} scan", "compile": compile_s, "fn": step}
+
+
+def bench_jax(seq: int) -> dict | None:
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+    x0, y0, wx0, wh0, b0 = data(seq)
+    x, y = jnp.asarray(x0), jnp.asarray(y0)
+    params = {"wx": jnp.asarray(wx0), "wh": jnp.asarray(wh0), "b": jnp.asarray(b0)}
+
+    def loss_fn(p):
+        def cell(h, x_t):
+            h = jnp.tanh(x_t @ p["wx"] + h @ p["wh"] + p["b"])
+            return h, h
+        _, hs = jax.lax.scan(cell, jnp.zeros((BATCH, HID), jnp.float32), x)
+        return jnp.mean((hs - y) ** 2)
+
+    @jax.jit
+    def train(p):
+        loss, g = jax.value_and_grad(loss_fn)(p)
+        return {k: p[k] - LR * g[k] for k in p}, loss
+
+    t0 = time.perf_counter()
+    state = {"p": params}
+    state["p"], loss = train(state["p"])
+    loss.block_until_ready()
+    compile_s = time.perf_counter() - t0
+
+    def step():
+        state["p"], loss = train(state["p"])
+        loss.block_until_ready()
+    return {"name": "JAX lax.scan (jit)", "compile": compile_s, "fn": step}
+
+
+def _torch_data(seq: int):
+    import torch
+    x0, y0, wx0, wh0, b0 = data(seq)
+    dev = torch.device("cuda")
+    return (torch.from_numpy(x0).to(dev), torch.from_numpy(y0).to(dev),
+            torch.from_numpy(wx0).to(dev), torch.from_numpy(wh0).to(dev),
+            torch.from_numpy(b0).to(dev))
+
+
+def bench_torch_cudnn(seq: int) -> dict | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x, y, wx, wh, b = _torch_data(seq)
+    rnn = torch.nn.RNN(IN, HID, nonlinearity="tanh", bias=True).cuda()
+    with torch.no_grad():
+        rnn.weight_ih_l0.copy_(wx.T)
+        rnn.weight_hh_l0.copy_(wh.T)
+        rnn.bias_ih_l0.copy_(b)
+        rnn.bias_hh_l0.zero_()
+    opt = torch.optim.SGD(rnn.parameters(), lr=float(LR))
+    h0 = torch.zeros(1, BATCH, HID, device="cuda")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        hs, _ = rnn(x, h0)
+        loss = ((hs - y) ** 2).mean()
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    return {"name": "PyTorch cuDNN nn.RNN", "compile": time.perf_counter() - t0, "fn": step}
+
+
+def bench_torch_loop(seq: int) -> dict | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x, y, wx, wh, b = _torch_data(seq)
+    params = [p.requires_grad_() for p in (wx, wh, b)]
+
+    def step():
+        h = torch.zeros(BATCH, HID, device="cuda")
+        hs = []
+        for t in range(seq):
+            h = torch.tanh(x[t] @ params[0] + h @ params[1] + params[2])
+            hs.append(h)
+        loss = ((torch.stack(hs) - y) ** 2).mean()
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p -= LR * g
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    return {"name": "PyTorch Python loop", "compile": time.perf_counter() - t0, "fn": step}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--steps", type=int, default=3, help="calls per timed block")
+    ap.add_argument("--rounds", type=int, default=15, help="timed blocks per contender")
+    ap.add_argument("--seq", type=int, default=100, help="time steps")
+    args = ap.parse_args()
+    if args.device != "cpu":
+        os.environ["SYMGPU_FLAGS"] = ",".join(
+            f for f in (os.environ.get("SYMGPU_FLAGS", ""), f"device={args.device}") if f)
+    contenders = [bench_symgpu(args.seq, args.device)]
+    if args.device == "cpu":
+        others = [bench_numpy(args.seq), bench_pytensor(args.seq)]
+    else:
+        others = [bench_jax(args.seq), bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
+    contenders += [c for c in others if c is not None]
+    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
+    print(f"Elman RNN tanh, input {IN}, hidden {HID}, batch {BATCH}, {args.seq} steps, float32: "
+          f"forward + BPTT + SGD ({args.device})")
+    sg_best = times[0][0]
+    for c, (best, median) in zip(contenders, times):
+        ratio = "" if c is contenders[0] else f"  symgpu/this = {sg_best / best:.2f}x"
+        print(f"  {c['name']:<28} compile {c['compile']:7.3f} s   step best {best * 1e3:8.2f} ms"
+              f"   median {median * 1e3:8.2f} ms{ratio}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

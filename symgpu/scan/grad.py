@@ -1,0 +1,191 @@
+"""Back-propagation through time: the gradient of a Scan is a second Scan run backwards.
+
+At backward step s (forward step t = n-1-s) the backward loop carries, for each state j, a
+window W_j of the adjoints already accumulated for y_{t}, y_{t-1}, ..., y_{t-L+1} (L = the
+state's number of initial values), and one running sum per non-sequence. It reads, as
+sequences (reversed), the forward inputs of step t, the forward outputs of step t (so
+gradients such as tanh's reuse them instead of recomputing), and the output gradients of
+step t. Its inner graph is the forward body's vector-Jacobian product, built by `grad`, so
+it is differentiable again (hessians) and gets the normal passes. With truncate_gradient=k
+only the last k steps are run backwards.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from symgpu.graph.basic import Constant, Variable, graph_inputs
+from symgpu.scan.inner import clone_with, hoist_invariants
+from symgpu.scan.op import Scan, ScanInfo
+
+__all__ = ["scan_grad"]
+
+
+def _T():
+    import symgpu.tensor as T
+    return T
+
+
+def _is_float(v: Variable) -> bool:
+    return str(getattr(v.type, "dtype", "")).startswith(("float", "complex"))
+
+
+def _padleft(x: Variable) -> Variable:
+    return x.dimshuffle("x", *range(x.ndim))
+
+
+def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
+              output_grads: Sequence[Variable]) -> list[Any]:
+    """One gradient per outer input of `op`'s node (None where nothing flows)."""
+    from symgpu.gradient import grad
+    from symgpu.tensor.type import TensorType
+    T = _T()
+    info = op.info
+    S, M, K, N = info.n_seqs, info.n_states, info.n_nitsot, info.n_nonseqs
+    n_steps = inputs[0]
+    seqs = list(inputs[1:1 + S])
+    inits = list(inputs[1 + S:1 + S + M])
+    nonseqs = list(inputs[1 + S + M:])
+    inner_in = op.inner_inputs
+    seq_in = inner_in[:S]
+    tap_in = inner_in[S:S + info.n_taps]
+    nonseq_in = inner_in[S + info.n_taps:]
+    inner_out = op.inner_outputs
+    state_out = inner_out[:M]
+    nitsot_out = inner_out[M:M + K]
+
+    # full histories: a state kept at its last values only is recomputed with its history
+    bufs = list(outputs[:M])
+    g_bufs = list(output_grads[:M])
+    if not all(info.keep):
+        full = Scan(inner_in, inner_out, _replace(info, keep=(True,) * M), op.mode)
+        full_outs = full(*inputs)
+        full_outs = full_outs if isinstance(full_outs, list) else [full_outs]
+        for j in range(M):
+            if not info.keep[j]:
+                L = info.n_init(j)
+                g_full = T.zeros_like(full_outs[j])
+                g_bufs[j] = T.set_subtensor(g_full[-L:], output_grads[j])
+        bufs = full_outs[:M]
+        nitsots = full_outs[M:]
+    else:
+        nitsots = list(outputs[M:])
+    g_nitsots = list(output_grads[M:])
+
+    if M:
+        n = bufs[0].shape[0] - info.n_init(0)
+    elif K:
+        n = nitsots[0].shape[0]
+    else:
+        n = n_steps
+    n_back = n if info.truncate_gradient < 0 else T.minimum(n, info.truncate_gradient)
+
+    # -- the backward body ---------------------------------------------------------------
+    taps = [(j, tap) for j in range(M) for tap in info.state_taps[j]]
+    float_states = [j for j in range(M) if _is_float(state_out[j])]
+    g_state_ph = {j: TensorType(bufs[j].dtype, bufs[j].broadcastable[1:])(f"g_{info.state_label(j)}[t]")
+                  for j in float_states}
+    g_nitsot_ph = {i: TensorType(nitsots[i].dtype, nitsots[i].broadcastable[1:])(f"g_out{M + i}[t]")
+                   for i in range(K) if _is_float(nitsot_out[i])}
+    windows = {j: TensorType(bufs[j].dtype, bufs[j].broadcastable)(f"adjoint window {j}")
+               for j in float_states}
+    adj = {j: g_state_ph[j] + windows[j][0] for j in float_states}
+    known: dict[Variable, Variable] = {}
+    for j in float_states:
+        if not isinstance(state_out[j], Constant):
+            known[state_out[j]] = known[state_out[j]] + adj[j] if state_out[j] in known else adj[j]
+    for i, ph in g_nitsot_ph.items():
+        if not isinstance(nitsot_out[i], Constant):
+            o = nitsot_out[i]
+            known[o] = known[o] + ph if o in known else ph
+    float_seqs = [k for k in range(S) if _is_float(seqs[k])]
+    float_taps = [m for m, (j, _) in enumerate(taps) if j in windows]
+    float_nonseqs = [k for k in range(N) if _is_float(nonseqs[k])]
+    wrt = [seq_in[k] for k in float_seqs] + [tap_in[m] for m in float_taps] + \
+        [nonseq_in[k] for k in float_nonseqs]
+    gs = grad(None, wrt, known_grads=known, disconnected_inputs="ignore",
+              return_disconnected="None") if (wrt and known) else [None] * len(wrt)
+    g_seq = dict(zip(float_seqs, gs[:len(float_seqs)]))
+    g_tap = dict(zip(float_taps, gs[len(float_seqs):len(float_seqs) + len(float_taps)]))
+    g_nonseq = dict(zip(float_nonseqs, gs[len(float_seqs) + len(float_taps):]))
+
+    # new windows: shift by one step and add this step's adjoints of the past values
+    tap_index = {(j, tap): m for m, (j, tap) in enumerate(taps)}
+    new_windows = {}
+    for j in float_states:
+        W = windows[j]
+        L = info.n_init(j)
+        entries = []
+        for k in range(L):
+            parts = [W[k + 1]] if k + 1 < L else []
+            m = tap_index.get((j, -(k + 1)))
+            if m is not None and g_tap.get(m) is not None:
+                parts.append(g_tap[m])
+            entries.append(parts[0] if len(parts) == 1 else T.add(*parts) if parts
+                           else T.zeros_like(W[0]))
+        new_windows[j] = _padleft(entries[0]) if L == 1 else T.stack(entries)
+    accs = {k: nonseqs[k].type(f"g_{nonseqs[k]} sum") for k in float_nonseqs}
+    new_accs = {k: accs[k] + g_nonseq[k] if g_nonseq.get(k) is not None else accs[k]
+                for k in float_nonseqs}
+    seq_grad_outs = [g_seq[k] if g_seq.get(k) is not None else T.zeros_like(seq_in[k])
+                     for k in float_seqs]
+
+    # forward outputs of step t stand for their recomputation
+    y_ph = {j: state_out[j].type(f"{info.state_label(j)}[t]") for j in range(M)
+            if state_out[j].owner is not None}
+    z_ph = {i: nitsot_out[i].type(f"out{M + i}[t]") for i in range(K)
+            if nitsot_out[i].owner is not None}
+    state_keys = list(new_windows) + list(new_accs)
+    body = [new_windows[j] for j in new_windows] + [new_accs[k] for k in new_accs] + seq_grad_outs
+    replace = {state_out[j]: y_ph[j] for j in y_ph}
+    replace.update({nitsot_out[i]: z_ph[i] for i in z_ph})
+    body = clone_with(body, replace)
+
+    # backward sequences (reversed), kept only where the body reads them
+    def rev(x: Variable, start: Any) -> Variable:
+        return x[start:start + n][::-1]
+
+    seq_pairs: list[tuple[Variable, Variable]] = []
+    seq_pairs += [(seq_in[k], seqs[k][:n][::-1]) for k in range(S)]
+    seq_pairs += [(tap_in[m], rev(bufs[j], info.n_init(j) + tap)) for m, (j, tap) in enumerate(taps)]
+    seq_pairs += [(y_ph[j], rev(bufs[j], info.n_init(j))) for j in y_ph]
+    seq_pairs += [(z_ph[i], nitsots[i][::-1]) for i in z_ph]
+    seq_pairs += [(g_state_ph[j], rev(g_bufs[j], info.n_init(j))) for j in g_state_ph]
+    seq_pairs += [(g_nitsot_ph[i], g_nitsots[i][::-1]) for i in g_nitsot_ph]
+    state_phs = [windows[j] for j in new_windows] + [accs[k] for k in new_accs]
+    variant = [ph for ph, _ in seq_pairs] + state_phs
+    body, nonseq_pairs, _ = hoist_invariants(body, variant, dict(zip(nonseq_in, nonseqs)))
+    used = set(graph_inputs(body))
+    seq_pairs = [(ph, ov) for ph, ov in seq_pairs if ph in used]
+    n_states = len(state_phs)
+    back_info = ScanInfo(
+        n_seqs=len(seq_pairs), state_taps=((-1,),) * n_states, keep=(False,) * n_states,
+        n_nitsot=len(seq_grad_outs), n_nonseqs=len(nonseq_pairs), as_while=False,
+        truncate_gradient=-1, name=f"grad_of_{info.name}")
+    back = Scan([ph for ph, _ in seq_pairs] + state_phs + [ph for ph, _ in nonseq_pairs], body,
+                back_info, op.mode)
+    init_windows = [_padleft(T.zeros_like(inits[j][:info.n_init(j)])) for j in new_windows]
+    init_accs = [_padleft(T.zeros_like(nonseqs[k])) for k in new_accs]
+    outs = back(n_back, *[ov for _, ov in seq_pairs], *init_windows, *init_accs,
+                *[ov for _, ov in nonseq_pairs])
+    outs = outs if isinstance(outs, list) else [outs]
+
+    result: list[Any] = [None] * len(inputs)
+    for pos, key in enumerate(state_keys[:len(new_windows)]):
+        j = key
+        L = info.n_init(j)
+        from_steps = outs[pos][0][::-1]
+        if info.truncate_gradient >= 0:
+            from_steps = T.switch(T.lt(n_back, n), T.zeros_like(from_steps), from_steps)
+        result[1 + S + j] = g_bufs[j][:L] + from_steps
+    for pos, k in enumerate(new_accs):
+        result[1 + S + M + k] = outs[len(new_windows) + pos][0]
+    for pos, k in enumerate(float_seqs):
+        g_rev = outs[n_states + pos]
+        g = T.zeros_like(seqs[k])
+        result[1 + k] = T.set_subtensor(g[n - n_back:n], g_rev[::-1])
+    return result
+
+
+def _replace(info: ScanInfo, **changes: Any) -> ScanInfo:
+    from dataclasses import replace
+    return replace(info, **changes)

@@ -1,0 +1,159 @@
+"""Inner-graph machinery shared by Scan and IfElse.
+
+An op that runs a graph of its own (a loop body, a branch) keeps it as a `FunctionGraph` that
+gets the same rewrite passes as any compiled function (so a later GPU placement pass can lift
+it), and runs it through the VM directly on its storage cells: one call costs the thunks, not
+the argument checks of `Function.__call__`.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, io_toposort
+from symgpu.graph.fg import FunctionGraph
+
+__all__ = ["InnerFunction", "hoist_invariants", "clone_with"]
+
+
+def clone_with(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> list[Variable]:
+    """Copies of `outputs` with the keys of `replace` (free or computed) replaced."""
+    from symgpu.compile.function import clone_replace
+    return clone_replace(list(outputs), dict(replace))
+
+
+class InnerFunction:
+    """A graph `inputs -> outputs` compiled once with a mode, callable on a list of values.
+
+    `fgraph` is the graph before compilation (what printing and rewrites of the outer graph
+    see); `compiled_fgraph` the rewritten one, after the first `compile()`.
+    """
+
+    def __init__(self, inputs: Sequence[Variable], outputs: Sequence[Variable], mode: Any = None,
+                 name: str = "inner graph"):
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+        self.mode = mode
+        self.name = name
+        self.fgraph = FunctionGraph(self.inputs, self.outputs, clone=True)
+        self.compiled_fgraph: FunctionGraph | None = None
+        self.vm = None
+        #: held while a call uses the cells: one compiled function may run in several threads
+        self.lock = threading.RLock()
+
+    def compile(self) -> None:
+        """Rewrite a copy of the inner graph with the mode's passes and link it (once)."""
+        if self.vm is not None:
+            return
+        with self.lock:
+            if self.vm is None:
+                self._compile()
+
+    def _compile(self) -> None:
+        from symgpu.compile.mode import get_mode
+        mode = get_mode(self.mode)
+        fg = self.fgraph.clone()
+        mode.rewrite(fg)
+        storage_map: dict[Variable, list] = {}
+        self.input_cells = []
+        for v in fg.inputs:
+            cell = [None]
+            storage_map[v] = cell
+            self.input_cells.append(cell)
+        self.vm = mode.link(fg, storage_map)
+        self.output_cells = [storage_map[v] for v in fg.outputs]
+        inputs = set(fg.inputs)
+        # computed outputs are emptied after reading so no thunk writes into an array we keep
+        self.clear_cells = [storage_map[v] for v in set(fg.outputs)
+                            if v.owner is not None and v not in inputs]
+        self.compiled_fgraph = fg
+        vm = self.vm
+        plain = type(vm).__call__.__qualname__ == "VM.__call__"
+        self._run = vm.run_thunks if plain and vm.profiler is None and vm.runner is None else vm
+
+    def run(self) -> None:
+        """Run the thunks on whatever the input cells hold."""
+        self._run()
+
+    def __call__(self, *values: Any) -> list:
+        self.compile()
+        with self.lock:
+            for cell, v in zip(self.input_cells, values):
+                cell[0] = v
+            try:
+                self._run()
+                out = [c[0] for c in self.output_cells]
+            finally:
+                for c in self.clear_cells:
+                    c[0] = None
+                for cell in self.input_cells:
+                    cell[0] = None
+        return out
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for k in ("vm", "_run", "input_cells", "output_cells", "clear_cells", "compiled_fgraph",
+                  "lock"):
+            state.pop(k, None)
+        state["vm"] = None
+        state["compiled_fgraph"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
+
+def variant_set(outputs: Sequence[Variable], sources: Sequence[Variable]) -> set[Variable]:
+    """Variables (between the graph's free inputs and `outputs`) computed from `sources`."""
+    dep = set(sources)
+    for node in io_toposort(set(), list(outputs)):
+        if any(v in dep for v in node.inputs):
+            dep.update(node.outputs)
+    return dep
+
+
+def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Variable],
+                     inner_to_outer: dict[Variable, Variable], allowed: Sequence[Variable] = ()
+                     ) -> tuple[list[Variable], list[tuple[Variable, Variable]], list[Variable]]:
+    """Split an inner graph at the loop-invariant frontier.
+
+    Everything in `outputs`' graph that does not depend on `variant_sources` (closures over
+    outer variables, shared variables, work on non-sequences only) is computed once outside:
+    it becomes an explicit input of the inner graph. `inner_to_outer` maps inner placeholders
+    (non-sequences) to the outer values they stand for.
+
+    Returns (new inner outputs, [(inner placeholder, outer value)], free outer variables that
+    reached the frontier without being placeholders or `allowed`: closures)."""
+    outputs = list(outputs)
+    variant = variant_set(outputs, variant_sources)
+    frontier: list[Variable] = []
+    seen: set[Variable] = set()
+
+    def add(v: Variable) -> None:
+        if v in variant or v in seen or isinstance(v, Constant):
+            return
+        seen.add(v)
+        frontier.append(v)
+
+    for node in io_toposort(set(variant_sources), outputs):
+        if any(o in variant for o in node.outputs):
+            for v in node.inputs:
+                add(v)
+    for o in outputs:
+        add(o)
+    stop = set(inner_to_outer) | set(allowed)
+    closures = [v for v in ancestors(frontier, blockers=stop)
+                if v not in stop and v.owner is None and not isinstance(v, Constant)]
+    # outer values: the frontier with placeholders replaced by the outer variables
+    direct = [v for v in frontier if v in inner_to_outer]
+    computed = [v for v in frontier if v not in inner_to_outer]
+    outer_computed = clone_with(computed, inner_to_outer) if computed else []
+    pairs: list[tuple[Variable, Variable]] = [(v, inner_to_outer[v]) for v in direct]
+    replace: dict[Variable, Variable] = {}
+    for v, ov in zip(computed, outer_computed):
+        ph = v.type(v.name)
+        replace[v] = ph
+        pairs.append((ph, ov))
+    new_outputs = clone_with(outputs, replace) if replace else outputs
+    return new_outputs, pairs, closures

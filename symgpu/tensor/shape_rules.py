@@ -1,0 +1,425 @@
+"""Shape arithmetic shared by the ops' `infer_shape` methods (host and GPU twins alike).
+
+Why a module: a host op and its GPU twin compute the same shape, so the rule is written once
+here and both `infer_shape` methods call it. Dimensions are int64 scalar variables; the
+helpers fold constants while building (`s_add(2, 3)` is the constant 5), so shapes that are
+known when the graph is built stay constants and cost nothing at run time.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Constant, Variable
+
+__all__ = ["as_dim", "dim_value", "s_add", "s_sub", "s_mul", "s_floordiv", "s_max", "s_min",
+           "s_switch", "s_eq", "s_lt", "s_prod", "s_sum", "pick_dim", "elemwise_shape",
+           "numpy_broadcast", "reduce_shape", "dimshuffle_shape", "slice_length",
+           "index_shape", "reshape_shape", "join_shape", "dot_shape", "matmul_shape",
+           "arange_length", "is_shape_read", "is_nonnegative", "SHAPE_READ_OPS"]
+
+#: class names of the ops that read one dimension's length (host and GPU)
+SHAPE_READ_OPS = ("Shape_i", "GpuShape_i")
+
+_EW: dict[str, Any] = {}
+
+
+def _ew(name: str, *args: Variable) -> Variable:
+    op = _EW.get(name)
+    if op is None:
+        from symgpu.scalar.basic import SCALAR_OPS
+        from symgpu.tensor.elemwise import Elemwise
+        op = _EW[name] = Elemwise(SCALAR_OPS[name])
+    return op(*args)
+
+
+def _const(value: Any) -> Variable:
+    from symgpu.tensor.type import constant
+    return constant(np.asarray(value, dtype="int64"))
+
+
+def dim_value(s: Any) -> int | None:
+    """The int a dimension is known to be (a Python int or a 0-d constant), else None."""
+    if isinstance(s, (int, np.integer)):
+        return int(s)
+    if isinstance(s, Constant) and np.ndim(s.data) == 0:
+        try:
+            return int(s.data)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def as_dim(s: Any) -> Variable:
+    """`s` (an int or an integer scalar variable) as an int64 scalar variable."""
+    v = dim_value(s)
+    if v is not None:
+        return s if isinstance(s, Constant) and s.type.dtype == "int64" else _const(v)
+    if not isinstance(s, Variable):
+        from symgpu.tensor.type import as_tensor_variable
+        s = as_tensor_variable(s)
+    if getattr(s.type, "ndim", None) != 0:
+        raise TypeError(f"a dimension must be a scalar, got {s} ({s.type})")
+    if s.type.dtype != "int64":
+        from symgpu.scalar.basic import Cast
+        from symgpu.tensor.elemwise import Elemwise
+        s = Elemwise(Cast("int64"))(s)
+    return s
+
+
+def is_shape_read(s: Variable) -> bool:
+    """Whether `s` is the length of a dimension read from an array (never negative)."""
+    return s.owner is not None and type(s.owner.op).__name__ in SHAPE_READ_OPS
+
+
+def is_nonnegative(s: Any, depth: int = 4) -> bool:
+    """Whether `s` is provably >= 0: a constant, a length read from an array, or sums,
+    products, floor quotients and maxima of such (a flatten's product of lengths)."""
+    v = dim_value(s)
+    if v is not None:
+        return v >= 0
+    if not isinstance(s, Variable) or s.owner is None or depth == 0:
+        return False
+    if is_shape_read(s):
+        return True
+    op = s.owner.op
+    name = getattr(getattr(op, "scalar_op", None), "name", None)
+    ins = s.owner.inputs
+    if name in ("add", "mul", "int_div") or type(op).__name__ == "Elemwise" and \
+            type(getattr(op, "scalar_op", None)).__name__ == "Cast":
+        return all(is_nonnegative(i, depth - 1) for i in ins)
+    if name == "maximum":
+        return any(is_nonnegative(i, depth - 1) for i in ins)
+    return False
+
+
+def _binary(name: str, fold, a: Any, b: Any) -> Variable:
+    va, vb = dim_value(a), dim_value(b)
+    if va is not None and vb is not None:
+        return _const(fold(va, vb))
+    return _ew(name, as_dim(a), as_dim(b))
+
+
+def s_add(a: Any, b: Any) -> Variable:
+    if dim_value(a) == 0:
+        return as_dim(b)
+    if dim_value(b) == 0:
+        return as_dim(a)
+    return _binary("add", lambda x, y: x + y, a, b)
+
+
+def s_sub(a: Any, b: Any) -> Variable:
+    if dim_value(b) == 0:
+        return as_dim(a)
+    return _binary("sub", lambda x, y: x - y, a, b)
+
+
+def s_mul(a: Any, b: Any) -> Variable:
+    if dim_value(a) == 1:
+        return as_dim(b)
+    if dim_value(b) == 1:
+        return as_dim(a)
+    return _binary("mul", lambda x, y: x * y, a, b)
+
+
+def s_floordiv(a: Any, b: Any) -> Variable:
+    """Python's `a // b` (floor)."""
+    if dim_value(b) == 1:
+        return as_dim(a)
+    if dim_value(b) == 0:
+        raise ZeroDivisionError("a shape expression divides by the constant 0")
+    return _binary("int_div", lambda x, y: x // y, a, b)
+
+
+def s_max(a: Any, b: Any) -> Variable:
+    return _binary("maximum", max, a, b)
+
+
+def s_min(a: Any, b: Any) -> Variable:
+    return _binary("minimum", min, a, b)
+
+
+def s_eq(a: Any, b: Any) -> Any:
+    va, vb = dim_value(a), dim_value(b)
+    if va is not None and vb is not None:
+        return va == vb
+    return _ew("eq", as_dim(a), as_dim(b))
+
+
+def s_lt(a: Any, b: Any) -> Any:
+    va, vb = dim_value(a), dim_value(b)
+    if va is not None and vb is not None:
+        return va < vb
+    return _ew("lt", as_dim(a), as_dim(b))
+
+
+def s_switch(cond: Any, a: Any, b: Any) -> Variable:
+    """`a if cond else b`; `cond` a Python bool (folded) or a boolean scalar variable."""
+    if isinstance(cond, (bool, np.bool_)):
+        return as_dim(a if cond else b)
+    return _ew("switch", cond, as_dim(a), as_dim(b))
+
+
+def s_prod(dims: Sequence[Any]) -> Variable:
+    out: Any = 1
+    for d in dims:
+        out = s_mul(out, d)
+    return as_dim(out)
+
+
+def s_sum(dims: Sequence[Any]) -> Variable:
+    out: Any = 0
+    for d in dims:
+        out = s_add(out, d)
+    return as_dim(out)
+
+
+# ----------------------------------------------------------------------------- broadcasting
+
+def pick_dim(candidates: Sequence[Variable]) -> Variable:
+    """One of several dimensions known to be equal (a type check or the op's run-time check
+    guarantees it): a constant if there is one, else the length of a graph input's
+    dimension (cheapest to keep alive), else the first."""
+    for c in candidates:
+        if dim_value(c) is not None:
+            return c
+    for c in candidates:
+        if is_shape_read(c) and c.owner.inputs[0].owner is None:
+            return c
+    return candidates[0]
+
+
+def elemwise_shape(broadcastables: Sequence[Sequence[bool]], shapes: Sequence[tuple]) -> tuple:
+    """The output shape of an elementwise op over inputs of equal rank: each dim is the
+    length of an input not broadcastable there (elementwise ops check that those agree),
+    1 where every input is broadcastable."""
+    nd = len(shapes[0]) if shapes else 0
+    out = []
+    for d in range(nd):
+        cands = [s[d] for b, s in zip(broadcastables, shapes) if not b[d]]
+        out.append(pick_dim(cands) if cands else _const(1))
+    return tuple(out)
+
+
+def numpy_broadcast(shapes: Sequence[tuple]) -> tuple:
+    """NumPy's broadcast of shapes decided at run time (index arrays, matmul batches): a
+    length 1 gives way to the other."""
+    nd = max((len(s) for s in shapes), default=0)
+    out = []
+    for d in range(nd):
+        dims = [s[d - (nd - len(s))] for s in shapes if d >= nd - len(s)]
+        dims = [x for x in dims if dim_value(x) != 1]
+        if not dims:
+            out.append(_const(1))
+            continue
+        res = dims[0]
+        for x in dims[1:]:
+            res = s_switch(s_eq(res, 1), x, res)
+        out.append(as_dim(res))
+    return tuple(out)
+
+
+def reduce_shape(shape: tuple, axis: Sequence[int] | None) -> tuple:
+    """`shape` without the reduced axes (None: all)."""
+    if axis is None:
+        return ()
+    return tuple(s for d, s in enumerate(shape) if d not in axis)
+
+
+def dimshuffle_shape(shape: tuple, new_order: Sequence[Any]) -> tuple:
+    return tuple(_const(1) if d == "x" else shape[d] for d in new_order)
+
+
+# ----------------------------------------------------------------------------- indexing
+
+def slice_length(start: Any, stop: Any, step: Any, n: Any) -> Variable:
+    """len(range(*slice(start, stop, step).indices(n))) with parts None, ints or int
+    scalar variables (a symbolic step chooses between both signs' formulas at run time)."""
+    vs, vt, vp, vn = dim_value(start), dim_value(stop), dim_value(step), dim_value(n)
+    if vn is not None and (start is None or vs is not None) and (stop is None or vt is not None) \
+            and (step is None or vp is not None):
+        return _const(len(range(*slice(vs, vt, vp).indices(vn))))
+    if step is None or vp is not None:
+        return _slice_len_known_sign(start, stop, 1 if step is None else vp, n)
+    pos = _slice_len_known_sign(start, stop, step, n, sign=1)
+    neg = _slice_len_known_sign(start, stop, step, n, sign=-1)
+    return s_switch(s_lt(0, step), pos, neg)
+
+
+def _wrap(i: Any, n: Any) -> Variable:
+    """A possibly negative index counted from the end: i + n if i < 0."""
+    vi = dim_value(i)
+    if vi is not None:
+        return as_dim(i) if vi >= 0 else s_add(n, vi)
+    return s_switch(s_lt(i, 0), s_add(i, n), i)
+
+
+def _slice_len_known_sign(start: Any, stop: Any, step: Any, n: Any, sign: int | None = None) -> Variable:
+    sign = sign if sign is not None else (1 if dim_value(step) > 0 else -1)
+    if sign > 0:
+        lo = 0 if start is None else s_min(s_max(_wrap(start, n), 0), n)
+        hi = n if stop is None else s_min(s_max(_wrap(stop, n), 0), n)
+        span = s_sub(hi, lo)
+        if dim_value(step) == 1:
+            return s_max(span, 0)
+        return s_max(s_floordiv(s_add(span, s_sub(step, 1)), step), 0)
+    hi = s_sub(n, 1) if start is None else s_min(s_max(_wrap(start, n), -1), s_sub(n, 1))
+    lo = -1 if stop is None else s_min(s_max(_wrap(stop, n), -1), s_sub(n, 1))
+    span = s_sub(hi, lo)
+    neg_step = s_sub(0, step)
+    if dim_value(neg_step) == 1:
+        return s_max(span, 0)
+    return s_max(s_floordiv(s_add(span, s_sub(neg_step, 1)), neg_step), 0)
+
+
+def _mask_count(mask: Variable) -> Variable:
+    """How many True entries a boolean mask has (the length of the dim it selects)."""
+    from symgpu.tensor.math import sum as _sum
+    return as_dim(_sum(mask, dtype="int64"))
+
+
+def index_shape(idx_list: Sequence[Any], x_shape: tuple, index: Sequence[Variable],
+                index_shapes: Sequence[tuple]) -> tuple:
+    """The shape of `x[idx]` (NumPy's rules, as `subtensor.index_broadcastable` places the
+    advanced dims): slices give their lengths, ints drop a dim, newaxis adds a 1, integer
+    arrays broadcast together and a boolean mask gives its count of True."""
+    from symgpu.tensor.subtensor import Slice
+    kinds = []
+    k = 0
+    for e in idx_list:
+        if e is None:
+            kinds.append(("new", None, 0))
+        elif e is Ellipsis:
+            kinds.append(("ell", None, 0))
+        elif isinstance(e, Slice):
+            parts = []
+            for p in e:
+                if isinstance(p, str):
+                    parts.append(index[k])
+                    k += 1
+                else:
+                    parts.append(p)
+            kinds.append(("slice", parts, 1))
+        elif isinstance(e, str):
+            v, vs = index[k], index_shapes[k]
+            k += 1
+            if v.ndim == 0:
+                kinds.append(("int", (), 1))
+            elif v.dtype == "bool":
+                kinds.append(("adv", (_mask_count(v),), v.ndim))
+            else:
+                kinds.append(("adv", tuple(vs), 1))
+        else:
+            kinds.append(("int", (), 1))
+    consumed = sum(n for _, _, n in kinds)
+    any_adv = any(kind == "adv" for kind, _, _ in kinds)
+    pieces: list = []
+    adv_pos: list[int] = []
+    adv_shapes: list[tuple] = []
+    d = 0
+    for pos, (kind, payload, n) in enumerate(kinds):
+        if kind == "new":
+            pieces.append(_const(1))
+        elif kind == "ell":
+            n = len(x_shape) - consumed
+            pieces.extend(x_shape[d:d + n])
+        elif kind == "slice":
+            pieces.append(slice_length(*payload, x_shape[d]))
+        elif kind == "adv" or any_adv:
+            if not adv_pos:
+                pieces.append("ADV")
+            adv_pos.append(pos)
+            adv_shapes.append(payload)
+        d += n
+    pieces.extend(x_shape[d:])
+    if adv_pos:
+        block = list(numpy_broadcast(adv_shapes))
+        at = pieces.index("ADV")
+        del pieces[at]
+        if adv_pos[-1] - adv_pos[0] + 1 != len(adv_pos):
+            at = 0
+        pieces[at:at] = block
+    return tuple(as_dim(p) for p in pieces)
+
+
+# ----------------------------------------------------------------------------- reshape, join
+
+def _shape_vector_entries(shp: Variable, ndim: int) -> list[Variable]:
+    from symgpu.tensor.type import TensorConstant
+    if isinstance(shp, TensorConstant):
+        return [_const(int(s)) for s in np.asarray(shp.data).reshape(-1)]
+    node = shp.owner
+    if node is not None and type(node.op).__name__ == "MakeVector":
+        return [as_dim(s) for s in node.inputs]
+    if node is not None and type(node.op).__name__ in ("Shape", "GpuShape"):
+        from symgpu.tensor.rewriting.shape_feature import shape_tuple
+        return list(shape_tuple(node.inputs[0]))  # reshape(x, y.shape)
+    from symgpu.tensor.subtensor import getitem
+    return [as_dim(getitem(shp, i)) for i in range(ndim)]
+
+
+def reshape_shape(x_shape: tuple, shp: Variable, ndim: int) -> tuple:
+    """The shape a Reshape gives: the requested entries, a -1 (constant, or a symbolic entry
+    that turns out -1 at run time) replaced by what the size of `x` leaves over."""
+    entries = _shape_vector_entries(shp, ndim)
+
+    sure = is_nonnegative  # an entry that cannot be -1
+    if all(sure(e) for e in entries):
+        return tuple(entries)
+    size = s_prod(x_shape)
+    fixed = [e if sure(e) else (1 if dim_value(e) == -1 else s_switch(s_eq(e, -1), 1, e))
+             for e in entries]
+    out = []
+    for i, e in enumerate(entries):
+        if sure(e):
+            out.append(e)
+            continue
+        missing = s_floordiv(size, s_prod(fixed[:i] + fixed[i + 1:]))
+        out.append(missing if dim_value(e) == -1 else s_switch(s_eq(e, -1), missing, e))
+    return tuple(as_dim(o) for o in out)
+
+
+def join_shape(axis: int, broadcastables: Sequence[Sequence[bool]], shapes: Sequence[tuple]) -> tuple:
+    """Joined along `axis`: the lengths there add up, the others agree (Join checks)."""
+    out = list(elemwise_shape(broadcastables, shapes))
+    out[axis] = s_sum([s[axis] for s in shapes])
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- products
+
+def dot_shape(x_shape: tuple, y_shape: tuple) -> tuple:
+    """np.dot of vectors and matrices."""
+    if len(x_shape) == 1 and len(y_shape) == 1:
+        return ()
+    if len(y_shape) == 1:
+        return tuple(x_shape[:-1])
+    return tuple(x_shape[:-1]) + (y_shape[1],)
+
+
+def matmul_shape(x_shape: tuple, y_shape: tuple) -> tuple:
+    """np.matmul of stacks of matrices (the stack dims broadcast as NumPy's)."""
+    batch = numpy_broadcast([tuple(x_shape[:-2]), tuple(y_shape[:-2])])
+    return tuple(batch) + (x_shape[-2], y_shape[-1])
+
+
+def arange_length(start: Variable, stop: Variable, step: Variable) -> Variable:
+    """len(np.arange(start, stop, step)): ceil((stop - start) / step), at least 0 (exact
+    integer arithmetic for integer bounds)."""
+    vals = [dim_value(a) if a.type.dtype[0] in "iu" else None for a in (start, stop, step)]
+    if all(v is not None for v in vals) and vals[2] != 0:
+        return _const(len(range(*vals)))
+    if all(a.type.dtype[0] in "iu" for a in (start, stop, step)):
+        span = s_sub(stop, start)
+        vstep = dim_value(step)
+        if vstep is not None:
+            adj = s_sub(step, 1) if vstep > 0 else s_add(step, 1)
+        else:
+            adj = s_switch(s_lt(0, step), s_sub(step, 1), s_add(step, 1))
+        return s_max(s_floordiv(s_add(span, adj), step), 0)
+    from symgpu.scalar.basic import Cast
+    from symgpu.tensor.elemwise import Elemwise
+    f = [a if a.type.dtype == "float64" else Elemwise(Cast("float64"))(a) for a in (start, stop, step)]
+    n = _ew("ceil", _ew("true_div", _ew("sub", f[1], f[0]), f[2]))
+    return s_max(Elemwise(Cast("int64"))(n), 0)

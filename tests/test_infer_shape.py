@@ -1,0 +1,599 @@
+"""Shape inference: every op's `infer_shape` against the computed shape (one table-driven test
+that must cover every Op class in symgpu), and the shape rewrites (`x.shape` of a computed x
+computes nothing), `specify_shape`, on the CPU and under a virtual GPU context.
+
+Adding an op: one entry in CASES (host ops: `case(build, *values)`; GPU ops:
+`gcase(gpu_build, host_twin_build, kinds, *values)`).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from symgpu import function
+from symgpu.graph.basic import Variable
+from symgpu.graph.op import Op, ShapeError
+from symgpu.gpu.rewriting import virtual_context
+from symgpu.tensor.rewriting.shape_feature import node_shapes, shape_tuple
+
+rng = np.random.RandomState(42)
+
+
+def r(*shape, dtype="float64"):
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def i64(v):
+    return np.asarray(v, dtype="int64")
+
+
+def var_for(value: np.ndarray, bcast: tuple | None = None) -> Variable:
+    """A host symbolic input for `value` (non-broadcastable unless `bcast` says)."""
+    return T.tensor(dtype=str(value.dtype), shape=bcast if bcast is not None
+                    else (False,) * value.ndim)
+
+
+class Case(NamedTuple):
+    build: Callable[..., Any]      # host vars (GPU vars where kinds says 'g') -> output(s)
+    values: tuple                  # (value, broadcastable or None) per input
+    twin: Callable[..., Any] | None = None   # GPU cases: the host expression of the same shape
+    kinds: str = ""                # GPU cases: 'g' (GPU input) or 'h' (host input) per input
+
+
+def case(build, *values) -> Case:
+    return Case(build, tuple(v if isinstance(v, tuple) else (v, None) for v in values))
+
+
+def gcase(build, twin, kinds, *values) -> Case:
+    return Case(build, tuple(v if isinstance(v, tuple) else (v, None) for v in values), twin, kinds)
+
+
+def _ops():
+    """Every module's classes (imports all of symgpu that exists here)."""
+    from symgpu.gradient import DisconnectedGrad, JacobianOp, ZeroGrad
+    from symgpu.tensor.basic import ARange, Alloc, Join, MakeVector, Reshape
+    from symgpu.tensor.blas import Dot22, Gemm, Gemv, Ger
+    from symgpu.tensor.math import Argmax, Dot, MatMul
+    from symgpu.tensor.nnet import (CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad,
+                                    LogSoftmax, Softmax)
+    from symgpu.tensor.shape import (Shape, Shape_i, SpecifyBroadcastable, SpecifyShape,
+                                     Unbroadcast)
+    from symgpu.tensor.subtensor import (AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor,
+                                         Subtensor)
+    return locals()
+
+
+O = _ops()
+G = {}
+for _mod in ("basic_ops", "blas", "subtensor", "advanced", "nnet", "crossentropy", "elemwise",
+             "kernel_op"):
+    G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
+
+ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
+MUL = symgpu.scalar.basic.SCALAR_OPS["mul"]
+n3, n4 = i64(3), i64(4)
+
+from symgpu.ifelse import IfElse, ifelse  # noqa: E402
+from symgpu.printing import Print  # noqa: E402
+from symgpu.scan.op import Scan  # noqa: E402
+from symgpu.tensor.nnet import abstract_conv as _conv  # noqa: E402
+from symgpu.tensor.random import ops as _rnd  # noqa: E402
+from symgpu.tensor.signal import pool as _pool  # noqa: E402
+for _mod in ("conv", "pooling", "advanced_pairs", "random", "random_fusion"):
+    G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
+STATE = np.array([1, 2, 3, 4], dtype="uint32")
+IMG, KERN, GY = r(2, 3, 7, 7), r(4, 3, 3, 3), r(2, 4, 3, 3)   # conv with subsample 2
+PX, PZ = r(2, 3, 6, 6), r(2, 3, 3, 3)                          # 2x2 pooling
+
+CASES: dict[type, list[Case]] = {
+    # ---------------------------------------------------------------- host ops
+    O["Shape"]: [case(lambda x: T.shape(x), r(2, 3))],
+    O["Shape_i"]: [case(lambda x: O["Shape_i"](1)(x), r(2, 3))],
+    O["SpecifyBroadcastable"]: [case(lambda x: O["SpecifyBroadcastable"]((True, False))(x), r(1, 3))],
+    O["Unbroadcast"]: [case(lambda x: O["Unbroadcast"]((True, False))(x), (r(1, 3), (True, False)))],
+    O["SpecifyShape"]: [case(lambda x, n: T.specify_shape(x, (3, n)), r(3, 4), n4),
+                        case(lambda x: T.specify_shape(x, (None, 4)), r(3, 4))],
+    T.DimShuffle: [case(lambda x: x.dimshuffle(1, "x", 0), r(2, 3)),
+                   case(lambda x: x.dimshuffle(1), (r(1, 3), (True, False)))],
+    T.Elemwise: [case(lambda x, y: x * y, r(2, 3), (r(1, 3), (True, False))),
+                 case(lambda x, y, z: T.switch(x > 0, y, z), r(2, 3), (r(2, 1), (False, True)),
+                      (r(1, 1), (True, True))),
+                 case(lambda x: x ** 2, r(4, 5))],
+    T.CAReduce: [case(lambda x: x.sum(axis=1), r(2, 3)), case(lambda x: x.max(), r(2, 3)),
+                 case(lambda x: x.prod(axis=(0, 2)), r(2, 3, 4))],
+    O["Argmax"]: [case(lambda x: T.argmax(x, axis=1), r(2, 3)), case(lambda x: T.argmax(x), r(2, 3))],
+    O["Dot"]: [case(lambda x, y: O["Dot"]()(x, y), r(2, 3), r(3)),
+               case(lambda x, y: O["Dot"]()(x, y), r(3), r(3, 4)),
+               case(lambda x, y: O["Dot"]()(x, y), r(2, 3), r(3, 4)),
+               case(lambda x, y: O["Dot"]()(x, y), r(3), r(3))],
+    O["MatMul"]: [case(lambda x, y: T.matmul(x, y), r(1, 3, 4), r(5, 4, 2)),
+                  case(lambda x, y: T.matmul(x, y), r(2, 3, 4), r(4, 2))],
+    O["Softmax"]: [case(lambda x: T.nnet.softmax(x), r(2, 3))],
+    O["LogSoftmax"]: [case(lambda x: T.nnet.log_softmax(x), r(2, 3))],
+    O["CrossentropyCategorical1Hot"]: [
+        case(lambda p, y: O["CrossentropyCategorical1Hot"]()(p, y), np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
+    O["CrossentropyCategorical1HotGrad"]: [
+        case(lambda g, p, y: O["CrossentropyCategorical1HotGrad"]()(g, p, y), r(3),
+             np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
+    O["MakeVector"]: [case(lambda a, b: O["MakeVector"]("int64")(a, b, a), n3, n4)],
+    O["Reshape"]: [case(lambda x, n: T.reshape(x, (n, -1)), r(4, 6), i64(2)),
+                   case(lambda x: T.reshape(x, (-1,)), r(4, 6)),
+                   case(lambda x, s: T.reshape(x, s, ndim=2), r(4, 6), i64([3, -1])),
+                   case(lambda x, a, b: T.reshape(x, (a, b, 2)), r(4, 6), i64(-1), i64(3))],
+    O["Join"]: [case(lambda x, y: T.concatenate([x, y], axis=1), r(2, 3), r(2, 5)),
+                case(lambda x, y: T.concatenate([x, y], axis=0), r(2, 3), (r(1, 3), (True, False)))],
+    O["Alloc"]: [case(lambda v, n: T.alloc(v, n, 3), r(3), n4),
+                 case(lambda v, n: T.alloc(v, n, 1, 3), (r(1, 3), (True, False)), n3)],
+    O["ARange"]: [case(lambda a, b, c: T.arange(a, b, c), i64(2), i64(11), i64(3)),
+                  case(lambda a, b, c: T.arange(a, b, c), i64(10), i64(1), i64(-4)),
+                  case(lambda a, b, c: T.arange(a, b, c), i64(5), i64(1), i64(2)),
+                  case(lambda a, b, c: T.arange(a, b, c), np.float64(0.5), np.float64(3.2),
+                       np.float64(0.7))],
+    O["Gemv"]: [case(lambda y, a, A, x, b: O["Gemv"]()(y, a, A, x, b), r(3), r(), r(3, 4), r(4), r())],
+    O["Gemm"]: [case(lambda C, a, A, B, b: O["Gemm"]()(C, a, A, B, b), r(3, 2), r(), r(3, 4), r(4, 2), r())],
+    O["Dot22"]: [case(lambda A, B: O["Dot22"]()(A, B), r(3, 4), r(4, 2))],
+    O["Ger"]: [case(lambda A, a, x, y: O["Ger"]()(A, a, x, y), r(3, 4), r(), r(3), r(4))],
+    O["Subtensor"]: [case(lambda x: x[1:, ::-2], r(5, 7)),
+                     case(lambda x, a, b, s: x[a:b:s], r(9, 2), i64(-2), i64(1), i64(-3)),
+                     case(lambda x, a, b, s: x[a:b:s, 1], r(9, 2), i64(1), i64(-1), i64(2)),
+                     case(lambda x: x[-1], r(5, 7)),
+                     case(lambda x: x[None, ..., 2], r(4, 5, 6)),
+                     case(lambda x: x[::-1, -3:-1, 10:], r(4, 5, 6)),
+                     case(lambda x, a: x[a:, :a], r(4, 5), i64(-7))],
+    O["AdvancedSubtensor"]: [case(lambda x, i: x[i], r(5, 3), i64([0, 2, 2, 4])),
+                             case(lambda x, i: x[i, 1:], r(5, 3), i64([[0, 2], [1, 1]])),
+                             case(lambda x, i: x[:, i], r(5, 3, 2), i64([0, 2])),
+                             case(lambda x, i, j: x[i, :, j], r(5, 3, 2), i64([0, 2]), i64([[1], [0]])),
+                             case(lambda x, m: x[m], r(3, 4), r(3, 4) > 0),
+                             case(lambda x, m: x[m, 1:], r(5, 3), r(5) > 0)],
+    O["IncSubtensor"]: [case(lambda x, y: T.set_subtensor(x[1:], y), r(4, 3), r(3, 3))],
+    O["AdvancedIncSubtensor"]: [case(lambda x, i, y: T.inc_subtensor(x[i], y), r(4, 3),
+                                     i64([0, 0, 2]), r(3, 3))],
+    O["ZeroGrad"]: [case(lambda x: O["ZeroGrad"]()(x), r(2, 3))],
+    O["DisconnectedGrad"]: [case(lambda x: O["DisconnectedGrad"]()(x), r(2, 3))],
+    O["JacobianOp"]: [case(lambda v: T.jacobian(T.exp(v) * 2, v), r(3)),
+                      case(lambda m: T.jacobian(T.exp(m).sum(axis=0), m), r(2, 3))],
+    Print: [case(lambda x: Print("shape test", attrs=())(x), r(2, 3))],
+    _conv.Conv2d: [case(lambda x, w: _conv.conv2d(x, w, border_mode="half", subsample=(2, 1)),
+                        r(2, 3, 7, 6), KERN),
+                   case(lambda x, w: _conv.conv2d(x, w, subsample=(2, 2)), IMG, KERN)],
+    _conv.Conv2dGradInputs: [case(lambda w, g, h: _conv.Conv2dGradInputs(subsample=(2, 2))(w, g, [h, h]),
+                                  KERN, GY, i64(7))],
+    _conv.Conv2dGradWeights: [case(lambda x, g, k: _conv.Conv2dGradWeights(subsample=(2, 2))(x, g, [k, k]),
+                                   IMG, GY, i64(3))],
+    _pool.Pool: [case(lambda x: _pool.pool_2d(x, ws=(2, 3), ignore_border=False), r(2, 3, 7, 6)),
+                 case(lambda x: _pool.pool_2d(x, ws=(3, 3), stride=(2, 2), pad=(1, 1)), r(2, 3, 7, 6))],
+    _pool.MaxPoolGrad: [case(lambda x, z, g: _pool.MaxPoolGrad(ws=(2, 2))(x, z, g), PX, PZ, PZ)],
+    _pool.MaxPoolGradGrad: [case(lambda x, z, g: _pool.MaxPoolGradGrad(ws=(2, 2))(x, z, g), PX, PZ, PX)],
+    _pool.AveragePoolGrad: [case(lambda x, g: _pool.AveragePoolGrad(ws=(2, 2), mode="average_inc_pad")(x, g),
+                                 PX, PZ)],
+    Scan: [case(lambda x: symgpu.scan(lambda v: v * 2, sequences=x)[0], r(5, 3)),
+           case(lambda x, n: symgpu.scan(lambda v: v + 1, outputs_info=None, sequences=x,
+                                         n_steps=n)[0], r(5, 3), n4)],
+    IfElse: [case(lambda c, x, y: ifelse(c, x * 2, y + 1), i64(1), r(2, 3), r(2, 3)),
+             case(lambda c, x, y: ifelse(c, x * 2, y + 1), i64(0), r(2, 3), r(2, 3))],
+    _rnd.PhiloxSample: [case(lambda st, n: _rnd.PhiloxSample("normal", "float64")(st, n, 3), STATE, n4)],
+    _rnd.PhiloxAdvance: [case(lambda st, n: _rnd.PhiloxAdvance("float64")(st, n, 3), STATE, n4)],
+    _rnd.CategoricalFromUniform: [case(lambda p, u: _rnd.CategoricalFromUniform()(p, u),
+                                       np.abs(r(4)) + .1, np.abs(r(2, 5)))],
+    _rnd.MultinomialFromUniform: [case(lambda p, u: _rnd.MultinomialFromUniform()(p, u),
+                                       np.abs(r(3, 4)) + .1, np.abs(r(5, 3)))],
+    _rnd.ArgsortKeys: [case(lambda k: _rnd.ArgsortKeys(2)(k), r(3, 5)),
+                       case(lambda k: _rnd.ArgsortKeys()(k), r(3, 5))],
+    # ---------------------------------------------------------------- GPU ops (virtual context)
+    G["GpuConv2d"]: [gcase(lambda x, w: G["GpuConv2d"](subsample=(2, 2))(x, w),
+                           lambda x, w: _conv.conv2d(x, w, subsample=(2, 2)), "gg", IMG, KERN)],
+    G["GpuConv2dGradInputs"]: [gcase(lambda w, g, h: G["GpuConv2dGradInputs"](subsample=(2, 2))(w, g, [h, h]),
+                                     lambda w, g, h: _conv.Conv2dGradInputs(subsample=(2, 2))(w, g, [h, h]),
+                                     "ggh", KERN, GY, i64(7))],
+    G["GpuConv2dGradWeights"]: [gcase(lambda x, g, k: G["GpuConv2dGradWeights"](subsample=(2, 2))(x, g, [k, k]),
+                                      lambda x, g, k: _conv.Conv2dGradWeights(subsample=(2, 2))(x, g, [k, k]),
+                                      "ggh", IMG, GY, i64(3))],
+    G["GpuPool"]: [gcase(lambda x: G["GpuPool"](ws=(2, 3), ignore_border=False)(x),
+                         lambda x: _pool.pool_2d(x, ws=(2, 3), ignore_border=False), "g", r(2, 3, 7, 6))],
+    G["GpuMaxPoolGrad"]: [gcase(lambda x, z, g: G["GpuMaxPoolGrad"](ws=(2, 2))(x, z, g),
+                                lambda x, z, g: x, "ggg", PX, PZ, PZ)],
+    G["GpuMaxPoolGradGrad"]: [gcase(lambda x, z, g: G["GpuMaxPoolGradGrad"](ws=(2, 2))(x, z, g),
+                                    lambda x, z, g: z, "ggg", PX, PZ, PX)],
+    G["GpuAveragePoolGrad"]: [gcase(lambda x, g: G["GpuAveragePoolGrad"](ws=(2, 2), mode="average_inc_pad")(x, g),
+                                    lambda x, g: x, "gg", PX, PZ)],
+    G["GpuARange"]: [gcase(lambda a, b, c: G["GpuARange"]("int64")(a, b, c),
+                           lambda a, b, c: T.arange(a, b, c), "hhh", i64(10), i64(1), i64(-4))],
+    G["GpuAdvancedSubtensor2"]: [gcase(lambda x, a, b: G["GpuAdvancedSubtensor2"]()(x, a, b),
+                                       lambda x, a, b: x[a, b], "ggg", r(4, 5), i64([0, 3, 1]), i64([2]))],
+    G["GpuAdvancedIncSubtensor2"]: [gcase(lambda x, y, a, b: G["GpuAdvancedIncSubtensor2"]()(x, y, a, b),
+                                          lambda x, y, a, b: x, "gggg", r(4, 5), r(3), i64([0, 3, 1]),
+                                          i64([2, 0, 1]))],
+    G["GpuPhiloxSample"]: [gcase(lambda st, n: G["GpuPhiloxSample"]("uniform", "float32")(st, n, 3),
+                                 lambda st, n: _rnd.PhiloxSample("uniform", "float32")(st, n, 3),
+                                 "gh", STATE, n4)],
+    G["GpuPhiloxAdvance"]: [gcase(lambda st, n: G["GpuPhiloxAdvance"]("float32")(st, n, 3),
+                                  lambda st, n: _rnd.PhiloxAdvance("float32")(st, n, 3), "gh", STATE, n4)],
+    G["GpuPhiloxElemwise"]: [gcase(lambda st, n, y: G["GpuPhiloxElemwise"](ADD, 0, "uniform", "float32", 2)(st, n, 3, y),
+                                   lambda st, n, y: _rnd.PhiloxSample("uniform", "float32")(st, n, 3) + y,
+                                   "ghg", STATE, n4, r(4, 3, dtype="float32"))],
+    G["GpuFromHost"]: [gcase(lambda x: G["GpuFromHost"](None)(x), lambda x: x, "h", r(2, 3))],
+    G["HostFromGpu"]: [gcase(lambda x: G["HostFromGpu"]()(x), lambda x: x, "g", r(2, 3))],
+    G["GpuToGpu"]: [gcase(lambda x: G["GpuToGpu"](None)(x), lambda x: x, "g", r(2, 3))],
+    G["GpuContiguous"]: [gcase(lambda x: G["GpuContiguous"]()(x), lambda x: x, "g", r(2, 3))],
+    G["GpuDimShuffle"]: [gcase(lambda x: G["GpuDimShuffle"]((False, False), (1, "x", 0))(x),
+                               lambda x: x.dimshuffle(1, "x", 0), "g", r(2, 3))],
+    G["GpuReshape"]: [gcase(lambda x, s: G["GpuReshape"](2)(x, s), lambda x, s: T.reshape(x, s, ndim=2),
+                            "gh", r(4, 6), i64([3, -1]))],
+    G["GpuSpecifyBroadcastable"]: [gcase(lambda x: G["GpuSpecifyBroadcastable"]((True, False))(x),
+                                         lambda x: x, "g", r(1, 3))],
+    G["GpuUnbroadcast"]: [gcase(lambda x: G["GpuUnbroadcast"]((True, False))(x), lambda x: x, "g",
+                                (r(1, 3), (True, False)))],
+    G["GpuShape"]: [gcase(lambda x: G["GpuShape"]()(x), lambda x: T.shape(x), "g", r(2, 3))],
+    G["GpuShape_i"]: [gcase(lambda x: G["GpuShape_i"](0)(x), lambda x: x.shape[0], "g", r(2, 3))],
+    G["GpuAlloc"]: [gcase(lambda v, n: G["GpuAlloc"](None)(v, n, 3), lambda v, n: T.alloc(v, n, 3),
+                          "hh", r(), n4)],
+    G["GpuAllocEmpty"]: [gcase(lambda n: G["GpuAllocEmpty"]("float32", None)(n, 3),
+                               lambda n: T.zeros((n, 3)), "h", n4)],
+    G["GpuGemm"]: [gcase(lambda C, a, A, B, b: G["GpuGemm"]()(C, a, A, B, b),
+                         lambda C, a, A, B, b: b * C + a * T.dot(A, B), "ghggh",
+                         r(3, 2, dtype="float32"), r(dtype="float32"), r(3, 4, dtype="float32"),
+                         r(4, 2, dtype="float32"), r(dtype="float32"))],
+    G["GpuDot22"]: [gcase(lambda A, B: G["GpuDot22"]()(A, B), lambda A, B: T.dot(A, B), "gg",
+                          r(3, 4, dtype="float32"), r(4, 2, dtype="float32"))],
+    G["GpuGemv"]: [gcase(lambda y, a, A, x, b: G["GpuGemv"]()(y, a, A, x, b),
+                         lambda y, a, A, x, b: b * y + a * T.dot(A, x), "ghggh",
+                         r(3, dtype="float32"), r(dtype="float32"), r(3, 4, dtype="float32"),
+                         r(4, dtype="float32"), r(dtype="float32"))],
+    G["GpuGer"]: [gcase(lambda A, a, x, y: G["GpuGer"]()(A, a, x, y),
+                        lambda A, a, x, y: A + a * T.outer(x, y), "ghgg",
+                        r(3, 4, dtype="float32"), r(dtype="float32"), r(3, dtype="float32"),
+                        r(4, dtype="float32"))],
+    G["GpuSubtensor"]: [gcase(lambda x, a: G["GpuSubtensor"]((symgpu.tensor.subtensor.Slice("$", None, -2), 1))(x, a),
+                              lambda x, a: x[a::-2, 1], "gh", r(7, 3), i64(-2))],
+    G["GpuIncSubtensor"]: [gcase(lambda x, y: G["GpuIncSubtensor"]((symgpu.tensor.subtensor.Slice(1, None, None),))(x, y),
+                                 lambda x, y: T.set_subtensor(x[1:], y), "gg", r(4, 3), r(3, 3))],
+    G["GpuJoin"]: [gcase(lambda x, y: G["GpuJoin"](1)(x, y), lambda x, y: T.concatenate([x, y], 1),
+                         "gg", r(2, 3), r(2, 5))],
+    G["GpuAdvancedSubtensor1"]: [gcase(lambda x, i: G["GpuAdvancedSubtensor1"]()(x, i),
+                                       lambda x, i: x[i], "gg", r(5, 3), i64([0, 4, 4, 1]))],
+    G["GpuAdvancedIncSubtensor1"]: [gcase(lambda x, y, i: G["GpuAdvancedIncSubtensor1"]()(x, y, i),
+                                          lambda x, y, i: T.inc_subtensor(x[i], y), "ggg",
+                                          r(5, 3), r(2, 3), i64([0, 4]))],
+    G["GpuBatchedDot"]: [gcase(lambda x, y: G["GpuBatchedDot"]()(x, y), lambda x, y: T.matmul(x, y),
+                               "gg", r(1, 3, 4, dtype="float32"), r(5, 4, 2, dtype="float32"))],
+    G["GpuArgmax"]: [gcase(lambda x: G["GpuArgmax"](1)(x), lambda x: T.argmax(x, axis=1), "g",
+                           r(2, 3, 4, dtype="float32"))],
+    G["GpuCrossentropyCategorical1Hot"]: [
+        gcase(lambda p, y: G["GpuCrossentropyCategorical1Hot"]()(p, y),
+              lambda p, y: O["CrossentropyCategorical1Hot"]()(p, y), "gg",
+              np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
+    G["GpuCrossentropyCategorical1HotGrad"]: [
+        gcase(lambda g, p, y: G["GpuCrossentropyCategorical1HotGrad"]()(g, p, y),
+              lambda g, p, y: O["CrossentropyCategorical1HotGrad"]()(g, p, y), "ggg",
+              r(3), np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
+    G["GpuElemwise"]: [gcase(lambda x, y: G["GpuElemwise"](ADD)(x, y), lambda x, y: x + y, "gg",
+                             r(2, 3, dtype="float32"), (r(1, 3, dtype="float32"), (True, False)))],
+    G["GpuCAReduce"]: [gcase(lambda x: G["GpuCAReduce"](ADD, (1,))(x), lambda x: x.sum(axis=1),
+                             "g", r(2, 3, 4, dtype="float32")),
+                       gcase(lambda x, y: G["GpuCAReduce"](ADD, (0,), pre_scalar_op=MUL)(x, y),
+                             lambda x, y: (x * y).sum(axis=0), "gg", r(2, 3, dtype="float32"),
+                             (r(1, 3, dtype="float32"), (True, False)))],
+    G["ElemwiseKernelOp"]: [gcase(lambda x, y: G["ElemwiseKernelOp"]("o0 = i0 * i1", ["float32", "float32"])(x, y),
+                                  lambda x, y: x * y, "gg", r(2, 3, dtype="float32"),
+                                  (r(2, 1, dtype="float32"), (False, True)))],
+}
+
+
+def all_op_classes() -> set[type]:
+    """Leaf Op subclasses defined in symgpu's modules (bases that others extend are covered
+    through their subclasses)."""
+    for m in pkgutil.walk_packages(symgpu.__path__, "symgpu."):
+        importlib.import_module(m.name)
+    found, todo = set(), [Op]
+    while todo:
+        c = todo.pop()
+        for s in c.__subclasses__():
+            todo.append(s)
+            if s.__module__.startswith("symgpu.") and "<locals>" not in s.__qualname__:
+                found.add(s)
+    return {c for c in found if not any(s in found for s in c.__subclasses__())}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # importing symgpu.misc.pycuda_init here
+def test_the_table_covers_every_op_class():
+    missing = sorted(f"{c.__module__}.{c.__qualname__}" for c in all_op_classes() - set(CASES))
+    assert not missing, f"ops without an infer_shape case in CASES: {missing}"
+
+
+def test_base_op_has_no_shape_rule():
+    class NoShape(Op):
+        def make_node(self, x):
+            x = T.as_tensor_variable(x)
+            return symgpu.Apply(self, [x], [x.type()])
+    with pytest.raises(ShapeError, match="NoShape.*infer_shape"):
+        node_shapes(NoShape()(T.matrix()).owner)
+
+
+def _flat(shapes):
+    return [e for s in shapes for e in s]
+
+
+def _host_check(op_cls, c: Case):
+    ins = [var_for(v, b) for v, b in c.values]
+    vals = [v for v, _ in c.values]
+    outs = c.build(*ins)
+    outs = outs if isinstance(outs, list) else [outs]
+    node = outs[0].owner
+    assert type(node.op) is op_cls, f"the case builds {node.op}, not a {op_cls.__name__}"
+    inferred = node_shapes(node)
+    want = [np.shape(o) for o in function(ins, list(node.outputs), on_unused_input="ignore")(*vals)]
+    flat = _flat(inferred)
+    got = function(ins, flat, on_unused_input="ignore") if flat else (lambda *a: [])
+    got = [int(g) for g in got(*vals)]
+    assert got == [d for w in want for d in w], (str(node.op), got, want)
+    if flat:  # the shape needs nothing of the op's own computation
+        f = function(ins, flat, on_unused_input="ignore")
+        assert not any(n.op == node.op and n.inputs == node.inputs
+                       for n in f.maker.fgraph.toposort()), str(node.op)
+
+
+def _gpu_check(op_cls, c: Case):
+    from symgpu.gpu.type import GpuArrayType
+    hosts = [var_for(v, b) for v, b in c.values]
+    vals = [v for v, _ in c.values]
+    dims = []   # (scalar, value) for each GPU input's dims
+    with symgpu.config.change_flags(floatX="float32"), virtual_context(None):
+        gins, in_shapes = [], []
+        for k, (h, (v, b)) in zip(c.kinds, zip(hosts, c.values)):
+            if k == "g":
+                g = GpuArrayType(str(v.dtype), h.broadcastable, None)()
+                shp = []
+                for d, bd in enumerate(h.broadcastable):
+                    if bd:
+                        shp.append(1)
+                    else:
+                        s = T.lscalar()
+                        dims.append((s, v.shape[d]))
+                        shp.append(s)
+                gins.append(g)
+                in_shapes.append(tuple(shp))
+            else:
+                gins.append(h)
+                in_shapes.append(shape_tuple(h))
+        out = c.build(*gins)
+        node = out.owner
+        assert type(node.op) is op_cls, f"the case builds {node.op}, not a {op_cls.__name__}"
+        inferred = node_shapes(node, in_shapes)
+    want = np.shape(function(hosts, c.twin(*hosts), on_unused_input="ignore")(*vals))
+    flat = _flat(inferred[:1])
+    ins = hosts + [s for s, _ in dims]
+    got = function(ins, flat, on_unused_input="ignore")(*vals, *[i64(v) for _, v in dims]) if flat else []
+    assert [int(g) for g in got] == list(want), (str(node.op), got, want)
+
+
+@pytest.mark.parametrize("op_cls", sorted(CASES, key=lambda c: (c.__module__, c.__name__)),
+                         ids=lambda c: c.__name__)
+def test_inferred_shape_equals_computed_shape(op_cls):
+    for c in CASES[op_cls]:
+        (_gpu_check if c.twin is not None else _host_check)(op_cls, c)
+
+
+# ----------------------------------------------------------------------------- rewrites
+
+def op_names(f) -> list[str]:
+    return [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+
+
+def test_shape_of_a_computed_tensor_computes_nothing():
+    x = T.matrix("x")
+    f = function([x], (x ** 2).shape)
+    assert op_names(f) == ["Shape_i", "Shape_i", "MakeVector"]
+    assert not any(isinstance(n.op, T.Elemwise) for n in f.maker.fgraph.toposort())
+    np.testing.assert_array_equal(f(r(2, 5)), [2, 5])
+
+
+def test_one_dim_of_a_product():
+    x, y = T.matrix("x"), T.matrix("y")
+    f = function([x, y], (x * y).shape[0])
+    assert op_names(f) == ["Shape_i"]
+    assert f(r(3, 2), r(3, 2)) == 3
+
+
+@pytest.mark.parametrize("expr, inputs, banned, want", [
+    (lambda x, y: T.dot(x, y).shape, (r(3, 4), r(4, 5)), "Dot", (3, 5)),
+    (lambda x, y: T.reshape(x + y, (2, -1)).shape, (r(3, 4), r(3, 4)), "Reshape", (2, 6)),
+    (lambda x, y: T.exp(x)[1:, ::2].shape, (r(5, 7), r(1, 1)), "Subtensor", (4, 4)),
+    (lambda x, y: T.concatenate([x, y], axis=1).shape, (r(3, 4), r(3, 2)), "Join", (3, 6)),
+    (lambda x, y: T.exp(x).sum(axis=0).shape, (r(3, 4), r(3, 4)), "CAReduce", (4,)),
+    (lambda x, y: T.nnet.softmax(T.dot(x, y)).shape, (r(3, 4), r(4, 2)), "Softmax", (3, 2)),
+])
+def test_shapes_of_ops_compute_nothing(expr, inputs, banned, want):
+    x, y = T.matrix("x"), T.matrix("y")
+    f = function([x, y], expr(x, y), on_unused_input="ignore")
+    names = op_names(f)
+    assert banned not in names, names
+    for n in f.maker.fgraph.toposort():  # only integer arithmetic on lengths is left
+        assert all(o.ndim == 0 or type(n.op).__name__ in ("MakeVector", "Unbroadcast")
+                   for o in n.outputs), str(n.op)
+        assert all(o.dtype.startswith("int") for o in n.outputs), str(n.op)
+    assert not any(n in names for n in ("Dot", "Dot22", "Gemm", "Reshape", "Join", "CAReduce",
+                                        "Softmax")), names
+    np.testing.assert_array_equal(f(*inputs), want)
+
+
+def test_slice_length_arithmetic_only_when_the_value_is_not_computed():
+    x = T.matrix("x")
+    y = T.exp(x)[1:]
+    f = function([x], [y, y.shape[0]])
+    # y is computed anyway: reading its length is cheaper than the slice arithmetic
+    assert op_names(f).count("Shape_i") == 1
+    shape_i = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "Shape_i"][0]
+    assert shape_i.inputs[0].owner is not None
+    v, n = f(r(4, 2))
+    assert n == 3 == v.shape[0]
+
+
+def test_shape_of_alloc_and_useless_alloc():
+    x = T.matrix("x")
+    f = function([x], T.alloc(T.exp(x), x.shape[0], x.shape[1]))  # nothing to broadcast
+    assert "Alloc" not in op_names(f)
+    n = T.lscalar("n")
+    f = function([x, n], T.zeros((n, 3)).shape, on_unused_input="ignore")
+    assert "Alloc" not in op_names(f)
+    np.testing.assert_array_equal(f(r(1, 1), 5), [5, 3])
+
+
+def test_specify_shape():
+    x, n = T.matrix("x"), T.lscalar("n")
+    y = T.specify_shape(x, (3, n))
+    f = function([x, n], [y * 2, (y * 2).shape])
+    v, s = f(np.ones((3, 5)), 5)
+    np.testing.assert_array_equal(s, [3, 5])
+    with pytest.raises(AssertionError, match=r"should have the shape \(3, 4\).*has the shape \(3, 5\)"):
+        f(np.ones((3, 5)), 4)
+    g = function([x], T.specify_shape(x, (None, 2)).shape[1])
+    assert op_names(g) == []  # the constant 2: x is not even read
+    assert g(np.ones((7, 2))) == 2
+    with pytest.raises(AssertionError, match=r"\(\?, 2\)"):
+        function([x], T.specify_shape(x, (None, 2)) + 1)(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="has 2 dimensions but the shape"):
+        T.specify_shape(x, (3,))
+    with pytest.raises(ValueError, match="negative"):
+        T.specify_shape(x, (-1, 2))
+    with pytest.raises(TypeError, match="entry 0"):
+        T.specify_shape(x, (T.scalar(), 2))
+    assert T.specify_shape(x, (None, None)) is x
+    assert T.specify_shape(x, (1, 2)).broadcastable == (True, False)
+
+
+def test_specify_shape_gradient_and_symbolic_vector():
+    x = T.matrix("x")
+    s = T.lvector("s")
+    y = T.specify_shape(x, T.stack([T.constant(2, dtype="int64"), s[0]]))
+    g = T.grad((y ** 2).sum(), x)
+    f = function([x, s], [g, y.shape])
+    gv, sv = f(np.ones((2, 3)), np.array([3]))
+    np.testing.assert_allclose(gv, 2 * np.ones((2, 3)))
+    np.testing.assert_array_equal(sv, [2, 3])
+
+
+def test_gpu_shape_of_computed_value_has_no_kernel_or_transfer():
+    with symgpu.config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.matrix("x")
+        f = function([x], (x ** 2).shape)
+        names = op_names(f)
+        assert not any(n.startswith("Gpu") or n in ("HostFromGpu", "GpuFromHost") for n in names), names
+        from symgpu.gpu.basic_ops import GpuShape, GpuShape_i
+        from symgpu.gpu.elemwise import GpuElemwise
+        from symgpu.gpu.type import GpuArrayType
+        xg = GpuArrayType("float32", (False, False))("xg")
+        e = GpuElemwise(symgpu.scalar.basic.SCALAR_OPS["exp"])(xg)
+        from symgpu.gpu.blas import GpuDot22
+        f = function([xg], [GpuShape()(e), GpuShape_i(1)(GpuDot22()(e, e))])
+        names = op_names(f)
+        assert "GpuElemwise" not in names and not any("Dot" in n or "Gemm" in n for n in names), names
+        assert "HostFromGpu" not in names and "GpuShape_i" in names
+
+
+def test_shape_rewrites_keep_logreg_compile_fast():
+    x, y = T.matrix("x"), T.vector("y")
+    w = symgpu.shared(np.zeros(50), name="w")
+    b = symgpu.shared(0.0, name="b")
+    p = 1 / (1 + T.exp(-T.dot(x, w) - b))
+    cost = (-y * T.log(p) - (1 - y) * T.log(1 - p)).mean() + 0.01 * (w ** 2).sum()
+    gw, gb = T.grad(cost, [w, b])
+    t0 = time.perf_counter()
+    f = function([x, y], cost, updates={w: w - 0.1 * gw, b: b - 0.1 * gb})
+    assert time.perf_counter() - t0 < 5.0
+    assert np.isfinite(f(r(10, 50), (r(10) > 0).astype("float64")))
+
+
+def test_useless_and_nested_specify_shape():
+    x, n = T.matrix("x"), T.lscalar("n")
+    f = function([x], T.specify_shape(T.exp(x), (x.shape[0], x.shape[1])))
+    assert "SpecifyShape" not in op_names(f)
+    f = function([x, n], T.specify_shape(T.specify_shape(x, (3, None)), (None, n)) * 2)
+    nodes = [nd for nd in f.maker.fgraph.toposort() if type(nd.op).__name__ == "SpecifyShape"]
+    assert len(nodes) == 1 and nodes[0].op.given == (True, True)
+    np.testing.assert_array_equal(f(np.ones((3, 2)), 2), 2 * np.ones((3, 2)))
+    with pytest.raises(AssertionError, match=r"\(3, 4\)"):
+        f(np.ones((3, 2)), 4)
+
+
+def test_specify_shape_stays_on_the_gpu():
+    with symgpu.config.change_flags(floatX="float32", assert_no_cpu_op="raise"), \
+            virtual_context(None):
+        x, n = T.matrix("x"), T.lscalar("n")
+        f = function([x, n], T.exp(T.specify_shape(T.exp(x), (2, n))) * 3)
+        names = op_names(f)
+        assert names.count("GpuFromHost") == 1 and names.count("HostFromGpu") == 1, names
+        spec = [nd for nd in f.maker.fgraph.toposort() if type(nd.op).__name__ == "SpecifyShape"]
+        assert len(spec) == 1 and type(spec[0].outputs[0].type).__name__ == "GpuArrayType"
+
+
+@pytest.mark.parametrize("step_kind", ["none", "sym", 2, -3])
+def test_slice_length_matches_python(step_kind):
+    from symgpu.tensor.shape_rules import slice_length
+    n, a, b, s = T.lscalar("n"), T.lscalar("a"), T.lscalar("b"), T.lscalar("s")
+    step = {"none": None, "sym": s}.get(step_kind, step_kind)
+    outs = [slice_length(start, stop, step, n) for start in (None, a) for stop in (None, b)]
+    f = function([n, a, b, s], outs, on_unused_input="ignore")
+    for nv in (0, 1, 5):
+        for av in (-7, -2, 0, 1, 3, 9):
+            for bv in (-6, -1, 0, 2, 4, 10):
+                for sv in ((-4, -1, 1, 3) if step_kind == "sym" else (1,)):
+                    py_step = sv if step_kind == "sym" else step
+                    got = [int(g) for g in f(nv, av, bv, sv)]
+                    want = [len(range(nv)[slice(st, sp, py_step)])
+                            for st in (None, av) for sp in (None, bv)]
+                    assert got == want, (nv, av, bv, py_step)
+
+
+def test_arange_length_matches_numpy():
+    from symgpu.tensor.shape_rules import arange_length
+    a, b, c = T.lscalar("a"), T.lscalar("b"), T.lscalar("c")
+    fa, fb, fc = T.dscalar("fa"), T.dscalar("fb"), T.dscalar("fc")
+    f = function([a, b, c], arange_length(a, b, c))
+    g = function([fa, fb, fc], arange_length(fa, fb, fc))
+    for args in [(0, 10, 3), (10, 0, -3), (5, 5, 1), (5, 1, 2), (-4, 7, 11), (3, -8, -1)]:
+        assert int(f(*args)) == len(np.arange(*args)), args
+    for args in [(0.5, 3.2, 0.7), (3.0, -1.0, -0.5), (1.0, 1.0, 0.1), (0.0, 1.0, 0.25)]:
+        assert int(g(*args)) == len(np.arange(*args)), args
+
+
+def test_lengths_the_graph_already_has_replace_reads_of_computed_values():
+    x, n = T.matrix("x"), T.lscalar("n")
+    a = T.alloc(T.exp(x[0]), n, x.shape[1])
+    f = function([x, n], [a * 2, a.shape, a.shape[0]])
+    names = op_names(f)
+    assert "Shape" not in names  # MakeVector(n, Shape_i{1}(x)): a's own shape is not read
+    assert not any(nd.op.__class__.__name__ == "Shape_i" and nd.inputs[0].owner is not None
+                   for nd in f.maker.fgraph.toposort())
+    v, s, s0 = f(r(2, 3), 4)
+    assert v.shape == (4, 3) and list(s) == [4, 3] and s0 == 4
+
+
+@pytest.mark.parametrize("where", ["host", "virtual_device"])
+def test_benchmark_logreg_reads_lengths_of_inputs_only(where):
+    """benchmarks/workloads.py's logistic regression: the mean's divisor is the length of the
+    labels, not of the computed cross-entropy (the rewrite off: Shape_i of the Composite)."""
+    import contextlib
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    from workloads import build_logreg
+    X, Y = r(40, 7, dtype="float32"), (r(40) > 0).astype("float32")
+    ctx = virtual_context(None) if where == "virtual_device" else contextlib.nullcontext()
+    with symgpu.config.change_flags(floatX="float32"), ctx:
+        outs, ups = build_logreg(symgpu.shared, T, X, Y, r(7, dtype="float32"), np.float32(0))
+        f = function([], outs, updates=ups)
+        reads = [n for n in f.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
+        assert reads and all(n.inputs[0].owner is None for n in reads), [str(n) for n in reads]
+        with symgpu.config.change_flags(optimizer_excluding="local_shape_infer:gpu_shape_infer"):
+            outs, ups = build_logreg(symgpu.shared, T, X, Y, r(7, dtype="float32"), np.float32(0))
+            g = function([], outs, updates=ups)
+        reads = [n for n in g.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
+        assert any(n.inputs[0].owner is not None for n in reads), [str(n) for n in reads]
