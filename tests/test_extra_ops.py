@@ -647,3 +647,18 @@ def test_copy_method():
     assert c.name == "c" and c is not x and c.owner is not None
     np.testing.assert_array_equal(run([x], c, np.arange(3.0)), np.arange(3.0))
     verify_grad(lambda x: x.copy(), [RNG.randn(3)])
+
+
+def test_shapes_of_the_new_ops_compute_nothing_heavy():
+    """With the shape rewrites, x.shape of a sort/cumsum/repeat/diag/tile/roll result comes
+    from infer_shape: the op itself is not run."""
+    x, r = T.dmatrix("x"), T.lscalar("r")
+    X = np.ones((3, 4))
+    for expr, want in [(T.sort(x), (3, 4)), (T.cumsum(x), (12,)), (T.repeat(x, r, 1), (3, 8)),
+                       (T.diag(x), (3,)), (T.tile(x, (2, 3)), (6, 12)), (T.roll(x, 1, 0), (3, 4)),
+                       (T.argsort(x, 0), (3, 4)), (T.searchsorted(x[0], x), (3, 4))]:
+        f = function([x, r], expr.shape, on_unused_input="ignore")
+        ops = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert not ops & {"Sort", "ArgSort", "CumOp", "Repeat", "ExtractDiag", "Alloc",
+                          "Join", "SearchSorted"}, (expr, ops)
+        assert tuple(f(X, 2)) == want
