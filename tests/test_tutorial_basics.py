@@ -275,6 +275,14 @@ def derivatives(lib: Lib) -> dict:
     x = T.dvector("x")
     y = x ** 2
     out["jacobian"] = function([x], gradient.jacobian(y, x))([4, 4])
+    # the tutorial's own spelling: one grad per row, through scan
+    J, updates = lib.th.scan(lambda i, y, x: T.grad(y[i], x), sequences=T.arange(y.shape[0]),
+                             non_sequences=[y, x])
+    out["jacobian_scan"] = function([x], J, updates=updates)([4, 4])
+    gy = T.grad(y.sum(), x)
+    H, updates = lib.th.scan(lambda i, gy, x: T.grad(gy[i], x), sequences=T.arange(gy.shape[0]),
+                             non_sequences=[gy, x])
+    out["hessian_scan"] = function([x], H, updates=updates)([4, 4])
     out["hessian"] = function([x], gradient.hessian(y.sum(), x))([4, 4])
     W, V = T.dmatrix("W"), T.dmatrix("V")
     x = T.dvector("x")
@@ -297,6 +305,8 @@ def test_derivatives():
                                rtol=1e-7)
     np.testing.assert_array_equal(out["jacobian"], [[8.0, 0.0], [0.0, 8.0]])
     np.testing.assert_array_equal(out["hessian"], [[2.0, 0.0], [0.0, 2.0]])
+    np.testing.assert_array_equal(out["jacobian_scan"], [[8.0, 0.0], [0.0, 8.0]])
+    np.testing.assert_array_equal(out["hessian_scan"], [[2.0, 0.0], [0.0, 2.0]])
     np.testing.assert_array_equal(out["Rop"], [2.0, 2.0])
     np.testing.assert_array_equal(out["Lop"], [[0.0, 0.0], [2.0, 2.0]])
     np.testing.assert_array_equal(out["vH"], [4.0, 4.0])
