@@ -543,3 +543,26 @@ def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
         assert sum(n.startswith("Gpu") for n in names) >= 10
         g = pickle.loads(pickle.dumps(f))
         assert sorted(type(n.op).__name__ for n in g.maker.fgraph.toposort()) == names
+
+
+def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
+    """TensorType and GpuArrayType cache a hash of strings, which Python salts per process:
+    an unpickled type must hash as a fresh one, or dict and set lookups miss it."""
+    import os
+    import subprocess
+    import sys
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.tensor.type import TensorType
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "types.pkl"
+    code = ("import pickle; import symgpu.tensor as T; from symgpu.gpu.type import GpuArrayType; "
+            "pickle.dump([T.TensorType('float32', (False, True)), "
+            f"GpuArrayType('float32', (False,), 'dev0')], open({str(path)!r}, 'wb'))")
+    env = dict(os.environ, PYTHONHASHSEED="4321",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root, timeout=120)
+    with open(path, "rb") as fh:
+        tt, gt = pickle.load(fh)
+    fresh = [TensorType("float32", (False, True)), GpuArrayType("float32", (False,), "dev0")]
+    assert [tt, gt] == fresh
+    assert [hash(tt), hash(gt)] == [hash(t) for t in fresh]
