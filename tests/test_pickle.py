@@ -523,8 +523,44 @@ def test_gpu_function_loads_only_where_its_context_is_in_use():
             again = pickle.loads(blob)  # re-linked where the context is in use
             assert [type(n.op).__name__ for n in again.maker.fgraph.toposort()] == \
                 [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+        # where that GPU is not in use, the function is compiled again for the host from
+        # the graph it was given (Theano's unpickle_gpu_on_cpu)
+        host = pickle.loads(blob)
+        assert not any("Gpu" in type(n.op).__name__ for n in host.maker.fgraph.toposort())
+        v = np.arange(3, dtype="float32")
+        np.testing.assert_allclose(host(v, v), np.exp(v) + v, rtol=1e-6)
+        # a maker that did not keep its source cannot fall back: the error says what to do
+        f.maker.source = None
         with pytest.raises(RuntimeError, match="'on_gpu'.*GPU context 'pickle_dev'.*not in use"):
-            pickle.loads(blob)
+            pickle.loads(pickle.dumps(f))
+
+
+def test_a_gpu_model_with_updates_loads_and_trains_on_the_host():
+    """A training step compiled for a GPU, with a GPU shared weight, an update and a result
+    kept on the device, pickled and loaded where no GPU is in use: a host function over a
+    host shared variable, with the same results."""
+    from symgpu import Out
+    from symgpu.config import config
+    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.tensor.sharedvar import TensorSharedVariable
+    host_w = np.arange(4, dtype="float32")
+    with config.change_flags(floatX="float32"), virtual_context("pickle_train"):
+        w = _gpu_shared("pickle_train", host_w, name="w")
+        x = T.fvector("x")
+        cost = ((w * x) ** 2).sum()
+        f = function([x], [cost, Out(gpu_from_host(w * 2), borrow=True)],
+                     updates=[(w, w - 0.1 * T.grad(cost, w))], name="train")
+        assert any("Gpu" in type(n.op).__name__ for n in f.maker.fgraph.toposort())
+        blob = pickle.dumps((f, w))
+    g, w2 = pickle.loads(blob)
+    assert isinstance(w2, TensorSharedVariable) and g.get_shared() == [w2]
+    assert not any("Gpu" in type(n.op).__name__ for n in g.maker.fgraph.toposort())
+    xv = np.ones(4, dtype="float32")
+    c, doubled = g(xv)
+    np.testing.assert_allclose(c, (host_w ** 2).sum())
+    np.testing.assert_allclose(doubled, host_w * 2)
+    np.testing.assert_allclose(w2.get_value(), host_w - 0.1 * 2 * host_w, rtol=1e-6)
 
 
 def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
