@@ -18,54 +18,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import numpy as np  # noqa: E402
+from timing import guarded, per_call, say  # noqa: E402
 
 BATCH, LR = 128, 0.1
 SHAPES = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10), (10,)]
 RESULTS: dict[str, float] = {}
 
 
-def say(*args: object) -> None:
-    print(*args, flush=True)
-
-
-def per_call(fn, number: int, sync=None, repeat: int = 5) -> float:
-    """Median over `repeat` loops of seconds per call (`number` calls, one sync per loop)."""
-    fn()
-    if sync is not None:
-        sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if sync is not None:
-            sync()
-        times.append((time.perf_counter() - t0) / number)
-    return statistics.median(times)
-
-
 def record(who: str, seconds: float) -> None:
     RESULTS[who] = seconds
     say(f"  {who:26s} {seconds * 1e6:12.1f} us per step")
-
-
-def guarded(label: str, fn) -> None:
-    try:
-        fn()
-    except Exception as exc:
-        say(f"  {label}: unavailable ({type(exc).__name__}: {exc})")
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
 
 
 def data(seed: int = 0):

@@ -16,6 +16,7 @@ import argparse
 import time
 
 import numpy as np
+from timing import interleaved  # noqa: E402
 
 N, FEATS = 400, 784
 
@@ -26,21 +27,6 @@ def data(seed: int = 22):
     y = rng.randint(size=N, low=0, high=2).astype("float32")
     w = rng.randn(FEATS).astype("float32")
     return x, y, w
-
-
-def interleaved(steps: list, number: int, rounds: int) -> list[tuple[float, float]]:
-    """(best, median) seconds per call of each `step()`, over blocks of `number` calls, the
-    steps timed in alternation block after block: short blocks and many rounds, so that the
-    machine's drift (on a shared 2-core VM it swings by tens of percent within a second)
-    hits every contender alike."""
-    blocks: list[list[float]] = [[] for _ in steps]
-    for _ in range(rounds):
-        for k, step in enumerate(steps):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                step()
-            blocks[k].append((time.perf_counter() - t0) / number)
-    return [(min(b), sorted(b)[len(b) // 2]) for b in blocks]
 
 
 def build_train(lib, T):

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -30,44 +28,16 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares t
 os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
 
 import numpy as np  # noqa: E402
+from timing import guarded, per_call, say  # noqa: E402
 
 N_VEC = 10 * 30 * 768
 N, FEATS = 400, 784
 RESULTS: dict[str, dict[str, float]] = {}
 
 
-def say(*args: object) -> None:
-    print(*args, flush=True)
-
-
-def per_call(fn, number: int, sync=None, repeat: int = 5) -> float:
-    """Median over ``repeat`` loops of seconds per call (``number`` calls, one sync)."""
-    fn()
-    if sync is not None:
-        sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if sync is not None:
-            sync()
-        times.append((time.perf_counter() - t0) / number)
-    return statistics.median(times)
-
-
 def record(workload: str, who: str, seconds: float) -> None:
     RESULTS.setdefault(workload, {})[who] = seconds
     say(f"  {who:22s} {seconds * 1e6:10.1f} us")
-
-
-def guarded(label: str, fn) -> None:
-    try:
-        fn()
-    except Exception as exc:  # a missing or broken peer must not stop the run
-        say(f"  {label}: unavailable ({type(exc).__name__}: {exc})")
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
 
 
 # ============================================================================ data

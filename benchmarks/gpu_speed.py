@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +36,7 @@ import numpy as np  # noqa: E402
 import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic regression)
 
 say, per_call = seeds.say, seeds.per_call
+from timing import guarded  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 BUDGET_S = 160          # optional peer compiles are skipped past this point
@@ -53,15 +53,6 @@ MLP_TF32 = "MLP SGD step TF32 (us)"
 def row(name: str, who: str, value: float, unit: str) -> None:
     ROWS.setdefault(name, {})[who] = value
     say(f"  {name:28s} {who:26s} {value:12.3f} {unit}")
-
-
-def guarded(label: str, fn) -> None:
-    try:
-        fn()
-    except Exception as exc:
-        say(f"  {label}: unavailable ({type(exc).__name__}: {exc})")
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
 
 
 def over_budget() -> bool:

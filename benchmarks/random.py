@@ -15,10 +15,8 @@ not assertions; a peer that fails prints why and the run goes on.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import time
-import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -26,30 +24,11 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
 
 import numpy as np  # noqa: E402
+from timing import guarded, per_call, say  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
 BATCH = 512
-
-
-def say(*args: object) -> None:
-    print(*args, flush=True)
-
-
-def per_call(fn, number: int, sync=None, repeat: int = 5) -> float:
-    """Median over `repeat` loops of seconds per call (`number` calls, one sync)."""
-    fn()
-    if sync is not None:
-        sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if sync is not None:
-            sync()
-        times.append((time.perf_counter() - t0) / number)
-    return statistics.median(times)
 
 
 RESULTS: dict[str, dict[str, float]] = {}
@@ -59,15 +38,6 @@ def record(workload: str, who: str, seconds: float, nbytes: int | None = None) -
     RESULTS.setdefault(workload, {})[who] = seconds
     rate = f"  {nbytes / seconds / 1e9:8.1f} GB/s" if nbytes else ""
     say(f"  {workload:16s} {who:24s} {seconds * 1e6:10.1f} us{rate}")
-
-
-def guarded(label: str, fn) -> None:
-    try:
-        fn()
-    except Exception as exc:  # a missing or broken peer must not stop the run
-        say(f"  {label}: unavailable ({type(exc).__name__}: {exc})")
-        if os.environ.get("BENCH_TRACEBACK"):
-            traceback.print_exc()
 
 
 # ============================================================================ GPU

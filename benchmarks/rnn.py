@@ -21,6 +21,7 @@ import sys
 import time
 
 import numpy as np
+from timing import interleaved  # noqa: E402
 
 IN, HID, BATCH = 128, 512, 64
 LR = np.float32(0.01)
@@ -34,18 +35,6 @@ def data(seq: int, seed: int = 7):
     wh = (rng.randn(HID, HID) / np.sqrt(HID)).astype("float32")
     b = np.zeros(HID, dtype="float32")
     return x, y, wx, wh, b
-
-
-def interleaved(steps: list, number: int, rounds: int) -> list[tuple[float, float]]:
-    """(best, median) seconds per call of each step, timed block by block in alternation."""
-    blocks: list[list[float]] = [[] for _ in steps]
-    for _ in range(rounds):
-        for k, step in enumerate(steps):
-            t0 = time.perf_counter()
-            for _ in range(number):
-                step()
-            blocks[k].append((time.perf_counter() - t0) / number)
-    return [(min(b), sorted(b)[len(b) // 2]) for b in blocks]
 
 
 def build_train(lib, T, seq: int, shared_data: bool):

@@ -10,6 +10,8 @@ from symgpu.compile.io import In, Out
 from symgpu.compile.function import function
 from symgpu.compile.sharedvalue import shared
 import symgpu.tensor as tensor
+from symgpu.compile.mode import Mode  # Theano's theano.Mode
+import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...
 from symgpu.gradient import grad
 import symgpu.printing as printing
 from symgpu.compile.explain import explain
@@ -23,6 +25,7 @@ __all__ += ["explain"]
 __all__ += ["pp"]
 
 import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
+__all__ += ["Mode", "printing", "gradient"]
 import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)
 
 # loops (scan is a callable module: symgpu.scan(...) and symgpu.scan.until both work)

@@ -541,11 +541,22 @@ def _rop_forward(f_list: list[Variable], seeds: dict[Variable, Variable]) -> lis
         eps = [tangent.get(v) for v in node.inputs]
         if all(e is None for e in eps):
             continue
+        # as Theano and PyTensor: a free float input that is not differentiated gets a zero
+        # tangent, so the product still reads it (Rop(dot(x, W), W, V) uses x *and* W, and
+        # function([W, V, x], ...) from the tutorial finds W used)
+        eps = [_zero_tangent(v) if e is None else e for v, e in zip(node.inputs, eps)]
         outs = node.op.R_op(node.inputs, eps)
         for o, t in zip(node.outputs, outs):
             if o not in seeds and not _is_disconnected(t):
                 tangent[o] = t
     return [tangent.get(fi) for fi in f_list]
+
+
+def _zero_tangent(v: Variable) -> Variable | None:
+    """zeros_like(v) for a free (ownerless, non-constant) float tensor, else None."""
+    if v.owner is None and not isinstance(v, Constant) and _is_tensor(v) and _float_dtype(v):
+        return _T().zeros_like(v)
+    return None
 
 
 def _rop_by_double_lop(f_list: list[Variable], wrt_list: list[Variable],

@@ -17,6 +17,7 @@ RNG = np.random.RandomState(1234)
 #: rows computed by libm/libmvec (or spelt differently from NumPy): compared to a few ulp
 TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid",
                   "softplus", "sin", "cos", "tan", "arctan", "tanh", "sinh", "cosh", "erf", "pow"}
+TRANSCENDENTAL |= {"arcsin", "arccos", "arcsinh", "arccosh", "arctanh", "arctan2"}
 RTOL = {"float32": 2e-6, "float64": 1e-14}
 
 #: rows whose C form is refused for integer (and bool) operands

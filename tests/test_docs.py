@@ -161,6 +161,77 @@ def test_python_gpu_blocks_run_on_the_gpu(page, tmp_path):
     check(run_blocks(runnable(page, "gpu"), "device=cuda", str(tmp_path), timeout=300))
 
 
+# ============================================================================ API reference
+
+def _api_sections() -> dict[str, str]:
+    """docs/api.md split into its `## <module>` sections (text outside code fences); a
+    module with several sections (each engineer appends one) gets them all."""
+    with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as fh:
+        text = re.sub(r"```.*?```", "", fh.read(), flags=re.S)
+    parts = re.split(r"^## (\S+)[^\n]*$", text, flags=re.M)
+    sections: dict[str, str] = {}
+    for i in range(1, len(parts), 2):
+        sections[parts[i]] = sections.get(parts[i], "") + parts[i + 1]
+    return sections
+
+
+def _module_text(sections: dict[str, str], module: str) -> str:
+    """The sections of `module` and of its submodules (`## symgpu.tensor.shape` documents
+    names that `symgpu.tensor` re-exports)."""
+    return "".join(text for name, text in sections.items()
+                   if name == module or name.startswith(module + "."))
+
+
+def _own_public_names(module, prefixes: tuple[str, ...]) -> list[str]:
+    """The names a user reaches through `module`: not private, not a module, and defined in
+    one of `prefixes` (names a module merely imported, like Apply or np, are documented
+    where they are defined)."""
+    import types
+    names = []
+    for name in dir(module):
+        obj = getattr(module, name)
+        if name.startswith("_") or isinstance(obj, types.ModuleType):
+            continue
+        if (getattr(obj, "__module__", None) or "").startswith(prefixes):
+            names.append(name)
+    return names
+
+
+def _documented(section: str, name: str) -> bool:
+    # a code span that starts with the name, maybe qualified: `name`, `name(...)`,
+    # `symgpu.name(...)`, `name[...]` or `name ...`
+    return re.search(r"`(?:[\w.]+\.)?" + re.escape(name) + r"[`(\[ ]", section) is not None
+
+
+def test_api_reference_names_every_public_name():
+    import symgpu
+    import symgpu.gradient
+    import symgpu.printing
+    import symgpu.tensor
+    import symgpu.tensor.nnet
+    sections = _api_sections()
+    wanted = {
+        "symgpu": list(symgpu.__all__),
+        "symgpu.tensor": _own_public_names(symgpu.tensor, ("symgpu.tensor", "symgpu.gradient")),
+        "symgpu.tensor.nnet": _own_public_names(symgpu.tensor.nnet, ("symgpu.tensor.nnet",)),
+        "symgpu.gradient": _own_public_names(symgpu.gradient, ("symgpu.gradient",)),
+        "symgpu.printing": list(symgpu.printing.__all__),
+    }
+    missing = []
+    for module, names in wanted.items():
+        assert module in sections, f"docs/api.md has no '## {module}' section"
+        assert len(names) > 5, (module, names)
+        text = _module_text(sections, module)
+        missing += [f"{module}.{n}" for n in sorted(names) if not _documented(text, n)]
+    assert not missing, ("docs/api.md does not document (add a line `name(signature)` — ... to "
+                         "the module's section): " + ", ".join(missing))
+
+
+def test_api_reference_starts_with_its_heading():
+    with open(os.path.join(DOCS, "api.md"), encoding="utf-8") as fh:
+        assert fh.readline().strip() == "# API reference"
+
+
 def _project_files() -> list[str]:
     """What a user receives: the package, the docs, the examples and the README."""
     found = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "pyproject.toml")]

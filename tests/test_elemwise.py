@@ -44,12 +44,20 @@ UNARY = {
     "reciprocal": (np.reciprocal, "pos"), "identity": (lambda v: v, "any"),
     "isnan": (np.isnan, "any"), "isinf": (np.isinf, "any"),
 }
+UNARY["round_half_away_from_zero"] = (
+    lambda v: np.where(v >= 0, np.floor(v + 0.5), np.ceil(v - 0.5)).astype(v.dtype), "any")
+UNARY.update({"arcsin": (np.arcsin, "unit"),
+              "arccos": (np.arccos, "unit"), "arcsinh": (np.arcsinh, "any"),
+              "arccosh": (np.arccosh, "pos"),
+              "arctanh": (np.arctanh, "unit"), "deg2rad": (np.deg2rad, "any"),
+              "rad2deg": (np.rad2deg, "any")})
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "true_div": np.true_divide,
     "int_div": np.floor_divide, "mod": np.mod, "pow": np.power, "maximum": np.maximum,
     "minimum": np.minimum, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "eq": np.equal, "neq": np.not_equal,
 }
+BINARY["arctan2"] = np.arctan2
 INTEGER_ONLY = {"and_": np.bitwise_and, "or_": np.bitwise_or, "xor": np.bitwise_xor,
                 "invert": np.invert}
 OTHER_ROWS = {"switch", "clip", "second"}  # tested by name below

@@ -286,6 +286,30 @@ CASES: dict[type, list[Case]] = {
                                   (r(2, 1, dtype="float32"), (False, True)))],
 }
 
+# ---------------------------------------------------------------- extra_ops: cumulative sums,
+# sorting, repetition, eye and diagonals, nonzero, bincount, searchsorted
+from symgpu.tensor import extra_ops as _X  # noqa: E402
+
+CASES.update({
+    _X.CumOp: [case(lambda x: T.cumsum(x, axis=1), r(2, 3)), case(lambda x: T.cumprod(x), r(2, 3))],
+    _X.Sort: [case(lambda x: T.sort(x, axis=0), r(3, 2))],
+    _X.ArgSort: [case(lambda x: T.argsort(x), r(2, 3))],
+    _X.PermuteAlongAxis: [case(lambda x, p: _X.PermuteAlongAxis(1)(x, p), r(2, 3),
+                               i64([[2, 0, 1], [0, 1, 2]]))],
+    _X.Repeat: [case(lambda x, n: T.repeat(x, n, axis=1), r(2, 3), n3),
+                case(lambda x, k: T.repeat(x, k, axis=0), r(3, 2), i64([1, 0, 4]))],
+    _X.RepeatGrad: [case(lambda g, k, x: _X.RepeatGrad(0)(g, k, x), r(5, 2), i64([1, 0, 4]),
+                         r(3, 2))],
+    _X.Eye: [case(lambda n, m: T.eye(n, m, 1), n3, n4)],
+    _X.AllocDiag: [case(lambda v: T.diag(v, -2), r(3))],
+    _X.ExtractDiag: [case(lambda x: T.diagonal(x, 1, 2, 0), r(2, 3, 4)),
+                     case(lambda x: T.diag(x, -5), r(3, 4))],
+    _X.ExtractDiagGrad: [case(lambda x, g: _X.ExtractDiagGrad(1, 0, 1)(x, g), r(3, 4), r(3))],
+    _X.Nonzero: [case(lambda x: T.nonzero(x > 0, return_matrix=True), r(3, 4))],
+    _X.BinCount: [case(lambda x: T.bincount(x, minlength=9), i64([0, 3, 3, 1]))],
+    _X.SearchSorted: [case(lambda a, v: T.searchsorted(a, v), np.arange(5.0), r(2, 3))],
+})
+
 
 def all_op_classes() -> set[type]:
     """Leaf Op subclasses defined in symgpu's modules (bases that others extend are covered

@@ -164,6 +164,16 @@ def _cases():
             zero_grad(a) * 2 + disconnected_grad(a),
         ], [va, vb, vc, vt, vr, np.array([0, 3, 1])]
 
+    @add("extra_ops")
+    def _():
+        x, v = _m()
+        n = T.lscalar("n")
+        cost = (T.sort(x, 0) * T.cumprod(x, 1)).sum() + T.repeat(x, 2, 0).sum() \
+            + (T.diagonal(x) ** 2).sum() + T.diag(T.diag(x)).sum()
+        return [x, n], [T.grad(cost, x), T.argsort(x), T.eye(n, 4, 1), T.nonzero(x > 0, True),
+                        T.cumsum(x), T.bincount(T.argmax(x, axis=1)),
+                        T.searchsorted(T.sort(x[0]), x)], [v, np.int64(3)]
+
     @add("random")
     def _():
         from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
@@ -513,8 +523,44 @@ def test_gpu_function_loads_only_where_its_context_is_in_use():
             again = pickle.loads(blob)  # re-linked where the context is in use
             assert [type(n.op).__name__ for n in again.maker.fgraph.toposort()] == \
                 [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+        # where that GPU is not in use, the function is compiled again for the host from
+        # the graph it was given (Theano's unpickle_gpu_on_cpu)
+        host = pickle.loads(blob)
+        assert not any("Gpu" in type(n.op).__name__ for n in host.maker.fgraph.toposort())
+        v = np.arange(3, dtype="float32")
+        np.testing.assert_allclose(host(v, v), np.exp(v) + v, rtol=1e-6)
+        # a maker that did not keep its source cannot fall back: the error says what to do
+        f.maker.source = None
         with pytest.raises(RuntimeError, match="'on_gpu'.*GPU context 'pickle_dev'.*not in use"):
-            pickle.loads(blob)
+            pickle.loads(pickle.dumps(f))
+
+
+def test_a_gpu_model_with_updates_loads_and_trains_on_the_host():
+    """A training step compiled for a GPU, with a GPU shared weight, an update and a result
+    kept on the device, pickled and loaded where no GPU is in use: a host function over a
+    host shared variable, with the same results."""
+    from symgpu import Out
+    from symgpu.config import config
+    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.tensor.sharedvar import TensorSharedVariable
+    host_w = np.arange(4, dtype="float32")
+    with config.change_flags(floatX="float32"), virtual_context("pickle_train"):
+        w = _gpu_shared("pickle_train", host_w, name="w")
+        x = T.fvector("x")
+        cost = ((w * x) ** 2).sum()
+        f = function([x], [cost, Out(gpu_from_host(w * 2), borrow=True)],
+                     updates=[(w, w - 0.1 * T.grad(cost, w))], name="train")
+        assert any("Gpu" in type(n.op).__name__ for n in f.maker.fgraph.toposort())
+        blob = pickle.dumps((f, w))
+    g, w2 = pickle.loads(blob)
+    assert isinstance(w2, TensorSharedVariable) and g.get_shared() == [w2]
+    assert not any("Gpu" in type(n.op).__name__ for n in g.maker.fgraph.toposort())
+    xv = np.ones(4, dtype="float32")
+    c, doubled = g(xv)
+    np.testing.assert_allclose(c, (host_w ** 2).sum())
+    np.testing.assert_allclose(doubled, host_w * 2)
+    np.testing.assert_allclose(w2.get_value(), host_w - 0.1 * 2 * host_w, rtol=1e-6)
 
 
 def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
@@ -533,3 +579,26 @@ def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
         assert sum(n.startswith("Gpu") for n in names) >= 10
         g = pickle.loads(pickle.dumps(f))
         assert sorted(type(n.op).__name__ for n in g.maker.fgraph.toposort()) == names
+
+
+def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
+    """TensorType and GpuArrayType cache a hash of strings, which Python salts per process:
+    an unpickled type must hash as a fresh one, or dict and set lookups miss it."""
+    import os
+    import subprocess
+    import sys
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.tensor.type import TensorType
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = tmp_path / "types.pkl"
+    code = ("import pickle; import symgpu.tensor as T; from symgpu.gpu.type import GpuArrayType; "
+            "pickle.dump([T.TensorType('float32', (False, True)), "
+            f"GpuArrayType('float32', (False,), 'dev0')], open({str(path)!r}, 'wb'))")
+    env = dict(os.environ, PYTHONHASHSEED="4321",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=root, timeout=120)
+    with open(path, "rb") as fh:
+        tt, gt = pickle.load(fh)
+    fresh = [TensorType("float32", (False, True)), GpuArrayType("float32", (False,), "dev0")]
+    assert [tt, gt] == fresh
+    assert [hash(tt), hash(gt)] == [hash(t) for t in fresh]

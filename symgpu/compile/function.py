@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 
 from symgpu.compile import frames as _frames
 from symgpu.compile.frames import Layout, link_frame
+from symgpu.compile.host_fallback import keep_source, recompile_on_host
 from symgpu.compile.io import In, Out
 from symgpu.compile.mode import Mode, get_mode
 from symgpu.compile.sharedvalue import SharedVariable
@@ -85,6 +86,8 @@ class FunctionMaker:
         self.updates = list(updates or [])
         self.single = single
         self.allow_input_downcast = allow_input_downcast
+        #: the graph before rewriting, kept where a GPU may take part (host_fallback.py)
+        self.source: tuple[list, list] | None = None
 
     def __reduce__(self):
         fg = self.fgraph
@@ -244,8 +247,13 @@ class Function:
 def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
                       profile: tuple | None) -> Function:
     """Unpickling: re-link the pickled (already rewritten) graph; the kernel caches make
-    this fast. A profiled function comes back profiled, into fresh statistics."""
-    _check_contexts(maker, name)
+    this fast. A function compiled for a GPU that is not in use here is compiled again for
+    the host from the graph it was given (compile/host_fallback.py). A profiled function
+    comes back profiled, into fresh statistics."""
+    if _missing_contexts(maker):
+        if getattr(maker, "source", None) is None:
+            _check_contexts(maker, name)
+        maker = recompile_on_host(maker)
     t0 = time.perf_counter()
     fn = Function(maker, name)
     maker.link_time = time.perf_counter() - t0
@@ -259,17 +267,23 @@ def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
     return fn
 
 
-def _check_contexts(maker: FunctionMaker, name: str | None) -> None:
-    """Refuse to re-link a graph compiled for a GPU context that is not in use here (its
-    shared values load as host values; the graph's GPU ops cannot run)."""
+def _missing_contexts(maker: FunctionMaker) -> list:
+    """The GPU contexts `maker`'s graph was compiled for that are not in use here."""
     names = {v.type.context_name for v in maker.fgraph.variables
              if hasattr(v.type, "context_name") and hasattr(v.type, "value_from_pickle")}
     if not names:
-        return
+        return []
     from symgpu.gpu import context as gctx
     from symgpu.gpu.type import default_context_active
-    missing = [n for n in names if n not in gctx.context_names()
-               and not (n is None and default_context_active())]
+    return [n for n in names if n not in gctx.context_names()
+            and not (n is None and default_context_active())]
+
+
+def _check_contexts(maker: FunctionMaker, name: str | None) -> None:
+    """Refuse to re-link a graph compiled for a GPU context that is not in use here (its
+    shared values load as host values; the graph's GPU ops cannot run) when the graph it was
+    compiled from was not kept."""
+    missing = _missing_contexts(maker)
     if missing:
         where = ", ".join("the default GPU context" if n is None else f"GPU context {n!r}"
                           for n in missing)
@@ -446,12 +460,14 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
                              for k, (s, _) in enumerate(update_pairs)}
     mode_obj = get_mode(mode)
     t0 = time.perf_counter()
+    source = keep_source(fgraph)
     pass_times = mode_obj.rewrite(fgraph)
     t1 = time.perf_counter()
 
     maker = FunctionMaker(fgraph, mode_obj, ins, outs, t1 - t0, 0.0, pass_times, shared_vars,
                           [(s, n_out + k) for k, (s, _) in enumerate(update_pairs)], single,
                           allow_input_downcast)
+    maker.source = source
     fn = Function(maker, name)
     maker.link_time = time.perf_counter() - t1
     maker.compile_time = time.perf_counter() - t_start

@@ -30,6 +30,12 @@ MODE_TAGS = {
 }
 
 
+#: Theano's linker names, accepted by Mode(linker=...); symgpu has one linker, the VM
+THEANO_LINKERS = ("vm", "cvm", "vm_nogc", "cvm_nogc", "py", "c", "c|py", "c|py_nogc")
+#: Theano's optimizer names for Mode(optimizer=...) -> the mode name (None: keep it)
+THEANO_OPTIMIZERS = {"default": None, "fast_run": "FAST_RUN", "fast_compile": "FAST_COMPILE"}
+
+
 def _load_rewrites() -> None:
     # tensor rewrites register themselves on import (symgpu.tensor imports them at its end);
     # importing here too keeps a graph-only user of Mode from silently getting no rewrites
@@ -40,7 +46,18 @@ class Mode:
     """A rewrite selection (tags included/excluded) and a linker."""
 
     def __init__(self, name: str = "FAST_RUN", including: tuple[str, ...] = (),
-                 excluding: tuple[str, ...] = ()):
+                 excluding: tuple[str, ...] = (), *, linker: str | None = None,
+                 optimizer: str | None = None):
+        # Theano's Mode(linker='vm', optimizer='fast_run'): every linker name runs on the VM
+        if linker is not None and linker not in THEANO_LINKERS:
+            raise ValueError(f"Mode: unknown linker {linker!r}; use one of "
+                             f"{', '.join(THEANO_LINKERS)} (all run on symgpu's VM)")
+        if optimizer is not None:
+            if optimizer not in THEANO_OPTIMIZERS:
+                raise ValueError(f"Mode: unknown optimizer {optimizer!r}; use one of "
+                                 f"{', '.join(THEANO_OPTIMIZERS)}")
+            name = THEANO_OPTIMIZERS[optimizer] or name
+        self.linker = linker or "vm"
         if name not in MODE_TAGS:
             raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODE_TAGS)}")
         self.name = name

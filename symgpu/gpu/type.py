@@ -98,6 +98,14 @@ class GpuArrayType(Type):
     def __hash__(self) -> int:
         return self._hash
 
+    def __getstate__(self) -> dict:
+        # the hash mixes in string and class hashes, which differ between processes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._hash = hash((GpuArrayType, self.dtype, self.broadcastable, self.context_name))
+
     def __str__(self) -> str:
         # Theano's spelling, which the seeds print: GpuArrayType<dev1>(float32, (False, False))
         return f"GpuArrayType<{self.context_name}>({self.dtype}, {self.broadcastable})"

@@ -90,6 +90,17 @@ def _round_half_even(x):
     return np.round(x)
 
 
+def _round_half_away(x):
+    # C's round(): x - trunc(x) is exact, so halves are found without the error that
+    # floor(x + 0.5) makes at 0.49999999999999994
+    x = np.asarray(x)
+    if x.dtype.kind in "biu":
+        return x
+    t = np.trunc(x)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t).astype(x.dtype)
+
+
 def _sqr(x):
     return np.multiply(x, x)
 
@@ -160,6 +171,12 @@ def _g_clip(T, ins, out, gz):
     x, lo, hi = ins
     inside = T.and_(T.ge(x, lo), T.le(x, hi))
     return [gz * inside, gz * T.lt(x, lo), gz * T.gt(x, hi)]
+
+
+def _g_arctan2(T, ins, out, gz):
+    y, x = ins
+    r2 = x * x + y * y
+    return [gz * x / r2, -gz * y / r2]
 
 
 def _unary(rule):
@@ -285,6 +302,22 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
     ScalarOpSpec("erf", 1, sps.erf, "erf{f}({0})",
                  _unary(lambda T, x, o, gz: gz * float(2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
+    ScalarOpSpec("arcsin", 1, np.arcsin, "asin{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(1 - x * x)), "float"),
+    ScalarOpSpec("arccos", 1, np.arccos, "acos{f}({0})",
+                 _unary(lambda T, x, o, gz: -gz / T.sqrt(1 - x * x)), "float"),
+    ScalarOpSpec("arcsinh", 1, np.arcsinh, "asinh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(x * x + 1)), "float"),
+    ScalarOpSpec("arccosh", 1, np.arccosh, "acosh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / T.sqrt(x * x - 1)), "float"),
+    ScalarOpSpec("arctanh", 1, np.arctanh, "atanh{f}({0})",
+                 _unary(lambda T, x, o, gz: gz / (1 - x * x)), "float"),
+    ScalarOpSpec("arctan2", 2, np.arctan2, "atan2{f}({0}, {1})", _g_arctan2, "float"),
+    # NumPy's constants: pi/180 and 180/pi divided in the compute precision
+    ScalarOpSpec("deg2rad", 1, np.deg2rad, "(({0}) * (3.14159265358979323846{f} / 180.0{f}))",
+                 _unary(lambda T, x, o, gz: gz * float(np.pi / 180)), "float"),
+    ScalarOpSpec("rad2deg", 1, np.rad2deg, "(({0}) * (180.0{f} / 3.14159265358979323846{f}))",
+                 _unary(lambda T, x, o, gz: gz * float(180 / np.pi)), "float"),
     # rounding: piecewise constant, so the gradient is zero
     ScalarOpSpec("floor", 1, np.floor, {"float": "floor{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),
@@ -292,6 +325,8 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _zero_grad),
     ScalarOpSpec("round", 1, _round_half_even, {"float": "rint{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),
+    ScalarOpSpec("round_half_away_from_zero", 1, _round_half_away,
+                 {"float": "round{f}({0})", "int": "{0}", "bool": "{0}"}, _zero_grad),
     # comparisons and logic: integer-valued, no gradient path
     ScalarOpSpec("lt", 2, np.less, "({0} < {1})", _no_grad, "bool", symbol="<"),
     ScalarOpSpec("le", 2, np.less_equal, "({0} <= {1})", _no_grad, "bool", symbol="<="),

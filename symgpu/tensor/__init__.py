@@ -11,10 +11,14 @@ from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
 from symgpu.tensor.basic import *  # noqa: F401,F403
 from symgpu.tensor.shape import SpecifyShape, specify_shape
 from symgpu.tensor.sharedvar import TensorSharedVariable
+from symgpu.tensor.extra_ops import *  # noqa: F401,F403  (cumsum, sort, repeat, diag, eye...)
+from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, roll, norm...)
+from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_constant_value)
 from symgpu.tensor import typed_constructors as _typed
 from symgpu.gradient import Lop, Rop, grad, hessian, jacobian  # T.grad, as in Theano
 from symgpu.tensor import nnet
 
 _install_operators()
 globals().update(_typed.CONSTRUCTORS)
+globals().update(_typed.PLURALS)
 import symgpu.tensor.rewriting  # noqa: E402,F401  (registers the tensor rewrite passes)

@@ -41,6 +41,14 @@ class TensorType(Type):
     def __hash__(self) -> int:
         return self._hash
 
+    def __getstate__(self) -> dict:
+        # the hash mixes in string and class hashes, which differ between processes
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._hash = hash((TensorType, self.dtype, self.broadcastable))
+
     def clone(self, dtype: str | None = None, broadcastable: Sequence[bool] | None = None) -> "TensorType":
         return type(self)(dtype or self.dtype,
                           self.broadcastable if broadcastable is None else broadcastable)

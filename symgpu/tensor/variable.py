@@ -14,6 +14,11 @@ def _b():
     return basic
 
 
+def _x():
+    import symgpu.tensor as T
+    return T
+
+
 class TensorOperators:
     """Methods copied onto TensorVariable; kept apart so the type module stays small."""
 
@@ -123,6 +128,30 @@ class TensorOperators:
     def log(self): return _m().log(self)
     def sqrt(self): return _m().sqrt(self)
     def abs(self): return _m().abs(self)
+
+    # Theano's array methods (symgpu.tensor.extra_ops / extra_funcs)
+    def norm(self, L, axis=None, keepdims=False): return _x().norm(self, L, axis, keepdims)
+    def sort(self, axis=-1, kind="quicksort", order=None): return _x().sort(self, axis, kind, order)
+    def argsort(self, axis=-1, kind="quicksort", order=None):
+        return _x().argsort(self, axis, kind, order)
+    def cumsum(self, axis=None): return _x().cumsum(self, axis)
+    def cumprod(self, axis=None): return _x().cumprod(self, axis)
+    def repeat(self, repeats, axis=None): return _x().repeat(self, repeats, axis)
+    def diagonal(self, offset=0, axis1=0, axis2=1): return _x().diagonal(self, offset, axis1, axis2)
+    def trace(self, offset=0, axis1=0, axis2=1): return _x().trace(self, offset, axis1, axis2)
+    def round(self, mode=None): return _x().round(self, mode)
+    def nonzero(self, return_matrix=False): return _x().nonzero(self, return_matrix)
+    def nonzero_values(self): return _x().nonzero_values(self)
+    def swapaxes(self, axis1, axis2): return _x().swapaxes(self, axis1, axis2)
+    def zeros_like(self, dtype=None): return _m().zeros_like(self, dtype)
+    def ones_like(self, dtype=None): return _m().ones_like(self, dtype)
+    def copy(self, name=None):
+        """A copy of this value as a new node (Theano's tensor_copy), named `name`."""
+        out = _m().identity(self)
+        out.name = name
+        return out
+
+    def get_scalar_constant_value(self): return _x().get_scalar_constant_value(self)
 
     # placement
     def transfer(self, target: Any):
