@@ -646,3 +646,35 @@ def test_gpu_calls_hold_their_contexts_call_lock():
         (r,) = call(vm, [y])
         np.testing.assert_array_equal(read(r), [2, 3])
     assert seen and not any(seen)
+
+
+class FakePlainView(Op):
+    """A view that is not capturable: a plain step whose output is an input's memory."""
+    __props__ = ()
+    view_map = {0: [0]}
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        out[0][0] = x._view(x.ptr, x.shape, x.strides)
+
+
+def test_a_plain_view_of_an_input_never_lends_the_inputs_memory_to_other_nodes():
+    """Plain steps feeding a segment recycle only blocks they took from the pool themselves:
+    a view's memory is its input's, and another node's allocation must never get it."""
+    ctx = fakes.CTX_OBJ
+    b = gvec()
+    v = FakePlainView()(b)
+    up = FakeUpload(7.0)(b)                      # same size class, allocated every call
+    y = FakeKernelOp("add", lambda p, q: p + q)(v, up)
+    vm, fg = linked([b], [y], [upload(ctx, [1.0, 2.0])])
+    kinds = [type(st).__name__ for st in vm.runner.steps]
+    assert "_StablePlainStep" in kinds and kinds.count("_StablePlainStep") == 1, kinds
+    bv = vm.storage_map[b][0]
+    for _ in range(12):
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), [8.0, 9.0])
+        np.testing.assert_array_equal(read(bv), [1.0, 2.0])   # b's memory untouched
+        del r

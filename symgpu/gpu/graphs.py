@@ -146,13 +146,17 @@ class _StablePlainStep:
                 pool.hint_thread = threading.get_ident()
                 pool.hint = b
                 break
+        allocs = pool.n_allocs
         try:
             self.thunk()
         finally:
             pool.hint = None
         v = self.out_cell[0]
         base = getattr(v, "base", None)
-        if type(base) is _Block and getattr(v, "_gpudata", None) is None:
+        # only a block the node took from the pool in this call, under an array made here
+        # (never an input's memory: the node's op has no view_map or destroy_map)
+        if type(base) is _Block and pool.n_allocs != allocs and v.ptr == base.ptr and \
+                getattr(v, "_gpudata", None) is None:
             lease = _Lease((base,))
             v.base = lease
             for k, (b, _) in enumerate(cache):
@@ -237,7 +241,9 @@ class Runner:
             if kind == "plain":
                 node = nodes[idx[0]]
                 outs = node.outputs
-                if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]):
+                if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]) and \
+                        not getattr(node.op, "view_map", None) and \
+                        not getattr(node.op, "destroy_map", None):
                     self.steps.append(_StablePlainStep(idx[0], thunks[idx[0]], my_dead[0],
                                                        sm[outs[0]], ctx.pool))
                 else:
