@@ -321,6 +321,7 @@ class Runner:
         step = None
         with self.lock:
             try:
+                self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
                 for step in self.steps:
                     step.run()
             except Exception as exc:
