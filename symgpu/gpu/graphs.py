@@ -42,6 +42,9 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   that can fail runs after the segment, so ``w`` keeps its pointer from call to call (the copy
   costs one device-to-device copy of the variable; the destroy handler never lets ops write
   into a function's inputs, so updates are computed into fresh memory).
+* **Threads.** A call holds its context's ``call_lock`` (a capture records whatever reaches
+  the context's one stream): :class:`Runner` takes it, and GPU functions without a graph get a
+  ``_Locked`` plain run that does (docs/threads.md).
 * **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
   inputs, then the graph runs from the same values, and the results must agree (segments
   whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
