@@ -150,8 +150,9 @@ def _graph_status(f: Any, nodes: list) -> list[str]:
     from symgpu.gpu.graph_plan import node_capturable
     out = []
     segments = [s for s in runner.segments]
-    out.append(f"{len(segments)} captured segment(s); the first call with new input pointers, "
-               "shapes or host values runs plainly, a repeat captures, later repeats replay")
+    out.append(f"{len(segments)} captured segment(s); the first call with a new key (input "
+               "shapes, shared variables' buffers, host values that are not graph parameters) "
+               "runs plainly, a repeat captures, later repeats replay")
     breaking = [n for n, t in zip(vm.nodes, vm.thunks) if not node_capturable(n, t)
                 and type(n.op).__name__ not in (_DOWNLOAD,) and _is_gpu_node(n)]
     for n in breaking:
