@@ -300,3 +300,18 @@ def test_gpu_arange_and_integer_index_follow_their_values(real_gpu):
         f(10)
     r0, _ = f(4)
     np.testing.assert_array_equal(r0, Y[4] * 2)
+
+
+def test_explain_says_which_host_scalars_are_parameters_and_which_key_graphs():
+    from types import SimpleNamespace
+    from symgpu.compile.explain import _graph_status
+    x = gvec()
+    i, j, k = TensorType("int64", ())("i"), TensorType("int64", ())("j"), fscalar()
+    k.name = "k"
+    y = FakeHostScale()(FakeDynSlice()(x, i, j), k)
+    vm = linked([x, i, j, k], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5, 1.0])
+    fg = vm.fgraph
+    lines = _graph_status(SimpleNamespace(vm=vm, maker=SimpleNamespace(fgraph=fg)), vm.nodes)
+    text = "\n".join(lines)
+    assert "'i' is a graph parameter" in text and "'j' is a graph parameter" in text, text
+    assert "'k' is part of the graph key" in text, text
