@@ -192,6 +192,9 @@ class LoopGraphs:
         from symgpu.gpu.array import get_many
         op = self.op
         drv = graphs.driver()
+        # a block the function runner hinted for this node's output must not go to the graph
+        # unowned (a hinted allocation bypasses the capture sink)
+        ctx.pool.hint = None
         staging = self._staging(inputs, ctx)
         for dst, src in zip(staging, inputs):
             if dst is not None:
