@@ -122,6 +122,22 @@ def test_integer_non_sequences_stay_on_the_host(vgpu):
     assert f.maker.fgraph.inputs[1] in node.inputs   # k itself, not an upload
 
 
+def test_gpu_typed_values_inside_the_loop_stay_as_they_are(vgpu):
+    """A GPU shared variable read in the body is a GPU-typed inner input (scan() makes it an
+    implicit non-sequence of its own type): the lifted body takes it as it is."""
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.scan.op import ScanInfo
+    Wg = GpuArrayType("float32", (False, False))("W")
+    v, ph = T.vector("v"), Wg.type("W_inner")
+    op = Scan([v, ph], [T.dot(v, HostFromGpu()(ph))], ScanInfo(1, (), (), 1, 1))
+    x = T.matrix("x")
+    out = op(x.shape[0], x, Wg)
+    f = function([x, Wg], out)
+    (node,) = loops(f)
+    assert isinstance(node.op, GpuScan)
+    assert_on_device(node)
+
+
 def test_gpu_scan_is_cached_per_cpu_loop(vgpu):
     ins, h = rnn_graph()
     f1 = function(ins, h.sum())
@@ -207,7 +223,7 @@ def _polynomial():
 
 
 def _rnn_taps_backwards():
-    x, h0 = T.matrix("x"), T.matrix("h0")
+    x, h0 = T.tensor3("x"), T.tensor3("h0")
     W = T.matrix("W")
     outs, u = symgpu.scan(lambda xt, a, b, W: [T.tanh(T.dot(a + b, W) * .5 + xt), (xt * b).sum()],
                           sequences=x, outputs_info=[dict(initial=h0, taps=[-2, -1]), None],

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 import numpy as np
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "STATS",
-           "LoopGraphWarning", "body_capturable"]
+           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -51,10 +51,23 @@ class LoopGraphWarning(RuntimeWarning):
     """A GPU loop could not be captured into a CUDA graph; it runs step by step."""
 
 
+#: op classes a loop body may capture beyond those whose thunks say ``capturable``:
+#: GpuSubtensor is a view (host bookkeeping) or, for a negative step, a pool allocation and a
+#: copy on the stream; its index errors depend only on shapes and host indices, which are
+#: part of a loop graph's key, so the plain first run reports them
+LOOP_CAPTURABLE = ("GpuSubtensor",)
+
+
 def body_capturable(vm: Any) -> bool:
     """Whether every node of a compiled loop body may run inside a stream capture."""
     from symgpu.gpu.graph_plan import node_capturable
-    return bool(vm.nodes) and all(node_capturable(n, t) for n, t in zip(vm.nodes, vm.thunks))
+
+    def ok(node: Any, thunk: Any) -> bool:
+        if node_capturable(node, thunk):
+            return True
+        return type(node.op).__name__ in LOOP_CAPTURABLE and all(
+            v.type.ndim == 0 for v in node.inputs[1:])
+    return bool(vm.nodes) and all(ok(n, t) for n, t in zip(vm.nodes, vm.thunks))
 
 
 class _LoopGraph:
@@ -190,7 +203,6 @@ class LoopGraphs:
     def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
         from symgpu.gpu import graphs
         from symgpu.gpu.array import get_many
-        op = self.op
         drv = graphs.driver()
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
@@ -249,6 +261,10 @@ class LoopGraphs:
                        [c[0] for c in out], ctx)
         del sink
         STATS["captures"] += 1
+        try:
+            STATS[f"graph nodes ({self.op.info.name})"] = drv.node_count(graph)
+        except Exception:   # statistics only
+            pass
         if ref is not None:
             status = g.launch()
             if status:

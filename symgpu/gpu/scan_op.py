@@ -38,14 +38,15 @@ def gpu_inner_graph(inner_inputs: Sequence[Variable], inner_outputs: Sequence[Va
     new_inputs: list[Variable] = []
     replace: dict[Variable, Variable] = {}
     for v, gpu in zip(inner_inputs, on_gpu_in):
-        if gpu:
+        if gpu and not is_gpu_var(v):
             ph = GpuArrayType(v.type.dtype, v.type.broadcastable, ctx)(v.name)
             new_inputs.append(ph)
             replace[v] = HostFromGpu()(ph)
-        else:
+        else:   # host values, and GPU ones already (GPU shared variables, user transfers)
             new_inputs.append(v)
     outs = clone_with(inner_outputs, replace) if replace else list(inner_outputs)
-    new_outputs = [GpuFromHost(ctx)(o) if gpu else o for o, gpu in zip(outs, on_gpu_out)]
+    new_outputs = [GpuFromHost(ctx)(o) if gpu and not is_gpu_var(o) else o
+                   for o, gpu in zip(outs, on_gpu_out)]
     return new_inputs, new_outputs
 
 
@@ -73,6 +74,29 @@ class GpuScan(Scan):
         outs = [GpuArrayType(o.type.dtype, o.type.broadcastable, ctx)()
                 for o in node.outputs]
         return Apply(self, node.inputs, outs)
+
+    def infer_shape(self, fgraph, node: Apply, input_shapes: list) -> list[tuple]:
+        """Scan's rule; the lengths only a run knows (while loops) and the per-step dims of
+        the outputs are read with GpuShape_i, which the shape rewrite leaves alone."""
+        import symgpu.tensor as T
+        from symgpu.gpu.basic_ops import GpuShape_i
+        info = self.info
+        n = node.inputs[0]
+        out = []
+        for j in range(info.n_states):
+            init_shape = input_shapes[1 + info.n_seqs + j]
+            if info.as_while:
+                lead = GpuShape_i(0)(node.outputs[j])
+            elif info.keep[j]:
+                lead = T.constant(info.n_init(j), dtype="int64") + n
+            else:
+                lead = T.constant(info.n_init(j), dtype="int64")
+            out.append((lead,) + tuple(init_shape[1:]))
+        for i in range(info.n_nitsot):
+            o = node.outputs[info.n_states + i]
+            lead = GpuShape_i(0)(o) if info.as_while else n
+            out.append((lead,) + tuple(GpuShape_i(d)(o) for d in range(1, o.ndim)))
+        return out
 
     # -- running
     def _compiled(self) -> Any:
