@@ -332,11 +332,21 @@ def test_ifelse_on_the_gpu_is_lazy_and_right():
         np.testing.assert_allclose(f(-1, v), v * 2, rtol=1e-6)
 
 
+#: tests of the host suites that do not apply with device=cuda, and why
+NOT_ON_THE_GPU = {
+    "test_threads_and_pickling": "calls a GPU function from worker threads, which PyCUDA "
+                                 "aborts on when the thread ends (a PyCUDA limitation)",
+    "test_inner_graph_gets_the_normal_passes": "looks for the host BLAS ops by name",
+}
+
+
 @requires_gpu
-@pytest.mark.parametrize("module", ["tests/test_scan.py", "tests/test_scan_grad.py"])
-def test_the_scan_suites_pass_with_device_cuda(module):
+@pytest.mark.parametrize("module", ["tests/test_scan.py", "tests/test_scan_grad.py",
+                                    "tests/test_ifelse.py"])
+def test_the_loop_suites_pass_with_device_cuda(module):
     env = dict(os.environ, SYMGPU_FLAGS="device=cuda")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                           module], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900)
+    skip = " and ".join(f"not {name}" for name in NOT_ON_THE_GPU)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-k", skip, module], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -26,6 +26,7 @@ always run plainly.  A capture the driver refuses warns once and turns graphs of
 """
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections import Counter, OrderedDict
@@ -33,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "STATS",
+__all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
            "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
@@ -44,8 +45,13 @@ VERIFY = True
 MEMORY_LIMIT = 2 << 30
 #: graphs kept per op (one per input layout), least recently used dropped first
 MAX_GRAPHS = 4
+#: output arrays kept per result of a graph, reused once the caller dropped them
+SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big'
 STATS: Counter = Counter()
+
+_getrefcount = sys.getrefcount
+
 
 class LoopGraphWarning(RuntimeWarning):
     """A GPU loop could not be captured into a CUDA graph; it runs step by step."""
@@ -79,23 +85,50 @@ class _LoopGraph:
         self.staging, self.results, self.ctx = staging, results, ctx
         self.launch = drv.launcher(exe, ctx.stream_handle)
         self.nbytes = sum(getattr(b, "size", 0) for b in owned)
+        self.spare: list[list] = [[] for _ in results]
+        self.checked = False   # run once against plain launches (VERIFY)
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
-        from symgpu.gpu.array import GpuArray
+        drv = self.drv
         for dst, src in zip(self.staging, inputs):
             if dst is not None:
-                dst._copy_from_device(src)
+                drv.copy(dst, src)
+        self.replay()
+        self.emit(output_storage)
+
+    def replay(self) -> None:
         status = self.launch()
         if status:
             self.drv.check(status, "cuGraphLaunch (a captured loop)")
-        ctx = self.ctx
-        for cell, r in zip(output_storage, self.results):
-            out = GpuArray(r.shape, r.dtype, ctx)
-            out._copy_from_device(r)
+
+    def emit(self, output_storage: list[list]) -> None:
+        """Copy the results out of the graph's memory into arrays the caller may keep."""
+        drv = self.drv
+        for k, (cell, r) in enumerate(zip(output_storage, self.results)):
+            out = self._output(k, r)
+            drv.copy(out, r)
             cell[0] = out
+
+    def _output(self, k: int, r: Any) -> Any:
+        """A fresh array for result k: over one of this graph's few output blocks that nobody
+        uses any more (so the pointers the caller's graphs are keyed on repeat from call to
+        call), else new from the pool.  The blocks kept count in ``Block.held``, the
+        recycling caches' convention (graphs.py)."""
+        from symgpu.gpu.array import GpuArray
+        spare = self.spare[k]
+        for b in spare:
+            if _getrefcount(b) - b.held <= 2:   # the loop variable and the argument
+                return GpuArray._from_pointer(self.ctx, b.ptr, r.shape, r.dtype, None, b)
+        out = GpuArray(r.shape, r.dtype, self.ctx)
+        b = out.base
+        if b is not None and hasattr(b, "held") and len(spare) < SPARE_OUTPUTS:
+            b.held += 1
+            spare.append(b)
+        return out
 
     def free(self) -> None:
         if self.exe is None:
+            self._drop_spares()
             return
         try:
             self.ctx.synchronize()   # a pending launch finishes before its memory is reused
@@ -104,6 +137,13 @@ class _LoopGraph:
             pass
         self.exe = self.graph = None
         self.owned = ()
+        self._drop_spares()
+
+    def _drop_spares(self) -> None:
+        for spare in self.spare:
+            for b in spare:
+                b.held -= 1
+        self.spare = [[] for _ in self.results]
 
     def __del__(self) -> None:
         self.free()
@@ -179,7 +219,10 @@ class LoopGraphs:
             if g is None:
                 self._keep(key, None)
                 return False
-            g.run(inputs, output_storage)
+            if g.checked:   # the check ran the graph on this call's inputs already
+                g.emit(output_storage)
+            else:
+                g.run(inputs, output_storage)
             if g.nbytes > MEMORY_LIMIT:
                 STATS["too_big"] += 1
                 g.free()
@@ -202,7 +245,6 @@ class LoopGraphs:
 
     def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
         from symgpu.gpu import graphs
-        from symgpu.gpu.array import get_many
         drv = graphs.driver()
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
@@ -210,13 +252,13 @@ class LoopGraphs:
         staging = self._staging(inputs, ctx)
         for dst, src in zip(staging, inputs):
             if dst is not None:
-                dst._copy_from_device(src)
+                drv.copy(dst, src)
         args = [s if s is not None else v for s, v in zip(staging, inputs)]
         ref = None
         if VERIFY:
             plain = [[None] for _ in node.outputs]
             self._run_plain(node, args, plain)
-            ref = get_many([c[0] for c in plain])
+            ref = drv.to_host([c[0] for c in plain])
             del plain
         out = [[None] for _ in node.outputs]
         sink: list = []
@@ -266,10 +308,9 @@ class LoopGraphs:
         except Exception:   # statistics only
             pass
         if ref is not None:
-            status = g.launch()
-            if status:
-                drv.check(status, "cuGraphLaunch (a captured loop)")
-            got = get_many(g.results)
+            g.replay()
+            g.checked = True
+            got = drv.to_host(g.results)
             why = _differs(ref, got)
             if why is not None:
                 g.free()

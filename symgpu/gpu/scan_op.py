@@ -249,8 +249,10 @@ class GpuScan(Scan):
 
 
 def _copy(dst: Any, src: Any) -> None:
-    """``dst[...] = src`` on the device's stream (the lifter checked that dtypes match)."""
-    dst._copy_from_device(src)
+    """``dst[...] = src`` on the device's stream (the lifter checked that dtypes match), through
+    the graph driver (captured while a loop is captured; tests replace the driver)."""
+    from symgpu.gpu import graphs
+    graphs.driver().copy(dst, src)
 
 
 # ----------------------------------------------------------------------------- the lifter
