@@ -350,3 +350,14 @@ def test_the_loop_suites_pass_with_device_cuda(module):
                            "-k", skip, module], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_a_lifted_host_loop_pickles_without_its_gpu_twin():
+    import pickle
+    ins, h = rnn_graph()
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        f = function(ins, h.sum())
+        assert loops(f, GpuScan)
+    host_op = next(n.op for n in symgpu.graph.basic.io_toposort([], [h])
+                   if isinstance(n.op, Scan))
+    assert b"GpuScan" not in pickle.dumps(host_op)

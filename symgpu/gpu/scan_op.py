@@ -16,6 +16,7 @@ read on the host, one sync per call).
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Sequence
 
 from symgpu.graph.basic import Apply, Variable
@@ -257,9 +258,14 @@ def _copy(dst: Any, src: Any) -> None:
 
 # ----------------------------------------------------------------------------- the lifter
 
+#: CPU op -> {layout: GPU op}; weak, and outside the op so pickling a host function does not
+#: carry its GPU twins along
+_GPU_COPIES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
 def _cache(op: Any, key: Any, make: Any) -> Any:
     """One GPU op per (CPU op, layout): its inner graph is compiled once, not per function."""
-    cache = op.__dict__.setdefault("_gpu_copies", {})
+    cache = _GPU_COPIES.setdefault(op, {})
     new = cache.get(key)
     if new is None:
         new = cache[key] = make()
