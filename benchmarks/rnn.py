@@ -87,6 +87,17 @@ def bench_symgpu(seq: int, device: str) -> dict:
             "weights": weights}
 
 
+def bench_symgpu_pushout(seq: int) -> dict:
+    """The GPU step compiled with the opt-in `scan_pushout_seq_dot` (dot(x[t], W_x) for all
+    steps before the loop: one GEMM per step less forward and backward)."""
+    import symgpu
+    import symgpu.tensor as T
+    with symgpu.config.change_flags(optimizer_including="scan_pushout_seq_dot"):
+        step, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
+    step()
+    return {"name": "symgpu scan + pushout", "compile": compile_s, "fn": step}
+
+
 def bench_symgpu_stepwise(seq: int) -> dict:
     """The same GPU step with the loops run step by step (no loop CUDA graph): what the
     capture of symgpu/gpu/scan_graph.py saves."""
@@ -260,7 +271,8 @@ def main() -> None:
     if args.device == "cpu":
         others = [bench_numpy(args.seq), bench_pytensor(args.seq)]
     else:
-        others = [bench_symgpu_stepwise(args.seq), bench_jax(args.seq),
+        others = [bench_symgpu_pushout(args.seq), bench_symgpu_stepwise(args.seq),
+                  bench_jax(args.seq),
                   bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
     contenders += [c for c in others if c is not None]
     times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)

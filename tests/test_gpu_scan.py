@@ -361,3 +361,17 @@ def test_a_lifted_host_loop_pickles_without_its_gpu_twin():
     host_op = next(n.op for n in symgpu.graph.basic.io_toposort([], [h])
                    if isinstance(n.op, Scan))
     assert b"GpuScan" not in pickle.dumps(host_op)
+
+
+def test_pushed_out_sequence_product_leaves_one_gemm_per_step(vgpu):
+    x, h0 = T.tensor3("x"), T.matrix("h0")
+    Wx, Wh = T.matrix("Wx"), T.matrix("Wh")
+    h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, Wx) + T.dot(hp, Wh)), sequences=x,
+                       outputs_info=h0)
+    with config.change_flags(optimizer_including="scan_pushout_seq_dot"):
+        f = function([x, h0, Wx, Wh], h)
+    (node,) = loops(f)
+    assert isinstance(node.op, GpuScan)
+    assert_on_device(node)
+    names = [type(n.op).__name__ for n in node.op.inner.compiled_fgraph.toposort()]
+    assert sum(nm in ("GpuGemm", "GpuDot22") for nm in names) == 1, names
