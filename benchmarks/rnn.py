@@ -76,6 +76,35 @@ def bench_symgpu(seq: int, device: str) -> dict:
             "weights": weights}
 
 
+def bench_symgpu_pushout(seq: int) -> dict:
+    """The GPU step compiled with the opt-in `scan_pushout_seq_dot` (dot(x[t], W_x) for all
+    steps before the loop: one GEMM per step less forward and backward)."""
+    import symgpu
+    import symgpu.tensor as T
+    with symgpu.config.change_flags(optimizer_including="scan_pushout_seq_dot"):
+        step, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
+    step()
+    return {"name": "symgpu scan + pushout", "compile": compile_s, "fn": step}
+
+
+def bench_symgpu_stepwise(seq: int) -> dict:
+    """The same GPU step with the loops run step by step (no loop CUDA graph): what the
+    capture of symgpu/gpu/scan_graph.py saves."""
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu.gpu import scan_graph
+    train, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
+
+    def step():
+        scan_graph.ENABLED = False
+        try:
+            train()
+        finally:
+            scan_graph.ENABLED = True
+    step()
+    return {"name": "symgpu scan, step by step", "compile": compile_s, "fn": step}
+
+
 def bench_numpy(seq: int) -> dict:
     x, y, wx, wh, b = data(seq)
     n = np.float32(seq * BATCH * HID)
@@ -231,7 +260,9 @@ def main() -> None:
     if args.device == "cpu":
         others = [bench_numpy(args.seq), bench_pytensor(args.seq)]
     else:
-        others = [bench_jax(args.seq), bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
+        others = [bench_symgpu_pushout(args.seq), bench_symgpu_stepwise(args.seq),
+                  bench_jax(args.seq),
+                  bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
     contenders += [c for c in others if c is not None]
     times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
     print(f"Elman RNN tanh, input {IN}, hidden {HID}, batch {BATCH}, {args.seq} steps, float32: "
@@ -241,6 +272,9 @@ def main() -> None:
         ratio = "" if c is contenders[0] else f"  symgpu/this = {sg_best / best:.2f}x"
         print(f"  {c['name']:<28} compile {c['compile']:7.3f} s   step best {best * 1e3:8.2f} ms"
               f"   median {median * 1e3:8.2f} ms{ratio}")
+    if args.device != "cpu":
+        from symgpu.gpu import scan_graph
+        print(f"  loop graphs: {dict(scan_graph.STATS)}")
     sys.stdout.flush()
 
 

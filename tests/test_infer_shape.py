@@ -311,6 +311,40 @@ CASES.update({
 })
 
 
+def _gpu_scan(x, n):
+    """A GpuScan over the GPU sequence `x` (n steps of v * 2)."""
+    from symgpu.gpu.scan_op import GpuScan, gpu_inner_graph
+    from symgpu.scan.op import ScanInfo
+    v = T.scalar(dtype=x.dtype)
+    ins, outs = gpu_inner_graph([v], [v * 2], [True], [True], None)
+    return GpuScan(ins, outs, ScanInfo(1, (), (), 1, 0))(n, x)
+
+
+def _gpu_ifelse(c, x, y):
+    """A GpuIfElse choosing x * 2 or y + 1 (uploads of host x, y)."""
+    from symgpu.gpu.basic_ops import GpuFromHost
+    from symgpu.gpu.scan_ifelse import GpuIfElse
+    from symgpu.gpu.scan_op import gpu_inner_graph
+    a, b = x.type(), y.type()
+    t_in, t_out = gpu_inner_graph([a], [a * 2], [True], [True], None)
+    e_in, e_out = gpu_inner_graph([b], [b + 1], [True], [True], None)
+    return GpuIfElse(t_in, t_out, e_in, e_out)(c, GpuFromHost(None)(x), GpuFromHost(None)(y))
+
+
+def _loop_cases() -> None:
+    from symgpu.gpu.scan_ifelse import GpuIfElse
+    from symgpu.gpu.scan_op import GpuScan
+    CASES[GpuScan] = [gcase(_gpu_scan, lambda x, n: symgpu.scan(lambda v: v * 2, sequences=x,
+                                                                 n_steps=n)[0],
+                            "gh", r(5, dtype="float32"), i64(4))]
+    CASES[GpuIfElse] = [gcase(_gpu_ifelse, lambda c, x, y: ifelse(c, x * 2, y + 1), "hhh",
+                              i64(c), r(2, 3, dtype="float32"), r(2, 3, dtype="float32"))
+                        for c in (0, 1)]
+
+
+_loop_cases()
+
+
 def all_op_classes() -> set[type]:
     """Leaf Op subclasses defined in symgpu's modules (bases that others extend are covered
     through their subclasses)."""

@@ -75,3 +75,7 @@ for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet",
 # modules above.
 for _mod in ("conv", "pooling"):
     importlib.import_module(f"{__name__}.{_mod}")
+
+# Loops (issue 15): Scan and IfElse move to the GPU with their inner graphs.
+importlib.import_module(f"{__name__}.scan_op")
+importlib.import_module(f"{__name__}.scan_ifelse")

@@ -1,0 +1,327 @@
+"""The GPU loop runner (GpuScan's step loop and symgpu/gpu/scan_graph.py) on a fake device.
+
+A fake context whose pool hands out offsets into one host array (``HEAP``: views of device
+buffers are plain pointer offsets, as on a GPU) and a fake graph driver whose copies and
+"kernels" are closures over that array (a capture records them, a launch replays them). So
+the loop's buffers, views, taps, windows, per-step outputs, the plain-first / capture /
+replay sequence, the staging copies, output-pointer reuse and the fallbacks are checked
+against NumPy without a GPU.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.gpu import graphs, scan_graph
+from symgpu.gpu.array import GpuArray
+from symgpu.gpu.pool import DevicePool
+from symgpu.gpu.scan_op import GpuScan
+from symgpu.gpu.type import GpuArrayType
+from symgpu.scan.op import ScanError, ScanInfo
+
+CTX = "fake-scan"
+BASE = 1 << 20
+HEAP = np.zeros(1 << 22, dtype="float32")
+
+
+def heap(ptr: int, n: int) -> np.ndarray:
+    i = (ptr - BASE) // 4
+    return HEAP[i:i + n]
+
+
+class _Alloc:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __int__(self):
+        return self.ptr
+
+    def free(self):
+        pass
+
+
+class HeapPool(DevicePool):
+    def _device_alloc(self, nbytes):
+        ptr = self.next_ptr
+        self.next_ptr += (nbytes + 255) // 256 * 256
+        assert self.next_ptr - BASE < HEAP.nbytes, "the fake heap is full"
+        self.n_device_allocs += 1
+        return _Alloc(ptr)
+
+
+class FakeCtx:
+    virtual = False
+    name = CTX
+    device = "cuda0"
+    ordinal = 0
+    arch = "sm_90"
+    stream_handle = 7
+    pinned = None
+    total_memory = 1 << 30
+
+    def __init__(self):
+        self.pool = HeapPool(self, 0.0)
+        self.pool.next_ptr = BASE
+
+    def activate(self):
+        return self
+
+    def synchronize(self):
+        pass
+
+
+class FakeDriver:
+    def __init__(self):
+        self.capturing, self.recorded, self.launches = False, [], 0
+        self.fail_next_capture = False
+
+    def launch_kernel(self, fn):
+        if self.capturing:
+            self.recorded.append(fn)
+        else:
+            fn()
+
+    def begin(self, stream):
+        assert not self.capturing
+        self.capturing, self.recorded = True, []
+
+    def end(self, stream):
+        self.capturing = False
+        if self.fail_next_capture:
+            self.fail_next_capture = False
+            return None, "cuStreamEndCapture failed: operation not permitted when capturing"
+        return list(self.recorded), None
+
+    def instantiate(self, graph):
+        return ("exe", graph)
+
+    def launcher(self, exe, stream):
+        def go():
+            self.launches += 1
+            for fn in exe[1]:
+                fn()
+            return 0
+        return go
+
+    def destroy(self, exe, graph):
+        pass
+
+    def node_count(self, graph):
+        return len(graph)
+
+    def check(self, status, what):
+        if status:
+            raise RuntimeError(what)
+
+    def relaxed(self):
+        return nullcontext()
+
+    def copy(self, dst, src):
+        assert dst.shape == src.shape and dst.is_c_contiguous and src.is_c_contiguous
+        d, s, n = dst.ptr, src.ptr, src.size
+
+        def k():
+            heap(d, n)[:] = heap(s, n)
+        if n:
+            self.launch_kernel(k)
+
+    def to_host(self, arrays):
+        return [read(a) for a in arrays]
+
+
+def read(a) -> np.ndarray:
+    return heap(a.ptr, a.size).reshape(a.shape).copy()
+
+
+def upload(ctx, values) -> GpuArray:
+    values = np.asarray(values, dtype="float32")
+    a = GpuArray(values.shape, "float32", ctx)
+    heap(a.ptr, a.size)[:] = values.reshape(-1)
+    return a
+
+
+class GpuFakeKernel(Op):
+    """out = fn(inputs) on the fake heap: a launch through the fake driver."""
+
+    __props__ = ("name", "capturable_")
+
+    def __init__(self, name, fn, capturable_=True):
+        self.name, self.fn, self.capturable_ = name, fn, capturable_
+
+    def make_node(self, *xs):
+        return Apply(self, list(xs), [xs[0].type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+        fn = self.fn
+
+        def thunk():
+            xs = [c[0] for c in ins]
+            o = GpuArray(xs[0].shape, "float32", CTX_OBJ)
+            ptrs, n, optr = [x.ptr for x in xs], xs[0].size, o.ptr
+
+            def k():
+                heap(optr, n)[:] = fn(*[heap(p, n) for p in ptrs])
+            DRV.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = self.capturable_
+        thunk.launches = True
+        return thunk
+
+
+CTX_OBJ: FakeCtx = None  # type: ignore[assignment]
+DRV: FakeDriver = None   # type: ignore[assignment]
+
+
+@pytest.fixture(autouse=True)
+def fake_gpu(monkeypatch):
+    global CTX_OBJ, DRV
+    from symgpu.gpu import context as gctx
+    CTX_OBJ, DRV = FakeCtx(), FakeDriver()
+    gctx.register_context(CTX, CTX_OBJ)
+    monkeypatch.setattr(graphs, "_driver", DRV)
+    scan_graph.STATS.clear()
+    yield CTX_OBJ
+    gctx.unregister_context(CTX)
+
+
+def gtype(ndim):
+    return GpuArrayType("float32", (False,) * ndim, CTX)
+
+
+def accumulate_loop(capturable=True):
+    """h[t] = h[t-1] + x[t] (kept), y[t] = 2 * (h[t-1] + x[t]) (per step)."""
+    xt, h = gtype(1)("x_t"), gtype(1)("h")
+    new_h = GpuFakeKernel("add", lambda a, b: a + b, capturable)(h, xt)
+    y = GpuFakeKernel("twice", lambda a: 2 * a, capturable)(new_h)
+    op = GpuScan([xt, h], [new_h, y], ScanInfo(1, ((-1,),), (True,), 1, 0), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"))
+    return op, node
+
+
+def run(op, node, *values):
+    storage = [[None] for _ in node.outputs]
+    op.perform(node, list(values), storage)
+    return [c[0] for c in storage]
+
+
+def want_accumulate(x, h0):
+    hs = np.concatenate([h0, h0 + np.cumsum(x, axis=0)])
+    return hs, 2 * hs[1:]
+
+
+def rand(*shape, seed=0):
+    return np.random.RandomState(seed).randn(*shape).astype("float32")
+
+
+def check(got, want):
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(read(g), w, rtol=1e-6, atol=1e-6)
+
+
+def test_plain_first_then_capture_then_replay_with_new_values():
+    op, node = accumulate_loop()
+    for call in range(5):
+        x, h0 = rand(6, 3, seed=call), rand(1, 3, seed=10 + call)
+        got = run(op, node, np.int64(6), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+        check(got, want_accumulate(x, h0))
+    assert scan_graph.STATS["plain"] == 1 and scan_graph.STATS["captures"] == 1
+    assert scan_graph.STATS["replays"] == 3
+    assert DRV.launches == 1 + 3   # the check of the new graph (its call's results), replays
+    # the graph holds the whole unrolled loop: 1 init copy + 6 x (2 kernels + 2 copies)
+    assert scan_graph.STATS["graph nodes (scan)"] == 1 + 6 * 4
+
+
+def test_a_new_layout_gets_its_own_graph():
+    op, node = accumulate_loop()
+    for n in (4, 4, 5, 5, 4):
+        x, h0 = rand(n, 2, seed=n), rand(1, 2)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    assert scan_graph.STATS["captures"] == 2 and scan_graph.STATS["replays"] == 1
+
+
+def test_outputs_reuse_their_blocks_only_once_dropped():
+    op, node = accumulate_loop()
+    x, h0 = rand(5, 3), rand(1, 3)
+    args = (np.int64(5), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    run(op, node, *args), run(op, node, *args)   # plain, capture
+    first = run(op, node, *args)
+    ptrs = [a.ptr for a in first]
+    del first
+    second = run(op, node, *args)
+    assert [a.ptr for a in second] == ptrs   # stable pointers from call to call
+    held = second[0][2:4]                     # a view keeps its block busy
+    del second
+    x2 = rand(5, 3, seed=7)
+    third = run(op, node, np.int64(5), upload(CTX_OBJ, x2), args[2])
+    assert third[0].ptr != ptrs[0] and third[1].ptr == ptrs[1]
+    hs, _ = want_accumulate(x, h0)
+    np.testing.assert_allclose(read(held), hs[2:4], rtol=1e-6)   # not overwritten
+    check(third, want_accumulate(x2, h0))
+
+
+def test_body_that_cannot_be_captured_runs_step_by_step():
+    op, node = accumulate_loop(capturable=False)
+    for s in range(3):
+        x, h0 = rand(4, 2, seed=s), rand(1, 2, seed=s + 5)
+        check(run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    assert DRV.launches == 0 and scan_graph.STATS["captures"] == 0
+
+
+def test_window_states_and_two_taps():
+    """f[t] = f[t-2] + f[t-1] keeping only the last two values (keep=False)."""
+    a, b = gtype(1)("a"), gtype(1)("b")
+    new = GpuFakeKernel("add", lambda u, v: u + v)(a, b)
+    op = GpuScan([a, b], [new], ScanInfo(0, ((-2, -1),), (False,), 0, 0), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("F0"))
+    f0 = np.array([[1, 2], [1, 3]], "float32")
+    fib = [f0[0], f0[1]]
+    for _ in range(7):
+        fib.append(fib[-2] + fib[-1])
+    for _ in range(3):
+        (got,) = run(op, node, np.int64(7), upload(CTX_OBJ, f0))
+        np.testing.assert_allclose(read(got), np.array(fib[-2:]))
+    assert scan_graph.STATS["replays"] == 1
+
+
+def test_too_big_graphs_are_not_kept(monkeypatch):
+    monkeypatch.setattr(scan_graph, "MEMORY_LIMIT", 16)
+    op, node = accumulate_loop()
+    x, h0 = rand(3, 2), rand(1, 2)
+    for _ in range(4):
+        check(run(op, node, np.int64(3), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    assert scan_graph.STATS["too_big"] == 1 and scan_graph.STATS["replays"] == 0
+
+
+def test_a_refused_capture_warns_once_and_runs_plainly():
+    op, node = accumulate_loop()
+    x, h0 = rand(3, 2), rand(1, 2)
+    args = (np.int64(3), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    run(op, node, *args)
+    DRV.fail_next_capture = True
+    with pytest.warns(scan_graph.LoopGraphWarning, match="step by step"):
+        check(run(op, node, *args), want_accumulate(x, h0))
+    check(run(op, node, *args), want_accumulate(x, h0))
+    assert op.loop_graphs.disabled and scan_graph.STATS["captures"] == 0
+
+
+def test_graphs_off_by_flag_and_errors_keep_their_context():
+    from symgpu import config
+    op, node = accumulate_loop()
+    x, h0 = rand(3, 2), rand(1, 2)
+    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+        for _ in range(3):
+            check(run(op, node, np.int64(3), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+                  want_accumulate(x, h0))
+    assert DRV.launches == 0
+    with pytest.raises(ScanError, match="sequence 0 .* 3 entries but the loop runs 4 steps"):
+        run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
