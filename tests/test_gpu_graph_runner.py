@@ -533,7 +533,7 @@ def test_update_of_a_variable_read_through_a_plain_view_replays():
     assert vm.storage_map[b][0].ptr == ptr     # copied back in the graph too
 
 
-# ============================================================================ ownership without reference counts
+# ============================================================================ ownership
 
 def test_a_kept_view_of_a_result_keeps_its_graph_busy():
     """Results leave a call under a lease that views share: a view the caller keeps is never
