@@ -192,6 +192,14 @@ def _cheap(fgraph: Any, e: Variable) -> bool:
         e.owner is not None and type(e.owner.op).__name__ in SHAPE_READ_OPS)
 
 
+def _sliced(node: Apply) -> bool:
+    """A basic slice (a view) whose lengths follow from its bounds: worth a few host scalar
+    operations even where the view is computed anyway, since then nothing on the host waits
+    for the view (on the GPU, the slice and what reads it can be one captured graph that
+    takes the bounds as parameters)."""
+    return type(node.op).__name__ in ("Subtensor", "GpuSubtensor")
+
+
 def _as_shape_vector(entries: Sequence[Variable], out: Variable) -> Variable | None:
     from symgpu.tensor.basic import MakeVector
     from symgpu.tensor.type import TensorConstant
@@ -227,7 +235,7 @@ def rewrite_shape_read(fgraph: Any, node: Apply) -> list[Variable] | None:
         e = entries[d]
         if e.owner is not None and e.owner.op == node.op and e.owner.inputs[0] is x:
             return None
-        return None if anyway and not _cheap(fgraph, e) else [e]
+        return None if anyway and not _cheap(fgraph, e) and not _sliced(owner) else [e]
     if anyway and not all(dim_value(e) is not None or e in fgraph.variables for e in entries):
         return None
     return [_as_shape_vector(entries, node.outputs[0])]
