@@ -9,10 +9,11 @@ against NumPy without a GPU.
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 
 import numpy as np
 import pytest
+
+import graph_fakes
 
 import symgpu.tensor as T
 from symgpu.graph.basic import Apply
@@ -75,51 +76,8 @@ class FakeCtx:
         pass
 
 
-class FakeDriver:
-    def __init__(self):
-        self.capturing, self.recorded, self.launches = False, [], 0
-        self.fail_next_capture = False
-
-    def launch_kernel(self, fn):
-        if self.capturing:
-            self.recorded.append(fn)
-        else:
-            fn()
-
-    def begin(self, stream):
-        assert not self.capturing
-        self.capturing, self.recorded = True, []
-
-    def end(self, stream):
-        self.capturing = False
-        if self.fail_next_capture:
-            self.fail_next_capture = False
-            return None, "cuStreamEndCapture failed: operation not permitted when capturing"
-        return list(self.recorded), None
-
-    def instantiate(self, graph):
-        return ("exe", graph)
-
-    def launcher(self, exe, stream):
-        def go():
-            self.launches += 1
-            for fn in exe[1]:
-                fn()
-            return 0
-        return go
-
-    def destroy(self, exe, graph):
-        pass
-
-    def node_count(self, graph):
-        return len(graph)
-
-    def check(self, status, what):
-        if status:
-            raise RuntimeError(what)
-
-    def relaxed(self):
-        return nullcontext()
+class FakeDriver(graph_fakes.FakeDriver):
+    """graph_fakes' recording driver, copying and reading through this module's heap."""
 
     def copy(self, dst, src):
         assert dst.shape == src.shape and dst.is_c_contiguous and src.is_c_contiguous
