@@ -9,12 +9,10 @@ against NumPy without a GPU.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 import graph_fakes
-
 import symgpu.tensor as T
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
