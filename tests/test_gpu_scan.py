@@ -93,6 +93,32 @@ def test_backward_scan_lifts_the_same_way(vgpu):
         assert_on_device(n)
 
 
+def test_backward_scan_accumulates_the_weight_gradients_in_place(vgpu):
+    """The accumulators of BPTT (keep-last states the loop owns) are updated by in-place GEMMs:
+    no copy of dW per step; the forward loop's kept state and the sequences stay untouched."""
+    from symgpu.gpu.scan_op import scratch_states
+    x, y = T.tensor3("x"), T.tensor3("y")
+    wx, wh, b = T.matrix("wx"), T.matrix("wh"), T.vector("b")
+    h0 = T.zeros((4, 5), dtype="float32")
+    h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh) + b), sequences=x,
+                       outputs_info=h0)
+    f = function([x, y, wx, wh, b], symgpu.grad(((h - y) ** 2).mean(), [wx, wh, b]))
+    fwd, bwd = sorted(loops(f, GpuScan), key=lambda n: n.op.info.name != "scan")
+    assert scratch_states(fwd.op.info) == ()
+    assert scratch_states(bwd.op.info) == (0, 1, 2, 3)
+    bwd.op._compiled()
+    fg = bwd.op.inner.compiled_fgraph
+    gemms = [n for n in fg.toposort() if type(n.op).__name__ == "GpuGemm"]
+    assert len(gemms) == 2 and all(n.op.destroy_map for n in gemms), [str(n) for n in gemms]
+    taps = fg.inputs[bwd.op.info.n_seqs:bwd.op.info.n_seqs + bwd.op.info.n_taps]
+    assert {n.inputs[0] for n in gemms} <= set(taps)
+    assert bwd.op._scratch_copy == frozenset()
+    copies = [n for n in fg.toposort() if "Copy" in type(n.op).__name__]
+    assert not copies, [str(n) for n in copies]
+    for v in fg.inputs[:bwd.op.info.n_seqs]:   # sequences are never overwritten
+        assert not getattr(v.tag, "loop_scratch", False)
+
+
 def test_taps_backwards_nitsot_and_until_place_on_the_gpu(vgpu):
     x = T.matrix("x")
     h0 = T.matrix("h0")
