@@ -102,7 +102,8 @@ def test_backward_scan_accumulates_the_weight_gradients_in_place(vgpu):
     h0 = T.zeros((4, 5), dtype="float32")
     h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh) + b), sequences=x,
                        outputs_info=h0)
-    f = function([x, y, wx, wh, b], symgpu.grad(((h - y) ** 2).mean(), [wx, wh, b]))
+    with config.change_flags(optimizer_excluding="scan_pushout_acc"):
+        f = function([x, y, wx, wh, b], symgpu.grad(((h - y) ** 2).mean(), [wx, wh, b]))
     fwd, bwd = sorted(loops(f, GpuScan), key=lambda n: n.op.info.name != "scan")
     assert scratch_states(fwd.op.info) == ()
     assert scratch_states(bwd.op.info) == (0, 1, 2, 3)
@@ -117,6 +118,22 @@ def test_backward_scan_accumulates_the_weight_gradients_in_place(vgpu):
     assert not copies, [str(n) for n in copies]
     for v in fg.inputs[:bwd.op.info.n_seqs]:   # sequences are never overwritten
         assert not getattr(v.tag, "loop_scratch", False)
+
+
+def test_bptt_step_on_the_gpu_is_the_recurrent_work_only(vgpu):
+    """With scan_pushout_acc (default) the weight gradients are summed after the loop: the
+    backward step is one elementwise kernel and one product with W_h.T."""
+    x, y = T.tensor3("x"), T.tensor3("y")
+    wx, wh, b = T.matrix("wx"), T.matrix("wh"), T.vector("b")
+    h0 = T.zeros((4, 5), dtype="float32")
+    h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh) + b), sequences=x,
+                       outputs_info=h0)
+    f = function([x, y, wx, wh, b], symgpu.grad(((h - y) ** 2).mean(), [wx, wh, b]))
+    (bwd,) = [n for n in loops(f, GpuScan) if n.op.info.name == "grad_of_scan"]
+    assert_on_device(bwd)
+    names = [type(n.op).__name__ for n in bwd.op.inner.compiled_fgraph.toposort()]
+    launches = [nm for nm in names if nm not in ("GpuSubtensor", "GpuDimShuffle")]
+    assert sorted(launches) == ["GpuDot22", "GpuElemwise"], names
 
 
 def test_taps_backwards_nitsot_and_until_place_on_the_gpu(vgpu):
