@@ -54,6 +54,13 @@ def test_bptt_accumulators_leave_the_loop_and_the_gradients_agree(go_backwards):
     assert bwd1.op.info.n_nitsot == bwd0.op.info.n_nitsot + 1
     names = [type(n.op).__name__ for n in bwd1.op.inner.fgraph.toposort()]
     assert names.count("Dot") == 1 and "CAReduce" not in names and "Sum" not in names, names
+    # zero initial values (zeros_like(W)) are not added, and the totals are read directly,
+    # not through a one-value window: the SGD update is one GEMM on W
+    readers = [n for n in f1.maker.fgraph.toposort()
+               if any(i.owner is bwd1 for i in n.inputs)]
+    assert {type(n.op).__name__ for n in readers} <= {"Reshape", "Shape_i", "Sum"}, readers
+    assert not any(type(n.op).__name__ == "Subtensor" and n.op.idx_list == (0,)
+                   for n in readers), [str(n) for n in readers]
 
 
 def accumulate(term_fn, n_steps=6):

@@ -72,6 +72,40 @@ def _term(term: Variable, acc: Variable) -> tuple | None:
     return None
 
 
+def _zeros(v: Variable) -> bool:
+    """Whether the graph fixes every value of `v` at zero (a zero constant, or ``second(x,
+    0)`` / zeros_like, seen through dimshuffles): then the total needs no initial value."""
+    import numpy as np
+    from symgpu.graph.basic import Constant
+    from symgpu.tensor.elemwise import DimShuffle, Elemwise
+    while True:
+        if isinstance(v, Constant):
+            return bool(np.all(np.asarray(v.data) == 0))
+        node = v.owner
+        if node is None:
+            return False
+        if isinstance(node.op, DimShuffle):
+            v = node.inputs[0]
+        elif isinstance(node.op, Elemwise) and \
+                getattr(node.op.scalar_op, "name", "") == "second" and len(node.inputs) == 2:
+            v = node.inputs[1]
+        else:
+            return False
+
+
+def _readers_of_value(fgraph: FunctionGraph, window: Variable) -> list | None:
+    """The outputs of ``window[0]`` / ``window[-1]`` (the one value of a keep-last window), if
+    that is how every client reads it; None otherwise."""
+    from symgpu.tensor.subtensor import Subtensor
+    out = []
+    for client, _ in fgraph.clients.get(window, []):
+        if client == "output" or not isinstance(client.op, Subtensor) or \
+                len(client.inputs) != 1 or client.op.idx_list not in ((0,), (-1,)):
+            return None
+        out.append(client.outputs[0])
+    return out
+
+
 def _pushout(fgraph: FunctionGraph, node: Any) -> bool:
     import symgpu.tensor as T
     from symgpu.scan.inner import variant_set
@@ -148,7 +182,9 @@ def _pushout(fgraph: FunctionGraph, node: Any) -> bool:
     for i in range(K):
         replace.append((node.outputs[M + i], outs[n_keep + i]))
     for j, plan in plans.items():
-        init0 = inits[j][0]
+        init0 = None if _zeros(inits[j]) else inits[j][0]
+        old = node.outputs[j]
+        dtype, bcast = old.dtype, old.broadcastable[1:]
         if plan[0] == "dot":
             p, b = stacked[plan[1]], stacked[plan[2]]
             p2 = p.reshape((p.shape[0] * p.shape[1], p.shape[2]), ndim=2)
@@ -156,13 +192,16 @@ def _pushout(fgraph: FunctionGraph, node: Any) -> bool:
             total = T.dot(p2.T, b2)
         else:
             total = T.sum(stacked[plan[1]], axis=(0, 1))
-            if init0.ndim == 2:
+            if len(bcast) == 2:
                 total = T.shape_padleft(total)
-        final = T.shape_padleft(init0 + total.astype(init0.dtype))
-        old = node.outputs[j]
-        if final.type != old.type:
-            final = T.patternbroadcast(final, old.broadcastable) \
-                if hasattr(T, "patternbroadcast") else final
+        value = total.astype(dtype) if init0 is None else init0 + total.astype(dtype)
+        if value.broadcastable != bcast or value.dtype != dtype:
+            return False
+        readers = _readers_of_value(fgraph, old)
+        if readers is not None:   # window[0]: the value itself, without a window around it
+            replace.extend((r, value) for r in readers)
+            continue
+        final = T.shape_padleft(value)
         if final.type != old.type:
             return False
         replace.append((old, final))
