@@ -379,7 +379,6 @@ def test_ifelse_on_the_gpu_is_lazy_and_right():
 NOT_ON_THE_GPU = {
     "test_threads_and_pickling": "calls a GPU function from worker threads, which PyCUDA "
                                  "aborts on when the thread ends (a PyCUDA limitation)",
-    "test_inner_graph_gets_the_normal_passes": "looks for the host BLAS ops by name",
 }
 
 
