@@ -136,6 +136,33 @@ def test_bptt_step_on_the_gpu_is_the_recurrent_work_only(vgpu):
     assert sorted(launches) == ["GpuDot22", "GpuElemwise"], names
 
 
+def test_loop_bodies_kernels_join_the_outer_prefetch_batch(vgpu):
+    """The kernel prefetch of the outer function asks each GpuScan for its body's modules
+    (rewritten, not yet linked), so a cold compile runs one parallel nvcc batch, not one
+    per loop body; linking the body later reuses that rewritten graph."""
+    from symgpu.gpu import prefetch
+    from symgpu.gpu.elemwise import GpuElemwise
+    x, y = T.tensor3("x"), T.tensor3("y")
+    wx, wh = T.matrix("wx"), T.matrix("wh")
+    h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh)), sequences=x,
+                       outputs_info=T.zeros((4, 5), dtype="float32"))
+    f = function([x, y, wx, wh], symgpu.grad(((h - y) ** 2).mean(), [wx, wh]))
+    fresh = [GpuScan(n.op.inner_inputs, n.op.inner_outputs, n.op.info, n.op.mode,
+                     n.op.context_name, n.op.scratch) for n in loops(f, GpuScan)]
+    nodes = [op.make_node(*n.inputs) for op, n in zip(fresh, loops(f, GpuScan))]
+    reqs = prefetch.requests(nodes, include_virtual=True, skip_seen=False)
+    want = set()
+    for op in fresh:
+        assert op.inner.vm is None   # asked before linking
+        for n in op.inner.rewritten().toposort():
+            if isinstance(n.op, GpuElemwise):
+                want.update(k for k, _, _ in n.op.prefetch_sources(n))
+    assert want and want <= {r.key for r in reqs}
+    rewritten = fresh[0].inner.rewritten()
+    fresh[0]._compiled()
+    assert fresh[0].inner.compiled_fgraph is rewritten
+
+
 def test_taps_backwards_nitsot_and_until_place_on_the_gpu(vgpu):
     x = T.matrix("x")
     h0 = T.matrix("h0")

@@ -173,6 +173,22 @@ class GpuScan(Scan):
     def prepare_node(self, node: Apply, storage_map: dict, compute_map: dict, impl: Any) -> None:
         self._compiled()
 
+    def prefetch_sources(self, node: Apply) -> list:
+        """The kernel modules of the body (symgpu/gpu/prefetch.py): the outer function's
+        prefetch compiles them with its own, in one parallel nvcc batch, instead of one
+        batch per loop body when each body is linked."""
+        if self.inner.vm is not None:
+            return []
+        out: list = []
+        for n in self.inner.rewritten().toposort():
+            ask = getattr(n.op, "prefetch_sources", None)
+            if ask is not None:
+                try:
+                    out.extend(ask(n))
+                except Exception:   # the node's own thunk reports what is wrong with it
+                    continue
+        return out
+
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         inner = self._compiled()
         with inner.lock:
