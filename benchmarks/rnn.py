@@ -9,7 +9,13 @@ scan); the same step is timed side by side, in one run:
   Python loop, whichever are installed.
 
 Prints compile time, the best and the median time per step (contenders timed in alternation),
-and each contender's ratio to symgpu. Goal on the CPU: under 0.5x PyTensor's scan.
+each contender's ratio to symgpu and the precision of its matrix products: "fp32" (full
+float32 FMA) or "tf32" (tensor cores, inputs rounded to 10 mantissa bits: JAX's default on
+the GPU, PyTorch's cuDNN default). symgpu is timed both ways (`gpuarray.allow_tf32`), JAX
+both ways (`jax.default_matmul_precision`). On the GPU it also prints, per symgpu contender,
+the function-level CUDA-graph runner's counts (captures that stay at their first few and
+replays that grow with the calls: the median is not paying re-captures) and the loop graphs'
+counts (symgpu/gpu/scan_graph.py). Goal on the CPU: under 0.5x PyTensor's scan.
 
     python benchmarks/rnn.py [--device cpu|cuda] [--steps 3] [--rounds 15] [--seq 100]
 """
@@ -64,16 +70,25 @@ def build_train(lib, T, seq: int, shared_data: bool):
     train = lib.function(ins, loss, updates=[(wx, wx - LR * gwx), (wh, wh - LR * gwh),
                                              (b, b - LR * gb)], name="rnn_train")
     compile_s = time.perf_counter() - t0
-    return (lambda: train(*args)), (wx, wh, b), compile_s
+    step = lambda: train(*args)  # noqa: E731
+    step.function = train
+    return step, (wx, wh, b), compile_s
 
 
-def bench_symgpu(seq: int, device: str) -> dict:
+def bench_symgpu(seq: int, device: str, tf32: bool = False) -> dict:
+    """The step compiled (and first called: a loop body compiles on its first call) with
+    ``gpuarray.allow_tf32`` = `tf32`."""
     import symgpu
     import symgpu.tensor as T
-    step, weights, compile_s = build_train(symgpu, T, seq, shared_data=device != "cpu")
-    step()
-    return {"name": f"symgpu scan ({device})", "compile": compile_s, "fn": step,
-            "weights": weights}
+    with symgpu.config.change_flags(**{"gpuarray__allow_tf32": tf32}):
+        step, weights, compile_s = build_train(symgpu, T, seq, shared_data=device != "cpu")
+        t0 = time.perf_counter()
+        step()
+        first_s = time.perf_counter() - t0
+    prec = "fp32" if device == "cpu" or not tf32 else "tf32"
+    name = f"symgpu scan ({device})" + (", TF32" if tf32 else "")
+    return {"name": name, "compile": compile_s, "first": first_s, "fn": step,
+            "weights": weights, "precision": prec, "function": step.function}
 
 
 def bench_symgpu_pushout(seq: int) -> dict:
@@ -83,8 +98,9 @@ def bench_symgpu_pushout(seq: int) -> dict:
     import symgpu.tensor as T
     with symgpu.config.change_flags(optimizer_including="scan_pushout_seq_dot"):
         step, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
-    step()
-    return {"name": "symgpu scan + pushout", "compile": compile_s, "fn": step}
+        step()
+    return {"name": "symgpu scan + pushout", "compile": compile_s, "fn": step,
+            "precision": "fp32", "function": step.function}
 
 
 def bench_symgpu_stepwise(seq: int) -> dict:
@@ -102,7 +118,8 @@ def bench_symgpu_stepwise(seq: int) -> dict:
         finally:
             scan_graph.ENABLED = True
     step()
-    return {"name": "symgpu scan, step by step", "compile": compile_s, "fn": step}
+    return {"name": "symgpu scan, step by step", "compile": compile_s, "fn": step,
+            "precision": "fp32", "function": train.function}
 
 
 def bench_numpy(seq: int) -> dict:
@@ -133,7 +150,7 @@ def bench_numpy(seq: int) -> dict:
         return loss
 
     step()
-    return {"name": "NumPy loop", "compile": 0.0, "fn": step}
+    return {"name": "NumPy loop", "compile": 0.0, "fn": step, "precision": "fp32"}
 
 
 def bench_pytensor(seq: int) -> dict | None:
@@ -144,10 +161,12 @@ def bench_pytensor(seq: int) -> dict | None:
         return None
     step, _, compile_s = build_train(pytensor, pt, seq, shared_data=False)
     step()
-    return {"name": f"PyTensor {pytensor.__version__} scan", "compile": compile_s, "fn": step}
+    return {"name": f"PyTensor {pytensor.__version__} scan", "compile": compile_s, "fn": step,
+            "precision": "fp32"}
 
 
-def bench_jax(seq: int) -> dict | None:
+def bench_jax(seq: int, precision: str = "default") -> dict | None:
+    """`precision` "default" (TF32 matrix products on the GPU) or "highest" (float32)."""
     try:
         import jax
         import jax.numpy as jnp
@@ -166,7 +185,8 @@ def bench_jax(seq: int) -> dict | None:
 
     @jax.jit
     def train(p):
-        loss, g = jax.value_and_grad(loss_fn)(p)
+        with jax.default_matmul_precision(precision):
+            loss, g = jax.value_and_grad(loss_fn)(p)
         return {k: p[k] - LR * g[k] for k in p}, loss
 
     t0 = time.perf_counter()
@@ -178,7 +198,9 @@ def bench_jax(seq: int) -> dict | None:
     def step():
         state["p"], loss = train(state["p"])
         loss.block_until_ready()
-    return {"name": "JAX lax.scan (jit)", "compile": compile_s, "fn": step}
+    name = "JAX lax.scan (jit)" + ("" if precision == "default" else f", {precision}")
+    return {"name": name, "compile": compile_s, "fn": step,
+            "precision": "tf32" if precision == "default" else "fp32"}
 
 
 def _torch_data(seq: int):
@@ -216,7 +238,8 @@ def bench_torch_cudnn(seq: int) -> dict | None:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     step()
-    return {"name": "PyTorch cuDNN nn.RNN", "compile": time.perf_counter() - t0, "fn": step}
+    return {"name": "PyTorch cuDNN nn.RNN", "compile": time.perf_counter() - t0, "fn": step,
+            "precision": "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"}
 
 
 def bench_torch_loop(seq: int) -> dict | None:
@@ -243,7 +266,8 @@ def bench_torch_loop(seq: int) -> dict | None:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
     step()
-    return {"name": "PyTorch Python loop", "compile": time.perf_counter() - t0, "fn": step}
+    return {"name": "PyTorch Python loop", "compile": time.perf_counter() - t0, "fn": step,
+            "precision": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"}
 
 
 def main() -> None:
@@ -260,20 +284,28 @@ def main() -> None:
     if args.device == "cpu":
         others = [bench_numpy(args.seq), bench_pytensor(args.seq)]
     else:
-        others = [bench_symgpu_pushout(args.seq), bench_symgpu_stepwise(args.seq),
-                  bench_jax(args.seq),
+        others = [bench_symgpu(args.seq, args.device, tf32=True),
+                  bench_symgpu_pushout(args.seq), bench_symgpu_stepwise(args.seq),
+                  bench_jax(args.seq), bench_jax(args.seq, "highest"),
                   bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
     contenders += [c for c in others if c is not None]
     times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
     print(f"Elman RNN tanh, input {IN}, hidden {HID}, batch {BATCH}, {args.seq} steps, float32: "
           f"forward + BPTT + SGD ({args.device})")
     sg_best = times[0][0]
+    print(f"  timed: {args.rounds} blocks of {args.steps} calls per contender, in alternation")
     for c, (best, median) in zip(contenders, times):
         ratio = "" if c is contenders[0] else f"  symgpu/this = {sg_best / best:.2f}x"
-        print(f"  {c['name']:<28} compile {c['compile']:7.3f} s   step best {best * 1e3:8.2f} ms"
-              f"   median {median * 1e3:8.2f} ms{ratio}")
+        first = f" (+{c['first']:.3f} s 1st call)" if "first" in c else ""
+        print(f"  {c['name']:<30} {c.get('precision', '?'):>4}  compile {c['compile']:7.3f} s"
+              f"{first}   step best {best * 1e3:8.2f} ms   median {median * 1e3:8.2f} ms{ratio}")
     if args.device != "cpu":
-        from symgpu.gpu import scan_graph
+        from symgpu.gpu import graphs, scan_graph
+        for c in contenders:
+            runner = getattr(getattr(c.get("function"), "vm", None), "runner", None)
+            if runner is not None and hasattr(runner, "stats"):
+                print(f"  function graphs, {c['name']}: {runner.stats()}")
+        print(f"  function graphs, process-wide: {dict(graphs.STATS)}")
         print(f"  loop graphs: {dict(scan_graph.STATS)}")
     sys.stdout.flush()
 

@@ -281,3 +281,93 @@ def test_graphs_off_by_flag_and_errors_keep_their_context():
     assert DRV.launches == 0
     with pytest.raises(ScanError, match="sequence 0 .* 3 entries but the loop runs 4 steps"):
         run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+
+
+# ----------------------------------------------------------------- states updated in place
+
+class GpuFakeAddInplace(Op):
+    """a += b on the fake heap, in place (destroy_map), like GpuGemm{inplace} on an
+    accumulator."""
+
+    __props__ = ()
+    destroy_map = {0: [0]}
+
+    def make_node(self, a, b):
+        return Apply(self, [a, b], [a.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+
+        def thunk():
+            a, b = ins[0][0], ins[1][0]
+            pa, pb, n = a.ptr, b.ptr, a.size
+
+            def k():
+                heap(pa, n)[:] += heap(pb, n)
+            DRV.launch_kernel(k)
+            out[0] = a
+        thunk.capturable = True
+        thunk.launches = True
+        return thunk
+
+
+def inplace_loop(scratch: bool, body: str = "accumulate"):
+    """A keep=False state overwritten in place by its step; `body`: 'accumulate' (acc +=
+    x_t) or 'alias' (the state's next value is x_t itself, and a per-step output adds into
+    the tap in place: the tap must not be the sequence's memory)."""
+    from symgpu.gpu.scan_op import gpu_inner_graph, scratch_states, _tap_position
+    info = ScanInfo(1, ((-1,),), (False,), 1 if body == "alias" else 0, 0)
+    xt, h = T.fvector("x_t"), T.fvector("h")
+    js = scratch_states(info) if scratch else ()
+    ins, _ = gpu_inner_graph([xt, h], [], [True, True], [], CTX,
+                             [_tap_position(info, j) for j in js])
+    gx, gh = ins
+    if body == "accumulate":
+        outs = [GpuFakeAddInplace()(gh, gx)]
+    else:
+        outs = [gx, GpuFakeAddInplace()(gh, gx)]
+    op = GpuScan([gx, gh], outs, info, context_name=CTX, scratch=js)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"))
+    return op, node
+
+
+def test_an_owned_state_is_overwritten_in_place_and_inputs_stay_intact():
+    op, node = inplace_loop(scratch=True)
+    assert getattr(op.inner_inputs[1].tag, "loop_scratch", False)
+    for call in range(4):   # plain, capture (+ check), replays
+        x, h0 = rand(5, 3, seed=call), rand(1, 3, seed=20 + call)
+        X, H0 = upload(CTX_OBJ, x), upload(CTX_OBJ, h0)
+        (got,) = run(op, node, np.int64(5), X, H0)
+        np.testing.assert_allclose(read(got), h0 + x.sum(0, keepdims=True), rtol=1e-5)
+        np.testing.assert_array_equal(read(X), x)     # the sequence untouched
+        np.testing.assert_array_equal(read(H0), h0)   # the caller's initial value too
+    assert scan_graph.STATS["captures"] == 1 and scan_graph.STATS["replays"] == 2
+    # 1 copy of the initial value, 5 in-place adds, 1 copy of the last value out: no copy
+    # of the accumulator per step
+    assert scan_graph.STATS["graph nodes (scan)"] == 1 + 5 + 1
+
+
+def test_the_destroy_handler_lets_only_scratch_inputs_be_overwritten():
+    from symgpu.graph.rewriting import why_not_destroyable
+    for scratch, want in ((True, None), (False, "an input of the function (explicit or shared)")):
+        op, _ = inplace_loop(scratch=scratch)
+        fg = op.inner.fgraph
+        (node,) = [n for n in fg.toposort() if isinstance(n.op, GpuFakeAddInplace)]
+        assert why_not_destroyable(fg, node.inputs[0], node) == want
+        # the sequence's step view is never scratch, tagged or not
+        assert why_not_destroyable(fg, node.inputs[1], node) is not None
+
+
+def test_a_state_whose_value_is_a_view_of_a_sequence_is_copied_before_it_is_overwritten():
+    op, node = inplace_loop(scratch=True, body="alias")
+    for call in range(3):
+        x, h0 = rand(4, 3, seed=call), rand(1, 3, seed=30 + call)
+        X, H0 = upload(CTX_OBJ, x), upload(CTX_OBJ, h0)
+        last, ys = run(op, node, np.int64(4), X, H0)
+        prev = np.concatenate([h0, x[:-1]])
+        np.testing.assert_allclose(read(ys), prev + x, rtol=1e-5)
+        np.testing.assert_allclose(read(last), x[-1:], rtol=1e-6)
+        np.testing.assert_array_equal(read(X), x)
+        np.testing.assert_array_equal(read(H0), h0)
+    assert op._scratch_copy == frozenset({0})

@@ -30,17 +30,20 @@ __all__ = ["GpuScan", "lift_scan", "gpu_inner_graph"]
 
 
 def gpu_inner_graph(inner_inputs: Sequence[Variable], inner_outputs: Sequence[Variable],
-                    on_gpu_in: Sequence[bool], on_gpu_out: Sequence[bool], ctx: Any
-                    ) -> tuple[list[Variable], list[Variable]]:
+                    on_gpu_in: Sequence[bool], on_gpu_out: Sequence[bool], ctx: Any,
+                    scratch: Sequence[int] = ()) -> tuple[list[Variable], list[Variable]]:
     """The inner graph with GPU placeholders for the inputs flagged in `on_gpu_in` and GPU
     results for the outputs flagged in `on_gpu_out`: the body is written with transfers at
     its edges, which the placement pass of the inner compile turns into GPU ops throughout
-    (and the transfer-cancelling pass removes)."""
+    (and the transfer-cancelling pass removes).  The placeholders of the input positions in
+    `scratch` are tagged ``loop_scratch``: the body may overwrite them (see `scratch_states`)."""
     new_inputs: list[Variable] = []
     replace: dict[Variable, Variable] = {}
-    for v, gpu in zip(inner_inputs, on_gpu_in):
+    for k, (v, gpu) in enumerate(zip(inner_inputs, on_gpu_in)):
         if gpu and not is_gpu_var(v):
             ph = GpuArrayType(v.type.dtype, v.type.broadcastable, ctx)(v.name)
+            if k in scratch:
+                ph.tag.loop_scratch = True
             new_inputs.append(ph)
             replace[v] = HostFromGpu()(ph)
         else:   # host values, and GPU ones already (GPU shared variables, user transfers)
@@ -51,14 +54,67 @@ def gpu_inner_graph(inner_inputs: Sequence[Variable], inner_outputs: Sequence[Va
     return new_inputs, new_outputs
 
 
+def scratch_states(info: ScanInfo) -> tuple[int, ...]:
+    """States whose one tap the loop body may overwrite in place: those that keep only their
+    last value (``keep`` False, taps ``(-1,)``: a gradient's accumulators, an RNN's carry).
+    The loop owns their memory: it copies the initial value once into a block of its own,
+    then each step's tap is the previous step's result, which nobody else holds; so
+    ``acc + x.T @ g`` becomes one in-place GEMM instead of a copy and a GEMM per step."""
+    return tuple(j for j in range(info.n_states)
+                 if not info.keep[j] and tuple(info.state_taps[j]) == (-1,))
+
+
+def _tap_position(info: ScanInfo, j: int) -> int:
+    """The inner input index of state j's first tap."""
+    return info.n_seqs + sum(len(info.state_taps[i]) for i in range(j))
+
+
+def _root(v: Variable) -> Variable:
+    """The variable whose memory `v` is (through views and in-place results)."""
+    while v.owner is not None:
+        op = v.owner.op
+        idx = v.owner.outputs.index(v)
+        src = None
+        for mapping in (getattr(op, "view_map", None) or {}, getattr(op, "destroy_map", None) or {}):
+            if mapping.get(idx):
+                src = v.owner.inputs[mapping[idx][0]]
+                break
+        if src is None:
+            return v
+        v = src
+    return v
+
+
+def scratch_needing_copy(fg: Any, info: ScanInfo, scratch: Sequence[int]) -> frozenset:
+    """The scratch states whose step result, in the compiled body `fg`, is memory the loop
+    does not own alone (a view of another input, or shared with another output): those are
+    copied into a block of the loop's own after each step, so the next step may still
+    overwrite its tap."""
+    roots = [_root(o) for o in fg.outputs]
+    inputs = list(fg.inputs)
+    bad = set()
+    for j in scratch:
+        r = roots[j]
+        own = inputs[_tap_position(info, j)]
+        if r.owner is None and r is not own:
+            bad.add(j)
+        elif sum(1 for q in roots if q is r) > 1:
+            bad.add(j)
+    return frozenset(bad)
+
+
 class GpuScan(Scan):
     """`Scan` over device buffers (see the module doc); `context_name` is where it runs."""
 
     def __init__(self, inner_inputs: Sequence[Variable], inner_outputs: Sequence[Variable],
-                 info: ScanInfo, mode: Any = None, context_name: Any = None):
+                 info: ScanInfo, mode: Any = None, context_name: Any = None,
+                 scratch: Sequence[int] = ()):
         super().__init__(inner_inputs, inner_outputs, info, mode)
         self.context_name = context_name
         self.loop_graphs = None   # scan_graph.LoopGraphs, made on the first real call
+        #: states whose tap the body may overwrite (their placeholders are loop_scratch)
+        self.scratch = tuple(scratch)
+        self._scratch_copy: frozenset | None = None
 
     def __str__(self) -> str:
         kind = "while" if self.info.as_while else "for"
@@ -109,10 +165,29 @@ class GpuScan(Scan):
         # new view pointers; the loop is captured whole instead (scan_graph.py)
         if vm.profiler is None and type(vm).__call__.__qualname__ == "VM.__call__":
             inner._run = vm.run_thunks
+        if self._scratch_copy is None:
+            self._scratch_copy = scratch_needing_copy(inner.compiled_fgraph, self.info,
+                                                      getattr(self, "scratch", ()))
         return inner
 
     def prepare_node(self, node: Apply, storage_map: dict, compute_map: dict, impl: Any) -> None:
         self._compiled()
+
+    def prefetch_sources(self, node: Apply) -> list:
+        """The kernel modules of the body (symgpu/gpu/prefetch.py): the outer function's
+        prefetch compiles them with its own, in one parallel nvcc batch, instead of one
+        batch per loop body when each body is linked."""
+        if self.inner.vm is not None:
+            return []
+        out: list = []
+        for n in self.inner.rewritten().toposort():
+            ask = getattr(n.op, "prefetch_sources", None)
+            if ask is not None:
+                try:
+                    out.extend(ask(n))
+                except Exception:   # the node's own thunk reports what is wrong with it
+                    continue
+        return out
 
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         inner = self._compiled()
@@ -164,6 +239,8 @@ class GpuScan(Scan):
         out_cells = inner.output_cells
         clear = inner.clear_cells
         bufs: list[Any] = []
+        scratch = getattr(self, "scratch", ())
+        recopy = self._scratch_copy or frozenset()
         for j in range(M):
             n_init = info.n_init(j)
             init = inits[j]
@@ -175,6 +252,10 @@ class GpuScan(Scan):
                 buf = GpuArray((n_init + n,) + tuple(init.shape[1:]), node.outputs[j].dtype, ctx)
                 _copy(buf[:n_init], init[:n_init])
                 bufs.append(buf)
+            elif j in scratch:   # a block of the loop's own: the body overwrites it
+                own = GpuArray(tuple(init.shape[1:]), node.outputs[j].dtype, ctx)
+                _copy(own, init[0])
+                bufs.append([own])
             else:   # the last n_init values: views of the initial value, then step results
                 bufs.append([init[i] for i in range(n_init)])
         nitsot: list[Any] = [None] * K
@@ -212,6 +293,10 @@ class GpuScan(Scan):
                     if val.shape != buf[-1].shape:
                         raise ScanError(self._shape_msg(info.state_label(j), t, val.shape,
                                                         buf[-1].shape))
+                    if j in recopy:   # memory the loop does not own alone
+                        own = GpuArray(tuple(val.shape), node.outputs[j].dtype, ctx)
+                        _copy(own, val)
+                        val = own
                     buf.append(val)   # the step's own result: the clear below drops the cell
                     del buf[0]
             for i in range(K):
@@ -300,9 +385,10 @@ def lift_scan(op: Scan, node: Apply, context_name: Any, inputs: Any) -> list[Var
     on_out = [True] * (M + K) + [False] * (len(op.inner_outputs) - M - K)
 
     def make() -> GpuScan:
+        scratch = scratch_states(info)
         ins, outs = gpu_inner_graph(op.inner_inputs, op.inner_outputs, on_in, on_out,
-                                    context_name)
-        return GpuScan(ins, outs, info, op.mode, context_name)
+                                    context_name, [_tap_position(info, j) for j in scratch])
+        return GpuScan(ins, outs, info, op.mode, context_name, scratch)
 
     gop = _cache(op, (context_name, nonseq_gpu), make)
     assert len(outer) == S + M + N

@@ -49,11 +49,26 @@ class InnerFunction:
             if self.vm is None:
                 self._compile()
 
+    def rewritten(self) -> FunctionGraph:
+        """The inner graph after the mode's passes, before linking: what `compile()` links.
+        Rewriting early lets the outer function's kernel prefetch (symgpu/gpu/prefetch.py)
+        compile the body's kernels in the same parallel batch as its own."""
+        with self.lock:
+            if self.compiled_fgraph is not None:
+                return self.compiled_fgraph
+            fg = self.__dict__.get("_rewritten")
+            if fg is None:
+                from symgpu.compile.mode import get_mode
+                fg = self.fgraph.clone()
+                get_mode(self.mode).rewrite(fg)
+                self._rewritten = fg
+            return fg
+
     def _compile(self) -> None:
         from symgpu.compile.mode import get_mode
         mode = get_mode(self.mode)
-        fg = self.fgraph.clone()
-        mode.rewrite(fg)
+        fg = self.rewritten()
+        self.__dict__.pop("_rewritten", None)
         storage_map: dict[Variable, list] = {}
         self.input_cells = []
         for v in fg.inputs:
@@ -93,7 +108,7 @@ class InnerFunction:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         for k in ("vm", "_run", "input_cells", "output_cells", "clear_cells", "compiled_fgraph",
-                  "lock"):
+                  "lock", "_rewritten"):
             state.pop(k, None)
         state["vm"] = None
         state["compiled_fgraph"] = None

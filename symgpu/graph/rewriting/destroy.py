@@ -11,6 +11,10 @@ Policy (simple on purpose, so it is obviously right):
 * only a variable read by no other node (exactly one client: the destroyer), so no ordering
   constraint between readers and the destroyer is ever needed;
 * through views: destroying a view destroys its base, so the base must pass the same test.
+
+One narrow exception: an input tagged ``loop_scratch`` (a GPU loop body's recurrent state
+whose memory the loop itself owns and hands to no one else: symgpu/gpu/scan_op.py) may be
+overwritten, under the other rules, so an accumulator is updated in place at every step.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ def why_not_destroyable(fgraph: FunctionGraph, var: Variable, destroyer: Apply) 
     """None if `destroyer` may overwrite `var`; otherwise the reason, in words."""
     if constant_behind(var) is not None:
         return "a constant"  # or a copy of one, which constant folding uploads only once
-    if var.owner is None:
+    if var.owner is None and not getattr(var.tag, "loop_scratch", False):
         return "an input of the function (explicit or shared)"
     if getattr(var.tag, "indestructible", False):
         return "marked indestructible"
@@ -35,6 +39,8 @@ def why_not_destroyable(fgraph: FunctionGraph, var: Variable, destroyer: Apply) 
     if len(clients) != 1 or clients[0][0] is not destroyer:
         return "read by other nodes"
     owner = var.owner
+    if owner is None:   # a loop_scratch input
+        return None
     op = owner.op
     for mapping in (getattr(op, "view_map", None) or {}, getattr(op, "destroy_map", None) or {}):
         for j in mapping.get(var.index, ()):
