@@ -219,23 +219,11 @@ class GpuScan(Scan):
         info = self.info
         inner = self.inner
         ctx = self._context()
-        n = int(inputs[0])
+        n, seqs, inits = self._begin_loop(node, inputs)
         S, M, K = info.n_seqs, info.n_states, info.n_nitsot
-        seqs = inputs[1:1 + S]
-        inits = inputs[1 + S:1 + S + M]
-        nonseqs = inputs[1 + S + M:]
-        if n < 0:
-            raise ScanError(f"{info.name}: n_steps is {n}; it must be >= 0 (a negative constant "
-                            "n_steps given to scan() means go_backwards)")
-        for k, s in enumerate(seqs):
-            if s.shape[0] < n:
-                raise ScanError(f"{info.name}: sequence {k} ({node.inputs[1 + k]}) has "
-                                f"{s.shape[0]} entries but the loop runs {n} steps")
         cells = inner.input_cells
         seq_cells = cells[:S]
         tap_cells = cells[S:S + info.n_taps]
-        for cell, v in zip(cells[S + info.n_taps:], nonseqs):
-            cell[0] = v
         out_cells = inner.output_cells
         clear = inner.clear_cells
         bufs: list[Any] = []
@@ -244,10 +232,6 @@ class GpuScan(Scan):
         for j in range(M):
             n_init = info.n_init(j)
             init = inits[j]
-            if init.shape[0] < n_init:
-                raise ScanError(f"{info.name}: the initial value of {info.state_label(j)} has "
-                                f"{init.shape[0]} entries along its first axis; taps "
-                                f"{list(info.state_taps[j])} need {n_init}")
             if info.keep[j]:
                 buf = GpuArray((n_init + n,) + tuple(init.shape[1:]), node.outputs[j].dtype, ctx)
                 _copy(buf[:n_init], init[:n_init])

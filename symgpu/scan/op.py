@@ -127,14 +127,15 @@ class Scan(Op):
                 for cell in inner.clear_cells:
                     cell[0] = None
 
-    def _loop(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
+    def _begin_loop(self, node: Apply, inputs: Sequence[Any]) -> tuple[int, list, list]:
+        """Check the loop's inputs (steps, sequence lengths, initial values), put the
+        non-sequences in the body's cells; (n_steps, sequences, initial values). Shared by
+        the host loop and the GPU one (symgpu/gpu/scan_op.py)."""
         info = self.info
-        inner = self.inner
         n = int(inputs[0])
-        S, M, K = info.n_seqs, info.n_states, info.n_nitsot
-        seqs = inputs[1:1 + S]
-        inits = inputs[1 + S:1 + S + M]
-        nonseqs = inputs[1 + S + M:]
+        S, M = info.n_seqs, info.n_states
+        seqs = list(inputs[1:1 + S])
+        inits = list(inputs[1 + S:1 + S + M])
         if n < 0:
             raise ScanError(f"{info.name}: n_steps is {n}; it must be >= 0 (a negative constant "
                             "n_steps given to scan() means go_backwards)")
@@ -142,11 +143,25 @@ class Scan(Op):
             if s.shape[0] < n:
                 raise ScanError(f"{info.name}: sequence {k} ({node.inputs[1 + k]}) has "
                                 f"{s.shape[0]} entries but the loop runs {n} steps")
+        for j, init in enumerate(inits):
+            n_init = info.n_init(j)
+            if init.shape[0] < n_init:
+                raise ScanError(f"{info.name}: the initial value of {info.state_label(j)} has "
+                                f"{init.shape[0]} entries along its first axis; taps "
+                                f"{list(info.state_taps[j])} need {n_init}")
+        cells = self.inner.input_cells
+        for cell, v in zip(cells[S + info.n_taps:], inputs[1 + S + M:]):
+            cell[0] = v
+        return n, seqs, inits
+
+    def _loop(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
+        info = self.info
+        inner = self.inner
+        n, seqs, inits = self._begin_loop(node, inputs)
+        S, M, K = info.n_seqs, info.n_states, info.n_nitsot
         cells = inner.input_cells
         seq_cells = cells[:S]
         tap_cells = cells[S:S + info.n_taps]
-        for cell, v in zip(cells[S + info.n_taps:], nonseqs):
-            cell[0] = v
         out_cells = inner.output_cells
         clear = inner.clear_cells
         # state storage: full buffers (keep) or python windows of the last n_init values
@@ -154,10 +169,6 @@ class Scan(Op):
         for j in range(M):
             n_init = info.n_init(j)
             init = inits[j]
-            if init.shape[0] < n_init:
-                raise ScanError(f"{info.name}: the initial value of {info.state_label(j)} has "
-                                f"{init.shape[0]} entries along its first axis; taps "
-                                f"{list(info.state_taps[j])} need {n_init}")
             if info.keep[j]:
                 buf = np.empty((n_init + n,) + init.shape[1:], dtype=node.outputs[j].dtype)
                 buf[:n_init] = init[:n_init]
