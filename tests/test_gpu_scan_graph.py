@@ -53,25 +53,15 @@ class HeapPool(DevicePool):
         return _Alloc(ptr)
 
 
-class FakeCtx:
-    virtual = False
+class FakeCtx(graph_fakes.FakeCtx):
+    """graph_fakes' context, named for this module, allocating from this module's heap."""
+
     name = CTX
-    device = "cuda0"
-    ordinal = 0
-    arch = "sm_90"
-    stream_handle = 7
-    pinned = None
-    total_memory = 1 << 30
 
     def __init__(self):
+        super().__init__()
         self.pool = HeapPool(self, 0.0)
         self.pool.next_ptr = BASE
-
-    def activate(self):
-        return self
-
-    def synchronize(self):
-        pass
 
 
 class FakeDriver(graph_fakes.FakeDriver):
