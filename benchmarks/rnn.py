@@ -203,6 +203,15 @@ def bench_jax(seq: int, precision: str = "default") -> dict | None:
             "precision": "tf32" if precision == "default" else "fp32"}
 
 
+def _cuda_torch():
+    """PyTorch when it is installed and sees a GPU, else None (its rows are left out)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
 def _torch_data(seq: int):
     import torch
     x0, y0, wx0, wh0, b0 = data(seq)
@@ -213,11 +222,8 @@ def _torch_data(seq: int):
 
 
 def bench_torch_cudnn(seq: int) -> dict | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
+    torch = _cuda_torch()
+    if torch is None:
         return None
     x, y, wx, wh, b = _torch_data(seq)
     rnn = torch.nn.RNN(IN, HID, nonlinearity="tanh", bias=True).cuda()
@@ -243,11 +249,8 @@ def bench_torch_cudnn(seq: int) -> dict | None:
 
 
 def bench_torch_loop(seq: int) -> dict | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
+    torch = _cuda_torch()
+    if torch is None:
         return None
     x, y, wx, wh, b = _torch_data(seq)
     params = [p.requires_grad_() for p in (wx, wh, b)]
