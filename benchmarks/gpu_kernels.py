@@ -286,8 +286,8 @@ def chain_sweep(out_dir: str | None) -> None:
         print(f"  [{label}] registers: " + ", ".join(
             f"{k} {f.get_attribute(drv.function_attribute.NUM_REGS)}" for k, f in fns.items()))
         shapes = []
-        for block in (128, 256, 512):
-            for per_sm in (1, 2, 4, 8, 16, 32):
+        for block in (256, 512):
+            for per_sm in (2, 4, 8, 16, 32):
                 blocks = per_sm * sms * 256 // block
                 shapes.append(("sg_contig_vec", blocks, block, f"{per_sm}x256 thr/SM"))
                 shapes.append(("v_gs4", blocks, block, f"{per_sm}x256 thr/SM"))
