@@ -16,7 +16,6 @@ PyCUDA is imported only inside functions, so ``import symgpu.gpu.array`` works w
 """
 from __future__ import annotations
 
-import collections
 import operator
 from typing import Any, Sequence
 
@@ -31,10 +30,6 @@ __all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "
 
 _STAGING_LIMIT = 64 << 20      # larger copies go straight into the result (no double copy)
 _STAGING_KEEP = 8              # cached pinned buffers per context
-#: uploads of at least this many bytes go through a pinned buffer of the context's pool and an
-#: asynchronous copy (a pageable copy of that size makes the host wait for the DMA); smaller
-#: ones are copied by the driver from pageable memory, which costs less than a staging copy
-UPLOAD_STAGING_MIN = 64 << 10
 
 SUPPORTED_DTYPES = tuple(np.dtype(n) for n in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -385,8 +380,6 @@ class GpuArray:
             self._copy_from_device(to_gpu(host, self.context))
             return self
         ctx = self._activate()
-        if self.nbytes >= UPLOAD_STAGING_MIN and _staged_upload(ctx, self.ptr, host):
-            return self
         import pycuda.driver as drv
         drv.memcpy_htod_async(self.ptr, host, ctx.stream)
         return self
@@ -534,52 +527,6 @@ def get_many(arrays: Sequence[GpuArray]) -> list[np.ndarray]:
         drv.memcpy_dtoh(res.reshape(-1).view(np.uint8), src.ptr)
         results[k] = res
     return results
-
-
-class _UploadsInFlight:
-    """Pinned buffers whose asynchronous copies to the device may not have finished, each
-    with the event recorded after its copy: a buffer goes back to the pinned pool (its last
-    reference dropped) only once its event has completed, so the host never overwrites
-    memory the DMA still reads.  Completed events are kept for reuse."""
-
-    __slots__ = ("pending", "idle")
-
-    def __init__(self) -> None:
-        self.pending: collections.deque = collections.deque()
-        self.idle: list = []
-
-    def drain(self) -> None:
-        """Let go of the buffers whose copies have completed (oldest first)."""
-        pending = self.pending
-        while pending and pending[0][0].query():
-            self.idle.append(pending.popleft()[0])
-
-    def add(self, buffer: np.ndarray, stream: Any) -> None:
-        import pycuda.driver as drv
-        event = self.idle.pop() if self.idle else drv.Event(drv.event_flags.DISABLE_TIMING)
-        event.record(stream)
-        self.pending.append((event, buffer))
-
-
-def _staged_upload(ctx: Any, ptr: int, host: np.ndarray) -> bool:
-    """Copy the C-contiguous ``host`` into a pinned buffer, then queue its copy to ``ptr`` on
-    the context's stream: the call returns without waiting for the GPU.  False (nothing
-    done) when the pinned pool has no buffer to lend."""
-    pinned = getattr(ctx, "pinned", None)
-    if pinned is None:
-        return False
-    flights = getattr(ctx, "_sg_uploads", None)
-    if flights is None:
-        flights = ctx._sg_uploads = _UploadsInFlight()
-    flights.drain()                  # finished copies' buffers back to the pool first
-    buf = pinned.empty((host.nbytes,), np.dtype(np.uint8))
-    if buf is None:
-        return False
-    import pycuda.driver as drv
-    np.copyto(buf, host.reshape(-1).view(np.uint8))
-    drv.memcpy_htod_async(ptr, buf, ctx.stream)
-    flights.add(buf, ctx.stream)
-    return True
 
 
 def _staging(ctx: Any, nbytes: int) -> np.ndarray:
