@@ -40,6 +40,17 @@ def minibatch() -> None:
     print("graphs:", f.vm.runner.stats() if f.vm.runner is not None else "no runner")
     for n in f.maker.fgraph.toposort():
         print("   ", n.op, [str(v.type) for v in n.inputs])
+    # where the host's time goes in graph mode (the GPU work is ~21 small kernels, far less
+    # than the step's time on the H100 machine): the Python functions by own time
+    import cProfile
+    import pstats
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(300):
+        cycling()
+    ctx.synchronize()
+    host.disable()
+    pstats.Stats(host).sort_stats("tottime").print_stats(25)
     prof = ProfileStats(atexit_print=False)
     g = symgpu_minibatch(profile=prof)
     for j in range(100):
