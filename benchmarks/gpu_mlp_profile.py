@@ -3,6 +3,8 @@ ops, its CUDA-graph segments, the per-node profile (CUDA-event timers, graphs of
 same matrix products run by PyTorch alone (the cuBLAS floor) when it is installed.
 
     python3 benchmarks/gpu_mlp_profile.py
+    python3 benchmarks/gpu_mlp_profile.py --minibatch   # the same for gpu_spellings.py's
+                                                        # minibatch step (cycling index)
 """
 from __future__ import annotations
 
@@ -19,7 +21,48 @@ import numpy as np  # noqa: E402
 from gpu_speed import BATCH, MLP, mlp_init, per_call, symgpu_mlp_step  # noqa: E402
 
 
+def minibatch() -> None:
+    """gpu_spellings.py's minibatch MLP step (784-512-10, batch 128, cycling index): its ops,
+    graph counts and per-node profile."""
+    import symgpu.gpu
+    from symgpu.compile.profiling import ProfileStats
+    from gpu_spellings import BATCHES, symgpu_minibatch
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    f = symgpu_minibatch()
+    k = [0]
+
+    def cycling():
+        k[0] = (k[0] + 1) % BATCHES
+        f(k[0])
+    t = per_call(cycling, 300, ctx.synchronize)
+    print(f"minibatch step, cycling index, CUDA graphs on: {t * 1e6:.1f} us")
+    print("graphs:", f.vm.runner.stats() if f.vm.runner is not None else "no runner")
+    for n in f.maker.fgraph.toposort():
+        print("   ", n.op, [str(v.type) for v in n.inputs])
+    # where the host's time goes in graph mode (the GPU work is ~21 small kernels, far less
+    # than the step's time on the H100 machine): the Python functions by own time
+    import cProfile
+    import pstats
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(300):
+        cycling()
+    ctx.synchronize()
+    host.disable()
+    pstats.Stats(host).sort_stats("tottime").print_stats(25)
+    prof = ProfileStats(atexit_print=False)
+    g = symgpu_minibatch(profile=prof)
+    for j in range(100):
+        g(j % BATCHES)
+    ctx.synchronize()
+    prof.summary(n_ops_to_print=50)
+
+
 def main() -> None:
+    if "--minibatch" in sys.argv[1:]:
+        minibatch()
+        return
     import symgpu.gpu
     from symgpu.compile.profiling import ProfileStats
     ctx = symgpu.gpu.init_default_context()

@@ -3,6 +3,10 @@
     python3 benchmarks/gpu_speed.py                      # GPU machine, under 3 minutes
     python3 benchmarks/gpu_speed.py --no-torch-compile   # skip torch.compile (its compiles
                                                          # take most of the run)
+    python3 benchmarks/gpu_speed.py --rows chain         # only the fused chain (symgpu,
+                                                         # PyTorch, torch.compile, JAX): ~30 s
+    python3 benchmarks/gpu_speed.py --rows mlp,chain     # groups: check1 logreg chain sums
+                                                         # sgemm mlp compile
 
 Rows: check1 (exp over 230,400 float32) with the result on the device and returned to the
 host; one logistic-regression step (400 x 784) with outputs on the device and with prediction
@@ -39,6 +43,12 @@ say, per_call = seeds.say, seeds.per_call
 from timing import guarded  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
+GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
+SELECTED: set[str] = set(GROUPS)     # --rows narrows it
+
+
+def want(group: str) -> bool:
+    return group in SELECTED
 BUDGET_S = 160          # optional peer compiles are skipped past this point
 BIG = 1 << 26
 SQ = 8192
@@ -98,48 +108,65 @@ def bench_symgpu(data) -> None:
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
     sync = ctx.synchronize
     say(f"symgpu on {ctx.devname}")
-    x = shared(vec)
-    f_dev = function([], gpu_from_host(T.exp(x)))
-    f_host = function([], T.exp(x))
-    row("check1 device (us)", "symgpu", per_call(f_dev, 2000, sync) * 1e6, "us")
-    row("check1 host (us)", "symgpu", per_call(f_host, 500) * 1e6, "us")
-    build = seeds.symgpu_logreg_module()
-    train_dev, _, _ = build(X, Y, w0, on_device=True)
-    train_host, _, _ = build(X, Y, w0, on_device=False)
-    row("logreg device (us)", "symgpu", per_call(train_dev, 500, sync) * 1e6, "us")
-    row("logreg host (us)", "symgpu", per_call(train_host, 500) * 1e6, "us")
+    if want("check1"):
+        x = shared(vec)
+        f_dev = function([], gpu_from_host(T.exp(x)))
+        f_host = function([], T.exp(x))
+        row("check1 device (us)", "symgpu", per_call(f_dev, 2000, sync) * 1e6, "us")
+        row("check1 host (us)", "symgpu", per_call(f_host, 500) * 1e6, "us")
+    if want("logreg"):
+        build = seeds.symgpu_logreg_module()
+        train_dev, _, _ = build(X, Y, w0, on_device=True)
+        train_host, _, _ = build(X, Y, w0, on_device=False)
+        row("logreg device (us)", "symgpu", per_call(train_dev, 500, sync) * 1e6, "us")
+        row("logreg host (us)", "symgpu", per_call(train_host, 500) * 1e6, "us")
 
     rng = np.random.default_rng(3)
     hb = rng.standard_normal(BIG).astype("float32")
-    xb = shared(hb)
-    fc = function([], gpu_from_host(T.tanh(xb * 0.5 + 0.1) * T.exp(-xb * xb) +
-                                    T.log1p(xb * xb)))
-    got = np.asarray(fc())
-    np.testing.assert_allclose(got[:1 << 16], chain_np(hb[:1 << 16]), rtol=1e-4, atol=1e-5)
-    t = per_call(fc, 20, sync)
-    row("fused chain 2^26 (TB/s)", "symgpu", 8 * BIG / t / 1e12, "TB/s")
-    xb = fc = got = None  # noqa: F841
+    if want("chain"):
+        xb = shared(hb)
+        fc = function([], gpu_from_host(T.tanh(xb * 0.5 + 0.1) * T.exp(-xb * xb) +
+                                        T.log1p(xb * xb)))
+        got = np.asarray(fc())
+        np.testing.assert_allclose(got[:1 << 16], chain_np(hb[:1 << 16]), rtol=1e-4, atol=1e-5)
+        t = per_call(fc, 20, sync)
+        row("fused chain 2^26 (TB/s)", "symgpu", 8 * BIG / t / 1e12, "TB/s")
+        xb = fc = got = None  # noqa: F841
 
     hm = rng.standard_normal((SQ, SQ)).astype("float32")
-    xm = shared(hm)
-    for label, axis in (("rows", 1), ("columns", 0), ("all", None)):
-        fs = function([], gpu_from_host(T.sum(xm, axis=axis)))
-        got = np.asarray(fs())
-        want = hm.astype("float64").sum(axis=axis)
-        np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-1 * (SQ ** 0.5))
-        t = per_call(fs, 20, sync)
-        row(f"sum {label} 8192^2 (TB/s)", "symgpu", 4 * SQ * SQ / t / 1e12, "TB/s")
-    xm = None  # noqa: F841
+    if want("sums"):
+        xm = shared(hm)
+        for label, axis in (("rows", 1), ("columns", 0), ("all", None)):
+            fs = function([], gpu_from_host(T.sum(xm, axis=axis)))
+            got = np.asarray(fs())
+            expected = hm.astype("float64").sum(axis=axis)
+            np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-1 * (SQ ** 0.5))
+            t = per_call(fs, 20, sync)
+            row(f"sum {label} 8192^2 (TB/s)", "symgpu", 4 * SQ * SQ / t / 1e12, "TB/s")
+        xm = None  # noqa: F841
 
     ha = rng.standard_normal((MM, MM)).astype("float32")
-    a_ = shared(ha)
-    b_ = shared(ha.T.copy())
-    fm = function([], gpu_from_host(T.dot(a_, b_)))
-    fm()
-    t = per_call(fm, 10, sync)
-    row("sgemm 4096^3 (TFLOP/s)", "symgpu", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
-    a_ = b_ = fm = None  # noqa: F841
+    if want("sgemm"):
+        a_ = shared(ha)
+        b_ = shared(ha.T.copy())
+        fm = function([], gpu_from_host(T.dot(a_, b_)))
+        fm()
+        t = per_call(fm, 10, sync)
+        row("sgemm 4096^3 (TFLOP/s)", "symgpu", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
+        a_ = b_ = fm = None  # noqa: F841
+    if want("mlp"):
+        bench_symgpu_mlp(sync)
+    if want("compile"):
+        seeds.RESULTS.clear()
+        seeds.bench_compile()
+        for label in ("compile cold", "compile warm"):
+            t = seeds.RESULTS.get(label, {}).get("symgpu")
+            if t is not None:
+                row(f"{label} logreg (s)", "symgpu", t, "s")
 
+
+def bench_symgpu_mlp(sync) -> None:
+    from symgpu import config
     step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
     step()
     row("MLP SGD step (us)", "symgpu", per_call(step, 200, sync) * 1e6, "us")
@@ -151,14 +178,6 @@ def bench_symgpu(data) -> None:
         step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
     step()
     row(MLP_TF32, "symgpu", per_call(step, 200, sync) * 1e6, "us")
-    step = None
-
-    seeds.RESULTS.clear()
-    seeds.bench_compile()
-    for label in ("compile cold", "compile warm"):
-        t = seeds.RESULTS.get(label, {}).get("symgpu")
-        if t is not None:
-            row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
 # ============================================================================ PyTorch
@@ -171,100 +190,109 @@ def bench_torch(data, use_compile: bool) -> None:
     dev = torch.device("cuda")
     sync = torch.cuda.synchronize
     say(f"PyTorch {torch.__version__}")
-    tx = torch.from_numpy(vec).to(dev)
-    row("check1 device (us)", "PyTorch", per_call(lambda: torch.exp(tx), 2000, sync) * 1e6, "us")
-    row("check1 host (us)", "PyTorch", per_call(lambda: torch.exp(tx).cpu(), 500) * 1e6, "us")
+    if want("check1"):
+        tx = torch.from_numpy(vec).to(dev)
+        row("check1 device (us)", "PyTorch",
+            per_call(lambda: torch.exp(tx), 2000, sync) * 1e6, "us")
+        row("check1 host (us)", "PyTorch",
+            per_call(lambda: torch.exp(tx).cpu(), 500) * 1e6, "us")
 
-    tX, tY = torch.from_numpy(X).to(dev), torch.from_numpy(Y).to(dev)
-    tw = torch.from_numpy(w0.copy()).to(dev).requires_grad_(True)
-    tb = torch.zeros((), device=dev, requires_grad=True)
+    if want("logreg"):
+        tX, tY = torch.from_numpy(X).to(dev), torch.from_numpy(Y).to(dev)
+        tw = torch.from_numpy(w0.copy()).to(dev).requires_grad_(True)
+        tb = torch.zeros((), device=dev, requires_grad=True)
 
-    def step():
-        p1 = 1 / (1 + torch.exp(-(tX @ tw) - tb))
-        xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
-        cost = xent.mean() + 0.01 * (tw ** 2).sum()
-        gw, gb = torch.autograd.grad(cost, [tw, tb])
-        with torch.no_grad():
-            tw.sub_(0.01 * gw)
-            tb.sub_(0.01 * gb)
-        return p1 > 0.5, xent
-    row("logreg device (us)", "PyTorch", per_call(step, 300, sync) * 1e6, "us")
-    row("logreg host (us)", "PyTorch",
-        per_call(lambda: [t.detach().cpu() for t in step()], 300) * 1e6, "us")
+        def step():
+            p1 = 1 / (1 + torch.exp(-(tX @ tw) - tb))
+            xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
+            cost = xent.mean() + 0.01 * (tw ** 2).sum()
+            gw, gb = torch.autograd.grad(cost, [tw, tb])
+            with torch.no_grad():
+                tw.sub_(0.01 * gw)
+                tb.sub_(0.01 * gb)
+            return p1 > 0.5, xent
+        row("logreg device (us)", "PyTorch", per_call(step, 300, sync) * 1e6, "us")
+        row("logreg host (us)", "PyTorch",
+            per_call(lambda: [t.detach().cpu() for t in step()], 300) * 1e6, "us")
 
     rng = np.random.default_rng(3)
-    hb = torch.from_numpy(rng.standard_normal(BIG).astype("float32")).to(dev)
+    if want("chain"):
+        hb = torch.from_numpy(rng.standard_normal(BIG).astype("float32")).to(dev)
 
-    def chain(v):
-        return torch.tanh(v * 0.5 + 0.1) * torch.exp(-v * v) + torch.log1p(v * v)
-    t = per_call(lambda: chain(hb), 20, sync)
-    row("fused chain 2^26 (TB/s)", "PyTorch", 8 * BIG / t / 1e12, "TB/s")
-    if use_compile and not over_budget():
-        cchain = torch.compile(chain)
-        t0 = time.perf_counter()
-        cchain(hb)
-        sync()
-        say(f"    torch.compile of the chain took {time.perf_counter() - t0:.1f} s")
-        t = per_call(lambda: cchain(hb), 20, sync)
-        row("fused chain 2^26 (TB/s)", "torch.compile", 8 * BIG / t / 1e12, "TB/s")
-    hb = None  # noqa: F841  (frees the device memory)
+        def chain(v):
+            return torch.tanh(v * 0.5 + 0.1) * torch.exp(-v * v) + torch.log1p(v * v)
+        t = per_call(lambda: chain(hb), 20, sync)
+        row("fused chain 2^26 (TB/s)", "PyTorch", 8 * BIG / t / 1e12, "TB/s")
+        if use_compile and not over_budget():
+            cchain = torch.compile(chain)
+            t0 = time.perf_counter()
+            cchain(hb)
+            sync()
+            say(f"    torch.compile of the chain took {time.perf_counter() - t0:.1f} s")
+            t = per_call(lambda: cchain(hb), 20, sync)
+            row("fused chain 2^26 (TB/s)", "torch.compile", 8 * BIG / t / 1e12, "TB/s")
+        hb = None  # noqa: F841  (frees the device memory)
 
-    hm = torch.from_numpy(rng.standard_normal((SQ, SQ)).astype("float32")).to(dev)
-    for label, dim in (("rows", 1), ("columns", 0), ("all", None)):
-        fn = (lambda: hm.sum()) if dim is None else (lambda d=dim: hm.sum(dim=d))
-        t = per_call(fn, 20, sync)
-        row(f"sum {label} 8192^2 (TB/s)", "PyTorch", 4 * SQ * SQ / t / 1e12, "TB/s")
-    hm = None  # noqa: F841
+    if want("sums"):
+        hm = torch.from_numpy(rng.standard_normal((SQ, SQ)).astype("float32")).to(dev)
+        for label, dim in (("rows", 1), ("columns", 0), ("all", None)):
+            fn = (lambda: hm.sum()) if dim is None else (lambda d=dim: hm.sum(dim=d))
+            t = per_call(fn, 20, sync)
+            row(f"sum {label} 8192^2 (TB/s)", "PyTorch", 4 * SQ * SQ / t / 1e12, "TB/s")
+        hm = None  # noqa: F841
 
-    ha = torch.from_numpy(rng.standard_normal((MM, MM)).astype("float32")).to(dev)
-    hbm = ha.t().contiguous()
-    t = per_call(lambda: ha @ hbm, 10, sync)
-    row("sgemm 4096^3 (TFLOP/s)", "PyTorch", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
-    ha = hbm = None  # noqa: F841
+    if want("sgemm"):
+        ha = torch.from_numpy(rng.standard_normal((MM, MM)).astype("float32")).to(dev)
+        hbm = ha.t().contiguous()
+        t = per_call(lambda: ha @ hbm, 10, sync)
+        row("sgemm 4096^3 (TFLOP/s)", "PyTorch", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
+        ha = hbm = None  # noqa: F841
 
-    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
-    tW = [torch.from_numpy(W).to(dev).requires_grad_(True) for W in Ws]
-    tB = [torch.from_numpy(b).to(dev).requires_grad_(True) for b in bs]
-    tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).to(dev)
-    params = tW + tB
+    if want("mlp"):
+        Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
+        tW = [torch.from_numpy(W).to(dev).requires_grad_(True) for W in Ws]
+        tB = [torch.from_numpy(b).to(dev).requires_grad_(True) for b in bs]
+        tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).to(dev)
+        params = tW + tB
 
-    def mlp_step():
-        h = tXm
-        for k in range(len(tW)):
-            h = h @ tW[k] + tB[k]
-            if k < len(tW) - 1:
-                h = torch.relu(h)
-        loss = -(tYm * torch.log_softmax(h, dim=1)).sum() / BATCH
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.sub_(0.01 * g)
-        return loss
-    row("MLP SGD step (us)", "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
-    torch.backends.cuda.matmul.allow_tf32 = True
-    row(MLP_TF32, "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
-    torch.backends.cuda.matmul.allow_tf32 = False
+        def mlp_step():
+            h = tXm
+            for k in range(len(tW)):
+                h = h @ tW[k] + tB[k]
+                if k < len(tW) - 1:
+                    h = torch.relu(h)
+            loss = -(tYm * torch.log_softmax(h, dim=1)).sum() / BATCH
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(0.01 * g)
+            return loss
+        row("MLP SGD step (us)", "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        row(MLP_TF32, "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
+        torch.backends.cuda.matmul.allow_tf32 = False
 
-    if use_compile and not over_budget():
-        tw2 = torch.from_numpy(w0.copy()).to(dev)
-        tb2 = torch.zeros((), device=dev)
+    if want("logreg"):
+        if use_compile and not over_budget():
+            tw2 = torch.from_numpy(w0.copy()).to(dev)
+            tb2 = torch.zeros((), device=dev)
 
-        def manual_step(w, b):
-            p1 = 1 / (1 + torch.exp(-(tX @ w) - b))
-            xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
-            d = (p1 - tY) / N
-            gw = tX.t() @ d + 0.02 * w
-            return p1 > 0.5, xent, w - 0.01 * gw, b - 0.01 * d.sum()
-        t0 = time.perf_counter()
-        cstep = torch.compile(manual_step)
-        out = cstep(tw2, tb2)
-        sync()
-        row("compile cold logreg (s)", "torch.compile", time.perf_counter() - t0, "s")
-        state = [out[2], out[3]]
+            def manual_step(w, b):
+                p1 = 1 / (1 + torch.exp(-(tX @ w) - b))
+                xent = -tY * torch.log(p1) - (1 - tY) * torch.log(1 - p1)
+                d = (p1 - tY) / N
+                gw = tX.t() @ d + 0.02 * w
+                return p1 > 0.5, xent, w - 0.01 * gw, b - 0.01 * d.sum()
+            t0 = time.perf_counter()
+            cstep = torch.compile(manual_step)
+            out = cstep(tw2, tb2)
+            sync()
+            row("compile cold logreg (s)", "torch.compile", time.perf_counter() - t0, "s")
+            state = [out[2], out[3]]
 
-        def run():
-            p, x_, state[0], state[1] = cstep(state[0], state[1])
-        row("logreg device (us)", "torch.compile", per_call(run, 300, sync) * 1e6, "us")
+            def run():
+                p, x_, state[0], state[1] = cstep(state[0], state[1])
+            row("logreg device (us)", "torch.compile", per_call(run, 300, sync) * 1e6, "us")
 
 
 N = seeds.N
@@ -277,28 +305,35 @@ def bench_jax(data) -> None:
     import jax.numpy as jnp
     vec, X, Y, w0 = data
     say(f"JAX {jax.__version__} on {jax.devices()[0]}")
-    seeds.RESULTS.clear()
-    seeds.bench_jax(vec, X, Y, w0)
-    got = seeds.RESULTS
-    for src, dst, scale, unit in (("check1 device", "check1 device (us)", 1e6, "us"),
-                                  ("check1 host", "check1 host (us)", 1e6, "us"),
-                                  ("logreg device", "logreg device (us)", 1e6, "us"),
-                                  ("logreg host", "logreg host (us)", 1e6, "us"),
-                                  ("compile cold", "compile cold logreg (s)", 1.0, "s")):
-        if "JAX" in got.get(src, {}):
-            row(dst, "JAX", got[src]["JAX"] * scale, unit)
+    if want("check1") or want("logreg") or want("compile"):
+        seeds.RESULTS.clear()
+        seeds.bench_jax(vec, X, Y, w0)
+        got = seeds.RESULTS
+        for src, dst, scale, unit in (("check1 device", "check1 device (us)", 1e6, "us"),
+                                      ("check1 host", "check1 host (us)", 1e6, "us"),
+                                      ("logreg device", "logreg device (us)", 1e6, "us"),
+                                      ("logreg host", "logreg host (us)", 1e6, "us"),
+                                      ("compile cold", "compile cold logreg (s)", 1.0, "s")):
+            if "JAX" in got.get(src, {}):
+                row(dst, "JAX", got[src]["JAX"] * scale, unit)
 
-    rng = np.random.default_rng(3)
-    jb = jax.device_put(rng.standard_normal(BIG).astype("float32"))
-    jchain = jax.jit(lambda v: jnp.tanh(v * 0.5 + 0.1) * jnp.exp(-v * v) + jnp.log1p(v * v))
-    hold = [jchain(jb)]
+    if want("chain"):
+        rng = np.random.default_rng(3)
+        jb = jax.device_put(rng.standard_normal(BIG).astype("float32"))
+        jchain = jax.jit(lambda v: jnp.tanh(v * 0.5 + 0.1) * jnp.exp(-v * v) + jnp.log1p(v * v))
+        hold = [jchain(jb)]
 
-    def run_chain():
-        hold[0] = jchain(jb)
-    t = per_call(run_chain, 20, lambda: hold[0].block_until_ready())
-    row("fused chain 2^26 (TB/s)", "JAX", 8 * BIG / t / 1e12, "TB/s")
-    jb = hold = None  # noqa: F841
+        def run_chain():
+            hold[0] = jchain(jb)
+        t = per_call(run_chain, 20, lambda: hold[0].block_until_ready())
+        row("fused chain 2^26 (TB/s)", "JAX", 8 * BIG / t / 1e12, "TB/s")
+        jb = hold = None  # noqa: F841
+    if want("mlp"):
+        bench_jax_mlp()
 
+
+def bench_jax_mlp() -> None:
+    import jax
     Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
     params = [jax.device_put(p) for p in Ws + bs]
     jX, jY = jax.device_put(Xm), jax.device_put(Ym)
@@ -332,6 +367,8 @@ def bench_jax(data) -> None:
 def bench_cupy(data) -> None:
     import cupy
     vec = data[0]
+    if not want("check1"):
+        return
     say(f"CuPy {cupy.__version__}")
     cx = cupy.asarray(vec)
     stream = cupy.cuda.get_current_stream()
@@ -369,6 +406,8 @@ def report() -> None:
     say("goals:")
     for name, peer, kind, factor in GOALS:
         vals = ROWS.get(name, {})
+        if not vals and SELECTED != set(GROUPS):
+            continue                     # a group left out with --rows
         if "symgpu" not in vals or peer not in vals:
             alt = "PyTorch" if peer == "torch.compile" and "PyTorch" in vals else None
             if alt is None or "symgpu" not in vals:
@@ -390,8 +429,21 @@ def report() -> None:
                 f"{'MET' if t <= limit else 'not met'}")
 
 
+def parse_args(argv: list[str]) -> bool:
+    """Whether torch.compile runs; ``--rows a,b`` selects the row groups (``GROUPS``)."""
+    if "--rows" in argv:
+        picked = {g.strip() for g in argv[argv.index("--rows") + 1].split(",") if g.strip()}
+        unknown = picked - set(GROUPS)
+        if unknown:
+            raise SystemExit(f"--rows: unknown group(s) {sorted(unknown)}; groups: "
+                             f"{', '.join(GROUPS)}")
+        SELECTED.clear()
+        SELECTED.update(picked)
+    return "--no-torch-compile" not in argv
+
+
 def main() -> None:
-    use_compile = "--no-torch-compile" not in sys.argv[1:]
+    use_compile = parse_args(sys.argv[1:])
     data = seeds.data()
     guarded("symgpu", lambda: bench_symgpu(data))
     guarded("PyTorch", lambda: bench_torch(data, use_compile))

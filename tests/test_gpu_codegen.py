@@ -399,6 +399,31 @@ def test_elemwise_thunk_picks_vector_scalar_and_strided_kernels(fake_device):
     assert name == "sg_strided_2_32" and args[:3] == (3000, 100, 30)
 
 
+def test_contiguous_elemwise_grids_cover_the_array_and_strided_ones_one_wave(fake_device):
+    """A thread per element (per 4-wide vector) for contiguous layouts, whatever the number
+    of SMs; strided kernels keep a one-wave grid-stride grid (8 blocks of 256 per SM)."""
+    from symgpu.gpu.codegen.launch import sm_count
+    ctx, calls = fake_device
+    x = gvar("float32", (False, False))
+    node = GpuElemwise(SCALAR_OPS["tanh"])(x).owner
+    n = 4096 * 1030
+    a = fake_gpu_array(ctx, (4096, 1030))
+    thunk, storage = thunk_over(node, [a])
+    thunk()
+    name, grid, block, args = calls[-1]
+    wave = 8 * sm_count(ctx)
+    assert name == "sg_contig_vec" and grid == (-(-n // 1024), 1, 1) and grid[0] > wave
+    assert grid[0] * block[0] * 4 >= n > (grid[0] - 1) * block[0] * 4
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (4096, 1030), ptr=a.ptr + 4)
+    thunk()
+    name, grid, block, _ = calls[-1]
+    assert name == "sg_contig" and grid == (-(-n // 256), 1, 1)
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (1030, 4096)).transpose()
+    thunk()
+    name, grid, _, _ = calls[-1]
+    assert name.startswith("sg_strided_2") and grid == (wave, 1, 1)
+
+
 def test_elemwise_thunk_broadcast_collapses_and_inplace(fake_device):
     ctx, calls = fake_device
     m, row = gvar("float32", (False, False, False)), gvar("float32", (True, True, False))
