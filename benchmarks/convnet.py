@@ -54,7 +54,7 @@ def data(seed: int = 0):
 
 # ----------------------------------------------------------------------------- symgpu
 
-def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0):
+def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0, **kw):
     """The training function (no inputs, no outputs: the batch and the parameters are shared
     variables) built with symgpu or PyTensor (same API); returns (step, compile seconds)."""
     lib.config.floatX = "float32"
@@ -71,7 +71,8 @@ def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0):
     cost = T.mean(T.nnet.categorical_crossentropy(p, y))
     grads = T.grad(cost, ps)
     t0 = time.perf_counter()
-    f = lib.function([], [], updates=[(q, q - LR * g) for q, g in zip(ps, grads)], name="lenet")
+    f = lib.function([], [], updates=[(q, q - LR * g) for q, g in zip(ps, grads)], name="lenet",
+                     **kw)
     return f, time.perf_counter() - t0
 
 
@@ -94,6 +95,24 @@ def bench_symgpu(x, y, params, number: int, gpu: bool) -> None:
     runner = getattr(getattr(f, "vm", None), "runner", None)
     if runner is not None and hasattr(runner, "stats"):
         say(f"  (symgpu CUDA graphs: {runner.stats()})")
+
+
+def profile_symgpu(x, y, params, number: int) -> None:
+    """Per-node times of the step (CUDA-event timers on the GPU; a profiled function runs
+    its nodes one by one, without CUDA graphs): where the kernel time goes."""
+    import io
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu.tensor.nnet import conv2d
+    from symgpu.compile.profiling import ProfileStats
+    from symgpu.tensor.signal.pool import pool_2d
+    stats = ProfileStats(atexit_print=False, message="lenet", line_width=160)
+    f, _ = symgpu_step(symgpu, T, conv2d, pool_2d, x, y, params, profile=stats)
+    for _ in range(number):
+        f()
+    out = io.StringIO()
+    f.profile.summary_ops(out, 40)
+    say(out.getvalue())
 
 
 def bench_pytensor(x, y, params, number: int) -> None:
@@ -232,6 +251,8 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (symgpu device=cpu)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--number", type=int, default=None, help="steps per timing loop")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print symgpu's time per op (a profiled run, without graphs)")
     args = ap.parse_args()
     gpu = not args.cpu
     os.environ.setdefault("SYMGPU_FLAGS", f"device={'cuda' if gpu else 'cpu'},floatX=float32")
@@ -240,6 +261,8 @@ def main() -> None:
     n = args.number or (50 if gpu else 3)
     say(f"LeNet SGD step, batch {BATCH} of 1x28x28, float32, on the {'GPU' if gpu else 'CPU'}")
     guarded("symgpu", lambda: bench_symgpu(x, y, params, n, gpu))
+    if args.profile:
+        guarded("symgpu profile", lambda: profile_symgpu(x, y, params, n))
     if gpu:
         guarded("torch eager", lambda: bench_torch(x, y, params, n, "cuda", False))
         if not args.no_torch_compile:
