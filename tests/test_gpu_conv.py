@@ -15,7 +15,8 @@ from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu import conv as gconv
 from symgpu.gpu.conv_gemm import conv_gemm_source
-from symgpu.gpu.pooling import pooling_source
+from symgpu.gpu import pooling as gpooling
+from symgpu.gpu.pooling import index_suffix, pooling_source
 from symgpu.gpu.rewriting import cpu_nodes, virtual_context
 from symgpu.gpu.type import GpuArrayType
 from symgpu.tensor.nnet import bn, conv2d
@@ -148,8 +149,20 @@ def test_kernels_compile(tmp_path):
     for name in ("im2col_float32", "col2im_float64"):
         assert name.encode() in cubin
     cubin = compile_for_sm90(pooling_source(), tmp_path / "b")
-    for kind, dt in itertools.product(("fwd", "grad", "ggrad"), ("float32", "float64")):
-        assert f"pool_{kind}_{dt}".encode() in cubin
+    for kind, dt, sfx in itertools.product(("fwd", "grad", "ggrad"), ("float32", "float64"),
+                                           ("", "_i32")):
+        assert f"pool_{kind}_{dt}{sfx}\0".encode() in cubin
+
+
+def test_pooling_kernels_index_with_ints_where_everything_fits():
+    from symgpu.gpu.pooling import GpuPool
+    op = GpuPool((2, 2))
+    assert index_suffix(op.geo((128, 20, 24, 24))) == "_i32"
+    assert index_suffix(op.geo((1, 2, 3))) == "_i32"
+    # 2**31 input elements, or an output index past it: 64-bit indices
+    assert index_suffix(op.geo((2 ** 15, 2 ** 8, 16, 16))) == ""
+    assert index_suffix(GpuPool((1, 1), pad=(0, 0)).geo((2 ** 20, 2 ** 5, 8, 8))) == ""
+    assert index_suffix(op.geo((2 ** 14, 2 ** 8, 16, 16))) == "_i32"
 
 
 def test_backend_message_is_said_once(capsys, monkeypatch):
@@ -226,9 +239,27 @@ def test_gpu_pool_matches_cpu(cuda, ws, stride, pad, ignore_border, mode):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.fixture(params=["int", "long long"])
+def pool_index(request, monkeypatch):
+    """Both index widths of the pooling kernels (64-bit ones are otherwise only taken past
+    2**31 elements)."""
+    if request.param == "long long":
+        monkeypatch.setattr(gpooling, "_INT32_LIMIT", 0)
+    return request.param
+
+
+@requires_gpu
+@pytest.mark.parametrize("ws,stride,pad,ignore_border,mode", POOL_COMBOS[::5])
+def test_gpu_pool_64bit_indices_match_cpu(cuda, ws, stride, pad, ignore_border, mode,
+                                          monkeypatch):
+    monkeypatch.setattr(gpooling, "_INT32_LIMIT", 0)
+    assert index_suffix([2, 7, 8, 3, 4, 2, 2, 2, 2, 0, 0]) == ""
+    test_gpu_pool_matches_cpu(cuda, ws, stride, pad, ignore_border, mode)
+
+
 @requires_gpu
 @pytest.mark.parametrize("mode", ["max", "sum", "average_inc_pad"])
-def test_gpu_pool_second_derivative(cuda, mode):
+def test_gpu_pool_second_derivative(cuda, mode, pool_index):
     x = T.dtensor4()
     g = symgpu.grad((pool_2d(x, (2, 3), stride=(1, 2), mode=mode) ** 2).sum(), x)
     h = symgpu.grad((g * T.constant(RNG.normal(size=(1, 2, 5, 6)))).sum(), x)
