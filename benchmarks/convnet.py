@@ -5,6 +5,8 @@
     python3 benchmarks/convnet.py --cpu           # CPU: symgpu, a NumPy step, PyTensor and
                                                   # PyTorch eager when installed
     python3 benchmarks/convnet.py --no-torch-compile
+    python3 benchmarks/convnet.py --variants --profile   # symgpu with cuDNN's heuristic
+                                                  # algorithms and with TF32; time per op
 
 The step (Theano's LeNet tutorial at batch 128): input 128 x 1 x 28 x 28; conv 20 5x5, tanh,
 max-pool 2; conv 50 5x5, tanh, max-pool 2; dense 500, tanh; dense 10, softmax cross-entropy;
@@ -76,11 +78,22 @@ def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0, **kw):
     return f, time.perf_counter() - t0
 
 
-def bench_symgpu(x, y, params, number: int, gpu: bool) -> None:
+def bench_symgpu(x, y, params, number: int, gpu: bool, label: str = "symgpu",
+                 algo_search: str = "time", tf32: bool = False) -> None:
+    """symgpu's step; on the GPU with cuDNN's algorithms chosen by `algo_search`
+    (symgpu.gpu.conv.ALGO_SEARCH) and float32 products on TF32 tensor cores or not."""
     import symgpu
     import symgpu.tensor as T
     from symgpu.tensor.nnet import conv2d
     from symgpu.tensor.signal.pool import pool_2d
+    if gpu:
+        from symgpu.gpu import conv as gconv
+        gconv.ALGO_SEARCH = algo_search
+    with symgpu.config.change_flags(**{"gpuarray.allow_tf32": tf32}):
+        _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label)
+
+
+def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) -> None:
     f, comp = symgpu_step(symgpu, T, conv2d, pool_2d, x, y, params)
     names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
     sync = None
@@ -90,11 +103,11 @@ def bench_symgpu(x, y, params, number: int, gpu: bool) -> None:
         from symgpu.gpu.context import get_context
         ctx = get_context(None)
         sync = ctx.synchronize
-    say(f"  (symgpu compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
-    record("symgpu", per_call(f, number, sync))
+    say(f"  ({label} compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
+    record(label, per_call(f, number, sync))
     runner = getattr(getattr(f, "vm", None), "runner", None)
     if runner is not None and hasattr(runner, "stats"):
-        say(f"  (symgpu CUDA graphs: {runner.stats()})")
+        say(f"  ({label} CUDA graphs: {runner.stats()})")
 
 
 def profile_symgpu(x, y, params, number: int) -> None:
@@ -251,6 +264,9 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (symgpu device=cpu)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--number", type=int, default=None, help="steps per timing loop")
+    ap.add_argument("--variants", action="store_true",
+                    help="GPU: also symgpu with cuDNN's heuristic algorithms (not timed) and "
+                         "symgpu with TF32 tensor cores (the peers' default for convolutions)")
     ap.add_argument("--profile", action="store_true",
                     help="also print symgpu's time per op (a profiled run, without graphs)")
     args = ap.parse_args()
@@ -260,7 +276,14 @@ def main() -> None:
     assert all(p.dtype == np.float32 for p in params + [x])
     n = args.number or (50 if gpu else 3)
     say(f"LeNet SGD step, batch {BATCH} of 1x28x28, float32, on the {'GPU' if gpu else 'CPU'}")
+    if gpu and args.variants:
+        # first: the timed choices are cached per geometry for the rest of the process
+        guarded("symgpu heuristic", lambda: bench_symgpu(
+            x, y, params, n, gpu, "symgpu (heuristic algos)", "heuristic"))
     guarded("symgpu", lambda: bench_symgpu(x, y, params, n, gpu))
+    if gpu and args.variants:
+        guarded("symgpu tf32", lambda: bench_symgpu(x, y, params, n, gpu, "symgpu (TF32)",
+                                                    tf32=True))
     if args.profile:
         guarded("symgpu profile", lambda: profile_symgpu(x, y, params, n))
     if gpu:
@@ -268,7 +291,8 @@ def main() -> None:
         if not args.no_torch_compile:
             guarded("torch.compile", lambda: bench_torch(x, y, params, n, "cuda", True))
         guarded("jax", lambda: bench_jax(x, y, params, n))
-        ratios([("torch eager (cuda)", 0.8), ("torch.compile", None), ("jax jit", 1.0)])
+        ratios([("torch eager (cuda)", 0.8), ("torch.compile", None), ("jax jit", 1.0),
+                ("symgpu (heuristic algos)", None), ("symgpu (TF32)", None)])
     else:
         guarded("numpy", lambda: bench_numpy(x, y, params, n))
         guarded("pytensor", lambda: bench_pytensor(x, y, params, n))

@@ -174,6 +174,51 @@ def test_backend_message_is_said_once(capsys, monkeypatch):
     assert err.count("im2col + cuBLAS") == 1
 
 
+class _FakePlan:
+    """The part of cudnn.ConvDescs that _GpuConvBase._execute uses, recording its calls."""
+
+    def __init__(self):
+        self.timed, self.search_workspace, self.workspace, self.calls = False, 1024, 256, []
+
+    def time_algorithms(self, a, b, out, ws, size):
+        self.calls.append(("time", a, b, out, size))
+        self.timed = True
+
+    def run(self, a, b, out, ws):
+        self.calls.append(("run", a, b, out))
+
+
+class _FakePool:
+    def __init__(self, sink):
+        self.sink, self.sizes = sink, []
+
+    def allocate(self, n):
+        self.sizes.append(n)
+        return type("Block", (), {"ptr": 4096 * len(self.sizes)})()
+
+
+@pytest.mark.parametrize("capturing", [False, True])
+def test_cudnn_algorithms_are_timed_once_and_never_under_capture(monkeypatch, capturing):
+    """The timed search (a sync) runs at a plan's first call outside a capture, once; under a
+    capture (the pool's sink set) the plan keeps the heuristic choice; workspaces come from
+    the pool."""
+    monkeypatch.setattr(gconv, "ALGO_SEARCH", "time")
+    ctx = type("Ctx", (), {"pool": _FakePool([] if capturing else None)})()
+    plan = _FakePlan()
+    for _ in range(3):
+        gconv._GpuConvBase._execute(ctx, plan, 1, 2, 3)
+    kinds = [c[0] for c in plan.calls]
+    if capturing:
+        assert kinds == ["run"] * 3 and ctx.pool.sizes == [256] * 3
+    else:
+        assert kinds == ["time", "run", "run", "run"], kinds
+        assert plan.calls[0] == ("time", 1, 2, 3, 1024) and ctx.pool.sizes == [1024] + [256] * 3
+    monkeypatch.setattr(gconv, "ALGO_SEARCH", "heuristic")
+    plan = _FakePlan()
+    gconv._GpuConvBase._execute(type("Ctx", (), {"pool": _FakePool(None)})(), plan, 1, 2, 3)
+    assert [c[0] for c in plan.calls] == ["run"]
+
+
 # ============================================================================ GPU
 
 @pytest.fixture(params=["cudnn", "gemm"])
@@ -219,6 +264,36 @@ def test_gpu_conv_float32(cuda, backend, kw):
     assert "GpuConv2d" in _names(f)
     for got, ref in zip(f(xv, wv), want):
         np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-3 * np.abs(ref).max())
+
+
+@requires_gpu
+@pytest.mark.parametrize("kw", [dict(), dict(border_mode="half", subsample=(2, 2)),
+                                dict(border_mode=((0, 1), (2, 0)), num_groups=2)])
+def test_gpu_conv_timed_and_heuristic_algorithms_agree(cuda, monkeypatch, kw):
+    """Both ways of choosing cuDNN's algorithm give the CPU's values; the timed one records
+    its choice per geometry (cudnn._TIMED) for the three directions."""
+    from symgpu.gpu import cudnn
+    if not cudnn.cudnn_available():
+        pytest.skip("cuDNN is not installed")
+    monkeypatch.setattr(gconv, "FORCE_GEMM", False)
+    monkeypatch.setattr(cudnn, "_TIMED", {})
+    x, w = T.ftensor4(), T.ftensor4()
+    xv = RNG.normal(size=(8, 4, 12, 11)).astype("float32")
+    wv = RNG.normal(size=(8, 4 // kw.get("num_groups", 1), 5, 3)).astype("float32")
+    y = conv2d(x, w, **kw)
+    gx, gw = symgpu.grad(T.sum(y ** 2), [x, w])
+    with config.change_flags(device="cpu"):
+        want = function([x, w], [y, gx, gw])(xv, wv)
+    for how in ("heuristic", "time"):
+        monkeypatch.setattr(gconv, "ALGO_SEARCH", how)
+        f = function([x, w], [y, gx, gw])
+        for _ in range(3):   # plain, captured, replayed
+            got = f(xv, wv)
+        for g, ref in zip(got, want):
+            np.testing.assert_allclose(g, ref, rtol=2e-4, atol=2e-3 * np.abs(ref).max())
+        if how == "heuristic":
+            assert not cudnn._TIMED
+    assert {k[0] for k in cudnn._TIMED} == {"fwd", "bwd_data", "bwd_filter"}, cudnn._TIMED
 
 
 @requires_gpu
