@@ -105,6 +105,16 @@ def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) 
         sync = ctx.synchronize
     say(f"  ({label} compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
     record(label, per_call(f, number, sync))
+    if sync is not None:
+        # the host's share: the same calls without waiting for the GPU (the launches queue);
+        # when it is well under the step's time, the step is GPU-bound
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            f()
+        host = (time.perf_counter() - t0) / number
+        sync()
+        say(f"  ({label}: {host * 1e6:.1f} us per call on the host, not waiting for the GPU)")
     runner = getattr(getattr(f, "vm", None), "runner", None)
     if runner is not None and hasattr(runner, "stats"):
         say(f"  ({label} CUDA graphs: {runner.stats()})")

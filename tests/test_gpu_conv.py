@@ -30,8 +30,10 @@ POOL_COMBOS = [c for c in itertools.product([(2, 2), (3, 2), (1, 3)],
                                             [None, (1, 1), (2, 3), (3, 1)],
                                             [(0, 0), (1, 1), (2, 1)], [True, False], MODES)
                if (c[2] == (0, 0) or c[3]) and c[2][0] < c[0][0] and c[2][1] < c[0][1]]
+# the pooling gradients (GpuMaxPoolGrad, GpuAveragePoolGrad) of these nets take tanh's
+# derivative as their epilogue (symgpu/gpu/pooling_epilogue.py)
 GPU_NAMES = {"GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "GpuPool",
-             "GpuMaxPoolGrad", "GpuAveragePoolGrad"}
+             "GpuPoolGradEpilogue"}
 
 
 def _names(f):

@@ -23,7 +23,7 @@ from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGrad
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
 
 __all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
-           "pooling_source", "POOL_DTYPES"]
+           "pooling_source", "POOL_DTYPES", "index_suffix"]
 
 POOL_DTYPES = {"float32": "float", "float64": "double"}
 _MODULE_KEY = ("symgpu.pooling",)
@@ -76,10 +76,18 @@ __device__ void pool_fwd_body(const T *x, T *z, PoolGeo<I> g, int mode)
     }
 }
 
-/* gx[l, r, c] = sum over the windows containing (r, c) of (max: x == z) gz / divisor */
-template <typename T, typename I>
+/* What a gradient kernel stores: the sum itself, or an elementwise op of it and x (E,
+   symgpu/gpu/pooling_epilogue.py) */
+template <typename T>
+struct PoolPlainStore {
+    __device__ __forceinline__ T operator()(const T acc, const T *x, long long t) const
+    { return acc; }
+};
+
+/* gx[l, r, c] = E(sum over the windows containing (r, c) of (max: x == z) gz / divisor) */
+template <typename T, typename I, typename E>
 __device__ void pool_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo<I> g,
-                               int mode)
+                               int mode, const E &store)
 {
     const I total = g.L * g.H * g.W, step = (I)gridDim.x * blockDim.x;
     for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -98,7 +106,7 @@ __device__ void pool_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolG
                 pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
                 acc += gz[o] / pool_divisor<T>(mode, rs, re, cs, ce, r0, r1, c0, c1);
             }
-        gx[t] = acc;
+        gx[t] = store(acc, x, t);
     }
 }
 
@@ -140,7 +148,8 @@ def pooling_source() -> str:
                      f'{_GEO}, int mode) {{ {make} pool_fwd_body<{t}, {i}>(x, z, g, mode); }}\n')
         parts.append(f'extern "C" __global__ void pool_grad_{dt}{sfx}(const {t} *x, '
                      f'const {t} *z, const {t} *gz, {t} *gx, {_GEO}, int mode) {{ {make} '
-                     f'pool_grad_body<{t}, {i}>(x, z, gz, gx, g, mode); }}\n')
+                     f'pool_grad_body<{t}, {i}>(x, z, gz, gx, g, mode, '
+                     f'PoolPlainStore<{t}>()); }}\n')
         parts.append(f'extern "C" __global__ void pool_ggrad_{dt}{sfx}(const {t} *x, '
                      f'const {t} *z, const {t} *ggx, {t} *ggz, {_GEO}) {{ {make} '
                      f'pool_ggrad_body<{t}, {i}>(x, z, ggx, ggz, g); }}\n')
@@ -208,8 +217,12 @@ class _GpuPoolBase(_PoolBase):
         if total:
             blocks = max(1, min(65535, -(-total // _BLOCK)))
             tail = () if mode is None else (mode,)
-            _kernel(ctx, kind, dtype, index_suffix(geo)).prepared_async_call(
+            self._function(ctx, kind, dtype, index_suffix(geo)).prepared_async_call(
                 (blocks, 1), (_BLOCK, 1, 1), ctx.stream, *ptrs, *geo, *tail)
+
+    def _function(self, ctx: Any, kind: str, dtype: str, suffix: str) -> Any:
+        """The prepared kernel of `kind` (symgpu/gpu/pooling_epilogue.py has its own)."""
+        return _kernel(ctx, kind, dtype, suffix)
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         ctx = _context(node.outputs[0].type.context_name)
