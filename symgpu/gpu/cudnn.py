@@ -223,10 +223,11 @@ class ConvDescs:
                         ws_size: int) -> None:
         """Choose the algorithm by running the candidates on these buffers (cuDNN's
         ``Find*AlgorithmEx``: host-blocking, it synchronises; ``out`` is overwritten, the
-        inputs are not), once per geometry per process.  Never call it while a CUDA graph
-        is being captured.  Candidates using tensor-op math are skipped unless the
-        descriptor allows them (float32 with TF32 allowed); the choice's math type is set
-        on the descriptor."""
+        inputs are not), once per geometry per process; where the search is missing or
+        fails, the heuristic's choice stays.  Never call it while a CUDA graph is being
+        captured.  Candidates using tensor-op math are skipped unless the descriptor allows
+        them (float32 with TF32 allowed), where the choice's math type is then set on the
+        descriptor."""
         if self.timed:
             return
         done = _TIMED.get(self.geometry)
@@ -238,15 +239,21 @@ class ConvDescs:
             out = ctypes.c_void_p(out_ptr)
             args = {"fwd": (x, a, w, b, c, y, out), "bwd_data": (w, a, y, b, c, x, out),
                     "bwd_filter": (x, a, y, b, c, w, out)}[self.kind]
-            self.lib.call(self.find_name, self.handle, *args, 16, ctypes.byref(count), perf,
-                          ctypes.c_void_p(ws_ptr), ctypes.c_size_t(ws_size))
+            find = getattr(self.lib.lib, self.find_name, None)
+            status = -1 if find is None else find(
+                self.handle, *args, 16, ctypes.byref(count), perf, ctypes.c_void_p(ws_ptr),
+                ctypes.c_size_t(ws_size))
+            if status != _STATUS_SUCCESS:   # no search in this build: keep the heuristic's
+                count.value = 0
             done = (self.algo, self.math, self.workspace)
             for p in perf[:count.value]:
                 if p.status != _STATUS_SUCCESS or p.memory > ws_size:
                     continue
                 if self.math == FMA_MATH and p.mathType in _TENSOR_OP_MATHS:
                     continue
-                done = (int(p.algo), int(p.mathType), int(p.memory))
+                # an FMA-only descriptor stays so (the search ran under it)
+                math = FMA_MATH if self.math == FMA_MATH else int(p.mathType)
+                done = (int(p.algo), math, int(p.memory))
                 break
             _TIMED[self.geometry] = done
         self._adopt(*done)
