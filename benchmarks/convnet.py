@@ -7,6 +7,7 @@
     python3 benchmarks/convnet.py --no-torch-compile
     python3 benchmarks/convnet.py --variants --profile   # symgpu with cuDNN's heuristic
                                                   # algorithms and with TF32; time per op
+    python3 benchmarks/convnet.py --kernels       # device time per kernel, every contender
 
 The step (Theano's LeNet tutorial at batch 128): input 128 x 1 x 28 x 28; conv 20 5x5, tanh,
 max-pool 2; conv 50 5x5, tanh, max-pool 2; dense 500, tanh; dense 10, softmax cross-entropy;
@@ -33,6 +34,8 @@ from timing import guarded, per_call, say  # noqa: E402
 BATCH, LR = 128, 0.1
 SHAPES = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10), (10,)]
 RESULTS: dict[str, float] = {}
+#: label -> (step, sync) of the GPU contenders, for --kernels
+STEPS: dict[str, tuple] = {}
 
 
 def record(who: str, seconds: float) -> None:
@@ -105,6 +108,7 @@ def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) 
         sync = ctx.synchronize
     say(f"  ({label} compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
     record(label, per_call(f, number, sync))
+    STEPS[label] = (f, sync)
     if sync is not None:
         # the host's share: the same calls without waiting for the GPU (the launches queue);
         # when it is well under the step's time, the step is GPU-bound
@@ -221,7 +225,9 @@ def bench_torch(x, y, params, number: int, device: str, compiled: bool) -> None:
         sync()
     if compiled:
         say(f"  (torch.compile first step {time.perf_counter() - t0:.1f} s)")
-    record("torch.compile" if compiled else f"torch eager ({device})", per_call(step, number, sync))
+    label = "torch.compile" if compiled else f"torch eager ({device})"
+    record(label, per_call(step, number, sync))
+    STEPS[label] = (step, sync)
 
 
 def bench_jax(x, y, params, number: int) -> None:
@@ -252,7 +258,38 @@ def bench_jax(x, y, params, number: int) -> None:
 
     def run():
         state["ps"] = step(state["ps"], xb, yb)
-    record("jax jit", per_call(run, number, lambda: jax.block_until_ready(state["ps"])))
+    sync = lambda: jax.block_until_ready(state["ps"])   # noqa: E731
+    record("jax jit", per_call(run, number, sync))
+    STEPS["jax jit"] = (run, sync)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def kernel_tables(steps: int = 20, top: int = 14) -> None:
+    """Each GPU contender's device time per step by kernel (CUPTI through torch.profiler,
+    which sees every kernel of the process, those replayed from CUDA graphs included): what
+    the GPU runs, apart from the host's share."""
+    from torch.profiler import ProfilerActivity, profile
+    for label, (fn, sync) in STEPS.items():
+        fn()
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            sync()
+        rows = []
+        for ka in prof.key_averages():
+            t = getattr(ka, "self_device_time_total", None)
+            if t is None:
+                t = getattr(ka, "self_cuda_time_total", 0.0)
+            if t > 0:
+                rows.append((t / steps, ka.count // steps, ka.key))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        n = sum(r[1] for r in rows)
+        say(f"  {label}: {total:.1f} us of device work per step, {n} kernels/copies")
+        for t, c, name in rows[:top]:
+            say(f"    {t:8.1f} us  {c:3d}x  {name[:90]}")
 
 
 # ----------------------------------------------------------------------------- main
@@ -277,6 +314,8 @@ def main() -> None:
     ap.add_argument("--variants", action="store_true",
                     help="GPU: also symgpu with cuDNN's heuristic algorithms (not timed) and "
                          "symgpu with TF32 tensor cores (the peers' default for convolutions)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="GPU: each contender's device time per step by kernel (needs PyTorch)")
     ap.add_argument("--profile", action="store_true",
                     help="also print symgpu's time per op (a profiled run, without graphs)")
     args = ap.parse_args()
@@ -303,6 +342,8 @@ def main() -> None:
         guarded("jax", lambda: bench_jax(x, y, params, n))
         ratios([("torch eager (cuda)", 0.8), ("torch.compile", None), ("jax jit", 1.0),
                 ("symgpu (heuristic algos)", None), ("symgpu (TF32)", None)])
+        if args.kernels:
+            guarded("kernels", kernel_tables)
     else:
         guarded("numpy", lambda: bench_numpy(x, y, params, n))
         guarded("pytensor", lambda: bench_pytensor(x, y, params, n))
