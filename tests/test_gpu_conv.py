@@ -11,7 +11,7 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
+from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu import conv as gconv
 from symgpu.gpu.conv_gemm import conv_gemm_source
@@ -145,6 +145,20 @@ def test_lenet_step_has_no_host_work_between_its_kernels(conv_kw, second_pool):
         all(k == "batch" for k in kinds[first + 1:]), kinds
 
 
+def test_references_compiled_on_the_cpu_stay_there_beside_a_default_gpu_context():
+    """The GPU tests' references (gpu_helpers.on_the_cpu): with a default context registered
+    (as the cuda fixture does), device=cpu alone would still place the graph on it."""
+    x, w = T.ftensor4(), T.ftensor4()
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        with config.change_flags(device="cpu"):
+            assert "GpuConv2d" in _names(function([x, w], conv2d(x, w)))
+        with on_the_cpu():
+            names = _names(function([x, w], conv2d(x, w)))
+            assert not isinstance(symgpu.shared(np.zeros(2, "float32")).type, GpuArrayType)
+        assert "Conv2d" in names and not any(n.startswith("Gpu") for n in names), names
+        assert "GpuConv2d" in _names(function([x, w], conv2d(x, w)))   # registered again
+
+
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     cubin = compile_for_sm90(conv_gemm_source(), tmp_path / "a")
@@ -242,7 +256,7 @@ def test_gpu_conv_matches_cpu(cuda, backend, bm, s, d, flip, g):
     x, w, gy = T.dtensor4(), T.dtensor4(), T.dtensor4()
     y = conv2d(x, w, **kw)
     gx, gw = symgpu.grad((y * gy).sum(), [x, w])
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         gyv = RNG.normal(size=function([x, w], y)(xv, wv).shape)
         want = function([x, w, gy], [y, gx, gw])(xv, wv, gyv)
     f = function([x, w, gy], [y, gx, gw])
@@ -260,7 +274,7 @@ def test_gpu_conv_float32(cuda, backend, kw):
     wv = RNG.normal(size=(8, 4 // kw.get("num_groups", 1), 5, 3)).astype("float32")
     y = conv2d(x, w, **kw)
     gx, gw = symgpu.grad(T.sum(y ** 2), [x, w])
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         want = function([x, w], [y, gx, gw])(xv, wv)
     f = function([x, w], [y, gx, gw])
     assert "GpuConv2d" in _names(f)
@@ -284,7 +298,7 @@ def test_gpu_conv_timed_and_heuristic_algorithms_agree(cuda, monkeypatch, kw):
     wv = RNG.normal(size=(8, 4 // kw.get("num_groups", 1), 5, 3)).astype("float32")
     y = conv2d(x, w, **kw)
     gx, gw = symgpu.grad(T.sum(y ** 2), [x, w])
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         want = function([x, w], [y, gx, gw])(xv, wv)
     for how in ("heuristic", "time"):
         monkeypatch.setattr(gconv, "ALGO_SEARCH", how)
@@ -305,7 +319,7 @@ def test_gpu_pool_matches_cpu(cuda, ws, stride, pad, ignore_border, mode):
     y = pool_2d(x, ws, ignore_border=ignore_border, stride=stride, pad=pad, mode=mode)
     gx = symgpu.grad((y * gz).sum(), x)
     xv = RNG.normal(size=(2, 3, 7, 8))
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         yv = function([x], y)(xv)
         gzv = RNG.normal(size=yv.shape)
         want = function([x, gz], [y, gx])(xv, gzv)
@@ -341,7 +355,7 @@ def test_gpu_pool_second_derivative(cuda, mode, pool_index):
     g = symgpu.grad((pool_2d(x, (2, 3), stride=(1, 2), mode=mode) ** 2).sum(), x)
     h = symgpu.grad((g * T.constant(RNG.normal(size=(1, 2, 5, 6)))).sum(), x)
     xv = RNG.permutation(60).reshape(1, 2, 5, 6) * 0.1
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         want = function([x], [g, h])(xv)
     for got, ref in zip(function([x], [g, h])(xv), want):
         np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
@@ -355,7 +369,7 @@ def _train_lenet(dev, calls=6):
     init = [rng.normal(scale=0.3, size=s).astype("float32") for s in shapes]
     xv = rng.normal(size=(16, 1, 14, 14)).astype("float32")
     yv = np.eye(10, dtype="float32")[rng.integers(0, 10, 16)]
-    with config.change_flags(device=dev):
+    with (on_the_cpu() if dev == "cpu" else config.change_flags(device=dev)):
         params = [symgpu.shared(v.copy()) for v in init]
         cost = _lenet_like(x, y, params)
         grads = T.grad(cost, params)
@@ -366,7 +380,8 @@ def _train_lenet(dev, calls=6):
 
 @requires_gpu
 def test_gpu_lenet_step_matches_cpu(cuda, backend):
-    cpu_costs, cpu_params, _ = _train_lenet("cpu")
+    cpu_costs, cpu_params, cpu_f = _train_lenet("cpu")
+    assert not any(name.startswith("Gpu") for name in _names(cpu_f)), _names(cpu_f)
     costs, params, f = _train_lenet("cuda")
     np.testing.assert_allclose(costs, cpu_costs, rtol=1e-4)
     for a, b in zip(params, cpu_params):
@@ -375,10 +390,15 @@ def test_gpu_lenet_step_matches_cpu(cuda, backend):
 
 
 @requires_gpu
-def test_gpu_lenet_step_replays_as_one_graph(cuda, backend):
+@pytest.mark.parametrize("algo_search", ["heuristic", "time"])
+def test_gpu_lenet_step_replays_as_one_graph(cuda, backend, monkeypatch, algo_search):
     """The whole step is one segment: captured at the second call, replayed from the third
     (the shared parameters keep their buffers, the uploads recycle theirs, the host shape
-    work runs before the launches: test_lenet_step_has_no_host_work_between_its_kernels)."""
+    work runs before the launches: test_lenet_step_has_no_host_work_between_its_kernels),
+    with cuDNN's algorithms chosen either way (gconv.ALGO_SEARCH)."""
+    if backend == "gemm" and algo_search == "time":
+        pytest.skip("no cuDNN algorithm to choose on the im2col path")
+    monkeypatch.setattr(gconv, "ALGO_SEARCH", algo_search)
     costs, _, f = _train_lenet("cuda", calls=8)
     st = f.vm.runner.stats()
     assert st["segments"] == 1 and st["captures"] >= 1, st

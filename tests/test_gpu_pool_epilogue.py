@@ -9,7 +9,7 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
+from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu import pooling as gpooling
 from symgpu.gpu.pooling_epilogue import GpuPoolGradEpilogue, epilogue_source
@@ -83,7 +83,7 @@ def test_gpu_fused_pooling_gradient_matches_cpu(cuda, monkeypatch, mode, kw, dty
     x, gz = T.tensor4("x", dtype=dtype), T.tensor4("gz", dtype=dtype)
     gx = _tanh_pool_grad(x, gz, mode, **kw)
     xv = RNG.normal(size=(3, 4, 7, 9)).astype(dtype)
-    with config.change_flags(device="cpu"):
+    with on_the_cpu():
         shape = function([x], pool_2d(T.tanh(x), (2, 2), mode=mode, **kw))(xv).shape
         gzv = RNG.normal(size=shape).astype(dtype)
         want = function([x, gz], gx)(xv, gzv)

@@ -2,8 +2,9 @@
 from the CPU Ops of symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW for users).
 
 Each op runs through cuDNN (symgpu/gpu/cudnn.py) when the library loads, with the algorithm
-and descriptors chosen once per shape (the algorithm by timing the candidates at the first
-call, outside any capture: ALGO_SEARCH) and the workspace taken from the context's memory pool;
+and descriptors chosen once per shape (cuDNN's heuristic algorithm, or with ALGO_SEARCH =
+"time" the fastest candidate, timed at the first call outside any capture) and the
+workspace taken from the context's memory pool;
 otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/conv_gemm.py).
 Which one runs is said once per process on stderr. Every call is queued on the context's
 stream and never syncs, so the thunks are CUDA-graph capturable (symgpu/gpu/graphs.py).
@@ -31,11 +32,13 @@ __all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_bac
 CONV_DTYPES = ("float32", "float64")
 #: set True (tests) to run every GPU convolution through im2col + cuBLAS
 FORCE_GEMM = False
-#: how a cuDNN algorithm is chosen: "time" runs the heuristics' candidates once per geometry
-#: at its first call and keeps the fastest (cudnn.ConvDescs.time_algorithms: a sync, at a
-#: call that is not being captured, so never inside a CUDA graph); "heuristic" takes
-#: cuDNN's heuristic choice, with no device work
-ALGO_SEARCH = "time"
+#: how a cuDNN algorithm is chosen: "heuristic" takes cuDNN's heuristic choice, with no
+#: device work; "time" runs the heuristics' candidates once per geometry at its first call
+#: and keeps the fastest (cudnn.ConvDescs.time_algorithms: a sync, at a call that is not
+#: being captured, so never inside a CUDA graph).  Measured on the H100 (LeNet step, batch
+#: 128): both choices gave 303 us of device work per step, and the timed contender's step
+#: did not replay as a graph in the benchmark (docs/convnets.md), so it is opt-in
+ALGO_SEARCH = "heuristic"
 _announced: set[str] = set()
 _lock = threading.Lock()
 
