@@ -121,7 +121,9 @@ def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) 
         say(f"  ({label}: {host * 1e6:.1f} us per call on the host, not waiting for the GPU)")
     runner = getattr(getattr(f, "vm", None), "runner", None)
     if runner is not None and hasattr(runner, "stats"):
-        say(f"  ({label} CUDA graphs: {runner.stats()})")
+        why = getattr(runner, "disabled_reason", None)
+        say(f"  ({label} CUDA graphs: {runner.stats()}"
+            + (f"; turned off: {why}" if why else "") + ")")
 
 
 def profile_symgpu(x, y, params, number: int) -> None:
