@@ -5,6 +5,9 @@
     python3 benchmarks/convnet.py --cpu           # CPU: symgpu, a NumPy step, PyTensor and
                                                   # PyTorch eager when installed
     python3 benchmarks/convnet.py --no-torch-compile
+    python3 benchmarks/convnet.py --variants --profile   # symgpu with timed cuDNN
+                                                  # algorithms and with TF32; time per op
+    python3 benchmarks/convnet.py --kernels       # device time per kernel, every contender
 
 The step (Theano's LeNet tutorial at batch 128): input 128 x 1 x 28 x 28; conv 20 5x5, tanh,
 max-pool 2; conv 50 5x5, tanh, max-pool 2; dense 500, tanh; dense 10, softmax cross-entropy;
@@ -31,6 +34,8 @@ from timing import guarded, per_call, say  # noqa: E402
 BATCH, LR = 128, 0.1
 SHAPES = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10), (10,)]
 RESULTS: dict[str, float] = {}
+#: label -> (step, sync) of the GPU contenders, for --kernels
+STEPS: dict[str, tuple] = {}
 
 
 def record(who: str, seconds: float) -> None:
@@ -54,7 +59,7 @@ def data(seed: int = 0):
 
 # ----------------------------------------------------------------------------- symgpu
 
-def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0):
+def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0, **kw):
     """The training function (no inputs, no outputs: the batch and the parameters are shared
     variables) built with symgpu or PyTensor (same API); returns (step, compile seconds)."""
     lib.config.floatX = "float32"
@@ -71,15 +76,27 @@ def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0):
     cost = T.mean(T.nnet.categorical_crossentropy(p, y))
     grads = T.grad(cost, ps)
     t0 = time.perf_counter()
-    f = lib.function([], [], updates=[(q, q - LR * g) for q, g in zip(ps, grads)], name="lenet")
+    f = lib.function([], [], updates=[(q, q - LR * g) for q, g in zip(ps, grads)], name="lenet",
+                     **kw)
     return f, time.perf_counter() - t0
 
 
-def bench_symgpu(x, y, params, number: int, gpu: bool) -> None:
+def bench_symgpu(x, y, params, number: int, gpu: bool, label: str = "symgpu",
+                 algo_search: str = "heuristic", tf32: bool = False) -> None:
+    """symgpu's step; on the GPU with cuDNN's algorithms chosen by `algo_search`
+    (symgpu.gpu.conv.ALGO_SEARCH) and float32 products on TF32 tensor cores or not."""
     import symgpu
     import symgpu.tensor as T
     from symgpu.tensor.nnet import conv2d
     from symgpu.tensor.signal.pool import pool_2d
+    if gpu:
+        from symgpu.gpu import conv as gconv
+        gconv.ALGO_SEARCH = algo_search
+    with symgpu.config.change_flags(**{"gpuarray.allow_tf32": tf32}):
+        _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label)
+
+
+def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) -> None:
     f, comp = symgpu_step(symgpu, T, conv2d, pool_2d, x, y, params)
     names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
     sync = None
@@ -89,11 +106,42 @@ def bench_symgpu(x, y, params, number: int, gpu: bool) -> None:
         from symgpu.gpu.context import get_context
         ctx = get_context(None)
         sync = ctx.synchronize
-    say(f"  (symgpu compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
-    record("symgpu", per_call(f, number, sync))
+    say(f"  ({label} compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")
+    record(label, per_call(f, number, sync))
+    STEPS[label] = (f, sync)
+    if sync is not None:
+        # the host's share: the same calls without waiting for the GPU (the launches queue);
+        # when it is well under the step's time, the step is GPU-bound
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            f()
+        host = (time.perf_counter() - t0) / number
+        sync()
+        say(f"  ({label}: {host * 1e6:.1f} us per call on the host, not waiting for the GPU)")
     runner = getattr(getattr(f, "vm", None), "runner", None)
     if runner is not None and hasattr(runner, "stats"):
-        say(f"  (symgpu CUDA graphs: {runner.stats()})")
+        why = getattr(runner, "disabled_reason", None)
+        say(f"  ({label} CUDA graphs: {runner.stats()}"
+            + (f"; turned off: {why}" if why else "") + ")")
+
+
+def profile_symgpu(x, y, params, number: int) -> None:
+    """Per-node times of the step (CUDA-event timers on the GPU; a profiled function runs
+    its nodes one by one, without CUDA graphs): where the kernel time goes."""
+    import io
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu.tensor.nnet import conv2d
+    from symgpu.compile.profiling import ProfileStats
+    from symgpu.tensor.signal.pool import pool_2d
+    stats = ProfileStats(atexit_print=False, message="lenet", line_width=160)
+    f, _ = symgpu_step(symgpu, T, conv2d, pool_2d, x, y, params, profile=stats)
+    for _ in range(number):
+        f()
+    out = io.StringIO()
+    f.profile.summary_ops(out, 40)
+    say(out.getvalue())
 
 
 def bench_pytensor(x, y, params, number: int) -> None:
@@ -179,7 +227,9 @@ def bench_torch(x, y, params, number: int, device: str, compiled: bool) -> None:
         sync()
     if compiled:
         say(f"  (torch.compile first step {time.perf_counter() - t0:.1f} s)")
-    record("torch.compile" if compiled else f"torch eager ({device})", per_call(step, number, sync))
+    label = "torch.compile" if compiled else f"torch eager ({device})"
+    record(label, per_call(step, number, sync))
+    STEPS[label] = (step, sync)
 
 
 def bench_jax(x, y, params, number: int) -> None:
@@ -210,7 +260,38 @@ def bench_jax(x, y, params, number: int) -> None:
 
     def run():
         state["ps"] = step(state["ps"], xb, yb)
-    record("jax jit", per_call(run, number, lambda: jax.block_until_ready(state["ps"])))
+    sync = lambda: jax.block_until_ready(state["ps"])   # noqa: E731
+    record("jax jit", per_call(run, number, sync))
+    STEPS["jax jit"] = (run, sync)
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def kernel_tables(steps: int = 20, top: int = 14) -> None:
+    """Each GPU contender's device time per step by kernel (CUPTI through torch.profiler,
+    which sees every kernel of the process, those replayed from CUDA graphs included): what
+    the GPU runs, apart from the host's share."""
+    from torch.profiler import ProfilerActivity, profile
+    for label, (fn, sync) in STEPS.items():
+        fn()
+        sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn()
+            sync()
+        rows = []
+        for ka in prof.key_averages():
+            t = getattr(ka, "self_device_time_total", None)
+            if t is None:
+                t = getattr(ka, "self_cuda_time_total", 0.0)
+            if t > 0:
+                rows.append((t / steps, ka.count // steps, ka.key))
+        rows.sort(reverse=True)
+        total = sum(r[0] for r in rows)
+        n = sum(r[1] for r in rows)
+        say(f"  {label}: {total:.1f} us of device work per step, {n} kernels/copies")
+        for t, c, name in rows[:top]:
+            say(f"    {t:8.1f} us  {c:3d}x  {name[:90]}")
 
 
 # ----------------------------------------------------------------------------- main
@@ -232,6 +313,14 @@ def main() -> None:
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (symgpu device=cpu)")
     ap.add_argument("--no-torch-compile", action="store_true")
     ap.add_argument("--number", type=int, default=None, help="steps per timing loop")
+    ap.add_argument("--variants", action="store_true",
+                    help="GPU: also symgpu with cuDNN's algorithms timed at the first call "
+                         "(ALGO_SEARCH='time') and symgpu with TF32 tensor cores (the peers' "
+                         "default for convolutions)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="GPU: each contender's device time per step by kernel (needs PyTorch)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print symgpu's time per op (a profiled run, without graphs)")
     args = ap.parse_args()
     gpu = not args.cpu
     os.environ.setdefault("SYMGPU_FLAGS", f"device={'cuda' if gpu else 'cpu'},floatX=float32")
@@ -240,12 +329,22 @@ def main() -> None:
     n = args.number or (50 if gpu else 3)
     say(f"LeNet SGD step, batch {BATCH} of 1x28x28, float32, on the {'GPU' if gpu else 'CPU'}")
     guarded("symgpu", lambda: bench_symgpu(x, y, params, n, gpu))
+    if gpu and args.variants:
+        guarded("symgpu timed", lambda: bench_symgpu(
+            x, y, params, n, gpu, "symgpu (timed algos)", "time"))
+        guarded("symgpu tf32", lambda: bench_symgpu(x, y, params, n, gpu, "symgpu (TF32)",
+                                                    tf32=True))
+    if args.profile:
+        guarded("symgpu profile", lambda: profile_symgpu(x, y, params, n))
     if gpu:
         guarded("torch eager", lambda: bench_torch(x, y, params, n, "cuda", False))
         if not args.no_torch_compile:
             guarded("torch.compile", lambda: bench_torch(x, y, params, n, "cuda", True))
         guarded("jax", lambda: bench_jax(x, y, params, n))
-        ratios([("torch eager (cuda)", 0.8), ("torch.compile", None), ("jax jit", 1.0)])
+        ratios([("torch eager (cuda)", 0.8), ("torch.compile", None), ("jax jit", 1.0),
+                ("symgpu (timed algos)", None), ("symgpu (TF32)", None)])
+        if args.kernels:
+            guarded("kernels", kernel_tables)
     else:
         guarded("numpy", lambda: bench_numpy(x, y, params, n))
         guarded("pytensor", lambda: bench_pytensor(x, y, params, n))

@@ -53,6 +53,24 @@ def real_default_gpu() -> Iterator[object]:
             gctx.unregister_context(None)
 
 
+@contextmanager
+def on_the_cpu() -> Iterator[None]:
+    """No default GPU context for the block, and device=cpu: functions compiled (and shared
+    variables made) inside stay on the host, as a GPU test's reference must.  (With the
+    ``cuda`` fixture's default context registered, device=cpu alone still moves graphs to
+    the GPU: placement follows the registered context.)"""
+    from symgpu.config import config
+    from symgpu.gpu import context as gctx
+    prev = gctx.get_context(None) if None in gctx.context_names() else None
+    unregister_context(None)
+    try:
+        with config.change_flags(device="cpu"):
+            yield
+    finally:
+        if prev is not None:
+            register_context(None, prev)
+
+
 def virtual_context(name: str):
     """A module-scoped autouse fixture that registers the virtual context `name` (an sm_90
     device: graphs are built and kernels rendered and compiled, nothing runs). Assign it to

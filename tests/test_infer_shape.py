@@ -71,6 +71,8 @@ def _ops():
 
 
 O = _ops()
+from symgpu.scalar.basic import SCALAR_OPS  # noqa: E402
+
 G = {}
 for _mod in ("basic_ops", "blas", "subtensor", "advanced", "nnet", "crossentropy", "elemwise",
              "kernel_op"):
@@ -86,7 +88,7 @@ from symgpu.scan.op import Scan  # noqa: E402
 from symgpu.tensor.nnet import abstract_conv as _conv  # noqa: E402
 from symgpu.tensor.random import ops as _rnd  # noqa: E402
 from symgpu.tensor.signal import pool as _pool  # noqa: E402
-for _mod in ("conv", "pooling", "advanced_pairs", "random", "random_fusion"):
+for _mod in ("conv", "pooling", "pooling_epilogue", "advanced_pairs", "random", "random_fusion"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 STATE = np.array([1, 2, 3, 4], dtype="uint32")
 IMG, KERN, GY = r(2, 3, 7, 7), r(4, 3, 3, 3), r(2, 4, 3, 3)   # conv with subsample 2
@@ -202,6 +204,10 @@ CASES: dict[type, list[Case]] = {
                                 lambda x, z, g: x, "ggg", PX, PZ, PZ)],
     G["GpuMaxPoolGradGrad"]: [gcase(lambda x, z, g: G["GpuMaxPoolGradGrad"](ws=(2, 2))(x, z, g),
                                     lambda x, z, g: z, "ggg", PX, PZ, PX)],
+    G["GpuPoolGradEpilogue"]: [gcase(lambda x, z, g: G["GpuPoolGradEpilogue"](
+                                         ws=(2, 2), scalar_op=SCALAR_OPS["mul"],
+                                         roles=("g", "x"))(x, z, g),
+                                     lambda x, z, g: x, "ggg", PX, PZ, PZ)],
     G["GpuAveragePoolGrad"]: [gcase(lambda x, g: G["GpuAveragePoolGrad"](ws=(2, 2), mode="average_inc_pad")(x, g),
                                     lambda x, g: x, "gg", PX, PZ)],
     G["GpuARange"]: [gcase(lambda a, b, c: G["GpuARange"]("int64")(a, b, c),

@@ -73,7 +73,7 @@ for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet",
 
 # Convolution and pooling (issue 17): their lifters register on import, like the kernel
 # modules above.
-for _mod in ("conv", "pooling"):
+for _mod in ("conv", "pooling", "pooling_epilogue"):
     importlib.import_module(f"{__name__}.{_mod}")
 
 # Loops (issue 15): Scan and IfElse move to the GPU with their inner graphs.

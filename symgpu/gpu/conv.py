@@ -2,7 +2,9 @@
 from the CPU Ops of symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW for users).
 
 Each op runs through cuDNN (symgpu/gpu/cudnn.py) when the library loads, with the algorithm
-and descriptors chosen once per shape and the workspace taken from the context's memory pool;
+and descriptors chosen once per shape (cuDNN's heuristic algorithm, or with ALGO_SEARCH =
+"time" the fastest candidate, timed at the first call outside any capture) and the
+workspace taken from the context's memory pool;
 otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/conv_gemm.py).
 Which one runs is said once per process on stderr. Every call is queued on the context's
 stream and never syncs, so the thunks are CUDA-graph capturable (symgpu/gpu/graphs.py).
@@ -25,11 +27,18 @@ from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGr
                                               _ConvBase)
 
 __all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_backend",
-           "CONV_DTYPES", "FORCE_GEMM"]
+           "CONV_DTYPES", "FORCE_GEMM", "ALGO_SEARCH"]
 
 CONV_DTYPES = ("float32", "float64")
 #: set True (tests) to run every GPU convolution through im2col + cuBLAS
 FORCE_GEMM = False
+#: how a cuDNN algorithm is chosen: "heuristic" takes cuDNN's heuristic choice, with no
+#: device work; "time" runs the heuristics' candidates once per geometry at its first call
+#: and keeps the fastest (cudnn.ConvDescs.time_algorithms: a sync, at a call that is not
+#: being captured, so never inside a CUDA graph).  Measured on the H100 (LeNet step, batch
+#: 128): both choices gave 303 us of device work per step, and the timed contender's step
+#: did not replay as a graph in the benchmark (docs/convnets.md), so it is opt-in
+ALGO_SEARCH = "heuristic"
 _announced: set[str] = set()
 _lock = threading.Lock()
 
@@ -144,8 +153,16 @@ class _GpuConvBase(_ConvBase):
         return plan
 
     @staticmethod
-    def _workspace(ctx: Any, plan: Any) -> Any:
-        return ctx.pool.allocate(plan.workspace) if plan.workspace else None
+    def _execute(ctx: Any, plan: Any, a_ptr: int, b_ptr: int, out_ptr: int) -> None:
+        """One cuDNN call of `plan` (see ConvDescs.run for the operands), its workspace from
+        the pool; the first call outside a capture may time the algorithms (ALGO_SEARCH)."""
+        if ALGO_SEARCH == "time" and not plan.timed and ctx.pool.sink is None:
+            size = plan.search_workspace
+            scratch = ctx.pool.allocate(size) if size else None
+            plan.time_algorithms(a_ptr, b_ptr, out_ptr, scratch.ptr if size else 0, size)
+            del scratch
+        ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
+        plan.run(a_ptr, b_ptr, out_ptr, ws.ptr if ws is not None else 0)
 
 
 class GpuConv2d(_GpuConvBase):
@@ -186,8 +203,7 @@ class GpuConv2d(_GpuConvBase):
             return out
         if not _symmetric(pads):
             x = _zero_padded(ctx, x, pads)
-        ws = self._workspace(ctx, plan)
-        plan.run(x.ptr, w.ptr, out.ptr, ws.ptr if ws is not None else 0)
+        self._execute(ctx, plan, x.ptr, w.ptr, out.ptr)
         return out
 
 
@@ -237,13 +253,11 @@ class GpuConv2dGradInputs(_GpuConvBase):
             gemm_grad_inputs(ctx, w, gy, dx, pads, self.subsample, self.filter_dilation,
                              self.filter_flip, self.num_groups)
             return dx
-        ws = self._workspace(ctx, plan)
-        wsp = ws.ptr if ws is not None else 0
         if _symmetric(pads):
-            plan.run(w.ptr, gy.ptr, dx.ptr, wsp)
+            self._execute(ctx, plan, w.ptr, gy.ptr, dx.ptr)
             return dx
         full = new_array(ctx, (n, xshape[1], h + sum(pads[0]), wd + sum(pads[1])), dtype)
-        plan.run(w.ptr, gy.ptr, full.ptr, wsp)
+        self._execute(ctx, plan, w.ptr, gy.ptr, full.ptr)
         dx._copy_from_device(full[:, :, pads[0][0]:pads[0][0] + h, pads[1][0]:pads[1][0] + wd])
         return dx
 
@@ -296,8 +310,7 @@ class GpuConv2dGradWeights(_GpuConvBase):
             return dw
         if not _symmetric(pads):
             x = _zero_padded(ctx, x, pads)
-        ws = self._workspace(ctx, plan)
-        plan.run(x.ptr, gy.ptr, dw.ptr, ws.ptr if ws is not None else 0)
+        self._execute(ctx, plan, x.ptr, gy.ptr, dw.ptr)
         return dw
 
 

@@ -5,7 +5,9 @@ Why ctypes: as for cuBLAS (blas.py), the C API is a handful of calls and binding
 nothing to build. cuDNN 9 is found in the system (``libcudnn.so.9``) or in the
 ``nvidia-cudnn-cu13`` wheel (``nvidia/cudnn/lib``, whose sub-libraries are preloaded so the
 shim finds them). Algorithms come from cuDNN's heuristics (``*_v7``: no device work, so safe
-under CUDA-graph capture) and are cached per shape by the caller (symgpu/gpu/conv.py).
+under CUDA-graph capture) and are cached per shape by the caller (symgpu/gpu/conv.py),
+which may then time the candidates once per geometry (``ConvDescs.time_algorithms``,
+cuDNN's ``Find*AlgorithmEx``) at a call that is not being captured.
 """
 from __future__ import annotations
 
@@ -144,18 +146,26 @@ class _Desc:
             pass
 
 
-# the three directions: (algorithm query, workspace query, compute call)
+# the three directions: (algorithm query, workspace query, compute call, timed search)
 _KINDS = {
     "fwd": ("cudnnGetConvolutionForwardAlgorithm_v7",
-            "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward"),
+            "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward",
+            "cudnnFindConvolutionForwardAlgorithmEx"),
     "bwd_data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7",
                  "cudnnGetConvolutionBackwardDataWorkspaceSize",
-                 "cudnnConvolutionBackwardData"),
+                 "cudnnConvolutionBackwardData", "cudnnFindConvolutionBackwardDataAlgorithmEx"),
     "bwd_filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7",
                    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-                   "cudnnConvolutionBackwardFilter"),
+                   "cudnnConvolutionBackwardFilter",
+                   "cudnnFindConvolutionBackwardFilterAlgorithmEx"),
 }
 MAX_WORKSPACE = 512 << 20
+#: the workspace a timed search may give the algorithms it tries
+SEARCH_WORKSPACE = 64 << 20
+_TENSOR_OP_MATHS = (1, 2)     # CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+#: timed choices, per context and geometry, shared by every op and function of the process:
+#: key -> (algo, math type, workspace bytes)
+_TIMED: dict[tuple, tuple[int, int, int]] = {}
 
 
 class ConvDescs:
@@ -166,33 +176,92 @@ class ConvDescs:
     def __init__(self, lib: _Cudnn, ctx: Any, kind: str, dtype: str, xshape, wshape, yshape,
                  pads, strides, dilation, flip: bool, groups: int, math: int) -> None:
         self.lib, self.kind = lib, kind
+        self.math = int(math)
         self.handle = lib.handle(ctx)
+        #: what a timed choice is shared under (_TIMED): the context's handle and the call
+        self.geometry = (self.handle.value, kind, dtype, tuple(xshape), tuple(wshape), tuple(yshape), tuple(pads),
+                         tuple(strides), tuple(dilation), bool(flip), int(groups), int(math))
+        self.timed = False
         self.x = lib.tensor4d(dtype, xshape)
         self.w = lib.filter4d(dtype, wshape)
         self.y = lib.tensor4d(dtype, yshape)
         self.conv = lib.conv2d(dtype, pads, strides, dilation, flip, groups, math)
         ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
         self.one, self.zero = ctype(1.0), ctype(0.0)
-        query, wsq, self.fn_name = _KINDS[kind]
+        query, self.wsq, self.fn_name, self.find_name = _KINDS[kind]
+        wsq = self.wsq
         descs = self._order()
         perf = (_Perf * 16)()
         count = ctypes.c_int(0)
         lib.call(query, self.handle, *descs, 16, ctypes.byref(count), perf)
         self.algo, self.workspace = None, 0
+        sizes = [0]
         for p in perf[:count.value]:
             if p.status != _STATUS_SUCCESS:
                 continue
             size = ctypes.c_size_t(0)
             if getattr(lib.lib, wsq)(self.handle, *descs, p.algo, ctypes.byref(size)) != 0:
                 continue
-            if size.value <= MAX_WORKSPACE:
+            sizes.append(int(size.value))
+            if size.value <= MAX_WORKSPACE and self.algo is None:
                 self.algo, self.workspace = p.algo, int(size.value)
-                break
         if self.algo is None:
             raise CudnnError(f"cuDNN has no {kind} algorithm for x {tuple(xshape)}, w "
                              f"{tuple(wshape)}, y {tuple(yshape)} ({dtype}, pads {pads}, "
                              f"strides {strides}, dilation {dilation}, groups {groups})")
+        #: the largest workspace among the heuristics' candidates (a timed search's budget)
+        self.search_workspace = max(self.workspace,
+                                    max(n for n in sizes if n <= SEARCH_WORKSPACE))
         self.fn = getattr(lib.lib, self.fn_name)
+
+    def _adopt(self, algo: int, math: int, workspace: int) -> None:
+        if math != self.math:
+            self.lib.call("cudnnSetConvolutionMathType", self.conv.ptr, int(math))
+        self.algo, self.math, self.workspace, self.timed = algo, math, workspace, True
+
+    def time_algorithms(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int,
+                        ws_size: int) -> None:
+        """Choose the algorithm by running the candidates on these buffers (cuDNN's
+        ``Find*AlgorithmEx``: host-blocking, it synchronises; ``out`` is overwritten, the
+        inputs are not), once per geometry per process; where the search is missing or
+        fails, the heuristic's choice stays.  Never call it while a CUDA graph is being
+        captured.  Candidates using tensor-op math are skipped unless the descriptor allows
+        them (float32 with TF32 allowed), where the choice's math type is then set on the
+        descriptor."""
+        if self.timed:
+            return
+        done = _TIMED.get(self.geometry)
+        if done is None:
+            perf = (_Perf * 16)()
+            count = ctypes.c_int(0)
+            x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
+            a, b = ctypes.c_void_p(a_ptr), ctypes.c_void_p(b_ptr)
+            out = ctypes.c_void_p(out_ptr)
+            args = {"fwd": (x, a, w, b, c, y, out), "bwd_data": (w, a, y, b, c, x, out),
+                    "bwd_filter": (x, a, y, b, c, w, out)}[self.kind]
+            find = getattr(self.lib.lib, self.find_name, None)
+            status = -1 if find is None else find(
+                self.handle, *args, 16, ctypes.byref(count), perf, ctypes.c_void_p(ws_ptr),
+                ctypes.c_size_t(ws_size))
+            if status != _STATUS_SUCCESS:   # no search in this build: keep the heuristic's
+                count.value = 0
+            done = (self.algo, self.math, self.workspace)
+            for p in perf[:count.value]:
+                if p.status != _STATUS_SUCCESS or p.memory > ws_size:
+                    continue
+                if self.math == FMA_MATH and p.mathType in _TENSOR_OP_MATHS:
+                    continue
+                # an FMA-only descriptor stays so (the search ran under it)
+                math = FMA_MATH if self.math == FMA_MATH else int(p.mathType)
+                done = (int(p.algo), math, int(p.memory))
+                break
+            _TIMED[self.geometry] = done
+        self._adopt(*done)
+        # the workspace the chosen algorithm needs with the descriptor as it is now
+        size = ctypes.c_size_t(0)
+        if getattr(self.lib.lib, self.wsq)(self.handle, *self._order(), self.algo,
+                                           ctypes.byref(size)) == 0:
+            self.workspace = max(self.workspace, int(size.value))
 
     def _order(self) -> list[Any]:
         x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr

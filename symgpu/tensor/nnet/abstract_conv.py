@@ -42,6 +42,10 @@ class _ConvBase(Op):
 
     __props__ = ("border_mode", "subsample", "filter_flip", "filter_dilation", "num_groups",
                  "imshp", "kshp")
+    #: the output shape is host arithmetic on the inputs' shapes (and the shape input): shape
+    #: reads of the output are rewritten to it, so nothing on the host waits for the
+    #: convolution (tensor/rewriting/shape_feature.py; one CUDA graph on the GPU)
+    shape_from_inputs = True
 
     def __init__(self, border_mode: Any = "valid", subsample: Any = (1, 1),
                  filter_flip: bool = True, filter_dilation: Any = (1, 1), num_groups: int = 1,

@@ -60,9 +60,14 @@ def normalize_pair(value: Any, what: str, minimum: int = 1) -> tuple[int, int]:
     return pair  # type: ignore[return-value]
 
 
+def _is_int(v: Any, n: int) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v == n
+
+
 def dilated_size(k: Any, d: int) -> Any:
-    """Extent of a k-tap filter with dilation d (works on ints and symbolic scalars)."""
-    return (k - 1) * d + 1
+    """Extent of a k-tap filter with dilation d (works on ints and symbolic scalars; no
+    operation for d == 1, so symbolic shapes stay short: they may be computed per call)."""
+    return k if _is_int(d, 1) else (k - 1) * d + 1
 
 
 def resolve_pads(border_mode: str | Pads, kshape: Sequence[Any], dilation: Sequence[int]) -> tuple:
@@ -79,8 +84,14 @@ def resolve_pads(border_mode: str | Pads, kshape: Sequence[Any], dilation: Seque
 
 
 def conv_out_size(i: Any, k: Any, pad: tuple, s: int, d: int) -> Any:
-    """Output length of one axis: (i + pads - dilated k) // s + 1 (ints or symbolic)."""
-    return (i + pad[0] + pad[1] - dilated_size(k, d)) // s + 1
+    """Output length of one axis: (i + pads - dilated k) // s + 1 (ints or symbolic; zero
+    paddings and unit strides add no operation)."""
+    span = i
+    for p in pad:
+        if not _is_int(p, 0):
+            span = span + p
+    span = span - dilated_size(k, d)
+    return (span if _is_int(s, 1) else span // s) + 1
 
 
 def conv_output_shape(ishape: Sequence[int], kshape: Sequence[int], border_mode: Any,

@@ -193,11 +193,14 @@ def _cheap(fgraph: Any, e: Variable) -> bool:
 
 
 def _sliced(node: Apply) -> bool:
-    """A basic slice (a view) whose lengths follow from its bounds: worth a few host scalar
-    operations even where the view is computed anyway, since then nothing on the host waits
-    for the view (on the GPU, the slice and what reads it can be one captured graph that
-    takes the bounds as parameters)."""
-    return type(node.op).__name__ in ("Subtensor", "GpuSubtensor")
+    """A basic slice (a view) whose lengths follow from its bounds, or an op that says its
+    output shape is a few host scalar operations on its inputs' shapes
+    (``shape_from_inputs = True``: convolutions, pooling): worth those operations even
+    where the value is computed anyway, since then nothing on the host waits for it (on the
+    GPU, the op and what reads its shape can be one captured graph; a slice takes its bounds
+    as graph parameters)."""
+    return type(node.op).__name__ in ("Subtensor", "GpuSubtensor") or \
+        bool(getattr(node.op, "shape_from_inputs", False))
 
 
 def _as_shape_vector(entries: Sequence[Variable], out: Variable) -> Variable | None:

@@ -36,6 +36,9 @@ class _PoolBase(Op):
     """The parameters every pooling Op carries."""
 
     __props__ = ("ws", "stride", "pad", "ignore_border", "mode")
+    #: the output shape is host arithmetic on the input's shape: shape reads of the output
+    #: are rewritten to it (tensor/rewriting/shape_feature.py), see _ConvBase
+    shape_from_inputs = True
 
     def __init__(self, ws: Any, stride: Any = None, pad: Any = (0, 0),
                  ignore_border: bool = True, mode: str = "max"):

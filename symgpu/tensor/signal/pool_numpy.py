@@ -23,12 +23,14 @@ def pool_out_len(v: Any, ws: int, st: int, pad: int, ignore_border: bool,
                  maximum: Any = max) -> Any:
     """Output length of one axis of length `v` (int, or a symbolic scalar with `maximum` the
     symbolic max), as Theano's Pool.out_shape."""
-    v = v + 2 * pad
+    if pad:    # no operation for what changes nothing: symbolic shapes stay short
+        v = v + 2 * pad
+    div = (lambda a: a) if st == 1 else (lambda a: a // st)
     if ignore_border:
-        return maximum((v - ws) // st + 1, 0)
+        return maximum(div(v - ws) + 1, 0)
     if st >= ws:
-        return (v - 1) // st + 1
-    return maximum((v - 1 - ws + st) // st, 0) + 1
+        return div(v - 1) + 1
+    return maximum(div(v - (1 + ws - st)), 0) + 1
 
 
 def _geometry(shape: Sequence[int], ws, st, pad, ignore_border):
