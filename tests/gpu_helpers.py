@@ -199,3 +199,29 @@ class FakeCtx:
 
     def activate(self) -> "FakeCtx":
         return self
+
+
+#: GPU ops that launch nothing (views and shape reads)
+NON_LAUNCHING = {"GpuShape_i", "GpuShape", "GpuDimShuffle", "GpuReshape"}
+
+
+def planned_step_kinds(nodes) -> list[str]:
+    """The CUDA-graph runner's plan (graph_plan.plan_steps) of a function compiled on a
+    virtual context, with the flags the GPU thunks carry on the GPU machine: device ops are
+    capturable, views and shape reads capture without launching, transfers to the host are
+    not capturable and batch their syncs."""
+    from symgpu.gpu.graph_plan import plan_steps
+    names = [type(n.op).__name__ for n in nodes]
+    capt = [nm.startswith("Gpu") and nm != "HostFromGpu" for nm in names]
+    launches = [c and nm not in NON_LAUNCHING for c, nm in zip(capt, names)]
+    batch = [nm == "HostFromGpu" for nm in names]
+    return [k for k, _ in plan_steps(nodes, capt, launches, batch)]
+
+
+def assert_one_segment(nodes) -> None:
+    """Host work only before the step's one captured segment, syncs only after it."""
+    kinds = planned_step_kinds(nodes)
+    assert kinds.count("segment") == 1, kinds
+    first = kinds.index("segment")
+    assert all(k == "plain" for k in kinds[:first]) and \
+        all(k == "batch" for k in kinds[first + 1:]), kinds

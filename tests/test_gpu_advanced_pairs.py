@@ -7,7 +7,9 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
+from gpu_helpers import (assert_one_segment, check_on_gpu, compile_for_sm90, requires_gpu,
+                         requires_nvcc)
+from symgpu.gpu.type import GpuArrayType
 from symgpu import config, function
 from symgpu.gpu.advanced_pairs import (GpuARange, GpuAdvancedIncSubtensor2,
                                        GpuAdvancedSubtensor2, pairs_source)
@@ -36,6 +38,28 @@ def test_the_tutorials_nll_and_its_gradient_stay_on_the_gpu():
         assert {"GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange"} <= names
         report = symgpu.explain(f, file=None)
         assert report.syncs_per_call == 1, report.syncs     # only the results' copy
+
+
+def test_the_minibatch_step_is_one_captured_segment():
+    """The deep-learning tutorials' minibatch MLP step (data sliced by an index, the NLL's
+    pairs gather): the mean's divisor is the gather's length, computed on the host from the
+    index vectors' lengths before the launches, not read from the gather's output between
+    kernels (which split the step into two segments on the H100)."""
+    gpu = lambda dt, *bc: GpuArrayType(dt, bc, None)()   # noqa: E731
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        sx, sy = gpu("float32", False, False), gpu("int32", False)
+        w1, w2 = gpu("float32", False, False), gpu("float32", False, False)
+        b1, b2 = gpu("float32", False), gpu("float32", False)
+        i = T.lscalar("i")
+        x, y = sx[i * 128:(i + 1) * 128], sy[i * 128:(i + 1) * 128]
+        p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, w1) + b1), w2) + b2)
+        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
+        ps = [w1, b1, w2, b2]
+        f = function([i, sx, sy] + ps,
+                     [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])
+    nodes = f.maker.fgraph.toposort()
+    assert "GpuAdvancedSubtensor2" in {type(n.op).__name__ for n in nodes}
+    assert_one_segment(nodes)
 
 
 def test_pair_forms_that_stay_on_the_cpu():

@@ -11,7 +11,8 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
+from gpu_helpers import (NON_LAUNCHING, assert_one_segment, compile_for_sm90, on_the_cpu,
+                         requires_gpu, requires_nvcc)
 from symgpu import config, function
 from symgpu.gpu import conv as gconv
 from symgpu.gpu.conv_gemm import conv_gemm_source
@@ -104,9 +105,6 @@ def _lenet_step_on_gpu_inputs(shapes, conv_kw=None, second_pool="max"):
     return function([x, y] + ps, [q - 0.1 * g for q, g in zip(ps, grads)])
 
 
-_VIEWS = {"GpuShape_i", "GpuShape", "GpuDimShuffle", "GpuReshape"}
-
-
 @pytest.mark.parametrize("conv_kw,second_pool", [(None, "max"),
                                                  (dict(border_mode="half"), "average_exc_pad")])
 def test_lenet_step_has_no_host_work_between_its_kernels(conv_kw, second_pool):
@@ -115,7 +113,6 @@ def test_lenet_step_has_no_host_work_between_its_kernels(conv_kw, second_pool):
     read from a convolution's or a pooling's output: so the graph runner (graph_plan.schedule)
     runs that host work before the first launch, and the whole step is one CUDA-graph segment.
     (On the H100 the reads split the step into 4 segments whose keys did not settle.)"""
-    from symgpu.gpu.graph_plan import plan_steps
     shapes = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10),
               (10,)]
     with config.change_flags(floatX="float32"), virtual_context(None):
@@ -127,22 +124,11 @@ def test_lenet_step_has_no_host_work_between_its_kernels(conv_kw, second_pool):
         waits = [v for v in n.inputs if v in on_gpu]
         if name != "HostFromGpu":
             assert name.startswith("Gpu") or not waits, (n, waits)
-        if (name.startswith("Gpu") and name not in _VIEWS) or waits:
+        if (name.startswith("Gpu") and name not in NON_LAUNCHING) or waits:
             on_gpu.update(n.outputs)
     names = {type(n.op).__name__ for n in nodes}
     assert {"GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "GpuPool"} <= names
-    # the runner's plan with the flags the GPU thunks carry (device ops capturable, views and
-    # shape reads capturable without launching; transfers to the host are not capturable)
-    capt = [type(n.op).__name__.startswith("Gpu") and type(n.op).__name__ != "HostFromGpu"
-            for n in nodes]
-    launches = [c and type(n.op).__name__ not in _VIEWS for c, n in zip(capt, nodes)]
-    batch = [type(n.op).__name__ == "HostFromGpu" for n in nodes]
-    steps = plan_steps(nodes, capt, launches, batch)
-    assert [k for k, _ in steps].count("segment") == 1, steps
-    kinds = [k for k, _ in steps]
-    first = kinds.index("segment")
-    assert all(k == "plain" for k in kinds[:first]) and \
-        all(k == "batch" for k in kinds[first + 1:]), kinds
+    assert_one_segment(nodes)
 
 
 def test_references_compiled_on_the_cpu_stay_there_beside_a_default_gpu_context():

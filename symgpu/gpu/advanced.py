@@ -206,6 +206,9 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
     out-of-bounds ones raise IndexError after the launch."""
 
     __props__ = ()
+    #: its shape is the index's length and x's trailing dims: reads of it are host
+    #: arithmetic before the launches (tensor/rewriting/shape_feature.py)
+    shape_from_inputs = True
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor1"

@@ -23,6 +23,7 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
+from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.basic_ops import GpuFromHost, as_gpuarray_variable
@@ -173,6 +174,10 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
     """``x[a, b]`` of a GPU matrix and two integer vectors: a new C-contiguous vector."""
 
     __props__ = ()
+    #: its length is the index vectors' broadcast length: a mean's divisor over it (the
+    #: tutorials' NLL) is host arithmetic before the launches, not a read that splits the
+    #: captured step (tensor/rewriting/shape_feature.py)
+    shape_from_inputs = True
 
     def __str__(self) -> str:
         return "GpuAdvancedSubtensor2"
@@ -261,6 +266,7 @@ class GpuARange(Op):
     __props__ = ("dtype", "context_name")
     capturable = True   # a pool allocation and one launch on the stream (graphs.py)
     launches = True
+    shape_from_inputs = True   # its length is arithmetic on its host scalars
 
     def __init__(self, dtype: str, context_name: Any = None):
         if dtype not in INDEX_DTYPES:
@@ -406,5 +412,7 @@ def local_gpu_arange(fgraph, node):
     return [new]
 
 
+# right after the lifting and before gpu_shape_infer (POSITIONS["gpu"] + 1): a length read of
+# the range then comes from GpuARange's own rule, not from a host ARange left behind for it
 optdb.register("gpu_arange", EquilibriumRewriter([local_gpu_arange], name="gpu_arange"),
-               45, "fast_run", "fast_compile", "gpu")
+               POSITIONS["gpu"] + 0.5, "fast_run", "fast_compile", "gpu")
