@@ -19,6 +19,7 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.gpu import graph_segment
 from symgpu.link.vm import link
+from gpu_helpers import requires_gpu
 
 
 @pytest.fixture(autouse=True)
@@ -230,3 +231,33 @@ def test_a_collected_graph_never_reads_the_device_checks():
     seg.release()
     gc.collect()
     assert not syncs and not graph_segment._GRAVEYARD
+
+
+@requires_gpu
+def test_gpu_a_shared_input_that_moves_every_call_replays_one_graph(cuda, monkeypatch):
+    """On the GPU: a read-only shared variable given a new buffer before every call (as a
+    state updated elsewhere) is staged after its first move; one more update, copied back
+    into its own buffer, never moves.  Results match NumPy on every call."""
+    from symgpu import function, shared
+    from symgpu.gpu import graphs
+    from symgpu.gpu.array import to_gpu
+    import symgpu.tensor as T
+    monkeypatch.setattr(graphs, "_driver", None)           # the real driver
+    rng = np.random.default_rng(0)
+    x = shared(np.zeros((64, 32), "float32"), name="x")
+    w = shared(np.ones(32, "float32"), name="w")
+    f = function([], T.sum(T.tanh(x) * w, axis=0), updates=[(w, w * 0.5 + 1.0)])
+    want_w = np.ones(32, "float32")
+    ptrs = set()
+    for i in range(12):
+        xv = rng.standard_normal((64, 32)).astype("float32")
+        xa = to_gpu(xv, cuda)                               # a new buffer every call
+        x.set_value(xa, borrow=True)
+        ptrs.add(xa.ptr)
+        got = f()
+        np.testing.assert_allclose(np.asarray(got), (np.tanh(xv) * want_w).sum(0),
+                                   rtol=1e-4, atol=1e-4)
+        want_w = want_w * 0.5 + 1.0
+    np.testing.assert_allclose(w.get_value(), want_w, rtol=1e-6)
+    st = f.vm.runner.stats()
+    assert len(ptrs) > 2 and st["replays"] >= 8 and st["captures"] <= 3, st
