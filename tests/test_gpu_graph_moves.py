@@ -76,39 +76,66 @@ class Failing(Op):
 
 
 def test_one_capture_serves_every_call_whose_input_moves():
-    """The plain node's output moves each call: the first graph read it in place, finds it
-    moved, and the segment stages it (copies it into a static buffer of the graph): one more
-    capture, then every call replays."""
+    """The plain node's output (also returned, so a new buffer each call) moves each call: the
+    first graph read it in place, finds it moved, and the segment stages it (copies it into a
+    static buffer of the graph): one more capture, then every call replays."""
     ctx = fakes.CTX_OBJ
     x = gvec()
     fresh = FreshPlain(1.0)
-    y = FakeKernelOp("sq", lambda a: a * a)(add1()(fresh(x)))
+    f = fresh(x)
+    y = FakeKernelOp("sq", lambda a: a * a)(add1()(f))
     xv = upload(ctx, [0, 1, 2])
-    vm, fg = linked([x], [y], [xv])
+    vm, fg = linked([x], [y, f], [xv])
+    assert [type(st).__name__ for st in vm.runner.steps] == ["_PlainStep", "Segment"]
     seg = vm.runner.segments[0]
     ptrs = set()
     for i in range(20):
         MEM[xv.ptr][:3] = [i, i + 1, i + 2]
-        (r,) = call(vm, [y])
+        (r, fv) = call(vm, [y, f])
         np.testing.assert_array_equal(read(r), (np.array([i, i + 1, i + 2]) + 2.0) ** 2)
-        ptrs.add(fresh.kept[-1].ptr)
-        del r
+        ptrs.add(fv.ptr)
+        del r, fv
     assert len(ptrs) >= 3                          # the input really moved
     st = vm.runner.stats()
     assert st["plain"] == 1 and st["captures"] == 2 and st["replays"] == 17, st
     assert st["graphs"] == 1 and seg.staged and not any(seg.by_pointer)
 
 
+def test_a_plain_node_feeding_a_segment_computes_into_a_block_it_owns():
+    """A plain node whose output never leaves the call (an upload, a convolution) owns one
+    block and computes into it every call (graphs._OwnedPlainStep): the segment reads it in
+    place, with no staging copy and one capture; the node's output never moves."""
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    fresh = FreshPlain(1.0)
+    y = FakeKernelOp("sq", lambda a: a * a)(add1()(fresh(x)))
+    xv = upload(ctx, [0, 1, 2])
+    vm, fg = linked([x], [y], [xv])
+    assert [type(st).__name__ for st in vm.runner.steps] == ["_OwnedPlainStep", "Segment"]
+    seg = vm.runner.segments[0]
+    ptrs = set()
+    for i in range(12):
+        MEM[xv.ptr][:3] = [i, i + 1, i + 2]
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (np.array([i, i + 1, i + 2]) + 2.0) ** 2)
+        ptrs.add(fresh.kept[-1].ptr)
+        del r
+    assert len(ptrs) == 1 and not seg.staged
+    st = vm.runner.stats()
+    assert st["plain"] == 1 and st["captures"] == 1 and st["replays"] == 10, st
+
+
 def test_results_kept_while_inputs_move_are_never_overwritten():
     ctx = fakes.CTX_OBJ
     x = gvec()
-    y = add1()(FreshPlain()(x))
+    f = FreshPlain()(x)
+    y = add1()(f)
     xv = upload(ctx, [0, 0])
-    vm, fg = linked([x], [y], [xv])
+    vm, fg = linked([x], [y, f], [xv])
     kept = []
     for i in range(20):
         MEM[xv.ptr][:2] = i
-        (r,) = call(vm, [y])
+        (r, _) = call(vm, [y, f])
         kept.append(r)
         if len(kept) > 2:
             kept.pop(0)                             # the caller holds its last two results
@@ -194,6 +221,7 @@ def test_a_failed_call_changes_nothing():
     h = Failing()(w2)
     wv = upload(ctx, [1, 1])
     vm, fg = linked([w, x], [h, w2], [wv, upload(ctx, [1, 1])], updates={1: 0})
+    assert "_OwnedPlainStep" in [type(st).__name__ for st in vm.runner.steps]
     cell = vm.storage_map[w]
     Failing.fail = False
     try:
@@ -249,11 +277,12 @@ def test_gpu_a_shared_input_that_moves_every_call_replays_one_graph(cuda, monkey
     f = function([], T.sum(T.tanh(x) * w, axis=0), updates=[(w, w * 0.5 + 1.0)])
     want_w = np.ones(32, "float32")
     ptrs = set()
+    kept = []
     for i in range(12):
         xv = rng.standard_normal((64, 32)).astype("float32")
-        xa = to_gpu(xv, cuda)                               # a new buffer every call
-        x.set_value(xa, borrow=True)
-        ptrs.add(xa.ptr)
+        kept.append(to_gpu(xv, cuda))                       # a new buffer every call
+        x.set_value(kept[-1], borrow=True)
+        ptrs.add(kept[-1].ptr)
         got = f()
         np.testing.assert_allclose(np.asarray(got), (np.tanh(xv) * want_w).sum(0),
                                    rtol=1e-4, atol=1e-4)

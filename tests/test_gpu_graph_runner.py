@@ -317,7 +317,7 @@ def test_logistic_regression_shaped_step_settles_on_one_graph():
     vm, fg = linked([w, b], [h, w_new, b_new], [upload(ctx, [0.5]), upload(ctx, [0.25])],
                     updates={1: 0, 2: 1})
     kinds = [type(st).__name__ for st in vm.runner.steps]
-    assert kinds == ["_PlainStep", "_PlainStep", "Segment", "_PlainStep"], kinds
+    assert kinds == ["_OwnedPlainStep", "_PlainStep", "Segment", "_PlainStep"], kinds
     hw, hb = 0.5, 0.25
     for i in range(30):
         vm()

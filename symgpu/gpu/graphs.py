@@ -89,6 +89,7 @@ from symgpu.gpu.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as
                                    escaping as _escaping, make_keyer, mark_reusable_outputs,
                                    node_capturable, node_launches, plan_steps, schedule)
 from symgpu.gpu.graph_segment import Segment
+from symgpu.gpu.pool import Block as _Block
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
@@ -136,6 +137,49 @@ class _PlainStep:
 
     def run(self) -> None:
         self.thunk()
+        for c in self.dead:
+            c[0] = None
+
+
+class _OwnedPlainStep:
+    """A plain node whose GPU output feeds a segment and never leaves the call (an upload of
+    a constant or of a host input, typically): the step owns one block and has the node
+    compute into it every call, so the segment finds its input where its graph reads it (no
+    staging copy, no new capture).
+
+    Why this is safe, decided when the runner is built rather than by watching references:
+    the output is not in ``graph_plan.escaping`` (no function output is it or a view of it),
+    so nothing reads the previous call's array once that call has returned; the step keeps
+    the :class:`~symgpu.gpu.pool.Block` itself, so the pool never hands it to anybody else;
+    and the pool gives it (``pool.hint``) only to the node's next allocation of its size
+    class on this thread.  Should another allocation of the node take it (a scratch buffer),
+    the output is elsewhere that call and the segment copies it in."""
+
+    __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "block")
+
+    def __init__(self, index: int, thunk: Callable, dead: list, out_cell: list,
+                 pool: Any) -> None:
+        self.current, self.thunk, self.dead = index, thunk, dead
+        self.out_cell, self.pool, self.block = out_cell, pool, None
+
+    def run(self) -> None:
+        pool = self.pool
+        block = self.block
+        if block is not None:
+            pool.hint_thread = threading.get_ident()
+            pool.hint = block
+        allocs = pool.n_allocs
+        try:
+            self.thunk()
+        finally:
+            pool.hint = None
+        v = self.out_cell[0]
+        if block is None or getattr(v, "ptr", None) != block.ptr:
+            base = getattr(v, "base", None)
+            # a block the node took from the pool in this call, under an array made here
+            if type(base) is _Block and pool.n_allocs != allocs and v.ptr == base.ptr and \
+                    getattr(v, "_gpudata", None) is None:
+                self.block = base
         for c in self.dead:
             c[0] = None
 
@@ -197,6 +241,10 @@ class Runner:
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
+        seg_inputs: set = set()
+        for kind, idx in steps:
+            if kind == "segment":
+                seg_inputs.update(v for i in idx for v in nodes[i].inputs)
         self.segments: list[Segment] = []
         self.steps: list[Any] = []
         seg_out_cells: list[list] = []
@@ -205,7 +253,16 @@ class Runner:
             my_dead = [dead[pos + k] for k in range(len(idx))]
             pos += len(idx)
             if kind == "plain":
-                self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
+                node = nodes[idx[0]]
+                outs = node.outputs
+                if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]) and \
+                        outs[0] not in self._escaping and \
+                        not getattr(node.op, "view_map", None) and \
+                        not getattr(node.op, "destroy_map", None):
+                    self.steps.append(_OwnedPlainStep(idx[0], thunks[idx[0]], my_dead[0],
+                                                      sm[outs[0]], ctx.pool))
+                else:
+                    self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
             elif kind == "batch":
                 from symgpu.gpu.basic_ops import HostFromGpu
                 self.steps.append(_BatchStep(

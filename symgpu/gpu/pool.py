@@ -168,6 +168,11 @@ class DevicePool:
         self.sink_thread = 0
         #: during a capture: a context-manager factory wrapped around cuMemAlloc
         self.capture_guard: Callable[[], Any] | None = None
+        #: a block the next allocation of its size class on ``hint_thread`` returns: a block
+        #: a plain step of the graph runner owns and gives to its node's output each call
+        #: (graphs._OwnedPlainStep), so the segment reading it finds it where it was
+        self.hint: Block | None = None
+        self.hint_thread = 0
         if preallocate > 0:
             total = int(context.total_memory) or context.mem_info()[1]
             want = int(total * preallocate) if preallocate <= 1 else int(preallocate * _MIB)
@@ -210,6 +215,13 @@ class DevicePool:
     # -- public
     def allocate(self, nbytes: int) -> Block:
         """A block of at least ``nbytes`` (rounded up to its size class)."""
+        hint = self.hint
+        if hint is not None and hint.size == size_class(int(nbytes)) and \
+                self.hint_thread == threading.get_ident():
+            self.hint = None
+            self.n_allocs += 1
+            self.n_reused += 1
+            return hint
         block = self._allocate(nbytes)
         sink = self.sink
         if sink is not None and self.sink_thread == threading.get_ident():
