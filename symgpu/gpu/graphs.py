@@ -28,9 +28,12 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   the address it had when captured: the graph serves a call only while the input is still
   there, one pointer comparison per input) or from a *static buffer* of its own, of the
   input's layout, that the input is copied into (one device-to-device copy, queued before the
-  launch) when it is elsewhere.  Inputs the caller passes per call are staged from the start;
-  any other input (a shared variable only read, an RNG state or a convolution's output
-  computed by a plain node into a fresh buffer) is read in place until it is first found
+  launch) when it is elsewhere.  A plain node whose output feeds a segment and never leaves
+  the call (an upload, a convolution: known when the runner is built) owns one block and
+  computes into it every call (``_OwnedPlainStep``), so its output stays put with no copy.
+  Inputs the caller passes per call are staged from the start; any other input (a shared
+  variable only read, an RNG state updated by a plain node, a plain node's output that is
+  also returned) is read in place until it is first found
   moved, then staged for good (the graph that read it in place is dropped, the call captures
   a new one), so an input that never moves costs no copy and one that moves costs a copy of
   it, never a capture or a plain run per call.  The one exception: the shared variable an
