@@ -129,3 +129,23 @@ def test_a_failed_call_with_cuda_graphs_leaves_updates_unapplied(cuda):
     np.testing.assert_array_equal(w.get_value(), before)
     f(xs, np.array([0]))
     np.testing.assert_array_equal(w.get_value(), before + 1)
+
+
+def test_chunks_start_on_a_page_so_reports_set_their_chunks_word():
+    """A report sets the word at its slot's address rounded down to 4096: the chunk's first
+    word only when the chunk starts on a page.  page_aligned picks the aligned rows of a
+    padded allocation; an allocator that gives an unaligned chunk is refused."""
+    from symgpu.gpu.device_checks import page_aligned
+    buf = np.zeros((256 + 256, 2), np.uint64)
+    for ptr in ((1 << 40), (1 << 40) + 16, (1 << 40) + 4096 - 256, (1 << 40) + 4080):
+        rows, base = page_aligned(buf, ptr, 256)
+        assert base % 4096 == 0 and rows.shape == (256, 2)
+        assert base - ptr == 16 * (rows.__array_interface__["data"][0]
+                                   - buf.__array_interface__["data"][0]) // 16
+        slot = base + 255 * 16                       # the chunk's last slot
+        assert slot & ~4095 == base
+    with pytest.raises(RuntimeError, match="16-byte"):
+        page_aligned(buf, (1 << 40) + 8, 256)
+    checks = DeviceChecks(lambda n: (np.zeros((n, 2), np.uint64), (1 << 40) + 256))
+    with pytest.raises(RuntimeError, match="4096"):
+        checks.new_slot(lambda bad: IndexError())

@@ -139,7 +139,7 @@ def test_graph_keys():
     a, b = upload(ctx, [1, 2, 3]), upload(ctx, [4, 5, 6])
     key = graphs.make_keyer([True, True])
     assert key([a, b]) == key([a, b])
-    assert key([a, b]) != key([b, a])
+    assert key([a, b]) == key([b, a])                           # not the pointers
     assert key([a, b]) != key([a[:2], b])                       # shape
     assert key([a, b]) != key([a[::2], b])                      # strides
     assert key([a, b]) == key([a._view(a.ptr, a.shape, a.strides), b])  # same memory
@@ -152,6 +152,8 @@ def test_graph_keys():
         hk([a, np.zeros(1000)])
     with pytest.raises(AttributeError):
         key([a, None])
+    pk = graphs.make_keyer([True, True], by_pointer=[True, False])   # kept moving: pointer
+    assert pk([a, b]) != pk([b, a]) and pk([a, b]) == pk([a, a])
 
 
 def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch):

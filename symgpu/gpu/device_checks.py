@@ -14,8 +14,9 @@ all stay on the device reports the error at the next synchronisation, as CUDA er
 PyTorch. ``config.gpuarray.sync_checks`` (or the ``sync_checks`` argument) restores a check
 right after each launch, for debugging.
 
-A report also sets the first word of its slot's page. The graph runner copies an update back
-into its shared variable's buffer inside a call (so pointers, and graph keys, repeat); in a
+A report also sets the first word of its slot's page (each chunk of slots starts on a page:
+``page_aligned``). The graph runner copies an update back into its shared variable's buffer
+inside a call (so the variable stays where the graph reads it); in a
 function with checking ops that copy is ``guarded_copy``, a kernel that does nothing once a
 page word is set, so a call that is about to fail leaves its shared variables untouched. Until
 the error is raised (at the next synchronisation), later calls' copies are skipped too.
@@ -71,11 +72,33 @@ extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long 
 }
 """
 
+_PAGE = 4096
+
+
 def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
-    """(n x 2 uint64 page-locked host array, its device address) through PyCUDA."""
+    """(n x 2 uint64 page-locked host array, its device address) through PyCUDA; the device
+    address is a multiple of 4096 (see :func:`page_aligned`)."""
     import pycuda.driver as drv
-    arr = drv.pagelocked_zeros((n, 2), np.uint64, mem_flags=drv.host_alloc_flags.DEVICEMAP)
-    return arr, int(arr.base.get_device_pointer())
+    pad = _PAGE // 16
+    arr = drv.pagelocked_zeros((n + pad, 2), np.uint64,
+                               mem_flags=drv.host_alloc_flags.DEVICEMAP)
+    return page_aligned(arr, int(arr.base.get_device_pointer()), n)
+
+
+def page_aligned(arr: np.ndarray, ptr: int, n: int) -> tuple[np.ndarray, int]:
+    """The n rows of ``arr`` (rows of two uint64, at device address ``ptr``, with 256 rows to
+    spare) that start at a multiple of 4096, and their device address.
+
+    Why: a kernel's report sets the word at its slot's address rounded down to 4096, which
+    must be its chunk's report word, the one guarded copies read.  The driver does not
+    promise page alignment for page-locked allocations; a chunk that was not aligned had its
+    reports' page word land elsewhere, and a failing call's guarded update copy went through
+    (the update of a call that raised was applied on the device)."""
+    skip = (-ptr) % _PAGE
+    if skip % 16:
+        raise RuntimeError(f"a page-locked allocation at {ptr:#x} is not 16-byte aligned")
+    rows = skip // 16
+    return arr[rows:rows + n], ptr + skip
 
 
 class DeviceChecks:
@@ -95,7 +118,11 @@ class DeviceChecks:
             k = len(self._describe)
             chunk, offset = divmod(k, _CHUNK - 1)
             if chunk == len(self._chunks):
-                self._chunks.append(self._allocate(_CHUNK))
+                host, base = self._allocate(_CHUNK)
+                if base % _PAGE:
+                    raise RuntimeError(f"device-check slots at {base:#x}: not on a 4096-byte "
+                                       f"boundary, so reports would set another page's word")
+                self._chunks.append((host, base))
             self._describe.append(describe)
             return self._chunks[chunk][1] + (offset + 1) * 16
 

@@ -135,52 +135,32 @@ def _host_key(v: Any) -> Any:
     raise Unkeyable(f"a host value of type {type(v).__name__}")
 
 
-def _staged_key(v: Any) -> tuple:
-    """A staged input's key: shape and strides; its pointer too when a stride is negative
-    (such inputs are not staged: graph_segment.Segment._capture)."""
-    for st in v.strides:
-        if st < 0:
-            return (v.ptr, v.shape, v.strides)
-    return (v.shape, v.strides)
-
-
 def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
-               staged: Sequence[bool] | None = None) -> Callable[[list], tuple]:
+               by_pointer: Sequence[bool] | None = None) -> Callable[[list], tuple]:
     """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
-    (pointer, shape, strides); host values their dtype, shape and bytes (scalars: type and
-    value), except those marked in ``params``: parameters of the graph (graph_params.py),
-    whose values are written into its parameter block instead and only count through the
-    key parts of the nodes reading them.  GPU values marked in ``staged`` (copied into a
-    graph's own buffers before each launch) give their shape and strides only.  Raises
+    their shape and strides (a graph reads an input where it was captured, or from a static
+    buffer of its own that the input is copied into: graph_segment.Segment, so the input's
+    pointer is not part of the key), except those marked in ``by_pointer`` (inputs the graph
+    writes in place that kept moving: their pointer too).  Host values give their dtype,
+    shape and bytes (scalars: type and value), except those marked in ``params``: parameters
+    of the graph (graph_params.py), whose values are written into its parameter block instead
+    and only count through the key parts of the nodes reading them.  Raises
     :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
     gpu = tuple(bool(g) for g in is_gpu)
     skip = tuple(bool(p) for p in params) if params is not None else (False,) * len(gpu)
-    if staged is not None and any(staged):
-        kinds = tuple(3 if st else (0 if g else (2 if p else 1))
-                      for g, p, st in zip(gpu, skip, staged))
-
-        def key_staged(vals: list) -> tuple:
-            return tuple([(v.ptr, v.shape, v.strides) if k == 0 else
-                          (_staged_key(v) if k == 3 else
-                           (_host_key(v) if k == 1 else None))
-                          for v, k in zip(vals, kinds)])
-        return key_staged
-    if all(gpu):
+    ptr = tuple(bool(p) for p in by_pointer) if by_pointer is not None else (False,) * len(gpu)
+    if all(gpu) and not any(ptr):
         def key_gpu(vals: list) -> tuple:
-            return tuple([(v.ptr, v.shape, v.strides) for v in vals])
+            return tuple([(v.shape, v.strides) for v in vals])
         return key_gpu
-    if any(skip):
-        kinds = tuple(0 if g else (2 if p else 1) for g, p in zip(gpu, skip))
-
-        def key_params(vals: list) -> tuple:
-            return tuple([(v.ptr, v.shape, v.strides) if k == 0 else
-                          (_host_key(v) if k == 1 else None)
-                          for v, k in zip(vals, kinds)])
-        return key_params
+    # 0: GPU by layout, 1: host by value, 2: parameter (left out), 3: GPU by pointer too
+    kinds = tuple((3 if q else 0) if g else (2 if p else 1) for g, p, q in zip(gpu, skip, ptr))
 
     def key(vals: list) -> tuple:
-        return tuple([(v.ptr, v.shape, v.strides) if g else _host_key(v)
-                      for v, g in zip(vals, gpu)])
+        return tuple([(v.shape, v.strides) if k == 0 else
+                      (_host_key(v) if k == 1 else
+                       (None if k == 2 else (v.ptr, v.shape, v.strides)))
+                      for v, k in zip(vals, kinds)])
     return key
 
 

@@ -1,14 +1,16 @@
 """One segment of a whole-function CUDA graph (the design is in symgpu/gpu/graphs.py's
 docstring): per call, plain launches, a capture or a replay, and all a capture needs.
 
-Holds :class:`Segment` (key its inputs, write its graph parameters, capture on a repeated key,
-replay while nothing handed out of an earlier call uses the graph's blocks, check each new
+Holds :class:`Segment` (key its inputs by shape and strides, write its graph parameters,
+capture on a repeated key, copy inputs that moved into the graph's static buffers or stage
+them once found moved, replay while nothing handed out of an earlier call uses the graph's
+blocks, check each new
 graph against plain launches, copy updates back into the buffers of the variables they update,
 fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
 pool blocks it owns and how its outputs are rebuilt on replay), ``_Lease`` (what the arrays
 handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
 graveyard (graphs collected while a capture runs are destroyed once it has
-ended, since no stream sync may run during a capture).
+ended: no driver call a capture may forbid runs during one).
 
 Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
 parameter and error-path rules must be read together; graphs.py keeps the entry points (the
@@ -52,7 +54,7 @@ class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
     __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
-                 "escapes", "staged", "__weakref__")
+                 "escapes", "staged", "pinned", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
@@ -61,10 +63,13 @@ class _Graph:
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
         self.lease: Any = None   # weak reference to the _Lease of the last hand-out
         self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
+        #: (input index, pointer) of the GPU inputs read (or written) where they were when
+        #: captured: the graph serves a call only while each of them is still there
+        self.pinned: tuple = ()
         #: whether some output handed out of the call is a buffer of the graph
         self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
 
-    def free(self) -> bool:
+    def idle(self) -> bool:
         """Whether nothing handed out of an earlier call still uses the graph's memory."""
         ref = self.lease
         return ref is None or ref() is None
@@ -83,10 +88,13 @@ _GRAVEYARD: list = []
 
 
 def _bury(entry: tuple) -> None:
-    drv, ctx, exe, graph, _owned = entry
+    """Destroy a collected graph.  No synchronisation: ``cuGraphExecDestroy`` of a graph still
+    running frees it once it completes, and its blocks go back to a pool whose reuse is
+    ordered on the same stream.  (A ``ctx.synchronize()`` here also read the device checks:
+    a graph collected in the middle of a failing call raised that call's pending check into
+    this function's ``except`` and cleared it, so the call's guarded update copy landed.)"""
+    drv, _ctx, exe, graph, _owned = entry
     try:
-        if not getattr(ctx, "virtual", True):
-            ctx.synchronize()   # no launch of the graph may still be running
         drv.destroy(exe, graph)
     except Exception:  # interpreter shutdown
         pass
@@ -107,7 +115,7 @@ class Segment:
                  copy_back: Sequence[tuple[list, int]] = (),
                  param_thunks: Sequence[Any] = (),
                  param_inputs: Sequence[bool] | None = None,
-                 staged: Sequence[int] = ()) -> None:
+                 staged: Sequence[int] = (), written: Sequence[int] = ()) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -125,12 +133,21 @@ class Segment:
         dead_ids = {id(c) for _, _, d in items for c in d}
         self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
         self.dead = [c for _, _, d in items for c in d]
-        #: GPU inputs the caller passes per call (not shared variables, never written in
-        #: place): a graph reads them from static buffers of its own, copied into before each
-        #: launch, so their pointers are not part of the key (only shapes and strides)
-        self.staged = list(staged)
-        self.key = make_keyer(in_gpu, param_inputs,
-                              [k in self.staged for k in range(len(in_gpu))])
+        #: GPU inputs a graph reads from static buffers of its own, copied into before a
+        #: launch when the caller's value is elsewhere: those the caller passes per call from
+        #: the start, and every other one (but an update's target) once it has moved
+        self.staged = set(staged)
+        #: inputs a graph may stage once they moved: GPU inputs no update is copied back into
+        targets = {j for _, j in copy_back}
+        self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
+        #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
+        self.written = set(written)
+        #: times each input was found moved; an input that cannot be staged and keeps moving
+        #: gets its pointer into the key (``by_pointer``) instead of a capture per move
+        self.moves: dict[int, int] = {}
+        self.param_inputs = param_inputs
+        self.by_pointer = [False] * len(in_gpu)
+        self.key = make_keyer(in_gpu, param_inputs)
         #: nodes reading host scalars from the parameter block when captured (graph_params.py)
         self.param_thunks = list(param_thunks)
         self.param_offsets: list[int] = []
@@ -163,7 +180,11 @@ class Segment:
                 graphs = self.graphs.get(key)
                 if graphs is not None:
                     for g in graphs:
-                        if g.free() and (not g.backs or self._overwritable(vals, g.backs)):
+                        if g.idle() and (not g.backs or self._overwritable(vals, g.backs)):
+                            for j, ptr in g.pinned:
+                                if vals[j].ptr != ptr:
+                                    self._moved(key, g, vals)
+                                    return
                             self._replay(g, vals)
                             return
                 ok = self.seen.get(key)
@@ -178,6 +199,38 @@ class Segment:
             self._plain_call(vals)
             return
         self._plain()
+
+    def _moved(self, key: tuple, g: _Graph, vals: list) -> None:
+        """Inputs ``g`` reads in place are elsewhere this call: drop ``g``; inputs that may be
+        staged are from now on (and this call captures), others run this call plainly (its
+        update is copied back into the moved buffer) and are captured where they now are at
+        the next call, or keyed by pointer once they have moved twice."""
+        moved = [j for j, ptr in g.pinned if vals[j].ptr != ptr]
+        self._drop(key, g)
+        capture = True
+        for j in moved:
+            n = self.moves[j] = self.moves.get(j, 0) + 1
+            if j in self.movable and _stageable(vals[j]):
+                self.staged.add(j)
+                continue
+            capture = False
+            if n >= 2 and not self.by_pointer[j]:
+                self.by_pointer[j] = True
+                self.key = make_keyer(self.in_gpu, self.param_inputs, self.by_pointer)
+                self.release()
+                self.seen.clear()
+        if capture and self.n_graphs < _graphs.MAX_GRAPHS:
+            self._capture(key, vals)
+        else:
+            self._plain_call(vals)
+
+    def _drop(self, key: tuple, g: _Graph) -> None:
+        graphs = self.graphs.get(key)
+        if graphs is not None and g in graphs:
+            graphs.remove(g)
+            self.n_graphs -= 1
+            if not graphs:
+                del self.graphs[key]
 
     def _param_key(self) -> tuple:
         """The parameter nodes' key parts; their bytes go to ``self.params``."""
@@ -231,10 +284,10 @@ class Segment:
         self.current = self.items[0][0]
         if self.param_thunks:
             self._upload_params()
-        if g.staged:
-            copy = g.drv.copy
-            for j, buf in g.staged:
-                copy(buf, vals[j])
+        for j, buf in g.staged:
+            v = vals[j]
+            if v.ptr != buf.ptr:
+                g.drv.copy(buf, v)
         status = g.launch()
         if status:
             g.drv.check(status, "cuGraphLaunch")
@@ -357,9 +410,9 @@ class Segment:
             try:
                 from symgpu.gpu.elemwise import new_array
                 cap_vals = list(vals)
-                for j in self.staged:
+                for j in sorted(self.staged):
                     v = vals[j]
-                    if v.size and min(v.strides, default=0) >= 0:   # else keyed by pointer
+                    if _stageable(v):   # else read in place (pinned)
                         # the input's own layout, so offsets and strides read from it hold
                         extent = v.itemsize + sum((n - 1) * st for n, st in
                                                   zip(v.shape, v.strides))
@@ -425,11 +478,14 @@ class Segment:
             self._give_up(exc, vals, snap)
             return
         # an output that is a staged input or a view of one is rebuilt over the caller's
-        # array: nothing writes into either, and the static buffer has the input's layout
+        # array when nothing writes into either (the static buffer has the input's layout);
+        # over the static buffer when a node of the segment writes into it
         owned = tuple(b for b in sink if b is not None)
         del sink
-        outs = self._output_specs(cap_vals, owned)
-        owned += tuple(b.base for _, b in staged)
+        written = tuple(b.base for j, b in staged if j in self.written)
+        outs = self._output_specs(cap_vals, owned + written,
+                                  {j for j, _ in staged if j in self.written})
+        owned += tuple(b.base for j, b in staged if j not in self.written) + written
         for j, _ in staged:
             self.in_cells[j][0] = vals[j]
         if outs is None:
@@ -445,6 +501,9 @@ class Segment:
         g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
         g.backs = tuple(copied)
         g.staged = tuple(staged)
+        in_static = {j for j, _ in staged}
+        g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
+                         if gpu and j not in in_static and v.size)
         self._hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
@@ -506,13 +565,16 @@ class Segment:
             if self._copy(vals[j], new):
                 cell[0] = vals[j]
 
-    def _output_specs(self, vals: list, owned: tuple) -> list | None:
+    def _output_specs(self, vals: list, owned: tuple, static: set = frozenset()) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left
-        in them; None when one cannot be."""
+        in them; None when one cannot be.  ``static``: staged inputs whose static buffers
+        (in ``owned``) the graph writes: outputs over them are the graph's buffers."""
         where = {id(b): k for k, b in enumerate(owned)}
-        in_ids = {id(v): j for j, v in enumerate(vals)}
+        in_ids = {id(v): j for j, v in enumerate(vals) if j not in static}
         in_bases = {}
         for j, (v, g) in enumerate(zip(vals, self.in_gpu)):
+            if j in static:
+                continue
             if g and v is not None and getattr(v, "base", None) is not None:
                 in_bases.setdefault(id(v.base), j)
         const_bases = {id(c.base) for c in self.const_ids.values()
@@ -594,6 +656,12 @@ from symgpu.gpu.pool import Block as _Block  # noqa: E402
 from symgpu.gpu import graphs as _graphs  # noqa: E402
 
 _gpuarray_new = _GpuArray.__new__
+
+
+def _stageable(v: Any) -> bool:
+    """Whether a GPU value can be copied into a static buffer of its own layout: not empty
+    (an empty input is never read) and no negative stride."""
+    return bool(v.size) and min(v.strides, default=0) >= 0
 
 
 def _same_layout(a: Any, b: Any) -> bool:

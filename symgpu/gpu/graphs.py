@@ -16,32 +16,51 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   work with no GPU work before it runs first, capturable nodes next, and the rest as late as
   possible; maximal runs of capturable nodes with at least one launch become *segments*, and
   adjacent HostFromGpu nodes one batched copy with a single stream sync.
-* **When.** A segment is keyed on its inputs: device pointer, shape and strides of every GPU
-  value, the value of every (small) host value, except host scalars that are *graph
-  parameters* (graph_params.py: an index, a learning rate, slice bounds, an arange's start),
-  which each call writes into the segment's device parameter block before the launch and the
-  captured kernels read there; what they change in shapes stays in the key.  The first call
-  with a new key runs plainly and remembers the key; a repeat captures (the thunks run with
-  the stream in capture mode and every pool block they take goes to the graph); later
-  repeats replay.
-* **Whose memory.** A graph owns every block allocated while it was captured: outputs,
-  intermediates, reduction scratch.  Which of its outputs may leave the call is known when the
-  runner is built (function outputs and what they may alias through views and in-place ops);
-  those are handed out as arrays sharing one lease (graph_segment._Lease), of which the graph
-  keeps a weak reference: while a result the caller kept (or a view of it) is alive, the graph
-  does not run again, and the next call captures or replays a second graph, so ``r = f()``
-  in a loop alternates between two.  Outputs that stay inside the call are plain arrays over
-  the graph's blocks.  No decision counts Python references.
-* **Stable pointers.** Keys repeat only if the inputs' buffers do.  A plain node whose output
-  feeds a segment (an upload) recycles its own few pool blocks once the lease of its last
-  output is dead (``_StablePlainStep``), and an update's new value is copied back into the
-  buffer of the shared variable it updates (in the graph, or after a plain run) when that
-  buffer is pool memory never lent to the user (``pool.lend``: ``get_value(borrow=True,
-  return_internal_type=True)`` and ``set_value(..., borrow=True)`` mark it), no value the
-  function returns may alias the new value, no later reader aliases the old one, and nothing
-  that can fail runs after the segment, so ``w`` keeps its pointer from call to call (the copy
-  costs one device-to-device copy of the variable; the destroy handler never lets ops write
-  into a function's inputs, so updates are computed into fresh memory).
+* **Keys.** A segment is keyed on its inputs' shapes and strides (their dtypes are their
+  variables' types), the value of every (small) host value, except host scalars that are
+  *graph parameters* (graph_params.py: an index, a learning rate, slice bounds, an arange's
+  start), which each call writes into the segment's device parameter block before the launch
+  and the captured kernels read there; what they change in shapes stays in the key.  Device
+  pointers are not in the key.  The first call with a new key runs plainly and remembers the
+  key; a repeat captures (the thunks run with the stream in capture mode and every pool block
+  they take goes to the graph); later repeats replay.
+* **Inputs: where a graph reads them.** A graph reads each GPU input either *in place* (at
+  the address it had when captured: the graph serves a call only while the input is still
+  there, one pointer comparison per input) or from a *static buffer* of its own, of the
+  input's layout, that the input is copied into (one device-to-device copy, queued before the
+  launch) when it is elsewhere.  A plain node whose output feeds a segment and never leaves
+  the call (an upload, a convolution: known when the runner is built) owns one block and
+  computes into it every call (``_OwnedPlainStep``), so its output stays put with no copy.
+  Inputs the caller passes per call are staged from the start; any other input (a shared
+  variable only read, an RNG state updated by a plain node, a plain node's output that is
+  also returned) is read in place until it is first found
+  moved, then staged for good (the graph that read it in place is dropped, the call captures
+  a new one), so an input that never moves costs no copy and one that moves costs a copy of
+  it, never a capture or a plain run per call.  The one exception: the shared variable an
+  update is copied back into (below) is written by the graph, so it is never staged: when it
+  moves (``set_value``) the graph is dropped, the call runs plainly and copies its update back
+  into the new buffer, and the next call captures there; one that moves again and again
+  (swapped buffers) has its pointer put in the key.
+* **Updates in place.** An update's new value is copied back into the buffer of the shared
+  variable it updates (in the graph, or after a plain run), so the variable stays where the
+  graph reads it from call to call (the copy costs one device-to-device copy of the variable;
+  the destroy handler never lets ops write into a function's inputs, so updates are computed
+  into fresh memory).  Only when that buffer is pool memory never lent to the user
+  (``pool.lend``: ``get_value(borrow=True, return_internal_type=True)`` and ``set_value(...,
+  borrow=True)`` mark it, an explicit flag), no value the function returns may alias the new
+  value, no later reader aliases the old one, and nothing that can fail runs after the segment
+  (the copies are guarded by the device checks: device_checks.guarded_copy), so a failed call
+  changes nothing.
+* **Outputs: whose memory.** A graph owns every block allocated while it was captured:
+  outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
+  leave the call is known when the runner is built (function outputs and what they may alias
+  through views and in-place ops); those are handed out as arrays sharing one lease
+  (graph_segment._Lease), of which the graph keeps a weak reference: while a result the
+  caller kept (or a view of it) is alive, the graph does not run again (liveness of what it
+  handed out, decided when the call looks for a graph, never a count of references), and the
+  next call replays or captures a second graph of the same key, so ``r = f()`` in a loop
+  alternates between two.  Outputs that stay inside the call are plain arrays over the
+  graph's blocks.
 * **Threads.** A call holds its context's ``call_lock`` (a capture records whatever reaches
   the context's one stream): :class:`Runner` takes it, and GPU functions without a graph get a
   ``_Locked`` plain run that does (docs/threads.md).
@@ -65,7 +84,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-import weakref
 from collections import Counter
 from typing import Any, Callable
 
@@ -73,7 +91,7 @@ from symgpu.gpu.event_timers import register_gpu_timers
 from symgpu.gpu.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
                                    escaping as _escaping, make_keyer, mark_reusable_outputs,
                                    node_capturable, node_launches, plan_steps, schedule)
-from symgpu.gpu.graph_segment import Segment, _Lease
+from symgpu.gpu.graph_segment import Segment
 from symgpu.gpu.pool import Block as _Block
 from symgpu.gpu.type import is_gpu_var as _is_gpu_var
 
@@ -83,7 +101,8 @@ __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_step
 
 #: graphs kept per segment (two alternate when the caller holds the last result)
 MAX_GRAPHS = 8
-#: keys remembered per segment before the first repeat
+#: keys remembered per segment before the first repeat (a bound on memory: keys are shapes
+#: and small host values, so a function sees few)
 MAX_SEEN = 64
 #: check each new graph once against plain launches of the same inputs (the GPU inputs are
 #: copied for that; segments whose GPU inputs pass VERIFY_LIMIT bytes are never captured)
@@ -125,50 +144,45 @@ class _PlainStep:
             c[0] = None
 
 
-class _StablePlainStep:
-    """A plain node whose GPU output feeds a segment (an upload, typically): its output
-    memory is recycled from the node's own few blocks, so the segment's key (which holds the
-    pointer) repeats whatever else the pool hands out or a capture takes from it.
+class _OwnedPlainStep:
+    """A plain node whose GPU output feeds a segment and never leaves the call (an upload of
+    a constant or of a host input, typically): the step owns one block and has the node
+    compute into it every call, so the segment finds its input where its graph reads it (no
+    staging copy, no new capture).
 
-    Each output is handed on under a lease (graph_segment._Lease): a block is recycled once
-    the lease of the array made over it is dead (nothing, not even a view, kept it past its
-    call), which is liveness, not a count of references."""
+    Why this is safe, decided when the runner is built rather than by watching references:
+    the output is not in ``graph_plan.escaping`` (no function output is it or a view of it),
+    so nothing reads the previous call's array once that call has returned; the step keeps
+    the :class:`~symgpu.gpu.pool.Block` itself, so the pool never hands it to anybody else;
+    and the pool gives it (``pool.hint``) only to the node's next allocation of its size
+    class on this thread.  Should another allocation of the node take it (a scratch buffer),
+    the output is elsewhere that call and the segment copies it in."""
 
-    __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "cache")
+    __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "block")
 
     def __init__(self, index: int, thunk: Callable, dead: list, out_cell: list,
                  pool: Any) -> None:
         self.current, self.thunk, self.dead = index, thunk, dead
-        self.out_cell, self.pool, self.cache = out_cell, pool, []   # [(block, lease ref)]
+        self.out_cell, self.pool, self.block = out_cell, pool, None
 
     def run(self) -> None:
         pool = self.pool
-        cache = self.cache
-        for b, ref in cache:
-            if ref is None or ref() is None:
-                pool.hint_thread = threading.get_ident()
-                pool.hint = b
-                break
+        block = self.block
+        if block is not None:
+            pool.hint_thread = threading.get_ident()
+            pool.hint = block
         allocs = pool.n_allocs
         try:
             self.thunk()
         finally:
             pool.hint = None
         v = self.out_cell[0]
-        base = getattr(v, "base", None)
-        # only a block the node took from the pool in this call, under an array made here
-        # (never an input's memory: the node's op has no view_map or destroy_map)
-        if type(base) is _Block and pool.n_allocs != allocs and v.ptr == base.ptr and \
-                getattr(v, "_gpudata", None) is None:
-            lease = _Lease((base,))
-            v.base = lease
-            for k, (b, _) in enumerate(cache):
-                if b is base:
-                    cache[k] = (b, weakref.ref(lease))
-                    break
-            else:
-                if len(cache) < 4:
-                    cache.append((base, weakref.ref(lease)))
+        if block is None or getattr(v, "ptr", None) != block.ptr:
+            base = getattr(v, "base", None)
+            # a block the node took from the pool in this call, under an array made here
+            if type(base) is _Block and pool.n_allocs != allocs and v.ptr == base.ptr and \
+                    getattr(v, "_gpudata", None) is None:
+                self.block = base
         for c in self.dead:
             c[0] = None
 
@@ -245,10 +259,11 @@ class Runner:
                 node = nodes[idx[0]]
                 outs = node.outputs
                 if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]) and \
+                        outs[0] not in self._escaping and \
                         not getattr(node.op, "view_map", None) and \
                         not getattr(node.op, "destroy_map", None):
-                    self.steps.append(_StablePlainStep(idx[0], thunks[idx[0]], my_dead[0],
-                                                       sm[outs[0]], ctx.pool))
+                    self.steps.append(_OwnedPlainStep(idx[0], thunks[idx[0]], my_dead[0],
+                                                      sm[outs[0]], ctx.pool))
                 else:
                     self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
             elif kind == "batch":
@@ -307,11 +322,15 @@ class Runner:
                 copy_back.append((sm[new], inputs.index(old)))
         param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
         staged = [k for k, v in enumerate(inputs) if v in self._stageable]
+        destroyed = [nodes[i].inputs[k] for i in idx
+                     for ins in (getattr(nodes[i].op, "destroy_map", None) or {}).values()
+                     for k in ins]
+        written = [k for k, v in enumerate(inputs) if any(_aliases(d, v) for d in destroyed)]
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
-                      param_inputs, staged)
+                      param_inputs, staged, written)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters

@@ -168,8 +168,9 @@ class DevicePool:
         self.sink_thread = 0
         #: during a capture: a context-manager factory wrapped around cuMemAlloc
         self.capture_guard: Callable[[], Any] | None = None
-        #: a live block the next allocation of its size class on ``hint_thread`` returns (the
-        #: graph runner keeps a node's buffers stable from call to call this way)
+        #: a block the next allocation of its size class on ``hint_thread`` returns: a block
+        #: a plain step of the graph runner owns and gives to its node's output each call
+        #: (graphs._OwnedPlainStep), so the segment reading it finds it where it was
         self.hint: Block | None = None
         self.hint_thread = 0
         if preallocate > 0:
