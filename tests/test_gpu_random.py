@@ -269,3 +269,28 @@ def test_fused_kernel_on_strided_and_broadcast_inputs(cuda, dtype):
         got = f(xv, bv)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@requires_gpu
+def test_dropout_mlp_step_replays_one_graph_per_call(cuda):
+    """examples/mlp_dropout.py's training step on the device: one capture, then one replay
+    per call, the masks drawn in the kernels and the generator states moved on every call."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "mlp_dropout.py")
+    spec = importlib.util.spec_from_file_location("mlp_dropout_example", path)
+    mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mlp)
+    train, _, _ = mlp.build(64, on_device=True)
+    assert sum(isinstance(op, GpuPhiloxElemwise) for op in _ops(train)) == 2, _ops(train)
+    states = [v for v in train.maker.fgraph.inputs if v.name and v.name.startswith("philox")]
+    assert len(states) == 2 and all(isinstance(s.type, GpuArrayType) for s in states)
+    losses = [float(np.asarray(train().get())) for _ in range(6)]
+    assert all(np.isfinite(losses)) and len(set(losses)) == 6, losses   # fresh masks
+    st = train.vm.runner.stats()
+    assert st["segments"] == 1 and st["plain"] == 1 and st["captures"] == 1, st
+    assert st["replays"] == 4, st
+    per_call = philox.blocks(64 * 1024, "float32")
+    for s in states:
+        assert int(np.asarray(s.get_value())[2]) == 6 * per_call
