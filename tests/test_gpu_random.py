@@ -294,3 +294,18 @@ def test_dropout_mlp_step_replays_one_graph_per_call(cuda):
     per_call = philox.blocks(64 * 1024, "float32")
     for s in states:
         assert int(np.asarray(s.get_value())[2]) == 6 * per_call
+
+
+@requires_gpu
+def test_fused_kernel_on_an_unaligned_view_and_an_odd_length(cuda):
+    """x[1:] starts 4 bytes into x's buffer: the contiguous kernel's per-element path (the
+    whole-block vector accesses need 16-byte alignment); 13 elements end in a part block."""
+    xv = np.arange(14, dtype="float32")
+    x = T.vector("x")
+    y = x[1:]
+    srng = RandomStreams(seed=6)
+    f = function([x], y * srng.uniform(y.shape))
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f)), _ops(f)
+    for call in range(4):       # plain calls read the view, a replayed graph its own copy
+        want = xv[1:] * _reference(6, 0, "uniform", "float32", (13,), call)
+        np.testing.assert_array_equal(f(xv), want)
