@@ -87,8 +87,8 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
         return [
             f"        const long long i0 = b * {per};",
             f"        if (vec && i0 + {per} <= n) {{",
-            *[f"            const {pack[i]} p{i} = *reinterpret_cast<const {pack[i]} *>(in{i} + i0);"
-              for i in full],
+            *[f"            const {pack[i]} p{i} = "
+              f"*reinterpret_cast<const {pack[i]} *>(in{i} + i0);" for i in full],
             *[f"            {opack[j]} q{j};" for j in range(len(outs))],
             "#pragma unroll",
             f"            for (int u = 0; u < {per}; ++u) {{",
