@@ -191,6 +191,20 @@ def test_fused_kernels_compile(tmp_path):
     assert b"sg_philox_ew_strided" in compile_for_sm90(src64, tmp_path / "b")
 
 
+def test_contiguous_fused_kernel_moves_whole_blocks_when_aligned():
+    from symgpu.scalar.basic import SCALAR_OPS
+    src = render_philox_elemwise(SCALAR_OPS["mul"], ["float32", "float32"], [False, False], 1,
+                                 "uniform", 2)
+    contig = src[src.index("sg_philox_ew_contig"):src.index("sg_philox_ew_strided")]
+    strided = src[src.index("sg_philox_ew_strided"):]
+    assert "sg_rp_aligned<4>(in0) && sg_rp_aligned<4>(out0)" in contig
+    assert "reinterpret_cast<const sg_rpack<float, 4> *>(in0 + i0)" in contig
+    assert "sg_rpack" not in strided
+    src64 = render_philox_elemwise(SCALAR_OPS["add"], ["float64", "float32"], [False, False], 0,
+                                   "normal", 1)
+    assert "sg_rpack<float, 2>" in src64 and "sg_rpack<double, 2> q0" in src64
+
+
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     cubin = compile_for_sm90(random_source(), tmp_path)
