@@ -89,11 +89,12 @@ def _expected(calls: int) -> list[np.ndarray]:
 def test_the_step_is_one_segment_and_the_state_is_copied_back():
     vm, fg = _dropout_step()
     (seg,) = vm.runner.segments
-    backs = {j for _, j in seg.copy_back}
-    in_vars = [v for v in fg.inputs]
-    assert len(backs) == 2, seg.copy_back          # w and the state keep their buffers
     assert len(seg.items) == 7, [vm.nodes[i] for i, _, _ in seg.items]
-    assert in_vars
+    # w and the state keep their buffers: each update's cell is copied into its input's
+    names = {id(c): v for v, c in vm.storage_map.items()}
+    backs = {(names[id(cell)].owner.op.__class__.__name__, str(names[id(seg.in_cells[j])]))
+             for cell, j in seg.copy_back}
+    assert backs == {("FakeKernelOp", "w"), ("GpuPhiloxAdvance", "state")}, backs
 
 
 def test_the_step_captures_once_then_replays_drawing_fresh_numbers():
