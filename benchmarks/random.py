@@ -6,8 +6,12 @@ and JAX (GPU) and NumPy's Generator(Philox) (CPU), in one run.
 
 GPU: 2**26 float32 standard normals and uniforms (result left on the device), as GB/s
 written; dropout (p=0.5) of 2**26 float32 (GB/s read + written; symgpu with the mask made
-inside the kernel and, for comparison, written to memory first); one SGD step of the MLP 784-1024-1024-10 with two dropout layers (p=0.5), batch 512
-(symgpu with CUDA graphs on and off, PyTorch eager, JAX jit). CPU: 2**22 float32 normals and
+inside the kernel and, for comparison, written to memory first); one SGD step of the MLP
+784-1024-1024-10 with two dropout layers (p=0.5), batch 512 (symgpu with CUDA graphs on and
+off, with its runner's counts of plain runs, captures and replays; PyTorch eager; JAX jit), in
+full float32 everywhere ("mlp step", JAX at matmul precision "highest") and with TF32 matrix
+products everywhere ("mlp step tf32": symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32,
+JAX's default precision). CPU: 2**22 float32 normals and
 uniforms, symgpu's CPU function against NumPy's Generator(Philox) (a Philox4x64 stream) and
 NumPy's default PCG64. Each figure is the median of 5 loops of N calls with one sync. Numbers,
 not assertions; a peer that fails prints why and the run goes on.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -29,6 +33,10 @@ from timing import guarded, per_call, say  # noqa: E402
 N_GPU = 1 << 26
 N_CPU = 1 << 22
 BATCH = 512
+#: the dropout MLP step in full float32 everywhere (JAX at matmul precision "highest") and
+#: with TF32 matrix products everywhere (symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32,
+#: JAX's default precision on NVIDIA GPUs)
+MLP, MLP_TF32 = "mlp step", "mlp step tf32"
 
 
 RESULTS: dict[str, dict[str, float]] = {}
@@ -59,9 +67,13 @@ def bench_symgpu_gpu() -> None:
         keep = srng.binomial(x.shape, p=0.5, dtype="float32")
         return function([], Out(gpu_from_host(x * keep * 2.0), borrow=True))
 
-    def mlp(tag):
-        train, _, _ = mlp_dropout.build(BATCH, on_device=True)
-        record("mlp step", tag, per_call(train, 200, ctx.synchronize))
+    def mlp(tag, tf32=False):
+        with config.change_flags(**{"gpuarray.allow_tf32": tf32}):
+            train, _, _ = mlp_dropout.build(BATCH, on_device=True)
+        record(MLP_TF32 if tf32 else MLP, tag, per_call(train, 200, ctx.synchronize))
+        runner = train.vm.runner
+        stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
+        say(f"    runner: {stats}")
 
     for graphs_on in (True, False):
         tag = "symgpu" + ("" if graphs_on else " (no graphs)")
@@ -78,6 +90,8 @@ def bench_symgpu_gpu() -> None:
             assert "GpuPhiloxElemwise" in names, names        # the mask made in the kernel
             record("dropout", tag, per_call(f, 50, ctx.synchronize), 8 * N_GPU)
             mlp(tag)
+            if graphs_on:
+                mlp(tag, tf32=True)
     # the same with the draws written to memory (gpu_philox_fusion off), then fused again,
     # to see the fusion's effect apart from the order of the measurements
     with config.change_flags(optimizer_excluding="gpu_philox_fusion"):
@@ -120,7 +134,10 @@ def bench_torch() -> None:
             for p, gr in zip(params, grads):
                 p -= 0.02 * gr
         return loss
-    record("mlp step", "PyTorch eager", per_call(step, 200, sync))
+    for label, tf32 in ((MLP, False), (MLP_TF32, True)):
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        record(label, "PyTorch eager", per_call(step, 200, sync))
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def _mlp_data():
@@ -194,17 +211,20 @@ def bench_jax() -> None:
         logits = h @ params[-2] + params[-1]
         return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(BATCH), y])
 
-    @jax.jit
     def step(params, key):
         key, sub = jax.random.split(key)
         loss, grads = jax.value_and_grad(loss_fn)(params, sub)
         return [p - 0.02 * g for p, g in zip(params, grads)], key, loss
 
-    st = {"p": params, "key": jax.random.PRNGKey(1)}
+    # JAX's default matmul precision on NVIDIA GPUs is TF32; "highest" is full float32
+    for label, precision in ((MLP, "highest"), (MLP_TF32, None)):
+        with jax.default_matmul_precision(precision) if precision else nullcontext():
+            jstep = jax.jit(step)
+            st = {"p": params, "key": jax.random.PRNGKey(1)}
 
-    def call():
-        st["p"], st["key"], st["out"] = step(st["p"], st["key"])
-    record("mlp step", "JAX jit", per_call(call, 200, lambda: st["out"].block_until_ready()))
+            def call():
+                st["p"], st["key"], st["out"] = jstep(st["p"], st["key"])
+            record(label, "JAX jit", per_call(call, 200, lambda: st["out"].block_until_ready()))
 
 
 # ============================================================================ CPU

@@ -28,11 +28,13 @@ def dropout(srng, h, p):
     return h * keep * np.asarray(1.0 / (1.0 - p), dtype=h.dtype)
 
 
-def build(batch=512, seed=1234, lr=0.02, on_device=False):
+def build(batch=512, seed=1234, lr=0.02, on_device=False, p_drop=P_DROP, profile=None):
     """(train, predict, data): one SGD step with dropout, and the dropout-free prediction.
 
     `on_device=True` (benchmarks): the batch lives in shared variables, `train()` takes no
-    arguments and leaves its loss on the GPU; no `predict` is compiled (None)."""
+    arguments and leaves its loss on the GPU; no `predict` is compiled (None). `p_drop=0`
+    leaves dropout out (the same network without random numbers, to compare with);
+    `profile` is passed to the training function."""
     floatX = symgpu.config.floatX
     rng = np.random.default_rng(seed)
     params = []
@@ -55,8 +57,8 @@ def build(batch=512, seed=1234, lr=0.02, on_device=False):
         h = x
         for k in range(0, len(params) - 2, 2):
             h = T.nnet.relu(T.dot(h, params[k]) + params[k + 1])
-            if drop:
-                h = dropout(srng, h, P_DROP)
+            if drop and p_drop:
+                h = dropout(srng, h, p_drop)
         return T.nnet.softmax(T.dot(h, params[-2]) + params[-1])
 
     loss = T.mean(T.nnet.categorical_crossentropy(forward(True), y))
@@ -66,9 +68,9 @@ def build(batch=512, seed=1234, lr=0.02, on_device=False):
     if on_device:
         from symgpu.gpu.basic_ops import gpu_from_host
         train = symgpu.function([], symgpu.Out(gpu_from_host(loss), borrow=True),
-                                updates=updates, name="train")
+                                updates=updates, name="train", profile=profile)
         return train, None, data
-    train = symgpu.function([x, y], loss, name="train", updates=updates)
+    train = symgpu.function([x, y], loss, name="train", updates=updates, profile=profile)
     predict = symgpu.function([x], T.argmax(forward(False), axis=1), name="predict")
     return train, predict, data
 

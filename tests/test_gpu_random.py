@@ -191,6 +191,20 @@ def test_fused_kernels_compile(tmp_path):
     assert b"sg_philox_ew_strided" in compile_for_sm90(src64, tmp_path / "b")
 
 
+def test_contiguous_fused_kernel_moves_whole_blocks_when_aligned():
+    from symgpu.scalar.basic import SCALAR_OPS
+    src = render_philox_elemwise(SCALAR_OPS["mul"], ["float32", "float32"], [False, False], 1,
+                                 "uniform", 2)
+    contig = src[src.index("sg_philox_ew_contig"):src.index("sg_philox_ew_strided")]
+    strided = src[src.index("sg_philox_ew_strided"):]
+    assert "sg_rp_aligned<4>(in0) && sg_rp_aligned<4>(out0)" in contig
+    assert "reinterpret_cast<const sg_rpack<float, 4> *>(in0 + i0)" in contig
+    assert "sg_rpack" not in strided
+    src64 = render_philox_elemwise(SCALAR_OPS["add"], ["float64", "float32"], [False, False], 0,
+                                   "normal", 1)
+    assert "sg_rpack<float, 2>" in src64 and "sg_rpack<double, 2> q0" in src64
+
+
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     cubin = compile_for_sm90(random_source(), tmp_path)
@@ -269,3 +283,43 @@ def test_fused_kernel_on_strided_and_broadcast_inputs(cuda, dtype):
         got = f(xv, bv)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@requires_gpu
+def test_dropout_mlp_step_replays_one_graph_per_call(cuda):
+    """examples/mlp_dropout.py's training step on the device: one capture, then one replay
+    per call, the masks drawn in the kernels and the generator states moved on every call."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "mlp_dropout.py")
+    spec = importlib.util.spec_from_file_location("mlp_dropout_example", path)
+    mlp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mlp)
+    train, _, _ = mlp.build(64, on_device=True)
+    assert sum(isinstance(op, GpuPhiloxElemwise) for op in _ops(train)) == 2, _ops(train)
+    states = [v for v in train.maker.fgraph.inputs if v.name and v.name.startswith("philox")]
+    assert len(states) == 2 and all(isinstance(s.type, GpuArrayType) for s in states)
+    losses = [float(np.asarray(train().get())) for _ in range(6)]
+    assert all(np.isfinite(losses)) and len(set(losses)) == 6, losses   # fresh masks
+    st = train.vm.runner.stats()
+    assert st["segments"] == 1 and st["plain"] == 1 and st["captures"] == 1, st
+    assert st["replays"] == 4, st
+    per_call = philox.blocks(64 * 1024, "float32")
+    for s in states:
+        assert int(np.asarray(s.get_value())[2]) == 6 * per_call
+
+
+@requires_gpu
+def test_fused_kernel_on_an_unaligned_view_and_an_odd_length(cuda):
+    """x[1:] starts 4 bytes into x's buffer: the contiguous kernel's per-element path (the
+    whole-block vector accesses need 16-byte alignment); 13 elements end in a part block."""
+    xv = np.arange(14, dtype="float32")
+    x = T.vector("x")
+    y = x[1:]
+    srng = RandomStreams(seed=6)
+    f = function([x], y * srng.uniform(y.shape))
+    assert any(isinstance(op, GpuPhiloxElemwise) for op in _ops(f)), _ops(f)
+    for call in range(4):       # plain calls read the view, a replayed graph its own copy
+        want = xv[1:] * _reference(6, 0, "uniform", "float32", (13,), call)
+        np.testing.assert_array_equal(f(xv), want)

@@ -16,10 +16,11 @@ right after each launch, for debugging.
 
 A report also sets the first word of its slot's page (each chunk of slots starts on a page:
 ``page_aligned``). The graph runner copies an update back into its shared variable's buffer
-inside a call (so the variable stays where the graph reads it); in a
-function with checking ops that copy is ``guarded_copy``, a kernel that does nothing once a
-page word is set, so a call that is about to fail leaves its shared variables untouched. Until
-the error is raised (at the next synchronisation), later calls' copies are skipped too.
+inside a call (so the variable stays where the graph reads it); in a function with checking ops
+that copy is ``guarded_copy``: one thread reads the page words into a device word, and the copy
+kernel does nothing once it is set, so a call that is about to fail leaves its shared variables
+untouched. Until the error is raised (at the next synchronisation), later calls' copies are
+skipped too.
 
 Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
 device address of the slot its kernel writes.
@@ -53,18 +54,27 @@ _CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page'
 _MAX_GUARDED_CHUNKS = 4
 
 #: copies that do not happen once a check has reported: an update copied back into its shared
-#: variable's buffer inside a call must not land when that call is about to fail
+#: variable's buffer inside a call must not land when that call is about to fail. The report
+#: words live in mapped host memory, and on the H100 each read of them from a kernel cost
+#: about a microsecond, one after the other: read by every block of a copy (a 4 MiB weight
+#: has 1024), they made a dropout MLP step's eight copies take 2 ms instead of a few us. So
+#: one thread reads them once per copy into the module's own device word, which the copy's
+#: blocks then read (two launches on the stream, in order: nothing runs between them).
 GUARDED_COPY_SOURCE = r"""
-extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long n16,
-    unsigned char *dst_b, const unsigned char *src_b, long long tail,
-    const volatile unsigned long long *w0, const volatile unsigned long long *w1,
-    const volatile unsigned long long *w2, const volatile unsigned long long *w3)
+__device__ int sg_guard_reported;
+
+extern "C" __global__ void guarded_copy_check(const volatile unsigned long long *w0,
+    const volatile unsigned long long *w1, const volatile unsigned long long *w2,
+    const volatile unsigned long long *w3)
 {
-    __shared__ int reported;
-    if (threadIdx.x == 0)
-        reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
-    __syncthreads();
-    if (reported) return;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        sg_guard_reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+}
+
+extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long n16,
+    unsigned char *dst_b, const unsigned char *src_b, long long tail)
+{
+    if (*(volatile int *)&sg_guard_reported) return;
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     for (long long i = first; i < n16; i += step) dst[i] = src[i];
@@ -240,21 +250,25 @@ def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
     words = checks_of(ctx).report_words()
     if words is None:
         return False
-    fn = _copy_kernels.get(id(ctx))
-    if fn is None:
-        from symgpu.gpu.compiler import get_kernel
-        fn = get_kernel(("symgpu.guarded_copy",), lambda: GUARDED_COPY_SOURCE, "guarded_copy",
-                        context=ctx)
-        fn.prepare("PPqPPqPPPP")
-        _copy_kernels[id(ctx)] = fn
+    fns = _copy_kernels.get(id(ctx))
+    if fns is None:
+        from symgpu.gpu.compiler import compile_module
+        module = compile_module(GUARDED_COPY_SOURCE, context=ctx)   # one module: one word
+        check = module.get_function("guarded_copy_check")
+        copy = module.get_function("guarded_copy")
+        check.prepare("PPPP")
+        copy.prepare("PPqPPq")
+        fns = _copy_kernels[id(ctx)] = (check, copy)
+    check, copy = fns
     nbytes = dst.nbytes
     n16, tail = divmod(nbytes, 16) if dst.ptr % 16 == 0 and src.ptr % 16 == 0 else (0, nbytes)
     done = n16 * 16
     words = words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
     threads = max(n16, tail)
     blocks = max(1, min(1024, -(-threads // 256)))
-    fn.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
-                           dst.ptr + done, src.ptr + done, nbytes - done, *words)
+    check.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words)
+    copy.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
+                             dst.ptr + done, src.ptr + done, nbytes - done)
     return True
 
 

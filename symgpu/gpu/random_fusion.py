@@ -36,12 +36,20 @@ __all__ = ["GpuPhiloxElemwise", "render_philox_elemwise", "gpu_philox_fusion"]
 
 _BLOCK = 256
 
+#: one Philox block's elements of an operand, moved as one aligned access
+_PACK_CUDA = r"""
+template <typename T, int K> struct alignas(K * sizeof(T)) sg_rpack { T v[K]; };
+template <int K, typename T> __device__ __forceinline__ bool sg_rp_aligned(const T *p)
+{ return ((unsigned long long)p % (K * sizeof(T))) == 0; }
+"""
+
 
 def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inputs: Sequence[bool],
                            sample_pos: int, dist: str, ndim: int) -> str:
     """The CUDA module of a GpuPhiloxElemwise: `sg_philox_ew_contig` (every full operand
-    C-contiguous in the output's shape) and `sg_philox_ew_strided` (element strides, 0 where
-    broadcast, over `ndim` dimensions).
+    C-contiguous in the output's shape; a thread's 4 (float32 draws) or 2 (float64) elements
+    are loaded and stored as one aligned access per operand where the pointers allow) and
+    `sg_philox_ew_strided` (element strides, 0 where broadcast, over `ndim` dimensions).
 
     `in_dtypes`/`scalar_inputs` describe the elementwise op's inputs, the draw included at
     `sample_pos` (its dtype is the draw's)."""
@@ -59,7 +67,7 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
     hoist = [f"    const {value_ctype(in_dtypes[i])} c{i} = sg_load(in{i}[0]);"
              for i in others if scalar_inputs[i]]
 
-    def body(offset_of: Callable[[int], str], prologue: list[str]) -> str:
+    def args_with(load: Callable[[int], str]) -> str:
         args = []
         for i in range(len(in_dtypes)):
             if i == sample_pos:
@@ -67,21 +75,51 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
             elif scalar_inputs[i]:
                 args.append(f"c{i}")
             else:
-                args.append(f"sg_load(in{i}[{offset_of(i)}])")
+                args.append(load(i))
+        return ", ".join(args + [f"r{j}" for j in range(len(outs))])
+
+    def vector_step() -> list[str]:
+        """A whole Philox block's elements moved as one aligned access per operand (the
+        contiguous kernel, when every pointer is aligned to it): thread b's elements
+        b*per .. b*per+per-1 are adjacent in every operand."""
+        pack = [f"sg_rpack<{storage_ctype(in_dtypes[i])}, {per}>" for i in range(len(in_dtypes))]
+        opack = [f"sg_rpack<{storage_ctype(d)}, {per}>" for d in outs]
+        return [
+            f"        const long long i0 = b * {per};",
+            f"        if (vec && i0 + {per} <= n) {{",
+            *[f"            const {pack[i]} p{i} = "
+              f"*reinterpret_cast<const {pack[i]} *>(in{i} + i0);" for i in full],
+            *[f"            {opack[j]} q{j};" for j in range(len(outs))],
+            "#pragma unroll",
+            f"            for (int u = 0; u < {per}; ++u) {{",
+            *[f"                {value_ctype(d)} r{j};" for j, d in enumerate(outs)],
+            f"                sg_apply({args_with(lambda i: f'sg_load(p{i}.v[u])')});",
+            *[f"                sg_store(q{j}.v[u], r{j});" for j in range(len(outs))],
+            "            }",
+            *[f"            *reinterpret_cast<{opack[j]} *>(out{j} + i0) = q{j};"
+              for j in range(len(outs))],
+            "            continue;",
+            "        }"]
+
+    def body(offset_of: Callable[[int], str], prologue: list[str], vector: bool) -> str:
+        aligned = [f"sg_rp_aligned<{per}>(in{i})" for i in full] + \
+            [f"sg_rp_aligned<{per}>(out{j})" for j in range(len(outs))]
         lines = [*hoist,
+                 *([f"    const bool vec = {' && '.join(aligned)};"] if vector else []),
                  f"    const long long nb = (n + {per} - 1) / {per};",
                  "    const long long step = (long long)gridDim.x * blockDim.x;",
                  "    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nb;"
                  " b += step) {",
                  f"        {vt} v[{per}];",
                  f"        sg_philox_values(st, (unsigned long long)b, {'true' if dist == 'normal' else 'false'}, v);",
+                 *(vector_step() if vector else []),
                  "#pragma unroll",
                  f"        for (int u = 0; u < {per}; ++u) {{",
                  f"            const long long i = b * {per} + u;",
                  "            if (i < n) {",
                  *["            " + p for p in prologue],
                  *[f"            {value_ctype(d)} r{j};" for j, d in enumerate(outs)],
-                 f"            sg_apply({', '.join(args + [f'r{j}' for j in range(len(outs))])});",
+                 f"            sg_apply({args_with(lambda i: f'sg_load(in{i}[{offset_of(i)}])')});",
                  *[f"            sg_store(out{j}[i], r{j});" for j in range(len(outs))],
                  "            }", "        }", "    }"]
         return "\n".join(lines)
@@ -90,13 +128,13 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
     for k in reversed(range(nd)):
         unravel.append(f"{{ const long long q = rem / d{k}, x = rem - q * d{k}; rem = q;"
                        + "".join(f" o{i} += x * s{i}_{k};" for i in full) + " }")
-    contig = body(lambda i: "i", [])
-    strided = body(lambda i: f"o{i}", unravel)
+    contig = body(lambda i: "i", [], vector=True)
+    strided = body(lambda i: f"o{i}", unravel, vector=False)
     sig_contig = ", ".join(["const unsigned int *st", "long long n", *ptrs])
     sig_strided = ", ".join(["const unsigned int *st", "long long n", *dims, *strides, *ptrs])
     return "\n".join([
         f"/* symgpu: Philox {dist} {dtype} draw fused into {str(scalar_op).replace('*/', '* /')} */",
-        common_source(), PHILOX_CUDA, apply_src,
+        common_source(), PHILOX_CUDA, _PACK_CUDA, apply_src,
         f'extern "C" __global__ void sg_philox_ew_contig({sig_contig})', "{", contig, "}",
         f'extern "C" __global__ void sg_philox_ew_strided({sig_strided})', "{", strided, "}"])
 
