@@ -273,7 +273,7 @@ def test_gpu_conv_float32(cuda, backend, kw):
                                 dict(border_mode=((0, 1), (2, 0)), num_groups=2)])
 def test_gpu_conv_timed_and_heuristic_algorithms_agree(cuda, monkeypatch, kw):
     """Both ways of choosing cuDNN's algorithm give the CPU's values; the timed one records
-    its choice per geometry (cudnn._TIMED: keyed on the handle, then the direction).
+    its choice per geometry (cudnn._TIMED: keyed on the handle, then the direction)."""
     from symgpu.gpu import cudnn
     if not cudnn.cudnn_available():
         pytest.skip("cuDNN is not installed")
