@@ -27,13 +27,15 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+from collections import Counter
 from typing import Any, Callable, Sequence
 
 from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
-    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached",
+    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached", "STATS",
 ]
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
@@ -59,6 +61,9 @@ _cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin
 _kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
 _modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
 _digest_locks: dict[str, threading.Lock] = {}           # digest -> held while compiling it
+#: process-wide nvcc counters, 'runs' and 'seconds' (summed over threads): cold-compile
+#: benchmarks report them per phase (function(), first call)
+STATS: Counter = Counter()
 
 
 def _config() -> Any:
@@ -140,9 +145,15 @@ def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> by
         return CompileError(f"nvcc failed (exit {code}) compiling a kernel for {arch}; "
                             f"source kept at {kept}\ncommand: {shlex.join(cmd)}\n{stderr}",
                             stderr, kept, cmd)
-    return run_compiler(kernel_cache_dir(), digest[:16], source, (".cu", ".cubin"),
-                        lambda src, out: [_nvcc(), "-cubin", f"-arch={arch}", *options,
-                                          "-o", out, src], failure)
+    t0 = time.perf_counter()
+    try:
+        return run_compiler(kernel_cache_dir(), digest[:16], source, (".cu", ".cubin"),
+                            lambda src, out: [_nvcc(), "-cubin", f"-arch={arch}", *options,
+                                              "-o", out, src], failure)
+    finally:
+        with _lock:
+            STATS["runs"] += 1
+            STATS["seconds"] += time.perf_counter() - t0
 
 
 def _digest_lock(digest: str) -> threading.Lock:
