@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 from symgpu.graph.basic import Apply
 
 __all__ = ["KernelRequest", "PrefetchResult", "requests", "compile_requests", "prefetch",
-           "clear"]
+           "clear", "maybe_strided"]
 
 
 class KernelRequest(NamedTuple):
@@ -83,6 +83,27 @@ def _node_context(node: Apply) -> Any:
 
 
 _NO_CONTEXT = object()
+
+
+def maybe_strided(var: Any) -> bool:
+    """Whether the GPU variable ``var`` may be a strided view: a stepped or reversed slice or
+    a transpose lies on its chain of views.  Ops that copy such a value into contiguous
+    memory (with the strided-copy kernel, ``copykernel.prefetch_request()``) ask this to
+    prefetch that module only where a graph will need it."""
+    while var.owner is not None:
+        op = var.owner.op
+        view_map = getattr(op, "view_map", None) or {}
+        src = view_map.get(var.owner.outputs.index(var))
+        if not src:
+            return False
+        for entry in getattr(op, "idx_list", ()) or ():
+            if getattr(entry, "step", None) not in (None, 1):
+                return True
+        order = [d for d in getattr(op, "new_order", ()) if d != "x"]
+        if order != sorted(order):
+            return True
+        var = var.owner.inputs[src[0]]
+    return False
 
 
 def _seen_key(key: Hashable, options: tuple[str, ...], arch: str) -> tuple:
