@@ -9,6 +9,7 @@ replayed as one CUDA graph, and run tests/test_scan.py and tests/test_scan_grad.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -161,6 +162,59 @@ def test_loop_bodies_kernels_join_the_outer_prefetch_batch(vgpu):
     rewritten = fresh[0].inner.rewritten()
     fresh[0]._compiled()
     assert fresh[0].inner.compiled_fgraph is rewritten
+
+
+def test_strided_views_fed_to_copies_prefetch_the_copy_kernel(vgpu):
+    """A cold compile of the BPTT + SGD step asks for the strided-copy module at link: the
+    backward loop's inputs are reversed sequences and a transposed weight (the captured
+    loop copies them into its own buffers), the weight gradients reshape reversed views;
+    an increment of a region (GpuIncSubtensor) runs it too.  Nothing compiles on the first
+    call."""
+    from symgpu.gpu import prefetch
+    from symgpu.gpu.basic_ops import GpuReshape
+    from symgpu.gpu.subtensor import GpuIncSubtensor
+    x, y = T.tensor3("x"), T.tensor3("y")
+    wx, wh = T.matrix("wx"), T.matrix("wh")
+    h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh)), sequences=x,
+                       outputs_info=T.zeros((4, 5), dtype="float32"))
+    f = function([x, y, wx, wh], symgpu.grad(((h - y) ** 2).mean(), [wx, wh]))
+    nodes = f.maker.fgraph.toposort()
+    copy = ("symgpu.strided_copy",)
+    asked = {type(n.op).__name__ for n in nodes if n.op.__class__ in (GpuScan, GpuReshape,
+                                                                       GpuIncSubtensor)
+             and copy in [k for k, _, _ in n.op.prefetch_sources(n)]}
+    assert asked == {"GpuScan", "GpuReshape"}, asked
+    assert copy in [r.key for r in prefetch.requests(nodes, include_virtual=True,
+                                                     skip_seen=False)]
+    v = T.matrix("v")
+    g = function([v, x], T.inc_subtensor(v[1:], x[0]))
+    (inc,) = [n for n in g.maker.fgraph.toposort() if isinstance(n.op, GpuIncSubtensor)]
+    assert [k for k, _, _ in inc.op.prefetch_sources(inc)] == [copy]
+
+
+def test_maybe_strided_follows_views_to_a_step_or_a_transpose(vgpu):
+    from symgpu.gpu.basic_ops import GpuDimShuffle
+    from symgpu.gpu.elemwise import gpu_elemwise
+    from symgpu.gpu.prefetch import maybe_strided
+    from symgpu.gpu.subtensor import GpuSubtensor
+    from symgpu.gpu.type import GpuArrayType
+    from symgpu.tensor.subtensor import Slice
+
+    def sl(x, *parts):
+        return GpuSubtensor([Slice(*p) for p in parts])(x)
+
+    def ds(x, *order):
+        return GpuDimShuffle(x.broadcastable, order)(x)
+    g = GpuArrayType("float32", (False,) * 3, None)("g")
+    assert not maybe_strided(g)
+    assert maybe_strided(sl(g, (None, None, -1)))
+    assert maybe_strided(sl(sl(g, (1, None, None)), (None, None, 2)))
+    assert maybe_strided(ds(g, 1, 0, 2))
+    assert maybe_strided(ds(sl(sl(g, (None, None, -1)), (2, None, None)), 0, "x", 1, 2))
+    assert not maybe_strided(sl(g, (1, None, None)))
+    assert not maybe_strided(ds(sl(g, (2, 5, None)), 0, 1, "x", 2))
+    # a computed value is a fresh contiguous array, whatever it was computed from
+    assert not maybe_strided(gpu_elemwise("exp", sl(g, (None, None, -1))))
 
 
 def test_taps_backwards_nitsot_and_until_place_on_the_gpu(vgpu):
@@ -390,6 +444,54 @@ def _bptt_fwd():
     h, _ = symgpu.scan(lambda xt, h: T.tanh(xt + T.dot(h, W)), sequences=x,
                        outputs_info=T.zeros((4, 5), dtype="float32"))
     return [x], h, None
+
+
+#: a cold compile of a BPTT + SGD step in a fresh process: which threads ran nvcc while
+#: function() linked, and whether any call (plain, capture, replay) ran it
+COLD_STEP = r"""
+import json, threading
+import numpy as np
+import symgpu, symgpu.tensor as T
+from symgpu.gpu import compiler
+runs = []
+real = compiler._run_nvcc
+def counting(*args):
+    runs.append(threading.current_thread().name)
+    return real(*args)
+compiler._run_nvcc = counting
+symgpu.config.floatX = "float32"
+r = np.random.RandomState(0)
+x = symgpu.shared(r.randn(7, 4, 6).astype("float32"))
+y = symgpu.shared(r.randn(7, 4, 5).astype("float32"))
+wx = symgpu.shared(r.randn(6, 5).astype("float32") * .3)
+wh = symgpu.shared(r.randn(5, 5).astype("float32") * .3)
+h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh)), sequences=x,
+                   outputs_info=T.zeros((4, 5), dtype="float32"))
+loss = ((h - y) ** 2).mean()
+gx, gh = symgpu.grad(loss, [wx, wh])
+f = symgpu.function([], loss, updates=[(wx, wx - .1 * gx), (wh, wh - .1 * gh)])
+at_link = list(runs)
+del runs[:]
+losses = [float(f()) for _ in range(4)]
+print(json.dumps({"link": at_link, "calls": runs, "losses": losses}))
+"""
+
+
+@requires_gpu
+def test_a_cold_bptt_step_compiles_every_kernel_at_link(tmp_path):
+    """Empty compiledir, fresh process: function() starts compiling the kernels of the
+    outer graph and of both loop bodies (the strided copies included) on the prefetch's
+    nvcc threads; no call, plain, captured or replayed, runs nvcc in its own thread (one
+    only needed at the first capture may still be finishing in the background then)."""
+    env = dict(os.environ, SYMGPU_FLAGS=f"device=cuda,compiledir={tmp_path}",
+               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", COLD_STEP], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["link"], got
+    assert all(t.startswith("symgpu-nvcc") for t in got["link"] + got["calls"]), got
+    assert got["losses"][-1] < got["losses"][0]
 
 
 @requires_gpu

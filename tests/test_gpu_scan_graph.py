@@ -213,6 +213,50 @@ def test_outputs_reuse_their_blocks_only_once_dropped():
     check(third, want_accumulate(x2, h0))
 
 
+def test_an_output_held_over_many_calls_is_never_overwritten_and_recycled_after():
+    """Ownership by leases (no reference counts): an array handed out stays the caller's
+    while it (or a view of it) lives, however many calls follow; its block is reused by the
+    first call after it is dropped; and only SPARE_OUTPUTS blocks per result are recycled."""
+    import gc
+    from symgpu.gpu.graph_segment import _Lease
+    op, node = accumulate_loop()
+    h0 = rand(1, 3)
+    x = rand(4, 3, seed=1)
+
+    def call(x):
+        return run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    call(x), call(x)   # plain, capture
+    kept = call(x)
+    assert all(type(a.base) is _Lease for a in kept)
+    view = kept[1][1:3]
+    assert view.base is kept[1].base
+    kept_ptrs = [a.ptr for a in kept]
+    want = want_accumulate(x, h0)
+    others = []
+    for seed in range(2, 2 + 2 * scan_graph.SPARE_OUTPUTS):
+        xs = rand(4, 3, seed=seed)
+        got = call(xs)
+        assert not {a.ptr for a in got} & set(kept_ptrs)
+        check(got, want_accumulate(xs, h0))
+        others.append(got)   # the caller holds these too
+    check(kept, want)
+    np.testing.assert_allclose(read(view), want[1][1:3], rtol=1e-6)
+    # every spare block is held: new ones come from the pool, the spares stay SPARE_OUTPUTS
+    g = next(iter(op.loop_graphs.graphs.values()))
+    assert [len(s) for s in g.spare] == [scan_graph.SPARE_OUTPUTS] * 2
+    del kept, others
+    gc.collect()
+    np.testing.assert_allclose(read(view), want[1][1:3], rtol=1e-6)   # the view keeps it
+    got = call(rand(4, 3, seed=50))
+    assert got[0].ptr == kept_ptrs[0] and got[1].ptr != kept_ptrs[1]   # only result 0 free
+    del view, got
+    gc.collect()
+    x9 = rand(4, 3, seed=9)
+    got = call(x9)
+    assert [a.ptr for a in got] == kept_ptrs
+    check(got, want_accumulate(x9, h0))
+
+
 def test_body_that_cannot_be_captured_runs_step_by_step():
     op, node = accumulate_loop(capturable=False)
     for s in range(3):

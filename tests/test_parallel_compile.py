@@ -149,6 +149,49 @@ def test_prefetch_compiles_every_source_once_in_parallel(fake_nvcc):
     assert len(fake_nvcc.sources) == 5
 
 
+def test_background_start_returns_at_once_and_thunks_wait_for_their_module(fake_nvcc, fresh):
+    """The link hook's way (wait=False): compiles start on the nvcc threads and the call
+    returns before they end; a compile_to_cubin of one of them waits for that compile (no
+    second nvcc run, none in the caller's thread), and the entries land in the compiledir
+    of the moment they were started even if the flag changes meanwhile."""
+    fake_nvcc.delay = 0.4
+    nodes = graph_nodes()
+    t0 = time.perf_counter()
+    res = prefetch.prefetch(nodes, include_virtual=True, wait=False)
+    assert time.perf_counter() - t0 < 0.4 and (res.requested, res.compiled) == (5, 5)
+    with config.change_flags(compiledir=str(fresh) + "-elsewhere"):
+        for r in prefetch.requests(nodes, include_virtual=True, skip_seen=False):
+            _, cubin, hit = compiler.compile_to_cubin(r.source, r.options, r.arch)
+            assert hit and cubin.startswith(b"cubin:")
+    assert len(fake_nvcc.sources) == len(set(fake_nvcc.sources)) == 5
+    assert all(t.startswith("symgpu-nvcc") for t in fake_nvcc.threads), fake_nvcc.threads
+    assert len(list(Path(fresh, "kernels").glob("*/*.cubin"))) == 5
+    assert not Path(str(fresh) + "-elsewhere").exists()
+    # nothing in flight any more, nothing left to start
+    assert compiler._in_flight == {}
+    assert prefetch.prefetch(nodes, include_virtual=True, wait=False).requested == 0
+
+
+def test_a_background_failure_is_raised_by_the_nodes_own_compile(fake_nvcc):
+    bad = prefetch.KernelRequest("bad", "// FAIL\n" + KERNEL, (), "sm_90")
+    good = prefetch.KernelRequest("good", "// fine\n" + KERNEL, (), "sm_90")
+    prefetch.start_requests([bad, good])
+    with pytest.raises(compiler.CompileError, match="source kept at"):
+        compiler.compile_to_cubin(bad.source)
+    assert compiler.compile_to_cubin(good.source)[2]
+    assert fake_nvcc.sources.count(bad.source) == 2 and fake_nvcc.sources.count(good.source) == 1
+
+
+def test_clearing_the_memory_waits_for_background_compiles(fake_nvcc):
+    fake_nvcc.delay = 0.3
+    req = prefetch.KernelRequest("k", f"// {uuid.uuid4()}\n{KERNEL}", (), "sm_90")
+    prefetch.start_requests([req])
+    compiler.clear_memory_cache()
+    assert compiler._in_flight == {} and compiler._cubin_memo == {}
+    assert compiler.is_cached(req.source)   # on disk, found without nvcc
+    assert len(fake_nvcc.sources) == 1
+
+
 def test_workers_are_bounded_by_the_cpus(fake_nvcc, monkeypatch):
     monkeypatch.setattr(prefetch, "_cpu_count", lambda: 2)
     fake_nvcc.delay = 0.1
@@ -233,8 +276,8 @@ def test_load_kernels_renders_a_module_once(monkeypatch):
 def test_link_prefetches_before_making_thunks(monkeypatch):
     assert prefetch._link_hook in vm.LINK_HOOKS
     events: list = []
-    monkeypatch.setattr(prefetch, "prefetch",
-                        lambda nodes: events.append(("prefetch", [str(n.op) for n in nodes])))
+    monkeypatch.setattr(prefetch, "prefetch", lambda nodes, **kw: events.append(
+        ("prefetch", [str(n.op) for n in nodes], kw)))
     real = GpuElemwise.make_thunk
 
     def spy(self, node, *args, **kw):
@@ -245,6 +288,7 @@ def test_link_prefetches_before_making_thunks(monkeypatch):
         x = T.fvector("x")
         function([x], T.exp(x) * 2 + 1)
     assert events[0][0] == "prefetch" and any("GpuElemwise" in s for s in events[0][1])
+    assert events[0][2] == {"wait": False}   # started, not waited for (see the next test)
     assert events[1][0] == "thunk"
     events.clear()
     y = T.dvector("y")
@@ -253,7 +297,7 @@ def test_link_prefetches_before_making_thunks(monkeypatch):
 
 
 def test_a_failing_prefetch_never_breaks_linking(monkeypatch):
-    def boom(nodes):
+    def boom(nodes, **kw):
         raise OSError("disk full")
     monkeypatch.setattr(prefetch, "prefetch", boom)
     with config.change_flags(floatX="float32", device="cuda"), virtual_context(None), \

@@ -277,3 +277,37 @@ def test_hessian_wrt_non_sequence_and_float32_grad():
         return o
     verify_grad(f, [rand(5, 3).astype("float32"), rand(3).astype("float32"),
                     rand(3, 3, scale=0.5).astype("float32")])
+
+
+def test_backward_loop_reads_the_states_adjoint_without_a_zero_filled_buffer():
+    """The gradient of what scan() returns for a state (its buffer without the L initial
+    values) is read by the backward loop directly: no zero-filled copy of the O(steps)
+    buffer with the adjoint written in at [L:] is left in the compiled graph (L = 1 and
+    L = 2 taps). A loop whose last value only is returned (reduce) takes the general path.
+    All three gradients are checked numerically."""
+    from symgpu.tensor.subtensor import IncSubtensor, Slice
+
+    def rnn(x, h0, W):
+        return symgpu.scan(lambda xt, h, W: T.tanh(T.dot(h, W) + xt), sequences=x,
+                           outputs_info=h0, non_sequences=W)[0]
+
+    def two_taps(x, h0, W):
+        return symgpu.scan(lambda xt, h2, h1, W: T.tanh(T.dot(h1, W) + 0.5 * h2 + xt),
+                           sequences=x, outputs_info=dict(initial=h0, taps=[-2, -1]),
+                           non_sequences=W)[0]
+
+    def last(x, h0, W):
+        return symgpu.reduce(lambda xt, h, W: T.tanh(T.dot(h, W) + xt), sequences=x,
+                             outputs_info=h0, non_sequences=W)[0]
+    W = rand(3, 3, scale=0.5)
+    for build, h0, L in ((rnn, rand(3), 1), (two_taps, rand(2, 3), 2), (last, rand(3), None)):
+        x, h0v, Wv = T.dmatrix("x"), T.TensorType("float64", (False,) * h0.ndim)("h0"), \
+            T.dmatrix("W")
+        loss = ((build(x, h0v, Wv) - 0.3) ** 2).sum()
+        f = symgpu.function([x, h0v, Wv], symgpu.grad(loss, [x, h0v, Wv]))
+        if L is not None:
+            filled = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, IncSubtensor)
+                      and n.op.idx_list == (Slice(L, None, None),)]
+            assert filled == [], filled
+        verify_grad(lambda x, h0, W, build=build: ((build(x, h0, W) - 0.3) ** 2).sum(),
+                    [rand(6, 3), h0, W])

@@ -396,6 +396,13 @@ class GpuReshape(Op):
 
     infer_shape = _Reshape.infer_shape
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        """The strided-copy module when the input may be a strided view (reshaping it copies
+        with that kernel): compiled with the function's kernels, not on the first call."""
+        from symgpu.gpu.copykernel import prefetch_request
+        from symgpu.gpu.prefetch import maybe_strided
+        return [prefetch_request()] if maybe_strided(node.inputs[0]) else []
+
     def grad(self, inputs, output_grads):
         from symgpu.tensor.basic import Reshape
         x, shp = inputs

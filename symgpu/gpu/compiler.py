@@ -19,6 +19,7 @@ and an active context.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -27,13 +28,16 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
+from collections import Counter
 from typing import Any, Callable, Sequence
 
 from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
-    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached",
+    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached", "STATS",
+    "compile_in_background",
 ]
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
@@ -59,6 +63,10 @@ _cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin
 _kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
 _modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
 _digest_locks: dict[str, threading.Lock] = {}           # digest -> held while compiling it
+_in_flight: dict[str, concurrent.futures.Future] = {}   # digest -> its background compile
+#: process-wide nvcc counters, 'runs', 'seconds' (summed over threads) and 'longest' (one
+#: run): cold-compile benchmarks report them per phase (function(), first call)
+STATS: Counter = Counter()
 
 
 def _config() -> Any:
@@ -119,17 +127,18 @@ def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> 
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def kernel_cache_dir() -> str:
-    """``<compiledir>/kernels``, created and checked (0700, owned by us) on first use."""
-    root = _config().compiledir
+def kernel_cache_dir(root: str | None = None) -> str:
+    """``<compiledir>/kernels`` (or ``<root>/kernels``), created and checked (0700, owned by
+    us) on first use."""
+    root = _config().compiledir if root is None else root
     if not root:
         raise PermissionError("the compiledir flag is empty: set it to a private directory")
     _private_dir(root)
     return _private_dir(os.path.join(root, "kernels"))
 
 
-def _entry_paths(digest: str) -> tuple[str, str, str]:
-    sub = _private_dir(os.path.join(kernel_cache_dir(), digest[:2]))
+def _entry_paths(digest: str, root: str | None = None) -> tuple[str, str, str]:
+    sub = _private_dir(os.path.join(kernel_cache_dir(root), digest[:2]))
     base = os.path.join(sub, digest)
     return base + ".cubin", base + ".cubin.sha256", base + ".lock"
 
@@ -140,9 +149,17 @@ def _run_nvcc(source: str, options: Sequence[str], arch: str, digest: str) -> by
         return CompileError(f"nvcc failed (exit {code}) compiling a kernel for {arch}; "
                             f"source kept at {kept}\ncommand: {shlex.join(cmd)}\n{stderr}",
                             stderr, kept, cmd)
-    return run_compiler(kernel_cache_dir(), digest[:16], source, (".cu", ".cubin"),
-                        lambda src, out: [_nvcc(), "-cubin", f"-arch={arch}", *options,
-                                          "-o", out, src], failure)
+    t0 = time.perf_counter()
+    try:
+        return run_compiler(kernel_cache_dir(), digest[:16], source, (".cu", ".cubin"),
+                            lambda src, out: [_nvcc(), "-cubin", f"-arch={arch}", *options,
+                                              "-o", out, src], failure)
+    finally:
+        took = time.perf_counter() - t0
+        with _lock:
+            STATS["runs"] += 1
+            STATS["seconds"] += took
+            STATS["longest"] = max(STATS["longest"], took)
 
 
 def _digest_lock(digest: str) -> threading.Lock:
@@ -166,6 +183,17 @@ def compile_to_cubin(source: str, options: Sequence[str] = (),
     opts = _all_options(options)
     digest = cache_key(source, opts, arch)
     with _lock:
+        flight = _in_flight.get(digest)
+    if flight is not None:   # started by compile_in_background: its result, or our own error
+        concurrent.futures.wait([flight])
+    return _compile_digest(source, opts, arch, digest)
+
+
+def _compile_digest(source: str, opts: list[str], arch: str, digest: str,
+                    root: str | None = None) -> tuple[str, bytes, bool]:
+    """compile_to_cubin once the digest is known: memory, then disk (under ``root``, default
+    the compiledir flag's), then nvcc."""
+    with _lock:
         memo = _cubin_memo.get(digest)
     if memo is not None:
         _log(f"hit (memory) {digest[:16]}")
@@ -176,13 +204,37 @@ def compile_to_cubin(source: str, options: Sequence[str] = (),
         if memo is not None:
             _log(f"hit (memory) {digest[:16]}")
             return memo[0], memo[1], True
-        return _compile_entry(source, opts, arch, digest)
+        return _compile_entry(source, opts, arch, digest, root)
 
 
-def _compile_entry(source: str, opts: list[str], arch: str,
-                   digest: str) -> tuple[str, bytes, bool]:
+def compile_in_background(source: str, options: Sequence[str], arch: str,
+                          executor: concurrent.futures.Executor) -> concurrent.futures.Future:
+    """Start compiling ``source`` on ``executor`` and return at once (the link-time prefetch,
+    symgpu/gpu/prefetch.py).  A :func:`compile_to_cubin` of the same source meanwhile waits
+    for it instead of running nvcc itself; if it failed, that call compiles again and raises
+    the error for its node.  One future per source while it runs."""
+    opts = _all_options(options)
+    digest = cache_key(source, opts, arch)
+    with _lock:
+        flight = _in_flight.get(digest)
+        if flight is None:
+            # the compiledir of now: the flag may change before the thread gets to it
+            flight = _in_flight[digest] = executor.submit(_compile_digest, source, opts, arch,
+                                                          digest, _config().compiledir)
+    flight.add_done_callback(lambda done: _landed(digest, done))
+    return flight
+
+
+def _landed(digest: str, done: concurrent.futures.Future) -> None:
+    with _lock:
+        if _in_flight.get(digest) is done:
+            del _in_flight[digest]
+
+
+def _compile_entry(source: str, opts: list[str], arch: str, digest: str,
+                   root: str | None = None) -> tuple[str, bytes, bool]:
     """compile_to_cubin's disk part: read the entry, else compile it under its file lock."""
-    cubin_path, _, _ = _entry_paths(digest)
+    cubin_path, _, _ = _entry_paths(digest, root)
 
     data, hit, why = build_once(cubin_path, lambda: _run_nvcc(source, opts, arch, digest))
     _log(f"hit (disk) {digest[:16]}" if hit
@@ -275,7 +327,11 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
 
 
 def clear_memory_cache() -> None:
-    """Forget in-process caches (disk entries stay); tests use it to force disk lookups."""
+    """Forget in-process caches (disk entries stay); tests use it to force disk lookups.
+    Background compiles (compile_in_background) finish first."""
+    with _lock:
+        flights = list(_in_flight.values())
+    concurrent.futures.wait(flights)
     with _lock:
         _cubin_memo.clear()
         _kernels.clear()

@@ -78,11 +78,10 @@ class Block:
     array over it was handed to the user as a value they may keep (:func:`lend`), so no graph
     overwrites it in place."""
 
-    __slots__ = ("ptr", "size", "_pool", "_alloc", "held", "lent", "__weakref__")
+    __slots__ = ("ptr", "size", "_pool", "_alloc", "lent", "__weakref__")
 
     def __init__(self, ptr: int, size: int, pool: "DevicePool", alloc: Any) -> None:
         self.ptr, self.size, self._pool, self._alloc = ptr, size, pool, alloc
-        self.held = 0   # references kept by caches that only recycle it (gpu/scan_graph.py)
         self.lent = False
 
     def __int__(self) -> int:

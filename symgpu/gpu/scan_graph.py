@@ -12,7 +12,12 @@ single ``cuGraphLaunch`` per call: the loop's per-step host overhead is gone ent
 Layout and memory.  A graph replays on fixed pointers, so the loop runs on *staging* copies of
 its inputs that the graph owns: each call copies its GPU inputs into them (device-to-device,
 on the stream), launches, and copies the results (state buffers, per-step outputs) out into
-fresh arrays, so no caller ever holds the graph's memory.  A graph is keyed on the inputs'
+arrays of their own, so no caller ever holds the graph's memory.  Those output arrays come
+from a few blocks per result that the graph recycles (so the pointers the caller's own
+graphs are keyed on repeat from call to call): each array handed out has a lease for its
+``base`` (graph_segment's ``_Lease``; views share it), the graph keeps only a weak reference
+to it, and a block is reused only once its lease is dead, i.e. once the caller dropped every
+array over it.  Liveness decides, never a count of references.  A graph is keyed on the inputs'
 shapes and dtypes, n_steps and the values of the host inputs (small integer non-sequences).
 Every pool block taken while capturing belongs to the graph (the pool's capture sink); steps
 do not share scratch inside one graph, so a graph holds O(n_steps) of per-step intermediates:
@@ -26,9 +31,9 @@ always run plainly.  A capture the driver refuses warns once and turns graphs of
 """
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
+import weakref
 from collections import Counter, OrderedDict
 from typing import Any, Sequence
 
@@ -49,9 +54,6 @@ MAX_GRAPHS = 4
 SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big'
 STATS: Counter = Counter()
-
-_getrefcount = sys.getrefcount
-
 
 class LoopGraphWarning(RuntimeWarning):
     """A GPU loop could not be captured into a CUDA graph; it runs step by step."""
@@ -85,7 +87,8 @@ class _LoopGraph:
         self.staging, self.results, self.ctx = staging, results, ctx
         self.launch = drv.launcher(exe, ctx.stream_handle)
         self.nbytes = sum(getattr(b, "size", 0) for b in owned)
-        self.spare: list[list] = [[] for _ in results]
+        #: per result: [block, weak reference to the lease of the array last made over it]
+        self.spare: list[list[list]] = [[] for _ in results]
         self.checked = False   # run once against plain launches (VERIFY)
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
@@ -110,25 +113,29 @@ class _LoopGraph:
             cell[0] = out
 
     def _output(self, k: int, r: Any) -> Any:
-        """A fresh array for result k: over one of this graph's few output blocks that nobody
-        uses any more (so the pointers the caller's graphs are keyed on repeat from call to
-        call), else new from the pool.  The blocks kept count in ``Block.held``, the
-        recycling caches' convention (graphs.py)."""
+        """A fresh array for result k: over one of this graph's few output blocks whose last
+        array nobody holds any more (its lease is dead), else over a new pool block, which
+        becomes one of those few while there are fewer than ``SPARE_OUTPUTS``."""
         from symgpu.gpu.array import GpuArray
+        from symgpu.gpu.graph_segment import _Lease
         spare = self.spare[k]
-        for b in spare:
-            if _getrefcount(b) - b.held <= 2:   # the loop variable and the argument
-                return GpuArray._from_pointer(self.ctx, b.ptr, r.shape, r.dtype, None, b)
+        for entry in spare:
+            if entry[1]() is None:
+                block = entry[0]
+                lease = _Lease((block,))
+                entry[1] = weakref.ref(lease)
+                return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
         out = GpuArray(r.shape, r.dtype, self.ctx)
-        b = out.base
-        if b is not None and hasattr(b, "held") and len(spare) < SPARE_OUTPUTS:
-            b.held += 1
-            spare.append(b)
-        return out
+        block = out.base
+        if block is None or len(spare) >= SPARE_OUTPUTS:
+            return out
+        lease = _Lease((block,))
+        spare.append([block, weakref.ref(lease)])
+        return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
 
     def free(self) -> None:
         if self.exe is None:
-            self._drop_spares()
+            self.spare = [[] for _ in self.results]
             return
         try:
             self.ctx.synchronize()   # a pending launch finishes before its memory is reused
@@ -137,12 +144,8 @@ class _LoopGraph:
             pass
         self.exe = self.graph = None
         self.owned = ()
-        self._drop_spares()
-
-    def _drop_spares(self) -> None:
-        for spare in self.spare:
-            for b in spare:
-                b.held -= 1
+        # the blocks stay alive through the leases of arrays still held, and return to the
+        # pool when those are dropped
         self.spare = [[] for _ in self.results]
 
     def __del__(self) -> None:

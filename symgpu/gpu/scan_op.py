@@ -176,10 +176,17 @@ class GpuScan(Scan):
     def prefetch_sources(self, node: Apply) -> list:
         """The kernel modules of the body (symgpu/gpu/prefetch.py): the outer function's
         prefetch compiles them with its own, in one parallel nvcc batch, instead of one
-        batch per loop body when each body is linked."""
-        if self.inner.vm is not None:
-            return []
+        batch per loop body when each body is linked.  With them the strided-copy module
+        when an input may be a strided view (a reversed sequence, a transposed weight): the
+        captured loop copies its inputs into its own contiguous buffers (scan_graph.py)."""
+        from symgpu.gpu.prefetch import maybe_strided
         out: list = []
+        if not self.info.as_while and any(is_gpu_var(v) and maybe_strided(v)
+                                          for v in node.inputs[1:]):
+            from symgpu.gpu.copykernel import prefetch_request
+            out.append(prefetch_request())
+        if self.inner.vm is not None:
+            return out
         for n in self.inner.rewritten().toposort():
             ask = getattr(n.op, "prefetch_sources", None)
             if ask is not None:

@@ -196,6 +196,12 @@ class GpuIncSubtensor(IncSubtensorProps):
             raise TypeError(f"{self}: no increment kernel for dtype {x.dtype}")
         return Apply(self, [x, y, *index], [x.type()])
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        """The strided-copy module, whose kernels write the region ("+=", or a broadcast
+        set): compiled with the function's kernels, not on the first call."""
+        from symgpu.gpu.copykernel import prefetch_request
+        return [prefetch_request()]
+
     def perform(self, node, inputs, out):
         x, y = inputs[0], inputs[1]
         res = x if self.inplace else x.copy()

@@ -149,7 +149,9 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
     seq_pairs += [(tap_in[m], rev(bufs[j], info.n_init(j) + tap)) for m, (j, tap) in enumerate(taps)]
     seq_pairs += [(y_ph[j], rev(bufs[j], info.n_init(j))) for j in y_ph]
     seq_pairs += [(z_ph[i], nitsots[i][::-1]) for i in z_ph]
-    seq_pairs += [(g_state_ph[j], rev(g_bufs[j], info.n_init(j))) for j in g_state_ph]
+    tails = {j: _tail_adjoint(g_bufs[j], outputs[j], info.n_init(j)) for j in g_state_ph}
+    seq_pairs += [(g_state_ph[j], rev(g_bufs[j], info.n_init(j)) if tails[j] is None
+                   else tails[j][::-1]) for j in g_state_ph]
     seq_pairs += [(g_nitsot_ph[i], g_nitsots[i][::-1]) for i in g_nitsot_ph]
     state_phs = [windows[j] for j in new_windows] + [accs[k] for k in new_accs]
     variant = [ph for ph, _ in seq_pairs] + state_phs
@@ -176,7 +178,8 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
         from_steps = outs[pos][0][::-1]
         if info.truncate_gradient >= 0:
             from_steps = T.switch(T.lt(n_back, n), T.zeros_like(from_steps), from_steps)
-        result[1 + S + j] = g_bufs[j][:L] + from_steps
+        head = g_bufs[j][:L] if tails.get(j) is None else T.zeros_like(bufs[j][:L])
+        result[1 + S + j] = head + from_steps
     for pos, k in enumerate(new_accs):
         result[1 + S + M + k] = outs[len(new_windows) + pos][0]
     for pos, k in enumerate(float_seqs):
@@ -184,6 +187,38 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
         g = T.zeros_like(seqs[k])
         result[1 + k] = T.set_subtensor(g[n - n_back:n], g_rev[::-1])
     return result
+
+
+def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:
+    """The adjoint of ``buf[L:]`` alone when ``g``, the adjoint of the whole state buffer
+    ``buf``, is zeros with it added (or set) at ``[L:]``: the gradient of what scan()
+    returns for a state (its buffer without the L initial values) and of nothing else.  The
+    backward loop then reads it directly, instead of a zero-filled copy of the buffer with
+    it written in (two passes over O(steps) memory per call); None for any other ``g``."""
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.tensor.elemwise import Elemwise
+    from symgpu.tensor.subtensor import IncSubtensor, Slice
+    node = getattr(g, "owner", None)
+    if node is None or type(node.op) is not IncSubtensor or len(node.inputs) != 2 \
+            or node.op.idx_list != (Slice(L, None, None),):
+        return None
+    zeros, tail = node.inputs
+    z = zeros.owner
+    if z is None or not isinstance(z.op, Elemwise) or z.op.scalar_op is not SCALAR_OPS["second"] \
+            or z.inputs[0] is not buf or not _is_zero(z.inputs[1]):
+        return None
+    if tail.type.dtype != buf.type.dtype or tail.type.broadcastable != buf.type.broadcastable:
+        return None   # broadcast into the region: the general path
+    return tail
+
+
+def _is_zero(v: Variable) -> bool:
+    """Whether the graph fixes ``v`` to one zero (a constant, seen through dimshuffles)."""
+    from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+    try:
+        return get_scalar_constant_value(v, elemwise=False) == 0
+    except NotScalarConstantError:
+        return False
 
 
 def _replace(info: ScanInfo, **changes: Any) -> ScanInfo:
