@@ -538,7 +538,7 @@ def test_update_of_a_variable_read_through_a_plain_view_replays():
 def test_a_kept_view_of_a_result_keeps_its_graph_busy():
     """Results leave a call under a lease that views share: a view the caller keeps is never
     overwritten by a later replay (liveness decides, not a count of references)."""
-    from symgpu.gpu.graph_segment import _Lease
+    from symgpu.gpu.graph_segment import Lease
     ctx = fakes.CTX_OBJ
     x = gvec()
     y = add1()(x)
@@ -548,7 +548,7 @@ def test_a_kept_view_of_a_result_keeps_its_graph_busy():
     for i in range(10):
         MEM[xv.ptr][:4] = i
         (r,) = call(vm, [y])
-        leased += type(r.base) is _Lease          # a graph's hand-out (else a plain run's)
+        leased += type(r.base) is Lease          # a graph's hand-out (else a plain run's)
         kept.append(r._view(r.ptr, (2,), (4,)))  # keep only a view
         del r
     assert leased >= 5

@@ -218,7 +218,7 @@ def test_an_output_held_over_many_calls_is_never_overwritten_and_recycled_after(
     while it (or a view of it) lives, however many calls follow; its block is reused by the
     first call after it is dropped; and only SPARE_OUTPUTS blocks per result are recycled."""
     import gc
-    from symgpu.gpu.graph_segment import _Lease
+    from symgpu.gpu.graph_segment import Lease
     op, node = accumulate_loop()
     h0 = rand(1, 3)
     x = rand(4, 3, seed=1)
@@ -227,7 +227,7 @@ def test_an_output_held_over_many_calls_is_never_overwritten_and_recycled_after(
         return run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
     call(x), call(x)   # plain, capture
     kept = call(x)
-    assert all(type(a.base) is _Lease for a in kept)
+    assert all(type(a.base) is Lease for a in kept)
     view = kept[1][1:3]
     assert view.base is kept[1].base
     kept_ptrs = [a.ptr for a in kept]

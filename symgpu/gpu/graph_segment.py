@@ -7,7 +7,7 @@ them once found moved, replay while nothing handed out of an earlier call uses t
 blocks, check each new
 graph against plain launches, copy updates back into the buffers of the variables they update,
 fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
-pool blocks it owns and how its outputs are rebuilt on replay), ``_Lease`` (what the arrays
+pool blocks it owns and how its outputs are rebuilt on replay), ``Lease`` (what the arrays
 handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
 graveyard (graphs collected while a capture runs are destroyed once it has
 ended: no driver call a capture may forbid runs during one).
@@ -38,7 +38,7 @@ __all__ = ["Segment"]
 
 # ============================================================================ graphs
 
-class _Lease:
+class Lease:
     """The base of the arrays a graph hands out of the call (its escaping outputs) over its
     own blocks: while any of them, or a view of one, is alive, so is the lease, and the graph
     does not run again (its next launch would overwrite them).  Liveness, not a count of
@@ -61,7 +61,7 @@ class _Graph:
         self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
         self.outs, self.launch, self.ctx = outs, launch, ctx
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
-        self.lease: Any = None   # weak reference to the _Lease of the last hand-out
+        self.lease: Any = None   # weak reference to the Lease of the last hand-out
         self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
         #: (input index, pointer) of the GPU inputs read (or written) where they were when
         #: captured: the graph serves a call only while each of them is still there
@@ -122,7 +122,7 @@ class Segment:
         self.const_ids = {id(c): c for c in const_values}
         self.out_cells = out_cells           # read after the segment (or function outputs)
         #: ids of the out cells whose values may leave the call (function outputs, or values
-        #: a function output may alias): handed out under a lease (_Lease)
+        #: a function output may alias): handed out under a lease (Lease)
         self.escaping: set[int] = set()
         self.produced_cells = produced_cells  # every output cell of the segment's nodes
         self.internal_cells = internal_cells  # produced and read only inside the segment
@@ -298,11 +298,11 @@ class Segment:
 
     def _hand_out(self, g: _Graph, vals: list) -> None:
         """Fill the output cells from the graph's specs; the arrays over the graph's blocks
-        that leave the call share one new lease (see _Lease)."""
+        that leave the call share one new lease (see Lease)."""
         owned = g.owned
         lease = None
         if g.escapes:
-            lease = _Lease(owned)
+            lease = Lease(owned)
             g.lease = weakref.ref(lease)
         for cell, kind, a, b, esc in g.outs:
             if kind == 0:        # a buffer of the graph: a = its index in owned, b = layout

@@ -15,7 +15,7 @@ on the stream), launches, and copies the results (state buffers, per-step output
 arrays of their own, so no caller ever holds the graph's memory.  Those output arrays come
 from a few blocks per result that the graph recycles (so the pointers the caller's own
 graphs are keyed on repeat from call to call): each array handed out has a lease for its
-``base`` (graph_segment's ``_Lease``; views share it), the graph keeps only a weak reference
+``base`` (graph_segment's ``Lease``; views share it), the graph keeps only a weak reference
 to it, and a block is reused only once its lease is dead, i.e. once the caller dropped every
 array over it.  Liveness decides, never a count of references.  A graph is keyed on the inputs'
 shapes and dtypes, n_steps and the values of the host inputs (small integer non-sequences).
@@ -117,19 +117,19 @@ class _LoopGraph:
         array nobody holds any more (its lease is dead), else over a new pool block, which
         becomes one of those few while there are fewer than ``SPARE_OUTPUTS``."""
         from symgpu.gpu.array import GpuArray
-        from symgpu.gpu.graph_segment import _Lease
+        from symgpu.gpu.graph_segment import Lease
         spare = self.spare[k]
         for entry in spare:
             if entry[1]() is None:
                 block = entry[0]
-                lease = _Lease((block,))
+                lease = Lease((block,))
                 entry[1] = weakref.ref(lease)
                 return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
         out = GpuArray(r.shape, r.dtype, self.ctx)
         block = out.base
         if block is None or len(spare) >= SPARE_OUTPUTS:
             return out
-        lease = _Lease((block,))
+        lease = Lease((block,))
         spare.append([block, weakref.ref(lease)])
         return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
 
@@ -137,8 +137,10 @@ class _LoopGraph:
         if self.exe is None:
             self.spare = [[] for _ in self.results]
             return
+        # no synchronisation (as graph_segment._bury): a graph still running is freed when it
+        # completes, its blocks' reuse is ordered on the same stream, and a synchronize here
+        # would consume a failing call's pending device check
         try:
-            self.ctx.synchronize()   # a pending launch finishes before its memory is reused
             self.drv.destroy(self.exe, self.graph)
         except Exception:   # interpreter shutdown: the driver may be gone
             pass
