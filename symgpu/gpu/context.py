@@ -114,8 +114,11 @@ class _PopAtThreadExit:
     def __del__(self) -> None:
         try:
             import pycuda.driver as drv
+        except ImportError:  # interpreter shutdown: nothing left to pop
+            return
+        try:
             drv.Context.pop()
-        except Exception:  # no context left (popped already) or interpreter shutdown
+        except drv.Error:  # no context left (popped already)
             pass
 
 
@@ -223,12 +226,13 @@ def _probe_gpu() -> tuple[bool, str]:
     """(usable, why not): PyCUDA importable, driver answers, at least one device."""
     try:
         import pycuda.driver as drv
-    except Exception as exc:  # ImportError, or a PyCUDA built against another CUDA
+    except ImportError as exc:  # not installed, or built against another CUDA (undefined
+        # symbols and missing libraries are ImportErrors too)
         return False, f"PyCUDA cannot be imported ({type(exc).__name__}: {exc})"
     try:
         drv.init()
         count = drv.Device.count()
-    except Exception as exc:
+    except drv.Error as exc:  # no driver, driver too old for the toolkit, no permission
         return False, f"the CUDA driver cannot be initialised ({type(exc).__name__}: {exc})"
     if count == 0:
         return False, "the CUDA driver reports no device"
@@ -243,16 +247,13 @@ def gpu_available() -> bool:
 def why_unavailable() -> str:
     """Why the GPU cannot be used ('' when it can).  Never raises."""
     global _probe
-    try:
-        if _default_error:
-            return _default_error
-        if _devices:
-            return ""
-        if _probe is None:
-            _probe = _probe_gpu()
-        return _probe[1]
-    except Exception as exc:  # defensive: this must answer, whatever happens
-        return f"probing the GPU failed ({type(exc).__name__}: {exc})"
+    if _default_error:
+        return _default_error
+    if _devices:
+        return ""
+    if _probe is None:
+        _probe = _probe_gpu()   # answers every failure it expects as its reason
+    return _probe[1]
 
 
 def start_device(device: str = "cuda0") -> GpuContext:
@@ -271,7 +272,7 @@ def start_device(device: str = "cuda0") -> GpuContext:
         except ImportError as exc:
             raise GpuUnavailableError(f"PyCUDA cannot be imported ({exc}); install it with "
                                       f"`pip install pycuda` to use device={device}") from exc
-        except Exception as exc:
+        except (_driver_error(), MemoryError) as exc:  # a driver call, or the preallocation
             raise GpuUnavailableError(f"starting {device} failed ({type(exc).__name__}: {exc})"
                                       ) from exc
         _devices[ordinal] = ctx
@@ -431,8 +432,18 @@ def device_of_pointer(ptr: int) -> int:
     return _drv().pointer_ordinal(ptr)
 
 
+def _driver_error() -> type[Exception]:
+    """``pycuda.driver.Error``, the base of the CUDA driver errors PyCUDA raises. Call it only
+    where PyCUDA has been imported (an ``except`` clause evaluates it when an exception is
+    being matched, after the code that imported PyCUDA ran)."""
+    import pycuda.driver as drv
+    return drv.Error
+
+
 def _shutdown() -> None:
-    """Drop cached memory and pop our contexts at exit, as pycuda.autoprimaryctx does."""
+    """Drop cached memory and pop our contexts at exit, as pycuda.autoprimaryctx does.
+    A driver error here (a context whose kernel faulted) only means there is nothing left to
+    clean up; any other exception is a bug and is reported."""
     for ctx in list(_devices.values()):
         try:
             ctx.stream.synchronize()  # not synchronize(): no pending check errors at exit
@@ -441,17 +452,17 @@ def _shutdown() -> None:
             ctx.staging.clear()
             if ctx.pinned is not None:
                 ctx.pinned.release_cached()  # leased buffers stay with their arrays
-        except Exception:
+        except _driver_error():
             pass
     if getattr(_tls, "current", None) is not None:
+        import pycuda.driver as drv
         try:
-            import pycuda.driver as drv
             drv.Context.pop()
-        except Exception:
+        except drv.Error:
             pass
         _tls.current = None
     try:
         from pycuda.tools import clear_context_caches
-        clear_context_caches()
-    except Exception:
-        pass
+    except ImportError:
+        return
+    clear_context_caches()

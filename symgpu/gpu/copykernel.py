@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from symgpu.gpu.codegen import template
+
 __all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
            "strided_inc", "prefetch_request"]
 
@@ -21,45 +23,10 @@ INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
               "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
               "uint64": "unsigned long long"}
 
-#: one module: ``dst[...] = src[...]`` per item size (strided_copy_N) and ``dst[...] +=
-#: src[...]`` per dtype (strided_inc_<dtype>, GpuIncSubtensor), one walk over the strides
-STRIDED_COPY_SOURCE = r"""
-#define MAX_DIMS 8
-
-struct CopyMeta {
-    long long shape[MAX_DIMS];
-    long long src_stride[MAX_DIMS];   /* bytes */
-    long long dst_stride[MAX_DIMS];   /* bytes */
-};
-
-struct SgAssign { template <typename T> __device__ static void apply(T &d, T s) { d = s; } };
-struct SgAdd { template <typename T> __device__ static void apply(T &d, T s) { d += s; } };
-
-template <typename T, typename Op>
-__device__ __forceinline__ void strided_body(const char *src, char *dst, long long n,
-                                             int ndim, const CopyMeta &m)
-{
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        long long rest = i, s = 0, d = 0;
-        for (int k = ndim - 1; k >= 0; --k) {
-            const long long idx = rest % m.shape[k];
-            rest /= m.shape[k];
-            s += idx * m.src_stride[k];
-            d += idx * m.dst_stride[k];
-        }
-        Op::apply(*reinterpret_cast<T *>(dst + d), *reinterpret_cast<const T *>(src + s));
-    }
-}
-""" + "".join(f"""
-extern "C" __global__ void {name}(const char *src, char *dst, long long n, long long ndim,
-                                  CopyMeta m)
-{{ strided_body<{ctype}, {op}>(src, dst, n, (int)ndim, m); }}
-""" for name, ctype, op in (
-    [(f"strided_copy_{n}", t, "SgAssign") for n, t in
-     ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
-      (8, "unsigned long long"))]
-    + [(f"strided_inc_{d}", t, "SgAdd") for d, t in INC_DTYPES.items()]))
+#: one module (codegen/strided_copy.cu): ``dst[...] = src[...]`` per item size
+#: (strided_copy_N) and ``dst[...] += src[...]`` per dtype (strided_inc_<dtype>,
+#: GpuIncSubtensor), one walk over the strides
+STRIDED_COPY_SOURCE = template("strided_copy.cu").substitute(max_dims=MAX_DIMS)
 
 _ARG_FORMAT = "PPqq" + "q" * (3 * MAX_DIMS)
 _BLOCK = 256

@@ -427,8 +427,9 @@ def _lift_dimshuffle(op, node, context_name, inputs):
 def _lift_shape(op, node, context_name, inputs):
     if not inputs.was_on_gpu[0]:
         return None  # reading a host array's shape needs no upload
+    from symgpu.tensor.shape import Shape
     x = inputs[0]
-    if type(op).__name__ == "Shape":
+    if type(op) is Shape:
         return [GpuShape()(x)]
     return [GpuShape_i(op.i)(x)]
 
