@@ -1,5 +1,5 @@
 """Issue 7: a cold compile of the logistic-regression step, nvcc one after another vs in
-parallel (symgpu/gpu/prefetch.py).
+parallel (symgpu/gpu/exec/prefetch.py).
 
     python3 benchmarks/cold_compile.py            # any machine with nvcc; GPU part if a GPU
     python3 benchmarks/cold_compile.py --graph mlp
@@ -65,9 +65,9 @@ def virtual_nodes(graph: str) -> Iterator[list]:
     import symgpu
     import symgpu.tensor as tt
     from symgpu import config
-    from symgpu.gpu.basic_ops import host_from_gpu
-    from symgpu.gpu.rewriting import virtual_context
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.basic_ops import host_from_gpu
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.gpu.placement.type import GpuArrayType
 
     def gpu_input(value, name=None):
         """A GPU shared variable's graph input: a GpuArrayType variable (virtual contexts
@@ -91,7 +91,8 @@ def time_compiles(reqs: list, parallel: bool) -> tuple[float, int, list[float]]:
     """Seconds to compile ``reqs`` into a fresh compiledir, the threads used, and (one after
     another) each module's seconds: the longest is the parallel floor given enough CPUs."""
     from symgpu import config
-    from symgpu.gpu import compiler, prefetch
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.runtime import compiler
     with tempfile.TemporaryDirectory(prefix="symgpu-cold-") as tmp, \
             config.change_flags(compiledir=tmp):
         compiler.clear_memory_cache()
@@ -117,7 +118,8 @@ def time_warm_prefetch(nodes: list, reqs: list) -> tuple[float, float]:
     """Milliseconds the prefetch adds to a warm compile: in a fresh process (render, hash,
     stat each module) and again in the same process (keys already seen: nothing rendered)."""
     from symgpu import config
-    from symgpu.gpu import compiler, prefetch
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.runtime import compiler
     with tempfile.TemporaryDirectory(prefix="symgpu-warm-") as tmp, \
             config.change_flags(compiledir=tmp):
         prefetch.compile_requests(reqs)
@@ -145,7 +147,7 @@ sys.path.insert(0, os.environ["COLD_BENCH_DIR"])
 from cold_compile import data
 from workloads import build_logreg, build_mlp
 if os.environ.get("COLD_NO_PREFETCH"):
-    from symgpu.gpu import prefetch
+    from symgpu.gpu.exec import prefetch
     from symgpu.link import vm
     vm.LINK_HOOKS.remove(prefetch._link_hook)     # as before issue 7: nvcc node by node
 ctx = symgpu.gpu.init_default_context()
@@ -208,7 +210,8 @@ def main() -> None:
     ap.add_argument("--no-gpu", action="store_true", help="skip the GPU part")
     args = ap.parse_args()
 
-    from symgpu.gpu import compiler, prefetch
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.runtime import compiler
     compiler.nvcc_version()                      # once, outside the timings
     with virtual_nodes(args.graph) as nodes:
         reqs = prefetch.requests(nodes, include_virtual=True, skip_seen=False)
@@ -229,7 +232,7 @@ def main() -> None:
         print(f"  prefetch on a warm cache: {fresh_ms:.2f} ms in a fresh process, "
               f"{seen_ms:.3f} ms for keys already seen")
 
-    from symgpu.gpu.context import gpu_available, why_unavailable
+    from symgpu.gpu.runtime.context import gpu_available, why_unavailable
     if args.no_gpu:
         return
     if not gpu_available():

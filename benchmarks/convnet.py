@@ -84,13 +84,13 @@ def symgpu_step(lib, T, conv2d, pool_2d, x0, y0, params0, **kw):
 def bench_symgpu(x, y, params, number: int, gpu: bool, label: str = "symgpu",
                  algo_search: str = "heuristic", tf32: bool = False) -> None:
     """symgpu's step; on the GPU with cuDNN's algorithms chosen by `algo_search`
-    (symgpu.gpu.conv.ALGO_SEARCH) and float32 products on TF32 tensor cores or not."""
+    (symgpu.gpu.ops.conv.ALGO_SEARCH) and float32 products on TF32 tensor cores or not."""
     import symgpu
     import symgpu.tensor as T
     from symgpu.tensor.nnet import conv2d
     from symgpu.tensor.signal.pool import pool_2d
     if gpu:
-        from symgpu.gpu import conv as gconv
+        from symgpu.gpu.ops import conv as gconv
         gconv.ALGO_SEARCH = algo_search
     with symgpu.config.change_flags(**{"gpuarray.allow_tf32": tf32}):
         _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label)
@@ -103,7 +103,7 @@ def _bench_symgpu(symgpu, T, conv2d, pool_2d, x, y, params, number, gpu, label) 
     if gpu:
         if "GpuConv2d" not in names:
             raise RuntimeError("the step did not move to the GPU (no GpuConv2d)")
-        from symgpu.gpu.context import get_context
+        from symgpu.gpu.runtime.context import get_context
         ctx = get_context(None)
         sync = ctx.synchronize
     say(f"  ({label} compile {comp:.2f} s, {len(f.maker.fgraph.apply_nodes)} nodes)")

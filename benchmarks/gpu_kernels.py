@@ -49,13 +49,13 @@ def gpu_time(fn, ctx, iters: int = 20) -> float:
 
 
 def main() -> None:
-    from symgpu.gpu import context as gctx
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime import context as gctx
+    from symgpu.gpu.runtime.array import to_gpu
     from symgpu.graph.fg import FunctionGraph
     from symgpu.link.vm import link
-    from symgpu.gpu.elemwise import GpuElemwise, GpuCAReduce
-    from symgpu.gpu.type import GpuArrayType
-    from symgpu.gpu.codegen import launch
+    from symgpu.gpu.ops.elemwise import GpuElemwise, GpuCAReduce
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpu.runtime.codegen import launch
     from symgpu.scalar.basic import SCALAR_OPS as S
     import torch
 
@@ -77,7 +77,7 @@ def main() -> None:
         return vm, vm.thunks[-1], storage, out
 
     # -- launch cost, per backend, and where a call's time goes
-    from symgpu.gpu.elemwise import new_array
+    from symgpu.gpu.ops.elemwise import new_array
     for backend in ("pycuda", "ctypes"):
         launch.BACKEND = backend
         launch.clear_cache()
@@ -167,7 +167,7 @@ def main() -> None:
     print(f"sum check: rel err {abs(float(res) - hb.astype('float64').sum()) / hb.sum():.2e}")
 
     # -- sgemm
-    from symgpu.gpu.blas import GpuDot22
+    from symgpu.gpu.ops.blas import GpuDot22
     m = 4096
     a = to_gpu(np.random.default_rng(2).random((m, m)).astype("float32"), ctx)
     vm, th, storage, out = thunk_for(GpuDot22(), a, a)
@@ -245,11 +245,11 @@ def chain_sweep(out_dir: str | None) -> None:
     import pycuda.driver as drv
     import symgpu
     import symgpu.tensor as T
-    from symgpu.gpu import context as gctx
-    from symgpu.gpu.array import GpuArray
-    from symgpu.gpu.compiler import compile_to_cubin
-    from symgpu.gpu.codegen.launch import sm_count
-    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.runtime import context as gctx
+    from symgpu.gpu.runtime.array import GpuArray
+    from symgpu.gpu.runtime.compiler import compile_to_cubin
+    from symgpu.gpu.runtime.codegen.launch import sm_count
+    from symgpu.gpu.ops.elemwise import GpuElemwise
     ctx = gctx.init_default_context()
     assert ctx is not None and not ctx.virtual
     sms = sm_count(ctx)
@@ -372,8 +372,8 @@ def upload_sweep() -> None:
     PyTorch 138 us, JAX 114 us: staging through pinned memory does not pay, so symgpu keeps
     the driver's pageable path."""
     import pycuda.driver as drv
-    from symgpu.gpu import context as gctx
-    from symgpu.gpu.array import GpuArray, to_gpu
+    from symgpu.gpu.runtime import context as gctx
+    from symgpu.gpu.runtime.array import GpuArray, to_gpu
     ctx = gctx.init_default_context()
     X = np.random.default_rng(0).standard_normal((400, 784)).astype("float32")
     sync = ctx.synchronize

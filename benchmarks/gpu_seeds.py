@@ -59,7 +59,7 @@ import numpy
 import symgpu
 import symgpu.tensor as tt
 from symgpu import Out
-from symgpu.gpu.basic_ops import gpu_from_host
+from symgpu.gpu.placement.basic_ops import gpu_from_host
 
 
 def build(X, Y, w0, on_device):
@@ -112,7 +112,7 @@ def bench_symgpu(vec, X, Y, w0) -> None:
     import symgpu.gpu
     import symgpu.tensor as T
     from symgpu import config, function, shared
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     ctx = symgpu.gpu.init_default_context()
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
     sync = ctx.synchronize

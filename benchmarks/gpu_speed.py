@@ -88,7 +88,7 @@ def symgpu_mlp_step(Ws, bs, Xm, Ym, profile=None):
     """The MLP's SGD step as one symgpu function (loss returned on the device)."""
     import symgpu.tensor as T
     from symgpu import Out, function, shared
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     from workloads import build_mlp
     outs, updates = build_mlp(shared, T, Ws, bs, Xm, Ym)
     return function([], Out(gpu_from_host(outs[0]), borrow=True), profile=profile,
@@ -102,7 +102,7 @@ def bench_symgpu(data) -> None:
     import symgpu.gpu
     import symgpu.tensor as T
     from symgpu import config, function, shared
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     vec, X, Y, w0 = data
     ctx = symgpu.gpu.init_default_context()
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"

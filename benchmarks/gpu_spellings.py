@@ -91,7 +91,7 @@ def bench_symgpu_logreg(sync) -> None:
         ("T.nnet.sigmoid", dict(bias=0., sigmoid=True)),
         ("data passed per call", dict(bias=0., data_shared=False)),
     ]
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     X = logreg_data()[0]
     row("upload", "symgpu to_gpu of the 400x784 batch alone",
         per_call(lambda: to_gpu(X), 300, sync))

@@ -54,7 +54,7 @@ def bench_symgpu_gpu() -> None:
     import symgpu
     from symgpu import Out, config, function
     from symgpu.gpu import init_default_context
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     from symgpu.tensor.random import RandomStreams
     import mlp_dropout
     ctx = init_default_context()

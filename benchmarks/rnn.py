@@ -20,7 +20,7 @@ the GPU, PyTorch's cuDNN default). symgpu is timed both ways (`gpuarray.allow_tf
 both ways (`jax.default_matmul_precision`). On the GPU it also prints, per symgpu contender,
 the function-level CUDA-graph runner's counts (captures that stay at their first few and
 replays that grow with the calls: the median is not paying re-captures) and the loop graphs'
-counts (symgpu/gpu/scan_graph.py). Goal on the CPU: under 0.5x PyTensor's scan.
+counts (symgpu/gpu/exec/scan_graph.py). Goal on the CPU: under 0.5x PyTensor's scan.
 
     python benchmarks/rnn.py [--device cpu|cuda] [--steps 3] [--rounds 15] [--seq 100]
                              [--no-cold] [--profile-cold]
@@ -114,10 +114,10 @@ def bench_symgpu_pushout(seq: int) -> dict:
 
 def bench_symgpu_stepwise(seq: int) -> dict:
     """The same GPU step with the loops run step by step (no loop CUDA graph): what the
-    capture of symgpu/gpu/scan_graph.py saves."""
+    capture of symgpu/gpu/exec/scan_graph.py saves."""
     import symgpu
     import symgpu.tensor as T
-    from symgpu.gpu import scan_graph
+    from symgpu.gpu.exec import scan_graph
     train, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
 
     def step():
@@ -292,7 +292,8 @@ def cold_probe(seq: int, profile: bool, wait: bool = False) -> None:
     import pstats
     import symgpu
     import symgpu.tensor as T
-    from symgpu.gpu import compiler, prefetch
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.runtime import compiler
     if wait:
         from symgpu.link import vm
         vm.LINK_HOOKS[vm.LINK_HOOKS.index(prefetch._link_hook)] = \
@@ -405,7 +406,7 @@ def main() -> None:
         print(f"  {c['name']:<30} {c.get('precision', '?'):>4}  compile {c['compile']:7.3f} s"
               f"{first}   step best {best * 1e3:8.2f} ms   median {median * 1e3:8.2f} ms{ratio}")
     if args.device != "cpu":
-        from symgpu.gpu import graphs, scan_graph
+        from symgpu.gpu.exec import graphs, scan_graph
         for c in contenders:
             runner = getattr(getattr(c.get("function"), "vm", None), "runner", None)
             if runner is not None and hasattr(runner, "stats"):

@@ -32,7 +32,7 @@ def main() -> None:
         f for f in (os.environ.get("SYMGPU_FLAGS", ""), "device=cuda", "floatX=float32") if f)
     import symgpu
     import symgpu.tensor as T
-    from symgpu.gpu import scan_graph
+    from symgpu.gpu.exec import scan_graph
 
     n = args.steps
     v0 = symgpu.shared(np.zeros(512, "float32"))

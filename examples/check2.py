@@ -1,7 +1,7 @@
 """The seeds' check2 program: keep the result on the GPU with `gpu_from_host`.
 
 Ported from Theano's GPU tutorial ("Returning a handle to device-allocated data"):
-`sandbox.cuda.basic_ops.gpu_from_host` becomes `symgpu.gpu.basic_ops.gpu_from_host`.
+`sandbox.cuda.basic_ops.gpu_from_host` becomes `symgpu.gpu.placement.basic_ops.gpu_from_host`.
 
     SYMGPU_FLAGS=device=cuda,floatX=float32 python3 examples/check2.py
 
@@ -29,7 +29,7 @@ import numpy
 
 from symgpu import function, config, shared
 import symgpu.gpu
-import symgpu.gpu.basic_ops
+import symgpu.gpu.placement.basic_ops
 import symgpu.tensor as T
 
 vlen = 10 * 30 * 768  # 10 x #cores x # threads per core
@@ -38,7 +38,7 @@ iters = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 rng = numpy.random.RandomState(22)
 x = shared(numpy.asarray(rng.rand(vlen), config.floatX))
 if symgpu.gpu.init_default_context() is not None:
-    f = function([], symgpu.gpu.basic_ops.gpu_from_host(T.exp(x)))
+    f = function([], symgpu.gpu.placement.basic_ops.gpu_from_host(T.exp(x)))
 else:
     print("No GPU in use (device=%s): the result is returned on the host" % config.device)
     f = function([], T.exp(x))

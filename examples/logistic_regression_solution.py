@@ -77,7 +77,7 @@ gw, gb = tt.grad(cost, [w, b])
 
 if keep_on_gpu:
     import symgpu.gpu
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     if symgpu.gpu.init_default_context() is None:
         sys.exit("--keep-on-gpu needs a GPU: run with SYMGPU_FLAGS=device=cuda "
                  "(device is %r here)" % symgpu.config.device)

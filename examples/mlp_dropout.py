@@ -66,7 +66,7 @@ def build(batch=512, seed=1234, lr=0.02, on_device=False, p_drop=P_DROP, profile
     lr = np.asarray(lr, dtype=floatX)
     updates = [(p, p - lr * g) for p, g in zip(params, grads)]
     if on_device:
-        from symgpu.gpu.basic_ops import gpu_from_host
+        from symgpu.gpu.placement.basic_ops import gpu_from_host
         train = symgpu.function([], symgpu.Out(gpu_from_host(loss), borrow=True),
                                 updates=updates, name="train", profile=profile)
         return train, None, data

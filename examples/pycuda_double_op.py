@@ -2,7 +2,7 @@
 
 Ported from "Theano + PyCUDA": `theano.misc.pycuda_init` -> `symgpu.misc.pycuda_init`,
 `theano.Op` -> `symgpu.Op`, `cuda.basic_ops` ->
-`symgpu.gpu.basic_ops` (`as_cuda_ndarray_variable` -> `as_gpuarray_variable`), and
+`symgpu.gpu.placement.basic_ops` (`as_cuda_ndarray_variable` -> `as_gpuarray_variable`), and
 `CudaNdarray.zeros` -> `symgpu.gpu.zeros`.  Instead of `perform`, the Op implements
 `make_thunk(node, storage_map, compute_map, no_recycling)`: it compiles the kernel once, with
 PyCUDA's `SourceModule`, and returns a zero-argument thunk that reads its input cell and fills
@@ -17,7 +17,7 @@ import numpy
 
 import symgpu
 import symgpu.gpu
-import symgpu.gpu.basic_ops
+import symgpu.gpu.placement.basic_ops
 from _gpu_only import require_gpu
 
 require_gpu("pycuda_double_op.py")  # exits (77) with the reason where no GPU can be used
@@ -38,8 +38,8 @@ class PyCUDADoubleOp(symgpu.Op):
         return self.__class__.__name__
 
     def make_node(self, inp):
-        inp = symgpu.gpu.basic_ops.gpu_contiguous(
-            symgpu.gpu.basic_ops.as_gpuarray_variable(inp))
+        inp = symgpu.gpu.placement.basic_ops.gpu_contiguous(
+            symgpu.gpu.placement.basic_ops.as_gpuarray_variable(inp))
         assert inp.dtype == "float32"
         return symgpu.Apply(self, [inp], [inp.type()])
 

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, TypeVar
 
 import pytest
 
-from symgpu.gpu.context import (gpu_available, register_context, unregister_context,
+from symgpu.gpu.runtime.context import (gpu_available, register_context, unregister_context,
                                 why_unavailable)
 
 F = TypeVar("F", bound=Callable)
@@ -39,7 +39,7 @@ def requires_nvcc(obj: F) -> F:
 def real_default_gpu() -> Iterator[object]:
     """The machine's first GPU as symgpu's default context for the block (asserted real,
     not virtual); whatever was the default before is put back."""
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     ctx = gctx.start_device("cuda0")
     assert not ctx.virtual and ctx.stream_handle, "these tests must run on a real GPU"
     prev = gctx.get_context(None) if None in gctx.context_names() else None
@@ -60,7 +60,7 @@ def on_the_cpu() -> Iterator[None]:
     ``cuda`` fixture's default context registered, device=cpu alone still moves graphs to
     the GPU: placement follows the registered context.)"""
     from symgpu.config import config
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     prev = gctx.get_context(None) if None in gctx.context_names() else None
     unregister_context(None)
     try:
@@ -85,7 +85,7 @@ def virtual_context(name: str):
 
 def gpu_vector_maker(name: str) -> Callable:
     """gvar(dtype, bcast=(False,)): a fresh GPU variable on the context `name`."""
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
 
     def gvar(dtype: str, bcast: tuple = (False,)) -> object:
         return GpuArrayType(dtype, bcast, name)()
@@ -117,8 +117,8 @@ def recording_loader(calls: list) -> Callable:
 def fake_kernel_device(monkeypatch, calls: list) -> "FakeCtx":
     """A FakeCtx that GPU elementwise/reduction thunks are built against, their kernels
     recording each launch in `calls` (see `recording_loader`)."""
-    import symgpu.gpu.codegen.launch as launch
-    import symgpu.gpu.elemwise as gelem
+    import symgpu.gpu.runtime.codegen.launch as launch
+    import symgpu.gpu.ops.elemwise as gelem
     ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", recording_loader(calls))
     monkeypatch.setattr(gelem, "_context", lambda name: ctx)
@@ -128,7 +128,7 @@ def fake_kernel_device(monkeypatch, calls: list) -> "FakeCtx":
 def fake_gpu_array(ctx, shape, dtype="float32", strides=None, ptr=None):
     """A GpuArray header on `ctx`'s fake pool (C-contiguous unless `strides` are given)."""
     import numpy as np
-    from symgpu.gpu.array import GpuArray, c_strides
+    from symgpu.gpu.runtime.array import GpuArray, c_strides
     a = GpuArray.__new__(GpuArray)
     dt = np.dtype(dtype)
     nbytes = max(dt.itemsize * int(np.prod(shape)), 1)
@@ -147,7 +147,7 @@ def thunk_over(node, values):
 def compile_for_sm90(source: str, compiledir) -> bytes:
     """The cubin nvcc makes of `source` for sm_90, compiled afresh in `compiledir`."""
     from symgpu.config import config
-    from symgpu.gpu import compiler
+    from symgpu.gpu.runtime import compiler
     compiler.clear_memory_cache()
     with config.change_flags(compiledir=str(compiledir), compile_log=False,
                              **{"nvcc.flags": ""}):
@@ -183,7 +183,7 @@ class FakePool:
         self.sizes: list[int] = []
 
     def allocate(self, nbytes: int):
-        from symgpu.gpu.pool import Block, size_class
+        from symgpu.gpu.runtime.pool import Block, size_class
         ptr, self.next = self.next, self.next + size_class(nbytes) + 4096
         self.sizes.append(nbytes)
         return Block(ptr, size_class(nbytes), None, None)
@@ -210,7 +210,7 @@ def planned_step_kinds(nodes) -> list[str]:
     virtual context, with the flags the GPU thunks carry on the GPU machine: device ops are
     capturable, views and shape reads capture without launching, transfers to the host are
     not capturable and batch their syncs."""
-    from symgpu.gpu.graph_plan import plan_steps
+    from symgpu.gpu.exec.graph_plan import plan_steps
     names = [type(n.op).__name__ for n in nodes]
     capt = [nm.startswith("Gpu") and nm != "HostFromGpu" for nm in names]
     launches = [c and nm not in NON_LAUNCHING for c, nm in zip(capt, names)]

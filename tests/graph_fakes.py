@@ -16,8 +16,8 @@ import numpy as np
 
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.gpu import graphs
-from symgpu.gpu.pool import DevicePool
+from symgpu.gpu.exec import graphs
+from symgpu.gpu.runtime.pool import DevicePool
 
 CTX = "fake-graphs"
 
@@ -143,7 +143,7 @@ def read(a) -> np.ndarray:
 
 
 def upload(ctx, values) -> object:
-    from symgpu.gpu.elemwise import new_array
+    from symgpu.gpu.ops.elemwise import new_array
     values = np.asarray(values, dtype="float32")
     a = new_array(ctx, values.shape, values.dtype)
     if a.size:
@@ -172,7 +172,7 @@ class FakeKernelOp(Op):
         return Apply(self, list(xs), [xs[0].type()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.ops.elemwise import new_array
         ins = [storage_map[v] for v in node.inputs]
         out = storage_map[node.outputs[0]]
         ctx, drv, fn = CTX_OBJ, DRV, self.fn
@@ -232,7 +232,7 @@ def use_fake_gpu(monkeypatch):
     """The body of the test modules' autouse fixture: a fresh fake context registered as
     ``CTX`` and a fresh fake driver installed as ``graphs._driver``, for one test."""
     global CTX_OBJ, DRV
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     CTX_OBJ, DRV = FakeCtx(), FakeDriver()
     gctx.register_context(CTX, CTX_OBJ)
     monkeypatch.setattr(graphs, "_driver", DRV)
@@ -242,7 +242,7 @@ def use_fake_gpu(monkeypatch):
 
 
 def gvec():
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     return GpuArrayType("float32", (False,), CTX)()
 
 
@@ -272,7 +272,7 @@ def _slot_bytes(slot, n):
 
 class FakeDynSlice(Op):
     """x[start:stop] of a fake device vector, copied (fake memory has no views), speaking the
-    parameter protocol of symgpu/gpu/graph_params.py: under a capture with a slot, the
+    parameter protocol of symgpu/gpu/exec/graph_params.py: under a capture with a slot, the
     recorded kernel reads start from the parameter block at replay."""
 
     __props__ = ()
@@ -283,7 +283,7 @@ class FakeDynSlice(Op):
                      [x.type()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.ops.elemwise import new_array
         xc, sc, ec = (storage_map[v] for v in node.inputs)
         out = storage_map[node.outputs[0]]
         ctx, drv = CTX_OBJ, DRV
@@ -331,13 +331,13 @@ class FakeScalarUp(Op):
         self.n = n
 
     def make_node(self, s):
-        from symgpu.gpu.type import GpuArrayType
+        from symgpu.gpu.placement.type import GpuArrayType
         from symgpu.tensor.type import as_tensor_variable
         return Apply(self, [as_tensor_variable(s)], [GpuArrayType("float32", (False,), CTX)()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.elemwise import new_array
-        from symgpu.gpu.graph_params import pack_scalar
+        from symgpu.gpu.ops.elemwise import new_array
+        from symgpu.gpu.exec.graph_params import pack_scalar
         sc = storage_map[node.inputs[0]]
         out = storage_map[node.outputs[0]]
         ctx, drv, n = CTX_OBJ, DRV, self.n
@@ -376,7 +376,7 @@ class FakeHostScale(Op):
         return Apply(self, [x, as_tensor_variable(s)], [x.type()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.ops.elemwise import new_array
         xc, sc = storage_map[node.inputs[0]], storage_map[node.inputs[1]]
         out = storage_map[node.outputs[0]]
         ctx, drv = CTX_OBJ, DRV

@@ -1,4 +1,4 @@
-"""A NumPy "device" for the Philox kernels of symgpu/gpu/random.py and random_fusion.py, on
+"""A NumPy "device" for the Philox kernels of symgpu/gpu/ops/random.py and random_fusion.py, on
 the fake context, pool and graph driver of tests/graph_fakes.py.
 
 :func:`philox_loader` stands in for ``codegen.launch.load_kernels``: each kernel launch goes
@@ -28,7 +28,7 @@ def read_state(a: Any) -> np.ndarray:
 
 
 def upload_state(ctx: Any, state: np.ndarray) -> Any:
-    from symgpu.gpu.elemwise import new_array
+    from symgpu.gpu.ops.elemwise import new_array
     a = new_array(ctx, (4,), np.dtype("uint32"))
     words(a.ptr, 4, np.uint32)[:] = np.asarray(state, dtype=np.uint32)
     return a

@@ -1,4 +1,4 @@
-"""Device-side checks (symgpu/gpu/device_checks.py): slots read at synchronisations, the
+"""Device-side checks (symgpu/gpu/runtime/device_checks.py): slots read at synchronisations, the
 error of the first set slot raised with the node's line, slots cleared after."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu.device_checks import DeviceChecks, REPORT_SOURCE, launch_checked
+from symgpu.gpu.runtime.device_checks import DeviceChecks, REPORT_SOURCE, launch_checked
 
 
 def _host_allocator(chunks: list):
@@ -78,9 +78,9 @@ def test_launch_checked_gives_each_node_one_slot_and_names_its_line():
 @requires_nvcc
 def test_the_report_function_compiles_in_the_kernels(tmp_path):
     from gpu_helpers import compile_for_sm90
-    from symgpu.gpu.advanced import advanced_source
-    from symgpu.gpu.crossentropy import crossentropy_source
-    from symgpu.gpu.device_checks import GUARDED_COPY_SOURCE
+    from symgpu.gpu.ops.advanced import advanced_source
+    from symgpu.gpu.ops.crossentropy import crossentropy_source
+    from symgpu.gpu.runtime.device_checks import GUARDED_COPY_SOURCE
     assert REPORT_SOURCE in advanced_source() and REPORT_SOURCE in crossentropy_source()
     assert compile_for_sm90(GUARDED_COPY_SOURCE, tmp_path)
     assert compile_for_sm90(advanced_source(), tmp_path)
@@ -135,7 +135,7 @@ def test_chunks_start_on_a_page_so_reports_set_their_chunks_word():
     """A report sets the word at its slot's address rounded down to 4096: the chunk's first
     word only when the chunk starts on a page.  page_aligned picks the aligned rows of a
     padded allocation; an allocator that gives an unaligned chunk is refused."""
-    from symgpu.gpu.device_checks import page_aligned
+    from symgpu.gpu.runtime.device_checks import page_aligned
     buf = np.zeros((256 + 256, 2), np.uint64)
     for ptr in ((1 << 40), (1 << 40) + 16, (1 << 40) + 4096 - 256, (1 << 40) + 4080):
         rows, base = page_aligned(buf, ptr, 256)

@@ -553,10 +553,10 @@ def test_cuda_templates_match_numpy_on_the_host(dtype, tmp_path):
 def test_gpu_rows_match_numpy_on_edge_values(dtype):
     """The same edge values through the real GPU renderer: one fused kernel per dtype whose
     outputs are every applicable row (pytest -m gpu; skipped where no GPU can be used)."""
-    from symgpu.gpu import context as gctx
-    from symgpu.gpu.array import to_gpu
-    from symgpu.gpu.elemwise import GpuElemwise
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.runtime import context as gctx
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.graph.fg import FunctionGraph
     from symgpu.link.vm import link
     from symgpu.scalar.composite import CompositeBuilder

@@ -11,7 +11,7 @@ import symgpu
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu
 from symgpu import config, function
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.placement.rewriting import virtual_context
 
 
 def _report(f) -> tuple[object, str]:

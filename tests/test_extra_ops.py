@@ -9,7 +9,7 @@ import pytest
 import symgpu.tensor as T
 from symgpu import config, function
 from symgpu.gradient import verify_grad
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.tensor.extra_ops import (AllocDiag, ArgSort, CumOp, Eye, ExtractDiag, Nonzero,
                                      Repeat, Sort)
 

@@ -239,8 +239,8 @@ def _gpu_names(f):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ger_lifts_to_gpu_ger_on_a_virtual_context(dtype):
-    from symgpu.gpu.blas import GpuGer
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.ops.blas import GpuGer
+    from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
         A, x, y = (T.matrix("A", dtype=dtype), T.vector("x", dtype=dtype),
                    T.vector("y", dtype=dtype))
@@ -259,9 +259,9 @@ def test_ger_lifts_to_gpu_ger_on_a_virtual_context(dtype):
 
 
 def test_gpu_ger_make_node_checks_types():
-    from symgpu.gpu.blas import GpuGer
-    from symgpu.gpu.rewriting import virtual_context
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.ops.blas import GpuGer
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.gpu.placement.type import GpuArrayType
     with virtual_context("ger-virtual"):
         m = GpuArrayType("float32", (False, False), "ger-virtual")()
         v = GpuArrayType("float32", (False,), "ger-virtual")()
@@ -289,7 +289,7 @@ def _colmajor_ger(rows, cols, alpha, u, v, mem, ld):
 def test_gpu_ger_row_major_arguments_on_host_memory(layout):
     """GpuGer's call (``_colmajor`` layout, ``_ger_operands`` swap, ld) replayed with NumPy
     on views of one flat buffer: the GPU's row-major handling checked without a GPU."""
-    from symgpu.gpu.blas import _colmajor, _ger_operands
+    from symgpu.gpu.ops.blas import _colmajor, _ger_operands
     m, n = {"row": (1, 6), "col": (5, 1)}.get(layout, (5, 6))
     mem = np.arange(400, dtype="float64")
     if layout == "F":
@@ -315,7 +315,7 @@ def test_gpu_ger_row_major_arguments_on_host_memory(layout):
 def _gpu_graph_run(out, inputs, values):
     """Link the GPU graph and run it once (values: GpuArrays for GPU inputs, NumPy for host
     ones); returns (result GpuArray, storage)."""
-    from symgpu.gpu.array import GpuArray
+    from symgpu.gpu.runtime.array import GpuArray
     from symgpu.graph.fg import FunctionGraph
     from symgpu.link.vm import link
     fg = FunctionGraph(inputs, [out], clone=False)
@@ -327,14 +327,14 @@ def _gpu_graph_run(out, inputs, values):
 
 
 def _gpu_types(dtype, a_bcast=(False, False)):
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     return (GpuArrayType(dtype, a_bcast, None)(), GpuArrayType(dtype, (False,), None)(),
             GpuArrayType(dtype, (False,), None)())
 
 
 def _dev(a):
-    from symgpu.gpu.array import to_gpu
-    from symgpu.gpu.context import get_context
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.runtime.context import get_context
     return to_gpu(np.ascontiguousarray(a), get_context(None))
 
 
@@ -343,7 +343,7 @@ def _dev(a):
 @pytest.mark.parametrize("layout", ["C", "F", "sliced"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_ger_against_the_cpu_op(cuda, dtype, layout, inplace):
-    from symgpu.gpu.blas import GpuGer
+    from symgpu.gpu.ops.blas import GpuGer
     from symgpu.tensor.type import TensorType
     ha, hx, hy = _data(dtype, 37, 23)
     want = ger_value(_blas("ger", dtype), ha, 0.5, hx, hy, False, dtype)   # the CPU op
@@ -369,8 +369,8 @@ def test_gpu_ger_against_the_cpu_op(cuda, dtype, layout, inplace):
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_ger_device_alpha_broadcast_a_strided_vectors_and_empty(cuda, dtype):
-    from symgpu.gpu.blas import GpuGer
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.ops.blas import GpuGer
+    from symgpu.gpu.placement.type import GpuArrayType
     fn = _blas("ger", dtype)
     ha, hx, hy = _data(dtype, 9, 7)
     A, x, y = _gpu_types(dtype)
@@ -418,7 +418,7 @@ def test_gpu_ger_through_function_matches_cpu(cuda, dtype):
 @requires_gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_shared_update_is_one_gpu_ger(cuda, dtype):
-    from symgpu.gpu.array import GpuArray
+    from symgpu.gpu.runtime.array import GpuArray
     w0 = rng.randn(64, 48).astype(dtype)
     W = symgpu.shared(w0.copy(), name="W", target=None)          # on the GPU
     assert isinstance(W.get_value(borrow=True, return_internal_type=True), GpuArray)

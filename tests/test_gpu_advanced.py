@@ -9,9 +9,9 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu.advanced import (GpuAdvancedIncSubtensor1, GpuAdvancedSubtensor1,
+from symgpu.gpu.ops.advanced import (GpuAdvancedIncSubtensor1, GpuAdvancedSubtensor1,
                                  GpuBatchedDot, advanced_source)
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.placement.rewriting import virtual_context
 
 CPU_NAMES = {"AdvancedSubtensor", "AdvancedIncSubtensor", "MatMul"}
 

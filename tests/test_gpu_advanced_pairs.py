@@ -1,4 +1,4 @@
-"""x[a, b] of a matrix and its set/inc on the GPU, GpuARange (symgpu/gpu/advanced_pairs.py):
+"""x[a, b] of a matrix and its set/inc on the GPU, GpuARange (symgpu/gpu/ops/advanced_pairs.py):
 placement on a virtual context, nvcc compilation, values against NumPy on a real GPU."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import symgpu
 import symgpu.tensor as T
 from gpu_helpers import (assert_one_segment, check_on_gpu, compile_for_sm90, requires_gpu,
                          requires_nvcc)
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu import config, function
-from symgpu.gpu.advanced_pairs import (GpuARange, GpuAdvancedIncSubtensor2,
+from symgpu.gpu.ops.advanced_pairs import (GpuARange, GpuAdvancedIncSubtensor2,
                                        GpuAdvancedSubtensor2, pairs_source)
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.placement.rewriting import virtual_context
 
 CPU_NAMES = {"AdvancedSubtensor", "AdvancedIncSubtensor", "ARange"}
 
@@ -74,7 +74,7 @@ def test_pair_forms_that_stay_on_the_cpu():
 
 def test_make_node_checks_its_inputs():
     with config.change_flags(floatX="float32"), virtual_context(None):
-        from symgpu.gpu.type import GpuArrayType
+        from symgpu.gpu.placement.type import GpuArrayType
         gx = GpuArrayType("float32", (False, False))("gx")
         gv = GpuArrayType("float32", (False,))("gv")
         gi = GpuArrayType("int64", (False,))("gi")

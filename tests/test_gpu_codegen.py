@@ -1,4 +1,4 @@
-"""Kernel generation (symgpu/gpu/codegen): layout planning and rendering on the CPU, and every
+"""Kernel generation (symgpu/gpu/runtime/codegen): layout planning and rendering on the CPU, and every
 module the generator emits for a representative set of graphs compiled with nvcc for sm_90
 (``nvcc`` marker; no GPU needed).  GPU results are checked in test_gpu_ops.py."""
 from __future__ import annotations
@@ -12,15 +12,15 @@ import pytest
 from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
                          requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
-from symgpu.gpu import compiler
-from symgpu.gpu.blas import GpuAllocEmpty, GpuDot22, GpuGemm, GpuGemv, _colmajor
-from symgpu.gpu.codegen import layout
-from symgpu.gpu.codegen.elemwise import ElemwiseSignature, kernel_names, render_elemwise
-from symgpu.gpu.codegen.reduce import KERNELS, ReduceSignature, render_reduce
-from symgpu.gpu.codegen.scalar import ScalarRenderer, render_apply_function, supports_scalar_op
-from symgpu.gpu.codegen.types import SUPPORTED, literal
-from symgpu.gpu.elemwise import GpuCAReduce, GpuElemwise
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.runtime import compiler
+from symgpu.gpu.ops.blas import GpuAllocEmpty, GpuDot22, GpuGemm, GpuGemv, _colmajor
+from symgpu.gpu.runtime.codegen import layout
+from symgpu.gpu.runtime.codegen.elemwise import ElemwiseSignature, kernel_names, render_elemwise
+from symgpu.gpu.runtime.codegen.reduce import KERNELS, ReduceSignature, render_reduce
+from symgpu.gpu.runtime.codegen.scalar import ScalarRenderer, render_apply_function, supports_scalar_op
+from symgpu.gpu.runtime.codegen.types import SUPPORTED, literal
+from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS, SCALAR_TABLE, Cast
 from symgpu.scalar.composite import CompositeBuilder
 
@@ -103,7 +103,7 @@ def test_outputs_reused_from_the_previous_call_are_those_that_never_leave_it():
     still holds only when neither its output nor a view of it is a function output."""
     import symgpu.tensor as T
     from symgpu.graph.fg import FunctionGraph
-    from symgpu.gpu.graph_plan import escaping, mark_reusable_outputs
+    from symgpu.gpu.exec.graph_plan import escaping, mark_reusable_outputs
     x = T.vector("x")
     t = x + 1
     v = t.dimshuffle("x", 0)          # a view of t: t leaves the call through it
@@ -325,8 +325,8 @@ def test_every_generated_module_compiles_for_sm_90(cachedir):
 def test_every_table_row_renders_for_every_dtype(cachedir):
     """One translation unit with, per dtype, the rendered function of a Composite made of
     every row that accepts it, called from one kernel (faster than a module per dtype)."""
-    from symgpu.gpu.codegen import common_source
-    from symgpu.gpu.codegen.types import storage_ctype
+    from symgpu.gpu.runtime.codegen import common_source
+    from symgpu.gpu.runtime.codegen.types import storage_ctype
     parts = [common_source()]
     for dtype in SUPPORTED:
         comp, in_dtypes = _every_row_composite(dtype)
@@ -402,7 +402,7 @@ def test_elemwise_thunk_picks_vector_scalar_and_strided_kernels(fake_device):
 def test_contiguous_elemwise_grids_cover_the_array_and_strided_ones_one_wave(fake_device):
     """A thread per element (per 4-wide vector) for contiguous layouts, whatever the number
     of SMs; strided kernels keep a one-wave grid-stride grid (8 blocks of 256 per SM)."""
-    from symgpu.gpu.codegen.launch import sm_count
+    from symgpu.gpu.runtime.codegen.launch import sm_count
     ctx, calls = fake_device
     x = gvar("float32", (False, False))
     node = GpuElemwise(SCALAR_OPS["tanh"])(x).owner
@@ -463,8 +463,8 @@ def test_reduce_thunk_plans_and_splits(fake_device):
 def test_each_kernel_of_a_module_is_fetched_under_its_own_key(monkeypatch):
     """The runtime's get_kernel caches on the key alone: two kernels of one module must not
     share a key (the second would silently run the first)."""
-    from symgpu.gpu import compiler as comp
-    from symgpu.gpu.codegen import launch
+    from symgpu.gpu.runtime import compiler as comp
+    from symgpu.gpu.runtime.codegen import launch
     seen = {}
 
     def fake_get_kernel(key, source_factory, fn_name, options=(), context=None):

@@ -1,4 +1,4 @@
-"""The persistent kernel cache (symgpu.gpu.compiler): runs nvcc, needs no GPU."""
+"""The persistent kernel cache (symgpu.gpu.runtime.compiler): runs nvcc, needs no GPU."""
 from __future__ import annotations
 
 import os
@@ -14,9 +14,9 @@ import pytest
 
 from gpu_helpers import requires_nvcc
 from symgpu.config import config
-from symgpu.gpu import compiler
+from symgpu.gpu.runtime import compiler
 from symgpu.link import diskcache
-from symgpu.gpu.compiler import CompileError, cache_key, compile_to_cubin
+from symgpu.gpu.runtime.compiler import CompileError, cache_key, compile_to_cubin
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL = 'extern "C" __global__ void twice(float *a, int n)\n' \
@@ -142,7 +142,7 @@ def test_two_processes_compile_once(cachedir, tmp_path):
     go = tmp_path / "go"
     script = textwrap.dedent(f"""
         import os, sys, time
-        from symgpu.gpu.compiler import compile_to_cubin
+        from symgpu.gpu.runtime.compiler import compile_to_cubin
         while not os.path.exists({str(go)!r}):
             time.sleep(0.005)
         path, cubin, hit = compile_to_cubin({src!r})
@@ -212,7 +212,7 @@ def test_compile_error_keeps_source(cachedir):
 @requires_nvcc
 def test_strided_copy_kernels_compile(cachedir):
     """The codegen layer of CI: every kernel the runtime ships compiles for sm_90."""
-    from symgpu.gpu.copykernel import INC_DTYPES, STRIDED_COPY_SOURCE
+    from symgpu.gpu.runtime.copykernel import INC_DTYPES, STRIDED_COPY_SOURCE
     _, cubin, _ = compile_to_cubin(STRIDED_COPY_SOURCE)
     for size in (1, 2, 4, 8):
         assert f"strided_copy_{size}".encode() in cubin

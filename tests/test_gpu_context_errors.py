@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from symgpu.gpu import context as gctx
+from symgpu.gpu.runtime import context as gctx
 
 
 class FakeDriverError(Exception):

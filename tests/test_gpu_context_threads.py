@@ -7,7 +7,7 @@ import sys
 import threading
 import types
 
-from symgpu.gpu.context import GpuContext
+from symgpu.gpu.runtime.context import GpuContext
 
 
 class _FakeDriverContext:

@@ -1,4 +1,4 @@
-"""GPU convolution and pooling (symgpu/gpu/conv.py, conv_gemm.py, cudnn.py, pooling.py):
+"""GPU convolution and pooling (symgpu/gpu/ops/conv.py, conv_gemm.py, cudnn.py, pooling.py):
 placement on a virtual context and kernel compilation (CPU), and on a real GPU every
 conv2d / pool_2d parameter combination of the CPU tests against the CPU ops, through cuDNN
 and through the im2col + cuBLAS fallback, plus a LeNet step captured into a CUDA graph."""
@@ -14,12 +14,12 @@ import symgpu.tensor as T
 from gpu_helpers import (NON_LAUNCHING, assert_one_segment, compile_for_sm90, on_the_cpu,
                          requires_gpu, requires_nvcc)
 from symgpu import config, function
-from symgpu.gpu import conv as gconv
-from symgpu.gpu.conv_gemm import conv_gemm_source
-from symgpu.gpu import pooling as gpooling
-from symgpu.gpu.pooling import index_suffix, pooling_source
-from symgpu.gpu.rewriting import cpu_nodes, virtual_context
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.ops import conv as gconv
+from symgpu.gpu.ops.conv_gemm import conv_gemm_source
+from symgpu.gpu.ops import pooling as gpooling
+from symgpu.gpu.ops.pooling import index_suffix, pooling_source
+from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.nnet import bn, conv2d
 from symgpu.tensor.signal.pool import pool_2d
 from symgpu.tensor.signal.pool_numpy import MODES
@@ -32,7 +32,7 @@ POOL_COMBOS = [c for c in itertools.product([(2, 2), (3, 2), (1, 3)],
                                             [(0, 0), (1, 1), (2, 1)], [True, False], MODES)
                if (c[2] == (0, 0) or c[3]) and c[2][0] < c[0][0] and c[2][1] < c[0][1]]
 # the pooling gradients (GpuMaxPoolGrad, GpuAveragePoolGrad) of these nets take tanh's
-# derivative as their epilogue (symgpu/gpu/pooling_epilogue.py)
+# derivative as their epilogue (symgpu/gpu/ops/pooling_epilogue.py)
 GPU_NAMES = {"GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "GpuPool",
              "GpuPoolGradEpilogue"}
 
@@ -157,7 +157,7 @@ def test_kernels_compile(tmp_path):
 
 
 def test_pooling_kernels_index_with_ints_where_everything_fits():
-    from symgpu.gpu.pooling import GpuPool
+    from symgpu.gpu.ops.pooling import GpuPool
     op = GpuPool((2, 2))
     assert index_suffix(op.geo((128, 20, 24, 24))) == "_i32"
     assert index_suffix(op.geo((1, 2, 3))) == "_i32"
@@ -227,7 +227,7 @@ def test_cudnn_algorithms_are_timed_once_and_never_under_capture(monkeypatch, ca
 def backend(request, monkeypatch):
     monkeypatch.setattr(gconv, "FORCE_GEMM", request.param == "gemm")
     if request.param == "cudnn":
-        from symgpu.gpu.cudnn import cudnn_available
+        from symgpu.gpu.ops.cudnn import cudnn_available
         if not cudnn_available():
             pytest.skip("cuDNN is not installed")
     return request.param
@@ -274,7 +274,7 @@ def test_gpu_conv_float32(cuda, backend, kw):
 def test_gpu_conv_timed_and_heuristic_algorithms_agree(cuda, monkeypatch, kw):
     """Both ways of choosing cuDNN's algorithm give the CPU's values; the timed one records
     its choice per geometry (cudnn._TIMED: keyed on the handle, then the direction)."""
-    from symgpu.gpu import cudnn
+    from symgpu.gpu.ops import cudnn
     if not cudnn.cudnn_available():
         pytest.skip("cuDNN is not installed")
     monkeypatch.setattr(gconv, "FORCE_GEMM", False)

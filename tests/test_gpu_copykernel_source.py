@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from symgpu.gpu import copykernel
+from symgpu.gpu.runtime import copykernel
 
 ENTRY = re.compile(r"^SG_STRIDED\((\w+), ([\w ]+), (\w+)\)$", re.M)
 

@@ -9,10 +9,10 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu.crossentropy import (GpuCrossentropyCategorical1Hot,
+from symgpu.gpu.ops.crossentropy import (GpuCrossentropyCategorical1Hot,
                                      GpuCrossentropyCategorical1HotGrad, crossentropy_source)
-from symgpu.gpu.rewriting import cpu_nodes, virtual_context
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad
 
 CPU_NAMES = {"CrossentropyCategorical1Hot", "CrossentropyCategorical1HotGrad", "Elemwise",
@@ -224,7 +224,7 @@ def test_gpu_crossentropy_grad(cuda, dtype, label_dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gpu_ops_on_strided_device_arrays(cuda, dtype):
     """The kernels read p and the labels through their strides (views, no copy)."""
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     p = GpuArrayType(dtype, (False, False), None)()
     y = GpuArrayType("int64", (False,), None)()
     g = GpuArrayType(dtype, (False,), None)()

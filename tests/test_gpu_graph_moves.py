@@ -1,4 +1,4 @@
-"""CUDA graphs keyed by shapes and strides only (symgpu/gpu/graph_segment.py): one capture
+"""CUDA graphs keyed by shapes and strides only (symgpu/gpu/exec/graph_segment.py): one capture
 serves calls whose GPU inputs move (a state updated into a fresh buffer each call, the
 output of a plain node such as a convolution), results the caller keeps are never
 overwritten, a failed call changes nothing, and a collected graph never consumes a pending
@@ -17,7 +17,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.gpu import graph_segment
+from symgpu.gpu.exec import graph_segment
 from symgpu.link.vm import link
 from gpu_helpers import requires_gpu
 
@@ -51,7 +51,7 @@ class FreshPlain(Op):
         return Apply(self, [x], [x.type()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.ops.elemwise import new_array
         x = inputs[0]
         a = new_array(fakes.CTX_OBJ, x.shape, np.dtype("float32"))
         MEM[a.ptr][: a.size] = MEM[x.ptr][: x.size] + self.shift
@@ -267,8 +267,8 @@ def test_gpu_a_shared_input_that_moves_every_call_replays_one_graph(cuda, monkey
     state updated elsewhere) is staged after its first move; one more update, copied back
     into its own buffer, never moves.  Results match NumPy on every call."""
     from symgpu import function, shared
-    from symgpu.gpu import graphs
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.exec import graphs
+    from symgpu.gpu.runtime.array import to_gpu
     import symgpu.tensor as T
     monkeypatch.setattr(graphs, "_driver", None)           # the real driver
     rng = np.random.default_rng(0)

@@ -1,4 +1,4 @@
-"""Host scalars as CUDA-graph parameters (symgpu/gpu/graph_params.py): one capture serves
+"""Host scalars as CUDA-graph parameters (symgpu/gpu/exec/graph_params.py): one capture serves
 every value of an index, a learning rate or a slice offset; shapes still key graphs.
 
 CPU tests drive the runner with the fakes of tests/graph_fakes.py (a recorded "kernel"
@@ -16,7 +16,7 @@ from graph_fakes import (FakeDynSlice, FakeHostScale, FakeKernelOp, FakeScalarUp
 from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc, thunk_over
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
-from symgpu.gpu import graphs
+from symgpu.gpu.exec import graphs
 from symgpu.link.vm import link
 from symgpu.tensor.type import TensorType
 
@@ -143,8 +143,8 @@ def test_plain_runs_and_failed_parameters_leave_no_slot_bound():
 def test_dynamic_slice_parameters_match_numpy_views(idx, values, shape):
     """GpuSubtensor's parameter: the byte offset of the NumPy view, its shape and strides."""
     from gpu_helpers import FakeCtx, fake_gpu_array
-    from symgpu.gpu.subtensor import GpuSubtensor
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.type import GpuArrayType
     ctx = FakeCtx()
     syms = iter([TensorType("int64", ())() for _ in values])
     x = GpuArrayType("float32", (False,) * len(shape), fakes.CTX)()
@@ -187,8 +187,8 @@ def _np_index(idx, values):
 def test_the_row_slice_fast_path_agrees_with_the_general_one():
     """x[a:b] (the minibatch slice) has its own quick parameters: the same as the view's."""
     from gpu_helpers import FakeCtx, fake_gpu_array
-    from symgpu.gpu.subtensor import GpuSubtensor
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.tensor.subtensor import SYM, Slice
     rng = np.random.default_rng(2)
     for shape in [(50, 7), (9,), (0, 3), (12, 2, 3)]:
@@ -209,8 +209,8 @@ def test_the_row_slice_fast_path_agrees_with_the_general_one():
 
 def test_an_out_of_range_integer_index_raises_from_the_parameters():
     from gpu_helpers import FakeCtx, fake_gpu_array
-    from symgpu.gpu.subtensor import GpuSubtensor
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.tensor.subtensor import SYM
     x = GpuArrayType("float32", (False, False), fakes.CTX)()
     node = GpuSubtensor((SYM,)).make_node(x, TensorType("int64", ())())
@@ -220,8 +220,8 @@ def test_an_out_of_range_integer_index_raises_from_the_parameters():
 
 
 def test_arange_and_scalar_upload_parameters():
-    from symgpu.gpu.advanced_pairs import GpuARange
-    from symgpu.gpu.basic_ops import GpuFromHost
+    from symgpu.gpu.ops.advanced_pairs import GpuARange
+    from symgpu.gpu.placement.basic_ops import GpuFromHost
     a, b, c = (TensorType("int64", ())() for _ in range(3))
     node = GpuARange("int64", fakes.CTX).make_node(a, b, c)
     thunk, _ = thunk_over(node, [np.int64(3), np.int64(20), np.int64(4)])
@@ -237,7 +237,7 @@ def test_arange_and_scalar_upload_parameters():
 
 @requires_nvcc
 def test_parameter_kernels_compile_for_sm90(tmp_path):
-    from symgpu.gpu.graph_params import PARAMS_SOURCE
+    from symgpu.gpu.exec.graph_params import PARAMS_SOURCE
     cubin = compile_for_sm90(PARAMS_SOURCE, tmp_path)
     for name in ("dyn_slice_copy_4", "dyn_slice_copy_8", "arange_dev_int64", "arange_dev_int32"):
         assert name.encode() in cubin

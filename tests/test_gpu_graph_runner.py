@@ -1,4 +1,4 @@
-"""The whole-function CUDA-graph runner (symgpu/gpu/graphs.py, graph_segment.py) on the CPU:
+"""The whole-function CUDA-graph runner (symgpu/gpu/exec/graphs.py, graph_segment.py) on the CPU:
 driven by the fake context, pool and driver of tests/graph_fakes.py, whose "kernels" are
 Python closures over a fake device memory (a capture records them, a replay runs them), so
 keys, ownership, ping-pong, updates copied back, fallbacks and results are checked without a
@@ -18,8 +18,8 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.gpu import graphs
-from symgpu.gpu.pool import lend
+from symgpu.gpu.exec import graphs
+from symgpu.gpu.runtime.pool import lend
 from symgpu.link.vm import link
 
 
@@ -213,7 +213,7 @@ def test_no_copy_back_when_something_that_can_fail_runs_after_the_segment():
 
 
 def test_outputs_read_by_a_host_node_and_views_of_inputs():
-    from symgpu.gpu.basic_ops import GpuDimShuffle
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     ctx = fakes.CTX_OBJ
     x = gvec()
     a = add1()(x)
@@ -233,8 +233,8 @@ def test_outputs_read_by_a_host_node_and_views_of_inputs():
 
 
 def test_empty_arrays_and_views_of_constants_are_rebuilt():
-    from symgpu.gpu.basic_ops import GpuDimShuffle
-    from symgpu.gpu.type import GpuArrayConstant, GpuArrayType
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    from symgpu.gpu.placement.type import GpuArrayConstant, GpuArrayType
     ctx = fakes.CTX_OBJ
     x = gvec()
     c = GpuArrayConstant(GpuArrayType("float32", (False,), CTX), upload(ctx, [5, 6]))
@@ -264,7 +264,7 @@ class FakeUpload(Op):
         return Apply(self, [like], [like.type()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.elemwise import new_array
+        from symgpu.gpu.ops.elemwise import new_array
         a = new_array(fakes.CTX_OBJ, inputs[0].shape, np.dtype("float32"))
         MEM[a.ptr][: a.size] = self.value
         out[0][0] = a
@@ -295,9 +295,12 @@ def test_update_written_in_place_into_an_upload_still_replays():
     assert st["replays"] >= 30 and st["graphs"] <= 4, st
 
 
-class HostFromGpu(FakeToHost):
-    """A fake copy to the host under the real one's class name (the runner lets updates be
-    copied back when only such copies follow a segment)."""
+from symgpu.gpu.placement.basic_ops import HostFromGpu as _RealHostFromGpu  # noqa: E402
+
+
+class HostFromGpu(FakeToHost, _RealHostFromGpu):
+    """A fake copy to the host, of the real one's type (the runner lets updates be copied
+    back when only such copies follow a segment); make_node and perform are the fake's."""
 
 
 def test_logistic_regression_shaped_step_settles_on_one_graph():
@@ -458,8 +461,8 @@ def test_flag_off_and_profiling_use_the_plain_vm():
 
 
 def test_virtual_contexts_get_no_runner():
-    from symgpu.gpu.rewriting import virtual_context
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.gpu.placement.type import GpuArrayType
     with virtual_context("virt-graphs"):
         x = GpuArrayType("float32", (False,), "virt-graphs")()
         y = add1()(x)
@@ -538,7 +541,7 @@ def test_update_of_a_variable_read_through_a_plain_view_replays():
 def test_a_kept_view_of_a_result_keeps_its_graph_busy():
     """Results leave a call under a lease that views share: a view the caller keeps is never
     overwritten by a later replay (liveness decides, not a count of references)."""
-    from symgpu.gpu.graph_segment import Lease
+    from symgpu.gpu.exec.graph_segment import Lease
     ctx = fakes.CTX_OBJ
     x = gvec()
     y = add1()(x)

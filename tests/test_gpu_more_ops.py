@@ -9,10 +9,10 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu.nnet import GpuArgmax, argmax_source
-from symgpu.gpu.rewriting import virtual_context
-from symgpu.gpu.copykernel import STRIDED_COPY_SOURCE
-from symgpu.gpu.subtensor import GpuIncSubtensor, GpuJoin, GpuSubtensor
+from symgpu.gpu.ops.nnet import GpuArgmax, argmax_source
+from symgpu.gpu.placement.rewriting import virtual_context
+from symgpu.gpu.runtime.copykernel import STRIDED_COPY_SOURCE
+from symgpu.gpu.ops.subtensor import GpuIncSubtensor, GpuJoin, GpuSubtensor
 
 CPU_NAMES = {"Subtensor", "IncSubtensor", "Join", "Softmax", "LogSoftmax", "Argmax",
              "Elemwise", "CAReduce"}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from symgpu.config import config
-from symgpu.gpu.context import gpu_available, why_unavailable
+from symgpu.gpu.runtime.context import gpu_available, why_unavailable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.link.vm import link
 from symgpu.scalar.basic import SCALAR_OPS as S, Cast
@@ -25,7 +25,7 @@ RNG = np.random.default_rng(1234)
 
 @pytest.fixture(scope="module", autouse=True)
 def ctx():
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     c = gctx.start_device("cuda0")
     assert not c.virtual and c.stream_handle, "these tests must run on a real GPU"
     gctx.register_context(CTX, c)
@@ -34,14 +34,14 @@ def ctx():
 
 
 def gvar(dtype, ndim_or_bcast=1):
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     bcast = (False,) * ndim_or_bcast if isinstance(ndim_or_bcast, int) else ndim_or_bcast
     return GpuArrayType(dtype, bcast, CTX)()
 
 
 def dev(a):
-    from symgpu.gpu.array import to_gpu
-    from symgpu.gpu.context import get_context
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.runtime.context import get_context
     return to_gpu(np.asarray(a), get_context(CTX))
 
 
@@ -89,7 +89,7 @@ def close_sum(got, host, axis):
 
 
 def elemwise(op, *xs, **kw):
-    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.ops.elemwise import GpuElemwise
     return GpuElemwise(op, **kw)(*xs)
 
 
@@ -127,7 +127,7 @@ def test_strided_inputs_transposed_sliced_and_both():
 
 
 def test_64bit_index_kernels(monkeypatch):
-    from symgpu.gpu.codegen import layout
+    from symgpu.gpu.runtime.codegen import layout
     monkeypatch.setattr(layout, "fits_32bit", lambda *a: False)
     a = gvar("float64", 2)
     host = rand((40, 30), "float64")
@@ -242,7 +242,7 @@ def test_empty_arrays():
 
 # ============================================================================ reductions
 def careduce(op, axis, *xs, pre=None, dtype=None):
-    from symgpu.gpu.elemwise import GpuCAReduce
+    from symgpu.gpu.ops.elemwise import GpuCAReduce
     return GpuCAReduce(op, axis, dtype, pre)(*xs)
 
 
@@ -323,7 +323,7 @@ def test_reduce_0d():
 
 # ============================================================================ BLAS
 def blas_ops():
-    from symgpu.gpu import blas
+    from symgpu.gpu.ops import blas
     return blas
 
 
@@ -399,7 +399,7 @@ def test_gemv_inplace_update_and_empty_dims():
     b = blas_ops()
     hA, hx, hw = rand((50, 40)), rand(50), rand(40)
     w, A, x = gvar("float32"), gvar("float32", 2), gvar("float32")
-    from symgpu.gpu.basic_ops import GpuDimShuffle
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     out = b.GpuGemv(True)(w, -0.1, GpuDimShuffle((False, False), (1, 0))(A), x, 1.0)
     fg = FunctionGraph([w, A, x], [out], clone=False)
     gw = dev(hw)
@@ -417,7 +417,7 @@ def test_gemv_inplace_update_and_empty_dims():
 def test_lifted_graph_runs_gpu_ops():
     import symgpu.tensor as T
     from symgpu import function, shared
-    from symgpu.gpu.array import GpuArray
+    from symgpu.gpu.runtime.array import GpuArray
     xs = shared(rand((64, 32)), target=CTX)
     v = shared(rand(32), target=CTX)
     f = function([], [T.exp(xs).transfer(CTX), T.sum(xs ** 2, axis=1).transfer(CTX),

@@ -24,15 +24,15 @@ from symgpu import Out, config, function, shared
 from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.gpu import context as gctx
-from symgpu.gpu.basic_ops import (GpuAlloc, GpuContiguous, GpuDimShuffle, GpuFromHost,
+from symgpu.gpu.runtime import context as gctx
+from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuContiguous, GpuDimShuffle, GpuFromHost,
                                   GpuReshape, GpuShape, GpuShape_i, GpuToGpu, HostFromGpu,
                                   TRANSFER_COUNTS, as_gpuarray_variable, gpu_contiguous,
                                   gpu_from_host, host_from_gpu, reset_transfer_counts)
-from symgpu.gpu.rewriting import (CpuOpError, CpuOpWarning, cut_gpu_transfers, lifters_for,
+from symgpu.gpu.placement.rewriting import (CpuOpError, CpuOpWarning, cut_gpu_transfers, lifters_for,
                                   local_cut_gpu_transfers, register_lifter, unregister_lifter,
                                   virtual_context)
-from symgpu.gpu.type import (GpuArraySharedVariable, GpuArrayType, GpuArrayVariable, is_gpu_var)
+from symgpu.gpu.placement.type import (GpuArraySharedVariable, GpuArrayType, GpuArrayVariable, is_gpu_var)
 from symgpu.printing import debugprint
 from symgpu.tensor.sharedvar import TensorSharedVariable
 from symgpu.tensor.transfer import TransferError
@@ -466,7 +466,7 @@ def real_gpu(f32):
 
 @requires_gpu
 def test_gpu_shared_variable_lives_on_device(real_gpu):
-    from symgpu.gpu.array import GpuArray
+    from symgpu.gpu.runtime.array import GpuArray
     host = np.arange(6, dtype="float32").reshape(2, 3)
     x = shared(host, name="x")
     assert isinstance(x, GpuArraySharedVariable)
@@ -504,7 +504,7 @@ def test_gpu_shared_variable_lives_on_device(real_gpu):
 
 @requires_gpu
 def test_gpu_shared_update_without_transfers(real_gpu):
-    from symgpu.gpu.array import GpuArray
+    from symgpu.gpu.runtime.array import GpuArray
     host = np.arange(6, dtype="float32").reshape(2, 3)
     x = shared(host.copy(), name="x")
     # a pure view update (transpose twice) and a device-resident output
@@ -537,7 +537,7 @@ def test_gpu_elemwise_update_stays_on_device(real_gpu):
 
 @requires_gpu
 def test_gpu_transfers_every_direction(real_gpu):
-    from symgpu.gpu.array import GpuArray, to_gpu
+    from symgpu.gpu.runtime.array import GpuArray, to_gpu
     a = T.matrix("a")
     data = np.random.RandomState(0).rand(3, 5).astype("float32")
     b = a.transfer(None)
@@ -570,7 +570,7 @@ def test_gpu_transfers_every_direction(real_gpu):
 
 @requires_gpu
 def test_gpu_alloc_and_reshape(real_gpu):
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     n = T.lscalar("n")
     v = GpuArrayType("float32", (False,))("v")
     f = function([n, v], [GpuAlloc(None)(T.constant(np.float32(1.5)), n, 3).transfer("cpu"),
@@ -609,7 +609,7 @@ def test_constants_are_inlined_into_gpu_kernels_and_never_overwritten(vgpu):
     """Constants a GPU kernel reads become literals of its Composite (even a lone node's:
     `maximum(h, 0)`), so no per-call upload is left, and no in-place op may take a copy of a
     constant as its output buffer (it could then never be uploaded once)."""
-    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.ops.elemwise import GpuElemwise
     x, w = T.matrix("x"), T.matrix("w")
     h = T.maximum(T.dot(x, w), 0)
     s = h.sum() * (-1.0 / 512)
@@ -638,8 +638,8 @@ def test_a_bias_is_added_by_the_next_kernel_not_by_the_blas_call(vgpu):
     """dot(x, w) + b on the GPU: the product alone, its add fused into the kernel that reads
     it (here the ReLU), where a BLAS call on a broadcast C would first copy b into the whole
     output; a full-size accumulator keeps the one GpuGemm."""
-    from symgpu.gpu.blas import GpuDot22, GpuGemm
-    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.ops.blas import GpuDot22, GpuGemm
+    from symgpu.gpu.ops.elemwise import GpuElemwise
     x, w, z = T.matrix("x"), T.matrix("w"), T.matrix("z")
     b = T.vector("b")
     f = function([x, w, b], gpu_from_host(T.maximum(T.dot(x, w) + b, 0)))

@@ -1,4 +1,4 @@
-"""The pooling gradients' elementwise epilogue (symgpu/gpu/pooling_epilogue.py): which graphs
+"""The pooling gradients' elementwise epilogue (symgpu/gpu/ops/pooling_epilogue.py): which graphs
 fuse (CPU, virtual context), that the kernels compile (nvcc), and on a GPU that the fused
 kernels give the CPU's values for max and average pooling, float32 and float64, both index
 widths."""
@@ -11,9 +11,9 @@ import symgpu
 import symgpu.tensor as T
 from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu import pooling as gpooling
-from symgpu.gpu.pooling_epilogue import GpuPoolGradEpilogue, epilogue_source
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.ops import pooling as gpooling
+from symgpu.gpu.ops.pooling_epilogue import GpuPoolGradEpilogue, epilogue_source
+from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.tensor.signal.pool import pool_2d
 
 RNG = np.random.default_rng(171)

@@ -9,11 +9,11 @@ import symgpu.tensor as T
 from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_kernel_device, requires_gpu,
                          requires_nvcc, thunk_over)
 from symgpu import config, function
-from symgpu.gpu.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
+from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
                                random_source, sample_kernel_name)
-from symgpu.gpu.random_fusion import GpuPhiloxElemwise, render_philox_elemwise
-from symgpu.gpu.rewriting import virtual_context
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise, render_philox_elemwise
+from symgpu.gpu.placement.rewriting import virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.random import PhiloxSample, RandomStreams, philox
 
 
@@ -69,8 +69,8 @@ def test_fusion_can_be_turned_off():
 
 def test_a_gpu_state_is_advanced_on_the_device():
     from symgpu.compile.sharedvalue import Container
-    from symgpu.gpu.basic_ops import HostFromGpu
-    from symgpu.gpu.type import GpuArraySharedVariable
+    from symgpu.gpu.placement.basic_ops import HostFromGpu
+    from symgpu.gpu.placement.type import GpuArraySharedVariable
     from symgpu.tensor.random import PhiloxAdvance
     with config.change_flags(floatX="float32"), virtual_context(None):
         t = GpuArrayType("uint32", (False,), None)

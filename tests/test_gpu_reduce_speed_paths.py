@@ -1,5 +1,5 @@
 """GpuCAReduce's fast paths (issue 7): one-pass split reductions ("last block done" on per-node
-counters) and 16-byte vector loads of contiguous rows (symgpu/gpu/codegen/reduce.cu's
+counters) and 16-byte vector loads of contiguous rows (symgpu/gpu/runtime/codegen/reduce.cu's
 sg_rows_onepass, sg_vrows_final, sg_vrows_onepass).
 
 On the CPU: what the renderer emits, which kernel and grid each layout gets (a fake device
@@ -18,12 +18,12 @@ import pytest
 from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
                          requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
-from symgpu.gpu import compiler
-from symgpu.gpu.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
+from symgpu.gpu.runtime import compiler
+from symgpu.gpu.runtime.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
                                        kernel_names, reduce_formats, render_reduce)
-from symgpu.gpu.context import gpu_available, why_unavailable
-from symgpu.gpu.elemwise import GpuCAReduce, _order_reduced, _ReduceThunk
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.runtime.context import gpu_available, why_unavailable
+from symgpu.gpu.ops.elemwise import GpuCAReduce, _order_reduced, _ReduceThunk
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS as S
 
 CTX = "reduce-paths-test"
@@ -95,8 +95,8 @@ def test_order_reduced_puts_the_smallest_stride_innermost():
 def fake_device(monkeypatch):
     """Reduction thunks against a context whose kernels record their launches (and whose
     memsets record their arrays)."""
-    import symgpu.gpu.codegen.launch as launch
-    from symgpu.gpu.array import GpuArray
+    import symgpu.gpu.runtime.codegen.launch as launch
+    from symgpu.gpu.runtime.array import GpuArray
     calls, fills = [], []
     ctx = fake_kernel_device(monkeypatch, calls)
     monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
@@ -250,7 +250,7 @@ RNG = np.random.default_rng(77)
 
 @pytest.fixture(scope="module")
 def gpu_ctx():
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     c = gctx.start_device("cuda0")
     assert not c.virtual and c.stream_handle, "these tests must run on a real GPU"
     gctx.register_context(GPU_CTX, c)
@@ -263,8 +263,8 @@ def _gvar(dtype, ndim):
 
 
 def _dev(a):
-    from symgpu.gpu.array import to_gpu
-    from symgpu.gpu.context import get_context
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.runtime.context import get_context
     return to_gpu(np.ascontiguousarray(a), get_context(GPU_CTX))
 
 
@@ -412,8 +412,8 @@ def test_cuda_graph_replays_of_one_pass_reductions(gpu_ctx, monkeypatch):
     import symgpu
     import symgpu.tensor as T
     from symgpu import Out, shared
-    from symgpu.gpu import graphs
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.exec import graphs
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     monkeypatch.setattr(graphs, "_driver", None)          # the real driver
     host, rows = _rand((1500, 1001), "float32"), _rand((4, 300001), "float32")
     with config.change_flags(**{"gpuarray.cuda_graphs": True}):

@@ -19,11 +19,11 @@ import pytest
 
 from gpu_helpers import FakeCtx, requires_gpu
 from symgpu.config import config
-from symgpu.gpu import context as gctx
-from symgpu.gpu import dlpack, pool
-from symgpu.gpu.array import SUPPORTED_DTYPES, GpuArray, asarray, check_dtype, empty, \
+from symgpu.gpu.runtime import context as gctx
+from symgpu.gpu.runtime import dlpack, pool
+from symgpu.gpu.runtime.array import SUPPORTED_DTYPES, GpuArray, asarray, check_dtype, empty, \
     from_dlpack, to_gpu, zeros
-from symgpu.gpu.copykernel import collapse_axes
+from symgpu.gpu.runtime.copykernel import collapse_axes
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,8 +41,8 @@ HIDE_PYCUDA = "import sys; sys.modules['pycuda'] = None  # as if PyCUDA were not
 
 def test_import_does_not_need_pycuda():
     r = run_python(HIDE_PYCUDA + textwrap.dedent("""
-        import symgpu.gpu, symgpu.gpu.array, symgpu.gpu.context, symgpu.gpu.pool
-        import symgpu.gpu.compiler, symgpu.gpu.dlpack, symgpu.gpu.copykernel
+        import symgpu.gpu, symgpu.gpu.runtime.array, symgpu.gpu.runtime.context, symgpu.gpu.runtime.pool
+        import symgpu.gpu.runtime.compiler, symgpu.gpu.runtime.dlpack, symgpu.gpu.runtime.copykernel
         from symgpu.gpu import GpuArray, empty, zeros, to_gpu, from_dlpack
         print("ok", symgpu.gpu.gpu_available())
     """), "device=cpu")
@@ -54,7 +54,7 @@ def test_fallback_warns_and_runs_on_cpu():
     r = run_python(HIDE_PYCUDA + textwrap.dedent("""
         import warnings
         warnings.simplefilter("always")
-        import symgpu.gpu.context as c
+        import symgpu.gpu.runtime.context as c
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             result = c.init_default_context()
@@ -75,7 +75,7 @@ def test_fallback_warns_and_runs_on_cpu():
 
 def test_force_device_raises_naming_why():
     r = run_python(HIDE_PYCUDA + textwrap.dedent("""
-        import symgpu.gpu.context as c
+        import symgpu.gpu.runtime.context as c
         try:
             c.init_default_context()
         except RuntimeError as exc:
@@ -92,7 +92,7 @@ def test_cpu_device_starts_nothing():
     r = run_python(textwrap.dedent("""
         import sys, warnings
         warnings.simplefilter("error")
-        import symgpu.gpu.context as c
+        import symgpu.gpu.runtime.context as c
         print("RESULT", c.init_default_context(), "pycuda" in sys.modules)
     """), "device=cpu")
     assert r.returncode == 0, r.stderr
@@ -333,7 +333,7 @@ def test_start_up_uses_a_real_device(ctx):
 @requires_gpu
 def test_print_active_device_and_preallocate():
     r = run_python("""
-        import symgpu.gpu.context as c
+        import symgpu.gpu.runtime.context as c
         ctx = c.init_default_context()
         s = ctx.pool.stats()
         print("STATS", s["bytes_preallocated"], s["n_device_allocs"])
@@ -365,7 +365,7 @@ def test_fallback_when_the_driver_sees_no_device(force):
     code = """
         import os, warnings
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-        import symgpu.gpu.context as c
+        import symgpu.gpu.runtime.context as c
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             try:
@@ -500,7 +500,7 @@ def test_large_copy_and_repr(ctx):
 @requires_gpu
 def test_pycuda_kernel_arguments(ctx):
     """GpuArray and its gpudata work as PyCUDA kernel arguments (the seeds' PyCUDADoubleOp)."""
-    from symgpu.gpu.compiler import compile_module
+    from symgpu.gpu.runtime.compiler import compile_module
     mod = compile_module('extern "C" __global__ void my_fct(float *i0, float *o0, int size)\n'
                          '{ int i = blockIdx.x * blockDim.x + threadIdx.x;\n'
                          '  if (i < size) o0[i] = i0[i] * 2; }\n', context=ctx)
@@ -603,7 +603,7 @@ def test_cupy_exchange_both_ways(ctx):
 
 def test_driver_errors_read_the_same_everywhere(monkeypatch):
     """Every ctypes driver call (launches, graphs, events) reports a failure one way."""
-    from symgpu.gpu import libcuda
+    from symgpu.gpu.runtime import libcuda
     monkeypatch.setattr(libcuda, "error_string", lambda status: f"code {status} explained")
     libcuda.check(0, "cuNothing")
     with pytest.raises(RuntimeError, match=r"^cuEventRecord failed: code 700 explained$"):

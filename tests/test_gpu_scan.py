@@ -22,10 +22,10 @@ import symgpu.tensor as T
 from gpu_helpers import real_default_gpu, requires_gpu
 from symgpu import config, function
 from symgpu.graph.basic import Constant
-from symgpu.gpu.basic_ops import GpuFromHost, HostFromGpu
-from symgpu.gpu.rewriting import cpu_nodes, virtual_context
-from symgpu.gpu.scan_ifelse import GpuIfElse
-from symgpu.gpu.scan_op import GpuScan
+from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
+from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
+from symgpu.gpu.ops.scan_ifelse import GpuIfElse
+from symgpu.gpu.ops.scan_op import GpuScan
 from symgpu.ifelse import IfElse, ifelse
 from symgpu.scan.op import Scan
 
@@ -97,7 +97,7 @@ def test_backward_scan_lifts_the_same_way(vgpu):
 def test_backward_scan_accumulates_the_weight_gradients_in_place(vgpu):
     """The accumulators of BPTT (keep-last states the loop owns) are updated by in-place GEMMs:
     no copy of dW per step; the forward loop's kept state and the sequences stay untouched."""
-    from symgpu.gpu.scan_op import scratch_states
+    from symgpu.gpu.ops.scan_op import scratch_states
     x, y = T.tensor3("x"), T.tensor3("y")
     wx, wh, b = T.matrix("wx"), T.matrix("wh"), T.vector("b")
     h0 = T.zeros((4, 5), dtype="float32")
@@ -141,8 +141,8 @@ def test_loop_bodies_kernels_join_the_outer_prefetch_batch(vgpu):
     """The kernel prefetch of the outer function asks each GpuScan for its body's modules
     (rewritten, not yet linked), so a cold compile runs one parallel nvcc batch, not one
     per loop body; linking the body later reuses that rewritten graph."""
-    from symgpu.gpu import prefetch
-    from symgpu.gpu.elemwise import GpuElemwise
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.ops.elemwise import GpuElemwise
     x, y = T.tensor3("x"), T.tensor3("y")
     wx, wh = T.matrix("wx"), T.matrix("wh")
     h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh)), sequences=x,
@@ -170,9 +170,9 @@ def test_strided_views_fed_to_copies_prefetch_the_copy_kernel(vgpu):
     loop copies them into its own buffers), the weight gradients reshape reversed views;
     an increment of a region (GpuIncSubtensor) runs it too.  Nothing compiles on the first
     call."""
-    from symgpu.gpu import prefetch
-    from symgpu.gpu.basic_ops import GpuReshape
-    from symgpu.gpu.subtensor import GpuIncSubtensor
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.placement.basic_ops import GpuReshape
+    from symgpu.gpu.ops.subtensor import GpuIncSubtensor
     x, y = T.tensor3("x"), T.tensor3("y")
     wx, wh = T.matrix("wx"), T.matrix("wh")
     h, _ = symgpu.scan(lambda xt, hp: T.tanh(T.dot(xt, wx) + T.dot(hp, wh)), sequences=x,
@@ -193,11 +193,11 @@ def test_strided_views_fed_to_copies_prefetch_the_copy_kernel(vgpu):
 
 
 def test_maybe_strided_follows_views_to_a_step_or_a_transpose(vgpu):
-    from symgpu.gpu.basic_ops import GpuDimShuffle
-    from symgpu.gpu.elemwise import gpu_elemwise
-    from symgpu.gpu.prefetch import maybe_strided
-    from symgpu.gpu.subtensor import GpuSubtensor
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    from symgpu.gpu.ops.elemwise import gpu_elemwise
+    from symgpu.gpu.exec.prefetch import maybe_strided
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.tensor.subtensor import Slice
 
     def sl(x, *parts):
@@ -249,7 +249,7 @@ def test_integer_non_sequences_stay_on_the_host(vgpu):
 def test_gpu_typed_values_inside_the_loop_stay_as_they_are(vgpu):
     """A GPU shared variable read in the body is a GPU-typed inner input (scan() makes it an
     implicit non-sequence of its own type): the lifted body takes it as it is."""
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.scan.op import ScanInfo
     Wg = GpuArrayType("float32", (False, False))("W")
     v, ph = T.vector("v"), Wg.type("W_inner")
@@ -422,7 +422,7 @@ def test_gpu_loops_give_the_cpu_results(name):
 
 @requires_gpu
 def test_known_length_loop_replays_as_one_cuda_graph():
-    from symgpu.gpu import scan_graph
+    from symgpu.gpu.exec import scan_graph
     before = dict(scan_graph.STATS)
     xs = [_f32(9, 4, 5, seed=s) for s in range(4)]
     with config.change_flags(floatX="float32"):
@@ -452,7 +452,7 @@ COLD_STEP = r"""
 import json, threading
 import numpy as np
 import symgpu, symgpu.tensor as T
-from symgpu.gpu import compiler
+from symgpu.gpu.runtime import compiler
 runs = []
 real = compiler._run_nvcc
 def counting(*args):

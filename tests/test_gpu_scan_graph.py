@@ -1,4 +1,4 @@
-"""The GPU loop runner (GpuScan's step loop and symgpu/gpu/scan_graph.py) on a fake device.
+"""The GPU loop runner (GpuScan's step loop and symgpu/gpu/exec/scan_graph.py) on a fake device.
 
 A fake context whose pool hands out offsets into one host array (``HEAP``: views of device
 buffers are plain pointer offsets, as on a GPU) and a fake graph driver whose copies and
@@ -16,11 +16,11 @@ import graph_fakes
 import symgpu.tensor as T
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.gpu import graphs, scan_graph
-from symgpu.gpu.array import GpuArray
-from symgpu.gpu.pool import DevicePool
-from symgpu.gpu.scan_op import GpuScan
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.exec import graphs, scan_graph
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.pool import DevicePool
+from symgpu.gpu.ops.scan_op import GpuScan
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scan.op import ScanError, ScanInfo
 
 CTX = "fake-scan"
@@ -128,7 +128,7 @@ DRV: FakeDriver = None   # type: ignore[assignment]
 @pytest.fixture(autouse=True)
 def fake_gpu(monkeypatch):
     global CTX_OBJ, DRV
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     CTX_OBJ, DRV = FakeCtx(), FakeDriver()
     gctx.register_context(CTX, CTX_OBJ)
     monkeypatch.setattr(graphs, "_driver", DRV)
@@ -218,7 +218,7 @@ def test_an_output_held_over_many_calls_is_never_overwritten_and_recycled_after(
     while it (or a view of it) lives, however many calls follow; its block is reused by the
     first call after it is dropped; and only SPARE_OUTPUTS blocks per result are recycled."""
     import gc
-    from symgpu.gpu.graph_segment import Lease
+    from symgpu.gpu.exec.graph_segment import Lease
     op, node = accumulate_loop()
     h0 = rand(1, 3)
     x = rand(4, 3, seed=1)
@@ -350,7 +350,7 @@ def inplace_loop(scratch: bool, body: str = "accumulate"):
     """A keep=False state overwritten in place by its step; `body`: 'accumulate' (acc +=
     x_t) or 'alias' (the state's next value is x_t itself, and a per-step output adds into
     the tap in place: the tap must not be the sequence's memory)."""
-    from symgpu.gpu.scan_op import gpu_inner_graph, scratch_states, _tap_position
+    from symgpu.gpu.ops.scan_op import gpu_inner_graph, scratch_states, _tap_position
     info = ScanInfo(1, ((-1,),), (False,), 1 if body == "alias" else 0, 0)
     xt, h = T.fvector("x_t"), T.fvector("h")
     js = scratch_states(info) if scratch else ()

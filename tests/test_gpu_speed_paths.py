@@ -1,7 +1,7 @@
 """The GPU fast paths around the CUDA-graph runner: planning whole-function CUDA graphs
-(which nodes, in which order, keys: symgpu/gpu/graph_plan.py through graphs.py), the driver's
+(which nodes, in which order, keys: symgpu/gpu/exec/graph_plan.py through graphs.py), the driver's
 ctypes calls (graph_driver.py), the profiler's event timers (event_timers.py), the pinned host
-pool (symgpu/gpu/pool.py), and, marked ``gpu``, checks on a real device that results are the
+pool (symgpu/gpu/runtime/pool.py), and, marked ``gpu``, checks on a real device that results are the
 same with cuda_graphs on and off and that a captured function replays.
 
 The CPU tests use the fakes of tests/graph_fakes.py; the runner itself (captures, replays,
@@ -20,8 +20,8 @@ from graph_fakes import FakeToHost, add1, gvec, mul2, upload
 from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.gpu import graphs
-from symgpu.gpu.pool import PinnedPool, size_class
+from symgpu.gpu.exec import graphs
+from symgpu.gpu.runtime.pool import PinnedPool, size_class
 
 
 @pytest.fixture(autouse=True)
@@ -32,7 +32,7 @@ def fake_gpu(monkeypatch):
 # ============================================================================ decisions
 
 def test_capturability_comes_from_the_thunk_or_the_op():
-    from symgpu.gpu.basic_ops import GpuDimShuffle, GpuShape_i, HostFromGpu
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuShape_i, HostFromGpu
     x = gvec()
     y = add1()(x)
     node = y.owner
@@ -51,9 +51,9 @@ def test_capturability_comes_from_the_thunk_or_the_op():
 
 
 def test_capturability_of_the_real_gpu_thunk_markers():
-    from symgpu.gpu import blas, elemwise
+    from symgpu.gpu.ops import blas, elemwise
     assert elemwise._capturable(lambda: None).capturable
-    from symgpu.gpu.basic_ops import GpuAlloc, GpuFromHost, GpuToGpu, HostFromGpu
+    from symgpu.gpu.placement.basic_ops import GpuAlloc, GpuFromHost, GpuToGpu, HostFromGpu
     for op_cls in (GpuAlloc, GpuFromHost, GpuToGpu, HostFromGpu):
         assert not getattr(op_cls, "capturable", False), op_cls
     assert blas.GpuAllocEmpty.capturable
@@ -69,7 +69,7 @@ def test_capturability_of_the_real_gpu_thunk_markers():
 def test_one_element_uploads_are_capturable_memsets():
     """GpuFromHost of a one-element host value (x.shape[0] as a float, a scalar input) is a
     memset recorded into the graph, keyed on the value; bigger uploads stay plain."""
-    from symgpu.gpu.basic_ops import GpuFromHost, _ScalarUploadThunk
+    from symgpu.gpu.placement.basic_ops import GpuFromHost, _ScalarUploadThunk
     from symgpu.tensor.type import TensorType
     for bcast in ((), (True,), (True, True)):
         node = GpuFromHost(None)(TensorType("float64", bcast)()).owner
@@ -113,7 +113,7 @@ def test_schedule_puts_host_work_first_and_transfers_last():
 
 
 def test_plan_keeps_view_only_runs_plain_and_splits_at_dependencies():
-    from symgpu.gpu.basic_ops import GpuDimShuffle
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     x = gvec()
     v = GpuDimShuffle((False,), (0,))(x)           # a view: capturable, no launch
     h = FakeToHost()(v)
@@ -158,7 +158,7 @@ def test_graph_keys():
 
 def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch):
     import ctypes
-    from symgpu.gpu import graph_driver
+    from symgpu.gpu.exec import graph_driver
     calls = []
 
     class Fn:
@@ -207,8 +207,8 @@ def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch)
 
 def test_gpu_event_timers_are_registered_for_gpu_nodes():
     from symgpu.compile import profiling
-    from symgpu.gpu import event_timers
-    from symgpu.gpu.basic_ops import HostFromGpu
+    from symgpu.gpu.exec import event_timers
+    from symgpu.gpu.placement.basic_ops import HostFromGpu
     x = gvec()
     h = HostFromGpu()(x).owner
     assert event_timers.is_gpu_node(h)
@@ -280,7 +280,7 @@ def test_pinned_pool_distinct_live_results_do_not_share_memory():
 # ============================================================================ on a GPU
 
 def _real_gpu():
-    from symgpu.gpu.context import gpu_available
+    from symgpu.gpu.runtime.context import gpu_available
     return gpu_available()
 
 
@@ -291,7 +291,7 @@ def _gpu_functions(flag: bool):
     import symgpu
     import symgpu.tensor as T
     from symgpu import Out, shared
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     rng = np.random.default_rng(5)
     with config.change_flags(**{"gpuarray.cuda_graphs": flag}):
         xs = shared(rng.random(230400).astype("float32"), target=GPU_CTX)
@@ -315,7 +315,7 @@ GPU_CTX = "speed-paths-test"
 
 @pytest.fixture
 def real_ctx(monkeypatch):
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     # the autouse fake_gpu fixture installs the fake driver: a real device needs the real one
     # (the fake's copy looked device pointers up in MEM: "KeyError: <device pointer>")
     monkeypatch.setattr(graphs, "_driver", None)
@@ -420,7 +420,7 @@ def test_gpu_scalar_uploads_in_graphs_follow_the_value(real_ctx, monkeypatch):
     import symgpu
     import symgpu.tensor as T
     from symgpu import Out, shared
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     monkeypatch.setattr(graphs, "_driver", None)
     xs = shared(np.arange(6.0), target=GPU_CTX)
     s = T.dscalar("s")

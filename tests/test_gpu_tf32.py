@@ -8,8 +8,8 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu
 from symgpu import config, function, shared
-from symgpu.gpu.basic_ops import gpu_from_host
-from symgpu.gpu.blas import gemm_math_mode
+from symgpu.gpu.placement.basic_ops import gpu_from_host
+from symgpu.gpu.ops.blas import gemm_math_mode
 
 
 def test_the_flag_chooses_the_math_mode_of_float32_products_only():

@@ -72,8 +72,8 @@ def test_gpu_inputs_passed_per_call_replay_one_graph(cuda):
     so the calls replay (keys hold shapes, not pointers), and the values follow the inputs."""
     import symgpu
     import symgpu.tensor as T
-    from symgpu.gpu.array import to_gpu
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.placement.type import GpuArrayType
     xg = GpuArrayType("float32", (False,), None)("x")
     f = symgpu.function([xg], (T.exp(xg) * 2).sum())
     rng = np.random.default_rng(4)
@@ -90,7 +90,7 @@ def test_gpu_results_kept_by_the_caller_are_never_overwritten(cuda):
     import symgpu
     import symgpu.tensor as T
     from symgpu import Out
-    from symgpu.gpu.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
     x = symgpu.shared(np.zeros(1000, "float32"))
     f = symgpu.function([], Out(gpu_from_host(x + 1), borrow=True), updates=[(x, x + 1)])
     kept = [f() for _ in range(10)]

@@ -420,8 +420,8 @@ def test_jacobian_of_shared_parameters():
 def test_gradient_of_gpu_typed_variables_keeps_their_type():
     """With device=cuda, float32 shared variables are GPU-typed; their gradients are too,
     zero gradients included (built through the host form)."""
-    gpu_type = pytest.importorskip("symgpu.gpu.type")
-    rewriting = pytest.importorskip("symgpu.gpu.rewriting")
+    gpu_type = pytest.importorskip("symgpu.gpu.placement.type")
+    rewriting = pytest.importorskip("symgpu.gpu.placement.rewriting")
     with symgpu.config.change_flags(floatX="float32"), rewriting.virtual_context(None):
         w = gpu_type.GpuArrayType("float32", (False,), None)("w")
         x = T.matrix("x")

@@ -20,7 +20,7 @@ import symgpu.tensor as T
 from symgpu import function
 from symgpu.graph.basic import Variable
 from symgpu.graph.op import Op, ShapeError
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.tensor.rewriting.shape_feature import node_shapes, shape_tuple
 
 rng = np.random.RandomState(42)
@@ -74,8 +74,8 @@ O = _ops()
 from symgpu.scalar.basic import SCALAR_OPS  # noqa: E402
 
 G = {}
-for _mod in ("basic_ops", "blas", "subtensor", "advanced", "nnet", "crossentropy", "elemwise",
-             "kernel_op"):
+for _mod in ("placement.basic_ops", "ops.blas", "ops.subtensor", "ops.advanced", "ops.nnet", "ops.crossentropy", "ops.elemwise",
+             "ops.kernel_op"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 
 ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
@@ -88,7 +88,7 @@ from symgpu.scan.op import Scan  # noqa: E402
 from symgpu.tensor.nnet import abstract_conv as _conv  # noqa: E402
 from symgpu.tensor.random import ops as _rnd  # noqa: E402
 from symgpu.tensor.signal import pool as _pool  # noqa: E402
-for _mod in ("conv", "pooling", "pooling_epilogue", "advanced_pairs", "random", "random_fusion"):
+for _mod in ("ops.conv", "ops.pooling", "ops.pooling_epilogue", "ops.advanced_pairs", "ops.random", "ops.random_fusion"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 STATE = np.array([1, 2, 3, 4], dtype="uint32")
 IMG, KERN, GY = r(2, 3, 7, 7), r(4, 3, 3, 3), r(2, 4, 3, 3)   # conv with subsample 2
@@ -319,7 +319,7 @@ CASES.update({
 
 def _gpu_scan(x, n):
     """A GpuScan over the GPU sequence `x` (n steps of v * 2)."""
-    from symgpu.gpu.scan_op import GpuScan, gpu_inner_graph
+    from symgpu.gpu.ops.scan_op import GpuScan, gpu_inner_graph
     from symgpu.scan.op import ScanInfo
     v = T.scalar(dtype=x.dtype)
     ins, outs = gpu_inner_graph([v], [v * 2], [True], [True], None)
@@ -328,9 +328,9 @@ def _gpu_scan(x, n):
 
 def _gpu_ifelse(c, x, y):
     """A GpuIfElse choosing x * 2 or y + 1 (uploads of host x, y)."""
-    from symgpu.gpu.basic_ops import GpuFromHost
-    from symgpu.gpu.scan_ifelse import GpuIfElse
-    from symgpu.gpu.scan_op import gpu_inner_graph
+    from symgpu.gpu.placement.basic_ops import GpuFromHost
+    from symgpu.gpu.ops.scan_ifelse import GpuIfElse
+    from symgpu.gpu.ops.scan_op import gpu_inner_graph
     a, b = x.type(), y.type()
     t_in, t_out = gpu_inner_graph([a], [a * 2], [True], [True], None)
     e_in, e_out = gpu_inner_graph([b], [b + 1], [True], [True], None)
@@ -338,8 +338,8 @@ def _gpu_ifelse(c, x, y):
 
 
 def _loop_cases() -> None:
-    from symgpu.gpu.scan_ifelse import GpuIfElse
-    from symgpu.gpu.scan_op import GpuScan
+    from symgpu.gpu.ops.scan_ifelse import GpuIfElse
+    from symgpu.gpu.ops.scan_op import GpuScan
     CASES[GpuScan] = [gcase(_gpu_scan, lambda x, n: symgpu.scan(lambda v: v * 2, sequences=x,
                                                                  n_steps=n)[0],
                             "gh", r(5, dtype="float32"), i64(4))]
@@ -405,7 +405,7 @@ def _host_check(op_cls, c: Case):
 
 
 def _gpu_check(op_cls, c: Case):
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     hosts = [var_for(v, b) for v, b in c.values]
     vals = [v for v, _ in c.values]
     dims = []   # (scalar, value) for each GPU input's dims
@@ -554,12 +554,12 @@ def test_gpu_shape_of_computed_value_has_no_kernel_or_transfer():
         f = function([x], (x ** 2).shape)
         names = op_names(f)
         assert not any(n.startswith("Gpu") or n in ("HostFromGpu", "GpuFromHost") for n in names), names
-        from symgpu.gpu.basic_ops import GpuShape, GpuShape_i
-        from symgpu.gpu.elemwise import GpuElemwise
-        from symgpu.gpu.type import GpuArrayType
+        from symgpu.gpu.placement.basic_ops import GpuShape, GpuShape_i
+        from symgpu.gpu.ops.elemwise import GpuElemwise
+        from symgpu.gpu.placement.type import GpuArrayType
         xg = GpuArrayType("float32", (False, False))("xg")
         e = GpuElemwise(symgpu.scalar.basic.SCALAR_OPS["exp"])(xg)
-        from symgpu.gpu.blas import GpuDot22
+        from symgpu.gpu.ops.blas import GpuDot22
         f = function([xg], [GpuShape()(e), GpuShape_i(1)(GpuDot22()(e, e))])
         names = op_names(f)
         assert "GpuElemwise" not in names and not any("Dot" in n or "Gemm" in n for n in names), names

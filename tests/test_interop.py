@@ -20,11 +20,11 @@ import symgpu.tensor as T
 from gpu_helpers import real_default_gpu, requires_gpu, requires_nvcc
 from symgpu.compile.io import Out
 from symgpu.config import config
-from symgpu.gpu.array import GpuArray
-from symgpu.gpu.basic_ops import TRANSFER_COUNTS, gpu_contiguous, reset_transfer_counts
-from symgpu.gpu.kernel_op import ElemwiseKernelOp
-from symgpu.gpu.rewriting import cpu_nodes, virtual_context
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.placement.basic_ops import TRANSFER_COUNTS, gpu_contiguous, reset_transfer_counts
+from symgpu.gpu.ops.kernel_op import ElemwiseKernelOp
+from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gradient import verify_grad
 
 RNG = np.random.default_rng(7)
@@ -53,7 +53,7 @@ def sum_diff(cpu: bool = True) -> ElemwiseKernelOp:
 
 def test_exports():
     assert symgpu.gpu.ElemwiseKernelOp is ElemwiseKernelOp
-    from symgpu.gpu.array import asarray, from_dlpack
+    from symgpu.gpu.runtime.array import asarray, from_dlpack
     assert symgpu.gpu.from_dlpack is from_dlpack and symgpu.gpu.asarray is asarray
     import symgpu.misc.pycuda_utils as pu
     assert callable(pu.to_gpuarray) and callable(pu.from_gpuarray)
@@ -89,7 +89,7 @@ def test_kernel_op_checks_its_inputs():
 
 
 def test_kernel_op_without_gpu_says_a_gpu_is_needed():
-    from symgpu.gpu.context import GpuUnavailableError
+    from symgpu.gpu.runtime.context import GpuUnavailableError
     op = ElemwiseKernelOp(**AXPY)
     x, b = T.fmatrix("x"), T.fvector("b")
     y = op(x, b)                                  # building the graph works
@@ -159,7 +159,7 @@ def test_kernel_op_is_a_gpu_op_under_a_gpu_context():
      [(None, None, None), ()]),
 ])
 def test_kernel_op_kernels_compile(body, ins, outs, shapes):
-    from symgpu.gpu.compiler import compile_to_cubin
+    from symgpu.gpu.runtime.compiler import compile_to_cubin
     op = ElemwiseKernelOp(body, ins, outs)
     with virtual_context(None):
         args = [T.tensor(dtype=d, shape=s) for d, s in zip(ins, shapes)]
@@ -181,7 +181,7 @@ class FakeCudaArray:
 
 
 def test_device_array_fed_to_a_host_input_stays_on_the_device():
-    from symgpu.gpu.basic_ops import _is_device_array
+    from symgpu.gpu.placement.basic_ops import _is_device_array
     assert _is_device_array(FakeCudaArray((3,)))
     assert not _is_device_array(np.ones(3)) and not _is_device_array(3.0)
 
@@ -231,7 +231,7 @@ def cupy():
 
 @requires_gpu
 def test_torch_both_directions_share_memory(gpu, torch):
-    from symgpu.gpu.array import asarray, from_dlpack, to_gpu
+    from symgpu.gpu.runtime.array import asarray, from_dlpack, to_gpu
     host = np.arange(24, dtype=np.float32).reshape(4, 6)
     x = to_gpu(host, gpu)
     t = torch.from_dlpack(x)                           # symgpu -> torch, no copy
@@ -266,7 +266,7 @@ def test_torch_both_directions_share_memory(gpu, torch):
 
 @requires_gpu
 def test_cupy_both_directions_share_memory(gpu, cupy):
-    from symgpu.gpu.array import asarray, from_dlpack, to_gpu
+    from symgpu.gpu.runtime.array import asarray, from_dlpack, to_gpu
     x = to_gpu(np.arange(10, dtype=np.int32), gpu)
     c = cupy.from_dlpack(x)
     assert c.data.ptr == x.ptr
@@ -365,7 +365,7 @@ def test_stream_ordering_with_torch_side_streams(gpu, torch):
 
 @requires_gpu
 def test_kernel_op_on_gpu_matches_numpy(gpu):
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     op = ElemwiseKernelOp(**AXPY)
     x, b = T.fmatrix("x"), T.fvector("b")
     f = symgpu.function([x, b], op(x, b))

@@ -198,7 +198,7 @@ from gpu_helpers import requires_gpu  # noqa: E402
 
 @requires_gpu
 def test_monitor_sees_gpu_nodes_and_nan(cuda, capsys):
-    from symgpu.gpu.type import is_gpu_var
+    from symgpu.gpu.placement.type import is_gpu_var
     seen = []
     x = T.fvector("x")
 

@@ -1,5 +1,5 @@
-"""Parallel kernel compilation before linking (symgpu/gpu/prefetch.py, issue 7) and the
-thread safety of the compile cache it relies on (symgpu/gpu/compiler.py).
+"""Parallel kernel compilation before linking (symgpu/gpu/exec/prefetch.py, issue 7) and the
+thread safety of the compile cache it relies on (symgpu/gpu/runtime/compiler.py).
 
 Most tests replace nvcc by a counting fake (``compiler._run_nvcc``), so they need neither a
 GPU nor nvcc; those marked ``nvcc`` run the real compiler, those marked ``gpu`` a device."""
@@ -17,13 +17,14 @@ import pytest
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu, requires_nvcc
 from symgpu import config, function
-from symgpu.gpu import compiler, prefetch
-from symgpu.gpu.codegen import launch
-from symgpu.gpu.context import register_context, unregister_context
-from symgpu.gpu.elemwise import GpuCAReduce, GpuElemwise
-from symgpu.gpu.nnet import GpuArgmax
-from symgpu.gpu.rewriting import virtual_context
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.exec import prefetch
+from symgpu.gpu.runtime import compiler
+from symgpu.gpu.runtime.codegen import launch
+from symgpu.gpu.runtime.context import register_context, unregister_context
+from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.ops.nnet import GpuArgmax
+from symgpu.gpu.placement.rewriting import virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.link import vm
 from symgpu.scalar.basic import SCALAR_OPS as S
 
@@ -120,7 +121,7 @@ def test_requests_follow_the_thunks_keys_once_each_in_run_order(fake_nvcc):
 def test_blas_ops_with_a_broadcast_accumulator_prefetch_the_copy_kernel(fake_nvcc):
     """dot(x, w) + b fills the output with b by the strided-copy kernel: it is compiled with
     the function's kernels, not on the first call; a full-size y needs no kernel."""
-    from symgpu.gpu.blas import GpuGemm, GpuGemv
+    from symgpu.gpu.ops.blas import GpuGemm, GpuGemv
     a, x = gvar(bcast=(False, False)), gvar()
     b1 = gvar(bcast=(True,))
     gemv = GpuGemv()(b1, np.float32(1.0), a, x, np.float32(1.0)).owner

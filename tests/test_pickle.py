@@ -436,7 +436,7 @@ class FakeDeviceValue:
 
 def _gpu_shared(context_name, host, name="gw"):
     from symgpu.compile.sharedvalue import Container
-    from symgpu.gpu.type import GpuArraySharedVariable, GpuArrayType
+    from symgpu.gpu.placement.type import GpuArraySharedVariable, GpuArrayType
     gtype = GpuArrayType(str(host.dtype), (False,) * host.ndim, context_name)
     return GpuArraySharedVariable(gtype, None, name=name,
                                   container=Container(gtype, FakeDeviceValue(host), name))
@@ -444,7 +444,7 @@ def _gpu_shared(context_name, host, name="gw"):
 
 @pytest.mark.parametrize("virtual", [True, False])
 def test_gpu_shared_value_unpickles_on_the_host_without_that_gpu(virtual):
-    from symgpu.gpu.context import register_context, unregister_context
+    from symgpu.gpu.runtime.context import register_context, unregister_context
     from symgpu.tensor.sharedvar import TensorSharedVariable
     from symgpu.tensor.type import TensorType
     host = np.arange(6, dtype="float32").reshape(2, 3)
@@ -465,7 +465,7 @@ def test_gpu_shared_value_unpickles_on_the_host_without_that_gpu(virtual):
 
 
 def test_gpu_shared_value_goes_back_to_the_gpu_where_one_is_in_use(monkeypatch):
-    import symgpu.gpu.type as gtype_mod
+    import symgpu.gpu.placement.type as gtype_mod
     from gpu_helpers import FakeCtx
     monkeypatch.setattr(gtype_mod, "_unpickle_context", lambda name: FakeCtx())
     monkeypatch.setattr(gtype_mod.GpuArrayType, "filter",
@@ -494,7 +494,7 @@ def test_gpu_shared_values_in_the_zip_format_are_npy_members():
 
 @requires_gpu
 def test_gpu_function_and_shared_round_trip_on_a_real_gpu():
-    from symgpu.gpu.type import GpuArraySharedVariable
+    from symgpu.gpu.placement.type import GpuArraySharedVariable
     with real_default_gpu():
         w = shared(np.arange(4, dtype="float32"), name="w")
         assert isinstance(w, GpuArraySharedVariable)
@@ -511,11 +511,11 @@ def test_gpu_function_and_shared_round_trip_on_a_real_gpu():
 
 def test_gpu_function_loads_only_where_its_context_is_in_use():
     from symgpu.config import config
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32"):
         x = T.fvector("x")
         with virtual_context("pickle_dev"):
-            from symgpu.gpu.type import GpuArrayType
+            from symgpu.gpu.placement.type import GpuArrayType
             g = GpuArrayType("float32", (False,), "pickle_dev")("g")
             f = function([g, x], T.exp(g) + x, name="on_gpu")
             assert any("Gpu" in type(n.op).__name__ for n in f.maker.fgraph.toposort())
@@ -541,8 +541,8 @@ def test_a_gpu_model_with_updates_loads_and_trains_on_the_host():
     host shared variable, with the same results."""
     from symgpu import Out
     from symgpu.config import config
-    from symgpu.gpu.basic_ops import gpu_from_host
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
+    from symgpu.gpu.placement.rewriting import virtual_context
     from symgpu.tensor.sharedvar import TensorSharedVariable
     host_w = np.arange(4, dtype="float32")
     with config.change_flags(floatX="float32"), virtual_context("pickle_train"):
@@ -565,7 +565,7 @@ def test_a_gpu_model_with_updates_loads_and_trains_on_the_host():
 
 def test_gpu_graphs_pickle_and_relink_under_a_virtual_context():
     from symgpu.config import config
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32"), virtual_context(None):
         a, b = T.fmatrix("a"), T.fmatrix("b")
         y, i = T.lvector("y"), T.lvector("i")
@@ -587,11 +587,11 @@ def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
     import os
     import subprocess
     import sys
-    from symgpu.gpu.type import GpuArrayType
+    from symgpu.gpu.placement.type import GpuArrayType
     from symgpu.tensor.type import TensorType
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = tmp_path / "types.pkl"
-    code = ("import pickle; import symgpu.tensor as T; from symgpu.gpu.type import GpuArrayType; "
+    code = ("import pickle; import symgpu.tensor as T; from symgpu.gpu.placement.type import GpuArrayType; "
             "pickle.dump([T.TensorType('float32', (False, True)), "
             f"GpuArrayType('float32', (False,), 'dev0')], open({str(path)!r}, 'wb'))")
     env = dict(os.environ, PYTHONHASHSEED="4321",

@@ -1,4 +1,4 @@
-"""The GPU pooling kernels' own source (symgpu/gpu/pooling.py, pooling_epilogue.py) compiled
+"""The GPU pooling kernels' own source (symgpu/gpu/ops/pooling.py, pooling_epilogue.py) compiled
 as host C++ and run thread by thread on the CPU, against symgpu's NumPy pooling: their index
 arithmetic (the int and long long variants) and the gradient epilogue are checked without a
 GPU.  CUDA's qualifiers become empty macros, gridDim/blockDim/blockIdx/threadIdx globals, and
@@ -16,10 +16,10 @@ import pytest
 import symgpu
 import symgpu.tensor as T
 from symgpu import config, function
-from symgpu.gpu.codegen import common_source
-from symgpu.gpu.pooling import POOL_DTYPES, GpuPool, index_suffix, pooling_source
-from symgpu.gpu.pooling_epilogue import epilogue_source
-from symgpu.gpu.rewriting import virtual_context
+from symgpu.gpu.runtime.codegen import common_source
+from symgpu.gpu.ops.pooling import POOL_DTYPES, GpuPool, index_suffix, pooling_source
+from symgpu.gpu.ops.pooling_epilogue import epilogue_source
+from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.tensor.signal import pool_numpy as pn
 from symgpu.tensor.signal.pool import pool_2d
 

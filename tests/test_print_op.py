@@ -131,8 +131,8 @@ def test_device_values_are_printed_from_a_host_copy(capsys):
 
 
 def test_stays_on_the_gpu_when_lifted():
-    from symgpu.gpu.rewriting import virtual_context
-    from symgpu.gpu.type import is_gpu_var
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.gpu.placement.type import is_gpu_var
     with config.change_flags(floatX="float32"), virtual_context(None):
         x = T.fvector("x")
         f = function([x], T.exp(Print("e")(T.exp(x))) * 2)
@@ -148,7 +148,7 @@ from gpu_helpers import requires_gpu  # noqa: E402
 
 @requires_gpu
 def test_gpu_value_printed_from_the_device(cuda, capsys):
-    from symgpu.gpu.type import is_gpu_var
+    from symgpu.gpu.placement.type import is_gpu_var
     w = symgpu.shared(np.arange(4, dtype="float32"), "w")
     assert is_gpu_var(w)
     f = function([], T.exp(Print("w", attrs=("shape", "__str__"))(w * 2)) + 1)

@@ -376,7 +376,7 @@ def test_dot_shared_variables_are_cyan():
 
 
 def test_dot_gpu_contexts_get_their_own_colours():
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.placement.rewriting import virtual_context
     with config_f32(), virtual_context("dev0", device="cuda0"), \
             virtual_context("dev1", device="cuda1"):
         x = T.fvector("x")

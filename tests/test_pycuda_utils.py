@@ -20,9 +20,9 @@ import symgpu
 import symgpu.tensor as T
 from gpu_helpers import real_default_gpu, requires_gpu
 from symgpu.config import config
-from symgpu.gpu import context as gctx
-from symgpu.gpu.array import GpuArray
-from symgpu.gpu.basic_ops import as_gpuarray_variable, gpu_contiguous
+from symgpu.gpu.runtime import context as gctx
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, gpu_contiguous
 from symgpu.misc.pycuda_utils import from_gpuarray, to_gpuarray
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,8 +50,8 @@ def test_modules_import_without_pycuda():
         import symgpu.misc, symgpu.misc.pycuda_utils as pu
         from symgpu.misc.pycuda_utils import to_gpuarray, from_gpuarray
         import numpy as np
-        from symgpu.gpu.array import GpuArray
-        from symgpu.gpu.context import GpuContext
+        from symgpu.gpu.runtime.array import GpuArray
+        from symgpu.gpu.runtime.context import GpuContext
         x = GpuArray._from_pointer(GpuContext('v', 'cuda0'), 4096, (3,), np.dtype('float32'),
                                    None, None)
         try:
@@ -139,7 +139,7 @@ class GraphOnlyDoubleOp(symgpu.Op):
 
 def test_custom_op_with_gpu_outputs_counts_as_gpu_op():
     from symgpu.compile.mode import get_mode
-    from symgpu.gpu.rewriting import cpu_nodes, virtual_context
+    from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
     from symgpu.graph.fg import FunctionGraph
     x = T.fmatrix("x")
     with virtual_context(None), config.change_flags(assert_no_cpu_op="raise"):
@@ -165,7 +165,7 @@ def gpu():
 def test_to_gpuarray_shares_memory_both_ways(gpu):
     import pycuda.driver as drv
     import pycuda.gpuarray as pga
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     host = np.arange(12, dtype=np.float32).reshape(3, 4)
     x = to_gpu(host, gpu)
     g = to_gpuarray(x)
@@ -191,7 +191,7 @@ def test_to_gpuarray_shares_memory_both_ways(gpu):
 
 @requires_gpu
 def test_to_gpuarray_strided_and_copyif(gpu):
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     host = np.arange(24, dtype=np.float32).reshape(4, 6)
     x = to_gpu(host, gpu)
     with pytest.raises(ValueError, match="copyif=True"):
@@ -212,7 +212,7 @@ def test_to_gpuarray_strided_and_copyif(gpu):
 
 @requires_gpu
 def test_to_gpuarray_keeps_memory_alive(gpu):
-    from symgpu.gpu.array import empty, to_gpu
+    from symgpu.gpu.runtime.array import empty, to_gpu
     x = to_gpu(np.full(4096, 5, np.float32), gpu)
     ptr = x.ptr
     g = to_gpuarray(x)
@@ -260,7 +260,7 @@ def test_from_gpuarray_shares_memory_and_lifetime(gpu):
 
 @requires_gpu
 def test_round_trip_is_the_same_memory(gpu):
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     x = to_gpu(np.arange(10, dtype=np.float32), gpu)
     back = from_gpuarray(to_gpuarray(x))
     assert back.ptr == x.ptr
@@ -271,7 +271,7 @@ def test_round_trip_is_the_same_memory(gpu):
 @requires_gpu
 def test_ordering_on_a_pycuda_stream(gpu):
     import pycuda.driver as drv
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.runtime.array import to_gpu
     n = 1 << 22
     x = to_gpu(np.zeros(n, np.float32), gpu)
     s = drv.Stream()
@@ -301,8 +301,8 @@ def _pycuda_double_op_class():
             return self.__class__.__name__
 
         def make_node(self, inp):
-            inp = cuda.basic_ops.gpu_contiguous(
-                cuda.basic_ops.as_gpuarray_variable(inp))
+            inp = cuda.placement.basic_ops.gpu_contiguous(
+                cuda.placement.basic_ops.as_gpuarray_variable(inp))
             assert inp.dtype == "float32"
             return symgpu.Apply(self, [inp], [inp.type()])
 
@@ -333,8 +333,8 @@ def _pycuda_double_op_class():
 
 @requires_gpu
 def test_ported_pycuda_double_op(gpu):
-    from symgpu.gpu.basic_ops import TRANSFER_COUNTS, reset_transfer_counts
-    from symgpu.gpu.rewriting import cpu_nodes
+    from symgpu.gpu.placement.basic_ops import TRANSFER_COUNTS, reset_transfer_counts
+    from symgpu.gpu.placement.rewriting import cpu_nodes
     PyCUDADoubleOp = _pycuda_double_op_class()
     x = T.fmatrix()
     with config.change_flags(assert_no_cpu_op="raise"):
@@ -350,8 +350,8 @@ def test_ported_pycuda_double_op(gpu):
     np.testing.assert_array_equal(np.asarray(f(big)), big * 2)
     assert TRANSFER_COUNTS["host_to_gpu"] == 1
     # the exercise's follow-up: the same op on a GPU input, strided (gpu_contiguous copies)
-    from symgpu.gpu.type import GpuArrayType
-    from symgpu.gpu.array import to_gpu
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpu.runtime.array import to_gpu
     g = GpuArrayType("float32", (False, False))("g")
     fg = symgpu.function([g], PyCUDADoubleOp()(g))
     np.testing.assert_array_equal(np.asarray(fg(to_gpu(big, gpu).T)), big.T * 2)

@@ -16,10 +16,10 @@ import philox_fakes as pf
 from graph_fakes import CTX, FakeKernelOp, read, upload
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
-from symgpu.gpu.basic_ops import GpuShape_i
-from symgpu.gpu.random import GpuPhiloxAdvance, GpuPhiloxSample
-from symgpu.gpu.random_fusion import GpuPhiloxElemwise
-from symgpu.gpu.type import GpuArrayType
+from symgpu.gpu.placement.basic_ops import GpuShape_i
+from symgpu.gpu.ops.random import GpuPhiloxAdvance, GpuPhiloxSample
+from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
+from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.link.vm import link
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.random import philox
@@ -29,7 +29,7 @@ SEED_STATE = np.array([0x1234, 0xABCD, 7, 0], dtype=np.uint32)
 
 @pytest.fixture(autouse=True)
 def fake_gpu(monkeypatch):
-    import symgpu.gpu.codegen.launch as launch
+    import symgpu.gpu.runtime.codegen.launch as launch
     monkeypatch.setattr(launch, "load_kernels", pf.philox_loader)
     yield from fakes.use_fake_gpu(monkeypatch)
 

@@ -474,7 +474,7 @@ def test_inner_graph_is_placed_on_the_gpu_by_the_normal_passes():
     """With device=cuda (a virtual context: compiled, not run) the step's graph gets the GPU
     placement like any graph (for now its inputs and outputs cross to the host each step)."""
     from symgpu.config import config
-    from symgpu.gpu.rewriting import virtual_context
+    from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32"), virtual_context(None):
         with config.change_flags(device="cuda"):
             x = T.fmatrix("x")

@@ -147,7 +147,7 @@ def _graph_status(f: Any, nodes: list) -> list[str]:
                 "or GPU values on more than one context)"]
     if not getattr(runner, "enabled", True):
         return [f"turned off for this function: {runner.disabled_reason}"]
-    from symgpu.gpu.graph_plan import node_capturable
+    from symgpu.gpu.exec.graph_plan import node_capturable
     out = []
     segments = [s for s in runner.segments]
     out.append(f"{len(segments)} captured segment(s); the first call with a new key (input "

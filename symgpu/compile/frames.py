@@ -93,7 +93,7 @@ def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
         k = i - n_in
         # an updated shared value is read in place (every frame, under its lock, so one call
         # at a time): a GPU runner may then copy an update back into its buffer, by the rules
-        # of gpu/graph_segment.py (pool memory never lent by borrow=True); others go into the
+        # of gpu/exec/graph_segment.py (pool memory never lent by borrow=True); others go into the
         # frame's own cell, once per call
         storage_map[var] = (layout.containers[k].storage if k in layout.updated_positions
                             else [None])

@@ -273,8 +273,8 @@ def _missing_contexts(maker: FunctionMaker) -> list:
              if hasattr(v.type, "context_name") and hasattr(v.type, "value_from_pickle")}
     if not names:
         return []
-    from symgpu.gpu import context as gctx
-    from symgpu.gpu.type import default_context_active
+    from symgpu.gpu.runtime import context as gctx
+    from symgpu.gpu.placement.type import default_context_active
     return [n for n in names if n not in gctx.context_names()
             and not (n is None and default_context_active())]
 

@@ -26,7 +26,7 @@ def _gpu_may_be_involved(fgraph: FunctionGraph) -> bool:
     from symgpu.config import config
     if config.device != "cpu" or any(_is_gpu(v) for v in fgraph.inputs):
         return True
-    from symgpu.gpu import context as gctx
+    from symgpu.gpu.runtime import context as gctx
     return bool(gctx.context_names())
 
 

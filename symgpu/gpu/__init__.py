@@ -1,5 +1,15 @@
 """symgpu's CUDA backend.
 
+The package is laid out by concern (docs/internals.md):
+
+- ``runtime/``: driver, contexts and streams, pools, GpuArray, DLPack, the kernel compiler,
+  code generation, device-side checks. It imports nothing from ``symgpu.graph``,
+  ``symgpu.tensor`` or ``symgpu.compile``.
+- ``placement/``: GPU types and shared variables, transfers, the graph-to-GPU sweep, lifters.
+- ``ops/``: the GPU ops; their lifters register on import.
+- ``exec/``: running functions: CUDA-graph planning, capture and replay, graph parameters,
+  node timers, parallel cold compiles.
+
 Importing this package never imports PyCUDA: names load lazily (PEP 562), and the runtime
 modules import PyCUDA only once a GPU context starts.  That keeps ``import symgpu`` working on
 machines with no GPU, no driver and no PyCUDA.
@@ -9,22 +19,42 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# --------------------------------------------------------------------------- runtime layer
-# name -> module that defines it (symgpu.gpu.<module>)
-_RUNTIME = {
-    "GpuArray": "array", "empty": "array", "zeros": "array", "to_gpu": "array",
-    "asarray": "array", "from_dlpack": "array", "from_cuda_array_interface": "array",
-    "GpuContext": "context", "get_context": "context", "gpu_available": "context",
-    "why_unavailable": "context", "init_default_context": "context",
-    "register_context": "context", "GpuMemoryError": "pool", "CompileError": "compiler",
+#: public name -> module that defines it (under symgpu.gpu), imported on first use (PEP 562)
+_LAZY: dict[str, str] = {
+    "ElemwiseKernelOp": "ops.kernel_op",
+    "GpuAlloc": "placement.basic_ops",
+    "GpuContiguous": "placement.basic_ops",
+    "GpuDimShuffle": "placement.basic_ops",
+    "GpuFromHost": "placement.basic_ops",
+    "GpuToGpu": "placement.basic_ops",
+    "HostFromGpu": "placement.basic_ops",
+    "as_gpuarray_variable": "placement.basic_ops",
+    "gpu_contiguous": "placement.basic_ops",
+    "gpu_from_host": "placement.basic_ops",
+    "host_from_gpu": "placement.basic_ops",
+    "register_lifter": "placement.rewriting",
+    "virtual_context": "placement.rewriting",
+    "GpuArrayConstant": "placement.type",
+    "GpuArraySharedVariable": "placement.type",
+    "GpuArrayType": "placement.type",
+    "GpuArrayVariable": "placement.type",
+    "gpuarray_shared_constructor": "placement.type",
+    "GpuArray": "runtime.array",
+    "asarray": "runtime.array",
+    "empty": "runtime.array",
+    "from_cuda_array_interface": "runtime.array",
+    "from_dlpack": "runtime.array",
+    "to_gpu": "runtime.array",
+    "zeros": "runtime.array",
+    "CompileError": "runtime.compiler",
+    "GpuContext": "runtime.context",
+    "get_context": "runtime.context",
+    "gpu_available": "runtime.context",
+    "init_default_context": "runtime.context",
+    "register_context": "runtime.context",
+    "why_unavailable": "runtime.context",
+    "GpuMemoryError": "runtime.pool",
 }
-
-# --------------------------------------------------------------------------- graph layer
-# Types, transfer ops and rewrites (type.py, basic_ops.py, ...) register their exports here,
-# in the same name -> module form, so they stay lazy too.
-_GRAPH: dict[str, str] = {}
-
-_LAZY = {**_RUNTIME, **_GRAPH}
 
 __all__ = sorted(_LAZY)
 
@@ -42,40 +72,25 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-# =========================================================================== graph section
-# Owned by the placement work (type.py, basic_ops.py, rewriting.py). Importing these registers
-# the GPU backend with the core: the shared-variable constructor, the transfer() handler and
-# the graph-to-GPU passes. None of them imports PyCUDA.
-_GRAPH.update({
-    "GpuArrayType": "type", "GpuArrayVariable": "type", "GpuArrayConstant": "type",
-    "GpuArraySharedVariable": "type", "gpuarray_shared_constructor": "type",
-    "GpuFromHost": "basic_ops", "HostFromGpu": "basic_ops", "GpuToGpu": "basic_ops",
-    "GpuContiguous": "basic_ops", "GpuAlloc": "basic_ops", "GpuDimShuffle": "basic_ops",
-    "gpu_from_host": "basic_ops", "host_from_gpu": "basic_ops",
-    "as_gpuarray_variable": "basic_ops", "gpu_contiguous": "basic_ops",
-    "register_lifter": "rewriting", "virtual_context": "rewriting",
-    "ElemwiseKernelOp": "kernel_op",
-})
-_LAZY.update(_GRAPH)
-__all__ = sorted(_LAZY)
-
-import symgpu.gpu.type  # noqa: E402,F401  (shared constructor)
-import symgpu.gpu.basic_ops  # noqa: E402,F401  (transfer() handler)
-import symgpu.gpu.rewriting  # noqa: E402,F401  (graph_to_gpu and transfer cancelling)
-
-# Kernel modules register their lifters (register_lifter) on import; load those present.
-import importlib.util as _ilu  # noqa: E402
-
-for _mod in ("elemwise", "blas", "reduction", "reductions", "subtensor", "nnet", "advanced",
-             "advanced_pairs", "crossentropy", "lifters", "graphs", "random", "random_fusion"):
-    if _ilu.find_spec(f"{__name__}.{_mod}") is not None:
-        importlib.import_module(f"{__name__}.{_mod}")
-
-# Convolution and pooling (issue 17): their lifters register on import, like the kernel
-# modules above.
-for _mod in ("conv", "pooling", "pooling_epilogue"):
-    importlib.import_module(f"{__name__}.{_mod}")
-
-# Loops (issue 15): Scan and IfElse move to the GPU with their inner graphs.
-importlib.import_module(f"{__name__}.scan_op")
-importlib.import_module(f"{__name__}.scan_ifelse")
+# Importing these registers the GPU backend with the core (none imports PyCUDA): the shared
+# variable constructor (placement.type), the transfer() handler (placement.basic_ops), the
+# graph-to-GPU passes (placement.rewriting), and the lifters of every op module.
+import symgpu.gpu.placement.type  # noqa: E402,F401
+import symgpu.gpu.placement.basic_ops  # noqa: E402,F401
+import symgpu.gpu.placement.rewriting  # noqa: E402,F401
+import symgpu.gpu.ops.elemwise  # noqa: E402,F401
+import symgpu.gpu.ops.blas  # noqa: E402,F401
+import symgpu.gpu.ops.subtensor  # noqa: E402,F401
+import symgpu.gpu.ops.nnet  # noqa: E402,F401
+import symgpu.gpu.ops.advanced  # noqa: E402,F401
+import symgpu.gpu.ops.advanced_pairs  # noqa: E402,F401
+import symgpu.gpu.ops.crossentropy  # noqa: E402,F401
+import symgpu.gpu.placement.lifters  # noqa: E402,F401
+import symgpu.gpu.exec.graphs  # noqa: E402,F401
+import symgpu.gpu.ops.random  # noqa: E402,F401
+import symgpu.gpu.ops.random_fusion  # noqa: E402,F401
+import symgpu.gpu.ops.conv  # noqa: E402,F401
+import symgpu.gpu.ops.pooling  # noqa: E402,F401
+import symgpu.gpu.ops.pooling_epilogue  # noqa: E402,F401
+import symgpu.gpu.ops.scan_op  # noqa: E402,F401
+import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401

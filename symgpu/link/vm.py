@@ -15,13 +15,13 @@ from symgpu.graph.fg import FunctionGraph
 __all__ = ["VM", "link", "describe_failure", "VM_HOOKS", "LINK_HOOKS"]
 
 #: callables(vm) run on every new VM; a backend may set ``vm.runner``, a zero-argument
-#: callable that then runs the thunks instead of the loop below (symgpu/gpu/graphs.py uses it
+#: callable that then runs the thunks instead of the loop below (symgpu/gpu/exec/graphs.py uses it
 #: for CUDA graphs).  The profiler's hook (``vm.profiler``) takes precedence over a runner.
 VM_HOOKS: list[Callable[["VM"], None]] = []
 
 #: callables(fgraph, nodes) run by `link` before it makes any thunk (``nodes`` in run order):
 #: a backend may prepare what the thunks will need, e.g. compile their kernels in parallel
-#: (symgpu/gpu/prefetch.py).  A hook that fails only warns; the thunks then do the work.
+#: (symgpu/gpu/exec/prefetch.py).  A hook that fails only warns; the thunks then do the work.
 LINK_HOOKS: list[Callable[[FunctionGraph, list[Apply]], None]] = []
 
 

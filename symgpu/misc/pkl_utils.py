@@ -5,7 +5,7 @@ NumPy array it contains, so parameters are stored in NumPy's own format (readabl
 ``numpy.load`` on the extracted member) instead of inside the pickle stream. An array that
 is the value of a named shared variable is stored under that name (``W.npy``, ``W_2.npy``
 when two share a name). GPU shared variables pickle as host arrays (see
-``symgpu.gpu.type.GpuArraySharedVariable.__reduce__``), so they are stored the same way
+``symgpu.gpu.placement.type.GpuArraySharedVariable.__reduce__``), so they are stored the same way
 and load on machines with or without a GPU.
 
 `StripPickler` drops the creation traces (`tag.trace`) of variables and nodes, which

@@ -26,7 +26,7 @@ context: Any = None
 def _start() -> None:
     global pycuda_available, context
     try:
-        from symgpu.gpu.context import init_default_context, start_device
+        from symgpu.gpu.runtime.context import init_default_context, start_device
         ctx = init_default_context() or start_device("cuda0")
         ctx.activate()
         import pycuda.driver  # noqa: F401  (symgpu started it; this only checks the import)

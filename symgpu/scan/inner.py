@@ -51,7 +51,7 @@ class InnerFunction:
 
     def rewritten(self) -> FunctionGraph:
         """The inner graph after the mode's passes, before linking: what `compile()` links.
-        Rewriting early lets the outer function's kernel prefetch (symgpu/gpu/prefetch.py)
+        Rewriting early lets the outer function's kernel prefetch (symgpu/gpu/exec/prefetch.py)
         compile the body's kernels in the same parallel batch as its own."""
         with self.lock:
             if self.compiled_fgraph is not None:

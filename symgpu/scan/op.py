@@ -130,7 +130,7 @@ class Scan(Op):
     def _begin_loop(self, node: Apply, inputs: Sequence[Any]) -> tuple[int, list, list]:
         """Check the loop's inputs (steps, sequence lengths, initial values), put the
         non-sequences in the body's cells; (n_steps, sequences, initial values). Shared by
-        the host loop and the GPU one (symgpu/gpu/scan_op.py)."""
+        the host loop and the GPU one (symgpu/gpu/ops/scan_op.py)."""
         info = self.info
         n = int(inputs[0])
         S, M = info.n_seqs, info.n_states

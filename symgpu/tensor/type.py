@@ -181,7 +181,7 @@ def _warn_float64(dtype: str) -> None:
 
 class ArrayVariableMixin:
     """dtype/ndim/broadcastable read from the type: shared by host and device array
-    variables (symgpu.gpu.type.GpuArrayVariable uses it too)."""
+    variables (symgpu.gpu.placement.type.GpuArrayVariable uses it too)."""
 
     @property
     def dtype(self) -> str:

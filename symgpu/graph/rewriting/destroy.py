@@ -13,7 +13,7 @@ Policy (simple on purpose, so it is obviously right):
 * through views: destroying a view destroys its base, so the base must pass the same test.
 
 One narrow exception: an input tagged ``loop_scratch`` (a GPU loop body's recurrent state
-whose memory the loop itself owns and hands to no one else: symgpu/gpu/scan_op.py) may be
+whose memory the loop itself owns and hands to no one else: symgpu/gpu/ops/scan_op.py) may be
 overwritten, under the other rules, so an accumulator is updated in place at every step.
 """
 from __future__ import annotations

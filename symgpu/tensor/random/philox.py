@@ -1,7 +1,7 @@
 """Philox4x32-10 (Salmon et al., SC'11; the constants of Random123 and cuRAND) in vectorised
 NumPy, and the one definition of how its 32-bit words become floats.
 
-The GPU kernels (symgpu/gpu/random.py) implement the same functions in CUDA; the layout here
+The GPU kernels (symgpu/gpu/ops/random.py) implement the same functions in CUDA; the layout here
 is the contract both follow, so one seed gives the same numbers on the CPU and the GPU:
 
 * the state is four uint32 words ``[key0, key1, ctr_lo, ctr_hi]``; block ``b`` of a draw is

@@ -1,0 +1,151 @@
+"""Host scalars as parameters of a CUDA graph: one graph serves every value of an index, a
+learning rate or a slice offset.
+
+Why: a graph records kernel arguments by value, so a graph whose kernels took a host scalar
+as an argument would only be right for the value it was captured with, and keying graphs on
+those values means a training loop that changes its minibatch index never replays one.
+Instead, a segment (graph_segment.py) keeps one small device *parameter block*; before each
+replay it writes the current values of its host scalars there with ONE stream-ordered
+host-to-device copy (``cuMemcpyHtoDAsync`` from pageable memory: the driver has taken the bytes
+when the call returns), and the captured kernels read them from the block.
+
+The protocol, on a node's thunk (``graph_segment`` looks for ``param_nbytes``):
+
+* ``param_nbytes``: bytes of its slot in the block (a multiple of 8);
+* ``param_values() -> (key_part, bytes)``: from its current input cells, what the graph's key
+  must still hold (what changes shapes: a slice's shape and strides, an arange's length) and
+  the slot's bytes.  It may raise for bad input (an index out of range): the segment then runs
+  plainly and the node raises its own error;
+* ``param_slot``: ``None`` normally; while a capture records the node, ``(block, offset)``,
+  and the thunk reads its host scalars from ``block.ptr + offset`` on the device.
+
+Only a node whose inputs are all segment inputs (or constants) takes part: its values must be
+known before the segment runs.  A host input read by any other node of the segment stays in
+the key by value (graph_plan.make_keyer).
+
+Kernels here: ``dyn_slice_copy_N`` (JAX's dynamic_slice: a strided copy whose source offset is
+read from the block, into a buffer the graph owns) and ``arange_dev_T`` (an arange whose start
+and step are read from the block).
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
+
+__all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
+           "arange_from_params", "prefetch_request", "load_kernels"]
+
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+_MODULE_KEY = ("symgpu.graph_params",)
+
+#: the strided copy's body, entered at a source offset read from device memory, and an
+#: arange whose start and step are read from device memory
+PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(f"""
+extern "C" __global__ void dyn_slice_copy_{n}(const char *base, const long long *offset,
+                                              char *dst, long long n, long long ndim,
+                                              CopyMeta m)
+{{ strided_body<{t}, SgAssign>(base + *offset, dst, n, (int)ndim, m); }}
+""" for n, t in ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
+                 (8, "unsigned long long"))) + "".join(f"""
+extern "C" __global__ void arange_dev_{d}({t} *out, const long long *p, long long n)
+{{
+    const long long start = p[0], step = p[1];
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = ({t})(start + i * step);
+}}
+""" for d, t in (("int32", "int"), ("int64", "long long")))
+
+_COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
+_prepared: dict[tuple[int, str], Any] = {}
+
+_q = struct.Struct("<q")
+_qq = struct.Struct("<qq")
+
+
+def slot_ptr(slot: tuple) -> int:
+    """The device address of a ``(block, offset)`` parameter slot."""
+    block, offset = slot
+    return int(block.ptr) + offset
+
+
+def pack_int64(*values: int) -> bytes:
+    """The bytes of int64 slot values."""
+    if len(values) == 1:
+        return _q.pack(values[0])
+    if len(values) == 2:
+        return _qq.pack(*values)
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def pack_scalar(value: Any, dtype: Any) -> bytes:
+    """The bytes of one scalar of ``dtype`` padded to 8 (a slot)."""
+    import numpy as np
+    raw = np.asarray(value, dtype=dtype).reshape(()).tobytes()
+    return raw + b"\0" * (-len(raw) % 8)
+
+
+def prefetch_request() -> tuple:
+    """(key, source factory, options) of this module's kernels (symgpu/gpu/exec/prefetch.py)."""
+    return (_MODULE_KEY, lambda: PARAMS_SOURCE, ())
+
+
+def _kernel(ctx: Any, name: str, fmt: str) -> Any:
+    fn = _prepared.get((id(ctx), name))
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(_MODULE_KEY, lambda: PARAMS_SOURCE, name, context=ctx)
+        fn.prepare(fmt)
+        _prepared[(id(ctx), name)] = fn
+    return fn
+
+
+def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None) -> None:
+    """Load the kernels a capture will launch (a thunk's ``param_prepare``): no module is
+    loaded while a stream captures."""
+    if itemsize is not None:
+        _kernel(ctx, f"dyn_slice_copy_{itemsize}", _COPY_FORMAT)
+    if dtype is not None:
+        _kernel(ctx, f"arange_dev_{dtype}", "PPq")
+
+
+def dyn_slice_copy(ctx: Any, base_ptr: int, offset_ptr: int, dst_ptr: int,
+                   shape: Sequence[int], src_strides: Sequence[int],
+                   dst_strides: Sequence[int], itemsize: int) -> None:
+    """Queue ``dst[...] = (base + *offset)[...]`` (byte strides; the byte offset is read on
+    the device from ``offset_ptr``, so a captured graph copies whatever slice the parameter
+    block names at replay)."""
+    if itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"no dynamic slice copy for items of {itemsize} bytes")
+    size = 1
+    for n in shape:
+        size *= n
+    if size == 0:
+        return
+    dims, s_str, d_str = collapse_axes(shape, src_strides, dst_strides)
+    if not dims:   # one element
+        dims, s_str, d_str = [1], [0], [0]
+    if len(dims) > MAX_DIMS:
+        raise ValueError(f"a dynamic slice of shape {tuple(shape)} needs {len(dims)} axes "
+                         f"after merging; at most {MAX_DIMS} are supported")
+    pad = [0] * (MAX_DIMS - len(dims))
+    meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
+    ctx.activate()
+    blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
+    _kernel(ctx, f"dyn_slice_copy_{itemsize}", _COPY_FORMAT).prepared_async_call(
+        (blocks, 1), (_BLOCK, 1, 1), ctx.stream, base_ptr, offset_ptr, dst_ptr, size,
+        len(dims), *meta)
+
+
+def arange_from_params(ctx: Any, out_ptr: int, params_ptr: int, n: int, dtype: str) -> None:
+    """Queue ``out[i] = start + i * step`` for i < n, start and step read on the device as two
+    int64 at ``params_ptr``."""
+    if n == 0:
+        return
+    ctx.activate()
+    blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
+    _kernel(ctx, f"arange_dev_{dtype}", "PPq").prepared_async_call(
+        (blocks, 1), (_BLOCK, 1, 1), ctx.stream, out_ptr, params_ptr, n)

@@ -1,0 +1,243 @@
+"""Planning whole-function CUDA graphs (symgpu/gpu/exec/graphs.py): which nodes a capture may
+record, in which order the nodes run, how a segment's inputs make its key, and which cells
+die where.  Pure functions of the graph: no PyCUDA, no device; tested on the CPU.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+
+__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
+           "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
+           "mark_reusable_outputs"]
+
+#: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
+HOST_KEY_LIMIT = 64
+
+
+class Unkeyable(Exception):
+    """A segment input whose value cannot be part of a graph key (a large host array...)."""
+
+
+def _flag(node: Any, thunk: Any, name: str) -> bool:
+    value = getattr(thunk, name, None)
+    if value is None:
+        value = getattr(node.op, name, False)
+    return bool(value)
+
+
+def node_capturable(node: Any, thunk: Any) -> bool:
+    """Whether ``node``'s thunk may run inside a stream capture: it (or its op) says so, and
+    every host-typed input is a small value a key can hold (one element, or a short vector)."""
+    if not _flag(node, thunk, "capturable"):
+        return False
+    for v in node.inputs:
+        if _is_gpu_var(v):
+            continue
+        bcast = getattr(getattr(v, "type", None), "broadcastable", None)
+        if bcast is None or (len(bcast) > 1 and not all(bcast)):
+            return False
+    return True
+
+
+def node_launches(node: Any, thunk: Any) -> bool:
+    """Whether the thunk queues device work (a segment is worth a graph only with one)."""
+    return _flag(node, thunk, "launches")
+
+
+def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
+             launches: Sequence[bool]) -> list[int]:
+    """A topological order (indices into ``nodes``, themselves in topological order) that
+    groups capturable nodes: ready host work with no launching node before it first, then
+    capturable nodes (non-launching ones, such as views, before launching ones), then the
+    remaining nodes as late as possible.  Ties keep the original order."""
+    n = len(nodes)
+    index = {node: i for i, node in enumerate(nodes)}
+    parents: list[set[int]] = []
+    children: list[list[int]] = [[] for _ in range(n)]
+    for i, node in enumerate(nodes):
+        ps = {index[v.owner] for v in node.inputs if v.owner is not None and v.owner in index}
+        parents.append(ps)
+        for p in ps:
+            children[p].append(i)
+    after_launch = [False] * n      # some launching node is an ancestor
+    for i in range(n):
+        after_launch[i] = any(after_launch[p] or launches[p] for p in parents[i])
+
+    def rank(i: int) -> tuple[int, int]:
+        if not capturable[i]:
+            return (0 if not after_launch[i] else 3, i)
+        return (1 if not launches[i] else 2, i)
+
+    waiting = [len(ps) for ps in parents]
+    ready = [rank(i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for c in children[i]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                heapq.heappush(ready, rank(c))
+    if len(order) != n:  # pragma: no cover - nodes were not in topological order
+        return list(range(n))
+    return order
+
+
+def plan_steps(nodes: Sequence[Any], capturable: Sequence[bool], launches: Sequence[bool],
+               batchable: Sequence[bool]) -> list[tuple[str, list[int]]]:
+    """The runner's steps in order: ``('segment', [i...])`` for a run of capturable nodes
+    with a launch, ``('batch', [i...])`` for adjacent batchable (HostFromGpu) nodes,
+    ``('plain', [i])`` for everything else."""
+    order = schedule(nodes, capturable, launches)
+    steps: list[tuple[str, list[int]]] = []
+    run: list[int] = []
+
+    def flush_run() -> None:
+        if run:
+            if any(launches[i] for i in run):
+                steps.append(("segment", list(run)))
+            else:
+                steps.extend(("plain", [i]) for i in run)
+            run.clear()
+
+    for i in order:
+        if capturable[i]:
+            run.append(i)
+            continue
+        flush_run()
+        if batchable[i] and steps and steps[-1][0] in ("batch", "plain") and \
+                all(batchable[j] for j in steps[-1][1]):
+            kind, idx = steps.pop()
+            steps.append(("batch", idx + [i]))
+        else:
+            steps.append(("plain", [i]))
+    flush_run()
+    return steps
+
+
+# ============================================================================ keys
+
+def _host_key(v: Any) -> Any:
+    if isinstance(v, np.ndarray):
+        if v.size > HOST_KEY_LIMIT:
+            raise Unkeyable(f"a host array of {v.size} elements")
+        return (v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, (bool, int, float, np.generic)):
+        return (type(v), v)
+    if v is None:
+        return None
+    raise Unkeyable(f"a host value of type {type(v).__name__}")
+
+
+def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
+               by_pointer: Sequence[bool] | None = None) -> Callable[[list], tuple]:
+    """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
+    their shape and strides (a graph reads an input where it was captured, or from a static
+    buffer of its own that the input is copied into: graph_segment.Segment, so the input's
+    pointer is not part of the key), except those marked in ``by_pointer`` (inputs the graph
+    writes in place that kept moving: their pointer too).  Host values give their dtype,
+    shape and bytes (scalars: type and value), except those marked in ``params``: parameters
+    of the graph (graph_params.py), whose values are written into its parameter block instead
+    and only count through the key parts of the nodes reading them.  Raises
+    :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
+    gpu = tuple(bool(g) for g in is_gpu)
+    skip = tuple(bool(p) for p in params) if params is not None else (False,) * len(gpu)
+    ptr = tuple(bool(p) for p in by_pointer) if by_pointer is not None else (False,) * len(gpu)
+    if all(gpu) and not any(ptr):
+        def key_gpu(vals: list) -> tuple:
+            return tuple([(v.shape, v.strides) for v in vals])
+        return key_gpu
+    # 0: GPU by layout, 1: host by value, 2: parameter (left out), 3: GPU by pointer too
+    kinds = tuple((3 if q else 0) if g else (2 if p else 1) for g, p, q in zip(gpu, skip, ptr))
+
+    def key(vals: list) -> tuple:
+        return tuple([(v.shape, v.strides) if k == 0 else
+                      (_host_key(v) if k == 1 else
+                       (None if k == 2 else (v.ptr, v.shape, v.strides)))
+                      for v, k in zip(vals, kinds)])
+    return key
+
+
+def aliases(var: Any, target: Any) -> bool:
+    """Whether ``var`` may share memory with ``target`` (through views and in-place ops)."""
+    seen: set = set()
+    stack = [var]
+    while stack:
+        v = stack.pop()
+        if v is target:
+            return True
+        if v in seen or v.owner is None:
+            continue
+        seen.add(v)
+        op = v.owner.op
+        for mapping in (getattr(op, "view_map", None) or {},
+                        getattr(op, "destroy_map", None) or {}):
+            for i in mapping.get(v.index, ()):
+                stack.append(v.owner.inputs[i])
+    return False
+
+
+def escaping(fgraph: Any) -> set:
+    """The variables whose memory may leave a call of ``fgraph``: its outputs and every
+    variable one of them may share memory with through views and in-place ops (the reverse
+    of :func:`aliases`, for all outputs at once).  A buffer outside this set is the call's
+    own: nothing holds it after the call, so it may be reused or overwritten by the next."""
+    out: set = set()
+    stack = list(fgraph.outputs)
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        out.add(v)
+        if v.owner is None:
+            continue
+        op = v.owner.op
+        for mapping in (getattr(op, "view_map", None) or {},
+                        getattr(op, "destroy_map", None) or {}):
+            for i in mapping.get(v.index, ()):
+                stack.append(v.owner.inputs[i])
+    return out
+
+
+def mark_reusable_outputs(vm: Any) -> None:
+    """A VM hook: tell each thunk with a ``reuse_outputs`` list (one flag per output) which
+    of its outputs it may compute into the buffer its cell still holds from the previous call
+    (without garbage collection): those that never leave a call (:func:`escaping`).  The
+    flags start False (a fresh buffer each call), so a VM without this hook stays correct."""
+    esc = None
+    for node, thunk in zip(vm.nodes, vm.thunks):
+        flags = getattr(thunk, "reuse_outputs", None)
+        if flags is None:
+            continue
+        if esc is None:
+            esc = escaping(vm.fgraph)
+        for j, v in enumerate(node.outputs[:len(flags)]):
+            flags[j] = v not in esc
+
+
+def dead_cells(nodes: list, order: list[int], gc_after: list | None, sm: dict) -> list[list]:
+    """Cells to empty after each position of ``order``: the VM's collectable cells, each
+    after its last reader in the new order (none without garbage collection)."""
+    if gc_after is None:
+        return [[] for _ in order]
+    collectable = {id(c) for d in gc_after for c in d}
+    last: dict[Any, int] = {}
+    for pos, i in enumerate(order):
+        for v in nodes[i].inputs:
+            last[v] = pos
+        for v in nodes[i].outputs:
+            last.setdefault(v, pos)
+    dead: list[list] = [[] for _ in order]
+    done: set[int] = set()
+    for v, pos in last.items():
+        cell = sm.get(v)
+        if cell is not None and id(cell) in collectable and id(cell) not in done:
+            done.add(id(cell))
+            dead[pos].append(cell)
+    return dead

@@ -1,0 +1,695 @@
+"""One segment of a whole-function CUDA graph (the design is in symgpu/gpu/exec/graphs.py's
+docstring): per call, plain launches, a capture or a replay, and all a capture needs.
+
+Holds :class:`Segment` (key its inputs by shape and strides, write its graph parameters,
+capture on a repeated key, copy inputs that moved into the graph's static buffers or stage
+them once found moved, replay while nothing handed out of an earlier call uses the graph's
+blocks, check each new
+graph against plain launches, copy updates back into the buffers of the variables they update,
+fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
+pool blocks it owns and how its outputs are rebuilt on replay), ``Lease`` (what the arrays
+handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
+graveyard (graphs collected while a capture runs are destroyed once it has
+ended: no driver call a capture may forbid runs during one).
+
+Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
+parameter and error-path rules must be read together; graphs.py keeps the entry points (the
+VM hook, ``Runner`` and its other steps, the driver) and the settings.  The settings
+(``MAX_GRAPHS``, ``MAX_SEEN``, ``VERIFY_LIMIT``, ``STATS``) stay in graphs.py and are read here
+through that module at call time, so setting or patching ``symgpu.gpu.exec.graphs.VERIFY_LIMIT``
+(as tests do) keeps taking effect.
+"""
+from __future__ import annotations
+
+import importlib
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from symgpu.gpu.exec.graph_plan import make_keyer
+from symgpu.gpu.runtime.device_checks import guarded_copy, is_device_check_error
+
+if TYPE_CHECKING:
+    from symgpu.gpu.exec.graphs import Runner
+
+__all__ = ["Segment"]
+
+
+
+# ============================================================================ graphs
+
+class Lease:
+    """The base of the arrays a graph hands out of the call (its escaping outputs) over its
+    own blocks: while any of them, or a view of one, is alive, so is the lease, and the graph
+    does not run again (its next launch would overwrite them).  Liveness, not a count of
+    references: the graph only keeps a weak reference to it."""
+
+    __slots__ = ("blocks", "__weakref__")
+
+    def __init__(self, blocks: tuple) -> None:
+        self.blocks = blocks   # keeps the memory alive for the arrays, even past the graph
+
+
+class _Graph:
+    """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
+
+    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
+                 "escapes", "staged", "pinned", "__weakref__")
+
+    def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
+                 launch: Callable[[], int], ctx: Any) -> None:
+        self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
+        self.outs, self.launch, self.ctx = outs, launch, ctx
+        self.backs: tuple = ()   # inputs the graph overwrites with an update's value
+        self.lease: Any = None   # weak reference to the Lease of the last hand-out
+        self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
+        #: (input index, pointer) of the GPU inputs read (or written) where they were when
+        #: captured: the graph serves a call only while each of them is still there
+        self.pinned: tuple = ()
+        #: whether some output handed out of the call is a buffer of the graph
+        self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
+
+    def idle(self) -> bool:
+        """Whether nothing handed out of an earlier call still uses the graph's memory."""
+        ref = self.lease
+        return ref is None or ref() is None
+
+    def __del__(self) -> None:
+        entry = (self.drv, self.ctx, self.exe, self.graph, self.owned)
+        pool = getattr(self.ctx, "pool", None)
+        if pool is not None and pool.sink is not None:
+            _GRAVEYARD.append(entry)   # collected during a capture: no sync may run now
+            return
+        _bury(entry)
+
+
+#: graphs collected while a capture ran, destroyed once it has ended
+_GRAVEYARD: list = []
+
+
+def _bury(entry: tuple) -> None:
+    """Destroy a collected graph.  No synchronisation: ``cuGraphExecDestroy`` of a graph still
+    running frees it once it completes, and its blocks go back to a pool whose reuse is
+    ordered on the same stream.  (A ``ctx.synchronize()`` here also read the device checks:
+    a graph collected in the middle of a failing call raised that call's pending check into
+    this function's ``except`` and cleared it, so the call's guarded update copy landed.)"""
+    drv, _ctx, exe, graph, _owned = entry
+    try:
+        drv.destroy(exe, graph)
+    except Exception:  # interpreter shutdown
+        pass
+
+
+def _bury_collected() -> None:
+    while _GRAVEYARD:
+        _bury(_GRAVEYARD.pop())
+
+
+class Segment:
+    """A run of capturable nodes: plain launches, a capture, or a replay per call."""
+
+    def __init__(self, runner: "Runner", items: list[tuple[int, Callable, list]],
+                 in_cells: list[list], in_gpu: list[bool], const_values: list[Any],
+                 out_cells: list[list], produced_cells: list[list],
+                 internal_cells: list[list], ctx: Any,
+                 copy_back: Sequence[tuple[list, int]] = (),
+                 param_thunks: Sequence[Any] = (),
+                 param_inputs: Sequence[bool] | None = None,
+                 staged: Sequence[int] = (), written: Sequence[int] = ()) -> None:
+        self.runner = runner
+        self.items = items                   # (node index, thunk, cells dead after it)
+        self.in_cells, self.in_gpu = in_cells, in_gpu
+        self.const_ids = {id(c): c for c in const_values}
+        self.out_cells = out_cells           # read after the segment (or function outputs)
+        #: ids of the out cells whose values may leave the call (function outputs, or values
+        #: a function output may alias): handed out under a lease (Lease)
+        self.escaping: set[int] = set()
+        self.produced_cells = produced_cells  # every output cell of the segment's nodes
+        self.internal_cells = internal_cells  # produced and read only inside the segment
+        #: (update output cell, index of the updated input): a graph may copy the new value
+        #: back into the input's buffer, so shared variables keep their pointers
+        self.copy_back = list(copy_back)
+        #: inputs whose cells empty inside the segment: their memory is scratch after it
+        dead_ids = {id(c) for _, _, d in items for c in d}
+        self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
+        self.dead = [c for _, _, d in items for c in d]
+        #: GPU inputs a graph reads from static buffers of its own, copied into before a
+        #: launch when the caller's value is elsewhere: those the caller passes per call from
+        #: the start, and every other one (but an update's target) once it has moved
+        self.staged = set(staged)
+        #: inputs a graph may stage once they moved: GPU inputs no update is copied back into
+        targets = {j for _, j in copy_back}
+        self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
+        #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
+        self.written = set(written)
+        #: times each input was found moved; an input that cannot be staged and keeps moving
+        #: gets its pointer into the key (``by_pointer``) instead of a capture per move
+        self.moves: dict[int, int] = {}
+        self.param_inputs = param_inputs
+        self.by_pointer = [False] * len(in_gpu)
+        self.key = make_keyer(in_gpu, param_inputs)
+        #: nodes reading host scalars from the parameter block when captured (graph_params.py)
+        self.param_thunks = list(param_thunks)
+        self.param_offsets: list[int] = []
+        size = 0
+        for t in self.param_thunks:
+            self.param_offsets.append(size)
+            size += int(t.param_nbytes)
+        self.param_size = size
+        self.param_block: Any = None     # a pool block, taken at the first capture
+        self.params = b""                # this call's parameter bytes
+        self.ctx = ctx
+        self.graphs: dict[tuple, list[_Graph]] = {}
+        self.n_graphs = 0
+        self.seen: dict[tuple, bool] = {}    # key -> may be captured
+        self.current = items[0][0]
+        self.plain_runs = self.captures = self.replays = self.verified = 0
+        self.nodes_captured = 0
+
+    # -- the per-call path
+    def run(self) -> None:
+        if self.runner.enabled:
+            vals = [c[0] for c in self.in_cells]
+            try:
+                key = self.key(vals)
+                if self.param_thunks:
+                    key = (key, self._param_key())
+            except Exception:   # unkeyable or bad input: the plain run raises the node's error
+                key = None
+            if key is not None:
+                graphs = self.graphs.get(key)
+                if graphs is not None:
+                    for g in graphs:
+                        if g.idle() and (not g.backs or self._overwritable(vals, g.backs)):
+                            for j, ptr in g.pinned:
+                                if vals[j].ptr != ptr:
+                                    self._moved(key, g, vals)
+                                    return
+                            self._replay(g, vals)
+                            return
+                ok = self.seen.get(key)
+                if ok:
+                    if self.n_graphs < _graphs.MAX_GRAPHS:
+                        self._capture(key, vals)
+                        return
+                elif ok is None:
+                    if len(self.seen) >= _graphs.MAX_SEEN:
+                        self.seen.clear()
+                    self.seen[key] = True
+            self._plain_call(vals)
+            return
+        self._plain()
+
+    def _moved(self, key: tuple, g: _Graph, vals: list) -> None:
+        """Inputs ``g`` reads in place are elsewhere this call: drop ``g``; inputs that may be
+        staged are from now on (and this call captures), others run this call plainly (its
+        update is copied back into the moved buffer) and are captured where they now are at
+        the next call, or keyed by pointer once they have moved twice."""
+        moved = [j for j, ptr in g.pinned if vals[j].ptr != ptr]
+        self._drop(key, g)
+        capture = True
+        for j in moved:
+            n = self.moves[j] = self.moves.get(j, 0) + 1
+            if j in self.movable and _stageable(vals[j]):
+                self.staged.add(j)
+                continue
+            capture = False
+            if n >= 2 and not self.by_pointer[j]:
+                self.by_pointer[j] = True
+                self.key = make_keyer(self.in_gpu, self.param_inputs, self.by_pointer)
+                self.release()
+                self.seen.clear()
+        if capture and self.n_graphs < _graphs.MAX_GRAPHS:
+            self._capture(key, vals)
+        else:
+            self._plain_call(vals)
+
+    def _drop(self, key: tuple, g: _Graph) -> None:
+        graphs = self.graphs.get(key)
+        if graphs is not None and g in graphs:
+            graphs.remove(g)
+            self.n_graphs -= 1
+            if not graphs:
+                del self.graphs[key]
+
+    def _param_key(self) -> tuple:
+        """The parameter nodes' key parts; their bytes go to ``self.params``."""
+        parts = []
+        raws = []
+        for t in self.param_thunks:
+            part, raw = t.param_values()
+            parts.append(part)
+            raws.append(raw)
+        params = b"".join(raws)
+        if len(params) != self.param_size:
+            raise ValueError(f"parameter bytes: {len(params)}, slots: {self.param_size}")
+        self.params = params
+        return tuple(parts)
+
+    def _upload_params(self) -> None:
+        """One stream-ordered host-to-device copy of this call's parameters."""
+        if self.param_thunks:
+            self.runner.driver.upload(self.param_block.ptr, self.params, self.ctx.stream_handle)
+
+    def _plain_call(self, vals: list) -> None:
+        self._plain()
+        if self.copy_back:
+            self._plain_copy_back(vals)
+
+    def _plain(self, count: bool = True) -> None:
+        if count:   # the reference run of a capture being verified is not counted
+            self.plain_runs += 1
+        for idx, thunk, dead in self.items:
+            self.current = idx
+            thunk()
+            for c in dead:
+                c[0] = None
+
+    @staticmethod
+    def _overwritable(vals: list, inputs: Sequence[int]) -> bool:
+        """Whether a graph may overwrite the arrays ``vals[j]`` (the buffers of the shared
+        variables an update is copied back into): pool memory never lent to the user (a
+        GpuArray handed out by ``get_value(borrow=True)`` or taken by
+        ``set_value(..., borrow=True)`` is marked lent: symgpu.gpu.runtime.pool.lend).  Which other
+        values of the function may alias them is decided when the runner is built
+        (graphs.Runner._segment), not here."""
+        for j in inputs:
+            v = vals[j]
+            base = getattr(v, "base", None)
+            if type(base) is not _Block or base.lent or v._gpudata is not None:
+                return False
+        return True
+
+    def _replay(self, g: _Graph, vals: list) -> None:
+        self.current = self.items[0][0]
+        if self.param_thunks:
+            self._upload_params()
+        for j, buf in g.staged:
+            v = vals[j]
+            if v.ptr != buf.ptr:
+                g.drv.copy(buf, v)
+        status = g.launch()
+        if status:
+            g.drv.check(status, "cuGraphLaunch")
+        self._hand_out(g, vals)
+        for c in self.dead:
+            c[0] = None
+        self.replays += 1
+
+    def _hand_out(self, g: _Graph, vals: list) -> None:
+        """Fill the output cells from the graph's specs; the arrays over the graph's blocks
+        that leave the call share one new lease (see Lease)."""
+        owned = g.owned
+        lease = None
+        if g.escapes:
+            lease = Lease(owned)
+            g.lease = weakref.ref(lease)
+        for cell, kind, a, b, esc in g.outs:
+            if kind == 0:        # a buffer of the graph: a = its index in owned, b = layout
+                arr = _gpuarray_new(_GpuArray)
+                ctx, ptr, shape, strides, dtype = b
+                arr._set(ctx, ptr, shape, strides, dtype, lease if esc else owned[a])
+                cell[0] = arr
+            elif kind == 1:      # a segment input itself
+                cell[0] = vals[a]
+            elif kind == 2:      # a view of a segment input: (input, (offset, shape, strides))
+                v = vals[a]
+                off, shape, strides = b
+                cell[0] = v._view(v.ptr + off, shape, strides)
+            elif kind == 3:      # a fixed value (a constant's, or a view of one)
+                cell[0] = a
+            elif kind == 4:      # a host value computed from the shapes: a fresh copy
+                cell[0] = a.copy() if isinstance(a, np.ndarray) else a
+            else:                # an empty array (no memory)
+                arr = _gpuarray_new(_GpuArray)
+                arr._set(*b)
+                cell[0] = arr
+
+    # -- capture
+    def _snapshot(self, vals: list) -> list | None:
+        """Device copies of the GPU inputs (to run the segment twice from the same values),
+        or None when they are too large to copy (the key is then never captured)."""
+        total = 0
+        for v, g in zip(vals, self.in_gpu):
+            if g:
+                total += v.nbytes
+        if total > _graphs.VERIFY_LIMIT:
+            return None
+        from symgpu.gpu.ops.elemwise import new_array
+        copy = self.runner.driver.copy
+        snap: list = []
+        for v, g in zip(vals, self.in_gpu):
+            if g and v.size:
+                s = new_array(self.ctx, v.shape, v.dtype)
+                copy(s, v)
+                snap.append(s)
+            else:
+                snap.append(None)
+        return snap
+
+    def _restore(self, vals: list, snap: list) -> None:
+        copy = self.runner.driver.copy
+        for c, v, s in zip(self.in_cells, vals, snap):
+            if s is not None:
+                copy(v, s)
+            c[0] = v
+
+    def _host_values(self) -> list:
+        vals = [c[0] for c in self.out_cells]
+        dev = [k for k, v in enumerate(vals) if isinstance(v, _GpuArray)]
+        got = self.runner.driver.to_host([vals[k] for k in dev]) if dev else []
+        out: list = [np.array(v, copy=True) if not isinstance(v, _GpuArray) else None
+                     for v in vals]
+        for k, h in zip(dev, got):
+            out[k] = h
+        return out
+
+    def _capture(self, key: tuple, vals: list) -> None:
+        runner, ctx = self.runner, self.ctx
+        drv = runner.driver
+        pool = ctx.pool
+        stream = ctx.stream_handle
+        ref = snap = None
+        if runner.verify:
+            # run plainly first: the graph must give the same values (checked below)
+            try:
+                snap = self._snapshot(vals)
+            except Exception as exc:   # no memory for the copies...: no graphs, no harm
+                self.runner.disable(f"copying the inputs to check a graph failed "
+                                    f"({type(exc).__name__}: {exc})", self)
+                snap = None
+            if snap is None:
+                self.seen[key] = False
+                self._plain_call(vals)
+                return
+            self._plain(count=False)   # a thunk's error is the call's own: it propagates
+            try:
+                ref = self._host_values()
+            except Exception as exc:   # the plain results stand
+                if is_device_check_error(exc):
+                    raise               # a bad index of the call itself
+                self.runner.disable(f"reading results to check a graph failed "
+                                    f"({type(exc).__name__}: {exc})", self)
+                return
+            self._restore(vals, snap)
+        backs = [j for _, j in self.copy_back if self._overwritable(vals, (j,))]
+        if self.param_thunks:
+            try:
+                if self.param_block is None:
+                    self.param_block = pool.allocate(self.param_size)
+                for t in self.param_thunks:    # load kernels now: no module loads under capture
+                    prepare = getattr(t, "param_prepare", None)
+                    if prepare is not None:
+                        prepare()
+            except Exception as exc:
+                self._give_up(exc, vals, snap)
+                return
+        staged: list = []
+        cap_vals = vals
+        if self.staged:
+            try:
+                from symgpu.gpu.ops.elemwise import new_array
+                cap_vals = list(vals)
+                for j in sorted(self.staged):
+                    v = vals[j]
+                    if _stageable(v):   # else read in place (pinned)
+                        # the input's own layout, so offsets and strides read from it hold
+                        extent = v.itemsize + sum((n - 1) * st for n, st in
+                                                  zip(v.shape, v.strides))
+                        buf = new_array(ctx, v.shape, v.dtype, v.strides, extent)
+                        drv.copy(buf, v)
+                        staged.append((j, buf))
+                        cap_vals[j] = buf
+                        self.in_cells[j][0] = buf
+            except Exception as exc:
+                self._give_up(exc, vals, snap)
+                return
+        for c in self.produced_cells:
+            c[0] = None
+        sink: list = []
+        try:
+            ctx.activate()
+            pool.begin_sink(sink, drv.relaxed)
+            try:
+                drv.begin(stream)
+            except BaseException:
+                pool.end_sink()
+                raise
+        except Exception as exc:
+            self._give_up(exc, vals, snap)
+            return
+        err: BaseException | None = None
+        copied: list[int] = []
+        try:
+            for t, off in zip(self.param_thunks, self.param_offsets):
+                t.param_slot = (self.param_block, off)
+            for idx, thunk, _dead in self.items:  # cells die at the end: a failed capture
+                self.current = idx                # runs again plainly from the same inputs
+                thunk()
+            scratch = {id(b) for b in sink}
+            scratch.update(id(cap_vals[k]) for k in self.dying_inputs)
+            for cell, j in self.copy_back:
+                if j in backs and self._copy_back(cell, vals[j], scratch):
+                    copied.append(j)
+        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+            err = exc
+        finally:
+            for t in self.param_thunks:
+                t.param_slot = None
+            try:
+                graph, end_err = drv.end(stream)
+            finally:
+                pool.end_sink()
+            if _GRAVEYARD:
+                _bury_collected()
+        if err is not None or end_err is not None:
+            drv.destroy(None, graph)
+            if err is not None and not isinstance(err, Exception):
+                raise err  # KeyboardInterrupt and the like
+            if err is not None and snap is None:
+                self._retry_after_thunk_error(err, vals)
+            else:
+                self._give_up(err or RuntimeError(end_err), vals, snap)
+            return
+        try:
+            exe = drv.instantiate(graph)
+        except Exception as exc:
+            drv.destroy(None, graph)
+            self._give_up(exc, vals, snap)
+            return
+        # an output that is a staged input or a view of one is rebuilt over the caller's
+        # array when nothing writes into either (the static buffer has the input's layout);
+        # over the static buffer when a node of the segment writes into it
+        owned = tuple(b for b in sink if b is not None)
+        del sink
+        written = tuple(b.base for j, b in staged if j in self.written)
+        outs = self._output_specs(cap_vals, owned + written,
+                                  {j for j, _ in staged if j in self.written})
+        owned += tuple(b.base for j, b in staged if j not in self.written) + written
+        for j, _ in staged:
+            self.in_cells[j][0] = vals[j]
+        if outs is None:
+            drv.destroy(exe, graph)
+            del owned
+            self._give_up(None, vals, snap, why="an output the graph cannot rebuild")
+            return
+        launch = drv.launcher(exe, stream)
+        self._upload_params()
+        status = launch()
+        if status:
+            drv.check(status, "cuGraphLaunch (first replay)")
+        g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
+        g.backs = tuple(copied)
+        g.staged = tuple(staged)
+        in_static = {j for j, _ in staged}
+        g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
+                         if gpu and j not in in_static and v.size)
+        self._hand_out(g, vals)   # the capture run's own arrays are not handed out
+        if ref is not None:
+            try:
+                why = _differs(ref, self._host_values())
+            except Exception as exc:
+                if is_device_check_error(exc):
+                    raise
+                why = f"reading them failed: {type(exc).__name__}: {exc}"
+            if why is not None:
+                del g, owned
+                self._give_up(None, vals, snap, why=f"the graph's results differ from plain "
+                                                   f"launches ({why})")
+                return
+            self.verified += 1
+        try:
+            self.nodes_captured = drv.node_count(graph)
+        except Exception:
+            pass
+        self.graphs.setdefault(key, []).append(g)
+        self.n_graphs += 1
+        self.captures += 1
+        _graphs.STATS["captures"] += 1
+        for c in self.internal_cells:
+            c[0] = None
+        for c in self.dead:
+            c[0] = None
+
+    def _copy_back(self, cell: list, target: Any, scratch: set) -> bool:
+        """Under capture: copy an update's new value into the buffer of the variable it
+        updates, and hand that variable's array on as the new value.  The new value must be
+        scratch: a buffer of the graph, or a segment input that dies in the segment."""
+        new = cell[0]
+        if not isinstance(new, _GpuArray) or new is target or not _same_layout(new, target):
+            return False
+        if id(new) not in scratch and (new.base is None or id(new.base) not in scratch):
+            return False
+        if not self._copy(target, new):
+            return False
+        cell[0] = target
+        return True
+
+    def _copy(self, dst: Any, src: Any) -> bool:
+        """dst[...] = src on the stream; guarded when the function has ops whose checks are
+        read at the next sync (the copy must not land in a call that is about to fail)."""
+        if getattr(self.runner, "device_checked", False):
+            return guarded_copy(self.ctx, dst, src)
+        self.runner.driver.copy(dst, src)
+        return True
+
+    def _plain_copy_back(self, vals: list) -> None:
+        """After a plain run: copy each update's new value into the updated variable's
+        buffer when nobody else holds either, so shared variables keep their pointers (and
+        the keys of later calls repeat) from the first call on."""
+        for cell, j in self.copy_back:
+            new = cell[0]
+            if not isinstance(new, _GpuArray) or new is vals[j] or \
+                    not _same_layout(new, vals[j]) or not self._overwritable(vals, (j,)):
+                continue
+            if self._copy(vals[j], new):
+                cell[0] = vals[j]
+
+    def _output_specs(self, vals: list, owned: tuple, static: set = frozenset()) -> list | None:
+        """How each output cell is rebuilt on replay, from the values the capture run left
+        in them; None when one cannot be.  ``static``: staged inputs whose static buffers
+        (in ``owned``) the graph writes: outputs over them are the graph's buffers."""
+        where = {id(b): k for k, b in enumerate(owned)}
+        in_ids = {id(v): j for j, v in enumerate(vals) if j not in static}
+        in_bases = {}
+        for j, (v, g) in enumerate(zip(vals, self.in_gpu)):
+            if j in static:
+                continue
+            if g and v is not None and getattr(v, "base", None) is not None:
+                in_bases.setdefault(id(v.base), j)
+        const_bases = {id(c.base) for c in self.const_ids.values()
+                       if isinstance(c, _GpuArray) and c.base is not None}
+        outs = []
+        for cell in self.out_cells:
+            a = cell[0]
+            if a is None:
+                return None
+            j = in_ids.get(id(a))
+            if j is not None:
+                outs.append((cell, 1, j, None, False))
+                continue
+            if id(a) in self.const_ids:
+                outs.append((cell, 3, a, None, False))
+                continue
+            if isinstance(a, _GpuArray):
+                base = a.base
+                if a.size == 0:
+                    outs.append((cell, 5, None, (a.context, 0, a.shape, a.strides, a.dtype,
+                                                 None), False))
+                    continue
+                if base is not None and id(base) in const_bases:
+                    outs.append((cell, 3, a, None, False))
+                    continue
+                k = where.get(id(base)) if base is not None else None
+                if k is not None:
+                    outs.append((cell, 0, k, (a.context, a.ptr, a.shape, a.strides, a.dtype),
+                                 id(cell) in self.escaping))
+                    continue
+                j = in_bases.get(id(base)) if base is not None else None
+                if j is not None and vals[j].dtype == a.dtype:
+                    outs.append((cell, 2, j, (a.ptr - vals[j].ptr, a.shape, a.strides), False))
+                    continue
+                return None
+            if isinstance(a, (np.ndarray, np.generic, int, float, bool)):
+                outs.append((cell, 4, a, None, False))
+                continue
+            return None
+        return outs
+
+    def _retry_after_thunk_error(self, err: Exception, vals: list) -> None:
+        """A thunk raised under capture: run plainly.  If the plain run raises too, the error
+        is the call's own (bad shapes...) and propagates with graphs left on; otherwise the
+        capture was at fault and graphs are turned off for the function."""
+        for c in self.produced_cells:
+            c[0] = None
+        for c, v in zip(self.in_cells, vals):
+            c[0] = v
+        self._plain()
+        _graphs.STATS["capture_failures"] += 1
+        self.runner.disable(f"{type(err).__name__}: {err}", self)
+
+    def _give_up(self, exc: BaseException | None, vals: list, snap: list | None = None,
+                 why: str | None = None) -> None:
+        """A capture failed: warn once, turn graphs off for the function, and compute the
+        call plainly (from the snapshot of the inputs when one was taken: a graph that ran may
+        have written into them)."""
+        _graphs.STATS["capture_failures"] += 1
+        reason = why or f"{type(exc).__name__}: {exc}"
+        self.runner.disable(reason, self)
+        for c in self.produced_cells:
+            c[0] = None
+        if snap is not None:
+            self._restore(vals, snap)
+        for c, v in zip(self.in_cells, vals):
+            c[0] = v
+        self._plain()
+
+    def release(self) -> None:
+        self.graphs.clear()
+        self.n_graphs = 0
+
+
+from symgpu.gpu.runtime.array import GpuArray as _GpuArray  # noqa: E402  (no PyCUDA import)
+from symgpu.gpu.runtime.pool import Block as _Block  # noqa: E402
+
+
+class _GraphsSettings:
+    """graphs.py's settings, read at call time as ``_graphs.NAME`` (so patching them there
+    works); graphs.py imports this module, so this one looks graphs.py up when a setting is
+    read instead of importing it: no import circle."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(importlib.import_module("symgpu.gpu.exec.graphs"), name)
+
+
+_graphs = _GraphsSettings()
+
+_gpuarray_new = _GpuArray.__new__
+
+
+def _stageable(v: Any) -> bool:
+    """Whether a GPU value can be copied into a static buffer of its own layout: not empty
+    (an empty input is never read) and no negative stride."""
+    return bool(v.size) and min(v.strides, default=0) >= 0
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.size > 0 and \
+        a.is_c_contiguous and b.is_c_contiguous
+
+
+def _differs(ref: list, got: list) -> str | None:
+    """Why two lists of host results differ (None when they agree)."""
+    for k, (a, b) in enumerate(zip(ref, got)):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {k}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
+        if a.dtype.kind in "fc":
+            if not np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True):
+                return f"output {k}: max difference {np.nanmax(np.abs(a - b)):.3g}"
+        elif not np.array_equal(a, b):
+            return f"output {k}: {int(np.sum(a != b))} elements differ"
+    return None

@@ -1,0 +1,491 @@
+"""Whole-function CUDA graphs: record a compiled function's launches once, replay them after.
+
+Why: a GPU function call is mostly Python (one thunk per node, ~4 us a launch through the
+driver).  A CUDA graph replays every kernel, cuBLAS call, memset and device copy of a function
+with one ``cuGraphLaunch``.  PyCUDA has no capture API, so the driver is called through ctypes
+on the context's stream (``cuStreamBeginCapture_v2`` ... ``cuStreamEndCapture``,
+``cuGraphInstantiateWithFlags``, ``cuGraphLaunch``).
+
+How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_graphs`` is on):
+
+* **Which nodes.** A thunk (or its op) says ``capturable = True`` when it only takes pool memory,
+  does host bookkeeping and queues work on the context's stream (GpuElemwise, GpuCAReduce,
+  the BLAS ops, the view/shape ops); ``launches = True`` when it queues device work.  Transfers
+  and CPU ops are not capturable.  The nodes are re-ordered (any topological order is valid:
+  the destroy handler lets a node overwrite only a variable nobody else reads) so that host
+  work with no GPU work before it runs first, capturable nodes next, and the rest as late as
+  possible; maximal runs of capturable nodes with at least one launch become *segments*, and
+  adjacent HostFromGpu nodes one batched copy with a single stream sync.
+* **Keys.** A segment is keyed on its inputs' shapes and strides (their dtypes are their
+  variables' types), the value of every (small) host value, except host scalars that are
+  *graph parameters* (graph_params.py: an index, a learning rate, slice bounds, an arange's
+  start), which each call writes into the segment's device parameter block before the launch
+  and the captured kernels read there; what they change in shapes stays in the key.  Device
+  pointers are not in the key.  The first call with a new key runs plainly and remembers the
+  key; a repeat captures (the thunks run with the stream in capture mode and every pool block
+  they take goes to the graph); later repeats replay.
+* **Inputs: where a graph reads them.** A graph reads each GPU input either *in place* (at
+  the address it had when captured: the graph serves a call only while the input is still
+  there, one pointer comparison per input) or from a *static buffer* of its own, of the
+  input's layout, that the input is copied into (one device-to-device copy, queued before the
+  launch) when it is elsewhere.  A plain node whose output feeds a segment and never leaves
+  the call (an upload, a convolution: known when the runner is built) owns one block and
+  computes into it every call (``_OwnedPlainStep``), so its output stays put with no copy.
+  Inputs the caller passes per call are staged from the start; any other input (a shared
+  variable only read, an RNG state updated by a plain node, a plain node's output that is
+  also returned) is read in place until it is first found
+  moved, then staged for good (the graph that read it in place is dropped, the call captures
+  a new one), so an input that never moves costs no copy and one that moves costs a copy of
+  it, never a capture or a plain run per call.  The one exception: the shared variable an
+  update is copied back into (below) is written by the graph, so it is never staged: when it
+  moves (``set_value``) the graph is dropped, the call runs plainly and copies its update back
+  into the new buffer, and the next call captures there; one that moves again and again
+  (swapped buffers) has its pointer put in the key.
+* **Updates in place.** An update's new value is copied back into the buffer of the shared
+  variable it updates (in the graph, or after a plain run), so the variable stays where the
+  graph reads it from call to call (the copy costs one device-to-device copy of the variable;
+  the destroy handler never lets ops write into a function's inputs, so updates are computed
+  into fresh memory).  Only when that buffer is pool memory never lent to the user
+  (``pool.lend``: ``get_value(borrow=True, return_internal_type=True)`` and ``set_value(...,
+  borrow=True)`` mark it, an explicit flag), no value the function returns may alias the new
+  value, no later reader aliases the old one, and nothing that can fail runs after the segment
+  (the copies are guarded by the device checks: device_checks.guarded_copy), so a failed call
+  changes nothing.
+* **Outputs: whose memory.** A graph owns every block allocated while it was captured:
+  outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
+  leave the call is known when the runner is built (function outputs and what they may alias
+  through views and in-place ops); those are handed out as arrays sharing one lease
+  (graph_segment.Lease), of which the graph keeps a weak reference: while a result the
+  caller kept (or a view of it) is alive, the graph does not run again (liveness of what it
+  handed out, decided when the call looks for a graph, never a count of references), and the
+  next call replays or captures a second graph of the same key, so ``r = f()`` in a loop
+  alternates between two.  Outputs that stay inside the call are plain arrays over the
+  graph's blocks.
+* **Threads.** A call holds its context's ``call_lock`` (a capture records whatever reaches
+  the context's one stream): :class:`Runner` takes it, and GPU functions without a graph get a
+  ``_Locked`` plain run that does (docs/threads.md).
+* **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
+  inputs, then the graph runs from the same values, and the results must agree (segments
+  whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
+* **Fallback.** Anything unexpected (an unkeyable input, a capture error, an output the graph
+  cannot rebuild, a disagreeing graph) runs the thunks plainly; a capture error also warns once
+  and turns graphs off for that function.  Profiled functions (``vm.profiler`` set) never use
+  graphs.
+
+This module holds the entry points: the settings below (read at call time, also by
+graph_segment.py, so setting ``graphs.VERIFY_LIMIT`` and the like takes effect), the driver
+(:func:`driver`), :class:`Runner` with its plain and batched-copy steps, and :func:`install`.
+Beside it: graph_segment.py (one segment's capture, check, replay and fallback: ``Segment`` and
+the graphs it keeps), graph_plan.py (which nodes, in which order, keys: pure functions),
+graph_driver.py (the driver calls through ctypes) and event_timers.py (the profiler's
+CUDA-event timers, which importing this module registers).
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from typing import Any, Callable
+
+from symgpu.gpu.exec.event_timers import register_gpu_timers
+from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
+                                   escaping as _escaping, make_keyer, mark_reusable_outputs,
+                                   node_capturable, node_launches, plan_steps, schedule)
+from symgpu.gpu.exec.graph_segment import Segment
+from symgpu.gpu.runtime.pool import Block as _Block
+from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+
+__all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
+           "make_keyer", "Unkeyable", "Segment", "Runner", "GraphCaptureWarning", "STATS",
+           "MAX_GRAPHS", "register_gpu_timers", "driver"]
+
+#: graphs kept per segment (two alternate when the caller holds the last result)
+MAX_GRAPHS = 8
+#: keys remembered per segment before the first repeat (a bound on memory: keys are shapes
+#: and small host values, so a function sees few)
+MAX_SEEN = 64
+#: check each new graph once against plain launches of the same inputs (the GPU inputs are
+#: copied for that; segments whose GPU inputs pass VERIFY_LIMIT bytes are never captured)
+VERIFY = True
+VERIFY_LIMIT = 64 << 20
+#: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
+#: counts of plain runs and replays: ``Runner.stats()``)
+STATS: Counter = Counter()
+
+class GraphCaptureWarning(RuntimeWarning):
+    """A function's launches could not be captured into a CUDA graph; it runs them plainly."""
+
+
+# ============================================================================ the driver
+
+_driver: Any = None
+
+
+def driver() -> Any:
+    """The process's graph driver (tests may replace ``symgpu.gpu.exec.graphs._driver``)."""
+    global _driver
+    if _driver is None:
+        from symgpu.gpu.exec.graph_driver import CudaGraphDriver
+        _driver = CudaGraphDriver()
+    return _driver
+
+
+# ============================================================================ the runner
+
+class _PlainStep:
+    __slots__ = ("current", "thunk", "dead")
+
+    def __init__(self, index: int, thunk: Callable, dead: list) -> None:
+        self.current, self.thunk, self.dead = index, thunk, dead
+
+    def run(self) -> None:
+        self.thunk()
+        for c in self.dead:
+            c[0] = None
+
+
+class _OwnedPlainStep:
+    """A plain node whose GPU output feeds a segment and never leaves the call (an upload of
+    a constant or of a host input, typically): the step owns one block and has the node
+    compute into it every call, so the segment finds its input where its graph reads it (no
+    staging copy, no new capture).
+
+    Why this is safe, decided when the runner is built rather than by watching references:
+    the output is not in ``graph_plan.escaping`` (no function output is it or a view of it),
+    so nothing reads the previous call's array once that call has returned; the step keeps
+    the :class:`~symgpu.gpu.runtime.pool.Block` itself, so the pool never hands it to anybody else;
+    and the pool gives it (``pool.hint``) only to the node's next allocation of its size
+    class on this thread.  Should another allocation of the node take it (a scratch buffer),
+    the output is elsewhere that call and the segment copies it in."""
+
+    __slots__ = ("current", "thunk", "dead", "out_cell", "pool", "block")
+
+    def __init__(self, index: int, thunk: Callable, dead: list, out_cell: list,
+                 pool: Any) -> None:
+        self.current, self.thunk, self.dead = index, thunk, dead
+        self.out_cell, self.pool, self.block = out_cell, pool, None
+
+    def run(self) -> None:
+        pool = self.pool
+        block = self.block
+        if block is not None:
+            pool.hint_thread = threading.get_ident()
+            pool.hint = block
+        allocs = pool.n_allocs
+        try:
+            self.thunk()
+        finally:
+            pool.hint = None
+        v = self.out_cell[0]
+        if block is None or getattr(v, "ptr", None) != block.ptr:
+            base = getattr(v, "base", None)
+            # a block the node took from the pool in this call, under an array made here
+            if type(base) is _Block and pool.n_allocs != allocs and v.ptr == base.ptr and \
+                    getattr(v, "_gpudata", None) is None:
+                self.block = base
+        for c in self.dead:
+            c[0] = None
+
+
+class _BatchStep:
+    """Adjacent HostFromGpu nodes: every copy queued, one stream sync."""
+
+    __slots__ = ("current", "in_cells", "out_cells", "dead", "many")
+
+    def __init__(self, index: int, in_cells: list, out_cells: list, dead: list,
+                 many: Callable) -> None:
+        self.current, self.in_cells, self.out_cells = index, in_cells, out_cells
+        self.dead, self.many = dead, many
+
+    def run(self) -> None:
+        results = self.many([c[0] for c in self.in_cells])
+        for c, r in zip(self.out_cells, results):
+            c[0] = r
+        for c in self.dead:
+            c[0] = None
+
+
+class Runner:
+    """``vm.runner``: runs the VM's nodes as plain steps, batched copies and segments."""
+
+    def __init__(self, vm: Any, steps: list[tuple[str, list[int]]], ctx: Any,
+                 drv: Any = None) -> None:
+        self.vm = vm
+        self.ctx = ctx
+        #: the context's call lock (context.GpuContext.call_lock, docs/threads.md)
+        self.lock = getattr(ctx, "call_lock", None) or threading.RLock()
+        self.driver = drv if drv is not None else driver()
+        self.enabled = True
+        self.verify = VERIFY
+        self.disabled_reason: str | None = None
+        nodes, thunks, sm = vm.nodes, vm.thunks, vm.storage_map
+        fg = vm.fgraph
+        order = [i for _, idx in steps for i in idx]
+        dead = _dead_cells(nodes, order, vm.gc_after, sm)
+        protected = set(fg.outputs)
+        # update pairs (new value, updated input): fgraph.update_mapping {out idx: in idx}
+        mapping = getattr(fg, "update_mapping", None) or {}
+        updates = [(fg.outputs[o], fg.inputs[i]) for o, i in mapping.items()
+                   if o < len(fg.outputs) and i < len(fg.inputs)]
+        #: outputs returned to the caller (not update values): a value copied back into a
+        #: shared variable's buffer must not be one of them, nor seen through one
+        self._returned = [v for k, v in enumerate(fg.outputs) if k not in mapping]
+        #: what may leave a call (graph_plan.escaping): those outputs go out under a lease
+        self._escaping = _escaping(fg)
+        #: inputs the caller passes per call that segments may stage (Segment.staged): GPU
+        #: function inputs that are not shared variables, not updated, never written in place
+        from symgpu.compile.sharedvalue import SharedVariable
+        updated = {fg.inputs[i] for i in mapping.values() if i < len(fg.inputs)}
+        destroyed = [n.inputs[i] for n in nodes
+                     for ins in (getattr(n.op, "destroy_map", None) or {}).values() for i in ins]
+        self._stageable = {v for v in fg.inputs
+                           if _is_gpu_var(v) and not isinstance(v, SharedVariable)
+                           and v not in updated and not any(_aliases(d, v) for d in destroyed)}
+        # with ops that report checks at the next sync, copies back into shared variables
+        # are guarded: they do not land once a check has reported (graph_segment.py)
+        self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
+        seg_inputs: set = set()
+        for kind, idx in steps:
+            if kind == "segment":
+                seg_inputs.update(v for i in idx for v in nodes[i].inputs)
+        self.segments: list[Segment] = []
+        self.steps: list[Any] = []
+        seg_out_cells: list[list] = []
+        from symgpu.gpu.placement.basic_ops import HostFromGpu
+        pos = 0
+        for s_no, (kind, idx) in enumerate(steps):
+            my_dead = [dead[pos + k] for k in range(len(idx))]
+            pos += len(idx)
+            if kind == "plain":
+                node = nodes[idx[0]]
+                outs = node.outputs
+                if len(outs) == 1 and outs[0] in seg_inputs and _is_gpu_var(outs[0]) and \
+                        outs[0] not in self._escaping and \
+                        not getattr(node.op, "view_map", None) and \
+                        not getattr(node.op, "destroy_map", None):
+                    self.steps.append(_OwnedPlainStep(idx[0], thunks[idx[0]], my_dead[0],
+                                                      sm[outs[0]], ctx.pool))
+                else:
+                    self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
+            elif kind == "batch":
+                self.steps.append(_BatchStep(
+                    idx[0], [sm[nodes[i].inputs[0]] for i in idx],
+                    [sm[nodes[i].outputs[0]] for i in idx],
+                    [c for d in my_dead for c in d], HostFromGpu.perform_many))
+            else:
+                # an update may be copied back into its variable's buffer only when nothing
+                # that can fail runs after the segment (the call then cannot raise after the
+                # shared variable changed): the steps left are copies to the host at most
+                # (a check they raise stops the copy itself: device_checks.guarded_copy)
+                tail_safe = all(k == "batch" or (k == "plain" and all(
+                    isinstance(nodes[i].op, HostFromGpu) for i in ix))
+                    for k, ix in steps[s_no + 1:])
+                seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected,
+                                    updates if tail_safe else [])
+                seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
+                self.segments.append(seg)
+                self.steps.append(seg)
+        # without garbage collection, the cells read after a segment are emptied after the
+        # call all the same: nothing keeps a graph's buffers between calls
+        self.post_clear = seg_out_cells if vm.gc_after is None else []
+
+    def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
+                 sm: dict, order: list[int], protected: set, updates: list) -> Segment:
+        from symgpu.graph.basic import Constant
+        produced = [v for i in idx for v in nodes[i].outputs]
+        produced_set = set(produced)
+        inputs: list[Any] = []
+        consts: list[Any] = []
+        seen: set = set()
+        for i in idx:
+            for v in nodes[i].inputs:
+                if v in produced_set or v in seen:
+                    continue
+                seen.add(v)
+                if isinstance(v, Constant):
+                    consts.append(sm[v][0])
+                else:
+                    inputs.append(v)
+        later = set()
+        after = order[order.index(idx[-1]) + 1:]
+        for i in after:
+            later.update(nodes[i].inputs)
+        out_vars = [v for v in produced if v in later or v in protected]
+        internal = [v for v in produced if v not in later and v not in protected]
+        copy_back = []
+        readers = later | set(protected)
+        for new, old in updates:
+            if new in produced_set and old in inputs and _is_gpu_var(old) and \
+                    sum(1 for n, _ in updates if n is new) == 1 and \
+                    not any(_aliases(v, old) for v in readers if v is not new) and \
+                    not any(_aliases(r, new) for r in self._returned):
+                copy_back.append((sm[new], inputs.index(old)))
+        param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
+        staged = [k for k, v in enumerate(inputs) if v in self._stageable]
+        destroyed = [nodes[i].inputs[k] for i in idx
+                     for ins in (getattr(nodes[i].op, "destroy_map", None) or {}).values()
+                     for k in ins]
+        written = [k for k, v in enumerate(inputs) if any(_aliases(d, v) for d in destroyed)]
+        seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
+                      [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
+                      [sm[v] for v in out_vars], [sm[v] for v in produced],
+                      [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
+                      param_inputs, staged, written)
+        seg._out_vars = [(sm[v], v) for v in out_vars]
+        seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
+        # for symgpu.explain: host inputs keyed by value, and those passed as parameters
+        seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
+        seg.keyed_host_vars = [v for v, p in zip(inputs, param_inputs)
+                               if not p and not _is_gpu_var(v)]
+        return seg
+
+    def __call__(self) -> None:
+        step = None
+        with self.lock:
+            try:
+                self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
+                for step in self.steps:
+                    step.run()
+            except Exception as exc:
+                self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
+            for c in self.post_clear:
+                c[0] = None
+
+    def disable(self, reason: str, segment: Segment | None = None) -> None:
+        """Turn graphs off for this function (warned once)."""
+        if not self.enabled:
+            return
+        self.enabled = False
+        self.disabled_reason = reason
+        where = ""
+        if segment is not None:
+            node = self.vm.nodes[segment.current]
+            where = f" (at {node})"
+        warnings.warn(f"symgpu: capturing a CUDA graph failed{where}: {reason}; this function "
+                      f"runs its launches plainly from now on", GraphCaptureWarning,
+                      stacklevel=4)
+        for seg in self.segments:
+            seg.release()
+
+    def stats(self) -> dict[str, int]:
+        """Counts over the segments: plain runs, captures, replays, graphs held."""
+        out = {"segments": len(self.segments), "plain": 0, "captures": 0, "replays": 0,
+               "graphs": 0, "nodes_captured": 0}
+        for s in self.segments:
+            out["plain"] += s.plain_runs
+            out["captures"] += s.captures
+            out["replays"] += s.replays
+            out["graphs"] += s.n_graphs
+            out["nodes_captured"] = max(out["nodes_captured"], s.nodes_captured)
+        return out
+
+
+def _parameters(idx: list[int], nodes: list, thunks: list,
+                inputs: list) -> tuple[list, list[bool]]:
+    """A segment's parameter nodes and which of its inputs are parameters (graph_params.py).
+
+    A node takes part when its thunk speaks the protocol (``param_nbytes``) and each of its
+    inputs is a segment input or a constant (its values are known before the segment runs).
+    A host input is a parameter (left out of the key) when every node of the segment that
+    reads it takes part; otherwise its value stays in the key."""
+    from symgpu.graph.basic import Constant
+    known = set(inputs)
+    active = set()
+    for i in idx:
+        if getattr(thunks[i], "param_nbytes", None) and all(
+                v in known or isinstance(v, Constant) for v in nodes[i].inputs):
+            active.add(i)
+    readers: dict = {}
+    for i in idx:
+        for v in nodes[i].inputs:
+            readers.setdefault(v, set()).add(i)
+    mask = [not _is_gpu_var(v) and bool(readers.get(v)) and readers[v] <= active
+            for v in inputs]
+    return [thunks[i] for i in idx if i in active], mask
+
+
+# ============================================================================ installing
+
+def _contexts(vm: Any) -> list:
+    """The started (non-virtual) contexts the GPU variables of ``vm`` live on."""
+    from symgpu.gpu.runtime import context as gctx
+    names = set()
+    for node in vm.nodes:
+        for v in list(node.inputs) + list(node.outputs):
+            if _is_gpu_var(v):
+                names.add(v.type.context_name)
+    out = []
+    for name in sorted(names, key=str):
+        ctx = gctx._registry.get(name)
+        if ctx is not None and not ctx.virtual and ctx.stream_handle and ctx not in out:
+            out.append(ctx)
+    return out
+
+
+class _Locked:
+    """``vm.runner`` of a GPU function that runs no CUDA graph: its plain run, under the call
+    locks of its contexts (taken in one order), as graphs' Runner runs under its own."""
+
+    __slots__ = ("run", "locks")
+
+    def __init__(self, vm: Any, locks: list) -> None:
+        self.run, self.locks = vm.run_thunks, locks
+
+    def __call__(self) -> None:
+        if len(self.locks) == 1:
+            with self.locks[0]:
+                self.run()
+            return
+        for lock in self.locks:
+            lock.acquire()
+        try:
+            self.run()
+        finally:
+            for lock in reversed(self.locks):
+                lock.release()
+
+
+def install(vm: Any) -> None:
+    """The VM hook: give a GPU ``vm`` a :class:`Runner` when graphs are on and worth it, or
+    else a :class:`_Locked` plain run (calls from several threads: docs/threads.md)."""
+    from symgpu.config import config
+    from symgpu.link.vm import VM
+    if type(vm) is not VM or not vm.nodes:
+        return
+    ctxs = _contexts(vm)
+    if not ctxs:
+        return
+    locks = [getattr(c, "call_lock", None) or threading.RLock() for c in ctxs]
+    vm.runner = _Locked(vm, locks)
+    if not config.gpuarray.cuda_graphs or len(ctxs) != 1 or ctxs[0].pool is None:
+        return
+    ctx = ctxs[0]
+    if len({v.type.context_name for n in vm.nodes for v in list(n.inputs) + list(n.outputs)
+            if _is_gpu_var(v)}) != 1:
+        return   # a virtual context beside the real one
+    nodes, thunks = vm.nodes, vm.thunks
+    capt = [node_capturable(n, t) for n, t in zip(nodes, thunks)]
+    if not any(capt):
+        return
+    launches = [c and node_launches(n, t) for n, t, c in zip(nodes, thunks, capt)]
+    from symgpu.gpu.placement.basic_ops import HostFromGpu
+    batch = [isinstance(n.op, HostFromGpu) for n in nodes]
+    steps = plan_steps(nodes, capt, launches, batch)
+    if not any(kind != "plain" for kind, _ in steps):
+        return
+    vm.runner = Runner(vm, steps, ctx)
+
+
+def _register_vm_hook() -> None:
+    from symgpu.link import vm as vm_mod
+    hooks = getattr(vm_mod, "VM_HOOKS", None)
+    if hooks is not None:
+        for hook in (mark_reusable_outputs, install):
+            if hook not in hooks:
+                hooks.append(hook)
+
+
+_lock = threading.Lock()
+with _lock:
+    _register_vm_hook()
+    register_gpu_timers()

@@ -1,0 +1,362 @@
+"""A GPU loop of known length as one CUDA graph: capture the whole loop once, replay it.
+
+Why this shape (see docs/loops.md, "On the GPU"): a loop step is a handful of small kernels
+(the RNN step: a GEMM, a bias+tanh, the copy into the state buffer), ~5 us of Python and
+driver work each when launched one by one, which is far more than the GPU time.  Capturing
+one step and replaying it per step still costs a launch and a Python round trip per step, and
+changing the per-step pointers (cuGraphExecKernelNodeSetParams) costs a driver call per
+kernel node per step.  Capturing the *unrolled* loop (all n steps, the state copies and the
+per-step views included) costs one capture of n steps the second time a layout is seen, then a
+single ``cuGraphLaunch`` per call: the loop's per-step host overhead is gone entirely.
+
+Layout and memory.  A graph replays on fixed pointers, so the loop runs on *staging* copies of
+its inputs that the graph owns: each call copies its GPU inputs into them (device-to-device,
+on the stream), launches, and copies the results (state buffers, per-step outputs) out into
+arrays of their own, so no caller ever holds the graph's memory.  Those output arrays come
+from a few blocks per result that the graph recycles (so the pointers the caller's own
+graphs are keyed on repeat from call to call): each array handed out has a lease for its
+``base`` (graph_segment's ``Lease``; views share it), the graph keeps only a weak reference
+to it, and a block is reused only once its lease is dead, i.e. once the caller dropped every
+array over it.  Liveness decides, never a count of references.  A graph is keyed on the inputs'
+shapes and dtypes, n_steps and the values of the host inputs (small integer non-sequences).
+Every pool block taken while capturing belongs to the graph (the pool's capture sink); steps
+do not share scratch inside one graph, so a graph holds O(n_steps) of per-step intermediates:
+graphs over ``MEMORY_LIMIT`` bytes are launched once and dropped.
+
+When.  The first call with a new key runs the loop plainly (it compiles kernels and warms the
+pool); the second captures, checks the graph once against a plain run of the same inputs
+(``VERIFY``), and replays from then on.  While loops, loops whose body has a node that cannot
+be captured (a host transfer, a CPU op), virtual contexts and ``gpuarray.cuda_graphs=False``
+always run plainly.  A capture the driver refuses warns once and turns graphs off for that op.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import warnings
+import weakref
+from collections import Counter, OrderedDict
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
+           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
+
+#: capture loops of known length (tests and benchmarks switch it off to compare)
+ENABLED = True
+#: check each new graph once against a plain run of the same inputs
+VERIFY = True
+#: a graph owning more pool bytes than this is launched once and not kept
+MEMORY_LIMIT = 2 << 30
+#: graphs kept per op (one per input layout), least recently used dropped first
+MAX_GRAPHS = 4
+#: output arrays kept per result of a graph, reused once the caller dropped them
+SPARE_OUTPUTS = 3
+#: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big'
+STATS: Counter = Counter()
+
+class LoopGraphWarning(RuntimeWarning):
+    """A GPU loop could not be captured into a CUDA graph; it runs step by step."""
+
+
+#: op classes a loop body may capture beyond those whose thunks say ``capturable``:
+#: GpuSubtensor is a view (host bookkeeping) or, for a negative step, a pool allocation and a
+#: copy on the stream; its index errors depend only on shapes and host indices, which are
+#: part of a loop graph's key, so the plain first run reports them
+LOOP_CAPTURABLE = ("symgpu.gpu.ops.subtensor.GpuSubtensor",)
+
+
+def body_capturable(vm: Any) -> bool:
+    """Whether every node of a compiled loop body may run inside a stream capture."""
+    from symgpu.gpu.exec.graph_plan import node_capturable
+    loop_capturable = tuple(_class_at(path) for path in LOOP_CAPTURABLE)
+
+    def ok(node: Any, thunk: Any) -> bool:
+        if node_capturable(node, thunk):
+            return True
+        return type(node.op) in loop_capturable and all(
+            v.type.ndim == 0 for v in node.inputs[1:])
+    return bool(vm.nodes) and all(ok(n, t) for n, t in zip(vm.nodes, vm.thunks))
+
+
+def _class_at(path: str) -> type:
+    """The class at ``module.Class`` (a class named by its full path: importing the op
+    modules here at module level would close an import circle)."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+class _LoopGraph:
+    """One instantiated loop: its staging inputs, its results and every block it owns."""
+
+    def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, staging: list,
+                 results: list, ctx: Any) -> None:
+        self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
+        self.staging, self.results, self.ctx = staging, results, ctx
+        self.launch = drv.launcher(exe, ctx.stream_handle)
+        self.nbytes = sum(getattr(b, "size", 0) for b in owned)
+        #: per result: [block, weak reference to the lease of the array last made over it]
+        self.spare: list[list[list]] = [[] for _ in results]
+        self.checked = False   # run once against plain launches (VERIFY)
+
+    def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
+        drv = self.drv
+        for dst, src in zip(self.staging, inputs):
+            if dst is not None:
+                drv.copy(dst, src)
+        self.replay()
+        self.emit(output_storage)
+
+    def replay(self) -> None:
+        status = self.launch()
+        if status:
+            self.drv.check(status, "cuGraphLaunch (a captured loop)")
+
+    def emit(self, output_storage: list[list]) -> None:
+        """Copy the results out of the graph's memory into arrays the caller may keep."""
+        drv = self.drv
+        for k, (cell, r) in enumerate(zip(output_storage, self.results)):
+            out = self._output(k, r)
+            drv.copy(out, r)
+            cell[0] = out
+
+    def _output(self, k: int, r: Any) -> Any:
+        """A fresh array for result k: over one of this graph's few output blocks whose last
+        array nobody holds any more (its lease is dead), else over a new pool block, which
+        becomes one of those few while there are fewer than ``SPARE_OUTPUTS``."""
+        from symgpu.gpu.runtime.array import GpuArray
+        from symgpu.gpu.exec.graph_segment import Lease
+        spare = self.spare[k]
+        for entry in spare:
+            if entry[1]() is None:
+                block = entry[0]
+                lease = Lease((block,))
+                entry[1] = weakref.ref(lease)
+                return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
+        out = GpuArray(r.shape, r.dtype, self.ctx)
+        block = out.base
+        if block is None or len(spare) >= SPARE_OUTPUTS:
+            return out
+        lease = Lease((block,))
+        spare.append([block, weakref.ref(lease)])
+        return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
+
+    def free(self) -> None:
+        if self.exe is None:
+            self.spare = [[] for _ in self.results]
+            return
+        # no synchronisation (as graph_segment._bury): a graph still running is freed when it
+        # completes, its blocks' reuse is ordered on the same stream, and a synchronize here
+        # would consume a failing call's pending device check
+        try:
+            self.drv.destroy(self.exe, self.graph)
+        except Exception:   # interpreter shutdown: the driver may be gone
+            pass
+        self.exe = self.graph = None
+        self.owned = ()
+        # the blocks stay alive through the leases of arrays still held, and return to the
+        # pool when those are dropped
+        self.spare = [[] for _ in self.results]
+
+    def __del__(self) -> None:
+        self.free()
+
+
+class LoopGraphs:
+    """The captured loops of one GpuScan op, keyed on their inputs' layout."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        self.seen: set = set()
+        self.graphs: OrderedDict = OrderedDict()   # key -> _LoopGraph, or None: plain
+        self.disabled: str | None = None
+        self.capturable: bool | None = None
+        self.lock = threading.RLock()
+
+    # -- deciding
+    def _usable(self, ctx: Any) -> bool:
+        from symgpu.config import config
+        if not ENABLED or self.disabled is not None or not config.gpuarray.cuda_graphs:
+            return False
+        if ctx.virtual or not ctx.stream_handle:
+            return False
+        vm = self.op.inner.vm
+        if vm is None or vm.profiler is not None:
+            return False
+        if self.capturable is None:
+            self.capturable = body_capturable(vm)
+        return self.capturable
+
+    @staticmethod
+    def key(inputs: Sequence[Any]) -> tuple | None:
+        """(n_steps, per input: shape and dtype of a GpuArray, the value of a small host
+        value); None when some input cannot be keyed."""
+        from symgpu.gpu.runtime.array import GpuArray
+        parts: list = [int(inputs[0])]
+        for v in inputs[1:]:
+            if isinstance(v, GpuArray):
+                parts.append(("g", v.shape, v.dtype.str))
+                continue
+            a = np.asarray(v)
+            if a.size > 64 or a.dtype == object:
+                return None
+            parts.append(("h", a.shape, a.dtype.str, a.tobytes()))
+        return tuple(parts)
+
+    # -- calling
+    def call(self, node: Any, inputs: Sequence[Any], output_storage: list[list]) -> bool:
+        """Run the loop as a graph (True) or leave it to the plain loop (False)."""
+        ctx = self.op._context()
+        if int(inputs[0]) <= 0 or not self._usable(ctx):
+            return False
+        key = self.key(inputs)
+        if key is None:
+            return False
+        with self.lock:
+            if key in self.graphs:
+                g = self.graphs[key]
+                if g is None:
+                    STATS["plain"] += 1
+                    return False
+                self.graphs.move_to_end(key)
+                g.run(inputs, output_storage)
+                STATS["replays"] += 1
+                return True
+            if key not in self.seen:
+                if len(self.seen) > 64:
+                    self.seen.clear()
+                self.seen.add(key)
+                STATS["plain"] += 1
+                return False
+            g = self._capture(node, inputs, ctx)
+            if g is None:
+                self._keep(key, None)
+                return False
+            if g.checked:   # the check ran the graph on this call's inputs already
+                g.emit(output_storage)
+            else:
+                g.run(inputs, output_storage)
+            if g.nbytes > MEMORY_LIMIT:
+                STATS["too_big"] += 1
+                g.free()
+                self._keep(key, None)
+            else:
+                self._keep(key, g)
+            return True
+
+    def _keep(self, key: tuple, g: Any) -> None:
+        self.graphs[key] = g
+        while len(self.graphs) > MAX_GRAPHS:
+            _, old = self.graphs.popitem(last=False)
+            if old is not None:
+                old.free()
+
+    def _staging(self, inputs: Sequence[Any], ctx: Any) -> list:
+        from symgpu.gpu.runtime.array import GpuArray
+        return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) else None
+                for v in inputs]
+
+    def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
+        from symgpu.gpu.exec import graphs
+        drv = graphs.driver()
+        # a block the function runner hinted for this node's output must not go to the graph
+        # unowned (a hinted allocation bypasses the capture sink)
+        ctx.pool.hint = None
+        staging = self._staging(inputs, ctx)
+        for dst, src in zip(staging, inputs):
+            if dst is not None:
+                drv.copy(dst, src)
+        args = [s if s is not None else v for s, v in zip(staging, inputs)]
+        ref = None
+        if VERIFY:
+            plain = [[None] for _ in node.outputs]
+            self._run_plain(node, args, plain)
+            ref = drv.to_host([c[0] for c in plain])
+            del plain
+        out = [[None] for _ in node.outputs]
+        sink: list = []
+        pool, stream = ctx.pool, ctx.stream_handle
+        ctx.activate()
+        pool.begin_sink(sink, drv.relaxed)
+        try:
+            drv.begin(stream)
+        except Exception as exc:
+            pool.end_sink()
+            self._give_up(f"cuStreamBeginCapture failed ({exc})")
+            return None
+        err: BaseException | None = None
+        graph = None
+        end_err = None
+        try:
+            self._run_plain(node, args, out)
+        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+            err = exc
+        finally:
+            try:
+                graph, end_err = drv.end(stream)
+            finally:
+                pool.end_sink()
+        if err is not None and not isinstance(err, Exception):
+            drv.destroy(None, graph)
+            raise err
+        if err is not None or end_err is not None:
+            drv.destroy(None, graph)
+            STATS["capture_failures"] += 1
+            if err is not None and end_err is None:
+                return None   # the loop's own error: the plain run raises it with context
+            self._give_up(end_err or f"{type(err).__name__}: {err}")
+            return None
+        try:
+            exe = drv.instantiate(graph)
+        except Exception as exc:
+            drv.destroy(None, graph)
+            self._give_up(f"cuGraphInstantiate failed ({exc})")
+            return None
+        g = _LoopGraph(drv, exe, graph, tuple(b for b in sink if b is not None), staging,
+                       [c[0] for c in out], ctx)
+        del sink
+        STATS["captures"] += 1
+        try:
+            STATS[f"graph nodes ({self.op.info.name})"] = drv.node_count(graph)
+        except Exception:   # statistics only
+            pass
+        if ref is not None:
+            g.replay()
+            g.checked = True
+            got = drv.to_host(g.results)
+            why = _differs(ref, got)
+            if why is not None:
+                g.free()
+                self._give_up(f"the captured loop's results differ from plain launches ({why})")
+                return None
+        return g
+
+    def _run_plain(self, node: Any, args: Sequence[Any], out: list[list]) -> None:
+        inner = self.op.inner
+        try:
+            self.op._loop(node, args, out)
+        finally:
+            for cell in inner.input_cells:
+                cell[0] = None
+            for cell in inner.clear_cells:
+                cell[0] = None
+
+    def _give_up(self, why: str) -> None:
+        STATS["capture_failures"] += 1
+        self.disabled = why
+        warnings.warn(f"{self.op}: the loop runs step by step, not as a CUDA graph: {why}",
+                      LoopGraphWarning, stacklevel=4)
+
+
+def _differs(ref: list, got: list) -> str | None:
+    """Why two lists of host results differ (None when they agree to float tolerance)."""
+    for k, (a, b) in enumerate(zip(ref, got)):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"output {k}: {b.dtype}{b.shape}, expected {a.dtype}{a.shape}"
+        if a.dtype.kind in "fc":
+            if not np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True):
+                return f"output {k}: max difference {np.nanmax(np.abs(a - b)):.3g}"
+        elif not np.array_equal(a, b):
+            return f"output {k}: {int(np.sum(a != b))} elements differ"
+    return None

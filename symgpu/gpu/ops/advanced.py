@@ -1,0 +1,438 @@
+"""Advanced indexing on axis 0 and batched matmul on the GPU: GpuAdvancedSubtensor1 (gather
+``x[idx]``), GpuAdvancedIncSubtensor1 (``set_subtensor``/``inc_subtensor`` of ``x[idx]``) and
+GpuBatchedDot (MatMul of two 3-d stacks through cublas<S|D>gemmStridedBatched), with lifters.
+
+Only the common index form is lifted: the CPU op's ``idx_list`` is exactly one symbolic
+integer vector (int32/int64) on axis 0 followed by nothing or full slices
+(``x[idx]``, ``x[idx, :]``); any other advanced index stays on the CPU.
+
+The index vector lives on the device. Negative indices count from the end (NumPy); every
+index is bounds-checked by the kernel, which reports a bad one into its node's slot
+(symgpu/gpu/runtime/device_checks.py): ``IndexError`` naming the index and the length of axis 0 is
+raised at the next synchronisation (in the same call when its results come back to the
+host), so the ops need no sync of their own and are captured into CUDA graphs.
+
+Inc uses ``atomicAdd`` (float, double, int; int64 through ``unsigned long long``, which wraps
+like two's complement), so repeated indices accumulate exactly as ``np.add.at``. Set writes
+plainly: with repeated indices WHICH write lands is unspecified (NumPy's "last one wins" is
+not guaranteed on the GPU). Both work on a copy of ``x``, never in place.
+
+GpuGer (the rank-1 update) lives with the other cuBLAS ops in blas.py.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
+                                      new_error_buffer, read_error)
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.tensor.subtensor import SYM, Slice
+from symgpu.tensor.math import MatMul as _MatMul
+from symgpu.tensor.subtensor import AdvancedIncSubtensor as _AdvancedIncSubtensor
+from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
+
+__all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
+           "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
+           "ERROR_REPORT_SOURCE", "new_error_buffer", "read_error"]
+
+#: value dtype -> CUDA type of the gather/scatter kernels
+ADVANCED_DTYPES = {"float32": "float", "float64": "double", "int32": "int",
+                   "int64": "long long"}
+#: index dtype -> CUDA type
+INDEX_DTYPES = {"int32": "int", "int64": "long long"}
+
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+_FULL = Slice(None, None, None)
+
+#: the device side of a kernel's report slot (symgpu/gpu/runtime/device_checks.py): slot[1] gets the
+#: bad value, then slot[0] becomes 1
+ERROR_REPORT_SOURCE = REPORT_SOURCE
+
+_ADVANCED_TEMPLATE = ERROR_REPORT_SOURCE + r"""
+template <typename I>
+__device__ __forceinline__ bool fix_index(I raw, long long len, long long &j)
+{
+    j = (long long)raw;
+    if (j < 0) j += len;
+    return j >= 0 && j < len;
+}
+
+__device__ __forceinline__ void atomic_inc(float *p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_inc(double *p, double v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_inc(int *p, int v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_inc(long long *p, long long v)
+{
+    atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
+}
+
+/* One walk over n indices and rows of `row` elements (arrays C-contiguous), each index
+   checked (also with row == 0); MODE 0 gathers dst[r, c] = src[idx[r], c], MODE 1 sets
+   dst[idx[r], c] = src[r, c], MODE 2 adds it atomically (repeated indices accumulate). */
+template <typename T, typename I, int MODE>
+__device__ __forceinline__ void indexed_body(T *dst, const T *src, const I *idx, long long n,
+                                             long long row, long long len,
+                                             unsigned long long *err)
+{
+    const long long rr = row ? row : 1;
+    const long long total = n * rr;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
+        const long long r = i / rr, c = i - r * rr;
+        long long j;
+        if (!fix_index<I>(idx[r], len, j)) {
+            if (c == 0) report(err, (long long)idx[r]);
+            continue;
+        }
+        if (!row) continue;
+        const long long at = j * row + c;
+        if (MODE == 0) dst[i] = src[at];
+        else if (MODE == 1) dst[at] = src[i];
+        else atomic_inc(dst + at, src[i]);
+    }
+}
+"""
+
+
+def _gather_name(dtype: str, idx_dtype: str) -> str:
+    return f"adv_gather_{dtype}_{idx_dtype}"
+
+
+def _scatter_name(dtype: str, idx_dtype: str, set_: bool) -> str:
+    return f"adv_{'set' if set_ else 'inc'}_{dtype}_{idx_dtype}"
+
+
+def advanced_source() -> str:
+    """The CUDA module with every gather / set / inc kernel (all value and index dtypes)."""
+    parts = [_ADVANCED_TEMPLATE]
+    for dtype, t in ADVANCED_DTYPES.items():
+        for idt, it in INDEX_DTYPES.items():
+            parts.append(f"""
+extern "C" __global__ void {_gather_name(dtype, idt)}(const {t} *x, {t} *out,
+    const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
+{{ indexed_body<{t}, {it}, 0>(out, x, idx, n, row, len, err); }}
+""")
+            for set_ in (True, False):
+                parts.append(f"""
+extern "C" __global__ void {_scatter_name(dtype, idt, set_)}({t} *out, const {t} *y,
+    const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
+{{ indexed_body<{t}, {it}, {1 if set_ else 2}>(out, y, idx, n, row, len, err); }}
+""")
+    return "".join(parts)
+
+
+_prepared: dict[tuple[int, str], Any] = {}
+
+
+def _kernel(ctx: Any, name: str) -> Any:
+    key = (id(ctx), name)
+    fn = _prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(("symgpu.advanced",), advanced_source, name, context=ctx)
+        fn.prepare("PPPqqqP")
+        _prepared[key] = fn
+    return fn
+
+
+def _contiguous(a: Any) -> Any:
+    return a if a.is_c_contiguous else a.copy()
+
+
+def _launch(op: Op, node: Apply, ctx: Any, name: str, a: Any, b: Any, idx: Any, n: int,
+            row: int, length: int, shape: tuple) -> None:
+    """Launch kernel ``name`` over n indices (rows of ``row`` elements) on the context's
+    stream; a bad index raises IndexError at the next synchronisation (device_checks.py).
+    Every kernel takes (a, b, idx, ...): (x, out, idx) to gather, (out, y, idx) to scatter."""
+    if n == 0:
+        return
+    ctx.activate()
+    fn = _kernel(ctx, name)
+    total = n * max(row, 1)
+    blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
+
+    def describe(bad: int) -> Exception:
+        return IndexError(f"{op}: index {bad} is out of bounds for axis 0 with size {length} "
+                          f"(indexing an array of shape {shape})")
+    launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
+                   (a.ptr, b.ptr, idx.ptr, n, row, length), describe)
+
+
+def _row(shape: tuple) -> int:
+    row = 1
+    for s in shape[1:]:
+        row *= s
+    return row
+
+
+def _check_index_var(op: Op, idx: Any) -> None:
+    if idx.ndim != 1 or idx.dtype not in INDEX_DTYPES:
+        raise TypeError(f"{op}: the index must be an int32/int64 vector, got {idx.type}")
+
+
+# ----------------------------------------------------------------------------- gather
+
+def _check_indexed_var(op: Op, x: Any) -> None:
+    """The array the indexing ops read: a GPU variable of an ADVANCED_DTYPES dtype, >= 1-d."""
+    if not is_gpu_var(x):
+        raise TypeError(f"{op}: expected a GPU variable, got {x}")
+    if x.ndim < 1 or x.dtype not in ADVANCED_DTYPES:
+        raise TypeError(f"{op}: x must be a float32/float64/int32/int64 array of at "
+                        f"least 1 dimension, got {x.type}")
+
+
+class GpuAdvancedSubtensor1(DeviceChecked, Op):
+    """``x[idx]`` for an integer vector ``idx`` on axis 0 of ``x`` (any ndim >= 1): a new
+    C-contiguous array of shape ``(len(idx),) + x.shape[1:]``; negative indices allowed,
+    out-of-bounds ones raise IndexError after the launch."""
+
+    __props__ = ()
+    #: its shape is the index's length and x's trailing dims: reads of it are host
+    #: arithmetic before the launches (tensor/rewriting/shape_feature.py)
+    shape_from_inputs = True
+
+    def __str__(self) -> str:
+        return "GpuAdvancedSubtensor1"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """x[idx] for an integer vector idx: the host AdvancedSubtensor's rule."""
+        return _AdvancedSubtensor.infer_shape(_AdvancedSubtensor((SYM,)), fgraph, node, input_shapes)
+
+    def make_node(self, x: Any, idx: Any) -> Apply:
+        _check_indexed_var(self, x)
+        idx = as_gpuarray_variable(idx, x.type.context_name)
+        _check_index_var(self, idx)
+        bcast = (idx.broadcastable[0],) + tuple(x.broadcastable[1:])
+        return Apply(self, [x, idx], [x.type.clone(broadcastable=bcast)()])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.runtime.array import GpuArray
+        x, idx = inputs
+        n = idx.shape[0]
+        res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
+        if n:
+            xc, ic = _contiguous(x), _contiguous(idx)
+            _launch(self, node, x.context, _gather_name(x.dtype.name, idx.dtype.name), xc, res, ic,
+                    n, _row(x.shape), x.shape[0], x.shape)
+        out[0][0] = res
+
+    def grad(self, inputs, output_grads):
+        x, idx = inputs
+        if not x.dtype.startswith("float"):
+            return [None, None]
+        from symgpu.gpu.ops.elemwise import gpu_elemwise
+        gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
+        zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
+        return [GpuAdvancedIncSubtensor1(False)(zeros, gz, idx), None]
+
+
+# ----------------------------------------------------------------------------- set / inc
+
+class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
+    """A copy of ``x`` with ``x[idx]`` incremented by (``np.add.at``: repeated indices
+    accumulate, through atomicAdd) or set to ``y`` broadcast to ``(len(idx),) +
+    x.shape[1:]``. With repeated indices a set keeps one of the writes, which one is
+    unspecified. Never in place."""
+
+    __props__ = ("set_instead_of_inc",)
+
+    def __init__(self, set_instead_of_inc: bool = False):
+        self.set_instead_of_inc = bool(set_instead_of_inc)
+
+    def __str__(self) -> str:
+        return f"GpuAdvanced{'Set' if self.set_instead_of_inc else 'Inc'}Subtensor1"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
+    def make_node(self, x: Any, y: Any, idx: Any) -> Apply:
+        _check_indexed_var(self, x)
+        y = as_gpuarray_variable(y, x.type.context_name)
+        idx = as_gpuarray_variable(idx, x.type.context_name)
+        _check_index_var(self, idx)
+        if y.dtype != x.dtype:
+            raise TypeError(f"{self}: the value {y} has dtype {y.dtype} but {x} has {x.dtype}")
+        if y.ndim > x.ndim:
+            raise ValueError(f"{self}: the value {y} has {y.ndim} dimensions, more than the "
+                             f"{x.ndim} of the indexed region")
+        return Apply(self, [x, y, idx], [x.type()])
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.runtime.array import GpuArray
+        x, y, idx = inputs
+        res = x.copy()
+        n = idx.shape[0]
+        region = (n,) + tuple(x.shape[1:])
+        src = y._broadcast_to(region, str(self))
+        if n:
+            if not src.is_c_contiguous:
+                full = GpuArray(region, x.dtype, x.context)
+                full._copy_from_device(src)
+                src = full
+            _launch(self, node, x.context,
+                    _scatter_name(x.dtype.name, idx.dtype.name, self.set_instead_of_inc),
+                    res, src, _contiguous(idx), n, _row(x.shape), x.shape[0], x.shape)
+        out[0][0] = res
+
+
+# ----------------------------------------------------------------------------- lifters
+
+def _axis0_vector(op: Any, node: Apply, first: int) -> bool:
+    """Whether the op indexes axis 0 with one int32/int64 vector, then only full slices."""
+    idx_list = op.idx_list
+    if not idx_list or idx_list[0] != SYM or len(node.inputs) != first + 1:
+        return False
+    if any(e != _FULL or not isinstance(e, Slice) for e in idx_list[1:]):
+        return False
+    x, idx = node.inputs[0], node.inputs[first]
+    return (idx.ndim == 1 and idx.dtype in INDEX_DTYPES and x.dtype in ADVANCED_DTYPES
+            and x.ndim >= len(idx_list))
+
+
+@register_lifter("AdvancedSubtensor")
+def lift_advanced_subtensor1(op, node, context_name, inputs):
+    if type(op) is not _AdvancedSubtensor or not _axis0_vector(op, node, 1):
+        return None
+    x = inputs[0]
+    if not is_gpu_var(x):
+        return None
+    return [GpuAdvancedSubtensor1()(x, as_gpuarray_variable(inputs[1], context_name))]
+
+
+@register_lifter("AdvancedIncSubtensor")
+def lift_advanced_incsubtensor1(op, node, context_name, inputs):
+    if type(op) is not _AdvancedIncSubtensor or not _axis0_vector(op, node, 2):
+        return None
+    x = inputs[0]
+    if not is_gpu_var(x) or node.inputs[1].dtype != x.dtype:
+        return None
+    y = as_gpuarray_variable(inputs[1], context_name)
+    idx = as_gpuarray_variable(inputs[2], context_name)
+    # never in place: the placement pass shares uploads among readers
+    return [GpuAdvancedIncSubtensor1(op.set_instead_of_inc)(x, y, idx)]
+
+
+# ----------------------------------------------------------------------------- batched dot
+
+def _batch_operand(a: Any) -> tuple[Any, int, int, int]:
+    """(array, op, ld, batch stride in elements) of a 3-d operand for strided-batched gemm,
+    copying to C order when cuBLAS cannot read its matrices."""
+    from symgpu.gpu.ops.blas import _colmajor
+    isz = a.dtype.itemsize
+    for attempt in (0, 1):
+        mat = a._view(a.ptr, tuple(a.shape[1:]), tuple(a.strides[1:]))
+        got = _colmajor(mat)
+        sb = 0 if a.shape[0] <= 1 else a.strides[0]
+        if got is not None and sb >= 0 and sb % isz == 0:
+            return a, got[0], got[1], sb // isz
+        a = a.copy()
+    raise AssertionError("a C-contiguous copy is always readable by cuBLAS")
+
+
+class GpuBatchedDot(Op):
+    """``matmul(x, y)`` of two 3-d float32/float64 stacks, ``x[b] @ y[b]`` for each b, through
+    one cublas<S|D>gemmStridedBatched call (row-major handled as column-major transposes,
+    as GpuDot22). Batch sizes must be equal or one of them 1 (read with stride 0)."""
+
+    __props__ = ()
+
+    def __str__(self) -> str:
+        return "GpuBatchedDot"
+
+    infer_shape = _MatMul.infer_shape  # stacks of 1 broadcast, as in matmul
+
+    def make_node(self, x: Any, y: Any) -> Apply:
+        from symgpu.gpu.ops.blas import _blas_matrix, _ctx_name
+        ctx = _ctx_name(x, y)
+        x, y = _blas_matrix(x, ctx, 3, "GpuBatchedDot's x"), \
+            _blas_matrix(y, ctx, 3, "GpuBatchedDot's y")
+        if x.dtype != y.dtype:
+            raise TypeError(f"GpuBatchedDot needs one dtype, got {x.dtype} and {y.dtype}")
+        bcast = (x.broadcastable[0] and y.broadcastable[0], x.broadcastable[1],
+                 y.broadcastable[2])
+        return Apply(self, [x, y], [GpuArrayType(x.dtype, bcast, ctx)()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return _batched_thunk(self, node, storage_map, ctx)
+
+
+def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
+    from symgpu.gpu.ops.blas import _check_int, cublas, gemm_math_mode
+    from symgpu.gpu.ops.elemwise import new_array
+    blas = cublas()
+    handle = blas.handle(ctx)
+    dtype = node.outputs[0].dtype
+    math_mode = gemm_math_mode(dtype)
+    np_dtype = np.dtype(dtype)
+    lib = blas.lib
+    gemm = lib.cublasSgemmStridedBatched if dtype == "float32" else \
+        lib.cublasDgemmStridedBatched
+    ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    one, zero = ctype(1.0), ctype(0.0)
+    x_cell, y_cell = storage_map[node.inputs[0]], storage_map[node.inputs[1]]
+    out_cell = storage_map[node.outputs[0]]
+    label = str(op)
+
+    def thunk() -> None:
+        ctx.activate()
+        x, y = x_cell[0], y_cell[0]
+        bx, m, k = x.shape
+        by, k2, n = y.shape
+        if k != k2:
+            raise ValueError(f"{label}: shapes {x.shape} and {y.shape} are not aligned "
+                             f"({k} != {k2})")
+        if bx != by and 1 not in (bx, by):
+            raise ValueError(f"{label}: the batch dimensions of shapes {x.shape} and "
+                             f"{y.shape} do not broadcast")
+        b = max(bx, by) if min(bx, by) else 0
+        out = new_array(ctx, (b, m, n), np_dtype)
+        if b and m and n:
+            if k == 0:
+                out.fill(0)
+            else:
+                _check_int(b, m, n, k)
+                x, tb, ldb, sx = _batch_operand(x)
+                y, ta, lda, sy = _batch_operand(y)
+                blas.math_mode(handle, math_mode)
+                status = gemm(handle, ctypes.c_int(ta), ctypes.c_int(tb), ctypes.c_int(n),
+                              ctypes.c_int(m), ctypes.c_int(k), ctypes.byref(one),
+                              ctypes.c_void_p(y.ptr), ctypes.c_int(max(lda, 1)),
+                              ctypes.c_longlong(sy), ctypes.c_void_p(x.ptr),
+                              ctypes.c_int(max(ldb, 1)), ctypes.c_longlong(sx),
+                              ctypes.byref(zero), ctypes.c_void_p(out.ptr),
+                              ctypes.c_int(max(n, 1)), ctypes.c_longlong(m * n),
+                              ctypes.c_int(b))
+                blas.check(status, f"{label} (gemmStridedBatched {b} x {m}x{k} @ {k}x{n})")
+        out_cell[0] = out
+
+    thunk.launches = True       # type: ignore[attr-defined]
+    thunk.capturable = True     # type: ignore[attr-defined]
+    return thunk
+
+
+def gpu_batched_dot(x: Any, y: Any) -> Any:
+    return GpuBatchedDot()(x, y)
+
+
+@register_lifter("MatMul")
+def lift_matmul(op, node, context_name, inputs):
+    from symgpu.gpu.ops.blas import BLAS_DTYPES
+    x, y = inputs
+    if x.ndim != 3 or y.ndim != 3 or not (is_gpu_var(x) and is_gpu_var(y)):
+        return None
+    if not (x.dtype == y.dtype == node.outputs[0].dtype) or x.dtype not in BLAS_DTYPES:
+        return None
+    if x.broadcastable[0] != y.broadcastable[0]:
+        return None   # batch broadcasting declared in the types: stays on the CPU
+    return [GpuBatchedDot()(x, y)]

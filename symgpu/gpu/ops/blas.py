@@ -1,0 +1,660 @@
+"""cuBLAS through ctypes: GpuGemm, GpuGemv, GpuDot22, GpuGer (float32, float64).
+
+Why ctypes: cuBLAS ships with every CUDA install (``libcublas.so.13`` on the GPU machine) and
+its C API is a handful of calls; binding them directly costs nothing to build and works on the
+PyCUDA context (the primary context, current when the call is made).  One handle per context,
+bound to the context's stream (``cublasSetStream_v2``), so BLAS calls are ordered with the
+generated kernels and can be captured in CUDA graphs.
+
+Row-major arrays are column-major transposes: ``C = A @ B`` is ``C^T = B^T A^T``; a
+C-contiguous matrix is passed untransposed with its row stride as leading dimension, an
+F-contiguous one transposed, anything else is first copied to C order.  The rank-1 update
+of a row-major A (m x n) is the update of the column-major A^T (n x m) with x and y swapped.
+
+GpuGer's lifter and in-place pass live here (the other BLAS ops' are in lifters.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op
+from symgpu.gpu.ops.elemwise import _as_gpu, _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.tensor import blas as _host_blas
+
+__all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
+           "gpu_dot22", "gpu_ger", "lift_ger", "gemm_math_mode", "cublas", "CublasError",
+           "BLAS_DTYPES"]
+
+BLAS_DTYPES = ("float32", "float64")
+_N, _T = 0, 1                       # cublasOperation_t
+_POINTER_HOST, _POINTER_DEVICE = 0, 1
+_DEFAULT_MATH, _TF32_MATH = 0, 3     # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
+_WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
+_STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
+           8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
+           14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
+
+
+class CublasError(RuntimeError):
+    """A cuBLAS call failed (or the library could not be loaded)."""
+
+
+class _Cublas:
+    """The loaded library, its entry points and one handle per context."""
+
+    def __init__(self) -> None:
+        lib = None
+        errors = []
+        for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError as exc:
+                errors.append(f"{name}: {exc}")
+        if lib is None:
+            raise CublasError("cuBLAS could not be loaded (" + "; ".join(errors) + "); install "
+                              "the CUDA toolkit's libcublas or add it to LD_LIBRARY_PATH")
+        self.lib = lib
+        self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
+        self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
+        self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
+        self.handles: dict[int, ctypes.c_void_p] = {}
+        self.math_modes: dict[int, int] = {}     # handle -> the cublasMath_t it was last set to
+        self.workspaces: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def handle(self, ctx: Any) -> ctypes.c_void_p:
+        """The handle of ``ctx``, created on first use and bound to its stream."""
+        h = self.handles.get(id(ctx))
+        if h is None:
+            with self.lock:
+                ctx.activate()
+                h = ctypes.c_void_p()
+                self.check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+                self.check(self.lib.cublasSetStream_v2(h, ctypes.c_void_p(ctx.stream_handle)),
+                           "cublasSetStream")
+                self._set_workspace(h, ctx)
+                self.handles[id(ctx)] = h
+        return h
+
+    def _set_workspace(self, h: ctypes.c_void_p, ctx: Any) -> None:
+        """Give the handle a workspace of our own (after cublasSetStream, which resets it),
+        so cuBLAS allocates nothing while a CUDA graph is being captured (graphs.py).
+        Best effort: without the call cuBLAS keeps its own workspace pool."""
+        fn = getattr(self.lib, "cublasSetWorkspace_v2", None)
+        if fn is None or getattr(ctx, "pool", None) is None:
+            return
+        try:
+            block = ctx.pool.allocate(_WORKSPACE_BYTES)
+        except Exception:
+            return
+        if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
+            self.workspaces[id(ctx)] = block    # alive as long as the handle
+
+    def math_mode(self, h: ctypes.c_void_p, mode: int) -> None:
+        """Set the handle's math mode if it differs (a host-side setting: the calls that
+        follow, captured ones included, use it)."""
+        if self.math_modes.get(h.value) != mode:
+            self.check(self.lib.cublasSetMathMode(h, mode), "cublasSetMathMode")
+            self.math_modes[h.value] = mode
+
+    def pointer_mode(self, h: ctypes.c_void_p, mode: int) -> None:
+        self.check(self.lib.cublasSetPointerMode_v2(h, mode), "cublasSetPointerMode")
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status:
+            raise CublasError(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
+
+
+_cublas: _Cublas | None = None
+
+
+def cublas() -> _Cublas:
+    """The process's cuBLAS binding (loaded on first use)."""
+    global _cublas
+    if _cublas is None:
+        _cublas = _Cublas()
+    return _cublas
+
+
+# ----------------------------------------------------------------------------- layouts
+
+def _colmajor(a: Any) -> tuple[int, int] | None:
+    """How cuBLAS sees row-major matrix ``a`` (r x c): (op, ld) where op N means "a^T, stored
+    column-major with leading dimension ld" and T means "a, column-major"; None if neither."""
+    r, c = a.shape
+    isz = a.dtype.itemsize
+    s0, s1 = a.strides
+    if c <= 1:
+        s1 = isz
+    if r <= 1:
+        s0 = max(c, 1) * isz
+    if s1 == isz and s0 % isz == 0 and s0 >= max(c, 1) * isz:
+        return _N, s0 // isz
+    if s0 == isz and s1 % isz == 0 and s1 >= max(r, 1) * isz:
+        return _T, s1 // isz
+    return None
+
+
+def _matrix(a: Any) -> tuple[Any, int, int]:
+    """(array, op, ld) for a matrix operand, copying to C order when cuBLAS cannot read it."""
+    got = _colmajor(a)
+    if got is None:
+        a = a.copy()
+        got = _colmajor(a)
+    return a, got[0], got[1]
+
+
+def _inc(v: Any) -> int:
+    """cuBLAS increment of vector ``v`` (0 for an unusable stride)."""
+    if v.shape[0] <= 1:
+        return 1
+    s = v.strides[0]
+    return s // v.dtype.itemsize if s > 0 and s % v.dtype.itemsize == 0 else 0
+
+
+def _check_int(*dims: int) -> None:
+    if any(d >= 2 ** 31 for d in dims):
+        raise ValueError(f"matrix dimensions {dims} exceed cuBLAS's 32-bit int arguments")
+
+
+# ----------------------------------------------------------------------------- scalars
+
+class _Scalars:
+    """How a BLAS node's alpha/beta arrive: constants (read once), host scalars (read each
+    call) or device scalars (device pointer mode; constants then live on the device too)."""
+
+    def __init__(self, node: Apply, positions: Sequence[int], dtype: str, ctx: Any,
+                 storage_map: dict) -> None:
+        from symgpu.gpu.placement.type import is_gpu_var
+        self.ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
+        self.device = any(is_gpu_var(node.inputs[i]) for i in positions)
+        self.cells = []
+        self.const: list[float | None] = []
+        for i in positions:
+            v = node.inputs[i]
+            data = getattr(v, "host_data", None) if is_gpu_var(v) else getattr(v, "data", None)
+            if isinstance(v, Constant) and data is not None:
+                self.const.append(float(np.asarray(data).reshape(())))
+            else:
+                self.const.append(None)
+            self.cells.append(storage_map[v])
+        self.is_gpu = [is_gpu_var(node.inputs[i]) for i in positions]
+        self.dev_consts: list[Any] = []
+        if self.device:
+            from symgpu.gpu.runtime.array import to_gpu
+            for c in self.const:
+                self.dev_consts.append(None if c is None else to_gpu(np.asarray([c], dtype), ctx))
+        self.dtype = dtype
+        self.ctx = ctx
+
+    def known_zero(self, k: int) -> bool:
+        return self.const[k] == 0.0
+
+    def args(self) -> tuple[list[Any], list[Any]]:
+        """(arguments to pass, objects to keep alive until the call returns)."""
+        if not self.device:
+            vals = [self.ctype(c if c is not None else float(np.asarray(cell[0]).reshape(())))
+                    for c, cell in zip(self.const, self.cells)]
+            return [ctypes.byref(v) for v in vals], vals
+        ptrs, keep = [], []
+        for c, dev, cell, gpu in zip(self.const, self.dev_consts, self.cells, self.is_gpu):
+            if dev is not None:
+                ptrs.append(ctypes.c_void_p(dev.ptr))
+            elif gpu:
+                ptrs.append(ctypes.c_void_p(cell[0].ptr))
+                keep.append(cell[0])
+            else:
+                from symgpu.gpu.runtime.array import to_gpu
+                tmp = to_gpu(np.asarray([cell[0]], self.dtype).reshape(1), self.ctx)
+                ptrs.append(ctypes.c_void_p(tmp.ptr))
+                keep.append(tmp)
+        return ptrs, keep
+
+    def value(self, k: int) -> float | None:
+        """The host value of scalar k when it is known without a device read."""
+        if self.const[k] is not None:
+            return self.const[k]
+        if not self.is_gpu[k]:
+            return float(np.asarray(self.cells[k][0]).reshape(()))
+        return None
+
+
+def _scalar_input(x: Any, dtype: str, ctx_name: Any) -> Variable:
+    """alpha/beta as a 0-d variable of ``dtype``: GPU ones stay on the device, others on the
+    host (host pointer mode needs no device read)."""
+    from symgpu.gpu.placement.type import is_gpu_var
+    if is_gpu_var(x):
+        if x.ndim != 0 or x.dtype != dtype:
+            raise TypeError(f"BLAS scalar {x} must be a 0-d {dtype} GPU array, got {x.type}")
+        return x
+    from symgpu.tensor.math import cast
+    from symgpu.tensor.type import as_tensor_variable, constant
+    if isinstance(x, (int, float, np.number)):
+        return constant(np.asarray(x, dtype=dtype))
+    x = as_tensor_variable(x)
+    if x.ndim != 0:
+        raise TypeError(f"BLAS scalar {x} must be 0-d, got {x.type}")
+    return cast(x, dtype) if x.dtype != dtype else x
+
+
+def _blas_matrix(x: Any, ctx_name: Any, ndim: int, what: str) -> Variable:
+    x = _as_gpu(x, ctx_name)
+    if x.ndim != ndim or x.dtype not in BLAS_DTYPES:
+        raise TypeError(f"{what} must be a {ndim}-d float32/float64 GPU array, got {x.type}")
+    return x
+
+
+def _broadcast_fill_prefetch(acc: Variable) -> list[tuple]:
+    """The strided-copy module when the accumulated input (y, C, A) is broadcast: its value is
+    copied into the output by that kernel (``GpuArray._broadcast_to``), compiled ahead with the
+    function's kernels rather than on the first call."""
+    from symgpu.gpu.runtime.copykernel import prefetch_request
+    return [prefetch_request()] if any(acc.broadcastable) else []
+
+
+def _ctx_name(*xs: Any) -> Any:
+    from symgpu.gpu.placement.type import is_gpu_var
+    return next((x.type.context_name for x in xs if is_gpu_var(x)), None)
+
+
+# ----------------------------------------------------------------------------- GpuGemm
+
+class _CublasOp(Op):
+    """A cuBLAS op: on a virtual context its thunk only says so; otherwise the subclass's
+    ``_thunk(node, storage_map, ctx)`` makes it."""
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return self._thunk(node, storage_map, ctx)
+
+
+class _AccumulatingBlasOp(_CublasOp):
+    """A cuBLAS op that adds into its first input (GpuGemm's z, GpuGemv's y, GpuGer's A):
+    in place on it when ``inplace``, else into a copy from the pool."""
+
+    __props__ = ("inplace",)
+
+    def __init__(self, inplace: bool = False):
+        self.inplace = bool(inplace)
+        self.destroy_map = {0: [0]} if self.inplace else {}
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}{{{'inplace' if self.inplace else 'no_inplace'}}}"
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return _broadcast_fill_prefetch(node.inputs[0])
+
+
+class GpuGemm(_AccumulatingBlasOp):
+    """``z <- beta * z + alpha * dot(x, y)`` (inputs z, alpha, x, y, beta); in place on z
+    when ``inplace``."""
+
+    infer_shape = _host_blas.Gemm.infer_shape
+
+    def make_node(self, z: Any, alpha: Any, x: Any, y: Any, beta: Any) -> Apply:
+        ctx = _ctx_name(z, x, y)
+        z = _blas_matrix(z, ctx, 2, "GpuGemm's z")
+        x, y = _blas_matrix(x, ctx, 2, "GpuGemm's x"), _blas_matrix(y, ctx, 2, "GpuGemm's y")
+        if not (z.dtype == x.dtype == y.dtype):
+            raise TypeError(f"GpuGemm needs one dtype, got z {z.dtype}, x {x.dtype}, y {y.dtype}")
+        alpha, beta = _scalar_input(alpha, z.dtype, ctx), _scalar_input(beta, z.dtype, ctx)
+        out = z.type.clone(broadcastable=(x.broadcastable[0] and z.broadcastable[0],
+                                          y.broadcastable[1] and z.broadcastable[1]))
+        if self.inplace and z.type != out:
+            raise TypeError(f"{self}: z ({z.type}) cannot hold the output ({out}) in place")
+        return Apply(self, [z, alpha, x, y, beta], [out()])
+
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
+        return _gemm_thunk(self, node, storage_map, ctx, node.inputs[0], 2, 3, (1, 4))
+
+
+class GpuDot22(_CublasOp):
+    """``dot(x, y)`` of two matrices through cuBLAS gemm (beta = 0, a fresh output)."""
+
+    __props__ = ()
+
+    def __str__(self) -> str:
+        return "GpuDot22"
+
+    infer_shape = _host_blas.Dot22.infer_shape
+
+    def make_node(self, x: Any, y: Any) -> Apply:
+        from symgpu.gpu.placement.type import GpuArrayType
+        ctx = _ctx_name(x, y)
+        x, y = _blas_matrix(x, ctx, 2, "GpuDot22's x"), _blas_matrix(y, ctx, 2, "GpuDot22's y")
+        if x.dtype != y.dtype:
+            raise TypeError(f"GpuDot22 needs one dtype, got {x.dtype} and {y.dtype}")
+        out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
+        return Apply(self, [x, y], [out()])
+
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
+        return _gemm_thunk(self, node, storage_map, ctx, None, 0, 1, ())
+
+
+def gemm_math_mode(dtype: str) -> int:
+    """The cublasMath_t a matrix product of ``dtype`` compiled now runs with
+    (``gpuarray.allow_tf32``: TF32 tensor cores for float32)."""
+    from symgpu.config import config
+    return _TF32_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else _DEFAULT_MATH
+
+
+def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
+                xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
+    blas = cublas()
+    handle = blas.handle(ctx)
+    dtype = node.outputs[0].dtype
+    math_mode = gemm_math_mode(dtype)
+    np_dtype = np.dtype(dtype)
+    gemm = blas.gemm[dtype]
+    ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    one, zero = ctype(1.0), ctype(0.0)
+    scal = _Scalars(node, scalar_pos, dtype, ctx, storage_map) if scalar_pos else None
+    in_cells = [storage_map[v] for v in node.inputs]
+    out_cell = storage_map[node.outputs[0]]
+    inplace = getattr(op, "inplace", False)
+    z_cell = storage_map[z_var] if z_var is not None else None
+    beta_zero = scal is not None and scal.known_zero(1)
+    label = str(op)
+
+    def thunk() -> None:
+        ctx.activate()
+        x, y = in_cells[xi][0], in_cells[yi][0]
+        m, k = x.shape
+        k2, n = y.shape
+        if k != k2:
+            raise ValueError(f"{label}: shapes {x.shape} and {y.shape} are not aligned "
+                             f"({k} != {k2})")
+        if z_cell is not None:
+            z = z_cell[0]
+            if any(a not in (b, 1) for a, b in zip(z.shape, (m, n))):
+                raise ValueError(f"{label}: z of shape {z.shape} does not broadcast to the "
+                                 f"{(m, n)} of dot(x, y)")
+            if inplace and z.shape == (m, n) and _colmajor(z) is not None \
+                    and _colmajor(z)[0] == _N:
+                out = z
+            else:
+                out = new_array(ctx, (m, n), np_dtype)
+                if not beta_zero and out.size:
+                    out._copy_from_device(z._broadcast_to((m, n)))
+        else:
+            out = new_array(ctx, (m, n), np_dtype)
+        if m and n:
+            _check_int(m, n, k)
+            x, tb, ldb = _matrix(x)
+            y, ta, lda = _matrix(y)
+            ldc = _colmajor(out)[1]
+            if scal is None:
+                alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
+            else:
+                (alpha_p, beta_p), keep = scal.args()
+            blas.math_mode(handle, math_mode)
+            status = _with_pointer_mode(
+                blas, handle, scal is not None and scal.device,
+                lambda: gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
+                             max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
+                             ctypes.c_void_p(out.ptr), max(ldc, 1)))
+            blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
+            del keep
+        out_cell[0] = out
+
+    return _blas_capturable(thunk, scal)
+
+
+def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:
+    """`call()`'s status; with `device`, cuBLAS reads alpha/beta from device memory while it
+    runs, and the shared handle is back in host mode afterwards, even if it raised."""
+    if not device:
+        return call()
+    blas.pointer_mode(handle, _POINTER_DEVICE)
+    try:
+        return call()
+    finally:
+        blas.pointer_mode(handle, _POINTER_HOST)
+
+
+def _blas_capturable(thunk: Callable[[], None], scal: "_Scalars | None") -> Callable[[], None]:
+    """Mark a BLAS thunk for CUDA-graph capture (symgpu/gpu/exec/graphs.py) unless its scalars go
+    through a host-to-device upload each call (device pointer mode fed by a host value), which
+    a graph would replay from freed host memory."""
+    thunk.launches = True   # type: ignore[attr-defined]
+    thunk.capturable = scal is None or not scal.device or all(  # type: ignore[attr-defined]
+        c is not None or gpu for c, gpu in zip(scal.const, scal.is_gpu))
+    return thunk
+
+
+# ----------------------------------------------------------------------------- GpuGemv
+
+class GpuGemv(_AccumulatingBlasOp):
+    """``y <- beta * y + alpha * dot(A, x)`` (inputs y, alpha, A, x, beta); in place on y when
+    ``inplace``.  ``dot(matrix, vector)`` on the GPU is this with beta = 0 on an empty y."""
+
+    infer_shape = _host_blas.Gemv.infer_shape
+
+    def make_node(self, y: Any, alpha: Any, A: Any, x: Any, beta: Any) -> Apply:
+        ctx = _ctx_name(y, A, x)
+        y = _blas_matrix(y, ctx, 1, "GpuGemv's y")
+        A, x = _blas_matrix(A, ctx, 2, "GpuGemv's A"), _blas_matrix(x, ctx, 1, "GpuGemv's x")
+        if not (y.dtype == A.dtype == x.dtype):
+            raise TypeError(f"GpuGemv needs one dtype, got y {y.dtype}, A {A.dtype}, x {x.dtype}")
+        alpha, beta = _scalar_input(alpha, y.dtype, ctx), _scalar_input(beta, y.dtype, ctx)
+        out = y.type.clone(broadcastable=(A.broadcastable[0] and y.broadcastable[0],))
+        if self.inplace and y.type != out:
+            raise TypeError(f"{self}: y ({y.type}) cannot hold the output ({out}) in place")
+        return Apply(self, [y, alpha, A, x, beta], [out()])
+
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
+        blas = cublas()
+        handle = blas.handle(ctx)
+        dtype = node.outputs[0].dtype
+        np_dtype = np.dtype(dtype)
+        gemv = blas.gemv[dtype]
+        scal = _Scalars(node, (1, 4), dtype, ctx, storage_map)
+        y_cell, A_cell, x_cell = (storage_map[node.inputs[i]] for i in (0, 2, 3))
+        out_cell = storage_map[node.outputs[0]]
+        inplace, label = self.inplace, str(self)
+        beta_zero = scal.known_zero(1)
+
+        def thunk() -> None:
+            ctx.activate()
+            y, A, x = y_cell[0], A_cell[0], x_cell[0]
+            m, n = A.shape
+            if x.shape[0] != n or y.shape[0] not in (m, 1):
+                raise ValueError(f"{label}: A {A.shape}, x {x.shape} and y {y.shape} do not "
+                                 f"match (y = A @ x needs x of length {n}, y of length {m} "
+                                 f"or 1)")
+            if inplace and y.shape[0] == m and _inc(y) > 0:
+                out = y
+            else:
+                out = new_array(ctx, (m,), np_dtype)
+                if not beta_zero and m:
+                    out._copy_from_device(y._broadcast_to((m,)))
+            if m and n == 0:
+                # BLAS returns early on an empty product without scaling y: do it here
+                beta = scal.value(1)
+                if beta is None:
+                    beta = float(np.asarray(scal.cells[1][0]))
+                if beta == 0:
+                    out.fill(0)
+                elif beta != 1:
+                    out.set(np.asarray(beta * out.get(), dtype=np_dtype))
+            elif m:
+                _check_int(m, n)
+                A, op_, ld = _matrix(A)
+                if _inc(x) == 0:
+                    x = x.copy()
+                # op N: memory is A^T (n x m) column-major -> gemv(T, n, m); op T: A itself
+                trans, rows, cols = (_T, n, m) if op_ == _N else (_N, m, n)
+                (alpha_p, beta_p), keep = scal.args()
+                status = _with_pointer_mode(
+                    blas, handle, scal.device,
+                    lambda: gemv(handle, trans, rows, cols, alpha_p, ctypes.c_void_p(A.ptr),
+                                 max(ld, 1), ctypes.c_void_p(x.ptr), _inc(x), beta_p,
+                                 ctypes.c_void_p(out.ptr), _inc(out)))
+                blas.check(status, f"{label} (gemv {m}x{n})")
+                del keep
+            out_cell[0] = out
+
+        return _blas_capturable(thunk, scal)
+
+
+# ----------------------------------------------------------------------------- GpuGer
+
+def _ger_operands(op: int, m: int, n: int, x: Any, y: Any) -> tuple[int, int, Any, Any]:
+    """(rows, cols, first vector, second vector) of the column-major ger that adds
+    alpha * outer(x, y) to a row-major (m x n) matrix which ``_colmajor`` reads as ``op``:
+    N means the memory is its transpose (n x m) column-major, updated by alpha * y x^T;
+    T means the memory is the matrix itself column-major, updated by alpha * x y^T."""
+    return (n, m, y, x) if op == _N else (m, n, x, y)
+
+
+class GpuGer(_AccumulatingBlasOp):
+    """``A <- A + alpha * outer(x, y)`` (inputs A, alpha, x, y; cuBLAS ger, the rank-1
+    update); in place on A when ``inplace``, else into a copy of A from the pool."""
+
+    infer_shape = _host_blas.Ger.infer_shape
+
+    def make_node(self, A: Any, alpha: Any, x: Any, y: Any) -> Apply:
+        ctx = _ctx_name(A, x, y)
+        A = _blas_matrix(A, ctx, 2, "GpuGer's A")
+        x, y = _blas_matrix(x, ctx, 1, "GpuGer's x"), _blas_matrix(y, ctx, 1, "GpuGer's y")
+        if not (A.dtype == x.dtype == y.dtype):
+            raise TypeError(f"GpuGer needs one dtype, got A {A.dtype}, x {x.dtype}, y {y.dtype}")
+        alpha = _scalar_input(alpha, A.dtype, ctx)
+        out = A.type.clone(broadcastable=(A.broadcastable[0] and x.broadcastable[0],
+                                          A.broadcastable[1] and y.broadcastable[0]))
+        if self.inplace and A.type != out:
+            raise TypeError(f"{self}: A ({A.type}) cannot hold the output ({out}) in place")
+        return Apply(self, [A, alpha, x, y], [out()])
+
+    def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
+        blas = cublas()
+        handle = blas.handle(ctx)
+        dtype = node.outputs[0].dtype
+        np_dtype = np.dtype(dtype)
+        ger = blas.ger[dtype]
+        scal = _Scalars(node, (1,), dtype, ctx, storage_map)
+        A_cell, x_cell, y_cell = (storage_map[node.inputs[i]] for i in (0, 2, 3))
+        out_cell = storage_map[node.outputs[0]]
+        inplace, label = self.inplace, str(self)
+
+        def thunk() -> None:
+            ctx.activate()
+            A, x, y = A_cell[0], x_cell[0], y_cell[0]
+            m, n = x.shape[0], y.shape[0]
+            if A.shape[0] not in (m, 1) or A.shape[1] not in (n, 1):
+                raise ValueError(f"{label}: A {A.shape} does not match outer(x, y) of x "
+                                 f"{x.shape} and y {y.shape} (A must have shape {(m, n)} or "
+                                 f"broadcast to it)")
+            layout = _colmajor(A) if inplace and A.shape == (m, n) else None
+            if layout is not None:
+                out = A
+            else:
+                out = new_array(ctx, (m, n), np_dtype)
+                if out.size:
+                    out._copy_from_device(A._broadcast_to((m, n)))
+                    layout = _colmajor(out)
+            if m and n:
+                _check_int(m, n)
+                if _inc(x) == 0:
+                    x = x.copy()
+                if _inc(y) == 0:
+                    y = y.copy()
+                op_, ld = layout
+                rows, cols, u, v = _ger_operands(op_, m, n, x, y)
+                (alpha_p,), keep = scal.args()
+                status = _with_pointer_mode(
+                    blas, handle, scal.device,
+                    lambda: ger(handle, rows, cols, alpha_p, ctypes.c_void_p(u.ptr), _inc(u),
+                                ctypes.c_void_p(v.ptr), _inc(v), ctypes.c_void_p(out.ptr),
+                                max(ld, 1)))
+                blas.check(status, f"{label} (ger {m}x{n})")
+                del keep
+            out_cell[0] = out
+
+        return _blas_capturable(thunk, scal)
+
+
+class GpuAllocEmpty(Op):
+    """An uninitialised GpuArray of a host-given shape (for outputs that are fully written)."""
+
+    __props__ = ("dtype", "context_name")
+    capturable = True   # a pool allocation only (symgpu/gpu/exec/graphs.py)
+
+    def __init__(self, dtype: str, context_name: Any = None):
+        self.dtype, self.context_name = str(dtype), context_name
+
+    def __str__(self) -> str:
+        return f"GpuAllocEmpty{{dtype='{self.dtype}', context_name={self.context_name!r}}}"
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [tuple(node.inputs)]
+
+    def make_node(self, *shape: Any) -> Apply:
+        from symgpu.gpu.placement.type import GpuArrayType
+        from symgpu.tensor.type import as_tensor_variable
+        shape = [as_tensor_variable(s) for s in shape]
+        for s in shape:
+            if s.ndim != 0 or s.dtype[0] not in "iu":
+                raise TypeError(f"{self}: shape entries must be integer scalars, got {s.type}")
+        bcast = tuple(isinstance(s, Constant) and int(s.data) == 1 for s in shape)
+        return Apply(self, shape, [GpuArrayType(self.dtype, bcast, self.context_name)()])
+
+    def perform(self, node, inputs, out):
+        shape = tuple(int(s) for s in inputs)
+        # a fresh pool block each call: whether last call's array left the call is not this
+        # op's to know (symgpu/gpu/exec/graph_plan.escaping), and the pool makes this cheap
+        out[0][0] = new_array(_context(self.context_name), shape, np.dtype(self.dtype))
+
+
+# ----------------------------------------------------------------------------- builders
+
+def gpu_gemm(z: Any, alpha: Any, x: Any, y: Any, beta: Any, inplace: bool = False) -> Variable:
+    return GpuGemm(inplace)(z, alpha, x, y, beta)
+
+
+def gpu_gemv(y: Any, alpha: Any, A: Any, x: Any, beta: Any, inplace: bool = False) -> Variable:
+    return GpuGemv(inplace)(y, alpha, A, x, beta)
+
+
+def gpu_dot22(x: Any, y: Any) -> Variable:
+    return GpuDot22()(x, y)
+
+
+def gpu_ger(A: Any, alpha: Any, x: Any, y: Any, inplace: bool = False) -> Variable:
+    return GpuGer(inplace)(A, alpha, x, y)
+
+
+def gpu_matvec(A: Variable, x: Variable) -> Variable:
+    """``dot(A, x)`` as Theano spelt it on the GPU: GpuGemv{inplace} on a GpuAllocEmpty."""
+    from symgpu.gpu.placement.basic_ops import GpuShape_i
+    ctx = A.type.context_name
+    y = GpuAllocEmpty(A.dtype, ctx)(GpuShape_i(0)(A))
+    zero = np.asarray(0, dtype=A.dtype)
+    one = np.asarray(1, dtype=A.dtype)
+    from symgpu.tensor.type import constant
+    return GpuGemv(True)(y, constant(one), A, x, constant(zero))
+
+
+# ----------------------------------------------------------------------------- Ger lifting
+
+@register_lifter("Ger")
+def lift_ger(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Ger(A, alpha, x, y) -> GpuGer (``W + lr * outer(x, y)`` is one call); alpha stays
+    where it was (a host alpha is read in host pointer mode, constants once)."""
+    A, _, x, y = inputs
+    if len({A.dtype, x.dtype, y.dtype}) != 1 or A.dtype not in BLAS_DTYPES:
+        return None
+    alpha = inputs[1] if inputs.was_on_gpu[1] else inputs.host(1)
+    return [GpuGer(False)(A, alpha, x, y)]
+
+

@@ -1,0 +1,344 @@
+"""GPU 2-d convolution: GpuConv2d, GpuConv2dGradInputs, GpuConv2dGradWeights and their lifters
+from the CPU Ops of symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW for users).
+
+Each op runs through cuDNN (symgpu/gpu/ops/cudnn.py) when the library loads, with the algorithm
+and descriptors chosen once per shape (cuDNN's heuristic algorithm, or with ALGO_SEARCH =
+"time" the fastest candidate, timed at the first call outside any capture) and the
+workspace taken from the context's memory pool;
+otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/ops/conv_gemm.py).
+Which one runs is said once per process on stderr. Every call is queued on the context's
+stream and never syncs, so the thunks are CUDA-graph capturable (symgpu/gpu/exec/graphs.py).
+cuDNN pads symmetrically: asymmetric paddings are applied by copying into a zeroed buffer.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.tensor.nnet import conv_numpy as _cn
+from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
+                                              _ConvBase)
+
+__all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_backend",
+           "CONV_DTYPES", "FORCE_GEMM", "ALGO_SEARCH"]
+
+CONV_DTYPES = ("float32", "float64")
+#: set True (tests) to run every GPU convolution through im2col + cuBLAS
+FORCE_GEMM = False
+#: how a cuDNN algorithm is chosen: "heuristic" takes cuDNN's heuristic choice, with no
+#: device work; "time" runs the heuristics' candidates once per geometry at its first call
+#: and keeps the fastest (cudnn.ConvDescs.time_algorithms: a sync, at a call that is not
+#: being captured, so never inside a CUDA graph).  Measured on the H100 (LeNet step, batch
+#: 128): both choices gave 303 us of device work per step, and the timed contender's step
+#: did not replay as a graph in the benchmark (docs/convnets.md), so it is opt-in
+ALGO_SEARCH = "heuristic"
+_announced: set[str] = set()
+_lock = threading.Lock()
+
+
+def conv_backend() -> tuple[str, str]:
+    """('cudnn' | 'gemm', a sentence saying why), the reason printed once per process."""
+    from symgpu.gpu.ops.cudnn import CudnnError, cudnn
+    if FORCE_GEMM:
+        kind, why = "gemm", "GPU convolutions run through im2col + cuBLAS (FORCE_GEMM is set)"
+    else:
+        try:
+            lib = cudnn()
+            kind, why = "cudnn", (f"GPU convolutions run through cuDNN {lib.version_string} "
+                                  f"({lib.path})")
+        except CudnnError as exc:
+            kind, why = "gemm", f"{exc}; GPU convolutions run through im2col + cuBLAS"
+    with _lock:
+        if why not in _announced:
+            _announced.add(why)
+            print(f"symgpu: {why}", file=sys.stderr)
+    return kind, why
+
+
+def _math_mode(dtype: str) -> int:
+    from symgpu.config import config
+    from symgpu.gpu.ops.cudnn import DEFAULT_MATH, FMA_MATH
+    return DEFAULT_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else FMA_MATH
+
+
+def _packed(a: Any) -> Any:
+    return a if a.is_c_contiguous else a.copy()
+
+
+def _zero_padded(ctx: Any, x: Any, pads) -> Any:
+    """x (N, C, H, W) in a zeroed (N, C, H + pt + pb, W + pl + pr) buffer."""
+    n, c, h, w = x.shape
+    buf = new_array(ctx, (n, c, h + sum(pads[0]), w + sum(pads[1])), x.dtype)
+    buf.fill(0)
+    buf[:, :, pads[0][0]:pads[0][0] + h, pads[1][0]:pads[1][0] + w]._copy_from_device(x)
+    return buf
+
+
+def _symmetric(pads) -> bool:
+    return pads[0][0] == pads[0][1] and pads[1][0] == pads[1][1]
+
+
+class _GpuConvBase(_ConvBase):
+    """The CPU op's parameters; make_thunk picks cuDNN or the GEMM path per shape."""
+
+    kind = ""           # 'fwd' | 'bwd_data' | 'bwd_filter'
+
+    def _gpu4(self, v: Any, ctx_name: Any, what: str) -> Any:
+        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+        v = as_gpuarray_variable(v, ctx_name)
+        if v.ndim != 4 or v.dtype not in CONV_DTYPES:
+            raise TypeError(f"{self}: {what} must be a 4-d float32/float64 GPU array, got "
+                            f"{v.type}")
+        return v
+
+    @staticmethod
+    def _ctx_name(*vs: Any) -> Any:
+        return next((v.type.context_name for v in vs if is_gpu_var(v)), None)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        backend, _ = conv_backend()
+        cells = [storage_map[v] for v in node.inputs]
+        out_cell = storage_map[node.outputs[0]]
+        dtype = np.dtype(node.outputs[0].dtype)
+        plans: dict[tuple, Any] = {}
+
+        def thunk() -> None:
+            ctx.activate()
+            out_cell[0] = self._run(ctx, backend, plans, dtype, [c[0] for c in cells])
+
+        thunk.capturable = True   # type: ignore[attr-defined]
+        thunk.launches = True     # type: ignore[attr-defined]
+        return thunk
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        from symgpu.gpu.ops.conv_gemm import prefetch_request
+        return [prefetch_request()] if FORCE_GEMM else []
+
+    # ------------------------------------------------------------------ shared machinery
+    def _plan(self, ctx: Any, backend: str, plans: dict, dtype: np.dtype, xshape, wshape,
+              yshape, pads) -> Any:
+        """The cached cuDNN descriptors for this shape, or None for the GEMM path."""
+        key = (xshape, wshape, yshape)
+        if key in plans:
+            return plans[key]
+        plan = None
+        if backend == "cudnn":
+            from symgpu.gpu.ops.cudnn import ConvDescs, CudnnError, cudnn
+            sym = _symmetric(pads)
+            if not sym:  # run on the explicitly padded input
+                xshape = xshape[:2] + (xshape[2] + sum(pads[0]), xshape[3] + sum(pads[1]))
+            p = (pads[0][0], pads[1][0]) if sym else (0, 0)
+            try:
+                plan = ConvDescs(cudnn(), ctx, self.kind, dtype.name, xshape, wshape, yshape,
+                                 p, self.subsample, self.filter_dilation, self.filter_flip,
+                                 self.num_groups, _math_mode(dtype.name))
+            except CudnnError as exc:
+                with _lock:
+                    msg = f"cuDNN refused a shape ({exc}); that convolution runs through im2col"
+                    if msg not in _announced:
+                        _announced.add(msg)
+                        print(f"symgpu: {msg}", file=sys.stderr)
+                plan = None
+        plans[key] = plan
+        return plan
+
+    @staticmethod
+    def _execute(ctx: Any, plan: Any, a_ptr: int, b_ptr: int, out_ptr: int) -> None:
+        """One cuDNN call of `plan` (see ConvDescs.run for the operands), its workspace from
+        the pool; the first call outside a capture may time the algorithms (ALGO_SEARCH)."""
+        if ALGO_SEARCH == "time" and not plan.timed and ctx.pool.sink is None:
+            size = plan.search_workspace
+            scratch = ctx.pool.allocate(size) if size else None
+            plan.time_algorithms(a_ptr, b_ptr, out_ptr, scratch.ptr if size else 0, size)
+            del scratch
+        ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
+        plan.run(a_ptr, b_ptr, out_ptr, ws.ptr if ws is not None else 0)
+
+
+class GpuConv2d(_GpuConvBase):
+    """conv2d(input, filters) on the GPU."""
+
+    kind = "fwd"
+
+    infer_shape = Conv2d.infer_shape
+
+    def make_node(self, img: Any, kern: Any) -> Apply:
+        ctx = self._ctx_name(img, kern)
+        img, kern = self._gpu4(img, ctx, "input"), self._gpu4(kern, ctx, "filters")
+        if img.dtype != kern.dtype:
+            raise TypeError(f"{self}: input and filters need one dtype, got {img.dtype} and "
+                            f"{kern.dtype}")
+        out = GpuArrayType(img.dtype, (img.broadcastable[0], kern.broadcastable[0], False,
+                                       False), ctx)
+        return Apply(self, [img, kern], [out()])
+
+    def _run(self, ctx, backend, plans, dtype, inputs):
+        x, w = (_packed(a) for a in inputs)
+        self._check_hint(self.imshp, x.shape, "input_shape")
+        self._check_hint(self.kshp, w.shape, "filter_shape")
+        _cn._check_groups(x.shape[1], w.shape, self.num_groups, str(self))
+        pads = self.pads(w.shape[2:])
+        ho, wo = _cn._out_hw(x.shape[2:], w.shape[2:], pads, self.subsample,
+                             self.filter_dilation, str(self))
+        out = new_array(ctx, (x.shape[0], w.shape[0], ho, wo), dtype)
+        if out.size == 0 or x.size == 0:
+            if out.size:
+                out.fill(0)
+            return out
+        plan = self._plan(ctx, backend, plans, dtype, x.shape, w.shape, out.shape, pads)
+        if plan is None:
+            from symgpu.gpu.ops.conv_gemm import gemm_forward
+            gemm_forward(ctx, x, w, out, pads, self.subsample, self.filter_dilation,
+                         self.filter_flip, self.num_groups)
+            return out
+        if not _symmetric(pads):
+            x = _zero_padded(ctx, x, pads)
+        self._execute(ctx, plan, x.ptr, w.ptr, out.ptr)
+        return out
+
+
+class GpuConv2dGradInputs(_GpuConvBase):
+    """The transposed convolution (d conv2d / d input) on the GPU: (filters, output_grad,
+    input spatial shape on the host)."""
+
+    kind = "bwd_data"
+
+    infer_shape = Conv2dGradInputs.infer_shape
+
+    def make_node(self, kern: Any, topgrad: Any, shape: Any) -> Apply:
+        ctx = self._ctx_name(kern, topgrad)
+        kern, topgrad = self._gpu4(kern, ctx, "filters"), self._gpu4(topgrad, ctx, "output_grad")
+        if kern.dtype != topgrad.dtype:
+            raise TypeError(f"{self}: filters and output_grad need one dtype, got "
+                            f"{kern.dtype} and {topgrad.dtype}")
+        shape = self._shape2(shape, self)
+        out = GpuArrayType(kern.dtype, (topgrad.broadcastable[0], kern.broadcastable[1], False,
+                                        False), ctx)
+        return Apply(self, [kern, topgrad, shape], [out()])
+
+    def _run(self, ctx, backend, plans, dtype, inputs):
+        w, gy = _packed(inputs[0]), _packed(inputs[1])
+        h, wd = (int(v) for v in np.asarray(inputs[2]))
+        self._check_hint(self.kshp, w.shape, "filter_shape")
+        n, o = gy.shape[:2]
+        if w.shape[0] != o or o % self.num_groups:
+            raise ValueError(f"{self}: output_grad of shape {gy.shape} does not match filters "
+                             f"of shape {w.shape} with num_groups={self.num_groups}")
+        pads = self.pads(w.shape[2:])
+        exp = _cn._out_hw((h, wd), w.shape[2:], pads, self.subsample, self.filter_dilation,
+                          str(self))
+        if tuple(gy.shape[2:]) != exp:
+            raise ValueError(f"{self}: output_grad has spatial shape {gy.shape[2:]}, expected "
+                             f"{exp} for an input of spatial shape {(h, wd)}")
+        xshape = (n, w.shape[1] * self.num_groups, h, wd)
+        self._check_hint(self.imshp, xshape, "input_shape")
+        dx = new_array(ctx, xshape, dtype)
+        if dx.size == 0:
+            return dx
+        if gy.size == 0:
+            return dx.fill(0)
+        plan = self._plan(ctx, backend, plans, dtype, xshape, w.shape, gy.shape, pads)
+        if plan is None:
+            from symgpu.gpu.ops.conv_gemm import gemm_grad_inputs
+            gemm_grad_inputs(ctx, w, gy, dx, pads, self.subsample, self.filter_dilation,
+                             self.filter_flip, self.num_groups)
+            return dx
+        if _symmetric(pads):
+            self._execute(ctx, plan, w.ptr, gy.ptr, dx.ptr)
+            return dx
+        full = new_array(ctx, (n, xshape[1], h + sum(pads[0]), wd + sum(pads[1])), dtype)
+        self._execute(ctx, plan, w.ptr, gy.ptr, full.ptr)
+        dx._copy_from_device(full[:, :, pads[0][0]:pads[0][0] + h, pads[1][0]:pads[1][0] + wd])
+        return dx
+
+
+class GpuConv2dGradWeights(_GpuConvBase):
+    """d conv2d / d filters on the GPU: (input, output_grad, filter spatial shape on the
+    host)."""
+
+    kind = "bwd_filter"
+
+    infer_shape = Conv2dGradWeights.infer_shape
+
+    def make_node(self, img: Any, topgrad: Any, shape: Any) -> Apply:
+        ctx = self._ctx_name(img, topgrad)
+        img, topgrad = self._gpu4(img, ctx, "input"), self._gpu4(topgrad, ctx, "output_grad")
+        if img.dtype != topgrad.dtype:
+            raise TypeError(f"{self}: input and output_grad need one dtype, got {img.dtype} "
+                            f"and {topgrad.dtype}")
+        shape = self._shape2(shape, self)
+        out = GpuArrayType(img.dtype, (topgrad.broadcastable[1], False, False, False), ctx)
+        return Apply(self, [img, topgrad, shape], [out()])
+
+    def _run(self, ctx, backend, plans, dtype, inputs):
+        x, gy = _packed(inputs[0]), _packed(inputs[1])
+        kh, kw = (int(v) for v in np.asarray(inputs[2]))
+        self._check_hint(self.imshp, x.shape, "input_shape")
+        n, c = x.shape[:2]
+        o, g = gy.shape[1], self.num_groups
+        if c % g or o % g:
+            raise ValueError(f"{self}: {c} input channels and {o} output_grad channels must "
+                             f"both be divisible by num_groups={g}")
+        pads = self.pads((kh, kw))
+        exp = _cn._out_hw(x.shape[2:], (kh, kw), pads, self.subsample, self.filter_dilation,
+                          str(self))
+        if gy.shape[0] != n or tuple(gy.shape[2:]) != exp:
+            raise ValueError(f"{self}: output_grad has shape {gy.shape}, expected "
+                             f"({n}, {o}, {exp[0]}, {exp[1]}) for input {x.shape}")
+        wshape = (o, c // g, kh, kw)
+        self._check_hint(self.kshp, wshape, "filter_shape")
+        dw = new_array(ctx, wshape, dtype)
+        if dw.size == 0:
+            return dw
+        if gy.size == 0 or x.size == 0:
+            return dw.fill(0)
+        plan = self._plan(ctx, backend, plans, dtype, x.shape, wshape, gy.shape, pads)
+        if plan is None:
+            from symgpu.gpu.ops.conv_gemm import gemm_grad_weights
+            gemm_grad_weights(ctx, x, gy, dw, pads, self.subsample, self.filter_dilation,
+                              self.filter_flip, self.num_groups)
+            return dw
+        if not _symmetric(pads):
+            x = _zero_padded(ctx, x, pads)
+        self._execute(ctx, plan, x.ptr, gy.ptr, dw.ptr)
+        return dw
+
+
+# ----------------------------------------------------------------------------- lifters
+
+def _same_float(*vs: Any) -> bool:
+    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in CONV_DTYPES
+
+
+@register_lifter(Conv2d)
+def lift_conv2d(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
+    """Conv2d -> GpuConv2d (float32/float64, input and filters of one dtype)."""
+    if not _same_float(*node.inputs, node.outputs[0]):
+        return None
+    return [GpuConv2d(**op.geometry())(inputs[0], inputs[1])]
+
+
+@register_lifter(Conv2dGradInputs)
+def lift_conv2d_grad_inputs(op: Any, node: Apply, context_name: Any,
+                            inputs: Any) -> list[Any] | None:
+    if not _same_float(*node.inputs[:2], node.outputs[0]):
+        return None
+    return [GpuConv2dGradInputs(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+
+
+@register_lifter(Conv2dGradWeights)
+def lift_conv2d_grad_weights(op: Any, node: Apply, context_name: Any,
+                             inputs: Any) -> list[Any] | None:
+    if not _same_float(*node.inputs[:2], node.outputs[0]):
+        return None
+    return [GpuConv2dGradWeights(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]

@@ -1,0 +1,309 @@
+"""cuDNN through ctypes: the library, one handle per context (on the context's stream), the
+descriptors and the legacy convolution calls GpuConv2d* need.
+
+Why ctypes: as for cuBLAS (blas.py), the C API is a handful of calls and binding it costs
+nothing to build. cuDNN 9 is found in the system (``libcudnn.so.9``) or in the
+``nvidia-cudnn-cu13`` wheel (``nvidia/cudnn/lib``, whose sub-libraries are preloaded so the
+shim finds them). Algorithms come from cuDNN's heuristics (``*_v7``: no device work, so safe
+under CUDA-graph capture) and are cached per shape by the caller (symgpu/gpu/ops/conv.py),
+which may then time the candidates once per geometry (``ConvDescs.time_algorithms``,
+cuDNN's ``Find*AlgorithmEx``) at a call that is not being captured.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import importlib.util
+import os
+import threading
+from typing import Any, Sequence
+
+__all__ = ["CudnnError", "cudnn", "cudnn_available", "DATA_TYPES", "ConvDescs"]
+
+DATA_TYPES = {"float32": 0, "float64": 1}      # cudnnDataType_t
+_NCHW = 0                                      # cudnnTensorFormat_t
+CONVOLUTION, CROSS_CORRELATION = 0, 1          # cudnnConvolutionMode_t
+DEFAULT_MATH, FMA_MATH = 0, 3                  # cudnnMathType_t
+_STATUS_SUCCESS = 0
+
+
+class CudnnError(RuntimeError):
+    """A cuDNN call failed, or the library could not be loaded."""
+
+
+class _Perf(ctypes.Structure):
+    """cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t (one layout for the three)."""
+    _fields_ = [("algo", ctypes.c_int), ("status", ctypes.c_int), ("time", ctypes.c_float),
+                ("memory", ctypes.c_size_t), ("determinism", ctypes.c_int),
+                ("mathType", ctypes.c_int), ("reserved", ctypes.c_int * 3)]
+
+
+def _candidates() -> list[str]:
+    """Where libcudnn.so.9 may be: the system's loader path, then the pip wheel's directory."""
+    names = ["libcudnn.so.9"]
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        lib = os.path.join(root, "cudnn", "lib", "libcudnn.so.9")
+        if os.path.exists(lib):
+            names.append(lib)
+    return names
+
+
+def _load() -> tuple[Any, str]:
+    errors = []
+    for name in _candidates():
+        try:
+            if os.path.isabs(name):
+                # the shim dlopens its sub-libraries by name: load them first, globally
+                for sub in sorted(glob.glob(os.path.join(os.path.dirname(name),
+                                                         "libcudnn_*.so.9"))):
+                    try:
+                        ctypes.CDLL(sub, mode=ctypes.RTLD_GLOBAL)
+                    except OSError:
+                        pass
+            return ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL), name
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+    raise CudnnError("cuDNN 9 could not be loaded (" + "; ".join(errors) + "); install it "
+                     "system-wide or `pip install nvidia-cudnn-cu13` (the `cuda` extra)")
+
+
+class _Cudnn:
+    """The loaded library and one handle per context, bound to the context's stream."""
+
+    def __init__(self) -> None:
+        self.lib, self.path = _load()
+        self.lib.cudnnGetVersion.restype = ctypes.c_size_t
+        self.lib.cudnnGetErrorString.restype = ctypes.c_char_p
+        self.version = int(self.lib.cudnnGetVersion())
+        if self.version < 90000:
+            raise CudnnError(f"cuDNN {self.version} at {self.path} is older than 9")
+        self.handles: dict[int, ctypes.c_void_p] = {}
+        self.lock = threading.Lock()
+
+    @property
+    def version_string(self) -> str:
+        v = self.version
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+
+    def check(self, status: int, what: str) -> None:
+        if status != _STATUS_SUCCESS:
+            msg = self.lib.cudnnGetErrorString(status)
+            raise CudnnError(f"{what} failed: {msg.decode() if msg else status}")
+
+    def call(self, name: str, *args: Any) -> None:
+        self.check(getattr(self.lib, name)(*args), name)
+
+    def handle(self, ctx: Any) -> ctypes.c_void_p:
+        h = self.handles.get(id(ctx))
+        if h is None:
+            with self.lock:
+                ctx.activate()
+                h = ctypes.c_void_p()
+                self.call("cudnnCreate", ctypes.byref(h))
+                self.call("cudnnSetStream", h, ctypes.c_void_p(ctx.stream_handle))
+                self.handles[id(ctx)] = h
+        return h
+
+    # ---------------------------------------------------------------- descriptors
+    def tensor4d(self, dtype: str, shape: Sequence[int]) -> "_Desc":
+        """A packed NCHW tensor descriptor."""
+        d = _Desc(self, "Tensor")
+        n, c, h, w = (int(s) for s in shape)
+        self.call("cudnnSetTensor4dDescriptorEx", d.ptr, DATA_TYPES[dtype], n, c, h, w,
+                  c * h * w, h * w, w, 1)
+        return d
+
+    def filter4d(self, dtype: str, shape: Sequence[int]) -> "_Desc":
+        d = _Desc(self, "Filter")
+        k, c, h, w = (int(s) for s in shape)
+        self.call("cudnnSetFilter4dDescriptor", d.ptr, DATA_TYPES[dtype], _NCHW, k, c, h, w)
+        return d
+
+    def conv2d(self, dtype: str, pads: Sequence[int], strides: Sequence[int],
+               dilation: Sequence[int], flip: bool, groups: int, math: int) -> "_Desc":
+        d = _Desc(self, "Convolution")
+        self.call("cudnnSetConvolution2dDescriptor", d.ptr, int(pads[0]), int(pads[1]),
+                  int(strides[0]), int(strides[1]), int(dilation[0]), int(dilation[1]),
+                  CONVOLUTION if flip else CROSS_CORRELATION, DATA_TYPES[dtype])
+        self.call("cudnnSetConvolutionGroupCount", d.ptr, int(groups))
+        self.call("cudnnSetConvolutionMathType", d.ptr, int(math))
+        return d
+
+
+class _Desc:
+    """A cuDNN descriptor, destroyed with the Python object."""
+
+    def __init__(self, lib: _Cudnn, kind: str) -> None:
+        self.lib, self.kind = lib, kind
+        self.ptr = ctypes.c_void_p()
+        lib.call(f"cudnnCreate{kind}Descriptor", ctypes.byref(self.ptr))
+
+    def __del__(self) -> None:
+        try:
+            getattr(self.lib.lib, f"cudnnDestroy{self.kind}Descriptor")(self.ptr)
+        except Exception:
+            pass
+
+
+# the three directions: (algorithm query, workspace query, compute call, timed search)
+_KINDS = {
+    "fwd": ("cudnnGetConvolutionForwardAlgorithm_v7",
+            "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward",
+            "cudnnFindConvolutionForwardAlgorithmEx"),
+    "bwd_data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                 "cudnnGetConvolutionBackwardDataWorkspaceSize",
+                 "cudnnConvolutionBackwardData", "cudnnFindConvolutionBackwardDataAlgorithmEx"),
+    "bwd_filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                   "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+                   "cudnnConvolutionBackwardFilter",
+                   "cudnnFindConvolutionBackwardFilterAlgorithmEx"),
+}
+MAX_WORKSPACE = 512 << 20
+#: the workspace a timed search may give the algorithms it tries
+SEARCH_WORKSPACE = 64 << 20
+_TENSOR_OP_MATHS = (1, 2)     # CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+#: timed choices, per context and geometry, shared by every op and function of the process:
+#: key -> (algo, math type, workspace bytes)
+_TIMED: dict[tuple, tuple[int, int, int]] = {}
+
+
+class ConvDescs:
+    """Everything one conv call of one shape needs, chosen once and cached by the op:
+    descriptors for x (N, C, H, W), w (O, C/g, kh, kw), y (N, O, Ho, Wo), the conv, and for
+    `kind` the heuristically best algorithm whose workspace fits MAX_WORKSPACE."""
+
+    def __init__(self, lib: _Cudnn, ctx: Any, kind: str, dtype: str, xshape, wshape, yshape,
+                 pads, strides, dilation, flip: bool, groups: int, math: int) -> None:
+        self.lib, self.kind = lib, kind
+        self.math = int(math)
+        self.handle = lib.handle(ctx)
+        #: what a timed choice is shared under (_TIMED): the context's handle and the call
+        self.geometry = (self.handle.value, kind, dtype, tuple(xshape), tuple(wshape), tuple(yshape), tuple(pads),
+                         tuple(strides), tuple(dilation), bool(flip), int(groups), int(math))
+        self.timed = False
+        self.x = lib.tensor4d(dtype, xshape)
+        self.w = lib.filter4d(dtype, wshape)
+        self.y = lib.tensor4d(dtype, yshape)
+        self.conv = lib.conv2d(dtype, pads, strides, dilation, flip, groups, math)
+        ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
+        self.one, self.zero = ctype(1.0), ctype(0.0)
+        query, self.wsq, self.fn_name, self.find_name = _KINDS[kind]
+        wsq = self.wsq
+        descs = self._order()
+        perf = (_Perf * 16)()
+        count = ctypes.c_int(0)
+        lib.call(query, self.handle, *descs, 16, ctypes.byref(count), perf)
+        self.algo, self.workspace = None, 0
+        sizes = [0]
+        for p in perf[:count.value]:
+            if p.status != _STATUS_SUCCESS:
+                continue
+            size = ctypes.c_size_t(0)
+            if getattr(lib.lib, wsq)(self.handle, *descs, p.algo, ctypes.byref(size)) != 0:
+                continue
+            sizes.append(int(size.value))
+            if size.value <= MAX_WORKSPACE and self.algo is None:
+                self.algo, self.workspace = p.algo, int(size.value)
+        if self.algo is None:
+            raise CudnnError(f"cuDNN has no {kind} algorithm for x {tuple(xshape)}, w "
+                             f"{tuple(wshape)}, y {tuple(yshape)} ({dtype}, pads {pads}, "
+                             f"strides {strides}, dilation {dilation}, groups {groups})")
+        #: the largest workspace among the heuristics' candidates (a timed search's budget)
+        self.search_workspace = max(self.workspace,
+                                    max(n for n in sizes if n <= SEARCH_WORKSPACE))
+        self.fn = getattr(lib.lib, self.fn_name)
+
+    def _adopt(self, algo: int, math: int, workspace: int) -> None:
+        if math != self.math:
+            self.lib.call("cudnnSetConvolutionMathType", self.conv.ptr, int(math))
+        self.algo, self.math, self.workspace, self.timed = algo, math, workspace, True
+
+    def time_algorithms(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int,
+                        ws_size: int) -> None:
+        """Choose the algorithm by running the candidates on these buffers (cuDNN's
+        ``Find*AlgorithmEx``: host-blocking, it synchronises; ``out`` is overwritten, the
+        inputs are not), once per geometry per process; where the search is missing or
+        fails, the heuristic's choice stays.  Never call it while a CUDA graph is being
+        captured.  Candidates using tensor-op math are skipped unless the descriptor allows
+        them (float32 with TF32 allowed), where the choice's math type is then set on the
+        descriptor."""
+        if self.timed:
+            return
+        done = _TIMED.get(self.geometry)
+        if done is None:
+            perf = (_Perf * 16)()
+            count = ctypes.c_int(0)
+            x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
+            a, b = ctypes.c_void_p(a_ptr), ctypes.c_void_p(b_ptr)
+            out = ctypes.c_void_p(out_ptr)
+            args = {"fwd": (x, a, w, b, c, y, out), "bwd_data": (w, a, y, b, c, x, out),
+                    "bwd_filter": (x, a, y, b, c, w, out)}[self.kind]
+            find = getattr(self.lib.lib, self.find_name, None)
+            status = -1 if find is None else find(
+                self.handle, *args, 16, ctypes.byref(count), perf, ctypes.c_void_p(ws_ptr),
+                ctypes.c_size_t(ws_size))
+            if status != _STATUS_SUCCESS:   # no search in this build: keep the heuristic's
+                count.value = 0
+            done = (self.algo, self.math, self.workspace)
+            for p in perf[:count.value]:
+                if p.status != _STATUS_SUCCESS or p.memory > ws_size:
+                    continue
+                if self.math == FMA_MATH and p.mathType in _TENSOR_OP_MATHS:
+                    continue
+                # an FMA-only descriptor stays so (the search ran under it)
+                math = FMA_MATH if self.math == FMA_MATH else int(p.mathType)
+                done = (int(p.algo), math, int(p.memory))
+                break
+            _TIMED[self.geometry] = done
+        self._adopt(*done)
+        # the workspace the chosen algorithm needs with the descriptor as it is now
+        size = ctypes.c_size_t(0)
+        if getattr(self.lib.lib, self.wsq)(self.handle, *self._order(), self.algo,
+                                           ctypes.byref(size)) == 0:
+            self.workspace = max(self.workspace, int(size.value))
+
+    def _order(self) -> list[Any]:
+        x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
+        return {"fwd": [x, w, c, y], "bwd_data": [w, y, c, x], "bwd_filter": [x, y, c, w]}[self.kind]
+
+    def run(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int) -> None:
+        """fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw."""
+        h, one, zero = self.handle, ctypes.byref(self.one), ctypes.byref(self.zero)
+        a, b, out = ctypes.c_void_p(a_ptr), ctypes.c_void_p(b_ptr), ctypes.c_void_p(out_ptr)
+        ws = ctypes.c_void_p(ws_ptr if self.workspace else 0)
+        size = ctypes.c_size_t(self.workspace)
+        x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
+        if self.kind == "fwd":
+            st = self.fn(h, one, x, a, w, b, c, self.algo, ws, size, zero, y, out)
+        elif self.kind == "bwd_data":
+            st = self.fn(h, one, w, a, y, b, c, self.algo, ws, size, zero, x, out)
+        else:
+            st = self.fn(h, one, x, a, y, b, c, self.algo, ws, size, zero, w, out)
+        self.lib.check(st, self.fn_name)
+
+
+_lib: _Cudnn | None = None
+_error: CudnnError | None = None
+
+
+def cudnn() -> _Cudnn:
+    """The process's cuDNN binding (loaded on first use; raises CudnnError if unavailable)."""
+    global _lib, _error
+    if _lib is None:
+        if _error is not None:
+            raise _error
+        try:
+            _lib = _Cudnn()
+        except (CudnnError, AttributeError) as exc:
+            _error = exc if isinstance(exc, CudnnError) else CudnnError(str(exc))
+            raise _error
+    return _lib
+
+
+def cudnn_available() -> bool:
+    try:
+        cudnn()
+        return True
+    except CudnnError:
+        return False

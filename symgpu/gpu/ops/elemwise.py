@@ -1,0 +1,610 @@
+"""GpuElemwise and GpuCAReduce: generated CUDA kernels for elementwise graphs and reductions.
+
+Why it looks like this (precompute each launch): compiling a node renders and
+loads its module once; each call then only reads the input arrays' shapes and strides, looks
+up a *plan* cached for exactly that layout (kernel, grid, fixed arguments), takes its output
+from the pool (or reuses the one still in its cell when nobody else holds it) and launches on
+the context's stream.  Kernel source comes from ``symgpu/gpu/runtime/codegen`` (templates filled from
+the scalar table), never from strings here.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+from symgpu.gpu.runtime.array import GpuArray, c_strides
+from symgpu.gpu.runtime.codegen import layout
+from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, kernel_names, render_elemwise,
+                                         strided_kernel_name)
+from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
+from symgpu.gpu.runtime.codegen.scalar import output_dtypes, supports_scalar_op
+from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
+
+__all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
+           "BLOCK"]
+
+BLOCK = 256                 # threads per block of elementwise kernels
+MAX_GRID = (1 << 31) - 1    # blocks of a contiguous kernel (gridDim.x's limit; loops beyond)
+_new_gpuarray = GpuArray.__new__
+_REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
+                 "and_": "and", "or_": "or"}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _context(name: str | None) -> Any:
+    from symgpu.gpu.runtime.context import get_context
+    return get_context(name)
+
+
+def new_array(ctx: Any, shape: tuple, dtype: np.dtype, strides: tuple | None = None,
+              nbytes: int | None = None) -> Any:
+    """A C-contiguous GpuArray from ``ctx``'s pool without the public constructor's checks
+    (shape and dtype are already known to be valid on this path)."""
+    if nbytes is None:
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+    block = ctx.pool.allocate(nbytes) if nbytes else None
+    arr = _new_gpuarray(GpuArray)
+    arr._set(ctx, block.ptr if block is not None else 0, shape,
+             strides if strides is not None else c_strides(shape, dtype.itemsize), dtype, block)
+    return arr
+
+
+def _as_gpu(x: Any, context_name: Any) -> Variable:
+    from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+    return as_gpuarray_variable(x, context_name)
+
+
+def _pad_inputs(inputs: Sequence[Any]) -> tuple[list[Variable], Any]:
+    """GPU variables on one context, padded to a common ndim with GpuDimShuffle."""
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    from symgpu.gpu.placement.type import is_gpu_var
+    ctx_name = next((x.type.context_name for x in inputs if is_gpu_var(x)), None)
+    gins = [_as_gpu(x, ctx_name) for x in inputs]
+    nd = max((x.ndim for x in gins), default=0)
+    padded = []
+    for x in gins:
+        if x.ndim < nd:
+            x = GpuDimShuffle(x.broadcastable, ["x"] * (nd - x.ndim) + list(range(x.ndim)))(x)
+        padded.append(x)
+    return padded, ctx_name
+
+
+def _virtual_thunk(op: Op, ctx: Any) -> Callable[[], None]:
+    def thunk() -> None:
+        raise RuntimeError(f"{op} cannot run: context {ctx.name!r} is virtual (registered "
+                           f"without a device); it only describes placement")
+    return thunk
+
+
+# ----------------------------------------------------------------------------- GpuElemwise
+
+class GpuElemwise(Op):
+    """A scalar op (table row or fused Composite) over broadcast GPU arrays, as one kernel.
+
+    ``inplace_pattern`` maps an output index to the input it overwrites."""
+
+    __props__ = ("scalar_op", "inplace_pattern")
+
+    def __init__(self, scalar_op: Any, inplace_pattern: dict[int, int] | None = None,
+                 name: str | None = None):
+        self.scalar_op = scalar_op
+        self.inplace_pattern = tuple(sorted(dict(inplace_pattern or {}).items()))
+        self.destroy_map = {o: [i] for o, i in self.inplace_pattern}
+        self.name = name
+        self.nout = getattr(scalar_op, "nout", 1)
+
+    def __str__(self) -> str:
+        if self.name:
+            return self.name
+        if self.inplace_pattern:
+            return f"GpuElemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        return f"GpuElemwise{{{self.scalar_op},no_inplace}}"
+
+    infer_shape = _Elemwise.infer_shape
+
+    def make_node(self, *inputs: Any) -> Apply:
+        from symgpu.gpu.placement.type import GpuArrayType
+        padded, ctx_name = _pad_inputs(inputs)
+        nd = padded[0].ndim if padded else 0
+        bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd))
+        outs = output_dtypes(self.scalar_op, [p.dtype for p in padded])
+        for o, i in self.inplace_pattern:
+            inp = padded[i]
+            if inp.dtype != outs[o] or inp.broadcastable != bcast:
+                raise TypeError(f"{self}: input {i} ({inp.type}) cannot hold output {o} "
+                                f"({outs[o]}, broadcastable {bcast}) in place")
+        return Apply(self, padded, [GpuArrayType(d, bcast, ctx_name)() for d in outs])
+
+    def signature(self, node: Apply) -> ElemwiseSignature:
+        """The key of this node's kernel module."""
+        return ElemwiseSignature(self.scalar_op, tuple(v.dtype for v in node.inputs),
+                                 tuple(all(v.broadcastable) for v in node.inputs),
+                                 node.outputs[0].ndim)
+
+    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
+        """(key, CUDA source) of every module this node can launch (CI compiles them)."""
+        sig = self.signature(node)
+        return [(("symgpu.elemwise", sig), render_elemwise(sig, str(self)))]
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads, so symgpu/gpu/
+        prefetch.py can compile it in parallel with the function's other kernels."""
+        sig = self.signature(node)
+        return [(("symgpu.elemwise", sig), lambda: render_elemwise(sig, str(self)), ())]
+
+    def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
+                   no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return _ElemwiseThunk(self, node, storage_map, ctx).thunk()
+
+    def grad(self, inputs, output_grads):
+        from symgpu.gpu.placement.basic_ops import host_from_gpu
+        from symgpu.tensor.elemwise import Elemwise
+        host_in = [host_from_gpu(x) for x in inputs]
+        grads = Elemwise(self.scalar_op).grad(host_in, [host_from_gpu(g) for g in output_grads])
+        return [None if g is None else _as_gpu(g, x.type.context_name)
+                for g, x in zip(grads, inputs)]
+
+
+def gpu_elemwise(scalar_op: Any, *inputs: Any) -> Variable:
+    """Build ``GpuElemwise(scalar_op)(*inputs)`` (a table name works for ``scalar_op``)."""
+    if isinstance(scalar_op, str):
+        scalar_op = SCALAR_OPS[scalar_op]
+    return GpuElemwise(scalar_op)(*inputs)
+
+
+class _ElemwisePlan:
+    """One layout's launch: kernel(s), grid, fixed argument prefix, output shape/strides."""
+
+    __slots__ = ("out_shape", "out_strides", "n", "contig", "grid", "grid_vec", "prefix",
+                 "launch", "launch_vec", "align_mask", "inplace_ok", "checked")
+
+
+class _ElemwiseThunk:
+    """Builds and runs the plans of one GpuElemwise node."""
+
+    def __init__(self, op: GpuElemwise, node: Apply, storage_map: dict, ctx: Any) -> None:
+        from symgpu.gpu.runtime.codegen.launch import load_kernels, sm_count
+        self.op, self.node, self.ctx = op, node, ctx
+        self.sig = sig = op.signature(node)
+        self.in_cells = [storage_map[v] for v in node.inputs]
+        self.out_cells = [storage_map[v] for v in node.outputs]
+        self.in_dtypes = [np.dtype(v.dtype) for v in node.inputs]
+        self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs]
+        self.scalar = list(sig.scalar_inputs)
+        self.inplace = dict(op.inplace_pattern)
+        self.max_blocks = 8 * sm_count(ctx)   # strided kernels: one wave at 256 threads/block
+        nd = max(sig.ndim, 1)
+        formats = {"sg_contig": "q" + "P" * (len(self.in_cells) + len(self.out_cells))}
+        formats["sg_contig_vec"] = formats["sg_contig"]
+        nfull = sig.n_full
+        for d in range(1, nd + 1):
+            ptrs = "P" * (len(self.in_cells) + len(self.out_cells))
+            formats[strided_kernel_name(d, False)] = "I" * (1 + d + nfull * d) + ptrs
+            formats[strided_kernel_name(d, True)] = "q" * (1 + d + nfull * d) + ptrs
+        self.kernels = load_kernels(ctx, ("symgpu.elemwise", sig),
+                                    lambda: render_elemwise(sig, str(op)), formats)
+        self.launchers = {name: k.fast_launcher() for name, k in self.kernels.items()}
+        self.plans: dict[tuple, _ElemwisePlan] = {}
+
+    # -- planning (once per layout)
+    def plan(self, ins: list) -> _ElemwisePlan:
+        shapes = [a.shape for a in ins]
+        out_shape = layout.broadcast_shapes(shapes, str(self.op))
+        n = 1
+        for s in out_shape:
+            n *= s
+        p = _ElemwisePlan()
+        p.out_shape, p.n = out_shape, n
+        p.out_strides = tuple(layout_c_strides(out_shape, self.out_dtypes[0].itemsize))
+        # in-place only where the destroyed input has exactly the output's shape and no
+        # broadcast (zero) strides over a dimension longer than one
+        p.inplace_ok = all(ins[i].shape == out_shape and all(
+            s != 0 or n_ == 1 for n_, s in zip(ins[i].shape, ins[i].strides))
+            for i in self.inplace.values())
+        full = [i for i in range(len(ins)) if not self.scalar[i]]
+        contig = all(ins[i].shape == out_shape and layout.c_contiguous(
+            ins[i].shape, ins[i].strides, ins[i].dtype.itemsize) for i in full)
+        if self.inplace and p.inplace_ok:
+            contig = contig and all(
+                layout.c_contiguous(ins[i].shape, ins[i].strides, ins[i].dtype.itemsize)
+                for i in self.inplace.values())
+        if contig or n <= 1:
+            p.contig = True
+            p.prefix = (n,)
+            # a thread per element (per 4-wide vector): the grid covers the array, so each
+            # thread's loop runs once and the block scheduler balances the SMs, whatever
+            # their number and bandwidth (a one-wave grid-stride grid left an H100 at 2.49
+            # TB/s on the fused chain, 2.99 with this one: benchmarks/gpu_kernels.py --chain)
+            p.grid = (max(1, min(MAX_GRID, -(-n // BLOCK))), 1, 1)
+            p.grid_vec = (max(1, min(MAX_GRID, -(-n // (4 * BLOCK)))), 1, 1)
+            p.launch = self.launchers["sg_contig"]
+            p.launch_vec = self.launchers["sg_contig_vec"]
+            masks = [4 * d.itemsize - 1 for i, d in enumerate(self.in_dtypes) if not self.scalar[i]]
+            masks += [4 * d.itemsize - 1 for d in self.out_dtypes]
+            p.align_mask = max(masks) if masks else 0
+            p.checked = tuple(full) + tuple(range(len(ins), len(ins) + len(self.out_dtypes)))
+            return p
+        strides = [layout.element_strides(ins[i].shape, ins[i].strides, ins[i].dtype.itemsize,
+                                          out_shape) for i in full]
+        for j, d in enumerate(self.out_dtypes):
+            src = ins[self.inplace[j]] if j in self.inplace and p.inplace_ok else None
+            if src is not None:
+                strides.append(layout.element_strides(src.shape, src.strides, d.itemsize,
+                                                      out_shape))
+            else:
+                strides.append([s // d.itemsize for s in layout_c_strides(out_shape, d.itemsize)])
+        cshape, cstr = layout.collapse(out_shape, strides)
+        nd = len(cshape)
+        grid = max(1, min(self.max_blocks, -(-n // BLOCK)))
+        wide = not layout.fits_32bit(n, grid * BLOCK, cshape, cstr)
+        p.contig = False
+        p.grid = (grid, 1, 1)
+        p.prefix = (n, *cshape, *[s for st in cstr for s in st])
+        p.launch = self.launchers[strided_kernel_name(nd, wide)]
+        return p
+
+    # -- the per-call path
+    def thunk(self) -> Callable[[], None]:
+        in_cells, out_cells, ctx = self.in_cells, self.out_cells, self.ctx
+        plans, plan_for, out_dtypes = self.plans, self.plan, self.out_dtypes
+        inplace = self.inplace
+        activate = ctx.activate
+        n_out = len(out_cells)
+        reuse = [False] * n_out   # graph_plan.mark_reusable_outputs sets them
+
+        def thunk() -> None:
+            activate()
+            ins = [c[0] for c in in_cells]
+            key = tuple([a.shape + a.strides for a in ins])
+            p = plans.get(key)
+            if p is None:
+                p = plans[key] = plan_for(ins)
+            if p.n == 0 and not inplace:
+                for cell, dt in zip(out_cells, out_dtypes):
+                    cell[0] = new_array(ctx, p.out_shape, dt)
+                return
+            outs = []
+            for j in range(n_out):
+                cell = out_cells[j]
+                if j in inplace and p.inplace_ok:
+                    out = ins[inplace[j]]
+                elif reuse[j] and cell[0] is not None and cell[0].shape == p.out_shape and \
+                        cell[0].dtype == out_dtypes[j]:
+                    out = cell[0]
+                else:
+                    out = new_array(ctx, p.out_shape, out_dtypes[j], p.out_strides
+                                    if out_dtypes[j].itemsize == out_dtypes[0].itemsize else None)
+                outs.append(out)
+            if p.n:
+                ptrs = [a.ptr for a in ins] + [o.ptr for o in outs]
+                if p.contig:
+                    mask = p.align_mask
+                    aligned = True
+                    for k in p.checked:
+                        if ptrs[k] & mask:
+                            aligned = False
+                            break
+                    if aligned:
+                        p.launch_vec(p.grid_vec, (BLOCK, 1, 1), *p.prefix, *ptrs)
+                    else:
+                        p.launch(p.grid, (BLOCK, 1, 1), *p.prefix, *ptrs)
+                else:
+                    p.launch(p.grid, (BLOCK, 1, 1), *p.prefix, *ptrs)
+            for j in range(n_out):
+                out_cells[j][0] = outs[j]
+
+        if len(in_cells) == 1 and n_out == 1 and not inplace and not self.scalar[0]:
+            return _capturable(self._unary_thunk())
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        return _capturable(thunk)
+
+    def _unary_thunk(self) -> Callable[[], None]:
+        """The common one-input, one-output case with every lookup hoisted (check1's exp)."""
+        (in_cell,), (out_cell,) = self.in_cells, self.out_cells
+        ctx, plans, plan_for = self.ctx, self.plans, self.plan
+        out_dtype = self.out_dtypes[0]
+        activate = ctx.activate
+        block = (BLOCK, 1, 1)
+        # the last layout seen: shape, strides, then the plan's fields
+        last: list = [None, None, None, None, 0, 0]
+        reuse = [False]   # graph_plan.mark_reusable_outputs sets it
+
+        def replan(x: Any) -> None:
+            key = (x.shape + x.strides,)
+            p = plans.get(key)
+            if p is None:
+                p = plans[key] = plan_for([x])
+            last[:] = [x.shape, x.strides, p, p.out_shape, p.out_strides,
+                       p.n * out_dtype.itemsize]
+
+        def thunk() -> None:
+            activate()
+            x = in_cell[0]
+            if x.shape != last[0] or x.strides != last[1]:
+                replan(x)
+            p = last[2]
+            out = out_cell[0]
+            if not reuse[0] or out is None or out.shape != last[3]:
+                out = new_array(ctx, last[3], out_dtype, last[4], last[5])
+            if p.n:
+                xp, op_ = x.ptr, out.ptr
+                if not p.contig:
+                    p.launch(p.grid, block, *p.prefix, xp, op_)
+                elif (xp | op_) & p.align_mask:
+                    p.launch(p.grid, block, p.n, xp, op_)
+                else:
+                    p.launch_vec(p.grid_vec, block, p.n, xp, op_)
+            out_cell[0] = out
+
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        return thunk
+
+
+def _capturable(thunk: Callable[[], None]) -> Callable[[], None]:
+    """Mark a thunk that only takes pool memory and launches on the context's stream, so
+    symgpu/gpu/exec/graphs.py may record it into a CUDA graph (``launches``: it queues device work;
+    ``capturable``: it never syncs, reads device memory on the host or copies from the host)."""
+    thunk.capturable = True   # type: ignore[attr-defined]
+    thunk.launches = True     # type: ignore[attr-defined]
+    return thunk
+
+
+def layout_c_strides(shape: tuple, itemsize: int) -> tuple:
+    return c_strides(shape, itemsize)
+
+
+# ----------------------------------------------------------------------------- GpuCAReduce
+
+class GpuCAReduce(Op):
+    """Reduce ``axis`` (None: all) with add/mul/maximum/minimum/and_/or_, optionally over an
+    elementwise ``pre_scalar_op`` of the inputs fused into the same kernel (``sum(x**2)``
+    reads x once).  ``dtype`` is the accumulator/output dtype (NumPy's ``dtype=``)."""
+
+    __props__ = ("scalar_op", "axis", "dtype", "pre_scalar_op")
+
+    def __init__(self, scalar_op: Any, axis: Sequence[int] | None = None,
+                 dtype: str | None = None, pre_scalar_op: Any = None):
+        if isinstance(scalar_op, str):
+            scalar_op = SCALAR_OPS[scalar_op]
+        if scalar_op.name not in _REDUCE_NAMES:
+            raise ValueError(f"cannot reduce with {scalar_op}; use one of "
+                             f"{', '.join(_REDUCE_NAMES)}")
+        self.scalar_op = scalar_op
+        self.axis = None if axis is None else tuple(sorted(int(a) for a in axis))
+        self.dtype = dtype
+        self.pre_scalar_op = pre_scalar_op
+
+    def __str__(self) -> str:
+        red = _REDUCE_NAMES[self.scalar_op.name]
+        head = red if self.pre_scalar_op is None else f"pre={self.pre_scalar_op},red={red}"
+        axes = "all" if self.axis is None else ",".join(str(a) for a in self.axis)
+        acc = f", acc_dtype={self.dtype}" if self.dtype else ""
+        return f"GpuCAReduce{{{head}}}{{{axes}{acc}}}"
+
+    infer_shape = _CAReduce.infer_shape  # its inputs broadcast, then axes drop
+
+    def make_node(self, *inputs: Any) -> Apply:
+        from symgpu.gpu.placement.type import GpuArrayType
+        from symgpu.tensor.elemwise import reduce_output_dtype
+        want = 1 if self.pre_scalar_op is None else getattr(self.pre_scalar_op, "nin", len(inputs))
+        if want > 0 and len(inputs) != want:
+            raise TypeError(f"{self} takes {want} input(s), got {len(inputs)}")
+        padded, ctx_name = _pad_inputs(inputs)
+        nd = padded[0].ndim
+        axis = tuple(range(nd)) if self.axis is None else self.axis
+        for a in axis:
+            if not 0 <= a < max(nd, 1) or (nd == 0 and a != 0):
+                raise ValueError(f"{self}: axis {a} is out of range for {padded[0].type}")
+        value = padded[0].dtype if self.pre_scalar_op is None else output_dtypes(
+            self.pre_scalar_op, [p.dtype for p in padded])[0]
+        out_dtype = self.dtype or reduce_output_dtype(self.scalar_op.name, value)
+        bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd)
+                      if d not in axis)
+        return Apply(self, padded, [GpuArrayType(out_dtype, bcast, ctx_name)()])
+
+    def _axes(self, ndim: int) -> tuple[int, ...]:
+        return tuple(range(ndim)) if self.axis is None else tuple(a for a in self.axis if a < ndim)
+
+    def signature(self, node: Apply, knd: int, rnd: int) -> ReduceSignature:
+        return ReduceSignature(self.scalar_op.name, self.pre_scalar_op,
+                               tuple(v.dtype for v in node.inputs), node.outputs[0].dtype,
+                               knd, rnd)
+
+    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
+        """(key, source) of every module this node can launch: one per count of collapsed
+        kept/reduced dimensions (CI compiles them all)."""
+        nd = node.inputs[0].ndim
+        nred = len(self._axes(nd)) if nd else 1
+        nkept = nd - nred if nd else 0
+        out = []
+        for knd in range(1, max(nkept, 1) + 1):
+            for rnd in range(1, max(nred, 1) + 1):
+                sig = self.signature(node, knd, rnd)
+                out.append((("symgpu.reduce", sig), render_reduce(sig, str(self))))
+        return out
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads (the 1 kept / 1
+        reduced dims one; others compile on first use), for symgpu/gpu/exec/prefetch.py."""
+        sig = self.signature(node, 1, 1)
+        return [(("symgpu.reduce", sig), lambda: render_reduce(sig, str(self)), ())]
+
+    def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
+                   no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return _ReduceThunk(self, node, storage_map, ctx).thunk()
+
+
+class _ReduceThunk:
+    """Plans (per input layout) and launches one GpuCAReduce node.
+
+    Launch shapes (reduce.cu names the kernels): enough kept positions to fill the GPU -> one
+    ``final`` launch; otherwise R is split over G blocks per position and, for the rows
+    strategy, combined in the same launch (``onepass``: the last block of each column reduces
+    the partials, counted on ``counters``); the cols strategy still finishes in a second launch
+    (``sg_finish``).  Where every operand's reduced values of a row are contiguous and the
+    module has vector kernels, rows read 16-byte vectors (``sg_vrows_*``): always when R is
+    split, and for whole rows of at least ``VEC_MIN_ROW`` values (a block per row).  A full
+    reduction (K == 1) gets its own one-pass grid: ``ONEPASS_BLOCKS_PER_SM`` blocks of 256 per
+    multiprocessor, fewer where R is short."""
+
+    #: tuning knobs (class attributes, read when a plan is made)
+    USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
+    VEC = True
+    VEC_MIN_ROW = 4096
+    ONEPASS_BLOCKS_PER_SM = 4
+    #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
+    ONEPASS_MIN_BYTES_PER_THREAD = 64
+    FINAL, SPLIT, ONEPASS = 0, 1, 2
+
+    def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
+        from symgpu.gpu.runtime.codegen.launch import sm_count
+        self.op, self.node, self.ctx = op, node, ctx
+        self.in_cells = [storage_map[v] for v in node.inputs]
+        self.out_cell = storage_map[node.outputs[0]]
+        self.out_dtype = np.dtype(node.outputs[0].dtype)
+        self.axes = op._axes(node.inputs[0].ndim)
+        self.sms = sm_count(ctx)
+        self.modules: dict[tuple[int, int], dict] = {}
+        self.plans: dict[tuple, tuple] = {}
+        self.is_minmax = op.scalar_op.name in ("maximum", "minimum")
+        self.counters: Any = None    # one-pass launches' block counters (made on first need)
+        self.kernels(1, 1)   # the common module, compiled (or fetched) now
+
+    def kernels(self, knd: int, rnd: int) -> dict:
+        got = self.modules.get((knd, rnd))
+        if got is None:
+            from symgpu.gpu.runtime.codegen.launch import load_kernels
+            sig = self.op.signature(self.node, knd, rnd)
+            ks = load_kernels(self.ctx, ("symgpu.reduce", sig),
+                              lambda: render_reduce(sig, str(self.op)), reduce_formats(sig))
+            got = self.modules[(knd, rnd)] = {n: k.fast_launcher() for n, k in ks.items()}
+            got["acc_dtype"] = np.dtype(sig.acc_dtype)
+        return got
+
+    def counter_ptr(self) -> int:
+        """The device address of this node's one-pass block counters: one per possible
+        blockIdx.x (the layout caps the grid at 16 blocks per multiprocessor), allocated and
+        zeroed once, kept for the node's life (CUDA graphs captured from its launches point at
+        them) and left at zero by every launch."""
+        if self.counters is None:
+            counters = new_array(self.ctx, (16 * self.sms,), np.dtype("uint32"))
+            counters.fill(0)
+            self.counters = counters
+        return self.counters.ptr
+
+    def plan(self, ins: list) -> tuple:
+        shape = layout.broadcast_shapes([a.shape for a in ins], str(self.op))
+        strides = [layout.element_strides(a.shape, a.strides, a.dtype.itemsize, shape)
+                   for a in ins]
+        if not shape:          # a 0-d input: one position, one value
+            shape, strides = (1,), [[0] for _ in ins]
+            axes = (0,)
+        else:
+            axes = self.axes
+            shape, strides = _order_reduced(shape, strides, axes)
+        p = layout.plan_reduction(shape, strides, axes, self.sms)
+        if not ins[0].shape:
+            p.out_shape = ()
+        if p.R == 0 and self.is_minmax and p.K:
+            raise ValueError(f"{self.op}: cannot reduce an empty array of shape "
+                             f"{ins[0].shape} (zero-size reduction has no identity)")
+        ks = self.kernels(p.knd, p.rnd)
+        mode, counters = (self.FINAL if p.G == 1 else self.SPLIT), 0
+        name = f"sg_{p.strategy}_{'final' if p.G == 1 else 'partial'}"
+        if p.strategy == "rows" and p.K and p.R:
+            vec = (self.VEC and "sg_vrows_final" in ks and p.rnd == 1
+                   and all(s[-1] == 1 for s in p.rstrides))
+            if p.G == 1:
+                if vec and p.R >= self.VEC_MIN_ROW:
+                    name = "sg_vrows_final"
+            elif self.USE_ONEPASS:
+                mode, counters = self.ONEPASS, self.counter_ptr()
+                name = "sg_vrows_onepass" if vec else "sg_rows_onepass"
+                if p.K == 1:
+                    per_thread = max(1, self.ONEPASS_MIN_BYTES_PER_THREAD // ins[0].dtype.itemsize)
+                    g = min(max(1, self.ONEPASS_BLOCKS_PER_SM) * self.sms,
+                            -(-p.R // (256 * per_thread)), 65535)
+                    if g == 1:
+                        mode, counters = self.FINAL, 0
+                        name = "sg_vrows_final" if vec else "sg_rows_final"
+                    p.G, p.chunk = g, -(-p.R // g)
+                    p.block, p.grid = (256, 1, 1), (1, g, 1)
+        return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
+
+    def thunk(self) -> Callable[[], None]:
+        in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx
+        plans, plan_for, out_dtype = self.plans, self.plan, self.out_dtype
+        activate = ctx.activate
+        finish_block = (32, 8, 1)
+        FINAL, ONEPASS = self.FINAL, self.ONEPASS
+        reuse = [False]   # graph_plan.mark_reusable_outputs sets it
+
+        def thunk() -> None:
+            activate()
+            ins = [c[0] for c in in_cells]
+            key = tuple([a.shape + a.strides for a in ins])
+            got = plans.get(key)
+            if got is None:
+                got = plans[key] = plan_for(ins)
+            p, main, finish, acc_dtype, meta, mode, counters = got
+            out = out_cell[0]
+            if not reuse[0] or out is None or out.shape != p.out_shape or \
+                    out.dtype != out_dtype:
+                out = new_array(ctx, p.out_shape, out_dtype)
+            if p.K:
+                ptrs = [a.ptr for a in ins]
+                if mode == FINAL:
+                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, 0, 0)
+                else:
+                    partial = new_array(ctx, (p.K * p.G,), acc_dtype)
+                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, partial.ptr,
+                         counters)
+                    if mode != ONEPASS:
+                        finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr)
+            out_cell[0] = out
+
+        thunk.reduce_thunk = self   # type: ignore[attr-defined]  (tests read plans, counters)
+        thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        return _capturable(thunk)
+
+
+def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tuple, list]:
+    """The same iteration space with the reduced dims (their order does not change a
+    commutative reduction) sorted by operand 0's stride, largest outside and broadcast ones
+    outermost, so that ``x.T.sum()`` walks memory in order (and collapses like ``x.sum()``)."""
+    red = [d for d in range(len(shape)) if d in axes]
+    if len(red) < 2:
+        return shape, strides
+    s0 = strides[0]
+    order = sorted(red, key=lambda d: float("inf") if s0[d] == 0 else abs(s0[d]), reverse=True)
+    if order == red:
+        return shape, strides
+    perm = list(range(len(shape)))
+    for pos, d in zip(red, order):
+        perm[pos] = d
+    return tuple(shape[d] for d in perm), [[s[d] for d in perm] for s in strides]
+
+
+def careduce_supported(scalar_op: Any, pre_scalar_op: Any, in_dtypes: Sequence[str]) -> bool:
+    """Whether GpuCAReduce can generate this reduction."""
+    from symgpu.gpu.runtime.codegen.types import SUPPORTED
+    if scalar_op.name not in _REDUCE_NAMES or any(d not in SUPPORTED for d in in_dtypes):
+        return False
+    return pre_scalar_op is None or supports_scalar_op(pre_scalar_op, in_dtypes)
+
+
+import symgpu.gpu.exec.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)

@@ -1,0 +1,241 @@
+"""Softmax / LogSoftmax on the GPU (expanded into GpuCAReduce + GpuElemwise, which the fusion
+passes then merge) and GpuArgmax (one block per row, a small reduction kernel).
+
+Why expand the softmax family: the max-shifted expressions are exactly what the CPU thunks
+compute, and the GPU already has fused elementwise kernels and reductions for them; only
+argmax/argmin needs its own kernel (a reduction carrying an index).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.elemwise import keepdims_order
+from symgpu.tensor.math import Argmax as _Argmax
+from symgpu.tensor.nnet import Softmax as _Softmax
+
+__all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
+
+_SOFTMAX_DTYPES = ("float32", "float64")
+
+
+# ----------------------------------------------------------------------------- softmax
+
+def _reduce_keepdims(red: str, x: Variable, axis: int | None) -> Variable:
+    axes = tuple(range(x.ndim)) if axis is None else (axis,)
+    r = GpuCAReduce(red, axes)(x)
+    return GpuDimShuffle(r.broadcastable, keepdims_order(x.ndim, axes))(r)
+
+
+def _shifted(x: Variable, axis: int | None) -> Variable:
+    return gpu_elemwise("sub", x, _reduce_keepdims("maximum", x, axis))
+
+
+def gpu_softmax(x: Variable, axis: int | None = -1) -> Variable:
+    """exp(x - max) / sum(exp(x - max)) along ``axis`` (None: all elements), on the GPU."""
+    if axis is not None:
+        axis %= x.ndim
+    e = gpu_elemwise("exp", _shifted(x, axis))
+    return gpu_elemwise("true_div", e, _reduce_keepdims("add", e, axis))
+
+
+def gpu_log_softmax(x: Variable, axis: int | None = -1) -> Variable:
+    """(x - max) - log(sum(exp(x - max))) along ``axis``, on the GPU."""
+    if axis is not None:
+        axis %= x.ndim
+    s = _shifted(x, axis)
+    lse = gpu_elemwise("log", _reduce_keepdims("add", gpu_elemwise("exp", s), axis))
+    return gpu_elemwise("sub", s, lse)
+
+
+def _softmax_ok(x: Variable) -> bool:
+    return (is_gpu_var(x) and x.dtype in _SOFTMAX_DTYPES and x.ndim > 0
+            and careduce_supported(SCALAR_OPS["maximum"], None, [x.dtype]))
+
+
+@register_lifter("Softmax")
+def lift_softmax(op, node, context_name, inputs):
+    if type(op) is not _Softmax or not _softmax_ok(inputs[0]):
+        return None
+    return [gpu_softmax(inputs[0], op.axis)]
+
+
+@register_lifter("LogSoftmax")
+def lift_log_softmax(op, node, context_name, inputs):
+    if not _softmax_ok(inputs[0]):
+        return None
+    return [gpu_log_softmax(inputs[0], op.axis)]
+
+
+# ----------------------------------------------------------------------------- argmax
+
+#: dtype -> CUDA type GpuArgmax has kernels for
+ARGMAX_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+                 "int16": "short", "int32": "int", "int64": "long long",
+                 "uint8": "unsigned char", "uint16": "unsigned short",
+                 "uint32": "unsigned int", "uint64": "unsigned long long"}
+_ARG_BLOCK = 256
+_MAX_GRID = 1 << 20
+
+_ARGMAX_TEMPLATE = r"""
+/* preferred(a, b): a strictly beats b. NaN beats everything (NumPy's argmax/argmin return
+   the first NaN); a != a is false for integers. */
+template <typename T, bool MAX>
+__device__ __forceinline__ bool preferred(T a, T b)
+{
+    const bool an = a != a, bn = b != b;
+    if (an || bn) return an && !bn;
+    return MAX ? (a > b) : (a < b);
+}
+
+template <typename T, bool MAX>
+__device__ __forceinline__ void arg_body(const T *x, long long *out, long long rows,
+                                         long long n, T *sv, long long *si)
+{
+    const int tid = threadIdx.x;
+    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T *r = x + row * n;
+        T best = T(0);
+        long long bi = -1;
+        for (long long j = tid; j < n; j += blockDim.x) {
+            const T v = r[j];
+            if (bi < 0 || preferred<T, MAX>(v, best)) { best = v; bi = j; }
+        }
+        sv[tid] = best;
+        si[tid] = bi;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+            if (tid < s) {
+                const T v = sv[tid + s];
+                const long long i = si[tid + s];
+                const T c = sv[tid];
+                const long long ci = si[tid];
+                if (i >= 0 && (ci < 0 || preferred<T, MAX>(v, c)
+                               || (!preferred<T, MAX>(c, v) && i < ci))) {
+                    sv[tid] = v;
+                    si[tid] = i;
+                }
+            }
+            __syncthreads();
+        }
+        if (tid == 0) out[row] = si[0];
+        __syncthreads();
+    }
+}
+"""
+
+
+def _kernel_name(dtype: str, kind: str) -> str:
+    return f"arg{kind}_{dtype}"
+
+
+def argmax_source() -> str:
+    """The CUDA module with every ``arg{max,min}_<dtype>`` kernel (block of 256 threads)."""
+    parts = [_ARGMAX_TEMPLATE]
+    for dtype, ctype in ARGMAX_DTYPES.items():
+        for kind in ("max", "min"):
+            parts.append(f"""
+extern "C" __global__ void {_kernel_name(dtype, kind)}(const {ctype} *x, long long *out,
+                                                      long long rows, long long n)
+{{
+    __shared__ {ctype} sv[{_ARG_BLOCK}];
+    __shared__ long long si[{_ARG_BLOCK}];
+    arg_body<{ctype}, {'true' if kind == 'max' else 'false'}>(x, out, rows, n, sv, si);
+}}
+""")
+    return "".join(parts)
+
+
+_arg_prepared: dict[tuple[int, str, str], Any] = {}
+
+
+class GpuArgmax(Op):
+    """Index (int64) of the max (``kind='max'``) or min over ``axis`` (None: the flattened
+    array); ties and NaNs resolve to the first index, as NumPy. The input is made
+    contiguous with the reduced axis last, then one block reduces each row."""
+
+    __props__ = ("axis", "kind")
+
+    def __init__(self, axis: int | None, kind: str = "max"):
+        if kind not in ("max", "min"):
+            raise ValueError(f"GpuArgmax: kind must be 'max' or 'min', got {kind!r}")
+        self.axis = None if axis is None else int(axis)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return f"GpuArg{self.kind}{{axis={self.axis}}}"
+
+    infer_shape = _Argmax.infer_shape
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        if x.dtype not in ARGMAX_DTYPES:
+            raise TypeError(f"{self}: no kernel for dtype {x.dtype}")
+        if self.axis is not None and not 0 <= self.axis < x.ndim:
+            raise ValueError(f"{self}: axis {self.axis} is out of range for {x.type}")
+        bcast = () if self.axis is None else tuple(
+            b for d, b in enumerate(x.broadcastable) if d != self.axis)
+        return Apply(self, [x], [GpuArrayType("int64", bcast, x.type.context_name)()])
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The argmax module (compiled on the first call otherwise), for symgpu/gpu/
+        prefetch.py to compile in parallel with the function's other kernels."""
+        return [(("symgpu.argmax",), argmax_source, ())]
+
+    def _kernel(self, ctx: Any, dtype: str) -> Any:
+        key = (id(ctx), dtype, self.kind)
+        fn = _arg_prepared.get(key)
+        if fn is None:
+            from symgpu.gpu.runtime.compiler import get_kernel
+            fn = get_kernel(("symgpu.argmax",), argmax_source, _kernel_name(dtype, self.kind),
+                            context=ctx)
+            fn.prepare("PPqq")
+            _arg_prepared[key] = fn
+        return fn
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.runtime.array import GpuArray
+        x = inputs[0]
+        if self.axis is None or x.ndim == 0:
+            out_shape: tuple = ()
+            n = x.size
+            xt = x
+        else:
+            perm = tuple(d for d in range(x.ndim) if d != self.axis) + (self.axis,)
+            xt = x.transpose(perm)
+            out_shape = tuple(x.shape[d] for d in perm[:-1])
+            n = x.shape[self.axis]
+        rows = 1
+        for s in out_shape:
+            rows *= s
+        if n == 0:
+            raise ValueError(f"{self}: attempt to get arg{self.kind} of an empty sequence "
+                             f"(input shape {x.shape})")
+        res = GpuArray(out_shape, "int64", x.context)
+        if rows:
+            xc = xt if xt.is_c_contiguous else xt.copy()
+            ctx = x.context
+            ctx.activate()
+            fn = self._kernel(ctx, x.dtype.name)
+            grid = max(1, min(rows, _MAX_GRID))
+            fn.prepared_async_call((grid, 1), (_ARG_BLOCK, 1, 1), ctx.stream, xc.ptr, res.ptr,
+                                   rows, n)
+        out[0][0] = res
+
+    def grad(self, inputs, output_grads):
+        return [None]
+
+
+@register_lifter("Argmax")
+def lift_argmax(op, node, context_name, inputs):
+    x = inputs[0]
+    if not is_gpu_var(x) or x.dtype not in ARGMAX_DTYPES or op.kind not in ("max", "min"):
+        return None
+    return [GpuArgmax(op.axis, op.kind)(x)]

@@ -1,0 +1,372 @@
+"""GPU 2-d pooling with Theano's semantics, by kernels of our own: GpuPool, GpuMaxPoolGrad,
+GpuAveragePoolGrad, GpuMaxPoolGradGrad and their lifters from symgpu/tensor/signal/pool.py.
+
+Why not cuDNN's pooling: Theano's Pool keeps partial windows (ignore_border=False), has a
+'sum' mode and gives a max window's gradient to every element equal to the max; cuDNN does
+none of these. The kernels are one thread per output (forward, grad-grad) or per input element
+(gradients, a gather over the windows that contain it: deterministic, no atomics), over a
+C-contiguous (L, H, W) view of the input (L = the product of the leading axes).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
+                                       _PoolBase)
+from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
+
+__all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
+           "pooling_source", "POOL_DTYPES", "index_suffix"]
+
+POOL_DTYPES = {"float32": "float", "float64": "double"}
+_MODULE_KEY = ("symgpu.pooling",)
+_BLOCK = 256
+
+_TEMPLATE = r"""
+/* I: the index type, int where every index of the call fits (32-bit division and modulo are
+   several times cheaper than 64-bit ones, which the compiler emulates), else long long. */
+template <typename I>
+struct PoolGeo { I L, H, W, ho, wo, ws0, ws1, st0, st1, p0, p1; };
+
+/* Window (i, j) in input coordinates: the padded extent [rs, re) x [cs, ce) and the part
+   inside the image [r0, r1) x [c0, c1) (Theano's region for the non-inc_pad modes). */
+template <typename I>
+__device__ __forceinline__ void pool_window(const PoolGeo<I> &g, I i, I j, I &rs, I &re, I &cs,
+    I &ce, I &r0, I &r1, I &c0, I &c1)
+{
+    rs = i * g.st0 - g.p0; re = min(rs + g.ws0, g.H + g.p0);
+    cs = j * g.st1 - g.p1; ce = min(cs + g.ws1, g.W + g.p1);
+    r0 = max(rs, (I)0); r1 = min(re, g.H); c0 = max(cs, (I)0); c1 = min(ce, g.W);
+}
+
+template <typename T, typename I>
+__device__ __forceinline__ T pool_divisor(int mode, I rs, I re, I cs, I ce, I r0, I r1, I c0,
+    I c1)
+{
+    if (mode == 2) return (T)((re - rs) * (ce - cs));
+    if (mode == 3) return (T)((r1 - r0) * (c1 - c0));
+    return T(1);
+}
+
+/* mode: 0 max, 1 sum, 2 average_inc_pad, 3 average_exc_pad */
+template <typename T, typename I>
+__device__ void pool_fwd_body(const T *x, T *z, PoolGeo<I> g, int mode)
+{
+    const I total = g.L * g.ho * g.wo, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I j = t % g.wo, i = (t / g.wo) % g.ho, l = t / (g.wo * g.ho);
+        I rs, re, cs, ce, r0, r1, c0, c1;
+        pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+        const T *xl = x + l * g.H * g.W;
+        T acc = mode == 0 ? xl[r0 * g.W + c0] : T(0);
+        for (I r = r0; r < r1; ++r)
+            for (I c = c0; c < c1; ++c) {
+                const T v = xl[r * g.W + c];
+                if (mode == 0) { if (v > acc || v != v) acc = (acc != acc) ? acc : v; }
+                else acc += v;
+            }
+        z[t] = mode >= 2 ? acc / pool_divisor<T>(mode, rs, re, cs, ce, r0, r1, c0, c1) : acc;
+    }
+}
+
+/* What a gradient kernel stores: the sum itself, or an elementwise op of it and x (E,
+   symgpu/gpu/ops/pooling_epilogue.py) */
+template <typename T>
+struct PoolPlainStore {
+    __device__ __forceinline__ T operator()(const T acc, const T *x, long long t) const
+    { return acc; }
+};
+
+/* gx[l, r, c] = E(sum over the windows containing (r, c) of (max: x == z) gz / divisor) */
+template <typename T, typename I, typename E>
+__device__ void pool_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo<I> g,
+                               int mode, const E &store)
+{
+    const I total = g.L * g.H * g.W, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I c = t % g.W, r = (t / g.W) % g.H, l = t / (g.W * g.H);
+        const I ilo = r + g.p0 - g.ws0 >= 0 ? (r + g.p0 - g.ws0) / g.st0 + 1 : 0;
+        const I ihi = min((r + g.p0) / g.st0, g.ho - 1);
+        const I jlo = c + g.p1 - g.ws1 >= 0 ? (c + g.p1 - g.ws1) / g.st1 + 1 : 0;
+        const I jhi = min((c + g.p1) / g.st1, g.wo - 1);
+        const T xv = mode == 0 ? x[t] : T(0);
+        T acc = T(0);
+        for (I i = ilo; i <= ihi; ++i)
+            for (I j = jlo; j <= jhi; ++j) {
+                const I o = (l * g.ho + i) * g.wo + j;
+                if (mode == 0) { if (xv == z[o]) acc += gz[o]; continue; }
+                I rs, re, cs, ce, r0, r1, c0, c1;
+                pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+                acc += gz[o] / pool_divisor<T>(mode, rs, re, cs, ce, r0, r1, c0, c1);
+            }
+        gx[t] = store(acc, x, t);
+    }
+}
+
+/* ggz[l, i, j] = sum of ggx over window (i, j)'s elements equal to its max */
+template <typename T, typename I>
+__device__ void pool_ggrad_body(const T *x, const T *z, const T *ggx, T *ggz, PoolGeo<I> g)
+{
+    const I total = g.L * g.ho * g.wo, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I j = t % g.wo, i = (t / g.wo) % g.ho, l = t / (g.wo * g.ho);
+        I rs, re, cs, ce, r0, r1, c0, c1;
+        pool_window(g, i, j, rs, re, cs, ce, r0, r1, c0, c1);
+        const I base = l * g.H * g.W;
+        T acc = T(0);
+        for (I r = r0; r < r1; ++r)
+            for (I c = c0; c < c1; ++c)
+                if (x[base + r * g.W + c] == z[t]) acc += ggx[base + r * g.W + c];
+        ggz[t] = acc;
+    }
+}
+"""
+
+_GEO = ("long long L, long long H, long long W, long long ho, long long wo, long long ws0, "
+        "long long ws1, long long st0, long long st1, long long p0, long long p1")
+_MAKE = "PoolGeo<{i}> g = {{({i})L, ({i})H, ({i})W, ({i})ho, ({i})wo, ({i})ws0, ({i})ws1, " \
+        "({i})st0, ({i})st1, ({i})p0, ({i})p1}};"
+_FORMATS = {"fwd": "PP" + "q" * 11 + "i", "grad": "PPPP" + "q" * 11 + "i",
+            "ggrad": "PPPP" + "q" * 11}
+#: index types: kernel name suffix -> C type (``_i32`` where every index fits an int)
+_INDEX = {"": "long long", "_i32": "int"}
+_INT32_LIMIT = 2 ** 31 - 1
+
+
+def pooling_source() -> str:
+    parts = [_TEMPLATE]
+    for (dt, t), (sfx, i) in itertools.product(POOL_DTYPES.items(), _INDEX.items()):
+        make = _MAKE.format(i=i)
+        parts.append(f'extern "C" __global__ void pool_fwd_{dt}{sfx}(const {t} *x, {t} *z, '
+                     f'{_GEO}, int mode) {{ {make} pool_fwd_body<{t}, {i}>(x, z, g, mode); }}\n')
+        parts.append(f'extern "C" __global__ void pool_grad_{dt}{sfx}(const {t} *x, '
+                     f'const {t} *z, const {t} *gz, {t} *gx, {_GEO}, int mode) {{ {make} '
+                     f'pool_grad_body<{t}, {i}>(x, z, gz, gx, g, mode, '
+                     f'PoolPlainStore<{t}>()); }}\n')
+        parts.append(f'extern "C" __global__ void pool_ggrad_{dt}{sfx}(const {t} *x, '
+                     f'const {t} *z, const {t} *ggx, {t} *ggz, {_GEO}) {{ {make} '
+                     f'pool_ggrad_body<{t}, {i}>(x, z, ggx, ggz, g); }}\n')
+    return "".join(parts)
+
+
+def index_suffix(geo: list[int]) -> str:
+    """'_i32' when every index a pooling kernel computes for `geo` fits an int (with room for
+    the grid-stride loop's last step): the input's and the output's element counts and the
+    padded window extents."""
+    lead, h, w, ho, wo, ws0, ws1, st0, st1, p0, p1 = geo
+    biggest = max(lead * h * w, lead * ho * wo, (ho + 1) * st0 + ws0 + p0,
+                  (wo + 1) * st1 + ws1 + p1, h + p0 + ws0, w + p1 + ws1)
+    return "_i32" if biggest + 65535 * 256 < _INT32_LIMIT else ""
+
+
+_prepared: dict[tuple, Any] = {}
+
+
+def _kernel(ctx: Any, kind: str, dtype: str, suffix: str = "") -> Any:
+    key = (id(ctx), kind, dtype, suffix)
+    fn = _prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(_MODULE_KEY, pooling_source, f"pool_{kind}_{dtype}{suffix}",
+                        context=ctx)
+        fn.prepare(_FORMATS[kind])
+        _prepared[key] = fn
+    return fn
+
+
+def _packed(a: Any) -> Any:
+    return a if a.is_c_contiguous else a.copy()
+
+
+class _GpuPoolBase(_PoolBase):
+    """What the GPU pooling ops share: their thunk (a launch on the context's stream)."""
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return [(_MODULE_KEY, pooling_source, ())]
+
+    def _gpu(self, v: Any, ctx_name: Any, what: str) -> Any:
+        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+        v = as_gpuarray_variable(v, ctx_name)
+        if v.ndim < 2 or v.dtype not in POOL_DTYPES:
+            raise TypeError(f"{self}: {what} must be a float32/float64 GPU array of 2 or more "
+                            f"dimensions, got {v.type}")
+        return v
+
+    @staticmethod
+    def _ctx_name(*vs: Any) -> Any:
+        return next((v.type.context_name for v in vs if is_gpu_var(v)), None)
+
+    def geo(self, shape: tuple) -> list[int]:
+        h, w = shape[-2:]
+        ho = pool_out_len(h, self.ws[0], self.stride[0], self.pad[0], self.ignore_border)
+        wo = pool_out_len(w, self.ws[1], self.stride[1], self.pad[1], self.ignore_border)
+        lead = int(np.prod(shape[:-2], dtype=np.int64))
+        return [lead, h, w, ho, wo, self.ws[0], self.ws[1], self.stride[0], self.stride[1],
+                self.pad[0], self.pad[1]]
+
+    def _launch(self, ctx: Any, kind: str, dtype: str, total: int, ptrs: tuple,
+                geo: list[int], mode: int | None = None) -> None:
+        """One launch of `kind` over `total` threads: (pointers, geometry, mode if any)."""
+        if total:
+            blocks = max(1, min(65535, -(-total // _BLOCK)))
+            tail = () if mode is None else (mode,)
+            self._function(ctx, kind, dtype, index_suffix(geo)).prepared_async_call(
+                (blocks, 1), (_BLOCK, 1, 1), ctx.stream, *ptrs, *geo, *tail)
+
+    def _function(self, ctx: Any, kind: str, dtype: str, suffix: str) -> Any:
+        """The prepared kernel of `kind` (symgpu/gpu/ops/pooling_epilogue.py has its own)."""
+        return _kernel(ctx, kind, dtype, suffix)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        cells = [storage_map[v] for v in node.inputs]
+        out_cell = storage_map[node.outputs[0]]
+
+        def thunk() -> None:
+            ctx.activate()
+            out_cell[0] = self._run(ctx, [_packed(c[0]) for c in cells])
+
+        thunk.capturable = True   # type: ignore[attr-defined]
+        thunk.launches = True     # type: ignore[attr-defined]
+        return thunk
+
+    def _check_out(self, x: Any, other: Any, geo: list[int], what: str) -> None:
+        want = tuple(x.shape[:-2]) + (geo[3], geo[4])
+        if tuple(other.shape) != want:
+            raise ValueError(f"{self}: {what} has shape {other.shape}, expected {want} for an "
+                             f"input of shape {x.shape}")
+
+
+class GpuPool(_GpuPoolBase):
+    """Pool on the GPU."""
+
+    infer_shape = Pool.infer_shape
+
+    def make_node(self, x: Any) -> Apply:
+        x = self._gpu(x, self._ctx_name(x), "input")
+        bc = x.broadcastable[:-2] + (False, False)
+        return Apply(self, [x], [GpuArrayType(x.dtype, bc, x.type.context_name)()])
+
+    def _run(self, ctx, inputs):
+        (x,) = inputs
+        geo = self.geo(x.shape)
+        z = new_array(ctx, tuple(x.shape[:-2]) + (geo[3], geo[4]), x.dtype)
+        self._launch(ctx, "fwd", x.dtype.name, z.size if x.size else 0, (x.ptr, z.ptr), geo,
+                     MODES.index(self.mode))
+        if z.size and not x.size:
+            z.fill(0)
+        return z
+
+
+class GpuMaxPoolGrad(_GpuPoolBase):
+    """MaxPoolGrad on the GPU: (x, maxout, gz) -> gx."""
+
+    infer_shape = MaxPoolGrad.infer_shape
+
+    def make_node(self, x: Any, maxout: Any, gz: Any) -> Apply:
+        ctx = self._ctx_name(x, maxout, gz)
+        x = self._gpu(x, ctx, "input")
+        maxout, gz = self._gpu(maxout, ctx, "maxout"), self._gpu(gz, ctx, "output gradient")
+        if not x.dtype == maxout.dtype == gz.dtype:
+            raise TypeError(f"{self}: x, maxout and gz need one dtype")
+        return Apply(self, [x, maxout, gz], [x.type()])
+
+    def _run(self, ctx, inputs):
+        x, z, gz = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, z, geo, "maxout")
+        self._check_out(x, gz, geo, "the output gradient")
+        gx = new_array(ctx, tuple(x.shape), x.dtype)
+        self._launch(ctx, "grad", x.dtype.name, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo, 0)
+        return gx
+
+
+class GpuAveragePoolGrad(_GpuPoolBase):
+    """AveragePoolGrad on the GPU ('sum' and both averages): (x, gz) -> gx."""
+
+    infer_shape = AveragePoolGrad.infer_shape
+
+    def make_node(self, x: Any, gz: Any) -> Apply:
+        ctx = self._ctx_name(x, gz)
+        x, gz = self._gpu(x, ctx, "input"), self._gpu(gz, ctx, "output gradient")
+        if x.dtype != gz.dtype:
+            raise TypeError(f"{self}: x and gz need one dtype")
+        return Apply(self, [x, gz], [x.type()])
+
+    def _run(self, ctx, inputs):
+        x, gz = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, gz, geo, "the output gradient")
+        gx = new_array(ctx, tuple(x.shape), x.dtype)
+        self._launch(ctx, "grad", x.dtype.name, gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr), geo,
+                     MODES.index(self.mode))
+        return gx
+
+
+class GpuMaxPoolGradGrad(_GpuPoolBase):
+    """MaxPoolGradGrad on the GPU: (x, maxout, ggx) -> ggz."""
+
+    infer_shape = MaxPoolGradGrad.infer_shape
+
+    def make_node(self, x: Any, maxout: Any, ggx: Any) -> Apply:
+        ctx = self._ctx_name(x, maxout, ggx)
+        x, maxout, ggx = (self._gpu(v, ctx, w) for v, w in
+                          ((x, "input"), (maxout, "maxout"), (ggx, "ggx")))
+        return Apply(self, [x, maxout, ggx], [maxout.type()])
+
+    def _run(self, ctx, inputs):
+        x, z, ggx = inputs
+        geo = self.geo(x.shape)
+        self._check_out(x, z, geo, "maxout")
+        ggz = new_array(ctx, tuple(z.shape), x.dtype)
+        self._launch(ctx, "ggrad", x.dtype.name, ggz.size if x.size else 0,
+                     (x.ptr, z.ptr, ggx.ptr, ggz.ptr), geo)
+        if ggz.size and not x.size:
+            ggz.fill(0)
+        return ggz
+
+
+# ----------------------------------------------------------------------------- lifters
+
+def _floats(*vs: Any) -> bool:
+    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in POOL_DTYPES
+
+
+@register_lifter(Pool)
+def lift_pool(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
+    if not _floats(node.inputs[0]):
+        return None
+    return [GpuPool(**op.params())(inputs[0])]
+
+
+@register_lifter(MaxPoolGrad)
+def lift_max_pool_grad(op: Any, node: Apply, context_name: Any,
+                       inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuMaxPoolGrad(**op.params())(*inputs)]
+
+
+@register_lifter(AveragePoolGrad)
+def lift_average_pool_grad(op: Any, node: Apply, context_name: Any,
+                           inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuAveragePoolGrad(**op.params())(*inputs)]
+
+
+@register_lifter(MaxPoolGradGrad)
+def lift_max_pool_grad_grad(op: Any, node: Apply, context_name: Any,
+                            inputs: Any) -> list[Any] | None:
+    if not _floats(*node.inputs):
+        return None
+    return [GpuMaxPoolGradGrad(**op.params())(*inputs)]

@@ -1,0 +1,236 @@
+"""GPU versions of the CPU compute ops, registered with the placement pass, and the rewrite
+that fuses an elementwise producer into the reduction that is its only client.
+
+Lifters (``register_lifter``, see symgpu/gpu/placement/rewriting.py) map one CPU node to GPU variables
+or decline (None: the node stays on the CPU).  They never make nodes in place: the placement
+pass shares one upload among all readers of a host value, so only ``make_gpu_inplace`` (after
+fusion, with the DestroyHandler's rules, as the CPU's in-place pass) decides what may be
+overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db.py):
+
+  49.5  gpu_fusion           the CPU fusion algorithm over GpuElemwise (one kernel per chain)
+  60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
+  76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.db import optdb
+from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
+from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
+from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.scalar.basic import SCALAR_OPS
+
+__all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
+           "lift_gemm", "fuse_careduce_pre_op", "local_careduce_pre_op", "gpu_fusion",
+           "make_gpu_inplace"]
+
+
+def _dtypes(vs: Any) -> list[str]:
+    return [v.dtype for v in vs]
+
+
+@register_lifter("Elemwise")
+def lift_elemwise(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Elemwise -> GpuElemwise (any table row or Composite with a CUDA rendering)."""
+    if not supports_scalar_op(op.scalar_op, _dtypes(node.inputs)):
+        return None
+    out = GpuElemwise(op.scalar_op)(*inputs)
+    return out if isinstance(out, list) else [out]
+
+
+@register_lifter("CAReduce")
+def lift_careduce(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """CAReduce (sum, prod, max, min, all, any) -> GpuCAReduce."""
+    if not careduce_supported(op.scalar_op, None, _dtypes(node.inputs)):
+        return None
+    return [GpuCAReduce(op.scalar_op, op.axis, getattr(op, "dtype", None))(inputs[0])]
+
+
+def _blas_ok(*vs: Variable) -> bool:
+    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in BLAS_DTYPES
+
+
+@register_lifter("Dot")
+def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Dot: matrix@matrix -> GpuDot22, matrix@vector and vector@matrix -> GpuGemv (on a
+    GpuAllocEmpty, as Theano did), vector@vector -> a fused multiply-sum reduction."""
+    x, y = inputs
+    out_dtype = node.outputs[0].dtype
+    if x.ndim == 1 and y.ndim == 1:
+        mul = SCALAR_OPS["mul"]
+        if not careduce_supported(SCALAR_OPS["add"], mul, [x.dtype, y.dtype]):
+            return None
+        return [GpuCAReduce("add", None, out_dtype, mul)(x, y)]
+    if not _blas_ok(x, y, node.outputs[0]):
+        return None
+    if x.ndim == 2 and y.ndim == 2:
+        return [GpuDot22()(x, y)]
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    if x.ndim == 2:
+        return [gpu_matvec(x, y)]
+    return [gpu_matvec(GpuDimShuffle(y.broadcastable, (1, 0))(y), x)]
+
+
+@register_lifter("Dot22")
+def lift_dot22(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    if not _blas_ok(*inputs, node.outputs[0]):
+        return None
+    return [GpuDot22()(*inputs)]
+
+
+def _scalar(inputs: Any, i: int) -> Variable:
+    """BLAS alpha/beta: the GPU value when it already lived there, else the host one (host
+    pointer mode; constants are read once)."""
+    return inputs[i] if inputs.was_on_gpu[i] else inputs.host(i)
+
+
+def _is_one(var: Variable) -> bool:
+    const = constant_behind(var)
+    if const is None:
+        return False
+    data = np.asarray(const.data)
+    return data.size == 1 and data.reshape(()) == 1
+
+
+def _bias_add(node: Apply, inputs: Any, product: Any) -> list[Variable] | None:
+    """``dot(x, w) + b`` (a Gemm whose C is broadcast, alpha = beta = 1) as the bare
+    product plus an elementwise add: on the GPU the broadcast C would cost a copy kernel
+    filling the output, while the add fuses into the kernel that reads the result next
+    (the ReLU, the sigmoid...). None where this is not that case."""
+    acc, out = node.inputs[0], node.outputs[0]
+    if acc.broadcastable == out.broadcastable or not (_is_one(node.inputs[1])
+                                                      and _is_one(node.inputs[4])):
+        return None
+    res = GpuElemwise(SCALAR_OPS["add"])(product(), inputs[0])
+    return [res] if res.broadcastable == out.broadcastable else None
+
+
+@register_lifter("Gemv")
+def lift_gemv(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Gemv(y, alpha, A, x, beta) -> GpuGemv (``w - lr * dot(x.T, g)`` is one call)."""
+    y, _, A, x, _ = inputs
+    if not _blas_ok(y, A, x):
+        return None
+    return [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
+
+
+@register_lifter("Gemm")
+def lift_gemm(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """Gemm(z, alpha, x, y, beta) -> GpuGemm."""
+    z, _, x, y, _ = inputs
+    if not _blas_ok(z, x, y):
+        return None
+    return _bias_add(node, inputs, lambda: GpuDot22()(x, y)) or \
+        [GpuGemm(False)(z, _scalar(inputs, 1), x, y, _scalar(inputs, 4))]
+
+
+# ----------------------------------------------------------------------------- fusion
+
+def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    """GpuCAReduce(GpuElemwise(f)(a, b, ..)) -> GpuCAReduce(pre=f)(a, b, ..) when the
+    elementwise result has no other reader: the reduction reads a, b once and the
+    intermediate array is never written."""
+    op = node.op
+    if not isinstance(op, GpuCAReduce) or op.pre_scalar_op is not None:
+        return None
+    x = node.inputs[0]
+    src = x.owner
+    if src is None or not isinstance(src.op, GpuElemwise) or src.op.inplace_pattern \
+            or len(src.outputs) != 1 or x in fgraph.outputs:
+        return None
+    if len(fgraph.clients.get(x, [])) != 1:
+        return None
+    if not careduce_supported(op.scalar_op, src.op.scalar_op, _dtypes(src.inputs)):
+        return None
+    new = GpuCAReduce(op.scalar_op, op.axis, op.dtype, src.op.scalar_op)(*src.inputs)
+    if new.type != node.outputs[0].type:
+        return None
+    return [new]
+
+
+def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
+    """Apply `local_careduce_pre_op` everywhere (one sweep; fused nodes are final)."""
+    from symgpu.graph.rewriting import InconsistencyError, replace_validate
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes:
+            continue
+        new = local_careduce_pre_op(fgraph, node)
+        if new is not None:
+            new[0].owner.tag.trace = getattr(node.tag, "trace", [])
+            try:
+                replace_validate(fgraph, [(node.outputs[0], new[0])],
+                                 reason="local_careduce_pre_op")
+            except InconsistencyError:
+                continue
+
+
+def gpu_fusion(fgraph: FunctionGraph) -> None:
+    """The CPU fusion pass's algorithm over GpuElemwise nodes."""
+    from symgpu.tensor.rewriting.elemwise import fuse_elemwise
+    fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
+
+
+def _destroyable_inputs(fgraph: FunctionGraph, node: Apply, out: Variable, taken: set,
+                        why_not: Any) -> list[int]:
+    return [i for i, inp in enumerate(node.inputs)
+            if i not in taken and inp.type == out.type and node.inputs.count(inp) == 1
+            and why_not(fgraph, inp, node) is None]
+
+
+def make_gpu_inplace(fgraph: FunctionGraph) -> int:
+    """Switch GPU nodes to in-place versions where the DestroyHandler's rules allow (an
+    intermediate read by nobody else); returns how many changed."""
+    from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler,
+                                        replace_validate, why_not_destroyable)
+    nodes = [n for n in fgraph.toposort()
+             if (type(n.op) is GpuElemwise and not n.op.inplace_pattern)
+             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer) and not n.op.inplace)]
+    if not nodes:
+        return 0
+    attach_destroy_handler(fgraph)
+    changed = 0
+    for node in nodes:
+        if node not in fgraph.apply_nodes:
+            continue
+        op = node.op
+        if type(op) is GpuElemwise:
+            pattern: dict[int, int] = {}
+            for o, out in enumerate(node.outputs):
+                cands = _destroyable_inputs(fgraph, node, out, set(pattern.values()),
+                                            why_not_destroyable)
+                if cands:
+                    pattern[o] = cands[0]
+            new_op = GpuElemwise(op.scalar_op, pattern, op.name) if pattern else None
+        else:
+            cands = _destroyable_inputs(fgraph, node, node.outputs[0], set(),
+                                        why_not_destroyable)
+            new_op = type(op)(True) if cands[:1] == [0] else None
+        if new_op is None:
+            continue
+        try:
+            new = new_op.make_node(*node.inputs).outputs
+            new[0].owner.tag.__dict__.update(node.tag.__dict__)
+            replace_validate(fgraph, list(zip(node.outputs, new)), reason="gpu_inplace")
+            changed += 1
+        except (InconsistencyError, TypeError):
+            continue
+    return changed
+
+
+# after lifting (40): fuse chains, absorb producers into reductions, then go in place
+optdb.register("gpu_fusion", gpu_fusion, 49.5, "fast_run", "fusion", "gpu")
+optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu")
+optdb.register("gpu_inplace", make_gpu_inplace, 76, "fast_run", "inplace", "gpu")
+
+
+@register_lifter("Print")
+def lift_print(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
+    """symgpu.printing.Print takes any type: it stays where its input is (the value is
+    copied to the host only to be printed), so lifting adds no transfer pair around it."""
+    return [op(inputs[0])]

@@ -1,0 +1,75 @@
+/* symgpu elementwise module: ${title}
+ *
+ * Rendered by symgpu/gpu/runtime/codegen/elemwise.py from this template and the scalar table.  The
+ * renderer supplies: the sg_ptrs struct (one pointer per operand), sg_scalars (operands of
+ * size 1, read once per thread), SG_NFULL (operands indexed per element: inputs that are not
+ * scalars, then outputs), and the element functions that apply sg_apply at an index
+ * (sg_elem_contig, sg_elem_off) or to 4 elements (sg_vec_load, then sg_vec_store).
+ *
+ * Kernels (all grid-stride loops; grid and block are fixed when the thunk is made: the
+ * contiguous ones get a grid covering the array, the strided ones at most one wave):
+ *   sg_contig            every full operand C-contiguous with the output's shape
+ *   sg_contig_vec        the same through 4-wide aligned vector accesses, then a scalar tail
+ *   sg_strided_<nd>_<w>  any non-negative element strides (0 where broadcast), <nd> dims left
+ *                        after collapsing, <w>-bit index arithmetic
+ */
+${common}
+${apply}
+${operands}
+
+extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+        sg_elem_contig(p, s, i);
+}
+
+/* one 4-wide vector per thread: launched with a grid that covers the array (a block per
+ * 4 * blockDim elements), so the loop runs once and the scalar tail is one step; many short
+ * blocks stream at the copy's bandwidth on Hopper (the fused chain of benchmarks/gpu_speed.py
+ * on the H100: 2.99 TB/s against 2.49 for a one-wave grid-stride loop over two vectors) */
+extern "C" __global__ void sg_contig_vec(const long long n, const sg_ptrs p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long nvec = n >> 2;
+    for (long long j = tid; j < nvec; j += step)
+        sg_vec_store(p, s, j, sg_vec_load(p, j));
+    for (long long i = (nvec << 2) + tid; i < n; i += step)
+        sg_elem_contig(p, s, i);
+}
+
+template <int ND, typename I> struct sg_meta {
+    I shape[ND];
+    I stride[SG_NFULL][ND];   /* in elements */
+};
+
+template <int ND, typename I>
+__device__ __forceinline__ void sg_strided_body(const I n, const sg_meta<ND, I> &m,
+                                                const sg_ptrs &p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const I step = (I)gridDim.x * blockDim.x;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        I off[SG_NFULL];
+#pragma unroll
+        for (int k = 0; k < SG_NFULL; ++k) off[k] = 0;
+        I rest = i;
+#pragma unroll
+        for (int d = ND - 1; d >= 0; --d) {
+            const I c = (d == 0) ? rest : rest % m.shape[d];
+            if (d > 0) rest /= m.shape[d];
+#pragma unroll
+            for (int k = 0; k < SG_NFULL; ++k) off[k] += c * m.stride[k][d];
+        }
+        sg_elem_off<I>(p, s, off);
+    }
+}
+
+#define SG_STRIDED(ND, I, NAME)                                                              \
+    extern "C" __global__ void NAME(const I n, const sg_meta<ND, I> m, const sg_ptrs p)     \
+    { sg_strided_body<ND, I>(n, m, p); }
+
+${instances}

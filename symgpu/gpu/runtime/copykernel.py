@@ -1,0 +1,110 @@
+"""The strided device-to-device copy GpuArray uses for non-contiguous views.
+
+Why a kernel: cuMemcpy2D/3D only cover arrays whose innermost axis is contiguous, and a
+transpose is not.  One gather/scatter kernel per item size (1, 2, 4, 8 bytes; the dtype does not
+matter for a copy) handles any shape and any byte strides, including the negative ones of a
+reversed slice.  Axes that are contiguous in both source and destination are merged first, so a
+typical copy runs with one or two index divisions per element.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from symgpu.gpu.runtime.codegen import template
+
+__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
+           "strided_inc", "prefetch_request"]
+
+MAX_DIMS = 8
+
+#: dtype -> CUDA type of the strided "+=" kernels (a copy only needs the item size)
+INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+              "int16": "short", "int32": "int", "int64": "long long",
+              "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+              "uint64": "unsigned long long"}
+
+#: one module (codegen/strided_copy.cu): ``dst[...] = src[...]`` per item size
+#: (strided_copy_N) and ``dst[...] += src[...]`` per dtype (strided_inc_<dtype>,
+#: GpuIncSubtensor), one walk over the strides
+STRIDED_COPY_SOURCE = template("strided_copy.cu").substitute(max_dims=MAX_DIMS)
+
+_ARG_FORMAT = "PPqq" + "q" * (3 * MAX_DIMS)
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+_prepared: dict[tuple[int, str], Any] = {}
+
+
+def collapse_axes(shape: Sequence[int], src: Sequence[int],
+                  dst: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+    """Drop length-1 axes and merge neighbours that are contiguous in both stride sets."""
+    out_shape: list[int] = []
+    out_src: list[int] = []
+    out_dst: list[int] = []
+    for n, s, d in zip(shape, src, dst):
+        if n == 1:
+            continue
+        if out_shape and out_src[-1] == n * s and out_dst[-1] == n * d:
+            out_shape[-1] *= n
+            out_src[-1], out_dst[-1] = s, d
+        else:
+            out_shape.append(n)
+            out_src.append(s)
+            out_dst.append(d)
+    return out_shape, out_src, out_dst
+
+
+def prefetch_request() -> tuple:
+    """(key, source factory, options) of the strided-copy module, for the ops that will copy
+    a broadcast or strided value on the device (symgpu/gpu/exec/prefetch.py compiles it with the
+    function's other kernels instead of on the first call)."""
+    return (("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, ())
+
+
+def _kernel(ctx: Any, name: str) -> Any:
+    fn = _prepared.get((id(ctx), name))
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, name,
+                        context=ctx)
+        fn.prepare(_ARG_FORMAT)
+        _prepared[(id(ctx), name)] = fn
+    return fn
+
+
+def _launch(ctx: Any, name: str, src_ptr: int, dst_ptr: int, shape: Sequence[int],
+            src_strides: Sequence[int], dst_strides: Sequence[int], what: str) -> None:
+    size = 1
+    for n in shape:
+        size *= n
+    if size == 0:
+        return
+    dims, s_str, d_str = collapse_axes(shape, src_strides, dst_strides)
+    if len(dims) > MAX_DIMS:
+        raise ValueError(f"{what} of shape {tuple(shape)} needs {len(dims)} axes after "
+                         f"merging; at most {MAX_DIMS} are supported: do it in pieces")
+    pad = [0] * (MAX_DIMS - len(dims))
+    meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
+    ctx.activate()
+    blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
+    _kernel(ctx, name).prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src_ptr,
+                                           dst_ptr, size, len(dims), *meta)
+
+
+def strided_copy(ctx: Any, src_ptr: int, dst_ptr: int, shape: Sequence[int],
+                 src_strides: Sequence[int], dst_strides: Sequence[int], itemsize: int) -> None:
+    """Queue ``dst[...] = src[...]`` on ``ctx``'s stream; strides are in bytes."""
+    if itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"no strided copy for items of {itemsize} bytes")
+    _launch(ctx, f"strided_copy_{itemsize}", src_ptr, dst_ptr, shape, src_strides,
+            dst_strides, "a strided copy")
+
+
+def strided_inc(dst: Any, src: Any) -> None:
+    """Queue ``dst[...] += src[...]`` on dst's stream (GpuArrays of equal shapes and dtypes;
+    any byte strides, 0 for broadcast source dims, negative for reversed views).
+    Destination elements must not repeat (basic indexing never makes them)."""
+    dtype = dst.dtype.name
+    if dtype not in INC_DTYPES:
+        raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
+    _launch(dst.context, f"strided_inc_{dtype}", src.ptr, dst.ptr, dst.shape, src.strides,
+            dst.strides, "GpuIncSubtensor: a region")

@@ -1,0 +1,296 @@
+"""Device-side checks that cost no synchronisation: bad indices and labels reported at the next
+point where the host waits for the GPU anyway.
+
+Why: a kernel that checks its indices used to read its error flag back right after its launch,
+one stream sync per call, which also kept the op out of CUDA graphs and stopped the host from
+running ahead of the GPU. Now each checking node owns a *slot*: two words of page-locked host
+memory mapped into the device's address space (zero-copy). Its kernel stores a bad value there
+with plain stores (no atomics on host memory: any one of several bad values may be the one
+kept). The host looks at the slots of a context right after every synchronisation of its stream
+(a copy to the host, ``get_value``, ``synchronize()``) and raises the error of the first slot
+set, naming the op and the user's line that created it. A call whose results come back to the
+host therefore fails in that same call, before its updates are applied; a call whose results
+all stay on the device reports the error at the next synchronisation, as CUDA errors do in
+PyTorch. ``config.gpuarray.sync_checks`` (or the ``sync_checks`` argument) restores a check
+right after each launch, for debugging.
+
+A report also sets the first word of its slot's page (each chunk of slots starts on a page:
+``page_aligned``). The graph runner copies an update back into its shared variable's buffer
+inside a call (so the variable stays where the graph reads it); in a function with checking ops
+that copy is ``guarded_copy``: one thread reads the page words into a device word, and the copy
+kernel does nothing once it is set, so a call that is about to fail leaves its shared variables
+untouched. Until the error is raised (at the next synchronisation), later calls' copies are
+skipped too.
+
+Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
+device address of the slot its kernel writes.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
+           "raise_device_errors", "is_device_check_error", "launch_checked", "guarded_copy"]
+
+#: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
+#: so does the first word of the slot's page (its chunk's "something was reported" word, which
+#: guarded copies read: see guarded_copy)
+REPORT_SOURCE = r"""
+__device__ __forceinline__ void report(volatile unsigned long long *slot, long long raw)
+{
+    if (slot[0] == 0ULL) {
+        slot[1] = (unsigned long long)raw;
+        __threadfence_system();
+        slot[0] = 1ULL;
+        *(volatile unsigned long long *)((unsigned long long)slot & ~4095ULL) = 1ULL;
+    }
+}
+"""
+
+_CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page's report word
+_MAX_GUARDED_CHUNKS = 4
+
+#: copies that do not happen once a check has reported: an update copied back into its shared
+#: variable's buffer inside a call must not land when that call is about to fail. The report
+#: words live in mapped host memory, and on the H100 each read of them from a kernel cost
+#: about a microsecond, one after the other: read by every block of a copy (a 4 MiB weight
+#: has 1024), they made a dropout MLP step's eight copies take 2 ms instead of a few us. So
+#: one thread reads them once per copy into the module's own device word, which the copy's
+#: blocks then read (two launches on the stream, in order: nothing runs between them).
+GUARDED_COPY_SOURCE = r"""
+__device__ int sg_guard_reported;
+
+extern "C" __global__ void guarded_copy_check(const volatile unsigned long long *w0,
+    const volatile unsigned long long *w1, const volatile unsigned long long *w2,
+    const volatile unsigned long long *w3)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        sg_guard_reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+}
+
+extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long n16,
+    unsigned char *dst_b, const unsigned char *src_b, long long tail)
+{
+    if (*(volatile int *)&sg_guard_reported) return;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (long long i = first; i < n16; i += step) dst[i] = src[i];
+    for (long long i = first; i < tail; i += step) dst_b[i] = src_b[i];
+}
+"""
+
+_PAGE = 4096
+
+
+def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
+    """(n x 2 uint64 page-locked host array, its device address) through PyCUDA; the device
+    address is a multiple of 4096 (see :func:`page_aligned`)."""
+    import pycuda.driver as drv
+    pad = _PAGE // 16
+    arr = drv.pagelocked_zeros((n + pad, 2), np.uint64,
+                               mem_flags=drv.host_alloc_flags.DEVICEMAP)
+    return page_aligned(arr, int(arr.base.get_device_pointer()), n)
+
+
+def page_aligned(arr: np.ndarray, ptr: int, n: int) -> tuple[np.ndarray, int]:
+    """The n rows of ``arr`` (rows of two uint64, at device address ``ptr``, with 256 rows to
+    spare) that start at a multiple of 4096, and their device address.
+
+    Why: a kernel's report sets the word at its slot's address rounded down to 4096, which
+    must be its chunk's report word, the one guarded copies read.  The driver does not
+    promise page alignment for page-locked allocations; a chunk that was not aligned had its
+    reports' page word land elsewhere, and a failing call's guarded update copy went through
+    (the update of a call that raised was applied on the device)."""
+    skip = (-ptr) % _PAGE
+    if skip % 16:
+        raise RuntimeError(f"a page-locked allocation at {ptr:#x} is not 16-byte aligned")
+    rows = skip // 16
+    return arr[rows:rows + n], ptr + skip
+
+
+class DeviceChecks:
+    """The slots of one context. `allocate(n)` gives (host array, device address) of n zeroed
+    slots; tests pass a plain NumPy allocator."""
+
+    def __init__(self, allocate: Callable[[int], tuple[np.ndarray, int]] = _mapped_zeros):
+        self._allocate = allocate
+        self._chunks: list[tuple[np.ndarray, int]] = []
+        self._describe: list[Callable[[int], Exception]] = []
+        self._lock = threading.Lock()
+
+    def new_slot(self, describe: Callable[[int], Exception]) -> int:
+        """A fresh slot for one node: returns the device address its kernel writes to;
+        `describe(bad_value)` makes the exception raised when the slot is found set."""
+        with self._lock:
+            k = len(self._describe)
+            chunk, offset = divmod(k, _CHUNK - 1)
+            if chunk == len(self._chunks):
+                host, base = self._allocate(_CHUNK)
+                if base % _PAGE:
+                    raise RuntimeError(f"device-check slots at {base:#x}: not on a 4096-byte "
+                                       f"boundary, so reports would set another page's word")
+                self._chunks.append((host, base))
+            self._describe.append(describe)
+            return self._chunks[chunk][1] + (offset + 1) * 16
+
+    def report_words(self) -> list[int] | None:
+        """The device addresses of every chunk's report word (None past the number a guarded
+        copy reads)."""
+        if len(self._chunks) > _MAX_GUARDED_CHUNKS:
+            return None
+        return [base for _, base in self._chunks]
+
+    def raise_pending(self) -> None:
+        """Raise the error of the first set slot (and clear every slot): call only when the
+        stream has been synchronised, so every queued kernel has finished writing."""
+        for c, (host, _) in enumerate(self._chunks):
+            flags = host[1:, 0]
+            if not host[0, 0] and not flags.any():
+                continue
+            hits = np.flatnonzero(flags)
+            if not len(hits):
+                host[0] = 0
+                continue
+            i = int(hits[0])
+            bad = int(host[i + 1, 1:2].view(np.int64)[0])
+            for other, _ in self._chunks:
+                other[...] = 0
+            exc = self._describe[c * (_CHUNK - 1) + i](bad)
+            exc.device_check = True   # the call's own error, never a reason to change course
+            raise exc
+
+
+def is_device_check_error(exc: BaseException) -> bool:
+    """Whether `exc` is a kernel's reported check (a user error to propagate as is, not a
+    failure of the machinery that happened to synchronise, such as a graph's check)."""
+    return getattr(exc, "device_check", False)
+
+
+_lock = threading.Lock()
+
+
+def checks_of(ctx: Any) -> DeviceChecks:
+    """The DeviceChecks of a context (made on first use)."""
+    checks = getattr(ctx, "device_checks", None)
+    if checks is None:
+        with _lock:
+            checks = getattr(ctx, "device_checks", None)
+            if checks is None:
+                checks = ctx.device_checks = DeviceChecks()
+    return checks
+
+
+def raise_device_errors(ctx: Any) -> None:
+    """After a synchronisation of `ctx`'s stream: raise what its kernels reported."""
+    checks = getattr(ctx, "device_checks", None)
+    if checks is not None:
+        checks.raise_pending()
+
+
+def _user_line(node: Any) -> str:
+    trace = getattr(getattr(node, "tag", None), "trace", None) or []
+    if not trace:
+        return ""
+    frame = trace[-1]
+    return f' (the node was created at "{frame.filename}", line {frame.lineno}: {frame.line})'
+
+
+def new_error_buffer(ctx: Any) -> Any:
+    """A zeroed two-word device buffer a kernel's ``report`` (REPORT_SOURCE) writes
+    (``config.gpuarray.sync_checks``: read back right after the launch)."""
+    from symgpu.gpu.runtime.array import GpuArray
+    return GpuArray((2,), "uint64", ctx).fill(0)
+
+
+def read_error(err: Any) -> int | None:
+    """The value a kernel reported into ``err`` (a stream sync), or None if none did."""
+    flag, bad = err.get()
+    if not flag:
+        return None
+    return int(np.asarray(bad, dtype=np.uint64).view(np.int64))
+
+
+def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple,
+                   describe: Callable[[int], Exception]) -> None:
+    """Launch the prepared kernel `fn` with `args` and a report slot as its last argument.
+    Deferred (default): the slot is `node`'s mapped slot, read at the next synchronisation;
+    with ``config.gpuarray.sync_checks``: a fresh device buffer read back at once.
+    `describe(bad)` makes the exception for a reported value (the launch's shapes go in it)."""
+    from symgpu.config import config
+    if config.gpuarray.sync_checks:
+        err = new_error_buffer(ctx)
+        fn.prepared_async_call(grid, block, ctx.stream, *args, err.ptr)
+        bad = read_error(err)
+        if bad is not None:
+            raise describe(bad)
+        return
+    slots = node.tag.__dict__.setdefault("device_check_slots", {})
+    entry = slots.get(id(ctx))
+    if entry is None:
+        record: list = [describe]
+        where = _user_line(node)
+
+        def raise_for(bad: int, record: list = record) -> Exception:
+            exc = record[0](bad)
+            return type(exc)(f"{exc}{where}")
+        entry = slots[id(ctx)] = (checks_of(ctx).new_slot(raise_for), record)
+    entry[1][0] = describe   # this launch's shapes, for the message
+    fn.prepared_async_call(grid, block, ctx.stream, *args, entry[0])
+
+
+def checks_are_deferred() -> bool:
+    """Whether checking ops report at the next synchronisation (then they can be captured
+    into CUDA graphs: they take pool memory and queue work on the stream only)."""
+    from symgpu.config import config
+    return not config.gpuarray.sync_checks
+
+
+def sync_check_reason() -> str | None:
+    """Why a checking op makes the host wait (for symgpu.explain), or None when it does not."""
+    return None if checks_are_deferred() else \
+        "reads its check flag back after the launch (gpuarray.sync_checks=True)"
+
+
+_copy_kernels: dict[int, Any] = {}
+
+
+def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
+    """``dst[...] = src`` (same layout, contiguous) on ctx's stream, skipped on the device if
+    any check of the context has reported; False (nothing queued) when the context has more
+    report pages than the kernel reads."""
+    words = checks_of(ctx).report_words()
+    if words is None:
+        return False
+    fns = _copy_kernels.get(id(ctx))
+    if fns is None:
+        from symgpu.gpu.runtime.compiler import compile_module
+        module = compile_module(GUARDED_COPY_SOURCE, context=ctx)   # one module: one word
+        check = module.get_function("guarded_copy_check")
+        copy = module.get_function("guarded_copy")
+        check.prepare("PPPP")
+        copy.prepare("PPqPPq")
+        fns = _copy_kernels[id(ctx)] = (check, copy)
+    check, copy = fns
+    nbytes = dst.nbytes
+    n16, tail = divmod(nbytes, 16) if dst.ptr % 16 == 0 and src.ptr % 16 == 0 else (0, nbytes)
+    done = n16 * 16
+    words = words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
+    threads = max(n16, tail)
+    blocks = max(1, min(1024, -(-threads // 256)))
+    check.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words)
+    copy.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
+                             dst.ptr + done, src.ptr + done, nbytes - done)
+    return True
+
+
+class DeviceChecked:
+    """Mixin of ops whose kernels check their inputs through launch_checked: capturable
+    unless checks are synchronous, and counted by the runner (guarded copies) and explain."""
+
+    capturable = property(lambda self: checks_are_deferred())   # graphs.py
+    launches = True
+    device_checked = True   # reports at the next sync: copies back into shared variables guarded
+    host_sync = property(lambda self: sync_check_reason())         # symgpu.explain

@@ -1,0 +1,230 @@
+"""DLPack export and import for GpuArray, in plain ctypes (no compiled extension).
+
+Export: ``GpuArray.__dlpack__`` builds a ``DLManagedTensor`` (or, when the consumer passes
+``max_version >= (1, 0)``, a ``DLManagedTensorVersioned``) in ctypes memory and wraps it in a
+capsule named ``dltensor``/``dltensor_versioned``.  The GpuArray, the struct and its shape and
+strides arrays are kept alive in ``_exports`` until the consumer calls the deleter; a capsule
+that is never consumed calls it from its destructor.
+
+Import: :func:`from_dlpack` asks the producer for a capsule, reads the struct, renames the
+capsule ``used_...`` (so the producer's destructor leaves it alone) and wraps the memory in a
+GpuArray whose owner calls the producer's deleter when the last view dies.
+
+Layouts follow dlpack.h (v1.x); strides there count elements, ours count bytes.
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["export_capsule", "from_dlpack", "KDL_CUDA"]
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
+_INT, _UINT, _FLOAT, _BOOL = 0, 1, 2, 6
+_FLAG_READ_ONLY = 1
+
+
+class _Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _Device), ("ndim", ctypes.c_int32),
+                ("dtype", _DataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Version(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _Managed(ctypes.Structure):
+    pass
+
+
+class _ManagedVersioned(ctypes.Structure):
+    pass
+
+
+_Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_Managed._fields_ = [("dl_tensor", _Tensor), ("manager_ctx", ctypes.c_void_p),
+                     ("deleter", _Deleter)]
+_ManagedVersioned._fields_ = [("version", _Version), ("manager_ctx", ctypes.c_void_p),
+                              ("deleter", _Deleter), ("flags", ctypes.c_uint64),
+                              ("dl_tensor", _Tensor)]
+
+_NAME = b"dltensor"
+_NAME_V = b"dltensor_versioned"
+_USED = b"used_dltensor"
+_USED_V = b"used_dltensor_versioned"
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.c_void_p, ctypes.c_char_p]  # raw: safe in dealloc
+_api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_api.PyCapsule_GetName.restype = ctypes.c_char_p
+_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+
+# --------------------------------------------------------------------------- export
+_exports: dict[int, tuple] = {}   # manager_ctx key -> everything the struct points into
+_exports_lock = threading.Lock()
+_next_key = 0
+
+
+def _release(managed_ptr: int, versioned: bool) -> None:
+    struct = (_ManagedVersioned if versioned else _Managed).from_address(managed_ptr)
+    key = struct.manager_ctx
+    with _exports_lock:
+        _exports.pop(key, None)
+
+
+@_Deleter
+def _deleter(managed_ptr: int) -> None:
+    _release(managed_ptr, False)
+
+
+@_Deleter
+def _deleter_versioned(managed_ptr: int) -> None:
+    _release(managed_ptr, True)
+
+
+def _capsule_destructor(capsule_ptr: int) -> None:
+    """An unconsumed capsule still owns its tensor: call the deleter."""
+    for name, deleter in ((_NAME, _deleter), (_NAME_V, _deleter_versioned)):
+        if _api.PyCapsule_IsValid(capsule_ptr, name):
+            deleter(_api.PyCapsule_GetPointer(capsule_ptr, name))
+            return
+
+
+_CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_destructor = _CapsuleDestructor(_capsule_destructor)
+_destructor_ptr = ctypes.cast(_destructor, ctypes.c_void_p).value
+
+
+def _dl_dtype(dtype: np.dtype) -> _DataType:
+    code = {"b": _BOOL, "i": _INT, "u": _UINT, "f": _FLOAT}.get(dtype.kind)
+    if code is None:
+        raise BufferError(f"dtype {dtype} has no DLPack equivalent here")
+    return _DataType(code, dtype.itemsize * 8, 1)
+
+
+def export_capsule(arr: Any, versioned: bool) -> Any:
+    """A DLPack capsule viewing ``arr`` (a GpuArray); ``arr`` lives until the deleter runs."""
+    global _next_key
+    ndim = arr.ndim
+    shape = (ctypes.c_int64 * max(ndim, 1))(*arr.shape)
+    strides = (ctypes.c_int64 * max(ndim, 1))(*(s // arr.itemsize for s in arr.strides))
+    managed = _ManagedVersioned() if versioned else _Managed()
+    t = managed.dl_tensor
+    t.data = arr.ptr or None
+    t.device = _Device(KDL_CUDA, arr.context.ordinal)
+    t.ndim = ndim
+    t.dtype = _dl_dtype(arr.dtype)
+    t.shape = ctypes.cast(shape, ctypes.POINTER(ctypes.c_int64))
+    t.strides = ctypes.cast(strides, ctypes.POINTER(ctypes.c_int64))
+    t.byte_offset = 0
+    with _exports_lock:
+        _next_key += 1
+        key = _next_key
+        _exports[key] = (arr, managed, shape, strides)
+    managed.manager_ctx = key
+    if versioned:
+        managed.version = _Version(1, 0)
+        managed.deleter = _deleter_versioned
+        managed.flags = 0
+    else:
+        managed.deleter = _deleter
+    return _api.PyCapsule_New(ctypes.addressof(managed), _NAME_V if versioned else _NAME,
+                              _destructor_ptr)
+
+
+# --------------------------------------------------------------------------- import
+class _DLPackOwner:
+    """Holds a consumed DLPack tensor; calls the producer's deleter when collected."""
+
+    __slots__ = ("ptr", "versioned", "producer", "struct_class", "is_finalizing")
+
+    def __init__(self, ptr: int, versioned: bool, producer: Any) -> None:
+        self.ptr, self.versioned, self.producer = ptr, versioned, producer
+        # bound now: at interpreter exit module globals may already be gone
+        self.struct_class = _ManagedVersioned if versioned else _Managed
+        self.is_finalizing = sys.is_finalizing
+
+    def __del__(self) -> None:
+        if self.is_finalizing():
+            return  # the producer's library may already be unloaded; the OS reclaims memory
+        struct = self.struct_class.from_address(self.ptr)
+        if struct.deleter:
+            struct.deleter(self.ptr)
+
+
+_NP_KIND = {_INT: "i", _UINT: "u", _FLOAT: "f", _BOOL: "b"}
+
+
+def _np_dtype(dt: _DataType) -> np.dtype:
+    kind = _NP_KIND.get(dt.code)
+    if kind is None or dt.lanes != 1 or dt.bits % 8:
+        raise TypeError(f"DLPack dtype (code {dt.code}, {dt.bits} bits, {dt.lanes} lanes) is "
+                        f"not supported on symgpu's GPU arrays (complex and bfloat16 included)")
+    return np.dtype("?" if kind == "b" else f"{kind}{dt.bits // 8}")
+
+
+def from_dlpack(obj: Any, context: Any = None) -> Any:
+    """A GpuArray sharing the memory of ``obj`` (anything with ``__dlpack__`` on a CUDA device,
+    or a raw ``dltensor`` capsule).  The producer's memory lives as long as the GpuArray."""
+    from symgpu.gpu.runtime.array import GpuArray
+    from symgpu.gpu.runtime.context import context_for_ordinal
+    if isinstance(obj, GpuArray):
+        return obj
+    ctx = context
+    if hasattr(obj, "__dlpack__"):
+        if hasattr(obj, "__dlpack_device__"):
+            dev_type, dev_id = obj.__dlpack_device__()
+            if int(dev_type) not in (KDL_CUDA, KDL_CUDA_MANAGED):
+                raise BufferError(f"from_dlpack needs a CUDA array; {type(obj).__name__} lives "
+                                  f"on DLPack device type {int(dev_type)} (1 = CPU: use to_gpu)")
+            ctx = ctx or context_for_ordinal(int(dev_id))
+        stream = ctx.stream_handle if ctx is not None else None
+        try:
+            capsule = obj.__dlpack__(stream=stream, max_version=(1, 0))
+        except TypeError:  # a producer that predates versioned DLPack
+            capsule = obj.__dlpack__(stream=stream)
+    else:
+        capsule = obj
+    name = _api.PyCapsule_GetName(capsule)
+    if name not in (_NAME, _NAME_V):
+        raise BufferError(f"expected an unconsumed DLPack capsule, got one named {name!r}")
+    versioned = name == _NAME_V
+    ptr = _api.PyCapsule_GetPointer(ctypes.c_void_p(id(capsule)), name)
+    struct = (_ManagedVersioned if versioned else _Managed).from_address(ptr)
+    if versioned and struct.version.major > 1:
+        raise BufferError(f"DLPack version {struct.version.major}.{struct.version.minor} "
+                          f"is newer than this reader (1.x)")
+    t = struct.dl_tensor
+    if t.device.device_type not in (KDL_CUDA, KDL_CUDA_MANAGED):
+        raise BufferError(f"from_dlpack needs CUDA memory, got DLPack device type "
+                          f"{t.device.device_type}")
+    dtype = _np_dtype(t.dtype)
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
+    else:
+        strides = None
+    data = (t.data or 0) + t.byte_offset
+    ctx = ctx or context_for_ordinal(t.device.device_id)
+    _api.PyCapsule_SetName(capsule, _USED_V if versioned else _USED)
+    owner = _DLPackOwner(ptr, versioned, obj)
+    return GpuArray._from_pointer(ctx, data, shape, dtype, strides, owner)

@@ -1,0 +1,234 @@
+"""The GPU package's layout rules (issue 19), checked on the source (ast: no GPU, no import).
+
+- every module lives in one of runtime/, placement/, ops/, exec/;
+- runtime/ imports nothing from symgpu.graph, symgpu.tensor, symgpu.compile, nor from the gpu
+  layers above it, not even inside a function;
+- no import circle among gpu modules at module level. Imports inside functions are allowed
+  (they run after every module has loaded); so are imports of a *package* (its __init__ runs
+  first whatever imports it), and imports under ``if TYPE_CHECKING:``;
+- ops are recognised by type, never by comparing ``type(x).__name__`` with a string;
+- broad ``except Exception`` handlers only up to a recorded allowance (narrow, don't add);
+- CUDA sources in .cu templates: .py modules that still build kernels from strings are
+  the recorded ones (convert, don't add);
+- every data file (a .cu template) is shipped by pyproject's package-data.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = ROOT / "symgpu" / "gpu"
+LAYERS = ("runtime", "placement", "ops", "exec")
+
+#: broad handlers (except Exception / BaseException / bare) left in symgpu/gpu (39 before
+#: issue 19's relayout, 31 after context.py was narrowed); each one
+#: that remains is a probe or clean-up that must not raise, or still to be narrowed
+BROAD_EXCEPT_ALLOWANCE = 31
+
+#: modules whose CUDA is still written in Python strings (to be moved to .cu templates)
+CUDA_IN_STRINGS_ALLOWED = {
+    "ops/advanced.py", "ops/advanced_pairs.py", "ops/conv_gemm.py", "ops/crossentropy.py",
+    "runtime/device_checks.py", "exec/graph_params.py", "ops/nnet.py", "ops/pooling.py",
+    "ops/random.py", "ops/random_fusion.py",
+    "ops/pooling_epilogue.py",   # being written on wip-lenet as the move is prepared
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in sorted(GPU.rglob("*.py")):
+        parts = list(p.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+MODULES = _modules()
+PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
+
+
+def _imports(path: Path) -> list[tuple[str, bool, int]]:
+    """(imported module, at module level?, line) for every import in the file; ``from a
+    import b`` yields a.b when that is a module, else a."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[str, bool, int]] = []
+
+    def visit(node: ast.AST, deferred: bool) -> None:
+        for ch in ast.iter_child_nodes(node):
+            d = deferred or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
+                visit(ch, True)
+                continue
+            if isinstance(ch, ast.Import):
+                found.extend((a.name, not d, ch.lineno) for a in ch.names)
+            elif isinstance(ch, ast.ImportFrom) and ch.module and ch.level == 0:
+                for a in ch.names:
+                    sub = f"{ch.module}.{a.name}"
+                    found.append((sub if sub in MODULES else ch.module, not d, ch.lineno))
+            elif isinstance(ch, ast.ImportFrom) and ch.level:
+                found.append(("<relative>", not d, ch.lineno))
+            visit(ch, d)
+    visit(tree, False)
+    return found
+
+
+def test_every_module_is_in_a_layer():
+    assert {p.name for p in GPU.iterdir() if p.name != "__pycache__"} == \
+        {"__init__.py", *LAYERS}, "symgpu/gpu/ holds only __init__.py and the four layers"
+    for layer in LAYERS:
+        assert (GPU / layer / "__init__.py").exists()
+
+
+def test_no_relative_imports():
+    bad = [f"{m}:{ln}" for m, p in MODULES.items() for t, _, ln in _imports(p)
+           if t == "<relative>"]
+    assert not bad, f"absolute imports only (the relayout script rewrites them): {bad}"
+
+
+def test_runtime_imports_nothing_above_it():
+    forbidden = ("symgpu.graph", "symgpu.tensor", "symgpu.compile", "symgpu.gpu.placement",
+                 "symgpu.gpu.ops", "symgpu.gpu.exec", "symgpu.scan", "symgpu.ifelse")
+    bad = []
+    for m, p in MODULES.items():
+        if not m.startswith("symgpu.gpu.runtime"):
+            continue
+        for target, _, line in _imports(p):
+            if target == "symgpu.gpu" or target.startswith(forbidden):
+                bad.append(f"{p.relative_to(ROOT)}:{line} imports {target}")
+    assert not bad, "the runtime layer knows nothing of graphs:\n" + "\n".join(bad)
+
+
+def _module_level_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m, p in MODULES.items():
+        graph[m] = {t for t, top, _ in _imports(p)
+                    if top and t in MODULES and t not in PACKAGES and t != m}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles_at_module_level():
+    cycles = _cycles(_module_level_graph())
+    assert not cycles, ("modules of symgpu.gpu import each other at module level (move one "
+                        f"import into the function that needs it): {cycles}")
+
+
+def _name_comparisons(tree: ast.AST) -> list[int]:
+    def is_type_name(e: ast.AST) -> bool:
+        if not (isinstance(e, ast.Attribute) and e.attr == "__name__"):
+            return False
+        v = e.value
+        return (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+                and v.func.id == "type") or \
+            (isinstance(v, ast.Attribute) and v.attr == "__class__")
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
+            and any(is_type_name(e) for e in [n.left, *n.comparators])]
+
+
+def test_name_comparison_finder():
+    assert _name_comparisons(ast.parse('if type(op).__name__ == "Dot": pass')) == [1]
+    assert _name_comparisons(ast.parse('x = op.__class__.__name__ in NAMES')) == [1]
+    assert _name_comparisons(ast.parse('if type(op) is Dot: pass')) == []
+
+
+def test_ops_recognised_by_type_not_by_name():
+    bad = [f"{p.relative_to(ROOT)}:{ln}" for p in MODULES.values()
+           for ln in _name_comparisons(ast.parse(p.read_text(encoding="utf-8")))]
+    assert not bad, f"compare types (isinstance / `is`), not class-name strings: {bad}"
+
+
+def _broad_handlers(tree: ast.AST) -> list[int]:
+    def broad(t: ast.AST | None) -> bool:
+        if t is None:
+            return True
+        if isinstance(t, ast.Tuple):
+            return any(broad(e) for e in t.elts)
+        return isinstance(t, ast.Name) and t.id in ("Exception", "BaseException")
+    return [h.lineno for h in ast.walk(tree) if isinstance(h, ast.ExceptHandler)
+            and broad(h.type)]
+
+
+def test_broad_handler_finder():
+    src = ("try: f()\nexcept Exception: pass\ntry: f()\nexcept (OSError, BaseException): "
+           "pass\ntry: f()\nexcept: pass\ntry: f()\nexcept OSError: pass\n")
+    assert _broad_handlers(ast.parse(src)) == [2, 4, 6]
+
+
+def test_broad_except_within_allowance():
+    found = [f"{p.relative_to(ROOT)}:{ln}" for p in MODULES.values()
+             for ln in _broad_handlers(ast.parse(p.read_text(encoding="utf-8")))]
+    assert len(found) <= BROAD_EXCEPT_ALLOWANCE, (
+        f"{len(found)} broad exception handlers in symgpu/gpu (allowance "
+        f"{BROAD_EXCEPT_ALLOWANCE}): catch what the code really expects, so that a bug fails "
+        "loudly instead of becoming a slow path:\n" + "\n".join(found))
+
+
+def test_cuda_sources_in_templates():
+    has_kernels = {str(p.relative_to(GPU)) for p in MODULES.values()
+                   if "__global__" in p.read_text(encoding="utf-8")}
+    new = sorted(has_kernels - CUDA_IN_STRINGS_ALLOWED)
+    assert not new, f"write CUDA in .cu templates (see runtime/codegen), not strings: {new}"
+
+
+def test_package_data_ships_every_template():
+    tomllib = pytest.importorskip("tomllib")
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = data["tool"]["setuptools"]["package-data"]
+    shipped = {f for pkg, globs in declared.items() for g in globs
+               for f in (ROOT / Path(*pkg.split("."))).glob(g)}
+    files = {f for f in GPU.rglob("*") if f.is_file() and f.suffix not in (".py", ".pyc")
+             and "__pycache__" not in f.parts}
+    missing = sorted(str(f.relative_to(ROOT)) for f in files - shipped)
+    assert not missing, f"not in pyproject's package-data (a wheel would lack them): {missing}"
+
+
+def test_public_namespace_is_lazy_and_complete():
+    import importlib
+    gpu = importlib.import_module("symgpu.gpu")
+    for name, module in gpu._LAZY.items():
+        assert module.split(".")[0] in LAYERS, (name, module)
+        assert re.fullmatch(r"[\w.]+", module)
+        assert (GPU / Path(*module.split("."))).with_suffix(".py").exists(), (name, module)
+    assert set(gpu.__all__) == set(gpu._LAZY)
