@@ -251,18 +251,24 @@ def test_gpu_conv_matches_cpu(cuda, backend, bm, s, d, flip, g):
         np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-10)
 
 
-@requires_gpu
-@pytest.mark.parametrize("kw", [dict(), dict(border_mode="half", subsample=(2, 2)),
-                                dict(border_mode=((0, 1), (2, 0)), num_groups=2)])
-def test_gpu_conv_float32(cuda, backend, kw):
+def _float32_conv_case(kw):
+    """A float32 conv2d with its two gradients: (inputs, outputs, values, the CPU's results)."""
     x, w = T.ftensor4(), T.ftensor4()
     xv = RNG.normal(size=(8, 4, 12, 11)).astype("float32")
     wv = RNG.normal(size=(8, 4 // kw.get("num_groups", 1), 5, 3)).astype("float32")
     y = conv2d(x, w, **kw)
-    gx, gw = symgpu.grad(T.sum(y ** 2), [x, w])
+    outs = [y, *symgpu.grad(T.sum(y ** 2), [x, w])]
     with on_the_cpu():
-        want = function([x, w], [y, gx, gw])(xv, wv)
-    f = function([x, w], [y, gx, gw])
+        want = function([x, w], outs)(xv, wv)
+    return [x, w], outs, (xv, wv), want
+
+
+@requires_gpu
+@pytest.mark.parametrize("kw", [dict(), dict(border_mode="half", subsample=(2, 2)),
+                                dict(border_mode=((0, 1), (2, 0)), num_groups=2)])
+def test_gpu_conv_float32(cuda, backend, kw):
+    ins, outs, (xv, wv), want = _float32_conv_case(kw)
+    f = function(ins, outs)
     assert "GpuConv2d" in _names(f)
     for got, ref in zip(f(xv, wv), want):
         np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-3 * np.abs(ref).max())
@@ -279,16 +285,10 @@ def test_gpu_conv_timed_and_heuristic_algorithms_agree(cuda, monkeypatch, kw):
         pytest.skip("cuDNN is not installed")
     monkeypatch.setattr(gconv, "FORCE_GEMM", False)
     monkeypatch.setattr(cudnn, "_TIMED", {})
-    x, w = T.ftensor4(), T.ftensor4()
-    xv = RNG.normal(size=(8, 4, 12, 11)).astype("float32")
-    wv = RNG.normal(size=(8, 4 // kw.get("num_groups", 1), 5, 3)).astype("float32")
-    y = conv2d(x, w, **kw)
-    gx, gw = symgpu.grad(T.sum(y ** 2), [x, w])
-    with on_the_cpu():
-        want = function([x, w], [y, gx, gw])(xv, wv)
+    ins, outs, (xv, wv), want = _float32_conv_case(kw)
     for how in ("heuristic", "time"):
         monkeypatch.setattr(gconv, "ALGO_SEARCH", how)
-        f = function([x, w], [y, gx, gw])
+        f = function(ins, outs)
         for _ in range(3):   # plain, captured, replayed
             got = f(xv, wv)
         for g, ref in zip(got, want):

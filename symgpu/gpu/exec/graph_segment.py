@@ -508,7 +508,7 @@ class Segment:
         self._hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
-                why = _differs(ref, self._host_values())
+                why = results_differ(ref, self._host_values())
             except Exception as exc:
                 if is_device_check_error(exc):
                     raise
@@ -681,8 +681,9 @@ def _same_layout(a: Any, b: Any) -> bool:
         a.is_c_contiguous and b.is_c_contiguous
 
 
-def _differs(ref: list, got: list) -> str | None:
-    """Why two lists of host results differ (None when they agree)."""
+def results_differ(ref: list, got: list) -> str | None:
+    """Why two lists of host results differ (None when they agree to float tolerance): a
+    new graph's check against plain launches (also scan_graph.py's)."""
     for k, (a, b) in enumerate(zip(ref, got)):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or a.dtype != b.dtype:

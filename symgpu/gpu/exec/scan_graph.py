@@ -40,6 +40,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_segment import Lease, results_differ
+
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
            "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
 
@@ -126,7 +128,6 @@ class _LoopGraph:
         array nobody holds any more (its lease is dead), else over a new pool block, which
         becomes one of those few while there are fewer than ``SPARE_OUTPUTS``."""
         from symgpu.gpu.runtime.array import GpuArray
-        from symgpu.gpu.exec.graph_segment import Lease
         spare = self.spare[k]
         for entry in spare:
             if entry[1]() is None:
@@ -325,7 +326,7 @@ class LoopGraphs:
             g.replay()
             g.checked = True
             got = drv.to_host(g.results)
-            why = _differs(ref, got)
+            why = results_differ(ref, got)
             if why is not None:
                 g.free()
                 self._give_up(f"the captured loop's results differ from plain launches ({why})")
@@ -347,16 +348,3 @@ class LoopGraphs:
         self.disabled = why
         warnings.warn(f"{self.op}: the loop runs step by step, not as a CUDA graph: {why}",
                       LoopGraphWarning, stacklevel=4)
-
-
-def _differs(ref: list, got: list) -> str | None:
-    """Why two lists of host results differ (None when they agree to float tolerance)."""
-    for k, (a, b) in enumerate(zip(ref, got)):
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return f"output {k}: {b.dtype}{b.shape}, expected {a.dtype}{a.shape}"
-        if a.dtype.kind in "fc":
-            if not np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True):
-                return f"output {k}: max difference {np.nanmax(np.abs(a - b)):.3g}"
-        elif not np.array_equal(a, b):
-            return f"output {k}: {int(np.sum(a != b))} elements differ"
-    return None
