@@ -8,8 +8,7 @@
   first whatever imports it), and imports under ``if TYPE_CHECKING:``;
 - ops are recognised by type, never by comparing ``type(x).__name__`` with a string;
 - broad ``except Exception`` handlers only up to a recorded allowance (narrow, don't add);
-- CUDA sources in .cu templates: .py modules that still build kernels from strings are
-  the recorded ones (convert, don't add);
+- CUDA sources in .cu templates, none in Python strings;
 - every data file (a .cu template) is shipped by pyproject's package-data.
 """
 from __future__ import annotations
@@ -28,14 +27,6 @@ LAYERS = ("runtime", "placement", "ops", "exec")
 #: issue 19's relayout, 31 after context.py was narrowed); each one
 #: that remains is a probe or clean-up that must not raise, or still to be narrowed
 BROAD_EXCEPT_ALLOWANCE = 31
-
-#: modules whose CUDA is still written in Python strings (to be moved to .cu templates)
-CUDA_IN_STRINGS_ALLOWED = {
-    "ops/advanced.py", "ops/advanced_pairs.py", "ops/conv_gemm.py", "ops/crossentropy.py",
-    "runtime/device_checks.py", "exec/graph_params.py", "ops/nnet.py", "ops/pooling.py",
-    "ops/random.py", "ops/random_fusion.py",
-    "ops/pooling_epilogue.py",   # being written on wip-lenet as the move is prepared
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -206,10 +197,12 @@ def test_broad_except_within_allowance():
 
 
 def test_cuda_sources_in_templates():
-    has_kernels = {str(p.relative_to(GPU)) for p in MODULES.values()
-                   if "__global__" in p.read_text(encoding="utf-8")}
-    new = sorted(has_kernels - CUDA_IN_STRINGS_ALLOWED)
-    assert not new, f"write CUDA in .cu templates (see runtime/codegen), not strings: {new}"
+    """Kernels live in runtime/codegen/*.cu (``sections``: an op's device code, then the entry
+    points it instantiates per dtype), never in Python strings."""
+    in_strings = sorted(str(p.relative_to(GPU)) for p in MODULES.values()
+                        if "__global__" in p.read_text(encoding="utf-8"))
+    assert not in_strings, \
+        f"write CUDA in .cu templates (see runtime/codegen), not strings: {in_strings}"
 
 
 def test_package_data_ships_every_template():

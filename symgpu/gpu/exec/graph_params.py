@@ -32,6 +32,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
+from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
@@ -43,21 +44,12 @@ _MODULE_KEY = ("symgpu.graph_params",)
 
 #: the strided copy's body, entered at a source offset read from device memory, and an
 #: arange whose start and step are read from device memory
-PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(f"""
-extern "C" __global__ void dyn_slice_copy_{n}(const char *base, const long long *offset,
-                                              char *dst, long long n, long long ndim,
-                                              CopyMeta m)
-{{ strided_body<{t}, SgAssign>(base + *offset, dst, n, (int)ndim, m); }}
-""" for n, t in ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
-                 (8, "unsigned long long"))) + "".join(f"""
-extern "C" __global__ void arange_dev_{d}({t} *out, const long long *p, long long n)
-{{
-    const long long start = p[0], step = p[1];
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = ({t})(start + i * step);
-}}
-""" for d, t in (("int32", "int"), ("int64", "long long")))
+_CU = sections("graph_params.cu")
+PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(
+    _CU["dyn_slice"].substitute(n=n, t=t)
+    for n, t in ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
+                 (8, "unsigned long long"))) + "".join(
+    _CU["arange_dev"].substitute(d=d, t=t) for d, t in (("int32", "int"), ("int64", "long long")))
 
 _COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
 _prepared: dict[tuple[int, str], Any] = {}

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
@@ -56,49 +57,7 @@ _FULL = Slice(None, None, None)
 #: bad value, then slot[0] becomes 1
 ERROR_REPORT_SOURCE = REPORT_SOURCE
 
-_ADVANCED_TEMPLATE = ERROR_REPORT_SOURCE + r"""
-template <typename I>
-__device__ __forceinline__ bool fix_index(I raw, long long len, long long &j)
-{
-    j = (long long)raw;
-    if (j < 0) j += len;
-    return j >= 0 && j < len;
-}
-
-__device__ __forceinline__ void atomic_inc(float *p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(double *p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(int *p, int v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(long long *p, long long v)
-{
-    atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
-}
-
-/* One walk over n indices and rows of `row` elements (arrays C-contiguous), each index
-   checked (also with row == 0); MODE 0 gathers dst[r, c] = src[idx[r], c], MODE 1 sets
-   dst[idx[r], c] = src[r, c], MODE 2 adds it atomically (repeated indices accumulate). */
-template <typename T, typename I, int MODE>
-__device__ __forceinline__ void indexed_body(T *dst, const T *src, const I *idx, long long n,
-                                             long long row, long long len,
-                                             unsigned long long *err)
-{
-    const long long rr = row ? row : 1;
-    const long long total = n * rr;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const long long r = i / rr, c = i - r * rr;
-        long long j;
-        if (!fix_index<I>(idx[r], len, j)) {
-            if (c == 0) report(err, (long long)idx[r]);
-            continue;
-        }
-        if (!row) continue;
-        const long long at = j * row + c;
-        if (MODE == 0) dst[i] = src[at];
-        else if (MODE == 1) dst[at] = src[i];
-        else atomic_inc(dst + at, src[i]);
-    }
-}
-"""
+_CU = sections("advanced.cu")   # the indexing loop, then the entry points it instantiates
 
 
 def _gather_name(dtype: str, idx_dtype: str) -> str:
@@ -111,20 +70,13 @@ def _scatter_name(dtype: str, idx_dtype: str, set_: bool) -> str:
 
 def advanced_source() -> str:
     """The CUDA module with every gather / set / inc kernel (all value and index dtypes)."""
-    parts = [_ADVANCED_TEMPLATE]
+    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in ADVANCED_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
-            parts.append(f"""
-extern "C" __global__ void {_gather_name(dtype, idt)}(const {t} *x, {t} *out,
-    const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
-{{ indexed_body<{t}, {it}, 0>(out, x, idx, n, row, len, err); }}
-""")
+            parts.append(_CU["gather"].substitute(name=_gather_name(dtype, idt), t=t, it=it))
             for set_ in (True, False):
-                parts.append(f"""
-extern "C" __global__ void {_scatter_name(dtype, idt, set_)}({t} *out, const {t} *y,
-    const {it} *idx, long long n, long long row, long long len, unsigned long long *err)
-{{ indexed_body<{t}, {it}, {1 if set_ else 2}>(out, y, idx, n, row, len, err); }}
-""")
+                parts.append(_CU["scatter"].substitute(name=_scatter_name(dtype, idt, set_),
+                                                       t=t, it=it, mode=1 if set_ else 2))
     return "".join(parts)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
@@ -41,45 +42,7 @@ _BLOCK = 256
 _MAX_BLOCKS = 4096
 _MODULE_KEY = ("symgpu.advanced_pairs",)
 
-_TEMPLATE = REPORT_SOURCE + r"""
-__device__ __forceinline__ void atomic_inc(float *p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(double *p, double v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(int *p, int v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_inc(long long *p, long long v)
-{
-    atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
-}
-
-/* Pair i of n: a read with stride as (0: broadcast), b with bs; both checked against
-   (rows, cols). MODE 0: dst[i] = src[ja*s0 + jb*s1]; MODE 1: dst[ja*s0 + jb*s1] = src[i*vs];
-   MODE 2: the same added atomically. */
-template <typename T, typename I, typename J, int MODE>
-__device__ __forceinline__ void pairs_body(T *dst, const T *src, long long vs, const I *a,
-    long long as, const J *b, long long bs, long long n, long long rows, long long cols,
-    long long s0, long long s1, unsigned long long *slot)
-{
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        long long ja = (long long)a[i * as], jb = (long long)b[i * bs];
-        if (ja < 0) ja += rows;
-        if (jb < 0) jb += cols;
-        if (ja < 0 || ja >= rows) { report(slot, (long long)a[i * as]); continue; }
-        if (jb < 0 || jb >= cols) { report(slot, (long long)b[i * bs]); continue; }
-        const long long at = ja * s0 + jb * s1;
-        if (MODE == 0) dst[i] = src[at];
-        else if (MODE == 1) dst[at] = src[i * vs];
-        else atomic_inc(dst + at, src[i * vs]);
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ void arange_body(T *out, long long start, long long step, long long n)
-{
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = (T)(start + i * step);
-}
-"""
+_CU = sections("advanced_pairs.cu")   # the pair loops, then the entry points
 
 _MODES = {0: "gather", 1: "set", 2: "inc"}
 
@@ -90,22 +53,15 @@ def _pairs_name(mode: int, dtype: str, a_dtype: str, b_dtype: str) -> str:
 
 def pairs_source() -> str:
     """The CUDA module: every gather/set/inc kernel (value x index dtypes) and the aranges."""
-    parts = [_TEMPLATE]
+    parts = [REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in ADVANCED_DTYPES.items():
         for adt, at in INDEX_DTYPES.items():
             for bdt, bt in INDEX_DTYPES.items():
                 for mode in _MODES:
-                    parts.append(f"""
-extern "C" __global__ void {_pairs_name(mode, dtype, adt, bdt)}({t} *dst, const {t} *src,
-    long long vs, const {at} *a, long long as, const {bt} *b, long long bs, long long n,
-    long long rows, long long cols, long long s0, long long s1, unsigned long long *slot)
-{{ pairs_body<{t}, {at}, {bt}, {mode}>(dst, src, vs, a, as, b, bs, n, rows, cols, s0, s1, slot); }}
-""")
+                    parts.append(_CU["pairs"].substitute(
+                        name=_pairs_name(mode, dtype, adt, bdt), t=t, at=at, bt=bt, mode=mode))
     for idt, it in INDEX_DTYPES.items():
-        parts.append(f"""
-extern "C" __global__ void arange_{idt}({it} *out, long long start, long long step, long long n)
-{{ arange_body<{it}>(out, start, step, n); }}
-""")
+        parts.append(_CU["arange"].substitute(idt=idt, it=it))
     return "".join(parts)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
@@ -39,52 +40,7 @@ CROSSENTROPY_DTYPES = {"float32": "float", "float64": "double"}
 _BLOCK = 256
 _MAX_BLOCKS = 4096
 
-_CROSSENTROPY_TEMPLATE = r"""
-__device__ __forceinline__ float ce_log(float v) { return logf(v); }
-__device__ __forceinline__ double ce_log(double v) { return log(v); }
-
-/* out[i] = -log(p[i, y[i]]) for n rows of k classes; p read through element strides
-   (ps0, ps1), y through ys. A label outside [0, k) is reported (report(): the node's slot,
-   device_checks.py) and its row left unwritten: the host raises at its next sync. */
-template <typename T, typename I>
-__device__ __forceinline__ void ce1hot_body(const T *p, long long ps0, long long ps1,
-                                            const I *y, long long ys, T *out, long long n,
-                                            long long k, unsigned long long *err)
-{
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        const long long j = (long long)y[i * ys];
-        if (j < 0 || j >= k) {
-            report(err, j);
-            continue;
-        }
-        out[i] = -ce_log(p[i * ps0 + j * ps1]);
-    }
-}
-
-/* out (n x k, C-contiguous) = -g[i] / p[i, y[i]] at (i, y[i]) and 0 elsewhere, the quotient
-   computed in W (the wider of T and G, as NumPy); g read with stride gs (0: broadcast).
-   With k == 0 every row is still checked (its labels are all out of range). */
-template <typename T, typename G, typename W, typename I>
-__device__ __forceinline__ void ce1hot_grad_body(const G *g, long long gs, const T *p,
-                                                 long long ps0, long long ps1, const I *y,
-                                                 long long ys, T *out, long long n,
-                                                 long long k, unsigned long long *err)
-{
-    const long long rr = k ? k : 1;
-    const long long total = n * rr;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
-        const long long r = i / rr, c = i - r * rr;
-        const long long j = (long long)y[r * ys];
-        if (j < 0 || j >= k) {
-            if (c == 0) report(err, j);
-            continue;
-        }
-        out[i] = (c == j) ? (T)(-(W)g[r * gs] / (W)p[r * ps0 + j * ps1]) : T(0);
-    }
-}
-"""
+_CU = sections("crossentropy.cu")   # the bodies, then the entry points
 
 
 def _fwd_name(dtype: str, idx_dtype: str) -> str:
@@ -98,22 +54,14 @@ def _grad_name(dtype: str, g_dtype: str, idx_dtype: str) -> str:
 def crossentropy_source() -> str:
     """The CUDA module with every forward and gradient kernel (all p, g and label dtypes),
     after advanced.py's ``report`` device function."""
-    parts = [ERROR_REPORT_SOURCE, _CROSSENTROPY_TEMPLATE]
+    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in CROSSENTROPY_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
-            parts.append(f"""
-extern "C" __global__ void {_fwd_name(dtype, idt)}(const {t} *p, long long ps0, long long ps1,
-    const {it} *y, long long ys, {t} *out, long long n, long long k, unsigned long long *err)
-{{ ce1hot_body<{t}, {it}>(p, ps0, ps1, y, ys, out, n, k, err); }}
-""")
+            parts.append(_CU["fwd"].substitute(name=_fwd_name(dtype, idt), t=t, it=it))
             for gdt, gt in CROSSENTROPY_DTYPES.items():
                 wt = "double" if "double" in (t, gt) else "float"
-                parts.append(f"""
-extern "C" __global__ void {_grad_name(dtype, gdt, idt)}(const {gt} *g, long long gs,
-    const {t} *p, long long ps0, long long ps1, const {it} *y, long long ys, {t} *out,
-    long long n, long long k, unsigned long long *err)
-{{ ce1hot_grad_body<{t}, {gt}, {wt}, {it}>(g, gs, p, ps0, ps1, y, ys, out, n, k, err); }}
-""")
+                parts.append(_CU["grad"].substitute(name=_grad_name(dtype, gdt, idt), t=t,
+                                                    gt=gt, wt=wt, it=it))
     return "".join(parts)
 
 

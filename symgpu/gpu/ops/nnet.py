@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
@@ -83,52 +84,7 @@ ARGMAX_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
 _ARG_BLOCK = 256
 _MAX_GRID = 1 << 20
 
-_ARGMAX_TEMPLATE = r"""
-/* preferred(a, b): a strictly beats b. NaN beats everything (NumPy's argmax/argmin return
-   the first NaN); a != a is false for integers. */
-template <typename T, bool MAX>
-__device__ __forceinline__ bool preferred(T a, T b)
-{
-    const bool an = a != a, bn = b != b;
-    if (an || bn) return an && !bn;
-    return MAX ? (a > b) : (a < b);
-}
-
-template <typename T, bool MAX>
-__device__ __forceinline__ void arg_body(const T *x, long long *out, long long rows,
-                                         long long n, T *sv, long long *si)
-{
-    const int tid = threadIdx.x;
-    for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T *r = x + row * n;
-        T best = T(0);
-        long long bi = -1;
-        for (long long j = tid; j < n; j += blockDim.x) {
-            const T v = r[j];
-            if (bi < 0 || preferred<T, MAX>(v, best)) { best = v; bi = j; }
-        }
-        sv[tid] = best;
-        si[tid] = bi;
-        __syncthreads();
-        for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-            if (tid < s) {
-                const T v = sv[tid + s];
-                const long long i = si[tid + s];
-                const T c = sv[tid];
-                const long long ci = si[tid];
-                if (i >= 0 && (ci < 0 || preferred<T, MAX>(v, c)
-                               || (!preferred<T, MAX>(c, v) && i < ci))) {
-                    sv[tid] = v;
-                    si[tid] = i;
-                }
-            }
-            __syncthreads();
-        }
-        if (tid == 0) out[row] = si[0];
-        __syncthreads();
-    }
-}
-"""
+_CU = sections("argmax.cu")   # the row reduction, then the entry points
 
 
 def _kernel_name(dtype: str, kind: str) -> str:
@@ -137,18 +93,12 @@ def _kernel_name(dtype: str, kind: str) -> str:
 
 def argmax_source() -> str:
     """The CUDA module with every ``arg{max,min}_<dtype>`` kernel (block of 256 threads)."""
-    parts = [_ARGMAX_TEMPLATE]
+    parts = [_CU[""].substitute()]
     for dtype, ctype in ARGMAX_DTYPES.items():
         for kind in ("max", "min"):
-            parts.append(f"""
-extern "C" __global__ void {_kernel_name(dtype, kind)}(const {ctype} *x, long long *out,
-                                                      long long rows, long long n)
-{{
-    __shared__ {ctype} sv[{_ARG_BLOCK}];
-    __shared__ long long si[{_ARG_BLOCK}];
-    arg_body<{ctype}, {'true' if kind == 'max' else 'false'}>(x, out, rows, n, sv, si);
-}}
-""")
+            parts.append(_CU["arg"].substitute(name=_kernel_name(dtype, kind), ctype=ctype,
+                                               block=_ARG_BLOCK,
+                                               is_max="true" if kind == "max" else "false"))
     return "".join(parts)
 
 

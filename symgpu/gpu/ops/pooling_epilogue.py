@@ -21,7 +21,7 @@ from symgpu.gpu.runtime.codegen import common_source
 from symgpu.gpu.runtime.codegen.scalar import render_apply_function, supports_scalar_op
 from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.ops.elemwise import GpuElemwise, new_array
-from symgpu.gpu.ops.pooling import (_FORMATS, _GEO, _INDEX, _MAKE, _TEMPLATE, POOL_DTYPES,
+from symgpu.gpu.ops.pooling import (_CU, _FORMATS, _GEO, _INDEX, _MAKE, POOL_DTYPES,
                                 GpuAveragePoolGrad, GpuMaxPoolGrad, _GpuPoolBase)
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.signal.pool import _PoolBase
@@ -38,17 +38,11 @@ def epilogue_source(scalar_op: Any, roles: tuple[str, ...], dtype: str) -> str:
     t = POOL_DTYPES[dtype]
     apply_src, _ = render_apply_function(scalar_op, [dtype] * len(roles), name="sg_epilogue")
     args = ", ".join("acc" if r == "g" else "x[t]" for r in roles)
-    parts = [common_source(), _TEMPLATE, apply_src, f'''
-struct PoolEpilogueStore {{
-    __device__ __forceinline__ {t} operator()(const {t} acc, const {t} *x, long long t) const
-    {{ {value_ctype(dtype)} r; sg_epilogue({args}, r); return ({t})r; }}
-}};
-''']
+    parts = [common_source(), _CU[""].substitute(), apply_src,
+             _CU["epilogue_store"].substitute(t=t, vt=value_ctype(dtype), args=args)]
     for sfx, i in _INDEX.items():
-        parts.append(f'extern "C" __global__ void pool_grad_epi{sfx}(const {t} *x, '
-                     f'const {t} *z, const {t} *gz, {t} *gx, {_GEO}, int mode) {{ '
-                     f'{_MAKE.format(i=i)} pool_grad_body<{t}, {i}>(x, z, gz, gx, g, mode, '
-                     f'PoolEpilogueStore()); }}\n')
+        parts.append(_CU["grad_epi"].substitute(t=t, sfx=sfx, i=i, geo=_GEO,
+                                                make=_MAKE.format(i=i)))
     return "".join(parts)
 
 

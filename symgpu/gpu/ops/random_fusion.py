@@ -23,7 +23,7 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.runtime.codegen import common_source
+from symgpu.gpu.runtime.codegen import common_source, sections
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 from symgpu.gpu.ops.elemwise import GpuElemwise
@@ -37,11 +37,8 @@ __all__ = ["GpuPhiloxElemwise", "render_philox_elemwise", "gpu_philox_fusion"]
 _BLOCK = 256
 
 #: one Philox block's elements of an operand, moved as one aligned access
-_PACK_CUDA = r"""
-template <typename T, int K> struct alignas(K * sizeof(T)) sg_rpack { T v[K]; };
-template <int K, typename T> __device__ __forceinline__ bool sg_rp_aligned(const T *p)
-{ return ((unsigned long long)p % (K * sizeof(T))) == 0; }
-"""
+_CU = sections("random_fusion.cu")   # packing helpers, then the entry point
+_PACK_CUDA = _CU[""].substitute()
 
 
 def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inputs: Sequence[bool],
@@ -135,8 +132,12 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
     return "\n".join([
         f"/* symgpu: Philox {dist} {dtype} draw fused into {str(scalar_op).replace('*/', '* /')} */",
         common_source(), PHILOX_CUDA, _PACK_CUDA, apply_src,
-        f'extern "C" __global__ void sg_philox_ew_contig({sig_contig})', "{", contig, "}",
-        f'extern "C" __global__ void sg_philox_ew_strided({sig_strided})', "{", strided, "}"])
+        _entry("contig", sig_contig), "{", contig, "}",
+        _entry("strided", sig_strided), "{", strided, "}"])
+
+
+def _entry(kind: str, signature: str) -> str:
+    return _CU["entry"].substitute(kind=kind, signature=signature).rstrip("\n")
 
 
 class GpuPhiloxElemwise(Op):

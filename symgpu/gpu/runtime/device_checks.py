@@ -32,23 +32,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.gpu.runtime.codegen import text
+
 __all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
            "raise_device_errors", "is_device_check_error", "launch_checked", "guarded_copy"]
 
 #: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
 #: so does the first word of the slot's page (its chunk's "something was reported" word, which
 #: guarded copies read: see guarded_copy)
-REPORT_SOURCE = r"""
-__device__ __forceinline__ void report(volatile unsigned long long *slot, long long raw)
-{
-    if (slot[0] == 0ULL) {
-        slot[1] = (unsigned long long)raw;
-        __threadfence_system();
-        slot[0] = 1ULL;
-        *(volatile unsigned long long *)((unsigned long long)slot & ~4095ULL) = 1ULL;
-    }
-}
-"""
+REPORT_SOURCE = text("report.cu")
 
 _CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page's report word
 _MAX_GUARDED_CHUNKS = 4
@@ -60,27 +52,7 @@ _MAX_GUARDED_CHUNKS = 4
 #: has 1024), they made a dropout MLP step's eight copies take 2 ms instead of a few us. So
 #: one thread reads them once per copy into the module's own device word, which the copy's
 #: blocks then read (two launches on the stream, in order: nothing runs between them).
-GUARDED_COPY_SOURCE = r"""
-__device__ int sg_guard_reported;
-
-extern "C" __global__ void guarded_copy_check(const volatile unsigned long long *w0,
-    const volatile unsigned long long *w1, const volatile unsigned long long *w2,
-    const volatile unsigned long long *w3)
-{
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        sg_guard_reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
-}
-
-extern "C" __global__ void guarded_copy(uint4 *dst, const uint4 *src, long long n16,
-    unsigned char *dst_b, const unsigned char *src_b, long long tail)
-{
-    if (*(volatile int *)&sg_guard_reported) return;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (long long i = first; i < n16; i += step) dst[i] = src[i];
-    for (long long i = first; i < tail; i += step) dst_b[i] = src_b[i];
-}
-"""
+GUARDED_COPY_SOURCE = text("guarded_copy.cu")
 
 _PAGE = 4096
 
