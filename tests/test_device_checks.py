@@ -149,3 +149,35 @@ def test_chunks_start_on_a_page_so_reports_set_their_chunks_word():
     checks = DeviceChecks(lambda n: (np.zeros((n, 2), np.uint64), (1 << 40) + 256))
     with pytest.raises(RuntimeError, match="4096"):
         checks.new_slot(lambda bad: IndexError())
+
+
+def test_guarded_copies_queued_back_to_back_read_the_reports_once(monkeypatch):
+    """The runner's update copies at the end of a call: the first launches the check kernel
+    (one thread reads every chunk's report word into the module's device word), the others
+    only their copy kernel, which reads that word (on the H100 each read of the mapped report
+    words cost about a microsecond)."""
+    from symgpu.gpu.runtime import device_checks as dc
+
+    launches = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def prepared_async_call(self, grid, block, stream, *args):
+            launches.append(self.name)
+
+    class Ctx:
+        stream = None
+
+    class Arr:
+        def __init__(self, ptr):
+            self.ptr, self.nbytes = ptr, 4096
+
+    ctx = Ctx()
+    ctx.device_checks = DeviceChecks(_host_allocator([]))
+    ctx.device_checks.new_slot(lambda bad: IndexError(bad))
+    monkeypatch.setitem(dc._copy_kernels, id(ctx), (Kernel("check"), Kernel("copy")))
+    for k in range(3):
+        assert dc.guarded_copy(ctx, Arr(1 << 32), Arr(2 << 32), check=k == 0)
+    assert launches == ["check", "copy", "copy", "copy"]

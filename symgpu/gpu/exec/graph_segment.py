@@ -449,8 +449,8 @@ class Segment:
                 thunk()
             scratch = {id(b) for b in sink}
             scratch.update(id(cap_vals[k]) for k in self.dying_inputs)
-            for cell, j in self.copy_back:
-                if j in backs and self._copy_back(cell, vals[j], scratch):
+            for cell, j in self.copy_back:   # queued back to back: one guard check
+                if j in backs and self._copy_back(cell, vals[j], scratch, not copied):
                     copied.append(j)
         except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
             err = exc
@@ -532,7 +532,7 @@ class Segment:
         for c in self.dead:
             c[0] = None
 
-    def _copy_back(self, cell: list, target: Any, scratch: set) -> bool:
+    def _copy_back(self, cell: list, target: Any, scratch: set, check: bool) -> bool:
         """Under capture: copy an update's new value into the buffer of the variable it
         updates, and hand that variable's array on as the new value.  The new value must be
         scratch: a buffer of the graph, or a segment input that dies in the segment."""
@@ -541,16 +541,17 @@ class Segment:
             return False
         if id(new) not in scratch and (new.base is None or id(new.base) not in scratch):
             return False
-        if not self._copy(target, new):
+        if not self._copy(target, new, check):
             return False
         cell[0] = target
         return True
 
-    def _copy(self, dst: Any, src: Any) -> bool:
+    def _copy(self, dst: Any, src: Any, check: bool = True) -> bool:
         """dst[...] = src on the stream; guarded when the function has ops whose checks are
-        read at the next sync (the copy must not land in a call that is about to fail)."""
+        read at the next sync (the copy must not land in a call that is about to fail);
+        ``check=False`` for a copy right after another guarded one (guarded_copy)."""
         if getattr(self.runner, "device_checked", False):
-            return guarded_copy(self.ctx, dst, src)
+            return guarded_copy(self.ctx, dst, src, check)
         self.runner.driver.copy(dst, src)
         return True
 
@@ -558,13 +559,15 @@ class Segment:
         """After a plain run: copy each update's new value into the updated variable's
         buffer when nobody else holds either, so shared variables keep their pointers (and
         the keys of later calls repeat) from the first call on."""
+        checked = False   # the copies are queued back to back: one guard check
         for cell, j in self.copy_back:
             new = cell[0]
             if not isinstance(new, _GpuArray) or new is vals[j] or \
                     not _same_layout(new, vals[j]) or not self._overwritable(vals, (j,)):
                 continue
-            if self._copy(vals[j], new):
+            if self._copy(vals[j], new, not checked):
                 cell[0] = vals[j]
+                checked = True
 
     def _output_specs(self, vals: list, owned: tuple, static: set = frozenset()) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left

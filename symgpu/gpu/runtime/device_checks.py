@@ -229,10 +229,12 @@ def sync_check_reason() -> str | None:
 _copy_kernels: dict[int, Any] = {}
 
 
-def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
+def guarded_copy(ctx: Any, dst: Any, src: Any, check: bool = True) -> bool:
     """``dst[...] = src`` (same layout, contiguous) on ctx's stream, skipped on the device if
     any check of the context has reported; False (nothing queued) when the context has more
-    report pages than the kernel reads."""
+    report pages than the kernel reads.  ``check=False`` reuses the verdict the previous
+    guarded copy read: for the copies queued right after it, with no kernel between them
+    (the runner's update copies, one check per call instead of one per copy)."""
     words = checks_of(ctx).report_words()
     if words is None:
         return False
@@ -240,19 +242,20 @@ def guarded_copy(ctx: Any, dst: Any, src: Any) -> bool:
     if fns is None:
         from symgpu.gpu.runtime.compiler import compile_module
         module = compile_module(GUARDED_COPY_SOURCE, context=ctx)   # one module: one word
-        check = module.get_function("guarded_copy_check")
+        check_fn = module.get_function("guarded_copy_check")
         copy = module.get_function("guarded_copy")
-        check.prepare("PPPP")
+        check_fn.prepare("PPPP")
         copy.prepare("PPqPPq")
-        fns = _copy_kernels[id(ctx)] = (check, copy)
-    check, copy = fns
+        fns = _copy_kernels[id(ctx)] = (check_fn, copy)
+    check_fn, copy = fns
     nbytes = dst.nbytes
     n16, tail = divmod(nbytes, 16) if dst.ptr % 16 == 0 and src.ptr % 16 == 0 else (0, nbytes)
     done = n16 * 16
     words = words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
     threads = max(n16, tail)
     blocks = max(1, min(1024, -(-threads // 256)))
-    check.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words)
+    if check:
+        check_fn.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words)
     copy.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
                              dst.ptr + done, src.ptr + done, nbytes - done)
     return True
