@@ -13,7 +13,8 @@ Rules, and why:
   chain that still is an ndarray), so slices of a data set share one registration.
 - A root is registered the second time the same object is uploaded (a weak reference
   remembers the first sighting): fresh arrays made for every call are never registered,
-  since registering costs far more than a copy.
+  since registering costs far more than a copy (H100: register + unregister of 1.25 MB
+  211 us; the upload then 50 us instead of 104 us, so it pays from the fifth upload on).
 - A registered root is held by a strong reference, so its memory cannot be freed while the
   driver has it locked; at most ``MAX_BYTES`` are held, least recently used evicted first
   (and unregistered); :func:`release_all` unregisters everything (at exit, before the
