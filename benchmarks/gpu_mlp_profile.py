@@ -5,6 +5,8 @@ same matrix products run by PyTorch alone (the cuBLAS floor) when it is installe
     python3 benchmarks/gpu_mlp_profile.py
     python3 benchmarks/gpu_mlp_profile.py --minibatch   # the same for gpu_spellings.py's
                                                         # minibatch step (cycling index)
+    python3 benchmarks/gpu_mlp_profile.py --dropout     # the same for benchmarks/random.py's
+                                                        # dropout MLP step (issue 16)
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
 os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
 
 import numpy as np  # noqa: E402
@@ -59,9 +62,34 @@ def minibatch() -> None:
     prof.summary(n_ops_to_print=50)
 
 
+def dropout() -> None:
+    """benchmarks/random.py's dropout MLP step (784-1024-1024-10, two dropout layers, batch
+    512, full float32): its ops, graph counts and per-node profile."""
+    import symgpu.gpu
+    from symgpu.compile.profiling import ProfileStats
+    import mlp_dropout
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    train, _, _ = mlp_dropout.build(BATCH, on_device=True)
+    t = per_call(train, 200, ctx.synchronize)
+    print(f"dropout MLP step, CUDA graphs on: {t * 1e6:.1f} us")
+    print("graphs:", train.vm.runner.stats() if train.vm.runner is not None else "no runner")
+    for n in train.maker.fgraph.toposort():
+        print("   ", n.op, [str(v.type) for v in n.inputs])
+    prof = ProfileStats(atexit_print=False)
+    profiled, _, _ = mlp_dropout.build(BATCH, on_device=True, profile=prof)
+    for _ in range(50):
+        profiled()
+    ctx.synchronize()
+    prof.summary(n_ops_to_print=70)
+
+
 def main() -> None:
     if "--minibatch" in sys.argv[1:]:
         minibatch()
+        return
+    if "--dropout" in sys.argv[1:]:
+        dropout()
         return
     import symgpu.gpu
     from symgpu.compile.profiling import ProfileStats

@@ -15,6 +15,18 @@ Policy (simple on purpose, so it is obviously right):
 One narrow exception: an input tagged ``loop_scratch`` (a GPU loop body's recurrent state
 whose memory the loop itself owns and hands to no one else: symgpu/gpu/ops/scan_op.py) may be
 overwritten, under the other rules, so an accumulator is updated in place at every step.
+
+Why SGD updates are not in place (measured on an H100 for issues 16/18): ``W - lr * g`` is a
+GpuElemwise that destroys its gradient input (an intermediate), and the CUDA-graph runner then
+copies the result into W's buffer (symgpu/gpu/exec/graph_segment.py ``copy_back``). Letting it
+destroy W instead would need, besides an exception to the first rule: (1) an ordering edge
+from every other reader of W to the destroyer -- the input-gradient product ``d @ W.T`` is not
+an ancestor of W's update, and neither ``io_toposort`` nor the runner's
+``graph_plan.schedule`` knows any edge but data dependencies; (2) no failure after the
+destroyer (device checks such as the label check of the cross-entropy report at the next
+sync; a plain run can raise in a later node). An experiment that lifted the first and third
+rules for updated shared variables changed no node: the update picks its first destroyable
+input, the gradient, and GpuDot22 has no in-place form.
 """
 from __future__ import annotations
 
