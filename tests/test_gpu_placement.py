@@ -344,10 +344,15 @@ def test_assert_no_cpu_op(vgpu, elemwise_lifter):
         function([a], HostOnly()(a))
 
 
-def test_lifter_registry_by_name_and_order(vgpu):
+def test_lifter_registry_by_type_and_order(vgpu):
+    """Lifters are found along the op's MRO by type (newest registration first for a class,
+    the op's own class before its bases); a class name is refused."""
     calls = []
 
-    @register_lifter("HostOnly")
+    class HostOnlyChild(HostOnly):
+        pass
+
+    @register_lifter(HostOnly)
     def first(op, node, ctx, inputs):
         calls.append("first")
         return None
@@ -359,13 +364,23 @@ def test_lifter_registry_by_name_and_order(vgpu):
         assert inputs.host(0).type == node.inputs[0].type
         return None
 
+    @register_lifter(HostOnlyChild)
+    def child(op, node, ctx, inputs):
+        calls.append("child")
+        return None
+
     try:
         a = T.matrix("a")
         function([a], HostOnly()(a))
-        assert calls == ["second", "first"]  # by class first, then by name; newest first
+        assert calls == ["second", "first"]  # newest first
+        calls.clear()
+        function([a], HostOnlyChild()(a))
+        assert calls == ["child", "second", "first"]  # the op's own class first
+        with pytest.raises(TypeError, match="op classes"):
+            register_lifter("HostOnly")
     finally:
-        unregister_lifter(first)
-        unregister_lifter(second)
+        for fn in (first, second, child):
+            unregister_lifter(fn)
     assert lifters_for(HostOnly()) == []
 
 

@@ -248,7 +248,7 @@ def _axis0_vector(op: Any, node: Apply, first: int) -> bool:
             and x.ndim >= len(idx_list))
 
 
-@register_lifter("AdvancedSubtensor")
+@register_lifter(_AdvancedSubtensor)
 def lift_advanced_subtensor1(op, node, context_name, inputs):
     if type(op) is not _AdvancedSubtensor or not _axis0_vector(op, node, 1):
         return None
@@ -258,7 +258,7 @@ def lift_advanced_subtensor1(op, node, context_name, inputs):
     return [GpuAdvancedSubtensor1()(x, as_gpuarray_variable(inputs[1], context_name))]
 
 
-@register_lifter("AdvancedIncSubtensor")
+@register_lifter(_AdvancedIncSubtensor)
 def lift_advanced_incsubtensor1(op, node, context_name, inputs):
     if type(op) is not _AdvancedIncSubtensor or not _axis0_vector(op, node, 2):
         return None
@@ -377,7 +377,7 @@ def gpu_batched_dot(x: Any, y: Any) -> Any:
     return GpuBatchedDot()(x, y)
 
 
-@register_lifter("MatMul")
+@register_lifter(_MatMul)
 def lift_matmul(op, node, context_name, inputs):
     from symgpu.gpu.ops.blas import BLAS_DTYPES
     x, y = inputs

@@ -330,7 +330,7 @@ def _two_vectors(op: Any, node: Apply, first: int) -> bool:
         v.ndim == 1 and v.dtype in INDEX_DTYPES for v in (a, b))
 
 
-@register_lifter("AdvancedSubtensor")
+@register_lifter(AdvancedSubtensor)
 def lift_advanced_subtensor2(op, node, context_name, inputs):
     if type(op) is not AdvancedSubtensor or not _two_vectors(op, node, 1) or \
             not is_gpu_var(inputs[0]):
@@ -339,7 +339,7 @@ def lift_advanced_subtensor2(op, node, context_name, inputs):
                                      as_gpuarray_variable(inputs[2], context_name))]
 
 
-@register_lifter("AdvancedIncSubtensor")
+@register_lifter(AdvancedIncSubtensor)
 def lift_advanced_incsubtensor2(op, node, context_name, inputs):
     if type(op) is not AdvancedIncSubtensor or not _two_vectors(op, node, 2) or \
             not is_gpu_var(inputs[0]) or node.inputs[1].ndim > 1 or \

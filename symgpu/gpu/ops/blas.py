@@ -647,7 +647,7 @@ def gpu_matvec(A: Variable, x: Variable) -> Variable:
 
 # ----------------------------------------------------------------------------- Ger lifting
 
-@register_lifter("Ger")
+@register_lifter(_host_blas.Ger)
 def lift_ger(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Ger(A, alpha, x, y) -> GpuGer (``W + lr * outer(x, y)`` is one call); alpha stays
     where it was (a host alpha is read in host pointer mode, constants once)."""

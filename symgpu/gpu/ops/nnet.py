@@ -19,6 +19,7 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import keepdims_order
 from symgpu.tensor.math import Argmax as _Argmax
+from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax
 from symgpu.tensor.nnet import Softmax as _Softmax
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
@@ -60,14 +61,14 @@ def _softmax_ok(x: Variable) -> bool:
             and careduce_supported(SCALAR_OPS["maximum"], None, [x.dtype]))
 
 
-@register_lifter("Softmax")
+@register_lifter(_Softmax)
 def lift_softmax(op, node, context_name, inputs):
     if type(op) is not _Softmax or not _softmax_ok(inputs[0]):
         return None
     return [gpu_softmax(inputs[0], op.axis)]
 
 
-@register_lifter("LogSoftmax")
+@register_lifter(_LogSoftmax)
 def lift_log_softmax(op, node, context_name, inputs):
     if not _softmax_ok(inputs[0]):
         return None
@@ -183,7 +184,7 @@ class GpuArgmax(Op):
         return [None]
 
 
-@register_lifter("Argmax")
+@register_lifter(_Argmax)
 def lift_argmax(op, node, context_name, inputs):
     x = inputs[0]
     if not is_gpu_var(x) or x.dtype not in ARGMAX_DTYPES or op.kind not in ("max", "min"):

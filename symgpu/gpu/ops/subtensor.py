@@ -275,7 +275,7 @@ class GpuJoin(Op):
 
 # ----------------------------------------------------------------------------- lifters
 
-@register_lifter("Subtensor")
+@register_lifter(_Subtensor)
 def lift_subtensor(op, node, context_name, inputs):
     if not inputs.was_on_gpu[0] and not is_gpu_var(inputs[0]):
         return None
@@ -283,7 +283,7 @@ def lift_subtensor(op, node, context_name, inputs):
     return [GpuSubtensor(op.idx_list)(inputs[0], *index)]
 
 
-@register_lifter("IncSubtensor")
+@register_lifter(_IncSubtensor)
 def lift_incsubtensor(op, node, context_name, inputs):
     if type(op) is not _IncSubtensor:
         return None
@@ -298,7 +298,7 @@ def lift_incsubtensor(op, node, context_name, inputs):
     return [GpuIncSubtensor(op.idx_list, op.set_instead_of_inc, False)(x, y, *index)]
 
 
-@register_lifter("Join")
+@register_lifter(_Join)
 def lift_join(op, node, context_name, inputs):
     if not all(is_gpu_var(v) for v in inputs):
         return None

@@ -24,7 +24,11 @@ from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer,
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.printing import Print as _Print
 from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
+from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
+from symgpu.tensor.math import Dot as _Dot
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
            "lift_gemm", "fuse_careduce_pre_op", "local_careduce_pre_op", "gpu_fusion",
@@ -35,7 +39,7 @@ def _dtypes(vs: Any) -> list[str]:
     return [v.dtype for v in vs]
 
 
-@register_lifter("Elemwise")
+@register_lifter(_Elemwise)
 def lift_elemwise(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Elemwise -> GpuElemwise (any table row or Composite with a CUDA rendering)."""
     if not supports_scalar_op(op.scalar_op, _dtypes(node.inputs)):
@@ -44,7 +48,7 @@ def lift_elemwise(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[
     return out if isinstance(out, list) else [out]
 
 
-@register_lifter("CAReduce")
+@register_lifter(_CAReduce)
 def lift_careduce(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """CAReduce (sum, prod, max, min, all, any) -> GpuCAReduce."""
     if not careduce_supported(op.scalar_op, None, _dtypes(node.inputs)):
@@ -56,7 +60,7 @@ def _blas_ok(*vs: Variable) -> bool:
     return len({v.dtype for v in vs}) == 1 and vs[0].dtype in BLAS_DTYPES
 
 
-@register_lifter("Dot")
+@register_lifter(_Dot)
 def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Dot: matrix@matrix -> GpuDot22, matrix@vector and vector@matrix -> GpuGemv (on a
     GpuAllocEmpty, as Theano did), vector@vector -> a fused multiply-sum reduction."""
@@ -77,7 +81,7 @@ def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Varia
     return [gpu_matvec(GpuDimShuffle(y.broadcastable, (1, 0))(y), x)]
 
 
-@register_lifter("Dot22")
+@register_lifter(_Dot22)
 def lift_dot22(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     if not _blas_ok(*inputs, node.outputs[0]):
         return None
@@ -111,7 +115,7 @@ def _bias_add(node: Apply, inputs: Any, product: Any) -> list[Variable] | None:
     return [res] if res.broadcastable == out.broadcastable else None
 
 
-@register_lifter("Gemv")
+@register_lifter(_Gemv)
 def lift_gemv(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Gemv(y, alpha, A, x, beta) -> GpuGemv (``w - lr * dot(x.T, g)`` is one call)."""
     y, _, A, x, _ = inputs
@@ -120,7 +124,7 @@ def lift_gemv(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Vari
     return [GpuGemv(False)(y, _scalar(inputs, 1), A, x, _scalar(inputs, 4))]
 
 
-@register_lifter("Gemm")
+@register_lifter(_Gemm)
 def lift_gemm(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Gemm(z, alpha, x, y, beta) -> GpuGemm."""
     z, _, x, y, _ = inputs
@@ -229,7 +233,7 @@ optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu
 optdb.register("gpu_inplace", make_gpu_inplace, 76, "fast_run", "inplace", "gpu")
 
 
-@register_lifter("Print")
+@register_lifter(_Print)
 def lift_print(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """symgpu.printing.Print takes any type: it stays where its input is (the value is
     copied to the host only to be printed), so lifting adds no transfer pair around it."""

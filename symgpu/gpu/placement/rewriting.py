@@ -31,6 +31,11 @@ from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuDimShuffle, GpuFromHost
 from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_context_active,
                              gpu_supports_dtype, is_gpu_var)
 from symgpu.tensor.type import TensorConstant, TensorType
+from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
+from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
+from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i
+from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
+from symgpu.tensor.shape import SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast
 
 __all__ = ["register_lifter", "unregister_lifter", "lifters_for", "GpuInputs", "lift_to_gpu",
            "local_cut_gpu_transfers", "local_fold_gpu_constant_upload", "cut_gpu_transfers", "check_no_cpu_op", "cpu_nodes",
@@ -43,15 +48,15 @@ _LIFTERS: dict[Any, list[Lifter]] = {}
 _EAGER: set[Any] = set()
 
 
-def register_lifter(*op_classes: type | str, eager: bool = False) -> Callable[[Lifter], Lifter]:
+def register_lifter(*op_classes: type, eager: bool = False) -> Callable[[Lifter], Lifter]:
     """Decorator: `fn(op, node, context_name, gpu_inputs)` gives the GPU version of nodes
-    whose op is an instance of one of `op_classes` (a class, or a class name matched along
-    the op's MRO). It returns one variable per output of `node` (GPU or host typed, same
+    whose op is an instance of one of `op_classes` (matched along the op's MRO: by type,
+    never by class name). It returns one variable per output of `node` (GPU or host typed, same
     dtype and ndim) or None to leave the node on the CPU. Later registrations are tried
     first. `eager=True`: move such nodes whenever a default context is in use, even with
     only constant inputs (allocations)."""
-    if not op_classes:
-        raise TypeError("register_lifter needs at least one op class")
+    if not op_classes or not all(isinstance(c, type) for c in op_classes):
+        raise TypeError(f"register_lifter needs op classes, got {op_classes!r}")
 
     def deco(fn: Lifter) -> Lifter:
         for cls in op_classes:
@@ -74,12 +79,11 @@ def lifters_for(op: Op) -> list[Lifter]:
     found: list[Lifter] = []
     for cls in type(op).__mro__:
         found += _LIFTERS.get(cls, [])
-        found += _LIFTERS.get(cls.__name__, [])
     return found
 
 
 def _is_eager(op: Op) -> bool:
-    return any(cls in _EAGER or cls.__name__ in _EAGER for cls in type(op).__mro__)
+    return any(cls in _EAGER for cls in type(op).__mro__)
 
 
 class GpuInputs(list):
@@ -418,12 +422,12 @@ def virtual_context(name: str | None = None, device: str = "cuda0",
 
 # ----------------------------------------------------------------------------- lifters
 
-@register_lifter("DimShuffle")
+@register_lifter(_DimShuffle)
 def _lift_dimshuffle(op, node, context_name, inputs):
     return [GpuDimShuffle(inputs[0].broadcastable, op.new_order)(inputs[0])]
 
 
-@register_lifter("Shape", "Shape_i")
+@register_lifter(_Shape, _Shape_i)
 def _lift_shape(op, node, context_name, inputs):
     if not inputs.was_on_gpu[0]:
         return None  # reading a host array's shape needs no upload
@@ -434,7 +438,7 @@ def _lift_shape(op, node, context_name, inputs):
     return [GpuShape_i(op.i)(x)]
 
 
-@register_lifter("Reshape")
+@register_lifter(_Reshape)
 def _lift_reshape(op, node, context_name, inputs):
     if len(node.inputs) != 2 or not hasattr(op, "ndim"):
         return None
@@ -442,7 +446,7 @@ def _lift_reshape(op, node, context_name, inputs):
                                           node.outputs[0].broadcastable).outputs[0]]
 
 
-@register_lifter("Alloc", eager=True)
+@register_lifter(_Alloc, eager=True)
 def _lift_alloc(op, node, context_name, inputs):
     value = inputs[0] if inputs.was_on_gpu[0] else inputs.host(0)
     shape = [inputs.host(i) for i in range(1, len(node.inputs))]
@@ -450,12 +454,12 @@ def _lift_alloc(op, node, context_name, inputs):
         value, *shape, broadcastable=node.outputs[0].broadcastable).outputs[0]]
 
 
-@register_lifter("SpecifyBroadcastable")
+@register_lifter(_SpecifyBroadcastable)
 def _lift_specify_broadcastable(op, node, context_name, inputs):
     return [GpuSpecifyBroadcastable(op.broadcastable)(inputs[0])]
 
 
-@register_lifter("Unbroadcast")
+@register_lifter(_Unbroadcast)
 def _lift_unbroadcast(op, node, context_name, inputs):
     return [GpuUnbroadcast(op.axes)(inputs[0])]
 
@@ -472,7 +476,7 @@ optdb.register("gpu_transfer_cancel",
 
 # ----------------------------------------------------------------------------- shapes on the GPU
 
-@register_lifter("SpecifyShape")
+@register_lifter(_SpecifyShape)
 def _lift_specify_shape(op, node, context_name, inputs):
     if not inputs.was_on_gpu[0]:
         return None  # a host value is checked where it is
