@@ -24,9 +24,10 @@ GPU = ROOT / "symgpu" / "gpu"
 LAYERS = ("runtime", "placement", "ops", "exec")
 
 #: broad handlers (except Exception / BaseException / bare) left in symgpu/gpu (39 before
-#: issue 19's relayout, 31 after context.py was narrowed); each one
+#: issue 19's relayout, 31 after context.py was narrowed, 27 after the version, workspace and
+#: scalar-support probes); each one
 #: that remains is a probe or clean-up that must not raise, or still to be narrowed
-BROAD_EXCEPT_ALLOWANCE = 31
+BROAD_EXCEPT_ALLOWANCE = 27
 
 
 def _modules() -> dict[str, Path]:

@@ -92,7 +92,7 @@ class _Cublas:
             return
         try:
             block = ctx.pool.allocate(_WORKSPACE_BYTES)
-        except Exception:
+        except MemoryError:   # a full device: cuBLAS keeps its own workspace
             return
         if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
             self.workspaces[id(ctx)] = block    # alive as long as the handle

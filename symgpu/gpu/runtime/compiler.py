@@ -84,10 +84,10 @@ def _symgpu_version() -> str:
     version = getattr(pkg, "__version__", None)
     if version:
         return str(version)
+    from importlib.metadata import PackageNotFoundError, version as dist_version
     try:
-        from importlib.metadata import version as dist_version
         return dist_version("symgpu")
-    except Exception:  # not installed: a source checkout
+    except PackageNotFoundError:  # not installed: a source checkout
         return "0+source"
 
 

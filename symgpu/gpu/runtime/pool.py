@@ -67,7 +67,7 @@ def _fmt(n: int) -> str:
     return f"{n} bytes"
 
 
-class _OutOfMemory(Exception):
+class _OutOfMemory(MemoryError):
     """The driver refused an allocation (internal; becomes GpuMemoryError after a retry)."""
 
 

@@ -88,14 +88,14 @@ def supports_scalar_op(op: Any, in_dtypes: Sequence[str]) -> bool:
     from symgpu.gpu.runtime.codegen.types import SUPPORTED
     try:
         outs = output_dtypes(op, in_dtypes)
-    except Exception:
+    except (TypeError, ValueError, KeyError, NotImplementedError):   # no dtype rule for these
         return False
     if any(d not in SUPPORTED for d in list(in_dtypes) + outs):
         return False
     try:
         r = ScalarRenderer()
         r.apply(op, list(in_dtypes), [f"v{i}" for i in range(len(in_dtypes))])
-    except Exception:
+    except (TypeError, ValueError, KeyError, NotImplementedError):   # no CUDA expression
         return False
     return True
 
