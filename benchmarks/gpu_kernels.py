@@ -369,8 +369,11 @@ def upload_sweep() -> None:
     buffer then an asynchronous copy (and each half alone), PyTorch (pageable; pinned +
     non_blocking) and JAX's device_put.  On the H100 machine (2026-11-25) pageable 123 us,
     pinned staging 163 us (the host copy into pinned memory alone 107 us, the DMA 26 us),
-    PyTorch 138 us, JAX 114 us: staging through pinned memory does not pay, so symgpu keeps
-    the driver's pageable path."""
+    PyTorch 138 us, JAX 114 us: staging through pinned memory does not pay.  An array uploaded
+    again is registered with the driver instead (gpu/runtime/host_register.py): the rows
+    "X registered" and "cuMemHostRegister + Unregister" measure that path and its set-up: on
+    the H100 machine (2026-11-25) pageable 106.5 us (124.9 us with a stream sync per call),
+    registered 50.0 us, registering and unregistering the 1.25 MB once 211 us."""
     import pycuda.driver as drv
     from symgpu.gpu.runtime import context as gctx
     from symgpu.gpu.runtime.array import GpuArray, to_gpu
@@ -378,8 +381,24 @@ def upload_sweep() -> None:
     X = np.random.default_rng(0).standard_normal((400, 784)).astype("float32")
     sync = ctx.synchronize
     print(f"upload of {X.nbytes} bytes per call on {ctx.devname}")
+    from symgpu.gpu.runtime.host_register import LibcudaRegistrar, registry_for
+    reg = registry_for(ctx)
+    min_bytes, reg.min_bytes = reg.min_bytes, 1 << 62     # registration off
     t = per_call(lambda: to_gpu(X, ctx), 300, sync)
     print(f"  symgpu to_gpu (pageable):        {t * 1e6:7.1f} us")
+    idle = per_call(lambda: (to_gpu(X, ctx), sync()), 300)
+    print(f"  the same, stream synced each:    {idle * 1e6:7.1f} us")
+    reg.min_bytes = min_bytes
+    t = per_call(lambda: to_gpu(X, ctx), 300, sync)      # X registered on its second upload
+    print(f"  symgpu to_gpu (X registered):    {t * 1e6:7.1f} us")
+    registrar, Z = LibcudaRegistrar(), X.copy()
+    zp = Z.__array_interface__["data"][0]
+
+    def register_unregister():
+        assert registrar.register(zp, Z.nbytes) == 0
+        registrar.unregister(zp)
+    t = per_call(register_unregister, 50)
+    print(f"  cuMemHostRegister + Unregister:  {t * 1e6:7.1f} us")
     dst = GpuArray(X.shape, X.dtype, ctx)
     staging = drv.pagelocked_empty(X.shape, X.dtype)
     ev = drv.Event()

@@ -379,9 +379,8 @@ class GpuArray:
         if not self.is_c_contiguous:
             self._copy_from_device(to_gpu(host, self.context))
             return self
-        ctx = self._activate()
-        import pycuda.driver as drv
-        drv.memcpy_htod_async(self.ptr, host, ctx.stream)
+        from symgpu.gpu.runtime.host_register import upload  # user arrays seen again: DMA
+        upload(self._activate(), self.ptr, host)
         return self
 
     def fill(self, value: Any) -> "GpuArray":
