@@ -134,6 +134,27 @@ def test_plan_keeps_view_only_runs_plain_and_splits_at_dependencies():
         [("segment", [0]), ("plain", [1]), ("segment", [2])]
 
 
+def test_views_not_read_by_host_work_join_the_segment():
+    """Only the shape reads that host work needs run before it; a view the kernels read
+    (``b.dimshuffle('x')`` of a GPU scalar) waits and joins the segment, where a replay
+    skips its Python (issue 18: 5 us per call on an H100 as a plain step)."""
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    x = gvec()
+    v = GpuDimShuffle((False,), (0,))(x)           # 0 a view the kernel reads
+    s = FakeToHost()(x)                            # 1 host work at the head
+    a = add1()(v)                                  # 2 launch
+    nodes = [v.owner, s.owner, a.owner]
+    assert graphs.plan_steps(nodes, [True, False, True], [False, False, True],
+                             [False, False, False]) == [("plain", [1]), ("segment", [0, 2])]
+    w = GpuDimShuffle((False,), (0,))(x)           # a view that host work reads runs first
+    h = FakeToHost()(w)
+    b = add1()(x)
+    nodes = [w.owner, h.owner, b.owner]
+    assert graphs.plan_steps(nodes, [True, False, True], [False, False, True],
+                             [False, False, False]) == \
+        [("plain", [0]), ("plain", [1]), ("segment", [2])]
+
+
 def test_graph_keys():
     ctx = fakes.CTX_OBJ
     a, b = upload(ctx, [1, 2, 3]), upload(ctx, [4, 5, 6])

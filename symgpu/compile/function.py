@@ -305,24 +305,20 @@ _MISSING = _Missing()
 def _device_input_filter(var: Variable, fgraph: FunctionGraph) -> Callable | None:
     """How a device array (a CUDA array, a torch tensor...) fed to host input `var` stays on
     the device, or None. Only when every reader of `var` can take it there: one op with
-    `filter_device_input(value, host_type, strict, allow_downcast)` (GpuFromHost, which
-    returns None for values that are not device arrays) and ops that read only the shape."""
+    `device_input_filter(host_type)` (GpuFromHost, whose filter returns None for values that
+    are not device arrays) and ops that read only the shape."""
     taker = None
     for client, _ in fgraph.clients.get(var, []):
         if client == "output":
             return None
-        hook = getattr(client.op, "filter_device_input", None)
-        if hook is None:
+        if getattr(client.op, "device_input_filter", None) is None:
             if getattr(client.op, "reads_only_shape", False):
                 continue
             return None
-        if taker is not None and client.op != taker.__self__:
+        if taker is not None and client.op != taker:
             return None
-        taker = hook
-    if taker is None:
-        return None
-    host_type = var.type
-    return lambda value, strict, allow: taker(value, host_type, strict, allow)
+        taker = client.op
+    return None if taker is None else taker.device_input_filter(var.type)
 
 
 def _input_filter(var: Variable, inp: In, index: int, fname: str | None,

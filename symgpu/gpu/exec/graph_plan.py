@@ -13,7 +13,7 @@ from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
            "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
-           "mark_reusable_outputs"]
+           "mark_reusable_outputs", "overwritten"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
 HOST_KEY_LIMIT = 64
@@ -52,9 +52,10 @@ def node_launches(node: Any, thunk: Any) -> bool:
 def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
              launches: Sequence[bool]) -> list[int]:
     """A topological order (indices into ``nodes``, themselves in topological order) that
-    groups capturable nodes: ready host work with no launching node before it first, then
-    capturable nodes (non-launching ones, such as views, before launching ones), then the
-    remaining nodes as late as possible.  Ties keep the original order."""
+    groups capturable nodes: ready host work with no launching node before it first (with
+    the capturable nodes it reads), then capturable nodes (non-launching ones, such as views,
+    before launching ones), then the remaining nodes as late as possible.  Ties keep the
+    original order."""
     n = len(nodes)
     index = {node: i for i, node in enumerate(nodes)}
     parents: list[set[int]] = []
@@ -67,10 +68,18 @@ def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
     after_launch = [False] * n      # some launching node is an ancestor
     for i in range(n):
         after_launch[i] = any(after_launch[p] or launches[p] for p in parents[i])
+    # capturable nodes that the host work at the head needs (shape reads of GPU values):
+    # they run with it, so other views wait and join the segment, where a replay skips them
+    head = [not capturable[i] and not after_launch[i] for i in range(n)]
+    feeds_head = [False] * n
+    for i in reversed(range(n)):
+        feeds_head[i] = any(head[c] or feeds_head[c] for c in children[i])
 
     def rank(i: int) -> tuple[int, int]:
         if not capturable[i]:
             return (0 if not after_launch[i] else 3, i)
+        if feeds_head[i]:
+            return (0, i)
         return (1 if not launches[i] else 2, i)
 
     waiting = [len(ps) for ps in parents]
@@ -183,13 +192,11 @@ def aliases(var: Any, target: Any) -> bool:
     return False
 
 
-def escaping(fgraph: Any) -> set:
-    """The variables whose memory may leave a call of ``fgraph``: its outputs and every
-    variable one of them may share memory with through views and in-place ops (the reverse
-    of :func:`aliases`, for all outputs at once).  A buffer outside this set is the call's
-    own: nothing holds it after the call, so it may be reused or overwritten by the next."""
+def _sharing_memory(start: list) -> set:
+    """``start`` and every variable one of them may share memory with, walking back
+    through views and in-place ops."""
     out: set = set()
-    stack = list(fgraph.outputs)
+    stack = list(start)
     while stack:
         v = stack.pop()
         if v in out:
@@ -205,18 +212,44 @@ def escaping(fgraph: Any) -> set:
     return out
 
 
+def escaping(fgraph: Any) -> set:
+    """The variables whose memory may leave a call of ``fgraph``: its outputs and every
+    variable one of them may share memory with through views and in-place ops (the reverse
+    of :func:`aliases`, for all outputs at once).  A buffer outside this set is the call's
+    own: nothing holds it after the call, so it may be reused or overwritten by the next."""
+    return _sharing_memory(fgraph.outputs)
+
+
+def overwritten(fgraph: Any) -> set:
+    """The variables whose memory some node of ``fgraph`` overwrites: the inputs in-place
+    ops destroy, and what those view."""
+    return _sharing_memory([node.inputs[i] for node in fgraph.apply_nodes
+                            for ins in (getattr(node.op, "destroy_map", None) or {}).values()
+                            for i in ins])
+
+
 def mark_reusable_outputs(vm: Any) -> None:
     """A VM hook: tell each thunk with a ``reuse_outputs`` list (one flag per output) which
     of its outputs it may compute into the buffer its cell still holds from the previous call
     (without garbage collection): those that never leave a call (:func:`escaping`).  The
-    flags start False (a fresh buffer each call), so a VM without this hook stays correct."""
-    esc = None
+    flags start False (a fresh buffer each call), so a VM without this hook stays correct.
+
+    Uploads' thunks with a ``may_borrow`` flag (placement/basic_ops.py) learn here whether
+    a device array fed to their host input may serve as their output as it is: when that
+    output never leaves the call and nothing overwrites it (it starts False: a copy)."""
+    esc = over = None
     for node, thunk in zip(vm.nodes, vm.thunks):
         flags = getattr(thunk, "reuse_outputs", None)
-        if flags is None:
+        borrow = hasattr(thunk, "may_borrow")
+        if flags is None and not borrow:
             continue
         if esc is None:
             esc = escaping(vm.fgraph)
+        if borrow:
+            if over is None:
+                over = overwritten(vm.fgraph)
+            thunk.may_borrow = node.outputs[0] not in esc and node.outputs[0] not in over
+            continue
         for j, v in enumerate(node.outputs[:len(flags)]):
             flags[j] = v not in esc
 

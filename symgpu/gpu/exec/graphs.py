@@ -93,6 +93,7 @@ from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cel
                                    node_capturable, node_launches, plan_steps, schedule)
 from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.runtime.pool import Block as _Block
+from symgpu.gpu.runtime.host_register import deferred_waits
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
@@ -244,6 +245,10 @@ class Runner:
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
+        #: host arrays are uploaded (runtime/host_register.deferred_waits)
+        from symgpu.gpu.placement.basic_ops import GpuFromHost
+        self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
+                                  and not all(n.inputs[0].type.broadcastable) for n in nodes)
         seg_inputs: set = set()
         for kind, idx in steps:
             if kind == "segment":
@@ -340,16 +345,23 @@ class Runner:
         return seg
 
     def __call__(self) -> None:
-        step = None
         with self.lock:
-            try:
-                self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
-                for step in self.steps:
-                    step.run()
-            except Exception as exc:
-                self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
-            for c in self.post_clear:
-                c[0] = None
+            if self.uploads_arrays:     # the kernels launch while the DMA of the data runs
+                with deferred_waits():
+                    self._run()
+            else:
+                self._run()
+
+    def _run(self) -> None:
+        step = None
+        try:
+            self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
+            for step in self.steps:
+                step.run()
+        except Exception as exc:
+            self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
+        for c in self.post_clear:
+            c[0] = None
 
     def disable(self, reason: str, segment: Segment | None = None) -> None:
         """Turn graphs off for this function (warned once)."""

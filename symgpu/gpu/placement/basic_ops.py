@@ -11,7 +11,7 @@ variables stay on the device across calls).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -95,20 +95,35 @@ class GpuFromHost(Op):
         x = as_tensor_variable(x)
         return Apply(self, [x], [gpu_type_like(x, self.context_name)()])
 
-    def filter_device_input(self, value: Any, host_type: TensorType, strict: bool = False,
-                            allow_downcast: bool | None = None) -> Any:
-        """A CUDA array (GpuArray, torch/CuPy/PyCUDA...) fed to a host input that only this
-        op reads, kept on the device as a GpuArray (compile/function.py asks; None: not a
-        device array, take the host path). `perform` then copies it on the device."""
-        if not _is_device_array(value):
-            return None
+    def device_input_filter(self, host_type: TensorType) -> Callable[[Any, bool, Any], Any]:
+        """How a CUDA array (GpuArray, torch/CuPy/PyCUDA...) fed to a host input that only
+        this op reads stays on the device (compile/function.py asks once per input): the
+        returned ``take(value, strict, allow_downcast)`` gives a GpuArray, or None for a value
+        that is not a device array (the host path takes it).  `perform` then copies it on
+        the device.  A GpuArray of the input's dtype, rank and context passes with no more
+        than attribute checks: this runs on every call of a function fed device arrays."""
+        from symgpu.gpu.runtime.array import GpuArray
         gtype = GpuArrayType(host_type.dtype, host_type.broadcastable, self.context_name)
-        return gtype.filter(value, strict=strict, allow_downcast=allow_downcast)
+        dtype, ndim = np.dtype(host_type.dtype), host_type.ndim
+        ones = [i for i, b in enumerate(host_type.broadcastable) if b]
+        context: list = []        # the context, looked up on the first call
+
+        def take(value: Any, strict: bool, allow_downcast: Any) -> Any:
+            if type(value) is GpuArray and value.dtype == dtype and len(value.shape) == ndim \
+                    and all(value.shape[i] == 1 for i in ones):
+                if not context:
+                    context.append(gtype.context)
+                if value.context is context[0]:
+                    return value
+            if not _is_device_array(value):
+                return None
+            return gtype.filter(value, strict=strict, allow_downcast=allow_downcast)
+        return take
 
     def perform(self, node, inputs, out):
         from symgpu.gpu.runtime.array import GpuArray, to_gpu
         x = inputs[0]
-        if isinstance(x, GpuArray):  # from filter_device_input: no host round trip; a fresh
+        if isinstance(x, GpuArray):  # from device_input_filter: no host round trip; a fresh
             out[0][0] = x.copy()     # buffer, as in-place kernels may overwrite this output
             _count("device_copy", x.nbytes)
             return
@@ -121,7 +136,7 @@ class GpuFromHost(Op):
         capturable into a CUDA graph, whose key holds the host value (graph_plan.py), so a
         replay only happens for the value the memset was recorded with."""
         if not all(node.inputs[0].type.broadcastable):
-            return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+            return _UploadThunk(self, node, storage_map, compute_map)
         return _ScalarUploadThunk(self, node, storage_map, compute_map)
 
     infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape
@@ -132,6 +147,27 @@ class GpuFromHost(Op):
     def R_op(self, inputs, eval_points):
         ep = eval_points[0]
         return [None if ep is None else self(ep)]
+
+
+class _UploadThunk(PerformThunk):
+    """GpuFromHost of an array.  A device array fed to the host input is used as it is when
+    ``may_borrow`` (set when the function is linked: gpu/exec/graph_plan.py
+    ``mark_reusable_outputs``): the upload's output never leaves the call and no node
+    overwrites it, so the caller's memory is only read.  Otherwise it is copied."""
+
+    __slots__ = ("may_borrow", "device_array")
+
+    def __init__(self, op: "GpuFromHost", node: Apply, storage_map: dict, compute_map: dict):
+        from symgpu.gpu.runtime.array import GpuArray
+        super().__init__(op, node, storage_map, compute_map)
+        self.may_borrow, self.device_array = False, GpuArray
+
+    def __call__(self) -> None:
+        x = self.inputs[0][0]
+        if self.may_borrow and type(x) is self.device_array:
+            self.outputs[0][0] = x
+            return
+        self.perform(self.node, [x], self.outputs)
 
 
 class _ScalarUploadThunk(PerformThunk):

@@ -7,6 +7,7 @@ pass shares one upload among all readers of a host value, so only ``make_gpu_inp
 fusion, with the DestroyHandler's rules, as the CPU's in-place pass) decides what may be
 overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db.py):
 
+  41.5  gpu_scalar_uploads   host arithmetic on one-element values feeding an upload goes up
   49.5  gpu_fusion           the CPU fusion algorithm over GpuElemwise (one kernel per chain)
   60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
   76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
@@ -19,20 +20,25 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.basic import node_rewriter
 from symgpu.graph.rewriting.db import optdb
+from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost
 from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import gpu_supports_dtype
 from symgpu.printing import Print as _Print
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
-from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
+from symgpu.tensor.elemwise import CAReduce as _CAReduce, DimShuffle as _DimShuffle, \
+    Elemwise as _Elemwise
 from symgpu.tensor.math import Dot as _Dot
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
            "lift_gemm", "fuse_careduce_pre_op", "local_careduce_pre_op", "gpu_fusion",
-           "make_gpu_inplace"]
+           "make_gpu_inplace", "local_upload_scalar_operands"]
 
 
 def _dtypes(vs: Any) -> list[str]:
@@ -227,7 +233,41 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
     return changed
 
 
+# ----------------------------------------------------------------------------- scalar uploads
+
+@node_rewriter([GpuFromHost])
+def local_upload_scalar_operands(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    """GpuFromHost(Elemwise(a, b)) -> GpuElemwise(GpuFromHost(a), GpuFromHost(b)) and
+    GpuFromHost(DimShuffle(a)) -> GpuDimShuffle(GpuFromHost(a)), for one-element values read
+    by nothing else on the host.
+
+    Why: the placement pass keeps integer scalars on the host (they feed shapes), so a
+    mean's divisor ``cast(x.shape[0], 'float32')`` is computed by host ops (a few us of
+    Python each, every call) and then uploaded.  Uploading the shape itself instead (a graph
+    parameter: gpu/exec/graph_params.py) moves the cast into the GPU kernel that reads it."""
+    x = node.inputs[0]
+    src = x.owner
+    if src is None or not all(x.type.broadcastable) or len(fgraph.clients.get(x, ())) != 1:
+        return None
+    ctx = node.op.context_name
+    if isinstance(src.op, _DimShuffle):
+        a = src.inputs[0]
+        up = GpuFromHost(ctx)(a)
+        return [GpuDimShuffle(a.broadcastable, src.op.new_order)(up)]
+    if not isinstance(src.op, _Elemwise) or len(src.outputs) != 1 or not all(
+            all(v.type.broadcastable) and gpu_supports_dtype(v.type.dtype) for v in src.inputs) \
+            or not supports_scalar_op(src.op.scalar_op, _dtypes(src.inputs)):
+        return None
+    out = GpuElemwise(src.op.scalar_op)(*[GpuFromHost(ctx)(v) for v in src.inputs])
+    return [out] if out.type == node.outputs[0].type else None
+
+
+gpu_scalar_uploads = EquilibriumRewriter([local_upload_scalar_operands],
+                                         name="gpu_scalar_uploads")
+
+
 # after lifting (40): fuse chains, absorb producers into reductions, then go in place
+optdb.register("gpu_scalar_uploads", gpu_scalar_uploads, 41.5, "fast_run", "gpu")
 optdb.register("gpu_fusion", gpu_fusion, 49.5, "fast_run", "fusion", "gpu")
 optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu")
 optdb.register("gpu_inplace", make_gpu_inplace, 76, "fast_run", "inplace", "gpu")

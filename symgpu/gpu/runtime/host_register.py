@@ -29,14 +29,15 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-__all__ = ["HostRegistry", "LibcudaRegistrar", "registry_for", "release_all", "root_of",
-           "upload",
+__all__ = ["HostRegistry", "LibcudaRegistrar", "deferred_waits", "registry_for",
+           "release_all", "root_of", "upload",
            "MIN_BYTES", "MAX_BYTES"]
 
 #: smaller uploads keep the pageable path
@@ -146,11 +147,42 @@ class HostRegistry:
         self.refused.clear()
 
 
+class _Deferred(threading.local):
+    #: within a `deferred_waits` block on this thread: the copies not yet waited for
+    events: list | None = None
+
+
+_deferred = _Deferred()
+
+
+class deferred_waits:
+    """Within the block, an upload from registered memory on this thread does not wait for
+    its copy; the block's end waits for all of them (also when it raises).  A function call
+    uses it (gpu/exec/graphs.py): the host launches the call's kernels while the DMA runs,
+    and the caller still gets its arrays back, unread from then on, when the call returns."""
+
+    __slots__ = ("outer",)
+
+    def __enter__(self) -> "deferred_waits":
+        self.outer = _deferred.events
+        if self.outer is None:
+            _deferred.events = []
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.outer is not None:
+            return
+        events, _deferred.events = _deferred.events, None
+        for event in events:
+            event.synchronize()
+
+
 def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
     """Copy the C-contiguous ``host`` to ``dst_ptr`` on ``ctx``'s stream (``ctx`` current):
     from registered memory as an asynchronous DMA, then wait for that copy (an event right
-    after it), so that ``host`` is the caller's again when this returns; other arrays
-    through the driver's pageable path, which returns once it has read ``host``."""
+    after it; at the end of the enclosing `deferred_waits` block, if any), so that ``host``
+    is the caller's again when this returns; other arrays through the driver's pageable
+    path, which returns once it has read ``host``."""
     import pycuda.driver as drv
     reg = registry_for(ctx)
     if host.nbytes < reg.min_bytes:
@@ -162,7 +194,11 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
     if registered:
         copied = drv.Event(drv.event_flags.DISABLE_TIMING)
         copied.record(ctx.stream)
-        copied.synchronize()
+        pending = _deferred.events
+        if pending is not None:
+            pending.append(copied)
+        else:
+            copied.synchronize()
 
 
 #: id(context) -> (context, its registry)
