@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.basic import node_rewriter
 from symgpu.graph.rewriting.db import optdb
@@ -186,11 +186,21 @@ def gpu_fusion(fgraph: FunctionGraph) -> None:
     fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
 
 
+def _uploads_an_argument(var: Variable) -> bool:
+    """Whether `var` is the upload of an array the caller passes: a device array fed there
+    is read where it is only while no kernel writes into the upload (placement/basic_ops.py
+    ``may_borrow``), so kernels write elsewhere (a pool block costs less than that copy)."""
+    src = var.owner
+    return src is not None and isinstance(src.op, GpuFromHost) and \
+        src.inputs[0].owner is None and not isinstance(src.inputs[0], Constant) and \
+        not all(var.type.broadcastable)
+
+
 def _destroyable_inputs(fgraph: FunctionGraph, node: Apply, out: Variable, taken: set,
                         why_not: Any) -> list[int]:
     return [i for i, inp in enumerate(node.inputs)
             if i not in taken and inp.type == out.type and node.inputs.count(inp) == 1
-            and why_not(fgraph, inp, node) is None]
+            and not _uploads_an_argument(inp) and why_not(fgraph, inp, node) is None]
 
 
 def make_gpu_inplace(fgraph: FunctionGraph) -> int:

@@ -156,10 +156,11 @@ _deferred = _Deferred()
 
 
 class deferred_waits:
-    """Within the block, an upload from registered memory on this thread does not wait for
-    its copy; the block's end waits for all of them (also when it raises).  A function call
-    uses it (gpu/exec/graphs.py): the host launches the call's kernels while the DMA runs,
-    and the caller still gets its arrays back, unread from then on, when the call returns."""
+    """Within the block, an upload on this thread does not wait for its copy (from
+    registered memory, or from a pinned staging buffer for a small array); the block's end
+    waits for all of them (also when it raises).  A function call uses it
+    (gpu/exec/graphs.py): the host launches the call's kernels while the DMA runs, and the
+    caller still gets its arrays back, unread from then on, when the call returns."""
 
     __slots__ = ("outer",)
 
@@ -172,8 +173,8 @@ class deferred_waits:
     def __exit__(self, *exc: Any) -> None:
         if self.outer is not None:
             return
-        events, _deferred.events = _deferred.events, None
-        for event in events:
+        pending, _deferred.events = _deferred.events, None
+        for event, _staging in pending:   # a staging buffer lives until its copy is done
             event.synchronize()
 
 
@@ -186,7 +187,19 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
     import pycuda.driver as drv
     reg = registry_for(ctx)
     if host.nbytes < reg.min_bytes:
-        drv.memcpy_htod_async(dst_ptr, host, ctx.stream)
+        pending = _deferred.events
+        staging = None if pending is None or ctx.pinned is None else \
+            ctx.pinned.empty(host.shape, host.dtype)
+        if staging is None:
+            drv.memcpy_htod_async(dst_ptr, host, ctx.stream)
+            return
+        # in a call: through a pinned buffer, a copy that does not wait for the stream
+        # (a pageable one waits for the DMA queued before it: the call's data)
+        np.copyto(staging, host)
+        drv.memcpy_htod_async(dst_ptr, staging, ctx.stream)
+        copied = drv.Event(drv.event_flags.DISABLE_TIMING)
+        copied.record(ctx.stream)
+        pending.append((copied, staging))
         return
     with ctx.lock:     # calls on several threads share the registry
         registered = reg.is_registered(host)
@@ -196,7 +209,7 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
         copied.record(ctx.stream)
         pending = _deferred.events
         if pending is not None:
-            pending.append(copied)
+            pending.append((copied, None))
         else:
             copied.synchronize()
 
