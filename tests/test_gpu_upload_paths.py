@@ -161,9 +161,9 @@ def test_deferred_waits_wait_for_every_copy_at_the_end_of_the_outer_block():
     log: list = []
     with deferred_waits():
         events = host_register._deferred.events
-        events.append((_Event(log), None))
+        events.append(_Event(log))
         with deferred_waits():                       # a nested call: no wait at its end
-            events.append((_Event(log), None))
+            events.append(_Event(log))
         assert log == []
     assert len(log) == 2
     assert host_register._deferred.events is None   # outside a block, uploads wait at once
@@ -173,7 +173,7 @@ def test_deferred_waits_wait_also_when_the_call_raises():
     log: list = []
     with pytest.raises(RuntimeError):
         with deferred_waits():
-            host_register._deferred.events.append((_Event(log), None))
+            host_register._deferred.events.append(_Event(log))
             raise RuntimeError("a failing node")
     assert len(log) == 1 and host_register._deferred.events is None
 

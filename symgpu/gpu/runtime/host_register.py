@@ -156,11 +156,12 @@ _deferred = _Deferred()
 
 
 class deferred_waits:
-    """Within the block, an upload on this thread does not wait for its copy (from
-    registered memory, or from a pinned staging buffer for a small array); the block's end
-    waits for all of them (also when it raises).  A function call uses it
-    (gpu/exec/graphs.py): the host launches the call's kernels while the DMA runs, and the
-    caller still gets its arrays back, unread from then on, when the call returns."""
+    """Within the block, an upload from registered memory on this thread does not wait for
+    its copy; the block's end waits for all of them (also when it raises).  A function call
+    uses it (gpu/exec/graphs.py): the host launches the call's kernels while the DMA runs,
+    and the caller still gets its arrays back, unread from then on, when the call returns.
+    (H100: a small pageable upload queued after a 1.25 MB DMA returns in 4 us, without
+    waiting for it; one through a pinned staging buffer and an event took 11 us.)"""
 
     __slots__ = ("outer",)
 
@@ -173,8 +174,8 @@ class deferred_waits:
     def __exit__(self, *exc: Any) -> None:
         if self.outer is not None:
             return
-        pending, _deferred.events = _deferred.events, None
-        for event, _staging in pending:   # a staging buffer lives until its copy is done
+        events, _deferred.events = _deferred.events, None
+        for event in events:
             event.synchronize()
 
 
@@ -186,20 +187,8 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
     path, which returns once it has read ``host``."""
     import pycuda.driver as drv
     reg = registry_for(ctx)
-    if host.nbytes < reg.min_bytes:
-        pending = _deferred.events
-        staging = None if pending is None or ctx.pinned is None else \
-            ctx.pinned.empty(host.shape, host.dtype)
-        if staging is None:
-            drv.memcpy_htod_async(dst_ptr, host, ctx.stream)
-            return
-        # in a call: through a pinned buffer, a copy that does not wait for the stream
-        # (a pageable one waits for the DMA queued before it: the call's data)
-        np.copyto(staging, host)
-        drv.memcpy_htod_async(dst_ptr, staging, ctx.stream)
-        copied = drv.Event(drv.event_flags.DISABLE_TIMING)
-        copied.record(ctx.stream)
-        pending.append((copied, staging))
+    if host.nbytes < reg.min_bytes:   # (the driver stages it: no wait for earlier DMA)
+        drv.memcpy_htod_async(dst_ptr, host, ctx.stream)
         return
     with ctx.lock:     # calls on several threads share the registry
         registered = reg.is_registered(host)
@@ -209,7 +198,7 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
         copied.record(ctx.stream)
         pending = _deferred.events
         if pending is not None:
-            pending.append((copied, None))
+            pending.append(copied)
         else:
             copied.synchronize()
 
