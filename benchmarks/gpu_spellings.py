@@ -188,6 +188,33 @@ def bench_symgpu_minibatch(sync) -> None:
         per_call(cycling_tf32, 300, sync))
 
 
+def launched_kernels(f) -> int:
+    """Nodes of ``f`` that queue device work (what a plain run launches one by one)."""
+    from symgpu.gpu.exec.graph_plan import node_launches
+    vm = f.vm
+    return sum(node_launches(n, t) for n, t in zip(vm.nodes, vm.thunks))
+
+
+def bench_symgpu_plain(sync) -> None:
+    """The plain path (first calls, functions that cannot be captured): CUDA graphs off.
+    Wall time per call over the kernels it launches bounds the host time per launch."""
+    from symgpu import config
+    k = [0]
+    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+        f, args = symgpu_logreg(np.asarray(0., dtype="float32"))
+        g = symgpu_minibatch()
+
+    def cycling():
+        k[0] = (k[0] + 1) % BATCHES
+        g(k[0])
+    for name, fn, call in (("logreg, bias 0-d array", f, lambda: f(*args)),
+                           ("minibatch MLP, cycling index", g, cycling)):
+        t = per_call(call, 300, sync)
+        n = launched_kernels(fn)
+        row("plain", f"symgpu {name}, CUDA graphs off ({n} launches)", t)
+        say(f"    {t * 1e6 / n:.1f} us per launched kernel, wall (goal: at most ~5 us of host)")
+
+
 def bench_symgpu() -> None:
     import symgpu.gpu
     ctx = symgpu.gpu.init_default_context()
@@ -196,6 +223,7 @@ def bench_symgpu() -> None:
     bench_symgpu_logreg(ctx.synchronize)
     if not LOGREG_ONLY:
         bench_symgpu_minibatch(ctx.synchronize)
+        bench_symgpu_plain(ctx.synchronize)
 
 
 # ============================================================================ JAX
