@@ -189,7 +189,8 @@ def gpu_fusion(fgraph: FunctionGraph) -> None:
 def _uploads_an_argument(var: Variable) -> bool:
     """Whether `var` is the upload of an array the caller passes: a device array fed there
     is read where it is only while no kernel writes into the upload (placement/basic_ops.py
-    ``may_borrow``), so kernels write elsewhere (a pool block costs less than that copy)."""
+    ``may_borrow``), so elementwise kernels write elsewhere (a pool block costs less than
+    that copy)."""
     src = var.owner
     return src is not None and isinstance(src.op, GpuFromHost) and \
         src.inputs[0].owner is None and not isinstance(src.inputs[0], Constant) and \
@@ -198,9 +199,13 @@ def _uploads_an_argument(var: Variable) -> bool:
 
 def _destroyable_inputs(fgraph: FunctionGraph, node: Apply, out: Variable, taken: set,
                         why_not: Any) -> list[int]:
+    # an elementwise kernel may as well write into a fresh block; a BLAS accumulator not
+    # written in place is copied first, which costs what a copy of the upload would
+    spare_uploads = type(node.op) is GpuElemwise
     return [i for i, inp in enumerate(node.inputs)
             if i not in taken and inp.type == out.type and node.inputs.count(inp) == 1
-            and not _uploads_an_argument(inp) and why_not(fgraph, inp, node) is None]
+            and not (spare_uploads and _uploads_an_argument(inp))
+            and why_not(fgraph, inp, node) is None]
 
 
 def make_gpu_inplace(fgraph: FunctionGraph) -> int:
