@@ -37,11 +37,10 @@ class VM:
         self.gc_after = gc_after
         #: the thunks and cell clearing as straight-line code (no loop, no per-node unpacking)
         self.run_thunks = _straight_line(self)
-        #: set by the profiler: a callable(vm) that runs and times the thunks instead
-        self.profiler = None
-        #: set by a VM hook (VM_HOOKS), or by MonitorMode (compile/monitormode.py) to call
-        #: its pre/post functions around each node: a callable() that runs the thunks instead
-        self.runner = None
+        #: namespaces of generated call code whose `run` is kept equal to `dispatch` (route)
+        self._routes: list[dict] = []
+        self._profiler = None
+        self._runner = None
         for hook in VM_HOOKS:
             try:
                 hook(self)
@@ -51,6 +50,47 @@ class VM:
                               f"({type(exc).__name__}: {exc}); running the plain VM",
                               RuntimeWarning, stacklevel=2)
                 self.runner = None
+
+    @property
+    def profiler(self) -> Callable[["VM"], None] | None:
+        """Set by the profiler: a callable(vm) that runs and times the thunks instead."""
+        return self._profiler
+
+    @profiler.setter
+    def profiler(self, value: Callable[["VM"], None] | None) -> None:
+        self._profiler = value
+        self._reroute()
+
+    @property
+    def runner(self) -> Callable[[], None] | None:
+        """Set by a VM hook (VM_HOOKS), or by MonitorMode (compile/monitormode.py) to call its
+        pre/post functions around each node: a callable() that runs the thunks instead."""
+        return self._runner
+
+    @runner.setter
+    def runner(self, value: Callable[[], None] | None) -> None:
+        self._runner = value
+        self._reroute()
+
+    @property
+    def dispatch(self) -> Callable[[], None]:
+        """What one run of this VM calls: `run_thunks` itself while no profiler or runner is
+        set (and the class runs thunks as VM does), else the VM (its `__call__` dispatches)."""
+        if (self._profiler is None and self._runner is None
+                and type(self).__call__ is VM.__call__):
+            return self.run_thunks
+        return self
+
+    def route(self, namespace: dict, key: str = "run") -> None:
+        """Keep `namespace[key]` equal to `dispatch` from now on: generated call code calls
+        it without testing for a profiler or runner on every call (compile/frames.py)."""
+        namespace[key] = self.dispatch
+        self._routes.append((namespace, key))
+
+    def _reroute(self) -> None:
+        run = self.dispatch
+        for namespace, key in self._routes:
+            namespace[key] = run
 
     def __call__(self) -> None:
         if self.profiler is not None:
@@ -87,7 +127,11 @@ def _straight_line(vm: VM) -> Callable[[], None]:
     the last time (with allow_gc), noting the index so an error names the failing node.
     What a loop over (thunk, dead cells) does, a few tenths of a microsecond a node faster."""
     ns: dict[str, Any] = {"fail": vm.raise_with_node_info}
-    lines = ["def run():", "    i = 0", "    try:"]
+    if not vm.thunks:
+        lines = ["def run():", "    pass"]
+        exec(compile("\n".join(lines), "<symgpu VM>", "exec"), ns)
+        return ns["run"]
+    lines = ["def run():", "    try:"]  # each thunk's `i = ...` comes first: set when read
     for i, thunk in enumerate(vm.thunks):
         ns[f"t{i}"] = thunk
         lines.append(f"        i = {i}")
