@@ -27,6 +27,9 @@ CALLS = [
     ("trivial function([x], x)", "trivial"),
     ("shared+1 function([], s + 1)", "shared_plus_one"),
     ("update-only function([], updates=[(s, s + 1)])", "update_only"),
+    # the same two without a constant operand (a one-input ufunc): the call path's own cost
+    ("negated shared function([], -s)", "shared_neg"),
+    ("update-only function([], updates=[(s, -s)])", "update_neg"),
 ]
 
 
@@ -56,9 +59,12 @@ def small_functions() -> dict:
         s = shared(np.ones(4, dtype="float32"))
         u = shared(np.ones(4, dtype="float32"))
         update = function([], updates=[(u, u + 1)])
+        v = shared(np.ones(4, dtype="float32"))
         return {"trivial": lambda: trivial(small),
                 "shared_plus_one": function([], s + 1),
-                "update_only": update}
+                "update_only": update,
+                "shared_neg": function([], -s),
+                "update_neg": function([], updates=[(v, -v)])}
 
 
 def child(number: int, repeat: int) -> None:

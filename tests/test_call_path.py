@@ -139,3 +139,28 @@ def test_updates_with_constants_in_threads_are_exact():
     for t in threads:
         t.join()
     np.testing.assert_array_equal(u.get_value(), np.full(4, 1200.0, dtype="float32"))
+
+
+def test_trust_input_switches_the_call_path_both_ways():
+    x = T.dvector("x")
+    f = function([x], x * 2)
+    with pytest.raises(TypeError, match=r"bad argument for input 'x' \(#0\)"):
+        f([1, "a"])
+    f.trust_input = True
+    assert f.trust_input is True
+    np.testing.assert_array_equal(f(np.ones(2)), [2.0, 2.0])
+    np.testing.assert_array_equal(f(x=np.ones(2)), [2.0, 2.0])  # bound, then trusted
+    f.trust_input = False
+    np.testing.assert_array_equal(f([1, 2]), [2.0, 4.0])  # converted by the filter again
+    with pytest.raises(TypeError, match=r"bad argument for input 'x' \(#0\)"):
+        f(np.ones((2, 2)))
+
+
+def test_values_needing_conversion_take_the_filter():
+    x = T.fvector("x")
+    f = function([x], x + 1, allow_input_downcast=True)
+    got = f(np.arange(3.0))  # float64 -> float32: the filter converts
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, [1.0, 2.0, 3.0])
+    ok = np.arange(3, dtype="float32")
+    assert f._filters[0].accept(ok) and not f._filters[0].accept(np.arange(3.0))
