@@ -108,10 +108,11 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
     """Straight-line code for one call over this frame's cells (a loop over lists costs a
     few tenths of a microsecond more): take the frame, filter the arguments into the input
     cells, read the shared values, run, write the updates, empty the cells of results."""
+    from symgpu.link.vm import VM, straight_line
     layout, vm = frame.layout, frame.vm
     fg = layout.fgraph
     ns: dict[str, Any] = {}
-    vm.route(ns)  # `run` is the thunks, or the VM while a profiler or runner is set
+    vm.route(ns)  # `plain`: no profiler or runner is set (else `run` is the VM)
     n = layout.n_explicit
     args = ", ".join(f"a{i}" for i in range(n))
     lines = [f"def call({args}):"]
@@ -141,7 +142,10 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         ns[f"h{k}"], ns[f"H{k}"] = cell, container.storage
         if k not in updated:
             lines.append(f"{ind}h{k}[0] = H{k}[0]")
-    body = ["run()"]
+    if type(vm).__call__ is VM.__call__:  # the thunks run here, without a call of run()
+        body = ["if plain:"] + straight_line(vm, ns, "    ") + ["else:", "    run()"]
+    else:  # a checking VM (DebugMode): always its own __call__
+        body = ["run()"]
     for j, cell in enumerate(frame.output_cells):
         ns[f"o{j}"] = cell
         body.append(f"r{j} = o{j}[0]")

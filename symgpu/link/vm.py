@@ -81,16 +81,18 @@ class VM:
             return self.run_thunks
         return self
 
-    def route(self, namespace: dict, key: str = "run") -> None:
-        """Keep `namespace[key]` equal to `dispatch` from now on: generated call code calls
-        it without testing for a profiler or runner on every call (compile/frames.py)."""
-        namespace[key] = self.dispatch
-        self._routes.append((namespace, key))
+    def route(self, namespace: dict) -> None:
+        """Keep `namespace["run"]` equal to `dispatch` from now on, and `namespace["plain"]`
+        True while that is `run_thunks`: generated call code (compile/frames.py) runs the
+        thunks' straight line itself while `plain`, else calls `run`, without looking for a
+        profiler or runner on every call."""
+        self._routes.append(namespace)
+        self._reroute()
 
     def _reroute(self) -> None:
         run = self.dispatch
-        for namespace, key in self._routes:
-            namespace[key] = run
+        for namespace in self._routes:
+            namespace["run"], namespace["plain"] = run, run is self.run_thunks
 
     def __call__(self) -> None:
         if self.profiler is not None:
@@ -122,25 +124,31 @@ class VM:
         raise new.with_traceback(exc.__traceback__) from exc
 
 
-def _straight_line(vm: VM) -> Callable[[], None]:
-    """Generated code that calls each thunk in turn and empties the cells of values read for
-    the last time (with allow_gc), noting the index so an error names the failing node.
-    What a loop over (thunk, dead cells) does, a few tenths of a microsecond a node faster."""
-    ns: dict[str, Any] = {"fail": vm.raise_with_node_info}
+def straight_line(vm: VM, ns: dict[str, Any], indent: str) -> list[str]:
+    """Source lines (at `indent`) that call each thunk in turn and empty the cells of values
+    read for the last time (with allow_gc), noting the index so an error names the failing
+    node; the names they use (t<i>, d<i>_<j>, fail, i, exc) are put in `ns`. What a loop
+    over (thunk, dead cells) does, a few tenths of a microsecond a node faster: the body of
+    `run_thunks`, and of a Function's generated call (compile/frames.py), which runs it
+    without calling `run_thunks`."""
+    ns["fail"] = vm.raise_with_node_info
     if not vm.thunks:
-        lines = ["def run():", "    pass"]
-        exec(compile("\n".join(lines), "<symgpu VM>", "exec"), ns)
-        return ns["run"]
-    lines = ["def run():", "    try:"]  # each thunk's `i = ...` comes first: set when read
+        return [f"{indent}pass"]
+    lines = [f"{indent}try:"]  # each thunk's `i = ...` comes first: set when read
     for i, thunk in enumerate(vm.thunks):
         ns[f"t{i}"] = thunk
-        lines.append(f"        i = {i}")
-        lines.append(f"        t{i}()")
+        lines.append(f"{indent}    i = {i}")
+        lines.append(f"{indent}    t{i}()")
         for j, cell in enumerate(vm.gc_after[i] if vm.gc_after is not None else ()):
             ns[f"d{i}_{j}"] = cell
-            lines.append(f"        d{i}_{j}[0] = None")
-    lines.append("        pass")
-    lines += ["    except Exception as exc:", "        fail(i, exc)"]
+            lines.append(f"{indent}    d{i}_{j}[0] = None")
+    lines += [f"{indent}except Exception as exc:", f"{indent}    fail(i, exc)"]
+    return lines
+
+
+def _straight_line(vm: VM) -> Callable[[], None]:
+    ns: dict[str, Any] = {}
+    lines = ["def run():"] + straight_line(vm, ns, "    ")
     exec(compile("\n".join(lines), "<symgpu VM>", "exec"), ns)
     return ns["run"]
 
