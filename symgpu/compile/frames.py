@@ -10,7 +10,8 @@ small pool, linking a new one on demand (the kernel caches make a re-link cheap)
 
 Shared values a function only reads are read into the frame's own cells at the start of a
 call (one consistent state per call). The shared variables a function updates are locked for
-the call (reading their values in place, running, writing the updates), in one global order
+the call (reading their values in place, running, writing the updates): values updated
+together share one lock (`sharedvalue.update_locks`), taken in one global order
 (`Container.order`) so that two functions updating overlapping sets cannot deadlock; see
 docs/threads.md.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from symgpu.compile.sharedvalue import update_locks
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 
@@ -48,10 +50,9 @@ class Layout:
         self.single = single
         self.name = name
         updated = {k for _, k, _ in self.updates}
-        #: locks of the updated shared values, in the global order (no deadlock)
-        self.locks = [c.lock for c in sorted({id(self.containers[k]): self.containers[k]
-                                              for k in updated}.values(),
-                                             key=lambda c: c.order)]
+        #: locks of the updated shared values, in the global order (no deadlock); values
+        #: updated together share one (sharedvalue.update_locks)
+        self.locks = update_locks([self.containers[k] for k in sorted(updated)])
         self.updated_positions = updated
 
 
