@@ -30,6 +30,7 @@ CALLS = [
     # the same two without a constant operand (a one-input ufunc): the call path's own cost
     ("negated shared function([], -s)", "shared_neg"),
     ("update-only function([], updates=[(s, -s)])", "update_neg"),
+    ("ten updates function([], updates=[(s_k, -s_k)])", "ten_updates"),
 ]
 
 
@@ -60,11 +61,13 @@ def small_functions() -> dict:
         u = shared(np.ones(4, dtype="float32"))
         update = function([], updates=[(u, u + 1)])
         v = shared(np.ones(4, dtype="float32"))
+        ten = [shared(np.ones(4, dtype="float32")) for _ in range(10)]
         return {"trivial": lambda: trivial(small),
                 "shared_plus_one": function([], s + 1),
                 "update_only": update,
                 "shared_neg": function([], -s),
-                "update_neg": function([], updates=[(v, -v)])}
+                "update_neg": function([], updates=[(v, -v)]),
+                "ten_updates": function([], updates=[(t, -t) for t in ten])}
 
 
 def child(number: int, repeat: int) -> None:

@@ -164,3 +164,12 @@ def test_values_needing_conversion_take_the_filter():
     np.testing.assert_array_equal(got, [1.0, 2.0, 3.0])
     ok = np.arange(3, dtype="float32")
     assert f._filters[0].accept(ok) and not f._filters[0].accept(np.arange(3.0))
+
+
+def test_errors_in_the_thunks_run_by_the_call_name_the_node_and_free_the_frame():
+    x, y = T.dvector("x"), T.dvector("y")
+    f = function([x, y], T.exp(x) + y)
+    with pytest.raises(ValueError, match="Apply node that caused the error"):
+        f(np.ones(2), np.ones(3))
+    np.testing.assert_allclose(f(np.zeros(2), np.ones(2)), [2.0, 2.0])
+    assert f.n_frames == 1  # the primary frame was given back: no spare was needed
