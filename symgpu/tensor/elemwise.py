@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
+from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.dtypes import is_float
@@ -299,7 +299,6 @@ def _cells_with_scalar_constants(node: Apply, storage_map: dict) -> list[list]:
     a 0-d array: NumPy broadcasts a 0-d operand about 250 ns faster than a (1, ...) one, the
     same result (the other inputs have the node's ndim). Only when every input has the
     output's dtype (no promotion rule differs between the two) and one input stays."""
-    from symgpu.graph.basic import Constant
     cells = [storage_map[v] for v in node.inputs]
     dtype = node.outputs[0].dtype
     if any(v.dtype != dtype for v in node.inputs):
