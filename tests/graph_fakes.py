@@ -17,6 +17,7 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.exec import graphs
+from symgpu.gpu.runtime.libcuda import DriverError
 from symgpu.gpu.runtime.pool import DevicePool
 
 CTX = "fake-graphs"
@@ -69,7 +70,7 @@ class FakeDriver:
 
     def check(self, status, what):
         if status:
-            raise RuntimeError(what)
+            raise DriverError(f"{what} failed: CUresult {status}", status)
 
     def relaxed(self):
         return nullcontext()
@@ -179,7 +180,8 @@ class FakeKernelOp(Op):
 
         def thunk():
             if self.fail_when_capturing and drv.capturing:
-                raise RuntimeError("operation not permitted when stream is capturing")
+                raise DriverError("cuMemAlloc failed: operation not permitted when stream "
+                                  "is capturing", 900)
             xs = [c[0] for c in ins]
             if xs[0].shape != xs[-1].shape:
                 raise ValueError(f"shapes differ: {xs[0].shape} {xs[-1].shape}")

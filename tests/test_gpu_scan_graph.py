@@ -405,3 +405,46 @@ def test_a_state_whose_value_is_a_view_of_a_sequence_is_copied_before_it_is_over
         np.testing.assert_array_equal(read(X), x)
         np.testing.assert_array_equal(read(H0), h0)
     assert op._scratch_copy == frozenset({0})
+
+
+@pytest.mark.parametrize("call", ["begin", "instantiate"])
+def test_a_driver_error_starting_a_capture_runs_the_loop_plainly(monkeypatch, call):
+    from symgpu.gpu.runtime.libcuda import DriverError
+    op, node = accumulate_loop()
+    x, h0 = rand(3, 2), rand(1, 2)
+    args = (np.int64(3), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    run(op, node, *args)
+
+    def refuse(*a):
+        raise DriverError(f"cu{call} failed: out of memory", 2)
+    monkeypatch.setattr(DRV, call, refuse)
+    with pytest.warns(scan_graph.LoopGraphWarning, match="out of memory"):
+        check(run(op, node, *args), want_accumulate(x, h0))
+    assert op.loop_graphs.disabled and scan_graph.STATS["captures"] == 0
+
+
+def test_a_bug_starting_a_capture_is_not_taken_for_a_driver_error(monkeypatch):
+    op, node = accumulate_loop()
+    x, h0 = rand(3, 2), rand(1, 2)
+    args = (np.int64(3), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    run(op, node, *args)
+
+    def bug(*a):
+        raise AttributeError("'NoneType' object has no attribute 'handle'")
+    monkeypatch.setattr(DRV, "begin", bug)
+    with pytest.raises(AttributeError, match="handle"):
+        run(op, node, *args)
+
+
+def test_graph_statistics_the_driver_cannot_give_are_skipped(monkeypatch):
+    from symgpu.gpu.runtime.libcuda import DriverError
+
+    def refuse(graph):
+        raise DriverError("cuGraphGetNodes failed: not supported", 801)
+    monkeypatch.setattr(DRV, "node_count", refuse)
+    op, node = accumulate_loop()
+    x, h0 = rand(4, 2), rand(1, 2)
+    for _ in range(3):
+        check(run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    assert scan_graph.STATS["captures"] == 1 and "graph nodes (scan)" not in scan_graph.STATS

@@ -230,3 +230,65 @@ def test_keyword_and_trusted_calls_from_threads():
 
     run_threads(work)
     assert bad == []
+
+
+def test_values_updated_together_share_one_lock():
+    ws = [shared(np.zeros(2), name=f"w{k}") for k in range(5)]
+    step = function([], [], updates=[(w, w + 1) for w in ws])
+    assert len(step._layout.locks) == 1  # one lock per call, not one per updated value
+    assert all(w.container.lock is ws[0].container.lock for w in ws)
+    # a value bound to another lock first keeps it: a function updating both takes both,
+    # and a fresh value updated with them joins the lowest-ordered one
+    other = shared(np.zeros(2), name="other")
+    function([], [], updates=[(other, other * 2)])
+    fresh = shared(np.zeros(2), name="fresh")
+    mixed = function([], [], updates=[(other, other + 1), (fresh, fresh + 1), (ws[2], ws[2] + 1)])
+    assert len(mixed._layout.locks) == 2
+    assert fresh.container.lock is ws[0].container.lock  # ws were created (ordered) first
+    assert other.container.lock is not ws[0].container.lock
+
+
+def test_functions_sharing_values_exclude_each_other_in_any_order():
+    # a and b bound to locks of their own first; then functions updating both, listed in
+    # opposite orders, and functions updating one of them, all at once: no deadlock, no
+    # lost update
+    a = shared(np.int64(0), name="a")
+    b = shared(np.int64(0), name="b")
+    only_a = function([], [], updates=[(a, a + 1)])
+    only_b = function([], [], updates=[(b, b + 1)])
+    ab = function([], [], updates=[(a, a + 1), (b, b + 1)])
+    ba = function([], [], updates=[(b, b + 1), (a, a + 1)])
+    assert a.container.lock is not b.container.lock
+    assert ab._layout.locks == ba._layout.locks and len(ab._layout.locks) == 2
+    fns = [only_a, only_b, ab, ba]
+    n = 300
+
+    def work(k):
+        for _ in range(n):
+            fns[k % 4]()
+
+    run_threads(work)
+    per_fn = N_THREADS // 4 * n
+    assert a.get_value() == 3 * per_fn and b.get_value() == 3 * per_fn
+
+
+def test_a_set_value_waiting_while_its_lock_is_swapped_takes_the_new_one():
+    a = shared(0.0, name="a")
+    c = shared(0.0, name="c")  # no function updates c yet: its lock may still change
+    function([], [], updates=[(a, a + 1)])  # a's lock is bound
+    old, new = c.container.lock, a.container.lock
+    done = threading.Event()
+    old.acquire()
+    setter = threading.Thread(target=lambda: (c.set_value(5.0), done.set()))
+    setter.start()  # waits for c's old lock
+    new.acquire()
+    f = function([], [], updates=[(a, a + 1), (c, c + 1)])  # swaps c's lock for a's
+    assert c.container.lock is new and f._layout.locks == [new]
+    old.release()  # the setter takes the old lock, sees it was swapped, waits for the new
+    assert not done.wait(0.2)
+    new.release()
+    assert done.wait(10)
+    setter.join()
+    assert c.get_value() == 5.0
+    f()
+    assert c.get_value() == 6.0 and a.get_value() == 1.0

@@ -10,7 +10,8 @@ small pool, linking a new one on demand (the kernel caches make a re-link cheap)
 
 Shared values a function only reads are read into the frame's own cells at the start of a
 call (one consistent state per call). The shared variables a function updates are locked for
-the call (reading their values in place, running, writing the updates), in one global order
+the call (reading their values in place, running, writing the updates): values updated
+together share one lock (`sharedvalue.update_locks`), taken in one global order
 (`Container.order`) so that two functions updating overlapping sets cannot deadlock; see
 docs/threads.md.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from symgpu.compile.sharedvalue import update_locks
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 
@@ -48,10 +50,9 @@ class Layout:
         self.single = single
         self.name = name
         updated = {k for _, k, _ in self.updates}
-        #: locks of the updated shared values, in the global order (no deadlock)
-        self.locks = [c.lock for c in sorted({id(self.containers[k]): self.containers[k]
-                                              for k in updated}.values(),
-                                             key=lambda c: c.order)]
+        #: locks of the updated shared values, in the global order (no deadlock); values
+        #: updated together share one (sharedvalue.update_locks)
+        self.locks = update_locks([self.containers[k] for k in sorted(updated)])
         self.updated_positions = updated
 
 
@@ -108,10 +109,11 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
     """Straight-line code for one call over this frame's cells (a loop over lists costs a
     few tenths of a microsecond more): take the frame, filter the arguments into the input
     cells, read the shared values, run, write the updates, empty the cells of results."""
-    from symgpu.link.vm import VM
+    from symgpu.link.vm import VM, straight_line
     layout, vm = frame.layout, frame.vm
     fg = layout.fgraph
-    ns: dict[str, Any] = {"vm": vm, "run": vm.run_thunks}
+    ns: dict[str, Any] = {}
+    vm.route(ns)  # `plain`: no profiler or runner is set (else `run` is the VM)
     n = layout.n_explicit
     args = ", ".join(f"a{i}" for i in range(n))
     lines = [f"def call({args}):"]
@@ -128,20 +130,23 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         ns[f"c{i}"] = cell
         if filters is None:
             lines.append(f"{ind}c{i}[0] = a{i}")
-        else:
-            ns[f"f{i}"] = filters[i]
+            continue
+        ns[f"f{i}"] = filters[i]
+        accept = getattr(filters[i], "accept", None)
+        if accept is None:
             lines.append(f"{ind}c{i}[0] = f{i}(a{i})")
+        else:  # the filter's no-conversion test called here: one Python call less
+            ns[f"p{i}"] = accept
+            lines.append(f"{ind}c{i}[0] = a{i} if p{i}(a{i}) else f{i}(a{i})")
     updated = layout.updated_positions
     for k, (cell, container) in enumerate(zip(frame.shared_cells, layout.containers)):
         ns[f"h{k}"], ns[f"H{k}"] = cell, container.storage
         if k not in updated:
             lines.append(f"{ind}h{k}[0] = H{k}[0]")
-    body = []
-    if type(vm).__call__ is VM.__call__:  # not a checking VM (DebugMode): skip its dispatch
-        body += ["if vm.profiler is None and vm.runner is None:", "    run()",
-                 "else:", "    vm()"]
-    else:
-        body.append("vm()")
+    if type(vm).__call__ is VM.__call__:  # the thunks run here, without a call of run()
+        body = ["if plain:"] + straight_line(vm, ns, "    ") + ["else:", "    run()"]
+    else:  # a checking VM (DebugMode): always its own __call__
+        body = ["run()"]
     for j, cell in enumerate(frame.output_cells):
         ns[f"o{j}"] = cell
         body.append(f"r{j} = o{j}[0]")

@@ -142,8 +142,7 @@ class Function:
         self._spares: list = []
         self._link_lock = threading.Lock()
         self.profile = None
-        self.trust_input = False
-        self._fast = self._frame.caller(self._filters, self._call_spare)
+        self.trust_input = False  # sets _fast, the generated call for positional arguments
 
     # -- calling ----------------------------------------------------------------------------
     def _bind(self, args: tuple, kwargs: dict) -> list:
@@ -170,13 +169,20 @@ class Function:
     def _label(self) -> str:
         return f"function {self.name!r}" if self.name else "the function"
 
+    @property
+    def trust_input(self) -> bool:
+        """True: arguments are stored as given, unchecked (Theano's `trust_input`)."""
+        return self._trust_input
+
+    @trust_input.setter
+    def trust_input(self, value: bool) -> None:
+        self._trust_input = bool(value)
+        self._fast = (self._frame.caller(None, self._call_spare_trusted) if value
+                      else self._frame.caller(self._filters, self._call_spare))
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not kwargs and len(args) == self._n_inputs and not self.trust_input:
-            return self._fast(*args)
         if kwargs or len(args) != self._n_inputs:
             args = self._bind(args, kwargs)
-        if self.trust_input:
-            return self._frame.caller(None, self._call_spare_trusted)(*args)
         return self._fast(*args)
 
     # -- frames -----------------------------------------------------------------------------
@@ -346,6 +352,7 @@ def _input_filter(var: Variable, inp: In, index: int, fname: str | None,
         except (TypeError, ValueError) as exc:
             raise TypeError(f"bad argument for {label}{where}, expected {ttype}: {exc}") from None
 
+    check.accept = accept  # values it returns unchanged; generated calls test it first
     return check
 
 

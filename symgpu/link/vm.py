@@ -37,11 +37,10 @@ class VM:
         self.gc_after = gc_after
         #: the thunks and cell clearing as straight-line code (no loop, no per-node unpacking)
         self.run_thunks = _straight_line(self)
-        #: set by the profiler: a callable(vm) that runs and times the thunks instead
-        self.profiler = None
-        #: set by a VM hook (VM_HOOKS), or by MonitorMode (compile/monitormode.py) to call
-        #: its pre/post functions around each node: a callable() that runs the thunks instead
-        self.runner = None
+        #: namespaces of generated call code whose `run` is kept equal to `dispatch` (route)
+        self._routes: list[dict] = []
+        self._profiler = None
+        self._runner = None
         for hook in VM_HOOKS:
             try:
                 hook(self)
@@ -51,6 +50,49 @@ class VM:
                               f"({type(exc).__name__}: {exc}); running the plain VM",
                               RuntimeWarning, stacklevel=2)
                 self.runner = None
+
+    @property
+    def profiler(self) -> Callable[["VM"], None] | None:
+        """Set by the profiler: a callable(vm) that runs and times the thunks instead."""
+        return self._profiler
+
+    @profiler.setter
+    def profiler(self, value: Callable[["VM"], None] | None) -> None:
+        self._profiler = value
+        self._reroute()
+
+    @property
+    def runner(self) -> Callable[[], None] | None:
+        """Set by a VM hook (VM_HOOKS), or by MonitorMode (compile/monitormode.py) to call its
+        pre/post functions around each node: a callable() that runs the thunks instead."""
+        return self._runner
+
+    @runner.setter
+    def runner(self, value: Callable[[], None] | None) -> None:
+        self._runner = value
+        self._reroute()
+
+    @property
+    def dispatch(self) -> Callable[[], None]:
+        """What one run of this VM calls: `run_thunks` itself while no profiler or runner is
+        set (and the class runs thunks as VM does), else the VM (its `__call__` dispatches)."""
+        if (self._profiler is None and self._runner is None
+                and type(self).__call__ is VM.__call__):
+            return self.run_thunks
+        return self
+
+    def route(self, namespace: dict) -> None:
+        """Keep `namespace["run"]` equal to `dispatch` from now on, and `namespace["plain"]`
+        True while that is `run_thunks`: generated call code (compile/frames.py) runs the
+        thunks' straight line itself while `plain`, else calls `run`, without looking for a
+        profiler or runner on every call."""
+        self._routes.append(namespace)
+        self._reroute()
+
+    def _reroute(self) -> None:
+        run = self.dispatch
+        for namespace in self._routes:
+            namespace["run"], namespace["plain"] = run, run is self.run_thunks
 
     def __call__(self) -> None:
         if self.profiler is not None:
@@ -82,21 +124,31 @@ class VM:
         raise new.with_traceback(exc.__traceback__) from exc
 
 
-def _straight_line(vm: VM) -> Callable[[], None]:
-    """Generated code that calls each thunk in turn and empties the cells of values read for
-    the last time (with allow_gc), noting the index so an error names the failing node.
-    What a loop over (thunk, dead cells) does, a few tenths of a microsecond a node faster."""
-    ns: dict[str, Any] = {"fail": vm.raise_with_node_info}
-    lines = ["def run():", "    i = 0", "    try:"]
+def straight_line(vm: VM, ns: dict[str, Any], indent: str) -> list[str]:
+    """Source lines (at `indent`) that call each thunk in turn and empty the cells of values
+    read for the last time (with allow_gc), noting the index so an error names the failing
+    node; the names they use (t<i>, d<i>_<j>, fail, i, exc) are put in `ns`. What a loop
+    over (thunk, dead cells) does, a few tenths of a microsecond a node faster: the body of
+    `run_thunks`, and of a Function's generated call (compile/frames.py), which runs it
+    without calling `run_thunks`."""
+    ns["fail"] = vm.raise_with_node_info
+    if not vm.thunks:
+        return [f"{indent}pass"]
+    lines = [f"{indent}try:"]  # each thunk's `i = ...` comes first: set when read
     for i, thunk in enumerate(vm.thunks):
         ns[f"t{i}"] = thunk
-        lines.append(f"        i = {i}")
-        lines.append(f"        t{i}()")
+        lines.append(f"{indent}    i = {i}")
+        lines.append(f"{indent}    t{i}()")
         for j, cell in enumerate(vm.gc_after[i] if vm.gc_after is not None else ()):
             ns[f"d{i}_{j}"] = cell
-            lines.append(f"        d{i}_{j}[0] = None")
-    lines.append("        pass")
-    lines += ["    except Exception as exc:", "        fail(i, exc)"]
+            lines.append(f"{indent}    d{i}_{j}[0] = None")
+    lines += [f"{indent}except Exception as exc:", f"{indent}    fail(i, exc)"]
+    return lines
+
+
+def _straight_line(vm: VM) -> Callable[[], None]:
+    ns: dict[str, Any] = {}
+    lines = ["def run():"] + straight_line(vm, ns, "    ")
     exec(compile("\n".join(lines), "<symgpu VM>", "exec"), ns)
     return ns["run"]
 

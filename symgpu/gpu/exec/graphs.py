@@ -358,7 +358,7 @@ class Runner:
             self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
             for step in self.steps:
                 step.run()
-        except Exception as exc:
+        except Exception as exc:   # re-raised with the node named, as the VM does
             self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
         for c in self.post_clear:
             c[0] = None

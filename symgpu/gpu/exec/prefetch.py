@@ -152,8 +152,15 @@ def iter_requests(nodes: Sequence[Apply], include_virtual: bool = False,
                         if _seen_key(key, options, ctx.arch) in _seen:
                             continue
                 yield KernelRequest(key, factory(), options, ctx.arch)
-        except Exception:  # the node's own thunk reports what is wrong with it
+        except RENDER_ERRORS:  # the node's own thunk reports what is wrong with it
             continue
+
+
+#: what asking a node for its kernels raises for a node that cannot have them: a dtype or
+#: scalar op with no CUDA rendering, a context not registered here; its own thunk raises it
+#: again with the node described.  Anything else is a bug and propagates (the link hook's
+#: failure is then a RuntimeWarning from symgpu.link.vm)
+RENDER_ERRORS = (TypeError, ValueError, LookupError, NotImplementedError)
 
 
 def compile_requests(reqs: Sequence[KernelRequest],
@@ -251,10 +258,11 @@ def _link_hook(fgraph: Any, nodes: list[Apply]) -> None:
     that loads a module waits for that one only."""
     if not any(hasattr(n.op, "prefetch_sources") for n in nodes):
         return
+    from symgpu.gpu.runtime import compiler
     try:
         prefetch(nodes, wait=False)
-    except Exception as exc:  # nvcc missing, compiledir refused...: the nodes will say so
-        from symgpu.gpu.runtime import compiler
+    except (OSError, ValueError, compiler.CompileError) as exc:
+        # nvcc missing, the compiledir refused, bad nvcc.flags: the nodes will say so
         compiler._log(f"prefetch skipped ({type(exc).__name__}: {exc})")
 
 

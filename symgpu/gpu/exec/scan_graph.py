@@ -32,15 +32,17 @@ always run plainly.  A capture the driver refuses warns once and turns graphs of
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import warnings
 import weakref
 from collections import Counter, OrderedDict
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from symgpu.gpu.exec.graph_segment import Lease, results_differ
+from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
            "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
@@ -143,17 +145,15 @@ class _LoopGraph:
         spare.append([block, weakref.ref(lease)])
         return GpuArray._from_pointer(self.ctx, block.ptr, r.shape, r.dtype, None, lease)
 
-    def free(self) -> None:
+    def free(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         if self.exe is None:
             self.spare = [[] for _ in self.results]
             return
         # no synchronisation (as graph_segment._bury): a graph still running is freed when it
         # completes, its blocks' reuse is ordered on the same stream, and a synchronize here
         # would consume a failing call's pending device check
-        try:
+        if not _finalizing():   # at interpreter exit the driver may be gone
             self.drv.destroy(self.exe, self.graph)
-        except Exception:   # interpreter shutdown: the driver may be gone
-            pass
         self.exe = self.graph = None
         self.owned = ()
         # the blocks stay alive through the leases of arrays still held, and return to the
@@ -282,7 +282,7 @@ class LoopGraphs:
         pool.begin_sink(sink, drv.relaxed)
         try:
             drv.begin(stream)
-        except Exception as exc:
+        except driver_errors() as exc:
             pool.end_sink()
             self._give_up(f"cuStreamBeginCapture failed ({exc})")
             return None
@@ -310,7 +310,7 @@ class LoopGraphs:
             return None
         try:
             exe = drv.instantiate(graph)
-        except Exception as exc:
+        except driver_errors() as exc:   # out of memory, a node the driver refuses
             drv.destroy(None, graph)
             self._give_up(f"cuGraphInstantiate failed ({exc})")
             return None
@@ -320,7 +320,7 @@ class LoopGraphs:
         STATS["captures"] += 1
         try:
             STATS[f"graph nodes ({self.op.info.name})"] = drv.node_count(graph)
-        except Exception:   # statistics only
+        except driver_errors():   # statistics only
             pass
         if ref is not None:
             g.replay()

@@ -15,8 +15,9 @@ import ctypes
 import glob
 import importlib.util
 import os
+import sys
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 __all__ = ["CudnnError", "cudnn", "cudnn_available", "DATA_TYPES", "ConvDescs"]
 
@@ -139,11 +140,9 @@ class _Desc:
         self.ptr = ctypes.c_void_p()
         lib.call(f"cudnnCreate{kind}Descriptor", ctypes.byref(self.ptr))
 
-    def __del__(self) -> None:
-        try:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+        if not _finalizing():  # at interpreter exit libcudnn may be unloaded already
             getattr(self.lib.lib, f"cudnnDestroy{self.kind}Descriptor")(self.ptr)
-        except Exception:
-            pass
 
 
 # the three directions: (algorithm query, workspace query, compute call, timed search)

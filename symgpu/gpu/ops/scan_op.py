@@ -179,7 +179,7 @@ class GpuScan(Scan):
         batch per loop body when each body is linked.  With them the strided-copy module
         when an input may be a strided view (a reversed sequence, a transposed weight): the
         captured loop copies its inputs into its own contiguous buffers (scan_graph.py)."""
-        from symgpu.gpu.exec.prefetch import maybe_strided
+        from symgpu.gpu.exec.prefetch import RENDER_ERRORS, maybe_strided
         out: list = []
         if not self.info.as_while and any(is_gpu_var(v) and maybe_strided(v)
                                           for v in node.inputs[1:]):
@@ -192,7 +192,7 @@ class GpuScan(Scan):
             if ask is not None:
                 try:
                     out.extend(ask(n))
-                except Exception:   # the node's own thunk reports what is wrong with it
+                except RENDER_ERRORS:   # the node's own thunk reports what is wrong with it
                     continue
         return out
 
@@ -268,7 +268,7 @@ class GpuScan(Scan):
                 cell[0] = buf[t + off] if kept else buf[off]
             try:
                 run()
-            except Exception as exc:
+            except Exception as exc:   # re-raised, the step named: nothing is swallowed
                 if not _simple(exc):
                     raise
                 raise type(exc)(f"{exc}\n(in {info.name}, step {t} of {n})") from exc

@@ -295,7 +295,7 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     def get_value(self, borrow: bool = False, return_internal_type: bool = False) -> Any:
         """A host ndarray copy of the value; the GpuArray itself with
         `return_internal_type=True` (copied unless `borrow=True`), as in Theano."""
-        with self.container.lock:  # not while a call is between reading and updating it
+        with self.container.locked():  # not while a call is between reading and updating it
             value = self.container.storage[0]
             with _call_lock(value):  # not while another thread's call captures a graph
                 if return_internal_type:
@@ -314,7 +314,7 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
                 new = new.copy().sync()  # the owner may overwrite its array on its own stream
             elif on_device:
                 lend(new)                # the caller keeps it: graphs never write into it
-        with self.container.lock:  # after (not inside) any call updating it
+        with self.container.locked():  # after (not inside) any call updating it
             self.container.storage[0] = new
 
     def _copy_out(self, value: Any) -> Any:

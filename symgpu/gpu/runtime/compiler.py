@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
@@ -297,7 +298,7 @@ def compile_module(source: str, options: Sequence[str] = (), arch: str | None = 
         try:
             module = load_module(cubin, ctx)
             break
-        except Exception as exc:
+        except driver_errors() as exc:   # the driver refused the image (a damaged entry)
             if attempt:
                 raise
             _log(f"entry {digest[:16]} did not load ({exc}); recompiling")

@@ -9,9 +9,28 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import sys
 from typing import Any, Sequence
 
-__all__ = ["cdll", "pydll", "declare", "error_string", "check"]
+__all__ = ["cdll", "pydll", "declare", "error_string", "check", "DriverError", "driver_errors"]
+
+
+class DriverError(RuntimeError):
+    """A driver call made here through ctypes returned an error (``status``: its CUresult)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def driver_errors() -> tuple[type[BaseException], ...]:
+    """What a failing CUDA driver call raises: DriverError (calls made here) and
+    ``pycuda.driver.Error`` (PyCUDA's: allocations, copies, launches, module loads) once
+    PyCUDA is imported (before that none of its errors can be in flight).  For
+    ``except driver_errors():`` around driver work whose failure has a fallback: anything
+    else is a bug and propagates."""
+    error = getattr(sys.modules.get("pycuda.driver"), "Error", None)
+    return (DriverError,) if error is None else (DriverError, error)
 
 
 @functools.cache
@@ -43,6 +62,6 @@ def error_string(status: int) -> str:
 
 
 def check(status: int, what: str) -> None:
-    """Raise RuntimeError('<what> failed: <driver's words>') for a non-zero CUresult."""
+    """Raise DriverError('<what> failed: <driver's words>') for a non-zero CUresult."""
     if status:
-        raise RuntimeError(f"{what} failed: {error_string(status)}")
+        raise DriverError(f"{what} failed: {error_string(status)}", status)

@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import sys
 import threading
 from typing import Any, Callable
 
 import numpy as np
+
+from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["DevicePool", "Block", "GpuMemoryError", "size_class", "PinnedPool", "lend"]
 
@@ -87,13 +90,15 @@ class Block:
     def __int__(self) -> int:
         return self.ptr
 
-    def __del__(self) -> None:
+    def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
         pool = self._pool
         if pool is not None:
             self._pool = None
+            if _finalizing():  # interpreter exit (module globals may be gone): the driver
+                return         # frees everything anyway
             try:
                 pool._release(self.ptr, self.size, self._alloc)
-            except Exception:  # interpreter shutdown: the driver frees everything anyway
+            except driver_errors():  # a freed or faulted context: no memory left to free
                 pass
 
 
@@ -360,11 +365,9 @@ class PinnedPool:
                 """The base of a leased array: returns its buffer to the pool when it dies."""
                 __slots__ = ("_buf",)
 
-                def __del__(self) -> None:
-                    try:
+                def __del__(self, _finalizing: Callable[[], bool] = sys.is_finalizing) -> None:
+                    if not _finalizing():  # at interpreter exit the pool may be gone
                         pool._give_back(size, ctypes.addressof(self), self._buf)
-                    except Exception:  # interpreter shutdown
-                        pass
 
             cls = self._owners[size] = _PinnedOwner
         return cls
