@@ -29,7 +29,7 @@ LAYERS = ("runtime", "placement", "ops", "exec")
 #: probes what a node that cannot render raises, and clean-ups checked sys.is_finalizing);
 #: each one that remains re-raises what it caught (naming the node or step), ends a capture
 #: whatever happened, or is still to be narrowed (graph_segment.py, basic_ops.py)
-BROAD_EXCEPT_ALLOWANCE = 16
+BROAD_EXCEPT_ALLOWANCE = 5
 
 
 def _modules() -> dict[str, Path]:

@@ -22,12 +22,15 @@ through that module at call time, so setting or patching ``symgpu.gpu.exec.graph
 from __future__ import annotations
 
 import importlib
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_plan import make_keyer
+from symgpu.gpu.exec.graph_plan import Unkeyable, make_keyer
+from symgpu.gpu.runtime.compiler import CompileError
+from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.gpu.runtime.device_checks import guarded_copy, is_device_check_error
 
 if TYPE_CHECKING:
@@ -94,11 +97,10 @@ def _bury(entry: tuple) -> None:
     ordered on the same stream.  (A ``ctx.synchronize()`` here also read the device checks:
     a graph collected in the middle of a failing call raised that call's pending check into
     this function's ``except`` and cleared it, so the call's guarded update copy landed.)"""
+    if sys.is_finalizing():   # the driver may be gone; the process frees everything
+        return
     drv, _ctx, exe, graph, _owned = entry
-    try:
-        drv.destroy(exe, graph)
-    except Exception:  # interpreter shutdown
-        pass
+    drv.destroy(exe, graph)   # (its status is not checked: nothing to do about a failure)
 
 
 def _bury_collected() -> None:
@@ -175,7 +177,8 @@ class Segment:
                 key = self.key(vals)
                 if self.param_thunks:
                     key = (key, self._param_key())
-            except Exception:   # unkeyable or bad input: the plain run raises the node's error
+            except (Unkeyable, AttributeError, TypeError, ValueError):
+                # unkeyable or bad input: the plain run raises the node's error
                 key = None
             if key is not None:
                 graphs = self.graphs.get(key)
@@ -375,7 +378,8 @@ class Segment:
             # run plainly first: the graph must give the same values (checked below)
             try:
                 snap = self._snapshot(vals)
-            except Exception as exc:   # no memory for the copies...: no graphs, no harm
+            except (MemoryError, *driver_errors()) as exc:   # no memory for the copies:
+                # no graphs, no harm
                 self.runner.disable(f"copying the inputs to check a graph failed "
                                     f"({type(exc).__name__}: {exc})", self)
                 snap = None
@@ -386,7 +390,7 @@ class Segment:
             self._plain(count=False)   # a thunk's error is the call's own: it propagates
             try:
                 ref = self._host_values()
-            except Exception as exc:   # the plain results stand
+            except (MemoryError, *driver_errors()) as exc:   # the plain results stand
                 if is_device_check_error(exc):
                     raise               # a bad index of the call itself
                 self.runner.disable(f"reading results to check a graph failed "
@@ -402,7 +406,7 @@ class Segment:
                     prepare = getattr(t, "param_prepare", None)
                     if prepare is not None:
                         prepare()
-            except Exception as exc:
+            except (MemoryError, CompileError, *driver_errors()) as exc:
                 self._give_up(exc, vals, snap)
                 return
         staged: list = []
@@ -422,7 +426,7 @@ class Segment:
                         staged.append((j, buf))
                         cap_vals[j] = buf
                         self.in_cells[j][0] = buf
-            except Exception as exc:
+            except (MemoryError, *driver_errors()) as exc:
                 self._give_up(exc, vals, snap)
                 return
         for c in self.produced_cells:
@@ -431,12 +435,14 @@ class Segment:
         try:
             ctx.activate()
             pool.begin_sink(sink, drv.relaxed)
+            began = False
             try:
                 drv.begin(stream)
-            except BaseException:
-                pool.end_sink()
-                raise
-        except Exception as exc:
+                began = True
+            finally:
+                if not began:
+                    pool.end_sink()
+        except driver_errors() as exc:
             self._give_up(exc, vals, snap)
             return
         err: BaseException | None = None
@@ -474,7 +480,7 @@ class Segment:
             return
         try:
             exe = drv.instantiate(graph)
-        except Exception as exc:
+        except driver_errors() as exc:
             drv.destroy(None, graph)
             self._give_up(exc, vals, snap)
             return
@@ -509,7 +515,7 @@ class Segment:
         if ref is not None:
             try:
                 why = results_differ(ref, self._host_values())
-            except Exception as exc:
+            except (MemoryError, *driver_errors()) as exc:
                 if is_device_check_error(exc):
                     raise
                 why = f"reading them failed: {type(exc).__name__}: {exc}"
@@ -521,8 +527,8 @@ class Segment:
             self.verified += 1
         try:
             self.nodes_captured = drv.node_count(graph)
-        except Exception:
-            pass
+        except driver_errors():
+            pass   # a statistic only
         self.graphs.setdefault(key, []).append(g)
         self.n_graphs += 1
         self.captures += 1

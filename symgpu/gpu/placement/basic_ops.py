@@ -66,8 +66,8 @@ def _is_device_array(value: Any) -> bool:
         if device is not None:
             return int(device()[0]) in (2, 13)  # kDLCUDA, kDLCUDAManaged
         return hasattr(value, "__cuda_array_interface__")
-    except Exception:
-        return False
+    except Exception:   # a probe of the caller's own object, whose methods may raise anything:
+        return False    # not a device array (the host path then says what is wrong with it)
 
 
 def _host_grad(gz: Any) -> TensorVariable:
