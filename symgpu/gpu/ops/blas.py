@@ -350,21 +350,25 @@ def gemm_math_mode(dtype: str) -> int:
 
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
+    from symgpu.gpu.ops import blaslt
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
     math_mode = gemm_math_mode(dtype)
+    use_lt = blaslt.lt_available(dtype)
     np_dtype = np.dtype(dtype)
     gemm = blas.gemm[dtype]
     ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
     one, zero = ctype(1.0), ctype(0.0)
     scal = _Scalars(node, scalar_pos, dtype, ctx, storage_map) if scalar_pos else None
+    device_scalars = scal is not None and scal.device
     in_cells = [storage_map[v] for v in node.inputs]
     out_cell = storage_map[node.outputs[0]]
     inplace = getattr(op, "inplace", False)
     z_cell = storage_map[z_var] if z_var is not None else None
     beta_zero = scal is not None and scal.known_zero(1)
     label = str(op)
+    unsupported: set = set()        # LtProblems cuBLASLt has no algorithm for
 
     def thunk() -> None:
         ctx.activate()
@@ -374,17 +378,21 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
         if k != k2:
             raise ValueError(f"{label}: shapes {x.shape} and {y.shape} are not aligned "
                              f"({k} != {k2})")
+        c = None                    # what beta scales: the output itself unless set here
         if z_cell is not None:
             z = z_cell[0]
             if any(a not in (b, 1) for a, b in zip(z.shape, (m, n))):
                 raise ValueError(f"{label}: z of shape {z.shape} does not broadcast to the "
                                  f"{(m, n)} of dot(x, y)")
-            if inplace and z.shape == (m, n) and _colmajor(z) is not None \
-                    and _colmajor(z)[0] == _N:
+            zl = _colmajor(z) if z.shape == (m, n) else None
+            if inplace and zl is not None and zl[0] == _N:
                 out = z
             else:
                 out = new_array(ctx, (m, n), np_dtype)
-                if not beta_zero and out.size:
+                if use_lt and zl is not None and zl[0] == _N and not beta_zero and m and n \
+                        and k:
+                    c = (z, zl[1])      # cuBLASLt reads z where it is (D apart from C)
+                elif not beta_zero and out.size:
                     out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
@@ -397,9 +405,16 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
             else:
                 (alpha_p, beta_p), keep = scal.args()
+            if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
+                                         ldc, y, x, out, c, alpha_p, beta_p, device_scalars,
+                                         unsupported):
+                out_cell[0] = out
+                return
+            if c is not None:           # cuBLASLt declined: z into the output after all
+                out._copy_from_device(z)
             blas.math_mode(handle, math_mode)
             status = _with_pointer_mode(
-                blas, handle, scal is not None and scal.device,
+                blas, handle, device_scalars,
                 lambda: gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
                              max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
                              ctypes.c_void_p(out.ptr), max(ldc, 1)))
@@ -408,6 +423,28 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
         out_cell[0] = out
 
     return _blas_capturable(thunk, scal)
+
+
+def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
+             k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
+             c: tuple | None, alpha_p: Any, beta_p: Any, device_scalars: bool,
+             unsupported: set) -> bool:
+    """The column-major gemm (rows x cols) = op(a) op(b) (+ beta c) through cuBLASLt
+    (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the caller
+    runs classic cuBLAS)."""
+    from symgpu.gpu.ops import blaslt
+    c_arr, ldc = (out, ldd) if c is None else c
+    p = blaslt.LtProblem(dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1),
+                         max(ldb, 1), max(ldc, 1), max(ldd, 1), c is None, device_scalars,
+                         tuple(blaslt.alignment(v.ptr) for v in (a, b, c_arr, out)))
+    if p in unsupported:
+        return False
+    try:
+        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, c_arr.ptr, out.ptr)
+    except blaslt.LtUnsupported:
+        unsupported.add(p)
+        return False
+    return True
 
 
 def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:

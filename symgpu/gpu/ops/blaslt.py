@@ -1,0 +1,378 @@
+"""cuBLASLt matrix products: an algorithm chosen per problem by timing, and D apart from C.
+
+Why: classic ``cublasSgemm`` takes cuBLAS's heuristic's first guess, which for the small
+products of a training step (a batch of 512 through 1024-wide layers) is often not the
+fastest kernel; XLA times the candidates of cuBLASLt's heuristic once per shape at compile
+time and keeps the fastest.  We do the same on a product's first plain run (never during a
+CUDA-graph capture, which then uses the heuristic's first choice without remembering it), and
+remember the choice for the process, per (dtype, math mode, transposes, sizes, leading
+dimensions, alignments, pointer mode, C in place or not).
+
+cuBLASLt also writes D = alpha * op(A) op(B) + beta * C to a buffer other than C, so
+``GpuGemm{no_inplace}`` (an SGD update ``W - lr * dot(h.T, d)`` on a shared W) reads W where
+it is instead of first copying it into its output.
+
+Capture-safe: the call names its stream and a workspace from the context's pool (kept as long
+as the context's handle), and allocates nothing.  Where libcublasLt cannot be loaded, or its
+heuristic offers nothing for a problem, ``blas.py`` runs the product through classic cuBLAS
+(``gpuarray.cublaslt`` turns this module off).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable, NamedTuple, Sequence
+
+__all__ = ["LtProblem", "AlgoChoice", "CHOICES", "cublaslt", "lt_available", "lt_matmul",
+           "alignment", "LtUnsupported"]
+
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70   # cublasComputeType_t
+_R_32F, _R_64F = 0, 1                                             # cudaDataType
+_DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4          # cublasLtMatmulDescAttributes_t
+_PREF_MAX_WORKSPACE = 1                                           # ...PreferenceAttributes_t
+_PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (bytes)
+_WORKSPACE_BYTES = 32 << 20
+#: how many of the heuristic's candidates are timed (it orders them by its own estimate)
+CANDIDATES = 8
+_REPS = 5          # launches per timed block
+_BLOCKS = 2        # timed blocks per candidate (the best counts)
+
+
+class LtUnsupported(RuntimeError):
+    """cuBLASLt has no algorithm for this problem (the caller uses classic cuBLAS)."""
+
+
+class LtProblem(NamedTuple):
+    """One column-major product D (m x n, ldd) = alpha op(A) op(B) + beta C (ldc), as
+    cuBLASLt sees it; A is m x k after its transpose, B k x n."""
+    dtype: str
+    tf32: bool
+    transa: int
+    transb: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    ldd: int
+    in_place: bool           # C is D
+    device_scalars: bool     # alpha and beta are read from device memory
+    align: tuple             # (A, B, C, D) pointer alignments in bytes, at most 256
+
+
+def alignment(ptr: int) -> int:
+    """The largest power of two (at most 256) that divides device address ``ptr``."""
+    return min(ptr & -ptr, 256) if ptr else 256
+
+
+# ----------------------------------------------------------------------------- the choice
+
+class AlgoChoice:
+    """Which of a problem's candidates runs it: the fastest by a one-time timing, remembered
+    per key.  Pure bookkeeping (the timing is the caller's ``time_one``), so the logic is
+    tested without a GPU."""
+
+    def __init__(self) -> None:
+        self.chosen: dict[Any, int] = {}
+        self.timings: dict[Any, list[float | None]] = {}   # for benchmarks and reports
+        self.lock = threading.Lock()
+
+    def pick(self, key: Any, n_candidates: int, time_one: Callable[[int], float],
+             can_time: bool) -> int:
+        """The index of the candidate to run.  Timed once per key, when ``can_time`` (not
+        during a capture); a candidate whose timing raises is passed over; without timing
+        the heuristic's first candidate runs and nothing is remembered."""
+        got = self.chosen.get(key)
+        if got is not None:
+            return got
+        if n_candidates < 1:
+            raise LtUnsupported("no candidate algorithm")
+        if not can_time:
+            return 0
+        if n_candidates == 1:
+            with self.lock:
+                self.chosen[key] = 0
+            return 0
+        times: list[float | None] = []
+        for i in range(n_candidates):
+            try:
+                times.append(float(time_one(i)))
+            except (LtUnsupported, RuntimeError):   # CublasError is a RuntimeError
+                times.append(None)
+        ok = [(t, i) for i, t in enumerate(times) if t is not None]
+        if not ok:
+            raise LtUnsupported("every candidate algorithm failed to run")
+        best = min(ok)[1]
+        with self.lock:
+            self.chosen[key] = best
+            self.timings[key] = times
+        return best
+
+    def clear(self) -> None:
+        with self.lock:
+            self.chosen.clear()
+            self.timings.clear()
+
+
+#: the process's choices (keyed by device name and LtProblem)
+CHOICES = AlgoChoice()
+
+
+# ----------------------------------------------------------------------------- the library
+
+class _HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
+                ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
+                ("reserved", ctypes.c_int * 4)]
+
+
+class _Plan:
+    """The descriptors of one problem on one handle and the heuristic's candidates."""
+
+    def __init__(self, desc: ctypes.c_void_p, layouts: tuple, algos: list) -> None:
+        self.desc = desc
+        self.a, self.b, self.c, self.d = layouts
+        self.algos = algos          # [(_HeuristicResult.algo, workspace bytes)]
+
+
+class _CublasLt:
+    """libcublasLt, its entry points, one handle and workspace per context, plans per
+    problem."""
+
+    def __init__(self) -> None:
+        from symgpu.gpu.ops.blas import CublasError
+        lib, errors = None, []
+        for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
+            try:
+                lib = ctypes.CDLL(name)
+                break
+            except OSError as exc:
+                errors.append(f"{name}: {exc}")
+        if lib is None:
+            raise CublasError("cuBLASLt could not be loaded (" + "; ".join(errors) + ")")
+        vp, P, st = ctypes.c_void_p, ctypes.POINTER, ctypes.c_size_t
+        sigs = {
+            "cublasLtCreate": [P(vp)],
+            "cublasLtMatmulDescCreate": [P(vp), ctypes.c_int, ctypes.c_int],
+            "cublasLtMatmulDescSetAttribute": [vp, ctypes.c_int, vp, st],
+            "cublasLtMatrixLayoutCreate": [P(vp), ctypes.c_int, ctypes.c_uint64,
+                                           ctypes.c_uint64, ctypes.c_int64],
+            "cublasLtMatmulPreferenceCreate": [P(vp)],
+            "cublasLtMatmulPreferenceSetAttribute": [vp, ctypes.c_int, vp, st],
+            "cublasLtMatmulPreferenceDestroy": [vp],
+            "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, ctypes.c_int,
+                                               P(_HeuristicResult), P(ctypes.c_int)],
+            "cublasLtMatmul": [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, st, vp],
+        }
+        for name, args in sigs.items():
+            fn = getattr(lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        self.lib = lib
+        self.error = CublasError
+        self.handles: dict[int, ctypes.c_void_p] = {}
+        self.workspaces: dict[int, Any] = {}
+        self.plans: dict[tuple, _Plan] = {}
+        self.lock = threading.Lock()
+
+    def check(self, status: int, what: str) -> None:
+        if status:
+            from symgpu.gpu.ops.blas import _STATUS
+            raise self.error(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
+
+    def handle(self, ctx: Any) -> tuple[ctypes.c_void_p, int, int]:
+        """(handle, workspace address, workspace bytes) of ``ctx``, made on first use."""
+        h = self.handles.get(id(ctx))
+        if h is None:
+            with self.lock:
+                ctx.activate()
+                h = ctypes.c_void_p()
+                self.check(self.lib.cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+                try:
+                    self.workspaces[id(ctx)] = ctx.pool.allocate(_WORKSPACE_BYTES)
+                except MemoryError:     # a full device: algorithms without a workspace only
+                    self.workspaces[id(ctx)] = None
+                self.handles[id(ctx)] = h
+        ws = self.workspaces.get(id(ctx))
+        return h, (ws.ptr if ws is not None else 0), (_WORKSPACE_BYTES if ws is not None else 0)
+
+    def plan(self, ctx: Any, p: LtProblem) -> _Plan:
+        """The descriptors and candidates of ``p`` on ``ctx`` (made once); raises
+        LtUnsupported when the heuristic has nothing."""
+        key = (id(ctx), p)
+        got = self.plans.get(key)
+        if got is not None:
+            return got
+        h, _, ws_bytes = self.handle(ctx)
+        lib, check = self.lib, self.check
+        dtype = _R_32F if p.dtype == "float32" else _R_64F
+        compute = (_COMPUTE_64F if p.dtype == "float64" else
+                   _COMPUTE_32F_FAST_TF32 if p.tf32 else _COMPUTE_32F)
+        desc = ctypes.c_void_p()
+        check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), compute, dtype),
+              "cublasLtMatmulDescCreate")
+        for attr, val in ((_DESC_TRANSA, p.transa), (_DESC_TRANSB, p.transb),
+                          (_DESC_POINTER_MODE, 1 if p.device_scalars else 0)):
+            v = ctypes.c_int32(val)
+            check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v),
+                                                     ctypes.sizeof(v)),
+                  "cublasLtMatmulDescSetAttribute")
+        a_rows, a_cols = (p.m, p.k) if p.transa == 0 else (p.k, p.m)
+        b_rows, b_cols = (p.k, p.n) if p.transb == 0 else (p.n, p.k)
+        layouts = []
+        for rows, cols, ld in ((a_rows, a_cols, p.lda), (b_rows, b_cols, p.ldb),
+                               (p.m, p.n, p.ldc), (p.m, p.n, p.ldd)):
+            lay = ctypes.c_void_p()
+            check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld),
+                  "cublasLtMatrixLayoutCreate")
+            layouts.append(lay)
+        pref = ctypes.c_void_p()
+        check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
+              "cublasLtMatmulPreferenceCreate")
+        try:
+            ws = ctypes.c_uint64(ws_bytes)
+            check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE,
+                                                           ctypes.byref(ws), 8),
+                  "cublasLtMatmulPreferenceSetAttribute")
+            for attr, al in zip(_PREF_MIN_ALIGN, p.align):
+                v = ctypes.c_uint32(al)
+                check(lib.cublasLtMatmulPreferenceSetAttribute(pref, attr, ctypes.byref(v), 4),
+                      "cublasLtMatmulPreferenceSetAttribute")
+            results = (_HeuristicResult * CANDIDATES)()
+            count = ctypes.c_int(0)
+            status = lib.cublasLtMatmulAlgoGetHeuristic(h, desc, *layouts, pref, CANDIDATES,
+                                                        results, ctypes.byref(count))
+        finally:
+            lib.cublasLtMatmulPreferenceDestroy(pref)
+        if status:
+            raise LtUnsupported(f"cublasLtMatmulAlgoGetHeuristic: status {status}")
+        algos = [(r.algo, r.workspaceSize) for r in results[:count.value]
+                 if r.state == 0 and r.workspaceSize <= ws_bytes]
+        if not algos:
+            raise LtUnsupported(f"no cuBLASLt algorithm for {p}")
+        plan = _Plan(desc, tuple(layouts), algos)
+        with self.lock:
+            self.plans[key] = plan
+        return plan
+
+    def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
+               beta: Any, c: int, d: int) -> int:
+        """Launch candidate ``which`` of ``plan`` on ``ctx``'s stream; the cuBLAS status."""
+        h, ws, ws_bytes = self.handle(ctx)
+        algo, _ = plan.algos[which]
+        return self.lib.cublasLtMatmul(h, plan.desc, alpha, a, plan.a, b, plan.b, beta, c,
+                                       plan.c, d, plan.d, ctypes.byref(algo), ws or None,
+                                       ws_bytes, ctx.stream_handle or None)
+
+
+_lt: _CublasLt | None = None
+_lt_error: str | None = None
+
+
+def cublaslt() -> _CublasLt:
+    """The process's cuBLASLt binding (loaded on first use; raises CublasError without it)."""
+    global _lt, _lt_error
+    if _lt is None:
+        if _lt_error is not None:
+            from symgpu.gpu.ops.blas import CublasError
+            raise CublasError(_lt_error)
+        try:
+            _lt = _CublasLt()
+        except (OSError, AttributeError, RuntimeError) as exc:
+            _lt_error = f"{type(exc).__name__}: {exc}"
+            raise
+    return _lt
+
+
+def lt_available(dtype: str) -> bool:
+    """Whether products of ``dtype`` compiled now go through cuBLASLt: the
+    ``gpuarray.cublaslt`` flag is on and the library loads."""
+    from symgpu.config import config
+    if not config.gpuarray.cublaslt or dtype not in ("float32", "float64"):
+        return False
+    try:
+        cublaslt()
+    except RuntimeError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- the call
+
+def _capturing(ctx: Any) -> bool:
+    """Whether ``ctx``'s stream is being captured into a CUDA graph now (then nothing may
+    synchronise: no timing)."""
+    from symgpu.gpu.runtime import libcuda
+    fn = _is_capturing[0]
+    if fn is None:
+        fn = libcuda.declare(libcuda.cdll(), "cuStreamIsCapturing",
+                             [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)])
+        _is_capturing[0] = fn
+    status = ctypes.c_int(0)
+    libcuda.check(fn(ctypes.c_void_p(ctx.stream_handle), ctypes.byref(status)),
+                  "cuStreamIsCapturing")
+    return status.value != 0
+
+
+_is_capturing: list = [None]
+
+
+def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
+           scratch_d: int, scratch_c: int | None) -> Callable[[int], float]:
+    """time_one(i): seconds per launch of candidate i, writing D (and C, in place) to
+    scratch memory so the call's own output and inputs are untouched."""
+    import pycuda.driver as drv
+    alpha, a, b, beta, c = args
+    c_ptr = scratch_c if scratch_c is not None else c
+
+    def time_one(i: int) -> float:
+        def launch() -> None:
+            lt.check(lt.matmul(ctx, plan, i, alpha, a, b, beta, c_ptr, scratch_d),
+                     "cublasLtMatmul (timing)")
+        launch()
+        best = float("inf")
+        start, end = drv.Event(), drv.Event()
+        for _ in range(_BLOCKS):
+            start.record(ctx.stream)
+            for _ in range(_REPS):
+                launch()
+            end.record(ctx.stream)
+            end.synchronize()
+            best = min(best, end.time_since(start) / 1e3 / _REPS)
+        return best
+    return time_one
+
+
+def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, c: int,
+              d: int) -> None:
+    """D = alpha op(A) op(B) + beta C through cuBLASLt on ``ctx``'s stream, with the
+    problem's chosen algorithm (timed now, on scratch memory, if it has none and the stream
+    is not capturing).  Raises LtUnsupported when cuBLASLt cannot run it, CublasError when the launch fails."""
+    lt = cublaslt()
+    plan = lt.plan(ctx, p)
+    key = (getattr(ctx, "devname", ""), p)
+    which = CHOICES.chosen.get(key)
+    if which is None:
+        which = _choose(ctx, lt, plan, p, key, (alpha, a, b, beta, c))
+    lt.check(lt.matmul(ctx, plan, which, alpha, a, b, beta, c, d),
+             f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
+
+
+def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
+            args: tuple) -> int:
+    n = len(plan.algos)
+    if n == 1:
+        return CHOICES.pick(key, 1, _never, can_time=True)
+    if _capturing(ctx):
+        return CHOICES.pick(key, n, _never, can_time=False)
+    import numpy as np
+    from symgpu.gpu.ops.elemwise import new_array
+    scratch = new_array(ctx, (p.n, p.ldd), np.dtype(p.dtype))
+    scratch.fill(0)      # C read in place when C is D: defined values, whatever the pool held
+    return CHOICES.pick(key, n, _timer(ctx, lt, plan, args, scratch.ptr,
+                                       scratch.ptr if p.in_place else None), can_time=True)
+
+
+def _never(i: int) -> float:
+    raise AssertionError("not timed")

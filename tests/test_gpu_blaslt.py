@@ -1,0 +1,418 @@
+"""cuBLASLt matrix products (symgpu/gpu/ops/blaslt.py): the timed algorithm choice and the
+routing of GpuDot22/GpuGemm onto it, checked with fakes on the CPU; on a GPU
+(``pytest -m gpu``) the values of every layout routed there against NumPy, D apart from C,
+TF32, device scalars, and a CUDA graph that replays the chosen algorithms."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from gpu_helpers import FakeCtx, fake_gpu_array, requires_gpu, virtual_context
+from symgpu import config
+from symgpu.gpu.ops import blas, blaslt
+
+VCTX = "blaslt-virtual"
+_virtual = virtual_context(VCTX)
+
+
+# ============================================================================ the choice
+
+def test_the_fastest_candidate_is_kept_and_timed_once():
+    choice = blaslt.AlgoChoice()
+    timed = []
+
+    def time_one(i):
+        timed.append(i)
+        return [3.0, 1.0, 2.0][i]
+    assert choice.pick("k", 3, time_one, can_time=True) == 1
+    assert timed == [0, 1, 2]
+    assert choice.pick("k", 3, time_one, can_time=True) == 1
+    assert timed == [0, 1, 2], "a problem is timed once"
+    assert choice.timings["k"] == [3.0, 1.0, 2.0]
+
+
+def test_a_candidate_that_fails_is_passed_over_and_all_failing_is_unsupported():
+    choice = blaslt.AlgoChoice()
+
+    def time_one(i):
+        if i == 0:
+            raise blas.CublasError("cublasLtMatmul failed: CUBLAS_STATUS_NOT_SUPPORTED")
+        return 5.0 - i
+    assert choice.pick("a", 3, time_one, can_time=True) == 2
+    assert choice.timings["a"][0] is None
+
+    def broken(i):
+        raise blas.CublasError("no")
+    with pytest.raises(blaslt.LtUnsupported):
+        choice.pick("b", 2, broken, can_time=True)
+    with pytest.raises(blaslt.LtUnsupported):
+        choice.pick("c", 0, broken, can_time=True)
+
+
+def test_under_capture_the_heuristics_first_runs_and_nothing_is_remembered():
+    choice = blaslt.AlgoChoice()
+
+    def never(i):
+        raise AssertionError("timed during a capture")
+    assert choice.pick("k", 4, never, can_time=False) == 0
+    assert "k" not in choice.chosen
+    assert choice.pick("k", 4, lambda i: float(4 - i), can_time=True) == 3
+    assert choice.pick("one", 1, never, can_time=True) == 0 and choice.chosen["one"] == 0
+
+
+def test_alignment_of_device_addresses():
+    assert blaslt.alignment(0x7f0000000000) == 256
+    assert blaslt.alignment(0x7f0000000004) == 4
+    assert blaslt.alignment(0x7f0000000030) == 16
+    assert blaslt.alignment(0) == 256
+
+
+def test_the_flag_and_a_missing_library_turn_cublaslt_off(monkeypatch):
+    with config.change_flags(**{"gpuarray.cublaslt": False}):
+        assert not blaslt.lt_available("float32")
+    assert not blaslt.lt_available("int32")
+
+    def missing():
+        raise blas.CublasError("cuBLASLt could not be loaded (libcublasLt.so.13: not found)")
+    monkeypatch.setattr(blaslt, "cublaslt", missing)
+    assert not blaslt.lt_available("float32")
+
+
+# ============================================================================ routing, faked
+
+class _FakeClassic:
+    """Classic cuBLAS: records each gemm's pointers."""
+
+    def __init__(self):
+        self.calls = []
+        self.gemm = {"float32": self._gemm, "float64": self._gemm}
+
+    def _gemm(self, h, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        self.calls.append(dict(ta=ta, tb=tb, m=m, n=n, k=k, a=a.value, lda=lda, b=b.value,
+                               ldb=ldb, c=c.value, ldc=ldc))
+        return 0
+
+    def handle(self, ctx):
+        return ctypes.c_void_p(1)
+
+    def math_mode(self, h, mode):
+        pass
+
+    def pointer_mode(self, h, mode):
+        pass
+
+    check = staticmethod(blas._Cublas.check)
+
+
+@pytest.fixture
+def fakes(monkeypatch):
+    """(ctx, classic, lt calls, copies): GpuDot22/GpuGemm thunks built on a fake context,
+    classic cuBLAS and cuBLASLt recorded, device copies recorded."""
+    from symgpu.gpu.runtime.array import GpuArray
+    ctx, classic, lt_calls, copies = FakeCtx(), _FakeClassic(), [], []
+    monkeypatch.setattr(blas, "_cublas", classic)
+    monkeypatch.setattr(blaslt, "lt_available", lambda dtype: True)
+    lt_state = {"raise": False}
+
+    def lt_matmul(ctx_, p, alpha, a, b, beta, c, d):
+        lt_calls.append(dict(p=p, a=a, b=b, c=c, d=d))
+        if lt_state["raise"]:
+            raise blaslt.LtUnsupported("faked")
+    monkeypatch.setattr(blaslt, "lt_matmul", lt_matmul)
+    monkeypatch.setattr(GpuArray, "_copy_from_device",
+                        lambda self, src: copies.append((self.ptr, src.ptr, src.strides)))
+    return ctx, classic, lt_calls, copies, lt_state
+
+
+def _gvar(ndim_or_bcast=2, dtype="float32"):
+    from symgpu.gpu.placement.type import GpuArrayType
+    bcast = (False,) * ndim_or_bcast if isinstance(ndim_or_bcast, int) else ndim_or_bcast
+    return GpuArrayType(dtype, bcast, VCTX)()
+
+
+def _thunk(node, values, ctx):
+    storage = {v: [x] for v, x in zip(node.inputs, values)}
+    for v in node.inputs:
+        storage.setdefault(v, [None])
+        if getattr(v, "data", None) is not None:
+            storage[v] = [v.data]
+    storage.update({v: [None] for v in node.outputs})
+    return node.op._thunk(node, storage, ctx), storage
+
+
+def _fortran(ctx, shape):
+    return fake_gpu_array(ctx, shape, strides=(4, 4 * shape[0]))
+
+
+@pytest.mark.parametrize("x_order,y_order", [("c", "c"), ("f", "c"), ("c", "f"), ("f", "f")])
+def test_dot22_layouts_reach_cublaslt_as_column_major_problems(fakes, x_order, y_order):
+    ctx, classic, lt_calls, copies, _ = fakes
+    m, k, n = 6, 5, 7
+    x = fake_gpu_array(ctx, (m, k)) if x_order == "c" else _fortran(ctx, (m, k))
+    y = fake_gpu_array(ctx, (k, n)) if y_order == "c" else _fortran(ctx, (k, n))
+    node = blas.GpuDot22()(_gvar(), _gvar()).owner
+    thunk, storage = _thunk(node, [x, y], ctx)
+    thunk()
+    (call,) = lt_calls
+    p = call["p"]
+    # row-major out (m x n) is column-major out^T (n x m) = op(y^T) op(x^T)
+    assert (p.m, p.n, p.k) == (n, m, k)
+    assert p.transa == (0 if y_order == "c" else 1) and p.lda == (n if y_order == "c" else k)
+    assert p.transb == (0 if x_order == "c" else 1) and p.ldb == (k if x_order == "c" else m)
+    assert call["a"] == y.ptr and call["b"] == x.ptr
+    out = storage[node.outputs[0]][0]
+    assert call["c"] == call["d"] == out.ptr and p.in_place and p.ldd == n
+    assert not classic.calls and not copies
+
+
+def test_gemm_out_of_place_reads_z_where_it_is(fakes):
+    ctx, classic, lt_calls, copies, _ = fakes
+    z, x, y = (fake_gpu_array(ctx, s) for s in ((4, 3), (4, 2), (2, 3)))
+    node = blas.GpuGemm(False)(_gvar(), -0.01, _gvar(), _gvar(), 1.0).owner
+    thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
+    thunk()
+    (call,) = lt_calls
+    out = storage[node.outputs[0]][0]
+    assert call["c"] == z.ptr and call["d"] == out.ptr != z.ptr
+    assert not call["p"].in_place and call["p"].ldc == 3 and call["p"].ldd == 3
+    assert not copies, "z is not copied into the output first"
+
+
+def test_gemm_in_place_and_broadcast_z(fakes):
+    ctx, classic, lt_calls, copies, _ = fakes
+    z, x, y = (fake_gpu_array(ctx, s) for s in ((4, 3), (4, 2), (2, 3)))
+    node = blas.GpuGemm(True)(_gvar(), 1.0, _gvar(), _gvar(), 1.0).owner
+    thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
+    thunk()
+    assert storage[node.outputs[0]][0] is z
+    assert lt_calls[-1]["c"] == lt_calls[-1]["d"] == z.ptr and lt_calls[-1]["p"].in_place
+    row = fake_gpu_array(ctx, (1, 3))
+    node = blas.GpuGemm(False)(_gvar((True, False)), 1.0, _gvar(), _gvar(), 1.0).owner
+    thunk, storage = _thunk(node, [row, None, x, y, None], ctx)
+    thunk()
+    out = storage[node.outputs[0]][0]
+    assert copies == [(out.ptr, row.ptr, (0, 4))], "a broadcast z is copied out first"
+    assert lt_calls[-1]["c"] == lt_calls[-1]["d"] == out.ptr
+    assert not classic.calls
+
+
+def test_a_problem_cublaslt_declines_runs_on_classic_cublas_from_then_on(fakes):
+    ctx, classic, lt_calls, copies, lt_state = fakes
+    lt_state["raise"] = True
+    z, x, y = (fake_gpu_array(ctx, s) for s in ((4, 3), (4, 2), (2, 3)))
+    node = blas.GpuGemm(False)(_gvar(), 0.5, _gvar(), _gvar(), 1.0).owner
+    thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
+    thunk()
+    out = storage[node.outputs[0]][0]
+    assert len(lt_calls) == 1
+    assert copies == [(out.ptr, z.ptr, z.strides)], "z copied in before the classic gemm"
+    assert classic.calls[-1]["c"] == out.ptr
+    thunk()
+    assert len(lt_calls) == 1, "cuBLASLt is not asked again for the same problem"
+    assert len(classic.calls) == 2
+
+
+def test_with_the_flag_off_products_stay_on_classic_cublas(fakes, monkeypatch):
+    ctx, classic, lt_calls, copies, _ = fakes
+    monkeypatch.setattr(blaslt, "lt_available", lambda dtype: False)
+    x, y = fake_gpu_array(ctx, (4, 2)), fake_gpu_array(ctx, (2, 3))
+    node = blas.GpuDot22()(_gvar(), _gvar()).owner
+    thunk, _ = _thunk(node, [x, y], ctx)
+    thunk()
+    assert not lt_calls and len(classic.calls) == 1
+
+
+# ============================================================================ on the GPU
+
+CTX = "blaslt-gpu-test"
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from symgpu.gpu.runtime import context as gctx
+    c = gctx.start_device("cuda0")
+    assert not c.virtual and c.stream_handle, "these tests must run on a real GPU"
+    gctx.register_context(CTX, c)
+    yield c
+    gctx.unregister_context(CTX)
+
+
+@pytest.fixture
+def lt_spy(monkeypatch):
+    """The LtProblems launched through cuBLASLt during the test."""
+    seen = []
+    real = blaslt.lt_matmul
+
+    def spy(ctx, p, *args):
+        seen.append(p)
+        return real(ctx, p, *args)
+    monkeypatch.setattr(blaslt, "lt_matmul", spy)
+    return seen
+
+
+def _dev(a):
+    from symgpu.gpu.runtime.array import to_gpu
+    from symgpu.gpu.runtime.context import get_context
+    return to_gpu(np.asarray(a), get_context(CTX))
+
+
+def _gpu_var(dtype, ndim_or_bcast=2):
+    from symgpu.gpu.placement.type import GpuArrayType
+    bcast = (False,) * ndim_or_bcast if isinstance(ndim_or_bcast, int) else ndim_or_bcast
+    return GpuArrayType(dtype, bcast, CTX)()
+
+
+def _operand(h, order):
+    """A GpuArray holding host matrix ``h`` in the given layout: C order, Fortran order, a
+    strided column slice (leading dimension above the row length), or an offset view
+    (an address aligned to one element only)."""
+    if order == "c":
+        return _dev(h)
+    if order == "f":
+        return _dev(np.ascontiguousarray(h.T)).T
+    if order == "sliced":
+        wide = np.zeros((h.shape[0], h.shape[1] + 5), h.dtype)
+        wide[:, :h.shape[1]] = h
+        return _dev(wide)[:, :h.shape[1]]
+    if order == "offset":
+        flat = np.zeros(h.size + 1, h.dtype)
+        flat[1:] = h.ravel()
+        return _dev(flat)[1:].reshape(h.shape)
+    raise ValueError(order)
+
+
+def _run(node_out, inputs, values):
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.link.vm import link
+    fg = FunctionGraph(inputs, [node_out], clone=False)
+    storage = {v: [x] for v, x in zip(inputs, values)}
+    link(fg, storage)()
+    return storage[fg.outputs[0]][0]
+
+
+def _tol(dtype):
+    return dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=1e-11, atol=1e-11)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("x_order", ["c", "f", "sliced", "offset"])
+@pytest.mark.parametrize("y_order", ["c", "f"])
+def test_gpu_dot22_through_cublaslt_matches_numpy(gpu, lt_spy, dtype, x_order, y_order):
+    rng = np.random.default_rng(7)
+    hx = rng.standard_normal((67, 45)).astype(dtype)
+    hy = rng.standard_normal((45, 33)).astype(dtype)
+    x, y = _gpu_var(dtype), _gpu_var(dtype)
+    got = _run(blas.GpuDot22()(x, y), [x, y], [_operand(hx, x_order), _operand(hy, y_order)])
+    np.testing.assert_allclose(np.asarray(got), hx.astype("float64") @ hy, **_tol(dtype))
+    assert lt_spy, "the product did not go through cuBLASLt"
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("kind", ["no_inplace", "inplace", "broadcast_z", "beta_zero"])
+def test_gpu_gemm_through_cublaslt_matches_numpy(gpu, lt_spy, dtype, kind):
+    rng = np.random.default_rng(8)
+    hz = rng.standard_normal((1, 96) if kind == "broadcast_z" else (128, 96)).astype(dtype)
+    hx = rng.standard_normal((64, 128)).astype(dtype).T      # an F-ordered operand too
+    hy = rng.standard_normal((64, 96)).astype(dtype)
+    z = _gpu_var(dtype, (True, False) if kind == "broadcast_z" else 2)
+    x, y = _gpu_var(dtype), _gpu_var(dtype)
+    beta = 0.0 if kind == "beta_zero" else 0.75
+    out = blas.GpuGemm(kind == "inplace")(z, -0.5, x, y, beta)
+    gz = _dev(hz)
+    got = _run(out, [z, x, y], [gz, _operand(np.ascontiguousarray(hx), "f"), _dev(hy)])
+    want = beta * hz.astype("float64") - 0.5 * hx.astype("float64") @ hy
+    np.testing.assert_allclose(np.asarray(got), want, **_tol(dtype))
+    assert (got is gz) == (kind == "inplace")
+    if kind == "no_inplace":
+        np.testing.assert_array_equal(np.asarray(gz), hz)     # C read, not written
+        assert any(not p.in_place for p in lt_spy), "D was not apart from C"
+    assert lt_spy
+
+
+@requires_gpu
+def test_gpu_gemm_with_device_scalars_through_cublaslt(gpu, lt_spy):
+    from symgpu.tensor.type import TensorType
+    rng = np.random.default_rng(9)
+    hz, hx, hy = (rng.standard_normal(s).astype("float32") for s in ((20, 30), (20, 10),
+                                                                      (10, 30)))
+    z, x, y = _gpu_var("float32"), _gpu_var("float32"), _gpu_var("float32")
+    alpha_h, beta_d = TensorType("float32", ())(), _gpu_var("float32", ())
+    out = blas.GpuGemm(False)(z, alpha_h, x, y, beta_d)
+    got = _run(out, [z, alpha_h, x, y, beta_d],
+               [_dev(hz), np.asarray(0.5, "float32"), _dev(hx), _dev(hy),
+                _dev(np.asarray(-2.0, "float32"))])
+    np.testing.assert_allclose(np.asarray(got), -2.0 * hz + 0.5 * hx @ hy, rtol=1e-4,
+                               atol=1e-4)
+    assert any(p.device_scalars for p in lt_spy)
+
+
+@requires_gpu
+def test_gpu_tf32_and_full_float32_through_cublaslt(cuda, lt_spy):
+    """Full float32 keeps ~6 digits, TF32 (compute type FAST_TF32) ~3."""
+    import symgpu.tensor as T
+    from symgpu import function, shared
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((512, 1024)).astype("float32")
+    b = rng.standard_normal((1024, 256)).astype("float32")
+    want = a.astype("float64") @ b.astype("float64")
+    sa, sb = shared(a), shared(b)
+    f32 = function([], gpu_from_host(T.dot(sa, sb)))
+    with config.change_flags(**{"gpuarray.allow_tf32": True}):
+        tf32 = function([], gpu_from_host(T.dot(sa, sb)))
+    scale = np.abs(want).max()
+    for _ in range(2):
+        err32 = np.abs(np.asarray(f32()) - want).max() / scale
+        errtf = np.abs(np.asarray(tf32()) - want).max() / scale
+        assert err32 < 1e-5, err32
+        assert 1e-5 < errtf < 5e-3, errtf
+    assert {p.tf32 for p in lt_spy} == {False, True}
+
+
+@requires_gpu
+def test_gpu_sgd_steps_replayed_from_a_graph_match_numpy_and_classic_cublas(cuda, lt_spy):
+    """An SGD step (products forward, transposed products backward, W updated by a gemm
+    reading W in place): plain, captured and replayed calls give NumPy's values and classic
+    cuBLAS's, and the chosen algorithms are what the graph replays."""
+    import symgpu.tensor as T
+    from symgpu import function, shared
+    rng = np.random.default_rng(3)
+    hX = rng.standard_normal((256, 96)).astype("float32")
+    hW = (rng.standard_normal((96, 128)) * 0.1).astype("float32")
+    hV = (rng.standard_normal((128, 16)) * 0.1).astype("float32")
+
+    def build():
+        X, W, V = shared(hX), shared(hW.copy()), shared(hV.copy())
+        h = T.maximum(T.dot(X, W), 0)
+        loss = T.sum(T.dot(h, V) ** 2) / 256
+        gW, gV = T.grad(loss, [W, V])
+        return function([], loss, updates=[(W, W - 0.01 * gW), (V, V - 0.01 * gV)]), W, V
+
+    with config.change_flags(**{"gpuarray.cublaslt": True}):
+        f_lt, W_lt, V_lt = build()
+    with config.change_flags(**{"gpuarray.cublaslt": False}):
+        f_cl, W_cl, V_cl = build()
+    W, V = hW.astype("float64"), hV.astype("float64")
+    for step in range(5):
+        h = np.maximum(hX @ W, 0)
+        o = h @ V
+        want_loss = np.sum(o ** 2) / 256
+        d = 2 * o / 256
+        gV, gh = h.T @ d, d @ V.T
+        gW = hX.T @ (gh * (h > 0))
+        W, V = W - 0.01 * gW, V - 0.01 * gV
+        got_lt, got_cl = float(f_lt()), float(f_cl())
+        np.testing.assert_allclose(got_lt, want_loss, rtol=1e-4)
+        np.testing.assert_allclose(got_lt, got_cl, rtol=1e-5)
+    np.testing.assert_allclose(W_lt.get_value(), W, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(W_lt.get_value(), W_cl.get_value(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(V_lt.get_value(), V, rtol=1e-4, atol=1e-5)
+    stats = f_lt.vm.runner.stats()
+    assert stats["captures"] >= 1 and stats["replays"] >= 1, stats
+    assert lt_spy and any(not p.in_place for p in lt_spy), "the update's gemm wrote D apart"
+    kept = {p for (_, p) in blaslt.CHOICES.chosen}
+    assert set(lt_spy) <= kept, "every problem run had its algorithm chosen (timed)"
