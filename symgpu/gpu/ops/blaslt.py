@@ -34,8 +34,16 @@ _PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (
 _WORKSPACE_BYTES = 32 << 20
 #: how many of the heuristic's candidates are timed (it orders them by its own estimate)
 CANDIDATES = 8
-_REPS = 5          # launches per timed block
-_BLOCKS = 2        # timed blocks per candidate (the best counts)
+_REPS = 3          # launches per timed block
+_ROUNDS = 3        # timed blocks per candidate, in rounds over the candidates (best counts)
+#: split-K variants tried of the heuristic's first few candidates: K cut in this many
+#: parts computed side by side (a product with few output tiles, e.g. 512 x 10, otherwise
+#: keeps most multiprocessors idle), partial results reduced in place or in the workspace
+SPLITK_OF = 3
+SPLITK = (2, 4, 8, 16)
+_SPLITK_MIN_K = 16   # at least this much K per part
+_REDUCTION_SCHEMES = (1, 2)   # CUBLASLT_REDUCTION_SCHEME_INPLACE, _COMPUTE_TYPE
+_ALGO_CONFIG_SPLITK_NUM, _ALGO_CONFIG_REDUCTION_SCHEME = 2, 3
 
 
 class LtUnsupported(RuntimeError):
@@ -70,7 +78,7 @@ def alignment(ptr: int) -> int:
 
 class AlgoChoice:
     """Which of a problem's candidates runs it: the fastest by a one-time timing, remembered
-    per key.  Pure bookkeeping (the timing is the caller's ``time_one``), so the logic is
+    per key.  Pure bookkeeping (the timing is the caller's ``time_all``), so the logic is
     tested without a GPU."""
 
     def __init__(self) -> None:
@@ -78,11 +86,12 @@ class AlgoChoice:
         self.timings: dict[Any, list[float | None]] = {}   # for benchmarks and reports
         self.lock = threading.Lock()
 
-    def pick(self, key: Any, n_candidates: int, time_one: Callable[[int], float],
-             can_time: bool) -> int:
+    def pick(self, key: Any, n_candidates: int,
+             time_all: Callable[[], Sequence[float | None]], can_time: bool) -> int:
         """The index of the candidate to run.  Timed once per key, when ``can_time`` (not
-        during a capture); a candidate whose timing raises is passed over; without timing
-        the heuristic's first candidate runs and nothing is remembered."""
+        during a capture): ``time_all()`` gives each candidate's seconds per launch, None
+        for one that failed to run, which is passed over; without timing the first
+        candidate (the heuristic's own first choice) runs and nothing is remembered."""
         got = self.chosen.get(key)
         if got is not None:
             return got
@@ -94,12 +103,7 @@ class AlgoChoice:
             with self.lock:
                 self.chosen[key] = 0
             return 0
-        times: list[float | None] = []
-        for i in range(n_candidates):
-            try:
-                times.append(float(time_one(i)))
-            except (LtUnsupported, RuntimeError):   # CublasError is a RuntimeError
-                times.append(None)
+        times = list(time_all())
         ok = [(t, i) for i, t in enumerate(times) if t is not None]
         if not ok:
             raise LtUnsupported("every candidate algorithm failed to run")
@@ -130,10 +134,14 @@ class _HeuristicResult(ctypes.Structure):
 class _Plan:
     """The descriptors of one problem on one handle and the heuristic's candidates."""
 
-    def __init__(self, desc: ctypes.c_void_p, layouts: tuple, algos: list) -> None:
+    def __init__(self, problem: LtProblem, desc: ctypes.c_void_p, layouts: tuple,
+                 algos: list) -> None:
+        self.problem = problem
         self.desc = desc
         self.a, self.b, self.c, self.d = layouts
-        self.algos = algos          # [(_HeuristicResult.algo, workspace bytes)]
+        #: [(cublasLtMatmulAlgo_t, workspace bytes)]: the heuristic's, in its order, then
+        #: split-K variants, then (algo None) classic cuBLAS when C is D
+        self.algos = algos
 
 
 class _CublasLt:
@@ -164,6 +172,8 @@ class _CublasLt:
             "cublasLtMatmulAlgoGetHeuristic": [vp, vp, vp, vp, vp, vp, vp, ctypes.c_int,
                                                P(_HeuristicResult), P(ctypes.c_int)],
             "cublasLtMatmul": [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, st, vp],
+            "cublasLtMatmulAlgoConfigSetAttribute": [vp, ctypes.c_int, vp, st],
+            "cublasLtMatmulAlgoCheck": [vp, vp, vp, vp, vp, vp, vp, P(_HeuristicResult)],
         }
         for name, args in sigs.items():
             fn = getattr(lib, name)
@@ -251,19 +261,61 @@ class _CublasLt:
                  if r.state == 0 and r.workspaceSize <= ws_bytes]
         if not algos:
             raise LtUnsupported(f"no cuBLASLt algorithm for {p}")
-        plan = _Plan(desc, tuple(layouts), algos)
+        algos += self._split_k(h, desc, layouts, algos[:SPLITK_OF], p.k, ws_bytes)
+        if p.in_place:
+            algos.append((None, 0))     # classic cuBLAS's own choice, timed beside them
+        plan = _Plan(p, desc, tuple(layouts), algos)
         with self.lock:
             self.plans[key] = plan
         return plan
+
+    def _split_k(self, h: Any, desc: Any, layouts: list, algos: list, k: int,
+                 ws_bytes: int) -> list:
+        """Split-K variants of ``algos`` that cuBLASLt accepts (cublasLtMatmulAlgoCheck)
+        within the workspace."""
+        lib, out = self.lib, []
+        for algo, _ in algos:
+            for parts in SPLITK:
+                if k // parts < _SPLITK_MIN_K:
+                    continue
+                for scheme in _REDUCTION_SCHEMES:
+                    v = (ctypes.c_uint64 * 8)(*algo)
+                    ok = True
+                    for attr, val in ((_ALGO_CONFIG_SPLITK_NUM, parts),
+                                      (_ALGO_CONFIG_REDUCTION_SCHEME, scheme)):
+                        u = ctypes.c_uint32(val)
+                        ok = ok and lib.cublasLtMatmulAlgoConfigSetAttribute(
+                            v, attr, ctypes.byref(u), 4) == 0
+                    res = _HeuristicResult()
+                    if ok and lib.cublasLtMatmulAlgoCheck(h, desc, *layouts, v,
+                                                          ctypes.byref(res)) == 0 \
+                            and res.workspaceSize <= ws_bytes:
+                        out.append((v, res.workspaceSize))
+        return out
 
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
                beta: Any, c: int, d: int) -> int:
         """Launch candidate ``which`` of ``plan`` on ``ctx``'s stream; the cuBLAS status."""
         h, ws, ws_bytes = self.handle(ctx)
         algo, _ = plan.algos[which]
+        if algo is None:
+            return _classic(ctx, plan.problem, alpha, a, b, beta, d)
         return self.lib.cublasLtMatmul(h, plan.desc, alpha, a, plan.a, b, plan.b, beta, c,
                                        plan.c, d, plan.d, ctypes.byref(algo), ws or None,
                                        ws_bytes, ctx.stream_handle or None)
+
+
+def _classic(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> int:
+    """``p`` (C is D) through classic cuBLAS's gemm and its own algorithm choice."""
+    from symgpu.gpu.ops import blas
+    cb = blas.cublas()
+    h = cb.handle(ctx)
+    cb.math_mode(h, blas._TF32_MATH if p.tf32 else blas._DEFAULT_MATH)
+    gemm = cb.gemm[p.dtype]
+    return blas._with_pointer_mode(
+        cb, h, p.device_scalars,
+        lambda: gemm(h, p.transa, p.transb, p.m, p.n, p.k, alpha, ctypes.c_void_p(a), p.lda,
+                     ctypes.c_void_p(b), p.ldb, beta, ctypes.c_void_p(d), p.ldd))
 
 
 _lt: _CublasLt | None = None
@@ -318,30 +370,42 @@ def _capturing(ctx: Any) -> bool:
 _is_capturing: list = [None]
 
 
-def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
-           scratch_d: int, scratch_c: int | None) -> Callable[[int], float]:
-    """time_one(i): seconds per launch of candidate i, writing D (and C, in place) to
-    scratch memory so the call's own output and inputs are untouched."""
+def _timer(ctx: Any, lt: "_CublasLt", plan: "_Plan", args: Sequence[Any],
+           scratch_d: int, scratch_c: int | None) -> Callable[[], list[float | None]]:
+    """time_all(): seconds per launch of each candidate (None: it failed), writing D (and
+    C, in place) to scratch memory so the call's own output and inputs are untouched.  The
+    candidates are timed in rounds, one short block each per round, the best block
+    counting: a clock change hits them all alike."""
     import pycuda.driver as drv
     alpha, a, b, beta, c = args
     c_ptr = scratch_c if scratch_c is not None else c
 
-    def time_one(i: int) -> float:
-        def launch() -> None:
-            lt.check(lt.matmul(ctx, plan, i, alpha, a, b, beta, c_ptr, scratch_d),
-                     "cublasLtMatmul (timing)")
-        launch()
-        best = float("inf")
+    def launch(i: int) -> None:
+        lt.check(lt.matmul(ctx, plan, i, alpha, a, b, beta, c_ptr, scratch_d),
+                 "cublasLtMatmul (timing)")
+
+    def time_all() -> list[float | None]:
+        n = len(plan.algos)
+        best: list[float | None] = [float("inf")] * n
+        for i in range(n):              # warm, and weed out what does not run
+            try:
+                launch(i)
+            except (LtUnsupported, RuntimeError):
+                best[i] = None
+        ctx.stream.synchronize()
         start, end = drv.Event(), drv.Event()
-        for _ in range(_BLOCKS):
-            start.record(ctx.stream)
-            for _ in range(_REPS):
-                launch()
-            end.record(ctx.stream)
-            end.synchronize()
-            best = min(best, end.time_since(start) / 1e3 / _REPS)
+        for _ in range(_ROUNDS):
+            for i in range(n):
+                if best[i] is None:
+                    continue
+                start.record(ctx.stream)
+                for _ in range(_REPS):
+                    launch(i)
+                end.record(ctx.stream)
+                end.synchronize()
+                best[i] = min(best[i], end.time_since(start) / 1e3 / _REPS)
         return best
-    return time_one
+    return time_all
 
 
 def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, c: int,
@@ -359,7 +423,7 @@ def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, c: 
              f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
 
 
-def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
+def _choose(ctx: Any, lt: "_CublasLt", plan: "_Plan", p: LtProblem, key: tuple,
             args: tuple) -> int:
     n = len(plan.algos)
     if n == 1:
@@ -374,5 +438,5 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
                                        scratch.ptr if p.in_place else None), can_time=True)
 
 
-def _never(i: int) -> float:
+def _never() -> list:
     raise AssertionError("not timed")
