@@ -94,13 +94,27 @@ def print_gemm_choices() -> None:
     from symgpu.config import config
     from symgpu.gpu.ops import blaslt
     print(f"GEMM algorithm choices (gpuarray.cublaslt={config.gpuarray.cublaslt}):")
+    plans = {p: plan for (_, p), plan in blaslt.cublaslt().plans.items()} \
+        if blaslt.CHOICES.timings else {}
+    total = {"first": 0.0, "kept": 0.0, "classic": 0.0}
     for (dev, p), times in sorted(blaslt.CHOICES.timings.items(), key=lambda kv: str(kv[0])):
         chosen = blaslt.CHOICES.chosen[(dev, p)]
+        labels = [a[2] for a in plans[p].algos] if p in plans else [""] * len(times)
         shown = " ".join("fail" if t is None else f"{t * 1e6:.1f}" for t in times)
         gain = times[0] / times[chosen] if times[0] else float("nan")
+        classic = times[-1] if labels[-1] == "classic cuBLAS" else None
+        total["first"] += times[0] or 0.0
+        total["kept"] += times[chosen]
+        total["classic"] += classic or 0.0
         print(f"  {p.dtype}{' tf32' if p.tf32 else ''} m={p.m} n={p.n} k={p.k} "
               f"op=({'NT'[p.transa]},{'NT'[p.transb]}) {'C=D' if p.in_place else 'C!=D'}: "
-              f"candidates us [{shown}] -> #{chosen} (heuristic's first / kept: {gain:.2f}x)")
+              f"kept {labels[chosen]} {times[chosen] * 1e6:.1f} us; heuristic's first "
+              f"{(times[0] or 0) * 1e6:.1f} us ({gain:.2f}x)"
+              + (f"; classic cuBLAS {classic * 1e6:.1f} us" if classic else ""))
+        print(f"      all candidates (us): [{shown}]")
+    print(f"  sums (one of each product timed alone, us): kept {total['kept'] * 1e6:.1f}, "
+          f"heuristic's first {total['first'] * 1e6:.1f}, classic cuBLAS (C=D products) "
+          f"{total['classic'] * 1e6:.1f}")
 
 
 def main() -> None:

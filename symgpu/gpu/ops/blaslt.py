@@ -139,8 +139,8 @@ class _Plan:
         self.problem = problem
         self.desc = desc
         self.a, self.b, self.c, self.d = layouts
-        #: [(cublasLtMatmulAlgo_t, workspace bytes)]: the heuristic's, in its order, then
-        #: split-K variants, then (algo None) classic cuBLAS when C is D
+        #: [(cublasLtMatmulAlgo_t, workspace bytes, label)]: the heuristic's, in its order,
+        #: then split-K variants, then (algo None) classic cuBLAS when C is D
         self.algos = algos
 
 
@@ -257,13 +257,14 @@ class _CublasLt:
             lib.cublasLtMatmulPreferenceDestroy(pref)
         if status:
             raise LtUnsupported(f"cublasLtMatmulAlgoGetHeuristic: status {status}")
-        algos = [(r.algo, r.workspaceSize) for r in results[:count.value]
+        algos = [(r.algo, r.workspaceSize, f"heuristic #{i}")
+                 for i, r in enumerate(results[:count.value])
                  if r.state == 0 and r.workspaceSize <= ws_bytes]
         if not algos:
             raise LtUnsupported(f"no cuBLASLt algorithm for {p}")
         algos += self._split_k(h, desc, layouts, algos[:SPLITK_OF], p.k, ws_bytes)
         if p.in_place:
-            algos.append((None, 0))     # classic cuBLAS's own choice, timed beside them
+            algos.append((None, 0, "classic cuBLAS"))   # its own choice, timed beside them
         plan = _Plan(p, desc, tuple(layouts), algos)
         with self.lock:
             self.plans[key] = plan
@@ -274,7 +275,7 @@ class _CublasLt:
         """Split-K variants of ``algos`` that cuBLASLt accepts (cublasLtMatmulAlgoCheck)
         within the workspace."""
         lib, out = self.lib, []
-        for algo, _ in algos:
+        for algo, _, label in algos:
             for parts in SPLITK:
                 if k // parts < _SPLITK_MIN_K:
                     continue
@@ -290,14 +291,15 @@ class _CublasLt:
                     if ok and lib.cublasLtMatmulAlgoCheck(h, desc, *layouts, v,
                                                           ctypes.byref(res)) == 0 \
                             and res.workspaceSize <= ws_bytes:
-                        out.append((v, res.workspaceSize))
+                        out.append((v, res.workspaceSize,
+                                    f"{label} split-K {parts} ({'in place' if scheme == 1 else 'workspace'})"))
         return out
 
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
                beta: Any, c: int, d: int) -> int:
         """Launch candidate ``which`` of ``plan`` on ``ctx``'s stream; the cuBLAS status."""
         h, ws, ws_bytes = self.handle(ctx)
-        algo, _ = plan.algos[which]
+        algo = plan.algos[which][0]
         if algo is None:
             return _classic(ctx, plan.problem, alpha, a, b, beta, d)
         return self.lib.cublasLtMatmul(h, plan.desc, alpha, a, plan.a, b, plan.b, beta, c,
