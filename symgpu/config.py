@@ -456,9 +456,10 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "let cuBLAS run float32 matrix products on TF32 tensor cores: several times faster, "
      "inputs rounded to 10 mantissa bits (PyTorch's allow_tf32; JAX's default precision)"),
     ("gpuarray.cublaslt", BoolParam, True,
-     "run GPU matrix products (dot of matrices, gemm) through cuBLASLt, with the fastest of "
-     "its heuristic's candidate algorithms timed once per shape and layout on the first "
-     "call (as XLA autotunes); off, or where libcublasLt is missing: classic cuBLAS"),
+     "run GPU matrix products (dot of matrices, gemm) with the algorithm that timed fastest "
+     "on the first call of each shape and layout (as XLA autotunes): cuBLASLt's candidates, "
+     "their split-K variants, classic cuBLAS, and a kernel of symgpu's for inner dimensions "
+     "up to 32; off, or where libcublasLt is missing: classic cuBLAS only"),
     ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
     ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
     ("cxx", StrParam, "cc", "the C compiler of the CPU's fused elementwise kernels; empty: "

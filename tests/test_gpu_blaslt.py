@@ -1,6 +1,6 @@
 """cuBLASLt matrix products (symgpu/gpu/ops/blaslt.py): the timed algorithm choice and the
 routing of GpuDot22/GpuGemm onto it, checked with fakes on the CPU; on a GPU
-(``pytest -m gpu``) the values of every layout routed there against NumPy, D apart from C,
+(``pytest -m gpu``) the values of every layout routed there against NumPy, z read in place,
 TF32, device scalars, and a CUDA graph that replays the chosen algorithms."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from gpu_helpers import FakeCtx, fake_gpu_array, requires_gpu, virtual_context
+from gpu_helpers import (FakeCtx, compile_for_sm90, fake_gpu_array, requires_gpu,
+                         requires_nvcc, virtual_context)
 from symgpu import config
 from symgpu.gpu.ops import blas, blaslt
 
@@ -107,8 +108,8 @@ def fakes(monkeypatch):
     monkeypatch.setattr(blaslt, "lt_available", lambda dtype: True)
     lt_state = {"raise": False}
 
-    def lt_matmul(ctx_, p, alpha, a, b, beta, c, d):
-        lt_calls.append(dict(p=p, a=a, b=b, c=c, d=d))
+    def lt_matmul(ctx_, p, alpha, a, b, beta, d, values=None):
+        lt_calls.append(dict(p=p, a=a, b=b, d=d, values=values))
         if lt_state["raise"]:
             raise blaslt.LtUnsupported("faked")
     monkeypatch.setattr(blaslt, "lt_matmul", lt_matmul)
@@ -154,38 +155,32 @@ def test_dot22_layouts_reach_cublaslt_as_column_major_problems(fakes, x_order, y
     assert p.transb == (0 if x_order == "c" else 1) and p.ldb == (k if x_order == "c" else m)
     assert call["a"] == y.ptr and call["b"] == x.ptr
     out = storage[node.outputs[0]][0]
-    assert call["c"] == call["d"] == out.ptr and p.in_place and p.ldd == n
+    assert call["d"] == out.ptr and p.ldd == n
+    assert call["values"] == (1.0, 0.0) and not p.device_scalars
     assert not classic.calls and not copies
 
 
-def test_gemm_out_of_place_reads_z_where_it_is(fakes):
-    ctx, classic, lt_calls, copies, _ = fakes
-    z, x, y = (fake_gpu_array(ctx, s) for s in ((4, 3), (4, 2), (2, 3)))
-    node = blas.GpuGemm(False)(_gvar(), -0.01, _gvar(), _gvar(), 1.0).owner
-    thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
-    thunk()
-    (call,) = lt_calls
-    out = storage[node.outputs[0]][0]
-    assert call["c"] == z.ptr and call["d"] == out.ptr != z.ptr
-    assert not call["p"].in_place and call["p"].ldc == 3 and call["p"].ldd == 3
-    assert not copies, "z is not copied into the output first"
-
-
-def test_gemm_in_place_and_broadcast_z(fakes):
+def test_gemm_z_is_copied_into_the_output_unless_in_place(fakes):
+    """cuBLASLt runs in place on the output (D is C): a GpuGemm{no_inplace} copies z (full
+    or broadcast) there first, a GpuGemm{inplace} runs on z itself."""
     ctx, classic, lt_calls, copies, _ = fakes
     z, x, y = (fake_gpu_array(ctx, s) for s in ((4, 3), (4, 2), (2, 3)))
     node = blas.GpuGemm(True)(_gvar(), 1.0, _gvar(), _gvar(), 1.0).owner
     thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
     thunk()
-    assert storage[node.outputs[0]][0] is z
-    assert lt_calls[-1]["c"] == lt_calls[-1]["d"] == z.ptr and lt_calls[-1]["p"].in_place
+    assert storage[node.outputs[0]][0] is z and lt_calls[-1]["d"] == z.ptr and not copies
+    node = blas.GpuGemm(False)(_gvar(), -0.01, _gvar(), _gvar(), 1.0).owner
+    thunk, storage = _thunk(node, [z, None, x, y, None], ctx)
+    thunk()
+    out = storage[node.outputs[0]][0]
+    assert copies == [(out.ptr, z.ptr, z.strides)] and lt_calls[-1]["d"] == out.ptr != z.ptr
     row = fake_gpu_array(ctx, (1, 3))
     node = blas.GpuGemm(False)(_gvar((True, False)), 1.0, _gvar(), _gvar(), 1.0).owner
     thunk, storage = _thunk(node, [row, None, x, y, None], ctx)
     thunk()
     out = storage[node.outputs[0]][0]
-    assert copies == [(out.ptr, row.ptr, (0, 4))], "a broadcast z is copied out first"
-    assert lt_calls[-1]["c"] == lt_calls[-1]["d"] == out.ptr
+    assert copies[-1] == (out.ptr, row.ptr, (0, 4)), "a broadcast z is copied out first"
+    assert lt_calls[-1]["d"] == out.ptr
     assert not classic.calls
 
 
@@ -198,7 +193,7 @@ def test_a_problem_cublaslt_declines_runs_on_classic_cublas_from_then_on(fakes):
     thunk()
     out = storage[node.outputs[0]][0]
     assert len(lt_calls) == 1
-    assert copies == [(out.ptr, z.ptr, z.strides)], "z copied in before the classic gemm"
+    assert copies == [(out.ptr, z.ptr, z.strides)], "z copied in before the gemm"
     assert classic.calls[-1]["c"] == out.ptr
     thunk()
     assert len(lt_calls) == 1, "cuBLASLt is not asked again for the same problem"
@@ -319,8 +314,7 @@ def test_gpu_gemm_through_cublaslt_matches_numpy(gpu, lt_spy, dtype, kind):
     np.testing.assert_allclose(np.asarray(got), want, **_tol(dtype))
     assert (got is gz) == (kind == "inplace")
     if kind == "no_inplace":
-        np.testing.assert_array_equal(np.asarray(gz), hz)     # C read, not written
-        assert any(not p.in_place for p in lt_spy), "D was not apart from C"
+        np.testing.assert_array_equal(np.asarray(gz), hz)     # z read, not written
     assert lt_spy
 
 
@@ -366,9 +360,9 @@ def test_gpu_tf32_and_full_float32_through_cublaslt(cuda, lt_spy):
 
 @requires_gpu
 def test_gpu_sgd_steps_replayed_from_a_graph_match_numpy_and_classic_cublas(cuda, lt_spy):
-    """An SGD step (products forward, transposed products backward, W updated by a gemm
-    reading W in place): plain, captured and replayed calls give NumPy's values and classic
-    cuBLAS's, and the chosen algorithms are what the graph replays."""
+    """An SGD step (products forward, transposed products backward): plain, captured and
+    replayed calls give NumPy's values and classic cuBLAS's, and every product launched had
+    its algorithm chosen by timing (the graph replays those)."""
     import symgpu.tensor as T
     from symgpu import function, shared
     rng = np.random.default_rng(3)
@@ -404,7 +398,7 @@ def test_gpu_sgd_steps_replayed_from_a_graph_match_numpy_and_classic_cublas(cuda
     np.testing.assert_allclose(V_lt.get_value(), V, rtol=1e-4, atol=1e-5)
     stats = f_lt.vm.runner.stats()
     assert stats["captures"] >= 1 and stats["replays"] >= 1, stats
-    assert lt_spy and any(not p.in_place for p in lt_spy), "the update's gemm wrote D apart"
+    assert lt_spy
     kept = {p for (_, p) in blaslt.CHOICES.chosen}
     assert set(lt_spy) <= kept, "every problem run had its algorithm chosen (timed)"
 
@@ -422,7 +416,77 @@ def test_gpu_skinny_products_time_split_k_variants_and_classic_cublas(gpu, lt_sp
                                atol=1e-3)
     (p,) = set(lt_spy)
     plan = blaslt.cublaslt().plan(gpu, p)
-    assert plan.algos[-1][0] is None, "classic cuBLAS is a candidate when C is D"
+    assert plan.algos[-1][0] is None, "classic cuBLAS is a candidate"
     times = blaslt.CHOICES.timings[(gpu.devname, p)]
     assert len(times) == len(plan.algos) > 2
     assert times[-1] is not None, "classic cuBLAS ran in the timing"
+
+
+# ============================================================================ small-k kernel
+
+def test_small_k_strides_follow_cublas_operands():
+    from symgpu.gpu.ops.small_k_gemm import strides
+    assert strides(0, 0, 7, 9) == (1, 7, 1, 9)     # A stored m x k, B stored k x n
+    assert strides(1, 1, 7, 9) == (7, 1, 9, 1)     # their transposes
+
+
+def test_small_k_source_renders_both_dtypes():
+    from symgpu.gpu.ops.small_k_gemm import small_k_source
+    src = small_k_source()
+    assert "small_k_gemm_float32" in src and "small_k_gemm_float64" in src
+    assert "${" not in src
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
+@pytest.mark.parametrize("beta", [0.0, -0.5])
+def test_gpu_small_k_kernel_matches_numpy(gpu, dtype, ta, tb, beta):
+    """Column-major D (m x n, ld above m) = alpha op(A) op(B) + beta D for every transpose;
+    with beta 0, D's NaNs are never read."""
+    from symgpu.gpu.ops.small_k_gemm import small_k_gemm
+    rng = np.random.default_rng(5)
+    m, n, k, ldd = 37, 23, 10, 41
+    A = rng.standard_normal((m, k))         # op(A), op(B) as NumPy sees them
+    B = rng.standard_normal((k, n))
+    a_mem = A if ta == 0 else A.T            # stored matrix, column-major
+    b_mem = B if tb == 0 else B.T
+    lda, ldb = a_mem.shape[0] + 3, b_mem.shape[0] + 2
+    pa = np.zeros((a_mem.shape[1], lda), dtype)     # column-major with ld: rows of pa are
+    pa[:, :a_mem.shape[0]] = a_mem.T                # the stored matrix's columns
+    pb = np.zeros((b_mem.shape[1], ldb), dtype)
+    pb[:, :b_mem.shape[0]] = b_mem.T
+    D0 = rng.standard_normal((n, ldd)).astype(dtype)
+    if beta == 0:
+        D0[:] = np.nan
+    ga, gb, gd = _dev(pa), _dev(pb), _dev(D0)
+    small_k_gemm(gpu, dtype, ta, tb, m, n, k, ga.ptr, lda, gb.ptr, ldb, gd.ptr, ldd, 1.5, beta)
+    got = np.asarray(gd)
+    want = 1.5 * (A @ B)
+    if beta:
+        want = want + beta * D0[:, :m].T.astype("float64")
+    np.testing.assert_allclose(got[:, :m].T, want, **_tol(dtype))
+    np.testing.assert_array_equal(got[:, m:], D0[:, m:])    # beyond m rows: untouched
+
+
+@requires_nvcc
+def test_small_k_module_compiles_for_sm90(tmp_path):
+    from symgpu.gpu.ops.small_k_gemm import small_k_source
+    assert compile_for_sm90(small_k_source(), tmp_path)
+
+
+@requires_gpu
+def test_gpu_a_small_k_product_times_the_small_k_kernel_too(gpu, lt_spy):
+    """d @ W.T of a 10-class layer (k = 10): symgpu's kernel is among the timed candidates
+    and the product is right whichever wins."""
+    rng = np.random.default_rng(12)
+    hd = rng.standard_normal((512, 10)).astype("float32")
+    hw = rng.standard_normal((1024, 10)).astype("float32")
+    d, w = _gpu_var("float32"), _gpu_var("float32")
+    got = _run(blas.GpuDot22()(d, w.T), [d, w], [_dev(hd), _dev(hw)])
+    np.testing.assert_allclose(np.asarray(got), hd.astype("float64") @ hw.T, rtol=1e-4,
+                               atol=1e-4)
+    (p,) = set(lt_spy)
+    labels = [a[2] for a in blaslt.cublaslt().plan(gpu, p).algos]
+    times = blaslt.CHOICES.timings[(gpu.devname, p)]
+    assert labels[-1] == "symgpu small-k kernel" and times[-1] is not None, (labels, times)

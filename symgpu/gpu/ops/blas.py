@@ -378,21 +378,17 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
         if k != k2:
             raise ValueError(f"{label}: shapes {x.shape} and {y.shape} are not aligned "
                              f"({k} != {k2})")
-        c = None                    # what beta scales: the output itself unless set here
         if z_cell is not None:
             z = z_cell[0]
             if any(a not in (b, 1) for a, b in zip(z.shape, (m, n))):
                 raise ValueError(f"{label}: z of shape {z.shape} does not broadcast to the "
                                  f"{(m, n)} of dot(x, y)")
-            zl = _colmajor(z) if z.shape == (m, n) else None
-            if inplace and zl is not None and zl[0] == _N:
+            if inplace and z.shape == (m, n) and _colmajor(z) is not None \
+                    and _colmajor(z)[0] == _N:
                 out = z
             else:
                 out = new_array(ctx, (m, n), np_dtype)
-                if use_lt and zl is not None and zl[0] == _N and not beta_zero and m and n \
-                        and k:
-                    c = (z, zl[1])      # cuBLASLt reads z where it is (D apart from C)
-                elif not beta_zero and out.size:
+                if not beta_zero and out.size:
                     out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
@@ -402,16 +398,15 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             y, ta, lda = _matrix(y)
             ldc = _colmajor(out)[1]
             if scal is None:
-                alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
+                alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), (one, zero)
             else:
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
-                                         ldc, y, x, out, c, alpha_p, beta_p, device_scalars,
-                                         unsupported):
+                                         ldc, y, x, out, alpha_p, beta_p,
+                                         None if device_scalars else
+                                         (keep[0].value, keep[1].value), unsupported):
                 out_cell[0] = out
                 return
-            if c is not None:           # cuBLASLt declined: z into the output after all
-                out._copy_from_device(z)
             blas.math_mode(handle, math_mode)
             status = _with_pointer_mode(
                 blas, handle, device_scalars,
@@ -427,20 +422,19 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
 
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
-             c: tuple | None, alpha_p: Any, beta_p: Any, device_scalars: bool,
-             unsupported: set) -> bool:
-    """The column-major gemm (rows x cols) = op(a) op(b) (+ beta c) through cuBLASLt
-    (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the caller
+             alpha_p: Any, beta_p: Any, values: tuple | None, unsupported: set) -> bool:
+    """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
+    cuBLASLt (symgpu/gpu/ops/blaslt.py); ``values`` are alpha and beta as host numbers (None
+    when they are device scalars). False where cuBLASLt has no algorithm for it (the caller
     runs classic cuBLAS)."""
     from symgpu.gpu.ops import blaslt
-    c_arr, ldc = (out, ldd) if c is None else c
     p = blaslt.LtProblem(dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1),
-                         max(ldb, 1), max(ldc, 1), max(ldd, 1), c is None, device_scalars,
-                         tuple(blaslt.alignment(v.ptr) for v in (a, b, c_arr, out)))
+                         max(ldb, 1), max(ldd, 1), values is None,
+                         tuple(blaslt.alignment(v.ptr) for v in (a, b, out)))
     if p in unsupported:
         return False
     try:
-        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, c_arr.ptr, out.ptr)
+        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, out.ptr, values)
     except blaslt.LtUnsupported:
         unsupported.add(p)
         return False

@@ -7,7 +7,6 @@ pass shares one upload among all readers of a host value, so only ``make_gpu_inp
 fusion, with the DestroyHandler's rules, as the CPU's in-place pass) decides what may be
 overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db.py):
 
-  45    gpu_gemm_fold        z + s * GpuDot22 -> GpuGemm (symgpu/gpu/ops/gemm_fold.py)
   49.5  gpu_fusion           the CPU fusion algorithm over GpuElemwise (one kernel per chain)
   60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
   76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
@@ -22,7 +21,6 @@ from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
-import symgpu.gpu.ops.gemm_fold  # noqa: F401  (registers gpu_gemm_fold, position 45)
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.rewriting import register_lifter
