@@ -89,8 +89,8 @@ def dropout() -> None:
 
 
 def print_gemm_choices() -> None:
-    """cuBLASLt's timed choices so far: per problem (column-major m x n x k, transposes,
-    C in place or not), each candidate's time, the heuristic's first and the one kept."""
+    """cuBLASLt's timed choices so far: per problem (column-major m x n x k, transposes),
+    each candidate's time, the heuristic's first, classic cuBLAS's and the one kept."""
     from symgpu.config import config
     from symgpu.gpu.ops import blaslt
     print(f"GEMM algorithm choices (gpuarray.cublaslt={config.gpuarray.cublaslt}):")
@@ -107,14 +107,14 @@ def print_gemm_choices() -> None:
         total["kept"] += times[chosen]
         total["classic"] += classic or 0.0
         print(f"  {p.dtype}{' tf32' if p.tf32 else ''} m={p.m} n={p.n} k={p.k} "
-              f"op=({'NT'[p.transa]},{'NT'[p.transb]}) {'C=D' if p.in_place else 'C!=D'}: "
+              f"op=({'NT'[p.transa]},{'NT'[p.transb]}): "
               f"kept {labels[chosen]} {times[chosen] * 1e6:.1f} us; heuristic's first "
               f"{(times[0] or 0) * 1e6:.1f} us ({gain:.2f}x)"
               + (f"; classic cuBLAS {classic * 1e6:.1f} us" if classic else ""))
         print(f"      all candidates (us): [{shown}]")
-    print(f"  sums (one of each product timed alone, us): kept {total['kept'] * 1e6:.1f}, "
-          f"heuristic's first {total['first'] * 1e6:.1f}, classic cuBLAS (C=D products) "
-          f"{total['classic'] * 1e6:.1f}")
+    print(f"  sums (each product once, device time in a graph, us): kept "
+          f"{total['kept'] * 1e6:.1f}, heuristic's first {total['first'] * 1e6:.1f}, classic "
+          f"cuBLAS {total['classic'] * 1e6:.1f}")
 
 
 def main() -> None:

@@ -185,8 +185,11 @@ def symgpu_mlp_contenders(rows: dict) -> None:
             if row_name == MLP_FP32 and lt:
                 kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})
                 say(f"    MLP step ops: {', '.join(kinds)}")
-                st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
-                say(f"    MLP step graphs: {st}")
+                MLP_STEPS_BUILT.append(step)
+
+
+#: symgpu's fp32 MLP step, whose graph counts are printed after the timing
+MLP_STEPS_BUILT: list = []
 
 
 # ============================================================================ PyTorch
@@ -399,6 +402,9 @@ def bench_mlp_interleaved() -> None:
         report_interleaved(row_name, names, times, peer="JAX")
         for who, (_, med) in zip(names, times):
             ROWS.setdefault(row_name, {})[who] = med * 1e6
+    for step in MLP_STEPS_BUILT:
+        st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
+        say(f"    MLP step graphs: {st}")
 
 
 def bench_cupy(data) -> None:

@@ -113,11 +113,11 @@ def symgpu_mlp_contenders(rows: dict) -> None:
             train, _, _ = mlp_dropout.build(BATCH, on_device=True)
             train()
         rows[row].append((who, train, ctx.synchronize))
-    for row, contenders in rows.items():
-        for who, train, _ in contenders:
-            runner = train.vm.runner
-            stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
-            say(f"    {row} {who} runner: {stats}")
+        RUNNER_STATS.append((f"{row} {who}", train))
+
+
+#: (label, symgpu function): their graph runners' counts, printed after the timing
+RUNNER_STATS: list = []
 
 
 def bench_torch() -> None:
@@ -288,6 +288,10 @@ def bench_mlp_interleaved() -> None:
         report_interleaved(row, names, times, peer="JAX jit")
         for who, (_, med) in zip(names, times):
             RESULTS.setdefault(row, {})[who] = med
+    for label, fn in RUNNER_STATS:
+        runner = fn.vm.runner
+        stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
+        say(f"    {label} runner: {stats}")
 
 
 # ============================================================================ CPU
