@@ -490,3 +490,88 @@ def test_gpu_a_small_k_product_times_the_small_k_kernel_too(gpu, lt_spy):
     labels = [a[2] for a in blaslt.cublaslt().plan(gpu, p).algos]
     times = blaslt.CHOICES.timings[(gpu.devname, p)]
     assert labels[-1] == "symgpu small-k kernel" and times[-1] is not None, (labels, times)
+
+
+# ============================================================================ timing, faked
+
+class _FakeEvent:
+    """A CUDA event on a fake clock: the stream's time when recorded."""
+
+    def __init__(self, clock):
+        self.clock, self.t = clock, 0.0
+
+    def record(self, stream):
+        self.t = self.clock["now"]
+
+    def synchronize(self):
+        pass
+
+    def time_since(self, other):
+        return (self.t - other.t) * 1e3          # ms
+
+
+def test_candidates_are_timed_as_replayed_graphs_failures_passed_over(monkeypatch):
+    """Each candidate is warmed, captured as _REPS launches and replayed in rounds; one that
+    fails at launch or whose capture the driver refuses gets None; every graph made is
+    destroyed; the figure is device time per launch."""
+    import sys
+    import types
+    clock = {"now": 0.0, "capturing": False}
+    per_launch = {0: 5e-6, 1: 2e-6, 2: 3e-6, 3: 1e-6}     # candidate 2: capture refused
+    fake_drv = types.ModuleType("pycuda.driver")
+    fake_drv.Event = lambda: _FakeEvent(clock)
+    fake_pkg = types.ModuleType("pycuda")
+    fake_pkg.driver = fake_drv
+    monkeypatch.setitem(sys.modules, "pycuda", fake_pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake_drv)
+    graphs, destroyed = {}, []
+    captured: list = []
+
+    def begin(stream, mode):
+        clock["capturing"], captured[:] = True, []
+        return 0
+
+    def end(stream, out):
+        clock["capturing"] = False
+        if 2 in captured:
+            return 900                              # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        gid = len(graphs) + 100
+        graphs[gid] = list(captured)
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = gid
+        return 0
+
+    def instantiate(out, graph, flags):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_void_p))[0] = graph.value
+        return 0
+
+    def launch_graph(g, stream):
+        for i in graphs[g.value]:
+            clock["now"] += per_launch[i]
+        return 0
+    monkeypatch.setattr(blaslt, "_graph_calls", lambda: {
+        "begin": begin, "end": end, "instantiate": instantiate, "launch": launch_graph,
+        "exec_destroy": lambda g: destroyed.append(g.value),
+        "graph_destroy": lambda g: None})
+
+    class Lt:
+        def matmul(self, ctx, plan, i, *args):
+            if i == 4:
+                return 15                           # CUBLAS_STATUS_NOT_SUPPORTED
+            if clock["capturing"]:
+                captured.append(i)
+            else:
+                clock["now"] += per_launch[i] + 1e-3     # plain: the host's time dominates
+            return 0
+        check = staticmethod(blas._Cublas.check)
+
+    class Stream:
+        def synchronize(self):
+            pass
+    ctx = types.SimpleNamespace(stream=Stream(), stream_handle=7)
+    plan = types.SimpleNamespace(algos=[None] * 5)
+    times = blaslt._timer(ctx, Lt(), plan, (None, 1, 2, None, (1.0, 0.0)), 3)()
+    assert times[2] is None and times[4] is None
+    assert times[0] == pytest.approx(5e-6) and times[1] == pytest.approx(2e-6)
+    assert times[3] == pytest.approx(1e-6)
+    assert all(len(g) == blaslt._REPS for g in graphs.values())
+    assert sorted(destroyed) == sorted(graphs), "every instantiated graph is destroyed"

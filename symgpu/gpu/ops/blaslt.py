@@ -522,6 +522,7 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
     if _capturing(ctx):
         return CHOICES.pick(key, n, _never, can_time=False)
     import numpy as np
+    import pycuda.driver as drv
     from symgpu.gpu.ops.elemwise import new_array
     scratch = new_array(ctx, (p.n, p.ldd), np.dtype(p.dtype))
     scratch.fill(0)      # D is read (beta): defined values, whatever the pool held
@@ -529,7 +530,7 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
         return CHOICES.pick(key, n, _timer(ctx, lt, plan, args, scratch.ptr), can_time=True)
     except LtUnsupported:
         raise
-    except RuntimeError as exc:    # the driver refused a capture or a replay: no timing
+    except (RuntimeError, drv.Error) as exc:   # a capture, replay or event refused: no timing
         import warnings
         warnings.warn(f"symgpu: timing cuBLASLt's candidates for {p} failed ({exc}); "
                       f"its heuristic's first choice runs it", RuntimeWarning)
