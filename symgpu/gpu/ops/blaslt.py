@@ -4,14 +4,15 @@ Why: classic ``cublasSgemm`` takes cuBLAS's heuristic's first guess, which for t
 products of a training step (a batch of 512 through 1024-wide layers, or 10 classes) is
 often not the fastest kernel; XLA times candidate GEMMs once per shape at compile time and
 keeps the fastest.  We do the same on a product's first plain run (never during a CUDA-graph
-capture, which then uses the heuristic's first choice without remembering it): the
-candidates are cuBLASLt's heuristic's first 8, split-K variants of its first 3 (K cut into
-2-16 parts computed side by side: a product with few output tiles otherwise leaves most
-multiprocessors idle) and classic cuBLAS itself; each is captured into a CUDA graph of
-several launches and timed by replaying it, so the figure is the device's time in a graph,
-as the step will run it, not the host's time to launch it (a Python launch costs about as
-much as a small product).  The choice is remembered for the process, per (dtype, math mode,
-transposes, sizes, leading dimensions, alignments, pointer mode).
+capture, which then uses the heuristic's first choice without remembering it; products under
+``MIN_TIMED_FLOP`` are not timed).  The candidates: cuBLASLt's heuristic's first 12,
+split-K variants of its first 3 (K cut into 2-16 parts computed side by side: a product with
+few output tiles otherwise leaves most multiprocessors idle), classic cuBLAS itself, and for
+an inner dimension up to 32 a kernel of symgpu's (small_k_gemm.py).  Each is captured into a
+CUDA graph of several launches and timed by replaying it, so the figure is the device's time
+in a graph, as the step will run it, not the host's time to launch it (a Python launch costs
+about as much as a small product).  The choice is remembered for the process, per (dtype,
+math mode, transposes, sizes, leading dimensions, alignments, pointer mode).
 
 D is always C (in place: ``blas.py`` copies a GpuGemm's z into its output first, as for
 classic cuBLAS): on the H100, cuBLASLt's out-of-place products (D apart from C) ran 20% to
@@ -38,7 +39,10 @@ _PREF_MAX_WORKSPACE = 1                                           # ...Preferenc
 _PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (bytes)
 _WORKSPACE_BYTES = 32 << 20
 #: how many of the heuristic's candidates are timed (it orders them by its own estimate)
-CANDIDATES = 8
+CANDIDATES = 12
+#: products of fewer floating-point operations run the heuristic's first choice, untimed
+#: (a microsecond either way; the timing would cost milliseconds)
+MIN_TIMED_FLOP = 1 << 22
 _REPS = 8          # launches per timed graph
 _ROUNDS = 3        # replays per candidate, in rounds over the candidates (the best counts)
 #: split-K variants tried of the heuristic's first few candidates: K cut in this many
@@ -303,8 +307,8 @@ class _CublasLt:
                     if ok and lib.cublasLtMatmulAlgoCheck(h, desc, *layouts, v,
                                                           ctypes.byref(res)) == 0 \
                             and res.workspaceSize <= ws_bytes:
-                        out.append((v, res.workspaceSize,
-                                    f"{label} split-K {parts} ({'in place' if scheme == 1 else 'workspace'})"))
+                        where = "in place" if scheme == 1 else "workspace"
+                        out.append((v, res.workspaceSize, f"{label} split-K {parts} ({where})"))
         return out
 
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
@@ -517,8 +521,8 @@ def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: 
 def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
             args: tuple) -> int:
     n = len(plan.algos)
-    if n == 1:
-        return CHOICES.pick(key, 1, _never, can_time=True)
+    if n == 1 or 2 * p.m * p.n * p.k < MIN_TIMED_FLOP:   # too small to be worth timing
+        return CHOICES.remember(key, 0)
     if _capturing(ctx):
         return CHOICES.pick(key, n, _never, can_time=False)
     import numpy as np
