@@ -9,8 +9,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from gpu_helpers import (FakeCtx, compile_for_sm90, fake_gpu_array, requires_gpu,
-                         requires_nvcc, virtual_context)
+from gpu_helpers import FakeCtx, fake_gpu_array, requires_gpu, virtual_context
 from symgpu import config
 from symgpu.gpu.ops import blas, blaslt
 
@@ -108,8 +107,8 @@ def fakes(monkeypatch):
     monkeypatch.setattr(blaslt, "lt_available", lambda dtype: True)
     lt_state = {"raise": False}
 
-    def lt_matmul(ctx_, p, alpha, a, b, beta, d, values=None):
-        lt_calls.append(dict(p=p, a=a, b=b, d=d, values=values))
+    def lt_matmul(ctx_, p, alpha, a, b, beta, d):
+        lt_calls.append(dict(p=p, a=a, b=b, d=d))
         if lt_state["raise"]:
             raise blaslt.LtUnsupported("faked")
     monkeypatch.setattr(blaslt, "lt_matmul", lt_matmul)
@@ -155,8 +154,7 @@ def test_dot22_layouts_reach_cublaslt_as_column_major_problems(fakes, x_order, y
     assert p.transb == (0 if x_order == "c" else 1) and p.ldb == (k if x_order == "c" else m)
     assert call["a"] == y.ptr and call["b"] == x.ptr
     out = storage[node.outputs[0]][0]
-    assert call["d"] == out.ptr and p.ldd == n
-    assert call["values"] == (1.0, 0.0) and not p.device_scalars
+    assert call["d"] == out.ptr and p.ldd == n and not p.device_scalars
     assert not classic.calls and not copies
 
 
@@ -422,76 +420,6 @@ def test_gpu_skinny_products_time_split_k_variants_and_classic_cublas(gpu, lt_sp
     assert times[-1] is not None, "classic cuBLAS ran in the timing"
 
 
-# ============================================================================ small-k kernel
-
-def test_small_k_strides_follow_cublas_operands():
-    from symgpu.gpu.ops.small_k_gemm import strides
-    assert strides(0, 0, 7, 9) == (1, 7, 1, 9)     # A stored m x k, B stored k x n
-    assert strides(1, 1, 7, 9) == (7, 1, 9, 1)     # their transposes
-
-
-def test_small_k_source_renders_both_dtypes():
-    from symgpu.gpu.ops.small_k_gemm import small_k_source
-    src = small_k_source()
-    assert "small_k_gemm_float32" in src and "small_k_gemm_float64" in src
-    assert "${" not in src
-
-
-@requires_gpu
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("ta,tb", [(0, 0), (0, 1), (1, 0), (1, 1)])
-@pytest.mark.parametrize("beta", [0.0, -0.5])
-def test_gpu_small_k_kernel_matches_numpy(gpu, dtype, ta, tb, beta):
-    """Column-major D (m x n, ld above m) = alpha op(A) op(B) + beta D for every transpose;
-    with beta 0, D's NaNs are never read."""
-    from symgpu.gpu.ops.small_k_gemm import small_k_gemm
-    rng = np.random.default_rng(5)
-    m, n, k, ldd = 37, 23, 10, 41
-    A = rng.standard_normal((m, k))         # op(A), op(B) as NumPy sees them
-    B = rng.standard_normal((k, n))
-    a_mem = A if ta == 0 else A.T            # stored matrix, column-major
-    b_mem = B if tb == 0 else B.T
-    lda, ldb = a_mem.shape[0] + 3, b_mem.shape[0] + 2
-    pa = np.zeros((a_mem.shape[1], lda), dtype)     # column-major with ld: rows of pa are
-    pa[:, :a_mem.shape[0]] = a_mem.T                # the stored matrix's columns
-    pb = np.zeros((b_mem.shape[1], ldb), dtype)
-    pb[:, :b_mem.shape[0]] = b_mem.T
-    D0 = rng.standard_normal((n, ldd)).astype(dtype)
-    if beta == 0:
-        D0[:] = np.nan
-    ga, gb, gd = _dev(pa), _dev(pb), _dev(D0)
-    small_k_gemm(gpu, dtype, ta, tb, m, n, k, ga.ptr, lda, gb.ptr, ldb, gd.ptr, ldd, 1.5, beta)
-    got = np.asarray(gd)
-    want = 1.5 * (A @ B)
-    if beta:
-        want = want + beta * D0[:, :m].T.astype("float64")
-    np.testing.assert_allclose(got[:, :m].T, want, **_tol(dtype))
-    np.testing.assert_array_equal(got[:, m:], D0[:, m:])    # beyond m rows: untouched
-
-
-@requires_nvcc
-def test_small_k_module_compiles_for_sm90(tmp_path):
-    from symgpu.gpu.ops.small_k_gemm import small_k_source
-    assert compile_for_sm90(small_k_source(), tmp_path)
-
-
-@requires_gpu
-def test_gpu_a_small_k_product_times_the_small_k_kernel_too(gpu, lt_spy):
-    """d @ W.T of a 10-class layer (k = 10): symgpu's kernel is among the timed candidates
-    and the product is right whichever wins."""
-    rng = np.random.default_rng(12)
-    hd = rng.standard_normal((512, 10)).astype("float32")
-    hw = rng.standard_normal((1024, 10)).astype("float32")
-    d, w = _gpu_var("float32"), _gpu_var("float32")
-    got = _run(blas.GpuDot22()(d, w.T), [d, w], [_dev(hd), _dev(hw)])
-    np.testing.assert_allclose(np.asarray(got), hd.astype("float64") @ hw.T, rtol=1e-4,
-                               atol=1e-4)
-    (p,) = set(lt_spy)
-    labels = [a[2] for a in blaslt.cublaslt().plan(gpu, p).algos]
-    times = blaslt.CHOICES.timings[(gpu.devname, p)]
-    assert labels[-1] == "symgpu small-k kernel" and times[-1] is not None, (labels, times)
-
-
 # ============================================================================ timing, faked
 
 class _FakeEvent:
@@ -569,7 +497,7 @@ def test_candidates_are_timed_as_replayed_graphs_failures_passed_over(monkeypatc
             pass
     ctx = types.SimpleNamespace(stream=Stream(), stream_handle=7)
     plan = types.SimpleNamespace(algos=[None] * 5)
-    times = blaslt._timer(ctx, Lt(), plan, (None, 1, 2, None, (1.0, 0.0)), 3)()
+    times = blaslt._timer(ctx, Lt(), plan, (None, 1, 2, None), 3)()
     assert times[2] is None and times[4] is None
     assert times[0] == pytest.approx(5e-6) and times[1] == pytest.approx(2e-6)
     assert times[3] == pytest.approx(1e-6)

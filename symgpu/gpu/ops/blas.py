@@ -398,13 +398,12 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             y, ta, lda = _matrix(y)
             ldc = _colmajor(out)[1]
             if scal is None:
-                alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), (one, zero)
+                alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
             else:
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
-                                         ldc, y, x, out, alpha_p, beta_p,
-                                         None if device_scalars else
-                                         (keep[0].value, keep[1].value), unsupported):
+                                         ldc, y, x, out, alpha_p, beta_p, device_scalars,
+                                         unsupported):
                 out_cell[0] = out
                 return
             blas.math_mode(handle, math_mode)
@@ -422,19 +421,18 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
 
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
-             alpha_p: Any, beta_p: Any, values: tuple | None, unsupported: set) -> bool:
+             alpha_p: Any, beta_p: Any, device_scalars: bool, unsupported: set) -> bool:
     """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
-    cuBLASLt (symgpu/gpu/ops/blaslt.py); ``values`` are alpha and beta as host numbers (None
-    when they are device scalars). False where cuBLASLt has no algorithm for it (the caller
-    runs classic cuBLAS)."""
+    cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
+    caller runs classic cuBLAS)."""
     from symgpu.gpu.ops import blaslt
     p = blaslt.LtProblem(dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1),
-                         max(ldb, 1), max(ldd, 1), values is None,
+                         max(ldb, 1), max(ldd, 1), device_scalars,
                          tuple(blaslt.alignment(v.ptr) for v in (a, b, out)))
     if p in unsupported:
         return False
     try:
-        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, out.ptr, values)
+        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, out.ptr)
     except blaslt.LtUnsupported:
         unsupported.add(p)
         return False

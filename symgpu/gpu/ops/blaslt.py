@@ -7,9 +7,8 @@ keeps the fastest.  We do the same on a product's first plain run (never during 
 capture, which then uses the heuristic's first choice without remembering it; products under
 ``MIN_TIMED_FLOP`` are not timed).  The candidates: cuBLASLt's heuristic's first 12,
 split-K variants of its first 3 (K cut into 2-16 parts computed side by side: a product with
-few output tiles otherwise leaves most multiprocessors idle), classic cuBLAS itself, and for
-an inner dimension up to 32 a kernel of symgpu's (small_k_gemm.py).  Each is captured into a
-CUDA graph of several launches and timed by replaying it, so the figure is the device's time
+few output tiles otherwise leaves most multiprocessors idle) and classic cuBLAS itself.  Each
+is captured into a CUDA graph of several launches and timed by replaying it, so the figure is the device's time
 in a graph, as the step will run it, not the host's time to launch it (a Python launch costs
 about as much as a small product).  The choice is remembered for the process, per (dtype,
 math mode, transposes, sizes, leading dimensions, alignments, pointer mode).
@@ -153,8 +152,7 @@ class _Plan:
         self.desc = desc
         self.a, self.b, self.c, self.d = layouts
         #: [(cublasLtMatmulAlgo_t, workspace bytes, label)]: the heuristic's, in its order,
-        #: then split-K variants, then (algo None) classic cuBLAS, then for k <= 32 with host
-        #: scalars symgpu's small-k kernel (symgpu/gpu/ops/small_k_gemm.py)
+        #: then split-K variants, then (algo None) classic cuBLAS
         self.algos = algos
 
 
@@ -278,9 +276,6 @@ class _CublasLt:
             raise LtUnsupported(f"no cuBLASLt algorithm for {p}")
         algos += self._split_k(h, desc, layouts, algos[:SPLITK_OF], p.k, ws_bytes)
         algos.append((None, 0, "classic cuBLAS"))   # its own choice, timed beside them
-        from symgpu.gpu.ops.small_k_gemm import KERNEL_DTYPES, SMALL_K_MAX
-        if not p.device_scalars and 0 < p.k <= SMALL_K_MAX and p.dtype in KERNEL_DTYPES:
-            algos.append((_SMALL_K, 0, "symgpu small-k kernel"))
         plan = _Plan(p, desc, tuple(layouts), algos)
         with self.lock:
             self.plans[key] = plan
@@ -312,16 +307,13 @@ class _CublasLt:
         return out
 
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
-               beta: Any, d: int, values: tuple | None = None) -> int:
+               beta: Any, d: int) -> int:
         """Launch candidate ``which`` of ``plan`` (D = alpha op(A) op(B) + beta D) on
-        ``ctx``'s stream; the cuBLAS status.  ``values``: (alpha, beta) as host numbers
-        (the small-k kernel takes them so; None with device scalars)."""
+        ``ctx``'s stream; the cuBLAS status."""
         h, ws, ws_bytes = self.handle(ctx)
         algo = plan.algos[which][0]
         if algo is None:
             return _classic(ctx, plan.problem, alpha, a, b, beta, d)
-        if algo is _SMALL_K:
-            return _small_k(ctx, plan.problem, a, b, d, values)
         return self.lib.cublasLtMatmul(h, plan.desc, alpha, a, plan.a, b, plan.b, beta, d,
                                        plan.c, d, plan.d, ctypes.byref(algo), ws or None,
                                        ws_bytes, ctx.stream_handle or None)
@@ -338,23 +330,6 @@ def _classic(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: i
         cb, h, p.device_scalars,
         lambda: gemm(h, p.transa, p.transb, p.m, p.n, p.k, alpha, ctypes.c_void_p(a), p.lda,
                      ctypes.c_void_p(b), p.ldb, beta, ctypes.c_void_p(d), p.ldd))
-
-
-_SMALL_K = "small_k"     # the candidate that is symgpu's own kernel
-
-
-def _small_k(ctx: Any, p: LtProblem, a: int, b: int, d: int, values: tuple | None) -> int:
-    """``p`` through symgpu's small-k kernel; raises LtUnsupported where it cannot run."""
-    import pycuda.driver as drv
-    from symgpu.gpu.ops.small_k_gemm import small_k_gemm
-    if values is None:
-        raise LtUnsupported("the small-k kernel takes host alpha and beta")
-    try:
-        small_k_gemm(ctx, p.dtype, p.transa, p.transb, p.m, p.n, p.k, a, p.lda, b, p.ldb, d,
-                     p.ldd, *values)
-    except (drv.Error, RuntimeError) as exc:     # CompileError is a RuntimeError
-        raise LtUnsupported(f"the small-k kernel failed: {exc}") from exc
-    return 0
 
 
 _lt: _CublasLt | None = None
@@ -418,12 +393,12 @@ def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
     whatever the host's launch cost, and a clock change hits every candidate alike."""
     import pycuda.driver as drv
     from symgpu.gpu.runtime import libcuda
-    alpha, a, b, beta, values = args
+    alpha, a, b, beta = args
     stream = ctx.stream_handle
     drv_ = _graph_calls()
 
     def launch(i: int) -> None:
-        lt.check(lt.matmul(ctx, plan, i, alpha, a, b, beta, scratch, values),
+        lt.check(lt.matmul(ctx, plan, i, alpha, a, b, beta, scratch),
                  "cublasLtMatmul (timing)")
 
     def capture(i: int) -> Any:
@@ -501,20 +476,18 @@ def _graph_calls() -> dict[str, Any]:
     return _graph_fns
 
 
-def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int,
-              values: tuple | None = None) -> None:
+def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> None:
     """D = alpha op(A) op(B) + beta D through cuBLASLt on ``ctx``'s stream, with the
     problem's chosen algorithm (timed now, on scratch memory, if it has none and the stream
-    is not capturing).  ``values``: alpha and beta as host numbers when they are host
-    scalars (None with device scalars).  Raises LtUnsupported when cuBLASLt cannot run it,
-    CublasError when the launch fails."""
+    is not capturing).  Raises LtUnsupported when cuBLASLt cannot run it, CublasError when
+    the launch fails."""
     lt = cublaslt()
     plan = lt.plan(ctx, p)
     key = (getattr(ctx, "devname", ""), p)
     which = CHOICES.chosen.get(key)
     if which is None:
-        which = _choose(ctx, lt, plan, p, key, (alpha, a, b, beta, values))
-    lt.check(lt.matmul(ctx, plan, which, alpha, a, b, beta, d, values),
+        which = _choose(ctx, lt, plan, p, key, (alpha, a, b, beta))
+    lt.check(lt.matmul(ctx, plan, which, alpha, a, b, beta, d),
              f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
 
 
