@@ -10,8 +10,9 @@ split-K variants of its first 3 (K cut into 2-16 parts computed side by side: a 
 few output tiles otherwise leaves most multiprocessors idle) and classic cuBLAS itself.  Each
 is captured into a CUDA graph of several launches and timed by replaying it, so the figure is
 the device's time in a graph, as the step will run it, not the host's time to launch it (a
-Python launch costs about as much as a small product).  The choice is remembered for the process, per (dtype,
-math mode, transposes, sizes, leading dimensions, alignments, pointer mode).
+Python launch costs about as much as a small product).  The choice is remembered for the
+process, per (dtype, math mode, transposes, sizes, leading dimensions, alignments, pointer
+mode).
 
 D is always C (in place: ``blas.py`` copies a GpuGemm's z into its output first, as for
 classic cuBLAS).  cuBLASLt can write D apart from C, which with a GPU-side fold of
