@@ -7,6 +7,10 @@ same matrix products run by PyTorch alone (the cuBLAS floor) when it is installe
                                                         # minibatch step (cycling index)
     python3 benchmarks/gpu_mlp_profile.py --dropout     # the same for benchmarks/random.py's
                                                         # dropout MLP step (issue 16)
+
+Each mode ends with cuBLASLt's timed algorithm choices (symgpu/gpu/ops/blaslt.py): per
+product, every candidate's time and the one kept.  SYMGPU_FLAGS=gpuarray.cublaslt=False
+profiles the same step with classic cuBLAS.
 """
 from __future__ import annotations
 
@@ -81,15 +85,46 @@ def dropout() -> None:
     for _ in range(50):
         profiled()
     ctx.synchronize()
-    prof.summary(n_ops_to_print=70)
+    prof.summary(n_ops_to_print=70, n_apply_to_print=70)
+
+
+def print_gemm_choices() -> None:
+    """cuBLASLt's timed choices so far: per problem (column-major m x n x k, transposes),
+    each candidate's time, the heuristic's first, classic cuBLAS's and the one kept."""
+    from symgpu.config import config
+    from symgpu.gpu.ops import blaslt
+    print(f"GEMM algorithm choices (gpuarray.cublaslt={config.gpuarray.cublaslt}):")
+    plans = {p: plan for (_, p), plan in blaslt.cublaslt().plans.items()} \
+        if blaslt.CHOICES.timings else {}
+    total = {"first": 0.0, "kept": 0.0, "classic": 0.0}
+    for (dev, p), times in sorted(blaslt.CHOICES.timings.items(), key=lambda kv: str(kv[0])):
+        chosen = blaslt.CHOICES.chosen[(dev, p)]
+        labels = [a[2] for a in plans[p].algos] if p in plans else [""] * len(times)
+        shown = " ".join("fail" if t is None else f"{t * 1e6:.1f}" for t in times)
+        gain = times[0] / times[chosen] if times[0] else float("nan")
+        classic = times[-1] if labels[-1] == "classic cuBLAS" else None
+        total["first"] += times[0] or 0.0
+        total["kept"] += times[chosen]
+        total["classic"] += classic or 0.0
+        print(f"  {p.dtype}{' tf32' if p.tf32 else ''} m={p.m} n={p.n} k={p.k} "
+              f"op=({'NT'[p.transa]},{'NT'[p.transb]}): "
+              f"kept {labels[chosen]} {times[chosen] * 1e6:.1f} us; heuristic's first "
+              f"{(times[0] or 0) * 1e6:.1f} us ({gain:.2f}x)"
+              + (f"; classic cuBLAS {classic * 1e6:.1f} us" if classic else ""))
+        print(f"      all candidates (us): [{shown}]")
+    print(f"  sums (each product once, device time in a graph, us): kept "
+          f"{total['kept'] * 1e6:.1f}, heuristic's first {total['first'] * 1e6:.1f}, classic "
+          f"cuBLAS {total['classic'] * 1e6:.1f}")
 
 
 def main() -> None:
     if "--minibatch" in sys.argv[1:]:
         minibatch()
+        print_gemm_choices()
         return
     if "--dropout" in sys.argv[1:]:
         dropout()
+        print_gemm_choices()
         return
     import symgpu.gpu
     from symgpu.compile.profiling import ProfileStats
@@ -109,7 +144,8 @@ def main() -> None:
     for _ in range(50):
         profiled()
     ctx.synchronize()
-    prof.summary(n_ops_to_print=40)
+    prof.summary(n_ops_to_print=40, n_apply_to_print=70)
+    print_gemm_choices()
     try:
         import torch
     except ImportError:

@@ -18,8 +18,13 @@ full float32 everywhere (JAX at matmul precision "highest") and with TF32 matrix
 everywhere (symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32, JAX's default); and
 the compile time of the logistic-regression step (symgpu: fresh process with an empty kernel
 cache, then warm).  Each figure is the median of 5 loops of N calls with one synchronisation
-(``ctx.synchronize()``, ``torch.cuda.synchronize()``, ``block_until_ready()``).  Prints each
-row's ratio against its goal and whether it is met.  A peer that fails prints why; the run
+(``ctx.synchronize()``, ``torch.cuda.synchronize()``, ``block_until_ready()``), except the
+MLP rows: their contenders (symgpu, symgpu with classic cuBLAS instead of cuBLASLt, PyTorch,
+JAX) are timed in interleaved rounds (``MLP_ROUNDS`` blocks of ``MLP_STEPS`` steps each, the
+contenders alternating block after block, a sync ending each block), because a peer's own
+time swings by tens of percent from one run to the next; each prints its best and median
+block and the ratios of medians and of bests against JAX, and the table holds the medians.
+Prints each row's ratio against its goal and whether it is met.  A peer that fails prints why; the run
 goes on.
 """
 from __future__ import annotations
@@ -27,7 +32,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -40,7 +44,7 @@ import numpy as np  # noqa: E402
 import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic regression)
 
 say, per_call = seeds.say, seeds.per_call
-from timing import guarded  # noqa: E402
+from timing import guarded, interleaved, report_interleaved  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
@@ -58,6 +62,8 @@ BATCH = 512
 #: the MLP row with TF32 matrix products everywhere (symgpu's gpuarray.allow_tf32, PyTorch's
 #: allow_tf32, JAX's default precision); the plain row is full float32 everywhere
 MLP_TF32 = "MLP SGD step TF32 (us)"
+MLP_FP32 = "MLP SGD step (us)"
+MLP_ROUNDS, MLP_STEPS = 9, 100
 
 
 def row(name: str, who: str, value: float, unit: str) -> None:
@@ -154,8 +160,6 @@ def bench_symgpu(data) -> None:
         t = per_call(fm, 10, sync)
         row("sgemm 4096^3 (TFLOP/s)", "symgpu", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
         a_ = b_ = fm = None  # noqa: F841
-    if want("mlp"):
-        bench_symgpu_mlp(sync)
     if want("compile"):
         seeds.RESULTS.clear()
         seeds.bench_compile()
@@ -165,19 +169,27 @@ def bench_symgpu(data) -> None:
                 row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
-def bench_symgpu_mlp(sync) -> None:
+def symgpu_mlp_contenders(rows: dict) -> None:
+    """symgpu's MLP steps (full float32 and TF32; cuBLASLt with timed algorithms, and
+    classic cuBLAS) added to ``rows`` as (name, step, sync)."""
+    import symgpu.gpu
     from symgpu import config
-    step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
-    step()
-    row("MLP SGD step (us)", "symgpu", per_call(step, 200, sync) * 1e6, "us")
-    kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})
-    say(f"    MLP step ops: {', '.join(kinds)}")
-    st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
-    say(f"    MLP step graphs: {st}")
-    with config.change_flags(**{"gpuarray.allow_tf32": True}):
-        step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
-    step()
-    row(MLP_TF32, "symgpu", per_call(step, 200, sync) * 1e6, "us")
+    ctx = symgpu.gpu.init_default_context()
+    assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
+    for row_name, tf32 in ((MLP_FP32, False), (MLP_TF32, True)):
+        for who, lt in (("symgpu", True), ("symgpu (classic cuBLAS)", False)):
+            with config.change_flags(**{"gpuarray.allow_tf32": tf32, "gpuarray.cublaslt": lt}):
+                step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
+                step()
+            rows[row_name].append((who, step, ctx.synchronize))
+            if row_name == MLP_FP32 and lt:
+                kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})
+                say(f"    MLP step ops: {', '.join(kinds)}")
+                MLP_STEPS_BUILT.append(step)
+
+
+#: symgpu's fp32 MLP step, whose graph counts are printed after the timing
+MLP_STEPS_BUILT: list = []
 
 
 # ============================================================================ PyTorch
@@ -248,30 +260,6 @@ def bench_torch(data, use_compile: bool) -> None:
         row("sgemm 4096^3 (TFLOP/s)", "PyTorch", 2 * MM ** 3 / t / 1e12, "TFLOP/s")
         ha = hbm = None  # noqa: F841
 
-    if want("mlp"):
-        Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
-        tW = [torch.from_numpy(W).to(dev).requires_grad_(True) for W in Ws]
-        tB = [torch.from_numpy(b).to(dev).requires_grad_(True) for b in bs]
-        tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).to(dev)
-        params = tW + tB
-
-        def mlp_step():
-            h = tXm
-            for k in range(len(tW)):
-                h = h @ tW[k] + tB[k]
-                if k < len(tW) - 1:
-                    h = torch.relu(h)
-            loss = -(tYm * torch.log_softmax(h, dim=1)).sum() / BATCH
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                for p, g in zip(params, grads):
-                    p.sub_(0.01 * g)
-            return loss
-        row("MLP SGD step (us)", "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        row(MLP_TF32, "PyTorch", per_call(mlp_step, 100, sync) * 1e6, "us")
-        torch.backends.cuda.matmul.allow_tf32 = False
-
     if want("logreg"):
         if use_compile and not over_budget():
             tw2 = torch.from_numpy(w0.copy()).to(dev)
@@ -293,6 +281,38 @@ def bench_torch(data, use_compile: bool) -> None:
             def run():
                 p, x_, state[0], state[1] = cstep(state[0], state[1])
             row("logreg device (us)", "torch.compile", per_call(run, 300, sync) * 1e6, "us")
+
+
+def torch_mlp_contenders(rows: dict) -> None:
+    """PyTorch's MLP step (eager), full float32 and TF32, added to ``rows``."""
+    import torch
+    dev = torch.device("cuda")
+    Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
+    tW = [torch.from_numpy(W).to(dev).requires_grad_(True) for W in Ws]
+    tB = [torch.from_numpy(b).to(dev).requires_grad_(True) for b in bs]
+    tXm, tYm = torch.from_numpy(Xm).to(dev), torch.from_numpy(Ym).to(dev)
+    params = tW + tB
+
+    def mlp_step():
+        h = tXm
+        for k in range(len(tW)):
+            h = h @ tW[k] + tB[k]
+            if k < len(tW) - 1:
+                h = torch.relu(h)
+        loss = -(tYm * torch.log_softmax(h, dim=1)).sum() / BATCH
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(0.01 * g)
+        return loss
+
+    def with_tf32(flag: bool):
+        def step():
+            torch.backends.cuda.matmul.allow_tf32 = flag   # a host setting, per call
+            return mlp_step()
+        return step
+    rows[MLP_FP32].append(("PyTorch", with_tf32(False), torch.cuda.synchronize))
+    rows[MLP_TF32].append(("PyTorch", with_tf32(True), torch.cuda.synchronize))
 
 
 N = seeds.N
@@ -328,40 +348,63 @@ def bench_jax(data) -> None:
         t = per_call(run_chain, 20, lambda: hold[0].block_until_ready())
         row("fused chain 2^26 (TB/s)", "JAX", 8 * BIG / t / 1e12, "TB/s")
         jb = hold = None  # noqa: F841
-    if want("mlp"):
-        bench_jax_mlp()
 
 
-def bench_jax_mlp() -> None:
+def jax_mlp_contenders(rows: dict) -> None:
+    """JAX's jitted MLP step, at matmul precision "highest" (full float32) and at its
+    default (TF32 on NVIDIA GPUs), added to ``rows``.  The precision is given to each
+    product (``jnp.matmul(..., precision=)``, kept by its gradients), so a call needs no
+    configuration context around it."""
     import jax
+    import jax.numpy as jnp
     Ws, bs, Xm, Ym = mlp_init(np.random.default_rng(4))
     params = [jax.device_put(p) for p in Ws + bs]
     jX, jY = jax.device_put(Xm), jax.device_put(Ym)
     n_w = len(Ws)
 
-    def loss(ps, Xd, Yd):
-        h = Xd
-        for k in range(n_w):
-            h = h @ ps[k] + ps[n_w + k]
-            if k < n_w - 1:
-                h = jax.nn.relu(h)
-        return -(Yd * jax.nn.log_softmax(h, axis=1)).sum() / BATCH
+    def make(precision):
+        def loss(ps, Xd, Yd):
+            h = Xd
+            for k in range(n_w):
+                h = jnp.matmul(h, ps[k], precision=precision) + ps[n_w + k]
+                if k < n_w - 1:
+                    h = jax.nn.relu(h)
+            return -(Yd * jax.nn.log_softmax(h, axis=1)).sum() / BATCH
 
-    def step(ps, Xd, Yd):
-        val, gs = jax.value_and_grad(loss)(ps, Xd, Yd)
-        return val, [p - 0.01 * g for p, g in zip(ps, gs)]
+        def step(ps, Xd, Yd):
+            val, gs = jax.value_and_grad(loss)(ps, Xd, Yd)
+            return val, [p - 0.01 * g for p, g in zip(ps, gs)]
+        jstep = jax.jit(step)
+        state = [params, None]
+        state[1], state[0] = jstep(state[0], jX, jY)
 
-    # JAX's default matmul precision on NVIDIA GPUs is TF32; "highest" is full float32
-    for label, precision in ((MLP_TF32, None), ("MLP SGD step (us)", "highest")):
-        with jax.default_matmul_precision(precision) if precision else nullcontext():
-            jstep = jax.jit(step)
-            state = [params, None]
+        def run_mlp():
             state[1], state[0] = jstep(state[0], jX, jY)
+        return run_mlp, lambda: state[1].block_until_ready()
 
-            def run_mlp():
-                state[1], state[0] = jstep(state[0], jX, jY)
-            row(label, "JAX", per_call(run_mlp, 200,
-                                       lambda: state[1].block_until_ready()) * 1e6, "us")
+    for row_name, precision in ((MLP_TF32, None), (MLP_FP32, jax.lax.Precision.HIGHEST)):
+        rows[row_name].append(("JAX", *make(precision)))
+
+
+def bench_mlp_interleaved() -> None:
+    """The MLP rows: every contender that builds, timed in interleaved rounds."""
+    rows: dict[str, list] = {MLP_FP32: [], MLP_TF32: []}
+    say(f"MLP SGD step: {MLP_ROUNDS} interleaved rounds of {MLP_STEPS} steps per contender")
+    guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
+    guarded("PyTorch", lambda: torch_mlp_contenders(rows))
+    guarded("JAX", lambda: jax_mlp_contenders(rows))
+    for row_name, contenders in rows.items():
+        if not contenders:
+            continue
+        names = [c[0] for c in contenders]
+        times = interleaved([c[1] for c in contenders], MLP_STEPS, MLP_ROUNDS,
+                            [c[2] for c in contenders])
+        report_interleaved(row_name, names, times, peer="JAX")
+        for who, (_, med) in zip(names, times):
+            ROWS.setdefault(row_name, {})[who] = med * 1e6
+    for step in MLP_STEPS_BUILT:
+        st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"
+        say(f"    MLP step graphs: {st}")
 
 
 def bench_cupy(data) -> None:
@@ -389,7 +432,7 @@ GOALS = [  # (row, peer, kind, factor): time rows symgpu <= factor*peer; rate ro
     ("sum columns 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
     ("sum all 8192^2 (TB/s)", "PyTorch", "ge", 0.95),
     ("sgemm 4096^3 (TFLOP/s)", "PyTorch", "ge", 0.95),
-    ("MLP SGD step (us)", "JAX", "le", 1.0),
+    (MLP_FP32, "JAX", "le", 1.0),
     (MLP_TF32, "JAX", "le", 1.0),
 ]
 
@@ -449,6 +492,8 @@ def main() -> None:
     guarded("PyTorch", lambda: bench_torch(data, use_compile))
     guarded("CuPy", lambda: bench_cupy(data))
     guarded("JAX", lambda: bench_jax(data))
+    if want("mlp"):
+        guarded("MLP", bench_mlp_interleaved)
     report()
     say(f"(benchmark took {time.perf_counter() - T_START:.1f} s)")
 

@@ -3,6 +3,7 @@ and JAX (GPU) and NumPy's Generator(Philox) (CPU), in one run.
 
     python3 benchmarks/random.py            # GPU machine: GPU figures, then the CPU ones
     python3 benchmarks/random.py --cpu      # CPU figures only
+    python3 benchmarks/random.py --mlp      # GPU machine: the dropout MLP step only
 
 GPU: 2**26 float32 standard normals and uniforms (result left on the device), as GB/s
 written; dropout (p=0.5) of 2**26 float32 (GB/s read + written; symgpu with the mask made
@@ -13,14 +14,18 @@ full float32 everywhere ("mlp step", JAX at matmul precision "highest") and with
 products everywhere ("mlp step tf32": symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32,
 JAX's default precision). CPU: 2**22 float32 normals and
 uniforms, symgpu's CPU function against NumPy's Generator(Philox) (a Philox4x64 stream) and
-NumPy's default PCG64. Each figure is the median of 5 loops of N calls with one sync. Numbers,
-not assertions; a peer that fails prints why and the run goes on.
+NumPy's default PCG64. Each figure is the median of 5 loops of N calls with one sync, except
+the MLP steps: their contenders (symgpu; symgpu without graphs, with the masks written to
+memory, with classic cuBLAS instead of cuBLASLt; PyTorch eager; JAX jit) are timed in
+interleaved rounds (``MLP_ROUNDS`` blocks of ``MLP_STEPS`` steps, alternating, a sync ending
+each block: JAX's own time swings by a third between runs), printing best and median and the
+ratios of medians and of bests against JAX; the figure kept is the median. Numbers, not
+assertions; a peer that fails prints why and the run goes on.
 """
 from __future__ import annotations
 
 import os
 import sys
-from contextlib import nullcontext
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -28,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
 
 import numpy as np  # noqa: E402
-from timing import guarded, per_call, say  # noqa: E402
+from timing import guarded, interleaved, per_call, report_interleaved, say  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
@@ -37,6 +42,7 @@ BATCH = 512
 #: with TF32 matrix products everywhere (symgpu's gpuarray.allow_tf32, PyTorch's allow_tf32,
 #: JAX's default precision on NVIDIA GPUs)
 MLP, MLP_TF32 = "mlp step", "mlp step tf32"
+MLP_ROUNDS, MLP_STEPS = 9, 100
 
 
 RESULTS: dict[str, dict[str, float]] = {}
@@ -56,7 +62,6 @@ def bench_symgpu_gpu() -> None:
     from symgpu.gpu import init_default_context
     from symgpu.gpu.placement.basic_ops import gpu_from_host
     from symgpu.tensor.random import RandomStreams
-    import mlp_dropout
     ctx = init_default_context()
     assert ctx is not None, "no GPU"
     say(f"symgpu on {getattr(ctx, 'devname', ctx)}")
@@ -66,14 +71,6 @@ def bench_symgpu_gpu() -> None:
         srng = RandomStreams(seed=2)
         keep = srng.binomial(x.shape, p=0.5, dtype="float32")
         return function([], Out(gpu_from_host(x * keep * 2.0), borrow=True))
-
-    def mlp(tag, tf32=False):
-        with config.change_flags(**{"gpuarray.allow_tf32": tf32}):
-            train, _, _ = mlp_dropout.build(BATCH, on_device=True)
-        record(MLP_TF32 if tf32 else MLP, tag, per_call(train, 200, ctx.synchronize))
-        runner = train.vm.runner
-        stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
-        say(f"    runner: {stats}")
 
     for graphs_on in (True, False):
         tag = "symgpu" + ("" if graphs_on else " (no graphs)")
@@ -89,16 +86,38 @@ def bench_symgpu_gpu() -> None:
             names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
             assert "GpuPhiloxElemwise" in names, names        # the mask made in the kernel
             record("dropout", tag, per_call(f, 50, ctx.synchronize), 8 * N_GPU)
-            mlp(tag)
-            if graphs_on:
-                mlp(tag, tf32=True)
     # the same with the draws written to memory (gpu_philox_fusion off), then fused again,
     # to see the fusion's effect apart from the order of the measurements
     with config.change_flags(optimizer_excluding="gpu_philox_fusion"):
         record("dropout", "symgpu (mask in memory)", per_call(dropout_fn(), 50, ctx.synchronize),
                8 * N_GPU)
-        mlp("symgpu (masks in memory)")
-    mlp("symgpu (again)")
+
+
+def symgpu_mlp_contenders(rows: dict) -> None:
+    """symgpu's dropout MLP steps added to ``rows`` as (name, step, sync): graphs on (TF32
+    too), off, with the masks in memory, with classic cuBLAS."""
+    from symgpu import config
+    from symgpu.gpu import init_default_context
+    import mlp_dropout
+    ctx = init_default_context()
+    assert ctx is not None, "no GPU"
+    variants = (
+        (MLP, "symgpu", {}),
+        (MLP, "symgpu (no graphs)", {"gpuarray.cuda_graphs": False}),
+        (MLP, "symgpu (masks in memory)", {"optimizer_excluding": "gpu_philox_fusion"}),
+        (MLP, "symgpu (classic cuBLAS)", {"gpuarray.cublaslt": False}),
+        (MLP_TF32, "symgpu", {"gpuarray.allow_tf32": True}),
+    )
+    for row, who, flags in variants:
+        with config.change_flags(**flags):
+            train, _, _ = mlp_dropout.build(BATCH, on_device=True)
+            train()
+        rows[row].append((who, train, ctx.synchronize))
+        RUNNER_STATS.append((f"{row} {who}", train))
+
+
+#: (label, symgpu function): their graph runners' counts, printed after the timing
+RUNNER_STATS: list = []
 
 
 def bench_torch() -> None:
@@ -114,7 +133,14 @@ def bench_torch() -> None:
     F = torch.nn.functional
     record("dropout", "PyTorch", per_call(lambda: F.dropout(tx, 0.5, training=True), 50, sync),
            8 * N_GPU)
+
+
+def _torch_mlp_step():
+    """PyTorch eager's SGD step of the dropout MLP (its TF32 setting is the caller's)."""
+    import torch
     import mlp_dropout
+    F = torch.nn.functional
+    dev = torch.device("cuda")
     xv, yv = _mlp_data()
     x, y = torch.from_numpy(xv).to(dev), torch.from_numpy(yv).to(dev)
     sizes = mlp_dropout.SIZES
@@ -134,10 +160,21 @@ def bench_torch() -> None:
             for p, gr in zip(params, grads):
                 p -= 0.02 * gr
         return loss
-    for label, tf32 in ((MLP, False), (MLP_TF32, True)):
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        record(label, "PyTorch eager", per_call(step, 200, sync))
-    torch.backends.cuda.matmul.allow_tf32 = False
+    return step
+
+
+def torch_mlp_contenders(rows: dict) -> None:
+    """PyTorch eager's dropout MLP step, full float32 and TF32, added to ``rows``."""
+    import torch
+    step = _torch_mlp_step()
+
+    def with_tf32(flag: bool):
+        def call():
+            torch.backends.cuda.matmul.allow_tf32 = flag   # a host setting, per call
+            return step()
+        return call
+    rows[MLP].append(("PyTorch eager", with_tf32(False), torch.cuda.synchronize))
+    rows[MLP_TF32].append(("PyTorch eager", with_tf32(True), torch.cuda.synchronize))
 
 
 def _mlp_data():
@@ -192,6 +229,13 @@ def bench_jax() -> None:
         return key, jx * jax.random.bernoulli(sub, 0.5, jx.shape) * 2.0
     record("dropout", "JAX jit", per_call(run(dropout), 50, sync), 8 * N_GPU)
 
+
+def jax_mlp_contenders(rows: dict) -> None:
+    """JAX's jitted dropout MLP step at matmul precision "highest" and at its default (TF32
+    on NVIDIA GPUs), added to ``rows``; the precision is given to each product, so a call
+    needs no configuration context around it."""
+    import jax
+    import jax.numpy as jnp
     import mlp_dropout
     xv, yv = _mlp_data()
     x, y = jax.device_put(xv), jax.device_put(yv)
@@ -202,29 +246,52 @@ def bench_jax() -> None:
         params += [jax.device_put((rng.standard_normal((n_in, n_out)) * (2.0 / n_in) ** 0.5).astype("float32")),
                    jax.device_put(np.zeros(n_out, "float32"))]
 
-    def loss_fn(params, key):
-        h = x
-        for k in range(0, len(params) - 2, 2):
+    def make(precision):
+        def loss_fn(params, key):
+            h = x
+            for k in range(0, len(params) - 2, 2):
+                key, sub = jax.random.split(key)
+                h = jax.nn.relu(jnp.matmul(h, params[k], precision=precision) + params[k + 1])
+                h = h * jax.random.bernoulli(sub, 0.5, h.shape) * 2.0
+            logits = jnp.matmul(h, params[-2], precision=precision) + params[-1]
+            return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(BATCH), y])
+
+        def step(params, key):
             key, sub = jax.random.split(key)
-            h = jax.nn.relu(h @ params[k] + params[k + 1])
-            h = h * jax.random.bernoulli(sub, 0.5, h.shape) * 2.0
-        logits = h @ params[-2] + params[-1]
-        return -jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(BATCH), y])
+            loss, grads = jax.value_and_grad(loss_fn)(params, sub)
+            return [p - 0.02 * g for p, g in zip(params, grads)], key, loss
+        jstep = jax.jit(step)
+        st = {"p": params, "key": jax.random.PRNGKey(1)}
 
-    def step(params, key):
-        key, sub = jax.random.split(key)
-        loss, grads = jax.value_and_grad(loss_fn)(params, sub)
-        return [p - 0.02 * g for p, g in zip(params, grads)], key, loss
+        def call():
+            st["p"], st["key"], st["out"] = jstep(st["p"], st["key"])
+        call()
+        return call, lambda: st["out"].block_until_ready()
 
-    # JAX's default matmul precision on NVIDIA GPUs is TF32; "highest" is full float32
-    for label, precision in ((MLP, "highest"), (MLP_TF32, None)):
-        with jax.default_matmul_precision(precision) if precision else nullcontext():
-            jstep = jax.jit(step)
-            st = {"p": params, "key": jax.random.PRNGKey(1)}
+    for row, precision in ((MLP, jax.lax.Precision.HIGHEST), (MLP_TF32, None)):
+        rows[row].append(("JAX jit", *make(precision)))
 
-            def call():
-                st["p"], st["key"], st["out"] = jstep(st["p"], st["key"])
-            record(label, "JAX jit", per_call(call, 200, lambda: st["out"].block_until_ready()))
+
+def bench_mlp_interleaved() -> None:
+    """The dropout MLP rows: every contender that builds, timed in interleaved rounds."""
+    rows: dict[str, list] = {MLP: [], MLP_TF32: []}
+    say(f"dropout MLP step: {MLP_ROUNDS} interleaved rounds of {MLP_STEPS} steps per contender")
+    guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
+    guarded("PyTorch", lambda: torch_mlp_contenders(rows))
+    guarded("JAX", lambda: jax_mlp_contenders(rows))
+    for row, contenders in rows.items():
+        if not contenders:
+            continue
+        names = [c[0] for c in contenders]
+        times = interleaved([c[1] for c in contenders], MLP_STEPS, MLP_ROUNDS,
+                            [c[2] for c in contenders])
+        report_interleaved(row, names, times, peer="JAX jit")
+        for who, (_, med) in zip(names, times):
+            RESULTS.setdefault(row, {})[who] = med
+    for label, fn in RUNNER_STATS:
+        runner = fn.vm.runner
+        stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
+        say(f"    {label} runner: {stats}")
 
 
 # ============================================================================ CPU
@@ -257,6 +324,11 @@ def ratios() -> None:
 
 def main() -> None:
     cpu_only = "--cpu" in sys.argv
+    if "--mlp" in sys.argv:
+        os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
+        bench_mlp_interleaved()
+        ratios()
+        return
     if not cpu_only:
         os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
         say("== GPU")
@@ -264,6 +336,7 @@ def main() -> None:
         guarded("PyTorch", bench_torch)
         guarded("CuPy", bench_cupy)
         guarded("JAX", bench_jax)
+        guarded("MLP", bench_mlp_interleaved)
         ratios()
         say("== CPU (a fresh process with device=cpu)")
         import subprocess

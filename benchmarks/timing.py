@@ -39,16 +39,39 @@ def guarded(label: str, fn: Callable) -> None:
             traceback.print_exc()
 
 
-def interleaved(steps: list, number: int, rounds: int) -> list[tuple[float, float]]:
+def interleaved(steps: list, number: int, rounds: int,
+                syncs: list | None = None) -> list[tuple[float, float]]:
     """(best, median) seconds per call of each `step()`, over blocks of `number` calls, the
     steps timed in alternation block after block: short blocks and many rounds, so that the
-    machine's drift (on a shared 2-core VM it swings by tens of percent within a second)
-    hits every contender alike."""
+    machine's drift (on a shared 2-core VM it swings by tens of percent within a second;
+    on a GPU, clocks and a peer's own run-to-run swings) hits every contender alike.
+    `syncs[k]` (optional; None for none) ends each block of step k: a device's work is
+    counted in its block and never overlaps the next contender's."""
+    syncs = syncs or [None] * len(steps)
+    for step, sync in zip(steps, syncs):     # warm: compiles, captures, first-call tuning
+        step()
+        if sync is not None:
+            sync()
     blocks: list[list[float]] = [[] for _ in steps]
     for _ in range(rounds):
         for k, step in enumerate(steps):
+            sync = syncs[k]
             t0 = time.perf_counter()
             for _ in range(number):
                 step()
+            if sync is not None:
+                sync()
             blocks[k].append((time.perf_counter() - t0) / number)
     return [(min(b), sorted(b)[len(b) // 2]) for b in blocks]
+
+
+def report_interleaved(label: str, names: list[str], times: list[tuple[float, float]],
+                       peer: str | None = None) -> None:
+    """Print each contender's best and median (us) and, against `peer`, the ratios of the
+    medians and of the bests (contender / peer: below 1, faster than the peer)."""
+    ref = dict(zip(names, times)).get(peer) if peer else None
+    for name, (best, med) in zip(names, times):
+        line = f"  {label:28s} {name:30s} best {best * 1e6:9.1f} us  median {med * 1e6:9.1f} us"
+        if ref is not None and name != peer:
+            line += f"   vs {peer}: median {med / ref[1]:6.3f}x  best {best / ref[0]:6.3f}x"
+        say(line)

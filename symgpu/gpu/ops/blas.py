@@ -350,21 +350,25 @@ def gemm_math_mode(dtype: str) -> int:
 
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
+    from symgpu.gpu.ops import blaslt
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
     math_mode = gemm_math_mode(dtype)
+    use_lt = blaslt.lt_available(dtype)
     np_dtype = np.dtype(dtype)
     gemm = blas.gemm[dtype]
     ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
     one, zero = ctype(1.0), ctype(0.0)
     scal = _Scalars(node, scalar_pos, dtype, ctx, storage_map) if scalar_pos else None
+    device_scalars = scal is not None and scal.device
     in_cells = [storage_map[v] for v in node.inputs]
     out_cell = storage_map[node.outputs[0]]
     inplace = getattr(op, "inplace", False)
     z_cell = storage_map[z_var] if z_var is not None else None
     beta_zero = scal is not None and scal.known_zero(1)
     label = str(op)
+    unsupported: set = set()        # LtProblems cuBLASLt has no algorithm for
 
     def thunk() -> None:
         ctx.activate()
@@ -397,9 +401,14 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 alpha_p, beta_p, keep = ctypes.byref(one), ctypes.byref(zero), ()
             else:
                 (alpha_p, beta_p), keep = scal.args()
+            if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
+                                         ldc, y, x, out, alpha_p, beta_p, device_scalars,
+                                         unsupported):
+                out_cell[0] = out
+                return
             blas.math_mode(handle, math_mode)
             status = _with_pointer_mode(
-                blas, handle, scal is not None and scal.device,
+                blas, handle, device_scalars,
                 lambda: gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
                              max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
                              ctypes.c_void_p(out.ptr), max(ldc, 1)))
@@ -408,6 +417,26 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
         out_cell[0] = out
 
     return _blas_capturable(thunk, scal)
+
+
+def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
+             k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
+             alpha_p: Any, beta_p: Any, device_scalars: bool, unsupported: set) -> bool:
+    """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
+    cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
+    caller runs classic cuBLAS)."""
+    from symgpu.gpu.ops import blaslt
+    p = blaslt.LtProblem(dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1),
+                         max(ldb, 1), max(ldd, 1), device_scalars,
+                         tuple(blaslt.alignment(v.ptr) for v in (a, b, out)))
+    if p in unsupported:
+        return False
+    try:
+        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, out.ptr)
+    except blaslt.LtUnsupported:
+        unsupported.add(p)
+        return False
+    return True
 
 
 def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:
