@@ -8,9 +8,8 @@ same matrix products run by PyTorch alone (the cuBLAS floor) when it is installe
     python3 benchmarks/gpu_mlp_profile.py --dropout     # the same for benchmarks/random.py's
                                                         # dropout MLP step (issue 16)
 
-Each mode ends with cuBLASLt's timed algorithm choices (symgpu/gpu/ops/blaslt.py): per
-product, every candidate's time and the one kept.  SYMGPU_FLAGS=gpuarray.cublaslt=False
-profiles the same step with classic cuBLAS.
+With SYMGPU_FLAGS=...,gpuarray.cublaslt=True each mode ends with cuBLASLt's timed algorithm
+choices (symgpu/gpu/ops/blaslt.py): per product, every candidate's time and the one kept.
 """
 from __future__ import annotations
 

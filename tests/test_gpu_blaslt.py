@@ -17,6 +17,13 @@ VCTX = "blaslt-virtual"
 _virtual = virtual_context(VCTX)
 
 
+@pytest.fixture(autouse=True)
+def cublaslt_on():
+    """The flag is off by default; these tests are about the path it turns on."""
+    with config.change_flags(**{"gpuarray.cublaslt": True}):
+        yield
+
+
 # ============================================================================ the choice
 
 def test_the_fastest_candidate_is_kept_and_timed_once():
