@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic regression)
 
 say, per_call = seeds.say, seeds.per_call
-from timing import guarded, interleaved, report_interleaved  # noqa: E402
+from timing import guarded, time_contenders  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
@@ -393,14 +393,8 @@ def bench_mlp_interleaved() -> None:
     guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
     guarded("PyTorch", lambda: torch_mlp_contenders(rows))
     guarded("JAX", lambda: jax_mlp_contenders(rows))
-    for row_name, contenders in rows.items():
-        if not contenders:
-            continue
-        names = [c[0] for c in contenders]
-        times = interleaved([c[1] for c in contenders], MLP_STEPS, MLP_ROUNDS,
-                            [c[2] for c in contenders])
-        report_interleaved(row_name, names, times, peer="JAX")
-        for who, (_, med) in zip(names, times):
+    for row_name, meds in time_contenders(rows, MLP_STEPS, MLP_ROUNDS, "JAX").items():
+        for who, med in meds.items():
             ROWS.setdefault(row_name, {})[who] = med * 1e6
     for step in MLP_STEPS_BUILT:
         st = step.vm.runner.stats() if step.vm.runner is not None else "no runner"

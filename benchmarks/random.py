@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
 
 import numpy as np  # noqa: E402
-from timing import guarded, interleaved, per_call, report_interleaved, say  # noqa: E402
+from timing import guarded, per_call, say, time_contenders  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
@@ -279,15 +279,8 @@ def bench_mlp_interleaved() -> None:
     guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
     guarded("PyTorch", lambda: torch_mlp_contenders(rows))
     guarded("JAX", lambda: jax_mlp_contenders(rows))
-    for row, contenders in rows.items():
-        if not contenders:
-            continue
-        names = [c[0] for c in contenders]
-        times = interleaved([c[1] for c in contenders], MLP_STEPS, MLP_ROUNDS,
-                            [c[2] for c in contenders])
-        report_interleaved(row, names, times, peer="JAX jit")
-        for who, (_, med) in zip(names, times):
-            RESULTS.setdefault(row, {})[who] = med
+    for row, meds in time_contenders(rows, MLP_STEPS, MLP_ROUNDS, "JAX jit").items():
+        RESULTS.setdefault(row, {}).update(meds)
     for label, fn in RUNNER_STATS:
         runner = fn.vm.runner
         stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__

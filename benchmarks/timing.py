@@ -75,3 +75,18 @@ def report_interleaved(label: str, names: list[str], times: list[tuple[float, fl
         if ref is not None and name != peer:
             line += f"   vs {peer}: median {med / ref[1]:6.3f}x  best {best / ref[0]:6.3f}x"
         say(line)
+
+
+def time_contenders(rows: dict[str, list], number: int, rounds: int, peer: str) -> dict:
+    """Time each row's contenders ``(name, step, sync)`` in interleaved rounds, print them
+    against `peer`; returns {row: {name: median seconds}}."""
+    medians: dict = {}
+    for row, contenders in rows.items():
+        if not contenders:
+            continue
+        names = [c[0] for c in contenders]
+        times = interleaved([c[1] for c in contenders], number, rounds,
+                            [c[2] for c in contenders])
+        report_interleaved(row, names, times, peer=peer)
+        medians[row] = {who: med for who, (_, med) in zip(names, times)}
+    return medians

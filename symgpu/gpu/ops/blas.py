@@ -45,21 +45,24 @@ class CublasError(RuntimeError):
     """A cuBLAS call failed (or the library could not be loaded)."""
 
 
+def load_library(what: str, names: Sequence[str], hint: str = "") -> ctypes.CDLL:
+    """The first of `names` the loader finds; CublasError naming every try otherwise."""
+    errors = []
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+    raise CublasError(f"{what} could not be loaded (" + "; ".join(errors) + ")" + hint)
+
+
 class _Cublas:
     """The loaded library, its entry points and one handle per context."""
 
     def __init__(self) -> None:
-        lib = None
-        errors = []
-        for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError as exc:
-                errors.append(f"{name}: {exc}")
-        if lib is None:
-            raise CublasError("cuBLAS could not be loaded (" + "; ".join(errors) + "); install "
-                              "the CUDA toolkit's libcublas or add it to LD_LIBRARY_PATH")
+        lib = load_library("cuBLAS", ("libcublas.so.13", "libcublas.so.12", "libcublas.so"),
+                           "; install the CUDA toolkit's libcublas or add it to "
+                           "LD_LIBRARY_PATH")
         self.lib = lib
         self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}

@@ -166,16 +166,9 @@ class _CublasLt:
     problem."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.ops.blas import CublasError
-        lib, errors = None, []
-        for name in ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"):
-            try:
-                lib = ctypes.CDLL(name)
-                break
-            except OSError as exc:
-                errors.append(f"{name}: {exc}")
-        if lib is None:
-            raise CublasError("cuBLASLt could not be loaded (" + "; ".join(errors) + ")")
+        from symgpu.gpu.ops.blas import load_library
+        lib = load_library("cuBLASLt",
+                           ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"))
         vp, P, st = ctypes.c_void_p, ctypes.POINTER, ctypes.c_size_t
         sigs = {
             "cublasLtCreate": [P(vp)],
