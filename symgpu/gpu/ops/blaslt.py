@@ -166,7 +166,7 @@ class _CublasLt:
     problem."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.ops.blas import load_library
+        from symgpu.gpu.ops.blas import CublasError, load_library
         lib = load_library("cuBLASLt",
                            ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"))
         vp, P, st = ctypes.c_void_p, ctypes.POINTER, ctypes.c_size_t
