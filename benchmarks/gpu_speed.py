@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic regression)
 
 say, per_call = seeds.say, seeds.per_call
-from timing import guarded, time_contenders  # noqa: E402
+from timing import build_and_time, guarded  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
@@ -388,12 +388,10 @@ def jax_mlp_contenders(rows: dict) -> None:
 
 def bench_mlp_interleaved() -> None:
     """The MLP rows: every contender that builds, timed in interleaved rounds."""
-    rows: dict[str, list] = {MLP_FP32: [], MLP_TF32: []}
-    say(f"MLP SGD step: {MLP_ROUNDS} interleaved rounds of {MLP_STEPS} steps per contender")
-    guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
-    guarded("PyTorch", lambda: torch_mlp_contenders(rows))
-    guarded("JAX", lambda: jax_mlp_contenders(rows))
-    for row_name, meds in time_contenders(rows, MLP_STEPS, MLP_ROUNDS, "JAX").items():
+    timed = build_and_time("MLP SGD step", [MLP_FP32, MLP_TF32],
+                           [("symgpu", symgpu_mlp_contenders), ("PyTorch", torch_mlp_contenders),
+                            ("JAX", jax_mlp_contenders)], MLP_STEPS, MLP_ROUNDS, "JAX")
+    for row_name, meds in timed.items():
         for who, med in meds.items():
             ROWS.setdefault(row_name, {})[who] = med * 1e6
     for step in MLP_STEPS_BUILT:

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
 
 import numpy as np  # noqa: E402
-from timing import guarded, per_call, say, time_contenders  # noqa: E402
+from timing import build_and_time, guarded, per_call, say  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
@@ -274,12 +274,10 @@ def jax_mlp_contenders(rows: dict) -> None:
 
 def bench_mlp_interleaved() -> None:
     """The dropout MLP rows: every contender that builds, timed in interleaved rounds."""
-    rows: dict[str, list] = {MLP: [], MLP_TF32: []}
-    say(f"dropout MLP step: {MLP_ROUNDS} interleaved rounds of {MLP_STEPS} steps per contender")
-    guarded("symgpu", lambda: symgpu_mlp_contenders(rows))
-    guarded("PyTorch", lambda: torch_mlp_contenders(rows))
-    guarded("JAX", lambda: jax_mlp_contenders(rows))
-    for row, meds in time_contenders(rows, MLP_STEPS, MLP_ROUNDS, "JAX jit").items():
+    timed = build_and_time("dropout MLP step", [MLP, MLP_TF32],
+                           [("symgpu", symgpu_mlp_contenders), ("PyTorch", torch_mlp_contenders),
+                            ("JAX", jax_mlp_contenders)], MLP_STEPS, MLP_ROUNDS, "JAX jit")
+    for row, meds in timed.items():
         RESULTS.setdefault(row, {}).update(meds)
     for label, fn in RUNNER_STATS:
         runner = fn.vm.runner

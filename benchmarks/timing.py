@@ -90,3 +90,14 @@ def time_contenders(rows: dict[str, list], number: int, rounds: int, peer: str) 
         report_interleaved(row, names, times, peer=peer)
         medians[row] = {who: med for who, (_, med) in zip(names, times)}
     return medians
+
+
+def build_and_time(title: str, row_names: list[str], builders: list[tuple[str, Callable]],
+                   number: int, rounds: int, peer: str) -> dict:
+    """Each ``(label, build)`` adds its contenders to the rows (``build(rows)``; a builder
+    that fails prints why, the others go on), then they are timed as `time_contenders`."""
+    rows: dict[str, list] = {name: [] for name in row_names}
+    say(f"{title}: {rounds} interleaved rounds of {number} steps per contender")
+    for label, build in builders:
+        guarded(label, lambda build=build: build(rows))
+    return time_contenders(rows, number, rounds, peer)
