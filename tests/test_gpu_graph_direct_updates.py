@@ -375,3 +375,81 @@ def test_gpu_mlp_sgd_with_and_without_direct_updates_gives_equal_weights(cuda, m
     segs = f_on.vm.runner.segments
     written = {j for s in segs for gs in s.graphs.values() for g in gs for j in g.backs}
     assert any(s.direct for s in segs) and written, [s.direct for s in segs]
+
+
+# ============================================================================ GpuElemwise's thunk
+
+def elemwise_thunk(monkeypatch, scalar_op, n_inputs, inplace=None):
+    """The real GpuElemwise thunk over the fake context, its kernels replaced by recorders of
+    their launches: (thunk, storage cells of the inputs, output cell, launches)."""
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpu.runtime.codegen import launch
+    launches = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def fast_launcher(self):
+            return lambda grid, block, *args: launches.append((self.name, args))
+    monkeypatch.setattr(launch, "load_kernels",
+                        lambda ctx, key, src, formats, options=(): {n: Kernel(n) for n in formats})
+    xs = [gvec() for _ in range(n_inputs)]
+    node = GpuElemwise(scalar_op, inplace)(*xs).owner
+    sm = {v: [None] for v in list(node.inputs) + list(node.outputs)}
+    thunk = node.op.make_thunk(node, sm, {}, [])
+    return thunk, [sm[v] for v in node.inputs], sm[node.outputs[0]], launches
+
+
+def test_gpu_elemwise_thunk_computes_into_its_write_into_target(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    ctx = fakes.CTX_OBJ
+    thunk, ins, out, launches = elemwise_thunk(monkeypatch, SCALAR_OPS["sub"], 2)
+    w, g = upload(ctx, [1, 2, 3, 4]), upload(ctx, [1, 1, 1, 1])
+    ins[0][0], ins[1][0] = w, g
+    thunk()
+    fresh = out[0]
+    assert fresh.ptr not in (w.ptr, g.ptr) and launches[-1][1][-1] == fresh.ptr
+    thunk.write_into[0] = w
+    thunk()
+    assert out[0] is w and launches[-1][1][-3:] == (w.ptr, g.ptr, w.ptr)
+    # a target of another shape (or layout) is declined: a fresh output
+    thunk.write_into[0] = upload(ctx, [0, 0])
+    thunk()
+    assert out[0].shape == (4,) and out[0].ptr != w.ptr and launches[-1][1][-1] == out[0].ptr
+    thunk.write_into[0] = w._view(w.ptr, (4,), (-4,))
+    thunk()
+    assert launches[-1][1][-1] == out[0].ptr and out[0].ptr != w.ptr
+
+
+def test_gpu_elemwise_thunk_write_into_takes_precedence_over_in_place(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    ctx = fakes.CTX_OBJ
+    thunk, ins, out, launches = elemwise_thunk(monkeypatch, SCALAR_OPS["sub"], 2, {0: 1})
+    w, g = upload(ctx, [1, 2, 3, 4]), upload(ctx, [1, 1, 1, 1])
+    ins[0][0], ins[1][0] = w, g
+    thunk()
+    assert out[0] is g                                  # in place on g
+    thunk.write_into[0] = w
+    thunk()
+    assert out[0] is w and launches[-1][1][-1] == w.ptr
+    # a strided plan writes an in-place output with its input's strides: declined
+    ins[1][0] = rev = g._view(g.ptr + 12, (4,), (-4,))
+    thunk()
+    assert out[0] is rev and launches[-1][1][-1] == rev.ptr
+
+
+def test_gpu_elemwise_unary_thunk_computes_into_its_write_into_target(monkeypatch):
+    from symgpu.scalar.basic import SCALAR_OPS
+    ctx = fakes.CTX_OBJ
+    thunk, ins, out, launches = elemwise_thunk(monkeypatch, SCALAR_OPS["exp"], 1)
+    x, t = upload(ctx, [1, 2]), upload(ctx, [0, 0])
+    ins[0][0] = x
+    thunk()
+    assert out[0].ptr not in (x.ptr, t.ptr)
+    thunk.write_into[0] = t
+    thunk()
+    assert out[0] is t and launches[-1][1][-2:] == (x.ptr, t.ptr)
+    thunk.write_into[0] = None
+    thunk()
+    assert out[0] is not t
