@@ -5,7 +5,8 @@ Holds :class:`Segment` (key its inputs by shape and strides, write its graph par
 capture on a repeated key, copy inputs that moved into the graph's static buffers or stage
 them once found moved, replay while nothing handed out of an earlier call uses the graph's
 blocks, check each new
-graph against plain launches, copy updates back into the buffers of the variables they update,
+graph against plain launches, copy updates back into the buffers of the variables they update
+(or, under capture, have an elemwise compute them there: ``DIRECT_UPDATES``),
 fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
 pool blocks it owns and how its outputs are rebuilt on replay), ``Lease`` (what the arrays
 handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
