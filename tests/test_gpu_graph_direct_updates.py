@@ -118,6 +118,21 @@ def test_an_update_node_moves_after_the_readers_of_its_variable():
     assert list(seg.direct) == [len(seg.items) - 1], seg.direct
 
 
+def test_an_update_node_without_write_into_is_not_moved():
+    """Moving it would gain nothing and keep its inputs alive longer."""
+    from graph_fakes import FakeKernelOp
+    ctx = fakes.CTX_OBJ
+    w, x = gvec(), gvec()
+    gw = FakeElemwise("grad", lambda a, b: a * b)(w, x)
+    w_new = FakeKernelOp("upd", lambda a, b: a - b)(w, gw)
+    back = HostFromGpu()(FakeElemwise("back", lambda a, b: a + b)(gw, w))
+    vm, fg = linked([w, x], [w_new, back], [upload(ctx, [1]), upload(ctx, [1])], {0: 0})
+    seg = vm.runner.segments[0]
+    names = [str(vm.nodes[i].op) for i, _, _ in seg.items]
+    assert names.index("Fakeupd") < names.index("FakeElemwise{back}"), names
+    assert seg.copy_back and seg.direct == {}
+
+
 def test_updates_last_moves_only_sinks_and_keeps_the_order_topological():
     w, x = gvec(), gvec()
     gw = FakeElemwise("grad", lambda a, b: a * b)(w, x)

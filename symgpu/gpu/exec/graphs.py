@@ -238,9 +238,13 @@ class Runner:
         #: whether updates may be written straight into their variables' buffers under
         #: capture (graph_segment.DIRECT_UPDATES, read when the runner is built)
         self.direct_updates = bool(_graph_segment.DIRECT_UPDATES) and not self.device_checked
-        if self.direct_updates and updates:
-            # update nodes run after the segment's readers of their variables where they can
-            steps = [(kind, updates_last(nodes, idx, updates)
+        # update nodes able to write into a given buffer (GpuElemwise: write_into) run after
+        # the segment's readers of their variables where they can
+        at = {n: i for i, n in enumerate(nodes)}
+        writers = [(new, old) for new, old in updates if new.owner in at and
+                   getattr(thunks[at[new.owner]], "write_into", None) is not None]
+        if self.direct_updates and writers:
+            steps = [(kind, updates_last(nodes, idx, writers)
                       if kind == "segment" and _tail_safe(steps, s_no, nodes) else idx)
                      for s_no, (kind, idx) in enumerate(steps)]
         order = [i for _, idx in steps for i in idx]
