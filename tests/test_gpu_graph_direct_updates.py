@@ -468,3 +468,59 @@ def test_gpu_elemwise_unary_thunk_computes_into_its_write_into_target(monkeypatc
     thunk.write_into[0] = None
     thunk()
     assert out[0] is not t
+
+
+def gemm_thunk(monkeypatch, beta):
+    """The real GpuGemm thunk over the fake context, cuBLAS replaced by a recorder of the
+    output pointer of each gemm: (thunk, cells of z, x, y, output cell, output pointers)."""
+    from symgpu.gpu.ops import blas
+    from symgpu.gpu.ops.blas import GpuGemm
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.tensor.type import constant
+    c_ptrs = []
+
+    class Cublas:
+        def handle(self, ctx):
+            return None
+
+        def math_mode(self, handle, mode):
+            pass
+
+        def check(self, status, what):
+            assert status == 0, what
+
+        gemm = {"float32": lambda h, ta, tb, n, m, k, al, y, lda, x, ldb, be, c, ldc:
+                c_ptrs.append(c.value) or 0}
+    monkeypatch.setattr(blas, "_cublas", Cublas())
+    mat = GpuArrayType("float32", (False, False), fakes.CTX)
+    z, x, y = mat(), mat(), mat()
+    node = GpuGemm(False)(z, constant(np.float32(-0.5)), x, y,
+                          constant(np.float32(beta))).owner
+    sm = {v: [None] for v in list(node.inputs) + list(node.outputs)}
+    for v in node.inputs[1::3]:
+        sm[v][0] = v.data
+    thunk = node.op.make_thunk(node, sm, {}, [])
+    return thunk, sm[z], sm[x], sm[y], sm[node.outputs[0]], c_ptrs
+
+
+def test_gpu_gemm_thunk_accumulates_into_its_write_into_target(monkeypatch):
+    """GpuGemm{no_inplace}(W, -lr, x, d, 1), the fused SGD update of a weight matrix: told to
+    write into W's buffer, it accumulates there (no copy of W into a fresh buffer, none back);
+    a target that is not z itself, or a factor in the target's memory, is declined."""
+    ctx = fakes.CTX_OBJ
+    thunk, zc, xc, yc, out, c_ptrs = gemm_thunk(monkeypatch, 0.0)   # beta 0: no copy of z
+    w = upload(ctx, np.ones((2, 2)))
+    zc[0], xc[0], yc[0] = w, upload(ctx, np.ones((2, 3))), upload(ctx, np.ones((3, 2)))
+    thunk()
+    assert out[0].ptr != w.ptr and c_ptrs[-1] == out[0].ptr
+    thunk.write_into[0] = w
+    thunk()
+    assert out[0] is w and c_ptrs[-1] == w.ptr
+    thunk.write_into[0] = upload(ctx, np.ones((2, 2)))             # not z: declined
+    thunk()
+    assert out[0].ptr not in (w.ptr, thunk.write_into[0].ptr)
+    thunk.write_into[0] = w
+    xc[0] = w                                                       # W @ y into W: declined
+    yc[0] = upload(ctx, np.ones((2, 2)))
+    thunk()
+    assert out[0] is not w and c_ptrs[-1] != w.ptr
