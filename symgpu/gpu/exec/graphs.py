@@ -51,11 +51,12 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   value, no later reader aliases the old one, and nothing that can fail runs after the segment
   (the copies are guarded by the device checks: device_checks.guarded_copy), so a failed call
   changes nothing.  Under capture, an update computed by a GpuElemwise is written straight
-  into the variable's buffer instead (no copy in the graph: graph_segment.DIRECT_UPDATES,
-  ``Segment._capture_items``) when, besides the above, the function has no device-checked
-  op (nothing could then stop the write once a check reported), no later node of the
-  segment reads the variable (update nodes that are sinks move after such readers:
-  graph_plan.updates_last) and the node reads the variable, if at all, with its own layout.
+  (by a GpuGemm, accumulated) into the variable's buffer instead, so the graph holds no copy
+  (graph_segment.DIRECT_UPDATES, ``Segment._capture_items``), when, besides the above, the
+  function has no device-checked op (nothing could then stop the write once a check
+  reported), no later node of the segment reads the variable (update nodes that are sinks
+  move after such readers: graph_plan.updates_last) and the node reads the variable, if at
+  all, with its own layout.
 * **Outputs: whose memory.** A graph owns every block allocated while it was captured:
   outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
   leave the call is known when the runner is built (function outputs and what they may alias
@@ -366,7 +367,7 @@ class Runner:
         """Add ``(position in idx, output index, input cells, j)`` to ``direct`` when the
         update ``new`` of segment input ``j`` (``old``) may be computed straight into
         ``old``'s buffer under capture: its node is of the segment, its thunk takes a
-        ``write_into`` list (GpuElemwise) and no later node of the segment reads ``old``'s
+        ``write_into`` list (GpuElemwise, GpuGemm) and no later node of the segment reads ``old``'s
         memory.  The layouts are checked on the values, at the capture
         (graph_segment.Segment._capture_items)."""
         owner = new.owner
