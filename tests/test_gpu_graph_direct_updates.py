@@ -168,7 +168,7 @@ def test_values_equal_plain_runs_over_many_replays(monkeypatch, direct):
     assert st["captures"] == 1 and st["replays"] == 22, st
     seg = vm.runner.segments[0]
     (g,) = [g for gs in seg.graphs.values() for g in gs]
-    assert g.backs == (0,)
+    assert g.backs == (0,) and g.direct == ((0,) if direct else ())
     # x is staged from the start (one copy in before each launch, outside the graph); the
     # update's copy back is recorded only without direct updates
     assert copies["captured"] == (0 if direct else 1), copies
@@ -298,7 +298,7 @@ def test_an_update_reading_its_variable_with_another_layout_is_copied_back(monke
     st = vm.runner.stats()
     assert st["replays"] == 6 and copies["captured"] == 1, st
     (g,) = [g for gs in vm.runner.segments[0].graphs.values() for g in gs]
-    assert g.backs == (0,)
+    assert g.backs == (0,) and g.direct == ()
 
 
 def test_a_segment_followed_by_a_node_that_can_fail_writes_nothing_directly():
@@ -384,12 +384,16 @@ def test_gpu_mlp_sgd_with_and_without_direct_updates_gives_equal_weights(cuda, m
     f_off, off = _mlp_weights(False, monkeypatch)
     for a, b in zip(on, off):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    for f in (f_on, f_off):
-        st = f.vm.runner.stats()
-        assert st["replays"] >= 15, st                  # the GPU ran the steps as graphs
-    segs = f_on.vm.runner.segments
-    written = {j for s in segs for gs in s.graphs.values() for g in gs for j in g.backs}
-    assert any(s.direct for s in segs) and written, [s.direct for s in segs]
+    stats = [f.vm.runner.stats() for f in (f_on, f_off)]
+    assert all(st["replays"] >= 15 for st in stats), stats   # the GPU ran graphs
+    # every update written by its node: three GpuGemm{no_inplace} (W - lr * h.T @ d: no
+    # copy of W into a fresh buffer, none back) and three GpuElemwise (b - lr * sum(d))
+    direct = [len(g.direct) for s in f_on.vm.runner.segments
+              for gs in s.graphs.values() for g in gs]
+    assert direct and max(direct) == 6, direct
+    assert all(not g.direct for s in f_off.vm.runner.segments
+               for gs in s.graphs.values() for g in gs)
+    assert stats[1]["nodes_captured"] - stats[0]["nodes_captured"] >= 6, stats
 
 
 # ============================================================================ GpuElemwise's thunk

@@ -64,14 +64,15 @@ class Lease:
 class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
-    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
-                 "escapes", "staged", "pinned", "__weakref__")
+    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
+                 "lease", "escapes", "staged", "pinned", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
         self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
         self.outs, self.launch, self.ctx = outs, launch, ctx
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
+        self.direct: tuple = ()  # those of them an update's node writes (no copy back)
         self.lease: Any = None   # weak reference to the Lease of the last hand-out
         self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
         #: (input index, pointer) of the GPU inputs read (or written) where they were when
@@ -521,6 +522,7 @@ class Segment:
             drv.check(status, "cuGraphLaunch (first replay)")
         g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
         g.backs = tuple(direct + copied)
+        g.direct = tuple(direct)
         g.staged = tuple(staged)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
