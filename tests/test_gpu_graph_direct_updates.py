@@ -396,7 +396,7 @@ def test_gpu_mlp_sgd_with_and_without_direct_updates_gives_equal_weights(cuda, m
     assert stats[1]["nodes_captured"] - stats[0]["nodes_captured"] >= 6, stats
 
 
-# ============================================================================ GpuElemwise's thunk
+# ============================================================================ the thunks
 
 def elemwise_thunk(monkeypatch, scalar_op, n_inputs, inplace=None):
     """The real GpuElemwise thunk over the fake context, its kernels replaced by recorders of
@@ -411,8 +411,9 @@ def elemwise_thunk(monkeypatch, scalar_op, n_inputs, inplace=None):
 
         def fast_launcher(self):
             return lambda grid, block, *args: launches.append((self.name, args))
-    monkeypatch.setattr(launch, "load_kernels",
-                        lambda ctx, key, src, formats, options=(): {n: Kernel(n) for n in formats})
+    def load_kernels(ctx, key, src, formats, options=()):
+        return {n: Kernel(n) for n in formats}
+    monkeypatch.setattr(launch, "load_kernels", load_kernels)
     xs = [gvec() for _ in range(n_inputs)]
     node = GpuElemwise(scalar_op, inplace)(*xs).owner
     sm = {v: [None] for v in list(node.inputs) + list(node.outputs)}

@@ -367,8 +367,8 @@ class Runner:
         """Add ``(position in idx, output index, input cells, j)`` to ``direct`` when the
         update ``new`` of segment input ``j`` (``old``) may be computed straight into
         ``old``'s buffer under capture: its node is of the segment, its thunk takes a
-        ``write_into`` list (GpuElemwise, GpuGemm) and no later node of the segment reads ``old``'s
-        memory.  The layouts are checked on the values, at the capture
+        ``write_into`` list (GpuElemwise, GpuGemm) and no later node of the segment reads
+        ``old``'s memory.  The layouts are checked on the values, at the capture
         (graph_segment.Segment._capture_items)."""
         owner = new.owner
         if owner is None:
