@@ -213,6 +213,83 @@ class FakeKernelOp(Op):
         return thunk
 
 
+def host_view(ptr, shape, strides) -> np.ndarray:
+    """A writable NumPy view of fake device memory: any layout (offsets, negative strides)
+    inside one allocation of ``MEM``."""
+    for base, mem in MEM.items():
+        if base <= ptr < base + mem.nbytes:
+            return np.lib.stride_tricks.as_strided(mem[(ptr - base) // 4:], shape, strides)
+    raise KeyError(hex(ptr))
+
+
+class FakeElemwise(Op):
+    """A GpuElemwise-like fake: ``out = fn(*inputs)`` with NumPy broadcasting over the
+    inputs' real layouts (views, negative strides), into a fresh C-contiguous buffer, or
+    into the array its thunk's ``write_into[0]`` names when that has the output's shape
+    (the protocol of GpuElemwise's thunk: graph_segment's direct updates).
+    ``device_checked`` marks the op as one whose checks report at the next sync."""
+
+    __props__ = ("name", "device_checked")
+
+    def __init__(self, name, fn, device_checked=False):
+        self.name, self.fn, self.device_checked = name, fn, device_checked
+
+    def __str__(self):
+        return f"FakeElemwise{{{self.name}}}"
+
+    def make_node(self, *xs):
+        return Apply(self, list(xs), [xs[0].type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        from symgpu.gpu.ops.elemwise import new_array
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+        ctx, drv, fn = CTX_OBJ, DRV, self.fn
+        into = [None]
+
+        def thunk():
+            xs = [c[0] for c in ins]
+            shape = np.broadcast_shapes(*[x.shape for x in xs])
+            t = into[0]
+            if t is not None and t.shape == shape and t.is_c_contiguous:
+                o = t
+            else:
+                o = new_array(ctx, shape, np.dtype("float32"))
+            if o.size:
+                lays = [(x.ptr, x.shape, x.strides) for x in xs]
+                lay_o = (o.ptr, o.shape, o.strides)
+
+                def k():
+                    host_view(*lay_o)[...] = fn(*[host_view(*lay) for lay in lays])
+                drv.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = True
+        thunk.launches = True
+        thunk.write_into = into
+        return thunk
+
+
+class FakeReverse(Op):
+    """A view op: ``x[::-1]`` of a vector (a negative stride over the same memory)."""
+
+    __props__ = ()
+    view_map = {0: [0]}
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        inp, out = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
+
+        def thunk():
+            x = inp[0]
+            (n,), (st,) = x.shape, x.strides
+            out[0] = x._view(x.ptr + (n - 1) * st, x.shape, (-st,))
+        thunk.capturable = True
+        thunk.launches = False
+        return thunk
+
+
 class FakeToHost(Op):
     """Not capturable: reads device memory on the host."""
 

@@ -13,7 +13,7 @@ from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 
 __all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
            "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
-           "mark_reusable_outputs", "overwritten"]
+           "mark_reusable_outputs", "overwritten", "read_later", "updates_last"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
 HOST_KEY_LIMIT = 64
@@ -190,6 +190,37 @@ def aliases(var: Any, target: Any) -> bool:
             for i in mapping.get(v.index, ()):
                 stack.append(v.owner.inputs[i])
     return False
+
+
+def read_later(nodes: Sequence[Any], idx: Sequence[int], pos: int, target: Any) -> bool:
+    """Whether a node of ``idx`` (a segment's nodes in run order) after position ``pos``
+    reads ``target``'s memory: the variable itself or anything that may share memory with
+    it (:func:`aliases`).  An update written straight into its variable's buffer at ``pos``
+    must have no such reader (graph_segment: direct updates)."""
+    return any(aliases(v, target) for i in idx[pos + 1:] for v in nodes[i].inputs)
+
+
+def updates_last(nodes: Sequence[Any], idx: Sequence[int],
+                 updates: Sequence[tuple[Any, Any]]) -> list[int]:
+    """``idx`` with each update node that runs before a reader of the variable it updates
+    moved to the end (in their order), so its new value may be written straight into the
+    variable's buffer (graph_segment: direct updates).  Only sinks move (no node reads any
+    of their outputs: they are read as the function's update values only), so the order
+    stays topological."""
+    read = {v for n in nodes for v in n.inputs}
+    where = {nodes[i]: i for i in idx}
+    moved: list[int] = []
+    for new, old in updates:
+        i = where.get(new.owner)
+        if i is None or i in moved or any(v in read for v in new.owner.outputs):
+            continue
+        order = [k for k in idx if k not in moved]
+        if read_later(nodes, order, order.index(i), old):
+            moved.append(i)
+    if not moved:
+        return list(idx)
+    moved.sort(key=list(idx).index)
+    return [k for k in idx if k not in moved] + moved
 
 
 def _sharing_memory(start: list) -> set:

@@ -5,7 +5,8 @@ Holds :class:`Segment` (key its inputs by shape and strides, write its graph par
 capture on a repeated key, copy inputs that moved into the graph's static buffers or stage
 them once found moved, replay while nothing handed out of an earlier call uses the graph's
 blocks, check each new
-graph against plain launches, copy updates back into the buffers of the variables they update,
+graph against plain launches, copy updates back into the buffers of the variables they update
+(or, under capture, have an elemwise compute them there: ``DIRECT_UPDATES``),
 fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
 pool blocks it owns and how its outputs are rebuilt on replay), ``Lease`` (what the arrays
 handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
@@ -36,7 +37,13 @@ from symgpu.gpu.runtime.device_checks import guarded_copy, is_device_check_error
 if TYPE_CHECKING:
     from symgpu.gpu.exec.graphs import Runner
 
-__all__ = ["Segment"]
+__all__ = ["Segment", "DIRECT_UPDATES"]
+
+#: under capture, compute an update straight into its shared variable's buffer when it is
+#: safe (Segment._capture_items), instead of into a fresh buffer copied back after: one
+#: device-to-device copy of the variable less per replay.  Read when a runner is built
+#: (graphs.Runner) and at each capture.
+DIRECT_UPDATES = True
 
 
 
@@ -57,14 +64,15 @@ class Lease:
 class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
-    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "lease",
-                 "escapes", "staged", "pinned", "__weakref__")
+    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
+                 "lease", "escapes", "staged", "pinned", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
         self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
         self.outs, self.launch, self.ctx = outs, launch, ctx
         self.backs: tuple = ()   # inputs the graph overwrites with an update's value
+        self.direct: tuple = ()  # those of them an update's node writes (no copy back)
         self.lease: Any = None   # weak reference to the Lease of the last hand-out
         self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
         #: (input index, pointer) of the GPU inputs read (or written) where they were when
@@ -118,7 +126,8 @@ class Segment:
                  copy_back: Sequence[tuple[list, int]] = (),
                  param_thunks: Sequence[Any] = (),
                  param_inputs: Sequence[bool] | None = None,
-                 staged: Sequence[int] = (), written: Sequence[int] = ()) -> None:
+                 staged: Sequence[int] = (), written: Sequence[int] = (),
+                 direct: Sequence[tuple[int, int, list, int]] = ()) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -132,6 +141,13 @@ class Segment:
         #: (update output cell, index of the updated input): a graph may copy the new value
         #: back into the input's buffer, so shared variables keep their pointers
         self.copy_back = list(copy_back)
+        #: copy-back pairs whose node may compute the new value straight into the input's
+        #: buffer under capture (no copy in the graph): item position -> [(output index,
+        #: the node's input cells, updated input index)] (graphs.Runner._direct_update)
+        self.direct: dict[int, list[tuple[int, list, int]]] = {}
+        for pos, k, node_in, j in direct:
+            self.direct.setdefault(pos, []).append((k, node_in, j))
+        self._back_cell = {j: cell for cell, j in self.copy_back}
         #: inputs whose cells empty inside the segment: their memory is scratch after it
         dead_ids = {id(c) for _, _, d in items for c in d}
         self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
@@ -447,12 +463,11 @@ class Segment:
             return
         err: BaseException | None = None
         copied: list[int] = []
+        direct: list[int] = []
         try:
             for t, off in zip(self.param_thunks, self.param_offsets):
                 t.param_slot = (self.param_block, off)
-            for idx, thunk, _dead in self.items:  # cells die at the end: a failed capture
-                self.current = idx                # runs again plainly from the same inputs
-                thunk()
+            direct = self._capture_items(vals, backs)
             scratch = {id(b) for b in sink}
             scratch.update(id(cap_vals[k]) for k in self.dying_inputs)
             for cell, j in self.copy_back:   # queued back to back: one guard check
@@ -506,7 +521,8 @@ class Segment:
         if status:
             drv.check(status, "cuGraphLaunch (first replay)")
         g = _Graph(drv, exe, graph, owned, outs, launch, ctx)
-        g.backs = tuple(copied)
+        g.backs = tuple(direct + copied)
+        g.direct = tuple(direct)
         g.staged = tuple(staged)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
@@ -537,6 +553,59 @@ class Segment:
             c[0] = None
         for c in self.dead:
             c[0] = None
+
+    def _capture_items(self, vals: list, backs: list[int]) -> list[int]:
+        """Run the thunks under capture (cells die at the end: a failed capture runs again
+        plainly from the same inputs).  A node with direct updates (``self.direct``) is told
+        to compute each into its variable's buffer (its thunk's ``write_into``) when that
+        is safe on this call's values (:meth:`_direct_target`); returns the inputs so
+        written, whose cells then hold the variable's array, as after :meth:`_copy_back`."""
+        written: list[int] = []
+        direct = self.direct if DIRECT_UPDATES else {}
+        for pos, (idx, thunk, _dead) in enumerate(self.items):
+            self.current = idx
+            wants = direct.get(pos)
+            if not wants:
+                thunk()
+                continue
+            into = thunk.write_into
+            aimed = []
+            for k, node_in, j in wants:
+                target = self._direct_target(vals, j, node_in, backs)
+                if target is not None and into[k] is None:
+                    into[k] = target
+                    aimed.append((k, j))
+            try:
+                thunk()
+            finally:
+                for k, _ in aimed:
+                    into[k] = None
+            for _, j in aimed:   # the thunk may decline (a layout its plan cannot write)
+                if self._back_cell[j][0] is vals[j]:
+                    written.append(j)
+        return written
+
+    @staticmethod
+    def _direct_target(vals: list, j: int, node_in: list, backs: list[int]) -> Any:
+        """The array an update of input ``j`` may be computed into, or None: the input is
+        overwritable (``backs``), not empty, C-contiguous, and every input of the node that
+        shares its memory reads it with its own layout (an elementwise kernel reading and
+        writing the same element is safe; a transposed, shifted or broadcast read is not)."""
+        if j not in backs:
+            return None
+        t = vals[j]
+        if not isinstance(t, _GpuArray) or not t.size or not t.is_c_contiguous:
+            return None
+        lo, hi = _extent(t)
+        for c in node_in:
+            a = c[0]
+            if not isinstance(a, _GpuArray) or not a.size:
+                continue
+            a_lo, a_hi = _extent(a)
+            if a_lo < hi and lo < a_hi and (a.ptr != t.ptr or a.shape != t.shape or
+                                            a.strides != t.strides or a.dtype != t.dtype):
+                return None
+        return t
 
     def _copy_back(self, cell: list, target: Any, scratch: set, check: bool) -> bool:
         """Under capture: copy an update's new value into the buffer of the variable it
@@ -683,6 +752,17 @@ def _stageable(v: Any) -> bool:
     """Whether a GPU value can be copied into a static buffer of its own layout: not empty
     (an empty input is never read) and no negative stride."""
     return bool(v.size) and min(v.strides, default=0) >= 0
+
+
+def _extent(a: Any) -> tuple[int, int]:
+    """The device byte range ``[lo, hi)`` a non-empty array spans."""
+    lo = hi = a.ptr
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
 
 
 def _same_layout(a: Any, b: Any) -> bool:

@@ -50,7 +50,13 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   borrow=True)`` mark it, an explicit flag), no value the function returns may alias the new
   value, no later reader aliases the old one, and nothing that can fail runs after the segment
   (the copies are guarded by the device checks: device_checks.guarded_copy), so a failed call
-  changes nothing.
+  changes nothing.  Under capture, an update computed by a GpuElemwise is written straight
+  (by a GpuGemm, accumulated) into the variable's buffer instead, so the graph holds no copy
+  (graph_segment.DIRECT_UPDATES, ``Segment._capture_items``), when, besides the above, the
+  function has no device-checked op (nothing could then stop the write once a check
+  reported), no later node of the segment reads the variable (update nodes that are sinks
+  move after such readers: graph_plan.updates_last) and the node reads the variable, if at
+  all, with its own layout.
 * **Outputs: whose memory.** A graph owns every block allocated while it was captured:
   outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
   leave the call is known when the runner is built (function outputs and what they may alias
@@ -90,7 +96,9 @@ from typing import Any, Callable
 from symgpu.gpu.exec.event_timers import register_gpu_timers
 from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
                                    escaping as _escaping, make_keyer, mark_reusable_outputs,
-                                   node_capturable, node_launches, plan_steps, schedule)
+                                   node_capturable, node_launches, plan_steps, read_later,
+                                   schedule, updates_last)
+from symgpu.gpu.exec import graph_segment as _graph_segment
 from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.runtime.pool import Block as _Block
 from symgpu.gpu.runtime.host_register import deferred_waits
@@ -221,13 +229,28 @@ class Runner:
         self.disabled_reason: str | None = None
         nodes, thunks, sm = vm.nodes, vm.thunks, vm.storage_map
         fg = vm.fgraph
-        order = [i for _, idx in steps for i in idx]
-        dead = _dead_cells(nodes, order, vm.gc_after, sm)
-        protected = set(fg.outputs)
         # update pairs (new value, updated input): fgraph.update_mapping {out idx: in idx}
         mapping = getattr(fg, "update_mapping", None) or {}
         updates = [(fg.outputs[o], fg.inputs[i]) for o, i in mapping.items()
                    if o < len(fg.outputs) and i < len(fg.inputs)]
+        # with ops that report checks at the next sync, copies back into shared variables
+        # are guarded: they do not land once a check has reported (graph_segment.py)
+        self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
+        #: whether updates may be written straight into their variables' buffers under
+        #: capture (graph_segment.DIRECT_UPDATES, read when the runner is built)
+        self.direct_updates = bool(_graph_segment.DIRECT_UPDATES) and not self.device_checked
+        # update nodes able to write into a given buffer (GpuElemwise: write_into) run after
+        # the segment's readers of their variables where they can
+        at = {n: i for i, n in enumerate(nodes)}
+        writers = [(new, old) for new, old in updates if new.owner in at and
+                   getattr(thunks[at[new.owner]], "write_into", None) is not None]
+        if self.direct_updates and writers:
+            steps = [(kind, updates_last(nodes, idx, writers)
+                      if kind == "segment" and _tail_safe(steps, s_no, nodes) else idx)
+                     for s_no, (kind, idx) in enumerate(steps)]
+        order = [i for _, idx in steps for i in idx]
+        dead = _dead_cells(nodes, order, vm.gc_after, sm)
+        protected = set(fg.outputs)
         #: outputs returned to the caller (not update values): a value copied back into a
         #: shared variable's buffer must not be one of them, nor seen through one
         self._returned = [v for k, v in enumerate(fg.outputs) if k not in mapping]
@@ -242,9 +265,6 @@ class Runner:
         self._stageable = {v for v in fg.inputs
                            if _is_gpu_var(v) and not isinstance(v, SharedVariable)
                            and v not in updated and not any(_aliases(d, v) for d in destroyed)}
-        # with ops that report checks at the next sync, copies back into shared variables
-        # are guarded: they do not land once a check has reported (graph_segment.py)
-        self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
         #: host arrays are uploaded (runtime/host_register.deferred_waits)
         from symgpu.gpu.placement.basic_ops import GpuFromHost
         self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
@@ -278,15 +298,8 @@ class Runner:
                     [sm[nodes[i].outputs[0]] for i in idx],
                     [c for d in my_dead for c in d], HostFromGpu.perform_many))
             else:
-                # an update may be copied back into its variable's buffer only when nothing
-                # that can fail runs after the segment (the call then cannot raise after the
-                # shared variable changed): the steps left are copies to the host at most
-                # (a check they raise stops the copy itself: device_checks.guarded_copy)
-                tail_safe = all(k == "batch" or (k == "plain" and all(
-                    isinstance(nodes[i].op, HostFromGpu) for i in ix))
-                    for k, ix in steps[s_no + 1:])
                 seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected,
-                                    updates if tail_safe else [])
+                                    updates if _tail_safe(steps, s_no, nodes) else [])
                 seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
                 self.segments.append(seg)
                 self.steps.append(seg)
@@ -318,6 +331,7 @@ class Runner:
         out_vars = [v for v in produced if v in later or v in protected]
         internal = [v for v in produced if v not in later and v not in protected]
         copy_back = []
+        direct: list = []
         readers = later | set(protected)
         for new, old in updates:
             if new in produced_set and old in inputs and _is_gpu_var(old) and \
@@ -325,6 +339,9 @@ class Runner:
                     not any(_aliases(v, old) for v in readers if v is not new) and \
                     not any(_aliases(r, new) for r in self._returned):
                 copy_back.append((sm[new], inputs.index(old)))
+                if self.direct_updates:
+                    self._direct_update(direct, idx, nodes, thunks, sm, new, old,
+                                        inputs.index(old))
         param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
         staged = [k for k, v in enumerate(inputs) if v in self._stageable]
         destroyed = [nodes[i].inputs[k] for i in idx
@@ -335,7 +352,7 @@ class Runner:
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
                       [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
-                      param_inputs, staged, written)
+                      param_inputs, staged, written, direct)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
@@ -343,6 +360,24 @@ class Runner:
         seg.keyed_host_vars = [v for v, p in zip(inputs, param_inputs)
                                if not p and not _is_gpu_var(v)]
         return seg
+
+    @staticmethod
+    def _direct_update(direct: list, idx: list[int], nodes: list, thunks: list, sm: dict,
+                       new: Any, old: Any, j: int) -> None:
+        """Add ``(position in idx, output index, input cells, j)`` to ``direct`` when the
+        update ``new`` of segment input ``j`` (``old``) may be computed straight into
+        ``old``'s buffer under capture: its node is of the segment, its thunk takes a
+        ``write_into`` list (GpuElemwise, GpuGemm) and no later node of the segment reads
+        ``old``'s memory.  The layouts are checked on the values, at the capture
+        (graph_segment.Segment._capture_items)."""
+        owner = new.owner
+        if owner is None:
+            return
+        pos = next((p for p, i in enumerate(idx) if nodes[i] is owner), None)
+        if pos is None or getattr(thunks[idx[pos]], "write_into", None) is None or \
+                read_later(nodes, idx, pos, old):
+            return
+        direct.append((pos, new.index, [sm[v] for v in owner.inputs], j))
 
     def __call__(self) -> None:
         with self.lock:
@@ -390,6 +425,16 @@ class Runner:
             out["graphs"] += s.n_graphs
             out["nodes_captured"] = max(out["nodes_captured"], s.nodes_captured)
         return out
+
+
+def _tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> bool:
+    """Whether updates of segment step ``s_no`` may be written into their variables' buffers:
+    nothing that can fail runs after the segment (the call then cannot raise after the shared
+    variable changed): the steps left are copies to the host at most (a check they raise
+    stops the copy itself: device_checks.guarded_copy)."""
+    from symgpu.gpu.placement.basic_ops import HostFromGpu
+    return all(k == "batch" or (k == "plain" and all(
+        isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
 
 
 def _parameters(idx: list[int], nodes: list, thunks: list,

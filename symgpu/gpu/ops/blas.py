@@ -372,6 +372,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     beta_zero = scal is not None and scal.known_zero(1)
     label = str(op)
     unsupported: set = set()        # LtProblems cuBLASLt has no algorithm for
+    into = [None]   # graph_segment sets it for one capture (write_into: a direct update)
 
     def thunk() -> None:
         ctx.activate()
@@ -386,7 +387,10 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             if any(a not in (b, 1) for a, b in zip(z.shape, (m, n))):
                 raise ValueError(f"{label}: z of shape {z.shape} does not broadcast to the "
                                  f"{(m, n)} of dot(x, y)")
-            if inplace and z.shape == (m, n) and _colmajor(z) is not None \
+            t = into[0]
+            if t is not None and _accumulates_into(t, z, x, y, (m, n)):
+                out = t     # the update W + alpha x.y computed in W's own buffer: no copy
+            elif inplace and z.shape == (m, n) and _colmajor(z) is not None \
                     and _colmajor(z)[0] == _N:
                 out = z
             else:
@@ -419,7 +423,20 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             del keep
         out_cell[0] = out
 
+    if z_var is not None:
+        thunk.write_into = into   # type: ignore[attr-defined]
     return _blas_capturable(thunk, scal)
+
+
+def _accumulates_into(t: Any, z: Any, x: Any, y: Any, shape: tuple) -> bool:
+    """Whether a gemm may write its result into ``t`` (its ``write_into`` target: the buffer
+    of the shared variable it updates, graph_segment's direct updates): ``t`` is ``z``
+    itself, C-ordered, of the product's shape (accumulating in place, as the in-place gemm
+    does), and neither factor lives in its memory (cuBLAS would read what it overwrites)."""
+    base = getattr(t, "base", None)
+    return t.ptr == z.ptr and t.shape == z.shape == shape and t.strides == z.strides and \
+        t.dtype == z.dtype and t.is_c_contiguous and t.size > 0 and base is not None and \
+        getattr(x, "base", None) is not base and getattr(y, "base", None) is not base
 
 
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,

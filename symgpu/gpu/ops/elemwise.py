@@ -262,6 +262,7 @@ class _ElemwiseThunk:
         activate = ctx.activate
         n_out = len(out_cells)
         reuse = [False] * n_out   # graph_plan.mark_reusable_outputs sets them
+        into = [None] * n_out     # graph_segment sets them for one capture (write_into)
 
         def thunk() -> None:
             activate()
@@ -277,7 +278,11 @@ class _ElemwiseThunk:
             outs = []
             for j in range(n_out):
                 cell = out_cells[j]
-                if j in inplace and p.inplace_ok:
+                target = into[j]
+                if target is not None and _fits(target, p, out_dtypes[j],
+                                                j in inplace and p.inplace_ok):
+                    out = target
+                elif j in inplace and p.inplace_ok:
                     out = ins[inplace[j]]
                 elif reuse[j] and cell[0] is not None and cell[0].shape == p.out_shape and \
                         cell[0].dtype == out_dtypes[j]:
@@ -307,6 +312,7 @@ class _ElemwiseThunk:
         if len(in_cells) == 1 and n_out == 1 and not inplace and not self.scalar[0]:
             return _capturable(self._unary_thunk())
         thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        thunk.write_into = into       # type: ignore[attr-defined]
         return _capturable(thunk)
 
     def _unary_thunk(self) -> Callable[[], None]:
@@ -319,6 +325,7 @@ class _ElemwiseThunk:
         # the last layout seen: shape, strides, then the plan's fields
         last: list = [None, None, None, None, 0, 0]
         reuse = [False]   # graph_plan.mark_reusable_outputs sets it
+        into = [None]     # graph_segment sets it for one capture (write_into)
 
         def replan(x: Any) -> None:
             key = (x.shape + x.strides,)
@@ -334,9 +341,13 @@ class _ElemwiseThunk:
             if x.shape != last[0] or x.strides != last[1]:
                 replan(x)
             p = last[2]
-            out = out_cell[0]
-            if not reuse[0] or out is None or out.shape != last[3]:
-                out = new_array(ctx, last[3], out_dtype, last[4], last[5])
+            target = into[0]
+            if target is not None and _fits(target, p, out_dtype, False):
+                out = target
+            else:
+                out = out_cell[0]
+                if not reuse[0] or out is None or out.shape != last[3]:
+                    out = new_array(ctx, last[3], out_dtype, last[4], last[5])
             if p.n:
                 xp, op_ = x.ptr, out.ptr
                 if not p.contig:
@@ -348,7 +359,17 @@ class _ElemwiseThunk:
             out_cell[0] = out
 
         thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        thunk.write_into = into       # type: ignore[attr-defined]
         return thunk
+
+
+def _fits(target: Any, p: _ElemwisePlan, dtype: np.dtype, inplace: bool) -> bool:
+    """Whether an output of plan ``p`` may be computed into ``target`` (a ``write_into``
+    entry: graph_segment.Segment writes an update straight into its variable's buffer): the
+    output's shape and dtype, and C-contiguous, the layout the plan writes (a strided plan
+    writes an in-place output with its input's strides, so then only a contiguous plan)."""
+    return target.shape == p.out_shape and target.dtype == dtype and \
+        target.is_c_contiguous and p.n > 0 and (p.contig or not inplace)
 
 
 def _capturable(thunk: Callable[[], None]) -> Callable[[], None]:

@@ -18,7 +18,10 @@ overwritten, under the other rules, so an accumulator is updated in place at eve
 
 Why SGD updates are not in place (measured on an H100 for issues 16/18): ``W - lr * g`` is a
 GpuElemwise that destroys its gradient input (an intermediate), and the CUDA-graph runner then
-copies the result into W's buffer (symgpu/gpu/exec/graph_segment.py ``copy_back``). Letting it
+copies the result into W's buffer (symgpu/gpu/exec/graph_segment.py ``copy_back``), or, in a
+captured graph where its rules allow, has the elemwise write it into W's buffer directly
+(graph_segment ``DIRECT_UPDATES``: the runner, not the graph, orders the readers of W before
+it and knows that nothing can fail after it). Letting it
 destroy W instead would need, besides an exception to the first rule: (1) an ordering edge
 from every other reader of W to the destroyer -- the input-gradient product ``d @ W.T`` is not
 an ancestor of W's update, and neither ``io_toposort`` nor the runner's
