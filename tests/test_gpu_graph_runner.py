@@ -654,6 +654,43 @@ def test_gpu_calls_hold_their_contexts_call_lock():
     assert seen and not any(seen)
 
 
+def test_a_one_segment_runner_offers_a_shorter_entry_that_behaves_as_its_call():
+    """A runner of one segment (no uploads, no cells to clear) gives VM.dispatch ``entry``: the
+    generated call runs it, under the context's call lock, naming the node of an error and
+    releasing the lock after it; a runner of more steps is its own entry."""
+    import threading
+    ctx = fakes.CTX_OBJ
+    x, z = gvec(), gvec()
+    held = []
+
+    def probe(a, b):
+        got = []
+        t = threading.Thread(target=lambda: got.append(ctx.call_lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        held.append(not got[0])
+        return a + b
+    y = FakeKernelOp("probe", probe)(x, z)
+    vm, fg = linked([x, z], [y], [upload(ctx, [1, 2]), upload(ctx, [3, 4])])
+    runner = vm.runner
+    assert runner.entry is not runner and vm.dispatch is runner.entry
+    for _ in range(4):
+        runner.entry()
+        np.testing.assert_array_equal(read(vm.storage_map[y][0]), [4, 6])
+        vm.storage_map[y][0] = None
+    assert held and all(held) and runner.stats()["replays"] >= 1
+    vm.storage_map[z][0] = upload(ctx, [1, 2, 3])    # mismatched shapes: the node's error
+    with pytest.raises(ValueError) as info:
+        runner.entry()
+    assert "Apply node that caused the error: Fakeprobe" in str(info.value)
+    assert ctx.call_lock.acquire(blocking=False)     # released after the error
+    ctx.call_lock.release()
+    w = gvec()
+    h = FakeToHost()(add1()(w))                      # a segment, then a plain step
+    vm2, _ = linked([w], [h], [upload(ctx, [1])])
+    assert len(vm2.runner.steps) == 2 and vm2.runner.entry is vm2.runner
+
+
 class FakePlainView(Op):
     """A view that is not capturable: a plain step whose output is an input's memory."""
     __props__ = ()

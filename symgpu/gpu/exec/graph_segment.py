@@ -65,7 +65,7 @@ class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
     __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
-                 "lease", "escapes", "staged", "pinned", "__weakref__")
+                 "lease", "escapes", "staged", "pinned", "fresh", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
@@ -80,6 +80,11 @@ class _Graph:
         self.pinned: tuple = ()
         #: whether some output handed out of the call is a buffer of the graph
         self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
+        #: when every output is a buffer of the graph that leaves the call (a function's
+        #: results, the common case): (cell, context, pointer, shape, strides, dtype) each,
+        #: handed out by Segment._hand_out without looking at the other kinds
+        self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
+            if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
 
     def idle(self) -> bool:
         """Whether nothing handed out of an earlier call still uses the graph's memory."""
@@ -200,7 +205,9 @@ class Segment:
                 graphs = self.graphs.get(key)
                 if graphs is not None:
                     for g in graphs:
-                        if g.idle() and (not g.backs or self._overwritable(vals, g.backs)):
+                        lease = g.lease    # idle: nothing handed out still uses its memory
+                        if (lease is None or lease() is None) and \
+                                (not g.backs or self._overwritable(vals, g.backs)):
                             for j, ptr in g.pinned:
                                 if vals[j].ptr != ptr:
                                     self._moved(key, g, vals)
@@ -311,7 +318,16 @@ class Segment:
         status = g.launch()
         if status:
             g.drv.check(status, "cuGraphLaunch")
-        self._hand_out(g, vals)
+        fresh = g.fresh
+        if fresh is not None:   # _hand_out's common case, inline: one call less per call
+            lease = Lease(g.owned)
+            g.lease = weakref.ref(lease)
+            for cell, ctx, ptr, shape, strides, dtype in fresh:
+                arr = _gpuarray_new(_GpuArray)
+                arr._set(ctx, ptr, shape, strides, dtype, lease)
+                cell[0] = arr
+        else:
+            self._hand_out(g, vals)
         for c in self.dead:
             c[0] = None
         self.replays += 1
@@ -320,6 +336,15 @@ class Segment:
         """Fill the output cells from the graph's specs; the arrays over the graph's blocks
         that leave the call share one new lease (see Lease)."""
         owned = g.owned
+        fresh = g.fresh
+        if fresh is not None:
+            lease = Lease(owned)
+            g.lease = weakref.ref(lease)
+            for cell, ctx, ptr, shape, strides, dtype in fresh:
+                arr = _gpuarray_new(_GpuArray)
+                arr._set(ctx, ptr, shape, strides, dtype, lease)
+                cell[0] = arr
+            return
         lease = None
         if g.escapes:
             lease = Lease(owned)
