@@ -82,7 +82,7 @@ class _Graph:
         self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
         #: when every output is a buffer of the graph that leaves the call (a function's
         #: results, the common case): (cell, context, pointer, shape, strides, dtype) each,
-        #: handed out by Segment._hand_out without looking at the other kinds
+        #: handed out by Segment._replay without looking at the other kinds
         self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
             if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
 
@@ -336,15 +336,6 @@ class Segment:
         """Fill the output cells from the graph's specs; the arrays over the graph's blocks
         that leave the call share one new lease (see Lease)."""
         owned = g.owned
-        fresh = g.fresh
-        if fresh is not None:
-            lease = Lease(owned)
-            g.lease = weakref.ref(lease)
-            for cell, ctx, ptr, shape, strides, dtype in fresh:
-                arr = _gpuarray_new(_GpuArray)
-                arr._set(ctx, ptr, shape, strides, dtype, lease)
-                cell[0] = arr
-            return
         lease = None
         if g.escapes:
             lease = Lease(owned)
