@@ -654,10 +654,11 @@ def test_gpu_calls_hold_their_contexts_call_lock():
     assert seen and not any(seen)
 
 
-def test_a_one_segment_runner_offers_a_shorter_entry_that_behaves_as_its_call():
-    """A runner of one segment (no uploads, no cells to clear) gives VM.dispatch ``entry``: the
+def test_the_runners_entry_runs_under_the_call_lock_and_names_the_node_of_an_error():
+    """VM.dispatch gives generated calls the runner's ``entry`` (a closure; for one segment with no
+    uploads and no cells to clear, it calls the segment directly): the
     generated call runs it, under the context's call lock, naming the node of an error and
-    releasing the lock after it; a runner of more steps is its own entry."""
+    releasing the lock after it; a runner of more steps runs them from its entry too."""
     import threading
     ctx = fakes.CTX_OBJ
     x, z = gvec(), gvec()
@@ -673,7 +674,7 @@ def test_a_one_segment_runner_offers_a_shorter_entry_that_behaves_as_its_call():
     y = FakeKernelOp("probe", probe)(x, z)
     vm, fg = linked([x, z], [y], [upload(ctx, [1, 2]), upload(ctx, [3, 4])])
     runner = vm.runner
-    assert runner.entry is not runner and vm.dispatch is runner.entry
+    assert vm.dispatch is runner.entry
     for _ in range(4):
         runner.entry()
         np.testing.assert_array_equal(read(vm.storage_map[y][0]), [4, 6])
@@ -688,7 +689,8 @@ def test_a_one_segment_runner_offers_a_shorter_entry_that_behaves_as_its_call():
     w = gvec()
     h = FakeToHost()(add1()(w))                      # a segment, then a plain step
     vm2, _ = linked([w], [h], [upload(ctx, [1])])
-    assert len(vm2.runner.steps) == 2 and vm2.runner.entry is vm2.runner
+    assert len(vm2.runner.steps) == 2 and vm2.dispatch is vm2.runner.entry
+    np.testing.assert_array_equal(call(vm2, [h])[0], [2])
 
 
 class FakePlainView(Op):

@@ -306,26 +306,40 @@ class Runner:
         # without garbage collection, the cells read after a segment are emptied after the
         # call all the same: nothing keeps a graph's buffers between calls
         self.post_clear = seg_out_cells if vm.gc_after is None else []
-        #: what a call runs (VM.dispatch routes generated calls to it): __call__, or for the
-        #: common function of one segment and nothing else, the same steps in one closure
-        self.entry = self._one_segment_entry() if (
-            len(self.steps) == 1 and isinstance(self.steps[0], Segment)
-            and not self.uploads_arrays and not self.post_clear) else self
+        #: what a call runs (VM.dispatch routes generated calls to it; __call__ runs it)
+        self.entry = self._entry()
 
-    def _one_segment_entry(self) -> Callable[[], None]:
-        """``__call__`` for a runner of one segment with no uploads to defer and no cells to
-        clear after it: two Python calls less per call (a one-kernel function's call is
-        mostly such overhead)."""
-        seg, lock, ctx, vm = self.steps[0], self.lock, self.ctx, self.vm
-        acquire, release, activate, seg_run = lock.acquire, lock.release, ctx.activate, seg.run
+    def _entry(self) -> Callable[[], None]:
+        """One call: the steps under the context's call lock, with the context current (a
+        replay runs no thunk that would make it so), errors re-raised with the node named as
+        the VM does.  A closure over what it reads (a one-kernel function's call is mostly
+        such overhead); a runner of one segment, with no uploads to defer and no cells to
+        clear after it, calls the segment's run directly."""
+        steps, post_clear, uploads, vm = self.steps, self.post_clear, self.uploads_arrays, self.vm
+        acquire, release, activate = self.lock.acquire, self.lock.release, self.ctx.activate
+        first = steps[0] if steps else None
+        single = first.run if (len(steps) == 1 and isinstance(first, Segment)
+                               and not uploads and not post_clear) else None
 
         def entry() -> None:
-            acquire()
+            acquire()   # acquire/release, not `with`: a tenth of a microsecond less per call
+            step = first
             try:
                 activate()
-                seg_run()
+                if single is not None:
+                    single()
+                    return
+                if uploads:     # the kernels launch while the DMA of the data runs
+                    with deferred_waits():
+                        for step in steps:
+                            step.run()
+                else:
+                    for step in steps:
+                        step.run()
+                for c in post_clear:
+                    c[0] = None
             except Exception as exc:   # re-raised with the node named, as the VM does
-                vm.raise_with_node_info(seg.current, exc)
+                vm.raise_with_node_info(step.current if step is not None else 0, exc)
             finally:
                 release()
         return entry
@@ -403,27 +417,7 @@ class Runner:
         direct.append((pos, new.index, [sm[v] for v in owner.inputs], j))
 
     def __call__(self) -> None:
-        # acquire/release, not `with`: a `with` costs a tenth of a microsecond more per call
-        self.lock.acquire()
-        try:
-            if self.uploads_arrays:     # the kernels launch while the DMA of the data runs
-                with deferred_waits():
-                    self._run()
-            else:
-                self._run()
-        finally:
-            self.lock.release()
-
-    def _run(self) -> None:
-        step = None
-        try:
-            self.ctx.activate()   # a replay runs no thunk: this thread may not have it yet
-            for step in self.steps:
-                step.run()
-        except Exception as exc:   # re-raised with the node named, as the VM does
-            self.vm.raise_with_node_info(step.current if step is not None else 0, exc)
-        for c in self.post_clear:
-            c[0] = None
+        self.entry()
 
     def disable(self, reason: str, segment: Segment | None = None) -> None:
         """Turn graphs off for this function (warned once)."""
