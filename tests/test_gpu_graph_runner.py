@@ -655,10 +655,10 @@ def test_gpu_calls_hold_their_contexts_call_lock():
 
 
 def test_the_runners_entry_runs_under_the_call_lock_and_names_the_node_of_an_error():
-    """VM.dispatch gives generated calls the runner's ``entry`` (a closure; for one segment with no
-    uploads and no cells to clear, it calls the segment directly): the
-    generated call runs it, under the context's call lock, naming the node of an error and
-    releasing the lock after it; a runner of more steps runs them from its entry too."""
+    """VM.dispatch gives generated calls the runner's ``entry`` (a closure; a lone segment
+    with no uploads and no cells to clear is run directly): it runs under the context's call
+    lock, names the node of an error and releases the lock after it; a runner of more steps
+    runs them from its entry too."""
     import threading
     ctx = fakes.CTX_OBJ
     x, z = gvec(), gvec()
