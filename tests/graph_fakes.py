@@ -125,6 +125,7 @@ class FakeCtx:
     ordinal = 0
     arch = "sm_90"
     stream_handle = 7
+    stream = None
     pinned = None
     total_memory = 1 << 30
 
@@ -472,3 +473,46 @@ class FakeHostScale(Op):
         thunk.capturable = True
         thunk.launches = True
         return thunk
+
+
+class FakeGuardedCopies:
+    """device_checks' guarded-copy kernels (check, then the batched copy) over ``MEM``,
+    launched through the fake driver (recorded under capture, run on replay).  Setting
+    ``reported[0]`` plays a device check's report: the check kernel reads it into the verdict
+    the copy kernel reads, as on the GPU.  ``launches`` lists (kernel, capturing, copies)."""
+
+    def __init__(self):
+        self.reported, self.verdict, self.launches = [False], [False], []
+
+    def install(self, monkeypatch, ctx):
+        from symgpu.gpu.runtime import device_checks as dc
+        fake = self
+
+        class Check:
+            def prepared_async_call(self, grid, block, stream, *words):
+                fake.launches.append(("check", DRV.capturing, None))
+
+                def k():
+                    fake.verdict[0] = fake.reported[0]
+                DRV.launch_kernel(k)
+
+        class Copy:
+            def prepared_async_call(self, grid, block, stream, *table):
+                size = dc._COPY_TABLE
+                count = table[0]
+                first = table[1:size + 2]
+                dsts = table[size + 2:2 * size + 2][:count]
+                srcs = table[2 * size + 2:3 * size + 2][:count]
+                sizes = table[3 * size + 2:][:count]
+                assert grid == (first[count], 1) and first[0] == 0
+                copies = list(zip(dsts, srcs, sizes))
+                fake.launches.append(("copy", DRV.capturing, copies))
+
+                def k():
+                    if fake.verdict[0]:
+                        return
+                    for d, s, n in copies:
+                        host_view(d, (n // 4,), (4,))[...] = host_view(s, (n // 4,), (4,))
+                DRV.launch_kernel(k)
+        monkeypatch.setitem(dc._copy_kernels, id(ctx), (Check(), Copy()))
+        return self

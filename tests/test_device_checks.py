@@ -151,33 +151,150 @@ def test_chunks_start_on_a_page_so_reports_set_their_chunks_word():
         checks.new_slot(lambda bad: IndexError())
 
 
-def test_guarded_copies_queued_back_to_back_read_the_reports_once(monkeypatch):
-    """The runner's update copies at the end of a call: the first launches the check kernel
-    (one thread reads every chunk's report word into the module's device word), the others
-    only their copy kernel, which reads that word (on the H100 each read of the mapped report
-    words cost about a microsecond)."""
+class _Launches:
+    """Fake (check, copy) kernels of the guarded-copy module: record each launch."""
+
+    def __init__(self):
+        self.calls = []
+        test = self
+
+        class Kernel:
+            def __init__(self, name):
+                self.name = name
+
+            def prepared_async_call(self, grid, block, stream, *args):
+                test.calls.append((self.name, grid, block, args))
+        self.kernels = (Kernel("check"), Kernel("copy"))
+
+
+class _Arr:
+    def __init__(self, ptr, nbytes=4096):
+        self.ptr, self.nbytes = ptr, nbytes
+
+
+def _guarded_context(monkeypatch, chunks=1):
     from symgpu.gpu.runtime import device_checks as dc
 
-    launches = []
-
-    class Kernel:
-        def __init__(self, name):
-            self.name = name
-
-        def prepared_async_call(self, grid, block, stream, *args):
-            launches.append(self.name)
-
     class Ctx:
-        stream = None
-
-    class Arr:
-        def __init__(self, ptr):
-            self.ptr, self.nbytes = ptr, 4096
-
-    ctx = Ctx()
+        stream = "the stream"
+    ctx, fake = Ctx(), _Launches()
     ctx.device_checks = DeviceChecks(_host_allocator([]))
-    ctx.device_checks.new_slot(lambda bad: IndexError(bad))
-    monkeypatch.setitem(dc._copy_kernels, id(ctx), (Kernel("check"), Kernel("copy")))
-    for k in range(3):
-        assert dc.guarded_copy(ctx, Arr(1 << 32), Arr(2 << 32), check=k == 0)
-    assert launches == ["check", "copy", "copy", "copy"]
+    for _ in range(chunks * 255):
+        ctx.device_checks.new_slot(lambda bad: IndexError(bad))
+    monkeypatch.setitem(dc._copy_kernels, id(ctx), fake.kernels)
+    return ctx, fake
+
+
+def _decoded(args):
+    """(grid blocks, [(dst, src, nbytes)]) of a guarded_copies launch's table."""
+    from symgpu.gpu.runtime.device_checks import _COPY_TABLE as K
+    count, first = args[0], args[1:K + 2]
+    rows = list(zip(args[K + 2:2 * K + 2], args[2 * K + 2:3 * K + 2], args[3 * K + 2:]))
+    assert all(r == (0, 0, 0) for r in rows[count:]), "padding rows copy nothing"
+    return first[count], first[:count + 1], rows[:count]
+
+
+def test_a_calls_guarded_copies_are_one_check_and_one_copy_launch(monkeypatch):
+    """The runner's update copies of one call: the check kernel (one thread reads every
+    chunk's report word into the module's device word; on the H100 each read of the mapped
+    words cost about a microsecond), then ONE copy kernel for all of them, its table the
+    copies in the order added, thread blocks split across them by size."""
+    from symgpu.gpu.runtime.device_checks import GuardedCopies
+    ctx, fake = _guarded_context(monkeypatch)
+    g = GuardedCopies(ctx)
+    big, small = 4 << 20, 40
+    assert g.add(_Arr(1 << 32, big), _Arr(2 << 32, big))
+    assert g.add(_Arr(3 << 32, small), _Arr(4 << 32, small))
+    assert g.add(_Arr(5 << 32, 16), _Arr(6 << 32, 16))
+    assert fake.calls == []                          # nothing queued before launch()
+    g.launch()
+    assert [c[0] for c in fake.calls] == ["check", "copy"]
+    name, grid, block, words = fake.calls[0]
+    assert grid == (1, 1) and words == (1 << 40, 0, 0, 0)     # the one chunk's report word
+    name, grid, block, table = fake.calls[1]
+    blocks, first, rows = _decoded(table)
+    assert rows == [(1 << 32, 2 << 32, big), (3 << 32, 4 << 32, small), (5 << 32, 6 << 32, 16)]
+    assert first == (0, 256, 257, 258) and grid == (258, 1) and block == (256, 1, 1)
+    g.launch()                                       # nothing added since: nothing queued
+    assert len(fake.calls) == 2
+
+
+def test_guarded_copies_are_refused_past_the_report_pages_the_check_reads(monkeypatch):
+    from symgpu.gpu.runtime.device_checks import _MAX_GUARDED_CHUNKS, GuardedCopies
+    ctx, fake = _guarded_context(monkeypatch, chunks=_MAX_GUARDED_CHUNKS + 1)
+    g = GuardedCopies(ctx)
+    assert not g.add(_Arr(1 << 32), _Arr(2 << 32))
+    g.launch()
+    assert fake.calls == []
+
+
+def test_plan_copies_keeps_order_where_copies_touch():
+    """Copies of one launch run at once: a copy that reads or writes what an earlier copy of
+    the launch writes, or writes what it reads, starts the next launch (launches run in
+    order); a full table too.  Copies that only read the same memory share a launch."""
+    from symgpu.gpu.runtime.device_checks import plan_copies
+    a, b, c, d = 1 << 32, 2 << 32, 3 << 32, 4 << 32
+    assert plan_copies([(a, b, 64), (c, d, 64), (d + 64, b, 8)]) == \
+        [[(a, b, 64), (c, d, 64), (d + 64, b, 8)]]
+    # writes what the first one reads (b), then reads what the second one writes (b)
+    assert plan_copies([(a, b, 64), (b + 32, c, 64), (d, b + 60, 4)]) == \
+        [[(a, b, 64)], [(b + 32, c, 64)], [(d, b + 60, 4)]]
+    assert plan_copies([(a, b, 64), (a + 63, c, 1)]) == [[(a, b, 64)], [(a + 63, c, 1)]]
+    assert plan_copies([(a, b, 0), (c, d, 8)]) == [[(c, d, 8)]]            # empty: left out
+    many = [(a + 64 * k, b + 64 * k, 64) for k in range(5)]
+    assert plan_copies(many, limit=2) == [many[:2], many[2:4], many[4:]]
+    assert plan_copies([]) == []
+
+
+def test_the_copy_table_gives_each_copy_its_chunks():
+    """Each copy gets ceil(bytes / chunk) blocks starting at its ``first`` entry; the kernel
+    finds its copy as the last entry whose first block is <= its own, and copies bytes
+    [(block - first) * chunk, min(+chunk, nbytes)): together exactly each copy's bytes."""
+    from symgpu.gpu.runtime.device_checks import _COPY_CHUNK, _COPY_TABLE, copy_table
+    sizes = [1, _COPY_CHUNK, _COPY_CHUNK + 1, 3 * _COPY_CHUNK - 5, 12]
+    copies = [((k + 1) << 32, (k + 10) << 32, n) for k, n in enumerate(sizes)]
+    blocks, table = copy_table(copies)
+    total, first, rows = _decoded(table)
+    assert blocks == total == 1 + 1 + 2 + 3 + 1 and rows == copies
+    covered = {k: 0 for k in range(len(copies))}
+    for blk in range(blocks):
+        e = max(k for k in range(len(copies)) if first[k] <= blk)
+        begin = (blk - first[e]) * _COPY_CHUNK
+        covered[e] += max(0, min(begin + _COPY_CHUNK, sizes[e]) - begin)
+    assert [covered[k] for k in range(len(sizes))] == sizes
+    with pytest.raises(ValueError, match="copies for a table"):
+        copy_table(copies * _COPY_TABLE)
+
+
+@requires_nvcc
+def test_guarded_copy_kernels_compile(tmp_path):
+    from gpu_helpers import compile_for_sm90
+    from symgpu.gpu.runtime.device_checks import GUARDED_COPY_SOURCE
+    cubin = compile_for_sm90(GUARDED_COPY_SOURCE, tmp_path)
+    assert b"guarded_copies" in cubin and b"guarded_copy_check" in cubin
+
+
+@requires_gpu
+def test_a_failed_call_leaves_every_batched_update_unapplied(cuda):
+    """Several updates of different sizes (a tiny one, one of an odd byte count, one of many
+    chunks) copied back by one guarded launch inside the graph: a bad index of the call stops
+    all of them; the next good call applies all of them, byte for byte."""
+    import symgpu
+    x, i = T.fmatrix("x"), T.lvector("i")
+    shapes = [(3,), (7, 5), (1100, 1001)]
+    ws = [symgpu.shared(np.zeros(s, "float32"), name=f"w{k}") for k, s in enumerate(shapes)]
+    f = function([x, i], x[i].sum(), updates=[(w, w + x[i].sum()) for w in ws])
+    xs = np.ones((4, 3), "float32")
+    for _ in range(4):                   # plain, capture, replays
+        f(xs, np.array([0, 1]))
+    runner = f.vm.runner
+    assert runner is not None and runner.device_checked and runner.stats()["replays"] >= 1
+    before = [w.get_value() for w in ws]
+    assert all(np.all(b == 24) for b in before)
+    with pytest.raises(IndexError, match="index 7"):
+        f(xs, np.array([7]))
+    for w, b in zip(ws, before):
+        np.testing.assert_array_equal(w.get_value(), b)
+    f(xs, np.array([0]))
+    for w, b in zip(ws, before):
+        np.testing.assert_array_equal(w.get_value(), b + 3)

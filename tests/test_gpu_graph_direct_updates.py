@@ -209,22 +209,18 @@ def test_set_value_between_calls_recaptures_and_keeps_the_old_buffer(monkeypatch
 def test_a_device_checked_function_keeps_the_guarded_copy(monkeypatch):
     """With ops whose checks report at the next sync, a failing call must leave the variable
     untouched: only the guarded copy back can ensure it."""
-    guarded = []
-
-    def fake_guarded_copy(ctx, dst, src, check=True):
-        guarded.append(fakes.DRV.capturing)
-        fakes.DRV.copy(dst, src)
-        return True
-    monkeypatch.setattr(graph_segment, "guarded_copy", fake_guarded_copy)
     ctx = fakes.CTX_OBJ
+    guarded = fakes.FakeGuardedCopies().install(monkeypatch, ctx)
     w, g = gvec(), gvec()
     checked = FakeElemwise("idx", lambda a: a * 1, device_checked=True)(g)
     vm, fg = linked([w, g], [sgd(w, checked)], [upload(ctx, [0]), upload(ctx, [1])], {0: 0})
     assert vm.runner.device_checked and not vm.runner.direct_updates
     assert vm.runner.segments[0].direct == {}
+    w_ptr = vm.storage_map[w][0].ptr
     steps(vm, fg, 6)
     np.testing.assert_allclose(read(vm.storage_map[w][0]), [-3])
-    assert True in guarded                            # a guarded copy in the graph
+    captured = [c for name, capturing, c in guarded.launches if name == "copy" and capturing]
+    assert captured and captured[0][0][0] == w_ptr    # a guarded copy in the graph, into w
 
 
 def test_a_later_reader_of_the_variable_keeps_the_copy_back(monkeypatch):

@@ -199,7 +199,12 @@ def test_contiguous_fused_kernel_moves_whole_blocks_when_aligned():
     strided = src[src.index("sg_philox_ew_strided"):]
     assert "sg_rp_aligned<4>(in0) && sg_rp_aligned<4>(out0)" in contig
     assert "reinterpret_cast<const sg_rpack<float, 4> *>(in0 + i0)" in contig
-    assert "sg_rpack" not in strided
+    # strided: offsets once per Philox block, a block along the last dimension moved whole
+    assert "xl + 4 <= d1" in strided and "const long long x = rem; o0 += x * s0_0;" in strided
+    assert strided.count("sg_rdiv(rem, d1)") == 2 and "sg_rdiv(rem, d0)" not in strided
+    assert " / d" not in strided                      # no 64-bit division of its own
+    assert "if (s0_1 == 1 && sg_rp_aligned<4>(in0 + o0))" in strided
+    assert "*reinterpret_cast<sg_rpack<float, 4> *>(out0 + i0) = q0;" in strided
     src64 = render_philox_elemwise(SCALAR_OPS["add"], ["float64", "float32"], [False, False], 0,
                                    "normal", 1)
     assert "sg_rpack<float, 2>" in src64 and "sg_rpack<double, 2> q0" in src64
@@ -283,6 +288,43 @@ def test_fused_kernel_on_strided_and_broadcast_inputs(cuda, dtype):
         got = f(xv, bv)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape,transposed", [((64, 1024), False), ((33, 1001), False),
+                                              ((40, 24), True), ((3, 2, 7), False)])
+def test_fused_dropout_equals_the_unfused_kernels_bitwise(cuda, dtype, shape, transposed):
+    """relu(x + b) * mask * 2 (the dropout MLP's fused kernel: a row-broadcast bias, three
+    outputs; float32 draws of 4 elements per Philox block, float64 of 2) on rows of whole
+    blocks, rows that blocks run across (1001, 7), a transposed x: the same bits as the
+    draw kernel plus the plain elementwise kernel, and as NumPy."""
+    from symgpu.compile.mode import Mode
+    rng = np.random.default_rng(8)
+    xv = rng.standard_normal(shape[::-1] if transposed else shape).astype(dtype)
+    bv = rng.standard_normal(shape[-1]).astype(dtype)
+    x = T.TensorType(dtype, (False,) * len(shape))("x")
+    b = T.vector("b", dtype=dtype)
+    xin = x.T if transposed else x
+
+    def make(mode=None):
+        srng = RandomStreams(seed=12)
+        h = T.nnet.relu(xin + b)
+        with config.change_flags(floatX=dtype):   # the uniforms binomial compares with p
+            keep = srng.binomial(h.shape, p=0.5, dtype=dtype)
+        out = h * keep * np.asarray(2.0, dtype=dtype)
+        return function([x, b], [out, T.grad(T.sum(out * out), x)], mode=mode)
+    fused = make()
+    assert [op.dtype for op in _ops(fused) if isinstance(op, GpuPhiloxElemwise)] == [dtype]
+    plain = make(Mode(excluding=("gpu_philox_fusion",)))
+    assert not any(isinstance(op, GpuPhiloxElemwise) for op in _ops(plain))
+    for call in range(3):
+        got, want = fused(xv, bv), plain(xv, bv)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        keep = _reference(12, 0, "uniform", dtype, shape, call) < 0.5
+        h = np.maximum((xv.T if transposed else xv) + bv, 0)
+        np.testing.assert_array_equal(got[0], h * keep.astype(dtype) * np.asarray(2, dtype))
 
 
 @requires_gpu

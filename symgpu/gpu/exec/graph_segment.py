@@ -32,7 +32,7 @@ import numpy as np
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_keyer
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.libcuda import driver_errors
-from symgpu.gpu.runtime.device_checks import guarded_copy, is_device_check_error
+from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
 
 if TYPE_CHECKING:
     from symgpu.gpu.exec.graphs import Runner
@@ -491,9 +491,12 @@ class Segment:
             direct = self._capture_items(vals, backs)
             scratch = {id(b) for b in sink}
             scratch.update(id(cap_vals[k]) for k in self.dying_inputs)
-            for cell, j in self.copy_back:   # queued back to back: one guard check
-                if j in backs and self._copy_back(cell, vals[j], scratch, not copied):
+            guarded = self._guarded()   # one check and one copy launch for them all
+            for cell, j in self.copy_back:
+                if j in backs and self._copy_back(cell, vals[j], scratch, guarded):
                     copied.append(j)
+            if guarded is not None:
+                guarded.launch()
         except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
             err = exc
         finally:
@@ -628,7 +631,8 @@ class Segment:
                 return None
         return t
 
-    def _copy_back(self, cell: list, target: Any, scratch: set, check: bool) -> bool:
+    def _copy_back(self, cell: list, target: Any, scratch: set,
+                   guarded: GuardedCopies | None) -> bool:
         """Under capture: copy an update's new value into the buffer of the variable it
         updates, and hand that variable's array on as the new value.  The new value must be
         scratch: a buffer of the graph, or a segment input that dies in the segment."""
@@ -637,17 +641,21 @@ class Segment:
             return False
         if id(new) not in scratch and (new.base is None or id(new.base) not in scratch):
             return False
-        if not self._copy(target, new, check):
+        if not self._copy(target, new, guarded):
             return False
         cell[0] = target
         return True
 
-    def _copy(self, dst: Any, src: Any, check: bool = True) -> bool:
-        """dst[...] = src on the stream; guarded when the function has ops whose checks are
-        read at the next sync (the copy must not land in a call that is about to fail);
-        ``check=False`` for a copy right after another guarded one (guarded_copy)."""
-        if getattr(self.runner, "device_checked", False):
-            return guarded_copy(self.ctx, dst, src, check)
+    def _guarded(self) -> GuardedCopies | None:
+        """Where this call's copies back go when the function has ops whose checks are read
+        at the next sync (a copy must not land in a call that is about to fail), else None."""
+        return GuardedCopies(self.ctx) if getattr(self.runner, "device_checked", False) \
+            else None
+
+    def _copy(self, dst: Any, src: Any, guarded: GuardedCopies | None) -> bool:
+        """dst[...] = src on the stream, or added to `guarded` (queued by its launch)."""
+        if guarded is not None:
+            return guarded.add(dst, src)
         self.runner.driver.copy(dst, src)
         return True
 
@@ -655,15 +663,19 @@ class Segment:
         """After a plain run: copy each update's new value into the updated variable's
         buffer when nobody else holds either, so shared variables keep their pointers (and
         the keys of later calls repeat) from the first call on."""
-        checked = False   # the copies are queued back to back: one guard check
+        guarded = self._guarded()
+        done = []
         for cell, j in self.copy_back:
             new = cell[0]
             if not isinstance(new, _GpuArray) or new is vals[j] or \
                     not _same_layout(new, vals[j]) or not self._overwritable(vals, (j,)):
                 continue
-            if self._copy(vals[j], new, not checked):
-                cell[0] = vals[j]
-                checked = True
+            if self._copy(vals[j], new, guarded):
+                done.append((cell, j))
+        if guarded is not None:
+            guarded.launch()
+        for cell, j in done:
+            cell[0] = vals[j]
 
     def _output_specs(self, vals: list, owned: tuple, static: set = frozenset()) -> list | None:
         """How each output cell is rebuilt on replay, from the values the capture run left

@@ -103,30 +103,96 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
             [f"sg_rp_aligned<{per}>(out{j})" for j in range(len(outs))]
         lines = [*hoist,
                  *([f"    const bool vec = {' && '.join(aligned)};"] if vector else []),
-                 f"    const long long nb = (n + {per} - 1) / {per};",
-                 "    const long long step = (long long)gridDim.x * blockDim.x;",
-                 "    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nb;"
-                 " b += step) {",
-                 f"        {vt} v[{per}];",
-                 f"        sg_philox_values(st, (unsigned long long)b, {'true' if dist == 'normal' else 'false'}, v);",
-                 *(vector_step() if vector else []),
-                 "#pragma unroll",
-                 f"        for (int u = 0; u < {per}; ++u) {{",
-                 f"            const long long i = b * {per} + u;",
-                 "            if (i < n) {",
-                 *["            " + p for p in prologue],
-                 *[f"            {value_ctype(d)} r{j};" for j, d in enumerate(outs)],
-                 f"            sg_apply({args_with(lambda i: f'sg_load(in{i}[{offset_of(i)}])')});",
-                 *[f"            sg_store(out{j}[i], r{j});" for j in range(len(outs))],
-                 "            }", "        }", "    }"]
+                 *block_loop_head(),
+                 *(vector_step() if vector else row_step()),
+                 *element_step(offset_of, prologue), "    }"]
         return "\n".join(lines)
 
-    unravel = ["long long rem = i;", *[f"long long o{i} = 0;" for i in full]]
-    for k in reversed(range(nd)):
-        unravel.append(f"{{ const long long q = rem / d{k}, x = rem - q * d{k}; rem = q;"
-                       + "".join(f" o{i} += x * s{i}_{k};" for i in full) + " }")
+    def block_loop_head() -> list[str]:
+        return [f"    const long long nb = (n + {per} - 1) / {per};",
+                "    const long long step = (long long)gridDim.x * blockDim.x;",
+                "    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nb;"
+                " b += step) {",
+                f"        {vt} v[{per}];",
+                f"        sg_philox_values(st, (unsigned long long)b, "
+                f"{'true' if dist == 'normal' else 'false'}, v);"]
+
+    def element_step(offset_of: Callable[[int], str], prologue: list[str]) -> list[str]:
+        """Each element on its own: the part block at the end, or (strided kernel) a block
+        that runs across the end of the last dimension."""
+        return ["#pragma unroll",
+                f"        for (int u = 0; u < {per}; ++u) {{",
+                f"            const long long i = b * {per} + u;",
+                "            if (i < n) {",
+                *["            " + p for p in prologue],
+                *[f"            {value_ctype(d)} r{j};" for j, d in enumerate(outs)],
+                f"            sg_apply({args_with(lambda i: f'sg_load(in{i}[{offset_of(i)}])')});",
+                *[f"            sg_store(out{j}[i], r{j});" for j in range(len(outs))],
+                "            }", "        }"]
+
+    last = nd - 1
+
+    def unravel(index: str, first: str) -> list[str]:
+        """Offsets o<i> of element `index` in every full operand, from its coordinates (the
+        outermost one needs no division; sg_rdiv divides in 32 bits where the values fit);
+        `first` is the statement run with x = the coordinate along the last dimension."""
+        code = [f"long long rem = {index};", *[f"long long o{i} = 0;" for i in full]]
+        for k in reversed(range(nd)):
+            coord = "rem" if k == 0 else f"rem - q * d{k}"
+            step = "" if k == 0 else f"const long long q = sg_rdiv(rem, d{k}); "
+            code.append(f"{{ {step}const long long x = {coord};"
+                        + ("" if k == 0 else " rem = q;")
+                        + "".join(f" o{i} += x * s{i}_{k};" for i in full)
+                        + (f" {first}" if k == last and first else "") + " }")
+        return code
+
+    def row_step() -> list[str]:
+        """The strided kernel's common case: a thread's block lies along the last dimension
+        (the offsets of i0 computed once, element u at o + u * the last stride), operands
+        with unit last stride read as one aligned access where the address allows (a
+        row-broadcast bias: strides (0, 1)), outputs (C-contiguous) written as one."""
+        pack = [f"sg_rpack<{storage_ctype(in_dtypes[i])}, {per}>" for i in range(len(in_dtypes))]
+        opack = [f"sg_rpack<{storage_ctype(d)}, {per}>" for d in outs]
+        loads = []
+        for i in full:
+            loads += [f"            {pack[i]} p{i};",
+                      f"            if (s{i}_{last} == 1 && sg_rp_aligned<{per}>(in{i} + o{i})) {{",
+                      f"                p{i} = *reinterpret_cast<const {pack[i]} *>(in{i} + o{i});",
+                      "            } else {",
+                      "#pragma unroll",
+                      f"                for (int u = 0; u < {per}; ++u) "
+                      f"p{i}.v[u] = in{i}[o{i} + u * s{i}_{last}];",
+                      "            }"]
+        stores = []
+        for j in range(len(outs)):
+            stores += [
+                "            if (ovec) {",
+                f"                *reinterpret_cast<{opack[j]} *>(out{j} + i0) = q{j};",
+                "            } else {",
+                "#pragma unroll",
+                f"                for (int u = 0; u < {per}; ++u) out{j}[i0 + u] = q{j}.v[u];",
+                "            }"]
+        return [
+            f"        const long long i0 = b * {per};",
+            "        long long xl;",
+            *["        " + c for c in unravel("i0", "xl = x;")],
+            f"        if (i0 + {per} <= n && xl + {per} <= d{last}) {{",
+            *loads,
+            *[f"            {opack[j]} q{j};" for j in range(len(outs))],
+            "#pragma unroll",
+            f"            for (int u = 0; u < {per}; ++u) {{",
+            *[f"                {value_ctype(d)} r{j};" for j, d in enumerate(outs)],
+            f"                sg_apply({args_with(lambda i: f'sg_load(p{i}.v[u])')});",
+            *[f"                sg_store(q{j}.v[u], r{j});" for j in range(len(outs))],
+            "            }",
+            *stores,
+            "            continue;",
+            "        }"]
+
     contig = body(lambda i: "i", [], vector=True)
-    strided = body(lambda i: f"o{i}", unravel, vector=False)
+    oaligned = [f"sg_rp_aligned<{per}>(out{j})" for j in range(len(outs))]
+    strided = "\n".join([f"    const bool ovec = {' && '.join(oaligned)};",
+                         body(lambda i: f"o{i}", unravel("i", ""), vector=False)])
     sig_contig = ", ".join(["const unsigned int *st", "long long n", *ptrs])
     sig_strided = ", ".join(["const unsigned int *st", "long long n", *dims, *strides, *ptrs])
     return "\n".join([

@@ -17,10 +17,10 @@ right after each launch, for debugging.
 A report also sets the first word of its slot's page (each chunk of slots starts on a page:
 ``page_aligned``). The graph runner copies an update back into its shared variable's buffer
 inside a call (so the variable stays where the graph reads it); in a function with checking ops
-that copy is ``guarded_copy``: one thread reads the page words into a device word, and the copy
-kernel does nothing once it is set, so a call that is about to fail leaves its shared variables
-untouched. Until the error is raised (at the next synchronisation), later calls' copies are
-skipped too.
+those copies are ``GuardedCopies``: one thread reads the page words into a device word, and the
+copy kernel (one launch for all of a call's copies) does nothing once it is set, so a call that
+is about to fail leaves its shared variables untouched. Until the error is raised (at the next
+synchronisation), later calls' copies are skipped too.
 
 Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
 device address of the slot its kernel writes.
@@ -32,14 +32,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.gpu.runtime.codegen import text
+from symgpu.gpu.runtime.codegen import template, text
 
 __all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
-           "raise_device_errors", "is_device_check_error", "launch_checked", "guarded_copy"]
+           "raise_device_errors", "is_device_check_error", "launch_checked", "GuardedCopies",
+           "plan_copies", "copy_table"]
 
 #: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
 #: so does the first word of the slot's page (its chunk's "something was reported" word, which
-#: guarded copies read: see guarded_copy)
+#: guarded copies read: see GuardedCopies)
 REPORT_SOURCE = text("report.cu")
 
 _CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page's report word
@@ -50,9 +51,13 @@ _MAX_GUARDED_CHUNKS = 4
 #: words live in mapped host memory, and on the H100 each read of them from a kernel cost
 #: about a microsecond, one after the other: read by every block of a copy (a 4 MiB weight
 #: has 1024), they made a dropout MLP step's eight copies take 2 ms instead of a few us. So
-#: one thread reads them once per copy into the module's own device word, which the copy's
+#: one thread reads them once per call into the module's own device word, which the copy's
 #: blocks then read (two launches on the stream, in order: nothing runs between them).
-GUARDED_COPY_SOURCE = text("guarded_copy.cu")
+_COPY_TABLE = 32        # copies per launch (the table is the kernel's parameter: 1040 bytes)
+_COPY_CHUNK = 16384     # bytes per thread block: 256 threads x 4 x 16 bytes
+GUARDED_COPY_SOURCE = template("guarded_copy.cu").substitute(table=_COPY_TABLE,
+                                                             chunk=_COPY_CHUNK)
+_TABLE_FORMAT = "q" * (2 + _COPY_TABLE) + "Q" * (2 * _COPY_TABLE) + "q" * _COPY_TABLE
 
 _PAGE = 4096
 
@@ -229,36 +234,97 @@ def sync_check_reason() -> str | None:
 _copy_kernels: dict[int, Any] = {}
 
 
-def guarded_copy(ctx: Any, dst: Any, src: Any, check: bool = True) -> bool:
-    """``dst[...] = src`` (same layout, contiguous) on ctx's stream, skipped on the device if
-    any check of the context has reported; False (nothing queued) when the context has more
-    report pages than the kernel reads.  ``check=False`` reuses the verdict the previous
-    guarded copy read: for the copies queued right after it, with no kernel between them
-    (the runner's update copies, one check per call instead of one per copy)."""
-    words = checks_of(ctx).report_words()
-    if words is None:
-        return False
+def _guard_kernels(ctx: Any) -> tuple[Any, Any]:
+    """(check, copy) of ctx's one guarded-copy module (one module: one verdict word)."""
     fns = _copy_kernels.get(id(ctx))
     if fns is None:
         from symgpu.gpu.runtime.compiler import compile_module
-        module = compile_module(GUARDED_COPY_SOURCE, context=ctx)   # one module: one word
+        module = compile_module(GUARDED_COPY_SOURCE, context=ctx)
         check_fn = module.get_function("guarded_copy_check")
-        copy = module.get_function("guarded_copy")
+        copy = module.get_function("guarded_copies")
         check_fn.prepare("PPPP")
-        copy.prepare("PPqPPq")
+        copy.prepare(_TABLE_FORMAT)
         fns = _copy_kernels[id(ctx)] = (check_fn, copy)
-    check_fn, copy = fns
-    nbytes = dst.nbytes
-    n16, tail = divmod(nbytes, 16) if dst.ptr % 16 == 0 and src.ptr % 16 == 0 else (0, nbytes)
-    done = n16 * 16
-    words = words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
-    threads = max(n16, tail)
-    blocks = max(1, min(1024, -(-threads // 256)))
-    if check:
-        check_fn.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words)
-    copy.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, dst.ptr, src.ptr, n16,
-                             dst.ptr + done, src.ptr + done, nbytes - done)
-    return True
+    return fns
+
+
+Copy = tuple[int, int, int]   # (destination address, source address, bytes)
+
+
+def _overlap(a: int, an: int, b: int, bn: int) -> bool:
+    return a < b + bn and b < a + an
+
+
+def plan_copies(copies: list[Copy], limit: int = _COPY_TABLE) -> list[list[Copy]]:
+    """The launches that make `copies` in their order: one for all of them unless a copy
+    touches memory an earlier copy of the launch writes, or writes memory it reads (the
+    copies of one launch run at once; launches run one after the other), or more than
+    `limit` copies are left. Empty copies are left out."""
+    launches: list[list[Copy]] = []
+    current: list[Copy] = []
+    for dst, src, n in copies:
+        if n <= 0:
+            continue
+        clash = any(_overlap(dst, n, d, m) or _overlap(src, n, d, m) or _overlap(dst, n, s, m)
+                    for d, s, m in current)
+        if current and (clash or len(current) == limit):
+            launches.append(current)
+            current = []
+        current.append((dst, src, n))
+    if current:
+        launches.append(current)
+    return launches
+
+
+def copy_table(copies: list[Copy]) -> tuple[int, tuple[int, ...]]:
+    """(thread blocks, the kernel's table as arguments) of one launch of `guarded_copies`:
+    each copy gets ceil(bytes / chunk) blocks, so the blocks are split across the copies by
+    size and a 4 MiB weight streams as 256 blocks of four 16-byte loads per thread."""
+    if not 0 < len(copies) <= _COPY_TABLE:
+        raise ValueError(f"guarded_copies: {len(copies)} copies for a table of {_COPY_TABLE}")
+    first, total = [], 0
+    for _, _, n in copies:
+        first.append(total)
+        total += -(-n // _COPY_CHUNK)
+    pad = _COPY_TABLE - len(copies)
+    first += [total] * (pad + 1)
+    return total, (len(copies), *first, *[d for d, _, _ in copies], *[0] * pad,
+                   *[s for _, s, _ in copies], *[0] * pad, *[n for _, _, n in copies],
+                   *[0] * pad)
+
+
+class GuardedCopies:
+    """One call's update copies (``dst[...] = src``, same layout, contiguous) that do not
+    land once any check of the context has reported: `add` them in order, then `launch`
+    queues the check kernel (one thread reads the report words) and one copy kernel for all
+    of them (more only where `plan_copies` must split), instead of a launch per buffer,
+    most of them tiny. `add` is False (nothing will be copied) when the context has more
+    report pages than the check kernel reads."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self.words = checks_of(ctx).report_words()
+        self.pending: list[Copy] = []
+
+    def add(self, dst: Any, src: Any) -> bool:
+        if self.words is None:
+            return False
+        self.pending.append((int(dst.ptr), int(src.ptr), int(dst.nbytes)))
+        return True
+
+    def launch(self) -> None:
+        """Queue the copies added so far on the context's stream (nothing when none were)."""
+        launches = plan_copies(self.pending)
+        self.pending = []
+        if not launches:
+            return
+        check_fn, copy = _guard_kernels(self.ctx)
+        stream = self.ctx.stream
+        words = self.words + [0] * (_MAX_GUARDED_CHUNKS - len(self.words))
+        check_fn.prepared_async_call((1, 1), (32, 1, 1), stream, *words)
+        for copies in launches:
+            blocks, table = copy_table(copies)
+            copy.prepared_async_call((blocks, 1), (256, 1, 1), stream, *table)
 
 
 class DeviceChecked:
