@@ -49,7 +49,7 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   (``pool.lend``: ``get_value(borrow=True, return_internal_type=True)`` and ``set_value(...,
   borrow=True)`` mark it, an explicit flag), no value the function returns may alias the new
   value, no later reader aliases the old one, and nothing that can fail runs after the segment
-  (the copies are guarded by the device checks: device_checks.guarded_copy), so a failed call
+  (the copies are guarded by the device checks: device_checks.GuardedCopies), so a failed call
   changes nothing.  Under capture, an update computed by a GpuElemwise is written straight
   (by a GpuGemm, accumulated) into the variable's buffer instead, so the graph holds no copy
   (graph_segment.DIRECT_UPDATES, ``Segment._capture_items``), when, besides the above, the
@@ -452,7 +452,7 @@ def _tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> bo
     """Whether updates of segment step ``s_no`` may be written into their variables' buffers:
     nothing that can fail runs after the segment (the call then cannot raise after the shared
     variable changed): the steps left are copies to the host at most (a check they raise
-    stops the copy itself: device_checks.guarded_copy)."""
+    stops the copy itself: device_checks.GuardedCopies)."""
     from symgpu.gpu.placement.basic_ops import HostFromGpu
     return all(k == "batch" or (k == "plain" and all(
         isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
