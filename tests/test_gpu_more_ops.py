@@ -10,6 +10,7 @@ import symgpu.tensor as T
 from gpu_helpers import check_on_gpu, compile_for_sm90, requires_gpu, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu.ops.nnet import GpuArgmax, argmax_source
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.runtime.copykernel import STRIDED_COPY_SOURCE
 from symgpu.gpu.ops.subtensor import GpuIncSubtensor, GpuJoin, GpuSubtensor
@@ -29,15 +30,17 @@ def _graphs():
         "set": (T.set_subtensor(x[1:3], y[0]), GpuIncSubtensor),
         "inc": (T.inc_subtensor(x[:, i], v), GpuIncSubtensor),
         "join": (T.concatenate([x, y], axis=1), GpuJoin),
-        "softmax": (T.nnet.softmax(x), None),
+        "softmax": (T.nnet.softmax(x), GpuSoftmaxRows),
         "log_softmax": (T.nnet.log_softmax(x, axis=0), None),
+        "softmax_vector": (T.nnet.softmax(v), None),
         "argmax": (T.argmax(x, axis=1), GpuArgmax),
         "argmin_all": (T.argmin(x), GpuArgmax),
     }
 
 
 @pytest.mark.parametrize("name", ["sub", "sub_rev", "sub_newaxis", "set", "inc", "join",
-                                  "softmax", "log_softmax", "argmax", "argmin_all"])
+                                  "softmax", "log_softmax", "softmax_vector", "argmax",
+                                  "argmin_all"])
 def test_placement_on_virtual_context(name):
     with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
         inputs, graphs = _graphs()

@@ -1,9 +1,9 @@
-"""Softmax / LogSoftmax on the GPU (expanded into GpuCAReduce + GpuElemwise, which the fusion
-passes then merge) and GpuArgmax (one block per row, a small reduction kernel).
+"""Softmax / LogSoftmax on the GPU and GpuArgmax (one block per row, a small reduction kernel).
 
-Why expand the softmax family: the max-shifted expressions are exactly what the CPU thunks
-compute, and the GPU already has fused elementwise kernels and reductions for them; only
-argmax/argmin needs its own kernel (a reduction carrying an index).
+Along the last axis of a matrix (or more) the softmax family is GpuSoftmaxRows, one launch
+(softmax_rows.py); along another axis, or over a vector, it is expanded into GpuCAReduce +
+GpuElemwise, which the fusion passes then merge: the max-shifted expressions are exactly what
+the CPU thunks compute, and those reductions spread one long row over the whole GPU.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.scalar.basic import SCALAR_OPS
@@ -61,10 +62,18 @@ def _softmax_ok(x: Variable) -> bool:
             and careduce_supported(SCALAR_OPS["maximum"], None, [x.dtype]))
 
 
+def _along_rows(x: Variable, axis: int | None) -> bool:
+    """Whether the softmax runs along the last axis of a matrix or more: GpuSoftmaxRows'
+    one launch (softmax_rows.py); other axes, and vectors, are expanded."""
+    return axis is not None and x.ndim >= 2 and axis % x.ndim == x.ndim - 1
+
+
 @register_lifter(_Softmax)
 def lift_softmax(op, node, context_name, inputs):
     if type(op) is not _Softmax or not _softmax_ok(inputs[0]):
         return None
+    if _along_rows(inputs[0], op.axis):
+        return [GpuSoftmaxRows(log=False)(inputs[0])]
     return [gpu_softmax(inputs[0], op.axis)]
 
 
@@ -72,6 +81,8 @@ def lift_softmax(op, node, context_name, inputs):
 def lift_log_softmax(op, node, context_name, inputs):
     if not _softmax_ok(inputs[0]):
         return None
+    if _along_rows(inputs[0], op.axis):
+        return [GpuSoftmaxRows(log=True)(inputs[0])]
     return [gpu_log_softmax(inputs[0], op.axis)]
 
 

@@ -1,0 +1,138 @@
+"""GpuSoftmaxRows: softmax or log_softmax along the last axis in one kernel, a warp per row
+(a block per row past ``WIDE_ROW`` elements).
+
+Why a kernel of its own: expanded into reductions and elementwise ops (symgpu/gpu/ops/nnet.py,
+still used for the other axes), the softmax of a classifier's logits costs three or four
+launches (the row max, exp(x - max), the row sum, the division or the log), each reading the
+whole matrix; the rows of a classifier are short (tens to thousands of classes), so one warp
+per row reads its row three times from cache and writes it once, in one launch.  Only arrays
+of two or more dimensions take it (nnet.py's lifters): a 1-d softmax is one long row, which
+one block would stream alone, where the expanded reductions spread it over the whole GPU.
+
+x is read through its strides (leading axes that collapse into one row stride; otherwise a
+contiguous copy first); the result is a new C-contiguous array. The values are those of the
+CPU ops (max-shifted, NaN propagating as NumPy's max does).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.runtime.codegen import sections
+
+__all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout"]
+
+#: dtype -> CUDA type the kernels are instantiated for
+SOFTMAX_ROWS_DTYPES = {"float32": "float", "float64": "double"}
+_BLOCK = 256            # 8 warps: 8 rows per block
+_MAX_BLOCKS = 8192
+_MODULE_KEY = ("symgpu.softmax_rows",)
+_CU = sections("softmax_rows.cu")
+
+
+#: rows longer than this take a whole block each (a warp each below: most classifiers)
+WIDE_ROW = 1024
+
+
+def _kernel_name(dtype: str, log: bool, wide: bool) -> str:
+    return f"{'log_' if log else ''}softmax_{'block' if wide else 'warp'}_rows_{dtype}"
+
+
+def softmax_rows_source() -> str:
+    """The CUDA module with every ``[log_]softmax_{warp,block}_rows_<dtype>`` kernel."""
+    parts = [_CU[""].substitute()]
+    for dtype, ctype in SOFTMAX_ROWS_DTYPES.items():
+        for log in (False, True):
+            for wide in (False, True):
+                parts.append(_CU["rows"].substitute(
+                    name=_kernel_name(dtype, log, wide), ctype=ctype,
+                    log="true" if log else "false", wide="true" if wide else "false"))
+    return "".join(parts)
+
+
+def rows_layout(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int, int, int] | None:
+    """(rows, n, row stride, element stride) in elements of an array seen as rows of its
+    last axis, or None when its leading axes do not collapse into one row stride (or a
+    stride is not a whole number of elements): the caller then copies it first."""
+    if any(s % itemsize for s in strides):
+        return None
+    n = shape[-1] if shape else 1
+    es = strides[-1] // itemsize if shape and n > 1 else 1
+    rows, row_stride = 1, 0
+    for size, stride in reversed(list(zip(shape[:-1], strides[:-1]))):
+        if size == 1:
+            continue
+        step = stride // itemsize
+        if rows == 1:
+            row_stride = step
+        elif step != row_stride * rows:
+            return None
+        rows *= size
+    return rows, n, row_stride, es
+
+
+_prepared: dict[tuple[int, str], Any] = {}
+
+
+def _kernel(ctx: Any, name: str) -> Any:
+    key = (id(ctx), name)
+    fn = _prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(_MODULE_KEY, softmax_rows_source, name, context=ctx)
+        fn.prepare("PqqPqq")
+        _prepared[key] = fn
+    return fn
+
+
+class GpuSoftmaxRows(Op):
+    """softmax (``log=False``) or log_softmax (``log=True``) of a float32/float64 GPU array
+    along its last axis: a new C-contiguous array of its type."""
+
+    __props__ = ("log",)
+    capturable = True   # a pool allocation and one launch on the stream (graphs.py)
+    launches = True
+
+    def __init__(self, log: bool = False):
+        self.log = bool(log)
+
+    def __str__(self) -> str:
+        return f"GpuSoftmaxRows{{{'log' if self.log else 'softmax'}}}"
+
+    def make_node(self, x: Any) -> Apply:
+        if not is_gpu_var(x):
+            raise TypeError(f"{self}: expected a GPU variable, got {x}")
+        if x.dtype not in SOFTMAX_ROWS_DTYPES or x.ndim == 0:
+            raise TypeError(f"{self}: needs a float32/float64 array of at least one "
+                            f"dimension, got {x.type}")
+        return Apply(self, [x], [x.type()])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The module (else compiled on the first call), for the link-time prefetch
+        (symgpu/gpu/exec/prefetch.py) to compile alongside the function's other kernels."""
+        return [(_MODULE_KEY, softmax_rows_source, ())]
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.runtime.array import GpuArray
+        (x,) = inputs
+        res = GpuArray(x.shape, x.dtype, x.context)
+        if x.size:
+            layout = rows_layout(x.shape, x.strides, x.dtype.itemsize)
+            if layout is None:
+                x = x.copy()
+                layout = rows_layout(x.shape, x.strides, x.dtype.itemsize)
+            rows, n, xs0, xs1 = layout
+            ctx = x.context
+            ctx.activate()
+            wide = n > WIDE_ROW
+            fn = _kernel(ctx, _kernel_name(x.dtype.name, self.log, wide))
+            per_block = 1 if wide else _BLOCK // 32
+            blocks = max(1, min(_MAX_BLOCKS, -(-rows // per_block)))
+            fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, x.ptr, xs0, xs1,
+                                   res.ptr, rows, n)
+        out[0][0] = res

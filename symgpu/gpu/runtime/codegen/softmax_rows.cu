@@ -1,0 +1,71 @@
+// softmax / log_softmax along the last axis, a warp or a block per row
+// (symgpu/gpu/ops/softmax_rows.py); entry points instantiated per dtype and row width.
+__device__ __forceinline__ float sr_exp(float v) { return expf(v); }
+__device__ __forceinline__ double sr_exp(double v) { return exp(v); }
+__device__ __forceinline__ float sr_log(float v) { return logf(v); }
+__device__ __forceinline__ double sr_log(double v) { return log(v); }
+
+/* The larger of a and b, NaN winning (NumPy's max propagates NaN: so does the row's result). */
+template <typename T>
+__device__ __forceinline__ T sr_max(T a, T b) { return (a != a || a > b) ? a : b; }
+
+/* The max (SUM false) or sum of v over the threads that share a row: a warp's lanes (WIDE
+   false), or the whole block (WIDE true, through `shared`, 32 slots); every thread gets it. */
+template <typename T, bool SUM, bool WIDE>
+__device__ __forceinline__ T sr_reduce(T v, T *shared)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const T w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = SUM ? v + w : sr_max(v, w);
+    }
+    if (!WIDE) return v;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __syncthreads();                     // the slots' last readers are done
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? shared[lane] : (SUM ? T(0) : T(-INFINITY));
+    for (int o = 16; o > 0; o >>= 1) {
+        const T w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = SUM ? v + w : sr_max(v, w);
+    }
+    return v;
+}
+
+/* out[r, :] = softmax (LOG: log_softmax) of x's row r, for `rows` rows of n elements: x read
+   through element strides (xs0 between rows, xs1 along a row), out C-contiguous. A warp takes
+   a row (WIDE false: short rows, 8 per 256-thread block) or the whole block does (WIDE true:
+   long rows), blocks striding over the rows: the row's max, then the sum of exp(x - max),
+   then the row written in one more pass, as the CPU op computes it: exp(x - max) / sum, or
+   (x - max) - log(sum). */
+template <typename T, bool LOG, bool WIDE>
+__device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, long long xs1,
+                                                  T *out, long long rows, long long n)
+{
+    __shared__ T shared[32];
+    const int per_block = WIDE ? 1 : (blockDim.x >> 5);
+    const int first = WIDE ? threadIdx.x : (threadIdx.x & 31);
+    const int stride = WIDE ? blockDim.x : 32;
+    const long long step = (long long)gridDim.x * per_block;
+    for (long long r = (long long)blockIdx.x * per_block + (WIDE ? 0 : (threadIdx.x >> 5));
+         r < rows; r += step) {
+        const T *xr = x + r * xs0;
+        T *orow = out + r * n;
+        T m = -INFINITY;
+        for (long long j = first; j < n; j += stride) m = sr_max(m, xr[j * xs1]);
+        m = sr_reduce<T, false, WIDE>(m, shared);
+        T s = T(0);
+        for (long long j = first; j < n; j += stride) s += sr_exp(xr[j * xs1] - m);
+        s = sr_reduce<T, true, WIDE>(s, shared);
+        if (LOG) {
+            const T ls = sr_log(s);
+            for (long long j = first; j < n; j += stride) orow[j] = (xr[j * xs1] - m) - ls;
+        } else {
+            for (long long j = first; j < n; j += stride) orow[j] = sr_exp(xr[j * xs1] - m) / s;
+        }
+    }
+}
+//@ rows
+
+extern "C" __global__ void ${name}(const ${ctype} *x, long long xs0, long long xs1,
+                                   ${ctype} *out, long long rows, long long n)
+{ softmax_rows_body<${ctype}, ${log}, ${wide}>(x, xs0, xs1, out, rows, n); }
