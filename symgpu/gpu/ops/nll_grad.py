@@ -1,0 +1,241 @@
+"""GpuNLLGrad: the gradient reaching a softmax's logits from the tutorials' negative
+log-likelihood, ``-mean(log(softmax(z))[arange(n), y])``, in one elementwise launch.
+
+Why: differentiated, that loss scatters ``-1/n`` into a matrix of zeros at ``(i, y_i)`` (a
+fill and a scatter kernel), sums each row of the scatter (a reduction) and subtracts the
+softmax times that sum (an elementwise kernel): four launches over the logits' shape, where
+the value is ``g - m * s`` with g zero but for one element per row. ``gpu_nll_grad_fusion``
+(position 49.4, before gpu_fusion) finds ``scatter - m * rowsum(scatter)`` where the scatter
+writes rows ``arange(0, r, 1)`` of a zero matrix, and replaces it by this op: the same
+values (the row sum of a one-hot row is its one value, exactly), any m of the scatter's
+shape. Labels are checked as the scatter checks them (negative ones count from the end; one
+out of range raises IndexError at the next synchronisation, naming the shapes).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
+from symgpu.graph.rewriting.db import optdb
+from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
+from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
+from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
+
+__all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion"]
+
+#: value dtype -> CUDA type
+NLL_GRAD_DTYPES = {"float32": "float", "float64": "double"}
+_BLOCK = 256
+_MAX_BLOCKS = 4096
+_MODULE_KEY = ("symgpu.nll_grad",)
+_CU = sections("nll_grad.cu")
+
+
+def _kernel_name(dtype: str, idx_dtype: str) -> str:
+    return f"nll_grad_{dtype}_{idx_dtype}"
+
+
+def nll_grad_source() -> str:
+    """The CUDA module with every ``nll_grad_<dtype>_<label dtype>`` kernel."""
+    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
+    for dtype, t in NLL_GRAD_DTYPES.items():
+        for idt, it in INDEX_DTYPES.items():
+            parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt), t=t, it=it))
+    return "".join(parts)
+
+
+_prepared: dict[tuple[int, str], Any] = {}
+
+
+def _kernel(ctx: Any, name: str) -> Any:
+    key = (id(ctx), name)
+    fn = _prepared.get(key)
+    if fn is None:
+        from symgpu.gpu.runtime.compiler import get_kernel
+        fn = get_kernel(_MODULE_KEY, nll_grad_source, name, context=ctx)
+        fn.prepare("PqPqqPqPqqqP")
+        _prepared[key] = fn
+    return fn
+
+
+def _elems(a: Any) -> tuple[Any, tuple[int, ...]]:
+    """(a, its strides in elements, 0 on length-1 axes), or a contiguous copy's."""
+    isz = a.dtype.itemsize
+    if any(s % isz for s, n in zip(a.strides, a.shape) if n > 1):
+        a = a.copy()
+    return a, tuple(0 if n <= 1 else s // isz for s, n in zip(a.strides, a.shape))
+
+
+class GpuNLLGrad(DeviceChecked, Op):
+    """``g - m * rowsum(g)`` where g is a zero matrix of m's shape but for ``g[i, y_i] = v_i``
+    in its first ``labelled`` rows: a new C-contiguous matrix. Inputs: v (a vector of length
+    ``labelled``, or of length 1: broadcast), m (a float matrix), labelled (a host integer),
+    y (int32/int64 labels, of length ``labelled`` or 1)."""
+
+    __props__ = ()
+
+    def __str__(self) -> str:
+        return "GpuNLLGrad"
+
+    def make_node(self, v: Any, m: Any, labelled: Any, y: Any) -> Apply:
+        from symgpu.tensor.type import as_tensor_variable
+        labelled = as_tensor_variable(labelled)
+        if not (is_gpu_var(v) and is_gpu_var(m) and is_gpu_var(y)):
+            raise TypeError(f"{self}: v, m and y must be GPU variables, got {v}, {m}, {y}")
+        if m.ndim != 2 or m.dtype not in NLL_GRAD_DTYPES or v.ndim != 1 or v.dtype != m.dtype:
+            raise TypeError(f"{self}: m must be a float32/float64 matrix and v a vector of its "
+                            f"dtype, got {m.type} and {v.type}")
+        if y.ndim != 1 or y.dtype not in INDEX_DTYPES:
+            raise TypeError(f"{self}: labels must be an int32/int64 vector, got {y.type}")
+        if labelled.ndim != 0 or not labelled.dtype.startswith(("int", "uint")):
+            raise TypeError(f"{self}: the labelled row count must be an integer scalar, got "
+                            f"{labelled.type}")
+        out = GpuArrayType(m.dtype, (False, False), m.type.context_name)()
+        return Apply(self, [v, m, labelled, y], [out])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[1]]
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The module (else compiled on the first call), for the link-time prefetch."""
+        return [(_MODULE_KEY, nll_grad_source, ())]
+
+    def perform(self, node, inputs, out):
+        from symgpu.gpu.runtime.array import GpuArray
+        v, m, labelled, y = inputs
+        rows, cols = m.shape
+        labelled = int(labelled)
+        shape = (rows, cols)
+        if labelled > rows:   # the scatter's row index arange(labelled) would be out of range
+            raise IndexError(f"{self}: index {rows} is out of bounds for an array of shape "
+                             f"{shape} (axis 0 has length {rows}, axis 1 has length {cols})")
+        for name, a in (("values", v), ("labels", y)):
+            if a.shape[0] not in (1, labelled):
+                raise ValueError(f"{self}: {name} of shape {a.shape} do not broadcast to the "
+                                 f"{labelled} labelled rows of an array of shape {shape}")
+        res = GpuArray(shape, m.dtype, m.context)
+        if labelled and not cols:
+            raise IndexError(f"{self}: no label can index an array of shape {shape} (axis 1 "
+                             f"has length 0)")
+        if rows and cols:
+            v, (vs,) = _elems(v)
+            y, (ys,) = _elems(y)
+            m, (ms0, ms1) = _elems(m)
+            ctx = m.context
+            ctx.activate()
+            fn = _kernel(ctx, _kernel_name(m.dtype.name, y.dtype.name))
+            blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
+
+            def describe(bad: int) -> Exception:
+                return IndexError(f"{self}: index {bad} is out of bounds for an array of shape "
+                                  f"{shape} (axis 0 has length {rows}, axis 1 has length "
+                                  f"{cols})")
+            launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
+                           (v.ptr, vs, m.ptr, ms0, ms1, y.ptr, ys, res.ptr, rows, cols,
+                            labelled), describe)
+        out[0][0] = res
+
+
+# ----------------------------------------------------------------------------- the pass
+
+def _constant_value(var: Variable) -> Any:
+    c = constant_behind(var)
+    if c is None:
+        return None
+    try:
+        return c.data.item() if getattr(c.data, "size", 0) == 1 else None
+    except (AttributeError, ValueError):
+        return None
+
+
+def _is_zero_fill(var: Variable) -> bool:
+    """``second(x, 0)``: zeros of x's shape (what zeros_like lifts to)."""
+    node = var.owner
+    return (node is not None and type(node.op) is GpuElemwise and not node.op.inplace_pattern
+            and getattr(node.op.scalar_op, "name", None) == "second" and len(node.inputs) == 2
+            and _constant_value(node.inputs[1]) == 0)
+
+
+def _first_rows(var: Variable) -> Variable | None:
+    """The row count r of ``arange(0, r, 1)`` (GpuARange), else None."""
+    node = var.owner
+    if node is None or type(node.op) is not GpuARange:
+        return None
+    start, stop, step = node.inputs
+    if _constant_value(start) != 0 or _constant_value(step) != 1:
+        return None
+    return stop
+
+
+def _one_hot_scatter(var: Variable) -> tuple[Variable, Variable, Variable] | None:
+    """(v, r, y) when ``var`` is zeros with ``v`` scattered (set or added) at rows
+    ``arange(0, r, 1)``, columns y; else None."""
+    node = var.owner
+    if node is None or type(node.op) is not GpuAdvancedIncSubtensor2:
+        return None
+    zeros, v, rows, y = node.inputs
+    r = _first_rows(rows)
+    if r is None or not _is_zero_fill(zeros) or v.ndim != 1 or v.dtype != var.dtype:
+        return None
+    return v, r, y
+
+
+def _row_sum_of(var: Variable, g: Variable) -> bool:
+    """Whether ``var`` is ``g.sum(axis=1, keepdims=True)`` (a GpuCAReduce then a
+    GpuDimShuffle putting the kept axis back)."""
+    node = var.owner
+    if node is None or type(node.op) is not GpuDimShuffle or node.op.new_order != (0, "x"):
+        return False
+    red = node.inputs[0].owner
+    return (red is not None and type(red.op) is GpuCAReduce and red.inputs == [g]
+            and getattr(red.op.scalar_op, "name", None) == "add" and red.op.pre_scalar_op is None
+            and red.op.axis == (1,) and red.outputs[0].dtype == g.dtype)
+
+
+def _match(node: Apply) -> list[Variable] | None:
+    """The replacement of ``sub(g, mul(m, rowsum(g)))`` (either factor order) with g a
+    one-hot scatter, else None."""
+    if type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
+            getattr(node.op.scalar_op, "name", None) != "sub" or len(node.inputs) != 2:
+        return None
+    g, prod = node.inputs
+    out = node.outputs[0]
+    if g.ndim != 2 or g.dtype not in NLL_GRAD_DTYPES or out.dtype != g.dtype or \
+            out.broadcastable != (False, False) or prod.owner is None:
+        return None
+    pnode = prod.owner
+    if type(pnode.op) is not GpuElemwise or pnode.op.inplace_pattern or \
+            getattr(pnode.op.scalar_op, "name", None) != "mul" or len(pnode.inputs) != 2:
+        return None
+    scatter = _one_hot_scatter(g)
+    if scatter is None:
+        return None
+    a, b = pnode.inputs
+    m = b if _row_sum_of(a, g) else (a if _row_sum_of(b, g) else None)
+    if m is None or m.dtype != g.dtype or m.broadcastable != (False, False):
+        return None
+    v, r, y = scatter
+    return [GpuNLLGrad()(v, m, r, y)]
+
+
+def gpu_nll_grad_fusion(fgraph: FunctionGraph) -> int:
+    """Replace each ``scatter - m * rowsum(scatter)`` of a one-hot scatter by GpuNLLGrad;
+    returns how many were replaced."""
+    changed = 0
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes:
+            continue
+        new = _match(node)
+        if new is not None:
+            fgraph.replace_all(list(zip(node.outputs, new)), reason="gpu_nll_grad_fusion")
+            changed += 1
+    return changed
+
+
+optdb.register("gpu_nll_grad_fusion", gpu_nll_grad_fusion, 49.4, "fast_run", "fusion", "gpu")

@@ -1,0 +1,37 @@
+// The gradient reaching a softmax's logits from the negative log-likelihood of integer labels
+// (symgpu/gpu/ops/nll_grad.py); entry points instantiated per dtype and label dtype.
+/* out (rows x cols, C-contiguous) = g - m * s, where g is zero but for g[i, y[i]] = v[i] in
+   the first `labelled` rows, and s[i] is g's row sum (v[i] there, 0 below): what
+   ``scatter(v at (i, y_i)) - m * rowsum(scatter)`` computes, in one pass. v is read with
+   stride vs (0: broadcast), y with ys, m through element strides (ms0, ms1). A label out of
+   [-cols, cols) is reported (negative ones count from the end, as the scatter's) and its row
+   gets no one-hot term: the host raises at its next sync. */
+template <typename T, typename I>
+__device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T *m,
+    long long ms0, long long ms1, const I *y, long long ys, T *out, long long rows,
+    long long cols, long long labelled, unsigned long long *err)
+{
+    const long long total = rows * cols;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
+        const long long i = k / cols, j = k - i * cols;
+        T g = T(0), s = T(0);
+        if (i < labelled) {
+            long long label = (long long)y[i * ys];
+            if (label < 0) label += cols;
+            if (label < 0 || label >= cols) {
+                if (j == 0) report(err, (long long)y[i * ys]);
+            } else {
+                s = v[i * vs];
+                if (j == label) g = s;
+            }
+        }
+        out[k] = g - m[i * ms0 + j * ms1] * s;
+    }
+}
+//@ grad
+
+extern "C" __global__ void ${name}(const ${t} *v, long long vs, const ${t} *m,
+    long long ms0, long long ms1, const ${it} *y, long long ys, ${t} *out, long long rows,
+    long long cols, long long labelled, unsigned long long *err)
+{ nll_grad_body<${t}, ${it}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled, err); }

@@ -1,0 +1,151 @@
+"""GpuNLLGrad and gpu_nll_grad_fusion: the gradient of the tutorials' negative log-likelihood
+(``-mean(log(softmax(z))[arange(n), y])``) reaching the logits in one launch. Which graphs the
+pass rewrites (virtual context, CPU), nvcc compilation (``nvcc``), and on a real GPU
+(``gpu``): values equal to the unfused ops' and NumPy's, labels checked as the scatter checks
+them, and a failing step leaving its shared variables untouched."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+from gpu_helpers import compile_for_sm90, requires_gpu, requires_nvcc
+from symgpu import config, function, shared
+from symgpu.gpu.ops.nll_grad import GpuNLLGrad, nll_grad_source
+from symgpu.gpu.placement.rewriting import virtual_context
+from symgpu.gpu.placement.type import GpuArrayType
+
+UNFUSED = "gpu_nll_grad_fusion"
+
+
+def _loss(z, y, rows=None):
+    p = T.nnet.softmax(z)
+    r = T.arange(y.shape[0]) if rows is None else rows
+    return -T.mean(T.log(p)[r, y])
+
+
+def _names(f):
+    return [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+
+
+# ============================================================================ CPU
+
+@pytest.mark.parametrize("label_dtype", ["int32", "int64"])
+def test_the_classifier_gradient_is_one_node(label_dtype):
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        x, w, y = T.matrix("x"), T.matrix("w"), T.vector("y", dtype=label_dtype)
+        loss = _loss(T.dot(x, w), y)
+        names = _names(function([x, w, y], [loss, T.grad(loss, w)]))
+        assert names.count("GpuNLLGrad") == 1, names
+        assert "GpuAdvancedIncSubtensor2" not in names, names
+        with config.change_flags(optimizer_excluding=UNFUSED):
+            names = _names(function([x, w, y], [loss, T.grad(loss, w)]))
+        assert "GpuNLLGrad" not in names and "GpuAdvancedIncSubtensor2" in names, names
+
+
+def test_other_scatters_are_left_alone():
+    """Rows other than arange(0, r, 1), or a scatter into something that is not zeros, keep
+    the general ops (their row sums are not a single value)."""
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        z, y, rows = T.matrix("z"), T.lvector("y"), T.lvector("rows")
+        for loss in (_loss(z, y, rows),                              # rows given by the caller
+                     _loss(z, y, T.arange(1, y.shape[0] + 1)),       # shifted rows
+                     _loss(z, y, T.arange(0, 2 * y.shape[0], 2))):   # every other row
+            names = _names(function([z, y, rows], T.grad(loss, z), on_unused_input="ignore"))
+            assert "GpuNLLGrad" not in names, names
+        g = T.matrix("g")   # a scatter added to a non-zero matrix
+        s = T.inc_subtensor(g[T.arange(y.shape[0]), y], 1.0)
+        out = s - T.nnet.softmax(z) * s.sum(axis=1, keepdims=True)
+        assert "GpuNLLGrad" not in _names(function([g, z, y], out))
+
+
+def test_make_node_checks_its_inputs():
+    ctx = None
+    m = GpuArrayType("float32", (False, False), ctx)()
+    v = GpuArrayType("float32", (False,), ctx)()
+    y = GpuArrayType("int64", (False,), ctx)()
+    r = T.lscalar("r")
+    assert GpuNLLGrad()(v, m, r, y).type == m.type
+    with pytest.raises(TypeError, match="GPU variables"):
+        GpuNLLGrad()(v, T.matrix("m"), r, y)
+    with pytest.raises(TypeError, match="matrix"):
+        GpuNLLGrad()(GpuArrayType("float64", (False,), ctx)(), m, r, y)
+    with pytest.raises(TypeError, match="labels"):
+        GpuNLLGrad()(v, m, r, GpuArrayType("float32", (False,), ctx)())
+    with pytest.raises(TypeError, match="row count"):
+        GpuNLLGrad()(v, m, T.dscalar("r"), y)
+
+
+@requires_nvcc
+def test_kernels_compile(tmp_path):
+    src = nll_grad_source()
+    for name in ("nll_grad_float32_int32", "nll_grad_float64_int64"):
+        assert name in src
+    assert compile_for_sm90(src, tmp_path)
+
+
+# ============================================================================ GPU
+
+RNG = np.random.default_rng(11)
+
+
+def _np_grad(z, y, rows):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    sm = e / e.sum(axis=1, keepdims=True)
+    g = np.zeros_like(z)
+    g[np.arange(rows), y] = -1.0 / rows
+    return g - sm * g.sum(axis=1, keepdims=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("label_dtype", ["int32", "int64"])
+def test_values_equal_the_unfused_ops_and_numpy(cuda, dtype, label_dtype):
+    z, y = T.matrix("z", dtype=dtype), T.vector("y", dtype=label_dtype)
+    zv = (RNG.standard_normal((40, 13)) * 3).astype(dtype)
+    yv = RNG.integers(-13, 13, 40).astype(label_dtype)        # negative labels count from the end
+    grad = T.grad(_loss(z, y), z)
+    fused = function([z, y], grad)
+    assert "GpuNLLGrad" in _names(fused)
+    with config.change_flags(optimizer_excluding=UNFUSED):
+        plain = function([z, y], grad)
+    got, want = np.asarray(fused(zv, yv)), np.asarray(plain(zv, yv))
+    np.testing.assert_array_equal(got, want)                  # the same arithmetic, bitwise
+    tol = 1e-6 if dtype == "float32" else 1e-14
+    np.testing.assert_allclose(got, _np_grad(zv.astype("float64"), yv, 40), rtol=tol, atol=tol)
+
+
+@requires_gpu
+def test_fewer_labelled_rows_and_one_broadcast_label(cuda):
+    z, y = T.matrix("z"), T.lvector("y")
+    zv = RNG.standard_normal((9, 5)).astype("float32")
+    grad = T.grad(_loss(z, y, T.arange(4)), z)             # rows 0..3 labelled, y of length 4
+    f = function([z, y], grad)
+    assert "GpuNLLGrad" in _names(f)
+    with config.change_flags(optimizer_excluding=UNFUSED):
+        g = function([z, y], grad)
+    for yv in (np.array([4, 0, 2, 1]), np.array([3])):      # a length-1 y broadcasts
+        np.testing.assert_array_equal(np.asarray(f(zv, yv)), np.asarray(g(zv, yv)))
+
+
+@requires_gpu
+def test_a_bad_label_raises_and_leaves_the_step_undone(cuda):
+    """An SGD step whose labels hold an out-of-range class raises IndexError naming the
+    shapes; its weights keep their values, and a good call afterwards runs."""
+    xv = RNG.standard_normal((16, 6)).astype("float32")
+    w = shared(np.zeros((6, 4), "float32"))
+    x, y = T.matrix("x"), T.lvector("y")
+    loss = _loss(T.dot(x, w), y)
+    step = function([x, y], loss, updates=[(w, w - 0.1 * T.grad(loss, w))])
+    assert "GpuNLLGrad" in _names(step)
+    good = RNG.integers(0, 4, 16)
+    step(xv, good)
+    before = np.asarray(w.get_value())
+    bad = good.copy()
+    bad[5] = 4
+    with pytest.raises(IndexError, match=r"out of bounds .*shape \(16, 4\)"):
+        step(xv, bad)
+        np.asarray(w.get_value())       # a deferred check raises here at the latest
+    np.testing.assert_array_equal(np.asarray(w.get_value()), before)
+    step(xv, good)
+    assert not np.array_equal(np.asarray(w.get_value()), before)
