@@ -43,6 +43,16 @@ def test_the_classifier_gradient_is_one_node(label_dtype):
         assert "GpuNLLGrad" not in names and "GpuAdvancedIncSubtensor2" in names, names
 
 
+def test_rows_folded_into_a_constant_still_match():
+    """``arange(4)`` of constants is folded into a constant vector before the pass runs."""
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        z, y = T.matrix("z"), T.lvector("y")
+        names = _names(function([z, y], T.grad(_loss(z, y, T.arange(4)), z)))
+        assert "GpuNLLGrad" in names and "GpuAdvancedIncSubtensor2" not in names, names
+        names = _names(function([z, y], T.grad(_loss(z, y, T.arange(1, 5)), z)))
+        assert "GpuNLLGrad" not in names, names
+
+
 def test_other_scatters_are_left_alone():
     """Rows other than arange(0, r, 1), or a scatter into something that is not zeros, keep
     the general ops (their row sums are not a single value)."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
@@ -26,6 +28,7 @@ from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
+from symgpu.tensor.type import constant
 
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion"]
 
@@ -163,9 +166,15 @@ def _is_zero_fill(var: Variable) -> bool:
 
 
 def _first_rows(var: Variable) -> Variable | None:
-    """The row count r of ``arange(0, r, 1)`` (GpuARange), else None."""
+    """The row count r of ``arange(0, r, 1)`` (GpuARange, or a constant folded from one),
+    else None."""
     node = var.owner
     if node is None or type(node.op) is not GpuARange:
+        const = constant_behind(var)
+        data = getattr(const, "data", None)
+        if isinstance(data, np.ndarray) and data.ndim == 1 and data.dtype.kind in "iu" and \
+                np.array_equal(data, np.arange(data.shape[0])):
+            return constant(np.int64(data.shape[0]))
         return None
     start, stop, step = node.inputs
     if _constant_value(start) != 0 or _constant_value(step) != 1:
