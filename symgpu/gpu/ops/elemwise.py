@@ -480,7 +480,11 @@ class _ReduceThunk:
     module has vector kernels, rows read 16-byte vectors (``sg_vrows_*``): always when R is
     split, and for whole rows of at least ``VEC_MIN_ROW`` values (a block per row).  A full
     reduction (K == 1) gets its own one-pass grid: ``ONEPASS_BLOCKS_PER_SM`` blocks of 256 per
-    multiprocessor, fewer where R is short."""
+    multiprocessor, fewer where R is short.  Columns (every operand's kept axis contiguous,
+    as in a bias gradient ``d.sum(0)``) that would be split are one ``sg_cols_block`` launch
+    instead, a block of 32 columns x up to 32 row lanes walking the whole of R, where R is at
+    most ``COLS_BLOCK_MAX_ROWS`` or the column blocks alone fill the multiprocessors (taller
+    arrays with few columns keep the split: one block per 32 columns would walk R alone)."""
 
     #: tuning knobs (class attributes, read when a plan is made)
     USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
@@ -489,6 +493,8 @@ class _ReduceThunk:
     ONEPASS_BLOCKS_PER_SM = 4
     #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
     ONEPASS_MIN_BYTES_PER_THREAD = 64
+    COLS_BLOCK = True       # False: split columns always finish in a second launch
+    COLS_BLOCK_MAX_ROWS = 2048
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
@@ -564,7 +570,20 @@ class _ReduceThunk:
                         name = "sg_vrows_final" if vec else "sg_rows_final"
                     p.G, p.chunk = g, -(-p.R // g)
                     p.block, p.grid = (256, 1, 1), (1, g, 1)
+        elif self.use_cols_block(p):
+            name, mode = "sg_cols_block", self.FINAL
+            p.G, p.chunk = 1, p.R
+            p.block, p.grid = (32, min(32, p.R), 1), (min(-(-p.K // 32), 16 * self.sms), 1, 1)
         return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
+
+    def use_cols_block(self, p: Any) -> bool:
+        """Whether the columns plan ``p`` (split over G > 1 blocks per column) is better done
+        by ``sg_cols_block`` in one launch (see the class docstring)."""
+        if not (self.COLS_BLOCK and p.strategy == "cols" and p.G > 1 and p.K and p.R):
+            return False
+        if any(s[-1] not in (0, 1) for s in p.kstrides):   # strided columns: the split path
+            return False
+        return p.R <= self.COLS_BLOCK_MAX_ROWS or -(-p.K // 32) >= self.sms
 
     def thunk(self) -> Callable[[], None]:
         in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx

@@ -17,6 +17,10 @@
  *                            another take the scalar loop); emitted where SG_VW > 0
  *   sg_cols_{final,partial}  threads along k (kept axis contiguous), blockDim 32x8: 32 columns
  *                            per block, 8 lanes down r combined through shared memory
+ *   sg_cols_block            the same with blockDim 32xY (Y <= 32) walking the whole of R: each
+ *                            block finishes its 32 columns itself (a warp per column combines
+ *                            the Y lanes' values from shared memory), so a column reduction of
+ *                            moderate R is one launch, no partials, no atomics
  *   sg_finish                reduces the (K, G) partials when R was split over G blocks
  * A *partial* launch splits R over gridDim.y = G blocks, each writing its share to
  * partial[k * G + blockIdx.y], and sg_finish combines them in a second launch.  A *onepass*
@@ -274,6 +278,33 @@ __device__ __forceinline__ void sg_cols_body(const long long K, const long long 
     }
 }
 
+/* sg_cols_block: columns kb + threadIdx.x, each combining rows threadIdx.y + i * blockDim.y over
+ * the whole of R; then the blockDim.y values of each column are combined by one warp (lane t
+ * reads row t of the shared tile; a fixed order: the same bits every launch) */
+__device__ __forceinline__ void sg_cols_block_body(const long long K, const long long R,
+                                                   const sg_rmeta &m, const sg_rptrs &p)
+{
+    __shared__ acc_t sm[32][33];
+    const int lane = threadIdx.x;
+    for (long long kb = (long long)blockIdx.x * 32; kb < K; kb += (long long)gridDim.x * 32) {
+        const long long k = kb + lane;
+        acc_t acc = SG_IDENTITY;
+        if (k < K) {
+            long long koff[SG_NIN];
+            sg_koff(m, k, koff);
+            acc = sg_strip(m, p, koff, threadIdx.y, R, blockDim.y);
+        }
+        sm[threadIdx.y][lane] = acc;
+        __syncthreads();
+        for (int c = threadIdx.y; c < 32; c += blockDim.y) {
+            acc_t v = lane < (int)blockDim.y ? sm[lane][c] : SG_IDENTITY;
+            v = sg_warp_reduce(v);
+            if (lane == 0 && kb + c < K) sg_store(p.out[kb + c], v);
+        }
+        __syncthreads();
+    }
+}
+
 #define SG_ARGS const long long K, const long long R, const long long chunk, \
                 const sg_rmeta m, const sg_rptrs p
 extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<SG_FINAL>(K, R, chunk, m, p); }
@@ -281,6 +312,9 @@ extern "C" __global__ void sg_rows_partial(SG_ARGS) { sg_rows_body<SG_PARTIAL>(K
 extern "C" __global__ void sg_rows_onepass(SG_ARGS) { sg_rows_body<SG_ONEPASS>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_final(SG_ARGS) { sg_cols_body<true>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, chunk, m, p); }
+/* up to 1024 threads (32x32): at most 64 registers */
+extern "C" __global__ void __launch_bounds__(1024) sg_cols_block(SG_ARGS)
+{ sg_cols_block_body(K, R, m, p); }
 #if SG_VW
 /* 256 threads (256x1 or 32x8), at most 64 registers: 4 blocks (1024 threads) per multiprocessor */
 extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_final(SG_ARGS)
