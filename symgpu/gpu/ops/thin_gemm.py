@@ -1,0 +1,146 @@
+"""Thin matrix products in one launch of our own kernels (``codegen/thin_gemm.cu``).
+
+Why: for a product with one side of at most ``THIN`` (an MLP's 10-class layer: ``h @ W3``,
+``h.T @ d``) cuBLAS picks split-K kernels followed by a ``splitKreduce`` launch, and for a
+product with k of at most ``SMALL_K`` (``d @ W3.T``) a tile kernel that is mostly idle; each
+is a few microseconds of a step whose work is reading (or writing) one 2 MB matrix once.
+Here each is one kernel that reads X once, near memory bandwidth: see thin_gemm.cu for the
+three shapes.  ``plan_thin`` decides (plain Python, tested on the CPU); products it declines
+go to cuBLAS/cuBLASLt as before (blas.py).
+
+Capture-safe: the module is loaded when the thunk is made, a launch allocates nothing, and
+alpha/beta on the device are read by the kernel.  Accumulation is in the operands' dtype
+with FMA (float32 products are never TF32 here: at least as accurate as cuBLAS's).
+``ENABLED = False`` sends every product to cuBLAS.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from symgpu.gpu.runtime.codegen import template
+
+__all__ = ["ENABLED", "THIN", "SMALL_K", "MAX_K", "ThinPlan", "plan_thin", "ThinGemm",
+           "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]
+
+#: products go to our kernels at all (False: cuBLAS for everything)
+ENABLED = True
+#: the most output columns (or rows, transposed) of a thin product: thin_gemm.cu's TG_NB
+THIN = 16
+#: the most k of the small-k kernel: thin_gemm.cu's TG_KB
+SMALL_K = 16
+#: thin products with a longer k go to cuBLAS (its split-K spreads k over the GPU; a warp or
+#: a block here walks the whole of k)
+MAX_K = 4096
+_KERNELS = ("tg_lanes_k", "tg_lanes_m", "tg_small_k")
+_CTYPE = {"float32": "float", "float64": "double"}
+
+
+class ThinPlan(NamedTuple):
+    """One launch: the kernel, its grid and block, whether X and Y trade places (a thin m is
+    the thin n of the transposed product), and small-k's rows per block (0 otherwise)."""
+    kernel: str
+    grid: tuple
+    block: tuple
+    swap: bool
+    chunk: int
+
+
+def render_thin_gemm(dtype: str) -> str:
+    """The module's CUDA source for float32 or float64."""
+    return template("thin_gemm.cu").substitute(t=_CTYPE[dtype])
+
+
+def thin_gemm_formats(dtype: str) -> dict[str, str]:
+    """Kernel name -> struct format of its arguments (thin_gemm.cu's TG_PARAMS)."""
+    s = "f" if dtype == "float32" else "d"
+    main = "qqq" + "Pqq" * 3 + s + "P" + s + "P"
+    return {"tg_lanes_k": main, "tg_lanes_m": main, "tg_small_k": main + "q"}
+
+
+def prefetch_request(dtype: str) -> tuple:
+    """(key, source factory, options) of the module, for symgpu/gpu/exec/prefetch.py."""
+    return (("symgpu.thin_gemm", dtype), lambda: render_thin_gemm(dtype), ())
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, itemsize: int,
+              sms: int) -> ThinPlan | None:
+    """How ``out (m x n) = X (m x k) @ Y (k x n)`` runs on our kernels, X and Y read with
+    element strides ``xs`` and ``ys``; None where cuBLAS should do it (k == 0, neither side
+    thin nor k small, or a thin product with k over MAX_K)."""
+    if not (m and n and k):
+        return None
+    grid_cap = 16 * sms
+    if min(m, n) <= THIN and k <= MAX_K:
+        swap = n > THIN                       # m is the thin side: out.T = Y.T @ X.T
+        rows, (s_row, s_k) = (n, (ys[1], ys[0])) if swap else (m, xs)
+        if abs(s_k) <= abs(s_row):            # the kernel's X is read along k: lanes on k
+            return ThinPlan("tg_lanes_k", (min(_ceil(rows, 8), grid_cap), 1, 1), (256, 1, 1),
+                            swap, 0)
+        by = min(16 if itemsize == 8 else 32, k)
+        return ThinPlan("tg_lanes_m", (min(_ceil(rows, 32), grid_cap), 1, 1), (32, by, 1),
+                        swap, 0)
+    if k <= SMALL_K:
+        bx = min(256, _ceil(n, 32) * 32)
+        cols = min(_ceil(n, bx), grid_cap)
+        ry = max(1, min(_ceil(m, 2), _ceil(4 * sms, cols), 65535))
+        chunk = _ceil(m, ry)
+        return ThinPlan("tg_small_k", (cols, _ceil(m, chunk), 1), (bx, 1, 1), False, chunk)
+    return None
+
+
+def _elem_strides(a: Any) -> tuple | None:
+    isz = a.dtype.itemsize
+    if any(s % isz for s in a.strides):
+        return None
+    return tuple(s // isz for s in a.strides)
+
+
+class ThinGemm:
+    """The thin-product path of one GEMM thunk: its kernels (loaded now, on the thunk's
+    context) and its plans per shapes and strides."""
+
+    def __init__(self, ctx: Any, dtype: str) -> None:
+        from symgpu.gpu.runtime.codegen.launch import load_kernels, sm_count
+        self.dtype = dtype
+        self.sms = sm_count(ctx)
+        ks = load_kernels(ctx, ("symgpu.thin_gemm", dtype), lambda: render_thin_gemm(dtype),
+                          thin_gemm_formats(dtype))
+        self.launch: dict[str, Callable[..., None]] = {n: k.fast_launcher() for n, k in ks.items()}
+        self.plans: dict[tuple, tuple | None] = {}
+
+    def plan(self, x: Any, y: Any, out: Any) -> tuple | None:
+        """(launcher, ThinPlan, element strides of x, y, out) or None (cuBLAS)."""
+        key = (x.shape, x.strides, y.shape, y.strides, out.strides)
+        if key in self.plans:
+            return self.plans[key]
+        got = None
+        xs, ys, os_ = _elem_strides(x), _elem_strides(y), _elem_strides(out)
+        if xs is not None and ys is not None and os_ is not None:
+            (m, k), n = x.shape, y.shape[1]
+            p = plan_thin(m, n, k, xs, ys, x.dtype.itemsize, self.sms)
+            if p is not None:
+                got = (self.launch[p.kernel], p, xs, ys, os_)
+        self.plans[key] = got
+        return got
+
+    def __call__(self, x: Any, y: Any, out: Any, alpha: tuple, beta: tuple) -> bool:
+        """Launch ``out = alpha x @ y + beta out`` if a plan takes it (True), else False.
+        ``alpha``/``beta``: (value, device pointer or 0); a pointer wins."""
+        got = self.plan(x, y, out)
+        if got is None:
+            return False
+        go, p, xs, ys, os_ = got
+        (m, k), n = x.shape, y.shape[1]
+        if p.swap:
+            args = (n, m, k, y.ptr, ys[1], ys[0], x.ptr, xs[1], xs[0], out.ptr, os_[1], os_[0])
+        else:
+            args = (m, n, k, x.ptr, xs[0], xs[1], y.ptr, ys[0], ys[1], out.ptr, os_[0], os_[1])
+        tail = (p.chunk,) if p.kernel == "tg_small_k" else ()
+        go(p.grid, p.block, *args, alpha[0], alpha[1], beta[0], beta[1], *tail)
+        return True
