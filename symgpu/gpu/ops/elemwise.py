@@ -482,9 +482,11 @@ class _ReduceThunk:
     reduction (K == 1) gets its own one-pass grid: ``ONEPASS_BLOCKS_PER_SM`` blocks of 256 per
     multiprocessor, fewer where R is short.  Columns (every operand's kept axis contiguous,
     as in a bias gradient ``d.sum(0)``) that would be split are one ``sg_cols_block`` launch
-    instead, a block of 32 columns x up to 32 row lanes walking the whole of R, where R is at
-    most ``COLS_BLOCK_MAX_ROWS`` or the column blocks alone fill the multiprocessors (taller
-    arrays with few columns keep the split: one block per 32 columns would walk R alone)."""
+    instead: blocks of 1024 threads, C columns x 1024 / C row lanes walking the whole of R (C
+    is 32, or 16 or 8 where fewer columns per block fill more multiprocessors, and at least
+    32 bytes of a row), where each lane takes at most ``COLS_BLOCK_ROWS_PER_LANE`` rows or the
+    column blocks alone fill the multiprocessors (taller arrays with few columns keep the
+    split: a block walking R alone is latency-bound)."""
 
     #: tuning knobs (class attributes, read when a plan is made)
     USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
@@ -494,7 +496,7 @@ class _ReduceThunk:
     #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
     ONEPASS_MIN_BYTES_PER_THREAD = 64
     COLS_BLOCK = True       # False: split columns always finish in a second launch
-    COLS_BLOCK_MAX_ROWS = 2048
+    COLS_BLOCK_ROWS_PER_LANE = 24
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
@@ -570,20 +572,28 @@ class _ReduceThunk:
                         name = "sg_vrows_final" if vec else "sg_rows_final"
                     p.G, p.chunk = g, -(-p.R // g)
                     p.block, p.grid = (256, 1, 1), (1, g, 1)
-        elif self.use_cols_block(p):
-            name, mode = "sg_cols_block", self.FINAL
-            p.G, p.chunk = 1, p.R
-            p.block, p.grid = (32, min(32, p.R), 1), (min(-(-p.K // 32), 16 * self.sms), 1, 1)
+        else:
+            cw = self.cols_block_width(p, ins[0].dtype.itemsize)
+            if cw:
+                name, mode = "sg_cols_block", self.FINAL
+                p.G, p.chunk = 1, p.R
+                p.block = (cw, 1024 // cw, 1)
+                p.grid = (min(-(-p.K // cw), 16 * self.sms), 1, 1)
         return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
 
-    def use_cols_block(self, p: Any) -> bool:
-        """Whether the columns plan ``p`` (split over G > 1 blocks per column) is better done
-        by ``sg_cols_block`` in one launch (see the class docstring)."""
+    def cols_block_width(self, p: Any, itemsize: int) -> int:
+        """The columns per block of ``sg_cols_block`` for the columns plan ``p`` (split over
+        G > 1 blocks per column), or 0 where the split stays (see the class docstring)."""
         if not (self.COLS_BLOCK and p.strategy == "cols" and p.G > 1 and p.K and p.R):
-            return False
+            return 0
         if any(s[-1] not in (0, 1) for s in p.kstrides):   # strided columns: the split path
-            return False
-        return p.R <= self.COLS_BLOCK_MAX_ROWS or -(-p.K // 32) >= self.sms
+            return 0
+        cw = 32
+        while cw > max(8, 32 // itemsize) and -(-p.K // cw) < self.sms:
+            cw //= 2
+        if -(-p.R // (1024 // cw)) <= self.COLS_BLOCK_ROWS_PER_LANE or -(-p.K // cw) >= self.sms:
+            return cw
+        return 0
 
     def thunk(self) -> Callable[[], None]:
         in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx
