@@ -33,6 +33,8 @@ SMALL_K = 16
 #: thin products with a longer k go to cuBLAS (its split-K spreads k over the GPU; a warp or
 #: a block here walks the whole of k)
 MAX_K = 4096
+#: the most rows a block of the small-k kernel takes (thin_gemm.cu's TG_SK_ROWS)
+SMALL_K_ROWS = 64
 _KERNELS = ("tg_lanes_k", "tg_lanes_m", "tg_small_k")
 _CTYPE = {"float32": "float", "float64": "double"}
 
@@ -49,7 +51,8 @@ class ThinPlan(NamedTuple):
 
 def render_thin_gemm(dtype: str) -> str:
     """The module's CUDA source for float32 or float64."""
-    return template("thin_gemm.cu").substitute(t=_CTYPE[dtype])
+    vec, vw = ("float4", 4) if dtype == "float32" else ("double2", 2)
+    return template("thin_gemm.cu").substitute(t=_CTYPE[dtype], vec=vec, vw=vw)
 
 
 def thin_gemm_formats(dtype: str) -> dict[str, str]:
@@ -88,8 +91,10 @@ def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, itemsize: int,
     if k <= SMALL_K:
         bx = min(256, _ceil(n, 32) * 32)
         cols = min(_ceil(n, bx), grid_cap)
-        ry = max(1, min(_ceil(m, 2), _ceil(4 * sms, cols), 65535))
-        chunk = _ceil(m, ry)
+        ry = max(1, min(_ceil(m, 2), _ceil(4 * sms, cols)))
+        chunk = min(_ceil(m, ry), SMALL_K_ROWS)
+        if _ceil(m, chunk) > 65535:
+            return None
         return ThinPlan("tg_small_k", (cols, _ceil(m, chunk), 1), (bx, 1, 1), False, chunk)
     return None
 
