@@ -57,7 +57,7 @@ def test_bias_gradients_are_one_launch(fake_device):
     assert call[0] == "sg_cols_block" and call[3][:2] == (70, 512) and out.shape == (70,)
     (call,), _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (200, 300)))
     assert call[0] == "sg_cols_block" and call[1] == (38, 1, 1)
-    # enough columns for a block of 32 on every multiprocessor: 32 wide
+    # enough columns for a block of 32 on every multiprocessor: 32 wide (512 rows: 16 a lane)
     (call,), _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (512, 32 * SMS)))
     assert call[0] == "sg_cols_block" and call[2] == (32, 32, 1)
     # one-byte items: at least 32 bytes of a row per block
@@ -76,8 +76,10 @@ def test_tall_columns_strided_and_transposed_inputs_keep_their_paths(fake_device
     tall = _ReduceThunk.COLS_BLOCK_ROWS_PER_LANE * 128 + 1       # one row too many a lane
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall, 64)))
     assert [c[0] for c in got] == ["sg_cols_partial", "sg_finish"]
-    # ... unless the column blocks alone fill the multiprocessors
+    # however many columns: walking R alone, a block is latency-bound
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall, 8 * SMS)))
+    assert [c[0] for c in got] == ["sg_cols_partial", "sg_finish"]
+    got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall - 1, 8 * SMS)))
     assert [c[0] for c in got] == ["sg_cols_block"] and got[0][1:3] == ((SMS, 1, 1), (8, 128, 1))
     # every other column: the kept stride is 2, not the coalesced layout the kernel is for
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (512, 2048))[:, ::2])
@@ -189,7 +191,7 @@ def test_the_bias_gradient_ran_as_one_block_launch(gpu_ctx):
     thunk()
     (plan,) = thunk.reduce_thunk.plans.values()
     p, mode = plan[0], plan[5]
-    assert p.strategy == "cols" and p.G == 1 and p.block == (32, 32, 1) and p.grid == (32, 1, 1)
+    assert p.strategy == "cols" and p.G == 1 and p.block == (8, 128, 1) and p.grid == (128, 1, 1)
     assert mode == _ReduceThunk.FINAL
     np.testing.assert_allclose(np.asarray(storage[node.outputs[0]][0]),
                                host.astype("float64").sum(0), rtol=1e-4, atol=1e-4)

@@ -19,7 +19,7 @@ from gpu_helpers import (FakeCtx, fake_gpu_array, recording_loader, requires_gpu
                          requires_nvcc, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.ops import blas, blaslt, thin_gemm
-from symgpu.gpu.ops.thin_gemm import (MAX_K, SMALL_K, THIN, ThinPlan, plan_thin,
+from symgpu.gpu.ops.thin_gemm import (MAX_K, ROWS_MAX_K, SMALL_K, THIN, ThinPlan, plan_thin,
                                       render_thin_gemm, thin_gemm_formats)
 
 VCTX = "thin-gemm-test"
@@ -31,12 +31,12 @@ virtual_ctx = virtual_context(VCTX)
 # ============================================================================ planning
 
 def test_the_mlp_products_each_get_one_kernel():
-    # h2 (512 x 1024, C order) @ W3 (1024 x 10): lanes along k, a warp per row
+    # h2 (512 x 1024, C order) @ W3 (1024 x 10): W3 in registers, 4 rows of h2 a step
     p = plan_thin(512, 10, 1024, (1024, 1), (10, 1), 4, SMS)
-    assert p == ThinPlan("tg_lanes_k", (64, 1, 1), (256, 1, 1), False, 0)
-    # h2.T (1024 x 512, a transposed view) @ d (512 x 10): lanes along m, 32 lanes down k
+    assert p == ThinPlan("tg_rows", (128, 1, 1), (256, 1, 1), False, 0)
+    # h2.T (1024 x 512, a transposed view) @ d (512 x 10): 8 columns of h2 x 128 lanes down k
     p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), 4, SMS)
-    assert p == ThinPlan("tg_lanes_m", (32, 1, 1), (32, 32, 1), False, 0)
+    assert p == ThinPlan("tg_cols", (128, 1, 1), (8, 128, 1), False, 0)
     # d (512 x 10) @ W3.T (10 x 1024): k = 10, a thread per output column
     p = plan_thin(512, 1024, 10, (10, 1), (1, 10), 4, SMS)
     assert p.kernel == "tg_small_k" and p.block == (256, 1, 1) and not p.swap
@@ -47,25 +47,33 @@ def test_the_mlp_products_each_get_one_kernel():
 def test_a_thin_m_is_the_thin_n_of_the_transposed_product():
     # W3.T (10 x 1024) @ h2.T (1024 x 512): out.T = h2 @ W3, whose X (h2) is read along k
     p = plan_thin(10, 512, 1024, (1, 10), (1, 1024), 4, SMS)
-    assert p.kernel == "tg_lanes_k" and p.swap and p.grid == (64, 1, 1)
+    assert p.kernel == "tg_rows" and p.swap and p.grid == (128, 1, 1)
     # d.T (10 x 512) @ h2 (512 x 1024): out.T = h2.T @ d, X (h2.T) read along m
     p = plan_thin(10, 1024, 512, (1, 10), (1024, 1), 4, SMS)
-    assert p.kernel == "tg_lanes_m" and p.swap and p.grid == (32, 1, 1)
+    assert p.kernel == "tg_cols" and p.swap and p.grid == (128, 1, 1)
 
 
 def test_products_left_to_cublas_and_float64_blocks():
     assert plan_thin(512, 512, 512, (512, 1), (512, 1), 4, SMS) is None      # nothing thin
     assert plan_thin(512, THIN + 1, SMALL_K + 1, (17, 1), (17, 1), 4, SMS) is None
-    assert plan_thin(512, 10, MAX_K + 1, (MAX_K + 1, 1), (10, 1), 4, SMS) is None
+    assert plan_thin(512, 10, MAX_K + 1, (1, 512), (10, 1), 4, SMS) is None
+    assert plan_thin(512, 10, ROWS_MAX_K + 1, (ROWS_MAX_K + 1, 1), (10, 1), 4, SMS) is None
     assert plan_thin(512, 10, 0, (0, 1), (10, 1), 4, SMS) is None            # k = 0: beta only
     assert plan_thin(0, 10, 5, (5, 1), (10, 1), 4, SMS) is None
-    assert plan_thin(512, 10, MAX_K, (MAX_K, 1), (10, 1), 4, SMS).kernel == "tg_lanes_k"
+    assert plan_thin(512, 10, ROWS_MAX_K, (ROWS_MAX_K, 1), (10, 1), 4, SMS).kernel == "tg_rows"
+    assert plan_thin(512, 10, MAX_K, (1, 512), (10, 1), 4, SMS).kernel == "tg_cols"
     p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), 8, SMS)
-    assert p.kernel == "tg_lanes_m" and p.block == (32, 16, 1)               # registers
-    assert plan_thin(1024, 3, 5, (1, 1024), (3, 1), 4, SMS).block == (32, 5, 1)
+    assert p.kernel == "tg_cols" and p.block == (8, 64, 1)                  # registers
     # a broadcast X (stride 0 along k) and a huge row count: the grid is capped
     p = plan_thin(10 ** 6, 4, 64, (64, 0), (4, 1), 4, SMS)
-    assert p.kernel == "tg_lanes_k" and p.grid == (16 * SMS, 1, 1)
+    assert p.kernel == "tg_rows" and p.grid == (16 * SMS, 1, 1)
+
+
+def test_kernels_turned_off_leave_their_products_to_cublas(monkeypatch):
+    monkeypatch.setitem(thin_gemm.USE, "tg_rows", False)
+    assert plan_thin(512, 10, 1024, (1024, 1), (10, 1), 4, SMS) is None
+    assert plan_thin(512, 10, 12, (12, 1), (10, 1), 4, SMS).kernel == "tg_small_k"
+    assert plan_thin(1024, 10, 512, (1, 1024), (10, 1), 4, SMS).kernel == "tg_cols"
 
 
 # ============================================================================ thunks (fake device)
@@ -124,7 +132,7 @@ def test_dot22_thunk_launches_the_thin_kernels_with_element_strides(fake):
     thunk()
     name, grid, block, args = calls[-1]
     out = storage[node.outputs[0]][0]
-    assert name == "tg_lanes_k" and grid == (64, 1, 1) and out.shape == (512, 10)
+    assert name == "tg_rows" and grid == (128, 1, 1) and out.shape == (512, 10)
     assert args == (512, 10, 1024, h.ptr, 1024, 1, w.ptr, 10, 1, out.ptr, 10, 1,
                     1.0, 0, 0.0, 0)
     hT = h.transpose()                                   # (1024 x 512), strides (1, 1024)
@@ -132,8 +140,8 @@ def test_dot22_thunk_launches_the_thin_kernels_with_element_strides(fake):
     storage[node.inputs[0]][0], storage[node.inputs[1]][0] = hT, d
     thunk()
     name, grid, block, args = calls[-1]
-    assert name == "tg_lanes_m" and block == (32, 32, 1) and args[3:9] == (h.ptr, 1, 1024,
-                                                                            d.ptr, 10, 1)
+    assert name == "tg_cols" and block == (8, 128, 1) and args[3:9] == (h.ptr, 1, 1024,
+                                                                           d.ptr, 10, 1)
     wT = w.transpose()                                   # (10 x 1024): k = 10
     storage[node.inputs[0]][0], storage[node.inputs[1]][0] = d, wT
     thunk()
@@ -146,7 +154,7 @@ def test_dot22_thunk_launches_the_thin_kernels_with_element_strides(fake):
     thunk()
     name, grid, block, args = calls[-1]
     out = storage[node.outputs[0]][0]
-    assert name == "tg_lanes_k" and out.shape == (10, 512)
+    assert name == "tg_rows" and out.shape == (10, 512)
     # out.T (512 x 10) = h2 @ W3: X = hT.T = h (1024, 1), Y = wT.T = w (10, 1), out.T (1, 512)
     assert args[:12] == (512, 10, 1024, h.ptr, 1024, 1, w.ptr, 10, 1, out.ptr, 1, 512)
     assert not lt_calls
@@ -166,7 +174,7 @@ def test_gemm_thunk_passes_alpha_and_beta_by_value_or_address(fake):
     thunk()
     name, _, _, args = calls[-1]
     assert storage[node.outputs[0]][0] is z and args[9] == z.ptr
-    assert name == "tg_lanes_k" and args[12:] == (-0.5, 0, 1.0, 0)
+    assert name == "tg_rows" and args[12:] == (-0.5, 0, 1.0, 0)
     alpha_h, beta_d = TensorType("float32", ())(), _gvar(())
     node = blas.GpuGemm(True)(_gvar(), alpha_h, _gvar(), _gvar(), beta_d).owner
     b = fake_gpu_array(ctx, ())
@@ -298,7 +306,7 @@ def test_the_thin_kernels_really_ran(gpu_ctx, monkeypatch):
                                   _layout(b, "f" if b.base is not None else "c")])
         vm()
         _close(np.asarray(storage[out][0]), a.astype("float64") @ b, "float32")
-    assert seen == ["tg_lanes_k", "tg_lanes_m", "tg_small_k"]
+    assert seen == ["tg_rows", "tg_cols", "tg_small_k"]
 
 
 @requires_gpu

@@ -484,9 +484,11 @@ class _ReduceThunk:
     as in a bias gradient ``d.sum(0)``) that would be split are one ``sg_cols_block`` launch
     instead: blocks of 1024 threads, C columns x 1024 / C row lanes walking the whole of R (C
     is 32, or 16 or 8 where fewer columns per block fill more multiprocessors, and at least
-    32 bytes of a row), where each lane takes at most ``COLS_BLOCK_ROWS_PER_LANE`` rows or the
-    column blocks alone fill the multiprocessors (taller arrays with few columns keep the
-    split: a block walking R alone is latency-bound)."""
+    32 bytes of a row), where each lane takes at most ``COLS_BLOCK_ROWS_PER_LANE`` rows
+    (taller arrays keep the split: a lane walking R alone is latency-bound; measured on an
+    H100, float32 sums: (512, 1024) 2.59 us against 3.36 us of split + finish kernels,
+    (2048, 1024) at 16 rows a lane 4.40 against 4.31, (3072, 1024) 5.53 against 4.85,
+    (4096, 4224) with 132 blocks of 32 columns 34.4 against 26.3)."""
 
     #: tuning knobs (class attributes, read when a plan is made)
     USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
@@ -496,7 +498,7 @@ class _ReduceThunk:
     #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
     ONEPASS_MIN_BYTES_PER_THREAD = 64
     COLS_BLOCK = True       # False: split columns always finish in a second launch
-    COLS_BLOCK_ROWS_PER_LANE = 24
+    COLS_BLOCK_ROWS_PER_LANE = 16
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
@@ -591,9 +593,7 @@ class _ReduceThunk:
         cw = 32
         while cw > max(8, 32 // itemsize) and -(-p.K // cw) < self.sms:
             cw //= 2
-        if -(-p.R // (1024 // cw)) <= self.COLS_BLOCK_ROWS_PER_LANE or -(-p.K // cw) >= self.sms:
-            return cw
-        return 0
+        return cw if -(-p.R // (1024 // cw)) <= self.COLS_BLOCK_ROWS_PER_LANE else 0
 
     def thunk(self) -> Callable[[], None]:
         in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx

@@ -21,7 +21,8 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import template
 
-__all__ = ["ENABLED", "THIN", "SMALL_K", "MAX_K", "ThinPlan", "plan_thin", "ThinGemm",
+__all__ = ["ENABLED", "USE", "THIN", "SMALL_K", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
+           "ThinGemm",
            "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]
 
 #: products go to our kernels at all (False: cuBLAS for everything)
@@ -30,12 +31,16 @@ ENABLED = True
 THIN = 16
 #: the most k of the small-k kernel: thin_gemm.cu's TG_KB
 SMALL_K = 16
-#: thin products with a longer k go to cuBLAS (its split-K spreads k over the GPU; a warp or
-#: a block here walks the whole of k)
+#: thin products with a longer k go to cuBLAS (its split-K spreads k over the GPU; a block
+#: here walks the whole of k): tg_cols (X read along m) up to MAX_K, tg_rows (X read along
+#: k, Y held in registers: thin_gemm.cu's TG_RT * TG_RK) up to ROWS_MAX_K
 MAX_K = 4096
+ROWS_MAX_K = 1024
 #: the most rows a block of the small-k kernel takes (thin_gemm.cu's TG_SK_ROWS)
 SMALL_K_ROWS = 64
-_KERNELS = ("tg_lanes_k", "tg_lanes_m", "tg_small_k")
+#: which of the kernels plans may pick (the others' products go to cuBLAS)
+USE = {"tg_rows": True, "tg_cols": True, "tg_small_k": True}
+_KERNELS = ("tg_rows", "tg_cols", "tg_small_k")
 _CTYPE = {"float32": "float", "float64": "double"}
 
 
@@ -59,7 +64,7 @@ def thin_gemm_formats(dtype: str) -> dict[str, str]:
     """Kernel name -> struct format of its arguments (thin_gemm.cu's TG_PARAMS)."""
     s = "f" if dtype == "float32" else "d"
     main = "qqq" + "Pqq" * 3 + s + "P" + s + "P"
-    return {"tg_lanes_k": main, "tg_lanes_m": main, "tg_small_k": main + "q"}
+    return {"tg_rows": main, "tg_cols": main, "tg_small_k": main + "q"}
 
 
 def prefetch_request(dtype: str) -> tuple:
@@ -75,20 +80,22 @@ def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, itemsize: int,
               sms: int) -> ThinPlan | None:
     """How ``out (m x n) = X (m x k) @ Y (k x n)`` runs on our kernels, X and Y read with
     element strides ``xs`` and ``ys``; None where cuBLAS should do it (k == 0, neither side
-    thin nor k small, or a thin product with k over MAX_K)."""
+    thin nor k small, a thin product with k over its kernel's limit, a kernel turned off)."""
     if not (m and n and k):
         return None
     grid_cap = 16 * sms
-    if min(m, n) <= THIN and k <= MAX_K:
+    if min(m, n) <= THIN:
         swap = n > THIN                       # m is the thin side: out.T = Y.T @ X.T
         rows, (s_row, s_k) = (n, (ys[1], ys[0])) if swap else (m, xs)
-        if abs(s_k) <= abs(s_row):            # the kernel's X is read along k: lanes on k
-            return ThinPlan("tg_lanes_k", (min(_ceil(rows, 8), grid_cap), 1, 1), (256, 1, 1),
+        if abs(s_k) <= abs(s_row):            # the kernel's X is read along k
+            if k <= ROWS_MAX_K and USE["tg_rows"]:
+                return ThinPlan("tg_rows", (min(_ceil(rows, 4), grid_cap), 1, 1), (256, 1, 1),
+                                swap, 0)
+        elif k <= MAX_K and USE["tg_cols"]:
+            lanes = 64 if itemsize == 8 else 128
+            return ThinPlan("tg_cols", (min(_ceil(rows, 8), grid_cap), 1, 1), (8, lanes, 1),
                             swap, 0)
-        by = min(16 if itemsize == 8 else 32, k)
-        return ThinPlan("tg_lanes_m", (min(_ceil(rows, 32), grid_cap), 1, 1), (32, by, 1),
-                        swap, 0)
-    if k <= SMALL_K:
+    if k <= SMALL_K and USE["tg_small_k"]:
         bx = min(256, _ceil(n, 32) * 32)
         cols = min(_ceil(n, bx), grid_cap)
         ry = max(1, min(_ceil(m, 2), _ceil(4 * sms, cols)))

@@ -5,23 +5,23 @@
  * every operand read or written through element strides (views, transposes, broadcasts),
  * in one launch, for the shapes where cuBLAS picks split-K kernels plus a reduction launch:
  *
- *   tg_lanes_k    n <= TG_NB, X's k stride small (X = h @ W3, h row-major): a warp per row of
- *                 X, lanes along k, TG_WARPS rows a block; Y is staged through shared memory a
- *                 tile of TG_KT rows at a time (row pitch TG_NB + 1: the lanes' different rows
- *                 fall in different banks); the lanes' n sums are combined with shuffles and
- *                 lane j stores column j.
- *   tg_lanes_m    n <= TG_NB, X's m stride small (X = h.T): 32 rows a block, lanes along m
- *                 (coalesced), blockDim.y lanes down k; Y's tile in shared memory (pitch
- *                 TG_NB, zero past n) is read as 16-byte vectors that a whole warp shares; the
- *                 blockDim.y partial sums of each output are combined by one warp.
+ *   tg_rows       n <= TG_NB, X read along k (X = h @ W3, h row-major), k <= TG_RT * TG_RK:
+ *                 each thread holds TG_RK rows of Y in registers; a block walks TG_RROWS rows
+ *                 of X at a time (coalesced loads), each warp's partial dot products summed
+ *                 by a transposed shuffle reduction (16 shuffles for 16 columns), the warps'
+ *                 sums added through shared memory.
+ *   tg_cols       n <= TG_NB, X read along m (X = h.T): TG_CW rows of X a block (lanes along
+ *                 m, coalesced) x TG_CL lanes down k, like a column reduction; Y's tile in
+ *                 shared memory read as 16-byte vectors that the lanes of a row share.
  *   tg_small_k    k <= TG_KB (d @ W3.T): a thread per output column, its Y column in
  *                 registers, walking a chunk of rows whose X values the block stages in
  *                 shared memory; stores coalesced along n.
  *
- * Why shared memory: a warp's global load of 32 different rows of a thin Y touches as many
- * cache lines, and one of a row that all lanes share is still a request per value; measured,
- * kernels reading Y from global memory took 3 to 7 times cuBLAS's time.  Staging loads are
- * issued 8 or 16 at a time (a load-then-store loop otherwise waits on each load in turn).
+ * Why Y sits in registers or shared memory: a warp's global load of 32 different rows of a
+ * thin Y touches as many cache lines, and one of a row that all lanes share is still a request
+ * per value; measured on an H100, kernels reading Y from global memory at each use took 3 to 7
+ * times cuBLAS's time.  Loads that fill registers or shared memory are issued in batches (a
+ * load-then-store loop otherwise waits on each load in turn: 10 us for 40 KB of Y).
  *
  * A thin m is the thin n of the transposed product (the caller swaps X and Y and transposes
  * the strides).  Accumulation is in T with FMA, in a fixed order (the same bits every call);
@@ -34,10 +34,7 @@ typedef ${vec} TV;                     /* 16 bytes of T */
 #define TG_VW ${vw}                    /* T per TV */
 #define TG_NB 16                       /* the most output columns a thread accumulates */
 #define TG_KB 16                       /* the most k of tg_small_k */
-#define TG_KT (2048 / (int)sizeof(T))  /* rows of Y per shared tile */
-#define TG_WARPS 8                     /* warps (rows) per block of tg_lanes_k */
-#define TG_MAX_Y (sizeof(T) == 8 ? 16 : 32)   /* most blockDim.y of tg_lanes_m (registers) */
-#define TG_BATCH 8                     /* X loads in flight per thread of tg_lanes_m */
+#define TG_KT (2048 / (int)sizeof(T))  /* rows of Y per shared tile of tg_cols */
 
 #define TG_PARAMS const long long m, const long long n, const long long k, \
     const T *__restrict__ X, const long long xs0, const long long xs1, \
@@ -88,59 +85,104 @@ __device__ __forceinline__ void tg_stage_y(T *ys, const int pitch, const T *Y, c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(TG_WARPS * 32) tg_lanes_k(TG_PARAMS)
+/* the sum over the warp of each of p's TG_NB values, transposed: lane l ends with the sum of
+ * value (l >> 1) & 15 (lanes 2j and 2j + 1 both hold value j's).  Each step sends half of
+ * what a lane holds to its partner and keeps the half the partner sends back: 16 shuffles
+ * for 16 sums, not 80; the order of additions is fixed (the same bits every call). */
+template <int H>
+__device__ __forceinline__ void tg_half_sum(T (&p)[TG_NB], const int lane, const int o)
 {
-    __shared__ T ys[TG_KT * (TG_NB + 1)];
-    const T alpha = alpha_p ? *alpha_p : alpha_v, beta = beta_p ? *beta_p : beta_v;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int per = TG_KT / 32;                 /* X values per lane and tile */
-    for (long long i0 = (long long)blockIdx.x * TG_WARPS; i0 < m;
-         i0 += (long long)gridDim.x * TG_WARPS) {
-        const long long i = i0 + warp;
-        const bool row = i < m;
-        const T *xrow = X + (row ? i : 0) * xs0;
-        T acc[TG_NB];
+    const bool up = lane & o;
 #pragma unroll
-        for (int j = 0; j < TG_NB; ++j) acc[j] = T(0);
-        for (long long k0 = 0; k0 < k; k0 += TG_KT) {
-            const int kt = (int)min((long long)TG_KT, k - k0);
-            T xr[TG_KT / 32];                   /* issued before the tile is staged */
-#pragma unroll
-            for (int u = 0; u < per; ++u) {
-                const int kk = u * 32 + lane;
-                xr[u] = row && kk < kt ? __ldg(xrow + (k0 + kk) * xs1) : T(0);
-            }
-            __syncthreads();                    /* the previous tile is no longer read */
-            tg_stage_y<16>(ys, TG_NB + 1, Y, ys0, ys1, k0, kt, (int)n, threadIdx.x, blockDim.x);
-            __syncthreads();
-#pragma unroll
-            for (int u = 0; u < per; ++u) {
-                if (u * 32 + lane < kt) {       /* rows past kt are not this tile's */
-                    const T *yr = ys + (u * 32 + lane) * (TG_NB + 1);
-#pragma unroll
-                    for (int j = 0; j < TG_NB; ++j) acc[j] = fma(xr[u], yr[j], acc[j]);
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < TG_NB; ++j) {
-            if (j < n) {
-                const T s = tg_warp_sum(acc[j]);
-                if (row && lane == j) tg_store(out + i * os0 + j * os1, s, alpha, beta);
-            }
-        }
+    for (int q = 0; q < H; ++q) {
+        const T send = up ? p[q] : p[q + H], keep = up ? p[q + H] : p[q];
+        p[q] = keep + __shfl_xor_sync(0xffffffffu, send, o);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * TG_MAX_Y) tg_lanes_m(TG_PARAMS)
+__device__ __forceinline__ T tg_transpose_sum(T (&p)[TG_NB], const int lane)
 {
-    __shared__ __align__(16) T ys[TG_KT * TG_NB];
-    __shared__ T sm[TG_MAX_Y][33];
+    tg_half_sum<8>(p, lane, 16);
+    tg_half_sum<4>(p, lane, 8);
+    tg_half_sum<2>(p, lane, 4);
+    tg_half_sum<1>(p, lane, 2);
+    return p[0] + __shfl_xor_sync(0xffffffffu, p[0], 1);
+}
+
+/* tg_rows: X read along k.  A block of TG_RT threads holds Y (k <= TG_RT * TG_RK rows, TG_NB
+ * columns, zero past n) in registers, thread t rows t + u * TG_RT, and walks TG_RROWS rows of
+ * X at a time: coalesced loads, a partial dot product per column, a transposed warp sum,
+ * then the TG_RT / 32 warps' sums added in a fixed order. */
+#define TG_RT 256
+#define TG_RK 4
+#define TG_RROWS 4
+extern "C" __global__ void __launch_bounds__(TG_RT) tg_rows(TG_PARAMS)
+{
+    __shared__ T red[TG_RT / 32][TG_RROWS][TG_NB];
     const T alpha = alpha_p ? *alpha_p : alpha_v, beta = beta_p ? *beta_p : beta_v;
-    const int lane = threadIdx.x, tid = threadIdx.y * 32 + threadIdx.x;
-    const int nthr = 32 * blockDim.y, step = blockDim.y;
-    for (long long ib = (long long)blockIdx.x * 32; ib < m; ib += (long long)gridDim.x * 32) {
-        const long long i = ib + lane;
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    T w[TG_RK][TG_NB];
+#pragma unroll
+    for (int u = 0; u < TG_RK; ++u) {
+        const long long kk = t + u * TG_RT;
+#pragma unroll
+        for (int j = 0; j < TG_NB; ++j)
+            w[u][j] = (kk < k && j < n) ? __ldg(Y + kk * ys0 + j * ys1) : T(0);
+    }
+    for (long long i0 = (long long)blockIdx.x * TG_RROWS; i0 < m;
+         i0 += (long long)gridDim.x * TG_RROWS) {
+        T x[TG_RROWS][TG_RK];
+#pragma unroll
+        for (int r = 0; r < TG_RROWS; ++r) {
+#pragma unroll
+            for (int u = 0; u < TG_RK; ++u) {
+                const long long i = i0 + r, kk = t + u * TG_RT;
+                x[r][u] = (i < m && kk < k) ? __ldg(X + i * xs0 + kk * xs1) : T(0);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < TG_RROWS; ++r) {
+            T p[TG_NB];
+#pragma unroll
+            for (int j = 0; j < TG_NB; ++j) p[j] = T(0);
+#pragma unroll
+            for (int u = 0; u < TG_RK; ++u)
+#pragma unroll
+                for (int j = 0; j < TG_NB; ++j) p[j] = fma(x[r][u], w[u][j], p[j]);
+            const T s = tg_transpose_sum(p, lane);
+            if (!(lane & 1)) red[warp][r][lane >> 1] = s;
+        }
+        __syncthreads();
+        if (t < TG_RROWS * TG_NB) {
+            const int r = t / TG_NB, j = t % TG_NB;
+            const long long i = i0 + r;
+            if (i < m && j < n) {
+                T s = red[0][r][j];
+#pragma unroll
+                for (int v = 1; v < TG_RT / 32; ++v) s += red[v][r][j];
+                tg_store(out + i * os0 + j * os1, s, alpha, beta);
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* tg_cols: X read along m.  Blocks of TG_CW columns (rows of the output) x TG_CL lanes down k;
+ * Y's tile in shared memory (pitch TG_CP: the four rows a warp reads at once fall in
+ * different banks) read as 16-byte vectors; a warp's four k lanes are summed with shuffles,
+ * the warps' sums (through the tile's memory) in a fixed order. */
+#define TG_CW 8
+#define TG_CL (sizeof(T) == 8 ? 64 : 128)
+#define TG_CP (TG_NB + 16 / (int)sizeof(T))
+extern "C" __global__ void __launch_bounds__(TG_CW * TG_CL) tg_cols(TG_PARAMS)
+{
+    __shared__ __align__(16) T ys[TG_KT * TG_CP];
+    const T alpha = alpha_p ? *alpha_p : alpha_v, beta = beta_p ? *beta_p : beta_v;
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TG_CW + tx;
+    const int lane = tid & 31, warp = tid >> 5, nthr = TG_CW * TG_CL, nwarps = nthr / 32;
+    T *red = ys;                                 /* [nwarps][TG_CW][TG_NB] after the tiles */
+    for (long long ib = (long long)blockIdx.x * TG_CW; ib < m; ib += (long long)gridDim.x * TG_CW) {
+        const long long i = ib + tx;
         const T *xcol = X + (i < m ? i : 0) * xs0;
         T acc[TG_NB];
 #pragma unroll
@@ -148,20 +190,20 @@ extern "C" __global__ void __launch_bounds__(32 * TG_MAX_Y) tg_lanes_m(TG_PARAMS
         for (long long k0 = 0; k0 < k; k0 += TG_KT) {
             const int kt = (int)min((long long)TG_KT, k - k0);
             __syncthreads();
-            tg_stage_y<8>(ys, TG_NB, Y, ys0, ys1, k0, kt, (int)n, tid, nthr);
+            tg_stage_y<8>(ys, TG_CP, Y, ys0, ys1, k0, kt, (int)n, tid, nthr);
             __syncthreads();
-            for (int r0 = threadIdx.y; r0 < kt; r0 += TG_BATCH * step) {
-                T xv[TG_BATCH];
+            for (int r0 = ty; r0 < kt; r0 += 4 * TG_CL) {
+                T xv[4];
 #pragma unroll
-                for (int u = 0; u < TG_BATCH; ++u) {
-                    const int r = r0 + u * step;
+                for (int u = 0; u < 4; ++u) {
+                    const int r = r0 + u * TG_CL;
                     xv[u] = (i < m && r < kt) ? __ldg(xcol + (k0 + r) * xs1) : T(0);
                 }
 #pragma unroll
-                for (int u = 0; u < TG_BATCH; ++u) {
-                    const int r = r0 + u * step;
+                for (int u = 0; u < 4; ++u) {
+                    const int r = r0 + u * TG_CL;
                     if (r < kt) {
-                        const TV *yv = reinterpret_cast<const TV *>(ys + r * TG_NB);
+                        const TV *yv = reinterpret_cast<const TV *>(ys + r * TG_CP);
 #pragma unroll
                         for (int v = 0; v < TG_NB / TG_VW; ++v)
                             tg_vfma(acc + v * TG_VW, xv[u], yv[v]);
@@ -169,18 +211,22 @@ extern "C" __global__ void __launch_bounds__(32 * TG_MAX_Y) tg_lanes_m(TG_PARAMS
                 }
             }
         }
+        /* lanes l, l ^ 8, l ^ 16, l ^ 24 share a column: sum them, keeping a quarter each */
+        tg_half_sum<8>(acc, lane, 16);
+        tg_half_sum<4>(acc, lane, 8);
+        __syncthreads();                         /* the last tile is no longer read */
+        if (lane < TG_CW * 4) {                  /* lane's values: j = 8 * b4 + 4 * b3 + q */
+            const int jb = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4;
 #pragma unroll
-        for (int j = 0; j < TG_NB; ++j) {
-            if (j < n) {
-                sm[threadIdx.y][lane] = acc[j];
-                __syncthreads();
-                for (int c = threadIdx.y; c < 32; c += blockDim.y) {
-                    T v = lane < (int)blockDim.y ? sm[lane][c] : T(0);
-                    v = tg_warp_sum(v);
-                    if (lane == 0 && ib + c < m)
-                        tg_store(out + (ib + c) * os0 + j * os1, v, alpha, beta);
-                }
-                __syncthreads();
+            for (int q = 0; q < TG_NB / 4; ++q) red[(warp * TG_CW + tx) * TG_NB + jb + q] = acc[q];
+        }
+        __syncthreads();
+        if (tid < TG_CW * TG_NB) {
+            const int c = tid / TG_NB, j = tid % TG_NB;
+            if (ib + c < m && j < n) {
+                T s = red[c * TG_NB + j];
+                for (int v = 1; v < nwarps; ++v) s += red[(v * TG_CW + c) * TG_NB + j];
+                tg_store(out + (ib + c) * os0 + j * os1, s, alpha, beta);
             }
         }
     }
@@ -197,18 +243,36 @@ extern "C" __global__ void __launch_bounds__(256) tg_small_k(TG_PARAMS, const lo
     const long long r0 = (long long)blockIdx.y * chunk;
     const int rows = (int)max(0LL, min(m, r0 + chunk) - r0), kq = (int)k;
     const int nthr = blockDim.x, t = threadIdx.x;
-    for (int e = t; e < rows * kq; e += nthr) {
-        const int r = e / kq, q = e - r * kq;
-        xs[r * TG_KB + q] = __ldg(X + (r0 + r) * xs0 + q * xs1);
+    {   /* rows * kq <= TG_SK_ROWS * TG_KB = 4 * 256: four loads in flight a thread */
+        T v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = t + u * nthr, r = e / kq, q = e - r * kq;
+            v[u] = e < rows * kq ? __ldg(X + (r0 + r) * xs0 + q * xs1) : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int e = t + u * nthr;
+            if (e < rows * kq) xs[(e / kq) * TG_KB + e % kq] = v[u];
+        }
     }
     for (long long jb = (long long)blockIdx.x * nthr; jb < n; jb += (long long)gridDim.x * nthr) {
         const int cols = (int)min((long long)nthr, n - jb);
         /* Y[:, jb .. jb + cols): consecutive threads take consecutive addresses */
         const bool qfast = ys0 == 1 || (ys1 != 1 && (ys0 < 0 ? -ys0 : ys0) < (ys1 < 0 ? -ys1 : ys1));
         __syncthreads();
-        for (int e = t; e < kq * cols; e += nthr) {
+        T v[TG_KB];                               /* kq * cols <= TG_KB * 256 */
+#pragma unroll
+        for (int u = 0; u < TG_KB; ++u) {
+            const int e = t + u * nthr;
             const int q = qfast ? e % kq : e / cols, c = qfast ? e / kq : e % cols;
-            yt[q][c] = __ldg(Y + q * ys0 + (jb + c) * ys1);
+            v[u] = e < kq * cols ? __ldg(Y + q * ys0 + (jb + c) * ys1) : T(0);
+        }
+#pragma unroll
+        for (int u = 0; u < TG_KB; ++u) {
+            const int e = t + u * nthr;
+            const int q = qfast ? e % kq : e / cols, c = qfast ? e / kq : e % cols;
+            if (e < kq * cols) yt[q][c] = v[u];
         }
         __syncthreads();
         const long long j = jb + t;
