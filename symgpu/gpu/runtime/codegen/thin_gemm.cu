@@ -243,16 +243,16 @@ extern "C" __global__ void __launch_bounds__(256) tg_small_k(TG_PARAMS, const lo
     const long long r0 = (long long)blockIdx.y * chunk;
     const int rows = (int)max(0LL, min(m, r0 + chunk) - r0), kq = (int)k;
     const int nthr = blockDim.x, t = threadIdx.x;
-    {   /* rows * kq <= TG_SK_ROWS * TG_KB = 4 * 256: four loads in flight a thread */
+    for (int e0 = t; e0 < rows * kq; e0 += 4 * nthr) {   /* four loads in flight a thread */
         T v[4];
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int e = t + u * nthr, r = e / kq, q = e - r * kq;
+            const int e = e0 + u * nthr, r = e / kq, q = e - r * kq;
             v[u] = e < rows * kq ? __ldg(X + (r0 + r) * xs0 + q * xs1) : T(0);
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int e = t + u * nthr;
+            const int e = e0 + u * nthr;
             if (e < rows * kq) xs[(e / kq) * TG_KB + e % kq] = v[u];
         }
     }
