@@ -1,7 +1,7 @@
 """Thin matrix products on our own kernels (symgpu/gpu/ops/thin_gemm.py, codegen/thin_gemm.cu).
 
-On the CPU: which kernel and grid ``plan_thin`` picks (the MLP's three 10-wide products
-among them), which products it leaves to cuBLAS, and what the GpuDot22/GpuGemm thunks launch
+On the CPU: which kernel and grid ``plan_thin`` picks (the MLP's 10-wide products among
+them), which products it leaves to cuBLAS (the MLP's small-k one among them), and what the GpuDot22/GpuGemm thunks launch
 (a fake device records the launches: strides, swapped operands, alpha/beta by value or
 address); with nvcc (``nvcc``), that the module compiles for both dtypes and its entry
 points are the ones the formats name.  On a GPU (``gpu``): products against NumPy for every
@@ -19,7 +19,7 @@ from gpu_helpers import (FakeCtx, fake_gpu_array, recording_loader, requires_gpu
                          requires_nvcc, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.ops import blas, blaslt, thin_gemm
-from symgpu.gpu.ops.thin_gemm import (MAX_K, ROWS_MAX_K, SMALL_K, THIN, ThinPlan, plan_thin,
+from symgpu.gpu.ops.thin_gemm import (MAX_K, ROWS_MAX_K, THIN, ThinPlan, plan_thin,
                                       render_thin_gemm, thin_gemm_formats)
 
 VCTX = "thin-gemm-test"
@@ -32,48 +32,48 @@ virtual_ctx = virtual_context(VCTX)
 
 def test_the_mlp_products_each_get_one_kernel():
     # h2 (512 x 1024, C order) @ W3 (1024 x 10): W3 in registers, 4 rows of h2 a step
-    p = plan_thin(512, 10, 1024, (1024, 1), (10, 1), 4, SMS)
-    assert p == ThinPlan("tg_rows", (128, 1, 1), (256, 1, 1), False, 0)
+    p = plan_thin(512, 10, 1024, (1024, 1), (10, 1), "float32", SMS)
+    assert p == ThinPlan("tg_rows", (128, 1, 1), (256, 1, 1), False)
     # h2.T (1024 x 512, a transposed view) @ d (512 x 10): 8 columns of h2 x 128 lanes down k
-    p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), 4, SMS)
-    assert p == ThinPlan("tg_cols", (128, 1, 1), (8, 128, 1), False, 0)
-    # d (512 x 10) @ W3.T (10 x 1024): k = 10, a thread per output column
-    p = plan_thin(512, 1024, 10, (10, 1), (1, 10), 4, SMS)
-    assert p.kernel == "tg_small_k" and p.block == (256, 1, 1) and not p.swap
-    assert p.grid[0] == 4 and p.grid[1] * p.chunk >= 512 > (p.grid[1] - 1) * p.chunk
-    assert p.grid[0] * p.grid[1] >= 2 * SMS
+    p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), "float32", SMS)
+    assert p == ThinPlan("tg_cols", (128, 1, 1), (8, 128, 1), False)
+    # d (512 x 10) @ W3.T (10 x 1024): k = 10, nothing thin: cuBLAS's one kernel
+    assert plan_thin(512, 1024, 10, (10, 1), (1, 10), "float32", SMS) is None
 
 
 def test_a_thin_m_is_the_thin_n_of_the_transposed_product():
     # W3.T (10 x 1024) @ h2.T (1024 x 512): out.T = h2 @ W3, whose X (h2) is read along k
-    p = plan_thin(10, 512, 1024, (1, 10), (1, 1024), 4, SMS)
+    p = plan_thin(10, 512, 1024, (1, 10), (1, 1024), "float32", SMS)
     assert p.kernel == "tg_rows" and p.swap and p.grid == (128, 1, 1)
     # d.T (10 x 512) @ h2 (512 x 1024): out.T = h2.T @ d, X (h2.T) read along m
-    p = plan_thin(10, 1024, 512, (1, 10), (1024, 1), 4, SMS)
+    p = plan_thin(10, 1024, 512, (1, 10), (1024, 1), "float32", SMS)
     assert p.kernel == "tg_cols" and p.swap and p.grid == (128, 1, 1)
 
 
-def test_products_left_to_cublas_and_float64_blocks():
-    assert plan_thin(512, 512, 512, (512, 1), (512, 1), 4, SMS) is None      # nothing thin
-    assert plan_thin(512, THIN + 1, SMALL_K + 1, (17, 1), (17, 1), 4, SMS) is None
-    assert plan_thin(512, 10, MAX_K + 1, (1, 512), (10, 1), 4, SMS) is None
-    assert plan_thin(512, 10, ROWS_MAX_K + 1, (ROWS_MAX_K + 1, 1), (10, 1), 4, SMS) is None
-    assert plan_thin(512, 10, 0, (0, 1), (10, 1), 4, SMS) is None            # k = 0: beta only
-    assert plan_thin(0, 10, 5, (5, 1), (10, 1), 4, SMS) is None
-    assert plan_thin(512, 10, ROWS_MAX_K, (ROWS_MAX_K, 1), (10, 1), 4, SMS).kernel == "tg_rows"
-    assert plan_thin(512, 10, MAX_K, (1, 512), (10, 1), 4, SMS).kernel == "tg_cols"
-    p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), 8, SMS)
-    assert p.kernel == "tg_cols" and p.block == (8, 64, 1)                  # registers
+def test_products_left_to_cublas():
+    f32 = "float32"
+    assert plan_thin(512, 512, 512, (512, 1), (512, 1), f32, SMS) is None    # nothing thin
+    assert plan_thin(512, THIN + 1, 8, (8, 1), (17, 1), f32, SMS) is None
+    assert plan_thin(512, 10, MAX_K + 1, (1, 512), (10, 1), f32, SMS) is None
+    assert plan_thin(512, 10, ROWS_MAX_K + 1, (ROWS_MAX_K + 1, 1), (10, 1), f32, SMS) is None
+    assert plan_thin(512, 10, 0, (0, 1), (10, 1), f32, SMS) is None          # k = 0: beta only
+    assert plan_thin(0, 10, 5, (5, 1), (10, 1), f32, SMS) is None
+    assert plan_thin(512, 10, ROWS_MAX_K, (ROWS_MAX_K, 1), (10, 1), f32, SMS).kernel == "tg_rows"
+    assert plan_thin(512, 10, MAX_K, (1, 512), (10, 1), f32, SMS).kernel == "tg_cols"
     # a broadcast X (stride 0 along k) and a huge row count: the grid is capped
-    p = plan_thin(10 ** 6, 4, 64, (64, 0), (4, 1), 4, SMS)
+    p = plan_thin(10 ** 6, 4, 64, (64, 0), (4, 1), f32, SMS)
     assert p.kernel == "tg_rows" and p.grid == (16 * SMS, 1, 1)
 
 
-def test_kernels_turned_off_leave_their_products_to_cublas(monkeypatch):
-    monkeypatch.setitem(thin_gemm.USE, "tg_rows", False)
-    assert plan_thin(512, 10, 1024, (1024, 1), (10, 1), 4, SMS) is None
-    assert plan_thin(512, 10, 12, (12, 1), (10, 1), 4, SMS).kernel == "tg_small_k"
-    assert plan_thin(1024, 10, 512, (1, 1024), (10, 1), 4, SMS).kernel == "tg_cols"
+def test_float64_reads_along_k_only_and_use_turns_kernels_off(monkeypatch):
+    assert plan_thin(512, 10, 1024, (1024, 1), (10, 1), "float64", SMS).kernel == "tg_rows"
+    assert plan_thin(1024, 10, 512, (1, 1024), (10, 1), "float64", SMS) is None   # measured
+    monkeypatch.setitem(thin_gemm.USE, "tg_cols", ("float32", "float64"))
+    p = plan_thin(1024, 10, 512, (1, 1024), (10, 1), "float64", SMS)
+    assert p.kernel == "tg_cols" and p.block == (8, 64, 1)                  # registers
+    monkeypatch.setitem(thin_gemm.USE, "tg_rows", ())
+    assert plan_thin(512, 10, 1024, (1024, 1), (10, 1), "float32", SMS) is None
+    assert plan_thin(1024, 10, 512, (1, 1024), (10, 1), "float32", SMS).kernel == "tg_cols"
 
 
 # ============================================================================ thunks (fake device)
@@ -142,14 +142,12 @@ def test_dot22_thunk_launches_the_thin_kernels_with_element_strides(fake):
     name, grid, block, args = calls[-1]
     assert name == "tg_cols" and block == (8, 128, 1) and args[3:9] == (h.ptr, 1, 1024,
                                                                            d.ptr, 10, 1)
-    wT = w.transpose()                                   # (10 x 1024): k = 10
+    wT = w.transpose()                                   # (10 x 1024): k = 10, cuBLAS's
     storage[node.inputs[0]][0], storage[node.inputs[1]][0] = d, wT
+    n = len(calls)
     thunk()
-    name, grid, block, args = calls[-1]
-    out = storage[node.outputs[0]][0]
-    assert name == "tg_small_k" and out.shape == (512, 1024)
-    assert args[:12] == (512, 1024, 10, d.ptr, 10, 1, w.ptr, 1, 10, out.ptr, 1024, 1)
-    assert args[-1] * grid[1] >= 512                     # the rows per block cover m
+    assert len(calls) == n and len(lt_calls) == 1
+    assert storage[node.outputs[0]][0].shape == (512, 1024)
     storage[node.inputs[0]][0], storage[node.inputs[1]][0] = wT, hT   # m = 10: swapped
     thunk()
     name, grid, block, args = calls[-1]
@@ -157,12 +155,11 @@ def test_dot22_thunk_launches_the_thin_kernels_with_element_strides(fake):
     assert name == "tg_rows" and out.shape == (10, 512)
     # out.T (512 x 10) = h2 @ W3: X = hT.T = h (1024, 1), Y = wT.T = w (10, 1), out.T (1, 512)
     assert args[:12] == (512, 10, 1024, h.ptr, 1024, 1, w.ptr, 10, 1, out.ptr, 1, 512)
-    assert not lt_calls
     n = len(calls)
     storage[node.inputs[0]][0] = fake_gpu_array(ctx, (64, 64))     # nothing thin: cuBLASLt
     storage[node.inputs[1]][0] = fake_gpu_array(ctx, (64, 64))
     thunk()
-    assert len(calls) == n and len(lt_calls) == 1
+    assert len(calls) == n and len(lt_calls) == 2
 
 
 def test_gemm_thunk_passes_alpha_and_beta_by_value_or_address(fake):
@@ -288,7 +285,8 @@ def test_dot22_matches_numpy_for_every_layout(gpu_ctx, dtype, m, k, n):
 
 @requires_gpu
 def test_the_thin_kernels_really_ran(gpu_ctx, monkeypatch):
-    """The MLP's products went through plans of ours (none declined to cuBLAS)."""
+    """The MLP's thin products went through plans of ours; its small-k one, d @ W3.T, to
+    cuBLAS (declined)."""
     seen = []
     real = thin_gemm.ThinGemm.__call__
 
@@ -306,7 +304,7 @@ def test_the_thin_kernels_really_ran(gpu_ctx, monkeypatch):
                                   _layout(b, "f" if b.base is not None else "c")])
         vm()
         _close(np.asarray(storage[out][0]), a.astype("float64") @ b, "float32")
-    assert seen == ["tg_rows", "tg_cols", "tg_small_k"]
+    assert seen == ["tg_rows", "tg_cols", None]
 
 
 @requires_gpu
