@@ -429,7 +429,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             out = new_array(ctx, (m, n), np_dtype)
         if m and n and thin is not None and \
                 thin(x, y, out, *(unit if scal is None else scal.kernel_args())):
-            out_cell[0] = out     # one launch of ours: a thin side, or a small k
+            out_cell[0] = out     # one launch of ours: a thin side (thin_gemm.py)
             return
         if m and n:
             _check_int(m, n, k)
