@@ -11,7 +11,7 @@ import pytest
 
 from gpu_helpers import FakeCtx, fake_gpu_array, requires_gpu, virtual_context
 from symgpu import config
-from symgpu.gpu.ops import blas, blaslt
+from symgpu.gpu.ops import blas, blaslt, thin_gemm
 
 VCTX = "blaslt-virtual"
 _virtual = virtual_context(VCTX)
@@ -112,6 +112,7 @@ def fakes(monkeypatch):
     ctx, classic, lt_calls, copies = FakeCtx(), _FakeClassic(), [], []
     monkeypatch.setattr(blas, "_cublas", classic)
     monkeypatch.setattr(blaslt, "lt_available", lambda dtype: True)
+    monkeypatch.setattr(thin_gemm, "ENABLED", False)   # small products: the cuBLAS path here
     lt_state = {"raise": False}
 
     def lt_matmul(ctx_, p, alpha, a, b, beta, d):

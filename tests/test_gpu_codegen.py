@@ -444,10 +444,10 @@ def test_reduce_thunk_plans_and_splits(fake_device):
     ctx, calls = fake_device
     x = gvar("float32", (False, False))
     node = GpuCAReduce(SCALAR_OPS["add"], (0,))(x).owner
-    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (1000, 64))])
+    thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (100000, 64))])
     thunk()
     names = [c[0] for c in calls]
-    assert names[-2:] == ["sg_cols_partial", "sg_finish"]          # 64 columns: split rows
+    assert names[-2:] == ["sg_cols_partial", "sg_finish"]          # 64 tall columns: split rows
     assert storage[node.outputs[0]][0].shape == (64,)
     calls.clear()
     node = GpuCAReduce(SCALAR_OPS["maximum"], (1,))(x).owner

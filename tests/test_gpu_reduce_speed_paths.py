@@ -19,7 +19,8 @@ from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
                          requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.runtime import compiler
-from symgpu.gpu.runtime.codegen.reduce import (KERNELS, ONEPASS_KERNELS, VECTOR_KERNELS, ReduceSignature,
+from symgpu.gpu.runtime.codegen.reduce import (COLS_BLOCK_KERNELS, KERNELS, ONEPASS_KERNELS,
+                                               VECTOR_KERNELS, ReduceSignature,
                                        kernel_names, reduce_formats, render_reduce)
 from symgpu.gpu.runtime.context import gpu_available, why_unavailable
 from symgpu.gpu.ops.elemwise import GpuCAReduce, _order_reduced, _ReduceThunk
@@ -47,7 +48,8 @@ def test_vector_kernels_only_where_item_sizes_agree_and_reduced_dims_collapse():
     assert ReduceSignature("add", S["mul"], ("float32", "float64"), "float64", 1, 1
                            ).vector_width == 0
     assert ReduceSignature("add", None, ("float32",), "float32", 1, 2).vector_width == 0
-    assert kernel_names(one) == KERNELS + ONEPASS_KERNELS + VECTOR_KERNELS + ("sg_finish",)
+    assert kernel_names(one) == (KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS + VECTOR_KERNELS
+                                 + ("sg_finish",))
 
 
 @pytest.mark.parametrize("sig", [
@@ -164,8 +166,8 @@ def test_rows_vector_path_for_long_rows_and_onepass_for_few_rows(fake_device):
     thunk()
     assert calls[-1][0] == "sg_rows_final"
     n = len(calls)
-    node = GpuCAReduce(S["add"], (0,))(x).owner                  # columns: unchanged, 2 passes
-    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (1000, 64))])
+    node = GpuCAReduce(S["add"], (0,))(x).owner          # tall columns: unchanged, 2 passes
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (100000, 64))])
     thunk()
     assert [c[0] for c in calls[n:]] == ["sg_cols_partial", "sg_finish"]
 

@@ -221,6 +221,20 @@ class _Scalars:
                 keep.append(tmp)
         return ptrs, keep
 
+    def kernel_args(self) -> list[tuple[float, int]]:
+        """(value, device address or 0) of each scalar for a kernel of ours (thin_gemm.py):
+        constants and host values by value, read now; GPU scalars by address, read by the
+        kernel."""
+        out = []
+        for c, cell, gpu in zip(self.const, self.cells, self.is_gpu):
+            if c is not None:
+                out.append((c, 0))
+            elif gpu:
+                out.append((0.0, cell[0].ptr))
+            else:
+                out.append((float(np.asarray(cell[0]).reshape(())), 0))
+        return out
+
     def value(self, k: int) -> float | None:
         """The host value of scalar k when it is known without a device read."""
         if self.const[k] is not None:
@@ -317,6 +331,9 @@ class GpuGemm(_AccumulatingBlasOp):
             raise TypeError(f"{self}: z ({z.type}) cannot hold the output ({out}) in place")
         return Apply(self, [z, alpha, x, y, beta], [out()])
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return super().prefetch_sources(node) + _thin_prefetch(node)
+
     def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         return _gemm_thunk(self, node, storage_map, ctx, node.inputs[0], 2, 3, (1, 4))
 
@@ -340,8 +357,17 @@ class GpuDot22(_CublasOp):
         out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
         return Apply(self, [x, y], [out()])
 
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        return _thin_prefetch(node)
+
     def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
         return _gemm_thunk(self, node, storage_map, ctx, None, 0, 1, ())
+
+
+def _thin_prefetch(node: Apply) -> list[tuple]:
+    """The thin-product module (thin_gemm.py) a GpuDot22/GpuGemm thunk loads when made."""
+    from symgpu.gpu.ops import thin_gemm
+    return [thin_gemm.prefetch_request(node.outputs[0].dtype)] if thin_gemm.ENABLED else []
 
 
 def gemm_math_mode(dtype: str) -> int:
@@ -353,7 +379,7 @@ def gemm_math_mode(dtype: str) -> int:
 
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
-    from symgpu.gpu.ops import blaslt
+    from symgpu.gpu.ops import blaslt, thin_gemm
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -373,6 +399,8 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     label = str(op)
     unsupported: set = set()        # LtProblems cuBLASLt has no algorithm for
     into = [None]   # graph_segment sets it for one capture (write_into: a direct update)
+    thin = thin_gemm.ThinGemm(ctx, dtype) if thin_gemm.ENABLED else None
+    unit = [(1.0, 0), (0.0, 0)]     # GpuDot22's alpha, beta for the thin kernels
 
     def thunk() -> None:
         ctx.activate()
@@ -399,6 +427,10 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                     out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
+        if m and n and thin is not None and \
+                thin(x, y, out, *(unit if scal is None else scal.kernel_args())):
+            out_cell[0] = out     # one launch of ours: a thin side (thin_gemm.py)
+            return
         if m and n:
             _check_int(m, n, k)
             x, tb, ldb = _matrix(x)

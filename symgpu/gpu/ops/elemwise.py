@@ -480,7 +480,15 @@ class _ReduceThunk:
     module has vector kernels, rows read 16-byte vectors (``sg_vrows_*``): always when R is
     split, and for whole rows of at least ``VEC_MIN_ROW`` values (a block per row).  A full
     reduction (K == 1) gets its own one-pass grid: ``ONEPASS_BLOCKS_PER_SM`` blocks of 256 per
-    multiprocessor, fewer where R is short."""
+    multiprocessor, fewer where R is short.  Columns (every operand's kept axis contiguous,
+    as in a bias gradient ``d.sum(0)``) that would be split are one ``sg_cols_block`` launch
+    instead: blocks of 1024 threads, C columns x 1024 / C row lanes walking the whole of R (C
+    is 32, or 16 or 8 where fewer columns per block fill more multiprocessors, and at least
+    32 bytes of a row), where each lane takes at most ``COLS_BLOCK_ROWS_PER_LANE`` rows
+    (taller arrays keep the split: a lane walking R alone is latency-bound; measured on an
+    H100, float32 sums: (512, 1024) 2.59 us against 3.36 us of split + finish kernels,
+    (2048, 1024) at 16 rows a lane 4.40 against 4.31, (3072, 1024) 5.53 against 4.85,
+    (4096, 4224) with 132 blocks of 32 columns 34.4 against 26.3)."""
 
     #: tuning knobs (class attributes, read when a plan is made)
     USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
@@ -489,6 +497,8 @@ class _ReduceThunk:
     ONEPASS_BLOCKS_PER_SM = 4
     #: values a thread of a one-pass full reduction takes at least: 4 vectors of 16 bytes
     ONEPASS_MIN_BYTES_PER_THREAD = 64
+    COLS_BLOCK = True       # False: split columns always finish in a second launch
+    COLS_BLOCK_ROWS_PER_LANE = 16
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
@@ -564,7 +574,26 @@ class _ReduceThunk:
                         name = "sg_vrows_final" if vec else "sg_rows_final"
                     p.G, p.chunk = g, -(-p.R // g)
                     p.block, p.grid = (256, 1, 1), (1, g, 1)
+        else:
+            cw = self.cols_block_width(p, ins[0].dtype.itemsize)
+            if cw:
+                name, mode = "sg_cols_block", self.FINAL
+                p.G, p.chunk = 1, p.R
+                p.block = (cw, 1024 // cw, 1)
+                p.grid = (min(-(-p.K // cw), 16 * self.sms), 1, 1)
         return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
+
+    def cols_block_width(self, p: Any, itemsize: int) -> int:
+        """The columns per block of ``sg_cols_block`` for the columns plan ``p`` (split over
+        G > 1 blocks per column), or 0 where the split stays (see the class docstring)."""
+        if not (self.COLS_BLOCK and p.strategy == "cols" and p.G > 1 and p.K and p.R):
+            return 0
+        if any(s[-1] not in (0, 1) for s in p.kstrides):   # strided columns: the split path
+            return 0
+        cw = 32
+        while cw > max(8, 32 // itemsize) and -(-p.K // cw) < self.sms:
+            cw //= 2
+        return cw if -(-p.R // (1024 // cw)) <= self.COLS_BLOCK_ROWS_PER_LANE else 0
 
     def thunk(self) -> Callable[[], None]:
         in_cells, out_cell, ctx = self.in_cells, self.out_cell, self.ctx

@@ -17,6 +17,11 @@
  *                            another take the scalar loop); emitted where SG_VW > 0
  *   sg_cols_{final,partial}  threads along k (kept axis contiguous), blockDim 32x8: 32 columns
  *                            per block, 8 lanes down r combined through shared memory
+ *   sg_cols_block            the same with blockDim CxY (C of 8, 16 or 32 columns, C * Y = 1024)
+ *                            walking the whole of R: each block finishes its columns itself (a
+ *                            warp per column combines the Y lanes' values from shared memory),
+ *                            so a column reduction of moderate R is one launch, no partials,
+ *                            no atomics
  *   sg_finish                reduces the (K, G) partials when R was split over G blocks
  * A *partial* launch splits R over gridDim.y = G blocks, each writing its share to
  * partial[k * G + blockIdx.y], and sg_finish combines them in a second launch.  A *onepass*
@@ -274,6 +279,39 @@ __device__ __forceinline__ void sg_cols_body(const long long K, const long long 
     }
 }
 
+/* sg_cols_block: blockDim.x (8, 16 or 32) columns kb + threadIdx.x, each combining rows
+ * threadIdx.y + i * blockDim.y over the whole of R (blockDim.x * blockDim.y == 1024: narrow
+ * blocks spread few columns over more multiprocessors); then the blockDim.y values of each
+ * column are combined by one warp (lane t reads rows t, t + 32, ... of the shared tile, in a
+ * fixed order: the same bits every launch) */
+#define SG_CB_ROWS 128    /* the most blockDim.y: 1024 threads over 8 columns */
+__device__ __forceinline__ void sg_cols_block_body(const long long K, const long long R,
+                                                   const sg_rmeta &m, const sg_rptrs &p)
+{
+    __shared__ acc_t sm[SG_CB_ROWS][33];
+    const int cw = blockDim.x, lanes = blockDim.y;
+    const int tid = threadIdx.y * cw + threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, nwarps = (cw * lanes) >> 5;
+    for (long long kb = (long long)blockIdx.x * cw; kb < K; kb += (long long)gridDim.x * cw) {
+        const long long k = kb + threadIdx.x;
+        acc_t acc = SG_IDENTITY;
+        if (k < K) {
+            long long koff[SG_NIN];
+            sg_koff(m, k, koff);
+            acc = sg_strip(m, p, koff, threadIdx.y, R, lanes);
+        }
+        sm[threadIdx.y][threadIdx.x] = acc;
+        __syncthreads();
+        for (int c = warp; c < cw; c += nwarps) {
+            acc_t v = SG_IDENTITY;
+            for (int t = lane; t < lanes; t += 32) v = sg_combine(v, sm[t][c]);
+            v = sg_warp_reduce(v);
+            if (lane == 0 && kb + c < K) sg_store(p.out[kb + c], v);
+        }
+        __syncthreads();
+    }
+}
+
 #define SG_ARGS const long long K, const long long R, const long long chunk, \
                 const sg_rmeta m, const sg_rptrs p
 extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<SG_FINAL>(K, R, chunk, m, p); }
@@ -281,6 +319,9 @@ extern "C" __global__ void sg_rows_partial(SG_ARGS) { sg_rows_body<SG_PARTIAL>(K
 extern "C" __global__ void sg_rows_onepass(SG_ARGS) { sg_rows_body<SG_ONEPASS>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_final(SG_ARGS) { sg_cols_body<true>(K, R, chunk, m, p); }
 extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, chunk, m, p); }
+/* 1024 threads (32x32, 16x64 or 8x128): at most 64 registers */
+extern "C" __global__ void __launch_bounds__(1024) sg_cols_block(SG_ARGS)
+{ sg_cols_block_body(K, R, m, p); }
 #if SG_VW
 /* 256 threads (256x1 or 32x8), at most 64 registers: 4 blocks (1024 threads) per multiprocessor */
 extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_final(SG_ARGS)

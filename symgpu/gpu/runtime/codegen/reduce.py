@@ -14,13 +14,15 @@ from symgpu.gpu.runtime.codegen.types import (acc_ctype_for, is_float_dtype, lit
                                       value_ctype)
 
 __all__ = ["ReduceSignature", "render_reduce", "REDUCIBLE", "KERNELS", "ONEPASS_KERNELS",
-           "VECTOR_KERNELS", "reduce_formats", "kernel_names"]
+           "COLS_BLOCK_KERNELS", "VECTOR_KERNELS", "reduce_formats", "kernel_names"]
 
 #: reductions the generator knows: name -> (identity kind, combine template by kind)
 REDUCIBLE = ("add", "mul", "maximum", "minimum", "and_", "or_")
 KERNELS = ("sg_rows_final", "sg_rows_partial", "sg_cols_final", "sg_cols_partial")
 #: kernels every module also has: the one-pass rows kernel (partials + "last block done")
 ONEPASS_KERNELS = ("sg_rows_onepass",)
+#: and the one-launch columns kernel (a block finishes its 32 columns over the whole of R)
+COLS_BLOCK_KERNELS = ("sg_cols_block",)
 #: kernels of modules whose operands share one item size and whose reduced dims collapse to one
 #: (``ReduceSignature.vector_width`` > 0): 16-byte loads of contiguous rows
 VECTOR_KERNELS = ("sg_vrows_final", "sg_vrows_onepass")
@@ -64,7 +66,7 @@ class ReduceSignature:
 def kernel_names(sig: ReduceSignature) -> tuple[str, ...]:
     """Every kernel of ``sig``'s module."""
     vec = VECTOR_KERNELS if sig.vector_width else ()
-    return KERNELS + ONEPASS_KERNELS + vec + ("sg_finish",)
+    return KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS + vec + ("sg_finish",)
 
 
 def reduce_formats(sig: ReduceSignature) -> dict[str, str]:
