@@ -75,7 +75,7 @@ from symgpu.scalar.basic import SCALAR_OPS  # noqa: E402
 
 G = {}
 for _mod in ("placement.basic_ops", "ops.blas", "ops.subtensor", "ops.advanced", "ops.nnet", "ops.crossentropy", "ops.elemwise",
-             "ops.kernel_op"):
+             "ops.kernel_op", "ops.softmax_rows", "ops.nll_grad"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 
 ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
@@ -280,6 +280,11 @@ CASES: dict[type, list[Case]] = {
         gcase(lambda g, p, y: G["GpuCrossentropyCategorical1HotGrad"]()(g, p, y),
               lambda g, p, y: O["CrossentropyCategorical1HotGrad"]()(g, p, y), "ggg",
               r(3), np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
+    G["GpuSoftmaxRows"]: [gcase(lambda x: G["GpuSoftmaxRows"](True)(x),
+                                lambda x: T.nnet.log_softmax(x), "g", r(2, 3, 4))],
+    G["GpuNLLGrad"]: [gcase(lambda v, m, n, y: G["GpuNLLGrad"]()(v, m, n, y),
+                            lambda v, m, n, y: m, "gghg", r(3), r(3, 4), i64(3),
+                            i64([0, 3, 1]))],
     G["GpuElemwise"]: [gcase(lambda x, y: G["GpuElemwise"](ADD)(x, y), lambda x, y: x + y, "gg",
                              r(2, 3, dtype="float32"), (r(1, 3, dtype="float32"), (True, False)))],
     G["GpuCAReduce"]: [gcase(lambda x: G["GpuCAReduce"](ADD, (1,))(x), lambda x: x.sum(axis=1),
