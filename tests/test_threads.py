@@ -200,7 +200,7 @@ def test_spare_frames_beyond_the_pool_are_dropped(monkeypatch):
     monkeypatch.setattr(frames, "SPARE_FRAMES", 2)
     x = T.dvector("x")
     f = function([x], x * 3)
-    f._frame.lock.pop()  # the primary frame is busy (as while another thread is inside)
+    f._frame.guard[0].take()  # the primary frame is busy (as while another thread is inside)
     try:
         np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])  # runs in a spare frame
         assert f.n_frames == 2
@@ -210,7 +210,7 @@ def test_spare_frames_beyond_the_pool_are_dropped(monkeypatch):
             np.testing.assert_array_equal(t.caller(f._filters, None)(np.ones(2)), [3.0, 3.0])
             f._give_back(t)
     finally:
-        f._frame.lock.append(None)
+        f._frame.guard[0].give(None)
     assert f.n_frames == 1 + 2  # two kept, the others dropped
     np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])
 

@@ -3,23 +3,27 @@
 A compiled function's thunks close over storage cells (one per variable), so two calls that
 ran over the same cells at once would overwrite each other's inputs and intermediates. Each
 call therefore holds a frame (its cells, and the VM whose thunks are bound to them) for its
-duration. A function links one frame when it is compiled; its call path takes that frame
-with a non-blocking lock (tens of nanoseconds) and only when the lock is taken (another
-thread is inside, or a callback re-enters the function) does it take a spare frame from a
-small pool, linking a new one on demand (the kernel caches make a re-link cheap).
+duration. A function links one frame when it is compiled, guarded by the tokens of one or
+more `UpdateLock`s (compile/update_lock.py): its call path takes them without blocking (a
+list pop each, tens of nanoseconds), and only when one is gone (another thread is inside, or
+a callback re-enters the function) does the call go the contended way: it waits for the
+locks of the values it updates, then runs in a spare frame from a small pool, linking a new
+one on demand (the kernel caches make a re-link cheap).
 
 Shared values a function only reads are read into the frame's own cells at the start of a
 call (one consistent state per call). The shared variables a function updates are locked for
 the call (reading their values in place, running, writing the updates): values updated
 together share one lock (`sharedvalue.update_locks`), taken in one global order
-(`Container.order`) so that two functions updating overlapping sets cannot deadlock; see
-docs/threads.md.
+(`UpdateLock.order`) so that two functions updating overlapping sets cannot deadlock; see
+docs/threads.md. Those locks are also the primary frame's guard: a function that updates
+values holds its frame exactly while it holds their locks, with no token of its own.
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
 from symgpu.compile.sharedvalue import update_locks
+from symgpu.compile.update_lock import HELD_NAME, UpdateLock
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 
@@ -57,10 +61,10 @@ class Layout:
 
 
 class Frame:
-    """One set of cells and the VM bound to them; `call`/`call_trusted` run one call."""
+    """One set of cells and the VM bound to them; `caller` gives the code of one call."""
 
     def __init__(self, layout: Layout, vm: Any, storage_map: dict[Variable, list],
-                 lock: Any | None):
+                 guard: tuple[UpdateLock, ...] | None, private: UpdateLock | None = None):
         self.layout = layout
         self.vm = vm
         self.storage_map = storage_map
@@ -69,9 +73,12 @@ class Frame:
         self.input_cells = [storage_map[v] for v in fg.inputs[:n_in]]
         self.shared_cells = [storage_map[v] for v in fg.inputs[n_in:]]
         self.output_cells = [storage_map[v] for v in fg.outputs[: layout.n_out]]
-        #: a primary frame's token list (one item while the frame is free): each call pops
-        #: it without blocking (None for spares, which the pool hands to one call at a time)
-        self.lock = lock
+        #: a primary frame's guard: the locks whose tokens a call takes without blocking, in
+        #: their order (None for spares, which the pool hands to one call at a time)
+        self.guard = guard
+        #: the guard's lock that is the frame's own token (a function updating nothing),
+        #: which nobody waits for
+        self.private = private
         self._calls: dict[bool, Callable] = {}
 
     def caller(self, filters: Sequence[Callable] | None, contended: Callable | None) -> Callable:
@@ -84,9 +91,11 @@ class Frame:
 
 
 def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
-               lock: Any | None = None, primary: bool = False) -> Frame:
+               guard: Sequence[UpdateLock] = (), primary: bool = False) -> Frame:
     """Link a new frame: fresh cells for every variable (those in `share` reused, for
-    `Function.copy(share_memory=True)`), thunks bound to them by the mode's linker."""
+    `Function.copy(share_memory=True)`, with the guard of the frame they come from), thunks
+    bound to them by the mode's linker. A primary frame is guarded by the locks of the values
+    its function updates and `guard`, or else by a private token."""
     fg = layout.fgraph
     storage_map: dict[Variable, list] = dict(share or {})
     n_in = layout.n_explicit
@@ -99,16 +108,22 @@ def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
         storage_map[var] = (layout.containers[k].storage if k in layout.updated_positions
                             else [None])
     vm = layout.mode.link(fg, storage_map)  # DebugMode links a checking VM
-    if primary and lock is None:
-        lock = [None]  # the frame's token: see _generate
-    return Frame(layout, vm, vm.storage_map, lock)
+    if not primary:
+        return Frame(layout, vm, vm.storage_map, None)
+    locks: dict[int, UpdateLock] = {lk.order: lk for lk in (*layout.locks, *guard)}
+    private = None
+    if not locks:
+        private = UpdateLock()
+        locks[private.order] = private
+    return Frame(layout, vm, vm.storage_map, tuple(locks[k] for k in sorted(locks)), private)
 
 
 def _generate(frame: Frame, filters: Sequence[Callable] | None,
               contended: Callable | None) -> Callable:
     """Straight-line code for one call over this frame's cells (a loop over lists costs a
-    few tenths of a microsecond more): take the frame, filter the arguments into the input
-    cells, read the shared values, run, write the updates, empty the cells of results."""
+    few tenths of a microsecond more): take the guard's tokens, filter the arguments into the
+    input cells, read the shared values, run, write the updates, empty the cells of results,
+    give the tokens back. A spare frame's code takes no token: its caller holds the locks."""
     from symgpu.link.vm import VM, straight_line
     layout, vm = frame.layout, frame.vm
     fg = layout.fgraph
@@ -118,12 +133,22 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
     args = ", ".join(f"a{i}" for i in range(n))
     lines = [f"def call({args}):"]
     ind = "    "
-    if frame.lock is not None:
-        # the frame is free while its token list holds one item: pop/append are atomic
-        # (and cost half of a non-blocking Lock.acquire + release)
-        ns["own"], ns["free"], ns["other"] = frame.lock.pop, frame.lock.append, contended
-        lines += [f"{ind}try:", f"{ind}    own()", f"{ind}except IndexError:",
-                  f"{ind}    return other({args})"]
+    give: list[str] = []   # gives the tokens back, the last taken first
+    for m, lock in enumerate(frame.guard or ()):
+        ns[f"T{m}"], ns[f"G{m}"] = lock.take, lock.give
+        back = [f"G{m}(None)"]
+        if lock is not frame.private:  # others may wait for an update lock
+            ns[f"W{m}"], ns[f"K{m}"] = lock.waiting, lock.wake
+            back.append(f"if W{m}: K{m}()")
+        ns["other"] = contended
+        # a token gone: give back those taken, and go the contended way (it waits for the
+        # update locks, or sees that this thread holds them, and takes a spare frame)
+        lines += [f"{ind}try:", f"{ind}    T{m}()", f"{ind}except IndexError:"]
+        lines += [f"{ind}    {b}" for b in give] + [f"{ind}    return other({args})"]
+        give = back + give
+    if frame.guard:
+        ns["HELD"] = frame.guard
+        lines.append(f"{ind}{HELD_NAME} = HELD  # for a callback's look up the stack")
     lines.append(f"{ind}try:")
     ind += "    "
     for i, cell in enumerate(frame.input_cells):
@@ -144,28 +169,19 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         if k not in updated:
             lines.append(f"{ind}h{k}[0] = H{k}[0]")
     if type(vm).__call__ is VM.__call__:  # the thunks run here, without a call of run()
-        body = ["if plain:"] + straight_line(vm, ns, "    ") + ["else:", "    run()"]
+        lines += [f"{ind}if plain:"] + straight_line(vm, ns, ind + "    ")
+        lines += [f"{ind}else:", f"{ind}    run()"]
     else:  # a checking VM (DebugMode): always its own __call__
-        body = ["run()"]
+        lines.append(f"{ind}run()")
     for j, cell in enumerate(frame.output_cells):
         ns[f"o{j}"] = cell
-        body.append(f"r{j} = o{j}[0]")
+        lines.append(f"{ind}r{j} = o{j}[0]")
     # read every new value before writing any: updates are simultaneous
     for u, (out_index, _, _) in enumerate(layout.updates):
         ns[f"u{u}"] = frame.storage_map[fg.outputs[out_index]]
-        body.append(f"v{u} = u{u}[0]")
+        lines.append(f"{ind}v{u} = u{u}[0]")
     for u, (_, k, copy) in enumerate(layout.updates):
-        body.append(f"H{k}[0] = v{u}.copy()" if copy else f"H{k}[0] = v{u}")
-    if layout.locks:
-        for m, lock in enumerate(layout.locks):
-            ns[f"L{m}"], ns[f"R{m}"] = lock.acquire, lock.release
-            lines.append(f"{ind}L{m}()")
-        lines.append(f"{ind}try:")
-        lines += [f"{ind}    {b}" for b in body]
-        lines.append(f"{ind}finally:")
-        lines += [f"{ind}    R{m}()" for m in reversed(range(len(layout.locks)))]
-    else:
-        lines += [f"{ind}{b}" for b in body]
+        lines.append(f"{ind}H{k}[0] = v{u}.copy()" if copy else f"{ind}H{k}[0] = v{u}")
     # empty the cells of computed results (no later call writes into an array the caller
     # holds) and of shared values (an old value is not kept alive after an update)
     clear = []
@@ -181,9 +197,7 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         ns[f"z{z}"] = cell
         tail.append(f"z{z}[0] = None")
     lines.append("    finally:")
-    lines += [f"        {t}" for t in tail] + ["        pass"]
-    if frame.lock is not None:
-        lines.append("        free(None)")
+    lines += [f"        {t}" for t in tail + give or ["pass"]]
     results = [f"r{j}.copy()" if c else f"r{j}" for j, c in enumerate(layout.output_copy)]
     lines.append(f"    return {results[0]}" if layout.single else f"    return [{', '.join(results)}]")
     exec(compile("\n".join(lines), f"<symgpu Function {layout.name or ''}>", "exec"), ns)

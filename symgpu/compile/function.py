@@ -109,7 +109,7 @@ class Function:
     (symgpu/compile/frames.py) and the updates of one call are atomic (docs/threads.md)."""
 
     def __init__(self, maker: FunctionMaker, name: str | None,
-                 share: dict[Variable, list] | None = None, lock: Any | None = None):
+                 share: dict[Variable, list] | None = None, guard: Sequence[Any] = ()):
         self.maker = maker
         self.name = name
         fg = maker.fgraph
@@ -130,7 +130,7 @@ class Function:
         self._layout = Layout(fg, maker.mode, n_explicit, n_out,
                               [sv.container for sv in maker.shared_vars], updates, output_copy,
                               maker.single, name)
-        self._frame = link_frame(self._layout, share, lock, primary=True)
+        self._frame = link_frame(self._layout, share, guard, primary=True)
         self.vm = self._frame.vm
         self.fn = self.vm
         self._filters = [_input_filter(v, inp, i, name, maker.allow_input_downcast,
@@ -187,19 +187,28 @@ class Function:
 
     # -- frames -----------------------------------------------------------------------------
     def _call_spare(self, *args: Any) -> Any:
-        """A call made while the primary frame is busy: run in a spare frame."""
-        frame = self._take_spare()
-        try:
-            return frame.caller(self._filters, None)(*args)
-        finally:
-            self._give_back(frame)
+        """A call made while a token of the primary frame's guard is gone: run in a spare
+        frame, holding the locks of the values it updates (waiting for them while another
+        thread holds them; at once where this thread does, in a callback)."""
+        return self._in_spare(self._filters, args)
 
     def _call_spare_trusted(self, *args: Any) -> Any:
-        frame = self._take_spare()
+        return self._in_spare(None, args)
+
+    def _in_spare(self, filters: list | None, args: tuple) -> Any:
+        taken = []
         try:
-            return frame.caller(None, None)(*args)
+            for lock in self._layout.locks:
+                lock.acquire()
+                taken.append(lock)
+            frame = self._take_spare()
+            try:
+                return frame.caller(filters, None)(*args)
+            finally:
+                self._give_back(frame)
         finally:
-            self._give_back(frame)
+            for lock in reversed(taken):
+                lock.release()
 
     def _take_spare(self):
         try:

@@ -37,7 +37,8 @@ def copy_function(fn: Any, share_memory: bool = False, swap: dict | None = None,
     * `delete_updates=True`: the copy computes the outputs and updates nothing.
     * `share_memory=True`: the copy's first frame reuses `fn`'s intermediate cells (not its
       input and output cells), saving memory; the two then never run in those cells at the
-      same time (they share the frame's token; a contended call takes a spare frame).
+      same time (the copy's frame is guarded by the original's guard too; a contended call
+      takes a spare frame).
     * `name` defaults to `fn`'s name + " copy"; `profile` as for `function()`.
     """
     from symgpu.compile.function import Function, FunctionMaker, _attach_profile
@@ -61,18 +62,18 @@ def copy_function(fn: Any, share_memory: bool = False, swap: dict | None = None,
     updates = [] if delete_updates else [
         (shared_vars[next(k for k, s in enumerate(maker.shared_vars) if s is sv)], j)
         for sv, j in maker.updates]
-    share, lock = None, None
+    share, guard = None, ()
     if share_memory:
         ends = set(fg.inputs) | set(fg.outputs)
         share = {memo[v]: cell for v, cell in fn._frame.storage_map.items()
                  if v not in ends and v in memo}
-        lock = fn._frame.lock
+        guard = fn._frame.guard
     new_maker = FunctionMaker(new_fg, maker.mode, list(maker.inputs), list(maker.outputs),
                               0.0, 0.0, {}, shared_vars, updates, maker.single,
                               maker.allow_input_downcast)
     if name is None and fn.name:
         name = fn.name + " copy"
-    copy = Function(new_maker, name, share, lock)
+    copy = Function(new_maker, name, share, guard)
     copy.trust_input = fn.trust_input
     _attach_profile(copy, profile)
     return copy

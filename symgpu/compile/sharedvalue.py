@@ -1,20 +1,18 @@
 """Shared variables: symbolic variables with a value that lives across function calls."""
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.compile.update_lock import UpdateLock
 from symgpu.graph.basic import Variable
 
 __all__ = ["SharedVariable", "shared", "register_shared_constructor", "Container",
            "update_locks"]
 
 
-#: creation order of update locks: the global order in which calls take them
-_ORDER = itertools.count()
 #: serialises update_locks (compile time only)
 _BINDING = threading.Lock()
 
@@ -23,22 +21,28 @@ class Container:
     """The one-element cell that holds a shared value; compiled functions read it at the
     start of each call. `lock` serialises the calls that update it (and set_value /
     get_value) so that no update is lost. Values that functions update together share one
-    lock (`update_locks`); a call takes its locks in `order` (no deadlock)."""
+    lock (`update_locks`); a call takes its locks in their `order` (no deadlock)."""
 
-    __slots__ = ("storage", "type", "name", "lock", "order", "bound")
+    __slots__ = ("storage", "type", "name", "lock", "bound")
 
     def __init__(self, type, value: Any, name: str | None):
         self.type = type
         self.storage = [value]
         self.name = name
-        self.lock = threading.RLock()  # re-entrant: a callback inside a call may read it
-        self.order = next(_ORDER)      # of the lock (shared with the lock: update_locks)
+        #: re-entrant (a callback inside a call may read the value); taken by a call's
+        #: generated code with one list pop (compile/update_lock.py)
+        self.lock = UpdateLock()
         #: a compiled function takes `lock` for its updates: it never changes again
         self.bound = False
 
     @property
     def value(self) -> Any:
         return self.storage[0]
+
+    @property
+    def order(self) -> int:
+        """The global order of this value's lock (the order in which a call takes locks)."""
+        return self.lock.order
 
     def locked(self) -> "_Held":
         """`with container.locked():` holds its update lock (set_value, get_value): the
@@ -85,9 +89,10 @@ def update_locks(containers: Sequence[Container]) -> list[Any]:
     """The locks a call that updates `containers` takes, in the global order (no deadlock
     between functions whose sets overlap). Values no compiled function updates yet take the
     lock of the lowest-ordered one updated with them, so a function that updates many values
-    (a training step: every parameter) takes one lock, not one per value: an RLock acquire
-    and release cost about 0.1 us. Once bound here a value's lock never changes (a call's
-    generated code holds it); a value swapped meanwhile is waited for under its old lock."""
+    (a training step: every parameter) takes one lock, not one per value (each costs a call
+    tens of nanoseconds, and is one more to wait for). Once bound here a value's lock never
+    changes (a call's generated code holds it); a value swapped meanwhile is waited for under
+    its old lock."""
     with _BINDING:
         bound = [c for c in containers if c.bound]
         fresh = [c for c in containers if not c.bound]
@@ -96,7 +101,7 @@ def update_locks(containers: Sequence[Container]) -> list[Any]:
             for c in fresh:
                 if c.lock is not target.lock:
                     with c.locked():  # no get_value / set_value of c is in flight
-                        c.lock, c.order = target.lock, target.order
+                        c.lock = target.lock
         for c in containers:
             c.bound = True
         locks = {c.order: c.lock for c in containers}
