@@ -9,7 +9,6 @@ attributes, replaced per test), not through ``from graph_fakes import CTX_OBJ``.
 """
 from __future__ import annotations
 
-import threading
 from contextlib import nullcontext
 
 import numpy as np
@@ -19,6 +18,7 @@ from symgpu.graph.op import Op
 from symgpu.gpu.exec import graphs
 from symgpu.gpu.runtime.libcuda import DriverError
 from symgpu.gpu.runtime.pool import DevicePool
+from symgpu.link.token_lock import TokenLock
 
 CTX = "fake-graphs"
 
@@ -131,7 +131,7 @@ class FakeCtx:
 
     def __init__(self):
         self.pool = FakePool(self, 0.0)
-        self.call_lock = threading.RLock()
+        self.call_lock = TokenLock()
 
     def activate(self):
         return self

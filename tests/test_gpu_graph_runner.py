@@ -693,6 +693,45 @@ def test_the_runners_entry_runs_under_the_call_lock_and_names_the_node_of_an_err
     np.testing.assert_array_equal(call(vm2, [h])[0], [2])
 
 
+def test_a_runner_entered_inside_another_call_on_its_context_takes_the_lock_again():
+    """A scan's inner function runs inside the outer call, which holds the context's call
+    lock by its token (no owner recorded): the inner runner's entry, and a transfer's
+    ``with ctx.call_lock`` inside it, find the lock held up this thread's stack and go on;
+    the token is back after the outer call, and another thread still waits meanwhile."""
+    import threading
+    ctx = fakes.CTX_OBJ
+    w = gvec()
+    inner_out = add1()(w)
+    inner, _ = linked([w], [inner_out], [upload(ctx, [5])])
+    others = []
+
+    def probe(a):
+        with ctx.call_lock:                  # a transfer inside the call
+            inner.runner.entry()             # an inner function's call
+        t = threading.Thread(target=lambda: others.append(ctx.call_lock.acquire(blocking=False)))
+        t.start()
+        t.join()
+        return a + read(inner.storage_map[inner_out][0])
+    x = gvec()
+    y = FakeKernelOp("probe", probe)(x)
+    outer, _ = linked([x], [y], [upload(ctx, [1, 2])])
+    results = []
+
+    def calls():
+        for _ in range(3):
+            outer.runner.entry()
+            results.append(read(outer.storage_map[y][0]))
+            outer.storage_map[y][0] = None
+    t = threading.Thread(target=calls, daemon=True)   # a deadlock fails, not hangs, the test
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "the inner entry waited for the lock its own thread holds"
+    np.testing.assert_array_equal(results, [[7, 8]] * 3)
+    assert others and not any(others)        # held for the whole outer call
+    assert not ctx.call_lock.locked() and ctx.call_lock.acquire(blocking=False)
+    ctx.call_lock.release()
+
+
 class FakePlainView(Op):
     """A view that is not capturable: a plain step whose output is an input's memory."""
     __props__ = ()

@@ -4,7 +4,7 @@ A compiled function's thunks close over storage cells (one per variable), so two
 ran over the same cells at once would overwrite each other's inputs and intermediates. Each
 call therefore holds a frame (its cells, and the VM whose thunks are bound to them) for its
 duration. A function links one frame when it is compiled, guarded by the tokens of one or
-more `UpdateLock`s (compile/update_lock.py): its call path takes them without blocking (a
+more `TokenLock`s (link/token_lock.py): its call path takes them without blocking (a
 list pop each, tens of nanoseconds), and only when one is gone (another thread is inside, or
 a callback re-enters the function) does the call go the contended way: it waits for the
 locks of the values it updates, then runs in a spare frame from a small pool, linking a new
@@ -14,7 +14,7 @@ Shared values a function only reads are read into the frame's own cells at the s
 call (one consistent state per call). The shared variables a function updates are locked for
 the call (reading their values in place, running, writing the updates): values updated
 together share one lock (`sharedvalue.update_locks`), taken in one global order
-(`UpdateLock.order`) so that two functions updating overlapping sets cannot deadlock; see
+(`TokenLock.order`) so that two functions updating overlapping sets cannot deadlock; see
 docs/threads.md. Those locks are also the primary frame's guard: a function that updates
 values holds its frame exactly while it holds their locks, with no token of its own.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from symgpu.compile.sharedvalue import update_locks
-from symgpu.compile.update_lock import HELD_NAME, UpdateLock
+from symgpu.link.token_lock import HELD_NAME, TokenLock
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 
@@ -64,7 +64,7 @@ class Frame:
     """One set of cells and the VM bound to them; `caller` gives the code of one call."""
 
     def __init__(self, layout: Layout, vm: Any, storage_map: dict[Variable, list],
-                 guard: tuple[UpdateLock, ...] | None, private: UpdateLock | None = None):
+                 guard: tuple[TokenLock, ...] | None, private: TokenLock | None = None):
         self.layout = layout
         self.vm = vm
         self.storage_map = storage_map
@@ -91,7 +91,7 @@ class Frame:
 
 
 def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
-               guard: Sequence[UpdateLock] = (), primary: bool = False) -> Frame:
+               guard: Sequence[TokenLock] = (), primary: bool = False) -> Frame:
     """Link a new frame: fresh cells for every variable (those in `share` reused, for
     `Function.copy(share_memory=True)`, with the guard of the frame they come from), thunks
     bound to them by the mode's linker. A primary frame is guarded by the locks of the values
@@ -110,10 +110,10 @@ def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
     vm = layout.mode.link(fg, storage_map)  # DebugMode links a checking VM
     if not primary:
         return Frame(layout, vm, vm.storage_map, None)
-    locks: dict[int, UpdateLock] = {lk.order: lk for lk in (*layout.locks, *guard)}
+    locks: dict[int, TokenLock] = {lk.order: lk for lk in (*layout.locks, *guard)}
     private = None
     if not locks:
-        private = UpdateLock()
+        private = TokenLock()
         locks[private.order] = private
     return Frame(layout, vm, vm.storage_map, tuple(locks[k] for k in sorted(locks)), private)
 

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.compile.update_lock import UpdateLock
+from symgpu.link.token_lock import TokenLock
 from symgpu.graph.basic import Variable
 
 __all__ = ["SharedVariable", "shared", "register_shared_constructor", "Container",
@@ -30,8 +30,8 @@ class Container:
         self.storage = [value]
         self.name = name
         #: re-entrant (a callback inside a call may read the value); taken by a call's
-        #: generated code with one list pop (compile/update_lock.py)
-        self.lock = UpdateLock()
+        #: generated code with one list pop (link/token_lock.py)
+        self.lock = TokenLock()
         #: a compiled function takes `lock` for its updates: it never changes again
         self.bound = False
 

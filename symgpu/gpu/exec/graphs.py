@@ -103,6 +103,9 @@ from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.runtime.pool import Block as _Block
 from symgpu.gpu.runtime.host_register import deferred_waits
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.link.token_lock import HELD_NAME, TokenLock
+
+assert HELD_NAME == "_symgpu_held"   # the name Runner.entry binds while it holds the lock
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
            "make_keyer", "Unkeyable", "Segment", "Runner", "GraphCaptureWarning", "STATS",
@@ -222,7 +225,7 @@ class Runner:
         self.vm = vm
         self.ctx = ctx
         #: the context's call lock (context.GpuContext.call_lock, docs/threads.md)
-        self.lock = getattr(ctx, "call_lock", None) or threading.RLock()
+        self.lock: TokenLock = getattr(ctx, "call_lock", None) or TokenLock()
         self.driver = drv if drv is not None else driver()
         self.enabled = True
         self.verify = VERIFY
@@ -314,15 +317,25 @@ class Runner:
         replay runs no thunk that would make it so), errors re-raised with the node named as
         the VM does.  A closure over what it reads (a one-kernel function's call is mostly
         such overhead); a runner of one segment, with no uploads to defer and no cells to
-        clear after it, calls the segment's run directly."""
+        clear after it, calls the segment's run directly.  The lock's token is taken with one
+        list pop (TokenLock); when it is gone (another thread's call, or this thread's: a
+        scan's inner function inside the outer call) the lock is acquired the slow way."""
         steps, post_clear, uploads, vm = self.steps, self.post_clear, self.uploads_arrays, self.vm
-        acquire, release, activate = self.lock.acquire, self.lock.release, self.ctx.activate
+        lock, activate = self.lock, self.ctx.activate
+        take, give, waiting, wake = lock.take, lock.give, lock.waiting, lock.wake
+        held = (lock,)
         first = steps[0] if steps else None
         single = first.run if (len(steps) == 1 and isinstance(first, Segment)
                                and not uploads and not post_clear) else None
 
         def entry() -> None:
-            acquire()   # acquire/release, not `with`: a tenth of a microsecond less per call
+            try:
+                take()
+                token = True
+            except IndexError:
+                lock.acquire()
+                token = False
+            _symgpu_held = held  # noqa: F841 (HELD_NAME: read by a callback's slow acquire)
             step = first
             try:
                 activate()
@@ -341,7 +354,12 @@ class Runner:
             except Exception as exc:   # re-raised with the node named, as the VM does
                 vm.raise_with_node_info(step.current if step is not None else 0, exc)
             finally:
-                release()
+                if token:
+                    give(None)
+                    if waiting:
+                        wake()
+                else:
+                    lock.release()
         return entry
 
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
@@ -533,7 +551,7 @@ def install(vm: Any) -> None:
     ctxs = _contexts(vm)
     if not ctxs:
         return
-    locks = [getattr(c, "call_lock", None) or threading.RLock() for c in ctxs]
+    locks = [getattr(c, "call_lock", None) or TokenLock() for c in ctxs]
     vm.runner = _Locked(vm, locks)
     if not config.gpuarray.cuda_graphs or len(ctxs) != 1 or ctxs[0].pool is None:
         return

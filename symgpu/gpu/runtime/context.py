@@ -26,6 +26,8 @@ import threading
 import warnings
 from typing import Any
 
+from symgpu.link.token_lock import TokenLock
+
 __all__ = [
     "GpuContext", "GpuUnavailableError", "GpuUnavailableWarning", "ContextNotFound",
     "gpu_available", "why_unavailable", "start_device", "init_default_context",
@@ -144,8 +146,9 @@ class GpuContext:
         #: held by each call of a compiled GPU function (symgpu/gpu/exec/graphs.py) and by a GPU
         #: shared variable's transfers: one at a time per context, since a CUDA-graph capture
         #: records whatever reaches the context's one stream and cuBLAS's handle settings are
-        #: per context (docs/threads.md)
-        self.call_lock = threading.RLock()
+        #: per context (docs/threads.md); re-entrant, its token taken by a runner's entry
+        #: with one list pop (symgpu/link/token_lock.py)
+        self.call_lock = TokenLock()
         self.staging: dict[int, Any] = {}
 
     def __repr__(self) -> str:

@@ -1,4 +1,4 @@
-"""UpdateLock (symgpu/compile/update_lock.py): the token lock a call takes for the shared
+"""TokenLock (symgpu/link/token_lock.py): the token lock a call takes for the shared
 values it updates. Its fast path (a list pop and append in generated code) records no owner,
 so these tests check what must still hold: waiting without lost wake-ups, re-entry from a
 callback inside a call (get_value, another function, the same function), and release only by
@@ -11,7 +11,7 @@ import pytest
 
 import symgpu.tensor as T
 from symgpu import function, shared
-from symgpu.compile.update_lock import UpdateLock
+from symgpu.link.token_lock import TokenLock
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 
@@ -41,7 +41,7 @@ def fast_switching():
 
 
 def test_acquire_is_reentrant_and_release_belongs_to_the_holder():
-    lock = UpdateLock()
+    lock = TokenLock()
     lock.acquire()
     lock.acquire()
     lock.release()
@@ -61,7 +61,7 @@ def test_waiters_are_woken_and_every_increment_counts():
     # the fast path (take/give, as generated code does) and acquire/release mixed, from 8
     # threads: exclusion holds (a read-modify-write with a thread switch inside it) and no
     # waiter is left asleep (the test would hang)
-    lock = UpdateLock()
+    lock = TokenLock()
     count = [0]
     n = 2000
 
