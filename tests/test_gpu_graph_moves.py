@@ -17,7 +17,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.gpu.exec import graph_segment
+from symgpu.gpu.exec import graph_instance
 from symgpu.link.vm import link
 from gpu_helpers import requires_gpu
 
@@ -258,7 +258,7 @@ def test_a_collected_graph_never_reads_the_device_checks():
     assert seg.n_graphs == 1
     seg.release()
     gc.collect()
-    assert not syncs and not graph_segment._GRAVEYARD
+    assert not syncs and not graph_instance._GRAVEYARD
 
 
 @requires_gpu

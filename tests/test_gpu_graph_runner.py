@@ -541,7 +541,7 @@ def test_update_of_a_variable_read_through_a_plain_view_replays():
 def test_a_kept_view_of_a_result_keeps_its_graph_busy():
     """Results leave a call under a lease that views share: a view the caller keeps is never
     overwritten by a later replay (liveness decides, not a count of references)."""
-    from symgpu.gpu.exec.graph_segment import Lease
+    from symgpu.gpu.exec.graph_instance import Lease
     ctx = fakes.CTX_OBJ
     x = gvec()
     y = add1()(x)

@@ -218,7 +218,7 @@ def test_an_output_held_over_many_calls_is_never_overwritten_and_recycled_after(
     while it (or a view of it) lives, however many calls follow; its block is reused by the
     first call after it is dropped; and only SPARE_OUTPUTS blocks per result are recycled."""
     import gc
-    from symgpu.gpu.exec.graph_segment import Lease
+    from symgpu.gpu.exec.graph_instance import Lease
     op, node = accumulate_loop()
     h0 = rand(1, 3)
     x = rand(4, 3, seed=1)

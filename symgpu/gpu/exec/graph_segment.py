@@ -7,11 +7,8 @@ them once found moved, replay while nothing handed out of an earlier call uses t
 blocks, check each new
 graph against plain launches, copy updates back into the buffers of the variables they update
 (or, under capture, have an elemwise compute them there: ``DIRECT_UPDATES``),
-fall back to plain launches on anything unexpected), ``_Graph`` (one instantiated graph: the
-pool blocks it owns and how its outputs are rebuilt on replay), ``Lease`` (what the arrays
-handed out of a call hold, so a graph can tell by liveness whether they are gone) and the
-graveyard (graphs collected while a capture runs are destroyed once it has
-ended: no driver call a capture may forbid runs during one).
+fall back to plain launches on anything unexpected). The instantiated graph, the lease of
+what it hands out and the graveyard of collected graphs are in graph_instance.py.
 
 Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
 parameter and error-path rules must be read together; graphs.py keeps the entry points (the
@@ -23,12 +20,13 @@ through that module at call time, so setting or patching ``symgpu.gpu.exec.graph
 from __future__ import annotations
 
 import importlib
-import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_instance import (_GRAVEYARD, Lease, _bury_collected, _Graph,
+                                            results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_keyer
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.libcuda import driver_errors
@@ -45,84 +43,8 @@ __all__ = ["Segment", "DIRECT_UPDATES"]
 #: (graphs.Runner) and at each capture.
 DIRECT_UPDATES = True
 
-
-
-# ============================================================================ graphs
-
 _new_object = object.__new__
 _weak = weakref.ref
-
-
-class Lease:
-    """The base of the arrays a graph hands out of the call (its escaping outputs) over its
-    own blocks: while any of them, or a view of one, is alive, so is the lease, and the graph
-    does not run again (its next launch would overwrite them).  Liveness, not a count of
-    references: the graph only keeps a weak reference to it."""
-
-    __slots__ = ("blocks", "__weakref__")
-
-    def __init__(self, blocks: tuple) -> None:
-        self.blocks = blocks   # keeps the memory alive for the arrays, even past the graph
-
-
-class _Graph:
-    """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
-
-    __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
-                 "lease", "escapes", "staged", "pinned", "fresh", "__weakref__")
-
-    def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
-                 launch: Callable[[], int], ctx: Any) -> None:
-        self.drv, self.exe, self.graph, self.owned = drv, exe, graph, owned
-        self.outs, self.launch, self.ctx = outs, launch, ctx
-        self.backs: tuple = ()   # inputs the graph overwrites with an update's value
-        self.direct: tuple = ()  # those of them an update's node writes (no copy back)
-        self.lease: Any = None   # weak reference to the Lease of the last hand-out
-        self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
-        #: (input index, pointer) of the GPU inputs read (or written) where they were when
-        #: captured: the graph serves a call only while each of them is still there
-        self.pinned: tuple = ()
-        #: whether some output handed out of the call is a buffer of the graph
-        self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
-        #: when every output is a buffer of the graph that leaves the call (a function's
-        #: results, the common case): (cell, context, pointer, shape, strides, dtype) each,
-        #: handed out by Segment._replay without looking at the other kinds
-        self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
-            if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
-
-    def idle(self) -> bool:
-        """Whether nothing handed out of an earlier call still uses the graph's memory."""
-        ref = self.lease
-        return ref is None or ref() is None
-
-    def __del__(self) -> None:
-        entry = (self.drv, self.ctx, self.exe, self.graph, self.owned)
-        pool = getattr(self.ctx, "pool", None)
-        if pool is not None and pool.sink is not None:
-            _GRAVEYARD.append(entry)   # collected during a capture: no sync may run now
-            return
-        _bury(entry)
-
-
-#: graphs collected while a capture ran, destroyed once it has ended
-_GRAVEYARD: list = []
-
-
-def _bury(entry: tuple) -> None:
-    """Destroy a collected graph.  No synchronisation: ``cuGraphExecDestroy`` of a graph still
-    running frees it once it completes, and its blocks go back to a pool whose reuse is
-    ordered on the same stream.  (A ``ctx.synchronize()`` here also read the device checks:
-    a graph collected in the middle of a failing call raised that call's pending check into
-    this function's ``except`` and cleared it, so the call's guarded update copy landed.)"""
-    if sys.is_finalizing():   # the driver may be gone; the process frees everything
-        return
-    drv, _ctx, exe, graph, _owned = entry
-    drv.destroy(exe, graph)   # (its status is not checked: nothing to do about a failure)
-
-
-def _bury_collected() -> None:
-    while _GRAVEYARD:
-        _bury(_GRAVEYARD.pop())
 
 
 class Segment:
@@ -801,18 +723,3 @@ def _extent(a: Any) -> tuple[int, int]:
 def _same_layout(a: Any, b: Any) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.size > 0 and \
         a.is_c_contiguous and b.is_c_contiguous
-
-
-def results_differ(ref: list, got: list) -> str | None:
-    """Why two lists of host results differ (None when they agree to float tolerance): a
-    new graph's check against plain launches (also scan_graph.py's)."""
-    for k, (a, b) in enumerate(zip(ref, got)):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return f"output {k}: {a.dtype}{a.shape} vs {b.dtype}{b.shape}"
-        if a.dtype.kind in "fc":
-            if not np.allclose(a, b, rtol=1e-4, atol=1e-6, equal_nan=True):
-                return f"output {k}: max difference {np.nanmax(np.abs(a - b)):.3g}"
-        elif not np.array_equal(a, b):
-            return f"output {k}: {int(np.sum(a != b))} elements differ"
-    return None

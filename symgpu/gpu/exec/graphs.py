@@ -61,7 +61,7 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
   leave the call is known when the runner is built (function outputs and what they may alias
   through views and in-place ops); those are handed out as arrays sharing one lease
-  (graph_segment.Lease), of which the graph keeps a weak reference: while a result the
+  (graph_instance.Lease), of which the graph keeps a weak reference: while a result the
   caller kept (or a view of it) is alive, the graph does not run again (liveness of what it
   handed out, decided when the call looks for a graph, never a count of references), and the
   next call replays or captures a second graph of the same key, so ``r = f()`` in a loop

@@ -15,7 +15,7 @@ on the stream), launches, and copies the results (state buffers, per-step output
 arrays of their own, so no caller ever holds the graph's memory.  Those output arrays come
 from a few blocks per result that the graph recycles (so the pointers the caller's own
 graphs are keyed on repeat from call to call): each array handed out has a lease for its
-``base`` (graph_segment's ``Lease``; views share it), the graph keeps only a weak reference
+``base`` (graph_instance's ``Lease``; views share it), the graph keeps only a weak reference
 to it, and a block is reused only once its lease is dead, i.e. once the caller dropped every
 array over it.  Liveness decides, never a count of references.  A graph is keyed on the inputs'
 shapes and dtypes, n_steps and the values of the host inputs (small integer non-sequences).
@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_segment import Lease, results_differ
+from symgpu.gpu.exec.graph_instance import Lease, results_differ
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
@@ -149,7 +149,7 @@ class _LoopGraph:
         if self.exe is None:
             self.spare = [[] for _ in self.results]
             return
-        # no synchronisation (as graph_segment._bury): a graph still running is freed when it
+        # no synchronisation (as graph_instance._bury): a graph still running is freed when it
         # completes, its blocks' reuse is ordered on the same stream, and a synchronize here
         # would consume a failing call's pending device check
         if not _finalizing():   # at interpreter exit the driver may be gone
