@@ -21,6 +21,11 @@ sys.path.insert(0, ROOT)
 DEVICE = "cuda" if "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1] == "cuda" \
     else "cpu"
 os.environ.setdefault("SYMGPU_FLAGS", f"device={DEVICE},floatX=float32")
+# one BLAS thread per calling thread (NumPy's and PyTorch's alike): BLAS threads started by
+# every product of several callers oversubscribe the cores (docs/threads.md); set these
+# yourself to time something else
+for _var in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
 
@@ -104,7 +109,9 @@ def main() -> None:
         contenders.append(("PyTorch", torch_fns))
     except ImportError:
         print("PyTorch not installed: symgpu only")
-    print(f"device {DEVICE}; {CALLS} calls per thread; calls per second (ratio to 1 thread)")
+    print(f"device {DEVICE}; {CALLS} calls per thread; OMP/OPENBLAS/MKL threads "
+          f"{os.environ['OMP_NUM_THREADS']}/{os.environ['OPENBLAS_NUM_THREADS']}/"
+          f"{os.environ['MKL_NUM_THREADS']}; calls per second (ratio to 1 thread)")
     for name, make in contenders:
         predict, step = make()
         for label, fn in (("forward, no updates", predict), ("training step, updates", step)):
