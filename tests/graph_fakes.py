@@ -514,5 +514,10 @@ class FakeGuardedCopies:
                     for d, s, n in copies:
                         host_view(d, (n // 4,), (4,))[...] = host_view(s, (n // 4,), (4,))
                 DRV.launch_kernel(k)
-        monkeypatch.setitem(dc._copy_kernels, id(ctx), (Check(), Copy()))
+        kernels = (Check(), Copy())
+
+        def guard_kernels(c):
+            assert c is ctx, "guarded copies on another context than the faked one"
+            return kernels
+        monkeypatch.setattr(dc, "_guard_kernels", guard_kernels)
         return self

@@ -225,3 +225,74 @@ def test_missing_nvcc_is_a_clear_error(cachedir, monkeypatch):
     monkeypatch.setattr(compiler, "_nvcc_version", None)
     with pytest.raises(CompileError, match="nvcc was not found on PATH"):
         compile_to_cubin(KERNEL)
+
+
+class _FakeFunction:
+    def __init__(self, name):
+        self.name, self.prepared = name, []
+
+    def prepare(self, signature):
+        self.prepared.append(signature)
+
+
+class _FakeCtx:
+    arch = "sm_90"
+
+
+@pytest.fixture
+def fake_loads(cachedir, monkeypatch):
+    """compile_module faked (no nvcc, no GPU): each load is recorded and makes new Functions."""
+    loads, made = [], []
+
+    class Module:
+        def get_function(self, name):
+            made.append(_FakeFunction(name))
+            return made[-1]
+
+    def fake_compile_module(source, options=(), arch=None, context=None):
+        time.sleep(0.001)   # a load takes a while: threads asking at once overlap
+        loads.append((source, context))
+        return Module()
+    monkeypatch.setattr(compiler, "compile_module", fake_compile_module)
+    return loads, made
+
+
+def test_get_prepared_kernel_prepares_once_per_kernel_flags_and_context(fake_loads):
+    loads, _ = fake_loads
+    renders = []
+
+    def source():
+        renders.append(1)
+        return "src"
+
+    def get(name="f", signature="PPq", ctx=None, key=("k",)):
+        return compiler.get_prepared_kernel(key, source, name, signature, context=ctx or one)
+    one, two = _FakeCtx(), _FakeCtx()
+    fn = get()
+    assert fn.prepared == ["PPq"] and get() is fn and fn.prepared == ["PPq"]
+    assert len(renders) == len(loads) == 1   # a hit renders and loads nothing
+    g = get("g", "qq")
+    assert g is not fn and g.prepared == ["qq"]
+    assert get(key=("k2",)) is not fn
+    assert get(ctx=two) is not fn and get(ctx=two).prepared == ["PPq"]
+    with config.change_flags(**{"nvcc.flags": "--use_fast_math"}):
+        fast = get()
+        assert fast is not fn and fast.prepared == ["PPq"] and get() is fast
+    assert get() is fn and fn.prepared == ["PPq"]
+    with pytest.raises(ValueError, match="prepared as 'PPq', not 'PPqq'"):
+        get(signature="PPqq")
+    assert fn.prepared == ["PPq"]
+    compiler.clear_memory_cache()
+    again = get()
+    assert again is not fn and again.prepared == ["PPq"] and get() is again
+
+
+def test_get_prepared_kernel_prepares_once_across_threads(fake_loads):
+    import concurrent.futures
+    _, made = fake_loads
+    ctx = _FakeCtx()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: compiler.get_prepared_kernel(
+            ("k",), lambda: "src", "f", "PPq", context=ctx), range(16)))
+    assert all(fn is got[0] for fn in got)
+    assert sum(len(fn.prepared) for fn in made) == 1

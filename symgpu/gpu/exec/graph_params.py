@@ -33,6 +33,7 @@ import struct
 from typing import Any, Sequence
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
@@ -52,7 +53,6 @@ PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(
     _CU["arange_dev"].substitute(d=d, t=t) for d, t in (("int32", "int"), ("int64", "long long")))
 
 _COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
-_prepared: dict[tuple[int, str], Any] = {}
 
 _q = struct.Struct("<q")
 _qq = struct.Struct("<qq")
@@ -86,13 +86,7 @@ def prefetch_request() -> tuple:
 
 
 def _kernel(ctx: Any, name: str, fmt: str) -> Any:
-    fn = _prepared.get((id(ctx), name))
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, lambda: PARAMS_SOURCE, name, context=ctx)
-        fn.prepare(fmt)
-        _prepared[(id(ctx), name)] = fn
-    return fn
+    return get_prepared_kernel(_MODULE_KEY, lambda: PARAMS_SOURCE, name, fmt, context=ctx)
 
 
 def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None) -> None:

@@ -30,6 +30,7 @@ from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
                                       new_error_buffer, read_error)
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -80,20 +81,6 @@ def advanced_source() -> str:
     return "".join(parts)
 
 
-_prepared: dict[tuple[int, str], Any] = {}
-
-
-def _kernel(ctx: Any, name: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(("symgpu.advanced",), advanced_source, name, context=ctx)
-        fn.prepare("PPPqqqP")
-        _prepared[key] = fn
-    return fn
-
-
 def _contiguous(a: Any) -> Any:
     return a if a.is_c_contiguous else a.copy()
 
@@ -106,7 +93,7 @@ def _launch(op: Op, node: Apply, ctx: Any, name: str, a: Any, b: Any, idx: Any, 
     if n == 0:
         return
     ctx.activate()
-    fn = _kernel(ctx, name)
+    fn = get_prepared_kernel(("symgpu.advanced",), advanced_source, name, "PPPqqqP", context=ctx)
     total = n * max(row, 1)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
 

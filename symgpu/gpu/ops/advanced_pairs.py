@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
@@ -65,20 +66,6 @@ def pairs_source() -> str:
     return "".join(parts)
 
 
-_prepared: dict[tuple[int, str], Any] = {}
-
-
-def _kernel(ctx: Any, name: str, fmt: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, pairs_source, name, context=ctx)
-        fn.prepare(fmt)
-        _prepared[key] = fn
-    return fn
-
-
 _PAIRS_FORMAT = "PPqPqPqqqqqqP"
 
 
@@ -106,8 +93,9 @@ def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a
     ctx.activate()
     a, as_ = _elem_stride(a)
     b, bs = _elem_stride(b)
-    fn = _kernel(ctx, _pairs_name(mode, dst.dtype.name, a.dtype.name, b.dtype.name),
-                 _PAIRS_FORMAT)
+    fn = get_prepared_kernel(_MODULE_KEY, pairs_source,
+                             _pairs_name(mode, dst.dtype.name, a.dtype.name, b.dtype.name),
+                             _PAIRS_FORMAT, context=ctx)
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
 
     def describe(bad: int) -> Exception:
@@ -252,7 +240,8 @@ class GpuARange(Op):
         res = GpuArray((n,), self.dtype, ctx)
         if n:
             ctx.activate()
-            fn = _kernel(ctx, f"arange_{self.dtype}", "Pqqq")
+            fn = get_prepared_kernel(_MODULE_KEY, pairs_source, f"arange_{self.dtype}", "Pqqq",
+                                     context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
             fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, res.ptr, start,
                                    step, n)

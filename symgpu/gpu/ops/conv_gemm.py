@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["conv_gemm_source", "gemm_forward", "gemm_grad_inputs", "gemm_grad_weights"]
 
@@ -42,28 +43,14 @@ def conv_gemm_source() -> str:
     return "".join(parts)
 
 
-_prepared: dict[tuple, Any] = {}
-
-
-def _kernel(ctx: Any, name: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, conv_gemm_source, name, context=ctx)
-        fn.prepare(_FORMAT)
-        _prepared[key] = fn
-    return fn
-
-
 def prefetch_request() -> tuple:
     return (_MODULE_KEY, conv_gemm_source, ())
 
 
 def _launch(ctx: Any, name: str, total: int, src: Any, dst: Any, geo: Sequence[int]) -> None:
     blocks = max(1, min(65535, -(-total // _BLOCK)))
-    _kernel(ctx, name).prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream,
-                                           src.ptr, dst.ptr, *geo)
+    fn = get_prepared_kernel(_MODULE_KEY, conv_gemm_source, name, _FORMAT, context=ctx)
+    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src.ptr, dst.ptr, *geo)
 
 
 def _gemm(ctx: Any, ta: bool, tb: bool, m: int, n: int, k: int, a: Any, b: Any, c: Any,

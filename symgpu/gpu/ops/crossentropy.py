@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
@@ -65,22 +66,8 @@ def crossentropy_source() -> str:
     return "".join(parts)
 
 
-_prepared: dict[tuple[int, str], Any] = {}
 _FORMATS = {"fwd": "PqqPqPqqP", "grad": "PqPqqPqPqqP"}
-
-
 _MODULE_KEY = ("symgpu.crossentropy",)
-
-
-def _kernel(ctx: Any, name: str, kind: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, crossentropy_source, name, context=ctx)
-        fn.prepare(_FORMATS[kind])
-        _prepared[key] = fn
-    return fn
 
 
 def _elem_strides(a: Any) -> tuple[Any, tuple[int, ...]]:
@@ -105,7 +92,7 @@ def _launch(op: Op, node: Apply, name: str, kind: str, args: tuple, total: int, 
     outside [0, k) raises ValueError at the next synchronisation (device_checks.py)."""
     ctx = p.context
     ctx.activate()
-    fn = _kernel(ctx, name, kind)
+    fn = get_prepared_kernel(_MODULE_KEY, crossentropy_source, name, _FORMATS[kind], context=ctx)
     blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
     p_shape, y_shape = p.shape, y.shape
 

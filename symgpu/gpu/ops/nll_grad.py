@@ -27,6 +27,7 @@ from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.tensor.type import constant
 
@@ -51,20 +52,6 @@ def nll_grad_source() -> str:
         for idt, it in INDEX_DTYPES.items():
             parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt), t=t, it=it))
     return "".join(parts)
-
-
-_prepared: dict[tuple[int, str], Any] = {}
-
-
-def _kernel(ctx: Any, name: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, nll_grad_source, name, context=ctx)
-        fn.prepare("PqPqqPqPqqqP")
-        _prepared[key] = fn
-    return fn
 
 
 def _elems(a: Any) -> tuple[Any, tuple[int, ...]]:
@@ -132,7 +119,9 @@ class GpuNLLGrad(DeviceChecked, Op):
             m, (ms0, ms1) = _elems(m)
             ctx = m.context
             ctx.activate()
-            fn = _kernel(ctx, _kernel_name(m.dtype.name, y.dtype.name))
+            fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
+                                     _kernel_name(m.dtype.name, y.dtype.name), "PqPqqPqPqqqP",
+                                     context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 
             def describe(bad: int) -> Exception:

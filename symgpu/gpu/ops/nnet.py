@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
@@ -114,9 +115,6 @@ def argmax_source() -> str:
     return "".join(parts)
 
 
-_arg_prepared: dict[tuple[int, str, str], Any] = {}
-
-
 class GpuArgmax(Op):
     """Index (int64) of the max (``kind='max'``) or min over ``axis`` (None: the flattened
     array); ties and NaNs resolve to the first index, as NumPy. The input is made
@@ -151,17 +149,6 @@ class GpuArgmax(Op):
         prefetch.py to compile in parallel with the function's other kernels."""
         return [(("symgpu.argmax",), argmax_source, ())]
 
-    def _kernel(self, ctx: Any, dtype: str) -> Any:
-        key = (id(ctx), dtype, self.kind)
-        fn = _arg_prepared.get(key)
-        if fn is None:
-            from symgpu.gpu.runtime.compiler import get_kernel
-            fn = get_kernel(("symgpu.argmax",), argmax_source, _kernel_name(dtype, self.kind),
-                            context=ctx)
-            fn.prepare("PPqq")
-            _arg_prepared[key] = fn
-        return fn
-
     def perform(self, node, inputs, out):
         from symgpu.gpu.runtime.array import GpuArray
         x = inputs[0]
@@ -185,7 +172,8 @@ class GpuArgmax(Op):
             xc = xt if xt.is_c_contiguous else xt.copy()
             ctx = x.context
             ctx.activate()
-            fn = self._kernel(ctx, x.dtype.name)
+            fn = get_prepared_kernel(("symgpu.argmax",), argmax_source,
+                                     _kernel_name(x.dtype.name, self.kind), "PPqq", context=ctx)
             grid = max(1, min(rows, _MAX_GRID))
             fn.prepared_async_call((grid, 1), (_ARG_BLOCK, 1, 1), ctx.stream, xc.ptr, res.ptr,
                                    rows, n)

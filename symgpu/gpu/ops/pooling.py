@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -62,21 +63,6 @@ def index_suffix(geo: list[int]) -> str:
     return "_i32" if biggest + 65535 * 256 < _INT32_LIMIT else ""
 
 
-_prepared: dict[tuple, Any] = {}
-
-
-def _kernel(ctx: Any, kind: str, dtype: str, suffix: str = "") -> Any:
-    key = (id(ctx), kind, dtype, suffix)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, pooling_source, f"pool_{kind}_{dtype}{suffix}",
-                        context=ctx)
-        fn.prepare(_FORMATS[kind])
-        _prepared[key] = fn
-    return fn
-
-
 def _packed(a: Any) -> Any:
     return a if a.is_c_contiguous else a.copy()
 
@@ -118,7 +104,8 @@ class _GpuPoolBase(_PoolBase):
 
     def _function(self, ctx: Any, kind: str, dtype: str, suffix: str) -> Any:
         """The prepared kernel of `kind` (symgpu/gpu/ops/pooling_epilogue.py has its own)."""
-        return _kernel(ctx, kind, dtype, suffix)
+        return get_prepared_kernel(_MODULE_KEY, pooling_source, f"pool_{kind}_{dtype}{suffix}",
+                                   _FORMATS[kind], context=ctx)
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         ctx = _context(node.outputs[0].type.context_name)

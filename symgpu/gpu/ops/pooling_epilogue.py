@@ -20,6 +20,7 @@ from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.runtime.codegen import common_source
 from symgpu.gpu.runtime.codegen.scalar import render_apply_function, supports_scalar_op
 from symgpu.gpu.runtime.codegen.types import value_ctype
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.ops.elemwise import GpuElemwise, new_array
 from symgpu.gpu.ops.pooling import (_CU, _FORMATS, _GEO, _INDEX, _MAKE, POOL_DTYPES,
                                 GpuAveragePoolGrad, GpuMaxPoolGrad, _GpuPoolBase)
@@ -28,8 +29,6 @@ from symgpu.tensor.signal.pool import _PoolBase
 from symgpu.tensor.signal.pool_numpy import MODES
 
 __all__ = ["GpuPoolGradEpilogue", "fuse_pool_grad_epilogue", "epilogue_source"]
-
-_prepared: dict[tuple, Any] = {}
 
 
 def epilogue_source(scalar_op: Any, roles: tuple[str, ...], dtype: str) -> str:
@@ -84,16 +83,9 @@ class GpuPoolGradEpilogue(_GpuPoolBase):
                  ())]
 
     def _function(self, ctx: Any, kind: str, dtype: str, suffix: str) -> Any:
-        key = (id(ctx), self._key(dtype), suffix)
-        fn = _prepared.get(key)
-        if fn is None:
-            from symgpu.gpu.runtime.compiler import get_kernel
-            fn = get_kernel(self._key(dtype),
-                            lambda: epilogue_source(self.scalar_op, self.roles, dtype),
-                            f"pool_grad_epi{suffix}", context=ctx)
-            fn.prepare(_FORMATS["grad"])
-            _prepared[key] = fn
-        return fn
+        return get_prepared_kernel(self._key(dtype),
+                                   lambda: epilogue_source(self.scalar_op, self.roles, dtype),
+                                   f"pool_grad_epi{suffix}", _FORMATS["grad"], context=ctx)
 
     def _run(self, ctx, inputs):
         x, gz = inputs[0], inputs[-1]

@@ -21,6 +21,7 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout"]
 
@@ -73,20 +74,6 @@ def rows_layout(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int, 
     return rows, n, row_stride, es
 
 
-_prepared: dict[tuple[int, str], Any] = {}
-
-
-def _kernel(ctx: Any, name: str) -> Any:
-    key = (id(ctx), name)
-    fn = _prepared.get(key)
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(_MODULE_KEY, softmax_rows_source, name, context=ctx)
-        fn.prepare("PqqPqq")
-        _prepared[key] = fn
-    return fn
-
-
 class GpuSoftmaxRows(Op):
     """softmax (``log=False``) or log_softmax (``log=True``) of a float32/float64 GPU array
     along its last axis: a new C-contiguous array of its type."""
@@ -130,7 +117,9 @@ class GpuSoftmaxRows(Op):
             ctx = x.context
             ctx.activate()
             wide = n > WIDE_ROW
-            fn = _kernel(ctx, _kernel_name(x.dtype.name, self.log, wide))
+            fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source,
+                                     _kernel_name(x.dtype.name, self.log, wide), "PqqPqq",
+                                     context=ctx)
             per_block = 1 if wide else _BLOCK // 32
             blocks = max(1, min(_MAX_BLOCKS, -(-rows // per_block)))
             fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, x.ptr, xs0, xs1,

@@ -6,7 +6,8 @@ loads it with ``module_from_buffer``: no compiler run at all.
 
 Two levels:
 
-* in memory, :func:`get_kernel` is keyed on the *caller's* signature key (op, dtypes, ndim,
+* in memory, :func:`get_kernel` (and :func:`get_prepared_kernel`, the same Function prepared
+  for ``prepared_async_call``) is keyed on the *caller's* signature key (op, dtypes, ndim,
   contiguity ...) plus the device, so hot paths never build or hash kernel source;
 * on disk, under ``config.compiledir``, entries are keyed on sha256 of (source, options, arch,
   nvcc version, symgpu version).  A cubin is written through a temp file and ``os.replace``;
@@ -20,6 +21,7 @@ and an active context.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import json
 import os
@@ -37,8 +39,8 @@ from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_c
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
-    "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache", "is_cached", "STATS",
-    "compile_in_background",
+    "get_prepared_kernel", "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache",
+    "is_cached", "STATS", "compile_in_background",
 ]
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
@@ -62,6 +64,7 @@ _lock = threading.RLock()
 _nvcc_version: str | None = None
 _cubin_memo: dict[str, tuple[str, bytes]] = {}          # digest -> (path, cubin)
 _kernels: dict[tuple, Any] = {}                         # (key, options, flags, ctx) -> Function
+_prepared: dict[tuple, tuple[str, Any]] = {}            # the same key -> (signature, Function)
 _modules: dict[tuple[str, int], Any] = {}               # (digest, id(ctx)) -> module
 _digest_locks: dict[str, threading.Lock] = {}           # digest -> held while compiling it
 _in_flight: dict[str, concurrent.futures.Future] = {}   # digest -> its background compile
@@ -70,7 +73,9 @@ _in_flight: dict[str, concurrent.futures.Future] = {}   # digest -> its backgrou
 STATS: Counter = Counter()
 
 
+@functools.cache
 def _config() -> Any:
+    """The flags object (looked up once: an import statement costs microseconds on hot paths)."""
     from symgpu.config import config
     return config
 
@@ -327,6 +332,33 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
     return fn
 
 
+def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
+                        signature: str, options: Sequence[str] = (), context: Any = None) -> Any:
+    """:func:`get_kernel`'s Function with ``.prepare(signature)`` done, for
+    ``prepared_async_call``.
+
+    One memo for every module's prepared kernels, under get_kernel's key: a kernel is prepared
+    once per (key, name, options, nvcc flags, context), a change of ``nvcc.flags`` gets the new
+    build and :func:`clear_memory_cache` forgets it.  The Function is get_kernel's own object,
+    so a kernel has one signature: asking for it with another raises ValueError."""
+    if context is None:
+        from symgpu.gpu.runtime.context import get_context
+        context = get_context(None)
+    mkey = (key, fn_name, tuple(options), _config().nvcc.flags, id(context))
+    got = _prepared.get(mkey)
+    if got is None:
+        fn = get_kernel(key, source_factory, fn_name, options, context)
+        with _lock:
+            got = _prepared.get(mkey)   # another thread may have just prepared it
+            if got is None:
+                fn.prepare(signature)
+                got = _prepared[mkey] = (signature, fn)
+    if got[0] != signature:
+        raise ValueError(f"kernel {fn_name} of {key!r} is prepared as {got[0]!r}, "
+                         f"not {signature!r}")
+    return got[1]
+
+
 def clear_memory_cache() -> None:
     """Forget in-process caches (disk entries stay); tests use it to force disk lookups.
     Background compiles (compile_in_background) finish first."""
@@ -336,4 +368,5 @@ def clear_memory_cache() -> None:
     with _lock:
         _cubin_memo.clear()
         _kernels.clear()
+        _prepared.clear()
         _modules.clear()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from symgpu.gpu.runtime.codegen import template
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
            "strided_inc", "prefetch_request"]
@@ -31,7 +32,6 @@ STRIDED_COPY_SOURCE = template("strided_copy.cu").substitute(max_dims=MAX_DIMS)
 _ARG_FORMAT = "PPqq" + "q" * (3 * MAX_DIMS)
 _BLOCK = 256
 _MAX_BLOCKS = 4096
-_prepared: dict[tuple[int, str], Any] = {}
 
 
 def collapse_axes(shape: Sequence[int], src: Sequence[int],
@@ -60,17 +60,6 @@ def prefetch_request() -> tuple:
     return (("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, ())
 
 
-def _kernel(ctx: Any, name: str) -> Any:
-    fn = _prepared.get((id(ctx), name))
-    if fn is None:
-        from symgpu.gpu.runtime.compiler import get_kernel
-        fn = get_kernel(("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, name,
-                        context=ctx)
-        fn.prepare(_ARG_FORMAT)
-        _prepared[(id(ctx), name)] = fn
-    return fn
-
-
 def _launch(ctx: Any, name: str, src_ptr: int, dst_ptr: int, shape: Sequence[int],
             src_strides: Sequence[int], dst_strides: Sequence[int], what: str) -> None:
     size = 1
@@ -86,8 +75,10 @@ def _launch(ctx: Any, name: str, src_ptr: int, dst_ptr: int, shape: Sequence[int
     meta = [*dims, *[1] * len(pad), *s_str, *pad, *d_str, *pad]
     ctx.activate()
     blocks = max(1, min(_MAX_BLOCKS, -(-size // _BLOCK)))
-    _kernel(ctx, name).prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src_ptr,
-                                           dst_ptr, size, len(dims), *meta)
+    fn = get_prepared_kernel(("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE, name,
+                             _ARG_FORMAT, context=ctx)
+    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src_ptr, dst_ptr, size,
+                           len(dims), *meta)
 
 
 def strided_copy(ctx: Any, src_ptr: int, dst_ptr: int, shape: Sequence[int],

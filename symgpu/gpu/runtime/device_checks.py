@@ -33,6 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from symgpu.gpu.runtime.codegen import template, text
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
            "raise_device_errors", "is_device_check_error", "launch_checked", "GuardedCopies",
@@ -58,6 +59,7 @@ _COPY_CHUNK = 16384     # bytes per thread block: 256 threads x 4 x 16 bytes
 GUARDED_COPY_SOURCE = template("guarded_copy.cu").substitute(table=_COPY_TABLE,
                                                              chunk=_COPY_CHUNK)
 _TABLE_FORMAT = "q" * (2 + _COPY_TABLE) + "Q" * (2 * _COPY_TABLE) + "q" * _COPY_TABLE
+_GUARDED_COPY_KEY = ("symgpu.guarded_copy",)
 
 _PAGE = 4096
 
@@ -231,21 +233,17 @@ def sync_check_reason() -> str | None:
         "reads its check flag back after the launch (gpuarray.sync_checks=True)"
 
 
-_copy_kernels: dict[int, Any] = {}
+def _guarded_copy_source() -> str:
+    return GUARDED_COPY_SOURCE
 
 
 def _guard_kernels(ctx: Any) -> tuple[Any, Any]:
-    """(check, copy) of ctx's one guarded-copy module (one module: one verdict word)."""
-    fns = _copy_kernels.get(id(ctx))
-    if fns is None:
-        from symgpu.gpu.runtime.compiler import compile_module
-        module = compile_module(GUARDED_COPY_SOURCE, context=ctx)
-        check_fn = module.get_function("guarded_copy_check")
-        copy = module.get_function("guarded_copies")
-        check_fn.prepare("PPPP")
-        copy.prepare(_TABLE_FORMAT)
-        fns = _copy_kernels[id(ctx)] = (check_fn, copy)
-    return fns
+    """(check, copy) of ctx's one guarded-copy module (one module: one verdict word; both
+    come from the module the compiler loaded once for ctx)."""
+    return (get_prepared_kernel(_GUARDED_COPY_KEY, _guarded_copy_source, "guarded_copy_check",
+                                "PPPP", context=ctx),
+            get_prepared_kernel(_GUARDED_COPY_KEY, _guarded_copy_source, "guarded_copies",
+                                _TABLE_FORMAT, context=ctx))
 
 
 Copy = tuple[int, int, int]   # (destination address, source address, bytes)
