@@ -461,8 +461,9 @@ def test_reduce_thunk_plans_and_splits(fake_device):
 
 
 def test_each_kernel_of_a_module_is_fetched_under_its_own_key(monkeypatch):
-    """The runtime's get_kernel caches on the key alone: two kernels of one module must not
-    share a key (the second would silently run the first)."""
+    """Two kernels of one module are fetched under keys of their own, each naming its kernel
+    (a key shared by two names would be one memo entry per name in get_kernel, but a caller
+    keyed on the key alone would silently run the first)."""
     from symgpu.gpu.runtime import compiler as comp
     from symgpu.gpu.runtime.codegen import launch
     seen = {}

@@ -80,6 +80,12 @@ def _config() -> Any:
     return config
 
 
+@functools.cache
+def _nvcc_flags() -> Any:
+    """The live record of ``nvcc.flags`` (its ``.value``: part of every in-memory kernel key)."""
+    return _config().live("nvcc.flags")
+
+
 def _log(message: str) -> None:
     if _config().compile_log:
         print(f"symgpu.gpu.runtime.compiler: {message}", file=sys.stderr)
@@ -319,9 +325,11 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
 
     ``source_factory`` is called only on a memory miss, so the hot path costs one dict lookup.
     ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...)."""
-    from symgpu.gpu.runtime.context import get_context
-    ctx = context if context is not None else get_context(None)
-    mkey = (key, fn_name, tuple(options), _config().nvcc.flags, id(ctx))
+    ctx = context
+    if ctx is None:
+        from symgpu.gpu.runtime.context import get_context
+        ctx = get_context(None)
+    mkey = (key, fn_name, tuple(options), _nvcc_flags().value, id(ctx))
     fn = _kernels.get(mkey)
     if fn is not None:
         return fn
@@ -344,7 +352,7 @@ def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: st
     if context is None:
         from symgpu.gpu.runtime.context import get_context
         context = get_context(None)
-    mkey = (key, fn_name, tuple(options), _config().nvcc.flags, id(context))
+    mkey = (key, fn_name, tuple(options), _nvcc_flags().value, id(context))
     got = _prepared.get(mkey)
     if got is None:
         fn = get_kernel(key, source_factory, fn_name, options, context)

@@ -150,8 +150,8 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
                 rendered.append(source_factory())
             return rendered[0]
         for name, fmt in formats.items():
-            # get_kernel's memory cache is keyed on the key alone, not on the function name:
-            # name each kernel of the module in its key (the module itself is loaded once)
+            # each kernel under a key of its own that names it (the module itself is loaded
+            # once: get_kernel's memo holds one Function per key and name)
             fn = get_kernel((key, name), source_once, name, options, context)
             kernels[name] = Kernel(name, fmt, None, fn, context)
     with _lock:
