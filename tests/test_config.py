@@ -350,3 +350,16 @@ def test_subprocess_rc_file(tmp_path):
              "print(config.exception_verbosity, config.gpuarray.preallocate)", "", tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["high", "-1.0"]
+
+
+def test_live_record_follows_assignment_and_change_flags():
+    c = make("nvcc.flags=-O2")
+    rec = c.live("nvcc.flags")
+    assert rec.value == "-O2"
+    with c.change_flags(**{"nvcc.flags": "-O3"}):
+        assert rec.value == "-O3"
+    assert rec.value == "-O2"
+    c.nvcc.flags = "-lineinfo"
+    assert rec.value == "-lineinfo" and c.live("nvcc.flags") is rec
+    with pytest.raises(ConfigError, match="unknown flag 'nvcc.flagz'"):
+        c.live("nvcc.flagz")
