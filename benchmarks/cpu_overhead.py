@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import timeit
 
 import numpy as np
@@ -78,23 +76,13 @@ def child(number: int, repeat: int) -> None:
 
 def against(other: str, rounds: int, number: int, repeat: int) -> None:
     """Time CALLS in this checkout and in `other`, alternating child processes."""
+    from timing import alternate_checkouts, report_checkouts
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     other = os.path.abspath(other)
-    best = {here: {}, other: {}}
-    for r in range(rounds):
-        for root in (here, other) if r % 2 == 0 else (other, here):
-            env = dict(os.environ, PYTHONPATH=root)
-            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
-                                  "--number", str(number), "--repeat", str(repeat)],
-                                 env=env, cwd=root, check=True, capture_output=True, text=True)
-            for key, t in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                best[root][key] = min(best[root].get(key, t), t)
-    print(f"best of {rounds} processes x {repeat} x {number} calls each, per call:")
-    print(f"{'':50s} {'this':>8s} {'other':>8s} {'ratio':>7s}")
-    for label, key in CALLS:
-        a, b = best[here][key], best[other][key]
-        print(f"{label:50s} {a * 1e6:6.3f}us {b * 1e6:6.3f}us {a / b:6.3f}x")
-    print(f"this = {here}\nother = {other}")
+    best = alternate_checkouts(__file__, here, other, rounds,
+                               ["--number", str(number), "--repeat", str(repeat)])
+    report_checkouts(best, here, other, CALLS,
+                     f"best of {rounds} processes x {repeat} x {number} calls each, per call:")
 
 
 def main() -> None:

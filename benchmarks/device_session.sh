@@ -1,31 +1,48 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is used for (a cold start costs minutes), in two parts that
-# each fit one device call:
-#   bash benchmarks/device_session.sh tests   # pytest -m gpu, the seeds' programs, a profile
-#   bash benchmarks/device_session.sh bench   # gpu_seeds, gpu_speed, cold_compile
+# Everything the GPU machine is used for (a cold start costs minutes), in parts that each fit
+# one device call (600 s):
+#   bash benchmarks/device_session.sh tests      # pytest -m gpu (about 340 s on an H100), the seeds
+#   bash benchmarks/device_session.sh issues     # the open issues' rows: the MLP and fused chain
+#                                                # (gpu_speed), dropout (random), gpu_spellings
+#   bash benchmarks/device_session.sh ab BASE    # call overhead against the checkout at BASE
+#                                                # (issue 19: gpu_call_overhead, cpu_overhead,
+#                                                # threads --device cuda)
+#   bash benchmarks/device_session.sh breakdown  # kernel_breakdown: every contender's kernels
+# BASE is a copy of an older tree carried to the machine, e.g. made here with
+#   mkdir -p .device-wheels/base && git archive c10bea3 | tar -x -C .device-wheels/base
 # Writes logs under ${OUT:-/tmp/symgpu-device}. Run from the repository root after installing
-# PyCUDA (see ../shared/device/README.md).
+# PyCUDA (see the device notes).
 set -u
-part=${1:-all}
+part=${1:-tests}
 out=${OUT:-/tmp/symgpu-device}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 gpu="device=cuda,floatX=float32"
-if [ "$part" = tests ] || [ "$part" = all ]; then
-  echo "== pytest -m gpu"
-  python3 -m pytest -m gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$out/gpu_tests.txt" | tail -25
-  echo "== examples on the GPU"
-  SYMGPU_FLAGS=$gpu python3 examples/check1.py 2>&1 | tee "$out/examples.txt"
-  SYMGPU_FLAGS=$gpu python3 examples/check2.py 2>&1 | tee -a "$out/examples.txt"
-  SYMGPU_FLAGS=$gpu TRAINING_STEPS=300 python3 examples/logistic_regression.py 2>&1 | tail -8 | tee -a "$out/examples.txt"
-  SYMGPU_FLAGS=$gpu python3 examples/memory_and_variables.py 2>&1 | tee -a "$out/examples.txt"
-  echo "== profile of the logistic regression on the GPU"
-  SYMGPU_FLAGS=$gpu,profile=True python3 examples/logistic_regression_solution.py 2000 > "$out/logreg_profile.txt" 2>&1
-  grep -n "Spent\|Time in\|Total compile" "$out/logreg_profile.txt" | head -12
-fi
-if [ "$part" = bench ] || [ "$part" = all ]; then
-  echo "== benchmarks"
-  python3 benchmarks/gpu_seeds.py 2>&1 | tee "$out/gpu_seeds.txt"
-  python3 benchmarks/gpu_speed.py 2>&1 | tee "$out/gpu_speed.txt"
-  python3 benchmarks/cold_compile.py 2>&1 | tee "$out/cold_compile.txt"
-fi
+case "$part" in
+  tests)
+    echo "== pytest -m gpu"
+    python3 -m pytest -m gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$out/gpu_tests.txt" | tail -25
+    echo "== examples on the GPU"
+    SYMGPU_FLAGS=$gpu python3 examples/check1.py 2>&1 | tee "$out/examples.txt"
+    SYMGPU_FLAGS=$gpu python3 examples/check2.py 2>&1 | tee -a "$out/examples.txt"
+    ;;
+  issues)
+    python3 benchmarks/gpu_speed.py --rows mlp,chain 2>&1 | tee "$out/gpu_speed.txt"
+    python3 benchmarks/random.py 2>&1 | tee "$out/random.txt"
+    python3 benchmarks/gpu_spellings.py 2>&1 | tee "$out/gpu_spellings.txt"
+    ;;
+  ab)
+    base=${2:?"ab needs the other checkout's path"}
+    python3 benchmarks/gpu_call_overhead.py --against "$base" 2>&1 | tee "$out/gpu_call_overhead.txt"
+    python3 benchmarks/cpu_overhead.py --against "$base" 2>&1 | tee "$out/cpu_overhead.txt"
+    python3 benchmarks/threads.py --device cuda 2>&1 | tee "$out/threads.txt"
+    ;;
+  breakdown)
+    python3 benchmarks/kernel_breakdown.py 2>&1 | tee "$out/kernels_mlp.txt"
+    python3 benchmarks/kernel_breakdown.py --dropout 2>&1 | tee "$out/kernels_dropout.txt"
+    ;;
+  *)
+    echo "unknown part $part: tests, issues, ab BASE or breakdown" >&2
+    exit 2
+    ;;
+esac

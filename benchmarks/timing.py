@@ -2,8 +2,11 @@
 may be missing, and interleaved timing for noisy machines."""
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 import traceback
 from typing import Callable
@@ -101,3 +104,38 @@ def build_and_time(title: str, row_names: list[str], builders: list[tuple[str, C
     for label, build in builders:
         guarded(label, lambda build=build: build(rows))
     return time_contenders(rows, number, rounds, peer)
+
+
+def alternate_checkouts(script: str, here: str, other: str, rounds: int,
+                        child_args: list[str], env: dict | None = None) -> dict[str, dict]:
+    """Run ``script --child *child_args`` with each checkout's symgpu first on the path,
+    `rounds` times each, alternating (this, other, other, this, ...) so that the machine's
+    drift hits both alike; each child prints one JSON line {key: seconds per call}.
+    Returns {checkout: {key: the best seconds over its runs}}."""
+    best: dict[str, dict] = {here: {}, other: {}}
+    for r in range(rounds):
+        for root in (here, other) if r % 2 == 0 else (other, here):
+            run_env = dict(os.environ if env is None else env, PYTHONPATH=root)
+            out = subprocess.run([sys.executable, os.path.abspath(script), "--child",
+                                  *child_args], env=run_env, cwd=root,
+                                 capture_output=True, text=True)
+            if out.returncode:
+                raise RuntimeError(f"{os.path.basename(script)} in {root} failed:\n"
+                                   + "\n".join(out.stderr.strip().splitlines()[-6:]))
+            for key, t in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                best[root][key] = min(best[root].get(key, t), t)
+    return best
+
+
+def report_checkouts(best: dict[str, dict], here: str, other: str,
+                     rows: list[tuple[str, str]], header: str) -> None:
+    """Print ``alternate_checkouts``'s bests, row by row (label, key), with this / other."""
+    say(header)
+    say(f"{'':50s} {'this':>9s} {'other':>9s} {'ratio':>7s}")
+    for label, key in rows:
+        a, b = best[here].get(key), best[other].get(key)
+        if a is None or b is None:
+            say(f"{label:50s} (not measured in {'this' if a is None else 'the other'} checkout)")
+            continue
+        say(f"{label:50s} {a * 1e6:7.3f}us {b * 1e6:7.3f}us {a / b:6.3f}x")
+    say(f"this = {here}\nother = {other}")

@@ -1,0 +1,47 @@
+"""benchmarks/timing.py's checkout alternation (cpu_overhead.py and gpu_call_overhead.py
+--against): each checkout's children run with its own root on the path, the best of each key
+is kept, and a failing child says why."""
+import os
+import sys
+import textwrap
+
+import pytest
+
+# appended, not first: benchmarks/random.py must not shadow the standard library's random
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+from timing import alternate_checkouts, report_checkouts  # noqa: E402
+
+
+def test_children_run_with_each_checkouts_root_and_the_best_is_kept(tmp_path, capsys):
+    roots = []
+    for name, base in (("a", 1.0), ("b", 3.0)):
+        root = tmp_path / name
+        root.mkdir()
+        (root / "which.py").write_text(f"BASE = {base}\n")
+        roots.append(str(root))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(f"""
+        import json, os, sys
+        import which                      # found through PYTHONPATH: this checkout's
+        n = len(os.listdir({str(runs)!r}))
+        open(os.path.join({str(runs)!r}, str(n)), "w").close()
+        assert sys.argv[1:] == ["--child", "--x"]
+        print("noise")
+        print(json.dumps({{"t": which.BASE + n}}))
+    """))
+    best = alternate_checkouts(str(script), roots[0], roots[1], rounds=3, child_args=["--x"])
+    # runs in the order a, b, b, a, a, b: a got n = 0, 3, 4 and b got 1, 2, 5
+    assert best == {roots[0]: {"t": 1.0}, roots[1]: {"t": 4.0}}
+    report_checkouts(best, roots[0], roots[1], [("t row", "t"), ("missing", "u")], "head")
+    out = capsys.readouterr().out
+    assert "0.250x" in out and "not measured" in out
+
+
+def test_a_failing_child_names_the_checkout_and_its_error(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text("raise SystemExit('no GPU here')\n")
+    with pytest.raises(RuntimeError, match="no GPU here") as info:
+        alternate_checkouts(str(script), str(tmp_path), str(tmp_path), 1, [])
+    assert str(tmp_path) in str(info.value)
