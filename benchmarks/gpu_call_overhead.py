@@ -11,7 +11,8 @@ Rows (float32, the data in shared variables on the GPU):
 - the same step with its prediction and cost copied to the host.
 
 A device row is a host-bound loop: calls back to back, one synchronisation at the end of each
-timed block, seconds per call (the best block of the best process). Both checkouts import
+timed block (the rows' blocks interleaved), seconds per call (the best block of the best
+process). Both checkouts import
 their own symgpu (each child process runs with PYTHONPATH set to its checkout). With
 ``--device cpu`` the same functions are compiled for the CPU.
 """
@@ -20,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
-import time
 
 import numpy as np
 
@@ -46,45 +45,27 @@ def functions(device: str) -> tuple[dict, object]:
         ctx = init_default_context()
         assert ctx is not None, "no GPU: use --device cpu"
         sync, on_gpu = ctx.synchronize, gpu_from_host
+    from workloads import build_logreg
     rng = np.random.RandomState(22)
     x = shared(np.asarray(rng.rand(10 * 30 * 768), "float32"))
     fns = {"check1_device": function([], on_gpu(T.exp(x))),
            "check1_host": function([], T.exp(x))}
-    N, feats = 400, 784
-    D = shared(rng.randn(N, feats).astype("float32"), name="D")
-    L = shared(rng.randint(0, 2, N).astype("float32"), name="L")
-    w = shared(rng.randn(feats).astype("float32") * 0.01, name="w")
-    b = shared(np.asarray(0.0, dtype="float32"), name="b")
-    p_1 = 1 / (1 + T.exp(-T.dot(D, w) - b))
-    prediction = p_1 > 0.5
-    xent = -L * T.log(p_1) - (1 - L) * T.log(1 - p_1)
-    cost = xent.mean() + 0.01 * (w ** 2).sum()
-    gw, gb = T.grad(cost, [w, b])
-    updates = [(w, w - 0.1 * gw), (b, b - 0.1 * gb)]
-    fns["logreg_device"] = function([], [on_gpu(prediction), on_gpu(xent)], updates=updates)
-    fns["logreg_host"] = function([], [prediction, xent], updates=updates)
+    data = (rng.randn(400, 784).astype("float32"), rng.randint(0, 2, 400).astype("float32"),
+            rng.randn(784).astype("float32") * 0.01, np.asarray(0.0, dtype="float32"))
+    outs, updates = build_logreg(shared, T, *data)
+    fns["logreg_device"] = function([], [on_gpu(o) for o in outs], updates=updates)
+    outs, updates = build_logreg(shared, T, *data)
+    fns["logreg_host"] = function([], outs, updates=updates)
     return fns, sync
 
 
-def best_per_call(fn, sync, number: int, repeat: int) -> float:
-    """Best over `repeat` blocks of `number` calls (one synchronisation per block)."""
-    fn()
-    if sync is not None:
-        sync()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        if sync is not None:
-            sync()
-        best = min(best, (time.perf_counter() - t0) / number)
-    return best
-
-
 def child(device: str, number: int, repeat: int) -> None:
+    """Print one JSON line: {row key: the best block's seconds per call}."""
+    from timing import interleaved
     fns, sync = functions(device)
-    print(json.dumps({key: best_per_call(fns[key], sync, number, repeat) for _, key in ROWS}))
+    keys = [key for _, key in ROWS]
+    times = interleaved([fns[k] for k in keys], number, repeat, [sync] * len(keys))
+    print(json.dumps({k: best for k, (best, _) in zip(keys, times)}))
 
 
 def main() -> None:
@@ -100,7 +81,6 @@ def main() -> None:
     if opts.child:
         child(opts.device, opts.number, opts.repeat)
         return
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from timing import alternate_checkouts, report_checkouts
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     other = os.path.abspath(opts.against or here)

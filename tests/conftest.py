@@ -1,4 +1,6 @@
 """Test-session set-up: GPU tests skip, with the reason, where no GPU can be used."""
+import sys
+
 import pytest
 
 
@@ -12,6 +14,16 @@ def pytest_collection_modifyitems(config, items):
     reason = pytest.mark.skip(reason=f"needs a usable NVIDIA GPU: {why_unavailable()}")
     for item in gpu_items:
         item.add_marker(reason)
+
+
+@pytest.fixture
+def fast_thread_switching():
+    """The interpreter's thread switch interval made tiny, so that threads interleave inside
+    calls (with the default 5 ms, a race needs many thousands of calls to show)."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
 
 
 @pytest.fixture

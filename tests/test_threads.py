@@ -1,8 +1,7 @@
 """Calls from several threads: exact results, no lost updates, safe set_value/get_value.
 
-The interpreter's thread switch interval is made tiny so that threads are interleaved inside
-calls (with the default 5 ms, a race needs many thousands of calls to show)."""
-import sys
+The interpreter's thread switch interval is made tiny (conftest's fast_thread_switching) so
+that threads are interleaved inside calls."""
 import threading
 
 import numpy as np
@@ -14,13 +13,7 @@ from symgpu.compile.io import Out
 
 N_THREADS = 8
 
-
-@pytest.fixture(autouse=True)
-def fast_switching():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switching")
 
 
 def run_threads(target, n=N_THREADS):

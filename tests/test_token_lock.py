@@ -3,7 +3,6 @@ values it updates. Its fast path (a list pop and append in generated code) recor
 so these tests check what must still hold: waiting without lost wake-ups, re-entry from a
 callback inside a call (get_value, another function, the same function), and release only by
 the holder."""
-import sys
 import threading
 
 import numpy as np
@@ -18,7 +17,7 @@ from symgpu.graph.op import Op
 
 class Callback(Op):
     """Identity on a vector that calls `hook()` when it runs (a Python op inside a call)."""
-    __props__ = ()
+    __props__ = ("hook",)   # ops with different hooks must not be merged
 
     def __init__(self, hook):
         self.hook = hook
@@ -32,12 +31,7 @@ class Callback(Op):
         out[0][0] = inputs[0].copy()
 
 
-@pytest.fixture(autouse=True)
-def fast_switching():
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    yield
-    sys.setswitchinterval(old)
+pytestmark = pytest.mark.usefixtures("fast_thread_switching")
 
 
 def test_acquire_is_reentrant_and_release_belongs_to_the_holder():
