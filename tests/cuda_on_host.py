@@ -1,0 +1,202 @@
+"""CUDA kernels of symgpu run on the CPU, thread by thread, for tests without a GPU.
+
+The kernel source is compiled as host C++ after a prelude that turns CUDA's qualifiers into
+nothing, ``threadIdx`` into the running thread's index and ``__shared__`` into ``static``
+(one block runs at a time), and runs every thread of a block as a fiber (``ucontext``):
+``__syncthreads()`` parks a thread until every live thread of its block has reached it, and
+the warp intrinsics (``__shfl_xor_sync``, ``__shfl_down_sync``, ``__syncwarp``) park it until
+the live lanes of its warp have. Blocks run one after another. Atomics are plain operations
+(one thread runs at a time). What this checks: a kernel's arithmetic, indexing, barriers and
+shuffles against NumPy; not its speed, nor races a real GPU's scheduling could expose.
+
+    lib = build(source, '''
+        EMU_WRAP(run_k, k, (const float *x, float *y, long long n), (x, y, n))
+    ''', tmp_path)
+    lib.run_k(grid, block, x_ptr, y_ptr, n)     # ctypes: grid and block as ints (x only)
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+
+import pytest
+
+#: the C++ that makes CUDA source compile and run on the host (see the module docstring)
+PRELUDE = r"""
+#include <ucontext.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+using std::min; using std::max;
+
+#define __device__
+#define __global__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__
+#define __shared__ static
+#ifndef INFINITY
+#define INFINITY (__builtin_inff())
+#endif
+struct dim3 { unsigned int x, y, z; };
+static const int warpSize = 32;
+enum { EMU_MAX_THREADS = 1024, EMU_STACK = 256 * 1024 };
+enum { EMU_RUN, EMU_AT_BLOCK, EMU_AT_WARP, EMU_DONE };
+static dim3 gridDim, blockDim, blockIdx;
+static dim3 emu_tid[EMU_MAX_THREADS];
+static int emu_cur, emu_n;
+static int emu_state[EMU_MAX_THREADS];
+static ucontext_t emu_main, emu_ctx[EMU_MAX_THREADS];
+static char *emu_stacks[EMU_MAX_THREADS];
+static unsigned long long emu_slot[EMU_MAX_THREADS];
+static std::function<void()> emu_body;
+#define threadIdx (emu_tid[emu_cur])
+
+static void emu_entry() { emu_body(); emu_state[emu_cur] = EMU_DONE; }
+static void emu_park(int state)
+{
+    emu_state[emu_cur] = state;
+    swapcontext(&emu_ctx[emu_cur], &emu_main);
+}
+static inline void __syncthreads() { emu_park(EMU_AT_BLOCK); }
+static inline void __syncwarp(unsigned int = 0xffffffffu) { emu_park(EMU_AT_WARP); }
+static inline void __threadfence() {}
+static inline void __threadfence_system() {}
+
+template <typename T> static T emu_exchange(T v, int src)
+{
+    static_assert(sizeof(T) <= sizeof(unsigned long long), "8 bytes at most");
+    std::memcpy(&emu_slot[emu_cur], &v, sizeof(T));
+    __syncwarp();                        // every lane has written
+    T r;
+    std::memcpy(&r, &emu_slot[src], sizeof(T));
+    __syncwarp();                        // every lane has read before one writes again
+    return r;
+}
+static inline int emu_lane() { return emu_cur & 31; }
+template <typename T> static T __shfl_xor_sync(unsigned int, T v, int mask, int width = 32)
+{
+    const int lane = emu_lane(), base = emu_cur - lane;
+    const int src = ((lane ^ mask) & ~(width - 1)) == (lane & ~(width - 1)) ? (lane ^ mask) : lane;
+    return emu_exchange(v, base + src);
+}
+template <typename T> static T __shfl_down_sync(unsigned int, T v, unsigned int d, int width = 32)
+{
+    const int lane = emu_lane(), base = emu_cur - lane;
+    const int src = (lane % width) + (int)d < width ? lane + (int)d : lane;
+    return emu_exchange(v, base + src);
+}
+template <typename T> static T __shfl_sync(unsigned int, T v, int src, int width = 32)
+{
+    const int lane = emu_lane(), base = emu_cur - lane;
+    return emu_exchange(v, base + (lane & ~(width - 1)) + (src % width));
+}
+template <typename T> static T __ldg(const T *p) { return *p; }
+template <typename T> static T __ldcg(const T *p) { return *p; }
+template <typename T> static T atomicAdd(T *p, T v) { T old = *p; *p = old + v; return old; }
+static inline unsigned int atomicInc(unsigned int *p, unsigned int limit)
+{ unsigned int old = *p; *p = old >= limit ? 0 : old + 1; return old; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+static inline double __dmul_rn(double a, double b) { return a * b; }
+static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline unsigned int __umulhi(unsigned int a, unsigned int b)
+{ return (unsigned int)(((unsigned long long)a * b) >> 32); }
+
+/* Every thread of one block as a fiber: run those that can run, then release a barrier once
+   every live thread it waits for has reached it; a block whose threads all wait on barriers
+   that cannot release is a deadlock (a barrier inside divergent code): abort. */
+static void emu_block()
+{
+    for (int t = 0; t < emu_n; ++t) {
+        emu_tid[t] = dim3{(unsigned)t % blockDim.x, 0, 0};
+        emu_state[t] = EMU_RUN;
+        if (!emu_stacks[t]) emu_stacks[t] = (char *)std::malloc(EMU_STACK);
+        getcontext(&emu_ctx[t]);
+        emu_ctx[t].uc_stack.ss_sp = emu_stacks[t];
+        emu_ctx[t].uc_stack.ss_size = EMU_STACK;
+        emu_ctx[t].uc_link = &emu_main;
+        makecontext(&emu_ctx[t], emu_entry, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (int t = 0; t < emu_n; ++t) {
+            if (emu_state[t] != EMU_RUN) continue;
+            emu_cur = t;
+            swapcontext(&emu_main, &emu_ctx[t]);
+            ran = true;
+        }
+        bool live = false, block_ready = true;
+        for (int t = 0; t < emu_n; ++t) {
+            if (emu_state[t] == EMU_DONE) continue;
+            live = true;
+            if (emu_state[t] != EMU_AT_BLOCK) block_ready = false;
+        }
+        if (!live) return;
+        bool released = false;
+        if (block_ready) {
+            for (int t = 0; t < emu_n; ++t)
+                if (emu_state[t] == EMU_AT_BLOCK) emu_state[t] = EMU_RUN;
+            released = true;
+        }
+        for (int w = 0; w < emu_n; w += 32) {
+            bool ready = true, any = false;
+            for (int t = w; t < std::min(w + 32, emu_n); ++t) {
+                if (emu_state[t] == EMU_DONE) continue;
+                if (emu_state[t] != EMU_AT_WARP) ready = false; else any = true;
+            }
+            if (ready && any) {
+                for (int t = w; t < std::min(w + 32, emu_n); ++t)
+                    if (emu_state[t] == EMU_AT_WARP) emu_state[t] = EMU_RUN;
+                released = true;
+            }
+        }
+        if (!ran && !released) {
+            std::fprintf(stderr, "cuda_on_host: deadlock at a barrier in block %u\n", blockIdx.x);
+            std::abort();
+        }
+    }
+}
+
+static void emu_launch(long long grid, long long block, std::function<void()> body)
+{
+    if (block < 1 || block > EMU_MAX_THREADS) std::abort();
+    gridDim = dim3{(unsigned)grid, 1, 1};
+    blockDim = dim3{(unsigned)block, 1, 1};
+    emu_n = (int)block;
+    emu_body = std::move(body);
+    for (long long b = 0; b < grid; ++b) {
+        blockIdx = dim3{(unsigned)b, 0, 0};
+        emu_block();
+    }
+}
+
+/* extern "C" void NAME(long long grid, long long block, PARAMS): launch KERNEL(ARGS) */
+#define EMU_WRAP(NAME, KERNEL, PARAMS, ARGS) \
+    extern "C" void NAME(long long grid_, long long block_, EMU_UNPAREN PARAMS) \
+    { emu_launch(grid_, block_, [=]() { KERNEL ARGS; }); }
+#define EMU_UNPAREN(...) __VA_ARGS__
+"""
+
+requires_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here")
+
+
+def build(source: str, wrappers: str, directory) -> ctypes.CDLL:
+    """Compile `source` (CUDA, as the runtime renders it) with `wrappers` (EMU_WRAP lines) as
+    a host shared library in `directory` and load it."""
+    cpp = os.path.join(str(directory), "kernels_on_host.cpp")
+    lib = os.path.join(str(directory), "kernels_on_host.so")
+    with open(cpp, "w") as f:
+        f.write(PRELUDE + "\n" + source + "\n" + wrappers + "\n")
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", cpp, "-o", lib],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"g++ failed on the kernels:\n{proc.stderr[-4000:]}")
+    return ctypes.CDLL(lib)
