@@ -5,14 +5,16 @@ nothing, ``threadIdx`` into the running thread's index and ``__shared__`` into `
 (one block runs at a time), and runs every thread of a block as a fiber (``ucontext``):
 ``__syncthreads()`` parks a thread until every live thread of its block has reached it, and
 the warp intrinsics (``__shfl_xor_sync``, ``__shfl_down_sync``, ``__syncwarp``) park it until
-the live lanes of its warp have. Blocks run one after another. Atomics are plain operations
-(one thread runs at a time). What this checks: a kernel's arithmetic, indexing, barriers and
-shuffles against NumPy; not its speed, nor races a real GPU's scheduling could expose.
+the live lanes of its warp have. Blocks (of one or two dimensions) run one after another.
+Atomics are plain operations (one thread runs at a time); the hardware's approximate
+intrinsics (``__sincosf``) are the precise C functions. What this checks: a kernel's
+arithmetic, indexing, barriers and shuffles against NumPy; not its speed, nor races a real
+GPU's scheduling could expose.
 
     lib = build(source, '''
         EMU_WRAP(run_k, k, (const float *x, float *y, long long n), (x, y, n))
     ''', tmp_path)
-    lib.run_k(grid, block, x_ptr, y_ptr, n)     # ctypes: grid and block as ints (x only)
+    lib.run_k(grid, bx, by, x_ptr, y_ptr, n)     # ctypes: a 1-d grid of bx x by blocks
 """
 from __future__ import annotations
 
@@ -41,10 +43,16 @@ using std::min; using std::max;
 #define __forceinline__ inline
 #define __restrict__
 #define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #ifndef INFINITY
 #define INFINITY (__builtin_inff())
 #endif
 struct dim3 { unsigned int x, y, z; };
+struct float4 { float x, y, z, w; };
+struct double2 { double x, y; };
+static inline void emu_sincosf(float a, float *s, float *c) { *s = sinf(a); *c = cosf(a); }
+#define __sincosf emu_sincosf   /* glibc has a __sincosf of its own */
 static const int warpSize = 32;
 enum { EMU_MAX_THREADS = 1024, EMU_STACK = 256 * 1024 };
 enum { EMU_RUN, EMU_AT_BLOCK, EMU_AT_WARP, EMU_DONE };
@@ -116,7 +124,7 @@ static inline unsigned int __umulhi(unsigned int a, unsigned int b)
 static void emu_block()
 {
     for (int t = 0; t < emu_n; ++t) {
-        emu_tid[t] = dim3{(unsigned)t % blockDim.x, 0, 0};
+        emu_tid[t] = dim3{(unsigned)t % blockDim.x, (unsigned)t / blockDim.x, 0};
         emu_state[t] = EMU_RUN;
         if (!emu_stacks[t]) emu_stacks[t] = (char *)std::malloc(EMU_STACK);
         getcontext(&emu_ctx[t]);
@@ -165,12 +173,12 @@ static void emu_block()
     }
 }
 
-static void emu_launch(long long grid, long long block, std::function<void()> body)
+static void emu_launch(long long grid, long long bx, long long by, std::function<void()> body)
 {
-    if (block < 1 || block > EMU_MAX_THREADS) std::abort();
+    if (bx < 1 || by < 1 || bx * by > EMU_MAX_THREADS) std::abort();
     gridDim = dim3{(unsigned)grid, 1, 1};
-    blockDim = dim3{(unsigned)block, 1, 1};
-    emu_n = (int)block;
+    blockDim = dim3{(unsigned)bx, (unsigned)by, 1};
+    emu_n = (int)(bx * by);
     emu_body = std::move(body);
     for (long long b = 0; b < grid; ++b) {
         blockIdx = dim3{(unsigned)b, 0, 0};
@@ -178,10 +186,12 @@ static void emu_launch(long long grid, long long block, std::function<void()> bo
     }
 }
 
-/* extern "C" void NAME(long long grid, long long block, PARAMS): launch KERNEL(ARGS) */
+/* extern "C" void NAME(long long grid, long long bx, long long by, PARAMS): launch
+   KERNEL(ARGS) on a grid of `grid` blocks of bx x by threads (x fastest, as CUDA numbers
+   them into warps) */
 #define EMU_WRAP(NAME, KERNEL, PARAMS, ARGS) \
-    extern "C" void NAME(long long grid_, long long block_, EMU_UNPAREN PARAMS) \
-    { emu_launch(grid_, block_, [=]() { KERNEL ARGS; }); }
+    extern "C" void NAME(long long grid_, long long bx_, long long by_, EMU_UNPAREN PARAMS) \
+    { emu_launch(grid_, bx_, by_, [=]() { KERNEL ARGS; }); }
 #define EMU_UNPAREN(...) __VA_ARGS__
 """
 

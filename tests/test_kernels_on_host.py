@@ -1,7 +1,8 @@
 """symgpu's warp- and block-level CUDA kernels run on the CPU (tests/cuda_on_host.py: every
 thread a fiber, barriers and shuffles honoured) against NumPy: the softmax rows kernels (a
-warp per row and a block per row, float32 and float64, strided input, NaN rows) and the
-negative log-likelihood gradient (labels checked and reported), without a GPU."""
+warp per row and a block per row, float32 and float64, strided input, NaN rows), the
+negative log-likelihood gradient (labels checked and reported) and the Philox sampling
+kernels (the CPU generator's numbers, bit for bit where the GPU's are), without a GPU."""
 from __future__ import annotations
 
 import ctypes
@@ -11,11 +12,15 @@ import pytest
 
 from cuda_on_host import build, requires_gxx
 from symgpu.gpu.ops import nll_grad as ng
+from symgpu.gpu.ops import random as gr
 from symgpu.gpu.ops import softmax_rows as sr
+from symgpu.gpu.ops import thin_gemm as tg
+from symgpu.tensor.random import philox
 
 pytestmark = requires_gxx
 
 _CT = {"float32": "float", "float64": "double"}
+_ONE = ctypes.c_longlong(1)   # a block's y extent (1-d blocks)
 
 
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:
@@ -58,7 +63,7 @@ def test_softmax_rows_kernels_match_numpy(softmax_lib, dtype, log, rows, n, wide
     block = 256 if not wide else 128
     per_block = 1 if wide else block // 32
     grid = max(1, min(3, -(-rows // per_block)))    # fewer blocks than rows: blocks stride
-    getattr(softmax_lib, f"run_{name}")(ctypes.c_longlong(grid), ctypes.c_longlong(block),
+    getattr(softmax_lib, f"run_{name}")(ctypes.c_longlong(grid), ctypes.c_longlong(block), _ONE,
                                         _ptr(base), ctypes.c_longlong(x.strides[0] // it),
                                         ctypes.c_longlong(x.strides[1] // it), _ptr(out),
                                         ctypes.c_longlong(rows), ctypes.c_longlong(n))
@@ -104,7 +109,7 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
         out = np.full((rows, cols), 99.0, dtype=dtype)
         err = _error_page()
         slot = err[8:]                                        # a slot inside the page
-        run(ctypes.c_longlong(grid), ctypes.c_longlong(64), _ptr(v), ctypes.c_longlong(0),
+        run(ctypes.c_longlong(grid), ctypes.c_longlong(64), _ONE, _ptr(v), ctypes.c_longlong(0),
             _ptr(m), ctypes.c_longlong(cols), ctypes.c_longlong(1), _ptr(y),
             ctypes.c_longlong(1), _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(cols),
             ctypes.c_longlong(labelled), _ptr(slot))
@@ -123,3 +128,89 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
     assert slot[0] == 1 and slot[1] == cols + 3 and err[0] == 1   # reported, page flagged
     np.testing.assert_allclose(out[4], 0.0 - m[4] * 0.0)      # the row gets no one-hot term
     np.testing.assert_allclose(np.delete(out, 4, axis=0), np.delete(want, 4, axis=0), **tol)
+
+
+@pytest.fixture(scope="module")
+def philox_lib(tmp_path_factory):
+    wraps = ["EMU_WRAP(run_sg_philox_advance, sg_philox_advance, (const unsigned int *st, "
+             "unsigned int *out, unsigned long long nb), (st, out, nb))"]
+    for dist in philox.DISTS:
+        for dtype, t in _CT.items():
+            name = gr.sample_kernel_name(dist, dtype)
+            wraps.append(f"EMU_WRAP(run_{name}, {name}, (const unsigned int *st, {t} *out, "
+                         f"long long n), (st, out, n))")
+    return build(gr.random_source(), "\n".join(wraps), tmp_path_factory.mktemp("philox"))
+
+
+@pytest.mark.parametrize("dist", philox.DISTS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [1, 7, 203])
+def test_philox_kernels_draw_the_cpu_generators_numbers(philox_lib, dist, dtype, n):
+    state = np.asarray([0x12345678, 0x9ABCDEF0, 0xFFFFFFF0, 3], dtype=np.uint32)  # carries
+    out = np.full(n + 3, -5.0, dtype=dtype)          # a tail the kernel must not write
+    run = getattr(philox_lib, f"run_{gr.sample_kernel_name(dist, dtype)}")
+    run(ctypes.c_longlong(2), ctypes.c_longlong(32), _ONE, _ptr(state), _ptr(out),
+        ctypes.c_longlong(n))
+    want = philox.sample(state, dist, dtype, (n,))
+    if dist == "uniform" or dtype == "float64":      # exact on the GPU too
+        np.testing.assert_array_equal(out[:n], want)
+    else:                                            # the GPU's __sincosf is approximate
+        np.testing.assert_allclose(out[:n], want, rtol=2e-6, atol=2e-6)
+    assert (out[n:] == -5.0).all()
+    moved = np.zeros(4, dtype=np.uint32)
+    philox_lib.run_sg_philox_advance(ctypes.c_longlong(1), ctypes.c_longlong(32), _ONE, _ptr(state),
+                                     _ptr(moved), ctypes.c_ulonglong(philox.blocks(n, dtype)))
+    np.testing.assert_array_equal(moved, philox.advance(state, philox.blocks(n, dtype)))
+
+
+_TG_ARGS = "(m, n, k, X, xs0, xs1, Y, ys0, ys1, out, os0, os1, alpha_v, alpha_p, beta_v, beta_p)"
+
+
+@pytest.fixture(scope="module")
+def thin_libs(tmp_path_factory):
+    wraps = "\n".join(f"EMU_WRAP(run_{k}, {k}, (TG_PARAMS), {_TG_ARGS})"
+                      for k in ("tg_rows", "tg_cols"))
+    return {dt: build(tg.render_thin_gemm(dt), wraps, tmp_path_factory.mktemp(f"tg_{dt}"))
+            for dt in ("float32", "float64")}
+
+
+def _elems(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+@pytest.mark.parametrize("dtype,m,n,k,x_cols,kernel", [
+    ("float32", 37, 10, 300, False, "tg_rows"),     # X = h (m x k), read along k
+    ("float64", 37, 10, 300, False, "tg_rows"),
+    ("float32", 6, 45, 70, False, "tg_cols"),       # a thin m: the transposed product
+    ("float32", 29, 16, 700, True, "tg_cols"),      # X = h.T, read along m
+])
+def test_thin_gemm_kernels_match_numpy(thin_libs, dtype, m, n, k, x_cols, kernel):
+    rng = np.random.default_rng(m * n + k)
+    X = rng.standard_normal((k, m)).astype(dtype).T if x_cols else \
+        rng.standard_normal((m, k)).astype(dtype)
+    Y = rng.standard_normal((k, n)).astype(dtype)
+    out0 = rng.standard_normal((m, n)).astype(dtype)
+    xs, ys = _elems(X), _elems(Y)
+    plan = tg.plan_thin(m, n, k, xs, ys, dtype, sms=2)
+    assert plan is not None and plan.kernel == kernel
+    alpha_dev = np.asarray([-0.5], dtype=dtype)
+    ct = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    for alpha, beta, alpha_p in ((1.0, 0.0, None), (2.0, 0.25, None), (9.0, 1.0, alpha_dev)):
+        out = out0.copy()
+        os_ = _elems(out)
+        if plan.swap:   # out.T = Y.T @ X.T, as ThinGemm passes it
+            args = (n, m, k, _ptr(Y), ys[1], ys[0], _ptr(X), xs[1], xs[0], _ptr(out),
+                    os_[1], os_[0])
+        else:
+            args = (m, n, k, _ptr(X), xs[0], xs[1], _ptr(Y), ys[0], ys[1], _ptr(out),
+                    os_[0], os_[1])
+        args = [a if isinstance(a, ctypes.c_void_p) else ctypes.c_longlong(a) for a in args]
+        getattr(thin_libs[dtype], f"run_{plan.kernel}")(
+            ctypes.c_longlong(plan.grid[0]), ctypes.c_longlong(plan.block[0]),
+            ctypes.c_longlong(plan.block[1]), *args, ct(alpha),
+            _ptr(alpha_p) if alpha_p is not None else ctypes.c_void_p(None), ct(beta),
+            ctypes.c_void_p(None))
+        a = alpha_p[0] if alpha_p is not None else alpha    # a device alpha wins
+        want = a * (X.astype("float64") @ Y.astype("float64")) + beta * out0
+        tol = 1e-4 if dtype == "float32" else 1e-11
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.sqrt(k))
