@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cuda_on_host import build, requires_gxx
+from symgpu.gpu.ops import advanced as adv
 from symgpu.gpu.ops import nll_grad as ng
 from symgpu.gpu.ops import random as gr
 from symgpu.gpu.ops import softmax_rows as sr
@@ -214,3 +215,62 @@ def test_thin_gemm_kernels_match_numpy(thin_libs, dtype, m, n, k, x_cols, kernel
         want = a * (X.astype("float64") @ Y.astype("float64")) + beta * out0
         tol = 1e-4 if dtype == "float32" else 1e-11
         np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+@pytest.fixture(scope="module")
+def advanced_lib(tmp_path_factory):
+    wraps = []
+    for dtype in ("float32", "int64"):
+        t = adv.ADVANCED_DTYPES[dtype]
+        for idt, it in adv.INDEX_DTYPES.items():
+            params = (f"(const {t} *x, {t} *out, const {it} *idx, long long n, long long row, "
+                      f"long long len, unsigned long long *err)")
+            name = adv._gather_name(dtype, idt)
+            wraps.append(f"EMU_WRAP(run_{name}, {name}, {params}, "
+                         f"(x, out, idx, n, row, len, err))")
+            for set_ in (True, False):
+                name = adv._scatter_name(dtype, idt, set_)
+                wraps.append(f"EMU_WRAP(run_{name}, {name}, ({t} *out, const {t} *y, "
+                             f"const {it} *idx, long long n, long long row, long long len, "
+                             f"unsigned long long *err), (out, y, idx, n, row, len, err))")
+    return build(adv.advanced_source(), "\n".join(wraps), tmp_path_factory.mktemp("adv"))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+def test_advanced_indexing_kernels_match_numpy(advanced_lib, dtype, idt):
+    rng = np.random.default_rng(3)
+    rows, row = 9, 5
+    x = (rng.standard_normal((rows, row)) * 10).astype(dtype)
+    idx = np.asarray([3, -1, 0, 3, 8, -9, 3], dtype=idt)     # repeats, negatives
+    n = len(idx)
+    L = ctypes.c_longlong
+
+    def run(name, a, b, idx):
+        err = _error_page()
+        getattr(advanced_lib, f"run_{name}")(L(2), L(16), _ONE, _ptr(a), _ptr(b), _ptr(idx),
+                                             L(len(idx)), L(row), L(rows), _ptr(err[8:]))
+        return err[8:]
+
+    out = np.zeros((n, row), dtype=dtype)
+    slot = run(adv._gather_name(dtype, idt), x, out, idx)
+    np.testing.assert_array_equal(out, x[idx])
+    assert slot[0] == 0
+    y = (rng.standard_normal((n, row)) * 10).astype(dtype)
+    acc = x.copy()
+    run(adv._scatter_name(dtype, idt, False), acc, y, idx)       # inc: repeats accumulate
+    want = x.copy()
+    np.add.at(want, idx, y)
+    np.testing.assert_allclose(acc, want, rtol=1e-6)
+    uniq = np.asarray([4, -2, 0], dtype=idt)
+    put = x.copy()
+    run(adv._scatter_name(dtype, idt, True), put, y[:3], uniq)
+    want = x.copy()
+    want[uniq] = y[:3]
+    np.testing.assert_array_equal(put, want)
+    bad = idx.copy()
+    bad[2] = rows                                                # out of range: reported
+    out = np.zeros((n, row), dtype=dtype)
+    slot = run(adv._gather_name(dtype, idt), x, out, bad)
+    assert slot[0] == 1 and slot[1] == rows
+    np.testing.assert_array_equal(np.delete(out, 2, axis=0), np.delete(x[idx], 2, axis=0))
