@@ -15,6 +15,9 @@ GPU's scheduling could expose.
         EMU_WRAP(run_k, k, (const float *x, float *y, long long n), (x, y, n))
     ''', tmp_path)
     lib.run_k(grid, bx, by, x_ptr, y_ptr, n)     # ctypes: a 1-d grid of bx x by blocks
+
+or ``EMU_KERNEL(k)`` for a kernel called with its parameters packed in one buffer, as
+cuLaunchKernel's parameter buffer (``tests/emulated_gpu.py`` launches GPU ops' thunks so).
 """
 from __future__ import annotations
 
@@ -34,6 +37,8 @@ PRELUDE = r"""
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <type_traits>
+#include <utility>
 #include <vector>
 using std::min; using std::max;
 
@@ -49,8 +54,9 @@ using std::min; using std::max;
 #define INFINITY (__builtin_inff())
 #endif
 struct dim3 { unsigned int x, y, z; };
-struct float4 { float x, y, z, w; };
-struct double2 { double x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(16) double2 { double x, y; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
 static inline void emu_sincosf(float a, float *s, float *c) { *s = sinf(a); *c = cosf(a); }
 #define __sincosf emu_sincosf   /* glibc has a __sincosf of its own */
 static const int warpSize = 32;
@@ -115,6 +121,9 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline double __longlong_as_double(long long v)
+{ double d; std::memcpy(&d, &v, 8); return d; }
 static inline unsigned int __umulhi(unsigned int a, unsigned int b)
 { return (unsigned int)(((unsigned long long)a * b) >> 32); }
 
@@ -173,18 +182,44 @@ static void emu_block()
     }
 }
 
-static void emu_launch(long long grid, long long bx, long long by, std::function<void()> body)
+static void emu_launch3(long long gx, long long gy, long long gz, long long bx, long long by,
+                        std::function<void()> body)
 {
     if (bx < 1 || by < 1 || bx * by > EMU_MAX_THREADS) std::abort();
-    gridDim = dim3{(unsigned)grid, 1, 1};
+    gridDim = dim3{(unsigned)gx, (unsigned)gy, (unsigned)gz};
     blockDim = dim3{(unsigned)bx, (unsigned)by, 1};
     emu_n = (int)(bx * by);
     emu_body = std::move(body);
-    for (long long b = 0; b < grid; ++b) {
-        blockIdx = dim3{(unsigned)b, 0, 0};
-        emu_block();
-    }
+    for (long long z = 0; z < gz; ++z)
+        for (long long y = 0; y < gy; ++y)
+            for (long long x = 0; x < gx; ++x) {
+                blockIdx = dim3{(unsigned)x, (unsigned)y, (unsigned)z};
+                emu_block();
+            }
 }
+static void emu_launch(long long grid, long long bx, long long by, std::function<void()> body)
+{ emu_launch3(grid, 1, 1, bx, by, std::move(body)); }
+
+/* kernel(args...) from `buf`, the parameters laid out as CUDA lays them out (each at the next
+   multiple of its alignment: what cuLaunchKernel's CU_LAUNCH_PARAM_BUFFER_POINTER takes) */
+template <typename... A, std::size_t... I>
+static void emu_call_impl(void (*k)(A...), const char *buf, std::index_sequence<I...>)
+{
+    constexpr std::size_t n = sizeof...(A);
+    const std::size_t sizes[n + 1] = {sizeof(std::remove_cv_t<A>)..., 0};
+    const std::size_t aligns[n + 1] = {alignof(std::remove_cv_t<A>)..., 1};
+    std::size_t off[n + 1] = {0}, at = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        at = (at + aligns[i] - 1) / aligns[i] * aligns[i];
+        off[i] = at;
+        at += sizes[i];
+    }
+    alignas(64) char local[4096];
+    std::memcpy(local, buf, at < sizeof(local) ? at : sizeof(local));
+    k(*reinterpret_cast<const std::remove_cv_t<A> *>(local + off[I])...);
+}
+template <typename... A> static void emu_call(void (*k)(A...), const char *buf)
+{ emu_call_impl(k, buf, std::index_sequence_for<A...>{}); }
 
 /* extern "C" void NAME(long long grid, long long bx, long long by, PARAMS): launch
    KERNEL(ARGS) on a grid of `grid` blocks of bx x by threads (x fastest, as CUDA numbers
@@ -193,6 +228,56 @@ static void emu_launch(long long grid, long long bx, long long by, std::function
     extern "C" void NAME(long long grid_, long long bx_, long long by_, EMU_UNPAREN PARAMS) \
     { emu_launch(grid_, bx_, by_, [=]() { KERNEL ARGS; }); }
 #define EMU_UNPAREN(...) __VA_ARGS__
+
+/* extern "C" void run_NAME(long long gx, gy, gz, bx, by, const char *params): launch NAME
+   with its parameters packed in one buffer, as cuLaunchKernel's parameter buffer */
+#define EMU_KERNEL(NAME) \
+    extern "C" void run_##NAME(long long gx_, long long gy_, long long gz_, long long bx_, \
+                               long long by_, const char *params_) \
+    { emu_launch3(gx_, gy_, gz_, bx_, by_, [=]() { emu_call(NAME, params_); }); }
+"""
+
+#: stands in for the toolkit's cuda_fp16.h (the kernels only convert float16 to and from float)
+FP16_SHIM = r"""
+#pragma once
+#include <cstdint>
+#include <cstring>
+struct __half { std::uint16_t bits; };
+static inline float __half2float(__half h)
+{
+    const std::uint32_t sign = (h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu,
+                        man = h.bits & 0x3ffu;
+    std::uint32_t f;
+    if (exp == 0x1fu) f = sign | 0x7f800000u | (man << 13);             /* inf, NaN */
+    else if (exp) f = sign | ((exp + 112u) << 23) | (man << 13);        /* normal */
+    else if (!man) f = sign;                                           /* zero */
+    else {                                                             /* subnormal */
+        int e = -1; std::uint32_t m = man;
+        do { ++e; m <<= 1; } while (!(m & 0x400u));
+        f = sign | ((112u - e) << 23) | ((m & 0x3ffu) << 13);
+    }
+    float out; std::memcpy(&out, &f, 4); return out;
+}
+static inline __half __float2half_rn(float v)
+{
+    std::uint32_t f; std::memcpy(&f, &v, 4);
+    const std::uint32_t sign = (f >> 16) & 0x8000u; f &= 0x7fffffffu;
+    __half h;
+    if (f > 0x7f800000u) { h.bits = (std::uint16_t)(sign | 0x7e00u); return h; }    /* NaN */
+    if (f >= 0x477ff000u) { h.bits = (std::uint16_t)(sign | 0x7c00u); return h; }   /* inf */
+    if (f < 0x38800000u) {                                             /* subnormal, zero */
+        float a; std::memcpy(&a, &f, 4);
+        const float q = a * 16777216.0f;                               /* 2^24: units of 2^-24 */
+        std::uint32_t r = (std::uint32_t)q; const float rem = q - (float)r;
+        if (rem > 0.5f || (rem == 0.5f && (r & 1u))) ++r;
+        h.bits = (std::uint16_t)(sign | r); return h;
+    }
+    const std::uint32_t mant = f & 0x7fffffu, exp = (f >> 23) - 112u;
+    std::uint32_t bits = (exp << 10) | (mant >> 13);
+    const std::uint32_t rest = mant & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (bits & 1u))) ++bits;    /* to nearest even */
+    h.bits = (std::uint16_t)(sign | bits); return h;
+}
 """
 
 requires_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here")
@@ -205,7 +290,10 @@ def build(source: str, wrappers: str, directory) -> ctypes.CDLL:
     lib = os.path.join(str(directory), "kernels_on_host.so")
     with open(cpp, "w") as f:
         f.write(PRELUDE + "\n" + source + "\n" + wrappers + "\n")
-    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", cpp, "-o", lib],
+    with open(os.path.join(str(directory), "cuda_fp16.h"), "w") as f:
+        f.write(FP16_SHIM)
+    proc = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w",
+                           "-I", str(directory), cpp, "-o", lib],
                           capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"g++ failed on the kernels:\n{proc.stderr[-4000:]}")

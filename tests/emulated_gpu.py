@@ -1,0 +1,126 @@
+"""GPU ops' own thunks run on the CPU: their planning, argument packing and kernels, with
+device memory that is host memory and every launch run by tests/cuda_on_host.py.
+
+``emulated_kernel_device(monkeypatch, directory)`` gives a fake context whose pool hands out
+zeroed host buffers (a GpuArray's ``ptr`` is a host address) and makes ``load_kernels``
+compile each module as host C++ (every kernel of it wrapped with ``EMU_KERNEL``): a thunk's
+``launch(grid, block, *args)`` packs its arguments as it does for cuLaunchKernel and runs the
+kernel there and then. ``device_array`` / ``host_view`` move values in and out. What is not
+emulated: the driver (copies, memsets other than ``fill``), cuBLAS, PyCUDA's own launches.
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+import numpy as np
+
+from cuda_on_host import build
+from gpu_helpers import FakeCtx
+
+_ALIGN = 256
+
+
+class HostMemoryPool:
+    """Zeroed host buffers handed out as pool blocks (kept alive until the pool goes)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, np.ndarray] = {}
+
+    def allocate(self, nbytes: int):
+        from symgpu.gpu.runtime.pool import Block, size_class
+        size = size_class(max(nbytes, 1))
+        raw = np.zeros(size + _ALIGN, dtype=np.uint8)
+        ptr = raw.ctypes.data + (-raw.ctypes.data % _ALIGN)
+        self.buffers[ptr] = raw
+        return Block(ptr, size, None, None)
+
+
+class EmulatedCtx(FakeCtx):
+    """A context whose device memory is host memory (see the module docstring)."""
+
+    name = "emulated"
+
+    def __init__(self) -> None:
+        self.pool = HostMemoryPool()
+
+    def synchronize(self) -> None:
+        pass
+
+
+def host_view(a: Any) -> np.ndarray:
+    """A NumPy view of GpuArray ``a``'s memory, in its layout (offsets and strides too)."""
+    if a.size == 0:
+        return np.empty(a.shape, a.dtype)
+    lo = a.ptr + sum(min(0, (n - 1) * s) for n, s in zip(a.shape, a.strides))
+    hi = a.ptr + sum(max(0, (n - 1) * s) for n, s in zip(a.shape, a.strides)) + a.itemsize
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * (hi - lo)).from_address(lo))
+    return np.lib.stride_tricks.as_strided(raw[a.ptr - lo:].view(a.dtype), a.shape, a.strides)
+
+
+def device_array(ctx: EmulatedCtx, values: np.ndarray) -> Any:
+    """A new C-contiguous GpuArray on ``ctx`` holding ``values``."""
+    from symgpu.gpu.runtime.array import GpuArray, c_strides
+    values = np.ascontiguousarray(values)
+    a = GpuArray.__new__(GpuArray)
+    block = ctx.pool.allocate(values.nbytes)
+    a._set(ctx, block.ptr, values.shape, c_strides(values.shape, values.itemsize),
+           values.dtype, block)
+    host_view(a)[...] = values
+    return a
+
+
+class _EmulatedKernel:
+    """``load_kernels``'s Kernel, launched on the host: its arguments packed with the kernel's
+    format (``struct``, native alignment: the CUDA parameter buffer) and run there and then."""
+
+    def __init__(self, lib: ctypes.CDLL, name: str, fmt: str) -> None:
+        self.name, self.fmt = name, fmt
+        self._struct = struct.Struct("@" + fmt)
+        self._run = getattr(lib, f"run_{name}")
+        self.launch = self.fast_launcher()
+
+    def fast_launcher(self):
+        def go(grid: tuple, block: tuple, *args: Any) -> None:
+            buf = ctypes.create_string_buffer(self._struct.pack(*args), max(self._struct.size, 8))
+            grid, block = tuple(grid) + (1, 1), tuple(block) + (1, 1)
+            assert block[2] == 1, "3-d blocks are not emulated"
+            self._run(*(ctypes.c_longlong(v) for v in (grid[0], grid[1], grid[2], block[0],
+                                                       block[1])), buf)
+        return go
+
+
+def emulating_loader(directory) -> Any:
+    """A ``load_kernels`` that builds each module once as host C++ with its kernels wrapped."""
+    libs: dict[Any, ctypes.CDLL] = {}
+
+    def load(context, key, source_factory, formats, options=()):
+        lib = libs.get(key)
+        if lib is None:
+            sub = directory / f"m{len(libs)}"
+            sub.mkdir()
+            wraps = "\n".join(f"EMU_KERNEL({name})" for name in formats)
+            lib = libs[key] = build(source_factory(), wraps, sub)
+        return {n: _EmulatedKernel(lib, n, f) for n, f in formats.items()}
+    return load
+
+
+def emulated_kernel_device(monkeypatch, directory) -> EmulatedCtx:
+    """An EmulatedCtx that GPU elementwise and reduction thunks are built against and run on;
+    ``GpuArray.fill`` writes host memory for its arrays."""
+    import symgpu.gpu.ops.elemwise as gelem
+    import symgpu.gpu.runtime.codegen.launch as launch
+    from symgpu.gpu.runtime.array import GpuArray
+    ctx = EmulatedCtx()
+    monkeypatch.setattr(launch, "load_kernels", emulating_loader(directory))
+    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
+    real_fill = GpuArray.fill
+
+    def fill(self, value):
+        if self.context is not ctx:
+            return real_fill(self, value)
+        host_view(self)[...] = value
+        return self
+    monkeypatch.setattr(GpuArray, "fill", fill)
+    return ctx
