@@ -103,3 +103,50 @@ def test_reductions_match_numpy_on_every_strategy(emu, op, axis, shape):
     thunk()   # again: the one-pass counters were reset by the last block
     np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]), want, rtol=1e-5,
                                atol=1e-3)
+
+
+def _bias_update(lr: float = 0.02):
+    """The SGD update of a bias as the GPU fusion leaves it: sub(b, mul(lr, db)), db first."""
+    b = CompositeBuilder()
+    db, bias = b.add_input("float32"), b.add_input("float32")
+    scaled = b.add_op(SCALAR_OPS["mul"], [b.add_constant(lr, "float32"), db])[0]
+    return b.build(b.add_op(SCALAR_OPS["sub"], [bias, scaled]))
+
+
+@pytest.mark.parametrize("axis,shape", [
+    ((0,), (512, 96)),         # one-launch column blocks
+    ((0,), (20000, 16)),       # split columns: the epilogue in the finish launch
+    ((1,), (300, 64)),         # rows
+    ((1,), (7, 9000)),         # split rows, one pass: the last block's epilogue
+])
+def test_a_reductions_epilogue_matches_the_two_kernels(emu, axis, shape):
+    from symgpu.scalar.composite import Composite
+    rng = np.random.default_rng(shape[0])
+    d = rng.standard_normal(shape).astype("float32")
+    kept = shape[1 - axis[0]]
+    bias = rng.standard_normal(kept).astype("float32")
+    post = _bias_update()
+    assert isinstance(post, Composite)
+    node = GpuCAReduce(SCALAR_OPS["add"], axis, None, None, post)(
+        gvar("float32", 2), gvar("float32", 1)).owner
+    assert "post=" in str(node.op) and node.outputs[0].dtype == "float32"
+    (got,), thunk, storage = run(node, [device_array(emu, d), device_array(emu, bias)])
+    db = d.sum(axis=axis[0], dtype="float64").astype("float32")     # the reduction's store
+    want = bias - np.float32(0.02) * db
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    storage[node.inputs[1]][0] = device_array(emu, bias[:-1])          # the wrong length
+    with pytest.raises(ValueError, match="epilogue operand of shape"):
+        thunk()
+
+
+def test_a_full_reductions_epilogue_with_a_scalar_operand(emu):
+    # mean = sum / n, the count one value on the device (as the loss of a classifier)
+    x = np.random.default_rng(4).standard_normal(70001).astype("float32")
+    b = CompositeBuilder()
+    s, n = b.add_input("float32"), b.add_input("float32")
+    post = b.build(b.add_op(SCALAR_OPS["true_div"], [s, n]))
+    node = GpuCAReduce(SCALAR_OPS["add"], None, None, None, post)(
+        gvar("float32", 1), gvar("float32", 0)).owner
+    (got,), _, _ = run(node, [device_array(emu, x), device_array(emu, np.float32(x.size))])
+    assert got.shape == ()
+    np.testing.assert_allclose(got, x.sum(dtype="float64") / x.size, rtol=1e-5)

@@ -51,6 +51,14 @@ def case(build, *values) -> Case:
     return Case(build, tuple(v if isinstance(v, tuple) else (v, None) for v in values))
 
 
+def _times():
+    """mul of two float32 values, as a Composite (an epilogue has a fixed number of inputs)."""
+    from symgpu.scalar.composite import CompositeBuilder
+    b = CompositeBuilder()
+    x, y = b.add_input("float32"), b.add_input("float32")
+    return b.build(b.add_op(symgpu.scalar.basic.SCALAR_OPS["mul"], [x, y]))
+
+
 def gcase(build, twin, kinds, *values) -> Case:
     return Case(build, tuple(v if isinstance(v, tuple) else (v, None) for v in values), twin, kinds)
 
@@ -291,7 +299,11 @@ CASES: dict[type, list[Case]] = {
                              "g", r(2, 3, 4, dtype="float32")),
                        gcase(lambda x, y: G["GpuCAReduce"](ADD, (0,), pre_scalar_op=MUL)(x, y),
                              lambda x, y: (x * y).sum(axis=0), "gg", r(2, 3, dtype="float32"),
-                             (r(1, 3, dtype="float32"), (True, False)))],
+                             (r(1, 3, dtype="float32"), (True, False))),
+                       # an epilogue operand (b) does not take part in the reduction's shape
+                       gcase(lambda x, b: G["GpuCAReduce"](ADD, (0,), post_scalar_op=_times())(x, b),
+                             lambda x, b: x.sum(axis=0) * b, "gg", r(2, 3, dtype="float32"),
+                             r(3, dtype="float32"))],
     G["ElemwiseKernelOp"]: [gcase(lambda x, y: G["ElemwiseKernelOp"]("o0 = i0 * i1", ["float32", "float32"])(x, y),
                                   lambda x, y: x * y, "gg", r(2, 3, dtype="float32"),
                                   (r(2, 1, dtype="float32"), (False, True)))],

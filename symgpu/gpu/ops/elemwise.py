@@ -23,7 +23,7 @@ from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, kernel_names
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, supports_scalar_op
 from symgpu.scalar.basic import SCALAR_OPS
-from symgpu.tensor.elemwise import CAReduce as _CAReduce, Elemwise as _Elemwise
+from symgpu.tensor.elemwise import Elemwise as _Elemwise
 
 __all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
            "BLOCK"]
@@ -390,12 +390,19 @@ def layout_c_strides(shape: tuple, itemsize: int) -> tuple:
 class GpuCAReduce(Op):
     """Reduce ``axis`` (None: all) with add/mul/maximum/minimum/and_/or_, optionally over an
     elementwise ``pre_scalar_op`` of the inputs fused into the same kernel (``sum(x**2)``
-    reads x once).  ``dtype`` is the accumulator/output dtype (NumPy's ``dtype=``)."""
+    reads x once) and through an elementwise ``post_scalar_op`` of each result (``b - lr *
+    d.sum(0)``, a bias's update, in the reduction's launch: the gpu_careduce_epilogue pass).
+    ``dtype`` is the reduction's accumulator/output dtype (NumPy's ``dtype=``).
 
-    __props__ = ("scalar_op", "axis", "dtype", "pre_scalar_op")
+    Inputs: the reduction's (one, or the pre-op's), then the epilogue's other operands (the
+    post op's inputs after its first, the reduced value): each of the output's shape or a
+    single value (every dim broadcastable)."""
+
+    __props__ = ("scalar_op", "axis", "dtype", "pre_scalar_op", "post_scalar_op")
 
     def __init__(self, scalar_op: Any, axis: Sequence[int] | None = None,
-                 dtype: str | None = None, pre_scalar_op: Any = None):
+                 dtype: str | None = None, pre_scalar_op: Any = None,
+                 post_scalar_op: Any = None):
         if isinstance(scalar_op, str):
             scalar_op = SCALAR_OPS[scalar_op]
         if scalar_op.name not in _REDUCE_NAMES:
@@ -405,23 +412,43 @@ class GpuCAReduce(Op):
         self.axis = None if axis is None else tuple(sorted(int(a) for a in axis))
         self.dtype = dtype
         self.pre_scalar_op = pre_scalar_op
+        if post_scalar_op is not None and getattr(post_scalar_op, "nin", -1) < 1:
+            raise ValueError(f"GpuCAReduce: an epilogue needs a fixed number of inputs (a "
+                             f"Composite), got {post_scalar_op}")
+        self.post_scalar_op = post_scalar_op
 
     def __str__(self) -> str:
         red = _REDUCE_NAMES[self.scalar_op.name]
         head = red if self.pre_scalar_op is None else f"pre={self.pre_scalar_op},red={red}"
+        if self.post_scalar_op is not None:
+            head += f",post={self.post_scalar_op}"
         axes = "all" if self.axis is None else ",".join(str(a) for a in self.axis)
         acc = f", acc_dtype={self.dtype}" if self.dtype else ""
         return f"GpuCAReduce{{{head}}}{{{axes}{acc}}}"
 
-    infer_shape = _CAReduce.infer_shape  # its inputs broadcast, then axes drop
+    def n_reduced_inputs(self, n_inputs: int) -> int:
+        """How many of ``n_inputs`` inputs the reduction reads (the rest: the epilogue's)."""
+        if self.post_scalar_op is None:
+            return n_inputs
+        return n_inputs - (self.post_scalar_op.nin - 1)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The (broadcast) shape of the reduction's inputs without the reduced axes."""
+        from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
+        n = self.n_reduced_inputs(len(node.inputs))
+        shape = elemwise_shape([v.broadcastable for v in node.inputs[:n]], input_shapes[:n])
+        return [reduce_shape(shape, self.axis)]
 
     def make_node(self, *inputs: Any) -> Apply:
+        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
         from symgpu.gpu.placement.type import GpuArrayType
         from symgpu.tensor.elemwise import reduce_output_dtype
+        n_post = 0 if self.post_scalar_op is None else self.post_scalar_op.nin - 1
         want = 1 if self.pre_scalar_op is None else getattr(self.pre_scalar_op, "nin", len(inputs))
-        if want > 0 and len(inputs) != want:
-            raise TypeError(f"{self} takes {want} input(s), got {len(inputs)}")
-        padded, ctx_name = _pad_inputs(inputs)
+        if want > 0 and len(inputs) != want + n_post:
+            raise TypeError(f"{self} takes {want + n_post} input(s), got {len(inputs)}")
+        red_inputs, extra = inputs[:len(inputs) - n_post], inputs[len(inputs) - n_post:]
+        padded, ctx_name = _pad_inputs(red_inputs)
         nd = padded[0].ndim
         axis = tuple(range(nd)) if self.axis is None else self.axis
         for a in axis:
@@ -429,24 +456,50 @@ class GpuCAReduce(Op):
                 raise ValueError(f"{self}: axis {a} is out of range for {padded[0].type}")
         value = padded[0].dtype if self.pre_scalar_op is None else output_dtypes(
             self.pre_scalar_op, [p.dtype for p in padded])[0]
-        out_dtype = self.dtype or reduce_output_dtype(self.scalar_op.name, value)
+        red_dtype = self.dtype or reduce_output_dtype(self.scalar_op.name, value)
         bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd)
                       if d not in axis)
-        return Apply(self, padded, [GpuArrayType(out_dtype, bcast, ctx_name)()])
+        out_dtype = red_dtype
+        extra = [as_gpuarray_variable(v, ctx_name) for v in extra]
+        if self.post_scalar_op is not None:
+            for v in extra:
+                if not (all(v.broadcastable) or (v.ndim == len(bcast)
+                                                 and v.broadcastable == bcast)):
+                    raise TypeError(f"{self}: an epilogue operand must be one value or of the "
+                                    f"output's broadcast pattern {bcast}, got {v.type}")
+            outs = output_dtypes(self.post_scalar_op, [red_dtype, *(v.dtype for v in extra)])
+            if len(outs) != 1:
+                raise TypeError(f"{self}: the epilogue must have one output, got {len(outs)}")
+            out_dtype = outs[0]
+        return Apply(self, [*padded, *extra], [GpuArrayType(out_dtype, bcast, ctx_name)()])
+
+    def reduced_dtype(self, node: Apply) -> str:
+        """The reduction's own result dtype (before the epilogue)."""
+        if self.post_scalar_op is None:
+            return node.outputs[0].dtype
+        from symgpu.tensor.elemwise import reduce_output_dtype
+        red = node.inputs[:self.n_reduced_inputs(len(node.inputs))]
+        value = red[0].dtype if self.pre_scalar_op is None else output_dtypes(
+            self.pre_scalar_op, [v.dtype for v in red])[0]
+        return self.dtype or reduce_output_dtype(self.scalar_op.name, value)
 
     def _axes(self, ndim: int) -> tuple[int, ...]:
         return tuple(range(ndim)) if self.axis is None else tuple(a for a in self.axis if a < ndim)
 
     def signature(self, node: Apply, knd: int, rnd: int) -> ReduceSignature:
+        n = self.n_reduced_inputs(len(node.inputs))
+        extra = node.inputs[n:]
         return ReduceSignature(self.scalar_op.name, self.pre_scalar_op,
-                               tuple(v.dtype for v in node.inputs), node.outputs[0].dtype,
-                               knd, rnd)
+                               tuple(v.dtype for v in node.inputs[:n]), node.outputs[0].dtype,
+                               knd, rnd, self.post_scalar_op, tuple(v.dtype for v in extra),
+                               tuple(all(v.broadcastable) for v in extra),
+                               None if self.post_scalar_op is None else self.reduced_dtype(node))
 
     def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
         """(key, source) of every module this node can launch: one per count of collapsed
         kept/reduced dimensions (CI compiles them all)."""
         nd = node.inputs[0].ndim
-        nred = len(self._axes(nd)) if nd else 1
+        nred = len(self._axes(nd)) if nd else 1   # (dims reduced; the epilogue's are kept)
         nkept = nd - nred if nd else 0
         out = []
         for knd in range(1, max(nkept, 1) + 1):
@@ -504,7 +557,10 @@ class _ReduceThunk:
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
         from symgpu.gpu.runtime.codegen.launch import sm_count
         self.op, self.node, self.ctx = op, node, ctx
-        self.in_cells = [storage_map[v] for v in node.inputs]
+        n = op.n_reduced_inputs(len(node.inputs))
+        self.in_cells = [storage_map[v] for v in node.inputs[:n]]
+        #: the epilogue's operands (post_scalar_op): one value each, or one per output element
+        self.ex_cells = [storage_map[v] for v in node.inputs[n:]]
         self.out_cell = storage_map[node.outputs[0]]
         self.out_dtype = np.dtype(node.outputs[0].dtype)
         self.axes = op._axes(node.inputs[0].ndim)
@@ -603,6 +659,8 @@ class _ReduceThunk:
         FINAL, ONEPASS = self.FINAL, self.ONEPASS
         reuse = [False]   # graph_plan.mark_reusable_outputs sets it
 
+        ex_cells, op = self.ex_cells, self.op
+
         def thunk() -> None:
             activate()
             ins = [c[0] for c in in_cells]
@@ -615,21 +673,33 @@ class _ReduceThunk:
             if not reuse[0] or out is None or out.shape != p.out_shape or \
                     out.dtype != out_dtype:
                 out = new_array(ctx, p.out_shape, out_dtype)
+            ex = [_epilogue_operand(op, c[0], p.out_shape) for c in ex_cells] if ex_cells else ()
             if p.K:
                 ptrs = [a.ptr for a in ins]
                 if mode == FINAL:
-                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, 0, 0)
+                    main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, 0, 0, *ex)
                 else:
                     partial = new_array(ctx, (p.K * p.G,), acc_dtype)
                     main(p.grid, p.block, p.K, p.R, p.chunk, *meta, *ptrs, out.ptr, partial.ptr,
-                         counters)
+                         counters, *ex)
                     if mode != ONEPASS:
-                        finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr)
+                        finish(p.finish_grid, finish_block, p.K, p.G, partial.ptr, out.ptr, *ex)
             out_cell[0] = out
 
         thunk.reduce_thunk = self   # type: ignore[attr-defined]  (tests read plans, counters)
         thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
         return _capturable(thunk)
+
+
+def _epilogue_operand(op: GpuCAReduce, a: Any, out_shape: tuple) -> int:
+    """The address of an epilogue operand as the kernel reads it: one value, or a C-contiguous
+    array of the output's shape (a strided one is copied first)."""
+    if a.size == 1:
+        return a.ptr
+    if a.shape != tuple(out_shape):
+        raise ValueError(f"{op}: an epilogue operand of shape {a.shape} does not match the "
+                         f"output's shape {tuple(out_shape)}")
+    return a.ptr if a.is_c_contiguous else a.copy().ptr
 
 
 def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tuple, list]:

@@ -177,7 +177,7 @@ __device__ __forceinline__ void sg_rows_gather(const long long K, const sg_rptrs
         for (long long g = threadIdx.x; g < G; g += blockDim.x)
             acc = sg_combine(acc, __ldcg(p.partial + k * G + g));
         acc = sg_row_reduce(acc, sm);
-        if (threadIdx.x == 0) sg_store(p.out[k], acc);
+        if (threadIdx.x == 0) sg_put_p(p, k, acc);
     }
 }
 
@@ -196,7 +196,7 @@ __device__ __forceinline__ void sg_rows_body(const long long K, const long long 
         acc_t acc = sg_strip(m, p, koff, r_begin + threadIdx.x, r_end, blockDim.x);
         acc = sg_row_reduce(acc, sm);
         if (threadIdx.x == 0) {
-            if (MODE == SG_FINAL) sg_store(p.out[k], acc);
+            if (MODE == SG_FINAL) sg_put_p(p, k, acc);
             else p.partial[k * gridDim.y + blockIdx.y] = acc;
         }
     }
@@ -243,7 +243,7 @@ __device__ __forceinline__ void sg_vrows_body(const long long K, const long long
         }
         acc = sg_row_reduce(acc, sm);
         if (threadIdx.x == 0) {
-            if (MODE == SG_FINAL) sg_store(p.out[k], acc);
+            if (MODE == SG_FINAL) sg_put_p(p, k, acc);
             else p.partial[k * gridDim.y + blockIdx.y] = acc;
         }
     }
@@ -272,7 +272,7 @@ __device__ __forceinline__ void sg_cols_body(const long long K, const long long 
             acc_t a = sm[0][threadIdx.x];
 #pragma unroll
             for (int t = 1; t < SG_COLS_Y; ++t) a = sg_combine(a, sm[t][threadIdx.x]);
-            if (FINAL) sg_store(p.out[k], a);
+            if (FINAL) sg_put_p(p, k, a);
             else p.partial[k * gridDim.y + blockIdx.y] = a;
         }
         __syncthreads();
@@ -306,7 +306,7 @@ __device__ __forceinline__ void sg_cols_block_body(const long long K, const long
             acc_t v = SG_IDENTITY;
             for (int t = lane; t < lanes; t += 32) v = sg_combine(v, sm[t][c]);
             v = sg_warp_reduce(v);
-            if (lane == 0 && kb + c < K) sg_store(p.out[kb + c], v);
+            if (lane == 0 && kb + c < K) sg_put_p(p, kb + c, v);
         }
         __syncthreads();
     }
@@ -330,13 +330,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_onepass(SG_ARGS)
 { sg_vrows_body<SG_ONEPASS>(K, R, m, p); }
 #endif
 extern "C" __global__ void sg_finish(const long long K, const long long G,
-                                     const acc_t *partial, out_t *out)
+                                     const acc_t *partial, out_t *out${finish_params})
 {
     const long long k_step = (long long)gridDim.x * blockDim.y;
     for (long long k = (long long)blockIdx.x * blockDim.y + threadIdx.y; k < K; k += k_step) {
         acc_t acc = SG_IDENTITY;
         for (long long g = threadIdx.x; g < G; g += 32) acc = sg_combine(acc, partial[k * G + g]);
         acc = sg_warp_reduce(acc);
-        if (threadIdx.x == 0) sg_store(out[k], acc);
+        if (threadIdx.x == 0) sg_put(out, k, acc${finish_args});
     }
 }

@@ -1,6 +1,8 @@
 """Render one reduction module (``reduce.cu``): a commutative-associative reduction of a
 scalar table op (add, mul, maximum, minimum, and_, or_), optionally over the result of a fused
-elementwise pre-op, for a fixed number of collapsed kept/reduced dimensions."""
+elementwise pre-op and through a fused elementwise epilogue (``post_op``: the reduced value,
+then operands of the output's shape or scalars), for a fixed number of collapsed kept/reduced
+dimensions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,6 +39,17 @@ class ReduceSignature:
     out_dtype: str
     knd: int                       # kept dims after collapsing (>= 1)
     rnd: int                       # reduced dims after collapsing (>= 1)
+    #: scalar op applied to each result with the epilogue operands (its input 0 is the reduced
+    #: value, of ``red_dtype``), or None; out_dtype is then its output's dtype
+    post_op: Any = None
+    post_dtypes: tuple[str, ...] = ()      # the epilogue operands' dtypes
+    post_scalar: tuple[bool, ...] = ()     # which of them are one value (else one per output)
+    red_dtype: str | None = None           # the reduction's own dtype (None: out_dtype)
+
+    @property
+    def reduced_dtype(self) -> str:
+        """The dtype of the reduction's result (before any epilogue)."""
+        return self.red_dtype or self.out_dtype
 
     @property
     def value_dtype(self) -> str:
@@ -51,7 +64,7 @@ class ReduceSignature:
         warp shuffles move; all/any count in int."""
         if self.reduce_op in ("and_", "or_"):
             return "int32"
-        return acc_ctype_for(self.out_dtype)[0]
+        return acc_ctype_for(self.reduced_dtype)[0]
 
     @property
     def vector_width(self) -> int:
@@ -73,9 +86,10 @@ def reduce_formats(sig: ReduceSignature) -> dict[str, str]:
     """name -> struct format of each kernel's arguments."""
     nin = len(sig.in_dtypes)
     meta = "q" * (sig.knd + sig.rnd + nin * (sig.knd + sig.rnd))
-    main = "qqq" + meta + "P" * (nin + 3)      # inputs, out, partial, counters
+    nex = len(sig.post_dtypes)
+    main = "qqq" + meta + "P" * (nin + 3 + nex)   # inputs, out, partial, counters, epilogue's
     formats = {name: main for name in kernel_names(sig)}
-    formats["sg_finish"] = "qqPP"
+    formats["sg_finish"] = "qqPP" + "P" * nex
     return formats
 
 
@@ -122,6 +136,8 @@ def _operands(sig: ReduceSignature) -> str:
     ptrs = [f"    const {t} *in{i};   /* {d} */" for i, (t, d) in enumerate(zip(st, sig.in_dtypes))]
     ptrs += ["    out_t *out;", "    acc_t *partial;     /* G per kept position */",
              "    unsigned int *counters;   /* one per blockIdx.x, zero between launches */"]
+    ptrs += [f"    const {storage_ctype(d)} *ex{i};   /* epilogue operand: {d} */"
+             for i, d in enumerate(sig.post_dtypes)]
     params = ", ".join(f"const {t} x{i}" for i, t in enumerate(st))
     loads = [f"sg_load(x{i})" for i in range(nin)]
     if sig.pre_op is None:
@@ -137,7 +153,7 @@ def _operands(sig: ReduceSignature) -> str:
     out = ["struct sg_rptrs {", *ptrs, "};",
            f"__device__ __forceinline__ acc_t sg_valv({params})", "{", *body, "}",
            "__device__ __forceinline__ acc_t sg_value(const sg_rptrs &p, const long long *off)",
-           "{", f"    return sg_valv({at});", "}"]
+           "{", f"    return sg_valv({at});", "}", *_put(sig)]
     if not sig.vector_width:
         return "\n".join(out)
     item = np.dtype(sig.in_dtypes[0]).itemsize
@@ -173,6 +189,28 @@ def _operands(sig: ReduceSignature) -> str:
     return "\n".join(out)
 
 
+def _put(sig: ReduceSignature) -> list[str]:
+    """sg_put (store kept position k's result, through the epilogue where there is one) and
+    sg_put_p (the same from the kernels' sg_rptrs)."""
+    ex = [f", const {storage_ctype(d)} *ex{i}" for i, d in enumerate(sig.post_dtypes)]
+    head = ("__device__ __forceinline__ void sg_put(out_t *out, const long long k, "
+            f"const acc_t acc{''.join(ex)})")
+    if sig.post_op is None:
+        body = ["    sg_store(out[k], acc);"]
+    else:
+        red = sig.reduced_dtype
+        loads = [f"sg_load(ex{i}[{'0' if scalar else 'k'}])"
+                 for i, scalar in enumerate(sig.post_scalar)]
+        body = [f"    {storage_ctype(red)} red;", "    sg_store(red, acc);",
+                f"    {value_ctype(sig.out_dtype)} o;",
+                f"    sg_post({', '.join(['sg_load(red)'] + loads + ['o'])});",
+                "    sg_store(out[k], o);"]
+    args = "".join(f", p.ex{i}" for i in range(len(sig.post_dtypes)))
+    return [head, "{", *body, "}",
+            "__device__ __forceinline__ void sg_put_p(const sg_rptrs &p, const long long k, "
+            "const acc_t acc)", "{", f"    sg_put(p.out, k, acc{args});", "}"]
+
+
 def render_reduce(sig: ReduceSignature, title: str | None = None) -> str:
     """The CUDA source of the module for ``sig`` (see ``reduce.cu``)."""
     if sig.reduce_op not in REDUCIBLE:
@@ -183,14 +221,28 @@ def render_reduce(sig: ReduceSignature, title: str | None = None) -> str:
         apply_src, outs = render_apply_function(sig.pre_op, sig.in_dtypes)
         if len(outs) != 1:
             raise TypeError(f"a reduction pre-op must have one output, {sig.pre_op} has {len(outs)}")
+    if sig.post_op is not None:
+        if len(sig.post_dtypes) != len(sig.post_scalar):
+            raise ValueError("post_dtypes and post_scalar must have one entry per operand")
+        post_src, outs = render_apply_function(
+            sig.post_op, [sig.reduced_dtype, *sig.post_dtypes], name="sg_post")
+        if outs != [sig.out_dtype]:
+            raise TypeError(f"a reduction epilogue must have one output of {sig.out_dtype}, "
+                            f"{sig.post_op} gives {outs}")
+        apply_src += post_src
     acc = sig.acc_dtype
     pre = f"{sig.pre_op}, " if sig.pre_op is not None else ""
-    label = title or (f"{sig.reduce_op} of {pre}({', '.join(sig.in_dtypes)}) -> {sig.out_dtype}, "
-                      f"{sig.knd} kept / {sig.rnd} reduced dims")
+    post = f", then {sig.post_op}" if sig.post_op is not None else ""
+    label = title or (f"{sig.reduce_op} of {pre}({', '.join(sig.in_dtypes)}){post} -> "
+                      f"{sig.out_dtype}, {sig.knd} kept / {sig.rnd} reduced dims")
+    nex = len(sig.post_dtypes)
     return template("reduce.cu").substitute(
         title=label.replace("*/", "* /"), common=common_source(), apply=apply_src,
         acc_ctype=acc_ctype_for(acc)[1] if acc != "int32" else "int", acc_dtype=acc,
         out_ctype=storage_ctype(sig.out_dtype), out_dtype=sig.out_dtype,
         nin=len(sig.in_dtypes), knd=sig.knd, rnd=sig.rnd, vw=sig.vector_width,
         identity=_identity(sig),
-        combine=_combine(sig), operands=_operands(sig))
+        combine=_combine(sig), operands=_operands(sig),
+        finish_params="".join(f", const {storage_ctype(d)} *ex{i}"
+                              for i, d in enumerate(sig.post_dtypes)),
+        finish_args="".join(f", ex{i}" for i in range(nex)))
