@@ -169,16 +169,23 @@ def bench_symgpu(data) -> None:
                 row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
+#: the flags of symgpu's opt-in reduction epilogues (symgpu/gpu/ops/reduce_epilogue.py)
+EPILOGUES = {"optimizer_including": "gpu_careduce_epilogue"}
+
+
 def symgpu_mlp_contenders(rows: dict) -> None:
-    """symgpu's MLP steps (full float32 and TF32; classic cuBLAS, the default, and cuBLASLt
-    with timed algorithms) added to ``rows`` as (name, step, sync)."""
+    """symgpu's MLP steps (full float32 and TF32; classic cuBLAS, the default, cuBLASLt with
+    timed algorithms, and the opt-in reduction epilogues) added to ``rows`` as (name, step,
+    sync)."""
     import symgpu.gpu
     from symgpu import config
     ctx = symgpu.gpu.init_default_context()
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
     for row_name, tf32 in ((MLP_FP32, False), (MLP_TF32, True)):
-        for who, lt in (("symgpu", False), ("symgpu (cuBLASLt timed)", True)):
-            with config.change_flags(**{"gpuarray.allow_tf32": tf32, "gpuarray.cublaslt": lt}):
+        for who, lt, extra in (("symgpu", False, {}), ("symgpu (cuBLASLt timed)", True, {}),
+                               ("symgpu (reduction epilogues)", False, EPILOGUES)):
+            with config.change_flags(**{"gpuarray.allow_tf32": tf32, "gpuarray.cublaslt": lt},
+                                     **extra):
                 step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
                 step()
             rows[row_name].append((who, step, ctx.synchronize))

@@ -150,3 +150,22 @@ def test_a_full_reductions_epilogue_with_a_scalar_operand(emu):
     (got,), _, _ = run(node, [device_array(emu, x), device_array(emu, np.float32(x.size))])
     assert got.shape == ()
     np.testing.assert_allclose(got, x.sum(dtype="float64") / x.size, rtol=1e-5)
+
+
+def test_an_epilogue_computes_an_update_in_its_variables_buffer(emu):
+    # graph_segment's direct updates: b - lr * d.sum(0) written over b itself
+    rng = np.random.default_rng(9)
+    d = rng.standard_normal((2000, 40)).astype("float32")
+    bias = rng.standard_normal(40).astype("float32")
+    node = GpuCAReduce(SCALAR_OPS["add"], (0,), None, None, _bias_update())(
+        gvar("float32", 2), gvar("float32", 1)).owner
+    b_dev = device_array(emu, bias)
+    thunk, storage = thunk_over(node, [device_array(emu, d), b_dev])
+    assert thunk.write_into == [None]
+    thunk.write_into[0] = b_dev
+    thunk()
+    assert storage[node.outputs[0]][0] is b_dev
+    want = bias - np.float32(0.02) * d.sum(axis=0, dtype="float64").astype("float32")
+    np.testing.assert_allclose(host_view(b_dev), want, rtol=1e-5, atol=1e-5)
+    plain = GpuCAReduce(SCALAR_OPS["add"], (0,))(gvar("float32", 2)).owner
+    assert not hasattr(thunk_over(plain, [device_array(emu, d)])[0], "write_into")

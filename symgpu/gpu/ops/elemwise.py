@@ -660,6 +660,7 @@ class _ReduceThunk:
         reuse = [False]   # graph_plan.mark_reusable_outputs sets it
 
         ex_cells, op = self.ex_cells, self.op
+        into = [None]     # graph_segment sets it for one capture (write_into)
 
         def thunk() -> None:
             activate()
@@ -670,7 +671,11 @@ class _ReduceThunk:
                 got = plans[key] = plan_for(ins)
             p, main, finish, acc_dtype, meta, mode, counters = got
             out = out_cell[0]
-            if not reuse[0] or out is None or out.shape != p.out_shape or \
+            target = into[0]
+            if target is not None and target.shape == tuple(p.out_shape) and \
+                    target.dtype == out_dtype and target.is_c_contiguous:
+                out = target     # an update computed in its variable's buffer (write_into)
+            elif not reuse[0] or out is None or out.shape != p.out_shape or \
                     out.dtype != out_dtype:
                 out = new_array(ctx, p.out_shape, out_dtype)
             ex = [_epilogue_operand(op, c[0], p.out_shape) for c in ex_cells] if ex_cells else ()
@@ -688,6 +693,12 @@ class _ReduceThunk:
 
         thunk.reduce_thunk = self   # type: ignore[attr-defined]  (tests read plans, counters)
         thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
+        if ex_cells:
+            # with an epilogue (a bias's update b - lr * d.sum(0)) the result may be computed
+            # in the updated variable's own buffer under capture (graph_segment's direct
+            # updates): each kept position's thread reads its operands' values there, then
+            # stores its result
+            thunk.write_into = into   # type: ignore[attr-defined]
         return _capturable(thunk)
 
 
