@@ -134,9 +134,10 @@ def test_a_reductions_epilogue_matches_the_two_kernels(emu, axis, shape):
     db = d.sum(axis=axis[0], dtype="float64").astype("float32")     # the reduction's store
     want = bias - np.float32(0.02) * db
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    storage[node.inputs[1]][0] = device_array(emu, bias[:-1])          # the wrong length
-    with pytest.raises(ValueError, match="epilogue operand of shape"):
-        thunk()
+    for wrong in (bias[:-1], bias[:1]):   # the wrong length (one value is no broadcast here)
+        storage[node.inputs[1]][0] = device_array(emu, wrong)
+        with pytest.raises(ValueError, match="epilogue operand of shape"):
+            thunk()
 
 
 def test_a_full_reductions_epilogue_with_a_scalar_operand(emu):

@@ -660,6 +660,7 @@ class _ReduceThunk:
         reuse = [False]   # graph_plan.mark_reusable_outputs sets it
 
         ex_cells, op = self.ex_cells, self.op
+        ex_scalar = [all(v.broadcastable) for v in self.node.inputs[len(in_cells):]]
         into = [None]     # graph_segment sets it for one capture (write_into)
 
         def thunk() -> None:
@@ -678,7 +679,10 @@ class _ReduceThunk:
             elif not reuse[0] or out is None or out.shape != p.out_shape or \
                     out.dtype != out_dtype:
                 out = new_array(ctx, p.out_shape, out_dtype)
-            ex = [_epilogue_operand(op, c[0], p.out_shape) for c in ex_cells] if ex_cells else ()
+            # (the arrays stay referenced here until the launches are queued)
+            ex_arrays = [_epilogue_operand(op, c[0], p.out_shape, sc)
+                         for c, sc in zip(ex_cells, ex_scalar)] if ex_cells else ()
+            ex = [a.ptr for a in ex_arrays]
             if p.K:
                 ptrs = [a.ptr for a in ins]
                 if mode == FINAL:
@@ -702,15 +706,15 @@ class _ReduceThunk:
         return _capturable(thunk)
 
 
-def _epilogue_operand(op: GpuCAReduce, a: Any, out_shape: tuple) -> int:
-    """The address of an epilogue operand as the kernel reads it: one value, or a C-contiguous
-    array of the output's shape (a strided one is copied first)."""
-    if a.size == 1:
-        return a.ptr
+def _epilogue_operand(op: GpuCAReduce, a: Any, out_shape: tuple, scalar: bool) -> Any:
+    """An epilogue operand as the kernel reads it: one value (``scalar``: every dim
+    broadcastable), or a C-contiguous array of the output's shape (a strided one copied)."""
+    if scalar:
+        return a
     if a.shape != tuple(out_shape):
         raise ValueError(f"{op}: an epilogue operand of shape {a.shape} does not match the "
                          f"output's shape {tuple(out_shape)}")
-    return a.ptr if a.is_c_contiguous else a.copy().ptr
+    return a if a.is_c_contiguous else a.copy()
 
 
 def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tuple, list]:
