@@ -472,8 +472,8 @@ class CAReduce(Op):
         return self.L_op(inputs, [self(*inputs)], output_grads)
 
     def infer_shape(self, fgraph, node, input_shapes):
-        """The (broadcast) input shape without the reduced axes (GpuCAReduce shares it: its
-        several inputs broadcast like an Elemwise's)."""
+        """The (broadcast) input shape without the reduced axes (GpuCAReduce's is the same
+        over its reduction's inputs, which broadcast like an Elemwise's)."""
         from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
         shape = elemwise_shape([v.broadcastable for v in node.inputs], input_shapes)
         return [reduce_shape(shape, self.axis)]

@@ -147,7 +147,8 @@ def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list[Variable] 
     elementwise result has no other reader: the reduction reads a, b once and the
     intermediate array is never written."""
     op = node.op
-    if not isinstance(op, GpuCAReduce) or op.pre_scalar_op is not None:
+    if not isinstance(op, GpuCAReduce) or op.pre_scalar_op is not None or \
+            op.post_scalar_op is not None:
         return None
     x = node.inputs[0]
     src = x.owner
