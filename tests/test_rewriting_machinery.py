@@ -257,3 +257,26 @@ def test_optimizer_including_flag_turns_on_an_optional_rewrite():
         assert names(function([x], T.sin(x), mode=Mode("FAST_RUN").including_tags("my_optional_tag"))) == ["cos"]
     finally:
         canonicalize.remove(optional_sin_to_cos)
+
+
+def test_sweep_rewrites_each_node_once_and_keeps_its_trace():
+    from symgpu.graph.rewriting import sweep
+    x = T.dvector("x")
+    fg = FunctionGraph([x], [T.exp(-x) + T.exp(x)], clone=True)
+
+    def name(node):
+        return ew_name(node.outputs[0])
+    for n in fg.apply_nodes:
+        if name(n) == "exp":
+            n.tag.trace = ["made here"]
+
+    def exp_as_expm1(fgraph, node):
+        return [T.expm1(node.inputs[0]) + 1] if name(node) == "exp" else None
+
+    assert sweep(fg, exp_as_expm1, "test") == 2
+    names = [name(n) for n in fg.apply_nodes]
+    assert "exp" not in names and names.count("expm1") == 2
+    new = [n for n in fg.apply_nodes if name(n) == "add"
+           and any(i.owner is not None and name(i.owner) == "expm1" for i in n.inputs)]
+    assert len(new) == 2 and all(n.tag.trace == ["made here"] for n in new)
+    assert sweep(fg, exp_as_expm1, "test") == 0      # nothing left to rewrite

@@ -22,6 +22,7 @@ from typing import Any
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
@@ -79,20 +80,9 @@ def local_careduce_epilogue(fgraph: FunctionGraph, node: Apply) -> list[Variable
     return [new]
 
 
-def gpu_careduce_epilogue(fgraph: FunctionGraph) -> None:
-    """Apply `local_careduce_epilogue` everywhere (one sweep)."""
-    from symgpu.graph.rewriting import InconsistencyError, replace_validate
-    for node in list(fgraph.toposort()):
-        if node not in fgraph.apply_nodes:
-            continue
-        new = local_careduce_epilogue(fgraph, node)
-        if new is None:
-            continue
-        new[0].owner.tag.trace = getattr(node.tag, "trace", [])
-        try:
-            replace_validate(fgraph, [(node.outputs[0], new[0])], reason="gpu_careduce_epilogue")
-        except InconsistencyError:
-            continue
+def gpu_careduce_epilogue(fgraph: FunctionGraph) -> int:
+    """Apply `local_careduce_epilogue` everywhere (one sweep); returns how many fused."""
+    return sweep(fgraph, local_careduce_epilogue, "gpu_careduce_epilogue")
 
 
 # after the pre-op fusion (60): a reduction may have both

@@ -167,18 +167,8 @@ def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list[Variable] 
 
 def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
     """Apply `local_careduce_pre_op` everywhere (one sweep; fused nodes are final)."""
-    from symgpu.graph.rewriting import InconsistencyError, replace_validate
-    for node in list(fgraph.toposort()):
-        if node not in fgraph.apply_nodes:
-            continue
-        new = local_careduce_pre_op(fgraph, node)
-        if new is not None:
-            new[0].owner.tag.trace = getattr(node.tag, "trace", [])
-            try:
-                replace_validate(fgraph, [(node.outputs[0], new[0])],
-                                 reason="local_careduce_pre_op")
-            except InconsistencyError:
-                continue
+    from symgpu.graph.rewriting import sweep
+    sweep(fgraph, local_careduce_pre_op, "local_careduce_pre_op")
 
 
 def gpu_fusion(fgraph: FunctionGraph) -> None:

@@ -22,7 +22,7 @@ from symgpu.graph.fg import FunctionGraph
 __all__ = [
     "NodeRewriter", "node_rewriter", "GraphRewriter", "graph_rewriter", "InconsistencyError",
     "copy_stack_trace", "replace_validate", "apply_node_rewriter", "WalkingRewriter",
-    "in2out", "out2in", "RewriteSettings", "settings",
+    "in2out", "out2in", "RewriteSettings", "settings", "sweep",
 ]
 
 
@@ -178,6 +178,28 @@ def replace_validate(fgraph: FunctionGraph, pairs: Sequence[tuple[Variable, Vari
             if client == "output" or client in fgraph.apply_nodes:
                 fgraph.change_node_input(client, i, old, reason="undo")
         raise
+
+
+def sweep(fgraph: FunctionGraph, local: Callable[[FunctionGraph, Apply], list | None],
+          reason: str) -> int:
+    """Apply ``local(fgraph, node)`` (replacements of the node's first output, or None) to
+    every node once, in topological order: one pass, for fusions whose results are final.
+    The new node keeps the old one's creation trace; a replacement the graph's features
+    refuse is skipped. Returns how many nodes were replaced."""
+    changed = 0
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes:
+            continue
+        new = local(fgraph, node)
+        if new is None:
+            continue
+        new[0].owner.tag.trace = getattr(node.tag, "trace", [])
+        try:
+            replace_validate(fgraph, [(node.outputs[0], new[0])], reason=reason)
+        except InconsistencyError:
+            continue
+        changed += 1
+    return changed
 
 
 def _check_types(old: Variable, new: Variable, name: str) -> Variable:
