@@ -1,0 +1,153 @@
+"""More of symgpu's GPU kernels run on the CPU (tests/cuda_on_host.py, tests/emulated_gpu.py)
+against NumPy, so their indexing, tails and error reports are checked without a GPU."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu.tensor as T
+
+from cuda_on_host import requires_gxx
+from emulated_gpu import device_array, emulated_kernel_device, host_view
+from gpu_helpers import thunk_over
+from symgpu.gpu.placement.type import GpuArrayType
+from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scalar.composite import CompositeBuilder
+from symgpu.tensor.random import philox
+
+pytestmark = requires_gxx
+
+
+@pytest.fixture
+def emu(monkeypatch, tmp_path):
+    return emulated_kernel_device(monkeypatch, tmp_path)
+
+
+def gvar(dtype: str, ndim: int, bcast: tuple | None = None):
+    return GpuArrayType(dtype, bcast or (False,) * ndim, None)()
+
+
+@pytest.fixture
+def launched(emu, monkeypatch):
+    """The names of the kernels launched, in order (to assert the path a thunk took)."""
+    import symgpu.gpu.runtime.codegen.launch as launch
+    names: list[str] = []
+    load = launch.load_kernels
+
+    def recording(*args, **kwargs):
+        kernels = load(*args, **kwargs)
+        for k in kernels.values():
+            go = k.launch
+            k.fast_launcher = (lambda go=go, name=k.name: lambda *a: (names.append(name),
+                                                                      go(*a)))
+        return kernels
+    monkeypatch.setattr(launch, "load_kernels", recording)
+    return names
+
+
+# ----------------------------------------------------------------- Philox draws fused
+
+_STATE = np.asarray([0x12345678, 0x9ABCDEF0, 0xFFFFFFF0, 3], dtype=np.uint32)  # carries
+
+
+def _dropout(dtype: str, keep: float = 0.5):
+    """(x, u) -> (switch(u < keep, x / keep, 0), u, x * u): dropout as the fusion leaves it,
+    with the draw itself and a product that reads every x (dropout hides half the reads)."""
+    b = CompositeBuilder()
+    x, u = b.add_input(dtype), b.add_input(dtype)
+    hit = b.add_op(SCALAR_OPS["lt"], [u, b.add_constant(keep, dtype)])[0]
+    scaled = b.add_op(SCALAR_OPS["true_div"], [x, b.add_constant(keep, dtype)])[0]
+    out = b.add_op(SCALAR_OPS["switch"], [hit, scaled, b.add_constant(0, dtype)])[0]
+    return b.build([out, b.add_op(SCALAR_OPS["identity"], [u])[0],
+                    b.add_op(SCALAR_OPS["mul"], [x, u])[0]])
+
+
+def _fused(scalar_op, pos: int, dist: str, dtype: str, others: list):
+    """The GpuPhiloxElemwise node over `others` (host arrays; one value: a 0-stride scalar)."""
+    from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
+    nd = others[0].ndim
+    sizes = [T.lscalar(f"n{k}") for k in range(nd)]
+    ins = [gvar(str(a.dtype), nd, tuple(n == 1 for n in a.shape)) for a in others]
+    out = GpuPhiloxElemwise(scalar_op, pos, dist, dtype, nd)(gvar("uint32", 1), *sizes, *ins)
+    return (out[0] if isinstance(out, list) else out).owner
+
+
+def _draw(dist: str, dtype: str, shape: tuple) -> np.ndarray:
+    return philox.sample(_STATE, dist, dtype, shape)
+
+
+@pytest.mark.parametrize("dtype,shape,layout", [
+    ("float32", (5, 37), "contig"),        # 185: a part Philox block at the end
+    ("float32", (6, 41), "transposed"),    # the strided kernel, blocks across row ends
+    ("float32", (7, 16), "misaligned"),    # contiguous, a pointer 4 bytes off: per element
+    ("float32", (8, 12), "row"),           # a row broadcast (strides (0, 1)), aligned rows
+    ("float64", (3, 11), "contig"),
+    ("float64", (9, 7), "transposed"),
+])
+def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, shape, layout):
+    rng = np.random.default_rng(shape[0] * shape[1])
+    x = rng.standard_normal(shape).astype(dtype)
+    if layout == "row":
+        x = x[:1]
+    node = _fused(_dropout(dtype), 1, "uniform", dtype, [x])
+    if layout == "transposed":
+        xd = device_array(emu, np.ascontiguousarray(x.T)).transpose()
+    elif layout == "misaligned":
+        from symgpu.gpu.runtime.array import GpuArray, c_strides
+        raw = device_array(emu, np.concatenate([[0], x.ravel()]).astype(dtype))
+        xd = GpuArray.__new__(GpuArray)
+        xd._set(emu, raw.ptr + x.itemsize, x.shape, c_strides(x.shape, x.itemsize), x.dtype,
+                raw)
+    else:
+        xd = device_array(emu, x)
+    thunk, storage = thunk_over(node, [device_array(emu, _STATE), *map(np.int64, shape), xd])
+    thunk()
+    out, mask, prod = (host_view(storage[o][0]) for o in node.outputs)
+    u = _draw("uniform", dtype, shape)
+    np.testing.assert_array_equal(mask, u)                          # bit for bit
+    np.testing.assert_array_equal(prod, x * u)
+    np.testing.assert_array_equal(out, np.where(u < 0.5, x / x.dtype.type(0.5), 0))
+    assert 0.3 < (u < 0.5).mean() < 0.7
+    kind = "contig" if layout in ("contig", "misaligned") else "strided"
+    assert launched == [f"sg_philox_ew_{kind}"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_fused_normal_draw_first_with_a_scalar_operand(emu, launched, dtype):
+    """Draw at position 0, a one-value operand hoisted out of the loop, a normal draw (float64
+    exact; float32 within the emulated sine's error, as the GPU's __sincosf)."""
+    b = CompositeBuilder()
+    z, x, s = b.add_input(dtype), b.add_input(dtype), b.add_input(dtype)
+    op = b.build(b.add_op(SCALAR_OPS["add"], [x, b.add_op(SCALAR_OPS["mul"], [s, z])[0]]))
+    shape = (3, 5, 7)
+    x = np.random.default_rng(2).standard_normal(shape).astype(dtype)
+    s = np.full((1, 1, 1), 0.25, dtype=dtype)
+    node = _fused(op, 0, "normal", dtype, [x, s])
+    thunk, storage = thunk_over(node, [device_array(emu, _STATE), *map(np.int64, shape),
+                                       device_array(emu, x), device_array(emu, s)])
+    thunk()
+    got = host_view(storage[node.outputs[0]][0])
+    want = x + s * _draw("normal", dtype, shape)
+    if dtype == "float64":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+    assert launched == ["sg_philox_ew_contig"]
+
+
+def test_fused_draw_falls_back_when_broadcast_at_run_time(emu, launched):
+    """A draw of (1, n) read against x of (3, n): the draw kernel, then the plain elementwise
+    kernel (the draw's one row broadcast); an empty draw launches nothing."""
+    x = np.random.default_rng(3).standard_normal((3, 10)).astype("float32")
+    node = _fused(SCALAR_OPS["mul"], 1, "uniform", "float32", [x])
+    st = device_array(emu, _STATE)
+    thunk, storage = thunk_over(node, [st, np.int64(1), np.int64(10), device_array(emu, x)])
+    thunk()
+    got = host_view(storage[node.outputs[0]][0])
+    np.testing.assert_array_equal(got, x * _draw("uniform", "float32", (1, 10)))
+    assert launched[0] == "sg_philox_uniform_float32" and len(launched) == 2
+    thunk, storage = thunk_over(node, [st, np.int64(0), np.int64(10),
+                                       device_array(emu, x[:0])])
+    del launched[:]
+    thunk()
+    assert host_view(storage[node.outputs[0]][0]).shape == (0, 10) and launched == []
