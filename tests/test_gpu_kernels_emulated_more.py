@@ -8,7 +8,8 @@ import pytest
 import symgpu.tensor as T
 
 from cuda_on_host import requires_gxx
-from emulated_gpu import device_array, emulated_kernel_device, host_view
+from emulated_gpu import (device_array, emulate_prepared_kernels, emulated_kernel_device,
+                          host_view)
 from gpu_helpers import thunk_over
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS
@@ -21,6 +22,14 @@ pytestmark = requires_gxx
 @pytest.fixture
 def emu(monkeypatch, tmp_path):
     return emulated_kernel_device(monkeypatch, tmp_path)
+
+
+def on_host(ctx, a: np.ndarray):
+    """A GpuArray over NumPy array `a`'s own memory, in its layout (no copy; `a` must live)."""
+    from symgpu.gpu.runtime.array import GpuArray
+    g = GpuArray.__new__(GpuArray)
+    g._set(ctx, a.ctypes.data, a.shape, a.strides, a.dtype, a)
+    return g
 
 
 def gvar(dtype: str, ndim: int, bcast: tuple | None = None):
@@ -151,3 +160,55 @@ def test_fused_draw_falls_back_when_broadcast_at_run_time(emu, launched):
     del launched[:]
     thunk()
     assert host_view(storage[node.outputs[0]][0]).shape == (0, 10) and launched == []
+
+
+# ----------------------------------------------------------------- strided copy and inc
+
+@pytest.fixture
+def copyk(emu, monkeypatch, tmp_path):
+    """symgpu.gpu.runtime.copykernel with its PyCUDA launches run on the host."""
+    from symgpu.gpu.runtime import copykernel
+    emulate_prepared_kernels(monkeypatch, tmp_path, copykernel)
+    return copykernel
+
+
+def _layouts(dtype: str):
+    """(name, source view, the destination array, the view of it written)."""
+    rng = np.random.default_rng(7)
+    big = (rng.standard_normal((6, 9, 10)) * 50).astype(dtype)
+    out = np.full((10, 12, 11), 77, dtype=dtype)
+    yield "transposed", big.transpose(2, 0, 1), out, lambda a: a[:10, :6, :9]
+    yield "negative", big[::-1, ::-2, 3:], out, lambda a: a[1:7, ::-2, 2:9][:, :5]
+    yield "broadcast", np.broadcast_to(big[2, :, 4:5], (4, 9, 3)), out, \
+        lambda a: a[2:6, 1:10, ::-4]
+    yield "scalar", big[1, 2, 3:4].reshape(()), out, lambda a: a[5, 5, 5:6].reshape(())
+    yield "contiguous", big, out, lambda a: a.reshape(-1)[7:547].reshape(6, 9, 10)
+    eight = np.arange(2 ** 8, dtype="float64").astype(dtype).reshape((2,) * 8)
+    yield "eight axes", eight.transpose(7, 6, 5, 4, 3, 2, 1, 0)[..., ::-1], \
+        np.full((2,) * 8 + (3,), 77, dtype=dtype), lambda a: a[..., 1]
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float32", "int64"])
+def test_strided_copy_matches_numpy_assignment(emu, copyk, dtype):
+    """Every item size, any layout (transposed, negative, broadcast, 0-d, merged to one axis,
+    eight axes left after merging): the view gets the source, nothing else is written."""
+    for name, src, out, view in _layouts(dtype):
+        dst, want = view(out), out.copy()
+        view(want)[...] = src
+        copyk.strided_copy(emu, src.ctypes.data, dst.ctypes.data, src.shape, src.strides,
+                           dst.strides, src.itemsize)
+        np.testing.assert_array_equal(out, want, err_msg=name)
+    nine = np.zeros((2,) * 9, dtype=dtype).transpose(8, 7, 6, 5, 4, 3, 2, 1, 0)
+    with pytest.raises(ValueError, match="at most 8"):
+        copyk.strided_copy(emu, nine.ctypes.data, nine.ctypes.data, nine.shape, nine.strides,
+                           nine.strides, nine.itemsize)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "int32", "uint64"])
+def test_strided_inc_matches_numpy_add(emu, copyk, dtype):
+    """dst[...] += src for each dtype's own kernel (wrapping integers as NumPy's do)."""
+    for name, src, out, view in _layouts(dtype):
+        want = out.copy()
+        view(want)[...] += src
+        copyk.strided_inc(on_host(emu, view(out)), on_host(emu, src))
+        np.testing.assert_array_equal(out, want, err_msg=name)
