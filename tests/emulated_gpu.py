@@ -48,7 +48,18 @@ class EmulatedCtx(FakeCtx):
     name, stream = "emulated", None
 
     def __init__(self) -> None:
+        from symgpu.gpu.runtime.device_checks import DeviceChecks, page_aligned
         self.pool = HostMemoryPool()
+        pages: list[np.ndarray] = []
+
+        def host_slots(n: int):
+            """n zeroed report slots on a page of host memory (the mapped memory's stand-in:
+            a kernel's report also sets its page's first word)."""
+            raw = np.zeros((n + 256, 2), dtype=np.uint64)
+            pages.append(raw)
+            return page_aligned(raw, raw.ctypes.data, n)
+        #: the checking kernels' report slots (device_checks.py), read by raise_device_errors
+        self.device_checks = DeviceChecks(host_slots)
 
     def synchronize(self) -> None:
         pass

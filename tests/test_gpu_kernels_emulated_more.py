@@ -212,3 +212,91 @@ def test_strided_inc_matches_numpy_add(emu, copyk, dtype):
         view(want)[...] += src
         copyk.strided_inc(on_host(emu, view(out)), on_host(emu, src))
         np.testing.assert_array_equal(out, want, err_msg=name)
+
+
+# ----------------------------------------------------------------- cross-entropy
+
+@pytest.fixture
+def xent(emu, monkeypatch, tmp_path):
+    """symgpu.gpu.ops.crossentropy with its kernels run on the host."""
+    from symgpu.gpu.ops import crossentropy
+    emulate_prepared_kernels(monkeypatch, tmp_path, crossentropy)
+    return crossentropy
+
+
+def _probs(rng, n: int, k: int, dtype: str) -> np.ndarray:
+    """Positive rows of n x k, transposed in memory (element strides (1, n))."""
+    return np.ascontiguousarray(rng.uniform(0.05, 1.0, (k, n)).astype(dtype)).T
+
+
+def _labels(rng, n: int, k: int, idt: str) -> np.ndarray:
+    """n labels in [0, k) read with a stride of 2."""
+    return rng.integers(0, k, 2 * n).astype(idt)[::2]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+def test_crossentropy_forward_matches_numpy_and_reports_a_bad_label(emu, xent, dtype, idt):
+    """-log p[i, y_i] read through p's and y's strides; a label of k or -1 (no counting from
+    the end, as the CPU op) is reported and raised at the next sync, naming the label."""
+    from symgpu.gpu.runtime.device_checks import raise_device_errors
+    rng = np.random.default_rng(11)
+    n, k = 300, 7                                   # two blocks of 256 threads
+    p, y = _probs(rng, n, k, dtype), _labels(rng, n, k, idt)
+    node = xent.GpuCrossentropyCategorical1Hot()(gvar(dtype, 2), gvar(idt, 1)).owner
+
+    def run(y):
+        out = [None]
+        node.op.perform(node, [on_host(emu, p), on_host(emu, y)], [out])
+        return host_view(out[0])
+
+    got = run(y)
+    want = -np.log(p[np.arange(n), y])
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14)
+    raise_device_errors(emu)                        # nothing reported
+    for bad in (k, -1):
+        y_bad = y.copy()
+        y_bad[257] = bad
+        got = run(y_bad)
+        with pytest.raises(ValueError, match=rf"in \[0, {k}\).*got label {bad}"):
+            raise_device_errors(emu)
+        keep = np.arange(n) != 257                  # the bad row is left unwritten
+        np.testing.assert_allclose(got[keep], want[keep], rtol=1e-6)
+        raise_device_errors(emu)                    # cleared once raised
+
+
+@pytest.mark.parametrize("dtype,g_dtype", [("float32", "float32"), ("float32", "float64"),
+                                           ("float64", "float32"), ("float64", "float64")])
+@pytest.mark.parametrize("g_shape", ["scalar", "one", "rows"])
+def test_crossentropy_grad_matches_numpy(emu, xent, monkeypatch, dtype, g_dtype, g_shape):
+    """-g_i / p[i, y_i] at (i, y_i), 0 elsewhere (every element written: the output starts
+    as garbage), the quotient in the wider dtype; g a scalar, one value or one per row."""
+    from symgpu.gpu.runtime.device_checks import raise_device_errors
+    rng = np.random.default_rng(12)
+    n, k = 45, 13
+    p, y = _probs(rng, n, k, dtype), _labels(rng, n, k, "int64")
+    g = {"scalar": rng.standard_normal(()), "one": rng.standard_normal(1),
+         "rows": rng.standard_normal(2 * n)[::-2]}[g_shape].astype(g_dtype)
+    node = xent.GpuCrossentropyCategorical1HotGrad()(
+        gvar(g_dtype, g.ndim), gvar(dtype, 2), gvar("int64", 1)).owner
+    allocate = emu.pool.allocate
+
+    def dirty(nbytes):                              # pool memory is not zeroed on a GPU
+        block = allocate(nbytes)
+        emu.pool.buffers[block.ptr][...] = 0xAB
+        return block
+    monkeypatch.setattr(emu.pool, "allocate", dirty)
+    out = [None]
+    node.op.perform(node, [on_host(emu, g), on_host(emu, p), on_host(emu, y)], [out])
+    got = host_view(out[0])
+    gb = np.broadcast_to(g, (n,))
+    want = np.zeros((n, k), dtype=dtype)
+    wide = np.result_type(dtype, g_dtype)
+    want[np.arange(n), y] = (-gb.astype(wide) / p[np.arange(n), y].astype(wide)).astype(dtype)
+    assert got.dtype == dtype and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
+    raise_device_errors(emu)
+    y[::7] = k + 2                                  # several bad labels: one is reported
+    node.op.perform(node, [on_host(emu, g), on_host(emu, p), on_host(emu, y)], [out])
+    with pytest.raises(ValueError, match=rf"got label {k + 2}"):
+        raise_device_errors(emu)
