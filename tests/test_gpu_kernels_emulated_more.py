@@ -300,3 +300,46 @@ def test_crossentropy_grad_matches_numpy(emu, xent, monkeypatch, dtype, g_dtype,
     node.op.perform(node, [on_host(emu, g), on_host(emu, p), on_host(emu, y)], [out])
     with pytest.raises(ValueError, match=rf"got label {k + 2}"):
         raise_device_errors(emu)
+
+
+# ----------------------------------------------------------------- argmax / argmin
+
+@pytest.fixture
+def argk(emu, monkeypatch, tmp_path):
+    """GpuArgmax's kernels (and the strided copy that lays a reduced axis last) on the host."""
+    from symgpu.gpu.ops import nnet
+    from symgpu.gpu.runtime import copykernel
+    emulate_prepared_kernels(monkeypatch, tmp_path, nnet, copykernel)
+    return nnet.GpuArgmax
+
+
+def _ties(rng, shape: tuple, dtype: str) -> np.ndarray:
+    """Few distinct values (ties in every row), NaNs in float rows: one late in a row (past
+    the first 256, another thread's part), one row all NaN, one row NaN twice."""
+    info = np.iinfo(dtype) if dtype[0] in "iu" else None
+    x = rng.integers(0, 6, shape).astype(dtype)
+    if info is not None:
+        x = (x.astype("float64") * (info.max // 6) + info.min * (info.min < 0) // 2).astype(dtype)
+    else:
+        x2 = x.reshape(-1, shape[-1])
+        x2[0, -1] = x2[1, 3] = x2[1, shape[-1] // 2] = np.nan
+        x2[2] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("dtype,shape", [("float32", (7, 300)), ("float64", (5, 3, 41)),
+                                         ("int8", (6, 513)), ("uint64", (4, 260)),
+                                         ("int32", (9, 1))])
+@pytest.mark.parametrize("kind", ["max", "min"])
+def test_argmax_resolves_ties_and_nans_to_the_first_index(emu, argk, dtype, shape, kind):
+    """Every axis (the last in place, others laid last by the strided copy) and the flattened
+    array: NumPy's index, ties and NaNs resolved to the first."""
+    x = _ties(np.random.default_rng(len(shape) + shape[-1]), shape, dtype)
+    ref = np.argmax if kind == "max" else np.argmin
+    for axis in [*range(x.ndim), None]:
+        node = argk(axis, kind)(gvar(dtype, x.ndim)).owner
+        out = [None]
+        node.op.perform(node, [device_array(emu, x)], [out])
+        got = host_view(out[0])
+        np.testing.assert_array_equal(got, ref(x, axis=axis), err_msg=f"axis {axis}")
+        assert got.dtype == np.int64
