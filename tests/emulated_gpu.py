@@ -5,18 +5,23 @@ device memory that is host memory and every launch run by tests/cuda_on_host.py.
 zeroed host buffers (a GpuArray's ``ptr`` is a host address) and makes ``load_kernels``
 compile each module as host C++ (every kernel of it wrapped with ``EMU_KERNEL``): a thunk's
 ``launch(grid, block, *args)`` packs its arguments as it does for cuLaunchKernel and runs the
-kernel there and then. ``device_array`` / ``host_view`` move values in and out. What is not
-emulated: the driver (copies, memsets other than ``fill``), cuBLAS, PyCUDA's own launches.
+kernel there and then. ``device_array`` / ``host_view`` move values in and out.
+``emulate_prepared_kernels(monkeypatch, directory, *modules)`` does the same for the ops that
+launch through PyCUDA (``get_prepared_kernel`` as each of ``modules`` imported it): a
+Function whose ``prepared_call`` / ``prepared_async_call`` run the kernel on the host. What is
+not emulated: the driver (copies, memsets other than ``fill``), cuBLAS.
 """
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
+import subprocess
 from typing import Any
 
 import numpy as np
 
-from cuda_on_host import build
+from cuda_on_host import FP16_SHIM, PRELUDE, build
 from gpu_helpers import FakeCtx
 
 _ALIGN = 256
@@ -40,10 +45,21 @@ class HostMemoryPool:
 class EmulatedCtx(FakeCtx):
     """A context whose device memory is host memory (see the module docstring)."""
 
-    name = "emulated"
+    name, stream = "emulated", None
 
     def __init__(self) -> None:
+        from symgpu.gpu.runtime.device_checks import DeviceChecks, page_aligned
         self.pool = HostMemoryPool()
+        pages: list[np.ndarray] = []
+
+        def host_slots(n: int):
+            """n zeroed report slots on a page of host memory (the mapped memory's stand-in:
+            a kernel's report also sets its page's first word)."""
+            raw = np.zeros((n + 256, 2), dtype=np.uint64)
+            pages.append(raw)
+            return page_aligned(raw, raw.ctypes.data, n)
+        #: the checking kernels' report slots (device_checks.py), read by raise_device_errors
+        self.device_checks = DeviceChecks(host_slots)
 
     def synchronize(self) -> None:
         pass
@@ -124,3 +140,50 @@ def emulated_kernel_device(monkeypatch, directory) -> EmulatedCtx:
         return self
     monkeypatch.setattr(GpuArray, "fill", fill)
     return ctx
+
+
+class _PreparedFunction:
+    """PyCUDA's prepared Function, emulated: its calls run the kernel there and then."""
+
+    def __init__(self, kernel: _EmulatedKernel) -> None:
+        self.kernel = kernel
+
+    def prepared_call(self, grid: tuple, block: tuple, *args: Any) -> None:
+        self.kernel.launch(grid, block, *args)
+
+    def prepared_async_call(self, grid: tuple, block: tuple, stream: Any, *args: Any) -> None:
+        self.kernel.launch(grid, block, *args)
+
+
+def _entry_points(source: str, directory) -> list[str]:
+    """The names of ``source``'s kernels (extern "C" functions once its macros are expanded:
+    __global__ is nothing on the host)."""
+    cpp = directory / "entry_points.cpp"
+    cpp.write_text(PRELUDE + "\n" + source)
+    proc = subprocess.run(["g++", "-std=c++17", "-E", "-P", "-I", str(directory), str(cpp)],
+                          capture_output=True, text=True, check=True)
+    body = proc.stdout[proc.stdout.rfind("emu_call_impl"):]
+    return list(dict.fromkeys(re.findall(r'extern "C"\s+void\s+(\w+)\s*\(', body)))
+
+
+#: host builds of get_prepared_kernel's modules, by source (kept for the test session)
+_PREPARED_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def emulate_prepared_kernels(monkeypatch, directory, *modules: Any) -> None:
+    """Make ``get_prepared_kernel``, as each of ``modules`` imported it, build its module as
+    host C++ (every kernel wrapped; once per source in the session) and return a host-run
+    Function."""
+    def get_prepared_kernel(key, source_factory, fn_name, signature, options=(),
+                            context=None):
+        source = source_factory()
+        lib = _PREPARED_LIBS.get(source)
+        if lib is None:
+            sub = directory / f"p{len(_PREPARED_LIBS)}"
+            sub.mkdir()
+            (sub / "cuda_fp16.h").write_text(FP16_SHIM)
+            wraps = "\n".join(f"EMU_KERNEL({n})" for n in _entry_points(source, sub))
+            lib = _PREPARED_LIBS[source] = build(source, wraps, sub)
+        return _PreparedFunction(_EmulatedKernel(lib, fn_name, signature))
+    for module in modules:
+        monkeypatch.setattr(module, "get_prepared_kernel", get_prepared_kernel)
