@@ -169,13 +169,14 @@ def bench_symgpu(data) -> None:
                 row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
-#: the flags of symgpu's opt-in reduction epilogues (symgpu/gpu/ops/reduce_epilogue.py)
-EPILOGUES = {"optimizer_including": "gpu_careduce_epilogue"}
+#: the flags of symgpu's opt-in fusions, not yet in fast_run: reduction epilogues
+#: (symgpu/gpu/ops/reduce_epilogue.py) and the arange-free gather (symgpu/gpu/ops/take_rows.py)
+OPT_IN = {"optimizer_including": "gpu_careduce_epilogue:gpu_take_rows"}
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:
     """symgpu's MLP steps (full float32 and TF32; classic cuBLAS, the default, cuBLASLt with
-    timed algorithms, and the opt-in reduction epilogues) added to ``rows`` as (name, step,
+    timed algorithms, and the opt-in fusions of OPT_IN) added to ``rows`` as (name, step,
     sync)."""
     import symgpu.gpu
     from symgpu import config
@@ -183,7 +184,7 @@ def symgpu_mlp_contenders(rows: dict) -> None:
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
     for row_name, tf32 in ((MLP_FP32, False), (MLP_TF32, True)):
         for who, lt, extra in (("symgpu", False, {}), ("symgpu (cuBLASLt timed)", True, {}),
-                               ("symgpu (reduction epilogues)", False, EPILOGUES)):
+                               ("symgpu (opt-in fusions)", False, OPT_IN)):
             with config.change_flags(**{"gpuarray.allow_tf32": tf32, "gpuarray.cublaslt": lt},
                                      **extra):
                 step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))

@@ -83,7 +83,7 @@ from symgpu.scalar.basic import SCALAR_OPS  # noqa: E402
 
 G = {}
 for _mod in ("placement.basic_ops", "ops.blas", "ops.subtensor", "ops.advanced", "ops.nnet", "ops.crossentropy", "ops.elemwise",
-             "ops.kernel_op", "ops.softmax_rows", "ops.nll_grad"):
+             "ops.kernel_op", "ops.softmax_rows", "ops.nll_grad", "ops.take_rows"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 
 ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
@@ -290,6 +290,12 @@ CASES: dict[type, list[Case]] = {
               r(3), np.abs(r(3, 4)) + .1, i64([0, 3, 1]))],
     G["GpuSoftmaxRows"]: [gcase(lambda x: G["GpuSoftmaxRows"](True)(x),
                                 lambda x: T.nnet.log_softmax(x), "g", r(2, 3, 4))],
+    G["GpuTakeRows"]: [gcase(lambda x, r, b: G["GpuTakeRows"]()(x, r, b),
+                             lambda x, r, b: x[T.arange(r), b], "ghg", r(5, 3), i64(5),
+                             i64([0, 2, 1, 0, 2])),
+                       gcase(lambda x, r, b: G["GpuTakeRows"]()(x, r, b),
+                             lambda x, r, b: x[T.arange(r), b], "ghg", r(5, 3), i64(1),
+                             i64([0, 2, 1]))],
     G["GpuNLLGrad"]: [gcase(lambda v, m, n, y: G["GpuNLLGrad"]()(v, m, n, y),
                             lambda v, m, n, y: m, "gghg", r(3), r(3, 4), i64(3),
                             i64([0, 3, 1]))],

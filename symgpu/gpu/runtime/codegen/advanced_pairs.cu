@@ -10,18 +10,19 @@ __device__ __forceinline__ void atomic_inc(long long *p, long long v)
 
 /* Pair i of n: a read with stride as (0: broadcast), b with bs; both checked against
    (rows, cols). MODE 0: dst[i] = src[ja*s0 + jb*s1]; MODE 1: dst[ja*s0 + jb*s1] = src[i*vs];
-   MODE 2: the same added atomically. */
-template <typename T, typename I, typename J, int MODE>
+   MODE 2: the same added atomically. IOTA: a is not read, a[i * as] is i * as (the rows
+   arange(0, r) of x[arange(r), b], as 0 where r is 1). */
+template <typename T, typename I, typename J, int MODE, bool IOTA = false>
 __device__ __forceinline__ void pairs_body(T *dst, const T *src, long long vs, const I *a,
     long long as, const J *b, long long bs, long long n, long long rows, long long cols,
     long long s0, long long s1, unsigned long long *slot)
 {
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        long long ja = (long long)a[i * as], jb = (long long)b[i * bs];
+        long long ja = IOTA ? i * as : (long long)a[i * as], jb = (long long)b[i * bs];
         if (ja < 0) ja += rows;
         if (jb < 0) jb += cols;
-        if (ja < 0 || ja >= rows) { report(slot, (long long)a[i * as]); continue; }
+        if (ja < 0 || ja >= rows) { report(slot, IOTA ? ja : (long long)a[i * as]); continue; }
         if (jb < 0 || jb >= cols) { report(slot, (long long)b[i * bs]); continue; }
         const long long at = ja * s0 + jb * s1;
         if (MODE == 0) dst[i] = src[at];
@@ -43,6 +44,15 @@ extern "C" __global__ void ${name}(${t} *dst, const ${t} *src,
     long long vs, const ${at} *a, long long as, const ${bt} *b, long long bs, long long n,
     long long rows, long long cols, long long s0, long long s1, unsigned long long *slot)
 { pairs_body<${t}, ${at}, ${bt}, ${mode}>(dst, src, vs, a, as, b, bs, n, rows, cols, s0, s1, slot); }
+//@ take_rows
+
+extern "C" __global__ void ${name}(${t} *dst, const ${t} *src,
+    long long vs, const long long *a, long long as, const ${bt} *b, long long bs, long long n,
+    long long rows, long long cols, long long s0, long long s1, unsigned long long *slot)
+{
+    pairs_body<${t}, long long, ${bt}, 0, true>(dst, src, vs, a, as, b, bs, n, rows, cols, s0,
+                                                  s1, slot);
+}
 //@ arange
 
 extern "C" __global__ void arange_${idt}(${it} *out, long long start, long long step, long long n)
