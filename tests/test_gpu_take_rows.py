@@ -103,3 +103,31 @@ def test_the_tutorials_nll_gathers_without_an_arange_when_asked():
 @requires_nvcc
 def test_the_take_rows_module_compiles(tmp_path):
     assert compile_for_sm90(tr.take_rows_source(), tmp_path)
+
+
+def test_the_minibatch_step_stays_one_captured_segment_with_both_opt_in_fusions():
+    """The tutorials' minibatch step (tests/test_gpu_advanced_pairs.py) with gpu_take_rows and
+    gpu_careduce_epilogue: the mean's divisor still comes from shapes on the host, so the
+    step is still one capturable segment."""
+    import symgpu.tensor as T
+    from gpu_helpers import assert_one_segment
+    from symgpu import function
+    gpu = lambda dt, *bc: GpuArrayType(dt, bc, None)()   # noqa: E731
+    flags = {"floatX": "float32", "optimizer_including": "gpu_careduce_epilogue:gpu_take_rows"}
+    with config.change_flags(**flags), virtual_context(None):
+        sx, sy = gpu("float32", False, False), gpu("int32", False)
+        w1, w2 = gpu("float32", False, False), gpu("float32", False, False)
+        b1, b2 = gpu("float32", False), gpu("float32", False)
+        i = T.lscalar("i")
+        x, y = sx[i * 128:(i + 1) * 128], sy[i * 128:(i + 1) * 128]
+        p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, w1) + b1), w2) + b2)
+        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
+        ps = [w1, b1, w2, b2]
+        f = function([i, sx, sy] + ps,
+                     [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])
+    nodes = f.maker.fgraph.toposort()
+    names = {type(n.op).__name__ for n in nodes}
+    assert "GpuTakeRows" in names and "GpuARange" not in names
+    assert any(type(n.op).__name__ == "GpuCAReduce" and n.op.post_scalar_op is not None
+               for n in nodes)
+    assert_one_segment(nodes)
