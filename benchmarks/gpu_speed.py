@@ -170,8 +170,10 @@ def bench_symgpu(data) -> None:
 
 
 #: the flags of symgpu's opt-in fusions, not yet in fast_run: reduction epilogues
-#: (symgpu/gpu/ops/reduce_epilogue.py) and the arange-free gather (symgpu/gpu/ops/take_rows.py)
-OPT_IN = {"optimizer_including": "gpu_careduce_epilogue:gpu_take_rows"}
+#: (symgpu/gpu/ops/reduce_epilogue.py), the arange-free gather (symgpu/gpu/ops/take_rows.py)
+#: and the Philox state advanced by the fused draw (symgpu/gpu/ops/random_fusion.py)
+OPT_IN = {"optimizer_including":
+          "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"}
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:

@@ -62,13 +62,18 @@ class _Kernel:
                     words(out, 4, np.uint32)[:] = new
             elif name.startswith("sg_philox_ew_"):
                 assert name == "sg_philox_ew_contig", "the fake device has contiguous operands"
-                _, scalar_op, dtypes, scal, pos, dist, _ndim = key
+                _, scalar_op, dtypes, scal, pos, dist, _ndim, advance = key
                 st, n, ptrs = args[0], args[1], args[2:]
                 n_in = len(dtypes) - 1
+                if advance:           # the last pointer: the state after the draw
+                    ptrs, st_next = ptrs[:-1], ptrs[-1]
 
                 def k():
                     state = words(st, 4, np.uint32).copy()
                     draw = philox.sample(state, dist, dtypes[pos], (n,))
+                    if advance:
+                        words(st_next, 4, np.uint32)[:] = philox.advance(
+                            state, philox.blocks(n, dtypes[pos]))
                     others = [words(p, 1 if s else n, d) for p, d, s in zip(
                         ptrs[:n_in], [d for i, d in enumerate(dtypes) if i != pos],
                         [s for i, s in enumerate(scal) if i != pos])]

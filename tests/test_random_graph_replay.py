@@ -34,10 +34,11 @@ def fake_gpu(monkeypatch):
     yield from fakes.use_fake_gpu(monkeypatch)
 
 
-def _dropout_step(graphs_on: bool = True):
+def _dropout_step(graphs_on: bool = True, fold_advance: bool = False):
     """w <- w - 0.5 * mask * 2 * (mask * (x + 1)) with the mask drawn twice from one state
     (forward and backward, as gpu_philox_fusion leaves a dropout layer), the state advanced
-    by GpuPhiloxAdvance: the shape of the MLP step's random part."""
+    by GpuPhiloxAdvance: the shape of the MLP step's random part (``fold_advance``: the
+    advance folded into a fused draw by gpu_philox_advance_fusion)."""
     ctx = fakes.CTX_OBJ
     x = GpuArrayType("float32", (False,), CTX)("x")
     w = GpuArrayType("float32", (False,), CTX)("w")
@@ -51,6 +52,9 @@ def _dropout_step(graphs_on: bool = True):
     st_new = GpuPhiloxAdvance("float32", CTX)(st, n)
     fg = FunctionGraph([x, w, st], [fwd, w_new, st_new], clone=False)
     fg.update_mapping = {1: 1, 2: 2}
+    if fold_advance:
+        from symgpu.gpu.ops.random_fusion import gpu_philox_advance_fusion
+        assert gpu_philox_advance_fusion(fg) == 1
     xv = upload(ctx, np.arange(10, dtype="float32"))
     values = [xv, upload(ctx, np.ones(10, dtype="float32")), pf.upload_state(ctx, SEED_STATE)]
     storage = {v: [a] for v, a in zip(fg.inputs, values)}
@@ -97,8 +101,11 @@ def test_the_step_is_one_segment_and_the_state_is_copied_back():
     assert backs == {("FakeKernelOp", "w"), ("GpuPhiloxAdvance", "state")}, backs
 
 
-def test_the_step_captures_once_then_replays_drawing_fresh_numbers():
-    vm, fg = _dropout_step()
+@pytest.mark.parametrize("fold_advance", [False, True])
+def test_the_step_captures_once_then_replays_drawing_fresh_numbers(fold_advance):
+    vm, fg = _dropout_step(fold_advance=fold_advance)
+    if fold_advance:   # the fused draw writes the next state: no advance launch is left
+        assert "GpuPhiloxAdvance" not in {type(n.op).__name__ for n in vm.nodes}
     state_cell = vm.storage_map[fg.inputs[2]]
     ptr = state_cell[0].ptr
     want = _expected(12)

@@ -27,8 +27,8 @@ from symgpu.gpu.runtime.codegen import common_source, sections
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, PHILOX_CUDA, GpuPhiloxSample, grid_for,
-                               sample_kernel_name)
+from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, PHILOX_CUDA, GpuPhiloxAdvance,
+                                   GpuPhiloxSample, grid_for, sample_kernel_name)
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.basic import _as_int_scalar
 
@@ -42,14 +42,17 @@ _PACK_CUDA = _CU[""].substitute()
 
 
 def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inputs: Sequence[bool],
-                           sample_pos: int, dist: str, ndim: int) -> str:
+                           sample_pos: int, dist: str, ndim: int, advance: bool = False) -> str:
     """The CUDA module of a GpuPhiloxElemwise: `sg_philox_ew_contig` (every full operand
     C-contiguous in the output's shape; a thread's 4 (float32 draws) or 2 (float64) elements
     are loaded and stored as one aligned access per operand where the pointers allow) and
     `sg_philox_ew_strided` (element strides, 0 where broadcast, over `ndim` dimensions).
 
     `in_dtypes`/`scalar_inputs` describe the elementwise op's inputs, the draw included at
-    `sample_pos` (its dtype is the draw's)."""
+    `sample_pos` (its dtype is the draw's). With `advance` the kernels take a last argument
+    `st_next`, where one thread writes the state after the draw (GpuPhiloxAdvance's numbers:
+    the counter moved on by the draw's blocks), into a buffer of its own: other threads still
+    read `st`."""
     in_dtypes, scalar_inputs = list(in_dtypes), list(scalar_inputs)
     dtype = in_dtypes[sample_pos]
     vt, per = GPU_RANDOM_DTYPES[dtype]
@@ -189,12 +192,21 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
             "            continue;",
             "        }"]
 
-    contig = body(lambda i: "i", [], vector=True)
+    next_state = [
+        "    if (blockIdx.x == 0 && threadIdx.x == 0) {",
+        f"        const unsigned long long c = ((((unsigned long long)st[3]) << 32) | st[2]) "
+        f"+ (unsigned long long)((n + {per} - 1) / {per});",
+        "        st_next[0] = st[0]; st_next[1] = st[1];",
+        "        st_next[2] = (unsigned int)c; st_next[3] = (unsigned int)(c >> 32);",
+        "    }"] if advance else []
+    tail = ["unsigned int *st_next"] if advance else []
+    contig = "\n".join([*next_state, body(lambda i: "i", [], vector=True)])
     oaligned = [f"sg_rp_aligned<{per}>(out{j})" for j in range(len(outs))]
-    strided = "\n".join([f"    const bool ovec = {' && '.join(oaligned)};",
+    strided = "\n".join([*next_state, f"    const bool ovec = {' && '.join(oaligned)};",
                          body(lambda i: f"o{i}", unravel("i", ""), vector=False)])
-    sig_contig = ", ".join(["const unsigned int *st", "long long n", *ptrs])
-    sig_strided = ", ".join(["const unsigned int *st", "long long n", *dims, *strides, *ptrs])
+    sig_contig = ", ".join(["const unsigned int *st", "long long n", *ptrs, *tail])
+    sig_strided = ", ".join(["const unsigned int *st", "long long n", *dims, *strides, *ptrs,
+                             *tail])
     return "\n".join([
         f"/* symgpu: Philox {dist} {dtype} draw fused into {str(scalar_op).replace('*/', '* /')} */",
         common_source(), PHILOX_CUDA, _PACK_CUDA, apply_src,
@@ -211,16 +223,20 @@ class GpuPhiloxElemwise(Op):
 
     Inputs: (state, *size (ndim int scalars), *the elementwise op's other inputs)."""
 
-    __props__ = ("scalar_op", "sample_pos", "dist", "dtype", "ndim")
+    __props__ = ("scalar_op", "sample_pos", "dist", "dtype", "ndim", "advance")
 
-    def __init__(self, scalar_op: Any, sample_pos: int, dist: str, dtype: str, ndim: int):
+    def __init__(self, scalar_op: Any, sample_pos: int, dist: str, dtype: str, ndim: int,
+                 advance: bool = False):
         if dtype not in GPU_RANDOM_DTYPES:
             raise ValueError(f"GpuPhiloxElemwise: no kernel for draws of {dtype}")
         self.scalar_op, self.sample_pos = scalar_op, int(sample_pos)
         self.dist, self.dtype, self.ndim = dist, dtype, int(ndim)
+        #: a last output, the state after the draw (GpuPhiloxAdvance's), written by the kernel
+        self.advance = bool(advance)
 
     def __str__(self) -> str:
-        return f"GpuPhiloxElemwise{{{self.dist},{self.dtype},{self.scalar_op}}}"
+        adv = ",advance" if self.advance else ""
+        return f"GpuPhiloxElemwise{{{self.dist},{self.dtype},{self.scalar_op}{adv}}}"
 
     def make_node(self, state: Any, *rest: Any) -> Apply:
         size = [_as_int_scalar(s, f"{self}: size entry") for s in rest[: self.ndim]]
@@ -234,8 +250,10 @@ class GpuPhiloxElemwise(Op):
         outs = output_dtypes(self.scalar_op, [v.dtype for v in ins])
         bcast = draw.broadcastable
         ctx_name = state.type.context_name
-        return Apply(self, [draw.owner.inputs[0], *size, *others],
-                     [GpuArrayType(d, bcast, ctx_name)() for d in outs])
+        state = draw.owner.inputs[0]
+        extra = [state.type()] if self.advance else []
+        return Apply(self, [state, *size, *others],
+                     [GpuArrayType(d, bcast, ctx_name)() for d in outs] + extra)
 
     def _layout(self, node: Apply) -> tuple[list[str], list[bool]]:
         others = node.inputs[1 + self.ndim:]
@@ -248,19 +266,21 @@ class GpuPhiloxElemwise(Op):
     def _key(self, node: Apply) -> tuple:
         dtypes, scal = self._layout(node)
         return ("symgpu.philox_elemwise", self.scalar_op, tuple(dtypes), tuple(scal),
-                self.sample_pos, self.dist, self.ndim)
+                self.sample_pos, self.dist, self.ndim, self.advance)
 
     def _source(self, node: Apply) -> Callable[[], str]:
         dtypes, scal = self._layout(node)
         return lambda: render_philox_elemwise(self.scalar_op, dtypes, scal, self.sample_pos,
-                                              self.dist, self.ndim)
+                                              self.dist, self.ndim, self.advance)
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         from symgpu.gpu.ops.random import _MODULE_KEY, random_source
         return [(self._key(node), self._source(node), ()), (_MODULE_KEY, random_source, ())]
 
     def infer_shape(self, fgraph, node, input_shapes):
-        return [tuple(node.inputs[1:1 + self.ndim])] * len(node.outputs)
+        n_ew = len(node.outputs) - self.advance
+        return [tuple(node.inputs[1:1 + self.ndim])] * n_ew + \
+            ([input_shapes[0]] if self.advance else [])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
@@ -280,13 +300,16 @@ class _PhiloxElemwiseThunk:
         self.st_cell = storage_map[node.inputs[0]]
         self.size_cells = [storage_map[v] for v in node.inputs[1:1 + nd]]
         self.other_cells = [storage_map[v] for v in node.inputs[1 + nd:]]
-        self.out_cells = [storage_map[v] for v in node.outputs]
-        self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs]
+        n_ew = len(node.outputs) - op.advance
+        self.out_cells = [storage_map[v] for v in node.outputs[:n_ew]]
+        self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs[:n_ew]]
+        #: the state after the draw (op.advance), else None
+        self.next_cell = storage_map[node.outputs[-1]] if op.advance else None
         dtypes, scal = op._layout(node)
         # indices (among the other inputs) of those read per element, not as one scalar
         self.full = [k for k in range(len(self.other_cells))
                      if not scal[k if k < op.sample_pos else k + 1]]
-        nptr = len(self.other_cells) + len(self.out_cells)
+        nptr = len(self.other_cells) + len(self.out_cells) + op.advance
         formats = {"sg_philox_ew_contig": "Pq" + "P" * nptr,
                    "sg_philox_ew_strided": "Pq" + "q" * (max(nd, 1) * (1 + len(self.full)))
                    + "P" * nptr}
@@ -304,6 +327,7 @@ class _PhiloxElemwiseThunk:
         out_cells, out_dtypes, nd = self.out_cells, self.out_dtypes, max(op.ndim, 1)
         contig_launch, strided_launch, fallback = self.contig, self.strided, self.fallback
         block = (_BLOCK, 1, 1)
+        next_cell, u32 = self.next_cell, np.dtype("uint32")
 
         def thunk() -> None:
             ctx.activate()
@@ -313,14 +337,20 @@ class _PhiloxElemwiseThunk:
             out_shape = layout.broadcast_shapes([shape] + [a.shape for a in others], str(op))
             if out_shape != shape or any(s % a.dtype.itemsize for a in others for s in a.strides) \
                     or any(s < 0 for s in shape) or tuple(st.shape) != (4,):
-                fallback(st, shape, others, out_cells)
+                fallback(st, shape, others, out_cells, next_cell)
                 return
             n = 1
             for s in shape:
                 n *= s
             outs = [new_array(ctx, shape, d) for d in out_dtypes]
+            nxt = []
+            if next_cell is not None:
+                nxt = [new_array(ctx, (4,), u32)]
+                next_cell[0] = nxt[0]
+                if not n:                # no kernel runs: the state does not move
+                    nxt[0]._copy_from_device(st)
             if n:
-                ptrs = [a.ptr for a in others] + [o.ptr for o in outs]
+                ptrs = [a.ptr for a in others] + [o.ptr for o in outs] + [a.ptr for a in nxt]
                 grid = grid_for(ctx, -(-n // per))
                 if all(others[k].shape == shape and layout.c_contiguous(
                         others[k].shape, others[k].strides, others[k].dtype.itemsize)
@@ -349,10 +379,11 @@ class _Fallback:
         self.op, self.node, self.ctx = op, node, ctx
         self.run: Callable[..., None] | None = None
 
-    def __call__(self, st: Any, shape: tuple, others: list, out_cells: list) -> None:
+    def __call__(self, st: Any, shape: tuple, others: list, out_cells: list,
+                 next_cell: list | None = None) -> None:
         if self.run is None:
             self.run = self._build()
-        self.run(st, shape, others, out_cells)
+        self.run(st, shape, others, out_cells, next_cell)
 
     def _build(self) -> Callable[..., None]:
         op, node = self.op, self.node
@@ -367,8 +398,14 @@ class _Fallback:
         storage: dict[Variable, list] = {v: [None] for v in [state, *size, *others, draw, *outs]}
         draw_thunk = draw.owner.op.make_thunk(draw.owner, storage, {}, [])
         ew_thunk = outs[0].owner.op.make_thunk(outs[0].owner, storage, {}, [])
+        adv_thunk = adv = None
+        if op.advance:
+            adv = GpuPhiloxAdvance(op.dtype, state.type.context_name)(state, *size)
+            storage[adv] = [None]
+            adv_thunk = adv.owner.op.make_thunk(adv.owner, storage, {}, [])
 
-        def run(st: Any, shape: tuple, vals: list, out_cells: list) -> None:
+        def run(st: Any, shape: tuple, vals: list, out_cells: list,
+                next_cell: list | None) -> None:
             storage[state][0] = st
             for v, s in zip(size, shape):
                 storage[v][0] = np.int64(s)
@@ -376,6 +413,9 @@ class _Fallback:
                 storage[v][0] = a
             draw_thunk()
             ew_thunk()
+            if adv_thunk is not None and next_cell is not None:
+                adv_thunk()
+                next_cell[0], storage[adv][0] = storage[adv][0], None
             for cell, o in zip(out_cells, outs):
                 cell[0] = storage[o][0]
                 storage[o][0] = None
@@ -414,3 +454,61 @@ def gpu_philox_fusion(fgraph: FunctionGraph) -> int:
 
 
 optdb.register("gpu_philox_fusion", gpu_philox_fusion, 62, "fast_run", "fusion", "gpu")
+
+
+# ----------------------------------------------------------------------------- the advance
+
+def _same_size(a: Variable, b: Variable) -> bool:
+    """Whether two size entries are one variable, or equal constants."""
+    if a is b:
+        return True
+    ca, cb = getattr(a, "data", None), getattr(b, "data", None)
+    return ca is not None and cb is not None and np.array_equal(ca, cb)
+
+
+def local_philox_advance_fusion(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    """GpuPhiloxAdvance(st, *size) beside GpuPhiloxElemwise(st, *size, ..) of the same draw:
+    the fused kernel writes the next state too (one launch less). Returns (the elementwise
+    node, the new node's outputs): gpu_philox_advance_fusion replaces both nodes' outputs."""
+    if type(node.op) is not GpuPhiloxAdvance:
+        return None
+    st, size = node.inputs[0], node.inputs[1:]
+    for client, _ in fgraph.clients.get(st, []):
+        if client == "output" or type(client.op) is not GpuPhiloxElemwise:
+            continue
+        op = client.op
+        if op.advance or op.dtype != node.op.dtype or client.inputs[0] is not st or \
+                op.ndim != len(size) or \
+                not all(_same_size(a, b) for a, b in zip(client.inputs[1:1 + op.ndim], size)):
+            continue
+        new = GpuPhiloxElemwise(op.scalar_op, op.sample_pos, op.dist, op.dtype, op.ndim,
+                                advance=True)(*client.inputs)
+        return [client, new]
+    return None
+
+
+def gpu_philox_advance_fusion(fgraph: FunctionGraph) -> int:
+    """Fold each GpuPhiloxAdvance into the fused draw of the same state and size; returns how
+    many. Not yet in the default passes (fast_run): the kernels have run on the CPU emulator
+    (tests/emulated_gpu.py), not yet on a GPU; ``optimizer_including=gpu_philox_advance_fusion``
+    turns it on."""
+    from symgpu.graph.rewriting import InconsistencyError, replace_validate
+    changed = 0
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes:
+            continue
+        got = local_philox_advance_fusion(fgraph, node)
+        if got is None:
+            continue
+        client, new = got
+        pairs = list(zip(client.outputs, new[:-1])) + [(node.outputs[0], new[-1])]
+        try:
+            replace_validate(fgraph, pairs, reason="gpu_philox_advance_fusion")
+        except InconsistencyError:
+            continue
+        changed += 1
+    return changed
+
+
+# after gpu_philox_fusion (62), which makes the fused draws
+optdb.register("gpu_philox_advance_fusion", gpu_philox_advance_fusion, 62.5, "gpu")
