@@ -225,3 +225,25 @@ def assert_one_segment(nodes) -> None:
     first = kinds.index("segment")
     assert all(k == "plain" for k in kinds[:first]) and \
         all(k == "batch" for k in kinds[first + 1:]), kinds
+
+
+def tutorial_minibatch_step(**flags):
+    """The deep-learning tutorials' minibatch MLP step on a virtual GPU context: data sliced by
+    an index from GPU variables, the NLL's pairs gather, SGD outputs (compiled with `flags`)."""
+    import symgpu.tensor as T
+    from symgpu import function
+    from symgpu.config import config
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.gpu.placement.type import GpuArrayType
+    gpu = lambda dt, *bc: GpuArrayType(dt, bc, None)()   # noqa: E731
+    with config.change_flags(floatX="float32", **flags), virtual_context(None):
+        sx, sy = gpu("float32", False, False), gpu("int32", False)
+        w1, w2 = gpu("float32", False, False), gpu("float32", False, False)
+        b1, b2 = gpu("float32", False), gpu("float32", False)
+        i = T.lscalar("i")
+        x, y = sx[i * 128:(i + 1) * 128], sy[i * 128:(i + 1) * 128]
+        p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, w1) + b1), w2) + b2)
+        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
+        ps = [w1, b1, w2, b2]
+        return function([i, sx, sy] + ps,
+                        [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])

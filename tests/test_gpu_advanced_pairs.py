@@ -8,8 +8,7 @@ import pytest
 import symgpu
 import symgpu.tensor as T
 from gpu_helpers import (assert_one_segment, check_on_gpu, compile_for_sm90, requires_gpu,
-                         requires_nvcc)
-from symgpu.gpu.placement.type import GpuArrayType
+                         requires_nvcc, tutorial_minibatch_step)
 from symgpu import config, function
 from symgpu.gpu.ops.advanced_pairs import (GpuARange, GpuAdvancedIncSubtensor2,
                                        GpuAdvancedSubtensor2, pairs_source)
@@ -46,18 +45,7 @@ def test_the_minibatch_step_is_one_captured_segment():
     pairs gather): the mean's divisor is the gather's length, computed on the host from the
     index vectors' lengths before the launches, not read from the gather's output between
     kernels (which split the step into two segments on the H100)."""
-    gpu = lambda dt, *bc: GpuArrayType(dt, bc, None)()   # noqa: E731
-    with config.change_flags(floatX="float32"), virtual_context(None):
-        sx, sy = gpu("float32", False, False), gpu("int32", False)
-        w1, w2 = gpu("float32", False, False), gpu("float32", False, False)
-        b1, b2 = gpu("float32", False), gpu("float32", False)
-        i = T.lscalar("i")
-        x, y = sx[i * 128:(i + 1) * 128], sy[i * 128:(i + 1) * 128]
-        p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, w1) + b1), w2) + b2)
-        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
-        ps = [w1, b1, w2, b2]
-        f = function([i, sx, sy] + ps,
-                     [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])
+    f = tutorial_minibatch_step()
     nodes = f.maker.fgraph.toposort()
     assert "GpuAdvancedSubtensor2" in {type(n.op).__name__ for n in nodes}
     assert_one_segment(nodes)

@@ -12,7 +12,8 @@ import pytest
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulate_prepared_kernels, emulated_kernel_device, host_view
-from gpu_helpers import compile_for_sm90, requires_nvcc
+from gpu_helpers import (assert_one_segment, compile_for_sm90, requires_nvcc,
+                         tutorial_minibatch_step)
 from symgpu import config
 from symgpu.gpu.ops import take_rows as tr
 from symgpu.gpu.placement.rewriting import virtual_context
@@ -109,22 +110,7 @@ def test_the_minibatch_step_stays_one_captured_segment_with_both_opt_in_fusions(
     """The tutorials' minibatch step (tests/test_gpu_advanced_pairs.py) with gpu_take_rows and
     gpu_careduce_epilogue: the mean's divisor still comes from shapes on the host, so the
     step is still one capturable segment."""
-    import symgpu.tensor as T
-    from gpu_helpers import assert_one_segment
-    from symgpu import function
-    gpu = lambda dt, *bc: GpuArrayType(dt, bc, None)()   # noqa: E731
-    flags = {"floatX": "float32", "optimizer_including": "gpu_careduce_epilogue:gpu_take_rows"}
-    with config.change_flags(**flags), virtual_context(None):
-        sx, sy = gpu("float32", False, False), gpu("int32", False)
-        w1, w2 = gpu("float32", False, False), gpu("float32", False, False)
-        b1, b2 = gpu("float32", False), gpu("float32", False)
-        i = T.lscalar("i")
-        x, y = sx[i * 128:(i + 1) * 128], sy[i * 128:(i + 1) * 128]
-        p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, w1) + b1), w2) + b2)
-        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
-        ps = [w1, b1, w2, b2]
-        f = function([i, sx, sy] + ps,
-                     [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])
+    f = tutorial_minibatch_step(optimizer_including="gpu_careduce_epilogue:gpu_take_rows")
     nodes = f.maker.fgraph.toposort()
     names = {type(n.op).__name__ for n in nodes}
     assert "GpuTakeRows" in names and "GpuARange" not in names
