@@ -34,6 +34,25 @@ class Callback(Op):
 pytestmark = pytest.mark.usefixtures("fast_thread_switching")
 
 
+def within(seconds: float, call, *args):
+    """call(*args) in a worker thread: a deadlock fails the test after `seconds` (a re-entry
+    that waited for the lock its own thread holds would hang it instead)."""
+    result, errors = [], []
+
+    def run():
+        try:
+            result.append(call(*args))
+        except BaseException as exc:   # re-raised in the test's thread
+            errors.append(exc)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"{call} did not return within {seconds} s: a deadlock"
+    if errors:
+        raise errors[0]
+    return result[0]
+
+
 def test_acquire_is_reentrant_and_release_belongs_to_the_holder():
     lock = TokenLock()
     lock.acquire()
@@ -119,7 +138,7 @@ def test_get_value_inside_a_call_that_updates_the_value():
     x = T.dvector("x")
     step = function([x], Callback(lambda: seen.append(w.get_value()))(x),
                     updates=[(w, w + 1)])
-    np.testing.assert_array_equal(step(np.ones(3)), np.ones(3))
+    np.testing.assert_array_equal(within(30, step, np.ones(3)), np.ones(3))
     np.testing.assert_array_equal(seen[0], np.arange(3.0))  # the value before the update
     np.testing.assert_array_equal(w.get_value(), np.arange(3.0) + 1)
     w.set_value(np.zeros(3))
@@ -132,7 +151,7 @@ def test_a_callback_calls_another_function_updating_the_same_value():
     other = function([], [], updates=[(w, w + 10)])
     x = T.dvector("x")
     outer = function([x], Callback(other)(x), updates=[(w, w + 1)])
-    outer(np.ones(2))  # re-enters the lock: no deadlock
+    within(30, outer, np.ones(2))  # re-enters the lock: no deadlock
     # outer reads w in place, before or after the callback's update by the graph's order
     assert w.get_value()[0] in (1.0, 11.0)
     w.set_value(np.zeros(2))
@@ -152,7 +171,7 @@ def test_a_callback_calls_its_own_function_again():
             f(np.ones(2))   # the primary frame is busy: a spare one, the lock re-entered
 
     f = function([x], Callback(hook)(x) * 2, updates=[(w, w + 1)])
-    np.testing.assert_array_equal(f(np.ones(2)), [2.0, 2.0])
+    np.testing.assert_array_equal(within(30, f, np.ones(2)), [2.0, 2.0])
     assert f.n_frames == 2
     assert w.get_value()[0] in (1.0, 2.0)  # as above: w read before or after the inner call
     assert not w.container.lock.locked()
