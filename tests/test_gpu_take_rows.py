@@ -25,7 +25,8 @@ EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 @pytest.fixture
 def emu(monkeypatch, tmp_path):
     ctx = emulated_kernel_device(monkeypatch, tmp_path)
-    emulate_prepared_kernels(monkeypatch, tmp_path, tr)
+    from symgpu.gpu.ops import advanced_pairs
+    emulate_prepared_kernels(monkeypatch, tmp_path, advanced_pairs)
     return ctx
 
 
@@ -102,8 +103,10 @@ def test_the_tutorials_nll_gathers_without_an_arange_when_asked():
 
 
 @requires_nvcc
-def test_the_take_rows_module_compiles(tmp_path):
-    assert compile_for_sm90(tr.take_rows_source(), tmp_path)
+def test_the_pairs_module_with_the_rows_gathers_compiles(tmp_path):
+    from symgpu.gpu.ops.advanced_pairs import pairs_source
+    src = pairs_source()
+    assert "pairs_rows_float32_int64" in src and compile_for_sm90(src, tmp_path)
 
 
 def test_the_minibatch_step_stays_one_captured_segment_with_both_opt_in_fusions():

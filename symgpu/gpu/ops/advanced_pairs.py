@@ -37,7 +37,8 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
 from symgpu.tensor.subtensor import SYM, AdvancedIncSubtensor, AdvancedSubtensor
 
-__all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source"]
+__all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source",
+           "gather_pairs"]
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -52,8 +53,14 @@ def _pairs_name(mode: int, dtype: str, a_dtype: str, b_dtype: str) -> str:
     return f"pairs_{_MODES[mode]}_{dtype}_{a_dtype}_{b_dtype}"
 
 
+def _rows_name(dtype: str, b_dtype: str) -> str:
+    """The gather whose row index is the pair's own: x[arange(r), b] (take_rows.py)."""
+    return f"pairs_rows_{dtype}_{b_dtype}"
+
+
 def pairs_source() -> str:
-    """The CUDA module: every gather/set/inc kernel (value x index dtypes) and the aranges."""
+    """The CUDA module: every gather/set/inc kernel (value x index dtypes), the gathers at
+    rows arange(r), and the aranges."""
     parts = [REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in ADVANCED_DTYPES.items():
         for adt, at in INDEX_DTYPES.items():
@@ -61,6 +68,8 @@ def pairs_source() -> str:
                 for mode in _MODES:
                     parts.append(_CU["pairs"].substitute(
                         name=_pairs_name(mode, dtype, adt, bdt), t=t, at=at, bt=bt, mode=mode))
+        for bdt, bt in INDEX_DTYPES.items():
+            parts.append(_CU["take_rows"].substitute(name=_rows_name(dtype, bdt), t=t, bt=bt))
     for idt, it in INDEX_DTYPES.items():
         parts.append(_CU["arange"].substitute(idt=idt, it=it))
     return "".join(parts)
@@ -80,7 +89,9 @@ def _elem_stride(a: Any) -> tuple[Any, int]:
 
 
 def _pair_length(op: Op, a: Any, b: Any, shape: tuple) -> int:
-    na, nb = a.shape[0], b.shape[0]
+    """The pairs' broadcast length; ``a`` an index vector, or the row count r of rows
+    ``arange(r)``."""
+    na, nb = (a if isinstance(a, int) else a.shape[0]), b.shape[0]
     if na != nb and 1 not in (na, nb):
         raise ValueError(f"{op}: index arrays of lengths {na} and {nb} cannot be broadcast "
                          f"together (indexing an array of shape {shape})")
@@ -91,26 +102,50 @@ def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a
                   n: int, shape: tuple, s0: int, s1: int) -> None:
     ctx = dst.context
     ctx.activate()
-    a, as_ = _elem_stride(a)
     b, bs = _elem_stride(b)
-    fn = get_prepared_kernel(_MODULE_KEY, pairs_source,
-                             _pairs_name(mode, dst.dtype.name, a.dtype.name, b.dtype.name),
-                             _PAIRS_FORMAT, context=ctx)
+    if isinstance(a, int):   # rows arange(a): the kernel takes each pair's row as its index
+        a_ptr, as_ = 0, 0 if a == 1 else 1
+        name = _rows_name(dst.dtype.name, b.dtype.name)
+    else:
+        a, as_ = _elem_stride(a)
+        a_ptr = a.ptr
+        name = _pairs_name(mode, dst.dtype.name, a.dtype.name, b.dtype.name)
+    fn = get_prepared_kernel(_MODULE_KEY, pairs_source, name, _PAIRS_FORMAT, context=ctx)
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
 
     def describe(bad: int) -> Exception:
         return IndexError(f"{op}: index {bad} is out of bounds for an array of shape {shape} "
                           f"(axis 0 has length {shape[0]}, axis 1 has length {shape[1]})")
     launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
-                   (dst.ptr, src.ptr, vs, a.ptr, as_, b.ptr, bs, n, shape[0], shape[1], s0, s1),
+                   (dst.ptr, src.ptr, vs, a_ptr, as_, b.ptr, bs, n, shape[0], shape[1], s0, s1),
                    describe)
 
 
-def _check_vars(op: Op, x: Any, a: Any, b: Any) -> None:
+def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any) -> Any:
+    """``x[a, b]`` as a new vector: ``a`` an index vector, or the row count r of rows
+    ``arange(r)`` (more rows than x has raise at once)."""
+    from symgpu.gpu.runtime.array import GpuArray
+    n = _pair_length(op, a, b, x.shape)
+    if n and isinstance(a, int) and a > x.shape[0]:
+        raise IndexError(f"{op}: index {x.shape[0]} is out of bounds for an array of shape "
+                         f"{x.shape} (axis 0 has length {x.shape[0]}, axis 1 has length "
+                         f"{x.shape[1]})")
+    res = GpuArray((n,), x.dtype, x.context)
+    if n:
+        isz = x.dtype.itemsize
+        if any(s % isz for s in x.strides):
+            x = x.copy()
+        _launch_pairs(op, node, 0, res, x, 0, a, b, n, x.shape,
+                      x.strides[0] // isz, x.strides[1] // isz)
+    return res
+
+
+def _check_vars(op: Op, x: Any, a: Any | None, b: Any) -> None:
+    """x a GPU matrix of a supported dtype, a and b integer vectors (a None: rows arange(r))."""
     if not is_gpu_var(x) or x.ndim != 2 or x.dtype not in ADVANCED_DTYPES:
         raise TypeError(f"{op}: x must be a GPU float32/float64/int32/int64 matrix, got {x.type}")
     for name, v in (("first", a), ("second", b)):
-        if v.ndim != 1 or v.dtype not in INDEX_DTYPES:
+        if v is not None and (v.ndim != 1 or v.dtype not in INDEX_DTYPES):
             raise TypeError(f"{op}: the {name} index must be an int32/int64 vector, got {v.type}")
 
 
@@ -134,17 +169,7 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
         return Apply(self, [x, a, b], [x.type.clone(broadcastable=bcast)()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
-        x, a, b = inputs
-        n = _pair_length(self, a, b, x.shape)
-        res = GpuArray((n,), x.dtype, x.context)
-        if n:
-            isz = x.dtype.itemsize
-            if any(s % isz for s in x.strides):
-                x = x.copy()
-            _launch_pairs(self, node, 0, res, x, 0, a, b, n, x.shape,
-                          x.strides[0] // isz, x.strides[1] // isz)
-        out[0][0] = res
+        out[0][0] = gather_pairs(self, node, *inputs)
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
