@@ -679,10 +679,11 @@ class _ReduceThunk:
             elif not reuse[0] or out is None or out.shape != p.out_shape or \
                     out.dtype != out_dtype:
                 out = new_array(ctx, p.out_shape, out_dtype)
-            # (the arrays stay referenced here until the launches are queued)
-            ex_arrays = [_epilogue_operand(op, c[0], p.out_shape, sc)
-                         for c, sc in zip(ex_cells, ex_scalar)] if ex_cells else ()
-            ex = [a.ptr for a in ex_arrays]
+            ex: Any = ()
+            if ex_cells:   # (the arrays stay referenced here until the launches are queued)
+                ex_arrays = [_epilogue_operand(op, c[0], p.out_shape, sc)
+                             for c, sc in zip(ex_cells, ex_scalar)]
+                ex = [a.ptr for a in ex_arrays]
             if p.K:
                 ptrs = [a.ptr for a in ins]
                 if mode == FINAL:
