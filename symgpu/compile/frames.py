@@ -146,8 +146,9 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         lines += [f"{ind}try:", f"{ind}    T{m}()", f"{ind}except IndexError:"]
         lines += [f"{ind}    {b}" for b in give] + [f"{ind}    return other({args})"]
         give = back + give
-    if frame.guard:
-        ns["HELD"] = frame.guard
+    held = tuple(lk for lk in frame.guard or () if lk is not frame.private)
+    if held:   # (a private token is never acquired: nothing looks for it up the stack)
+        ns["HELD"] = held
         lines.append(f"{ind}{HELD_NAME} = HELD  # for a callback's look up the stack")
     lines.append(f"{ind}try:")
     ind += "    "
