@@ -3,6 +3,8 @@ one (e.g. a `git worktree` of c10bea3, before execution frames), in alternating 
 
     python3 benchmarks/gpu_call_overhead.py --against /path/to/other/checkout
     python3 benchmarks/gpu_call_overhead.py --device cpu --against ...   # the same on the CPU
+    python3 benchmarks/gpu_call_overhead.py --against ... --profile check1_device
+                                  # where one row's calls spend their time, in each checkout
 
 Rows (float32, the data in shared variables on the GPU):
 - check1 with its result left on the device (`function([], gpu_from_host(T.exp(x)))`);
@@ -68,6 +70,25 @@ def child(device: str, number: int, repeat: int) -> None:
     print(json.dumps({k: best for k, (best, _) in zip(keys, times)}))
 
 
+def profile_child(device: str, key: str, number: int) -> None:
+    """Print cProfile's top functions (by own time) over `number` calls of row `key`: the
+    per-call difference between two checkouts, function by function."""
+    import cProfile
+    import pstats
+    fns, sync = functions(device)
+    fn = fns[key]
+    for _ in range(3):
+        fn()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(number):
+        fn()
+    if sync is not None:
+        sync()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", metavar="PATH", help="the other checkout")
@@ -75,15 +96,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="child processes per checkout")
     parser.add_argument("--number", type=int, default=2000, help="calls per timed block")
     parser.add_argument("--repeat", type=int, default=7, help="timed blocks per process")
+    parser.add_argument("--profile", metavar="KEY", choices=[k for _, k in ROWS],
+                        help="profile one row's calls in each checkout instead of timing")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     args = ["--device", opts.device, "--number", str(opts.number), "--repeat", str(opts.repeat)]
+    if opts.child and opts.profile:
+        profile_child(opts.device, opts.profile, opts.number)
+        return
     if opts.child:
         child(opts.device, opts.number, opts.repeat)
         return
-    from timing import alternate_checkouts, report_checkouts
+    from timing import alternate_checkouts, report_checkouts, run_checkout
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     other = os.path.abspath(opts.against or here)
+    if opts.profile:
+        for root in dict.fromkeys((here, other)):
+            print(f"== {opts.profile} in {root}", flush=True)
+            run_checkout(__file__, root, [*args, "--profile", opts.profile])
+        return
     best = alternate_checkouts(__file__, here, other, opts.rounds, args)
     report_checkouts(best, here, other, ROWS, f"best of {opts.rounds} processes x "
                      f"{opts.repeat} x {opts.number} calls each, per call:")

@@ -106,6 +106,25 @@ def build_and_time(title: str, row_names: list[str], builders: list[tuple[str, C
     return time_contenders(rows, number, rounds, peer)
 
 
+def run_checkout(script: str, root: str, child_args: list[str], env: dict | None = None,
+                 echo: bool = True) -> str:
+    """Run ``script --child *child_args`` in a process that imports `root`'s symgpu; returns
+    its standard output (printed too, with `echo`)."""
+    base_env = os.environ if env is None else env
+    # the checkout first; what was on the path stays after it (PyCUDA's --target install on
+    # the GPU machine lives there)
+    path = os.pathsep.join(p for p in (root, base_env.get("PYTHONPATH")) if p)
+    out = subprocess.run([sys.executable, os.path.abspath(script), "--child", *child_args],
+                         env=dict(base_env, PYTHONPATH=path), cwd=root,
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{os.path.basename(script)} in {root} failed:\n"
+                           + "\n".join(out.stderr.strip().splitlines()[-6:]))
+    if echo:
+        print(out.stdout, end="", flush=True)
+    return out.stdout
+
+
 def alternate_checkouts(script: str, here: str, other: str, rounds: int,
                         child_args: list[str], env: dict | None = None) -> dict[str, dict]:
     """Run ``script --child *child_args`` with each checkout's symgpu first on the path,
@@ -115,14 +134,8 @@ def alternate_checkouts(script: str, here: str, other: str, rounds: int,
     best: dict[str, dict] = {here: {}, other: {}}
     for r in range(rounds):
         for root in (here, other) if r % 2 == 0 else (other, here):
-            run_env = dict(os.environ if env is None else env, PYTHONPATH=root)
-            out = subprocess.run([sys.executable, os.path.abspath(script), "--child",
-                                  *child_args], env=run_env, cwd=root,
-                                 capture_output=True, text=True)
-            if out.returncode:
-                raise RuntimeError(f"{os.path.basename(script)} in {root} failed:\n"
-                                   + "\n".join(out.stderr.strip().splitlines()[-6:]))
-            for key, t in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            out = run_checkout(script, root, child_args, env, echo=False)
+            for key, t in json.loads(out.strip().splitlines()[-1]).items():
                 best[root][key] = min(best[root].get(key, t), t)
     return best
 
