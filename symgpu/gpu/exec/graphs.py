@@ -100,6 +100,7 @@ from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cel
                                    schedule, updates_last)
 from symgpu.gpu.exec import graph_segment as _graph_segment
 from symgpu.gpu.exec.graph_segment import Segment
+from symgpu.gpu.runtime.context import thread_state as _thread_state
 from symgpu.gpu.runtime.pool import Block as _Block
 from symgpu.gpu.runtime.host_register import deferred_waits
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
@@ -321,7 +322,7 @@ class Runner:
         list pop (TokenLock); when it is gone (another thread's call, or this thread's: a
         scan's inner function inside the outer call) the lock is acquired the slow way."""
         steps, post_clear, uploads, vm = self.steps, self.post_clear, self.uploads_arrays, self.vm
-        lock, activate = self.lock, self.ctx.activate
+        lock, ctx, activate, tls = self.lock, self.ctx, self.ctx.activate, _thread_state
         take, give, waiting, wake = lock.take, lock.give, lock.waiting, lock.wake
         held = (lock,)
         first = steps[0] if steps else None
@@ -338,7 +339,8 @@ class Runner:
             _symgpu_held = held  # noqa: F841 (HELD_NAME: read by a callback's slow acquire)
             step = first
             try:
-                activate()
+                if getattr(tls, "current", None) is not ctx:   # activate()'s own test, inline
+                    activate()
                 if single is not None:
                     single()
                     return

@@ -102,7 +102,9 @@ def _drv() -> _Driver:
 
 
 # --------------------------------------------------------------------------- contexts
-_tls = threading.local()
+#: per-thread state: ``current`` is the context activate() made current in this thread (a
+#: hot caller may test ``getattr(thread_state, "current", None) is ctx`` before calling it)
+thread_state = _tls = threading.local()
 
 
 class _PopAtThreadExit:
