@@ -137,6 +137,32 @@ def test_relu_in_elemwise_form():
     check(lambda a: T.maximum(a, 0), away_from_zero((3, 4)))
 
 
+@pytest.mark.parametrize("name", ["maximum", "minimum"])
+def test_max_min_gradient_masks_at_ties_and_nans(name):
+    """A tie sends the gradient to the first input, a NaN to neither (as masks of the output
+    compared with each input would), and the gradient graph does not read the output: a
+    ReLU's backward pass reads z, not max(z, 0)."""
+    a, b = T.dvector("a"), T.dvector("b")
+    out = getattr(T, name)(a, b)
+    ga, gb = symgpu.grad(T.sum(out * np.arange(1.0, 6.0)), [a, b])
+    f = symgpu.function([a, b], [ga, gb])
+    av = np.array([1.0, 2.0, 3.0, np.nan, 0.5])
+    bv = np.array([1.0, 0.0, 4.0, 1.0, np.nan])
+    w = np.arange(1.0, 6.0)
+    ref = getattr(np, name)(av, bv)
+    want_a = np.where((ref == av), w, 0.0)
+    want_b = np.where((ref == bv) & ~(ref == av), w, 0.0)
+    got_a, got_b = f(av, bv)
+    np.testing.assert_array_equal(got_a, want_a)
+    np.testing.assert_array_equal(got_b, want_b)
+    z = T.dmatrix("z")
+    relu = T.maximum(z, 0)
+    gz = symgpu.grad(T.sum(relu * relu), z)
+    assert relu not in symgpu.graph.basic.ancestors([gz]) or \
+        all(relu not in node.inputs for node in symgpu.graph.basic.io_toposort([z], [gz])
+            if node.op.__class__.__name__ == "Elemwise" and "ge" in str(node.op))
+
+
 def test_cast_between_floats():
     check(lambda a: T.cast(a, "float32"), U((3,)))
     # float32 inside a float64 function: the step and tolerance must suit float32

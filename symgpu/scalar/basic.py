@@ -152,13 +152,15 @@ def _g_pow(T, ins, out, gz):
 
 
 def _g_maximum(T, ins, out, gz):
+    # the same masks as eq(out, a) and (1 - eq(out, a)) * eq(out, b) (a tie goes to a, a NaN
+    # to neither), without reading the output: a ReLU's backward pass reads z, not max(z, 0)
     a, b = ins
-    pick_a = T.eq(out, a)
-    return [gz * pick_a, gz * (1 - pick_a) * T.eq(out, b)]
+    return [gz * T.ge(a, b), gz * T.lt(a, b)]
 
 
 def _g_minimum(T, ins, out, gz):
-    return _g_maximum(T, ins, out, gz)
+    a, b = ins
+    return [gz * T.le(a, b), gz * T.gt(a, b)]
 
 
 def _g_switch(T, ins, out, gz):
