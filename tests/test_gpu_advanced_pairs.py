@@ -31,23 +31,33 @@ def _nll_graph():
 def test_the_tutorials_nll_and_its_gradient_stay_on_the_gpu():
     with config.change_flags(floatX="float32"), virtual_context(None):
         inputs, nll, g = _nll_graph()
-        f = function(inputs, [nll, g])
-        names = _ops(f)
-        assert not names & CPU_NAMES, names
-        # the gradient's scatter and what reads it are one GpuNLLGrad (nll_grad.py)
-        assert {"GpuAdvancedSubtensor2", "GpuNLLGrad", "GpuARange"} <= names, names
-        report = symgpu.explain(f, file=None)
-        assert report.syncs_per_call == 1, report.syncs     # only the results' copy
+        for flags in ({"optimizer_excluding": "gpu_take_rows"}, {}):
+            with config.change_flags(**flags):
+                f = function(inputs, [nll, g])
+            names = _ops(f)
+            assert not names & CPU_NAMES, names
+            # the gradient's scatter and what reads it are one GpuNLLGrad (nll_grad.py)
+            if flags:
+                assert {"GpuAdvancedSubtensor2", "GpuNLLGrad", "GpuARange"} <= names, names
+            else:   # the default passes: the gather at arange rows is a GpuTakeRows
+                assert {"GpuTakeRows", "GpuNLLGrad"} <= names, names
+                assert not {"GpuAdvancedSubtensor2", "GpuARange"} & names, names
+            report = symgpu.explain(f, file=None)
+            assert report.syncs_per_call == 1, report.syncs     # only the results' copy
 
 
 def test_the_minibatch_step_is_one_captured_segment():
     """The deep-learning tutorials' minibatch MLP step (data sliced by an index, the NLL's
     pairs gather): the mean's divisor is the gather's length, computed on the host from the
     index vectors' lengths before the launches, not read from the gather's output between
-    kernels (which split the step into two segments on the H100)."""
-    f = tutorial_minibatch_step()
+    kernels (which split the step into two segments on the H100). Compiled without
+    gpu_take_rows and gpu_careduce_epilogue (both in fast_run; the default step is
+    tests/test_gpu_take_rows.py's)."""
+    f = tutorial_minibatch_step(optimizer_excluding="gpu_take_rows:gpu_careduce_epilogue")
     nodes = f.maker.fgraph.toposort()
     assert "GpuAdvancedSubtensor2" in {type(n.op).__name__ for n in nodes}
+    assert not any(type(n.op).__name__ == "GpuCAReduce" and n.op.post_scalar_op is not None
+                   for n in nodes)
     assert_one_segment(nodes)
 
 

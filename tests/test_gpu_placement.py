@@ -623,19 +623,34 @@ def test_assert_no_cpu_op_ignores_host_shape_arithmetic():
 def test_constants_are_inlined_into_gpu_kernels_and_never_overwritten(vgpu):
     """Constants a GPU kernel reads become literals of its Composite (even a lone node's:
     `maximum(h, 0)`), so no per-call upload is left, and no in-place op may take a copy of a
-    constant as its output buffer (it could then never be uploaded once)."""
-    from symgpu.gpu.ops.elemwise import GpuElemwise
+    constant as its output buffer (it could then never be uploaded once). By default the
+    sum's scaling is the reduction's epilogue (gpu_careduce_epilogue), its constant a literal
+    there; without that pass, of the scaling's own kernel."""
+    from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
     x, w = T.matrix("x"), T.matrix("w")
     h = T.maximum(T.dot(x, w), 0)
     s = h.sum() * (-1.0 / 512)
-    f = function([x, w], [gpu_from_host(h), gpu_from_host(s)])
-    topo = f.maker.fgraph.toposort()
-    ups = [n for n in topo if isinstance(n.op, GpuFromHost)
-           and isinstance(n.inputs[0], Constant)]
-    assert not ups, dprint(f)
-    texts = [str(n.op) for n in topo if isinstance(n.op, GpuElemwise)]
-    assert any("maximum(i0, 0.0)" in t for t in texts), texts
-    assert any("-0.001953125" in t for t in texts), texts
+
+    def compiled(**flags):
+        with config.change_flags(**flags):
+            f = function([x, w], [gpu_from_host(h), gpu_from_host(s)])
+        topo = f.maker.fgraph.toposort()
+        ups = [n for n in topo if isinstance(n.op, GpuFromHost)
+               and isinstance(n.inputs[0], Constant)]
+        assert not ups, dprint(f)
+        return topo
+    for flags in ({"optimizer_excluding": "gpu_careduce_epilogue"}, {}):
+        topo = compiled(**flags)
+        texts = [str(n.op) for n in topo if isinstance(n.op, GpuElemwise)]
+        assert any("maximum(i0, 0.0)" in t for t in texts), texts
+        epilogues = [str(n.op) for n in topo
+                     if isinstance(n.op, GpuCAReduce) and n.op.post_scalar_op is not None]
+        if flags:
+            assert any("-0.001953125" in t for t in texts), texts
+            assert not epilogues, epilogues
+        else:
+            assert not any("-0.001953125" in t for t in texts), texts
+            assert len(epilogues) == 1 and "-0.001953125" in epilogues[0], epilogues
 
 
 def test_a_copy_of_a_constant_is_not_destroyable():

@@ -72,17 +72,26 @@ def test_a_gpu_state_is_advanced_on_the_device():
     from symgpu.gpu.placement.basic_ops import HostFromGpu
     from symgpu.gpu.placement.type import GpuArraySharedVariable
     from symgpu.tensor.random import PhiloxAdvance
-    with config.change_flags(floatX="float32"), virtual_context(None):
-        t = GpuArrayType("uint32", (False,), None)
-        st = GpuArraySharedVariable(t, None, name="st", container=Container(t, None, "st"))
-        st.default_update = PhiloxAdvance("float32")(st, 3, 4)
-        f = function([], PhiloxSample("uniform", "float32")(st, 3, 4) * 2.0)
-        fg = f.maker.fgraph
-        (adv,) = [n for n in fg.toposort() if isinstance(n.op, GpuPhiloxAdvance)]
-        assert adv.inputs[0] is fg.inputs[0] and fg.update_mapping == {1: 0}
-        assert fg.outputs[1] is adv.outputs[0]
-        # the state never visits the host: nothing reads it through HostFromGpu
-        assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
+    def compiled(**flags):
+        with config.change_flags(floatX="float32", **flags), virtual_context(None):
+            t = GpuArrayType("uint32", (False,), None)
+            st = GpuArraySharedVariable(t, None, name="st", container=Container(t, None, "st"))
+            st.default_update = PhiloxAdvance("float32")(st, 3, 4)
+            return function([], PhiloxSample("uniform", "float32")(st, 3, 4) * 2.0).maker.fgraph
+    # unfused (gpu_philox_advance_fusion off): a GpuPhiloxAdvance of its own
+    fg = compiled(optimizer_excluding="gpu_philox_advance_fusion")
+    (adv,) = [n for n in fg.toposort() if isinstance(n.op, GpuPhiloxAdvance)]
+    assert adv.inputs[0] is fg.inputs[0] and fg.update_mapping == {1: 0}
+    assert fg.outputs[1] is adv.outputs[0]
+    # the state never visits the host: nothing reads it through HostFromGpu
+    assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
+    # the default passes: the fused draw's kernel writes the next state (no GpuPhiloxAdvance)
+    fg = compiled()
+    assert not any(isinstance(n.op, GpuPhiloxAdvance) for n in fg.apply_nodes)
+    (fused,) = [n for n in fg.toposort() if isinstance(n.op, GpuPhiloxElemwise)]
+    assert fused.op.advance and fused.inputs[0] is fg.inputs[0] and fg.update_mapping == {1: 0}
+    assert fg.outputs[1] is fused.outputs[1]
+    assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
 
 
 def test_float16_stays_on_the_cpu():
@@ -231,16 +240,21 @@ def _reference(seed, stream, dist, dtype, shape, call):
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("cuda_graphs", [False, True])
-def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs):
+@pytest.mark.parametrize("fold_advance", [True, False])
+def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs, fold_advance):
     def make(s):
         return [s.uniform((1001, 3), dtype=dtype), s.normal((7, 333), dtype=dtype),
                 s.uniform((5,), low=2.0, high=4.0, dtype=dtype)]
-    with config.change_flags(**{"gpuarray.cuda_graphs": cuda_graphs}):
+    flags = {} if fold_advance else {"optimizer_excluding": "gpu_philox_advance_fusion"}
+    with config.change_flags(**{"gpuarray.cuda_graphs": cuda_graphs}, **flags):
         srng = RandomStreams(seed=5)
         f = function([], make(srng))
         ops = _ops(f)
         assert sum(isinstance(op, (GpuPhiloxSample, GpuPhiloxElemwise)) for op in ops) == 3
-        assert sum(isinstance(op, GpuPhiloxAdvance) for op in ops) == 3
+        # by default (gpu_philox_advance_fusion) the fused third draw writes its next state
+        folded = sum(isinstance(op, GpuPhiloxElemwise) and op.advance for op in ops)
+        assert folded == (1 if fold_advance else 0)
+        assert sum(isinstance(op, GpuPhiloxAdvance) for op in ops) == 3 - folded
         assert isinstance(srng.state_updates[0][0].type, GpuArrayType)
         for call in range(4):
             u, z, v = f()
@@ -254,6 +268,8 @@ def test_same_numbers_as_the_cpu(cuda, dtype, cuda_graphs):
             np.testing.assert_allclose(v, want_v, rtol=1e-6 if dtype == "float32" else 1e-15)
         st = np.asarray(srng.state_updates[0][0].get_value())
         assert st.dtype == np.uint32 and int(st[2]) == 4 * -(-3003 // (4 if dtype == "float32" else 2))
+        st = np.asarray(srng.state_updates[2][0].get_value())      # the folded one's, too
+        assert int(st[2]) == 4 * -(-5 // (4 if dtype == "float32" else 2))
 
 
 @requires_gpu

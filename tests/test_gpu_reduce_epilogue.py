@@ -18,7 +18,7 @@ from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, render_reduce
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
-ON = {"optimizer_including": "gpu_careduce_epilogue"}
+OFF = {"optimizer_excluding": "gpu_careduce_epilogue"}
 
 
 @pytest.fixture
@@ -42,10 +42,10 @@ def _epilogues(nodes):
     return [n for n in nodes if type(n.op) is GpuCAReduce and n.op.post_scalar_op is not None]
 
 
-def test_the_mlps_bias_updates_and_mean_go_into_their_reductions_when_asked(vgpu):
-    plain = _mlp_step()
-    assert not _epilogues(plain)          # not among the default passes yet
-    fused = _mlp_step(**ON)
+def test_the_mlps_bias_updates_and_mean_go_into_their_reductions_by_default(vgpu):
+    plain = _mlp_step(**OFF)
+    assert not _epilogues(plain)
+    fused = _mlp_step()                   # gpu_careduce_epilogue is in fast_run
     eps = _epilogues(fused)
     assert len(eps) == 4
     biases = [n for n in eps if n.op.axis == (0,)]
@@ -61,11 +61,10 @@ def test_the_mlps_bias_updates_and_mean_go_into_their_reductions_when_asked(vgpu
 def test_what_the_epilogue_leaves_alone(vgpu):
     d, b, m = T.fmatrix("d"), T.fvector("b"), T.fmatrix("m")
     s = d.sum(axis=0)
-    with config.change_flags(**ON):
-        f = function([d, b], [b - 0.1 * s, b * s])      # the sum read twice: stored anyway
-        g = function([d, b], [s, b - 0.1 * s])          # the sum is an output
-        h = function([d, m], m - d.sum(axis=0))         # a matrix operand: broadcasts the sum
-        k = function([d, b], b - 0.1 * s)               # fused
+    f = function([d, b], [b - 0.1 * s, b * s])          # the sum read twice: stored anyway
+    g = function([d, b], [s, b - 0.1 * s])              # the sum is an output
+    h = function([d, m], m - d.sum(axis=0))             # a matrix operand: broadcasts the sum
+    k = function([d, b], b - 0.1 * s)                   # fused (the default passes)
     assert not _epilogues(f.maker.fgraph.toposort())
     assert not _epilogues(g.maker.fgraph.toposort())
     assert not _epilogues(h.maker.fgraph.toposort())

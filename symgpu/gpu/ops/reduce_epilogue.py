@@ -12,9 +12,8 @@ Taken when the reduction's result is read by that elementwise node alone (and is
 the function), the node has one output of the result's broadcast pattern, and each other
 operand is one value or of that pattern; float reductions only (add, mul, maximum, minimum).
 
-Not yet in the default passes (``fast_run``): the fused kernels have run on the CPU emulator
-(tests/emulated_gpu.py), not yet on a GPU. ``optimizer_including=gpu_careduce_epilogue``
-turns it on.
+In the default passes (``fast_run``): measured on an H200 (an MLP's SGD step 222.2 ->
+215.5 us, with gpu_take_rows); ``optimizer_excluding=gpu_careduce_epilogue`` turns it off.
 """
 from __future__ import annotations
 
@@ -86,4 +85,4 @@ def gpu_careduce_epilogue(fgraph: FunctionGraph) -> int:
 
 
 # after the pre-op fusion (60): a reduction may have both
-optdb.register("gpu_careduce_epilogue", gpu_careduce_epilogue, 60.5, "gpu")
+optdb.register("gpu_careduce_epilogue", gpu_careduce_epilogue, 60.5, "fast_run", "gpu")

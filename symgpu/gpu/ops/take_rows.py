@@ -10,9 +10,9 @@ from the end, a label out of range is reported through the node's slot and raise
 synchronisation; a row count past x's rows raises at once.
 
 The kernel is advanced_pairs.cu's pairs gather with the row of pair i computed as i, in the
-pairs module. The pass is not yet in the default passes (``fast_run``): its kernel has run on the CPU
-emulator (tests/emulated_gpu.py), not yet on a GPU. ``optimizer_including=gpu_take_rows``
-turns it on.
+pairs module. The pass is in the default passes (``fast_run``): measured on an H200 (an
+MLP's SGD step 222.2 -> 215.5 us, with gpu_careduce_epilogue);
+``optimizer_excluding=gpu_take_rows`` turns it off.
 """
 from __future__ import annotations
 
@@ -84,4 +84,4 @@ def gpu_take_rows(fgraph: FunctionGraph) -> int:
 
 
 # after gpu_nll_grad_fusion (49.4), which reads the same arange as a scatter's rows
-optdb.register("gpu_take_rows", gpu_take_rows, 49.45, "gpu")
+optdb.register("gpu_take_rows", gpu_take_rows, 49.45, "fast_run", "gpu")
