@@ -169,30 +169,31 @@ def bench_symgpu(data) -> None:
                 row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
-#: the flags of symgpu's opt-in fusions, not yet in fast_run: reduction epilogues
-#: (symgpu/gpu/ops/reduce_epilogue.py), the arange-free gather (symgpu/gpu/ops/take_rows.py)
-#: and the Philox state advanced by the fused draw (symgpu/gpu/ops/random_fusion.py)
-OPT_IN = {"optimizer_including":
-          "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"}
+#: the flags that turn off the fusions made default on 2026-11-28 (measured against them):
+#: reduction epilogues (symgpu/gpu/ops/reduce_epilogue.py), the arange-free gather
+#: (symgpu/gpu/ops/take_rows.py), the Philox state advanced by the fused draw
+#: (symgpu/gpu/ops/random_fusion.py)
+FUSIONS_OFF = {"optimizer_excluding":
+               "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"}
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:
-    """symgpu's MLP steps (full float32 and TF32; classic cuBLAS, the default, cuBLASLt with
-    timed algorithms, and the opt-in fusions of OPT_IN) added to ``rows`` as (name, step,
-    sync)."""
+    """symgpu's MLP steps (full float32 and TF32; the default (cuBLASLt's timed choice of
+    algorithm), classic cuBLAS's own choice, and the default without the fusions of
+    FUSIONS_OFF) added to ``rows`` as (name, step, sync)."""
     import symgpu.gpu
     from symgpu import config
     ctx = symgpu.gpu.init_default_context()
     assert ctx is not None and not ctx.virtual, "symgpu found no GPU"
     for row_name, tf32 in ((MLP_FP32, False), (MLP_TF32, True)):
-        for who, lt, extra in (("symgpu", False, {}), ("symgpu (cuBLASLt timed)", True, {}),
-                               ("symgpu (opt-in fusions)", False, OPT_IN)):
+        for who, lt, extra in (("symgpu", True, {}), ("symgpu (classic cuBLAS)", False, {}),
+                               ("symgpu (fusions off)", True, FUSIONS_OFF)):
             with config.change_flags(**{"gpuarray.allow_tf32": tf32, "gpuarray.cublaslt": lt},
                                      **extra):
                 step = symgpu_mlp_step(*mlp_init(np.random.default_rng(4)))
                 step()
             rows[row_name].append((who, step, ctx.synchronize))
-            if row_name == MLP_FP32 and not lt:
+            if row_name == MLP_FP32 and who == "symgpu":
                 kinds = sorted({type(n.op).__name__ for n in step.maker.fgraph.toposort()})
                 say(f"    MLP step ops: {', '.join(kinds)}")
                 MLP_STEPS_BUILT.append(step)

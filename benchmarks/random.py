@@ -94,9 +94,10 @@ def bench_symgpu_gpu() -> None:
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:
-    """symgpu's dropout MLP steps added to ``rows`` as (name, step, sync): graphs on (TF32
-    too), off, with the masks in memory, with cuBLASLt's timed choice, with the opt-in
-    fusions (reduction epilogues, the arange-free gather, the state advanced by the draw)."""
+    """symgpu's dropout MLP steps added to ``rows`` as (name, step, sync): the default
+    (graphs on; TF32 too), graphs off, the masks in memory, classic cuBLAS's own choice of
+    algorithm, and without the fusions made default on 2026-11-28 (reduction epilogues, the
+    arange-free gather, the state advanced by the draw)."""
     from symgpu import config
     from symgpu.gpu import init_default_context
     import mlp_dropout
@@ -106,10 +107,10 @@ def symgpu_mlp_contenders(rows: dict) -> None:
         (MLP, "symgpu", {}),
         (MLP, "symgpu (no graphs)", {"gpuarray.cuda_graphs": False}),
         (MLP, "symgpu (masks in memory)", {"optimizer_excluding": "gpu_philox_fusion"}),
-        (MLP, "symgpu (cuBLASLt timed)", {"gpuarray.cublaslt": True}),
-        (MLP, "symgpu (opt-in fusions)", {"optimizer_including":
-                                          "gpu_careduce_epilogue:gpu_take_rows:"
-                                          "gpu_philox_advance_fusion"}),
+        (MLP, "symgpu (classic cuBLAS)", {"gpuarray.cublaslt": False}),
+        (MLP, "symgpu (fusions off)", {"optimizer_excluding":
+                                       "gpu_careduce_epilogue:gpu_take_rows:"
+                                       "gpu_philox_advance_fusion"}),
         (MLP_TF32, "symgpu", {"gpuarray.allow_tf32": True}),
     )
     for row, who, flags in variants:
