@@ -2,6 +2,9 @@
 # Everything the GPU machine is used for (a cold start costs minutes), in parts that each fit
 # one device call (600 s):
 #   bash benchmarks/device_session.sh tests      # pytest -m gpu (about 340 s on an H100), the seeds
+#   bash benchmarks/device_session.sh tests 4    # the same in 4 concurrent pytest processes, test
+#                                                # files spread by test count (when device time
+#                                                # is short; logs gpu_tests_K.txt)
 #   bash benchmarks/device_session.sh issues     # the open issues' rows: the MLP and fused chain
 #                                                # (gpu_speed), dropout (random), gpu_spellings
 #   bash benchmarks/device_session.sh ab BASE    # call overhead against the checkout at BASE
@@ -20,8 +23,14 @@ export PYTHONUNBUFFERED=1
 gpu="device=cuda,floatX=float32"
 case "$part" in
   tests)
-    echo "== pytest -m gpu"
-    python3 -m pytest -m gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$out/gpu_tests.txt" | tail -25
+    shards=${2:-1}
+    if [ "$shards" -gt 1 ]; then
+      echo "== pytest -m gpu in $shards processes"
+      python3 benchmarks/shard_tests.py "$shards" "$out"
+    else
+      echo "== pytest -m gpu"
+      python3 -m pytest -m gpu -q -p no:cacheprovider -rfE 2>&1 | tee "$out/gpu_tests.txt" | tail -25
+    fi
     echo "== examples on the GPU"
     SYMGPU_FLAGS=$gpu python3 examples/check1.py 2>&1 | tee "$out/examples.txt"
     SYMGPU_FLAGS=$gpu python3 examples/check2.py 2>&1 | tee -a "$out/examples.txt"

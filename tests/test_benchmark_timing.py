@@ -45,3 +45,24 @@ def test_a_failing_child_names_the_checkout_and_its_error(tmp_path):
     with pytest.raises(RuntimeError, match="no GPU here") as info:
         alternate_checkouts(str(script), str(tmp_path), str(tmp_path), 1, [])
     assert str(tmp_path) in str(info.value)
+
+
+def test_children_keep_the_path_they_were_given_after_their_checkout(tmp_path, monkeypatch):
+    """On the GPU machine PyCUDA is installed with --target into a directory on PYTHONPATH:
+    a child that lost it found no GPU."""
+    (tmp_path / "extra").mkdir()
+    (tmp_path / "extra" / "extra_mod.py").write_text("VALUE = 7\n")
+    script = tmp_path / "child.py"
+    script.write_text("import json, extra_mod\nprint(json.dumps({'v': extra_mod.VALUE}))\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "extra"))
+    best = alternate_checkouts(str(script), str(tmp_path), str(tmp_path), 1, [])
+    assert best[str(tmp_path)] == {"v": 7}
+
+
+def test_gpu_test_shards_deal_every_test_once_in_order():
+    from shard_tests import deal
+    ids = [f"tests/t{f}.py::test_{k}" for f in range(3) for k in range(5)]
+    shards = deal(ids, 4)
+    assert sorted(t for s in shards for t in s) == sorted(ids)
+    assert all(s == sorted(s, key=ids.index) for s in shards)
+    assert [len(s) for s in shards] == [4, 4, 4, 3] and deal(ids[:2], 4) == [ids[:1], ids[1:2]]

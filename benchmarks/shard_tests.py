@@ -1,0 +1,43 @@
+"""Run the GPU tests (`pytest -m gpu`) in N concurrent processes when device time is short:
+the collected test ids dealt round-robin (a file's tests spread over all shards, so one large
+file does not make one shard the long pole), one pytest process per shard, each logging to
+OUT/gpu_tests_K.txt; prints each shard's failures and summary line, exits non-zero if any
+shard failed.
+
+    python3 benchmarks/shard_tests.py 4 /tmp/out
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+PYTEST = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+
+
+def deal(test_ids: list[str], n: int) -> list[list[str]]:
+    return [s for s in (test_ids[k::n] for k in range(n)) if s]
+
+
+def main(n: int, out: str) -> int:
+    listed = subprocess.run(PYTEST + ["--collect-only"], capture_output=True, text=True)
+    ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
+    procs = []
+    for k, shard in enumerate(deal(ids, n)):
+        log = open(os.path.join(out, f"gpu_tests_{k}.txt"), "w")
+        code = ("import pytest, sys; sys.exit(pytest.main(sys.argv[1:]))")
+        procs.append((log, subprocess.Popen([sys.executable, "-c", code, *PYTEST[3:], "-rfE",
+                                             *shard], stdout=log, stderr=subprocess.STDOUT)))
+    status = 0
+    for k, (log, proc) in enumerate(procs):
+        status |= proc.wait()
+        log.close()
+        with open(log.name) as fh:
+            lines = fh.read().splitlines()
+        print(f"shard {k}:", *[ln for ln in lines if ln.startswith(("FAILED", "ERROR"))],
+              lines[-1] if lines else "(no output)", sep="\n  ")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main(int(sys.argv[1]), sys.argv[2]))
