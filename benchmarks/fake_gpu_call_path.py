@@ -1,0 +1,95 @@
+"""Issue 19's `check1, result on the device` row without a GPU: the host cost of one call of a
+one-kernel GPU function replaying its CUDA graph, the driver replaced by the runner tests'
+fake (tests/graph_fakes.py: a "kernel" is a NumPy closure over a 4-element array, the same in
+both checkouts), this checkout against another one in alternating processes.
+
+    python3 benchmarks/fake_gpu_call_path.py --against /path/to/other/checkout
+    python3 benchmarks/fake_gpu_call_path.py --profile     # cProfile of this checkout's calls
+
+On the GPU machine gpu_call_overhead.py measures the real row; this one lets a session with no
+device time see the same Python path change (2026-11-28: the fake reproduced the real row's
+gap to c10bea3, 4.37 against 4.00 us here, 3.92 against 3.38 us on an H200).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import timeit
+
+import numpy as np
+
+
+def one_kernel_function():
+    """function([], Out(add1(x), borrow=True)) over a GPU shared x on the fake context, its
+    graph captured and replaying, the context current in this thread (as on a GPU)."""
+    sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
+    import graph_fakes as fakes
+    try:                                    # the layout since the gpu/ package was split
+        from symgpu.gpu.runtime import context as gctx
+        from symgpu.gpu.placement.type import GpuArrayType, GpuArraySharedVariable
+    except ImportError:                     # c10bea3's layout
+        from symgpu.gpu import context as gctx
+        from symgpu.gpu.type import GpuArrayType, GpuArraySharedVariable
+    from symgpu import Out, function
+    from symgpu.compile.sharedvalue import Container
+
+    class Patch:                            # what the tests' monkeypatch does, for good
+        @staticmethod
+        def setattr(obj, name, value):
+            setattr(obj, name, value)
+
+    ctx = next(fakes.use_fake_gpu(Patch()))
+    state = getattr(gctx, "thread_state", getattr(gctx, "_tls", None))
+    state.current = ctx
+    t = GpuArrayType("float32", (False,), fakes.CTX)
+    arr = fakes.upload(ctx, np.ones(4, "float32"))
+    x = GpuArraySharedVariable(t, arr, name="x", container=Container(t, arr, "x"))
+    f = function([], Out(fakes.add1()(x), borrow=True))
+    for _ in range(5):                      # plain, capture, replays
+        f()
+    return f
+
+
+def child(number: int, repeat: int, profile: bool) -> None:
+    f = one_kernel_function()
+    if profile:
+        import cProfile
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(number):
+            f()
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        return
+    print(json.dumps({"call": min(timeit.repeat(f, number=number, repeat=repeat)) / number}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", metavar="PATH", help="the other checkout")
+    parser.add_argument("--rounds", type=int, default=6, help="child processes per checkout")
+    parser.add_argument("--number", type=int, default=50000, help="calls per timed block")
+    parser.add_argument("--repeat", type=int, default=7, help="timed blocks per process")
+    parser.add_argument("--profile", action="store_true", help="profile this checkout's calls")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    opts = parser.parse_args()
+    if opts.child:
+        child(opts.number, opts.repeat, opts.profile)
+        return
+    from timing import alternate_checkouts, report_checkouts, run_checkout
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    args = ["--number", str(opts.number), "--repeat", str(opts.repeat)]
+    if opts.profile:
+        run_checkout(__file__, here, [*args, "--profile"])
+        return
+    other = os.path.abspath(opts.against or here)
+    best = alternate_checkouts(__file__, here, other, opts.rounds, args)
+    report_checkouts(best, here, other, [("one-kernel GPU call, fake driver", "call")],
+                     f"best of {opts.rounds} processes x {opts.repeat} x {opts.number} calls:")
+
+
+if __name__ == "__main__":
+    main()
