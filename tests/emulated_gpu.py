@@ -78,7 +78,7 @@ def host_view(a: Any) -> np.ndarray:
 def device_array(ctx: EmulatedCtx, values: np.ndarray) -> Any:
     """A new C-contiguous GpuArray on ``ctx`` holding ``values``."""
     from symgpu.gpu.runtime.array import GpuArray, c_strides
-    values = np.ascontiguousarray(values)
+    values = np.asarray(values, order="C")   # (ascontiguousarray would make a 0-d array 1-d)
     a = GpuArray.__new__(GpuArray)
     block = ctx.pool.allocate(values.nbytes)
     a._set(ctx, block.ptr, values.shape, c_strides(values.shape, values.itemsize),

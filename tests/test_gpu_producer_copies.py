@@ -116,3 +116,55 @@ def test_copied_kernels_match_the_kernels_they_replace(monkeypatch, tmp_path):
 
     np.testing.assert_array_equal(run(red), (xs + bs).max(axis=1))
     np.testing.assert_array_equal(run(new_sub), (xs + bs) - ms)
+
+
+@requires_gxx
+def test_a_cast_read_through_a_broadcast_is_made_by_each_reader(monkeypatch, tmp_path):
+    """A mean's divisor, the batch's length cast to float32 (a 0-d kernel of its own), read
+    as a scalar by one kernel and broadcast (GpuDimShuffle{x}) by another: after the rewrite
+    both read the int64 length and cast it themselves, with the values of the kernels before."""
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    from symgpu.scalar.basic import Cast
+    emu = emulated_kernel_device(monkeypatch, tmp_path)
+    n = GpuArrayType("int64", (), None)()
+    x, s = gvar((False,)), GpuArrayType("float32", (), None)()
+    divisor = GpuElemwise(Cast("float32"))(n)
+    scaled = GpuElemwise(SCALAR_OPS["mul"])(x, GpuDimShuffle((), ("x",))(divisor))
+    mean = GpuElemwise(SCALAR_OPS["true_div"])(s, divisor)
+    fg = FunctionGraph([n, x, s], [scaled, mean], clone=False)
+    assert copy_producer_into_readers(fg, divisor.owner)
+    assert divisor.owner not in fg.apply_nodes
+    for out in fg.outputs:     # each reads the length itself (the vector one through {x})
+        ins = out.owner.inputs
+        assert n in ins or any(i.owner is not None and i.owner.inputs == [n] for i in ins)
+    xs = np.arange(1.0, 8.0, dtype="float32")
+    values = {n: device_array(emu, np.array(7, "int64")), x: device_array(emu, xs),
+              s: device_array(emu, np.array(35.0, "float32"))}
+    for node in fg.toposort():
+        thunk, storage = thunk_over(node, [values[v] for v in node.inputs])
+        thunk()
+        values[node.outputs[0]] = storage[node.outputs[0]][0]
+    np.testing.assert_array_equal(host_view(values[fg.outputs[0]]), xs * np.float32(7))
+    np.testing.assert_array_equal(host_view(values[fg.outputs[1]]), np.float32(5))
+
+
+def test_the_dropout_mlps_mean_divisor_launches_no_kernel_of_its_own(vgpu):
+    """examples/mlp_dropout.py's loss, -mean of the taken log-probabilities: its divisor,
+    cast(x.shape[0], float32), was a 0-d kernel read by the gradient's kernel and by the
+    mean's reduction; now each of them casts the uploaded length."""
+    import sys
+    from pathlib import Path
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    sys.path.insert(0, examples)
+    try:
+        import mlp_dropout
+    finally:
+        sys.path.remove(examples)
+
+    def zero_d_kernels(**flags):
+        with config.change_flags(**flags):
+            train, _, _ = mlp_dropout.build(64, on_device=True)
+        return [n for n in train.maker.fgraph.toposort() if type(n.op) is GpuElemwise
+                and all(all(o.broadcastable) for o in n.outputs)]
+    assert len(zero_d_kernels(**OFF)) == 1
+    assert not zero_d_kernels()

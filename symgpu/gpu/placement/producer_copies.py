@@ -9,7 +9,10 @@ qualifies when recomputing it costs no extra memory traffic: one output, at most
 of the output's full shape (the others broadcast along some axis, as a bias or a row
 statistic is), a small scalar expression, and every reader either an elementwise kernel
 (the producer is inlined into its Composite) or a reduction without a pre-op (the producer
-becomes its pre-op). All readers are rewritten at once or none is.
+becomes its pre-op), read directly or through a GpuDimShuffle that only inserts broadcast
+axes (a mean's divisor, cast from the batch's length, read by a vector kernel: the cast is
+made by every kernel that reads it, not by a launch of its own). All readers are rewritten at
+once or none is.
 
 On the MLP step of benchmarks/gpu_speed.py this removes the logits' bias add and the
 softmax's ``exp(z - m)``: two launches of the 28 in its CUDA graph.
@@ -23,6 +26,7 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
 __all__ = ["gpu_producer_copies", "copy_producer_into_readers"]
@@ -43,8 +47,22 @@ def _full_inputs(node: Apply) -> int:
                if not any(b and not o for b, o in zip(v.type.broadcastable, out)))
 
 
-def _qualifies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Apply, str]] | None:
-    """The readers of `node` (each with 'ew' or 'red'), when `node` may be copied into them."""
+def _inserts_axes(node: Apply) -> bool:
+    """A GpuDimShuffle that only inserts broadcast axes ('x'), keeping every axis in order:
+    applied to each input of an elementwise node, it gives the node's result so shuffled."""
+    if type(node.op) is not GpuDimShuffle:
+        return False
+    kept = [d for d in node.op.new_order if d != "x"]
+    return kept == list(range(len(node.op.input_broadcastable)))
+
+
+#: (reader, 'ew' or 'red', the axis-inserting GpuDimShuffle it reads the producer through)
+Reader = tuple[Apply, str, "Apply | None"]
+
+
+def _qualifies(fgraph: FunctionGraph, node: Apply) -> list[Reader] | None:
+    """The readers of `node`, directly or through axis-inserting GpuDimShuffles (a scalar's
+    ``x`` broadcast to a vector), when `node` may be copied into them."""
     op = node.op
     if type(op) is not GpuElemwise or op.inplace_pattern or len(node.outputs) != 1:
         return None
@@ -52,35 +70,58 @@ def _qualifies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Apply, str]] | 
     if out in fgraph.outputs or _full_inputs(node) > 1 or \
             _scalar_ops(op.scalar_op) > MAX_PRODUCER_OPS:
         return None
-    clients = fgraph.clients.get(out, [])
-    readers: dict[Apply, str] = {}
-    for client, _ in clients:
+    readers: dict[Apply, Reader] = {}
+    for client, _ in fgraph.clients.get(out, []):
         if not isinstance(client, Apply):
             return None
-        cop = client.op
-        if type(cop) is GpuElemwise and not cop.inplace_pattern:
-            readers[client] = "ew"
-        elif isinstance(cop, GpuCAReduce) and cop.pre_scalar_op is None and \
-                cop.post_scalar_op is None and client.inputs[0] is out and \
-                careduce_supported(cop.scalar_op, op.scalar_op,
-                                   [v.dtype for v in node.inputs]):
-            readers[client] = "red"
+        via = None
+        if _inserts_axes(client) and client.outputs[0] not in fgraph.outputs:
+            via, reads = client, [c for c, _ in fgraph.clients.get(client.outputs[0], [])]
         else:
-            return None
-    return list(readers.items()) if len(readers) >= 2 else None
+            reads = [client]
+        read = via.outputs[0] if via is not None else out
+        for reader in reads:
+            if not isinstance(reader, Apply):
+                return None
+            kind = _reader_kind(reader, read, node)
+            if kind is None or readers.get(reader, (reader, kind, via))[2] is not via:
+                return None
+            readers[reader] = (reader, kind, via)
+    return list(readers.values()) if len(readers) >= 2 else None
 
 
-def _inlined(producer: Apply, reader: Apply) -> list[Variable] | None:
+def _reader_kind(reader: Apply, read: Variable, producer: Apply) -> str | None:
+    rop = reader.op
+    if type(rop) is GpuElemwise and not rop.inplace_pattern:
+        return "ew"
+    if isinstance(rop, GpuCAReduce) and rop.pre_scalar_op is None and \
+            rop.post_scalar_op is None and reader.inputs[0] is read and \
+            reader.inputs.count(read) == 1 and \
+            careduce_supported(rop.scalar_op, producer.op.scalar_op,
+                               [v.dtype for v in producer.inputs]):
+        return "red"
+    return None
+
+
+def _operands(producer: Apply, via: Apply | None) -> list[Variable]:
+    """The producer's inputs, shuffled as `via` shuffles its result."""
+    if via is None:
+        return list(producer.inputs)
+    return [GpuDimShuffle(v.broadcastable, via.op.new_order)(v) for v in producer.inputs]
+
+
+def _inlined(producer: Apply, reader: Apply, via: Apply | None) -> list[Variable] | None:
     """The outputs of one GpuElemwise computing `reader` with `producer` inlined."""
-    out = producer.outputs[0]
+    read = via.outputs[0] if via is not None else producer.outputs[0]
+    operands = _operands(producer, via)
     ext: list[Variable] = []
-    for v in list(producer.inputs) + [v for v in reader.inputs if v is not out]:
+    for v in operands + [v for v in reader.inputs if v is not read]:
         if not any(v is e for e in ext):
             ext.append(v)
     b = CompositeBuilder()
     refs = {id(v): b.add_input(v.dtype) for v in ext}
-    (made,) = b.add_op(producer.op.scalar_op, [refs[id(v)] for v in producer.inputs])
-    args = [made if v is out else refs[id(v)] for v in reader.inputs]
+    (made,) = b.add_op(producer.op.scalar_op, [refs[id(v)] for v in operands])
+    args = [made if v is read else refs[id(v)] for v in reader.inputs]
     comp = b.build(b.add_op(reader.op.scalar_op, args))
     try:
         new = GpuElemwise(comp).make_node(*ext).outputs
@@ -98,16 +139,16 @@ def copy_producer_into_readers(fgraph: FunctionGraph, node: Apply) -> bool:
     if readers is None:
         return False
     pairs: list[tuple[Variable, Variable]] = []
-    for reader, kind in readers:
+    for reader, kind, via in readers:
         if kind == "red":
-            cop = reader.op
+            rop = reader.op
             try:
-                new = [GpuCAReduce(cop.scalar_op, cop.axis, cop.dtype,
-                                   node.op.scalar_op)(*node.inputs)]
+                new = [GpuCAReduce(rop.scalar_op, rop.axis, rop.dtype,
+                                   node.op.scalar_op)(*_operands(node, via))]
             except (TypeError, ValueError):
                 return False
         else:
-            new = _inlined(node, reader)
+            new = _inlined(node, reader, via)
             if new is None:
                 return False
         if any(a.type != n.type for a, n in zip(reader.outputs, new)):
