@@ -43,6 +43,22 @@ def test_the_classifier_gradient_is_one_node(label_dtype):
         assert "GpuNLLGrad" not in names and "GpuAdvancedIncSubtensor2" in names, names
 
 
+def test_the_gradient_reads_the_losss_log_softmax_instead_of_a_softmax_of_its_own():
+    """With the loss computed too, its log-softmax feeds the gradient (exp taken there): one
+    softmax kernel less; gpu_nll_grad_log_softmax excluded, the softmax is back."""
+    def ops(**flags):
+        with config.change_flags(floatX="float32", **flags), virtual_context(None):
+            x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
+            loss = _loss(T.dot(x, w), y)
+            f = function([x, w, y], [loss, T.grad(loss, w)])
+        return [str(n.op) for n in f.maker.fgraph.toposort()]
+    fused, plain = ops(), ops(optimizer_excluding="gpu_nll_grad_log_softmax")
+    assert "GpuNLLGrad{exp}" in fused and "GpuSoftmaxRows{softmax}" not in fused, fused
+    assert "GpuSoftmaxRows{log}" in fused
+    assert "GpuNLLGrad" in plain and "GpuSoftmaxRows{softmax}" in plain, plain
+    assert len(fused) == len(plain) - 1
+
+
 def test_rows_folded_into_a_constant_still_match():
     """``arange(4)`` of constants is folded into a constant vector before the pass runs."""
     with config.change_flags(floatX="float32"), virtual_context(None):
@@ -89,7 +105,8 @@ def test_make_node_checks_its_inputs():
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     src = nll_grad_source()
-    for name in ("nll_grad_float32_int32", "nll_grad_float64_int64"):
+    for name in ("nll_grad_float32_int32", "nll_grad_float64_int64",
+                 "nll_grad_exp_float32_int64"):
         assert name in src
     assert compile_for_sm90(src, tmp_path)
 
@@ -123,6 +140,25 @@ def test_values_equal_the_unfused_ops_and_numpy(cuda, dtype, label_dtype):
     tol = 1e-6 if dtype == "float32" else 1e-14   # the same arithmetic (nvcc may fuse the
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)   # multiply-subtract in either)
     np.testing.assert_allclose(got, _np_grad(zv.astype("float64"), yv, 40), rtol=tol, atol=tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_gradient_from_the_log_softmax_matches_the_softmaxs(cuda, dtype):
+    z, y = T.matrix("z", dtype=dtype), T.lvector("y")
+    zv = (RNG.standard_normal((40, 13)) * 3).astype(dtype)
+    yv = RNG.integers(0, 13, 40)
+    loss = _loss(z, y)
+    outs = [loss, T.grad(loss, z)]
+    fused = function([z, y], outs)
+    assert "GpuNLLGrad{exp}" in [str(n.op) for n in fused.maker.fgraph.toposort()]
+    with config.change_flags(optimizer_excluding="gpu_nll_grad_log_softmax"):
+        plain = function([z, y], outs)
+    tol = 1e-6 if dtype == "float32" else 1e-14
+    for got, want in zip(fused(zv, yv), plain(zv, yv)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(fused(zv, yv)[1]),
+                               _np_grad(zv.astype("float64"), yv, 40), rtol=tol, atol=tol)
 
 
 @requires_gpu

@@ -78,13 +78,14 @@ def nll_lib(tmp_path_factory):
     wraps = []
     for dtype, t in ng.NLL_GRAD_DTYPES.items():
         for idt, it in ng.INDEX_DTYPES.items():
-            name = ng._kernel_name(dtype, idt)
-            wraps.append(
-                f"EMU_WRAP(run_{name}, {name}, (const {t} *v, long long vs, const {t} *m, "
-                f"long long ms0, long long ms1, const {it} *y, long long ys, {t} *out, "
-                f"long long rows, long long cols, long long labelled, "
-                f"unsigned long long *err), (v, vs, m, ms0, ms1, y, ys, out, rows, cols, "
-                f"labelled, err))")
+            for exp_m in (False, True):
+                name = ng._kernel_name(dtype, idt, exp_m)
+                wraps.append(
+                    f"EMU_WRAP(run_{name}, {name}, (const {t} *v, long long vs, "
+                    f"const {t} *m, long long ms0, long long ms1, const {it} *y, long long ys, "
+                    f"{t} *out, long long rows, long long cols, long long labelled, "
+                    f"unsigned long long *err), (v, vs, m, ms0, ms1, y, ys, out, rows, cols, "
+                    f"labelled, err))")
     return build(ng.nll_grad_source(), "\n".join(wraps), tmp_path_factory.mktemp("nll"))
 
 
@@ -97,21 +98,24 @@ def _error_page() -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
-def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, idt):
+@pytest.mark.parametrize("exp_m", [False, True])
+def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, idt, exp_m):
+    """With exp_m the kernel is given log(m) (a log-softmax) and computes with exp of it."""
     rows, cols, labelled = 37, 10, 30
     rng = np.random.default_rng(5)
     m = rng.random((rows, cols)).astype(dtype)
     v = np.asarray([-1.0 / labelled], dtype=dtype)           # broadcast (stride 0)
     y = rng.integers(-cols, cols, rows).astype(idt)           # negative labels count from the end
-    name = ng._kernel_name(dtype, idt)
+    name = ng._kernel_name(dtype, idt, exp_m)
     run = getattr(nll_lib, f"run_{name}")
+    given = np.log(m) if exp_m else m
 
     def launch(y, grid):
         out = np.full((rows, cols), 99.0, dtype=dtype)
         err = _error_page()
         slot = err[8:]                                        # a slot inside the page
         run(ctypes.c_longlong(grid), ctypes.c_longlong(64), _ONE, _ptr(v), ctypes.c_longlong(0),
-            _ptr(m), ctypes.c_longlong(cols), ctypes.c_longlong(1), _ptr(y),
+            _ptr(given), ctypes.c_longlong(cols), ctypes.c_longlong(1), _ptr(y),
             ctypes.c_longlong(1), _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(cols),
             ctypes.c_longlong(labelled), _ptr(slot))
         return out, err, slot

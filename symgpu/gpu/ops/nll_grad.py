@@ -31,7 +31,8 @@ from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.tensor.type import constant
 
-__all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion"]
+__all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion",
+           "gpu_nll_grad_log_softmax"]
 
 #: value dtype -> CUDA type
 NLL_GRAD_DTYPES = {"float32": "float", "float64": "double"}
@@ -41,16 +42,18 @@ _MODULE_KEY = ("symgpu.nll_grad",)
 _CU = sections("nll_grad.cu")
 
 
-def _kernel_name(dtype: str, idx_dtype: str) -> str:
-    return f"nll_grad_{dtype}_{idx_dtype}"
+def _kernel_name(dtype: str, idx_dtype: str, exp_m: bool = False) -> str:
+    return f"nll_grad_{'exp_' if exp_m else ''}{dtype}_{idx_dtype}"
 
 
 def nll_grad_source() -> str:
-    """The CUDA module with every ``nll_grad_<dtype>_<label dtype>`` kernel."""
+    """The CUDA module with every ``nll_grad_[exp_]<dtype>_<label dtype>`` kernel."""
     parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in NLL_GRAD_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
-            parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt), t=t, it=it))
+            for exp_m in (False, True):
+                parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt, exp_m), t=t,
+                                                    it=it, exp_m=str(exp_m).lower()))
     return "".join(parts)
 
 
@@ -66,12 +69,16 @@ class GpuNLLGrad(DeviceChecked, Op):
     """``g - m * rowsum(g)`` where g is a zero matrix of m's shape but for ``g[i, y_i] = v_i``
     in its first ``labelled`` rows: a new C-contiguous matrix. Inputs: v (a vector of length
     ``labelled``, or of length 1: broadcast), m (a float matrix), labelled (a host integer),
-    y (int32/int64 labels, of length ``labelled`` or 1)."""
+    y (int32/int64 labels, of length ``labelled`` or 1). With ``exp_m`` the input is log(m)
+    (``gpu_nll_grad_log_softmax``: the loss's log-softmax, so no softmax of its own)."""
 
-    __props__ = ()
+    __props__ = ("exp_m",)
+
+    def __init__(self, exp_m: bool = False):
+        self.exp_m = bool(exp_m)
 
     def __str__(self) -> str:
-        return "GpuNLLGrad"
+        return "GpuNLLGrad{exp}" if self.exp_m else "GpuNLLGrad"
 
     def make_node(self, v: Any, m: Any, labelled: Any, y: Any) -> Apply:
         from symgpu.tensor.type import as_tensor_variable
@@ -120,7 +127,8 @@ class GpuNLLGrad(DeviceChecked, Op):
             ctx = m.context
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
-                                     _kernel_name(m.dtype.name, y.dtype.name), "PqPqqPqPqqqP",
+                                     _kernel_name(m.dtype.name, y.dtype.name, self.exp_m),
+                                     "PqPqqPqPqqqP",
                                      context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 
@@ -237,3 +245,39 @@ def gpu_nll_grad_fusion(fgraph: FunctionGraph) -> int:
 
 
 optdb.register("gpu_nll_grad_fusion", gpu_nll_grad_fusion, 49.4, "fast_run", "fusion", "gpu")
+
+
+def _softmax_rows(var: Variable, log: bool) -> Variable | None:
+    """The input of ``GpuSoftmaxRows{log or softmax}(x)`` when ``var`` is one, else None."""
+    from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
+    node = var.owner
+    if node is None or type(node.op) is not GpuSoftmaxRows or node.op.log != log:
+        return None
+    return node.inputs[0]
+
+
+def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
+    """GpuNLLGrad(v, softmax(z), r, y) -> GpuNLLGrad{exp}(v, log_softmax(z), r, y) where the
+    graph computes log_softmax(z) anyway (the loss reads it): the gradient takes exp of the
+    loss's log-probabilities (within a few ulp of the softmax) and the softmax kernel, read by
+    nothing else, is gone. Returns how many were replaced."""
+    changed = 0
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes or type(node.op) is not GpuNLLGrad or node.op.exp_m:
+            continue
+        v, m, r, y = node.inputs
+        z = _softmax_rows(m, log=False)
+        if z is None:
+            continue
+        logs = [c.outputs[0] for c, _ in fgraph.clients.get(z, [])
+                if isinstance(c, Apply) and _softmax_rows(c.outputs[0], log=True) is z]
+        if not logs or logs[0].type != m.type:
+            continue
+        fgraph.replace_all([(node.outputs[0], GpuNLLGrad(exp_m=True)(v, logs[0], r, y))],
+                           reason="gpu_nll_grad_log_softmax")
+        changed += 1
+    return changed
+
+
+# after gpu_nll_grad_fusion (49.4) makes the GpuNLLGrad nodes, before fusion
+optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "fast_run", "gpu")

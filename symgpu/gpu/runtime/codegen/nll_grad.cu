@@ -5,8 +5,12 @@
    ``scatter(v at (i, y_i)) - m * rowsum(scatter)`` computes, in one pass. v is read with
    stride vs (0: broadcast), y with ys, m through element strides (ms0, ms1). A label out of
    [-cols, cols) is reported (negative ones count from the end, as the scatter's) and its row
-   gets no one-hot term: the host raises at its next sync. */
-template <typename T, typename I>
+   gets no one-hot term: the host raises at its next sync. With EXP_M, m holds logarithms
+   (a log-softmax the loss already computed): m's values are exp(m). */
+__device__ __forceinline__ float nll_grad_exp(float x) { return expf(x); }
+__device__ __forceinline__ double nll_grad_exp(double x) { return exp(x); }
+
+template <typename T, typename I, bool EXP_M>
 __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T *m,
     long long ms0, long long ms1, const I *y, long long ys, T *out, long long rows,
     long long cols, long long labelled, unsigned long long *err)
@@ -26,7 +30,8 @@ __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T 
                 if (j == label) g = s;
             }
         }
-        out[k] = g - m[i * ms0 + j * ms1] * s;
+        const T mk = m[i * ms0 + j * ms1];
+        out[k] = g - (EXP_M ? nll_grad_exp(mk) : mk) * s;
     }
 }
 //@ grad
@@ -34,4 +39,5 @@ __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T 
 extern "C" __global__ void ${name}(const ${t} *v, long long vs, const ${t} *m,
     long long ms0, long long ms1, const ${it} *y, long long ys, ${t} *out, long long rows,
     long long cols, long long labelled, unsigned long long *err)
-{ nll_grad_body<${t}, ${it}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled, err); }
+{ nll_grad_body<${t}, ${it}, ${exp_m}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled,
+                                       err); }
