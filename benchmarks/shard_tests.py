@@ -5,6 +5,7 @@ OUT/gpu_tests_K.txt; prints each shard's failures and summary line, exits non-ze
 shard failed.
 
     python3 benchmarks/shard_tests.py 4 /tmp/out
+    python3 benchmarks/shard_tests.py 4 /tmp/out tests/test_gpu_nll_grad.py ...   # some files
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ def deal(test_ids: list[str], n: int) -> list[list[str]]:
     return [s for s in (test_ids[k::n] for k in range(n)) if s]
 
 
-def main(n: int, out: str) -> int:
-    listed = subprocess.run(PYTEST + ["--collect-only"], capture_output=True, text=True)
+def main(n: int, out: str, paths: list[str]) -> int:
+    listed = subprocess.run(PYTEST + ["--collect-only", *paths], capture_output=True, text=True)
     ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
     procs = []
     for k, shard in enumerate(deal(ids, n)):
@@ -40,4 +41,4 @@ def main(n: int, out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(int(sys.argv[1]), sys.argv[2]))
+    sys.exit(main(int(sys.argv[1]), sys.argv[2], sys.argv[3:]))
