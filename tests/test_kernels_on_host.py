@@ -38,6 +38,10 @@ def softmax_lib(tmp_path_factory):
                 wraps.append(f"EMU_WRAP(run_{name}, {name}, (const {t} *x, long long xs0, "
                              f"long long xs1, {t} *out, long long rows, long long n), "
                              f"(x, xs0, xs1, out, rows, n))")
+                wraps.append(f"EMU_WRAP(run_{name}_bias, {name}_bias, (const {t} *x, "
+                             f"long long xs0, long long xs1, const {t} *b, long long bs, "
+                             f"{t} *out, long long rows, long long n), "
+                             f"(x, xs0, xs1, b, bs, out, rows, n))")
     return build(sr.softmax_rows_source(), "\n".join(wraps), tmp_path_factory.mktemp("sr"))
 
 
@@ -71,6 +75,30 @@ def test_softmax_rows_kernels_match_numpy(softmax_lib, dtype, log, rows, n, wide
     want = _softmax_ref(x.astype("float64"), log)
     tol = 2e-5 if dtype == "float32" else 1e-12
     np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("rows,n,wide", [(21, 10, False), (3, 1500, True)])
+def test_softmax_rows_bias_kernels_add_the_vector_to_every_row(softmax_lib, dtype, log, rows,
+                                                              n, wide):
+    """The _bias twins: softmax of x + b (b read with an element stride), the sum rounded as
+    the elementwise add rounds it; a length-1 b (stride 0) broadcasts."""
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((rows, n)) * 4).astype(dtype)
+    bb = (rng.standard_normal(2 * n) * 4).astype(dtype)
+    name = sr._kernel_name(dtype, log, wide, bias=True)
+    block = 256 if not wide else 128
+    grid = max(1, min(3, -(-rows // (1 if wide else block // 32))))
+    for b, bs in ((bb[::2], 2), (bb[:1], 0)):
+        out = np.full((rows, n), -7.0, dtype=dtype)
+        getattr(softmax_lib, f"run_{name}")(
+            ctypes.c_longlong(grid), ctypes.c_longlong(block), _ONE, _ptr(x),
+            ctypes.c_longlong(n), ctypes.c_longlong(1), _ptr(bb), ctypes.c_longlong(bs),
+            _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(n))
+        want = _softmax_ref((x + (b if bs else b[0])).astype("float64"), log)
+        tol = 2e-5 if dtype == "float32" else 1e-12
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
 
 
 @pytest.fixture(scope="module")

@@ -12,18 +12,25 @@ one block would stream alone, where the expanded reductions spread it over the w
 x is read through its strides (leading axes that collapse into one row stride; otherwise a
 contiguous copy first); the result is a new C-contiguous array. The values are those of the
 CPU ops (max-shifted, NaN propagating as NumPy's max does).
+
+``bias=True`` takes a second input, a vector added to every row as it is read: the pass
+``gpu_softmax_rows_bias`` (49.43) gives a classifier's ``softmax(dot(h, W) + b)`` to the
+kernel as (dot(h, W), b), so the bias add is no launch of its own.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from symgpu.graph.basic import Apply
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
+from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
-__all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout"]
+__all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout",
+           "gpu_softmax_rows_bias"]
 
 #: dtype -> CUDA type the kernels are instantiated for
 SOFTMAX_ROWS_DTYPES = {"float32": "float", "float64": "double"}
@@ -37,8 +44,10 @@ _CU = sections("softmax_rows.cu")
 WIDE_ROW = 1024
 
 
-def _kernel_name(dtype: str, log: bool, wide: bool) -> str:
-    return f"{'log_' if log else ''}softmax_{'block' if wide else 'warp'}_rows_{dtype}"
+def _kernel_name(dtype: str, log: bool, wide: bool, bias: bool = False) -> str:
+    """(Each kernel has a ``_bias`` twin: the module defines both.)"""
+    name = f"{'log_' if log else ''}softmax_{'block' if wide else 'warp'}_rows_{dtype}"
+    return name + "_bias" if bias else name
 
 
 def softmax_rows_source() -> str:
@@ -76,25 +85,34 @@ def rows_layout(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int, 
 
 class GpuSoftmaxRows(Op):
     """softmax (``log=False``) or log_softmax (``log=True``) of a float32/float64 GPU array
-    along its last axis: a new C-contiguous array of its type."""
+    along its last axis (with ``bias``: of the array plus a vector along that axis): a new
+    C-contiguous array of its type."""
 
-    __props__ = ("log",)
+    __props__ = ("log", "bias")
     capturable = True   # a pool allocation and one launch on the stream (graphs.py)
     launches = True
 
-    def __init__(self, log: bool = False):
-        self.log = bool(log)
+    def __init__(self, log: bool = False, bias: bool = False):
+        self.log, self.bias = bool(log), bool(bias)
 
     def __str__(self) -> str:
-        return f"GpuSoftmaxRows{{{'log' if self.log else 'softmax'}}}"
+        return f"GpuSoftmaxRows{{{'log' if self.log else 'softmax'}{',bias' if self.bias else ''}}}"
 
-    def make_node(self, x: Any) -> Apply:
+    def make_node(self, x: Any, b: Any = None) -> Apply:
         if not is_gpu_var(x):
             raise TypeError(f"{self}: expected a GPU variable, got {x}")
         if x.dtype not in SOFTMAX_ROWS_DTYPES or x.ndim == 0:
             raise TypeError(f"{self}: needs a float32/float64 array of at least one "
                             f"dimension, got {x.type}")
-        return Apply(self, [x], [x.type()])
+        if (b is not None) != self.bias:
+            raise TypeError(f"{self}: takes {'a bias' if self.bias else 'no bias'}")
+        if b is None:
+            return Apply(self, [x], [x.type()])
+        if not is_gpu_var(b) or b.ndim != 1 or b.dtype != x.dtype:
+            raise TypeError(f"{self}: the bias must be a GPU vector of {x.dtype}, got {b}")
+        out = x.type.clone(broadcastable=tuple(bx and bb for bx, bb in zip(
+            x.broadcastable, (True,) * (x.ndim - 1) + b.broadcastable)))()
+        return Apply(self, [x, b], [out])
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [input_shapes[0]]
@@ -106,7 +124,17 @@ class GpuSoftmaxRows(Op):
 
     def perform(self, node, inputs, out):
         from symgpu.gpu.runtime.array import GpuArray
-        (x,) = inputs
+        x = inputs[0]
+        bias = ()
+        if self.bias:
+            b = inputs[1]
+            n = x.shape[-1]
+            if b.shape[0] not in (1, n):
+                raise ValueError(f"{self}: a bias of shape {b.shape} does not broadcast "
+                                 f"along the last axis of an array of shape {x.shape}")
+            if b.strides[0] % b.dtype.itemsize:
+                b = b.copy()
+            bias = (b.ptr, 0 if b.shape[0] == 1 else b.strides[0] // b.dtype.itemsize)
         res = GpuArray(x.shape, x.dtype, x.context)
         if x.size:
             layout = rows_layout(x.shape, x.strides, x.dtype.itemsize)
@@ -118,10 +146,55 @@ class GpuSoftmaxRows(Op):
             ctx.activate()
             wide = n > WIDE_ROW
             fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source,
-                                     _kernel_name(x.dtype.name, self.log, wide), "PqqPqq",
-                                     context=ctx)
+                                     _kernel_name(x.dtype.name, self.log, wide, self.bias),
+                                     "PqqPqPqq" if self.bias else "PqqPqq", context=ctx)
             per_block = 1 if wide else _BLOCK // 32
             blocks = max(1, min(_MAX_BLOCKS, -(-rows // per_block)))
             fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, x.ptr, xs0, xs1,
-                                   res.ptr, rows, n)
+                                   *bias, res.ptr, rows, n)
         out[0][0] = res
+
+
+# ----------------------------------------------------------------------------- the pass
+
+def _row_bias_add(var: Variable) -> tuple[Variable, Variable] | None:
+    """(x, b) when ``var`` is ``x + b.dimshuffle('x', 0)`` (either order) of a matrix x."""
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    node = var.owner
+    if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
+            getattr(node.op.scalar_op, "name", None) != "add" or len(node.inputs) != 2:
+        return None
+    for x, d in (node.inputs, node.inputs[::-1]):
+        dn = d.owner
+        if x.broadcastable == (False, False) and x.type == var.type and dn is not None and \
+                type(dn.op) is GpuDimShuffle and dn.op.new_order == ("x", 0) and \
+                dn.inputs[0].dtype == x.dtype:
+            return x, dn.inputs[0]
+    return None
+
+
+def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
+    """GpuSoftmaxRows(x + b) -> GpuSoftmaxRows{bias}(x, b) where every reader of the sum is
+    such a softmax (the add then launches nothing); returns how many were rewritten."""
+    changed = 0
+    for node in list(fgraph.toposort()):
+        if node not in fgraph.apply_nodes or type(node.op) is not GpuSoftmaxRows or \
+                node.op.bias:
+            continue
+        z = node.inputs[0]
+        found = _row_bias_add(z)
+        readers = fgraph.clients.get(z, [])
+        if found is None or z in fgraph.outputs or not all(
+                isinstance(c, Apply) and type(c.op) is GpuSoftmaxRows for c, _ in readers):
+            continue
+        new = GpuSoftmaxRows(node.op.log, bias=True)(*found)
+        if new.type != node.outputs[0].type:
+            continue
+        fgraph.replace_all([(node.outputs[0], new)], reason="gpu_softmax_rows_bias")
+        changed += 1
+    return changed
+
+
+# before gpu_fusion (49.5), which would merge the add into other elementwise kernels
+optdb.register("gpu_softmax_rows_bias", gpu_softmax_rows_bias, 49.43, "fast_run", "gpu")

@@ -32,15 +32,19 @@ __device__ __forceinline__ T sr_reduce(T v, T *shared)
 }
 
 /* out[r, :] = softmax (LOG: log_softmax) of x's row r, for `rows` rows of n elements: x read
-   through element strides (xs0 between rows, xs1 along a row), out C-contiguous. A warp takes
+   through element strides (xs0 between rows, xs1 along a row), out C-contiguous; with BIAS,
+   of x's row plus the vector b (element stride bs): a classifier's logits, whose bias add is
+   then no launch of its own (the sum rounded as the elementwise add rounds it). A warp takes
    a row (WIDE false: short rows, 8 per 256-thread block) or the whole block does (WIDE true:
    long rows), blocks striding over the rows: the row's max, then the sum of exp(x - max),
    then the row written in one more pass, as the CPU op computes it: exp(x - max) / sum, or
    (x - max) - log(sum). */
-template <typename T, bool LOG, bool WIDE>
+template <typename T, bool LOG, bool WIDE, bool BIAS>
 __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, long long xs1,
-                                                  T *out, long long rows, long long n)
+                                                  const T *b, long long bs, T *out,
+                                                  long long rows, long long n)
 {
+#define SR_X(j) (BIAS ? xr[(j) * xs1] + b[(j) * bs] : xr[(j) * xs1])
     __shared__ T shared[32];
     const int per_block = WIDE ? 1 : (blockDim.x >> 5);
     const int first = WIDE ? threadIdx.x : (threadIdx.x & 31);
@@ -51,21 +55,27 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
         const T *xr = x + r * xs0;
         T *orow = out + r * n;
         T m = -INFINITY;
-        for (long long j = first; j < n; j += stride) m = sr_max(m, xr[j * xs1]);
+        for (long long j = first; j < n; j += stride) m = sr_max(m, SR_X(j));
         m = sr_reduce<T, false, WIDE>(m, shared);
         T s = T(0);
-        for (long long j = first; j < n; j += stride) s += sr_exp(xr[j * xs1] - m);
+        for (long long j = first; j < n; j += stride) s += sr_exp(SR_X(j) - m);
         s = sr_reduce<T, true, WIDE>(s, shared);
         if (LOG) {
             const T ls = sr_log(s);
-            for (long long j = first; j < n; j += stride) orow[j] = (xr[j * xs1] - m) - ls;
+            for (long long j = first; j < n; j += stride) orow[j] = (SR_X(j) - m) - ls;
         } else {
-            for (long long j = first; j < n; j += stride) orow[j] = sr_exp(xr[j * xs1] - m) / s;
+            for (long long j = first; j < n; j += stride) orow[j] = sr_exp(SR_X(j) - m) / s;
         }
     }
+#undef SR_X
 }
 //@ rows
 
 extern "C" __global__ void ${name}(const ${ctype} *x, long long xs0, long long xs1,
                                    ${ctype} *out, long long rows, long long n)
-{ softmax_rows_body<${ctype}, ${log}, ${wide}>(x, xs0, xs1, out, rows, n); }
+{ softmax_rows_body<${ctype}, ${log}, ${wide}, false>(x, xs0, xs1, 0, 0, out, rows, n); }
+
+extern "C" __global__ void ${name}_bias(const ${ctype} *x, long long xs0, long long xs1,
+                                        const ${ctype} *b, long long bs, ${ctype} *out,
+                                        long long rows, long long n)
+{ softmax_rows_body<${ctype}, ${log}, ${wide}, true>(x, xs0, xs1, b, bs, out, rows, n); }
