@@ -83,7 +83,8 @@ from symgpu.scalar.basic import SCALAR_OPS  # noqa: E402
 
 G = {}
 for _mod in ("placement.basic_ops", "ops.blas", "ops.subtensor", "ops.advanced", "ops.nnet", "ops.crossentropy", "ops.elemwise",
-             "ops.kernel_op", "ops.softmax_rows", "ops.nll_grad", "ops.take_rows"):
+             "ops.kernel_op", "ops.softmax_rows", "ops.nll_grad", "ops.take_rows",
+             "ops.guarded_updates"):
     G.update(vars(importlib.import_module(f"symgpu.gpu.{_mod}")))
 
 ADD = symgpu.scalar.basic.SCALAR_OPS["add"]
@@ -296,6 +297,8 @@ CASES: dict[type, list[Case]] = {
                        gcase(lambda x, r, b: G["GpuTakeRows"]()(x, r, b),
                              lambda x, r, b: x[T.arange(r), b], "ghg", r(5, 3), i64(1),
                              i64([0, 2, 1]))],
+    G["GpuCheckVerdict"]: [gcase(lambda x: G["GpuCheckVerdict"]()(x), lambda x: x.sum(), "g",
+                                 r(3))],
     G["GpuNLLGrad"]: [gcase(lambda v, m, n, y: G["GpuNLLGrad"]()(v, m, n, y),
                             lambda v, m, n, y: m, "gghg", r(3), r(3, 4), i64(3),
                             i64([0, 3, 1]))],

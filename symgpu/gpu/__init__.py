@@ -89,6 +89,7 @@ import symgpu.gpu.ops.nll_grad  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
 import symgpu.gpu.placement.producer_copies  # noqa: E402,F401
 import symgpu.gpu.placement.narrow_outputs  # noqa: E402,F401
+import symgpu.gpu.ops.guarded_updates  # noqa: E402,F401
 import symgpu.gpu.ops.take_rows  # noqa: E402,F401
 import symgpu.gpu.placement.lifters  # noqa: E402,F401
 import symgpu.gpu.exec.graphs  # noqa: E402,F401

@@ -570,9 +570,11 @@ class Segment:
 
     def _guarded(self) -> GuardedCopies | None:
         """Where this call's copies back go when the function has ops whose checks are read
-        at the next sync (a copy must not land in a call that is about to fail), else None."""
-        return GuardedCopies(self.ctx) if getattr(self.runner, "device_checked", False) \
-            else None
+        at the next sync (a copy must not land in a call that is about to fail) and its
+        graph does not guard its updates itself (Runner.updates_guarded), else None."""
+        runner = self.runner
+        return GuardedCopies(self.ctx) if getattr(runner, "device_checked", False) and \
+            not getattr(runner, "updates_guarded", False) else None
 
     def _copy(self, dst: Any, src: Any, guarded: GuardedCopies | None) -> bool:
         """dst[...] = src on the stream, or added to `guarded` (queued by its launch)."""

@@ -100,6 +100,7 @@ from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cel
                                    schedule, updates_last)
 from symgpu.gpu.exec import graph_segment as _graph_segment
 from symgpu.gpu.exec.graph_segment import Segment
+from symgpu.gpu.ops.guarded_updates import reads_verdict
 from symgpu.gpu.runtime.context import thread_state as _thread_state
 from symgpu.gpu.runtime.pool import Block as _Block
 from symgpu.gpu.runtime.host_register import deferred_waits
@@ -240,9 +241,15 @@ class Runner:
         # with ops that report checks at the next sync, copies back into shared variables
         # are guarded: they do not land once a check has reported (graph_segment.py)
         self.device_checked = any(getattr(n.op, "device_checked", False) for n in nodes)
+        #: whether the graph guards its updates itself (gpu_guarded_updates: each update is
+        #: switch(verdict, old, new), its old value in a call that is about to fail): then
+        #: they are written into their buffers, and copied back, as without checks
+        self.updates_guarded = self.device_checked and all(
+            new is old or reads_verdict(new.owner) for new, old in updates)
         #: whether updates may be written straight into their variables' buffers under
         #: capture (graph_segment.DIRECT_UPDATES, read when the runner is built)
-        self.direct_updates = bool(_graph_segment.DIRECT_UPDATES) and not self.device_checked
+        self.direct_updates = bool(_graph_segment.DIRECT_UPDATES) and (
+            not self.device_checked or self.updates_guarded)
         # update nodes able to write into a given buffer (GpuElemwise: write_into) run after
         # the segment's readers of their variables where they can
         at = {n: i for i, n in enumerate(nodes)}

@@ -20,7 +20,9 @@ inside a call (so the variable stays where the graph reads it); in a function wi
 those copies are ``GuardedCopies``: one thread reads the page words into a device word, and the
 copy kernel (one launch for all of a call's copies) does nothing once it is set, so a call that
 is about to fail leaves its shared variables untouched. Until the error is raised (at the next
-synchronisation), later calls' copies are skipped too.
+synchronisation), later calls' copies are skipped too. Where the graph selects each update's
+old value by the same verdict itself (symgpu/gpu/ops/guarded_updates.py, the default), the
+runner needs no guarded copy: updates are written into their buffers as without checks.
 
 Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
 device address of the slot its kernel writes.

@@ -10,6 +10,17 @@ extern "C" __global__ void guarded_copy_check(const volatile unsigned long long 
         sg_guard_reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
 }
 
+/* The same verdict into an int of the graph (GpuCheckVerdict, symgpu/gpu/ops/guarded_updates.py):
+   1 once a page word is set, else 0; the updates of the function select their old values
+   with it, so a kernel may write an update straight into its variable's buffer. */
+extern "C" __global__ void guard_verdict(const volatile unsigned long long *w0,
+    const volatile unsigned long long *w1, const volatile unsigned long long *w2,
+    const volatile unsigned long long *w3, int *out)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *out = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+}
+
 /* Several copies in one launch: copy e owns thread blocks first[e] .. first[e + 1] - 1, one
    chunk of SG_COPY_CHUNK bytes each (256 threads x 4 x 16 bytes: four loads in flight per
    thread before the stores). The table is the kernel's parameter, so a captured graph keeps
