@@ -186,6 +186,14 @@ def bench_symgpu_minibatch(sync) -> None:
         h(k[0])
     row("minibatch", "symgpu cycling index, TF32 (gpuarray.allow_tf32)",
         per_call(cycling_tf32, 300, sync))
+    from workloads import OPT_IN_PASSES
+    with config.change_flags(optimizer_including=OPT_IN_PASSES):
+        o = symgpu_minibatch()
+
+    def cycling_opt_in():
+        k[0] = (k[0] + 1) % BATCHES
+        o(k[0])
+    row("minibatch", "symgpu cycling index, opt-in passes", per_call(cycling_opt_in, 300, sync))
 
 
 def launched_kernels(f) -> int:

@@ -31,3 +31,10 @@ def build_mlp(shared, tt, Ws, bs, X, Y):
     params = sW + sb
     grads = tt.grad(loss, params)
     return [loss], [(p, p - 0.01 * g) for p, g in zip(params, grads)]
+
+
+#: the GPU passes not yet in fast_run (they have not run on a GPU), timed as contenders of
+#: their own by random.py and gpu_spellings.py: guarded in-place updates, the gradient from
+#: the loss's log-softmax, the softmax's row bias, bool dropout masks
+OPT_IN_PASSES = ("gpu_guarded_updates:gpu_nll_grad_log_softmax:gpu_softmax_rows_bias:"
+                 "gpu_narrow_bool_outputs")

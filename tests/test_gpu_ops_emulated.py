@@ -153,6 +153,20 @@ def test_a_full_reductions_epilogue_with_a_scalar_operand(emu):
     np.testing.assert_allclose(got, x.sum(dtype="float64") / x.size, rtol=1e-5)
 
 
+def test_an_epilogue_casts_an_integer_operand(emu):
+    # the count as the batch's int64 length, cast in the epilogue (gpu_producer_copies copies
+    # a mean divisor's cast into the reduction that reads it)
+    from symgpu.scalar.basic import Cast
+    x = np.random.default_rng(5).standard_normal((513,)).astype("float32")
+    b = CompositeBuilder()
+    s, n = b.add_input("float32"), b.add_input("int64")
+    post = b.build(b.add_op(SCALAR_OPS["true_div"], [s, b.add_op(Cast("float32"), [n])[0]]))
+    node = GpuCAReduce(SCALAR_OPS["add"], None, None, None, post)(
+        gvar("float32", 1), gvar("int64", 0)).owner
+    (got,), _, _ = run(node, [device_array(emu, x), device_array(emu, np.int64(x.size))])
+    np.testing.assert_allclose(got, x.sum(dtype="float64") / x.size, rtol=1e-5)
+
+
 def test_an_epilogue_computes_an_update_in_its_variables_buffer(emu):
     # graph_segment's direct updates: b - lr * d.sum(0) written over b itself
     rng = np.random.default_rng(9)
