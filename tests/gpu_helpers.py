@@ -247,3 +247,16 @@ def tutorial_minibatch_step(**flags):
         ps = [w1, b1, w2, b2]
         return function([i, sx, sy] + ps,
                         [cost] + [q - 0.01 * g for q, g in zip(ps, T.grad(cost, ps))])
+
+
+def example_module(name: str):
+    """The module examples/<name>.py (imported once; examples/ is on the path only meanwhile)."""
+    import importlib
+    import sys
+    from pathlib import Path
+    examples = str(Path(__file__).resolve().parents[1] / "examples")
+    sys.path.insert(0, examples)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(examples)

@@ -5,9 +5,6 @@ a guarded update kernel on the CPU through the kernel emulator (a real checking 
 reporting a bad label); the runner's choices with the fake driver of tests/graph_fakes.py."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -15,7 +12,7 @@ import graph_fakes as fakes
 from cuda_on_host import requires_gxx
 from emulated_gpu import (device_array, emulate_prepared_kernels, emulated_kernel_device,
                           host_view)
-from gpu_helpers import thunk_over
+from gpu_helpers import example_module, thunk_over
 from graph_fakes import FakeElemwise, gvec, read, upload
 from symgpu import config
 from symgpu.graph.basic import Apply
@@ -183,12 +180,7 @@ def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypat
                          else (False,) * value.ndim, None)
         return GpuArraySharedVariable(t, None, name=name, container=Container(t, value, name))
     monkeypatch.setattr(sv, "_CONSTRUCTORS", [virtual_gpu_shared] + list(sv._CONSTRUCTORS))
-    examples = str(Path(__file__).resolve().parents[1] / "examples")
-    sys.path.insert(0, examples)
-    try:
-        import mlp_dropout
-    finally:
-        sys.path.remove(examples)
+    mlp_dropout = example_module("mlp_dropout")
     with config.change_flags(floatX="float32", device="cuda", **ON), virtual_context(None):
         train, _, _ = mlp_dropout.build(64, on_device=True)
     fg = train.maker.fgraph

@@ -4,15 +4,12 @@ readers. The rewritten graphs on a virtual GPU context; the rewritten kernels' v
 CPU through the kernel emulator (tests/emulated_gpu.py)."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulated_kernel_device, host_view
-from gpu_helpers import thunk_over
+from gpu_helpers import example_module, thunk_over
 from symgpu import config
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuElemwise
@@ -22,15 +19,8 @@ from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.composite import CompositeBuilder
 
-EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
-
-
 def _dropout_step_nodes(**flags):
-    sys.path.insert(0, EXAMPLES)
-    try:
-        import mlp_dropout
-    finally:
-        sys.path.remove(EXAMPLES)
+    mlp_dropout = example_module("mlp_dropout")
     with config.change_flags(floatX="float32", device="cuda", **flags), virtual_context(None):
         train, _, _ = mlp_dropout.build(64, on_device=True)
     return train.maker.fgraph.toposort()

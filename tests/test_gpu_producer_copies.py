@@ -10,7 +10,7 @@ import pytest
 import symgpu.tensor as T
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulated_kernel_device, host_view
-from gpu_helpers import thunk_over
+from gpu_helpers import example_module, thunk_over
 from symgpu import config, function
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
@@ -152,14 +152,7 @@ def test_the_dropout_mlps_mean_divisor_launches_no_kernel_of_its_own(vgpu):
     """examples/mlp_dropout.py's loss, -mean of the taken log-probabilities: its divisor,
     cast(x.shape[0], float32), was a 0-d kernel read by the gradient's kernel and by the
     mean's reduction; now each of them casts the uploaded length."""
-    import sys
-    from pathlib import Path
-    examples = str(Path(__file__).resolve().parents[1] / "examples")
-    sys.path.insert(0, examples)
-    try:
-        import mlp_dropout
-    finally:
-        sys.path.remove(examples)
+    mlp_dropout = example_module("mlp_dropout")
 
     def zero_d_kernels(**flags):
         with config.change_flags(**flags):

@@ -4,20 +4,16 @@ a virtual GPU context; the fused kernels' values in tests/test_gpu_ops_emulated.
 CPU) and, compiled by nvcc, below."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import symgpu.tensor as T
-from gpu_helpers import compile_for_sm90, requires_nvcc
+from gpu_helpers import compile_for_sm90, example_module, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, render_reduce
 
-EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 OFF = {"optimizer_excluding": "gpu_careduce_epilogue"}
 
 
@@ -28,11 +24,7 @@ def vgpu():
 
 
 def _mlp_step(**flags):
-    sys.path.insert(0, EXAMPLES)
-    try:
-        import mlp_dropout
-    finally:
-        sys.path.remove(EXAMPLES)
+    mlp_dropout = example_module("mlp_dropout")
     with config.change_flags(**flags):
         train, _, _ = mlp_dropout.build(64, on_device=True, p_drop=0)
     return train.maker.fgraph.toposort()

@@ -4,23 +4,17 @@ against NumPy, the rewritten graphs are read on a virtual GPU context, the modul
 by nvcc."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulate_prepared_kernels, emulated_kernel_device, host_view
-from gpu_helpers import (assert_one_segment, compile_for_sm90, requires_nvcc,
+from gpu_helpers import (assert_one_segment, compile_for_sm90, example_module, requires_nvcc,
                          tutorial_minibatch_step)
 from symgpu import config
 from symgpu.gpu.ops import take_rows as tr
 from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.placement.type import GpuArrayType
-
-EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
-
 
 @pytest.fixture
 def emu(monkeypatch, tmp_path):
@@ -83,11 +77,7 @@ def test_take_rows_refuses_what_the_gather_refuses(emu):
 
 
 def _mlp_nodes(**flags):
-    sys.path.insert(0, EXAMPLES)
-    try:
-        import mlp_dropout
-    finally:
-        sys.path.remove(EXAMPLES)
+    mlp_dropout = example_module("mlp_dropout")
     with config.change_flags(floatX="float32", device="cuda", **flags), virtual_context(None):
         train, _, _ = mlp_dropout.build(64, on_device=True, p_drop=0)
         return [type(n.op).__name__ for n in train.maker.fgraph.toposort()]

@@ -204,7 +204,7 @@ def _row_sum_of(var: Variable, g: Variable) -> bool:
             and red.op.axis == (1,) and red.outputs[0].dtype == g.dtype)
 
 
-def _match(node: Apply) -> list[Variable] | None:
+def _match(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """The replacement of ``sub(g, mul(m, rowsum(g)))`` (either factor order) with g a
     one-hot scatter, else None."""
     if type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
@@ -233,15 +233,8 @@ def _match(node: Apply) -> list[Variable] | None:
 def gpu_nll_grad_fusion(fgraph: FunctionGraph) -> int:
     """Replace each ``scatter - m * rowsum(scatter)`` of a one-hot scatter by GpuNLLGrad;
     returns how many were replaced."""
-    changed = 0
-    for node in list(fgraph.toposort()):
-        if node not in fgraph.apply_nodes:
-            continue
-        new = _match(node)
-        if new is not None:
-            fgraph.replace_all(list(zip(node.outputs, new)), reason="gpu_nll_grad_fusion")
-            changed += 1
-    return changed
+    from symgpu.graph.rewriting import sweep
+    return sweep(fgraph, _match, "gpu_nll_grad_fusion")
 
 
 optdb.register("gpu_nll_grad_fusion", gpu_nll_grad_fusion, 49.4, "fast_run", "fusion", "gpu")
@@ -256,31 +249,32 @@ def _softmax_rows(var: Variable, log: bool) -> Variable | None:
     return node.inputs[0]
 
 
-def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
+def _from_log_softmax(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuNLLGrad(v, softmax(z), r, y) -> GpuNLLGrad{exp}(v, log_softmax(z), r, y) where the
-    graph computes log_softmax(z) anyway (the loss reads it): the gradient takes exp of the
-    loss's log-probabilities (within a few ulp of the softmax) and the softmax kernel, read by
-    nothing else, is gone. Returns how many were replaced. Not yet in the default passes
-    (fast_run): its kernel has run on the CPU emulator, not yet on a GPU;
-    ``optimizer_including=gpu_nll_grad_log_softmax`` turns it on."""
-    changed = 0
-    for node in list(fgraph.toposort()):
-        if node not in fgraph.apply_nodes or type(node.op) is not GpuNLLGrad or node.op.exp_m:
-            continue
-        v, m, r, y = node.inputs
-        z = _softmax_rows(m, log=False)
-        if z is None:
-            continue
-        logs = [c.outputs[0] for c, _ in fgraph.clients.get(z, [])
-                if isinstance(c, Apply) and _softmax_rows(c.outputs[0], log=True) is z]
-        if not logs or logs[0].type != m.type:
-            continue
-        fgraph.replace_all([(node.outputs[0], GpuNLLGrad(exp_m=True)(v, logs[0], r, y))],
-                           reason="gpu_nll_grad_log_softmax")
-        changed += 1
-    return changed
+    graph computes log_softmax(z) anyway, else None."""
+    if type(node.op) is not GpuNLLGrad or node.op.exp_m:
+        return None
+    v, m, r, y = node.inputs
+    z = _softmax_rows(m, log=False)
+    if z is None:
+        return None
+    logs = [c.outputs[0] for c, _ in fgraph.clients.get(z, [])
+            if isinstance(c, Apply) and _softmax_rows(c.outputs[0], log=True) is z]
+    if not logs or logs[0].type != m.type:
+        return None
+    return [GpuNLLGrad(exp_m=True)(v, logs[0], r, y)]
 
 
-# after gpu_nll_grad_fusion (49.4) makes the GpuNLLGrad nodes, before fusion
+def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
+    """Make each GpuNLLGrad read the loss's log-softmax where the graph has one
+    (`_from_log_softmax`): the gradient takes exp of the loss's log-probabilities (within a
+    few ulp of the softmax) and the softmax kernel, read by nothing else, is gone. Returns
+    how many were replaced. Not yet in the default passes (fast_run): its kernel has run on
+    the CPU emulator, not yet on a GPU; ``optimizer_including=gpu_nll_grad_log_softmax``
+    turns it on."""
+    from symgpu.graph.rewriting import sweep
+    return sweep(fgraph, _from_log_softmax, "gpu_nll_grad_log_softmax")
+
+
 # opt-in (not in fast_run) until it has run on a GPU
 optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "gpu")

@@ -112,9 +112,7 @@ class GpuSoftmaxRows(Op):
             return Apply(self, [x], [x.type()])
         if not is_gpu_var(b) or b.ndim != 1 or b.dtype != x.dtype:
             raise TypeError(f"{self}: the bias must be a GPU vector of {x.dtype}, got {b}")
-        out = x.type.clone(broadcastable=tuple(bx and bb for bx, bb in zip(
-            x.broadcastable, (True,) * (x.ndim - 1) + b.broadcastable)))()
-        return Apply(self, [x, b], [out])
+        return Apply(self, [x, b], [x.type()])   # b broadcasts along x's last axis only
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [input_shapes[0]]
@@ -176,26 +174,24 @@ def _row_bias_add(var: Variable) -> tuple[Variable, Variable] | None:
     return None
 
 
-def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
+def _with_bias(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuSoftmaxRows(x + b) -> GpuSoftmaxRows{bias}(x, b) where every reader of the sum is
-    such a softmax (the add then launches nothing); returns how many were rewritten."""
-    changed = 0
-    for node in list(fgraph.toposort()):
-        if node not in fgraph.apply_nodes or type(node.op) is not GpuSoftmaxRows or \
-                node.op.bias:
-            continue
-        z = node.inputs[0]
-        found = _row_bias_add(z)
-        readers = fgraph.clients.get(z, [])
-        if found is None or z in fgraph.outputs or not all(
-                isinstance(c, Apply) and type(c.op) is GpuSoftmaxRows for c, _ in readers):
-            continue
-        new = GpuSoftmaxRows(node.op.log, bias=True)(*found)
-        if new.type != node.outputs[0].type:
-            continue
-        fgraph.replace_all([(node.outputs[0], new)], reason="gpu_softmax_rows_bias")
-        changed += 1
-    return changed
+    such a softmax (the add then launches nothing), else None."""
+    if type(node.op) is not GpuSoftmaxRows or node.op.bias:
+        return None
+    z = node.inputs[0]
+    found = _row_bias_add(z)
+    if found is None or z in fgraph.outputs or not all(
+            isinstance(c, Apply) and type(c.op) is GpuSoftmaxRows
+            for c, _ in fgraph.clients.get(z, [])):
+        return None
+    return [GpuSoftmaxRows(node.op.log, bias=True)(*found)]
+
+
+def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
+    """Apply `_with_bias` everywhere; returns how many softmaxes take their bias."""
+    from symgpu.graph.rewriting import sweep
+    return sweep(fgraph, _with_bias, "gpu_softmax_rows_bias")
 
 
 # before gpu_fusion (49.5), which would merge the add into other elementwise kernels

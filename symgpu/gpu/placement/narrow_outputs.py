@@ -74,15 +74,14 @@ def _rebuilt(node: Apply, comp: Composite) -> list[Variable]:
                     op.advance).make_node(*node.inputs).outputs
 
 
-def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
-    """Store each float-cast bool output of `node` as the bool (all its readers rewritten to
-    cast it); True when something changed."""
-    from symgpu.graph.rewriting import InconsistencyError, replace_validate
+def _narrowing(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable]] | None:
+    """The replacements storing each float-cast bool output of `node` as the bool (its
+    readers rewritten to cast it), else None."""
     op = node.op
     comp = getattr(op, "scalar_op", None)
     if type(op) not in _producers() or not isinstance(comp, Composite) or \
             getattr(op, "inplace_pattern", None):
-        return False
+        return None
     updates = {fgraph.outputs[k] for k in fgraph.update_mapping}
     outputs = list(comp.out_slots)
     narrowed: dict[int, Cast] = {}
@@ -98,7 +97,7 @@ def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
         outputs[k] = found[0]
         narrowed[k] = found[1]
     if not narrowed:
-        return False
+        return None
     new_outs = _rebuilt(node, _with_outputs(comp, outputs))
     renamed = dict(zip(node.outputs, new_outs))
     casts = {node.outputs[k]: cast for k, cast in narrowed.items()}
@@ -108,25 +107,26 @@ def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
         try:
             new = _reader_casting(reader, renamed, casts)
         except (TypeError, ValueError):
-            return False
+            return None
         if any(a.type != b.type for a, b in zip(reader.outputs, new)):
-            return False
+            return None
         pairs = list(zip(reader.outputs, new)) + pairs
-    try:
-        replace_validate(fgraph, pairs, reason="gpu_narrow_bool_outputs")
-    except InconsistencyError:
-        return False
-    return True
+    return pairs
+
+
+def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
+    """Store each float-cast bool output of `node` as the bool (all its readers rewritten to
+    cast it); True when something changed."""
+    from symgpu.graph.rewriting import try_replace
+    pairs = _narrowing(fgraph, node)
+    return pairs is not None and try_replace(fgraph, pairs, "gpu_narrow_bool_outputs")
 
 
 def gpu_narrow_bool_outputs(fgraph: FunctionGraph) -> int:
-    """Apply `narrow_bool_outputs` to every elementwise (and fused Philox) node; returns how
-    many nodes changed."""
-    count = 0
-    for node in list(fgraph.toposort()):
-        if node in fgraph.apply_nodes and narrow_bool_outputs(fgraph, node):
-            count += 1
-    return count
+    """Apply `_narrowing` to every elementwise (and fused Philox) node; returns how many
+    nodes changed."""
+    from symgpu.graph.rewriting import sweep
+    return sweep(fgraph, _narrowing, "gpu_narrow_bool_outputs")
 
 
 # after gpu_philox_fusion (62) and its advance (62.5), before gpu_inplace (76)

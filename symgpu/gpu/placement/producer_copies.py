@@ -132,12 +132,11 @@ def _inlined(producer: Apply, reader: Apply, via: Apply | None) -> list[Variable
     return new
 
 
-def copy_producer_into_readers(fgraph: FunctionGraph, node: Apply) -> bool:
-    """Recompute `node` in each of its readers (all or none); True when done."""
-    from symgpu.graph.rewriting import InconsistencyError, replace_validate
+def _copies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable]] | None:
+    """The replacements of every reader of `node` by one recomputing it, else None."""
     readers = _qualifies(fgraph, node)
     if readers is None:
-        return False
+        return None
     pairs: list[tuple[Variable, Variable]] = []
     for reader, kind, via in readers:
         if kind == "red":
@@ -146,39 +145,40 @@ def copy_producer_into_readers(fgraph: FunctionGraph, node: Apply) -> bool:
                 new = [GpuCAReduce(rop.scalar_op, rop.axis, rop.dtype,
                                    node.op.scalar_op)(*_operands(node, via))]
             except (TypeError, ValueError):
-                return False
+                return None
         else:
             new = _inlined(node, reader, via)
             if new is None:
-                return False
+                return None
         if any(a.type != n.type for a, n in zip(reader.outputs, new)):
-            return False
+            return None
         trace = getattr(reader.outputs[0].tag, "trace", None)
         for n in new:
             if trace:
                 n.tag.trace = trace
         pairs += list(zip(reader.outputs, new))
-    try:
-        replace_validate(fgraph, pairs, reason="gpu_producer_copies")
-    except InconsistencyError:
-        return False
-    return True
+    return pairs
+
+
+def copy_producer_into_readers(fgraph: FunctionGraph, node: Apply) -> bool:
+    """Recompute `node` in each of its readers (all or none); True when done."""
+    from symgpu.graph.rewriting import try_replace
+    pairs = _copies(fgraph, node)
+    return pairs is not None and try_replace(fgraph, pairs, "gpu_producer_copies")
 
 
 def gpu_producer_copies(fgraph: FunctionGraph) -> int:
-    """Copy every qualifying producer into its readers, the first producers first (a reader
-    that became a reduction's pre-op could not take another; a reader that took a producer
-    may itself qualify next); returns how many were copied."""
+    """Copy every qualifying producer into its readers, sweep after sweep until none is left
+    (a reader that took a producer is a new node, and may itself qualify next; producers go
+    first-first, since a reader that became a reduction's pre-op could not take another);
+    returns how many were copied."""
+    from symgpu.graph.rewriting import sweep
     count = 0
-    changed = True
-    while changed:
-        changed = False
-        for node in fgraph.toposort():
-            if node in fgraph.apply_nodes and copy_producer_into_readers(fgraph, node):
-                count += 1
-                changed = True
-                break
-    return count
+    while True:
+        done = sweep(fgraph, _copies, "gpu_producer_copies")
+        if not done:
+            return count
+        count += done
 
 
 # after gpu_fusion (49.5: chains already one kernel each), before gpu_careduce_pre_op (60)

@@ -22,7 +22,7 @@ from symgpu.graph.fg import FunctionGraph
 __all__ = [
     "NodeRewriter", "node_rewriter", "GraphRewriter", "graph_rewriter", "InconsistencyError",
     "copy_stack_trace", "replace_validate", "apply_node_rewriter", "WalkingRewriter",
-    "in2out", "out2in", "RewriteSettings", "settings", "sweep",
+    "in2out", "out2in", "RewriteSettings", "settings", "sweep", "try_replace",
 ]
 
 
@@ -180,25 +180,36 @@ def replace_validate(fgraph: FunctionGraph, pairs: Sequence[tuple[Variable, Vari
         raise
 
 
+def try_replace(fgraph: FunctionGraph, pairs: Sequence[tuple[Variable, Variable]],
+                reason: str) -> bool:
+    """`replace_validate`, or nothing (False) where the graph's features refuse the result."""
+    try:
+        replace_validate(fgraph, pairs, reason=reason)
+    except InconsistencyError:
+        return False
+    return True
+
+
 def sweep(fgraph: FunctionGraph, local: Callable[[FunctionGraph, Apply], list | None],
           reason: str) -> int:
-    """Apply ``local(fgraph, node)`` (replacements of the node's first output, or None) to
-    every node once, in topological order: one pass, for fusions whose results are final.
-    The new node keeps the old one's creation trace; a replacement the graph's features
-    refuse is skipped. Returns how many nodes were replaced."""
+    """Apply ``local(fgraph, node)`` to every node once, in topological order: one pass, for
+    fusions whose results are final. ``local`` returns None, a list of variables replacing
+    the node's first outputs (the new node keeps the old one's creation trace), or a list of
+    ``(old, new)`` pairs (a rewrite of several nodes at once: all of them or none). A
+    replacement the graph's features refuse is skipped. Returns how many were made."""
     changed = 0
     for node in list(fgraph.toposort()):
         if node not in fgraph.apply_nodes:
             continue
         new = local(fgraph, node)
-        if new is None:
+        if not new:
             continue
-        new[0].owner.tag.trace = getattr(node.tag, "trace", [])
-        try:
-            replace_validate(fgraph, [(node.outputs[0], new[0])], reason=reason)
-        except InconsistencyError:
-            continue
-        changed += 1
+        if isinstance(new[0], tuple):
+            pairs = new
+        else:
+            new[0].owner.tag.trace = getattr(node.tag, "trace", [])
+            pairs = list(zip(node.outputs, new))
+        changed += try_replace(fgraph, pairs, reason)
     return changed
 
 
