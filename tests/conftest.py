@@ -35,6 +35,15 @@ def cuda():
         yield ctx
 
 
+@pytest.fixture
+def vgpu():
+    """A virtual default GPU context (float32): graphs compile for the GPU, nothing runs."""
+    from symgpu.config import config
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None) as ctx:
+        yield ctx
+
+
 # ----------------------------------------------------------------------------- C kernels
 @pytest.fixture
 def spy(monkeypatch):

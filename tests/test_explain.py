@@ -5,13 +5,11 @@ from __future__ import annotations
 import io
 
 import numpy as np
-import pytest
 
 import symgpu
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu
 from symgpu import config, function
-from symgpu.gpu.placement.rewriting import virtual_context
 
 
 def _report(f) -> tuple[object, str]:
@@ -35,12 +33,6 @@ def test_explain_returns_without_printing_when_asked():
     x = T.fvector("x")
     f = function([x], x + 1)
     assert symgpu.explain(f, file=None).on_gpu is False
-
-
-@pytest.fixture
-def vgpu():
-    with config.change_flags(floatX="float32"), virtual_context(None) as ctx:
-        yield ctx
 
 
 def test_a_gpu_function_lists_its_transfers_syncs_and_cpu_ops(vgpu):

@@ -5,7 +5,6 @@ virtual GPU context; the rewritten kernels' values on the CPU through the kernel
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import symgpu.tensor as T
 from cuda_on_host import requires_gxx
@@ -16,17 +15,10 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.basic_ops import gpu_from_host
 from symgpu.gpu.placement.producer_copies import copy_producer_into_readers
-from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS
 
 OFF = {"optimizer_excluding": "gpu_producer_copies"}
-
-
-@pytest.fixture
-def vgpu():
-    with config.change_flags(floatX="float32", device="cuda"), virtual_context(None) as ctx:
-        yield ctx
 
 
 def _softmax_xent_nodes(**flags):

@@ -11,16 +11,9 @@ import symgpu.tensor as T
 from gpu_helpers import compile_for_sm90, example_module, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
-from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, render_reduce
 
 OFF = {"optimizer_excluding": "gpu_careduce_epilogue"}
-
-
-@pytest.fixture
-def vgpu():
-    with config.change_flags(floatX="float32", device="cuda"), virtual_context(None) as ctx:
-        yield ctx
 
 
 def _mlp_step(**flags):

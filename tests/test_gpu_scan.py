@@ -32,12 +32,6 @@ from symgpu.scan.op import Scan
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def vgpu():
-    with config.change_flags(floatX="float32"), virtual_context(None) as ctx:
-        yield ctx
-
-
 def loops(f, cls=Scan):
     return [n for n in f.maker.fgraph.toposort() if isinstance(n.op, cls)]
 

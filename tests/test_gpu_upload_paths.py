@@ -14,18 +14,11 @@ import pytest
 import symgpu
 import symgpu.tensor as T
 from gpu_helpers import requires_gpu
-from symgpu import config, function
+from symgpu import function
 from symgpu.gpu.placement.basic_ops import GpuFromHost, TRANSFER_COUNTS, reset_transfer_counts
-from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.runtime import host_register
 from symgpu.gpu.runtime.host_register import deferred_waits
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
-
-
-@pytest.fixture
-def vgpu():
-    with config.change_flags(floatX="float32"), virtual_context(None) as ctx:
-        yield ctx
 
 
 def _logreg_step(x, y, w, b):
