@@ -177,6 +177,36 @@ def test_graph_keys():
     assert pk([a, b]) != pk([b, a]) and pk([a, b]) == pk([a, a])
 
 
+def test_graph_fetchers_read_the_cells_and_key_them_as_the_keyers_do():
+    """make_fetcher: the straight-line GPU-only case and the general one give the cells'
+    values and a key that tells apart what make_keyer's does (and raise as it does)."""
+    from symgpu.gpu.exec import graph_plan
+    ctx = fakes.CTX_OBJ
+    a, b = upload(ctx, [1, 2, 3]), upload(ctx, [4, 5, 6])
+    n = graph_plan._UNROLLED_KEYS
+    for gpu in ([True], [True, True], [True] * n, [True] * (n + 1)):   # n + 1: the loop
+        cells = [[a] for _ in gpu]
+        fetch, key = graph_plan.make_fetcher(cells, gpu), graphs.make_keyer(gpu)
+        vals, k = fetch()
+        assert vals == [a] * len(gpu)
+        firsts = []
+        for other in (b, a[:2], a[::2]):   # same layout; another shape; other strides
+            cells[0][0] = other
+            vals2, k2 = fetch()
+            assert vals2[0] is other
+            assert (k2 == k) == (key(vals2) == key(vals)), (gpu, other.shape)
+            firsts.append(k2 == k)
+        assert firsts == [True, False, False]
+        cells[0][0] = None
+        with pytest.raises(AttributeError):
+            fetch()
+    cells = [[a], [b]]
+    pointer = graph_plan.make_fetcher(cells, [True, True], by_pointer=[True, False])
+    k = pointer()[1]
+    cells[0][0], cells[1][0] = b, a
+    assert pointer()[1] != k                       # kept moving: the pointer counts
+
+
 def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch):
     import ctypes
     from symgpu.gpu.exec import graph_driver

@@ -50,7 +50,7 @@ class _Graph:
         self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
         #: when every output is a buffer of the graph that leaves the call (a function's
         #: results, the common case): (cell, context, pointer, shape, strides, dtype) each,
-        #: handed out by Segment._replay without looking at the other kinds
+        #: handed out by Segment.run (a replay) without looking at the other kinds
         self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
             if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 
-__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
+__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer", "make_fetcher",
            "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
            "mark_reusable_outputs", "overwritten", "read_later", "updates_last"]
 
@@ -142,6 +142,35 @@ def _host_key(v: Any) -> Any:
     if v is None:
         return None
     raise Unkeyable(f"a host value of type {type(v).__name__}")
+
+
+#: GPU-only segments of up to this many inputs fetch and key them in straight-line code
+#: (one call instead of a list comprehension and a key call: issue 19's one-kernel call)
+_UNROLLED_KEYS = 8
+
+
+def make_fetcher(cells: Sequence[list], is_gpu: Sequence[bool],
+                 params: Sequence[bool] | None = None,
+                 by_pointer: Sequence[bool] | None = None) -> Callable[[], tuple]:
+    """``fetch()``: ``(values, key)``, the values now in ``cells`` and their
+    :func:`make_keyer` key (GPU-only inputs: shapes and strides, flat), in one call.  Raises
+    as the key does; the caller then reads the cells itself."""
+    n = len(cells)
+    gpu_only = all(is_gpu) and not any(by_pointer or ())
+    if not gpu_only or not 0 < n <= _UNROLLED_KEYS:
+        key = make_keyer(is_gpu, params, by_pointer)
+
+        def fetch() -> tuple:
+            vals = [c[0] for c in cells]
+            return vals, key(vals)
+        return fetch
+    ns: dict[str, Any] = {f"c{i}": cell for i, cell in enumerate(cells)}
+    names = [f"v{i}" for i in range(n)]
+    lines = ["def fetch():"] + [f"    {v} = c{i}[0]" for i, v in enumerate(names)]
+    lines.append(f"    return [{', '.join(names)}], "
+                 f"({', '.join(f'{v}.shape, {v}.strides' for v in names)})")
+    exec("\n".join(lines), ns)
+    return ns["fetch"]
 
 
 def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,

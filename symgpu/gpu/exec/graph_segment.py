@@ -27,7 +27,7 @@ import numpy as np
 
 from symgpu.gpu.exec.graph_instance import (_GRAVEYARD, Lease, _bury_collected, _Graph,
                                             results_differ)
-from symgpu.gpu.exec.graph_plan import Unkeyable, make_keyer
+from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
@@ -83,6 +83,7 @@ class Segment:
         dead_ids = {id(c) for _, _, d in items for c in d}
         self.dying_inputs = [k for k, c in enumerate(in_cells) if id(c) in dead_ids]
         self.dead = [c for _, _, d in items for c in d]
+        self.first = items[0][0]             # the node a replay's errors are reported at
         #: GPU inputs a graph reads from static buffers of its own, copied into before a
         #: launch when the caller's value is elsewhere: those the caller passes per call from
         #: the start, and every other one (but an update's target) once it has moved
@@ -97,7 +98,7 @@ class Segment:
         self.moves: dict[int, int] = {}
         self.param_inputs = param_inputs
         self.by_pointer = [False] * len(in_gpu)
-        self.key = make_keyer(in_gpu, param_inputs)
+        self.fetch = make_fetcher(self.in_cells, in_gpu, param_inputs)
         #: nodes reading host scalars from the parameter block when captured (graph_params.py)
         self.param_thunks = list(param_thunks)
         self.param_offsets: list[int] = []
@@ -119,14 +120,13 @@ class Segment:
     # -- the per-call path
     def run(self) -> None:
         if self.runner.enabled:
-            vals = [c[0] for c in self.in_cells]
             try:
-                key = self.key(vals)
+                vals, key = self.fetch()
                 if self.param_thunks:
                     key = (key, self._param_key())
             except (Unkeyable, AttributeError, TypeError, ValueError):
                 # unkeyable or bad input: the plain run raises the node's error
-                key = None
+                vals, key = [c[0] for c in self.in_cells], None
             if key is not None:
                 graphs = self.graphs.get(key)
                 if graphs is not None:
@@ -138,8 +138,35 @@ class Segment:
                                 if vals[j].ptr != ptr:
                                     self._moved(key, g, vals)
                                     return
-                            self._replay(g, vals)
-                            return
+                            break
+                    else:
+                        g = None
+                    if g is not None:   # replay (inline: a call less on the fastest path)
+                        self.current = self.first
+                        if self.param_thunks:
+                            self._upload_params()
+                        for j, buf in g.staged:
+                            v = vals[j]
+                            if v.ptr != buf.ptr:
+                                g.drv.copy(buf, v)
+                        status = g.launch()
+                        if status:
+                            g.drv.check(status, "cuGraphLaunch")
+                        fresh = g.fresh
+                        if fresh is not None:   # _hand_out's common case, inline
+                            lease = _new_object(Lease)   # Lease(g.owned) without __init__
+                            lease.blocks = g.owned
+                            g.lease = _weak(lease)
+                            for cell, ctx, ptr, shape, strides, dtype in fresh:
+                                arr = _gpuarray_new(_GpuArray)
+                                arr._set(ctx, ptr, shape, strides, dtype, lease)
+                                cell[0] = arr
+                        else:
+                            self._hand_out(g, vals)
+                        for c in self.dead:
+                            c[0] = None
+                        self.replays += 1
+                        return
                 ok = self.seen.get(key)
                 if ok:
                     if self.n_graphs < _graphs.MAX_GRAPHS:
@@ -169,7 +196,8 @@ class Segment:
             capture = False
             if n >= 2 and not self.by_pointer[j]:
                 self.by_pointer[j] = True
-                self.key = make_keyer(self.in_gpu, self.param_inputs, self.by_pointer)
+                self.fetch = make_fetcher(self.in_cells, self.in_gpu, self.param_inputs,
+                                          self.by_pointer)
                 self.release()
                 self.seen.clear()
         if capture and self.n_graphs < _graphs.MAX_GRAPHS:
@@ -232,32 +260,6 @@ class Segment:
             if type(base) is not _Block or base.lent or v._gpudata is not None:
                 return False
         return True
-
-    def _replay(self, g: _Graph, vals: list) -> None:
-        self.current = self.items[0][0]
-        if self.param_thunks:
-            self._upload_params()
-        for j, buf in g.staged:
-            v = vals[j]
-            if v.ptr != buf.ptr:
-                g.drv.copy(buf, v)
-        status = g.launch()
-        if status:
-            g.drv.check(status, "cuGraphLaunch")
-        fresh = g.fresh
-        if fresh is not None:   # _hand_out's common case, inline: one call less per call
-            lease = _new_object(Lease)   # Lease(g.owned) without its __init__ call (50 ns)
-            lease.blocks = g.owned
-            g.lease = _weak(lease)
-            for cell, ctx, ptr, shape, strides, dtype in fresh:
-                arr = _gpuarray_new(_GpuArray)
-                arr._set(ctx, ptr, shape, strides, dtype, lease)
-                cell[0] = arr
-        else:
-            self._hand_out(g, vals)
-        for c in self.dead:
-            c[0] = None
-        self.replays += 1
 
     def _hand_out(self, g: _Graph, vals: list) -> None:
         """Fill the output cells from the graph's specs; the arrays over the graph's blocks
