@@ -11,10 +11,6 @@
 #                                                # (issue 19: gpu_call_overhead, cpu_overhead,
 #                                                # threads --device cuda)
 #   bash benchmarks/device_session.sh breakdown  # kernel_breakdown: every contender's kernels
-#   bash benchmarks/device_session.sh opt-in 4   # pytest -m gpu in 4 processes with the passes
-#                                                # not yet in fast_run forced on
-#                                                # (workloads.OPT_IN_PASSES; the tests asserting
-#                                                # that the default leaves them out fail then)
 # BASE is a copy of an older tree carried to the machine, e.g. made here with
 #   mkdir -p .device-wheels/base && git archive c10bea3 | tar -x -C .device-wheels/base
 # Writes logs under ${OUT:-/tmp/symgpu-device}. Run from the repository root after installing
@@ -54,14 +50,8 @@ case "$part" in
     python3 benchmarks/kernel_breakdown.py 2>&1 | tee "$out/kernels_mlp.txt"
     python3 benchmarks/kernel_breakdown.py --dropout 2>&1 | tee "$out/kernels_dropout.txt"
     ;;
-  opt-in)
-    passes=$(python3 -c "import sys; sys.path.insert(0, 'benchmarks'); \
-from workloads import OPT_IN_PASSES; print(OPT_IN_PASSES)")
-    echo "== pytest -m gpu with optimizer_including=$passes"
-    SYMGPU_FLAGS="optimizer_including=$passes" python3 benchmarks/shard_tests.py "${2:-4}" "$out"
-    ;;
   *)
-    echo "unknown part $part: tests, issues, ab BASE, breakdown or opt-in" >&2
+    echo "unknown part $part: tests, issues, ab BASE or breakdown" >&2
     exit 2
     ;;
 esac

@@ -3,6 +3,9 @@ user would choose, beside JAX and PyTorch doing the same, in one run.
 
     python3 benchmarks/gpu_spellings.py          # GPU machine, about a minute
     python3 benchmarks/gpu_spellings.py --logreg # the logistic-regression rows only
+    python3 benchmarks/gpu_spellings.py --profile plain-logreg   # where one spelling's host
+                       # time goes (cProfile); also plain-minibatch, gpuarrays-logreg and
+                       # data-per-call-logreg (profiled_spellings)
 
 Logistic-regression step (400 x 784, prediction and cross-entropy to the host unless said):
 the bias as a 0-d array, a Python float or a NumPy scalar; the data in shared variables or
@@ -186,14 +189,15 @@ def bench_symgpu_minibatch(sync) -> None:
         h(k[0])
     row("minibatch", "symgpu cycling index, TF32 (gpuarray.allow_tf32)",
         per_call(cycling_tf32, 300, sync))
-    from workloads import OPT_IN_PASSES
-    with config.change_flags(optimizer_including=OPT_IN_PASSES):
+    from workloads import WAVE2_PASSES
+    with config.change_flags(optimizer_excluding=WAVE2_PASSES):
         o = symgpu_minibatch()
 
-    def cycling_opt_in():
+    def cycling_wave2_off():
         k[0] = (k[0] + 1) % BATCHES
         o(k[0])
-    row("minibatch", "symgpu cycling index, opt-in passes", per_call(cycling_opt_in, 300, sync))
+    row("minibatch", "symgpu cycling index, wave-2 passes off",
+        per_call(cycling_wave2_off, 300, sync))
 
 
 def launched_kernels(f) -> int:
@@ -401,7 +405,55 @@ def report() -> None:
             say(f"  {a} / {b} = {r:.3f} (goal <= {limit}): {'MET' if r <= limit else 'not met'}")
 
 
+def profiled_spellings() -> dict:
+    """The spellings `--profile` can look into: name -> (function, one call)."""
+    from symgpu import config
+    from symgpu.gpu.runtime.array import to_gpu
+    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+        plain, plain_args = symgpu_logreg(np.asarray(0., dtype="float32"))
+        plain_mb = symgpu_minibatch()
+    per_call_fn, args = symgpu_logreg(0., data_shared=False)
+    on_device = tuple(to_gpu(a) for a in args)
+    k = [0]
+
+    def cycling():
+        k[0] = (k[0] + 1) % BATCHES
+        plain_mb(k[0])
+    return {"plain-logreg": (plain, lambda: plain(*plain_args)),
+            "plain-minibatch": (plain_mb, cycling),
+            "gpuarrays-logreg": (per_call_fn, lambda: per_call_fn(*on_device)),
+            "data-per-call-logreg": (per_call_fn, lambda: per_call_fn(*args))}
+
+
+def profile(name: str, number: int = 300) -> None:
+    """cProfile's top functions (own time, then cumulative) over `number` calls of one
+    spelling, after its warm-up calls, with the function's explain report."""
+    import cProfile
+    import pstats
+    import symgpu
+    import symgpu.gpu
+    ctx = symgpu.gpu.init_default_context()
+    fn, call = profiled_spellings()[name]
+    for _ in range(5):
+        call()
+    ctx.synchronize()
+    say(str(symgpu.explain(fn, file=None)))
+    say(f"{name}: {per_call(call, number, ctx.synchronize) * 1e6:.1f} us per call, "
+        f"{launched_kernels(fn)} launching nodes")
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(number):
+        call()
+    ctx.synchronize()
+    prof.disable()
+    for key in ("tottime", "cumulative"):
+        pstats.Stats(prof).sort_stats(key).print_stats(25)
+
+
 def main() -> None:
+    if "--profile" in sys.argv:
+        profile(sys.argv[sys.argv.index("--profile") + 1])
+        return
     guarded("symgpu", bench_symgpu)
     guarded("JAX", bench_jax)
     guarded("PyTorch", bench_torch)

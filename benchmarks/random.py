@@ -34,7 +34,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares t
 
 import numpy as np  # noqa: E402
 from timing import build_and_time, guarded, per_call, say  # noqa: E402
-from workloads import OPT_IN_PASSES  # noqa: E402
+from workloads import WAVE2_PASSES  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
@@ -98,7 +98,8 @@ def symgpu_mlp_contenders(rows: dict) -> None:
     """symgpu's dropout MLP steps added to ``rows`` as (name, step, sync): the default
     (graphs on; TF32 too), graphs off, the masks in memory, classic cuBLAS's own choice of
     algorithm, without the fusions made default on 2026-11-28 (reduction epilogues, the
-    arange-free gather, the state advanced by the draw), and with OPT_IN_PASSES."""
+    arange-free gather, the state advanced by the draw), and without WAVE2_PASSES (the
+    passes made default after their GPU run)."""
     from symgpu import config
     from symgpu.gpu import init_default_context
     import mlp_dropout
@@ -112,7 +113,7 @@ def symgpu_mlp_contenders(rows: dict) -> None:
         (MLP, "symgpu (fusions off)", {"optimizer_excluding":
                                        "gpu_careduce_epilogue:gpu_take_rows:"
                                        "gpu_philox_advance_fusion"}),
-        (MLP, "symgpu (opt-in passes)", {"optimizer_including": OPT_IN_PASSES}),
+        (MLP, "symgpu (wave-2 passes off)", {"optimizer_excluding": WAVE2_PASSES}),
         (MLP_TF32, "symgpu", {"gpuarray.allow_tf32": True}),
     )
     for row, who, flags in variants:

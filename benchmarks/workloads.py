@@ -33,8 +33,9 @@ def build_mlp(shared, tt, Ws, bs, X, Y):
     return [loss], [(p, p - 0.01 * g) for p, g in zip(params, grads)]
 
 
-#: the GPU passes not yet in fast_run (they have not run on a GPU), timed as contenders of
-#: their own by random.py and gpu_spellings.py: guarded in-place updates, the gradient from
-#: the loss's log-softmax, the softmax's row bias, bool dropout masks
-OPT_IN_PASSES = ("gpu_guarded_updates:gpu_nll_grad_log_softmax:gpu_softmax_rows_bias:"
-                 "gpu_narrow_bool_outputs")
+#: the second wave of GPU passes made default (fast_run) once they had passed the GPU suite
+#: on an H200: guarded in-place updates, the gradient from the loss's log-softmax, the
+#: softmax's row bias, bool dropout masks; random.py and gpu_spellings.py time a contender
+#: with them excluded (optimizer_excluding=WAVE2_PASSES)
+WAVE2_PASSES = ("gpu_guarded_updates:gpu_nll_grad_log_softmax:gpu_softmax_rows_bias:"
+                "gpu_narrow_bool_outputs")

@@ -23,7 +23,7 @@ from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.link.vm import link
 
-ON = {"optimizer_including": "gpu_guarded_updates"}   # opt-in until it has run on a GPU
+OFF = {"optimizer_excluding": "gpu_guarded_updates"}   # the pass is in fast_run
 
 
 def _checked_step(**flags):
@@ -46,7 +46,7 @@ def _checked_step(**flags):
 
 
 def test_every_update_of_a_checked_step_selects_its_old_value_by_the_verdict():
-    fg = _checked_step(**ON)
+    fg = _checked_step()                                       # by default (fast_run)
     nodes = fg.toposort()
     verdicts = [n for n in nodes if type(n.op) is GpuCheckVerdict]
     assert len(verdicts) == 1, [str(n.op) for n in nodes]
@@ -55,10 +55,10 @@ def test_every_update_of_a_checked_step_selects_its_old_value_by_the_verdict():
     updates = [fg.outputs[k] for k in fg.update_mapping]
     assert len(updates) == 1 and all(reads_verdict(u.owner) for u in updates)
     assert "switch" in str(updates[0].owner.op)          # folded into the update's kernel
-    plain = _checked_step()                                    # not in fast_run yet
+    plain = _checked_step(**OFF)                               # excluded: guarded copies
     assert not any(type(n.op) is GpuCheckVerdict for n in plain.toposort())
     assert not reads_verdict(plain.outputs[list(plain.update_mapping)[0]].owner)
-    sync = _checked_step(**ON, **{"gpuarray.sync_checks": True})   # checks raise at once
+    sync = _checked_step(**{"gpuarray.sync_checks": True})     # checks raise at once
     assert not any(type(n.op) is GpuCheckVerdict for n in sync.toposort())
 
 
@@ -181,7 +181,7 @@ def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypat
         return GpuArraySharedVariable(t, None, name=name, container=Container(t, value, name))
     monkeypatch.setattr(sv, "_CONSTRUCTORS", [virtual_gpu_shared] + list(sv._CONSTRUCTORS))
     mlp_dropout = example_module("mlp_dropout")
-    with config.change_flags(floatX="float32", device="cuda", **ON), virtual_context(None):
+    with config.change_flags(floatX="float32", device="cuda"), virtual_context(None):
         train, _, _ = mlp_dropout.build(64, on_device=True)
     fg = train.maker.fgraph
     writers = {fg.outputs[k].owner for k in fg.update_mapping}

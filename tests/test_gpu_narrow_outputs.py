@@ -32,8 +32,8 @@ def _philox_output_dtypes(nodes):
 
 
 def test_the_dropout_masks_are_stored_as_bools_and_cast_by_the_backward_kernels():
-    fused = _dropout_step_nodes(optimizer_including="gpu_narrow_bool_outputs")
-    plain = _dropout_step_nodes()                  # opt-in until it has run on a GPU
+    fused = _dropout_step_nodes()                  # by default (fast_run)
+    plain = _dropout_step_nodes(optimizer_excluding="gpu_narrow_bool_outputs")
     assert len(_philox_output_dtypes(fused)) == len(_philox_output_dtypes(plain)) == 2
     for narrow, wide in zip(_philox_output_dtypes(fused), _philox_output_dtypes(plain)):
         assert narrow.count("float32") == wide.count("float32") - 1, (narrow, wide)

@@ -45,15 +45,15 @@ def test_the_classifier_gradient_is_one_node(label_dtype):
 
 def test_the_gradient_reads_the_losss_log_softmax_instead_of_a_softmax_of_its_own():
     """With the loss computed too, its log-softmax feeds the gradient (exp taken there): one
-    softmax kernel less; without gpu_nll_grad_log_softmax (opt-in), the softmax is back."""
+    softmax kernel less, by default (gpu_nll_grad_log_softmax is in fast_run); with
+    ``optimizer_excluding=gpu_nll_grad_log_softmax``, the softmax is back."""
     def ops(**flags):
         with config.change_flags(floatX="float32", **flags), virtual_context(None):
             x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
             loss = _loss(T.dot(x, w), y)
             f = function([x, w, y], [loss, T.grad(loss, w)])
         return [str(n.op) for n in f.maker.fgraph.toposort()]
-    # opt-in until it has run on a GPU
-    fused, plain = ops(optimizer_including="gpu_nll_grad_log_softmax"), ops()
+    fused, plain = ops(), ops(optimizer_excluding="gpu_nll_grad_log_softmax")
     assert "GpuNLLGrad{exp}" in fused and "GpuSoftmaxRows{softmax}" not in fused, fused
     assert "GpuSoftmaxRows{log}" in fused
     assert "GpuNLLGrad" in plain and "GpuSoftmaxRows{softmax}" in plain, plain
@@ -151,10 +151,11 @@ def test_the_gradient_from_the_log_softmax_matches_the_softmaxs(cuda, dtype):
     yv = RNG.integers(0, 13, 40)
     loss = _loss(z, y)
     outs = [loss, T.grad(loss, z)]
-    with config.change_flags(optimizer_including="gpu_nll_grad_log_softmax"):
-        fused = function([z, y], outs)
+    fused = function([z, y], outs)                             # in fast_run
     assert "GpuNLLGrad{exp}" in [str(n.op) for n in fused.maker.fgraph.toposort()]
-    plain = function([z, y], outs)
+    with config.change_flags(optimizer_excluding="gpu_nll_grad_log_softmax"):
+        plain = function([z, y], outs)
+    assert "GpuNLLGrad{exp}" not in [str(n.op) for n in plain.maker.fgraph.toposort()]
     tol = 1e-6 if dtype == "float32" else 1e-14
     for got, want in zip(fused(zv, yv), plain(zv, yv)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=tol, atol=tol)

@@ -63,19 +63,19 @@ def test_a_classifiers_loss_and_gradient_take_the_row_kernels():
 
 def test_a_classifiers_bias_add_is_read_by_the_row_kernel():
     """log_softmax(dot(h, W) + b): the row kernel adds b as it reads (GpuSoftmaxRows{bias}),
-    no add kernel; without gpu_softmax_rows_bias (opt-in), the add is back. A sum read by
-    something else too keeps its add."""
+    no add kernel, by default (gpu_softmax_rows_bias is in fast_run); with
+    ``optimizer_excluding=gpu_softmax_rows_bias``, the add is back. A sum read by something
+    else too keeps its add."""
     def ops(extra=False, **flags):
         with config.change_flags(floatX="float32", **flags), virtual_context(None):
             h, w, b = T.matrix("h"), T.matrix("w"), T.vector("b")
             z = T.dot(h, w) + b
             outs = [T.nnet.log_softmax(z)] + ([z * 2] if extra else [])
             return [str(n.op) for n in function([h, w, b], outs).maker.fgraph.toposort()]
-    on = {"optimizer_including": "gpu_softmax_rows_bias"}   # opt-in until run on a GPU
-    fused, plain = ops(**on), ops()
+    fused, plain = ops(), ops(optimizer_excluding="gpu_softmax_rows_bias")
     assert "GpuSoftmaxRows{log,bias}" in fused and not any("add" in o for o in fused), fused
     assert "GpuSoftmaxRows{log}" in plain and any("add" in o for o in plain), plain
-    assert "GpuSoftmaxRows{log}" in ops(extra=True, **on)
+    assert "GpuSoftmaxRows{log}" in ops(extra=True)
 
 
 def test_props_and_errors():
@@ -150,10 +150,11 @@ def test_values_against_numpy(cuda, dtype, n):
 def test_the_bias_kernel_equals_the_add_then_the_row_kernel(cuda, n):
     h, w, b = T.matrix("h"), T.matrix("w"), T.vector("b")
     outs = [T.nnet.log_softmax(T.dot(h, w) + b), T.nnet.softmax(T.dot(h, w) + b)]
-    with config.change_flags(optimizer_including="gpu_softmax_rows_bias"):
-        fused = function([h, w, b], outs)
+    fused = function([h, w, b], outs)                          # in fast_run
     assert "GpuSoftmaxRows{log,bias}" in [str(op) for op in _ops(fused)]
-    plain = function([h, w, b], outs)
+    with config.change_flags(optimizer_excluding="gpu_softmax_rows_bias"):
+        plain = function([h, w, b], outs)
+    assert "GpuSoftmaxRows{log,bias}" not in [str(op) for op in _ops(plain)]
     args = [RNG.standard_normal(s).astype("float32") for s in ((37, 20), (20, n), (n,))]
     for got, want in zip(fused(*args), plain(*args)):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)

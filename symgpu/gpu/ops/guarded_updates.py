@@ -14,9 +14,8 @@ variables' buffers (graphs.Runner's direct updates) and nothing is copied; the v
 guarded copies' check kernel, writing an int of the graph. Taken when every update is of a GPU
 variable and no checking node reads an update's new value (the verdict comes after the checks,
 the updates after the verdict); checks made at once (``gpuarray.sync_checks``) need none.
-Not yet in the default passes (``fast_run``): checked on the CPU (the kernel emulator with a
-real checking kernel, the fake-driver runner, graphs on a virtual context), not yet on a GPU;
-``optimizer_including=gpu_guarded_updates`` turns it on.
+In the default passes (``fast_run``); ``optimizer_excluding=gpu_guarded_updates`` turns it
+off (the guarded copies then serve).
 """
 from __future__ import annotations
 
@@ -148,5 +147,4 @@ def _select_states(verdict: Variable, states: list) -> list[Variable]:
 
 # after the checking ops exist (lifted at 40; gpu_nll_grad_fusion 49.4, gpu_take_rows 49.45),
 # before gpu_fusion (49.5) folds each switch into its update's kernel
-# opt-in (not in fast_run) until it has run on a GPU
-optdb.register("gpu_guarded_updates", gpu_guarded_updates, 49.48, "gpu")
+optdb.register("gpu_guarded_updates", gpu_guarded_updates, 49.48, "fast_run", "gpu")

@@ -269,12 +269,11 @@ def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
     """Make each GpuNLLGrad read the loss's log-softmax where the graph has one
     (`_from_log_softmax`): the gradient takes exp of the loss's log-probabilities (within a
     few ulp of the softmax) and the softmax kernel, read by nothing else, is gone. Returns
-    how many were replaced. Not yet in the default passes (fast_run): its kernel has run on
-    the CPU emulator, not yet on a GPU; ``optimizer_including=gpu_nll_grad_log_softmax``
-    turns it on."""
+    how many were replaced. In the default passes (fast_run);
+    ``optimizer_excluding=gpu_nll_grad_log_softmax`` turns it off."""
     from symgpu.graph.rewriting import sweep
     return sweep(fgraph, _from_log_softmax, "gpu_nll_grad_log_softmax")
 
 
-# opt-in (not in fast_run) until it has run on a GPU
-optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "gpu")
+optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "fast_run", "fusion",
+               "gpu")

@@ -15,9 +15,8 @@ CPU ops (max-shifted, NaN propagating as NumPy's max does).
 
 ``bias=True`` takes a second input, a vector added to every row as it is read: the pass
 ``gpu_softmax_rows_bias`` (49.43) gives a classifier's ``softmax(dot(h, W) + b)`` to the
-kernel as (dot(h, W), b), so the bias add is no launch of its own. Not yet in the default
-passes (``fast_run``): the kernels have run on the CPU emulator, not yet on a GPU;
-``optimizer_including=gpu_softmax_rows_bias`` turns it on.
+kernel as (dot(h, W), b), so the bias add is no launch of its own. In the default passes
+(``fast_run``); ``optimizer_excluding=gpu_softmax_rows_bias`` turns it off.
 """
 from __future__ import annotations
 
@@ -195,5 +194,4 @@ def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
 
 
 # before gpu_fusion (49.5), which would merge the add into other elementwise kernels
-# opt-in (not in fast_run) until it has run on a GPU
-optdb.register("gpu_softmax_rows_bias", gpu_softmax_rows_bias, 49.43, "gpu")
+optdb.register("gpu_softmax_rows_bias", gpu_softmax_rows_bias, 49.43, "fast_run", "fusion", "gpu")

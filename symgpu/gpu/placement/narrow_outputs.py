@@ -7,9 +7,8 @@ Stored as a bool, the mask costs a quarter of the memory traffic twice (written 
 backward): 3 MB less per 512x1024 layer. The readers, elementwise kernels, cast it back as
 they load it (0.0 or 1.0, exactly the stored values). Taken when every reader of the output
 is an elementwise kernel and the output is not a function output or an update.
-Not yet in the default passes (``fast_run``): checked on the CPU (the kernel emulator, graphs
-on a virtual context), not yet on a GPU; ``optimizer_including=gpu_narrow_bool_outputs`` turns
-it on.
+In the default passes (``fast_run``); ``optimizer_excluding=gpu_narrow_bool_outputs`` turns
+it off.
 """
 from __future__ import annotations
 
@@ -130,5 +129,4 @@ def gpu_narrow_bool_outputs(fgraph: FunctionGraph) -> int:
 
 
 # after gpu_philox_fusion (62) and its advance (62.5), before gpu_inplace (76)
-# opt-in (not in fast_run) until it has run on a GPU
-optdb.register("gpu_narrow_bool_outputs", gpu_narrow_bool_outputs, 63, "gpu")
+optdb.register("gpu_narrow_bool_outputs", gpu_narrow_bool_outputs, 63, "fast_run", "gpu")
