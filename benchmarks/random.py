@@ -289,7 +289,7 @@ def bench_mlp_interleaved() -> None:
         RESULTS.setdefault(row, {}).update(meds)
     for label, fn in RUNNER_STATS:
         runner = fn.vm.runner
-        stats = runner.stats() if hasattr(runner, "stats") else type(runner).__name__
+        stats = runner.stats() if hasattr(runner, "stats") else "no CUDA graphs (plain runs)"
         say(f"    {label} runner: {stats}")
 
 
