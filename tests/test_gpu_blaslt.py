@@ -206,6 +206,33 @@ def test_a_problem_cublaslt_declines_runs_on_classic_cublas_from_then_on(fakes):
     assert len(classic.calls) == 2
 
 
+def test_the_thunk_memo_of_problems_follows_the_layout_and_alignment(fakes):
+    """A GEMM thunk builds its LtProblem once per layout (shapes, leading dimensions,
+    pointer alignments): the same object while they hold, a new one when they change."""
+    ctx, classic, lt_calls, copies, lt_state = fakes
+    x, y = fake_gpu_array(ctx, (4, 2)), fake_gpu_array(ctx, (2, 3))
+    node = blas.GpuDot22()(_gvar(), _gvar()).owner
+    thunk, storage = _thunk(node, [x, y], ctx)
+    thunk()
+    thunk()
+    assert lt_calls[0]["p"] is lt_calls[1]["p"]
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (5, 2))       # another shape
+    thunk()
+    assert lt_calls[2]["p"].n == 5 and lt_calls[2]["p"] is not lt_calls[0]["p"]
+    storage[node.inputs[0]][0] = fake_gpu_array(ctx, (4, 2), ptr=x.ptr + 8)   # alignment 8
+    thunk()
+    p = lt_calls[3]["p"]
+    assert p.align == (256, 8, 256) and p[:-1] == lt_calls[0]["p"][:-1]
+    assert lt_calls[3]["b"] == x.ptr + 8
+    lt_state["raise"] = True      # declined: classic cuBLAS for that layout from then on
+    thunk()
+    thunk()
+    assert len(lt_calls) == 5 and len(classic.calls) == 2
+    storage[node.inputs[0]][0] = x
+    thunk()
+    assert len(lt_calls) == 6 and lt_calls[5]["p"] is lt_calls[0]["p"]
+
+
 def test_with_the_flag_off_products_stay_on_classic_cublas(fakes, monkeypatch):
     ctx, classic, lt_calls, copies, _ = fakes
     monkeypatch.setattr(blaslt, "lt_available", lambda dtype: False)

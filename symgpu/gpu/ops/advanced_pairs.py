@@ -29,6 +29,8 @@ from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.placement.basic_ops import GpuFromHost, as_gpuarray_variable
+from symgpu.gpu.ops.elemwise import new_array
+from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
                                      prefetch_request, slot_ptr)
@@ -105,11 +107,12 @@ def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a
     b, bs = _elem_stride(b)
     if isinstance(a, int):   # rows arange(a): the kernel takes each pair's row as its index
         a_ptr, as_ = 0, 0 if a == 1 else 1
-        name = _rows_name(dst.dtype.name, b.dtype.name)
+        name = _rows_name(dtype_name(dst.dtype), dtype_name(b.dtype))
     else:
         a, as_ = _elem_stride(a)
         a_ptr = a.ptr
-        name = _pairs_name(mode, dst.dtype.name, a.dtype.name, b.dtype.name)
+        name = _pairs_name(mode, dtype_name(dst.dtype), dtype_name(a.dtype),
+                           dtype_name(b.dtype))
     fn = get_prepared_kernel(_MODULE_KEY, pairs_source, name, _PAIRS_FORMAT, context=ctx)
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
 
@@ -124,13 +127,12 @@ def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a
 def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any) -> Any:
     """``x[a, b]`` as a new vector: ``a`` an index vector, or the row count r of rows
     ``arange(r)`` (more rows than x has raise at once)."""
-    from symgpu.gpu.runtime.array import GpuArray
     n = _pair_length(op, a, b, x.shape)
     if n and isinstance(a, int) and a > x.shape[0]:
         raise IndexError(f"{op}: index {x.shape[0]} is out of bounds for an array of shape "
                          f"{x.shape} (axis 0 has length {x.shape[0]}, axis 1 has length "
                          f"{x.shape[1]})")
-    res = GpuArray((n,), x.dtype, x.context)
+    res = new_array(x.context, (n,), x.dtype)   # x's dtype and context: nothing to check
     if n:
         isz = x.dtype.itemsize
         if any(s % isz for s in x.strides):

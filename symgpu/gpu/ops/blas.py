@@ -23,6 +23,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
+from symgpu.gpu.ops import blaslt
 from symgpu.gpu.ops.elemwise import _as_gpu, _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.tensor import blas as _host_blas
@@ -397,7 +398,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     z_cell = storage_map[z_var] if z_var is not None else None
     beta_zero = scal is not None and scal.known_zero(1)
     label = str(op)
-    unsupported: set = set()        # LtProblems cuBLASLt has no algorithm for
+    problems: dict = {}     # _lt_gemm's LtProblems by layout (None: cuBLASLt has none)
     into = [None]   # graph_segment sets it for one capture (write_into: a direct update)
     thin = thin_gemm.ThinGemm(ctx, dtype) if thin_gemm.ENABLED else None
     unit = [(1.0, 0), (0.0, 0)]     # GpuDot22's alpha, beta for the thin kernels
@@ -442,7 +443,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
                                          ldc, y, x, out, alpha_p, beta_p, device_scalars,
-                                         unsupported):
+                                         problems):
                 out_cell[0] = out
                 return
             blas.math_mode(handle, math_mode)
@@ -473,22 +474,31 @@ def _accumulates_into(t: Any, z: Any, x: Any, y: Any, shape: tuple) -> bool:
 
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
-             alpha_p: Any, beta_p: Any, device_scalars: bool, unsupported: set) -> bool:
+             alpha_p: Any, beta_p: Any, device_scalars: bool, problems: dict) -> bool:
     """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
     cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
-    caller runs classic cuBLAS)."""
-    from symgpu.gpu.ops import blaslt
-    p = blaslt.LtProblem(dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1),
-                         max(ldb, 1), max(ldd, 1), device_scalars,
-                         tuple(blaslt.alignment(v.ptr) for v in (a, b, out)))
-    if p in unsupported:
+    caller runs classic cuBLAS).  ``problems`` is the thunk's memo of LtProblems (None for
+    one cuBLASLt declined) by layout: the arguments that vary and the pointers' low byte,
+    which fixes their alignment, so a call builds no LtProblem (dtype, math mode and pointer
+    mode are the thunk's own)."""
+    ap, bp, dp = a.ptr, b.ptr, out.ptr
+    key = (ta, tb, rows, cols, k, lda, ldb, ldd, ap & 255, bp & 255, dp & 255)
+    p = problems.get(key, _NEW)
+    if p is _NEW:
+        p = problems[key] = blaslt.LtProblem(
+            dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1), max(ldb, 1),
+            max(ldd, 1), device_scalars, tuple(blaslt.alignment(v) for v in (ap, bp, dp)))
+    if p is None:
         return False
     try:
-        blaslt.lt_matmul(ctx, p, alpha_p, a.ptr, b.ptr, beta_p, out.ptr)
+        blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp)
     except blaslt.LtUnsupported:
-        unsupported.add(p)
+        problems[key] = None
         return False
     return True
+
+
+_NEW = object()   # not in a memo yet
 
 
 def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:

@@ -485,8 +485,9 @@ def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: 
     which = CHOICES.chosen.get(key)
     if which is None:
         which = _choose(ctx, lt, plan, p, key, (alpha, a, b, beta))
-    lt.check(lt.matmul(ctx, plan, which, alpha, a, b, beta, d),
-             f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
+    status = lt.matmul(ctx, plan, which, alpha, a, b, beta, d)
+    if status:   # (the message is made only then: a call costs no formatting)
+        lt.check(status, f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
 
 
 def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,

@@ -142,23 +142,32 @@ class _SliceThunk(PerformThunk):
         x = self.inputs[0][0]
         load_kernels(x.context, itemsize=x.itemsize)
 
+    def _rows(self, x: Any) -> tuple[tuple, int]:
+        """x[a:b] of ``rows`` (x not 0-d): (its shape, its byte offset from x's pointer),
+        as the general routine (GpuArray._basic_view) computes them."""
+        shape = x.shape
+        start, stop, _ = slice(int(self.inputs[1][0]), int(self.inputs[2][0])).indices(shape[0])
+        n = stop - start if stop > start else 0
+        return (n,) + shape[1:], start * x.strides[0] if n else 0
+
     def param_values(self) -> tuple[tuple, bytes]:
         """(the slice's shape and strides, its byte offset from x's pointer)."""
         if self.rows:
             x = self.inputs[0][0]
-            shape = x.shape
-            if shape:
-                start, stop, _ = slice(int(self.inputs[1][0]), int(self.inputs[2][0])).indices(
-                    shape[0])
-                n = stop - start if stop > start else 0
-                return ((n,) + shape[1:], x.strides), pack_int64(start * x.strides[0] if n
-                                                                  else 0)
+            if x.shape:
+                shape, offset = self._rows(x)
+                return (shape, x.strides), pack_int64(offset)
         x, view, _ = self._view()
         return (view.shape, view.strides), pack_int64(view.ptr - x.ptr)
 
     def __call__(self) -> None:
         slot = self.param_slot
         if slot is None:
+            x = self.inputs[0][0]
+            if self.rows and x.shape:   # the minibatch's slice: no index key to parse
+                shape, offset = self._rows(x)
+                self.outputs[0][0] = x._view(x.ptr + offset, shape, x.strides)
+                return
             self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
             return
         from symgpu.gpu.ops.elemwise import new_array

@@ -192,8 +192,8 @@ class _ScalarUploadThunk(PerformThunk):
 
     # param_*: symgpu/gpu/exec/graph_params.py: under a capture with a slot, the value is copied
     # on the device from the graph's parameter block, so one graph serves every value
-    __slots__ = ("ctx", "shape", "dtype", "device_array", "new_array", "param_slot",
-                 "param_nbytes")
+    __slots__ = ("ctx", "shape", "strides", "dtype", "device_array", "new_array",
+                 "param_slot", "param_nbytes")
     capturable = True
     launches = True
 
@@ -204,6 +204,7 @@ class _ScalarUploadThunk(PerformThunk):
         self.ctx = _get_context(op.context_name)
         self.shape = (1,) * node.inputs[0].ndim
         self.dtype = np.dtype(node.outputs[0].dtype)
+        self.strides = (self.dtype.itemsize,) * len(self.shape)   # C order, every dim 1
         self.device_array, self.new_array = GpuArray, new_array
         self.param_slot: tuple | None = None
         self.param_nbytes = -(-self.dtype.itemsize // 8) * 8
@@ -221,7 +222,8 @@ class _ScalarUploadThunk(PerformThunk):
         if isinstance(x, self.device_array):   # a device array fed to the input: plain path
             self.perform(self.node, [x], self.outputs)
             return
-        out = self.new_array(self.ctx, self.shape, self.dtype)
+        dtype = self.dtype
+        out = self.new_array(self.ctx, self.shape, dtype, self.strides, dtype.itemsize)
         slot = self.param_slot
         if slot is not None:                   # capturing: read from the parameter block
             import pycuda.driver as drv
@@ -229,10 +231,9 @@ class _ScalarUploadThunk(PerformThunk):
                                   self.ctx.stream)
             self.outputs[0][0] = out
             return
-        value = np.asarray(x, dtype=self.dtype)
-        out.fill(value.reshape(()))
+        out._memset(np.asarray(x, dtype=dtype).reshape(()).tobytes(), 1)   # out.fill(x)
         self.outputs[0][0] = out
-        _count("host_to_gpu", self.dtype.itemsize)
+        _count("host_to_gpu", dtype.itemsize)
 
 
 class HostFromGpu(Op):
@@ -389,6 +390,11 @@ class GpuDimShuffle(Op):
         self._identity_perm = self._perm == tuple(range(len(self._perm)))
         self._key = tuple(None if d == "x" else slice(None) for d in self.new_order) + \
             (0,) * len(ref.drop)
+        # the view as a plan: output dim j reads input dim _src[j] of (shape + (1,), strides
+        # + (0,)), so an 'x' (index nd) is a length 1 of stride 0; dropped dims must be 1
+        self._nd = nd = len(self.input_broadcastable)
+        self._src = tuple(nd if d == "x" else d for d in self.new_order)
+        self._drop = tuple(ref.drop)
 
     def __str__(self) -> str:
         return f"GpuDimShuffle{{{','.join(str(d) for d in self.new_order)}}}"
@@ -405,9 +411,22 @@ class GpuDimShuffle(Op):
 
     def perform(self, node, inputs, out):
         x = inputs[0]
+        shape = x.shape
+        drop = self._drop
+        if self._key and len(shape) == self._nd and \
+                (not drop or all(shape[d] == 1 for d in drop)):
+            src = self._src        # the plan (__init__): no transpose, no index parsing
+            out[0][0] = x._view(x.ptr, tuple(map((shape + (1,)).__getitem__, src)),
+                                tuple(map((x.strides + (0,)).__getitem__, src)))
+            return
+        out[0][0] = self.general_view(x)
+
+    def general_view(self, x: Any) -> Any:
+        """The view through GpuArray's general routines (transpose, then basic indexing):
+        what ``perform``'s plan computes, and the errors for an input it does not fit."""
         if not self._identity_perm:
             x = x.transpose(self._perm)
-        out[0][0] = x[self._key] if self._key else x
+        return x[self._key] if self._key else x
 
     infer_shape = _DimShuffle.infer_shape
 

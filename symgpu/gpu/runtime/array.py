@@ -17,6 +17,7 @@ PyCUDA is imported only inside functions, so ``import symgpu.gpu.runtime.array``
 from __future__ import annotations
 
 import operator
+import sys
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,7 +27,7 @@ from symgpu.gpu.runtime.device_checks import raise_device_errors
 
 __all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
            "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
-           "SUPPORTED_DTYPES"]
+           "dtype_name", "SUPPORTED_DTYPES"]
 
 _STAGING_LIMIT = 64 << 20      # larger copies go straight into the result (no double copy)
 _STAGING_KEEP = 8              # cached pinned buffers per context
@@ -51,8 +52,26 @@ def check_dtype(dtype: Any) -> np.dtype:
     return dt
 
 
+_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, remembered: NumPy computes the name in Python on every read (about
+    2 us), and kernel names are built from it on every launch."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = dtype.name
+    return name
+
+
 def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """Byte strides of a C-contiguous array of ``shape``."""
+    nd = len(shape)
+    if nd == 1:                 # the common ranks without the loop (a thunk's outputs)
+        return (itemsize,)
+    if nd == 2:
+        n = shape[1]
+        return (itemsize * n if n > 1 else itemsize, itemsize)
     strides = []
     acc = itemsize
     for n in reversed(shape):
@@ -170,8 +189,9 @@ class GpuArray:
         return arr
 
     def _view(self, ptr: int, shape: tuple, strides: tuple) -> "GpuArray":
-        arr = GpuArray.__new__(GpuArray)
-        arr._set(self.context, ptr, shape, strides, self.dtype, self.base)
+        arr = _new_gpuarray(GpuArray)     # the slots set here, not through _set: one call less
+        arr.context, arr.ptr, arr.shape, arr.strides = self.context, ptr, shape, strides
+        arr.dtype, arr.base, arr._gpudata = self.dtype, self.base, None
         return arr
 
     # -- NumPy-like attributes
@@ -386,32 +406,41 @@ class GpuArray:
     def fill(self, value: Any) -> "GpuArray":
         """Set every element to ``value`` with driver memsets (a host upload for several
         8-byte values whose halves differ)."""
-        if self.size == 0:
+        shape, itemsize = self.shape, self.dtype.itemsize
+        size = 1
+        for n in shape:
+            size *= n
+        if size == 0:
             return self
-        if not self.is_c_contiguous:
-            tmp = GpuArray(self.shape, self.dtype, self.context).fill(value)
+        if not c_contiguous(shape, self.strides, itemsize):
+            tmp = GpuArray(shape, self.dtype, self.context).fill(value)
             self._copy_from_device(tmp)
             return self
-        pattern = np.array(value, dtype=self.dtype).reshape(1)
+        self._memset(np.array(value, dtype=self.dtype).reshape(1).tobytes(), size)
+        return self
+
+    def _memset(self, pattern: bytes, size: int) -> None:
+        """Set the first ``size`` elements of this C-contiguous array to the element whose
+        bytes are ``pattern``: ``fill``'s device work, for callers that have those bytes."""
         ctx = self._activate()
         import pycuda.driver as drv
-        size, stream = self.size, ctx.stream
-        if self.itemsize == 1:
-            drv.memset_d8_async(self.ptr, int(pattern.view(np.uint8)[0]), size, stream)
-        elif self.itemsize == 2:
-            drv.memset_d16_async(self.ptr, int(pattern.view(np.uint16)[0]), size, stream)
-        elif self.itemsize == 4:
-            drv.memset_d32_async(self.ptr, int(pattern.view(np.uint32)[0]), size, stream)
+        stream, itemsize = ctx.stream, len(pattern)
+        if itemsize == 1:
+            drv.memset_d8_async(self.ptr, pattern[0], size, stream)
+        elif itemsize == 2:
+            drv.memset_d16_async(self.ptr, _word(pattern), size, stream)
+        elif itemsize == 4:
+            drv.memset_d32_async(self.ptr, _word(pattern), size, stream)
         else:
-            halves = pattern.view(np.uint32)
-            if halves[0] == halves[1]:
-                drv.memset_d32_async(self.ptr, int(halves[0]), 2 * size, stream)
+            low, high = _word(pattern[:4]), _word(pattern[4:])
+            if low == high:
+                drv.memset_d32_async(self.ptr, low, 2 * size, stream)
             elif size == 1:   # two word memsets: no host buffer (a CUDA graph may record it)
-                drv.memset_d32_async(self.ptr, int(halves[0]), 1, stream)
-                drv.memset_d32_async(self.ptr + 4, int(halves[1]), 1, stream)
+                drv.memset_d32_async(self.ptr, low, 1, stream)
+                drv.memset_d32_async(self.ptr + 4, high, 1, stream)
             else:
+                value = np.frombuffer(pattern, self.dtype)[0]
                 self.set(np.full(self.shape, value, dtype=self.dtype))
-        return self
 
     def get(self, out: np.ndarray | None = None) -> np.ndarray:
         """A host copy (C-contiguous ndarray), or the data written into ``out``.
@@ -489,6 +518,15 @@ class GpuArray:
 
     def __str__(self) -> str:
         return str(self.get())
+
+
+_new_gpuarray = GpuArray.__new__
+
+
+def _word(data: bytes) -> int:
+    """The unsigned integer that ``data`` (1, 2 or 4 bytes of an element) holds in memory,
+    as ``np.frombuffer(data, uint<n>)[0]`` reads it: the value a memset writes back."""
+    return int.from_bytes(data, sys.byteorder)
 
 
 def get_many(arrays: Sequence[GpuArray]) -> list[np.ndarray]:

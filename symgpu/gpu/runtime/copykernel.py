@@ -94,7 +94,8 @@ def strided_inc(dst: Any, src: Any) -> None:
     """Queue ``dst[...] += src[...]`` on dst's stream (GpuArrays of equal shapes and dtypes;
     any byte strides, 0 for broadcast source dims, negative for reversed views).
     Destination elements must not repeat (basic indexing never makes them)."""
-    dtype = dst.dtype.name
+    from symgpu.gpu.runtime.array import dtype_name
+    dtype = dtype_name(dst.dtype)
     if dtype not in INC_DTYPES:
         raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
     _launch(dst.context, f"strided_inc_{dtype}", src.ptr, dst.ptr, dst.shape, src.strides,

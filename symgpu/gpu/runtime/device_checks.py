@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.config import config
 from symgpu.gpu.runtime.codegen import template, text
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
@@ -64,6 +65,8 @@ _TABLE_FORMAT = "q" * (2 + _COPY_TABLE) + "Q" * (2 * _COPY_TABLE) + "q" * _COPY_
 _GUARDED_COPY_KEY = ("symgpu.guarded_copy",)
 
 _PAGE = 4096
+#: the flag table, read directly: launch_checked runs for every checked launch
+_flags = config._flags
 
 
 def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
@@ -200,8 +203,7 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
     Deferred (default): the slot is `node`'s mapped slot, read at the next synchronisation;
     with ``config.gpuarray.sync_checks``: a fresh device buffer read back at once.
     `describe(bad)` makes the exception for a reported value (the launch's shapes go in it)."""
-    from symgpu.config import config
-    if config.gpuarray.sync_checks:
+    if _flags["gpuarray.sync_checks"].value:   # the flag, read without the config's lookups
         err = new_error_buffer(ctx)
         fn.prepared_async_call(grid, block, ctx.stream, *args, err.ptr)
         bad = read_error(err)
