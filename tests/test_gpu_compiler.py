@@ -296,3 +296,38 @@ def test_get_prepared_kernel_prepares_once_across_threads(fake_loads):
             ("k",), lambda: "src", "f", "PPq", context=ctx), range(16)))
     assert all(fn is got[0] for fn in got)
     assert sum(len(fn.prepared) for fn in made) == 1
+
+
+class _LaunchingFunction:
+    """A prepared Function as PyCUDA's: ``_launch_kernel`` and its own slow call."""
+
+    def __init__(self, texrefs=()):
+        self.launched, self.slow, self.texrefs, self.num_regs = [], [], list(texrefs), 17
+
+    def _launch_kernel(self, grid, block, buf, shared, stream):
+        self.launched.append((grid, block, bytes(buf), shared, stream))
+
+    def prepared_async_call(self, grid, block, stream, *args):
+        self.slow.append((grid, block, stream, args))
+
+
+def test_prepared_kernel_packs_once_and_launches_directly():
+    import struct
+    from symgpu.gpu.runtime.codegen.launch import PreparedKernel
+
+    class Ptr:   # a device pointer as symgpu's are: an __index__
+        def __index__(self):
+            return 0x7000
+
+    fn = _LaunchingFunction()
+    k = PreparedKernel(fn, "PPqi")
+    k.prepared_async_call((3, 1), (256, 1, 1), "s", 0x1000, Ptr(), 5, 2)
+    assert fn.launched == [((3, 1), (256, 1, 1), struct.pack("@PPqi", 0x1000, 0x7000, 5, 2),
+                            0, "s")]
+    assert not fn.slow
+    assert k.num_regs == 17 and k.function is fn             # the rest is the Function's
+    k.prepared_async_call((1, 1), (32, 1, 1), None, object(), 0, 1, 2)   # not packable here
+    assert fn.slow == [((1, 1), (32, 1, 1), None, fn.slow[0][3])] and len(fn.launched) == 1
+    textured = _LaunchingFunction(texrefs=["t"])             # texrefs: PyCUDA's call sets them
+    PreparedKernel(textured, "P").prepared_async_call((1, 1), (1, 1, 1), None, 8)
+    assert textured.slow and not textured.launched

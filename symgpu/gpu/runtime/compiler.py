@@ -343,7 +343,8 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
 def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
                         signature: str, options: Sequence[str] = (), context: Any = None) -> Any:
     """:func:`get_kernel`'s Function with ``.prepare(signature)`` done, for
-    ``prepared_async_call``.
+    ``prepared_async_call`` (wrapped: codegen.launch.PreparedKernel launches with less
+    Python per call).
 
     One memo for every module's prepared kernels, under get_kernel's key: a kernel is prepared
     once per (key, name, options, nvcc flags, context), a change of ``nvcc.flags`` gets the new
@@ -360,7 +361,8 @@ def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: st
             got = _prepared.get(mkey)   # another thread may have just prepared it
             if got is None:
                 fn.prepare(signature)
-                got = _prepared[mkey] = (signature, fn)
+                from symgpu.gpu.runtime.codegen.launch import PreparedKernel
+                got = _prepared[mkey] = (signature, PreparedKernel(fn, signature))
     if got[0] != signature:
         raise ValueError(f"kernel {fn_name} of {key!r} is prepared as {got[0]!r}, "
                          f"not {signature!r}")

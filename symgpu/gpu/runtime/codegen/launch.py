@@ -26,7 +26,7 @@ import struct
 import threading
 from typing import Any, Callable, Sequence
 
-__all__ = ["Kernel", "load_kernels", "BACKEND", "sm_count", "clear_cache"]
+__all__ = ["Kernel", "PreparedKernel", "load_kernels", "BACKEND", "sm_count", "clear_cache"]
 
 #: "pycuda" (Function._launch_kernel) or "ctypes" (cuLaunchKernel directly)
 BACKEND = "pycuda"
@@ -113,6 +113,40 @@ class Kernel:
             if status:
                 _drv().check(status, f"launching kernel {name} (grid {grid}, block {block})")
         return go
+
+
+class PreparedKernel:
+    """A prepared PyCUDA Function (compiler.get_prepared_kernel's) whose
+    ``prepared_async_call`` skips PyCUDA's per-call Python (about 5 us: the block-shape call,
+    an import, the format parsed again, the texref loop): the arguments are packed by a
+    ``struct.Struct`` made once (native alignment, as PyCUDA's packer) and go straight to
+    ``Function._launch_kernel``, the call PyCUDA's ends in.  An argument only PyCUDA's
+    packer takes goes its way; every other attribute is the Function's."""
+
+    __slots__ = ("function", "prepared_async_call")
+
+    def __init__(self, function: Any, signature: str) -> None:
+        self.function = function
+        launch_kernel = getattr(function, "_launch_kernel", None)
+        if launch_kernel is None or getattr(function, "texrefs", None):
+            return     # the Function's own prepared_async_call serves (through __getattr__)
+        try:
+            pack = struct.Struct(signature).pack
+        except struct.error:
+            return
+        slow = function.prepared_async_call
+
+        def prepared_async_call(grid: tuple, block: tuple, stream: Any, *args: Any) -> None:
+            try:
+                buf = pack(*args)
+            except struct.error:
+                slow(grid, block, stream, *args)
+                return
+            launch_kernel(grid, block, buf, 0, stream)
+        self.prepared_async_call = prepared_async_call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.function, name)
 
 
 def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
