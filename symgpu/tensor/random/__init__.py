@@ -1,7 +1,7 @@
 """Random numbers: `RandomStreams` on the counter-based Philox4x32-10 generator.
 
-See docs/random.md; `philox.py` defines the numbers, `ops.py` the graph ops, `streams.py`
-the user-facing factory."""
+See docs/random.md; `philox.py` defines the numbers (`philox_c.py` draws the same ones in
+C), `ops.py` the graph ops, `streams.py` the user-facing factory."""
 from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
                                       MultinomialFromUniform, PhiloxAdvance, PhiloxSample)
 from symgpu.tensor.random.streams import RandomStreams

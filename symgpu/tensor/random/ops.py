@@ -7,7 +7,8 @@ and never the noise: the ops here have no gradient (None for every input).
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -15,7 +16,7 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float
 from symgpu.tensor.basic import _as_int_scalar, _known_one
-from symgpu.tensor.random import philox
+from symgpu.tensor.random import philox, philox_c
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["PhiloxSample", "PhiloxAdvance", "CategoricalFromUniform", "MultinomialFromUniform",
@@ -65,10 +66,18 @@ class PhiloxSample(Op):
         out = TensorType(self.dtype, [_known_one(s) for s in size])()
         return Apply(self, [state, *size], [out])
 
-    def perform(self, node, inputs, out):
+    def perform(self, node, inputs, out, sample: Callable = philox.sample):
         _check_state_value(inputs[0], str(self))
         shape = _shape_of(inputs[1:], str(self))
-        out[0][0] = philox.sample(inputs[0], self.dist, self.dtype, shape)
+        out[0][0] = sample(inputs[0], self.dist, self.dtype, shape)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """`perform`'s thunk, drawing through the compiled generator (`philox_c`: the same
+        numbers, several times faster) where C kernels are enabled."""
+        thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
+        if philox_c.enabled():
+            thunk.perform = partial(self.perform, sample=philox_c.sample)
+        return thunk
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [tuple(node.inputs[1:])]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["M0", "M1", "W0", "W1", "philox4x32", "blocks", "per_block", "uniform_from_words",
-           "sample", "advance", "stream_key", "DISTS"]
+           "check_dist", "sample", "advance", "stream_key", "DISTS"]
 
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 W0, W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
@@ -117,11 +117,16 @@ def _box_muller(u1: np.ndarray, u2: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return r * np.cos(theta), r * np.sin(theta)
 
 
+def check_dist(dist: str) -> None:
+    """Raise ValueError unless `dist` is one of DISTS."""
+    if dist not in DISTS:
+        raise ValueError(f"philox sample: unknown distribution {dist!r}; expected one of {DISTS}")
+
+
 def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
     """The draw of `dist` ('uniform' in (0, 1) or standard 'normal') of `shape` from `state`,
     made a cache-sized chunk of blocks at a time."""
-    if dist not in DISTS:
-        raise ValueError(f"philox sample: unknown distribution {dist!r}; expected one of {DISTS}")
+    check_dist(dist)
     n = int(np.prod(shape, dtype=np.int64))
     wide = np.dtype(dtype).itemsize == 8
     per = 2 if wide else 4
