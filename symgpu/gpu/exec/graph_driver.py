@@ -5,6 +5,7 @@ symgpu/gpu/exec/graphs.py; loading it needs libcuda, nothing else.
 from __future__ import annotations
 
 import ctypes
+import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -73,9 +74,9 @@ class CudaGraphDriver:
         return exe
 
     def launcher(self, exe: Any, stream: int) -> Callable[[], int]:
-        """A zero-argument replay call returning the CUresult."""
-        launch, s = self._launch, ctypes.c_void_p(stream)
-        return lambda: launch(exe, s)
+        """A zero-argument replay call returning the CUresult (a partial: no Python frame
+        of its own on the replay path)."""
+        return functools.partial(self._launch, exe, ctypes.c_void_p(stream))
 
     def upload(self, ptr: int, data: bytes, stream: int) -> None:
         """Queue a copy of ``data`` to device address ``ptr`` on ``stream``."""
