@@ -11,8 +11,8 @@ import numpy as np
 
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 
-__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer", "make_fetcher",
-           "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
+__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
+           "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
            "mark_reusable_outputs", "overwritten", "read_later", "updates_last"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
