@@ -94,13 +94,17 @@ def explain(f: Any, file: TextIO | None = sys.stdout) -> Explanation:
     report.contexts = sorted({v.type.context_name for n in nodes for v in n.outputs + n.inputs
                               if _is_gpu(v)}, key=str)
     inputs = set(fgraph.inputs)
+    passed = _device_arrays_passed(f)
     n_final = 0
     for node in nodes:
         kind = type(node.op).__name__
         if kind == _UPLOAD:
             src = node.inputs[0]
             origin = "an input" if src in inputs else "a CPU op's result"
-            report.uploads.append(f"{_describe(src)} ({origin}, {src.type})")
+            note = passed.get(node)
+            report.uploads.append(f"{_describe(src)} ({origin}, {src.type}"
+                                  + (f"; a GPU array passed for it {note}" if note else "")
+                                  + ")")
         elif kind == _DOWNLOAD:
             src = node.inputs[0]
             report.downloads.append(f"{_describe(src)} ({src.type})")
@@ -125,13 +129,40 @@ def explain(f: Any, file: TextIO | None = sys.stdout) -> Explanation:
         report.syncs.insert(0, f"the {n_final} result(s) copied to the host at the end "
                                "(batched into one wait)")
     if report.on_gpu:
-        report.graphs = _graph_status(f, nodes)
+        report.graphs = _graph_status(f, nodes, passed)
     if file is not None:
         print(report, file=file)
     return report
 
 
-def _graph_status(f: Any, nodes: list) -> list[str]:
+def _device_arrays_passed(f: Any) -> dict:
+    """What a call does with a GPU array passed for a host input (compile/function.py takes
+    one there when the input's only reader is its upload): upload node -> how it is read.
+    It is used as it is when the upload's thunk may borrow it (decided when the function was
+    linked: graph_plan.mark_reusable_outputs), else copied on the device."""
+    vm = getattr(f, "vm", None)
+    if vm is None:
+        return {}
+    from symgpu.compile.function import _device_input_filter
+    from symgpu.compile.sharedvalue import SharedVariable
+    fgraph = f.maker.fgraph
+    inputs = set(fgraph.inputs)
+    out = {}
+    for node, thunk in zip(getattr(vm, "nodes", ()), getattr(vm, "thunks", ())):
+        src = node.inputs[0] if node.inputs else None
+        if type(node.op).__name__ != _UPLOAD or src not in inputs or \
+                isinstance(src, SharedVariable) or _device_input_filter(src, fgraph) is None:
+            continue
+        if getattr(thunk, "may_borrow", False):
+            out[node] = "is read where it is, not copied"
+        else:
+            why = "a node writes into the upload or it leaves the call" \
+                if hasattr(thunk, "may_borrow") else "it is a one-element value"
+            out[node] = f"is copied on the device, as {why}"
+    return out
+
+
+def _graph_status(f: Any, nodes: list, passed: dict | None = None) -> list[str]:
     """Whether calls replay CUDA graphs, what splits them, what re-captures them."""
     from symgpu.config import config
     if not config.gpuarray.cuda_graphs:
@@ -157,7 +188,12 @@ def _graph_status(f: Any, nodes: list) -> list[str]:
                 and type(n.op).__name__ not in (_DOWNLOAD,) and _is_gpu_node(n)]
     for n in breaking:
         why = getattr(n.op, "host_sync", None) or "not capturable"
-        out.append(f"runs plainly between segments: {n.op} ({why})")
+        what = str(n.op)
+        note = (passed or {}).get(n)
+        if note is not None:   # an input's upload: a host array goes up, a GPU array...
+            what = f"{n.op} of {_describe(n.inputs[0])}"
+            why = f"{why}: uploads a host array; a GPU array passed {note}"
+        out.append(f"runs plainly between segments: {what} ({why})")
     keyed = [v for v in f.maker.fgraph.inputs
              if not _is_gpu(v) and getattr(v, "ndim", None) == 0
              and any(_is_gpu_node(c) for c, _ in f.maker.fgraph.clients.get(v, ())

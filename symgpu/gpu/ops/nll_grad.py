@@ -26,6 +26,7 @@ from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
@@ -127,7 +128,8 @@ class GpuNLLGrad(DeviceChecked, Op):
             ctx = m.context
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
-                                     _kernel_name(m.dtype.name, y.dtype.name, self.exp_m),
+                                     _kernel_name(dtype_name(m.dtype), dtype_name(y.dtype),
+                                                  self.exp_m),
                                      "PqPqqPqPqqqP",
                                      context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))

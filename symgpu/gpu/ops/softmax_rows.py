@@ -27,6 +27,7 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
@@ -145,7 +146,7 @@ class GpuSoftmaxRows(Op):
             ctx.activate()
             wide = n > WIDE_ROW
             fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source,
-                                     _kernel_name(x.dtype.name, self.log, wide, self.bias),
+                                     _kernel_name(dtype_name(x.dtype), self.log, wide, self.bias),
                                      "PqqPqPqq" if self.bias else "PqqPqq", context=ctx)
             per_block = 1 if wide else _BLOCK // 32
             blocks = max(1, min(_MAX_BLOCKS, -(-rows // per_block)))

@@ -99,9 +99,13 @@ class GpuFromHost(Op):
         """How a CUDA array (GpuArray, torch/CuPy/PyCUDA...) fed to a host input that only
         this op reads stays on the device (compile/function.py asks once per input): the
         returned ``take(value, strict, allow_downcast)`` gives a GpuArray, or None for a value
-        that is not a device array (the host path takes it).  `perform` then copies it on
-        the device.  A GpuArray of the input's dtype, rank and context passes with no more
-        than attribute checks: this runs on every call of a function fed device arrays."""
+        that is not a device array (the host path takes it).  The upload's thunk then hands
+        that array on as its output, read in place, when nothing could write into it or give
+        it back to the caller (``_UploadThunk.may_borrow``, decided when the function is
+        linked), and `perform` copies it on the device otherwise.  A foreign array (torch,
+        CuPy) is such a GpuArray too: a view whose ``base`` keeps the owner's memory alive.  A
+        GpuArray of the input's dtype, rank and context passes with no more than attribute
+        checks: this runs on every call of a function fed device arrays."""
         from symgpu.gpu.runtime.array import GpuArray
         gtype = GpuArrayType(host_type.dtype, host_type.broadcastable, self.context_name)
         dtype, ndim = np.dtype(host_type.dtype), host_type.ndim
@@ -124,7 +128,8 @@ class GpuFromHost(Op):
         from symgpu.gpu.runtime.array import GpuArray, to_gpu
         x = inputs[0]
         if isinstance(x, GpuArray):  # from device_input_filter: no host round trip; a fresh
-            out[0][0] = x.copy()     # buffer, as in-place kernels may overwrite this output
+            out[0][0] = x.copy()     # buffer, as an in-place kernel may overwrite this output
+            # or it may leave the call (else _UploadThunk hands x on itself: may_borrow)
             _count("device_copy", x.nbytes)
             return
         out[0][0] = to_gpu(x, _get_context(self.context_name))
