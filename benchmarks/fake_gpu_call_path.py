@@ -5,10 +5,15 @@ both checkouts), this checkout against another one in alternating processes.
 
     python3 benchmarks/fake_gpu_call_path.py --against /path/to/other/checkout
     python3 benchmarks/fake_gpu_call_path.py --profile     # cProfile of this checkout's calls
+    python3 benchmarks/fake_gpu_call_path.py --against PATH --null-launch
+        # the replay's launch a C no-op: only symgpu's own Python per call is timed (the
+        # fake kernel, a NumPy closure of ~2 us, no longer hides the difference)
 
 On the GPU machine gpu_call_overhead.py measures the real row; this one lets a session with no
 device time see the same Python path change (2026-11-28: the fake reproduced the real row's
-gap to c10bea3, 4.37 against 4.00 us here, 3.92 against 3.38 us on an H200).
+gap to c10bea3, 4.37 against 4.00 us here, 3.92 against 3.38 us on an H200; on
+2026-11-28 at 370cefc, 4.01 against 4.07 here, 1.46 against 1.57 with --null-launch, yet
+3.64 against 3.13 us on the H200: what remains of that row is not on this Python path).
 """
 from __future__ import annotations
 
@@ -52,8 +57,19 @@ def one_kernel_function():
     return f
 
 
-def child(number: int, repeat: int, profile: bool) -> None:
+def null_launches(f) -> None:
+    """Make every captured graph of ``f`` launch a C no-op returning status 0."""
+    import functools
+    for seg in getattr(f.vm.runner, "steps", ()):
+        for graphs in getattr(seg, "graphs", {}).values():
+            for g in graphs:
+                g.launch = functools.partial(int, 0)
+
+
+def child(number: int, repeat: int, profile: bool, null_launch: bool = False) -> None:
     f = one_kernel_function()
+    if null_launch:
+        null_launches(f)
     if profile:
         import cProfile
         import pstats
@@ -74,14 +90,17 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=50000, help="calls per timed block")
     parser.add_argument("--repeat", type=int, default=7, help="timed blocks per process")
     parser.add_argument("--profile", action="store_true", help="profile this checkout's calls")
+    parser.add_argument("--null-launch", action="store_true",
+                        help="replays launch a C no-op: time symgpu's Python alone")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
-        child(opts.number, opts.repeat, opts.profile)
+        child(opts.number, opts.repeat, opts.profile, opts.null_launch)
         return
     from timing import alternate_checkouts, report_checkouts, run_checkout
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    args = ["--number", str(opts.number), "--repeat", str(opts.repeat)]
+    args = ["--number", str(opts.number), "--repeat", str(opts.repeat)] + \
+        (["--null-launch"] if opts.null_launch else [])
     if opts.profile:
         run_checkout(__file__, here, [*args, "--profile"])
         return
