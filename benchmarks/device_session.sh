@@ -8,7 +8,8 @@
 #   bash benchmarks/device_session.sh issues     # the open issues' rows: the MLP and fused chain
 #                                                # (gpu_speed), dropout (random), gpu_spellings
 #   bash benchmarks/device_session.sh ab BASE    # call overhead against the checkout at BASE
-#                                                # (issue 19: gpu_call_overhead, cpu_overhead,
+#                                                # (issue 19: gpu_call_overhead, its layers
+#                                                # (gpu_call_parts), cpu_overhead,
 #                                                # threads --device cuda)
 #   bash benchmarks/device_session.sh breakdown  # kernel_breakdown: every contender's kernels
 # BASE is a copy of an older tree carried to the machine, e.g. made here with
@@ -43,6 +44,7 @@ case "$part" in
   ab)
     base=${2:?"ab needs the other checkout's path"}
     python3 benchmarks/gpu_call_overhead.py --against "$base" 2>&1 | tee "$out/gpu_call_overhead.txt"
+    python3 benchmarks/gpu_call_parts.py 2>&1 | tee "$out/gpu_call_parts.txt"
     python3 benchmarks/cpu_overhead.py --against "$base" 2>&1 | tee "$out/cpu_overhead.txt"
     python3 benchmarks/threads.py --device cuda 2>&1 | tee "$out/threads.txt"
     ;;
