@@ -51,6 +51,7 @@ case "$part" in
   breakdown)
     python3 benchmarks/kernel_breakdown.py 2>&1 | tee "$out/kernels_mlp.txt"
     python3 benchmarks/kernel_breakdown.py --dropout 2>&1 | tee "$out/kernels_dropout.txt"
+    python3 benchmarks/kernel_breakdown.py --logreg 2>&1 | tee "$out/kernels_logreg.txt"
     ;;
   *)
     echo "unknown part $part: tests, issues, ab BASE or breakdown" >&2

@@ -4,6 +4,9 @@ of the process, those replayed from CUDA graphs and XLA's too).
 
     python3 benchmarks/kernel_breakdown.py            # gpu_speed.py's MLP step (fp32, TF32)
     python3 benchmarks/kernel_breakdown.py --dropout  # random.py's dropout MLP step
+    python3 benchmarks/kernel_breakdown.py --logreg   # gpu_spellings.py's logistic-regression
+                                                      # step: data shared, GpuArrays or host
+                                                      # arrays passed per call (copies too)
 
 Per contender: kernels per step, device time per step (the sum of kernel durations; the step's
 wall time minus this is launch gaps and host work) and the kernels by total time.  Needs
@@ -48,8 +51,26 @@ def contenders(dropout: bool) -> dict[str, list]:
     return rows
 
 
+def logreg_contenders() -> dict[str, list]:
+    """gpu_spellings.py's logistic-regression step with its data in shared variables, passed
+    per call as GpuArrays, and passed per call from host memory."""
+    import numpy as np
+    spellings = load("gpu_spellings")
+    from symgpu.gpu import init_default_context
+    from symgpu.gpu.runtime.array import to_gpu
+    ctx = init_default_context()
+    shared, _ = spellings.symgpu_logreg(np.asarray(0., dtype="float32"))
+    per_call, args = spellings.symgpu_logreg(0., data_shared=False)
+    on_device = tuple(to_gpu(a) for a in args)
+    return {"logistic-regression step": [
+        ("symgpu, data in shared variables", shared, ctx.synchronize),
+        ("symgpu, GpuArrays passed per call", lambda: per_call(*on_device), ctx.synchronize),
+        ("symgpu, host arrays passed per call", lambda: per_call(*args), ctx.synchronize)]}
+
+
 def kernel_table(step, sync) -> tuple[int, float, list[tuple[str, int, float]]]:
-    """(kernels per step, device µs per step, [(kernel, count per step, µs per step)])."""
+    """(kernels per step, device µs per step, [(kernel, count per step, µs per step)]):
+    every device activity CUPTI records (copies and memsets too)."""
     from torch.profiler import ProfilerActivity, profile
     for _ in range(3):
         step()
@@ -71,7 +92,8 @@ def kernel_table(step, sync) -> tuple[int, float, list[tuple[str, int, float]]]:
 def main() -> None:
     import torch  # noqa: F401  (the recorder)
     dropout = "--dropout" in sys.argv[1:]
-    for row, entries in contenders(dropout).items():
+    rows = logreg_contenders() if "--logreg" in sys.argv[1:] else contenders(dropout)
+    for row, entries in rows.items():
         print(f"\n===== {row}")
         for who, step, sync in entries:
             n, total, table = kernel_table(step, sync)
