@@ -13,9 +13,13 @@ step time at most 1.0x the NumPy loop and under half of PyTensor's; compile time
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import numpy as np
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
 from timing import interleaved  # noqa: E402
 
 N, FEATS = 400, 784
