@@ -163,41 +163,32 @@ def symgpu_minibatch(lr_input=False, profile=None):
     return f
 
 
+def cycling(f, *extra):
+    """A call of the minibatch step ``f`` on the next of the BATCHES minibatches each time
+    (``extra``: its other arguments), as a training loop makes it."""
+    k = [0]
+
+    def call():
+        k[0] = (k[0] + 1) % BATCHES
+        f(k[0], *extra)
+    return call
+
+
 def bench_symgpu_minibatch(sync) -> None:
     import symgpu
     from symgpu import config
+    from workloads import WAVE2_PASSES
     f = symgpu_minibatch()
     row("minibatch", "symgpu fixed index", per_call(lambda: f(0), 300, sync))
-    k = [0]
-
-    def cycling():
-        k[0] = (k[0] + 1) % BATCHES
-        f(k[0])
-    row("minibatch", "symgpu cycling index", per_call(cycling, 300, sync))
+    row("minibatch", "symgpu cycling index", per_call(cycling(f), 300, sync))
     say("    " + str(symgpu.explain(f, file=None)).replace("\n", "\n    "))
-    g = symgpu_minibatch(lr_input=True)
-
-    def cycling_lr():
-        k[0] = (k[0] + 1) % BATCHES
-        g(k[0], 0.01)
-    row("minibatch", "symgpu cycling index, learning rate input", per_call(cycling_lr, 300, sync))
-    with config.change_flags(**{"gpuarray.allow_tf32": True}):
-        h = symgpu_minibatch()
-
-    def cycling_tf32():
-        k[0] = (k[0] + 1) % BATCHES
-        h(k[0])
-    row("minibatch", "symgpu cycling index, TF32 (gpuarray.allow_tf32)",
-        per_call(cycling_tf32, 300, sync))
-    from workloads import WAVE2_PASSES
-    with config.change_flags(optimizer_excluding=WAVE2_PASSES):
-        o = symgpu_minibatch()
-
-    def cycling_wave2_off():
-        k[0] = (k[0] + 1) % BATCHES
-        o(k[0])
-    row("minibatch", "symgpu cycling index, wave-2 passes off",
-        per_call(cycling_wave2_off, 300, sync))
+    row("minibatch", "symgpu cycling index, learning rate input",
+        per_call(cycling(symgpu_minibatch(lr_input=True), 0.01), 300, sync))
+    for name, flags in (("TF32 (gpuarray.allow_tf32)", {"gpuarray.allow_tf32": True}),
+                        ("wave-2 passes off", {"optimizer_excluding": WAVE2_PASSES})):
+        with config.change_flags(**flags):
+            g = symgpu_minibatch()
+        row("minibatch", f"symgpu cycling index, {name}", per_call(cycling(g), 300, sync))
 
 
 def launched_kernels(f) -> int:
@@ -210,17 +201,10 @@ def launched_kernels(f) -> int:
 def bench_symgpu_plain(sync) -> None:
     """The plain path (first calls, functions that cannot be captured): CUDA graphs off.
     Wall time per call over the kernels it launches bounds the host time per launch."""
-    from symgpu import config
-    k = [0]
-    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
-        f, args = symgpu_logreg(np.asarray(0., dtype="float32"))
-        g = symgpu_minibatch()
-
-    def cycling():
-        k[0] = (k[0] + 1) % BATCHES
-        g(k[0])
-    for name, fn, call in (("logreg, bias 0-d array", f, lambda: f(*args)),
-                           ("minibatch MLP, cycling index", g, cycling)):
+    spellings = profiled_spellings()
+    for name, key in (("logreg, bias 0-d array", "plain-logreg"),
+                      ("minibatch MLP, cycling index", "plain-minibatch")):
+        fn, call = spellings[key]
         t = per_call(call, 300, sync)
         n = launched_kernels(fn)
         row("plain", f"symgpu {name}, CUDA graphs off ({n} launches)", t)
@@ -406,7 +390,8 @@ def report() -> None:
 
 
 def profiled_spellings() -> dict:
-    """The spellings `--profile` can look into: name -> (function, one call)."""
+    """The spellings `--profile` can look into (the plain rows among them): name ->
+    (function, one call)."""
     from symgpu import config
     from symgpu.gpu.runtime.array import to_gpu
     with config.change_flags(**{"gpuarray.cuda_graphs": False}):
@@ -414,13 +399,8 @@ def profiled_spellings() -> dict:
         plain_mb = symgpu_minibatch()
     per_call_fn, args = symgpu_logreg(0., data_shared=False)
     on_device = tuple(to_gpu(a) for a in args)
-    k = [0]
-
-    def cycling():
-        k[0] = (k[0] + 1) % BATCHES
-        plain_mb(k[0])
     return {"plain-logreg": (plain, lambda: plain(*plain_args)),
-            "plain-minibatch": (plain_mb, cycling),
+            "plain-minibatch": (plain_mb, cycling(plain_mb)),
             "gpuarrays-logreg": (per_call_fn, lambda: per_call_fn(*on_device)),
             "data-per-call-logreg": (per_call_fn, lambda: per_call_fn(*args))}
 
