@@ -39,6 +39,7 @@ from symgpu.tensor.subtensor import SYM, Slice
 from symgpu.tensor.math import MatMul as _MatMul
 from symgpu.tensor.subtensor import AdvancedIncSubtensor as _AdvancedIncSubtensor
 from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
@@ -158,7 +159,8 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
         if n:
             xc, ic = _contiguous(x), _contiguous(idx)
-            _launch(self, node, x.context, _gather_name(x.dtype.name, idx.dtype.name), xc, res, ic,
+            name = _gather_name(dtype_name(x.dtype), dtype_name(idx.dtype))
+            _launch(self, node, x.context, name, xc, res, ic,
                     n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
 
@@ -216,7 +218,8 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                 full._copy_from_device(src)
                 src = full
             _launch(self, node, x.context,
-                    _scatter_name(x.dtype.name, idx.dtype.name, self.set_instead_of_inc),
+                    _scatter_name(dtype_name(x.dtype), dtype_name(idx.dtype),
+                                  self.set_instead_of_inc),
                     res, src, _contiguous(idx), n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["conv_gemm_source", "gemm_forward", "gemm_grad_inputs", "gemm_grad_weights"]
 
@@ -61,7 +62,7 @@ def _gemm(ctx: Any, ta: bool, tb: bool, m: int, n: int, k: int, a: Any, b: Any, 
         return
     blas = cublas()
     h = blas.handle(ctx)
-    dtype = c.dtype.name
+    dtype = dtype_name(c.dtype)
     blas.math_mode(h, gemm_math_mode(dtype))
     ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
     one, zero = ctype(1.0), ctype(0.0)

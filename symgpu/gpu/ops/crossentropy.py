@@ -31,6 +31,7 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuCrossentropyCategorical1Hot", "GpuCrossentropyCategorical1HotGrad",
            "CROSSENTROPY_DTYPES", "crossentropy_source"]
@@ -157,7 +158,7 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         if n:
             p, (ps0, ps1) = _elem_strides(p)
             y, (ys,) = _elem_strides(y)
-            _launch(self, node, _fwd_name(p.dtype.name, y.dtype.name), "fwd",
+            _launch(self, node, _fwd_name(dtype_name(p.dtype), dtype_name(y.dtype)), "fwd",
                     (p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k), n, p, y)
         out[0][0] = res
 
@@ -206,7 +207,8 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
             y, (ys,) = _elem_strides(y)
             g, gstr = _elem_strides(g)
             gs = gstr[0] if gstr else 0
-            _launch(self, node, _grad_name(p.dtype.name, g.dtype.name, y.dtype.name), "grad",
+            name = _grad_name(dtype_name(p.dtype), dtype_name(g.dtype), dtype_name(y.dtype))
+            _launch(self, node, name, "grad",
                     (g.ptr, gs, p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k),
                     n * max(k, 1), p, y)
         out[0][0] = res

@@ -23,6 +23,7 @@ from symgpu.tensor.elemwise import keepdims_order
 from symgpu.tensor.math import Argmax as _Argmax
 from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax
 from symgpu.tensor.nnet import Softmax as _Softmax
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
@@ -173,7 +174,8 @@ class GpuArgmax(Op):
             ctx = x.context
             ctx.activate()
             fn = get_prepared_kernel(("symgpu.argmax",), argmax_source,
-                                     _kernel_name(x.dtype.name, self.kind), "PPqq", context=ctx)
+                                     _kernel_name(dtype_name(x.dtype), self.kind), "PPqq",
+                                     context=ctx)
             grid = max(1, min(rows, _MAX_GRID))
             fn.prepared_async_call((grid, 1), (_ARG_BLOCK, 1, 1), ctx.stream, xc.ptr, res.ptr,
                                    rows, n)

@@ -23,6 +23,7 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
                                        _PoolBase)
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
            "pooling_source", "POOL_DTYPES", "index_suffix"]
@@ -143,7 +144,7 @@ class GpuPool(_GpuPoolBase):
         (x,) = inputs
         geo = self.geo(x.shape)
         z = new_array(ctx, tuple(x.shape[:-2]) + (geo[3], geo[4]), x.dtype)
-        self._launch(ctx, "fwd", x.dtype.name, z.size if x.size else 0, (x.ptr, z.ptr), geo,
+        self._launch(ctx, "fwd", dtype_name(x.dtype), z.size if x.size else 0, (x.ptr, z.ptr), geo,
                      MODES.index(self.mode))
         if z.size and not x.size:
             z.fill(0)
@@ -169,7 +170,8 @@ class GpuMaxPoolGrad(_GpuPoolBase):
         self._check_out(x, z, geo, "maxout")
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", x.dtype.name, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo, 0)
+        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr),
+                     geo, 0)
         return gx
 
 
@@ -190,8 +192,8 @@ class GpuAveragePoolGrad(_GpuPoolBase):
         geo = self.geo(x.shape)
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", x.dtype.name, gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr), geo,
-                     MODES.index(self.mode))
+        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr),
+                     geo, MODES.index(self.mode))
         return gx
 
 
@@ -211,7 +213,7 @@ class GpuMaxPoolGradGrad(_GpuPoolBase):
         geo = self.geo(x.shape)
         self._check_out(x, z, geo, "maxout")
         ggz = new_array(ctx, tuple(z.shape), x.dtype)
-        self._launch(ctx, "ggrad", x.dtype.name, ggz.size if x.size else 0,
+        self._launch(ctx, "ggrad", dtype_name(x.dtype), ggz.size if x.size else 0,
                      (x.ptr, z.ptr, ggx.ptr, ggz.ptr), geo)
         if ggz.size and not x.size:
             ggz.fill(0)

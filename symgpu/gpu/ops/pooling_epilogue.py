@@ -27,6 +27,7 @@ from symgpu.gpu.ops.pooling import (_CU, _FORMATS, _GEO, _INDEX, _MAKE, POOL_DTY
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.signal.pool import _PoolBase
 from symgpu.tensor.signal.pool_numpy import MODES
+from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuPoolGradEpilogue", "fuse_pool_grad_epilogue", "epilogue_source"]
 
@@ -95,8 +96,8 @@ class GpuPoolGradEpilogue(_GpuPoolBase):
             self._check_out(x, z, geo, "maxout")
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", x.dtype.name, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo,
-                     MODES.index(self.mode))
+        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr),
+                     geo, MODES.index(self.mode))
         return gx
 
 

@@ -148,18 +148,20 @@ class GpuArrayType(Type):
     def filter(self, value: Any, strict: bool = False, allow_downcast: bool | None = None) -> Any:
         """`value` as a GpuArray of this type: GpuArrays pass, foreign CUDA arrays are wrapped
         without a copy, host values are checked like TensorType and uploaded."""
-        from symgpu.gpu.runtime.array import GpuArray, from_cuda_array_interface, to_gpu
+        from symgpu.gpu.runtime.array import (GpuArray, dtype_name, from_cuda_array_interface,
+                                              to_gpu)
         if isinstance(value, GpuArray):
             arr = value
         elif hasattr(value, "__cuda_array_interface__"):
             arr = from_cuda_array_interface(value, self.context)
         else:
-            if strict and not (isinstance(value, np.ndarray) and value.dtype.name == self.dtype):
+            if strict and not (isinstance(value, np.ndarray)
+                               and dtype_name(value.dtype) == self.dtype):
                 raise TypeError(f"expected a GpuArray (or an ndarray) of dtype {self.dtype}, got "
                                 f"{type(value).__name__} of dtype {getattr(value, 'dtype', '?')}")
             host = self.tensor_type().filter(value, strict=False, allow_downcast=allow_downcast)
             return to_gpu(host, self.context)
-        if arr.dtype.name != self.dtype:
+        if dtype_name(arr.dtype) != self.dtype:
             if strict:
                 raise TypeError(f"expected a GpuArray of dtype {self.dtype}, got {arr.dtype}")
             host = self.tensor_type().filter(arr.get(), allow_downcast=allow_downcast)
