@@ -44,7 +44,7 @@ case "$part" in
   ab)
     base=${2:?"ab needs the other checkout's path"}
     python3 benchmarks/gpu_call_overhead.py --against "$base" 2>&1 | tee "$out/gpu_call_overhead.txt"
-    python3 benchmarks/gpu_call_parts.py 2>&1 | tee "$out/gpu_call_parts.txt"
+    python3 benchmarks/gpu_call_parts.py --against "$base" 2>&1 | tee "$out/gpu_call_parts.txt"
     python3 benchmarks/cpu_overhead.py --against "$base" 2>&1 | tee "$out/cpu_overhead.txt"
     python3 benchmarks/threads.py --device cuda 2>&1 | tee "$out/threads.txt"
     ;;

@@ -4,12 +4,18 @@ timed alone, down to the graph launch.
 
     python3 benchmarks/gpu_call_parts.py          # the GPU machine: check1 on the device
     python3 benchmarks/gpu_call_parts.py --fake   # this machine: the fake driver's function
+    python3 benchmarks/gpu_call_parts.py --against PATH   # also the layers another checkout
+                                                  # (e.g. c10bea3) shares with this one
 
 Layers, outermost first: ``f()`` (Function.__call__), ``f._fast()`` (the frame's generated
 call: its token, the cells), ``runner.entry()`` (the context's call lock), ``segment.run()``
 (fetch and key, the graph's lease, the replay, the result handed out), ``graph.launch()``
 (cuGraphLaunch, or the fake's kernel). The difference between two rows is what that layer
-adds; gpu_call_overhead.py compares the whole call with another checkout.
+adds; gpu_call_overhead.py compares the whole call with another checkout. Every checkout has
+``f()`` and ``graph.launch()``; ``launch, synced`` is one replay waited for (the graph's own
+latency on the device, host and device together), ``launches, back to back`` 20,000 replays
+and one wait (the device's throughput for that graph: when it is above ``graph.launch()``'s
+host time, the call is bound by the device, not by Python).
 """
 from __future__ import annotations
 
@@ -17,35 +23,59 @@ import os
 import sys
 import timeit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import numpy as np
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(HERE, "benchmarks"))
 
 
 def check1_on_device():
-    """gpu_call_overhead.py's check1_device function, its graph captured."""
-    from gpu_call_overhead import functions
-    fns, sync = functions("cuda")
-    f = fns["check1_device"]
+    """function([], gpu_from_host(T.exp(x))) over a GPU shared x of 230,400 float32 (the
+    seeds' check1, its result left on the device), its graph captured; and the sync."""
+    os.environ["SYMGPU_FLAGS"] = "device=cuda,floatX=float32"
+    import symgpu.tensor as T
+    from symgpu import function, shared
+    from symgpu.gpu import gpu_from_host, init_default_context   # in every layout
+    ctx = init_default_context()
+    assert ctx is not None, "no GPU"
+    x = shared(np.asarray(np.random.RandomState(22).rand(10 * 30 * 768), "float32"))
+    f = function([], gpu_from_host(T.exp(x)))
     for _ in range(5):
         f()
-    sync()
-    return f
+    ctx.synchronize()
+    return f, ctx.synchronize
 
 
-def best_us(fn, number: int = 20000, repeat: int = 7) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+def best_us(fn, number: int = 20000, repeat: int = 7, sync=None) -> float:
+    def block():
+        for _ in range(number):
+            fn()
+        if sync is not None:
+            sync()
+    return min(timeit.repeat(block, number=1, repeat=repeat)) / number * 1e6
 
 
-def main() -> None:
-    if "--fake" in sys.argv:
-        from fake_gpu_call_path import one_kernel_function
-        f = one_kernel_function()
-    else:
-        f = check1_on_device()
+def the_graph(f):
     runner = f.vm.runner
-    seg = runner.steps[0]
-    graph = next(iter(seg.graphs.values()))[0]
+    seg = next(s for s in runner.steps if getattr(s, "graphs", None))
+    return runner, seg, next(iter(seg.graphs.values()))[0]
+
+
+def shared_rows(f, sync) -> list[tuple[str, float]]:
+    """The layers every checkout has."""
+    _, _, graph = the_graph(f)
+
+    def launch_synced():
+        graph.launch()
+        sync()
+    return [("f()", best_us(f, sync=sync)), ("graph.launch()", best_us(graph.launch)),
+            ("launches, back to back", best_us(graph.launch, sync=sync)),
+            ("launch, synced", best_us(launch_synced, number=2000))]
+
+
+def layer_rows(f) -> list[tuple[str, float]]:
+    """This checkout's layers between f() and the launch."""
+    runner, seg, graph = the_graph(f)
     # what the frame's call puts in the segment's input cell (the one shared variable's
     # value) before running it; a replay empties it
     (cell,) = seg.in_cells
@@ -62,14 +92,42 @@ def main() -> None:
         refill()
         seg.run()
     base = best_us(refill)
-    rows = [("f()", best_us(f)), ("f._fast()", best_us(f._fast)),
+    return [("f()", best_us(f)), ("f._fast()", best_us(f._fast)),
             ("runner.entry()", best_us(entry) - base), ("segment.run()", best_us(run) - base),
             ("graph.launch()", best_us(graph.launch))]
-    print(f"runner stats: {runner.stats()}")
-    for name, us in rows:
-        print(f"  {name:18s} {us:7.3f} us")
-    print("  layer costs: " + ", ".join(
-        f"{a} {ua - ub:.3f}" for (a, ua), (_, ub) in zip(rows, rows[1:])))
+
+
+def child(fake: bool, layers: bool) -> None:
+    if fake:
+        from fake_gpu_call_path import one_kernel_function
+        f, sync = one_kernel_function(), None
+    else:
+        f, sync = check1_on_device()
+    print(f"runner stats: {f.vm.runner.stats()}")
+    if layers:
+        rows = layer_rows(f)
+        for name, us in rows:
+            print(f"  {name:24s} {us:7.3f} us")
+        print("  layer costs: " + ", ".join(
+            f"{a} {ua - ub:.3f}" for (a, ua), (_, ub) in zip(rows, rows[1:])))
+    if not fake:
+        for name, us in shared_rows(f, sync):
+            print(f"  {name:24s} {us:7.3f} us")
+
+
+def main() -> None:
+    fake = "--fake" in sys.argv
+    if "--child" in sys.argv:
+        child(fake, layers="--layers" in sys.argv)
+        return
+    from timing import run_checkout
+    roots = [HERE]
+    if "--against" in sys.argv:
+        roots.append(os.path.abspath(sys.argv[sys.argv.index("--against") + 1]))
+    for root in roots * 2:     # each checkout twice, alternating
+        print(f"== {root}", flush=True)
+        run_checkout(__file__, root, [*(["--fake"] if fake else []),
+                                      *(["--layers"] if root == HERE else [])])
 
 
 if __name__ == "__main__":

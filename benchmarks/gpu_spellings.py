@@ -4,8 +4,8 @@ user would choose, beside JAX and PyTorch doing the same, in one run.
     python3 benchmarks/gpu_spellings.py          # GPU machine, about a minute
     python3 benchmarks/gpu_spellings.py --logreg # the logistic-regression rows only
     python3 benchmarks/gpu_spellings.py --profile plain-logreg   # where one spelling's host
-                       # time goes (cProfile); also plain-minibatch, gpuarrays-logreg and
-                       # data-per-call-logreg (profiled_spellings)
+                       # time goes (cProfile); also plain-minibatch, lr-input-minibatch,
+                       # gpuarrays-logreg and data-per-call-logreg (profiled_spellings)
 
 Logistic-regression step (400 x 784, prediction and cross-entropy to the host unless said):
 the bias as a 0-d array, a Python float or a NumPy scalar; the data in shared variables or
@@ -397,10 +397,12 @@ def profiled_spellings() -> dict:
     with config.change_flags(**{"gpuarray.cuda_graphs": False}):
         plain, plain_args = symgpu_logreg(np.asarray(0., dtype="float32"))
         plain_mb = symgpu_minibatch()
+    lr_mb = symgpu_minibatch(lr_input=True)
     per_call_fn, args = symgpu_logreg(0., data_shared=False)
     on_device = tuple(to_gpu(a) for a in args)
     return {"plain-logreg": (plain, lambda: plain(*plain_args)),
             "plain-minibatch": (plain_mb, cycling(plain_mb)),
+            "lr-input-minibatch": (lr_mb, cycling(lr_mb, 0.01)),
             "gpuarrays-logreg": (per_call_fn, lambda: per_call_fn(*on_device)),
             "data-per-call-logreg": (per_call_fn, lambda: per_call_fn(*args))}
 
