@@ -97,6 +97,54 @@ def layer_rows(f) -> list[tuple[str, float]]:
             ("graph.launch()", best_us(graph.launch))]
 
 
+def piece_rows(f) -> list[tuple[str, float]]:
+    """Segment.run's replay path cut into pieces, each timed alone on the real objects (what
+    the layer rows cannot tell apart), with what shapes that path: the graph's fields."""
+    import weakref
+    from symgpu.gpu.exec.graph_instance import Lease
+    from symgpu.gpu.runtime.array import GpuArray
+    _, seg, g = the_graph(f)
+    (cell,) = seg.in_cells
+    value = f._frame.layout.containers[0].storage[0]
+    print(f"  graph: fresh={g.fresh is not None} pinned={g.pinned} staged={g.staged} "
+          f"backs={g.backs} escapes={g.escapes} params={bool(seg.param_thunks)} "
+          f"dead={len(seg.dead)} fetch={getattr(seg.fetch, '__qualname__', seg.fetch)}")
+    cell[0] = value
+    vals, key = seg.fetch()
+    fresh = g.fresh or ()
+    sink = [None]
+
+    def fetch():
+        cell[0] = value
+        seg.fetch()
+
+    def lookup():
+        seg.graphs.get(key)
+
+    def checks():
+        lease = g.lease
+        if (lease is None or lease() is None) and not g.backs:
+            for j, ptr in g.pinned:
+                if vals[j].ptr != ptr:
+                    break
+
+    def hand_out():
+        lease = Lease.__new__(Lease)
+        lease.blocks = g.owned
+        g.lease = weakref.ref(lease)
+        for out, ctx, ptr, shape, strides, dtype in fresh:
+            arr = GpuArray.__new__(GpuArray)
+            arr._set(ctx, ptr, shape, strides, dtype, lease)
+            sink[0] = arr
+
+    def nothing():
+        pass
+    base = best_us(nothing)
+    return [(name, best_us(fn) - base) for name, fn in
+            (("fetch (refill, key)", fetch), ("graphs.get", lookup),
+             ("lease, pinned checks", checks), ("hand out", hand_out))]
+
+
 def child(fake: bool, layers: bool) -> None:
     if fake:
         from fake_gpu_call_path import one_kernel_function
@@ -110,6 +158,8 @@ def child(fake: bool, layers: bool) -> None:
             print(f"  {name:24s} {us:7.3f} us")
         print("  layer costs: " + ", ".join(
             f"{a} {ua - ub:.3f}" for (a, ua), (_, ub) in zip(rows, rows[1:])))
+        for name, us in piece_rows(f):
+            print(f"  piece {name:22s} {us:7.3f} us")
     if not fake:
         for name, us in shared_rows(f, sync):
             print(f"  {name:24s} {us:7.3f} us")

@@ -131,6 +131,11 @@ def bench_symgpu_logreg(sync) -> None:
             Xd, Yd = (to_gpu(a) for a in args)
             row("logreg", f"symgpu {name}, as GpuArrays (no upload)",
                 per_call(lambda: f(Xd, Yd), 300, sync))
+            say(f"    runner: {f.vm.runner.stats()}")
+            g, _ = symgpu_logreg(**kw)   # a function never given host arrays
+            row("logreg", f"symgpu {name}, only ever as GpuArrays",
+                per_call(lambda: g(Xd, Yd), 300, sync))
+            say(f"    runner: {g.vm.runner.stats()}")
         if name.startswith("bias shared(0.)"):
             held = []
 
@@ -399,11 +404,12 @@ def profiled_spellings() -> dict:
         plain_mb = symgpu_minibatch()
     lr_mb = symgpu_minibatch(lr_input=True)
     per_call_fn, args = symgpu_logreg(0., data_shared=False)
+    device_fn, _ = symgpu_logreg(0., data_shared=False)
     on_device = tuple(to_gpu(a) for a in args)
     return {"plain-logreg": (plain, lambda: plain(*plain_args)),
             "plain-minibatch": (plain_mb, cycling(plain_mb)),
             "lr-input-minibatch": (lr_mb, cycling(lr_mb, 0.01)),
-            "gpuarrays-logreg": (per_call_fn, lambda: per_call_fn(*on_device)),
+            "gpuarrays-logreg": (device_fn, lambda: device_fn(*on_device)),
             "data-per-call-logreg": (per_call_fn, lambda: per_call_fn(*args))}
 
 
