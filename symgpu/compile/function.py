@@ -348,10 +348,16 @@ def _input_filter(var: Variable, inp: In, index: int, fname: str | None,
     slow = ttype.filter
     fast = getattr(ttype, "make_fast_filter", None)
     accept = fast() if fast is not None else None
+    scalars = getattr(ttype, "make_scalar_filter", None)
+    scalar = scalars(allow) if scalars is not None and not inp.strict else None
 
     def check(value):
         if accept is not None and accept(value):
             return value
+        if scalar is not None:
+            arr = scalar(value)
+            if arr is not None:
+                return arr
         try:
             if device is not None:
                 moved = device(value, inp.strict, allow)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -119,6 +119,27 @@ class TensorType(Type):
             return lambda v: (v.__class__ is ndarray and v.dtype == dtype and v.ndim == ndim
                               and all(v.shape[d] == 1 for d in ones))
         return lambda v: v.__class__ is ndarray and v.dtype == dtype and v.ndim == ndim
+
+    def make_scalar_filter(self, allow_downcast: bool | None) -> Callable[[Any], Any] | None:
+        """For a 0-d type: a converter of Python ints and floats that :meth:`filter` accepts
+        as they are (an index, a learning rate), giving their 0-d array, or None for any other
+        value (filter then decides); None for other types.  A call's hot path: ``filter``
+        goes through ``np.asarray``, ``can_cast`` and an exactness test for these."""
+        if self.ndim:
+            return None
+        dtype = np.dtype(self.dtype)
+        asarray, own = np.asarray, dtype.type   # a NumPy scalar of the dtype itself
+        if dtype.kind == "f" and (allow_downcast is not False or dtype.itemsize >= 8):
+            # filter takes a Python float for any float type, unless downcasts are refused
+            return lambda v: asarray(v, dtype) if v.__class__ is float or v.__class__ is own \
+                else None
+        if dtype.kind in "iu" and (allow_downcast is not False or dtype == np.int64):
+            info = np.iinfo(dtype)
+            lo, hi = int(info.min), int(info.max)
+            # exactly representable ints only: filter refuses the others
+            return lambda v: asarray(v, dtype) if (v.__class__ is int and lo <= v <= hi) \
+                or v.__class__ is own else None
+        return None
 
     def values_eq(self, a: Any, b: Any) -> bool:
         return a.shape == b.shape and bool(np.all(a == b))
