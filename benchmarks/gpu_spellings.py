@@ -6,6 +6,8 @@ user would choose, beside JAX and PyTorch doing the same, in one run.
     python3 benchmarks/gpu_spellings.py --profile plain-logreg   # where one spelling's host
                        # time goes (cProfile); also plain-minibatch, lr-input-minibatch,
                        # gpuarrays-logreg and data-per-call-logreg (profiled_spellings)
+    python3 benchmarks/gpu_spellings.py --steps shared-logreg,gpuarrays-logreg
+                       # wall time per call of each runner step of those spellings
 
 Logistic-regression step (400 x 784, prediction and cross-entropy to the host unless said):
 the bias as a 0-d array, a Python float or a NumPy scalar; the data in shared variables or
@@ -21,6 +23,7 @@ summary prints each spelling's ratio to the best of its group.
 from __future__ import annotations
 
 import os
+import time
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -406,7 +409,9 @@ def profiled_spellings() -> dict:
     per_call_fn, args = symgpu_logreg(0., data_shared=False)
     device_fn, _ = symgpu_logreg(0., data_shared=False)
     on_device = tuple(to_gpu(a) for a in args)
-    return {"plain-logreg": (plain, lambda: plain(*plain_args)),
+    shared_fn, shared_args = symgpu_logreg(np.asarray(0., dtype="float32"))
+    return {"shared-logreg": (shared_fn, lambda: shared_fn(*shared_args)),
+            "plain-logreg": (plain, lambda: plain(*plain_args)),
             "plain-minibatch": (plain_mb, cycling(plain_mb)),
             "lr-input-minibatch": (lr_mb, cycling(lr_mb, 0.01)),
             "gpuarrays-logreg": (device_fn, lambda: device_fn(*on_device)),
@@ -438,7 +443,57 @@ def profile(name: str, number: int = 300) -> None:
         pstats.Stats(prof).sort_stats(key).print_stats(25)
 
 
+class _TimedStep:
+    """A runner step (gpu/exec/graphs.py) that adds its wall time to ``spent[name]``."""
+
+    def __init__(self, step, name: str, spent: dict) -> None:
+        self.step, self.name, self.spent = step, name, spent
+
+    @property
+    def current(self):
+        return self.step.current
+
+    def run(self) -> None:
+        t = time.perf_counter()
+        try:
+            self.step.run()
+        finally:
+            self.spent[self.name] += time.perf_counter() - t
+
+
+def step_walls(name: str, number: int = 300) -> None:
+    """Wall time per call of each step of one spelling's runner (plain steps, segments,
+    batched copies to the host: a wait for the device lands in the step that waits), and of
+    the call around them."""
+    import symgpu.gpu
+    ctx = symgpu.gpu.init_default_context()
+    fn, call = profiled_spellings()[name]
+    for _ in range(5):
+        call()
+    ctx.synchronize()
+    runner = fn.vm.runner
+    spent: dict = {}
+    for i, step in enumerate(runner.steps):
+        label = f"{i}: {type(step).__name__} at node {step.current} " \
+                f"({type(fn.vm.nodes[step.current].op).__name__})"
+        spent[label] = 0.0
+        runner.steps[i] = _TimedStep(step, label, spent)   # the runner reads this list
+    t = time.perf_counter()
+    for _ in range(number):
+        call()
+    ctx.synchronize()
+    total = (time.perf_counter() - t) / number * 1e6
+    say(f"{name}: {total:.1f} us per call; runner {runner.stats()}")
+    for label, sec in spent.items():
+        say(f"  {sec / number * 1e6:7.1f} us  {label}")
+    say(f"  {total - sum(spent.values()) / number * 1e6:7.1f} us  outside the steps")
+
+
 def main() -> None:
+    if "--steps" in sys.argv:
+        for name in sys.argv[sys.argv.index("--steps") + 1].split(","):
+            step_walls(name)
+        return
     if "--profile" in sys.argv:
         profile(sys.argv[sys.argv.index("--profile") + 1])
         return

@@ -158,8 +158,10 @@ class Segment:
                             lease.blocks = g.owned
                             g.lease = _weak(lease)
                             for cell, ctx, ptr, shape, strides, dtype in fresh:
-                                arr = _gpuarray_new(_GpuArray)
-                                arr._set(ctx, ptr, shape, strides, dtype, lease)
+                                arr = _gpuarray_new(_GpuArray)   # GpuArray._set, inline
+                                arr.context, arr.ptr, arr.shape = ctx, ptr, shape
+                                arr.strides, arr.dtype, arr.base = strides, dtype, lease
+                                arr._gpudata = None
                                 cell[0] = arr
                         else:
                             self._hand_out(g, vals)
