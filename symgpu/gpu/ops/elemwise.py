@@ -30,6 +30,9 @@ __all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
 
 BLOCK = 256                 # threads per block of elementwise kernels
 MAX_GRID = (1 << 31) - 1    # blocks of a contiguous kernel (gridDim.x's limit; loops beyond)
+#: blocks per multiprocessor of the vector kernel (sg_contig_vec: a grid-stride loop, four
+#: vectors in flight): four waves of 256-thread blocks at full occupancy on Hopper
+VEC_BLOCKS_PER_SM = 32
 _new_gpuarray = GpuArray.__new__
 _REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
                  "and_": "and", "or_": "or"}
@@ -184,6 +187,7 @@ class _ElemwiseThunk:
         self.scalar = list(sig.scalar_inputs)
         self.inplace = dict(op.inplace_pattern)
         self.max_blocks = 8 * sm_count(ctx)   # strided kernels: one wave at 256 threads/block
+        self.max_vec_blocks = VEC_BLOCKS_PER_SM * sm_count(ctx)
         nd = max(sig.ndim, 1)
         formats = {"sg_contig": "q" + "P" * (len(self.in_cells) + len(self.out_cells))}
         formats["sg_contig_vec"] = formats["sg_contig"]
@@ -222,12 +226,14 @@ class _ElemwiseThunk:
         if contig or n <= 1:
             p.contig = True
             p.prefix = (n,)
-            # a thread per element (per 4-wide vector): the grid covers the array, so each
-            # thread's loop runs once and the block scheduler balances the SMs, whatever
-            # their number and bandwidth (a one-wave grid-stride grid left an H100 at 2.49
-            # TB/s on the fused chain, 2.99 with this one: benchmarks/gpu_kernels.py --chain)
+            # the scalar kernel: a thread per element, the grid covering the array (a
+            # one-wave grid-stride grid left an H100 at 2.49 TB/s on the fused chain, 2.99
+            # with this one); the vector kernel: a vector per thread up to four waves of
+            # blocks, then each thread loops with four vectors in flight (the H200 ran the
+            # chain at 3.39 TB/s with a vector per thread over the whole array, 3.91 with
+            # this: benchmarks/gpu_kernels.py --chain)
             p.grid = (max(1, min(MAX_GRID, -(-n // BLOCK))), 1, 1)
-            p.grid_vec = (max(1, min(MAX_GRID, -(-n // (4 * BLOCK)))), 1, 1)
+            p.grid_vec = (max(1, min(self.max_vec_blocks, -(-n // (4 * BLOCK)))), 1, 1)
             p.launch = self.launchers["sg_contig"]
             p.launch_vec = self.launchers["sg_contig_vec"]
             masks = [4 * d.itemsize - 1 for i, d in enumerate(self.in_dtypes) if not self.scalar[i]]

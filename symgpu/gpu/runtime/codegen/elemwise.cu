@@ -9,7 +9,8 @@
  * Kernels (all grid-stride loops; grid and block are fixed when the thunk is made: the
  * contiguous ones get a grid covering the array, the strided ones at most one wave):
  *   sg_contig            every full operand C-contiguous with the output's shape
- *   sg_contig_vec        the same through 4-wide aligned vector accesses, then a scalar tail
+ *   sg_contig_vec        the same through 4-wide aligned vector accesses, four in flight per
+ *                        thread, then a scalar tail
  *   sg_strided_<nd>_<w>  any non-negative element strides (0 where broadcast), <nd> dims left
  *                        after collapsing, <w>-bit index arithmetic
  */
@@ -25,17 +26,28 @@ extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
         sg_elem_contig(p, s, i);
 }
 
-/* one 4-wide vector per thread: launched with a grid that covers the array (a block per
- * 4 * blockDim elements), so the loop runs once and the scalar tail is one step; many short
- * blocks stream at the copy's bandwidth on Hopper (the fused chain of benchmarks/gpu_speed.py
- * on the H100: 2.99 TB/s against 2.49 for a one-wave grid-stride loop over two vectors) */
+/* 4-wide vector accesses in a grid-stride loop that loads four vectors before computing and
+ * storing them (more loads in flight per thread), then a vector at a time, then the scalar
+ * tail.  Launched with at most VEC_BLOCKS_PER_SM blocks per multiprocessor (ops/elemwise.py),
+ * four waves at full occupancy: on an H200 the fused chain of benchmarks/gpu_speed.py ran at
+ * 3.91 TB/s, against 3.39 for one vector per thread over a grid covering the array and
+ * 3.57 for torch.compile (benchmarks/gpu_kernels.py --chain, 2026-11-28) */
 extern "C" __global__ void sg_contig_vec(const long long n, const sg_ptrs p)
 {
     const sg_scalars s = sg_load_scalars(p);
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long nvec = n >> 2;
-    for (long long j = tid; j < nvec; j += step)
+    long long j = tid;
+    for (; j + 3 * step < nvec; j += 4 * step) {
+        const sg_vin a = sg_vec_load(p, j), b = sg_vec_load(p, j + step);
+        const sg_vin c = sg_vec_load(p, j + 2 * step), d = sg_vec_load(p, j + 3 * step);
+        sg_vec_store(p, s, j, a);
+        sg_vec_store(p, s, j + step, b);
+        sg_vec_store(p, s, j + 2 * step, c);
+        sg_vec_store(p, s, j + 3 * step, d);
+    }
+    for (; j < nvec; j += step)
         sg_vec_store(p, s, j, sg_vec_load(p, j));
     for (long long i = (nvec << 2) + tid; i < n; i += step)
         sg_elem_contig(p, s, i);
