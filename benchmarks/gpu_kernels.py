@@ -203,22 +203,6 @@ extern "C" __global__ void v_gs1(const long long n, const sg_ptrs p)
     for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < (n >> 2); j += step)
         sg_vec_store(p, s, j, sg_vec_load(p, j));
 }
-extern "C" __global__ void v_gs4(const long long n, const sg_ptrs p)
-{   /* grid-stride, four vectors per step, all loaded first */
-    const sg_scalars s = sg_load_scalars(p);
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const long long nvec = n >> 2;
-    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    for (; j + 3 * step < nvec; j += 4 * step) {
-        const sg_vin a = sg_vec_load(p, j), b = sg_vec_load(p, j + step);
-        const sg_vin c = sg_vec_load(p, j + 2 * step), d = sg_vec_load(p, j + 3 * step);
-        sg_vec_store(p, s, j, a);
-        sg_vec_store(p, s, j + step, b);
-        sg_vec_store(p, s, j + 2 * step, c);
-        sg_vec_store(p, s, j + 3 * step, d);
-    }
-    for (; j < nvec; j += step) sg_vec_store(p, s, j, sg_vec_load(p, j));
-}
 """
 
 
@@ -279,7 +263,8 @@ def chain_sweep(out_dir: str | None) -> None:
         _, cubin, _ = compile_to_cubin(src, opts, ctx.arch)
         mod = drv.module_from_buffer(cubin)
         fns = {}
-        for name in ("sg_contig_vec", "v_flat1", "v_flat2", "v_gs1", "v_gs4"):
+        # sg_contig_vec: symgpu's own (grid-stride, four vectors in flight per thread)
+        for name in ("sg_contig_vec", "v_flat1", "v_flat2", "v_gs1"):
             f = mod.get_function(name)
             f.prepare("qPP")
             fns[name] = f
@@ -290,7 +275,6 @@ def chain_sweep(out_dir: str | None) -> None:
             for per_sm in (2, 4, 8, 16, 32):
                 blocks = per_sm * sms * 256 // block
                 shapes.append(("sg_contig_vec", blocks, block, f"{per_sm}x256 thr/SM"))
-                shapes.append(("v_gs4", blocks, block, f"{per_sm}x256 thr/SM"))
                 shapes.append(("v_gs1", blocks, block, f"{per_sm}x256 thr/SM"))
             shapes.append(("v_flat1", -(-nvec // block), block, "flat"))
             shapes.append(("v_flat2", -(-nvec // (2 * block)), block, "flat"))
