@@ -23,8 +23,8 @@ summary prints each spelling's ratio to the best of its group.
 from __future__ import annotations
 
 import os
-import time
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

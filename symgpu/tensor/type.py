@@ -121,10 +121,11 @@ class TensorType(Type):
         return lambda v: v.__class__ is ndarray and v.dtype == dtype and v.ndim == ndim
 
     def make_scalar_filter(self, allow_downcast: bool | None) -> Callable[[Any], Any] | None:
-        """For a 0-d type: a converter of Python ints and floats that :meth:`filter` accepts
-        as they are (an index, a learning rate), giving their 0-d array, or None for any other
-        value (filter then decides); None for other types.  A call's hot path: ``filter``
-        goes through ``np.asarray``, ``can_cast`` and an exactness test for these."""
+        """For a 0-d type: a converter of the Python ints and floats (and NumPy scalars of the
+        dtype) that :meth:`filter` accepts (an index, a learning rate), giving their 0-d
+        array, or None for any other value (filter then decides); None for other types.  A
+        call's hot path: ``filter`` goes through ``np.asarray``, ``can_cast`` and an
+        exactness test for these."""
         if self.ndim:
             return None
         dtype = np.dtype(self.dtype)
