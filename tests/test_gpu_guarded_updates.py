@@ -63,18 +63,28 @@ def test_every_update_of_a_checked_step_selects_its_old_value_by_the_verdict():
 
 
 @requires_gxx
-def test_a_reported_check_makes_the_update_kernel_keep_the_old_values(monkeypatch, tmp_path):
+@pytest.mark.parametrize("quiet_pages", [None, "before", "after"])
+def test_a_reported_check_makes_the_update_kernel_keep_the_old_values(monkeypatch, tmp_path,
+                                                                       quiet_pages):
     """As a call runs it: a cross-entropy with a bad label reports, the verdict kernel reads
     the report words, the fused SGD update selects the old weights; once the error is raised
-    and the labels are good, the update lands."""
-    from symgpu.gpu.ops import crossentropy, guarded_updates
+    and the labels are good, the update lands. With five quiet report pages before or after
+    the real one, the verdict takes two launches (four words each): a later launch raises it
+    and never lowers what an earlier one found."""
+    from symgpu.gpu.ops import crossentropy
     from symgpu.gpu.runtime import device_checks
     from symgpu.gpu.runtime.device_checks import raise_device_errors
     from symgpu.scalar.basic import SCALAR_OPS
     from symgpu.scalar.composite import CompositeBuilder
     emu = emulated_kernel_device(monkeypatch, tmp_path)
-    for module in (crossentropy, device_checks, guarded_updates):
+    for module in (crossentropy, device_checks):
         emulate_prepared_kernels(monkeypatch, tmp_path, module)
+    if quiet_pages:
+        checks = device_checks.checks_of(emu)
+        quiet = [device_array(emu, np.zeros(1, "uint64")).ptr for _ in range(5)]
+        words = checks.report_words
+        monkeypatch.setattr(checks, "report_words", (lambda: quiet + words()) if
+                            quiet_pages == "before" else (lambda: words() + quiet))
     p = device_array(emu, np.full((4, 3), 0.5, dtype="float32"))
     xent = crossentropy.GpuCrossentropyCategorical1Hot()(
         GpuArrayType("float32", (False, False), None)(),

@@ -29,7 +29,6 @@ from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime import device_checks
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.scalar.basic import SCALAR_OPS
 
 __all__ = ["GpuCheckVerdict", "gpu_guarded_updates", "reads_verdict"]
@@ -58,23 +57,14 @@ class GpuCheckVerdict(Op):
         return [()]
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
-        return [(device_checks._GUARDED_COPY_KEY, device_checks._guarded_copy_source, ())]
+        return device_checks.verdict_sources()
 
     def perform(self, node, inputs, out):
         from symgpu.gpu.runtime.array import GpuArray
         ctx = next(v for v in inputs if hasattr(v, "context")).context
         ctx.activate()
         verdict = GpuArray((), "int32", ctx)
-        words = device_checks.checks_of(ctx).report_words()
-        if words is None:   # more report pages than the kernel reads (a thousand checking
-            ctx.synchronize()   # nodes): what they reported is raised here, before updates
-            verdict.fill(0)
-        else:
-            fn = get_prepared_kernel(device_checks._GUARDED_COPY_KEY,
-                                     device_checks._guarded_copy_source, "guard_verdict",
-                                     "PPPPP", context=ctx)
-            words = words + [0] * (device_checks._MAX_GUARDED_CHUNKS - len(words))
-            fn.prepared_async_call((1, 1), (32, 1, 1), ctx.stream, *words, verdict.ptr)
+        device_checks.queue_verdict(ctx, verdict.ptr)
         out[0][0] = verdict
 
 

@@ -120,11 +120,8 @@ class DeviceChecks:
             self._describe.append(describe)
             return self._chunks[chunk][1] + (offset + 1) * 16
 
-    def report_words(self) -> list[int] | None:
-        """The device addresses of every chunk's report word (None past the number a guarded
-        copy reads)."""
-        if len(self._chunks) > _MAX_GUARDED_CHUNKS:
-            return None
+    def report_words(self) -> list[int]:
+        """The device addresses of every chunk's report word."""
         return [base for _, base in self._chunks]
 
     def raise_pending(self) -> None:
@@ -241,6 +238,28 @@ def _guarded_copy_source() -> str:
     return GUARDED_COPY_SOURCE
 
 
+def _padded(words: list[int]) -> list[int]:
+    """Report words as a check kernel takes them: _MAX_GUARDED_CHUNKS, null ones after."""
+    return words + [0] * (_MAX_GUARDED_CHUNKS - len(words))
+
+
+def verdict_sources() -> list[tuple[Any, Callable[[], str], tuple]]:
+    """The module `queue_verdict` launches from, as ops' ``prefetch_sources`` give it."""
+    return [(_GUARDED_COPY_KEY, _guarded_copy_source, ())]
+
+
+def queue_verdict(ctx: Any, out_ptr: int) -> None:
+    """Queue on ctx's stream what sets the int32 at ``out_ptr`` to 1 once any check of the
+    context has reported, else 0 (GpuCheckVerdict): a one-thread launch per four report
+    words, so any number of pages, with no synchronisation (the launches may be captured)."""
+    fn = get_prepared_kernel(_GUARDED_COPY_KEY, _guarded_copy_source, "guard_verdict",
+                             "PPPPPi", context=ctx)
+    words = checks_of(ctx).report_words()
+    for k in range(0, max(len(words), 1), _MAX_GUARDED_CHUNKS):
+        fn.prepared_async_call((1, 1), (32, 1, 1), ctx.stream,
+                               *_padded(words[k:k + _MAX_GUARDED_CHUNKS]), out_ptr, int(k == 0))
+
+
 def _guard_kernels(ctx: Any) -> tuple[Any, Any]:
     """(check, copy) of ctx's one guarded-copy module (one module: one verdict word; both
     come from the module the compiler loaded once for ctx)."""
@@ -305,7 +324,8 @@ class GuardedCopies:
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
-        self.words = checks_of(ctx).report_words()
+        words = checks_of(ctx).report_words()
+        self.words = words if len(words) <= _MAX_GUARDED_CHUNKS else None
         self.pending: list[Copy] = []
 
     def add(self, dst: Any, src: Any) -> bool:
@@ -322,8 +342,7 @@ class GuardedCopies:
             return
         check_fn, copy = _guard_kernels(self.ctx)
         stream = self.ctx.stream
-        words = self.words + [0] * (_MAX_GUARDED_CHUNKS - len(self.words))
-        check_fn.prepared_async_call((1, 1), (32, 1, 1), stream, *words)
+        check_fn.prepared_async_call((1, 1), (32, 1, 1), stream, *_padded(self.words))
         for copies in launches:
             blocks, table = copy_table(copies)
             copy.prepared_async_call((blocks, 1), (256, 1, 1), stream, *table)

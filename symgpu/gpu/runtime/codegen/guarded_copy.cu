@@ -2,23 +2,36 @@
 // (symgpu/gpu/runtime/device_checks.py: GuardedCopies).
 __device__ int sg_guard_reported;
 
+/* whether one of four report words (a null pointer: none) is set */
+__device__ __forceinline__ int sg_any_reported(const volatile unsigned long long *w0,
+    const volatile unsigned long long *w1, const volatile unsigned long long *w2,
+    const volatile unsigned long long *w3)
+{
+    return (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+}
+
 extern "C" __global__ void guarded_copy_check(const volatile unsigned long long *w0,
     const volatile unsigned long long *w1, const volatile unsigned long long *w2,
     const volatile unsigned long long *w3)
 {
     if (blockIdx.x == 0 && threadIdx.x == 0)
-        sg_guard_reported = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+        sg_guard_reported = sg_any_reported(w0, w1, w2, w3);
 }
 
 /* The same verdict into an int of the graph (GpuCheckVerdict, symgpu/gpu/ops/guarded_updates.py):
    1 once a page word is set, else 0; the updates of the function select their old values
-   with it, so a kernel may write an update straight into its variable's buffer. */
+   with it, so a kernel may write an update straight into its variable's buffer. Four words
+   a launch: the first launch sets *out (`first`), later ones (a context with more report
+   pages) only raise it (device_checks.queue_verdict). */
 extern "C" __global__ void guard_verdict(const volatile unsigned long long *w0,
     const volatile unsigned long long *w1, const volatile unsigned long long *w2,
-    const volatile unsigned long long *w3, int *out)
+    const volatile unsigned long long *w3, int *out, const int first)
 {
-    if (blockIdx.x == 0 && threadIdx.x == 0)
-        *out = (w0 && *w0) || (w1 && *w1) || (w2 && *w2) || (w3 && *w3);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        const int reported = sg_any_reported(w0, w1, w2, w3);
+        if (first || reported)
+            *out = reported;
+    }
 }
 
 /* Several copies in one launch: copy e owns thread blocks first[e] .. first[e + 1] - 1, one
