@@ -2,7 +2,7 @@
 the collected test ids dealt round-robin (a file's tests spread over all shards, so one large
 file does not make one shard the long pole), one pytest process per shard, each logging to
 OUT/gpu_tests_K.txt; prints each shard's failures and summary line, exits non-zero if any
-shard failed.
+shard failed or a test file failed to load (its tests would be missing from every shard).
 
     python3 benchmarks/shard_tests.py 4 /tmp/out
     python3 benchmarks/shard_tests.py 4 /tmp/out tests/test_gpu_nll_grad.py ...   # some files
@@ -22,7 +22,11 @@ def deal(test_ids: list[str], n: int) -> list[list[str]]:
 
 def main(n: int, out: str, paths: list[str]) -> int:
     listed = subprocess.run(PYTEST + ["--collect-only", *paths], capture_output=True, text=True)
+    if listed.returncode not in (0, 5):   # 5: nothing selected; else a file failed to load,
+        print(listed.stdout[-3000:], listed.stderr[-2000:], sep="\n")   # whose tests would
+        return listed.returncode or 1                                    # be missing
     ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
+    print(f"{len(ids)} tests in {min(n, len(ids))} shards")
     procs = []
     for k, shard in enumerate(deal(ids, n)):
         log = open(os.path.join(out, f"gpu_tests_{k}.txt"), "w")
