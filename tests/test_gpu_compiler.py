@@ -326,8 +326,9 @@ def test_prepared_kernel_packs_once_and_launches_directly():
                             0, "s")]
     assert not fn.slow
     assert k.num_regs == 17 and k.function is fn             # the rest is the Function's
-    k.prepared_async_call((1, 1), (32, 1, 1), None, object(), 0, 1, 2)   # not packable here
-    assert fn.slow == [((1, 1), (32, 1, 1), None, fn.slow[0][3])] and len(fn.launched) == 1
+    odd = object()
+    k.prepared_async_call((1, 1), (32, 1, 1), None, odd, 0, 1, 2)   # not packable here
+    assert fn.slow == [((1, 1), (32, 1, 1), None, (odd, 0, 1, 2))] and len(fn.launched) == 1
     textured = _LaunchingFunction(texrefs=["t"])             # texrefs: PyCUDA's call sets them
     PreparedKernel(textured, "P").prepared_async_call((1, 1), (1, 1, 1), None, 8)
-    assert textured.slow and not textured.launched
+    assert textured.slow == [((1, 1), (1, 1, 1), None, (8,))] and not textured.launched

@@ -9,7 +9,7 @@ import pytest
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulated_kernel_device, host_view
-from gpu_helpers import example_module, thunk_over
+from gpu_helpers import example_module, gpu_vector_maker, thunk_over
 from symgpu import config
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuElemwise
@@ -43,8 +43,7 @@ def test_the_dropout_masks_are_stored_as_bools_and_cast_by_the_backward_kernels(
     assert len(fused) == len(plain)
 
 
-def gvar(dtype="float32"):
-    return GpuArrayType(dtype, (False,), None)()
+gvar = gpu_vector_maker(None)
 
 
 def _mask_and_product():
@@ -59,7 +58,7 @@ def _mask_and_product():
 @requires_gxx
 def test_a_narrowed_mask_gives_its_readers_the_same_values(monkeypatch, tmp_path):
     emu = emulated_kernel_device(monkeypatch, tmp_path)
-    x, y = gvar(), gvar()
+    x, y = gvar("float32"), gvar("float32")
     h, m = GpuElemwise(_mask_and_product())(x)
     out = GpuElemwise(SCALAR_OPS["mul"])(y, m)
     fg = FunctionGraph([x, y], [h, out], clone=False)
@@ -82,7 +81,7 @@ def test_a_narrowed_mask_gives_its_readers_the_same_values(monkeypatch, tmp_path
 
 def test_outputs_of_the_function_and_non_elementwise_readers_stay_float():
     from symgpu.gpu.ops.elemwise import GpuCAReduce
-    x, y = gvar(), gvar()
+    x, y = gvar("float32"), gvar("float32")
     h, m = GpuElemwise(_mask_and_product())(x)
     fg = FunctionGraph([x, y], [h, m], clone=False)          # m is a result of the function
     assert not narrow_bool_outputs(fg, h.owner)

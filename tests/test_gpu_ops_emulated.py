@@ -62,7 +62,8 @@ def test_elementwise_kernels_on_every_path(emu):
 def test_vector_kernel_loops_four_vectors_then_one_then_the_tail(emu, monkeypatch, in_place):
     """sg_contig_vec over more vectors than its grid has threads: each thread's loop takes
     four vectors at a time, then one, and the last elements go through the scalar tail
-    (one multiprocessor assumed: a grid of VEC_BLOCKS_PER_SM blocks)."""
+    (one multiprocessor assumed: a grid of VEC_BLOCKS_PER_SM blocks). In place, an element
+    computed twice would be exp(exp(x))."""
     from symgpu.gpu.ops import elemwise as gpu_elemwise
     from symgpu.gpu.runtime.codegen import launch
     monkeypatch.setattr(launch, "sm_count", lambda ctx: 1)
@@ -74,11 +75,6 @@ def test_vector_kernel_loops_four_vectors_then_one_then_the_tail(emu, monkeypatc
     node = op(x).owner
     (got,), thunk, storage = run(node, [device_array(emu, host)])
     np.testing.assert_allclose(got, np.exp(host), rtol=1e-6)
-    # every output element was written once: a second run from the same input agrees
-    if not in_place:
-        thunk()
-        np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]), np.exp(host),
-                                   rtol=1e-6)
 
 
 def test_broadcast_and_a_fused_composite_with_two_outputs(emu):

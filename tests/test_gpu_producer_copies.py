@@ -9,7 +9,7 @@ import numpy as np
 import symgpu.tensor as T
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulated_kernel_device, host_view
-from gpu_helpers import example_module, thunk_over
+from gpu_helpers import example_module, gpu_vector_maker, thunk_over
 from symgpu import config, function
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
@@ -74,8 +74,7 @@ def test_a_producer_of_two_full_arrays_is_not_copied(vgpu):
         assert any(type(n.op) is GpuElemwise for n in nodes) != copied
 
 
-def gvar(bcast):
-    return GpuArrayType("float32", bcast, None)()
+gvar = gpu_vector_maker(None)
 
 
 @requires_gxx
@@ -88,7 +87,7 @@ def test_copied_kernels_match_the_kernels_they_replace(monkeypatch, tmp_path):
     xs = rng.standard_normal((37, 10)).astype("float32")
     bs = rng.standard_normal((1, 10)).astype("float32")
     ms = rng.standard_normal((37, 1)).astype("float32")
-    x, b, m = gvar((False, False)), gvar((True, False)), gvar((False, True))
+    x, b, m = (gvar("float32", bc) for bc in ((False, False), (True, False), (False, True)))
     z = GpuElemwise(SCALAR_OPS["add"])(x, b)
     mx = GpuCAReduce(SCALAR_OPS["maximum"], (1,), "float32")(z)
     ez = GpuElemwise(SCALAR_OPS["exp"])(GpuElemwise(SCALAR_OPS["sub"])(z, m))
@@ -119,7 +118,7 @@ def test_a_cast_read_through_a_broadcast_is_made_by_each_reader(monkeypatch, tmp
     from symgpu.scalar.basic import Cast
     emu = emulated_kernel_device(monkeypatch, tmp_path)
     n = GpuArrayType("int64", (), None)()
-    x, s = gvar((False,)), GpuArrayType("float32", (), None)()
+    x, s = gvar("float32"), GpuArrayType("float32", (), None)()
     divisor = GpuElemwise(Cast("float32"))(n)
     scaled = GpuElemwise(SCALAR_OPS["mul"])(x, GpuDimShuffle((), ("x",))(divisor))
     mean = GpuElemwise(SCALAR_OPS["true_div"])(s, divisor)
