@@ -15,7 +15,6 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.narrow_outputs import narrow_bool_outputs
 from symgpu.gpu.placement.rewriting import virtual_context
-from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.composite import CompositeBuilder
 
