@@ -65,8 +65,8 @@ _TABLE_FORMAT = "q" * (2 + _COPY_TABLE) + "Q" * (2 * _COPY_TABLE) + "q" * _COPY_
 _GUARDED_COPY_KEY = ("symgpu.guarded_copy",)
 
 _PAGE = 4096
-#: the flag table, read directly: launch_checked runs for every checked launch
-_flags = config._flags
+#: the flag's live record: launch_checked runs for every checked launch
+_SYNC_CHECKS = config.live("gpuarray.sync_checks")
 
 
 def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
@@ -200,7 +200,7 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
     Deferred (default): the slot is `node`'s mapped slot, read at the next synchronisation;
     with ``config.gpuarray.sync_checks``: a fresh device buffer read back at once.
     `describe(bad)` makes the exception for a reported value (the launch's shapes go in it)."""
-    if _flags["gpuarray.sync_checks"].value:   # the flag, read without the config's lookups
+    if _SYNC_CHECKS.value:
         err = new_error_buffer(ctx)
         fn.prepared_async_call(grid, block, ctx.stream, *args, err.ptr)
         bad = read_error(err)

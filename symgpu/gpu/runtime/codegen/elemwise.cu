@@ -6,8 +6,9 @@
  * scalars, then outputs), and the element functions that apply sg_apply at an index
  * (sg_elem_contig, sg_elem_off) or to 4 elements (sg_vec_load, then sg_vec_store).
  *
- * Kernels (all grid-stride loops; grid and block are fixed when the thunk is made: the
- * contiguous ones get a grid covering the array, the strided ones at most one wave):
+ * Kernels (all grid-stride loops; grid and block are fixed when the thunk is made: sg_contig
+ * gets a grid covering the array, sg_contig_vec at most VEC_BLOCKS_PER_SM blocks per SM
+ * (ops/elemwise.py), the strided ones at most one wave):
  *   sg_contig            every full operand C-contiguous with the output's shape
  *   sg_contig_vec        the same through 4-wide aligned vector accesses, four in flight per
  *                        thread, then a scalar tail
