@@ -280,3 +280,17 @@ def test_sweep_rewrites_each_node_once_and_keeps_its_trace():
            and any(i.owner is not None and name(i.owner) == "expm1" for i in n.inputs)]
     assert len(new) == 2 and all(n.tag.trace == ["made here"] for n in new)
     assert sweep(fg, exp_as_expm1, "test") == 0      # nothing left to rewrite
+
+
+def test_same_typed_outputs_declines_refused_or_retyped_replacements():
+    from symgpu.graph.rewriting import same_typed_outputs
+    x = T.fvector("x")
+    node = T.exp(x).owner
+    assert same_typed_outputs(node, lambda: [T.log(x)])[0].type == node.outputs[0].type
+    assert same_typed_outputs(node, lambda: [T.cast(x, "float64")]) is None   # retyped
+
+    def refuses():
+        raise TypeError("inputs the op does not take")
+    assert same_typed_outputs(node, refuses) is None
+    with pytest.raises(KeyError):                     # anything else is a bug: it propagates
+        same_typed_outputs(node, lambda: {}["missing"])

@@ -16,6 +16,7 @@ from typing import Any
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.basic import same_typed_outputs
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.scalar.basic import Cast
@@ -47,9 +48,10 @@ def _with_outputs(comp: Composite, outputs: list[int]) -> Composite:
 
 
 def _reader_casting(reader: Apply, renamed: dict[Variable, Variable],
-                    casts: dict[Variable, Cast]) -> list[Variable]:
+                    casts: dict[Variable, Cast]) -> list[Variable] | None:
     """`reader`'s outputs over the rebuilt producer's outputs (`renamed`: old -> new), those
-    of `casts` (old -> its cast) narrowed to bools and cast back as they are read."""
+    of `casts` (old -> its cast) narrowed to bools and cast back as they are read; None
+    where that kernel cannot be made with the reader's output types."""
     ins = [renamed.get(v, v) for v in reader.inputs]
     ext: list[Variable] = []
     for v in ins:
@@ -62,7 +64,7 @@ def _reader_casting(reader: Apply, renamed: dict[Variable, Variable],
         cast = casts.get(old)
         args.append(b.add_op(cast, [refs[id(new)]])[0] if cast is not None else refs[id(new)])
     comp = b.build(b.add_op(reader.op.scalar_op, args))
-    return GpuElemwise(comp).make_node(*ext).outputs
+    return same_typed_outputs(reader, lambda: GpuElemwise(comp).make_node(*ext).outputs)
 
 
 def _rebuilt(node: Apply, comp: Composite) -> list[Variable]:
@@ -81,13 +83,12 @@ def _narrowing(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Varia
     if type(op) not in _producers() or not isinstance(comp, Composite) or \
             getattr(op, "inplace_pattern", None):
         return None
-    updates = {fgraph.outputs[k] for k in fgraph.update_mapping}
     outputs = list(comp.out_slots)
     narrowed: dict[int, Cast] = {}
     for k in range(comp.nout):
         found = _cast_of_bool(comp, k)
         out = node.outputs[k]
-        if found is None or out in fgraph.outputs or out in updates:
+        if found is None or out in fgraph.outputs:   # (update values are outputs too)
             continue
         readers = fgraph.clients.get(out, [])
         if not readers or not all(isinstance(r, Apply) and type(r.op) is GpuElemwise and
@@ -103,11 +104,8 @@ def _narrowing(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Varia
     pairs = [(o, n) for k, (o, n) in enumerate(zip(node.outputs, new_outs)) if k not in narrowed]
     readers = {r: None for k in narrowed for r, _ in fgraph.clients.get(node.outputs[k], [])}
     for reader in readers:   # (one rewrite each, also for a reader of several outputs)
-        try:
-            new = _reader_casting(reader, renamed, casts)
-        except (TypeError, ValueError):
-            return None
-        if any(a.type != b.type for a, b in zip(reader.outputs, new)):
+        new = _reader_casting(reader, renamed, casts)
+        if new is None:
             return None
         pairs = list(zip(reader.outputs, new)) + pairs
     return pairs

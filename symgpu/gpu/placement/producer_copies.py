@@ -24,6 +24,7 @@ from typing import Any
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.basic import same_typed_outputs
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
@@ -123,13 +124,7 @@ def _inlined(producer: Apply, reader: Apply, via: Apply | None) -> list[Variable
     (made,) = b.add_op(producer.op.scalar_op, [refs[id(v)] for v in operands])
     args = [made if v is read else refs[id(v)] for v in reader.inputs]
     comp = b.build(b.add_op(reader.op.scalar_op, args))
-    try:
-        new = GpuElemwise(comp).make_node(*ext).outputs
-    except (TypeError, ValueError):
-        return None
-    if any(a.type != n.type for a, n in zip(reader.outputs, new)):
-        return None
-    return new
+    return same_typed_outputs(reader, lambda: GpuElemwise(comp).make_node(*ext).outputs)
 
 
 def _copies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable]] | None:
@@ -141,16 +136,11 @@ def _copies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable
     for reader, kind, via in readers:
         if kind == "red":
             rop = reader.op
-            try:
-                new = [GpuCAReduce(rop.scalar_op, rop.axis, rop.dtype,
-                                   node.op.scalar_op)(*_operands(node, via))]
-            except (TypeError, ValueError):
-                return None
+            new = same_typed_outputs(reader, lambda: [GpuCAReduce(
+                rop.scalar_op, rop.axis, rop.dtype, node.op.scalar_op)(*_operands(node, via))])
         else:
             new = _inlined(node, reader, via)
-            if new is None:
-                return None
-        if any(a.type != n.type for a, n in zip(reader.outputs, new)):
+        if new is None:
             return None
         trace = getattr(reader.outputs[0].tag, "trace", None)
         for n in new:

@@ -23,6 +23,7 @@ __all__ = [
     "NodeRewriter", "node_rewriter", "GraphRewriter", "graph_rewriter", "InconsistencyError",
     "copy_stack_trace", "replace_validate", "apply_node_rewriter", "WalkingRewriter",
     "in2out", "out2in", "RewriteSettings", "settings", "sweep", "try_replace",
+    "same_typed_outputs",
 ]
 
 
@@ -188,6 +189,17 @@ def try_replace(fgraph: FunctionGraph, pairs: Sequence[tuple[Variable, Variable]
     except InconsistencyError:
         return False
     return True
+
+
+def same_typed_outputs(old: Apply, make: Callable[[], Sequence[Variable]]) -> list | None:
+    """``make()``'s variables as replacements of ``old``'s outputs, or None when it refuses
+    its inputs (TypeError, ValueError) or they differ in type from ``old``'s (a sweep's
+    local rewrite declines instead of failing)."""
+    try:
+        new = list(make())
+    except (TypeError, ValueError):
+        return None
+    return new if all(a.type == b.type for a, b in zip(old.outputs, new)) else None
 
 
 def sweep(fgraph: FunctionGraph, local: Callable[[FunctionGraph, Apply], list | None],
