@@ -63,6 +63,24 @@ def test_check1_like_function_captures_then_replays_alternating_two_graphs():
     assert vm.runner.stats()["replays"] == 15
 
 
+def _every_slot_set(arr) -> list[str]:
+    """The GpuArray slots `arr` lacks (the replay and ``_view`` set them inline, without
+    ``GpuArray._set``: a slot added to the class must be set there too)."""
+    from symgpu.gpu.runtime.array import GpuArray
+    return [s for s in GpuArray.__slots__ if s != "__weakref__" and not hasattr(arr, s)]
+
+
+def test_replayed_results_and_views_have_every_slot_of_an_array():
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    y = add1()(x)
+    vm, _ = linked([x], [y], [upload(ctx, np.arange(4))])
+    for _ in range(4):
+        (r,) = call(vm, [y])
+    assert vm.runner.stats()["replays"] >= 1
+    assert _every_slot_set(r) == [] and _every_slot_set(r._view(r.ptr, (2,), (4,))) == []
+
+
 def test_results_the_caller_keeps_are_never_overwritten():
     ctx = fakes.CTX_OBJ
     x = gvec()
