@@ -71,14 +71,8 @@ def child(number: int, repeat: int, profile: bool, null_launch: bool = False) ->
     if null_launch:
         null_launches(f)
     if profile:
-        import cProfile
-        import pstats
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(number):
-            f()
-        prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+        from timing import profile_calls
+        profile_calls(f, number)
         return
     print(json.dumps({"call": min(timeit.repeat(f, number=number, repeat=repeat)) / number}))
 

@@ -73,20 +73,9 @@ def child(device: str, number: int, repeat: int) -> None:
 def profile_child(device: str, key: str, number: int) -> None:
     """Print cProfile's top functions (by own time) over `number` calls of row `key`: the
     per-call difference between two checkouts, function by function."""
-    import cProfile
-    import pstats
+    from timing import profile_calls
     fns, sync = functions(device)
-    fn = fns[key]
-    for _ in range(3):
-        fn()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(number):
-        fn()
-    if sync is not None:
-        sync()
-    prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    profile_calls(fns[key], number, sync)
 
 
 def main() -> None:

@@ -28,7 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+# appended: run as a script, benchmarks/ is first already; loaded by kernel_breakdown.py, it
+# must not go first (benchmarks/random.py would shadow the standard library's random)
+sys.path.append(os.path.join(ROOT, "benchmarks"))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
 
@@ -37,6 +39,7 @@ import numpy as np  # noqa: E402
 from contextlib import nullcontext  # noqa: E402
 
 from gpu_seeds import guarded, per_call, say  # noqa: E402
+from timing import profile_calls  # noqa: E402
 
 N, FEATS = 400, 784
 HIDDEN, CLASSES, BS, BATCHES = 512, 10, 128, 50
@@ -212,7 +215,7 @@ def bench_symgpu_plain(sync) -> None:
     spellings = profiled_spellings()
     for name, key in (("logreg, bias 0-d array", "plain-logreg"),
                       ("minibatch MLP, cycling index", "plain-minibatch")):
-        fn, call = spellings[key]
+        fn, call = spellings[key]()
         t = per_call(call, 300, sync)
         n = launched_kernels(fn)
         row("plain", f"symgpu {name}, CUDA graphs off ({n} launches)", t)
@@ -398,49 +401,57 @@ def report() -> None:
 
 
 def profiled_spellings() -> dict:
-    """The spellings `--profile` can look into (the plain rows among them): name ->
-    (function, one call)."""
+    """The spellings `--profile` can look into (the plain rows among them): name -> a
+    builder, which compiles that spelling's function alone (and uploads its data) when
+    called and returns (function, one call). Each builder makes a function of its own."""
     from symgpu import config
-    from symgpu.gpu.runtime.array import to_gpu
-    with config.change_flags(**{"gpuarray.cuda_graphs": False}):
-        plain, plain_args = symgpu_logreg(np.asarray(0., dtype="float32"))
-        plain_mb = symgpu_minibatch()
-    lr_mb = symgpu_minibatch(lr_input=True)
-    per_call_fn, args = symgpu_logreg(0., data_shared=False)
-    device_fn, _ = symgpu_logreg(0., data_shared=False)
-    on_device = tuple(to_gpu(a) for a in args)
-    shared_fn, shared_args = symgpu_logreg(np.asarray(0., dtype="float32"))
-    return {"shared-logreg": (shared_fn, lambda: shared_fn(*shared_args)),
-            "plain-logreg": (plain, lambda: plain(*plain_args)),
-            "plain-minibatch": (plain_mb, cycling(plain_mb)),
-            "lr-input-minibatch": (lr_mb, cycling(lr_mb, 0.01)),
-            "gpuarrays-logreg": (device_fn, lambda: device_fn(*on_device)),
-            "data-per-call-logreg": (per_call_fn, lambda: per_call_fn(*args))}
+
+    def logreg(**kw):
+        fn, args = symgpu_logreg(**kw)
+        return fn, lambda: fn(*args)
+
+    def plain_logreg():
+        with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+            return logreg(bias=np.asarray(0., dtype="float32"))
+
+    def plain_minibatch():
+        with config.change_flags(**{"gpuarray.cuda_graphs": False}):
+            fn = symgpu_minibatch()
+        return fn, cycling(fn)
+
+    def lr_input_minibatch():
+        fn = symgpu_minibatch(lr_input=True)
+        return fn, cycling(fn, 0.01)
+
+    def gpuarrays_logreg():
+        from symgpu.gpu.runtime.array import to_gpu
+        fn, args = symgpu_logreg(0., data_shared=False)
+        on_device = tuple(to_gpu(a) for a in args)
+        return fn, lambda: fn(*on_device)
+
+    return {"shared-logreg": lambda: logreg(bias=np.asarray(0., dtype="float32")),
+            "plain-logreg": plain_logreg,
+            "plain-minibatch": plain_minibatch,
+            "lr-input-minibatch": lr_input_minibatch,
+            "gpuarrays-logreg": gpuarrays_logreg,
+            "data-per-call-logreg": lambda: logreg(bias=0., data_shared=False)}
 
 
 def profile(name: str, number: int = 300) -> None:
     """cProfile's top functions (own time, then cumulative) over `number` calls of one
     spelling, after its warm-up calls, with the function's explain report."""
-    import cProfile
-    import pstats
     import symgpu
     import symgpu.gpu
     ctx = symgpu.gpu.init_default_context()
-    fn, call = profiled_spellings()[name]
+    fn, call = profiled_spellings()[name]()
     for _ in range(5):
         call()
     ctx.synchronize()
     say(str(symgpu.explain(fn, file=None)))
     say(f"{name}: {per_call(call, number, ctx.synchronize) * 1e6:.1f} us per call, "
         f"{launched_kernels(fn)} launching nodes")
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(number):
-        call()
-    ctx.synchronize()
-    prof.disable()
-    for key in ("tottime", "cumulative"):
-        pstats.Stats(prof).sort_stats(key).print_stats(25)
+    profile_calls(call, number, ctx.synchronize, sorts=("tottime", "cumulative"), top=25,
+                  warmup=0)
 
 
 class _TimedStep:
@@ -467,7 +478,7 @@ def step_walls(name: str, number: int = 300) -> None:
     the call around them."""
     import symgpu.gpu
     ctx = symgpu.gpu.init_default_context()
-    fn, call = profiled_spellings()[name]
+    fn, call = profiled_spellings()[name]()
     for _ in range(5):
         call()
     ctx.synchronize()

@@ -53,19 +53,19 @@ def contenders(dropout: bool) -> dict[str, list]:
 
 def logreg_contenders() -> dict[str, list]:
     """gpu_spellings.py's logistic-regression step with its data in shared variables, passed
-    per call as GpuArrays, and passed per call from host memory."""
-    import numpy as np
-    spellings = load("gpu_spellings")
+    per call as GpuArrays, and passed per call from host memory: the spellings its
+    ``--profile`` looks into, each its own function (one given only GpuArrays, one only host
+    arrays)."""
+    builders = load("gpu_spellings").profiled_spellings()
     from symgpu.gpu import init_default_context
-    from symgpu.gpu.runtime.array import to_gpu
     ctx = init_default_context()
-    shared, _ = spellings.symgpu_logreg(np.asarray(0., dtype="float32"))
-    per_call, args = spellings.symgpu_logreg(0., data_shared=False)
-    on_device = tuple(to_gpu(a) for a in args)
-    return {"logistic-regression step": [
-        ("symgpu, data in shared variables", shared, ctx.synchronize),
-        ("symgpu, GpuArrays passed per call", lambda: per_call(*on_device), ctx.synchronize),
-        ("symgpu, host arrays passed per call", lambda: per_call(*args), ctx.synchronize)]}
+    steps = []
+    for who, key in (("symgpu, data in shared variables", "shared-logreg"),
+                     ("symgpu, GpuArrays passed per call", "gpuarrays-logreg"),
+                     ("symgpu, host arrays passed per call", "data-per-call-logreg")):
+        _, call = builders[key]()
+        steps.append((who, call, ctx.synchronize))
+    return {"logistic-regression step": steps}
 
 
 def kernel_table(step, sync) -> tuple[int, float, list[tuple[str, int, float]]]:

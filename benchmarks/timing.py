@@ -32,6 +32,29 @@ def per_call(fn: Callable, number: int, sync: Callable | None = None, repeat: in
     return statistics.median(times)
 
 
+def profile_calls(call: Callable, number: int, sync: Callable | None = None,
+                  sorts: tuple[str, ...] = ("tottime",), top: int = 14, warmup: int = 3):
+    """Print cProfile's `top` functions, sorted by each of `sorts` in turn, over `number`
+    calls of `call` made after `warmup` calls (and a `sync`); the device's work is waited for
+    (`sync`) inside the profile. Returns the ``cProfile.Profile``."""
+    import cProfile
+    import pstats
+    for _ in range(warmup):
+        call()
+    if sync is not None:
+        sync()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(number):
+        call()
+    if sync is not None:
+        sync()
+    prof.disable()
+    for key in sorts:
+        pstats.Stats(prof).sort_stats(key).print_stats(top)
+    return prof
+
+
 def guarded(label: str, fn: Callable) -> None:
     """Run `fn`; a missing or broken peer prints why and the run goes on."""
     try:
