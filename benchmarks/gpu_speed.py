@@ -45,6 +45,7 @@ import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic reg
 
 say, per_call = seeds.say, seeds.per_call
 from timing import build_and_time, guarded  # noqa: E402
+from workloads import NOV28_FUSION_PASSES  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
@@ -169,12 +170,9 @@ def bench_symgpu(data) -> None:
                 row(f"{label} logreg (s)", "symgpu", t, "s")
 
 
-#: the flags that turn off the fusions made default on 2026-11-28 (measured against them):
-#: reduction epilogues (symgpu/gpu/ops/reduce_epilogue.py), the arange-free gather
-#: (symgpu/gpu/ops/take_rows.py), the Philox state advanced by the fused draw
-#: (symgpu/gpu/ops/random_fusion.py)
-FUSIONS_OFF = {"optimizer_excluding":
-               "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"}
+#: the flags that turn off the fusions made default on 2026-11-28 (measured against them;
+#: workloads.NOV28_FUSION_PASSES names them)
+FUSIONS_OFF = {"optimizer_excluding": NOV28_FUSION_PASSES}
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:
