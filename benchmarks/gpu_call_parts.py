@@ -6,6 +6,7 @@ timed alone, down to the graph launch.
     python3 benchmarks/gpu_call_parts.py --fake   # this machine: the fake driver's function
     python3 benchmarks/gpu_call_parts.py --against PATH   # also the layers another checkout
                                                   # (e.g. c10bea3) shares with this one
+    python3 benchmarks/gpu_call_parts.py --fake --against PATH   # the same on the fake driver
 
 Layers, outermost first: ``f()`` (Function.__call__), ``f._fast()`` (the frame's generated
 call: its token, the cells), ``runner.entry()`` (the context's call lock), ``segment.run()``
@@ -15,7 +16,8 @@ adds; gpu_call_overhead.py compares the whole call with another checkout. Every 
 ``f()`` and ``graph.launch()``; ``launch, synced`` is one replay waited for (the graph's own
 latency on the device, host and device together), ``launches, back to back`` 20,000 replays
 and one wait (the device's throughput for that graph: when it is above ``graph.launch()``'s
-host time, the call is bound by the device, not by Python).
+host time, the call is bound by the device, not by Python). The fake driver has no device to
+wait for: with ``--fake`` the shared rows are ``f()`` and ``graph.launch()`` alone.
 """
 from __future__ import annotations
 
@@ -62,15 +64,18 @@ def the_graph(f):
 
 
 def shared_rows(f, sync) -> list[tuple[str, float]]:
-    """The layers every checkout has."""
+    """The layers every checkout has; the two rows that wait for the device only with a
+    `sync` (none on the fake driver)."""
     _, _, graph = the_graph(f)
+    rows = [("f()", best_us(f, sync=sync)), ("graph.launch()", best_us(graph.launch))]
+    if sync is None:
+        return rows
 
     def launch_synced():
         graph.launch()
         sync()
-    return [("f()", best_us(f, sync=sync)), ("graph.launch()", best_us(graph.launch)),
-            ("launches, back to back", best_us(graph.launch, sync=sync)),
-            ("launch, synced", best_us(launch_synced, number=2000))]
+    return rows + [("launches, back to back", best_us(graph.launch, sync=sync)),
+                   ("launch, synced", best_us(launch_synced, number=2000))]
 
 
 def layer_rows(f) -> list[tuple[str, float]]:
@@ -100,9 +105,8 @@ def layer_rows(f) -> list[tuple[str, float]]:
 def piece_rows(f) -> list[tuple[str, float]]:
     """Segment.run's replay path cut into pieces, each timed alone on the real objects (what
     the layer rows cannot tell apart), with what shapes that path: the graph's fields."""
-    import weakref
-    from symgpu.gpu.exec.graph_instance import Lease
-    from symgpu.gpu.runtime.array import GpuArray
+    import types
+    from symgpu.gpu.exec import graph_segment
     _, seg, g = the_graph(f)
     (cell,) = seg.in_cells
     value = f._frame.layout.containers[0].storage[0]
@@ -112,7 +116,6 @@ def piece_rows(f) -> list[tuple[str, float]]:
     cell[0] = value
     vals, key = seg.fetch()
     fresh = g.fresh or ()
-    sink = [None]
 
     def fetch():
         cell[0] = value
@@ -128,21 +131,30 @@ def piece_rows(f) -> list[tuple[str, float]]:
                 if vals[j].ptr != ptr:
                     break
 
-    def hand_out():
-        lease = Lease.__new__(Lease)
+    def hand_out(g=g, fresh=fresh):
+        # Segment.run's inline hand-out, line for line; its names are looked up where
+        # Segment.run looks them up (graph_segment's globals, g and fresh locals)
+        lease = _new_object(Lease)   # noqa: F821  (graph_segment's globals)
         lease.blocks = g.owned
-        g.lease = weakref.ref(lease)
-        for out, ctx, ptr, shape, strides, dtype in fresh:
-            arr = GpuArray.__new__(GpuArray)
-            arr._set(ctx, ptr, shape, strides, dtype, lease)
-            sink[0] = arr
+        g.lease = _weak(lease)   # noqa: F821
+        for cell, ctx, ptr, shape, strides, dtype in fresh:
+            arr = _gpuarray_new(_GpuArray)   # noqa: F821
+            arr.context, arr.ptr, arr.shape = ctx, ptr, shape
+            arr.strides, arr.dtype, arr.base = strides, dtype, lease
+            arr._gpudata = None
+            cell[0] = arr
+    hand_out = types.FunctionType(hand_out.__code__, vars(graph_segment), "hand_out",
+                                  hand_out.__defaults__)
 
     def nothing():
         pass
     base = best_us(nothing)
-    return [(name, best_us(fn) - base) for name, fn in
+    rows = [(name, best_us(fn) - base) for name, fn in
             (("fetch (refill, key)", fetch), ("graphs.get", lookup),
              ("lease, pinned checks", checks), ("hand out", hand_out))]
+    for out, *_ in fresh:     # the last array handed out holds the graph's lease: drop it,
+        out[0] = None         # as a call's result is dropped, or the next call cannot replay
+    return rows
 
 
 def child(fake: bool, layers: bool) -> None:
@@ -160,9 +172,8 @@ def child(fake: bool, layers: bool) -> None:
             f"{a} {ua - ub:.3f}" for (a, ua), (_, ub) in zip(rows, rows[1:])))
         for name, us in piece_rows(f):
             print(f"  piece {name:22s} {us:7.3f} us")
-    if not fake:
-        for name, us in shared_rows(f, sync):
-            print(f"  {name:24s} {us:7.3f} us")
+    for name, us in shared_rows(f, sync):   # the fake's sync is None: no device rows
+        print(f"  {name:24s} {us:7.3f} us")
 
 
 def main() -> None:
