@@ -45,7 +45,7 @@ import gpu_seeds as seeds  # noqa: E402  (shared workloads: check1, logistic reg
 
 say, per_call = seeds.say, seeds.per_call
 from timing import build_and_time, guarded  # noqa: E402
-from workloads import NOV28_FUSION_PASSES  # noqa: E402
+from workloads import KERNEL_FUSION_PASSES  # noqa: E402
 ROWS: dict[str, dict[str, float]] = {}
 T_START = time.perf_counter()
 GROUPS = ("check1", "logreg", "chain", "sums", "sgemm", "mlp", "compile")
@@ -171,8 +171,8 @@ def bench_symgpu(data) -> None:
 
 
 #: the flags that turn off the fusions made default on 2026-11-28 (measured against them;
-#: workloads.NOV28_FUSION_PASSES names them)
-FUSIONS_OFF = {"optimizer_excluding": NOV28_FUSION_PASSES}
+#: workloads.KERNEL_FUSION_PASSES names them)
+FUSIONS_OFF = {"optimizer_excluding": KERNEL_FUSION_PASSES}
 
 
 def symgpu_mlp_contenders(rows: dict) -> None:

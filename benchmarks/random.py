@@ -34,7 +34,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares t
 
 import numpy as np  # noqa: E402
 from timing import build_and_time, guarded, per_call, say  # noqa: E402
-from workloads import NOV28_FUSION_PASSES, WAVE2_PASSES  # noqa: E402
+from workloads import KERNEL_FUSION_PASSES, WAVE2_PASSES  # noqa: E402
 
 N_GPU = 1 << 26
 N_CPU = 1 << 22
@@ -110,7 +110,7 @@ def symgpu_mlp_contenders(rows: dict) -> None:
         (MLP, "symgpu (no graphs)", {"gpuarray.cuda_graphs": False}),
         (MLP, "symgpu (masks in memory)", {"optimizer_excluding": "gpu_philox_fusion"}),
         (MLP, "symgpu (classic cuBLAS)", {"gpuarray.cublaslt": False}),
-        (MLP, "symgpu (fusions off)", {"optimizer_excluding": NOV28_FUSION_PASSES}),
+        (MLP, "symgpu (fusions off)", {"optimizer_excluding": KERNEL_FUSION_PASSES}),
         (MLP, "symgpu (wave-2 passes off)", {"optimizer_excluding": WAVE2_PASSES}),
         (MLP_TF32, "symgpu", {"gpuarray.allow_tf32": True}),
     )

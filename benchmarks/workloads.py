@@ -44,5 +44,5 @@ WAVE2_PASSES = ("gpu_guarded_updates:gpu_nll_grad_log_softmax:gpu_softmax_rows_b
 #: the fusion passes made default on 2026-11-28: reduction epilogues
 #: (symgpu/gpu/ops/reduce_epilogue.py), the arange-free gather (symgpu/gpu/ops/take_rows.py),
 #: the Philox state advanced by the fused draw (symgpu/gpu/ops/random_fusion.py); gpu_speed.py
-#: and random.py time a contender with them excluded (optimizer_excluding=NOV28_FUSION_PASSES)
-NOV28_FUSION_PASSES = "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"
+#: and random.py time a contender with them excluded (optimizer_excluding=KERNEL_FUSION_PASSES)
+KERNEL_FUSION_PASSES = "gpu_careduce_epilogue:gpu_take_rows:gpu_philox_advance_fusion"
