@@ -27,7 +27,8 @@ import numpy as np
 from symgpu.scalar import ccode
 from symgpu.scalar.composite import Composite
 
-__all__ = ["c_elemwise_thunk", "c_sum_thunk", "allow_c_kernels", "c_kernels_enabled"]
+__all__ = ["c_elemwise_thunk", "c_sum_thunk", "allow_c_kernels", "c_kernels_allowed",
+           "c_kernels_enabled"]
 
 _allowed: ContextVar[bool] = ContextVar("symgpu_c_kernels_allowed", default=True)
 _failed: set[str] = set()  # sources that did not compile in this process
@@ -44,12 +45,22 @@ def allow_c_kernels(allowed: bool) -> Iterator[None]:
         _allowed.reset(token)
 
 
-def c_kernels_enabled() -> bool:
-    """Whether thunks made now may use C kernels (mode allows, compiler and runtime usable)."""
+def c_kernels_allowed() -> bool:
+    """Whether thunks made now may compile C at all: the mode allows it (`allow_c_kernels`)
+    and the ``cxx`` flag names a compiler. Enough for C loaded with ctypes (the Philox
+    generator); the kernels here need the runtime too (`c_kernels_enabled`)."""
     if not _allowed.get():
         return False
-    from symgpu.link import c_runtime, cc
-    return cc.compiler() is not None and c_runtime.runner() is not None
+    from symgpu.link import cc
+    return cc.compiler() is not None
+
+
+def c_kernels_enabled() -> bool:
+    """Whether thunks made now may use C kernels (mode allows, compiler and runtime usable)."""
+    if not c_kernels_allowed():
+        return False
+    from symgpu.link import c_runtime
+    return c_runtime.runner() is not None
 
 
 def _kinds(node) -> str:

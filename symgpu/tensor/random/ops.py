@@ -32,13 +32,15 @@ def check_state(state: Any, what: str) -> TensorVariable:
     return state
 
 
-def _check_state_value(state: np.ndarray, what: str) -> None:
+def _check_state_value(state: np.ndarray, what: object) -> None:
     if state.shape != (4,):
         raise ValueError(f"{what}: the generator state must hold 4 uint32 words, got shape "
                          f"{state.shape}")
 
 
-def _shape_of(inputs: Sequence[Any], what: str) -> tuple[int, ...]:
+def _shape_of(inputs: Sequence[Any], what: object) -> tuple[int, ...]:
+    """The draw's shape from its size inputs (`what`, the op, is formatted only for an error:
+    these run on every draw)."""
     shape = tuple(int(s) for s in inputs)
     if any(s < 0 for s in shape):
         raise ValueError(f"{what}: negative dimension in the size {shape}")
@@ -52,9 +54,7 @@ class PhiloxSample(Op):
     __props__ = ("dist", "dtype")
 
     def __init__(self, dist: str, dtype: str):
-        if dist not in philox.DISTS:
-            raise ValueError(f"PhiloxSample: unknown distribution {dist!r}; expected one of "
-                             f"{philox.DISTS}")
+        philox.check_dist(dist, "PhiloxSample")
         dtype = check_dtype(dtype)
         if not is_float(dtype):
             raise TypeError(f"PhiloxSample draws floats, not {dtype}")
@@ -66,17 +66,23 @@ class PhiloxSample(Op):
         out = TensorType(self.dtype, [_known_one(s) for s in size])()
         return Apply(self, [state, *size], [out])
 
-    def perform(self, node, inputs, out, sample: Callable = philox.sample):
-        _check_state_value(inputs[0], str(self))
-        shape = _shape_of(inputs[1:], str(self))
-        out[0][0] = sample(inputs[0], self.dist, self.dtype, shape)
+    def perform(self, node, inputs, out, draw: Callable | None = None):
+        """The draw: `philox.sample`, or ``draw(state, shape)`` (`philox_c.sampler`'s, bound
+        to this op's dist and dtype) when the thunk gives one."""
+        _check_state_value(inputs[0], self)
+        shape = _shape_of(inputs[1:], self)
+        if draw is None:
+            out[0][0] = philox.sample(inputs[0], self.dist, self.dtype, shape)
+        else:
+            out[0][0] = draw(inputs[0], shape)
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         """`perform`'s thunk, drawing through the compiled generator (`philox_c`: the same
-        numbers, several times faster) where C kernels are enabled."""
+        numbers, several times faster) where C is allowed and the library built; the sampler
+        (entry point, layout) is resolved here, once, not on every draw."""
         thunk = super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         if philox_c.enabled():
-            thunk.perform = partial(self.perform, sample=philox_c.sample)
+            thunk.perform = partial(self.perform, draw=philox_c.sampler(self.dist, self.dtype))
         return thunk
 
     def infer_shape(self, fgraph, node, input_shapes):
@@ -101,8 +107,8 @@ class PhiloxAdvance(Op):
         return Apply(self, [state, *size], [state.type()])
 
     def perform(self, node, inputs, out):
-        _check_state_value(inputs[0], str(self))
-        n = int(np.prod(_shape_of(inputs[1:], str(self)), dtype=np.int64))
+        _check_state_value(inputs[0], self)
+        n = int(np.prod(_shape_of(inputs[1:], self), dtype=np.int64))
         out[0][0] = philox.advance(inputs[0], philox.blocks(n, self.dtype))
 
     def infer_shape(self, fgraph, node, input_shapes):

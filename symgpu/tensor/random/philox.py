@@ -83,13 +83,18 @@ def blocks(n: int, dtype: str) -> int:
     return (int(n) + k - 1) // k
 
 
+def _key_counter(state: np.ndarray) -> tuple[int, int, int]:
+    """`state`'s key words and 64-bit counter: (key0, key1, ctr_hi << 32 | ctr_lo)."""
+    key0, key1, lo, hi = np.asarray(state, dtype=np.uint32)[:4].tolist()
+    return key0, key1, (hi << 32) | lo
+
+
 def _block_words(state: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, ...]:
     """The four words (uint64 arrays) of blocks start..stop-1 of a draw from `state`."""
-    state = np.asarray(state, dtype=np.uint32)
-    base = (int(state[3]) << 32) | int(state[2])
+    key0, key1, base = _key_counter(state)
     idx = np.arange(start, stop, dtype=np.uint64) + np.uint64(base)   # wraps at 2**64
     zero = np.zeros(stop - start, dtype=np.uint64)
-    return _rounds(idx & _MASK, idx >> _S32, zero, zero.copy(), int(state[0]), int(state[1]))
+    return _rounds(idx & _MASK, idx >> _S32, zero, zero.copy(), key0, key1)
 
 
 def _u01_f32(w: np.ndarray) -> np.ndarray:
@@ -117,10 +122,10 @@ def _box_muller(u1: np.ndarray, u2: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return r * np.cos(theta), r * np.sin(theta)
 
 
-def check_dist(dist: str) -> None:
-    """Raise ValueError unless `dist` is one of DISTS."""
+def check_dist(dist: str, what: str = "philox sample") -> None:
+    """Raise ValueError, naming `what`, unless `dist` is one of DISTS."""
     if dist not in DISTS:
-        raise ValueError(f"philox sample: unknown distribution {dist!r}; expected one of {DISTS}")
+        raise ValueError(f"{what}: unknown distribution {dist!r}; expected one of {DISTS}")
 
 
 def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -148,10 +153,9 @@ def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> 
 
 def advance(state: np.ndarray, nblocks: int) -> np.ndarray:
     """`state` with its 64-bit counter moved on by `nblocks` (wrapping at 2**64)."""
-    state = np.asarray(state, dtype=np.uint32)
-    base = ((int(state[3]) << 32) | int(state[2])) + int(nblocks)
-    base &= (1 << 64) - 1
-    return np.array([state[0], state[1], base & 0xFFFFFFFF, base >> 32], dtype=np.uint32)
+    key0, key1, base = _key_counter(state)
+    base = (base + int(nblocks)) & ((1 << 64) - 1)
+    return np.array([key0, key1, base & 0xFFFFFFFF, base >> 32], dtype=np.uint32)
 
 
 def stream_key(seed: int, index: int) -> np.ndarray:

@@ -10,8 +10,9 @@ sin), so they are bitwise those of the NumPy path too; float16 is drawn in float
 as there.
 
 The library is built once per machine with `symgpu.link.cc` (the ``cxx`` flag); `enabled`
-says whether a thunk made now may use it (C kernels allowed, so not under FAST_COMPILE, and a
-compiler that built it). Without it, PhiloxSample runs `philox.sample`.
+says whether a thunk made now may use it (C allowed, so not under FAST_COMPILE, and a compiler
+that built it; the Python-C runtime of the elemwise kernels is not needed). A PhiloxSample thunk
+binds `sampler(dist, dtype)` once; without the library, it and `sample` run `philox.sample`.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import numpy as np
 from symgpu.link import cc
 from symgpu.tensor.random import philox
 
-__all__ = ["SOURCE", "enabled", "sample"]
+__all__ = ["SOURCE", "enabled", "sample", "sampler"]
 
 SOURCE = r"""
 #include <stdint.h>
@@ -136,32 +137,60 @@ def _kernels() -> dict[str, Callable[..., None]] | None:
 
 
 def enabled() -> bool:
-    """Whether a thunk made now may draw through C: C kernels allowed here (not under
-    FAST_COMPILE: `symgpu.tensor.c_elemwise.c_kernels_enabled`) and the library built."""
-    from symgpu.tensor.c_elemwise import c_kernels_enabled
-    return c_kernels_enabled() and _kernels() is not None
+    """Whether a thunk made now may draw through C: C allowed here (a compiler, not
+    FAST_COMPILE: `symgpu.tensor.c_elemwise.c_kernels_allowed`; the library is plain C loaded
+    with ctypes, so the Python-C runtime is not asked for) and the library built."""
+    from symgpu.tensor.c_elemwise import c_kernels_allowed
+    return c_kernels_allowed() and _kernels() is not None
+
+
+def sampler(dist: str, dtype: str) -> Callable[[np.ndarray, tuple[int, ...]], np.ndarray]:
+    """``draw(state, shape)``: `philox.sample(state, dist, dtype, shape)`, bitwise, with `dist`
+    checked and the entry point and layout chosen once. Through the C generator where it is
+    built, else `philox.sample` itself. `state` must hold the 4 words (unchecked here)."""
+    philox.check_dist(dist)
+    kernels = _kernels()
+    if kernels is None:
+        def numpy_draw(state: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+            return philox.sample(state, dist, dtype, shape)
+        return numpy_draw
+    # float64 has its own layout; float16 is drawn in float32 and cast, as philox.sample does
+    per_block = philox.per_block(dtype)
+    suffix, ftype = ("f64", np.float64) if per_block == 2 else ("f32", np.float32)
+    dtype = np.dtype(dtype)
+    if dist == "uniform":
+        uniform = kernels["uniform_" + suffix]
+
+        def draw(state: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+            key0, key1, ctr = philox._key_counter(state)
+            n = math.prod(shape)
+            nb = -(-n // per_block)
+            vals = np.empty(nb * per_block, dtype=ftype)
+            if nb:
+                uniform(key0, key1, ctr, nb, _address(vals))
+            return vals[:n].astype(dtype, copy=False).reshape(shape)
+    else:
+        pairs = kernels["pairs_" + suffix]
+
+        def draw(state: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+            key0, key1, ctr = philox._key_counter(state)
+            n = math.prod(shape)
+            vals = _normal(pairs, key0, key1, ctr, n, ftype)
+            return vals[:n].astype(dtype, copy=False).reshape(shape)
+    return draw
 
 
 def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """`philox.sample(state, dist, dtype, shape)`, bitwise, through the C generator (which
-    must be built: see `enabled`)."""
-    kernels = _kernels()
-    if kernels is None:
-        raise RuntimeError("philox_c.sample: the C Philox generator is not available here")
-    philox.check_dist(dist)
-    state = np.asarray(state, dtype=np.uint32)
-    key0, key1, ctr = int(state[0]), int(state[1]), (int(state[3]) << 32) | int(state[2])
-    n = math.prod(shape)
-    per_block = philox.per_block(dtype)
-    # float64 has its own layout; float16 is drawn in float32 and cast, as philox.sample does
-    suffix, ftype = ("f64", np.float64) if per_block == 2 else ("f32", np.float32)
-    if dist == "uniform":
-        nb = philox.blocks(n, dtype)
-        vals = np.empty(nb * per_block, dtype=ftype)
-        kernels["uniform_" + suffix](key0, key1, ctr, nb, vals.ctypes.data)
-    else:
-        vals = _normal(kernels["pairs_" + suffix], key0, key1, ctr, n, ftype)
-    return vals[:n].astype(dtype, copy=False).reshape(shape)
+    """`philox.sample(state, dist, dtype, shape)`, bitwise: through the C generator where it
+    is built, else `philox.sample` itself (`sampler`, resolved on every call: a graph's op
+    binds its sampler once)."""
+    return sampler(dist, dtype)(state, shape)
+
+
+def _address(a: np.ndarray) -> int:
+    """The data address of `a`, a writable contiguous array of at least one byte: what
+    `a.ctypes.data` says, in a third of its time (this runs on every draw)."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(a))
 
 
 def _normal(pairs: Callable[..., None], key0: int, key1: int, ctr: int, n: int,
@@ -173,11 +202,13 @@ def _normal(pairs: Callable[..., None], key0: int, key1: int, ctr: int, n: int,
     npairs = (n + 1) // 2
     vals = np.empty(2 * npairs, dtype=ftype)
     chunk = min(_PAIR_CHUNK, -(-npairs // per_block) * per_block)   # whole blocks
+    if not npairs:
+        return vals
     u1, u2 = np.empty(chunk, dtype=ftype), np.empty(chunk, dtype=ftype)
-    for start in range(0, npairs, max(chunk, 1)):
+    a1, a2 = _address(u1), _address(u2)
+    for start in range(0, npairs, chunk):
         m = min(chunk, npairs - start)
-        pairs(key0, key1, (ctr + start // per_block) & _MASK64, -(-m // per_block),
-              u1.ctypes.data, u2.ctypes.data)
+        pairs(key0, key1, (ctr + start // per_block) & _MASK64, -(-m // per_block), a1, a2)
         vals[2 * start:2 * (start + m):2], vals[2 * start + 1:2 * (start + m):2] = \
             philox._box_muller(u1[:m], u2[:m])
     return vals
