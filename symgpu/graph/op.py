@@ -7,7 +7,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.test_value import compute_test_values
 
-__all__ = ["Op", "Thunk", "PerformThunk", "ShapeError"]
+__all__ = ["Op", "Thunk", "PerformThunk", "ResolvedPerformThunk", "ShapeError"]
 
 
 class ShapeError(Exception):
@@ -130,3 +130,20 @@ class PerformThunk(Thunk):
 
     def __call__(self) -> None:
         self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
+
+
+class ResolvedPerformThunk(PerformThunk):
+    """Runs ``op.perform(node, inputs, outputs, *resolved)``: ``resolved`` are arguments the
+    op derives from the node once, when the thunk is made (e.g. kernel names built from its
+    variables' dtypes, which type filtering guarantees its run-time values have), so a call
+    does not derive them again.  ``perform`` called without them derives them itself."""
+
+    __slots__ = ("resolved",)
+
+    def __init__(self, op: Op, node: Apply, storage_map: dict, compute_map: dict,
+                 resolved: tuple):
+        super().__init__(op, node, storage_map, compute_map)
+        self.resolved = resolved
+
+    def __call__(self) -> None:
+        self.perform(self.node, [c[0] for c in self.inputs], self.outputs, *self.resolved)

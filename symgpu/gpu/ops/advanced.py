@@ -28,7 +28,7 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, ResolvedPerformThunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
@@ -39,7 +39,6 @@ from symgpu.tensor.subtensor import SYM, Slice
 from symgpu.tensor.math import MatMul as _MatMul
 from symgpu.tensor.subtensor import AdvancedIncSubtensor as _AdvancedIncSubtensor
 from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
@@ -152,15 +151,24 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         bcast = (idx.broadcastable[0],) + tuple(x.broadcastable[1:])
         return Apply(self, [x, idx], [x.type.clone(broadcastable=bcast)()])
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its gather kernel, from the node's x and index dtypes (the run-time arrays')."""
+        return _gather_name(node.inputs[0].dtype, node.inputs[1].dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
         x, idx = inputs
         n = idx.shape[0]
         res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
         if n:
-            xc, ic = _contiguous(x), _contiguous(idx)
-            name = _gather_name(dtype_name(x.dtype), dtype_name(idx.dtype))
-            _launch(self, node, x.context, name, xc, res, ic,
+            if kernel is None:
+                kernel = self.kernel_name(node)
+            _launch(self, node, x.context, kernel, _contiguous(x), res, _contiguous(idx),
                     n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
 
@@ -205,7 +213,17 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                              f"{x.ndim} of the indexed region")
         return Apply(self, [x, y, idx], [x.type()])
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its scatter kernel, from the node's x and index dtypes (the run-time arrays')."""
+        return _scatter_name(node.inputs[0].dtype, node.inputs[2].dtype,
+                             self.set_instead_of_inc)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
         x, y, idx = inputs
         res = x.copy()
@@ -217,10 +235,10 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                 full = GpuArray(region, x.dtype, x.context)
                 full._copy_from_device(src)
                 src = full
-            _launch(self, node, x.context,
-                    _scatter_name(dtype_name(x.dtype), dtype_name(idx.dtype),
-                                  self.set_instead_of_inc),
-                    res, src, _contiguous(idx), n, _row(x.shape), x.shape[0], x.shape)
+            if kernel is None:
+                kernel = self.kernel_name(node)
+            _launch(self, node, x.context, kernel, res, src, _contiguous(idx), n,
+                    _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
 
 

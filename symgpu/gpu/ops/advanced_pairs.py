@@ -23,14 +23,13 @@ import numpy as np
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, PerformThunk
+from symgpu.graph.op import Op, PerformThunk, ResolvedPerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.placement.basic_ops import GpuFromHost, as_gpuarray_variable
 from symgpu.gpu.ops.elemwise import new_array
-from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
 from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
                                      prefetch_request, slot_ptr)
@@ -100,19 +99,18 @@ def _pair_length(op: Op, a: Any, b: Any, shape: tuple) -> int:
     return 0 if 0 in (na, nb) else max(na, nb)
 
 
-def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a: Any, b: Any,
+def _launch_pairs(op: Op, node: Apply, name: str, dst: Any, src: Any, vs: int, a: Any, b: Any,
                   n: int, shape: tuple, s0: int, s1: int) -> None:
+    """Launch kernel ``name`` (the node's: _pairs_name, or _rows_name when ``a`` is a row
+    count)."""
     ctx = dst.context
     ctx.activate()
     b, bs = _elem_stride(b)
     if isinstance(a, int):   # rows arange(a): the kernel takes each pair's row as its index
         a_ptr, as_ = 0, 0 if a == 1 else 1
-        name = _rows_name(dtype_name(dst.dtype), dtype_name(b.dtype))
     else:
         a, as_ = _elem_stride(a)
         a_ptr = a.ptr
-        name = _pairs_name(mode, dtype_name(dst.dtype), dtype_name(a.dtype),
-                           dtype_name(b.dtype))
     fn = get_prepared_kernel(_MODULE_KEY, pairs_source, name, _PAIRS_FORMAT, context=ctx)
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
 
@@ -124,9 +122,10 @@ def _launch_pairs(op: Op, node: Apply, mode: int, dst: Any, src: Any, vs: int, a
                    describe)
 
 
-def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any) -> Any:
+def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any, name: str) -> Any:
     """``x[a, b]`` as a new vector: ``a`` an index vector, or the row count r of rows
-    ``arange(r)`` (more rows than x has raise at once)."""
+    ``arange(r)`` (more rows than x has raise at once); ``name`` the node's kernel
+    (_pairs_name of mode 0, or _rows_name for a row count)."""
     n = _pair_length(op, a, b, x.shape)
     if n and isinstance(a, int) and a > x.shape[0]:
         raise IndexError(f"{op}: index {x.shape[0]} is out of bounds for an array of shape "
@@ -137,7 +136,7 @@ def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any) -> Any:
         isz = x.dtype.itemsize
         if any(s % isz for s in x.strides):
             x = x.copy()
-        _launch_pairs(op, node, 0, res, x, 0, a, b, n, x.shape,
+        _launch_pairs(op, node, name, res, x, 0, a, b, n, x.shape,
                       x.strides[0] // isz, x.strides[1] // isz)
     return res
 
@@ -170,8 +169,20 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
         bcast = (a.broadcastable[0] and b.broadcastable[0],)
         return Apply(self, [x, a, b], [x.type.clone(broadcastable=bcast)()])
 
-    def perform(self, node, inputs, out):
-        out[0][0] = gather_pairs(self, node, *inputs)
+    def kernel_name(self, node: Apply) -> str:
+        """Its gather kernel, from the node's dtypes (the run-time arrays')."""
+        x, a, b = node.inputs
+        return _pairs_name(0, x.dtype, a.dtype, b.dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
+        x, a, b = inputs
+        out[0][0] = gather_pairs(self, node, x, a, b,
+                                 self.kernel_name(node) if kernel is None else kernel)
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
@@ -210,7 +221,17 @@ class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
             raise TypeError(f"{self}: the value must be a {x.dtype} scalar or vector, got {y.type}")
         return Apply(self, [x, y, a, b], [x.type()])
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its set/inc kernel, from the node's dtypes (the run-time arrays')."""
+        x, _, a, b = node.inputs
+        return _pairs_name(1 if self.set_instead_of_inc else 2, x.dtype, a.dtype, b.dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         x, y, a, b = inputs
         res = x.copy()
         n = _pair_length(self, a, b, x.shape)
@@ -222,8 +243,9 @@ class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
                 y, vs = _elem_stride(y)
             else:
                 vs = 0
-            _launch_pairs(self, node, 1 if self.set_instead_of_inc else 2, res, y, vs, a, b, n,
-                          x.shape, x.shape[1], 1)
+            if kernel is None:
+                kernel = self.kernel_name(node)
+            _launch_pairs(self, node, kernel, res, y, vs, a, b, n, x.shape, x.shape[1], 1)
         out[0][0] = res
 
     def infer_shape(self, fgraph, node, input_shapes):

@@ -109,12 +109,13 @@ class _GpuConvBase(_ConvBase):
         backend, _ = conv_backend()
         cells = [storage_map[v] for v in node.inputs]
         out_cell = storage_map[node.outputs[0]]
-        dtype = np.dtype(node.outputs[0].dtype)
+        name = node.outputs[0].dtype    # every operand's: the kernels' and cuBLAS's dtype
+        dtype = np.dtype(name)
         plans: dict[tuple, Any] = {}
 
         def thunk() -> None:
             ctx.activate()
-            out_cell[0] = self._run(ctx, backend, plans, dtype, [c[0] for c in cells])
+            out_cell[0] = self._run(ctx, backend, plans, dtype, name, [c[0] for c in cells])
 
         thunk.capturable = True   # type: ignore[attr-defined]
         thunk.launches = True     # type: ignore[attr-defined]
@@ -182,7 +183,7 @@ class GpuConv2d(_GpuConvBase):
                                        False), ctx)
         return Apply(self, [img, kern], [out()])
 
-    def _run(self, ctx, backend, plans, dtype, inputs):
+    def _run(self, ctx, backend, plans, dtype, name, inputs):
         x, w = (_packed(a) for a in inputs)
         self._check_hint(self.imshp, x.shape, "input_shape")
         self._check_hint(self.kshp, w.shape, "filter_shape")
@@ -198,7 +199,7 @@ class GpuConv2d(_GpuConvBase):
         plan = self._plan(ctx, backend, plans, dtype, x.shape, w.shape, out.shape, pads)
         if plan is None:
             from symgpu.gpu.ops.conv_gemm import gemm_forward
-            gemm_forward(ctx, x, w, out, pads, self.subsample, self.filter_dilation,
+            gemm_forward(ctx, name, x, w, out, pads, self.subsample, self.filter_dilation,
                          self.filter_flip, self.num_groups)
             return out
         if not _symmetric(pads):
@@ -226,7 +227,7 @@ class GpuConv2dGradInputs(_GpuConvBase):
                                         False), ctx)
         return Apply(self, [kern, topgrad, shape], [out()])
 
-    def _run(self, ctx, backend, plans, dtype, inputs):
+    def _run(self, ctx, backend, plans, dtype, name, inputs):
         w, gy = _packed(inputs[0]), _packed(inputs[1])
         h, wd = (int(v) for v in np.asarray(inputs[2]))
         self._check_hint(self.kshp, w.shape, "filter_shape")
@@ -250,8 +251,8 @@ class GpuConv2dGradInputs(_GpuConvBase):
         plan = self._plan(ctx, backend, plans, dtype, xshape, w.shape, gy.shape, pads)
         if plan is None:
             from symgpu.gpu.ops.conv_gemm import gemm_grad_inputs
-            gemm_grad_inputs(ctx, w, gy, dx, pads, self.subsample, self.filter_dilation,
-                             self.filter_flip, self.num_groups)
+            gemm_grad_inputs(ctx, name, w, gy, dx, pads, self.subsample,
+                             self.filter_dilation, self.filter_flip, self.num_groups)
             return dx
         if _symmetric(pads):
             self._execute(ctx, plan, w.ptr, gy.ptr, dx.ptr)
@@ -280,7 +281,7 @@ class GpuConv2dGradWeights(_GpuConvBase):
         out = GpuArrayType(img.dtype, (topgrad.broadcastable[1], False, False, False), ctx)
         return Apply(self, [img, topgrad, shape], [out()])
 
-    def _run(self, ctx, backend, plans, dtype, inputs):
+    def _run(self, ctx, backend, plans, dtype, name, inputs):
         x, gy = _packed(inputs[0]), _packed(inputs[1])
         kh, kw = (int(v) for v in np.asarray(inputs[2]))
         self._check_hint(self.imshp, x.shape, "input_shape")
@@ -305,8 +306,8 @@ class GpuConv2dGradWeights(_GpuConvBase):
         plan = self._plan(ctx, backend, plans, dtype, x.shape, wshape, gy.shape, pads)
         if plan is None:
             from symgpu.gpu.ops.conv_gemm import gemm_grad_weights
-            gemm_grad_weights(ctx, x, gy, dw, pads, self.subsample, self.filter_dilation,
-                              self.filter_flip, self.num_groups)
+            gemm_grad_weights(ctx, name, x, gy, dw, pads, self.subsample,
+                              self.filter_dilation, self.filter_flip, self.num_groups)
             return dw
         if not _symmetric(pads):
             x = _zero_padded(ctx, x, pads)

@@ -19,7 +19,6 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["conv_gemm_source", "gemm_forward", "gemm_grad_inputs", "gemm_grad_weights"]
 
@@ -34,6 +33,9 @@ _ARGS = ("long long n, long long C, long long H, long long W, long long c0, long
          "long long d0, long long d1, long long pt, long long pl, int flip")
 _CALL = "n, C, H, W, c0, cg, kh, kw, ho, wo, s0, s1, d0, d1, pt, pl, flip"
 _FORMAT = "PP" + "q" * 16 + "i"
+#: dtype -> the kernels' names (no name is built per call)
+_IM2COL = {dt: f"im2col_{dt}" for dt in _TYPES}
+_COL2IM = {dt: f"col2im_{dt}" for dt in _TYPES}
 
 
 def conv_gemm_source() -> str:
@@ -54,15 +56,15 @@ def _launch(ctx: Any, name: str, total: int, src: Any, dst: Any, geo: Sequence[i
     fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, src.ptr, dst.ptr, *geo)
 
 
-def _gemm(ctx: Any, ta: bool, tb: bool, m: int, n: int, k: int, a: Any, b: Any, c: Any,
-          a_off: int = 0, b_off: int = 0, c_off: int = 0) -> None:
-    """Row-major C (m x n) = op(A) @ op(B) with packed operands (byte offsets into each)."""
+def _gemm(ctx: Any, dtype: str, ta: bool, tb: bool, m: int, n: int, k: int, a: Any, b: Any,
+          c: Any, a_off: int = 0, b_off: int = 0, c_off: int = 0) -> None:
+    """Row-major C (m x n) = op(A) @ op(B) with packed operands (byte offsets into each), all
+    of ``dtype`` (the node's: float32 or float64)."""
     from symgpu.gpu.ops.blas import cublas, gemm_math_mode
     if not (m and n and k):
         return
     blas = cublas()
     h = blas.handle(ctx)
-    dtype = dtype_name(c.dtype)
     blas.math_mode(h, gemm_math_mode(dtype))
     ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
     one, zero = ctype(1.0), ctype(0.0)
@@ -87,9 +89,10 @@ def _geo(xshape, cg, khw, ohw, s, d, pads, flip, c0) -> list[int]:
             pads[0][0], pads[1][0], int(flip)]
 
 
-def gemm_forward(ctx: Any, x: Any, w: Any, out: Any, pads, s, d, flip: bool,
+def gemm_forward(ctx: Any, dtype: str, x: Any, w: Any, out: Any, pads, s, d, flip: bool,
                  groups: int) -> None:
-    """out (N, O, Ho, Wo) = conv2d(x, w); all C-contiguous."""
+    """out (N, O, Ho, Wo) = conv2d(x, w); all C-contiguous, all of ``dtype`` (the node's,
+    resolved when its thunk was made: it names the kernels)."""
     n, c = x.shape[:2]
     o, cg, kh, kw = w.shape
     ho, wo = out.shape[2:]
@@ -97,11 +100,11 @@ def gemm_forward(ctx: Any, x: Any, w: Any, out: Any, pads, s, d, flip: bool,
     dt = x.dtype
     cols = _new(ctx, (K, n * P), dt)
     prod = _new(ctx, (og, n, P), dt)
-    isz = dt.itemsize
+    isz, im2col = dt.itemsize, _IM2COL[dtype]
     for g in range(groups):
-        _launch(ctx, f"im2col_{dt.name}", K * n * P, x, cols,
+        _launch(ctx, im2col, K * n * P, x, cols,
                 _geo(x.shape, cg, (kh, kw), (ho, wo), s, d, pads, flip, g * cg))
-        _gemm(ctx, False, False, og, n * P, K, w, cols, prod, a_off=g * og * K * isz)
+        _gemm(ctx, dtype, False, False, og, n * P, K, w, cols, prod, a_off=g * og * K * isz)
         view = out.reshape(n, o, P)[:, g * og:(g + 1) * og, :]
         view._copy_from_device(prod.transpose(1, 0, 2))
 
@@ -114,33 +117,36 @@ def _gy_transposed(ctx: Any, gy: Any, g: int, og: int) -> Any:
     return t
 
 
-def gemm_grad_weights(ctx: Any, x: Any, gy: Any, dw: Any, pads, s, d, flip: bool,
+def gemm_grad_weights(ctx: Any, dtype: str, x: Any, gy: Any, dw: Any, pads, s, d, flip: bool,
                       groups: int) -> None:
-    """dw (O, C/g, kh, kw) = d conv2d / d w."""
+    """dw (O, C/g, kh, kw) = d conv2d / d w (``dtype``: as gemm_forward's)."""
     n, c = x.shape[:2]
     o, cg, kh, kw = dw.shape
     ho, wo = gy.shape[2:]
     og, K, P = o // groups, cg * kh * kw, ho * wo
-    dt = x.dtype
+    dt, im2col = x.dtype, _IM2COL[dtype]
     cols = _new(ctx, (K, n * P), dt)
     for g in range(groups):
-        _launch(ctx, f"im2col_{dt.name}", K * n * P, x, cols,
+        _launch(ctx, im2col, K * n * P, x, cols,
                 _geo(x.shape, cg, (kh, kw), (ho, wo), s, d, pads, flip, g * cg))
         gyt = _gy_transposed(ctx, gy, g, og)
-        _gemm(ctx, False, True, og, K, n * P, gyt, cols, dw, c_off=g * og * K * dt.itemsize)
+        _gemm(ctx, dtype, False, True, og, K, n * P, gyt, cols, dw,
+              c_off=g * og * K * dt.itemsize)
 
 
-def gemm_grad_inputs(ctx: Any, w: Any, gy: Any, dx: Any, pads, s, d, flip: bool,
+def gemm_grad_inputs(ctx: Any, dtype: str, w: Any, gy: Any, dx: Any, pads, s, d, flip: bool,
                      groups: int) -> None:
-    """dx (N, C, H, W) = d conv2d / d x (the transposed convolution)."""
+    """dx (N, C, H, W) = d conv2d / d x (the transposed convolution; ``dtype``: as
+    gemm_forward's)."""
     n, c = dx.shape[:2]
     o, cg, kh, kw = w.shape
     ho, wo = gy.shape[2:]
     og, K, P = o // groups, cg * kh * kw, ho * wo
-    dt = dx.dtype
+    dt, col2im = dx.dtype, _COL2IM[dtype]
     dcols = _new(ctx, (K, n * P), dt)
     for g in range(groups):
         gyt = _gy_transposed(ctx, gy, g, og)
-        _gemm(ctx, True, False, K, n * P, og, w, gyt, dcols, a_off=g * og * K * dt.itemsize)
-        _launch(ctx, f"col2im_{dt.name}", n * cg * dx.shape[2] * dx.shape[3], dcols, dx,
+        _gemm(ctx, dtype, True, False, K, n * P, og, w, gyt, dcols,
+              a_off=g * og * K * dt.itemsize)
+        _launch(ctx, col2im, n * cg * dx.shape[2] * dx.shape[3], dcols, dx,
                 _geo(dx.shape, cg, (kh, kw), (ho, wo), s, d, pads, flip, g * cg))

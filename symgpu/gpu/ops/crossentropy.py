@@ -24,14 +24,13 @@ from typing import Any, Callable
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, ResolvedPerformThunk
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuCrossentropyCategorical1Hot", "GpuCrossentropyCategorical1HotGrad",
            "CROSSENTROPY_DTYPES", "crossentropy_source"]
@@ -149,7 +148,16 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         out = GpuArrayType(p.dtype, (p.broadcastable[0],), ctx_name)()
         return Apply(self, [p, y], [out])
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its kernel, from the node's p and label dtypes (the run-time arrays')."""
+        return _fwd_name(node.inputs[0].dtype, node.inputs[1].dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
         p, y = inputs
         _check_rows(self, p, y)
@@ -158,7 +166,7 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         if n:
             p, (ps0, ps1) = _elem_strides(p)
             y, (ys,) = _elem_strides(y)
-            _launch(self, node, _fwd_name(dtype_name(p.dtype), dtype_name(y.dtype)), "fwd",
+            _launch(self, node, self.kernel_name(node) if kernel is None else kernel, "fwd",
                     (p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k), n, p, y)
         out[0][0] = res
 
@@ -193,7 +201,17 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
                             f"or vector, got {g.type}")
         return Apply(self, [g, p, y], [p.type()])
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its kernel, from the node's p, g and label dtypes (the run-time arrays')."""
+        g, p, y = node.inputs
+        return _grad_name(p.dtype, g.dtype, y.dtype)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
         g, p, y = inputs
         _check_rows(self, p, y)
@@ -207,8 +225,9 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
             y, (ys,) = _elem_strides(y)
             g, gstr = _elem_strides(g)
             gs = gstr[0] if gstr else 0
-            name = _grad_name(dtype_name(p.dtype), dtype_name(g.dtype), dtype_name(y.dtype))
-            _launch(self, node, name, "grad",
+            if kernel is None:
+                kernel = self.kernel_name(node)
+            _launch(self, node, kernel, "grad",
                     (g.ptr, gs, p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k),
                     n * max(k, 1), p, y)
         out[0][0] = res

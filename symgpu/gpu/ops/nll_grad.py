@@ -19,14 +19,13 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, ResolvedPerformThunk
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
@@ -104,7 +103,16 @@ class GpuNLLGrad(DeviceChecked, Op):
         """The module (else compiled on the first call), for the link-time prefetch."""
         return [(_MODULE_KEY, nll_grad_source, ())]
 
-    def perform(self, node, inputs, out):
+    def kernel_name(self, node: Apply) -> str:
+        """Its kernel, from the node's m and label dtypes (the run-time arrays')."""
+        return _kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m)
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel name resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_name(node),))
+
+    def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
         v, m, labelled, y = inputs
         rows, cols = m.shape
@@ -128,10 +136,8 @@ class GpuNLLGrad(DeviceChecked, Op):
             ctx = m.context
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
-                                     _kernel_name(dtype_name(m.dtype), dtype_name(y.dtype),
-                                                  self.exp_m),
-                                     "PqPqqPqPqqqP",
-                                     context=ctx)
+                                     self.kernel_name(node) if kernel is None else kernel,
+                                     "PqPqqPqPqqqP", context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 
             def describe(bad: int) -> Exception:

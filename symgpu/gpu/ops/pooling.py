@@ -23,7 +23,6 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
                                        _PoolBase)
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
            "pooling_source", "POOL_DTYPES", "index_suffix"]
@@ -114,10 +113,11 @@ class _GpuPoolBase(_PoolBase):
             return _virtual_thunk(self, ctx)
         cells = [storage_map[v] for v in node.inputs]
         out_cell = storage_map[node.outputs[0]]
+        dtype = node.inputs[0].dtype   # x's, the kernels' dtype: resolved once, here
 
         def thunk() -> None:
             ctx.activate()
-            out_cell[0] = self._run(ctx, [_packed(c[0]) for c in cells])
+            out_cell[0] = self._run(ctx, [_packed(c[0]) for c in cells], dtype)
 
         thunk.capturable = True   # type: ignore[attr-defined]
         thunk.launches = True     # type: ignore[attr-defined]
@@ -140,11 +140,11 @@ class GpuPool(_GpuPoolBase):
         bc = x.broadcastable[:-2] + (False, False)
         return Apply(self, [x], [GpuArrayType(x.dtype, bc, x.type.context_name)()])
 
-    def _run(self, ctx, inputs):
+    def _run(self, ctx, inputs, dtype):
         (x,) = inputs
         geo = self.geo(x.shape)
         z = new_array(ctx, tuple(x.shape[:-2]) + (geo[3], geo[4]), x.dtype)
-        self._launch(ctx, "fwd", dtype_name(x.dtype), z.size if x.size else 0, (x.ptr, z.ptr), geo,
+        self._launch(ctx, "fwd", dtype, z.size if x.size else 0, (x.ptr, z.ptr), geo,
                      MODES.index(self.mode))
         if z.size and not x.size:
             z.fill(0)
@@ -164,14 +164,13 @@ class GpuMaxPoolGrad(_GpuPoolBase):
             raise TypeError(f"{self}: x, maxout and gz need one dtype")
         return Apply(self, [x, maxout, gz], [x.type()])
 
-    def _run(self, ctx, inputs):
+    def _run(self, ctx, inputs, dtype):
         x, z, gz = inputs
         geo = self.geo(x.shape)
         self._check_out(x, z, geo, "maxout")
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr),
-                     geo, 0)
+        self._launch(ctx, "grad", dtype, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo, 0)
         return gx
 
 
@@ -187,13 +186,13 @@ class GpuAveragePoolGrad(_GpuPoolBase):
             raise TypeError(f"{self}: x and gz need one dtype")
         return Apply(self, [x, gz], [x.type()])
 
-    def _run(self, ctx, inputs):
+    def _run(self, ctx, inputs, dtype):
         x, gz = inputs
         geo = self.geo(x.shape)
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr),
-                     geo, MODES.index(self.mode))
+        self._launch(ctx, "grad", dtype, gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr), geo,
+                     MODES.index(self.mode))
         return gx
 
 
@@ -208,12 +207,12 @@ class GpuMaxPoolGradGrad(_GpuPoolBase):
                           ((x, "input"), (maxout, "maxout"), (ggx, "ggx")))
         return Apply(self, [x, maxout, ggx], [maxout.type()])
 
-    def _run(self, ctx, inputs):
+    def _run(self, ctx, inputs, dtype):
         x, z, ggx = inputs
         geo = self.geo(x.shape)
         self._check_out(x, z, geo, "maxout")
         ggz = new_array(ctx, tuple(z.shape), x.dtype)
-        self._launch(ctx, "ggrad", dtype_name(x.dtype), ggz.size if x.size else 0,
+        self._launch(ctx, "ggrad", dtype, ggz.size if x.size else 0,
                      (x.ptr, z.ptr, ggx.ptr, ggz.ptr), geo)
         if ggz.size and not x.size:
             ggz.fill(0)

@@ -27,7 +27,6 @@ from symgpu.gpu.ops.pooling import (_CU, _FORMATS, _GEO, _INDEX, _MAKE, POOL_DTY
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.signal.pool import _PoolBase
 from symgpu.tensor.signal.pool_numpy import MODES
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["GpuPoolGradEpilogue", "fuse_pool_grad_epilogue", "epilogue_source"]
 
@@ -88,7 +87,7 @@ class GpuPoolGradEpilogue(_GpuPoolBase):
                                    lambda: epilogue_source(self.scalar_op, self.roles, dtype),
                                    f"pool_grad_epi{suffix}", _FORMATS["grad"], context=ctx)
 
-    def _run(self, ctx, inputs):
+    def _run(self, ctx, inputs, dtype):
         x, gz = inputs[0], inputs[-1]
         z = inputs[1] if self.mode == "max" else gz
         geo = self.geo(x.shape)
@@ -96,8 +95,8 @@ class GpuPoolGradEpilogue(_GpuPoolBase):
             self._check_out(x, z, geo, "maxout")
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", dtype_name(x.dtype), gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr),
-                     geo, MODES.index(self.mode))
+        self._launch(ctx, "grad", dtype, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo,
+                     MODES.index(self.mode))
         return gx
 
 

@@ -24,10 +24,9 @@ from typing import Any, Callable
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, ResolvedPerformThunk
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.placement.type import is_gpu_var
-from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
@@ -122,7 +121,19 @@ class GpuSoftmaxRows(Op):
         (symgpu/gpu/exec/prefetch.py) to compile alongside the function's other kernels."""
         return [(_MODULE_KEY, softmax_rows_source, ())]
 
-    def perform(self, node, inputs, out):
+    def kernel_names(self, node: Apply) -> tuple[str, str]:
+        """Its (warp-per-row, block-per-row) kernels, from the node's x dtype (the run-time
+        array's)."""
+        dtype = node.inputs[0].dtype
+        return (_kernel_name(dtype, self.log, False, self.bias),
+                _kernel_name(dtype, self.log, True, self.bias))
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        """``perform`` with the kernel names resolved once, here."""
+        return ResolvedPerformThunk(self, node, storage_map, compute_map,
+                                    (self.kernel_names(node),))
+
+    def perform(self, node, inputs, out, kernels=None):
         from symgpu.gpu.runtime.array import GpuArray
         x = inputs[0]
         bias = ()
@@ -145,8 +156,9 @@ class GpuSoftmaxRows(Op):
             ctx = x.context
             ctx.activate()
             wide = n > WIDE_ROW
-            fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source,
-                                     _kernel_name(dtype_name(x.dtype), self.log, wide, self.bias),
+            if kernels is None:
+                kernels = self.kernel_names(node)
+            fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source, kernels[wide],
                                      "PqqPqPqq" if self.bias else "PqqPqq", context=ctx)
             per_block = 1 if wide else _BLOCK // 32
             blocks = max(1, min(_MAX_BLOCKS, -(-rows // per_block)))

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple
 
 from symgpu.gpu.runtime.codegen import template
-from symgpu.gpu.runtime.array import dtype_name
 
 __all__ = ["ENABLED", "USE", "THIN", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
            "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]
@@ -122,7 +121,7 @@ class ThinGemm:
         xs, ys, os_ = _elem_strides(x), _elem_strides(y), _elem_strides(out)
         if xs is not None and ys is not None and os_ is not None:
             (m, k), n = x.shape, y.shape[1]
-            p = plan_thin(m, n, k, xs, ys, dtype_name(x.dtype), self.sms)
+            p = plan_thin(m, n, k, xs, ys, self.dtype, self.sms)
             if p is not None:
                 got = (self.launch[p.kernel], p, xs, ys, os_)
         self.plans[key] = got

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import template
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
@@ -94,8 +95,7 @@ def strided_inc(dst: Any, src: Any) -> None:
     """Queue ``dst[...] += src[...]`` on dst's stream (GpuArrays of equal shapes and dtypes;
     any byte strides, 0 for broadcast source dims, negative for reversed views).
     Destination elements must not repeat (basic indexing never makes them)."""
-    from symgpu.gpu.runtime.array import dtype_name
-    dtype = dtype_name(dst.dtype)
+    dtype = dtype_name(dst.dtype)   # the run-time array's (the caller has no node at hand)
     if dtype not in INC_DTYPES:
         raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
     _launch(dst.context, f"strided_inc_{dtype}", src.ptr, dst.ptr, dst.shape, src.strides,
