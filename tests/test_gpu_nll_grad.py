@@ -86,6 +86,36 @@ def test_other_scatters_are_left_alone():
         assert "GpuNLLGrad" not in _names(function([g, z, y], out))
 
 
+def test_the_log_softmax_swap_needs_the_softmaxs_own_bias():
+    """gpu_nll_grad_log_softmax gives the gradient exp(log_softmax) for its softmax only when
+    both are of the same arguments: with ``bias``, the same logits and the same bias. A
+    log-softmax of those logits with another bias, or with none (or a softmax with none and
+    a log-softmax with one), computes something else, and the gradient keeps its softmax."""
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.gpu.ops.nll_grad import gpu_nll_grad_log_softmax
+    from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
+    with virtual_context(None):
+        mat = GpuArrayType("float32", (False, False), None)
+        vec = GpuArrayType("float32", (False,), None)
+        z, b, other, v = mat("z"), vec("b"), vec("other"), vec("v")
+        y, r = GpuArrayType("int64", (False,), None)("y"), T.lscalar("r")
+
+        def swapped(m, log):
+            fg = FunctionGraph([z, b, other, v, r, y], [GpuNLLGrad()(v, m, r, y), log])
+            done = gpu_nll_grad_log_softmax(fg)
+            ops = [str(n.op) for n in fg.toposort()]
+            assert ("GpuNLLGrad{exp}" in ops) == bool(done), ops
+            return done
+
+        soft, log = GpuSoftmaxRows(), GpuSoftmaxRows(log=True)
+        soft_b, log_b = GpuSoftmaxRows(bias=True), GpuSoftmaxRows(log=True, bias=True)
+        assert swapped(soft(z), log(z)) == 1
+        assert swapped(soft_b(z, b), log_b(z, b)) == 1
+        assert swapped(soft_b(z, b), log_b(z, other)) == 0
+        assert swapped(soft_b(z, b), log(z)) == 0
+        assert swapped(soft(z), log_b(z, b)) == 0
+
+
 def test_make_node_checks_its_inputs():
     ctx = None
     m = GpuArrayType("float32", (False, False), ctx)()

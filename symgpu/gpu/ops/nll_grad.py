@@ -248,26 +248,32 @@ def gpu_nll_grad_fusion(fgraph: FunctionGraph) -> int:
 optdb.register("gpu_nll_grad_fusion", gpu_nll_grad_fusion, 49.4, "fast_run", "fusion", "gpu")
 
 
-def _softmax_rows(var: Variable, log: bool) -> Variable | None:
-    """The input of ``GpuSoftmaxRows{log or softmax}(x)`` when ``var`` is one, else None."""
+def _softmax_rows(var: Variable, log: bool) -> list[Variable] | None:
+    """The inputs of ``GpuSoftmaxRows{log or softmax}`` when ``var`` is one: ``[x]``, or
+    ``[x, b]`` with a bias; else None."""
     from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
     node = var.owner
     if node is None or type(node.op) is not GpuSoftmaxRows or node.op.log != log:
         return None
-    return node.inputs[0]
+    return node.inputs
+
+
+def _same(a: list[Variable] | None, b: list[Variable]) -> bool:
+    return a is not None and len(a) == len(b) and all(u is w for u, w in zip(a, b))
 
 
 def _from_log_softmax(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuNLLGrad(v, softmax(z), r, y) -> GpuNLLGrad{exp}(v, log_softmax(z), r, y) where the
-    graph computes log_softmax(z) anyway, else None."""
+    graph computes log_softmax(z) anyway, else None. With a bias (GpuSoftmaxRows{bias}:
+    softmax(z + b)), only a log-softmax of the same z and the same b will do."""
     if type(node.op) is not GpuNLLGrad or node.op.exp_m:
         return None
     v, m, r, y = node.inputs
-    z = _softmax_rows(m, log=False)
-    if z is None:
+    args = _softmax_rows(m, log=False)
+    if args is None:
         return None
-    logs = [c.outputs[0] for c, _ in fgraph.clients.get(z, [])
-            if isinstance(c, Apply) and _softmax_rows(c.outputs[0], log=True) is z]
+    logs = [c.outputs[0] for c, _ in fgraph.clients.get(args[0], [])
+            if isinstance(c, Apply) and _same(_softmax_rows(c.outputs[0], log=True), args)]
     if not logs or logs[0].type != m.type:
         return None
     return [GpuNLLGrad(exp_m=True)(v, logs[0], r, y)]
