@@ -142,3 +142,35 @@ def test_cycle_detected():
     c.owner.inputs[0] = d  # corrupt the graph on purpose
     with pytest.raises(ValueError, match="cycle"):
         io_toposort([a], [d])
+
+
+def test_perform_args_are_resolved_once_per_node_and_passed_to_every_perform():
+    """Op.make_thunk: an op with perform_args(node) gets them once, when the thunk is made
+    (GPU ops resolve their kernel names this way), and every perform call receives them."""
+    import numpy as np
+    import symgpu
+    import symgpu.tensor as T
+
+    class Scaled(Op):
+        __props__ = ()
+        resolved = 0
+
+        def make_node(self, x):
+            return Apply(self, [x], [x.type()])
+
+        def perform_args(self, node):
+            Scaled.resolved += 1
+            return (f"scale_{node.inputs[0].dtype}", 3)
+
+        def perform(self, node, inputs, out, name=None, k=None):
+            if name is None:            # called directly: derives them itself
+                name, k = self.perform_args(node)
+            assert name == "scale_float64"
+            out[0][0] = inputs[0] * k
+
+    x = T.dvector("x")
+    f = symgpu.function([x], Scaled()(x))
+    made = Scaled.resolved
+    for _ in range(3):
+        np.testing.assert_array_equal(f(np.ones(2)), [3.0, 3.0])
+    assert Scaled.resolved == made >= 1      # none per call

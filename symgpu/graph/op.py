@@ -80,7 +80,12 @@ class Op:
 
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
-        """A zero-argument callable that reads input cells and fills output cells."""
+        """A zero-argument callable that reads input cells and fills output cells.  An op with
+        ``perform_args(node)`` (a tuple) has them resolved here, once, and passed to every
+        ``perform`` call after its three arguments (ResolvedPerformThunk)."""
+        resolve = getattr(self, "perform_args", None)
+        if resolve is not None:
+            return ResolvedPerformThunk(self, node, storage_map, compute_map, resolve(node))
         return PerformThunk(self, node, storage_map, compute_map)
 
     # -- differentiation and shapes ---------------------------------------------------------
@@ -133,10 +138,11 @@ class PerformThunk(Thunk):
 
 
 class ResolvedPerformThunk(PerformThunk):
-    """Runs ``op.perform(node, inputs, outputs, *resolved)``: ``resolved`` are arguments the
-    op derives from the node once, when the thunk is made (e.g. kernel names built from its
-    variables' dtypes, which type filtering guarantees its run-time values have), so a call
-    does not derive them again.  ``perform`` called without them derives them itself."""
+    """Runs ``op.perform(node, inputs, outputs, *resolved)``: ``resolved`` are the arguments
+    ``op.perform_args(node)`` derives from the node once, when the thunk is made (e.g. kernel
+    names built from its variables' dtypes, which type filtering guarantees its run-time
+    values have), so a call does not derive them again.  ``perform`` called without them
+    (tests, test values) derives them itself."""
 
     __slots__ = ("resolved",)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
@@ -151,14 +151,10 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         bcast = (idx.broadcastable[0],) + tuple(x.broadcastable[1:])
         return Apply(self, [x, idx], [x.type.clone(broadcastable=bcast)()])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its gather kernel, from the node's x and index dtypes (the run-time arrays')."""
-        return _gather_name(node.inputs[0].dtype, node.inputs[1].dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_gather_name(node.inputs[0].dtype, node.inputs[1].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -167,7 +163,7 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
         if n:
             if kernel is None:
-                kernel = self.kernel_name(node)
+                kernel = self.perform_args(node)[0]
             _launch(self, node, x.context, kernel, _contiguous(x), res, _contiguous(idx),
                     n, _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res
@@ -213,15 +209,11 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                              f"{x.ndim} of the indexed region")
         return Apply(self, [x, y, idx], [x.type()])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its scatter kernel, from the node's x and index dtypes (the run-time arrays')."""
-        return _scatter_name(node.inputs[0].dtype, node.inputs[2].dtype,
-                             self.set_instead_of_inc)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_scatter_name(node.inputs[0].dtype, node.inputs[2].dtype,
+                              self.set_instead_of_inc),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -236,7 +228,7 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                 full._copy_from_device(src)
                 src = full
             if kernel is None:
-                kernel = self.kernel_name(node)
+                kernel = self.perform_args(node)[0]
             _launch(self, node, x.context, kernel, res, src, _contiguous(idx), n,
                     _row(x.shape), x.shape[0], x.shape)
         out[0][0] = res

@@ -23,7 +23,7 @@ import numpy as np
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, PerformThunk, ResolvedPerformThunk
+from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
@@ -169,20 +169,16 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
         bcast = (a.broadcastable[0] and b.broadcastable[0],)
         return Apply(self, [x, a, b], [x.type.clone(broadcastable=bcast)()])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its gather kernel, from the node's dtypes (the run-time arrays')."""
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
         x, a, b = node.inputs
-        return _pairs_name(0, x.dtype, a.dtype, b.dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+        return (_pairs_name(0, x.dtype, a.dtype, b.dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         x, a, b = inputs
         out[0][0] = gather_pairs(self, node, x, a, b,
-                                 self.kernel_name(node) if kernel is None else kernel)
+                                 self.perform_args(node)[0] if kernel is None else kernel)
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
@@ -221,15 +217,11 @@ class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
             raise TypeError(f"{self}: the value must be a {x.dtype} scalar or vector, got {y.type}")
         return Apply(self, [x, y, a, b], [x.type()])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its set/inc kernel, from the node's dtypes (the run-time arrays')."""
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
         x, _, a, b = node.inputs
-        return _pairs_name(1 if self.set_instead_of_inc else 2, x.dtype, a.dtype, b.dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+        return (_pairs_name(1 if self.set_instead_of_inc else 2, x.dtype, a.dtype, b.dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         x, y, a, b = inputs
@@ -244,7 +236,7 @@ class GpuAdvancedIncSubtensor2(DeviceChecked, Op):
             else:
                 vs = 0
             if kernel is None:
-                kernel = self.kernel_name(node)
+                kernel = self.perform_args(node)[0]
             _launch_pairs(self, node, kernel, res, y, vs, a, b, n, x.shape, x.shape[1], 1)
         out[0][0] = res
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
@@ -148,14 +148,10 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         out = GpuArrayType(p.dtype, (p.broadcastable[0],), ctx_name)()
         return Apply(self, [p, y], [out])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its kernel, from the node's p and label dtypes (the run-time arrays')."""
-        return _fwd_name(node.inputs[0].dtype, node.inputs[1].dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_fwd_name(node.inputs[0].dtype, node.inputs[1].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -166,7 +162,7 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         if n:
             p, (ps0, ps1) = _elem_strides(p)
             y, (ys,) = _elem_strides(y)
-            _launch(self, node, self.kernel_name(node) if kernel is None else kernel, "fwd",
+            _launch(self, node, self.perform_args(node)[0] if kernel is None else kernel, "fwd",
                     (p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k), n, p, y)
         out[0][0] = res
 
@@ -201,15 +197,11 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
                             f"or vector, got {g.type}")
         return Apply(self, [g, p, y], [p.type()])
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its kernel, from the node's p, g and label dtypes (the run-time arrays')."""
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
         g, p, y = node.inputs
-        return _grad_name(p.dtype, g.dtype, y.dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+        return (_grad_name(p.dtype, g.dtype, y.dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -226,7 +218,7 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
             g, gstr = _elem_strides(g)
             gs = gstr[0] if gstr else 0
             if kernel is None:
-                kernel = self.kernel_name(node)
+                kernel = self.perform_args(node)[0]
             _launch(self, node, kernel, "grad",
                     (g.ptr, gs, p.ptr, ps0, ps1, y.ptr, ys, res.ptr, n, k),
                     n * max(k, 1), p, y)

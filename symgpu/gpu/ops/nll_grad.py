@@ -19,7 +19,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
@@ -103,14 +103,10 @@ class GpuNLLGrad(DeviceChecked, Op):
         """The module (else compiled on the first call), for the link-time prefetch."""
         return [(_MODULE_KEY, nll_grad_source, ())]
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its kernel, from the node's m and label dtypes (the run-time arrays')."""
-        return _kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -136,7 +132,7 @@ class GpuNLLGrad(DeviceChecked, Op):
             ctx = m.context
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
-                                     self.kernel_name(node) if kernel is None else kernel,
+                                     self.perform_args(node)[0] if kernel is None else kernel,
                                      "PqPqqPqPqqqP", context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 

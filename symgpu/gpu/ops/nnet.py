@@ -12,7 +12,7 @@ from typing import Any, Callable
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
@@ -149,14 +149,10 @@ class GpuArgmax(Op):
         prefetch.py to compile in parallel with the function's other kernels."""
         return [(("symgpu.argmax",), argmax_source, ())]
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its kernel, from the node's x dtype (the run-time array's)."""
-        return _kernel_name(node.inputs[0].dtype, self.kind)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_kernel_name(node.inputs[0].dtype, self.kind),)
 
     def perform(self, node, inputs, out, kernel=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -182,7 +178,7 @@ class GpuArgmax(Op):
             ctx = x.context
             ctx.activate()
             fn = get_prepared_kernel(("symgpu.argmax",), argmax_source,
-                                     self.kernel_name(node) if kernel is None else kernel, "PPqq",
+                                     self.perform_args(node)[0] if kernel is None else kernel, "PPqq",
                                      context=ctx)
             grid = max(1, min(rows, _MAX_GRID))
             fn.prepared_async_call((grid, 1), (_ARG_BLOCK, 1, 1), ctx.stream, xc.ptr, res.ptr,

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
@@ -121,17 +121,12 @@ class GpuSoftmaxRows(Op):
         (symgpu/gpu/exec/prefetch.py) to compile alongside the function's other kernels."""
         return [(_MODULE_KEY, softmax_rows_source, ())]
 
-    def kernel_names(self, node: Apply) -> tuple[str, str]:
-        """Its (warp-per-row, block-per-row) kernels, from the node's x dtype (the run-time
-        array's)."""
+    def perform_args(self, node: Apply) -> tuple[tuple[str, str]]:
+        """``perform``'s kernels, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
         dtype = node.inputs[0].dtype
-        return (_kernel_name(dtype, self.log, False, self.bias),
-                _kernel_name(dtype, self.log, True, self.bias))
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel names resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_names(node),))
+        return ((_kernel_name(dtype, self.log, False, self.bias),
+                 _kernel_name(dtype, self.log, True, self.bias)),)
 
     def perform(self, node, inputs, out, kernels=None):
         from symgpu.gpu.runtime.array import GpuArray
@@ -157,7 +152,7 @@ class GpuSoftmaxRows(Op):
             ctx.activate()
             wide = n > WIDE_ROW
             if kernels is None:
-                kernels = self.kernel_names(node)
+                kernels = self.perform_args(node)[0]
             fn = get_prepared_kernel(_MODULE_KEY, softmax_rows_source, kernels[wide],
                                      "PqqPqPqq" if self.bias else "PqqPqq", context=ctx)
             per_block = 1 if wide else _BLOCK // 32

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op, ResolvedPerformThunk
+from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.advanced_pairs import (_MODULE_KEY, GpuAdvancedSubtensor2, _check_vars,
@@ -61,19 +61,15 @@ class GpuTakeRows(DeviceChecked, Op):
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         return [(_MODULE_KEY, pairs_source, ())]
 
-    def kernel_name(self, node: Apply) -> str:
-        """Its gather kernel, from the node's x and label dtypes (the run-time arrays')."""
-        return _rows_name(node.inputs[0].dtype, node.inputs[2].dtype)
-
-    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform`` with the kernel name resolved once, here."""
-        return ResolvedPerformThunk(self, node, storage_map, compute_map,
-                                    (self.kernel_name(node),))
+    def perform_args(self, node: Apply) -> tuple[str]:
+        """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
+        once per node, by Op.make_thunk."""
+        return (_rows_name(node.inputs[0].dtype, node.inputs[2].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         x, r, b = inputs
         out[0][0] = gather_pairs(self, node, x, int(r), b,
-                                 self.kernel_name(node) if kernel is None else kernel)
+                                 self.perform_args(node)[0] if kernel is None else kernel)
 
 
 def local_take_rows(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
