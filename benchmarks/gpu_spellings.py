@@ -3,6 +3,7 @@ user would choose, beside JAX and PyTorch doing the same, in one run.
 
     python3 benchmarks/gpu_spellings.py          # GPU machine, about a minute
     python3 benchmarks/gpu_spellings.py --logreg # the logistic-regression rows only
+    python3 benchmarks/gpu_spellings.py --thunks plain-minibatch   # host time per node type
     python3 benchmarks/gpu_spellings.py --profile plain-logreg   # where one spelling's host
                        # time goes (cProfile); also plain-minibatch, lr-input-minibatch,
                        # gpuarrays-logreg and data-per-call-logreg (profiled_spellings)
@@ -500,7 +501,53 @@ def step_walls(name: str, number: int = 300) -> None:
     say(f"  {total - sum(spent.values()) / number * 1e6:7.1f} us  outside the steps")
 
 
+def thunk_walls(name: str, number: int = 300) -> None:
+    """Host time of each node's thunk of one spelling, CUDA graphs or not (the plain path's
+    cost per launch): the VM's profiler hook runs the thunks of each call in order, each
+    timed alone, with no wait for the device (a download's wait lands in its node)."""
+    import symgpu.gpu
+    from symgpu.gpu.exec.graph_plan import node_launches
+    ctx = symgpu.gpu.init_default_context()
+    fn, call = profiled_spellings()[name]()
+    for _ in range(5):
+        call()
+    ctx.synchronize()
+    vm = fn.vm
+    spent = [0.0] * len(vm.thunks)
+    clock = time.perf_counter
+
+    def timed(vm) -> None:
+        for i, th in enumerate(vm.thunks):
+            t = clock()
+            th()
+            spent[i] += clock() - t
+            for cell in vm.gc_after[i] if vm.gc_after is not None else ():
+                cell[0] = None
+
+    vm.profiler = timed
+    t_all = clock()
+    for _ in range(number):
+        call()
+    ctx.synchronize()
+    total = (clock() - t_all) / number * 1e6
+    vm.profiler = None
+    launches = sum(node_launches(n, t) for n, t in zip(vm.nodes, vm.thunks))
+    say(f"{name}: {total:.1f} us per call, thunks {sum(spent) / number * 1e6:.1f} us "
+        f"({launches} launches: {sum(spent) / number * 1e6 / max(launches, 1):.1f} us each)")
+    by_op: dict = {}
+    for node, th, sec in zip(vm.nodes, vm.thunks, spent):
+        label = type(node.op).__name__
+        n, s, k = by_op.get(label, (0, 0.0, 0))
+        by_op[label] = (n + 1, s + sec, k + node_launches(node, th))
+    for label, (n, sec, k) in sorted(by_op.items(), key=lambda kv: -kv[1][1]):
+        say(f"  {sec / number * 1e6:7.1f} us  {n} x {label} ({k} launches)")
+
+
 def main() -> None:
+    if "--thunks" in sys.argv:
+        for name in sys.argv[sys.argv.index("--thunks") + 1].split(","):
+            thunk_walls(name)
+        return
     if "--steps" in sys.argv:
         for name in sys.argv[sys.argv.index("--steps") + 1].split(","):
             step_walls(name)
