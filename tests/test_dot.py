@@ -173,3 +173,28 @@ def test_dot_rejects_non_numeric_and_high_rank_in_op():
         Dot()(T.tensor("bool", (None,)), T.dvector())
     with pytest.raises(TypeError, match="tensordot or matmul"):
         Dot()(T.dtensor3(), T.dmatrix())
+
+
+def test_blas_constant_host_scalars_are_made_once():
+    """A BLAS node whose alpha/beta are host constants passes the same ctypes arguments on
+    every call (made when the thunk is built); a host variable is read on each call."""
+    import ctypes
+    import types
+
+    from symgpu.gpu.ops.blas import _Scalars
+    from symgpu.tensor.type import TensorType, constant
+    alpha, beta = constant(np.asarray(1.5, "float32")), constant(np.asarray(0.0, "float32"))
+    node = types.SimpleNamespace(inputs=[alpha, beta])
+    scal = _Scalars(node, (0, 1), "float32", None, {alpha: [None], beta: [None]})
+    first, second = scal.args(), scal.args()
+    assert first is second and scal.known_zero(1)
+    assert [v.value for v in first[1]] == [1.5, 0.0]
+    var = TensorType("float32", ())()
+    cell = [np.asarray(2.5, "float32")]
+    moving = _Scalars(types.SimpleNamespace(inputs=[alpha, var]), (0, 1), "float32", None,
+                      {alpha: [None], var: cell})
+    assert moving.fixed is None
+    assert [v.value for v in moving.args()[1]] == [1.5, 2.5]
+    cell[0] = np.asarray(-1.0, "float32")
+    assert [v.value for v in moving.args()[1]] == [1.5, -1.0]
+    assert isinstance(moving.args()[1][0], ctypes.c_float)

@@ -234,6 +234,20 @@ def test_pool_reuses_blocks():
     assert p.release_cached() == 1024 + 3 * 5120 and p.context.used == 0
 
 
+def test_pool_serves_memoised_size_classes_and_bounds_the_memo(monkeypatch):
+    monkeypatch.setattr(pool, "_class_memo", {})
+    monkeypatch.setattr(pool, "_CLASS_MEMO_LIMIT", 3)
+    p = FakePool(FakeContext(), 0.0)
+    sizes = [1000, np.int64(1000), 5000, (1 << 20) + 1, 3_000_000, 7]
+    for n in sizes:
+        b = p.allocate(n)
+        assert b.size == pool.size_class(int(n)), n
+        del b
+    assert pool._class_memo == {1000: 1024, 5000: 5120, (1 << 20) + 1: pool.size_class(
+        (1 << 20) + 1)}    # the first three sizes asked; later ones computed each time
+    assert p.allocate(3_000_000).size == pool.size_class(3_000_000)
+
+
 def test_pool_preallocated_arena_coalesces():
     p = FakePool(FakeContext(), 16)  # 16 MiB arena
     assert p.preallocated == 16 << 20 and p.n_device_allocs == 1

@@ -165,7 +165,7 @@ def _inc(v: Any) -> int:
 
 
 def _check_int(*dims: int) -> None:
-    if any(d >= 2 ** 31 for d in dims):
+    if max(dims) >= 2 ** 31:
         raise ValueError(f"matrix dimensions {dims} exceed cuBLAS's 32-bit int arguments")
 
 
@@ -198,12 +198,20 @@ class _Scalars:
                 self.dev_consts.append(None if c is None else to_gpu(np.asarray([c], dtype), ctx))
         self.dtype = dtype
         self.ctx = ctx
+        #: every scalar a constant read by cuBLAS from the host: the same arguments on every
+        #: call, made once (the ctypes values live as long as this object)
+        self.fixed: tuple[list[Any], list[Any]] | None = None
+        if not self.device and all(c is not None for c in self.const):
+            vals = [self.ctype(c) for c in self.const]
+            self.fixed = ([ctypes.byref(v) for v in vals], vals)
 
     def known_zero(self, k: int) -> bool:
         return self.const[k] == 0.0
 
     def args(self) -> tuple[list[Any], list[Any]]:
         """(arguments to pass, objects to keep alive until the call returns)."""
+        if self.fixed is not None:
+            return self.fixed
         if not self.device:
             vals = [self.ctype(c if c is not None else float(np.asarray(cell[0]).reshape(())))
                     for c, cell in zip(self.const, self.cells)]
@@ -452,7 +460,8 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 lambda: gemm(handle, ta, tb, n, m, k, alpha_p, ctypes.c_void_p(y.ptr),
                              max(lda, 1), ctypes.c_void_p(x.ptr), max(ldb, 1), beta_p,
                              ctypes.c_void_p(out.ptr), max(ldc, 1)))
-            blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
+            if status:   # (the message is made only then)
+                blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
             del keep
         out_cell[0] = out
 
@@ -586,12 +595,13 @@ class GpuGemv(_AccumulatingBlasOp):
                 # op N: memory is A^T (n x m) column-major -> gemv(T, n, m); op T: A itself
                 trans, rows, cols = (_T, n, m) if op_ == _N else (_N, m, n)
                 (alpha_p, beta_p), keep = scal.args()
-                status = _with_pointer_mode(
-                    blas, handle, scal.device,
-                    lambda: gemv(handle, trans, rows, cols, alpha_p, ctypes.c_void_p(A.ptr),
-                                 max(ld, 1), ctypes.c_void_p(x.ptr), _inc(x), beta_p,
-                                 ctypes.c_void_p(out.ptr), _inc(out)))
-                blas.check(status, f"{label} (gemv {m}x{n})")
+                args = (handle, trans, rows, cols, alpha_p, ctypes.c_void_p(A.ptr), max(ld, 1),
+                        ctypes.c_void_p(x.ptr), _inc(x), beta_p, ctypes.c_void_p(out.ptr),
+                        _inc(out))
+                status = _with_pointer_mode(blas, handle, True, lambda: gemv(*args)) \
+                    if scal.device else gemv(*args)
+                if status:   # (the message is made only then)
+                    blas.check(status, f"{label} (gemv {m}x{n})")
                 del keep
             out_cell[0] = out
 
@@ -668,7 +678,8 @@ class GpuGer(_AccumulatingBlasOp):
                     lambda: ger(handle, rows, cols, alpha_p, ctypes.c_void_p(u.ptr), _inc(u),
                                 ctypes.c_void_p(v.ptr), _inc(v), ctypes.c_void_p(out.ptr),
                                 max(ld, 1)))
-                blas.check(status, f"{label} (ger {m}x{n})")
+                if status:   # (the message is made only then)
+                    blas.check(status, f"{label} (ger {m}x{n})")
                 del keep
             out_cell[0] = out
 

@@ -63,6 +63,19 @@ def size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
+#: size_class by request size, for the sizes a process keeps asking for (each node's output
+#: is one size call after call): a dict lookup instead of the arithmetic on the hot path
+_class_memo: dict[int, int] = {}
+_CLASS_MEMO_LIMIT = 4096
+
+
+def _size_class_memoised(nbytes: int) -> int:
+    size = size_class(int(nbytes))
+    if len(_class_memo) < _CLASS_MEMO_LIMIT:
+        _class_memo[int(nbytes)] = size
+    return size
+
+
 def _fmt(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -219,21 +232,23 @@ class DevicePool:
     # -- public
     def allocate(self, nbytes: int) -> Block:
         """A block of at least ``nbytes`` (rounded up to its size class)."""
+        size = _class_memo.get(nbytes)
+        if size is None:
+            size = _size_class_memoised(nbytes)
         hint = self.hint
-        if hint is not None and hint.size == size_class(int(nbytes)) and \
+        if hint is not None and hint.size == size and \
                 self.hint_thread == threading.get_ident():
             self.hint = None
             self.n_allocs += 1
             self.n_reused += 1
             return hint
-        block = self._allocate(nbytes)
+        block = self._allocate(size, nbytes)
         sink = self.sink
         if sink is not None and self.sink_thread == threading.get_ident():
             sink.append(block)
         return block
 
-    def _allocate(self, nbytes: int) -> Block:
-        size = size_class(int(nbytes))
+    def _allocate(self, size: int, nbytes: int) -> Block:
         with self._lock:
             self.n_allocs += 1
             if self.pooling:
@@ -285,7 +300,10 @@ class DevicePool:
                 if self._arena is not None:
                     self._arena.give(ptr, size)
             elif self.pooling:
-                self._bins.setdefault(size, []).append((ptr, alloc))
+                cached = self._bins.get(size)
+                if cached is None:
+                    cached = self._bins[size] = []
+                cached.append((ptr, alloc))
                 self.bytes_cached += size
             else:
                 self._device_free(alloc)
