@@ -134,6 +134,26 @@ def test_dtypes():
     assert check_dtype(">f4") == np.dtype("float32")
 
 
+def test_array_constructor_checks_hold_on_its_fast_paths():
+    """GpuArray(shape, dtype, ctx) remembers checked dtypes and keeps a tuple of ints as the
+    shape; what the checks refuse is still refused, asked once or twice."""
+    ctx = FakeContext()
+    ctx.pool = FakePool(ctx, 0.0)
+    for _ in range(2):
+        for dtype in ("float32", np.dtype("float32"), np.float32, ">f4"):
+            a = GpuArray((2, 3), dtype, ctx)
+            assert a.dtype == np.dtype("float32") and a.dtype.isnative
+            assert a.shape == (2, 3) and a.strides == (12, 4)
+        for bad in ("complex64", "object", [("a", "f4")]):
+            with pytest.raises(TypeError):
+                GpuArray((2,), bad, ctx)
+        with pytest.raises(ValueError, match="negative"):
+            GpuArray((2, -1), "float32", ctx)
+        assert GpuArray((np.int64(2), True), "int8", ctx).shape == (2, 1)
+        assert GpuArray(4, "int8", ctx).shape == (4,)
+        assert GpuArray([3], "int8", ctx).shape == (3,)
+
+
 def test_size_classes():
     assert pool.size_class(0) == 512 and pool.size_class(1) == 512
     assert pool.size_class(513) == 1024 and pool.size_class(1 << 20) == 1 << 20

@@ -80,7 +80,30 @@ def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+#: check_dtype's answers by the dtype asked for (a string, a type or a np.dtype): ops make
+#: their outputs with GpuArray(shape, dtype, ctx) on every call
+_CHECKED: dict[Any, np.dtype] = {}
+
+
+def _checked_dtype(dtype: Any) -> np.dtype:
+    try:
+        dt = _CHECKED.get(dtype)
+    except TypeError:    # unhashable: check_dtype says what it is
+        return check_dtype(dtype)
+    if dt is None:
+        dt = check_dtype(dtype)
+        if len(_CHECKED) < 256:
+            _CHECKED[dtype] = dt
+    return dt
+
+
 def _normalize_shape(shape: Any) -> tuple[int, ...]:
+    if type(shape) is tuple:     # the common case: a tuple of non-negative ints, kept as is
+        for n in shape:
+            if type(n) is not int or n < 0:
+                break
+        else:
+            return shape
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     out = tuple(operator.index(n) for n in shape)
@@ -158,7 +181,7 @@ class GpuArray:
 
     def __init__(self, shape: Any, dtype: Any = "float32", context: Any = None) -> None:
         ctx = _default_context(context)
-        dt = check_dtype(dtype)
+        dt = _checked_dtype(dtype)
         shape = _normalize_shape(shape)
         size = 1
         for n in shape:
