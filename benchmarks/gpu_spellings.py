@@ -5,8 +5,9 @@ user would choose, beside JAX and PyTorch doing the same, in one run.
     python3 benchmarks/gpu_spellings.py --logreg # the logistic-regression rows only
     python3 benchmarks/gpu_spellings.py --thunks plain-minibatch   # host time per node type
     python3 benchmarks/gpu_spellings.py --profile plain-logreg   # where one spelling's host
-                       # time goes (cProfile); also plain-minibatch, lr-input-minibatch,
-                       # gpuarrays-logreg and data-per-call-logreg (profiled_spellings)
+                       # time goes (cProfile); also plain-minibatch, cycling-minibatch,
+                       # lr-input-minibatch, gpuarrays-logreg and data-per-call-logreg
+                       # (profiled_spellings)
     python3 benchmarks/gpu_spellings.py --steps shared-logreg,gpuarrays-logreg
                        # wall time per call of each runner step of those spellings
 
@@ -420,6 +421,10 @@ def profiled_spellings() -> dict:
             fn = symgpu_minibatch()
         return fn, cycling(fn)
 
+    def cycling_minibatch():
+        fn = symgpu_minibatch()
+        return fn, cycling(fn)
+
     def lr_input_minibatch():
         fn = symgpu_minibatch(lr_input=True)
         return fn, cycling(fn, 0.01)
@@ -433,6 +438,7 @@ def profiled_spellings() -> dict:
     return {"shared-logreg": lambda: logreg(bias=np.asarray(0., dtype="float32")),
             "plain-logreg": plain_logreg,
             "plain-minibatch": plain_minibatch,
+            "cycling-minibatch": cycling_minibatch,
             "lr-input-minibatch": lr_input_minibatch,
             "gpuarrays-logreg": gpuarrays_logreg,
             "data-per-call-logreg": lambda: logreg(bias=0., data_shared=False)}

@@ -46,6 +46,22 @@ def fscalar():
 DATA = np.arange(60, dtype="float32") * 0.5
 
 
+@pytest.mark.parametrize("value, dtype", [
+    (np.asarray(0.01, "float32"), "float32"), (np.asarray(384, "int64"), "int64"),
+    (np.asarray(7, "int8"), "int8"), (np.asarray(-3, "int32"), "int32"),
+    (np.asarray(2.5, ">f4"), "float32"), (np.asarray(3, "int64"), "float32"),
+    (np.asarray([1.5], "float64"), "float64"), (0.01, "float32"), (5, "int64"),
+    (np.float32(0.25), "float64"), (True, "int64"), (np.asarray(1e300), "float64")])
+def test_parameter_slots_hold_what_numpy_makes_of_the_value(value, dtype):
+    """A parameter's slot bytes: the value as NumPy casts it to the slot's dtype, padded to
+    8 bytes, whether it takes the 0-d-array shortcut or not (dtype as a name or a np.dtype)."""
+    from symgpu.gpu.exec.graph_params import pack_scalar
+    want = np.asarray(value, dtype=dtype).reshape(()).tobytes()
+    want += b"\0" * (-len(want) % 8)
+    assert pack_scalar(value, dtype) == want
+    assert pack_scalar(value, np.dtype(dtype)) == want
+
+
 def test_one_capture_serves_every_index_value():
     x, i, j = gvec(), iscalar(), iscalar()
     y = add1()(FakeDynSlice()(x, i, j))

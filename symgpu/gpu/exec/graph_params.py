@@ -32,6 +32,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Sequence
 
+import numpy as np
+
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
@@ -54,6 +56,7 @@ PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(
 
 _COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
 
+_ndarray, _asarray = np.ndarray, np.asarray
 _q = struct.Struct("<q")
 _qq = struct.Struct("<qq")
 
@@ -74,10 +77,15 @@ def pack_int64(*values: int) -> bytes:
 
 
 def pack_scalar(value: Any, dtype: Any) -> bytes:
-    """The bytes of one scalar of ``dtype`` padded to 8 (a slot)."""
-    import numpy as np
-    raw = np.asarray(value, dtype=dtype).reshape(()).tobytes()
-    return raw + b"\0" * (-len(raw) % 8)
+    """The bytes of one scalar of ``dtype`` padded to 8 (a slot).  Every replay packs each
+    parameter: a 0-d array already of ``dtype`` (a filtered input, a host op's result) gives
+    its bytes without going through ``np.asarray``."""
+    if value.__class__ is _ndarray and not value.shape and value.dtype == dtype:
+        raw = value.tobytes()
+    else:
+        raw = _asarray(value, dtype=dtype).reshape(()).tobytes()
+    pad = -len(raw) % 8
+    return raw + b"\0" * pad if pad else raw
 
 
 def prefetch_request() -> tuple:
