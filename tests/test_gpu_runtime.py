@@ -266,6 +266,7 @@ def test_pool_serves_memoised_size_classes_and_bounds_the_memo(monkeypatch):
     assert pool._class_memo == {1000: 1024, 5000: 5120, (1 << 20) + 1: pool.size_class(
         (1 << 20) + 1)}    # the first three sizes asked; later ones computed each time
     assert p.allocate(3_000_000).size == pool.size_class(3_000_000)
+    assert p.allocate(np.asarray(1000)).size == 1024    # unhashable, still served
 
 
 def test_pool_preallocated_arena_coalesces():

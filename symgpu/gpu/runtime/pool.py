@@ -232,7 +232,10 @@ class DevicePool:
     # -- public
     def allocate(self, nbytes: int) -> Block:
         """A block of at least ``nbytes`` (rounded up to its size class)."""
-        size = _class_memo.get(nbytes)
+        try:
+            size = _class_memo.get(nbytes)
+        except TypeError:     # an unhashable integer-like size (a 0-d array)
+            size = None
         if size is None:
             size = _size_class_memoised(nbytes)
         hint = self.hint
