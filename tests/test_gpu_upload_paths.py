@@ -1,6 +1,6 @@
 """What a call does with the data it uploads (issue 18, the spelling "data passed per call"):
-shape-derived scalars go up as graph parameters with their arithmetic in the kernel that
-reads them; a device array fed to a host input is read where it is unless something would
+shape-derived scalars go up with their arithmetic in the kernel that reads them (an uploaded
+input's length read from its upload, captured with the graph); a device array fed to a host input is read where it is unless something would
 overwrite it; copies from registered host memory are waited for at the end of the call.
 
 CPU tests inspect graphs built for a virtual context and drive ``deferred_waits`` with
@@ -13,7 +13,7 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu
+from gpu_helpers import planned_step_kinds, requires_gpu
 from symgpu import function
 from symgpu.gpu.placement.basic_ops import GpuFromHost, TRANSFER_COUNTS, reset_transfer_counts
 from symgpu.gpu.runtime import host_register
@@ -42,10 +42,34 @@ def test_a_means_divisor_is_uploaded_as_the_shape_and_cast_in_the_kernel(vgpu):
     assert host_math == [], host_math                  # no Cast/DimShuffle left on the host
     scalar_uploads = [n for n in nodes if isinstance(n.op, GpuFromHost)
                       and n.inputs[0].owner is not None]
-    assert [type(n.inputs[0].owner.op).__name__ for n in scalar_uploads] == ["Shape_i"]
+    # the length is read from y's own upload (the one upload of y), not from y on the host:
+    # captured with the segment, whose key holds that upload's shape (no graph parameter)
+    assert [type(n.inputs[0].owner.op).__name__ for n in scalar_uploads] == ["GpuShape_i"]
+    (read,) = [n.inputs[0].owner for n in scalar_uploads]
+    y_in = f.maker.fgraph.inputs[1]
+    y_uploads = [n for n in nodes if isinstance(n.op, GpuFromHost) and n.inputs[0] is y_in]
+    assert read.inputs[0].owner is y_uploads[0] and len(y_uploads) == 1
     assert any("Cast{float32}" in str(n.op) for n in nodes), "the cast runs in a GPU kernel"
+    assert "plain" not in planned_step_kinds(nodes)   # no host read before the segment
     rep = symgpu.explain(f, file=None)
     assert rep.cpu_ops == []
+
+
+def test_a_host_length_is_read_from_the_upload_only_when_there_is_one(vgpu):
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.gpu.placement.basic_ops import GpuShape_i
+    from symgpu.gpu.placement.lifters import local_upload_shape_from_the_upload
+    from symgpu.tensor.shape import Shape_i
+    v = T.fvector("v")
+    length = GpuFromHost(None)(Shape_i(0)(v))
+    alone = FunctionGraph([v], [length], clone=False)          # v itself is never uploaded
+    assert local_upload_shape_from_the_upload.transform(alone, length.owner) is None
+    data = GpuFromHost(None)(v)
+    both = FunctionGraph([v], [length, data], clone=False)
+    (new,) = local_upload_shape_from_the_upload.transform(both, length.owner)
+    read = new.owner.inputs[0].owner
+    assert isinstance(new.owner.op, GpuFromHost) and isinstance(read.op, GpuShape_i)
+    assert read.op.i == 0 and read.inputs[0] is data
 
 
 def test_host_scalar_arithmetic_read_on_the_host_too_stays_there(vgpu):

@@ -7,7 +7,8 @@ pass shares one upload among all readers of a host value, so only ``make_gpu_inp
 fusion, with the DestroyHandler's rules, as the CPU's in-place pass) decides what may be
 overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db.py):
 
-  41.5  gpu_scalar_uploads   host arithmetic on one-element values feeding an upload goes up
+  41.5  gpu_scalar_uploads   host arithmetic on one-element values feeding an upload goes up;
+                             an uploaded input's length is read from its upload
   49.5  gpu_fusion           the CPU fusion algorithm over GpuElemwise (one kernel per chain)
   60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
   76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
@@ -26,7 +27,7 @@ from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype
 from symgpu.printing import Print as _Print
@@ -35,6 +36,7 @@ from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
 from symgpu.tensor.elemwise import CAReduce as _CAReduce, DimShuffle as _DimShuffle, \
     Elemwise as _Elemwise
 from symgpu.tensor.math import Dot as _Dot
+from symgpu.tensor.shape import Shape_i as _Shape_i
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
            "lift_gemm", "fuse_careduce_pre_op", "local_careduce_pre_op", "gpu_fusion",
@@ -268,7 +270,30 @@ def local_upload_scalar_operands(fgraph: FunctionGraph, node: Apply) -> list[Var
     return [out] if out.type == node.outputs[0].type else None
 
 
-gpu_scalar_uploads = EquilibriumRewriter([local_upload_scalar_operands],
+@node_rewriter([GpuFromHost])
+def local_upload_shape_from_the_upload(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    """GpuFromHost(Shape_i{k}(x)) -> GpuFromHost(GpuShape_i{k}(GpuFromHost(x))) when x is
+    uploaded anyway (an existing GpuFromHost(x) on the same context is read).
+
+    Why: a host read of an uploaded input's length (the tutorials' mean over a minibatch
+    passed per call) runs before the CUDA-graph segment and reaches it as a graph parameter,
+    uploaded on every replay.  Read from the upload, the length is captured with the segment:
+    the upload's shape already keys its graphs, so no parameter is needed."""
+    src = node.inputs[0].owner
+    if src is None or type(src.op) is not _Shape_i:
+        return None
+    x = src.inputs[0]
+    ctx = node.op.context_name
+    for client, _ in fgraph.clients.get(x, ()):
+        if client != "output" and type(client.op) is GpuFromHost and \
+                client.op.context_name == ctx:
+            read = GpuShape_i(src.op.i)(client.outputs[0])
+            return [GpuFromHost(ctx)(read)]
+    return None
+
+
+gpu_scalar_uploads = EquilibriumRewriter([local_upload_scalar_operands,
+                                          local_upload_shape_from_the_upload],
                                          name="gpu_scalar_uploads")
 
 
