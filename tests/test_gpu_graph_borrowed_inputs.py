@@ -137,6 +137,24 @@ def test_a_gpu_array_passed_is_the_uploads_output_and_the_graph_reads_it_in_plac
     assert f.vm.runner.stats()["replays"] == 5
 
 
+def test_the_generated_call_takes_a_fitting_gpu_array_as_it_is():
+    """The input's ``accept`` (tested first by the generated call, no filter call) passes a
+    host array that needs no conversion and a GpuArray the upload takes unchanged; anything
+    else goes through the filter, which converts it or names the input."""
+    from symgpu.gpu.runtime.array import GpuArray
+    f = compiled(lambda up: [FakeToHost()(add1()(up))])
+    accept = f._filters[0].accept
+    a = upload(fakes.CTX_OBJ, [1, 2, 3])
+    assert accept(a) and accept(np.zeros(3, np.float32))
+    assert not accept(np.zeros(3)) and not accept(a.reshape((3, 1)))
+    wrong_dtype = GpuArray.__new__(GpuArray)
+    wrong_dtype._set(a.context, a.ptr, a.shape, (8,), np.dtype("float64"), a)
+    assert not accept(wrong_dtype) and not accept([1.0, 2.0])
+    np.testing.assert_array_equal(f(a)[0], [2, 3, 4])
+    with pytest.raises(TypeError, match="input"):
+        f("not numbers")
+
+
 def test_different_gpu_arrays_on_successive_calls_replay_with_right_results():
     f = compiled(lambda up: FakeToHost()(mul2()(add1()(up))))
     arrays = []                                            # all alive: every pointer new

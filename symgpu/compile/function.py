@@ -367,7 +367,14 @@ def _input_filter(var: Variable, inp: In, index: int, fname: str | None,
         except (TypeError, ValueError) as exc:
             raise TypeError(f"bad argument for {label}{where}, expected {ttype}: {exc}") from None
 
-    check.accept = accept  # values it returns unchanged; generated calls test it first
+    # values it returns unchanged (generated calls test it first): a host array that needs
+    # no conversion, or a device array the device filter takes as it is
+    passes = getattr(device, "accept", None)
+    if passes is not None:
+        check.accept = passes if accept is None else \
+            (lambda value: accept(value) or passes(value))
+    else:
+        check.accept = accept
     return check
 
 

@@ -112,16 +112,23 @@ class GpuFromHost(Op):
         ones = [i for i, b in enumerate(host_type.broadcastable) if b]
         context: list = []        # the context, looked up on the first call
 
-        def take(value: Any, strict: bool, allow_downcast: Any) -> Any:
+        def passes(value: Any) -> bool:
+            """Whether ``value`` is taken as it is: a GpuArray of the input's dtype, rank,
+            broadcast pattern and context (the function's generated call tests this first)."""
             if type(value) is GpuArray and value.dtype == dtype and len(value.shape) == ndim \
-                    and all(value.shape[i] == 1 for i in ones):
+                    and (not ones or all(value.shape[i] == 1 for i in ones)):
                 if not context:
                     context.append(gtype.context)
-                if value.context is context[0]:
-                    return value
+                return value.context is context[0]
+            return False
+
+        def take(value: Any, strict: bool, allow_downcast: Any) -> Any:
+            if passes(value):
+                return value
             if not _is_device_array(value):
                 return None
             return gtype.filter(value, strict=strict, allow_downcast=allow_downcast)
+        take.accept = passes   # type: ignore[attr-defined]
         return take
 
     def perform(self, node, inputs, out):
