@@ -101,6 +101,90 @@ def test_one_capture_serves_every_call_whose_input_moves():
     assert st["graphs"] == 1 and seg.staged and not any(seg.by_pointer)
 
 
+def _shared_gvec(value):
+    """A GPU shared variable on the fake context (an input the caller does not pass per
+    call: read in place until it moves)."""
+    from symgpu.compile.sharedvalue import Container
+    from symgpu.gpu.placement.type import GpuArraySharedVariable, GpuArrayType
+    t = GpuArrayType("float32", (False,), fakes.CTX)
+    return GpuArraySharedVariable(t, value, name="x", container=Container(t, value, "x"))
+
+
+def _staged_copies(vm):
+    """Copies a replay of the segment's graphs makes before launching (staged inputs)."""
+    seg = vm.runner.segments[0]
+    return [j for gs in seg.graphs.values() for g in gs for j, _ in g.staged]
+
+
+def test_a_staged_input_that_settles_is_read_in_place_again():
+    """A shared value staged after it moved (set_value) that then arrives from one place for
+    SETTLE_REPLAYS replays is captured again reading it there: no copy before each replay
+    from then on.  Its values are right all along, and when it moves again it is staged
+    again.  (An input the caller passes per call stays staged: test_gpu_graph_params.)"""
+    from symgpu.gpu.exec import graphs
+    ctx = fakes.CTX_OBJ
+    first = upload(ctx, [0, 1, 2])
+    x = _shared_gvec(first)
+    y = FakeKernelOp("sq", lambda a: a * a)(add1()(x))
+    vm, fg = linked([x], [y], [first])
+    cell = vm.storage_map[x]
+    seg = vm.runner.segments[0]
+
+    def run(arr, want_base):
+        cell[0] = arr
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (np.asarray(want_base) + 1.0) ** 2)
+
+    for _ in range(4):                                   # plain, capture, replays
+        run(first, [0, 1, 2])
+    second = upload(ctx, [5, 6, 7])                     # the value moved (set_value)
+    run(second, [5, 6, 7])
+    assert _staged_copies(vm) == [0] and 0 in seg.staged
+    captures = vm.runner.stats()["captures"]
+    for i in range(graphs.SETTLE_REPLAYS):
+        MEM[second.ptr][:3] = [i, i, i]                  # read afresh on every call
+        run(second, [i, i, i])
+    assert vm.runner.stats()["captures"] == captures + 1   # re-pinned: read in place
+    assert _staged_copies(vm) == [] and 0 not in seg.staged and seg.repins == {0: 1}
+    replays = vm.runner.stats()["replays"]
+    for i in range(3):
+        MEM[second.ptr][:3] = [i, 2 * i, 3 * i]
+        run(second, [i, 2 * i, 3 * i])
+    assert vm.runner.stats()["replays"] == replays + 3
+    third = upload(ctx, [1, 1, 1])                        # moves again: staged again
+    run(third, [1, 1, 1])
+    assert _staged_copies(vm) == [0]
+
+
+def test_inputs_that_keep_moving_stay_staged_and_repins_are_bounded():
+    """A shared value that moves on every call (results dropped, so one graph serves) never
+    settles: its graph copies it before each replay.  One that settles, moves, settles...
+    is re-pinned at most MAX_REPINS times, then stays staged."""
+    from symgpu.gpu.exec import graphs
+    ctx = fakes.CTX_OBJ
+    arrays = [upload(ctx, [k, k, k]) for k in range(2)]
+    x = _shared_gvec(arrays[0])
+    y = add1()(x)
+    vm, fg = linked([x], [y], [arrays[0]])
+    cell = vm.storage_map[x]
+
+    def run(k):
+        cell[0] = arrays[k]
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), [k + 1] * 3)
+
+    for i in range(4 * graphs.SETTLE_REPLAYS):
+        run(i % 2)
+    seg = vm.runner.segments[0]
+    assert _staged_copies(vm) == [0] and vm.runner.stats()["captures"] == 2
+    assert seg.repins == {}
+    for phase in range(6):                                  # settle, move, settle, ...
+        for _ in range(graphs.SETTLE_REPLAYS + 2):
+            run(phase % 2)
+    assert seg.repins == {0: graphs.MAX_REPINS}
+    assert _staged_copies(vm) == [0]
+
+
 def test_a_plain_node_feeding_a_segment_computes_into_a_block_it_owns():
     """A plain node whose output never leaves the call (an upload, a convolution) owns one
     block and computes into it every call (graphs._OwnedPlainStep): the segment reads it in
@@ -290,3 +374,35 @@ def test_gpu_a_shared_input_that_moves_every_call_replays_one_graph(cuda, monkey
     np.testing.assert_allclose(w.get_value(), want_w, rtol=1e-6)
     st = f.vm.runner.stats()
     assert len(ptrs) > 2 and st["replays"] >= 8 and st["captures"] <= 3, st
+
+
+@requires_gpu
+def test_gpu_a_data_set_given_once_with_set_value_is_read_in_place_again(cuda, monkeypatch):
+    """On the GPU: a shared data set given a new value once (set_value of a host array, the
+    tutorials' loading step) is staged by the next calls, then read in place again once it
+    has stayed there: no copy before each replay.  Results match NumPy on every call."""
+    from symgpu import function, shared
+    from symgpu.gpu.exec import graphs
+    import symgpu.tensor as T
+    monkeypatch.setattr(graphs, "_driver", None)           # the real driver
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((256, 64)).astype("float32")
+    x = shared(data, name="x")
+    w = shared(np.ones(64, "float32"), name="w")
+    f = function([], T.dot(x, w), updates=[(w, w * 0.5 + 0.25)])
+    want_w = np.ones(64, "float32")
+
+    def step():
+        nonlocal want_w
+        np.testing.assert_allclose(np.asarray(f()), data @ want_w, rtol=1e-4, atol=1e-3)
+        want_w = want_w * 0.5 + 0.25
+
+    for _ in range(4):
+        step()
+    data = rng.standard_normal((256, 64)).astype("float32")
+    x.set_value(data)                                        # a new buffer, once
+    for _ in range(graphs.SETTLE_REPLAYS + 6):
+        step()
+    (seg,) = f.vm.runner.segments
+    assert seg.repins and not [j for gs in seg.graphs.values() for g in gs for j, _ in g.staged]
+    np.testing.assert_allclose(w.get_value(), want_w, rtol=1e-6)

@@ -93,6 +93,12 @@ class Segment:
         self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
         #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
         self.written = set(written)
+        #: staged input -> [the pointer its last replays read it from, how many in a row],
+        #: and how many times it was re-pinned (``_settled``); inputs the caller passes per
+        #: call (staged from the start) stay staged
+        self.per_call = frozenset(staged)
+        self.settling: dict[int, list[int]] = {}
+        self.repins: dict[int, int] = {}
         #: times each input was found moved; an input that cannot be staged and keeps moving
         #: gets its pointer into the key (``by_pointer``) instead of a capture per move
         self.moves: dict[int, int] = {}
@@ -142,10 +148,14 @@ class Segment:
                     else:
                         g = None
                     if g is not None:   # replay (inline: a call less on the fastest path)
+                        staged = g.staged
+                        if staged and self._settled(staged, vals):
+                            self._repin(key, g, vals)
+                            return
                         self.current = self.first
                         if self.param_thunks:
                             self._upload_params()
-                        for j, buf in g.staged:
+                        for j, buf in staged:
                             v = vals[j]
                             if v.ptr != buf.ptr:
                                 g.drv.copy(buf, v)
@@ -206,6 +216,40 @@ class Segment:
             self._capture(key, vals)
         else:
             self._plain_call(vals)
+
+    def _settled(self, staged: tuple, vals: list) -> bool:
+        """Count, for each input a replay copies into its static buffer since it moved (not
+        one passed per call), the replays in a row that found it at one pointer; whether one
+        of them (not written by the segment, not re-pinned too often) has now been there for
+        ``SETTLE_REPLAYS``."""
+        settled = False
+        for j, _ in staged:
+            if j in self.per_call:
+                continue
+            ptr = vals[j].ptr
+            seen = self.settling.get(j)
+            if seen is None or seen[0] != ptr:
+                self.settling[j] = [ptr, 1]
+                continue
+            seen[1] += 1
+            if seen[1] >= _graphs.SETTLE_REPLAYS and j not in self.written and \
+                    self.repins.get(j, 0) < _graphs.MAX_REPINS:
+                settled = True
+        return settled
+
+    def _repin(self, key: tuple, g: _Graph, vals: list) -> None:
+        """Drop ``g`` and capture this call reading its settled staged inputs in place (where
+        they have been for SETTLE_REPLAYS replays): no copy before each replay from then on.
+        If one moves again, ``_moved`` stages it again."""
+        for j, _ in g.staged:
+            seen = self.settling.get(j)
+            if seen is not None and seen[1] >= _graphs.SETTLE_REPLAYS and \
+                    j not in self.written and self.repins.get(j, 0) < _graphs.MAX_REPINS:
+                self.staged.discard(j)
+                self.repins[j] = self.repins.get(j, 0) + 1
+                del self.settling[j]
+        self._drop(key, g)
+        self._capture(key, vals)
 
     def _drop(self, key: tuple, g: _Graph) -> None:
         graphs = self.graphs.get(key)
