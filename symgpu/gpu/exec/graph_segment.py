@@ -220,8 +220,7 @@ class Segment:
     def _settled(self, staged: tuple, vals: list) -> bool:
         """Count, for each input a replay copies into its static buffer since it moved (not
         one passed per call), the replays in a row that found it at one pointer; whether one
-        of them (not written by the segment, not re-pinned too often) has now been there for
-        ``SETTLE_REPLAYS``."""
+        of them may now be read in place again (``_ready``)."""
         settled = False
         for j, _ in staged:
             if j in self.per_call:
@@ -232,19 +231,22 @@ class Segment:
                 self.settling[j] = [ptr, 1]
                 continue
             seen[1] += 1
-            if seen[1] >= _graphs.SETTLE_REPLAYS and j not in self.written and \
-                    self.repins.get(j, 0) < _graphs.MAX_REPINS:
-                settled = True
+            settled = settled or self._ready(j)
         return settled
+
+    def _ready(self, j: int) -> bool:
+        """Whether staged input ``j`` has been at one pointer for SETTLE_REPLAYS replays, is
+        not written by the segment and has not been re-pinned MAX_REPINS times already."""
+        seen = self.settling.get(j)
+        return seen is not None and seen[1] >= _graphs.SETTLE_REPLAYS and \
+            j not in self.written and self.repins.get(j, 0) < _graphs.MAX_REPINS
 
     def _repin(self, key: tuple, g: _Graph, vals: list) -> None:
         """Drop ``g`` and capture this call reading its settled staged inputs in place (where
         they have been for SETTLE_REPLAYS replays): no copy before each replay from then on.
         If one moves again, ``_moved`` stages it again."""
         for j, _ in g.staged:
-            seen = self.settling.get(j)
-            if seen is not None and seen[1] >= _graphs.SETTLE_REPLAYS and \
-                    j not in self.written and self.repins.get(j, 0) < _graphs.MAX_REPINS:
+            if self._ready(j):
                 self.staged.discard(j)
                 self.repins[j] = self.repins.get(j, 0) + 1
                 del self.settling[j]
