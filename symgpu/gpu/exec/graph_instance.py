@@ -33,7 +33,7 @@ class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
     __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
-                 "lease", "escapes", "staged", "pinned", "fresh", "__weakref__")
+                 "lease", "escapes", "staged", "settle", "pinned", "fresh", "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
@@ -43,6 +43,9 @@ class _Graph:
         self.direct: tuple = ()  # those of them an update's node writes (no copy back)
         self.lease: Any = None   # weak reference to the Lease of the last hand-out
         self.staged: tuple = ()  # (input index, static buffer) copied into before a launch
+        #: staged inputs that may be read in place again once they settle (moved ones, not
+        #: written by the segment: Segment._settled), decided at capture, not per replay
+        self.settle: tuple = ()
         #: (input index, pointer) of the GPU inputs read (or written) where they were when
         #: captured: the graph serves a call only while each of them is still there
         self.pinned: tuple = ()

@@ -148,14 +148,13 @@ class Segment:
                     else:
                         g = None
                     if g is not None:   # replay (inline: a call less on the fastest path)
-                        staged = g.staged
-                        if staged and self._settled(staged, vals):
+                        if g.settle and self._settled(g.settle, vals):
                             self._repin(key, g, vals)
                             return
                         self.current = self.first
                         if self.param_thunks:
                             self._upload_params()
-                        for j, buf in staged:
+                        for j, buf in g.staged:
                             v = vals[j]
                             if v.ptr != buf.ptr:
                                 g.drv.copy(buf, v)
@@ -217,14 +216,12 @@ class Segment:
         else:
             self._plain_call(vals)
 
-    def _settled(self, staged: tuple, vals: list) -> bool:
-        """Count, for each input a replay copies into its static buffer since it moved (not
-        one passed per call), the replays in a row that found it at one pointer; whether one
-        of them may now be read in place again (``_ready``)."""
+    def _settled(self, settle: tuple, vals: list) -> bool:
+        """Count, for each staged input that may be read in place again (``_Graph.settle``),
+        the replays in a row that found it at one pointer; whether one of them may now be
+        (``_ready``)."""
         settled = False
-        for j, _ in staged:
-            if j in self.per_call:
-                continue
+        for j in settle:
             ptr = vals[j].ptr
             seen = self.settling.get(j)
             if seen is None or seen[0] != ptr:
@@ -235,17 +232,17 @@ class Segment:
         return settled
 
     def _ready(self, j: int) -> bool:
-        """Whether staged input ``j`` has been at one pointer for SETTLE_REPLAYS replays, is
-        not written by the segment and has not been re-pinned MAX_REPINS times already."""
+        """Whether input ``j`` has been at one pointer for SETTLE_REPLAYS replays and has not
+        been re-pinned MAX_REPINS times already."""
         seen = self.settling.get(j)
         return seen is not None and seen[1] >= _graphs.SETTLE_REPLAYS and \
-            j not in self.written and self.repins.get(j, 0) < _graphs.MAX_REPINS
+            self.repins.get(j, 0) < _graphs.MAX_REPINS
 
     def _repin(self, key: tuple, g: _Graph, vals: list) -> None:
         """Drop ``g`` and capture this call reading its settled staged inputs in place (where
         they have been for SETTLE_REPLAYS replays): no copy before each replay from then on.
         If one moves again, ``_moved`` stages it again."""
-        for j, _ in g.staged:
+        for j in g.settle:
             if self._ready(j):
                 self.staged.discard(j)
                 self.repins[j] = self.repins.get(j, 0) + 1
@@ -520,6 +517,7 @@ class Segment:
         g.backs = tuple(direct + copied)
         g.direct = tuple(direct)
         g.staged = tuple(staged)
+        g.settle = tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
                          if gpu and j not in in_static and v.size)
