@@ -146,6 +146,26 @@ def test_trampoline_refusals_leave_the_output_untouched(axpy_address):
         run(axpy_address)
 
 
+def test_pointer_pair_caller_calls_a_c_function_with_two_pointers():
+    """call_pp, the CUDA-graph replay's way to cuGraphLaunch, checked on libc's strcmp:
+    the pointers reach the function and its int status comes back."""
+    import ctypes
+    call_pp = c_runtime.pointer_pair_caller()
+    strcmp = ctypes.cast(ctypes.CDLL(None).strcmp, ctypes.c_void_p).value
+    same, other = ctypes.create_string_buffer(b"graph"), ctypes.create_string_buffer(b"graph")
+    later = ctypes.create_string_buffer(b"grape")
+    at = ctypes.addressof
+    assert call_pp(strcmp, at(same), at(other)) == 0
+    assert call_pp(strcmp, at(same), at(later)) > 0
+    assert call_pp(strcmp, at(later), at(same)) < 0
+    with pytest.raises(TypeError, match=r"call_pp\(address, first, second\)"):
+        call_pp(strcmp, at(same))
+    with pytest.raises(ValueError, match="address is 0"):
+        call_pp(0, at(same), at(other))
+    with pytest.raises(TypeError):
+        call_pp(strcmp, "graph", at(other))
+
+
 # ----------------------------------------------------------------------------- compiling
 
 def test_disk_cache_is_reused_without_the_compiler(private_compiledir, monkeypatch):

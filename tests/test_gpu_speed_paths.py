@@ -236,6 +236,8 @@ def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch)
             return fn
     monkeypatch.setattr(graph_driver.libcuda, "cdll", lambda: Lib({"cuGraphGetNodes"}))
     monkeypatch.setattr(graph_driver.libcuda, "pydll", lambda: Lib())
+    # the ctypes replay call (the C runtime's is tested below with a real C function)
+    monkeypatch.setattr(graph_driver.c_runtime, "pointer_pair_caller", lambda: None)
     d = graph_driver.CudaGraphDriver()
     d.begin(77)
     name, args = calls[-1]
@@ -254,6 +256,26 @@ def test_graph_driver_calls_the_driver_api_with_the_right_arguments(monkeypatch)
     d.destroy(exe, graph)
     assert [c[0] for c in calls[-2:]] == ["cuGraphExecDestroy", "cuGraphDestroy"]
     assert isinstance(ctypes.c_void_p(), ctypes.c_void_p)
+
+
+def test_graph_launcher_calls_the_entry_point_through_the_c_runtime():
+    """Where the C runtime builds, a replay calls cuGraphLaunch's address with the graph's
+    and the stream's handles through call_pp (no ctypes): checked with libc's strcmp in
+    cuGraphLaunch's place (two pointers in, an int status out)."""
+    import ctypes
+    from symgpu.gpu.exec import graph_driver
+    from symgpu.link import c_runtime
+    if c_runtime.pointer_pair_caller() is None:
+        pytest.skip(f"no C runtime here: {c_runtime.unavailable_reason()}")
+    d = graph_driver.CudaGraphDriver.__new__(graph_driver.CudaGraphDriver)
+    d._launch = ctypes.PyDLL(None).strcmp
+    exe_text, stream_text = ctypes.create_string_buffer(b"b"), ctypes.create_string_buffer(b"a")
+    exe = ctypes.c_void_p(ctypes.addressof(exe_text))
+    launch = d.launcher(exe, ctypes.addressof(stream_text))
+    assert launch.func is c_runtime.pointer_pair_caller()
+    assert launch() > 0                                  # strcmp("b", "a")
+    stream_text.value = b"b"
+    assert launch() == 0
 
 
 def test_gpu_event_timers_are_registered_for_gpu_nodes():

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from symgpu.gpu.runtime import libcuda
+from symgpu.link import c_runtime
 
 __all__ = ["CudaGraphDriver"]
 
@@ -75,7 +76,12 @@ class CudaGraphDriver:
 
     def launcher(self, exe: Any, stream: int) -> Callable[[], int]:
         """A zero-argument replay call returning the CUresult (a partial: no Python frame
-        of its own on the replay path)."""
+        of its own on the replay path): cuGraphLaunch through the C runtime's ``call_pp``
+        where it can be built (a C call), else through ctypes (about 0.1 us more)."""
+        call_pp = c_runtime.pointer_pair_caller()
+        if call_pp is not None:
+            address = ctypes.cast(self._launch, ctypes.c_void_p).value
+            return functools.partial(call_pp, address, exe.value, stream)
         return functools.partial(self._launch, exe, ctypes.c_void_p(stream))
 
     def upload(self, ptr: int, data: bytes, stream: int) -> None:

@@ -33,7 +33,8 @@ class _Graph:
     """One instantiated graph: the blocks it owns and how to rebuild its outputs."""
 
     __slots__ = ("exe", "graph", "owned", "outs", "launch", "drv", "ctx", "backs", "direct",
-                 "lease", "escapes", "staged", "settle", "pinned", "fresh", "__weakref__")
+                 "lease", "escapes", "staged", "settle", "pinned", "fresh", "quick",
+                 "__weakref__")
 
     def __init__(self, drv: Any, exe: Any, graph: Any, owned: tuple, outs: list,
                  launch: Callable[[], int], ctx: Any) -> None:
@@ -56,6 +57,10 @@ class _Graph:
         #: handed out by Segment.run (a replay) without looking at the other kinds
         self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
             if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
+        #: whether a replay is the launch and that hand-out alone: every output fresh, no
+        #: staged input, no graph parameters, no cell dying in the segment (set at capture;
+        #: Segment.run skips the rest of the replay's steps for it)
+        self.quick = False
 
     def idle(self) -> bool:
         """Whether nothing handed out of an earlier call still uses the graph's memory."""

@@ -148,18 +148,21 @@ class Segment:
                     else:
                         g = None
                     if g is not None:   # replay (inline: a call less on the fastest path)
-                        if g.settle and self._settled(g.settle, vals):
-                            self._repin(key, g, vals)
-                            return
-                        self.current = self.first
-                        if self.param_thunks:
-                            self._upload_params()
-                        for j, buf in g.staged:
-                            v = vals[j]
-                            if v.ptr != buf.ptr:
-                                g.drv.copy(buf, v)
+                        quick = g.quick   # the launch and the hand-out alone (_Graph.quick)
+                        if not quick:
+                            if g.settle and self._settled(g.settle, vals):
+                                self._repin(key, g, vals)
+                                return
+                            self.current = self.first
+                            if self.param_thunks:
+                                self._upload_params()
+                            for j, buf in g.staged:
+                                v = vals[j]
+                                if v.ptr != buf.ptr:
+                                    g.drv.copy(buf, v)
                         status = g.launch()
                         if status:
+                            self.current = self.first
                             g.drv.check(status, "cuGraphLaunch")
                         fresh = g.fresh
                         if fresh is not None:   # _hand_out's common case, inline
@@ -174,8 +177,9 @@ class Segment:
                                 cell[0] = arr
                         else:
                             self._hand_out(g, vals)
-                        for c in self.dead:
-                            c[0] = None
+                        if not quick:
+                            for c in self.dead:
+                                c[0] = None
                         self.replays += 1
                         return
                 ok = self.seen.get(key)
@@ -518,6 +522,7 @@ class Segment:
         g.direct = tuple(direct)
         g.staged = tuple(staged)
         g.settle = tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
+        g.quick = g.fresh is not None and not (staged or self.param_thunks or self.dead)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
                          if gpu and j not in in_static and v.size)
