@@ -1,6 +1,6 @@
 """Generated kernels and their launch path, timed on the GPU machine beside PyTorch.
 
-Prints, in one run: the Python cost of one launch (ctypes cuLaunchKernel vs PyCUDA), the
+Prints, in one run: the Python cost of one launch (the C runtime, PyCUDA, ctypes), the
 per-call time of check1's exp (230,400 float32, result left on the device) at the thunk and
 at the function level against ``torch.exp``, bandwidth of exp/add/sum over 2**26 floats against
 torch and a device-to-device copy, and sgemm 4096^3.  Not a test: numbers, not assertions.
@@ -78,7 +78,8 @@ def main() -> None:
 
     # -- launch cost, per backend, and where a call's time goes
     from symgpu.gpu.ops.elemwise import new_array
-    for backend in ("pycuda", "ctypes"):
+    default = launch.BACKEND
+    for backend in ("c", "pycuda", "ctypes"):
         launch.BACKEND = backend
         launch.clear_cache()
         vm, th, storage, out = thunk_for(GpuElemwise(S["exp"]), x)
@@ -102,7 +103,7 @@ def main() -> None:
         grid, block = (max(1, n // 1024), 1, 1), (256, 1, 1)
         t = per_call(lambda: go(grid, block, n, x.ptr, o.ptr), 5000, sync)
         print(f"[{backend:6s}] the launch alone:                       {t * 1e6:6.2f} us/call")
-    launch.BACKEND = "pycuda"
+    launch.BACKEND = default
     launch.clear_cache()
     dt = np.dtype("float32")
     shape, strides = (n,), (4,)

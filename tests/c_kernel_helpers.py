@@ -1,11 +1,15 @@
 """Shared pieces of the C kernel tests (tests/test_c_elemwise.py, tests/test_c_runtime.py):
-tolerances, Composite builders and NumPy comparisons. Their fixtures, `spy` and
+tolerances, Composite builders, NumPy comparisons, and a stand-in for cuLaunchKernel (the C
+runtime's launch_kernel, also tests/test_gpu_codegen.py). Their fixtures, `spy` and
 `private_compiledir`, are in tests/conftest.py."""
 from __future__ import annotations
+
+import ctypes
 
 import numpy as np
 
 from symgpu.graph.fg import FunctionGraph
+from symgpu.link import cc
 from symgpu.link.vm import link
 from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.composite import Composite, CompositeBuilder
@@ -86,3 +90,39 @@ def assert_close(got, expected, label="", cancel=False):
     atol = 4 * rtol if cancel else float(np.finfo(got.dtype).tiny)
     np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, equal_nan=True,
                                err_msg=label)  # nan and +-inf where NumPy has them
+
+
+#: a stand-in for cuLaunchKernel (its signature) that records what it was given (``got``,
+#: the parameter bytes in ``params``) and returns 700 for a grid x of 999
+FAKE_LAUNCH = r"""
+#include <string.h>
+unsigned long long got[12];
+char params[64];
+int fake_launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                unsigned bz, unsigned shared, void *stream, void **kernel_params, void **extra)
+{
+    unsigned dims[7] = {gx, gy, gz, bx, by, bz, shared};
+    got[0] = (unsigned long long)f;
+    for (int i = 0; i < 7; i++) got[1 + i] = dims[i];
+    got[8] = (unsigned long long)stream;
+    got[9] = (unsigned long long)kernel_params;
+    /* extra: {BUFFER_POINTER (1), buffer, BUFFER_SIZE (2), &size, END (0)} */
+    got[10] = (unsigned long long)extra[0] + 10 * (unsigned long long)extra[2] +
+              100 * (unsigned long long)extra[4];
+    got[11] = *(size_t *)extra[3];
+    memcpy(params, extra[1], got[11] < 64 ? got[11] : 64);
+    return (int)gx == 999 ? 700 : 0;
+}
+"""
+
+
+def fake_launch_library() -> tuple[ctypes.CDLL, int]:
+    """FAKE_LAUNCH built and loaded, and the address of its fake_launch."""
+    lib = cc.load_library(FAKE_LAUNCH)
+    return lib, ctypes.cast(lib.fake_launch, ctypes.c_void_p).value
+
+
+def fake_launch_record(lib: ctypes.CDLL, nbytes: int) -> tuple[list[int], bytes]:
+    """What fake_launch last got: its twelve recorded numbers and ``nbytes`` of parameters."""
+    got = list((ctypes.c_ulonglong * 12).in_dll(lib, "got"))
+    return got, ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(lib, "params")), nbytes)

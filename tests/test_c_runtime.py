@@ -9,7 +9,8 @@ import warnings
 import numpy as np
 import pytest
 
-from c_kernel_helpers import (RNG, assert_close, assert_same, c_thunks, composite, fused_thunks,
+from c_kernel_helpers import (RNG, assert_close, assert_same, c_thunks, composite,
+                              fake_launch_library, fake_launch_record, fused_thunks,
                               link_composite)
 import symgpu
 import symgpu.tensor as T
@@ -164,6 +165,29 @@ def test_pointer_pair_caller_calls_a_c_function_with_two_pointers():
         call_pp(0, at(same), at(other))
     with pytest.raises(TypeError):
         call_pp(strcmp, "graph", at(other))
+
+
+def test_kernel_launcher_hands_cuLaunchKernel_its_arguments_and_one_parameter_buffer():
+    """launch_kernel, each plain GPU launch's way to cuLaunchKernel, checked on a stand-in
+    with cuLaunchKernel's signature: the handle, dimensions, stream and the packed
+    parameters (as the extra buffer) arrive; the status comes back; bad calls are refused."""
+    import struct
+    launch = c_runtime.kernel_launcher()
+    lib, address = fake_launch_library()
+    params = struct.pack("@qPP", 230400, 0x7000, 0x8000)
+    assert launch(address, 0x1234, 225, 2, 3, 256, 1, 1, 48, 0x99, params) == 0
+    got, passed = fake_launch_record(lib, len(params))
+    assert got == [0x1234, 225, 2, 3, 256, 1, 1, 48, 0x99, 0, 1 + 20 + 0, len(params)]
+    assert passed == params
+    assert launch(address, 0x1234, 999, 1, 1, 1, 1, 1, 0, 0, b"") == 700   # the status
+    with pytest.raises(TypeError, match="params: bytes"):
+        launch(address, 0x1234, 1, 1, 1, 1, 1, 1, 0, 0, bytearray(params))
+    with pytest.raises(ValueError, match="null"):
+        launch(address, 0, 1, 1, 1, 1, 1, 1, 0, 0, params)
+    with pytest.raises(OverflowError):
+        launch(address, 0x1234, 1 << 32, 1, 1, 1, 1, 1, 0, 0, params)
+    with pytest.raises(OverflowError):
+        launch(address, 0x1234, -1, 1, 1, 1, 1, 1, 0, 0, params)
 
 
 # ----------------------------------------------------------------------------- compiling

@@ -460,6 +460,46 @@ def test_reduce_thunk_plans_and_splits(fake_device):
         thunk()
 
 
+def test_the_c_backend_launches_through_the_c_runtime(monkeypatch):
+    """A Kernel of the "c" backend (the default where the C runtime builds) hands
+    cuLaunchKernel (here a stand-in of its signature) the function handle, the dimensions,
+    the context's stream and its arguments packed in the CUDA layout, both through
+    ``launch`` and ``fast_launcher()``; a failed status is raised with the kernel named."""
+    import struct
+    from c_kernel_helpers import fake_launch_library, fake_launch_record
+    from symgpu.gpu.runtime.codegen import launch
+    from symgpu.link import c_runtime
+    if c_runtime.kernel_launcher() is None:
+        pytest.skip(f"no C runtime here: {c_runtime.unavailable_reason()}")
+    lib, address = fake_launch_library()
+
+    class Driver:
+        launch_address = address
+
+        @staticmethod
+        def check(status, what):
+            raise RuntimeError(f"{what}: status {status}")
+    monkeypatch.setattr(launch, "_drv", lambda: Driver)
+
+    class Ctx:
+        stream, stream_handle = object(), 0x5151
+    assert launch._backend() == "c"
+    k = launch.Kernel("sg_contig_vec", "qPP", 0x1234, None, Ctx(), c_runtime.kernel_launcher())
+    packed = struct.pack("@qPP", 230400, 0x7000, 0x8000)
+    for go in (k.launch, k.fast_launcher()):
+        go((225, 1, 1), (256, 1, 1), 230400, 0x7000, 0x8000)
+        got, passed = fake_launch_record(lib, len(packed))
+        assert got[:10] == [0x1234, 225, 1, 1, 256, 1, 1, 0, 0x5151, 0] and passed == packed
+        with pytest.raises(RuntimeError, match=r"launching kernel sg_contig_vec \(grid "
+                                               r"\(999, 1, 1\).*status 700"):
+            go((999, 1, 1), (256, 1, 1), 1, 2, 3)
+    monkeypatch.setattr(launch, "BACKEND", "pycuda")
+    assert launch._backend() == "pycuda"
+    monkeypatch.setattr(launch, "BACKEND", "c")           # no C runtime: PyCUDA launches
+    monkeypatch.setattr(c_runtime, "kernel_launcher", lambda: None)
+    assert launch._backend() == "pycuda"
+
+
 def test_each_kernel_of_a_module_is_fetched_under_its_own_key(monkeypatch):
     """Two kernels of one module are fetched under keys of their own, each naming its kernel
     (a key shared by two names would be one memo entry per name in get_kernel, but a caller

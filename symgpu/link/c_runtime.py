@@ -13,9 +13,9 @@ full array must be C-contiguous and of the first full array's shape, and every a
 element size; ``run`` returns False (and runs nothing) when they are not, so the caller can
 take its general path. Arrays of over 32768 elements run with the GIL released.
 
-The GPU runtime uses the same extension for its hottest driver call: ``call_pp(address,
-first, second)`` calls ``int f(void *, void *)`` (cuGraphLaunch, once per CUDA-graph replay)
-without ctypes.
+The GPU runtime uses the same extension for its hottest driver calls, without ctypes:
+``call_pp(address, first, second)`` calls ``int f(void *, void *)`` (cuGraphLaunch, once
+per CUDA-graph replay), ``launch_kernel`` calls cuLaunchKernel (each plain launch).
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ from typing import Any, Callable
 
 from symgpu.link import cc
 
-__all__ = ["runner", "sized_runner", "pointer_pair_caller", "unavailable_reason", "MAX_ARRAYS"]
+__all__ = ["runner", "sized_runner", "pointer_pair_caller", "kernel_launcher",
+           "unavailable_reason", "MAX_ARRAYS"]
 
 MODULE = "_symgpu_crt"
 MAX_ARRAYS = 128  # the most arrays one call takes (SOURCE's MAX_ARRAYS)
@@ -193,12 +194,55 @@ static PyObject *call_pp(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     return PyLong_FromLong(((pointer_pair_t)pointers[0])(pointers[1], pointers[2]));
 }
 
+/* launch_kernel(address, function, gx, gy, gz, bx, by, bz, shared, stream, params): the
+   status of cuLaunchKernel (at address) of the CUfunction `function` on `stream`, its
+   parameters the bytes `params` (packed in the CUDA parameter layout, passed as one buffer:
+   CU_LAUNCH_PARAM_BUFFER_POINTER). Eleven arguments cost ctypes microseconds; here, a few
+   conversions. */
+typedef int (*launch_t)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void *, void **, void **);
+static PyObject *launch_kernel(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11 || !PyBytes_Check(args[10])) {
+        PyErr_SetString(PyExc_TypeError, "launch_kernel(address, function, gx, gy, gz, bx, "
+                                         "by, bz, shared, stream, params: bytes)");
+        return NULL;
+    }
+    void *address = PyLong_AsVoidPtr(args[0]);
+    void *function = PyLong_AsVoidPtr(args[1]);
+    void *stream = PyLong_AsVoidPtr(args[9]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (address == NULL || function == NULL) {
+        PyErr_SetString(PyExc_ValueError, "launch_kernel: a null entry point or function");
+        return NULL;
+    }
+    unsigned dims[7];
+    for (int i = 0; i < 7; i++) {
+        unsigned long d = PyLong_AsUnsignedLong(args[2 + i]);
+        if (d == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        if (d > 0xffffffffUL) {
+            PyErr_SetString(PyExc_OverflowError, "launch_kernel: a dimension over 32 bits");
+            return NULL;
+        }
+        dims[i] = (unsigned)d;
+    }
+    size_t size = (size_t)PyBytes_GET_SIZE(args[10]);
+    void *extra[5] = {(void *)1, PyBytes_AS_STRING(args[10]), (void *)2, &size, (void *)0};
+    int status = ((launch_t)address)(function, dims[0], dims[1], dims[2], dims[3], dims[4],
+                                     dims[5], dims[6], stream, NULL, extra);
+    return PyLong_FromLong(status);
+}
+
 static PyMethodDef methods[] = {
     {"run", (PyCFunction)(void (*)(void))run, METH_FASTCALL, "run(address, kinds, *arrays)"},
     {"run_sized", (PyCFunction)(void (*)(void))run_sized, METH_FASTCALL,
      "run_sized(address, kinds, *arrays)"},
     {"call_pp", (PyCFunction)(void (*)(void))call_pp, METH_FASTCALL,
      "call_pp(address, first, second)"},
+    {"launch_kernel", (PyCFunction)(void (*)(void))launch_kernel, METH_FASTCALL,
+     "launch_kernel(address, function, gx, gy, gz, bx, by, bz, shared, stream, params)"},
     {NULL, NULL, 0, NULL}
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_symgpu_crt", NULL, -1, methods};
@@ -269,6 +313,15 @@ def pointer_pair_caller() -> Callable | None:
     :func:`runner`. The CUDA-graph replay calls cuGraphLaunch through it (gpu/exec/
     graph_driver.py): about 0.1 us less than through ctypes."""
     return _function("call_pp")
+
+
+def kernel_launcher() -> Callable | None:
+    """``launch_kernel(address, function, gx, gy, gz, bx, by, bz, shared, stream, params)``:
+    the status of cuLaunchKernel (its address) for a CUfunction handle, grid and block
+    dimensions, dynamic shared bytes, a stream handle and the packed parameters (bytes);
+    None like :func:`runner`. Plain GPU launches go through it (gpu/runtime/codegen/
+    launch.py): about a microsecond less than ctypes' eleven conversions."""
+    return _function("launch_kernel")
 
 
 def is_loaded() -> bool:

@@ -4,16 +4,20 @@ Why not ``prepared_async_call``: it costs about 5.4 us of Python per launch (arg
 an import, the texref loop, then PyCUDA's own launch).  Here a kernel is a ``Kernel`` whose
 argument layout is fixed when the thunk is made, and ``fast_launcher()`` returns a closure
 that only packs the arguments (``struct``, native alignment = the CUDA parameter layout) and
-launches on the context's stream.  Two launchers exist:
+launches on the context's stream.  Three launchers exist:
 
-* ``"pycuda"`` (default): PyCUDA's ``Function._launch_kernel(grid, block, buffer, 0, stream)``,
-  the call ``prepared_async_call`` ends in, without its per-call checks;
+* ``"c"`` (default): ``cuLaunchKernel`` through the C runtime's ``launch_kernel``
+  (symgpu/link/c_runtime.py: the packed parameters handed over as one buffer, a few integer
+  conversions); the module loaded with ``cuModuleLoadData`` for the function handles.  Where
+  the C runtime cannot be built (no compiler or no Python headers) it is ``"pycuda"``;
+* ``"pycuda"``: PyCUDA's ``Function._launch_kernel(grid, block, buffer, 0, stream)``, the
+  call ``prepared_async_call`` ends in, without its per-call checks;
 * ``"ctypes"``: ``cuLaunchKernel`` through ``ctypes.PyDLL`` (the GIL stays held, so the
   preallocated parameter buffer cannot be repacked by another thread mid-launch).
 
 Measured on the H200 host (one launch of exp over 230,400 floats): 3.96 us with "pycuda",
-4.40 us with "ctypes" (ctypes converts eleven arguments per call), so "pycuda" is the
-default; most of either is the driver's own cuLaunchKernel.
+4.40 us with "ctypes" (ctypes converts eleven arguments per call); most of either is the
+driver's own cuLaunchKernel.  ``benchmarks/gpu_kernels.py`` times the three.
 
 Modules come from the runtime's compile cache (``compile_to_cubin``: nvcc only on a miss) and
 are kept per (key, context) in memory, so the hot path never hashes source text.
@@ -28,8 +32,9 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["Kernel", "PreparedKernel", "load_kernels", "BACKEND", "sm_count", "clear_cache"]
 
-#: "pycuda" (Function._launch_kernel) or "ctypes" (cuLaunchKernel directly)
-BACKEND = "pycuda"
+#: "c" (cuLaunchKernel through the C runtime; "pycuda" where it cannot be built),
+#: "pycuda" (Function._launch_kernel) or "ctypes" (cuLaunchKernel through ctypes)
+BACKEND = "c"
 
 _CU_LAUNCH_PARAM_END = 0
 _CU_LAUNCH_PARAM_BUFFER_POINTER = 1
@@ -53,11 +58,21 @@ class _Driver:
                                    [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
                                     ctypes.c_char_p])
         self.check = libcuda.check
+        #: cuLaunchKernel's address, for the C runtime's launch_kernel
+        self.launch_address = ctypes.cast(self.launch, ctypes.c_void_p).value
 
 
 @functools.cache
 def _drv() -> _Driver:
     return _Driver()
+
+
+def _backend() -> str:
+    """BACKEND as it runs here: "c" is "pycuda" where the C runtime cannot be built."""
+    if BACKEND == "c":
+        from symgpu.link import c_runtime
+        return "c" if c_runtime.kernel_launcher() is not None else "pycuda"
+    return BACKEND
 
 
 class Kernel:
@@ -66,7 +81,7 @@ class Kernel:
     context's stream; ``grid`` and ``block`` are 3-tuples."""
 
     def __init__(self, name: str, fmt: str, fn_handle: int | None, pycuda_fn: Any,
-                 context: Any) -> None:
+                 context: Any, launch_kernel: Callable[..., int] | None = None) -> None:
         self.name, self.fmt = name, fmt
         self._struct = struct.Struct("@" + fmt)
         self._buf = ctypes.create_string_buffer(max(self._struct.size, 8))
@@ -80,8 +95,18 @@ class Kernel:
         self._stream_obj = context.stream
         self._stream = ctypes.c_void_p(int(context.stream_handle or 0))
         self._py = pycuda_fn
-        self.launch: Callable[..., None] = self._launch_ctypes if self._fn is not None \
-            else self._launch_pycuda
+        #: the C runtime's launch_kernel (the "c" backend), or None
+        self._c = launch_kernel if self._fn is not None else None
+        self.launch: Callable[..., None] = (
+            self._launch_c if self._c is not None else
+            self._launch_ctypes if self._fn is not None else self._launch_pycuda)
+
+    def _launch_c(self, grid: tuple, block: tuple, *args: Any) -> None:
+        status = self._c(_drv().launch_address, self._fn.value, grid[0], grid[1], grid[2],
+                         block[0], block[1], block[2], 0, self._stream.value or 0,
+                         self._struct.pack(*args))
+        if status:
+            _drv().check(status, f"launching kernel {self.name} (grid {grid}, block {block})")
 
     def _launch_ctypes(self, grid: tuple, block: tuple, *args: Any) -> None:
         self._struct.pack_into(self._buf, 0, *args)
@@ -95,6 +120,17 @@ class Kernel:
 
     def fast_launcher(self) -> Callable[..., None]:
         """A closure equivalent to ``launch`` with every attribute lookup hoisted out."""
+        if self._c is not None:
+            c_launch, address, fn = self._c, _drv().launch_address, self._fn.value
+            stream, pack, name = self._stream.value or 0, self._struct.pack, self.name
+
+            def go_c(grid: tuple, block: tuple, *args: Any) -> None:
+                status = c_launch(address, fn, grid[0], grid[1], grid[2], block[0], block[1],
+                                  block[2], 0, stream, pack(*args))
+                if status:
+                    _drv().check(status, f"launching kernel {name} (grid {grid}, "
+                                 f"block {block})")
+            return go_c
         if self._fn is None:
             pack, launch_kernel, stream = self._struct.pack, self._py._launch_kernel, \
                 self._stream_obj
@@ -154,7 +190,8 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
     """The kernels ``formats`` (name -> argument format) of the module that ``key`` names,
     compiled on first use through the runtime's cache and loaded once per context."""
     from symgpu.config import config
-    mkey = (key, tuple(options), config.nvcc.flags, id(context), BACKEND)
+    backend = _backend()
+    mkey = (key, tuple(options), config.nvcc.flags, id(context), backend)
     with _lock:
         got = _modules.get(mkey)
     if got is not None and all(n in got for n in formats):
@@ -162,7 +199,9 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
     from symgpu.gpu.runtime.compiler import compile_to_cubin, get_kernel
     context.activate()
     kernels: dict[str, Kernel] = {}
-    if BACKEND == "ctypes":
+    if backend in ("c", "ctypes"):
+        from symgpu.link import c_runtime
+        launch_kernel = c_runtime.kernel_launcher() if backend == "c" else None
         source = source_factory()
         _, cubin, _ = compile_to_cubin(source, options, context.arch)
         drv = _drv()
@@ -173,7 +212,7 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
             fn = ctypes.c_void_p()
             drv.check(drv.get(ctypes.byref(fn), module, name.encode()),
                       f"cuModuleGetFunction({name})")
-            kernels[name] = Kernel(name, fmt, fn.value, None, context)
+            kernels[name] = Kernel(name, fmt, fn.value, None, context, launch_kernel)
     else:
         rendered: list[str] = []
 
