@@ -209,9 +209,13 @@ static PyObject *launch_kernel(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     void *address = PyLong_AsVoidPtr(args[0]);
+    if (address == NULL && PyErr_Occurred())
+        return NULL;
     void *function = PyLong_AsVoidPtr(args[1]);
+    if (function == NULL && PyErr_Occurred())
+        return NULL;
     void *stream = PyLong_AsVoidPtr(args[9]);
-    if (PyErr_Occurred())
+    if (stream == NULL && PyErr_Occurred())
         return NULL;
     if (address == NULL || function == NULL) {
         PyErr_SetString(PyExc_ValueError, "launch_kernel: a null entry point or function");
