@@ -13,7 +13,9 @@ On the GPU machine gpu_call_overhead.py measures the real row; this one lets a s
 device time see the same Python path change (2026-11-28: the fake reproduced the real row's
 gap to c10bea3, 4.37 against 4.00 us here, 3.92 against 3.38 us on an H200; on
 2026-11-28 at 370cefc, 4.01 against 4.07 here, 1.46 against 1.57 with --null-launch, yet
-3.64 against 3.13 us on the H200: what remains of that row is not on this Python path).
+3.64 against 3.13 us on the H200: what remains of that row is not on this Python path; it
+was ctypes' call of cuGraphLaunch, which the fake does not make: through the C runtime's
+call_pp since 2026-11-28, the H200 row is 2.82 against 3.15 us).
 """
 from __future__ import annotations
 
