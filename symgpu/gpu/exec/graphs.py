@@ -115,9 +115,10 @@ __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_step
 
 #: graphs kept per segment (two alternate when the caller holds the last result)
 MAX_GRAPHS = 8
-#: replays in a row a staged input must arrive from one place (a shared variable after
-#: set_value, the same GpuArray passed on every call) before the graph is captured again
-#: reading it there, so it is no longer copied into a static buffer before each replay
+#: replays in a row a staged input that moved must arrive from one place (a shared variable
+#: after set_value, a GpuArray passed for a host input after host arrays) before the graph is
+#: captured again reading it there, so it is no longer copied into a static buffer before
+#: each replay; GPU inputs the caller passes per call stay staged (Segment.per_call)
 SETTLE_REPLAYS = 8
 #: times one input is re-pinned so; past that it stays staged (values that keep moving
 #: between a few places would otherwise cost a capture each time they settle)

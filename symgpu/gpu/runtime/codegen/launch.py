@@ -97,29 +97,15 @@ class Kernel:
         self._py = pycuda_fn
         #: the C runtime's launch_kernel (the "c" backend), or None
         self._c = launch_kernel if self._fn is not None else None
-        self.launch: Callable[..., None] = (
-            self._launch_c if self._c is not None else
-            self._launch_ctypes if self._fn is not None else self._launch_pycuda)
 
-    def _launch_c(self, grid: tuple, block: tuple, *args: Any) -> None:
-        status = self._c(_drv().launch_address, self._fn.value, grid[0], grid[1], grid[2],
-                         block[0], block[1], block[2], 0, self._stream.value or 0,
-                         self._struct.pack(*args))
-        if status:
-            _drv().check(status, f"launching kernel {self.name} (grid {grid}, block {block})")
-
-    def _launch_ctypes(self, grid: tuple, block: tuple, *args: Any) -> None:
-        self._struct.pack_into(self._buf, 0, *args)
-        status = _drv().launch(self._fn, grid[0], grid[1], grid[2], block[0], block[1],
-                               block[2], 0, self._stream, None, self._extra)
-        if status:
-            _drv().check(status, f"launching kernel {self.name} (grid {grid}, block {block})")
-
-    def _launch_pycuda(self, grid: tuple, block: tuple, *args: Any) -> None:
-        self._py._launch_kernel(grid, block, self._struct.pack(*args), 0, self._stream_obj)
+    def launch(self, grid: tuple, block: tuple, *args: Any) -> None:
+        """Queue the kernel once (a hot path keeps ``fast_launcher()``'s closure instead)."""
+        self.fast_launcher()(grid, block, *args)
 
     def fast_launcher(self) -> Callable[..., None]:
-        """A closure equivalent to ``launch`` with every attribute lookup hoisted out."""
+        """``launch(grid, block, *args)`` as a closure with every attribute lookup hoisted
+        out, through the backend the kernel was loaded for: the C runtime's launch_kernel,
+        ctypes' cuLaunchKernel (a function handle, no C runtime) or PyCUDA's."""
         if self._c is not None:
             c_launch, address, fn = self._c, _drv().launch_address, self._fn.value
             stream, pack, name = self._stream.value or 0, self._struct.pack, self.name
