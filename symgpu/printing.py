@@ -16,8 +16,15 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.config import config
+from symgpu.graph.basic import Apply, Constant, Variable, graph_inputs, io_toposort
 from symgpu.graph.op import Op
+from symgpu.tensor.basic import Reshape
+from symgpu.tensor.math import Dot, MatMul
+from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor, Subtensor
+from symgpu.tensor.type import as_tensor_variable
+from symgpu.link import vm as _vm
 
 __all__ = ["debugprint", "pp", "pprint", "pydotprint", "register_pp", "op_kind",
            "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning", "Print",
@@ -151,13 +158,14 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
 
 # ============================================================================ pp
 
-#: class name -> printer(op, node, argument strings) -> str, for ops without a table row
-PP_PRINTERS: dict[str, Callable[[Any, Apply, list[str]], str]] = {
-    "Dot": lambda op, node, a: f"dot({a[0]}, {a[1]})",
-    "MatMul": lambda op, node, a: f"({a[0]} @ {a[1]})",
-    "Shape": lambda op, node, a: f"shape({a[0]})",
-    "Shape_i": lambda op, node, a: f"shape({a[0]})[{op.i}]",
-    "Reshape": lambda op, node, a: f"reshape({a[0]}, {a[1]})",
+#: op class -> printer(op, node, argument strings) -> str, for ops without a table row; a
+#: subclass prints as its nearest registered base (backends register their ops' classes)
+PP_PRINTERS: dict[type, Callable[[Any, Apply, list[str]], str]] = {
+    Dot: lambda op, node, a: f"dot({a[0]}, {a[1]})",
+    MatMul: lambda op, node, a: f"({a[0]} @ {a[1]})",
+    Shape: lambda op, node, a: f"shape({a[0]})",
+    Shape_i: lambda op, node, a: f"shape({a[0]})[{op.i}]",
+    Reshape: lambda op, node, a: f"reshape({a[0]}, {a[1]})",
 }
 
 #: elementwise table rows printed under Theano's name (``second`` is Theano's ``fill``)
@@ -195,19 +203,26 @@ def _pp_inc_subtensor(op: Any, node: Apply, a: list[str]) -> str:
     return f"{fn}({a[0]}[{_index_text(op.idx_list, a[2:])}], {a[1]})"
 
 
-for _name in ("Subtensor", "AdvancedSubtensor", "GpuSubtensor", "GpuAdvancedSubtensor"):
-    PP_PRINTERS[_name] = _pp_subtensor
-for _name in ("IncSubtensor", "AdvancedIncSubtensor", "GpuIncSubtensor",
-              "GpuAdvancedIncSubtensor"):
-    PP_PRINTERS[_name] = _pp_inc_subtensor
+PP_PRINTERS.update({Subtensor: _pp_subtensor, AdvancedSubtensor: _pp_subtensor,
+                    IncSubtensor: _pp_inc_subtensor, AdvancedIncSubtensor: _pp_inc_subtensor})
 
 _REDUCE_PP = {"add": "sum", "mul": "prod", "maximum": "max", "minimum": "min",
               "and_": "all", "or_": "any"}
 
 
-def register_pp(op_class_name: str, printer: Callable[[Any, Apply, list[str]], str]) -> None:
-    """Teach `pp` an op (by class name, so backends need not be imported here)."""
-    PP_PRINTERS[op_class_name] = printer
+def register_pp(op_class: type, printer: Callable[[Any, Apply, list[str]], str]) -> None:
+    """Teach `pp` an op class (and its subclasses): ``printer(op, node, args) -> str``."""
+    if not isinstance(op_class, type):
+        raise TypeError(f"register_pp takes an op class, got {op_class!r}")
+    PP_PRINTERS[op_class] = printer
+
+
+def _pp_printer(op: Any) -> Callable | None:
+    for cls in type(op).__mro__:
+        printer = PP_PRINTERS.get(cls)
+        if printer is not None:
+            return printer
+    return None
 
 
 def _pp_leaf(var: Variable) -> str:
@@ -233,7 +248,7 @@ _PP_MAX_LISTED = 8
 def _pp_node(var: Variable, args: list[str]) -> str:
     node = var.owner
     op = node.op
-    printer = PP_PRINTERS.get(type(op).__name__)
+    printer = _pp_printer(op)
     if printer is not None:
         return printer(op, node, args)
     scalar_op = getattr(op, "scalar_op", None)
@@ -359,7 +374,6 @@ class _DotWriter:
             self.order.update(o)
         self.outputs = [v for v, _ in roots]
         if with_ids and not self.order:  # a graph of variables: number it like a function
-            from symgpu.graph.basic import graph_inputs, io_toposort
             self.order = {n: i for i, n in enumerate(io_toposort(graph_inputs(self.outputs),
                                                                  self.outputs))}
         #: a profiled Function's stats: each node's label gets its time, as Theano's
@@ -518,7 +532,6 @@ def graph_to_dot(obj: Any, max_label_size: int = 70, compact: bool = True,
 
 
 def _default_outfile(fmt: str) -> str:
-    from symgpu.config import config
     base = getattr(config, "compiledir", None) or os.getcwd()
     return os.path.join(base, f"symgpu.pydotprint.{config.device}.{fmt}")
 
@@ -653,7 +666,6 @@ class Print(Op):
 
     def make_node(self, x: Any) -> Apply:
         if not isinstance(x, Variable):
-            from symgpu.tensor.type import as_tensor_variable
             x = as_tensor_variable(x)
         return Apply(self, [x], [x.type()])
 
@@ -669,3 +681,6 @@ class Print(Op):
 
     def infer_shape(self, fgraph: Any, node: Apply, input_shapes: list) -> list:
         return list(input_shapes)
+
+
+_vm.GRAPH_PRINTER[:] = [debugprint]  # the VM's failure reports print graphs with it

@@ -18,7 +18,7 @@ from symgpu.graph.op import Op
 from symgpu.gpu.exec import graphs
 from symgpu.gpu.runtime.libcuda import DriverError
 from symgpu.gpu.runtime.pool import DevicePool
-from symgpu.link.token_lock import TokenLock
+from symgpu.graph.token_lock import TokenLock
 
 CTX = "fake-graphs"
 

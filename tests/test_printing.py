@@ -198,12 +198,14 @@ def test_pp_unnamed_inputs_lists_functions_and_custom_printers():
     first, second = Split2()(a)
     assert pp(second + first) == "(Split2.1(a) + Split2.0(a))"
     assert pp(gpu_chain(a)) == "HostFromGpu(GpuElemwise{exp,no_inplace}(GpuFromHost(a)))"
-    register_pp("GpuFromHost", lambda op, node, args: f"to_gpu({args[0]})")
+    register_pp(GpuFromHost, lambda op, node, args: f"to_gpu({args[0]})")
     try:
         assert pp(GpuFromHost()(a)) == "to_gpu(a)"
     finally:
         from symgpu.printing import PP_PRINTERS
-        PP_PRINTERS.pop("GpuFromHost")
+        PP_PRINTERS.pop(GpuFromHost)
+    with pytest.raises(TypeError, match="op class"):
+        register_pp("GpuFromHost", lambda op, node, args: "")
 
 
 def test_pp_deep_graph_does_not_recurse():

@@ -239,9 +239,9 @@ def test_rewrites_follow_compute_test_value_opt():
     made = []
     real = tv.compute_test_values
 
-    def spy(node, action):
+    def spy(node, action, base):
         made.append((node, action))
-        return real(node, action)
+        return real(node, action, base)
 
     x = T.dvector("x")
     x.tag.test_value = np.arange(3.0)

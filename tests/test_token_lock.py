@@ -1,4 +1,4 @@
-"""TokenLock (symgpu/link/token_lock.py): the token lock a call takes for the shared
+"""TokenLock (symgpu/graph/token_lock.py): the token lock a call takes for the shared
 values it updates. Its fast path (a list pop and append in generated code) records no owner,
 so these tests check what must still hold: waiting without lost wake-ups, re-entry from a
 callback inside a call (get_value, another function, the same function), and release only by
@@ -10,7 +10,7 @@ import pytest
 
 import symgpu.tensor as T
 from symgpu import function, shared
-from symgpu.link.token_lock import TokenLock
+from symgpu.graph.token_lock import TokenLock
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 

@@ -144,7 +144,7 @@ def _device_arrays_passed(f: Any) -> dict:
     if vm is None:
         return {}
     from symgpu.compile.function import _device_input_filter
-    from symgpu.compile.sharedvalue import SharedVariable
+    from symgpu.graph.sharedvalue import SharedVariable
     fgraph = f.maker.fgraph
     inputs = set(fgraph.inputs)
     out = {}

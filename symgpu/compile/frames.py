@@ -4,7 +4,7 @@ A compiled function's thunks close over storage cells (one per variable), so two
 ran over the same cells at once would overwrite each other's inputs and intermediates. Each
 call therefore holds a frame (its cells, and the VM whose thunks are bound to them) for its
 duration. A function links one frame when it is compiled, guarded by the tokens of one or
-more `TokenLock`s (link/token_lock.py): its call path takes them without blocking (a
+more `TokenLock`s (graph/token_lock.py): its call path takes them without blocking (a
 list pop each, tens of nanoseconds), and only when one is gone (another thread is inside, or
 a callback re-enters the function) does the call go the contended way: it waits for the
 locks of the values it updates, then runs in a spare frame from a small pool, linking a new
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from symgpu.compile.sharedvalue import update_locks
-from symgpu.link.token_lock import HELD_NAME, TokenLock
+from symgpu.graph.sharedvalue import update_locks
+from symgpu.graph.token_lock import HELD_NAME, TokenLock
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 

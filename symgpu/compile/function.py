@@ -11,8 +11,9 @@ from symgpu.compile.frames import Layout, link_frame
 from symgpu.compile.host_fallback import keep_source, recompile_on_host
 from symgpu.compile.io import In, Out
 from symgpu.compile.mode import Mode, get_mode
-from symgpu.compile.sharedvalue import SharedVariable
-from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, graph_inputs
+from symgpu.graph.sharedvalue import SharedVariable
+from symgpu.graph.basic import (Constant, Variable, ancestors, clone_graph, graph_inputs,
+                                set_eval_compiler)
 from symgpu.graph.fg import FunctionGraph
 
 __all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace"]
@@ -529,3 +530,6 @@ def _default_updates(roots: list[Variable], explicit: list, skip_all: Any) -> li
 
 def _bad_input(i: Any) -> In:
     raise TypeError(f"inputs must be symbolic variables or In(...), got {type(i).__name__}: {i!r}")
+
+
+set_eval_compiler(function)  # Variable.eval compiles through function (graph sits below us)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.compile.sharedvalue import SharedVariable
+from symgpu.graph.sharedvalue import SharedVariable
 from symgpu.graph.basic import clone_graph
 from symgpu.graph.fg import FunctionGraph
 

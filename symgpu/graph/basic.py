@@ -9,7 +9,18 @@ import copy
 import sys
 import traceback
 from collections import deque
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+from symgpu.config import config
+
+#: the compiler behind ``Variable.eval``: ``symgpu.compile.function`` installs its
+#: ``function`` here (set_eval_compiler), since the graph layer sits below the compiler
+_EVAL_COMPILER: list[Callable | None] = [None]
+
+
+def set_eval_compiler(function: Callable) -> None:
+    """Install the function compiler that ``Variable.eval`` uses (compile's ``function``)."""
+    _EVAL_COMPILER[0] = function
 
 __all__ = [
     "Type", "Variable", "Constant", "Apply", "Scratchpad", "VariableTag", "TestValueError",
@@ -181,7 +192,7 @@ class Variable:
         except KeyError:
             pass
         storage = getattr(getattr(self, "container", None), "storage", None)
-        if storage is not None:  # a shared variable (compile/sharedvalue.py)
+        if storage is not None:  # a shared variable (graph/sharedvalue.py)
             return storage[0]
         raise TestValueError(f"{self} has no test value; set `{self.name or 'var'}.tag."
                              "test_value = <array>` (or config.compute_test_value='off')")
@@ -191,8 +202,9 @@ class Variable:
 
     def eval(self, inputs_to_values: dict | None = None):
         """Compile (and cache) a function of this variable's free inputs and call it."""
-        from symgpu.compile.function import function
-
+        function = _EVAL_COMPILER[0]
+        if function is None:
+            raise RuntimeError("Variable.eval needs the compiler: import symgpu")
         inputs_to_values = inputs_to_values or {}
         keys = tuple(inputs_to_values)
         cache = self.__dict__.setdefault("_eval_cache", {})
@@ -222,7 +234,6 @@ class Constant(Variable):
 
 
 def _print_test_value() -> bool:
-    from symgpu.config import config
     return bool(config.print_test_value)
 
 

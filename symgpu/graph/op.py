@@ -66,7 +66,7 @@ class Op:
         node = self.make_node(*inputs, **kwargs)
         action = _flags["compute_test_value"].value
         if action != "off":  # Theano's test values: evaluate now, fail at the user's line
-            compute_test_values(node, action)
+            compute_test_values(node, action, Op)
         if self.default_output is not None:
             return node.outputs[self.default_output]
         return node.outputs[0] if len(node.outputs) == 1 else list(node.outputs)

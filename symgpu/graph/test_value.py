@@ -2,7 +2,7 @@
 ``compute_test_value``), so that a shape or dtype mistake fails at the user's own line, long
 before ``function()`` compiles anything.
 
-`Op.__call__` calls `compute_test_values(node, action)` when ``config.compute_test_value`` is
+`Op.__call__` calls `compute_test_values(node, action, Op)` when ``config.compute_test_value`` is
 not ``'off'``. Inputs give their values through `Variable.get_test_value` (``tag.test_value``,
 a constant's data, a shared variable's value). The node is evaluated by a thunk made
 for this one node (the op's ``make_thunk``, as the compiled function runs it), or by the op's
@@ -65,11 +65,11 @@ def _missing(node: Apply, i: int, var: Variable, action: str) -> None:
     raise TestValueError(message)
 
 
-def _evaluate(node: Apply, values: list[Any]) -> list[Any]:
+def _evaluate(node: Apply, values: list[Any], base: type) -> list[Any]:
     """The op's own thunk where it makes one (it is what the compiled function runs, with
-    its run-time checks, e.g. Elemwise's undeclared-broadcast check), else ``perform``."""
+    its run-time checks, e.g. Elemwise's undeclared-broadcast check), else ``perform``
+    (`base` is the Op class, whose make_thunk calls perform)."""
     op = node.op
-    base = _base_op()
     if type(op).make_thunk is base.make_thunk and type(op).perform is not base.perform:
         storage: list[list] = [[None] for _ in node.outputs]
         op.perform(node, list(values), storage)
@@ -83,13 +83,9 @@ def _evaluate(node: Apply, values: list[Any]) -> list[Any]:
     return [storage_map[v][0] for v in node.outputs]
 
 
-def _base_op() -> type:
-    from symgpu.graph.op import Op
-    return Op
-
-
-def compute_test_values(node: Apply, action: str) -> None:
-    """Give `node`'s outputs test values computed from its inputs' (see module doc).
+def compute_test_values(node: Apply, action: str, base: type) -> None:
+    """Give `node`'s outputs test values computed from its inputs' (see module doc);
+    `base` is the Op class (graph.op passes it: this module sits below it).
 
     A failure re-raises the op's exception (same class where possible) with the node, the
     inputs' shapes and dtypes and the user's line that built it."""
@@ -105,7 +101,7 @@ def compute_test_values(node: Apply, action: str) -> None:
         if hasattr(values[i], "copy"):
             values[i] = values[i].copy()
     try:
-        results = _evaluate(node, values)
+        results = _evaluate(node, values, base)
     except Exception as exc:
         message = (f"{exc}\nTest value computation failed (config.compute_test_value="
                    f"{action!r}) for the node: {node}\n"

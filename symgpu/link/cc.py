@@ -26,6 +26,7 @@ import threading
 from functools import cache
 from typing import Sequence
 
+from symgpu.config import config
 from symgpu.link.diskcache import build_once, cache_subdir, private_dir, run_compiler
 
 __all__ = ["CCompileError", "compiler", "build_library", "is_built", "load_library",
@@ -53,7 +54,6 @@ class CCompileError(RuntimeError):
 
 def compiler() -> str | None:
     """The C compiler's path, or None when the ``cxx`` flag is empty or names nothing."""
-    from symgpu.config import config
     name = config.cxx
     return shutil.which(name) if name else None
 

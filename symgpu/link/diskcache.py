@@ -17,6 +17,8 @@ import tempfile
 import threading
 from typing import Callable, Sequence
 
+from symgpu.config import config
+
 __all__ = ["check_private_dir", "private_dir", "cache_subdir", "read_entry", "atomic_write",
            "build_once", "run_compiler"]
 
@@ -54,7 +56,6 @@ def private_dir(path: str) -> str:
 
 def cache_subdir(name: str) -> str:
     """``<compiledir>/<name>``, created and checked (0700, owned by us) on first use."""
-    from symgpu.config import config
     root = config.compiledir
     if not root:
         raise PermissionError("the compiledir flag is empty: set it to a private directory")

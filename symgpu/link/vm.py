@@ -6,6 +6,7 @@ its last reader ran, so intermediates do not outlive their use.
 """
 from __future__ import annotations
 
+import io
 from typing import Any, Callable, Sequence
 
 from symgpu.config import config
@@ -23,6 +24,10 @@ VM_HOOKS: list[Callable[["VM"], None]] = []
 #: a backend may prepare what the thunks will need, e.g. compile their kernels in parallel
 #: (symgpu/gpu/exec/prefetch.py).  A hook that fails only warns; the thunks then do the work.
 LINK_HOOKS: list[Callable[[FunctionGraph, list[Apply]], None]] = []
+
+#: ``debugprint(outputs, file=...)`` for failure reports at exception_verbosity=high;
+#: symgpu.printing (a layer above this one) installs it when imported
+GRAPH_PRINTER: list[Callable[..., None]] = []
 
 
 class VM:
@@ -184,11 +189,9 @@ def describe_failure(node: Apply, storage_map: dict, index: int | None = None,
                 lines.append(f"    {frame.line}")
     else:
         lines.append("The node has no recorded creation trace.")
-    if config.exception_verbosity == "high" and fgraph is not None:
-        import io
-        from symgpu.printing import debugprint
+    if config.exception_verbosity == "high" and fgraph is not None and GRAPH_PRINTER:
         buf = io.StringIO()
-        debugprint(node.outputs, file=buf)
+        GRAPH_PRINTER[0](node.outputs, file=buf)
         lines.append("The node and what feeds it:")
         lines.append(buf.getvalue().rstrip())
     else:

@@ -1,7 +1,10 @@
 """The tensor language: symbolic n-dimensional arrays and the operations on them."""
 from symgpu.tensor.type import (Float64Warning, TensorConstant, TensorType, TensorVariable,
                                 as_tensor_variable, col, constant, matrix, row, scalar, tensor, vector,
-                                tensor3, tensor4, _install_operators)
+                                tensor3, tensor4)
+import sys
+
+from symgpu.tensor import elemwise as _elemwise
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from symgpu.tensor.math import *  # noqa: F401,F403  (elementwise, reductions, dot)
 from symgpu.tensor.math import (abs, all, any, argmax, argmin, cast, dot, matmul, max, mean,
@@ -9,7 +12,8 @@ from symgpu.tensor.math import (abs, all, any, argmax, argmin, cast, dot, matmul
 from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
                                  specify_broadcastable_as, transpose)
 from symgpu.tensor.basic import *  # noqa: F401,F403
-from symgpu.tensor.shape import SpecifyShape, specify_shape
+from symgpu.tensor.shape import SpecifyShape
+from symgpu.tensor.basic import specify_shape
 from symgpu.tensor.sharedvar import TensorSharedVariable
 from symgpu.tensor.extra_ops import *  # noqa: F401,F403  (cumsum, sort, repeat, diag, eye...)
 from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, roll, norm...)
@@ -18,7 +22,10 @@ from symgpu.tensor import typed_constructors as _typed
 from symgpu.gradient import Lop, Rop, grad, hessian, jacobian  # T.grad, as in Theano
 from symgpu.tensor import nnet
 
+from symgpu.tensor.variable import install_operators as _install_operators  # noqa: E402
+
 _install_operators()
+_elemwise.install_language(sys.modules[__name__])  # gradients of Elemwise build with T
 globals().update(_typed.CONSTRUCTORS)
 globals().update(_typed.PLURALS)
 import symgpu.tensor.rewriting  # noqa: E402,F401  (registers the tensor rewrite passes)

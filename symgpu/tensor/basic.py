@@ -16,15 +16,19 @@ from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float, upcast
 from symgpu.tensor.elemwise import DimShuffle, _sum_to_broadcast_pattern
 from symgpu.tensor.math import as_operands, cast, fill, ones_like, second, zeros_like
-from symgpu.tensor.shape import (Shape, Shape_i, dimshuffle, shape, shape_i,
-                                 specify_broadcastable_as, transpose)
+from symgpu.tensor.shape import (Shape, Shape_i, SpecifyShape, dimshuffle, shape, shape_i,
+                                 shape_tuple, specify_broadcastable_as, transpose)
+from symgpu.tensor.shape_rules import (_const, as_dim, dim_value, is_nonnegative,
+                                       join_shape, s_eq, s_floordiv, s_prod, s_switch)
 from symgpu.tensor.subtensor import (AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor,
                                      Subtensor, getitem, inc_subtensor, set_subtensor)
+from symgpu.tensor.ranges import ARange, arange
 from symgpu.tensor.type import TensorConstant, TensorType, TensorVariable, as_tensor_variable, constant
 
 __all__ = [
     "MakeVector", "make_vector", "Reshape", "reshape", "flatten", "squeeze", "Join", "join",
     "concatenate", "stack", "Alloc", "alloc", "zeros", "ones", "ARange", "arange",
+    "specify_shape",
     # re-exported from math.py / shape.py / subtensor.py
     "fill", "second", "zeros_like", "ones_like", "cast", "shape", "shape_i", "transpose",
     "dimshuffle", "specify_broadcastable_as", "getitem", "set_subtensor", "inc_subtensor",
@@ -156,6 +160,39 @@ def make_vector(*scalars: Any, dtype: str | None = None) -> TensorVariable:
 
 # ----------------------------------------------------------------------------- reshape
 
+def _shape_vector_entries(shp: Variable, ndim: int) -> list[Variable]:
+    if isinstance(shp, TensorConstant):
+        return [_const(int(s)) for s in np.asarray(shp.data).reshape(-1)]
+    node = shp.owner
+    if node is not None and isinstance(node.op, MakeVector):
+        return [as_dim(s) for s in node.inputs]
+    if node is not None and getattr(node.op, "shape_read", None) == "all":
+        return list(shape_tuple(node.inputs[0]))  # reshape(x, y.shape)
+    return [as_dim(getitem(shp, i)) for i in range(ndim)]
+
+
+def reshape_shape(x_shape: tuple, shp: Variable, ndim: int) -> tuple:
+    """The shape a Reshape gives: the requested entries, a -1 (constant, or a symbolic entry
+    that turns out -1 at run time) replaced by what the size of `x` leaves over."""
+    entries = _shape_vector_entries(shp, ndim)
+
+    sure = is_nonnegative  # an entry that cannot be -1
+    if all(sure(e) for e in entries):
+        return tuple(entries)
+    size = s_prod(x_shape)
+    fixed = [e if sure(e) else (1 if dim_value(e) == -1 else s_switch(s_eq(e, -1), 1, e))
+             for e in entries]
+    out = []
+    for i, e in enumerate(entries):
+        if sure(e):
+            out.append(e)
+            continue
+        missing = s_floordiv(size, s_prod(fixed[:i] + fixed[i + 1:]))
+        out.append(missing if dim_value(e) == -1 else s_switch(s_eq(e, -1), missing, e))
+    return tuple(as_dim(o) for o in out)
+
+
+
 class Reshape(Op):
     """`x` with a new shape (an int vector of length `ndim`, -1 allowed); a view when NumPy
     can make one."""
@@ -196,7 +233,6 @@ class Reshape(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The requested shape; a -1 is what x's size leaves over (GpuReshape's too)."""
-        from symgpu.tensor.shape_rules import reshape_shape
         return [reshape_shape(input_shapes[0], node.inputs[1], self.ndim)]
 
     def grad(self, inputs, output_grads):
@@ -309,7 +345,6 @@ class Join(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """Lengths along `axis` add up; the others agree (GpuJoin's too)."""
-        from symgpu.tensor.shape_rules import join_shape
         return [join_shape(self.axis, [t.broadcastable for t in node.inputs], input_shapes)]
 
     def grad(self, inputs, output_grads):
@@ -458,64 +493,41 @@ def ones(shape: Any, dtype: str | None = None) -> TensorVariable:
     return _filled(1, shape, dtype)
 
 
-# ----------------------------------------------------------------------------- arange
 
-class ARange(Op):
-    """np.arange(start, stop, step) of symbolic scalars, in `dtype`."""
+# ----------------------------------------------------------------------------- specify_shape
+# (here rather than beside SpecifyShape: a symbolic shape vector's length is read with
+# _vector_length, which knows MakeVector and Subtensor)
 
-    __props__ = ("dtype",)
-
-    def __init__(self, dtype: str):
-        self.dtype = check_dtype(dtype)
-
-    def __str__(self) -> str:
-        return f"ARange{{dtype={self.dtype}}}"
-
-    def make_node(self, start: Any, stop: Any, step: Any) -> Apply:
-        args = [as_tensor_variable(a) for a in (start, stop, step)]
-        for name, a in zip(("start", "stop", "step"), args):
-            if a.ndim != 0 or a.dtype == "bool" or not (is_float(a.dtype) or _is_int(a.dtype)):
-                raise TypeError(f"arange: {name} must be a numeric scalar, got {a} ({a.type})")
-        bcast = False
-        if all(isinstance(a, TensorConstant) for a in args) and args[2].data != 0:
-            bcast = len(np.arange(*(a.data for a in args), dtype=self.dtype)) == 1
-        return Apply(self, args, [TensorType(self.dtype, (bcast,))()])
-
-    def perform(self, node, inputs, out):
-        start, stop, step = inputs
-        if step == 0:
-            raise ValueError("arange: step must not be zero")
-        out[0][0] = np.arange(start, stop, step, dtype=self.dtype)
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        from symgpu.tensor.shape_rules import arange_length
-        return [(arange_length(*node.inputs),)]
-
-    def grad(self, inputs, output_grads):
-        start, stop, step = inputs
-        gz = output_grads[0]
-        if not is_float(self.dtype):
-            return [None, None, None]
-        n = shape_i(gz, 0)
-        gstart = gz.sum()
-        gstep = (gz * ARange(self.dtype)(constant(0, dtype=self.dtype), cast(n, self.dtype),
-                                         constant(1, dtype=self.dtype))).sum()
-        return [cast(gstart, start.dtype) if is_float(start.dtype) else None, None,
-                cast(gstep, step.dtype) if is_float(step.dtype) else None]
-
-
-def arange(start: Any, stop: Any = None, step: Any = 1, dtype: str | None = None) -> TensorVariable:
-    """np.arange with symbolic or constant bounds; the dtype follows NumPy (Python floats
-    take floatX, Python ints adopt the dtype of symbolic arguments)."""
-    if stop is None:
-        start, stop = 0, start
-    args = (start, stop, step)
-    if dtype is None:
-        if any(isinstance(a, Variable) for a in args):
-            dtype = upcast(*[a.dtype for a in as_operands(*args)])
-        else:
-            dtype = config.floatX if any(np.asarray(a).dtype.kind == "f" for a in args) else "int64"
-        if dtype == "bool":
-            dtype = "int64"
-    dtype = config.floatX if dtype == "floatX" else check_dtype(dtype)
-    return ARange(dtype)(*as_operands(*args))
+def specify_shape(x: Any, shape: Any) -> Any:
+    """`x`, checked at run time to have `shape` (Theano's/PyTensor's): a tuple of ints,
+    int scalar variables and None (any length), or a symbolic int vector. The shape
+    rewrites use it: `specify_shape(x, (3, n)).shape[0]` is the constant 3."""
+    if not (isinstance(x, Variable) and hasattr(x.type, "broadcastable")):
+        x = as_tensor_variable(x)
+    if isinstance(shape, (int, np.integer)) or (isinstance(shape, Variable) and shape.ndim == 0):
+        shape = (shape,)
+    if isinstance(shape, Variable):
+        n = _vector_length(shape)
+        if n is None:
+            raise ValueError(f"specify_shape: cannot tell how many entries the shape {shape} has; "
+                             "pass a tuple")
+        shape = tuple(getitem(shape, i) for i in range(n))
+    shape = tuple(shape)
+    if len(shape) != x.type.ndim:
+        raise ValueError(f"specify_shape: {x} has {x.type.ndim} dimensions but the shape "
+                         f"{shape} has {len(shape)} entries")
+    for d, e in enumerate(shape):
+        if e is None:
+            continue
+        v = dim_value(e)
+        if v is not None and v < 0:
+            raise ValueError(f"specify_shape: entry {d} of the shape {shape} is negative")
+        if v is None and not (isinstance(e, Variable) and e.ndim == 0 and e.dtype[0] in "iu"):
+            raise TypeError(f"specify_shape: entry {d} of the shape must be an int, None or an "
+                            f"integer scalar variable, got {e!r}")
+        if v is not None and v != 1 and x.type.broadcastable[d]:
+            raise ValueError(f"specify_shape: dimension {d} of {x} ({x.type}) has length 1, "
+                             f"the shape {shape} says {v}")
+    if all(e is None for e in shape):
+        return x
+    return SpecifyShape([e is not None for e in shape])(x, *[e for e in shape if e is not None])

@@ -25,6 +25,8 @@ import numpy as np
 from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.tensor.type import TensorType, as_tensor_variable
+from symgpu.tensor.shape_rules import pick_dim
+from symgpu.tensor.math import dot
 
 __all__ = ["Gemv", "Gemm", "Dot22", "Ger", "gemv_inplace", "gemv_no_inplace", "gemm_inplace",
            "gemm_no_inplace", "dot22", "ger_inplace", "ger_no_inplace", "BLAS_DTYPES"]
@@ -153,7 +155,6 @@ def _scalar_or_cell(var, cell):
 def _dim_of(node: Apply, input_shapes, *places: tuple[int, int]):
     """One output length that several (input, dim) places all have (BLAS checks they
     agree): the first not broadcastable, else 1."""
-    from symgpu.tensor.shape_rules import pick_dim
     cands = [input_shapes[i][d] for i, d in places if not node.inputs[i].broadcastable[d]]
     return pick_dim(cands) if cands else 1
 
@@ -298,7 +299,6 @@ class Dot22(Op):
         return [(_dim_of(node, input_shapes, (0, 0)), _dim_of(node, input_shapes, (1, 1)))]
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.math import dot
         (a, b), (gz,) = inputs, output_grads
         return [dot(gz, b.T), dot(a.T, gz)]
 
@@ -354,7 +354,6 @@ class Ger(Op):
                  _dim_of(node, input_shapes, (0, 1), (3, 0)))]
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.math import dot
         A, alpha, x, y = inputs
         (gz,) = output_grads
         axes = [d for d in range(2) if A.broadcastable[d] and not gz.broadcastable[d]]

@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from symgpu.link import c_runtime, cc, vm
 from symgpu.scalar import ccode
 from symgpu.scalar.composite import Composite
 
@@ -51,7 +52,6 @@ def c_kernels_allowed() -> bool:
     generator); the kernels here need the runtime too (`c_kernels_enabled`)."""
     if not _allowed.get():
         return False
-    from symgpu.link import cc
     return cc.compiler() is not None
 
 
@@ -59,7 +59,6 @@ def c_kernels_enabled() -> bool:
     """Whether thunks made now may use C kernels (mode allows, compiler and runtime usable)."""
     if not c_kernels_allowed():
         return False
-    from symgpu.link import c_runtime
     return c_runtime.runner() is not None
 
 
@@ -73,7 +72,6 @@ def _kinds(node) -> str:
 
 def _attempts() -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(extra flags, libraries) to try in turn: with libmvec's SIMD math first where it is."""
-    from symgpu.link import cc
     plain = ((), ("m",))
     return [(("-DSYMGPU_MVEC",), ("mvec", "m")), plain] if cc.has_libmvec() else [plain]
 
@@ -81,7 +79,6 @@ def _attempts() -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
 def _kernel_address(source: str, what: object) -> int | None:
     """The compiled kernel of `source`; None, with a warning naming `what`, when it does not
     compile, so the node runs on NumPy."""
-    from symgpu.link import cc
     if source in _failed:
         return None
     error = None
@@ -101,10 +98,9 @@ def c_source(node) -> str | None:
     an Elemwise of a Composite of two or more C-able steps (inputs full or scalar; or, up to
     MAX_BROADCAST_NDIM dimensions, any broadcast patterns), or a sum of every axis of a float32/float64 array. (Whether a compiler is usable is
     asked separately: `c_kernels_enabled`.)"""
-    from symgpu.link import c_runtime
-    from symgpu.tensor.elemwise import CAReduce, Elemwise
     op = node.op
-    if isinstance(op, Elemwise):
+    kind = getattr(op, "c_kernel_kind", None)  # Elemwise and CAReduce declare it
+    if kind == "elemwise":
         composite = op.scalar_op
         if (not isinstance(composite, Composite) or len(composite.steps) < 2
                 or len(node.inputs) + len(node.outputs) > c_runtime.MAX_ARRAYS
@@ -117,7 +113,7 @@ def c_source(node) -> str | None:
             return None
         return ccode.broadcast_source(composite,
                                       tuple(v.type.broadcastable for v in node.inputs))
-    if isinstance(op, CAReduce) and op.scalar_op.name == "add":
+    if kind == "reduce" and op.scalar_op.name == "add":
         (x,), (out,) = node.inputs, node.outputs
         if x.dtype in ("float32", "float64") and out.dtype == x.dtype and out.ndim == 0:
             return ccode.sum_source(x.dtype)
@@ -133,7 +129,6 @@ def c_elemwise_thunk(node, storage_map: dict, fallback: Callable) -> Callable | 
     address = _kernel_address(source, node.op.scalar_op)
     if address is None:
         return None
-    from symgpu.link import c_runtime
     kinds = _kinds(node)
     if "b" in kinds:
         return _generate(c_runtime.sized_runner(), address, node, "f" * len(kinds),
@@ -160,7 +155,6 @@ def c_sum_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     address = _kernel_address(source, node.op)
     if address is None:
         return None
-    from symgpu.link import c_runtime
     (x,), (out,) = node.inputs, node.outputs
     run, empty, dtype = c_runtime.runner(), np.empty, out.dtype
     tags = f"f{np.dtype(dtype).itemsize}o{np.dtype(dtype).itemsize}".encode()
@@ -224,7 +218,6 @@ def prefetch(fgraph, nodes: list) -> None:
     left to the thunks, which warn and fall back."""
     if not _allowed.get():
         return
-    from symgpu.link import c_runtime, cc
     if cc.compiler() is None:
         return
     defines, libs = _attempts()[0]
@@ -246,7 +239,6 @@ def prefetch(fgraph, nodes: list) -> None:
 
 
 def _register() -> None:
-    from symgpu.link import vm
     if prefetch not in vm.LINK_HOOKS:
         vm.LINK_HOOKS.append(prefetch)
 

@@ -9,14 +9,27 @@ from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.dtypes import is_float
+from symgpu.tensor import shape_rules
+from symgpu.tensor.c_elemwise import c_elemwise_thunk, c_sum_thunk
+from symgpu.tensor.shape_rules import dimshuffle_shape, elemwise_shape, reduce_shape
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["Elemwise", "DimShuffle", "CAReduce", "broadcast_shape_of", "keepdims_order"]
 
 
-def _tensor_namespace():
-    import symgpu.tensor as T
-    return T
+#: the tensor language (the symgpu.tensor package) that gradients build with: the scalar
+#: table's grad rules take it as their ``T``. The package sits above this module and installs
+#: itself here when it loads (install_language).
+_LANGUAGE: list[Any] = []
+
+
+def install_language(namespace: Any) -> None:
+    """Let gradients built here use `namespace` (symgpu.tensor) as their ``T``."""
+    _LANGUAGE[:] = [namespace]
+
+
+def _tensor_namespace() -> Any:
+    return _LANGUAGE[0]
 
 
 class DimShuffle(Op):
@@ -103,7 +116,6 @@ class DimShuffle(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The input's lengths reordered; 1 for each 'x' (GpuDimShuffle shares it)."""
-        from symgpu.tensor.shape_rules import dimshuffle_shape
         return [dimshuffle_shape(input_shapes[0], self.new_order)]
 
 
@@ -118,6 +130,7 @@ class Elemwise(Op):
     """
 
     __props__ = ("scalar_op", "inplace_pattern")
+    c_kernel_kind = "elemwise"  # tensor.c_elemwise may run it as a compiled C loop
 
     def __init__(self, scalar_op: ScalarOp, inplace_pattern: dict[int, int] | None = None,
                  name: str | None = None):
@@ -162,7 +175,6 @@ class Elemwise(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         """Each dim: the length of an input not broadcastable there (they must agree), else
         1. GpuElemwise and ElemwiseKernelOp share it."""
-        from symgpu.tensor.shape_rules import elemwise_shape
         shape = elemwise_shape([v.broadcastable for v in node.inputs], input_shapes)
         return [shape] * len(node.outputs)
 
@@ -181,7 +193,6 @@ class Elemwise(Op):
                                            checks)
         # a compiled loop where it can run; it checks shapes itself, and takes `thunk`
         # (NumPy, with the broadcast checks and their errors) for any other call
-        from symgpu.tensor.c_elemwise import c_elemwise_thunk
         return c_elemwise_thunk(node, storage_map, thunk) or thunk
 
     def _ufunc_thunk(self, node, storage_map):
@@ -408,6 +419,7 @@ class CAReduce(Op):
     """Reduce over `axis` (a tuple, or None for all) with a commutative associative op."""
 
     __props__ = ("scalar_op", "axis", "dtype")
+    c_kernel_kind = "reduce"  # tensor.c_elemwise may run a full float sum as a C loop
 
     def __init__(self, scalar_op: ScalarOp | str, axis: Sequence[int] | None = None, dtype: str | None = None):
         if isinstance(scalar_op, str):
@@ -449,7 +461,6 @@ class CAReduce(Op):
             cout[0] = asarray(reduce(cin[0], axis=axis, dtype=dtype))
         thunk = _closure_thunk(thunk, node, storage_map)
         if self.scalar_op.name == "add":
-            from symgpu.tensor.c_elemwise import c_sum_thunk
             return c_sum_thunk(node, storage_map, thunk) or thunk
         return thunk
 
@@ -474,7 +485,6 @@ class CAReduce(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         """The (broadcast) input shape without the reduced axes (GpuCAReduce's is the same
         over its reduction's inputs, which broadcast like an Elemwise's)."""
-        from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
         shape = elemwise_shape([v.broadcastable for v in node.inputs], input_shapes)
         return [reduce_shape(shape, self.axis)]
 
@@ -505,3 +515,6 @@ class CAReduce(Op):
         if self.scalar_op.name == "add":
             return [self(eval_points[0])]
         raise NotImplementedError(f"{self} has no R_op")
+
+
+shape_rules.use_elementwise_op(Elemwise)  # dimension arithmetic builds Elemwise nodes

@@ -22,6 +22,7 @@ from symgpu.tensor.math import (_make_elemwise, abs as _abs, all as _all, and_, 
                                 zeros_like)
 from symgpu.tensor.shape import Unbroadcast, dimshuffle, shape_i, specify_broadcastable_as
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.subtensor import set_subtensor
 
 __all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero", "tile",
            "roll", "max_and_argmax", "norm", "trace", "swapaxes", "arcsin", "arccos", "arcsinh",
@@ -384,7 +385,6 @@ def batched_dot(a: Any, b: Any) -> TensorVariable:
 def fill_diagonal(a: Any, val: Any) -> TensorVariable:
     """A copy of the matrix `a` with its main diagonal set to the scalar `val`, as
     np.fill_diagonal (which works in place)."""
-    from symgpu.tensor.subtensor import set_subtensor
     a = as_tensor_variable(a)
     if a.ndim != 2:
         raise ValueError(f"fill_diagonal: {a} ({a.type}) must be a matrix")

@@ -19,6 +19,10 @@ from symgpu.tensor.basic import _as_int_scalar, flatten
 from symgpu.tensor.math import cast, maximum, minimum, neq, sum as _sum
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, constant
+from symgpu.tensor.basic import concatenate
+from symgpu.tensor.math import max as _max
+from symgpu.tensor.basic import zeros
+from symgpu.tensor.subtensor import inc_subtensor
 
 __all__ = ["CumOp", "Sort", "ArgSort", "Repeat", "Eye", "AllocDiag", "ExtractDiag", "Nonzero",
            "cumsum", "cumprod", "sort", "argsort", "repeat", "eye", "identity_like", "diag",
@@ -541,8 +545,6 @@ class BinCount(Op):
         out[0][0] = np.bincount(x, minlength=self.minlength).astype("int64")
 
     def infer_shape(self, fgraph, node, input_shapes):
-        from symgpu.tensor.basic import concatenate
-        from symgpu.tensor.math import max as _max
         # max(x) + 1, or 0 for an empty x: the max of x with a -1 appended
         padded = concatenate([cast(node.inputs[0], "int64"), constant(np.array([-1]))])
         return [(_int64(maximum(_max(padded) + 1, self.minlength)),)]
@@ -557,8 +559,6 @@ def bincount(x: Any, weights: Any = None, minlength: int = 0) -> TensorVariable:
     x = as_tensor_variable(x)
     if weights is None:
         return BinCount(minlength)(x)
-    from symgpu.tensor.basic import zeros
-    from symgpu.tensor.subtensor import inc_subtensor
     weights = as_tensor_variable(weights)
     n = shape_i(BinCount(minlength)(x), 0)
     return inc_subtensor(zeros((n,), dtype=weights.dtype)[x], weights)

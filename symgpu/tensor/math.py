@@ -11,9 +11,12 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast
-from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise, keepdims_order
+from symgpu.tensor.elemwise import (CAReduce, DimShuffle, Elemwise, _sum_to_broadcast_pattern,
+                                    keepdims_order)
 from symgpu.tensor.shape import shape_i, transpose
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, constant
+from symgpu.tensor.shape_rules import dot_shape, matmul_shape
+from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable, constant,
+                                specify_broadcastable_as)
 
 _ELEMWISE: dict[str, Elemwise] = {name: Elemwise(op) for name, op in SCALAR_OPS.items()}
 
@@ -377,7 +380,6 @@ class Dot(Op):
         out[0][0] = np.asarray(np.dot(x, y), dtype=node.outputs[0].dtype)
 
     def infer_shape(self, fgraph, node, input_shapes):
-        from symgpu.tensor.shape_rules import dot_shape
         return [dot_shape(*input_shapes)]
 
     def grad(self, inputs, output_grads):
@@ -438,11 +440,9 @@ class MatMul(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         """The stacks broadcast (NumPy's rule, at run time), then rows of x by columns of y
         (GpuBatchedDot shares it)."""
-        from symgpu.tensor.shape_rules import matmul_shape
         return [matmul_shape(*input_shapes)]
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.elemwise import _sum_to_broadcast_pattern
         (x, y), (gz,) = inputs, output_grads
         swap = lambda v: transpose(v, tuple(range(v.ndim - 2)) + (v.ndim - 1, v.ndim - 2))
         gx = _sum_to_broadcast_pattern(matmul(gz, swap(y)), x)
@@ -478,7 +478,6 @@ def matmul(x: Any, y: Any) -> TensorVariable:
 def _squeeze_axis(r: TensorVariable, axis: int) -> TensorVariable:
     axis %= r.ndim
     pattern = [d for d in range(r.ndim) if d != axis]
-    from symgpu.tensor.shape import specify_broadcastable_as
     bc = list(r.broadcastable)
     bc[axis] = True
     r = specify_broadcastable_as(r, r.type.clone(broadcastable=bc))
@@ -495,7 +494,6 @@ def outer(x: Any, y: Any) -> TensorVariable:
 
 def tensordot(a: Any, b: Any, axes: Any = 2) -> TensorVariable:
     """np.tensordot: contract `axes` of a with those of b, through one matrix product."""
-    from symgpu.tensor.basic import reshape
     a, b = as_tensor_variable(a), as_tensor_variable(b)
     if isinstance(axes, (int, np.integer)):
         a_axes = list(range(a.ndim - int(axes), a.ndim))
@@ -517,8 +515,8 @@ def tensordot(a: Any, b: Any, axes: Any = 2) -> TensorVariable:
     k_b = _prod_of([shape_i(b, d) for d in b_axes])  # b's own: a mismatch then fails in Dot
     m = _prod_of(a_shape)
     n = _prod_of(b_shape)
-    r = _dot(reshape(at, [m, k], ndim=2), reshape(bt, [k_b, n], ndim=2))
-    return reshape(r, a_shape + b_shape, ndim=len(a_free) + len(b_free))
+    r = _dot(at.reshape([m, k], ndim=2), bt.reshape([k_b, n], ndim=2))
+    return r.reshape(a_shape + b_shape, ndim=len(a_free) + len(b_free))
 
 
 def _prod_of(dims: Sequence[TensorVariable]) -> TensorVariable:

@@ -1,18 +1,21 @@
 """Shape queries and pure dimension shuffles: shape, Shape_i, dimshuffle, transpose."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
-from symgpu.tensor.elemwise import DimShuffle
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op, ShapeError
+from symgpu.tensor.elemwise import DimShuffle, _closure_thunk
+from symgpu.tensor.shape_rules import as_dim, dim_value
+from symgpu.tensor.type import (SpecifyBroadcastable, TensorType, TensorVariable, Unbroadcast,
+                                as_tensor_variable, check_declared_broadcastable,
+                                specify_broadcastable_as)
 
 __all__ = ["Shape", "Shape_i", "shape", "shape_i", "dimshuffle", "transpose",
            "SpecifyBroadcastable", "specify_broadcastable_as", "Unbroadcast", "SpecifyShape",
-           "specify_shape"]
+           "register_shape_reader", "shape_i_of", "shape_tuple", "check_declared_broadcastable"]
 
 
 class Shape(Op):
@@ -20,6 +23,7 @@ class Shape(Op):
 
     __props__ = ()
     reads_only_shape = True  # a device array fed to its input needs no host copy
+    shape_read = "all"  # its value is its input's whole shape (GpuShape declares it too)
 
     def make_node(self, x: Any) -> Apply:
         x = as_tensor_variable(x)
@@ -40,6 +44,7 @@ class Shape_i(Op):
 
     __props__ = ("i",)
     reads_only_shape = True  # a device array fed to its input needs no host copy
+    shape_read = "dim"  # its value is one dimension's length (GpuShape_i declares it too)
 
     def __init__(self, i: int):
         self.i = int(i)
@@ -55,7 +60,6 @@ class Shape_i(Op):
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         """A closure: reading one length must not cost a generic perform call."""
-        from symgpu.tensor.elemwise import _closure_thunk
         cin, cout, i, asarray = storage_map[node.inputs[0]], storage_map[node.outputs[0]], self.i, np.asarray
 
         def thunk():
@@ -73,6 +77,44 @@ class Shape_i(Op):
 
 
 _shape = Shape()
+
+
+# ----------------------------------------------------------------------------- reading shapes
+
+#: (type class, maker(var, d) -> int64 scalar) in registration order; the host one is built in
+_READERS: list[tuple[type, Callable[[Variable, int], Variable]]] = []
+
+
+def register_shape_reader(type_cls: type, maker: Callable[[Variable, int], Variable]) -> None:
+    """How to read dimension d of a variable of `type_cls` (backends register theirs: the GPU
+    one reads a GpuArray's shape with GpuShape_i, no transfer)."""
+    _READERS.insert(0, (type_cls, maker))
+
+
+def _one() -> Variable:
+    return as_dim(1)
+
+
+def shape_i_of(var: Variable, d: int) -> Variable:
+    """The length of dimension d of `var` as an int64 scalar: 1 where the type says so, the
+    value's length for a constant, else a shape read."""
+    if var.type.broadcastable[d]:
+        return _one()
+    if isinstance(var, Constant) and getattr(var.data, "shape", None) is not None:
+        return as_dim(int(var.data.shape[d]))
+    for cls, maker in _READERS:
+        if isinstance(var.type, cls):
+            return maker(var, d)
+    return Shape_i(d)(var)
+
+
+def shape_tuple(var: Variable) -> tuple:
+    """The shape of `var` as read from it (no inference)."""
+    ndim = getattr(var.type, "ndim", None)
+    if ndim is None:
+        raise ShapeError(f"{var} ({var.type}) has no shape")
+    return tuple(shape_i_of(var, d) for d in range(ndim))
+
 
 
 def shape(x: Any) -> TensorVariable:
@@ -106,83 +148,6 @@ def transpose(x: Any, axes: Sequence[int] | None = None) -> TensorVariable:
     return DimShuffle(x.broadcastable, axes)(x)
 
 
-def check_declared_broadcastable(x: Any, broadcastable: Sequence[bool]) -> Any:
-    """``x`` (a host or device array) after checking that each dim declared broadcastable has
-    length 1 (SpecifyBroadcastable and its GPU twin)."""
-    for d, b in enumerate(broadcastable):
-        if b and x.shape[d] != 1:
-            raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
-                             "broadcastable (length 1)")
-    return x
-
-
-class SpecifyBroadcastable(Op):
-    """Asserts at run time that some dimensions have length 1, so the type can say so."""
-
-    __props__ = ("broadcastable",)
-    view_map = {0: [0]}
-
-    def __init__(self, broadcastable: Sequence[bool]):
-        self.broadcastable = tuple(bool(b) for b in broadcastable)
-
-    def make_node(self, x: Any) -> Apply:
-        x = as_tensor_variable(x)
-        if x.ndim != len(self.broadcastable):
-            raise TypeError(f"{self}: {x} has {x.ndim} dimensions")
-        bcast = tuple(a or b for a, b in zip(x.broadcastable, self.broadcastable))
-        return Apply(self, [x], [TensorType(x.dtype, bcast)()])
-
-    def perform(self, node, inputs, out):
-        out[0][0] = check_declared_broadcastable(inputs[0], self.broadcastable)
-
-    def grad(self, inputs, output_grads):
-        return [output_grads[0]]
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        """The input's shape with 1 where the op checks it (GpuSpecifyBroadcastable too)."""
-        return [tuple(1 if b else s for b, s in zip(self.broadcastable, input_shapes[0]))]
-
-
-def specify_broadcastable_as(x: Any, ttype: TensorType) -> TensorVariable:
-    """`x` with the broadcastable pattern of `ttype` (dims may only become broadcastable
-    if `x` is checked to have length 1 there; dims that `x` knows are 1 are relaxed)."""
-    x = as_tensor_variable(x)
-    if x.broadcastable == ttype.broadcastable:
-        return x
-    needed = tuple(b and not xb for b, xb in zip(ttype.broadcastable, x.broadcastable))
-    if any(needed):
-        x = SpecifyBroadcastable(needed)(x)
-    if x.broadcastable != ttype.broadcastable:
-        # only relaxation remains: a known-1 dim stands where any length is allowed
-        x = Unbroadcast(tuple(xb and not b for xb, b in zip(x.broadcastable, ttype.broadcastable)))(x)
-    return x
-
-
-class Unbroadcast(Op):
-    """Forget that some dimensions are known to have length 1 (a view, no run-time cost)."""
-
-    __props__ = ("axes",)
-    view_map = {0: [0]}
-
-    def __init__(self, axes: Sequence[bool]):
-        self.axes = tuple(bool(a) for a in axes)
-
-    def make_node(self, x: Any) -> Apply:
-        x = as_tensor_variable(x)
-        bcast = tuple(b and not a for b, a in zip(x.broadcastable, self.axes))
-        return Apply(self, [x], [TensorType(x.dtype, bcast)()])
-
-    def perform(self, node, inputs, out):
-        out[0][0] = inputs[0]
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        return [input_shapes[0]]
-
-    def grad(self, inputs, output_grads):
-        g = output_grads[0]
-        return [specify_broadcastable_as(g, inputs[0].type.clone(dtype=g.dtype))]
-
-
 class SpecifyShape(Op):
     """`x` itself (a view), after checking at run time that its shape is the given one.
 
@@ -201,8 +166,6 @@ class SpecifyShape(Op):
         return "SpecifyShape"
 
     def make_node(self, x: Any, *entries: Any) -> Apply:
-        from symgpu.graph.basic import Variable
-        from symgpu.tensor.shape_rules import as_dim, dim_value
         if not (isinstance(x, Variable) and hasattr(x.type, "broadcastable")):
             x = as_tensor_variable(x)
         if len(self.given) != x.type.ndim:
@@ -238,42 +201,3 @@ class SpecifyShape(Op):
 
     def R_op(self, inputs, eval_points):
         return [None if eval_points[0] is None else self(eval_points[0], *inputs[1:])]
-
-
-def specify_shape(x: Any, shape: Any) -> Any:
-    """`x`, checked at run time to have `shape` (Theano's/PyTensor's): a tuple of ints,
-    int scalar variables and None (any length), or a symbolic int vector. The shape
-    rewrites use it: `specify_shape(x, (3, n)).shape[0]` is the constant 3."""
-    from symgpu.graph.basic import Variable
-    from symgpu.tensor.shape_rules import dim_value
-    if not (isinstance(x, Variable) and hasattr(x.type, "broadcastable")):
-        x = as_tensor_variable(x)
-    if isinstance(shape, (int, np.integer)) or (isinstance(shape, Variable) and shape.ndim == 0):
-        shape = (shape,)
-    if isinstance(shape, Variable):
-        from symgpu.tensor.basic import _vector_length
-        from symgpu.tensor.subtensor import getitem
-        n = _vector_length(shape)
-        if n is None:
-            raise ValueError(f"specify_shape: cannot tell how many entries the shape {shape} has; "
-                             "pass a tuple")
-        shape = tuple(getitem(shape, i) for i in range(n))
-    shape = tuple(shape)
-    if len(shape) != x.type.ndim:
-        raise ValueError(f"specify_shape: {x} has {x.type.ndim} dimensions but the shape "
-                         f"{shape} has {len(shape)} entries")
-    for d, e in enumerate(shape):
-        if e is None:
-            continue
-        v = dim_value(e)
-        if v is not None and v < 0:
-            raise ValueError(f"specify_shape: entry {d} of the shape {shape} is negative")
-        if v is None and not (isinstance(e, Variable) and e.ndim == 0 and e.dtype[0] in "iu"):
-            raise TypeError(f"specify_shape: entry {d} of the shape must be an int, None or an "
-                            f"integer scalar variable, got {e!r}")
-        if v is not None and v != 1 and x.type.broadcastable[d]:
-            raise ValueError(f"specify_shape: dimension {d} of {x} ({x.type}) has length 1, "
-                             f"the shape {shape} says {v}")
-    if all(e is None for e in shape):
-        return x
-    return SpecifyShape([e is not None for e in shape])(x, *[e for e in shape if e is not None])

@@ -12,30 +12,43 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.graph.basic import Constant, Variable
+from symgpu.scalar.basic import SCALAR_OPS, Cast
+from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["as_dim", "dim_value", "s_add", "s_sub", "s_mul", "s_floordiv", "s_max", "s_min",
            "s_switch", "s_eq", "s_lt", "s_prod", "s_sum", "pick_dim", "elemwise_shape",
            "numpy_broadcast", "reduce_shape", "dimshuffle_shape", "slice_length",
-           "index_shape", "reshape_shape", "join_shape", "dot_shape", "matmul_shape",
-           "arange_length", "is_shape_read", "is_nonnegative", "SHAPE_READ_OPS"]
+           "join_shape", "dot_shape", "matmul_shape", "arange_length", "is_shape_read",
+           "is_nonnegative", "use_elementwise_op"]
 
-#: class names of the ops that read one dimension's length (host and GPU)
-SHAPE_READ_OPS = ("Shape_i", "GpuShape_i")
+#: the elementwise op class that dimension arithmetic builds its nodes with: Elemwise, which
+#: sits above this module (its own infer_shape uses these rules) and installs itself here
+_ELEMWISE: list[type] = []
+_EW: dict[Any, Any] = {}
 
-_EW: dict[str, Any] = {}
+
+def use_elementwise_op(cls: type) -> None:
+    """Build dimension arithmetic with `cls` (tensor.elemwise passes Elemwise on import)."""
+    _ELEMWISE[:] = [cls]
+    _EW.clear()
+
+
+def _ew_op(scalar_op: Any) -> Any:
+    op = _EW.get(scalar_op)
+    if op is None:
+        op = _EW[scalar_op] = _ELEMWISE[0](scalar_op)
+    return op
 
 
 def _ew(name: str, *args: Variable) -> Variable:
-    op = _EW.get(name)
-    if op is None:
-        from symgpu.scalar.basic import SCALAR_OPS
-        from symgpu.tensor.elemwise import Elemwise
-        op = _EW[name] = Elemwise(SCALAR_OPS[name])
-    return op(*args)
+    return _ew_op(SCALAR_OPS[name])(*args)
+
+
+def _cast(s: Variable, dtype: str) -> Variable:
+    return _ew_op(Cast(dtype))(s)
 
 
 def _const(value: Any) -> Variable:
-    from symgpu.tensor.type import constant
     return constant(np.asarray(value, dtype="int64"))
 
 
@@ -57,20 +70,17 @@ def as_dim(s: Any) -> Variable:
     if v is not None:
         return s if isinstance(s, Constant) and s.type.dtype == "int64" else _const(v)
     if not isinstance(s, Variable):
-        from symgpu.tensor.type import as_tensor_variable
         s = as_tensor_variable(s)
     if getattr(s.type, "ndim", None) != 0:
         raise TypeError(f"a dimension must be a scalar, got {s} ({s.type})")
     if s.type.dtype != "int64":
-        from symgpu.scalar.basic import Cast
-        from symgpu.tensor.elemwise import Elemwise
-        s = Elemwise(Cast("int64"))(s)
+        s = _cast(s, "int64")
     return s
 
 
 def is_shape_read(s: Variable) -> bool:
     """Whether `s` is the length of a dimension read from an array (never negative)."""
-    return s.owner is not None and type(s.owner.op).__name__ in SHAPE_READ_OPS
+    return s.owner is not None and getattr(s.owner.op, "shape_read", None) == "dim"
 
 
 def is_nonnegative(s: Any, depth: int = 4) -> bool:
@@ -86,8 +96,7 @@ def is_nonnegative(s: Any, depth: int = 4) -> bool:
     op = s.owner.op
     name = getattr(getattr(op, "scalar_op", None), "name", None)
     ins = s.owner.inputs
-    if name in ("add", "mul", "int_div") or type(op).__name__ == "Elemwise" and \
-            type(getattr(op, "scalar_op", None)).__name__ == "Cast":
+    if name in ("add", "mul", "int_div") or isinstance(getattr(op, "scalar_op", None), Cast):
         return all(is_nonnegative(i, depth - 1) for i in ins)
     if name == "maximum":
         return any(is_nonnegative(i, depth - 1) for i in ins)
@@ -273,112 +282,7 @@ def _slice_len_known_sign(start: Any, stop: Any, step: Any, n: Any, sign: int | 
     return s_max(s_floordiv(s_add(span, s_sub(neg_step, 1)), neg_step), 0)
 
 
-def _mask_count(mask: Variable) -> Variable:
-    """How many True entries a boolean mask has (the length of the dim it selects)."""
-    from symgpu.tensor.math import sum as _sum
-    return as_dim(_sum(mask, dtype="int64"))
-
-
-def index_shape(idx_list: Sequence[Any], x_shape: tuple, index: Sequence[Variable],
-                index_shapes: Sequence[tuple]) -> tuple:
-    """The shape of `x[idx]` (NumPy's rules, as `subtensor.index_broadcastable` places the
-    advanced dims): slices give their lengths, ints drop a dim, newaxis adds a 1, integer
-    arrays broadcast together and a boolean mask gives its count of True."""
-    from symgpu.tensor.subtensor import Slice
-    kinds = []
-    k = 0
-    for e in idx_list:
-        if e is None:
-            kinds.append(("new", None, 0))
-        elif e is Ellipsis:
-            kinds.append(("ell", None, 0))
-        elif isinstance(e, Slice):
-            parts = []
-            for p in e:
-                if isinstance(p, str):
-                    parts.append(index[k])
-                    k += 1
-                else:
-                    parts.append(p)
-            kinds.append(("slice", parts, 1))
-        elif isinstance(e, str):
-            v, vs = index[k], index_shapes[k]
-            k += 1
-            if v.ndim == 0:
-                kinds.append(("int", (), 1))
-            elif v.dtype == "bool":
-                kinds.append(("adv", (_mask_count(v),), v.ndim))
-            else:
-                kinds.append(("adv", tuple(vs), 1))
-        else:
-            kinds.append(("int", (), 1))
-    consumed = sum(n for _, _, n in kinds)
-    any_adv = any(kind == "adv" for kind, _, _ in kinds)
-    pieces: list = []
-    adv_pos: list[int] = []
-    adv_shapes: list[tuple] = []
-    d = 0
-    for pos, (kind, payload, n) in enumerate(kinds):
-        if kind == "new":
-            pieces.append(_const(1))
-        elif kind == "ell":
-            n = len(x_shape) - consumed
-            pieces.extend(x_shape[d:d + n])
-        elif kind == "slice":
-            pieces.append(slice_length(*payload, x_shape[d]))
-        elif kind == "adv" or any_adv:
-            if not adv_pos:
-                pieces.append("ADV")
-            adv_pos.append(pos)
-            adv_shapes.append(payload)
-        d += n
-    pieces.extend(x_shape[d:])
-    if adv_pos:
-        block = list(numpy_broadcast(adv_shapes))
-        at = pieces.index("ADV")
-        del pieces[at]
-        if adv_pos[-1] - adv_pos[0] + 1 != len(adv_pos):
-            at = 0
-        pieces[at:at] = block
-    return tuple(as_dim(p) for p in pieces)
-
-
-# ----------------------------------------------------------------------------- reshape, join
-
-def _shape_vector_entries(shp: Variable, ndim: int) -> list[Variable]:
-    from symgpu.tensor.type import TensorConstant
-    if isinstance(shp, TensorConstant):
-        return [_const(int(s)) for s in np.asarray(shp.data).reshape(-1)]
-    node = shp.owner
-    if node is not None and type(node.op).__name__ == "MakeVector":
-        return [as_dim(s) for s in node.inputs]
-    if node is not None and type(node.op).__name__ in ("Shape", "GpuShape"):
-        from symgpu.tensor.rewriting.shape_feature import shape_tuple
-        return list(shape_tuple(node.inputs[0]))  # reshape(x, y.shape)
-    from symgpu.tensor.subtensor import getitem
-    return [as_dim(getitem(shp, i)) for i in range(ndim)]
-
-
-def reshape_shape(x_shape: tuple, shp: Variable, ndim: int) -> tuple:
-    """The shape a Reshape gives: the requested entries, a -1 (constant, or a symbolic entry
-    that turns out -1 at run time) replaced by what the size of `x` leaves over."""
-    entries = _shape_vector_entries(shp, ndim)
-
-    sure = is_nonnegative  # an entry that cannot be -1
-    if all(sure(e) for e in entries):
-        return tuple(entries)
-    size = s_prod(x_shape)
-    fixed = [e if sure(e) else (1 if dim_value(e) == -1 else s_switch(s_eq(e, -1), 1, e))
-             for e in entries]
-    out = []
-    for i, e in enumerate(entries):
-        if sure(e):
-            out.append(e)
-            continue
-        missing = s_floordiv(size, s_prod(fixed[:i] + fixed[i + 1:]))
-        out.append(missing if dim_value(e) == -1 else s_switch(s_eq(e, -1), missing, e))
-    return tuple(as_dim(o) for o in out)
-
+# ----------------------------------------------------------------------------- join
 
 def join_shape(axis: int, broadcastables: Sequence[Sequence[bool]], shapes: Sequence[tuple]) -> tuple:
     """Joined along `axis`: the lengths there add up, the others agree (Join checks)."""
@@ -418,8 +322,6 @@ def arange_length(start: Variable, stop: Variable, step: Variable) -> Variable:
         else:
             adj = s_switch(s_lt(0, step), s_sub(step, 1), s_add(step, 1))
         return s_max(s_floordiv(s_add(span, adj), step), 0)
-    from symgpu.scalar.basic import Cast
-    from symgpu.tensor.elemwise import Elemwise
-    f = [a if a.type.dtype == "float64" else Elemwise(Cast("float64"))(a) for a in (start, stop, step)]
+    f = [a if a.type.dtype == "float64" else _cast(a, "float64") for a in (start, stop, step)]
     n = _ew("ceil", _ew("true_div", _ew("sub", f[1], f[0]), f[2]))
-    return s_max(Elemwise(Cast("int64"))(n), 0)
+    return s_max(_cast(n, "int64"), 0)

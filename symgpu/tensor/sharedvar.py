@@ -5,7 +5,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.compile.sharedvalue import SharedVariable, register_shared_constructor
+from symgpu.graph.sharedvalue import SharedVariable, register_shared_constructor
 from symgpu.tensor.type import TensorType, TensorVariable, python_number_array
 
 __all__ = ["TensorSharedVariable", "tensor_constructor", "host_value"]

@@ -17,12 +17,17 @@ import numpy as np
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import is_float
+from symgpu.tensor.elemwise import _sum_to_broadcast_pattern
+from symgpu.tensor.math import cast, eq, prod, switch, sum as _sum, zeros_like
+from symgpu.tensor.ranges import arange
+from symgpu.tensor.shape import Shape, shape, shape_i
+from symgpu.tensor.shape_rules import _const, as_dim, numpy_broadcast, slice_length
 from symgpu.tensor.type import (TensorConstant, TensorType, TensorVariable, as_tensor_variable,
                                 constant)
 
 __all__ = ["Subtensor", "AdvancedSubtensor", "IncSubtensor", "AdvancedIncSubtensor", "Slice",
            "IncSubtensorProps",
-           "SYM", "getitem", "set_subtensor", "inc_subtensor"]
+           "SYM", "getitem", "set_subtensor", "inc_subtensor", "index_shape"]
 
 #: placeholder in `idx_list` for a symbolic index part (the op's next extra input)
 SYM = "$"
@@ -260,6 +265,76 @@ def _check_inputs(op: Op, idx_list: tuple, inputs: list[TensorVariable], advance
 
 # ----------------------------------------------------------------------------- ops
 
+# ----------------------------------------------------------------------------- shapes
+
+def _mask_count(mask: Variable) -> Variable:
+    """How many True entries a boolean mask has (the length of the dim it selects)."""
+    return as_dim(_sum(mask, dtype="int64"))
+
+
+def index_shape(idx_list: Sequence[Any], x_shape: tuple, index: Sequence[Variable],
+                index_shapes: Sequence[tuple]) -> tuple:
+    """The shape of `x[idx]` (NumPy's rules, as `subtensor.index_broadcastable` places the
+    advanced dims): slices give their lengths, ints drop a dim, newaxis adds a 1, integer
+    arrays broadcast together and a boolean mask gives its count of True."""
+    kinds = []
+    k = 0
+    for e in idx_list:
+        if e is None:
+            kinds.append(("new", None, 0))
+        elif e is Ellipsis:
+            kinds.append(("ell", None, 0))
+        elif isinstance(e, Slice):
+            parts = []
+            for p in e:
+                if isinstance(p, str):
+                    parts.append(index[k])
+                    k += 1
+                else:
+                    parts.append(p)
+            kinds.append(("slice", parts, 1))
+        elif isinstance(e, str):
+            v, vs = index[k], index_shapes[k]
+            k += 1
+            if v.ndim == 0:
+                kinds.append(("int", (), 1))
+            elif v.dtype == "bool":
+                kinds.append(("adv", (_mask_count(v),), v.ndim))
+            else:
+                kinds.append(("adv", tuple(vs), 1))
+        else:
+            kinds.append(("int", (), 1))
+    consumed = sum(n for _, _, n in kinds)
+    any_adv = any(kind == "adv" for kind, _, _ in kinds)
+    pieces: list = []
+    adv_pos: list[int] = []
+    adv_shapes: list[tuple] = []
+    d = 0
+    for pos, (kind, payload, n) in enumerate(kinds):
+        if kind == "new":
+            pieces.append(_const(1))
+        elif kind == "ell":
+            n = len(x_shape) - consumed
+            pieces.extend(x_shape[d:d + n])
+        elif kind == "slice":
+            pieces.append(slice_length(*payload, x_shape[d]))
+        elif kind == "adv" or any_adv:
+            if not adv_pos:
+                pieces.append("ADV")
+            adv_pos.append(pos)
+            adv_shapes.append(payload)
+        d += n
+    pieces.extend(x_shape[d:])
+    if adv_pos:
+        block = list(numpy_broadcast(adv_shapes))
+        at = pieces.index("ADV")
+        del pieces[at]
+        if adv_pos[-1] - adv_pos[0] + 1 != len(adv_pos):
+            at = 0
+        pieces[at:at] = block
+    return tuple(as_dim(p) for p in pieces)
+
+
 class _IndexOp(Op):
     """Shared make_node/perform of the two reading ops."""
 
@@ -292,7 +367,6 @@ class _IndexOp(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         """NumPy's indexing shape (slices' lengths, advanced dims placed as NumPy places
         them); GpuSubtensor shares it."""
-        from symgpu.tensor.shape_rules import index_shape
         return [index_shape(self.idx_list, input_shapes[0], node.inputs[1:], input_shapes[1:])]
 
     def perform(self, node, inputs, out):
@@ -307,6 +381,7 @@ class Subtensor(_IndexOp):
     """Basic indexing (ints, slices, newaxis, Ellipsis): the output is a view of `x`."""
 
     view_map = {0: [0]}
+    basic_indexing = True  # its lengths follow from its bounds (GpuSubtensor declares it too)
 
     def __init__(self, idx_list: Sequence):
         super().__init__(idx_list)
@@ -320,7 +395,6 @@ class Subtensor(_IndexOp):
         x, rest, gz = inputs[0], inputs[1:], output_grads[0]
         gx = None
         if is_float(x.dtype):
-            from symgpu.tensor.math import cast, zeros_like
             gx = IncSubtensor(self.idx_list)(zeros_like(x), cast(gz, x.dtype), *rest)
         return [gx] + [None] * len(rest)
 
@@ -335,7 +409,6 @@ class AdvancedSubtensor(_IndexOp):
         x, rest, gz = inputs[0], inputs[1:], output_grads[0]
         gx = None
         if is_float(x.dtype):
-            from symgpu.tensor.math import cast, zeros_like
             gx = AdvancedIncSubtensor(self.idx_list)(zeros_like(x), cast(gz, x.dtype), *rest)
         return [gx] + [None] * len(rest)
 
@@ -409,8 +482,6 @@ class _IncOp(IncSubtensorProps):
         out[0][0] = res
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.elemwise import _sum_to_broadcast_pattern
-        from symgpu.tensor.math import cast
         x, y, rest = inputs[0], inputs[1], inputs[2:]
         gz = output_grads[0]
         if not is_float(x.dtype):
@@ -430,12 +501,9 @@ class _IncOp(IncSubtensorProps):
     def _keep_last_writes(self, x, gy, rest):
         """With repeated indices only the last write of a set reaches the output, so only it
         gets a gradient: number the region's elements, set the numbers, see which survive."""
-        from symgpu.tensor.basic import arange, reshape, zeros
-        from symgpu.tensor.math import eq, prod, switch
-        from symgpu.tensor.shape import shape
         region_shape = shape(gy)
-        ids = reshape(arange(1, prod(region_shape) + 1, dtype="int64"), region_shape, ndim=gy.ndim)
-        written = type(self)(self.idx_list, True)(zeros(shape(x), dtype="int64"), ids, *rest)
+        ids = arange(1, prod(region_shape) + 1, dtype="int64").reshape(region_shape, ndim=gy.ndim)
+        written = type(self)(self.idx_list, True)(zeros_like(x, dtype="int64"), ids, *rest)
         won = eq(self._reader(self.idx_list)(written, *rest), ids)
         return switch(won, gy, constant(0, dtype=gy.dtype))
 
@@ -461,10 +529,9 @@ def getitem(x: Any, index: Any) -> TensorVariable:
     x = as_tensor_variable(x)
     idx_list, inputs, advanced = _parse_index(index)
     node = x.owner
-    if (node is not None and type(node.op).__name__ == "Shape" and len(idx_list) == 1
+    if (node is not None and isinstance(node.op, Shape) and len(idx_list) == 1
             and isinstance(idx_list[0], int) and not isinstance(idx_list[0], bool)):
         # x.shape[i] with a constant i: the cheaper Shape_i of the shaped tensor
-        from symgpu.tensor.shape import shape_i
         src = node.inputs[0]
         i = idx_list[0]
         if not -src.ndim <= i < src.ndim:
@@ -476,7 +543,6 @@ def getitem(x: Any, index: Any) -> TensorVariable:
 
 
 def _value_like(y: Any, dtype: str) -> TensorVariable:
-    from symgpu.tensor.math import cast
     if isinstance(y, Variable):
         return cast(as_tensor_variable(y), dtype)
     return constant(y, dtype=dtype)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from symgpu.graph.basic import Variable
+from symgpu.tensor.type import as_tensor_variable
+from symgpu.tensor.type import TensorType
 
 __all__ = ["transfer", "register_transfer", "TransferError"]
 
@@ -32,10 +34,8 @@ def transfer(var: Variable, target: Any) -> Variable:
 
     `transfer('cpu')` of a host tensor is the tensor itself (no node is added)."""
     if not isinstance(var, Variable):
-        from symgpu.tensor.type import as_tensor_variable
         var = as_tensor_variable(var)
     if target == "cpu":
-        from symgpu.tensor.type import TensorType
         if isinstance(var.type, TensorType):
             return var
         to_host = getattr(var.type, "as_tensor", None)

@@ -7,12 +7,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from symgpu.config import config
-from symgpu.graph.basic import Constant, Type, Variable
+from symgpu.graph.basic import Apply, Constant, Type, Variable
+from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
-           "Float64Warning", "ArrayVariableMixin", "python_number_array"]
+           "Float64Warning", "ArrayVariableMixin", "python_number_array",
+           "SpecifyBroadcastable", "Unbroadcast", "specify_broadcastable_as",
+           "check_declared_broadcastable"]
 
 _NDIM_NAMES = {0: "scalar", 1: "vector", 2: "matrix", 3: "tensor3", 4: "tensor4"}
 
@@ -172,7 +175,6 @@ class TensorType(Type):
                 return var
         if (isinstance(vt, TensorType) and vt.dtype == self.dtype and vt.ndim == self.ndim
                 and all(vb or not sb for vb, sb in zip(vt.broadcastable, self.broadcastable))):
-            from symgpu.tensor.basic import specify_broadcastable_as
             return specify_broadcastable_as(var, self)
         return None
 
@@ -251,13 +253,6 @@ class TensorConstant(Constant, TensorVariable):
         return f"TensorConstant{{{d.dtype} {d.shape}}}"
 
 
-def _install_operators() -> None:
-    from symgpu.tensor import variable as _ops
-    for name, value in vars(_ops.TensorOperators).items():
-        if not name.startswith("__") or name in _ops.TensorOperators.dunders:
-            setattr(TensorVariable, name, value)
-
-
 def tensor(dtype: str | None = None, shape: Sequence | None = None, name: str | None = None,
            broadcastable: Sequence[bool] | None = None) -> TensorVariable:
     """A symbolic tensor of the given dtype (floatX by default) and static shape/broadcast."""
@@ -326,8 +321,7 @@ def as_tensor_variable(x: Any, name: str | None = None, ndim: int | None = None,
     if isinstance(x, TensorVariable):
         if ndim is not None and x.ndim != ndim:
             if x.ndim < ndim:
-                from symgpu.tensor.elemwise import DimShuffle
-                return DimShuffle(x.broadcastable, ("x",) * (ndim - x.ndim) + tuple(range(x.ndim)))(x)
+                return x.dimshuffle(*(("x",) * (ndim - x.ndim) + tuple(range(x.ndim))))
             raise ValueError(f"{x} has {x.ndim} dimensions, expected {ndim}")
         return x
     if isinstance(x, Variable):
@@ -342,3 +336,83 @@ def as_tensor_variable(x: Any, name: str | None = None, ndim: int | None = None,
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot convert {x!r} ({type(x).__name__}) to a tensor: {exc}") from None
 
+
+# ----------------------------------------------------------------------------- broadcast patterns
+# The two ops that change only a variable's broadcast pattern live with the type: its
+# conversions (filter_variable) insert them.
+
+def check_declared_broadcastable(x: Any, broadcastable: Sequence[bool]) -> Any:
+    """``x`` (a host or device array) after checking that each dim declared broadcastable has
+    length 1 (SpecifyBroadcastable and its GPU twin)."""
+    for d, b in enumerate(broadcastable):
+        if b and x.shape[d] != 1:
+            raise ValueError(f"dimension {d} of an array of shape {x.shape} was declared "
+                             "broadcastable (length 1)")
+    return x
+
+
+class SpecifyBroadcastable(Op):
+    """Asserts at run time that some dimensions have length 1, so the type can say so."""
+
+    __props__ = ("broadcastable",)
+    view_map = {0: [0]}
+
+    def __init__(self, broadcastable: Sequence[bool]):
+        self.broadcastable = tuple(bool(b) for b in broadcastable)
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        if x.ndim != len(self.broadcastable):
+            raise TypeError(f"{self}: {x} has {x.ndim} dimensions")
+        bcast = tuple(a or b for a, b in zip(x.broadcastable, self.broadcastable))
+        return Apply(self, [x], [TensorType(x.dtype, bcast)()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = check_declared_broadcastable(inputs[0], self.broadcastable)
+
+    def grad(self, inputs, output_grads):
+        return [output_grads[0]]
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """The input's shape with 1 where the op checks it (GpuSpecifyBroadcastable too)."""
+        return [tuple(1 if b else s for b, s in zip(self.broadcastable, input_shapes[0]))]
+
+
+def specify_broadcastable_as(x: Any, ttype: TensorType) -> TensorVariable:
+    """`x` with the broadcastable pattern of `ttype` (dims may only become broadcastable
+    if `x` is checked to have length 1 there; dims that `x` knows are 1 are relaxed)."""
+    x = as_tensor_variable(x)
+    if x.broadcastable == ttype.broadcastable:
+        return x
+    needed = tuple(b and not xb for b, xb in zip(ttype.broadcastable, x.broadcastable))
+    if any(needed):
+        x = SpecifyBroadcastable(needed)(x)
+    if x.broadcastable != ttype.broadcastable:
+        # only relaxation remains: a known-1 dim stands where any length is allowed
+        x = Unbroadcast(tuple(xb and not b for xb, b in zip(x.broadcastable, ttype.broadcastable)))(x)
+    return x
+
+
+class Unbroadcast(Op):
+    """Forget that some dimensions are known to have length 1 (a view, no run-time cost)."""
+
+    __props__ = ("axes",)
+    view_map = {0: [0]}
+
+    def __init__(self, axes: Sequence[bool]):
+        self.axes = tuple(bool(a) for a in axes)
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        bcast = tuple(b and not a for b, a in zip(x.broadcastable, self.axes))
+        return Apply(self, [x], [TensorType(x.dtype, bcast)()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = inputs[0]
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
+    def grad(self, inputs, output_grads):
+        g = output_grads[0]
+        return [specify_broadcastable_as(g, inputs[0].type.clone(dtype=g.dtype))]

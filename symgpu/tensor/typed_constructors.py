@@ -12,6 +12,7 @@ from typing import Callable
 
 from symgpu.config import config
 from symgpu.tensor.type import TensorType, TensorVariable
+from symgpu.tensor import type as _type
 
 PREFIXES = {"f": "float32", "d": "float64", "i": "int32", "l": "int64", "b": "int8",
             "w": "int16", "c": "complex64", "z": "complex128"}
@@ -67,7 +68,6 @@ globals().update(CONSTRUCTORS)
 
 
 def _install_plurals() -> dict:
-    from symgpu.tensor import type as _type
     plurals = {}
     for kind in KINDS:
         single = CONSTRUCTORS.get(kind) or getattr(_type, kind)

@@ -20,6 +20,7 @@ from symgpu.gpu.exec.graph_params import (dyn_slice_copy, load_kernels, pack_int
                                      prefetch_request, slot_ptr)
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.printing import PP_PRINTERS, register_pp
 from symgpu.tensor.basic import join_broadcastable
 from symgpu.tensor.subtensor import (SYM, IncSubtensorProps, Slice, _check_inputs,
                                      _constant_index, build_index, index_broadcastable)
@@ -59,6 +60,7 @@ class GpuSubtensor(Op):
 
     __props__ = ("idx_list",)
     view_map = {0: [0]}
+    basic_indexing = True  # shape rules: lengths follow from the bounds (as Subtensor's)
 
     def __init__(self, idx_list: Sequence):
         self.idx_list = tuple(idx_list)
@@ -314,3 +316,8 @@ def lift_join(op, node, context_name, inputs):
     if len({v.dtype for v in inputs}) != 1 or inputs[0].dtype != node.outputs[0].dtype:
         return None
     return [GpuJoin(op.axis)(*inputs)]
+
+
+# pp prints the GPU indexing ops as their host twins
+register_pp(GpuSubtensor, PP_PRINTERS[_Subtensor])
+register_pp(GpuIncSubtensor, PP_PRINTERS[_IncSubtensor])

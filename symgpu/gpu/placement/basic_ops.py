@@ -579,6 +579,7 @@ class GpuShape(Op):
 
     __props__ = ()
     capturable = True
+    shape_read = "all"  # its value is its input's whole shape (as the host Shape's)
 
     def make_node(self, x: Any) -> Apply:
         if not is_gpu_var(x):
@@ -595,6 +596,7 @@ class GpuShape_i(Op):
 
     __props__ = ("i",)
     capturable = True
+    shape_read = "dim"  # its value is one dimension's length (as the host Shape_i's)
 
     def __init__(self, i: int):
         self.i = int(i)

@@ -14,6 +14,7 @@ import numpy as np
 from symgpu.tensor import math as _m
 from symgpu.tensor.shape import SpecifyBroadcastable, shape_i
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
+from symgpu.tensor.shape import specify_broadcastable_as
 
 __all__ = ["batch_normalization_train", "batch_normalization_test", "batch_normalization"]
 
@@ -119,7 +120,6 @@ def batch_normalization_train(inputs: Any, gamma: Any, beta: Any, axes: Any = "p
 
 def _keep_broadcastable(r: TensorVariable, like: TensorVariable) -> TensorVariable:
     """Theano's patternbroadcast: the result has the parameters' broadcastable pattern."""
-    from symgpu.tensor.shape import specify_broadcastable_as
     bc = tuple(a or b for a, b in zip(r.broadcastable, like.broadcastable))
     return specify_broadcastable_as(r, r.type.clone(broadcastable=bc))
 

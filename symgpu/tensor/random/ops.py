@@ -18,6 +18,7 @@ from symgpu.scalar.dtypes import check_dtype, is_float
 from symgpu.tensor.basic import _as_int_scalar, _known_one
 from symgpu.tensor.random import philox, philox_c
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.type import constant
 
 __all__ = ["PhiloxSample", "PhiloxAdvance", "CategoricalFromUniform", "MultinomialFromUniform",
            "ArgsortKeys", "check_state"]
@@ -220,7 +221,6 @@ class ArgsortKeys(Op):
         shp = input_shapes[0]
         if self.k is None:
             return [shp]
-        from symgpu.tensor.type import constant
         return [tuple(shp[:-1]) + (constant(self.k, dtype="int64"),)]
 
     def grad(self, inputs, output_grads):

@@ -25,6 +25,7 @@ import numpy as np
 
 from symgpu.link import cc
 from symgpu.tensor.random import philox
+from symgpu.tensor.c_elemwise import c_kernels_allowed
 
 __all__ = ["SOURCE", "enabled", "sample", "sampler"]
 
@@ -140,7 +141,6 @@ def enabled() -> bool:
     """Whether a thunk made now may draw through C: C allowed here (a compiler, not
     FAST_COMPILE: `symgpu.tensor.c_elemwise.c_kernels_allowed`; the library is plain C loaded
     with ctypes, so the Python-C runtime is not asked for) and the library built."""
-    from symgpu.tensor.c_elemwise import c_kernels_allowed
     return c_kernels_allowed() and _kernels() is not None
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.compile.sharedvalue import SharedVariable, shared
+from symgpu.graph.sharedvalue import SharedVariable, shared
 from symgpu.config import config
 from symgpu.graph.basic import Variable
 from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast

@@ -12,55 +12,19 @@ calls `infer_shape` once.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from symgpu.graph.basic import Apply, Constant, Variable, io_toposort
 from symgpu.graph.op import ShapeError
-from symgpu.tensor.shape_rules import SHAPE_READ_OPS, as_dim, dim_value
+from symgpu.tensor.basic import MakeVector
+from symgpu.tensor.shape import _one, register_shape_reader, shape_i_of, shape_tuple
+from symgpu.tensor.shape_rules import as_dim, dim_value, is_shape_read
+from symgpu.tensor.type import TensorConstant
 
 __all__ = ["register_shape_reader", "shape_i_of", "shape_tuple", "node_shapes",
-           "infer_graph_shapes", "rewrite_shape_read", "inferred_shape", "same_dim", "SHAPE_OPS"]
-
-#: class names of the ops that only read shapes (their reads do not need the value)
-SHAPE_OPS = ("Shape", "Shape_i", "GpuShape", "GpuShape_i")
-
-#: (type class, maker(var, d) -> int64 scalar) in registration order; the host one is built in
-_READERS: list[tuple[type, Callable[[Variable, int], Variable]]] = []
-
-
-def register_shape_reader(type_cls: type, maker: Callable[[Variable, int], Variable]) -> None:
-    """How to read dimension d of a variable of `type_cls` (backends register theirs: the GPU
-    one reads a GpuArray's shape with GpuShape_i, no transfer)."""
-    _READERS.insert(0, (type_cls, maker))
-
-
-def _one() -> Variable:
-    return as_dim(1)
-
-
-def shape_i_of(var: Variable, d: int) -> Variable:
-    """The length of dimension d of `var` as an int64 scalar: 1 where the type says so, the
-    value's length for a constant, else a shape read."""
-    if var.type.broadcastable[d]:
-        return _one()
-    if isinstance(var, Constant) and getattr(var.data, "shape", None) is not None:
-        return as_dim(int(var.data.shape[d]))
-    for cls, maker in _READERS:
-        if isinstance(var.type, cls):
-            return maker(var, d)
-    from symgpu.tensor.shape import Shape_i
-    return Shape_i(d)(var)
-
-
-def shape_tuple(var: Variable) -> tuple:
-    """The shape of `var` as read from it (no inference)."""
-    ndim = getattr(var.type, "ndim", None)
-    if ndim is None:
-        raise ShapeError(f"{var} ({var.type}) has no shape")
-    return tuple(shape_i_of(var, d) for d in range(ndim))
-
+           "infer_graph_shapes", "rewrite_shape_read", "inferred_shape", "same_dim"]
 
 def _checked(node: Apply, shapes: Any) -> list[tuple]:
     """`infer_shape`'s answer as int64 dims, after checking it has one entry per output dim."""
@@ -180,7 +144,7 @@ def _computed_anyway(fgraph: Any, node: Apply) -> bool:
     """Whether something other than shape reads needs `node`'s outputs."""
     for o in node.outputs:
         for client, _i in fgraph.clients.get(o, ()):
-            if client == "output" or type(client.op).__name__ not in SHAPE_OPS:
+            if client == "output" or getattr(client.op, "shape_read", None) is None:
                 return True
     return False
 
@@ -189,7 +153,7 @@ def _cheap(fgraph: Any, e: Variable) -> bool:
     """Free to use in place of reading a computed value's length: a constant, a value the
     graph has already, or a length read."""
     return dim_value(e) is not None or e in fgraph.variables or (
-        e.owner is not None and type(e.owner.op).__name__ in SHAPE_READ_OPS)
+        is_shape_read(e))
 
 
 def _sliced(node: Apply) -> bool:
@@ -199,13 +163,11 @@ def _sliced(node: Apply) -> bool:
     where the value is computed anyway, since then nothing on the host waits for it (on the
     GPU, the op and what reads its shape can be one captured graph; a slice takes its bounds
     as graph parameters)."""
-    return type(node.op).__name__ in ("Subtensor", "GpuSubtensor") or \
-        bool(getattr(node.op, "shape_from_inputs", False))
+    return bool(getattr(node.op, "basic_indexing", False)
+                or getattr(node.op, "shape_from_inputs", False))
 
 
 def _as_shape_vector(entries: Sequence[Variable], out: Variable) -> Variable | None:
-    from symgpu.tensor.basic import MakeVector
-    from symgpu.tensor.type import TensorConstant
     values = [dim_value(e) for e in entries]
     if all(v is not None for v in values):
         return TensorConstant(out.type, np.asarray(values, dtype="int64").reshape(len(values)))

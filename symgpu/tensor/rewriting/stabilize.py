@@ -20,6 +20,10 @@ from symgpu.tensor.nnet import (CrossentropyCategorical1Hot, CrossentropyCategor
                                 LogSoftmax, Softmax)
 from symgpu.tensor.rewriting.utils import (broadcast_to_type, ew, ew_name, is_constant_value,
                                            is_ew)
+from symgpu.tensor.basic import arange
+from symgpu.tensor.math import cast, zeros_like
+from symgpu.tensor.shape import shape_i
+from symgpu.tensor.subtensor import set_subtensor
 
 __all__ = ["local_log1p_exp_to_softplus", "local_log_sigmoid_to_softplus",
            "local_log_1m_sigmoid_to_softplus", "local_inv_1p_exp_to_sigmoid",
@@ -133,10 +137,6 @@ def _softmax_input(var):
 
 def _onehot_neg(g, like, y):
     """-g[i] at (i, y_i), zero elsewhere, shaped like `like` (n, k)."""
-    from symgpu.tensor.basic import arange
-    from symgpu.tensor.math import cast, zeros_like
-    from symgpu.tensor.shape import shape_i
-    from symgpu.tensor.subtensor import set_subtensor
     rows = arange(shape_i(like, 0))
     return set_subtensor(zeros_like(like)[rows, y], cast(ew("neg", g), like.dtype))
 
@@ -150,8 +150,6 @@ def local_crossentropy_1hot_softmax(fgraph, node):
     x = _softmax_input(p)
     if x is None or x.ndim != 2:
         return None
-    from symgpu.tensor.basic import arange
-    from symgpu.tensor.shape import shape_i
     ls = LogSoftmax(-1 if p.owner.op.axis == -1 else 1)(x)
     picked = ls[arange(shape_i(x, 0)), y]
     return _same_type(node, ew("neg", picked))
