@@ -736,3 +736,9 @@ def hessian(cost: Variable, wrt: Any, consider_constant: Sequence[Variable] | No
 # verify_grad lives in its own module (one concern: checking gradients numerically); its names
 # stay importable from here, where Theano users look for them.
 from symgpu.gradient_check import GradientError, numeric_grad, verify_grad  # noqa: E402
+import symgpu.tensor as _tensor_package  # noqa: E402
+
+# Theano's T.grad, T.Lop, T.Rop, T.jacobian, T.hessian: the tensor namespace (a layer below
+# this one) gets them from here when this module loads (the symgpu package imports it)
+for _name in ("grad", "Lop", "Rop", "jacobian", "hessian"):
+    setattr(_tensor_package, _name, globals()[_name])

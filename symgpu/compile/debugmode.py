@@ -21,10 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.compile.mode import Mode
-from symgpu.graph.basic import Apply, Constant
+from symgpu.compile.mode import NAMED_MODES, Mode
+from symgpu.config import config
+from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.link.vm import VM, link
+from symgpu.scalar.basic import Cast
+from symgpu.tensor.elemwise import Elemwise
+from symgpu.tensor.type import TensorType
 
 __all__ = ["DebugMode", "DebugModeError", "BadOptimization", "BadDestroyMap", "BadViewMap",
            "BadOutputType", "DebugVM"]
@@ -53,10 +57,6 @@ class BadOutputType(DebugModeError):
 def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
     """The graph rebuilt with its float16/32 inputs and casts in float64 (None if an op
     refuses): the more accurate reference DebugMode judges disagreements with."""
-    from symgpu.config import config
-    from symgpu.scalar.basic import Cast
-    from symgpu.tensor.elemwise import Elemwise
-    from symgpu.tensor.type import TensorType
     memo: dict = {}
     try:
         with config.change_flags(warn_float64="ignore"):
@@ -275,3 +275,6 @@ class DebugMode(Mode):
 
     def __repr__(self) -> str:
         return "DebugMode()"
+
+
+NAMED_MODES["DebugMode"] = DebugMode  # get_mode("DebugMode") and mode=DebugMode

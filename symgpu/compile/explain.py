@@ -11,9 +11,14 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-__all__ = ["explain", "Explanation"]
+from symgpu.compile import devices
+from symgpu.compile.function import _device_input_filter
+from symgpu.config import config
+from symgpu.graph.basic import ancestors
+from symgpu.graph.sharedvalue import SharedVariable
+from symgpu.tensor.elemwise import Elemwise
 
-_UPLOAD, _DOWNLOAD = "GpuFromHost", "HostFromGpu"
+__all__ = ["explain", "Explanation"]
 
 
 @dataclass
@@ -69,13 +74,8 @@ def _describe(var: Any) -> str:
     return f"the output of {owner.op}" if owner is not None else str(var)
 
 
-def _is_gpu(var: Any) -> bool:
-    return type(var.type).__name__ == "GpuArrayType"
-
-
-def _is_gpu_node(node: Any) -> bool:
-    return type(node.op).__module__.startswith("symgpu.gpu") or \
-        any(_is_gpu(v) for v in list(node.inputs) + list(node.outputs))
+_is_gpu = devices.is_device_var
+_is_gpu_node = devices.is_device_node
 
 
 def _shape_work(node: Any) -> bool:
@@ -97,15 +97,15 @@ def explain(f: Any, file: TextIO | None = sys.stdout) -> Explanation:
     passed = _device_arrays_passed(f)
     n_final = 0
     for node in nodes:
-        kind = type(node.op).__name__
-        if kind == _UPLOAD:
+        kind = devices.transfer_kind(node.op)
+        if kind == "upload":
             src = node.inputs[0]
             origin = "an input" if src in inputs else "a CPU op's result"
             note = passed.get(node)
             report.uploads.append(f"{_describe(src)} ({origin}, {src.type}"
                                   + (f"; a GPU array passed for it {note}" if note else "")
                                   + ")")
-        elif kind == _DOWNLOAD:
+        elif kind == "download":
             src = node.inputs[0]
             report.downloads.append(f"{_describe(src)} ({src.type})")
             readers = [c for c, _ in fgraph.clients.get(node.outputs[0], ()) if c != "output"]
@@ -121,7 +121,7 @@ def explain(f: Any, file: TextIO | None = sys.stdout) -> Explanation:
         if why:
             report.syncs.append(f"{node.op} {why}")
         if any(getattr(v, "dtype", None) == "float64" for v in node.outputs) and \
-                (report.on_gpu or kind == "Elemwise"):
+                (report.on_gpu or isinstance(node.op, Elemwise)):
             report.float64.append(f"{node.op} -> float64"
                                   + (" (float64 is many times slower on most GPUs)"
                                      if _is_gpu_node(node) else ""))
@@ -143,14 +143,12 @@ def _device_arrays_passed(f: Any) -> dict:
     vm = getattr(f, "vm", None)
     if vm is None:
         return {}
-    from symgpu.compile.function import _device_input_filter
-    from symgpu.graph.sharedvalue import SharedVariable
     fgraph = f.maker.fgraph
     inputs = set(fgraph.inputs)
     out = {}
     for node, thunk in zip(getattr(vm, "nodes", ()), getattr(vm, "thunks", ())):
         src = node.inputs[0] if node.inputs else None
-        if type(node.op).__name__ != _UPLOAD or src not in inputs or \
+        if devices.transfer_kind(node.op) != "upload" or src not in inputs or \
                 isinstance(src, SharedVariable) or _device_input_filter(src, fgraph) is None:
             continue
         if getattr(thunk, "may_borrow", False):
@@ -164,7 +162,6 @@ def _device_arrays_passed(f: Any) -> dict:
 
 def _graph_status(f: Any, nodes: list, passed: dict | None = None) -> list[str]:
     """Whether calls replay CUDA graphs, what splits them, what re-captures them."""
-    from symgpu.config import config
     if not config.gpuarray.cuda_graphs:
         return ["off (flag gpuarray.cuda_graphs=False): every node launches from Python"]
     vm = getattr(f, "vm", None)
@@ -178,14 +175,13 @@ def _graph_status(f: Any, nodes: list, passed: dict | None = None) -> list[str]:
                 "or GPU values on more than one context)"]
     if not getattr(runner, "enabled", True):
         return [f"turned off for this function: {runner.disabled_reason}"]
-    from symgpu.gpu.exec.graph_plan import node_capturable
     out = []
     segments = [s for s in runner.segments]
     out.append(f"{len(segments)} captured segment(s); the first call with a new key (input "
                "shapes, shared variables' buffers, host values that are not graph parameters) "
                "runs plainly, a repeat captures, later repeats replay")
-    breaking = [n for n, t in zip(vm.nodes, vm.thunks) if not node_capturable(n, t)
-                and type(n.op).__name__ not in (_DOWNLOAD,) and _is_gpu_node(n)]
+    breaking = [n for n, t in zip(vm.nodes, vm.thunks) if not devices.node_capturable(n, t)
+                and devices.transfer_kind(n.op) != "download" and _is_gpu_node(n)]
     for n in breaking:
         why = getattr(n.op, "host_sync", None) or "not capturable"
         what = str(n.op)
@@ -198,7 +194,6 @@ def _graph_status(f: Any, nodes: list, passed: dict | None = None) -> list[str]:
              if not _is_gpu(v) and getattr(v, "ndim", None) == 0
              and any(_is_gpu_node(c) for c, _ in f.maker.fgraph.clients.get(v, ())
                      if c != "output")]
-    from symgpu.graph.basic import ancestors
     by_value = [w for s in segments for w in getattr(s, "keyed_host_vars", ())]
     as_param = [w for s in segments for w in getattr(s, "param_vars", ())]
     feeds_key = set(ancestors(by_value)) if by_value else set()

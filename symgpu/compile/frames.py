@@ -26,6 +26,7 @@ from symgpu.graph.sharedvalue import update_locks
 from symgpu.graph.token_lock import HELD_NAME, TokenLock
 from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.link.vm import VM, straight_line
 
 __all__ = ["Layout", "Frame", "link_frame", "SPARE_FRAMES"]
 
@@ -124,7 +125,6 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
     few tenths of a microsecond more): take the guard's tokens, filter the arguments into the
     input cells, read the shared values, run, write the updates, empty the cells of results,
     give the tokens back. A spare frame's code takes no token: its caller holds the locks."""
-    from symgpu.link.vm import VM, straight_line
     layout, vm = frame.layout, frame.vm
     fg = layout.fgraph
     ns: dict[str, Any] = {}

@@ -6,15 +6,20 @@ import time
 import warnings
 from typing import Any, Callable, Sequence
 
+from symgpu.compile import devices
 from symgpu.compile import frames as _frames
 from symgpu.compile.frames import Layout, link_frame
 from symgpu.compile.host_fallback import keep_source, recompile_on_host
 from symgpu.compile.io import In, Out
+import symgpu.compile.debugmode  # noqa: F401  (registers mode='DebugMode')
+from symgpu.compile.function_copy import copy_function
 from symgpu.compile.mode import Mode, get_mode
+from symgpu.compile.profiling import ProfileStats, _atexit_print_list, attach_profile
 from symgpu.graph.sharedvalue import SharedVariable
 from symgpu.graph.basic import (Constant, Variable, ancestors, clone_graph, graph_inputs,
                                 set_eval_compiler)
 from symgpu.graph.fg import FunctionGraph
+from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace"]
 
@@ -55,7 +60,6 @@ def _as_pairs(x: Any, what: str) -> list[tuple[Variable, Any]]:
 def _to_variable_like(target: Variable, value: Any, what: str) -> Variable:
     """`value` as a variable of `target`'s type (converting constants and broadcast patterns)."""
     if not isinstance(value, Variable):
-        from symgpu.tensor.type import as_tensor_variable
         value = as_tensor_variable(value, dtype=getattr(target.type, "dtype", None))
     converted = target.type.convert_variable(value)
     if converted is None:
@@ -237,7 +241,6 @@ class Function:
              delete_updates: bool = False, name: str | None = None,
              profile: Any = None) -> "Function":
         """A new Function computing the same graph (Theano's `Function.copy`)."""
-        from symgpu.compile.function_copy import copy_function
         return copy_function(self, share_memory, swap, delete_updates, name, profile)
 
     def __copy__(self) -> "Function":
@@ -247,8 +250,7 @@ class Function:
         p = self.profile
         profile = None
         if p is not None:
-            from symgpu.compile import profiling
-            profile = (p.message, any(q is p for q in profiling._atexit_print_list), p.memory)
+            profile = (p.message, any(q is p for q in _atexit_print_list), p.memory)
         return (_rebuild_function, (self.maker, self.name, self.trust_input, profile))
 
     def get_shared(self) -> list[SharedVariable]:
@@ -276,10 +278,9 @@ def _rebuild_function(maker: FunctionMaker, name: str | None, trust_input: bool,
     fn.trust_input = trust_input
     stats = None
     if profile is not None:
-        from symgpu.compile.profiling import ProfileStats
         message, atexit_print, memory = profile
         stats = ProfileStats(atexit_print=atexit_print, message=message, memory=memory)
-    _attach_profile(fn, stats)
+    attach_profile(fn, stats)
     return fn
 
 
@@ -289,10 +290,9 @@ def _missing_contexts(maker: FunctionMaker) -> list:
              if hasattr(v.type, "context_name") and hasattr(v.type, "value_from_pickle")}
     if not names:
         return []
-    from symgpu.gpu.runtime import context as gctx
-    from symgpu.gpu.placement.type import default_context_active
-    return [n for n in names if n not in gctx.context_names()
-            and not (n is None and default_context_active())]
+    in_use = devices.contexts_in_use()
+    return [n for n in names if n not in in_use
+            and not (n is None and devices.default_context_active())]
 
 
 def _check_contexts(maker: FunctionMaker, name: str | None) -> None:
@@ -437,7 +437,6 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
             outs.append(o)
         else:
             if not isinstance(o, Variable):
-                from symgpu.tensor.type import as_tensor_variable
                 o = as_tensor_variable(o)
             outs.append(Out(o))
 
@@ -497,18 +496,8 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
     fn = Function(maker, name)
     maker.link_time = time.perf_counter() - t1
     maker.compile_time = time.perf_counter() - t_start
-    _attach_profile(fn, profile)
+    attach_profile(fn, profile)
     return fn
-
-
-def _attach_profile(fn: Function, profile: Any) -> None:
-    """Hook for the profiler (symgpu.compile.profiling registers itself here)."""
-    for hook in PROFILE_HOOKS:
-        hook(fn, profile)
-
-
-#: callables (fn, profile_arg) run on every new Function; the profiler registers one
-PROFILE_HOOKS: list[Callable[[Function, Any], None]] = []
 
 
 def _default_updates(roots: list[Variable], explicit: list, skip_all: Any) -> list:

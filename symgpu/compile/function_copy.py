@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from symgpu.compile.profiling import attach_profile
 from symgpu.graph.sharedvalue import SharedVariable
 from symgpu.graph.basic import clone_graph
 from symgpu.graph.fg import FunctionGraph
@@ -41,7 +42,6 @@ def copy_function(fn: Any, share_memory: bool = False, swap: dict | None = None,
       takes a spare frame).
     * `name` defaults to `fn`'s name + " copy"; `profile` as for `function()`.
     """
-    from symgpu.compile.function import Function, FunctionMaker, _attach_profile
     swap = dict(swap or {})
     _check_swap(fn, swap)
     maker = fn.maker
@@ -68,12 +68,12 @@ def copy_function(fn: Any, share_memory: bool = False, swap: dict | None = None,
         share = {memo[v]: cell for v, cell in fn._frame.storage_map.items()
                  if v not in ends and v in memo}
         guard = fn._frame.guard
-    new_maker = FunctionMaker(new_fg, maker.mode, list(maker.inputs), list(maker.outputs),
+    new_maker = type(maker)(new_fg, maker.mode, list(maker.inputs), list(maker.outputs),
                               0.0, 0.0, {}, shared_vars, updates, maker.single,
                               maker.allow_input_downcast)
     if name is None and fn.name:
         name = fn.name + " copy"
-    copy = Function(new_maker, name, share, guard)
+    copy = type(fn)(new_maker, name, share, guard)
     copy.trust_input = fn.trust_input
-    _attach_profile(copy, profile)
+    attach_profile(copy, profile)
     return copy

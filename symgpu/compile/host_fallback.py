@@ -12,22 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.graph.basic import Variable
+from symgpu.compile import devices
+from symgpu.compile.io import In
+from symgpu.config import config
+from symgpu.graph.basic import Variable, io_toposort
 from symgpu.graph.fg import FunctionGraph
 
 __all__ = ["keep_source", "recompile_on_host"]
 
 
 def _is_gpu(var: Variable) -> bool:
-    return hasattr(var.type, "context_name") and hasattr(var.type, "tensor_type")
+    return devices.is_device_var(var) and hasattr(var.type, "tensor_type")
 
 
 def _gpu_may_be_involved(fgraph: FunctionGraph) -> bool:
-    from symgpu.config import config
     if config.device != "cpu" or any(_is_gpu(v) for v in fgraph.inputs):
         return True
-    from symgpu.gpu.runtime import context as gctx
-    return bool(gctx.context_names())
+    return bool(devices.contexts_in_use())
 
 
 def keep_source(fgraph: FunctionGraph) -> tuple[list, list] | None:
@@ -43,7 +44,6 @@ def _host_graph(inputs: list, outputs: list) -> tuple[list, list]:
     """The graph with every GPU-typed variable made a host one: GPU inputs become host
     inputs of the same dtype and pattern, transfers disappear, other nodes are rebuilt on
     their host inputs (a GPU op written explicitly into the graph cannot be, and says so)."""
-    from symgpu.graph.basic import io_toposort
     memo: dict = {}
     host_inputs = []
     for v in inputs:
@@ -52,10 +52,10 @@ def _host_graph(inputs: list, outputs: list) -> tuple[list, list]:
         host_inputs.append(h)
     for node in io_toposort(inputs, outputs):
         new_inputs = [memo.get(v, v) for v in node.inputs]
-        if type(node.op).__name__ in _TRANSFERS:
+        if devices.transfer_kind(node.op) is not None:
             memo[node.outputs[0]] = new_inputs[0]
             continue
-        if type(node.op).__module__.startswith("symgpu.gpu"):
+        if devices.is_device_node(node):
             raise RuntimeError(f"cannot compile {node.op} for the host: the graph was built "
                                "with this GPU op explicitly; rebuild it with host ops")
         if all(a is b for a, b in zip(new_inputs, node.inputs)):
@@ -65,13 +65,8 @@ def _host_graph(inputs: list, outputs: list) -> tuple[list, list]:
     return host_inputs, [memo.get(o, o) for o in outputs]
 
 
-_TRANSFERS = ("GpuFromHost", "HostFromGpu", "GpuToGpu")
-
-
 def recompile_on_host(maker: Any) -> Any:
     """A FunctionMaker for the host, compiled from `maker.source` with `maker`'s mode."""
-    from symgpu.compile.function import FunctionMaker
-    from symgpu.compile.io import In
     host_inputs, outputs = _host_graph(*maker.source)
     fgraph = FunctionGraph(host_inputs, outputs, clone=True)
     fgraph.update_mapping = dict(maker.fgraph.update_mapping)
@@ -79,7 +74,7 @@ def recompile_on_host(maker: Any) -> Any:
     inputs = [In(fgraph.inputs[k], name=i.name, value=i.value, mutable=i.mutable,
                  strict=i.strict, allow_downcast=i.allow_downcast, borrow=i.borrow)
               if _is_gpu(i.variable) else i for k, i in enumerate(maker.inputs)]
-    new = FunctionMaker(fgraph, maker.mode, inputs, maker.outputs, 0.0, 0.0, pass_times,
+    new = type(maker)(fgraph, maker.mode, inputs, maker.outputs, 0.0, 0.0, pass_times,
                         maker.shared_vars, maker.updates, maker.single,
                         maker.allow_input_downcast)
     return new

@@ -17,8 +17,14 @@ rewrite names are read as ours (`TAG_ALIASES`, e.g. `local_elemwise_fusion` is `
 from __future__ import annotations
 
 import time
+from typing import Callable
+
+import symgpu.tensor.rewriting  # noqa: F401  (the tensor rewrites register into optdb)
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.db import optdb
+from symgpu.link.vm import link
+from symgpu.tensor.c_elemwise import allow_c_kernels
 
 __all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
 
@@ -34,12 +40,6 @@ MODE_TAGS = {
 THEANO_LINKERS = ("vm", "cvm", "vm_nogc", "cvm_nogc", "py", "c", "c|py", "c|py_nogc")
 #: Theano's optimizer names for Mode(optimizer=...) -> the mode name (None: keep it)
 THEANO_OPTIMIZERS = {"default": None, "fast_run": "FAST_RUN", "fast_compile": "FAST_COMPILE"}
-
-
-def _load_rewrites() -> None:
-    # tensor rewrites register themselves on import (symgpu.tensor imports them at its end);
-    # importing here too keeps a graph-only user of Mode from silently getting no rewrites
-    import symgpu.tensor.rewriting  # noqa: F401
 
 
 class Mode:
@@ -109,8 +109,6 @@ class Mode:
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
-        from symgpu.graph.rewriting.db import optdb
-        _load_rewrites()
         include, exclude = self.tags()
         return optdb.query(include, exclude)
 
@@ -130,8 +128,6 @@ class Mode:
 
     def link(self, fgraph: FunctionGraph, storage_map: dict):
         """The VM running `fgraph` over `storage_map` (DebugMode returns a checking one)."""
-        from symgpu.link.vm import link
-        from symgpu.tensor.c_elemwise import allow_c_kernels
         with allow_c_kernels(self.name != FAST_COMPILE):  # no C compiles for FAST_COMPILE
             return link(fgraph, storage_map)
 
@@ -142,6 +138,10 @@ class Mode:
 FAST_RUN = "FAST_RUN"
 FAST_COMPILE = "FAST_COMPILE"
 
+#: mode name -> factory, for modes of their own class that `get_mode` makes by name
+#: (compile.debugmode registers "DebugMode" when it loads; compile.function imports it)
+NAMED_MODES: dict[str, Callable[[], Mode]] = {}
+
 
 def get_mode(mode) -> Mode:
     """A Mode from None (the `mode` flag), a name, or a Mode."""
@@ -150,10 +150,8 @@ def get_mode(mode) -> Mode:
     if isinstance(mode, Mode):
         return mode
     if isinstance(mode, str):
-        if mode == "DebugMode":
-            from symgpu.compile.debugmode import DebugMode
-            return DebugMode()
-        return Mode(mode)
+        factory = NAMED_MODES.get(mode)
+        return factory() if factory is not None else Mode(mode)
     raise TypeError(f"mode must be a name ({', '.join(MODE_TAGS)}) or a Mode, got {mode!r}")
 
 

@@ -16,6 +16,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from symgpu.compile.mode import FAST_COMPILE, FAST_RUN, Mode
+from symgpu.config import config
+from symgpu.link.vm import link
+from symgpu.printing import debugprint
+from symgpu.tensor.c_elemwise import allow_c_kernels
 from symgpu.graph.basic import Apply
 
 __all__ = ["MonitorMode", "NanGuardMode", "NodeFn", "detect_nan"]
@@ -99,7 +103,6 @@ class MonitorMode(Mode):
                              f"{', '.join(_LINKERS)}")
         name, excluded = _OPTIMIZERS[key]
         if name is None:
-            from symgpu.config import config
             name = FAST_COMPILE if config.mode == FAST_COMPILE else FAST_RUN
         super().__init__(name, (), excluded)
         self.pre_func, self.post_func = pre_func, post_func
@@ -112,8 +115,6 @@ class MonitorMode(Mode):
 
     def link(self, fgraph: Any, storage_map: dict) -> Any:
         if self.linker == "py":
-            from symgpu.link.vm import link
-            from symgpu.tensor.c_elemwise import allow_c_kernels
             with allow_c_kernels(False):
                 vm = link(fgraph, storage_map)
         else:
@@ -145,7 +146,6 @@ def _float_array(value: Any) -> np.ndarray | None:
 def detect_nan(i: int, node: Apply, fn: NodeFn) -> None:
     """The debugging FAQ's post_func: print the node, its inputs and outputs when an output
     holds a NaN."""
-    from symgpu.printing import debugprint
     for output in fn.outputs:
         arr = _float_array(output[0])
         if arr is not None and np.isnan(arr).any():

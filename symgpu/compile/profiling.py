@@ -8,7 +8,7 @@ printed to stderr.
 
 How it hooks in, without touching the fast path of unprofiled functions:
 
-* ``symgpu.compile.function.PROFILE_HOOKS`` runs :func:`attach_profile` on each new Function;
+* ``symgpu.compile.function`` runs :func:`attach_profile` on each new Function;
 * the VM's ``profiler`` attribute is set to a runner that times each thunk, keeps the VM's
   garbage collection and error reporting (``vm.raise_with_node_info``);
 * the Function's class is swapped for a subclass whose ``__call__`` adds the outer timing.
@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, TextIO, Union
 
 import numpy as np
 
+from symgpu.compile.devices import transfer_kind
 from symgpu.config import config
 from symgpu.graph.basic import Apply, user_stack
 from symgpu.printing import op_kind
@@ -299,7 +300,7 @@ class ProfileStats:
     def host_waits(self) -> int:
         """At most how many points of a call make the host wait for the GPU: copies to the
         host and ops that read a flag back (adjacent copies at the end share one wait)."""
-        downloads = sum(type(n.op).__name__ == "HostFromGpu" for n in self.apply_callcount)
+        downloads = sum(transfer_kind(n.op) == "download" for n in self.apply_callcount)
         flags = sum(bool(getattr(n.op, "host_sync", None)) for n in self.apply_callcount)
         return downloads + flags
 
@@ -615,11 +616,3 @@ def print_profiles_at_exit(file: TextIO | None = None,
 
 atexit.register(print_profiles_at_exit)
 
-
-def _register() -> None:
-    from symgpu.compile.function import PROFILE_HOOKS
-    if attach_profile not in PROFILE_HOOKS:
-        PROFILE_HOOKS.append(attach_profile)
-
-
-_register()

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-import scipy.special as sps
 
-from symgpu.scalar.dtypes import (FLOAT_DTYPES, is_bool, is_float, is_int, upcast,
+from symgpu.scalar.dtypes import (C_TYPES, FLOAT_DTYPES, is_bool, is_float, is_int, upcast,
                                   upgrade_to_float)
 
 __all__ = ["ScalarOp", "Cast", "SCALAR_OPS", "get_scalar_op", "cuda_expression"]
@@ -77,8 +76,19 @@ DTYPE_RULES: dict[str, Callable[..., str]] = {
 
 # ----------------------------------------------------------------------------- numpy helpers
 
+def _special():
+    """scipy.special, imported on first use: it costs about 0.2 s of `import symgpu`, and
+    only the sigmoid and erf rows need it (on the host)."""
+    import scipy.special  # not a symgpu module: loads on first use to keep start-up short
+    return scipy.special
+
+
 def _sigmoid(x):
-    return sps.expit(x)
+    return _special().expit(x)
+
+
+def _erf(x):
+    return _special().erf(x)
 
 
 def _softplus(x):
@@ -302,7 +312,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _unary(lambda T, x, o, gz: gz * (1 - o * o)), "float"),
     ScalarOpSpec("sinh", 1, np.sinh, "sinh{f}({0})", _unary(lambda T, x, o, gz: gz * T.cosh(x)), "float"),
     ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
-    ScalarOpSpec("erf", 1, sps.erf, "erf{f}({0})",
+    ScalarOpSpec("erf", 1, _erf, "erf{f}({0})",
                  _unary(lambda T, x, o, gz: gz * float(2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
     ScalarOpSpec("arcsin", 1, np.arcsin, "asin{f}({0})",
                  _unary(lambda T, x, o, gz: gz / T.sqrt(1 - x * x)), "float"),
@@ -431,7 +441,6 @@ class Cast(ScalarOp):
         return [None]
 
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
-        from symgpu.scalar.dtypes import C_TYPES
         if self.dtype == "bool":
             return f"(({operands[0]}) != 0)"
         ctype = "float" if self.dtype == "float16" else C_TYPES[self.dtype]

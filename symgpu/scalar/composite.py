@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.scalar.basic import ScalarOp
+from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.dtypes import C_TYPES, upcast
 
 __all__ = ["Composite", "CompositeBuilder", "ScalarVariable", "ScalarNode"]
@@ -301,7 +301,7 @@ def _lowered(c: Composite) -> Composite:
     softplus(-x) share |x|, exp(-|x|) and log1p (the costly part) after step merging."""
     if not any(op.name == "softplus" for op, _ in c.steps):
         return c
-    from symgpu.scalar.basic import SCALAR_OPS as S
+    S = SCALAR_OPS
     b = CompositeBuilder()
     slots: list[Ref] = [b.add_input(d) for d in c.in_dtypes]
     slots += [b.add_constant(v, d) for v, d in c.constants]

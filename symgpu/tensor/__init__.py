@@ -19,7 +19,6 @@ from symgpu.tensor.extra_ops import *  # noqa: F401,F403  (cumsum, sort, repeat,
 from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, roll, norm...)
 from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_constant_value)
 from symgpu.tensor import typed_constructors as _typed
-from symgpu.gradient import Lop, Rop, grad, hessian, jacobian  # T.grad, as in Theano
 from symgpu.tensor import nnet
 
 from symgpu.tensor.variable import install_operators as _install_operators  # noqa: E402

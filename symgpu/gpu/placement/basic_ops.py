@@ -80,6 +80,7 @@ class GpuFromHost(Op):
     """Upload a host tensor to the context `context_name` (None = the default one)."""
 
     __props__ = ("context_name",)
+    transfer = "upload"  # compile.devices: host to device
     copies_value = True  # rewrites may see a constant through it (graph.basic.constant_behind)
 
     def __init__(self, context_name: str | None = None):
@@ -253,6 +254,7 @@ class HostFromGpu(Op):
     the context's pool, which the returned array owns (no second host copy)."""
 
     __props__ = ()
+    transfer = "download"  # compile.devices: device to host
 
     def __str__(self) -> str:
         return "HostFromGpu(gpuarray)"
@@ -292,6 +294,7 @@ class GpuToGpu(Op):
     """Copy a GpuArray to another context (a no-copy view when both names share one)."""
 
     __props__ = ("context_name",)
+    transfer = "device"  # compile.devices: device to device
     view_map = {0: [0]}
     copies_value = True
 
