@@ -2,7 +2,16 @@
 
 Build graphs from symbolic variables (`symgpu.tensor`), compile them with `function`, and run
 them on the CPU or, with `device=cuda`, on an NVIDIA GPU. Importing needs no GPU or PyCUDA.
+
+This module is the top layer (docs/internals.md): it may import anything, nothing inside the
+package imports it. What a CPU user needs loads now; loops (`scan`, `ifelse`) load on first
+use (PEP 562), and the GPU backend (`symgpu.gpu`) as soon as the flags ask for a GPU.
 """
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
@@ -11,7 +20,7 @@ from symgpu.compile.function import function
 from symgpu.compile.sharedvalue import shared
 import symgpu.tensor as tensor
 from symgpu.compile.mode import Mode  # Theano's theano.Mode
-import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...
+import symgpu.gradient as gradient  # theano.gradient.jacobian, hessian...; installs T.grad
 from symgpu.gradient import grad
 import symgpu.printing as printing
 from symgpu.compile.explain import explain
@@ -19,19 +28,42 @@ from symgpu.printing import pp  # Theano's theano.pp
 
 __version__ = "0.1.0"
 
+#: public name -> (module, attribute or None for the module itself), loaded on first use
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "scan": ("symgpu.scan", None),  # a callable module: symgpu.scan(...) and symgpu.scan.until
+    "map": ("symgpu.scan", "map"),
+    "reduce": ("symgpu.scan", "reduce"),
+    "foldl": ("symgpu.scan", "foldl"),
+    "foldr": ("symgpu.scan", "foldr"),
+    "scan_module": ("symgpu.scan_module", None),
+    "ifelse": ("symgpu.ifelse", None),  # symgpu.ifelse.ifelse, the lazy branch
+    "gpu": ("symgpu.gpu", None),
+    "sandbox": ("symgpu.sandbox", None),
+    "misc": ("symgpu.misc", None),
+}
+
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
-           "Constant", "tensor", "__version__"]
-__all__ += ["explain"]
-__all__ += ["pp"]
+           "Constant", "tensor", "__version__", "explain", "pp", "Mode", "printing", "gradient",
+           "scan", "map", "reduce", "foldl", "foldr"]
 
-import symgpu.compile.profiling  # noqa: E402,F401  (registers the profiler hook)
-__all__ += ["Mode", "printing", "gradient"]
-import symgpu.gpu  # noqa: E402,F401  (registers the GPU backend: types, transfers, placement; no PyCUDA)
 
-# loops (scan is a callable module: symgpu.scan(...) and symgpu.scan.until both work)
-import symgpu.scan  # noqa: E402
-from symgpu.scan import foldl, foldr, map, reduce  # noqa: E402,A004
-import symgpu.scan_module  # noqa: E402,F401
-scan = symgpu.scan  # noqa: E402
-__all__ += ["scan", "map", "reduce", "foldl", "foldr"]
-import symgpu.ifelse  # noqa: E402,F401  (symgpu.ifelse.ifelse, the lazy branch)
+def __getattr__(name: str) -> Any:
+    entry = _LAZY.get(name)
+    if entry is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(entry[0])
+    value = module if entry[1] is None else getattr(module, entry[1])
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def _load_gpu_backend() -> None:
+    """Register the GPU backend (types, transfers, placement passes; no PyCUDA)."""
+    importlib.import_module("symgpu.gpu")
+
+
+config.on_device_request(_load_gpu_backend)  # now if the flags ask for a GPU, else when they do

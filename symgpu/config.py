@@ -275,6 +275,8 @@ class _ChangeFlags:
         self._saved.append({n: (flags[n].value, flags[n].source) for n in self._values})
         for name, value in self._values.items():
             flags[name].value, flags[name].source = value, "change_flags"
+        if _DEVICE_FLAGS.intersection(self._values):
+            self._cfg.device_requested()
         return self._cfg
 
     def __exit__(self, *exc: Any) -> None:
@@ -361,6 +363,8 @@ class Config:
         if flag is None:
             raise self._unknown(name, value, source)
         flag.value, flag.source = flag.param.parse(value, flag.name, source), source
+        if flag.name in _DEVICE_FLAGS:
+            self.device_requested()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -401,6 +405,24 @@ class Config:
         return _ChangeFlags(self, parsed)
 
     # -- helpers for features
+    def on_device_request(self, loader: Callable[[], None]) -> None:
+        """Run `loader` once, as soon as the flags ask for a GPU (``device=cuda...`` or
+        ``contexts=...``: now, on an assignment or in ``change_flags``). The symgpu package
+        registers the loader of its GPU backend, so a CPU-only run never imports it."""
+        _DEVICE_LOADERS.append(loader)
+        self.device_requested()
+
+    def device_requested(self) -> None:
+        """Load the device backends if the flags ask for a GPU (see on_device_request)."""
+        if not _DEVICE_LOADERS:
+            return
+        device, contexts = self._flags["device"].value, self._flags["contexts"].value
+        if device != "cpu" or contexts:
+            loaders = list(_DEVICE_LOADERS)
+            _DEVICE_LOADERS.clear()
+            for load in loaders:
+                load()
+
     def tags(self, name: str) -> list[str]:
         """Split a ``:``-separated tag flag such as ``optimizer_including`` into its tags."""
         return [t.strip() for t in str(self._lookup(name)).split(":") if t.strip()]
@@ -498,6 +520,10 @@ def _register_builtin_flags(cfg: Config, environ: Mapping[str, str]) -> None:
             default = _default_compiledir(environ)
         cfg.add(name, doc, param(), default)
 
+
+#: the flags that ask for a GPU, and the loaders waiting for one (Config.on_device_request)
+_DEVICE_FLAGS = frozenset({"device", "contexts"})
+_DEVICE_LOADERS: list[Callable[[], None]] = []
 
 config = Config()
 change_flags = config.change_flags

@@ -178,7 +178,7 @@ def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypat
     """examples/mlp_dropout.py with its shared variables on a virtual GPU: eight updates,
     the six weights' selections folded into their update kernels, the two generator states'
     into one two-output kernel."""
-    from symgpu.compile import sharedvalue as sv
+    from symgpu.graph import sharedvalue as sv
     from symgpu.compile.sharedvalue import Container
     from symgpu.gpu.placement.type import GpuArraySharedVariable, move_to_gpu
 

@@ -5,7 +5,8 @@ Counts every import of a symgpu module, at module level and inside function bodi
 
 - ``--deferred``: each import inside a function body, one per statement, with the comment that
   gives its reason (a ``# deferred: ...`` comment on the line or the line above);
-- ``--cycles``: circles between top-level packages of symgpu, and between files of one package;
+- ``--cycles``: circles between the packages and files of one package (each package's
+  children, subpackages taken whole, as import-linter's acyclic_siblings contract sees them);
 - the default: a summary of both.
 
 The contract test (tests/test_layers.py) uses the same functions, so the figures in the docs
@@ -165,31 +166,29 @@ def _sccs(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def package_cycles(found: list[Import]) -> list[list[str]]:
-    """Circles between symgpu's top-level packages and modules (symgpu.graph, symgpu.tensor...).
-
-    The façade (``symgpu/__init__.py``) is left out: every package lives inside it."""
-    graph: dict[str, set[str]] = {}
+def sibling_cycles(found: list[Import]) -> dict[str, list[list[str]]]:
+    """Circles among the children of each package (import-linter's acyclic_siblings): an
+    import from inside one child (a module or a whole subpackage) into another child of the
+    same package counts as an arrow between the two. The façade (``symgpu/__init__.py``)
+    and a package's own ``__init__`` are left out: every child lives inside them.
+    Returns {package: [circle, ...]} for the packages that have any."""
+    graphs: dict[str, dict[str, set[str]]] = {}
     for imp in found:
-        a, b = _top(imp.importer), _top(imp.imported)
-        if a != b and "symgpu" not in (a, b):
-            graph.setdefault(a, set()).add(b)
-    return _sccs(graph)
-
-
-def file_cycles(found: list[Import], known: dict[str, Path] | None = None) -> list[list[str]]:
-    """Circles between files of one package (a module and its siblings, subpackages included
-    as their __init__); an import of the package itself from inside it counts too."""
-    known = modules() if known is None else known
-    graph: dict[str, set[str]] = {}
-    for imp in found:
-        a, b = imp.importer, imp.imported
-        if a == b:
-            continue
-        pa = a.rsplit(".", 1)[0]
-        if (b.rsplit(".", 1)[0] == pa or b == pa) and pa != "symgpu":
-            graph.setdefault(a, set()).add(b)
-    return _sccs(graph)
+        a, b = imp.importer.split("."), imp.imported.split(".")
+        common = 0
+        while common < min(len(a), len(b)) and a[common] == b[common]:
+            common += 1
+        if common >= len(a) or common >= len(b):
+            continue  # one is inside the other (a package and its own module)
+        parent = ".".join(a[:common])
+        child_a, child_b = ".".join(a[:common + 1]), ".".join(b[:common + 1])
+        graphs.setdefault(parent, {}).setdefault(child_a, set()).add(child_b)
+    out = {}
+    for parent, graph in sorted(graphs.items()):
+        cycles = _sccs(graph)
+        if cycles:
+            out[parent] = cycles
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,15 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     found = imports()
     deferred = deferred_statements(found)
-    pkg, files = package_cycles(found), file_cycles(found)
+    cycles = sibling_cycles(found)
     if args.deferred:
         for imp in deferred:
             print(f"{imp.importer}:{imp.line} -> {imp.imported}  # {imp.reason or '(no reason)'}")
     if args.cycles:
-        for c in pkg:
-            print("packages:", " <-> ".join(c))
-        for c in files:
-            print("files:", " <-> ".join(c))
+        for parent, circles in cycles.items():
+            for c in circles:
+                print(f"in {parent}:", " <-> ".join(m.rsplit(".", 1)[-1] for m in c))
     if args.edges:
         a, b = args.edges.split(":")
         for imp in found:
@@ -217,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{imp.importer}:{imp.line} -> {imp.imported} ({kind})")
     print(f"{len(deferred)} imports of symgpu modules inside functions "
           f"({sum(1 for i in deferred if not i.reason)} without a reason); "
-          f"{len(pkg)} circles between packages, {len(files)} between files of one package")
+          f"{sum(len(c) for c in cycles.values())} import circles in {len(cycles)} packages")
     return 0
 
 

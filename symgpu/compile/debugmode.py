@@ -77,7 +77,7 @@ def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
                 new = op.make_node(*[memo.get(i, i) for i in node.inputs])
                 memo.update(zip(node.outputs, new.outputs))
             return FunctionGraph(ins, [memo.get(o, o) for o in fgraph.outputs], clone=False)
-    except Exception:
+    except Exception:  # an op that refuses float64 inputs: no float64 reference (documented)
         return None
 
 
@@ -232,7 +232,7 @@ class DebugVM(VM):
                       if j not in destroyed}
             try:
                 thunk()
-            except Exception as exc:
+            except Exception as exc:  # re-raised with the node's information
                 self.raise_with_node_info(i, exc)
             self._check_node(i, node, before)
         for v, old in zip(fg.inputs, inputs):

@@ -74,7 +74,7 @@ class _MonitorRunner:
                     post(i, node, fn)
                 for cell in dead:
                     cell[0] = None
-        except Exception as exc:
+        except Exception as exc:  # re-raised with the node's information
             self.vm.raise_with_node_info(i, exc)
 
 

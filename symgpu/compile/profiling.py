@@ -455,7 +455,7 @@ class _Runner:
                         elapsed[i] = _perf() - t0
                     else:
                         elapsed[i] = timer(thunks[i])
-                except Exception:
+                except Exception:  # timed and recorded, then re-raised by the handler below
                     elapsed[i] = _perf() - t0  # the failing thunk's time counts too
                     ran = i + 1
                     record(shapes, strides, dtypes, pairs[i])  # the inputs that made it fail
@@ -492,7 +492,7 @@ class _Runner:
                             if old is not None:
                                 live[old[0]] -= old[1]
                         cell[0] = None
-        except Exception as exc:
+        except Exception as exc:  # the partial call is accounted, then the error re-raised
             self._account(elapsed, ran, t_start, strict=False)
             if memory:
                 self._account_memory(peak)
@@ -509,7 +509,7 @@ class _Runner:
             if callable(e):  # deferred (e.g. CUDA event) timers resolve here
                 try:
                     t = e()
-                except Exception:
+                except Exception:  # a timer of a failed call: the node's own error is reported
                     if strict:
                         raise
                     t = 0.0  # after a failed call: the node's own error is the one to report

@@ -102,7 +102,7 @@ def compute_test_values(node: Apply, action: str, base: type) -> None:
             values[i] = values[i].copy()
     try:
         results = _evaluate(node, values, base)
-    except Exception as exc:
+    except Exception as exc:  # any op error: re-raised below with the node and inputs
         message = (f"{exc}\nTest value computation failed (config.compute_test_value="
                    f"{action!r}) for the node: {node}\n"
                    "Inputs types: [" + ", ".join(str(v.type) for v in node.inputs) + "]\n"

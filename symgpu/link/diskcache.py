@@ -87,7 +87,7 @@ def atomic_write(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException:  # any failure, interrupts too: remove the partial file, re-raise
         try:
             os.unlink(tmp)
         except OSError:

@@ -234,7 +234,7 @@ class Composite:
                     for x in xs[2:] if op.nin < 0 else ():
                         acc = fn(acc, x)
                     vals.append(np.asarray(acc))
-                except Exception:
+                except Exception:  # a step NumPy refuses on sample values: its dtype rule decides
                     vals.append(np.ones(1, dtype=dtype))
         return [np.asarray(v).dtype.name for v in vals]
 

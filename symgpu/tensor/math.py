@@ -14,7 +14,7 @@ from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast
 from symgpu.tensor.elemwise import (CAReduce, DimShuffle, Elemwise, _sum_to_broadcast_pattern,
                                     keepdims_order)
 from symgpu.tensor.shape import shape_i, transpose
-from symgpu.tensor.shape_rules import dot_shape, matmul_shape
+from symgpu.tensor.shape_rules import dot_shape as _dot_shape, matmul_shape as _matmul_shape
 from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable, constant,
                                 specify_broadcastable_as)
 
@@ -380,7 +380,7 @@ class Dot(Op):
         out[0][0] = np.asarray(np.dot(x, y), dtype=node.outputs[0].dtype)
 
     def infer_shape(self, fgraph, node, input_shapes):
-        return [dot_shape(*input_shapes)]
+        return [_dot_shape(*input_shapes)]
 
     def grad(self, inputs, output_grads):
         (x, y), (gz,) = inputs, output_grads
@@ -440,7 +440,7 @@ class MatMul(Op):
     def infer_shape(self, fgraph, node, input_shapes):
         """The stacks broadcast (NumPy's rule, at run time), then rows of x by columns of y
         (GpuBatchedDot shares it)."""
-        return [matmul_shape(*input_shapes)]
+        return [_matmul_shape(*input_shapes)]
 
     def grad(self, inputs, output_grads):
         (x, y), (gz,) = inputs, output_grads

@@ -247,7 +247,7 @@ def apply_node_rewriter(fgraph: FunctionGraph, node: Apply, rewriter: NodeRewrit
     try:
         pairs = _as_pairs(node, result, rewriter.name)
         pairs = [(o, _check_types(o, n, rewriter.name)) for o, n in pairs]
-    except Exception as exc:
+    except Exception as exc:  # a buggy rewrite's result: reported by _rewrite_failed, skipped
         _rewrite_failed(rewriter.name, node, exc)
         return False
     if not pairs:

@@ -32,14 +32,14 @@ def evaluate_node(node: Apply) -> list | None:
     op = node.op
     try:
         op.perform(node, [c[0] for c in cells_in], cells_out)
-    except Exception:
+    except Exception:  # perform refused (it may need make_thunk's set-up): try the thunk
         try:
             storage = {v: c for v, c in zip(node.inputs, cells_in)}
             storage.update({v: c for v, c in zip(node.outputs, cells_out)})
             compute = {v: [True] for v in node.inputs}
             compute.update({v: [False] for v in node.outputs})
             op.make_thunk(node, storage, compute, [])()
-        except Exception:
+        except Exception:  # the op fails on these constants: not folded, it fails at run time
             return None
     return [c[0] for c in cells_out]
 

@@ -79,7 +79,7 @@ def is_constant_value(var: Variable, value: float) -> bool:
         return False
     try:
         return bool(c == value)
-    except Exception:
+    except Exception:  # values that do not compare (shapes differ, objects): not equal
         return False
 
 
