@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from symgpu.compile.function import clone_replace
 from symgpu.compile.mode import get_mode
-from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, io_toposort
+from symgpu.graph.basic import Constant, Variable, ancestors, io_toposort
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 
