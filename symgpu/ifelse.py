@@ -12,16 +12,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
+import symgpu.tensor as T
+from symgpu.gradient import grad
 from symgpu.graph.basic import Apply, Constant, Variable, ancestors, io_toposort
 from symgpu.graph.op import Op
-from symgpu.scan.inner import InnerFunction, clone_with
+from symgpu.graph.rewriting.db import optdb
+from symgpu.scan.inner import InnerFunction, clone_with, inner_mode_pass
+from symgpu.tensor.type import TensorType
 
 __all__ = ["ifelse", "IfElse"]
-
-
-def _T():
-    import symgpu.tensor as T
-    return T
 
 
 class IfElse(Op):
@@ -41,7 +40,6 @@ class IfElse(Op):
         return f"if{{{self.name}}}" if self.name else "if"
 
     def make_node(self, condition: Variable, *branch_inputs: Variable) -> Apply:
-        from symgpu.tensor.type import TensorType
         outs = []
         for a, b in zip(self.then_fn.outputs, self.else_fn.outputs):
             bc = tuple(x and y for x, y in zip(a.type.broadcastable, b.type.broadcastable))
@@ -85,8 +83,6 @@ class IfElse(Op):
 
     def L_op(self, inputs, outputs, output_grads):
         """Each branch's inputs get that branch's gradient when it is taken, zeros when not."""
-        from symgpu.gradient import grad
-        T = _T()
         cond = inputs[0]
         ins = inputs[1:]
         result: list[Any] = [None]
@@ -150,7 +146,6 @@ def ifelse(condition: Any, then_branch: Any, else_branch: Any, name: str | None 
     """`then_branch` if `condition` (a scalar) is true, else `else_branch`; lazily: only the
     chosen branch is computed. Branches are variables or equally long lists of them, with
     matching dtypes and dimensions; returns a variable or a list accordingly."""
-    T = _T()
     single = not isinstance(then_branch, (list, tuple))
     thens = [then_branch] if single else list(then_branch)
     elses = [else_branch] if not isinstance(else_branch, (list, tuple)) else list(else_branch)
@@ -184,3 +179,16 @@ def ifelse(condition: Any, then_branch: Any, else_branch: Any, name: str | None 
     outs = op(cond, *then_outer, *else_outer)
     outs = outs if isinstance(outs, list) else [outs]
     return outs[0] if single else outs
+
+
+def _ifelse_with_mode(op: IfElse, mode: str) -> IfElse:
+    return IfElse(op.then_fn.inputs, op.then_fn.outputs, op.else_fn.inputs, op.else_fn.outputs,
+                  name=op.name, mode=mode)
+
+
+# branches built without `mode=` compile their inner graphs with the outer mode, as loops do
+# (scan/rewriting.py registers the same pass for loops, at the same position)
+optdb.register("ifelse_inner_mode_fast_run",
+               inner_mode_pass(IfElse, _ifelse_with_mode, "FAST_RUN"), 4.5, "fast_run")
+optdb.register("ifelse_inner_mode_fast_compile",
+               inner_mode_pass(IfElse, _ifelse_with_mode, "FAST_COMPILE"), 4.5, "fast_compile")

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
+import numpy as np
+
+import symgpu.tensor as T
+from symgpu.compile.sharedvalue import SharedVariable
 from symgpu.graph.basic import Constant, Variable
+from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import clone_with, hoist_invariants
-from symgpu.scan.op import Scan, ScanInfo
+from symgpu.scan.op import Scan
+from symgpu.tensor.shape import Unbroadcast
+from symgpu.tensor.type import TensorType
 
 __all__ = ["scan", "until", "ScanUpdates"]
 
@@ -16,7 +23,6 @@ class until:
     `condition` is true (that step's outputs are kept). Makes scan a while-loop."""
 
     def __init__(self, condition: Any):
-        import symgpu.tensor as T
         c = T.as_tensor_variable(condition)
         if c.ndim != 0:
             raise TypeError(f"until: the condition must be a scalar, got {c.type}")
@@ -28,7 +34,6 @@ class ScanUpdates(OrderedDict):
     `function(..., updates=...)`)."""
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        from symgpu.compile.sharedvalue import SharedVariable
         if not isinstance(key, SharedVariable):
             raise TypeError(f"scan updates: {key} is not a shared variable")
         super().__setitem__(key, value)
@@ -47,13 +52,7 @@ def _as_list(x: Any) -> list:
     return [x]
 
 
-def _T():
-    import symgpu.tensor as T
-    return T
-
-
 def _is_update_list(x: Any) -> bool:
-    from symgpu.compile.sharedvalue import SharedVariable
     return (isinstance(x, (list, tuple)) and len(x) > 0
             and all(isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], SharedVariable)
                     for p in x))
@@ -98,12 +97,8 @@ def _constant_int(v: Any) -> int | None:
             return int(v.data)
         except (TypeError, ValueError):
             return None
-    try:
-        import numpy as np
-        if isinstance(v, np.integer):
-            return int(v)
-    except ImportError:  # pragma: no cover
-        pass
+    if isinstance(v, np.integer):
+        return int(v)
     return None
 
 
@@ -112,15 +107,13 @@ def _padleft(x: Variable) -> Variable:
     return x.dimshuffle("x", *range(x.ndim))
 
 
-def _inner_type(x: Variable):
-    from symgpu.tensor.type import TensorType
+def _inner_type(x: Variable) -> TensorType:
     return TensorType(x.type.dtype, x.type.broadcastable[1:])
 
 
 def _parse_sequences(sequences: list, go_backwards: bool, name: str
                      ) -> tuple[list[Variable], list[Variable]]:
     """(outer slices, inner placeholders), one per (sequence, tap), Theano's cutting rule."""
-    T = _T()
     outers, inners = [], []
     for k, seq in enumerate(sequences):
         if isinstance(seq, dict):
@@ -174,8 +167,6 @@ class _StateSpec:
 
     def relax(self, broadcastable: tuple) -> None:
         """Forget the dims the step's result does not know to have length 1."""
-        from symgpu.tensor.shape import Unbroadcast
-        from symgpu.tensor.type import TensorType
         axes = tuple(ib and not ob for ib, ob in zip(self.inner_type.broadcastable, broadcastable))
         self.inner_type = TensorType(self.inner_type.dtype,
                                      tuple(ib and ob for ib, ob in
@@ -185,7 +176,6 @@ class _StateSpec:
 
 
 def _parse_outputs_info(outputs_info: list, name: str, keep_last: bool) -> list[_StateSpec | None]:
-    T = _T()
     specs: list[_StateSpec | None] = []
     for i, oi in enumerate(outputs_info):
         if oi is None:
@@ -247,8 +237,6 @@ def scan_impl(fn: Callable[..., Any], sequences: Any, outputs_info: Any, non_seq
               ) -> tuple[list[Any], ScanUpdates, Any]:
     """scan's work; `keep_last` (reduce/fold) keeps only the last value of each state and
     returns it instead of the whole history. Returns (outputs, updates, node)."""
-    from symgpu.compile.sharedvalue import SharedVariable
-    T = _T()
     name = name or "scan"
     seqs = _as_list(sequences)
     n_given = n_steps

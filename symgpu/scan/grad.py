@@ -11,18 +11,24 @@ only the last k steps are run backwards.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from dataclasses import replace as dc_replace
+from typing import TYPE_CHECKING, Any, Sequence
 
+import symgpu.tensor as T
+from symgpu.gradient import grad
 from symgpu.graph.basic import Constant, Variable, graph_inputs
+from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import clone_with, hoist_invariants
-from symgpu.scan.op import Scan, ScanInfo
+from symgpu.tensor.elemwise import Elemwise
+from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+from symgpu.tensor.subtensor import IncSubtensor, Slice
+from symgpu.tensor.type import TensorType
+
+if TYPE_CHECKING:
+    from symgpu.scan.op import Scan
 
 __all__ = ["scan_grad"]
-
-
-def _T():
-    import symgpu.tensor as T
-    return T
 
 
 def _is_float(v: Variable) -> bool:
@@ -35,10 +41,8 @@ def _padleft(x: Variable) -> Variable:
 
 def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
               output_grads: Sequence[Variable]) -> list[Any]:
-    """One gradient per outer input of `op`'s node (None where nothing flows)."""
-    from symgpu.gradient import grad
-    from symgpu.tensor.type import TensorType
-    T = _T()
+    """One gradient per outer input of `op`'s node (None where nothing flows). The loops it
+    builds are `op.host_loop`s (op.py imports this module, not the other way round)."""
     info = op.info
     S, M, K, N = info.n_seqs, info.n_states, info.n_nitsot, info.n_nonseqs
     n_steps = inputs[0]
@@ -57,7 +61,7 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
     bufs = list(outputs[:M])
     g_bufs = list(output_grads[:M])
     if not all(info.keep):
-        full = Scan(inner_in, inner_out, _replace(info, keep=(True,) * M), op.mode)
+        full = op.host_loop(inner_in, inner_out, dc_replace(info, keep=(True,) * M))
         full_outs = full(*inputs)
         full_outs = full_outs if isinstance(full_outs, list) else [full_outs]
         for j in range(M):
@@ -163,8 +167,8 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
         n_seqs=len(seq_pairs), state_taps=((-1,),) * n_states, keep=(False,) * n_states,
         n_nitsot=len(seq_grad_outs), n_nonseqs=len(nonseq_pairs), as_while=False,
         truncate_gradient=-1, name=f"grad_of_{info.name}")
-    back = Scan([ph for ph, _ in seq_pairs] + state_phs + [ph for ph, _ in nonseq_pairs], body,
-                back_info, op.mode)
+    back = op.host_loop([ph for ph, _ in seq_pairs] + state_phs + [ph for ph, _ in nonseq_pairs],
+                        body, back_info)
     init_windows = [_padleft(T.zeros_like(inits[j][:info.n_init(j)])) for j in new_windows]
     init_accs = [_padleft(T.zeros_like(nonseqs[k])) for k in new_accs]
     outs = back(n_back, *[ov for _, ov in seq_pairs], *init_windows, *init_accs,
@@ -195,9 +199,6 @@ def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:
     returns for a state (its buffer without the L initial values) and of nothing else.  The
     backward loop then reads it directly, instead of a zero-filled copy of the buffer with
     it written in (two passes over O(steps) memory per call); None for any other ``g``."""
-    from symgpu.scalar.basic import SCALAR_OPS
-    from symgpu.tensor.elemwise import Elemwise
-    from symgpu.tensor.subtensor import IncSubtensor, Slice
     node = getattr(g, "owner", None)
     if node is None or type(node.op) is not IncSubtensor or len(node.inputs) != 2 \
             or node.op.idx_list != (Slice(L, None, None),):
@@ -214,13 +215,8 @@ def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:
 
 def _is_zero(v: Variable) -> bool:
     """Whether the graph fixes ``v`` to one zero (a constant, seen through dimshuffles)."""
-    from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
     try:
         return get_scalar_constant_value(v, elemwise=False) == 0
     except NotScalarConstantError:
         return False
 
-
-def _replace(info: ScanInfo, **changes: Any) -> ScanInfo:
-    from dataclasses import replace
-    return replace(info, **changes)

@@ -8,17 +8,19 @@ the argument checks of `Function.__call__`.
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
-from symgpu.graph.basic import Constant, Variable, ancestors, clone_graph, io_toposort
+from symgpu.compile.function import clone_replace
+from symgpu.compile.mode import get_mode
+from symgpu.graph.basic import Constant, Variable, ancestors, io_toposort
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
 
-__all__ = ["InnerFunction", "hoist_invariants", "clone_with"]
+__all__ = ["InnerFunction", "hoist_invariants", "clone_with", "inner_mode_pass"]
 
 
 def clone_with(outputs: Sequence[Variable], replace: dict[Variable, Variable]) -> list[Variable]:
     """Copies of `outputs` with the keys of `replace` (free or computed) replaced."""
-    from symgpu.compile.function import clone_replace
     return clone_replace(list(outputs), dict(replace))
 
 
@@ -58,14 +60,12 @@ class InnerFunction:
                 return self.compiled_fgraph
             fg = self.__dict__.get("_rewritten")
             if fg is None:
-                from symgpu.compile.mode import get_mode
                 fg = self.fgraph.clone()
                 get_mode(self.mode).rewrite(fg)
                 self._rewritten = fg
             return fg
 
     def _compile(self) -> None:
-        from symgpu.compile.mode import get_mode
         mode = get_mode(self.mode)
         fg = self.rewritten()
         self.__dict__.pop("_rewritten", None)
@@ -83,8 +83,10 @@ class InnerFunction:
                             if v.owner is not None and v not in inputs]
         self.compiled_fgraph = fg
         vm = self.vm
-        plain = type(vm).__call__.__qualname__ == "VM.__call__"
-        self._run = vm.run_thunks if plain and vm.profiler is None and vm.runner is None else vm
+        # VM.dispatch: the thunks' straight line itself while nothing wraps them (no profiler,
+        # a VM class that runs as VM does, not DebugMode's); the VM while a runner is set (it
+        # calls the runner)
+        self._run = vm.dispatch if vm.runner is None else vm
 
     def run(self) -> None:
         """Run the thunks on whatever the input cells hold."""
@@ -172,3 +174,30 @@ def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Vari
         pairs.append((ph, ov))
     new_outputs = clone_with(outputs, replace) if replace else outputs
     return new_outputs, pairs, closures
+
+
+def inner_mode_pass(op_type: type[Op], with_mode: Callable[[Any, str], Op], mode: str
+                    ) -> Callable[[FunctionGraph], None]:
+    """A pass that gives every `op_type` node built without ``mode=`` (a loop, a branch) a copy
+    of its op for the outer function's `mode` (``with_mode(op, mode)``), so its inner graphs
+    are rewritten and compiled like the function around them. One copy per op and mode: each
+    inner graph is compiled once per mode. scan/rewriting.py and ifelse.py register one each."""
+    def set_inner_mode(fgraph: FunctionGraph) -> None:
+        for node in list(fgraph.toposort()):
+            op = node.op
+            if isinstance(op, op_type) and op.mode is None:
+                new = _mode_copy(op, mode, with_mode)
+                outs = new.make_node(*node.inputs).outputs
+                for o, n in zip(node.outputs, outs):
+                    fgraph.replace(o, n, reason="scan_inner_mode")
+    set_inner_mode.__name__ = f"{op_type.__name__.lower()}_inner_mode_{mode.lower()}"
+    return set_inner_mode
+
+
+def _mode_copy(op: Op, mode: str, with_mode: Callable[[Any, str], Op]) -> Op:
+    cache = op.__dict__.setdefault("_mode_copies", {})
+    if mode not in cache:
+        new = with_mode(op, mode)
+        new.__dict__["_mode_copies"] = cache
+        cache[mode] = new
+    return cache[mode]

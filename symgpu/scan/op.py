@@ -11,50 +11,19 @@ last n_init values (memory O(taps)): its output is those values, oldest first.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
+import symgpu.tensor as T
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
+from symgpu.scan.grad import scan_grad
+from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import InnerFunction
+from symgpu.tensor.type import TensorType
 
 __all__ = ["Scan", "ScanInfo"]
-
-
-@dataclass(frozen=True)
-class ScanInfo:
-    """The loop's layout: how many of each kind of input/output, the taps, and flags."""
-    n_seqs: int
-    state_taps: tuple[tuple[int, ...], ...]
-    keep: tuple[bool, ...]
-    n_nitsot: int
-    n_nonseqs: int
-    as_while: bool = False
-    truncate_gradient: int = -1
-    name: str = "scan"
-    state_names: tuple[str, ...] = field(default=())
-    nitsot_names: tuple[str, ...] = field(default=())
-
-    @property
-    def n_states(self) -> int:
-        return len(self.state_taps)
-
-    @property
-    def n_taps(self) -> int:
-        return sum(len(t) for t in self.state_taps)
-
-    def n_init(self, j: int) -> int:
-        return -min(self.state_taps[j])
-
-    def state_label(self, j: int) -> str:
-        nm = self.state_names[j] if j < len(self.state_names) and self.state_names[j] else None
-        return f"output {j}" + (f" ({nm})" if nm else "")
-
-    def nitsot_label(self, i: int) -> str:
-        nm = self.nitsot_names[i] if i < len(self.nitsot_names) and self.nitsot_names[i] else None
-        return f"output {self.n_states + i}" + (f" ({nm})" if nm else "")
 
 
 class ScanError(ValueError):
@@ -89,8 +58,6 @@ class Scan(Op):
 
     # -- building ---------------------------------------------------------------------------
     def make_node(self, n_steps: Any, *outer: Variable) -> Apply:
-        import symgpu.tensor as T
-        from symgpu.tensor.type import TensorType
         info = self.info
         n_steps = T.as_tensor_variable(n_steps)
         if n_steps.ndim != 0 or not n_steps.dtype.startswith(("int", "uint")):
@@ -195,6 +162,10 @@ class Scan(Op):
                 cell[0] = buf[t + off, ...] if kept else buf[off]
             try:
                 run()
+            # any error of the body (its ops raise what they like): nothing is swallowed, it
+            # is re-raised at once, as the same class with the loop and the step added to its
+            # message (chained to the original), or unchanged when that class cannot be
+            # rebuilt from a message
             except Exception as exc:
                 if not _simple(exc):
                     raise
@@ -254,7 +225,6 @@ class Scan(Op):
 
     # -- shapes and gradients ---------------------------------------------------------------
     def infer_shape(self, fgraph, node: Apply, input_shapes: list) -> list[tuple]:
-        import symgpu.tensor as T
         info = self.info
         n = node.inputs[0]
         out = []
@@ -275,8 +245,15 @@ class Scan(Op):
         return out
 
     def L_op(self, inputs, outputs, output_grads):
-        from symgpu.scan.grad import scan_grad
+        """Back-propagation through time: a second loop, run backwards (grad.py)."""
         return scan_grad(self, inputs, outputs, output_grads)
+
+    def host_loop(self, inner_inputs: Sequence[Variable], inner_outputs: Sequence[Variable],
+                  info: ScanInfo) -> "Scan":
+        """A host loop over another body, with this op's mode: what the gradient builds (the
+        backward loop, the full-history copy of the forward one), for a subclass's node too
+        (the GPU's loop is placed later, like any loop)."""
+        return Scan(inner_inputs, inner_outputs, info, self.mode)
 
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
         pattern = [[True] * len(node.outputs) for _ in node.inputs]
@@ -289,5 +266,8 @@ def _simple(exc: BaseException) -> bool:
     try:
         type(exc)("probe")
         return True
+    # a constructor that rejects a lone message may raise anything (TypeError for a missing
+    # argument, whatever a custom __init__ raises): then the body's error is re-raised as it
+    # is, so this answer must never raise in its place
     except Exception:
         return False

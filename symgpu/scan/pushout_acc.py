@@ -23,17 +23,23 @@ from __future__ import annotations
 from dataclasses import replace as dc_replace
 from typing import Any
 
-from symgpu.graph.basic import Variable, io_toposort
+import numpy as np
+
+import symgpu.tensor as T
+from symgpu.graph.basic import Constant, Variable, io_toposort
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scan.inner import variant_set
 from symgpu.scan.op import Scan
+from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
+from symgpu.tensor.math import Dot
+from symgpu.tensor.subtensor import Subtensor
 
 __all__ = ["scan_pushout_acc"]
 
 
 def _transposed(v: Variable) -> Variable | None:
     """P when `v` is ``P.T`` of a matrix P; None otherwise."""
-    from symgpu.tensor.elemwise import DimShuffle
     if v.owner is not None and isinstance(v.owner.op, DimShuffle) and \
             v.owner.op.new_order == (1, 0):
         return v.owner.inputs[0]
@@ -41,15 +47,12 @@ def _transposed(v: Variable) -> Variable | None:
 
 
 def _is_add(node: Any) -> bool:
-    from symgpu.tensor.elemwise import Elemwise
     return isinstance(node.op, Elemwise) and getattr(node.op.scalar_op, "name", "") == "add" \
         and len(node.inputs) == 2
 
 
 def _term(term: Variable, acc: Variable) -> tuple | None:
     """('dot', P, B) or ('sum', B) for the supported shapes of `term`; None otherwise."""
-    from symgpu.tensor.elemwise import CAReduce, DimShuffle
-    from symgpu.tensor.math import Dot
     node = term.owner
     if node is None:
         return None
@@ -75,9 +78,6 @@ def _term(term: Variable, acc: Variable) -> tuple | None:
 def _zeros(v: Variable) -> bool:
     """Whether the graph fixes every value of `v` at zero (a zero constant, or ``second(x,
     0)`` / zeros_like, seen through dimshuffles): then the total needs no initial value."""
-    import numpy as np
-    from symgpu.graph.basic import Constant
-    from symgpu.tensor.elemwise import DimShuffle, Elemwise
     while True:
         if isinstance(v, Constant):
             return bool(np.all(np.asarray(v.data) == 0))
@@ -96,7 +96,6 @@ def _zeros(v: Variable) -> bool:
 def _readers_of_value(fgraph: FunctionGraph, window: Variable) -> list | None:
     """The outputs of ``window[0]`` / ``window[-1]`` (the one value of a keep-last window), if
     that is how every client reads it; None otherwise."""
-    from symgpu.tensor.subtensor import Subtensor
     out = []
     for client, _ in fgraph.clients.get(window, []):
         if client == "output" or not isinstance(client.op, Subtensor) or \
@@ -107,8 +106,6 @@ def _readers_of_value(fgraph: FunctionGraph, window: Variable) -> list | None:
 
 
 def _pushout(fgraph: FunctionGraph, node: Any) -> bool:
-    import symgpu.tensor as T
-    from symgpu.scan.inner import variant_set
     op: Scan = node.op
     info = op.info
     if info.as_while or info.truncate_gradient != -1:

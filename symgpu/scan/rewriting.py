@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from dataclasses import replace as dc_replace
 
-from symgpu.graph.basic import ancestors
+import symgpu.tensor as T
+from symgpu.graph.basic import ancestors, io_toposort
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scan.inner import clone_with, inner_mode_pass
 from symgpu.scan.op import Scan
+from symgpu.tensor.math import Dot
 from symgpu.tensor.subtensor import Slice, Subtensor
 
 __all__ = ["scan_prune_and_save_memory"]
@@ -162,9 +165,9 @@ def _merge_pair(fgraph: FunctionGraph, na, nb) -> bool:
 
     def parts(node):
         op, info = node.op, node.op.info
-        S, M, T = info.n_seqs, info.n_states, info.n_taps
+        S, M, NT = info.n_seqs, info.n_states, info.n_taps
         ins, outs = op.inner_inputs, op.inner_outputs
-        return dict(seq_in=ins[:S], tap_in=ins[S:S + T], ns_in=ins[S + T:],
+        return dict(seq_in=ins[:S], tap_in=ins[S:S + NT], ns_in=ins[S + NT:],
                     st_out=outs[:M], ni_out=outs[M:M + info.n_nitsot],
                     seqs=node.inputs[1:1 + S], inits=node.inputs[1 + S:1 + S + M],
                     nonseqs=node.inputs[1 + S + M:])
@@ -219,40 +222,16 @@ optdb.register("scan_merge", scan_merge, 3.5, "fast_run", "scan")
 
 # ----------------------------------------------------------------------------- the inner mode
 
-def _with_mode(op, mode: str):
-    """`op` (a Scan or an IfElse without a mode of its own) for the outer function's mode; one
-    copy per mode, so each inner graph is compiled once per mode."""
-    from symgpu.ifelse import IfElse
-    cache = op.__dict__.setdefault("_mode_copies", {})
-    if mode not in cache:
-        if isinstance(op, Scan):
-            new = Scan(op.inner_inputs, op.inner_outputs, op.info, mode)
-        else:
-            new = IfElse(op.then_fn.inputs, op.then_fn.outputs, op.else_fn.inputs,
-                         op.else_fn.outputs, name=op.name, mode=mode)
-        new.__dict__["_mode_copies"] = cache
-        cache[mode] = new
-    return cache[mode]
+def _scan_with_mode(op: Scan, mode: str) -> Scan:
+    return Scan(op.inner_inputs, op.inner_outputs, op.info, mode)
 
 
-def _inner_mode_pass(mode: str):
-    def set_inner_mode(fgraph: FunctionGraph) -> None:
-        from symgpu.ifelse import IfElse
-        for node in list(fgraph.toposort()):
-            op = node.op
-            if isinstance(op, (Scan, IfElse)) and op.mode is None:
-                new = _with_mode(op, mode)
-                outs = new.make_node(*node.inputs).outputs
-                for o, n in zip(node.outputs, outs):
-                    fgraph.replace(o, n, reason="scan_inner_mode")
-    set_inner_mode.__name__ = f"scan_inner_mode_{mode.lower()}"
-    return set_inner_mode
-
-
-# loops and branches built without `mode=` compile their inner graphs with the outer mode
-optdb.register("scan_inner_mode_fast_run", _inner_mode_pass("FAST_RUN"), 4.5, "fast_run")
-optdb.register("scan_inner_mode_fast_compile", _inner_mode_pass("FAST_COMPILE"), 4.5,
-               "fast_compile")
+# loops built without `mode=` compile their inner graphs with the outer mode (ifelse.py
+# registers the same for branches)
+optdb.register("scan_inner_mode_fast_run", inner_mode_pass(Scan, _scan_with_mode, "FAST_RUN"),
+               4.5, "fast_run")
+optdb.register("scan_inner_mode_fast_compile",
+               inner_mode_pass(Scan, _scan_with_mode, "FAST_COMPILE"), 4.5, "fast_compile")
 
 
 # ----------------------------------------------------------------------------- sequence-only work
@@ -261,10 +240,6 @@ def _pushout_seq_dots(fgraph: FunctionGraph, node) -> bool:
     """dot(x[t], W) with x a sequence and W a non-sequence is computed for every step at once,
     before the loop, as one large matrix product (BLAS runs it faster than n small ones); the
     loop reads its rows as a new sequence."""
-    import symgpu.tensor as T
-    from symgpu.graph.basic import io_toposort
-    from symgpu.scan.inner import clone_with
-    from symgpu.tensor.math import Dot
     op: Scan = node.op
     info = op.info
     S, M = info.n_seqs, info.n_states

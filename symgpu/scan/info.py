@@ -1,0 +1,45 @@
+"""`ScanInfo`: a loop's layout (how many inputs and outputs of each kind, the taps, the flags).
+
+Read by everything that builds or takes apart a loop: `scan()` (basic.py), the Scan op
+(op.py), its backward loop (grad.py), the loop rewrites and the GPU's loop
+(symgpu/gpu/ops/scan_op.py). The layout of the op's inputs and outputs is described in op.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ScanInfo"]
+
+
+@dataclass(frozen=True)
+class ScanInfo:
+    """The loop's layout: how many of each kind of input/output, the taps, and flags."""
+    n_seqs: int
+    state_taps: tuple[tuple[int, ...], ...]
+    keep: tuple[bool, ...]
+    n_nitsot: int
+    n_nonseqs: int
+    as_while: bool = False
+    truncate_gradient: int = -1
+    name: str = "scan"
+    state_names: tuple[str, ...] = field(default=())
+    nitsot_names: tuple[str, ...] = field(default=())
+
+    @property
+    def n_states(self) -> int:
+        return len(self.state_taps)
+
+    @property
+    def n_taps(self) -> int:
+        return sum(len(t) for t in self.state_taps)
+
+    def n_init(self, j: int) -> int:
+        return -min(self.state_taps[j])
+
+    def state_label(self, j: int) -> str:
+        nm = self.state_names[j] if j < len(self.state_names) and self.state_names[j] else None
+        return f"output {j}" + (f" ({nm})" if nm else "")
+
+    def nitsot_label(self, i: int) -> str:
+        nm = self.nitsot_names[i] if i < len(self.nitsot_names) and self.nitsot_names[i] else None
+        return f"output {self.n_states + i}" + (f" ({nm})" if nm else "")
