@@ -18,6 +18,7 @@ import numpy as np
 
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable, graph_inputs, io_toposort
+from symgpu.graph.devices import node_kind
 from symgpu.graph.op import Op
 from symgpu.tensor.basic import Reshape
 from symgpu.tensor.math import Dot, MatMul
@@ -27,23 +28,18 @@ from symgpu.tensor.type import as_tensor_variable
 from symgpu.link import vm as _vm
 
 __all__ = ["debugprint", "pp", "pprint", "pydotprint", "register_pp", "op_kind",
-           "char_from_number", "TRANSFER_OP_NAMES", "GraphvizNotFoundWarning", "Print",
+           "char_from_number", "GraphvizNotFoundWarning", "Print",
            "GraphvizNotFoundError", "graph_to_dot"]
 
 #: class names of the ops that move data between host and device (or between devices)
-TRANSFER_OP_NAMES = frozenset({"GpuFromHost", "HostFromGpu", "GpuToGpu"})
 
 
-def op_kind(op: Any) -> str:
-    """'transfer', 'gpu' or 'cpu': how the profiler and pydotprint classify an op.
-
-    Decided by class name (GPU classes start with ``Gpu``) so nothing GPU is imported."""
-    name = type(op).__name__
-    if name in TRANSFER_OP_NAMES:
-        return "transfer"
-    if name.startswith("Gpu"):
-        return "gpu"
-    return "cpu"
+def op_kind(node: Apply) -> str:
+    """'transfer', 'gpu' or 'cpu': how the profiler and pydotprint classify a node (by what
+    its op and types declare: symgpu/graph/devices.py)."""
+    if not isinstance(node, Apply):
+        raise TypeError(f"op_kind takes a node (an Apply), got {node!r}")
+    return node_kind(node)
 
 
 # ============================================================================ debugprint
@@ -416,7 +412,7 @@ class _DotWriter:
                 color = value
         if color is not None:
             return color
-        kind = op_kind(node.op)
+        kind = op_kind(node)
         if kind != "gpu":
             return DOT_COLORS[kind]
         ctx = _context_of(node)

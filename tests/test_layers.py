@@ -85,16 +85,41 @@ def _is_type_name(node: ast.AST) -> bool:
     return isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "type"
 
 
+def _strings(node: ast.AST, constants: dict[str, set[str]]) -> set[str]:
+    """The string literals `node` stands for (a literal, a tuple/set/list of them, or a
+    module-level name bound to one)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_strings(e, constants) for e in node.elts))
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("frozenset", "set",
+                                                                         "tuple"):
+        return set().union(*(_strings(a, constants) for a in node.args))
+    if isinstance(node, ast.Name):
+        return constants.get(node.id, set())
+    return set()
+
+
 def test_no_class_name_string_checks():
+    """No comparison of a type's name, and no comparison with a string that names one of
+    symgpu's classes (or starts a GPU class name)."""
+    trees = list(_sources())
+    classes = {n.name for _, t in trees for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
     found = []
-    for path, tree in _sources():
+    for path, tree in trees:
+        constants = {}
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                constants[stmt.targets[0].id] = _strings(stmt.value, {})
         for node in ast.walk(tree):
-            parts = []
+            parts, prefix = [], False
             if isinstance(node, ast.Compare):
                 parts = [node.left, *node.comparators]
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "startswith":
-                parts = [node.func.value]
-            if any(_is_type_name(p) for p in parts):
+                parts, prefix = [node.func.value, *node.args], True
+            named = set().union(*(_strings(p, constants) for p in parts)) if parts else set()
+            if any(_is_type_name(p) for p in parts) or named & classes or (
+                    prefix and any(s.startswith("Gpu") for s in named)):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, "recognise ops by type or by a declared property: " + ", ".join(found)
 

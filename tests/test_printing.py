@@ -218,10 +218,14 @@ def test_pp_deep_graph_does_not_recurse():
 
 # ----------------------------------------------------------------------------- pydotprint
 
-def test_op_kind_by_class_name():
-    assert op_kind(GpuFromHost()) == op_kind(HostFromGpu()) == "transfer"
-    assert op_kind(GpuElemwise()) == "gpu"
-    assert op_kind(T.exp(T.dvector()).owner.op) == "cpu"
+def test_op_kind_by_declared_properties():
+    x = T.fvector("x")
+    up = GpuFromHost()(x)
+    assert op_kind(up.owner) == op_kind(HostFromGpu()(up).owner) == "transfer"
+    assert op_kind(gpu_chain(x).owner.inputs[0].owner) == "gpu"
+    assert op_kind(T.exp(T.dvector()).owner) == "cpu"
+    with pytest.raises(TypeError, match="a node"):
+        op_kind(GpuFromHost())
 
 
 def _no_dot(monkeypatch):

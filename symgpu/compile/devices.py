@@ -1,14 +1,15 @@
 """What the compiler knows of device backends: only what they declare and register.
 
 The compiler sits below the GPU package (symgpu/gpu), so it never imports it. A device
-backend registers itself here when it loads (``register_backend``); its types declare
-``context_name`` (the device context a value lives on) and its transfer ops declare
-``transfer`` ("upload", "download" or "device": host to device, device to host, device to
-device). With no backend loaded (a CPU-only run), no device context is in use.
+backend registers itself here when it loads (``register_backend``); its types and transfer
+ops declare what symgpu/graph/devices.py reads (``context_name``, ``transfer``). With no
+backend loaded (a CPU-only run), no device context is in use.
 """
 from __future__ import annotations
 
 from typing import Any, Protocol
+
+from symgpu.graph.devices import is_device_node, is_device_var, transfer_kind
 
 __all__ = ["DeviceBackend", "register_backend", "contexts_in_use", "default_context_active",
            "node_capturable", "is_device_var", "is_device_node", "transfer_kind"]
@@ -46,18 +47,3 @@ def default_context_active() -> bool:
 
 def node_capturable(node: Any, thunk: Any) -> bool:
     return any(b.node_capturable(node, thunk) for b in _BACKENDS)
-
-
-def is_device_var(var: Any) -> bool:
-    """Whether `var` lives on a device (its type names a context)."""
-    return hasattr(var.type, "context_name")
-
-
-def is_device_node(node: Any) -> bool:
-    """Whether `node` reads or makes a device value (a device op, or a transfer)."""
-    return any(is_device_var(v) for v in list(node.inputs) + list(node.outputs))
-
-
-def transfer_kind(op: Any) -> str | None:
-    """"upload", "download" or "device" for a transfer op, else None."""
-    return getattr(op, "transfer", None)

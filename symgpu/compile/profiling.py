@@ -153,7 +153,7 @@ class ProfileStats:
 
     # -- aggregation ------------------------------------------------------------------------
     def _impl(self, node: Apply) -> str:
-        return "Py" if op_kind(node.op) == "cpu" else "GPU"
+        return "Py" if op_kind(node) == "cpu" else "GPU"
 
     def _group(self, key: Callable[[Apply], Any]) -> list[tuple[Any, float, int, int, set[str]]]:
         """(key, time, calls, #apply, impls) rows, slowest first."""
@@ -183,7 +183,7 @@ class ProfileStats:
         """Seconds in 'cpu', 'gpu' and 'transfer' ops."""
         out = {"cpu": 0.0, "gpu": 0.0, "transfer": 0.0}
         for node, t in self.apply_time.items():
-            out[op_kind(node.op)] += t
+            out[op_kind(node)] += t
         return out
 
     @property
