@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from symgpu.gpu.runtime.array import dtype_name
+from symgpu.gpu.runtime.dtypes import dtype_name
 from symgpu.gpu.runtime.codegen import template
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
