@@ -32,8 +32,8 @@ from symgpu.gpu.runtime.dtypes import SUPPORTED_DTYPES, check_dtype, dtype_name
 from symgpu.gpu.runtime.host_register import upload
 from symgpu.gpu.runtime.pool import size_class
 
-__all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
-           "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
+__all__ = ["GpuArray", "DevicePointer", "new_array", "empty", "zeros", "to_gpu", "asarray",
+           "get_many", "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
            "dtype_name", "SUPPORTED_DTYPES"]
 
 _STAGING_LIMIT = 64 << 20      # larger copies go straight into the result (no double copy)
@@ -572,6 +572,21 @@ def _staging(ctx: Any, nbytes: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- constructors
+def new_array(ctx: Any, shape: tuple, dtype: np.dtype, strides: tuple | None = None,
+              nbytes: int | None = None) -> Any:
+    """A C-contiguous GpuArray from ``ctx``'s pool without the public constructor's checks
+    (shape and dtype are already known to be valid on this path)."""
+    if nbytes is None:
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+    block = ctx.pool.allocate(nbytes) if nbytes else None
+    arr = _new_gpuarray(GpuArray)
+    arr._set(ctx, block.ptr if block is not None else 0, shape,
+             strides if strides is not None else c_strides(shape, dtype.itemsize), dtype, block)
+    return arr
+
+
 def empty(shape: Any, dtype: Any = "float32", context: Any = None) -> GpuArray:
     """An uninitialised C-contiguous array from the pool of ``context`` (default context if
     None; a context name works too)."""
