@@ -31,6 +31,7 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad
+from symgpu.gpu.runtime.array import GpuArray
 
 __all__ = ["GpuCrossentropyCategorical1Hot", "GpuCrossentropyCategorical1HotGrad",
            "CROSSENTROPY_DTYPES", "crossentropy_source"]
@@ -154,7 +155,6 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         return (_fwd_name(node.inputs[0].dtype, node.inputs[1].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         p, y = inputs
         _check_rows(self, p, y)
         n, k = p.shape
@@ -204,7 +204,6 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
         return (_grad_name(p.dtype, g.dtype, y.dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         g, p, y = inputs
         _check_rows(self, p, y)
         n, k = p.shape

@@ -23,6 +23,7 @@ from symgpu.tensor.elemwise import keepdims_order
 from symgpu.tensor.math import Argmax as _Argmax
 from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax
 from symgpu.tensor.nnet import Softmax as _Softmax
+from symgpu.gpu.runtime.array import GpuArray
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
@@ -155,7 +156,6 @@ class GpuArgmax(Op):
         return (_kernel_name(node.inputs[0].dtype, self.kind),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         x = inputs[0]
         if self.axis is None or x.ndim == 0:
             out_shape: tuple = ()

@@ -23,6 +23,7 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
                                        _PoolBase)
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 
 __all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
            "pooling_source", "POOL_DTYPES", "index_suffix"]
@@ -74,7 +75,6 @@ class _GpuPoolBase(_PoolBase):
         return [(_MODULE_KEY, pooling_source, ())]
 
     def _gpu(self, v: Any, ctx_name: Any, what: str) -> Any:
-        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
         v = as_gpuarray_variable(v, ctx_name)
         if v.ndim < 2 or v.dtype not in POOL_DTYPES:
             raise TypeError(f"{self}: {what} must be a float32/float64 GPU array of 2 or more "

@@ -16,6 +16,7 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.runtime.copykernel import INC_DTYPES, strided_inc
+from symgpu.gpu.runtime.copykernel import prefetch_request as strided_copy_request
 from symgpu.gpu.exec.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
                                      prefetch_request, slot_ptr)
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -26,6 +27,9 @@ from symgpu.tensor.subtensor import (SYM, IncSubtensorProps, Slice, _check_input
 from symgpu.tensor.basic import Join as _Join
 from symgpu.tensor.subtensor import IncSubtensor as _IncSubtensor
 from symgpu.tensor.subtensor import Subtensor as _Subtensor
+from symgpu.gpu.ops.elemwise import gpu_elemwise
+from symgpu.gpu.runtime.array import GpuArray, new_array
+from symgpu.tensor.subtensor import _entry_str
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
@@ -66,7 +70,6 @@ class GpuSubtensor(Op):
         self._const = _constant_index(self.idx_list)
 
     def __str__(self) -> str:
-        from symgpu.tensor.subtensor import _entry_str
         return f"GpuSubtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}}}"
 
     infer_shape = _Subtensor.infer_shape
@@ -104,7 +107,6 @@ class GpuSubtensor(Op):
         x, rest = inputs[0], inputs[1:]
         if not x.dtype.startswith("float"):
             return [None] * len(inputs)
-        from symgpu.gpu.ops.elemwise import gpu_elemwise
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
         return [GpuIncSubtensor(self.idx_list)(zeros, gz, *rest)] + [None] * len(rest)
@@ -170,7 +172,6 @@ class _SliceThunk(PerformThunk):
                 return
             self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
             return
-        from symgpu.gpu.ops.elemwise import new_array
         x, view, _ = self._view()
         out = new_array(x.context, view.shape, view.dtype)
         dyn_slice_copy(x.context, x.ptr, slot_ptr(slot), out.ptr, view.shape, view.strides,
@@ -209,8 +210,7 @@ class GpuIncSubtensor(IncSubtensorProps):
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         """The strided-copy module, whose kernels write the region ("+=", or a broadcast
         set): compiled with the function's kernels, not on the first call."""
-        from symgpu.gpu.runtime.copykernel import prefetch_request
-        return [prefetch_request()]
+        return [strided_copy_request()]
 
     def perform(self, node, inputs, out):
         x, y = inputs[0], inputs[1]
@@ -260,7 +260,6 @@ class GpuJoin(Op):
         return Apply(self, tensors, [tensors[0].type.clone(broadcastable=bcast)()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
         a = self.axis
         first = inputs[0].shape
         for x in inputs:
