@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_instance import (_GRAVEYARD, Lease, _bury_collected, _Graph,
+from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRAVEYARD,
                                             results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, new_array
 from symgpu.gpu.runtime.compiler import CompileError
-from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
+from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.gpu.runtime.pool import Block as _Block
 
 if TYPE_CHECKING:
@@ -470,7 +470,11 @@ class Segment:
                     copied.append(j)
             if guarded is not None:
                 guarded.launch()
-        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+        # broad on purpose: the stream capture must end whatever a thunk raised.  Nothing is
+        # swallowed: below, a BaseException that is not an Exception is raised again, and an
+        # Exception either re-runs the segment plainly (_retry_after_thunk_error: the node
+        # raises its own error there) or is reported by _give_up (GraphCaptureWarning)
+        except BaseException as exc:  # noqa: B902
             err = exc
         finally:
             for t in self.param_thunks:

@@ -96,22 +96,22 @@ from typing import Any, Callable
 
 from symgpu.compile.sharedvalue import SharedVariable
 from symgpu.config import config
-from symgpu.graph.basic import Constant
+from symgpu.gpu.exec import graph_segment as _graph_segment
 from symgpu.gpu.exec.event_timers import register_gpu_timers
 from symgpu.gpu.exec.graph_driver import CudaGraphDriver
 from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
-                                   escaping as _escaping, make_keyer, mark_reusable_outputs,
-                                   node_capturable, node_launches, plan_steps, read_later,
-                                   schedule, updates_last)
-from symgpu.gpu.exec import graph_segment as _graph_segment
+                                        escaping as _escaping, make_keyer, mark_reusable_outputs,
+                                        node_capturable, node_launches, plan_steps, read_later,
+                                        schedule, updates_last)
 from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.ops.guarded_updates import reads_verdict
 from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
+from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.context import thread_state as _thread_state
-from symgpu.gpu.runtime.pool import Block as _Block
 from symgpu.gpu.runtime.host_register import deferred_waits
-from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.gpu.runtime.pool import Block as _Block
+from symgpu.graph.basic import Constant
 from symgpu.link import vm as vm_mod
 from symgpu.link.token_lock import HELD_NAME, TokenLock
 from symgpu.link.vm import VM
@@ -374,7 +374,9 @@ class Runner:
                         step.run()
                 for c in post_clear:
                     c[0] = None
-            except Exception as exc:   # re-raised with the node named, as the VM does
+            # any error of a node is the call's own: re-raised with the node named, as the
+            # VM's own loop does (raise_with_node_info), never swallowed
+            except Exception as exc:
                 vm.raise_with_node_info(step.current if step is not None else 0, exc)
             finally:
                 if token:

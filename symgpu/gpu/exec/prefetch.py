@@ -35,9 +35,9 @@ import time
 from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
 from symgpu.config import config
-from symgpu.graph.basic import Apply
 from symgpu.gpu.placement.basic_ops import maybe_strided
 from symgpu.gpu.runtime import compiler, context as gpu_context
+from symgpu.graph.basic import Apply
 from symgpu.link import vm
 
 __all__ = ["KernelRequest", "PrefetchResult", "requests", "iter_requests", "compile_requests",

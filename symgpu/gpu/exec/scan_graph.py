@@ -282,7 +282,11 @@ class LoopGraphs:
         end_err = None
         try:
             self._run_plain(node, args, out)
-        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+        # broad on purpose: the stream capture must end whatever the loop raised.  Nothing is
+        # swallowed: below, a BaseException that is not an Exception is raised again, the
+        # loop's own error is raised by the plain run that follows, and a capture fault is
+        # reported by _give_up (LoopGraphWarning)
+        except BaseException as exc:  # noqa: B902
             err = exc
         finally:
             try:

@@ -26,24 +26,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
-from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
-                                      new_error_buffer, read_error)
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.tensor.subtensor import SYM, Slice
-from symgpu.tensor.math import MatMul as _MatMul
-from symgpu.tensor.subtensor import AdvancedIncSubtensor as _AdvancedIncSubtensor
-from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
 from symgpu.gpu.ops import elemwise as elemwise_ops
 from symgpu.gpu.ops.blas import (BLAS_DTYPES, _blas_matrix, _check_int, _colmajor, _ctx_name,
                                  cublas, gemm_math_mode)
 from symgpu.gpu.ops.elemwise import _virtual_thunk, gpu_elemwise
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray, new_array
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.device_checks import (DeviceChecked, REPORT_SOURCE, launch_checked,
+                                              new_error_buffer, read_error)
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.tensor.math import MatMul as _MatMul
+from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtensor,
+                                     AdvancedSubtensor as _AdvancedSubtensor, Slice, SYM)
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",

@@ -20,28 +20,27 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
+                                          prefetch_request, slot_ptr)
+from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
+from symgpu.gpu.ops.elemwise import gpu_elemwise, new_array
+from symgpu.gpu.placement.basic_ops import (GpuFromHost, as_gpuarray_variable,
+                                            specify_gpu_broadcastable_as)
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.device_checks import DeviceChecked, REPORT_SOURCE, launch_checked
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
-from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
-from symgpu.gpu.placement.basic_ops import GpuFromHost, as_gpuarray_variable
-from symgpu.gpu.ops.elemwise import new_array
-from symgpu.gpu.runtime.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
-from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
-                                     prefetch_request, slot_ptr)
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
-from symgpu.tensor.subtensor import SYM, AdvancedIncSubtensor, AdvancedSubtensor
-from symgpu.gpu.ops.elemwise import gpu_elemwise
-from symgpu.gpu.placement.basic_ops import specify_gpu_broadcastable_as
-from symgpu.gpu.runtime import context as gpu_context
-from symgpu.gpu.runtime.array import GpuArray
 from symgpu.tensor.shape_rules import arange_length, numpy_broadcast
+from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, SYM
 from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source",

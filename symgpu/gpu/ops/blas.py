@@ -21,12 +21,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Constant, Variable
-from symgpu.graph.op import Op
 from symgpu.config import config
 from symgpu.gpu.ops import blaslt, thin_gemm
-from symgpu.gpu.ops.cublas_lib import (DEFAULT_MATH as _DEFAULT_MATH, TF32_MATH as _TF32_MATH,
-                                       Cublas as _Cublas, CublasError,
+from symgpu.gpu.ops.cublas_lib import (Cublas as _Cublas, CublasError,
+                                       DEFAULT_MATH as _DEFAULT_MATH, TF32_MATH as _TF32_MATH,
                                        with_pointer_mode as _with_pointer_mode)
 from symgpu.gpu.ops.elemwise import _as_gpu, _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import GpuShape_i
@@ -34,6 +32,8 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import to_gpu
 from symgpu.gpu.runtime.copykernel import prefetch_request
+from symgpu.graph.basic import Apply, Constant, Variable
+from symgpu.graph.op import Op
 from symgpu.tensor import blas as _host_blas
 from symgpu.tensor.math import cast
 from symgpu.tensor.type import as_tensor_variable, constant

@@ -37,7 +37,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from symgpu.config import config
-from symgpu.gpu.ops.cublas_lib import (DEFAULT_MATH, STATUS, TF32_MATH, Cublas, CublasError,
+from symgpu.gpu.ops.cublas_lib import (Cublas, CublasError, DEFAULT_MATH, STATUS, TF32_MATH,
                                        load_library, with_pointer_mode)
 from symgpu.gpu.runtime import libcuda
 from symgpu.gpu.runtime.array import new_array

@@ -18,18 +18,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.tensor.nnet import conv_numpy as _cn
-from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
-                                              _ConvBase)
 from symgpu.config import config
 from symgpu.gpu.ops.conv_gemm import (gemm_forward, gemm_grad_inputs, gemm_grad_weights,
                                       prefetch_request)
 from symgpu.gpu.ops.cudnn import ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, cudnn
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.graph.basic import Apply
+from symgpu.tensor.nnet import conv_numpy as _cn
+from symgpu.tensor.nnet.abstract_conv import Conv2d, Conv2dGradInputs, Conv2dGradWeights, _ConvBase
 
 __all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_backend",
            "CONV_DTYPES", "FORCE_GEMM", "ALGO_SEARCH"]

@@ -17,10 +17,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.ops.blas import cublas, gemm_math_mode
 from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["conv_gemm_source", "gemm_forward", "gemm_grad_inputs", "gemm_grad_weights"]
 

@@ -14,18 +14,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
-from symgpu.gpu.runtime.array import GpuArray, c_strides, new_array
+from symgpu.gpu.runtime.array import c_strides, new_array
 from symgpu.gpu.runtime.codegen import launch, layout
 from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, kernel_names, render_elemwise,
-                                         strided_kernel_name)
+                                                 strided_kernel_name)
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, supports_scalar_op
 from symgpu.gpu.runtime.codegen.types import SUPPORTED
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import Elemwise as _Elemwise, reduce_output_dtype
 from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape

@@ -21,17 +21,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.random import GpuPhiloxAdvance
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime import device_checks
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.graph.basic import Apply, Variable, ancestors
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.gpu.runtime import device_checks
 from symgpu.scalar.basic import SCALAR_OPS
-from symgpu.gpu.ops.random import GpuPhiloxAdvance
-from symgpu.gpu.runtime.array import GpuArray
 from symgpu.scalar.composite import CompositeBuilder
 
 __all__ = ["GpuCheckVerdict", "gpu_guarded_updates", "reads_verdict"]

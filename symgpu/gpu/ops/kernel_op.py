@@ -34,18 +34,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op
-from symgpu.gpu.runtime.codegen.types import SUPPORTED, value_ctype
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, default_context_active, is_gpu_var
-from symgpu.tensor.elemwise import Elemwise as _Elemwise
-import symgpu.tensor as T
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, default_context_active, is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.codegen.types import SUPPORTED, value_ctype
 from symgpu.gpu.runtime.context import GpuUnavailableError
 from symgpu.gradient import DisconnectedType
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+import symgpu.tensor as T
+from symgpu.tensor.elemwise import Elemwise as _Elemwise
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["ElemwiseKernelOp", "KernelScalarOp"]

@@ -17,23 +17,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable, constant_behind
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op
-from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
-from symgpu.tensor.type import constant
-from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
-from symgpu.gpu.runtime.array import GpuArray
+from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
-from symgpu.tensor.type import as_tensor_variable
+from symgpu.graph.rewriting.db import optdb
+from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion",
            "gpu_nll_grad_log_softmax"]

@@ -14,16 +14,16 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
                                        _PoolBase)
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 
 __all__ = ["GpuPool", "GpuMaxPoolGrad", "GpuAveragePoolGrad", "GpuMaxPoolGradGrad",
            "pooling_source", "POOL_DTYPES", "index_suffix"]

@@ -16,19 +16,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.ops import elemwise as elemwise_ops
+from symgpu.gpu.ops.elemwise import _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import launch, sections
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
 from symgpu.tensor.basic import _as_int_scalar, _known_one
 from symgpu.tensor.random import philox
 from symgpu.tensor.random.ops import PhiloxAdvance, PhiloxSample
-from symgpu.gpu.ops import elemwise as elemwise_ops
-from symgpu.gpu.ops.elemwise import _virtual_thunk
-from symgpu.gpu.runtime.array import new_array
-from symgpu.gpu.runtime.codegen import launch
 
 __all__ = ["GpuPhiloxSample", "GpuPhiloxAdvance", "PHILOX_CUDA", "random_source",
            "sample_kernel_name", "GPU_RANDOM_DTYPES"]

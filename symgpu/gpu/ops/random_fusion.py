@@ -19,24 +19,22 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.ops import elemwise as elemwise_ops
+from symgpu.gpu.ops.elemwise import GpuElemwise, _virtual_thunk
+from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
+                                   PHILOX_CUDA, _MODULE_KEY, grid_for, random_source,
+                                   sample_kernel_name)
+from symgpu.gpu.placement.type import GpuArrayType
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import common_source, launch, layout, sections
+from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
+from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.runtime.codegen import common_source, sections
-from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
-from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
-from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, PHILOX_CUDA, GpuPhiloxAdvance,
-                                   GpuPhiloxSample, grid_for, sample_kernel_name)
-from symgpu.gpu.placement.type import GpuArrayType
-from symgpu.tensor.basic import _as_int_scalar
-from symgpu.gpu.ops import elemwise as elemwise_ops
-from symgpu.gpu.ops.elemwise import _virtual_thunk
-from symgpu.gpu.ops.random import _MODULE_KEY, random_source
-from symgpu.gpu.runtime.array import new_array
-from symgpu.gpu.runtime.codegen import launch, layout
 from symgpu.graph.rewriting import sweep
+from symgpu.graph.rewriting.db import optdb
+from symgpu.tensor.basic import _as_int_scalar
 
 __all__ = ["GpuPhiloxElemwise", "render_philox_elemwise", "gpu_philox_fusion"]
 

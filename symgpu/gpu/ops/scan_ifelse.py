@@ -13,12 +13,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.ops.scan_op import _cache, gpu_inner_graph
+from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype, is_gpu_var
-from symgpu.ifelse import IfElse
 from symgpu.gpu.runtime.array import GpuArray
+from symgpu.graph.basic import Apply, Variable
+from symgpu.ifelse import IfElse
 
 __all__ = ["GpuIfElse", "lift_ifelse"]
 

@@ -19,20 +19,19 @@ from __future__ import annotations
 import weakref
 from typing import Any, Sequence
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.link.vm import VM
-from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
-from symgpu.scan.inner import clone_with
-from symgpu.scan.op import Scan, ScanError, ScanInfo, _simple
-import symgpu.tensor as T
 from symgpu.gpu.exec import graphs, scan_graph
 from symgpu.gpu.exec.prefetch import RENDER_ERRORS
-from symgpu.gpu.placement.basic_ops import GpuShape_i, maybe_strided
+from symgpu.gpu.placement.basic_ops import GpuFromHost, GpuShape_i, HostFromGpu, maybe_strided
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.copykernel import prefetch_request
+from symgpu.graph.basic import Apply, Variable
+from symgpu.link.vm import VM
+from symgpu.scan.inner import clone_with
+from symgpu.scan.op import Scan, ScanError, ScanInfo, _simple
+import symgpu.tensor as T
 
 __all__ = ["GpuScan", "lift_scan", "gpu_inner_graph"]
 
@@ -271,7 +270,9 @@ class GpuScan(Scan):
                 cell[0] = buf[t + off] if kept else buf[off]
             try:
                 run()
-            except Exception as exc:   # re-raised, the step named: nothing is swallowed
+            # any error of the body is the loop's own: re-raised, with the step named where
+            # the exception class allows it (_simple), never swallowed
+            except Exception as exc:
                 if not _simple(exc):
                     raise
                 raise type(exc)(f"{exc}\n(in {info.name}, step {t} of {n})") from exc

@@ -22,17 +22,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.placement.type import is_gpu_var
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
-from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.gpu.runtime.array import GpuArray
 from symgpu.graph.rewriting import sweep
+from symgpu.graph.rewriting.db import optdb
 
 __all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout",
            "gpu_softmax_rows_bias"]

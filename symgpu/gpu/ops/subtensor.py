@@ -12,24 +12,21 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, PerformThunk
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
-from symgpu.gpu.runtime.copykernel import INC_DTYPES, strided_inc
-from symgpu.gpu.runtime.copykernel import prefetch_request as strided_copy_request
 from symgpu.gpu.exec.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
-                                     prefetch_request, slot_ptr)
+                                          prefetch_request, slot_ptr)
+from symgpu.gpu.ops.elemwise import gpu_elemwise
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import is_gpu_var
-from symgpu.tensor.basic import join_broadcastable
-from symgpu.tensor.subtensor import (SYM, IncSubtensorProps, Slice, _check_inputs,
-                                     _constant_index, build_index, index_broadcastable)
-from symgpu.tensor.basic import Join as _Join
-from symgpu.tensor.subtensor import IncSubtensor as _IncSubtensor
-from symgpu.tensor.subtensor import Subtensor as _Subtensor
-from symgpu.gpu.ops.elemwise import gpu_elemwise
 from symgpu.gpu.runtime.array import GpuArray, new_array
-from symgpu.tensor.subtensor import _entry_str
+from symgpu.gpu.runtime.copykernel import (INC_DTYPES, prefetch_request as strided_copy_request,
+                                           strided_inc)
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op, PerformThunk
+from symgpu.tensor.basic import Join as _Join, join_broadcastable
+from symgpu.tensor.subtensor import (IncSubtensor as _IncSubtensor, IncSubtensorProps, Slice,
+                                     Subtensor as _Subtensor, SYM, _check_inputs, _constant_index,
+                                     _entry_str, build_index, index_broadcastable)
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 

@@ -18,16 +18,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.advanced_pairs import (GpuAdvancedSubtensor2, _check_vars, _MODULE_KEY,
+                                           _rows_name, gather_pairs, pairs_source)
+from symgpu.gpu.ops.nll_grad import _first_rows
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.runtime.device_checks import DeviceChecked
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.advanced_pairs import (_MODULE_KEY, GpuAdvancedSubtensor2, _check_vars,
-                                           _rows_name, gather_pairs, pairs_source)
-from symgpu.gpu.ops.nll_grad import _first_rows
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
-from symgpu.gpu.runtime.device_checks import DeviceChecked
 from symgpu.tensor.shape_rules import numpy_broadcast
 from symgpu.tensor.type import as_tensor_variable
 

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from symgpu.gpu.runtime.codegen import template
-from symgpu.gpu.runtime.codegen import launch
+from symgpu.gpu.runtime.codegen import launch, template
 
 __all__ = ["ENABLED", "USE", "THIN", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
            "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]

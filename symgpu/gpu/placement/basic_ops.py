@@ -15,8 +15,6 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op, PerformThunk
 from symgpu.gpu.exec.graph_params import pack_scalar, slot_ptr
 from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var,
                                        register_conversions)
@@ -25,13 +23,15 @@ from symgpu.gpu.runtime.array import GpuArray, get_many, new_array, to_gpu
 from symgpu.gpu.runtime.context import ContextNotFound
 from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.gpu.runtime.host_register import upload
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
-from symgpu.tensor.transfer import TransferError, register_transfer
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op, PerformThunk
 from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
 from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
-from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i, check_declared_broadcastable
-from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
-from symgpu.tensor.shape import Unbroadcast as _Unbroadcast
+from symgpu.tensor.shape import (Shape as _Shape, Shape_i as _Shape_i,
+                                 SpecifyBroadcastable as _SpecifyBroadcastable,
+                                 Unbroadcast as _Unbroadcast, check_declared_broadcastable)
+from symgpu.tensor.transfer import TransferError, register_transfer
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
            "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",

@@ -19,27 +19,27 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting.basic import node_rewriter
-from symgpu.graph.rewriting.db import optdb
-from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
-from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype
+from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
+from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler, replace_validate,
+                                    sweep, why_not_destroyable)
+from symgpu.graph.rewriting.basic import node_rewriter
+from symgpu.graph.rewriting.db import optdb
+from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.printing import Print as _Print
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
-from symgpu.tensor.elemwise import CAReduce as _CAReduce, DimShuffle as _DimShuffle, \
-    Elemwise as _Elemwise
+from symgpu.tensor.elemwise import (CAReduce as _CAReduce, DimShuffle as _DimShuffle,
+                                    Elemwise as _Elemwise)
 from symgpu.tensor.math import Dot as _Dot
-from symgpu.tensor.shape import Shape_i as _Shape_i
-from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler, replace_validate,
-                                    sweep, why_not_destroyable)
 from symgpu.tensor.rewriting.elemwise import fuse_elemwise
+from symgpu.tensor.shape import Shape_i as _Shape_i
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
            "lift_gemm", "fuse_careduce_pre_op", "local_careduce_pre_op", "gpu_fusion",

@@ -14,15 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import sweep, try_replace
 from symgpu.graph.rewriting.basic import same_typed_outputs
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.scalar.basic import Cast
 from symgpu.scalar.composite import Composite, CompositeBuilder
-from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
-from symgpu.graph.rewriting import sweep, try_replace
 
 __all__ = ["gpu_narrow_bool_outputs", "narrow_bool_outputs"]
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting.basic import same_typed_outputs
-from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.scalar.composite import Composite, CompositeBuilder
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import sweep, try_replace
+from symgpu.graph.rewriting.basic import same_typed_outputs
+from symgpu.graph.rewriting.db import optdb
+from symgpu.scalar.composite import Composite, CompositeBuilder
 
 __all__ = ["gpu_producer_copies", "copy_producer_into_readers"]
 

@@ -19,29 +19,29 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from symgpu.config import config
+from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuDimShuffle, GpuFromHost, GpuReshape,
+                                            GpuShape, GpuShape_i, GpuSpecifyBroadcastable,
+                                            GpuToGpu, GpuUnbroadcast, HostFromGpu, TRANSFER_OPS,
+                                            specify_gpu_broadcastable_as)
+from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_context_active,
+                                       gpu_supports_dtype, is_gpu_var)
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import to_gpu
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.basic import node_rewriter
 from symgpu.graph.rewriting.db import POSITIONS, optdb, register_canonicalize
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
-from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuDimShuffle, GpuFromHost, GpuReshape, GpuShape, GpuShape_i,
-                                  GpuSpecifyBroadcastable, GpuToGpu, GpuUnbroadcast, HostFromGpu,
-                                  TRANSFER_OPS, specify_gpu_broadcastable_as)
-from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_context_active,
-                             gpu_supports_dtype, is_gpu_var)
-from symgpu.tensor.type import TensorConstant, TensorType
 from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
 from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
-from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i
-from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
-from symgpu.tensor.shape import SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast
-from symgpu.gpu.runtime import context as gpu_context
-from symgpu.gpu.runtime.array import to_gpu
 from symgpu.tensor.rewriting.shape_feature import register_shape_reader, rewrite_shape_read
 from symgpu.tensor.rewriting.shape_ops import (local_shape_to_shape_i,
                                                local_subtensor_of_make_vector)
-from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.shape import (Shape, Shape as _Shape, Shape_i, Shape_i as _Shape_i,
+                                 SpecifyBroadcastable as _SpecifyBroadcastable,
+                                 SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast)
+from symgpu.tensor.type import TensorConstant, TensorType
 
 __all__ = ["register_lifter", "unregister_lifter", "lifters_for", "GpuInputs", "lift_to_gpu",
            "local_cut_gpu_transfers", "local_fold_gpu_constant_upload", "cut_gpu_transfers", "check_no_cpu_op", "cpu_nodes",

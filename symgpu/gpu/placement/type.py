@@ -17,10 +17,10 @@ import numpy as np
 
 from symgpu.compile.sharedvalue import Container, SharedVariable, register_shared_constructor
 from symgpu.config import config
-from symgpu.graph.basic import Constant, Type, Variable
 from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import GpuArray, dtype_name, from_cuda_array_interface, to_gpu
 from symgpu.gpu.runtime.pool import lend
+from symgpu.graph.basic import Constant, Type, Variable
 from symgpu.scalar.dtypes import check_dtype
 from symgpu.tensor.sharedvar import TensorSharedVariable, host_value
 from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
