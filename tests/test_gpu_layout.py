@@ -9,6 +9,8 @@
   ``if TYPE_CHECKING:`` are left out.  A lower module that must call up gets a small
   registration hook the higher module fills as it loads (placement.type.register_conversions,
   blaslt.use_classic, graph_segment.read_settings_from);
+- the layers import downward (runtime < placement < ops < exec), but for the exceptions
+  recorded in UPWARD_IMPORTS, a list that may only shrink;
 - every import of a symgpu module inside a function says why it is deferred (a
   ``# deferred: <why>`` comment on its line or the line above);
 - ops are recognised by type or by a declared property, never by comparing a class's
@@ -114,6 +116,32 @@ def test_runtime_imports_nothing_above_it():
     assert not bad, "the runtime layer knows nothing of graphs:\n" + "\n".join(bad)
 
 
+#: imports of a higher gpu layer (runtime < placement < ops < exec) that remain, each for a
+#: reason; the list may only shrink.  The GPU fusion passes that live in placement/ work on
+#: the GPU ops (lifters, narrow_outputs, producer_copies); graph_params.py (exec/) holds the
+#: kernels that read graph parameters, which the upload, slicing and arange ops launch (tests
+#: replace its module globals, so it stays where it is); GpuScan runs its loop as a CUDA graph
+#: (scan_graph.py, graphs.driver) and asks the prefetch for the errors a render may raise
+UPWARD_IMPORTS = {
+    ("symgpu.gpu.placement.basic_ops", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.blas"),
+    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.random_fusion"),
+    ("symgpu.gpu.placement.producer_copies", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.ops.advanced_pairs", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.ops.subtensor", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.graphs"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.prefetch"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.scan_graph"),
+}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[2]) if len(parts) > 2 and parts[2] in LAYERS else None
+
+
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the gpu modules it imports, at module level or inside a function (packages
     included: an import of one runs its __init__)."""
@@ -167,6 +195,16 @@ def test_no_import_circles_even_inside_functions():
         "modules of symgpu.gpu import each other (counting imports inside functions): move "
         "the code to the module it belongs to, split a module by concern, or, where a lower "
         f"module really must call up, let the higher one register a hook on import: {cycles}")
+
+
+def test_layers_import_downward():
+    """runtime < placement < ops < exec: a module imports its own layer or lower ones, but for
+    the recorded exceptions (UPWARD_IMPORTS)."""
+    up = {(m, t) for m, targets in _import_graph().items() for t in targets
+          if _layer(m) is not None and _layer(t) is not None and _layer(t) > _layer(m)}
+    assert up <= UPWARD_IMPORTS, (f"imports of a higher gpu layer: {sorted(up - UPWARD_IMPORTS)}"
+                                  " (move the code down, or register a hook from above)")
+    assert up == UPWARD_IMPORTS, f"gone, drop them from UPWARD_IMPORTS: {UPWARD_IMPORTS - up}"
 
 
 def test_cycle_finder_sees_imports_inside_functions(tmp_path):
