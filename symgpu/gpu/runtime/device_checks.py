@@ -26,6 +26,10 @@ runner needs no guarded copy: updates are written into their buffers as without 
 
 Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
 device address of the slot its kernel writes.
+
+The slots themselves (``DeviceChecks``, ``checks_of``, ``raise_device_errors``) live in
+check_slots.py, below the context and GpuArray that raise their reports after each
+synchronisation; this module, which launches the checking kernels, re-exports them.
 """
 from __future__ import annotations
 
