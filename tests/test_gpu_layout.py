@@ -3,10 +3,18 @@
 - every module lives in one of runtime/, placement/, ops/, exec/;
 - runtime/ imports nothing from symgpu.graph, symgpu.tensor, symgpu.compile, nor from the gpu
   layers above it, not even inside a function;
-- no import circle among gpu modules at module level. Imports inside functions are allowed
-  (they run after every module has loaded); so are imports of a *package* (its __init__ runs
-  first whatever imports it), and imports under ``if TYPE_CHECKING:``;
-- ops are recognised by type, never by comparing ``type(x).__name__`` with a string;
+- no import circle among gpu modules, counting imports inside functions too (issue "layers
+  that import only downward": an import a function defers still ties its module to the one it
+  imports) and imports of the gpu packages (their __init__); only imports under
+  ``if TYPE_CHECKING:`` are left out.  A lower module that must call up gets a small
+  registration hook the higher module fills as it loads (placement.type.register_conversions,
+  blaslt.use_classic, graph_segment.read_settings_from);
+- the layers import downward (runtime < placement < ops < exec), but for the exceptions
+  recorded in UPWARD_IMPORTS, a list that may only shrink;
+- every import of a symgpu module inside a function says why it is deferred (a
+  ``# deferred: <why>`` comment on its line or the line above);
+- ops are recognised by type or by a declared property, never by comparing a class's
+  ``__name__`` / ``__qualname__`` (``type(x)``'s, ``x.__class__``'s) with a string;
 - broad ``except Exception`` handlers only up to a recorded allowance (narrow, don't add);
 - CUDA sources in .cu templates, none in Python strings;
 - every data file (a .cu template) is shipped by pyproject's package-data.
@@ -26,10 +34,16 @@ LAYERS = ("runtime", "placement", "ops", "exec")
 #: broad handlers (except Exception / BaseException / bare) left in symgpu/gpu (39 before
 #: issue 19's relayout, 31 after context.py was narrowed, 27 after the version, workspace and
 #: scalar-support probes, 16 once driver work caught libcuda.driver_errors(), the kernel
-#: probes what a node that cannot render raises, and clean-ups checked sys.is_finalizing);
-#: each one that remains re-raises what it caught (naming the node or step), ends a capture
-#: whatever happened, or is still to be narrowed (graph_segment.py, basic_ops.py)
+#: probes what a node that cannot render raises, and clean-ups checked sys.is_finalizing).
+#: The five left each say why in a comment: two re-raise what they caught with the node or
+#: the loop step named (exec/graphs.py, ops/scan_op.py), two end a stream capture whatever
+#: happened and then raise the error again or report it (exec/graph_segment.py,
+#: exec/scan_graph.py), and one probes a caller's object whose methods may raise anything
+#: (placement/basic_ops.py: _is_device_array)
 BROAD_EXCEPT_ALLOWANCE = 5
+
+#: the comment that gives a deferred import's reason (as tools/import_graph.py reads it)
+DEFERRED_TAG = "deferred:"
 
 
 def _modules() -> dict[str, Path]:
@@ -46,9 +60,10 @@ MODULES = _modules()
 PACKAGES = {m for m, p in MODULES.items() if p.name == "__init__.py"}
 
 
-def _imports(path: Path) -> list[tuple[str, bool, int]]:
+def _imports(path: Path, typing: bool = True) -> list[tuple[str, bool, int]]:
     """(imported module, at module level?, line) for every import in the file; ``from a
-    import b`` yields a.b when that is a module, else a."""
+    import b`` yields a.b when that is a module, else a.  Imports under ``if TYPE_CHECKING:``
+    count as not at module level, or are left out with ``typing=False``."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found: list[tuple[str, bool, int]] = []
 
@@ -56,7 +71,11 @@ def _imports(path: Path) -> list[tuple[str, bool, int]]:
         for ch in ast.iter_child_nodes(node):
             d = deferred or isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
-                visit(ch, True)
+                if typing:
+                    visit(ch, True)
+                else:
+                    for sub in ch.orelse:
+                        visit(sub, d)
                 continue
             if isinstance(ch, ast.Import):
                 found.extend((a.name, not d, ch.lineno) for a in ch.names)
@@ -97,11 +116,38 @@ def test_runtime_imports_nothing_above_it():
     assert not bad, "the runtime layer knows nothing of graphs:\n" + "\n".join(bad)
 
 
-def _module_level_graph() -> dict[str, set[str]]:
+#: imports of a higher gpu layer (runtime < placement < ops < exec) that remain, each for a
+#: reason; the list may only shrink.  The GPU fusion passes that live in placement/ work on
+#: the GPU ops (lifters, narrow_outputs, producer_copies); graph_params.py (exec/) holds the
+#: kernels that read graph parameters, which the upload, slicing and arange ops launch (tests
+#: replace its module globals, so it stays where it is); GpuScan runs its loop as a CUDA graph
+#: (scan_graph.py, graphs.driver) and asks the prefetch for the errors a render may raise
+UPWARD_IMPORTS = {
+    ("symgpu.gpu.placement.basic_ops", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.blas"),
+    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.random_fusion"),
+    ("symgpu.gpu.placement.producer_copies", "symgpu.gpu.ops.elemwise"),
+    ("symgpu.gpu.ops.advanced_pairs", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.ops.subtensor", "symgpu.gpu.exec.graph_params"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.graphs"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.prefetch"),
+    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.scan_graph"),
+}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[2]) if len(parts) > 2 and parts[2] in LAYERS else None
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the gpu modules it imports, at module level or inside a function (packages
+    included: an import of one runs its __init__)."""
     graph: dict[str, set[str]] = {}
     for m, p in MODULES.items():
-        graph[m] = {t for t, top, _ in _imports(p)
-                    if top and t in MODULES and t not in PACKAGES and t != m}
+        graph[m] = {t for t, _, _ in _imports(p, typing=False) if t in MODULES and t != m}
     return graph
 
 
@@ -143,28 +189,84 @@ def test_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_circles_at_module_level():
-    cycles = _cycles(_module_level_graph())
-    assert not cycles, ("modules of symgpu.gpu import each other at module level (move one "
-                        f"import into the function that needs it): {cycles}")
+def test_no_import_circles_even_inside_functions():
+    cycles = _cycles(_import_graph())
+    assert not cycles, (
+        "modules of symgpu.gpu import each other (counting imports inside functions): move "
+        "the code to the module it belongs to, split a module by concern, or, where a lower "
+        f"module really must call up, let the higher one register a hook on import: {cycles}")
+
+
+def test_layers_import_downward():
+    """runtime < placement < ops < exec: a module imports its own layer or lower ones, but for
+    the recorded exceptions (UPWARD_IMPORTS)."""
+    up = {(m, t) for m, targets in _import_graph().items() for t in targets
+          if _layer(m) is not None and _layer(t) is not None and _layer(t) > _layer(m)}
+    assert up <= UPWARD_IMPORTS, (f"imports of a higher gpu layer: {sorted(up - UPWARD_IMPORTS)}"
+                                  " (move the code down, or register a hook from above)")
+    assert up == UPWARD_IMPORTS, f"gone, drop them from UPWARD_IMPORTS: {UPWARD_IMPORTS - up}"
+
+
+def test_cycle_finder_sees_imports_inside_functions(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\nimport symgpu.gpu.runtime.pool\n"
+                   "if TYPE_CHECKING:\n    from symgpu.gpu.exec.graphs import Runner\n\n"
+                   "def f():\n    from symgpu.gpu.runtime import array\n")
+    found = {(t, top) for t, top, _ in _imports(src, typing=False)}
+    assert ("symgpu.gpu.runtime.pool", True) in found
+    assert ("symgpu.gpu.runtime.array", False) in found
+    assert not any(t == "symgpu.gpu.exec.graphs" for t, _ in found)
+
+
+def _deferred_without_reason(path: Path) -> list[int]:
+    """Lines of imports of symgpu modules inside functions with no ``# deferred:`` reason."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [ln for t, top, ln in _imports(path, typing=False)
+            if not top and (t == "symgpu" or t.startswith("symgpu."))
+            and not any(DEFERRED_TAG in lines[k] for k in (ln - 1, ln - 2) if 0 <= k)]
+
+
+def test_deferred_imports_say_why():
+    bad = [f"{p.relative_to(ROOT)}:{ln}" for p in MODULES.values()
+           for ln in _deferred_without_reason(p)]
+    assert not bad, ("import symgpu modules at module level; one that must stay in a function "
+                     f"(it would load PyCUDA or a driver library on import) says why in a "
+                     f"'# deferred: <why>' comment: {bad}")
 
 
 def _name_comparisons(tree: ast.AST) -> list[int]:
+    """Lines comparing a class's name with strings: ``==``/``in`` on, or ``startswith`` /
+    ``endswith`` of, the ``__name__`` or ``__qualname__`` of ``type(x)`` or ``x.__class__``
+    (or of an attribute of those, such as ``type(vm).__call__.__qualname__``)."""
+    def of_a_type(v: ast.AST) -> bool:
+        while isinstance(v, ast.Attribute):
+            if v.attr == "__class__":
+                return True
+            v = v.value
+        return isinstance(v, ast.Call) and isinstance(v.func, ast.Name) and v.func.id == "type"
+
     def is_type_name(e: ast.AST) -> bool:
-        if not (isinstance(e, ast.Attribute) and e.attr == "__name__"):
-            return False
-        v = e.value
-        return (isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
-                and v.func.id == "type") or \
-            (isinstance(v, ast.Attribute) and v.attr == "__class__")
-    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
-            and any(is_type_name(e) for e in [n.left, *n.comparators])]
+        return isinstance(e, ast.Attribute) and e.attr in ("__name__", "__qualname__") \
+            and of_a_type(e.value)
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare) and any(is_type_name(e) for e in [n.left, *n.comparators]):
+            found.append(n.lineno)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and \
+                n.func.attr in ("startswith", "endswith") and is_type_name(n.func.value):
+            found.append(n.lineno)
+    return sorted(found)
 
 
 def test_name_comparison_finder():
     assert _name_comparisons(ast.parse('if type(op).__name__ == "Dot": pass')) == [1]
     assert _name_comparisons(ast.parse('x = op.__class__.__name__ in NAMES')) == [1]
     assert _name_comparisons(ast.parse('if type(op) is Dot: pass')) == []
+    assert _name_comparisons(ast.parse(
+        'ok = type(vm).__call__.__qualname__ == "VM.__call__"')) == [1]
+    assert _name_comparisons(ast.parse('ok = type(op).__name__.startswith("Gpu")')) == [1]
+    assert _name_comparisons(ast.parse('msg = f"{type(exc).__name__}: {exc}"')) == []
+    assert _name_comparisons(ast.parse('ok = type(vm).__call__ is VM.__call__')) == []
 
 
 def test_ops_recognised_by_type_not_by_name():

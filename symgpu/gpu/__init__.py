@@ -94,6 +94,7 @@ import symgpu.gpu.ops.take_rows  # noqa: E402,F401
 import symgpu.gpu.placement.lifters  # noqa: E402,F401
 import symgpu.gpu.exec.graphs  # noqa: E402,F401
 import symgpu.gpu.exec.backend  # noqa: E402,F401  (the compiler's view of the GPU)
+import symgpu.gpu.exec.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)
 import symgpu.gpu.ops.random  # noqa: E402,F401
 import symgpu.gpu.ops.random_fusion  # noqa: E402,F401
 import symgpu.gpu.ops.conv  # noqa: E402,F401

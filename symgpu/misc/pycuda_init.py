@@ -15,6 +15,9 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from symgpu.gpu.runtime.context import init_default_context, start_device
+from symgpu.gpu.runtime.libcuda import driver_errors
+
 __all__ = ["pycuda_available", "context"]
 
 #: True once PyCUDA is importable and symgpu's context is current in this thread
@@ -26,11 +29,13 @@ context: Any = None
 def _start() -> None:
     global pycuda_available, context
     try:
-        from symgpu.gpu.runtime.context import init_default_context, start_device
         ctx = init_default_context() or start_device("cuda0")
         ctx.activate()
         import pycuda.driver  # noqa: F401  (symgpu started it; this only checks the import)
-    except Exception as exc:  # no PyCUDA, no driver, no device: say so, as Theano did
+    # what "no GPU here" raises, said as a warning as Theano did: no PyCUDA (ImportError), a
+    # GPU that cannot start (GpuUnavailableError, a RuntimeError), a virtual default context
+    # (RuntimeError from activate), a bad device flag (ValueError), a driver error
+    except (ImportError, RuntimeError, ValueError, *driver_errors()) as exc:
         warnings.warn(f"symgpu.misc.pycuda_init: PyCUDA cannot use a GPU here ({exc})",
                       stacklevel=3)
         return

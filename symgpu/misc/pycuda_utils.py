@@ -26,12 +26,13 @@ functions, so this module imports on machines without it.
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.array import GpuArray, from_cuda_array_interface
+from symgpu.gpu.runtime.context import foreign_stream_waits, wait_for_foreign_stream
 
 __all__ = ["to_gpuarray", "from_gpuarray"]
 
@@ -91,7 +92,6 @@ def _stream_handle(stream: Any) -> int | None:
 
 def _driver_context_of(ptr: int) -> int | None:
     """The CUcontext ``ptr`` was allocated in, or None where the driver does not say."""
-    from symgpu.gpu.runtime import libcuda
     try:
         fn = libcuda.declare(libcuda.cdll(), "cuPointerGetAttribute",
                              [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64])
@@ -104,7 +104,6 @@ def _driver_context_of(ptr: int) -> int | None:
 
 
 def _current_driver_context() -> int | None:
-    from symgpu.gpu.runtime import libcuda
     try:
         out = ctypes.c_void_p()
         if libcuda.cdll().cuCtxGetCurrent(ctypes.byref(out)) != 0:
@@ -120,7 +119,6 @@ def to_gpuarray(x: "GpuArray", copyif: bool = False, stream: Any = None) -> Any:
     A strided ``x`` raises ``ValueError`` unless ``copyif=True`` (then a C-contiguous copy,
     not shared).  ``stream``: the PyCUDA stream that will use the result (default: PyCUDA's
     default stream); it is made to wait for work already queued on ``x``."""
-    from symgpu.gpu.runtime.array import GpuArray
     if not isinstance(x, GpuArray):
         hint = (" (it is already a PyCUDA array)" if type(x).__module__.startswith("pycuda")
                 else "; upload host data with symgpu.gpu.to_gpu first")
@@ -138,7 +136,6 @@ def to_gpuarray(x: "GpuArray", copyif: bool = False, stream: Any = None) -> Any:
     drv, gpuarray = _pycuda()
     ctx = x.context
     ctx.activate()
-    from symgpu.gpu.runtime.context import foreign_stream_waits
     foreign_stream_waits(ctx, _stream_handle(stream))
     if x.size == 0:
         return gpuarray.GPUArray(x.shape, x.dtype)  # no memory to share
@@ -151,7 +148,6 @@ def from_gpuarray(g: Any, stream: Any = None, context: Any = None) -> "GpuArray"
     ``stream``: the PyCUDA stream ``g`` was last written on (default: PyCUDA's default
     stream); symgpu's stream waits for it.  ``context``: a symgpu context (name or object);
     by default the one of the device that holds ``g``."""
-    from symgpu.gpu.runtime.array import GpuArray
     if isinstance(g, GpuArray):
         raise TypeError("from_gpuarray expects a PyCUDA GPUArray; this is already a symgpu "
                         "GpuArray")
@@ -164,8 +160,6 @@ def from_gpuarray(g: Any, stream: Any = None, context: Any = None) -> "GpuArray"
         raise TypeError(f"from_gpuarray expects a pycuda.gpuarray.GPUArray, got "
                         f"{type(g).__module__}.{type(g).__name__}; other CUDA arrays (CuPy, "
                         f"PyTorch) convert with symgpu.gpu.asarray or symgpu.gpu.from_dlpack")
-    from symgpu.gpu.runtime.array import from_cuda_array_interface
-    from symgpu.gpu.runtime.context import wait_for_foreign_stream
     arr = from_cuda_array_interface(g, context)
     if arr.ptr:
         arr.context.activate()

@@ -1,33 +1,39 @@
-"""CUDA-event node timers for the profiler: Gpu* and HostFromGpu nodes are timed on their
-context's stream, so a profile's GPU op times are true (``register_node_timer`` in
+"""CUDA-event node timers for the profiler: nodes of the GPU backend's ops are timed on
+their context's stream, so a profile's GPU op times are true (``register_node_timer`` in
 symgpu/compile/profiling.py).  Registered when the GPU backend is imported.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.compile import profiling
+from symgpu.compile.profiling import perf_counter_timer
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
 
 __all__ = ["register_gpu_timers", "is_gpu_node", "event_timer"]
 
 
+#: the package whose op classes are the GPU backend's (Gpu* ops, HostFromGpu, ElemwiseKernelOp)
+_BACKEND = "symgpu.gpu."
+
+
 def node_context(node: Any) -> Any:
-    from symgpu.gpu.runtime import context as gctx
     for v in list(node.outputs) + list(node.inputs):
         if _is_gpu_var(v):
-            return gctx._registry.get(v.type.context_name)
+            return gpu_context._registry.get(v.type.context_name)
     return None
 
 
 def is_gpu_node(node: Any) -> bool:
-    name = type(node.op).__name__
-    return (name.startswith("Gpu") or name == "HostFromGpu") and node_context(node) is not None
+    """A node of one of the GPU backend's ops (its class is defined in ``symgpu.gpu``) on a
+    registered context: its work is queued on that context's stream."""
+    return type(node.op).__module__.startswith(_BACKEND) and node_context(node) is not None
 
 
 def event_timer(node: Any) -> Callable:
     """Time ``node`` with two CUDA events on its context's stream (resolved after the call,
     so a profiled call syncs once, not once per node)."""
-    from symgpu.compile.profiling import perf_counter_timer
     ctx = node_context(node)
     if ctx is None or ctx.virtual or not ctx.stream_handle:
         return perf_counter_timer
@@ -53,7 +59,6 @@ def event_timer(node: Any) -> Callable:
 
 def register_gpu_timers() -> None:
     """Make the profiler time Gpu* and HostFromGpu nodes with CUDA events (once)."""
-    from symgpu.compile import profiling
     if any(f is event_timer for _, f in profiling.TIMERS):
         return
     profiling.register_node_timer(is_gpu_node, event_timer)

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.array import get_many
 from symgpu.link import c_runtime
 
 __all__ = ["CudaGraphDriver"]
@@ -122,7 +123,6 @@ class CudaGraphDriver:
     @staticmethod
     def to_host(arrays: Sequence[Any]) -> list:
         """Host copies of GpuArrays (one sync)."""
-        from symgpu.gpu.runtime.array import get_many
         return get_many(arrays)
 
     @contextmanager

@@ -15,27 +15,29 @@ parameter and error-path rules must be read together; graphs.py keeps the entry 
 VM hook, ``Runner`` and its other steps, the driver) and the settings.  The settings
 (``MAX_GRAPHS``, ``MAX_SEEN``, ``VERIFY_LIMIT``, ``STATS``) stay in graphs.py and are read here
 through that module at call time, so setting or patching ``symgpu.gpu.exec.graphs.VERIFY_LIMIT``
-(as tests do) keeps taking effect.
+(as tests do) keeps taking effect: graphs.py hands itself over when it loads
+(:func:`read_settings_from`), so this module does not import the one above it.
 """
 from __future__ import annotations
 
-import importlib
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_instance import (_GRAVEYARD, Lease, _bury_collected, _Graph,
+from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRAVEYARD,
                                             results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
+from symgpu.gpu.runtime.array import GpuArray as _GpuArray, new_array
 from symgpu.gpu.runtime.compiler import CompileError
-from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
+from symgpu.gpu.runtime.libcuda import driver_errors
+from symgpu.gpu.runtime.pool import Block as _Block
 
 if TYPE_CHECKING:
     from symgpu.gpu.exec.graphs import Runner
 
-__all__ = ["Segment", "DIRECT_UPDATES"]
+__all__ = ["Segment", "DIRECT_UPDATES", "read_settings_from"]
 
 #: under capture, compute an update straight into its shared variable's buffer when it is
 #: safe (Segment._capture_items), instead of into a fresh buffer copied back after: one
@@ -349,7 +351,6 @@ class Segment:
                 total += v.nbytes
         if total > _graphs.VERIFY_LIMIT:
             return None
-        from symgpu.gpu.ops.elemwise import new_array
         copy = self.runner.driver.copy
         snap: list = []
         for v, g in zip(vals, self.in_gpu):
@@ -423,7 +424,6 @@ class Segment:
         cap_vals = vals
         if self.staged:
             try:
-                from symgpu.gpu.ops.elemwise import new_array
                 cap_vals = list(vals)
                 for j in sorted(self.staged):
                     v = vals[j]
@@ -470,7 +470,11 @@ class Segment:
                     copied.append(j)
             if guarded is not None:
                 guarded.launch()
-        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+        # broad on purpose: the stream capture must end whatever a thunk raised.  Nothing is
+        # swallowed: below, a BaseException that is not an Exception is raised again, and an
+        # Exception either re-runs the segment plainly (_retry_after_thunk_error: the node
+        # raises its own error there) or is reported by _give_up (GraphCaptureWarning)
+        except BaseException as exc:  # noqa: B902
             err = exc
         finally:
             for t in self.param_thunks:
@@ -738,22 +742,17 @@ class Segment:
         self.n_graphs = 0
 
 
-from symgpu.gpu.runtime.array import GpuArray as _GpuArray  # noqa: E402  (no PyCUDA import)
-from symgpu.gpu.runtime.pool import Block as _Block  # noqa: E402
+#: graphs.py, whose settings (MAX_GRAPHS, MAX_SEEN, SETTLE_REPLAYS, MAX_REPINS, VERIFY_LIMIT,
+#: STATS) are read as ``_graphs.NAME`` when used, so setting or patching them there takes
+#: effect; graphs.py imports this module and fills this in as it loads (a Segment is only
+#: ever made by graphs.Runner, after that)
+_graphs: Any = None
 
 
-class _GraphsSettings:
-    """graphs.py's settings, read at call time as ``_graphs.NAME`` (so patching them there
-    works); graphs.py imports this module, so this one looks graphs.py up when a setting is
-    read instead of importing it: no import circle."""
-
-    __slots__ = ()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(importlib.import_module("symgpu.gpu.exec.graphs"), name)
-
-
-_graphs = _GraphsSettings()
+def read_settings_from(module: Any) -> None:
+    """Read the settings from ``module`` (graphs.py calls it with itself on import)."""
+    global _graphs
+    _graphs = module
 
 _gpuarray_new = _GpuArray.__new__
 

@@ -88,24 +88,33 @@ CUDA-event timers, which importing this module registers).
 """
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections import Counter
 from typing import Any, Callable
 
-from symgpu.gpu.exec.event_timers import register_gpu_timers
-from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
-                                   escaping as _escaping, make_keyer, mark_reusable_outputs,
-                                   node_capturable, node_launches, plan_steps, read_later,
-                                   schedule, updates_last)
+from symgpu.compile.sharedvalue import SharedVariable
+from symgpu.config import config
 from symgpu.gpu.exec import graph_segment as _graph_segment
+from symgpu.gpu.exec.event_timers import register_gpu_timers
+from symgpu.gpu.exec.graph_driver import CudaGraphDriver
+from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
+                                        escaping as _escaping, make_keyer, mark_reusable_outputs,
+                                        node_capturable, node_launches, plan_steps, read_later,
+                                        schedule, updates_last)
 from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.ops.guarded_updates import reads_verdict
-from symgpu.gpu.runtime.context import thread_state as _thread_state
-from symgpu.gpu.runtime.pool import Block as _Block
-from symgpu.gpu.runtime.host_register import deferred_waits
+from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.context import thread_state as _thread_state
+from symgpu.gpu.runtime.host_register import deferred_waits
+from symgpu.gpu.runtime.pool import Block as _Block
+from symgpu.graph.basic import Constant
+from symgpu.link import vm as vm_mod
 from symgpu.link.token_lock import HELD_NAME, TokenLock
+from symgpu.link.vm import VM
 
 assert HELD_NAME == "_symgpu_held"   # the name Runner.entry binds while it holds the lock
 
@@ -133,6 +142,7 @@ VERIFY_LIMIT = 64 << 20
 #: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
 #: counts of plain runs and replays: ``Runner.stats()``)
 STATS: Counter = Counter()
+_graph_segment.read_settings_from(sys.modules[__name__])   # Segment reads the settings above
 
 class GraphCaptureWarning(RuntimeWarning):
     """A function's launches could not be captured into a CUDA graph; it runs them plainly."""
@@ -147,7 +157,6 @@ def driver() -> Any:
     """The process's graph driver (tests may replace ``symgpu.gpu.exec.graphs._driver``)."""
     global _driver
     if _driver is None:
-        from symgpu.gpu.exec.graph_driver import CudaGraphDriver
         _driver = CudaGraphDriver()
     return _driver
 
@@ -277,7 +286,6 @@ class Runner:
         self._escaping = _escaping(fg)
         #: inputs the caller passes per call that segments may stage (Segment.staged): GPU
         #: function inputs that are not shared variables, not updated, never written in place
-        from symgpu.compile.sharedvalue import SharedVariable
         updated = {fg.inputs[i] for i in mapping.values() if i < len(fg.inputs)}
         destroyed = [n.inputs[i] for n in nodes
                      for ins in (getattr(n.op, "destroy_map", None) or {}).values() for i in ins]
@@ -285,7 +293,6 @@ class Runner:
                            if _is_gpu_var(v) and not isinstance(v, SharedVariable)
                            and v not in updated and not any(_aliases(d, v) for d in destroyed)}
         #: host arrays are uploaded (runtime/host_register.deferred_waits)
-        from symgpu.gpu.placement.basic_ops import GpuFromHost
         self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
                                   and not all(n.inputs[0].type.broadcastable) for n in nodes)
         seg_inputs: set = set()
@@ -295,7 +302,6 @@ class Runner:
         self.segments: list[Segment] = []
         self.steps: list[Any] = []
         seg_out_cells: list[list] = []
-        from symgpu.gpu.placement.basic_ops import HostFromGpu
         pos = 0
         for s_no, (kind, idx) in enumerate(steps):
             my_dead = [dead[pos + k] for k in range(len(idx))]
@@ -368,7 +374,9 @@ class Runner:
                         step.run()
                 for c in post_clear:
                     c[0] = None
-            except Exception as exc:   # re-raised with the node named, as the VM does
+            # any error of a node is the call's own: re-raised with the node named, as the
+            # VM's own loop does (raise_with_node_info), never swallowed
+            except Exception as exc:
                 vm.raise_with_node_info(step.current if step is not None else 0, exc)
             finally:
                 if token:
@@ -381,7 +389,6 @@ class Runner:
 
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
                  sm: dict, order: list[int], protected: set, updates: list) -> Segment:
-        from symgpu.graph.basic import Constant
         produced = [v for i in idx for v in nodes[i].outputs]
         produced_set = set(produced)
         inputs: list[Any] = []
@@ -488,7 +495,6 @@ def _tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> bo
     nothing that can fail runs after the segment (the call then cannot raise after the shared
     variable changed): the steps left are copies to the host at most (a check they raise
     stops the copy itself: device_checks.GuardedCopies)."""
-    from symgpu.gpu.placement.basic_ops import HostFromGpu
     return all(k == "batch" or (k == "plain" and all(
         isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
 
@@ -501,7 +507,6 @@ def _parameters(idx: list[int], nodes: list, thunks: list,
     inputs is a segment input or a constant (its values are known before the segment runs).
     A host input is a parameter (left out of the key) when every node of the segment that
     reads it takes part; otherwise its value stays in the key."""
-    from symgpu.graph.basic import Constant
     known = set(inputs)
     active = set()
     for i in idx:
@@ -521,7 +526,6 @@ def _parameters(idx: list[int], nodes: list, thunks: list,
 
 def _contexts(vm: Any) -> list:
     """The started (non-virtual) contexts the GPU variables of ``vm`` live on."""
-    from symgpu.gpu.runtime import context as gctx
     names = set()
     for node in vm.nodes:
         for v in list(node.inputs) + list(node.outputs):
@@ -529,7 +533,7 @@ def _contexts(vm: Any) -> list:
                 names.add(v.type.context_name)
     out = []
     for name in sorted(names, key=str):
-        ctx = gctx._registry.get(name)
+        ctx = gpu_context._registry.get(name)
         if ctx is not None and not ctx.virtual and ctx.stream_handle and ctx not in out:
             out.append(ctx)
     return out
@@ -561,8 +565,6 @@ class _Locked:
 def install(vm: Any) -> None:
     """The VM hook: give a GPU ``vm`` a :class:`Runner` when graphs are on and worth it, or
     else a :class:`_Locked` plain run (calls from several threads: docs/threads.md)."""
-    from symgpu.config import config
-    from symgpu.link.vm import VM
     if type(vm) is not VM or not vm.nodes:
         return
     ctxs = _contexts(vm)
@@ -581,7 +583,6 @@ def install(vm: Any) -> None:
     if not any(capt):
         return
     launches = [c and node_launches(n, t) for n, t, c in zip(nodes, thunks, capt)]
-    from symgpu.gpu.placement.basic_ops import HostFromGpu
     batch = [isinstance(n.op, HostFromGpu) for n in nodes]
     steps = plan_steps(nodes, capt, launches, batch)
     if not any(kind != "plain" for kind, _ in steps):
@@ -590,7 +591,6 @@ def install(vm: Any) -> None:
 
 
 def _register_vm_hook() -> None:
-    from symgpu.link import vm as vm_mod
     hooks = getattr(vm_mod, "VM_HOOKS", None)
     if hooks is not None:
         for hook in (mark_reusable_outputs, install):

@@ -34,7 +34,11 @@ import threading
 import time
 from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequence
 
+from symgpu.config import config
+from symgpu.gpu.placement.basic_ops import maybe_strided
+from symgpu.gpu.runtime import compiler, context as gpu_context
 from symgpu.graph.basic import Apply
+from symgpu.link import vm
 
 __all__ = ["KernelRequest", "PrefetchResult", "requests", "iter_requests", "compile_requests",
            "start_requests", "prefetch", "clear", "maybe_strided"]
@@ -79,40 +83,17 @@ def _cpu_count() -> int:
 
 def _node_context(node: Apply) -> Any:
     """The GPU context of ``node``'s first GPU-typed output or input (None: no GPU type)."""
-    from symgpu.gpu.runtime.context import get_context
     for var in (*node.outputs, *node.inputs):
         name = getattr(var.type, "context_name", _NO_CONTEXT)
         if name is not _NO_CONTEXT:
-            return get_context(name)
+            return gpu_context.get_context(name)
     return None
 
 
 _NO_CONTEXT = object()
 
 
-def maybe_strided(var: Any) -> bool:
-    """Whether the GPU variable ``var`` may be a strided view: a stepped or reversed slice or
-    a transpose lies on its chain of views.  Ops that copy such a value into contiguous
-    memory (with the strided-copy kernel, ``copykernel.prefetch_request()``) ask this to
-    prefetch that module only where a graph will need it."""
-    while var.owner is not None:
-        op = var.owner.op
-        view_map = getattr(op, "view_map", None) or {}
-        src = view_map.get(var.owner.outputs.index(var))
-        if not src:
-            return False
-        for entry in getattr(op, "idx_list", ()) or ():
-            if getattr(entry, "step", None) not in (None, 1):
-                return True
-        order = [d for d in getattr(op, "new_order", ()) if d != "x"]
-        if order != sorted(order):
-            return True
-        var = var.owner.inputs[src[0]]
-    return False
-
-
 def _seen_key(key: Hashable, options: tuple[str, ...], arch: str) -> tuple:
-    from symgpu.config import config
     return (key, options, config.nvcc.flags, arch, config.compiledir)
 
 
@@ -167,7 +148,6 @@ def compile_requests(reqs: Sequence[KernelRequest],
                      max_workers: int | None = None) -> PrefetchResult:
     """Compile the cache misses among ``reqs`` concurrently (``max_workers`` threads, default
     one per CPU); failures are returned, not raised."""
-    from symgpu.gpu.runtime import compiler
     t0 = time.perf_counter()
     misses, cached = [], 0
     for r in reqs:
@@ -217,7 +197,6 @@ def start_requests(reqs: Iterable[KernelRequest]) -> PrefetchResult:
     compiles started.  A thunk that needs one of them waits for it in
     ``compiler.compile_to_cubin``; a failure is compiled again there and raised for its
     node."""
-    from symgpu.gpu.runtime import compiler
     t0 = time.perf_counter()
     pool = _background()
     requested = cached = started = 0
@@ -258,7 +237,6 @@ def _link_hook(fgraph: Any, nodes: list[Apply]) -> None:
     that loads a module waits for that one only."""
     if not any(hasattr(n.op, "prefetch_sources") for n in nodes):
         return
-    from symgpu.gpu.runtime import compiler
     try:
         prefetch(nodes, wait=False)
     except (OSError, ValueError, compiler.CompileError) as exc:
@@ -267,7 +245,6 @@ def _link_hook(fgraph: Any, nodes: list[Apply]) -> None:
 
 
 def _register() -> None:
-    from symgpu.link import vm
     hooks = getattr(vm, "LINK_HOOKS", None)
     if hooks is not None and _link_hook not in hooks:
         hooks.insert(0, _link_hook)   # first: nvcc starts before the host compilers' hooks

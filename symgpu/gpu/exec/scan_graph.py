@@ -31,7 +31,6 @@ always run plainly.  A capture the driver refuses warns once and turns graphs of
 """
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import warnings
@@ -41,7 +40,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.config import config
+from symgpu.gpu.exec import graphs
 from symgpu.gpu.exec.graph_instance import Lease, results_differ
+from symgpu.gpu.exec.graph_plan import node_capturable
+from symgpu.gpu.ops.subtensor import GpuSubtensor
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
@@ -68,13 +72,12 @@ class LoopGraphWarning(RuntimeWarning):
 #: GpuSubtensor is a view (host bookkeeping) or, for a negative step, a pool allocation and a
 #: copy on the stream; its index errors depend only on shapes and host indices, which are
 #: part of a loop graph's key, so the plain first run reports them
-LOOP_CAPTURABLE = ("symgpu.gpu.ops.subtensor.GpuSubtensor",)
+LOOP_CAPTURABLE: tuple[type, ...] = (GpuSubtensor,)
 
 
 def body_capturable(vm: Any) -> bool:
     """Whether every node of a compiled loop body may run inside a stream capture."""
-    from symgpu.gpu.exec.graph_plan import node_capturable
-    loop_capturable = tuple(_class_at(path) for path in LOOP_CAPTURABLE)
+    loop_capturable = LOOP_CAPTURABLE
 
     def ok(node: Any, thunk: Any) -> bool:
         if node_capturable(node, thunk):
@@ -82,13 +85,6 @@ def body_capturable(vm: Any) -> bool:
         return type(node.op) in loop_capturable and all(
             v.type.ndim == 0 for v in node.inputs[1:])
     return bool(vm.nodes) and all(ok(n, t) for n, t in zip(vm.nodes, vm.thunks))
-
-
-def _class_at(path: str) -> type:
-    """The class at ``module.Class`` (a class named by its full path: importing the op
-    modules here at module level would close an import circle)."""
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
 
 
 class _LoopGraph:
@@ -129,7 +125,6 @@ class _LoopGraph:
         """A fresh array for result k: over one of this graph's few output blocks whose last
         array nobody holds any more (its lease is dead), else over a new pool block, which
         becomes one of those few while there are fewer than ``SPARE_OUTPUTS``."""
-        from symgpu.gpu.runtime.array import GpuArray
         spare = self.spare[k]
         for entry in spare:
             if entry[1]() is None:
@@ -177,7 +172,6 @@ class LoopGraphs:
 
     # -- deciding
     def _usable(self, ctx: Any) -> bool:
-        from symgpu.config import config
         if not ENABLED or self.disabled is not None or not config.gpuarray.cuda_graphs:
             return False
         if ctx.virtual or not ctx.stream_handle:
@@ -193,7 +187,6 @@ class LoopGraphs:
     def key(inputs: Sequence[Any]) -> tuple | None:
         """(n_steps, per input: shape and dtype of a GpuArray, the value of a small host
         value); None when some input cannot be keyed."""
-        from symgpu.gpu.runtime.array import GpuArray
         parts: list = [int(inputs[0])]
         for v in inputs[1:]:
             if isinstance(v, GpuArray):
@@ -254,12 +247,10 @@ class LoopGraphs:
                 old.free()
 
     def _staging(self, inputs: Sequence[Any], ctx: Any) -> list:
-        from symgpu.gpu.runtime.array import GpuArray
         return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) else None
                 for v in inputs]
 
     def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
-        from symgpu.gpu.exec import graphs
         drv = graphs.driver()
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
@@ -291,7 +282,11 @@ class LoopGraphs:
         end_err = None
         try:
             self._run_plain(node, args, out)
-        except BaseException as exc:  # noqa: B902 - the capture must end whatever happened
+        # broad on purpose: the stream capture must end whatever the loop raised.  Nothing is
+        # swallowed: below, a BaseException that is not an Exception is raised again, the
+        # loop's own error is raised by the plain run that follows, and a capture fault is
+        # reported by _give_up (LoopGraphWarning)
+        except BaseException as exc:  # noqa: B902
             err = exc
         finally:
             try:

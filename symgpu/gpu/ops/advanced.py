@@ -26,19 +26,23 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.gpu.ops import elemwise as elemwise_ops
+from symgpu.gpu.ops.blas import (BLAS_DTYPES, _blas_matrix, _check_int, _colmajor, _ctx_name,
+                                 cublas, gemm_math_mode)
+from symgpu.gpu.ops.elemwise import _virtual_thunk, gpu_elemwise
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
-from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, launch_checked,
-                                      new_error_buffer, read_error)
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.tensor.subtensor import SYM, Slice
+from symgpu.gpu.runtime.array import GpuArray, new_array
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.device_checks import (DeviceChecked, REPORT_SOURCE, launch_checked,
+                                              new_error_buffer, read_error)
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
 from symgpu.tensor.math import MatMul as _MatMul
-from symgpu.tensor.subtensor import AdvancedIncSubtensor as _AdvancedIncSubtensor
-from symgpu.tensor.subtensor import AdvancedSubtensor as _AdvancedSubtensor
+from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtensor,
+                                     AdvancedSubtensor as _AdvancedSubtensor, Slice, SYM)
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
@@ -157,7 +161,6 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         return (_gather_name(node.inputs[0].dtype, node.inputs[1].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         x, idx = inputs
         n = idx.shape[0]
         res = GpuArray((n,) + tuple(x.shape[1:]), x.dtype, x.context)
@@ -172,7 +175,6 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
         x, idx = inputs
         if not x.dtype.startswith("float"):
             return [None, None]
-        from symgpu.gpu.ops.elemwise import gpu_elemwise
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
         return [GpuAdvancedIncSubtensor1(False)(zeros, gz, idx), None]
@@ -216,7 +218,6 @@ class GpuAdvancedIncSubtensor1(DeviceChecked, Op):
                               self.set_instead_of_inc),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         x, y, idx = inputs
         res = x.copy()
         n = idx.shape[0]
@@ -276,7 +277,6 @@ def lift_advanced_incsubtensor1(op, node, context_name, inputs):
 def _batch_operand(a: Any) -> tuple[Any, int, int, int]:
     """(array, op, ld, batch stride in elements) of a 3-d operand for strided-batched gemm,
     copying to C order when cuBLAS cannot read its matrices."""
-    from symgpu.gpu.ops.blas import _colmajor
     isz = a.dtype.itemsize
     for attempt in (0, 1):
         mat = a._view(a.ptr, tuple(a.shape[1:]), tuple(a.strides[1:]))
@@ -301,7 +301,6 @@ class GpuBatchedDot(Op):
     infer_shape = _MatMul.infer_shape  # stacks of 1 broadcast, as in matmul
 
     def make_node(self, x: Any, y: Any) -> Apply:
-        from symgpu.gpu.ops.blas import _blas_matrix, _ctx_name
         ctx = _ctx_name(x, y)
         x, y = _blas_matrix(x, ctx, 3, "GpuBatchedDot's x"), \
             _blas_matrix(y, ctx, 3, "GpuBatchedDot's y")
@@ -312,16 +311,13 @@ class GpuBatchedDot(Op):
         return Apply(self, [x, y], [GpuArrayType(x.dtype, bcast, ctx)()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
-        ctx = _context(node.outputs[0].type.context_name)
+        ctx = elemwise_ops._context(node.outputs[0].type.context_name)
         if ctx.virtual:
             return _virtual_thunk(self, ctx)
         return _batched_thunk(self, node, storage_map, ctx)
 
 
 def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
-    from symgpu.gpu.ops.blas import _check_int, cublas, gemm_math_mode
-    from symgpu.gpu.ops.elemwise import new_array
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -379,7 +375,6 @@ def gpu_batched_dot(x: Any, y: Any) -> Any:
 
 @register_lifter(_MatMul)
 def lift_matmul(op, node, context_name, inputs):
-    from symgpu.gpu.ops.blas import BLAS_DTYPES
     x, y = inputs
     if x.ndim != 3 or y.ndim != 3 or not (is_gpu_var(x) and is_gpu_var(y)):
         return None

@@ -20,23 +20,28 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
+                                          prefetch_request, slot_ptr)
+from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
+from symgpu.gpu.ops.elemwise import gpu_elemwise, new_array
+from symgpu.gpu.placement.basic_ops import (GpuFromHost, as_gpuarray_variable,
+                                            specify_gpu_broadcastable_as)
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.device_checks import DeviceChecked, REPORT_SOURCE, launch_checked
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
-from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
-from symgpu.gpu.placement.basic_ops import GpuFromHost, as_gpuarray_variable
-from symgpu.gpu.ops.elemwise import new_array
-from symgpu.gpu.runtime.device_checks import REPORT_SOURCE, DeviceChecked, launch_checked
-from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
-                                     prefetch_request, slot_ptr)
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.basic import ARange
-from symgpu.tensor.subtensor import SYM, AdvancedIncSubtensor, AdvancedSubtensor
+from symgpu.tensor.shape_rules import arange_length, numpy_broadcast
+from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, SYM
+from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source",
            "gather_pairs"]
@@ -182,14 +187,12 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The pairs broadcast as NumPy's index arrays do (a length 1 gives way)."""
-        from symgpu.tensor.shape_rules import numpy_broadcast
         return [numpy_broadcast([input_shapes[1], input_shapes[2]])]
 
     def grad(self, inputs, output_grads):
         x, a, b = inputs
         if not x.dtype.startswith("float"):
             return [None, None, None]
-        from symgpu.gpu.ops.elemwise import gpu_elemwise
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
         return [GpuAdvancedIncSubtensor2(False)(zeros, gz, a, b), None, None]
@@ -263,7 +266,6 @@ class GpuARange(Op):
         return f"GpuARange{{dtype={self.dtype}}}"
 
     def make_node(self, start: Any, stop: Any, step: Any) -> Apply:
-        from symgpu.tensor.type import as_tensor_variable
         args = [as_tensor_variable(v) for v in (start, stop, step)]
         for name, v in zip(("start", "stop", "step"), args):
             if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
@@ -271,13 +273,11 @@ class GpuARange(Op):
         return Apply(self, args, [GpuArrayType(self.dtype, (False,), self.context_name)()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
-        from symgpu.gpu.runtime.context import get_context
         start, stop, step = (int(v) for v in inputs)
         if step == 0:
             raise ValueError("arange: step must not be zero")
         n = len(range(start, stop, step))
-        ctx = get_context(self.context_name)
+        ctx = gpu_context.get_context(self.context_name)
         res = GpuArray((n,), self.dtype, ctx)
         if n:
             ctx.activate()
@@ -300,7 +300,6 @@ class GpuARange(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The host ARange's rule (exact integer arithmetic)."""
-        from symgpu.tensor.shape_rules import arange_length
         return [(arange_length(*node.inputs),)]
 
     def grad(self, inputs, output_grads):
@@ -326,8 +325,7 @@ class _ARangeThunk(PerformThunk):
         return start, step, len(range(start, stop, step))
 
     def param_prepare(self) -> None:
-        from symgpu.gpu.runtime.context import get_context
-        load_kernels(get_context(self.op.context_name), dtype=self.op.dtype)
+        load_kernels(gpu_context.get_context(self.op.context_name), dtype=self.op.dtype)
 
     def param_values(self) -> tuple[int, bytes]:
         """(the length, start and step)."""
@@ -339,10 +337,8 @@ class _ARangeThunk(PerformThunk):
         if slot is None:
             self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
             return
-        from symgpu.gpu.runtime.array import GpuArray
-        from symgpu.gpu.runtime.context import get_context
         _, _, n = self._args()
-        ctx = get_context(self.op.context_name)
+        ctx = gpu_context.get_context(self.op.context_name)
         res = GpuArray((n,), self.op.dtype, ctx)
         arange_from_params(ctx, res.ptr, slot_ptr(slot), n, self.op.dtype)
         self.outputs[0][0] = res
@@ -393,7 +389,6 @@ def local_gpu_arange(fgraph, node):
     new = GpuARange(src.owner.op.dtype, node.op.context_name)(start, stop, step)
     out = node.outputs[0]
     if new.type != out.type:
-        from symgpu.gpu.placement.basic_ops import specify_gpu_broadcastable_as
         new = specify_gpu_broadcastable_as(new, out.type)
     return [new]
 

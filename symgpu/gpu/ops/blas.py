@@ -11,22 +11,32 @@ C-contiguous matrix is passed untransposed with its row stride as leading dimens
 F-contiguous one transposed, anything else is first copied to C order.  The rank-1 update
 of a row-major A (m x n) is the update of the column-major A^T (n x m) with x and y swapped.
 
-GpuGer's lifter and in-place pass live here (the other BLAS ops' are in lifters.py).
+GpuGer's lifter and in-place pass live here (the other BLAS ops' are in lifters.py).  The
+library binding (loading, entry points, handles) is cublas_lib.py; cuBLASLt is blaslt.py.
 """
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.config import config
+from symgpu.gpu.ops import blaslt, thin_gemm
+from symgpu.gpu.ops.cublas_lib import (Cublas as _Cublas, CublasError,
+                                       DEFAULT_MATH as _DEFAULT_MATH, TF32_MATH as _TF32_MATH,
+                                       with_pointer_mode as _with_pointer_mode)
+from symgpu.gpu.ops.elemwise import _as_gpu, _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.basic_ops import GpuShape_i
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import to_gpu
+from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
-from symgpu.gpu.ops import blaslt
-from symgpu.gpu.ops.elemwise import _as_gpu, _context, _virtual_thunk, new_array
-from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.tensor import blas as _host_blas
+from symgpu.tensor.math import cast
+from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
            "gpu_dot22", "gpu_ger", "lift_ger", "gemm_math_mode", "cublas", "CublasError",
@@ -34,89 +44,8 @@ __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gem
 
 BLAS_DTYPES = ("float32", "float64")
 _N, _T = 0, 1                       # cublasOperation_t
-_POINTER_HOST, _POINTER_DEVICE = 0, 1
-_DEFAULT_MATH, _TF32_MATH = 0, 3     # cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
-_WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
-_STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
-           8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
-           14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
 
-
-class CublasError(RuntimeError):
-    """A cuBLAS call failed (or the library could not be loaded)."""
-
-
-def load_library(what: str, names: Sequence[str], hint: str = "") -> ctypes.CDLL:
-    """The first of `names` the loader finds; CublasError naming every try otherwise."""
-    errors = []
-    for name in names:
-        try:
-            return ctypes.CDLL(name)
-        except OSError as exc:
-            errors.append(f"{name}: {exc}")
-    raise CublasError(f"{what} could not be loaded (" + "; ".join(errors) + ")" + hint)
-
-
-class _Cublas:
-    """The loaded library, its entry points and one handle per context."""
-
-    def __init__(self) -> None:
-        lib = load_library("cuBLAS", ("libcublas.so.13", "libcublas.so.12", "libcublas.so"),
-                           "; install the CUDA toolkit's libcublas or add it to "
-                           "LD_LIBRARY_PATH")
-        self.lib = lib
-        self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
-        self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
-        self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
-        self.handles: dict[int, ctypes.c_void_p] = {}
-        self.math_modes: dict[int, int] = {}     # handle -> the cublasMath_t it was last set to
-        self.workspaces: dict[int, Any] = {}
-        self.lock = threading.Lock()
-
-    def handle(self, ctx: Any) -> ctypes.c_void_p:
-        """The handle of ``ctx``, created on first use and bound to its stream."""
-        h = self.handles.get(id(ctx))
-        if h is None:
-            with self.lock:
-                ctx.activate()
-                h = ctypes.c_void_p()
-                self.check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
-                self.check(self.lib.cublasSetStream_v2(h, ctypes.c_void_p(ctx.stream_handle)),
-                           "cublasSetStream")
-                self._set_workspace(h, ctx)
-                self.handles[id(ctx)] = h
-        return h
-
-    def _set_workspace(self, h: ctypes.c_void_p, ctx: Any) -> None:
-        """Give the handle a workspace of our own (after cublasSetStream, which resets it),
-        so cuBLAS allocates nothing while a CUDA graph is being captured (graphs.py).
-        Best effort: without the call cuBLAS keeps its own workspace pool."""
-        fn = getattr(self.lib, "cublasSetWorkspace_v2", None)
-        if fn is None or getattr(ctx, "pool", None) is None:
-            return
-        try:
-            block = ctx.pool.allocate(_WORKSPACE_BYTES)
-        except MemoryError:   # a full device: cuBLAS keeps its own workspace
-            return
-        if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
-            self.workspaces[id(ctx)] = block    # alive as long as the handle
-
-    def math_mode(self, h: ctypes.c_void_p, mode: int) -> None:
-        """Set the handle's math mode if it differs (a host-side setting: the calls that
-        follow, captured ones included, use it)."""
-        if self.math_modes.get(h.value) != mode:
-            self.check(self.lib.cublasSetMathMode(h, mode), "cublasSetMathMode")
-            self.math_modes[h.value] = mode
-
-    def pointer_mode(self, h: ctypes.c_void_p, mode: int) -> None:
-        self.check(self.lib.cublasSetPointerMode_v2(h, mode), "cublasSetPointerMode")
-
-    @staticmethod
-    def check(status: int, what: str) -> None:
-        if status:
-            raise CublasError(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
-
-
+#: the process's binding (tests replace it)
 _cublas: _Cublas | None = None
 
 
@@ -126,6 +55,9 @@ def cublas() -> _Cublas:
     if _cublas is None:
         _cublas = _Cublas()
     return _cublas
+
+
+blaslt.use_classic(cublas)   # cuBLASLt's "classic cuBLAS" candidate runs on this binding
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -177,7 +109,6 @@ class _Scalars:
 
     def __init__(self, node: Apply, positions: Sequence[int], dtype: str, ctx: Any,
                  storage_map: dict) -> None:
-        from symgpu.gpu.placement.type import is_gpu_var
         self.ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
         self.device = any(is_gpu_var(node.inputs[i]) for i in positions)
         self.cells = []
@@ -193,7 +124,6 @@ class _Scalars:
         self.is_gpu = [is_gpu_var(node.inputs[i]) for i in positions]
         self.dev_consts: list[Any] = []
         if self.device:
-            from symgpu.gpu.runtime.array import to_gpu
             for c in self.const:
                 self.dev_consts.append(None if c is None else to_gpu(np.asarray([c], dtype), ctx))
         self.dtype = dtype
@@ -224,7 +154,6 @@ class _Scalars:
                 ptrs.append(ctypes.c_void_p(cell[0].ptr))
                 keep.append(cell[0])
             else:
-                from symgpu.gpu.runtime.array import to_gpu
                 tmp = to_gpu(np.asarray([cell[0]], self.dtype).reshape(1), self.ctx)
                 ptrs.append(ctypes.c_void_p(tmp.ptr))
                 keep.append(tmp)
@@ -256,13 +185,10 @@ class _Scalars:
 def _scalar_input(x: Any, dtype: str, ctx_name: Any) -> Variable:
     """alpha/beta as a 0-d variable of ``dtype``: GPU ones stay on the device, others on the
     host (host pointer mode needs no device read)."""
-    from symgpu.gpu.placement.type import is_gpu_var
     if is_gpu_var(x):
         if x.ndim != 0 or x.dtype != dtype:
             raise TypeError(f"BLAS scalar {x} must be a 0-d {dtype} GPU array, got {x.type}")
         return x
-    from symgpu.tensor.math import cast
-    from symgpu.tensor.type import as_tensor_variable, constant
     if isinstance(x, (int, float, np.number)):
         return constant(np.asarray(x, dtype=dtype))
     x = as_tensor_variable(x)
@@ -282,12 +208,10 @@ def _broadcast_fill_prefetch(acc: Variable) -> list[tuple]:
     """The strided-copy module when the accumulated input (y, C, A) is broadcast: its value is
     copied into the output by that kernel (``GpuArray._broadcast_to``), compiled ahead with the
     function's kernels rather than on the first call."""
-    from symgpu.gpu.runtime.copykernel import prefetch_request
     return [prefetch_request()] if any(acc.broadcastable) else []
 
 
 def _ctx_name(*xs: Any) -> Any:
-    from symgpu.gpu.placement.type import is_gpu_var
     return next((x.type.context_name for x in xs if is_gpu_var(x)), None)
 
 
@@ -358,7 +282,6 @@ class GpuDot22(_CublasOp):
     infer_shape = _host_blas.Dot22.infer_shape
 
     def make_node(self, x: Any, y: Any) -> Apply:
-        from symgpu.gpu.placement.type import GpuArrayType
         ctx = _ctx_name(x, y)
         x, y = _blas_matrix(x, ctx, 2, "GpuDot22's x"), _blas_matrix(y, ctx, 2, "GpuDot22's y")
         if x.dtype != y.dtype:
@@ -375,20 +298,17 @@ class GpuDot22(_CublasOp):
 
 def _thin_prefetch(node: Apply) -> list[tuple]:
     """The thin-product module (thin_gemm.py) a GpuDot22/GpuGemm thunk loads when made."""
-    from symgpu.gpu.ops import thin_gemm
     return [thin_gemm.prefetch_request(node.outputs[0].dtype)] if thin_gemm.ENABLED else []
 
 
 def gemm_math_mode(dtype: str) -> int:
     """The cublasMath_t a matrix product of ``dtype`` compiled now runs with
     (``gpuarray.allow_tf32``: TF32 tensor cores for float32)."""
-    from symgpu.config import config
     return _TF32_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else _DEFAULT_MATH
 
 
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
-    from symgpu.gpu.ops import blaslt, thin_gemm
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -508,18 +428,6 @@ def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, 
 
 
 _NEW = object()   # not in a memo yet
-
-
-def _with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:
-    """`call()`'s status; with `device`, cuBLAS reads alpha/beta from device memory while it
-    runs, and the shared handle is back in host mode afterwards, even if it raised."""
-    if not device:
-        return call()
-    blas.pointer_mode(handle, _POINTER_DEVICE)
-    try:
-        return call()
-    finally:
-        blas.pointer_mode(handle, _POINTER_HOST)
 
 
 def _blas_capturable(thunk: Callable[[], None], scal: "_Scalars | None") -> Callable[[], None]:
@@ -702,8 +610,6 @@ class GpuAllocEmpty(Op):
         return [tuple(node.inputs)]
 
     def make_node(self, *shape: Any) -> Apply:
-        from symgpu.gpu.placement.type import GpuArrayType
-        from symgpu.tensor.type import as_tensor_variable
         shape = [as_tensor_variable(s) for s in shape]
         for s in shape:
             if s.ndim != 0 or s.dtype[0] not in "iu":
@@ -738,12 +644,10 @@ def gpu_ger(A: Any, alpha: Any, x: Any, y: Any, inplace: bool = False) -> Variab
 
 def gpu_matvec(A: Variable, x: Variable) -> Variable:
     """``dot(A, x)`` as Theano spelt it on the GPU: GpuGemv{inplace} on a GpuAllocEmpty."""
-    from symgpu.gpu.placement.basic_ops import GpuShape_i
     ctx = A.type.context_name
     y = GpuAllocEmpty(A.dtype, ctx)(GpuShape_i(0)(A))
     zero = np.asarray(0, dtype=A.dtype)
     one = np.asarray(1, dtype=A.dtype)
-    from symgpu.tensor.type import constant
     return GpuGemv(True)(y, constant(one), A, x, constant(zero))
 
 

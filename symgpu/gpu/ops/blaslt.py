@@ -31,10 +31,19 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
+import numpy as np
+
+from symgpu.config import config
+from symgpu.gpu.ops.cublas_lib import (Cublas, CublasError, DEFAULT_MATH, STATUS, TF32_MATH,
+                                       load_library, with_pointer_mode)
+from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.array import new_array
+
 __all__ = ["LtProblem", "AlgoChoice", "CHOICES", "cublaslt", "lt_available", "lt_matmul",
-           "alignment", "LtUnsupported"]
+           "alignment", "LtUnsupported", "use_classic"]
 
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70   # cublasComputeType_t
 _R_32F, _R_64F = 0, 1                                             # cudaDataType
@@ -166,7 +175,6 @@ class _CublasLt:
     problem."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.ops.blas import CublasError, load_library
         lib = load_library("cuBLASLt",
                            ("libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"))
         vp, P, st = ctypes.c_void_p, ctypes.POINTER, ctypes.c_size_t
@@ -198,8 +206,7 @@ class _CublasLt:
 
     def check(self, status: int, what: str) -> None:
         if status:
-            from symgpu.gpu.ops.blas import _STATUS
-            raise self.error(f"{what} failed: CUBLAS_STATUS_{_STATUS.get(status, status)}")
+            raise self.error(f"{what} failed: CUBLAS_STATUS_{STATUS.get(status, status)}")
 
     def handle(self, ctx: Any) -> tuple[ctypes.c_void_p, int, int]:
         """(handle, workspace address, workspace bytes) of ``ctx``, made on first use."""
@@ -317,14 +324,29 @@ class _CublasLt:
                                        ws_bytes, ctx.stream_handle or None)
 
 
+def _no_classic() -> Cublas:
+    raise RuntimeError("classic cuBLAS is not bound: symgpu.gpu.ops.blas is not loaded")
+
+
+#: the process's classic cuBLAS binding (``blas.cublas``): the candidate "classic cuBLAS" of
+#: every problem runs on it.  blas.py, which calls this module, hands it over as it loads
+#: (:func:`use_classic`), so the binding tests replace there serves here too
+_classic_binding: Callable[[], Cublas] = _no_classic
+
+
+def use_classic(binding: Callable[[], Cublas]) -> None:
+    """Run the classic candidate on ``binding()`` (blas.py passes its ``cublas``)."""
+    global _classic_binding
+    _classic_binding = binding
+
+
 def _classic(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> int:
     """``p`` through classic cuBLAS's gemm and its own algorithm choice."""
-    from symgpu.gpu.ops import blas
-    cb = blas.cublas()
+    cb = _classic_binding()
     h = cb.handle(ctx)
-    cb.math_mode(h, blas._TF32_MATH if p.tf32 else blas._DEFAULT_MATH)
+    cb.math_mode(h, TF32_MATH if p.tf32 else DEFAULT_MATH)
     gemm = cb.gemm[p.dtype]
-    return blas._with_pointer_mode(
+    return with_pointer_mode(
         cb, h, p.device_scalars,
         lambda: gemm(h, p.transa, p.transb, p.m, p.n, p.k, alpha, ctypes.c_void_p(a), p.lda,
                      ctypes.c_void_p(b), p.ldb, beta, ctypes.c_void_p(d), p.ldd))
@@ -339,7 +361,6 @@ def cublaslt() -> _CublasLt:
     global _lt, _lt_error
     if _lt is None:
         if _lt_error is not None:
-            from symgpu.gpu.ops.blas import CublasError
             raise CublasError(_lt_error)
         try:
             _lt = _CublasLt()
@@ -352,7 +373,6 @@ def cublaslt() -> _CublasLt:
 def lt_available(dtype: str) -> bool:
     """Whether products of ``dtype`` compiled now go through cuBLASLt: the
     ``gpuarray.cublaslt`` flag is on and the library loads."""
-    from symgpu.config import config
     if not config.gpuarray.cublaslt or dtype not in ("float32", "float64"):
         return False
     try:
@@ -367,7 +387,6 @@ def lt_available(dtype: str) -> bool:
 def _capturing(ctx: Any) -> bool:
     """Whether ``ctx``'s stream is being captured into a CUDA graph now (then nothing may
     synchronise: no timing)."""
-    from symgpu.gpu.runtime import libcuda
     fn = _is_capturing[0]
     if fn is None:
         fn = libcuda.declare(libcuda.cdll(), "cuStreamIsCapturing",
@@ -390,7 +409,6 @@ def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
     the graphs replayed in rounds, the best replay counting: the device's time back to back,
     whatever the host's launch cost, and a clock change hits every candidate alike."""
     import pycuda.driver as drv
-    from symgpu.gpu.runtime import libcuda
     alpha, a, b, beta = args
     stream = ctx.stream_handle
     drv_ = _graph_calls()
@@ -461,7 +479,6 @@ _graph_fns: dict[str, Any] = {}
 def _graph_calls() -> dict[str, Any]:
     """The driver's stream-capture and graph entry points (declared once)."""
     if not _graph_fns:
-        from symgpu.gpu.runtime import libcuda
         lib, vp, P = libcuda.cdll(), ctypes.c_void_p, ctypes.POINTER
         for key, name, args in (
                 ("begin", "cuStreamBeginCapture_v2", [vp, ctypes.c_int]),
@@ -497,9 +514,7 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
         return CHOICES.remember(key, 0)
     if _capturing(ctx):
         return CHOICES.pick(key, n, _never, can_time=False)
-    import numpy as np
     import pycuda.driver as drv
-    from symgpu.gpu.ops.elemwise import new_array
     scratch = new_array(ctx, (p.n, p.ldd), np.dtype(p.dtype))
     scratch.fill(0)      # D is read (beta): defined values, whatever the pool held
     try:
@@ -507,7 +522,6 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
     except LtUnsupported:
         raise
     except (RuntimeError, drv.Error) as exc:   # a capture, replay or event refused: no timing
-        import warnings
         warnings.warn(f"symgpu: timing cuBLASLt's candidates for {p} failed ({exc}); "
                       f"its heuristic's first choice runs it", RuntimeWarning)
         return CHOICES.remember(key, 0)

@@ -18,13 +18,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
+from symgpu.config import config
+from symgpu.gpu.ops.conv_gemm import (gemm_forward, gemm_grad_inputs, gemm_grad_weights,
+                                      prefetch_request)
+from symgpu.gpu.ops.cudnn import ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, cudnn
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.graph.basic import Apply
 from symgpu.tensor.nnet import conv_numpy as _cn
-from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
-                                              _ConvBase)
+from symgpu.tensor.nnet.abstract_conv import Conv2d, Conv2dGradInputs, Conv2dGradWeights, _ConvBase
 
 __all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_backend",
            "CONV_DTYPES", "FORCE_GEMM", "ALGO_SEARCH"]
@@ -45,7 +49,6 @@ _lock = threading.Lock()
 
 def conv_backend() -> tuple[str, str]:
     """('cudnn' | 'gemm', a sentence saying why), the reason printed once per process."""
-    from symgpu.gpu.ops.cudnn import CudnnError, cudnn
     if FORCE_GEMM:
         kind, why = "gemm", "GPU convolutions run through im2col + cuBLAS (FORCE_GEMM is set)"
     else:
@@ -63,8 +66,6 @@ def conv_backend() -> tuple[str, str]:
 
 
 def _math_mode(dtype: str) -> int:
-    from symgpu.config import config
-    from symgpu.gpu.ops.cudnn import DEFAULT_MATH, FMA_MATH
     return DEFAULT_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else FMA_MATH
 
 
@@ -91,7 +92,6 @@ class _GpuConvBase(_ConvBase):
     kind = ""           # 'fwd' | 'bwd_data' | 'bwd_filter'
 
     def _gpu4(self, v: Any, ctx_name: Any, what: str) -> Any:
-        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
         v = as_gpuarray_variable(v, ctx_name)
         if v.ndim != 4 or v.dtype not in CONV_DTYPES:
             raise TypeError(f"{self}: {what} must be a 4-d float32/float64 GPU array, got "
@@ -122,7 +122,6 @@ class _GpuConvBase(_ConvBase):
         return thunk
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
-        from symgpu.gpu.ops.conv_gemm import prefetch_request
         return [prefetch_request()] if FORCE_GEMM else []
 
     # ------------------------------------------------------------------ shared machinery
@@ -134,7 +133,6 @@ class _GpuConvBase(_ConvBase):
             return plans[key]
         plan = None
         if backend == "cudnn":
-            from symgpu.gpu.ops.cudnn import ConvDescs, CudnnError, cudnn
             sym = _symmetric(pads)
             if not sym:  # run on the explicitly padded input
                 xshape = xshape[:2] + (xshape[2] + sum(pads[0]), xshape[3] + sum(pads[1]))
@@ -198,7 +196,6 @@ class GpuConv2d(_GpuConvBase):
             return out
         plan = self._plan(ctx, backend, plans, dtype, x.shape, w.shape, out.shape, pads)
         if plan is None:
-            from symgpu.gpu.ops.conv_gemm import gemm_forward
             gemm_forward(ctx, name, x, w, out, pads, self.subsample, self.filter_dilation,
                          self.filter_flip, self.num_groups)
             return out
@@ -250,7 +247,6 @@ class GpuConv2dGradInputs(_GpuConvBase):
             return dx.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, xshape, w.shape, gy.shape, pads)
         if plan is None:
-            from symgpu.gpu.ops.conv_gemm import gemm_grad_inputs
             gemm_grad_inputs(ctx, name, w, gy, dx, pads, self.subsample,
                              self.filter_dilation, self.filter_flip, self.num_groups)
             return dx
@@ -305,7 +301,6 @@ class GpuConv2dGradWeights(_GpuConvBase):
             return dw.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, x.shape, wshape, gy.shape, pads)
         if plan is None:
-            from symgpu.gpu.ops.conv_gemm import gemm_grad_weights
             gemm_grad_weights(ctx, name, x, gy, dw, pads, self.subsample,
                               self.filter_dilation, self.filter_flip, self.num_groups)
             return dw

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.gpu.ops.blas import cublas, gemm_math_mode
+from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
@@ -60,7 +62,6 @@ def _gemm(ctx: Any, dtype: str, ta: bool, tb: bool, m: int, n: int, k: int, a: A
           c: Any, a_off: int = 0, b_off: int = 0, c_off: int = 0) -> None:
     """Row-major C (m x n) = op(A) @ op(B) with packed operands (byte offsets into each), all
     of ``dtype`` (the node's: float32 or float64)."""
-    from symgpu.gpu.ops.blas import cublas, gemm_math_mode
     if not (m and n and k):
         return
     blas = cublas()
@@ -79,7 +80,6 @@ def _gemm(ctx: Any, dtype: str, ta: bool, tb: bool, m: int, n: int, k: int, a: A
 
 
 def _new(ctx: Any, shape: tuple, dtype: np.dtype) -> Any:
-    from symgpu.gpu.ops.elemwise import new_array
     return new_array(ctx, tuple(int(s) for s in shape), dtype)
 
 

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
-from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
 from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategorical1HotGrad
 
 __all__ = ["GpuCrossentropyCategorical1Hot", "GpuCrossentropyCategorical1HotGrad",
@@ -154,7 +155,6 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
         return (_fwd_name(node.inputs[0].dtype, node.inputs[1].dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         p, y = inputs
         _check_rows(self, p, y)
         n, k = p.shape
@@ -204,7 +204,6 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
         return (_grad_name(p.dtype, g.dtype, y.dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         g, p, y = inputs
         _check_rows(self, p, y)
         n, k = p.shape

@@ -14,16 +14,21 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op
-from symgpu.gpu.runtime.array import GpuArray, c_strides
-from symgpu.gpu.runtime.codegen import layout
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable, host_from_gpu
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import c_strides, new_array
+from symgpu.gpu.runtime.codegen import launch, layout
 from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, kernel_names, render_elemwise,
-                                         strided_kernel_name)
+                                                 strided_kernel_name)
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, supports_scalar_op
+from symgpu.gpu.runtime.codegen.types import SUPPORTED
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS
-from symgpu.tensor.elemwise import Elemwise as _Elemwise
+from symgpu.tensor.elemwise import Elemwise as _Elemwise, reduce_output_dtype
+from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
 
 __all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
            "BLOCK"]
@@ -33,7 +38,6 @@ MAX_GRID = (1 << 31) - 1    # blocks of a contiguous kernel (gridDim.x's limit; 
 #: blocks per multiprocessor of the vector kernel (sg_contig_vec: a grid-stride loop, four
 #: vectors in flight): four waves of 256-thread blocks at full occupancy on Hopper
 VEC_BLOCKS_PER_SM = 32
-_new_gpuarray = GpuArray.__new__
 _REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
                  "and_": "and", "or_": "or"}
 
@@ -41,34 +45,15 @@ _REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "m
 # ----------------------------------------------------------------------------- helpers
 
 def _context(name: str | None) -> Any:
-    from symgpu.gpu.runtime.context import get_context
-    return get_context(name)
-
-
-def new_array(ctx: Any, shape: tuple, dtype: np.dtype, strides: tuple | None = None,
-              nbytes: int | None = None) -> Any:
-    """A C-contiguous GpuArray from ``ctx``'s pool without the public constructor's checks
-    (shape and dtype are already known to be valid on this path)."""
-    if nbytes is None:
-        nbytes = dtype.itemsize
-        for n in shape:
-            nbytes *= n
-    block = ctx.pool.allocate(nbytes) if nbytes else None
-    arr = _new_gpuarray(GpuArray)
-    arr._set(ctx, block.ptr if block is not None else 0, shape,
-             strides if strides is not None else c_strides(shape, dtype.itemsize), dtype, block)
-    return arr
+    return gpu_context.get_context(name)
 
 
 def _as_gpu(x: Any, context_name: Any) -> Variable:
-    from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
     return as_gpuarray_variable(x, context_name)
 
 
 def _pad_inputs(inputs: Sequence[Any]) -> tuple[list[Variable], Any]:
     """GPU variables on one context, padded to a common ndim with GpuDimShuffle."""
-    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-    from symgpu.gpu.placement.type import is_gpu_var
     ctx_name = next((x.type.context_name for x in inputs if is_gpu_var(x)), None)
     gins = [_as_gpu(x, ctx_name) for x in inputs]
     nd = max((x.ndim for x in gins), default=0)
@@ -114,7 +99,6 @@ class GpuElemwise(Op):
     infer_shape = _Elemwise.infer_shape
 
     def make_node(self, *inputs: Any) -> Apply:
-        from symgpu.gpu.placement.type import GpuArrayType
         padded, ctx_name = _pad_inputs(inputs)
         nd = padded[0].ndim if padded else 0
         bcast = tuple(all(p.broadcastable[d] for p in padded) for d in range(nd))
@@ -151,10 +135,8 @@ class GpuElemwise(Op):
         return _ElemwiseThunk(self, node, storage_map, ctx).thunk()
 
     def grad(self, inputs, output_grads):
-        from symgpu.gpu.placement.basic_ops import host_from_gpu
-        from symgpu.tensor.elemwise import Elemwise
         host_in = [host_from_gpu(x) for x in inputs]
-        grads = Elemwise(self.scalar_op).grad(host_in, [host_from_gpu(g) for g in output_grads])
+        grads = _Elemwise(self.scalar_op).grad(host_in, [host_from_gpu(g) for g in output_grads])
         return [None if g is None else _as_gpu(g, x.type.context_name)
                 for g, x in zip(grads, inputs)]
 
@@ -177,7 +159,6 @@ class _ElemwiseThunk:
     """Builds and runs the plans of one GpuElemwise node."""
 
     def __init__(self, op: GpuElemwise, node: Apply, storage_map: dict, ctx: Any) -> None:
-        from symgpu.gpu.runtime.codegen.launch import load_kernels, sm_count
         self.op, self.node, self.ctx = op, node, ctx
         self.sig = sig = op.signature(node)
         self.in_cells = [storage_map[v] for v in node.inputs]
@@ -186,8 +167,8 @@ class _ElemwiseThunk:
         self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs]
         self.scalar = list(sig.scalar_inputs)
         self.inplace = dict(op.inplace_pattern)
-        self.max_blocks = 8 * sm_count(ctx)   # strided kernels: one wave at 256 threads/block
-        self.max_vec_blocks = VEC_BLOCKS_PER_SM * sm_count(ctx)
+        self.max_blocks = 8 * launch.sm_count(ctx)  # strided kernels: a wave at 256 threads/block
+        self.max_vec_blocks = VEC_BLOCKS_PER_SM * launch.sm_count(ctx)
         nd = max(sig.ndim, 1)
         formats = {"sg_contig": "q" + "P" * (len(self.in_cells) + len(self.out_cells))}
         formats["sg_contig_vec"] = formats["sg_contig"]
@@ -196,7 +177,7 @@ class _ElemwiseThunk:
             ptrs = "P" * (len(self.in_cells) + len(self.out_cells))
             formats[strided_kernel_name(d, False)] = "I" * (1 + d + nfull * d) + ptrs
             formats[strided_kernel_name(d, True)] = "q" * (1 + d + nfull * d) + ptrs
-        self.kernels = load_kernels(ctx, ("symgpu.elemwise", sig),
+        self.kernels = launch.load_kernels(ctx, ("symgpu.elemwise", sig),
                                     lambda: render_elemwise(sig, str(op)), formats)
         self.launchers = {name: k.fast_launcher() for name, k in self.kernels.items()}
         self.plans: dict[tuple, _ElemwisePlan] = {}
@@ -440,15 +421,11 @@ class GpuCAReduce(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """The (broadcast) shape of the reduction's inputs without the reduced axes."""
-        from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
         n = self.n_reduced_inputs(len(node.inputs))
         shape = elemwise_shape([v.broadcastable for v in node.inputs[:n]], input_shapes[:n])
         return [reduce_shape(shape, self.axis)]
 
     def make_node(self, *inputs: Any) -> Apply:
-        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
-        from symgpu.gpu.placement.type import GpuArrayType
-        from symgpu.tensor.elemwise import reduce_output_dtype
         n_post = 0 if self.post_scalar_op is None else self.post_scalar_op.nin - 1
         want = 1 if self.pre_scalar_op is None else getattr(self.pre_scalar_op, "nin", len(inputs))
         if want > 0 and len(inputs) != want + n_post:
@@ -483,7 +460,6 @@ class GpuCAReduce(Op):
         """The reduction's own result dtype (before the epilogue)."""
         if self.post_scalar_op is None:
             return node.outputs[0].dtype
-        from symgpu.tensor.elemwise import reduce_output_dtype
         red = node.inputs[:self.n_reduced_inputs(len(node.inputs))]
         value = red[0].dtype if self.pre_scalar_op is None else output_dtypes(
             self.pre_scalar_op, [v.dtype for v in red])[0]
@@ -561,7 +537,6 @@ class _ReduceThunk:
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
-        from symgpu.gpu.runtime.codegen.launch import sm_count
         self.op, self.node, self.ctx = op, node, ctx
         n = op.n_reduced_inputs(len(node.inputs))
         self.in_cells = [storage_map[v] for v in node.inputs[:n]]
@@ -570,7 +545,7 @@ class _ReduceThunk:
         self.out_cell = storage_map[node.outputs[0]]
         self.out_dtype = np.dtype(node.outputs[0].dtype)
         self.axes = op._axes(node.inputs[0].ndim)
-        self.sms = sm_count(ctx)
+        self.sms = launch.sm_count(ctx)
         self.modules: dict[tuple[int, int], dict] = {}
         self.plans: dict[tuple, tuple] = {}
         self.is_minmax = op.scalar_op.name in ("maximum", "minimum")
@@ -580,9 +555,8 @@ class _ReduceThunk:
     def kernels(self, knd: int, rnd: int) -> dict:
         got = self.modules.get((knd, rnd))
         if got is None:
-            from symgpu.gpu.runtime.codegen.launch import load_kernels
             sig = self.op.signature(self.node, knd, rnd)
-            ks = load_kernels(self.ctx, ("symgpu.reduce", sig),
+            ks = launch.load_kernels(self.ctx, ("symgpu.reduce", sig),
                               lambda: render_reduce(sig, str(self.op)), reduce_formats(sig))
             got = self.modules[(knd, rnd)] = {n: k.fast_launcher() for n, k in ks.items()}
             got["acc_dtype"] = np.dtype(sig.acc_dtype)
@@ -743,10 +717,7 @@ def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tu
 
 def careduce_supported(scalar_op: Any, pre_scalar_op: Any, in_dtypes: Sequence[str]) -> bool:
     """Whether GpuCAReduce can generate this reduction."""
-    from symgpu.gpu.runtime.codegen.types import SUPPORTED
     if scalar_op.name not in _REDUCE_NAMES or any(d not in SUPPORTED for d in in_dtypes):
         return False
     return pre_scalar_op is None or supports_scalar_op(pre_scalar_op, in_dtypes)
 
-
-import symgpu.gpu.exec.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)

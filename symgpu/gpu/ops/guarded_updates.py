@@ -21,15 +21,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.random import GpuPhiloxAdvance
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime import device_checks
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.graph.basic import Apply, Variable, ancestors
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
-from symgpu.gpu.runtime import device_checks
 from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scalar.composite import CompositeBuilder
 
 __all__ = ["GpuCheckVerdict", "gpu_guarded_updates", "reads_verdict"]
 
@@ -60,7 +63,6 @@ class GpuCheckVerdict(Op):
         return device_checks.verdict_sources()
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
         ctx = next(v for v in inputs if hasattr(v, "context")).context
         ctx.activate()
         verdict = GpuArray((), "int32", ctx)
@@ -117,14 +119,12 @@ def gpu_guarded_updates(fgraph: FunctionGraph) -> int:
 
 def _is_state(new: Variable) -> bool:
     """Whether `new` is a Philox generator's next state (always four uint32 words)."""
-    from symgpu.gpu.ops.random import GpuPhiloxAdvance
     return new.owner is not None and type(new.owner.op) is GpuPhiloxAdvance
 
 
 def _select_states(verdict: Variable, states: list) -> list[Variable]:
     """switch(verdict, old, new) of every state in one multi-output kernel (the states all
     have four words, so one launch shape serves them)."""
-    from symgpu.scalar.composite import CompositeBuilder
     b = CompositeBuilder()
     v = b.add_input(verdict.dtype)
     outs = []

@@ -34,12 +34,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.op import Op
-from symgpu.gpu.runtime.codegen.types import SUPPORTED, value_ctype
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, default_context_active, is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.codegen.types import SUPPORTED, value_ctype
+from symgpu.gpu.runtime.context import GpuUnavailableError
+from symgpu.gradient import DisconnectedType
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+import symgpu.tensor as T
 from symgpu.tensor.elemwise import Elemwise as _Elemwise
+from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["ElemwiseKernelOp", "KernelScalarOp"]
 
@@ -205,7 +212,6 @@ class ElemwiseKernelOp(Op):
     infer_shape = _Elemwise.infer_shape  # elementwise over broadcast inputs
 
     def make_node(self, *inputs: Any) -> Apply:
-        from symgpu.tensor.type import as_tensor_variable
         if len(inputs) != len(self.in_dtypes):
             raise TypeError(f"{self} takes {len(self.in_dtypes)} input(s), got {len(inputs)}")
         vs = []
@@ -225,7 +231,6 @@ class ElemwiseKernelOp(Op):
                 and not default_context_active())
 
     def _gpu_node(self, vs: list[Variable]) -> Apply:
-        from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable
         ctx = next((v.type.context_name for v in vs if is_gpu_var(v)), None)
         gins = [as_gpuarray_variable(v, ctx) for v in vs]
         nd = max(g.ndim for g in gins)
@@ -235,7 +240,6 @@ class ElemwiseKernelOp(Op):
         return Apply(self, padded, [GpuArrayType(d, bcast, ctx)() for d in self.out_dtypes])
 
     def _host_node(self, vs: list[Variable]) -> Apply:
-        from symgpu.tensor.type import TensorType, as_tensor_variable
         tins = [as_tensor_variable(v) for v in vs]
         nd = max(t.ndim for t in tins)
         padded = [t if t.ndim == nd else t.dimshuffle(*(["x"] * (nd - t.ndim)
@@ -247,7 +251,6 @@ class ElemwiseKernelOp(Op):
     def gpu_elemwise(self) -> Any:
         """The GpuElemwise whose thunk and kernel sources serve this op's GPU nodes."""
         if self._gpu_elemwise is None:
-            from symgpu.gpu.ops.elemwise import GpuElemwise
             self._gpu_elemwise = GpuElemwise(self.scalar_op, name=self.name)
         return self._gpu_elemwise
 
@@ -259,9 +262,8 @@ class ElemwiseKernelOp(Op):
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
         if not is_gpu_var(node.outputs[0]):
             return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
-        from symgpu.gpu.runtime.context import GpuUnavailableError, get_context
         try:
-            get_context(node.outputs[0].type.context_name)
+            gpu_context.get_context(node.outputs[0].type.context_name)
         except LookupError as exc:
             raise GpuUnavailableError(
                 f"{self} runs a CUDA kernel and needs a GPU, but none can be used here: {exc}. "
@@ -283,8 +285,6 @@ class ElemwiseKernelOp(Op):
     # -- gradient
     def L_op(self, inputs: Sequence[Variable], outputs: Sequence[Variable],
              output_grads: Sequence[Variable]) -> list[Variable | None]:
-        import symgpu.tensor as T
-        from symgpu.gradient import DisconnectedType
         if self.grad_fn is None:
             raise NotImplementedError(f"{self} has no gradient: give ElemwiseKernelOp a "
                                       f"grad=(inputs, output_grads) -> [gradient per input]")
@@ -304,7 +304,6 @@ class ElemwiseKernelOp(Op):
 def _fit_broadcast(g: Any, x: Variable) -> Variable:
     """Gradient term ``g`` summed over the dims where input ``x`` was broadcast, in x's dtype
     (the gradient machinery then moves it to x's place and type)."""
-    import symgpu.tensor as T
     g = T.as_tensor_variable(g)
     if g.ndim < x.ndim:
         g = g.dimshuffle(*(["x"] * (x.ndim - g.ndim) + list(range(g.ndim))))

@@ -17,19 +17,22 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable, constant_behind
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import Op
-from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
-from symgpu.tensor.type import constant
+from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
+from symgpu.graph.rewriting import sweep
+from symgpu.graph.rewriting.db import optdb
+from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion",
            "gpu_nll_grad_log_softmax"]
@@ -81,7 +84,6 @@ class GpuNLLGrad(DeviceChecked, Op):
         return "GpuNLLGrad{exp}" if self.exp_m else "GpuNLLGrad"
 
     def make_node(self, v: Any, m: Any, labelled: Any, y: Any) -> Apply:
-        from symgpu.tensor.type import as_tensor_variable
         labelled = as_tensor_variable(labelled)
         if not (is_gpu_var(v) and is_gpu_var(m) and is_gpu_var(y)):
             raise TypeError(f"{self}: v, m and y must be GPU variables, got {v}, {m}, {y}")
@@ -109,7 +111,6 @@ class GpuNLLGrad(DeviceChecked, Op):
         return (_kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         v, m, labelled, y = inputs
         rows, cols = m.shape
         labelled = int(labelled)
@@ -237,7 +238,6 @@ def _match(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
 def gpu_nll_grad_fusion(fgraph: FunctionGraph) -> int:
     """Replace each ``scatter - m * rowsum(scatter)`` of a one-hot scatter by GpuNLLGrad;
     returns how many were replaced."""
-    from symgpu.graph.rewriting import sweep
     return sweep(fgraph, _match, "gpu_nll_grad_fusion")
 
 
@@ -247,7 +247,6 @@ optdb.register("gpu_nll_grad_fusion", gpu_nll_grad_fusion, 49.4, "fast_run", "fu
 def _softmax_rows(var: Variable, log: bool) -> list[Variable] | None:
     """The inputs of ``GpuSoftmaxRows{log or softmax}`` when ``var`` is one: ``[x]``, or
     ``[x, b]`` with a bias; else None."""
-    from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
     node = var.owner
     if node is None or type(node.op) is not GpuSoftmaxRows or node.op.log != log:
         return None
@@ -281,7 +280,6 @@ def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
     few ulp of the softmax) and the softmax kernel, read by nothing else, is gone. Returns
     how many were replaced. In the default passes (fast_run);
     ``optimizer_excluding=gpu_nll_grad_log_softmax`` turns it off."""
-    from symgpu.graph.rewriting import sweep
     return sweep(fgraph, _from_log_softmax, "gpu_nll_grad_log_softmax")
 
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
-from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import keepdims_order
 from symgpu.tensor.math import Argmax as _Argmax
-from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax
-from symgpu.tensor.nnet import Softmax as _Softmax
+from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax, Softmax as _Softmax
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
@@ -155,7 +155,6 @@ class GpuArgmax(Op):
         return (_kernel_name(node.inputs[0].dtype, self.kind),)
 
     def perform(self, node, inputs, out, kernel=None):
-        from symgpu.gpu.runtime.array import GpuArray
         x = inputs[0]
         if self.axis is None or x.ndim == 0:
             out_shape: tuple = ()

@@ -14,12 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply
-from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
-from symgpu.gpu.placement.rewriting import register_lifter
-from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.tensor.signal.pool import (AveragePoolGrad, MaxPoolGrad, MaxPoolGradGrad, Pool,
                                        _PoolBase)
 from symgpu.tensor.signal.pool_numpy import MODES, pool_out_len
@@ -74,7 +75,6 @@ class _GpuPoolBase(_PoolBase):
         return [(_MODULE_KEY, pooling_source, ())]
 
     def _gpu(self, v: Any, ctx_name: Any, what: str) -> Any:
-        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
         v = as_gpuarray_variable(v, ctx_name)
         if v.ndim < 2 or v.dtype not in POOL_DTYPES:
             raise TypeError(f"{self}: {what} must be a float32/float64 GPU array of 2 or more "

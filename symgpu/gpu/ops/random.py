@@ -16,12 +16,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.ops import elemwise as elemwise_ops
+from symgpu.gpu.ops.elemwise import _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import launch, sections
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
 from symgpu.tensor.basic import _as_int_scalar, _known_one
 from symgpu.tensor.random import philox
 from symgpu.tensor.random.ops import PhiloxAdvance, PhiloxSample
@@ -60,16 +63,14 @@ _FORMATS["sg_philox_advance"] = "PPQ"
 
 
 def _launcher(ctx: Any, name: str) -> Callable[..., None]:
-    from symgpu.gpu.runtime.codegen.launch import load_kernels
-    return load_kernels(ctx, _MODULE_KEY, random_source, _FORMATS)[name].fast_launcher()
+    return launch.load_kernels(ctx, _MODULE_KEY, random_source, _FORMATS)[name].fast_launcher()
 
 
 def grid_for(ctx: Any, nblocks: int) -> tuple[int, int, int]:
     """Thread blocks for `nblocks` Philox blocks: one per thread, at most 16 blocks of 256 per
     multiprocessor, two rounds of a full one (the kernels loop over the rest; on the H100 16
     per SM drew 2**26 normals 2% faster than 8, 4 or one thread per Philox block)."""
-    from symgpu.gpu.runtime.codegen.launch import sm_count
-    return (max(1, min(16 * sm_count(ctx), -(-nblocks // _BLOCK))), 1, 1)
+    return (max(1, min(16 * launch.sm_count(ctx), -(-nblocks // _BLOCK))), 1, 1)
 
 
 def _launch_thunk(thunk: Callable[[], None]) -> Callable[[], None]:
@@ -131,8 +132,7 @@ class GpuPhiloxSample(_RandomKernelOp):
         return [tuple(node.inputs[1:])]
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
-        ctx = _context(self.context_name)
+        ctx = elemwise_ops._context(self.context_name)
         if ctx.virtual:
             return _virtual_thunk(self, ctx)
         st_cell = storage_map[node.inputs[0]]
@@ -175,8 +175,7 @@ class GpuPhiloxAdvance(_RandomKernelOp):
         return [input_shapes[0]]
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
-        ctx = _context(self.context_name)
+        ctx = elemwise_ops._context(self.context_name)
         if ctx.virtual:
             return _virtual_thunk(self, ctx)
         st_cell = storage_map[node.inputs[0]]

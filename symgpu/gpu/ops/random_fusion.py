@@ -19,17 +19,21 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.ops import elemwise as elemwise_ops
+from symgpu.gpu.ops.elemwise import GpuElemwise, _virtual_thunk
+from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, GpuPhiloxAdvance, GpuPhiloxSample,
+                                   PHILOX_CUDA, _MODULE_KEY, grid_for, random_source,
+                                   sample_kernel_name)
+from symgpu.gpu.placement.type import GpuArrayType
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import common_source, launch, layout, sections
+from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
+from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
+from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.runtime.codegen import common_source, sections
-from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
-from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
-from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.ops.random import (GPU_RANDOM_DTYPES, PHILOX_CUDA, GpuPhiloxAdvance,
-                                   GpuPhiloxSample, grid_for, sample_kernel_name)
-from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.tensor.basic import _as_int_scalar
 
 __all__ = ["GpuPhiloxElemwise", "render_philox_elemwise", "gpu_philox_fusion"]
@@ -274,7 +278,6 @@ class GpuPhiloxElemwise(Op):
                                               self.dist, self.ndim, self.advance)
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
-        from symgpu.gpu.ops.random import _MODULE_KEY, random_source
         return [(self._key(node), self._source(node), ()), (_MODULE_KEY, random_source, ())]
 
     def infer_shape(self, fgraph, node, input_shapes):
@@ -283,8 +286,7 @@ class GpuPhiloxElemwise(Op):
             ([input_shapes[0]] if self.advance else [])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
-        ctx = _context(node.outputs[0].type.context_name)
+        ctx = elemwise_ops._context(node.outputs[0].type.context_name)
         if ctx.virtual:
             return _virtual_thunk(self, ctx)
         return _PhiloxElemwiseThunk(self, node, storage_map, ctx).thunk()
@@ -294,7 +296,6 @@ class _PhiloxElemwiseThunk:
     """The per-call path of one GpuPhiloxElemwise node, with its fallback."""
 
     def __init__(self, op: GpuPhiloxElemwise, node: Apply, storage_map: dict, ctx: Any):
-        from symgpu.gpu.runtime.codegen.launch import load_kernels
         self.op, self.ctx = op, ctx
         nd = op.ndim
         self.st_cell = storage_map[node.inputs[0]]
@@ -313,15 +314,13 @@ class _PhiloxElemwiseThunk:
         formats = {"sg_philox_ew_contig": "Pq" + "P" * nptr,
                    "sg_philox_ew_strided": "Pq" + "q" * (max(nd, 1) * (1 + len(self.full)))
                    + "P" * nptr}
-        kernels = load_kernels(ctx, op._key(node), op._source(node), formats)
+        kernels = launch.load_kernels(ctx, op._key(node), op._source(node), formats)
         self.contig = kernels["sg_philox_ew_contig"].fast_launcher()
         self.strided = kernels["sg_philox_ew_strided"].fast_launcher()
         self.per = GPU_RANDOM_DTYPES[op.dtype][1]
         self.fallback = _Fallback(op, node, ctx)
 
     def thunk(self) -> Callable[[], None]:
-        from symgpu.gpu.runtime.codegen import layout
-        from symgpu.gpu.ops.elemwise import new_array
         op, ctx, per, full = self.op, self.ctx, self.per, self.full
         st_cell, size_cells, other_cells = self.st_cell, self.size_cells, self.other_cells
         out_cells, out_dtypes, nd = self.out_cells, self.out_dtypes, max(op.ndim, 1)
@@ -493,7 +492,6 @@ def gpu_philox_advance_fusion(fgraph: FunctionGraph) -> int:
     many. In the default passes (fast_run): measured on an H200 (a dropout MLP's step 237.9 ->
     227.0 us, with gpu_careduce_epilogue and gpu_take_rows);
     ``optimizer_excluding=gpu_philox_advance_fusion`` turns it off."""
-    from symgpu.graph.rewriting import sweep
     return sweep(fgraph, local_philox_advance_fusion, "gpu_philox_advance_fusion")
 
 

@@ -13,17 +13,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.ops.scan_op import _cache, gpu_inner_graph
+from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype, is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.graph.basic import Apply, Variable
 from symgpu.ifelse import IfElse
 
 __all__ = ["GpuIfElse", "lift_ifelse"]
 
 
 def _to_host_scalar(value: Any) -> Any:
-    from symgpu.gpu.runtime.array import GpuArray
     if isinstance(value, GpuArray):
         return value.get()   # the one sync of the call
     return value
@@ -49,7 +49,6 @@ class GpuIfElse(IfElse):
         return Apply(self, [condition, *branch_inputs], outs)
 
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
-        from symgpu.gpu.runtime.array import GpuArray
         c = _to_host_scalar(inputs[0])
         if bool(np.asarray(c)):
             args = inputs[1:1 + self.n_then]

@@ -19,12 +19,19 @@ from __future__ import annotations
 import weakref
 from typing import Any, Sequence
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
+from symgpu.gpu.exec import graphs, scan_graph
+from symgpu.gpu.exec.prefetch import RENDER_ERRORS
+from symgpu.gpu.placement.basic_ops import GpuFromHost, GpuShape_i, HostFromGpu, maybe_strided
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.copykernel import prefetch_request
+from symgpu.graph.basic import Apply, Variable
+from symgpu.link.vm import VM
 from symgpu.scan.inner import clone_with
 from symgpu.scan.op import Scan, ScanError, ScanInfo, _simple
+import symgpu.tensor as T
 
 __all__ = ["GpuScan", "lift_scan", "gpu_inner_graph"]
 
@@ -135,8 +142,6 @@ class GpuScan(Scan):
     def infer_shape(self, fgraph, node: Apply, input_shapes: list) -> list[tuple]:
         """Scan's rule; the lengths only a run knows (while loops) and the per-step dims of
         the outputs are read with GpuShape_i, which the shape rewrite leaves alone."""
-        import symgpu.tensor as T
-        from symgpu.gpu.placement.basic_ops import GpuShape_i
         info = self.info
         n = node.inputs[0]
         out = []
@@ -162,8 +167,10 @@ class GpuScan(Scan):
             inner.compile()
         vm = inner.vm
         # the thunks directly: the function-level CUDA-graph runner would key every step on
-        # new view pointers; the loop is captured whole instead (scan_graph.py)
-        if vm.profiler is None and type(vm).__call__.__qualname__ == "VM.__call__":
+        # new view pointers; the loop is captured whole instead (scan_graph.py).  Only when
+        # calling the VM would do nothing else: no profiler, and VM's own __call__ (a subclass
+        # such as DebugVM checks each node in its own)
+        if vm.profiler is None and type(vm).__call__ is VM.__call__:
             inner._run = vm.run_thunks
         if self._scratch_copy is None:
             self._scratch_copy = scratch_needing_copy(inner.compiled_fgraph, self.info,
@@ -179,11 +186,9 @@ class GpuScan(Scan):
         batch per loop body when each body is linked.  With them the strided-copy module
         when an input may be a strided view (a reversed sequence, a transposed weight): the
         captured loop copies its inputs into its own contiguous buffers (scan_graph.py)."""
-        from symgpu.gpu.exec.prefetch import RENDER_ERRORS, maybe_strided
         out: list = []
         if not self.info.as_while and any(is_gpu_var(v) and maybe_strided(v)
                                           for v in node.inputs[1:]):
-            from symgpu.gpu.runtime.copykernel import prefetch_request
             out.append(prefetch_request())
         if self.inner.vm is not None:
             return out
@@ -212,17 +217,14 @@ class GpuScan(Scan):
         """Run the loop as a CUDA graph when it can be one; False: run it plainly."""
         if self.info.as_while:
             return False
-        from symgpu.gpu.exec import scan_graph
         if self.loop_graphs is None:
             self.loop_graphs = scan_graph.LoopGraphs(self)
         return self.loop_graphs.call(node, inputs, output_storage)
 
     def _context(self) -> Any:
-        from symgpu.gpu.runtime.context import get_context
-        return get_context(self.context_name)
+        return gpu_context.get_context(self.context_name)
 
     def _loop(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
-        from symgpu.gpu.runtime.array import GpuArray
         info = self.info
         inner = self.inner
         ctx = self._context()
@@ -268,7 +270,9 @@ class GpuScan(Scan):
                 cell[0] = buf[t + off] if kept else buf[off]
             try:
                 run()
-            except Exception as exc:   # re-raised, the step named: nothing is swallowed
+            # any error of the body is the loop's own: re-raised, with the step named where
+            # the exception class allows it (_simple), never swallowed
+            except Exception as exc:
                 if not _simple(exc):
                     raise
                 raise type(exc)(f"{exc}\n(in {info.name}, step {t} of {n})") from exc
@@ -328,7 +332,6 @@ class GpuScan(Scan):
 def _copy(dst: Any, src: Any) -> None:
     """``dst[...] = src`` on the device's stream (the lifter checked that dtypes match), through
     the graph driver (captured while a loop is captured; tests replace the driver)."""
-    from symgpu.gpu.exec import graphs
     graphs.driver().copy(dst, src)
 
 

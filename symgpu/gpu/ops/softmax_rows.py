@@ -22,13 +22,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
+from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.placement.type import is_gpu_var
-from symgpu.gpu.runtime.codegen import sections
-from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout",
            "gpu_softmax_rows_bias"]
@@ -129,7 +133,6 @@ class GpuSoftmaxRows(Op):
                  _kernel_name(dtype, self.log, True, self.bias)),)
 
     def perform(self, node, inputs, out, kernels=None):
-        from symgpu.gpu.runtime.array import GpuArray
         x = inputs[0]
         bias = ()
         if self.bias:
@@ -166,8 +169,6 @@ class GpuSoftmaxRows(Op):
 
 def _row_bias_add(var: Variable) -> tuple[Variable, Variable] | None:
     """(x, b) when ``var`` is ``x + b.dimshuffle('x', 0)`` (either order) of a matrix x."""
-    from symgpu.gpu.ops.elemwise import GpuElemwise
-    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     node = var.owner
     if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
             getattr(node.op.scalar_op, "name", None) != "add" or len(node.inputs) != 2:
@@ -197,7 +198,6 @@ def _with_bias(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
 
 def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
     """Apply `_with_bias` everywhere; returns how many softmaxes take their bias."""
-    from symgpu.graph.rewriting import sweep
     return sweep(fgraph, _with_bias, "gpu_softmax_rows_bias")
 
 

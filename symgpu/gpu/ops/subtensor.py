@@ -12,21 +12,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op, PerformThunk
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
-from symgpu.gpu.runtime.copykernel import INC_DTYPES, strided_inc
 from symgpu.gpu.exec.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
-                                     prefetch_request, slot_ptr)
+                                          prefetch_request, slot_ptr)
+from symgpu.gpu.ops.elemwise import gpu_elemwise
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.runtime.array import GpuArray, new_array
+from symgpu.gpu.runtime.copykernel import (INC_DTYPES, prefetch_request as strided_copy_request,
+                                           strided_inc)
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op, PerformThunk
+from symgpu.tensor.basic import Join as _Join, join_broadcastable
+from symgpu.tensor.subtensor import (IncSubtensor as _IncSubtensor, IncSubtensorProps, Slice,
+                                     Subtensor as _Subtensor, SYM, _check_inputs, _constant_index,
+                                     _entry_str, build_index, index_broadcastable)
 from symgpu.printing import PP_PRINTERS, register_pp
-from symgpu.tensor.basic import join_broadcastable
-from symgpu.tensor.subtensor import (SYM, IncSubtensorProps, Slice, _check_inputs,
-                                     _constant_index, build_index, index_broadcastable)
-from symgpu.tensor.basic import Join as _Join
-from symgpu.tensor.subtensor import IncSubtensor as _IncSubtensor
-from symgpu.tensor.subtensor import Subtensor as _Subtensor
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
@@ -68,7 +69,6 @@ class GpuSubtensor(Op):
         self._const = _constant_index(self.idx_list)
 
     def __str__(self) -> str:
-        from symgpu.tensor.subtensor import _entry_str
         return f"GpuSubtensor{{{', '.join(_entry_str(e) for e in self.idx_list)}}}"
 
     infer_shape = _Subtensor.infer_shape
@@ -106,7 +106,6 @@ class GpuSubtensor(Op):
         x, rest = inputs[0], inputs[1:]
         if not x.dtype.startswith("float"):
             return [None] * len(inputs)
-        from symgpu.gpu.ops.elemwise import gpu_elemwise
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
         return [GpuIncSubtensor(self.idx_list)(zeros, gz, *rest)] + [None] * len(rest)
@@ -172,7 +171,6 @@ class _SliceThunk(PerformThunk):
                 return
             self.perform(self.node, [c[0] for c in self.inputs], self.outputs)
             return
-        from symgpu.gpu.ops.elemwise import new_array
         x, view, _ = self._view()
         out = new_array(x.context, view.shape, view.dtype)
         dyn_slice_copy(x.context, x.ptr, slot_ptr(slot), out.ptr, view.shape, view.strides,
@@ -211,8 +209,7 @@ class GpuIncSubtensor(IncSubtensorProps):
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         """The strided-copy module, whose kernels write the region ("+=", or a broadcast
         set): compiled with the function's kernels, not on the first call."""
-        from symgpu.gpu.runtime.copykernel import prefetch_request
-        return [prefetch_request()]
+        return [strided_copy_request()]
 
     def perform(self, node, inputs, out):
         x, y = inputs[0], inputs[1]
@@ -262,7 +259,6 @@ class GpuJoin(Op):
         return Apply(self, tensors, [tensors[0].type.clone(broadcastable=bcast)()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
         a = self.axis
         first = inputs[0].shape
         for x in inputs:

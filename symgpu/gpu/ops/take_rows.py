@@ -18,16 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from symgpu.gpu.ops.advanced_pairs import (GpuAdvancedSubtensor2, _check_vars, _MODULE_KEY,
+                                           _rows_name, gather_pairs, pairs_source)
+from symgpu.gpu.ops.nll_grad import _first_rows
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.runtime.device_checks import DeviceChecked
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.advanced_pairs import (_MODULE_KEY, GpuAdvancedSubtensor2, _check_vars,
-                                           _rows_name, gather_pairs, pairs_source)
-from symgpu.gpu.ops.nll_grad import _first_rows
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
-from symgpu.gpu.runtime.device_checks import DeviceChecked
+from symgpu.tensor.shape_rules import numpy_broadcast
+from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["GpuTakeRows", "gpu_take_rows"]
 
@@ -45,7 +47,6 @@ class GpuTakeRows(DeviceChecked, Op):
         return "GpuTakeRows"
 
     def make_node(self, x: Any, r: Any, b: Any) -> Apply:
-        from symgpu.tensor.type import as_tensor_variable
         ctx = getattr(x.type, "context_name", None)
         r, b = as_tensor_variable(r), as_gpuarray_variable(b, ctx)
         _check_vars(self, x, None, b)
@@ -55,7 +56,6 @@ class GpuTakeRows(DeviceChecked, Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         """r rows and b's labels broadcast as NumPy's index arrays do."""
-        from symgpu.tensor.shape_rules import numpy_broadcast
         return [numpy_broadcast([(node.inputs[1],), input_shapes[2]])]
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
-from symgpu.gpu.runtime.codegen import template
+from symgpu.gpu.runtime.codegen import launch, template
 
 __all__ = ["ENABLED", "USE", "THIN", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
            "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]
@@ -104,10 +104,9 @@ class ThinGemm:
     context) and its plans per shapes and strides."""
 
     def __init__(self, ctx: Any, dtype: str) -> None:
-        from symgpu.gpu.runtime.codegen.launch import load_kernels, sm_count
         self.dtype = dtype
-        self.sms = sm_count(ctx)
-        ks = load_kernels(ctx, ("symgpu.thin_gemm", dtype), lambda: render_thin_gemm(dtype),
+        self.sms = launch.sm_count(ctx)
+        ks = launch.load_kernels(ctx, ("symgpu.thin_gemm", dtype), lambda: render_thin_gemm(dtype),
                           thin_gemm_formats(dtype))
         self.launch: dict[str, Callable[..., None]] = {n: k.fast_launcher() for n, k in ks.items()}
         self.plans: dict[tuple, tuple | None] = {}

@@ -15,23 +15,29 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_params import pack_scalar, slot_ptr
+from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var,
+                                       register_conversions)
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import GpuArray, get_many, new_array, to_gpu
+from symgpu.gpu.runtime.context import ContextNotFound
+from symgpu.gpu.runtime.copykernel import prefetch_request
+from symgpu.gpu.runtime.host_register import upload
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op, PerformThunk
-from symgpu.gpu.exec.graph_params import pack_scalar, slot_ptr
-from symgpu.gpu.placement.type import GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
-from symgpu.tensor.transfer import TransferError, register_transfer
 from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
 from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
-from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i, check_declared_broadcastable
-from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
-from symgpu.tensor.shape import Unbroadcast as _Unbroadcast
+from symgpu.tensor.shape import (Shape as _Shape, Shape_i as _Shape_i,
+                                 SpecifyBroadcastable as _SpecifyBroadcastable,
+                                 Unbroadcast as _Unbroadcast, check_declared_broadcastable)
+from symgpu.tensor.transfer import TransferError, register_transfer
+from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["GpuFromHost", "HostFromGpu", "GpuToGpu", "GpuContiguous", "GpuDimShuffle",
            "GpuReshape", "GpuShape", "GpuShape_i", "GpuSpecifyBroadcastable", "GpuUnbroadcast",
            "GpuAlloc", "gpu_from_host", "host_from_gpu", "as_gpuarray_variable",
            "gpu_contiguous", "gpu_alloc", "specify_gpu_broadcastable_as", "TRANSFER_COUNTS",
-           "reset_transfer_counts", "TRANSFER_OPS"]
+           "reset_transfer_counts", "TRANSFER_OPS", "maybe_strided"]
 
 #: transfers performed, by kind ('host_to_gpu', 'gpu_to_host', 'gpu_to_gpu', and
 #: 'device_copy': a device array fed to a host-typed input, copied on the device) and bytes
@@ -49,8 +55,7 @@ def _count(kind: str, nbytes: int) -> None:
 
 
 def _get_context(name: str | None) -> Any:
-    from symgpu.gpu.runtime.context import get_context
-    return get_context(name)
+    return gpu_context.get_context(name)
 
 
 def _is_device_array(value: Any) -> bool:
@@ -58,16 +63,18 @@ def _is_device_array(value: Any) -> bool:
     DLPack producer on a CUDA device). Never raises."""
     if isinstance(value, (np.ndarray, np.generic, int, float, bool, list, tuple)):
         return False
+    if isinstance(value, GpuArray):
+        return True
     try:
-        from symgpu.gpu.runtime.array import GpuArray
-        if isinstance(value, GpuArray):
-            return True
         device = getattr(value, "__dlpack_device__", None)
         if device is not None:
             return int(device()[0]) in (2, 13)  # kDLCUDA, kDLCUDAManaged
         return hasattr(value, "__cuda_array_interface__")
-    except Exception:   # a probe of the caller's own object, whose methods may raise anything:
-        return False    # not a device array (the host path then says what is wrong with it)
+    # broad on purpose: this probes the caller's own object, whose properties and
+    # __dlpack_device__ may raise anything; any failure means "not a device array", and the
+    # host path then reports what is wrong with the value (TensorType.filter's error)
+    except Exception:
+        return False
 
 
 def _host_grad(gz: Any) -> TensorVariable:
@@ -107,7 +114,6 @@ class GpuFromHost(Op):
         CuPy) is such a GpuArray too: a view whose ``base`` keeps the owner's memory alive.  A
         GpuArray of the input's dtype, rank and context passes with no more than attribute
         checks: this runs on every call of a function fed device arrays."""
-        from symgpu.gpu.runtime.array import GpuArray
         gtype = GpuArrayType(host_type.dtype, host_type.broadcastable, self.context_name)
         dtype, ndim = np.dtype(host_type.dtype), host_type.ndim
         ones = [i for i, b in enumerate(host_type.broadcastable) if b]
@@ -133,7 +139,6 @@ class GpuFromHost(Op):
         return take
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray, to_gpu
         x = inputs[0]
         if isinstance(x, GpuArray):  # from device_input_filter: no host round trip; a fresh
             out[0][0] = x.copy()     # buffer, as an in-place kernel may overwrite this output
@@ -171,9 +176,6 @@ class _UploadThunk(PerformThunk):
     __slots__ = ("may_borrow", "device_array", "ctx", "dtype", "new_array", "upload")
 
     def __init__(self, op: "GpuFromHost", node: Apply, storage_map: dict, compute_map: dict):
-        from symgpu.gpu.runtime.array import GpuArray
-        from symgpu.gpu.runtime.host_register import upload
-        from symgpu.gpu.ops.elemwise import new_array
         super().__init__(op, node, storage_map, compute_map)
         self.may_borrow, self.device_array = False, GpuArray
         self.ctx: Any = None      # looked up at the first call (linking needs no GPU)
@@ -211,8 +213,6 @@ class _ScalarUploadThunk(PerformThunk):
     launches = True
 
     def __init__(self, op: "GpuFromHost", node: Apply, storage_map: dict, compute_map: dict):
-        from symgpu.gpu.runtime.array import GpuArray
-        from symgpu.gpu.ops.elemwise import new_array
         super().__init__(op, node, storage_map, compute_map)
         self.ctx = _get_context(op.context_name)
         self.shape = (1,) * node.inputs[0].ndim
@@ -274,7 +274,6 @@ class HostFromGpu(Op):
     def perform_many(values: Sequence[Any]) -> list[np.ndarray]:
         """Host copies of several GpuArrays with one stream sync (the VM's graph runner
         batches adjacent HostFromGpu nodes through this)."""
-        from symgpu.gpu.runtime.array import get_many
         results = get_many(values)
         for x in values:
             _count("gpu_to_host", x.nbytes)
@@ -310,7 +309,6 @@ class GpuToGpu(Op):
         return Apply(self, [x], [x.type.clone(context_name=self.context_name)()])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import to_gpu
         x = inputs[0]
         ctx = _get_context(self.context_name)
         if x.context is ctx:
@@ -345,7 +343,6 @@ def host_from_gpu(x: Any) -> TensorVariable:
 def as_gpuarray_variable(x: Any, context_name: str | None = None) -> Variable:
     """`x` as a GPU variable on `context_name`: GPU variables pass (or are copied to that
     context), `HostFromGpu(y)` gives back `y`, host values and tensors are uploaded."""
-    from symgpu.gpu.runtime.array import GpuArray
     if is_gpu_var(x):
         if x.type.context_name == context_name:
             return x
@@ -359,6 +356,28 @@ def as_gpuarray_variable(x: Any, context_name: str | None = None) -> Variable:
 
 
 # ----------------------------------------------------------------------------- views
+
+def maybe_strided(var: Any) -> bool:
+    """Whether the GPU variable ``var`` may be a strided view: a stepped or reversed slice or
+    a transpose lies on its chain of views.  Ops that copy such a value into contiguous
+    memory (with the strided-copy kernel, ``copykernel.prefetch_request()``) ask this to
+    prefetch that module only where a graph will need it."""
+    while var.owner is not None:
+        op = var.owner.op
+        view_map = getattr(op, "view_map", None) or {}
+        src = view_map.get(var.owner.outputs.index(var))
+        if not src:
+            return False
+        for entry in getattr(op, "idx_list", ()) or ():
+            if getattr(entry, "step", None) not in (None, 1):
+                return True
+        order = [d for d in getattr(op, "new_order", ()) if d != "x"]
+        if order != sorted(order):
+            return True
+        var = var.owner.inputs[src[0]]
+    return False
+
+
 
 class GpuContiguous(Op):
     """`x` itself if it is C-contiguous, else a C-contiguous copy (kernels that need dense
@@ -397,10 +416,9 @@ class GpuDimShuffle(Op):
     capturable = True   # a view: host bookkeeping only (graphs.py)
 
     def __init__(self, input_broadcastable: Sequence[bool], new_order: Sequence[Any]):
-        from symgpu.tensor.elemwise import DimShuffle
         self.input_broadcastable = tuple(bool(b) for b in input_broadcastable)
         self.new_order = tuple(new_order)
-        ref = DimShuffle(self.input_broadcastable, self.new_order)  # validates the pattern
+        ref = _DimShuffle(self.input_broadcastable, self.new_order)  # validates the pattern
         self._perm = tuple(ref.shuffle) + tuple(ref.drop)
         self._identity_perm = self._perm == tuple(range(len(self._perm)))
         self._key = tuple(None if d == "x" else slice(None) for d in self.new_order) + \
@@ -446,10 +464,9 @@ class GpuDimShuffle(Op):
     infer_shape = _DimShuffle.infer_shape
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.elemwise import DimShuffle
         x = inputs[0]
         host_x = x.type.tensor_type()()
-        (g,) = DimShuffle(self.input_broadcastable, self.new_order).grad(
+        (g,) = _DimShuffle(self.input_broadcastable, self.new_order).grad(
             [host_x], [_host_grad(output_grads[0])])
         return [as_gpuarray_variable(g, x.type.context_name)]
 
@@ -486,15 +503,12 @@ class GpuReshape(Op):
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         """The strided-copy module when the input may be a strided view (reshaping it copies
         with that kernel): compiled with the function's kernels, not on the first call."""
-        from symgpu.gpu.runtime.copykernel import prefetch_request
-        from symgpu.gpu.exec.prefetch import maybe_strided
         return [prefetch_request()] if maybe_strided(node.inputs[0]) else []
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.basic import Reshape
         x, shp = inputs
         host_x = host_from_gpu(x)
-        g = Reshape(self.ndim).grad([host_x, shp], [_host_grad(output_grads[0])])[0]
+        g = _Reshape(self.ndim).grad([host_x, shp], [_host_grad(output_grads[0])])[0]
         return [None if g is None else as_gpuarray_variable(g, x.type.context_name), None]
 
 
@@ -655,7 +669,6 @@ class GpuAlloc(Op):
         return Apply(self, [value, *shape], [out])
 
     def perform(self, node, inputs, out):
-        from symgpu.gpu.runtime.array import GpuArray
         v, target = inputs[0], tuple(int(s) for s in inputs[1:])
         if any(s < 0 for s in target):
             raise ValueError(f"{self}: negative dimension in the shape {target}")
@@ -671,10 +684,9 @@ class GpuAlloc(Op):
     infer_shape = _Alloc.infer_shape
 
     def grad(self, inputs, output_grads):
-        from symgpu.tensor.basic import Alloc
         value = inputs[0]
         host_v = host_from_gpu(value)
-        g = Alloc().grad([host_v, *inputs[1:]], [_host_grad(output_grads[0])])
+        g = _Alloc().grad([host_v, *inputs[1:]], [_host_grad(output_grads[0])])
         g0 = g[0]
         if g0 is not None and is_gpu_var(value):
             g0 = as_gpuarray_variable(g0, value.type.context_name)
@@ -691,9 +703,17 @@ def gpu_alloc(value: Any, *shape: Any, context_name: str | None = None) -> Varia
 @register_transfer
 def _gpu_transfer(var: Variable, target: str | None) -> Variable:
     """Serve `var.transfer(None | name)`: the context must exist (clear error otherwise)."""
-    from symgpu.gpu.runtime.context import ContextNotFound
     try:
         _get_context(target)
     except ContextNotFound as exc:
         raise TransferError(f"cannot transfer {var} to {target!r}: {exc}") from None
     return as_gpuarray_variable(var, target)
+
+
+def _to_gpu_type(var: Variable, gtype: GpuArrayType) -> Variable:
+    """``var`` moved to ``gtype``: uploaded or copied to its context, its broadcast pattern
+    specified (GpuArrayType.convert_variable)."""
+    return specify_gpu_broadcastable_as(as_gpuarray_variable(var, gtype.context_name), gtype)
+
+
+register_conversions(host_from_gpu, _to_gpu_type)

@@ -19,23 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting.basic import node_rewriter
-from symgpu.graph.rewriting.db import optdb
-from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
-from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype
+from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
+from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler, replace_validate,
+                                    sweep, why_not_destroyable)
+from symgpu.graph.rewriting.basic import node_rewriter
+from symgpu.graph.rewriting.db import optdb
+from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.printing import Print as _Print
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
-from symgpu.tensor.elemwise import CAReduce as _CAReduce, DimShuffle as _DimShuffle, \
-    Elemwise as _Elemwise
+from symgpu.tensor.elemwise import (CAReduce as _CAReduce, DimShuffle as _DimShuffle,
+                                    Elemwise as _Elemwise)
 from symgpu.tensor.math import Dot as _Dot
+from symgpu.tensor.rewriting.elemwise import fuse_elemwise
 from symgpu.tensor.shape import Shape_i as _Shape_i
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
@@ -83,7 +86,6 @@ def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Varia
         return None
     if x.ndim == 2 and y.ndim == 2:
         return [GpuDot22()(x, y)]
-    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     if x.ndim == 2:
         return [gpu_matvec(x, y)]
     return [gpu_matvec(GpuDimShuffle(y.broadcastable, (1, 0))(y), x)]
@@ -169,13 +171,11 @@ def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list[Variable] 
 
 def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
     """Apply `local_careduce_pre_op` everywhere (one sweep; fused nodes are final)."""
-    from symgpu.graph.rewriting import sweep
     sweep(fgraph, local_careduce_pre_op, "local_careduce_pre_op")
 
 
 def gpu_fusion(fgraph: FunctionGraph) -> None:
     """The CPU fusion pass's algorithm over GpuElemwise nodes."""
-    from symgpu.tensor.rewriting.elemwise import fuse_elemwise
     fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
 
 
@@ -204,8 +204,6 @@ def _destroyable_inputs(fgraph: FunctionGraph, node: Apply, out: Variable, taken
 def make_gpu_inplace(fgraph: FunctionGraph) -> int:
     """Switch GPU nodes to in-place versions where the DestroyHandler's rules allow (an
     intermediate read by nobody else); returns how many changed."""
-    from symgpu.graph.rewriting import (InconsistencyError, attach_destroy_handler,
-                                        replace_validate, why_not_destroyable)
     nodes = [n for n in fgraph.toposort()
              if (type(n.op) is GpuElemwise and not n.op.inplace_pattern)
              or (type(n.op) in (GpuGemv, GpuGemm, GpuGer) and not n.op.inplace)]

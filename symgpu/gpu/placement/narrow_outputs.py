@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import sweep, try_replace
 from symgpu.graph.rewriting.basic import same_typed_outputs
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.scalar.basic import Cast
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
@@ -26,7 +28,6 @@ __all__ = ["gpu_narrow_bool_outputs", "narrow_bool_outputs"]
 
 
 def _producers() -> tuple[type, ...]:
-    from symgpu.gpu.ops.random_fusion import GpuPhiloxElemwise
     return (GpuElemwise, GpuPhiloxElemwise)
 
 
@@ -114,7 +115,6 @@ def _narrowing(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Varia
 def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
     """Store each float-cast bool output of `node` as the bool (all its readers rewritten to
     cast it); True when something changed."""
-    from symgpu.graph.rewriting import try_replace
     pairs = _narrowing(fgraph, node)
     return pairs is not None and try_replace(fgraph, pairs, "gpu_narrow_bool_outputs")
 
@@ -122,7 +122,6 @@ def narrow_bool_outputs(fgraph: FunctionGraph, node: Apply) -> bool:
 def gpu_narrow_bool_outputs(fgraph: FunctionGraph) -> int:
     """Apply `_narrowing` to every elementwise (and fused Philox) node; returns how many
     nodes changed."""
-    from symgpu.graph.rewriting import sweep
     return sweep(fgraph, _narrowing, "gpu_narrow_bool_outputs")
 
 

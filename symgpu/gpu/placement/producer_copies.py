@@ -22,12 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.graph.basic import Apply, Variable
-from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting.basic import same_typed_outputs
-from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import sweep, try_replace
+from symgpu.graph.rewriting.basic import same_typed_outputs
+from symgpu.graph.rewriting.db import optdb
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
 __all__ = ["gpu_producer_copies", "copy_producer_into_readers"]
@@ -152,7 +153,6 @@ def _copies(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable
 
 def copy_producer_into_readers(fgraph: FunctionGraph, node: Apply) -> bool:
     """Recompute `node` in each of its readers (all or none); True when done."""
-    from symgpu.graph.rewriting import try_replace
     pairs = _copies(fgraph, node)
     return pairs is not None and try_replace(fgraph, pairs, "gpu_producer_copies")
 
@@ -162,7 +162,6 @@ def gpu_producer_copies(fgraph: FunctionGraph) -> int:
     (a reader that took a producer is a new node, and may itself qualify next; producers go
     first-first, since a reader that became a reduction's pre-op could not take another);
     returns how many were copied."""
-    from symgpu.graph.rewriting import sweep
     count = 0
     while True:
         done = sweep(fgraph, _copies, "gpu_producer_copies")

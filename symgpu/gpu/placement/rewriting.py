@@ -19,23 +19,29 @@ import warnings
 from typing import Any, Callable, Iterator, Sequence
 
 from symgpu.config import config
+from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuDimShuffle, GpuFromHost, GpuReshape,
+                                            GpuShape, GpuShape_i, GpuSpecifyBroadcastable,
+                                            GpuToGpu, GpuUnbroadcast, HostFromGpu, TRANSFER_OPS,
+                                            specify_gpu_broadcastable_as)
+from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_context_active,
+                                       gpu_supports_dtype, is_gpu_var)
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import to_gpu
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting.basic import node_rewriter
 from symgpu.graph.rewriting.db import POSITIONS, optdb, register_canonicalize
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
-from symgpu.gpu.placement.basic_ops import (GpuAlloc, GpuDimShuffle, GpuFromHost, GpuReshape, GpuShape, GpuShape_i,
-                                  GpuSpecifyBroadcastable, GpuToGpu, GpuUnbroadcast, HostFromGpu,
-                                  TRANSFER_OPS, specify_gpu_broadcastable_as)
-from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_context_active,
-                             gpu_supports_dtype, is_gpu_var)
-from symgpu.tensor.type import TensorConstant, TensorType
 from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
 from symgpu.tensor.elemwise import DimShuffle as _DimShuffle
-from symgpu.tensor.shape import Shape as _Shape, Shape_i as _Shape_i
-from symgpu.tensor.shape import SpecifyBroadcastable as _SpecifyBroadcastable
-from symgpu.tensor.shape import SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast
+from symgpu.tensor.rewriting.shape_feature import register_shape_reader, rewrite_shape_read
+from symgpu.tensor.rewriting.shape_ops import (local_shape_to_shape_i,
+                                               local_subtensor_of_make_vector)
+from symgpu.tensor.shape import (Shape, Shape as _Shape, Shape_i, Shape_i as _Shape_i,
+                                 SpecifyBroadcastable as _SpecifyBroadcastable,
+                                 SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast)
+from symgpu.tensor.type import TensorConstant, TensorType
 
 __all__ = ["register_lifter", "unregister_lifter", "lifters_for", "GpuInputs", "lift_to_gpu",
            "local_cut_gpu_transfers", "local_fold_gpu_constant_upload", "cut_gpu_transfers", "check_no_cpu_op", "cpu_nodes",
@@ -329,7 +335,6 @@ def local_fold_gpu_constant_upload(fgraph: FunctionGraph, node: Apply) -> list[V
         return None
     if ctx.virtual:
         return None
-    from symgpu.gpu.runtime.array import to_gpu
     host = node.inputs[0].data
     return [GpuArrayConstant(out.type, to_gpu(host, ctx), host_data=host)]
 
@@ -408,16 +413,15 @@ def virtual_context(name: str | None = None, device: str = "cuda0",
                     arch: str = "sm_90") -> Iterator[Any]:
     """Register a device-less context under `name` (None = the default one) for the block,
     so graphs compile for the GPU on a machine without one (they cannot run)."""
-    from symgpu.gpu.runtime import context as gctx
-    previous = gctx.get_context(name) if name in gctx.context_names() else None
-    ctx = gctx.register_context(name, device=device, arch=arch)
+    previous = gpu_context.get_context(name) if name in gpu_context.context_names() else None
+    ctx = gpu_context.register_context(name, device=device, arch=arch)
     try:
         yield ctx
     finally:
         if previous is not None:
-            gctx.register_context(name, previous)
+            gpu_context.register_context(name, previous)
         else:
-            gctx.unregister_context(name)
+            gpu_context.unregister_context(name)
 
 
 # ----------------------------------------------------------------------------- lifters
@@ -431,7 +435,6 @@ def _lift_dimshuffle(op, node, context_name, inputs):
 def _lift_shape(op, node, context_name, inputs):
     if not inputs.was_on_gpu[0]:
         return None  # reading a host array's shape needs no upload
-    from symgpu.tensor.shape import Shape
     x = inputs[0]
     if type(op) is Shape:
         return [GpuShape()(x)]
@@ -491,9 +494,6 @@ def _register_shape_reads() -> None:
     """GpuShape/GpuShape_i of a computed GPU value rewrite as the host reads do (from the
     ops' infer_shape); a GPU variable's dims are read with GpuShape_i (no transfer). The pass
     runs right after the lifting, which is where GPU shape reads appear."""
-    from symgpu.tensor.rewriting.shape_feature import register_shape_reader, rewrite_shape_read
-    from symgpu.tensor.rewriting.shape_ops import local_shape_to_shape_i, local_subtensor_of_make_vector
-    from symgpu.tensor.shape import Shape, Shape_i
     register_shape_reader(GpuArrayType, _gpu_shape_i)
     local_gpu_shape_infer = node_rewriter([GpuShape, GpuShape_i, Shape, Shape_i])(rewrite_shape_read)
     local_gpu_shape_infer.name = local_gpu_shape_infer.__name__ = "local_gpu_shape_infer"

@@ -11,21 +11,24 @@ Nothing here imports PyCUDA; device work goes through the runtime (symgpu.gpu.ru
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from symgpu.compile.sharedvalue import Container, SharedVariable, register_shared_constructor
 from symgpu.config import config
-from symgpu.graph.basic import Constant, Type, Variable
+from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.array import GpuArray, dtype_name, from_cuda_array_interface, to_gpu
 from symgpu.gpu.runtime.pool import lend
+from symgpu.graph.basic import Constant, Type, Variable
 from symgpu.scalar.dtypes import check_dtype
+from symgpu.tensor.sharedvar import TensorSharedVariable, host_value
 from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
 from symgpu.tensor.variable import TensorOperators
 
 __all__ = ["GpuArrayType", "GpuArrayVariable", "GpuArrayConstant", "GpuArraySharedVariable",
            "gpuarray_shared_constructor", "gpu_supports_dtype", "move_to_gpu",
-           "default_context_active", "is_gpu_var", "gpu_type_like"]
+           "default_context_active", "is_gpu_var", "gpu_type_like", "register_conversions"]
 
 _GPU_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
                          "uint32", "uint64", "float16", "float32", "float64"))
@@ -48,29 +51,54 @@ def move_to_gpu(value: Any) -> bool:
 def default_context_active() -> bool:
     """True if a default GPU context (name None) is in use, starting it from the flags on
     first call: device=cuda warns and falls back to the CPU (force_device=True raises)."""
-    from symgpu.gpu.runtime import context as gctx
-    if None in gctx.context_names():
+    if None in gpu_context.context_names():
         return True
     if config.device == "cpu":
         return False
-    return gctx.init_default_context() is not None
+    return gpu_context.init_default_context() is not None
 
 
 def _ctx(name: str | None) -> Any:
-    from symgpu.gpu.runtime.context import get_context
-    return get_context(name)
+    return gpu_context.get_context(name)
 
 
 def _unpickle_context(name: str | None) -> Any:
     """The context an unpickled GPU value goes to, or None (no GPU there, or a virtual one)."""
-    from symgpu.gpu.runtime import context as gctx
     if name is None:
         if not default_context_active():
             return None
-    elif name not in gctx.context_names():
+    elif name not in gpu_context.context_names():
         return None
     ctx = _ctx(name)
     return None if ctx.virtual else ctx
+
+
+class _Conversions:
+    """The transfer ops GpuArrayType's conversions build (``as_tensor``, ``convert_variable``).
+
+    The ops are defined on top of this type (symgpu/gpu/placement/basic_ops.py), so that module
+    fills these in when it loads (:func:`register_conversions`); ``symgpu.gpu`` imports it right
+    after this one, before any graph is built.  Graph construction only: no call path."""
+
+    @staticmethod
+    def host_from_gpu(var: Variable) -> TensorVariable:
+        raise RuntimeError("symgpu.gpu.placement.basic_ops is not loaded: import symgpu.gpu")
+
+    @staticmethod
+    def to_type(var: Variable, gtype: "GpuArrayType") -> Variable:
+        raise RuntimeError("symgpu.gpu.placement.basic_ops is not loaded: import symgpu.gpu")
+
+
+_conversions = _Conversions()
+
+
+def register_conversions(host_from_gpu: Callable[[Variable], TensorVariable],
+                         to_type: Callable[[Variable, "GpuArrayType"], Variable]) -> None:
+    """Install the transfers (basic_ops does, on import): ``host_from_gpu(var)``, the host form
+    of a GPU variable, and ``to_type(var, gtype)``, ``var`` moved to ``gtype`` (uploaded or
+    copied to its context, with its broadcast pattern)."""
+    _conversions.host_from_gpu = host_from_gpu
+    _conversions.to_type = to_type
 
 
 class GpuArrayType(Type):
@@ -148,8 +176,6 @@ class GpuArrayType(Type):
     def filter(self, value: Any, strict: bool = False, allow_downcast: bool | None = None) -> Any:
         """`value` as a GpuArray of this type: GpuArrays pass, foreign CUDA arrays are wrapped
         without a copy, host values are checked like TensorType and uploaded."""
-        from symgpu.gpu.runtime.array import (GpuArray, dtype_name, from_cuda_array_interface,
-                                              to_gpu)
         if isinstance(value, GpuArray):
             arr = value
         elif hasattr(value, "__cuda_array_interface__"):
@@ -186,7 +212,6 @@ class GpuArrayType(Type):
 
     def make_fast_filter(self):
         """A predicate true for GpuArrays that need no conversion (the hot path of a call)."""
-        from symgpu.gpu.runtime.array import GpuArray
         try:
             ctx = self.context
         except LookupError:
@@ -210,8 +235,7 @@ class GpuArrayType(Type):
 
     def as_tensor(self, var: Variable) -> TensorVariable:
         """The host form of a GPU variable, so tensor functions accept GPU variables."""
-        from symgpu.gpu.placement.basic_ops import host_from_gpu
-        return host_from_gpu(var)
+        return _conversions.host_from_gpu(var)
 
     def convert_variable(self, var: Variable) -> Variable | None:
         """`var` as a variable of this type: a host tensor is uploaded (`GpuFromHost`), a GPU
@@ -222,9 +246,7 @@ class GpuArrayType(Type):
         if not isinstance(vt, (TensorType, GpuArrayType)) or vt.dtype != self.dtype \
                 or vt.ndim != self.ndim:
             return None
-        from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, specify_gpu_broadcastable_as
-        moved = as_gpuarray_variable(var, self.context_name)
-        return specify_gpu_broadcastable_as(moved, self)
+        return _conversions.to_type(var, self)
 
 
 class GpuArrayVariable(ArrayVariableMixin, Variable):
@@ -335,7 +357,6 @@ def _unpickle_gpu_shared(container: Container, name: str | None) -> SharedVariab
     """A GPU shared variable where its context is in use, else a host one (same value)."""
     if isinstance(container.type, GpuArrayType):
         return GpuArraySharedVariable(container.type, None, name=name, container=container)
-    from symgpu.tensor.sharedvar import TensorSharedVariable
     return TensorSharedVariable(container.type, None, name=name, container=container)
 
 
@@ -348,14 +369,12 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
     """`shared()` on the GPU: `target='default'` uses the default context when one is in use
     (not for discrete scalars), None or a context name force a context. Raises TypeError
     (so the host constructor is tried next) when the value or the place does not qualify."""
-    from symgpu.gpu.runtime.array import GpuArray, from_cuda_array_interface
     if target == "cpu":
         raise TypeError("target='cpu' asks for the host")
     foreign = not isinstance(value, GpuArray) and hasattr(value, "__cuda_array_interface__")
     if isinstance(value, (float, np.floating)):
         # a float scalar (a bias written `shared(0.)`) lives on the device like an array:
         # on the host it would be uploaded and downloaded on every call, two syncs a step
-        from symgpu.tensor.sharedvar import host_value
         value = host_value(value)
     if not (isinstance(value, (np.ndarray, GpuArray)) or foreign):
         raise TypeError(f"only arrays go to the GPU, not {type(value).__name__}")

@@ -22,47 +22,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.gpu.runtime import context as gpu_context, dlpack
+from symgpu.gpu.runtime.check_slots import raise_device_errors
 from symgpu.gpu.runtime.codegen.layout import c_contiguous
-from symgpu.gpu.runtime.device_checks import raise_device_errors
+from symgpu.gpu.runtime.context import (context_for_ordinal, device_of_pointer,
+                                        foreign_stream_waits, wait_for_foreign_stream)
+from symgpu.gpu.runtime.copykernel import strided_copy
+from symgpu.gpu.runtime.dtypes import SUPPORTED_DTYPES, check_dtype, dtype_name
+from symgpu.gpu.runtime.host_register import upload
+from symgpu.gpu.runtime.pool import size_class
 
-__all__ = ["GpuArray", "DevicePointer", "empty", "zeros", "to_gpu", "asarray", "get_many",
-           "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
+__all__ = ["GpuArray", "DevicePointer", "new_array", "empty", "zeros", "to_gpu", "asarray",
+           "get_many", "from_cuda_array_interface", "from_dlpack", "check_dtype", "c_strides",
            "dtype_name", "SUPPORTED_DTYPES"]
 
 _STAGING_LIMIT = 64 << 20      # larger copies go straight into the result (no double copy)
 _STAGING_KEEP = 8              # cached pinned buffers per context
-
-SUPPORTED_DTYPES = tuple(np.dtype(n) for n in (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64"))
-
-
-def check_dtype(dtype: Any) -> np.dtype:
-    """The NumPy dtype if CUDA arrays can hold it: bool, int8..int64, uint8..uint64,
-    float16/32/64 (native byte order).  Complex and everything else is a TypeError."""
-    dt = np.dtype(dtype)
-    if dt.kind == "c":
-        raise TypeError(f"dtype {dt} is complex: symgpu GPU arrays do not support complex "
-                        f"numbers; keep real and imaginary parts in two float arrays")
-    if dt.kind not in "biuf" or dt.itemsize > 8 or dt.fields is not None or dt.subdtype:
-        raise TypeError(f"dtype {dt} cannot live on the GPU; use bool, int8..int64, "
-                        f"uint8..uint64 or float16/float32/float64")
-    if not dt.isnative:
-        dt = dt.newbyteorder("=")
-    return dt
-
-
-_NAMES: dict[np.dtype, str] = {}
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """``dtype.name``, remembered: NumPy computes the name in Python on every read (about
-    2 us), and kernel names are built from it on every launch."""
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = dtype.name
-    return name
-
 
 def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """Byte strides of a C-contiguous array of ``shape``."""
@@ -168,8 +143,7 @@ class _Flags:
 def _default_context(context: Any) -> Any:
     if context is not None and not isinstance(context, str):
         return context
-    from symgpu.gpu.runtime.context import get_context
-    return get_context(context)
+    return gpu_context.get_context(context)
 
 
 class GpuArray:
@@ -399,7 +373,6 @@ class GpuArray:
             import pycuda.driver as drv
             drv.memcpy_dtod_async(self.ptr, src.ptr, self.nbytes, ctx.stream)
         else:
-            from symgpu.gpu.runtime.copykernel import strided_copy
             strided_copy(ctx, src.ptr, self.ptr, self.shape, src.strides, self.strides,
                          self.itemsize)
 
@@ -422,8 +395,7 @@ class GpuArray:
         if not self.is_c_contiguous:
             self._copy_from_device(to_gpu(host, self.context))
             return self
-        from symgpu.gpu.runtime.host_register import upload  # user arrays seen again: DMA
-        upload(self._activate(), self.ptr, host)
+        upload(self._activate(), self.ptr, host)   # user arrays seen again: plain DMA
         return self
 
     def fill(self, value: Any) -> "GpuArray":
@@ -514,15 +486,12 @@ class GpuArray:
                 "stream": ctx.stream_handle or None}
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from symgpu.gpu.runtime.dlpack import KDL_CUDA
-        return (KDL_CUDA, self.context.ordinal)
+        return (dlpack.KDL_CUDA, self.context.ordinal)
 
     def __dlpack__(self, *, stream: int | None = None, max_version: tuple | None = None,
                    dl_device: tuple | None = None, copy: bool | None = None) -> Any:
         """A DLPack capsule sharing this memory; ``stream`` (the consumer's) is made to wait
         for the work already queued on ours (-1: no synchronisation)."""
-        from symgpu.gpu.runtime import dlpack
-        from symgpu.gpu.runtime.context import foreign_stream_waits
         if dl_device is not None and tuple(int(x) for x in dl_device) != \
                 self.__dlpack_device__():
             raise BufferError(f"GpuArray lives on CUDA device {self.context.ordinal}; it cannot "
@@ -591,7 +560,6 @@ def get_many(arrays: Sequence[GpuArray]) -> list[np.ndarray]:
 
 def _staging(ctx: Any, nbytes: int) -> np.ndarray:
     """A pinned host buffer of ``nbytes`` (a view of a cached, size-classed allocation)."""
-    from symgpu.gpu.runtime.pool import size_class
     size = size_class(nbytes)
     buf = ctx.staging.pop(size, None)
     if buf is None:
@@ -604,6 +572,21 @@ def _staging(ctx: Any, nbytes: int) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- constructors
+def new_array(ctx: Any, shape: tuple, dtype: np.dtype, strides: tuple | None = None,
+              nbytes: int | None = None) -> Any:
+    """A C-contiguous GpuArray from ``ctx``'s pool without the public constructor's checks
+    (shape and dtype are already known to be valid on this path)."""
+    if nbytes is None:
+        nbytes = dtype.itemsize
+        for n in shape:
+            nbytes *= n
+    block = ctx.pool.allocate(nbytes) if nbytes else None
+    arr = _new_gpuarray(GpuArray)
+    arr._set(ctx, block.ptr if block is not None else 0, shape,
+             strides if strides is not None else c_strides(shape, dtype.itemsize), dtype, block)
+    return arr
+
+
 def empty(shape: Any, dtype: Any = "float32", context: Any = None) -> GpuArray:
     """An uninitialised C-contiguous array from the pool of ``context`` (default context if
     None; a context name works too)."""
@@ -627,8 +610,6 @@ def to_gpu(ary: Any, context: Any = None) -> GpuArray:
 def from_cuda_array_interface(obj: Any, context: Any = None) -> GpuArray:
     """A GpuArray sharing the memory of ``obj`` (torch/CuPy/PyCUDA arrays...), keeping ``obj``
     alive.  Our stream waits for the producer's stream named in the interface."""
-    from symgpu.gpu.runtime.context import context_for_ordinal, device_of_pointer, \
-        wait_for_foreign_stream
     cai = obj.__cuda_array_interface__
     if "stream" not in cai and hasattr(obj, "__dlpack__"):
         # a version-2 producer (PyTorch) names no stream to wait for; through DLPack it
@@ -658,6 +639,19 @@ def asarray(obj: Any, context: Any = None) -> GpuArray:
 
 
 def from_dlpack(obj: Any, context: Any = None) -> GpuArray:
-    """A GpuArray sharing the memory of a DLPack producer on a CUDA device (no copy)."""
-    from symgpu.gpu.runtime.dlpack import from_dlpack as _from_dlpack
-    return _from_dlpack(obj, context)
+    """A GpuArray sharing the memory of ``obj`` (anything with ``__dlpack__`` on a CUDA device,
+    or a raw ``dltensor`` capsule; no copy).  The producer's memory lives as long as the
+    GpuArray.  ``context``: a GpuContext or None (the producer's device)."""
+    if isinstance(obj, GpuArray):
+        return obj
+    ctx = context
+    if hasattr(obj, "__dlpack__"):
+        ordinal = dlpack.producer_ordinal(obj)
+        if ordinal is not None:
+            ctx = ctx or context_for_ordinal(ordinal)
+        capsule = dlpack.capsule_of(obj, ctx.stream_handle if ctx is not None else None)
+    else:
+        capsule = obj
+    data, shape, dtype, strides, ordinal, owner = dlpack.consume(capsule, obj)
+    ctx = ctx or context_for_ordinal(ordinal)
+    return GpuArray._from_pointer(ctx, data, shape, dtype, strides, owner)

@@ -27,6 +27,7 @@ import json
 import os
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -34,13 +35,15 @@ import time
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from symgpu.config import config
+from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
     "get_prepared_kernel", "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache",
-    "is_cached", "STATS", "compile_in_background",
+    "is_cached", "STATS", "compile_in_background", "PreparedKernel",
 ]
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
@@ -74,20 +77,13 @@ STATS: Counter = Counter()
 
 
 @functools.cache
-def _config() -> Any:
-    """The flags object (looked up once: an import statement costs microseconds on hot paths)."""
-    from symgpu.config import config
-    return config
-
-
-@functools.cache
 def _nvcc_flags() -> Any:
     """The live record of ``nvcc.flags`` (its ``.value``: part of every in-memory kernel key)."""
-    return _config().live("nvcc.flags")
+    return config.live("nvcc.flags")
 
 
 def _log(message: str) -> None:
-    if _config().compile_log:
+    if config.compile_log:
         print(f"symgpu.gpu.runtime.compiler: {message}", file=sys.stderr)
 
 
@@ -128,7 +124,7 @@ def nvcc_version() -> str:
 
 def _all_options(options: Sequence[str]) -> list[str]:
     """Caller options followed by ``config.nvcc.flags`` (split like a shell would)."""
-    return [*options, *shlex.split(_config().nvcc.flags or "")]
+    return [*options, *shlex.split(config.nvcc.flags or "")]
 
 
 def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> str:
@@ -142,7 +138,7 @@ def cache_key(source: str, options: Sequence[str] = (), arch: str = "sm_90") -> 
 def kernel_cache_dir(root: str | None = None) -> str:
     """``<compiledir>/kernels`` (or ``<root>/kernels``), created and checked (0700, owned by
     us) on first use."""
-    root = _config().compiledir if root is None else root
+    root = config.compiledir if root is None else root
     if not root:
         raise PermissionError("the compiledir flag is empty: set it to a private directory")
     _private_dir(root)
@@ -232,7 +228,7 @@ def compile_in_background(source: str, options: Sequence[str], arch: str,
         if flight is None:
             # the compiledir of now: the flag may change before the thread gets to it
             flight = _in_flight[digest] = executor.submit(_compile_digest, source, opts, arch,
-                                                          digest, _config().compiledir)
+                                                          digest, config.compiledir)
     flight.add_done_callback(lambda done: _landed(digest, done))
     return flight
 
@@ -282,8 +278,7 @@ def _forget(digest: str, cubin_path: str) -> None:
 
 def load_module(cubin: bytes, context: Any = None) -> Any:
     """Load cubin bytes into ``context`` (default: the default GPU context) via PyCUDA."""
-    from symgpu.gpu.runtime.context import get_context
-    ctx = context if context is not None else get_context(None)
+    ctx = context if context is not None else gpu_context.get_context(None)
     ctx.activate()
     import pycuda.driver as drv
     return drv.module_from_buffer(cubin)
@@ -295,8 +290,7 @@ def compile_module(source: str, options: Sequence[str] = (), arch: str | None = 
 
     ``arch`` defaults to the context's (``sm_90`` on Hopper).  An entry that fails to load is
     recompiled once.  Use :func:`get_kernel` on hot paths: this hashes the source."""
-    from symgpu.gpu.runtime.context import get_context
-    ctx = context if context is not None else get_context(None)
+    ctx = context if context is not None else gpu_context.get_context(None)
     arch = arch or ctx.arch
     digest = cache_key(source, _all_options(options), arch)
     with _lock:
@@ -327,8 +321,7 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
     ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...)."""
     ctx = context
     if ctx is None:
-        from symgpu.gpu.runtime.context import get_context
-        ctx = get_context(None)
+        ctx = gpu_context.get_context(None)
     mkey = (key, fn_name, tuple(options), _nvcc_flags().value, id(ctx))
     fn = _kernels.get(mkey)
     if fn is not None:
@@ -343,16 +336,15 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
 def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
                         signature: str, options: Sequence[str] = (), context: Any = None) -> Any:
     """:func:`get_kernel`'s Function with ``.prepare(signature)`` done, for
-    ``prepared_async_call`` (wrapped: codegen.launch.PreparedKernel launches with less
-    Python per call).
+    ``prepared_async_call`` (wrapped: :class:`PreparedKernel` launches with less Python per
+    call).
 
     One memo for every module's prepared kernels, under get_kernel's key: a kernel is prepared
     once per (key, name, options, nvcc flags, context), a change of ``nvcc.flags`` gets the new
     build and :func:`clear_memory_cache` forgets it.  The Function is get_kernel's own object,
     so a kernel has one signature: asking for it with another raises ValueError."""
     if context is None:
-        from symgpu.gpu.runtime.context import get_context
-        context = get_context(None)
+        context = gpu_context.get_context(None)
     mkey = (key, fn_name, tuple(options), _nvcc_flags().value, id(context))
     got = _prepared.get(mkey)
     if got is None:
@@ -361,12 +353,45 @@ def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: st
             got = _prepared.get(mkey)   # another thread may have just prepared it
             if got is None:
                 fn.prepare(signature)
-                from symgpu.gpu.runtime.codegen.launch import PreparedKernel
                 got = _prepared[mkey] = (signature, PreparedKernel(fn, signature))
     if got[0] != signature:
         raise ValueError(f"kernel {fn_name} of {key!r} is prepared as {got[0]!r}, "
                          f"not {signature!r}")
     return got[1]
+
+
+class PreparedKernel:
+    """A prepared PyCUDA Function (compiler.get_prepared_kernel's) whose
+    ``prepared_async_call`` skips PyCUDA's per-call Python (about 5 us: the block-shape call,
+    an import, the format parsed again, the texref loop): the arguments are packed by a
+    ``struct.Struct`` made once (native alignment, as PyCUDA's packer) and go straight to
+    ``Function._launch_kernel``, the call PyCUDA's ends in.  An argument only PyCUDA's
+    packer takes goes its way; every other attribute is the Function's."""
+
+    __slots__ = ("function", "prepared_async_call")
+
+    def __init__(self, function: Any, signature: str) -> None:
+        self.function = function
+        launch_kernel = getattr(function, "_launch_kernel", None)
+        if launch_kernel is None or getattr(function, "texrefs", None):
+            return     # the Function's own prepared_async_call serves (through __getattr__)
+        try:
+            pack = struct.Struct(signature).pack
+        except struct.error:
+            return
+        slow = function.prepared_async_call
+
+        def prepared_async_call(grid: tuple, block: tuple, stream: Any, *args: Any) -> None:
+            try:
+                buf = pack(*args)
+            except struct.error:
+                slow(grid, block, stream, *args)
+                return
+            launch_kernel(grid, block, buf, 0, stream)
+        self.prepared_async_call = prepared_async_call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.function, name)
 
 
 def clear_memory_cache() -> None:

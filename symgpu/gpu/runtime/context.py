@@ -26,6 +26,10 @@ import threading
 import warnings
 from typing import Any
 
+from symgpu.config import config
+from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.check_slots import raise_device_errors
+from symgpu.gpu.runtime.pool import DevicePool, PinnedPool
 from symgpu.link.token_lock import TokenLock
 
 __all__ = [
@@ -51,11 +55,6 @@ class ContextNotFound(LookupError):
     """No context of that name is registered (or no default GPU context is in use)."""
 
 
-def _config() -> Any:
-    from symgpu.config import config
-    return config
-
-
 def _parse_device(device: str) -> int:
     m = re.fullmatch(r"cuda(\d*)", device.strip())
     if m is None:
@@ -68,7 +67,6 @@ class _Driver:
     """A few driver-API calls PyCUDA lacks (cross-stream ordering, pointer queries)."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.runtime import libcuda
         lib = libcuda.cdll()
         vp, u32 = ctypes.c_void_p, ctypes.c_uint
         for name, args in (("cuEventCreate", [ctypes.POINTER(vp), u32]),
@@ -181,7 +179,6 @@ class GpuContext:
         checks reported (symgpu/gpu/runtime/device_checks.py)."""
         self._require_device()
         self.stream.synchronize()
-        from symgpu.gpu.runtime.device_checks import raise_device_errors
         raise_device_errors(self)
 
     def mem_info(self) -> tuple[int, int]:
@@ -212,9 +209,7 @@ class GpuContext:
         ctx.activate()
         ctx.stream = drv.Stream()
         ctx.stream_handle = int(ctx.stream.handle)
-        from symgpu.gpu.runtime.pool import DevicePool
-        ctx.pool = DevicePool(ctx, _config().gpuarray.preallocate)
-        from symgpu.gpu.runtime.pool import PinnedPool
+        ctx.pool = DevicePool(ctx, config.gpuarray.preallocate)
         ctx.pinned = PinnedPool()
         return ctx
 
@@ -288,7 +283,7 @@ def start_device(device: str = "cuda0") -> GpuContext:
 
 def _announce(name: str | None, ctx: GpuContext, first: bool) -> None:
     """Theano's start-up lines, on stderr: the preallocation (once a device) and the mapping."""
-    if _config().print_active_device:
+    if config.print_active_device:
         pre = ctx.pool.preallocated if ctx.pool is not None else 0
         if pre and first:
             print(f"Preallocating {pre // _MIB}/{ctx.total_memory // _MIB} Mb "
@@ -317,11 +312,11 @@ def init_default_context() -> GpuContext | None:
     global _default_tried, _default_error
     with _start_lock:
         if _default_tried:
-            if _default_error and _config().force_device:
+            if _default_error and config.force_device:
                 raise GpuUnavailableError(_default_error)
             return _registry.get(None)
         _default_tried = True
-        cfg = _config()
+        cfg = config
         wanted: list[tuple[str | None, str]] = []
         if cfg.device != "cpu":
             wanted.append((None, cfg.device))
@@ -385,7 +380,7 @@ def get_context(name: str | None = None) -> GpuContext:
         if _default_error:
             raise ContextNotFound(f"no default GPU context: {_default_error}")
         raise ContextNotFound(f"no default GPU context: the device flag is "
-                              f"{_config().device!r}. Set device=cuda (e.g. SYMGPU_FLAGS="
+                              f"{config.device!r}. Set device=cuda (e.g. SYMGPU_FLAGS="
                               f"device=cuda) or pass a context; registered contexts: {known}")
     raise ContextNotFound(f"no GPU context named {name!r}; registered contexts: {known} "
                           f"(name them with the contexts flag, e.g. {name}->cuda0)")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from symgpu.gpu.runtime.array import dtype_name
 from symgpu.gpu.runtime.codegen import template
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.dtypes import dtype_name
 
 __all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
            "strided_inc", "prefetch_request"]

@@ -26,28 +26,33 @@ runner needs no guarded copy: updates are written into their buffers as without 
 
 Slots are never moved or freed while their context lives: a captured CUDA graph keeps the
 device address of the slot its kernel writes.
+
+The slots themselves (``DeviceChecks``, ``checks_of``, ``raise_device_errors``) live in
+check_slots.py, below the context and GpuArray that raise their reports after each
+synchronisation; this module, which launches the checking kernels, re-exports them.
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Callable
 
 import numpy as np
 
 from symgpu.config import config
+from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.check_slots import (DeviceChecks, checks_of, is_device_check_error,
+                                            page_aligned, raise_device_errors)
 from symgpu.gpu.runtime.codegen import template, text
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 
 __all__ = ["DeviceChecks", "DeviceChecked", "REPORT_SOURCE", "checks_of",
            "raise_device_errors", "is_device_check_error", "launch_checked", "GuardedCopies",
-           "plan_copies", "copy_table"]
+           "plan_copies", "copy_table", "page_aligned"]
 
 #: the device side of a slot: ``slot[1]`` gets the bad value, then ``slot[0]`` becomes 1, and
 #: so does the first word of the slot's page (its chunk's "something was reported" word, which
 #: guarded copies read: see GuardedCopies)
 REPORT_SOURCE = text("report.cu")
 
-_CHUNK = 256  # slots per mapped allocation: one 4 KiB page; slot 0 is the page's report word
 _MAX_GUARDED_CHUNKS = 4
 
 #: copies that do not happen once a check has reported: an update copied back into its shared
@@ -64,111 +69,8 @@ GUARDED_COPY_SOURCE = template("guarded_copy.cu").substitute(table=_COPY_TABLE,
 _TABLE_FORMAT = "q" * (2 + _COPY_TABLE) + "Q" * (2 * _COPY_TABLE) + "q" * _COPY_TABLE
 _GUARDED_COPY_KEY = ("symgpu.guarded_copy",)
 
-_PAGE = 4096
 #: the flag's live record: launch_checked runs for every checked launch
 _SYNC_CHECKS = config.live("gpuarray.sync_checks")
-
-
-def _mapped_zeros(n: int) -> tuple[np.ndarray, int]:
-    """(n x 2 uint64 page-locked host array, its device address) through PyCUDA; the device
-    address is a multiple of 4096 (see :func:`page_aligned`)."""
-    import pycuda.driver as drv
-    pad = _PAGE // 16
-    arr = drv.pagelocked_zeros((n + pad, 2), np.uint64,
-                               mem_flags=drv.host_alloc_flags.DEVICEMAP)
-    return page_aligned(arr, int(arr.base.get_device_pointer()), n)
-
-
-def page_aligned(arr: np.ndarray, ptr: int, n: int) -> tuple[np.ndarray, int]:
-    """The n rows of ``arr`` (rows of two uint64, at device address ``ptr``, with 256 rows to
-    spare) that start at a multiple of 4096, and their device address.
-
-    Why: a kernel's report sets the word at its slot's address rounded down to 4096, which
-    must be its chunk's report word, the one guarded copies read.  The driver does not
-    promise page alignment for page-locked allocations; a chunk that was not aligned had its
-    reports' page word land elsewhere, and a failing call's guarded update copy went through
-    (the update of a call that raised was applied on the device)."""
-    skip = (-ptr) % _PAGE
-    if skip % 16:
-        raise RuntimeError(f"a page-locked allocation at {ptr:#x} is not 16-byte aligned")
-    rows = skip // 16
-    return arr[rows:rows + n], ptr + skip
-
-
-class DeviceChecks:
-    """The slots of one context. `allocate(n)` gives (host array, device address) of n zeroed
-    slots; tests pass a plain NumPy allocator."""
-
-    def __init__(self, allocate: Callable[[int], tuple[np.ndarray, int]] = _mapped_zeros):
-        self._allocate = allocate
-        self._chunks: list[tuple[np.ndarray, int]] = []
-        self._describe: list[Callable[[int], Exception]] = []
-        self._lock = threading.Lock()
-
-    def new_slot(self, describe: Callable[[int], Exception]) -> int:
-        """A fresh slot for one node: returns the device address its kernel writes to;
-        `describe(bad_value)` makes the exception raised when the slot is found set."""
-        with self._lock:
-            k = len(self._describe)
-            chunk, offset = divmod(k, _CHUNK - 1)
-            if chunk == len(self._chunks):
-                host, base = self._allocate(_CHUNK)
-                if base % _PAGE:
-                    raise RuntimeError(f"device-check slots at {base:#x}: not on a 4096-byte "
-                                       f"boundary, so reports would set another page's word")
-                self._chunks.append((host, base))
-            self._describe.append(describe)
-            return self._chunks[chunk][1] + (offset + 1) * 16
-
-    def report_words(self) -> list[int]:
-        """The device addresses of every chunk's report word."""
-        return [base for _, base in self._chunks]
-
-    def raise_pending(self) -> None:
-        """Raise the error of the first set slot (and clear every slot): call only when the
-        stream has been synchronised, so every queued kernel has finished writing."""
-        for c, (host, _) in enumerate(self._chunks):
-            flags = host[1:, 0]
-            if not host[0, 0] and not flags.any():
-                continue
-            hits = np.flatnonzero(flags)
-            if not len(hits):
-                host[0] = 0
-                continue
-            i = int(hits[0])
-            bad = int(host[i + 1, 1:2].view(np.int64)[0])
-            for other, _ in self._chunks:
-                other[...] = 0
-            exc = self._describe[c * (_CHUNK - 1) + i](bad)
-            exc.device_check = True   # the call's own error, never a reason to change course
-            raise exc
-
-
-def is_device_check_error(exc: BaseException) -> bool:
-    """Whether `exc` is a kernel's reported check (a user error to propagate as is, not a
-    failure of the machinery that happened to synchronise, such as a graph's check)."""
-    return getattr(exc, "device_check", False)
-
-
-_lock = threading.Lock()
-
-
-def checks_of(ctx: Any) -> DeviceChecks:
-    """The DeviceChecks of a context (made on first use)."""
-    checks = getattr(ctx, "device_checks", None)
-    if checks is None:
-        with _lock:
-            checks = getattr(ctx, "device_checks", None)
-            if checks is None:
-                checks = ctx.device_checks = DeviceChecks()
-    return checks
-
-
-def raise_device_errors(ctx: Any) -> None:
-    """After a synchronisation of `ctx`'s stream: raise what its kernels reported."""
-    checks = getattr(ctx, "device_checks", None)
-    if checks is not None:
-        checks.raise_pending()
 
 
 def _user_line(node: Any) -> str:
@@ -182,7 +84,6 @@ def _user_line(node: Any) -> str:
 def new_error_buffer(ctx: Any) -> Any:
     """A zeroed two-word device buffer a kernel's ``report`` (REPORT_SOURCE) writes
     (``config.gpuarray.sync_checks``: read back right after the launch)."""
-    from symgpu.gpu.runtime.array import GpuArray
     return GpuArray((2,), "uint64", ctx).fill(0)
 
 
@@ -224,7 +125,6 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
 def checks_are_deferred() -> bool:
     """Whether checking ops report at the next synchronisation (then they can be captured
     into CUDA graphs: they take pool memory and queue work on the stream only)."""
-    from symgpu.config import config
     return not config.gpuarray.sync_checks
 
 

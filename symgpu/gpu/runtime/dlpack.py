@@ -6,9 +6,11 @@ capsule named ``dltensor``/``dltensor_versioned``.  The GpuArray, the struct and
 strides arrays are kept alive in ``_exports`` until the consumer calls the deleter; a capsule
 that is never consumed calls it from its destructor.
 
-Import: :func:`from_dlpack` asks the producer for a capsule, reads the struct, renames the
-capsule ``used_...`` (so the producer's destructor leaves it alone) and wraps the memory in a
-GpuArray whose owner calls the producer's deleter when the last view dies.
+Import (``symgpu.gpu.runtime.array.from_dlpack``): :func:`capsule_of` asks the producer for a
+capsule, :func:`consume` reads the struct and renames the capsule ``used_...`` (so the
+producer's destructor leaves it alone); the memory is wrapped in a GpuArray whose owner calls
+the producer's deleter when the last view dies.  This module knows the format only: it imports
+no other runtime module.
 
 Layouts follow dlpack.h (v1.x); strides there count elements, ours count bytes.
 """
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["export_capsule", "from_dlpack", "KDL_CUDA"]
+__all__ = ["export_capsule", "producer_ordinal", "capsule_of", "consume", "KDL_CUDA"]
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
 _INT, _UINT, _FLOAT, _BOOL = 0, 1, 2, 6
@@ -182,28 +184,31 @@ def _np_dtype(dt: _DataType) -> np.dtype:
     return np.dtype("?" if kind == "b" else f"{kind}{dt.bits // 8}")
 
 
-def from_dlpack(obj: Any, context: Any = None) -> Any:
-    """A GpuArray sharing the memory of ``obj`` (anything with ``__dlpack__`` on a CUDA device,
-    or a raw ``dltensor`` capsule).  The producer's memory lives as long as the GpuArray."""
-    from symgpu.gpu.runtime.array import GpuArray
-    from symgpu.gpu.runtime.context import context_for_ordinal
-    if isinstance(obj, GpuArray):
-        return obj
-    ctx = context
-    if hasattr(obj, "__dlpack__"):
-        if hasattr(obj, "__dlpack_device__"):
-            dev_type, dev_id = obj.__dlpack_device__()
-            if int(dev_type) not in (KDL_CUDA, KDL_CUDA_MANAGED):
-                raise BufferError(f"from_dlpack needs a CUDA array; {type(obj).__name__} lives "
-                                  f"on DLPack device type {int(dev_type)} (1 = CPU: use to_gpu)")
-            ctx = ctx or context_for_ordinal(int(dev_id))
-        stream = ctx.stream_handle if ctx is not None else None
-        try:
-            capsule = obj.__dlpack__(stream=stream, max_version=(1, 0))
-        except TypeError:  # a producer that predates versioned DLPack
-            capsule = obj.__dlpack__(stream=stream)
-    else:
-        capsule = obj
+def producer_ordinal(obj: Any) -> int | None:
+    """The CUDA device ordinal a DLPack producer's ``__dlpack_device__`` names (None when it
+    has none); BufferError when it lives on another kind of device."""
+    if not hasattr(obj, "__dlpack_device__"):
+        return None
+    dev_type, dev_id = obj.__dlpack_device__()
+    if int(dev_type) not in (KDL_CUDA, KDL_CUDA_MANAGED):
+        raise BufferError(f"from_dlpack needs a CUDA array; {type(obj).__name__} lives "
+                          f"on DLPack device type {int(dev_type)} (1 = CPU: use to_gpu)")
+    return int(dev_id)
+
+
+def capsule_of(obj: Any, stream: int | None) -> Any:
+    """A producer's capsule, its work ordered before ``stream`` (versioned when it can)."""
+    try:
+        return obj.__dlpack__(stream=stream, max_version=(1, 0))
+    except TypeError:  # a producer that predates versioned DLPack
+        return obj.__dlpack__(stream=stream)
+
+
+def consume(capsule: Any, producer: Any) -> tuple[int, tuple, np.dtype, tuple | None, int,
+                                                  "_DLPackOwner"]:
+    """Read an unconsumed ``dltensor`` capsule and mark it used: (device address, shape,
+    dtype, byte strides or None, device ordinal, owner); the owner calls the producer's
+    deleter when collected (keep it with the memory)."""
     name = _api.PyCapsule_GetName(capsule)
     if name not in (_NAME, _NAME_V):
         raise BufferError(f"expected an unconsumed DLPack capsule, got one named {name!r}")
@@ -224,7 +229,6 @@ def from_dlpack(obj: Any, context: Any = None) -> Any:
     else:
         strides = None
     data = (t.data or 0) + t.byte_offset
-    ctx = ctx or context_for_ordinal(t.device.device_id)
     _api.PyCapsule_SetName(capsule, _USED_V if versioned else _USED)
-    owner = _DLPackOwner(ptr, versioned, obj)
-    return GpuArray._from_pointer(ctx, data, shape, dtype, strides, owner)
+    return data, shape, dtype, strides, t.device.device_id, _DLPackOwner(ptr, versioned,
+                                                                        producer)

@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.gpu.runtime.libcuda import cdll, declare
+
 __all__ = ["HostRegistry", "LibcudaRegistrar", "deferred_waits", "registry_for",
            "release_all", "root_of", "upload",
            "MIN_BYTES", "MAX_BYTES"]
@@ -61,7 +63,6 @@ class LibcudaRegistrar:
     context current)."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.runtime.libcuda import cdll, declare
         lib = cdll()
         name = "cuMemHostRegister_v2" if hasattr(lib, "cuMemHostRegister_v2") \
             else "cuMemHostRegister"

@@ -30,6 +30,11 @@ import struct
 import threading
 from typing import Any, Callable, Sequence
 
+from symgpu.config import config
+from symgpu.gpu.runtime import compiler, libcuda
+from symgpu.gpu.runtime.compiler import PreparedKernel
+from symgpu.link import c_runtime
+
 __all__ = ["Kernel", "PreparedKernel", "load_kernels", "BACKEND", "sm_count", "clear_cache"]
 
 #: "c" (cuLaunchKernel through the C runtime; "pycuda" where it cannot be built),
@@ -49,7 +54,6 @@ class _Driver:
     """The few driver entry points this module calls, on the libcuda PyCUDA already loaded."""
 
     def __init__(self) -> None:
-        from symgpu.gpu.runtime import libcuda
         lib = libcuda.pydll()
         self.launch = libcuda.declare(lib, "cuLaunchKernel", None)   # the fastest call path
         self.load = libcuda.declare(lib, "cuModuleLoadData",
@@ -70,7 +74,6 @@ def _drv() -> _Driver:
 def _backend() -> str:
     """BACKEND as it runs here: "c" is "pycuda" where the C runtime cannot be built."""
     if BACKEND == "c":
-        from symgpu.link import c_runtime
         return "c" if c_runtime.kernel_launcher() is not None else "pycuda"
     return BACKEND
 
@@ -137,59 +140,22 @@ class Kernel:
         return go
 
 
-class PreparedKernel:
-    """A prepared PyCUDA Function (compiler.get_prepared_kernel's) whose
-    ``prepared_async_call`` skips PyCUDA's per-call Python (about 5 us: the block-shape call,
-    an import, the format parsed again, the texref loop): the arguments are packed by a
-    ``struct.Struct`` made once (native alignment, as PyCUDA's packer) and go straight to
-    ``Function._launch_kernel``, the call PyCUDA's ends in.  An argument only PyCUDA's
-    packer takes goes its way; every other attribute is the Function's."""
-
-    __slots__ = ("function", "prepared_async_call")
-
-    def __init__(self, function: Any, signature: str) -> None:
-        self.function = function
-        launch_kernel = getattr(function, "_launch_kernel", None)
-        if launch_kernel is None or getattr(function, "texrefs", None):
-            return     # the Function's own prepared_async_call serves (through __getattr__)
-        try:
-            pack = struct.Struct(signature).pack
-        except struct.error:
-            return
-        slow = function.prepared_async_call
-
-        def prepared_async_call(grid: tuple, block: tuple, stream: Any, *args: Any) -> None:
-            try:
-                buf = pack(*args)
-            except struct.error:
-                slow(grid, block, stream, *args)
-                return
-            launch_kernel(grid, block, buf, 0, stream)
-        self.prepared_async_call = prepared_async_call
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.function, name)
-
-
 def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
                  formats: dict[str, str], options: Sequence[str] = ()) -> dict[str, Kernel]:
     """The kernels ``formats`` (name -> argument format) of the module that ``key`` names,
     compiled on first use through the runtime's cache and loaded once per context."""
-    from symgpu.config import config
     backend = _backend()
     mkey = (key, tuple(options), config.nvcc.flags, id(context), backend)
     with _lock:
         got = _modules.get(mkey)
     if got is not None and all(n in got for n in formats):
         return got
-    from symgpu.gpu.runtime.compiler import compile_to_cubin, get_kernel
     context.activate()
     kernels: dict[str, Kernel] = {}
     if backend in ("c", "ctypes"):
-        from symgpu.link import c_runtime
         launch_kernel = c_runtime.kernel_launcher() if backend == "c" else None
         source = source_factory()
-        _, cubin, _ = compile_to_cubin(source, options, context.arch)
+        _, cubin, _ = compiler.compile_to_cubin(source, options, context.arch)
         drv = _drv()
         module = ctypes.c_void_p()
         drv.check(drv.load(ctypes.byref(module), cubin), "cuModuleLoadData")
@@ -211,7 +177,7 @@ def load_kernels(context: Any, key: Any, source_factory: Callable[[], str],
         for name, fmt in formats.items():
             # each kernel under a key of its own that names it (the module itself is loaded
             # once: get_kernel's memo holds one Function per key and name)
-            fn = get_kernel((key, name), source_once, name, options, context)
+            fn = compiler.get_kernel((key, name), source_once, name, options, context)
             kernels[name] = Kernel(name, fmt, None, fn, context)
     with _lock:
         _modules[mkey] = kernels

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from symgpu.gpu.runtime.codegen.types import literal, value_ctype
+from symgpu.gpu.runtime.codegen.types import SUPPORTED, literal, value_ctype
+from symgpu.scalar.basic import Cast
 from symgpu.scalar.dtypes import upcast
 
 __all__ = ["ScalarRenderer", "output_dtypes", "inner_graph", "render_apply_function",
@@ -22,7 +23,6 @@ def _rule(op: Any) -> str | None:
 
 
 def _is_cast(op: Any) -> bool:
-    from symgpu.scalar.basic import Cast
     return isinstance(op, Cast)
 
 
@@ -85,7 +85,6 @@ def output_dtypes(op: Any, in_dtypes: Sequence[str]) -> list[str]:
 def supports_scalar_op(op: Any, in_dtypes: Sequence[str]) -> bool:
     """Whether kernels can be generated for ``op`` (complex dtypes and table rows without a CUDA
     expression cannot)."""
-    from symgpu.gpu.runtime.codegen.types import SUPPORTED
     try:
         outs = output_dtypes(op, in_dtypes)
     except (TypeError, ValueError, KeyError, NotImplementedError):   # no dtype rule for these

@@ -1,0 +1,111 @@
+"""The cuBLAS library binding: loading the libraries, the classic entry points with one
+handle per context, status names, math and pointer modes.
+
+Why apart from blas.py: cuBLASLt (blaslt.py) loads its library and reports its errors the same
+way and runs classic cuBLAS as one of its candidates, and blas.py calls cuBLASLt; both build
+on this module, which knows no op.  The process's binding, ``blas.cublas()``, stays in blas.py
+(tests replace ``blas._cublas``).  Loading a library happens on first use, never on import.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable, Sequence
+
+__all__ = ["CublasError", "load_library", "Cublas", "with_pointer_mode", "STATUS",
+           "DEFAULT_MATH", "TF32_MATH", "POINTER_HOST", "POINTER_DEVICE"]
+
+POINTER_HOST, POINTER_DEVICE = 0, 1
+#: cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
+DEFAULT_MATH, TF32_MATH = 0, 3
+_WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
+STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
+          8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
+          14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
+
+
+class CublasError(RuntimeError):
+    """A cuBLAS call failed (or the library could not be loaded)."""
+
+
+def load_library(what: str, names: Sequence[str], hint: str = "") -> ctypes.CDLL:
+    """The first of `names` the loader finds; CublasError naming every try otherwise."""
+    errors = []
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+    raise CublasError(f"{what} could not be loaded (" + "; ".join(errors) + ")" + hint)
+
+
+class Cublas:
+    """The loaded library, its entry points and one handle per context."""
+
+    def __init__(self) -> None:
+        lib = load_library("cuBLAS", ("libcublas.so.13", "libcublas.so.12", "libcublas.so"),
+                           "; install the CUDA toolkit's libcublas or add it to "
+                           "LD_LIBRARY_PATH")
+        self.lib = lib
+        self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
+        self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
+        self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
+        self.handles: dict[int, ctypes.c_void_p] = {}
+        self.math_modes: dict[int, int] = {}     # handle -> the cublasMath_t it was last set to
+        self.workspaces: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def handle(self, ctx: Any) -> ctypes.c_void_p:
+        """The handle of ``ctx``, created on first use and bound to its stream."""
+        h = self.handles.get(id(ctx))
+        if h is None:
+            with self.lock:
+                ctx.activate()
+                h = ctypes.c_void_p()
+                self.check(self.lib.cublasCreate_v2(ctypes.byref(h)), "cublasCreate")
+                self.check(self.lib.cublasSetStream_v2(h, ctypes.c_void_p(ctx.stream_handle)),
+                           "cublasSetStream")
+                self._set_workspace(h, ctx)
+                self.handles[id(ctx)] = h
+        return h
+
+    def _set_workspace(self, h: ctypes.c_void_p, ctx: Any) -> None:
+        """Give the handle a workspace of our own (after cublasSetStream, which resets it),
+        so cuBLAS allocates nothing while a CUDA graph is being captured (graphs.py).
+        Best effort: without the call cuBLAS keeps its own workspace pool."""
+        fn = getattr(self.lib, "cublasSetWorkspace_v2", None)
+        if fn is None or getattr(ctx, "pool", None) is None:
+            return
+        try:
+            block = ctx.pool.allocate(_WORKSPACE_BYTES)
+        except MemoryError:   # a full device: cuBLAS keeps its own workspace
+            return
+        if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
+            self.workspaces[id(ctx)] = block    # alive as long as the handle
+
+    def math_mode(self, h: ctypes.c_void_p, mode: int) -> None:
+        """Set the handle's math mode if it differs (a host-side setting: the calls that
+        follow, captured ones included, use it)."""
+        if self.math_modes.get(h.value) != mode:
+            self.check(self.lib.cublasSetMathMode(h, mode), "cublasSetMathMode")
+            self.math_modes[h.value] = mode
+
+    def pointer_mode(self, h: ctypes.c_void_p, mode: int) -> None:
+        self.check(self.lib.cublasSetPointerMode_v2(h, mode), "cublasSetPointerMode")
+
+    @staticmethod
+    def check(status: int, what: str) -> None:
+        if status:
+            raise CublasError(f"{what} failed: CUBLASSTATUS_{STATUS.get(status, status)}")
+
+
+def with_pointer_mode(blas: Any, handle: Any, device: bool, call: Callable[[], int]) -> int:
+    """`call()`'s status; with `device`, cuBLAS reads alpha/beta from device memory while it
+    runs, and the shared handle is back in host mode afterwards, even if it raised."""
+    if not device:
+        return call()
+    blas.pointer_mode(handle, POINTER_DEVICE)
+    try:
+        return call()
+    finally:
+        blas.pointer_mode(handle, POINTER_HOST)
