@@ -352,7 +352,7 @@ def _slot_bytes(slot, n):
 
 class FakeDynSlice(Op):
     """x[start:stop] of a fake device vector, copied (fake memory has no views), speaking the
-    parameter protocol of symgpu/gpu/exec/graph_params.py: under a capture with a slot, the
+    parameter protocol of symgpu/gpu/runtime/graph_params.py: under a capture with a slot, the
     recorded kernel reads start from the parameter block at replay."""
 
     __props__ = ()
@@ -417,7 +417,7 @@ class FakeScalarUp(Op):
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         from symgpu.gpu.ops.elemwise import new_array
-        from symgpu.gpu.exec.graph_params import pack_scalar
+        from symgpu.gpu.runtime.graph_params import pack_scalar
         sc = storage_map[node.inputs[0]]
         out = storage_map[node.outputs[0]]
         ctx, drv, n = CTX_OBJ, DRV, self.n

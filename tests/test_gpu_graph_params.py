@@ -1,4 +1,4 @@
-"""Host scalars as CUDA-graph parameters (symgpu/gpu/exec/graph_params.py): one capture serves
+"""Host scalars as CUDA-graph parameters (symgpu/gpu/runtime/graph_params.py): one capture serves
 every value of an index, a learning rate or a slice offset; shapes still key graphs.
 
 CPU tests drive the runner with the fakes of tests/graph_fakes.py (a recorded "kernel"
@@ -55,7 +55,7 @@ DATA = np.arange(60, dtype="float32") * 0.5
 def test_parameter_slots_hold_what_numpy_makes_of_the_value(value, dtype):
     """A parameter's slot bytes: the value as NumPy casts it to the slot's dtype, padded to
     8 bytes, whether it takes the 0-d-array shortcut or not (dtype as a name or a np.dtype)."""
-    from symgpu.gpu.exec.graph_params import pack_scalar
+    from symgpu.gpu.runtime.graph_params import pack_scalar
     want = np.asarray(value, dtype=dtype).reshape(()).tobytes()
     want += b"\0" * (-len(want) % 8)
     assert pack_scalar(value, dtype) == want
@@ -253,7 +253,7 @@ def test_arange_and_scalar_upload_parameters():
 
 @requires_nvcc
 def test_parameter_kernels_compile_for_sm90(tmp_path):
-    from symgpu.gpu.exec.graph_params import PARAMS_SOURCE
+    from symgpu.gpu.runtime.graph_params import PARAMS_SOURCE
     cubin = compile_for_sm90(PARAMS_SOURCE, tmp_path)
     for name in ("dyn_slice_copy_4", "dyn_slice_copy_8", "arange_dev_int64", "arange_dev_int32"):
         assert name.encode() in cubin

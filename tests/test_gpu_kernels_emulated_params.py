@@ -201,7 +201,7 @@ def test_guarded_copies_split_where_a_copy_reads_an_earlier_ones_output(emu, gua
 def params(emu, monkeypatch, tmp_path):
     """graph_params with its kernels run on the host, get_context giving the emulated one,
     and pool memory dirty (as a GPU's: an element left unwritten shows)."""
-    from symgpu.gpu.exec import graph_params
+    from symgpu.gpu.runtime import graph_params
     from symgpu.gpu.runtime import context
     emulate_prepared_kernels(monkeypatch, tmp_path, graph_params)
     monkeypatch.setattr(context, "get_context", lambda name=None: emu)
@@ -283,7 +283,7 @@ def test_dynamic_slice_copy_matches_numpy_slicing(emu, params, monkeypatch, max_
 def test_dynamic_slice_reads_its_offset_from_the_parameter_block(emu, params):
     """A replayed graph keeps the launch's shape and strides and changes only the block: the
     rows copied are those the block's offset names, not the ones the launch was made for."""
-    from symgpu.gpu.exec.graph_params import pack_int64
+    from symgpu.gpu.runtime.graph_params import pack_int64
     from symgpu.tensor.subtensor import SYM, Slice
     x = np.arange(30 * 4, dtype="int32").reshape(30, 4)
     node = _slice_node((Slice(SYM, SYM, None),), "int32", 2)
@@ -329,7 +329,7 @@ def test_device_arange_matches_numpy(emu, params, monkeypatch, dtype, max_blocks
 
 def test_device_arange_reads_start_and_step_from_the_parameter_block(emu, params):
     """The length is the launch's (the graph's key); start and step are the block's."""
-    from symgpu.gpu.exec.graph_params import pack_int64
+    from symgpu.gpu.runtime.graph_params import pack_int64
     from symgpu.gpu.ops.advanced_pairs import GpuARange
     node = GpuARange("int64", None)(T.lscalar(), T.lscalar(), T.lscalar()).owner
     thunk, _ = thunk_over(node, [np.int64(0), np.int64(300), np.int64(1)])

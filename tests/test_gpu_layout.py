@@ -116,25 +116,8 @@ def test_runtime_imports_nothing_above_it():
     assert not bad, "the runtime layer knows nothing of graphs:\n" + "\n".join(bad)
 
 
-#: imports of a higher gpu layer (runtime < placement < ops < exec) that remain, each for a
-#: reason; the list may only shrink.  The GPU fusion passes that live in placement/ work on
-#: the GPU ops (lifters, narrow_outputs, producer_copies); graph_params.py (exec/) holds the
-#: kernels that read graph parameters, which the upload, slicing and arange ops launch (tests
-#: replace its module globals, so it stays where it is); GpuScan runs its loop as a CUDA graph
-#: (scan_graph.py, graphs.driver) and asks the prefetch for the errors a render may raise
-UPWARD_IMPORTS = {
-    ("symgpu.gpu.placement.basic_ops", "symgpu.gpu.exec.graph_params"),
-    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.blas"),
-    ("symgpu.gpu.placement.lifters", "symgpu.gpu.ops.elemwise"),
-    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.elemwise"),
-    ("symgpu.gpu.placement.narrow_outputs", "symgpu.gpu.ops.random_fusion"),
-    ("symgpu.gpu.placement.producer_copies", "symgpu.gpu.ops.elemwise"),
-    ("symgpu.gpu.ops.advanced_pairs", "symgpu.gpu.exec.graph_params"),
-    ("symgpu.gpu.ops.subtensor", "symgpu.gpu.exec.graph_params"),
-    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.graphs"),
-    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.prefetch"),
-    ("symgpu.gpu.ops.scan_op", "symgpu.gpu.exec.scan_graph"),
-}
+#: imports of a higher gpu layer (runtime < placement < ops < exec): none may be added
+UPWARD_IMPORTS: set[tuple[str, str]] = set()
 
 
 def _layer(module: str) -> int | None:

@@ -1,4 +1,4 @@
-"""gpu_narrow_bool_outputs (symgpu/gpu/placement/narrow_outputs.py): a float-cast comparison a
+"""gpu_narrow_bool_outputs (symgpu/gpu/ops/narrow_outputs.py): a float-cast comparison a
 kernel stores for later kernels (a dropout mask) is stored as the bool and cast by its
 readers. The rewritten graphs on a virtual GPU context; the rewritten kernels' values on the
 CPU through the kernel emulator (tests/emulated_gpu.py)."""
@@ -13,7 +13,7 @@ from gpu_helpers import example_module, gpu_vector_maker, thunk_over
 from symgpu import config
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.narrow_outputs import narrow_bool_outputs
+from symgpu.gpu.ops.narrow_outputs import narrow_bool_outputs
 from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.composite import CompositeBuilder

@@ -1,4 +1,4 @@
-"""gpu_producer_copies (symgpu/gpu/placement/producer_copies.py): a cheap elementwise result
+"""gpu_producer_copies (symgpu/gpu/ops/producer_copies.py): a cheap elementwise result
 read by several kernels is recomputed in each of them. The rewritten graphs are checked on a
 virtual GPU context; the rewritten kernels' values on the CPU through the kernel emulator
 (tests/emulated_gpu.py), against the kernels they replace."""
@@ -14,7 +14,7 @@ from symgpu import config, function
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.placement.basic_ops import gpu_from_host
-from symgpu.gpu.placement.producer_copies import copy_producer_into_readers
+from symgpu.gpu.ops.producer_copies import copy_producer_into_readers
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS
 

@@ -58,7 +58,7 @@ def test_a_means_divisor_is_uploaded_as_the_shape_and_cast_in_the_kernel(vgpu):
 def test_a_host_length_is_read_from_the_upload_only_when_there_is_one(vgpu):
     from symgpu.graph.fg import FunctionGraph
     from symgpu.gpu.placement.basic_ops import GpuShape_i
-    from symgpu.gpu.placement.lifters import local_upload_shape_from_the_upload
+    from symgpu.gpu.ops.lifters import local_upload_shape_from_the_upload
     from symgpu.tensor.shape import Shape_i
     v = T.fvector("v")
     length = GpuFromHost(None)(Shape_i(0)(v))
@@ -75,7 +75,7 @@ def test_a_host_length_is_read_from_the_upload_only_when_there_is_one(vgpu):
 def test_host_scalar_arithmetic_read_on_the_host_too_stays_there(vgpu):
     from symgpu.graph.fg import FunctionGraph
     from symgpu.gpu.ops.elemwise import GpuElemwise
-    from symgpu.gpu.placement.lifters import local_upload_scalar_operands
+    from symgpu.gpu.ops.lifters import local_upload_scalar_operands
     s = T.lscalar("s")
     c = T.cast(s, "float32")
     up = GpuFromHost(None)(c)

@@ -87,11 +87,11 @@ import symgpu.gpu.ops.advanced_pairs  # noqa: E402,F401
 import symgpu.gpu.ops.crossentropy  # noqa: E402,F401
 import symgpu.gpu.ops.nll_grad  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
-import symgpu.gpu.placement.producer_copies  # noqa: E402,F401
-import symgpu.gpu.placement.narrow_outputs  # noqa: E402,F401
+import symgpu.gpu.ops.producer_copies  # noqa: E402,F401
+import symgpu.gpu.ops.narrow_outputs  # noqa: E402,F401
 import symgpu.gpu.ops.guarded_updates  # noqa: E402,F401
 import symgpu.gpu.ops.take_rows  # noqa: E402,F401
-import symgpu.gpu.placement.lifters  # noqa: E402,F401
+import symgpu.gpu.ops.lifters  # noqa: E402,F401
 import symgpu.gpu.exec.graphs  # noqa: E402,F401
 import symgpu.gpu.exec.backend  # noqa: E402,F401  (the compiler's view of the GPU)
 import symgpu.gpu.exec.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)
@@ -101,4 +101,5 @@ import symgpu.gpu.ops.conv  # noqa: E402,F401
 import symgpu.gpu.ops.pooling  # noqa: E402,F401
 import symgpu.gpu.ops.pooling_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.scan_op  # noqa: E402,F401
+import symgpu.gpu.exec.scan_graph  # noqa: E402,F401  (GpuScan captures whole loops through it)
 import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401

@@ -120,7 +120,7 @@ def to_gpuarray(x: "GpuArray", copyif: bool = False, stream: Any = None) -> Any:
     not shared).  ``stream``: the PyCUDA stream that will use the result (default: PyCUDA's
     default stream); it is made to wait for work already queued on ``x``."""
     if not isinstance(x, GpuArray):
-        hint = (" (it is already a PyCUDA array)" if type(x).__module__.startswith("pycuda")
+        hint = (" (it is already a PyCUDA array)" if hasattr(x, "gpudata")
                 else "; upload host data with symgpu.gpu.to_gpu first")
         raise TypeError(f"to_gpuarray expects a symgpu GpuArray, got "
                         f"{type(x).__module__}.{type(x).__name__}{hint}")

@@ -10,12 +10,9 @@ from symgpu.compile import profiling
 from symgpu.compile.profiling import perf_counter_timer
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
+from symgpu.graph.devices import is_device_node
 
 __all__ = ["register_gpu_timers", "is_gpu_node", "event_timer"]
-
-
-#: the package whose op classes are the GPU backend's (Gpu* ops, HostFromGpu, ElemwiseKernelOp)
-_BACKEND = "symgpu.gpu."
 
 
 def node_context(node: Any) -> Any:
@@ -26,9 +23,9 @@ def node_context(node: Any) -> Any:
 
 
 def is_gpu_node(node: Any) -> bool:
-    """A node of one of the GPU backend's ops (its class is defined in ``symgpu.gpu``) on a
-    registered context: its work is queued on that context's stream."""
-    return type(node.op).__module__.startswith(_BACKEND) and node_context(node) is not None
+    """A node on device values (a GPU op or a transfer: graph/devices.py) of a registered
+    context: its work is queued on that context's stream."""
+    return is_device_node(node) and node_context(node) is not None
 
 
 def event_timer(node: Any) -> Callable:

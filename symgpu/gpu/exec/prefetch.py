@@ -37,6 +37,7 @@ from typing import Any, Callable, Hashable, Iterable, Iterator, NamedTuple, Sequ
 from symgpu.config import config
 from symgpu.gpu.placement.basic_ops import maybe_strided
 from symgpu.gpu.runtime import compiler, context as gpu_context
+from symgpu.gpu.runtime.compiler import RENDER_ERRORS
 from symgpu.graph.basic import Apply
 from symgpu.link import vm
 
@@ -137,11 +138,6 @@ def iter_requests(nodes: Sequence[Apply], include_virtual: bool = False,
             continue
 
 
-#: what asking a node for its kernels raises for a node that cannot have them: a dtype or
-#: scalar op with no CUDA rendering, a context not registered here; its own thunk raises it
-#: again with the node described.  Anything else is a bug and propagates (the link hook's
-#: failure is then a RuntimeWarning from symgpu.link.vm)
-RENDER_ERRORS = (TypeError, ValueError, LookupError, NotImplementedError)
 
 
 def compile_requests(reqs: Sequence[KernelRequest],

@@ -44,6 +44,7 @@ from symgpu.config import config
 from symgpu.gpu.exec import graphs
 from symgpu.gpu.exec.graph_instance import Lease, results_differ
 from symgpu.gpu.exec.graph_plan import node_capturable
+from symgpu.gpu.ops import scan_op
 from symgpu.gpu.ops.subtensor import GpuSubtensor
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.libcuda import driver_errors
@@ -343,3 +344,10 @@ class LoopGraphs:
         self.disabled = why
         warnings.warn(f"{self.op}: the loop runs step by step, not as a CUDA graph: {why}",
                       LoopGraphWarning, stacklevel=4)
+
+
+def _driver_copy(dst: Any, src: Any) -> None:
+    graphs.driver().copy(dst, src)
+
+
+scan_op.use_exec(LoopGraphs, _driver_copy)  # GpuScan captures loops and copies through us

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_params import (arange_from_params, load_kernels, pack_int64,
+from symgpu.gpu.runtime.graph_params import (arange_from_params, load_kernels, pack_int64,
                                           prefetch_request, slot_ptr)
 from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.ops.elemwise import gpu_elemwise, new_array
@@ -293,7 +293,7 @@ class GpuARange(Op):
         return [(_MODULE_KEY, pairs_source, ()), prefetch_request()]
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
-        """``perform``, and the parameter protocol of symgpu/gpu/exec/graph_params.py: under a
+        """``perform``, and the parameter protocol of symgpu/gpu/runtime/graph_params.py: under a
         capture with a slot, start and step are read from the graph's parameter block (the
         length stays in the graph's key), so one graph serves every start."""
         return _ARangeThunk(self, node, storage_map, compute_map)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Sequence
 
-from symgpu.gpu.exec import graphs, scan_graph
-from symgpu.gpu.exec.prefetch import RENDER_ERRORS
+from symgpu.gpu.runtime.compiler import RENDER_ERRORS
 from symgpu.gpu.placement.basic_ops import GpuFromHost, GpuShape_i, HostFromGpu, maybe_strided
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
@@ -218,7 +217,7 @@ class GpuScan(Scan):
         if self.info.as_while:
             return False
         if self.loop_graphs is None:
-            self.loop_graphs = scan_graph.LoopGraphs(self)
+            self.loop_graphs = _EXEC["loop_graphs"](self)
         return self.loop_graphs.call(node, inputs, output_storage)
 
     def _context(self) -> Any:
@@ -332,7 +331,18 @@ class GpuScan(Scan):
 def _copy(dst: Any, src: Any) -> None:
     """``dst[...] = src`` on the device's stream (the lifter checked that dtypes match), through
     the graph driver (captured while a loop is captured; tests replace the driver)."""
-    graphs.driver().copy(dst, src)
+    _EXEC["copy"](dst, src)
+
+
+#: what running a loop needs from gpu/exec, the layer above this one, which installs it when
+#: it loads (use_exec): "loop_graphs" (scan_graph.LoopGraphs: the loop captured whole) and
+#: "copy" (a device copy through the graph driver)
+_EXEC: dict[str, Any] = {}
+
+
+def use_exec(loop_graphs: Any, copy: Any) -> None:
+    """Run loops with gpu/exec's captured loop graphs and its driver's copies."""
+    _EXEC.update(loop_graphs=loop_graphs, copy=copy)
 
 
 # ----------------------------------------------------------------------------- the lifter

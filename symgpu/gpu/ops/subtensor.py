@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
+from symgpu.gpu.runtime.graph_params import (dyn_slice_copy, load_kernels, pack_int64,
                                           prefetch_request, slot_ptr)
 from symgpu.gpu.ops.elemwise import gpu_elemwise
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
@@ -97,7 +97,7 @@ class GpuSubtensor(Op):
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         """A thunk CUDA graphs may capture (symgpu/gpu/exec/graphs.py): a view on the host, and
-        under a capture with a parameter slot (symbolic bounds, symgpu/gpu/exec/graph_params.py)
+        under a capture with a parameter slot (symbolic bounds, symgpu/gpu/runtime/graph_params.py)
         a copy of the slice whose offset the kernel reads from the graph's parameter block,
         so one graph serves every value of the bounds (JAX's dynamic_slice)."""
         return _SliceThunk(self, node, storage_map, compute_map)
@@ -113,7 +113,7 @@ class GpuSubtensor(Op):
 
 class _SliceThunk(PerformThunk):
     """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
-    symgpu/gpu/exec/graph_params.py when its bounds are symbolic."""
+    symgpu/gpu/runtime/graph_params.py when its bounds are symbolic."""
 
     __slots__ = ("param_slot", "param_nbytes", "rows")
     capturable = True   # a view (host bookkeeping), or one launch under a capture

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.exec.graph_params import pack_scalar, slot_ptr
+from symgpu.gpu.runtime.graph_params import pack_scalar, slot_ptr
 from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, gpu_type_like, is_gpu_var,
                                        register_conversions)
 from symgpu.gpu.runtime import context as gpu_context
@@ -205,7 +205,7 @@ class _UploadThunk(PerformThunk):
 class _ScalarUploadThunk(PerformThunk):
     """GpuFromHost of a one-element value: a pool block set with memsets (see make_thunk)."""
 
-    # param_*: symgpu/gpu/exec/graph_params.py: under a capture with a slot, the value is copied
+    # param_*: symgpu/gpu/runtime/graph_params.py: under a capture with a slot, the value is copied
     # on the device from the graph's parameter block, so one graph serves every value
     __slots__ = ("ctx", "shape", "strides", "dtype", "device_array", "new_array",
                  "param_slot", "param_nbytes")

@@ -27,6 +27,7 @@ from symgpu.gpu.placement.type import (GpuArrayConstant, GpuArrayType, default_c
                                        gpu_supports_dtype, is_gpu_var)
 from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import to_gpu
+from symgpu.graph.devices import is_device_node
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
@@ -359,18 +360,15 @@ class CpuOpWarning(UserWarning):
     """`assert_no_cpu_op=warn`: a function compiled for the GPU keeps float work on the CPU."""
 
 
-#: ops that read only an array's shape, never its data: no transfer, no real CPU work
-_METADATA_OPS = ("Shape", "Shape_i")
-
-
 def cpu_nodes(fgraph: FunctionGraph) -> list[Apply]:
     """Nodes doing float work on the host: not a GPU op or a transfer, with a float host
     array (ndim > 0) among their inputs or outputs. Host scalar arithmetic (shape lengths,
     their casts, a mean's divisor) is cheap and is not reported."""
     found = []
     for node in fgraph.toposort():
-        name = type(node.op).__name__
-        if name.startswith("Gpu") or isinstance(node.op, TRANSFER_OPS) or name in _METADATA_OPS:
+        # GPU ops, transfers, and shape reads (no transfer, no real CPU work) are not CPU work
+        if (is_device_node(node) or isinstance(node.op, TRANSFER_OPS)
+                or getattr(node.op, "shape_read", None) is not None):
             continue
         if any(isinstance(v.type, TensorType) and v.type.dtype.startswith("float")
                and v.type.ndim > 0 for v in node.inputs + node.outputs):

@@ -41,10 +41,17 @@ from symgpu.gpu.runtime.libcuda import driver_errors
 from symgpu.link.diskcache import build_once, private_dir as _private_dir, run_compiler
 
 __all__ = [
+    "RENDER_ERRORS",
     "CompileError", "compile_to_cubin", "compile_module", "load_module", "get_kernel",
     "get_prepared_kernel", "cache_key", "nvcc_version", "kernel_cache_dir", "clear_memory_cache",
     "is_cached", "STATS", "compile_in_background", "PreparedKernel",
 ]
+
+#: what asking a node for its kernels raises for a node that cannot have them: a dtype or
+#: scalar op with no CUDA rendering, a context not registered here; its own thunk raises it
+#: again with the node described.  Anything else is a bug and propagates (the link hook's
+#: failure is then a RuntimeWarning from symgpu.link.vm); gpu/exec/prefetch.py asks
+RENDER_ERRORS = (TypeError, ValueError, LookupError, NotImplementedError)
 
 CACHE_FORMAT = 1  # bump when the on-disk layout changes
 

@@ -1,5 +1,5 @@
 // Kernels that read host scalars from a graph's parameter block
-// (symgpu/gpu/exec/graph_params.py).
+// (symgpu/gpu/runtime/graph_params.py).
 //@ dyn_slice
 
 extern "C" __global__ void dyn_slice_copy_${n}(const char *base, const long long *offset,

@@ -250,7 +250,7 @@ def local_upload_scalar_operands(fgraph: FunctionGraph, node: Apply) -> list[Var
     Why: the placement pass keeps integer scalars on the host (they feed shapes), so a
     mean's divisor ``cast(x.shape[0], 'float32')`` is computed by host ops (a few us of
     Python each, every call) and then uploaded.  Uploading the shape itself instead (a graph
-    parameter: gpu/exec/graph_params.py) moves the cast into the GPU kernel that reads it."""
+    parameter: gpu/runtime/graph_params.py) moves the cast into the GPU kernel that reads it."""
     x = node.inputs[0]
     src = x.owner
     if src is None or not all(x.type.broadcastable) or len(fgraph.clients.get(x, ())) != 1:
