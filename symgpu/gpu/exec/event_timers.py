@@ -10,7 +10,7 @@ from symgpu.compile import profiling
 from symgpu.compile.profiling import perf_counter_timer
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
-from symgpu.graph.devices import is_device_node
+from symgpu.graph.devices import is_device_var, transfer_kind
 
 __all__ = ["register_gpu_timers", "is_gpu_node", "event_timer"]
 
@@ -23,9 +23,12 @@ def node_context(node: Any) -> Any:
 
 
 def is_gpu_node(node: Any) -> bool:
-    """A node on device values (a GPU op or a transfer: graph/devices.py) of a registered
-    context: its work is queued on that context's stream."""
-    return is_device_node(node) and node_context(node) is not None
+    """A transfer, or a node making device values (a GPU op: graph/devices.py), on a
+    registered context: its work is queued on that context's stream. A host op that only
+    reads device values (a shape, a host copy of its own) is timed on the host."""
+    makes_device_values = any(is_device_var(o) for o in node.outputs)
+    return ((makes_device_values or transfer_kind(node.op) is not None)
+            and node_context(node) is not None)
 
 
 def event_timer(node: Any) -> Callable:
