@@ -338,6 +338,32 @@ def test_dlpack_structs_round_trip_on_cpu():
     assert len(dlpack._exports) == before
 
 
+def test_dlpack_deleters_survive_the_module_being_cleared(monkeypatch):
+    """At interpreter shutdown this module's globals are cleared before the last garbage
+    collection, which may free a consumer's tensor (a PyTorch tensor in a cycle) and call our
+    deleter through its C pointer: that call must still find what it needs (it crashed)."""
+    ctx = gctx.GpuContext("v", "cuda0", "sm_90", virtual=True)
+    arr = GpuArray._from_pointer(ctx, 0x7F0000001000, (3,), np.dtype("float32"), (4,),
+                                 object())
+    exports = dlpack._exports
+    for versioned in (False, True):
+        capsule = dlpack.export_capsule(arr, versioned)
+        struct_cls = dlpack._ManagedVersioned if versioned else dlpack._Managed
+        managed_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+        managed_ptr.restype, managed_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object,
+                                                                       ctypes.c_char_p]
+        ptr = managed_ptr(capsule, dlpack._NAME_V if versioned else dlpack._NAME)
+        dlpack._api.PyCapsule_SetName(capsule, b"used_dltensor")  # a consumer took it
+        key = struct_cls.from_address(ptr).manager_ctx
+        assert key in exports
+        with monkeypatch.context() as m:  # what shutdown does to the module's globals
+            for name in ("_release", "_exports", "_exports_lock", "_Managed",
+                         "_ManagedVersioned", "_api", "_NAME", "_NAME_V"):
+                m.setattr(dlpack, name, None)
+            struct_cls.from_address(ptr).deleter(ptr)  # the consumer's call, through C
+        assert key not in exports
+
+
 def test_dlpack_dtype_codes():
     for dt in SUPPORTED_DTYPES:
         code = dlpack._dl_dtype(dt)

@@ -86,34 +86,54 @@ _exports_lock = threading.Lock()
 _next_key = 0
 
 
-def _release(managed_ptr: int, versioned: bool) -> None:
-    struct = (_ManagedVersioned if versioned else _Managed).from_address(managed_ptr)
+def _release(managed_ptr: int, versioned: bool, exports: dict = _exports,
+             lock: Any = _exports_lock, classes: tuple = (_Managed, _ManagedVersioned)) -> None:
+    # a consumer may free its tensor during interpreter shutdown, after this module's globals
+    # are cleared (a PyTorch tensor in a cycle, collected last): the deleter then reads only
+    # what its defaults hold, and _keep_past_shutdown keeps those and the callbacks alive
+    struct = classes[versioned].from_address(managed_ptr)
     key = struct.manager_ctx
-    with _exports_lock:
-        _exports.pop(key, None)
+    with lock:
+        exports.pop(key, None)
 
 
 @_Deleter
-def _deleter(managed_ptr: int) -> None:
-    _release(managed_ptr, False)
+def _deleter(managed_ptr: int, release: Any = _release) -> None:
+    release(managed_ptr, False)
 
 
 @_Deleter
-def _deleter_versioned(managed_ptr: int) -> None:
-    _release(managed_ptr, True)
+def _deleter_versioned(managed_ptr: int, release: Any = _release) -> None:
+    release(managed_ptr, True)
 
 
-def _capsule_destructor(capsule_ptr: int) -> None:
+def _capsule_destructor(capsule_ptr: int, api: Any = _api,
+                        deleters: tuple = ((_NAME, _deleter), (_NAME_V, _deleter_versioned))
+                        ) -> None:
     """An unconsumed capsule still owns its tensor: call the deleter."""
-    for name, deleter in ((_NAME, _deleter), (_NAME_V, _deleter_versioned)):
-        if _api.PyCapsule_IsValid(capsule_ptr, name):
-            deleter(_api.PyCapsule_GetPointer(capsule_ptr, name))
+    for name, deleter in deleters:
+        if api.PyCapsule_IsValid(capsule_ptr, name):
+            deleter(api.PyCapsule_GetPointer(capsule_ptr, name))
             return
 
 
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _destructor = _CapsuleDestructor(_capsule_destructor)
 _destructor_ptr = ctypes.cast(_destructor, ctypes.c_void_p).value
+
+
+def _keep_past_shutdown(*objects: Any) -> None:
+    """One reference each that is never given back: consumers hold pointers into these (the
+    exported structs, the C callbacks) and may call them after shutdown has cleared this
+    module, until the process ends."""
+    incref = ctypes.pythonapi.Py_IncRef
+    incref.argtypes = [ctypes.py_object]
+    incref.restype = None
+    for obj in objects:
+        incref(obj)
+
+
+_keep_past_shutdown(_exports, _deleter, _deleter_versioned, _destructor, _release)
 
 
 def _dl_dtype(dtype: np.dtype) -> _DataType:
