@@ -1,7 +1,8 @@
 """Start-up: wall time of fresh ``python -c "import symgpu"`` processes beside PyTensor's.
 
-Both run under the same interpreter (``--python``, default this one), interleaved round by
-round so that a busy machine slows both alike; the figure is the median of ``--rounds``.
+Both run under the same interpreter (``--python``, default this one), from bytecode,
+interleaved round by round so that a busy machine slows both alike; the figure is the median
+of ``--rounds``.
 PyTensor's row is left out where it is not installed for that interpreter.
 
     python benchmarks/import_time.py [--rounds 7] [--python /path/to/python]
@@ -19,8 +20,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _time_import(python: str, module: str) -> float:
+def _env() -> dict[str, str]:
+    """Both packages import from bytecode, as installed packages do: the warm-up run writes
+    symgpu's __pycache__ (PYTHONDONTWRITEBYTECODE, set on some machines, would make every run
+    compile symgpu from source while PyTensor's installed bytecode is read)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def _time_import(python: str, module: str) -> float:
+    env = _env()
     t0 = time.perf_counter()
     subprocess.run([python, "-c", f"import {module}"], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
