@@ -51,6 +51,7 @@ def __getattr__(name: str) -> Any:
     entry = _LAZY.get(name)
     if entry is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # deferred: start-up: loops, the GPU package and Theano's paths load on first use
     module = importlib.import_module(entry[0])
     value = module if entry[1] is None else getattr(module, entry[1])
     globals()[name] = value
@@ -63,7 +64,7 @@ def __dir__() -> list[str]:
 
 def _load_gpu_backend() -> None:
     """Register the GPU backend (types, transfers, placement passes; no PyCUDA)."""
-    importlib.import_module("symgpu.gpu")
+    importlib.import_module("symgpu.gpu")  # deferred: start-up: only when a GPU is asked for
 
 
 config.on_device_request(_load_gpu_backend)  # now if the flags ask for a GPU, else when they do

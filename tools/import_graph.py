@@ -1,7 +1,8 @@
 """symgpu's import graph, read from the source (ast; nothing is imported).
 
 Counts every import of a symgpu module, at module level and inside function bodies (only
-``if TYPE_CHECKING:`` blocks are left out, as import-linter leaves them out), and reports:
+``if TYPE_CHECKING:`` blocks are left out, as import-linter leaves them out; a lazy
+``importlib.import_module`` inside a function counts as an import there), and reports:
 
 - ``--deferred``: each import inside a function body, one per statement, with the comment that
   gives its reason (a ``# deferred: ...`` comment on the line or the line above);
@@ -63,6 +64,25 @@ def _resolve(importer: str, is_pkg: bool, node: ast.ImportFrom, known: dict) -> 
     return out
 
 
+def _is_import_module_call(node: ast.AST) -> bool:
+    """``importlib.import_module(...)`` (or a bare ``import_module(...)``): a lazy import."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return False
+    func = node.func
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+        (isinstance(func, ast.Name) and func.id == "import_module")
+
+
+def _import_module_target(node: ast.Call, importer: str, known: dict) -> str:
+    """The module a lazy import names: its literal, else (a name built at run time, as a
+    package's PEP 562 ``__getattr__`` builds it) the importing package itself."""
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    return importer if importer in known and known[importer].name == "__init__.py" \
+        else importer.rsplit(".", 1)[0]
+
+
 def _reason(lines: list[str], lineno: int) -> str:
     for ln in (lineno - 1, lineno - 2):
         if 0 <= ln < len(lines) and DEFERRED_TAG in lines[ln]:
@@ -89,7 +109,9 @@ def imports(known: dict[str, Path] | None = None) -> list[Import]:
                         visit(sub, d)
                     continue
                 targets: list[str] = []
-                if isinstance(ch, ast.Import):
+                if d and _is_import_module_call(ch):
+                    targets = [_import_module_target(ch, name, known)]
+                elif isinstance(ch, ast.Import):
                     targets = [a.name for a in ch.names]
                 elif isinstance(ch, ast.ImportFrom):
                     targets = _resolve(name, is_pkg, ch, known)

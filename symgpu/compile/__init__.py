@@ -23,6 +23,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # deferred: Theano's theano.compile.X names resolve lazily (PEP 562), as documented
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 

@@ -8,6 +8,7 @@ entry per row (-log p[i, y_i]) without building a one-hot matrix.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -247,11 +248,19 @@ def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable
                     f"got {t.type}")
 
 
-# convolution (a submodule; imported last because it builds on the ops above)
-from symgpu.tensor.nnet.abstract_conv import (  # noqa: E402
-    conv2d, conv2d_grad_wrt_inputs, conv2d_grad_wrt_weights, conv2d_transpose)
+# convolution: a submodule loaded on first use (PEP 562), so `import symgpu` does not load
+# the convolution code a model without convolutions never runs
+_CONV_NAMES = ("conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose")
+__all__ += list(_CONV_NAMES)
 
-__all__ += ["conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose"]
+
+def __getattr__(name: str) -> Any:
+    if name in _CONV_NAMES:
+        # deferred: start-up: the convolution code loads when a model first uses it
+        value = getattr(importlib.import_module("symgpu.tensor.nnet.abstract_conv"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 from symgpu.tensor.nnet.activations import elu, selu  # noqa: E402
 from symgpu.tensor.nnet import bn  # noqa: E402,F401
 
