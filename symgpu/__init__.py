@@ -25,6 +25,9 @@ from symgpu.gradient import grad
 import symgpu.printing as printing
 from symgpu.compile.explain import explain
 from symgpu.printing import pp  # Theano's theano.pp
+from symgpu import theano_paths
+
+theano_paths.install()  # Theano's module paths (symgpu.gof, symgpu.gpu.basic_ops...) resolve
 
 __version__ = "0.1.0"
 
@@ -35,7 +38,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "reduce": ("symgpu.scan", "reduce"),
     "foldl": ("symgpu.scan", "foldl"),
     "foldr": ("symgpu.scan", "foldr"),
-    "scan_module": ("symgpu.scan_module", None),
+    "scan_module": ("symgpu.scan_module", None),  # Theano's paths: symgpu/theano_paths.py
+    "gof": ("symgpu.gof", None),
+    "gpuarray": ("symgpu.gpuarray", None),
     "ifelse": ("symgpu.ifelse", None),  # symgpu.ifelse.ifelse, the lazy branch
     "gpu": ("symgpu.gpu", None),
     "sandbox": ("symgpu.sandbox", None),

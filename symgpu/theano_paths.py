@@ -1,0 +1,171 @@
+"""Theano's module paths, mapped onto symgpu's modules: the one place that says which Theano
+path lives where here.
+
+The top layer (docs/internals.md, "Layers"): nothing inside the package imports it; the façade
+installs its import hook (`install`). Each path resolves lazily, when imported or first
+reached as an attribute, so the table costs no start-up time and the code stays laid out by
+concern. A path that names one module of ours *is* that module (same classes, so `isinstance`
+and pickles agree); a path that gathers several makes a module whose names come from the
+first of them that has each one.
+
+    from symgpu.gpu.basic_ops import gpu_from_host       # Theano: theano.gpuarray.basic_ops
+    import symgpu.gof.graph                               # Theano: theano.gof.graph
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Any
+
+__all__ = ["PATHS", "install", "resolve"]
+
+#: Theano's path (under ``symgpu.``) -> our module, or the modules whose public names it gathers
+PATHS: dict[str, str | tuple[str, ...]] = {
+    # the graph core (theano.gof)
+    "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
+                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
+    "symgpu.gof.graph": "symgpu.graph.basic",
+    "symgpu.gof.op": "symgpu.graph.op",
+    "symgpu.gof.type": ("symgpu.graph.basic",),
+    "symgpu.gof.fg": "symgpu.graph.fg",
+    "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting"),
+    "symgpu.gof.opt": "symgpu.graph.rewriting",
+    "symgpu.gof.optdb": "symgpu.graph.rewriting.db",
+    "symgpu.gof.destroyhandler": "symgpu.graph.rewriting.destroy",
+    "symgpu.gof.vm": "symgpu.link.vm",
+    # compiling (theano.compile)
+    "symgpu.compile.function_module": "symgpu.compile.function",
+    "symgpu.compile.ops": ("symgpu.tensor.shape",),
+    # the tensor language (theano.tensor)
+    "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+                          "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
+                          "symgpu.tensor.rewriting.shape_feature"),
+    "symgpu.tensor.raw_random": "symgpu.tensor.random.ops",
+    "symgpu.tensor.var": "symgpu.tensor.type",
+    # loops (theano.scan_module)
+    "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's
+    "symgpu.scan_module.scan_op": "symgpu.scan.op",
+    # the GPU package under Theano's names (theano.gpuarray; the old theano.sandbox.cuda)
+    "symgpu.gpu.basic_ops": "symgpu.gpu.placement.basic_ops",
+    "symgpu.gpu.type": "symgpu.gpu.placement.type",
+    "symgpu.gpuarray": "symgpu.gpu",
+    "symgpu.gpuarray.basic_ops": "symgpu.gpu.placement.basic_ops",
+    "symgpu.gpuarray.type": "symgpu.gpu.placement.type",
+    "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
+    "symgpu.gpuarray.elemwise": "symgpu.gpu.ops.elemwise",
+    "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
+    "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
+    "symgpu.gpuarray.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv", "symgpu.gpu.ops.pooling"),
+    "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
+    "symgpu.sandbox.cuda": "symgpu.gpu",
+    "symgpu.sandbox.cuda.basic_ops": "symgpu.gpu.placement.basic_ops",
+    "symgpu.sandbox.cuda.type": "symgpu.gpu.placement.type",
+    "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
+    "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
+                                "symgpu.gpu.ops.pooling"),
+}
+
+
+def _public(module: types.ModuleType) -> list[str]:
+    names = getattr(module, "__all__", None)
+    return list(names) if names is not None else [n for n in vars(module) if not n.startswith("_")]
+
+
+class _Gathered(types.ModuleType):
+    """A Theano module made of several of ours: each name from the first that has it."""
+
+    def __init__(self, name: str, sources: tuple[str, ...]):
+        super().__init__(name, f"Theano's {name.replace('symgpu', 'theano', 1)}: the names of "
+                               + ", ".join(sources))
+        self.__path__: list[str] = []  # a package: Theano's submodule paths resolve below it
+        self._sources = sources
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        for source in self._sources:  # names first: `from theano.scan_module import scan`
+            module = importlib.import_module(source)  # deferred: resolved on first use
+            if hasattr(module, name):
+                value = getattr(module, name)
+                setattr(self, name, value)
+                return value
+        sub = f"{self.__name__}.{name}"
+        if sub in PATHS:
+            return importlib.import_module(sub)  # deferred: resolved on first use
+        raise AttributeError(f"module {self.__name__!r} has no attribute {name!r} (it gathers "
+                             f"{', '.join(self._sources)})")
+
+    def __dir__(self) -> list[str]:
+        # deferred: resolved on first use
+        names = {n for s in self._sources for n in _public(importlib.import_module(s))}
+        prefix = self.__name__ + "."
+        names |= {p[len(prefix):] for p in PATHS
+                  if p.startswith(prefix) and "." not in p[len(prefix):]}
+        return sorted(names)
+
+
+def resolve(path: str) -> types.ModuleType:
+    """The module for Theano path `path` (``symgpu.`` + Theano's path after ``theano.``)."""
+    target = PATHS[path]
+    if isinstance(target, str):
+        return importlib.import_module(target)  # deferred: resolved on first use
+    return _Gathered(path, target)
+
+
+def _ours(fullname: str) -> str | None:
+    """The symgpu name of `fullname`: itself, or ``symgpu.X`` for ``theano.X`` where the user
+    made ``theano`` this package (``sys.modules['theano'] = symgpu``, code written for Theano
+    run unchanged); None for other names."""
+    if fullname.startswith("theano.") and sys.modules.get("theano") is sys.modules.get("symgpu"):
+        name = "symgpu." + fullname[len("theano."):]
+        if name in PATHS or importlib.util.find_spec(name) is not None:
+            return name
+        return None
+    return fullname if fullname in PATHS else None
+
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds the paths of PATHS (and, under a ``theano`` alias, every path of ours); a path
+    naming one module hands out that module itself."""
+
+    def __init__(self) -> None:
+        self._own_specs: dict[str, Any] = {}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None):
+        name = _ours(fullname)
+        if name is None:
+            return None
+        # a gathered path is a package (Theano's submodules resolve below it); a path naming
+        # one module of ours keeps that module as it is
+        return importlib.machinery.ModuleSpec(fullname, self,
+                                              is_package=isinstance(PATHS.get(name), tuple))
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        name = _ours(spec.name)
+        if name in PATHS and isinstance(PATHS[name], tuple):
+            return resolve(name)
+        # deferred: resolved on first use
+        module = resolve(name) if name in PATHS else importlib.import_module(name)
+        self._own_specs[spec.name] = module.__spec__
+        return module
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the module is one of ours, or gathers names on first use. One of
+        ours gets its own spec back (the import system gave it the alias's)."""
+        own = self._own_specs.pop(module.__spec__.name, None)
+        if own is not None:
+            module.__spec__ = own
+
+
+_FINDER = _Finder()
+
+
+def install() -> None:
+    """Put the finder first on sys.meta_path (once): the façade calls this."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
