@@ -6,6 +6,7 @@ constant `1` in a shape lets the output type know that dimension is broadcastabl
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -22,6 +23,7 @@ from symgpu.tensor.shape_rules import (_const, as_dim, dim_value, is_nonnegative
                                        join_shape, s_eq, s_floordiv, s_prod, s_switch)
 from symgpu.tensor.subtensor import (AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor,
                                      Subtensor, getitem, inc_subtensor, set_subtensor)
+from symgpu.tensor import type as _type
 from symgpu.tensor.ranges import ARange, arange
 from symgpu.tensor.type import TensorConstant, TensorType, TensorVariable, as_tensor_variable, constant
 
@@ -404,8 +406,17 @@ def join(axis: int, *tensors: Any) -> TensorVariable:
     return concatenate(tensors, axis)
 
 
-def stack(tensors: Sequence[Any], axis: int = 0) -> TensorVariable:
-    """np.stack: join tensors of equal shape along a new `axis`."""
+def stack(tensors: Sequence[Any], *more: Any, axis: int = 0) -> TensorVariable:
+    """np.stack: join tensors of equal shape along a new `axis`. Theano's older spelling
+    ``stack(a, b, c)`` (the tensors as arguments) works too, with its DeprecationWarning."""
+    if more or not isinstance(tensors, (list, tuple)):
+        if len(more) == 1 and isinstance(more[0], (int, np.integer)) and \
+                isinstance(tensors, (list, tuple)):
+            axis = int(more[0])  # stack(tensors, 1): the axis given by position
+        else:
+            warnings.warn("stack(*tensors) is Theano's deprecated spelling: use "
+                          "stack([a, b, ...], axis=0)", DeprecationWarning, stacklevel=2)
+            tensors = (tensors, *more)
     tensors = as_operands(*tensors) if len(tensors) else []
     if not tensors:
         raise ValueError("stack needs at least one tensor")
@@ -531,3 +542,6 @@ def specify_shape(x: Any, shape: Any) -> Any:
     if all(e is None for e in shape):
         return x
     return SpecifyShape([e is not None for e in shape])(x, *[e for e in shape if e is not None])
+
+
+_type._SEQUENCES[:] = [stack]  # as_tensor_variable([x.shape[0], 3]) stacks what it holds

@@ -15,19 +15,16 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float
-from symgpu.tensor.basic import _as_int_scalar, flatten
-from symgpu.tensor.math import cast, maximum, minimum, neq, sum as _sum
+from symgpu.tensor.basic import _as_int_scalar, arange, concatenate, flatten, zeros
+from symgpu.tensor.math import cast, max as _max, maximum, minimum, neq, sum as _sum
 from symgpu.tensor.shape import shape_i
+from symgpu.tensor.subtensor import inc_subtensor, set_subtensor
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, constant
-from symgpu.tensor.basic import concatenate
-from symgpu.tensor.math import max as _max
-from symgpu.tensor.basic import zeros
-from symgpu.tensor.subtensor import inc_subtensor
 
 __all__ = ["CumOp", "Sort", "ArgSort", "Repeat", "Eye", "AllocDiag", "ExtractDiag", "Nonzero",
            "cumsum", "cumprod", "sort", "argsort", "repeat", "eye", "identity_like", "diag",
            "diagonal", "nonzero", "flatnonzero", "nonzero_values", "BinCount", "SearchSorted",
-           "bincount", "searchsorted"]
+           "bincount", "searchsorted", "to_one_hot"]
 
 _SORT_KINDS = ("quicksort", "mergesort", "heapsort", "stable")
 
@@ -596,3 +593,14 @@ def searchsorted(a: Any, v: Any, side: str = "left") -> TensorVariable:
     """Indices where the elements of `v` would be inserted into the sorted vector `a` to
     keep it sorted, as np.searchsorted."""
     return SearchSorted(side)(a, v)
+
+
+def to_one_hot(y: Any, nb_class: Any, dtype: str | None = None) -> TensorVariable:
+    """Theano's ``extra_ops.to_one_hot``: a matrix (y.shape[0], nb_class) whose row i is 1 at
+    column y[i] and 0 elsewhere (dtype floatX by default); `y` a vector of integer labels."""
+    y = as_tensor_variable(y)
+    if y.ndim != 1 or not y.dtype.startswith(("int", "uint")):
+        raise TypeError(f"to_one_hot: y must be a vector of integer labels, got {y} ({y.type})")
+    n = shape_i(y, 0)
+    out = zeros((n, nb_class), dtype=dtype)
+    return set_subtensor(out[arange(n), y], 1)

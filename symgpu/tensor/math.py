@@ -107,6 +107,7 @@ abs_ = abs
 sgn = _make_elemwise("sgn", "Elementwise sign (-1, 0 or 1).")
 sign = sgn
 sqr = _make_elemwise("sqr", "Elementwise square.")
+square = sqr  # Theano's other name (T.square)
 reciprocal = _make_elemwise("reciprocal", "Elementwise 1/x.")
 inv = reciprocal
 identity = _make_elemwise("identity", "The input itself, as a new node.")

@@ -28,8 +28,12 @@ class TensorType(Type):
     """An n-dimensional array type: a dtype and, per dimension, whether it is broadcastable
     (known to have length 1)."""
 
-    def __init__(self, dtype: str, broadcastable: Sequence[bool] = (), shape: Sequence | None = None):
+    def __init__(self, dtype: str, broadcastable: Sequence[bool] = (), name: str | None = None,
+                 shape: Sequence | None = None):
+        """``name`` (Theano's): how the type prints, e.g. ``TensorType('float64', (False,),
+        name='Vec')``; it does not take part in equality."""
         self.dtype = check_dtype(dtype)
+        self.name = name
         if shape is not None:
             broadcastable = tuple(s == 1 for s in shape)
         self.broadcastable = tuple(bool(b) for b in broadcastable)
@@ -61,6 +65,8 @@ class TensorType(Type):
         return tuple(1 if b else None for b in self.broadcastable)
 
     def __str__(self) -> str:
+        if getattr(self, "name", None):
+            return self.name
         kind = _NDIM_NAMES.get(self.ndim, f"{self.ndim}D")
         if self.ndim == 2 and self.broadcastable == (True, False):
             kind = "row"
@@ -315,6 +321,11 @@ def _as_array(value: Any, dtype: str | None) -> np.ndarray:
     return arr
 
 
+#: how a list or tuple holding symbolic values becomes a tensor (their stack): tensor.basic,
+#: which defines stack above this module, installs it when it loads
+_SEQUENCES: list[Callable[[Sequence], "TensorVariable"]] = []
+
+
 def as_tensor_variable(x: Any, name: str | None = None, ndim: int | None = None,
                        dtype: str | None = None) -> TensorVariable:
     """`x` as a symbolic tensor: variables pass through, values become constants."""
@@ -331,6 +342,10 @@ def as_tensor_variable(x: Any, name: str | None = None, ndim: int | None = None,
         raise TypeError(f"{x} ({x.type}) is not a tensor variable")
     if hasattr(x, "owner") and hasattr(x, "type"):
         raise TypeError(f"cannot use {x!r} as a tensor")
+    if isinstance(x, (list, tuple)) and _SEQUENCES and any(isinstance(e, Variable) for e in x):
+        # a sequence holding symbolic values ([x.shape[0], 3]): their stack, as Theano's
+        out = _SEQUENCES[0](x)
+        return out if ndim is None else as_tensor_variable(out, name, ndim, dtype)
     try:
         return constant(x, name=name, ndim=ndim, dtype=dtype)
     except (TypeError, ValueError) as exc:

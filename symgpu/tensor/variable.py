@@ -43,10 +43,10 @@ class TensorOperators:
     def __pos__(self): return self
     def __abs__(self): return _math.abs(self)
     # comparisons (== and != keep Python identity semantics, as in Theano: use eq/neq)
-    def __lt__(self, o): return _math.lt(self, o)
-    def __le__(self, o): return _math.le(self, o)
-    def __gt__(self, o): return _math.gt(self, o)
-    def __ge__(self, o): return _math.ge(self, o)
+    def __lt__(self, o): return _comparison(_math.lt(self, o))
+    def __le__(self, o): return _comparison(_math.le(self, o))
+    def __gt__(self, o): return _comparison(_math.gt(self, o))
+    def __ge__(self, o): return _comparison(_math.ge(self, o))
     # logic
     def __and__(self, o): return _math.and_(self, o)
     def __rand__(self, o): return _math.and_(o, self)
@@ -63,14 +63,29 @@ class TensorOperators:
         return getitem(self, index)
 
     def __iter__(self):
-        raise TypeError("a symbolic tensor cannot be iterated; index it (x[i]) instead")
+        """A vector whose length the graph tells (``x.shape``, a MakeVector, a constant)
+        iterates over its entries, as Theano's (``rows, cols = x.shape``); others refuse
+        (this also stops Python's builtin ``sum(x)`` by mistake for ``x.sum()``)."""
+        n = _basic._vector_length(self) if self.ndim == 1 else None
+        if n is None:
+            raise TypeError(f"{self} ({self.type}) cannot be iterated: only a vector whose "
+                            "length the graph tells (x.shape, a stack of scalars) can; index "
+                            "it (x[i]) instead, or use x.sum() / x.max() rather than Python's "
+                            "builtin sum / max")
+        return (self[i] for i in range(n))
 
     def __len__(self):
         raise TypeError("a symbolic tensor has no len(); use x.shape[0]")
 
     def __bool__(self):
-        raise TypeError("a symbolic tensor has no truth value; use switch/where, eq, or "
-                        "compare with `is` for identity")
+        """True, as in Theano (``if W:`` tests that a default argument was given), except for
+        the result of a comparison operator, whose truth is only known when the function
+        runs (``a < b < c`` would silently test one half)."""
+        if getattr(self, "_comparison", False):
+            raise TypeError(f"{self} is a symbolic comparison: it has no truth value until the "
+                            "function runs; use switch/where, and T.and_ for chains such as "
+                            "a < b < c")
+        return True
 
     # shape
     @property
@@ -158,3 +173,9 @@ def install_operators() -> None:
     for name, value in vars(TensorOperators).items():
         if not name.startswith("__") or name in TensorOperators.dunders:
             setattr(TensorVariable, name, value)
+
+
+def _comparison(result: Any) -> Any:
+    """Mark an operator's comparison result: its truth value is refused (see __bool__)."""
+    result._comparison = True
+    return result
