@@ -700,3 +700,27 @@ def test_benchmark_logreg_reads_lengths_of_inputs_only(where):
             g = function([], outs, updates=ups)
         reads = [n for n in g.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
         assert any(n.inputs[0].owner is not None for n in reads), [str(n) for n in reads]
+
+
+# ----------------------------------------------------------------------------- OpFromGraph
+# (symgpu/builders.py; the table above is parametrized before this block runs, so its cases
+# are checked by the test below with the same checks)
+from symgpu.builders import OpFromGraph  # noqa: E402
+
+
+def _ofg_case(x, y):
+    a, b = T.dmatrix(), T.dmatrix()
+    return OpFromGraph([a, b], [a + b, T.dot(a, b.T), a[1:].sum(axis=0)])(x, y)
+
+
+def _ofg_value_shape(x, n):
+    a, k = T.dvector(), T.lscalar()
+    return OpFromGraph([a, k], [T.alloc(a.sum(), k, 2) + 1])(x, n)
+
+
+CASES[OpFromGraph] = [case(_ofg_case, r(3, 4), r(3, 4)), case(_ofg_value_shape, r(3), n4)]
+
+
+def test_opfromgraph_inferred_shape_equals_computed_shape():
+    for c in CASES[OpFromGraph]:
+        _host_check(OpFromGraph, c)
