@@ -16,6 +16,7 @@ from symgpu.gradient import (DisconnectedType, NullType, NullTypeGradError, disc
                              verify_grad)
 from symgpu.graph.fg import FunctionGraph
 from symgpu.tensor.rewriting.shape_feature import node_shapes
+from gpu_helpers import real_default_gpu, requires_gpu
 
 INLINE = pytest.mark.parametrize("inline", [False, True], ids=["compiled", "inline"])
 
@@ -528,3 +529,63 @@ def test_bad_input_is_named():
     bad = OpFromGraph([x, y], [x * y], grad_overrides=lambda i, g: [g[0]] * 3)
     with pytest.raises(ValueError, match="returned 3 gradient"):
         T.grad(bad(x, y).sum(), x)
+
+
+# ============================================================================ on the GPU
+
+def _gpu_ofg_function():
+    x, y = T.vectors("x", "y")
+    op = OpFromGraph([x, y], [T.exp(x) * y + 1, (x * y).sum()])
+    xx, yy = T.vector("xx"), T.vector("yy")
+    p, q = op(xx, yy)
+    return function([xx, yy], [p * 2, q])
+
+
+def test_op_from_graph_becomes_a_gpu_op_from_graph(vgpu):
+    from symgpu.gpu.ops.builders import GpuOpFromGraph
+    from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
+    from symgpu.gpu.placement.rewriting import cpu_nodes
+    from symgpu.graph.basic import Constant
+    f = _gpu_ofg_function()
+    (node,) = ofg_nodes(f)
+    assert isinstance(node.op, GpuOpFromGraph)
+    assert all(v.type.context_name is None for v in node.outputs)   # GPU results
+    node.op.fn.compile()
+    fg = node.op.fn.compiled_fgraph
+    assert not cpu_nodes(fg)
+    assert not [n for n in fg.toposort() if isinstance(n.op, (GpuFromHost, HostFromGpu))
+                and not isinstance(n.inputs[0], Constant)]
+
+
+def test_gpu_op_from_graph_with_a_shared_variable_and_pickling(vgpu):
+    import pickle
+    from symgpu.gpu.ops.builders import GpuOpFromGraph
+    x = T.vector("x")
+    s = shared(np.ones(3, dtype="float32"))
+    op = OpFromGraph([x], [x * s])
+    xx = T.vector("xx")
+    f = function([xx], op(xx) + 1)
+    (node,) = ofg_nodes(f)
+    assert isinstance(node.op, GpuOpFromGraph) and len(node.inputs) == 2
+    clone = pickle.loads(pickle.dumps(node.op))
+    assert isinstance(clone, GpuOpFromGraph) and clone == node.op
+
+
+@requires_gpu
+def test_gpu_op_from_graph_values_on_the_device():
+    xv, yv = rand(7, seed=1).astype("float32"), rand(7, seed=2).astype("float32")
+    with symgpu.config.change_flags(floatX="float32"), real_default_gpu():
+        f = _gpu_ofg_function()
+        p, q = f(xv, yv)
+        np.testing.assert_allclose(np.asarray(p), (np.exp(xv) * yv + 1) * 2, rtol=1e-5)
+        np.testing.assert_allclose(float(np.asarray(q)), (xv * yv).sum(), rtol=1e-5)
+        x = T.vector("x")
+        s = shared(np.arange(7, dtype="float32"))
+        op = OpFromGraph([x], [x * s, x.T])
+        xx = T.vector("xx")
+        a, b = op(xx)
+        g = function([xx], [a + 1, b * 2, T.grad((a * b).sum(), xx)])
+        av, bv, gv = (np.asarray(v) for v in g(xv))
+        np.testing.assert_allclose(av, xv * np.arange(7) + 1, rtol=1e-5)
+        np.testing.assert_allclose(bv, xv * 2, rtol=1e-5)
+        np.testing.assert_allclose(gv, 2 * xv * np.arange(7), rtol=1e-5)
