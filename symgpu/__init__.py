@@ -42,6 +42,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "gof": ("symgpu.gof", None),
     "gpuarray": ("symgpu.gpuarray", None),
     "ifelse": ("symgpu.ifelse", None),  # symgpu.ifelse.ifelse, the lazy branch
+    "OpFromGraph": ("symgpu.builders", "OpFromGraph"),  # Theano's theano.OpFromGraph
     "gpu": ("symgpu.gpu", None),
     "sandbox": ("symgpu.sandbox", None),
     "misc": ("symgpu.misc", None),
@@ -49,7 +50,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",
            "Constant", "tensor", "__version__", "explain", "pp", "Mode", "printing", "gradient",
-           "scan", "map", "reduce", "foldl", "foldr"]
+           "scan", "map", "reduce", "foldl", "foldr", "OpFromGraph"]
 
 
 def __getattr__(name: str) -> Any:

@@ -40,6 +40,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # compiling (theano.compile)
     "symgpu.compile.function_module": "symgpu.compile.function",
     "symgpu.compile.ops": ("symgpu.tensor.shape",),
+    "symgpu.compile.builders": "symgpu.builders",  # OpFromGraph: above gradient and scan
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
     "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",

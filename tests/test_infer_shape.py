@@ -700,3 +700,43 @@ def test_benchmark_logreg_reads_lengths_of_inputs_only(where):
             g = function([], outs, updates=ups)
         reads = [n for n in g.maker.fgraph.toposort() if "Shape" in type(n.op).__name__]
         assert any(n.inputs[0].owner is not None for n in reads), [str(n) for n in reads]
+
+
+# ----------------------------------------------------------------------------- OpFromGraph
+# (symgpu/builders.py; the table above is parametrized before this block runs, so its cases
+# are checked by the test below with the same checks)
+from symgpu.builders import OpFromGraph  # noqa: E402
+from symgpu.gpu.ops.builders import GpuOpFromGraph  # noqa: E402
+
+
+def _ofg_case(x, y):
+    a, b = T.dmatrix(), T.dmatrix()
+    return OpFromGraph([a, b], [a + b, T.dot(a, b.T), a[1:].sum(axis=0)])(x, y)
+
+
+def _ofg_value_shape(x, n):
+    a, k = T.dvector(), T.lscalar()
+    return OpFromGraph([a, k], [T.alloc(a.sum(), k, 2) + 1])(x, n)
+
+
+def _gpu_ofg(x, y):
+    """A GpuOpFromGraph of GPU x and y: dot(x, y.T) on the device."""
+    from symgpu.gpu.ops.scan_op import gpu_inner_graph
+    a, b = T.matrix(), T.matrix()
+    ins, outs = gpu_inner_graph([a, b], [T.dot(a, b.T)], [True, True], [True], None)
+    return GpuOpFromGraph(ins, outs)(x, y)
+
+
+def _ofg_cases() -> None:
+    CASES[OpFromGraph] = [case(_ofg_case, r(3, 4), r(3, 4)), case(_ofg_value_shape, r(3), n4)]
+    CASES[GpuOpFromGraph] = [gcase(_gpu_ofg, lambda x, y: T.dot(x, y.T), "gg",
+                                   r(3, 4, dtype="float32"), r(5, 4, dtype="float32"))]
+
+
+_ofg_cases()
+
+
+@pytest.mark.parametrize("op_cls", [OpFromGraph, GpuOpFromGraph], ids=lambda c: c.__name__)
+def test_opfromgraph_inferred_shape_equals_computed_shape(op_cls):
+    for c in CASES[op_cls]:
+        (_gpu_check if c.twin is not None else _host_check)(op_cls, c)
