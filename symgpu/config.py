@@ -690,13 +690,15 @@ def _register_builtin_flags(cfg: Config, environ: Mapping[str, str]) -> None:
     for name, param, default, doc in _BUILTIN_FLAGS:
         if name == "compiledir":
             default = _default_compiledir(environ)
-        cfg.add(name, doc, param(), default)
-        if name == "mode":
-            mode = cfg._flags["mode"]
-            mode.adapt = _adapt_mode
-            mode.reason = ("is approximated in symgpu: NanGuardMode by name runs FAST_RUN; pass "
-                           "mode=NanGuardMode(...) (symgpu.compile.monitormode) to function")
-            mode.warns = lambda value: value == "NanGuardMode"
+        if name != "mode":
+            cfg.add(name, doc, param(), default)
+            continue
+        mode = _Flag(name, doc, param(), default)  # hooks set before the raw values apply
+        mode.adapt = _adapt_mode
+        mode.reason = ("is approximated in symgpu: NanGuardMode by name runs FAST_RUN; pass "
+                       "mode=NanGuardMode(...) (symgpu.compile.monitormode) to function")
+        mode.warns = lambda value: _THEANO_MODES.get(value, (value, False))[1]
+        cfg._register(mode, [])
     for row in THEANO_FLAGS + LEGACY_FLAGS:
         if row[3] != "same":
             cfg._add_theano(row, environ)
@@ -714,11 +716,22 @@ def _warn_once(flag: _Flag, value: Any) -> None:
                       stacklevel=level)
 
 
+#: symgpu's rewrite sets, the modes the optimizer flag chooses between
+_REWRITE_SETS = ("FAST_RUN", "FAST_COMPILE")
+#: Theano's other mode names -> (symgpu's, whether it warns); None: the current rewrite set
+#: (Theano's Mode, which follows the optimizer flag)
+_THEANO_MODES = {"Mode": (None, False), "DEBUG_MODE": ("DebugMode", False),
+                 "NanGuardMode": ("FAST_RUN", True)}
+
+
 def _adapt_mode(value: str, current: str) -> str:
     """Theano's mode names as symgpu's: Mode keeps the rewrite set the optimizer flag chose."""
-    if value == "Mode":
-        return current if current in ("FAST_RUN", "FAST_COMPILE") else "FAST_RUN"
-    return {"DEBUG_MODE": "DebugMode", "NanGuardMode": "FAST_RUN"}.get(value, value)
+    if value not in _THEANO_MODES:
+        return value
+    name = _THEANO_MODES[value][0]
+    if name is None:
+        return current if current in _REWRITE_SETS else _REWRITE_SETS[0]
+    return name
 
 
 _FAST_COMPILE_OPTIMIZERS = frozenset({"fast_compile", "o1", "merge", "None"})
@@ -726,7 +739,7 @@ _FAST_MATH = ("--use_fast_math", "-use_fast_math")
 
 
 def _write_optimizer(value: str, mode: str) -> str:
-    if mode == "DebugMode":  # as in Theano, DebugMode keeps its own rewrites
+    if mode not in _REWRITE_SETS:  # as in Theano, DebugMode keeps its own rewrites
         return mode
     return "FAST_COMPILE" if value in _FAST_COMPILE_OPTIMIZERS else "FAST_RUN"
 
