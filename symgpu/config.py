@@ -770,10 +770,14 @@ def _theano_param(spec: Any) -> Param:
         return TheanoEnumParam(*spec)
     if spec in _INT_SPECS:
         return IntParam(*_INT_SPECS[spec])
+    if spec == "memory":
+        param = FloatParam()
+        param.allowed = "0, 0.5, 1024 ... (0: off; up to 1: a fraction of the GPU's memory; MiB)"
+        return param
     if spec.startswith("removed:"):
         return RemovedParam(spec[len("removed:"):])
     simple: dict[str, Callable[[], Param]] = {
-        "bool": BoolParam, "float": FloatParam, "str": StrParam, "path": PathParam,
+        "bool": BoolParam, "str": StrParam, "path": PathParam,
         "initdev": InitDeviceParam, "prealloc": lambda: ListParam(*_PREALLOCATED_KINDS)}
     return simple[spec]()
 

@@ -21,7 +21,8 @@ generated from it (docs/gen_flags.py) and checked by tests/test_theano_flags.py.
 
 A row is ``(name, spec, default, kind, text, quiet)``:
 
-* spec: ``"bool"``, ``"int"``, ``"int>0"``, ``"int>=0"``, ``"float"``, ``"str"``, ``"path"``,
+* spec: ``"bool"``, ``"int"``, ``"int>0"``, ``"int>=0"``, ``"memory"`` (a float: a fraction of
+  the GPU's memory or MiB), ``"str"``, ``"path"``,
   ``"initdev"`` ('' or cuda*/opencl*), ``"prealloc"`` (':'-separated kinds of DebugMode's
   preallocated outputs), ``"removed:<replacement>"``, a tuple of allowed strings, or None for
   a ``same`` row (symgpu's param);
@@ -244,7 +245,7 @@ THEANO_SECTIONS: tuple[str, ...] = ("compile", "DebugMode", "numpy")
 #: flags of older Theanos (0.8, 0.9: the old CUDA backend) and undocumented ones of 1.0.5
 #: still found in users' THEANO_FLAGS, accepted as the rows above
 LEGACY_FLAGS: tuple[tuple, ...] = (
-    ("lib.cnmem", "float", 0.0, "ignored",
+    ("lib.cnmem", "memory", 0.0, "ignored",
      "symgpu's device pool replaces CNMeM; gpuarray.preallocate is the equivalent", ()),
     ("nvcc.fastmath", _B, False, "mapped",
      "--use_fast_math in nvcc.flags: True adds it, False removes it", "*"),
