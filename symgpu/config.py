@@ -11,6 +11,12 @@ Sources, in rising precedence:
 4. ``config.change_flags(...)`` (context manager and decorator) and attribute assignment
    (``config.floatX = 'float32'``, for the rest of the process).
 
+Every flag of Theano's configuration reference is accepted too, with Theano's type, allowed
+values and default (the table is symgpu/config_theano.py): Theano's flags that symgpu has keep
+symgpu's behaviour, a few read and write a symgpu flag (``optimizer`` is ``mode``'s rewrite
+set), and those symgpu cannot honour warn once per flag and process (``IgnoredFlagWarning``)
+when set to another value than their default.
+
 Every value is checked by the flag's param; a bad name or value raises :class:`ConfigError`
 naming the flag, the value, its source and what is allowed.  Errors in the rc file or in
 ``SYMGPU_FLAGS`` surface when this module is imported.  Only the standard library is used so
@@ -27,17 +33,25 @@ import re
 import sys
 import sysconfig
 import types
+import warnings
 from typing import Any, Callable, Mapping
+
+from symgpu.config_theano import LEGACY_FLAGS, THEANO_FLAGS
 
 __all__ = [
     "Config", "ConfigError", "Param", "EnumParam", "BoolParam", "FloatParam", "StrParam",
-    "PathParam", "DeviceParam", "ContextsParam", "parse_contexts", "config", "change_flags",
+    "PathParam", "DeviceParam", "ContextsParam", "IntParam", "parse_contexts", "config",
+    "change_flags", "IgnoredFlagWarning",
 ]
 
 _NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _ENV_ITEM = re.compile(r"\s*([A-Za-z_][\w.]*)\s*=(.*)", re.S)
 _DEVICE = re.compile(r"cpu|cuda\d*")
 _GPU_DEVICE = re.compile(r"cuda\d*")
+
+
+class IgnoredFlagWarning(UserWarning):
+    """A Theano flag that symgpu accepts but cannot honour was set; the text says why."""
 
 
 class ConfigError(ValueError):
@@ -121,6 +135,23 @@ class FloatParam(Param):
         return x
 
 
+class IntParam(Param):
+    """An integer (or a string of one), optionally checked by ``validator(i) -> bool``."""
+
+    def __init__(self, validator: Callable[[int], bool] | None = None, doc: str = "",
+                 example: int = 0) -> None:
+        self.validator = validator
+        self.allowed = f"{example}, ... (an integer{' ' + doc if doc else ''})"
+
+    def convert(self, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise TypeError("not an integer")
+        i = int(value.strip()) if isinstance(value, str) else value
+        if self.validator is not None and not self.validator(i):
+            raise ValueError("")
+        return i
+
+
 class StrParam(Param):
     """Any string."""
 
@@ -162,6 +193,55 @@ class ContextsParam(StrParam):
         text = super().convert(value)
         parse_contexts(text)
         return text
+
+
+class TheanoEnumParam(EnumParam):
+    """One of Theano's string choices; Python's True, False and None are read as the strings
+    'True', 'False' and 'None' (``config.dnn.enabled = False``)."""
+
+    def convert(self, value: Any) -> str:
+        if value is None or isinstance(value, bool):
+            value = str(value)
+        return super().convert(value)
+
+
+class RemovedParam(Param):
+    """A flag Theano removed: only '' is accepted; another value names the replacement."""
+
+    def __init__(self, replacement: str) -> None:
+        self.replacement = replacement
+        self.allowed = f"'' only (removed: use {replacement})"
+
+    def convert(self, value: Any) -> str:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return ""
+        raise ValueError(f"this flag was removed (in Theano too); use {self.replacement}")
+
+
+class ListParam(StrParam):
+    """``:``-separated words, each one of ``choices`` (empty: none)."""
+
+    def __init__(self, *choices: str) -> None:
+        self.choices = choices
+        self.allowed = f"'', or some of {', '.join(choices)} separated by ':'"
+
+    def convert(self, value: Any) -> str:
+        text = super().convert(value)
+        bad = [w for w in text.split(":") if w and w not in self.choices]
+        if bad:
+            raise ValueError(f"unknown {', '.join(map(repr, bad))}")
+        return text
+
+
+class InitDeviceParam(Param):
+    """Theano's init_gpu_device: '' or a GPU device name (cuda, cudaN, openclN:M)."""
+
+    allowed = "'', cuda, cudaN, openclN:M"
+
+    def convert(self, value: Any) -> str:
+        if isinstance(value, str) and re.fullmatch(r"|cuda\d*|opencl\d*(:\d+)?", value.strip()):
+            return value.strip()
+        raise ValueError("")
 
 
 def parse_contexts(spec: str) -> dict[str, str]:
@@ -233,12 +313,49 @@ def _default_compiledir(environ: Mapping[str, str]) -> str:
 
 # --------------------------------------------------------------------------- config
 class _Flag:
-    __slots__ = ("name", "doc", "param", "default", "value", "source")
+    """One flag's record.  ``warns(value)`` says whether setting ``value`` warns (once per
+    flag and process) with ``reason``; ``adapt(value, current)`` turns an accepted spelling
+    into the stored value (Theano's ``mode=Mode`` keeps the current rewrite set)."""
+
+    __slots__ = ("name", "doc", "param", "default", "value", "source", "reason", "warns",
+                 "adapt")
 
     def __init__(self, name: str, doc: str, param: Param, default: Any) -> None:
         self.name, self.doc, self.param = name, doc, param
         self.default = self.value = default
         self.source = "default"
+        self.reason: str | None = None
+        self.warns: Callable[[Any], bool] = _never
+        self.adapt: Callable[[Any, Any], Any] | None = None
+
+
+class _DerivedFlag(_Flag):
+    """A flag without a value of its own: it reads and writes ``target`` (another flag's
+    record) through ``read(target value)`` and ``write(value, target value)``."""
+
+    __slots__ = ("target", "read", "write")
+
+    def __init__(self, name: str, doc: str, param: Param, default: Any, target: _Flag,
+                 read: Callable[[Any], Any], write: Callable[[Any, Any], Any]) -> None:
+        self.name, self.doc, self.param, self.default = name, doc, param, default
+        self.target, self.read, self.write = target, read, write
+        self.reason, self.warns, self.adapt = None, _never, None
+
+    @property  # type: ignore[override]
+    def value(self) -> Any:
+        return self.read(self.target.value)
+
+    @property  # type: ignore[override]
+    def source(self) -> str:
+        return self.target.source
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+#: names of the flags that have warned in this process (IgnoredFlagWarning: once per flag)
+_WARNED: set[str] = set()
 
 
 class _Section:
@@ -330,12 +447,63 @@ class Config:
             raise ConfigError(f"flag {name!r} is already registered or clashes with another name",
                               name)
         flag = _Flag(name, doc, param, param.parse(default, name, "default"))
+        self._register(flag, prefixes)
+
+    def _register(self, flag: _Flag, prefixes: list[str]) -> None:
+        """Apply the raw values read for ``flag`` (in order), then make it known."""
         for raw_name, raw, source in self._raw:
-            if raw_name == name:
-                flag.value, flag.source = param.parse(raw, name, source), source
-        self._flags[name] = flag
+            if raw_name == flag.name:
+                self._store(flag, flag.param.parse(raw, flag.name, source), source)
+        self._flags[flag.name] = flag
         for p in prefixes:
             self._sections.setdefault(p + ".", _Section(self, p + "."))
+
+    def _add_theano(self, row: tuple, environ: Mapping[str, str]) -> None:
+        """Register one Theano flag of symgpu/config_theano.py's table (not a ``same`` row)."""
+        name, spec, default, kind, text, quiet = row
+        if isinstance(default, str) and default.startswith("<compiledir>"):
+            base = _default_compiledir(environ)
+            default = os.path.normpath(base + default[len("<compiledir>"):])
+        param = _theano_param(spec)
+        parts = name.split(".")
+        prefixes = [".".join(parts[:i]) for i in range(1, len(parts))]
+        doc = _theano_doc(kind, text, default, quiet)
+        default = param.parse(default, name, "default")
+        if name in _DERIVED:
+            target_name, read, write = _DERIVED[name]
+            flag: _Flag = _DerivedFlag(name, doc, param, default, self._flags[target_name],
+                                       read, write)
+        else:
+            flag = _Flag(name, doc, param, default)
+        if kind in ("ignored", "mapped") and quiet != "*":
+            silent = frozenset((default, *quiet))
+            how = "has no effect" if kind == "ignored" else "is approximated"
+            flag.reason, flag.warns = f"{how} in symgpu: {text}", lambda value: value not in silent
+        self._register(flag, prefixes)
+        for p in prefixes:
+            self._sections.setdefault(p + ".", _Section(self, p + "."))
+
+    def _store(self, flag: _Flag, value: Any, source: str) -> None:
+        """Set an already parsed ``value``: warn if the flag cannot honour it, adapt it, and
+        write it (a derived flag writes its target)."""
+        _warn_once(flag, value)
+        if flag.adapt is not None:
+            value = flag.adapt(value, flag.value)
+        if isinstance(flag, _DerivedFlag):
+            flag.target.value = flag.write(value, flag.target.value)
+            flag.target.source = source
+        else:
+            flag.value, flag.source = value, source
+
+    def _parsed_change(self, flag: _Flag, value: Any) -> tuple[str, Any]:
+        """(flag name, stored value) that ``change_flags`` sets for ``flag = value``."""
+        value = flag.param.parse(value, flag.name, "change_flags")
+        _warn_once(flag, value)
+        if flag.adapt is not None:
+            value = flag.adapt(value, flag.value)
+        if isinstance(flag, _DerivedFlag):
+            return flag.target.name, flag.write(value, flag.target.value)
+        return flag.name, value
 
     def check_unknown(self) -> None:
         """Raise ConfigError for a name in the rc file or SYMGPU_FLAGS that is no flag."""
@@ -362,7 +530,7 @@ class Config:
         flag = self._flags.get(_normalize(name))
         if flag is None:
             raise self._unknown(name, value, source)
-        flag.value, flag.source = flag.param.parse(value, flag.name, source), source
+        self._store(flag, flag.param.parse(value, flag.name, source), source)
         if flag.name in _DEVICE_FLAGS:
             self.device_requested()
 
@@ -401,7 +569,8 @@ class Config:
             flag = self._flags.get(_normalize(name))
             if flag is None:
                 raise self._unknown(name, value, "change_flags")
-            parsed[flag.name] = flag.param.parse(value, flag.name, "change_flags")
+            target, stored = self._parsed_change(flag, value)
+            parsed[target] = stored
         return _ChangeFlags(self, parsed)
 
     # -- helpers for features
@@ -463,8 +632,11 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "dtype of untyped constructors and of shared() for Python floats"),
     ("warn_float64", lambda: EnumParam(*_ACTIONS), "ignore",
      "what to do when a float64 variable is created"),
-    ("mode", lambda: EnumParam("FAST_RUN", "FAST_COMPILE", "DebugMode"), "FAST_RUN",
-     "default compilation mode: rewrite set and checking"),
+    ("mode", lambda: EnumParam("FAST_RUN", "FAST_COMPILE", "DebugMode", "Mode", "DEBUG_MODE",
+                               "NanGuardMode"), "FAST_RUN",
+     "default compilation mode: rewrite set and checking (Theano's names: Mode keeps the "
+     "rewrite set the optimizer flag chose, DEBUG_MODE is DebugMode, NanGuardMode is read as "
+     "FAST_RUN with a warning)"),
     ("optimizer_including", StrParam, "",
      "':'-separated rewrite tags to switch on (config.tags splits them)"),
     ("optimizer_excluding", StrParam, "",
@@ -514,11 +686,112 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
 
 
 def _register_builtin_flags(cfg: Config, environ: Mapping[str, str]) -> None:
-    """All flags of the core; the check for unknown names runs after these."""
+    """All flags of the core, then Theano's; the check for unknown names runs after these."""
     for name, param, default, doc in _BUILTIN_FLAGS:
         if name == "compiledir":
             default = _default_compiledir(environ)
-        cfg.add(name, doc, param(), default)
+        if name != "mode":
+            cfg.add(name, doc, param(), default)
+            continue
+        mode = _Flag(name, doc, param(), default)  # hooks set before the raw values apply
+        mode.adapt = _adapt_mode
+        mode.reason = ("is approximated in symgpu: NanGuardMode by name runs FAST_RUN; pass "
+                       "mode=NanGuardMode(...) (symgpu.compile.monitormode) to function")
+        mode.warns = lambda value: _THEANO_MODES.get(value, (value, False))[1]
+        cfg._register(mode, [])
+    for row in THEANO_FLAGS + LEGACY_FLAGS:
+        if row[3] != "same":
+            cfg._add_theano(row, environ)
+
+
+# --------------------------------------------------------------------------- Theano's flags
+def _warn_once(flag: _Flag, value: Any) -> None:
+    """IgnoredFlagWarning, once per flag and process, if ``flag`` cannot honour ``value``."""
+    if flag.reason and flag.name not in _WARNED and flag.warns(value):
+        _WARNED.add(flag.name)
+        level, frame = 2, sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == __file__:
+            level, frame = level + 1, frame.f_back
+        warnings.warn(f"flag {flag.name}={value!r} {flag.reason}", IgnoredFlagWarning,
+                      stacklevel=level)
+
+
+#: symgpu's rewrite sets, the modes the optimizer flag chooses between
+_REWRITE_SETS = ("FAST_RUN", "FAST_COMPILE")
+#: Theano's other mode names -> (symgpu's, whether it warns); None: the current rewrite set
+#: (Theano's Mode, which follows the optimizer flag)
+_THEANO_MODES = {"Mode": (None, False), "DEBUG_MODE": ("DebugMode", False),
+                 "NanGuardMode": ("FAST_RUN", True)}
+
+
+def _adapt_mode(value: str, current: str) -> str:
+    """Theano's mode names as symgpu's: Mode keeps the rewrite set the optimizer flag chose."""
+    if value not in _THEANO_MODES:
+        return value
+    name = _THEANO_MODES[value][0]
+    if name is None:
+        return current if current in _REWRITE_SETS else _REWRITE_SETS[0]
+    return name
+
+
+_FAST_COMPILE_OPTIMIZERS = frozenset({"fast_compile", "o1", "merge", "None"})
+_FAST_MATH = ("--use_fast_math", "-use_fast_math")
+
+
+def _write_optimizer(value: str, mode: str) -> str:
+    if mode not in _REWRITE_SETS:  # as in Theano, DebugMode keeps its own rewrites
+        return mode
+    return "FAST_COMPILE" if value in _FAST_COMPILE_OPTIMIZERS else "FAST_RUN"
+
+
+def _write_fastmath(value: bool, flags: str) -> str:
+    words = [w for w in flags.split() if w not in _FAST_MATH]
+    return " ".join(words + [_FAST_MATH[0]] if value else words)
+
+
+#: Theano flag -> (symgpu flag it reads and writes, read(its value), write(value, its value))
+_DERIVED: dict[str, tuple[str, Callable[[Any], Any], Callable[[Any, Any], Any]]] = {
+    "optimizer": ("mode", lambda mode: "fast_compile" if mode == "FAST_COMPILE" else "fast_run",
+                  _write_optimizer),
+    "nvcc.fastmath": ("nvcc.flags", lambda flags: any(w in _FAST_MATH for w in flags.split()),
+                      _write_fastmath),
+}
+
+_INT_SPECS: dict[str, tuple[Callable[[int], bool] | None, str, int]] = {
+    "int": (None, "", 0), "int>0": (lambda i: i > 0, "> 0", 1),
+    "int>=0": (lambda i: i >= 0, ">= 0", 0)}
+_PREALLOCATED_KINDS = ("initial", "previous", "c_contiguous", "f_contiguous", "strided",
+                       "wrong_size", "ALL")
+
+
+def _theano_param(spec: Any) -> Param:
+    """The param for a spec of symgpu/config_theano.py's table."""
+    if isinstance(spec, tuple):
+        return TheanoEnumParam(*spec)
+    if spec in _INT_SPECS:
+        return IntParam(*_INT_SPECS[spec])
+    if spec == "memory":
+        param = FloatParam()
+        param.allowed = "0, 0.5, 1024 ... (0: off; up to 1: a fraction of the GPU's memory; MiB)"
+        return param
+    if spec.startswith("removed:"):
+        return RemovedParam(spec[len("removed:"):])
+    simple: dict[str, Callable[[], Param]] = {
+        "bool": BoolParam, "str": StrParam, "path": PathParam,
+        "initdev": InitDeviceParam, "prealloc": lambda: ListParam(*_PREALLOCATED_KINDS)}
+    return simple[spec]()
+
+
+def _theano_doc(kind: str, text: str, default: Any, quiet: Any) -> str:
+    """The one-line doc of a Theano flag (docs/flags.md), from its row."""
+    if kind == "ignored":
+        also = f" or {', '.join(map(str, quiet))}" if quiet else ""
+        shown = "''" if default == "" else default
+        return (f"Theano's flag, accepted without effect (a value other than {shown}{also} "
+                f"warns once): {text}")
+    if kind == "removed":
+        return f"Theano's flag, {text}"
+    return f"Theano's flag: {text}"
 
 
 #: the flags that ask for a GPU, and the loaders waiting for one (Config.on_device_request)
