@@ -368,3 +368,31 @@ def test_sandbox_reexports():
     from symgpu.tensor import nlinalg as N
     assert SB.cholesky is S.cholesky and SB.matrix_inverse is N.matrix_inverse
     assert SB.det is N.det and SB.trace is N.trace and SB.eigvalsh is S.eigvalsh
+
+
+def linalg_pickle_case():
+    """(inputs, outputs, values) using every linalg op class (also a case for
+    tests/test_pickle.py's table)."""
+    from symgpu.tensor import nlinalg as N
+    x, y = T.dmatrix("x"), T.dmatrix("y")
+    s = spd(3)
+    w, v = N.eigh(x)
+    g = symgpu.grad(w.sum() + (v ** 2).sum() + S.eigvalsh(x, y).sum() + S.expm(x).sum(), x)
+    outs = [N.matrix_inverse(x), N.pinv(x), N.det(x), *N.eig(x), w, v, *N.qr(x), N.qr(x, "r"),
+            *N.svd(x), *N.lstsq()(x, y, -1), N.tensorinv(x, 1), N.tensorsolve(x, y[0]),
+            S.cholesky(x), S.solve(x, y), S.solve_triangular(x, y, lower=True),
+            S.cho_solve((S.cholesky(x), True), y), SB.psd(x) * 2, g]
+    return [x, y], outs, [s, spd(3, seed=1)]
+
+
+def test_compiled_linalg_functions_pickle():
+    import pickle
+    ins, outs, vals = linalg_pickle_case()
+    for mode in ("FAST_RUN", "FAST_COMPILE"):
+        f = function(ins, outs, mode=mode)
+        g = pickle.loads(pickle.dumps(f, protocol=pickle.HIGHEST_PROTOCOL))
+        for got, want in zip(g(*vals), f(*vals)):
+            np.testing.assert_array_equal(got, want)
+    ops = {type(n.op) for n in function(ins, outs).maker.fgraph.toposort()}
+    assert {S.Cholesky, S.Solve, S.SolveTriangular, S.CholeskySolve, S.EigvalshGrad,
+            S.ExpmGrad} <= ops
