@@ -431,3 +431,12 @@ def test_gradient_of_gpu_typed_variables_keeps_their_type():
         assert g2.type == w.type
         z = grad(T.cast(T.gt(w, 0), "float32").sum(), w)
         assert z.type == w.type
+
+
+def test_numeric_grad_of_a_fortran_ordered_point():
+    """Perturbations reach the function however the point is laid out (reshape(-1) of a
+    Fortran-ordered array copies, and the numeric gradient was all zeros)."""
+    from symgpu.gradient import numeric_grad
+    a = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    (g,) = numeric_grad(lambda x: (x ** 2).sum(), [a])
+    assert np.allclose(g, 2 * a, atol=1e-5)

@@ -740,3 +740,59 @@ _ofg_cases()
 def test_opfromgraph_inferred_shape_equals_computed_shape(op_cls):
     for c in CASES[op_cls]:
         (_gpu_check if c.twin is not None else _host_check)(op_cls, c)
+
+# ----------------------------------------------------------------------------- linear algebra
+# symgpu.tensor.nlinalg, symgpu.tensor.slinalg, symgpu.sandbox.linalg (one case list per op
+# class; test_linalg_inferred_shapes runs them, as the table's parametrisation is made above)
+from symgpu.sandbox import linalg as _SB  # noqa: E402
+from symgpu.tensor import nlinalg as _NL, slinalg as _SL  # noqa: E402
+
+
+def _spd(*batch, n=3):
+    a = rng.standard_normal(batch + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + n * np.eye(n)
+
+
+_LINALG_CASES = {
+    _NL.MatrixInverse: [case(_NL.matrix_inverse, _spd()), case(_NL.matrix_inverse, _spd(2))],
+    _NL.MatrixPinv: [case(_NL.pinv, r(4, 3)), case(_NL.pinv, r(2, 3, 5))],
+    _NL.Det: [case(_NL.det, _spd()), case(_NL.det, _spd(2, 2))],
+    _NL.Eig: [case(_NL.eig, r(3, 3)), case(_NL.eig, r(2, 3, 3))],
+    _NL.Eigh: [case(_NL.eigh, _spd()), case(lambda x: _NL.eigh(x, "U"), _spd(2))],
+    _NL.EighGrad: [case(lambda x, w, v, gw, gv: _NL.EighGrad("L")(x, w, v, gw, gv), _spd(),
+                        np.arange(3.0), r(3, 3), r(3), r(3, 3))],
+    _NL.QRFull: [case(lambda x: _NL.qr(x, m), r(*s)) for m in ("reduced", "complete", "raw")
+                 for s in ((5, 3), (3, 5))] + [case(_NL.qr, r(2, 4, 3))],
+    _NL.QRIncomplete: [case(lambda x: _NL.qr(x, "r"), r(5, 3)), case(lambda x: _NL.qr(x, "r"),
+                                                                    r(2, 3, 5))],
+    _NL.SVD: [case(lambda x: _NL.svd(x, f, c), r(*s)) for f in (True, False) for c in (True, False)
+              for s in ((5, 3), (3, 5), (2, 4, 3))],
+    _NL.Lstsq: [case(lambda a, b: _NL.lstsq()(a, b, -1), r(6, 3), r(6)),
+                case(lambda a, b: _NL.lstsq()(a, b, -1), r(3, 5), r(3, 2))],
+    _NL.TensorInv: [case(lambda a: _NL.tensorinv(a, 2), np.eye(6).reshape(2, 3, 6)),
+                    case(lambda a: _NL.tensorinv(a, 1), np.eye(6).reshape(6, 2, 3))],
+    _NL.TensorSolve: [case(_NL.tensorsolve, np.eye(6).reshape(2, 3, 6), r(2, 3)),
+                      case(lambda a, b: _NL.tensorsolve(a, b, (0,)),
+                           np.moveaxis(np.eye(6).reshape(2, 3, 2, 3), 3, 0).copy(), r(2, 3))],
+    _SL.Cholesky: [case(_SL.cholesky, _spd()), case(_SL.Cholesky(lower=False), _spd(2))],
+    _SL.Solve: [case(_SL.solve, _spd(), r(3)), case(_SL.solve_lower_triangular, _spd(), r(3, 2)),
+                case(_SL.solve, _spd(2), r(2, 3, 4)), case(_SL.solve, _spd(2), r(2, 3))],
+    _SL.SolveTriangular: [case(_SL.solve_triangular, _spd(), r(3, 2)),
+                          case(lambda a, b: _SL.solve_triangular(a, b, 1, True), _spd(2), r(2, 3))],
+    _SL.CholeskySolve: [case(lambda c, b: _SL.cho_solve((c, True), b), np.linalg.cholesky(_spd()),
+                             r(3, 4))],
+    _SL.Eigvalsh: [case(_SL.eigvalsh, _spd()), case(_SL.eigvalsh, _spd(), _spd())],
+    _SL.EigvalshGrad: [case(lambda a, b, g: _SL.EigvalshGrad()(a, b, g)[0], _spd(), _spd(), r(3)),
+                       case(lambda a, g: _SL.EigvalshGrad()(a, g), _spd(), r(3))],
+    _SL.Expm: [case(_SL.expm, r(3, 3)), case(_SL.expm, r(2, 3, 3))],
+    _SL.ExpmGrad: [case(lambda a, g: _SL.ExpmGrad()(a, g), r(3, 3), r(3, 3))],
+    _SB.Hint: [case(_SB.psd, _spd())],
+}
+CASES.update(_LINALG_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_LINALG_CASES, key=lambda c: (c.__module__, c.__name__)),
+                         ids=lambda c: c.__name__)
+def test_linalg_inferred_shapes(op_cls):
+    for c in _LINALG_CASES[op_cls]:
+        _host_check(op_cls, c)

@@ -58,6 +58,11 @@ def _cases():
             return fn
         return deco
 
+    @add("linalg")
+    def _():
+        from test_slinalg import linalg_pickle_case
+        return linalg_pickle_case()
+
     @add("cast_and_fusion")
     def _():
         x, v = _m()

@@ -46,7 +46,7 @@ def numeric_grad(f: Callable[..., Any], points: Sequence[np.ndarray],
     """Central finite differences of the scalar function `f(*points)` with respect to every
     element of every point (float64 results). The actual perturbation is measured after
     rounding to the point's dtype, so float32 steps are exact."""
-    pts = [np.array(p, copy=True) for p in points]
+    pts = [np.array(p, copy=True, order="C") for p in points]  # reshape(-1) must be a view
     out = []
     for k, p in enumerate(pts):
         step = eps if eps is not None else _EPS.get(p.dtype.name, 1e-7)

@@ -20,6 +20,7 @@ from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, 
 from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_constant_value)
 from symgpu.tensor import typed_constructors as _typed
 from symgpu.tensor import nnet
+from symgpu.tensor import nlinalg  # T.nlinalg.*, as Theano's tensor namespace has it
 
 from symgpu.tensor.variable import install_operators as _install_operators  # noqa: E402
 
