@@ -155,3 +155,13 @@ def test_cpu_and_floatx_float32_graph():
     with config.change_flags(floatX="float32"):
         x = T.matrix()
         assert fft.rfft(x).dtype == "float32"
+
+
+def test_a_gpu_graph_keeps_the_ops_on_the_host():
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.fmatrix("x")
+        y = fft.irfft(fft.rfft(x * 2)) + 1
+        f = function([x], [y, T.grad(y.sum(), x)])
+        names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert {"RFFTOp", "IRFFTOp", "GpuFromHost", "HostFromGpu"} <= names, names

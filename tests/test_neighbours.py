@@ -199,3 +199,14 @@ def test_import_path():
     from symgpu.tensor.nnet.neighbours import images2neibs as again
     assert again is images2neibs
     assert nnet.neighbours.images2neibs is images2neibs
+
+
+def test_a_gpu_graph_keeps_the_ops_on_the_host():
+    from symgpu import config
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.ftensor4("x")
+        y = images2neibs(x * 2, (2, 2), mode="half") + 1
+        f = function([x], [y, T.grad(y.sum(), x)])
+        names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert {"Images2Neibs", "Images2NeibsGrad", "GpuFromHost", "HostFromGpu"} <= names, names

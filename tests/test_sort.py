@@ -162,3 +162,14 @@ def test_errors():
         argtopk(x, 1, idx_dtype="float32")
     with pytest.raises(ValueError, match="nothing to return"):
         TopKOp(return_values=False, return_indices=False)
+
+
+def test_a_gpu_graph_keeps_the_op_on_the_host():
+    from symgpu import config
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.fmatrix("x")
+        y = topk(x * 2, 2) + 1
+        f = function([x], [y, T.grad(y.sum(), x)])
+        names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert {"TopKOp", "GpuFromHost", "HostFromGpu"} <= names, names
