@@ -165,3 +165,17 @@ def test_a_gpu_graph_keeps_the_ops_on_the_host():
         f = function([x], [y, T.grad(y.sum(), x)])
         names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
         assert {"RFFTOp", "IRFFTOp", "GpuFromHost", "HostFromGpu"} <= names, names
+
+
+def test_functions_and_graphs_pickle():
+    import pickle
+    x = T.dmatrix("x")
+    sp = fft.rfft(x, norm="ortho")
+    outs = [sp, fft.irfft(sp, norm="ortho"), T.grad((sp ** 2).sum(), x)]
+    v = RNG.rand(3, 6)
+    f = function([x], outs)
+    for got, want in zip(pickle.loads(pickle.dumps(f))(v), f(v)):
+        np.testing.assert_array_equal(got, want)
+    x2, outs2 = pickle.loads(pickle.dumps((x, outs)))
+    for got, want in zip(function([x2], outs2)(v), f(v)):
+        np.testing.assert_array_equal(got, want)

@@ -210,3 +210,17 @@ def test_a_gpu_graph_keeps_the_ops_on_the_host():
         f = function([x], [y, T.grad(y.sum(), x)])
         names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
         assert {"Images2Neibs", "Images2NeibsGrad", "GpuFromHost", "HostFromGpu"} <= names, names
+
+
+def test_functions_and_graphs_pickle():
+    import pickle
+    x = T.dtensor4("x")
+    nb = images2neibs(x, (2, 3), (1, 1), mode="half")
+    outs = [nb, T.grad((nb ** 2).sum(), x), neibs2images(images2neibs(x, (2, 3)), (2, 3), x.shape)]
+    v = RNG.rand(1, 2, 4, 6)
+    f = function([x], outs)
+    for got, want in zip(pickle.loads(pickle.dumps(f))(v), f(v)):
+        np.testing.assert_array_equal(got, want)
+    x2, outs2 = pickle.loads(pickle.dumps((x, outs)))
+    for got, want in zip(function([x2], outs2)(v), f(v)):
+        np.testing.assert_array_equal(got, want)

@@ -173,3 +173,17 @@ def test_a_gpu_graph_keeps_the_op_on_the_host():
         f = function([x], [y, T.grad(y.sum(), x)])
         names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
         assert {"TopKOp", "GpuFromHost", "HostFromGpu"} <= names, names
+
+
+def test_functions_and_graphs_pickle():
+    import pickle
+    x = T.dmatrix("x")
+    vals, idx = topk_and_argtopk(x, -2, axis=0)
+    outs = [vals, idx, topk(x, 3), T.grad((topk(x, 2) ** 2).sum(), x)]
+    v = distinct(4, 5)
+    f = function([x], outs)
+    for got, want in zip(pickle.loads(pickle.dumps(f))(v), f(v)):
+        np.testing.assert_array_equal(got, want)
+    x2, outs2 = pickle.loads(pickle.dumps((x, outs)))
+    for got, want in zip(function([x2], outs2)(v), f(v)):
+        np.testing.assert_array_equal(got, want)
