@@ -796,3 +796,32 @@ CASES.update(_LINALG_CASES)
 def test_linalg_inferred_shapes(op_cls):
     for c in _LINALG_CASES[op_cls]:
         _host_check(op_cls, c)
+
+# ---------------------------------------------------------------- fft, sort (topk), neighbours
+# (symgpu.tensor.fft, symgpu.tensor.sort, symgpu.tensor.nnet.neighbours)
+from symgpu.tensor import fft as _fft  # noqa: E402
+_srt = importlib.import_module("symgpu.tensor.sort")  # T.sort: the function or this module
+from symgpu.tensor.nnet import neighbours as _nb  # noqa: E402
+
+CASES.update({
+    _fft.RFFTOp: [case(lambda x: _fft.rfft_op(x), r(2, 7)), case(lambda x: _fft.rfft_op(x), r(2, 3, 4))],
+    _fft.IRFFTOp: [case(lambda x: _fft.irfft_op(x), r(2, 5, 2)),
+                   case(lambda x: _fft.irfft_op(x, T.stack([x.shape[1], 2 * x.shape[2] - 1])),
+                        r(2, 3, 4, 2))],
+    _srt.TopKOp: [case(lambda x, k: list(_srt.topk_and_argtopk(x, k, axis=0)), r(5, 3), i64(-2)),
+                  case(lambda x: _srt.argtopk(x, 3), r(2, 4))],
+    _nb.Images2Neibs: [case(lambda x: _nb.images2neibs(x, (2, 3), (1, 2), mode=m), r(2, 3, 6, 7))
+                       for m in ("valid", "ignore_borders", "half")]
+    + [case(lambda x: _nb.images2neibs(x, (3, 3), (2, 2), mode="wrap_centered"), r(1, 2, 5, 6)),
+       case(lambda x: _nb.images2neibs(x, (2, 3), (1, 2), mode="full"), r(1, 2, 5, 7))],
+    _nb.Images2NeibsGrad: [case(lambda g, x: _nb.Images2NeibsGrad("half")(g, x, (3, 3), (2, 2)),
+                                r(2 * 3 * 3 * 4, 9), r(2, 3, 5, 7))],
+})
+
+_FFT_SORT_NEIBS = [_fft.RFFTOp, _fft.IRFFTOp, _srt.TopKOp, _nb.Images2Neibs, _nb.Images2NeibsGrad]
+
+
+# test_inferred_shape_equals_computed_shape was parametrized before this block extended CASES
+@pytest.mark.parametrize("op_cls", _FFT_SORT_NEIBS, ids=lambda c: c.__name__)
+def test_inferred_shape_fft_sort_neighbours(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -58,6 +58,21 @@ def _cases():
             return fn
         return deco
 
+    @add("fft_sort_neighbours")
+    def _():
+        from symgpu.tensor.fft import irfft, rfft
+        from symgpu.tensor.nnet.neighbours import images2neibs, neibs2images
+        from symgpu.tensor.sort import topk_and_argtopk
+        x, v = _m()
+        im = T.dtensor4("im")
+        vi = rng(11).standard_normal((1, 2, 4, 6))
+        sp = rfft(x, norm="ortho")
+        vals, idx = topk_and_argtopk(x, -2, axis=0)
+        nb = images2neibs(im, (2, 3), (1, 1), mode="half")
+        return [x, im], [sp, irfft(sp, norm="ortho"), T.grad((sp ** 2).sum(), x), vals, idx,
+                         T.grad((vals ** 2).sum(), x), nb, T.grad((nb ** 2).sum(), im),
+                         neibs2images(images2neibs(im, (2, 3)), (2, 3), im.shape)], [v, vi]
+
     @add("linalg")
     def _():
         from test_slinalg import linalg_pickle_case

@@ -21,6 +21,8 @@ from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_
 from symgpu.tensor import typed_constructors as _typed
 from symgpu.tensor import nnet
 from symgpu.tensor import nlinalg  # T.nlinalg.*, as Theano's tensor namespace has it
+# Theano's T.sort ... T.topk: importing the module binds T.sort to it, the names rebind after
+from symgpu.tensor.sort import argsort, argtopk, sort, topk, topk_and_argtopk  # noqa: E402
 
 from symgpu.tensor.variable import install_operators as _install_operators  # noqa: E402
 
