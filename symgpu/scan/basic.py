@@ -8,7 +8,7 @@ import numpy as np
 
 import symgpu.tensor as T
 from symgpu.compile.sharedvalue import SharedVariable
-from symgpu.graph.basic import Constant, Variable
+from symgpu.graph.basic import Constant, Variable, ancestors, graph_inputs
 from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import clone_with, hoist_invariants
 from symgpu.scan.op import Scan
@@ -287,6 +287,10 @@ def scan_impl(fn: Callable[..., Any], sequences: Any, outputs_info: Any, non_seq
         for s in relaxed:
             s.relax(outputs[s.index].type.broadcastable)
 
+    update_pairs = _with_default_updates(
+        outputs + ([cond] if cond is not None else []), update_pairs,
+        [*seq_inner, *tap_args, *nonseq_args], name)
+
     state_specs = [s for s in specs if s is not None]
     state_outs, nitsot_outs, nitsot_index = [], [], []
     for i, (o, s) in enumerate(zip(outputs, specs)):
@@ -345,7 +349,76 @@ def scan_impl(fn: Callable[..., Any], sequences: Any, outputs_info: Any, non_seq
     updates = ScanUpdates()
     for k, s in enumerate(upd_shared):
         updates[s] = node_outs[n_user_states + k][-1]
-    return results, updates, node_outs[0].owner if node_outs else None
+    node = node_outs[0].owner if node_outs else None
+    if node is not None:
+        # which outputs carry which shared variable: a loop around this one whose step does
+        # not return these updates still threads the random streams through (see below)
+        node.tag.shared_states = [(s, n_user_states + k) for k, s in enumerate(upd_shared)]
+    return results, updates, node
+
+
+def _with_default_updates(roots: list[Variable], pairs: list, step_inputs: list[Variable],
+                          name: str) -> list:
+    """The step's update pairs plus, Theano's rule, the `default_update` of every shared
+    variable the step reads (directly, through a returned update or through another default
+    update) that the step did not update itself: a random stream drawn in the step moves on at
+    every step, and the loop returns its state after the last one."""
+    pairs = [tuple(p) for p in pairs]
+    done = {id(s) for s, _ in pairs}
+    exprs = [e for _, e in pairs if isinstance(e, Variable)]
+    # the free variables a step may read: its arguments and whatever its results read
+    known = {id(v) for v in [*step_inputs, *graph_inputs([*roots, *exprs])]}
+    todo = [*roots, *exprs]
+    while todo:
+        new = [v for v in graph_inputs(todo) if isinstance(v, SharedVariable)
+               and id(v) not in done and getattr(v, "default_update", None) is not None]
+        nested = _nested_threads(todo)
+        todo = []
+        for v in new:
+            done.add(id(v))
+            threads = nested.get(id(v), [])
+            if len(threads) == 1:
+                # an inner loop draws from this stream but the step dropped the updates
+                # that loop returned: the stream moves on by that loop's draws, not by the
+                # default update of one draw (which would repeat numbers, or read the inner
+                # loop's variables)
+                pairs.append((v, threads[0]))
+                continue
+            if len(threads) > 1:
+                raise ValueError(
+                    f"{name}: {len(threads)} inner loops of the step update {v}, and the step "
+                    "returns none of their updates, so each would start from the same state; "
+                    "chain them (start the second after the first's updates) and return the "
+                    "updates of the last one from the step")
+            upd = v.default_update
+            if not isinstance(upd, Variable):
+                upd = T.as_tensor_variable(upd, dtype=v.type.dtype)
+            missing = [f for f in graph_inputs([upd]) if f.owner is None and id(f) not in known
+                       and not isinstance(f, (SharedVariable, Constant))]
+            if missing:
+                raise ValueError(
+                    f"{name}: the default update of {v} reads {', '.join(map(str, missing))}, "
+                    "which the step function neither receives nor computes (a variable of "
+                    "another loop?). When a step runs an inner scan, return the updates that "
+                    "scan returned from the step: `out, upd = scan(...); return out, upd`")
+            pairs.append((v, upd))
+            todo.append(upd)
+    return pairs
+
+
+def _nested_threads(roots: list[Variable]) -> dict[int, list[Variable]]:
+    """id(shared variable) -> the final values the loops in `roots`' graph give it (one per
+    loop that threads it as a state, scan_impl's `tag.shared_states`)."""
+    found: dict[int, list[Variable]] = {}
+    seen: set[int] = set()
+    for v in ancestors(roots):
+        node = v.owner
+        if node is None or id(node) in seen or not isinstance(node.op, Scan):
+            continue
+        seen.add(id(node))
+        for s, j in getattr(node.tag, "shared_states", ()):
+            found.setdefault(id(s), []).append(node.outputs[j][-1])
+    return found
 
 
 def _relaxable(o: Variable, inner_type: Any) -> bool:
