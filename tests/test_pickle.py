@@ -58,6 +58,11 @@ def _cases():
             return fn
         return deco
 
+    @add("sparse")
+    def _():
+        from test_sparse import sparse_pickle_case
+        return sparse_pickle_case()
+
     @add("linalg")
     def _():
         from test_slinalg import linalg_pickle_case
