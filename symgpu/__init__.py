@@ -44,6 +44,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "ifelse": ("symgpu.ifelse", None),  # symgpu.ifelse.ifelse, the lazy branch
     "OpFromGraph": ("symgpu.builders", "OpFromGraph"),  # Theano's theano.OpFromGraph
     "gpu": ("symgpu.gpu", None),
+    "sparse": ("symgpu.sparse", None),  # Theano's theano.sparse (loads scipy.sparse)
     "sandbox": ("symgpu.sandbox", None),
     "misc": ("symgpu.misc", None),
 }

@@ -825,3 +825,91 @@ _FFT_SORT_NEIBS = [_fft.RFFTOp, _fft.IRFFTOp, _srt.TopKOp, _nb.Images2Neibs, _nb
 @pytest.mark.parametrize("op_cls", _FFT_SORT_NEIBS, ids=lambda c: c.__name__)
 def test_inferred_shape_fft_sort_neighbours(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+# ----------------------------------------------------------------------------- sparse
+# symgpu.sparse (scipy.sparse values; the table's parametrisation is made above, so
+# test_sparse_inferred_shapes checks these with the sparse inputs the cases declare)
+import scipy.sparse as _ssp  # noqa: E402
+import symgpu.sparse as _SP  # noqa: E402
+
+
+class _Sp:
+    """A sparse input value: the case builds a symbolic sparse matrix of its format."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _spv(m, n, fmt="csr", seed=0):
+    a = _ssp.random(m, n, density=0.5, format=fmt, random_state=seed)
+    a.data += 0.5
+    return _Sp(a)
+
+
+def _idx(*v):
+    return np.asarray(v, dtype="int64")
+
+
+_SPARSE_CASES = {
+    _SP.CSM: [case(lambda x: _SP.CSM("csr")(*_SP.csm_properties(x)), _spv(3, 4)),
+              case(lambda x: _SP.CSM("csc")(*_SP.csm_properties(x)), _spv(4, 2, "csc"))],
+    _SP.CSMGrad: [case(lambda x, g: _SP.CSMGrad()(*_SP.csm_properties(x), g), _spv(3, 4),
+                       _spv(3, 4, seed=1))],
+    _SP.CSMProperties: [case(lambda x: _SP.csm_properties(x), _spv(3, 4)),
+                        case(lambda x: _SP.csm_properties(x), _spv(3, 5, "csc"))],
+    _SP.SparseShape_i: [case(lambda x: _SP.SparseShape_i(1)(x), _spv(3, 4))],
+    _SP.SpNnz: [case(lambda x: _SP.SpNnz()(x), _spv(3, 4))],
+    _SP.DenseFromSparse: [case(_SP.dense_from_sparse, _spv(3, 4, "csc"))],
+    _SP.SparseFromDense: [case(_SP.csr_from_dense, r(3, 4)), case(_SP.csc_from_dense, r(2, 5))],
+    _SP.Cast: [case(lambda x: _SP.cast(x, "float32"), _spv(3, 4))],
+    _SP.Transpose: [case(_SP.transpose, _spv(3, 4)), case(_SP.transpose, _spv(2, 5, "csc"))],
+    _SP.Neg: [case(_SP.neg, _spv(3, 4))],
+    _SP.Remove0: [case(_SP.remove0, _spv(3, 4))],
+    _SP.ConstructSparseFromList: [case(_SP.construct_sparse_from_list, r(5, 3), r(4, 3),
+                                       _idx(0, 4, 4, 1))],
+    _SP.SparseGradSubtensor1: [case(lambda x, i: _SP.SparseGradSubtensor1()(x, i), r(5, 3),
+                                    _idx(0, 4, 4, 1))],
+    _SP.AddSS: [case(_SP.add, _spv(3, 4), _spv(3, 4, seed=2))],
+    _SP.AddSD: [case(_SP.add, _spv(3, 4), r(3, 4))],
+    _SP.MulSS: [case(_SP.mul, _spv(3, 4), _spv(3, 4, seed=2))],
+    _SP.MulSD: [case(_SP.mul, _spv(3, 4), r(3, 4)), case(_SP.mul, _spv(3, 4), r(4))],
+    _SP.StructuredDot: [case(_SP.structured_dot, _spv(3, 4), r(4, 2)),
+                        case(_SP.structured_dot, _spv(3, 4, "csc"), _spv(4, 5))],
+    _SP.StructuredDotGrad: [case(lambda a, b, g: _SP.StructuredDotGrad()(a, b, g), _spv(3, 4),
+                                 r(4, 2), r(3, 2))],
+    _SP.Dot: [case(_SP.dot, _spv(3, 4), r(4, 2)), case(_SP.dot, _spv(3, 4), r(4)),
+              case(_SP.dot, r(3), _spv(3, 4)), case(_SP.dot, _spv(3, 4), _spv(4, 5))],
+    _SP.TrueDot: [case(_SP.true_dot, _spv(3, 4), _spv(4, 2, "csc")),
+                  case(_SP.true_dot, _spv(3, 4), r(4, 6))],
+    _SP.SpSum: [case(lambda x: _SP.sp_sum(x, a), _spv(3, 4)) for a in (None, 0, 1)],
+}
+CASES.update(_SPARSE_CASES)
+
+
+def _sparse_check(op_cls, c: Case):
+    ins, vals = [], []
+    for v, b in c.values:
+        if isinstance(v, _Sp):
+            ins.append(_SP.matrix(v.value.format, dtype=str(v.value.dtype)))
+            vals.append(v.value)
+        else:
+            ins.append(var_for(v, b))
+            vals.append(v)
+    outs = c.build(*ins)
+    outs = outs if isinstance(outs, list) else [outs]
+    node = outs[0].owner
+    assert type(node.op) is op_cls, f"the case builds {node.op}, not a {op_cls.__name__}"
+    want = [np.shape(o) for o in function(ins, list(node.outputs), on_unused_input="ignore")(*vals)]
+    flat = _flat(node_shapes(node))
+    f = function(ins, flat, on_unused_input="ignore") if flat else (lambda *a: [])
+    assert [int(g) for g in f(*vals)] == [d for w in want for d in w], str(node.op)
+    if flat:  # the shape needs nothing of the op's own computation
+        assert not any(n.op == node.op and n.inputs == node.inputs
+                       for n in f.maker.fgraph.toposort()), str(node.op)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_SPARSE_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_sparse_inferred_shapes(op_cls):
+    for c in _SPARSE_CASES[op_cls]:
+        _sparse_check(op_cls, c)

@@ -73,6 +73,11 @@ def _cases():
                          T.grad((vals ** 2).sum(), x), nb, T.grad((nb ** 2).sum(), im),
                          neibs2images(images2neibs(im, (2, 3)), (2, 3), im.shape)], [v, vi]
 
+    @add("sparse")
+    def _():
+        from test_sparse import sparse_pickle_case
+        return sparse_pickle_case()
+
     @add("linalg")
     def _():
         from test_slinalg import linalg_pickle_case
