@@ -4,7 +4,10 @@ The names come from Theano's library reference (``doc/library`` of the Theano re
 tag rel-1.0.5): every ``.. autofunction::``, ``.. autoclass::``, ``.. function::``,
 ``.. class::``, ``.. attribute::``, ``.. method::`` and ``.. data::`` directive, with the module
 it belongs to (``.. module::``, ``.. currentmodule::`` and ``.. automodule::`` set it; a fully
-qualified name gives its own; a directive indented under a class names a member of it). They
+qualified name gives its own; a directive indented under a class names a member of it), and
+the names an ``automodule``/``autoclass`` lists in its ``:members: a, b`` option. (A bare
+``:members:`` documents the members found in Theano's source: those names are not in the list;
+the data file marks those modules with ``*``.) They
 were extracted once into tools/theano_library_names.txt (``module:qualified.name`` a line,
 names only), so neither this tool nor its test needs Theano or the network::
 
@@ -136,6 +139,7 @@ def _names_in(arg: str) -> list[str]:
     """The names a directive's argument gives: ``log(a), log2(a)``, ``{sum,prod}(axis)``,
     ``__{abs,neg}__``, ``x = default``, ``Class(Base)``."""
     names = []
+    arg = re.sub(r"\)\s+[A-Za-z].*$", ")", arg)  # `copy() Return a copy, ...`: prose after
     for piece in _split_top(arg):
         m = re.match(r"\s*([\w.{},]+?)\s*(?:[(=:\s]|$)", piece)
         if not m:
@@ -148,25 +152,39 @@ def _names_in(arg: str) -> list[str]:
     return names
 
 
-def extract(theano_root: Path) -> tuple[list[str], list[Name]]:
-    """(modules, names) of doc/library under `theano_root` (a checkout of Theano)."""
+def extract(theano_root: Path) -> tuple[list[str], list[Name], list[str]]:
+    """(modules, names, modules documented whole) of doc/library under `theano_root` (a
+    checkout of Theano): the last are the modules of a bare ``:members:``."""
     library = theano_root / "doc" / "library"
     modules: list[str] = []
+    whole: list[str] = []
     names: list[Name] = []
     for path in sorted(library.rglob("*.txt")):
         page = path.relative_to(library)
         module = "theano"
         classes: list[tuple[int, Name]] = []  # (indent, class) of the enclosing classes
+        last: Name | None = None  # what an explicit `:members: a, b` option lists names of
         for line in path.read_text(encoding="utf-8").splitlines():
+            if re.match(r"^\s+:members:\s*$", line) and last is not None and not last.qualname:
+                whole.append(last.module)  # every member, from Theano's source: not listed
+                continue
+            option = re.match(r"^\s+:members:\s*(\S.*)$", line)
+            if option and last is not None:
+                for word in _names_in(option.group(1)):
+                    qualname = f"{last.qualname}.{word}" if last.qualname else word
+                    names.append(Name(last.module, qualname))
+                continue
             m = _DIRECTIVE.match(line)
             if not m:
                 continue
+            last = None
             indent, directive, arg = len(m.group(1)), m.group(2), m.group(3)
             while classes and classes[-1][0] >= indent:
                 classes.pop()
             if directive in MODULE:
                 module = _module_of(theano_root, page, arg)
                 modules.append(module)
+                last = Name(module, "") if directive == "automodule" else None
                 classes = []
                 continue
             if directive not in NAMING:
@@ -187,15 +205,20 @@ def extract(theano_root: Path) -> tuple[list[str], list[Name]]:
                 names.append(name)
                 if directive in ("class", "autoclass"):
                     classes.append((indent, name))
-    return list(dict.fromkeys(modules)), list(dict.fromkeys(names))
+                if directive in ("autoclass", "autofunction"):
+                    last = name
+    return (list(dict.fromkeys(modules)), list(dict.fromkeys(names)),
+            list(dict.fromkeys(whole)))
 
 
-def write_data(modules: list[str], names: list[Name], path: Path = DATA) -> None:
+def write_data(modules: list[str], names: list[Name], whole: list[str] = (),
+               path: Path = DATA) -> None:
     lines = ["# Theano 1.0.5's documented names: doc/library of the Theano repository (tag",
              "# rel-1.0.5), extracted by `python tools/theano_names.py --extract CHECKOUT`.",
-             "# A line `module` is a module the reference documents; `module:name` a name in it",
-             "# (a class member is `module:Class.member`). Names only.",
-             *modules, *map(str, names)]
+             "# A line `module` is a module the reference documents (`module *`: also all its",
+             "# members, by a bare `:members:`; those are not listed); `module:name` a name in",
+             "# it (a class member is `module:Class.member`). Names only.",
+             *(m + (" *" if m in whole else "") for m in modules), *map(str, names)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -210,8 +233,15 @@ def load(path: Path = DATA) -> tuple[list[str], list[Name]]:
             module, qualname = line.split(":", 1)
             names.append(Name(module, qualname))
         else:
-            modules.append(line)
+            modules.append(line.split()[0])
     return modules, names
+
+
+def documented_whole(path: Path = DATA) -> list[str]:
+    """The modules whose every member Theano's reference documents (a bare ``:members:``):
+    their names come from Theano's source and are not in the data file."""
+    return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines()
+            if line.endswith(" *") and not line.startswith("#")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -370,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = sys.stdout
     if args.extract:
-        modules, names = extract(args.extract)
-        write_data(modules, names)
+        modules, names, whole = extract(args.extract)
+        write_data(modules, names, whole)
         print(f"{len(modules)} modules, {len(names)} names -> {DATA.relative_to(ROOT)}", file=out)
         return 0
     sys.path.insert(0, str(ROOT))  # run from anywhere: symgpu is the checkout's
@@ -392,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         for module, (state, reason) in states.items():
             if state != "present":
                 print(f"  {state}: {module}" + (f" — {reason}" if reason else ""), file=out)
+    whole = documented_whole()
+    print(f"\nmodules whose every member the reference documents (`:members:`; those names "
+          f"are not counted above): {len(whole)}", file=out)
+    for module in whole:
+        print(f"  {module}" + (" [other issue]" if other_issue(Name(module, "")) else ""),
+              file=out)
     for flag, wanted in ((args.absent, "absent"), (args.missing, "missing")):
         if not flag:
             continue
