@@ -41,6 +41,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.function_module": "symgpu.compile.function",
     "symgpu.compile.ops": ("symgpu.tensor.shape",),
     "symgpu.compile.builders": "symgpu.builders",  # OpFromGraph: above gradient and scan
+    "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
     "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
