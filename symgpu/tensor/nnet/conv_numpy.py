@@ -43,7 +43,7 @@ def normalize_border_mode(border_mode: Any, nd: int = 2) -> str | Pads:
     if isinstance(border_mode, (tuple, list)) and len(border_mode) == nd:
         pads = []
         for p in border_mode:
-            if isinstance(p, (tuple, list)) and len(p) == 2 and all(_is_index(v) for v in p):
+            if isinstance(p, (tuple, list)) and len(p) == 2:
                 pads.append((int(p[0]), int(p[1])))
             elif _is_index(p):
                 pads.append((int(p), int(p)))

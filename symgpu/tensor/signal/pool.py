@@ -39,10 +39,6 @@ def _ints(v: Any, what: str, minimum: int, nd: int) -> tuple[int, ...]:
     return tup
 
 
-def _pair(v: Any, what: str, minimum: int) -> tuple[int, int]:
-    return _ints(v, what, minimum, 2)  # type: ignore[return-value]
-
-
 class _PoolBase(Op):
     """The parameters every pooling Op carries; `nd` (a class attribute) is the number of
     pooled (trailing) axes. pad defaults to zeros."""
