@@ -913,3 +913,40 @@ def _sparse_check(op_cls, c: Case):
 def test_sparse_inferred_shapes(op_cls):
     for c in _SPARSE_CASES[op_cls]:
         _sparse_check(op_cls, c)
+
+# ----------------------------------------------------------------------------- 3-d conv / pooling
+# symgpu.tensor.nnet.abstract_conv's Conv3d ops and symgpu.tensor.signal.pool's 3-d pooling ops
+# (test_conv3d_pool3d_inferred_shapes runs them, as the table's parametrisation is made above)
+IMG3, KERN3, GY3 = r(2, 3, 7, 6, 5), r(4, 3, 3, 2, 3), r(2, 4, 3, 3, 2)  # subsample (2, 2, 1)
+PX3, PZ3 = r(2, 5, 6, 4), r(2, 2, 3, 2)                                     # 2x2x2 pooling
+_SUB3 = dict(subsample=(2, 2, 1))
+
+_CONV3D_POOL3D_CASES = {
+    _conv.Conv3d: [case(lambda x, w: _conv.conv3d(x, w, border_mode="half", subsample=(2, 1, 2)),
+                        IMG3, KERN3),
+                   case(lambda x, w: _conv.conv3d(x, w, **_SUB3), IMG3, KERN3),
+                   case(lambda x, w: _conv.conv3d(x, w, border_mode=((1, 0), 2, 0),
+                                                  filter_dilation=(1, 2, 1)), IMG3, KERN3)],
+    _conv.Conv3dGradInputs: [case(lambda w, g, h: _conv.Conv3dGradInputs(**_SUB3)(w, g, [h, h, 4]),
+                                  KERN3, GY3, i64(7))],
+    _conv.Conv3dGradWeights: [case(lambda x, g, k: _conv.Conv3dGradWeights(**_SUB3)(x, g,
+                                                                                    [k, 2, 4]),
+                                   IMG3, GY3, i64(3))],
+    _pool.Pool3d: [case(lambda x: _pool.pool_3d(x, ws=(2, 3, 2), ignore_border=False), PX3),
+                   case(lambda x: _pool.pool_3d(x, ws=(3, 3, 2), stride=(2, 2, 1), pad=(1, 1, 0)),
+                        r(2, 3, 7, 6, 5))],
+    _pool.MaxPoolGrad3d: [case(lambda x, z, g: _pool.MaxPoolGrad3d(ws=(2, 2, 2))(x, z, g),
+                               PX3, PZ3, PZ3)],
+    _pool.MaxPoolGradGrad3d: [case(lambda x, z, g: _pool.MaxPoolGradGrad3d(ws=(2, 2, 2))(x, z, g),
+                                   PX3, PZ3, PX3)],
+    _pool.AveragePoolGrad3d: [case(lambda x, g: _pool.AveragePoolGrad3d(
+        ws=(2, 2, 2), mode="average_exc_pad")(x, g), PX3, PZ3)],
+}
+CASES.update(_CONV3D_POOL3D_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_CONV3D_POOL3D_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_conv3d_pool3d_inferred_shapes(op_cls):
+    for c in _CONV3D_POOL3D_CASES[op_cls]:
+        _host_check(op_cls, c)

@@ -78,6 +78,21 @@ def _cases():
         from test_sparse import sparse_pickle_case
         return sparse_pickle_case()
 
+    @add("conv3d")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.nnet import conv3d
+        from symgpu.tensor.signal.pool import pool_3d
+        x, w = T.dtensor5("x"), T.dtensor5("w")
+        vx, vw = rng(21).standard_normal((2, 2, 5, 4, 5)), rng(22).standard_normal((3, 2, 2, 3, 2))
+        y = conv3d(x, w, border_mode="half", subsample=(1, 2, 1), filter_dilation=(2, 1, 1))
+        mx = pool_3d(x, (2, 2, 3), ignore_border=False)
+        av = pool_3d(x, (3, 2, 2), pad=(1, 1, 0), mode="average_exc_pad")
+        gx, gw = T.grad((y ** 2).sum(), [x, w])
+        gmax = T.grad((mx ** 2).sum(), x)
+        return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
+                        T.grad((gmax ** 2).sum(), x)], [vx, vw]
+
     @add("linalg")
     def _():
         from test_slinalg import linalg_pickle_case

@@ -250,7 +250,7 @@ def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable
 
 # convolution: a submodule loaded on first use (PEP 562), so `import symgpu` does not load
 # the convolution code a model without convolutions never runs
-_CONV_NAMES = ("conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose")
+_CONV_NAMES = ("conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose", "conv3d", "conv3d_grad_wrt_inputs", "conv3d_grad_wrt_weights")
 __all__ += list(_CONV_NAMES)
 
 

@@ -1,13 +1,16 @@
-"""NumPy kernels of 2-d pooling over the last two axes, with Theano's Pool semantics.
+"""NumPy kernels of N-d pooling over the last nd axes (nd = len(ws): 2 for pool_2d, 3 for
+pool_3d), with Theano's Pool semantics.
 
 Every output window is a strided view of the input padded once: for 'max' the padding (and
 the tail that partial windows reach when ignore_border=False) holds -inf so it never wins;
 for the sums it holds 0, and the averages divide by a per-position count that is the product
 of one count per axis ('average_inc_pad' counts padding, 'average_exc_pad' does not). The
-gradients scatter back with one strided add per window offset (ws[0]*ws[1] adds).
+gradients scatter back with one strided add per window offset (prod(ws) adds).
 """
 from __future__ import annotations
 
+import functools
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,14 +36,15 @@ def pool_out_len(v: Any, ws: int, st: int, pad: int, ignore_border: bool,
     return maximum(div(v - (1 + ws - st)), 0) + 1
 
 
-def _geometry(shape: Sequence[int], ws, st, pad, ignore_border):
-    h, w = shape[-2:]
-    ho = pool_out_len(h, ws[0], st[0], pad[0], ignore_border)
-    wo = pool_out_len(w, ws[1], st[1], pad[1], ignore_border)
+def _geometry(shape: Sequence[int], ws, st, pad, ignore_border) -> tuple[tuple, tuple]:
+    """(output lengths, padded-buffer lengths) of the last len(ws) axes."""
+    nd = len(ws)
+    sp = tuple(shape[len(shape) - nd:])
+    outs = tuple(pool_out_len(sp[a], ws[a], st[a], pad[a], ignore_border) for a in range(nd))
     # the padded buffer must hold every window, also the partial ones at the far edge
-    hb = max(h + 2 * pad[0], (ho - 1) * st[0] + ws[0] if ho else 0)
-    wb = max(w + 2 * pad[1], (wo - 1) * st[1] + ws[1] if wo else 0)
-    return ho, wo, hb, wb
+    bufs = tuple(max(sp[a] + 2 * pad[a], (outs[a] - 1) * st[a] + ws[a] if outs[a] else 0)
+                 for a in range(nd))
+    return outs, bufs
 
 
 def _fill_value(dtype: np.dtype, mode: str) -> Any:
@@ -49,20 +53,24 @@ def _fill_value(dtype: np.dtype, mode: str) -> Any:
     return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
 
 
-def _padded(x: np.ndarray, hb: int, wb: int, pad, fill) -> np.ndarray:
-    x3 = x.reshape((-1,) + x.shape[-2:])
-    h, w = x.shape[-2:]
-    if (hb, wb) == (h, w):
-        return x3
-    buf = np.full((x3.shape[0], hb, wb), fill, dtype=x.dtype)
-    buf[:, pad[0]:pad[0] + h, pad[1]:pad[1] + w] = x3
+def _padded(x: np.ndarray, bufs: tuple, pad, fill) -> np.ndarray:
+    """x as (L, *bufs): its leading axes flattened, the pooled axes padded to `bufs`."""
+    nd = len(bufs)
+    sp = x.shape[x.ndim - nd:]
+    xl = x.reshape((-1,) + sp)
+    if tuple(bufs) == tuple(sp):
+        return xl
+    buf = np.full((xl.shape[0],) + tuple(bufs), fill, dtype=x.dtype)
+    buf[(slice(None),) + tuple(slice(p, p + v) for p, v in zip(pad, sp))] = xl
     return buf
 
 
-def _windows(xp: np.ndarray, ho: int, wo: int, ws, st) -> np.ndarray:
-    sl, sh, sw = xp.strides
-    return as_strided(xp, (xp.shape[0], ho, wo, ws[0], ws[1]),
-                      (sl, sh * st[0], sw * st[1], sh, sw), writeable=False)
+def _windows(xp: np.ndarray, outs: tuple, ws, st) -> np.ndarray:
+    """Read-only view (L, *outs, *ws) of the windows of the padded (L, *bufs) buffer."""
+    strides = xp.strides[1:]
+    return as_strided(xp, (xp.shape[0],) + tuple(outs) + tuple(ws),
+                      (xp.strides[0],) + tuple(sd * s for sd, s in zip(strides, st))
+                      + tuple(strides), writeable=False)
 
 
 def _counts(n_out: int, length: int, ws: int, st: int, pad: int, inc_pad: bool) -> np.ndarray:
@@ -72,114 +80,135 @@ def _counts(n_out: int, length: int, ws: int, st: int, pad: int, inc_pad: bool) 
     return np.minimum(start + ws, length + pad) - np.maximum(start, pad)
 
 
-def _divisor(shape, ho, wo, ws, st, pad, mode) -> np.ndarray:
+def _divisor(shape, outs, ws, st, pad, mode) -> np.ndarray:
+    """The per-position count of an average: the outer product of one count per axis."""
+    nd = len(ws)
+    sp = shape[len(shape) - nd:]
     inc = mode == "average_inc_pad"
-    ch = _counts(ho, shape[-2], ws[0], st[0], pad[0], inc)
-    cw = _counts(wo, shape[-1], ws[1], st[1], pad[1], inc)
-    return np.outer(ch, cw)
+    counts = [_counts(outs[a], sp[a], ws[a], st[a], pad[a], inc) for a in range(nd)]
+    return functools.reduce(np.multiply.outer, counts)
+
+
+def _win_axes(nd: int) -> tuple[int, ...]:
+    return tuple(range(1 + nd, 1 + 2 * nd))
 
 
 def pool_forward(x: np.ndarray, ws, st, pad, ignore_border: bool, mode: str) -> np.ndarray:
-    """Pool the last two axes of `x`."""
-    ho, wo, hb, wb = _geometry(x.shape, ws, st, pad, ignore_border)
-    lead = x.shape[:-2]
-    if ho == 0 or wo == 0 or x.size == 0:
-        return np.zeros(lead + (ho, wo), dtype=x.dtype)
-    xp = _padded(x, hb, wb, pad, _fill_value(x.dtype, mode))
-    win = _windows(xp, ho, wo, ws, st)
+    """Pool the last len(ws) axes of `x`."""
+    nd = len(ws)
+    outs, bufs = _geometry(x.shape, ws, st, pad, ignore_border)
+    lead = x.shape[:x.ndim - nd]
+    if min(outs) == 0 or x.size == 0:
+        return np.zeros(lead + outs, dtype=x.dtype)
+    xp = _padded(x, bufs, pad, _fill_value(x.dtype, mode))
+    win = _windows(xp, outs, ws, st)
     if mode == "max":
-        out = win.max(axis=(3, 4))
+        out = win.max(axis=_win_axes(nd))
     else:
-        out = win.sum(axis=(3, 4))
+        out = win.sum(axis=_win_axes(nd))
         if mode != "sum":
-            out = out / _divisor(x.shape, ho, wo, ws, st, pad, mode)
-    return np.asarray(out, dtype=x.dtype).reshape(lead + (ho, wo))
+            out = out / _divisor(x.shape, outs, ws, st, pad, mode)
+    return np.asarray(out, dtype=x.dtype).reshape(lead + outs)
 
 
-def _scatter(shape, dtype, ho, wo, hb, wb, ws, st, pad, contrib) -> np.ndarray:
-    """Sum contrib(a, b) (an (L, ho, wo) array for window offset (a, b)) back onto the input."""
-    gxp = np.zeros((int(np.prod(shape[:-2], dtype=np.int64)), hb, wb), dtype=dtype)
-    for a in range(ws[0]):
-        for b in range(ws[1]):
-            gxp[:, a:a + st[0] * (ho - 1) + 1:st[0], b:b + st[1] * (wo - 1) + 1:st[1]] += \
-                contrib(a, b)
-    h, w = shape[-2:]
-    return gxp[:, pad[0]:pad[0] + h, pad[1]:pad[1] + w].reshape(shape)
+def _scatter(shape, dtype, outs, bufs, ws, st, pad, contrib) -> np.ndarray:
+    """Sum contrib(offsets) (an (L, *outs) array for window offset `offsets`) back onto the
+    input."""
+    nd = len(ws)
+    lead, sp = tuple(shape[:len(shape) - nd]), tuple(shape[len(shape) - nd:])
+    gxp = np.zeros((int(np.prod(lead, dtype=np.int64)),) + tuple(bufs), dtype=dtype)
+    for offs in itertools.product(*(range(w) for w in ws)):
+        region = tuple(slice(a, a + s * (o - 1) + 1, s) for a, s, o in zip(offs, st, outs))
+        gxp[(slice(None),) + region] += contrib(offs)
+    crop = tuple(slice(p, p + v) for p, v in zip(pad, sp))
+    return gxp[(slice(None),) + crop].reshape(shape)
+
+
+def _check_out(x, gz, outs, nd, who):
+    want = x.shape[:x.ndim - nd] + tuple(outs)
+    if tuple(gz.shape) != want:
+        raise ValueError(f"{who}: the output gradient has shape {gz.shape}, expected "
+                         f"{want} for an input of shape {x.shape}")
 
 
 def max_pool_grad(x: np.ndarray, maxout: np.ndarray, gz: np.ndarray, ws, st, pad,
                   ignore_border: bool) -> np.ndarray:
     """Theano's MaxPoolGrad: each window's gradient goes to every element equal to its max."""
-    ho, wo, hb, wb = _geometry(x.shape, ws, st, pad, ignore_border)
-    _check_out(x, gz, ho, wo, "MaxPoolGrad")
-    if ho == 0 or wo == 0 or x.size == 0:
+    nd = len(ws)
+    outs, bufs = _geometry(x.shape, ws, st, pad, ignore_border)
+    _check_out(x, gz, outs, nd, "MaxPoolGrad")
+    if min(outs) == 0 or x.size == 0:
         return np.zeros_like(x)
-    xp = _padded(x, hb, wb, pad, _fill_value(x.dtype, "max"))
-    win = _windows(xp, ho, wo, ws, st)
-    m3 = maxout.reshape(win.shape[:3])
-    g3 = gz.reshape(win.shape[:3]).astype(x.dtype, copy=False)
-    return _scatter(x.shape, x.dtype, ho, wo, hb, wb, ws, st, pad,
-                    lambda a, b: np.where(win[:, :, :, a, b] == m3, g3, 0))
+    xp = _padded(x, bufs, pad, _fill_value(x.dtype, "max"))
+    win = _windows(xp, outs, ws, st)
+    lead = win.shape[:1 + nd]
+    m = maxout.reshape(lead)
+    g = gz.reshape(lead).astype(x.dtype, copy=False)
+    every = (slice(None),) * (1 + nd)
+    return _scatter(x.shape, x.dtype, outs, bufs, ws, st, pad,
+                    lambda offs: np.where(win[every + offs] == m, g, 0))
 
 
 def max_pool_grad_grad(x: np.ndarray, maxout: np.ndarray, ggx: np.ndarray, ws, st, pad,
                        ignore_border: bool) -> np.ndarray:
     """The adjoint of max_pool_grad in gz: each window sums ggx over its max elements."""
-    ho, wo, hb, wb = _geometry(x.shape, ws, st, pad, ignore_border)
-    if ho == 0 or wo == 0 or x.size == 0:
-        return np.zeros(x.shape[:-2] + (ho, wo), dtype=x.dtype)
-    win = _windows(_padded(x, hb, wb, pad, _fill_value(x.dtype, "max")), ho, wo, ws, st)
-    gwin = _windows(_padded(ggx.astype(x.dtype, copy=False), hb, wb, pad, 0), ho, wo, ws, st)
-    m3 = maxout.reshape(win.shape[:3])
-    out = np.where(win == m3[..., None, None], gwin, 0).sum(axis=(3, 4))
-    return np.asarray(out, dtype=x.dtype).reshape(x.shape[:-2] + (ho, wo))
+    nd = len(ws)
+    outs, bufs = _geometry(x.shape, ws, st, pad, ignore_border)
+    lead = x.shape[:x.ndim - nd]
+    if min(outs) == 0 or x.size == 0:
+        return np.zeros(lead + outs, dtype=x.dtype)
+    win = _windows(_padded(x, bufs, pad, _fill_value(x.dtype, "max")), outs, ws, st)
+    gwin = _windows(_padded(ggx.astype(x.dtype, copy=False), bufs, pad, 0), outs, ws, st)
+    m = maxout.reshape(win.shape[:1 + nd])[(...,) + (None,) * nd]
+    out = np.where(win == m, gwin, 0).sum(axis=_win_axes(nd))
+    return np.asarray(out, dtype=x.dtype).reshape(lead + outs)
 
 
 def average_pool_grad(xshape: Sequence[int], gz: np.ndarray, ws, st, pad, ignore_border: bool,
                       mode: str, dtype: Any) -> np.ndarray:
     """Theano's AveragePoolGrad (also for 'sum'): each window spreads gz / count over itself."""
+    nd = len(ws)
     xshape = tuple(int(s) for s in xshape)
-    ho, wo, hb, wb = _geometry(xshape, ws, st, pad, ignore_border)
-    if tuple(gz.shape) != xshape[:-2] + (ho, wo):
+    outs, bufs = _geometry(xshape, ws, st, pad, ignore_border)
+    want = xshape[:len(xshape) - nd] + outs
+    if tuple(gz.shape) != want:
         raise ValueError(f"AveragePoolGrad: the output gradient has shape {gz.shape}, expected "
-                         f"{xshape[:-2] + (ho, wo)} for an input of shape {xshape}")
-    if ho == 0 or wo == 0 or int(np.prod(xshape)) == 0:
+                         f"{want} for an input of shape {xshape}")
+    if min(outs) == 0 or int(np.prod(xshape)) == 0:
         return np.zeros(xshape, dtype=dtype)
-    g3 = gz.reshape((-1, ho, wo)).astype(dtype, copy=False)
+    g = gz.reshape((-1,) + outs).astype(dtype, copy=False)
     if mode != "sum":
-        g3 = g3 / _divisor(xshape, ho, wo, ws, st, pad, mode)
-    return _scatter(xshape, dtype, ho, wo, hb, wb, ws, st, pad, lambda a, b: g3)
+        g = g / _divisor(xshape, outs, ws, st, pad, mode)
+    return _scatter(xshape, dtype, outs, bufs, ws, st, pad, lambda offs: g)
 
 
-def _check_out(x, gz, ho, wo, who):
-    if tuple(gz.shape) != x.shape[:-2] + (ho, wo):
-        raise ValueError(f"{who}: the output gradient has shape {gz.shape}, expected "
-                         f"{x.shape[:-2] + (ho, wo)} for an input of shape {x.shape}")
-
-
-def pool_reference(x: np.ndarray, ws, ignore_border=True, stride=None, pad=(0, 0),
+def pool_reference(x: np.ndarray, ws, ignore_border=True, stride=None, pad=None,
                    mode="max") -> np.ndarray:
-    """Theano's Pool.perform loop, window by window (slow; the tests' reference)."""
+    """Theano's Pool.perform loop, window by window, over the last len(ws) axes (slow; the
+    tests' reference). pad defaults to zeros."""
+    nd = len(ws)
     st = stride or ws
-    h, w = x.shape[-2:]
-    ho = pool_out_len(h, ws[0], st[0], pad[0], ignore_border)
-    wo = pool_out_len(w, ws[1], st[1], pad[1], ignore_border)
-    hp, wp = h + 2 * pad[0], w + 2 * pad[1]
-    y = np.zeros(x.shape[:-2] + (hp, wp), dtype=x.dtype)
-    y[..., pad[0]:pad[0] + h, pad[1]:pad[1] + w] = x
-    out = np.zeros(x.shape[:-2] + (ho, wo), dtype=x.dtype)
-    for i in range(ho):
-        for j in range(wo):
-            r0, r1 = i * st[0], min(i * st[0] + ws[0], hp)
-            c0, c1 = j * st[1], min(j * st[1] + ws[1], wp)
+    pad = (0,) * nd if pad is None else pad
+    sp = x.shape[x.ndim - nd:]
+    lead = x.shape[:x.ndim - nd]
+    outs = tuple(pool_out_len(sp[a], ws[a], st[a], pad[a], ignore_border) for a in range(nd))
+    padded = tuple(v + 2 * p for v, p in zip(sp, pad))
+    y = np.zeros(lead + padded, dtype=x.dtype)
+    y[(...,) + tuple(slice(p, p + v) for p, v in zip(pad, sp))] = x
+    out = np.zeros(lead + outs, dtype=x.dtype)
+    axes = tuple(range(-nd, 0))
+    for pos in itertools.product(*(range(o) for o in outs)):
+        region = []
+        for a in range(nd):
+            lo, hi = pos[a] * st[a], min(pos[a] * st[a] + ws[a], padded[a])
             if mode != "average_inc_pad":
-                r0, r1 = max(r0, pad[0]), min(r1, h + pad[0])
-                c0, c1 = max(c0, pad[1]), min(c1, w + pad[1])
-            region = y[..., r0:r1, c0:c1]
-            if mode == "max":
-                out[..., i, j] = region.max(axis=(-2, -1))
-            elif mode == "sum":
-                out[..., i, j] = region.sum(axis=(-2, -1))
-            else:
-                out[..., i, j] = region.mean(axis=(-2, -1))
+                lo, hi = max(lo, pad[a]), min(hi, sp[a] + pad[a])
+            region.append(slice(lo, hi))
+        win = y[(...,) + tuple(region)]
+        if mode == "max":
+            out[(...,) + pos] = win.max(axis=axes)
+        elif mode == "sum":
+            out[(...,) + pos] = win.sum(axis=axes)
+        else:
+            out[(...,) + pos] = win.mean(axis=axes)
     return out
