@@ -37,8 +37,9 @@ class GpuOpFromGraph(OpFromGraph):
     def _identity(self) -> tuple:
         return (super()._identity(), self.context_name)
 
-    def __str__(self) -> str:
-        return f"Gpu{super().__str__()}"
+    def __str__(self) -> str:  # GpuOpFromGraph{...}, or Gpu<name>{...} for a named graph
+        text = super().__str__()
+        return text if self.name is None else f"Gpu{text}"
 
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         results = self.fn(*inputs)
