@@ -76,3 +76,14 @@ def test_square_to_one_hot_and_scalar_upcast():
         T.extra_ops.to_one_hot(x, 3)
     assert symgpu.scalar.upcast("int32", "float32") == "float64"
     assert symgpu.scalar.upcast("int8", "int16") == "int16"
+
+
+def test_max_pool_2d_same_size():
+    from symgpu.tensor.signal.pool import max_pool_2d_same_size
+    x = T.dtensor4("x")
+    v = np.random.default_rng(0).standard_normal((2, 3, 4, 6))
+    out = symgpu.function([x], max_pool_2d_same_size(x, (2, 3)))(v)
+    windows = v.reshape(2, 3, 2, 2, 2, 3).transpose(0, 1, 2, 4, 3, 5).reshape(2, 3, 2, 2, 6)
+    keep = windows == windows.max(axis=-1, keepdims=True)
+    want = np.where(keep, windows, 0).reshape(2, 3, 2, 2, 2, 3).transpose(0, 1, 2, 4, 3, 5)
+    np.testing.assert_allclose(out, want.reshape(v.shape))

@@ -20,6 +20,7 @@ from symgpu.tensor.signal import pool_numpy as _pn
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
 
 __all__ = ["Pool", "MaxPoolGrad", "AveragePoolGrad", "MaxPoolGradGrad", "pool_2d",
+           "max_pool_2d_same_size",
            "pool_output_shape", "Pool3d", "MaxPoolGrad3d", "AveragePoolGrad3d",
            "MaxPoolGradGrad3d", "pool_3d"]
 
@@ -306,3 +307,11 @@ def pool_3d(input: Any, ws: Any = None, ignore_border: bool = True, stride: Any 
     `ds`, `st` and `padding` are Theano's older names of `ws`, `stride` and `pad`."""
     ws, stride, pad = _old_names("pool_3d", ws, stride, pad, ds, st, padding)
     return Pool3d(ws, stride, pad, ignore_border, mode)(input)
+
+
+def max_pool_2d_same_size(input: Any, patch_size: Any) -> TensorVariable:
+    """Theano's: `input` with every element that is not the maximum of its (non-overlapping)
+    `patch_size` window set to 0, the same shape as `input`."""
+    x = as_tensor_variable(input)
+    maxout = pool_2d(x, patch_size, ignore_border=True)
+    return MaxPoolGrad(patch_size, ignore_border=True)(x, maxout, maxout)
