@@ -950,3 +950,31 @@ CASES.update(_CONV3D_POOL3D_CASES)
 def test_conv3d_pool3d_inferred_shapes(op_cls):
     for c in _CONV3D_POOL3D_CASES[op_cls]:
         _host_check(op_cls, c)
+
+# ----------------------------------------------------------------------------- block sparse
+# symgpu.tensor.nnet.blocksparse (test_blocksparse_inferred_shapes runs them, as the table's
+# parametrisation is made above)
+from symgpu.tensor.nnet import blocksparse as _bsp  # noqa: E402
+
+
+def _bidx(n, *shape):
+    return rng.randint(0, n, size=shape).astype("int32")
+
+
+_BLOCKSPARSE_CASES = {
+    _bsp.SparseBlockGemv: [case(_bsp.sparse_block_gemv, r(2, 3, 5), r(8, 7, 6, 5), r(2, 4, 6),
+                                _bidx(8, 2, 4), _bidx(7, 2, 3)),
+                           case(lambda W, h, i, b, o: _bsp.sparse_block_dot(W, h, i, b, o),
+                                r(4, 3, 2, 5), r(1, 2, 2), _bidx(4, 1, 2), r(3, 5),
+                                _bidx(3, 1, 3))],
+    _bsp.SparseBlockOuter: [case(_bsp.sparse_block_outer, r(8, 7, 6, 5), r(2, 4, 6), r(2, 3, 5),
+                                 _bidx(8, 2, 4), _bidx(7, 2, 3))],
+}
+CASES.update(_BLOCKSPARSE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_BLOCKSPARSE_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_blocksparse_inferred_shapes(op_cls):
+    for c in _BLOCKSPARSE_CASES[op_cls]:
+        _host_check(op_cls, c)

@@ -58,6 +58,18 @@ def _cases():
             return fn
         return deco
 
+    @add("blocksparse")
+    def _():
+        from symgpu.tensor.nnet.blocksparse import sparse_block_dot
+        W, h, b = T.dtensor4("W"), T.dtensor3("h"), T.dmatrix("b")
+        iIdx, oIdx = T.imatrix("iIdx"), T.imatrix("oIdx")
+        r = rng(12)
+        vals = [r.standard_normal((4, 3, 2, 5)), r.standard_normal((2, 2, 2)),
+                np.array([[0, 3], [1, 1]], dtype="int32"), r.standard_normal((3, 5)),
+                np.array([[2, 0, 1], [1, 2, 2]], dtype="int32")]
+        out = sparse_block_dot(W, h, iIdx, b, oIdx)
+        return [W, h, iIdx, b, oIdx], [out, *T.grad((out ** 2).sum(), [W, h, b])], vals
+
     @add("fft_sort_neighbours")
     def _():
         from symgpu.tensor.fft import irfft, rfft
