@@ -43,6 +43,9 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "gpuarray": ("symgpu.gpuarray", None),
     "ifelse": ("symgpu.ifelse", None),  # symgpu.ifelse.ifelse, the lazy branch
     "OpFromGraph": ("symgpu.builders", "OpFromGraph"),  # Theano's theano.OpFromGraph
+    "clone": ("symgpu.compile.clone", "clone"),  # Theano's theano.clone
+    "function_dump": ("symgpu.compile.function", "function_dump"),
+    "dot": ("symgpu.tensor", "dot"),  # Theano's theano.dot
     "gpu": ("symgpu.gpu", None),
     "sparse": ("symgpu.sparse", None),  # Theano's theano.sparse (loads scipy.sparse)
     "sandbox": ("symgpu.sandbox", None),

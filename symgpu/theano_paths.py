@@ -47,7 +47,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
-    "symgpu.tensor.raw_random": "symgpu.tensor.random.ops",
+    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
     "symgpu.tensor.var": "symgpu.tensor.type",
     # loops (theano.scan_module)
     "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's

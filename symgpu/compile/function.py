@@ -1,6 +1,7 @@
 """`function()`: compile a graph into a callable, and the Function it returns."""
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 import warnings
@@ -16,12 +17,13 @@ from symgpu.compile.function_copy import copy_function
 from symgpu.compile.mode import Mode, get_mode
 from symgpu.compile.profiling import ProfileStats, _atexit_print_list, attach_profile
 from symgpu.graph.sharedvalue import SharedVariable
-from symgpu.graph.basic import (Constant, Variable, ancestors, clone_graph, graph_inputs,
-                                set_eval_compiler)
+from symgpu.graph.basic import (Constant, Scratchpad, Variable, VariableTag, ancestors,
+                                clone_graph, graph_inputs, set_eval_compiler)
 from symgpu.graph.fg import FunctionGraph
 from symgpu.tensor.type import as_tensor_variable
 
-__all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace"]
+__all__ = ["function", "Function", "FunctionMaker", "UnusedInputError", "clone_replace",
+           "function_dump"]
 
 
 class UnusedInputError(ValueError):
@@ -515,6 +517,66 @@ def _default_updates(roots: list[Variable], explicit: list, skip_all: Any) -> li
         found += [(v, _to_variable_like(v, v.default_update, f"default_update of {v}")) for v in todo]
         todo = [u for _, u in found[len(found) - len(todo):]]
     return found
+
+
+def function_dump(filename: Any, inputs: Sequence[Any], outputs: Any = None, mode: Any = None,
+                  updates: Any = None, givens: Any = None, no_default_updates: Any = False,
+                  accept_inplace: bool = False, name: str | None = None,
+                  rebuild_strict: bool = True, allow_input_downcast: bool | None = None,
+                  profile: Any = None, on_unused_input: str | None = None,
+                  extra_tag_to_remove: Sequence[str] | None = None) -> None:
+    """Pickle what `function` is given to `filename` (a path or a binary file), so that a
+    compilation can be reproduced elsewhere::
+
+        d = pickle.load(open(filename, "rb"))
+        f = symgpu.function(**d)
+
+    Variables' creation traces and test values (and the tag entries in
+    `extra_tag_to_remove`) are left out of the pickle; the objects themselves are untouched.
+    `rebuild_strict` is Theano's: symgpu's `function` always requires givens and updates to
+    have (or convert to) the replaced variable's type, so only True is accepted, and it is
+    not stored (function() has no such argument)."""
+    if rebuild_strict is not True:
+        raise ValueError("function_dump: rebuild_strict=False is not supported: symgpu's "
+                         "function() requires givens and updates of the replaced types")
+    d = dict(inputs=inputs, outputs=outputs, mode=mode, updates=updates, givens=givens,
+             no_default_updates=no_default_updates, accept_inplace=accept_inplace, name=name,
+             allow_input_downcast=allow_input_downcast, profile=profile,
+             on_unused_input=on_unused_input)
+    if hasattr(filename, "write"):
+        _TagStripPickler(filename, extra_tag_to_remove).dump(d)
+        return
+    with open(filename, "wb") as f:
+        _TagStripPickler(f, extra_tag_to_remove).dump(d)
+
+
+class _TagStripPickler(pickle.Pickler):
+    """Pickles tags without traces and test values (misc.pkl_utils.StripPickler does the
+    same for whole models; it sits above this layer)."""
+
+    def __init__(self, file: Any, extra: Sequence[str] | None):
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self.strip = {"trace", "test_value", *(extra or ())}
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in (Scratchpad, VariableTag) and not self.strip.isdisjoint(obj.__dict__):
+            kept = {k: v for k, v in obj.__dict__.items() if k not in self.strip}
+            if type(obj) is VariableTag:
+                return (_variable_tag, (obj._type, kept))
+            return (_scratchpad, (kept,))
+        return NotImplemented
+
+
+def _variable_tag(vtype: Any, state: dict) -> VariableTag:
+    tag = VariableTag(vtype)
+    tag.__dict__.update(state)
+    return tag
+
+
+def _scratchpad(state: dict) -> Scratchpad:
+    pad = Scratchpad()
+    pad.__dict__.update(state)
+    return pad
 
 
 def _bad_input(i: Any) -> In:
