@@ -32,7 +32,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gof.op": "symgpu.graph.op",
     "symgpu.gof.type": ("symgpu.graph.basic",),
     "symgpu.gof.fg": "symgpu.graph.fg",
-    "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting"),
+    "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting", "symgpu.graph.features"),
     "symgpu.gof.opt": "symgpu.graph.rewriting",
     "symgpu.gof.optdb": "symgpu.graph.rewriting.db",
     "symgpu.gof.destroyhandler": "symgpu.graph.rewriting.destroy",

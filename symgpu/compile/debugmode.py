@@ -13,25 +13,42 @@ Each call
    judged again against the unrewritten graph run in float64: the rewritten value is
    accepted if it matches that. Where the unrewritten graph gives inf or nan and the
    rewritten one a finite number, the rewritten value is accepted too.
+
+Theano's settings (constructor arguments and attributes of the same names):
+- `check_isfinite` (True): a NaN or Inf in a float output of any node of the rewritten graph
+  raises `InvalidValueError`.
+- `check_c_code` (True): nodes may run the compiled CPU C kernels (the `cxx` flag); False
+  links every node on its NumPy thunk.
+- `check_py_code` (True): with `check_c_code`, each elementwise / reduction node (the ops
+  with C kernels) is run again on its NumPy thunk and the two results compared: a difference
+  beyond the type's tolerance raises `BadThunkOutput`.
+- `require_matching_strides` (0): in that comparison, differing strides are ignored (0),
+  warned about (1) or raise `BadThunkOutput` (2).
+- `stability_patience` (1 here; Theano's default is 10): the rewrites run on that many fresh
+  copies of the unrewritten graph; any result that differs from the first (ops, wiring or
+  constants, in order) raises `StochasticOrder`.
 """
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import numpy as np
 
 from symgpu.compile.mode import NAMED_MODES, Mode
 from symgpu.config import config
-from symgpu.graph.basic import Apply
+from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.fg import FunctionGraph
 from symgpu.link.vm import VM, link
 from symgpu.scalar.basic import Cast
-from symgpu.tensor.elemwise import Elemwise
+from symgpu.tensor.c_elemwise import allow_c_kernels, c_kernels_allowed
+from symgpu.tensor.elemwise import CAReduce, Elemwise
 from symgpu.tensor.type import TensorType
 
 __all__ = ["DebugMode", "DebugModeError", "BadOptimization", "BadDestroyMap", "BadViewMap",
-           "BadOutputType", "DebugVM"]
+           "BadOutputType", "BadThunkOutput", "StochasticOrder", "InvalidValueError",
+           "DebugVM"]
 
 
 class DebugModeError(AssertionError):
@@ -52,6 +69,42 @@ class BadViewMap(DebugModeError):
 
 class BadOutputType(DebugModeError):
     """An op produced a value that is not valid for its output's type."""
+
+
+class BadThunkOutput(DebugModeError):
+    """Two implementations of one node (compiled C kernel and NumPy) disagree."""
+
+
+class StochasticOrder(DebugModeError):
+    """Rewriting copies of the same graph gave different graphs (`stability_patience`)."""
+
+
+class InvalidValueError(DebugModeError):
+    """A node produced NaN or Inf (`check_isfinite`)."""
+
+
+def graph_signature(fgraph: FunctionGraph) -> list:
+    """The rewritten graph as comparable data: per node in order, its op and where each input
+    comes from (graph input index, earlier node's output, or a constant's type and value)."""
+    where: dict = {v: ("in", i) for i, v in enumerate(fgraph.inputs)}
+    sig = []
+    for n, node in enumerate(fgraph.toposort()):
+        ins = []
+        for v in node.inputs:
+            if v in where:
+                ins.append(where[v])
+            elif isinstance(v, Constant):
+                data = np.asarray(v.data) if isinstance(v.data, (np.ndarray, np.generic, int,
+                                                                 float, bool)) else v.data
+                ins.append(("const", v.type, repr(data.tolist()) if isinstance(data, np.ndarray)
+                            else repr(data)))
+            else:
+                ins.append(("free", v.type))
+        for k, o in enumerate(node.outputs):
+            where[o] = ("node", n, k)
+        sig.append((node.op, tuple(ins)))
+    sig.append(tuple(where.get(o, ("?",)) for o in fgraph.outputs))
+    return sig
 
 
 def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
@@ -141,11 +194,22 @@ class DebugVM(VM):
     """A VM that checks each thunk and compares the outputs with the unrewritten graph."""
 
     def __init__(self, fgraph: FunctionGraph, storage_map: dict, reference: FunctionGraph | None,
-                 check_views: bool = True):
-        base = link(fgraph, storage_map, allow_gc=False)
+                 check_views: bool = True, check_isfinite: bool = True,
+                 check_c_code: bool = True, check_py_code: bool = True,
+                 require_matching_strides: int = 0):
+        with allow_c_kernels(check_c_code):
+            base = link(fgraph, storage_map, allow_gc=False)
         super().__init__(fgraph, base.nodes, base.thunks, base.storage_map, None)
         self.reference = reference
         self.check_views = check_views
+        self.check_isfinite = check_isfinite
+        self.require_matching_strides = int(require_matching_strides)
+        self.py_twin = None   # NumPy thunks of the nodes that may have run C kernels
+        if check_c_code and check_py_code and c_kernels_allowed() and any(
+                isinstance(n.op, (Elemwise, CAReduce)) for n in base.nodes):
+            py_storage: dict = {}
+            with allow_c_kernels(False):
+                self.py_twin = link(fgraph, py_storage, allow_gc=False)
         self.ref_vm = None
         self.ref64 = None
         self.ref_cells: list[list] = []
@@ -223,6 +287,45 @@ class DebugVM(VM):
                         f"{op} (node #{index}: {node}) returned output {o} sharing memory with "
                         f"input {j} ({inp}) without declaring it in view_map or destroy_map")
 
+    def _check_finite(self, index: int, node: Apply) -> None:
+        for o, out in enumerate(node.outputs):
+            value = self.storage_map[out][0]
+            if not isinstance(value, (np.ndarray, np.generic)) or value.dtype.kind not in "fc":
+                continue  # host values only: device arrays are checked by NanGuardMode
+            bad = ~np.isfinite(value)
+            if bad.any():
+                kinds = [k for k, m in (("NaN", np.isnan(value)), ("Inf", np.isinf(value)))
+                         if np.any(m)]
+                raise InvalidValueError(
+                    f"{node.op} (node #{index}: {node}) produced {' and '.join(kinds)} in output "
+                    f"{o} ({out}) at {int(bad.sum())} of {bad.size} element(s) "
+                    "(check_isfinite=True)")
+
+    def _check_py_twin(self, index: int, node: Apply, inputs: list) -> None:
+        twin = self.py_twin
+        tsm = twin.storage_map
+        for v, value in zip(node.inputs, inputs):
+            tsm[v][0] = _snapshot(value)
+        for o in node.outputs:
+            tsm[o][0] = None
+        twin.thunks[index]()
+        for o, out in enumerate(node.outputs):
+            got, ref = self.storage_map[out][0], tsm[out][0]
+            if got is None or ref is None:
+                continue
+            ok, why = _close(out.type, ref, got)
+            if not ok:
+                raise BadThunkOutput(
+                    f"{node.op} (node #{index}: {node}): the compiled C kernel and the NumPy "
+                    f"implementation disagree on output {o}: {why}")
+            if self.require_matching_strides and isinstance(got, np.ndarray) and \
+                    isinstance(ref, np.ndarray) and got.size > 1 and got.strides != ref.strides:
+                msg = (f"{node.op} (node #{index}): output {o} has strides {got.strides} from the "
+                       f"C kernel and {ref.strides} from NumPy")
+                if self.require_matching_strides >= 2:
+                    raise BadThunkOutput(msg)
+                warnings.warn(msg, stacklevel=3)
+
     def __call__(self) -> None:
         fg, sm = self.fgraph, self.storage_map
         inputs = [_snapshot(sm[v][0]) for v in fg.inputs]
@@ -230,11 +333,17 @@ class DebugVM(VM):
             destroyed = {j for js in (getattr(node.op, "destroy_map", {}) or {}).values() for j in js}
             before = {j: _snapshot(sm[v][0]) for j, v in enumerate(node.inputs)
                       if j not in destroyed}
+            twin = self.py_twin is not None and isinstance(node.op, (Elemwise, CAReduce))
+            twin_inputs = [_snapshot(sm[v][0]) for v in node.inputs] if twin else None
             try:
                 thunk()
             except Exception as exc:  # re-raised with the node's information
                 self.raise_with_node_info(i, exc)
             self._check_node(i, node, before)
+            if twin:
+                self._check_py_twin(i, node, twin_inputs)
+            if self.check_isfinite:
+                self._check_finite(i, node)
         for v, old in zip(fg.inputs, inputs):
             if not _same(old, sm[v][0]):
                 raise BadDestroyMap(f"the function overwrote its input {v}")
@@ -258,20 +367,53 @@ class DebugVM(VM):
 
 
 class DebugMode(Mode):
-    """FAST_RUN's rewrites, with every call checked (see the module docstring)."""
+    """FAST_RUN's rewrites, with every call checked (see the module docstring for the
+    checks and Theano's settings `stability_patience`, `check_c_code`, `check_py_code`,
+    `check_isfinite` and `require_matching_strides`)."""
+
+    _SETTINGS = ("check_views", "stability_patience", "check_c_code", "check_py_code",
+                 "check_isfinite", "require_matching_strides")
 
     def __init__(self, including: tuple[str, ...] = (), excluding: tuple[str, ...] = (),
-                 check_views: bool = True):
+                 check_views: bool = True, *, stability_patience: int | None = None,
+                 check_c_code: bool | None = None, check_py_code: bool | None = None,
+                 check_isfinite: bool | None = None,
+                 require_matching_strides: int | None = None):
         super().__init__("DebugMode", including, excluding)
         self.check_views = check_views
+        self.stability_patience = 1 if stability_patience is None else int(stability_patience)
+        if self.stability_patience < 1:
+            raise ValueError(f"stability_patience must be at least 1, got {stability_patience}")
+        self.check_c_code = True if check_c_code is None else bool(check_c_code)
+        self.check_py_code = True if check_py_code is None else bool(check_py_code)
+        self.check_isfinite = True if check_isfinite is None else bool(check_isfinite)
+        self.require_matching_strides = 0 if require_matching_strides is None else \
+            int(require_matching_strides)
+
+    def _clone(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "DebugMode":
+        return DebugMode(including, excluding, self.check_views,
+                         **{k: getattr(self, k) for k in self._SETTINGS[1:]})
 
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
         fgraph.debugmode_reference = fgraph.clone()
-        return super().rewrite(fgraph)
+        copies = [fgraph.clone() for _ in range(self.stability_patience - 1)]
+        times = super().rewrite(fgraph)
+        if copies:
+            first = graph_signature(fgraph)
+            for k, other in enumerate(copies, 1):
+                super().rewrite(other)
+                if graph_signature(other) != first:
+                    raise StochasticOrder(
+                        f"rewriting copy #{k} of the graph gave a different graph than the first "
+                        f"rewrite ({len(other.apply_nodes)} nodes against "
+                        f"{len(fgraph.apply_nodes)}): a rewrite depends on something other "
+                        "than the graph (set iteration order, ids, ...)")
+        return times
 
     def link(self, fgraph: FunctionGraph, storage_map: dict) -> DebugVM:
         return DebugVM(fgraph, storage_map, getattr(fgraph, "debugmode_reference", None),
-                       self.check_views)
+                       self.check_views, self.check_isfinite, self.check_c_code,
+                       self.check_py_code, self.require_matching_strides)
 
     def __repr__(self) -> str:
         return "DebugMode()"

@@ -16,13 +16,15 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import is_float, is_int, upgrade_to_float
+from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
+from symgpu.tensor.ranges import arange
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["Softmax", "LogSoftmax", "CrossentropyCategorical1Hot",
            "CrossentropyCategorical1HotGrad", "softmax", "log_softmax", "logsoftmax", "sigmoid",
            "softplus", "relu", "binary_crossentropy", "categorical_crossentropy",
-           "crossentropy_categorical_1hot"]
+           "crossentropy_categorical_1hot", "h_softmax"]
 
 #: the elementwise logistic function and log(1+exp(x)) of the scalar table, re-exported here
 #: because Theano users reach them as `T.nnet.sigmoid` / `T.nnet.softplus`
@@ -248,6 +250,37 @@ def categorical_crossentropy(coding_dist: Any, true_dist: Any) -> TensorVariable
                     f"got {t.type}")
 
 
+def h_softmax(x: Any, batch_size: Any, n_outputs: int, n_classes: int,
+              n_outputs_per_class: int, W1: Any, b1: Any, W2: Any, b2: Any,
+              target: Any = None) -> TensorVariable:
+    """Theano's two-level hierarchical softmax.
+
+    The outputs are split into `n_classes` classes of `n_outputs_per_class` outputs; p(output)
+    = p(class | x) p(output | class, x), with p(class | x) = softmax(x W1 + b1) (W1:
+    (n_in, n_classes), b1: (n_classes,)) and p(output | class, x) = softmax(x W2[c] + b2[c])
+    (W2: (n_classes, n_in, n_outputs_per_class), b2: (n_classes, n_outputs_per_class)).
+    Without `target`: every output's probability, (batch_size, n_outputs) (outputs past
+    n_outputs in the last class are dropped). With `target` (integer indices, flattened):
+    the probability of each row's target, (batch_size,), computing only the target's class."""
+    x = as_tensor_variable(x)
+    W1, b1, W2, b2 = (as_tensor_variable(v) for v in (W1, b1, W2, b2))
+    class_probs = softmax(_m.add(_m.dot(x, W1), b1))
+    if target is None:
+        act = _m.add(_m.tensordot(x, W2, [[1], [1]]), b2)       # (batch, classes, per_class)
+        out = softmax(_b.reshape(act, (-1, n_outputs_per_class)))
+        out = _b.reshape(out, (batch_size, n_classes, -1))
+        out = _m.mul(class_probs.dimshuffle(0, 1, "x"), out)
+        return _b.reshape(out, (batch_size, -1))[:, :n_outputs]
+    target = _b.flatten(as_tensor_variable(target))
+    target_classes = _m.int_div(target, n_outputs_per_class)
+    target_in_class = _m.mod(target, n_outputs_per_class)
+    w = W2[target_classes]                                     # (batch, n_in, per_class)
+    act = _m.add(_m.sum(_m.mul(x.dimshuffle(0, 1, "x"), w), axis=1), b2[target_classes])
+    out = softmax(act)
+    rows = arange(batch_size)
+    return _m.mul(class_probs[rows, target_classes], out[rows, target_in_class])
+
+
 # convolution: a submodule loaded on first use (PEP 562), so `import symgpu` does not load
 # the convolution code a model without convolutions never runs
 _CONV_NAMES = ("conv2d", "conv2d_grad_wrt_inputs", "conv2d_grad_wrt_weights", "conv2d_transpose", "conv3d", "conv3d_grad_wrt_inputs", "conv3d_grad_wrt_weights")
@@ -261,7 +294,9 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-from symgpu.tensor.nnet.activations import elu, selu  # noqa: E402
+from symgpu.tensor.nnet.activations import (  # noqa: E402
+    elu, hard_sigmoid, selu, sigmoid_binary_crossentropy, softsign, ultra_fast_sigmoid)
 from symgpu.tensor.nnet import bn  # noqa: E402,F401
 
-__all__ += ["elu", "selu"]
+__all__ += ["elu", "selu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
+            "sigmoid_binary_crossentropy"]
