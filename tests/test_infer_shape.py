@@ -978,3 +978,47 @@ CASES.update(_BLOCKSPARSE_CASES)
 def test_blocksparse_inferred_shapes(op_cls):
     for c in _BLOCKSPARSE_CASES[op_cls]:
         _host_check(op_cls, c)
+
+# ----------------------------------------------------------------------------- typed lists
+# symgpu.typed_list: a list has no shape (its type has no ndim), so the ops returning lists,
+# and GetItem of one element (whose shape the list's type does not know), raise ShapeError
+# and the shape rewrite leaves reads of them alone; Length, Index and Count give 0-d int64.
+# (test_typed_list_inferred_shapes runs them; a list input is given as a Python list.)
+import symgpu.typed_list as _tl  # noqa: E402
+
+_TLV = [r(3), r(3), r(3)]
+_TL_CASES = {
+    _tl.GetItem: [case(lambda x, i: x[i], _TLV, i64(1)), case(lambda x: x[1:], _TLV)],
+    _tl.Append: [case(lambda x, e: x.append(e), _TLV, r(3)),
+                 case(lambda x, e: _tl.Append(inplace=True)(x, e), _TLV, r(3))],
+    _tl.Extend: [case(lambda x: x.extend(x), _TLV)],
+    _tl.Insert: [case(lambda x, e: x.insert(1, e), _TLV, r(3))],
+    _tl.Remove: [case(lambda x: x.remove(x[0]), _TLV)],
+    _tl.Reverse: [case(lambda x: x.reverse(), _TLV)],
+    _tl.Index: [case(lambda x: x.ind(x[2]), _TLV)],
+    _tl.Count: [case(lambda x: x.count(x[2]), _TLV)],
+    _tl.Length: [case(lambda x: _tl.length(x), _TLV)],
+    _tl.MakeList: [case(lambda a, b: _tl.make_list([a, b]), r(2, 3), r(2, 3))],
+}
+CASES.update(_TL_CASES)
+
+
+def _tl_check(op_cls, c: Case):
+    ins = [_tl.TypedListType(var_for(v[0]).type)() if isinstance(v, list) else var_for(v, b)
+           for v, b in c.values]
+    vals = [v for v, _ in c.values]
+    node = c.build(*ins).owner
+    assert type(node.op) is op_cls, f"the case builds {node.op}, not a {op_cls.__name__}"
+    if not hasattr(node.outputs[0].type, "ndim") or op_cls is _tl.GetItem:
+        with pytest.raises(ShapeError):
+            node_shapes(node)
+        return
+    want = [np.shape(o) for o in function(ins, list(node.outputs))(*vals)]
+    assert node_shapes(node) == want == [()], str(node.op)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_TL_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_typed_list_inferred_shapes(op_cls):
+    for c in _TL_CASES[op_cls]:
+        _tl_check(op_cls, c)

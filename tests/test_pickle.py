@@ -70,6 +70,17 @@ def _cases():
         out = sparse_block_dot(W, h, iIdx, b, oIdx)
         return [W, h, iIdx, b, oIdx], [out, *T.grad((out ** 2).sum(), [W, h, b])], vals
 
+    @add("typed_list")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        import symgpu.typed_list as tl
+        x, e = tl.TypedListType(T.dvector)("x"), T.dvector("e")
+        m = tl.make_list([e, e * 2])
+        return [x, e], [x.append(e)[-1], x.extend(x)[1:][0], x.insert(0, e).reverse()[0],
+                        x.remove(e)[0], x.ind(e), x.count(e), tl.length(x),
+                        m.append(e).reverse()[0]], \
+            [[rng(1).standard_normal(3), np.ones(3), rng(2).standard_normal(3)], np.ones(3)]
+
     @add("fft_sort_neighbours")
     def _():
         from symgpu.tensor.fft import irfft, rfft
