@@ -91,6 +91,26 @@ def _erf(x):
     return _special().erf(x)
 
 
+def _special_row(name):
+    """The NumPy form of a row that is scipy.special's ufunc `name` (loaded on first call)."""
+    def impl(*args):
+        return getattr(_special(), name)(*args)
+    impl.__name__ = name
+    return impl
+
+
+def _tri_gamma(x):
+    # scipy's polygamma computes in float64: keep the input's float dtype
+    x = np.asarray(x)
+    out = _special().polygamma(1, x)
+    return out.astype(x.dtype) if x.dtype.kind == "f" else out
+
+
+def _chi2sf(x, k):
+    # scipy.stats.chi2.sf(x, k) is scipy.special.chdtrc(k, x), without importing scipy.stats
+    return _special().chdtrc(k, x)
+
+
 def _softplus(x):
     # log(1+exp(x)) without overflow, the identity log1p(exp(-|x|)) + max(x, 0)
     return np.logaddexp(np.zeros((), dtype=np.asarray(x).dtype), x)
@@ -197,6 +217,16 @@ def _unary(rule):
     return g
 
 
+def _g_not_implemented(what):
+    def g(T, ins, out, gz):
+        raise NotImplementedError(f"the gradient of {what} is not implemented (as in Theano)")
+    return g
+
+
+_SQRT_PI_2 = float(np.sqrt(np.pi) / 2)
+_TWO_SQRT_PI = float(2 / np.sqrt(np.pi))
+
+
 def _no_grad(T, ins, out, gz):
     return [None for _ in ins]
 
@@ -221,6 +251,11 @@ class ScalarOpSpec:
     commutative: bool = False
     associative: bool = False
     symbol: str | None = None  # infix spelling for pp
+    # `cuda` None: the row has no CUDA form and its nodes stay on the host (psi, chi2sf);
+    # cuda_only: the CPU C kernels (scalar/ccode.py) leave the row to NumPy: its CUDA form
+    # calls functions C's libm lacks (erfinv), or libm's differs from scipy.special by more
+    # than a few ulp (erfc's far tail, gamma)
+    cuda_only: bool = False
 
 
 # Float // and % on the GPU follow NumPy's npy_divmod (fmod, then Python's sign convention, then
@@ -314,6 +349,28 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     ScalarOpSpec("cosh", 1, np.cosh, "cosh{f}({0})", _unary(lambda T, x, o, gz: gz * T.sinh(x)), "float"),
     ScalarOpSpec("erf", 1, _erf, "erf{f}({0})",
                  _unary(lambda T, x, o, gz: gz * float(2 / np.sqrt(np.pi)) * T.exp(-x * x)), "float"),
+    # special functions (scipy.special on the host, loaded on first use; Theano's gradients)
+    ScalarOpSpec("erfc", 1, _special_row("erfc"), "erfc{f}({0})",
+                 _unary(lambda T, x, o, gz: -gz * _TWO_SQRT_PI * T.exp(-x * x)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("erfinv", 1, _special_row("erfinv"), "erfinv{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * _SQRT_PI_2 * T.exp(o * o)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("erfcinv", 1, _special_row("erfcinv"), "erfcinv{f}({0})",
+                 _unary(lambda T, x, o, gz: -gz * _SQRT_PI_2 * T.exp(o * o)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("gamma", 1, _special_row("gamma"), "tgamma{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * o * T.psi(x)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("gammaln", 1, _special_row("gammaln"),
+                 # scipy's gammaln(-inf) is -inf, libm's lgamma(-inf) +inf
+                 "((isinf({0}) && ({0}) < 0) ? ({0}) : lgamma{f}({0}))",
+                 _unary(lambda T, x, o, gz: gz * T.psi(x)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("psi", 1, _special_row("psi"), None,
+                 _unary(lambda T, x, o, gz: gz * T.tri_gamma(x)), "float"),
+    ScalarOpSpec("tri_gamma", 1, _tri_gamma, None, _g_not_implemented("tri_gamma"), "float"),
+    ScalarOpSpec("chi2sf", 2, _chi2sf, None, _g_not_implemented("chi2sf"), "float"),
     ScalarOpSpec("arcsin", 1, np.arcsin, "asin{f}({0})",
                  _unary(lambda T, x, o, gz: gz / T.sqrt(1 - x * x)), "float"),
     ScalarOpSpec("arccos", 1, np.arccos, "acos{f}({0})",
@@ -405,6 +462,8 @@ class ScalarOp:
 
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
         """The CUDA C expression of this op over operand expressions."""
+        if self.spec.cuda is None:
+            raise NotImplementedError(f"{self.name} has no CUDA form: it runs on the host")
         return cuda_expression(self.spec.cuda, compute_dtype, operands, self.nin < 0)
 
 

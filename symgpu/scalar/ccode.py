@@ -88,7 +88,7 @@ def supports(c: Composite) -> bool:
     for k, (op, args) in enumerate(c.steps):
         if isinstance(op, Cast):
             continue
-        if not isinstance(op, ScalarOp) or op.spec.cuda is None:
+        if not isinstance(op, ScalarOp) or op.spec.cuda is None or op.spec.cuda_only:
             return False
         dtype = _compute_dtype(op, [c.slot_dtypes[a] for a in args],
                                c.slot_dtypes[c.first_step + k])

@@ -1,7 +1,7 @@
 """Theano's everyday functions that are built from other ops (so they fuse, run on the GPU
 and differentiate through those): rounding modes, tile, roll, max_and_argmax, norm, trace,
 swapaxes, broadcast patterns and padding, triangles, stacks, diff, ptp, take, isclose,
-largest/smallest, batched_dot, fill_diagonal, to_one_hot; and the
+largest/smallest, batched_dot, batched_tensordot, choose, fill_diagonal, to_one_hot; and the
 elementwise functions of the rows added with them (inverse trigonometry, degrees).
 """
 from __future__ import annotations
@@ -13,13 +13,14 @@ import numpy as np
 
 from symgpu.config import config
 from symgpu.graph.basic import Variable
+from symgpu.scalar.dtypes import upcast
 from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, concatenate,
                                  flatten, reshape, stack)
 from symgpu.tensor.extra_ops import diagonal
-from symgpu.tensor.math import (_make_elemwise, abs as _abs, all as _all, and_, argmax, cast,
-                                eq, ge, invert, isinf, isnan, le, matmul, max as _max, maximum,
-                                min as _min, minimum, neq, or_, sqr, sqrt, sum as _sum, switch,
-                                zeros_like)
+from symgpu.tensor.math import (_make_elemwise, _prod_of, abs as _abs, all as _all, and_, argmax,
+                                cast, clip, eq, ge, invert, isinf, isnan, le, lt, matmul,
+                                max as _max, maximum, min as _min, minimum, neq, or_, second, sqr,
+                                sqrt, sum as _sum, switch, zeros_like)
 from symgpu.tensor.shape import Unbroadcast, dimshuffle, shape_i, specify_broadcastable_as
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.subtensor import set_subtensor
@@ -29,8 +30,8 @@ __all__ = ["round", "iround", "round_half_to_even", "round_half_away_from_zero",
            "arccosh", "arctanh", "arctan2", "deg2rad", "rad2deg", "addbroadcast", "unbroadcast",
            "patternbroadcast", "shape_padleft", "shape_padright", "shape_padaxis", "tri", "tril",
            "triu", "stacklists", "horizontal_stack", "vertical_stack", "diff", "ptp", "take",
-           "isclose", "allclose", "largest", "smallest", "batched_dot", "fill_diagonal",
-           "to_one_hot"]
+           "isclose", "allclose", "largest", "smallest", "batched_dot", "batched_tensordot",
+           "choose", "fill_diagonal", "to_one_hot"]
 
 round_half_to_even = _make_elemwise("round", "Elementwise rounding, halves to even (NumPy's).")
 round_half_away_from_zero = _make_elemwise(
@@ -380,6 +381,98 @@ def batched_dot(a: Any, b: Any) -> TensorVariable:
     out = matmul(a3, b3)
     drop = [0] + ([1] if a.ndim == 3 else []) + ([2] if b.ndim == 3 else [])
     return dimshuffle(out, drop)
+
+
+def batched_tensordot(x: Any, y: Any, axes: Any = 2) -> TensorVariable:
+    """Theano's batched_tensordot: one np.tensordot per index of the leading (batch) axis.
+    An integer `axes` contracts the last `axes` axes of x with y's axes 1..axes; a pair of
+    lists names the contracted axes of x and of y, counted with the batch axis (so >= 1).
+    Built as one batched matrix product (matmul) between transposes and reshapes."""
+    x, y = as_tensor_variable(x), as_tensor_variable(y)
+    if x.ndim < 2 or y.ndim < 2:
+        raise ValueError(f"batched_tensordot: {x} ({x.type}) and {y} ({y.type}) need a batch "
+                         "axis and at least one more")
+    if isinstance(axes, (int, np.integer)):
+        n = int(axes)
+        x_axes, y_axes = list(range(x.ndim - n, x.ndim)), list(range(1, n + 1))
+    else:
+        if len(axes) != 2:
+            raise ValueError(f"batched_tensordot: axes must be an integer or two lists, got {axes}")
+        x_axes, y_axes = ([axes[0]] if isinstance(axes[0], (int, np.integer)) else list(axes[0]),
+                          [axes[1]] if isinstance(axes[1], (int, np.integer)) else list(axes[1]))
+    x_axes = [int(a) % x.ndim for a in x_axes]
+    y_axes = [int(a) % y.ndim for a in y_axes]
+    if len(x_axes) != len(y_axes):
+        raise ValueError(f"batched_tensordot: {len(x_axes)} axes of x against {len(y_axes)} of y")
+    if 0 in x_axes or 0 in y_axes or len(set(x_axes)) < len(x_axes) \
+            or len(set(y_axes)) < len(y_axes):
+        raise ValueError(f"batched_tensordot: axes {x_axes}, {y_axes} must be distinct and "
+                         "not the batch axis 0")
+    x_free = [d for d in range(1, x.ndim) if d not in x_axes]
+    y_free = [d for d in range(1, y.ndim) if d not in y_axes]
+    batch = shape_i(x, 0)
+    x_shape = [shape_i(x, d) for d in x_free]
+    y_shape = [shape_i(y, d) for d in y_free]
+    k_x = _prod_of([shape_i(x, d) for d in x_axes])
+    k_y = _prod_of([shape_i(y, d) for d in y_axes])  # y's own: a mismatch fails in matmul
+    x3 = reshape(dimshuffle(x, [0] + x_free + x_axes), [batch, _prod_of(x_shape), k_x], ndim=3)
+    y3 = reshape(dimshuffle(y, [0] + y_axes + y_free), [shape_i(y, 0), k_y, _prod_of(y_shape)],
+                 ndim=3)
+    out = matmul(x3, y3)
+    return reshape(out, [batch] + x_shape + y_shape, ndim=1 + len(x_free) + len(y_free))
+
+
+def choose(a: Any, choices: Any, mode: str = "raise") -> TensorVariable:
+    """np.choose: out[i...] = choices[a[i...]][i...], `a` (integers) and every choice
+    broadcast together; `choices` is a tensor whose first axis lists the choices, or a list
+    or tuple of tensors. `mode`: 'raise' (an index outside [0, n) is an error), 'wrap'
+    (taken modulo n) or 'clip' (clipped into [0, n-1]). Built from broadcasting and advanced
+    indexing, so the gradient flows to the choices (none to `a`)."""
+    if mode not in ("raise", "wrap", "clip"):
+        raise ValueError(f"choose: mode must be 'raise', 'wrap' or 'clip', got {mode!r}")
+    a = as_tensor_variable(a)
+    if not (a.dtype.startswith("int") or a.dtype.startswith("uint") or a.dtype == "bool"):
+        raise TypeError(f"choose: {a} ({a.type}) must hold integers")
+    if isinstance(choices, (list, tuple)):
+        cs = [as_tensor_variable(c) for c in choices]
+        if not cs:
+            raise ValueError("choose: no choices")
+        choices = stack(_broadcast_all(cs))
+    else:
+        choices = as_tensor_variable(choices)
+        if choices.ndim < 1:
+            raise ValueError(f"choose: choices {choices} ({choices.type}) need a leading axis")
+    nd = builtins.max(a.ndim, choices.ndim - 1)
+    a = shape_padleft(a, nd - a.ndim) if a.ndim < nd else a
+    c = shape_padleft(choices, nd + 1 - choices.ndim) if choices.ndim < nd + 1 else choices
+    c = dimshuffle(c, list(range(1, nd + 1)) + [0])  # the choices last, to broadcast the rest
+    idx = second(c[..., 0], a)                        # a in the broadcast shape
+    c = second(shape_padright(idx), c)                # every choice in it
+    n = shape_i(choices, 0)
+    if mode == "wrap":
+        idx = idx % n
+    elif mode == "clip":
+        idx = clip(idx, 0, n - 1)
+    else:
+        idx = switch(lt(idx, 0), n, idx)              # negative: out of range, as np.choose
+    grids = []
+    for d in range(nd):
+        pattern = ["x"] * nd
+        pattern[d] = 0
+        grids.append(dimshuffle(arange(shape_i(idx, d), dtype="int64"), pattern))
+    return c[tuple(grids) + (idx,)]
+
+
+def _broadcast_all(xs: list) -> list:
+    """The tensors in `xs` broadcast against one another (and cast to their common dtype)."""
+    nd = builtins.max(x.ndim for x in xs)
+    xs = [shape_padleft(x, nd - x.ndim) if x.ndim < nd else x for x in xs]
+    dtype = upcast(*[x.dtype for x in xs])
+    xs = [cast(x, dtype) if x.dtype != dtype else x for x in xs]
+    ref = xs[0]
+    for x in xs[1:]:
+        ref = second(x, ref)
+    return [second(ref, x) for x in xs]
 
 
 def fill_diagonal(a: Any, val: Any) -> TensorVariable:
