@@ -87,3 +87,30 @@ def test_max_pool_2d_same_size():
     keep = windows == windows.max(axis=-1, keepdims=True)
     want = np.where(keep, windows, 0).reshape(2, 3, 2, 2, 2, 3).transpose(0, 1, 2, 4, 3, 5)
     np.testing.assert_allclose(out, want.reshape(v.shape))
+
+
+def test_small_theano_names():
+    import io
+    import pickle
+
+    from symgpu.compile.io import In
+    from symgpu.compile.sharedvalue import shared_constructor
+    from symgpu.misc.pkl_utils import CompatUnpickler
+    v = T.dvector("v")
+    assert In(v).name == "v" and In(v, autoname=False).name is None and In(v, name="w").name == "w"
+    assert symgpu.Mode().optimizer == "fast_run"
+    assert symgpu.Mode(optimizer="fast_compile").optimizer == "fast_compile"
+    assert symgpu.function([v], v.take([2, 0]))(np.array([1.0, 2.0, 3.0])).tolist() == [3.0, 1.0]
+
+    def ctor(value, name=None, **kw):  # a string's length (another constructor's value)
+        if not isinstance(value, str):
+            raise TypeError("strings only")  # shared() then tries the next constructor
+        return symgpu.shared(np.float64(len(value)), name=name)
+
+    assert shared_constructor(ctor) is ctor
+    assert float(symgpu.shared("abc").get_value()) == 3.0  # the new constructor is tried first
+    shared_constructor(ctor, remove=True)
+    with pytest.raises(TypeError):
+        symgpu.shared("abc")
+    data = pickle.dumps({"a": np.arange(3)}, protocol=2)
+    assert CompatUnpickler(io.BytesIO(data)).load()["a"].tolist() == [0, 1, 2]

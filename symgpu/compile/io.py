@@ -18,11 +18,14 @@ class In:
 
     def __init__(self, variable: Variable, name: str | None = None, value: Any = None,
                  mutable: bool = False, strict: bool = False, allow_downcast: bool | None = None,
-                 borrow: bool = False, implicit: bool = False, update: Variable | None = None):
+                 borrow: bool = False, implicit: bool = False, update: Variable | None = None,
+                 autoname: bool = True):
+        """`autoname` (Theano's): without a `name`, take the variable's name (False: none)."""
         if not isinstance(variable, Variable):
             raise TypeError(f"In() takes a symbolic variable, got {type(variable).__name__}")
         self.variable = variable
-        self.name = name if name is not None else variable.name
+        self.autoname = autoname
+        self.name = name if name is not None or not autoname else variable.name
         self.value = value
         self.has_default = value is not None
         self.mutable = mutable

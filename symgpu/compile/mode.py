@@ -58,6 +58,8 @@ class Mode:
                                  f"{', '.join(THEANO_OPTIMIZERS)}")
             name = THEANO_OPTIMIZERS[optimizer] or name
         self.linker = linker or "vm"
+        #: Theano's name of the rewrite set ("fast_run", "fast_compile", or the one given)
+        self.optimizer = optimizer or name.lower()
         if name not in MODE_TAGS:
             raise ValueError(f"unknown mode {name!r}; use one of {', '.join(MODE_TAGS)}")
         self.name = name

@@ -9,7 +9,8 @@ import numpy as np
 from symgpu.graph.token_lock import TokenLock
 from symgpu.graph.basic import Variable
 
-__all__ = ["SharedVariable", "shared", "register_shared_constructor", "Container",
+__all__ = ["SharedVariable", "shared", "register_shared_constructor", "shared_constructor",
+           "Container",
            "update_locks"]
 
 
@@ -173,6 +174,17 @@ def register_shared_constructor(fn: Callable[..., SharedVariable]) -> Callable[.
     """Register a constructor for `shared()`; later registrations are tried first."""
     _CONSTRUCTORS.insert(0, fn)
     return fn
+
+
+def shared_constructor(ctor: Callable[..., SharedVariable], remove: bool = False
+                       ) -> Callable[..., SharedVariable]:
+    """Theano's name: register `ctor` for `shared()` (tried before earlier ones), or with
+    ``remove=True`` take it out of the list again."""
+    if remove:
+        if ctor in _CONSTRUCTORS:
+            _CONSTRUCTORS.remove(ctor)
+        return ctor
+    return register_shared_constructor(ctor)
 
 
 def shared(value: Any, name: str | None = None, borrow: bool = False, strict: bool = False,

@@ -23,7 +23,7 @@ import numpy as np
 from symgpu.compile.sharedvalue import Container
 from symgpu.graph.basic import Scratchpad, VariableTag
 
-__all__ = ["dump", "load", "StripPickler", "PersistentNdarrayID",
+__all__ = ["dump", "load", "StripPickler", "CompatUnpickler", "PersistentNdarrayID",
            "PersistentSharedVariableID", "PersistentNdarrayLoad"]
 
 #: the tag classes StripPickler strips (a Variable's tag is a VariableTag)
@@ -31,6 +31,15 @@ _TAGS = (Scratchpad, VariableTag)
 
 #: member names that cannot hold arrays
 _RESERVED = {"pkl"}
+
+
+class CompatUnpickler(pickle.Unpickler):
+    """Theano's: an unpickler that also reads pickles written by Python 2 (their byte strings
+    decoded as latin-1, which keeps NumPy arrays' bytes intact)."""
+
+    def __init__(self, file: BinaryIO, **kwargs: Any) -> None:
+        kwargs.setdefault("encoding", "latin1")
+        super().__init__(file, **kwargs)
 
 
 class StripPickler(pickle.Pickler):

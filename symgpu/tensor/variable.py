@@ -151,6 +151,7 @@ class TensorOperators:
     def nonzero(self, return_matrix=False): return _extra_ops.nonzero(self, return_matrix)
     def nonzero_values(self): return _extra_ops.nonzero_values(self)
     def swapaxes(self, axis1, axis2): return _extra_funcs.swapaxes(self, axis1, axis2)
+    def take(self, indices, axis=None): return _extra_funcs.take(self, indices, axis)
     def zeros_like(self, dtype=None): return _math.zeros_like(self, dtype)
     def ones_like(self, dtype=None): return _math.ones_like(self, dtype)
     def copy(self, name=None):
