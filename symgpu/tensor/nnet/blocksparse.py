@@ -39,10 +39,8 @@ from typing import Any
 import numpy as np
 
 from symgpu.graph.basic import Apply
-from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.graph.rewriting import (GraphRewriter, InconsistencyError, attach_destroy_handler,
-                                    optdb, replace_validate, why_not_destroyable)
+from symgpu.graph.rewriting.inplace import register_first_input_inplace
 from symgpu.scalar.dtypes import is_int
 from symgpu.tensor.extra_funcs import take
 from symgpu.tensor.math import zeros_like
@@ -225,37 +223,8 @@ def sparse_block_dot(W: Any, h: Any, inputIdx: Any, b: Any, outputIdx: Any) -> T
 
 # ------------------------------------------------------------------------ in-place pass
 
-def make_blocksparse_inplace(fgraph: FunctionGraph) -> int:
-    """Switch SparseBlockGemv/SparseBlockOuter nodes whose o may be overwritten (an
-    intermediate result read by nobody else, see the DestroyHandler) to their in-place
-    variants; returns how many."""
-    attach_destroy_handler(fgraph)
-    n = 0
-    for node in fgraph.toposort():
-        if node not in fgraph.apply_nodes:
-            continue
-        op = node.op
-        if type(op) not in (SparseBlockGemv, SparseBlockOuter) or op.inplace:
-            continue
-        o = node.inputs[0]
-        if node.inputs.count(o) != 1 or why_not_destroyable(fgraph, o, node) is not None:
-            continue
-        try:
-            new = type(op)(inplace=True).make_node(*node.inputs).outputs
-            new[0].owner.tag.__dict__.update(node.tag.__dict__)
-            replace_validate(fgraph, list(zip(node.outputs, new)), reason="blocksparse_inplace")
-            n += 1
-        except (InconsistencyError, TypeError):
-            continue
-    return n
-
-
-class BlockSparseInplace(GraphRewriter):
-    def __init__(self) -> None:
-        super().__init__(None, "blocksparse_inplace")
-
-    def apply(self, fgraph: FunctionGraph) -> int:
-        return make_blocksparse_inplace(fgraph)
-
-
-optdb.register("blocksparse_inplace", BlockSparseInplace(), 75.2, "fast_run", "inplace")
+#: switches SparseBlockGemv/SparseBlockOuter nodes whose o may be overwritten (an
+#: intermediate read by nobody else) to their in-place variants
+BLOCKSPARSE_INPLACE = register_first_input_inplace("blocksparse_inplace", 75.2,
+                                                   (SparseBlockGemv, SparseBlockOuter))
+make_blocksparse_inplace = BLOCKSPARSE_INPLACE.apply
