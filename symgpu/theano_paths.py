@@ -1,5 +1,5 @@
 """Theano's module paths, mapped onto symgpu's modules: the one place that says which Theano
-path lives where here.
+path lives where here (and where symgpu's own moved modules went: their old paths stay).
 
 The top layer (docs/internals.md, "Layers"): nothing inside the package imports it; the façade
 installs its import hook (`install`). Each path resolves lazily, when imported or first
@@ -70,6 +70,10 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
+    # symgpu's own older paths: modules that moved keep their old path here
+    "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
+    "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
+    "symgpu.gpu.placement.producer_copies": "symgpu.gpu.ops.producer_copies",
 }
 
 
