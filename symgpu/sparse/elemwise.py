@@ -60,7 +60,7 @@ class AddSS(Op):
     def make_node(self, x: Any, y: Any) -> Apply:
         x, y = as_sparse_variable(x), as_sparse_variable(y)
         if x.type != y.type:
-            raise NotImplementedError(f"add_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
+            raise TypeError(f"add_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
                                       "same format and dtype (sparse.add casts the dtypes)")
         return Apply(self, [x, y], [x.type()])
 
@@ -143,7 +143,7 @@ class MulSS(Op):
     def make_node(self, x: Any, y: Any) -> Apply:
         x, y = as_sparse_variable(x), as_sparse_variable(y)
         if x.type != y.type:
-            raise NotImplementedError(f"mul_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
+            raise TypeError(f"mul_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
                                       "same format and dtype (sparse.mul casts the dtypes)")
         return Apply(self, [x, y], [x.type()])
 

@@ -52,11 +52,11 @@ class SparseType(Type):
 
     def __init__(self, format: str, dtype: str):
         if format not in _FORMAT_CLS:
-            raise NotImplementedError(f"SparseType: format must be one of {sparse_formats}, "
+            raise ValueError(f"SparseType: format must be one of {sparse_formats}, "
                                       f"got {format!r}")
         dtype = str(np.dtype(dtype))
         if dtype not in self.dtype_set:
-            raise NotImplementedError(f"SparseType: dtype {dtype} is not supported for sparse "
+            raise TypeError(f"SparseType: dtype {dtype} is not supported for sparse "
                                       f"matrices (supported: {', '.join(all_dtypes)})")
         self.format = format
         self.dtype = dtype
