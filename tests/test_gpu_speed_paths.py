@@ -502,3 +502,22 @@ def test_gpu_scalar_uploads_in_graphs_follow_the_value(real_ctx, monkeypatch):
         np.testing.assert_allclose(np.asarray(f(v)), np.arange(6.0) * v / 6, rtol=1e-15)
     st = f.vm.runner.stats()
     assert st["replays"] >= 3 and st["segments"] == 1, st
+
+
+def test_region_writes_and_joins_are_capturable():
+    """GpuIncSubtensor (a fused gate product's gradient is written slice by slice) and
+    GpuJoin only take pool memory and queue copies or launches: a loop body or a function
+    holding them is captured whole, not run step by step."""
+    from symgpu.gpu.ops.subtensor import GpuIncSubtensor, GpuJoin
+
+    def plain():
+        pass
+    from symgpu.gpu.placement.type import GpuArrayType
+    from graph_fakes import CTX
+    x, y = (GpuArrayType("float32", (False, False), CTX)() for _ in range(2))
+    import symgpu.tensor as T
+    host = T.inc_subtensor(T.matrix()[:, 0:2], T.matrix()).owner
+    inc = GpuIncSubtensor(host.op.idx_list)(x, y, *host.inputs[2:]).owner
+    assert graphs.node_capturable(inc, plain) and graphs.node_launches(inc, plain)
+    join = GpuJoin(1)(x, y).owner
+    assert graphs.node_capturable(join, plain) and graphs.node_launches(join, plain)

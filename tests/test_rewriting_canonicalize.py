@@ -229,3 +229,31 @@ def test_canonical_forms_are_idempotent(xy):
     again = rewritten(f.maker.fgraph.inputs, f.maker.fgraph.outputs)
     assert op_names(again) == op_names(f)
     same_values([x, y], out, V, W)
+
+
+def test_gradient_of_gates_sliced_from_one_product_is_one_region_write():
+    """An LSTM's gates are slices of one fused product; their gradients are joined and
+    written once (local_add_of_slice_writes), not each into its own zeroed array and added."""
+    import symgpu
+    from symgpu.tensor.subtensor import IncSubtensor
+    x = T.dmatrix("x")
+    h = 2
+    gates = [T.nnet.sigmoid(x[:, 0:h]), T.tanh(x[:, h:2 * h]), T.exp(x[:, 2 * h:3 * h])]
+    cost = sum(T.sum(g * (k + 1)) for k, g in enumerate(gates))
+    f = symgpu.function([x], T.grad(cost, x))
+    incs = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, IncSubtensor)]
+    assert len(incs) == 1 and "Join" in op_names(f)
+    for cols in (6, 5, 8):          # whole, clipped by NumPy's slicing, and a zero tail
+        v = rng.rand(3, cols)
+        s = 1 / (1 + np.exp(-v[:, 0:2]))
+        ref = np.zeros_like(v)
+        parts = [s * (1 - s), 2 * (1 - np.tanh(v[:, 2:4]) ** 2), 3 * np.exp(v[:, 4:6])]
+        at = 0
+        for p in parts:
+            ref[:, at:at + p.shape[1]] = p
+            at += p.shape[1]
+        np.testing.assert_allclose(f(v), ref, rtol=1e-12)
+    # slices with a gap between them are left alone (a join would misplace the second)
+    g = T.grad(T.sum(T.exp(x[:, 0:2])) + T.sum(T.exp(x[:, 3:5])), x)
+    f = symgpu.function([x], g)
+    assert sum(isinstance(n.op, IncSubtensor) for n in f.maker.fgraph.toposort()) == 2

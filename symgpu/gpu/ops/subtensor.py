@@ -185,6 +185,13 @@ class GpuIncSubtensor(IncSubtensorProps):
     of ``x`` unless ``inplace``; the region is a view written by a device copy (set) or a
     strided "+=" kernel (inc)."""
 
+    # a pool allocation and copies or one "+=" launch on the stream; the host work (the
+    # region's view, its index errors) depends only on shapes and host indices, which are
+    # part of every graph's key (graphs.py, scan_graph.py): a loop's gradient body, which
+    # writes each gate's slice of a fused product's gradient so, is captured whole
+    capturable = True
+    launches = True
+
     def __init__(self, idx_list: Sequence, set_instead_of_inc: bool = False,
                  inplace: bool = False):
         super().__init__(idx_list, set_instead_of_inc, inplace)
@@ -235,6 +242,8 @@ class GpuJoin(Op):
     on the device into its slice."""
 
     __props__ = ("axis",)
+    capturable = True   # a pool allocation and copies on the stream (graphs.py)
+    launches = True
 
     def __init__(self, axis: int):
         self.axis = int(axis)

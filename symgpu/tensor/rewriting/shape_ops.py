@@ -6,16 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
-from symgpu.tensor.basic import Alloc, MakeVector, Reshape
+from symgpu.tensor.basic import Alloc, MakeVector, Reshape, join
+from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
-from symgpu.tensor.subtensor import Slice, Subtensor
+from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import TensorConstant
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
 from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
-           "local_shape_infer", "local_useless_specify_shape"]
+           "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -174,3 +175,64 @@ def local_useless_specify_shape(fgraph, node):
         if not (read or _is_dim_of(e, x, d) or (known is not None and same_dim(e, known[d]))):
             return None
     return [x]
+
+
+def _one_axis_slice(node) -> tuple[int, int, int | None] | None:
+    """(axis, start, stop) when IncSubtensor `node` writes ``x[:, ..., start:stop, ...]``
+    with constant bounds, every other axis whole; else None."""
+    found = None
+    for axis, e in enumerate(node.op.idx_list):
+        if not isinstance(e, Slice):
+            return None
+        if e == Slice(None, None, None):
+            continue
+        if found is not None or e.step not in (None, 1) or isinstance(e.start, str) \
+                or isinstance(e.stop, str):
+            return None
+        start, stop = e.start or 0, e.stop
+        if start < 0 or (stop is not None and stop < start):
+            return None
+        found = (axis, start, stop)
+    return found
+
+
+@register_canonicalize
+@node_rewriter([Elemwise])
+def local_add_of_slice_writes(fgraph, node):
+    """``inc(Z, g0, x[:, a:b]) + inc(Z, g1, x[:, b:c]) + ...`` with Z zeros ->
+    ``inc(Z, join(g0, g1, ...), x[:, a:c])``: the gradient of gates sliced from one fused
+    product (an LSTM's ``pre[:, k*H:(k+1)*H]``) is one region write of the joined gate
+    gradients instead of a zeroed array, a write and an add per gate (per loop step).
+    Contiguous slices only, so NumPy's clipping of a slice past the end gives the same
+    region either way."""
+    if getattr(node.op.scalar_op, "name", None) != "add" or len(node.inputs) < 2:
+        return False
+    writes: dict = {}
+    for i, v in enumerate(node.inputs):
+        w = v.owner
+        if w is None or type(w.op) is not IncSubtensor or len(w.inputs) != 2 \
+                or v.type != node.outputs[0].type or len(fgraph.clients[v]) != 1:
+            continue
+        where = _one_axis_slice(w)
+        if where is None or scalar_constant(w.inputs[0]) != 0:
+            continue
+        writes.setdefault((w.inputs[0], where[0]), []).append((where[1], where[2], i, w))
+    for (base, axis), group in writes.items():
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda t: t[0])
+        if any(prev[1] != nxt[0] for prev, nxt in zip(group, group[1:])):
+            continue
+        ys = [w.inputs[1] for *_, w in group]
+        if any(y.ndim != base.ndim or y.dtype != base.dtype for y in ys):
+            continue
+        start, stop = group[0][0], group[-1][1]
+        region = tuple(Slice(start, stop, None) if a == axis else Slice(None, None, None)
+                       for a in range(len(group[0][3].op.idx_list)))
+        op = group[0][3].op
+        merged = IncSubtensor(region, op.set_instead_of_inc)(base, join(axis, *ys))
+        used = {i for _, _, i, _ in group}
+        rest = [v for i, v in enumerate(node.inputs) if i not in used]
+        out = node.op(merged, *rest) if rest else merged
+        return [out] if out.type == node.outputs[0].type else False
+    return False
