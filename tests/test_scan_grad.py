@@ -311,3 +311,62 @@ def test_backward_loop_reads_the_states_adjoint_without_a_zero_filled_buffer():
             assert filled == [], filled
         verify_grad(lambda x, h0, W, build=build: ((build(x, h0, W) - 0.3) ** 2).sum(),
                     [rand(6, 3), h0, W])
+
+
+def test_lstm_gradient_body_keeps_constants_inside_and_writes_gates_once():
+    """The backward body of an LSTM written the usual way (gates sliced from one product):
+    expressions of constants (a gradient's zero fills, ``1 - m``'s one) stay inside the body,
+    where rewrites see them, instead of becoming loop inputs; the gate gradients are joined
+    and written into the product's gradient once (local_add_of_slice_writes)."""
+    from symgpu.graph.basic import Constant
+    from symgpu.tensor.subtensor import IncSubtensor
+    H = 3
+    x, m, h0 = T.dtensor3("x"), T.dmatrix("m"), T.dmatrix("h0")
+    W = symgpu.shared(rand(2, 4 * H, scale=0.5))
+    U = symgpu.shared(rand(H, 4 * H, scale=0.5))
+
+    def step(m_, x_, h_, c_):
+        pre = T.dot(x_, W) + T.dot(h_, U)
+        i, f, o = (T.nnet.sigmoid(pre[:, k * H:(k + 1) * H]) for k in range(3))
+        c = f * c_ + i * T.tanh(pre[:, 3 * H:])
+        c = m_[:, None] * c + (1. - m_)[:, None] * c_
+        h = o * T.tanh(c)
+        return m_[:, None] * h + (1. - m_)[:, None] * h_, c
+    (hs, _), _ = symgpu.scan(step, sequences=[m, x], outputs_info=[h0, h0])
+    cost = (hs[-1] ** 2).sum()
+    fn = symgpu.function([x, m, h0], T.grad(cost, [W, U]))
+    back = [n for n in fn.maker.fgraph.toposort()
+            if isinstance(n.op, Scan) and n.op.info.name == "grad_of_scan"]
+    assert len(back) == 1
+    assert not any(isinstance(v, Constant) for v in back[0].inputs[1:])
+    body = back[0].op.inner.rewritten()
+    assert sum(isinstance(n.op, IncSubtensor) for n in body.apply_nodes) == 1
+
+    def numeric(xv, mv, h0v):
+        def run(Wv, Uv):
+            h, c = h0v, h0v
+            sig = lambda a: 1 / (1 + np.exp(-a))  # noqa: E731
+            for t in range(xv.shape[0]):
+                pre = xv[t] @ Wv + h @ Uv
+                i, f, o = (sig(pre[:, k * H:(k + 1) * H]) for k in range(3))
+                cn = f * c + i * np.tanh(pre[:, 3 * H:])
+                cn = mv[t][:, None] * cn + (1 - mv[t])[:, None] * c
+                hn = o * np.tanh(cn)
+                h, c = mv[t][:, None] * hn + (1 - mv[t])[:, None] * h, cn
+            return (h ** 2).sum()
+        return run
+    xv, mv, h0v = rand(4, 2, 2), np.ones((4, 2)), rand(2, H)
+    mv[3, 1] = 0
+    gW, gU = fn(xv, mv, h0v)
+    run, eps = numeric(xv, mv, h0v), 1e-6
+    Wv, Uv = W.get_value(), U.get_value()
+    for (r, c) in [(0, 0), (1, 7), (0, 11)]:
+        d = np.zeros_like(Wv)
+        d[r, c] = eps
+        np.testing.assert_allclose(gW[r, c], (run(Wv + d, Uv) - run(Wv - d, Uv)) / (2 * eps),
+                                   rtol=1e-5, atol=1e-8)
+    for (r, c) in [(0, 0), (2, 5), (1, 11)]:
+        d = np.zeros_like(Uv)
+        d[r, c] = eps
+        np.testing.assert_allclose(gU[r, c], (run(Wv, Uv + d) - run(Wv, Uv - d)) / (2 * eps),
+                                   rtol=1e-5, atol=1e-8)

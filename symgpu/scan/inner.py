@@ -147,8 +147,13 @@ def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Vari
     frontier: list[Variable] = []
     seen: set[Variable] = set()
 
+    def constant_expression(v: Variable) -> bool:
+        """Built from constants only (``dimshuffle(0.0)``, a gradient's fills): kept inside,
+        where constant folding and the rewrites that look for constants see it."""
+        return all(isinstance(a, Constant) for a in ancestors([v]) if a.owner is None)
+
     def add(v: Variable) -> None:
-        if v in variant or v in seen or isinstance(v, Constant):
+        if v in variant or v in seen or isinstance(v, Constant) or constant_expression(v):
             return
         seen.add(v)
         frontier.append(v)

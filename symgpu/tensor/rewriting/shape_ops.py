@@ -196,6 +196,19 @@ def _one_axis_slice(node) -> tuple[int, int, int | None] | None:
     return found
 
 
+def _zeros_key(var):
+    """What identifies zeros `var`'s shape: ``second(ref, 0)`` -> ref (gradients make one
+    such fill per slice, each with its own zero constant), ``alloc(0, *dims)`` -> dims."""
+    node = var.owner
+    if node is not None and isinstance(node.op, Elemwise) and \
+            getattr(node.op.scalar_op, "name", None) == "second" and \
+            node.inputs[0].type == var.type:
+        return ("like", node.inputs[0])
+    if node is not None and type(node.op) is Alloc:
+        return ("alloc", tuple(node.inputs[1:]))
+    return ("var", var)
+
+
 @register_canonicalize
 @node_rewriter([Elemwise])
 def local_add_of_slice_writes(fgraph, node):
@@ -216,13 +229,15 @@ def local_add_of_slice_writes(fgraph, node):
         where = _one_axis_slice(w)
         if where is None or scalar_constant(w.inputs[0]) != 0:
             continue
-        writes.setdefault((w.inputs[0], where[0]), []).append((where[1], where[2], i, w))
-    for (base, axis), group in writes.items():
+        writes.setdefault((_zeros_key(w.inputs[0]), where[0]), []).append(
+            (where[1], where[2], i, w))
+    for (_, axis), group in writes.items():
         if len(group) < 2:
             continue
         group.sort(key=lambda t: t[0])
         if any(prev[1] != nxt[0] for prev, nxt in zip(group, group[1:])):
             continue
+        base = group[0][3].inputs[0]
         ys = [w.inputs[1] for *_, w in group]
         if any(y.ndim != base.ndim or y.dtype != base.dtype for y in ys):
             continue
