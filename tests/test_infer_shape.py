@@ -1022,3 +1022,37 @@ def _tl_check(op_cls, c: Case):
 def test_typed_list_inferred_shapes(op_cls):
     for c in _TL_CASES[op_cls]:
         _tl_check(op_cls, c)
+
+# ----------------------------------------------------------------------------- 3-d GPU conv / pooling
+# symgpu.gpu.ops.conv's GpuConv3d* and symgpu.gpu.ops.pooling's 3-d ops, on a virtual context
+# (test_gpu_conv3d_pool3d_inferred_shapes runs them)
+_GPU3D_CASES = {
+    G["GpuConv3d"]: [gcase(lambda x, w: G["GpuConv3d"](**_SUB3)(x, w),
+                           lambda x, w: _conv.conv3d(x, w, **_SUB3), "gg", IMG3, KERN3),
+                     gcase(lambda x, w: G["GpuConv3d"](border_mode=((1, 0), 2, 0))(x, w),
+                           lambda x, w: _conv.conv3d(x, w, border_mode=((1, 0), 2, 0)), "gg",
+                           IMG3, KERN3)],
+    G["GpuConv3dGradInputs"]: [gcase(lambda w, g, h: G["GpuConv3dGradInputs"](**_SUB3)(w, g, [h, h, 4]),
+                                     lambda w, g, h: _conv.Conv3dGradInputs(**_SUB3)(w, g, [h, h, 4]),
+                                     "ggh", KERN3, GY3, i64(7))],
+    G["GpuConv3dGradWeights"]: [gcase(lambda x, g, k: G["GpuConv3dGradWeights"](**_SUB3)(x, g, [k, 2, 4]),
+                                      lambda x, g, k: _conv.Conv3dGradWeights(**_SUB3)(x, g, [k, 2, 4]),
+                                      "ggh", IMG3, GY3, i64(3))],
+    G["GpuPool3d"]: [gcase(lambda x: G["GpuPool3d"](ws=(2, 3, 2), ignore_border=False)(x),
+                           lambda x: _pool.pool_3d(x, ws=(2, 3, 2), ignore_border=False), "g",
+                           PX3)],
+    G["GpuMaxPoolGrad3d"]: [gcase(lambda x, z, g: G["GpuMaxPoolGrad3d"](ws=(2, 2, 2))(x, z, g),
+                                  lambda x, z, g: x, "ggg", PX3, PZ3, PZ3)],
+    G["GpuMaxPoolGradGrad3d"]: [gcase(lambda x, z, g: G["GpuMaxPoolGradGrad3d"](ws=(2, 2, 2))(x, z, g),
+                                      lambda x, z, g: z, "ggg", PX3, PZ3, PX3)],
+    G["GpuAveragePoolGrad3d"]: [gcase(lambda x, g: G["GpuAveragePoolGrad3d"](
+        ws=(2, 2, 2), mode="sum")(x, g), lambda x, g: x, "gg", PX3, PZ3)],
+}
+CASES.update(_GPU3D_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_GPU3D_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_gpu_conv3d_pool3d_inferred_shapes(op_cls):
+    for c in _GPU3D_CASES[op_cls]:
+        _gpu_check(op_cls, c)

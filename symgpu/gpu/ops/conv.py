@@ -1,5 +1,7 @@
-"""GPU 2-d convolution: GpuConv2d, GpuConv2dGradInputs, GpuConv2dGradWeights and their lifters
-from the CPU Ops of symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW for users).
+"""GPU convolution: GpuConv2d, GpuConv2dGradInputs, GpuConv2dGradWeights, their 3-d twins
+GpuConv3d, GpuConv3dGradInputs, GpuConv3dGradWeights and their lifters from the CPU Ops of
+symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW / NCDHW for users).  One code per
+role for both (`nd`, the number of spatial axes, a class attribute as in the CPU Ops).
 
 Each op runs through cuDNN (symgpu/gpu/ops/cudnn.py) when the library loads, with the algorithm
 and descriptors chosen once per shape (cuDNN's heuristic algorithm, or with ALGO_SEARCH =
@@ -9,6 +11,10 @@ otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/ops
 Which one runs is said once per process on stderr. Every call is queued on the context's
 stream and never syncs, so the thunks are CUDA-graph capturable (symgpu/gpu/exec/graphs.py).
 cuDNN pads symmetrically: asymmetric paddings are applied by copying into a zeroed buffer.
+
+3-d has no im2col path: a 3-d conv is lifted only where cuDNN loads (elsewhere it stays on the
+host, with transfers around it), and a 3-d geometry cuDNN refuses at run time is computed on
+the host (conv_numpy: a download, a sync, an upload; said once on stderr).
 """
 from __future__ import annotations
 
@@ -28,10 +34,13 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.graph.basic import Apply
 from symgpu.tensor.nnet import conv_numpy as _cn
-from symgpu.tensor.nnet.abstract_conv import Conv2d, Conv2dGradInputs, Conv2dGradWeights, _ConvBase
+from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
+                                              Conv3d, Conv3dGradInputs, Conv3dGradWeights,
+                                              _ConvBase)
 
-__all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "conv_backend",
-           "CONV_DTYPES", "FORCE_GEMM", "ALGO_SEARCH"]
+__all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "GpuConv3d",
+           "GpuConv3dGradInputs", "GpuConv3dGradWeights", "conv_backend", "CONV_DTYPES",
+           "FORCE_GEMM", "ALGO_SEARCH"]
 
 CONV_DTYPES = ("float32", "float64")
 #: set True (tests) to run every GPU convolution through im2col + cuBLAS
@@ -73,17 +82,34 @@ def _packed(a: Any) -> Any:
     return a if a.is_c_contiguous else a.copy()
 
 
+def _padded_shape(shape, pads) -> tuple:
+    """(N, C, *spatial) grown by each axis's (before, after) pads."""
+    return tuple(shape[:2]) + tuple(int(n) + sum(p) for n, p in zip(shape[2:], pads))
+
+
+def _interior(shape, pads) -> tuple:
+    """The index of the unpadded part of a padded (N, C, *spatial) buffer."""
+    return (slice(None), slice(None)) + tuple(slice(p[0], p[0] + int(n))
+                                              for n, p in zip(shape[2:], pads))
+
+
 def _zero_padded(ctx: Any, x: Any, pads) -> Any:
-    """x (N, C, H, W) in a zeroed (N, C, H + pt + pb, W + pl + pr) buffer."""
-    n, c, h, w = x.shape
-    buf = new_array(ctx, (n, c, h + sum(pads[0]), w + sum(pads[1])), x.dtype)
+    """x (N, C, *spatial) in a zeroed buffer grown by each axis's (before, after) pads."""
+    buf = new_array(ctx, _padded_shape(x.shape, pads), x.dtype)
     buf.fill(0)
-    buf[:, :, pads[0][0]:pads[0][0] + h, pads[1][0]:pads[1][0] + w]._copy_from_device(x)
+    buf[_interior(x.shape, pads)]._copy_from_device(x)
     return buf
 
 
 def _symmetric(pads) -> bool:
-    return pads[0][0] == pads[0][1] and pads[1][0] == pads[1][1]
+    return all(p[0] == p[1] for p in pads)
+
+
+def _announce(msg: str) -> None:
+    with _lock:
+        if msg not in _announced:
+            _announced.add(msg)
+            print(f"symgpu: {msg}", file=sys.stderr)
 
 
 class _GpuConvBase(_ConvBase):
@@ -92,10 +118,11 @@ class _GpuConvBase(_ConvBase):
     kind = ""           # 'fwd' | 'bwd_data' | 'bwd_filter'
 
     def _gpu4(self, v: Any, ctx_name: Any, what: str) -> Any:
+        """v on the GPU, checked: (nd + 2)-d float32/float64 (4-d for the 2-d ops)."""
         v = as_gpuarray_variable(v, ctx_name)
-        if v.ndim != 4 or v.dtype not in CONV_DTYPES:
-            raise TypeError(f"{self}: {what} must be a 4-d float32/float64 GPU array, got "
-                            f"{v.type}")
+        if v.ndim != self.nd + 2 or v.dtype not in CONV_DTYPES:
+            raise TypeError(f"{self}: {what} must be a {self.nd + 2}-d float32/float64 GPU "
+                            f"array, got {v.type}")
         return v
 
     @staticmethod
@@ -117,17 +144,19 @@ class _GpuConvBase(_ConvBase):
             ctx.activate()
             out_cell[0] = self._run(ctx, backend, plans, dtype, name, [c[0] for c in cells])
 
-        thunk.capturable = True   # type: ignore[attr-defined]
+        # 3-d without cuDNN computes on the host (a sync): not capturable
+        thunk.capturable = self.nd == 2 or backend == "cudnn"   # type: ignore[attr-defined]
         thunk.launches = True     # type: ignore[attr-defined]
         return thunk
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
-        return [prefetch_request()] if FORCE_GEMM else []
+        return [prefetch_request()] if FORCE_GEMM and self.nd == 2 else []
 
     # ------------------------------------------------------------------ shared machinery
     def _plan(self, ctx: Any, backend: str, plans: dict, dtype: np.dtype, xshape, wshape,
               yshape, pads) -> Any:
-        """The cached cuDNN descriptors for this shape, or None for the GEMM path."""
+        """The cached cuDNN descriptors for this shape, or None for the GEMM path (2-d) or
+        the host (3-d)."""
         key = (xshape, wshape, yshape)
         if key in plans:
             return plans[key]
@@ -135,18 +164,16 @@ class _GpuConvBase(_ConvBase):
         if backend == "cudnn":
             sym = _symmetric(pads)
             if not sym:  # run on the explicitly padded input
-                xshape = xshape[:2] + (xshape[2] + sum(pads[0]), xshape[3] + sum(pads[1]))
-            p = (pads[0][0], pads[1][0]) if sym else (0, 0)
+                xshape = _padded_shape(xshape, pads)
+            p = tuple(q[0] for q in pads) if sym else (0,) * self.nd
             try:
                 plan = ConvDescs(cudnn(), ctx, self.kind, dtype.name, xshape, wshape, yshape,
                                  p, self.subsample, self.filter_dilation, self.filter_flip,
                                  self.num_groups, _math_mode(dtype.name))
             except CudnnError as exc:
-                with _lock:
-                    msg = f"cuDNN refused a shape ({exc}); that convolution runs through im2col"
-                    if msg not in _announced:
-                        _announced.add(msg)
-                        print(f"symgpu: {msg}", file=sys.stderr)
+                where = "im2col" if self.nd == 2 else "the host"
+                _announce(f"cuDNN refused a shape ({exc}); that convolution runs through "
+                          f"{where}")
                 plan = None
         plans[key] = plan
         return plan
@@ -163,9 +190,18 @@ class _GpuConvBase(_ConvBase):
         ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
         plan.run(a_ptr, b_ptr, out_ptr, ws.ptr if ws is not None else 0)
 
+    def _on_host(self, out: Any, compute: Callable[..., np.ndarray], *arrays: Any) -> Any:
+        """out = compute(*arrays on the host) (3-d without a cuDNN plan: it syncs)."""
+        _announce(f"{type(self).__name__} computes on the host (no cuDNN for its shape)")
+        return out.set(np.ascontiguousarray(compute(*(a.get() for a in arrays)),
+                                            dtype=out.dtype))
+
+    def _geometry_args(self, pads) -> tuple:
+        return (pads, self.subsample, self.filter_dilation, self.filter_flip, self.num_groups)
+
 
 class GpuConv2d(_GpuConvBase):
-    """conv2d(input, filters) on the GPU."""
+    """conv2d(input, filters) on the GPU (GpuConv3d: conv3d)."""
 
     kind = "fwd"
 
@@ -177,8 +213,8 @@ class GpuConv2d(_GpuConvBase):
         if img.dtype != kern.dtype:
             raise TypeError(f"{self}: input and filters need one dtype, got {img.dtype} and "
                             f"{kern.dtype}")
-        out = GpuArrayType(img.dtype, (img.broadcastable[0], kern.broadcastable[0], False,
-                                       False), ctx)
+        out = GpuArrayType(img.dtype, (img.broadcastable[0], kern.broadcastable[0])
+                           + (False,) * self.nd, ctx)
         return Apply(self, [img, kern], [out()])
 
     def _run(self, ctx, backend, plans, dtype, name, inputs):
@@ -187,14 +223,17 @@ class GpuConv2d(_GpuConvBase):
         self._check_hint(self.kshp, w.shape, "filter_shape")
         _cn._check_groups(x.shape[1], w.shape, self.num_groups, str(self))
         pads = self.pads(w.shape[2:])
-        ho, wo = _cn._out_hw(x.shape[2:], w.shape[2:], pads, self.subsample,
-                             self.filter_dilation, str(self))
-        out = new_array(ctx, (x.shape[0], w.shape[0], ho, wo), dtype)
+        osp = _cn._out_hw(x.shape[2:], w.shape[2:], pads, self.subsample,
+                          self.filter_dilation, str(self))
+        out = new_array(ctx, (x.shape[0], w.shape[0], *osp), dtype)
         if out.size == 0 or x.size == 0:
             if out.size:
                 out.fill(0)
             return out
         plan = self._plan(ctx, backend, plans, dtype, x.shape, w.shape, out.shape, pads)
+        if plan is None and self.nd == 3:
+            return self._on_host(out, lambda a, b: _cn.conv_forward(
+                a, b, *self._geometry_args(pads), name), x, w)
         if plan is None:
             gemm_forward(ctx, name, x, w, out, pads, self.subsample, self.filter_dilation,
                          self.filter_flip, self.num_groups)
@@ -220,25 +259,28 @@ class GpuConv2dGradInputs(_GpuConvBase):
             raise TypeError(f"{self}: filters and output_grad need one dtype, got "
                             f"{kern.dtype} and {topgrad.dtype}")
         shape = self._shape2(shape, self)
-        out = GpuArrayType(kern.dtype, (topgrad.broadcastable[0], kern.broadcastable[1], False,
-                                        False), ctx)
+        out = GpuArrayType(kern.dtype, (topgrad.broadcastable[0], kern.broadcastable[1])
+                           + (False,) * self.nd, ctx)
         return Apply(self, [kern, topgrad, shape], [out()])
 
     def _run(self, ctx, backend, plans, dtype, name, inputs):
         w, gy = _packed(inputs[0]), _packed(inputs[1])
-        h, wd = (int(v) for v in np.asarray(inputs[2]))
+        sp = tuple(int(v) for v in np.asarray(inputs[2]))
+        if len(sp) != self.nd:
+            raise ValueError(f"{self}: the input spatial shape needs {self.nd} entries, got "
+                             f"{sp}")
         self._check_hint(self.kshp, w.shape, "filter_shape")
         n, o = gy.shape[:2]
         if w.shape[0] != o or o % self.num_groups:
             raise ValueError(f"{self}: output_grad of shape {gy.shape} does not match filters "
                              f"of shape {w.shape} with num_groups={self.num_groups}")
         pads = self.pads(w.shape[2:])
-        exp = _cn._out_hw((h, wd), w.shape[2:], pads, self.subsample, self.filter_dilation,
+        exp = _cn._out_hw(sp, w.shape[2:], pads, self.subsample, self.filter_dilation,
                           str(self))
-        if tuple(gy.shape[2:]) != exp:
+        if tuple(gy.shape[2:]) != tuple(exp):
             raise ValueError(f"{self}: output_grad has spatial shape {gy.shape[2:]}, expected "
-                             f"{exp} for an input of spatial shape {(h, wd)}")
-        xshape = (n, w.shape[1] * self.num_groups, h, wd)
+                             f"{exp} for an input of spatial shape {sp}")
+        xshape = (n, w.shape[1] * self.num_groups, *sp)
         self._check_hint(self.imshp, xshape, "input_shape")
         dx = new_array(ctx, xshape, dtype)
         if dx.size == 0:
@@ -246,6 +288,9 @@ class GpuConv2dGradInputs(_GpuConvBase):
         if gy.size == 0:
             return dx.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, xshape, w.shape, gy.shape, pads)
+        if plan is None and self.nd == 3:
+            return self._on_host(dx, lambda a, b: _cn.conv_grad_inputs(
+                a, b, sp, *self._geometry_args(pads), name), w, gy)
         if plan is None:
             gemm_grad_inputs(ctx, name, w, gy, dx, pads, self.subsample,
                              self.filter_dilation, self.filter_flip, self.num_groups)
@@ -253,9 +298,9 @@ class GpuConv2dGradInputs(_GpuConvBase):
         if _symmetric(pads):
             self._execute(ctx, plan, w.ptr, gy.ptr, dx.ptr)
             return dx
-        full = new_array(ctx, (n, xshape[1], h + sum(pads[0]), wd + sum(pads[1])), dtype)
+        full = new_array(ctx, _padded_shape(xshape, pads), dtype)
         self._execute(ctx, plan, w.ptr, gy.ptr, full.ptr)
-        dx._copy_from_device(full[:, :, pads[0][0]:pads[0][0] + h, pads[1][0]:pads[1][0] + wd])
+        dx._copy_from_device(full[_interior(xshape, pads)])
         return dx
 
 
@@ -274,25 +319,29 @@ class GpuConv2dGradWeights(_GpuConvBase):
             raise TypeError(f"{self}: input and output_grad need one dtype, got {img.dtype} "
                             f"and {topgrad.dtype}")
         shape = self._shape2(shape, self)
-        out = GpuArrayType(img.dtype, (topgrad.broadcastable[1], False, False, False), ctx)
+        out = GpuArrayType(img.dtype, (topgrad.broadcastable[1],) + (False,) * (self.nd + 1),
+                           ctx)
         return Apply(self, [img, topgrad, shape], [out()])
 
     def _run(self, ctx, backend, plans, dtype, name, inputs):
         x, gy = _packed(inputs[0]), _packed(inputs[1])
-        kh, kw = (int(v) for v in np.asarray(inputs[2]))
+        ksp = tuple(int(v) for v in np.asarray(inputs[2]))
+        if len(ksp) != self.nd:
+            raise ValueError(f"{self}: the filter spatial shape needs {self.nd} entries, got "
+                             f"{ksp}")
         self._check_hint(self.imshp, x.shape, "input_shape")
         n, c = x.shape[:2]
         o, g = gy.shape[1], self.num_groups
         if c % g or o % g:
             raise ValueError(f"{self}: {c} input channels and {o} output_grad channels must "
                              f"both be divisible by num_groups={g}")
-        pads = self.pads((kh, kw))
-        exp = _cn._out_hw(x.shape[2:], (kh, kw), pads, self.subsample, self.filter_dilation,
+        pads = self.pads(ksp)
+        exp = _cn._out_hw(x.shape[2:], ksp, pads, self.subsample, self.filter_dilation,
                           str(self))
-        if gy.shape[0] != n or tuple(gy.shape[2:]) != exp:
+        if gy.shape[0] != n or tuple(gy.shape[2:]) != tuple(exp):
             raise ValueError(f"{self}: output_grad has shape {gy.shape}, expected "
-                             f"({n}, {o}, {exp[0]}, {exp[1]}) for input {x.shape}")
-        wshape = (o, c // g, kh, kw)
+                             f"{(n, o, *exp)} for input {x.shape}")
+        wshape = (o, c // g, *ksp)
         self._check_hint(self.kshp, wshape, "filter_shape")
         dw = new_array(ctx, wshape, dtype)
         if dw.size == 0:
@@ -300,6 +349,9 @@ class GpuConv2dGradWeights(_GpuConvBase):
         if gy.size == 0 or x.size == 0:
             return dw.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, x.shape, wshape, gy.shape, pads)
+        if plan is None and self.nd == 3:
+            return self._on_host(dw, lambda a, b: _cn.conv_grad_weights(
+                a, b, ksp, *self._geometry_args(pads), name), x, gy)
         if plan is None:
             gemm_grad_weights(ctx, name, x, gy, dw, pads, self.subsample,
                               self.filter_dilation, self.filter_flip, self.num_groups)
@@ -308,6 +360,29 @@ class GpuConv2dGradWeights(_GpuConvBase):
             x = _zero_padded(ctx, x, pads)
         self._execute(ctx, plan, x.ptr, gy.ptr, dw.ptr)
         return dw
+
+
+class GpuConv3d(GpuConv2d):
+    """conv3d(input, filters) on the GPU, through cuDNN's N-d API."""
+
+    nd = 3
+    infer_shape = Conv3d.infer_shape
+
+
+class GpuConv3dGradInputs(GpuConv2dGradInputs):
+    """d conv3d / d input on the GPU: (filters, output_grad, input spatial shape (D, H, W)
+    on the host)."""
+
+    nd = 3
+    infer_shape = Conv3dGradInputs.infer_shape
+
+
+class GpuConv3dGradWeights(GpuConv2dGradWeights):
+    """d conv3d / d filters on the GPU: (input, output_grad, filter spatial shape on the
+    host)."""
+
+    nd = 3
+    infer_shape = Conv3dGradWeights.infer_shape
 
 
 # ----------------------------------------------------------------------------- lifters
@@ -338,3 +413,33 @@ def lift_conv2d_grad_weights(op: Any, node: Apply, context_name: Any,
     if not _same_float(*node.inputs[:2], node.outputs[0]):
         return None
     return [GpuConv2dGradWeights(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+
+
+def _cudnn_for_3d() -> bool:
+    """Whether 3-d convolutions lift: only with cuDNN (no im2col path in 3-d; elsewhere the
+    CPU op stays on the host and the placement inserts its transfers)."""
+    return conv_backend()[0] == "cudnn"
+
+
+@register_lifter(Conv3d)
+def lift_conv3d(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
+    """Conv3d -> GpuConv3d (float32/float64 of one dtype, cuDNN loadable)."""
+    if not _same_float(*node.inputs, node.outputs[0]) or not _cudnn_for_3d():
+        return None
+    return [GpuConv3d(**op.geometry())(inputs[0], inputs[1])]
+
+
+@register_lifter(Conv3dGradInputs)
+def lift_conv3d_grad_inputs(op: Any, node: Apply, context_name: Any,
+                            inputs: Any) -> list[Any] | None:
+    if not _same_float(*node.inputs[:2], node.outputs[0]) or not _cudnn_for_3d():
+        return None
+    return [GpuConv3dGradInputs(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+
+
+@register_lifter(Conv3dGradWeights)
+def lift_conv3d_grad_weights(op: Any, node: Apply, context_name: Any,
+                             inputs: Any) -> list[Any] | None:
+    if not _same_float(*node.inputs[:2], node.outputs[0]) or not _cudnn_for_3d():
+        return None
+    return [GpuConv3dGradWeights(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]

@@ -1,5 +1,5 @@
 """cuDNN through ctypes: the library, one handle per context (on the context's stream), the
-descriptors and the legacy convolution calls GpuConv2d* need.
+descriptors and the legacy convolution calls GpuConv2d* and GpuConv3d* need.
 
 Why ctypes: as for cuBLAS (blas.py), the C API is a handful of calls and binding it costs
 nothing to build. cuDNN 9 is found in the system (``libcudnn.so.9``) or in the
@@ -8,6 +8,11 @@ shim finds them). Algorithms come from cuDNN's heuristics (``*_v7``: no device w
 under CUDA-graph capture) and are cached per shape by the caller (symgpu/gpu/ops/conv.py),
 which may then time the candidates once per geometry (``ConvDescs.time_algorithms``,
 cuDNN's ``Find*AlgorithmEx``) at a call that is not being captured.
+
+Descriptors: 2 spatial axes keep the 4-d calls (``cudnnSetTensor4dDescriptorEx``, ...), 3 use
+the N-d ones (``cudnnSetTensorNdDescriptor``, ``cudnnSetFilterNdDescriptor``,
+``cudnnSetConvolutionNdDescriptor``), chosen by the shapes' length in one ConvDescs; the N-d
+forward geometry is checked with ``cudnnGetConvolutionNdForwardOutputDim``.
 """
 from __future__ import annotations
 
@@ -107,29 +112,60 @@ class _Cudnn:
         return h
 
     # ---------------------------------------------------------------- descriptors
-    def tensor4d(self, dtype: str, shape: Sequence[int]) -> "_Desc":
-        """A packed NCHW tensor descriptor."""
+    def tensor(self, dtype: str, shape: Sequence[int]) -> "_Desc":
+        """A packed NCHW / NCDHW tensor descriptor (4-d call for 4 dims, N-d call beyond)."""
         d = _Desc(self, "Tensor")
-        n, c, h, w = (int(s) for s in shape)
-        self.call("cudnnSetTensor4dDescriptorEx", d.ptr, DATA_TYPES[dtype], n, c, h, w,
-                  c * h * w, h * w, w, 1)
+        dims = [int(s) for s in shape]
+        if len(dims) == 4:
+            n, c, h, w = dims
+            self.call("cudnnSetTensor4dDescriptorEx", d.ptr, DATA_TYPES[dtype], n, c, h, w,
+                      c * h * w, h * w, w, 1)
+            return d
+        strides = [1] * len(dims)
+        for a in range(len(dims) - 2, -1, -1):
+            strides[a] = strides[a + 1] * dims[a + 1]
+        self.call("cudnnSetTensorNdDescriptor", d.ptr, DATA_TYPES[dtype], len(dims),
+                  _ints(dims), _ints(strides))
         return d
 
-    def filter4d(self, dtype: str, shape: Sequence[int]) -> "_Desc":
+    def filter(self, dtype: str, shape: Sequence[int]) -> "_Desc":
+        """A filter descriptor (O, C/g, *kernel), NCHW-packed."""
         d = _Desc(self, "Filter")
-        k, c, h, w = (int(s) for s in shape)
-        self.call("cudnnSetFilter4dDescriptor", d.ptr, DATA_TYPES[dtype], _NCHW, k, c, h, w)
+        dims = [int(s) for s in shape]
+        if len(dims) == 4:
+            self.call("cudnnSetFilter4dDescriptor", d.ptr, DATA_TYPES[dtype], _NCHW, *dims)
+            return d
+        self.call("cudnnSetFilterNdDescriptor", d.ptr, DATA_TYPES[dtype], _NCHW, len(dims),
+                  _ints(dims))
         return d
 
-    def conv2d(self, dtype: str, pads: Sequence[int], strides: Sequence[int],
-               dilation: Sequence[int], flip: bool, groups: int, math: int) -> "_Desc":
+    def convolution(self, dtype: str, pads: Sequence[int], strides: Sequence[int],
+                    dilation: Sequence[int], flip: bool, groups: int, math: int) -> "_Desc":
+        """The convolution descriptor over len(pads) spatial axes (2: the 2-d call)."""
         d = _Desc(self, "Convolution")
-        self.call("cudnnSetConvolution2dDescriptor", d.ptr, int(pads[0]), int(pads[1]),
-                  int(strides[0]), int(strides[1]), int(dilation[0]), int(dilation[1]),
-                  CONVOLUTION if flip else CROSS_CORRELATION, DATA_TYPES[dtype])
+        mode = CONVOLUTION if flip else CROSS_CORRELATION
+        if len(pads) == 2:
+            self.call("cudnnSetConvolution2dDescriptor", d.ptr, int(pads[0]), int(pads[1]),
+                      int(strides[0]), int(strides[1]), int(dilation[0]), int(dilation[1]),
+                      mode, DATA_TYPES[dtype])
+        else:
+            self.call("cudnnSetConvolutionNdDescriptor", d.ptr, len(pads), _ints(pads),
+                      _ints(strides), _ints(dilation), mode, DATA_TYPES[dtype])
         self.call("cudnnSetConvolutionGroupCount", d.ptr, int(groups))
         self.call("cudnnSetConvolutionMathType", d.ptr, int(math))
         return d
+
+    def forward_output_dims(self, conv: "_Desc", x: "_Desc", w: "_Desc",
+                            nbdims: int) -> tuple[int, ...]:
+        """cuDNN's own output shape for (x, w, conv): N-d geometry's cross-check."""
+        out = (ctypes.c_int * nbdims)()
+        self.call("cudnnGetConvolutionNdForwardOutputDim", conv.ptr, x.ptr, w.ptr, nbdims, out)
+        return tuple(int(v) for v in out)
+
+
+def _ints(values: Sequence[int]) -> Any:
+    """A C int array of `values` (the N-d calls' const int[] arguments)."""
+    return (ctypes.c_int * len(values))(*(int(v) for v in values))
 
 
 class _Desc:
@@ -169,8 +205,10 @@ _TIMED: dict[tuple, tuple[int, int, int]] = {}
 
 class ConvDescs:
     """Everything one conv call of one shape needs, chosen once and cached by the op:
-    descriptors for x (N, C, H, W), w (O, C/g, kh, kw), y (N, O, Ho, Wo), the conv, and for
-    `kind` the heuristically best algorithm whose workspace fits MAX_WORKSPACE."""
+    descriptors for x (N, C, *spatial), w (O, C/g, *kernel), y (N, O, *out), the conv, and
+    for `kind` the heuristically best algorithm whose workspace fits MAX_WORKSPACE.  2 or 3
+    spatial axes (the shapes' length); with 3, cuDNN's forward output shape is checked
+    against y's."""
 
     def __init__(self, lib: _Cudnn, ctx: Any, kind: str, dtype: str, xshape, wshape, yshape,
                  pads, strides, dilation, flip: bool, groups: int, math: int) -> None:
@@ -181,10 +219,17 @@ class ConvDescs:
         self.geometry = (self.handle.value, kind, dtype, tuple(xshape), tuple(wshape), tuple(yshape), tuple(pads),
                          tuple(strides), tuple(dilation), bool(flip), int(groups), int(math))
         self.timed = False
-        self.x = lib.tensor4d(dtype, xshape)
-        self.w = lib.filter4d(dtype, wshape)
-        self.y = lib.tensor4d(dtype, yshape)
-        self.conv = lib.conv2d(dtype, pads, strides, dilation, flip, groups, math)
+        self.x = lib.tensor(dtype, xshape)
+        self.w = lib.filter(dtype, wshape)
+        self.y = lib.tensor(dtype, yshape)
+        self.conv = lib.convolution(dtype, pads, strides, dilation, flip, groups, math)
+        if len(xshape) > 4:
+            got = lib.forward_output_dims(self.conv, self.x, self.w, len(xshape))
+            if got != tuple(int(s) for s in yshape):
+                raise CudnnError(f"cuDNN's output shape {got} for x {tuple(xshape)}, w "
+                                 f"{tuple(wshape)} (pads {tuple(pads)}, strides "
+                                 f"{tuple(strides)}, dilation {tuple(dilation)}) is not "
+                                 f"{tuple(yshape)}")
         ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
         self.one, self.zero = ctype(1.0), ctype(0.0)
         query, self.wsq, self.fn_name, self.find_name = _KINDS[kind]

@@ -1,5 +1,7 @@
-// 2-d pooling, its gradient and its gradient's gradient with Theano's semantics
-// (symgpu/gpu/ops/pooling.py); entry points instantiated per dtype and index type.
+// 2-d and 3-d pooling, its gradient and its gradient's gradient with Theano's semantics
+// (symgpu/gpu/ops/pooling.py); entry points instantiated per dtype and index type.  The 3-d
+// bodies (section body3, pool3_*) follow the 2-d ones axis for axis in a module of their own,
+// so the 2-d module stays as it was.
 /* I: the index type, int where every index of the call fits (32-bit division and modulo are
    several times cheaper than 64-bit ones, which the compiler emulates), else long long. */
 template <typename I>
@@ -111,3 +113,121 @@ struct PoolEpilogueStore {
 };
 //@ grad_epi
 extern "C" __global__ void pool_grad_epi${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode, PoolEpilogueStore()); }
+//@ body3
+/* 3-d: (L, D, H, W) input, (L, od, oh, ow) output; axis a has window ws[a], stride st[a] and
+   padding p[a]. */
+template <typename I>
+struct PoolGeo3 { I L, D, H, W, od, oh, ow, ws0, ws1, ws2, st0, st1, st2, p0, p1, p2; };
+
+/* One axis of window i: padded extent [s, e), the part inside the input [a0, a1). */
+template <typename I>
+__device__ __forceinline__ void pool_span(I i, I st, I p, I ws, I n, I &s, I &e, I &a0, I &a1)
+{
+    s = i * st - p; e = min(s + ws, n + p); a0 = max(s, (I)0); a1 = min(e, n);
+}
+
+/* The first output index along an axis whose window contains input position r, and the
+   last: [lo, hi] (empty when lo > hi). */
+template <typename I>
+__device__ __forceinline__ void pool_cover(I r, I st, I p, I ws, I no, I &lo, I &hi)
+{
+    lo = r + p - ws >= 0 ? (r + p - ws) / st + 1 : 0;
+    hi = min((r + p) / st, no - 1);
+}
+
+template <typename T, typename I>
+__device__ __forceinline__ T pool3_divisor(int mode, const I s[3], const I e[3], const I a0[3],
+    const I a1[3])
+{
+    if (mode == 2) return (T)((e[0] - s[0]) * (e[1] - s[1]) * (e[2] - s[2]));
+    if (mode == 3) return (T)((a1[0] - a0[0]) * (a1[1] - a0[1]) * (a1[2] - a0[2]));
+    return T(1);
+}
+
+template <typename I>
+__device__ __forceinline__ void pool3_window(const PoolGeo3<I> &g, I i, I j, I k, I s[3],
+    I e[3], I a0[3], I a1[3])
+{
+    pool_span(i, g.st0, g.p0, g.ws0, g.D, s[0], e[0], a0[0], a1[0]);
+    pool_span(j, g.st1, g.p1, g.ws1, g.H, s[1], e[1], a0[1], a1[1]);
+    pool_span(k, g.st2, g.p2, g.ws2, g.W, s[2], e[2], a0[2], a1[2]);
+}
+
+/* mode: 0 max, 1 sum, 2 average_inc_pad, 3 average_exc_pad (as in 2-d) */
+template <typename T, typename I>
+__device__ void pool3_fwd_body(const T *x, T *z, PoolGeo3<I> g, int mode)
+{
+    const I total = g.L * g.od * g.oh * g.ow, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I k = t % g.ow, j = (t / g.ow) % g.oh, i = (t / (g.ow * g.oh)) % g.od;
+        const I l = t / (g.ow * g.oh * g.od);
+        I s[3], e[3], a0[3], a1[3];
+        pool3_window(g, i, j, k, s, e, a0, a1);
+        const T *xl = x + l * g.D * g.H * g.W;
+        T acc = mode == 0 ? xl[(a0[0] * g.H + a0[1]) * g.W + a0[2]] : T(0);
+        for (I d = a0[0]; d < a1[0]; ++d)
+            for (I r = a0[1]; r < a1[1]; ++r)
+                for (I c = a0[2]; c < a1[2]; ++c) {
+                    const T v = xl[(d * g.H + r) * g.W + c];
+                    if (mode == 0) { if (v > acc || v != v) acc = (acc != acc) ? acc : v; }
+                    else acc += v;
+                }
+        z[t] = mode >= 2 ? acc / pool3_divisor<T>(mode, s, e, a0, a1) : acc;
+    }
+}
+
+/* gx[l, d, r, c] = sum over the windows containing (d, r, c) of (max: x == z) gz / divisor */
+template <typename T, typename I>
+__device__ void pool3_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo3<I> g,
+                                int mode)
+{
+    const I total = g.L * g.D * g.H * g.W, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I c = t % g.W, r = (t / g.W) % g.H, d = (t / (g.W * g.H)) % g.D;
+        const I l = t / (g.W * g.H * g.D);
+        I ilo, ihi, jlo, jhi, klo, khi;
+        pool_cover(d, g.st0, g.p0, g.ws0, g.od, ilo, ihi);
+        pool_cover(r, g.st1, g.p1, g.ws1, g.oh, jlo, jhi);
+        pool_cover(c, g.st2, g.p2, g.ws2, g.ow, klo, khi);
+        const T xv = mode == 0 ? x[t] : T(0);
+        T acc = T(0);
+        for (I i = ilo; i <= ihi; ++i)
+            for (I j = jlo; j <= jhi; ++j)
+                for (I k = klo; k <= khi; ++k) {
+                    const I o = ((l * g.od + i) * g.oh + j) * g.ow + k;
+                    if (mode == 0) { if (xv == z[o]) acc += gz[o]; continue; }
+                    I s[3], e[3], a0[3], a1[3];
+                    pool3_window(g, i, j, k, s, e, a0, a1);
+                    acc += gz[o] / pool3_divisor<T>(mode, s, e, a0, a1);
+                }
+        gx[t] = acc;
+    }
+}
+
+/* ggz[l, i, j, k] = sum of ggx over window (i, j, k)'s elements equal to its max */
+template <typename T, typename I>
+__device__ void pool3_ggrad_body(const T *x, const T *z, const T *ggx, T *ggz, PoolGeo3<I> g)
+{
+    const I total = g.L * g.od * g.oh * g.ow, step = (I)gridDim.x * blockDim.x;
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
+        const I k = t % g.ow, j = (t / g.ow) % g.oh, i = (t / (g.ow * g.oh)) % g.od;
+        const I l = t / (g.ow * g.oh * g.od);
+        I s[3], e[3], a0[3], a1[3];
+        pool3_window(g, i, j, k, s, e, a0, a1);
+        const I base = l * g.D * g.H * g.W;
+        T acc = T(0);
+        for (I d = a0[0]; d < a1[0]; ++d)
+            for (I r = a0[1]; r < a1[1]; ++r)
+                for (I c = a0[2]; c < a1[2]; ++c) {
+                    const I q = base + (d * g.H + r) * g.W + c;
+                    if (x[q] == z[t]) acc += ggx[q];
+                }
+        ggz[t] = acc;
+    }
+}
+//@ fwd3
+extern "C" __global__ void pool3_fwd_${dt}${sfx}(const ${t} *x, ${t} *z, ${geo}, int mode) { ${make} pool3_fwd_body<${t}, ${i}>(x, z, g, mode); }
+//@ grad3
+extern "C" __global__ void pool3_grad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool3_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode); }
+//@ ggrad3
+extern "C" __global__ void pool3_ggrad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *ggx, ${t} *ggz, ${geo}) { ${make} pool3_ggrad_body<${t}, ${i}>(x, z, ggx, ggz, g); }
