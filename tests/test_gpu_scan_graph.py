@@ -166,9 +166,9 @@ def rand(*shape, seed=0):
     return np.random.RandomState(seed).randn(*shape).astype("float32")
 
 
-def check(got, want):
+def check(got, want, tol=1e-6):
     for g, w in zip(got, want):
-        np.testing.assert_allclose(read(g), w, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(read(g), w, rtol=tol, atol=tol)
 
 
 def test_plain_first_then_capture_then_replay_with_new_values():
@@ -448,3 +448,58 @@ def test_graph_statistics_the_driver_cannot_give_are_skipped(monkeypatch):
         check(run(op, node, np.int64(4), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
               want_accumulate(x, h0))
     assert scan_graph.STATS["captures"] == 1 and "graph nodes (scan)" not in scan_graph.STATS
+
+
+# ============================================================================ changing lengths
+
+def test_chunk_lengths_cover_every_length_with_few_loops():
+    for n in range(1, 200):
+        parts = scan_graph.chunk_lengths(n)
+        assert sum(parts) == n and parts == sorted(parts, reverse=True)
+        assert len(parts) <= n // 64 + 6
+    assert scan_graph.chunk_lengths(50) == [32, 16, 2]
+
+
+def test_a_new_length_every_call_replays_chunk_graphs_without_new_captures():
+    """Variable-length minibatches: once the loop has met more lengths than it keeps whole
+    graphs for, every call runs as power-of-two chunks whose graphs are captured once; after
+    they exist, lengths never seen before cost no capture (issue 32: the length is a
+    parameter, not a key), and every result equals the plain loop's."""
+    op, node = accumulate_loop()
+    lengths = [int(n) for n in np.random.RandomState(3).randint(1, 40, size=40)]
+    captures_after = {}
+    for call, n in enumerate(lengths):
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+        captures_after[call] = scan_graph.STATS["captures"]
+    assert op.loop_graphs.chunking and scan_graph.STATS["chunks"] > len(lengths)
+    assert scan_graph.STATS["replays"] > len(lengths)      # chunks replayed, not run plainly
+    # chunk lengths 32..1 (6 graphs) plus the whole-loop graphs of the first few lengths
+    assert captures_after[len(lengths) - 1] <= len(scan_graph.CHUNKS) + scan_graph.MAX_GRAPHS
+    new = [n for n in (37, 23, 13) if n not in lengths]
+    before = scan_graph.STATS["captures"]
+    for n in new:
+        x, h0 = rand(n, 3, seed=n), rand(1, 3)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+    assert scan_graph.STATS["captures"] == before
+
+
+def test_chunks_carry_windows_of_several_taps_and_last_values_only_states():
+    """f[t] = f[t-2] + f[t-1] (keep=False: only the last two values) and the same kept whole:
+    each chunk starts from the last two values of the one before."""
+    for keep in (False, True):
+        a, b = gtype(1)("a"), gtype(1)("b")
+        new = GpuFakeKernel("add", lambda u, v: u + v)(a, b)
+        op = GpuScan([a, b], [new], ScanInfo(0, ((-2, -1),), (keep,), 0, 0), context_name=CTX)
+        node = op.make_node(T.lscalar("n"), gtype(2)("F0"))
+        f0 = np.array([[1, 2], [1, 3]], "float32") / 8
+        for n in (3, 7, 5, 9, 11, 6, 13, 10, 19, 12, 17):
+            fib = [f0[0], f0[1]]
+            for _ in range(n):
+                fib.append(fib[-2] + fib[-1])
+            (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, f0))
+            want = np.array(fib) if keep else np.array(fib[-2:])
+            np.testing.assert_allclose(read(got), want, rtol=1e-6)
+        assert op.loop_graphs.chunking

@@ -50,7 +50,7 @@ from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
-           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE"]
+           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -62,8 +62,22 @@ MEMORY_LIMIT = 2 << 30
 MAX_GRAPHS = 4
 #: output arrays kept per result of a graph, reused once the caller dropped them
 SPARE_OUTPUTS = 3
-#: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big'
+#: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
+#: 'chunks'
 STATS: Counter = Counter()
+#: the loop lengths a loop whose length changes from call to call is cut into (largest first;
+#: the 1 makes every length reachable); () turns chunking off
+CHUNKS: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
+
+
+def chunk_lengths(n: int) -> list[int]:
+    """n as a sum of CHUNKS, greedily from the largest: 50 -> [32, 16, 2]."""
+    out = []
+    for c in CHUNKS:
+        while n >= c:
+            out.append(c)
+            n -= c
+    return out
 
 class LoopGraphWarning(RuntimeWarning):
     """A GPU loop could not be captured into a CUDA graph; it runs step by step."""
@@ -169,6 +183,8 @@ class LoopGraphs:
         self.graphs: OrderedDict = OrderedDict()   # key -> _LoopGraph, or None: plain
         self.disabled: str | None = None
         self.capturable: bool | None = None
+        self.lengths: set[int] = set()   # the n_steps met, until chunking starts
+        self.chunking = False
         self.lock = threading.RLock()
 
     # -- deciding
@@ -203,46 +219,121 @@ class LoopGraphs:
     def call(self, node: Any, inputs: Sequence[Any], output_storage: list[list]) -> bool:
         """Run the loop as a graph (True) or leave it to the plain loop (False)."""
         ctx = self.op._context()
-        if int(inputs[0]) <= 0 or not self._usable(ctx):
+        n = int(inputs[0])
+        if n <= 0 or not self._usable(ctx):
             return False
         key = self.key(inputs)
         if key is None:
             return False
         with self.lock:
-            if key in self.graphs:
-                g = self.graphs[key]
-                if g is None:
-                    STATS["plain"] += 1
-                    return False
-                self.graphs.move_to_end(key)
-                g.run(inputs, output_storage)
-                STATS["replays"] += 1
+            if self._chunked(n):
+                self._call_chunked(node, inputs, output_storage, n)
                 return True
-            if key not in self.seen:
-                if len(self.seen) > 64:
-                    self.seen.clear()
-                self.seen.add(key)
+            return self._call_whole(node, key, inputs, output_storage, ctx)
+
+    def _call_whole(self, node: Any, key: tuple, inputs: Sequence[Any],
+                    output_storage: list[list], ctx: Any) -> bool:
+        """The loop as one graph of its n steps (True), or the plain loop's turn (False)."""
+        if key in self.graphs:
+            g = self.graphs[key]
+            if g is None:
                 STATS["plain"] += 1
                 return False
-            g = self._capture(node, inputs, ctx)
-            if g is None:
-                self._keep(key, None)
-                return False
-            if g.checked:   # the check ran the graph on this call's inputs already
-                g.emit(output_storage)
-            else:
-                g.run(inputs, output_storage)
-            if g.nbytes > MEMORY_LIMIT:
-                STATS["too_big"] += 1
-                g.free()
-                self._keep(key, None)
-            else:
-                self._keep(key, g)
+            self.graphs.move_to_end(key)
+            g.run(inputs, output_storage)
+            STATS["replays"] += 1
             return True
+        if key not in self.seen:
+            if len(self.seen) > 64:
+                self.seen.clear()
+            self.seen.add(key)
+            STATS["plain"] += 1
+            return False
+        g = self._capture(node, inputs, ctx)
+        if g is None:
+            self._keep(key, None)
+            return False
+        if g.checked:   # the check ran the graph on this call's inputs already
+            g.emit(output_storage)
+        else:
+            g.run(inputs, output_storage)
+        if g.nbytes > MEMORY_LIMIT:
+            STATS["too_big"] += 1
+            g.free()
+            self._keep(key, None)
+        else:
+            self._keep(key, g)
+        return True
+
+    # -- lengths that change from call to call
+    def _chunked(self, n: int) -> bool:
+        """Whether this call runs as chunks: once the loop has met more lengths than it keeps
+        graphs for (variable-length minibatches), every call does, so each new length costs
+        no capture; a loop of one length keeps its single whole-loop graph."""
+        if not CHUNKS or self.op.info.truncate_gradient >= 0:
+            return False
+        if self.chunking:
+            return True
+        self.lengths.add(n)
+        self.chunking = len(self.lengths) > MAX_GRAPHS
+        return self.chunking
+
+    def _call_chunked(self, node: Any, inputs: Sequence[Any], output_storage: list[list],
+                      n: int) -> None:
+        """Run the n steps as a few loops of power-of-two lengths (50 = 32 + 16 + 2), each a
+        graph captured once and replayed for any n: chunk c reads the sequences' rows
+        [off, off + k) and starts from the states chunk c - 1 ended with; its per-step
+        outputs and state histories are copied into the call's own result arrays."""
+        info = self.op.info
+        ctx = self.op._context()
+        S, M, K = info.n_seqs, info.n_states, info.n_nitsot
+        seqs = list(inputs[1:1 + S])
+        inits = list(inputs[1 + S:1 + S + M])
+        rest = list(inputs[1 + S + M:])
+        n_init = [info.n_init(j) for j in range(M)]
+        if any(s.shape[0] < n for s in seqs):
+            return self._run_plain(node, inputs, output_storage)   # raises, in context
+        kept: list[Any] = []
+        for j in range(M):
+            if info.keep[j]:
+                buf = GpuArray((n_init[j] + n,) + tuple(inits[j].shape[1:]),
+                               node.outputs[j].dtype, ctx)
+                _driver_copy(buf[:n_init[j]], inits[j][:n_init[j]])
+                kept.append(buf)
+            else:
+                kept.append(None)
+        nitsot: list[Any] = [None] * K
+        state = list(inits)
+        off = 0
+        for k in chunk_lengths(n):
+            sub = [k] + [s[off:off + k] for s in seqs] + state + rest
+            cells = [[None] for _ in node.outputs]
+            key = self.key(sub)
+            if key is None or not self._call_whole(node, key, sub, cells, ctx):
+                self._run_plain(node, sub, cells)
+            res = [c[0] for c in cells]
+            for j in range(M):
+                if info.keep[j]:
+                    _driver_copy(kept[j][n_init[j] + off:n_init[j] + off + k], res[j][n_init[j]:])
+                    state[j] = kept[j][off + k:off + k + n_init[j]]
+                else:
+                    state[j] = res[j]
+            for i in range(K):
+                r = res[M + i]
+                if nitsot[i] is None:
+                    nitsot[i] = GpuArray((n,) + tuple(r.shape[1:]), r.dtype, ctx)
+                _driver_copy(nitsot[i][off:off + k], r)
+            off += k
+            STATS["chunks"] += 1
+        for j in range(M):
+            output_storage[j][0] = kept[j] if info.keep[j] else state[j]
+        for i in range(K):
+            output_storage[M + i][0] = nitsot[i]
 
     def _keep(self, key: tuple, g: Any) -> None:
         self.graphs[key] = g
-        while len(self.graphs) > MAX_GRAPHS:
+        limit = MAX_GRAPHS + len(CHUNKS) if self.chunking else MAX_GRAPHS
+        while len(self.graphs) > limit:
             _, old = self.graphs.popitem(last=False)
             if old is not None:
                 old.free()
