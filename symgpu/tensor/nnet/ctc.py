@@ -133,7 +133,7 @@ def ctc_cost_and_grad(acts: np.ndarray, labels: np.ndarray, input_lengths: np.nd
                           np.where(lens > 0, end[rows, np.maximum(2 * lens - 1, 0)], _NEG_INF))
         ll = np.where(tl > 0, ll, np.where(lens == 0, 0.0, _NEG_INF))
     feasible = np.isfinite(ll)
-    costs = np.where(feasible, -ll, np.inf).astype(acts.dtype)
+    costs = np.where(feasible, 0.0 - ll, np.inf).astype(acts.dtype)   # 0, not -0
     if not compute_grad:
         return costs, None
     grad = np.exp(logp)
@@ -142,7 +142,6 @@ def ctc_cost_and_grad(acts: np.ndarray, labels: np.ndarray, input_lengths: np.nd
         lp_end = lp[last, rows]
         for s in (2 * lens, np.maximum(2 * lens - 1, 0)):
             init[rows, s] = lp_end[rows, s]
-        init[lens == 0, 1:] = _NEG_INF
         beta = np.full((t_max, nb, ns), _NEG_INF)
         nxt = np.full((nb, ns), _NEG_INF)
         with np.errstate(invalid="ignore"):
