@@ -149,6 +149,8 @@ def test_empty_input_and_empty_label():
     ls = x - np.log(np.exp(x).sum(1, keepdims=True))
     np.testing.assert_allclose(cost[2], -ls[:, 0].sum())
     assert not grad[:, :2].any()
+    cost, grad = ctc_cost_and_grad(acts[:0], labels, np.zeros(3, np.int32))   # no time axis
+    assert cost.tolist() == [0.0, np.inf, 0.0] and grad.shape == (0, 3, 4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -1037,6 +1037,10 @@ _CTC_CASES = {
         case(lambda a, l, n: _ctc.ConnectionistTemporalClassification(False)(a, l, n),
              _CTC_ACTS, _CTC_LABELS, _CTC_LENGTHS)],
 }
+_gctc = importlib.import_module("symgpu.gpu.ops.ctc")
+_CTC_CASES[_gctc.GpuConnectionistTemporalClassification] = [
+    gcase(lambda a, l, n: _gctc.GpuConnectionistTemporalClassification()(a, l, n), _ctc.ctc,
+          "ggg", _CTC_ACTS, _CTC_LABELS, _CTC_LENGTHS)]
 CASES.update(_CTC_CASES)
 
 

@@ -37,6 +37,7 @@ from symgpu.graph.rewriting import node_rewriter, register_canonicalize
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["ConnectionistTemporalClassification", "ctc", "ctc_available", "ctc_present",
+           "check_ctc_inputs", "check_ctc_types",
            "ctc_cost_and_grad", "local_ctc_no_grad", "CTC_DTYPES"]
 
 #: the activations' dtypes (Theano's op took float32 only)
@@ -128,10 +129,12 @@ def ctc_cost_and_grad(acts: np.ndarray, labels: np.ndarray, input_lengths: np.nd
             alpha[t] = a + lp[t]
         last = np.maximum(tl - 1, 0)
         rows = np.arange(nb)
-        end = alpha[last, rows]                                           # (B, S)
-        ll = np.logaddexp(end[rows, 2 * lens],
-                          np.where(lens > 0, end[rows, np.maximum(2 * lens - 1, 0)], _NEG_INF))
-        ll = np.where(tl > 0, ll, np.where(lens == 0, 0.0, _NEG_INF))
+        ll = np.where(lens == 0, 0.0, _NEG_INF)                           # no input
+        if t_max:
+            end = alpha[last, rows]                                       # (B, S)
+            ends = np.logaddexp(end[rows, 2 * lens], np.where(
+                lens > 0, end[rows, np.maximum(2 * lens - 1, 0)], _NEG_INF))
+            ll = np.where(tl > 0, ends, ll)
     feasible = np.isfinite(ll)
     costs = np.where(feasible, 0.0 - ll, np.inf).astype(acts.dtype)   # 0, not -0
     if not compute_grad:
