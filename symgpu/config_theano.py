@@ -170,7 +170,7 @@ THEANO_FLAGS: tuple[tuple, ...] = (
     ("magma.enabled", _B, False, "ignored", "symgpu does not use MAGMA", ()),
     ("magma.include_path", "path", "", "ignored", "symgpu does not use MAGMA", ()),
     ("magma.library_path", "path", "", "ignored", "symgpu does not use MAGMA", ()),
-    ("ctc.root", "path", "", "ignored", "symgpu has no warp-ctc binding", ()),
+    ("ctc.root", "path", "", "ignored", "symgpu needs no warp-ctc: the CTC loss runs on NumPy, or on cuDNN on a GPU", ()),
     ("gcc.cxxflags", _S, "", "ignored", _CMODULE, ()),
     ("cxx", None, None, "same",
      "symgpu's cxx flag (default cc, where Theano's is the path of g++; empty: NumPy only)", ()),

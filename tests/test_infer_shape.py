@@ -1056,3 +1056,31 @@ CASES.update(_GPU3D_CASES)
 def test_gpu_conv3d_pool3d_inferred_shapes(op_cls):
     for c in _GPU3D_CASES[op_cls]:
         _gpu_check(op_cls, c)
+
+
+# ----------------------------------------------------------------------------- CTC
+# symgpu.tensor.nnet.ctc and its cuDNN twin (test_ctc_inferred_shapes runs them, as the
+# table's parametrisation is made above); the GPU case checks the costs' shape
+from symgpu.tensor.nnet import ctc as _ctc  # noqa: E402
+
+_CTC_ACTS = r(5, 2, 4, dtype="float32")
+_CTC_LABELS = np.array([[1, 2, -1], [3, -1, 3]], dtype="int32")
+_CTC_LENGTHS = np.array([5, 4], dtype="int32")
+_CTC_CASES = {
+    _ctc.ConnectionistTemporalClassification: [
+        case(_ctc.ctc, _CTC_ACTS, _CTC_LABELS, _CTC_LENGTHS),
+        case(lambda a, l, n: _ctc.ConnectionistTemporalClassification(False)(a, l, n),
+             _CTC_ACTS, _CTC_LABELS, _CTC_LENGTHS)],
+}
+_gctc = importlib.import_module("symgpu.gpu.ops.ctc")
+_CTC_CASES[_gctc.GpuConnectionistTemporalClassification] = [
+    gcase(lambda a, l, n: _gctc.GpuConnectionistTemporalClassification()(a, l, n), _ctc.ctc,
+          "ggg", _CTC_ACTS, _CTC_LABELS, _CTC_LENGTHS)]
+CASES.update(_CTC_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_CTC_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_ctc_inferred_shapes(op_cls):
+    for c in _CTC_CASES[op_cls]:
+        (_gpu_check if c.twin is not None else _host_check)(op_cls, c)

@@ -265,6 +265,16 @@ def _cases():
         return [x, w], [y, gx, gw, T.grad((av ** 2).sum(), x), gmax,
                         T.grad((gmax ** 2).sum(), x)], [vx, vw]
 
+    @add("ctc")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.nnet.ctc import ctc
+        a, lab, ln = T.dtensor3("acts"), T.imatrix("labels"), T.ivector("lengths")
+        cost = ctc(a, lab, ln)
+        va = rng(31).standard_normal((5, 2, 4))
+        vl, vn = np.array([[1, 2, -1], [3, -1, 3]], "int32"), np.array([5, 4], "int32")
+        return [a, lab, ln], [cost, T.grad(cost.sum(), a)], [va, vl, vn]
+
     @add("specify_shape")
     def _():
         x, v = _m()
