@@ -252,7 +252,9 @@ class _Builder:
                 rows.append(("dtype", str(t.dtype)))
             if hasattr(t, "broadcastable"):
                 rows.append(("broadcastable", str(tuple(t.broadcastable))))
-            if hasattr(t, "ndim"):
+            if isinstance(var, Constant):
+                rows.append(("shape", _fmt_shape(np.shape(var.data))))
+            elif hasattr(t, "ndim"):
                 rows.append((f"shape ({graph.shapes_from})", _fmt_shape(shapes.get(var))))
             rows.append(("device", f"gpu ({t.context_name})" if is_device_var(var) else "host"))
             where = _trace(var.tag)
