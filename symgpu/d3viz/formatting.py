@@ -189,7 +189,8 @@ class PyDotFormatter:
                 if n.time is not None:
                     attrs["profile"] = f"{n.time}\t{n.share}"
                 if n.inner:
-                    attrs["subg"] = "\t".join(f"cluster_{_cluster(n.id, gid)}" for gid, _ in n.inner)
+                    attrs["subg"] = "\t".join(f"cluster_{_cluster(n.id, gid)}"
+                                               for gid, _ in n.inner)
             else:
                 attrs["dtype"] = dict(n.details).get("dtype")
             target.add_node(DotNode(n.id, **attrs))

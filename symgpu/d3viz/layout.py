@@ -22,6 +22,11 @@ MARGIN = 20.0
 _VIRTUAL = object()
 #: barycenter sweeps (down and up alternate)
 SWEEPS = 12
+#: adjacent swaps after the sweeps only up to this many points (nodes and virtual points):
+#: each round costs a pass over every pair of neighbours' edges
+TRANSPOSE_LIMIT = 3000
+#: at most this many virtual points on long edges (beyond: long edges are drawn straight)
+POINTS_LIMIT = 20000
 
 
 @dataclass
@@ -56,20 +61,20 @@ def _topo(nodes: Sequence[Hashable], succ: dict) -> list[Hashable]:
     return out + [n for n in nodes if n not in seen]
 
 
-def _inversions(seq: list[float]) -> int:
-    """Pairs i < j with seq[i] > seq[j] (merge sort)."""
-    if len(seq) < 2:
-        return 0
-    mid = len(seq) // 2
-    left, right = seq[:mid], seq[mid:]
-    count = _inversions(left) + _inversions(right)
-    left.sort()
-    right.sort()
-    j = 0
-    for x in left:
-        while j < len(right) and right[j] < x:
-            j += 1
-        count += j
+def _inversions(seq: list[int], size: int) -> int:
+    """Pairs i < j with seq[i] > seq[j], for values in range(size) (a Fenwick tree)."""
+    tree = [0] * (size + 1)
+    count = 0
+    for seen, v in enumerate(seq):
+        i, not_above = v + 1, 0
+        while i > 0:  # how many earlier values are <= v
+            not_above += tree[i]
+            i -= i & -i
+        count += seen - not_above
+        i = v + 1
+        while i <= size:
+            tree[i] += 1
+            i += i & -i
     return count
 
 
@@ -80,7 +85,7 @@ def count_crossings(layers: list[list[Hashable]], succ: dict) -> int:
         pos = {n: i for i, n in enumerate(lower)}
         pairs = sorted((i, pos[s]) for i, n in enumerate(upper) for s in succ.get(n, ())
                        if s in pos)
-        total += _inversions([float(b) for _, b in pairs])
+        total += _inversions([b for _, b in pairs], len(lower))
     return total
 
 
@@ -131,24 +136,40 @@ def layered_layout(nodes: Sequence[Hashable], edges: Sequence[tuple[Hashable, Ha
         if not pred[n] and succ[n]:
             rank[n] = max(0, min(rank[s] for s in succ[n]) - 1)
 
-    # virtual points on long edges: each edge becomes a chain between adjacent layers
+    # virtual points on long edges, one chain per source shared by all its long edges (a
+    # value read on many layers, a weight read forward and backward, runs down one trunk;
+    # per-edge chains would multiply the points, and the work, by its readers)
     chains: dict[tuple, list[Hashable]] = {}
     vsucc: dict[Hashable, list] = defaultdict(list)
     vpred: dict[Hashable, list] = defaultdict(list)
     vrank = dict(rank)
+    linked: set[tuple] = set()
+
+    def link(u: Hashable, v: Hashable) -> None:
+        if (u, v) not in linked:
+            linked.add((u, v))
+            vsucc[u].append(v)
+            vpred[v].append(u)
+    reach: dict[Hashable, int] = {}
+    for a, b in edges:
+        reach[a] = max(reach.get(a, 0), rank[b] - rank[a] - 1)
+    # a deep graph whose values are read far below (a long training step) would need more
+    # points than the sweeps can order in reasonable time: its long edges are drawn straight
+    chained = sum(reach.values()) <= POINTS_LIMIT
     for a, b in dict.fromkeys(edges):
         if a == b:
             continue
         ra, rb = rank[a], rank[b]
-        if rb <= ra:  # only for a cycle's back edge: drawn straight, not laid out
+        if rb <= ra or (rb > ra + 1 and not chained):  # drawn straight, ordered by its ends
             chains[(a, b)] = [a, b]
+            if rb > ra:
+                link(a, b)
             continue
-        chain = [a] + [(_VIRTUAL, a, b, r) for r in range(ra + 1, rb)] + [b]
+        chain = [a] + [(_VIRTUAL, a, r) for r in range(ra + 1, rb)] + [b]
         for r, v in zip(range(ra + 1, rb), chain[1:-1]):
             vrank[v] = r
-        for x, y in zip(chain, chain[1:]):
-            vsucc[x].append(y)
-            vpred[y].append(x)
+        for u, v in zip(chain, chain[1:]):
+            link(u, v)
         chains[(a, b)] = chain
     n_layers = max(vrank.values(), default=-1) + 1
     layers: list[list[Hashable]] = [[] for _ in range(n_layers)]
@@ -157,6 +178,7 @@ def layered_layout(nodes: Sequence[Hashable], edges: Sequence[tuple[Hashable, Ha
                                           topo_pos[v[1]] + 0.5)):
         layers[vrank[v]].append(v)
 
+    where = {n: i for layer in layers for i, n in enumerate(layer)}  # index within its layer
     best = [list(layer) for layer in layers]
     best_cross = count_crossings(best, vsucc)
     for sweep in range(SWEEPS):
@@ -166,7 +188,7 @@ def layered_layout(nodes: Sequence[Hashable], edges: Sequence[tuple[Hashable, Ha
         rng = range(1, n_layers) if down else range(n_layers - 2, -1, -1)
         for r in rng:
             ref = layers[r - 1] if down else layers[r + 1]
-            pos = {n: i for i, n in enumerate(ref)}
+            pos = {n: i for i, n in enumerate(ref)} if chained else where
             nbrs = vpred if down else vsucc
             current = {n: i for i, n in enumerate(layers[r])}
 
@@ -174,11 +196,13 @@ def layered_layout(nodes: Sequence[Hashable], edges: Sequence[tuple[Hashable, Ha
                 ps = [pos[m] for m in nbrs[n] if m in pos]
                 return sum(ps) / len(ps) if ps else float(current[n])
             layers[r].sort(key=lambda n: (bary(n), current[n]))
+            if not chained:
+                where.update((n, i) for i, n in enumerate(layers[r]))
         cross = count_crossings(layers, vsucc)
         if cross < best_cross:
             best, best_cross = [list(layer) for layer in layers], cross
     layers = best
-    if best_cross:
+    if best_cross and len(vrank) <= TRANSPOSE_LIMIT:
         _transpose(layers, vpred, vsucc)
         best_cross = count_crossings(layers, vsucc)
 
