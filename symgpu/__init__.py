@@ -50,6 +50,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "sparse": ("symgpu.sparse", None),  # Theano's theano.sparse (loads scipy.sparse)
     "sandbox": ("symgpu.sandbox", None),
     "misc": ("symgpu.misc", None),
+    "d3viz": ("symgpu.d3viz", None),  # Theano's theano.d3viz: interactive graph pages
 }
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",

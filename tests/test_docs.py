@@ -209,6 +209,7 @@ def test_api_reference_names_every_public_name():
     import symgpu.printing
     import symgpu.tensor
     import symgpu.tensor.nnet
+    import symgpu.d3viz
     sections = _api_sections()
     wanted = {
         "symgpu": list(symgpu.__all__),
@@ -216,6 +217,7 @@ def test_api_reference_names_every_public_name():
         "symgpu.tensor.nnet": _own_public_names(symgpu.tensor.nnet, ("symgpu.tensor.nnet",)),
         "symgpu.gradient": _own_public_names(symgpu.gradient, ("symgpu.gradient",)),
         "symgpu.printing": list(symgpu.printing.__all__),
+        "symgpu.d3viz": list(symgpu.d3viz.__all__),
     }
     missing = []
     for module, names in wanted.items():
