@@ -1084,3 +1084,36 @@ CASES.update(_CTC_CASES)
 def test_ctc_inferred_shapes(op_cls):
     for c in _CTC_CASES[op_cls]:
         (_gpu_check if c.twin is not None else _host_check)(op_cls, c)
+
+
+
+# ---------------------------------------------------------------- GPU linear algebra
+# (symgpu/gpu/ops/linalg.py: each op's rule is its host twin's)
+import symgpu.gpu.ops.linalg as _GL  # noqa: E402
+
+_GPU_LINALG_CASES = {
+    _GL.GpuCholesky: [gcase(lambda x: _GL.GpuCholesky()(x), _SL.cholesky, "g", _spd(2))],
+    _GL.GpuSolve: [gcase(lambda a, b: _GL.GpuSolve()(a, b), _SL.solve, "gg", _spd(2), r(2, 3)),
+                   gcase(lambda a, b: _GL.GpuSolve()(a, b), _SL.solve, "gg", _spd(), r(3, 4))],
+    _GL.GpuSolveTriangular: [gcase(lambda a, b: _GL.GpuSolveTriangular(1, True)(a, b),
+                                   _SL.solve_triangular, "gg", _spd(), r(3, 2))],
+    _GL.GpuCholeskySolve: [gcase(lambda c, b: _GL.GpuCholeskySolve()(c, b),
+                                 lambda c, b: _SL.cho_solve((c, True), b), "gg",
+                                 np.linalg.cholesky(_spd()), r(3, 4))],
+    _GL.GpuEigh: [gcase(lambda x: _GL.GpuEigh()(x)[0], lambda x: _NL.eigh(x)[0], "g", _spd(2))],
+    _GL.GpuEigvalsh: [gcase(lambda x: _GL.GpuEigvalsh()(x), _SL.eigvalsh, "g", _spd())],
+    _GL.GpuEighGrad: [gcase(lambda x, w, v, gw, gv: _GL.GpuEighGrad()(x, w, v, gw, gv),
+                            lambda x, w, v, gw, gv: x, "ggggg", _spd(), np.arange(3.0),
+                            r(3, 3), r(3), r(3, 3))],
+    _GL.GpuMatrixInverse: [gcase(lambda x: _GL.GpuMatrixInverse()(x), _NL.matrix_inverse, "g",
+                                 _spd(2))],
+    _GL.GpuDet: [gcase(lambda x: _GL.GpuDet()(x), _NL.det, "g", _spd(2))],
+}
+CASES.update(_GPU_LINALG_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_GPU_LINALG_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_gpu_linalg_inferred_shapes(op_cls):
+    for c in _GPU_LINALG_CASES[op_cls]:
+        _gpu_check(op_cls, c)

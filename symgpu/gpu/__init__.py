@@ -106,3 +106,4 @@ import symgpu.gpu.exec.scan_graph  # noqa: E402,F401  (GpuScan captures whole lo
 import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401
 import symgpu.gpu.ops.builders  # noqa: E402,F401  (OpFromGraph -> GpuOpFromGraph)
 import symgpu.gpu.ops.ctc  # noqa: E402,F401
+import symgpu.gpu.ops.linalg  # noqa: E402,F401  (cuSOLVER/cuBLAS linear algebra)

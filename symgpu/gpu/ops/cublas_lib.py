@@ -24,6 +24,36 @@ STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VAL
           14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
 
 
+_P, _I, _Q = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+#: attribute -> (C name with {t} for S/D, argtypes after the handle): the entry points of the
+#: GPU linear algebra (symgpu/gpu/ops/linalg.py), declared so that ints pass as pointers
+_LINALG_SIGNATURES = {
+    "trsm": ("cublas{t}trsm_v2", [_I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I]),
+    "trsm_batched": ("cublas{t}trsmBatched", [_I, _I, _I, _I, _I, _I, _P, _P, _I, _P, _I,
+                                              _I]),
+    "getrf_batched": ("cublas{t}getrfBatched", [_I, _P, _I, _P, _P, _I]),
+    "getrs_batched": ("cublas{t}getrsBatched", [_I, _I, _I, _P, _I, _P, _P, _I, _P, _I]),
+    "getri_batched": ("cublas{t}getriBatched", [_I, _P, _I, _P, _P, _I, _P, _I]),
+    "gemm_strided_batched": ("cublas{t}gemmStridedBatched",
+                             [_I, _I, _I, _I, _I, _P, _P, _I, _Q, _P, _I, _Q, _P, _P, _I, _Q,
+                              _I]),
+}
+
+
+def _linalg_entries(lib: Any) -> dict[str, dict[str, Any]]:
+    """attribute -> {dtype: entry point} for _LINALG_SIGNATURES, argtypes set."""
+    out = {}
+    for attr, (pattern, args) in _LINALG_SIGNATURES.items():
+        table = {}
+        for dtype, t in (("float32", "S"), ("float64", "D")):
+            fn = getattr(lib, pattern.format(t=t))
+            fn.argtypes = [_P] + args
+            fn.restype = _I
+            table[dtype] = fn
+        out[attr] = table
+    return out
+
+
 class CublasError(RuntimeError):
     """A cuBLAS call failed (or the library could not be loaded)."""
 
@@ -50,6 +80,8 @@ class Cublas:
         self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
         self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
+        for attr, table in _linalg_entries(lib).items():   # GPU linear algebra (linalg.py)
+            setattr(self, attr, table)
         self.handles: dict[int, ctypes.c_void_p] = {}
         self.math_modes: dict[int, int] = {}     # handle -> the cublasMath_t it was last set to
         self.workspaces: dict[int, Any] = {}

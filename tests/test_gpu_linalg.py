@@ -1,0 +1,673 @@
+"""GPU linear algebra (symgpu/gpu/ops/linalg.py, linalg_calls.py, cusolver_lib.py).
+
+On the CPU: every GPU op's device work runs against fake cuSOLVER/cuBLAS bindings and fake
+kernels that do the arithmetic with NumPy on host memory at the addresses the ops pass, so
+the column-major mapping (fill modes, trans flags, leading dimensions, batch counts, pointer
+arrays, workspace sizes) is checked against the host ops' results; placement of training
+graphs on a virtual context; nvcc compiles linalg.cu. On a GPU: each lifted op against the
+host op (batched or not, float32/float64, non-contiguous inputs, gradients)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+import scipy.linalg as sla
+
+import symgpu
+import symgpu.tensor as T
+from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
+from symgpu import config, function
+from symgpu.gpu.ops import linalg as gl
+from symgpu.gpu.ops import linalg_calls as calls
+from symgpu.gpu.ops.cublas_lib import Cublas
+from symgpu.gpu.ops.cusolver_lib import (FILL_LOWER, FILL_UPPER, OP_N, OP_T, SIDE_RIGHT,
+                                         Cusolver)
+from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
+from symgpu.tensor import nlinalg as NL
+from symgpu.tensor import slinalg as SL
+
+RNG = np.random.default_rng(3)
+
+# ============================================================================ fakes
+
+
+class Mem:
+    """Host buffers standing for device memory: addresses are the buffers' own."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[int, np.ndarray] = {}
+
+    def allocate(self, nbytes: int):
+        buf = np.zeros(max(int(nbytes), 8) + 64, np.uint8)
+        ptr = buf.ctypes.data
+        self.bufs[ptr] = buf
+        return type("Block", (), {"ptr": ptr, "size": nbytes})()
+
+    def size_at(self, ptr: int) -> int:
+        return max(b.nbytes - 64 - (ptr - p) for p, b in self.bufs.items()
+                   if p <= ptr < p + b.nbytes)
+
+    def view(self, ptr: int, count: int, dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        assert self.size_at(ptr) >= count * dt.itemsize, "access past an allocation"
+        return np.frombuffer((ctypes.c_char * (count * dt.itemsize)).from_address(ptr), dt)
+
+    def put(self, a: np.ndarray) -> int:
+        a = np.ascontiguousarray(a)
+        ptr = self.allocate(a.nbytes).ptr
+        self.view(ptr, a.size, a.dtype)[:] = a.ravel()
+        return ptr
+
+    def colmajor(self, ptr: int, rows: int, cols: int, ld: int, dtype) -> np.ndarray:
+        """The column-major rows x cols matrix at ptr (leading dimension ld), a view."""
+        return self.view(ptr, ld * cols, dtype).reshape(cols, ld).T[:rows]
+
+    def ptr_array(self, ptr: int, count: int) -> list[int]:
+        return [int(p) for p in self.view(ptr, count, np.uint64)]
+
+
+def _sym(m: np.ndarray, uplo: int) -> np.ndarray:
+    t = np.triu(m) if uplo == FILL_UPPER else np.tril(m)
+    return t + t.T - np.diag(np.diag(m))
+
+
+class FakeSolver:
+    """cuSOLVER's entry points used by linalg_calls, doing the math with NumPy/SciPy."""
+
+    check = staticmethod(Cusolver.check)
+
+    def __init__(self, mem: Mem, dtype: str) -> None:
+        self.mem, self.dt, self.calls = mem, np.dtype(dtype), []
+        for name in ("potrf_bufferSize", "potrf", "potrfBatched", "getrf_bufferSize", "getrf",
+                     "getrs", "syevd_bufferSize", "syevd", "syevjBatched_bufferSize",
+                     "syevjBatched"):
+            setattr(self, name, {dtype: self._rec(name, getattr(self, "_" + name))})
+
+    def _rec(self, name, fn):
+        def call(*args):
+            self.calls.append((name, args))
+            return fn(*args)
+        return call
+
+    def handle(self, ctx):
+        return "solver-handle"
+
+    def syevj_info(self, ctx):
+        return "syevj-params"
+
+    def _lwork(self, out, value):
+        ctypes.c_int.from_address(out).value = value    # a host int, as cuSOLVER's
+        return 0
+
+    def _m(self, ptr, n, lda):
+        assert lda == n
+        return self.mem.colmajor(ptr, n, n, lda, self.dt)
+
+    def _potrf_bufferSize(self, h, uplo, n, a, lda, out):
+        return self._lwork(out, 3 * n + 1)
+
+    def _potrf(self, h, uplo, n, a, lda, ws, lwork, info):
+        assert lwork == 3 * n + 1 and self.mem.size_at(ws) >= lwork * self.dt.itemsize
+        self._chol(self._m(a, n, lda), uplo, info, scribble=False)
+        return 0
+
+    def _chol(self, m, uplo, info, scribble):
+        try:
+            low = np.linalg.cholesky(_sym(m.astype(np.float64), uplo))
+        except np.linalg.LinAlgError:
+            self.mem.view(info, 1, np.int32)[0] = 1
+            return
+        self.mem.view(info, 1, np.int32)[0] = 0
+        f = low.T if uplo == FILL_UPPER else low
+        keep = np.triu(np.ones_like(m, bool)) if uplo == FILL_UPPER else \
+            np.tril(np.ones_like(m, bool))
+        m[keep] = f[keep]
+        if scribble:   # potrfBatched uses the other triangle as a workspace
+            m[~keep] = 777.0
+
+    def _potrfBatched(self, h, uplo, n, ptrs, lda, info, batch):
+        for i, p in enumerate(self.mem.ptr_array(ptrs, batch)):
+            self._chol(self._m(p, n, lda), uplo, info + 4 * i, scribble=True)
+        return 0
+
+    def _getrf_bufferSize(self, h, m, n, a, lda, out):
+        return self._lwork(out, 2 * n)
+
+    def _getrf(self, h, m, n, a, lda, ws, ipiv, info):
+        assert m == n and self.mem.size_at(ws) >= 2 * n * self.dt.itemsize
+        lu_(self.mem, self._m(a, n, lda), ipiv, info)
+        return 0
+
+    def _getrs(self, h, trans, n, nrhs, a, lda, ipiv, b, ldb, info):
+        getrs_(self.mem, self._m(a, n, lda), ipiv, self.mem.colmajor(b, n, nrhs, ldb, self.dt),
+               trans)
+        return 0
+
+    def _syevd_bufferSize(self, h, jobz, uplo, n, a, lda, w, out):
+        return self._lwork(out, 5 * n)
+
+    def _syevd(self, h, jobz, uplo, n, a, lda, w, ws, lwork, info):
+        assert lwork == 5 * n and self.mem.size_at(ws) >= lwork * self.dt.itemsize
+        self._eig(self._m(a, n, lda), uplo, jobz, w, n, info)
+        return 0
+
+    def _eig(self, m, uplo, jobz, w, n, info):
+        vals, vecs = np.linalg.eigh(_sym(m.astype(np.float64), uplo))
+        self.mem.view(w, n, self.dt)[:] = vals
+        if jobz:
+            m[:] = vecs
+        self.mem.view(info, 1, np.int32)[0] = 0
+
+    def _syevjBatched_bufferSize(self, h, jobz, uplo, n, a, lda, w, out, params, batch):
+        assert params == "syevj-params"
+        return self._lwork(out, 7 * n * batch)
+
+    def _syevjBatched(self, h, jobz, uplo, n, a, lda, w, ws, lwork, info, params, batch):
+        assert lwork == 7 * n * batch and params == "syevj-params"
+        for i in range(batch):
+            isz = self.dt.itemsize
+            self._eig(self._m(a + i * n * n * isz, n, lda), uplo, jobz, w + i * n * isz, n,
+                      info + 4 * i)
+        return 0
+
+
+def lu_(mem, m, ipiv, info):
+    lu, piv = sla.lu_factor(m.astype(np.float64), check_finite=False)
+    m[:] = lu
+    n = m.shape[0]
+    mem.view(ipiv, n, np.int32)[:] = piv + 1
+    zero = np.nonzero(np.diag(lu) == 0)[0]
+    mem.view(info, 1, np.int32)[0] = zero[0] + 1 if len(zero) else 0
+
+
+def getrs_(mem, lu, ipiv, b, trans):
+    n = lu.shape[0]
+    piv = mem.view(ipiv, n, np.int32) - 1
+    b[:] = sla.lu_solve((lu.astype(np.float64), piv), b.astype(np.float64), trans=trans)
+
+
+class FakeBlas:
+    check = staticmethod(Cublas.check)
+
+    def __init__(self, mem: Mem, dtype: str) -> None:
+        self.mem, self.dt, self.calls, self.modes = mem, np.dtype(dtype), [], []
+        for name in ("trsm", "trsm_batched", "getrf_batched", "getrs_batched",
+                     "getri_batched", "gemm_strided_batched"):
+            fn = getattr(self, "_" + name)
+            setattr(self, name, {dtype: (lambda fn, name: lambda *a: (
+                self.calls.append((name, a)), fn(*a))[1])(fn, name)})
+
+    def handle(self, ctx):
+        return "blas-handle"
+
+    def math_mode(self, h, mode):
+        self.modes.append(mode)
+
+    def _alpha(self, p):
+        return float(np.frombuffer((ctypes.c_char * self.dt.itemsize).from_address(p),
+                                   self.dt)[0])     # a host scalar (pointer mode host)
+
+    def _trsm(self, h, side, uplo, trans, diag, m, n, alpha, a, lda, b, ldb):
+        assert side == SIDE_RIGHT and self._alpha(alpha) == 1.0
+        t = self.mem.colmajor(a, n, n, lda, self.dt).astype(np.float64)
+        t = np.triu(t) if uplo == FILL_UPPER else np.tril(t)
+        if diag:
+            np.fill_diagonal(t, 1.0)
+        op = t if trans == OP_N else t.T
+        bv = self.mem.colmajor(b, m, n, ldb, self.dt)
+        try:
+            bv[:] = np.linalg.solve(op.T, bv.astype(np.float64).T).T    # X op = B
+        except np.linalg.LinAlgError:   # a zero on the diagonal: cuBLAS divides by it
+            bv[:] = np.nan
+        return 0
+
+    def _trsm_batched(self, h, side, uplo, trans, diag, m, n, alpha, ap, lda, bp, ldb, batch):
+        for pa, pb in zip(self.mem.ptr_array(ap, batch), self.mem.ptr_array(bp, batch)):
+            self._trsm(h, side, uplo, trans, diag, m, n, alpha, pa, lda, pb, ldb)
+        return 0
+
+    def _getrf_batched(self, h, n, ap, lda, ipiv, info, batch):
+        for i, p in enumerate(self.mem.ptr_array(ap, batch)):
+            lu_(self.mem, self.mem.colmajor(p, n, n, lda, self.dt), ipiv + 4 * n * i,
+                info + 4 * i)
+        return 0
+
+    def _getrs_batched(self, h, trans, n, nrhs, ap, lda, ipiv, bp, ldb, host_info, batch):
+        for i, (pa, pb) in enumerate(zip(self.mem.ptr_array(ap, batch),
+                                         self.mem.ptr_array(bp, batch))):
+            getrs_(self.mem, self.mem.colmajor(pa, n, n, lda, self.dt), ipiv + 4 * n * i,
+                   self.mem.colmajor(pb, n, nrhs, ldb, self.dt), trans)
+        ctypes.c_int.from_address(host_info).value = 0
+        return 0
+
+    def _getri_batched(self, h, n, ap, lda, ipiv, cp, ldc, info, batch):
+        for i, (pa, pc) in enumerate(zip(self.mem.ptr_array(ap, batch),
+                                         self.mem.ptr_array(cp, batch))):
+            c = self.mem.colmajor(pc, n, n, ldc, self.dt)
+            c[:] = np.eye(n)
+            getrs_(self.mem, self.mem.colmajor(pa, n, n, lda, self.dt), ipiv + 4 * n * i, c,
+                   0)
+        return 0
+
+    def _gemm_strided_batched(self, h, ta, tb, m, n, k, alpha, a, lda, sa, b, ldb, sb, beta,
+                              c, ldc, sc, batch):
+        isz = self.dt.itemsize
+        for i in range(batch):
+            am = self.mem.colmajor(a + i * sa * isz, k if ta else m, m if ta else k, lda,
+                                   self.dt)
+            bm = self.mem.colmajor(b + i * sb * isz, n if tb else k, k if tb else n, ldb,
+                                   self.dt)
+            cm = self.mem.colmajor(c + i * sc * isz, m, n, ldc, self.dt)
+            cm[:] = (am.T if ta else am) @ (bm.T if tb else bm)
+        return 0
+
+
+class FakeKernels:
+    """linalg.LinalgKernels in NumPy; checks record their exceptions (as a sync would)."""
+
+    def __init__(self, mem: Mem) -> None:
+        self.mem, self.errors, self.launches = mem, [], []
+
+    def _mats(self, ptr, n, batch, dtype, rows=None):
+        rows = n if rows is None else rows
+        return self.mem.view(ptr, rows * n * batch, dtype).reshape(batch, rows, n)
+
+    def copy(self, dst, src, nbytes):
+        self.mem.view(dst, nbytes, np.uint8)[:] = self.mem.view(src, nbytes, np.uint8)
+
+    def ptrs(self, out, base, stride, count):
+        self.launches.append("ptrs")
+        self.mem.view(out, count, np.uint64)[:] = base + stride * np.arange(count,
+                                                                            dtype=np.uint64)
+
+    def check_info(self, info, count, describe):
+        vals = self.mem.view(info, count, np.int32)
+        for i, v in enumerate(vals):
+            if v:
+                self.errors.append(describe((i << 32) | (int(v) & 0xFFFFFFFF)))
+
+    def check_diag(self, dtype, a, n, batch, describe):
+        for i, m in enumerate(self._mats(a, n, batch, dtype)):
+            zero = np.nonzero(np.diag(m) == 0)[0]
+            if len(zero):
+                self.errors.append(describe((i << 32) | int(zero[0] + 1)))
+
+    def transpose(self, dtype, dst, src, rows, cols, batch):
+        s = self.mem.view(src, rows * cols * batch, dtype).reshape(batch, rows, cols)
+        self.mem.view(dst, rows * cols * batch, dtype)[:] = s.transpose(0, 2, 1).ravel()
+
+    def tri(self, dtype, a, n, batch, keep_lower, info, nan_fill):
+        ms, inf = self._mats(a, n, batch, dtype), self.mem.view(info, batch, np.int32)
+        drop = np.triu(np.ones((n, n), bool), 1) if keep_lower else np.tril(np.ones((n, n),
+                                                                                    bool), -1)
+        for m, v in zip(ms, inf):
+            if nan_fill and v:
+                m[:] = np.nan
+            else:
+                m[drop] = 0
+
+    def symm(self, dtype, dst, src, n, batch, from_lower):
+        s = self._mats(src, n, batch, dtype)
+        d = self._mats(dst, n, batch, dtype)
+        for i in range(batch):
+            d[i] = _sym(s[i].T, FILL_UPPER if from_lower else FILL_LOWER).T
+
+    def eye(self, dtype, a, n, batch):
+        self._mats(a, n, batch, dtype)[:] = np.eye(n)
+
+    def det(self, dtype, out, lu, ipiv, n, batch):
+        o = self.mem.view(out, batch, dtype)
+        for i in range(batch):
+            m = self.mem.view(lu + i * n * n * np.dtype(dtype).itemsize, n * n, dtype)
+            piv = self.mem.view(ipiv + 4 * n * i, n, np.int32) if n else np.zeros(0)
+            sign = (-1) ** int(np.sum(piv != np.arange(1, n + 1)))
+            o[i] = sign * np.prod(m.reshape(n, n).diagonal()) if n else 1.0
+
+    def eighgrad_mid(self, dtype, m, p, w, gw, n, batch):
+        mm, pp = self._mats(m, n, batch, dtype), self._mats(p, n, batch, dtype)
+        ww, gg = (self.mem.view(x, n * batch, dtype).reshape(batch, n) for x in (w, gw))
+        with np.errstate(divide="ignore"):
+            for b in range(batch):
+                d = ww[b][:, None] - ww[b][None, :]
+                np.fill_diagonal(d, 1)
+                mm[b] = pp[b].T / d
+                np.fill_diagonal(mm[b], gg[b])
+
+    def fold(self, dtype, out, g, n, batch, lower):
+        gg, oo = self._mats(g, n, batch, dtype), self._mats(out, n, batch, dtype)
+        for b in range(batch):
+            oo[b] = (np.tril(gg[b]) + np.triu(gg[b], 1).T) if lower else \
+                (np.triu(gg[b]) + np.tril(gg[b], -1).T)
+
+
+def run_fake(gop, arrays, dtype="float64"):
+    """(outputs, solver, blas, kernels) of `gop`'s device work on host memory."""
+    mem = Mem()
+    arrays = [np.asarray(a, dtype) for a in arrays]
+    ins = [(mem.put(a), a.shape) for a in arrays]
+    shapes = gop.out_shapes([a.shape for a in arrays], dtype)
+    outs = [mem.allocate(max(int(np.prod(s)), 1) * np.dtype(dtype).itemsize).ptr
+            for s in shapes]
+    sol, blas, k = FakeSolver(mem, dtype), FakeBlas(mem, dtype), FakeKernels(mem)
+    env = calls.Env("ctx", sol, blas, k, mem.allocate, {})
+    gop.compute(env, dtype, ins, outs)
+    res = [mem.view(p, int(np.prod(s)), dtype).reshape(s).copy() for p, s in zip(outs, shapes)]
+    return res, sol, blas, k
+
+
+def host(op_fn, arrays):
+    vs = [T.TensorType("float64", (False,) * np.ndim(a))() for a in arrays]
+    out = op_fn(*vs)
+    return function(vs, out)(*arrays)
+
+
+def spd(*batch, n=4):
+    a = RNG.normal(size=batch + (n, n))
+    return a @ np.swapaxes(a, -1, -2) + n * np.eye(n)
+
+
+def near(got, want, tol=1e-9):
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+# ============================================================================ CPU: device work
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_cholesky_maps_triangles_and_zeroes_the_other(lower, batch):
+    a = spd(*batch)
+    a = a + np.triu(RNG.normal(size=a.shape), 1) * (1 if lower else 0)   # ignored triangle
+    (got,), sol, _, k = run_fake(gl.GpuCholesky(lower), [a])
+    near(got, host(SL.Cholesky(lower), [a]))
+    names = [c[0] for c in sol.calls]
+    uplo = sol.calls[-1][1][1]
+    assert uplo == (FILL_UPPER if lower else FILL_LOWER)
+    assert names[-1] == ("potrf" if not batch else "potrfBatched") and not k.errors
+    if batch:
+        assert sol.calls[-1][1][-1] == int(np.prod(batch))
+
+
+def test_cholesky_not_positive_definite_raises_or_gives_nan():
+    a = spd(3)
+    a[1] = -np.eye(4)
+    _, _, _, k = run_fake(gl.GpuCholesky(True, "raise"), [a])
+    assert len(k.errors) == 1 and "matrix 1" in str(k.errors[0]) and \
+        "not positive definite" in str(k.errors[0])
+    (got,), _, _, k = run_fake(gl.GpuCholesky(True, "nan"), [a])
+    assert not k.errors and np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()
+
+
+STRUCTS = [("general", False), ("symmetric", False), ("symmetric", True),
+           ("positive_definite", False), ("positive_definite", True),
+           ("lower_triangular", True), ("upper_triangular", False), ("banded", False)]
+
+
+@pytest.mark.parametrize("structure,lower", STRUCTS)
+@pytest.mark.parametrize("batch,bshape", [((), (4,)), ((), (4, 3)), ((5,), (5, 4)),
+                                          ((5,), (5, 4, 2))])
+def test_solve_every_structure(structure, lower, batch, bshape):
+    a = spd(*batch) + 0.3 * RNG.normal(size=batch + (4, 4)) * (structure == "general")
+    b = RNG.normal(size=bshape)
+    (got,), sol, blas, k = run_fake(gl.GpuSolve(structure, lower), [a, b])
+    near(got, host(SL.Solve(structure, lower), [a, b]), 1e-8)
+    assert not k.errors
+
+
+def test_solve_large_batches_loop_cusolver_small_ones_use_cublas_batched(monkeypatch):
+    a, b = spd(3), RNG.normal(size=(3, 4, 2))
+    _, sol, blas, _ = run_fake(gl.GpuSolve(), [a, b])
+    assert [c[0] for c in blas.calls] == ["getrf_batched", "getrs_batched"]
+    assert blas.calls[1][1][1] == OP_T and blas.calls[1][1][2:4] == (4, 2)
+    monkeypatch.setattr(calls, "GETRF_BATCHED_MAX_N", 2)
+    (got,), sol, blas, _ = run_fake(gl.GpuSolve(), [a, b])
+    assert [c[0] for c in sol.calls] == ["getrf_bufferSize"] + ["getrf"] * 3 + ["getrs"] * 3
+    near(got, np.linalg.solve(a, b))
+
+
+def test_singular_solve_and_inverse_report():
+    a = spd(2)
+    a[0] = 0
+    _, _, _, k = run_fake(gl.GpuSolve(), [a, RNG.normal(size=(2, 4))])
+    assert len(k.errors) == 1 and "matrix 0" in str(k.errors[0]) and "singular" in str(k.errors[0])
+    _, _, _, k = run_fake(gl.GpuMatrixInverse(), [a])
+    assert len(k.errors) == 1
+    t = np.tril(spd())
+    t[2, 2] = 0
+    _, _, _, k = run_fake(gl.GpuSolveTriangular(0, True), [t, RNG.normal(size=4)])
+    assert "row 2" in str(k.errors[0])
+
+
+@pytest.mark.parametrize("trans,lower,unit", [(0, True, False), (1, True, False),
+                                              (0, False, True), (1, False, False)])
+@pytest.mark.parametrize("batch,bshape", [((), (4, 3)), ((3,), (3, 4))])
+def test_solve_triangular_uses_right_side_trsm(trans, lower, unit, batch, bshape):
+    a = spd(*batch)
+    b = RNG.normal(size=bshape)
+    (got,), _, blas, _ = run_fake(gl.GpuSolveTriangular(trans, lower, unit), [a, b])
+    near(got, host(SL.SolveTriangular(trans, lower, unit), [a, b]), 1e-8)
+    name, args = blas.calls[-1]
+    assert name == ("trsm_batched" if batch else "trsm")
+    k = 1 if len(bshape) == len(batch) + 1 else bshape[-1]
+    assert args[1:7] == (SIDE_RIGHT, FILL_UPPER if lower else FILL_LOWER,
+                         OP_T if trans else OP_N, int(unit), k, 4)
+    assert blas.modes and set(blas.modes) == {0}
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_cho_solve(lower):
+    a = spd(3)
+    c = np.linalg.cholesky(a)
+    c = c if lower else np.swapaxes(c, -1, -2)
+    b = RNG.normal(size=(3, 4, 2))
+    (got,), _, _, _ = run_fake(gl.GpuCholeskySolve(lower), [c, b])
+    near(got, np.linalg.solve(a, b), 1e-8)
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+@pytest.mark.parametrize("batch,n", [((), 5), ((4,), 5), ((2, 3), 3), ((3,), 40)])
+def test_eigh_syevj_batched_for_small_syevd_otherwise(uplo, batch, n):
+    a = spd(*batch, n=n)
+    a = a + (np.triu if uplo == "L" else np.tril)(RNG.normal(size=a.shape), 1)
+    (w, v), sol, _, _ = run_fake(gl.GpuEigh(uplo), [a])
+    w_want, _ = np.linalg.eigh(a, uplo)
+    near(w, w_want, 1e-8)
+    s = np.tril(a) if uplo == "L" else np.triu(a)
+    s = s + np.swapaxes(s, -1, -2) - np.eye(n) * a   # the symmetric matrix eigh reads
+    near(v @ (w[..., None] * np.swapaxes(v, -1, -2)), s, 1e-8)
+    kinds = {c[0] for c in sol.calls}
+    small = bool(batch) and n <= 32
+    assert ("syevjBatched" in kinds) == small and ("syevd" in kinds) == (not small)
+    assert all(c[1][2] == (FILL_UPPER if uplo == "L" else FILL_LOWER) for c in sol.calls)
+
+
+def test_eigvalsh():
+    a = spd(n=6)
+    (w,), sol, _, _ = run_fake(gl.GpuEigvalsh(True), [a])
+    near(w, sla.eigvalsh(a))
+    assert sol.calls[-1][0] == "syevd" and sol.calls[-1][1][1] == 0   # no vectors
+
+
+@pytest.mark.parametrize("uplo", ["L", "U"])
+def test_eigh_grad(uplo):
+    a = spd(2, n=5)
+    w, v = np.linalg.eigh(a, uplo)
+    gw, gv = RNG.normal(size=w.shape), RNG.normal(size=v.shape)
+    (got,), _, blas, _ = run_fake(gl.GpuEighGrad(uplo), [a, w, v, gw, gv])
+    want = host(lambda *x: NL.EighGrad(uplo)(*x), [a, w, v, gw, gv])
+    near(got, want, 1e-8)
+    assert [c[0] for c in blas.calls] == ["gemm_strided_batched"] * 3
+    assert all(c[1][-1] == 2 for c in blas.calls)
+
+
+@pytest.mark.parametrize("batch,n", [((), 4), ((3,), 4), ((3,), 200), ((2, 2), 1)])
+def test_inverse_and_det(batch, n):
+    a = RNG.normal(size=batch + (n, n)) / np.sqrt(n) + 2 * np.eye(n)
+    (inv,), _, blas, _ = run_fake(gl.GpuMatrixInverse(), [a])
+    near(inv, np.linalg.inv(a), 1e-8)
+    assert ("getri_batched" in [c[0] for c in blas.calls]) == (bool(batch) and n <= 128)
+    (d,), _, _, _ = run_fake(gl.GpuDet(), [a])
+    near(d, np.linalg.det(a), 1e-8)
+
+
+def test_det_of_empty_matrices_is_one_and_of_singular_ones_zero():
+    (d,), _, _, _ = run_fake(gl.GpuDet(), [np.zeros((3, 0, 0))])
+    near(d, np.ones(3))
+    a = np.ones((2, 3, 3))
+    (d,), _, _, _ = run_fake(gl.GpuDet(), [a])
+    near(d, np.zeros(2))
+
+
+def test_shape_errors_name_the_op_and_shapes():
+    with pytest.raises(ValueError, match=r"GpuSolve\{general\}.*\(2, 3, 3\).*\(3, 3\)"):
+        gl.GpuSolve().out_shapes([(2, 3, 3), (3, 3)], "float32")
+    with pytest.raises(ValueError, match="square.*\\(3, 4\\)"):
+        gl.GpuCholesky().out_shapes([(3, 4)], "float32")
+
+
+def test_float32_entry_points_are_used_for_float32():
+    a = spd(3).astype("float32")
+    (got,), sol, _, _ = run_fake(gl.GpuCholesky(), [a], "float32")
+    near(got, np.linalg.cholesky(a), 1e-4)
+    assert "float32" in sol.potrfBatched
+
+
+# ============================================================================ placement
+
+def _gpu_names(f):
+    return {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+
+
+def test_linalg_training_graph_is_placed_on_the_gpu():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x, b = T.tensor3("x"), T.matrix("b")
+        a = T.matmul(x, x.dimshuffle(0, 2, 1)) + 4 * T.eye(4, dtype="float32")
+        c = SL.cholesky(a)
+        s = SL.solve(a, b)
+        w, v = NL.eigh(a)
+        cost = c.sum() + (s ** 2).sum() + w.sum() + (v[..., 0] ** 2).sum() + \
+            SL.solve_triangular(c, b, lower=True).sum() + NL.det(a).sum() + \
+            NL.matrix_inverse(a).sum() + SL.cho_solve((c, True), b).sum()
+        g = symgpu.grad(cost, x)
+        f = function([x, b], [cost, g])
+        names = _gpu_names(f)
+        assert {"GpuCholesky", "GpuSolve", "GpuEigh", "GpuEighGrad", "GpuSolveTriangular",
+                "GpuDet", "GpuMatrixInverse", "GpuCholeskySolve"} <= names, names
+        assert not cpu_nodes(f.maker.fgraph), cpu_nodes(f.maker.fgraph)
+
+
+def test_mixed_dtypes_and_generalized_eigvalsh_stay_on_the_host():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        a, b = T.matrix("a"), T.dmatrix("b")
+        f = function([a, b], [SL.solve(a, b), SL.eigvalsh(a, a), SL.eigvalsh(a)])
+        names = _gpu_names(f)
+        assert {"Solve", "Eigvalsh", "GpuEigvalsh"} <= names, names
+
+
+@requires_nvcc
+def test_linalg_kernels_compile(tmp_path):
+    assert compile_for_sm90(gl.linalg_source(), tmp_path)
+
+
+# ============================================================================ GPU
+
+def _compare(build, values, gpu_name, tol):
+    ins = [T.TensorType(np.asarray(v).dtype.name, (False,) * np.ndim(v))() for v in values]
+    outs = build(*ins)
+    with on_the_cpu():
+        want = function(ins, outs)(*values)
+    f = function(ins, outs)
+    assert gpu_name in _gpu_names(f), _gpu_names(f)
+    got = f(*values)
+    for g_, w_ in zip(got if isinstance(got, list) else [got],
+                      want if isinstance(want, list) else [want]):
+        np.testing.assert_allclose(np.asarray(g_), w_, rtol=tol, atol=tol)
+
+
+TOL = {"float32": 2e-3, "float64": 1e-9}
+SHAPES = [(), (3,), (40,)]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch", SHAPES)
+@pytest.mark.parametrize("n", [4, 33, 130])
+def test_gpu_cholesky_solve_inverse_det(cuda, dtype, batch, n):
+    a = spd(*batch, n=n).astype(dtype)
+    b = RNG.normal(size=batch + (n, 3)).astype(dtype)
+    _compare(lambda x: SL.cholesky(x), [a], "GpuCholesky", TOL[dtype])
+    _compare(lambda x: SL.Cholesky(lower=False)(x), [a], "GpuCholesky", TOL[dtype])
+    for st, lo in STRUCTS:
+        _compare(lambda x, y: SL.Solve(st, lo)(x, y), [a, b], "GpuSolve", TOL[dtype] * n)
+        _compare(lambda x, y: SL.Solve(st, lo)(x, y[..., 0]), [a, b], "GpuSolve",
+                 TOL[dtype] * n)
+    _compare(lambda x, y: SL.solve_triangular(x, y, 1, True), [a, b], "GpuSolveTriangular",
+             TOL[dtype] * n)
+    _compare(lambda x, y: SL.cho_solve((SL.cholesky(x), True), y), [a, b], "GpuCholeskySolve",
+             TOL[dtype] * n)
+    _compare(NL.matrix_inverse, [a], "GpuMatrixInverse", TOL[dtype] * n)
+    _compare(lambda x: T.log(abs(NL.det(x))), [a], "GpuDet", TOL[dtype] * n)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch,n", [((), 5), ((7,), 5), ((7,), 32), ((3,), 50), ((), 300)])
+def test_gpu_eigh_and_eigvalsh(cuda, dtype, batch, n):
+    a = spd(*batch, n=n).astype(dtype)
+    tol = TOL[dtype] * n
+    # eigenvectors up to sign: compare w and |v|
+    _compare(lambda x: [NL.eigh(x)[0], abs(NL.eigh(x, "U")[1])], [a], "GpuEigh", tol)
+    if not batch:
+        _compare(SL.eigvalsh, [a], "GpuEigvalsh", tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_non_contiguous_inputs(cuda, dtype):
+    a = spd(4, n=6).astype(dtype)
+    b = RNG.normal(size=(4, 6, 6)).astype(dtype)
+    tol = TOL[dtype] * 10
+    _compare(lambda x: SL.cholesky(x.dimshuffle(0, 2, 1)[::2]), [a], "GpuCholesky", tol)
+    _compare(lambda x, y: SL.solve(x[1:], y.dimshuffle(0, 2, 1)[1:]), [a, b], "GpuSolve", tol)
+    _compare(lambda x: NL.eigh(x[::-1].dimshuffle(0, 2, 1))[0], [a], "GpuEigh", tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_gradients_match_the_host(cuda, dtype):
+    xv = RNG.normal(size=(3, 5, 5)).astype(dtype)
+    bv = RNG.normal(size=(3, 5, 2)).astype(dtype)
+
+    def build(x, b):
+        a = T.matmul(x, x.dimshuffle(0, 2, 1)) + 5 * T.eye(5, dtype=dtype)
+        c = SL.cholesky(a)
+        w, v = NL.eigh(a)
+        cost = (c ** 2).sum() + (SL.solve(a, b) ** 2).sum() + (w ** 2).sum() + \
+            (v[..., 0] ** 2 * w[..., :1]).sum() + T.log(NL.det(a)).sum()
+        return [cost] + symgpu.grad(cost, [x, b])
+    _compare(build, [xv, bv], "GpuEighGrad", TOL[dtype] * 20)
+
+
+@requires_gpu
+def test_gpu_cholesky_errors_reach_the_host(cuda):
+    x = T.tensor3()
+    f = function([x], SL.cholesky(x))
+    a = spd(3)
+    a[2] = -np.eye(4)
+    with pytest.raises(np.linalg.LinAlgError, match="matrix 2.*not positive definite"):
+        f(a)
+    g = function([x], SL.Cholesky(on_error="nan")(x))
+    got = g(a)
+    assert np.isnan(got[2]).all() and np.isfinite(got[:2]).all()
+
+
+@requires_gpu
+def test_gpu_linalg_graph_replays(cuda):
+    """Run a call twice (the second replays the captured CUDA graph where the runner
+    captures) and get the same values."""
+    x, b = T.tensor3(), T.tensor3()
+    f = function([x, b], [SL.solve(x, b), SL.cholesky(x), NL.eigh(x)[0]])
+    a, bv = spd(64, n=16), RNG.normal(size=(64, 16, 2))
+    first = [np.asarray(r).copy() for r in f(a, bv)]
+    for r, s in zip(f(a, bv), first):
+        np.testing.assert_array_equal(r, s)
