@@ -32,8 +32,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
 
 import numpy as np  # noqa: E402
 
@@ -84,12 +82,24 @@ def spmm_data(quick: bool, rng) -> tuple[str, dict]:
     n, per_row, cols = (2000, 20, 16) if quick else (100_000, 1000, 256)
     strip = n // per_row
     t0 = time.perf_counter()
-    idx = rng.integers(0, strip, size=(n, per_row), dtype=np.int32)
-    idx += (np.arange(per_row, dtype=np.int32) * strip)[None, :]
-    values = rng.random(n * per_row, dtype=np.float32)
-    values -= np.float32(0.5)
+    idx = np.empty((n, per_row), np.int32)
+    values = np.empty((n, per_row), np.float32)
+    D = np.empty((n, cols), np.float32)
+    offsets = (np.arange(per_row, dtype=np.int32) * strip)[None, :]
+
+    def fill(gen, lo, hi):          # NumPy's generators release the GIL: threads help
+        idx[lo:hi] = gen.integers(0, strip, size=(hi - lo, per_row), dtype=np.int32)
+        idx[lo:hi] += offsets
+        gen.random(out=values[lo:hi], dtype=np.float32)
+        values[lo:hi] -= np.float32(0.5)
+        gen.standard_normal(out=D[lo:hi], dtype=np.float32)
+    workers = min(16, os.cpu_count() or 1)
+    bounds = np.linspace(0, n, workers + 1).astype(int)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(fill, rng.spawn(workers), bounds[:-1], bounds[1:]))
+    values = values.reshape(-1)
     indptr = np.arange(0, n * per_row + 1, per_row, dtype=np.int32)
-    D = rng.standard_normal((n, cols), dtype=np.float32)
     say(f"  (CSR {n}x{n} with {n * per_row:.3g} non-zeros built in "
         f"{time.perf_counter() - t0:.1f} s)")
     return (f"spmm CSR {n}x{n} ({per_row}/row) x {n}x{cols}",
@@ -241,6 +251,9 @@ def numpy_reference(kind: str, data: dict):
         return np.linalg.eigh(data["A"])
     if kind == "spmm":
         import scipy.sparse
+        if len(data["values"]) > 10**7:
+            say("    (no check: SciPy's single-threaded product of this size takes a minute)")
+            return None
         return scipy.sparse.csr_matrix((data["values"], data["indices"], data["indptr"]),
                                        shape=data["shape"]) @ data["D"]
     if kind == "rfft":
@@ -511,6 +524,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             say("   (full sizes on the CPU take long: use --quick)")
     else:
         say(f"symgpu on {ctx.devname}")
+    say_versions(args.peer_list)
     results = []
     with config.change_flags(device="cpu") if ctx is None else _nothing():
         for row in args.rows:
@@ -519,6 +533,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     say(f"\n(timing: medians of interleaved rounds, N calls then one sync per block, / N; "
         f"benchmark took {time.perf_counter() - t_start:.1f} s)")
     return results
+
+
+def say_versions(peers: list[str]) -> None:
+    modules = {"torch": "torch", "cupy": "cupy", "jax": "jax"}
+    for peer in peers:
+        try:
+            mod = __import__(modules[peer])
+            say(f"{peer} {mod.__version__}")
+        except Exception as exc:  # noqa: BLE001
+            say(f"{peer}: not importable ({type(exc).__name__}: {exc}): its rows are skipped")
 
 
 class _nothing:
@@ -530,4 +554,7 @@ class _nothing:
 
 
 if __name__ == "__main__":
+    # set here, not on import: a test that imports this module must not pass them on
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("SYMGPU_FLAGS", "device=cuda,floatX=float32")
     main()
