@@ -362,7 +362,7 @@ def run_row(row: str, args, ctx, peers: list[str]) -> dict:
     say(f"\n== {row}: {label}")
     contenders: list[Contender] = []
     result: dict = {"row": row, "label": label, "times": {}, "host_ops": None,
-                    "check": "not run", "notes": []}
+                    "check": "not run"}
     try:
         sym, ops = symgpu_contender(kind, data, ctx)
         contenders.append(sym)
