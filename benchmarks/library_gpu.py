@@ -1,7 +1,8 @@
 """Issue 33: symgpu's library ops (cuSOLVER, cuSPARSE, cuFFT, sort/top-k, cuDNN 3-D) against
 PyTorch, CuPy and JAX on the GPU.
 
-    python3 benchmarks/library_gpu.py                     # GPU machine, every row (~4 min)
+    python3 benchmarks/library_gpu.py                     # GPU machine, every row: ~3 min
+                                                          # (longer while rows run on the host)
     python3 benchmarks/library_gpu.py --subset sort,topk --rounds 9
     python3 benchmarks/library_gpu.py --peers torch,jax   # torch, cupy, jax, all or none
     python3 benchmarks/library_gpu.py --quick --peers none   # small sizes: a smoke run (CPU)
