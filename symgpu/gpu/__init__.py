@@ -105,3 +105,5 @@ import symgpu.gpu.ops.scan_op  # noqa: E402,F401
 import symgpu.gpu.exec.scan_graph  # noqa: E402,F401  (GpuScan captures whole loops through it)
 import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401
 import symgpu.gpu.ops.builders  # noqa: E402,F401  (OpFromGraph -> GpuOpFromGraph)
+import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices: type, shared variables, transfers)
+import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)
