@@ -44,8 +44,10 @@ def _host() -> Any:
 
 
 def _is_scipy_sparse(value: Any) -> bool:
-    """Whether `value` is a scipy.sparse matrix (SciPy is only imported for such a value)."""
-    return type(value).__module__.startswith("scipy.sparse") and _host().ssp.issparse(value)
+    """Whether `value` is a scipy.sparse matrix (none exists before scipy.sparse is loaded:
+    sys.modules tells without importing it)."""
+    ssp = sys.modules.get("scipy.sparse")
+    return ssp is not None and ssp.issparse(value)
 
 
 def _count(kind: str, nbytes: int) -> None:
