@@ -29,7 +29,7 @@ from symgpu.gpu.ops.cusparse_lib import (NOT_SUPPORTED, OP_N, OP_T, ORDER_COL, O
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, gpu_contiguous
 from symgpu.gpu.placement.rewriting import register_lifter, register_lifter_source
-from symgpu.gpu.placement.sparse_type import GpuSparseType, is_gpu_sparse_var
+from symgpu.gpu.placement.sparse_type import is_gpu_sparse_var
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
