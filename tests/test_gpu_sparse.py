@@ -187,6 +187,30 @@ def test_spmm_thunk_against_scipy(fake, fmt, transpose, sparse_left, dtype):
     np.testing.assert_allclose(host_view(out[0]), want, rtol=1e-5)
 
 
+def test_a_new_matrix_at_the_same_addresses_gets_a_new_plan(fake):
+    """set_value may put a new pattern where the old one was: the preprocessed plan of the
+    old one must not serve it."""
+    ctx, f = fake
+    S = _rand_sparse(6, 5, "csr", "float32")
+    D = RNG.standard_normal((5, 2)).astype("float32")
+    node = gsparse.GpuSpMM()(GpuSparseType("csr", "float32")(),
+                             GpuArrayType("float32", (False, False))()).owner
+    gs = _gpu_sparse(ctx, S)
+    storage = {v: [None] for v in node.inputs + node.outputs}
+    storage[node.inputs[0]][0], storage[node.inputs[1]][0] = gs, device_array(ctx, D)
+    th = node.op.make_thunk(node, storage, {}, [])
+    th()
+    # another indices array object over the same memory: what a new value in the same
+    # pool blocks looks like to the thunk
+    storage[node.inputs[0]][0] = GpuSparseMatrix("csr", gs.shape, gs.data, gs.indices[:],
+                                                 gs.indptr)
+    n_csr = sum(c[0] == "csr" for c in f.calls)
+    th()
+    assert sum(c[0] == "csr" for c in f.calls) == n_csr + 1
+    assert any(c[0] == "destroy_sparse" for c in f.calls)
+    np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]), S @ D, rtol=1e-5)
+
+
 def test_spmm_geometry_by_hand():
     g = gsparse.spmm_geometry("csr", (5, 4), False, True, (4, 3))
     assert g == {"op_a": OP_N, "order": ORDER_ROW, "b": (4, 3, 3), "c": (5, 3, 3),

@@ -19,6 +19,7 @@ is never imported here: its op classes get their lifters once it is loaded
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -104,6 +105,9 @@ class _Plan:
 
     def __init__(self, lib: Any) -> None:
         self.lib, self.sparse, self.dense, self.alg, self.block = lib, None, [], 0, None
+        #: the sparse pattern's indices array the plan (and its preprocessing) was made
+        #: for: a new matrix whose buffers land at the same addresses gets a new plan
+        self.pattern: Any = None
 
     def drop(self) -> None:
         if self.sparse is not None:
@@ -113,12 +117,16 @@ class _Plan:
         self.sparse, self.dense, self.block = None, [], None
 
 
-def _plan_for(plans: dict, key: tuple, make: Callable[[], "_Plan"]) -> "_Plan":
+def _plan_for(plans: dict, key: tuple, pattern: Any, make: Callable[[], "_Plan"]) -> "_Plan":
     plan = plans.get(key)
+    if plan is not None and plan.pattern() is not pattern:
+        plans.pop(key).drop()     # same addresses, another matrix (set_value): plan anew
+        plan = None
     if plan is None:
         if len(plans) >= _MAX_PLANS:
             plans.pop(next(iter(plans))).drop()
         plan = plans[key] = make()
+        plan.pattern = weakref.ref(pattern)
     return plan
 
 
@@ -220,7 +228,7 @@ class GpuSpMM(Op):
             _pick(lib, ctx, "SpMM", h, plan, (g["op_a"], OP_N), name, algs, node)
             return plan
 
-        plan = _plan_for(plans, key, make)
+        plan = _plan_for(plans, key, s.indices, make)
         lib.set_dense_values(plan.dense[0], d.ptr)
         lib.set_dense_values(plan.dense[1], out.ptr)
         lib.run("SpMM", h, g["op_a"], OP_N, plan.sparse, plan.dense[0], plan.dense[1], name,
@@ -313,7 +321,7 @@ class GpuStructuredDotGrad(Op):
                   node)
             return plan
 
-        plan = _plan_for(plans, key, make)
+        plan = _plan_for(plans, key, a.indices, make)
         lib.set_sparse_values(plan.sparse, vals.ptr)
         lib.set_dense_values(plan.dense[0], dense[g["a"][4]].ptr)
         lib.set_dense_values(plan.dense[1], dense[g["b"][4]].ptr)
