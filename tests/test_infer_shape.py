@@ -1117,3 +1117,38 @@ CASES.update(_GPU_LINALG_CASES)
 def test_gpu_linalg_inferred_shapes(op_cls):
     for c in _GPU_LINALG_CASES[op_cls]:
         _gpu_check(op_cls, c)
+
+
+# ----------------------------------------------------------------------------- GPU sparse
+# symgpu.gpu.placement.sparse_type and symgpu.gpu.ops.sparse: GPU sparse values cannot be
+# made without a GPU, so each op's rule is checked on given input shapes against the shape
+# SciPy's product (or the transfer, transpose, structured gradient) has.
+from symgpu.gpu.ops import sparse as _gsp  # noqa: E402
+from symgpu.gpu.placement import sparse_type as _gst  # noqa: E402
+
+_GSP = _gst.GpuSparseType("csr", "float32")
+_GD = lambda: symgpu.gpu.GpuArrayType("float32", (False, False))()  # noqa: E731
+_GPU_SPARSE_CASES = {
+    _gsp.GpuSpMM: [(lambda: _gsp.GpuSpMM(False, True)(_GSP(), _GD()), [(5, 4), (4, 3)], (5, 3)),
+                   (lambda: _gsp.GpuSpMM(True, True)(_GSP(), _GD()), [(5, 4), (5, 3)], (4, 3)),
+                   (lambda: _gsp.GpuSpMM(False, False)(_GSP(), _GD()), [(5, 4), (2, 5)], (2, 4)),
+                   (lambda: _gsp.GpuSpMM(True, False)(_GSP(), _GD()), [(5, 4), (2, 4)], (2, 5))],
+    _gsp.GpuSparseTranspose: [(lambda: _gsp.GpuSparseTranspose()(_GSP()), [(5, 4)], (4, 5))],
+    _gsp.GpuStructuredDotGrad: [(lambda: _gsp.GpuStructuredDotGrad()(_GSP(), _GD(), _GD()),
+                                 [(5, 4), (4, 3), (5, 3)], (5, 4))],
+    _gst.GpuSparseFromHost: [(lambda: _gst.GpuSparseFromHost()(_SP.csr_matrix(dtype="float32")),
+                              [(5, 4)], (5, 4))],
+    _gst.HostFromGpuSparse: [(lambda: _gst.HostFromGpuSparse()(_GSP()), [(5, 4)], (5, 4))],
+}
+CASES.update({k: [] for k in _GPU_SPARSE_CASES})
+
+
+@pytest.mark.parametrize("op_cls", sorted(_GPU_SPARSE_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_gpu_sparse_inferred_shapes(op_cls):
+    for build, in_shapes, want in _GPU_SPARSE_CASES[op_cls]:
+        node = build().owner
+        assert type(node.op) is op_cls
+        got = node.op.infer_shape(None, node, [tuple(T.constant(np.int64(n)) for n in s)
+                                               for s in in_shapes])
+        assert [tuple(int(v.data) for v in got[0])] == [want], str(node.op)

@@ -170,9 +170,15 @@ class SharedVariable(Variable):
 _CONSTRUCTORS: list[Callable[..., SharedVariable]] = []
 
 
-def register_shared_constructor(fn: Callable[..., SharedVariable]) -> Callable[..., SharedVariable]:
-    """Register a constructor for `shared()`; later registrations are tried first."""
-    _CONSTRUCTORS.insert(0, fn)
+def register_shared_constructor(fn: Callable[..., SharedVariable], fallback: bool = False
+                                ) -> Callable[..., SharedVariable]:
+    """Register a constructor for `shared()`; later registrations are tried first.
+    `fallback=True`: tried after every other one (a host constructor for values a device
+    constructor may take first, whichever of the two modules loads last)."""
+    if fallback:
+        _CONSTRUCTORS.append(fn)
+    else:
+        _CONSTRUCTORS.insert(0, fn)
     return fn
 
 

@@ -7,9 +7,10 @@ from typing import Any
 import scipy.sparse as ssp
 
 from symgpu.graph.sharedvalue import SharedVariable, register_shared_constructor
+from symgpu.graph.sharedvalue import shared as _shared
 from symgpu.sparse.type import SparseType, SparseVariable, describe
 
-__all__ = ["SparseTensorSharedVariable", "sparse_constructor"]
+__all__ = ["SparseTensorSharedVariable", "sparse_constructor", "shared"]
 
 
 class SparseTensorSharedVariable(SharedVariable, SparseVariable):
@@ -22,7 +23,6 @@ class SparseTensorSharedVariable(SharedVariable, SparseVariable):
         return value.copy()
 
 
-@register_shared_constructor
 def sparse_constructor(value: Any, name: str | None = None, strict: bool = False,
                        allow_downcast: bool | None = None, borrow: bool = False,
                        format: str | None = None, target: str | None = "default",
@@ -42,3 +42,20 @@ def sparse_constructor(value: Any, name: str | None = None, strict: bool = False
         filtered = filtered.copy() if not borrow else filtered
     return SparseTensorSharedVariable(stype, filtered, name=name, strict=strict,
                                       allow_downcast=allow_downcast)
+
+
+# a fallback: a device's constructor (the GPU's, under device=cuda) takes sparse values first
+register_shared_constructor(sparse_constructor, fallback=True)
+
+
+def shared(value: Any, name: str | None = None, strict: bool = False,
+           allow_downcast: bool | None = None, borrow: bool = False, format: str | None = None,
+           target: str | None = "default") -> SharedVariable:
+    """Theano's `theano.sparse.shared`: a shared variable for scipy.sparse matrix `value`,
+    where `symgpu.shared` would put it (on the GPU under device=cuda, else on the host);
+    `format` converts it ('csr' or 'csc')."""
+    if not ssp.issparse(value):
+        raise TypeError(f"sparse.shared takes a scipy.sparse matrix, got {describe(value)}")
+    extra = {"format": format} if format is not None else {}
+    return _shared(value, name=name, borrow=borrow, strict=strict,
+                   allow_downcast=allow_downcast, target=target, **extra)

@@ -216,6 +216,12 @@ def _is_sparse_variable(x: Any) -> bool:
     return isinstance(x, Variable) and isinstance(x.type, SparseType)
 
 
+def _has_sparse_form(x: Any) -> bool:
+    """Whether `x` is a symbolic sparse matrix of a device (its type has `as_sparse`, the
+    host form through a transfer, as a GPU array type has `as_tensor`)."""
+    return isinstance(x, Variable) and callable(getattr(x.type, "as_sparse", None))
+
+
 def _is_dense_variable(x: Any) -> bool:
     """Whether `x` is a symbolic tensor variable."""
     return isinstance(x, TensorVariable)
@@ -230,6 +236,8 @@ def as_sparse_variable(x: Any, name: str | None = None) -> SparseVariable:
     if isinstance(x, Variable):
         if isinstance(x.type, SparseType):
             return x
+        if _has_sparse_form(x):
+            return x.type.as_sparse(x)   # a device sparse matrix, through its download
         raise TypeError(f"expected a sparse variable, got {x} of type {x.type} (convert a dense "
                         "matrix with csr_from_dense or csc_from_dense)")
     if ssp.issparse(x):
@@ -244,7 +252,7 @@ as_sparse = as_sparse_variable
 def as_sparse_or_tensor_variable(x: Any, name: str | None = None) -> Variable:
     """`x` as a sparse variable if it is sparse (symbolic or scipy.sparse), else as a
     tensor."""
-    if _is_sparse_variable(x) or ssp.issparse(x):
+    if _is_sparse_variable(x) or ssp.issparse(x) or _has_sparse_form(x):
         return as_sparse_variable(x, name)
     return as_tensor_variable(x, name=name)
 

@@ -45,6 +45,7 @@ from symgpu.tensor.shape import (Shape, Shape as _Shape, Shape_i, Shape_i as _Sh
 from symgpu.tensor.type import TensorConstant, TensorType
 
 __all__ = ["register_lifter", "unregister_lifter", "lifters_for", "GpuInputs", "lift_to_gpu",
+           "register_device_kind", "register_lifter_source",
            "local_cut_gpu_transfers", "local_fold_gpu_constant_upload", "cut_gpu_transfers", "check_no_cpu_op", "cpu_nodes",
            "CpuOpError", "CpuOpWarning", "virtual_context", "Lifter"]
 
@@ -87,6 +88,80 @@ def lifters_for(op: Op) -> list[Lifter]:
     for cls in type(op).__mro__:
         found += _LIFTERS.get(cls, [])
     return found
+
+
+#: fn() registering lifters for op classes of modules loaded on first use (the sparse
+#: products): called before every sweep, cheap when there is nothing new to register
+_LIFTER_SOURCES: list[Callable[[], None]] = []
+
+
+def register_lifter_source(fn: Callable[[], None]) -> Callable[[], None]:
+    """Call `fn()` before every graph-to-GPU sweep: it registers lifters for op classes of
+    a module that may have loaded since (without importing it itself)."""
+    _LIFTER_SOURCES.append(fn)
+    return fn
+
+
+class _DeviceKind:
+    """A device value kind other than GpuArray (GPU sparse matrices): its type class, which
+    host variables it can hold, and its transfers."""
+
+    def __init__(self, type_cls: type, is_host: Callable[[Variable], bool],
+                 upload: Callable[[Variable, Any], Variable],
+                 download: Callable[[Variable], Variable], transfers: tuple):
+        self.type_cls, self.is_host = type_cls, is_host
+        self.upload, self.download, self.transfers = upload, download, transfers
+
+
+_KINDS: list[_DeviceKind] = []
+
+
+def register_device_kind(type_cls: type, is_host: Callable[[Variable], bool],
+                         upload: Callable[[Variable, Any], Variable],
+                         download: Callable[[Variable], Variable], transfers: tuple) -> None:
+    """Make the sweep move values of device type `type_cls` (declaring `context_name`) like
+    GPU arrays: `upload(host_var, context_name)` for host variables `is_host` accepts,
+    `download(device_var)` for host ops; the op classes in `transfers` (declaring `transfer`
+    'upload'/'download') are read through and their pairs cancelled after lifting."""
+    _KINDS.append(_DeviceKind(type_cls, is_host, upload, download, tuple(transfers)))
+    cancel = node_rewriter(list(transfers))(_cut_kind_transfers)
+    cancel.name = f"local_cut_{type_cls.__name__}_transfers"
+    optdb.register(f"{type_cls.__name__}_transfer_cancel",
+                   EquilibriumRewriter([cancel], name=cancel.name),
+                   POSITIONS["gpu_transfer_cancel"] + 0.1, "fast_run", "fast_compile", "gpu")
+
+
+def _kind_of_device(var: Variable) -> _DeviceKind | None:
+    for k in _KINDS:
+        if isinstance(var.type, k.type_cls):
+            return k
+    return None
+
+
+def _kind_of_host(var: Variable) -> _DeviceKind | None:
+    for k in _KINDS:
+        if k.is_host(var):
+            return k
+    return None
+
+
+def _on_device(var: Variable) -> bool:
+    return is_gpu_var(var) or (bool(_KINDS) and _kind_of_device(var) is not None)
+
+
+def _cut_kind_transfers(fgraph: FunctionGraph | None, node: Apply) -> list[Variable] | None:
+    """upload(download(y)) -> y on y's own context; download(upload(x)) -> x."""
+    src = node.inputs[0].owner
+    if src is None:
+        return None
+    kind, skind = getattr(node.op, "transfer", None), getattr(src.op, "transfer", None)
+    if kind == "download" and skind == "upload":
+        x = src.inputs[0]
+        return [x] if x.type == node.outputs[0].type else None
+    if kind == "upload" and skind == "download":
+        y = src.inputs[0]
+        return [y] if y.type == node.outputs[0].type else None
+    return None
 
 
 def _is_eager(op: Op) -> bool:
@@ -132,7 +207,7 @@ class _Sweep:
         return self.cur.get(v, v)
 
     def on_gpu(self, v: Variable) -> bool:
-        return is_gpu_var(self.now(v))
+        return _on_device(self.now(v))
 
     def gpu_version(self, v: Variable, ctx: Any) -> Variable:
         key = (v, ctx)
@@ -141,6 +216,12 @@ class _Sweep:
             n = self.now(v)
             if is_gpu_var(n):
                 res = n if n.type.context_name == ctx else GpuToGpu(ctx)(n)
+            elif _KINDS and _kind_of_device(n) is not None:
+                kind = _kind_of_device(n)
+                res = n if n.type.context_name == ctx else \
+                    kind.upload(self.cpu_version(v), ctx)
+            elif _KINDS and _kind_of_host(n) is not None:
+                res = _kind_of_host(n).upload(n, ctx)
             else:
                 res = GpuFromHost(ctx)(n)
             self.gpu[key] = res
@@ -148,11 +229,12 @@ class _Sweep:
 
     def cpu_version(self, v: Variable) -> Variable:
         n = self.now(v)
-        if not is_gpu_var(n):
+        if not _on_device(n):
             return n
         res = self.cpu.get(v)
         if res is None:
-            res = self.cpu[v] = HostFromGpu()(n)
+            res = self.cpu[v] = HostFromGpu()(n) if is_gpu_var(n) else \
+                _kind_of_device(n).download(n)
         return res
 
     def as_original(self, v: Variable) -> Variable:
@@ -161,13 +243,15 @@ class _Sweep:
         if isinstance(v.type, GpuArrayType):
             n = self.gpu_version(v, v.type.context_name)
             return n if n.type == v.type else specify_gpu_broadcastable_as(n, v.type)
+        if _KINDS and _kind_of_device(v) is not None:
+            return self.gpu_version(v, v.type.context_name)
         return self.cpu_version(v)
 
     # -- deciding
     def context_for(self, node: Apply) -> tuple[bool, Any]:
         for v in node.inputs:
             n = self.now(v)
-            if is_gpu_var(n):
+            if _on_device(n):
                 return True, n.type.context_name
         if not self.has_target:
             return False, None
@@ -175,6 +259,8 @@ class _Sweep:
             if _movable(v) and (v in self.inputs or (not isinstance(v, Constant)
                                                      and v.type.dtype.startswith("float"))):
                 return True, None
+            if _KINDS and v in self.inputs and _kind_of_host(v) is not None:
+                return True, None   # a sparse input: lifted ops read it uploaded once
         if _is_eager(node.op):
             return True, None
         return False, None
@@ -182,15 +268,16 @@ class _Sweep:
     # -- one node
     def visit(self, node: Apply) -> None:
         op = node.op
-        if isinstance(op, HostFromGpu):
+        transfer = getattr(op, "transfer", None)
+        if transfer == "download":
             x = node.inputs[0]
             if self.now(x) is x:
                 self.cpu[node.outputs[0]] = node.outputs[0]  # keep the original node
             self.cur[node.outputs[0]] = self.now(x)
             return
-        if isinstance(op, (GpuFromHost, GpuToGpu)):
+        if transfer in ("upload", "device"):
             x = node.inputs[0]
-            if self.now(x) is x and not is_gpu_var(x) and isinstance(op, GpuFromHost):
+            if self.now(x) is x and not _on_device(x) and transfer == "upload":
                 self.gpu.setdefault((x, op.context_name), node.outputs[0])
             self.cur[node.outputs[0]] = self.gpu_version(x, op.context_name)
             return
@@ -211,8 +298,8 @@ class _Sweep:
         items, was = [], []
         for v in node.inputs:
             n = self.now(v)
-            was.append(is_gpu_var(n))
-            if is_gpu_var(n) or _movable(v):
+            was.append(_on_device(n))
+            if _on_device(n) or _movable(v) or (_KINDS and _kind_of_host(n) is not None):
                 items.append(self.gpu_version(v, ctx))
             else:
                 items.append(n)
@@ -240,6 +327,8 @@ class _Sweep:
         if isinstance(old.type, GpuArrayType):
             new = self.gpu_version(old, old.type.context_name)
             return specify_gpu_broadcastable_as(new, old.type)
+        if _KINDS and _kind_of_device(old) is not None:
+            return self.gpu_version(old, old.type.context_name)
         return _same_type(old, self.cpu_version(old))
 
     def run(self) -> None:
@@ -272,8 +361,10 @@ def _same_value(old: Variable, new: Variable, fn: Lifter) -> Variable:
 
 def lift_to_gpu(fgraph: FunctionGraph) -> None:
     """Move the graph to the GPU (see the module doc); then check `assert_no_cpu_op`."""
+    for source in _LIFTER_SOURCES:
+        source()
     has_target = default_context_active()
-    if not has_target and not any(isinstance(v.type, GpuArrayType) for v in fgraph.variables):
+    if not has_target and not any(_on_device(v) for v in fgraph.variables):
         return
     _Sweep(fgraph, has_target).run()
     check_no_cpu_op(fgraph)
