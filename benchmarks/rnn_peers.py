@@ -157,7 +157,7 @@ def torch_reference(spec, params, arrays, calls) -> list[float]:
         with torch.no_grad():
             for p, g in zip(ps.values(), grads):
                 p -= float(rc.LR) * g
-        out.append(float(loss))
+        out.append(float(loss.detach()))
     return out
 
 
