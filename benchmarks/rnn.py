@@ -25,7 +25,12 @@ import sys
 import time
 import warnings
 
-import numpy as np
+# benchmarks/ last: its random.py must not shadow the standard library's (statistics imports it)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+    sys.path.append(sys.path.pop(0))
+
+import numpy as np  # noqa: E402
 
 # the checkout's symgpu when no other is importable (`python benchmarks/rnn.py` from the root)
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
