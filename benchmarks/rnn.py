@@ -278,7 +278,7 @@ def parse_args(argv=None):
     args.peers = args.peers or ("none" if args.device == "cpu" else args.device)
     args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     args.steps = args.steps or (1 if args.quick else 3)
-    args.rounds = args.rounds or (2 if args.quick else 10 if args.device != "cpu" else 5)
+    args.rounds = args.rounds or (2 if args.quick else 10)
     return args
 
 

@@ -29,7 +29,6 @@ counts (symgpu/gpu/exec/scan_graph.py). Goal on the CPU: under 0.5x PyTensor's s
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess

@@ -15,7 +15,8 @@ import rnn_cells as rc  # noqa: E402
 
 
 def test_quick_cpu_run_checks_every_row_against_the_reference(capsys):
-    rows = "lstm-masked-last-b16-h128-fixed,lstm-masked-last-b16-h128-var,gru-unmasked-all-*-h128-fixed"
+    rows = ("lstm-masked-last-b16-h128-fixed,lstm-masked-last-b16-h128-var,"
+            "gru-unmasked-all-*-h128-fixed")
     results = rnn.main(["--quick", "--device", "cpu", "--skip", "pytensor", "--subset", rows])
     out = capsys.readouterr().out
     keys = ["lstm-masked-last-b4-h8-fixed", "lstm-masked-last-b4-h8-var",
@@ -88,6 +89,7 @@ def test_criteria_pass_and_fail_per_row():
     assert by["Elman ahead of JAX"] == "FAIL"                          # equal is not ahead
     assert by["a new length every call within 1.1x of length 50"] == "FAIL"   # 1.6 / 1.4
     table = rnn.table(results, "cuda")
-    assert "| lstm-masked-last-b16-h128-var | 1600.00 | 1000.00 | 1500.00 | 1.60x | 1.07x | 1.14x | ok |" in table
+    assert ("| lstm-masked-last-b16-h128-var | 1600.00 | 1000.00 | 1500.00 | 1.60x | 1.07x "
+            "| 1.14x | ok |") in table
     cpu = {CPU: _result(CPU, symgpu=0.5, pytensor=1.0) for CPU in [rnn.CPU_GOAL_ROW]}
     assert any(ln.startswith("- PASS CPU") for ln in rnn.criteria(cpu, "cpu", quick=False))
