@@ -1,419 +1,337 @@
-"""An Elman RNN (tanh; input 128, hidden 512, batch 64, 100 steps, float32): one training step
-is the forward loop, back-propagation through time and an SGD update of W_x, W_h and b, with
-loss = mean((h - y)^2) over every step. symgpu runs it as `scan` and its gradient (a second
-scan); the same step is timed side by side, in one run:
+"""The loop benchmark (issue 32): one training step (forward loop, BPTT, SGD on every weight)
+of recurrent cells, symgpu's scan against the libraries people train RNNs with, in one run.
 
-* on the CPU (default): a hand-written NumPy loop (forward and BPTT) and PyTensor's scan when
-  installed;
-* with `--device cuda`: JAX (`lax.scan` under `jit`), PyTorch's cuDNN `nn.RNN` and a PyTorch
-  Python loop, whichever are installed.
+Rows (`rnn_cells.Spec`; keys ``{cell}-{masked|unmasked}-{last|all}-b{16|64}-h{128|512}-
+{fixed|var}``): Elman, LSTM and GRU, and three cells no library has a kernel for (peephole
+LSTM, layer-normalised LSTM, LSTM with a dropout draw in the step); masked or not; the loss
+on the last state or on all; length 50 or a new length every call (uniform in 10..90, seeded).
+Plus `elman-classic`, the benchmark as it was before (rnn_elman.py: 100 steps, the
+cold-compile probe, the loop-graph counts).
 
-With `--device cuda` it first times a cold compile in a fresh process with an empty
-compiledir (`function(...)` and the first call together: the issue's "compiles in under 3 s
-cold"; JAX's compile is its first call), with nvcc's runs in each phase
-(`--profile-cold` adds the top of a cProfile of each phase), and again with the link-time
-prefetch waiting for its nvcc batch (as before it ran in the background). Then it prints
-compile time (warm from there on, the first contender excepted), the best and the median
-time per step (contenders timed in alternation), each contender's ratio to symgpu and the precision of its matrix products: "fp32" (full
-float32 FMA) or "tf32" (tensor cores, inputs rounded to 10 mantissa bits: JAX's default on
-the GPU, PyTorch's cuDNN default). symgpu is timed both ways (`gpuarray.allow_tf32`), JAX
-both ways (`jax.default_matmul_precision`). On the GPU it also prints, per symgpu contender,
-the function-level CUDA-graph runner's counts (captures that stay at their first few and
-replays that grow with the calls: the median is not paying re-captures) and the loop graphs'
-counts (symgpu/gpu/exec/scan_graph.py). Goal on the CPU: under 0.5x PyTensor's scan.
+Contenders per row: with `--device cuda` symgpu in float32 and TF32, PyTorch's cuDNN
+nn.LSTM/nn.GRU/nn.RNN, torch.compile of the step, JAX's lax.scan (rnn_peers.py); on the CPU
+symgpu and PyTensor's scan (default mode). Each contender's first two calls are checked
+against a float64 reference with the same weights. The run ends with a Markdown table and
+the issue's "done when" criteria, PASS or FAIL.
 
-    python benchmarks/rnn.py [--device cpu|cuda] [--steps 3] [--rounds 15] [--seq 100]
-                             [--no-cold] [--profile-cold]
+    python benchmarks/rnn.py [--device cpu|cuda] [--subset KEYS|GLOBS] [--full] [--quick]
+                             [--rounds N] [--steps N] [--budget S] [--skip cudnn,compile,...]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
+import warnings
 
-import numpy as np
-from timing import interleaved  # noqa: E402
+# benchmarks/ last: its random.py must not shadow the standard library's (statistics imports it)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+    sys.path.append(sys.path.pop(0))
 
-IN, HID, BATCH = 128, 512, 64
-LR = np.float32(0.01)
+import numpy as np  # noqa: E402
+
+# the checkout's symgpu when no other is importable (`python benchmarks/rnn.py` from the root)
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rnn_cells as rc  # noqa: E402
+from timing import interleaved, say  # noqa: E402
+
+DEFAULT_CUDA = ["lstm-masked-last-b16-h128-fixed", "lstm-masked-last-b16-h128-var",
+                "gru-masked-last-b16-h128-fixed", "elman-unmasked-all-b64-h512-fixed",
+                "peephole-masked-last-b16-h128-fixed", "lnlstm-masked-last-b16-h128-fixed",
+                "droplstm-masked-last-b16-h128-fixed", "lstm-unmasked-all-b64-h512-fixed",
+                "gru-unmasked-all-b64-h512-fixed", "elman-classic"]
+DEFAULT_CPU = ["lstm-masked-last-b16-h128-fixed", "elman-classic"]
+DEFAULT_QUICK = ["lstm-masked-last-b16-h128-fixed", "lstm-masked-last-b16-h128-var",
+                 "gru-unmasked-all-b16-h128-fixed", "elman-masked-all-b16-h128-var",
+                 "peephole-masked-last-b16-h128-fixed", "lnlstm-unmasked-last-b16-h128-fixed",
+                 "droplstm-masked-all-b16-h128-fixed"]
+CPU_GOAL_ROW = "lstm-masked-last-b16-h128-fixed"
+COLUMNS = [("symgpu", "symgpu fp32"), ("symgpu-tf32", "symgpu TF32"), ("pytensor", "PyTensor"),
+           ("cudnn", "cuDNN"), ("compile", "torch.compile"), ("jax", "JAX"),
+           ("jax-fp32", "JAX fp32")]
+PEERS = ("cudnn", "compile", "jax", "jax-fp32", "pytensor")
 
 
-def data(seq: int, seed: int = 7):
-    rng = np.random.RandomState(seed)
-    x = rng.randn(seq, BATCH, IN).astype("float32")
-    y = (rng.rand(seq, BATCH, HID).astype("float32") - 0.5)
-    wx = (rng.randn(IN, HID) / np.sqrt(IN)).astype("float32")
-    wh = (rng.randn(HID, HID) / np.sqrt(HID)).astype("float32")
-    b = np.zeros(HID, dtype="float32")
-    return x, y, wx, wh, b
+# -- contenders -----------------------------------------------------------------------------------
 
-
-def build_train(lib, T, seq: int, shared_data: bool):
-    """The training step with `lib` (symgpu or pytensor: same API); returns (step, shared
-    weights, compile seconds). With `shared_data` the inputs live in shared variables (so on
-    the GPU they stay on the device)."""
-    lib.config.floatX = "float32"
-    x0, y0, wx0, wh0, b0 = data(seq)
-    wx = lib.shared(wx0.copy(), name="W_x")
-    wh = lib.shared(wh0.copy(), name="W_h")
-    b = lib.shared(b0.copy(), name="b")
-    if shared_data:
-        x, y = lib.shared(x0, name="x"), lib.shared(y0, name="y")
-        ins, args = [], ()
+def symgpu_contender(spec, params, arrays, device, tf32=False) -> dict:
+    import symgpu
+    import symgpu.tensor as T
+    flags = {"gpuarray__allow_tf32": tf32} if device != "cpu" else {}
+    with symgpu.config.change_flags(**flags):
+        call, compile_s, fn = rc.build_symbolic(symgpu, T, spec, params, arrays)
+    if flags:
+        def run(L, mask, lens, call=call):
+            with symgpu.config.change_flags(**flags):
+                return call(L, mask)
     else:
-        x, y = T.tensor3("x"), T.tensor3("y")
-        ins, args = [x, y], (x0, y0)
-    h0 = T.zeros((BATCH, HID), dtype="float32")
-
-    def step(x_t, h_prev, wx, wh, b):
-        return T.tanh(T.dot(x_t, wx) + T.dot(h_prev, wh) + b)
-
-    h, _ = lib.scan(step, sequences=x, outputs_info=h0, non_sequences=[wx, wh, b])
-    loss = T.mean((h - y) ** 2)
-    gwx, gwh, gb = T.grad(loss, [wx, wh, b])
-    t0 = time.perf_counter()
-    train = lib.function(ins, loss, updates=[(wx, wx - LR * gwx), (wh, wh - LR * gwh),
-                                             (b, b - LR * gb)], name="rnn_train")
-    compile_s = time.perf_counter() - t0
-    step = lambda: train(*args)  # noqa: E731
-    step.function = train
-    return step, (wx, wh, b), compile_s
+        run = lambda L, mask, lens: call(L, mask)  # noqa: E731
+    return {"name": f"symgpu scan ({device})" + (", TF32" if tf32 else ""), "call": run,
+            "precision": "tf32" if tf32 else "fp32", "compile": compile_s, "function": fn}
 
 
-def bench_symgpu(seq: int, device: str, tf32: bool = False) -> dict:
-    """The step compiled (and first called: a loop body compiles on its first call) with
-    ``gpuarray.allow_tf32`` = `tf32`."""
-    import symgpu
-    import symgpu.tensor as T
-    with symgpu.config.change_flags(**{"gpuarray__allow_tf32": tf32}):
-        step, weights, compile_s = build_train(symgpu, T, seq, shared_data=device != "cpu")
-        t0 = time.perf_counter()
-        step()
-        first_s = time.perf_counter() - t0
-    prec = "fp32" if device == "cpu" or not tf32 else "tf32"
-    name = f"symgpu scan ({device})" + (", TF32" if tf32 else "")
-    return {"name": name, "compile": compile_s, "first": first_s, "fn": step,
-            "weights": weights, "precision": prec, "function": step.function}
+def pytensor_contender(spec, params, arrays) -> dict:
+    import pytensor
+    import pytensor.tensor as pt
+    call, compile_s, _ = rc.build_symbolic(pytensor, pt, spec, params, arrays)
+    return {"name": f"PyTensor {pytensor.__version__} scan", "precision": "fp32",
+            "call": lambda L, mask, lens: call(L, mask), "compile": compile_s}
 
 
-def bench_symgpu_pushout(seq: int) -> dict:
-    """The GPU step compiled with the opt-in `scan_pushout_seq_dot` (dot(x[t], W_x) for all
-    steps before the loop: one GEMM per step less forward and backward)."""
-    import symgpu
-    import symgpu.tensor as T
-    with symgpu.config.change_flags(optimizer_including="scan_pushout_seq_dot"):
-        step, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
-        step()
-    return {"name": "symgpu scan + pushout", "compile": compile_s, "fn": step,
-            "precision": "fp32", "function": step.function}
+def builders(spec, args) -> list[tuple[str, object]]:
+    """(kind, build(params, arrays) -> contender) for the row, in timing order."""
+    import rnn_peers as peers
+    dev, pdev = args.device, args.peers
+    out = [("symgpu", lambda p, a: symgpu_contender(spec, p, a, dev))]
+    if dev != "cpu":
+        out.append(("symgpu-tf32", lambda p, a: symgpu_contender(spec, p, a, dev, tf32=True)))
+    else:
+        out.append(("pytensor", lambda p, a: pytensor_contender(spec, p, a)))
+    if pdev != "none":
+        out += [("cudnn", lambda p, a: peers.cudnn(spec, p, a, pdev)),
+                ("compile", lambda p, a: peers.torch_compiled(spec, p, a, pdev)),
+                ("jax", lambda p, a: peers.jax_scan(spec, p, a, "default", pdev))]
+        if args.jax_fp32:
+            out.append(("jax-fp32", lambda p, a: peers.jax_scan(spec, p, a, "highest", pdev)))
+    return [(k, b) for k, b in out if k not in args.skip]
 
 
-def bench_symgpu_stepwise(seq: int) -> dict:
-    """The same GPU step with the loops run step by step (no loop CUDA graph): what the
-    capture of symgpu/gpu/exec/scan_graph.py saves."""
-    import symgpu
-    import symgpu.tensor as T
-    from symgpu.gpu.exec import scan_graph
-    train, _, compile_s = build_train(symgpu, T, seq, shared_data=True)
+def reference(spec, params, arrays, checks) -> tuple[list[float], str]:
+    try:
+        import rnn_peers as peers
+        return peers.torch_reference(spec, params, arrays, checks), "PyTorch float64"
+    except ImportError:
+        return [rc.numpy_loss(spec, params, *arrays, checks[0])], "NumPy float64 (forward)"
 
-    def step():
-        scan_graph.ENABLED = False
+
+def run_row(spec, args) -> dict:
+    """Build every contender (a failing one prints why), check its first two calls against
+    the reference, time them in alternation; returns the row's results."""
+    params, arrays = rc.init_params(spec), rc.data(spec)
+    checks = rc.calls(spec, 2, seed=rc.SEED + 5)
+    deterministic = spec.cell != "droplstm"
+    ref, ref_name = reference(spec, params, arrays, checks) if deterministic else ([], "")
+    n_calls = 2 + args.rounds * args.steps
+    contenders, bad = [], []
+    for kind, build in builders(spec, args):
         try:
-            train()
-        finally:
-            scan_graph.ENABLED = True
-    step()
-    return {"name": "symgpu scan, step by step", "compile": compile_s, "fn": step,
-            "precision": "fp32", "function": train.function}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                c = build(params, arrays)
+                t0 = time.perf_counter()
+                got = [float(c["call"](*k)) for k in checks]
+                first = time.perf_counter() - t0
+                if c["compile"] is None:            # compiled on its first call
+                    c["compile"] = first
+                if "warm" in c:
+                    c["compile"] += c["warm"]()
+        except Exception as exc:                    # a missing or broken peer: say why
+            say(f"  {spec.key}: {kind} skipped ({type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})")
+            if os.environ.get("BENCH_TRACEBACK"):
+                import traceback
+                traceback.print_exc()
+            continue
+        rtol = 3e-2 if c["precision"] == "tf32" else 2e-3
+        ok = all(np.isfinite(got))
+        if ref:
+            ok = ok and np.allclose(got[:len(ref)], ref, rtol=rtol, atol=1e-6)
+        if not ok:
+            bad.append(kind)
+        c.update(kind=kind, losses=got, ok=ok)
+        todo = rc.calls(spec, n_calls, seed=rc.SEED + 6)
+        c["fn"] = (lambda c=c, it=iter(todo): c["call"](*next(it)))
+        contenders.append(c)
+    if not contenders:
+        return {"spec": spec, "times": {}, "check": "nothing ran"}
+    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
+    say(f"{spec.key}: input {spec.inp}, hidden {spec.hidden}, batch {spec.batch}, "
+        + (f"length uniform in {spec.var_range[0]}..{spec.var_range[1]} per call" if spec.var
+           else f"length {spec.fixed}") + f"; {args.rounds} blocks of {args.steps} calls")
+    if ref:
+        say(f"  reference ({ref_name}) losses: " + ", ".join(f"{v:.6g}" for v in ref))
+    for c, (best, med) in zip(contenders, times):
+        say(f"  {c['name']:<38} {c['precision']:>4}  compile {c['compile']:7.3f} s  "
+            f"best {best * 1e3:8.3f} ms  median {med * 1e3:8.3f} ms  losses "
+            + ", ".join(f"{v:.6g}" for v in c["losses"]) + ("" if c["ok"] else "  MISMATCH"))
+    if args.device != "cpu":
+        from symgpu.gpu.exec import scan_graph
+        say(f"  loop graphs so far: {dict(scan_graph.STATS)}")
+    check = ("random (not checked)" if not deterministic else
+             ("ok" if not bad else "MISMATCH " + ",".join(bad)))
+    return {"spec": spec, "check": check,
+            "times": {c["kind"]: med for c, (_, med) in zip(contenders, times)},
+            "compile": {c["kind"]: c["compile"] for c in contenders}}
 
 
-def bench_numpy(seq: int) -> dict:
-    x, y, wx, wh, b = data(seq)
-    n = np.float32(seq * BATCH * HID)
-    hs = np.empty((seq + 1, BATCH, HID), dtype="float32")
+# -- report -----------------------------------------------------------------------------------
 
-    def step():
-        hs[0] = 0
-        for t in range(seq):
-            np.tanh(x[t] @ wx + hs[t] @ wh + b, out=hs[t + 1])
-        diff = hs[1:] - y
-        loss = (diff * diff).mean()
-        dh = (np.float32(2) / n) * diff
-        gwx = np.zeros_like(wx)
-        gwh = np.zeros_like(wh)
-        gb = np.zeros_like(b)
-        carry = np.zeros((BATCH, HID), dtype="float32")
-        for t in range(seq - 1, -1, -1):
-            g = (dh[t] + carry) * (1 - hs[t + 1] * hs[t + 1])
-            gwx += x[t].T @ g
-            gwh += hs[t].T @ g
-            gb += g.sum(0)
-            carry = g @ wh.T
-        wx[...] -= LR * gwx
-        wh[...] -= LR * gwh
-        b[...] -= LR * gb
-        return loss
-
-    step()
-    return {"name": "NumPy loop", "compile": 0.0, "fn": step, "precision": "fp32"}
+def headline(device: str) -> str:
+    """The symgpu contender compared with the peers: on the GPU the TF32 one (cuDNN's and
+    JAX's default precision), on the CPU float32."""
+    return "symgpu" if device == "cpu" else "symgpu-tf32"
 
 
-def bench_pytensor(seq: int) -> dict | None:
-    try:
-        import pytensor
-        import pytensor.tensor as pt
-    except ImportError:
-        return None
-    step, _, compile_s = build_train(pytensor, pt, seq, shared_data=False)
-    step()
-    return {"name": f"PyTensor {pytensor.__version__} scan", "compile": compile_s, "fn": step,
-            "precision": "fp32"}
+def _ratio(t: dict, a: str, b: str):
+    return t[a] / t[b] if a in t and b in t else None
 
 
-def bench_jax(seq: int, precision: str = "default") -> dict | None:
-    """`precision` "default" (TF32 matrix products on the GPU) or "highest" (float32)."""
-    try:
-        import jax
-        import jax.numpy as jnp
-    except ImportError:
-        return None
-    x0, y0, wx0, wh0, b0 = data(seq)
-    x, y = jnp.asarray(x0), jnp.asarray(y0)
-    params = {"wx": jnp.asarray(wx0), "wh": jnp.asarray(wh0), "b": jnp.asarray(b0)}
-
-    def loss_fn(p):
-        def cell(h, x_t):
-            h = jnp.tanh(x_t @ p["wx"] + h @ p["wh"] + p["b"])
-            return h, h
-        _, hs = jax.lax.scan(cell, jnp.zeros((BATCH, HID), jnp.float32), x)
-        return jnp.mean((hs - y) ** 2)
-
-    @jax.jit
-    def train(p):
-        with jax.default_matmul_precision(precision):
-            loss, g = jax.value_and_grad(loss_fn)(p)
-        return {k: p[k] - LR * g[k] for k in p}, loss
-
-    t0 = time.perf_counter()
-    state = {"p": params}
-    state["p"], loss = train(state["p"])
-    loss.block_until_ready()
-    compile_s = time.perf_counter() - t0
-
-    def step():
-        state["p"], loss = train(state["p"])
-        loss.block_until_ready()
-    name = "JAX lax.scan (jit)" + ("" if precision == "default" else f", {precision}")
-    return {"name": name, "compile": compile_s, "fn": step,
-            "precision": "tf32" if precision == "default" else "fp32"}
+def _fixed_twin(results: dict, spec):
+    import dataclasses
+    twin = results.get(dataclasses.replace(spec, var=False).key)
+    return twin["times"] if twin else {}
 
 
-def _cuda_torch():
-    """PyTorch when it is installed and sees a GPU, else None (its rows are left out)."""
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
+def table(results: dict, device: str) -> list[str]:
+    sg = headline(device)
+    peer = "pytensor" if device == "cpu" else None
+    cols = [(k, n) for k, n in COLUMNS if any(k in r["times"] for r in results.values())]
+    head = ["row"] + [f"{n} ms" for _, n in cols]
+    head += ([f"{sg}/PyTensor"] if peer else [f"{sg}/cuDNN", f"{sg}/JAX"]) + \
+        ["var/fixed", "check"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for key, r in results.items():
+        t = r["times"]
+        cells = [key] + [f"{t[k] * 1e3:.2f}" if k in t else "" for k, _ in cols]
+        ratios = [_ratio(t, sg, peer)] if peer else [_ratio(t, sg, "cudnn"), _ratio(t, sg, "jax")]
+        twin = _fixed_twin(results, r["spec"]) if r.get("spec") and r["spec"].var else {}
+        ratios.append(t[sg] / twin[sg] if sg in t and sg in twin else None)
+        cells += [f"{v:.2f}x" if v is not None else "" for v in ratios] + [r.get("check", "")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
-def _torch_data(seq: int):
-    import torch
-    x0, y0, wx0, wh0, b0 = data(seq)
-    dev = torch.device("cuda")
-    return (torch.from_numpy(x0).to(dev), torch.from_numpy(y0).to(dev),
-            torch.from_numpy(wx0).to(dev), torch.from_numpy(wh0).to(dev),
-            torch.from_numpy(b0).to(dev))
+def criteria(results: dict, device: str, quick: bool) -> list[str]:
+    """The issue's "done when", each PASS, FAIL or n/a (not measured in this run)."""
+    sg = headline(device)
+    rows = {k: r for k, r in results.items() if r.get("spec") is not None}
+
+    def verdict(name, pairs, limit, strict=False):
+        vals = [(k, v) for k, v in pairs if v is not None]
+        if not vals:
+            return f"- n/a  {name} (not measured in this run)"
+        bad = [f"{k} {v:.2f}x" for k, v in vals if (v >= limit if strict else v > limit)]
+        worst = max(v for _, v in vals)
+        return (f"- {'FAIL' if bad else 'PASS'} {name}: worst {worst:.2f}x over {len(vals)} rows"
+                + (f"; over: {', '.join(bad)}" if bad else ""))
+    out = []
+    if device != "cpu":
+        lg = [r for r in rows.values() if r["spec"].cell in ("lstm", "gru")]
+        out.append(verdict("LSTM and GRU rows within 1.5x of cuDNN",
+                           [(r["spec"].key, _ratio(r["times"], sg, "cudnn")) for r in lg], 1.5))
+        out.append(verdict("LSTM and GRU rows at or under JAX",
+                           [(r["spec"].key, _ratio(r["times"], sg, "jax")) for r in lg], 1.0))
+        nl = [r for r in rows.values() if r["spec"].cell in ("peephole", "lnlstm", "droplstm")]
+        out.append(verdict("peephole, layer-norm and dropout cells at or under JAX",
+                           [(r["spec"].key, _ratio(r["times"], sg, "jax")) for r in nl], 1.0))
+        el = [(k, r) for k, r in results.items()
+              if k == "elman-classic" or (k in rows and r["spec"].cell == "elman")]
+        out.append(verdict("Elman ahead of JAX",
+                           [(k, _ratio(r["times"], sg, "jax")) for k, r in el], 1.0,
+                           strict=True))
+    pairs = []
+    for r in rows.values():
+        twin = _fixed_twin(rows, r["spec"]) if r["spec"].var else {}
+        if sg in r["times"] and sg in twin:
+            pairs.append((r["spec"].key, r["times"][sg] / twin[sg]))
+    out.append(verdict("a new length every call within 1.1x of length 50", pairs, 1.1))
+    if device == "cpu":
+        r = rows.get(CPU_GOAL_ROW)
+        out.append(verdict(f"CPU {CPU_GOAL_ROW} at or under 0.5x PyTensor's scan",
+                           [(CPU_GOAL_ROW, _ratio(r["times"], "symgpu", "pytensor"))] if r
+                           else [], 0.5))
+    bad = [k for k, r in results.items() if r.get("check", "").startswith(("MISMATCH", "nothing"))]
+    out.append(f"- {'FAIL' if bad else 'PASS'} every contender's losses match the reference"
+               + (f": {', '.join(bad)}" if bad else ""))
+    if quick:
+        out.append("  (--quick: toy sizes, not the issue's; the verdicts mean nothing)")
+    return out
 
 
-def bench_torch_cudnn(seq: int) -> dict | None:
-    torch = _cuda_torch()
-    if torch is None:
-        return None
-    x, y, wx, wh, b = _torch_data(seq)
-    rnn = torch.nn.RNN(IN, HID, nonlinearity="tanh", bias=True).cuda()
-    with torch.no_grad():
-        rnn.weight_ih_l0.copy_(wx.T)
-        rnn.weight_hh_l0.copy_(wh.T)
-        rnn.bias_ih_l0.copy_(b)
-        rnn.bias_hh_l0.zero_()
-    opt = torch.optim.SGD(rnn.parameters(), lr=float(LR))
-    h0 = torch.zeros(1, BATCH, HID, device="cuda")
+# -- main -----------------------------------------------------------------------------------
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        hs, _ = rnn(x, h0)
-        loss = ((hs - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()
-    return {"name": "PyTorch cuDNN nn.RNN", "compile": time.perf_counter() - t0, "fn": step,
-            "precision": "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"}
-
-
-def bench_torch_loop(seq: int) -> dict | None:
-    torch = _cuda_torch()
-    if torch is None:
-        return None
-    x, y, wx, wh, b = _torch_data(seq)
-    params = [p.requires_grad_() for p in (wx, wh, b)]
-
-    def step():
-        h = torch.zeros(BATCH, HID, device="cuda")
-        hs = []
-        for t in range(seq):
-            h = torch.tanh(x[t] @ params[0] + h @ params[1] + params[2])
-            hs.append(h)
-        loss = ((torch.stack(hs) - y) ** 2).mean()
-        grads = torch.autograd.grad(loss, params)
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p -= LR * g
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    step()
-    return {"name": "PyTorch Python loop", "compile": time.perf_counter() - t0, "fn": step,
-            "precision": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"}
-
-
-def cold_probe(seq: int, profile: bool, wait: bool = False) -> None:
-    """In this (fresh) process, whose compiledir is empty: time `function(...)`, the first
-    call (plain launches), the second (loop and function graphs captured), with the nvcc
-    runs of each phase; print one JSON line (and, with `profile`, the top of a cProfile of
-    each phase to stderr). With `wait` the link-time prefetch waits for its nvcc batch
-    before linking goes on (as it did before it ran in the background), to compare."""
-    import cProfile
-    import pstats
-    import symgpu
-    import symgpu.tensor as T
-    from symgpu.gpu.exec import prefetch
-    from symgpu.gpu.runtime import compiler
-    if wait:
-        from symgpu.link import vm
-        vm.LINK_HOOKS[vm.LINK_HOOKS.index(prefetch._link_hook)] = \
-            lambda fgraph, nodes: prefetch.prefetch(nodes) if any(
-                hasattr(n.op, "prefetch_sources") for n in nodes) else None
-    ctx = symgpu.gpu.init_default_context()
-    assert ctx is not None and not ctx.virtual, "no GPU"
-    compiler.nvcc_version()   # outside the timings, as a warm process has it
-    phases: dict = {}
-
-    def phase(name: str, fn):
-        before = dict(compiler.STATS)
-        prof = cProfile.Profile() if profile else None
-        t0 = time.perf_counter()
-        if prof is not None:
-            prof.enable()
-        out = fn()
-        ctx.synchronize()
-        if prof is not None:
-            prof.disable()
-        phases[name] = {"seconds": time.perf_counter() - t0,
-                        "nvcc_runs": compiler.STATS["runs"] - before.get("runs", 0),
-                        "nvcc_seconds": compiler.STATS["seconds"] - before.get("seconds", 0.0),
-                        "nvcc_longest": compiler.STATS["longest"]}
-        if prof is not None:
-            print(f"--- cProfile of {name} (top 25 by cumulative time)", file=sys.stderr)
-            pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
-        return out
-    built = phase("function", lambda: build_train(symgpu, T, seq, shared_data=True))
-    phases["function"]["function() alone"] = built[2]   # the rest: scan(), grad()
-    step = built[0]
-    phase("first call", step)
-    phase("second call", step)
-    print(json.dumps(phases))
-
-
-def bench_cold(seq: int, profile: bool, wait: bool = False) -> dict:
-    """`cold_probe` in a fresh process with an empty compiledir."""
-    with tempfile.TemporaryDirectory(prefix="symgpu-rnn-cold-") as tmp:
-        env = dict(os.environ)
-        env["SYMGPU_FLAGS"] = ",".join(f for f in (env.get("SYMGPU_FLAGS", ""), "device=cuda",
-                                                   f"compiledir={tmp}") if f)
-        cmd = [sys.executable, os.path.abspath(__file__), "--cold-probe", "--seq", str(seq)]
-        if profile:
-            cmd.append("--profile-cold")
-        if wait:
-            cmd.append("--cold-wait")
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if profile:
-        sys.stderr.write(out.stderr)
-    if out.returncode:
-        raise RuntimeError(out.stderr.strip()[-3000:] or f"exit {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def print_cold(phases: dict, label: str) -> None:
-    f, c1, c2 = phases["function"], phases["first call"], phases["second call"]
-    total = f["seconds"] + c1["seconds"]
-    print(f"  cold compile{label} (fresh process, empty compiledir): graph + function() "
-          f"{f['seconds']:.3f} s (function() alone {f['function() alone']:.3f} s) "
-          f"+ first call {c1['seconds']:.3f} s = {total:.3f} s "
-          f"(goal < 3 s: {'met' if total < 3.0 else 'NOT met'}); second call (captures) "
-          f"{c2['seconds']:.3f} s")
-    print("    nvcc runs ended in each phase (seconds summed over threads): " + ", ".join(
-        f"{name} {p['nvcc_runs']} ({p['nvcc_seconds']:.2f} s)" for name, p in phases.items())
-        + f"; longest run {c2['nvcc_longest']:.2f} s")
-
-
-def main() -> None:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
-    ap.add_argument("--steps", type=int, default=3, help="calls per timed block")
-    ap.add_argument("--rounds", type=int, default=15, help="timed blocks per contender")
-    ap.add_argument("--seq", type=int, default=100, help="time steps")
+    ap.add_argument("--subset", default=None, help="comma list of row keys or globs "
+                    "(e.g. 'lstm-masked-*-b16-*,elman-classic'); default: every cell once")
+    ap.add_argument("--full", action="store_true", help="every row of the issue's matrix")
+    ap.add_argument("--quick", action="store_true", help="toy sizes, 2 rounds: a smoke run")
+    ap.add_argument("--steps", type=int, default=None, help="calls per timed block (3)")
+    ap.add_argument("--rounds", type=int, default=None, help="timed blocks per contender")
+    ap.add_argument("--budget", type=float, default=360.0,
+                    help="seconds; rows not started by then are skipped (the default run "
+                    "fits the issue's 8 minutes)")
+    ap.add_argument("--peers", default=None, help="where PyTorch and JAX run: cuda, cpu (to "
+                    "try them without a GPU) or none; default: the device (none on the CPU)")
+    ap.add_argument("--skip", default="", help=f"contenders to leave out: {','.join(PEERS)}")
+    ap.add_argument("--jax-fp32", action="store_true", help="add JAX with 'highest' precision")
+    ap.add_argument("--seq", type=int, default=100, help="elman-classic's time steps")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-compile probe")
     ap.add_argument("--profile-cold", action="store_true",
                     help="print a cProfile of the cold compile's phases")
     ap.add_argument("--cold-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cold-wait", action="store_true", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.peers = args.peers or ("none" if args.device == "cpu" else args.device)
+    args.skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    args.steps = args.steps or (1 if args.quick else 3)
+    args.rounds = args.rounds or (2 if args.quick else 10)
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
     if args.cold_probe:
-        cold_probe(args.seq, args.profile_cold, args.cold_wait)
-        return
-    cold = []
-    if args.device != "cpu" and not args.no_cold:
-        cold = [("", bench_cold(args.seq, args.profile_cold)),
-                (", prefetch waiting for nvcc", bench_cold(args.seq, False, wait=True))]
+        import rnn_elman
+        rnn_elman.cold_probe(args.seq, args.profile_cold, args.cold_wait)
+        return {}
+    start = time.perf_counter()
     if args.device != "cpu":
+        # JAX takes 75% of the GPU's memory on its first array; symgpu and PyTorch share it
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
         os.environ["SYMGPU_FLAGS"] = ",".join(
             f for f in (os.environ.get("SYMGPU_FLAGS", ""), f"device={args.device}") if f)
-    contenders = [bench_symgpu(args.seq, args.device)]
-    if args.device == "cpu":
-        others = [bench_numpy(args.seq), bench_pytensor(args.seq)]
+    if args.full:
+        keys = [s.key for s in rc.all_specs()] + ["elman-classic"]
     else:
-        others = [bench_symgpu(args.seq, args.device, tf32=True),
-                  bench_symgpu_pushout(args.seq), bench_symgpu_stepwise(args.seq),
-                  bench_jax(args.seq), bench_jax(args.seq, "highest"),
-                  bench_torch_cudnn(args.seq), bench_torch_loop(args.seq)]
-    contenders += [c for c in others if c is not None]
-    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
-    print(f"Elman RNN tanh, input {IN}, hidden {HID}, batch {BATCH}, {args.seq} steps, float32: "
-          f"forward + BPTT + SGD ({args.device})")
-    sg_best = times[0][0]
-    for label, phases in cold:
-        print_cold(phases, label)
-    print(f"  timed: {args.rounds} blocks of {args.steps} calls per contender, in alternation")
-    for c, (best, median) in zip(contenders, times):
-        ratio = "" if c is contenders[0] else f"  symgpu/this = {sg_best / best:.2f}x"
-        first = f" (+{c['first']:.3f} s 1st call)" if "first" in c else ""
-        print(f"  {c['name']:<30} {c.get('precision', '?'):>4}  compile {c['compile']:7.3f} s"
-              f"{first}   step best {best * 1e3:8.2f} ms   median {median * 1e3:8.2f} ms{ratio}")
-    if args.device != "cpu":
-        from symgpu.gpu.exec import graphs, scan_graph
-        for c in contenders:
-            runner = getattr(getattr(c.get("function"), "vm", None), "runner", None)
-            if runner is not None and hasattr(runner, "stats"):
-                print(f"  function graphs, {c['name']}: {runner.stats()}")
-        print(f"  function graphs, process-wide: {dict(graphs.STATS)}")
-        print(f"  loop graphs: {dict(scan_graph.STATS)}")
+        keys = (args.subset.split(",") if args.subset else
+                DEFAULT_QUICK if args.quick else
+                DEFAULT_CUDA if args.device != "cpu" else DEFAULT_CPU)
+    classic = any(k.strip() == "elman-classic" for k in keys)
+    pats = ",".join(k for k in keys if k.strip() != "elman-classic")
+    specs = rc.select(pats) if pats else []
+    if args.quick:
+        specs = [s.shrunk() for s in specs]
+    results: dict = {}
+    for spec in specs + (["elman-classic"] if classic else []):
+        if time.perf_counter() - start > args.budget:
+            say(f"{getattr(spec, 'key', spec)}: skipped (past --budget {args.budget:.0f} s)")
+            continue
+        if spec == "elman-classic":
+            import rnn_elman
+            meds = rnn_elman.run_classic(args)
+            names = list(meds)
+            results["elman-classic"] = {"spec": None, "check": "", "times": {
+                "symgpu": meds[names[0]],
+                **{k: meds[n] for k, n in (("symgpu-tf32", "symgpu scan (cuda), TF32"),
+                                           ("jax", "JAX lax.scan (jit)"),
+                                           ("cudnn", "PyTorch cuDNN nn.RNN")) if n in meds},
+                **{"pytensor": v for n, v in meds.items() if n.startswith("PyTensor")}}}
+            continue
+        results[spec.key] = run_row(spec, args)
+    say(f"\n## RNN matrix ({args.device}{', quick' if args.quick else ''}): median ms per "
+        f"training step; ratios use {headline(args.device)}; "
+        f"{time.perf_counter() - start:.0f} s in all\n")
+    for line in table(results, args.device):
+        say(line)
+    say("")
+    for line in criteria(results, args.device, args.quick):
+        say(line)
     sys.stdout.flush()
+    return results
 
 
 if __name__ == "__main__":
