@@ -319,7 +319,7 @@ def test_lstm_gradient_body_keeps_constants_inside_and_writes_gates_once():
     where rewrites see them, instead of becoming loop inputs; the gate gradients are joined
     and written into the product's gradient once (local_add_of_slice_writes)."""
     from symgpu.graph.basic import Constant
-    from symgpu.tensor.subtensor import IncSubtensor
+    from symgpu.tensor.subtensor import IncSubtensorProps   # host or GPU (device=cuda runs)
     H = 3
     x, m, h0 = T.dtensor3("x"), T.dmatrix("m"), T.dmatrix("h0")
     W = symgpu.shared(rand(2, 4 * H, scale=0.5))
@@ -340,7 +340,7 @@ def test_lstm_gradient_body_keeps_constants_inside_and_writes_gates_once():
     assert len(back) == 1
     assert not any(isinstance(v, Constant) for v in back[0].inputs[1:])
     body = back[0].op.inner.rewritten()
-    assert sum(isinstance(n.op, IncSubtensor) for n in body.apply_nodes) == 1
+    assert sum(isinstance(n.op, IncSubtensorProps) for n in body.apply_nodes) == 1
 
     def numeric(xv, mv, h0v):
         def run(Wv, Uv):
