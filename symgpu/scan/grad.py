@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import symgpu.tensor as T
 from symgpu.gradient import grad
-from symgpu.graph.basic import Constant, Variable, graph_inputs
+from symgpu.graph.basic import Constant, Variable, ancestors, graph_inputs, io_toposort
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import clone_with, hoist_invariants
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+from symgpu.tensor.math import Dot, MatMul
 from symgpu.tensor.subtensor import IncSubtensor, Slice
 from symgpu.tensor.type import TensorType
 
@@ -142,6 +143,23 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
     body = [new_windows[j] for j in new_windows] + [new_accs[k] for k in new_accs] + seq_grad_outs
     replace = {state_out[j]: y_ph[j] for j in y_ph}
     replace.update({nitsot_out[i]: z_ph[i] for i in z_ph})
+    # the forward step's matrix products the backward step reads are saved by the forward
+    # loop instead of recomputed (cuDNN's reserve space): a gradient loop of an LSTM does
+    # its one recurrent product per step, not three
+    saved = _saved_products(io_toposort(list(inner_in), list(inner_out)), body,
+                            set(seq_in) | set(tap_in), set(replace))
+    s_ph = {v: v.type(f"{v.name or 'product'}[t] (saved)") for v in saved}
+    replace.update(s_ph)
+    saved_seqs: list[Variable] = []
+    if saved:
+        names = tuple(info.nitsot_names) + ("",) * (K - len(info.nitsot_names))
+        fwd = op.host_loop(inner_in, list(inner_out) + saved, dc_replace(
+            info, keep=(True,) * M, n_nitsot=K + len(saved),
+            nitsot_names=names + tuple(f"saved {v.name or 'product'}" for v in saved)))
+        fwd_outs = fwd(*inputs)
+        fwd_outs = fwd_outs if isinstance(fwd_outs, list) else [fwd_outs]
+        bufs, nitsots = fwd_outs[:M], fwd_outs[M:M + K]
+        saved_seqs = fwd_outs[M + K:]
     body = clone_with(body, replace)
 
     # backward sequences (reversed), kept only where the body reads them
@@ -153,6 +171,7 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
     seq_pairs += [(tap_in[m], rev(bufs[j], info.n_init(j) + tap)) for m, (j, tap) in enumerate(taps)]
     seq_pairs += [(y_ph[j], rev(bufs[j], info.n_init(j))) for j in y_ph]
     seq_pairs += [(z_ph[i], nitsots[i][::-1]) for i in z_ph]
+    seq_pairs += [(s_ph[v], sv[::-1]) for v, sv in zip(saved, saved_seqs)]
     tails = {j: _tail_adjoint(g_bufs[j], outputs[j], info.n_init(j)) for j in g_state_ph}
     seq_pairs += [(g_state_ph[j], rev(g_bufs[j], info.n_init(j)) if tails[j] is None
                    else tails[j][::-1]) for j in g_state_ph]
@@ -191,6 +210,21 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
         g = T.zeros_like(seqs[k])
         result[1 + k] = T.set_subtensor(g[n - n_back:n], g_rev[::-1])
     return result
+
+
+def _saved_products(forward: list, body: Sequence[Variable], variant: set,
+                    replaced: set) -> list[Variable]:
+    """The matrix products of the forward step (`forward`: its nodes) that the backward step
+    `body` reads and that change with the step (they read a sequence's or a state's value
+    at t)."""
+    read = {n for n in io_toposort(list(variant), list(body))}
+    out = []
+    for node in forward:
+        if isinstance(node.op, (Dot, MatMul)) and node in read and \
+                node.outputs[0] not in replaced and \
+                any(v in variant for v in ancestors(node.inputs)):
+            out.append(node.outputs[0])
+    return out
 
 
 def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:

@@ -135,8 +135,18 @@ def _depends_on(var_list, targets: set) -> bool:
     return any(v in targets for v in ancestors(var_list))
 
 
-def _same_body(a: Scan, b: Scan) -> bool:
-    return a.inner_inputs == b.inner_inputs and a.inner_outputs == b.inner_outputs
+def _serves(big, small) -> bool:
+    """Whether loop node `big` computes everything loop node `small` returns: the same body
+    on the same inputs, with more per-step outputs at the end (the gradient's forward loop
+    that also saves its products, symgpu/scan/grad.py) and every history `small` keeps."""
+    a, b = small.op, big.op
+    ia, ib = a.info, b.info
+    n_out = ia.n_states + ia.n_nitsot
+    return (a.inner_inputs == b.inner_inputs and list(small.inputs) == list(big.inputs)
+            and ia.state_taps == ib.state_taps and ia.n_nitsot <= ib.n_nitsot
+            and (ia.as_while, ia.truncate_gradient) == (ib.as_while, ib.truncate_gradient)
+            and list(a.inner_outputs) == list(b.inner_outputs[:n_out])
+            and all(kb or not ka for ka, kb in zip(ia.keep, ib.keep)))
 
 
 def _merge_pair(fgraph: FunctionGraph, na, nb) -> bool:
@@ -144,21 +154,19 @@ def _merge_pair(fgraph: FunctionGraph, na, nb) -> bool:
     reading the other's results); returns whether the graph changed."""
     a, b = na.op, nb.op
     ia, ib = a.info, b.info
-    if _same_body(a, b) and list(na.inputs) == list(nb.inputs):
-        # the same loop twice (e.g. the gradient's full-history copy of a loop that keeps only
-        # its last values): the one that keeps every history the other keeps serves both
-        if not all(ka or not kb for ka, kb in zip(ia.keep, ib.keep)):
-            if all(kb or not ka for ka, kb in zip(ia.keep, ib.keep)):
-                return _merge_pair(fgraph, nb, na)
-            return False
-        for j in range(ia.n_states):
-            if ia.keep[j] == ib.keep[j]:
-                fgraph.replace(nb.outputs[j], na.outputs[j], reason="scan_merge")
-            else:
-                fgraph.replace(nb.outputs[j], na.outputs[j][-ia.n_init(j):], reason="scan_merge")
-        for i in range(ia.n_nitsot):
-            k = ia.n_states + i
-            fgraph.replace(nb.outputs[k], na.outputs[k], reason="scan_merge")
+    for big, small in ((na, nb), (nb, na)):
+        if not _serves(big, small):
+            continue
+        # the same loop twice (the gradient's full-history copy of a loop that keeps only its
+        # last values, or its copy saving per-step products): the bigger serves both
+        bi, si = big.op.info, small.op.info
+        for j in range(si.n_states):
+            new = big.outputs[j] if bi.keep[j] == si.keep[j] else \
+                big.outputs[j][-si.n_init(j):]
+            fgraph.replace(small.outputs[j], new, reason="scan_merge")
+        for i in range(si.n_nitsot):
+            fgraph.replace(small.outputs[si.n_states + i], big.outputs[bi.n_states + i],
+                           reason="scan_merge")
         return True
     if set(a.inner_inputs) & set(b.inner_inputs) or a.mode != b.mode:
         return False
