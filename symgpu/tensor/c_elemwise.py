@@ -184,21 +184,30 @@ def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: 
     tags = "".join(k + str(s) for k, s in zip(kinds + "w" * nout, sizes)).encode()
     if shape_expr is None:
         shape_expr = f"a{kinds.index('f') if 'f' in kinds else 0}.shape"
+    ins = ", ".join(f"a{k}" for k in range(nin))
     src = ["def make(in_cells, out_cells):"]
     src += [f"    c{k} = in_cells[{k}]" for k in range(nin)]
     src += [f"    o{j} = out_cells[{j}]" for j in range(nout)]
-    src += ["    def thunk():"]
-    src += [f"        a{k} = c{k}[0]" for k in range(nin)]
+    src += [f"    def attempt({ins}):"]
     src += [f"        shape = {shape_expr}"]
     for j, v in enumerate(node.outputs):
         src.append(f"        r{j} = a{inplace[j]}" if j in inplace
                    else f"        r{j} = empty(shape, d{j})")
     args = ", ".join([f"a{k}" for k in range(nin)] + [f"r{j}" for j in range(nout)])
-    src += [f"        if run(address, tags, {args}):"]
-    src += [f"            o{j}[0] = r{j}" for j in range(nout)]
-    src += ["        else:", "            fallback()", "    return thunk"]
+    src += [f"        if not run(address, tags, {args}):", "            return False"]
+    src += [f"        o{j}[0] = r{j}" for j in range(nout)]
+    src += ["        return True"]
+    src += ["    def thunk():"]
+    src += [f"        a{k} = c{k}[0]" for k in range(nin)]
+    # strided views (an LSTM's gates are column blocks of one product) are packed and the
+    # kernel tried again: a copy of each is far cheaper than the NumPy thunk's ufunc-by-ufunc
+    # pass with its temporaries; shapes the kernel refuses go to the fallback and its errors
+    src += [f"        if not attempt({ins}) and not (packable({ins}) and attempt("
+            + ", ".join(f"packed(a{k})" for k in range(nin)) + ")):"]
+    src += ["            fallback()", "    return thunk"]
     ns = {"run": run, "address": address, "tags": tags, "empty": np.empty,
-          "fallback": fallback}
+          "fallback": fallback, "packed": _packed,
+          "packable": _packable_for(set(inplace.values()))}
     ns.update({f"d{j}": np.dtype(v.dtype) for j, v in enumerate(node.outputs)})  # not parsed per call
     exec(compile("\n".join(src), f"<C thunk {node.op}>", "exec"), ns)
     thunk = ns["make"]([storage_map[v] for v in node.inputs],
@@ -209,6 +218,21 @@ def _generate(run, address: int, node, kinds: str, storage_map: dict, fallback: 
     thunk.c_kernel = address
     thunk.fallback = fallback
     return thunk
+
+
+def _packed(a):
+    """`a` C-contiguous (a copy only when it is a strided view)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _packable_for(overwritten: set) -> Callable:
+    """Whether packing strided inputs may help: some input is a strided NumPy view and no
+    input the node overwrites is one (packing it would leave the view unwritten)."""
+    def packable(*arrays) -> bool:
+        strided = [k for k, a in enumerate(arrays)
+                   if isinstance(a, np.ndarray) and not a.flags.c_contiguous]
+        return bool(strided) and not overwritten.intersection(strided)
+    return packable
 
 
 def prefetch(fgraph, nodes: list) -> None:
