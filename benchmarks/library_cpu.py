@@ -13,9 +13,23 @@ rfft's layout: symgpu gives (1, n//2 + 1, 2) real/imaginary pairs (Theano's), Sc
 array; "scipy+pairs" is SciPy's call followed by the view as pairs a user would need
 (`out.view(float32).reshape(..., 2)`: free), shown beside it.
 
-Measured on this machine (2 cores, device=cpu), `python benchmarks/library_cpu.py`:
+Measured on the 2-core development VM (device=cpu, one BLAS thread, 11 rounds, the machine
+shared with other jobs: load average about 10), medians in us, ratio symgpu's better
+contender / the fastest direct call (before the fixes: rfft 2.1x, solve float64 1.12x):
 
-    <filled in below>
+    row                               symgpu arg  symgpu shared   scipy    numpy   ratio
+    cholesky 256 float64                   661          672         632      777   1.05 (arg)
+    solve 256 float64                     1279         1214        1621     1168   1.04 (shared)
+    eigh 256 float64                      8944         9664       16043     9810   0.91 (arg)
+    cholesky 256 float32                   723          750         707     1223   1.02 (arg)
+    solve 256 float32                     1010          991        1065      966   1.03 (shared)
+    eigh 256 float32                      5603         5538        6303     5624   0.98 (shared)
+    csr 10k^2 1% @ 10k x 64 float64      31145        33134       31847        -   0.98 (arg)
+    rfft 2^22 float32                   117913        87795      109738   185458   0.80 (shared)
+    sort 2^22 float32                    21025        20914           -    20734   1.01 (shared)
+
+(rfft's scipy+pairs: 84765 us. The two symgpu contenders differ by the noise only: with a
+trivial per-call cost of about 10 us, neither way of passing the input matters here.)
 """
 from __future__ import annotations
 
