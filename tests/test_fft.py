@@ -157,13 +157,19 @@ def test_cpu_and_floatx_float32_graph():
         assert fft.rfft(x).dtype == "float32"
 
 
-def test_a_gpu_graph_keeps_the_ops_on_the_host():
+def test_a_gpu_graph_runs_the_transforms_through_the_gpu_ops():
+    """(symgpu/gpu/ops/fft.py lifts them; tests/test_gpu_fft.py tests them.) Transforms of
+    more than 3 axes, which cuFFT has no plan for, stay on the host."""
     from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32"), virtual_context(None):
         x = T.fmatrix("x")
         y = fft.irfft(fft.rfft(x * 2)) + 1
         f = function([x], [y, T.grad(y.sum(), x)])
         names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
+        assert {"GpuRFFT", "GpuIRFFT"} <= names and not names & {"RFFTOp", "IRFFTOp"}, names
+        x5 = T.tensor(dtype="float32", shape=(False,) * 5)
+        g = function([x5], fft.irfft(fft.rfft(x5)))
+        names = {type(n.op).__name__ for n in g.maker.fgraph.toposort()}
         assert {"RFFTOp", "IRFFTOp", "GpuFromHost", "HostFromGpu"} <= names, names
 
 

@@ -1152,3 +1152,27 @@ def test_gpu_sparse_inferred_shapes(op_cls):
         got = node.op.infer_shape(None, node, [tuple(T.constant(np.int64(n)) for n in s)
                                                for s in in_shapes])
         assert [tuple(int(v.data) for v in got[0])] == [want], str(node.op)
+
+
+
+# ---------------------------------------------------------------- GPU FFTs (symgpu.gpu.ops.fft)
+from symgpu.gpu.ops import fft as _gfft  # noqa: E402
+
+_GPU_FFT_CASES = {
+    _gfft.GpuRFFT: [gcase(lambda x, s: _gfft.GpuRFFT()(x, s), lambda x, s: _fft.rfft_op(x, s),
+                          "gh", r(2, 7), i64([7])),
+                    gcase(lambda x, s: _gfft.GpuRFFT()(x, s), lambda x, s: _fft.rfft_op(x, s),
+                          "gh", r(2, 3, 4), i64([3, 4]))],
+    _gfft.GpuIRFFT: [gcase(lambda x, s: _gfft.GpuIRFFT()(x, s), lambda x, s: _fft.irfft_op(x, s),
+                           "gh", r(2, 5, 2), i64([9])),
+                     gcase(lambda x, s: _gfft.GpuIRFFT()(x, s), lambda x, s: _fft.irfft_op(x, s),
+                           "gh", r(2, 3, 4, 2), i64([3, 6]))],
+}
+CASES.update(_GPU_FFT_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_GPU_FFT_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_inferred_shape_gpu_fft(op_cls):
+    for c in _GPU_FFT_CASES[op_cls]:
+        _gpu_check(op_cls, c)

@@ -109,3 +109,4 @@ import symgpu.gpu.ops.ctc  # noqa: E402,F401
 import symgpu.gpu.ops.linalg  # noqa: E402,F401  (cuSOLVER/cuBLAS linear algebra)
 import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices: type, shared variables, transfers)
 import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)
+import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFFT through cuFFT)

@@ -29,6 +29,12 @@ from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 __all__ = ["RFFTOp", "IRFFTOp", "rfft_op", "irfft_op", "rfft", "irfft"]
 
 _NORMS = (None, "ortho", "no_norm")
+_COMPLEX = {"float32": np.complex64, "float64": np.complex128}
+
+
+def _scipy_fft():
+    import scipy.fft  # not a symgpu module: loads on first use
+    return scipy.fft
 
 
 def _float_input(a: Any, what: str, min_ndim: int, layout: str) -> TensorVariable:
@@ -77,10 +83,13 @@ class RFFTOp(Op):
             raise ValueError(f"RFFTOp: the transform shape s={s} must be the input's "
                              f"shape after the batch axis, {a.shape[1:]} (input shape "
                              f"{a.shape}, dtype {a.dtype})")
-        f = np.fft.rfftn(a, axes=tuple(range(1, a.ndim)))
-        out = np.empty(f.shape + (2,), dtype=a.dtype)
-        out[..., 0], out[..., 1] = f.real, f.imag
-        output_storage[0][0] = out
+        # SciPy's pocketfft keeps float32 in single precision (NumPy's rfftn computes in
+        # double and would need a cast), and its C-contiguous complex result already is the
+        # (..., 2) layout: a view, no stacking of real and imaginary parts
+        f = _scipy_fft().rfftn(a, axes=tuple(range(1, a.ndim)))
+        if f.dtype != _COMPLEX[a.dtype.name]:
+            f = f.astype(_COMPLEX[a.dtype.name])
+        output_storage[0][0] = f.view(a.dtype).reshape(f.shape + (2,))
 
     def infer_shape(self, fgraph, node, input_shapes):
         shp = tuple(input_shapes[0])
@@ -129,8 +138,10 @@ class IRFFTOp(Op):
             raise ValueError(f"IRFFTOp: the output shape s={s} does not fit the input of shape "
                              f"{a.shape} (dtype {a.dtype}): s must be {a.shape[1:-2]} followed "
                              f"by {2 * (a.shape[-2] - 1)} or {2 * (a.shape[-2] - 1) + 1}")
-        out = np.fft.irfftn(a[..., 0] + 1j * a[..., 1], s=s, axes=tuple(range(1, a.ndim - 1)))
-        output_storage[0][0] = (out * float(np.prod(s))).astype(a.dtype)
+        # the pairs viewed as complex values (a copy only when the pairs are not adjacent)
+        c = np.ascontiguousarray(a).view(_COMPLEX[a.dtype.name])[..., 0]
+        out = _scipy_fft().irfftn(c, s=s, axes=tuple(range(1, a.ndim - 1)), norm="forward")
+        output_storage[0][0] = out if out.dtype == a.dtype else out.astype(a.dtype)
 
     def infer_shape(self, fgraph, node, input_shapes):
         shp = tuple(input_shapes[0])

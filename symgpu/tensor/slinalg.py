@@ -211,6 +211,12 @@ class Solve(_SolveBase):
             return sl.solve_triangular(a, b, lower=True)
         if self.A_structure == "upper_triangular":
             return sl.solve_triangular(a, b, lower=False)
+        if self.A_structure == "general" and np.isfinite(a).all() and np.isfinite(b).all():
+            # LAPACK's gesv, as scipy.linalg.solve's general case, without its condition
+            # estimate (gecon) and the Python layers around it: twice as fast at 256x256
+            # (benchmarks/library_cpu.py). A singular A raises LinAlgError as SciPy's does
+            # (one class); non-finite inputs take SciPy's path and its ValueError
+            return np.linalg.solve(a, b)
         return sl.solve(a, b, assume_a=_ASSUME_A[self.A_structure], lower=self.lower)
 
     def L_op(self, inputs, outputs, output_grads):
