@@ -65,7 +65,7 @@ ZERO_OOB_GRADIENTS = 0
 _BLOCK = 256            # ctc.cu's CTC_BLOCK: ctc_pack's one block
 _MAX_BLOCKS = 4096
 _MODULE_KEY = ("symgpu.ctc", MAX_LABELS)
-_FORMATS = {"ctc_pack": "PqqPqqqqqPPPPPP", "ctc_fixup": "PPPPqqq"}
+_FORMATS = {"ctc_pack": "PqqPqqqqqPPPPPP", "ctc_fixup": "PPPPPqqq"}
 _KINDS = {1: "a label outside [1, {a})", 2: "an input length outside [0, {t}]",
           3: "more than " + str(MAX_LABELS) + " labels (cuDNN's limit; set "
              "symgpu.gpu.ops.ctc.ENABLED = False to keep CTC on the host)"}
@@ -227,7 +227,8 @@ class GpuConnectionistTemporalClassification(DeviceChecked, Op):
                                     context=ctx)
         blocks = max(1, min(_MAX_BLOCKS, -(-max(total, b) // _BLOCK)))
         fixup.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, status.ptr,
-                                  in_len.ptr, costs.ptr, grad.ptr if total else 0, b, a, total)
+                                  in_len.ptr, costs.ptr, grad.ptr if total else 0, acts.ptr,
+                                  b, a, total)
         return [costs] + ([grad] if grad is not None else [])
 
 

@@ -8,7 +8,9 @@
 //
 // status[b]: 0 cuDNN's result stands; 1 cost 0, gradient 0 (no input, no label);
 // 2 cost +inf, gradient 0 (no alignment: labels + repeats > input length, or no input);
-// 3 an input reported as bad (its results are never read: the call raises).
+// 3 an input reported as bad (its results are never read: the call raises);
+// 4 no label but some input: every step must emit the blank, cost -sum_t log p_t(blank),
+// computed here (cuDNN gets an empty label for it, as for 1 and 2).
 #define CTC_BLOCK 256
 
 __device__ __forceinline__ long long ctc_code(long long kind, long long b, int v)
@@ -59,9 +61,11 @@ extern "C" __global__ void ctc_pack(const int *labels, long long ls0, long long 
             st = count ? 2 : 1;
         else if (count + repeats > len)
             st = 2;
+        else if (count == 0)
+            st = 4;
         status[b] = st;
         lab_len[b] = st ? 0 : count;
-        cudnn_in_len[b] = (st == 0 || st == 2) && len > 0 ? len : 1;
+        cudnn_in_len[b] = (st == 0 || st == 2 || st == 4) && len > 0 ? len : 1;
     }
     if (tid == 0)
         carry = 0;
@@ -98,20 +102,44 @@ extern "C" __global__ void ctc_pack(const int *labels, long long ls0, long long 
 
 /* After cuDNN: costs of the elements it did not compute (status != 0), and the gradient
    (t_max, n, alphabet), C-contiguous, zero at every step t >= that element's input length
-   and for every element whose status is not 0. grad may be null (no gradient wanted). */
+   and for every element whose status is not 0 or 4; for status 4 (blanks only) the cost
+   and the gradient softmax - onehot(blank) from the activations. grad may be null. */
+__device__ __forceinline__ float ctc_lse(const float *row, long long alphabet)
+{
+    float m = row[0];
+    for (long long k = 1; k < alphabet; ++k)
+        m = fmaxf(m, row[k]);
+    float s = 0.0f;
+    for (long long k = 0; k < alphabet; ++k)
+        s += expf(row[k] - m);
+    return m + logf(s);
+}
+
 extern "C" __global__ void ctc_fixup(const int *status, const int *cudnn_in_len, float *costs,
-    float *grad, long long n, long long alphabet, long long total)
+    float *grad, const float *acts, long long n, long long alphabet, long long total)
 {
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long upto = total > n ? total : n;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < upto; i += step) {
-        if (i < n && status[i] != 0)
+        if (i < n && status[i] == 4) {
+            float c = 0.0f;
+            for (long long t = 0; t < cudnn_in_len[i]; ++t) {
+                const float *row = acts + (t * n + i) * alphabet;
+                c += ctc_lse(row, alphabet) - row[0];
+            }
+            costs[i] = c;
+        } else if (i < n && status[i] != 0) {
             costs[i] = status[i] == 1 ? 0.0f : INFINITY;
+        }
         if (i < total) {
-            const long long row = i / alphabet;
+            const long long row = i / alphabet, a = i - row * alphabet;
             const long long b = row % n, t = row / n;
-            if (status[b] != 0 || t >= cudnn_in_len[b])
+            if (t >= cudnn_in_len[b] || (status[b] != 0 && status[b] != 4)) {
                 grad[i] = 0.0f;
+            } else if (status[b] == 4) {
+                const float *x = acts + row * alphabet;
+                grad[i] = expf(x[a] - ctc_lse(x, alphabet)) - (a == 0 ? 1.0f : 0.0f);
+            }
         }
     }
 }
