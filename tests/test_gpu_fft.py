@@ -318,7 +318,7 @@ GPU_SHAPES = [(4, 1000), (3, 999), (2, 16, 18), (2, 15, 9), (2, 6, 5, 8), (1, 1 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("norm", [None, "ortho", "no_norm"])
 @pytest.mark.parametrize("shape", GPU_SHAPES)
-def test_gpu_rfft_irfft_match_the_cpu(shape, norm, dtype):
+def test_gpu_rfft_irfft_match_the_cpu(cuda, shape, norm, dtype):
     x = RNG.standard_normal(shape).astype(dtype)
     odd = shape[-1] % 2 == 1
     got, want, names = _gpu_and_cpu(
@@ -333,7 +333,7 @@ def test_gpu_rfft_irfft_match_the_cpu(shape, norm, dtype):
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(3, 10), (3, 9), (2, 4, 6), (2, 3, 5), (2, 3, 4, 5)])
-def test_gpu_irfft_of_any_half_spectrum_matches_the_cpu(shape, dtype):
+def test_gpu_irfft_of_any_half_spectrum_matches_the_cpu(cuda, shape, dtype):
     """Non-Hermitian planes (imaginary DC parts...): NumPy's result, as the gradients need."""
     half = shape[:-1] + (shape[-1] // 2 + 1, 2)
     a = RNG.standard_normal(half).astype(dtype)
@@ -345,7 +345,7 @@ def test_gpu_irfft_of_any_half_spectrum_matches_the_cpu(shape, dtype):
 
 
 @requires_gpu
-def test_gpu_fft_of_views_leaves_the_input_alone():
+def test_gpu_fft_of_views_leaves_the_input_alone(cuda):
     x = RNG.standard_normal((6, 40, 33)).astype("float32")
     got, want, names = _gpu_and_cpu(lambda v: fft.rfft(v[::2, 3:, ::-1]), x)
     assert "GpuRFFT" in names
@@ -360,7 +360,7 @@ def test_gpu_fft_of_views_leaves_the_input_alone():
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(2, 9), (2, 10), (2, 4, 6), (2, 3, 3, 4)])
-def test_gpu_fft_gradients_match_the_cpu(shape, dtype):
+def test_gpu_fft_gradients_match_the_cpu(cuda, shape, dtype):
     x = RNG.standard_normal(shape).astype(dtype)
     odd = shape[-1] % 2 == 1
 
@@ -375,7 +375,7 @@ def test_gpu_fft_gradients_match_the_cpu(shape, dtype):
 
 
 @requires_gpu
-def test_gpu_rfft_of_2_26_floats_is_one_cufft_call():
+def test_gpu_rfft_of_2_26_floats_is_one_cufft_call(cuda):
     """The benchmark's case: (1, 2^26) float32, one GpuRFFT, no other device work."""
     x = symgpu.shared(RNG.standard_normal((1, 1 << 26)).astype("float32"))
     f = function([], fft.rfft(x))

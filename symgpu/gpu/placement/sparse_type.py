@@ -444,6 +444,7 @@ def gpu_sparse_shared_constructor(value: Any, name: str | None = None, borrow: b
     else:
         host = gtype.sparse_type().filter(value, strict=strict, allow_downcast=allow_downcast)
         data = GpuSparseMatrix.upload(host, ctx)
+    _install_operators()   # `S.T`, `S * x`... on a shared variable made before any other
     return GpuSparseSharedVariable(gtype, None, name=name, strict=strict,
                                    allow_downcast=allow_downcast,
                                    container=Container(gtype, data, name))
