@@ -14,6 +14,15 @@ import rnn  # noqa: E402
 import rnn_cells as rc  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _keep_flags():
+    """The benchmark sets floatX for its run, as a script may: put it back for the tests
+    that follow."""
+    import symgpu
+    with symgpu.config.change_flags(floatX=symgpu.config.floatX):
+        yield
+
+
 def test_quick_cpu_run_checks_every_row_against_the_reference(capsys):
     rows = ("lstm-masked-last-b16-h128-fixed,lstm-masked-last-b16-h128-var,"
             "gru-unmasked-all-*-h128-fixed")
