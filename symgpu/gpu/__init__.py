@@ -105,3 +105,4 @@ import symgpu.gpu.ops.scan_op  # noqa: E402,F401
 import symgpu.gpu.exec.scan_graph  # noqa: E402,F401  (GpuScan captures whole loops through it)
 import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401
 import symgpu.gpu.ops.builders  # noqa: E402,F401  (OpFromGraph -> GpuOpFromGraph)
+import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
