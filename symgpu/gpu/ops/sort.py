@@ -18,6 +18,7 @@ runs on a transposed contiguous copy, its result copied back.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import threading
 from typing import Any, Callable
@@ -31,6 +32,7 @@ from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import sections, text
 from symgpu.gpu.runtime.codegen.types import storage_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.shared_library import load_shared_library, shared_library_in_background
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import INT_DTYPES, UINT_DTYPES
@@ -79,7 +81,6 @@ def sort_library() -> Any:
     """The CUB sort library (codegen/sort_lib.cu), built and loaded on first use."""
     if _lib:
         return _lib[0]
-    from symgpu.gpu.runtime.shared_library import load_shared_library
     with _lib_lock:
         if not _lib:
             lib = load_shared_library(text("sort_lib.cu"), ("-O3",))
@@ -99,8 +100,6 @@ def _start_library_build() -> None:
     """Build the library on a background thread while linking goes on (the prefetch)."""
     if _lib:
         return
-    import concurrent.futures
-    from symgpu.gpu.runtime.shared_library import shared_library_in_background
     global _executor
     with _lib_lock:
         if _executor is None:

@@ -19,6 +19,7 @@ import shlex
 import threading
 from typing import Sequence
 
+from symgpu.config import config
 from symgpu.gpu.runtime import compiler
 from symgpu.link.diskcache import build_once, private_dir, run_compiler
 
@@ -90,7 +91,6 @@ def shared_library_in_background(source: str, options: Sequence[str], arch: str,
     """Start building the library on ``executor`` (the link-time prefetch); a later load of
     the same source waits for it."""
     digest = _digest(source, list(options), arch)
-    from symgpu.config import config
     with _lock:
         flight = _in_flight.get(digest)
         if flight is None:
