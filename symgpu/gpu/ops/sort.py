@@ -197,9 +197,11 @@ def gpu_sort(op: Any, ctx: Any, plans: dict, x: Any, axis: int, indices: bool) -
         cub_sort(op, ctx, plans, _CODES[name], xr.ptr, out.ptr, None, None, rows, n)
     elif rows == 1:     # the fast path: CUB on the values, then any sign-bit NaNs moved last
         cub_sort(op, ctx, plans, _CODES[name], xr.ptr, out.ptr, None, None, 1, n)
-        scratch = new_array(ctx, (n,), dtype)
-        _launch(ctx, f"sort_nan_shift_out_{name}", "PPq", n, (out.ptr, scratch.ptr, n))
-        _launch(ctx, f"sort_nan_shift_back_{name}", "PPq", n, (out.ptr, scratch.ptr, n))
+        scratch, count = new_array(ctx, (n,), dtype), ctx.pool.allocate(8)
+        _launch(ctx, f"sort_nan_shift_out_{name}", "PPPq", n,
+                (out.ptr, scratch.ptr, count.ptr, n))
+        _launch(ctx, f"sort_nan_shift_back_{name}", "PPPq", n,
+                (out.ptr, scratch.ptr, count.ptr, n))
     else:
         keys = new_array(ctx, xr.shape, _udtype(dtype))
         _launch(ctx, f"sort_to_keys_{name}", "PPq", total, (xr.ptr, keys.ptr, total))

@@ -71,11 +71,13 @@ __device__ __forceinline__ void from_keys_body(const typename Bits<T>::U *keys, 
 }
 
 // A one-row float sort by CUB leaves the NaNs with the sign bit set first (CUB orders bits,
-// NumPy puts every NaN last): they are a prefix of m NaNs, found by binary search. Two
-// passes move out[m:] to the front and NaNs to the end through `scratch`; with m == 0 (the
-// usual case) every block returns after the search.
+// NumPy puts every NaN last): they are a prefix of m NaNs, found by binary search in the
+// first pass (which only reads out[]) and handed to the second through *count. The passes
+// move out[m:] to the front and NaNs to the end through `scratch`; with m == 0 (the usual
+// case) every block returns at once.
 template <typename T>
-__device__ __forceinline__ long long leading_nans(const T *out, long long n)
+__device__ __forceinline__ void nan_shift_out_body(const T *out, T *scratch, long long *count,
+                                                   long long n)
 {
     __shared__ long long m;
     if (threadIdx.x == 0) {
@@ -85,25 +87,19 @@ __device__ __forceinline__ long long leading_nans(const T *out, long long n)
             if (out[mid] != out[mid]) lo = mid + 1; else hi = mid;
         }
         m = lo;
+        if (blockIdx.x == 0) *count = lo;
     }
     __syncthreads();
-    return m;
-}
-
-template <typename T>
-__device__ __forceinline__ void nan_shift_out_body(const T *out, T *scratch, long long n)
-{
-    const long long m = leading_nans<T>(out, n);
     if (m == 0) return;
     GRID_LOOP(i, n - m) scratch[i] = out[i + m];
 }
 
 template <typename T>
-__device__ __forceinline__ void nan_shift_back_body(T *out, const T *scratch, long long n)
+__device__ __forceinline__ void nan_shift_back_body(T *out, const T *scratch,
+                                                    const long long *count, long long n)
 {
-    const long long m = leading_nans<T>(out, n);
+    const long long m = *count;
     if (m == 0) return;
-    __syncthreads();    // every thread has read out[] before any writes it
     GRID_LOOP(i, n) out[i] = i < n - m ? scratch[i] : T(NAN);
 }
 
@@ -279,11 +275,13 @@ extern "C" __global__ void sort_to_keys_${dn}(const ${t} *x, ${u} *keys, long lo
 extern "C" __global__ void sort_from_keys_${dn}(const ${u} *keys, ${t} *out, long long total)
 { from_keys_body<${t}>(keys, out, total); }
 
-extern "C" __global__ void sort_nan_shift_out_${dn}(const ${t} *out, ${t} *scratch, long long n)
-{ nan_shift_out_body<${t}>(out, scratch, n); }
+extern "C" __global__ void sort_nan_shift_out_${dn}(const ${t} *out, ${t} *scratch,
+                                                   long long *count, long long n)
+{ nan_shift_out_body<${t}>(out, scratch, count, n); }
 
-extern "C" __global__ void sort_nan_shift_back_${dn}(${t} *out, const ${t} *scratch, long long n)
-{ nan_shift_back_body<${t}>(out, scratch, n); }
+extern "C" __global__ void sort_nan_shift_back_${dn}(${t} *out, const ${t} *scratch,
+                                                    const long long *count, long long n)
+{ nan_shift_back_body<${t}>(out, scratch, count, n); }
 //@ pick
 
 extern "C" __global__ void topk_init(unsigned long long *state, unsigned long long *hist,
