@@ -1176,3 +1176,28 @@ CASES.update(_GPU_FFT_CASES)
 def test_inferred_shape_gpu_fft(op_cls):
     for c in _GPU_FFT_CASES[op_cls]:
         _gpu_check(op_cls, c)
+
+
+
+# ---------------------------------------------------------------- sort / topk on the GPU
+# (symgpu/gpu/ops/sort.py) and the host ScatterAlongAxis of topk's gradient
+from symgpu.gpu.ops import sort as _gsort  # noqa: E402
+
+_SORT_CASES = {
+    _srt.ScatterAlongAxis: [case(lambda x, i, g: _srt.ScatterAlongAxis(1)(x, i, g), r(2, 4),
+                                 i64([[3, 0], [1, 2]]), r(2, 2))],
+    _gsort.GpuArgSort: [gcase(lambda x: _gsort.GpuArgSort(0)(x), lambda x: T.argsort(x, 0),
+                              "g", r(3, 4))],
+    _gsort.GpuTopK: [gcase(lambda x, k: _gsort.GpuTopK(0).make_node(x, k).outputs[0],
+                           lambda x, k: _srt.topk_and_argtopk(x, k, axis=0)[0], "gh",
+                           r(5, 3), i64(-2))],
+    _gsort.GpuScatterAlongAxis: [gcase(lambda x, i, g: _gsort.GpuScatterAlongAxis(1)(x, i, g),
+                                       lambda x, i, g: _srt.ScatterAlongAxis(1)(x, i, g),
+                                       "ggg", r(2, 4), i64([[3, 0], [1, 2]]), r(2, 2))],
+}
+CASES.update(_SORT_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_SORT_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_gpu_sort(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -164,7 +164,7 @@ def test_errors():
         TopKOp(return_values=False, return_indices=False)
 
 
-def test_a_gpu_graph_keeps_the_op_on_the_host():
+def test_a_gpu_graph_runs_topk_and_its_gradient_on_the_gpu():
     from symgpu import config
     from symgpu.gpu.placement.rewriting import virtual_context
     with config.change_flags(floatX="float32"), virtual_context(None):
@@ -172,7 +172,8 @@ def test_a_gpu_graph_keeps_the_op_on_the_host():
         y = topk(x * 2, 2) + 1
         f = function([x], [y, T.grad(y.sum(), x)])
         names = {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
-        assert {"TopKOp", "GpuFromHost", "HostFromGpu"} <= names, names
+        assert {"GpuTopK", "GpuScatterAlongAxis"} <= names, names
+        assert not {"TopKOp", "ScatterAlongAxis"} & names, names
 
 
 def test_functions_and_graphs_pickle():

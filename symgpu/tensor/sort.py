@@ -20,14 +20,12 @@ from symgpu.scalar.dtypes import INT_DTYPES, UINT_DTYPES, is_float, is_int
 from symgpu.tensor.basic import flatten
 from symgpu.tensor.extra_ops import ArgSort, Sort, argsort, sort  # re-exported: one definition
 from symgpu.tensor.math import abs as _abs
-from symgpu.tensor.math import zeros_like
 from symgpu.tensor.ranges import arange
 from symgpu.tensor.shape_rules import as_dim
-from symgpu.tensor.subtensor import set_subtensor
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["Sort", "ArgSort", "sort", "argsort", "TopKOp", "topk", "argtopk",
-           "topk_and_argtopk"]
+           "topk_and_argtopk", "ScatterAlongAxis"]
 
 
 def _select(x: np.ndarray, k: int, axis: int, ordered: bool) -> np.ndarray:
@@ -125,12 +123,58 @@ class TopKOp(Op):
             idx = outputs[-1]
         else:
             idx = TopKOp(self.axis, self.sorted, "int64", return_values=False)(x, kth)
-        axis = self.axis % x.ndim
-        where = tuple(idx if i == axis else
-                      arange(x.shape[i]).dimshuffle([0] + ["x"] * (x.ndim - i - 1))
-                      for i in range(x.ndim))
-        return [set_subtensor(zeros_like(x, dtype=gz.dtype)[where], gz), None]
+        return [ScatterAlongAxis(self.axis % x.ndim)(x, idx, gz), None]
 
+
+def _along(idx: Any, axis: int, ndim: int) -> tuple:
+    """The advanced index reading `idx`'s positions along `axis` (np.take_along_axis)."""
+    return tuple(idx if i == axis else
+                 arange(idx.shape[i]).dimshuffle([0] + ["x"] * (ndim - i - 1))
+                 for i in range(ndim))
+
+
+class ScatterAlongAxis(Op):
+    """Zeros of x's shape (gz's dtype) with gz put at the indices `idx` along `axis`
+    (np.put_along_axis; the indices of a row distinct): the gradient of topk's values, one
+    op so that the GPU runs it as one kernel."""
+
+    __props__ = ("axis",)
+
+    def __init__(self, axis: int):
+        self.axis = int(axis)
+
+    def __str__(self) -> str:
+        return f"ScatterAlongAxis{{{self.axis}}}"
+
+    def make_node(self, x: Any, idx: Any, gz: Any) -> Apply:
+        x, idx, gz = (as_tensor_variable(v) for v in (x, idx, gz))
+        if not is_int(idx.dtype):
+            raise TypeError(f"{self}: the indices must be integers, got {idx} ({idx.type})")
+        if not (x.ndim == idx.ndim == gz.ndim) or not 0 <= self.axis < x.ndim:
+            raise ValueError(f"{self}: x {x} ({x.type}), indices {idx} ({idx.type}) and "
+                             f"gradient {gz} ({gz.type}) need one number of dimensions, "
+                             f"above the axis")
+        return Apply(self, [x, idx, gz], [TensorType(gz.dtype, x.broadcastable)()])
+
+    def perform(self, node, inputs, out):
+        x, idx, gz = inputs
+        if idx.shape != gz.shape:
+            raise ValueError(f"{self}: indices of shape {idx.shape} and gradient of shape "
+                             f"{gz.shape} differ")
+        res = np.zeros(x.shape, dtype=gz.dtype)
+        np.put_along_axis(res, idx.astype(np.int64), gz, axis=self.axis)
+        out[0][0] = res
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [tuple(input_shapes[0])]
+
+    def connection_pattern(self, node):
+        return [[False], [False], [True]]
+
+    def grad(self, inputs, output_grads):
+        x, idx, gz = inputs
+        g = output_grads[0]
+        return [None, None, g[_along(idx, self.axis, x.ndim)]]
 
 def _topk_node(x: Any, kth: Any, axis: Any, sorted: bool, idx_dtype: str, values: bool,
                indices: bool) -> Any:
