@@ -325,7 +325,8 @@ def test_gpu_rfft_irfft_match_the_cpu(cuda, shape, norm, dtype):
         lambda v: [fft.rfft(v, norm=norm), fft.irfft(fft.rfft(v, norm=norm), norm=norm,
                                                      is_odd=odd)], x)
     assert {"GpuRFFT", "GpuIRFFT"} <= names, names
-    tol = (2e-4 if dtype == "float32" else 1e-10) * (1 if norm else np.sqrt(x[0].size))
+    tol = (2e-4 if dtype == "float32" else 1e-10) * \
+        (1 if norm == "ortho" else np.sqrt(x[0].size))   # unnormalised: errors grow with n
     np.testing.assert_allclose(np.asarray(got[0]), want[0], rtol=tol, atol=tol)
     np.testing.assert_allclose(np.asarray(got[1]), want[1], rtol=tol * 10, atol=tol * 10)
 
@@ -380,7 +381,8 @@ def test_gpu_rfft_of_2_26_floats_is_one_cufft_call(cuda):
     x = symgpu.shared(RNG.standard_normal((1, 1 << 26)).astype("float32"))
     f = function([], fft.rfft(x))
     nodes = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
-    assert [n for n in nodes if n.startswith("Gpu") and n != "GpuFromHost"] == ["GpuRFFT"], nodes
+    assert [n for n in nodes if n.startswith("Gpu") and n != "GpuFromHost"
+            and not n.startswith("GpuShape")] == ["GpuRFFT"], nodes
     got = np.asarray(f())
     want = np.fft.rfft(x.get_value()[0].astype("float64"))
     np.testing.assert_allclose(got[0, :, 0] + 1j * got[0, :, 1], want, rtol=1e-2, atol=1e-1)

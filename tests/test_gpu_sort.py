@@ -226,7 +226,7 @@ def _run_both(inputs, outs, values):
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
-def test_gpu_sort_and_argsort_match_numpy(dtype, axis):
+def test_gpu_sort_and_argsort_match_numpy(cuda, dtype, axis):
     x = T.TensorType(dtype, (False,) * 3)("x")
     xv = _values(dtype, (5, 6, 70), ties=True, nans=dtype.startswith("float"))
     _, names, got, _ = _run_both([x], [T.sort(x, axis), T.argsort(x, axis, kind="stable")],
@@ -238,7 +238,7 @@ def test_gpu_sort_and_argsort_match_numpy(dtype, axis):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
-def test_gpu_sort_one_long_row_with_nans(dtype):
+def test_gpu_sort_one_long_row_with_nans(cuda, dtype):
     x = T.TensorType(dtype, (False,))("x")
     xv = _values(dtype, (1 << 20,), nans=dtype.startswith("float"))
     if dtype.startswith("float"):
@@ -258,7 +258,7 @@ def test_gpu_sort_one_long_row_with_nans(dtype):
 @pytest.mark.parametrize("ordered", [True, False])
 @pytest.mark.parametrize("idx_dtype", ["int64", "int32", "uint16"])
 @pytest.mark.parametrize("axis", [0, -1])
-def test_gpu_topk_matches_the_host(dtype, kth, ordered, idx_dtype, axis):
+def test_gpu_topk_matches_the_host(cuda, dtype, kth, ordered, idx_dtype, axis):
     x = T.TensorType(dtype, (False, False))("x")
     xv = _values(dtype, (80, 70), ties=True, nans=dtype.startswith("float"))
     vals, idx = topk_and_argtopk(x, kth, axis=axis, sorted=ordered, idx_dtype=idx_dtype)
@@ -272,7 +272,7 @@ def test_gpu_topk_matches_the_host(dtype, kth, ordered, idx_dtype, axis):
 
 
 @requires_gpu
-def test_gpu_topk_of_a_long_row_and_a_noncontiguous_input():
+def test_gpu_topk_of_a_long_row_and_a_noncontiguous_input(cuda):
     x = T.vector("x", dtype="float32")
     xv = RNG.standard_normal(1 << 22).astype("float32")
     _, names, got, _ = _run_both([x], [topk(x, 100), topk(x[::2], -10, sorted=False)], [xv])
@@ -283,7 +283,7 @@ def test_gpu_topk_of_a_long_row_and_a_noncontiguous_input():
 
 @requires_gpu
 @pytest.mark.parametrize("axis", [0, 1])
-def test_gpu_sort_and_topk_gradients(axis):
+def test_gpu_sort_and_topk_gradients(cuda, axis):
     x = T.matrix("x", dtype="float64")
     xv = RNG.standard_normal((9, 11))
     w = RNG.standard_normal((9, 11))

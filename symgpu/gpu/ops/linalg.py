@@ -154,6 +154,9 @@ def _packed(a: Any) -> Any:
 # ----------------------------------------------------------------------------- the ops
 
 class _GpuLinalg(DeviceChecked, Op):
+    #: whether the library calls may be captured into a CUDA graph (syevd's may not: on the
+    #: H200 a capture of it failed with CUSOLVER_STATUS_INTERNAL_ERROR)
+    capturable_calls = True
     """Shared make_thunk: pack inputs, check shapes (`out_shapes`), allocate outputs from
     the pool, queue `compute(env, dtype, ins, outs)` (addresses and shapes)."""
 
@@ -192,7 +195,7 @@ class _GpuLinalg(DeviceChecked, Op):
             for cell, o in zip(out_cells, outs):
                 cell[0] = o
 
-        thunk.capturable = checks_are_deferred()   # type: ignore[attr-defined]
+        thunk.capturable = self.capturable_calls and checks_are_deferred()  # type: ignore[attr-defined]
         thunk.launches = True                      # type: ignore[attr-defined]
         return thunk
 
@@ -368,6 +371,7 @@ class GpuEigh(_GpuLinalg):
     """nlinalg.Eigh on the GPU: syevjBatched for stacks of matrices up to 32 x 32, syevd per
     matrix otherwise; the eigenvectors (columns of cuSOLVER's column-major result) are
     transposed into row-major columns. No convergence raises LinAlgError."""
+    capturable_calls = False   # syevd (n > 32 or one matrix) syncs inside
 
     __props__ = ("UPLO",)
     infer_shape = Eigh.infer_shape
@@ -400,6 +404,7 @@ class GpuEigh(_GpuLinalg):
 
 class GpuEigvalsh(_GpuLinalg):
     """slinalg.Eigvalsh of one symmetric matrix on the GPU (syevd without vectors)."""
+    capturable_calls = False   # syevd (n > 32 or one matrix) syncs inside
 
     __props__ = ("lower",)
     infer_shape = Eigvalsh.infer_shape

@@ -25,8 +25,10 @@ __all__ = ["Env", "GETRF_BATCHED_MAX_N", "SYEVJ_BATCHED_MAX_N", "potrf", "lu", "
            "trsm", "cho_solve", "syev", "eigh_grad", "lu_inverse"]
 
 #: batches of matrices up to this size are factored by cuBLAS's batched LU (one launch for
-#: all); larger ones by a loop of cuSOLVER getrf calls on the stream (PyTorch's choice too)
-GETRF_BATCHED_MAX_N = 128
+#: all); larger ones by a loop of cuSOLVER getrf calls on the stream.  On the H200 a loop over
+#: 64 matrices of 256^2 took 30.6 ms against CuPy's batched 1.4 ms: the loop is for few
+#: large matrices only
+GETRF_BATCHED_MAX_N = 1024
 #: cuSOLVER's syevjBatched handles n <= 32; larger matrices go through syevd one by one
 SYEVJ_BATCHED_MAX_N = 32
 
