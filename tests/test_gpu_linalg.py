@@ -673,3 +673,37 @@ def test_gpu_linalg_graph_replays(cuda):
     first = [np.asarray(r).copy() for r in f(a, bv)]
     for r, s in zip(f(a, bv), first):
         np.testing.assert_array_equal(r, s)
+
+
+def test_one_library_handle_per_context_bound_to_its_stream():
+    """cublas_lib.context_handle (cuSOLVER's and cuSPARSE's handles): created once per
+    context, bound to the context's stream, failures named by the library's prefix."""
+    import threading
+    from symgpu.gpu.ops.cublas_lib import context_handle
+
+    class Ctx:
+        stream_handle = 1234
+        activated = 0
+
+        def activate(self):
+            self.activated += 1
+    made, bound = [], []
+
+    def create(ref):
+        ref._obj.value = 77 + len(made)
+        made.append(ref._obj.value)
+        return 0
+
+    def set_stream(h, stream):
+        bound.append((h.value, stream.value))
+        return 0
+
+    def check(status, what):
+        if status:
+            raise RuntimeError(what)
+    handles, lock, ctx = {}, threading.Lock(), Ctx()
+    h1 = context_handle(handles, lock, ctx, create, set_stream, check, "lib")
+    h2 = context_handle(handles, lock, ctx, create, set_stream, check, "lib")
+    assert h1 is h2 and made == [77] and bound == [(77, 1234)] and ctx.activated == 1
+    with pytest.raises(RuntimeError, match="libCreate"):
+        context_handle({}, lock, Ctx(), lambda ref: 3, set_stream, check, "lib")

@@ -12,7 +12,7 @@ import ctypes
 import threading
 from typing import Any, Callable, Sequence
 
-__all__ = ["CublasError", "load_library", "Cublas", "with_pointer_mode", "STATUS",
+__all__ = ["CublasError", "load_library", "context_handle", "Cublas", "with_pointer_mode", "STATUS",
            "DEFAULT_MATH", "TF32_MATH", "POINTER_HOST", "POINTER_DEVICE"]
 
 POINTER_HOST, POINTER_DEVICE = 0, 1
@@ -67,6 +67,24 @@ def load_library(what: str, names: Sequence[str], hint: str = "") -> ctypes.CDLL
         except OSError as exc:
             errors.append(f"{name}: {exc}")
     raise CublasError(f"{what} could not be loaded (" + "; ".join(errors) + ")" + hint)
+
+
+def context_handle(handles: dict, lock: Any, ctx: Any, create: Callable, set_stream: Callable,
+                   check: Callable[[int, str], None], prefix: str) -> ctypes.c_void_p:
+    """The library handle of ``ctx`` in ``handles`` (keyed by id(ctx)), created on first use
+    with ``create`` and bound to the context's stream with ``set_stream``: every NVIDIA
+    library here (cuBLAS, cuSOLVER, cuSPARSE) keeps one handle per context so."""
+    h = handles.get(id(ctx))
+    if h is None:
+        with lock:
+            h = handles.get(id(ctx))
+            if h is None:
+                ctx.activate()
+                h = ctypes.c_void_p()
+                check(create(ctypes.byref(h)), f"{prefix}Create")
+                check(set_stream(h, ctypes.c_void_p(ctx.stream_handle)), f"{prefix}SetStream")
+                handles[id(ctx)] = h
+    return h
 
 
 class Cublas:

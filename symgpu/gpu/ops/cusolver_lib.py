@@ -15,7 +15,7 @@ import ctypes
 import threading
 from typing import Any
 
-from symgpu.gpu.ops.cublas_lib import load_library
+from symgpu.gpu.ops.cublas_lib import context_handle, load_library
 
 __all__ = ["CusolverError", "Cusolver", "cusolver", "CUSOLVER_STATUS", "FILL_LOWER",
            "FILL_UPPER", "OP_N", "OP_T", "SIDE_LEFT", "SIDE_RIGHT", "DIAG_NON_UNIT",
@@ -80,16 +80,8 @@ class Cusolver:
 
     def handle(self, ctx: Any) -> ctypes.c_void_p:
         """The handle of ``ctx``, created on first use and bound to its stream."""
-        h = self.handles.get(id(ctx))
-        if h is None:
-            with self.lock:
-                ctx.activate()
-                h = ctypes.c_void_p()
-                self.check(self.lib.cusolverDnCreate(ctypes.byref(h)), "cusolverDnCreate")
-                self.check(self.lib.cusolverDnSetStream(h, ctypes.c_void_p(ctx.stream_handle)),
-                           "cusolverDnSetStream")
-                self.handles[id(ctx)] = h
-        return h
+        return context_handle(self.handles, self.lock, ctx, self.lib.cusolverDnCreate,
+                              self.lib.cusolverDnSetStream, self.check, "cusolverDn")
 
     def syevj_info(self, ctx: Any) -> ctypes.c_void_p:
         """The syevjInfo_t of ``ctx``'s handle (defaults: tolerance = machine precision,

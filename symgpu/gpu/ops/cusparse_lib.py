@@ -15,7 +15,7 @@ import ctypes
 import threading
 from typing import Any
 
-from symgpu.gpu.ops.cublas_lib import CublasError, load_library
+from symgpu.gpu.ops.cublas_lib import CublasError, context_handle, load_library
 
 __all__ = ["CusparseError", "Cusparse", "cusparse", "STATUS", "OP_N", "OP_T", "ORDER_COL",
            "ORDER_ROW", "CUDA_R", "SPMM_ALG_DEFAULT", "SPMM_CSR_ALG1", "SPMM_CSR_ALG2",
@@ -93,16 +93,8 @@ class Cusparse:
 
     def handle(self, ctx: Any) -> int:
         """The handle of `ctx`, created on first use and bound to its stream."""
-        h = self.handles.get(id(ctx))
-        if h is None:
-            with self.lock:
-                ctx.activate()
-                h = _P()
-                self.check(self.fn["cusparseCreate"](ctypes.byref(h)), "cusparseCreate")
-                self.check(self.fn["cusparseSetStream"](h, _P(ctx.stream_handle)),
-                           "cusparseSetStream")
-                self.handles[id(ctx)] = h
-        return h.value
+        return context_handle(self.handles, self.lock, ctx, self.fn["cusparseCreate"],
+                              self.fn["cusparseSetStream"], self.check, "cusparse").value
 
     def csr(self, rows: int, cols: int, nnz: int, indptr: int, indices: int, data: int,
             dtype: str) -> int:
