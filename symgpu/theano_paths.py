@@ -65,6 +65,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv", "symgpu.gpu.ops.pooling"),
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
+    "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": "symgpu.gpu.placement.basic_ops",
     "symgpu.sandbox.cuda.type": "symgpu.gpu.placement.type",

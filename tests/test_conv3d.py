@@ -258,3 +258,56 @@ def test_2d_ops_stay_2d():
     assert get_conv_output_shape((1, 1, 5, 6), (1, 1, 3, 3), "valid", (1, 1)) == (1, 1, 3, 4)
     assert get_conv_output_shape((2, 3, 5, 6, 7), (4, 3, 3, 3, 1), "full", (2, 1, 1),
                                  (1, 2, 1)) == (2, 4, 4, 10, 7)
+
+
+# ----------------------------------------------------------------------------- conv3d2d
+def _pyconv3d(signals, filters, modes):
+    """Theano's reference for conv3d2d: scipy.ndimage.convolve of every (signal, filter,
+    channel) movie, cropped per axis to the border mode, summed over the channels."""
+    from scipy import ndimage
+    ns, ts, c, hs, ws = signals.shape
+    nf, tf, _, hf, wf = filters.shape
+    sizes = [(ts, tf), (hs, hf), (ws, wf)]
+    out_len = {"valid": lambda n, k: n - k + 1, "full": lambda n, k: n + k - 1,
+               "half": lambda n, k: n + 2 * (k // 2) - k + 1}
+    pads = {"valid": lambda k: 0, "full": lambda k: k - 1, "half": lambda k: k // 2}
+    outs = [out_len[m](n, k) for m, (n, k) in zip(modes, sizes)]
+    rval = np.zeros((ns, outs[0], nf, outs[1], outs[2]))
+    for a in range(ns):
+        for b in range(nf):
+            for ch in range(c):
+                s = np.pad(signals[a, :, ch], [(pads[m](k), pads[m](k))
+                                               for m, (_, k) in zip(modes, sizes)])
+                full = ndimage.convolve(s, filters[b, :, ch], mode="constant", cval=0)
+                # ndimage centres the filter (origin k // 2): the result of the padded
+                # signal starts k // 2 - (1 if k is even) in
+                sl = tuple(slice(k // 2 - ((k + 1) % 2), k // 2 - ((k + 1) % 2) + o)
+                           for (_, k), o in zip(sizes, outs))
+                rval[a, :, b] += full[sl]
+    return rval
+
+
+@pytest.mark.parametrize("border_mode,fshape", [
+    ("valid", (2, 3, 2, 3, 2)), ("full", (2, 2, 2, 3, 3)), ("half", (1, 3, 2, 3, 3)),
+    (("full", "valid", "valid"), (2, 3, 2, 2, 3)), (("valid", "half", "half"), (3, 2, 2, 3, 3))])
+def test_conv3d2d_is_theanos_movie_convolution(border_mode, fshape):
+    from symgpu.tensor.nnet import conv3d2d
+    rng = np.random.default_rng(5)
+    sv = rng.normal(size=(2, 5, 2, 6, 7))
+    fv = rng.normal(size=fshape)
+    s, f = T.TensorType("float64", (False,) * 5)(), T.TensorType("float64", (False,) * 5)()
+    out = conv3d2d.conv3d(s, f, filters_shape=fshape, border_mode=border_mode)
+    modes = (border_mode,) * 3 if isinstance(border_mode, str) else border_mode
+    np.testing.assert_allclose(symgpu.function([s, f], out)(sv, fv),
+                               _pyconv3d(sv, fv, modes), rtol=1e-10, atol=1e-10)
+
+
+def test_conv3d2d_rejects_what_theano_rejects():
+    from symgpu.tensor.nnet import conv3d2d
+    s, f = T.TensorType("float64", (False,) * 5)(), T.TensorType("float64", (False,) * 5)()
+    with pytest.raises(ValueError, match="height and width"):
+        conv3d2d.conv3d(s, f, border_mode=("valid", "full", "valid"))
+    with pytest.raises(ValueError, match="filters_shape"):
+        conv3d2d.conv3d(s, f, border_mode=("full", "valid", "valid"))
+    with pytest.raises(TypeError, match="5-d"):
+        conv3d2d.conv3d(T.tensor4(), f)

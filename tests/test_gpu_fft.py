@@ -386,3 +386,19 @@ def test_gpu_rfft_of_2_26_floats_is_one_cufft_call(cuda):
     got = np.asarray(f())
     want = np.fft.rfft(x.get_value()[0].astype("float64"))
     np.testing.assert_allclose(got[0, :, 0] + 1j * got[0, :, 1], want, rtol=1e-2, atol=1e-1)
+
+
+def test_theanos_curfft_and_cuirfft_return_gpu_variables_of_the_gpu_ops():
+    """theano.gpuarray.fft's names: the host functions' graphs with the input moved to the GPU
+    and the result left there (a GPU variable), so nothing comes back to the host."""
+    from symgpu.gpu.placement.type import GpuArrayType
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.fmatrix("x")
+        y = gfft.curfft(x, norm="ortho")
+        z = gfft.cuirfft(y, norm="ortho", is_odd=True)
+        assert isinstance(y.type, GpuArrayType) and isinstance(z.type, GpuArrayType)
+        f = function([x], [y, z])
+    names = _names(f)
+    assert {"GpuRFFT", "GpuIRFFT"} <= names and "HostFromGpu" not in names, names
+    import symgpu.theano_paths as tp
+    assert tp.PATHS["symgpu.gpuarray.fft"] == "symgpu.gpu.ops.fft"

@@ -26,10 +26,10 @@ from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import launch, template
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.fft import IRFFTOp, RFFTOp
+from symgpu.tensor.fft import IRFFTOp, RFFTOp, irfft, rfft
 from symgpu.tensor.type import as_tensor_variable
 
-__all__ = ["GpuRFFT", "GpuIRFFT", "FFT_DTYPES", "MAX_RANK", "fft_source"]
+__all__ = ["GpuRFFT", "GpuIRFFT", "curfft", "cuirfft", "FFT_DTYPES", "MAX_RANK", "fft_source"]
 
 FFT_DTYPES = ("float32", "float64")
 #: cuFFT's plans have rank 1, 2 or 3: transforms of more axes stay on the CPU
@@ -209,3 +209,16 @@ def lift_irfft(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any
     if not _liftable(node, GpuIRFFT.min_ndim):
         return None
     return [GpuIRFFT()(inputs[0], inputs.host(1))]
+
+
+def curfft(inp: Any, norm: str | None = None) -> Any:
+    """Theano's `gpuarray.fft.curfft`: `tensor.fft.rfft` of `inp` on the GPU (the input moved
+    to the default context), the result a GPU variable."""
+    return as_gpuarray_variable(rfft(as_gpuarray_variable(inp, None), norm=norm), None)
+
+
+def cuirfft(inp: Any, norm: str | None = None, is_odd: bool = False) -> Any:
+    """Theano's `gpuarray.fft.cuirfft`: `tensor.fft.irfft` on the GPU, the result a GPU
+    variable."""
+    return as_gpuarray_variable(
+        irfft(as_gpuarray_variable(inp, None), norm=norm, is_odd=is_odd), None)
