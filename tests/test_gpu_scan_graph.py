@@ -503,3 +503,14 @@ def test_chunks_carry_windows_of_several_taps_and_last_values_only_states():
             want = np.array(fib) if keep else np.array(fib[-2:])
             np.testing.assert_allclose(read(got), want, rtol=1e-6)
         assert op.loop_graphs.chunking
+
+
+def test_only_a_loops_first_graph_is_checked_against_plain_launches():
+    """The check (a plain run, a synchronisation, a comparison) runs once per loop body: its
+    graphs of other lengths unroll the same body."""
+    op, node = accumulate_loop()
+    for n in (4, 4, 5, 5, 6, 6):
+        x, h0 = rand(n, 2, seed=n), rand(1, 2)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    assert scan_graph.STATS["captures"] == 3 and scan_graph.STATS["checks"] == 1

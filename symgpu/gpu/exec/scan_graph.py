@@ -24,8 +24,10 @@ do not share scratch inside one graph, so a graph holds O(n_steps) of per-step i
 graphs over ``MEMORY_LIMIT`` bytes are launched once and dropped.
 
 When.  The first call with a new key runs the loop plainly (it compiles kernels and warms the
-pool); the second captures, checks the graph once against a plain run of the same inputs
-(``VERIFY``), and replays from then on.  While loops, loops whose body has a node that cannot
+pool); the second captures and replays from then on; a loop's first graph is checked once
+against a plain run of the same inputs (``VERIFY``; its graphs of other lengths unroll the
+same body).  A loop whose length changes from call to call runs as power-of-two chunks
+(``CHUNKS``), each a graph of its own length, so a new length costs no capture.  While loops, loops whose body has a node that cannot
 be captured (a host transfer, a CPU op), virtual contexts and ``gpuarray.cuda_graphs=False``
 always run plainly.  A capture the driver refuses warns once and turns graphs off for that op.
 """
@@ -54,7 +56,8 @@ __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPA
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
-#: check each new graph once against a plain run of the same inputs
+#: check a loop's first graph once against a plain run of the same inputs (its graphs of
+#: other lengths unroll the same body and are not checked again)
 VERIFY = True
 #: a graph owning more pool bytes than this is launched once and not kept
 MEMORY_LIMIT = 2 << 30
@@ -63,7 +66,7 @@ MAX_GRAPHS = 4
 #: output arrays kept per result of a graph, reused once the caller dropped them
 SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
-#: 'chunks'
+#: 'chunks', 'checks'
 STATS: Counter = Counter()
 #: the loop lengths a loop whose length changes from call to call is cut into (largest first;
 #: the 1 makes every length reachable); () turns chunking off
@@ -184,6 +187,7 @@ class LoopGraphs:
         self.disabled: str | None = None
         self.capturable: bool | None = None
         self.lengths: set[int] = set()   # the n_steps met, until chunking starts
+        self.verified = False             # a captured graph of this body matched plain runs
         self.chunking = False
         self.lock = threading.RLock()
 
@@ -353,7 +357,10 @@ class LoopGraphs:
                 drv.copy(dst, src)
         args = [s if s is not None else v for s, v in zip(staging, inputs)]
         ref = None
-        if VERIFY:
+        # one check per loop body: a graph of another length (a chunk, a new layout) unrolls
+        # the same checked body, and each check costs a plain run and a synchronisation,
+        # which a loop meeting many lengths would otherwise pay per length
+        if VERIFY and not self.verified:
             plain = [[None] for _ in node.outputs]
             self._run_plain(node, args, plain)
             ref = drv.to_host([c[0] for c in plain])
@@ -410,6 +417,7 @@ class LoopGraphs:
         except driver_errors():   # statistics only
             pass
         if ref is not None:
+            STATS["checks"] += 1
             g.replay()
             g.checked = True
             got = drv.to_host(g.results)
@@ -418,6 +426,7 @@ class LoopGraphs:
                 g.free()
                 self._give_up(f"the captured loop's results differ from plain launches ({why})")
                 return None
+            self.verified = True
         return g
 
     def _run_plain(self, node: Any, args: Sequence[Any], out: list[list]) -> None:
