@@ -117,6 +117,39 @@ class _Gathered(types.ModuleType):
         return sorted(names)
 
 
+class _CallableAlias(types.ModuleType):
+    """A Theano module path that is also the name of one of our functions on its parent
+    package (``theano.tensor.var`` beside ``T.var``): importing the path makes the import
+    system set the parent's attribute to the module, so the alias stays callable as that
+    function, and its other names are the module's."""
+
+    def __init__(self, name: str, module: types.ModuleType, function: Any):
+        super().__init__(name, module.__doc__)
+        self._module, self._function = module, function
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_module", "_function") or (name.startswith("__") and name != "__all__"):
+            raise AttributeError(name)
+        return getattr(self._module, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._function(*args, **kwargs)
+
+    def __dir__(self) -> list[str]:
+        return dir(self._module)
+
+
+def _shadowed(fullname: str) -> Any:
+    """The function or class the parent package of `fullname` already has under the path's
+    last name (which importing the path would replace), or None."""
+    parent, _, child = fullname.rpartition(".")
+    # the parent's own names only: a gathered parent's __getattr__ would import this path
+    value = vars(sys.modules[parent]).get(child) if parent in sys.modules else None
+    if isinstance(value, _CallableAlias):   # the path imported before under another name
+        return value._function
+    return value if callable(value) and not isinstance(value, types.ModuleType) else None
+
+
 def resolve(path: str) -> types.ModuleType:
     """The module for Theano path `path` (``symgpu.`` + Theano's path after ``theano.``)."""
     target = PATHS[path]
@@ -159,6 +192,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return resolve(name)
         # deferred: resolved on first use
         module = resolve(name) if name in PATHS else importlib.import_module(name)
+        shadowed = _shadowed(spec.name)
+        if shadowed is not None:
+            return _CallableAlias(spec.name, module, shadowed)
         self._own_specs[spec.name] = module.__spec__
         return module
 

@@ -25,7 +25,11 @@ def test_every_path_resolves(path):
     target = PATHS[path]
     if isinstance(target, str):
         own = importlib.import_module(target)
-        assert module is own and own.__spec__.name == target  # the module keeps its own spec
+        if isinstance(module, theano_paths._CallableAlias):   # T.var beside tensor.var
+            assert module._module is own and callable(module)
+        else:
+            assert module is own   # the module itself, keeping its own spec
+        assert own.__spec__.name == target
     else:
         first = importlib.import_module(target[0])
         name = next(n for n in dir(module) if not n.startswith("_") and hasattr(first, n))
@@ -108,3 +112,23 @@ def test_install_is_idempotent():
     theano_paths.install()
     theano_paths.install()
     assert sum(isinstance(f, type(theano_paths._FINDER)) for f in sys.meta_path) == 1
+
+
+def test_a_path_named_like_a_function_keeps_the_function_callable():
+    """theano.tensor.var (a module path) beside T.var (a function): importing the path makes
+    the import system set the package's attribute to the module; the alias stays callable as
+    the function and hands out the module's names, under symgpu's path and the theano alias."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, symgpu, symgpu.tensor as T\n"
+        "import symgpu.tensor.var as tv\n"
+        "x = T.vector()\n"
+        "assert T.var(x).owner is not None and tv.TensorVariable is type(x)\n"
+        "sys.modules['theano'] = symgpu\n"
+        "import theano.tensor.var\n"
+        "from theano.tensor.var import TensorVariable\n"
+        "assert TensorVariable is type(x) and T.var(x).owner is not None\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
