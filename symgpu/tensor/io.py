@@ -3,7 +3,9 @@ reads an ``.npy`` file when the function runs (the `LoadFromDisk` op), so a grap
 file name as its input. The path is a Python string: a constant, or a variable of `PathType`
 (Theano's ``Variable(Generic())``) given at call time.
 
-Theano's MPI ops of this module are left out (tools/theano_absent.py says why).
+Theano's MPI ops of this module (MPIRecv, MPISend, MPIWait, isend, irecv, send, recv,
+mpi_send_wait_key, ...) are left out: they need mpi4py and a multi-process MPI launch, and the
+reference documents them only through a bare ``:members:`` (no name of theirs is counted).
 """
 from __future__ import annotations
 
