@@ -49,6 +49,9 @@ PATHS: dict[str, str | tuple[str, ...]] = {
                           "symgpu.tensor.rewriting.shape_feature"),
     "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
     "symgpu.tensor.var": "symgpu.tensor.type",
+    # Theano's test package: only its documented breakpoint op, a debugging tool
+    "symgpu.tests": ("symgpu.misc.breakpoint",),  # a package, so that the path below resolves
+    "symgpu.tests.breakpoint": "symgpu.misc.breakpoint",
     # loops (theano.scan_module)
     "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's
     "symgpu.scan_module.scan_op": "symgpu.scan.op",

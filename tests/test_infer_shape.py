@@ -1201,3 +1201,31 @@ CASES.update(_SORT_CASES)
 @pytest.mark.parametrize("op_cls", list(_SORT_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_gpu_sort(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ----------------------------------------------------------------------------- Theano's io, breakpoint
+# symgpu.tensor.io's LoadFromDisk has no shape rule (its shape is the file's: ShapeError, and
+# x.shape is read from the loaded array); symgpu.misc.breakpoint's PdbBreakpoint gives its
+# monitored inputs' shapes (test_io_breakpoint_inferred_shapes runs them)
+from symgpu.misc import breakpoint as _bp  # noqa: E402
+from symgpu.tensor import io as _tio  # noqa: E402
+
+_IO_BP_CASES = {
+    _bp.PdbBreakpoint: [case(lambda c, x, m: _bp.PdbBreakpoint("b")(c, x, m), i64(0), r(3),
+                             r(2, 4)),
+                        case(lambda c, x: [_bp.PdbBreakpoint("b")(c, x)], i64(1), r(2, 1))],
+    _tio.LoadFromDisk: [],  # run below: it needs a file
+}
+CASES.update(_IO_BP_CASES)
+
+
+def test_io_breakpoint_inferred_shapes(tmp_path, monkeypatch):
+    monkeypatch.setattr(_bp, "enter_debugger", lambda name, monitored: None)
+    for c in _IO_BP_CASES[_bp.PdbBreakpoint]:
+        _host_check(_bp.PdbBreakpoint, c)
+    path = tmp_path / "a.npy"
+    np.save(path, r(3, 1))
+    x = _tio.load(str(path), "float64", (False, True))
+    with pytest.raises(ShapeError):
+        node_shapes(x.owner)
+    assert tuple(function([], x.shape)()) == (3, 1)

@@ -2,6 +2,7 @@
 type), copy.deepcopy, and symgpu.misc.pkl_utils' zip format."""
 import copy
 import io
+import os
 import pickle
 import zipfile
 
@@ -281,6 +282,26 @@ def _cases():
         n = T.lscalar("n")
         y = T.specify_shape(x, (3, n))
         return [x, n], [y * 2, T.specify_shape(T.exp(x), (None, 4))], [v, 4]
+
+    @add("io_load")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        import tempfile
+        from symgpu.tensor import io as tio
+        path = os.path.join(tempfile.mkdtemp(prefix="symgpu-pickle-"), "a.npy")
+        np.save(path, rng(32).standard_normal((3, 1)))
+        p = tio.PathType()("path")
+        x = tio.load(p, "float64", (False, True))
+        return [p], [x * 2, tio.load(path, "float64", (False, True), mmap_mode="c").sum()], \
+            [path]
+
+    @add("pdb_breakpoint")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.misc.breakpoint import PdbBreakpoint
+        x, v = _m()
+        y, z = PdbBreakpoint("big")(T.gt(x.sum(), 1e9), x, x * 3)
+        return [x], [y + z], [v]
 
     return cases
 

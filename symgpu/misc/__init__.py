@@ -6,7 +6,9 @@
   symgpu's CUDA context (the ported ``import theano.misc.pycuda_init``; use it instead of
   ``pycuda.autoinit``, whose private context cannot see symgpu's memory);
 * :mod:`symgpu.misc.pkl_utils` — ``dump`` / ``load``: Theano's zip format for saving models
-  (a pickle plus each array as an ``.npy`` member).
+  (a pickle plus each array as an ``.npy`` member);
+* :mod:`symgpu.misc.breakpoint` — ``PdbBreakpoint``: a conditional debugger stop in a
+  compiled function (Theano's ``theano.tests.breakpoint``).
 
 Nothing here imports PyCUDA at import time, so ``import symgpu.misc`` works without it.
 """
