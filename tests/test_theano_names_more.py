@@ -1,0 +1,76 @@
+"""Theano 1.0.5 names added for issue 31 (code written for Theano runs unchanged): each
+behaves as Theano's does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+
+
+# --- _tensor_py_operators -------------------------------------------------------------------
+
+def test_tensor_py_operators_is_the_mixin_of_variables_constants_and_shared():
+    x = T.dmatrix("x")
+    c = T.constant(np.ones(2))
+    s = symgpu.shared(np.zeros(3))
+    for v in (x, c, s, x + 1):
+        assert isinstance(v, T._tensor_py_operators)
+    from symgpu import sparse as sparse_mod
+    sparse = sparse_mod.csr_matrix("s")
+    assert not isinstance(sparse, T._tensor_py_operators)
+    assert isinstance(T._tensor_py_operators.ndim, property)
+    assert isinstance(T._tensor_py_operators.dtype, property)
+    assert "TensorType" in T._tensor_py_operators.type.__doc__
+    assert (x.ndim, x.dtype, x.type) == (2, "float64", T.TensorType("float64", (False, False)))
+    # the operators live on the mixin, as Theano's
+    assert "__add__" in vars(T._tensor_py_operators)
+    import symgpu.tensor.var as var  # Theano's module path
+    assert var._tensor_py_operators is T._tensor_py_operators
+
+
+# --- tensor.basic.choose --------------------------------------------------------------------
+
+def test_choose_is_importable_from_tensor_basic():
+    from symgpu.tensor.basic import choose
+    assert choose is T.choose
+    a = T.lvector()
+    c = T.dmatrix()
+    f = symgpu.function([a, c], choose(a, c, mode="wrap"))
+    idx, ch = np.array([0, 3, 2]), np.arange(9.0).reshape(3, 3)
+    np.testing.assert_array_equal(f(idx, ch), np.choose(idx, ch, mode="wrap"))
+
+
+# --- Mode.requiring -------------------------------------------------------------------------
+
+@pytest.fixture
+def two_passes():
+    """Two passes FAST_RUN runs, one of them also tagged `s16_required`; each records its
+    runs. Removed from the pass table afterwards."""
+    from symgpu.graph.rewriting.db import optdb
+    runs: list[str] = []
+    optdb.register("s16_tagged", lambda fg: runs.append("tagged"), 49.5, "fast_run",
+                   "s16_required")
+    optdb.register("s16_plain", lambda fg: runs.append("plain"), 49.6, "fast_run")
+    yield runs
+    optdb.entries = [e for e in optdb.entries if e.name not in ("s16_tagged", "s16_plain")]
+
+
+def test_mode_requiring_runs_only_the_passes_with_the_tag(two_passes):
+    from symgpu.compile.mode import Mode
+    x = T.dvector("x")
+    mode = Mode("FAST_RUN")
+    req = mode.requiring("s16_required")
+    assert isinstance(req, Mode) and req is not mode
+    assert [n for n, _ in req.passes()] == ["s16_tagged"]
+    assert mode.requiring_tags == () and req.requiring_tags == ("s16_required",)
+    f = symgpu.function([x], x * 2 + 1, mode=req)
+    assert two_passes == ["tagged"]
+    np.testing.assert_allclose(f(np.arange(3.0)), np.arange(3.0) * 2 + 1)
+    two_passes.clear()
+    symgpu.function([x], x * 3, mode=mode)  # the original mode is unchanged: both run
+    assert two_passes == ["tagged", "plain"]
+    # including/excluding keep what is required; excluding still wins
+    assert [n for n, _ in req.including("merge").passes()] == ["s16_tagged"]
+    assert req.excluding("s16_tagged").passes() == []
