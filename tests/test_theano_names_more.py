@@ -74,3 +74,32 @@ def test_mode_requiring_runs_only_the_passes_with_the_tag(two_passes):
     # including/excluding keep what is required; excluding still wins
     assert [n for n, _ in req.including("merge").passes()] == ["s16_tagged"]
     assert req.excluding("s16_tagged").passes() == []
+
+
+# --- Function.free --------------------------------------------------------------------------
+
+def test_function_free_empties_the_computed_cells_and_the_function_still_runs():
+    from symgpu.config import config
+    from symgpu.graph.basic import Constant
+    x = T.dvector("x")
+    s = symgpu.shared(np.array(2.0), name="s")
+    ys, _ = symgpu.scan(lambda v, acc: acc + T.exp(v) * s, sequences=[x],
+                        outputs_info=[T.constant(0.0)])
+    with config.change_flags(allow_gc=False):
+        f = symgpu.function([x], [ys[-1], (x * s).sum()])
+    want = [2 * np.exp([0.0, 1.0, 2.0]).sum(), 6.0]
+    np.testing.assert_allclose(f(np.arange(3.0)), want)
+    vm = f.vm
+    inputs = set(f.maker.fgraph.inputs)
+    computed = [v for v in vm.storage_map if v not in inputs and not isinstance(v, Constant)]
+    assert any(vm.storage_map[v][0] is not None for v in computed)  # allow_gc off: kept
+    scan_ops = [n.op for n in vm.nodes if hasattr(n.op, "inner")]
+    assert scan_ops and scan_ops[0].inner.vm is not None
+    inner_vm = scan_ops[0].inner.vm
+    f.free()
+    assert all(vm.storage_map[v][0] is None for v in computed)
+    assert all(cell[0] is None for v, cell in inner_vm.storage_map.items()
+               if v not in set(inner_vm.fgraph.inputs) and not isinstance(v, Constant))
+    assert s.get_value() == 2.0  # shared values stay
+    np.testing.assert_allclose(f(np.arange(3.0)), want)
+    np.testing.assert_allclose(f(np.ones(2)), [4 * np.e, 4.0])
