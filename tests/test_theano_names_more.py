@@ -103,3 +103,46 @@ def test_function_free_empties_the_computed_cells_and_the_function_still_runs():
     assert s.get_value() == 2.0  # shared values stay
     np.testing.assert_allclose(f(np.arange(3.0)), want)
     np.testing.assert_allclose(f(np.ones(2)), [4 * np.e, 4.0])
+
+
+# --- poisson --------------------------------------------------------------------------------
+
+def test_random_streams_poisson_shape_dtype_mean_seed_and_updates():
+    from symgpu.tensor.shared_randomstreams import RandomStreams
+    rs = RandomStreams(seed=7)
+    x = rs.poisson((2000,), lam=4.0)
+    y = rs.poisson(size=(3, 4), lam=0.5, dtype="int32")
+    f = symgpu.function([], [x, y])
+    state0 = x.rng.get_value().copy()
+    a, b = f()
+    assert a.shape == (2000,) and a.dtype == np.int64 and b.shape == (3, 4)
+    assert b.dtype == np.int32
+    assert abs(a.mean() - 4.0) < 0.25 and abs(a.var() - 4.0) < 0.6 and a.min() >= 0
+    assert not np.array_equal(x.rng.get_value(), state0)   # the update advanced the state
+    a2, _ = f()
+    assert not np.array_equal(a, a2)
+    again = RandomStreams(seed=7)
+    g = symgpu.function([], again.poisson((2000,), lam=4.0))
+    np.testing.assert_array_equal(g(), a)                    # same seed: the same numbers
+    lam = T.dvector("lam")                                   # symbolic lam, no size
+    h = symgpu.function([lam], RandomStreams(1).poisson(lam=lam))
+    out = h(np.array([0.0, 1e-9, 50.0]))
+    assert out.shape == (3,) and out[0] == 0 and abs(out[2] - 50) < 40
+    with pytest.raises(ValueError):
+        h(np.array([-1.0]))
+
+
+def test_raw_random_poisson_returns_the_new_state_and_the_draw():
+    from symgpu.tensor import raw_random
+    st = raw_random.philox_state(seed=3)
+    new, draw = raw_random.poisson(st, size=(5000,), lam=2.0, ndim=1)
+    f = symgpu.function([], [new, draw])
+    n1, d1 = f()
+    n2, d2 = f()                    # no update given: the same state, the same numbers
+    np.testing.assert_array_equal(d1, d2)
+    assert not np.array_equal(n1, st.get_value())
+    assert d1.dtype == np.int64 and abs(d1.mean() - 2.0) < 0.1
+    ref = np.random.RandomState(0).poisson(2.0, 5000)       # NumPy's distribution
+    assert abs(np.mean(d1 == 0) - np.mean(ref == 0)) < 0.03
+    with pytest.raises(ValueError):
+        raw_random.poisson(st, size=(3,), lam=1.0, ndim=2)
