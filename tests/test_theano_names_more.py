@@ -146,3 +146,41 @@ def test_raw_random_poisson_returns_the_new_state_and_the_draw():
     assert abs(np.mean(d1 == 0) - np.mean(ref == 0)) < 0.03
     with pytest.raises(ValueError):
         raw_random.poisson(st, size=(3,), lam=1.0, ndim=2)
+
+
+# --- real, imag, angle ----------------------------------------------------------------------
+
+def test_real_imag_angle_match_numpy_for_complex_and_real_inputs():
+    x = T.dvector("x")
+    xf = T.fvector("xf")
+    i = T.lvector("i")
+    z = T.tensor(dtype="complex128", shape=(False,))
+    zf = T.tensor(dtype="complex64", shape=(False,))
+    outs = [T.real(z), T.imag(z), T.angle(z), T.real(zf), T.imag(zf), T.angle(zf),
+            T.real(x), T.imag(x), T.angle(x), T.real(xf), T.angle(xf), T.real(i), T.imag(i),
+            T.angle(i)]
+    f = symgpu.function([x, xf, i, z, zf], outs)
+    xv = np.array([-1.0, 0.0, -0.0, 2.5, np.nan])
+    iv = np.array([-3, 0, 4])
+    zv = np.array([1 + 2j, -3 - 1j, 0j, -2 + 0j, 1j])
+    got = f(xv, xv.astype("float32"), iv, zv, zv.astype("complex64"))
+    want = [np.real(zv), np.imag(zv), np.angle(zv), np.real(zv.astype("complex64")),
+            np.imag(zv.astype("complex64")), np.angle(zv.astype("complex64")),
+            xv, np.zeros(5), np.angle(xv), xv.astype("float32"), np.angle(xv), iv,
+            np.zeros(3, dtype="int64"), np.angle(iv)]
+    dtypes = ["float64", "float64", "float64", "float32", "float32", "float64", "float64",
+              "float64", "float64", "float32", "float64", "int64", "int64", "float64"]
+    for g, w, d in zip(got, want, dtypes):
+        assert g.dtype == d
+        np.testing.assert_allclose(g, w, rtol=1e-6)
+    assert got[8][0] == np.pi and got[8][2] == np.pi  # -1 and -0.0: pi, as NumPy
+
+
+def test_real_imag_angle_gradients_of_real_inputs():
+    x = T.dvector("x")
+    g = symgpu.function([x], T.grad((3 * T.real(x) + T.imag(x) + T.angle(x)).sum(), x))
+    np.testing.assert_allclose(g(np.array([-1.0, 0.5, 2.0])), [3.0, 3.0, 3.0])
+    i = T.lvector("i")
+    gi = symgpu.function([x, i], T.grad((T.real(i) + T.angle(i)).sum() + x.sum(), i),
+                         on_unused_input="ignore")
+    np.testing.assert_array_equal(gi(np.ones(1), np.array([1, -2])), [0, 0])
