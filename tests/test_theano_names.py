@@ -24,8 +24,8 @@ DOCUMENTED_NAMES = 450
 DOCUMENTED_MODULES = 74
 
 #: this issue's figures when the tool was written: they may rise, not fall (raise them then)
-PRESENT_FLOOR = 95.8        # per cent of this documented names present
-COVERAGE_FLOOR = 97.2       # per cent present or deliberately absent
+PRESENT_FLOOR = 98.1        # per cent of this documented names present
+COVERAGE_FLOOR = 99.5       # per cent present or deliberately absent
 
 
 @pytest.fixture(scope="module")
