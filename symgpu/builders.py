@@ -349,6 +349,10 @@ class OpFromGraph(Op):
         """Compile the inner graph when the outer function is linked (once per op)."""
         self.fn.compile()
 
+    def free(self) -> None:
+        """Release the inner graph's intermediate storage (Theano's op.free; Function.free)."""
+        self.fn.free()
+
     def _copied_outputs(self) -> list[bool]:
         """Per output: the compiled inner graph gives a value it does not own (a constant or
         an input), which is copied so the outer graph may overwrite it."""

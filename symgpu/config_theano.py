@@ -177,7 +177,7 @@ THEANO_FLAGS: tuple[tuple, ...] = (
     ("optimizer_excluding", None, None, "same", "symgpu's optimizer_excluding flag", ()),
     ("optimizer_including", None, None, "same", "symgpu's optimizer_including flag", ()),
     ("optimizer_requiring", _S, "", "ignored",
-     "symgpu cannot require rewrites to be present; optimizer_including adds them", ()),
+     "no flag for it: Mode.requiring(*tags) runs only the rewrites carrying the tags", ()),
     ("optimizer_verbose", None, None, "same", "symgpu's optimizer_verbose flag", ()),
     ("nocleanup", _B, False, "ignored",
      "a failed C compile keeps its source and names it in the error (CCompileError.source_path)"

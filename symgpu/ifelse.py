@@ -51,6 +51,11 @@ class IfElse(Op):
         self.then_fn.compile()
         self.else_fn.compile()
 
+    def free(self) -> None:
+        """Release both branches' intermediate storage (Theano's op.free; Function.free)."""
+        self.then_fn.free()
+        self.else_fn.free()
+
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         c = inputs[0]
         if bool(np.asarray(c)):

@@ -55,6 +55,10 @@ UNARY.update({"erfc": (sps.erfc, "any"), "erfinv": (sps.erfinv, "unit"),
               "erfcinv": (sps.erfcinv, "pos"), "gamma": (sps.gamma, "pos"),
               "gammaln": (sps.gammaln, "pos"), "psi": (sps.psi, "pos"),
               "tri_gamma": (lambda v: sps.polygamma(1, v).astype(v.dtype), "pos")})
+# Theano's complex parts on real inputs (complex ones: tests/test_theano_names_more.py);
+# angle is float64 whatever the input, as Theano's
+UNARY.update({"real": (np.real, "any"), "imag": (np.imag, "any"),
+              "angle": (lambda v: np.angle(v).astype("float64"), "any")})
 BINARY = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "true_div": np.true_divide,
     "int_div": np.floor_divide, "mod": np.mod, "pow": np.power, "maximum": np.maximum,

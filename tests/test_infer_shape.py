@@ -1229,3 +1229,18 @@ def test_io_breakpoint_inferred_shapes(tmp_path, monkeypatch):
     with pytest.raises(ShapeError):
         node_shapes(x.owner)
     assert tuple(function([], x.shape)()) == (3, 1)
+
+
+# ---------------------------------------------------------------- Poisson draws (raw_random.poisson)
+_POISSON_CASES = {
+    _rnd.PoissonFromUniform: [case(lambda lam, u: _rnd.PoissonFromUniform()(lam, u),
+                                   np.abs(r(2, 5)) * 3, np.abs(r(2, 5))),
+                              case(lambda lam, u: _rnd.PoissonFromUniform("int32")(lam, u),
+                                   np.float64(2.5), np.abs(r(4, 3)))],
+}
+CASES.update(_POISSON_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_POISSON_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_poisson(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -242,14 +242,14 @@ def _cases():
     def _():
         from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
                                               MultinomialFromUniform, PhiloxAdvance,
-                                              PhiloxSample)
+                                              PhiloxSample, PoissonFromUniform)
         state = T.vector("state", dtype="uint32")   # an input: every call draws the same
         p = T.dvector("p")
         u = PhiloxSample("uniform", "float64")(state, 3, 4)
         return [state, p], [
             u, PhiloxSample("normal", "float32")(state, 5), PhiloxAdvance("float64")(state, 3, 4),
             CategoricalFromUniform()(p, u), MultinomialFromUniform()(p.dimshuffle("x", 0), u[:, :1]),
-            ArgsortKeys(2)(u),
+            ArgsortKeys(2)(u), PoissonFromUniform("int32")(p.dimshuffle("x", 0) * 4, u[:, :3]),
         ], [np.array([1, 2, 3, 4], dtype="uint32"), np.array([0.2, 0.3, 0.5])]
 
     @add("conv_and_pool")

@@ -233,6 +233,19 @@ class Function:
         if len(self._spares) < _frames.SPARE_FRAMES:
             self._spares.append(frame)
 
+    def free(self) -> None:
+        """Theano's Function.free: empty the storage cells of every value this function
+        computed (intermediates and the last outputs; not the inputs, shared values or
+        constants), in each execution frame and in the inner graphs of its loops, branches
+        and OpFromGraph nodes, so their memory can be returned (with allow_gc off they keep
+        the last call's arrays). The function stays callable. Not while a call of it runs."""
+        for frame in [self._frame, *self._spares]:
+            frame.vm.clear_intermediates()
+            for node in frame.vm.nodes:
+                free = getattr(node.op, "free", None)
+                if callable(free):
+                    free()
+
     @property
     def n_frames(self) -> int:
         """Frames linked and kept (1 + spares): how many calls ran at once, up to a few."""

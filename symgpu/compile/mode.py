@@ -10,7 +10,8 @@
 
 The `optimizer_including` / `optimizer_excluding` flags add or remove tags (pass names, rewrite
 names or group tags) for every mode. `mode.including(*tags)` / `mode.excluding(*tags)` (Theano's
-spelling; also `including_tags` / `excluding_tags`) return a copy with more tags; a few Theano
+spelling; also `including_tags` / `excluding_tags`) return a copy with more tags;
+`mode.requiring(*tags)` a copy that runs only the rewrites carrying all of them; a few Theano
 rewrite names are read as ours (`TAG_ALIASES`, e.g. `local_elemwise_fusion` is `fusion`).
 `MonitorMode` and `NanGuardMode` (symgpu/compile/monitormode.py) call functions around each node.
 """
@@ -65,6 +66,8 @@ class Mode:
         self.name = name
         self.including = tuple(including)
         self.excluding = tuple(excluding)
+        #: tags every selected rewrite must carry (Theano's Mode.requiring)
+        self.requiring_tags: tuple[str, ...] = ()
 
     def _clone(self, including: tuple[str, ...], excluding: tuple[str, ...]) -> "Mode":
         return get_mode(self.name)._with(including, excluding)
@@ -73,13 +76,25 @@ class Mode:
         self.including, self.excluding = tuple(including), tuple(excluding)
         return self
 
+    def _copy(self, including: tuple[str, ...], excluding: tuple[str, ...],
+              requiring: tuple[str, ...]) -> "Mode":
+        new = self._clone(including, excluding)
+        new.requiring_tags = tuple(requiring)
+        return new
+
     def including_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that also runs the rewrites with these tags."""
-        return self._clone(self.including + tags, self.excluding)
+        return self._copy(self.including + tags, self.excluding, self.requiring_tags)
 
     def excluding_tags(self, *tags: str) -> "Mode":
         """A copy of this mode that skips the rewrites with these tags."""
-        return self._clone(self.including, self.excluding + tags)
+        return self._copy(self.including, self.excluding + tags, self.requiring_tags)
+
+    def requiring(self, *tags: str) -> "Mode":
+        """Theano's Mode.requiring: a copy of this mode that runs only the rewrites carrying
+        every one of these tags (as well as an included one), at every level: a group of
+        rewrites (canonicalize, ...) must carry them too, and so must its members."""
+        return self._copy(self.including, self.excluding, self.requiring_tags + tags)
 
     # Theano/PyTensor spellings
     including_ = including_tags
@@ -112,7 +127,7 @@ class Mode:
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""
         include, exclude = self.tags()
-        return optdb.query(include, exclude)
+        return optdb.query(include, exclude, _aliased(self.requiring_tags))
 
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
         """Run the passes on `fgraph` in place; returns seconds spent per pass."""
@@ -135,6 +150,10 @@ class Mode:
 
     def __repr__(self) -> str:
         return f"Mode({self.name!r})"
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("requiring_tags", ())  # a Mode pickled before Mode.requiring existed
+        self.__dict__.update(state)
 
 
 FAST_RUN = "FAST_RUN"

@@ -67,10 +67,16 @@ def _numeric(*d: str) -> str:
     return out
 
 
+def _real_out(d: str) -> str:
+    # Theano's real_out: a complex dtype's component dtype; any other dtype as it is
+    return {"complex64": "float32", "complex128": "float64"}.get(d, d)
+
+
 DTYPE_RULES: dict[str, Callable[..., str]] = {
     "upcast": _upcast, "float": _float, "bool": _bool, "int_or_bool": _int_or_bool,
     "switch": _switch, "int_div": _int_div, "second": lambda a, b: b,
-    "true_div": _true_div, "numeric": _numeric,
+    "true_div": _true_div, "numeric": _numeric, "real_out": _real_out,
+    "float64": lambda *d: "float64",
 }
 
 
@@ -227,6 +233,27 @@ _SQRT_PI_2 = float(np.sqrt(np.pi) / 2)
 _TWO_SQRT_PI = float(2 / np.sqrt(np.pi))
 
 
+def _not_float_zeros(T, x):
+    """Theano's gradient for an integer input of real/imag/angle: zeros of floatX."""
+    return T.zeros_like(x, dtype=T.config.floatX)
+
+
+def _g_real(T, x, out, gz):
+    # complex inputs are not reached: T.grad treats complex values as constants (see
+    # docs/from_theano.md); an integer input gets Theano's floatX zeros
+    return gz if x.dtype.startswith("float") else _not_float_zeros(T, x)
+
+
+def _g_imag(T, x, out, gz):
+    # the imaginary part of a real x is constant 0
+    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+
+
+def _g_angle(T, x, out, gz):
+    # the angle of a real x is piecewise constant (0 or pi)
+    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+
+
 def _no_grad(T, ins, out, gz):
     return [None for _ in ins]
 
@@ -316,6 +343,11 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _unary(lambda T, x, o, gz: -gz * o * o), "float"),
     ScalarOpSpec("second", 2, lambda a, b: b, "{1}", lambda T, ins, out, gz: [None, gz], "second"),
     ScalarOpSpec("identity", 1, lambda x: x, "{0}", _unary(lambda T, x, o, gz: gz)),
+    # complex parts (Theano's real/imag/angle): host only (no complex dtypes on the GPU or in
+    # the CPU C kernels); for a real x: x, 0 and 0 or pi (as NumPy)
+    ScalarOpSpec("real", 1, np.real, None, _unary(_g_real), "real_out"),
+    ScalarOpSpec("imag", 1, np.imag, None, _unary(_g_imag), "real_out"),
+    ScalarOpSpec("angle", 1, np.angle, None, _unary(_g_angle), "float64"),
     # exponentials and logarithms
     ScalarOpSpec("exp", 1, np.exp, "exp{f}({0})", _unary(lambda T, x, o, gz: gz * o), "float"),
     ScalarOpSpec("exp2", 1, np.exp2, "exp2{f}({0})",

@@ -88,6 +88,13 @@ class InnerFunction:
         # calls the runner)
         self._run = vm.dispatch if vm.runner is None else vm
 
+    def free(self) -> None:
+        """Empty the compiled body's intermediate cells (Function.free: with allow_gc off
+        they keep the last call's arrays)."""
+        if self.vm is not None:
+            with self.lock:
+                self.vm.clear_intermediates()
+
     def run(self) -> None:
         """Run the thunks on whatever the input cells hold."""
         self._run()

@@ -82,6 +82,10 @@ class Scan(Op):
         """Compile the loop body when the outer function is linked (once per op)."""
         self.inner.compile()
 
+    def free(self) -> None:
+        """Release the loop body's intermediate storage (Theano's op.free; Function.free)."""
+        self.inner.free()
+
     def perform(self, node: Apply, inputs: Sequence[Any], output_storage: list[list]) -> None:
         self.inner.compile()
         inner = self.inner

@@ -25,8 +25,8 @@ from symgpu.tensor import nlinalg  # T.nlinalg.*, as Theano's tensor namespace h
 from symgpu.tensor.sort import argsort, argtopk, sort, topk, topk_and_argtopk  # noqa: E402
 
 from symgpu.tensor.variable import install_operators as _install_operators  # noqa: E402
-# Theano's name of the class holding TensorVariable's operators and methods
-from symgpu.tensor.variable import TensorOperators as _tensor_py_operators  # noqa: E402,F401
+# Theano's operator mixin of TensorVariable, TensorConstant and TensorSharedVariable
+from symgpu.tensor.type import _tensor_py_operators  # noqa: E402,F401
 
 _install_operators()
 _elemwise.install_language(sys.modules[__name__])  # gradients of Elemwise build with T

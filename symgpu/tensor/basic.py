@@ -6,6 +6,7 @@ constant `1` in a shape lets the output type know that dimension is broadcastabl
 """
 from __future__ import annotations
 
+import builtins
 import warnings
 from typing import Any, Sequence
 
@@ -16,7 +17,8 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float, upcast
 from symgpu.tensor.elemwise import DimShuffle, _sum_to_broadcast_pattern
-from symgpu.tensor.math import as_operands, cast, fill, ones_like, second, zeros_like
+from symgpu.tensor.math import (as_operands, cast, clip, fill, lt, ones_like, second, switch,
+                                zeros_like)
 from symgpu.tensor.shape import (Shape, Shape_i, SpecifyShape, dimshuffle, shape, shape_i,
                                  shape_tuple, specify_broadcastable_as, transpose)
 from symgpu.tensor.shape_rules import (_const, as_dim, dim_value, is_nonnegative,
@@ -30,7 +32,7 @@ from symgpu.tensor.type import TensorConstant, TensorType, TensorVariable, as_te
 __all__ = [
     "MakeVector", "make_vector", "Reshape", "reshape", "flatten", "squeeze", "Join", "join",
     "concatenate", "stack", "Alloc", "alloc", "zeros", "ones", "ARange", "arange",
-    "specify_shape",
+    "specify_shape", "shape_padleft", "shape_padright", "choose",
     # re-exported from math.py / shape.py / subtensor.py
     "fill", "second", "zeros_like", "ones_like", "cast", "shape", "shape_i", "transpose",
     "dimshuffle", "specify_broadcastable_as", "getitem", "set_subtensor", "inc_subtensor",
@@ -545,3 +547,68 @@ def specify_shape(x: Any, shape: Any) -> Any:
 
 
 _type._SEQUENCES[:] = [stack]  # as_tensor_variable([x.shape[0], 3]) stacks what it holds
+
+
+def shape_padleft(t: Any, n_ones: int = 1) -> TensorVariable:
+    """`t` with `n_ones` broadcastable dimensions in front."""
+    t = as_tensor_variable(t)
+    return dimshuffle(t, ["x"] * n_ones + list(range(t.ndim)))
+
+
+def shape_padright(t: Any, n_ones: int = 1) -> TensorVariable:
+    """`t` with `n_ones` broadcastable dimensions at the end."""
+    t = as_tensor_variable(t)
+    return dimshuffle(t, list(range(t.ndim)) + ["x"] * n_ones)
+
+
+def choose(a: Any, choices: Any, mode: str = "raise") -> TensorVariable:
+    """np.choose: out[i...] = choices[a[i...]][i...], `a` (integers) and every choice
+    broadcast together; `choices` is a tensor whose first axis lists the choices, or a list
+    or tuple of tensors. `mode`: 'raise' (an index outside [0, n) is an error), 'wrap'
+    (taken modulo n) or 'clip' (clipped into [0, n-1]). Built from broadcasting and advanced
+    indexing, so the gradient flows to the choices (none to `a`)."""
+    if mode not in ("raise", "wrap", "clip"):
+        raise ValueError(f"choose: mode must be 'raise', 'wrap' or 'clip', got {mode!r}")
+    a = as_tensor_variable(a)
+    if not (a.dtype.startswith("int") or a.dtype.startswith("uint") or a.dtype == "bool"):
+        raise TypeError(f"choose: {a} ({a.type}) must hold integers")
+    if isinstance(choices, (list, tuple)):
+        cs = [as_tensor_variable(c) for c in choices]
+        if not cs:
+            raise ValueError("choose: no choices")
+        choices = stack(_broadcast_all(cs))
+    else:
+        choices = as_tensor_variable(choices)
+        if choices.ndim < 1:
+            raise ValueError(f"choose: choices {choices} ({choices.type}) need a leading axis")
+    nd = builtins.max(a.ndim, choices.ndim - 1)
+    a = shape_padleft(a, nd - a.ndim) if a.ndim < nd else a
+    c = shape_padleft(choices, nd + 1 - choices.ndim) if choices.ndim < nd + 1 else choices
+    c = dimshuffle(c, list(range(1, nd + 1)) + [0])  # the choices last, to broadcast the rest
+    idx = second(c[..., 0], a)                        # a in the broadcast shape
+    c = second(shape_padright(idx), c)                # every choice in it
+    n = shape_i(choices, 0)
+    if mode == "wrap":
+        idx = idx % n
+    elif mode == "clip":
+        idx = clip(idx, 0, n - 1)
+    else:
+        idx = switch(lt(idx, 0), n, idx)              # negative: out of range, as np.choose
+    grids = []
+    for d in range(nd):
+        pattern = ["x"] * nd
+        pattern[d] = 0
+        grids.append(dimshuffle(arange(shape_i(idx, d), dtype="int64"), pattern))
+    return c[tuple(grids) + (idx,)]
+
+
+def _broadcast_all(xs: list) -> list:
+    """The tensors in `xs` broadcast against one another (and cast to their common dtype)."""
+    nd = builtins.max(x.ndim for x in xs)
+    xs = [shape_padleft(x, nd - x.ndim) if x.ndim < nd else x for x in xs]
+    dtype = upcast(*[x.dtype for x in xs])
+    xs = [cast(x, dtype) if x.dtype != dtype else x for x in xs]
+    ref = xs[0]
+    for x in xs[1:]:
+        ref = second(x, ref)
+    return [second(ref, x) for x in xs]

@@ -14,8 +14,9 @@ import numpy as np
 from symgpu.config import config
 from symgpu.graph.basic import Variable
 from symgpu.scalar.dtypes import upcast
-from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, concatenate,
-                                 flatten, reshape, stack)
+from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, choose,
+                                 concatenate, flatten, reshape, shape_padleft, shape_padright,
+                                 stack)
 from symgpu.tensor.extra_ops import diagonal
 from symgpu.tensor.math import (_make_elemwise, _prod_of, abs as _abs, all as _all, and_, argmax,
                                 cast, clip, eq, ge, invert, isinf, isnan, le, lt, matmul,
@@ -223,18 +224,6 @@ def patternbroadcast(x: Any, broadcastable: Any) -> TensorVariable:
     return specify_broadcastable_as(x, TensorType(x.dtype, [bool(b) for b in broadcastable]))
 
 
-def shape_padleft(t: Any, n_ones: int = 1) -> TensorVariable:
-    """`t` with `n_ones` broadcastable dimensions in front."""
-    t = as_tensor_variable(t)
-    return dimshuffle(t, ["x"] * n_ones + list(range(t.ndim)))
-
-
-def shape_padright(t: Any, n_ones: int = 1) -> TensorVariable:
-    """`t` with `n_ones` broadcastable dimensions at the end."""
-    t = as_tensor_variable(t)
-    return dimshuffle(t, list(range(t.ndim)) + ["x"] * n_ones)
-
-
 def shape_padaxis(t: Any, axis: int) -> TensorVariable:
     """`t` with a broadcastable dimension inserted at `axis` (as np.expand_dims)."""
     t = as_tensor_variable(t)
@@ -420,59 +409,6 @@ def batched_tensordot(x: Any, y: Any, axes: Any = 2) -> TensorVariable:
                  ndim=3)
     out = matmul(x3, y3)
     return reshape(out, [batch] + x_shape + y_shape, ndim=1 + len(x_free) + len(y_free))
-
-
-def choose(a: Any, choices: Any, mode: str = "raise") -> TensorVariable:
-    """np.choose: out[i...] = choices[a[i...]][i...], `a` (integers) and every choice
-    broadcast together; `choices` is a tensor whose first axis lists the choices, or a list
-    or tuple of tensors. `mode`: 'raise' (an index outside [0, n) is an error), 'wrap'
-    (taken modulo n) or 'clip' (clipped into [0, n-1]). Built from broadcasting and advanced
-    indexing, so the gradient flows to the choices (none to `a`)."""
-    if mode not in ("raise", "wrap", "clip"):
-        raise ValueError(f"choose: mode must be 'raise', 'wrap' or 'clip', got {mode!r}")
-    a = as_tensor_variable(a)
-    if not (a.dtype.startswith("int") or a.dtype.startswith("uint") or a.dtype == "bool"):
-        raise TypeError(f"choose: {a} ({a.type}) must hold integers")
-    if isinstance(choices, (list, tuple)):
-        cs = [as_tensor_variable(c) for c in choices]
-        if not cs:
-            raise ValueError("choose: no choices")
-        choices = stack(_broadcast_all(cs))
-    else:
-        choices = as_tensor_variable(choices)
-        if choices.ndim < 1:
-            raise ValueError(f"choose: choices {choices} ({choices.type}) need a leading axis")
-    nd = builtins.max(a.ndim, choices.ndim - 1)
-    a = shape_padleft(a, nd - a.ndim) if a.ndim < nd else a
-    c = shape_padleft(choices, nd + 1 - choices.ndim) if choices.ndim < nd + 1 else choices
-    c = dimshuffle(c, list(range(1, nd + 1)) + [0])  # the choices last, to broadcast the rest
-    idx = second(c[..., 0], a)                        # a in the broadcast shape
-    c = second(shape_padright(idx), c)                # every choice in it
-    n = shape_i(choices, 0)
-    if mode == "wrap":
-        idx = idx % n
-    elif mode == "clip":
-        idx = clip(idx, 0, n - 1)
-    else:
-        idx = switch(lt(idx, 0), n, idx)              # negative: out of range, as np.choose
-    grids = []
-    for d in range(nd):
-        pattern = ["x"] * nd
-        pattern[d] = 0
-        grids.append(dimshuffle(arange(shape_i(idx, d), dtype="int64"), pattern))
-    return c[tuple(grids) + (idx,)]
-
-
-def _broadcast_all(xs: list) -> list:
-    """The tensors in `xs` broadcast against one another (and cast to their common dtype)."""
-    nd = builtins.max(x.ndim for x in xs)
-    xs = [shape_padleft(x, nd - x.ndim) if x.ndim < nd else x for x in xs]
-    dtype = upcast(*[x.dtype for x in xs])
-    xs = [cast(x, dtype) if x.dtype != dtype else x for x in xs]
-    ref = xs[0]
-    for x in xs[1:]:
-        ref = second(x, ref)
-    return [second(ref, x) for x in xs]
 
 
 def fill_diagonal(a: Any, val: Any) -> TensorVariable:

@@ -226,8 +226,46 @@ class ArrayVariableMixin:
         return self.type.broadcastable
 
 
-class TensorVariable(ArrayVariableMixin, Variable):
-    """A symbolic tensor; operators and methods come from `_TensorOperators`."""
+class _InstanceAttribute:
+    """Documents on a class an attribute every instance sets in ``__init__``: reading it on
+    the class gives this descriptor (so ``Class.attr`` exists, as Theano's reference lists
+    it); an instance's own value shadows it at no cost (no ``__set__``: a non-data
+    descriptor)."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        raise AttributeError(f"{type(obj).__name__} has no {self.name!r} yet (set in __init__)")
+
+
+class _tensor_py_operators(ArrayVariableMixin):
+    """Theano's operator mixin of TensorVariable, TensorConstant and TensorSharedVariable
+    (``theano.tensor.var._tensor_py_operators``): ``isinstance(x, _tensor_py_operators)``
+    tells a symbolic tensor. symgpu.tensor.variable installs the Python operators and methods
+    here (they build with modules above this one)."""
+
+    type = _InstanceAttribute("The TensorType of this variable (dtype and broadcastable "
+                              "pattern), set by Variable.__init__.")
+
+    @property
+    def dtype(self) -> str:
+        """The element type, a NumPy dtype name (e.g. 'float64'): ``self.type.dtype``."""
+        return self.type.dtype
+
+    @property
+    def ndim(self) -> int:
+        """The number of dimensions: ``self.type.ndim``."""
+        return self.type.ndim
+
+
+class TensorVariable(_tensor_py_operators, Variable):
+    """A symbolic tensor; operators and methods come from `_tensor_py_operators`."""
 
     def __init__(self, type: TensorType, owner=None, index=None, name=None):
         super().__init__(type, owner, index, name)

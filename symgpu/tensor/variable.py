@@ -1,4 +1,5 @@
-"""Python operators and methods of symbolic tensors (installed on TensorVariable)."""
+"""Python operators and methods of symbolic tensors (installed on TensorVariable's mixin,
+Theano's `_tensor_py_operators`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from symgpu.tensor import grids as _grids
 from symgpu.tensor import math as _math
 from symgpu.tensor.subtensor import getitem
 from symgpu.tensor.transfer import transfer
-from symgpu.tensor.type import TensorVariable
+from symgpu.tensor.type import _tensor_py_operators
 
 
 class TensorOperators:
@@ -169,11 +170,12 @@ class TensorOperators:
 
 
 def install_operators() -> None:
-    """Copy the operators and methods onto TensorVariable (the package calls this once it
-    has loaded the modules they build with; type.py sits below them)."""
+    """Copy the operators and methods onto TensorVariable's mixin, Theano's
+    `_tensor_py_operators` (the package calls this once it has loaded the modules they build
+    with; type.py sits below them)."""
     for name, value in vars(TensorOperators).items():
         if not name.startswith("__") or name in TensorOperators.dunders:
-            setattr(TensorVariable, name, value)
+            setattr(_tensor_py_operators, name, value)
 
 
 def _comparison(result: Any) -> Any:

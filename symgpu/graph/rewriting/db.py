@@ -55,9 +55,12 @@ POSITIONS = {
 }
 
 
-def _selected(tags: Iterable[str], include: frozenset, exclude: frozenset) -> bool:
+def _selected(tags: Iterable[str], include: frozenset, exclude: frozenset,
+              require: frozenset = frozenset()) -> bool:
+    """Theano's query: a member with an included tag, every required tag (Mode.requiring)
+    and no excluded tag."""
     tags = set(tags)
-    return bool(tags & include) and not (tags & exclude)
+    return bool(tags & include) and require <= tags and not (tags & exclude)
 
 
 class RewriteGroup:
@@ -91,12 +94,14 @@ class RewriteGroup:
     def names(self) -> list[str]:
         return [r.name for r, _ in self.members]
 
-    def select(self, include: frozenset, exclude: frozenset) -> list[NodeRewriter]:
-        return [r for r, tags in self.members if _selected(tags, include, exclude)]
+    def select(self, include: frozenset, exclude: frozenset,
+               require: frozenset = frozenset()) -> list[NodeRewriter]:
+        return [r for r, tags in self.members if _selected(tags, include, exclude, require)]
 
-    def query(self, include: Iterable[str], exclude: Iterable[str] = ()) -> EquilibriumRewriter | None:
+    def query(self, include: Iterable[str], exclude: Iterable[str] = (),
+              require: Iterable[str] = ()) -> EquilibriumRewriter | None:
         """The equilibrium pass of the selected members (None if none is selected)."""
-        key = (frozenset(include), frozenset(exclude))
+        key = (frozenset(include), frozenset(exclude), frozenset(require))
         if key not in self._cache:
             chosen = self.select(*key)
             self._cache[key] = (EquilibriumRewriter(chosen, [MergeRewriter()] if self.final_merge else [],
@@ -141,16 +146,18 @@ class PassDB:
                 return e.rewrite
         raise KeyError(f"no pass named {name!r}; passes: {', '.join(e.name for e in self.entries)}")
 
-    def query(self, include: Iterable[str], exclude: Iterable[str] = ()) -> list[tuple[str, Callable]]:
-        """(name, callable(fgraph)) for each selected pass, in position order."""
-        include, exclude = frozenset(include), frozenset(exclude)
+    def query(self, include: Iterable[str], exclude: Iterable[str] = (),
+              require: Iterable[str] = ()) -> list[tuple[str, Callable]]:
+        """(name, callable(fgraph)) for each selected pass, in position order; `require`d tags
+        apply to a group's members too, as Theano's sub-queries."""
+        include, exclude, require = frozenset(include), frozenset(exclude), frozenset(require)
         out = []
         for e in self.entries:
-            if not _selected(e.tags, include, exclude):
+            if not _selected(e.tags, include, exclude, require):
                 continue
             rw = e.rewrite
             if isinstance(rw, RewriteGroup):
-                rw = rw.query(include, exclude)
+                rw = rw.query(include, exclude, require)
                 if rw is None:
                     continue
             out.append((e.name, rw))

@@ -21,7 +21,7 @@ from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 from symgpu.tensor.type import constant
 
 __all__ = ["PhiloxSample", "PhiloxAdvance", "CategoricalFromUniform", "MultinomialFromUniform",
-           "ArgsortKeys", "check_state"]
+           "PoissonFromUniform", "ArgsortKeys", "check_state"]
 
 
 def check_state(state: Any, what: str) -> TensorVariable:
@@ -188,6 +188,38 @@ class MultinomialFromUniform(Op):
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [input_shapes[0]]
+
+    def grad(self, inputs, output_grads):
+        return [None, None]
+
+
+class PoissonFromUniform(Op):
+    """(lam (broadcastable to u), u (...)) -> Poisson(lam) counts (...) of `dtype`: the
+    smallest k whose CDF reaches u (inverse CDF, so one uniform per draw and the Philox
+    counters advance as for any other draw)."""
+
+    __props__ = ("dtype",)
+
+    def __init__(self, dtype: str = "int64"):
+        self.dtype = check_dtype(dtype)
+
+    def make_node(self, lam: Any, u: Any) -> Apply:
+        lam, u = as_tensor_variable(lam), as_tensor_variable(u)
+        if lam.ndim > u.ndim or not is_float(u.dtype) or lam.dtype.startswith("complex"):
+            raise TypeError(f"{self}: lam must be real with at most u's dimensions and u "
+                            f"floats, got {lam.type} and {u.type}")
+        return Apply(self, [lam, u], [TensorType(self.dtype, u.broadcastable)()])
+
+    def perform(self, node, inputs, out):
+        from scipy import stats  # deferred: scipy.stats takes a while to import; draws only
+        lam, u = np.asarray(inputs[0], dtype=np.float64), np.asarray(inputs[1], dtype=np.float64)
+        if np.any(np.isnan(lam)) or np.any(lam < 0):
+            raise ValueError(f"poisson: lam must be >= 0 (and not NaN), got {lam}")
+        lam = np.broadcast_to(lam, u.shape)  # raises where lam does not fit the draw's shape
+        out[0][0] = np.asarray(stats.poisson.ppf(u, lam)).astype(self.dtype)
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[1]]
 
     def grad(self, inputs, output_grads):
         return [None, None]

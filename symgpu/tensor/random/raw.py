@@ -24,11 +24,11 @@ from symgpu.tensor.extra_ops import PermuteAlongAxis
 from symgpu.tensor.random import philox
 from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
                                       MultinomialFromUniform, PhiloxAdvance, PhiloxSample,
-                                      check_state)
+                                      PoissonFromUniform, check_state)
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorConstant, TensorVariable, as_tensor_variable, constant
 
-__all__ = ["uniform", "normal", "binomial", "random_integers", "integers", "choice",
+__all__ = ["uniform", "normal", "binomial", "poisson", "random_integers", "integers", "choice",
            "permutation", "multinomial", "philox_state", "RandomStreamsBase"]
 
 DEFAULT_SEED = 12345
@@ -128,6 +128,21 @@ def binomial(random_state: Any, size: Any = None, n: int = 1, p: Any = 0.5,
     hit = tm.lt(u, tm.cast(as_tensor_variable(p), fdtype))
     count = hit if n == 1 else tm.sum(hit, axis=0, dtype="int64")
     return new, tm.cast(count, dtype)
+
+
+def poisson(random_state: Any, size: Any = None, lam: Any = 1.0, ndim: int | None = None,
+            dtype: str = "int64") -> Draw:
+    """Theano's raw_random.poisson: Poisson(lam) counts (NumPy's poisson distribution), by
+    the inverse CDF of one uniform per draw; `lam` (>= 0) broadcasts to `size` (without
+    `size`, the draw has lam's shape)."""
+    dtype = check_dtype(dtype)
+    entries = _size_entries(size, ndim, [lam], "poisson")
+    lam = as_tensor_variable(lam)
+    if lam.ndim > len(entries):
+        raise ValueError(f"poisson: lam {lam} ({lam.type}) has more dimensions than the size "
+                         f"{size}")
+    new, u = _draw(random_state, "uniform", entries, "float64")
+    return new, PoissonFromUniform(dtype)(tm.cast(lam, "float64"), u)
 
 
 def integers(random_state: Any, size: Any = None, low: Any = 0, high: Any = 1,
@@ -275,6 +290,11 @@ class RandomStreamsBase:
                  dtype: str = "int64", prob: Any = None) -> TensorVariable:
         """Binomial(n, p) counts (raw.binomial)."""
         return self.gen(binomial, size, n, p, ndim=ndim, dtype=dtype, prob=prob)
+
+    def poisson(self, size: Any = None, lam: Any = 1.0, ndim: int | None = None,
+                dtype: str = "int64") -> TensorVariable:
+        """Poisson(lam) counts (raw.poisson)."""
+        return self.gen(poisson, size, lam, ndim=ndim, dtype=dtype)
 
     def random_integers(self, size: Any = None, low: Any = 0, high: Any = 1,
                         ndim: int | None = None, dtype: str = "int64") -> TensorVariable:
