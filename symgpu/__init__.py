@@ -48,6 +48,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "dot": ("symgpu.tensor", "dot"),  # Theano's theano.dot
     "gpu": ("symgpu.gpu", None),
     "sparse": ("symgpu.sparse", None),  # Theano's theano.sparse (loads scipy.sparse)
+    "sparse_grad": ("symgpu.sparse", "sparse_grad"),  # Theano's theano.sparse_grad
     "sandbox": ("symgpu.sandbox", None),
     "misc": ("symgpu.misc", None),
     "d3viz": ("symgpu.d3viz", None),  # Theano's theano.d3viz: interactive graph pages
