@@ -38,6 +38,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "reduce": ("symgpu.scan", "reduce"),
     "foldl": ("symgpu.scan", "foldl"),
     "foldr": ("symgpu.scan", "foldr"),
+    "scan_checkpoints": ("symgpu.scan", "scan_checkpoints"),  # Theano's theano.scan_checkpoints
     "scan_module": ("symgpu.scan_module", None),  # Theano's paths: symgpu/theano_paths.py
     "gof": ("symgpu.gof", None),
     "gpuarray": ("symgpu.gpuarray", None),

@@ -55,6 +55,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # loops (theano.scan_module)
     "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's
     "symgpu.scan_module.scan_op": "symgpu.scan.op",
+    "symgpu.scan_module.scan_checkpoints": "symgpu.scan.checkpoints",
     # the GPU package under Theano's names (theano.gpuarray; the old theano.sandbox.cuda)
     "symgpu.gpu.basic_ops": "symgpu.gpu.placement.basic_ops",
     "symgpu.gpu.type": "symgpu.gpu.placement.type",

@@ -378,3 +378,39 @@ def test_lstm_gradient_body_keeps_constants_inside_and_writes_gates_once():
         d[r, c] = eps
         np.testing.assert_allclose(gU[r, c], (run(Wv, Uv + d) - run(Wv, Uv - d)) / (2 * eps),
                                    rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("n,every,padding", [(12, 4, True), (13, 4, True), (12, 5, True),
+                                             (12, 4, False), (3, 10, True)])
+def test_scan_checkpoints_values_and_gradients_are_scans(n, every, padding):
+    """Theano's scan_checkpoints: the states after each block of `every` steps, and the same
+    gradients as the plain loop (the blocks' steps recomputed from each block's first state);
+    an outer loop over inner loops."""
+    x, h0, W = T.dmatrix("x"), T.dvector("h0"), T.dmatrix("W")
+
+    def step(xt, h, W):
+        return T.tanh(T.dot(h, W) + xt)
+    outs, _ = symgpu.scan_checkpoints(step, sequences=[x], outputs_info=[h0],
+                                      non_sequences=[W], save_every_N=every, padding=padding)
+    ref, _ = symgpu.scan(step, sequences=[x], outputs_info=[h0], non_sequences=[W])
+    f = symgpu.function([x, h0, W], [outs] + T.grad(outs[-1].sum(), [x, h0, W]))
+    rf = symgpu.function([x, h0, W], [ref] + T.grad(ref[-1].sum(), [x, h0, W]))
+    xv, hv, Wv = rand(n, 3), rand(3), rand(3, 3, scale=0.5)
+    got, want = f(xv, hv, Wv), rf(xv, hv, Wv)
+    last_of_block = [min((b + 1) * every, n) - 1 for b in range(-(-n // every))]
+    np.testing.assert_allclose(got[0], want[0][last_of_block], rtol=1e-12)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    bodies = [nd.op.inner.rewritten() for nd in f.maker.fgraph.toposort()
+              if isinstance(nd.op, Scan)]
+    assert any(isinstance(m.op, Scan) for body in bodies for m in body.apply_nodes)
+
+
+def test_scan_checkpoints_rejects_taps_and_bad_blocks():
+    x, h0 = T.dmatrix("x"), T.dmatrix("h0")
+    with pytest.raises(ValueError, match="taps"):
+        symgpu.scan_checkpoints(lambda a, b, c: a + b, sequences=[x],
+                                outputs_info=[dict(initial=h0, taps=[-2, -1])])
+    with pytest.raises(ValueError, match="save_every_N"):
+        symgpu.scan_checkpoints(lambda a, b: a + b, sequences=[x], outputs_info=[x[0]],
+                                save_every_N=0)

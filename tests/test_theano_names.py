@@ -24,8 +24,8 @@ DOCUMENTED_NAMES = 450
 DOCUMENTED_MODULES = 74
 
 #: this issue's figures when the tool was written: they may rise, not fall (raise them then)
-PRESENT_FLOOR = 98.4        # per cent of this documented names present
-COVERAGE_FLOOR = 99.8       # per cent present or deliberately absent
+PRESENT_FLOOR = 98.6        # per cent of this documented names present
+COVERAGE_FLOOR = 100.0      # per cent present or deliberately absent
 
 
 @pytest.fixture(scope="module")

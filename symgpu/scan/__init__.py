@@ -7,11 +7,12 @@ import sys
 import types
 
 from symgpu.scan.basic import ScanUpdates, scan, until
+from symgpu.scan.checkpoints import scan_checkpoints
 from symgpu.scan.op import Scan, ScanError, ScanInfo
 from symgpu.scan.views import foldl, foldr, map, reduce
 
 __all__ = ["scan", "until", "map", "reduce", "foldl", "foldr", "Scan", "ScanInfo", "ScanError",
-           "ScanUpdates"]
+           "ScanUpdates", "scan_checkpoints"]
 
 
 class _CallableModule(types.ModuleType):
