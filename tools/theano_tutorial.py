@@ -217,6 +217,7 @@ def run_page(page: str, blocks: list[dict]) -> list[dict]:
                                    b["line"], b["text"])
             b = dict(b, options=opts)
             mode = "exec"
+        test.globs = globs   # DocTest copies its globals: the group's namespace carries on
         try:
             report, tried, skipped = _run_examples(test, _flags(b["options"]), mode)
         except Exception:  # noqa: BLE001 - the page's code may raise anything; it is a failure
@@ -227,8 +228,20 @@ def run_page(page: str, blocks: list[dict]) -> list[dict]:
     return results
 
 
-def _short(report: str, keep: int = 14) -> str:
-    lines = [ln for ln in report.splitlines() if not ln.startswith("*****")]
+def _short(report: str, keep: int = 16) -> str:
+    """doctest's failure report without the failing example's source (its first line is
+    reported apart), cut to `keep` lines."""
+    lines, source = [], False
+    for ln in report.splitlines():
+        if ln.startswith("*****") or ln.startswith("File "):
+            continue
+        if ln == "Failed example:":
+            source = True
+            continue
+        if ln in ("Expected:", "Expected nothing", "Exception raised:") or ln.startswith("Got"):
+            source = False
+        if not source:
+            lines.append(ln)
     return "\n".join(lines[:keep] + (["    ..."] if len(lines) > keep else []))
 
 
