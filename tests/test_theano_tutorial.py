@@ -31,7 +31,7 @@ def test_the_data_file_holds_what_was_extracted():
     kinds = {b["kind"] for blocks in pages.values() for b in blocks}
     assert kinds == {"doctest", "testcode", "testoutput", "testsetup"}
     assert pages["adding"][0]["text"].startswith(">>> import numpy\n")
-    assert [b["group"] for b in pages["aliasing"]] == ["borrow"] * 7
+    assert [b["group"] for b in pages["aliasing"]] == ["borrow"] * 7 + ["default"]
 
 
 def test_extraction_follows_sphinx():
