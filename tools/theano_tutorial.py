@@ -49,7 +49,19 @@ FLAGS = (doctest.ELLIPSIS | doctest.IGNORE_EXCEPTION_DETAIL | doctest.DONT_ACCEP
          | doctest.NORMALIZE_WHITESPACE)
 
 #: ``page:line`` of a block (its first line in the page) whose difference symgpu chose: reason
+_PHILOX = ("random numbers come from Philox counter-based streams, not NumPy's RandomState "
+           "(docs/from_theano.md): ")
 DELIBERATE: dict[str, str] = {
+    "examples:310": "Function.copy() of a one-output function returns the output, as the "
+                    "original does, not Theano 1.0's one-element list (docs/from_theano.md)",
+    "examples:329": "Function.copy() of a one-output function returns the output, as the "
+                    "original does, not Theano 1.0's one-element list (docs/from_theano.md)",
+    "examples:411": _PHILOX + "a stream's state is a uint32 array, with no RandomState.seed",
+    "examples:431": _PHILOX + "a stream's state is a uint32 array, with no RandomState "
+                              "get_state/set_state",
+    "examples:481": _PHILOX + "the numbers differ from Theano's",
+    "examples:493": _PHILOX + "the numbers differ from Theano's (the two graphs agree)",
+    "loop:320": _PHILOX + "the binomial mask drawn in the loop differs from Theano's",
 }
 
 # ---------------------------------------------------------------------------------------------
