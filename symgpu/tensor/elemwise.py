@@ -149,6 +149,8 @@ class Elemwise(Op):
             return self.name
         if self.inplace_pattern:
             return f"Elemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        if type(self.scalar_op).__name__ == "Composite":   # a fused graph: Theano's name
+            return f"Elemwise{{{self.scalar_op}}}"
         return f"Elemwise{{{self.scalar_op},no_inplace}}"
 
     def make_node(self, *inputs: Any) -> Apply:

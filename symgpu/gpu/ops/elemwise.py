@@ -94,6 +94,8 @@ class GpuElemwise(Op):
             return self.name
         if self.inplace_pattern:
             return f"GpuElemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        if type(self.scalar_op).__name__ == "Composite":   # a fused graph: as Elemwise's
+            return f"GpuElemwise{{{self.scalar_op}}}"
         return f"GpuElemwise{{{self.scalar_op},no_inplace}}"
 
     infer_shape = _Elemwise.infer_shape
