@@ -48,6 +48,8 @@ _CMODULE = ("symgpu's CPU C kernels are built by symgpu/link/cc.py with fixed fl
 _SEPARATE_CACHE = ("symgpu's cache directory is compiledir itself "
                    "($XDG_CACHE_HOME/symgpu/<platform>-<python>): set compiledir instead")
 
+_OLD_BUG = "nothing to do: symgpu prints none of Theano's warnings about its old bugs"
+
 # name, spec, default, kind, text, quiet
 THEANO_FLAGS: tuple[tuple, ...] = (
     ("device", None, None, "same",
@@ -257,4 +259,18 @@ LEGACY_FLAGS: tuple[tuple, ...] = (
     ("on_unused_input", ("raise", "warn", "ignore"), "raise", "ignored",
      "symgpu.function's on_unused_input defaults to 'raise' and does not read the flag: pass "
      "on_unused_input= to function", ()),
+    # Theano 1.0.5's warnings about its own old bugs (its tutorial sets
+    # warn.subtensor_merge_bug): nothing to warn about here, as warn.ignore_bug_before
+    ("warn.argmax_pushdown_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.gpusum_01_011_0111_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.sum_sum_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.sum_div_dimshuffle_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.subtensor_merge_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.gpu_set_subtensor1", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.reduce_join", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.inc_set_subtensor1", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.round", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.inc_subtensor1_opt", _B, True, "satisfied", _OLD_BUG, "*"),
+    ("warn.vm_gc_bug", _B, False, "satisfied", _OLD_BUG, "*"),
+    ("warn.signal_conv2d_interface", _B, True, "satisfied", _OLD_BUG, "*"),
 )

@@ -86,7 +86,7 @@ def _static_shape(var: Variable) -> str:
 def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = False,
                print_shape: bool = False, ids: str = "CHAR", stop_on_name: bool = False,
                print_destroy_map: bool = False, print_view_map: bool = False,
-               depth: int = -1) -> TextIO | str:
+               depth: int = -1) -> TextIO | str | None:
     """Print a graph the way Theano does, so users can read and compare graphs they know.
 
     One line per variable: ``Op [id X] 'name' pos`` for computed ones (``pos`` is the toposort
@@ -94,8 +94,8 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
     level of depth adds one space before ``|``. A node met again is printed once more, with
     its id, but without its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
     or '' (none); ``stop_on_name`` does not descend below named variables; ``depth`` >= 0
-    limits the levels printed. Returns ``file`` (``sys.stdout`` by default), or the text
-    when ``file='str'``.
+    limits the levels printed. Returns the text when ``file='str'``, ``file`` when one is
+    given, and None by default (Theano's: an interpreter then echoes nothing after it).
     """
     if ids not in ("CHAR", "int", "id", ""):
         raise ValueError(f"ids must be 'CHAR', 'int', 'id' or '', got {ids!r}")
@@ -149,7 +149,7 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
     if file == "str":
         return out.getvalue()  # type: ignore[union-attr]
     out.flush()
-    return out
+    return file
 
 
 # ============================================================================ pp

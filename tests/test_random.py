@@ -171,6 +171,24 @@ def test_tutorial_programs():
     assert int(rv_u.rng.get_value()[2]) == int(before[2]) + philox.blocks(4, rv_u.dtype)
 
 
+def test_copying_rstate_and_state_updates_syncs_two_graphs():
+    # Theano's tutorial "Copying Random State Between Theano Graphs"; T.shared_randomstreams
+    # is reachable as an attribute, as in Theano
+    assert T.shared_randomstreams.RandomStreams is SharedRandomStreams
+    g1, g2 = MRG_RandomStreams(123), MRG_RandomStreams(987)
+    f1, f2 = function([], g1.uniform((1,))), function([], g2.uniform((1,)))
+    assert f1()[0] != f2()[0]
+    g2.rstate = g1.rstate
+    assert g2.rstate == 123
+    for su1, su2 in zip(g1.state_updates, g2.state_updates):
+        su2[0].set_value(su1[0].get_value())
+    np.testing.assert_array_equal(f1(), f2())
+    # the next streams made follow g1's too
+    np.testing.assert_array_equal(function([], g1.normal((3,)))(), function([], g2.normal((3,)))())
+    with pytest.raises(TypeError):
+        g2.rstate = -1
+
+
 def test_default_update_counts_blocks_and_explicit_updates_win():
     srng = RandomStreams(seed=9)
     n = T.lscalar("n")

@@ -32,7 +32,11 @@ def build(in_dtypes, prog, outs, consts=()):
 
 def test_composite_str_matches_the_seed_style():
     c = build(["float32"] * 3, [("softplus", [1]), ("mul", [0, 3]), ("sub", [4, 2])], [5])
-    assert str(c) == "Composite{sub(mul(i0, softplus(i1)), i2)}"
+    assert str(c) == "Composite{((i0 * softplus(i1)) - i2)}"
+    # Theano's names: binary arithmetic infix, and a fused Elemwise without ",no_inplace"
+    assert str(Elemwise(c)) == "Elemwise{Composite{((i0 * softplus(i1)) - i2)}}"
+    neg = build(["float64"] * 2, [("neg", [0]), ("true_div", [2, 1])], [3])
+    assert str(neg) == "Composite{((-i0) / i1)}"
     assert c.nin == 3 and c.nout == 1 and c.output_dtype("float32", "float32", "float32") == "float32"
 
 

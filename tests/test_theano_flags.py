@@ -232,6 +232,14 @@ def test_legacy_flags():
         assert c.source(name) == "default"
 
 
+def test_old_bug_warnings_are_accepted_and_satisfied():
+    # Theano's tutorial sets theano.config.warn.subtensor_merge_bug = False
+    c = make()
+    assert c.warn.subtensor_merge_bug is False and c.warn.inc_subtensor1_opt is True
+    c.warn.subtensor_merge_bug = True
+    assert c.warn.subtensor_merge_bug is True and c.source("warn.subtensor_merge_bug") == "assignment"
+
+
 # ----------------------------------------------------------------------------- mapped flags
 def test_optimizer_is_the_modes_rewrite_set():
     c = make()

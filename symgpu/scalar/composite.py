@@ -136,7 +136,14 @@ class Composite:
         names = [f"i{k}" for k in range(self.nin)]
         names += [_const_text(v) for v, _ in self.constants]
         for op, args in self.steps:
-            names.append(f"{op}({', '.join(names[a] for a in args)})")
+            a = [names[k] for k in args]
+            sym = _INFIX.get(str(op))
+            if sym is not None and len(a) >= 2:
+                names.append("(" + f" {sym} ".join(a) + ")")
+            elif str(op) == "neg" and len(a) == 1:
+                names.append(f"(-{a[0]})")
+            else:
+                names.append(f"{op}({', '.join(a)})")
         return "Composite{" + ", ".join(names[o] for o in self.out_slots) + "}"
 
     __repr__ = __str__
@@ -269,6 +276,11 @@ class Composite:
         fn = self._kernel(in_bcast, out_bcast, tuple(node.op.inplace_pattern))
         for cell, value in zip(out, fn(*inputs)):
             cell[0] = value
+
+
+#: scalar ops a Composite's name writes infix, as Theano's (``Composite{(log(i0) * i0)}``)
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "true_div": "/", "int_div": "//", "pow": "**",
+          "mod": "%"}
 
 
 def _const_text(v: Any) -> str:

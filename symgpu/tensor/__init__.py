@@ -33,3 +33,5 @@ _elemwise.install_language(sys.modules[__name__])  # gradients of Elemwise build
 globals().update(_typed.CONSTRUCTORS)
 globals().update(_typed.PLURALS)
 import symgpu.tensor.rewriting  # noqa: E402,F401  (registers the tensor rewrite passes)
+# T.shared_randomstreams.RandomStreams, as Theano's tensor package imports it
+from symgpu.tensor import shared_randomstreams  # noqa: E402,F401

@@ -129,7 +129,7 @@ class MakeVector(Op):
         self.dtype = check_dtype(dtype)
 
     def __str__(self) -> str:
-        return f"MakeVector{{dtype={self.dtype}}}"
+        return f"MakeVector{{dtype='{self.dtype}'}}"
 
     def make_node(self, *inputs: Any) -> Apply:
         inputs = [as_tensor_variable(i) for i in inputs]

@@ -8,6 +8,7 @@ import numpy as np
 from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
+from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import is_float
 from symgpu.tensor import shape_rules
 from symgpu.tensor.c_elemwise import c_elemwise_thunk, c_sum_thunk
@@ -149,6 +150,8 @@ class Elemwise(Op):
             return self.name
         if self.inplace_pattern:
             return f"Elemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        if isinstance(self.scalar_op, Composite):   # a fused graph: Theano's name
+            return f"Elemwise{{{self.scalar_op}}}"
         return f"Elemwise{{{self.scalar_op},no_inplace}}"
 
     def make_node(self, *inputs: Any) -> Apply:

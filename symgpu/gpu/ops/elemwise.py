@@ -27,6 +27,7 @@ from symgpu.gpu.runtime.codegen.types import SUPPORTED
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scalar.composite import Composite
 from symgpu.tensor.elemwise import Elemwise as _Elemwise, reduce_output_dtype
 from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
 
@@ -94,6 +95,8 @@ class GpuElemwise(Op):
             return self.name
         if self.inplace_pattern:
             return f"GpuElemwise{{{self.scalar_op}}}{list(self.inplace_pattern)}"
+        if isinstance(self.scalar_op, Composite):   # a fused graph: as Elemwise's
+            return f"GpuElemwise{{{self.scalar_op}}}"
         return f"GpuElemwise{{{self.scalar_op},no_inplace}}"
 
     infer_shape = _Elemwise.infer_shape

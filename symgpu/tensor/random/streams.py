@@ -62,6 +62,17 @@ class RandomStreams(RandomStreamsBase):
         for j, (state, _) in enumerate(self.state_updates):
             state.set_value(self._initial_state(j))
 
+    @property
+    def rstate(self) -> int:
+        """MRG_RandomStreams' state that seeds the streams made next: here the seed, since a
+        stream's key comes from (seed, its number); ``g2.rstate = g1.rstate`` makes g2's next
+        streams g1's (Theano's tutorial copies it so)."""
+        return self.default_instance_seed
+
+    @rstate.setter
+    def rstate(self, value: int) -> None:
+        self.default_instance_seed = self._check_seed(value)
+
     def updates(self) -> list[tuple[SharedVariable, Variable]]:
         """The (state, new state) pairs of every stream (what the default updates do)."""
         return list(self.state_updates)
