@@ -1,5 +1,5 @@
-"""The seeds' logistic regression (../shared/seeds/003*): Gemv on the CPU, a small training
-graph, finite and correct training, same values in DebugMode, quick compile."""
+"""The GPU tutorial's logistic regression: Gemv on the CPU, a small training graph, finite
+and correct training, same values in DebugMode, quick compile."""
 import time
 
 import numpy as np
