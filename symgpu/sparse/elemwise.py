@@ -52,26 +52,38 @@ def _sum_to(g: TensorVariable, y: TensorVariable) -> TensorVariable:
 
 # ============================================================================ add
 
-class AddSS(Op):
-    """Sparse + sparse (same format and dtype): a sparse matrix."""
+class _SparseSparse(Op):
+    """An elementwise op of two sparse matrices of one format and dtype (`what`: add or mul):
+    a sparse matrix of their shape; `compute` on the SciPy values."""
 
     __props__ = ()
+    what = ""
 
     def make_node(self, x: Any, y: Any) -> Apply:
         x, y = as_sparse_variable(x), as_sparse_variable(y)
         if x.type != y.type:
-            raise TypeError(f"add_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
-                                      "same format and dtype (sparse.add casts the dtypes)")
+            raise TypeError(f"{self.what}_s_s: {x} ({x.type}) and {y} ({y.type}) must have "
+                            f"the same format and dtype (sparse.{self.what} casts the dtypes)")
         return Apply(self, [x, y], [x.type()])
 
     def perform(self, node, inputs, out):
         x, y = inputs
         if x.shape != y.shape:
-            raise ValueError(f"sparse add: shapes {x.shape} and {y.shape} differ")
-        out[0][0] = _sp_value(x + y, node.outputs[0])
+            raise ValueError(f"sparse {self.what}: shapes {x.shape} and {y.shape} differ")
+        out[0][0] = _sp_value(self.compute(x, y), node.outputs[0])
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [input_shapes[0]]
+
+
+class AddSS(_SparseSparse):
+    """Sparse + sparse (same format and dtype): a sparse matrix."""
+
+    what = "add"
+
+    @staticmethod
+    def compute(x: Any, y: Any) -> Any:
+        return x + y
 
     def grad(self, inputs, output_grads):
         (gz,) = output_grads
@@ -135,26 +147,14 @@ def sub(x: Any, y: Any) -> Any:
 
 # ============================================================================ mul
 
-class MulSS(Op):
+class MulSS(_SparseSparse):
     """Elementwise sparse * sparse (same format and dtype): a sparse matrix."""
 
-    __props__ = ()
+    what = "mul"
 
-    def make_node(self, x: Any, y: Any) -> Apply:
-        x, y = as_sparse_variable(x), as_sparse_variable(y)
-        if x.type != y.type:
-            raise TypeError(f"mul_s_s: {x} ({x.type}) and {y} ({y.type}) must have the "
-                                      "same format and dtype (sparse.mul casts the dtypes)")
-        return Apply(self, [x, y], [x.type()])
-
-    def perform(self, node, inputs, out):
-        x, y = inputs
-        if x.shape != y.shape:
-            raise ValueError(f"sparse mul: shapes {x.shape} and {y.shape} differ")
-        out[0][0] = _sp_value(x.multiply(y), node.outputs[0])
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        return [input_shapes[0]]
+    @staticmethod
+    def compute(x: Any, y: Any) -> Any:
+        return x.multiply(y)
 
     def grad(self, inputs, output_grads):
         (x, y), (gz,) = inputs, output_grads
