@@ -154,13 +154,16 @@ def hoist_invariants(outputs: Sequence[Variable], variant_sources: Sequence[Vari
     frontier: list[Variable] = []
     seen: set[Variable] = set()
 
-    def constant_expression(v: Variable) -> bool:
-        """Built from constants only (``dimshuffle(0.0)``, a gradient's fills): kept inside,
-        where constant folding and the rewrites that look for constants see it."""
-        return all(isinstance(a, Constant) for a in ancestors([v]) if a.owner is None)
+    # expressions of constants only (``dimshuffle(0.0)``, a gradient's fills) stay inside,
+    # where constant folding and the rewrites that look for constants see them: one pass
+    constant_only: set[Variable] = set()
+    for node in io_toposort([], outputs):
+        if node.inputs and all(isinstance(i, Constant) or i in constant_only
+                               for i in node.inputs):
+            constant_only.update(node.outputs)
 
     def add(v: Variable) -> None:
-        if v in variant or v in seen or isinstance(v, Constant) or constant_expression(v):
+        if v in variant or v in seen or isinstance(v, Constant) or v in constant_only:
             return
         seen.add(v)
         frontier.append(v)
