@@ -418,7 +418,7 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("device", DeviceParam, "cpu", "where functions run by default"),
     ("force_device", BoolParam, False,
      "if the GPU cannot be used: raise instead of warning and falling back to the CPU"),
-    ("floatX", lambda: EnumParam("float64", "float32", "float16"), "float64",
+    ("floatX", lambda: EnumParam("float64", "float32", "float16", "bfloat16"), "float64",
      "dtype of untyped constructors and of shared() for Python floats"),
     ("warn_float64", lambda: EnumParam(*_ACTIONS), "ignore",
      "what to do when a float64 variable is created"),

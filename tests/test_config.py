@@ -303,7 +303,7 @@ def test_describe_and_dump():
              "compute_test_value", "compute_test_value_opt", "print_test_value",
              "optimizer_verbose"]
     assert list(rows)[:len(names)] == names  # then Theano's flags (tests/test_theano_flags.py)
-    assert rows["floatX"][1:] == (rows["floatX"][1], "float64, float32, float16", "float64",
+    assert rows["floatX"][1:] == (rows["floatX"][1], "float64, float32, float16, bfloat16", "float64",
                                   "float32")
     assert all(doc and "\n" not in doc for _, doc, *_ in c.describe())
     text = str(c)

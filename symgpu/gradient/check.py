@@ -37,8 +37,8 @@ class GradientError(Exception):
                 + (f"\n  {self.detail}" if self.detail else ""))
 
 
-_EPS = {"float64": 1e-7, "float32": 1e-3, "float16": 1e-1}
-_TOL = {"float64": 1e-4, "float32": 1e-2, "float16": 5e-2}
+_EPS = {"float64": 1e-7, "float32": 1e-3, "float16": 1e-1, "bfloat16": 1e-1}
+_TOL = {"float64": 1e-4, "float32": 1e-2, "float16": 5e-2, "bfloat16": 1e-1}
 
 
 def numeric_grad(f: Callable[..., Any], points: Sequence[np.ndarray],

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.scalar.dtypes import (C_TYPES, FLOAT_DTYPES, is_bool, is_float, is_int, upcast,
+from symgpu.scalar.dtypes import (C_TYPES, FLOAT_DTYPES, HALF_DTYPES, is_bool, is_float, is_int, upcast,
                                   upgrade_to_float)
 
 __all__ = ["ScalarOp", "Cast", "SCALAR_OPS", "get_scalar_op", "cuda_expression"]
@@ -534,7 +534,7 @@ class Cast(ScalarOp):
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
         if self.dtype == "bool":
             return f"(({operands[0]}) != 0)"
-        ctype = "float" if self.dtype == "float16" else C_TYPES[self.dtype]
+        ctype = "float" if self.dtype in HALF_DTYPES else C_TYPES[self.dtype]
         return f"(({ctype})({operands[0]}))"
 
 

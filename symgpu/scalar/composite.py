@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
-from symgpu.scalar.dtypes import C_TYPES, upcast
+from symgpu.scalar.dtypes import C_TYPES, upcast, value_dtype
 
 __all__ = ["Composite", "CompositeBuilder", "ScalarVariable", "ScalarNode"]
 
@@ -196,7 +196,7 @@ class Composite:
     # -- CUDA -----------------------------------------------------------------------------
     def _step_compute_dtype(self, args: Sequence[int]) -> str:
         d = upcast(*[self.slot_dtypes[a] for a in args]) if args else "float32"
-        return "float32" if d == "float16" else d
+        return value_dtype(d)
 
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
         """One CUDA C expression for a single-output Composite over operand expressions."""
@@ -215,7 +215,7 @@ class Composite:
         for k, (op, args) in enumerate(self.steps):
             slot = self.first_step + k
             dtype = self.slot_dtypes[slot]
-            ctype = "float" if dtype == "float16" else C_TYPES[dtype]
+            ctype = C_TYPES[value_dtype(dtype)]
             expr = op.cuda(self._step_compute_dtype(args), [exprs[a] for a in args])
             name = f"{prefix}{k}"
             lines.append(f"const {ctype} {name} = {expr};")

@@ -1,23 +1,26 @@
 """Dtype facts shared by the scalar table, tensors and code generation."""
 from __future__ import annotations
 
+import ml_dtypes  # noqa: F401  (registers numpy.dtype("bfloat16"), the type JAX uses)
 import numpy as np
 
-__all__ = ["ALL_DTYPES", "FLOAT_DTYPES", "INT_DTYPES", "UINT_DTYPES", "COMPLEX_DTYPES",
-           "upcast", "upgrade_to_float", "is_float", "is_int", "is_bool", "C_TYPES",
-           "check_dtype"]
+__all__ = ["ALL_DTYPES", "FLOAT_DTYPES", "HALF_DTYPES", "INT_DTYPES", "UINT_DTYPES",
+           "COMPLEX_DTYPES", "upcast", "upgrade_to_float", "is_float", "is_half", "is_int",
+           "is_bool", "C_TYPES", "check_dtype", "value_dtype"]
 
-FLOAT_DTYPES = ("float16", "float32", "float64")
+#: 16-bit floats: stored in 16 bits, computed in float32 by kernels (load, compute, round on store)
+HALF_DTYPES = ("float16", "bfloat16")
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 INT_DTYPES = ("int8", "int16", "int32", "int64")
 UINT_DTYPES = ("uint8", "uint16", "uint32", "uint64")
 COMPLEX_DTYPES = ("complex64", "complex128")
 ALL_DTYPES = ("bool",) + INT_DTYPES + UINT_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
 
-#: the C/CUDA type that holds each dtype (float16 computes in float: see codegen)
+#: the C/CUDA type that holds each dtype (half dtypes compute in float: see codegen)
 C_TYPES = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int",
     "int64": "long long", "uint8": "unsigned char", "uint16": "unsigned short",
-    "uint32": "unsigned int", "uint64": "unsigned long long", "float16": "__half",
+    "uint32": "unsigned int", "uint64": "unsigned long long", "float16": "__half", "bfloat16": "__nv_bfloat16",
     "float32": "float", "float64": "double",
 }
 
@@ -34,8 +37,26 @@ def check_dtype(dtype) -> str:
 
 
 def upcast(*dtypes: str) -> str:
-    """The dtype NumPy gives when these dtypes meet (all treated as arrays)."""
-    return np.result_type(*[np.dtype(d) for d in dtypes]).name
+    """The dtype NumPy gives when these dtypes meet (all treated as arrays).
+
+    NumPy has no rule for bfloat16 beside most types: it promotes as float16 does (int8, uint8
+    and bool keep it, wider integers go to float32/float64), and meeting float16 gives float32,
+    the narrowest type holding both (JAX's rule)."""
+    if "bfloat16" not in dtypes:
+        return np.result_type(*[np.dtype(d) for d in dtypes]).name
+    rest = [d for d in dtypes if d != "bfloat16"]
+    if not rest:
+        return "bfloat16"
+    other = upcast(*rest)
+    if other == "float16":
+        return "float32"
+    out = np.result_type(np.float16, np.dtype(other)).name
+    return "bfloat16" if out == "float16" else out
+
+
+def value_dtype(dtype: str) -> str:
+    """The dtype kernels compute ``dtype`` values in: float32 for the half dtypes."""
+    return "float32" if dtype in HALF_DTYPES else dtype
 
 
 def upgrade_to_float(dtype: str) -> str:
@@ -49,6 +70,10 @@ def upgrade_to_float(dtype: str) -> str:
 
 def is_float(dtype: str) -> bool:
     return dtype in FLOAT_DTYPES
+
+
+def is_half(dtype: str) -> bool:
+    return dtype in HALF_DTYPES
 
 
 def is_int(dtype: str) -> bool:

@@ -10,7 +10,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, Cast
-from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast
+from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast, value_dtype
 from symgpu.tensor.elemwise import (CAReduce, DimShuffle, Elemwise, _sum_to_broadcast_pattern,
                                     keepdims_order)
 from symgpu.tensor.shape import shape_i, transpose
@@ -278,8 +278,8 @@ def mean(x: Any, axis: Any = None, dtype: str | None = None, keepdims: bool = Fa
     x = as_tensor_variable(x)
     ax = _norm_axis(x, axis)
     out_dtype = dtype or (x.dtype if is_float(x.dtype) else "float64")
-    # float16 sums and counts overflow at 65504: accumulate and divide in float32, like NumPy
-    acc = "float32" if out_dtype == "float16" else out_dtype
+    # half sums lose precision and float16's overflow at 65504: accumulate and divide in float32
+    acc = value_dtype(out_dtype)
     s = sum(x, axis=ax, keepdims=keepdims, acc_dtype=acc if acc != x.dtype else None)
     return cast(true_div(s, cast(_count(x, ax), acc)), out_dtype)
 

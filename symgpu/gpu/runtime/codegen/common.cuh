@@ -1,15 +1,19 @@
 /* symgpu: helpers shared by every generated module (pasted in, not #included, so that a
  * module's source text alone determines its cubin and its cache key). */
 #include <cuda_fp16.h>
+#include <cuda_bf16.h>
 
-/* loads and stores convert between storage and value types: only float16 differs */
+/* loads and stores convert between storage and value types: only the half dtypes differ */
 template <typename T> __device__ __forceinline__ T sg_load(const T x) { return x; }
 __device__ __forceinline__ float sg_load(const __half x) { return __half2float(x); }
+__device__ __forceinline__ float sg_load(const __nv_bfloat16 x) { return __bfloat162float(x); }
 
 template <typename T, typename V> __device__ __forceinline__ void sg_store(T &dst, const V v)
 { dst = (T)v; }
 template <typename V> __device__ __forceinline__ void sg_store(__half &dst, const V v)
 { dst = __float2half_rn((float)v); }
+template <typename V> __device__ __forceinline__ void sg_store(__nv_bfloat16 &dst, const V v)
+{ dst = __float2bfloat16_rn((float)v); }
 template <typename V> __device__ __forceinline__ void sg_store(bool &dst, const V v)
 { dst = (v != 0); }
 

@@ -1,6 +1,7 @@
 """Dtype facts for generated CUDA: storage and value types, literals, reduction identities.
 
-Why two C types per dtype: float16 is *stored* as ``__half`` but *computed* in ``float`` (the
+Why two C types per dtype: float16 (bfloat16) is *stored* as ``__half`` (``__nv_bfloat16``) but
+*computed* in ``float`` (the
 scalar table's expressions are written for float/double), so every operand has a storage type
 (what memory holds) and a value type (what the generated expression works in); ``sg_load`` and
 ``sg_store`` in ``common.cuh`` convert between them.
@@ -11,7 +12,7 @@ import math
 
 import numpy as np
 
-from symgpu.scalar.dtypes import C_TYPES, FLOAT_DTYPES
+from symgpu.scalar.dtypes import C_TYPES, FLOAT_DTYPES, HALF_DTYPES
 
 __all__ = ["storage_ctype", "value_ctype", "literal", "SUPPORTED", "acc_ctype_for",
            "is_float_dtype"]
@@ -36,7 +37,7 @@ def storage_ctype(dtype: str) -> str:
 
 def value_ctype(dtype: str) -> str:
     """The C type generated expressions compute ``dtype`` values in (float for float16)."""
-    return "float" if dtype == "float16" else storage_ctype(dtype)
+    return "float" if dtype in HALF_DTYPES else storage_ctype(dtype)
 
 
 def _float_literal(value: float, dtype: str) -> str:
@@ -77,7 +78,7 @@ def literal(value, dtype: str) -> str:
 def acc_ctype_for(dtype: str) -> tuple[str, str]:
     """(accumulator dtype, its C type) for reducing values of ``dtype``: a type that
     ``__shfl_down_sync`` can move (32/64-bit ints, float, double)."""
-    if dtype == "float16":
+    if dtype in HALF_DTYPES:
         return "float32", "float"
     if dtype == "bool" or dtype in ("int8", "int16"):
         return "int32", "int"
