@@ -420,10 +420,6 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "if the GPU cannot be used: raise instead of warning and falling back to the CPU"),
     ("floatX", lambda: EnumParam("float64", "float32", "float16", "bfloat16"), "float64",
      "dtype of untyped constructors and of shared() for Python floats"),
-    ("mixed_precision", lambda: EnumParam("off", "bfloat16", "float16"), "off",
-     "compile float32 graphs with their matrix products and convolutions in this half dtype "
-     "(casts placed and fused by a rewrite), reductions, losses and updates in float32 "
-     "(docs/mixed_precision.md)"),
     ("warn_float64", lambda: EnumParam(*_ACTIONS), "ignore",
      "what to do when a float64 variable is created"),
     ("mode", lambda: EnumParam("FAST_RUN", "FAST_COMPILE", "DebugMode", "Mode", "DEBUG_MODE",
@@ -476,6 +472,10 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "repr() of a variable also shows its test value"),
     ("optimizer_verbose", BoolParam, False,
      "print each replacement a rewrite makes: rewriting: rewrite <name> replaces <old> ..."),
+    ("mixed_precision", lambda: EnumParam("off", "bfloat16", "float16"), "off",
+     "compile float32 graphs with their matrix products and convolutions in this half dtype "
+     "(casts placed and fused by a rewrite), reductions, losses and updates in float32 "
+     "(docs/mixed_precision.md)"),
 ]
 
 

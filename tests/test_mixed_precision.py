@@ -371,3 +371,11 @@ def test_an_update_rule_must_return_pairs():
     w = symgpu.shared(np.ones(2, "float32"))
     with pytest.raises(TypeError, match="update_rule must return"):
         loss_scaled_updates(T.sum(w), [w], lambda ps, gs: [ps[0] - gs[0]])
+
+
+def test_the_api_reference_documents_every_name():
+    import symgpu.mixed_precision as mp
+    from test_docs import _api_sections, _documented
+    text = _api_sections()["symgpu.mixed_precision"]
+    assert [n for n in mp.__all__ if not _documented(text, n)] == []
+    assert symgpu.mixed_precision is mp            # the package's lazy name
