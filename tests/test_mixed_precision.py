@@ -379,3 +379,18 @@ def test_the_api_reference_documents_every_name():
     text = _api_sections()["symgpu.mixed_precision"]
     assert [n for n in mp.__all__ if not _documented(text, n)] == []
     assert symgpu.mixed_precision is mp            # the package's lazy name
+
+
+def test_debugmode_judges_the_rewrites_against_the_policys_graph():
+    """DebugMode's reference is the float32 program with the policy applied (the products in
+    half by the user's choice): the other rewrites must still compute what it computes."""
+    rng = np.random.default_rng(10)
+    x, w = T.fmatrix("x"), T.fmatrix("w")
+    out = T.sum(T.tanh(T.dot(x, w)), axis=1)
+    vals = [rng.standard_normal((8, 16)).astype("float32"),
+            rng.standard_normal((16, 8)).astype("float32")]
+    with autocast("bfloat16"):
+        f = function([x, w], out, mode="DebugMode")
+    ref = f.maker.fgraph.debugmode_reference
+    assert any(type(n.op) is Dot and n.inputs[0].dtype == "bfloat16" for n in ref.toposort())
+    np.testing.assert_allclose(f(*vals), function([x, w], out)(*vals), rtol=0.05, atol=0.1)
