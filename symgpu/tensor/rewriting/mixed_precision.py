@@ -142,7 +142,9 @@ def product_in_half(node: Apply, half: str) -> list[Variable] | None:
     return None if new is None else [new]
 
 
-def _make_rewrite(half: str):
+def _make_rewrite(half: str) -> RewriteGroup:
+    """The pass of one policy: one node rewrite over the product ops, in a group tagged with
+    the policy's name (selected only by that tag, never by fast_run)."""
     tag = POLICIES[half]
 
     def rewrite(fgraph, node):
