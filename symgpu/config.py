@@ -472,6 +472,10 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "repr() of a variable also shows its test value"),
     ("optimizer_verbose", BoolParam, False,
      "print each replacement a rewrite makes: rewriting: rewrite <name> replaces <old> ..."),
+    ("mixed_precision", lambda: EnumParam("off", "bfloat16", "float16"), "off",
+     "compile float32 graphs with their matrix products and convolutions in this half dtype "
+     "(casts placed and fused by a rewrite), reductions, losses and updates in float32 "
+     "(docs/mixed_precision.md)"),
 ]
 
 

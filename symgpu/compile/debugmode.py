@@ -45,6 +45,7 @@ from symgpu.scalar.basic import Cast
 from symgpu.tensor.c_elemwise import allow_c_kernels, c_kernels_allowed
 from symgpu.tensor.elemwise import CAReduce, Elemwise
 from symgpu.tensor.type import TensorType
+from symgpu.tensor.rewriting.mixed_precision import POLICIES
 
 __all__ = ["DebugMode", "DebugModeError", "BadOptimization", "BadDestroyMap", "BadViewMap",
            "BadOutputType", "BadThunkOutput", "StochasticOrder", "InvalidValueError",
@@ -395,7 +396,13 @@ class DebugMode(Mode):
                          **{k: getattr(self, k) for k in self._SETTINGS[1:]})
 
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
-        fgraph.debugmode_reference = fgraph.clone()
+        reference = fgraph.clone()
+        # a mixed-precision policy changes what the program computes (by the user's choice):
+        # the reference gets it too, so the other rewrites are judged against it
+        for name, rewrite in self.passes():
+            if name in POLICIES.values():
+                rewrite(reference)
+        fgraph.debugmode_reference = reference
         copies = [fgraph.clone() for _ in range(self.stability_patience - 1)]
         times = super().rewrite(fgraph)
         if copies:
