@@ -55,12 +55,13 @@ def reduce_arrays(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
     """The reduction of the ranks' arrays in rank order (what every host collective computes)."""
     if op not in REDUCE_OPS:
         raise ValueError(f"unknown reduce op {op!r}; expected one of {sorted(REDUCE_OPS)}")
-    return np.ascontiguousarray(REDUCE_OPS[op](np.stack(parts)))
+    return np.array(REDUCE_OPS[op](np.stack(parts)), order="C")   # 0-d stays 0-d
 
 
 def _pack(x: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(x), allow_pickle=False)
+    np.save(buf, np.asarray(x, order="C"),
+            allow_pickle=False)
     return buf.getvalue()
 
 
