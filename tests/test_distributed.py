@@ -422,3 +422,12 @@ def test_a_host_communicator_keeps_collectives_on_the_host_with_a_real_context(v
     x = T.fmatrix()
     f = function([x], dist.all_reduce(T.exp(x), group="self"))
     assert "AllReduce" in _ops_of(f)
+
+
+def test_the_example_runs_as_one_process_on_the_cpu():
+    env = _env(SYMGPU_FLAGS="device=cpu,floatX=float32", TRAINING_STEPS="20")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "examples",
+                                                        "data_parallel_mlp.py")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("rank 0 of 1 on cpu: loss after 20 steps")
