@@ -1244,3 +1244,31 @@ CASES.update(_POISSON_CASES)
 @pytest.mark.parametrize("op_cls", list(_POISSON_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_poisson(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- collectives (symgpu.distributed)
+# host ops on the group "self" (a world of one, so they run here); the GPU twins' rules for a
+# world of two against host expressions of the same shapes
+import symgpu.distributed as _dist  # noqa: E402
+from symgpu.gpu.ops import collectives as _coll  # noqa: E402
+
+_COLLECTIVE_CASES = {
+    _dist.AllReduce: [case(lambda x: _dist.AllReduce("avg", "self")(x), r(3, 2))],
+    _dist.Broadcast: [case(lambda x: _dist.Broadcast(0, "self")(x), r(4))],
+    _dist.AllGather: [case(lambda x: _dist.AllGather(1, "self")(x), r(2, 5))],
+    _dist.ReduceScatter: [case(lambda x: _dist.ReduceScatter("sum", 1, "self")(x), r(4, 3))],
+    _coll.GpuAllReduce: [gcase(lambda x: _coll.GpuAllReduce("sum", "self")(x), lambda x: x * 1,
+                               "g", r(3, 2, dtype="float32"))],
+    _coll.GpuBroadcast: [gcase(lambda x: _coll.GpuBroadcast(1, "self")(x), lambda x: x * 1,
+                               "g", r(5, dtype="float32"))],
+    _coll.GpuAllGather: [gcase(lambda x: _coll.GpuAllGather(2, "self")(x),
+                               lambda x: T.concatenate([x, x]), "g", r(3, 2, dtype="float32"))],
+    _coll.GpuReduceScatter: [gcase(lambda x: _coll.GpuReduceScatter("sum", 2, "self")(x),
+                                   lambda x: x[:2], "g", r(4, 3, dtype="float32"))],
+}
+CASES.update(_COLLECTIVE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_COLLECTIVE_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_collectives(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
