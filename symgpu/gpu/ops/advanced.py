@@ -328,10 +328,9 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
     dtype = node.outputs[0].dtype
     math_mode = gemm_math_mode(dtype)
     np_dtype = np.dtype(dtype)
-    lib = blas.lib
     half = dtype not in BLAS_DTYPES
-    gemm = None if half else lib.cublasSgemmStridedBatched if dtype == "float32" else \
-        lib.cublasDgemmStridedBatched
+    gemm = None if half else blas.lib.cublasSgemmStridedBatched if dtype == "float32" else \
+        blas.lib.cublasDgemmStridedBatched
     ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float   # half: float scale
     use_lt = half and blaslt.lt_available(dtype)
     declined: set = set()     # half problems cuBLASLt has no algorithm for
