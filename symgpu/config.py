@@ -454,6 +454,10 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "their split-K variants and classic cuBLAS (on an H200 the MLP step of 784-1024-1024-10 "
      "took 3.3 us less in float32, 6.7 us less in TF32; the timing adds tens of ms to a "
      "first call); off, or where libcublasLt is missing: classic cuBLAS's own choice"),
+    ("gpuarray.gemm_epilogue", lambda: EnumParam("half", "all", "off"), "half",
+     "fold a bias and a ReLU into the matrix product that feeds them (relu(dot(x, W) + b) as "
+     "one cuBLASLt call with its BIAS / RELU_BIAS epilogue): half for float16/bfloat16 "
+     "products, all for every dtype, off for none"),
     ("distributed.timeout", FloatParam, 600.0,
      "seconds a collective waits for its peers before failing with DistributedTimeoutError "
      "(symgpu.distributed: a dead or hung rank; NCCL's waits are watched as long)"),

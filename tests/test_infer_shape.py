@@ -1272,3 +1272,20 @@ CASES.update(_COLLECTIVE_CASES)
 @pytest.mark.parametrize("op_cls", list(_COLLECTIVE_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_collectives(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- the product with a bias/ReLU epilogue
+from symgpu.gpu.ops.gemm_epilogue import GpuGemmEpilogue as _GpuGemmEpilogue  # noqa: E402
+
+_EPILOGUE_CASES = {
+    _GpuGemmEpilogue: [gcase(lambda A, B, b: _GpuGemmEpilogue("relu_bias")(A, B, b),
+                             lambda A, B, b: T.nnet.relu(T.dot(A, B) + b), "ggg",
+                             r(3, 4, dtype="float32"), r(4, 2, dtype="float32"),
+                             r(2, dtype="float32"))],
+}
+CASES.update(_EPILOGUE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_EPILOGUE_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_gemm_epilogue(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
