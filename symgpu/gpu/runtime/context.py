@@ -137,6 +137,8 @@ class GpuContext:
         self.devname = f"virtual {arch} device"
         self.pycuda_context: Any = None
         self.pycuda_device: Any = None
+        #: the CUcontext (an int), for driver calls naming contexts (runtime/peer.py)
+        self.context_handle = 0
         self.stream: Any = None
         self.stream_handle = 0
         self.pool: Any = None
@@ -206,6 +208,7 @@ class GpuContext:
         ctx.devname = f"{dev.name()} ({dev.pci_bus_id()})"
         ctx.total_memory = int(dev.total_memory())
         ctx.pycuda_context = dev.retain_primary_context()
+        ctx.context_handle = int(ctx.pycuda_context.handle)
         ctx.activate()
         ctx.stream = drv.Stream()
         ctx.stream_handle = int(ctx.stream.handle)
@@ -446,6 +449,7 @@ def _shutdown() -> None:
     clean up; any other exception is a bug and is reported."""
     for ctx in list(_devices.values()):
         try:
+            ctx.activate()            # each device's own context (several GPUs)
             ctx.stream.synchronize()  # not synchronize(): no pending check errors at exit
             if ctx.pool is not None:
                 ctx.pool.release_cached()
