@@ -154,6 +154,9 @@ class Kernel(Op):
     def __init__(self, name, fn):
         self.name, self.fn = name, fn
 
+    def __str__(self):
+        return f"Fake{self.name}"
+
     def make_node(self, *xs):
         return Apply(self, list(xs), [xs[0].type()])
 
@@ -187,6 +190,7 @@ class ToHost(Op):
     """A copy to the host (not capturable): waits for its device, as HostFromGpu does."""
 
     __props__ = ()
+    transfer = "download"
 
     def make_node(self, x):
         from symgpu.tensor.type import TensorType
@@ -506,3 +510,62 @@ def test_a_pipeline_across_devices_runs_through_graphs_and_a_peer_copy(two_devic
     assert runner.stats()["replays"] >= 3
     assert len(pdrv.named("memcpy_peer")) == 6
     assert len(pdrv.named("enable_peer_access")) == 2
+
+
+# ============================================================================ timelines
+
+def test_step_intervals_bracket_each_step_on_its_own_device(two_devices, monkeypatch):
+    """symgpu.gpu.step_intervals on the fakes, PyCUDA's Event faked by a clock that each
+    kernel advances by 1 ms (the fakes run a kernel when it is launched): one interval per
+    device step, on its device, in run order; the runner's steps are put back after."""
+    import sys
+    import types
+    from symgpu.gpu import overlap_ms, step_intervals
+    a, b, _ = two_devices
+    clock = [0.0]
+
+    class Event:
+        def record(self, stream=None):
+            self.t = clock[0]
+
+        def time_since(self, other):
+            return self.t - other.t
+    drv = types.ModuleType("pycuda.driver")
+    drv.Event = Event
+    pkg = types.ModuleType("pycuda")
+    pkg.driver = drv
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", drv)
+
+    def tick(v):
+        clock[0] += 1.0
+        return v + 1
+    xa, xb = gmat("da"), gmat("db")
+    outs = [ToHost()(Kernel("tick", tick)(Kernel("tick", tick)(xa))),
+            ToHost()(Kernel("tick", tick)(xb))]
+    vm = linked([xa, xb], outs, [upload(a, np.zeros(2)), upload(b, np.zeros(2))])
+
+    class Fn:
+        def __init__(self):
+            self.vm = vm
+
+        def __call__(self):
+            return run(vm, outs)
+    fn = Fn()
+    for _ in range(3):
+        fn()
+    steps, entry = list(vm.runner.steps), vm.runner.entry
+    (ra, rb), iv = step_intervals(fn)
+    np.testing.assert_array_equal(ra, np.full(2, 2.0))
+    np.testing.assert_array_equal(rb, np.ones(2))
+    assert [(i.label, i.device) for i in iv] == [("Faketick,Faketick", "cuda0"),
+                                                 ("Faketick", "cuda1")]
+    assert iv[0].end_ms - iv[0].start_ms == pytest.approx(2.0, abs=0.5)
+    assert iv[1].end_ms - iv[1].start_ms == pytest.approx(1.0, abs=0.5)
+    assert iv[1].start_ms == pytest.approx(2.0, abs=0.5)   # the fakes ran them in turn
+    assert overlap_ms(iv[0], iv[1]) == 0.0
+    assert overlap_ms(iv[0], iv[0]) == pytest.approx(2.0, abs=0.5)
+    assert vm.runner.steps == steps and vm.runner.entry is not entry
+    fn()   # the runner works as before
+    with pytest.raises(TypeError, match="CUDA-graph runner"):
+        step_intervals(lambda: None)

@@ -37,7 +37,7 @@ __all__ = [
     "gpu_available", "why_unavailable", "start_device", "init_default_context",
     "register_context", "unregister_context", "get_context", "context_names",
     "context_for_ordinal", "foreign_stream_waits", "wait_for_foreign_stream",
-    "device_of_pointer",
+    "device_of_pointer", "device_count",
 ]
 
 _MIB = 1 << 20
@@ -257,6 +257,19 @@ def why_unavailable() -> str:
     if _probe is None:
         _probe = _probe_gpu()   # answers every failure it expects as its reason
     return _probe[1]
+
+
+def device_count() -> int:
+    """How many CUDA devices this process sees (0 where the GPU cannot be used: no PyCUDA,
+    no driver, no device).  Never raises; starts no context."""
+    if why_unavailable():
+        return 0
+    import pycuda.driver as drv
+    try:
+        drv.init()
+        return int(drv.Device.count())
+    except drv.Error:
+        return 0
 
 
 def start_device(device: str = "cuda0") -> GpuContext:
