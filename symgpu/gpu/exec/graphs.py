@@ -70,6 +70,14 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
 * **Threads.** A call holds its context's ``call_lock`` (a capture records whatever reaches
   the context's one stream): :class:`Runner` takes it, and GPU functions without a graph get a
   ``_Locked`` plain run that does (docs/threads.md).
+* **Several devices.** A function whose GPU values live on two devices' contexts always gets
+  a Runner (graphs on or off): each segment holds one device's nodes (a graph is captured on
+  one stream), each device's ready nodes are grouped, every launch on every device comes
+  before the copies to the host, each step's context is made current before it runs
+  (``_Activate``: a replay runs no thunk that would), and a call holds every context's call
+  lock, taken in their global order.  So the host queues device 0's work, then device 1's,
+  and only waits in the copies back: the devices compute at the same time.  Copies between
+  them (GpuToGpu) are queued device to device, ordered by events (runtime/peer.py).
 * **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
   inputs, then the graph runs from the same values, and the results must agree (segments
   whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
