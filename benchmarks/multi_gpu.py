@@ -49,15 +49,18 @@ def parse() -> argparse.Namespace:
 # ============================================================================ symgpu
 
 def contexts():
-    """(context of dev0, of dev1), after registering one0 and one1 on cuda0's context."""
-    from symgpu.gpu import device_count, get_context, register_context
+    """(context of cuda0, of cuda1), registered as dev0 and dev1 (as the contexts flag
+    dev0->cuda0;dev1->cuda1 would map them, whatever SYMGPU_FLAGS says), and one0 and one1
+    both on cuda0's."""
+    from symgpu.gpu import device_count, register_context
+    from symgpu.gpu.runtime.context import start_device
     n = device_count()
     if n < 2:
         raise SystemExit(f"benchmarks/multi_gpu.py needs two GPUs; this machine has {n}")
-    c0, c1 = get_context("dev0"), get_context("dev1")
-    assert c0 is not c1 and c0.device == "cuda0" and c1.device == "cuda1", (c0, c1)
-    register_context("one0", c0)
-    register_context("one1", c0)
+    c0, c1 = start_device("cuda0"), start_device("cuda1")
+    assert c0 is not c1 and not c0.virtual and not c1.virtual, (c0, c1)
+    for name, ctx in (("dev0", c0), ("dev1", c1), ("one0", c0), ("one1", c0)):
+        register_context(name, ctx)
     return c0, c1
 
 

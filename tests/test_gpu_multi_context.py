@@ -569,3 +569,20 @@ def test_step_intervals_bracket_each_step_on_its_own_device(two_devices, monkeyp
     fn()   # the runner works as before
     with pytest.raises(TypeError, match="CUDA-graph runner"):
         step_intervals(lambda: None)
+
+
+def test_a_pair_whose_peer_access_cannot_be_enabled_still_copies(two_devices, monkeypatch):
+    """cuCtxEnablePeerAccess failing (too many peers...) leaves the pair without peer access,
+    remembered; the copy is the same call (the driver stages it)."""
+    from symgpu.gpu.runtime.libcuda import DriverError
+    a, b, pdrv = two_devices
+
+    def refuse(peer_context):
+        pdrv._log("enable_peer_access", peer_context)
+        raise DriverError("cuCtxEnablePeerAccess failed: too many peers", 711)
+    monkeypatch.setattr(pdrv, "enable_peer_access", refuse)
+    for _ in range(2):
+        y = peer.copy_array(upload(a, np.arange(3)), b)
+        np.testing.assert_array_equal(read(y), np.arange(3))
+    assert len(pdrv.named("enable_peer_access")) == 1
+    assert peer._pairs == {frozenset((0, 1)): False} and peer.STATS["pairs_enabled"] == 0

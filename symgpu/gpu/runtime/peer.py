@@ -143,13 +143,16 @@ def peer_access(a: Any, b: Any) -> bool:
         if known is not None:
             return known
         drv = driver()
-        on = drv.can_access_peer(a.ordinal, b.ordinal) and \
-            drv.can_access_peer(b.ordinal, a.ordinal)
-        if on:
-            for me, peer in ((a, b), (b, a)):
-                me.activate()
-                drv.enable_peer_access(peer.context_handle)
-            STATS["pairs_enabled"] += 1
+        try:
+            on = drv.can_access_peer(a.ordinal, b.ordinal) and \
+                drv.can_access_peer(b.ordinal, a.ordinal)
+            if on:
+                for me, peer in ((a, b), (b, a)):
+                    me.activate()
+                    drv.enable_peer_access(peer.context_handle)
+                STATS["pairs_enabled"] += 1
+        except libcuda.DriverError:   # too many peers, a virtualised GPU: copies still work,
+            on = False                # staged by the driver (see the module doc)
         _pairs[pair] = on
         return on
 
