@@ -22,6 +22,9 @@ from typing import Any
 #: public name -> module that defines it (under symgpu.gpu), imported on first use (PEP 562)
 _LAZY: dict[str, str] = {
     "ElemwiseKernelOp": "ops.kernel_op",
+    "StepInterval": "exec.timeline",
+    "overlap_ms": "exec.timeline",
+    "step_intervals": "exec.timeline",
     "GpuAlloc": "placement.basic_ops",
     "GpuContiguous": "placement.basic_ops",
     "GpuDimShuffle": "placement.basic_ops",
@@ -48,6 +51,7 @@ _LAZY: dict[str, str] = {
     "zeros": "runtime.array",
     "CompileError": "runtime.compiler",
     "GpuContext": "runtime.context",
+    "device_count": "runtime.context",
     "get_context": "runtime.context",
     "gpu_available": "runtime.context",
     "init_default_context": "runtime.context",
