@@ -35,6 +35,7 @@ from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import is_float
 from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
+from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.extra_funcs import tri
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
@@ -182,10 +183,18 @@ class Attention(Op):
 
 def _is_zero(g: Variable) -> bool:
     """Whether a gradient is known to be all zeros (T.grad's filler for an unused output)."""
-    from symgpu.tensor.rewriting.utils import is_constant_value  # deferred: rewriting imports nnet
-    if isinstance(g, Constant):
-        return bool(np.all(g.data == 0))
-    return is_constant_value(g, 0)
+    while True:
+        if isinstance(g, Constant):
+            return bool(np.all(np.asarray(g.data) == 0))
+        node = g.owner
+        if node is None:
+            return False
+        if isinstance(node.op, DimShuffle):
+            g = node.inputs[0]
+        elif isinstance(node.op, Elemwise) and getattr(node.op.scalar_op, "name", "") == "second":
+            g = node.inputs[1]     # zeros_like(x) is second(x, 0)
+        else:
+            return False
 
 
 def _mask_grad(op: Attention, inputs: list, o: Variable, lse: Variable, go: Variable,

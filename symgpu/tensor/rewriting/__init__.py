@@ -8,6 +8,8 @@ sigm        sigmoid/exp algebra on products, greedy distribution (finite gradien
 blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
+attention   hand-written attention (and its gradient) -> Attention (pass `fuse_attention`, 0.5)
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
 from symgpu.tensor.rewriting import blas, elemwise, inplace  # noqa: F401
+from symgpu.tensor.rewriting import attention  # noqa: F401
