@@ -111,3 +111,4 @@ import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices
 import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)
 import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFFT through cuFFT)
 import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
+import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)

@@ -128,11 +128,25 @@ def _is_arange_from_0(var: Variable, pattern: tuple) -> bool:
         _scalar(a.inputs[2]) == 1
 
 
+def _unpadded(var: Variable) -> Variable:
+    """var without the leading broadcast dims an elementwise op pads its inputs with."""
+    node = var.owner
+    while node is not None and isinstance(node.op, DimShuffle):
+        order, n = node.op.new_order, len(node.op.input_broadcastable)
+        lead = len(order) - n
+        if lead <= 0 or order != ("x",) * lead + tuple(range(n)):
+            break
+        var = node.inputs[0]
+        node = var.owner
+    return var
+
+
 def _tri(cond: Variable) -> bool | None:
     """True when the boolean `cond` is true exactly on and below the diagonal (a causal
     keep-mask), False when exactly above it (a causal drop-mask), else None. Knows constant
     arrays, T.tri (``i + 0 >= j`` of two aranges), tril(ones) compared with 0 or 1, and
     their negations."""
+    cond = _unpadded(cond)
     val = _const(cond)
     if val is not None and val.dtype == bool:
         if _is_lower_tri(val, lambda a: a):
@@ -173,6 +187,7 @@ def _tri(cond: Variable) -> bool | None:
 def _tril_ones(var: Variable) -> bool:
     """Whether `var` is a 0/1 lower triangle: a constant, or T.tril(ones(...)) (switch(tri,
     ones, zeros))."""
+    var = _unpadded(var)
     val = _const(var)
     if val is not None:
         return _is_lower_tri(val, lambda a: a != 0) and bool(np.all((val == 0) | (val == 1)))
@@ -284,6 +299,7 @@ def _scores(var: Variable, m: AttentionMatch) -> bool:
 
 def _causal_additive(mask: Variable) -> bool:
     """switch(tri, 0, -inf) (or switch(~tri, -inf, 0)): a symbolic causal additive mask."""
+    mask = _unpadded(mask)
     if ew_name(mask) != "switch":
         return False
     c, a, b = mask.owner.inputs
@@ -365,7 +381,8 @@ def _fused(m: AttentionMatch) -> Variable:
         return None
     mask = None
     for mk in m.masks:
-        mk = mk if mk.dtype == q.dtype else _m.cast(mk, q.dtype)
+        acc = "float64" if q.dtype == "float64" else "float32"   # the op adds masks in float32
+        mk = mk if mk.dtype == acc else _m.cast(mk, acc)
         mask = mk if mask is None else mask + mk
     op = Attention(m.causal, m.scale, mask is not None)
     return op(q, k, v, *([mask] if mask is not None else []))
