@@ -528,8 +528,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 }
 //@ dtype
 
-extern "C" __global__ void __launch_bounds__(AT_THREADS)
-attn_bwd_pre_${dtype}(const ${ctype} *o, const ${ctype} *dout, long long dsb, long long dsh,
+extern "C" __global__ void attn_bwd_pre_${dtype}(const ${ctype} *o, const ${ctype} *dout, long long dsb, long long dsh,
                       long long dss, const float *dlse, float *delta, float *dqacc, int heads,
                       int sq, int d, long long rows)
 { attn_bwd_pre_body<${ctype}>(o, dout, dsb, dsh, dss, dlse, delta, dqacc, heads, sq, d, rows); }
