@@ -41,7 +41,7 @@ from symgpu.graph.rewriting.basic import copy_stack_trace
 from symgpu.graph.rewriting.db import optdb
 import symgpu.tensor as _T
 from symgpu.tensor import math as _m
-from symgpu.tensor.basic import ARange
+from symgpu.tensor.basic import Alloc, ARange
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from symgpu.tensor.math import MatMul
 from symgpu.tensor.nnet import Softmax
@@ -195,7 +195,7 @@ def _tril_ones(var: Variable) -> bool:
         return False
     c, a, b = var.owner.inputs
     return _tri(c) is True and _scalar(b) == 0 and (_scalar(a) == 1 or (
-        a.owner is not None and type(a.owner.op).__name__ == "Alloc" and
+        a.owner is not None and isinstance(a.owner.op, Alloc) and
         _scalar(a.owner.inputs[0]) == 1))
 
 
