@@ -1289,3 +1289,34 @@ CASES.update(_EPILOGUE_CASES)
 @pytest.mark.parametrize("op_cls", list(_EPILOGUE_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_gemm_epilogue(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- fused attention
+from symgpu.tensor.nnet import attention as _AT  # noqa: E402
+from symgpu.gpu.ops import attention as _GAT  # noqa: E402
+
+_f32 = lambda *s: r(*s, dtype="float32")  # noqa: E731
+_ATTENTION_CASES = {
+    _AT.Attention: [case(lambda q, k, v: _AT.Attention(True)(q, k, v), r(2, 3, 4), r(2, 5, 4),
+                         r(2, 5, 6)),
+                    case(lambda q, k, v, m: _AT.Attention(False, .5, True).make_node(
+                        q, k, v, m).outputs[1], r(1, 2, 3, 4), r(1, 2, 5, 4), r(1, 2, 5, 4),
+                        r(3, 5))],
+    _AT.AttentionGrad: [case(lambda q, k, v, o, l, g: _AT.AttentionGrad()(q, k, v, o, l, g)[1],
+                             r(2, 3, 4), r(2, 5, 4), r(2, 5, 4), r(2, 3, 4), r(2, 3),
+                             r(2, 3, 4))],
+    _GAT.GpuAttention: [gcase(lambda q, k, v: _GAT.GpuAttention(True)(q, k, v),
+                              lambda q, k, v: _AT.Attention(True)(q, k, v), "ggg",
+                              _f32(2, 3, 4), _f32(2, 5, 4), _f32(2, 5, 4))],
+    _GAT.GpuAttentionGrad: [gcase(
+        lambda q, k, v, o, l, g: _GAT.GpuAttentionGrad()(q, k, v, o, l, g)[0],
+        lambda q, k, v, o, l, g: _AT.AttentionGrad()(q, k, v, o, l, g)[0], "gggggg",
+        _f32(2, 3, 4), _f32(2, 5, 4), _f32(2, 5, 4), _f32(2, 3, 4), _f32(2, 3),
+        _f32(2, 3, 4))],
+}
+CASES.update(_ATTENTION_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_ATTENTION_CASES), ids=lambda c: c.__name__)
+def test_attention_inferred_shapes(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

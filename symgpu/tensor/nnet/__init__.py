@@ -300,3 +300,7 @@ from symgpu.tensor.nnet import bn  # noqa: E402,F401
 
 __all__ += ["elu", "selu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
             "sigmoid_binary_crossentropy"]
+from symgpu.tensor.nnet.attention import (  # noqa: E402
+    Attention, AttentionGrad, scaled_dot_product_attention)
+
+__all__ += ["Attention", "AttentionGrad", "scaled_dot_product_attention"]

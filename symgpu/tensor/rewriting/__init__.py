@@ -10,6 +10,8 @@ mixed_precision  products in half under a mixed-precision policy (passes `mixed_
 blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
+attention   hand-written attention (and its gradient) -> Attention (pass `fuse_attention`, 0.5)
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
 from symgpu.tensor.rewriting import blas, elemwise, inplace, mixed_precision  # noqa: F401
+from symgpu.tensor.rewriting import attention  # noqa: F401
