@@ -9,7 +9,7 @@ import numpy as np
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Type, Variable
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import check_dtype, is_float
+from symgpu.scalar.dtypes import approx_tolerance, check_dtype, dtype_kind, is_float
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
@@ -100,12 +100,13 @@ class TensorType(Type):
         return arr
 
     def _convert_dtype(self, arr: np.ndarray, original: Any, allow_downcast: bool | None) -> np.ndarray:
-        if arr.dtype.kind in "OUSV" or (arr.dtype.kind == "c" and not self.dtype.startswith("complex")):
+        kind = dtype_kind(arr.dtype)   # 'f' for bfloat16, which NumPy calls 'V'
+        if kind in "OUSV" or (kind == "c" and not self.dtype.startswith("complex")):
             raise TypeError(f"cannot convert a {arr.dtype} value to {self.dtype}")
         if np.can_cast(arr.dtype, self.dtype, casting="safe"):
             return arr.astype(self.dtype)
         is_python_scalar = isinstance(original, (int, float, bool)) or (
-            isinstance(original, (list, tuple)) and arr.dtype.kind in "biuf")
+            isinstance(original, (list, tuple)) and kind in "biuf")
         converted = arr.astype(self.dtype)
         if allow_downcast:
             return converted
@@ -113,7 +114,7 @@ class TensorType(Type):
                                        and self.dtype == config.floatX):
             # Python numbers and floatX-casts of float64 data are accepted when exact enough
             if np.all(np.asarray(converted, dtype=arr.dtype) == arr) or (
-                    is_float(self.dtype) and arr.dtype.kind == "f"):
+                    is_float(self.dtype) and kind == "f"):
                 return converted
         raise TypeError(
             f"cannot safely convert a {arr.dtype} value to {self.dtype} (it could lose "
@@ -139,7 +140,7 @@ class TensorType(Type):
             return None
         dtype = np.dtype(self.dtype)
         asarray, own = np.asarray, dtype.type   # a NumPy scalar of the dtype itself
-        if dtype.kind == "f" and (allow_downcast is not False or dtype.itemsize >= 8):
+        if dtype_kind(dtype) == "f" and (allow_downcast is not False or dtype.itemsize >= 8):
             # filter takes a Python float for any float type, unless downcasts are refused
             return lambda v: asarray(v, dtype) if v.__class__ is float or v.__class__ is own \
                 else None
@@ -160,7 +161,7 @@ class TensorType(Type):
             return False
         if a.dtype.kind in "biu":
             return bool(np.all(a == b))
-        tol = 1e-4 if a.dtype.itemsize <= 4 else 1e-8
+        tol = approx_tolerance(a.dtype)   # a few ulp of a half type, 1e-4 / 1e-8 otherwise
         return bool(np.allclose(a, b, rtol=rtol or tol, atol=atol or tol, equal_nan=True))
 
     def make_variable(self, name: str | None = None) -> "TensorVariable":
@@ -354,7 +355,7 @@ def _as_array(value: Any, dtype: str | None) -> np.ndarray:
     if arr is not None:
         return arr
     arr = np.asarray(value)
-    if arr.dtype.kind == "f" and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
+    if dtype_kind(arr.dtype) == "f" and not isinstance(value, (np.ndarray, np.generic)):
         arr = arr.astype(config.floatX)
     return arr
 
