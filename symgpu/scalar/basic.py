@@ -109,7 +109,7 @@ def _tri_gamma(x):
     # scipy's polygamma computes in float64: keep the input's float dtype
     x = np.asarray(x)
     out = _special().polygamma(1, x)
-    return out.astype(x.dtype) if x.dtype.kind == "f" else out
+    return out.astype(x.dtype) if is_float(x.dtype.name) else out
 
 
 def _chi2sf(x, k):
@@ -241,17 +241,17 @@ def _not_float_zeros(T, x):
 def _g_real(T, x, out, gz):
     # complex inputs are not reached: T.grad treats complex values as constants (see
     # docs/from_theano.md); an integer input gets Theano's floatX zeros
-    return gz if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return gz if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _g_imag(T, x, out, gz):
     # the imaginary part of a real x is constant 0
-    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return T.zeros_like(x) if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _g_angle(T, x, out, gz):
     # the angle of a real x is piecewise constant (0 or pi)
-    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return T.zeros_like(x) if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _no_grad(T, ins, out, gz):
