@@ -112,6 +112,13 @@ def _tri_gamma(x):
     return out.astype(x.dtype) if is_float(x.dtype.name) else out
 
 
+def _angle(x):
+    # the row's dtype is float64 (Theano's): compute in it, or a float16 angle of -1 would be
+    # float16's pi, 3.140625
+    x = np.asarray(x)
+    return np.angle(x.astype(np.complex128 if x.dtype.kind == "c" else np.float64))
+
+
 def _chi2sf(x, k):
     # scipy.stats.chi2.sf(x, k) is scipy.special.chdtrc(k, x), without importing scipy.stats
     return _special().chdtrc(k, x)
@@ -347,7 +354,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     # the CPU C kernels); for a real x: x, 0 and 0 or pi (as NumPy)
     ScalarOpSpec("real", 1, np.real, None, _unary(_g_real), "real_out"),
     ScalarOpSpec("imag", 1, np.imag, None, _unary(_g_imag), "real_out"),
-    ScalarOpSpec("angle", 1, np.angle, None, _unary(_g_angle), "float64"),
+    ScalarOpSpec("angle", 1, _angle, None, _unary(_g_angle), "float64"),
     # exponentials and logarithms
     ScalarOpSpec("exp", 1, np.exp, "exp{f}({0})", _unary(lambda T, x, o, gz: gz * o), "float"),
     ScalarOpSpec("exp2", 1, np.exp2, "exp2{f}({0})",

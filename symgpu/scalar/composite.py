@@ -396,7 +396,10 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
     for k, (op, args) in enumerate(c.steps):
         slot = first + k
         dtype = c.slot_dtypes[slot]
-        if known:
+        if known and op.name in _ALIASING:
+            # the value is its last argument itself, not broadcast against the others
+            bc.append(bc[args[-1]])
+        elif known:
             bc.append(tuple(all(bc[a][d] for a in args) for d in range(ndim)))
         else:
             bc.append(None)
