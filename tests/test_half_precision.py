@@ -501,3 +501,45 @@ def test_ml_dtypes_is_the_bfloat16():
     x = T.vector(dtype="bfloat16")
     r = function([x], x + 1)(np.ones(2, ml_dtypes.bfloat16))
     assert r.dtype == ml_dtypes.bfloat16
+
+
+LINALG = {
+    "matrix_inverse": lambda m: T.nlinalg.matrix_inverse(m),
+    "det": lambda m: T.nlinalg.det(m),
+    "eigh": lambda m: T.nlinalg.eigh(m + m.T)[0],
+    "svd": lambda m: T.nlinalg.svd(m)[1],
+    "cholesky": lambda m: __import__("symgpu.tensor.slinalg").tensor.slinalg.cholesky(
+        T.dot(m, m.T)),
+    "solve": lambda m: __import__("symgpu.tensor.slinalg").tensor.slinalg.solve(
+        m, T.ones_like(m[:, :1])),
+    "rfft": lambda m: __import__("symgpu.tensor.fft").tensor.fft.rfft(m),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINALG))
+@pytest.mark.parametrize("dtype", HALF)
+def test_linear_algebra_and_fft(dtype, name):
+    """LAPACK and pocketfft have no half kernels (NumPy's linalg refuses float16): the ops
+    compute on float32 copies and round their results once. (Their inputs, m + 4 I and the
+    like, are half results themselves: a chain of roundings.)"""
+    def build(m):
+        return LINALG[name](m + 4 * T.eye(4, dtype=m.dtype))
+    got, ref = half_and_f32(build, [(4, 4)], dtype, -1, 1)
+    assert_chain_close(got[0], ref[0], dtype, name)
+    if name in ("matrix_inverse", "det", "solve"):
+        got, ref = half_and_f32(build, [(4, 4)], dtype, -1, 1, grad=True)
+        assert_chain_close(got[0], ref[0], dtype, f"{name} gradient")
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_elemwise_never_reaches_the_c_compiler(dtype):
+    """The compiled C loops take neither half type: a fused half chain has no C source (it
+    runs the NumPy program), so nothing half ever reaches the C compiler."""
+    from symgpu.tensor.c_elemwise import c_source
+    x, y = T.vector(dtype=dtype), T.vector(dtype=dtype)
+    f = function([x, y], T.exp(x) * y + T.sqr(x), mode="FAST_RUN")
+    nodes = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, (Elemwise, CAReduce))]
+    assert nodes and all(c_source(n) is None for n in nodes)
+    xf, yf = T.fvector(), T.fvector()   # the same program in float32 has a C source
+    g = function([xf, yf], T.exp(xf) * yf + T.sqr(xf), mode="FAST_RUN")
+    assert any(c_source(n) is not None for n in g.maker.fgraph.toposort())

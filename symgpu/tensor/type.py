@@ -1,6 +1,7 @@
 """TensorType and the symbolic tensor variables and constants."""
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -9,7 +10,8 @@ import numpy as np
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Type, Variable
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import approx_tolerance, check_dtype, dtype_kind, is_float
+from symgpu.scalar.dtypes import (HALF_DTYPES, approx_tolerance, check_dtype, dtype_kind,
+                                  in_value_dtype, is_float)
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
@@ -346,6 +348,23 @@ def python_number_array(value: Any) -> np.ndarray | None:
     if isinstance(value, int):
         return np.asarray(value, dtype="int64")
     return None
+
+
+def computes_half_in_float32(perform: Callable) -> Callable:
+    """Decorate an Op's `perform` built on a library with no half-precision kernels (LAPACK
+    through NumPy or SciPy, pocketfft): float16/bfloat16 inputs reach it as float32 copies,
+    and each output is rounded to its declared dtype. (NumPy's linalg refuses float16.)"""
+    @functools.wraps(perform)
+    def wrapper(self, node, inputs, output_storage):
+        if not any(isinstance(i, np.ndarray) and i.dtype.name in HALF_DTYPES for i in inputs):
+            return perform(self, node, inputs, output_storage)
+        perform(self, node, [in_value_dtype(i) if isinstance(i, np.ndarray) else i
+                             for i in inputs], output_storage)
+        for cell, var in zip(output_storage, node.outputs):
+            want = getattr(var.type, "dtype", None)
+            if isinstance(cell[0], np.ndarray) and want and cell[0].dtype.name != want:
+                cell[0] = cell[0].astype(want)
+    return wrapper
 
 
 def _as_array(value: Any, dtype: str | None) -> np.ndarray:
