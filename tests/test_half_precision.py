@@ -25,8 +25,9 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
+from gpu_helpers import requires_nvcc
 from symgpu import config, function
-from symgpu.scalar.basic import SCALAR_TABLE
+from symgpu.scalar.basic import SCALAR_TABLE, Cast
 from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import HALF_DTYPES, upcast
 from symgpu.tensor.elemwise import CAReduce, Elemwise
@@ -543,3 +544,24 @@ def test_half_elemwise_never_reaches_the_c_compiler(dtype):
     xf, yf = T.fvector(), T.fvector()   # the same program in float32 has a C source
     g = function([xf, yf], T.exp(xf) * yf + T.sqr(xf), mode="FAST_RUN")
     assert any(c_source(n) is not None for n in g.maker.fgraph.toposort())
+
+
+CUDA_CAST = {"float16": "__half2float(__float2half_rn((float)(x[i])))",
+             "bfloat16": "__bfloat162float(__float2bfloat16_rn((float)(x[i])))"}
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_cuda_cast_to_half_rounds(dtype):
+    """The Cast row's CUDA form rounds to the half type (and goes on in float), as the host
+    does: a cast inside a fused GPU kernel is not a no-op."""
+    assert Cast(dtype).cuda("float32", ["x[i]"]) == CUDA_CAST[dtype]
+
+
+@requires_nvcc
+@pytest.mark.parametrize("dtype", HALF)
+def test_cuda_cast_to_half_compiles(dtype, tmp_path):
+    from gpu_helpers import compile_for_sm90
+    src = ("#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+           'extern "C" __global__ void k(const float *x, float *o)\n'
+           f"{{ int i = threadIdx.x; o[i] = {CUDA_CAST[dtype]}; }}\n")
+    assert compile_for_sm90(src, tmp_path)

@@ -541,8 +541,17 @@ class Cast(ScalarOp):
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
         if self.dtype == "bool":
             return f"(({operands[0]}) != 0)"
-        ctype = "float" if self.dtype in HALF_DTYPES else C_TYPES[self.dtype]
-        return f"(({ctype})({operands[0]}))"
+        if self.dtype in HALF_DTYPES:
+            # computed in float, but rounded to the half type: a cast inside a fused kernel
+            # rounds as the host's (and an unfused graph's stored value) does
+            to, back = _HALF_ROUND_TRIP[self.dtype]
+            return f"{back}({to}((float)({operands[0]})))"
+        return f"(({C_TYPES[self.dtype]})({operands[0]}))"
+
+
+#: CUDA's round-to-nearest conversions to each half type and back to float
+_HALF_ROUND_TRIP = {"float16": ("__float2half_rn", "__half2float"),
+                    "bfloat16": ("__float2bfloat16_rn", "__bfloat162float")}
 
 
 def _kind(dtype: str) -> str:
