@@ -269,3 +269,40 @@ def test_attention_kernels_compile_for_sm90(tmp_path, dtype, hd):
     for name in (f"attn_fwd_{dtype}_{hd}", f"attn_bwd_{dtype}_{hd}", f"attn_bwd_pre_{dtype}",
                  f"attn_bwd_dq_{dtype}"):
         assert name.encode() in cubin
+
+
+@requires_nvcc
+def test_attention_fast_tf32_module_compiles_for_sm90(tmp_path):
+    """gpuarray.allow_tf32: the float32 module built with one TF32 product per multiply."""
+    from symgpu.gpu.ops.attention import attention_source
+    src = attention_source("float32", 64, True)
+    assert "#define AT_FAST_TF32" in src
+    assert "#define AT_FAST_TF32" not in attention_source("float32", 64)
+    assert b"attn_bwd_float32_64" in compile_for_sm90(src, tmp_path)
+
+
+def test_attention_tiles_fit_shared_memory():
+    """Every instance's tiles fit the H200's 227 KB of shared memory per block, and a
+    16-bit head dim 64 instance leaves room for two blocks per SM."""
+    from symgpu.gpu.ops import attention as A
+    for dtype in A.ATTENTION_DTYPES:
+        for hd in A.HEAD_DIMS:
+            assert max(A._fwd_smem(dtype, hd), A._bwd_smem(dtype, hd)) <= 227 * 1024
+            warps, mt, stages = A._tiles(dtype, hd)
+            assert A._fwd_rows(dtype, hd) == 16 * warps * mt and stages in (1, 2)
+    assert 2 * A._bwd_smem("float16", 64) <= 227 * 1024
+
+
+def test_graph_check_tolerates_one_ulp_in_16_bit_outputs():
+    """A new CUDA graph is checked against plain launches: float32 atomics (attention's dq)
+    summed in another order may round a float16 result one unit the other way; a real
+    difference is still caught."""
+    from symgpu.gpu.exec.graph_instance import results_differ
+    a = np.linspace(0.1, 4, 50).astype("float16")
+    b = a.copy()
+    b[7] = np.nextafter(b[7], np.float16(10))
+    assert results_differ([a], [b]) is None
+    b[9] *= np.float16(1.01)
+    assert "output 0" in results_differ([a], [b])
+    f = np.linspace(0.1, 4, 50).astype("float32")
+    assert results_differ([f], [f * np.float32(1 + 1e-3)]) is not None

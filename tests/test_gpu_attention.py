@@ -20,7 +20,7 @@ TOL = {"float32": (2e-4, 1e-3), "float16": (1e-2, 3e-2), "bfloat16": (4e-2, 1e-1
 RNG = np.random.default_rng(7)
 
 
-def _case(dtype, shape_q, shape_k, causal, masked, scale=None):
+def _case(dtype, shape_q, shape_k, causal, masked, scale=None, tol=None):
     if not gpu_supports_dtype(dtype):
         pytest.skip(f"GPU placement does not take {dtype} yet")
     nd = len(shape_q)
@@ -49,7 +49,7 @@ def _case(dtype, shape_q, shape_k, causal, masked, scale=None):
                                   scale, causal)
     rg = attention_grad_reference(*f64, mask, ro, lse, DO.astype("float64"), None, scale,
                                   causal)
-    to, tg = TOL[dtype]
+    to, tg = TOL[tol or dtype]
     for a, b, t in zip(got, [ro] + list(rg), [to, tg, tg, tg]):
         a = np.asarray(a, "float64")
         assert np.all(np.isfinite(a))
@@ -74,3 +74,14 @@ def test_gpu_attention_head_128_causal_odd(cuda, dtype):
 
 def test_gpu_attention_head_40_padded(cuda):
     _case("float16", (1, 2, 65, 40), (1, 2, 65, 40), True, True)
+
+
+def test_gpu_attention_float32_allow_tf32(cuda):
+    """gpuarray.allow_tf32: one TF32 product per multiply (PyTorch's TF32 class of accuracy)."""
+    from symgpu.config import config
+    with config.change_flags(**{"gpuarray.allow_tf32": True}):
+        TOL["float32tf"] = (3e-3, 1e-2)
+        try:
+            _case("float32", (1, 2, 150, 64), (1, 2, 150, 64), True, False, tol="float32tf")
+        finally:
+            del TOL["float32tf"]

@@ -2,14 +2,16 @@
 symgpu/tensor/nnet/attention.py (same inputs, outputs and semantics: see that module).
 
 The kernels (runtime/codegen/attention.cu) are FlashAttention-2's: the forward keeps one
-block of 64 query rows per (batch, head), streams 64-key tiles of K and V through shared
-memory (cp.async, two stages), computes the scores with mma.sync tensor-core products
-(m16n8k16 in float16/bfloat16, 3xTF32 m16n8k8 in float32: float32's accuracy), the softmax
-online in float32 (exp2 of pre-scaled scores), and writes o and the rows' log-sum-exp; a
-causal mask skips the tiles above the diagonal. The backward runs one block per 64 keys,
-looping over the query blocks: it recomputes P from the lse, keeps dK and dV in registers and
-adds dQ into a float32 accumulator with atomics (a pre-pass computes Delta = rowsum(dO o) and
-zeroes the accumulator; a last pass rounds it to the dtype, skipped in float32 where the
+block of query rows per (batch, head) (``_TILES``: 64 rows, 4 warps), streams 64-key tiles of
+K and V through shared memory (cp.async, two stages; operands read by ldmatrix), computes the
+scores with mma.sync tensor-core products (m16n8k16 in float16/bfloat16, 3xTF32 m16n8k8 in
+float32: float32's accuracy; 1xTF32 under ``gpuarray.allow_tf32``, PyTorch's and cuBLAS's
+TF32 class), the softmax online in float32 (exp2 of pre-scaled scores), and writes o and the
+rows' log-sum-exp; a causal mask skips the tiles above the diagonal and launches the longest
+rows first. The backward runs one block per 64 keys, looping over the query blocks of 64 (the
+next one prefetched): it recomputes P from the lse, keeps dK and dV in registers and adds dQ
+into a float32 accumulator with atomics (a pre-pass computes Delta = rowsum(dO o) and zeroes
+the accumulator; a last pass rounds it to the dtype, skipped in float32 where the
 accumulator is dq itself).
 
 Head dims up to 128 run (the kernels are instantiated for 64 and 128, smaller dims zero-padded
@@ -26,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.config import config
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -48,26 +51,49 @@ HEAD_DIMS = (64, 128)
 #: False: the lifter leaves attention on the host (read when a function is compiled)
 ENABLED = True
 
-_BM = _BN = 64          # attention.cu's AT_BM / AT_BN
-_THREADS = 128
+_BN = 64                # attention.cu's AT_BN (keys per tile); the backward's AT_BM too
+_THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
 _FWD = struct.Struct("@6P13q6if4x")
 _BWD = struct.Struct("@10P16q6if4x")
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
+#: (itemsize, head dim) -> (forward warps, 16-row tiles per warp, backward stages): the
+#: forward's query block is 16 * tiles * warps rows (measured on the H200: 4 x 1 beat 4 x 2,
+#: which spills, and 8 x 1); two backward stages prefetch the next query block during the
+#: whole step, one during its dQ part (float32: two stages would leave one block per SM)
+_TILES = {(2, 64): (4, 1, 2), (2, 128): (4, 1, 2), (4, 64): (4, 1, 1), (4, 128): (4, 1, 1)}
 
 
-def attention_source(dtype: str, hd: int) -> str:
-    """The CUDA module of one (dtype, head dim): its pre/dq kernels, forward and backward (one
-    module per instance: a graph compiles only what it runs)."""
+def _itemsize(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def _tiles(dtype: str, hd: int) -> tuple[int, int, int]:
+    return _TILES[(_itemsize(dtype), hd)]
+
+
+def _fast_tf32(dtype: str) -> bool:
+    """float32 with ``gpuarray.allow_tf32``: one TF32 product instead of three (PyTorch's and
+    cuBLAS's TF32 class of accuracy, as the GEMMs under that flag)."""
+    return dtype == "float32" and bool(config.gpuarray.allow_tf32)
+
+
+def attention_source(dtype: str, hd: int, fast_tf32: bool = False) -> str:
+    """The CUDA module of one (dtype, head dim[, 1xTF32]): its pre/dq kernels, forward and
+    backward (one module per instance: a graph compiles only what it runs)."""
     ctype = ATTENTION_DTYPES[dtype]
-    return "".join([common_source(), _CU[""].substitute(),
+    warps, mt, stages = _tiles(dtype, hd)
+    return "".join([common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
+                    _CU[""].substitute(),
                     _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
-                    _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd)])
+                    _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
+                                           fwd_threads=32 * warps, fwd_warps=warps,
+                                           fwd_mt=mt, bwd_stages=stages)])
 
 
-def _source(dtype: str, hd: int) -> Callable[[], str]:
-    return lambda: attention_source(dtype, hd)
+def _source(dtype: str, hd: int, fast: bool) -> Callable[[], str]:
+    return lambda: attention_source(dtype, hd, fast)
 
 
 def _head(op: Any, d: int, shapes: str) -> int:
@@ -79,29 +105,40 @@ def _head(op: Any, d: int, shapes: str) -> int:
                      "unfused graph instead")
 
 
-def _fwd_smem(itemsize: int, hd: int) -> int:
-    return (_BM + 4 * _BN) * (hd + _PAD) * itemsize
+def _fwd_rows(dtype: str, hd: int) -> int:
+    warps, mt, _ = _tiles(dtype, hd)
+    return 16 * mt * warps
 
 
-def _bwd_smem(itemsize: int, hd: int) -> int:
-    return ((2 * _BN + 2 * _BM) * (hd + _PAD) + _BN * (_BM + _PAD)) * itemsize + 2 * _BM * 4
+def _fwd_smem(dtype: str, hd: int) -> int:
+    return (_fwd_rows(dtype, hd) + 4 * _BN) * (hd + _PAD) * _itemsize(dtype)
+
+
+def _bwd_smem(dtype: str, hd: int) -> int:
+    stages, isz = _tiles(dtype, hd)[2], _itemsize(dtype)
+    return (((2 + 2 * stages) * _BN * (hd + _PAD) + _BN * (_BN + _PAD)) * isz +
+            2 * stages * _BN * 4)
 
 
 _big_smem: set = set()
 
 
-def _key(dtype: str, hd: int) -> tuple:
-    return ("symgpu.attention", dtype, hd)
+def _key(dtype: str, hd: int, fast: bool) -> tuple:
+    return ("symgpu.attention", dtype, hd, fast, _tiles(dtype, hd))
 
 
 def _kernel(ctx: Any, dtype: str, hd: int, name: str, smem: int) -> Any:
     """The PyCUDA Function, allowed ``smem`` bytes of dynamic shared memory (past 48 KB the
     driver wants the attribute set first)."""
-    fn = get_kernel(_key(dtype, hd), _source(dtype, hd), name, context=ctx)
+    fast = _fast_tf32(dtype)
+    fn = get_kernel(_key(dtype, hd, fast), _source(dtype, hd, fast), name, context=ctx)
     key = (id(fn), smem)
-    if smem > 48 * 1024 and key not in _big_smem:
+    if key not in _big_smem:
         import pycuda.driver as drv   # deferred: PyCUDA loads with the GPU path only
-        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        if smem > 48 * 1024:
+            fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        # all of L1 as shared memory: else the driver may size the carveout for one block
+        fn.set_attribute(drv.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         _big_smem.add(key)
     return fn
 
@@ -173,8 +210,8 @@ class _GpuAttentionBase(Op):
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         """The head dim 64 module of the node's dtype (the common head dim; the head dim is
         known only when the node runs), for the link-time prefetch (gpu/exec/prefetch.py)."""
-        dtype = node.inputs[0].dtype
-        return [(_key(dtype, HEAD_DIMS[0]), _source(dtype, HEAD_DIMS[0]), ())]
+        dtype, fast = node.inputs[0].dtype, _fast_tf32(node.inputs[0].dtype)
+        return [(_key(dtype, HEAD_DIMS[0], fast), _source(dtype, HEAD_DIMS[0], fast), ())]
 
     def _gpu_inputs(self, inputs: list) -> tuple[list, Any]:
         ctx = next((x.type.context_name for x in inputs if is_gpu_var(x)), None)
@@ -245,12 +282,14 @@ class GpuAttention(_GpuAttentionBase):
         else:
             ms, mptr = (0, 0, 0, 0), 0
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
-        smem = _fwd_smem(q.dtype.itemsize, hd)
+        smem = _fwd_smem(q.dtype.name, hd)
         fn = _kernel(ctx, q.dtype.name, hd, f"attn_fwd_{q.dtype.name}_{hd}", smem)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, heads, sq, sk, d, int(self.causal), int(vec),
                         _scale(self, d))
-        fn._launch_kernel((-(-sq // _BM), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
+        warps, mt, _ = _tiles(q.dtype.name, hd)
+        fn._launch_kernel((-(-sq // (16 * mt * warps)), bh, 1), (32 * warps, 1, 1), buf, smem,
+                          ctx.stream)
         return [o, lse]
 
 
@@ -305,14 +344,16 @@ class GpuAttentionGrad(_GpuAttentionBase):
         delta = new_array(ctx, (rows,), f32)
         acc = dq if q.dtype == f32 else new_array(ctx, q.shape, f32)
         name = q.dtype.name
-        pre = get_prepared_kernel(_key(name, hd), _source(name, hd), f"attn_bwd_pre_{name}",
+        fast = _fast_tf32(name)
+        pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
+                                  f"attn_bwd_pre_{name}",
                                   "PPqqqPPPiiiq", context=ctx)
         blocks = max(1, min(8192, -(-rows // 8)))
         pre.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, o.ptr, do.ptr,
                                 *leads[3], dlse.ptr if dlse is not None else 0, delta.ptr,
                                 acc.ptr, heads, sq, d, rows)
         vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
-        smem = _bwd_smem(q.dtype.itemsize, hd)
+        smem = _bwd_smem(name, hd)
         fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
         buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                         dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, heads, sq, sk,
@@ -320,8 +361,8 @@ class GpuAttentionGrad(_GpuAttentionBase):
         fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
         if acc is not dq:
             total = dq.size
-            cvt = get_prepared_kernel(_key(name, hd), _source(name, hd), f"attn_bwd_dq_{name}",
-                                      "PPq", context=ctx)
+            cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
+                                      f"attn_bwd_dq_{name}", "PPq", context=ctx)
             cvt.prepared_async_call((max(1, min(8192, -(-total // 256))), 1), (256, 1, 1),
                                     ctx.stream, acc.ptr, dq.ptr, total)
         return [dq, dk, dv]

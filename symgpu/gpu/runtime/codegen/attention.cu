@@ -1,18 +1,29 @@
 // Fused attention, FlashAttention-2 style (symgpu/gpu/ops/attention.py): the forward (o and
 // the rows' log-sum-exp) and the backward (dq, dk, dv recomputing P from the lse), for
 // __half / __nv_bfloat16 (mma.sync m16n8k16, float32 accumulation) and float (3xTF32
-// m16n8k8: two TF32 products per pair of operands plus the big*big one, float32 accuracy).
-// Tiles live in shared memory (cp.async, zero-filled past the ends); every warp owns 16 rows
-// of the block and keeps its accumulators in registers in the mma C layout:
+// m16n8k8: two TF32 products per pair of operands plus the big*big one, float32 accuracy;
+// 1xTF32 where the module is built with AT_FAST_TF32, gpuarray.allow_tf32).
+// Tiles live in shared memory (cp.async, zero-filled past the ends, rows padded by 16 bytes so
+// that ldmatrix's eight row addresses fall in distinct banks); every warp owns 16 (or 16 * MT)
+// rows of the block and keeps its accumulators in registers in the mma C layout:
 //   lane = 4 * g + t: C[0..3] = (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
 // An A operand (16 x 16) is 8 values: (g, 2t) (g, 2t+1) (g+8, 2t) (g+8, 2t+1) and the same
 // 8 columns on; a B operand (16 x 8) is 4: (2t, g) (2t+1, g) (2t+8, g) (2t+9, g). Two C tiles
 // side by side are exactly an A operand (the probabilities feed P @ V without shared memory).
-#define AT_BM 64             // query rows per block (4 warps x 16)
-#define AT_BN 64             // keys per tile
-#define AT_THREADS 128
+// 16-bit operands come from shared memory by ldmatrix (.trans where the tile is stored k-major).
+#define AT_BM 64             // backward: query rows per step; keys per block
+#define AT_BN 64             // keys per tile (forward and backward)
+#define AT_THREADS 128       // backward: 4 warps x 16 keys
 #define AT_LOG2E 1.4426950408889634f
 #define AT_LN2 0.6931471805599453f
+
+/* 2^x in one MUFU.EX2 (exp2f keeps denormal results with extra instructions: a probability
+   under 2^-126 is 0 here) */
+__device__ __forceinline__ float at_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 template <typename T> struct AtFrag;
 
@@ -74,6 +85,11 @@ template <> struct AtFrag<float> {
     /* 3xTF32 over k = 8 of the 16: A values a[i0..] at k 2t, 2t+1 (TF32 slots t, t+4) */
     static __device__ __forceinline__ void half_step(float c[4], float x0, float x1, float x2,
                                                      float x3, float y0, float y1) {
+#ifdef AT_FAST_TF32
+        at_mma_tf32(c, at_tf32(x0), at_tf32(x1), at_tf32(x2), at_tf32(x3), at_tf32(y0),
+                    at_tf32(y1));
+        return;
+#endif
         const unsigned b0 = at_tf32(x0), b1 = at_tf32(x1), b2 = at_tf32(x2), b3 = at_tf32(x3);
         const unsigned s0 = at_tf32(x0 - __uint_as_float(b0)), s1 = at_tf32(x1 - __uint_as_float(b1));
         const unsigned s2 = at_tf32(x2 - __uint_as_float(b2)), s3 = at_tf32(x3 - __uint_as_float(b3));
@@ -90,42 +106,56 @@ template <> struct AtFrag<float> {
     }
 };
 
-/* A operand from shared memory: A(i, k) = s[i * rs + k * cs] (KC: cs == 1, pairs adjacent) */
-template <typename T, bool KC>
-__device__ __forceinline__ void at_load_a(typename AtFrag<T>::A a, const T *s, int rs, int cs) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const T *p0 = s + g * rs + (2 * t) * cs, *p1 = p0 + 8 * rs;
+__device__ __forceinline__ void at_ldsm4(unsigned r[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+__device__ __forceinline__ void at_ldsm4t(unsigned r[4], const void *p) {
+    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(s));
+}
+
+/* The A operand (16 x 16) at s: A(i, k) = s[i * ld + k], or s[k * ld + i] (TR). */
+template <typename T, bool TR>
+__device__ __forceinline__ void at_frag_a(typename AtFrag<T>::A a, const T *s, int ld) {
+    const int lane = threadIdx.x & 31;
     if constexpr (sizeof(T) == 4) {
-        float *f = reinterpret_cast<float *>(a);
-        f[0] = p0[0]; f[1] = p0[cs]; f[2] = p1[0]; f[3] = p1[cs];
-        f[4] = p0[8 * cs]; f[5] = p0[9 * cs]; f[6] = p1[8 * cs]; f[7] = p1[9 * cs];
-    } else if constexpr (KC) {
-        a[0] = *reinterpret_cast<const unsigned *>(p0);
-        a[1] = *reinterpret_cast<const unsigned *>(p1);
-        a[2] = *reinterpret_cast<const unsigned *>(p0 + 8);
-        a[3] = *reinterpret_cast<const unsigned *>(p1 + 8);
+        const int g = lane >> 2, t = lane & 3, rs = TR ? 1 : ld, cs = TR ? ld : 1;
+        const T *p0 = s + g * rs + (2 * t) * cs, *p1 = p0 + 8 * rs;
+        a[0] = p0[0]; a[1] = p0[cs]; a[2] = p1[0]; a[3] = p1[cs];
+        a[4] = p0[8 * cs]; a[5] = p0[9 * cs]; a[6] = p1[8 * cs]; a[7] = p1[9 * cs];
     } else {
-        a[0] = AtFrag<T>::pack2(p0[0], p0[cs]);
-        a[1] = AtFrag<T>::pack2(p1[0], p1[cs]);
-        a[2] = AtFrag<T>::pack2(p0[8 * cs], p0[9 * cs]);
-        a[3] = AtFrag<T>::pack2(p1[8 * cs], p1[9 * cs]);
+        // lanes 8m .. 8m+7 address the rows of 8 x 8 matrix m: a[m] = (i 8(m&1).., k 8(m>>1)..)
+        const int m = lane >> 3, r = lane & 7;
+        if constexpr (TR)
+            at_ldsm4t(a, s + (8 * (m >> 1) + r) * ld + 8 * (m & 1));
+        else
+            at_ldsm4(a, s + (8 * (m & 1) + r) * ld + 8 * (m >> 1));
     }
 }
 
-/* B operand from shared memory: B(k, n) = s[k * ks + n * ns] (KC: ks == 1) */
-template <typename T, bool KC>
-__device__ __forceinline__ void at_load_b(typename AtFrag<T>::B b, const T *s, int ks, int ns) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const T *p = s + g * ns + (2 * t) * ks;
+/* Two B operands (k 16 x n 8, n tiles 0-7 and 8-15) at s: B(k, n) = s[n * ld + k], or
+   s[k * ld + n] (TR: the tile stored k-major). */
+template <typename T, bool TR>
+__device__ __forceinline__ void at_frag_b2(typename AtFrag<T>::B b0, typename AtFrag<T>::B b1,
+                                           const T *s, int ld) {
+    const int lane = threadIdx.x & 31;
     if constexpr (sizeof(T) == 4) {
-        float *f = reinterpret_cast<float *>(b);
-        f[0] = p[0]; f[1] = p[ks]; f[2] = p[8 * ks]; f[3] = p[9 * ks];
-    } else if constexpr (KC) {
-        b[0] = *reinterpret_cast<const unsigned *>(p);
-        b[1] = *reinterpret_cast<const unsigned *>(p + 8);
+        const int g = lane >> 2, t = lane & 3, ks = TR ? ld : 1, ns = TR ? 1 : ld;
+        const T *p = s + g * ns + (2 * t) * ks, *q = p + 8 * ns;
+        b0[0] = p[0]; b0[1] = p[ks]; b0[2] = p[8 * ks]; b0[3] = p[9 * ks];
+        b1[0] = q[0]; b1[1] = q[ks]; b1[2] = q[8 * ks]; b1[3] = q[9 * ks];
     } else {
-        b[0] = AtFrag<T>::pack2(p[0], p[ks]);
-        b[1] = AtFrag<T>::pack2(p[8 * ks], p[9 * ks]);
+        // matrix m: n 8(m>>1).., k 8(m&1)..; b0 = {r0, r1}, b1 = {r2, r3}
+        const int m = lane >> 3, r = lane & 7;
+        unsigned x[4];
+        if constexpr (TR)
+            at_ldsm4t(x, s + (8 * (m & 1) + r) * ld + 8 * (m >> 1));
+        else
+            at_ldsm4(x, s + (8 * (m >> 1) + r) * ld + 8 * (m & 1));
+        b0[0] = x[0]; b0[1] = x[1]; b1[0] = x[2]; b1[1] = x[3];
     }
 }
 
@@ -145,10 +175,39 @@ __device__ __forceinline__ void at_a_from_c(typename AtFrag<T>::A a, const float
     }
 }
 
+/* dst[0], dst[1] = x, y (one 4- or 8-byte store where the pair is aligned: PAIR) */
+template <typename T>
+__device__ __forceinline__ void at_store2(T *dst, float x, float y, bool pair, bool second) {
+    if (pair) {
+        if constexpr (sizeof(T) == 4)
+            *reinterpret_cast<float2 *>(dst) = make_float2(x, y);
+        else
+            *reinterpret_cast<unsigned *>(dst) = AtFrag<T>::pack(x, y);
+    } else {
+        sg_store(dst[0], x);
+        if (second) sg_store(dst[1], y);
+    }
+}
+
+/* dst[0] += x, dst[1] += y (one 8-byte atomic where the pair is aligned: PAIR) */
+__device__ __forceinline__ void at_add2(float *dst, float x, float y, bool pair, bool second) {
+    if (pair) {
+        atomicAdd(reinterpret_cast<float2 *>(dst), make_float2(x, y));
+    } else {
+        atomicAdd(dst, x);
+        if (second) atomicAdd(dst + 1, y);
+    }
+}
+
 __device__ __forceinline__ void at_cp16(void *dst, const void *src, bool valid) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
                  :: "r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void at_cp4(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;"
+                 :: "r"(d), "l"(src), "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void at_cp_commit() { asm volatile("cp.async.commit_group;"); }
 __device__ __forceinline__ void at_cp_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
@@ -157,22 +216,32 @@ __device__ __forceinline__ void at_cp_wait_one() { asm volatile("cp.async.wait_g
 /* rows [r0, r0 + ROWS) x columns [0, HD) of a (rows, d) matrix with row stride rs into the
    shared tile s (row stride LD), zeros past `rows` and `d`. VEC: d == HD and 16-byte aligned
    rows: cp.async (the caller commits and waits); else plain loads. */
-template <typename T, int HD, int LD, int ROWS>
+template <typename T, int HD, int LD, int ROWS, int THREADS>
 __device__ __forceinline__ void at_load_tile(T *s, const T *g, long long rs, int r0, int rows,
                                              int d, bool vec) {
     if (vec) {
         constexpr int CH = 16 / sizeof(T), PER_ROW = HD / CH;
-        for (int c = threadIdx.x; c < ROWS * PER_ROW; c += AT_THREADS) {
+#pragma unroll
+        for (int c = threadIdx.x; c < ROWS * PER_ROW; c += THREADS) {
             const int r = c / PER_ROW, col = (c % PER_ROW) * CH;
             const bool ok = r0 + r < rows;
             at_cp16(s + r * LD + col, g + (long long)(ok ? r0 + r : 0) * rs + col, ok);
         }
     } else {
-        for (int c = threadIdx.x; c < ROWS * HD; c += AT_THREADS) {
+        for (int c = threadIdx.x; c < ROWS * HD; c += THREADS) {
             const int r = c / HD, col = c % HD;
             s[r * LD + col] = (r0 + r < rows && col < d) ? g[(long long)(r0 + r) * rs + col]
                                                          : T(0.0f);
         }
+    }
+}
+
+/* n floats of g from i0 on into s (cp.async, 4 bytes each; zeros past n_all) */
+template <int N, int THREADS>
+__device__ __forceinline__ void at_load_row(float *s, const float *g, int i0, int n_all) {
+    for (int i = threadIdx.x; i < N; i += THREADS) {
+        const bool ok = i0 + i < n_all;
+        at_cp4(s + i, g + (ok ? i0 + i : 0), ok);
     }
 }
 
@@ -184,44 +253,54 @@ struct AtArgs {
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
-/* The forward: one block per (64 query rows, batch * head). */
-template <typename T, int HD>
+/* The forward: one block of WARPS warps per (16 * MT * WARPS query rows, batch * head), the
+   blocks with the most keys (causal) first; 64-key tiles of K and V in two cp.async stages. */
+template <typename T, int HD, int WARPS, int MT>
 __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 {
-    constexpr int LD = HD + (sizeof(T) == 4 ? 8 : 8);
+    constexpr int BM = 16 * MT * WARPS, BN = AT_BN, LD = HD + 8, THREADS = 32 * WARPS;
+    typedef typename AtFrag<T>::A FA;
+    typedef typename AtFrag<T>::B FB;
     extern __shared__ __align__(16) unsigned char at_smem[];
     T *sQ = reinterpret_cast<T *>(at_smem);
-    T *sK = sQ + AT_BM * LD;             // two stages of K and V
-    T *sV = sK + 2 * AT_BN * LD;
+    T *sK = sQ + BM * LD;                // two stages of K and V
+    T *sV = sK + 2 * BN * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, m0 = blockIdx.x * AT_BM;
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
+    const int m0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
     const float *mask = a.mask ? a.mask + b * a.msb + h * a.msh : 0;
     const float sl2 = a.scale * AT_LOG2E;
-    const int n_end = a.causal ? min(a.sk, m0 + AT_BM) : a.sk;
+    const int n_end = a.causal ? min(a.sk, m0 + BM) : a.sk;
+    const int wrow = m0 + warp * MT * 16;          // the warp's first row
 
-    at_load_tile<T, HD, LD, AT_BM>(sQ, q, a.qss, m0, a.sq, a.d, a.vec);
+    at_load_tile<T, HD, LD, BM, THREADS>(sQ, q, a.qss, m0, a.sq, a.d, a.vec);
     if (n_end > 0) {
-        at_load_tile<T, HD, LD, AT_BN>(sK, k, a.kss, 0, a.sk, a.d, a.vec);
-        at_load_tile<T, HD, LD, AT_BN>(sV, v, a.vss, 0, a.sk, a.d, a.vec);
+        at_load_tile<T, HD, LD, BN, THREADS>(sK, k, a.kss, 0, a.sk, a.d, a.vec);
+        at_load_tile<T, HD, LD, BN, THREADS>(sV, v, a.vss, 0, a.sk, a.d, a.vec);
     }
     at_cp_commit();
-    float oacc[HD / 8][4];
+    float oacc[MT][HD / 8][4];
+    float mrow[MT][2], lrow[MT][2];
 #pragma unroll
-    for (int i = 0; i < HD / 8; ++i) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-    typename AtFrag<T>::A qf[HD / 16];
-    const int row0 = m0 + warp * 16 + g, row1 = row0 + 8;
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i)
+            oacc[mt][i][0] = oacc[mt][i][1] = oacc[mt][i][2] = oacc[mt][i][3] = 0.f;
+        mrow[mt][0] = mrow[mt][1] = -INFINITY;
+        lrow[mt][0] = lrow[mt][1] = 0.f;
+    }
+    FA qf[MT][HD / 16];
 
-    for (int n0 = 0, stage = 0; n0 < n_end; n0 += AT_BN, stage ^= 1) {
-        T *cK = sK + stage * AT_BN * LD, *cV = sV + stage * AT_BN * LD;
-        if (n0 + AT_BN < n_end) {      // the next tile streams in while this one is used
-            at_load_tile<T, HD, LD, AT_BN>(sK + (stage ^ 1) * AT_BN * LD, k, a.kss, n0 + AT_BN,
-                                           a.sk, a.d, a.vec);
-            at_load_tile<T, HD, LD, AT_BN>(sV + (stage ^ 1) * AT_BN * LD, v, a.vss, n0 + AT_BN,
-                                           a.sk, a.d, a.vec);
+    for (int n0 = 0, stage = 0; n0 < n_end; n0 += BN, stage ^= 1) {
+        T *cK = sK + stage * BN * LD, *cV = sV + stage * BN * LD;
+        if (n0 + BN < n_end) {         // the next tile streams in while this one is used
+            at_load_tile<T, HD, LD, BN, THREADS>(sK + (stage ^ 1) * BN * LD, k, a.kss, n0 + BN,
+                                                 a.sk, a.d, a.vec);
+            at_load_tile<T, HD, LD, BN, THREADS>(sV + (stage ^ 1) * BN * LD, v, a.vss, n0 + BN,
+                                                 a.sk, a.d, a.vec);
             at_cp_commit();
             at_cp_wait_one();
         } else {
@@ -230,100 +309,118 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
         __syncthreads();
         if (n0 == 0) {
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk)
-                at_load_a<T, true>(qf[kk], sQ + (warp * 16) * LD + kk * 16, LD, 1);
-        }
-        float s[AT_BN / 8][4];
+            for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int i = 0; i < AT_BN / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+                for (int kk = 0; kk < HD / 16; ++kk)
+                    at_frag_a<T, false>(qf[mt][kk], sQ + (warp * MT + mt) * 16 * LD + kk * 16, LD);
+        }
+        float s[MT][BN / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int i = 0; i < BN / 8; ++i) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
 #pragma unroll
-            for (int nt = 0; nt < AT_BN / 8; ++nt) {
-                typename AtFrag<T>::B kb;
-                at_load_b<T, true>(kb, cK + (nt * 8) * LD + kk * 16, 1, LD);
-                AtFrag<T>::mma(s[nt], qf[kk], kb);
+            for (int np = 0; np < BN / 16; ++np) {
+                FB k0, k1;
+                at_frag_b2<T, false>(k0, k1, cK + (np * 16) * LD + kk * 16, LD);
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt) {
+                    AtFrag<T>::mma(s[mt][2 * np], qf[mt][kk], k0);
+                    AtFrag<T>::mma(s[mt][2 * np + 1], qf[mt][kk], k1);
+                }
             }
         }
-        const bool edge = (n0 + AT_BN > a.sk) || (a.causal && n0 + AT_BN - 1 > m0 + warp * 16);
+        const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
+        float alpha[MT][2];
 #pragma unroll
-        for (int nt = 0; nt < AT_BN / 8; ++nt) {
+        for (int mt = 0; mt < MT; ++mt) {
+            const int row0 = wrow + mt * 16 + g, row1 = row0 + 8;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                float x = s[nt][e] * sl2;
-                if (mask && row < a.sq && col < a.sk)
-                    x += mask[row * a.msi + col * a.msj] * AT_LOG2E;
-                if (edge && (col >= a.sk || (a.causal && col > row))) x = -INFINITY;
-                s[nt][e] = x;
+            for (int nt = 0; nt < BN / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
+                    float x = s[mt][nt][e] * sl2;
+                    if (mask && row < a.sq && col < a.sk)
+                        x += mask[row * a.msi + col * a.msj] * AT_LOG2E;
+                    if (edge && (col >= a.sk || (a.causal && col > row))) x = -INFINITY;
+                    s[mt][nt][e] = x;
+                }
+            }
+            float mx[2] = {mrow[mt][0], mrow[mt][1]};
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
+            }
+            float base[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+                alpha[mt][r] = at_exp2(mrow[mt][r] - base[r]);
+                mrow[mt][r] = mx[r];
+                lrow[mt][r] *= alpha[mt][r];
+            }
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                s[mt][nt][0] = at_exp2(s[mt][nt][0] - base[0]);
+                s[mt][nt][1] = at_exp2(s[mt][nt][1] - base[0]);
+                s[mt][nt][2] = at_exp2(s[mt][nt][2] - base[1]);
+                s[mt][nt][3] = at_exp2(s[mt][nt][3] - base[1]);
+                lrow[mt][0] += s[mt][nt][0] + s[mt][nt][1];
+                lrow[mt][1] += s[mt][nt][2] + s[mt][nt][3];
+            }
+#pragma unroll
+            for (int i = 0; i < HD / 8; ++i) {
+                oacc[mt][i][0] *= alpha[mt][0]; oacc[mt][i][1] *= alpha[mt][0];
+                oacc[mt][i][2] *= alpha[mt][1]; oacc[mt][i][3] *= alpha[mt][1];
             }
         }
-        float mx[2] = {mrow[0], mrow[1]};
 #pragma unroll
-        for (int nt = 0; nt < AT_BN / 8; ++nt) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
-        }
+        for (int j = 0; j < BN / 16; ++j) {
+            FA pa[MT];
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        }
-        float base[2], alpha[2];
+            for (int mt = 0; mt < MT; ++mt) at_a_from_c<T>(pa[mt], s[mt][2 * j], s[mt][2 * j + 1]);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-            alpha[r] = exp2f(mrow[r] - base[r]);
-            mrow[r] = mx[r];
-            lrow[r] *= alpha[r];
-        }
+            for (int dp = 0; dp < HD / 16; ++dp) {
+                FB v0, v1;
+                at_frag_b2<T, true>(v0, v1, cV + (16 * j) * LD + dp * 16, LD);
 #pragma unroll
-        for (int nt = 0; nt < AT_BN / 8; ++nt) {
-            s[nt][0] = exp2f(s[nt][0] - base[0]); s[nt][1] = exp2f(s[nt][1] - base[0]);
-            s[nt][2] = exp2f(s[nt][2] - base[1]); s[nt][3] = exp2f(s[nt][3] - base[1]);
-            lrow[0] += s[nt][0] + s[nt][1];
-            lrow[1] += s[nt][2] + s[nt][3];
-        }
-#pragma unroll
-        for (int i = 0; i < HD / 8; ++i) {
-            oacc[i][0] *= alpha[0]; oacc[i][1] *= alpha[0];
-            oacc[i][2] *= alpha[1]; oacc[i][3] *= alpha[1];
-        }
-#pragma unroll
-        for (int j = 0; j < AT_BN / 16; ++j) {
-            typename AtFrag<T>::A pa;
-            at_a_from_c<T>(pa, s[2 * j], s[2 * j + 1]);
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                typename AtFrag<T>::B vb;
-                at_load_b<T, false>(vb, cV + (16 * j) * LD + dt * 8, LD, 1);
-                AtFrag<T>::mma(oacc[dt], pa, vb);
+                for (int mt = 0; mt < MT; ++mt) {
+                    AtFrag<T>::mma(oacc[mt][2 * dp], pa[mt], v0);
+                    AtFrag<T>::mma(oacc[mt][2 * dp + 1], pa[mt], v1);
+                }
             }
         }
         __syncthreads();                 // this stage is free for the tile after next
     }
-    float l[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = lrow[r] + __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    }
     T *o = (T *)a.o + (long long)bh * a.sq * a.d;
+    const bool pairs = (a.d & 1) == 0;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = r ? row1 : row0;
-        if (row >= a.sq) continue;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-            const int col = dt * 8 + 2 * t;
-            if (col < a.d) sg_store(o[(long long)row * a.d + col], oacc[dt][2 * r] * inv);
-            if (col + 1 < a.d) sg_store(o[(long long)row * a.d + col + 1], oacc[dt][2 * r + 1] * inv);
+        for (int r = 0; r < 2; ++r) {
+            float l = lrow[mt][r] + __shfl_xor_sync(0xffffffffu, lrow[mt][r], 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = wrow + mt * 16 + g + 8 * r;
+            if (row >= a.sq) continue;
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+            for (int dt = 0; dt < HD / 8; ++dt) {
+                const int col = dt * 8 + 2 * t;
+                if (col < a.d)
+                    at_store2<T>(o + (long long)row * a.d + col, oacc[mt][dt][2 * r] * inv,
+                                 oacc[mt][dt][2 * r + 1] * inv, pairs, col + 1 < a.d);
+            }
+            if (t == 0)
+                a.lse[(long long)bh * a.sq + row] =
+                    l > 0.f ? ((mrow[mt][r] == -INFINITY ? 0.f : mrow[mt][r]) + log2f(l)) * AT_LN2
+                            : -INFINITY;
         }
-        if (t == 0)
-            a.lse[(long long)bh * a.sq + row] =
-                l[r] > 0.f ? ((mrow[r] == -INFINITY ? 0.f : mrow[r]) + log2f(l[r])) * AT_LN2
-                           : -INFINITY;
     }
 }
 
@@ -366,23 +463,29 @@ struct AtBwdArgs {
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
-/* The backward: one block per (64 keys, batch * head), looping over the query blocks:
+/* The backward: one block per (64 keys, batch * head), 4 warps of 16 keys, looping over the
+   query blocks of 64 (STAGES 2: the next block's Q, dO, lse and Delta stream in during this
+   one; 1: during its dQ step):
    S^T = K Q^T, P^T = exp(S^T - lse), dP^T = V dO^T, dS^T = P^T (dP^T - Delta);
-   dV += P^T dO, dK += dS^T Q (registers); dQ += dS K through shared memory and float atomics. */
-template <typename T, int HD>
+   dV += P^T dO, dK += dS^T Q (registers); dQ += dS K through shared memory and float atomics,
+   32 columns at a time. K and V's operands are read from shared memory at each use (kept in
+   registers they would spill). */
+template <typename T, int HD, int STAGES>
 __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 {
-    constexpr int LD = HD + 8, LDS = AT_BM + 8;
+    constexpr int BM = AT_BM, BN = AT_BN, LD = HD + 8, LDS = BM + 8, THREADS = AT_THREADS;
+    typedef typename AtFrag<T>::A FA;
+    typedef typename AtFrag<T>::B FB;
     extern __shared__ __align__(16) unsigned char at_smem[];
     T *sK = reinterpret_cast<T *>(at_smem);
-    T *sV = sK + AT_BN * LD;
-    T *sQ = sV + AT_BN * LD;
-    T *sD = sQ + AT_BM * LD;             // dO
-    T *sS = sD + AT_BM * LD;             // dS^T (keys x queries)
-    float *sL = reinterpret_cast<float *>(sS + AT_BN * LDS);   // lse (log2 units)
-    float *sDelta = sL + AT_BM;
+    T *sV = sK + BN * LD;
+    T *sQ = sV + BN * LD;                // STAGES x (BM x LD)
+    T *sD = sQ + STAGES * BM * LD;       // dO, the same
+    T *sS = sD + STAGES * BM * LD;       // dS^T (keys x queries)
+    float *sL = reinterpret_cast<float *>(sS + BN * LDS);   // lse, STAGES x BM
+    float *sDelta = sL + STAGES * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.x * AT_BN;
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.x * BN;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
@@ -391,122 +494,147 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
     const float *lse = a.lse + (long long)bh * a.sq, *delta = a.delta + (long long)bh * a.sq;
     float *dqacc = a.dqacc + (long long)bh * a.sq * a.d;
     const float sl2 = a.scale * AT_LOG2E;
+    const int m_start = a.causal ? (n0 / BM) * BM : 0;
 
-    at_load_tile<T, HD, LD, AT_BN>(sK, k, a.kss, n0, a.sk, a.d, a.vec);
-    at_load_tile<T, HD, LD, AT_BN>(sV, v, a.vss, n0, a.sk, a.d, a.vec);
-    at_cp_commit();
-    at_cp_wait_all();
-    __syncthreads();
-    typename AtFrag<T>::A kf[HD / 16], vf[HD / 16];
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-        at_load_a<T, true>(kf[kk], sK + (warp * 16) * LD + kk * 16, LD, 1);
-        at_load_a<T, true>(vf[kk], sV + (warp * 16) * LD + kk * 16, LD, 1);
+    at_load_tile<T, HD, LD, BN, THREADS>(sK, k, a.kss, n0, a.sk, a.d, a.vec);
+    at_load_tile<T, HD, LD, BN, THREADS>(sV, v, a.vss, n0, a.sk, a.d, a.vec);
+    if (m_start < a.sq) {
+        at_load_tile<T, HD, LD, BM, THREADS>(sQ, q, a.qss, m_start, a.sq, a.d, a.vec);
+        at_load_tile<T, HD, LD, BM, THREADS>(sD, dout, a.dss, m_start, a.sq, a.d, a.vec);
+        at_load_row<BM, THREADS>(sL, lse, m_start, a.sq);
+        at_load_row<BM, THREADS>(sDelta, delta, m_start, a.sq);
     }
+    at_cp_commit();
     float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
     for (int i = 0; i < HD / 8; ++i)
         dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
     const int key0 = n0 + warp * 16 + g, key1 = key0 + 8;
-    const int m_start = a.causal ? (n0 / AT_BM) * AT_BM : 0;
+    const bool pairs = (a.d & 1) == 0;
+    const T *wK = sK + (warp * 16) * LD, *wV = sV + (warp * 16) * LD;
 
-    for (int m0 = m_start; m0 < a.sq; m0 += AT_BM) {
-        __syncthreads();                 // the last block's readers of sQ, sD, sS are done
-        at_load_tile<T, HD, LD, AT_BM>(sQ, q, a.qss, m0, a.sq, a.d, a.vec);
-        at_load_tile<T, HD, LD, AT_BM>(sD, dout, a.dss, m0, a.sq, a.d, a.vec);
-        at_cp_commit();
-        for (int i = threadIdx.x; i < AT_BM; i += AT_THREADS) {
-            const bool ok = m0 + i < a.sq;
-            const float l = ok ? lse[m0 + i] : 0.f;
-            sL[i] = l == -INFINITY ? INFINITY : l * AT_LOG2E;   // a fully masked row: P = 0
-            sDelta[i] = ok ? delta[m0 + i] : 0.f;
+    for (int m0 = m_start, it = 0; m0 < a.sq; m0 += BM, ++it) {
+        const int st = STAGES == 2 ? (it & 1) : 0;
+        const bool more = m0 + BM < a.sq;
+        if (STAGES == 2 && more) {
+            const int nx = st ^ 1;       // its last readers finished before the last dQ step
+            at_load_tile<T, HD, LD, BM, THREADS>(sQ + nx * BM * LD, q, a.qss, m0 + BM, a.sq,
+                                                 a.d, a.vec);
+            at_load_tile<T, HD, LD, BM, THREADS>(sD + nx * BM * LD, dout, a.dss, m0 + BM, a.sq,
+                                                 a.d, a.vec);
+            at_load_row<BM, THREADS>(sL + nx * BM, lse, m0 + BM, a.sq);
+            at_load_row<BM, THREADS>(sDelta + nx * BM, delta, m0 + BM, a.sq);
+            at_cp_commit();
+            at_cp_wait_one();
+        } else {
+            at_cp_wait_all();
         }
-        at_cp_wait_all();
-        __syncthreads();
-        float st[AT_BM / 8][4], dpt[AT_BM / 8][4];
+        __syncthreads();                 // this block's tiles are in; the last dQ step is done
+        const T *cQ = sQ + st * BM * LD, *cD = sD + st * BM * LD;
+        const float *cL = sL + st * BM, *cDelta = sDelta + st * BM;
+        float s[BM / 8][4], dp[BM / 8][4];
 #pragma unroll
-        for (int i = 0; i < AT_BM / 8; ++i)
-            st[i][0] = st[i][1] = st[i][2] = st[i][3] = dpt[i][0] = dpt[i][1] = dpt[i][2] = dpt[i][3] = 0.f;
+        for (int i = 0; i < BM / 8; ++i)
+            s[i][0] = s[i][1] = s[i][2] = s[i][3] = dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.f;
 #pragma unroll
         for (int kk = 0; kk < HD / 16; ++kk) {
+            FA ka, va;
+            at_frag_a<T, false>(ka, wK + kk * 16, LD);
+            at_frag_a<T, false>(va, wV + kk * 16, LD);
 #pragma unroll
-            for (int nt = 0; nt < AT_BM / 8; ++nt) {
-                typename AtFrag<T>::B qb, db;
-                at_load_b<T, true>(qb, sQ + (nt * 8) * LD + kk * 16, 1, LD);
-                AtFrag<T>::mma(st[nt], kf[kk], qb);
-                at_load_b<T, true>(db, sD + (nt * 8) * LD + kk * 16, 1, LD);
-                AtFrag<T>::mma(dpt[nt], vf[kk], db);
+            for (int np = 0; np < BM / 16; ++np) {
+                FB b0, b1;
+                at_frag_b2<T, false>(b0, b1, cQ + (np * 16) * LD + kk * 16, LD);
+                AtFrag<T>::mma(s[2 * np], ka, b0);
+                AtFrag<T>::mma(s[2 * np + 1], ka, b1);
+                at_frag_b2<T, false>(b0, b1, cD + (np * 16) * LD + kk * 16, LD);
+                AtFrag<T>::mma(dp[2 * np], va, b0);
+                AtFrag<T>::mma(dp[2 * np + 1], va, b1);
             }
         }
-        const bool edge = (m0 + AT_BM > a.sq) || (n0 + AT_BN > a.sk) ||
-                          (a.causal && n0 + AT_BN - 1 > m0);
+        const bool edge = (m0 + BM > a.sq) || (n0 + BN > a.sk) ||
+                          (a.causal && n0 + BN - 1 > m0);
 #pragma unroll
-        for (int nt = 0; nt < AT_BM / 8; ++nt) {
+        for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int key = e < 2 ? key0 : key1, ql = nt * 8 + 2 * t + (e & 1), qr = m0 + ql;
-                float x = st[nt][e] * sl2;
+                float x = s[nt][e] * sl2;
                 if (mask && qr < a.sq && key < a.sk)
                     x += mask[qr * a.msi + key * a.msj] * AT_LOG2E;
-                float p = exp2f(x - sL[ql]);
+                const float l = cL[ql];
+                float p = at_exp2(x - (l == -INFINITY ? INFINITY : l * AT_LOG2E));  // masked row: 0
                 if (edge && (qr >= a.sq || key >= a.sk || (a.causal && key > qr))) p = 0.f;
-                st[nt][e] = p;
-                dpt[nt][e] = p * (dpt[nt][e] - sDelta[ql]);     // dS^T
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - cDelta[ql]);     // dS^T
             }
         }
 #pragma unroll
-        for (int j = 0; j < AT_BM / 16; ++j) {
-            typename AtFrag<T>::A pa, sa;
-            at_a_from_c<T>(pa, st[2 * j], st[2 * j + 1]);
-            at_a_from_c<T>(sa, dpt[2 * j], dpt[2 * j + 1]);
+        for (int j = 0; j < BM / 16; ++j) {
+            FA pa, sa;
+            at_a_from_c<T>(pa, s[2 * j], s[2 * j + 1]);
+            at_a_from_c<T>(sa, dp[2 * j], dp[2 * j + 1]);
 #pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                typename AtFrag<T>::B ob, qb;
-                at_load_b<T, false>(ob, sD + (16 * j) * LD + dt * 8, LD, 1);
-                AtFrag<T>::mma(dv[dt], pa, ob);
-                at_load_b<T, false>(qb, sQ + (16 * j) * LD + dt * 8, LD, 1);
-                AtFrag<T>::mma(dk[dt], sa, qb);
+            for (int dt = 0; dt < HD / 16; ++dt) {
+                FB b0, b1;
+                at_frag_b2<T, true>(b0, b1, cD + (16 * j) * LD + dt * 16, LD);
+                AtFrag<T>::mma(dv[2 * dt], pa, b0);
+                AtFrag<T>::mma(dv[2 * dt + 1], pa, b1);
+                at_frag_b2<T, true>(b0, b1, cQ + (16 * j) * LD + dt * 16, LD);
+                AtFrag<T>::mma(dk[2 * dt], sa, b0);
+                AtFrag<T>::mma(dk[2 * dt + 1], sa, b1);
             }
         }
         // dS^T to shared memory (rounded to T as the products' operands are)
 #pragma unroll
-        for (int nt = 0; nt < AT_BM / 8; ++nt) {
-            const int ql = nt * 8 + 2 * t, kl = warp * 16 + g;
-            sg_store(sS[kl * LDS + ql], dpt[nt][0]);
-            sg_store(sS[kl * LDS + ql + 1], dpt[nt][1]);
-            sg_store(sS[(kl + 8) * LDS + ql], dpt[nt][2]);
-            sg_store(sS[(kl + 8) * LDS + ql + 1], dpt[nt][3]);
+        for (int nt = 0; nt < BM / 8; ++nt) {
+            T *p = sS + (warp * 16 + g) * LDS + nt * 8 + 2 * t;
+            at_store2<T>(p, dp[nt][0], dp[nt][1], true, true);
+            at_store2<T>(p + 8 * LDS, dp[nt][2], dp[nt][3], true, true);
         }
-        __syncthreads();
+        __syncthreads();                 // dS^T is whole; this block's Q, dO are read
+        if (STAGES == 1 && more) {       // the next block streams in during the dQ step
+            at_load_tile<T, HD, LD, BM, THREADS>(sQ, q, a.qss, m0 + BM, a.sq, a.d, a.vec);
+            at_load_tile<T, HD, LD, BM, THREADS>(sD, dout, a.dss, m0 + BM, a.sq, a.d, a.vec);
+            at_load_row<BM, THREADS>(sL, lse, m0 + BM, a.sq);
+            at_load_row<BM, THREADS>(sDelta, delta, m0 + BM, a.sq);
+            at_cp_commit();
+        }
         // dQ rows m0 + 16 warp ..: A(i = query, k = key) = sS[key * LDS + query]
-        float dq[HD / 8][4];
+        FA sa[BN / 16];
 #pragma unroll
-        for (int i = 0; i < HD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < AT_BN / 16; ++kk) {
-            typename AtFrag<T>::A sa;
-            at_load_a<T, false>(sa, sS + (kk * 16) * LDS + warp * 16, 1, LDS);
-#pragma unroll
-            for (int dt = 0; dt < HD / 8; ++dt) {
-                typename AtFrag<T>::B kb;
-                at_load_b<T, false>(kb, sK + (kk * 16) * LD + dt * 8, LD, 1);
-                AtFrag<T>::mma(dq[dt], sa, kb);
-            }
-        }
+        for (int kk = 0; kk < BN / 16; ++kk)
+            at_frag_a<T, true>(sa[kk], sS + (kk * 16) * LDS + warp * 16, LDS);
         const int q0 = m0 + warp * 16 + g, q1 = q0 + 8;
 #pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-            const int col = dt * 8 + 2 * t;
-            if (q0 < a.sq) {
-                if (col < a.d) atomicAdd(dqacc + (long long)q0 * a.d + col, dq[dt][0] * a.scale);
-                if (col + 1 < a.d) atomicAdd(dqacc + (long long)q0 * a.d + col + 1, dq[dt][1] * a.scale);
+        for (int c = 0; c < HD / 32; ++c) {
+            float dq[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+                for (int dt = 0; dt < 2; ++dt) {
+                    FB b0, b1;
+                    at_frag_b2<T, true>(b0, b1, sK + (kk * 16) * LD + c * 32 + dt * 16, LD);
+                    AtFrag<T>::mma(dq[2 * dt], sa[kk], b0);
+                    AtFrag<T>::mma(dq[2 * dt + 1], sa[kk], b1);
+                }
             }
-            if (q1 < a.sq) {
-                if (col < a.d) atomicAdd(dqacc + (long long)q1 * a.d + col, dq[dt][2] * a.scale);
-                if (col + 1 < a.d) atomicAdd(dqacc + (long long)q1 * a.d + col + 1, dq[dt][3] * a.scale);
+#pragma unroll
+            for (int dt = 0; dt < 4; ++dt) {
+                const int col = c * 32 + dt * 8 + 2 * t;
+                if (col >= a.d) continue;
+                if (q0 < a.sq)
+                    at_add2(dqacc + (long long)q0 * a.d + col, dq[dt][0] * a.scale,
+                            dq[dt][1] * a.scale, pairs, col + 1 < a.d);
+                if (q1 < a.sq)
+                    at_add2(dqacc + (long long)q1 * a.d + col, dq[dt][2] * a.scale,
+                            dq[dt][3] * a.scale, pairs, col + 1 < a.d);
             }
         }
     }
+    at_cp_wait_all();                    // (no query block: K and V were never waited for)
     T *dko = (T *)a.dk + (long long)bh * a.sk * a.d, *dvo = (T *)a.dv + (long long)bh * a.sk * a.d;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -515,14 +643,11 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 #pragma unroll
         for (int dt = 0; dt < HD / 8; ++dt) {
             const int col = dt * 8 + 2 * t;
-            if (col < a.d) {
-                sg_store(dko[(long long)key * a.d + col], dk[dt][2 * r] * a.scale);
-                sg_store(dvo[(long long)key * a.d + col], dv[dt][2 * r]);
-            }
-            if (col + 1 < a.d) {
-                sg_store(dko[(long long)key * a.d + col + 1], dk[dt][2 * r + 1] * a.scale);
-                sg_store(dvo[(long long)key * a.d + col + 1], dv[dt][2 * r + 1]);
-            }
+            if (col >= a.d) continue;
+            at_store2<T>(dko + (long long)key * a.d + col, dk[dt][2 * r] * a.scale,
+                         dk[dt][2 * r + 1] * a.scale, pairs, col + 1 < a.d);
+            at_store2<T>(dvo + (long long)key * a.d + col, dv[dt][2 * r], dv[dt][2 * r + 1],
+                         pairs, col + 1 < a.d);
         }
     }
 }
@@ -537,8 +662,8 @@ extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq
 { attn_bwd_dq_body<${ctype}>(dqacc, dq, n); }
 //@ head
 
-extern "C" __global__ void __launch_bounds__(AT_THREADS)
-attn_fwd_${dtype}_${hd}(AtArgs a) { attn_fwd_body<${ctype}, ${hd}>(a); }
+extern "C" __global__ void __launch_bounds__(${fwd_threads})
+attn_fwd_${dtype}_${hd}(AtArgs a) { attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}>(a); }
 
 extern "C" __global__ void __launch_bounds__(AT_THREADS)
-attn_bwd_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_body<${ctype}, ${hd}>(a); }
+attn_bwd_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_body<${ctype}, ${hd}, ${bwd_stages}>(a); }
