@@ -89,10 +89,12 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
                depth: int = -1) -> TextIO | str | None:
     """Print a graph the way Theano does, so users can read and compare graphs they know.
 
-    One line per variable: ``Op [id X] 'name' pos`` for computed ones (``pos`` is the toposort
-    position, for compiled functions only) and ``var [id X]`` for inputs and constants. Each
-    level of depth adds one space before ``|``. A node met again is printed once more, with
-    its id, but without its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
+    One line per variable: ``Op [id X] 'name'   pos`` for computed ones (``pos`` is the
+    toposort position, for compiled functions only) and ``var [id X]`` for inputs and
+    constants, in Theano's layout: a node's inputs follow it, one column (`` |``) to the
+    right, and the column stays drawn while more inputs of the node are to come (trailing
+    blanks are left out). A node met again is printed once more, with its id, but without
+    its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
     or '' (none); ``stop_on_name`` does not descend below named variables; ``depth`` >= 0
     limits the levels printed. Returns the text when ``file='str'``, ``file`` when one is
     given, and None by default (Theano's: an interpreter then echoes nothing after it).
@@ -112,10 +114,13 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
                             "": lambda: ""}[ids]()
         return labels[obj_]
 
-    def visit(var: Variable, level: int, order: dict[Apply, int]) -> None:
+    def visit(var: Variable, prefix: str, prefix_child: str, level: int,
+              order: dict[Apply, int]) -> None:
+        # Theano's layout: a node's inputs are drawn under it with "|", each input's own
+        # inputs one column to the right; the column stays open ("|") while later inputs of
+        # the same node are still to come, and closes (" ") under its last input
         if 0 <= depth <= level:
             return
-        prefix = " " * level + ("|" if level else "")
         extra = ""
         if print_type:
             extra += f" <{var.type}>"
@@ -123,29 +128,29 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
             extra += _static_shape(var)
         node = var.owner
         if node is None:
-            parts = [f"{prefix}{var}", ident(var)]
-            out.write(" ".join(p for p in parts if p) + extra + "\n")
+            out.write(f"{prefix}{var} {ident(var)}{extra}".rstrip() + "\n")
             return
         label = f"{node.op}" + (f".{var.index}" if len(node.outputs) > 1 else "")
-        parts = [f"{prefix}{label}", ident(node)]
-        line = " ".join(p for p in parts if p) + extra + f" '{var.name or ''}'"
-        if print_destroy_map and getattr(node.op, "destroy_map", None):
-            line += f" d={dict(node.op.destroy_map)}"
-        if print_view_map and getattr(node.op, "view_map", None):
-            line += f" v={dict(node.op.view_map)}"
-        if node in order:
-            line += f" {order[node]}"
-        out.write(line + "\n")
+        dmap = (f"d={dict(node.op.destroy_map)}" if print_destroy_map
+                and getattr(node.op, "destroy_map", None) else "")
+        vmap = (f"v={dict(node.op.view_map)}" if print_view_map
+                and getattr(node.op, "view_map", None) else "")
+        pos = str(order[node]) if node in order else ""
+        # Theano's spacing ('%s%s %s%s '%s' %s %s %s'), less the trailing blanks
+        line = f"{prefix}{label} {ident(node)}{extra} '{var.name or ''}' {dmap} {vmap} {pos}"
+        out.write(line.rstrip() + "\n")
         if node in printed:
             return
         printed.add(node)
         if stop_on_name and var.name is not None:
             return
-        for inp in node.inputs:
-            visit(inp, level + 1, order)
+        last = len(node.inputs) - 1
+        for i, inp in enumerate(node.inputs):
+            visit(inp, prefix_child + " |", prefix_child + (" |" if i < last else "  "),
+                  level + 1, order)
 
     for root, order in _roots(obj):
-        visit(root, 0, order)
+        visit(root, "", "", 0, order)
     if file == "str":
         return out.getvalue()  # type: ignore[union-attr]
     out.flush()
