@@ -539,3 +539,33 @@ def test_makevector_and_arange_print_their_dtype_as_theano():
     text = debugprint(function([x], (x ** 2).shape), file="str")
     assert text.startswith("MakeVector{dtype='int64'} [id A]")
     assert str(T.arange(T.lscalar("n")).owner.op) == "ARange{dtype='int64'}"
+
+
+# ----------------------------------------------------------------------------- Theano's text
+
+def test_constants_print_and_share_as_theano():
+    # Theano 1.0.5's TensorConstant.__str__ and constant cache
+    assert str(T.constant(2.0)) == "TensorConstant{2.0}"
+    assert str(T.constant(np.ones(3))) == "TensorConstant{(3,) of 1.0}"
+    assert str(T.constant(np.array([0.5]))) == "TensorConstant{(1,) of 0.5}"
+    assert str(T.constant(np.arange(3))) == "TensorConstant{[0 1 2]}"
+    assert str(T.constant(np.arange(30.0))) == "TensorConstant{[ 0.  1.  ... 28. 29.]}"
+    assert T.constant(1.0) is T.constant(1.0) and T.constant(1) is not T.constant(1.0)
+    assert T.constant(11.0) is not T.constant(11.0)          # outside [-10, 10]
+    assert T.constant(1.0, name="one") is not T.constant(1.0)
+    assert T.constant(1.0).name is None
+
+
+def test_debugprint_shows_the_copy_of_an_output_as_deepcopyop():
+    # Theano's tutorial (shape_info): the shape is a constant, which the function copies
+    x = T.dmatrix()
+    f = function([x], (T.specify_shape(x, (2, 2)) ** 2).shape)
+    assert debugprint(f, file="str") == "DeepCopyOp [id A] ''   0\n |TensorConstant{(2,) of 2} [id B]\n"
+    a, b = T.dvector("a"), T.dvector("b")
+    g = function([a, b], [a, a + b], mode=NO_REWRITES)
+    assert debugprint(g, file="str").splitlines() == [
+        "DeepCopyOp [id A] 'a'   1", " |a [id B]",
+        "Elemwise{add,no_inplace} [id C] ''   0", " |a [id B]", " |b [id D]"]
+    # a variable graph has no copies
+    assert "DeepCopyOp" not in debugprint([a, a + b], file="str")
+    assert debugprint(g, file="str", depth=0) == ""

@@ -336,7 +336,8 @@ def constant(value: Any, name: str | None = None, ndim: int | None = None,
         arr = arr.reshape((1,) * (ndim - arr.ndim) + arr.shape)
     ttype = TensorType(arr.dtype.name, tuple(s == 1 for s in arr.shape))
     cacheable = (name is None and arr.size == 1 and arr.dtype.kind in "iuf"
-                 and -10 <= arr.reshape(-1)[0] <= 10)
+                 and -10 <= arr.reshape(-1)[0] <= 10
+                 and (arr.dtype.kind != "f" or len(_SMALL_CONSTANTS) < _MAX_CACHED))
     if not cacheable:
         return TensorConstant(ttype, arr, name)
     key = (arr.dtype.name, arr.shape, arr.tobytes())
@@ -350,6 +351,8 @@ def constant(value: Any, name: str | None = None, ndim: int | None = None,
 #: TensorConstant, so `1 / (1 + e)` holds a single `TensorConstant{1}` (printed graphs show
 #: it once, as Theano's do)
 _SMALL_CONSTANTS: dict[tuple, TensorConstant] = {}
+#: floats in [-10, 10] are many: past this many cached constants new ones are not kept
+_MAX_CACHED = 10000
 
 
 def python_number_array(value: Any) -> np.ndarray | None:
