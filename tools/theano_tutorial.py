@@ -69,8 +69,10 @@ DELIBERATE: dict[str, str] = {
     "adding:71": "a class prints its own module: <class 'symgpu.tensor.type.TensorVariable'>; "
                  "theano.tensor.var.TensorVariable is that class (the module-path table), so "
                  "isinstance and `is` checks hold (docs/from_theano.md)",
-    "gradients:26": _INT_CONSTANTS + "(x ** 2): TensorConstant{2.0} where Theano has "
-                                     "TensorConstant{2}; the rest of pp's text is Theano's",
+    "gradients:26": _INT_CONSTANTS + "(x ** 2 and its gradient): TensorConstant{2.0} and "
+                                     "the exponent's TensorConstant{1.0} where Theano has "
+                                     "TensorConstant{2} and {1}; the rest of pp's text is "
+                                     "Theano's",
     "printing_drawing:59": _INT_CONSTANTS + "(1 / (1 + ...)): TensorConstant{1.0} where Theano "
                                             "has TensorConstant{1}; the rest is Theano's text",
     "printing_drawing:69": _INT_CONSTANTS + "(1 / (1 + ...)): TensorConstant{1.0} where Theano "
