@@ -20,7 +20,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable, graph_inputs, io_toposort
 from symgpu.graph.devices import node_kind
 from symgpu.graph.op import Op
-from symgpu.tensor.basic import Reshape
+from symgpu.tensor.basic import Alloc, Join, MakeVector, Reshape
 from symgpu.tensor.math import Dot, MatMul
 from symgpu.tensor.shape import Shape, Shape_i
 from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor, Subtensor
@@ -78,6 +78,19 @@ def _roots(obj: Any) -> list[tuple[Variable, dict[Apply, int]]]:
                     "FunctionGraph, an Apply, a variable or a list of them")
 
 
+def _copied_outputs(obj: Any) -> list[bool]:
+    """For each root `_roots(obj)` gives: whether the compiled function returns a copy of it
+    (an output that is, or is a view of, an input or a constant, unless borrowed). Theano
+    does that copy with a DeepCopyOp node, and its debugprint shows one; symgpu's function
+    copies such outputs when it returns them, and debugprint shows the copy the same way."""
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [c for item in obj for c in _copied_outputs(item)]
+    n = len(_roots(obj))
+    layout = getattr(obj, "_layout", None) if getattr(obj, "maker", None) is not None else None
+    copies = list(getattr(layout, "output_copy", None) or [])
+    return (copies + [False] * n)[:n]
+
+
 def _static_shape(var: Variable) -> str:
     shape = getattr(var.type, "shape", None)
     return f" shape={tuple(shape)}" if shape is not None else ""
@@ -89,10 +102,12 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
                depth: int = -1) -> TextIO | str | None:
     """Print a graph the way Theano does, so users can read and compare graphs they know.
 
-    One line per variable: ``Op [id X] 'name' pos`` for computed ones (``pos`` is the toposort
-    position, for compiled functions only) and ``var [id X]`` for inputs and constants. Each
-    level of depth adds one space before ``|``. A node met again is printed once more, with
-    its id, but without its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
+    One line per variable: ``Op [id X] 'name'   pos`` for computed ones (``pos`` is the
+    toposort position, for compiled functions only) and ``var [id X]`` for inputs and
+    constants, in Theano's layout: a node's inputs follow it, one column (`` |``) to the
+    right, and the column stays drawn while more inputs of the node are to come (trailing
+    blanks are left out). A node met again is printed once more, with its id, but without
+    its inputs. ``ids`` is 'CHAR' (A, B, ...), 'int', 'id' (Python ids)
     or '' (none); ``stop_on_name`` does not descend below named variables; ``depth`` >= 0
     limits the levels printed. Returns the text when ``file='str'``, ``file`` when one is
     given, and None by default (Theano's: an interpreter then echoes nothing after it).
@@ -112,10 +127,13 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
                             "": lambda: ""}[ids]()
         return labels[obj_]
 
-    def visit(var: Variable, level: int, order: dict[Apply, int]) -> None:
+    def visit(var: Variable, prefix: str, prefix_child: str, level: int,
+              order: dict[Apply, int]) -> None:
+        # Theano's layout: a node's inputs are drawn under it with "|", each input's own
+        # inputs one column to the right; the column stays open ("|") while later inputs of
+        # the same node are still to come, and closes (" ") under its last input
         if 0 <= depth <= level:
             return
-        prefix = " " * level + ("|" if level else "")
         extra = ""
         if print_type:
             extra += f" <{var.type}>"
@@ -123,29 +141,38 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
             extra += _static_shape(var)
         node = var.owner
         if node is None:
-            parts = [f"{prefix}{var}", ident(var)]
-            out.write(" ".join(p for p in parts if p) + extra + "\n")
+            out.write(f"{prefix}{var} {ident(var)}{extra}".rstrip() + "\n")
             return
         label = f"{node.op}" + (f".{var.index}" if len(node.outputs) > 1 else "")
-        parts = [f"{prefix}{label}", ident(node)]
-        line = " ".join(p for p in parts if p) + extra + f" '{var.name or ''}'"
-        if print_destroy_map and getattr(node.op, "destroy_map", None):
-            line += f" d={dict(node.op.destroy_map)}"
-        if print_view_map and getattr(node.op, "view_map", None):
-            line += f" v={dict(node.op.view_map)}"
-        if node in order:
-            line += f" {order[node]}"
-        out.write(line + "\n")
+        dmap = (f"d={dict(node.op.destroy_map)}" if print_destroy_map
+                and getattr(node.op, "destroy_map", None) else "")
+        vmap = (f"v={dict(node.op.view_map)}" if print_view_map
+                and getattr(node.op, "view_map", None) else "")
+        pos = str(order[node]) if node in order else ""
+        # Theano's spacing ('%s%s %s%s '%s' %s %s %s'), less the trailing blanks
+        line = f"{prefix}{label} {ident(node)}{extra} '{var.name or ''}' {dmap} {vmap} {pos}"
+        out.write(line.rstrip() + "\n")
         if node in printed:
             return
         printed.add(node)
         if stop_on_name and var.name is not None:
             return
-        for inp in node.inputs:
-            visit(inp, level + 1, order)
+        last = len(node.inputs) - 1
+        for i, inp in enumerate(node.inputs):
+            visit(inp, prefix_child + " |", prefix_child + (" |" if i < last else "  "),
+                  level + 1, order)
 
-    for root, order in _roots(obj):
-        visit(root, 0, order)
+    n_copies = 0
+    for (root, order), copied in zip(_roots(obj), _copied_outputs(obj)):
+        if not copied or 0 <= depth <= 0:
+            visit(root, "", "", 0, order)
+            continue
+        # the copy the function makes of this output, as Theano's DeepCopyOp node (after
+        # the graph's nodes, when positions are printed)
+        pos = len(order) + n_copies   # only compiled functions copy: always a position
+        out.write(f"DeepCopyOp {ident(('DeepCopyOp', n_copies))} '{root.name or ''}'   {pos}".rstrip() + "\n")
+        n_copies += 1
+        visit(root, " |", "  ", 1, order)
     if file == "str":
         return out.getvalue()  # type: ignore[union-attr]
     out.flush()
@@ -155,17 +182,30 @@ def debugprint(obj: Any, file: TextIO | str | None = None, print_type: bool = Fa
 # ============================================================================ pp
 
 #: op class -> printer(op, node, argument strings) -> str, for ops without a table row; a
-#: subclass prints as its nearest registered base (backends register their ops' classes)
+#: subclass prints as its nearest registered base (backends register their ops' classes).
+#: Theano's printers where Theano has one (``(x \\dot w)``, ``join``, ``alloc``, ``[a, b]``),
+#: readable calls where Theano falls back to the op's name (``shape(x)[0]``, ``reshape``)
 PP_PRINTERS: dict[type, Callable[[Any, Apply, list[str]], str]] = {
-    Dot: lambda op, node, a: f"dot({a[0]}, {a[1]})",
+    Dot: lambda op, node, a: f"({a[0]} \\dot {a[1]})",
     MatMul: lambda op, node, a: f"({a[0]} @ {a[1]})",
     Shape: lambda op, node, a: f"shape({a[0]})",
     Shape_i: lambda op, node, a: f"shape({a[0]})[{op.i}]",
     Reshape: lambda op, node, a: f"reshape({a[0]}, {a[1]})",
+    MakeVector: lambda op, node, a: f"[{', '.join(a)}]",
+    Alloc: lambda op, node, a: f"alloc({', '.join(a)})",
+    Join: lambda op, node, a: f"join({op.axis}, {', '.join(a)})",
 }
+
+#: the elementwise ops Theano prints infix (always in parentheses; unary ones prefix): the
+#: others print as calls by their name, as Theano's ``gt(x, y)``
+_PP_INFIX = frozenset({"add", "mul", "sub", "neg", "true_div", "int_div", "pow"})
 
 #: elementwise table rows printed under Theano's name (``second`` is Theano's ``fill``)
 _ELEMWISE_PP_NAMES = {"second": "fill"}
+
+#: variable names Theano's pp prints as TeX
+_GREEK = {"alpha": "\\alpha", "beta": "\\beta", "gamma": "\\gamma", "delta": "\\delta",
+          "epsilon": "\\epsilon"}
 
 
 def _index_text(idx_list: Any, extra: list[str]) -> str:
@@ -222,23 +262,11 @@ def _pp_printer(op: Any) -> Callable | None:
 
 
 def _pp_leaf(var: Variable) -> str:
+    """Theano's leaf: the name (a Greek letter's as TeX), else the variable's text
+    (``TensorConstant{2.0}``, ``<TensorType(float64, vector)>``)."""
     if var.name is not None:
-        return var.name
-    if isinstance(var, Constant):
-        data = getattr(var, "data", None)
-        size = getattr(data, "size", None)
-        if size == 1 and getattr(data, "ndim", 0) == 0:
-            text = str(var)  # TensorConstant{2.0} -> 2.0
-            if "{" in text and text.endswith("}"):
-                return text[text.index("{") + 1:-1]
-        if isinstance(data, np.ndarray) and 1 < data.size <= _PP_MAX_LISTED:
-            return np.array2string(data, separator=", ")  # a short index list reads as one
-        return str(var)
+        return _GREEK.get(var.name, var.name)
     return str(var)
-
-
-#: constants with at most this many elements are printed by value in `pp`
-_PP_MAX_LISTED = 8
 
 
 def _pp_node(var: Variable, args: list[str]) -> str:
@@ -252,27 +280,30 @@ def _pp_node(var: Variable, args: list[str]) -> str:
         name = _REDUCE_PP.get(getattr(scalar_op, "name", ""), str(scalar_op))
         axis = op.axis
         return f"{name}({args[0]})" if axis is None else f"{name}({args[0]}, axis={list(axis)})"
-    if scalar_op is not None:  # elementwise: infix from the scalar table's `symbol`
+    if scalar_op is not None:  # elementwise: Theano's printers
+        name = getattr(scalar_op, "name", None)
         spec = getattr(scalar_op, "spec", None)
         symbol = getattr(spec, "symbol", None)
-        if symbol is not None and len(args) == 1:
-            return f"{symbol}{args[0]}"
-        if symbol is not None and len(args) >= 2:
-            return "(" + f" {symbol} ".join(args) + ")"
+        if name in _PP_INFIX and symbol is not None:
+            return f"({symbol}{args[0]})" if len(args) == 1 else f"({f' {symbol} '.join(args)})"
+        if name == "abs" and len(args) == 1:
+            return f"|{args[0]}|"
+        if name == "identity" and len(args) == 1:  # Theano's tensor_copy prints its input
+            return args[0]
         index = f".{var.index}" if len(node.outputs) > 1 else ""  # fused multi-output
-        name = _ELEMWISE_PP_NAMES.get(getattr(scalar_op, "name", None), scalar_op)
-        return f"{name}{index}({', '.join(args)})"
+        label = _ELEMWISE_PP_NAMES.get(name, name) if name else scalar_op
+        return f"{label}{index}({', '.join(args)})"
     new_order = getattr(op, "new_order", None)
-    if new_order is not None and len(args) == 1:  # a dimshuffle
+    if new_order is not None and len(args) == 1:  # a dimshuffle, as Theano prints one
         order = list(new_order)
         while order and order[0] == "x":  # leading broadcast dims are implicit
             order.pop(0)
-        ndim = node.inputs[0].type.ndim if hasattr(node.inputs[0].type, "ndim") else None
+        ndim = getattr(node.inputs[0].type, "ndim", None)
         if order == list(range(ndim or 0)):
             return args[0]
-        if ndim and ndim > 1 and order == list(reversed(range(ndim))):
+        if order == list(reversed(range(ndim or 0))):
             return f"{args[0]}.T"
-        return f"{args[0]}.dimshuffle({', '.join(repr(d) for d in new_order)})"
+        return f"DimShuffle{{{', '.join(str(d) for d in order)}}}({args[0]})"
     label = str(op)
     if len(node.outputs) > 1:
         label += f".{var.index}"
@@ -283,9 +314,12 @@ def pp(obj: Any) -> str:
     """A readable formula for a variable (``(exp(x) + y)``, ``sum(x, axis=[0])``): quicker to
     read than debugprint when the question is *what* is computed, not *how*.
 
-    Accepts a variable, a list of them, or a Function / FunctionGraph (one line per output).
-    Binary ops with a table ``symbol`` print infix and parenthesised, unary ones prefix;
-    other ops print as calls. Shared subexpressions are printed in full where they occur.
+    Theano's text: ``+ * - / // **`` infix and always parenthesised (negation as ``(-x)``),
+    ``(x \\dot w)``, other elementwise ops as calls by name (``gt(x, y)``, ``fill(a, b)``),
+    constants as ``TensorConstant{2.0}``, variables by name. Ops Theano prints by their
+    name alone print as readable calls here (``sum(x, axis=[0])``, ``x[1:3]``,
+    ``shape(x)[0]``). Accepts a variable, a list of them, or a Function / FunctionGraph
+    (one line per output). Shared subexpressions are printed in full where they occur.
     """
     if isinstance(obj, Variable):
         roots = [obj]

@@ -212,7 +212,7 @@ def test_seed_square_runs_on_gpu_with_transfers(vgpu, elemwise_lifter):
     assert names[0] == "GpuFromHost" and names[-1] == "HostFromGpu"
     assert not any(isinstance(n.op, T.Elemwise) for n in sq.maker.fgraph.toposort())
     lines = dprint(sq)
-    assert lines[0] == f"HostFromGpu(gpuarray) [id A] '' {len(names) - 1}"
+    assert lines[0] == f"HostFromGpu(gpuarray) [id A] ''   {len(names) - 1}"
     i = next(i for i, line in enumerate(lines) if line.strip().startswith("|GpuFromHost<None>"))
     assert lines[i + 1].strip().startswith("|a [id")
 
@@ -224,7 +224,7 @@ def test_seed_explicit_gpu_output_has_no_host_from_gpu(vgpu, elemwise_lifter):
     assert "HostFromGpu" not in names and names[0] == "GpuFromHost"
     assert is_gpu_var(sq.maker.fgraph.outputs[0])
     f = function([a], a.transfer(None))
-    assert dprint(f) == ["GpuFromHost<None> [id A] '' 0", " |a [id B]"]
+    assert dprint(f) == ["GpuFromHost<None> [id A] ''   0", " |a [id B]"]
 
 
 def test_no_gpu_context_leaves_graph_on_cpu(f32):

@@ -68,7 +68,7 @@ def test_faq_nan_detector_without_fusion_and_inplace(capsys):
         f(0)
     out = capsys.readouterr().out.splitlines()
     assert out[:5] == ["*** NaN detected ***", "Elemwise{mul,no_inplace} [id A] ''",
-                       " |Elemwise{log,no_inplace} [id B] ''", "  |x [id C]", " |x [id C]"]
+                       " |Elemwise{log,no_inplace} [id B] ''", " | |x [id C]", " |x [id C]"]
     assert out[5:] == ["Inputs : [array(-inf), array(0.)]", "Outputs: [array(nan)]"]
 
 

@@ -52,22 +52,48 @@ def test_debugprint_variable_exact():
 
 
 def test_debugprint_spec_example_for_a_variable():
+    # Theano's layout: a last input's column closes, so a chain moves two columns a level
     x = T.fmatrix("x")
     text = debugprint(gpu_chain(x), file="str")
     assert text == ("HostFromGpu [id A] ''\n"
                     " |GpuElemwise{exp,no_inplace} [id B] ''\n"
-                    "  |GpuFromHost [id C] ''\n"
-                    "   |x [id D]\n")
+                    "   |GpuFromHost [id C] ''\n"
+                    "     |x [id D]\n")
+
+
+def test_debugprint_layout_is_theanos():
+    # Theano 1.0.5's output for its tutorial's logistic regression (printing_drawing), but
+    # for the constants' dtypes (Theano: int8 TensorConstant{1}; symgpu: float64 1.0)
+    x, w, b = T.dmatrix("x"), T.dvector("w"), T.dscalar("b")
+    prediction = 1 / (1 + T.exp(-T.dot(x, w) - b)) > 0.5
+    assert debugprint(prediction, file="str").splitlines() == [
+        "Elemwise{gt,no_inplace} [id A] ''",
+        " |Elemwise{true_div,no_inplace} [id B] ''",
+        " | |InplaceDimShuffle{x} [id C] ''",
+        " | | |TensorConstant{1.0} [id D]",
+        " | |Elemwise{add,no_inplace} [id E] ''",
+        " |   |InplaceDimShuffle{x} [id F] ''",
+        " |   | |TensorConstant{1.0} [id D]",
+        " |   |Elemwise{exp,no_inplace} [id G] ''",
+        " |     |Elemwise{sub,no_inplace} [id H] ''",
+        " |       |Elemwise{neg,no_inplace} [id I] ''",
+        " |       | |dot [id J] ''",
+        " |       |   |x [id K]",
+        " |       |   |w [id L]",
+        " |       |InplaceDimShuffle{x} [id M] ''",
+        " |         |b [id N]",
+        " |InplaceDimShuffle{x} [id O] ''",
+        "   |TensorConstant{0.5} [id P]"]
 
 
 def test_debugprint_compiled_function_has_toposort_positions():
     x = T.fmatrix("x")
     f = function([x], gpu_chain(x), mode=NO_REWRITES)
     text = debugprint(f, file="str")
-    assert text == ("HostFromGpu [id A] '' 2\n"
-                    " |GpuElemwise{exp,no_inplace} [id B] '' 1\n"
-                    "  |GpuFromHost [id C] '' 0\n"
-                    "   |x [id D]\n")
+    assert text == ("HostFromGpu [id A] ''   2\n"
+                    " |GpuElemwise{exp,no_inplace} [id B] ''   1\n"
+                    "   |GpuFromHost [id C] ''   0\n"
+                    "     |x [id D]\n")
     # a FunctionGraph prints the same way
     assert debugprint(f.maker.fgraph, file="str") == text
 
@@ -79,7 +105,7 @@ def test_debugprint_repeated_node_printed_once_then_referenced():
     text = debugprint(e * e, file="str")
     assert text == ("Elemwise{mul,no_inplace} [id A] ''\n"
                     " |Elemwise{exp,no_inplace} [id B] 'e'\n"
-                    "  |x [id C]\n"
+                    " | |x [id C]\n"
                     " |Elemwise{exp,no_inplace} [id B] 'e'\n")
 
 
@@ -120,8 +146,9 @@ def test_debugprint_ids_modes_and_stop_on_name():
     out = e + 1
     assert debugprint(out, file="str", ids="int") == (
         "Elemwise{add,no_inplace} [id 0] ''\n |Elemwise{exp,no_inplace} [id 1] 'e'\n"
-        "  |x [id 2]\n |InplaceDimShuffle{x} [id 3] ''\n  |TensorConstant{1.0} [id 4]\n")
-    assert debugprint(out, file="str", ids="").splitlines()[1] == " |Elemwise{exp,no_inplace} 'e'"
+        " | |x [id 2]\n |InplaceDimShuffle{x} [id 3] ''\n   |TensorConstant{1.0} [id 4]\n")
+    # Theano's spacing without an id: two blanks
+    assert debugprint(out, file="str", ids="").splitlines()[1] == " |Elemwise{exp,no_inplace}  'e'"
     assert f"[id {id(x)}]" in debugprint(e, file="str", ids="id")
     stopped = debugprint(out, file="str", stop_on_name=True)
     assert " |Elemwise{exp,no_inplace} [id B] 'e'\n |InplaceDimShuffle" in stopped
@@ -155,7 +182,7 @@ def test_debugprint_constant_and_inplace_destroy_map():
     x = T.dvector("x")
     text = debugprint(x * 2, file="str", print_view_map=True)
     assert "TensorConstant{2.0} [id" in text
-    assert "InplaceDimShuffle{x} [id C] '' v={0: [0]}" in text
+    assert "InplaceDimShuffle{x} [id C] ''  v={0: [0]}" in text   # Theano's spacing
 
 
 def test_runtime_error_with_high_verbosity_shows_debugprint():
@@ -164,7 +191,7 @@ def test_runtime_error_with_high_verbosity_shows_debugprint():
     with symgpu.config.change_flags(exception_verbosity="high"):
         with pytest.raises(ValueError) as info:
             f(np.ones((2, 3)), np.ones((2, 3)))
-    assert "Dot [id A] ''" in str(info.value)
+    assert "dot [id A] ''" in str(info.value)
 
 
 # ----------------------------------------------------------------------------- pp
@@ -177,15 +204,24 @@ def test_pp_formulas():
     assert pp(x.sum(axis=0)) == "sum(x, axis=[0])"
     assert pp(x.sum()) == "sum(x)"
     assert pp(x.max(axis=1)) == "max(x, axis=[1])"
-    assert pp(-x) == "-x"
-    assert pp((x + y) * 2) == "((x + y) * 2.0)"
-    assert pp(x / y - x ** 2) == "((x / y) - (x ** 2.0))"
-    assert pp(x > y) == "(x > y)"
+    # Theano's text: + * - / // ** infix and parenthesised, other ops by name, constants
+    # as TensorConstant{...}
+    assert pp(-x) == "(-x)"
+    assert pp((x + y) * 2) == "((x + y) * TensorConstant{2.0})"
+    assert pp(x / y - x ** 2) == "((x / y) - (x ** TensorConstant{2.0}))"
+    assert pp(x // y) == "(x // y)"
+    assert pp(x > y) == "gt(x, y)"
     assert pp(x + v) == "(x + v)"          # broadcasting dimshuffle is implicit
     assert pp(x.T) == "x.T"
-    assert pp(T.dot(x, y)) == "dot(x, y)"
+    assert pp(v.dimshuffle(0, "x")) == "DimShuffle{0, x}(v)"
+    assert pp(T.dot(x, y)) == "(x \\dot y)"
     assert pp(T.maximum(x, y)) == "maximum(x, y)"
-    assert pp(T.log(T.exp(x) + 1).sum(axis=1)) == "sum(log((exp(x) + 1.0)), axis=[1])"
+    assert pp(abs(x)) == "|x|"
+    assert pp(T.fill(x, y)) == "fill(x, y)"
+    assert pp(T.log(T.exp(x) + 1).sum(axis=1)) == \
+        "sum(log((exp(x) + TensorConstant{1.0})), axis=[1])"
+    alpha = T.dscalar("alpha")
+    assert pp(alpha * x) == "(\\alpha * x)"   # Theano prints five Greek names as TeX
 
 
 def test_pp_unnamed_inputs_lists_functions_and_custom_printers():
@@ -213,7 +249,7 @@ def test_pp_deep_graph_does_not_recurse():
     y = x
     for _ in range(3000):
         y = -y
-    assert pp(y).endswith("x") and pp(y).count("-") == 3000
+    assert pp(y).endswith("x" + ")" * 3000) and pp(y).count("-") == 3000
 
 
 # ----------------------------------------------------------------------------- pydotprint
@@ -443,9 +479,12 @@ def test_symgpu_pp_is_printing_pp_and_reads_the_tutorial_example():
     assert symgpu.pp is pp
     x = T.dscalar("x")
     gy = symgpu.grad(x ** 2, x)
-    assert pp(gy) == "((fill((x ** 2.0), 1.0) * 2.0) * (x ** (2.0 - 1.0)))"
+    # Theano's text but for the constants' dtypes (Theano: int8 TensorConstant{2}, a
+    # Python int taking the smallest dtype; symgpu: x's float64, as NumPy 2)
+    assert pp(gy) == ("((fill((x ** TensorConstant{2.0}), TensorConstant{1.0}) * "
+                      "TensorConstant{2.0}) * (x ** (TensorConstant{2.0} - TensorConstant{1.0})))")
     f = function([x], gy)
-    assert pp(f.maker.fgraph.outputs[0]) == "(2.0 * x)"
+    assert pp(f.maker.fgraph.outputs[0]) == "(TensorConstant{2.0} * x)"
 
 
 def test_optimizer_verbose_prints_each_replacement(capsys):
@@ -470,12 +509,14 @@ def test_pp_indexing_reads_as_python():
     assert pp(x[:, i:]) == "x[:, i:]"
     assert pp(x[None, 0]) == "x[None, 0]"
     assert pp(x[..., 0]) == "x[..., 0]"
-    assert pp(x[i:i + 2:2]) == "x[i:(i + 2):2]"
+    assert pp(x[i:i + 2:2]) == "x[i:(i + TensorConstant{2}):2]"
     assert pp(x[v, 1:]) == "x[v, 1:]"
-    assert pp(x[[0, 1]]) == "x[[0, 1]]"
-    assert pp(T.set_subtensor(x[0], 1.0)) == "set_subtensor(x[0], 1.0)"
-    assert pp(T.inc_subtensor(x[1:, i], 2.0)) == "inc_subtensor(x[1:, i], 2.0)"
-    assert pp(x.reshape((3, -1))) == "reshape(x, [ 3, -1])"
+    assert pp(x[[0, 1]]) == "x[TensorConstant{[0 1]}]"
+    assert pp(T.set_subtensor(x[0], 1.0)) == "set_subtensor(x[0], TensorConstant{1.0})"
+    assert pp(T.inc_subtensor(x[1:, i], 2.0)) == "inc_subtensor(x[1:, i], TensorConstant{2.0})"
+    assert pp(x.reshape((3, -1))) == "reshape(x, TensorConstant{[ 3 -1]})"
+    assert pp(x.shape) == "shape(x)"
+    assert pp(T.join(0, x, x)) == "join(0, x, x)"
 
 
 def test_dot_of_a_profiled_function_shows_node_times():
@@ -498,3 +539,33 @@ def test_makevector_and_arange_print_their_dtype_as_theano():
     text = debugprint(function([x], (x ** 2).shape), file="str")
     assert text.startswith("MakeVector{dtype='int64'} [id A]")
     assert str(T.arange(T.lscalar("n")).owner.op) == "ARange{dtype='int64'}"
+
+
+# ----------------------------------------------------------------------------- Theano's text
+
+def test_constants_print_and_share_as_theano():
+    # Theano 1.0.5's TensorConstant.__str__ and constant cache
+    assert str(T.constant(2.0)) == "TensorConstant{2.0}"
+    assert str(T.constant(np.ones(3))) == "TensorConstant{(3,) of 1.0}"
+    assert str(T.constant(np.array([0.5]))) == "TensorConstant{(1,) of 0.5}"
+    assert str(T.constant(np.arange(3))) == "TensorConstant{[0 1 2]}"
+    assert str(T.constant(np.arange(30.0))) == "TensorConstant{[ 0.  1.  ... 28. 29.]}"
+    assert T.constant(1.0) is T.constant(1.0) and T.constant(1) is not T.constant(1.0)
+    assert T.constant(11.0) is not T.constant(11.0)          # outside [-10, 10]
+    assert T.constant(1.0, name="one") is not T.constant(1.0)
+    assert T.constant(1.0).name is None
+
+
+def test_debugprint_shows_the_copy_of_an_output_as_deepcopyop():
+    # Theano's tutorial (shape_info): the shape is a constant, which the function copies
+    x = T.dmatrix()
+    f = function([x], (T.specify_shape(x, (2, 2)) ** 2).shape)
+    assert debugprint(f, file="str") == "DeepCopyOp [id A] ''   0\n |TensorConstant{(2,) of 2} [id B]\n"
+    a, b = T.dvector("a"), T.dvector("b")
+    g = function([a, b], [a, a + b], mode=NO_REWRITES)
+    assert debugprint(g, file="str").splitlines() == [
+        "DeepCopyOp [id A] 'a'   1", " |a [id B]",
+        "Elemwise{add,no_inplace} [id C] ''   0", " |a [id B]", " |b [id D]"]
+    # a variable graph has no copies
+    assert "DeepCopyOp" not in debugprint([a, a + b], file="str")
+    assert debugprint(g, file="str", depth=0) == ""

@@ -386,6 +386,9 @@ class Dot(Op):
 
     __props__ = ()
 
+    def __str__(self) -> str:
+        return "dot"  # Theano's name for it in printed graphs
+
     def make_node(self, x: Any, y: Any) -> Apply:
         x, y = as_tensor_variable(x), as_tensor_variable(y)
         if x.ndim not in (1, 2) or y.ndim not in (1, 2):

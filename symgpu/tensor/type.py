@@ -286,18 +286,21 @@ class TensorConstant(Constant, TensorVariable):
         return (self.type, d.shape, d.tobytes() if d.size <= 1024 else id(d))
 
     def auto_name(self) -> str:
+        """Theano's text: the value (``TensorConstant{2.0}``, ``TensorConstant{[0 1 2]}``), an
+        array of one repeated value as ``TensorConstant{(2,) of 2}``, and a text longer than
+        20 characters cut to its first and last 10 (printed graphs stay readable and compare
+        with Theano's)."""
         if self.name is not None:
             return self.name
         d = self.data
-        if d.size == 1:
-            val = d.item()
-            text = repr(val) if not isinstance(val, float) else f"{val:.12g}"
-            if not isinstance(val, bool) and isinstance(val, float) and "." not in text and "e" not in text and "n" not in text:
-                text += ".0"
-            if d.ndim:
-                text = f"{d.shape} of {text}"
-            return f"TensorConstant{{{text}}}"
-        return f"TensorConstant{{{d.dtype} {d.shape}}}"
+        flat = d.reshape(-1)
+        if d.ndim and flat.size and bool((flat == flat[0]).all()):
+            text = f"{d.shape} of {flat[0]}"
+        else:
+            text = str(d)
+        if len(text) > 20:
+            text = text[:10] + ".." + text[-10:]
+        return f"TensorConstant{{{text}}}"
 
 
 def tensor(dtype: str | None = None, shape: Sequence | None = None, name: str | None = None,
@@ -335,7 +338,24 @@ def constant(value: Any, name: str | None = None, ndim: int | None = None,
             raise ValueError(f"constant {value!r} has {arr.ndim} dimensions, more than {ndim}")
         arr = arr.reshape((1,) * (ndim - arr.ndim) + arr.shape)
     ttype = TensorType(arr.dtype.name, tuple(s == 1 for s in arr.shape))
-    return TensorConstant(ttype, arr, name)
+    cacheable = (name is None and arr.size == 1 and arr.dtype.kind in "iuf"
+                 and -10 <= arr.reshape(-1)[0] <= 10
+                 and (arr.dtype.kind != "f" or len(_SMALL_CONSTANTS) < _MAX_CACHED))
+    if not cacheable:
+        return TensorConstant(ttype, arr, name)
+    key = (arr.dtype.name, arr.shape, arr.tobytes())
+    const = _SMALL_CONSTANTS.get(key)
+    if const is None:
+        const = _SMALL_CONSTANTS[key] = TensorConstant(ttype, arr.copy(), None)
+    return const
+
+
+#: Theano's constant cache: an unnamed one-element number in [-10, 10] is one shared
+#: TensorConstant, so `1 / (1 + e)` holds a single `TensorConstant{1}` (printed graphs show
+#: it once, as Theano's do)
+_SMALL_CONSTANTS: dict[tuple, TensorConstant] = {}
+#: floats in [-10, 10] are many: past this many cached constants new ones are not kept
+_MAX_CACHED = 10000
 
 
 def python_number_array(value: Any) -> np.ndarray | None:
