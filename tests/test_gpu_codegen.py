@@ -328,7 +328,7 @@ def test_every_table_row_renders_for_every_dtype(cachedir):
     """One translation unit with, per dtype, the rendered function of a Composite made of
     every row that accepts it, called from one kernel (faster than a module per dtype)."""
     from symgpu.gpu.runtime.codegen import common_source
-    from symgpu.gpu.runtime.codegen.types import storage_ctype
+    from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
     parts = [common_source()]
     for dtype in SUPPORTED:
         comp, in_dtypes = _every_row_composite(dtype)
@@ -336,7 +336,7 @@ def test_every_table_row_renders_for_every_dtype(cachedir):
         src, outs = render_apply_function(comp, in_dtypes, name=name)
         parts.append(src)
         params = ", ".join(f"const {storage_ctype(d)} *in{i}" for i, d in enumerate(in_dtypes))
-        decl = "\n".join(f"    {'float' if d == 'float16' else storage_ctype(d)} r{j};"
+        decl = "\n".join(f"    {value_ctype(d)} r{j};"
                           for j, d in enumerate(outs))
         args = ", ".join([f"sg_load(in{i}[0])" for i in range(len(in_dtypes))]
                          + [f"r{j}" for j in range(len(outs))])

@@ -19,7 +19,7 @@ __all__ = ["storage_ctype", "value_ctype", "literal", "SUPPORTED", "acc_ctype_fo
 
 #: dtypes the generator handles (complex has no CUDA table entries)
 SUPPORTED = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "float32", "float64")
+             "float16", "bfloat16", "float32", "float64")
 
 
 def is_float_dtype(dtype: str) -> bool:
