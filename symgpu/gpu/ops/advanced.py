@@ -40,6 +40,7 @@ from symgpu.gpu.runtime.device_checks import (DeviceChecked, REPORT_SOURCE, laun
                                               new_error_buffer, read_error)
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
+from symgpu.scalar.dtypes import is_float
 from symgpu.tensor.math import MatMul as _MatMul
 from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtensor,
                                      AdvancedSubtensor as _AdvancedSubtensor, Slice, SYM)
@@ -173,7 +174,7 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
 
     def grad(self, inputs, output_grads):
         x, idx = inputs
-        if not x.dtype.startswith("float"):
+        if not is_float(x.dtype):
             return [None, None]
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))

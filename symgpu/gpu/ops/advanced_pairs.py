@@ -42,6 +42,7 @@ from symgpu.tensor.basic import ARange
 from symgpu.tensor.shape_rules import arange_length, numpy_broadcast
 from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, SYM
 from symgpu.tensor.type import as_tensor_variable
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source",
            "gather_pairs"]
@@ -191,7 +192,7 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
 
     def grad(self, inputs, output_grads):
         x, a, b = inputs
-        if not x.dtype.startswith("float"):
+        if not is_float(x.dtype):
             return [None, None, None]
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))
