@@ -280,6 +280,28 @@ static inline __half __float2half_rn(float v)
 }
 """
 
+#: stands in for the toolkit's cuda_bf16.h: bfloat16 is float32's upper half, rounded to
+#: nearest even (NaN kept quiet), as __float2bfloat16_rn rounds
+BF16_SHIM = r"""
+#pragma once
+#include <cstdint>
+#include <cstring>
+struct __nv_bfloat16 { std::uint16_t bits; };
+static inline float __bfloat162float(__nv_bfloat16 h)
+{
+    const std::uint32_t f = (std::uint32_t)h.bits << 16;
+    float out; std::memcpy(&out, &f, 4); return out;
+}
+static inline __nv_bfloat16 __float2bfloat16_rn(float v)
+{
+    std::uint32_t f; std::memcpy(&f, &v, 4);
+    __nv_bfloat16 h;
+    if ((f & 0x7fffffffu) > 0x7f800000u) { h.bits = (std::uint16_t)((f >> 16) | 0x40u); return h; }
+    f += 0x7fffu + ((f >> 16) & 1u);
+    h.bits = (std::uint16_t)(f >> 16); return h;
+}
+"""
+
 requires_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here")
 
 
@@ -292,6 +314,8 @@ def build(source: str, wrappers: str, directory) -> ctypes.CDLL:
         f.write(PRELUDE + "\n" + source + "\n" + wrappers + "\n")
     with open(os.path.join(str(directory), "cuda_fp16.h"), "w") as f:
         f.write(FP16_SHIM)
+    with open(os.path.join(str(directory), "cuda_bf16.h"), "w") as f:
+        f.write(BF16_SHIM)
     proc = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w",
                            "-I", str(directory), cpp, "-o", lib],
                           capture_output=True, text=True)
