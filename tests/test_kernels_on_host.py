@@ -21,6 +21,11 @@ from symgpu.tensor.random import philox
 pytestmark = requires_gxx
 
 _CT = {"float32": "float", "float64": "double"}
+#: the softmax kernels' storage types: the half dtypes too (computed in float32)
+_SOFTMAX_CT = dict(_CT, float16="__half", bfloat16="__nv_bfloat16")
+#: the softmax kernels' tolerance per dtype: float32 arithmetic, then (halves) one rounding
+#: of the result: 2^-11 relative for float16, 2^-8 for bfloat16 (half an ulp), with margin
+_SOFTMAX_TOL = {"float32": 2e-5, "float64": 1e-12, "float16": 1e-3, "bfloat16": 8e-3}
 _ONE = ctypes.c_longlong(1)   # a block's y extent (1-d blocks)
 
 
@@ -31,7 +36,7 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 @pytest.fixture(scope="module")
 def softmax_lib(tmp_path_factory):
     wraps = []
-    for dtype, t in _CT.items():
+    for dtype, t in _SOFTMAX_CT.items():
         for log in (False, True):
             for wide in (False, True):
                 name = sr._kernel_name(dtype, log, wide)
@@ -52,7 +57,7 @@ def _softmax_ref(x: np.ndarray, log: bool) -> np.ndarray:
     return (x - m) - np.log(s) if log else e / s
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", list(_SOFTMAX_CT))
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("rows,n,wide", [(21, 10, False), (9, 77, False), (3, 1500, True),
                                          (2, 33, True)])
@@ -73,11 +78,11 @@ def test_softmax_rows_kernels_match_numpy(softmax_lib, dtype, log, rows, n, wide
                                         ctypes.c_longlong(x.strides[1] // it), _ptr(out),
                                         ctypes.c_longlong(rows), ctypes.c_longlong(n))
     want = _softmax_ref(x.astype("float64"), log)
-    tol = 2e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+    tol = _SOFTMAX_TOL[dtype]
+    np.testing.assert_allclose(out.astype("float64"), want, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", list(_SOFTMAX_CT))
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("rows,n,wide", [(21, 10, False), (3, 1500, True)])
 def test_softmax_rows_bias_kernels_add_the_vector_to_every_row(softmax_lib, dtype, log, rows,
@@ -97,8 +102,8 @@ def test_softmax_rows_bias_kernels_add_the_vector_to_every_row(softmax_lib, dtyp
             ctypes.c_longlong(n), ctypes.c_longlong(1), _ptr(bb), ctypes.c_longlong(bs),
             _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(n))
         want = _softmax_ref((x + (b if bs else b[0])).astype("float64"), log)
-        tol = 2e-5 if dtype == "float32" else 1e-12
-        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+        tol = _SOFTMAX_TOL[dtype]
+        np.testing.assert_allclose(out.astype("float64"), want, rtol=tol, atol=tol)
 
 
 @pytest.fixture(scope="module")

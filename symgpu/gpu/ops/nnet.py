@@ -26,7 +26,9 @@ from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax, Softmax as _Softmax
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
-_SOFTMAX_DTYPES = ("float32", "float64")
+#: the half dtypes too: the one-launch kernel computes in float32, the expanded form's
+#: reductions accumulate in float32
+_SOFTMAX_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 # ----------------------------------------------------------------------------- softmax
