@@ -129,11 +129,13 @@ def _error_page() -> np.ndarray:
     return raw[start:start + 512]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
 @pytest.mark.parametrize("exp_m", [False, True])
 def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, idt, exp_m):
-    """With exp_m the kernel is given log(m) (a log-softmax) and computes with exp of it."""
+    """With exp_m the kernel is given log(m) (a log-softmax) and computes with exp of it.
+    The half dtypes compute in float32 and round the result once (half an ulp: 2^-11
+    relative for float16, 2^-8 for bfloat16, tolerances with margin)."""
     rows, cols, labelled = 37, 10, 30
     rng = np.random.default_rng(5)
     m = rng.random((rows, cols)).astype(dtype)
@@ -142,6 +144,7 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
     name = ng._kernel_name(dtype, idt, exp_m)
     run = getattr(nll_lib, f"run_{name}")
     given = np.log(m) if exp_m else m
+    m = np.exp(given.astype("float64")) if exp_m else m.astype("float64")   # what it reads
 
     def launch(y, grid):
         out = np.full((rows, cols), 99.0, dtype=dtype)
@@ -153,16 +156,19 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
             ctypes.c_longlong(labelled), _ptr(slot))
         return out, err, slot
 
-    tol = dict(rtol=1e-5, atol=1e-7) if dtype == "float32" else dict(rtol=1e-12, atol=0)
+    tol = {"float32": dict(rtol=1e-5, atol=1e-7), "float64": dict(rtol=1e-12, atol=0),
+           "float16": dict(rtol=1e-3, atol=1e-6), "bfloat16": dict(rtol=8e-3, atol=1e-6)}[dtype]
     out, err, slot = launch(y, grid=2)                        # 2 x 64 threads stride over 370
     g = np.zeros((rows, cols))
     g[np.arange(labelled), y[:labelled] % cols] = v[0]
     want = g - m * g.sum(axis=1, keepdims=True)
+    out = out.astype("float64")
     np.testing.assert_allclose(out, want, **tol)
     assert slot[0] == 0 and err[0] == 0
     bad = y.copy()
     bad[4] = cols + 3
     out, err, slot = launch(bad, grid=1)
+    out = out.astype("float64")
     assert slot[0] == 1 and slot[1] == cols + 3 and err[0] == 1   # reported, page flagged
     np.testing.assert_allclose(out[4], 0.0 - m[4] * 0.0)      # the row gets no one-hot term
     np.testing.assert_allclose(np.delete(out, 4, axis=0), np.delete(want, 4, axis=0), **tol)
