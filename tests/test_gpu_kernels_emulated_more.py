@@ -340,6 +340,7 @@ def _ties(rng, shape: tuple, dtype: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype,shape", [("float32", (7, 300)), ("float64", (5, 3, 41)),
+                                         ("float16", (3, 290)), ("bfloat16", (4, 2, 33)),
                                          ("int8", (6, 513)), ("uint64", (4, 260)),
                                          ("int32", (9, 1))])
 @pytest.mark.parametrize("kind", ["max", "min"])
