@@ -92,6 +92,10 @@ def _draw(dist: str, dtype: str, shape: tuple) -> np.ndarray:
     ("float32", (8, 12), "row"),           # a row broadcast (strides (0, 1)), aligned rows
     ("float64", (3, 11), "contig"),
     ("float64", (9, 7), "transposed"),
+    ("float16", (5, 37), "contig"),        # half draws: float32 numbers rounded on the store
+    ("bfloat16", (6, 41), "transposed"),
+    ("bfloat16", (7, 16), "misaligned"),   # 2 bytes off
+    ("float16", (8, 12), "row"),
 ])
 def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, shape, layout):
     rng = np.random.default_rng(shape[0] * shape[1])
@@ -103,7 +107,7 @@ def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, s
         xd = device_array(emu, np.ascontiguousarray(x.T)).transpose()
     elif layout == "misaligned":
         from symgpu.gpu.runtime.array import GpuArray, c_strides
-        raw = device_array(emu, np.concatenate([[0], x.ravel()]).astype(dtype))
+        raw = device_array(emu, np.concatenate([np.zeros(1, dtype), x.ravel()]))
         xd = GpuArray.__new__(GpuArray)
         xd._set(emu, raw.ptr + x.itemsize, x.shape, c_strides(x.shape, x.itemsize), x.dtype,
                 raw)
@@ -121,10 +125,11 @@ def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, s
     assert launched == [f"sg_philox_ew_{kind}"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_fused_normal_draw_first_with_a_scalar_operand(emu, launched, dtype):
     """Draw at position 0, a one-value operand hoisted out of the loop, a normal draw (float64
-    exact; float32 within the emulated sine's error, as the GPU's __sincosf)."""
+    exact; float32 within the emulated sine's error, as the GPU's __sincosf; the half types
+    computed in float32 and rounded once where NumPy rounds the product too: an ulp)."""
     b = CompositeBuilder()
     z, x, s = b.add_input(dtype), b.add_input(dtype), b.add_input(dtype)
     op = b.build(b.add_op(SCALAR_OPS["add"], [x, b.add_op(SCALAR_OPS["mul"], [s, z])[0]]))
@@ -140,7 +145,9 @@ def test_fused_normal_draw_first_with_a_scalar_operand(emu, launched, dtype):
     if dtype == "float64":
         np.testing.assert_array_equal(got, want)
     else:
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+        tol = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+        np.testing.assert_allclose(got.astype("float64"), want.astype("float64"), rtol=tol,
+                                   atol=tol)
     assert launched == ["sg_philox_ew_contig"]
 
 

@@ -32,11 +32,6 @@ __device__ __forceinline__ T sr_reduce(T v, T *shared)
     return v;
 }
 
-/* v rounded to the storage type T and read back: what an elementwise kernel's stored result
-   holds (identity for float and double) */
-template <typename T, typename V>
-__device__ __forceinline__ V sr_round(const V v) { T t; sg_store(t, v); return (V)sg_load(t); }
-
 /* out[r, :] = softmax (LOG: log_softmax) of x's row r, for `rows` rows of n elements: x read
    through element strides (xs0 between rows, xs1 along a row), out C-contiguous; with BIAS,
    of x's row plus the vector b (element stride bs): a classifier's logits, whose bias add is
@@ -51,7 +46,7 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
                                                   const T *b, long long bs, T *out,
                                                   long long rows, long long n)
 {
-#define SR_X(j) (BIAS ? sr_round<T, V>((V)sg_load(xr[(j) * xs1]) + (V)sg_load(b[(j) * bs])) \
+#define SR_X(j) (BIAS ? sg_round<T, V>((V)sg_load(xr[(j) * xs1]) + (V)sg_load(b[(j) * bs])) \
                       : (V)sg_load(xr[(j) * xs1]))
     __shared__ V shared[32];
     const int per_block = WIDE ? 1 : (blockDim.x >> 5);
