@@ -211,9 +211,11 @@ def test_strided_copy_matches_numpy_assignment(emu, copyk, dtype):
                            nine.strides, nine.itemsize)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "int32", "uint64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "int32", "uint64",
+                                   "float16", "bfloat16"])
 def test_strided_inc_matches_numpy_add(emu, copyk, dtype):
-    """dst[...] += src for each dtype's own kernel (wrapping integers as NumPy's do)."""
+    """dst[...] += src for each dtype's own kernel (wrapping integers as NumPy's do; the half
+    types add in float32 and round once, as NumPy's half addition: the same bits)."""
     for name, src, out, view in _layouts(dtype):
         want = out.copy()
         view(want)[...] += src
