@@ -129,6 +129,29 @@ def test_sort_and_argsort_emulated(emulated, dtype, rows):
 
 
 @requires_gxx
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_many_rows_of_halves_sort_through_their_own_key_array_emulated(emulated, dtype):
+    """A half type's keys are 32-bit, twice its items: they are sorted into an array of
+    their own, not into the output (which they would overrun), then turned back into
+    values; ties and a NaN as NumPy orders them, topk's largest first with the NaN."""
+    ctx, calls = emulated
+    x = (np.round(RNG.standard_normal((6, 1500)) * 8) / 8).astype(dtype)
+    x[2, 7] = np.nan
+    xs = _exact(x)
+    gx = device_array(ctx, x)
+    got = host_view(gsort.gpu_sort("GpuSort", ctx, {}, gx, 1, False))
+    np.testing.assert_array_equal(_exact(got), np.sort(xs, axis=1))
+    assert calls[-1][0] == 4                       # CUB sorted uint32 keys
+    idx = host_view(gsort.gpu_sort("GpuArgSort", ctx, {}, gx, 1, True))
+    np.testing.assert_array_equal(idx, np.argsort(xs, axis=1, kind="stable"))
+    top = host_view(gsort.gpu_topk("GpuTopK", ctx, {}, gx, 1, 3, True, True, False,
+                                   "int64")[0])
+    want = -np.sort(-np.where(np.isnan(xs), np.inf, xs), axis=1)[:, :3]
+    want[2, 0] = np.nan
+    np.testing.assert_array_equal(_exact(top), want)
+
+
+@requires_gxx
 def test_one_row_float_sort_moves_sign_bit_nans_last_emulated(emulated):
     """Over several blocks: the second pass must not search a row the first blocks write."""
     ctx, _ = emulated

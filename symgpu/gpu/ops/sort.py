@@ -211,9 +211,13 @@ def gpu_sort(op: Any, ctx: Any, plans: dict, x: Any, axis: int, indices: bool) -
     else:
         keys = new_array(ctx, xr.shape, _udtype(dtype))
         _launch(ctx, f"sort_to_keys_{name}", "PPq", total, (xr.ptr, keys.ptr, total))
-        cub_sort(op, ctx, plans, _CODES[keys.dtype.name], keys.ptr, out.ptr, None, None,
+        # the sorted keys land in the output when they have its item size (turned back into
+        # values in place); a half type's 32-bit keys need their own array
+        done = out if keys.dtype.itemsize == dtype.itemsize else \
+            new_array(ctx, xr.shape, keys.dtype)
+        cub_sort(op, ctx, plans, _CODES[keys.dtype.name], keys.ptr, done.ptr, None, None,
                  rows, n)
-        _launch(ctx, f"sort_from_keys_{name}", "PPq", total, (out.ptr, out.ptr, total))
+        _launch(ctx, f"sort_from_keys_{name}", "PPq", total, (done.ptr, out.ptr, total))
     return _unrows(ctx, out, perm)
 
 
