@@ -137,6 +137,13 @@ def test_blas_layouts():
 
 
 # ============================================================================ rendering (CPU)
+def test_half_literals_are_the_values_the_dtype_holds():
+    assert literal(0.1, "bfloat16") == "0.10009765625f"
+    assert literal(0.1, "float16") == "0.0999755859375f"
+    assert literal(np.inf, "bfloat16") == "__int_as_float(0x7f800000)"
+    assert literal(1e6, "float16") == "__int_as_float(0x7f800000)"   # past 65504: inf
+
+
 def test_literals_are_exact_and_nan_inf_safe():
     assert literal(0.1, "float32") == "0.10000000149011612f"
     assert literal(0.1, "float64") == "0.1"

@@ -59,6 +59,11 @@ def literal(value, dtype: str) -> str:
     """A C literal of ``value`` in the value type of ``dtype`` (exact, NaN/inf safe)."""
     if dtype == "bool":
         return "true" if bool(value) else "false"
+    if dtype in HALF_DTYPES:
+        # the value the dtype holds (0.1 is 0.10009765625 in bfloat16), as the CPU's constant
+        with np.errstate(over="ignore"):      # past the dtype's range: inf, as it holds
+            held = np.asarray(value, dtype=dtype).astype(np.float32)
+        return _float_literal(float(held), dtype)
     if is_float_dtype(dtype):
         return _float_literal(float(value), dtype)
     v = int(value)
