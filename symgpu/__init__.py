@@ -53,6 +53,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "sandbox": ("symgpu.sandbox", None),
     "misc": ("symgpu.misc", None),
     "d3viz": ("symgpu.d3viz", None),  # Theano's theano.d3viz: interactive graph pages
+    "mixed_precision": ("symgpu.mixed_precision", None),  # autocast, DynamicLossScale
 }
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",

@@ -32,6 +32,7 @@ from symgpu.graph.basic import Apply, Constant, Variable, ancestors, graph_input
 from symgpu.graph.op import Op, ShapeError
 from symgpu.graph.rewriting.db import optdb
 from symgpu.graph.sharedvalue import SharedVariable
+from symgpu.scalar.dtypes import is_float
 from symgpu.scan.inner import InnerFunction, clone_with, inner_mode_pass
 from symgpu.tensor.rewriting.shape_feature import infer_graph_shapes
 from symgpu.tensor.type import TensorType
@@ -54,7 +55,7 @@ def _is_special(v: Any) -> bool:
 
 
 def _is_float(v: Variable) -> bool:
-    return str(getattr(v.type, "dtype", "")).startswith("float")
+    return is_float(str(getattr(v.type, "dtype", "")))
 
 
 def _override_key(ov: Any) -> Any:
@@ -607,7 +608,7 @@ class OpFromGraph(Op):
         """The types of the output gradients: an integer output's is floatX (what `grad`
         gives an output no gradient reaches)."""
         return [TensorType(config.floatX, t.broadcastable)
-                if isinstance(t, TensorType) and not str(t.dtype).startswith("float") else t
+                if isinstance(t, TensorType) and not is_float(str(t.dtype)) else t
                 for t in self.output_types]
 
     def L_op(self, inputs: Sequence[Variable], outputs: Sequence[Variable],

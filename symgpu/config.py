@@ -454,6 +454,13 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "their split-K variants and classic cuBLAS (on an H200 the MLP step of 784-1024-1024-10 "
      "took 3.3 us less in float32, 6.7 us less in TF32; the timing adds tens of ms to a "
      "first call); off, or where libcublasLt is missing: classic cuBLAS's own choice"),
+    ("gpuarray.gemm_epilogue", lambda: EnumParam("half", "all", "off"), "half",
+     "fold a bias and a ReLU into the matrix product that feeds them (relu(dot(x, W) + b) as "
+     "one cuBLASLt call with its BIAS / RELU_BIAS epilogue): half for float16/bfloat16 "
+     "products, all for every dtype, off for none"),
+    ("distributed.timeout", FloatParam, 600.0,
+     "seconds a collective waits for its peers before failing with DistributedTimeoutError "
+     "(symgpu.distributed: a dead or hung rank; NCCL's waits are watched as long)"),
     ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
     ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
     ("cxx", StrParam, "cc", "the C compiler of the CPU's fused elementwise kernels; empty: "
@@ -472,6 +479,10 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "repr() of a variable also shows its test value"),
     ("optimizer_verbose", BoolParam, False,
      "print each replacement a rewrite makes: rewriting: rewrite <name> replaces <old> ..."),
+    ("mixed_precision", lambda: EnumParam("off", "bfloat16", "float16"), "off",
+     "compile float32 graphs with their matrix products and convolutions in this half dtype "
+     "(casts placed and fused by a rewrite), reductions, losses and updates in float32 "
+     "(docs/mixed_precision.md)"),
 ]
 
 

@@ -254,8 +254,12 @@ LEGACY_FLAGS: tuple[tuple, ...] = (
     ("cuda.root", "path", "", "ignored",
      "symgpu finds the CUDA driver and its compiler itself (symgpu/gpu/runtime)", ()),
     ("dnn.conv.precision", ("as_input_f32", "as_input", "float16", "float32", "float64"),
-     "as_input_f32", "ignored",
-     "symgpu's cuDNN convolutions compute in their inputs' dtype", ("as_input",)),
+     "as_input_f32", "mapped",
+     "the precision cuDNN convolutions compute in, by Theano's rule (fixed when a function "
+     "is compiled): as_input_f32 computes float16 in float32 and others in their dtype, "
+     "as_input each in its own (bfloat16 always in float32), float16/float32/float64 in that "
+     "one; float16 for gradients, or a precision cuDNN lacks for the dtype, is a TypeError",
+     "*"),
     ("on_unused_input", ("raise", "warn", "ignore"), "raise", "ignored",
      "symgpu.function's on_unused_input defaults to 'raise' and does not read the flag: pass "
      "on_unused_input= to function", ()),

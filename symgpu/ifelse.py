@@ -16,6 +16,7 @@ import symgpu.tensor as T
 from symgpu.gradient import grad
 from symgpu.graph.basic import Apply, Constant, Variable, ancestors, io_toposort
 from symgpu.graph.op import Op
+from symgpu.scalar.dtypes import is_float
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scan.inner import InnerFunction, clone_with, inner_mode_pass
 from symgpu.tensor.type import TensorType
@@ -93,11 +94,11 @@ class IfElse(Op):
         result: list[Any] = [None]
         for fn, outer, taken in ((self.then_fn, ins[:self.n_then], True),
                                  (self.else_fn, ins[self.n_then:], False)):
-            wanted = [k for k, v in enumerate(outer) if str(v.type.dtype).startswith("float")]
+            wanted = [k for k, v in enumerate(outer) if is_float(str(v.type.dtype))]
             g_ph = [g.type() for g in output_grads]
             known = {}
             for o, gp in zip(fn.outputs, g_ph):
-                if isinstance(o, Constant) or not str(o.type.dtype).startswith("float"):
+                if isinstance(o, Constant) or not is_float(str(o.type.dtype)):
                     continue
                 known[o] = known[o] + gp if o in known else gp
             grads = [None] * len(outer)

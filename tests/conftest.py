@@ -5,6 +5,15 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
+    multi_items = [item for item in items if "multigpu" in item.keywords]
+    if multi_items:
+        from symgpu.gpu.runtime.context import device_count, why_unavailable
+        n = device_count()
+        if n < 2:
+            why = why_unavailable() or f"this machine has {n} CUDA device"
+            reason = pytest.mark.skip(reason=f"needs two or more NVIDIA GPUs: {why}")
+            for item in multi_items:
+                item.add_marker(reason)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return

@@ -282,24 +282,20 @@ static inline __half atomicAdd(__half *p, __half v)     /* one thread runs at a 
 { const __half old = *p; *p = __float2half_rn(__half2float(old) + __half2float(v)); return old; }
 """
 
-#: stands in for the toolkit's cuda_bf16.h: bfloat16 is float32's upper half, rounded to
-#: nearest even (NaN kept quiet), as __float2bfloat16_rn rounds
+#: stands in for the toolkit's cuda_bf16.h (bfloat16 is the top half of a float's bits)
 BF16_SHIM = r"""
 #pragma once
 #include <cstdint>
 #include <cstring>
 struct __nv_bfloat16 { std::uint16_t bits; };
 static inline float __bfloat162float(__nv_bfloat16 h)
-{
-    const std::uint32_t f = (std::uint32_t)h.bits << 16;
-    float out; std::memcpy(&out, &f, 4); return out;
-}
+{ const std::uint32_t f = (std::uint32_t)h.bits << 16; float out; std::memcpy(&out, &f, 4); return out; }
 static inline __nv_bfloat16 __float2bfloat16_rn(float v)
 {
     std::uint32_t f; std::memcpy(&f, &v, 4);
     __nv_bfloat16 h;
     if ((f & 0x7fffffffu) > 0x7f800000u) { h.bits = (std::uint16_t)((f >> 16) | 0x40u); return h; }
-    f += 0x7fffu + ((f >> 16) & 1u);
+    f += 0x7fffu + ((f >> 16) & 1u);                                  /* to nearest even */
     h.bits = (std::uint16_t)(f >> 16); return h;
 }
 static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *p, __nv_bfloat16 v)
@@ -309,6 +305,14 @@ static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *p, __nv_bfloat16 v)
     return old;
 }
 """
+
+
+def write_shims(directory) -> None:
+    """The half-precision headers the rendered kernels include, as host stand-ins."""
+    for name, text in (("cuda_fp16.h", FP16_SHIM), ("cuda_bf16.h", BF16_SHIM)):
+        with open(os.path.join(str(directory), name), "w") as f:
+            f.write(text)
+
 
 requires_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ here")
 
@@ -320,10 +324,7 @@ def build(source: str, wrappers: str, directory) -> ctypes.CDLL:
     lib = os.path.join(str(directory), "kernels_on_host.so")
     with open(cpp, "w") as f:
         f.write(PRELUDE + "\n" + source + "\n" + wrappers + "\n")
-    with open(os.path.join(str(directory), "cuda_fp16.h"), "w") as f:
-        f.write(FP16_SHIM)
-    with open(os.path.join(str(directory), "cuda_bf16.h"), "w") as f:
-        f.write(BF16_SHIM)
+    write_shims(directory)
     proc = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w",
                            "-I", str(directory), cpp, "-o", lib],
                           capture_output=True, text=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from cuda_on_host import BF16_SHIM, FP16_SHIM, PRELUDE, build
+from cuda_on_host import PRELUDE, build, write_shims
 from gpu_helpers import FakeCtx
 
 _ALIGN = 256
@@ -181,8 +181,7 @@ def emulate_prepared_kernels(monkeypatch, directory, *modules: Any) -> None:
         if lib is None:
             sub = directory / f"p{len(_PREPARED_LIBS)}"
             sub.mkdir()
-            (sub / "cuda_fp16.h").write_text(FP16_SHIM)
-            (sub / "cuda_bf16.h").write_text(BF16_SHIM)
+            write_shims(sub)
             wraps = "\n".join(f"EMU_KERNEL({n})" for n in _entry_points(source, sub))
             lib = _PREPARED_LIBS[source] = build(source, wraps, sub)
         return _PreparedFunction(_EmulatedKernel(lib, fn_name, signature))

@@ -297,11 +297,12 @@ def test_describe_and_dump():
     names = ["device", "force_device", "floatX", "warn_float64", "mode", "optimizer_including",
              "optimizer_excluding", "profile", "profile_memory", "allow_gc", "assert_no_cpu_op",
              "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.sync_checks",
-             "gpuarray.allow_tf32", "gpuarray.cublaslt",
+             "gpuarray.allow_tf32", "gpuarray.cublaslt", "gpuarray.gemm_epilogue",
+             "distributed.timeout",
              "nvcc.flags",
              "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device",
              "compute_test_value", "compute_test_value_opt", "print_test_value",
-             "optimizer_verbose"]
+             "optimizer_verbose", "mixed_precision"]
     assert list(rows)[:len(names)] == names  # then Theano's flags (tests/test_theano_flags.py)
     assert rows["floatX"][1:] == (rows["floatX"][1], "float64, float32, float16, bfloat16", "float64",
                                   "float32")

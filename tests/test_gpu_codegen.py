@@ -198,13 +198,14 @@ def test_half_values_compute_in_float_and_round_on_store_or_explicit_cast(dtype)
     """Issue 34: half operands are loaded into float, computed in float and rounded once by
     the store; a cast to a half dtype in the middle of a chain rounds where it stands."""
     storage = {"float16": "__half", "bfloat16": "__nv_bfloat16"}[dtype]
+    to_half = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}[dtype]
     b = CompositeBuilder()
     x = b.add_input("float32")
     r = b.add_op(Cast(dtype), [x])[0]
     y = b.add_op(SCALAR_OPS["mul"], [r, r])[0]
     src, outs = render_apply_function(b.build([y]), ["float32"])
     assert outs == [dtype] and "float &r0" in src
-    assert f"sg_round<{storage}>" in src
+    assert src.count(to_half) == 1                  # the cast, not the product
     module = render_elemwise(ElemwiseSignature(SCALAR_OPS["exp"], (dtype,), (False,), 2))
     assert f"const {storage} *in0" in module and f"{storage} *out0" in module
     assert "sg_load(p.in0[i])" in module and "sg_store(p.out0[i], r0)" in module

@@ -1244,3 +1244,79 @@ CASES.update(_POISSON_CASES)
 @pytest.mark.parametrize("op_cls", list(_POISSON_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_poisson(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- collectives (symgpu.distributed)
+# host ops on the group "self" (a world of one, so they run here); the GPU twins' rules for a
+# world of two against host expressions of the same shapes
+import symgpu.distributed as _dist  # noqa: E402
+from symgpu.gpu.ops import collectives as _coll  # noqa: E402
+
+_COLLECTIVE_CASES = {
+    _dist.AllReduce: [case(lambda x: _dist.AllReduce("avg", "self")(x), r(3, 2))],
+    _dist.Broadcast: [case(lambda x: _dist.Broadcast(0, "self")(x), r(4))],
+    _dist.AllGather: [case(lambda x: _dist.AllGather(1, "self")(x), r(2, 5))],
+    _dist.ReduceScatter: [case(lambda x: _dist.ReduceScatter("sum", 1, "self")(x), r(4, 3))],
+    _coll.GpuAllReduce: [gcase(lambda x: _coll.GpuAllReduce("sum", "self")(x), lambda x: x * 1,
+                               "g", r(3, 2, dtype="float32"))],
+    _coll.GpuBroadcast: [gcase(lambda x: _coll.GpuBroadcast(1, "self")(x), lambda x: x * 1,
+                               "g", r(5, dtype="float32"))],
+    _coll.GpuAllGather: [gcase(lambda x: _coll.GpuAllGather(2, "self")(x),
+                               lambda x: T.concatenate([x, x]), "g", r(3, 2, dtype="float32"))],
+    _coll.GpuReduceScatter: [gcase(lambda x: _coll.GpuReduceScatter("sum", 2, "self")(x),
+                                   lambda x: x[:2], "g", r(4, 3, dtype="float32"))],
+}
+CASES.update(_COLLECTIVE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_COLLECTIVE_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_collectives(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- the product with a bias/ReLU epilogue
+from symgpu.gpu.ops.gemm_epilogue import GpuGemmEpilogue as _GpuGemmEpilogue  # noqa: E402
+
+_EPILOGUE_CASES = {
+    _GpuGemmEpilogue: [gcase(lambda A, B, b: _GpuGemmEpilogue("relu_bias")(A, B, b),
+                             lambda A, B, b: T.nnet.relu(T.dot(A, B) + b), "ggg",
+                             r(3, 4, dtype="float32"), r(4, 2, dtype="float32"),
+                             r(2, dtype="float32"))],
+}
+CASES.update(_EPILOGUE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_EPILOGUE_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_gemm_epilogue(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- fused attention
+from symgpu.tensor.nnet import attention as _AT  # noqa: E402
+from symgpu.gpu.ops import attention as _GAT  # noqa: E402
+
+_f32 = lambda *s: r(*s, dtype="float32")  # noqa: E731
+_ATTENTION_CASES = {
+    _AT.Attention: [case(lambda q, k, v: _AT.Attention(True)(q, k, v), r(2, 3, 4), r(2, 5, 4),
+                         r(2, 5, 6)),
+                    case(lambda q, k, v, m: _AT.Attention(False, .5, True).make_node(
+                        q, k, v, m).outputs[1], r(1, 2, 3, 4), r(1, 2, 5, 4), r(1, 2, 5, 4),
+                        r(3, 5))],
+    _AT.AttentionGrad: [case(lambda q, k, v, o, l, g: _AT.AttentionGrad()(q, k, v, o, l, g)[1],
+                             r(2, 3, 4), r(2, 5, 4), r(2, 5, 4), r(2, 3, 4), r(2, 3),
+                             r(2, 3, 4))],
+    _GAT.GpuAttention: [gcase(lambda q, k, v: _GAT.GpuAttention(True)(q, k, v),
+                              lambda q, k, v: _AT.Attention(True)(q, k, v), "ggg",
+                              _f32(2, 3, 4), _f32(2, 5, 4), _f32(2, 5, 4))],
+    _GAT.GpuAttentionGrad: [gcase(
+        lambda q, k, v, o, l, g: _GAT.GpuAttentionGrad()(q, k, v, o, l, g)[0],
+        lambda q, k, v, o, l, g: _AT.AttentionGrad()(q, k, v, o, l, g)[0], "gggggg",
+        _f32(2, 3, 4), _f32(2, 5, 4), _f32(2, 5, 4), _f32(2, 3, 4), _f32(2, 3),
+        _f32(2, 3, 4))],
+}
+CASES.update(_ATTENTION_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_ATTENTION_CASES), ids=lambda c: c.__name__)
+def test_attention_inferred_shapes(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

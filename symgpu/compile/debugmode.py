@@ -42,9 +42,11 @@ from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.fg import FunctionGraph
 from symgpu.link.vm import VM, link
 from symgpu.scalar.basic import Cast
+from symgpu.scalar.dtypes import approx_tolerance, dtype_kind
 from symgpu.tensor.c_elemwise import allow_c_kernels, c_kernels_allowed
 from symgpu.tensor.elemwise import CAReduce, Elemwise
 from symgpu.tensor.type import TensorType
+from symgpu.tensor.rewriting.mixed_precision import POLICIES
 
 __all__ = ["DebugMode", "DebugModeError", "BadOptimization", "BadDestroyMap", "BadViewMap",
            "BadOutputType", "BadThunkOutput", "StochasticOrder", "InvalidValueError",
@@ -107,8 +109,12 @@ def graph_signature(fgraph: FunctionGraph) -> list:
     return sig
 
 
+#: the float dtypes DebugMode's reference re-runs in float64
+_NARROW_FLOATS = ("float16", "bfloat16", "float32")
+
+
 def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
-    """The graph rebuilt with its float16/32 inputs and casts in float64 (None if an op
+    """The graph rebuilt with its narrow float inputs and casts in float64 (None if an op
     refuses): the more accurate reference DebugMode judges disagreements with."""
     memo: dict = {}
     try:
@@ -116,7 +122,7 @@ def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
             ins = []
             for v in fgraph.inputs:
                 t = v.type
-                if isinstance(t, TensorType) and t.dtype in ("float16", "float32"):
+                if isinstance(t, TensorType) and t.dtype in _NARROW_FLOATS:
                     nv = TensorType("float64", t.broadcastable)(v.name)
                 else:
                     nv = t()
@@ -125,7 +131,7 @@ def _float64_clone(fgraph: FunctionGraph) -> FunctionGraph | None:
             for node in fgraph.toposort():
                 op = node.op
                 if type(op) is Elemwise and isinstance(op.scalar_op, Cast) \
-                        and op.scalar_op.dtype in ("float16", "float32"):
+                        and op.scalar_op.dtype in _NARROW_FLOATS:
                     op = Elemwise(Cast("float64"))
                 new = op.make_node(*[memo.get(i, i) for i in node.inputs])
                 memo.update(zip(node.outputs, new.outputs))
@@ -150,7 +156,7 @@ def _same(a: Any, b: Any) -> bool:
     a, b = _host(a), _host(b)
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.dtype.kind in "fc":
+    if dtype_kind(a.dtype) in "fc":
         return bool(np.array_equal(a, b, equal_nan=True))
     return bool(np.array_equal(a, b))
 
@@ -169,7 +175,7 @@ def _close(var_type: Any, ref: Any, got: Any) -> tuple[bool, str]:
         return False, f"shape {g.shape} instead of {r.shape}"
     if r.dtype != g.dtype:
         return False, f"dtype {g.dtype} instead of {r.dtype}"
-    if r.dtype.kind in "fc":
+    if dtype_kind(r.dtype) in "fc":
         bad_ref = ~np.isfinite(r)
         if bad_ref.any():  # accept finite values where the unrewritten graph overflowed
             keep = ~(bad_ref & np.isfinite(g))
@@ -240,8 +246,8 @@ class DebugVM(VM):
             return False
         with np.errstate(all="ignore"):
             r64 = r64.astype(g.dtype)
-            if g.dtype.kind in "fc":
-                tol = 1e-4 if g.dtype.itemsize <= 4 else 1e-8
+            if dtype_kind(g.dtype) in "fc":
+                tol = approx_tolerance(g.dtype)
                 trusted = np.isclose(r32, r64, rtol=tol, atol=tol) & np.isfinite(r64)
                 ok = np.isclose(g, r64, rtol=tol, atol=tol, equal_nan=True)
             else:
@@ -290,7 +296,7 @@ class DebugVM(VM):
     def _check_finite(self, index: int, node: Apply) -> None:
         for o, out in enumerate(node.outputs):
             value = self.storage_map[out][0]
-            if not isinstance(value, (np.ndarray, np.generic)) or value.dtype.kind not in "fc":
+            if not isinstance(value, (np.ndarray, np.generic)) or dtype_kind(value.dtype) not in "fc":
                 continue  # host values only: device arrays are checked by NanGuardMode
             bad = ~np.isfinite(value)
             if bad.any():
@@ -395,7 +401,13 @@ class DebugMode(Mode):
                          **{k: getattr(self, k) for k in self._SETTINGS[1:]})
 
     def rewrite(self, fgraph: FunctionGraph) -> dict[str, float]:
-        fgraph.debugmode_reference = fgraph.clone()
+        reference = fgraph.clone()
+        # a mixed-precision policy changes what the program computes (by the user's choice):
+        # the reference gets it too, so the other rewrites are judged against it
+        for name, rewrite in self.passes():
+            if name in POLICIES.values():
+                rewrite(reference)
+        fgraph.debugmode_reference = reference
         copies = [fgraph.clone() for _ in range(self.stability_patience - 1)]
         times = super().rewrite(fgraph)
         if copies:

@@ -8,6 +8,9 @@
   compares outputs, and checks that no op writes into memory it did not declare destroyed
   (symgpu/compile/debugmode.py).
 
+The `mixed_precision` flag (off, bfloat16, float16) adds the tag of its policy's pass
+(`mixed_bfloat16` / `mixed_float16`, symgpu/tensor/rewriting/mixed_precision.py) to every
+mode; `mode.including('mixed_bfloat16')` asks for it in one function.
 The `optimizer_including` / `optimizer_excluding` flags add or remove tags (pass names, rewrite
 names or group tags) for every mode. `mode.including(*tags)` / `mode.excluding(*tags)` (Theano's
 spelling; also `including_tags` / `excluding_tags`) return a copy with more tags;
@@ -26,6 +29,7 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.link.vm import link
 from symgpu.tensor.c_elemwise import allow_c_kernels
+from symgpu.tensor.rewriting.mixed_precision import check_one_policy, policy_tag
 
 __all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
 
@@ -119,10 +123,16 @@ class Mode:
         self._excluding = tuple(tags)
 
     def tags(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        """(include, exclude) tags, flags included."""
+        """(include, exclude) tags, flags included (the `mixed_precision` flag adds its
+        policy's tag, `mixed_bfloat16` or `mixed_float16`)."""
         include = MODE_TAGS[self.name] + self.including + tuple(config.tags("optimizer_including"))
+        policy = policy_tag(config.mixed_precision)
+        if policy and policy not in include:
+            include += (policy,)
         exclude = self.excluding + tuple(config.tags("optimizer_excluding"))
-        return _aliased(include), _aliased(exclude)
+        include = _aliased(include)
+        check_one_policy(include)
+        return include, _aliased(exclude)
 
     def passes(self):
         """The (name, rewrite) pairs this mode runs, in order."""

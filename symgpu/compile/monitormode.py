@@ -17,6 +17,7 @@ import numpy as np
 
 from symgpu.compile.mode import FAST_COMPILE, FAST_RUN, Mode
 from symgpu.config import config
+from symgpu.scalar.dtypes import dtype_kind
 from symgpu.link.vm import link
 from symgpu.printing import debugprint
 from symgpu.tensor.c_elemwise import allow_c_kernels
@@ -138,7 +139,7 @@ def _float_array(value: Any) -> np.ndarray | None:
     value = _host(value)
     if isinstance(value, (np.ndarray, np.generic, float)):
         arr = np.asarray(value)
-        if arr.dtype.kind in "fc":
+        if dtype_kind(arr.dtype) in "fc":
             return arr
     return None
 

@@ -22,6 +22,7 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.printing import DOT_COLORS, GPU_CONTEXT_COLORS, op_kind
 from symgpu.tensor.rewriting.shape_feature import node_shapes, shape_tuple
 from symgpu.tensor.shape_rules import dim_value
+from symgpu.tensor.typed_constructors import PREFIXES as TYPED_PREFIXES
 
 __all__ = ["Node", "Edge", "Graph", "build_graphs", "type_to_str", "var_label"]
 
@@ -69,8 +70,8 @@ class Graph:
 
 _BCAST_NAMES = {(): "scalar", (False,): "vector", (False, True): "col", (True, False): "row",
                 (False, False): "matrix"}
-_DTYPE_CHARS = {"complex64": "c", "complex128": "z", "float16": "h", "float32": "f",
-                "float64": "d", "int8": "b", "int16": "w", "int32": "i", "int64": "l",
+#: the constructors' dtype prefixes (``fmatrix``, ``hvector``, ``bfmatrix``), and two more
+_DTYPE_CHARS = {**{dtype: prefix for prefix, dtype in TYPED_PREFIXES.items()},
                 "bool": "?", "uint8": "B"}
 
 

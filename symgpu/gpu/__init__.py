@@ -22,6 +22,9 @@ from typing import Any
 #: public name -> module that defines it (under symgpu.gpu), imported on first use (PEP 562)
 _LAZY: dict[str, str] = {
     "ElemwiseKernelOp": "ops.kernel_op",
+    "StepInterval": "exec.timeline",
+    "overlap_ms": "exec.timeline",
+    "step_intervals": "exec.timeline",
     "GpuAlloc": "placement.basic_ops",
     "GpuContiguous": "placement.basic_ops",
     "GpuDimShuffle": "placement.basic_ops",
@@ -48,6 +51,7 @@ _LAZY: dict[str, str] = {
     "zeros": "runtime.array",
     "CompileError": "runtime.compiler",
     "GpuContext": "runtime.context",
+    "device_count": "runtime.context",
     "get_context": "runtime.context",
     "gpu_available": "runtime.context",
     "init_default_context": "runtime.context",
@@ -92,6 +96,7 @@ import symgpu.gpu.ops.producer_copies  # noqa: E402,F401
 import symgpu.gpu.ops.narrow_outputs  # noqa: E402,F401
 import symgpu.gpu.ops.guarded_updates  # noqa: E402,F401
 import symgpu.gpu.ops.take_rows  # noqa: E402,F401
+import symgpu.gpu.ops.gemm_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.lifters  # noqa: E402,F401
 import symgpu.gpu.exec.graphs  # noqa: E402,F401
 import symgpu.gpu.exec.backend  # noqa: E402,F401  (the compiler's view of the GPU)
@@ -111,3 +116,5 @@ import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices
 import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)
 import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFFT through cuFFT)
 import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
+import symgpu.gpu.ops.collectives  # noqa: E402,F401  (NCCL collectives, the distributed nccl backend)
+import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)

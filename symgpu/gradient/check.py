@@ -81,7 +81,8 @@ def verify_grad(fun: Callable[..., Any], points: Sequence[Any], n_tests: int = 2
 
     `fun` receives one symbolic input per point (same dtype and ndim, no broadcastable dims)
     and returns a variable (or a list: each gets its own projection). Tolerances follow the
-    least precise dtype involved (float64: eps 1e-7, tol 1e-4; float32: eps 1e-3, tol 1e-2);
+    least precise dtype involved (float64: eps 1e-7, tol 1e-4; float32: eps 1e-3, tol 1e-2;
+    float16: eps 1e-1, tol 5e-2; bfloat16: eps 1e-1, tol 1e-1);
     an element fails only if both its absolute and its relative error exceed them.
     """
     pts = [np.array(p) for p in points]

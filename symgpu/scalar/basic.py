@@ -109,7 +109,14 @@ def _tri_gamma(x):
     # scipy's polygamma computes in float64: keep the input's float dtype
     x = np.asarray(x)
     out = _special().polygamma(1, x)
-    return out.astype(x.dtype) if x.dtype.kind == "f" else out
+    return out.astype(x.dtype) if is_float(x.dtype.name) else out
+
+
+def _angle(x):
+    # the row's dtype is float64 (Theano's): compute in it, or a float16 angle of -1 would be
+    # float16's pi, 3.140625
+    x = np.asarray(x)
+    return np.angle(x.astype(np.complex128 if x.dtype.kind == "c" else np.float64))
 
 
 def _chi2sf(x, k):
@@ -241,17 +248,17 @@ def _not_float_zeros(T, x):
 def _g_real(T, x, out, gz):
     # complex inputs are not reached: T.grad treats complex values as constants (see
     # docs/from_theano.md); an integer input gets Theano's floatX zeros
-    return gz if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return gz if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _g_imag(T, x, out, gz):
     # the imaginary part of a real x is constant 0
-    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return T.zeros_like(x) if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _g_angle(T, x, out, gz):
     # the angle of a real x is piecewise constant (0 or pi)
-    return T.zeros_like(x) if x.dtype.startswith("float") else _not_float_zeros(T, x)
+    return T.zeros_like(x) if is_float(x.dtype) else _not_float_zeros(T, x)
 
 
 def _no_grad(T, ins, out, gz):
@@ -347,7 +354,7 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
     # the CPU C kernels); for a real x: x, 0 and 0 or pi (as NumPy)
     ScalarOpSpec("real", 1, np.real, None, _unary(_g_real), "real_out"),
     ScalarOpSpec("imag", 1, np.imag, None, _unary(_g_imag), "real_out"),
-    ScalarOpSpec("angle", 1, np.angle, None, _unary(_g_angle), "float64"),
+    ScalarOpSpec("angle", 1, _angle, None, _unary(_g_angle), "float64"),
     # exponentials and logarithms
     ScalarOpSpec("exp", 1, np.exp, "exp{f}({0})", _unary(lambda T, x, o, gz: gz * o), "float"),
     ScalarOpSpec("exp2", 1, np.exp2, "exp2{f}({0})",
@@ -534,8 +541,17 @@ class Cast(ScalarOp):
     def cuda(self, compute_dtype: str, operands: list[str]) -> str:
         if self.dtype == "bool":
             return f"(({operands[0]}) != 0)"
-        ctype = "float" if self.dtype in HALF_DTYPES else C_TYPES[self.dtype]
-        return f"(({ctype})({operands[0]}))"
+        if self.dtype in HALF_DTYPES:
+            # computed in float, but rounded to the half type: a cast inside a fused kernel
+            # rounds as the host's (and an unfused graph's stored value) does
+            to, back = _HALF_ROUND_TRIP[self.dtype]
+            return f"{back}({to}((float)({operands[0]})))"
+        return f"(({C_TYPES[self.dtype]})({operands[0]}))"
+
+
+#: CUDA's round-to-nearest conversions to each half type and back to float
+_HALF_ROUND_TRIP = {"float16": ("__float2half_rn", "__half2float"),
+                    "bfloat16": ("__float2bfloat16_rn", "__bfloat162float")}
 
 
 def _kind(dtype: str) -> str:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
-from symgpu.scalar.dtypes import C_TYPES, upcast, value_dtype
+from symgpu.scalar.basic import SCALAR_OPS, Cast, ScalarOp
+from symgpu.scalar.dtypes import C_TYPES, HALF_DTYPES, dtype_kind, upcast, value_dtype
 
 __all__ = ["Composite", "CompositeBuilder", "ScalarVariable", "ScalarNode"]
 
@@ -79,8 +79,8 @@ def _arg_casts(op: ScalarOp, arg_dtypes: Sequence[str], dtype: str) -> list[str 
     rule = getattr(getattr(op, "spec", None), "dtype_rule", None)
     if op.nin < 0:
         return [None if d == dtype else dtype for d in arg_dtypes]
-    if rule == "float" and any(np.dtype(d).kind not in "fc" for d in arg_dtypes):
-        return [None if np.dtype(d).kind in "fc" else dtype for d in arg_dtypes]
+    if rule == "float" and any(dtype_kind(d) not in "fc" for d in arg_dtypes):
+        return [None if dtype_kind(d) in "fc" else dtype for d in arg_dtypes]
     return [None] * len(arg_dtypes)
 
 
@@ -284,7 +284,7 @@ _INFIX = {"add": "+", "sub": "-", "mul": "*", "true_div": "/", "int_div": "//", 
 
 
 def _const_text(v: Any) -> str:
-    if isinstance(v, (np.floating, float)):
+    if isinstance(v, (np.floating, float)) or dtype_kind(np.asarray(v).dtype) == "f":
         return repr(float(v)) if math.isfinite(v) else str(float(v))
     if isinstance(v, (np.bool_, bool)):
         return str(bool(v))
@@ -294,7 +294,7 @@ def _const_text(v: Any) -> str:
 def _cuda_literal(v: Any, dtype: str) -> str:
     if dtype == "bool":
         return "true" if v else "false"
-    if dtype.startswith("float"):
+    if dtype_kind(dtype) == "f":   # a half constant is a float: kernels compute in float
         f = float(v)
         double = dtype == "float64"
         if math.isnan(f):
@@ -335,9 +335,38 @@ def _lowered(c: Composite) -> Composite:
     return b.build([slots[o] for o in c.out_slots])
 
 
+def _widened(c: Composite) -> Composite:
+    """The program with its half-precision (float16, bfloat16) values held in float32: half
+    inputs and constants converted once, every step computed in float32, half outputs
+    rounded once at the end. Why: that is what the GPU's fused kernels do (load, compute in
+    float, round on store), and rounding each intermediate to bfloat16's 8 bits would make
+    the fused CPU result depend on the chain's length. A cast to a half type inside the
+    program still rounds (and the program goes on in float32)."""
+    if not any(d in HALF_DTYPES for d in c.slot_dtypes):
+        return c
+    b = CompositeBuilder()
+    wide = Cast("float32")
+    slots: list[Ref] = []
+    for d in c.in_dtypes:
+        r = b.add_input(d)
+        slots.append(b.add_op(wide, [r])[0] if d in HALF_DTYPES else r)
+    slots += [b.add_constant(v, value_dtype(d)) for v, d in c.constants]
+    for op, args in c.steps:
+        r = b.add_op(op, [slots[a] for a in args])[0]
+        if isinstance(op, Cast) and op.dtype in HALF_DTYPES:
+            r = b.add_op(wide, [r])[0]
+        slots.append(r)
+    outs = [b.add_op(Cast(d), [slots[o]])[0] if d in HALF_DTYPES else slots[o]
+            for o, d in zip(c.out_slots, c.out_dtypes)]
+    w = b.build(outs)
+    # every dtype rule maps half operands as it maps float32 ones (value_dtype commutes with
+    # upcast), so the outputs keep their dtypes; were one not to, keep the program as it is
+    return w if w.out_dtypes == c.out_dtypes else c
+
+
 def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells: bool):
     """Write and compile the Python evaluation code (see Composite._kernel)."""
-    c = _lowered(c)
+    c = _widened(_lowered(c))
     nin, first = c.nin, c.first_step
     ns: dict[str, Any] = {"np": np, "_asarray": np.asarray, "_array": np.array,
                           "_cast": lambda a, d: np.asarray(a, dtype=d),
@@ -367,7 +396,10 @@ def _generate(c: Composite, in_bcast, out_bcast, inplace: dict[int, int], cells:
     for k, (op, args) in enumerate(c.steps):
         slot = first + k
         dtype = c.slot_dtypes[slot]
-        if known:
+        if known and op.name in _ALIASING:
+            # the value is its last argument itself, not broadcast against the others
+            bc.append(bc[args[-1]])
+        elif known:
             bc.append(tuple(all(bc[a][d] for a in args) for d in range(ndim)))
         else:
             bc.append(None)

@@ -6,7 +6,8 @@ import numpy as np
 
 __all__ = ["ALL_DTYPES", "FLOAT_DTYPES", "HALF_DTYPES", "INT_DTYPES", "UINT_DTYPES",
            "COMPLEX_DTYPES", "upcast", "upgrade_to_float", "is_float", "is_half", "is_int",
-           "is_bool", "C_TYPES", "check_dtype", "value_dtype"]
+           "is_bool", "C_TYPES", "check_dtype", "value_dtype", "dtype_kind", "APPROX_TOL",
+           "approx_tolerance", "in_value_dtype"]
 
 #: 16-bit floats: stored in 16 bits, computed in float32 by kernels (load, compute, round on store)
 HALF_DTYPES = ("float16", "bfloat16")
@@ -74,6 +75,35 @@ def is_float(dtype: str) -> bool:
 
 def is_half(dtype: str) -> bool:
     return dtype in HALF_DTYPES
+
+
+def dtype_kind(dtype) -> str:
+    """NumPy's kind letter of `dtype` (a name or a NumPy dtype), with 'f' for bfloat16.
+
+    Why: ml_dtypes' bfloat16 is a NumPy user type whose ``dtype.kind`` is 'V' (void), so a
+    ``dtype.kind in "fc"`` test silently treats it as not a float; ask this instead."""
+    dt = np.dtype(dtype)
+    return "f" if dt.name in HALF_DTYPES else dt.kind
+
+
+#: relative and absolute tolerance of "approximately equal" values of each float dtype
+#: (DebugMode's comparisons, TensorType.values_eq_approx): a few units in the last place
+#: of the half types (float16's epsilon is 2**-10, bfloat16's 2**-7), Theano's for the others
+APPROX_TOL = {"float16": 1e-3, "bfloat16": 1e-2, "float32": 1e-4, "float64": 1e-8,
+              "complex64": 1e-4, "complex128": 1e-8}
+
+
+def approx_tolerance(dtype) -> float:
+    """The tolerance APPROX_TOL gives `dtype` (a name or a NumPy dtype); 1e-4 for others."""
+    return APPROX_TOL.get(np.dtype(dtype).name, 1e-4)
+
+
+def in_value_dtype(arr: np.ndarray) -> np.ndarray:
+    """`arr` in the dtype it is computed in on the host: float32 for the half dtypes (the
+    host's accumulating kernels, reductions, products, convolutions, softmax, compute in
+    float32 and round once at the end, as the GPU kernels do), itself otherwise."""
+    name = arr.dtype.name
+    return arr.astype(np.float32) if name in HALF_DTYPES else arr
 
 
 def is_int(dtype: str) -> bool:

@@ -9,7 +9,7 @@ from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.composite import Composite
-from symgpu.scalar.dtypes import is_float
+from symgpu.scalar.dtypes import dtype_kind, is_float, value_dtype
 from symgpu.tensor import shape_rules
 from symgpu.tensor.c_elemwise import c_elemwise_thunk, c_sum_thunk
 from symgpu.tensor.shape_rules import dimshuffle_shape, elemwise_shape, reduce_shape
@@ -204,7 +204,8 @@ class Elemwise(Op):
         ufunc = self._ufunc
         if (ufunc is None or self.inplace_pattern or len(node.inputs) != ufunc.nin
                 or len(node.outputs) != 1 or getattr(self.scalar_op, "elemwise_perform", None)
-                or (self._float_rule and any(v.dtype[0] not in "fc" for v in node.inputs))):
+                or (self._float_rule and any(dtype_kind(v.dtype) not in "fc"
+                                             for v in node.inputs))):
             return None
         cells = _cells_with_scalar_constants(node, storage_map)
         cout = storage_map[node.outputs[0]]
@@ -232,8 +233,8 @@ class Elemwise(Op):
             return hook(node, inputs, out)
         dtype = node.outputs[0].type.dtype
         ufunc = self._ufunc
-        if self._float_rule and any(i.dtype.kind not in "fc" for i in inputs):
-            inputs = [i if i.dtype.kind in "fc" else i.astype(dtype) for i in inputs]
+        if self._float_rule and any(dtype_kind(i.dtype) not in "fc" for i in inputs):
+            inputs = [i if dtype_kind(i.dtype) in "fc" else i.astype(dtype) for i in inputs]
         if ufunc is not None and len(inputs) > ufunc.nin:
             # variadic rows (add, mul) fold left in the output dtype: a third positional
             # argument of a NumPy ufunc is its `out`, which silently overwrote an input
@@ -419,7 +420,10 @@ def keepdims_order(ndim: int, axes: Sequence[int] | None) -> list:
 
 
 class CAReduce(Op):
-    """Reduce over `axis` (a tuple, or None for all) with a commutative associative op."""
+    """Reduce over `axis` (a tuple, or None for all) with a commutative associative op.
+
+    Sums and products of the half dtypes (float16, bfloat16) accumulate in float32 and round
+    once to `dtype`, whatever the graph says: the host agrees with the GPU's kernels."""
 
     __props__ = ("scalar_op", "axis", "dtype")
     c_kernel_kind = "reduce"  # tensor.c_elemwise may run a full float sum as a C loop
@@ -459,6 +463,12 @@ class CAReduce(Op):
             return super().make_thunk(node, storage_map, compute_map, no_recycling, impl)
         (cin,), (cout,) = [storage_map[v] for v in node.inputs], [storage_map[v] for v in node.outputs]
         reduce, axis, dtype, asarray = self.ufunc.reduce, self.axis, node.outputs[0].dtype, np.asarray
+        acc = value_dtype(dtype)
+        if acc != dtype:
+            # a half sum or product accumulates in float32 and rounds once (see perform)
+            def thunk():
+                cout[0] = asarray(reduce(cin[0], axis=axis, dtype=acc), dtype=dtype)
+            return _closure_thunk(thunk, node, storage_map)
 
         def thunk():
             cout[0] = asarray(reduce(cin[0], axis=axis, dtype=dtype))
@@ -473,7 +483,10 @@ class CAReduce(Op):
         dtype = node.outputs[0].dtype
         name = self.scalar_op.name
         if name in ("add", "mul"):
-            res = self.ufunc.reduce(x, axis=axis, dtype=dtype)
+            # half sums and products accumulate in float32 (value_dtype), as the GPU's do:
+            # bfloat16's 8 bits lose a sum of more than a few hundred terms (20000 * 0.1
+            # gave 32), and float16 overflows at 65504 in the middle of a product
+            res = self.ufunc.reduce(x, axis=axis, dtype=value_dtype(dtype))
         elif name in ("maximum", "minimum"):
             if x.size == 0 and (axis is None or any(x.shape[a] == 0 for a in axis)):
                 raise ValueError(f"{self}: cannot reduce an empty array of shape {x.shape}")

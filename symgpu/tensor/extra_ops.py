@@ -14,7 +14,7 @@ import numpy as np
 from symgpu.config import config
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import check_dtype, is_float
+from symgpu.scalar.dtypes import check_dtype, is_float, value_dtype
 from symgpu.tensor.basic import _as_int_scalar, arange, concatenate, flatten, zeros
 from symgpu.tensor.math import cast, max as _max, maximum, minimum, neq, sum as _sum
 from symgpu.tensor.shape import shape_i
@@ -56,7 +56,8 @@ def _require_int(v: TensorVariable, what: str, name: str) -> None:
 
 class CumOp(Op):
     """np.cumsum (mode 'add') or np.cumprod (mode 'mul') along one axis; the output dtype is
-    NumPy's (small integers and bools accumulate in the platform integer)."""
+    NumPy's (small integers and bools accumulate in the platform integer; half floats
+    accumulate in float32)."""
 
     __props__ = ("axis", "mode")
 
@@ -79,8 +80,10 @@ class CumOp(Op):
         return Apply(self, [x], [TensorType(dtype, x.broadcastable)()])
 
     def perform(self, node, inputs, out):
-        out[0][0] = np.asarray(self._np()(inputs[0], axis=self.axis,
-                                          dtype=node.outputs[0].dtype))
+        # half dtypes accumulate in float32 (value_dtype), each prefix rounded once, like sum
+        dtype = node.outputs[0].dtype
+        out[0][0] = np.asarray(self._np()(inputs[0], axis=self.axis, dtype=value_dtype(dtype)),
+                               dtype=dtype)
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [tuple(input_shapes[0])]

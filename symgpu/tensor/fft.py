@@ -24,7 +24,8 @@ from symgpu.tensor.basic import stack
 from symgpu.tensor.math import cast, prod, sqrt
 from symgpu.tensor.shape_rules import as_dim, s_add, s_floordiv
 from symgpu.tensor.subtensor import set_subtensor
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable,
+                                computes_half_in_float32)
 
 __all__ = ["RFFTOp", "IRFFTOp", "rfft_op", "irfft_op", "rfft", "irfft"]
 
@@ -76,6 +77,7 @@ class RFFTOp(Op):
         s = _shape_vector(a.shape[1:] if s is None else s, "RFFTOp")
         return Apply(self, [a, s], [TensorType(a.dtype, (False,) * (a.ndim + 1))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, output_storage):
         a, s = inputs
         s = tuple(int(v) for v in s)
@@ -127,6 +129,7 @@ class IRFFTOp(Op):
         s = _shape_vector(s, "IRFFTOp")
         return Apply(self, [a, s], [TensorType(a.dtype, (False,) * (a.ndim - 1))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, output_storage):
         a, s = inputs
         s = tuple(int(v) for v in s)

@@ -8,6 +8,7 @@ import numpy as np
 
 from symgpu.config import config
 from symgpu.graph.basic import Constant, Variable
+from symgpu.scalar.dtypes import dtype_kind
 from symgpu.tensor.basic import arange
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.math import add, cast, zeros_like
@@ -65,7 +66,7 @@ def get_scalar_constant_value(v: Any, elemwise: bool = True) -> np.ndarray:
     NotScalarConstantError (Theano's helper for shape arithmetic)."""
     if not isinstance(v, Variable):
         arr = np.asarray(v)
-        if arr.size != 1 or arr.dtype.kind not in "biufc":
+        if arr.size != 1 or dtype_kind(arr.dtype) not in "biufc":
             raise NotScalarConstantError(f"{v!r} is not a scalar number")
         return arr.reshape(())
     if isinstance(v, Constant):

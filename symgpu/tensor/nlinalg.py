@@ -23,7 +23,8 @@ from symgpu.tensor.extra_ops import AllocDiag, ExtractDiag, diag, eye
 from symgpu.tensor.math import (abs as _abs, cast, dot, matmul, max as _max, min as _min,
                                 minimum, neq, sqrt, sum as _sum)
 from symgpu.tensor.shape import shape_i, transpose
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable,
+                                computes_half_in_float32)
 
 __all__ = ["MatrixInverse", "matrix_inverse", "MatrixPinv", "pinv", "Det", "det", "Eig", "eig",
            "Eigh", "EighGrad", "eigh", "QRFull", "QRIncomplete", "qr", "SVD", "svd", "Lstsq",
@@ -117,6 +118,7 @@ class MatrixInverse(Op):
         x = _matrix_input(x, "matrix_inverse")
         return Apply(self, [x], [x.type()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (x,) = inputs
         _check_square("matrix_inverse", x)
@@ -156,6 +158,7 @@ class MatrixPinv(Op):
         bc = x.broadcastable
         return Apply(self, [x], [TensorType(x.dtype, bc[:-2] + (bc[-1], bc[-2]))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         out[0][0] = _out(np.linalg.pinv(inputs[0], hermitian=self.hermitian), node.outputs[0])
 
@@ -192,6 +195,7 @@ class Det(Op):
         x = _matrix_input(x, "det")
         return Apply(self, [x], [TensorType(x.dtype, x.broadcastable[:-2])()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (x,) = inputs
         _check_square("det", x)
@@ -225,6 +229,7 @@ class Eig(Op):
         cdtype = "complex64" if x.dtype == "float32" else "complex128"
         return Apply(self, [x], [_stack_type(x, cdtype, 1)(), _stack_type(x, cdtype, 2)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (x,) = inputs
         _check_square("eig", x)
@@ -255,6 +260,7 @@ class Eigh(Op):
         x = _matrix_input(x, "eigh")
         return Apply(self, [x], [_stack_type(x, x.dtype, 1)(), _stack_type(x, x.dtype, 2)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (x,) = inputs
         _check_square("eigh", x)
@@ -290,6 +296,7 @@ class EighGrad(Op):
         dtype = upcast(x.dtype, w.dtype, v.dtype, gw.dtype, gv.dtype)
         return Apply(self, [x, w, v, gw, gv], [TensorType(dtype, x.broadcastable)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         x, w, v, gw, gv = inputs
         # dw_n/dA = v_n v_n^T; dv_n/dA = sum_{m != n} v_m (v_m^T dA v_n) / (w_n - w_m), so
@@ -341,6 +348,7 @@ class QRFull(Op):
         second = 1 if self.mode == "raw" else 2
         return Apply(self, [x], [_stack_type(x, x.dtype, 2)(), _stack_type(x, x.dtype, second)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         q, r = np.linalg.qr(inputs[0], self.mode)
         out[0][0], out[1][0] = _out(q, node.outputs[0]), _out(r, node.outputs[1])
@@ -369,6 +377,7 @@ class QRIncomplete(Op):
         x = _matrix_input(x, "qr")
         return Apply(self, [x], [_stack_type(x, x.dtype, 2)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         out[0][0] = _out(np.linalg.qr(inputs[0], "r"), node.outputs[0])
 
@@ -404,6 +413,7 @@ class SVD(Op):
             return Apply(self, [x], [s])
         return Apply(self, [x], [_stack_type(x, x.dtype, 2)(), s, _stack_type(x, x.dtype, 2)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         res = np.linalg.svd(inputs[0], self.full_matrices, self.compute_uv)
         res = res if self.compute_uv else (res,)
@@ -450,6 +460,7 @@ class Lstsq(Op):
                                            TensorType("int64", ())(),
                                            TensorType(dtype, (False,))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         a, b, rcond = inputs
         if a.shape[0] != b.shape[0]:
@@ -492,6 +503,7 @@ class TensorInv(Op):
         bc = a.broadcastable
         return Apply(self, [a], [TensorType(a.dtype, bc[self.ind:] + bc[:self.ind])()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (a,) = inputs
         if np.prod(a.shape[:self.ind]) != np.prod(a.shape[self.ind:]):
@@ -528,6 +540,7 @@ class TensorSolve(Op):
         return Apply(self, [a, b], [TensorType(upcast(a.dtype, b.dtype),
                                                (False,) * (a.ndim - b.ndim))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         a, b = inputs
         out[0][0] = _out(np.linalg.tensorsolve(a, b, self.axes), node.outputs[0])

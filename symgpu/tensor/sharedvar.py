@@ -6,6 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from symgpu.graph.sharedvalue import SharedVariable, register_shared_constructor
+from symgpu.scalar.dtypes import dtype_kind
 from symgpu.tensor.type import TensorType, TensorVariable, python_number_array
 
 __all__ = ["TensorSharedVariable", "tensor_constructor", "host_value"]
@@ -34,7 +35,7 @@ def tensor_constructor(value: Any, name: str | None = None, borrow: bool = False
     if target not in ("default", "cpu"):
         raise TypeError(f"the host constructor only serves target='cpu', not {target!r}")
     arr = host_value(value)
-    if arr.dtype.kind in "OUSVc":
+    if dtype_kind(arr.dtype) in "OUSVc":   # (bfloat16 is a 'V' type to NumPy, a float here)
         raise TypeError(f"shared values of dtype {arr.dtype} are not supported")
     if not borrow or not isinstance(value, np.ndarray):
         arr = np.array(arr, copy=True)

@@ -23,7 +23,8 @@ from symgpu.tensor.math import any as _any, isnan, matmul, outer, switch
 from symgpu.tensor.nlinalg import (_batched, _check_square, _float_input, _matrix_input, _mT,
                                    _out)
 from symgpu.tensor.shape import shape_i
-from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
+from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable,
+                                computes_half_in_float32)
 
 __all__ = ["MATRIX_STRUCTURES", "Cholesky", "cholesky", "Solve", "solve", "solve_lower_triangular",
            "solve_upper_triangular", "solve_symmetric", "SolveTriangular", "solve_triangular",
@@ -91,6 +92,7 @@ class Cholesky(Op):
                 raise
             return np.full(a.shape, np.nan)
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (x,) = inputs
         _check_square("cholesky", x)
@@ -163,6 +165,7 @@ class _SolveBase(Op):
         dtype = upcast(A.dtype, b.dtype)
         return Apply(self, [A, b], [TensorType(dtype, (False,) * b.ndim)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         A, b = inputs
         _check_square(self._what, A, "A")
@@ -340,6 +343,7 @@ class Eigvalsh(Op):
         b = _matrix_input(b, "eigvalsh", "b", batched=False)
         return Apply(self, [a, b], [TensorType(upcast(a.dtype, b.dtype), (False,))()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         _check_square("eigvalsh", inputs[0], "a")
         b = inputs[1] if len(inputs) == 2 else None
@@ -381,6 +385,7 @@ class EigvalshGrad(Op):
             return np.tril(g) + np.triu(g, 1).T
         return np.triu(g) + np.tril(g, -1).T
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         a, gw = inputs[0], inputs[-1]
         b = inputs[1] if len(inputs) == 3 else None
@@ -410,6 +415,7 @@ class Expm(Op):
         A = _matrix_input(A, "expm", "A")
         return Apply(self, [A], [A.type()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         (A,) = inputs
         _check_square("expm", A, "A")
@@ -437,6 +443,7 @@ class ExpmGrad(Op):
                              "(or stacks) of the same dimensions")
         return Apply(self, [A, gA], [TensorType(upcast(A.dtype, gA.dtype), A.broadcastable)()])
 
+    @computes_half_in_float32
     def perform(self, node, inputs, out):
         A, gA = inputs
         sl = _scipy_linalg()

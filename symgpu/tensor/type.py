@@ -1,6 +1,7 @@
 """TensorType and the symbolic tensor variables and constants."""
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -9,7 +10,8 @@ import numpy as np
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Type, Variable
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import check_dtype, is_float
+from symgpu.scalar.dtypes import (HALF_DTYPES, approx_tolerance, check_dtype, dtype_kind,
+                                  in_value_dtype, is_float)
 
 __all__ = ["TensorType", "TensorVariable", "TensorConstant", "as_tensor_variable", "constant",
            "tensor", "scalar", "vector", "matrix", "row", "col", "tensor3", "tensor4",
@@ -100,12 +102,13 @@ class TensorType(Type):
         return arr
 
     def _convert_dtype(self, arr: np.ndarray, original: Any, allow_downcast: bool | None) -> np.ndarray:
-        if arr.dtype.kind in "OUSV" or (arr.dtype.kind == "c" and not self.dtype.startswith("complex")):
+        kind = dtype_kind(arr.dtype)   # 'f' for bfloat16, which NumPy calls 'V'
+        if kind in "OUSV" or (kind == "c" and not self.dtype.startswith("complex")):
             raise TypeError(f"cannot convert a {arr.dtype} value to {self.dtype}")
         if np.can_cast(arr.dtype, self.dtype, casting="safe"):
             return arr.astype(self.dtype)
         is_python_scalar = isinstance(original, (int, float, bool)) or (
-            isinstance(original, (list, tuple)) and arr.dtype.kind in "biuf")
+            isinstance(original, (list, tuple)) and kind in "biuf")
         converted = arr.astype(self.dtype)
         if allow_downcast:
             return converted
@@ -113,7 +116,7 @@ class TensorType(Type):
                                        and self.dtype == config.floatX):
             # Python numbers and floatX-casts of float64 data are accepted when exact enough
             if np.all(np.asarray(converted, dtype=arr.dtype) == arr) or (
-                    is_float(self.dtype) and arr.dtype.kind == "f"):
+                    is_float(self.dtype) and kind == "f"):
                 return converted
         raise TypeError(
             f"cannot safely convert a {arr.dtype} value to {self.dtype} (it could lose "
@@ -139,7 +142,7 @@ class TensorType(Type):
             return None
         dtype = np.dtype(self.dtype)
         asarray, own = np.asarray, dtype.type   # a NumPy scalar of the dtype itself
-        if dtype.kind == "f" and (allow_downcast is not False or dtype.itemsize >= 8):
+        if dtype_kind(dtype) == "f" and (allow_downcast is not False or dtype.itemsize >= 8):
             # filter takes a Python float for any float type, unless downcasts are refused
             return lambda v: asarray(v, dtype) if v.__class__ is float or v.__class__ is own \
                 else None
@@ -160,7 +163,7 @@ class TensorType(Type):
             return False
         if a.dtype.kind in "biu":
             return bool(np.all(a == b))
-        tol = 1e-4 if a.dtype.itemsize <= 4 else 1e-8
+        tol = approx_tolerance(a.dtype)   # a few ulp of a half type, 1e-4 / 1e-8 otherwise
         return bool(np.allclose(a, b, rtol=rtol or tol, atol=atol or tol, equal_nan=True))
 
     def make_variable(self, name: str | None = None) -> "TensorVariable":
@@ -347,6 +350,23 @@ def python_number_array(value: Any) -> np.ndarray | None:
     return None
 
 
+def computes_half_in_float32(perform: Callable) -> Callable:
+    """Decorate an Op's `perform` built on a library with no half-precision kernels (LAPACK
+    through NumPy or SciPy, pocketfft): float16/bfloat16 inputs reach it as float32 copies,
+    and each output is rounded to its declared dtype. (NumPy's linalg refuses float16.)"""
+    @functools.wraps(perform)
+    def wrapper(self, node, inputs, output_storage):
+        if not any(isinstance(i, np.ndarray) and i.dtype.name in HALF_DTYPES for i in inputs):
+            return perform(self, node, inputs, output_storage)
+        perform(self, node, [in_value_dtype(i) if isinstance(i, np.ndarray) else i
+                             for i in inputs], output_storage)
+        for cell, var in zip(output_storage, node.outputs):
+            want = getattr(var.type, "dtype", None)
+            if isinstance(cell[0], np.ndarray) and want and cell[0].dtype.name != want:
+                cell[0] = cell[0].astype(want)
+    return wrapper
+
+
 def _as_array(value: Any, dtype: str | None) -> np.ndarray:
     if dtype is not None:
         return np.asarray(value, dtype=check_dtype(dtype))
@@ -354,7 +374,7 @@ def _as_array(value: Any, dtype: str | None) -> np.ndarray:
     if arr is not None:
         return arr
     arr = np.asarray(value)
-    if arr.dtype.kind == "f" and not isinstance(value, np.ndarray) and not isinstance(value, np.generic):
+    if dtype_kind(arr.dtype) == "f" and not isinstance(value, (np.ndarray, np.generic)):
         arr = arr.astype(config.floatX)
     return arr
 

@@ -1,8 +1,9 @@
 """Typed constructors (fmatrix, dvector, iscalar, ...) and their plurals (dmatrices, fscalars, ...).
 
 As in Theano, a typed constructor *is* a `TensorType`: `T.dscalar('x')` makes a variable whose
-`.type is T.dscalar`. The floatX constructors (`scalar`, `matrix`, ..., `tensor7`) stay functions
-taking `(name, dtype)`. A plural takes names or a count: `a, b = T.dmatrices('a', 'b')`,
+`.type is T.dscalar`. The half types have prefixes of symgpu's own: `T.hmatrix` (float16),
+`T.bfmatrix` (bfloat16), and their plurals (`T.bfvectors(3)`). The floatX constructors
+(`scalar`, `matrix`, ..., `tensor7`) stay functions taking `(name, dtype)`. A plural takes names or a count: `a, b = T.dmatrices('a', 'b')`,
 `T.dmatrices(3)`; as in Theano, one name gives one variable and a single string of several
 characters gives one variable per character (`T.dscalars('xy')` is `[x, y]`).
 """
@@ -14,8 +15,10 @@ from symgpu.config import config
 from symgpu.tensor.type import TensorType, TensorVariable
 from symgpu.tensor import type as _type
 
+#: Theano's prefixes, then symgpu's own for the half types (Theano had none): h (half) for
+#: float16 (``hmatrix``), bf for bfloat16 (``bfmatrix``)
 PREFIXES = {"f": "float32", "d": "float64", "i": "int32", "l": "int64", "b": "int8",
-            "w": "int16", "c": "complex64", "z": "complex128"}
+            "w": "int16", "c": "complex64", "z": "complex128", "h": "float16", "bf": "bfloat16"}
 KINDS = {"scalar": (), "vector": (False,), "matrix": (False, False), "row": (True, False),
          "col": (False, True), "tensor3": (False,) * 3, "tensor4": (False,) * 4,
          "tensor5": (False,) * 5, "tensor6": (False,) * 6, "tensor7": (False,) * 7}

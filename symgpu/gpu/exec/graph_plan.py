@@ -50,12 +50,17 @@ def node_launches(node: Any, thunk: Any) -> bool:
 
 
 def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
-             launches: Sequence[bool]) -> list[int]:
+             launches: Sequence[bool], contexts: Sequence[int] | None = None) -> list[int]:
     """A topological order (indices into ``nodes``, themselves in topological order) that
     groups capturable nodes: ready host work with no launching node before it first (with
     the capturable nodes it reads), then capturable nodes (non-launching ones, such as views,
     before launching ones), then the remaining nodes as late as possible.  Ties keep the
-    original order."""
+    original order.
+
+    ``contexts`` (a function on several GPUs: each node's device ordinal, -1 for host
+    nodes) groups the ready capturable nodes of one device together, so that each device's
+    work makes long segments (one CUDA graph each) and every launch on every device comes
+    before the host work that waits for results (copies to the host run last)."""
     n = len(nodes)
     index = {node: i for i, node in enumerate(nodes)}
     parents: list[set[int]] = []
@@ -75,19 +80,21 @@ def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
     for i in reversed(range(n)):
         feeds_head[i] = any(head[c] or feeds_head[c] for c in children[i])
 
-    def rank(i: int) -> tuple[int, int]:
+    group = list(contexts) if contexts is not None else [0] * n
+
+    def rank(i: int) -> tuple[int, int, int]:
         if not capturable[i]:
-            return (0 if not after_launch[i] else 3, i)
+            return (0 if not after_launch[i] else 3, 0, i)
         if feeds_head[i]:
-            return (0, i)
-        return (1 if not launches[i] else 2, i)
+            return (0, 0, i)
+        return (1 if not launches[i] else 2, group[i], i)
 
     waiting = [len(ps) for ps in parents]
     ready = [rank(i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
-        _, i = heapq.heappop(ready)
+        i = heapq.heappop(ready)[-1]
         order.append(i)
         for c in children[i]:
             waiting[c] -= 1
@@ -99,13 +106,17 @@ def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
 
 
 def plan_steps(nodes: Sequence[Any], capturable: Sequence[bool], launches: Sequence[bool],
-               batchable: Sequence[bool]) -> list[tuple[str, list[int]]]:
+               batchable: Sequence[bool], contexts: Sequence[int] | None = None
+               ) -> list[tuple[str, list[int]]]:
     """The runner's steps in order: ``('segment', [i...])`` for a run of capturable nodes
     with a launch, ``('batch', [i...])`` for adjacent batchable (HostFromGpu) nodes,
-    ``('plain', [i])`` for everything else."""
-    order = schedule(nodes, capturable, launches)
+    ``('plain', [i])`` for everything else.  With ``contexts`` (each node's device ordinal,
+    -1 for a node touching no device value) a segment holds one device's nodes: a CUDA
+    graph is captured on one context's stream."""
+    order = schedule(nodes, capturable, launches, contexts)
     steps: list[tuple[str, list[int]]] = []
     run: list[int] = []
+    device = [-1]     # the device of the run's nodes (-1: none yet)
 
     def flush_run() -> None:
         if run:
@@ -114,9 +125,15 @@ def plan_steps(nodes: Sequence[Any], capturable: Sequence[bool], launches: Seque
             else:
                 steps.extend(("plain", [i]) for i in run)
             run.clear()
+        device[0] = -1
 
     for i in order:
         if capturable[i]:
+            d = contexts[i] if contexts is not None else -1
+            if d != -1:
+                if device[0] != -1 and d != device[0]:
+                    flush_run()
+                device[0] = d
             run.append(i)
             continue
         flush_run()

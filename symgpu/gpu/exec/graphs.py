@@ -70,6 +70,14 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
 * **Threads.** A call holds its context's ``call_lock`` (a capture records whatever reaches
   the context's one stream): :class:`Runner` takes it, and GPU functions without a graph get a
   ``_Locked`` plain run that does (docs/threads.md).
+* **Several devices.** A function whose GPU values live on two devices' contexts always gets
+  a Runner (graphs on or off): each segment holds one device's nodes (a graph is captured on
+  one stream), each device's ready nodes are grouped, every launch on every device comes
+  before the copies to the host, each step's context is made current before it runs
+  (``_Activate``: a replay runs no thunk that would), and a call holds every context's call
+  lock, taken in their global order.  So the host queues device 0's work, then device 1's,
+  and only waits in the copies back: the devices compute at the same time.  Copies between
+  them (GpuToGpu) are queued device to device, ordered by events (runtime/peer.py).
 * **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
   inputs, then the graph runs from the same values, and the results must agree (segments
   whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
@@ -120,7 +128,7 @@ assert HELD_NAME == "_symgpu_held"   # the name Runner.entry binds while it hold
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
            "make_keyer", "Unkeyable", "Segment", "Runner", "GraphCaptureWarning", "STATS",
-           "MAX_GRAPHS", "register_gpu_timers", "driver"]
+           "MAX_GRAPHS", "register_gpu_timers", "driver", "node_contexts"]
 
 #: graphs kept per segment (two alternate when the caller holds the last result)
 MAX_GRAPHS = 8
@@ -240,11 +248,21 @@ class Runner:
     """``vm.runner``: runs the VM's nodes as plain steps, batched copies and segments."""
 
     def __init__(self, vm: Any, steps: list[tuple[str, list[int]]], ctx: Any,
-                 drv: Any = None) -> None:
+                 drv: Any = None, node_contexts: list | None = None) -> None:
         self.vm = vm
         self.ctx = ctx
-        #: the context's call lock (context.GpuContext.call_lock, docs/threads.md)
-        self.lock: TokenLock = getattr(ctx, "call_lock", None) or TokenLock()
+        #: each node's context, for a function on several devices (None: all on ``ctx``):
+        #: segments then hold one context's nodes (plan_steps) and run on its stream, and a
+        #: step switching devices makes its context current first (_Activate)
+        self.node_contexts = node_contexts
+        #: the contexts the runner launches on, in the global order of their call locks
+        self.contexts = [ctx] if node_contexts is None else sorted(
+            {id(c): c for c in node_contexts if c is not None}.values(),
+            key=lambda c: _call_lock(c).order)
+        #: the context's call lock (context.GpuContext.call_lock, docs/threads.md); with
+        #: several contexts, ``locks``: every one, taken in that order
+        self.lock: TokenLock = _call_lock(ctx)
+        self.locks = [_call_lock(c) for c in self.contexts]
         self.driver = drv if drv is not None else driver()
         self.enabled = True
         self.verify = VERIFY
@@ -306,6 +324,9 @@ class Runner:
         for s_no, (kind, idx) in enumerate(steps):
             my_dead = [dead[pos + k] for k in range(len(idx))]
             pos += len(idx)
+            step_ctx = self._context_of(idx)
+            if node_contexts is not None and step_ctx is not None and kind != "batch":
+                self.steps.append(_Activate(idx[0], step_ctx))
             if kind == "plain":
                 node = nodes[idx[0]]
                 outs = node.outputs
@@ -314,7 +335,7 @@ class Runner:
                         not getattr(node.op, "view_map", None) and \
                         not getattr(node.op, "destroy_map", None):
                     self.steps.append(_OwnedPlainStep(idx[0], thunks[idx[0]], my_dead[0],
-                                                      sm[outs[0]], ctx.pool))
+                                                      sm[outs[0]], (step_ctx or ctx).pool))
                 else:
                     self.steps.append(_PlainStep(idx[0], thunks[idx[0]], my_dead[0]))
             elif kind == "batch":
@@ -324,7 +345,8 @@ class Runner:
                     [c for d in my_dead for c in d], HostFromGpu.perform_many))
             else:
                 seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected,
-                                    updates if _tail_safe(steps, s_no, nodes) else [])
+                                    updates if _tail_safe(steps, s_no, nodes) else [],
+                                    step_ctx or ctx)
                 seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
                 self.segments.append(seg)
                 self.steps.append(seg)
@@ -332,7 +354,50 @@ class Runner:
         # call all the same: nothing keeps a graph's buffers between calls
         self.post_clear = seg_out_cells if vm.gc_after is None else []
         #: what a call runs (VM.dispatch routes generated calls to it; __call__ runs it)
-        self.entry = self._entry()
+        self.entry = self._entry() if node_contexts is None else self._entry_contexts()
+
+    def _context_of(self, idx: list[int]) -> Any:
+        """The context a step's nodes run on (several contexts only; else None)."""
+        if self.node_contexts is None:
+            return None
+        return next((self.node_contexts[i] for i in idx
+                     if self.node_contexts[i] is not None), None)
+
+    def _entry_contexts(self) -> Callable[[], None]:
+        """One call of a function on several devices: every context's call lock, taken in
+        their global order, then the steps.  No step waits for a device but the copies to
+        the host (and a GpuToGpu's fallback through the host), which the plan puts after
+        every launch: each device runs its share while the host queues the next device's
+        (segments replay their CUDA graphs asynchronously; _Activate makes each step's
+        context current)."""
+        steps, post_clear, uploads, vm = self.steps, self.post_clear, self.uploads_arrays, self.vm
+        locks = self.locks
+        held = tuple(locks)
+        first = steps[0] if steps else None
+
+        def entry() -> None:
+            taken: list = []
+            step = first
+            try:
+                for lock in locks:
+                    lock.acquire()
+                    taken.append(lock)
+                _symgpu_held = held  # noqa: F841 (HELD_NAME, as in _entry)
+                if uploads:
+                    with deferred_waits():
+                        for step in steps:
+                            step.run()
+                else:
+                    for step in steps:
+                        step.run()
+                for c in post_clear:
+                    c[0] = None
+            except Exception as exc:   # the node's own error, named (as in _entry)
+                vm.raise_with_node_info(step.current if step is not None else 0, exc)
+            finally:
+                for lock in reversed(taken):
+                    lock.release()
+        return entry
 
     def _entry(self) -> Callable[[], None]:
         """One call: the steps under the context's call lock, with the context current (a
@@ -388,7 +453,8 @@ class Runner:
         return entry
 
     def _segment(self, idx: list[int], my_dead: list[list], nodes: list, thunks: list,
-                 sm: dict, order: list[int], protected: set, updates: list) -> Segment:
+                 sm: dict, order: list[int], protected: set, updates: list,
+                 ctx: Any) -> Segment:
         produced = [v for i in idx for v in nodes[i].outputs]
         produced_set = set(produced)
         inputs: list[Any] = []
@@ -430,7 +496,7 @@ class Runner:
         seg = Segment(self, [(i, thunks[i], d) for i, d in zip(idx, my_dead)],
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
-                      [sm[v] for v in internal], self.ctx, copy_back, param_thunks,
+                      [sm[v] for v in internal], ctx, copy_back, param_thunks,
                       param_inputs, staged, written, direct)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
@@ -524,8 +590,18 @@ def _parameters(idx: list[int], nodes: list, thunks: list,
 
 # ============================================================================ installing
 
+def _call_lock(ctx: Any) -> TokenLock:
+    """A context's call lock (a context without one, a test's fake: a lock of its own)."""
+    return getattr(ctx, "call_lock", None) or TokenLock()
+
+
+def _started(ctx: Any) -> bool:
+    return ctx is not None and not ctx.virtual and bool(ctx.stream_handle)
+
+
 def _contexts(vm: Any) -> list:
-    """The started (non-virtual) contexts the GPU variables of ``vm`` live on."""
+    """The started (non-virtual) contexts the GPU variables of ``vm`` live on, in device
+    order (names mapped to one device share its context)."""
     names = set()
     for node in vm.nodes:
         for v in list(node.inputs) + list(node.outputs):
@@ -534,9 +610,40 @@ def _contexts(vm: Any) -> list:
     out = []
     for name in sorted(names, key=str):
         ctx = gpu_context._registry.get(name)
-        if ctx is not None and not ctx.virtual and ctx.stream_handle and ctx not in out:
+        if _started(ctx) and ctx not in out:
             out.append(ctx)
+    return sorted(out, key=lambda c: getattr(c, "ordinal", 0))
+
+
+def node_contexts(nodes: list) -> list | None:
+    """Each node's context: that of its first GPU output, else of its first GPU input (a
+    copy to the host, a shape read), None for host nodes; None for the whole list when a
+    GPU variable's context is not a started one (a virtual context beside a real one)."""
+    out: list = []
+    for node in nodes:
+        ctx = None
+        for v in list(node.outputs) + list(node.inputs):
+            if _is_gpu_var(v):
+                ctx = gpu_context._registry.get(v.type.context_name)
+                if not _started(ctx):
+                    return None
+                break
+        out.append(ctx)
     return out
+
+
+class _Activate:
+    """A step of a runner on several devices: make the next step's context current (a
+    replay runs no thunk that would; a thunk that activates its own is not slowed)."""
+
+    __slots__ = ("current", "ctx", "activate")
+
+    def __init__(self, index: int, ctx: Any) -> None:
+        self.current, self.ctx, self.activate = index, ctx, ctx.activate
+
+    def run(self) -> None:
+        if getattr(_thread_state, "current", None) is not self.ctx:
+            self.activate()
 
 
 class _Locked:
@@ -564,30 +671,41 @@ class _Locked:
 
 def install(vm: Any) -> None:
     """The VM hook: give a GPU ``vm`` a :class:`Runner` when graphs are on and worth it, or
-    else a :class:`_Locked` plain run (calls from several threads: docs/threads.md)."""
+    else a :class:`_Locked` plain run (calls from several threads: docs/threads.md).
+
+    A function on several devices always gets a Runner (graphs on or off): its plan runs
+    every launch, on every device, before the copies to the host that wait for results,
+    so the devices work at the same time; its segments are one device's each."""
     if type(vm) is not VM or not vm.nodes:
         return
     ctxs = _contexts(vm)
     if not ctxs:
         return
-    locks = [getattr(c, "call_lock", None) or TokenLock() for c in ctxs]
+    locks = sorted((_call_lock(c) for c in ctxs), key=lambda lock: lock.order)
     vm.runner = _Locked(vm, locks)
-    if not config.gpuarray.cuda_graphs or len(ctxs) != 1 or ctxs[0].pool is None:
+    if any(c.pool is None for c in ctxs):
         return
-    ctx = ctxs[0]
-    if len({v.type.context_name for n in vm.nodes for v in list(n.inputs) + list(n.outputs)
-            if _is_gpu_var(v)}) != 1:
-        return   # a virtual context beside the real one
+    per_node = node_contexts(vm.nodes)
+    if per_node is None:
+        return   # a virtual context beside a real one
+    several = len(ctxs) > 1
+    graphs_on = bool(config.gpuarray.cuda_graphs)
+    if not graphs_on and not several:
+        return
     nodes, thunks = vm.nodes, vm.thunks
     capt = [node_capturable(n, t) for n, t in zip(nodes, thunks)]
-    if not any(capt):
+    if not any(capt) and not several:
         return
     launches = [c and node_launches(n, t) for n, t, c in zip(nodes, thunks, capt)]
     batch = [isinstance(n.op, HostFromGpu) for n in nodes]
-    steps = plan_steps(nodes, capt, launches, batch)
-    if not any(kind != "plain" for kind, _ in steps):
+    devices = [c.ordinal if c is not None else -1 for c in per_node] if several else None
+    steps = plan_steps(nodes, capt, launches, batch, devices)
+    if not several and not any(kind != "plain" for kind, _ in steps):
         return
-    vm.runner = Runner(vm, steps, ctx)
+    runner = Runner(vm, steps, ctxs[0], node_contexts=per_node if several else None)
+    if not graphs_on:
+        runner.enabled = False    # segments run their thunks plainly, in the plan's order
+    vm.runner = runner
 
 
 def _register_vm_hook() -> None:

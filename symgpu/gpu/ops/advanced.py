@@ -1,6 +1,8 @@
 """Advanced indexing on axis 0 and batched matmul on the GPU: GpuAdvancedSubtensor1 (gather
 ``x[idx]``), GpuAdvancedIncSubtensor1 (``set_subtensor``/``inc_subtensor`` of ``x[idx]``) and
-GpuBatchedDot (MatMul of two 3-d stacks through cublas<S|D>gemmStridedBatched), with lifters.
+GpuBatchedDot (MatMul of two 3-d stacks through cublas<S|D>gemmStridedBatched; float16 and
+bfloat16 stacks through cuBLASLt's strided batches with float32 accumulation, else
+cublasGemmStridedBatchedEx), with lifters.
 
 Only the common index form is lifted: the CPU op's ``idx_list`` is exactly one symbolic
 integer vector (int32/int64) on axis 0 followed by nothing or full slices
@@ -27,8 +29,9 @@ from typing import Any, Callable
 import numpy as np
 
 from symgpu.gpu.ops import elemwise as elemwise_ops
-from symgpu.gpu.ops.blas import (BLAS_DTYPES, _blas_matrix, _check_int, _colmajor, _ctx_name,
-                                 cublas, gemm_math_mode)
+from symgpu.gpu.ops import blaslt
+from symgpu.gpu.ops.blas import (BLAS_DTYPES, GEMM_DTYPES, _blas_matrix, _check_int, _colmajor,
+                                 _ctx_name, cublas, gemm_math_mode)
 from symgpu.gpu.ops.elemwise import _virtual_thunk, gpu_elemwise
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -291,9 +294,11 @@ def _batch_operand(a: Any) -> tuple[Any, int, int, int]:
 
 
 class GpuBatchedDot(Op):
-    """``matmul(x, y)`` of two 3-d float32/float64 stacks, ``x[b] @ y[b]`` for each b, through
-    one cublas<S|D>gemmStridedBatched call (row-major handled as column-major transposes,
-    as GpuDot22). Batch sizes must be equal or one of them 1 (read with stride 0)."""
+    """``matmul(x, y)`` of two 3-d stacks, ``x[b] @ y[b]`` for each b, through one
+    cublas<S|D>gemmStridedBatched call (float32/float64) or one strided-batched cuBLASLt
+    product accumulated in float32 (float16/bfloat16; row-major handled as column-major
+    transposes, as GpuDot22). Batch sizes must be equal or one of them 1 (read with stride
+    0)."""
 
     __props__ = ()
 
@@ -304,8 +309,8 @@ class GpuBatchedDot(Op):
 
     def make_node(self, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(x, y)
-        x, y = _blas_matrix(x, ctx, 3, "GpuBatchedDot's x"), \
-            _blas_matrix(y, ctx, 3, "GpuBatchedDot's y")
+        x, y = _blas_matrix(x, ctx, 3, "GpuBatchedDot's x", GEMM_DTYPES), \
+            _blas_matrix(y, ctx, 3, "GpuBatchedDot's y", GEMM_DTYPES)
         if x.dtype != y.dtype:
             raise TypeError(f"GpuBatchedDot needs one dtype, got {x.dtype} and {y.dtype}")
         bcast = (x.broadcastable[0] and y.broadcastable[0], x.broadcastable[1],
@@ -325,10 +330,12 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
     dtype = node.outputs[0].dtype
     math_mode = gemm_math_mode(dtype)
     np_dtype = np.dtype(dtype)
-    lib = blas.lib
-    gemm = lib.cublasSgemmStridedBatched if dtype == "float32" else \
-        lib.cublasDgemmStridedBatched
-    ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    half = dtype not in BLAS_DTYPES
+    gemm = None if half else blas.lib.cublasSgemmStridedBatched if dtype == "float32" else \
+        blas.lib.cublasDgemmStridedBatched
+    ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float   # half: float scale
+    use_lt = half and blaslt.lt_available(dtype)
+    declined: set = set()     # half problems cuBLASLt has no algorithm for
     one, zero = ctype(1.0), ctype(0.0)
     x_cell, y_cell = storage_map[node.inputs[0]], storage_map[node.inputs[1]]
     out_cell = storage_map[node.outputs[0]]
@@ -354,6 +361,11 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
                 _check_int(b, m, n, k)
                 x, tb, ldb, sx = _batch_operand(x)
                 y, ta, lda, sy = _batch_operand(y)
+                if half:
+                    _half_batched(ctx, dtype, use_lt, declined, (ta, tb, n, m, k, lda, ldb,
+                                  sy, sx, b), one, zero, y, x, out, label)
+                    out_cell[0] = out
+                    return
                 blas.math_mode(handle, math_mode)
                 status = gemm(handle, ctypes.c_int(ta), ctypes.c_int(tb), ctypes.c_int(n),
                               ctypes.c_int(m), ctypes.c_int(k), ctypes.byref(one),
@@ -371,6 +383,28 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
     return thunk
 
 
+def _half_batched(ctx: Any, dtype: str, use_lt: bool, declined: set, geo: tuple, one: Any,
+                  zero: Any, y: Any, x: Any, out: Any, label: str) -> None:
+    """out[b] = x[b] @ y[b] of a half stack: the column-major batch out^T = y^T x^T through
+    cuBLASLt (float32 accumulation, the algorithm timed per problem), or classic
+    cublasGemmStridedBatchedEx where cuBLASLt is off or declines the problem."""
+    ta, tb, n, m, k, lda, ldb, sy, sx, b = geo
+    p = blaslt.LtProblem(dtype, False, ta, tb, n, m, k, max(lda, 1), max(ldb, 1), max(n, 1),
+                         False, b, sy, sx, m * n, blaslt.EPILOGUE_DEFAULT,
+                         tuple(blaslt.alignment(v.ptr) for v in (y, x, out)))
+    alpha, beta = ctypes.byref(one), ctypes.byref(zero)
+    if use_lt and p not in declined:
+        try:
+            blaslt.lt_matmul(ctx, p, alpha, y.ptr, x.ptr, beta, out.ptr)
+            return
+        except blaslt.LtUnsupported:
+            declined.add(p)
+    status = blaslt.classic(ctx, p, alpha, y.ptr, x.ptr, beta, out.ptr)
+    if status:
+        cublas().check(status, f"{label} (gemmStridedBatchedEx {b} x {m}x{k} @ {k}x{n}, "
+                               f"{dtype})")
+
+
 def gpu_batched_dot(x: Any, y: Any) -> Any:
     return GpuBatchedDot()(x, y)
 
@@ -380,7 +414,7 @@ def lift_matmul(op, node, context_name, inputs):
     x, y = inputs
     if x.ndim != 3 or y.ndim != 3 or not (is_gpu_var(x) and is_gpu_var(y)):
         return None
-    if not (x.dtype == y.dtype == node.outputs[0].dtype) or x.dtype not in BLAS_DTYPES:
+    if not (x.dtype == y.dtype == node.outputs[0].dtype) or x.dtype not in GEMM_DTYPES:
         return None
     if x.broadcastable[0] != y.broadcastable[0]:
         return None   # batch broadcasting declared in the types: stays on the CPU

@@ -1,4 +1,5 @@
-"""cuBLAS through ctypes: GpuGemm, GpuGemv, GpuDot22, GpuGer (float32, float64).
+"""cuBLAS through ctypes: GpuGemm, GpuGemv, GpuDot22, GpuGer (float32, float64; GpuGemm and
+GpuDot22 also float16 and bfloat16, accumulated in float32 with float32 alpha/beta).
 
 Why ctypes: cuBLAS ships with every CUDA install (``libcublas.so.13`` on the GPU machine) and
 its C API is a handful of calls; binding them directly costs nothing to build and works on the
@@ -10,6 +11,11 @@ Row-major arrays are column-major transposes: ``C = A @ B`` is ``C^T = B^T A^T``
 C-contiguous matrix is passed untransposed with its row stride as leading dimension, an
 F-contiguous one transposed, anything else is first copied to C order.  The rank-1 update
 of a row-major A (m x n) is the update of the column-major A^T (n x m) with x and y swapped.
+
+Half products (``GEMM_DTYPES`` beyond ``BLAS_DTYPES``) run through cuBLASLt (compute type
+CUBLAS_COMPUTE_32F, its algorithms timed as float32's are), else ``cublasGemmEx``; their
+alpha and beta are float32 scalars (``scale_dtype``).  cuBLAS has no half gemv or ger, so a
+half matrix-vector product is a GpuDot22 of one column (lifters.py).
 
 GpuGer's lifter and in-place pass live here (the other BLAS ops' are in lifters.py).  The
 library binding (loading, entry points, handles) is cublas_lib.py; cuBLASLt is blaslt.py.
@@ -34,15 +40,26 @@ from symgpu.gpu.runtime.array import to_gpu
 from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
+from symgpu.scalar.dtypes import value_dtype
 from symgpu.tensor import blas as _host_blas
 from symgpu.tensor.math import cast
 from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuGemm", "GpuGemv", "GpuDot22", "GpuGer", "GpuAllocEmpty", "gpu_gemm", "gpu_gemv",
            "gpu_dot22", "gpu_ger", "lift_ger", "gemm_math_mode", "cublas", "CublasError",
-           "BLAS_DTYPES"]
+           "BLAS_DTYPES", "GEMM_DTYPES", "scale_dtype"]
 
+#: dtypes of every cuBLAS op here (gemv, ger: cuBLAS has no half ones)
 BLAS_DTYPES = ("float32", "float64")
+#: dtypes of the matrix products (GpuGemm, GpuDot22, GpuBatchedDot): the half ones too
+GEMM_DTYPES = ("float16", "bfloat16") + BLAS_DTYPES
+
+
+def scale_dtype(dtype: str) -> str:
+    """The dtype of alpha and beta of a product of ``dtype``: float32 for the half dtypes
+    (cuBLAS's scale type with CUBLAS_COMPUTE_32F), the operands' own otherwise."""
+    return value_dtype(dtype)
+
 _N, _T = 0, 1                       # cublasOperation_t
 
 #: the process's binding (tests replace it)
@@ -197,10 +214,11 @@ def _scalar_input(x: Any, dtype: str, ctx_name: Any) -> Variable:
     return cast(x, dtype) if x.dtype != dtype else x
 
 
-def _blas_matrix(x: Any, ctx_name: Any, ndim: int, what: str) -> Variable:
+def _blas_matrix(x: Any, ctx_name: Any, ndim: int, what: str,
+                 dtypes: tuple = BLAS_DTYPES) -> Variable:
     x = _as_gpu(x, ctx_name)
-    if x.ndim != ndim or x.dtype not in BLAS_DTYPES:
-        raise TypeError(f"{what} must be a {ndim}-d float32/float64 GPU array, got {x.type}")
+    if x.ndim != ndim or x.dtype not in dtypes:
+        raise TypeError(f"{what} must be a {ndim}-d {'/'.join(dtypes)} GPU array, got {x.type}")
     return x
 
 
@@ -253,11 +271,13 @@ class GpuGemm(_AccumulatingBlasOp):
 
     def make_node(self, z: Any, alpha: Any, x: Any, y: Any, beta: Any) -> Apply:
         ctx = _ctx_name(z, x, y)
-        z = _blas_matrix(z, ctx, 2, "GpuGemm's z")
-        x, y = _blas_matrix(x, ctx, 2, "GpuGemm's x"), _blas_matrix(y, ctx, 2, "GpuGemm's y")
+        z = _blas_matrix(z, ctx, 2, "GpuGemm's z", GEMM_DTYPES)
+        x = _blas_matrix(x, ctx, 2, "GpuGemm's x", GEMM_DTYPES)
+        y = _blas_matrix(y, ctx, 2, "GpuGemm's y", GEMM_DTYPES)
         if not (z.dtype == x.dtype == y.dtype):
             raise TypeError(f"GpuGemm needs one dtype, got z {z.dtype}, x {x.dtype}, y {y.dtype}")
-        alpha, beta = _scalar_input(alpha, z.dtype, ctx), _scalar_input(beta, z.dtype, ctx)
+        sd = scale_dtype(z.dtype)
+        alpha, beta = _scalar_input(alpha, sd, ctx), _scalar_input(beta, sd, ctx)
         out = z.type.clone(broadcastable=(x.broadcastable[0] and z.broadcastable[0],
                                           y.broadcastable[1] and z.broadcastable[1]))
         if self.inplace and z.type != out:
@@ -283,7 +303,8 @@ class GpuDot22(_CublasOp):
 
     def make_node(self, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(x, y)
-        x, y = _blas_matrix(x, ctx, 2, "GpuDot22's x"), _blas_matrix(y, ctx, 2, "GpuDot22's y")
+        x = _blas_matrix(x, ctx, 2, "GpuDot22's x", GEMM_DTYPES)
+        y = _blas_matrix(y, ctx, 2, "GpuDot22's y", GEMM_DTYPES)
         if x.dtype != y.dtype:
             raise TypeError(f"GpuDot22 needs one dtype, got {x.dtype} and {y.dtype}")
         out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
@@ -298,7 +319,12 @@ class GpuDot22(_CublasOp):
 
 def _thin_prefetch(node: Apply) -> list[tuple]:
     """The thin-product module (thin_gemm.py) a GpuDot22/GpuGemm thunk loads when made."""
-    return [thin_gemm.prefetch_request(node.outputs[0].dtype)] if thin_gemm.ENABLED else []
+    dtype = node.outputs[0].dtype
+    return [thin_gemm.prefetch_request(dtype)] if _thin_enabled(dtype) else []
+
+
+def _thin_enabled(dtype: str) -> bool:
+    return thin_gemm.ENABLED and dtype in thin_gemm.DTYPES
 
 
 def gemm_math_mode(dtype: str) -> int:
@@ -308,7 +334,11 @@ def gemm_math_mode(dtype: str) -> int:
 
 
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
-                xi: int, yi: int, scalar_pos: tuple) -> Callable[[], None]:
+                xi: int, yi: int, scalar_pos: tuple, epi: Any = None) -> Callable[[], None]:
+    """The thunk of a product ``beta z + alpha x @ y`` (GpuGemm), ``x @ y`` (GpuDot22) or,
+    with ``epi``, ``act(x @ y + bias)`` (GpuGemmEpilogue, gemm_epilogue.py: ``epi.code`` is
+    its cuBLASLt epilogue, ``epi.bias_index`` the bias input, ``epi.apply(out, bias)`` the
+    same epilogue by a kernel of ours after a classic product)."""
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -316,9 +346,12 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     use_lt = blaslt.lt_available(dtype)
     np_dtype = np.dtype(dtype)
     gemm = blas.gemm[dtype]
-    ctype = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    ctype = ctypes.c_float if scale_dtype(dtype) == "float32" else ctypes.c_double
     one, zero = ctype(1.0), ctype(0.0)
-    scal = _Scalars(node, scalar_pos, dtype, ctx, storage_map) if scalar_pos else None
+    scal = _Scalars(node, scalar_pos, scale_dtype(dtype), ctx, storage_map) if scalar_pos \
+        else None
+    epi_code = blaslt.EPILOGUE_DEFAULT if epi is None else epi.code
+    bias_cell = storage_map[node.inputs[epi.bias_index]] if epi is not None else None
     device_scalars = scal is not None and scal.device
     in_cells = [storage_map[v] for v in node.inputs]
     out_cell = storage_map[node.outputs[0]]
@@ -328,7 +361,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     label = str(op)
     problems: dict = {}     # _lt_gemm's LtProblems by layout (None: cuBLASLt has none)
     into = [None]   # graph_segment sets it for one capture (write_into: a direct update)
-    thin = thin_gemm.ThinGemm(ctx, dtype) if thin_gemm.ENABLED else None
+    thin = thin_gemm.ThinGemm(ctx, dtype) if _thin_enabled(dtype) and epi is None else None
     unit = [(1.0, 0), (0.0, 0)]     # GpuDot22's alpha, beta for the thin kernels
 
     def thunk() -> None:
@@ -356,6 +389,9 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                     out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
+        bias = None
+        if bias_cell is not None:
+            bias = epi.operand(bias_cell[0], n, label)
         if m and n and thin is not None and \
                 thin(x, y, out, *(unit if scal is None else scal.kernel_args())):
             out_cell[0] = out     # one launch of ours: a thin side (thin_gemm.py)
@@ -371,7 +407,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
                                          ldc, y, x, out, alpha_p, beta_p, device_scalars,
-                                         problems):
+                                         problems, epi_code, bias):
                 out_cell[0] = out
                 return
             blas.math_mode(handle, math_mode)
@@ -383,6 +419,8 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             if status:   # (the message is made only then)
                 blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
             del keep
+            if bias is not None:
+                epi.apply(ctx, out, bias)   # cuBLASLt missing or declined: our kernel
         out_cell[0] = out
 
     if z_var is not None:
@@ -403,24 +441,30 @@ def _accumulates_into(t: Any, z: Any, x: Any, y: Any, shape: tuple) -> bool:
 
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
-             alpha_p: Any, beta_p: Any, device_scalars: bool, problems: dict) -> bool:
+             alpha_p: Any, beta_p: Any, device_scalars: bool, problems: dict,
+             epilogue: int = 1, bias: Any = None) -> bool:
     """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
     cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
     caller runs classic cuBLAS).  ``problems`` is the thunk's memo of LtProblems (None for
     one cuBLASLt declined) by layout: the arguments that vary and the pointers' low byte,
-    which fixes their alignment, so a call builds no LtProblem (dtype, math mode and pointer
-    mode are the thunk's own)."""
+    which fixes their alignment, so a call builds no LtProblem (dtype, math mode, pointer
+    mode and epilogue are the thunk's own).  With an epilogue, ``bias`` is its vector (one
+    value per row of the column-major out)."""
     ap, bp, dp = a.ptr, b.ptr, out.ptr
     key = (ta, tb, rows, cols, k, lda, ldb, ldd, ap & 255, bp & 255, dp & 255)
     p = problems.get(key, _NEW)
     if p is _NEW:
         p = problems[key] = blaslt.LtProblem(
             dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1), max(ldb, 1),
-            max(ldd, 1), device_scalars, tuple(blaslt.alignment(v) for v in (ap, bp, dp)))
+            max(ldd, 1), device_scalars, 1, 0, 0, 0, epilogue,
+            tuple(blaslt.alignment(v) for v in (ap, bp, dp)))
     if p is None:
         return False
     try:
-        blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp)
+        if bias is None:
+            blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp)
+        else:
+            blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp, bias.ptr)
     except blaslt.LtUnsupported:
         problems[key] = None
         return False

@@ -22,6 +22,15 @@ in the dropout step; it was taken back on the strength of candidate timings that
 turned out, measured Python's launch time, not the device's.  Worth measuring again with
 the graph-replay timing below.
 
+Half products (float16, bfloat16: A, B, C and D of CUDA_R_16F / CUDA_R_16BF) accumulate in
+float32 (CUBLAS_COMPUTE_32F) with float32 alpha and beta, so a result is rounded once; their
+classic candidate is ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` with the same types.
+A problem may be a strided batch (``batch`` products whose operands lie ``stride_*`` elements
+apart: the layouts' BATCH_COUNT and STRIDED_BATCH_OFFSET) and may carry an epilogue
+(``EPILOGUE_BIAS``, ``EPILOGUE_RELU_BIAS``: a bias vector, one value per row of the
+column-major D, added before the activation; its address is set on the descriptor at each
+call), which classic cuBLAS cannot run, so such problems have no classic candidate.
+
 Capture-safe: the call names its stream and a workspace from the context's pool (kept as long
 as the context's handle), and allocates nothing.  Where libcublasLt cannot be loaded, or its
 heuristic offers nothing for a problem, ``blas.py`` runs the product through classic cuBLAS
@@ -37,17 +46,24 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from symgpu.config import config
-from symgpu.gpu.ops.cublas_lib import (Cublas, CublasError, DEFAULT_MATH, STATUS, TF32_MATH,
-                                       load_library, with_pointer_mode)
+from symgpu.gpu.ops.cublas_lib import (CUDA_DATA_TYPES, Cublas, CublasError, DEFAULT_MATH,
+                                       STATUS, TF32_MATH, compute_type, load_library,
+                                       with_pointer_mode)
 from symgpu.gpu.runtime import libcuda
 from symgpu.gpu.runtime.array import new_array
 
 __all__ = ["LtProblem", "AlgoChoice", "CHOICES", "cublaslt", "lt_available", "lt_matmul",
-           "alignment", "LtUnsupported", "use_classic"]
+           "alignment", "LtUnsupported", "use_classic", "LT_DTYPES", "EPILOGUE_DEFAULT",
+           "EPILOGUE_BIAS", "EPILOGUE_RELU_BIAS", "problem_elements", "classic"]
 
-_COMPUTE_32F, _COMPUTE_32F_FAST_TF32, _COMPUTE_64F = 68, 77, 70   # cublasComputeType_t
+#: the dtypes cuBLASLt products run in (half ones with float32 accumulation)
+LT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: cublasLtEpilogue_t values used here
+EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS = 1, 4, 6
 _R_32F, _R_64F = 0, 1                                             # cudaDataType
 _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4          # cublasLtMatmulDescAttributes_t
+_DESC_EPILOGUE, _DESC_BIAS_POINTER = 7, 8
+_LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6                  # ...MatrixLayoutAttribute_t
 _PREF_MAX_WORKSPACE = 1                                           # ...PreferenceAttributes_t
 _PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (bytes)
 _WORKSPACE_BYTES = 32 << 20
@@ -86,7 +102,17 @@ class LtProblem(NamedTuple):
     ldb: int
     ldd: int
     device_scalars: bool     # alpha and beta are read from device memory
+    batch: int               # products in the strided batch (1: a plain product)
+    stride_a: int            # elements between consecutive products' A (B, D)
+    stride_b: int
+    stride_d: int
+    epilogue: int            # cublasLtEpilogue_t (EPILOGUE_DEFAULT: none)
     align: tuple             # (A, B, D) pointer alignments in bytes, at most 256
+
+
+def problem_elements(p: LtProblem) -> int:
+    """How many elements of D the problem spans (the timing's scratch D)."""
+    return (p.batch - 1) * p.stride_d + p.n * p.ldd
 
 
 def alignment(ptr: int) -> int:
@@ -184,6 +210,7 @@ class _CublasLt:
             "cublasLtMatmulDescSetAttribute": [vp, ctypes.c_int, vp, st],
             "cublasLtMatrixLayoutCreate": [P(vp), ctypes.c_int, ctypes.c_uint64,
                                            ctypes.c_uint64, ctypes.c_int64],
+            "cublasLtMatrixLayoutSetAttribute": [vp, ctypes.c_int, vp, st],
             "cublasLtMatmulPreferenceCreate": [P(vp)],
             "cublasLtMatmulPreferenceSetAttribute": [vp, ctypes.c_int, vp, st],
             "cublasLtMatmulPreferenceDestroy": [vp],
@@ -233,14 +260,16 @@ class _CublasLt:
             return got
         h, _, ws_bytes = self.handle(ctx)
         lib, check = self.lib, self.check
-        dtype = _R_32F if p.dtype == "float32" else _R_64F
-        compute = (_COMPUTE_64F if p.dtype == "float64" else
-                   _COMPUTE_32F_FAST_TF32 if p.tf32 else _COMPUTE_32F)
+        dtype = CUDA_DATA_TYPES[p.dtype]
+        scale = _R_64F if p.dtype == "float64" else _R_32F   # the half dtypes' too
         desc = ctypes.c_void_p()
-        check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), compute, dtype),
-              "cublasLtMatmulDescCreate")
-        for attr, val in ((_DESC_TRANSA, p.transa), (_DESC_TRANSB, p.transb),
-                          (_DESC_POINTER_MODE, 1 if p.device_scalars else 0)):
+        check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), compute_type(p.dtype, p.tf32),
+                                           scale), "cublasLtMatmulDescCreate")
+        attrs = [(_DESC_TRANSA, p.transa), (_DESC_TRANSB, p.transb),
+                 (_DESC_POINTER_MODE, 1 if p.device_scalars else 0)]
+        if p.epilogue != EPILOGUE_DEFAULT:
+            attrs.append((_DESC_EPILOGUE, p.epilogue))
+        for attr, val in attrs:
             v = ctypes.c_int32(val)
             check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v),
                                                      ctypes.sizeof(v)),
@@ -248,12 +277,20 @@ class _CublasLt:
         a_rows, a_cols = (p.m, p.k) if p.transa == 0 else (p.k, p.m)
         b_rows, b_cols = (p.k, p.n) if p.transb == 0 else (p.n, p.k)
         layouts = []
-        for rows, cols, ld in ((a_rows, a_cols, p.lda), (b_rows, b_cols, p.ldb),
-                               (p.m, p.n, p.ldd), (p.m, p.n, p.ldd)):
+        for rows, cols, ld, stride in ((a_rows, a_cols, p.lda, p.stride_a),
+                                       (b_rows, b_cols, p.ldb, p.stride_b),
+                                       (p.m, p.n, p.ldd, p.stride_d),
+                                       (p.m, p.n, p.ldd, p.stride_d)):
             lay = ctypes.c_void_p()
             check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld),
                   "cublasLtMatrixLayoutCreate")
             layouts.append(lay)
+            if p.batch > 1:
+                for attr, v in ((_LAYOUT_BATCH_COUNT, ctypes.c_int32(p.batch)),
+                                (_LAYOUT_BATCH_STRIDE, ctypes.c_int64(stride))):
+                    check(lib.cublasLtMatrixLayoutSetAttribute(lay, attr, ctypes.byref(v),
+                                                               ctypes.sizeof(v)),
+                          "cublasLtMatrixLayoutSetAttribute")
         pref = ctypes.c_void_p()
         check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)),
               "cublasLtMatmulPreferenceCreate")
@@ -280,7 +317,8 @@ class _CublasLt:
         if not algos:
             raise LtUnsupported(f"no cuBLASLt algorithm for {p}")
         algos += self._split_k(h, desc, layouts, algos[:SPLITK_OF], p.k, ws_bytes)
-        algos.append((None, 0, "classic cuBLAS"))   # its own choice, timed beside them
+        if p.epilogue == EPILOGUE_DEFAULT:    # classic cuBLAS has no epilogues
+            algos.append((None, 0, "classic cuBLAS"))   # its own choice, timed beside them
         plan = _Plan(p, desc, tuple(layouts), algos)
         with self.lock:
             self.plans[key] = plan
@@ -311,10 +349,18 @@ class _CublasLt:
                         out.append((v, res.workspaceSize, f"{label} split-K {parts} ({where})"))
         return out
 
+    def set_bias(self, plan: _Plan, bias: int) -> None:
+        """Point ``plan``'s epilogue at the bias vector at device address ``bias`` (a host
+        setting read by the launches that follow, captured ones included)."""
+        v = ctypes.c_void_p(bias)
+        self.check(self.lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_BIAS_POINTER,
+                                                           ctypes.byref(v), ctypes.sizeof(v)),
+                   "cublasLtMatmulDescSetAttribute (bias pointer)")
+
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
                beta: Any, d: int) -> int:
-        """Launch candidate ``which`` of ``plan`` (D = alpha op(A) op(B) + beta D) on
-        ``ctx``'s stream; the cuBLAS status."""
+        """Launch candidate ``which`` of ``plan`` (D = alpha op(A) op(B) + beta D, then the
+        epilogue) on ``ctx``'s stream; the cuBLAS status."""
         h, ws, ws_bytes = self.handle(ctx)
         algo = plan.algos[which][0]
         if algo is None:
@@ -341,15 +387,32 @@ def use_classic(binding: Callable[[], Cublas]) -> None:
 
 
 def _classic(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> int:
-    """``p`` through classic cuBLAS's gemm and its own algorithm choice."""
+    """``p`` through classic cuBLAS's gemm and its own algorithm choice (a strided batch
+    through ``cublasGemmStridedBatchedEx``)."""
     cb = _classic_binding()
     h = cb.handle(ctx)
     cb.math_mode(h, TF32_MATH if p.tf32 else DEFAULT_MATH)
+    if p.batch > 1:
+        return with_pointer_mode(
+            cb, h, p.device_scalars,
+            lambda: cb.gemm_strided_batched_ex(
+                h, p.dtype, compute_type(p.dtype, p.tf32), p.transa, p.transb, p.m, p.n, p.k,
+                alpha, ctypes.c_void_p(a), p.lda, p.stride_a, ctypes.c_void_p(b), p.ldb,
+                p.stride_b, beta, ctypes.c_void_p(d), p.ldd, p.stride_d, p.batch))
     gemm = cb.gemm[p.dtype]
     return with_pointer_mode(
         cb, h, p.device_scalars,
         lambda: gemm(h, p.transa, p.transb, p.m, p.n, p.k, alpha, ctypes.c_void_p(a), p.lda,
                      ctypes.c_void_p(b), p.ldb, beta, ctypes.c_void_p(d), p.ldd))
+
+
+def classic(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> int:
+    """Run ``p`` (no epilogue) through classic cuBLAS on ``ctx``'s stream, as cuBLASLt's
+    "classic cuBLAS" candidate does: where cuBLASLt is off, missing or declines; the
+    status."""
+    if p.epilogue != EPILOGUE_DEFAULT:
+        raise ValueError(f"classic cuBLAS has no epilogue ({p})")
+    return _classic(ctx, p, alpha, a, b, beta, d)
 
 
 _lt: _CublasLt | None = None
@@ -373,7 +436,7 @@ def cublaslt() -> _CublasLt:
 def lt_available(dtype: str) -> bool:
     """Whether products of ``dtype`` compiled now go through cuBLASLt: the
     ``gpuarray.cublaslt`` flag is on and the library loads."""
-    if not config.gpuarray.cublaslt or dtype not in ("float32", "float64"):
+    if not config.gpuarray.cublaslt or dtype not in LT_DTYPES:
         return False
     try:
         cublaslt()
@@ -491,31 +554,35 @@ def _graph_calls() -> dict[str, Any]:
     return _graph_fns
 
 
-def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int) -> None:
-    """D = alpha op(A) op(B) + beta D through cuBLASLt on ``ctx``'s stream, with the
-    problem's chosen algorithm (timed now, on scratch memory, if it has none and the stream
-    is not capturing).  Raises LtUnsupported when cuBLASLt cannot run it, CublasError when
-    the launch fails."""
+def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int,
+              bias: int = 0) -> None:
+    """D = alpha op(A) op(B) + beta D, then the problem's epilogue (reading the bias vector
+    at ``bias``), through cuBLASLt on ``ctx``'s stream, with the problem's chosen algorithm
+    (timed now, on scratch memory, if it has none and the stream is not capturing).  Raises
+    LtUnsupported when cuBLASLt cannot run it, CublasError when the launch fails."""
     lt = cublaslt()
     plan = lt.plan(ctx, p)
+    if p.epilogue & EPILOGUE_BIAS:
+        lt.set_bias(plan, bias)
     key = (getattr(ctx, "devname", ""), p)
     which = CHOICES.chosen.get(key)
     if which is None:
         which = _choose(ctx, lt, plan, p, key, (alpha, a, b, beta))
     status = lt.matmul(ctx, plan, which, alpha, a, b, beta, d)
     if status:   # (the message is made only then: a call costs no formatting)
-        lt.check(status, f"cublasLtMatmul ({p.m}x{p.k} @ {p.k}x{p.n})")
+        lt.check(status, f"cublasLtMatmul ({p.dtype}, {p.batch} x {p.m}x{p.k} @ {p.k}x{p.n}, "
+                         f"epilogue {p.epilogue})")
 
 
 def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
             args: tuple) -> int:
     n = len(plan.algos)
-    if n == 1 or 2 * p.m * p.n * p.k < MIN_TIMED_FLOP:   # too small to be worth timing
+    if n == 1 or 2 * p.batch * p.m * p.n * p.k < MIN_TIMED_FLOP:   # too small to be worth timing
         return CHOICES.remember(key, 0)
     if _capturing(ctx):
         return CHOICES.pick(key, n, _never, can_time=False)
     import pycuda.driver as drv
-    scratch = new_array(ctx, (p.n, p.ldd), np.dtype(p.dtype))
+    scratch = new_array(ctx, (problem_elements(p),), np.dtype(p.dtype))
     scratch.fill(0)      # D is read (beta): defined values, whatever the pool held
     try:
         return CHOICES.pick(key, n, _timer(ctx, lt, plan, args, scratch.ptr), can_time=True)

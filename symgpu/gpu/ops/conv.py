@@ -14,7 +14,10 @@ cuDNN pads symmetrically: asymmetric paddings are applied by copying into a zero
 
 3-d has no im2col path: a 3-d conv is lifted only where cuDNN loads (elsewhere it stays on the
 host, with transfers around it), and a 3-d geometry cuDNN refuses at run time is computed on
-the host (conv_numpy: a download, a sync, an upload; said once on stderr).
+the host (conv_numpy: a download, a sync, an upload; said once on stderr).  The same holds
+for float16 and bfloat16 convolutions (``HALF_CONV_DTYPES``), which run on cuDNN only, with
+tensor-op math, in the precision ``dnn.conv.precision`` says with Theano's rule
+(:func:`conv_precision`), fixed when the op is lifted (its ``precision``).
 """
 from __future__ import annotations
 
@@ -27,12 +30,14 @@ import numpy as np
 from symgpu.config import config
 from symgpu.gpu.ops.conv_gemm import (gemm_forward, gemm_grad_inputs, gemm_grad_weights,
                                       prefetch_request)
-from symgpu.gpu.ops.cudnn import ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, cudnn
+from symgpu.gpu.ops.cudnn import (ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, TENSOR_OP_MATH,
+                                  cudnn)
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.graph.basic import Apply
+from symgpu.scalar.dtypes import value_dtype
 from symgpu.tensor.nnet import conv_numpy as _cn
 from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
                                               Conv3d, Conv3dGradInputs, Conv3dGradWeights,
@@ -40,9 +45,15 @@ from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGr
 
 __all__ = ["GpuConv2d", "GpuConv2dGradInputs", "GpuConv2dGradWeights", "GpuConv3d",
            "GpuConv3dGradInputs", "GpuConv3dGradWeights", "conv_backend", "CONV_DTYPES",
-           "FORCE_GEMM", "ALGO_SEARCH"]
+           "FORCE_GEMM", "ALGO_SEARCH", "HALF_CONV_DTYPES", "conv_precision"]
 
+#: dtypes of the convolutions that run on cuDNN or on im2col + cuBLAS
 CONV_DTYPES = ("float32", "float64")
+#: dtypes of the convolutions that run on cuDNN only (lifted only where it loads)
+HALF_CONV_DTYPES = ("float16", "bfloat16")
+#: data dtype -> the compute precisions cuDNN's convolutions accept for it
+_PRECISIONS = {"float16": ("float16", "float32"), "bfloat16": ("float32",),
+               "float32": ("float32",), "float64": ("float64",)}
 #: set True (tests) to run every GPU convolution through im2col + cuBLAS
 FORCE_GEMM = False
 #: how a cuDNN algorithm is chosen: "heuristic" takes cuDNN's heuristic choice, with no
@@ -74,7 +85,35 @@ def conv_backend() -> tuple[str, str]:
     return kind, why
 
 
+def conv_precision(dtype: str, for_grad: bool = False) -> str:
+    """The dtype cuDNN computes a convolution of ``dtype`` operands in, by Theano's rule for
+    ``dnn.conv.precision``: ``as_input_f32`` (the default) computes float16 in float32 and
+    the rest in their own dtype, ``as_input`` each in its own, ``float16``/``float32``/
+    ``float64`` in that one.  bfloat16 always computes in float32 (cuDNN has no bfloat16
+    arithmetic), so ``as_input`` means float32 for it.  As in Theano, float16 precision is
+    refused for the gradients (cuDNN's half backward kernels lose too much), and so is a
+    precision cuDNN cannot run for the dtype (float64 data only in float64, float32 only in
+    float32): a TypeError naming the flag."""
+    flag = config.dnn.conv.precision
+    if flag in ("as_input", "as_input_f32"):
+        prec = "float32" if dtype == "bfloat16" or (dtype == "float16" and
+                                                    flag == "as_input_f32") else dtype
+    else:
+        prec = flag
+    if for_grad and prec == "float16":
+        raise TypeError("Float16 precision is disabled for cuDNN backward convolutions due to "
+                        "computation errors (dnn.conv.precision=" + flag + "; use "
+                        "as_input_f32 or float32)")
+    if prec not in _PRECISIONS.get(dtype, ()):
+        raise TypeError(f"dnn.conv.precision={flag}: cuDNN cannot compute a {dtype} "
+                        f"convolution in {prec} (it computes {dtype} in "
+                        f"{' or '.join(_PRECISIONS.get(dtype, ('nothing',)))})")
+    return prec
+
+
 def _math_mode(dtype: str) -> int:
+    if dtype in HALF_CONV_DTYPES:
+        return TENSOR_OP_MATH
     return DEFAULT_MATH if dtype == "float32" and config.gpuarray.allow_tf32 else FMA_MATH
 
 
@@ -116,13 +155,24 @@ class _GpuConvBase(_ConvBase):
     """The CPU op's parameters; make_thunk picks cuDNN or the GEMM path per shape."""
 
     kind = ""           # 'fwd' | 'bwd_data' | 'bwd_filter'
+    __props__ = _ConvBase.__props__ + ("precision",)
+
+    def __init__(self, *args: Any, precision: str | None = None, **kwargs: Any):
+        """``precision``: the dtype cuDNN computes in (None: float32 for the half dtypes,
+        the operands' own otherwise); the lifters pass :func:`conv_precision`'s."""
+        super().__init__(*args, **kwargs)
+        self.precision = precision
+
+    def compute_dtype(self, dtype: str) -> str:
+        """What cuDNN computes this op's ``dtype`` operands in."""
+        return self.precision or value_dtype(dtype)
 
     def _gpu4(self, v: Any, ctx_name: Any, what: str) -> Any:
-        """v on the GPU, checked: (nd + 2)-d float32/float64 (4-d for the 2-d ops)."""
+        """v on the GPU, checked: (nd + 2)-d float (4-d for the 2-d ops)."""
         v = as_gpuarray_variable(v, ctx_name)
-        if v.ndim != self.nd + 2 or v.dtype not in CONV_DTYPES:
-            raise TypeError(f"{self}: {what} must be a {self.nd + 2}-d float32/float64 GPU "
-                            f"array, got {v.type}")
+        if v.ndim != self.nd + 2 or v.dtype not in CONV_DTYPES + HALF_CONV_DTYPES:
+            raise TypeError(f"{self}: {what} must be a {self.nd + 2}-d float32/float64 (or "
+                            f"float16/bfloat16) GPU array, got {v.type}")
         return v
 
     @staticmethod
@@ -144,8 +194,9 @@ class _GpuConvBase(_ConvBase):
             ctx.activate()
             out_cell[0] = self._run(ctx, backend, plans, dtype, name, [c[0] for c in cells])
 
-        # 3-d without cuDNN computes on the host (a sync): not capturable
-        thunk.capturable = self.nd == 2 or backend == "cudnn"   # type: ignore[attr-defined]
+        # 3-d and half without cuDNN compute on the host (a sync): not capturable
+        thunk.capturable = backend == "cudnn" or (   # type: ignore[attr-defined]
+            self.nd == 2 and name not in HALF_CONV_DTYPES)
         thunk.launches = True     # type: ignore[attr-defined]
         return thunk
 
@@ -166,12 +217,15 @@ class _GpuConvBase(_ConvBase):
             if not sym:  # run on the explicitly padded input
                 xshape = _padded_shape(xshape, pads)
             p = tuple(q[0] for q in pads) if sym else (0,) * self.nd
+            compute = self.compute_dtype(dtype.name)
+            # the compute dtype is named only where it is not the data's (half operands)
+            extra = {} if compute == dtype.name else {"compute": compute}
             try:
                 plan = ConvDescs(cudnn(), ctx, self.kind, dtype.name, xshape, wshape, yshape,
                                  p, self.subsample, self.filter_dilation, self.filter_flip,
-                                 self.num_groups, _math_mode(dtype.name))
+                                 self.num_groups, _math_mode(dtype.name), **extra)
             except CudnnError as exc:
-                where = "im2col" if self.nd == 2 else "the host"
+                where = "im2col" if self._gemm_path(dtype.name) else "the host"
                 _announce(f"cuDNN refused a shape ({exc}); that convolution runs through "
                           f"{where}")
                 plan = None
@@ -190,10 +244,17 @@ class _GpuConvBase(_ConvBase):
         ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
         plan.run(a_ptr, b_ptr, out_ptr, ws.ptr if ws is not None else 0)
 
+    def _gemm_path(self, name: str) -> bool:
+        """Whether a shape cuDNN refuses runs through im2col + cuBLAS (2-d float32/float64)
+        rather than on the host."""
+        return self.nd == 2 and name in CONV_DTYPES
+
     def _on_host(self, out: Any, compute: Callable[..., np.ndarray], *arrays: Any) -> Any:
-        """out = compute(*arrays on the host) (3-d without a cuDNN plan: it syncs)."""
+        """out = compute(*arrays on the host) (3-d or half without a cuDNN plan: it syncs;
+        half operands are computed in float32 and rounded once)."""
         _announce(f"{type(self).__name__} computes on the host (no cuDNN for its shape)")
-        return out.set(np.ascontiguousarray(compute(*(a.get() for a in arrays)),
+        vd = np.dtype(value_dtype(out.dtype.name))
+        return out.set(np.ascontiguousarray(compute(*(a.get().astype(vd) for a in arrays)),
                                             dtype=out.dtype))
 
     def _geometry_args(self, pads) -> tuple:
@@ -231,9 +292,9 @@ class GpuConv2d(_GpuConvBase):
                 out.fill(0)
             return out
         plan = self._plan(ctx, backend, plans, dtype, x.shape, w.shape, out.shape, pads)
-        if plan is None and self.nd == 3:
+        if plan is None and not self._gemm_path(name):
             return self._on_host(out, lambda a, b: _cn.conv_forward(
-                a, b, *self._geometry_args(pads), name), x, w)
+                a, b, *self._geometry_args(pads), value_dtype(name)), x, w)
         if plan is None:
             gemm_forward(ctx, name, x, w, out, pads, self.subsample, self.filter_dilation,
                          self.filter_flip, self.num_groups)
@@ -288,9 +349,9 @@ class GpuConv2dGradInputs(_GpuConvBase):
         if gy.size == 0:
             return dx.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, xshape, w.shape, gy.shape, pads)
-        if plan is None and self.nd == 3:
+        if plan is None and not self._gemm_path(name):
             return self._on_host(dx, lambda a, b: _cn.conv_grad_inputs(
-                a, b, sp, *self._geometry_args(pads), name), w, gy)
+                a, b, sp, *self._geometry_args(pads), value_dtype(name)), w, gy)
         if plan is None:
             gemm_grad_inputs(ctx, name, w, gy, dx, pads, self.subsample,
                              self.filter_dilation, self.filter_flip, self.num_groups)
@@ -349,9 +410,9 @@ class GpuConv2dGradWeights(_GpuConvBase):
         if gy.size == 0 or x.size == 0:
             return dw.fill(0)
         plan = self._plan(ctx, backend, plans, dtype, x.shape, wshape, gy.shape, pads)
-        if plan is None and self.nd == 3:
+        if plan is None and not self._gemm_path(name):
             return self._on_host(dw, lambda a, b: _cn.conv_grad_weights(
-                a, b, ksp, *self._geometry_args(pads), name), x, gy)
+                a, b, ksp, *self._geometry_args(pads), value_dtype(name)), x, gy)
         if plan is None:
             gemm_grad_weights(ctx, name, x, gy, dw, pads, self.subsample,
                               self.filter_dilation, self.filter_flip, self.num_groups)
@@ -388,15 +449,27 @@ class GpuConv3dGradWeights(GpuConv2dGradWeights):
 # ----------------------------------------------------------------------------- lifters
 
 def _same_float(*vs: Any) -> bool:
-    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in CONV_DTYPES
+    """One dtype, which a GPU convolution takes: float32/float64 anywhere, float16/bfloat16
+    only where cuDNN loads."""
+    if len({v.dtype for v in vs}) != 1:
+        return False
+    dtype = vs[0].dtype
+    return dtype in CONV_DTYPES or (dtype in HALF_CONV_DTYPES and
+                                    conv_backend()[0] == "cudnn")
+
+
+def _gpu_op(cls: type, op: Any, node: Apply, for_grad: bool) -> Any:
+    """The GPU twin of conv Op ``op`` with the compute precision dnn.conv.precision gives."""
+    return cls(**op.geometry(), precision=conv_precision(node.outputs[0].dtype, for_grad))
 
 
 @register_lifter(Conv2d)
 def lift_conv2d(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
-    """Conv2d -> GpuConv2d (float32/float64, input and filters of one dtype)."""
+    """Conv2d -> GpuConv2d (input and filters of one dtype: float32/float64, or
+    float16/bfloat16 where cuDNN loads)."""
     if not _same_float(*node.inputs, node.outputs[0]):
         return None
-    return [GpuConv2d(**op.geometry())(inputs[0], inputs[1])]
+    return [_gpu_op(GpuConv2d, op, node, False)(inputs[0], inputs[1])]
 
 
 @register_lifter(Conv2dGradInputs)
@@ -404,7 +477,8 @@ def lift_conv2d_grad_inputs(op: Any, node: Apply, context_name: Any,
                             inputs: Any) -> list[Any] | None:
     if not _same_float(*node.inputs[:2], node.outputs[0]):
         return None
-    return [GpuConv2dGradInputs(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+    return [_gpu_op(GpuConv2dGradInputs, op, node, True)(inputs[0], inputs[1],
+                                                          inputs.host(2))]
 
 
 @register_lifter(Conv2dGradWeights)
@@ -412,7 +486,8 @@ def lift_conv2d_grad_weights(op: Any, node: Apply, context_name: Any,
                              inputs: Any) -> list[Any] | None:
     if not _same_float(*node.inputs[:2], node.outputs[0]):
         return None
-    return [GpuConv2dGradWeights(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+    return [_gpu_op(GpuConv2dGradWeights, op, node, True)(inputs[0], inputs[1],
+                                                           inputs.host(2))]
 
 
 def _cudnn_for_3d() -> bool:
@@ -426,7 +501,7 @@ def lift_conv3d(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[An
     """Conv3d -> GpuConv3d (float32/float64 of one dtype, cuDNN loadable)."""
     if not _same_float(*node.inputs, node.outputs[0]) or not _cudnn_for_3d():
         return None
-    return [GpuConv3d(**op.geometry())(inputs[0], inputs[1])]
+    return [_gpu_op(GpuConv3d, op, node, False)(inputs[0], inputs[1])]
 
 
 @register_lifter(Conv3dGradInputs)
@@ -434,7 +509,8 @@ def lift_conv3d_grad_inputs(op: Any, node: Apply, context_name: Any,
                             inputs: Any) -> list[Any] | None:
     if not _same_float(*node.inputs[:2], node.outputs[0]) or not _cudnn_for_3d():
         return None
-    return [GpuConv3dGradInputs(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+    return [_gpu_op(GpuConv3dGradInputs, op, node, True)(inputs[0], inputs[1],
+                                                          inputs.host(2))]
 
 
 @register_lifter(Conv3dGradWeights)
@@ -442,4 +518,5 @@ def lift_conv3d_grad_weights(op: Any, node: Apply, context_name: Any,
                              inputs: Any) -> list[Any] | None:
     if not _same_float(*node.inputs[:2], node.outputs[0]) or not _cudnn_for_3d():
         return None
-    return [GpuConv3dGradWeights(**op.geometry())(inputs[0], inputs[1], inputs.host(2))]
+    return [_gpu_op(GpuConv3dGradWeights, op, node, True)(inputs[0], inputs[1],
+                                                           inputs.host(2))]

@@ -13,12 +13,18 @@ import threading
 from typing import Any, Callable, Sequence
 
 __all__ = ["CublasError", "load_library", "context_handle", "Cublas", "with_pointer_mode", "STATUS",
-           "DEFAULT_MATH", "TF32_MATH", "POINTER_HOST", "POINTER_DEVICE"]
+           "DEFAULT_MATH", "TF32_MATH", "POINTER_HOST", "POINTER_DEVICE", "CUDA_DATA_TYPES",
+           "COMPUTE_32F", "COMPUTE_32F_FAST_TF32", "COMPUTE_64F", "compute_type"]
 
 POINTER_HOST, POINTER_DEVICE = 0, 1
 #: cublasMath_t: CUBLAS_DEFAULT_MATH, CUBLAS_TF32_TENSOR_OP_MATH
 DEFAULT_MATH, TF32_MATH = 0, 3
 _WORKSPACE_BYTES = 32 << 20         # cuBLAS's own recommendation for Hopper
+#: dtype -> cudaDataType (library_types.h): CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF
+CUDA_DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+#: cublasComputeType_t
+COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70
+_GEMM_DEFAULT = -1                  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 STATUS = {0: "SUCCESS", 1: "NOT_INITIALIZED", 3: "ALLOC_FAILED", 7: "INVALID_VALUE",
           8: "ARCH_MISMATCH", 11: "MAPPING_ERROR", 13: "EXECUTION_FAILED",
           14: "INTERNAL_ERROR", 15: "NOT_SUPPORTED", 16: "LICENSE_ERROR"}
@@ -52,6 +58,30 @@ def _linalg_entries(lib: Any) -> dict[str, dict[str, Any]]:
             table[dtype] = fn
         out[attr] = table
     return out
+
+
+def compute_type(dtype: str, tf32: bool = False) -> int:
+    """The cublasComputeType_t of a product of ``dtype``: float64 in double, the half dtypes
+    and float32 accumulated in float32 (TF32 tensor cores for float32 when ``tf32``)."""
+    if dtype == "float64":
+        return COMPUTE_64F
+    return COMPUTE_32F_FAST_TF32 if tf32 and dtype == "float32" else COMPUTE_32F
+
+
+def _gemm_ex(lib: Any, dtype: str) -> Callable[..., int]:
+    """``cublasGemmEx`` for ``dtype`` operands with ``cublas<S|D>gemm``'s arguments: A, B and
+    C of ``dtype``, float32 accumulation and float32 alpha/beta (the half dtypes' classic
+    path; cuBLAS picks tensor-core kernels itself)."""
+    fn = lib.cublasGemmEx
+    fn.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _P, _I, _I, _P, _P, _I, _I, _I, _I]
+    fn.restype = _I
+    t = CUDA_DATA_TYPES[dtype]
+
+    def gemm(h: Any, ta: int, tb: int, m: int, n: int, k: int, alpha: Any, a: Any, lda: int,
+             b: Any, ldb: int, beta: Any, c: Any, ldc: int) -> int:
+        return fn(h, ta, tb, m, n, k, alpha, a, t, lda, b, t, ldb, beta, c, t, ldc,
+                  COMPUTE_32F, _GEMM_DEFAULT)
+    return gemm
 
 
 class CublasError(RuntimeError):
@@ -95,7 +125,13 @@ class Cublas:
                            "; install the CUDA toolkit's libcublas or add it to "
                            "LD_LIBRARY_PATH")
         self.lib = lib
-        self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2}
+        self.gemm = {"float32": lib.cublasSgemm_v2, "float64": lib.cublasDgemm_v2,
+                     "float16": _gemm_ex(lib, "float16"), "bfloat16": _gemm_ex(lib, "bfloat16")}
+        fn = lib.cublasGemmStridedBatchedEx
+        fn.argtypes = [_P, _I, _I, _I, _I, _I, _P, _P, _I, _I, _Q, _P, _I, _I, _Q, _P, _P, _I,
+                       _I, _Q, _I, _I, _I]
+        fn.restype = _I
+        self._strided_batched_ex = fn
         self.gemv = {"float32": lib.cublasSgemv_v2, "float64": lib.cublasDgemv_v2}
         self.ger = {"float32": lib.cublasSger_v2, "float64": lib.cublasDger_v2}
         for attr, table in _linalg_entries(lib).items():   # GPU linear algebra (linalg.py)
@@ -132,6 +168,18 @@ class Cublas:
             return
         if fn(h, ctypes.c_void_p(block.ptr), ctypes.c_size_t(_WORKSPACE_BYTES)) == 0:
             self.workspaces[id(ctx)] = block    # alive as long as the handle
+
+    def gemm_strided_batched_ex(self, h: Any, dtype: str, compute: int, ta: int, tb: int,
+                                m: int, n: int, k: int, alpha: Any, a: Any, lda: int, sa: int,
+                                b: Any, ldb: int, sb: int, beta: Any, c: Any, ldc: int,
+                                sc: int, batch: int) -> int:
+        """``cublasGemmStridedBatchedEx`` of ``batch`` column-major products, operands of
+        ``dtype``, the given compute type (alpha/beta of the compute type's scale: float
+        for 32F, double for 64F); the status."""
+        t = CUDA_DATA_TYPES[dtype]
+        return self._strided_batched_ex(h, ta, tb, m, n, k, alpha, a, t, lda, sa, b, t, ldb,
+                                        sb, beta, c, t, ldc, sc, batch, compute,
+                                        _GEMM_DEFAULT)
 
     def math_mode(self, h: ctypes.c_void_p, mode: int) -> None:
         """Set the handle's math mode if it differs (a host-side setting: the calls that

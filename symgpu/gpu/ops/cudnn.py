@@ -13,6 +13,11 @@ Descriptors: 2 spatial axes keep the 4-d calls (``cudnnSetTensor4dDescriptorEx``
 the N-d ones (``cudnnSetTensorNdDescriptor``, ``cudnnSetFilterNdDescriptor``,
 ``cudnnSetConvolutionNdDescriptor``), chosen by the shapes' length in one ConvDescs; the N-d
 forward geometry is checked with ``cudnnGetConvolutionNdForwardOutputDim``.
+
+Half convolutions: tensor and filter descriptors of CUDNN_DATA_HALF / CUDNN_DATA_BFLOAT16,
+the convolution descriptor's compute type given apart (``compute``: float32 for bfloat16 and,
+under ``dnn.conv.precision``'s default, for float16 too) with tensor-op math; alpha and beta
+are floats, as for float32.
 """
 from __future__ import annotations
 
@@ -24,12 +29,14 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-__all__ = ["CudnnError", "cudnn", "cudnn_available", "DATA_TYPES", "ConvDescs"]
+__all__ = ["CudnnError", "cudnn", "cudnn_available", "DATA_TYPES", "ConvDescs", "DEFAULT_MATH",
+           "TENSOR_OP_MATH", "FMA_MATH"]
 
-DATA_TYPES = {"float32": 0, "float64": 1}      # cudnnDataType_t
+#: cudnnDataType_t: CUDNN_DATA_FLOAT, _DOUBLE, _HALF, _BFLOAT16
+DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
 _NCHW = 0                                      # cudnnTensorFormat_t
 CONVOLUTION, CROSS_CORRELATION = 0, 1          # cudnnConvolutionMode_t
-DEFAULT_MATH, FMA_MATH = 0, 3                  # cudnnMathType_t
+DEFAULT_MATH, TENSOR_OP_MATH, FMA_MATH = 0, 1, 3   # cudnnMathType_t
 _STATUS_SUCCESS = 0
 
 
@@ -211,18 +218,21 @@ class ConvDescs:
     against y's."""
 
     def __init__(self, lib: _Cudnn, ctx: Any, kind: str, dtype: str, xshape, wshape, yshape,
-                 pads, strides, dilation, flip: bool, groups: int, math: int) -> None:
+                 pads, strides, dilation, flip: bool, groups: int, math: int,
+                 compute: str | None = None) -> None:
+        compute = compute or dtype
         self.lib, self.kind = lib, kind
         self.math = int(math)
         self.handle = lib.handle(ctx)
         #: what a timed choice is shared under (_TIMED): the context's handle and the call
-        self.geometry = (self.handle.value, kind, dtype, tuple(xshape), tuple(wshape), tuple(yshape), tuple(pads),
-                         tuple(strides), tuple(dilation), bool(flip), int(groups), int(math))
+        self.geometry = (self.handle.value, kind, dtype, compute, tuple(xshape), tuple(wshape),
+                         tuple(yshape), tuple(pads), tuple(strides), tuple(dilation), bool(flip),
+                         int(groups), int(math))
         self.timed = False
         self.x = lib.tensor(dtype, xshape)
         self.w = lib.filter(dtype, wshape)
         self.y = lib.tensor(dtype, yshape)
-        self.conv = lib.convolution(dtype, pads, strides, dilation, flip, groups, math)
+        self.conv = lib.convolution(compute, pads, strides, dilation, flip, groups, math)
         if len(xshape) > 4:
             got = lib.forward_output_dims(self.conv, self.x, self.w, len(xshape))
             if got != tuple(int(s) for s in yshape):
@@ -251,7 +261,8 @@ class ConvDescs:
                 self.algo, self.workspace = p.algo, int(size.value)
         if self.algo is None:
             raise CudnnError(f"cuDNN has no {kind} algorithm for x {tuple(xshape)}, w "
-                             f"{tuple(wshape)}, y {tuple(yshape)} ({dtype}, pads {pads}, "
+                             f"{tuple(wshape)}, y {tuple(yshape)} ({dtype} computed in "
+                             f"{compute}, pads {pads}, "
                              f"strides {strides}, dilation {dilation}, groups {groups})")
         #: the largest workspace among the heuristics' candidates (a timed search's budget)
         self.search_workspace = max(self.workspace,

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.gpu.ops.blas import BLAS_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer, gpu_matvec
+from symgpu.gpu.ops.blas import (BLAS_DTYPES, GEMM_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer,
+                                 gpu_matvec)
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -67,14 +68,23 @@ def lift_careduce(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[
     return [GpuCAReduce(op.scalar_op, op.axis, getattr(op, "dtype", None))(inputs[0])]
 
 
-def _blas_ok(*vs: Variable) -> bool:
-    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in BLAS_DTYPES
+def _blas_ok(*vs: Variable, dtypes: tuple = BLAS_DTYPES) -> bool:
+    return len({v.dtype for v in vs}) == 1 and vs[0].dtype in dtypes
+
+
+def _column_product(A: Variable, x: Variable) -> Variable:
+    """``dot(A, x)`` of a matrix and a vector as GpuDot22 of one column (the half dtypes:
+    cuBLAS has no half gemv; cuBLASLt takes the n = 1 product)."""
+    col = GpuDimShuffle(x.broadcastable, (0, "x"))(x)
+    prod = GpuDot22()(A, col)
+    return GpuDimShuffle(prod.broadcastable, (0,))(prod)
 
 
 @register_lifter(_Dot)
 def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
     """Dot: matrix@matrix -> GpuDot22, matrix@vector and vector@matrix -> GpuGemv (on a
-    GpuAllocEmpty, as Theano did), vector@vector -> a fused multiply-sum reduction."""
+    GpuAllocEmpty, as Theano did; a GpuDot22 of one column in float16/bfloat16),
+    vector@vector -> a fused multiply-sum reduction."""
     x, y = inputs
     out_dtype = node.outputs[0].dtype
     if x.ndim == 1 and y.ndim == 1:
@@ -82,6 +92,12 @@ def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Varia
         if not careduce_supported(SCALAR_OPS["add"], mul, [x.dtype, y.dtype]):
             return None
         return [GpuCAReduce("add", None, out_dtype, mul)(x, y)]
+    if _blas_ok(x, y, node.outputs[0], dtypes=GEMM_DTYPES) and x.dtype not in BLAS_DTYPES:
+        if x.ndim == 2 and y.ndim == 2:
+            return [GpuDot22()(x, y)]
+        if x.ndim == 2:
+            return [_column_product(x, y)]
+        return [_column_product(GpuDimShuffle(y.broadcastable, (1, 0))(y), x)]
     if not _blas_ok(x, y, node.outputs[0]):
         return None
     if x.ndim == 2 and y.ndim == 2:
@@ -93,7 +109,7 @@ def lift_dot(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Varia
 
 @register_lifter(_Dot22)
 def lift_dot22(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Variable] | None:
-    if not _blas_ok(*inputs, node.outputs[0]):
+    if not _blas_ok(*inputs, node.outputs[0], dtypes=GEMM_DTYPES):
         return None
     return [GpuDot22()(*inputs)]
 

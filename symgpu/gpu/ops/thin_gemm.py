@@ -26,7 +26,7 @@ from typing import Any, Callable, NamedTuple
 from symgpu.gpu.runtime.codegen import launch, template
 
 __all__ = ["ENABLED", "USE", "THIN", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
-           "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request"]
+           "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request", "DTYPES"]
 
 #: products go to our kernels at all (False: cuBLAS for everything)
 ENABLED = True
@@ -40,6 +40,8 @@ ROWS_MAX_K = 1024
 #: kernel -> the dtypes plans may pick it for (the others' products go to cuBLAS)
 USE = {"tg_rows": ("float32", "float64"), "tg_cols": ("float32",)}
 _CTYPE = {"float32": "float", "float64": "double"}
+#: the dtypes the module is rendered for (half products go to cuBLASLt)
+DTYPES = tuple(_CTYPE)
 
 
 class ThinPlan(NamedTuple):

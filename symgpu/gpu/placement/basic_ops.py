@@ -23,6 +23,7 @@ from symgpu.gpu.runtime.array import GpuArray, get_many, new_array, to_gpu
 from symgpu.gpu.runtime.context import ContextNotFound
 from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.gpu.runtime.host_register import upload
+from symgpu.gpu.runtime.peer import copy_array
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op, PerformThunk
 from symgpu.tensor.basic import Alloc as _Alloc, Reshape as _Reshape
@@ -290,7 +291,12 @@ class HostFromGpu(Op):
 
 
 class GpuToGpu(Op):
-    """Copy a GpuArray to another context (a no-copy view when both names share one)."""
+    """Copy a GpuArray to another context (a no-copy view when both names share one).
+
+    Between two devices the copy is device to device on the destination's stream, ordered
+    after the source's work by events, with no host sync (runtime/peer.py): a function
+    using two GPUs keeps both busy.  Not capturable: a CUDA graph holds one device's work
+    (gpu/exec/graphs.py splits a function's segments per context)."""
 
     __props__ = ("context_name",)
     transfer = "device"  # compile.devices: device to device
@@ -314,8 +320,7 @@ class GpuToGpu(Op):
         if x.context is ctx:
             out[0][0] = x
             return
-        # through the host: correct for any pair of devices (peer copies are an optimisation)
-        out[0][0] = to_gpu(x.get(), ctx)
+        out[0][0] = copy_array(x, ctx)
         _count("gpu_to_gpu", x.nbytes)
 
     infer_shape = _Unbroadcast.infer_shape  # the value moves or is copied: same shape

@@ -37,7 +37,7 @@ __all__ = [
     "gpu_available", "why_unavailable", "start_device", "init_default_context",
     "register_context", "unregister_context", "get_context", "context_names",
     "context_for_ordinal", "foreign_stream_waits", "wait_for_foreign_stream",
-    "device_of_pointer",
+    "device_of_pointer", "device_count",
 ]
 
 _MIB = 1 << 20
@@ -137,6 +137,8 @@ class GpuContext:
         self.devname = f"virtual {arch} device"
         self.pycuda_context: Any = None
         self.pycuda_device: Any = None
+        #: the CUcontext (an int), for driver calls naming contexts (runtime/peer.py)
+        self.context_handle = 0
         self.stream: Any = None
         self.stream_handle = 0
         self.pool: Any = None
@@ -206,6 +208,7 @@ class GpuContext:
         ctx.devname = f"{dev.name()} ({dev.pci_bus_id()})"
         ctx.total_memory = int(dev.total_memory())
         ctx.pycuda_context = dev.retain_primary_context()
+        ctx.context_handle = int(ctx.pycuda_context.handle)
         ctx.activate()
         ctx.stream = drv.Stream()
         ctx.stream_handle = int(ctx.stream.handle)
@@ -254,6 +257,19 @@ def why_unavailable() -> str:
     if _probe is None:
         _probe = _probe_gpu()   # answers every failure it expects as its reason
     return _probe[1]
+
+
+def device_count() -> int:
+    """How many CUDA devices this process sees (0 where the GPU cannot be used: no PyCUDA,
+    no driver, no device).  Never raises; starts no context."""
+    if why_unavailable():
+        return 0
+    import pycuda.driver as drv
+    try:
+        drv.init()
+        return int(drv.Device.count())
+    except drv.Error:
+        return 0
 
 
 def start_device(device: str = "cuda0") -> GpuContext:
@@ -446,6 +462,7 @@ def _shutdown() -> None:
     clean up; any other exception is a bug and is reported."""
     for ctx in list(_devices.values()):
         try:
+            ctx.activate()            # each device's own context (several GPUs)
             ctx.stream.synchronize()  # not synchronize(): no pending check errors at exit
             if ctx.pool is not None:
                 ctx.pool.release_cached()

@@ -21,6 +21,8 @@ Positions (backends register into the gaps):
    2  stabilize             numerically stable forms: softplus, sigmoid, log_softmax,
                             stable crossentropies
    3  specialize            cheaper ops: x**2 -> sqr, sum(c*x) -> c*sum(x), log1p...
+  15  mixed_bfloat16,       (only under the `mixed_precision` flag or the tag) float32
+      mixed_float16         products read half operands (tensor/rewriting/mixed_precision.py)
   20  blas                  dot -> Gemv / Gemm / Dot22, scalings and `w - lr*dot` folded
   40  gpu                   (GPU backend) lift the graph onto the device
   48  merge2                merge what lifting duplicated
@@ -49,7 +51,8 @@ __all__ = ["optdb", "PassDB", "RewriteGroup", "POSITIONS", "register_canonicaliz
 
 #: the documented positions, by pass name
 POSITIONS = {
-    "merge1": 0, "canonicalize": 1, "stabilize": 2, "specialize": 3, "blas": 20, "gpu": 40,
+    "merge1": 0, "canonicalize": 1, "stabilize": 2, "specialize": 3, "mixed_precision": 15,
+    "blas": 20, "gpu": 40,
     "merge2": 48, "fusion": 49, "cleanup": 50, "inplace": 75, "gpu_transfer_cancel": 99,
     "merge3": 100,
 }

@@ -15,7 +15,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import is_float, is_int, upgrade_to_float
+from symgpu.scalar.dtypes import in_value_dtype, is_float, is_int, upgrade_to_float
 from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
 from symgpu.tensor.ranges import arange
@@ -85,7 +85,7 @@ class Softmax(_SoftmaxBase):
     """exp(x) / sum(exp(x)) along `axis`, computed as exp(x - max) to avoid overflow."""
 
     def perform(self, node, inputs, out):
-        (x,) = inputs
+        x = in_value_dtype(inputs[0])   # half: exp, sum and division in float32, one rounding
         e = np.exp(x - np.max(x, axis=self.axis, keepdims=True))
         e /= np.sum(e, axis=self.axis, keepdims=True)
         out[0][0] = np.asarray(e, dtype=node.outputs[0].dtype)
@@ -111,7 +111,7 @@ class LogSoftmax(_SoftmaxBase):
     """x - logsumexp(x) along `axis`: exact where log(softmax(x)) would give -inf."""
 
     def perform(self, node, inputs, out):
-        (x,) = inputs
+        x = in_value_dtype(inputs[0])   # half: the log-sum-exp in float32, one rounding
         shifted = x - np.max(x, axis=self.axis, keepdims=True)
         res = shifted - np.log(np.sum(np.exp(shifted), axis=self.axis, keepdims=True))
         out[0][0] = np.asarray(res, dtype=node.outputs[0].dtype)
@@ -300,3 +300,7 @@ from symgpu.tensor.nnet import bn  # noqa: E402,F401
 
 __all__ += ["elu", "selu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
             "sigmoid_binary_crossentropy"]
+from symgpu.tensor.nnet.attention import (  # noqa: E402
+    Attention, AttentionGrad, scaled_dot_product_attention)
+
+__all__ += ["Attention", "AttentionGrad", "scaled_dot_product_attention"]

@@ -17,6 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from symgpu.scalar.dtypes import HALF_DTYPES, in_value_dtype
+
 #: ((before, after), ...) per spatial axis
 Pads = tuple[tuple[int, int], ...]
 
@@ -190,6 +192,23 @@ def _name(nd: int) -> str:
     return f"conv{nd}d"
 
 
+def _in_float32_for_half(kernel):
+    """`kernel(a, b, ..., dtype)` computed in float32 when `dtype` is a half type (float16,
+    bfloat16), rounded once at the end: its sums of products accumulate in float32, as the
+    GPU's do (and NumPy has no fast float16 GEMM, ml_dtypes no bfloat16 one)."""
+    def wrapper(a: np.ndarray, b: np.ndarray, *args: Any) -> np.ndarray:
+        *geometry, dtype = args
+        if np.dtype(dtype).name not in HALF_DTYPES:
+            return kernel(a, b, *args)
+        res = kernel(in_value_dtype(np.asarray(a)), in_value_dtype(np.asarray(b)), *geometry,
+                     np.float32)
+        return res.astype(dtype)
+    wrapper.__name__, wrapper.__doc__ = kernel.__name__, kernel.__doc__
+    wrapper.__wrapped__ = kernel
+    return wrapper
+
+
+@_in_float32_for_half
 def conv_forward(x: np.ndarray, w: np.ndarray, pads: Pads, s: Sequence[int], d: Sequence[int],
                  flip: bool, groups: int, dtype: Any) -> np.ndarray:
     """y[n, o, i, j] = sum_{c, a, b} xpad[n, c, i*s + a*d, j*s + b*d] * w'[o, c, a, b] (2-d;
@@ -213,6 +232,7 @@ def conv_forward(x: np.ndarray, w: np.ndarray, pads: Pads, s: Sequence[int], d: 
     return out.reshape((n, w.shape[0]) + out_sp)
 
 
+@_in_float32_for_half
 def conv_grad_weights(x: np.ndarray, gy: np.ndarray, khw: Sequence[int], pads: Pads,
                       s: Sequence[int], d: Sequence[int], flip: bool, groups: int,
                       dtype: Any) -> np.ndarray:
@@ -241,6 +261,7 @@ def conv_grad_weights(x: np.ndarray, gy: np.ndarray, khw: Sequence[int], pads: P
     return _flip(dw).copy() if flip else dw
 
 
+@_in_float32_for_half
 def conv_grad_inputs(w: np.ndarray, gy: np.ndarray, hw: Sequence[int], pads: Pads,
                      s: Sequence[int], d: Sequence[int], flip: bool, groups: int,
                      dtype: Any) -> np.ndarray:

@@ -6,20 +6,22 @@ is the contract both follow, so one seed gives the same numbers on the CPU and t
 
 * the state is four uint32 words ``[key0, key1, ctr_lo, ctr_hi]``; block ``b`` of a draw is
   ``philox(counter=(lo, hi, 0, 0) of ctr + b, key=(key0, key1))`` (four words);
-* a 32-bit element ``i`` (float16/float32) reads block ``i // 4``, a float64 element block
+* a 32-bit element ``i`` (float16/bfloat16/float32) reads block ``i // 4``, a float64 element block
   ``i // 2``, so a draw of ``n`` elements uses ``ceil(n / per_block)`` blocks and the
   counter advances by that much;
 * uniform float32 ``((w >> 9) + 0.5) * 2**-23`` (exact, in (0, 1)); uniform float64 from two
   words ``((w0 << 20 | w1 >> 12) + 0.5) * 2**-52`` (exact, in (0, 1));
 * normal: Box-Muller on the pairs (u1, u2) of a block, ``r = sqrt(-2 log u1)``,
-  ``z_even = r cos(2 pi u2)``, ``z_odd = r sin(2 pi u2)``, computed in the output's float type.
+  ``z_even = r cos(2 pi u2)``, ``z_odd = r sin(2 pi u2)``, computed in the output's float type;
+* float16 and bfloat16 draws are the float32 ones rounded to nearest, a uniform kept at or
+  below the largest value under 1 (``as_draw_dtype``).
 """
 from __future__ import annotations
 
 import numpy as np
 
 __all__ = ["M0", "M1", "W0", "W1", "philox4x32", "blocks", "per_block", "uniform_from_words",
-           "check_dist", "sample", "advance", "stream_key", "DISTS"]
+           "check_dist", "sample", "advance", "stream_key", "DISTS", "as_draw_dtype"]
 
 M0, M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 W0, W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
@@ -111,7 +113,23 @@ def uniform_from_words(words: np.ndarray, dtype: str) -> np.ndarray:
     w = np.asarray(words, dtype=np.uint32).astype(np.uint64)
     if np.dtype(dtype).itemsize == 8:
         return _u01_f64(w[..., 0::2], w[..., 1::2])
-    return _u01_f32(w).astype(dtype)
+    return as_draw_dtype(_u01_f32(w), "uniform", dtype)
+
+
+#: the largest value below 1 of each half type: float32 uniforms above 1 - 2**-12 (float16)
+#: or 1 - 2**-9 (bfloat16) round to 1.0, outside the (0, 1) a uniform promises
+_BELOW_ONE = {"float16": 1 - 2.0 ** -11, "bfloat16": 1 - 2.0 ** -8}
+
+
+def as_draw_dtype(vals: np.ndarray, dist: str, dtype: str) -> np.ndarray:
+    """float32/float64 draws `vals` as `dtype`: rounded to nearest, and for a half-type
+    uniform kept below 1 (its smallest float32 value, 2**-24, is a float16 subnormal, so
+    none rounds to 0)."""
+    out = vals.astype(dtype, copy=False)
+    top = _BELOW_ONE.get(np.dtype(dtype).name)
+    if top is not None and dist == "uniform":
+        out = np.minimum(out, np.asarray(top, dtype=out.dtype))
+    return out
 
 
 def _box_muller(u1: np.ndarray, u2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +166,7 @@ def sample(state: np.ndarray, dist: str, dtype: str, shape: tuple[int, ...]) -> 
             us = [z for k in range(0, per, 2) for z in _box_muller(us[k], us[k + 1])]
         for j, u in enumerate(us):
             vals[start:stop, j] = u
-    return vals.reshape(-1)[:n].astype(dtype, copy=False).reshape(shape)
+    return as_draw_dtype(vals.reshape(-1)[:n], dist, dtype).reshape(shape)
 
 
 def advance(state: np.ndarray, nblocks: int) -> np.ndarray:

@@ -6,8 +6,8 @@ uniforms faster than NumPy's own PCG64. philox.py stays the one definition of th
 the reference the tests compare with; the C below mirrors `philox._rounds`, `_u01_f32` and
 `_u01_f64` and the layout of its docstring, bit for bit. Normal draws take their uniform pairs
 from C and run `philox._box_muller` itself on them (NumPy's float32/float64 log, sqrt, cos,
-sin), so they are bitwise those of the NumPy path too; float16 is drawn in float32 and cast,
-as there.
+sin), so they are bitwise those of the NumPy path too; float16 and bfloat16 are drawn in
+float32 and rounded, as there (`philox.as_draw_dtype`).
 
 The library is built once per machine with `symgpu.link.cc` (the ``cxx`` flag); `enabled`
 says whether a thunk made now may use it (C allowed, so not under FAST_COMPILE, and a compiler
@@ -154,7 +154,8 @@ def sampler(dist: str, dtype: str) -> Callable[[np.ndarray, tuple[int, ...]], np
         def numpy_draw(state: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
             return philox.sample(state, dist, dtype, shape)
         return numpy_draw
-    # float64 has its own layout; float16 is drawn in float32 and cast, as philox.sample does
+    # float64 has its own layout; float16/bfloat16 are drawn in float32 and rounded, as
+    # philox.sample does (philox.as_draw_dtype)
     per_block = philox.per_block(dtype)
     suffix, ftype = ("f64", np.float64) if per_block == 2 else ("f32", np.float32)
     dtype = np.dtype(dtype)
@@ -168,7 +169,7 @@ def sampler(dist: str, dtype: str) -> Callable[[np.ndarray, tuple[int, ...]], np
             vals = np.empty(nb * per_block, dtype=ftype)
             if nb:
                 uniform(key0, key1, ctr, nb, _address(vals))
-            return vals[:n].astype(dtype, copy=False).reshape(shape)
+            return philox.as_draw_dtype(vals[:n], "uniform", dtype).reshape(shape)
     else:
         pairs = kernels["pairs_" + suffix]
 
@@ -176,7 +177,7 @@ def sampler(dist: str, dtype: str) -> Callable[[np.ndarray, tuple[int, ...]], np
             key0, key1, ctr = philox._key_counter(state)
             n = math.prod(shape)
             vals = _normal(pairs, key0, key1, ctr, n, ftype)
-            return vals[:n].astype(dtype, copy=False).reshape(shape)
+            return philox.as_draw_dtype(vals[:n], "normal", dtype).reshape(shape)
     return draw
 
 

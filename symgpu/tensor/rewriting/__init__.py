@@ -5,9 +5,13 @@ shape_ops   Shape()[i] -> Shape_i, useless reshape/alloc/subtensor, known shapes
 math        add/mul canonical forms, powers, sums, log1p/expm1
 stabilize   softplus, sigmoid, log_softmax, stable crossentropies
 sigm        sigmoid/exp algebra on products, greedy distribution (finite gradients)
+mixed_precision  products in half under a mixed-precision policy (passes `mixed_bfloat16`,
+            `mixed_float16`, 15; selected by the `mixed_precision` flag)
 blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
+attention   hand-written attention (and its gradient) -> Attention (pass `fuse_attention`, 0.5)
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
-from symgpu.tensor.rewriting import blas, elemwise, inplace  # noqa: F401
+from symgpu.tensor.rewriting import blas, elemwise, inplace, mixed_precision  # noqa: F401
+from symgpu.tensor.rewriting import attention  # noqa: F401

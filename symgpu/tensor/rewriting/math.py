@@ -20,7 +20,7 @@ import numpy as np
 from symgpu.graph.basic import Variable
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize, \
     register_stabilize
-from symgpu.scalar.dtypes import is_float
+from symgpu.scalar.dtypes import dtype_kind, is_float
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from symgpu.tensor.rewriting.utils import (broadcast_to_type, ew, ew_cast, ew_name, fill_like,
                                            is_constant_value, is_ew, make_constant,
@@ -111,7 +111,7 @@ class Factors:
                     self.add(base, inverted if k > 0 else not inverted)
                 return
         c = scalar_constant(var)
-        if c is not None and np.ndim(c) == 0 and np.asarray(c).dtype.kind in "biuf":
+        if c is not None and np.ndim(c) == 0 and dtype_kind(np.asarray(c).dtype) in "biuf":
             c = float(c)
             if c < 0:
                 self.sign, c = -self.sign, -c
@@ -201,7 +201,7 @@ class _Terms:
             self.add(var.owner.inputs[0], -sign)
             return
         c = scalar_constant(var)
-        if c is not None and np.ndim(c) == 0 and np.asarray(c).dtype.kind in "biuf":
+        if c is not None and np.ndim(c) == 0 and dtype_kind(np.asarray(c).dtype) in "biuf":
             self.const += sign * float(c)
             return
         self.terms.append((sign, var))

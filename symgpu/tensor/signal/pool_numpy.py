@@ -16,6 +16,8 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from symgpu.scalar.dtypes import HALF_DTYPES, dtype_kind
+
 MODES = ("max", "sum", "average_inc_pad", "average_exc_pad")
 
 __all__ = ["MODES", "pool_out_len", "pool_forward", "max_pool_grad", "average_pool_grad",
@@ -47,10 +49,16 @@ def _geometry(shape: Sequence[int], ws, st, pad, ignore_border) -> tuple[tuple, 
     return outs, bufs
 
 
+def _acc(dtype: Any) -> Any:
+    """The accumulator dtype of window sums: float32 for the half dtypes (as the GPU's
+    kernels), None (NumPy's own choice) for the others."""
+    return np.float32 if np.dtype(dtype).name in HALF_DTYPES else None
+
+
 def _fill_value(dtype: np.dtype, mode: str) -> Any:
     if mode != "max":
         return 0
-    return -np.inf if dtype.kind == "f" else np.iinfo(dtype).min
+    return -np.inf if dtype_kind(dtype) == "f" else np.iinfo(dtype).min
 
 
 def _padded(x: np.ndarray, bufs: tuple, pad, fill) -> np.ndarray:
@@ -105,7 +113,7 @@ def pool_forward(x: np.ndarray, ws, st, pad, ignore_border: bool, mode: str) -> 
     if mode == "max":
         out = win.max(axis=_win_axes(nd))
     else:
-        out = win.sum(axis=_win_axes(nd))
+        out = win.sum(axis=_win_axes(nd), dtype=_acc(x.dtype))
         if mode != "sum":
             out = out / _divisor(x.shape, outs, ws, st, pad, mode)
     return np.asarray(out, dtype=x.dtype).reshape(lead + outs)
@@ -116,12 +124,13 @@ def _scatter(shape, dtype, outs, bufs, ws, st, pad, contrib) -> np.ndarray:
     input."""
     nd = len(ws)
     lead, sp = tuple(shape[:len(shape) - nd]), tuple(shape[len(shape) - nd:])
-    gxp = np.zeros((int(np.prod(lead, dtype=np.int64)),) + tuple(bufs), dtype=dtype)
+    gxp = np.zeros((int(np.prod(lead, dtype=np.int64)),) + tuple(bufs),
+                   dtype=_acc(dtype) or dtype)
     for offs in itertools.product(*(range(w) for w in ws)):
         region = tuple(slice(a, a + s * (o - 1) + 1, s) for a, s, o in zip(offs, st, outs))
         gxp[(slice(None),) + region] += contrib(offs)
     crop = tuple(slice(p, p + v) for p, v in zip(pad, sp))
-    return gxp[(slice(None),) + crop].reshape(shape)
+    return gxp[(slice(None),) + crop].reshape(shape).astype(dtype, copy=False)
 
 
 def _check_out(x, gz, outs, nd, who):
@@ -160,7 +169,7 @@ def max_pool_grad_grad(x: np.ndarray, maxout: np.ndarray, ggx: np.ndarray, ws, s
     win = _windows(_padded(x, bufs, pad, _fill_value(x.dtype, "max")), outs, ws, st)
     gwin = _windows(_padded(ggx.astype(x.dtype, copy=False), bufs, pad, 0), outs, ws, st)
     m = maxout.reshape(win.shape[:1 + nd])[(...,) + (None,) * nd]
-    out = np.where(win == m, gwin, 0).sum(axis=_win_axes(nd))
+    out = np.where(win == m, gwin, 0).sum(axis=_win_axes(nd), dtype=_acc(x.dtype))
     return np.asarray(out, dtype=x.dtype).reshape(lead + outs)
 
 

@@ -5,16 +5,16 @@ NumPy's semantics where C's differ: operands are converted to the op's compute d
 would compute ``int32 + float32`` in float, NumPy in float64), and results are converted to the
 output dtype (``int8 + int8`` wraps at 8 bits, as in NumPy).  Half values (float16, bfloat16)
 are computed in float between a kernel's loads and stores (issue 34: load, compute, round on
-store); an explicit cast to a half dtype rounds where it stands (``sg_round``, common.cuh).  The CUDA spelling of each op comes
+store); an explicit cast to a half dtype rounds where it stands (Cast's CUDA form).  The CUDA spelling of each op comes
 from its row of the scalar table (``ScalarOp.cuda``); nothing here knows an op by name.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from symgpu.gpu.runtime.codegen.types import SUPPORTED, literal, storage_ctype, value_ctype
+from symgpu.gpu.runtime.codegen.types import SUPPORTED, literal, value_ctype
 from symgpu.scalar.basic import Cast
-from symgpu.scalar.dtypes import HALF_DTYPES, upcast
+from symgpu.scalar.dtypes import upcast
 
 __all__ = ["ScalarRenderer", "output_dtypes", "inner_graph", "render_apply_function",
            "supports_scalar_op"]
@@ -119,13 +119,8 @@ class ScalarRenderer:
 
     # -- one table row
     def _row(self, op: Any, in_dtypes: list[str], operands: list[str], out_dtype: str) -> str:
-        if _is_cast(op):
-            expr = op.cuda(out_dtype, operands)
-            if out_dtype in HALF_DTYPES:
-                # half values are computed in float between loads and stores; an explicit
-                # cast is a request to round (x.astype('bfloat16') in the middle of a chain)
-                expr = f"sg_round<{storage_ctype(out_dtype)}>({expr})"
-            return expr
+        if _is_cast(op):     # (a cast to a half type rounds: its table row says so)
+            return op.cuda(out_dtype, operands)
         rule = _rule(op)
         if rule == "bool":
             compute = upcast(*in_dtypes) if in_dtypes else out_dtype

@@ -1,0 +1,354 @@
+"""Fused attention on the GPU: GpuAttention and GpuAttentionGrad, lifted from the host ops of
+symgpu/tensor/nnet/attention.py (same inputs, outputs and semantics: see that module).
+
+The kernels (runtime/codegen/attention.cu) are FlashAttention-2's: the forward keeps one
+block of 64 query rows per (batch, head), streams 64-key tiles of K and V through shared
+memory (cp.async, two stages), computes the scores with mma.sync tensor-core products
+(m16n8k16 in float16/bfloat16, 3xTF32 m16n8k8 in float32: float32's accuracy), the softmax
+online in float32 (exp2 of pre-scaled scores), and writes o and the rows' log-sum-exp; a
+causal mask skips the tiles above the diagonal. The backward runs one block per 64 keys,
+looping over the query blocks: it recomputes P from the lse, keeps dK and dV in registers and
+adds dQ into a float32 accumulator with atomics (a pre-pass computes Delta = rowsum(dO o) and
+zeroes the accumulator; a last pass rounds it to the dtype, skipped in float32 where the
+accumulator is dq itself).
+
+Head dims up to 128 run (the kernels are instantiated for 64 and 128, smaller dims zero-padded
+in shared memory); a larger head dim raises ValueError when the node runs (the head dim is
+not part of a variable's type, so the lifter cannot know it: keep such graphs on the host
+with ``optimizer_excluding=fuse_attention`` or by setting ``ENABLED = False`` here).
+Every launch is on the context's stream, buffers come from the pool, nothing waits for the
+device: both thunks are captured into CUDA graphs.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable
+
+import numpy as np
+
+from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.types import storage_ctype
+from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
+from symgpu.tensor.nnet.attention import Attention, AttentionGrad
+
+__all__ = ["GpuAttention", "GpuAttentionGrad", "attention_source", "ATTENTION_DTYPES",
+           "HEAD_DIMS", "ENABLED"]
+
+#: dtype -> CUDA storage type of the kernels' instances
+ATTENTION_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float"}
+#: the head dims the kernels are instantiated for (a head dim runs in the smallest >= it)
+HEAD_DIMS = (64, 128)
+#: False: the lifter leaves attention on the host (read when a function is compiled)
+ENABLED = True
+
+_BM = _BN = 64          # attention.cu's AT_BM / AT_BN
+_THREADS = 128
+_CU = sections("attention.cu")
+# AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
+_FWD = struct.Struct("@6P13q6if4x")
+_BWD = struct.Struct("@10P16q6if4x")
+_PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
+
+
+def attention_source(dtype: str, hd: int) -> str:
+    """The CUDA module of one (dtype, head dim): its pre/dq kernels, forward and backward (one
+    module per instance: a graph compiles only what it runs)."""
+    ctype = ATTENTION_DTYPES[dtype]
+    return "".join([common_source(), _CU[""].substitute(),
+                    _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
+                    _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd)])
+
+
+def _source(dtype: str, hd: int) -> Callable[[], str]:
+    return lambda: attention_source(dtype, hd)
+
+
+def _head(op: Any, d: int, shapes: str) -> int:
+    for hd in HEAD_DIMS:
+        if d <= hd:
+            return hd
+    raise ValueError(f"{op}: head dim {d} is larger than the GPU kernels' {HEAD_DIMS[-1]} "
+                     f"({shapes}); compile with optimizer_excluding=fuse_attention to run the "
+                     "unfused graph instead")
+
+
+def _fwd_smem(itemsize: int, hd: int) -> int:
+    return (_BM + 4 * _BN) * (hd + _PAD) * itemsize
+
+
+def _bwd_smem(itemsize: int, hd: int) -> int:
+    return ((2 * _BN + 2 * _BM) * (hd + _PAD) + _BN * (_BM + _PAD)) * itemsize + 2 * _BM * 4
+
+
+_big_smem: set = set()
+
+
+def _key(dtype: str, hd: int) -> tuple:
+    return ("symgpu.attention", dtype, hd)
+
+
+def _kernel(ctx: Any, dtype: str, hd: int, name: str, smem: int) -> Any:
+    """The PyCUDA Function, allowed ``smem`` bytes of dynamic shared memory (past 48 KB the
+    driver wants the attribute set first)."""
+    fn = get_kernel(_key(dtype, hd), _source(dtype, hd), name, context=ctx)
+    key = (id(fn), smem)
+    if smem > 48 * 1024 and key not in _big_smem:
+        import pycuda.driver as drv   # deferred: PyCUDA loads with the GPU path only
+        fn.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        _big_smem.add(key)
+    return fn
+
+
+def _elem_strides(op: Any, x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
+    """x (copied C-contiguous where its last axis is not unit-stride) and its strides in
+    elements."""
+    isz = x.dtype.itemsize
+    if any(s % isz for s in x.strides) or (x.shape[-1] > 1 and x.strides[-1] != isz):
+        x = x.copy()
+    return x, tuple(s // isz for s in x.strides)
+
+
+def _lead(strides: tuple[int, ...], ndim: int) -> tuple[int, int, int]:
+    """(batch stride, head stride, row stride) of a 3-d (bh, s, d) or 4-d array."""
+    if ndim == 3:
+        return strides[0], 0, strides[1]
+    return strides[0], strides[1], strides[2]
+
+
+def _mask_strides(mask: Any, ndim: int, shape: tuple) -> tuple[Any, tuple[int, int, int, int]]:
+    """The float32 mask and its (b, h, i, j) element strides, 0 along broadcast dims."""
+    mask, st = _elem_strides(None, mask, "mask") if mask.size else (mask, (0,) * mask.ndim)
+    full = (1,) * (ndim - mask.ndim) + tuple(mask.shape)
+    st = (0,) * (ndim - mask.ndim) + st
+    st = tuple(0 if n == 1 else s for n, s in zip(full, st))
+    if ndim == 3:
+        return mask, (st[0], 0, st[1], st[2])
+    return mask, st
+
+
+def _aligned(arrays: list, strides: list, itemsize: int) -> bool:
+    ch = 16 // itemsize
+    return all(a.ptr % 16 == 0 for a in arrays) and all(s % ch == 0 for st in strides
+                                                         for s in st[:-1])
+
+
+def _check(op: Any, q: Any, k: Any, v: Any, mask: Any) -> None:
+    lead = q.shape[:-2]
+    if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != q.shape[-1] or \
+            v.shape != k.shape:
+        raise ValueError(f"{op}: q {q.shape}, k {k.shape} and v {v.shape} do not fit (q (..., "
+                         "Sq, D), k and v (..., Sk, D), same leading dims; the GPU kernels "
+                         "need v's head dim equal to q's)")
+    if mask is not None:
+        try:
+            np.broadcast_shapes(mask.shape, lead + (q.shape[-2], k.shape[-2]))
+        except ValueError:
+            raise ValueError(f"{op}: a mask of shape {mask.shape} does not broadcast against "
+                             f"the scores {lead + (q.shape[-2], k.shape[-2])}") from None
+
+
+def _scale(op: Any, d: int) -> float:
+    return float(np.float32(1.0 / np.sqrt(d))) if op.scale is None else op.scale
+
+
+class _GpuAttentionBase(Op):
+    capturable = True   # pool allocations and launches on the stream (graphs.py)
+    launches = True
+
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 has_mask: bool = False, has_dlse: bool = False) -> None:
+        self.causal = bool(causal)
+        self.scale = None if scale is None else float(scale)
+        self.has_mask, self.has_dlse = bool(has_mask), bool(has_dlse)
+
+    __str__ = Attention.__str__
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The head dim 64 module of the node's dtype (the common head dim; the head dim is
+        known only when the node runs), for the link-time prefetch (gpu/exec/prefetch.py)."""
+        dtype = node.inputs[0].dtype
+        return [(_key(dtype, HEAD_DIMS[0]), _source(dtype, HEAD_DIMS[0]), ())]
+
+    def _gpu_inputs(self, inputs: list) -> tuple[list, Any]:
+        ctx = next((x.type.context_name for x in inputs if is_gpu_var(x)), None)
+        gins = [as_gpuarray_variable(x, ctx) for x in inputs]
+        q = gins[0]
+        if q.dtype not in ATTENTION_DTYPES or q.ndim not in (3, 4) or \
+                any(x.dtype != q.dtype or x.ndim != q.ndim for x in gins[1:3]):
+            raise TypeError(f"{self}: q, k, v must be 3-d or 4-d GPU arrays of one of "
+                            f"{', '.join(ATTENTION_DTYPES)}, got "
+                            f"{', '.join(str(x.type) for x in gins[:3])}")
+        if self.has_mask and (gins[3].dtype != "float32" or gins[3].ndim > q.ndim):
+            raise TypeError(f"{self}: the GPU kernels add a float32 mask of at most {q.ndim} "
+                            f"dims, got {gins[3].type}")
+        return gins, ctx
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        cells = [storage_map[v] for v in node.inputs]
+        outs = [storage_map[v] for v in node.outputs]
+
+        def thunk() -> None:
+            ctx.activate()
+            results = self._run(ctx, *(c[0] for c in cells))
+            for cell, value in zip(outs, results):
+                cell[0] = value
+
+        thunk.capturable = True    # type: ignore[attr-defined]
+        thunk.launches = True      # type: ignore[attr-defined]
+        return thunk
+
+
+class GpuAttention(_GpuAttentionBase):
+    """`Attention` on GPU arrays (float16, bfloat16, float32; 3-d or 4-d; a float32 mask)."""
+
+    __props__ = ("causal", "scale", "has_mask")
+    default_output = 0
+    infer_shape = Attention.infer_shape
+
+    def make_node(self, q: Any, k: Any, v: Any, mask: Any = None) -> Apply:
+        if (mask is not None) != self.has_mask:
+            raise TypeError(f"{self} takes {'a mask' if self.has_mask else 'no mask'}")
+        gins, ctx = self._gpu_inputs([q, k, v] + ([mask] if mask is not None else []))
+        q = gins[0]
+        lead = q.broadcastable[:-2]
+        o = GpuArrayType(q.dtype, lead + (q.broadcastable[-2], gins[2].broadcastable[-1]), ctx)()
+        lse = GpuArrayType("float32", lead + (q.broadcastable[-2],), ctx)()
+        return Apply(self, gins, [o, lse])
+
+    def _run(self, ctx: Any, q: Any, k: Any, v: Any, mask: Any = None) -> list[Any]:
+        _check(self, q, k, v, mask)
+        nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
+        bh = int(np.prod(q.shape[:-2]))
+        heads = q.shape[1] if nd == 4 else 1
+        o = new_array(ctx, q.shape, q.dtype)
+        lse = new_array(ctx, q.shape[:-1], np.dtype("float32"))
+        if bh == 0 or sq == 0:
+            return [o, lse]
+        hd = _head(self, d, f"q {q.shape}")
+        q, qs = _elem_strides(self, q, "q")
+        k, ks = _elem_strides(self, k, "k")
+        v, vs = _elem_strides(self, v, "v")
+        leads = [_lead(qs, nd), _lead(ks, nd), _lead(vs, nd)]
+        if mask is not None:
+            mask, ms = _mask_strides(mask, nd, mask.shape)
+            mptr = mask.ptr
+        else:
+            ms, mptr = (0, 0, 0, 0), 0
+        vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
+        smem = _fwd_smem(q.dtype.itemsize, hd)
+        fn = _kernel(ctx, q.dtype.name, hd, f"attn_fwd_{q.dtype.name}_{hd}", smem)
+        buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
+                        *leads[2], *ms, heads, sq, sk, d, int(self.causal), int(vec),
+                        _scale(self, d))
+        fn._launch_kernel((-(-sq // _BM), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
+        return [o, lse]
+
+
+class GpuAttentionGrad(_GpuAttentionBase):
+    """`AttentionGrad` on GPU arrays: (dq, dk, dv), C-contiguous."""
+
+    __props__ = ("causal", "scale", "has_mask", "has_dlse")
+    infer_shape = AttentionGrad.infer_shape
+
+    def make_node(self, *inputs: Any) -> Apply:
+        want = 6 + self.has_mask + self.has_dlse
+        if len(inputs) != want:
+            raise TypeError(f"{self} takes {want} inputs, got {len(inputs)}")
+        gins, ctx = self._gpu_inputs(list(inputs))
+        return Apply(self, gins, [x.type() for x in gins[:3]])
+
+    def _run(self, ctx: Any, *inputs: Any) -> list[Any]:
+        q, k, v = inputs[:3]
+        n = 3 + self.has_mask
+        mask = inputs[3] if self.has_mask else None
+        o, lse, do = inputs[n:n + 3]
+        dlse = inputs[n + 3] if self.has_dlse else None
+        _check(self, q, k, v, mask)
+        nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
+        bh = int(np.prod(q.shape[:-2]))
+        heads = q.shape[1] if nd == 4 else 1
+        f32 = np.dtype("float32")
+        dq, dk, dv = (new_array(ctx, x.shape, x.dtype) for x in (q, k, v))
+        if q.size == 0 or k.size == 0:
+            for x in (dq, dk, dv):
+                if x.size:
+                    x.fill(0)
+            return [dq, dk, dv]
+        hd = _head(self, d, f"q {q.shape}")
+        q, qs = _elem_strides(self, q, "q")
+        k, ks = _elem_strides(self, k, "k")
+        v, vs = _elem_strides(self, v, "v")
+        do, ds = _elem_strides(self, do, "do")
+        if not o.is_c_contiguous:
+            o = o.copy()
+        if not lse.is_c_contiguous:
+            lse = lse.copy()
+        if dlse is not None and (not dlse.is_c_contiguous or dlse.dtype != f32):
+            dlse = dlse.astype(f32) if dlse.dtype != f32 else dlse.copy()
+        leads = [_lead(qs, nd), _lead(ks, nd), _lead(vs, nd), _lead(ds, nd)]
+        if mask is not None:
+            mask, ms = _mask_strides(mask, nd, mask.shape)
+            mptr = mask.ptr
+        else:
+            ms, mptr = (0, 0, 0, 0), 0
+        rows = bh * sq
+        delta = new_array(ctx, (rows,), f32)
+        acc = dq if q.dtype == f32 else new_array(ctx, q.shape, f32)
+        name = q.dtype.name
+        pre = get_prepared_kernel(_key(name, hd), _source(name, hd), f"attn_bwd_pre_{name}",
+                                  "PPqqqPPPiiiq", context=ctx)
+        blocks = max(1, min(8192, -(-rows // 8)))
+        pre.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, o.ptr, do.ptr,
+                                *leads[3], dlse.ptr if dlse is not None else 0, delta.ptr,
+                                acc.ptr, heads, sq, d, rows)
+        vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
+        smem = _bwd_smem(q.dtype.itemsize, hd)
+        fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
+        buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
+                        dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, heads, sq, sk,
+                        d, int(self.causal), int(vec), _scale(self, d))
+        fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
+        if acc is not dq:
+            total = dq.size
+            cvt = get_prepared_kernel(_key(name, hd), _source(name, hd), f"attn_bwd_dq_{name}",
+                                      "PPq", context=ctx)
+            cvt.prepared_async_call((max(1, min(8192, -(-total // 256))), 1), (256, 1, 1),
+                                    ctx.stream, acc.ptr, dq.ptr, total)
+        return [dq, dk, dv]
+
+
+def _liftable(node: Apply) -> bool:
+    q = node.inputs[0]
+    mask_ok = not node.op.has_mask or node.inputs[3].dtype == "float32"
+    return (ENABLED and q.dtype in ATTENTION_DTYPES and gpu_supports_dtype(q.dtype) and
+            q.ndim in (3, 4) and mask_ok)
+
+
+@register_lifter(Attention)
+def lift_attention(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
+    """Attention -> GpuAttention (float16/bfloat16/float32, 3-d or 4-d, float32 mask)."""
+    if not _liftable(node):
+        return None
+    gin = [as_gpuarray_variable(x, context_name) for x in inputs]
+    return list(GpuAttention(op.causal, op.scale, op.has_mask).make_node(*gin).outputs)
+
+
+@register_lifter(AttentionGrad)
+def lift_attention_grad(op: Any, node: Apply, context_name: Any,
+                        inputs: Any) -> list[Any] | None:
+    """AttentionGrad -> GpuAttentionGrad (as lift_attention; lse and dlse float32)."""
+    if not _liftable(node):
+        return None
+    gin = [as_gpuarray_variable(x, context_name) for x in inputs]
+    gop = GpuAttentionGrad(op.causal, op.scale, op.has_mask, op.has_dlse)
+    return list(gop.make_node(*gin).outputs)

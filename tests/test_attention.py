@@ -1,0 +1,271 @@
+"""Fused attention on the host: the Attention/AttentionGrad ops against NumPy, their gradients
+(verify_grad), the fuse_attention rewrite per spelling (graph inspected, values checked, the
+fused gradient equal to the unfused one), placement on a virtual GPU, and the CUDA kernels
+compiled for sm_90."""
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from symgpu.compile.mode import get_mode
+from symgpu.gradient import verify_grad
+from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
+from symgpu.tensor.nnet.attention import Attention, AttentionGrad
+
+from gpu_helpers import compile_for_sm90, requires_nvcc
+
+RNG = np.random.default_rng(1234)
+UNFUSED = get_mode("FAST_RUN").excluding("fuse_attention")
+
+
+def naive(q, k, v, mask=None, scale=None, causal=False):
+    """softmax(q k^T scale + mask) v written the plain way, in float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if mask is not None:
+        s = s + mask
+    if causal:
+        s = np.where(np.tri(s.shape[-2], s.shape[-1], dtype=bool), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+def randn(*shape, dtype="float64"):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def op_names(f):
+    return [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+
+
+# ============================================================================ the ops
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_matches_numpy(dtype, causal):
+    q, k, v = (T.tensor4(n, dtype=dtype) for n in "qkv")
+    f = symgpu.function([q, k, v], sdpa(q, k, v, is_causal=causal))
+    Q, K, V = randn(2, 3, 7, 8, dtype=dtype), randn(2, 3, 9, 8, dtype=dtype), \
+        randn(2, 3, 9, 8, dtype=dtype)
+    got = f(Q, K, V)
+    assert got.dtype == dtype and got.shape == (2, 3, 7, 8)
+    tol = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3}[dtype]
+    np.testing.assert_allclose(got.astype("float64"), naive(Q, K, V, causal=causal),
+                               atol=tol, rtol=tol * 10)
+
+
+def test_attention_mask_3d_and_fully_masked_rows():
+    q, k, v = T.tensor3s("q", "k", "v")
+    m = T.matrix("m")
+    o = sdpa(q, k, v, attn_mask=m, scale=0.3)
+    f = symgpu.function([q, k, v, m], o)
+    Q, K, V = randn(4, 5, 6), randn(4, 5, 6), randn(4, 5, 6)
+    M = randn(5, 5)
+    np.testing.assert_allclose(f(Q, K, V, M), naive(Q, K, V, M, 0.3), atol=1e-12)
+    M[2] = -np.inf                             # row 2 sees nothing: zeros, not NaN
+    got = f(Q, K, V, M)
+    assert np.all(got[:, 2] == 0) and np.all(np.isfinite(got))
+    np.testing.assert_allclose(np.delete(got, 2, 1), np.delete(naive(Q, K, V, M, .3), 2, 1),
+                               atol=1e-12)
+
+
+def test_boolean_mask_and_str_and_shapes():
+    q, k, v = T.tensor4s("q", "k", "v")
+    keep = T.tensor4("keep", dtype="bool")
+    o = sdpa(q, k, v, attn_mask=keep, is_causal=True, scale=0.5)
+    assert str(o.owner.op) == "Attention{causal,scale=0.5,mask}"
+    assert str(Attention()) == "Attention{scale=1/sqrt(d)}"
+    f = symgpu.function([q, k, v, keep], [o, o.shape])
+    Q, K, V = randn(1, 2, 4, 3), randn(1, 2, 4, 3), randn(1, 2, 4, 3)
+    B = RNG.random((1, 1, 4, 4)) > 0.3
+    B[..., 0] = True
+    got, shape = f(Q, K, V, B)
+    np.testing.assert_allclose(got, naive(Q, K, V, np.where(B, 0, -np.inf), .5, True),
+                               atol=1e-12)
+    assert tuple(shape) == (1, 2, 4, 3)
+
+
+def test_shape_errors_name_the_op():
+    q, k, v = T.tensor3s("q", "k", "v")
+    f = symgpu.function([q, k, v], sdpa(q, k, v))
+    with pytest.raises(ValueError, match="Attention"):
+        f(randn(2, 3, 4), randn(2, 3, 5), randn(2, 3, 5))
+    with pytest.raises(TypeError, match="same number of dimensions"):
+        Attention()(q, k, T.tensor4())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_verify_grad(causal):
+    pts = [randn(2, 4, 3), randn(2, 5, 3), randn(2, 5, 3)]
+    verify_grad(lambda a, b, c: sdpa(a, b, c, is_causal=causal), pts)
+    verify_grad(lambda a, b, c, m: sdpa(a, b, c, attn_mask=m, is_causal=causal, scale=.4),
+                pts + [randn(4, 5)])
+
+
+def test_verify_grad_float32_4d():
+    pts = [randn(1, 2, 4, 3, dtype="float32") for _ in range(3)]
+    verify_grad(lambda a, b, c: sdpa(a, b, c, is_causal=True), pts)
+
+
+def test_gradient_through_lse():
+    """The saved log-sum-exp is an output too: its gradient joins dS (has_dlse)."""
+    def fn(a, b, c):
+        node = Attention(False, None, False).make_node(a, b, c)
+        return node.outputs[0].sum() + (node.outputs[1] ** 2).sum()
+    verify_grad(fn, [randn(2, 4, 3), randn(2, 5, 3), randn(2, 5, 3)])
+    a, b, c = T.tensor3s("a", "b", "c")
+    node = Attention().make_node(a, b, c)
+    g = T.grad((node.outputs[1] ** 2).sum() + node.outputs[0].sum(), a)
+    assert any(isinstance(n.op, AttentionGrad) and n.op.has_dlse
+               for n in symgpu.graph.basic.io_toposort([a, b, c], [g]))
+
+
+# ============================================================================ the rewrite
+
+def _softmax_written(x, use_max=True):
+    if use_max:
+        x = x - T.max(x, axis=-1, keepdims=True)
+    e = T.exp(x)
+    return e / T.sum(e, axis=-1, keepdims=True)
+
+
+S = 6
+TRI = np.tril(np.ones((S, S), bool))
+q4, k4, v4 = T.tensor4s("q", "k", "v")
+q3, k3, v3 = T.tensor3s("q", "k", "v")
+SPELLINGS = {
+    # name: (output, inputs, scale, causal, mask)
+    "softmax_matmul_scale_on_scores":
+        (lambda: T.nnet.softmax(T.matmul(q4, k4.dimshuffle(0, 1, 3, 2)) * 0.5, axis=-1) @ v4,
+         "4", 0.5, False),
+    "scale_on_q_swapaxes":
+        (lambda: T.nnet.softmax((q4 * 0.5) @ k4.swapaxes(-1, -2)) @ v4, "4", 0.5, False),
+    "exp_over_sum_div_sqrt_transpose":
+        (lambda: _softmax_written((q4 @ k4.transpose(0, 1, 3, 2)) / np.sqrt(4.0)) @ v4,
+         "4", 0.5, False),
+    "exp_over_sum_without_max":
+        (lambda: _softmax_written(q4 @ k4.swapaxes(-1, -2), False) @ v4, "4", 1.0, False),
+    "batched_dot_3d":
+        (lambda: T.batched_dot(T.nnet.softmax(T.batched_dot(q3, k3.dimshuffle(0, 2, 1)) * .5),
+                               v3), "3", 0.5, False),
+    "causal_additive_constant":
+        (lambda: T.nnet.softmax(q4 @ k4.swapaxes(-1, -2) * .5 +
+                                np.where(TRI, 0, -np.inf).astype("float64")) @ v4,
+         "4", 0.5, True),
+    "causal_additive_minus_1e9":
+        (lambda: T.nnet.softmax(0.5 * (q4 @ k4.swapaxes(-1, -2)) +
+                                np.where(TRI, 0, -1e9)) @ v4, "4", 0.5, True),
+    "causal_switch_constant":
+        (lambda: T.nnet.softmax(T.switch(TRI, q4 @ k4.swapaxes(-1, -2) * .5, -np.inf)) @ v4,
+         "4", 0.5, True),
+    "causal_switch_tril_ones":
+        (lambda: T.nnet.softmax(T.switch(T.eq(T.tril(T.ones((q4.shape[2], k4.shape[2]))), 0),
+                                         -1e9, q4 @ k4.swapaxes(-1, -2) * .5)) @ v4,
+         "4", 0.5, True),
+    "causal_switch_tri":
+        (lambda: _softmax_written(T.switch(T.tri(q4.shape[2], k4.shape[2], 0, "bool"),
+                                           q4 @ k4.swapaxes(-1, -2) / 2.0, -np.inf)) @ v4,
+         "4", 0.5, True),
+    "additive_mask_variable":
+        (lambda: T.nnet.softmax(q4 @ k4.swapaxes(-1, -2) * .5 + MASK) @ v4, "4m", 0.5, False),
+    "switch_mask_variable":
+        (lambda: T.nnet.softmax(T.switch(KEEP, q4 @ k4.swapaxes(-1, -2) * .5, -1e9)) @ v4,
+         "4b", 0.5, False),
+}
+MASK = T.matrix("mask")
+KEEP = T.tensor(dtype="bool", shape=(None, 1, None, None), name="keep")
+
+
+@pytest.mark.parametrize("name", sorted(SPELLINGS))
+def test_rewrite_fuses_spelling_and_its_gradient(name):
+    build, kind, scale, causal = SPELLINGS[name]
+    o = build()
+    ins = [q3, k3, v3] if kind == "3" else [q4, k4, v4]
+    shape = (4, S, 4) if kind == "3" else (2, 2, S, 4)
+    vals = [randn(*shape) for _ in ins]
+    mask = None
+    if kind == "4m":
+        ins, mask = ins + [MASK], randn(S, S)
+        vals.append(mask)
+    if kind == "4b":
+        keep = RNG.random((2, 1, S, S)) > 0.4
+        keep[..., 0] = True
+        ins, mask = ins + [KEEP], np.where(keep, 0, -1e9)
+        vals.append(keep)
+    f = symgpu.function(ins, o)
+    names = op_names(f)
+    assert "Attention" in names and "Softmax" not in names and "MatMul" not in names, names
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, Attention)]
+    assert node.op.causal == causal and node.op.scale == pytest.approx(scale)
+    np.testing.assert_allclose(f(*vals), naive(*vals[:3], mask, scale, causal), atol=1e-10)
+
+    grads = T.grad((o ** 2).sum(), ins[:3])
+    fused = symgpu.function(ins, grads)
+    unfused = symgpu.function(ins, grads, mode=UNFUSED)
+    fnames, unames = op_names(fused), op_names(unfused)
+    assert "AttentionGrad" in fnames and "Softmax" not in fnames and "MatMul" not in fnames, \
+        fnames
+    assert "Attention" not in unames and "AttentionGrad" not in unames
+    for a, b in zip(fused(*vals), unfused(*vals)):
+        np.testing.assert_allclose(a, b, atol=1e-9)
+
+
+def test_rewrite_fuses_forward_only_graph_and_leaves_other_readers():
+    p = T.nnet.softmax(q4 @ k4.swapaxes(-1, -2))
+    f = symgpu.function([q4, k4, v4], [p @ v4, p])       # the probabilities are wanted too
+    assert "Attention" in op_names(f)
+    Q, K, V = (randn(1, 2, S, 3) for _ in range(3))
+    o, probs = f(Q, K, V)
+    np.testing.assert_allclose(o, naive(Q, K, V, scale=1.0), atol=1e-10)
+    np.testing.assert_allclose(probs @ V, o, atol=1e-10)
+
+
+def test_rewrite_leaves_dropout_and_non_attention_alone():
+    from symgpu.tensor.shared_randomstreams import RandomStreams
+    rng = RandomStreams(3)
+    o = sdpa(q4, k4, v4, dropout_p=0.25, rng=rng)
+    f = symgpu.function([q4, k4, v4], o)
+    assert "Attention" not in op_names(f)
+    Q, K, V = (randn(1, 2, S, 3) for _ in range(3))
+    got = f(Q, K, V)
+    assert got.shape == (1, 2, S, 3) and np.all(np.isfinite(got))
+    # softmax over the wrong axis, or a product with a non-transposed k: not attention
+    for o in (T.nnet.softmax(q4 @ k4.swapaxes(-1, -2), axis=2) @ v4,
+              T.nnet.softmax(q4 @ k4) @ v4):
+        assert "Attention" not in op_names(symgpu.function([q4, k4, v4], o))
+
+
+# ============================================================================ placement
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_attention_lifts_to_the_gpu(vgpu, dtype):
+    q, k, v = (T.tensor4(n, dtype=dtype) for n in "qkv")
+    o = T.nnet.softmax(q @ k.swapaxes(-1, -2) * np.asarray(.125, dtype) +
+                       np.where(np.tri(8, dtype=bool), 0, -np.inf).astype(dtype)) @ v
+    g = T.grad(o.sum(), [q, k, v])
+    f = symgpu.function([q, k, v], [o] + g)
+    names = op_names(f)
+    assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
+    assert "Attention" not in names and "AttentionGrad" not in names
+    node = next(n for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "GpuAttention")
+    assert node.op.causal and node.op.scale == 0.125
+
+
+def test_float64_attention_stays_on_the_host(vgpu):
+    q, k, v = (T.tensor4(n, dtype="float64") for n in "qkv")
+    f = symgpu.function([q, k, v], sdpa(q, k, v))
+    assert "Attention" in op_names(f) and "GpuAttention" not in op_names(f)
+
+
+# ============================================================================ kernels
+
+@requires_nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_attention_kernels_compile_for_sm90(tmp_path, dtype, hd):
+    from symgpu.gpu.ops.attention import attention_source
+    cubin = compile_for_sm90(attention_source(dtype, hd), tmp_path)
+    for name in (f"attn_fwd_{dtype}_{hd}", f"attn_bwd_{dtype}_{hd}", f"attn_bwd_pre_{dtype}",
+                 f"attn_bwd_dq_{dtype}"):
+        assert name.encode() in cubin
