@@ -278,6 +278,8 @@ static inline __half __float2half_rn(float v)
     if (rest > 0x1000u || (rest == 0x1000u && (bits & 1u))) ++bits;    /* to nearest even */
     h.bits = (std::uint16_t)(sign | bits); return h;
 }
+static inline __half atomicAdd(__half *p, __half v)     /* one thread runs at a time */
+{ const __half old = *p; *p = __float2half_rn(__half2float(old) + __half2float(v)); return old; }
 """
 
 #: stands in for the toolkit's cuda_bf16.h (bfloat16 is the top half of a float's bits)
@@ -295,6 +297,12 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float v)
     if ((f & 0x7fffffffu) > 0x7f800000u) { h.bits = (std::uint16_t)((f >> 16) | 0x40u); return h; }
     f += 0x7fffu + ((f >> 16) & 1u);                                  /* to nearest even */
     h.bits = (std::uint16_t)(f >> 16); return h;
+}
+static inline __nv_bfloat16 atomicAdd(__nv_bfloat16 *p, __nv_bfloat16 v)
+{
+    const __nv_bfloat16 old = *p;
+    *p = __float2bfloat16_rn(__bfloat162float(old) + __bfloat162float(v));
+    return old;
 }
 """
 

@@ -137,6 +137,13 @@ def test_blas_layouts():
 
 
 # ============================================================================ rendering (CPU)
+def test_half_literals_are_the_values_the_dtype_holds():
+    assert literal(0.1, "bfloat16") == "0.10009765625f"
+    assert literal(0.1, "float16") == "0.0999755859375f"
+    assert literal(np.inf, "bfloat16") == "__int_as_float(0x7f800000)"
+    assert literal(1e6, "float16") == "__int_as_float(0x7f800000)"   # past 65504: inf
+
+
 def test_literals_are_exact_and_nan_inf_safe():
     assert literal(0.1, "float32") == "0.10000000149011612f"
     assert literal(0.1, "float64") == "0.1"
@@ -184,6 +191,27 @@ def test_composite_renders_typed_temporaries_and_several_outputs():
     src, outs = render_apply_function(comp, ["float16", "int32"])
     assert outs == ["float64", "bool"]
     assert "double &r0, bool &r1" in src and "tanhf" in src and "0.5f" in src
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_values_compute_in_float_and_round_on_store_or_explicit_cast(dtype):
+    """Issue 34: half operands are loaded into float, computed in float and rounded once by
+    the store; a cast to a half dtype in the middle of a chain rounds where it stands."""
+    storage = {"float16": "__half", "bfloat16": "__nv_bfloat16"}[dtype]
+    to_half = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}[dtype]
+    b = CompositeBuilder()
+    x = b.add_input("float32")
+    r = b.add_op(Cast(dtype), [x])[0]
+    y = b.add_op(SCALAR_OPS["mul"], [r, r])[0]
+    src, outs = render_apply_function(b.build([y]), ["float32"])
+    assert outs == [dtype] and "float &r0" in src
+    assert src.count(to_half) == 1                  # the cast, not the product
+    module = render_elemwise(ElemwiseSignature(SCALAR_OPS["exp"], (dtype,), (False,), 2))
+    assert f"const {storage} *in0" in module and f"{storage} *out0" in module
+    assert "sg_load(p.in0[i])" in module and "sg_store(p.out0[i], r0)" in module
+    assert f"sg_vec4<{storage}>" in module          # 4 halves: one 8-byte access
+    red = render_reduce(ReduceSignature("add", None, (dtype,), dtype, 1, 1))
+    assert "typedef float acc_t;   /* float32 */" in red and f"typedef {storage} out_t" in red
 
 
 def test_elemwise_module_has_every_kernel_and_extern_c():
@@ -246,7 +274,8 @@ def _every_row_composite(dtype: str):
         except (TypeError, ValueError):
             continue
         outs += b.add_op(op, ins)
-    for target in ("bool", "int8", "uint16", "int64", "float16", "float32", "float64"):
+    for target in ("bool", "int8", "uint16", "int64", "float16", "bfloat16", "float32",
+                   "float64"):
         outs += b.add_op(Cast(target), args[:1])
     return b.build(outs), [dtype] * 3 + ["bool"]
 
@@ -283,6 +312,20 @@ def _nodes():
     nodes.append(GpuCAReduce(S["or_"], None, None, S["gt"])(mat("float32"), gvar("float32", ())
                                                             ).owner)
     nodes.append(GpuCAReduce(S["add"], None)(gvar("float32", ())).owner)
+    # bfloat16 (and float16 beside it): vector and strided elementwise kernels, a mixed
+    # bfloat16 + float16 add (float32), reductions accumulating in float32 with a pre-op
+    bf = lambda shape=(False, False): gvar("bfloat16", shape)
+    nodes.append(GpuElemwise(S["exp"])(bf()).owner)
+    nodes.append(GpuElemwise(S["mul"])(bf(), gvar("bfloat16", (True, False))).owner)
+    nodes.append(GpuElemwise(S["add"])(bf(), mat("float16")).owner)
+    nodes.append(GpuElemwise(Cast("bfloat16"))(mat("float32")).owner)
+    comp, in_dtypes = _every_row_composite("bfloat16")
+    nodes.append(GpuElemwise(comp)(*[gvar(d) for d in in_dtypes])[0].owner)
+    for axes in (None, (0,), (1,)):
+        nodes.append(GpuCAReduce(S["add"], axes)(bf()).owner)
+    nodes.append(GpuCAReduce(S["maximum"], (1,))(bf()).owner)
+    nodes.append(GpuCAReduce(S["add"], (1,), None, S["sqr"])(bf()).owner)
+    nodes.append(GpuCAReduce(S["mul"], (0,))(mat("float16")).owner)
     return nodes
 
 
@@ -328,7 +371,7 @@ def test_every_table_row_renders_for_every_dtype(cachedir):
     """One translation unit with, per dtype, the rendered function of a Composite made of
     every row that accepts it, called from one kernel (faster than a module per dtype)."""
     from symgpu.gpu.runtime.codegen import common_source
-    from symgpu.gpu.runtime.codegen.types import storage_ctype
+    from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
     parts = [common_source()]
     for dtype in SUPPORTED:
         comp, in_dtypes = _every_row_composite(dtype)
@@ -336,7 +379,7 @@ def test_every_table_row_renders_for_every_dtype(cachedir):
         src, outs = render_apply_function(comp, in_dtypes, name=name)
         parts.append(src)
         params = ", ".join(f"const {storage_ctype(d)} *in{i}" for i, d in enumerate(in_dtypes))
-        decl = "\n".join(f"    {'float' if d == 'float16' else storage_ctype(d)} r{j};"
+        decl = "\n".join(f"    {value_ctype(d)} r{j};"
                           for j, d in enumerate(outs))
         args = ", ".join([f"sg_load(in{i}[0])" for i in range(len(in_dtypes))]
                          + [f"r{j}" for j in range(len(outs))])

@@ -103,7 +103,7 @@ def test_make_node_rejects_bad_types():
         GpuCrossentropyCategorical1Hot()(T.matrix("p"), T.lvector("y"))
     with pytest.raises(TypeError, match="int32/int64 vector"):
         GpuCrossentropyCategorical1Hot()(p, GpuArrayType("float32", (False,), None)())
-    with pytest.raises(TypeError, match="float32/float64 matrix"):
+    with pytest.raises(TypeError, match=r"float matrix \(float16, bfloat16, float32, float64\)"):
         GpuCrossentropyCategorical1Hot()(GpuArrayType("int32", (False, False), None)(),
                                          GpuArrayType("int64", (False,), None)())
     with pytest.raises(TypeError, match="scalar or vector"):
@@ -125,7 +125,9 @@ def test_kernels_compile(tmp_path):
     cubin = compile_for_sm90(crossentropy_source(), tmp_path)
     assert cubin
     for name in ("ce1hot_float32_int32", "ce1hot_float64_int64",
-                 "ce1hot_grad_float32_float64_int32", "ce1hot_grad_float64_float64_int64"):
+                 "ce1hot_grad_float32_float64_int32", "ce1hot_grad_float64_float64_int64",
+                 "ce1hot_bfloat16_int64", "ce1hot_float16_int32",
+                 "ce1hot_grad_bfloat16_float32_int64", "ce1hot_grad_float16_float16_int32"):
         assert name.encode() in cubin, name
 
 

@@ -92,6 +92,10 @@ def _draw(dist: str, dtype: str, shape: tuple) -> np.ndarray:
     ("float32", (8, 12), "row"),           # a row broadcast (strides (0, 1)), aligned rows
     ("float64", (3, 11), "contig"),
     ("float64", (9, 7), "transposed"),
+    ("float16", (5, 37), "contig"),        # half draws: float32 numbers rounded on the store
+    ("bfloat16", (6, 41), "transposed"),
+    ("bfloat16", (7, 16), "misaligned"),   # 2 bytes off
+    ("float16", (8, 12), "row"),
 ])
 def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, shape, layout):
     rng = np.random.default_rng(shape[0] * shape[1])
@@ -103,7 +107,7 @@ def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, s
         xd = device_array(emu, np.ascontiguousarray(x.T)).transpose()
     elif layout == "misaligned":
         from symgpu.gpu.runtime.array import GpuArray, c_strides
-        raw = device_array(emu, np.concatenate([[0], x.ravel()]).astype(dtype))
+        raw = device_array(emu, np.concatenate([np.zeros(1, dtype), x.ravel()]))
         xd = GpuArray.__new__(GpuArray)
         xd._set(emu, raw.ptr + x.itemsize, x.shape, c_strides(x.shape, x.itemsize), x.dtype,
                 raw)
@@ -121,10 +125,11 @@ def test_fused_dropout_draws_the_cpu_generators_uniforms(emu, launched, dtype, s
     assert launched == [f"sg_philox_ew_{kind}"]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 def test_fused_normal_draw_first_with_a_scalar_operand(emu, launched, dtype):
     """Draw at position 0, a one-value operand hoisted out of the loop, a normal draw (float64
-    exact; float32 within the emulated sine's error, as the GPU's __sincosf)."""
+    exact; float32 within the emulated sine's error, as the GPU's __sincosf; the half types
+    computed in float32 and rounded once where NumPy rounds the product too: an ulp)."""
     b = CompositeBuilder()
     z, x, s = b.add_input(dtype), b.add_input(dtype), b.add_input(dtype)
     op = b.build(b.add_op(SCALAR_OPS["add"], [x, b.add_op(SCALAR_OPS["mul"], [s, z])[0]]))
@@ -140,7 +145,9 @@ def test_fused_normal_draw_first_with_a_scalar_operand(emu, launched, dtype):
     if dtype == "float64":
         np.testing.assert_array_equal(got, want)
     else:
-        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+        tol = {"float32": 2e-6, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
+        np.testing.assert_allclose(got.astype("float64"), want.astype("float64"), rtol=tol,
+                                   atol=tol)
     assert launched == ["sg_philox_ew_contig"]
 
 
@@ -204,9 +211,11 @@ def test_strided_copy_matches_numpy_assignment(emu, copyk, dtype):
                            nine.strides, nine.itemsize)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "int32", "uint64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint16", "int32", "uint64",
+                                   "float16", "bfloat16"])
 def test_strided_inc_matches_numpy_add(emu, copyk, dtype):
-    """dst[...] += src for each dtype's own kernel (wrapping integers as NumPy's do)."""
+    """dst[...] += src for each dtype's own kernel (wrapping integers as NumPy's do; the half
+    types add in float32 and round once, as NumPy's half addition: the same bits)."""
     for name, src, out, view in _layouts(dtype):
         want = out.copy()
         view(want)[...] += src
@@ -234,7 +243,12 @@ def _labels(rng, n: int, k: int, idt: str) -> np.ndarray:
     return rng.integers(0, k, 2 * n).astype(idt)[::2]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+#: the cross-entropy's tolerance per dtype: the half types are computed in float32 and
+#: rounded once (half an ulp: 2^-11 relative for float16, 2^-8 for bfloat16, with margin)
+_XENT_RTOL = {"float32": 1e-6, "float64": 1e-14, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
 def test_crossentropy_forward_matches_numpy_and_reports_a_bad_label(emu, xent, dtype, idt):
     """-log p[i, y_i] read through p's and y's strides; a label of k or -1 (no counting from
@@ -251,8 +265,10 @@ def test_crossentropy_forward_matches_numpy_and_reports_a_bad_label(emu, xent, d
         return host_view(out[0])
 
     got = run(y)
-    want = -np.log(p[np.arange(n), y])
-    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-14)
+    assert got.dtype == dtype
+    got = got.astype("float64")
+    want = -np.log(p[np.arange(n), y].astype("float64"))
+    np.testing.assert_allclose(got, want, rtol=_XENT_RTOL[dtype])
     raise_device_errors(emu)                        # nothing reported
     for bad in (k, -1):
         y_bad = y.copy()
@@ -261,16 +277,21 @@ def test_crossentropy_forward_matches_numpy_and_reports_a_bad_label(emu, xent, d
         with pytest.raises(ValueError, match=rf"in \[0, {k}\).*got label {bad}"):
             raise_device_errors(emu)
         keep = np.arange(n) != 257                  # the bad row is left unwritten
-        np.testing.assert_allclose(got[keep], want[keep], rtol=1e-6)
+        np.testing.assert_allclose(got[keep].astype("float64"), want[keep],
+                                   rtol=_XENT_RTOL[dtype])
         raise_device_errors(emu)                    # cleared once raised
 
 
 @pytest.mark.parametrize("dtype,g_dtype", [("float32", "float32"), ("float32", "float64"),
-                                           ("float64", "float32"), ("float64", "float64")])
+                                           ("float64", "float32"), ("float64", "float64"),
+                                           ("float16", "float16"), ("float16", "float32"),
+                                           ("bfloat16", "bfloat16"), ("bfloat16", "float16")])
 @pytest.mark.parametrize("g_shape", ["scalar", "one", "rows"])
 def test_crossentropy_grad_matches_numpy(emu, xent, monkeypatch, dtype, g_dtype, g_shape):
     """-g_i / p[i, y_i] at (i, y_i), 0 elsewhere (every element written: the output starts
-    as garbage), the quotient in the wider dtype; g a scalar, one value or one per row."""
+    as garbage), the quotient in the wider dtype; g a scalar, one value or one per row.
+    Half dtypes divide in float32 and round once, as NumPy's (and ml_dtypes') half ufuncs
+    do: the same bits."""
     from symgpu.gpu.runtime.device_checks import raise_device_errors
     rng = np.random.default_rng(12)
     n, k = 45, 13
@@ -291,7 +312,7 @@ def test_crossentropy_grad_matches_numpy(emu, xent, monkeypatch, dtype, g_dtype,
     got = host_view(out[0])
     gb = np.broadcast_to(g, (n,))
     want = np.zeros((n, k), dtype=dtype)
-    wide = np.result_type(dtype, g_dtype)
+    wide = "float64" if "float64" in (dtype, g_dtype) else "float32"
     want[np.arange(n), y] = (-gb.astype(wide) / p[np.arange(n), y].astype(wide)).astype(dtype)
     assert got.dtype == dtype and got.flags.c_contiguous
     np.testing.assert_array_equal(got, want)
@@ -328,6 +349,7 @@ def _ties(rng, shape: tuple, dtype: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype,shape", [("float32", (7, 300)), ("float64", (5, 3, 41)),
+                                         ("float16", (3, 290)), ("bfloat16", (4, 2, 33)),
                                          ("int8", (6, 513)), ("uint64", (4, 260)),
                                          ("int32", (9, 1))])
 @pytest.mark.parametrize("kind", ["max", "min"])

@@ -137,7 +137,8 @@ def test_make_node_checks_its_inputs():
 def test_kernels_compile(tmp_path):
     src = nll_grad_source()
     for name in ("nll_grad_float32_int32", "nll_grad_float64_int64",
-                 "nll_grad_exp_float32_int64"):
+                 "nll_grad_exp_float32_int64", "nll_grad_bfloat16_int64",
+                 "nll_grad_exp_float16_int32"):
         assert name in src
     assert compile_for_sm90(src, tmp_path)
 

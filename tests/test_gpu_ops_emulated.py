@@ -203,3 +203,71 @@ def test_an_epilogue_computes_an_update_in_its_variables_buffer(emu):
     np.testing.assert_allclose(host_view(b_dev), want, rtol=1e-5, atol=1e-5)
     plain = GpuCAReduce(SCALAR_OPS["add"], (0,))(gvar("float32", 2)).owner
     assert not hasattr(thunk_over(plain, [device_array(emu, d)])[0], "write_into")
+
+
+# ----------------------------------------------------------------- half dtypes (issue 34)
+
+#: tolerances of half results against NumPy in float64 then rounded: the kernels compute in
+#: float32 and round once (half an ulp: 2^-11 relative for float16, 2^-8 for bfloat16)
+_HALF_RTOL = {"float16": 1e-3, "bfloat16": 8e-3}
+
+
+def _rounded(values: np.ndarray, dtype: str) -> np.ndarray:
+    """NumPy's float64 answer rounded to `dtype`, as float64 (what a kernel stores)."""
+    return values.astype(dtype).astype("float64")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_elementwise_chain_on_every_path(emu, dtype):
+    """exp(x) * y + 1 fused, with x and y stored in a half dtype: the vector kernel (4 halves
+    an 8-byte access), a pointer 2 bytes off (the scalar kernel) and a transposed input (the
+    strided kernel); computed in float32, rounded once on the store."""
+    rng = np.random.default_rng(9)
+    b = CompositeBuilder()
+    x, y = b.add_input(dtype), b.add_input(dtype)
+    e = b.add_op(SCALAR_OPS["mul"], [b.add_op(SCALAR_OPS["exp"], [x])[0], y])[0]
+    comp = b.build(b.add_op(SCALAR_OPS["add"], [e, b.add_constant(1.0, dtype)]))
+    hx = rng.uniform(-2, 2, (40, 33)).astype(dtype)
+    hy = rng.uniform(-2, 2, (40, 33)).astype(dtype)
+    want = _rounded(np.exp(hx.astype("float64")) * hy.astype("float64") + 1, dtype)
+    node = GpuElemwise(comp)(gvar(dtype, 2), gvar(dtype, 2)).owner
+    (got,), thunk, storage = run(node, [device_array(emu, hx), device_array(emu, hy)])
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype("float64"), want, rtol=_HALF_RTOL[dtype], atol=1e-6)
+    from symgpu.gpu.runtime.array import GpuArray, c_strides
+    raw = device_array(emu, np.concatenate([np.zeros(1, dtype), hx.ravel()]))
+    mis = GpuArray.__new__(GpuArray)
+    mis._set(emu, raw.ptr + 2, hx.shape, c_strides(hx.shape, 2), np.dtype(dtype), raw)
+    storage[node.inputs[0]][0] = mis
+    thunk()
+    np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]).astype("float64"), want,
+                               rtol=_HALF_RTOL[dtype], atol=1e-6)
+    storage[node.inputs[0]][0] = device_array(emu, np.ascontiguousarray(hx.T)).transpose()
+    thunk()
+    np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]).astype("float64"), want,
+                               rtol=_HALF_RTOL[dtype], atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op,axis,shape", [
+    ("add", (0,), (20000, 16)),       # tall columns: split rows, then a finish launch
+    ("add", (0,), (512, 96)),         # one-launch column blocks
+    ("maximum", (1,), (300, 64)),     # rows
+    ("add", (1,), (5, 3000)),         # long rows (16-byte vector loads: 8 halves)
+    ("add", None, (30001,)),          # everything: partials summed by the last block
+])
+def test_half_reductions_accumulate_in_float32(emu, dtype, op, axis, shape):
+    """Sums of ones: a half accumulator stalls (float16 at 2048, bfloat16 at 256: 256 + 1
+    rounds back to 256), float32 counts on; the result is the exact count rounded once to the
+    dtype (bit for bit)."""
+    rng = np.random.default_rng(shape[-1])
+    host = np.ones(shape, dtype) if op == "add" else rng.standard_normal(shape).astype(dtype)
+    ax = tuple(range(len(shape))) if axis is None else axis
+    node = GpuCAReduce(SCALAR_OPS[op], ax)(gvar(dtype, len(shape))).owner
+    (got,), thunk, storage = run(node, [device_array(emu, host)])
+    exact = {"add": np.sum, "maximum": np.max}[op](host.astype("float64"), axis=ax)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.astype("float64"), _rounded(exact, dtype))
+    thunk()   # again: the one-pass counters were reset by the last block
+    np.testing.assert_array_equal(host_view(storage[node.outputs[0]][0]).astype("float64"),
+                                  _rounded(exact, dtype))

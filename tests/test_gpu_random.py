@@ -94,11 +94,16 @@ def test_a_gpu_state_is_advanced_on_the_device():
     assert not any(isinstance(c.op, HostFromGpu) for c, _ in fg.clients[fg.inputs[0]])
 
 
-def test_float16_stays_on_the_cpu():
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_draws_are_made_on_the_gpu(dtype):
+    """float16/bfloat16 draws have kernels of their own (float32 numbers rounded on the
+    store, as the CPU's draw casts them): nothing of the draw stays on the host."""
     srng = RandomStreams(seed=1)
     with config.change_flags(floatX="float32"), virtual_context(None):
-        f = function([], srng.uniform((4,), dtype="float16"))
-        assert any(isinstance(op, PhiloxSample) for op in _ops(f))
+        f = function([], srng.normal((4,), dtype=dtype))
+        ops = _ops(f)
+        assert not any(isinstance(op, PhiloxSample) for op in ops)
+        assert any(isinstance(op, GpuPhiloxSample) and op.dtype == dtype for op in ops)
 
 
 def test_ops_types_and_errors():
@@ -109,7 +114,7 @@ def test_ops_types_and_errors():
     assert out.owner.op.grad(out.owner.inputs, [None]) == [None, None, None]
     assert GpuPhiloxAdvance("float32")(st, n).type == st.type
     with pytest.raises(ValueError, match="no kernel"):
-        GpuPhiloxSample("normal", "float16")
+        GpuPhiloxSample("normal", "int32")
     with pytest.raises(TypeError, match="uint32 vector"):
         GpuPhiloxSample("uniform", "float32")(GpuArrayType("int32", (False,), None)(), n)
     ((key, factory, options),) = out.owner.op.prefetch_sources(out.owner)

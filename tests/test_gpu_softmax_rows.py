@@ -85,7 +85,7 @@ def test_props_and_errors():
     with pytest.raises(TypeError, match="expected a GPU variable"):
         GpuSoftmaxRows()(T.matrix("x"))
     from symgpu.gpu.placement.type import GpuArrayType
-    with pytest.raises(TypeError, match="float32/float64"):
+    with pytest.raises(TypeError, match="float16, bfloat16, float32, float64"):
         GpuSoftmaxRows()(GpuArrayType("int32", (False, False), None)())
     with pytest.raises(TypeError, match="at least one dimension"):
         GpuSoftmaxRows()(GpuArrayType("float32", (), None)())
@@ -107,7 +107,7 @@ def test_rows_layout(shape, strides, want):
 @requires_nvcc
 def test_kernels_compile(tmp_path):
     src = softmax_rows_source()
-    for dtype in ("float32", "float64"):
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
         for name in ("softmax_warp_rows", "log_softmax_block_rows"):
             assert f"{name}_{dtype}" in src
     assert compile_for_sm90(src, tmp_path)

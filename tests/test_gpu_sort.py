@@ -101,19 +101,54 @@ def _values(dtype, shape, ties=False, nans=False):
     return x
 
 
+def _exact(x: np.ndarray) -> np.ndarray:
+    """x in a dtype NumPy orders (the half types' values exactly in float32: ml_dtypes'
+    bfloat16 has no NaN-aware sort of its own)."""
+    return x.astype("float32") if x.dtype.name in ("float16", "bfloat16") else x
+
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
 @requires_gxx
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "float16",
+                                   "bfloat16"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_sort_and_argsort_emulated(emulated, dtype, rows):
+    """The half types sort as ordered 16-bit keys in uint32 (NaNs last, -0.0 tied)."""
     ctx, calls = emulated
-    x = _values(dtype, (rows, 37), ties=True, nans=dtype.startswith("float"))
+    x = _values(dtype, (rows, 37), ties=True, nans=dtype in _FLOATS)
     gx = device_array(ctx, x)
     got = host_view(gsort.gpu_sort("GpuSort", ctx, {}, gx, 1, False))
-    np.testing.assert_array_equal(got, np.sort(x, axis=1))
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(_exact(got), np.sort(_exact(x), axis=1))
     idx = host_view(gsort.gpu_sort("GpuArgSort", ctx, {}, gx, 1, True))
     assert idx.dtype == np.int64
-    np.testing.assert_array_equal(idx, np.argsort(x, axis=1, kind="stable"))
+    np.testing.assert_array_equal(idx, np.argsort(_exact(x), axis=1, kind="stable"))
     assert calls
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_many_rows_of_halves_sort_through_their_own_key_array_emulated(emulated, dtype):
+    """A half type's keys are 32-bit, twice its items: they are sorted into an array of
+    their own, not into the output (which they would overrun), then turned back into
+    values; ties and a NaN as NumPy orders them, topk's largest first with the NaN."""
+    ctx, calls = emulated
+    x = (np.round(RNG.standard_normal((6, 1500)) * 8) / 8).astype(dtype)
+    x[2, 7] = np.nan
+    xs = _exact(x)
+    gx = device_array(ctx, x)
+    got = host_view(gsort.gpu_sort("GpuSort", ctx, {}, gx, 1, False))
+    np.testing.assert_array_equal(_exact(got), np.sort(xs, axis=1))
+    assert calls[-1][0] == 4                       # CUB sorted uint32 keys
+    idx = host_view(gsort.gpu_sort("GpuArgSort", ctx, {}, gx, 1, True))
+    np.testing.assert_array_equal(idx, np.argsort(xs, axis=1, kind="stable"))
+    top = host_view(gsort.gpu_topk("GpuTopK", ctx, {}, gx, 1, 3, True, True, False,
+                                   "int64")[0])
+    want = -np.sort(-np.where(np.isnan(xs), np.inf, xs), axis=1)[:, :3]
+    want[2, 0] = np.nan
+    np.testing.assert_array_equal(_exact(top), want)
 
 
 @requires_gxx
@@ -130,15 +165,17 @@ def test_one_row_float_sort_moves_sign_bit_nans_last_emulated(emulated):
 
 
 @requires_gxx
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64", "float16",
+                                   "bfloat16"])
 @pytest.mark.parametrize("kth", [1, 4, -3, 20])
 @pytest.mark.parametrize("ordered", [True, False])
 def test_topk_radix_select_emulated(emulated, dtype, kth, ordered):
     ctx, _ = emulated
-    x = _values(dtype, (3, 20), ties=True, nans=dtype.startswith("float"))
+    x = _values(dtype, (3, 20), ties=True, nans=dtype in _FLOATS)
     gx = device_array(ctx, x)
     vals, idx = (host_view(a) for a in gsort.gpu_topk("GpuTopK", ctx, {}, gx, 1, kth, ordered,
                                                       True, True, "int32"))
+    x, vals = _exact(x), _exact(vals)
     k = abs(kth)
     assert vals.shape == idx.shape == (3, k) and idx.dtype == np.int32
     np.testing.assert_array_equal(vals, np.take_along_axis(x, idx.astype(np.int64), 1))
@@ -146,7 +183,7 @@ def test_topk_radix_select_emulated(emulated, dtype, kth, ordered):
     ref = np.sort(x, axis=1)
     want = ref[:, ::-1][:, :k] if kth > 0 else ref[:, :k]
     got = vals if ordered else (np.sort(vals, 1)[:, ::-1] if kth > 0 else np.sort(vals, 1))
-    if kth > 0 and dtype.startswith("float"):    # NaN first among the largest
+    if kth > 0 and dtype in _FLOATS:             # NaN first among the largest
         want = np.concatenate([np.sort(x, 1)[:, ::-1]], 1)[:, :k]
         nan_first = np.sort(np.where(np.isnan(x), np.inf, x), 1)[:, ::-1][:, :k]
         want = np.where(np.isinf(nan_first) & (nan_first > 0) & np.isnan(want), np.nan, want)

@@ -21,6 +21,11 @@ from symgpu.tensor.random import philox
 pytestmark = requires_gxx
 
 _CT = {"float32": "float", "float64": "double"}
+#: the softmax kernels' storage types: the half dtypes too (computed in float32)
+_SOFTMAX_CT = dict(_CT, float16="__half", bfloat16="__nv_bfloat16")
+#: the softmax kernels' tolerance per dtype: float32 arithmetic, then (halves) one rounding
+#: of the result: 2^-11 relative for float16, 2^-8 for bfloat16 (half an ulp), with margin
+_SOFTMAX_TOL = {"float32": 2e-5, "float64": 1e-12, "float16": 1e-3, "bfloat16": 8e-3}
 _ONE = ctypes.c_longlong(1)   # a block's y extent (1-d blocks)
 
 
@@ -31,7 +36,7 @@ def _ptr(a: np.ndarray) -> ctypes.c_void_p:
 @pytest.fixture(scope="module")
 def softmax_lib(tmp_path_factory):
     wraps = []
-    for dtype, t in _CT.items():
+    for dtype, t in _SOFTMAX_CT.items():
         for log in (False, True):
             for wide in (False, True):
                 name = sr._kernel_name(dtype, log, wide)
@@ -52,7 +57,7 @@ def _softmax_ref(x: np.ndarray, log: bool) -> np.ndarray:
     return (x - m) - np.log(s) if log else e / s
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", list(_SOFTMAX_CT))
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("rows,n,wide", [(21, 10, False), (9, 77, False), (3, 1500, True),
                                          (2, 33, True)])
@@ -73,11 +78,11 @@ def test_softmax_rows_kernels_match_numpy(softmax_lib, dtype, log, rows, n, wide
                                         ctypes.c_longlong(x.strides[1] // it), _ptr(out),
                                         ctypes.c_longlong(rows), ctypes.c_longlong(n))
     want = _softmax_ref(x.astype("float64"), log)
-    tol = 2e-5 if dtype == "float32" else 1e-12
-    np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+    tol = _SOFTMAX_TOL[dtype]
+    np.testing.assert_allclose(out.astype("float64"), want, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", list(_SOFTMAX_CT))
 @pytest.mark.parametrize("log", [False, True])
 @pytest.mark.parametrize("rows,n,wide", [(21, 10, False), (3, 1500, True)])
 def test_softmax_rows_bias_kernels_add_the_vector_to_every_row(softmax_lib, dtype, log, rows,
@@ -97,8 +102,8 @@ def test_softmax_rows_bias_kernels_add_the_vector_to_every_row(softmax_lib, dtyp
             ctypes.c_longlong(n), ctypes.c_longlong(1), _ptr(bb), ctypes.c_longlong(bs),
             _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(n))
         want = _softmax_ref((x + (b if bs else b[0])).astype("float64"), log)
-        tol = 2e-5 if dtype == "float32" else 1e-12
-        np.testing.assert_allclose(out, want, rtol=tol, atol=tol)
+        tol = _SOFTMAX_TOL[dtype]
+        np.testing.assert_allclose(out.astype("float64"), want, rtol=tol, atol=tol)
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +129,13 @@ def _error_page() -> np.ndarray:
     return raw[start:start + 512]
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
 @pytest.mark.parametrize("exp_m", [False, True])
 def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, idt, exp_m):
-    """With exp_m the kernel is given log(m) (a log-softmax) and computes with exp of it."""
+    """With exp_m the kernel is given log(m) (a log-softmax) and computes with exp of it.
+    The half dtypes compute in float32 and round the result once (half an ulp: 2^-11
+    relative for float16, 2^-8 for bfloat16, tolerances with margin)."""
     rows, cols, labelled = 37, 10, 30
     rng = np.random.default_rng(5)
     m = rng.random((rows, cols)).astype(dtype)
@@ -137,6 +144,7 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
     name = ng._kernel_name(dtype, idt, exp_m)
     run = getattr(nll_lib, f"run_{name}")
     given = np.log(m) if exp_m else m
+    m = np.exp(given.astype("float64")) if exp_m else m.astype("float64")   # what it reads
 
     def launch(y, grid):
         out = np.full((rows, cols), 99.0, dtype=dtype)
@@ -148,16 +156,19 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
             ctypes.c_longlong(labelled), _ptr(slot))
         return out, err, slot
 
-    tol = dict(rtol=1e-5, atol=1e-7) if dtype == "float32" else dict(rtol=1e-12, atol=0)
+    tol = {"float32": dict(rtol=1e-5, atol=1e-7), "float64": dict(rtol=1e-12, atol=0),
+           "float16": dict(rtol=1e-3, atol=1e-6), "bfloat16": dict(rtol=8e-3, atol=1e-6)}[dtype]
     out, err, slot = launch(y, grid=2)                        # 2 x 64 threads stride over 370
     g = np.zeros((rows, cols))
     g[np.arange(labelled), y[:labelled] % cols] = v[0]
     want = g - m * g.sum(axis=1, keepdims=True)
+    out = out.astype("float64")
     np.testing.assert_allclose(out, want, **tol)
     assert slot[0] == 0 and err[0] == 0
     bad = y.copy()
     bad[4] = cols + 3
     out, err, slot = launch(bad, grid=1)
+    out = out.astype("float64")
     assert slot[0] == 1 and slot[1] == cols + 3 and err[0] == 1   # reported, page flagged
     np.testing.assert_allclose(out[4], 0.0 - m[4] * 0.0)      # the row gets no one-hot term
     np.testing.assert_allclose(np.delete(out, 4, axis=0), np.delete(want, 4, axis=0), **tol)
@@ -168,7 +179,7 @@ def philox_lib(tmp_path_factory):
     wraps = ["EMU_WRAP(run_sg_philox_advance, sg_philox_advance, (const unsigned int *st, "
              "unsigned int *out, unsigned long long nb), (st, out, nb))"]
     for dist in philox.DISTS:
-        for dtype, t in _CT.items():
+        for dtype, t in _SOFTMAX_CT.items():      # the storage types of the four float dtypes
             name = gr.sample_kernel_name(dist, dtype)
             wraps.append(f"EMU_WRAP(run_{name}, {name}, (const unsigned int *st, {t} *out, "
                          f"long long n), (st, out, n))")
@@ -176,9 +187,11 @@ def philox_lib(tmp_path_factory):
 
 
 @pytest.mark.parametrize("dist", philox.DISTS)
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
 @pytest.mark.parametrize("n", [1, 7, 203])
 def test_philox_kernels_draw_the_cpu_generators_numbers(philox_lib, dist, dtype, n):
+    """Half draws are the float32 numbers rounded to nearest even, as the CPU's: uniforms
+    bit for bit, normals within the float32 kernel's error and then one rounding."""
     state = np.asarray([0x12345678, 0x9ABCDEF0, 0xFFFFFFF0, 3], dtype=np.uint32)  # carries
     out = np.full(n + 3, -5.0, dtype=dtype)          # a tail the kernel must not write
     run = getattr(philox_lib, f"run_{gr.sample_kernel_name(dist, dtype)}")
@@ -188,7 +201,9 @@ def test_philox_kernels_draw_the_cpu_generators_numbers(philox_lib, dist, dtype,
     if dist == "uniform" or dtype == "float64":      # exact on the GPU too
         np.testing.assert_array_equal(out[:n], want)
     else:                                            # the GPU's __sincosf is approximate
-        np.testing.assert_allclose(out[:n], want, rtol=2e-6, atol=2e-6)
+        tol = {"float32": 2e-6, "float16": 1e-3, "bfloat16": 8e-3}[dtype]
+        np.testing.assert_allclose(out[:n].astype("float64"), want.astype("float64"),
+                                   rtol=tol, atol=tol)
     assert (out[n:] == -5.0).all()
     moved = np.zeros(4, dtype=np.uint32)
     philox_lib.run_sg_philox_advance(ctypes.c_longlong(1), ctypes.c_longlong(32), _ONE, _ptr(state),
@@ -252,7 +267,7 @@ def test_thin_gemm_kernels_match_numpy(thin_libs, dtype, m, n, k, x_cols, kernel
 @pytest.fixture(scope="module")
 def advanced_lib(tmp_path_factory):
     wraps = []
-    for dtype in ("float32", "int64"):
+    for dtype in ("float32", "int64", "float16", "bfloat16"):
         t = adv.ADVANCED_DTYPES[dtype]
         for idt, it in adv.INDEX_DTYPES.items():
             params = (f"(const {t} *x, {t} *out, const {it} *idx, long long n, long long row, "
@@ -268,9 +283,12 @@ def advanced_lib(tmp_path_factory):
     return build(adv.advanced_source(), "\n".join(wraps), tmp_path_factory.mktemp("adv"))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int64"])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "float16", "bfloat16"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
 def test_advanced_indexing_kernels_match_numpy(advanced_lib, dtype, idt):
+    """Gathers and sets move the stored bits; increments of the half types are atomicAdd's
+    (each sum rounded once, as NumPy's half add rounds it: repeats accumulate in index order
+    here, in any order on a GPU, so within an ulp per repeat)."""
     rng = np.random.default_rng(3)
     rows, row = 9, 5
     x = (rng.standard_normal((rows, row)) * 10).astype(dtype)
@@ -293,7 +311,9 @@ def test_advanced_indexing_kernels_match_numpy(advanced_lib, dtype, idt):
     run(adv._scatter_name(dtype, idt, False), acc, y, idx)       # inc: repeats accumulate
     want = x.copy()
     np.add.at(want, idx, y)
-    np.testing.assert_allclose(acc, want, rtol=1e-6)
+    tol = {"float16": 3e-3, "bfloat16": 2.4e-2}.get(dtype, 1e-6)
+    np.testing.assert_allclose(acc.astype("float64"), want.astype("float64"), rtol=tol,
+                               atol=tol)
     uniq = np.asarray([4, -2, 0], dtype=idt)
     put = x.copy()
     run(adv._scatter_name(dtype, idt, True), put, y[:3], uniq)

@@ -37,12 +37,13 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray, new_array
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (DeviceChecked, REPORT_SOURCE, launch_checked,
                                               new_error_buffer, read_error)
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
+from symgpu.scalar.dtypes import is_float
 from symgpu.tensor.math import MatMul as _MatMul
 from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtensor,
                                      AdvancedSubtensor as _AdvancedSubtensor, Slice, SYM)
@@ -51,9 +52,10 @@ __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
            "ERROR_REPORT_SOURCE", "new_error_buffer", "read_error"]
 
-#: value dtype -> CUDA type of the gather/scatter kernels
-ADVANCED_DTYPES = {"float32": "float", "float64": "double", "int32": "int",
-                   "int64": "long long"}
+#: value dtype -> CUDA type of the gather/scatter kernels (the half types' increments are
+#: atomicAdd's, rounded once as the elementwise add rounds)
+ADVANCED_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+                   "float64": "double", "int32": "int", "int64": "long long"}
 #: index dtype -> CUDA type
 INDEX_DTYPES = {"int32": "int", "int64": "long long"}
 
@@ -78,7 +80,7 @@ def _scatter_name(dtype: str, idx_dtype: str, set_: bool) -> str:
 
 def advanced_source() -> str:
     """The CUDA module with every gather / set / inc kernel (all value and index dtypes)."""
-    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
+    parts = [common_source(), ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in ADVANCED_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
             parts.append(_CU["gather"].substitute(name=_gather_name(dtype, idt), t=t, it=it))
@@ -130,7 +132,7 @@ def _check_indexed_var(op: Op, x: Any) -> None:
     if not is_gpu_var(x):
         raise TypeError(f"{op}: expected a GPU variable, got {x}")
     if x.ndim < 1 or x.dtype not in ADVANCED_DTYPES:
-        raise TypeError(f"{op}: x must be a float32/float64/int32/int64 array of at "
+        raise TypeError(f"{op}: x must be an array of {'/'.join(ADVANCED_DTYPES)} of at "
                         f"least 1 dimension, got {x.type}")
 
 
@@ -176,7 +178,7 @@ class GpuAdvancedSubtensor1(DeviceChecked, Op):
 
     def grad(self, inputs, output_grads):
         x, idx = inputs
-        if not x.dtype.startswith("float"):
+        if not is_float(x.dtype):
             return [None, None]
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))

@@ -30,7 +30,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import GpuArray
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, REPORT_SOURCE, launch_checked
 from symgpu.graph.basic import Apply
@@ -42,6 +42,7 @@ from symgpu.tensor.basic import ARange
 from symgpu.tensor.shape_rules import arange_length, numpy_broadcast
 from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, SYM
 from symgpu.tensor.type import as_tensor_variable
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["GpuAdvancedSubtensor2", "GpuAdvancedIncSubtensor2", "GpuARange", "pairs_source",
            "gather_pairs"]
@@ -67,7 +68,7 @@ def _rows_name(dtype: str, b_dtype: str) -> str:
 def pairs_source() -> str:
     """The CUDA module: every gather/set/inc kernel (value x index dtypes), the gathers at
     rows arange(r), and the aranges."""
-    parts = [REPORT_SOURCE, _CU[""].substitute()]
+    parts = [common_source(), REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in ADVANCED_DTYPES.items():
         for adt, at in INDEX_DTYPES.items():
             for bdt, bt in INDEX_DTYPES.items():
@@ -149,7 +150,8 @@ def gather_pairs(op: Op, node: Apply, x: Any, a: Any, b: Any, name: str) -> Any:
 def _check_vars(op: Op, x: Any, a: Any | None, b: Any) -> None:
     """x a GPU matrix of a supported dtype, a and b integer vectors (a None: rows arange(r))."""
     if not is_gpu_var(x) or x.ndim != 2 or x.dtype not in ADVANCED_DTYPES:
-        raise TypeError(f"{op}: x must be a GPU float32/float64/int32/int64 matrix, got {x.type}")
+        raise TypeError(f"{op}: x must be a GPU matrix of {'/'.join(ADVANCED_DTYPES)}, got "
+                        f"{x.type}")
     for name, v in (("first", a), ("second", b)):
         if v is not None and (v.ndim != 1 or v.dtype not in INDEX_DTYPES):
             raise TypeError(f"{op}: the {name} index must be an int32/int64 vector, got {v.type}")
@@ -191,7 +193,7 @@ class GpuAdvancedSubtensor2(DeviceChecked, Op):
 
     def grad(self, inputs, output_grads):
         x, a, b = inputs
-        if not x.dtype.startswith("float"):
+        if not is_float(x.dtype):
             return [None, None, None]
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))

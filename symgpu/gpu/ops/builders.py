@@ -19,6 +19,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.graph.basic import Apply, Variable
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["GpuOpFromGraph", "lift_op_from_graph"]
 
@@ -64,7 +65,7 @@ def _gpu_output(v: Variable) -> bool:
     t = v.type
     dtype = getattr(t, "dtype", None)
     return (dtype is not None and gpu_supports_dtype(dtype)
-            and (t.ndim > 0 or str(dtype).startswith("float")))
+            and (t.ndim > 0 or is_float(str(dtype))))
 
 
 @register_lifter(OpFromGraph)

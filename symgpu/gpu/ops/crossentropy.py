@@ -7,7 +7,8 @@ The stabilising rewrites replace ``crossentropy_1hot(softmax(x), y)`` by a log_s
 before lifting, so these ops only remain when p is not a softmax (sigmoid-normalised or given
 probabilities).
 
-p is a float32/float64 matrix read through its strides (transposed or sliced views need no
+p is a float matrix (float16, bfloat16, float32 or float64; the half types computed in
+float32) read through its strides (transposed or sliced views need no
 copy); labels are an int32/int64 vector on the device, also read through their stride. As on
 the CPU, labels must lie in [0, k): negative labels do NOT count from the end. Every label is
 checked by the kernel, which records an offending value in the report
@@ -26,7 +27,8 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.graph.basic import Apply
@@ -36,8 +38,9 @@ from symgpu.tensor.nnet import CrossentropyCategorical1Hot, CrossentropyCategori
 __all__ = ["GpuCrossentropyCategorical1Hot", "GpuCrossentropyCategorical1HotGrad",
            "CROSSENTROPY_DTYPES", "crossentropy_source"]
 
-#: p (and g) dtype -> CUDA type
-CROSSENTROPY_DTYPES = {"float32": "float", "float64": "double"}
+#: p (and g) dtype -> CUDA storage type (the half types computed in float32)
+CROSSENTROPY_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+                       "float64": "double"}
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -56,10 +59,11 @@ def _grad_name(dtype: str, g_dtype: str, idx_dtype: str) -> str:
 def crossentropy_source() -> str:
     """The CUDA module with every forward and gradient kernel (all p, g and label dtypes),
     after advanced.py's ``report`` device function."""
-    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
+    parts = [common_source(), ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in CROSSENTROPY_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
-            parts.append(_CU["fwd"].substitute(name=_fwd_name(dtype, idt), t=t, it=it))
+            parts.append(_CU["fwd"].substitute(name=_fwd_name(dtype, idt), t=t,
+                                               vt=value_ctype(dtype), it=it))
             for gdt, gt in CROSSENTROPY_DTYPES.items():
                 wt = "double" if "double" in (t, gt) else "float"
                 parts.append(_CU["grad"].substitute(name=_grad_name(dtype, gdt, idt), t=t,
@@ -112,7 +116,8 @@ def _context_of(op: Op, p: Any) -> Any:
 
 def _check_p_y(op: Op, p: Any, y: Any) -> None:
     if p.ndim != 2 or p.dtype not in CROSSENTROPY_DTYPES:
-        raise TypeError(f"{op}: coding_dist must be a float32/float64 matrix, got {p.type}")
+        raise TypeError(f"{op}: coding_dist must be a float matrix "
+                        f"({', '.join(CROSSENTROPY_DTYPES)}), got {p.type}")
     if y.ndim != 1 or y.dtype not in INDEX_DTYPES:
         raise TypeError(f"{op}: true labels must be an int32/int64 vector, got {y.type}")
 
@@ -177,7 +182,7 @@ class GpuCrossentropyCategorical1Hot(_CrossentropyKernelOp):
 class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
     """The gradient of the cross-entropy w.r.t. p: ``-g_i / p[i, y_i]`` at ``(i, y_i)``,
     zero elsewhere, as a new C-contiguous matrix of p's type (one kernel writes every
-    element, no separate fill). g: a scalar or a vector of length 1 or n (float32/64)."""
+    element, no separate fill). g: a float scalar or a vector of length 1 or n."""
 
     __props__ = ()
 
@@ -193,8 +198,8 @@ class GpuCrossentropyCategorical1HotGrad(_CrossentropyKernelOp):
         y = as_gpuarray_variable(true_one_of_n, ctx_name)
         _check_p_y(self, p, y)
         if g.ndim > 1 or g.dtype not in CROSSENTROPY_DTYPES:
-            raise TypeError(f"{self}: the output gradient must be a float32/float64 scalar "
-                            f"or vector, got {g.type}")
+            raise TypeError(f"{self}: the output gradient must be a float scalar or vector "
+                            f"({', '.join(CROSSENTROPY_DTYPES)}), got {g.type}")
         return Apply(self, [g, p, y], [p.type()])
 
     def perform_args(self, node: Apply) -> tuple[str]:

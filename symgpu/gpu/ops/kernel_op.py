@@ -7,8 +7,8 @@
 
 The body is CUDA C statements over the inputs ``i0, i1, ...`` and assigning the outputs
 ``o0, o1, ...``; a single-output op may give just an expression (``"i0 * 2 + i1"``).  Operands
-have the *value type* of their dtype (``float`` for float16, which is stored as ``__half``),
-outputs start at zero, and local declarations are allowed.
+have the *value type* of their dtype (``float`` for float16 and bfloat16, which are stored as
+``__half`` and ``__nv_bfloat16``), outputs start at zero, and local declarations are allowed.
 
 Why it is built this way: the body becomes a scalar op that the elementwise renderer of
 ``symgpu/gpu/runtime/codegen`` (the ``elemwise.cu`` template) accepts, and the node runs through

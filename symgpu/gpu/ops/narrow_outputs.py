@@ -23,6 +23,7 @@ from symgpu.graph.rewriting.basic import same_typed_outputs
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scalar.basic import Cast
 from symgpu.scalar.composite import Composite, CompositeBuilder
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["gpu_narrow_bool_outputs", "narrow_bool_outputs"]
 
@@ -36,7 +37,7 @@ def _cast_of_bool(comp: Composite, k: int) -> tuple[int, Cast] | None:
     the Composite computes."""
     slot = comp.out_slots[k]
     op, args = comp.steps[slot - comp.first_step]
-    if not isinstance(op, Cast) or not op.dtype.startswith("float") or len(args) != 1:
+    if not isinstance(op, Cast) or not is_float(op.dtype) or len(args) != 1:
         return None
     (a,) = args
     if a < comp.first_step or comp.slot_dtypes[a] != "bool" or a in comp.out_slots:

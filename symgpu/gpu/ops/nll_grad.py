@@ -24,7 +24,8 @@ from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.graph.basic import Apply, Variable, constant_behind
@@ -37,8 +38,9 @@ from symgpu.tensor.type import as_tensor_variable, constant
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion",
            "gpu_nll_grad_log_softmax"]
 
-#: value dtype -> CUDA type
-NLL_GRAD_DTYPES = {"float32": "float", "float64": "double"}
+#: value dtype -> CUDA storage type (the half types computed in float32)
+NLL_GRAD_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+                   "float64": "double"}
 _BLOCK = 256
 _MAX_BLOCKS = 4096
 _MODULE_KEY = ("symgpu.nll_grad",)
@@ -51,12 +53,13 @@ def _kernel_name(dtype: str, idx_dtype: str, exp_m: bool = False) -> str:
 
 def nll_grad_source() -> str:
     """The CUDA module with every ``nll_grad_[exp_]<dtype>_<label dtype>`` kernel."""
-    parts = [ERROR_REPORT_SOURCE, _CU[""].substitute()]
+    parts = [common_source(), ERROR_REPORT_SOURCE, _CU[""].substitute()]
     for dtype, t in NLL_GRAD_DTYPES.items():
         for idt, it in INDEX_DTYPES.items():
             for exp_m in (False, True):
                 parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt, exp_m), t=t,
-                                                    it=it, exp_m=str(exp_m).lower()))
+                                                    vt=value_ctype(dtype), it=it,
+                                                    exp_m=str(exp_m).lower()))
     return "".join(parts)
 
 
@@ -88,8 +91,8 @@ class GpuNLLGrad(DeviceChecked, Op):
         if not (is_gpu_var(v) and is_gpu_var(m) and is_gpu_var(y)):
             raise TypeError(f"{self}: v, m and y must be GPU variables, got {v}, {m}, {y}")
         if m.ndim != 2 or m.dtype not in NLL_GRAD_DTYPES or v.ndim != 1 or v.dtype != m.dtype:
-            raise TypeError(f"{self}: m must be a float32/float64 matrix and v a vector of its "
-                            f"dtype, got {m.type} and {v.type}")
+            raise TypeError(f"{self}: m must be a float matrix ({', '.join(NLL_GRAD_DTYPES)}) "
+                            f"and v a vector of its dtype, got {m.type} and {v.type}")
         if y.ndim != 1 or y.dtype not in INDEX_DTYPES:
             raise TypeError(f"{self}: labels must be an int32/int64 vector, got {y.type}")
         if labelled.ndim != 0 or not labelled.dtype.startswith(("int", "uint")):

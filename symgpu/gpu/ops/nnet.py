@@ -15,7 +15,8 @@ from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
@@ -26,7 +27,9 @@ from symgpu.tensor.nnet import LogSoftmax as _LogSoftmax, Softmax as _Softmax
 
 __all__ = ["gpu_softmax", "gpu_log_softmax", "GpuArgmax", "ARGMAX_DTYPES", "argmax_source"]
 
-_SOFTMAX_DTYPES = ("float32", "float64")
+#: the half dtypes too: the one-launch kernel computes in float32, the expanded form's
+#: reductions accumulate in float32
+_SOFTMAX_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -89,8 +92,9 @@ def lift_log_softmax(op, node, context_name, inputs):
 
 # ----------------------------------------------------------------------------- argmax
 
-#: dtype -> CUDA type GpuArgmax has kernels for
-ARGMAX_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+#: dtype -> CUDA storage type GpuArgmax has kernels for (the half types compared in float)
+ARGMAX_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16",
+                 "float32": "float", "float64": "double", "int8": "signed char",
                  "int16": "short", "int32": "int", "int64": "long long",
                  "uint8": "unsigned char", "uint16": "unsigned short",
                  "uint32": "unsigned int", "uint64": "unsigned long long"}
@@ -106,10 +110,11 @@ def _kernel_name(dtype: str, kind: str) -> str:
 
 def argmax_source() -> str:
     """The CUDA module with every ``arg{max,min}_<dtype>`` kernel (block of 256 threads)."""
-    parts = [_CU[""].substitute()]
+    parts = [common_source(), _CU[""].substitute()]
     for dtype, ctype in ARGMAX_DTYPES.items():
         for kind in ("max", "min"):
             parts.append(_CU["arg"].substitute(name=_kernel_name(dtype, kind), ctype=ctype,
+                                               vtype=value_ctype(dtype),
                                                block=_ARG_BLOCK,
                                                is_max="true" if kind == "max" else "false"))
     return "".join(parts)

@@ -22,7 +22,7 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
-from symgpu.gpu.runtime.codegen import launch, sections
+from symgpu.gpu.runtime.codegen import common_source, launch, sections
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.tensor.basic import _as_int_scalar, _known_one
@@ -32,8 +32,10 @@ from symgpu.tensor.random.ops import PhiloxAdvance, PhiloxSample
 __all__ = ["GpuPhiloxSample", "GpuPhiloxAdvance", "PHILOX_CUDA", "random_source",
            "sample_kernel_name", "GPU_RANDOM_DTYPES"]
 
-#: output dtype -> (CUDA type, elements per Philox block)
-GPU_RANDOM_DTYPES = {"float32": ("float", 4), "float64": ("double", 2)}
+#: output dtype -> (the CUDA type it is drawn in, elements per Philox block): the half types
+#: are drawn in float32 and rounded on the store, as philox.sample casts them
+GPU_RANDOM_DTYPES = {"float16": ("float", 4), "bfloat16": ("float", 4), "float32": ("float", 4),
+                     "float64": ("double", 2)}
 
 _BLOCK = 256
 
@@ -48,9 +50,9 @@ _MODULE_KEY = ("symgpu.random", 2)
 
 
 def random_source() -> str:
-    """The CUDA module with the sampling kernels (uniform/normal x float32/float64) and the
-    advance kernel."""
-    return PHILOX_CUDA + _KERNELS
+    """The CUDA module with the sampling kernels (uniform/normal x each GPU_RANDOM_DTYPES
+    dtype) and the advance kernel."""
+    return common_source() + PHILOX_CUDA + _KERNELS
 
 
 def sample_kernel_name(dist: str, dtype: str) -> str:
@@ -203,7 +205,8 @@ def _state_on_gpu(inputs: Any) -> bool:
 
 @register_lifter(PhiloxSample)
 def lift_philox_sample(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Any] | None:
-    """PhiloxSample -> GpuPhiloxSample (float32/float64; the state moves to the device)."""
+    """PhiloxSample -> GpuPhiloxSample (a float dtype of GPU_RANDOM_DTYPES; the state moves
+    to the device)."""
     if op.dtype not in GPU_RANDOM_DTYPES:
         return None
     state = inputs[0] if _state_on_gpu(inputs) else as_gpuarray_variable(inputs[0], context_name)

@@ -1,8 +1,8 @@
 """Random numbers generated inside the elementwise kernel that consumes them.
 
 `GpuPhiloxElemwise` is a GpuElemwise one of whose inputs is a Philox draw: each thread
-computes one Philox block in registers and applies the fused scalar op to its 4 (float32) or
-2 (float64) elements, so a dropout mask or a noise term costs no pass over memory. The pass
+computes one Philox block in registers and applies the fused scalar op to its 4 (float32,
+float16, bfloat16: drawn in float32 and rounded to the draw's dtype) or 2 (float64) elements, so a dropout mask or a noise term costs no pass over memory. The pass
 `gpu_philox_fusion` (position 62: after gpu_fusion and the reduction fusion, before the
 in-place pass) rewrites every GpuElemwise that reads a GpuPhiloxSample output of its own
 shape into one; a draw read by several kernels (dropout's forward and backward) is generated
@@ -71,11 +71,16 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
     hoist = [f"    const {value_ctype(in_dtypes[i])} c{i} = sg_load(in{i}[0]);"
              for i in others if scalar_inputs[i]]
 
+    # a half draw is made in float32 and rounded, as the draw kernel stores it: the fused op
+    # reads the numbers the unfused graph (and the CPU) would
+    drawn = "v[u]" if value_ctype(dtype) == storage_ctype(dtype) else \
+        f"sg_round<{storage_ctype(dtype)}>(v[u])"
+
     def args_with(load: Callable[[int], str]) -> str:
         args = []
         for i in range(len(in_dtypes)):
             if i == sample_pos:
-                args.append("v[u]")
+                args.append(drawn)
             elif scalar_inputs[i]:
                 args.append(f"c{i}")
             else:

@@ -26,6 +26,7 @@ from symgpu.graph.rewriting.db import optdb
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.scalar.composite import CompositeBuilder
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["local_careduce_epilogue", "gpu_careduce_epilogue"]
 
@@ -36,7 +37,7 @@ def _fusable_reduction(fgraph: FunctionGraph, var: Variable) -> bool:
     node = var.owner
     return (node is not None and type(node.op) is GpuCAReduce
             and node.op.post_scalar_op is None
-            and node.op.scalar_op.name in _FLOAT_REDUCTIONS and var.dtype.startswith("float")
+            and node.op.scalar_op.name in _FLOAT_REDUCTIONS and is_float(var.dtype)
             and len(fgraph.clients.get(var, [])) == 1 and var not in fgraph.outputs)
 
 

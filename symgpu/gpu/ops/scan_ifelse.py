@@ -19,6 +19,7 @@ from symgpu.gpu.placement.type import gpu_supports_dtype, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.graph.basic import Apply, Variable
 from symgpu.ifelse import IfElse
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["GpuIfElse", "lift_ifelse"]
 
@@ -70,7 +71,7 @@ class GpuIfElse(IfElse):
 
 def _gpu_output(v: Variable) -> bool:
     t = v.type
-    return gpu_supports_dtype(t.dtype) and (t.ndim > 0 or t.dtype.startswith("float"))
+    return gpu_supports_dtype(t.dtype) and (t.ndim > 0 or is_float(t.dtype))
 
 
 @register_lifter(IfElse)

@@ -26,7 +26,8 @@ from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
-from symgpu.gpu.runtime.codegen import sections
+from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
@@ -37,8 +38,10 @@ from symgpu.graph.rewriting.db import optdb
 __all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout",
            "gpu_softmax_rows_bias"]
 
-#: dtype -> CUDA type the kernels are instantiated for
-SOFTMAX_ROWS_DTYPES = {"float32": "float", "float64": "double"}
+#: dtype -> CUDA storage type the kernels are instantiated for (the half types are loaded,
+#: computed and summed in float, rounded once on the store)
+SOFTMAX_ROWS_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
+                       "float64": "double"}
 _BLOCK = 256            # 8 warps: 8 rows per block
 _MAX_BLOCKS = 8192
 _MODULE_KEY = ("symgpu.softmax_rows",)
@@ -57,12 +60,12 @@ def _kernel_name(dtype: str, log: bool, wide: bool, bias: bool = False) -> str:
 
 def softmax_rows_source() -> str:
     """The CUDA module with every ``[log_]softmax_{warp,block}_rows_<dtype>`` kernel."""
-    parts = [_CU[""].substitute()]
+    parts = [common_source(), _CU[""].substitute()]
     for dtype, ctype in SOFTMAX_ROWS_DTYPES.items():
         for log in (False, True):
             for wide in (False, True):
                 parts.append(_CU["rows"].substitute(
-                    name=_kernel_name(dtype, log, wide), ctype=ctype,
+                    name=_kernel_name(dtype, log, wide), ctype=ctype, vtype=value_ctype(dtype),
                     log="true" if log else "false", wide="true" if wide else "false"))
     return "".join(parts)
 
@@ -89,7 +92,7 @@ def rows_layout(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int, 
 
 
 class GpuSoftmaxRows(Op):
-    """softmax (``log=False``) or log_softmax (``log=True``) of a float32/float64 GPU array
+    """softmax (``log=False``) or log_softmax (``log=True``) of a float GPU array
     along its last axis (with ``bias``: of the array plus a vector along that axis): a new
     C-contiguous array of its type."""
 
@@ -107,8 +110,8 @@ class GpuSoftmaxRows(Op):
         if not is_gpu_var(x):
             raise TypeError(f"{self}: expected a GPU variable, got {x}")
         if x.dtype not in SOFTMAX_ROWS_DTYPES or x.ndim == 0:
-            raise TypeError(f"{self}: needs a float32/float64 array of at least one "
-                            f"dimension, got {x.type}")
+            raise TypeError(f"{self}: needs a float array ({', '.join(SOFTMAX_ROWS_DTYPES)}) "
+                            f"of at least one dimension, got {x.type}")
         if (b is not None) != self.bias:
             raise TypeError(f"{self}: takes {'a bias' if self.bias else 'no bias'}")
         if b is None:

@@ -29,13 +29,13 @@ from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType
-from symgpu.gpu.runtime.codegen import sections, text
+from symgpu.gpu.runtime.codegen import common_source, sections, text
 from symgpu.gpu.runtime.codegen.types import storage_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.shared_library import load_shared_library, shared_library_in_background
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.scalar.dtypes import INT_DTYPES, UINT_DTYPES
+from symgpu.scalar.dtypes import INT_DTYPES, UINT_DTYPES, is_float
 from symgpu.tensor.extra_ops import ArgSort, PermuteAlongAxis, Sort
 from symgpu.tensor.sort import ScatterAlongAxis, TopKOp
 from symgpu.tensor.type import as_tensor_variable
@@ -44,11 +44,13 @@ __all__ = ["GpuSort", "GpuArgSort", "GpuTopK", "GpuPermuteAlongAxis", "GpuScatte
            "SORT_DTYPES", "sort_source", "sort_library", "SortError"]
 
 #: the key dtypes sorted on the GPU (others stay on the host)
-SORT_DTYPES = ("float32", "float64", "int32", "int64")
+SORT_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64")
 #: index dtypes of the gathers and scatters along an axis
 ALONG_INDEX_DTYPES = ("int32", "int64")
+#: the dtypes CUB sorts as they are (codes of sort_lib.cu); the half types sort as ordered
+#: uint32 keys (sort.cu: their 16 bits zero-extended)
 _CODES = {"float32": 0, "float64": 1, "int32": 2, "int64": 3, "uint32": 4, "uint64": 5}
-_UNSIGNED = {4: "uint32", 8: "uint64"}
+_UNSIGNED = {2: "uint32", 4: "uint32", 8: "uint64"}
 _BLOCK = 256
 _MAX_BLOCKS = 2048        # about 16 blocks of 256 threads per SM of an H200: one wave
 _MAX_Y = 65535
@@ -65,11 +67,14 @@ def sort_source() -> str:
     """The CUDA module of every sort/topk/gather kernel (all key and index dtypes)."""
     cu = sections("sort.cu")
     parts = [cu[""].substitute(), cu["pick"].substitute()]
+    parts.insert(0, common_source())
     for dn in SORT_DTYPES:
         t, u = storage_ctype(dn), storage_ctype(_UNSIGNED[np.dtype(dn).itemsize])
         parts.append(cu["keys"].substitute(dn=dn, t=t, u=u))
-        if dn.startswith("float"):
+        if is_float(dn):
             parts.append(cu["floats"].substitute(dn=dn, t=t, u=u))
+            if dn in _CODES:     # CUB sorts the values of one row (gpu_sort's fast path)
+                parts.append(cu["nan_shift"].substitute(dn=dn, t=t, u=u))
         for idn in INT_DTYPES + UINT_DTYPES:
             parts.append(cu["indexed"].substitute(dn=dn, t=t, idn=idn, it=storage_ctype(idn)))
         for idn in ALONG_INDEX_DTYPES:
@@ -181,21 +186,22 @@ def gpu_sort(op: Any, ctx: Any, plans: dict, x: Any, axis: int, indices: bool) -
     out = new_array(ctx, xr.shape, np.dtype("int64") if indices else dtype)
     if out.size == 0:
         return _unrows(ctx, out, perm)
-    is_float = name.startswith("float")
+    floats = is_float(name)
     total = rows * n
     if indices:
         iota = new_array(ctx, xr.shape, np.dtype("int64"))
-        keys, code = xr, _CODES[name]
-        if is_float:    # NumPy's order, -0.0 tied with +0.0, as unsigned keys
+        keys, code = xr, _CODES.get(name)
+        if floats:      # NumPy's order, -0.0 tied with +0.0, as unsigned keys
             keys = new_array(ctx, xr.shape, _udtype(dtype))
             code = _CODES[keys.dtype.name]
         _launch(ctx, f"sort_prep_pairs_{name}", "PPPqq", total,
-                (xr.ptr, keys.ptr if is_float else 0, iota.ptr, total, n))
+                (xr.ptr, keys.ptr if floats else 0, iota.ptr, total, n))
         sorted_keys = new_array(ctx, xr.shape, keys.dtype)
         cub_sort(op, ctx, plans, code, keys.ptr, sorted_keys.ptr, iota.ptr, out.ptr, rows, n)
-    elif not is_float:
+    elif not floats:
         cub_sort(op, ctx, plans, _CODES[name], xr.ptr, out.ptr, None, None, rows, n)
-    elif rows == 1:     # the fast path: CUB on the values, then any sign-bit NaNs moved last
+    elif rows == 1 and name in _CODES:
+        # the fast path: CUB on the values, then any sign-bit NaNs moved last
         cub_sort(op, ctx, plans, _CODES[name], xr.ptr, out.ptr, None, None, 1, n)
         scratch, count = new_array(ctx, (n,), dtype), ctx.pool.allocate(8)
         _launch(ctx, f"sort_nan_shift_out_{name}", "PPPq", n,
@@ -205,9 +211,13 @@ def gpu_sort(op: Any, ctx: Any, plans: dict, x: Any, axis: int, indices: bool) -
     else:
         keys = new_array(ctx, xr.shape, _udtype(dtype))
         _launch(ctx, f"sort_to_keys_{name}", "PPq", total, (xr.ptr, keys.ptr, total))
-        cub_sort(op, ctx, plans, _CODES[keys.dtype.name], keys.ptr, out.ptr, None, None,
+        # the sorted keys land in the output when they have its item size (turned back into
+        # values in place); a half type's 32-bit keys need their own array
+        done = out if keys.dtype.itemsize == dtype.itemsize else \
+            new_array(ctx, xr.shape, keys.dtype)
+        cub_sort(op, ctx, plans, _CODES[keys.dtype.name], keys.ptr, done.ptr, None, None,
                  rows, n)
-        _launch(ctx, f"sort_from_keys_{name}", "PPq", total, (out.ptr, out.ptr, total))
+        _launch(ctx, f"sort_from_keys_{name}", "PPq", total, (done.ptr, out.ptr, total))
     return _unrows(ctx, out, perm)
 
 

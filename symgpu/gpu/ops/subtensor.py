@@ -28,6 +28,7 @@ from symgpu.tensor.subtensor import (IncSubtensor as _IncSubtensor, IncSubtensor
                                      Subtensor as _Subtensor, SYM, _check_inputs, _constant_index,
                                      _entry_str, build_index, index_broadcastable)
 from symgpu.printing import PP_PRINTERS, register_pp
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["GpuSubtensor", "GpuIncSubtensor", "GpuJoin"]
 
@@ -104,7 +105,7 @@ class GpuSubtensor(Op):
 
     def grad(self, inputs, output_grads):
         x, rest = inputs[0], inputs[1:]
-        if not x.dtype.startswith("float"):
+        if not is_float(x.dtype):
             return [None] * len(inputs)
         gz = as_gpuarray_variable(output_grads[0], x.type.context_name)
         zeros = gpu_elemwise("second", x, np.asarray(0, dtype=x.dtype))

@@ -43,6 +43,7 @@ from symgpu.tensor.shape import (Shape, Shape as _Shape, Shape_i, Shape_i as _Sh
                                  SpecifyBroadcastable as _SpecifyBroadcastable,
                                  SpecifyShape as _SpecifyShape, Unbroadcast as _Unbroadcast)
 from symgpu.tensor.type import TensorConstant, TensorType
+from symgpu.scalar.dtypes import is_float
 
 __all__ = ["register_lifter", "unregister_lifter", "lifters_for", "GpuInputs", "lift_to_gpu",
            "register_device_kind", "register_lifter_source",
@@ -188,7 +189,7 @@ def _movable(var: Variable) -> bool:
     """Host data worth putting on the GPU: tensors except discrete scalars."""
     t = var.type
     return (isinstance(t, TensorType) and gpu_supports_dtype(t.dtype)
-            and (t.ndim > 0 or t.dtype.startswith("float")))
+            and (t.ndim > 0 or is_float(t.dtype)))
 
 
 class _Sweep:
@@ -257,7 +258,7 @@ class _Sweep:
             return False, None
         for v in node.inputs:
             if _movable(v) and (v in self.inputs or (not isinstance(v, Constant)
-                                                     and v.type.dtype.startswith("float"))):
+                                                     and is_float(v.type.dtype))):
                 return True, None
             if _KINDS and v in self.inputs and _kind_of_host(v) is not None:
                 return True, None   # a sparse input: lifted ops read it uploaded once
@@ -461,7 +462,7 @@ def cpu_nodes(fgraph: FunctionGraph) -> list[Apply]:
         if (is_device_node(node) or isinstance(node.op, TRANSFER_OPS)
                 or getattr(node.op, "shape_read", None) is not None):
             continue
-        if any(isinstance(v.type, TensorType) and v.type.dtype.startswith("float")
+        if any(isinstance(v.type, TensorType) and is_float(v.type.dtype)
                and v.type.ndim > 0 for v in node.inputs + node.outputs):
             found.append(node)
     return found

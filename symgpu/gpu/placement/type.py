@@ -21,7 +21,7 @@ from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import GpuArray, dtype_name, from_cuda_array_interface, to_gpu
 from symgpu.gpu.runtime.pool import lend
 from symgpu.graph.basic import Constant, Type, Variable
-from symgpu.scalar.dtypes import check_dtype
+from symgpu.scalar.dtypes import check_dtype, is_float
 from symgpu.tensor.sharedvar import TensorSharedVariable, host_value
 from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
 from symgpu.tensor.variable import TensorOperators
@@ -31,7 +31,7 @@ __all__ = ["GpuArrayType", "GpuArrayVariable", "GpuArrayConstant", "GpuArrayShar
            "default_context_active", "is_gpu_var", "gpu_type_like", "register_conversions"]
 
 _GPU_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
-                         "uint32", "uint64", "float16", "float32", "float64"))
+                         "uint32", "uint64", "float16", "bfloat16", "float32", "float64"))
 
 
 def gpu_supports_dtype(dtype: str) -> bool:
@@ -45,7 +45,7 @@ def move_to_gpu(value: Any) -> bool:
     dtype = str(value.dtype)
     if not gpu_supports_dtype(dtype):
         return False
-    return not (len(value.shape) == 0 and dtype[0] in "biu")
+    return not (len(value.shape) == 0 and not is_float(dtype))
 
 
 def default_context_active() -> bool:
@@ -108,8 +108,8 @@ class GpuArrayType(Type):
                  context_name: str | None = None, shape: Sequence | None = None):
         self.dtype = check_dtype(dtype)
         if not gpu_supports_dtype(self.dtype):
-            raise TypeError(f"dtype {self.dtype} cannot live on the GPU; use bool, ints or "
-                            "float16/32/64")
+            raise TypeError(f"dtype {self.dtype} cannot live on the GPU; use bool, ints, "
+                            "float16/bfloat16 or float32/64")
         if shape is not None:
             broadcastable = tuple(s == 1 for s in shape)
         self.broadcastable = tuple(bool(b) for b in broadcastable)
@@ -372,7 +372,8 @@ def gpuarray_shared_constructor(value: Any, name: str | None = None, borrow: boo
     if target == "cpu":
         raise TypeError("target='cpu' asks for the host")
     foreign = not isinstance(value, GpuArray) and hasattr(value, "__cuda_array_interface__")
-    if isinstance(value, (float, np.floating)):
+    if isinstance(value, (float, np.floating)) or (
+            isinstance(value, np.generic) and is_float(value.dtype.name)):   # bfloat16's scalar
         # a float scalar (a bias written `shared(0.)`) lives on the device like an array:
         # on the host it would be uploaded and downloaded on every call, two syncs a step
         value = host_value(value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from symgpu.gpu.runtime.codegen import template
+from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.dtypes import dtype_name
 
@@ -19,8 +19,10 @@ __all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "st
 
 MAX_DIMS = 8
 
-#: dtype -> CUDA type of the strided "+=" kernels (a copy only needs the item size)
-INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
+#: dtype -> CUDA type of the strided "+=" kernels (a copy only needs the item size; the half
+#: types add in float32)
+INC_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16",
+              "float32": "float", "float64": "double", "int8": "signed char",
               "int16": "short", "int32": "int", "int64": "long long",
               "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
               "uint64": "unsigned long long"}
@@ -28,7 +30,8 @@ INC_DTYPES = {"float32": "float", "float64": "double", "int8": "signed char",
 #: one module (codegen/strided_copy.cu): ``dst[...] = src[...]`` per item size
 #: (strided_copy_N) and ``dst[...] += src[...]`` per dtype (strided_inc_<dtype>,
 #: GpuIncSubtensor), one walk over the strides
-STRIDED_COPY_SOURCE = template("strided_copy.cu").substitute(max_dims=MAX_DIMS)
+STRIDED_COPY_SOURCE = template("strided_copy.cu").substitute(max_dims=MAX_DIMS,
+                                                             common=common_source())
 
 _ARG_FORMAT = "PPqq" + "q" * (3 * MAX_DIMS)
 _BLOCK = 256

@@ -21,12 +21,15 @@ import sys
 import threading
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 __all__ = ["export_capsule", "producer_ordinal", "capsule_of", "consume", "KDL_CUDA"]
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
-_INT, _UINT, _FLOAT, _BOOL = 0, 1, 2, 6
+_INT, _UINT, _FLOAT, _BFLOAT, _BOOL = 0, 1, 2, 4, 6   # dlpack.h's kDLInt .. kDLBool
+#: ml_dtypes' bfloat16, which NumPy files under kind 'V': DLPack's kDLBfloat of 16 bits
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _FLAG_READ_ONLY = 1
 
 
@@ -137,6 +140,8 @@ _keep_past_shutdown(_exports, _deleter, _deleter_versioned, _destructor, _releas
 
 
 def _dl_dtype(dtype: np.dtype) -> _DataType:
+    if dtype == _BFLOAT16:
+        return _DataType(_BFLOAT, 16, 1)
     code = {"b": _BOOL, "i": _INT, "u": _UINT, "f": _FLOAT}.get(dtype.kind)
     if code is None:
         raise BufferError(f"dtype {dtype} has no DLPack equivalent here")
@@ -197,10 +202,12 @@ _NP_KIND = {_INT: "i", _UINT: "u", _FLOAT: "f", _BOOL: "b"}
 
 
 def _np_dtype(dt: _DataType) -> np.dtype:
+    if dt.code == _BFLOAT and dt.bits == 16 and dt.lanes == 1:
+        return _BFLOAT16
     kind = _NP_KIND.get(dt.code)
     if kind is None or dt.lanes != 1 or dt.bits % 8:
         raise TypeError(f"DLPack dtype (code {dt.code}, {dt.bits} bits, {dt.lanes} lanes) is "
-                        f"not supported on symgpu's GPU arrays (complex and bfloat16 included)")
+                        f"not supported on symgpu's GPU arrays (complex included)")
     return np.dtype("?" if kind == "b" else f"{kind}{dt.bits // 8}")
 
 

@@ -187,6 +187,9 @@ def upload(ctx: Any, dst_ptr: int, host: np.ndarray) -> None:
     is the caller's again when this returns; other arrays through the driver's pageable
     path, which returns once it has read ``host``."""
     import pycuda.driver as drv
+    if host.dtype.kind == "V":
+        # bfloat16 (ml_dtypes) exports no buffer (PEP 3118 has no code for it): its bytes do
+        host = host.reshape(-1).view(np.uint8)
     reg = registry_for(ctx)
     if host.nbytes < reg.min_bytes:   # (the driver stages it: no wait for earlier DMA)
         drv.memcpy_htod_async(dst_ptr, host, ctx.stream)

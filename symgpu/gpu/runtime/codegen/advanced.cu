@@ -15,6 +15,10 @@ __device__ __forceinline__ void atomic_inc(long long *p, long long v)
 {
     atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
 }
+/* the half types: atomicAdd of cuda_fp16.h / cuda_bf16.h (a native add on sm_90, a 16-bit
+   compare-and-swap loop on older devices); the sum is rounded once, as the elementwise add */
+__device__ __forceinline__ void atomic_inc(__half *p, __half v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_inc(__nv_bfloat16 *p, __nv_bfloat16 v) { atomicAdd(p, v); }
 
 /* One walk over n indices and rows of `row` elements (arrays C-contiguous), each index
    checked (also with row == 0); MODE 0 gathers dst[r, c] = src[idx[r], c], MODE 1 sets

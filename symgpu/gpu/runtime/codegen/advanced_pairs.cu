@@ -7,6 +7,10 @@ __device__ __forceinline__ void atomic_inc(long long *p, long long v)
 {
     atomicAdd(reinterpret_cast<unsigned long long *>(p), (unsigned long long)v);
 }
+/* the half types: atomicAdd of cuda_fp16.h / cuda_bf16.h (a native add on sm_90, a 16-bit
+   compare-and-swap loop on older devices); the sum is rounded once, as the elementwise add */
+__device__ __forceinline__ void atomic_inc(__half *p, __half v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_inc(__nv_bfloat16 *p, __nv_bfloat16 v) { atomicAdd(p, v); }
 
 /* Pair i of n: a read with stride as (0: broadcast), b with bs; both checked against
    (rows, cols). MODE 0: dst[i] = src[ja*s0 + jb*s1]; MODE 1: dst[ja*s0 + jb*s1] = src[i*vs];

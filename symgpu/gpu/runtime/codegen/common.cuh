@@ -16,6 +16,10 @@ template <typename V> __device__ __forceinline__ void sg_store(__nv_bfloat16 &ds
 { dst = __float2bfloat16_rn((float)v); }
 template <typename V> __device__ __forceinline__ void sg_store(bool &dst, const V v)
 { dst = (v != 0); }
+/* v rounded to the storage type T and read back: the value a stored T holds (v itself where T
+   is its own value type) */
+template <typename T, typename V> __device__ __forceinline__ V sg_round(const V v)
+{ T t; sg_store(t, v); return (V)sg_load(t); }
 
 /* four elements moved as one aligned access (16 bytes for 4-byte types; the compiler splits
  * 32-byte ones into two 16-byte accesses) */

@@ -6,11 +6,12 @@
    stride vs (0: broadcast), y with ys, m through element strides (ms0, ms1). A label out of
    [-cols, cols) is reported (negative ones count from the end, as the scatter's) and its row
    gets no one-hot term: the host raises at its next sync. With EXP_M, m holds logarithms
-   (a log-softmax the loss already computed): m's values are exp(m). */
+   (a log-softmax the loss already computed): m's values are exp(m). T is the storage type,
+   V the type computed in (float for the half types: sg_load/sg_store, common.cuh). */
 __device__ __forceinline__ float nll_grad_exp(float x) { return expf(x); }
 __device__ __forceinline__ double nll_grad_exp(double x) { return exp(x); }
 
-template <typename T, typename I, bool EXP_M>
+template <typename T, typename V, typename I, bool EXP_M>
 __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T *m,
     long long ms0, long long ms1, const I *y, long long ys, T *out, long long rows,
     long long cols, long long labelled, unsigned long long *err)
@@ -19,19 +20,19 @@ __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T 
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total; k += step) {
         const long long i = k / cols, j = k - i * cols;
-        T g = T(0), s = T(0);
+        V g = V(0), s = V(0);
         if (i < labelled) {
             long long label = (long long)y[i * ys];
             if (label < 0) label += cols;
             if (label < 0 || label >= cols) {
                 if (j == 0) report(err, (long long)y[i * ys]);
             } else {
-                s = v[i * vs];
+                s = (V)sg_load(v[i * vs]);
                 if (j == label) g = s;
             }
         }
-        const T mk = m[i * ms0 + j * ms1];
-        out[k] = g - (EXP_M ? nll_grad_exp(mk) : mk) * s;
+        const V mk = (V)sg_load(m[i * ms0 + j * ms1]);
+        sg_store(out[k], g - (EXP_M ? nll_grad_exp(mk) : mk) * s);
     }
 }
 //@ grad
@@ -39,5 +40,5 @@ __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T 
 extern "C" __global__ void ${name}(const ${t} *v, long long vs, const ${t} *m,
     long long ms0, long long ms1, const ${it} *y, long long ys, ${t} *out, long long rows,
     long long cols, long long labelled, unsigned long long *err)
-{ nll_grad_body<${t}, ${it}, ${exp_m}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled,
+{ nll_grad_body<${t}, ${vt}, ${it}, ${exp_m}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled,
                                        err); }

@@ -73,44 +73,59 @@ __device__ __forceinline__ void sg_philox_values(const unsigned int *st, unsigne
     if (normal) sg_box_muller(v[0], v[1], &v[0], &v[1]);
 }
 //@ kernels
+/* K storage elements of one Philox block, stored as one aligned access */
 template <typename T, int K> struct sg_vec;
 template <> struct sg_vec<float, 4> { typedef float4 type; };
 template <> struct sg_vec<double, 2> { typedef double2 type; };
+template <> struct sg_vec<__half, 4> { typedef sg_vec4<__half> type; };
+template <> struct sg_vec<__nv_bfloat16, 4> { typedef sg_vec4<__nv_bfloat16> type; };
 
-/* out[0:n] = the draw from state st; one thread per Philox block, one vector store. */
-template <typename T, int K>
+/* out[0:n] = the draw from state st; one thread per Philox block, one vector store. T is the
+   storage type, V the type drawn in (float for the half types: the float32 numbers, rounded
+   to nearest even on the store, as the CPU's draw casts them). */
+template <typename T, typename V, int K>
 __device__ __forceinline__ void sg_philox_fill(const unsigned int *st, T *out, long long n,
                                                bool normal)
 {
     const long long nb = (n + K - 1) / K;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += step) {
-        T v[K];
+        V v[K];
         sg_philox_values(st, (unsigned long long)b, normal, v);
         const long long i = b * K;
         if (i + K <= n) {
-            typedef typename sg_vec<T, K>::type V;
-            V x;
+            typedef typename sg_vec<T, K>::type P;
+            P x;
             T *xs = reinterpret_cast<T *>(&x);
 #pragma unroll
-            for (int u = 0; u < K; ++u) xs[u] = v[u];
-            reinterpret_cast<V *>(out)[b] = x;
+            for (int u = 0; u < K; ++u) sg_store(xs[u], v[u]);
+            reinterpret_cast<P *>(out)[b] = x;
         } else {
 #pragma unroll
             for (int u = 0; u < K; ++u)
-                if (i + u < n) out[i + u] = v[u];
+                if (i + u < n) sg_store(out[i + u], v[u]);
         }
     }
 }
 
 extern "C" __global__ void sg_philox_uniform_float32(const unsigned int *st, float *out, long long n)
-{ sg_philox_fill<float, 4>(st, out, n, false); }
+{ sg_philox_fill<float, float, 4>(st, out, n, false); }
 extern "C" __global__ void sg_philox_normal_float32(const unsigned int *st, float *out, long long n)
-{ sg_philox_fill<float, 4>(st, out, n, true); }
+{ sg_philox_fill<float, float, 4>(st, out, n, true); }
 extern "C" __global__ void sg_philox_uniform_float64(const unsigned int *st, double *out, long long n)
-{ sg_philox_fill<double, 2>(st, out, n, false); }
+{ sg_philox_fill<double, double, 2>(st, out, n, false); }
 extern "C" __global__ void sg_philox_normal_float64(const unsigned int *st, double *out, long long n)
-{ sg_philox_fill<double, 2>(st, out, n, true); }
+{ sg_philox_fill<double, double, 2>(st, out, n, true); }
+extern "C" __global__ void sg_philox_uniform_float16(const unsigned int *st, __half *out, long long n)
+{ sg_philox_fill<__half, float, 4>(st, out, n, false); }
+extern "C" __global__ void sg_philox_normal_float16(const unsigned int *st, __half *out, long long n)
+{ sg_philox_fill<__half, float, 4>(st, out, n, true); }
+extern "C" __global__ void sg_philox_uniform_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
+                                                      long long n)
+{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, false); }
+extern "C" __global__ void sg_philox_normal_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
+                                                     long long n)
+{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, true); }
 
 /* out = st with the 64-bit counter moved on by nblocks (one thread). */
 extern "C" __global__ void sg_philox_advance(const unsigned int *st, unsigned int *out,

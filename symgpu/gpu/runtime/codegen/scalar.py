@@ -3,7 +3,9 @@
 Every value gets a temporary of the exact value type of its dtype, so the generated kernel has
 NumPy's semantics where C's differ: operands are converted to the op's compute dtype first (C
 would compute ``int32 + float32`` in float, NumPy in float64), and results are converted to the
-output dtype (``int8 + int8`` wraps at 8 bits, as in NumPy).  The CUDA spelling of each op comes
+output dtype (``int8 + int8`` wraps at 8 bits, as in NumPy).  Half values (float16, bfloat16)
+are computed in float between a kernel's loads and stores (issue 34: load, compute, round on
+store); an explicit cast to a half dtype rounds where it stands (Cast's CUDA form).  The CUDA spelling of each op comes
 from its row of the scalar table (``ScalarOp.cuda``); nothing here knows an op by name.
 """
 from __future__ import annotations
@@ -117,7 +119,7 @@ class ScalarRenderer:
 
     # -- one table row
     def _row(self, op: Any, in_dtypes: list[str], operands: list[str], out_dtype: str) -> str:
-        if _is_cast(op):
+        if _is_cast(op):     # (a cast to a half type rounds: its table row says so)
             return op.cuda(out_dtype, operands)
         rule = _rule(op)
         if rule == "bool":

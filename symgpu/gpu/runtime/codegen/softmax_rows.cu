@@ -1,5 +1,6 @@
 // softmax / log_softmax along the last axis, a warp or a block per row
 // (symgpu/gpu/ops/softmax_rows.py); entry points instantiated per dtype and row width.
+// (common.cuh, with sg_load/sg_store, is pasted before this.)
 __device__ __forceinline__ float sr_exp(float v) { return expf(v); }
 __device__ __forceinline__ double sr_exp(double v) { return exp(v); }
 __device__ __forceinline__ float sr_log(float v) { return logf(v); }
@@ -38,14 +39,16 @@ __device__ __forceinline__ T sr_reduce(T v, T *shared)
    a row (WIDE false: short rows, 8 per 256-thread block) or the whole block does (WIDE true:
    long rows), blocks striding over the rows: the row's max, then the sum of exp(x - max),
    then the row written in one more pass, as the CPU op computes it: exp(x - max) / sum, or
-   (x - max) - log(sum). */
-template <typename T, bool LOG, bool WIDE, bool BIAS>
+   (x - max) - log(sum).  T is the storage type, V the type computed in: float for the half
+   types (loaded, computed and summed in float32, rounded once on the store). */
+template <typename T, typename V, bool LOG, bool WIDE, bool BIAS>
 __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, long long xs1,
                                                   const T *b, long long bs, T *out,
                                                   long long rows, long long n)
 {
-#define SR_X(j) (BIAS ? xr[(j) * xs1] + b[(j) * bs] : xr[(j) * xs1])
-    __shared__ T shared[32];
+#define SR_X(j) (BIAS ? sg_round<T, V>((V)sg_load(xr[(j) * xs1]) + (V)sg_load(b[(j) * bs])) \
+                      : (V)sg_load(xr[(j) * xs1]))
+    __shared__ V shared[32];
     const int per_block = WIDE ? 1 : (blockDim.x >> 5);
     const int first = WIDE ? threadIdx.x : (threadIdx.x & 31);
     const int stride = WIDE ? blockDim.x : 32;
@@ -54,17 +57,17 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
          r < rows; r += step) {
         const T *xr = x + r * xs0;
         T *orow = out + r * n;
-        T m = -INFINITY;
+        V m = -INFINITY;
         for (long long j = first; j < n; j += stride) m = sr_max(m, SR_X(j));
-        m = sr_reduce<T, false, WIDE>(m, shared);
-        T s = T(0);
+        m = sr_reduce<V, false, WIDE>(m, shared);
+        V s = V(0);
         for (long long j = first; j < n; j += stride) s += sr_exp(SR_X(j) - m);
-        s = sr_reduce<T, true, WIDE>(s, shared);
+        s = sr_reduce<V, true, WIDE>(s, shared);
         if (LOG) {
-            const T ls = sr_log(s);
-            for (long long j = first; j < n; j += stride) orow[j] = (SR_X(j) - m) - ls;
+            const V ls = sr_log(s);
+            for (long long j = first; j < n; j += stride) sg_store(orow[j], (SR_X(j) - m) - ls);
         } else {
-            for (long long j = first; j < n; j += stride) orow[j] = sr_exp(SR_X(j) - m) / s;
+            for (long long j = first; j < n; j += stride) sg_store(orow[j], sr_exp(SR_X(j) - m) / s);
         }
     }
 #undef SR_X
@@ -73,9 +76,9 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
 
 extern "C" __global__ void ${name}(const ${ctype} *x, long long xs0, long long xs1,
                                    ${ctype} *out, long long rows, long long n)
-{ softmax_rows_body<${ctype}, ${log}, ${wide}, false>(x, xs0, xs1, 0, 0, out, rows, n); }
+{ softmax_rows_body<${ctype}, ${vtype}, ${log}, ${wide}, false>(x, xs0, xs1, 0, 0, out, rows, n); }
 
 extern "C" __global__ void ${name}_bias(const ${ctype} *x, long long xs0, long long xs1,
                                         const ${ctype} *b, long long bs, ${ctype} *out,
                                         long long rows, long long n)
-{ softmax_rows_body<${ctype}, ${log}, ${wide}, true>(x, xs0, xs1, b, bs, out, rows, n); }
+{ softmax_rows_body<${ctype}, ${vtype}, ${log}, ${wide}, true>(x, xs0, xs1, b, bs, out, rows, n); }

@@ -41,6 +41,50 @@ __device__ __forceinline__ T from_ordered_key(typename Bits<T>::U u)
     T x; memcpy(&x, &b, sizeof(T)); return x;
 }
 
+/* The half types (float16, bfloat16): their 16 bits ordered as a float's, zero-extended to
+   32 (CUB sorts them as uint32 keys; the radix select's passes read the low 16 bits only),
+   NaN and zero told in float (sg_load: common.cuh, pasted before this). Every NaN is 0xffff,
+   the largest 16-bit key (the key of a NaN's own bits too). */
+template <> struct Bits<__half> { typedef unsigned int U; };
+template <> struct Bits<__nv_bfloat16> { typedef unsigned int U; };
+
+template <typename H>
+__device__ __forceinline__ unsigned int half_ordered_key(H x, bool zero_tie)
+{
+    const float f = sg_load(x);
+    if (f != f) return 0xffffu;
+    unsigned short b;
+    memcpy(&b, &x, 2);
+    if (zero_tie && f == 0.0f) b = 0;
+    return (b & 0x8000u) ? (~(unsigned int)b & 0xffffu) : ((unsigned int)b | 0x8000u);
+}
+
+template <typename H>
+__device__ __forceinline__ H half_from_ordered_key(unsigned int u)
+{
+    const unsigned short b = (unsigned short)((u & 0x8000u) ? (u ^ 0x8000u) : (~u & 0xffffu));
+    H x;
+    memcpy(&x, &b, 2);
+    return x;
+}
+
+template <> __device__ __forceinline__ unsigned int ordered_key<__half>(__half x, bool zero_tie)
+{ return half_ordered_key(x, zero_tie); }
+template <> __device__ __forceinline__ unsigned int ordered_key<__nv_bfloat16>(__nv_bfloat16 x,
+                                                                             bool zero_tie)
+{ return half_ordered_key(x, zero_tie); }
+template <> __device__ __forceinline__ __half from_ordered_key<__half>(unsigned int u)
+{ return half_from_ordered_key<__half>(u); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_ordered_key<__nv_bfloat16>(unsigned int u)
+{ return half_from_ordered_key<__nv_bfloat16>(u); }
+
+/* the bits of a key that carry its order (16 for the half types, all of them otherwise):
+   the select key of topk's smallest inverts those only */
+template <typename T> __device__ __forceinline__ typename Bits<T>::U key_mask()
+{ return ~typename Bits<T>::U(0); }
+template <> __device__ __forceinline__ unsigned int key_mask<__half>() { return 0xffffu; }
+template <> __device__ __forceinline__ unsigned int key_mask<__nv_bfloat16>() { return 0xffffu; }
+
 #define GRID_LOOP(i, total) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (total); \
          i += (long long)gridDim.x * blockDim.x)
@@ -115,7 +159,7 @@ template <typename T>
 __device__ __forceinline__ typename Bits<T>::U select_key(T x, int smallest)
 {
     const typename Bits<T>::U u = ordered_key<T>(x, true);
-    return smallest ? ~u : u;
+    return smallest ? (u ^ key_mask<T>()) : u;
 }
 
 __device__ __forceinline__ void topk_init_body(unsigned long long *state,
@@ -274,6 +318,7 @@ extern "C" __global__ void sort_to_keys_${dn}(const ${t} *x, ${u} *keys, long lo
 
 extern "C" __global__ void sort_from_keys_${dn}(const ${u} *keys, ${t} *out, long long total)
 { from_keys_body<${t}>(keys, out, total); }
+//@ nan_shift
 
 extern "C" __global__ void sort_nan_shift_out_${dn}(const ${t} *out, ${t} *scratch,
                                                    long long *count, long long n)

@@ -2,6 +2,7 @@
  * dst[...] = src[...] per item size (strided_copy_N: a copy only needs the item size) and
  * dst[...] += src[...] per dtype (strided_inc_<dtype>, GpuIncSubtensor), one walk over the
  * byte strides (negative for reversed views, 0 for broadcast source axes). */
+${common}
 #define MAX_DIMS ${max_dims}
 
 struct CopyMeta {
@@ -11,7 +12,11 @@ struct CopyMeta {
 };
 
 struct SgAssign { template <typename T> __device__ static void apply(T &d, T s) { d = s; } };
-struct SgAdd { template <typename T> __device__ static void apply(T &d, T s) { d += s; } };
+/* d += s computed in the value type (float for the half types, one rounding; integers wrap
+   as in NumPy) */
+struct SgAdd {
+    template <typename T> __device__ static void apply(T &d, T s) { sg_store(d, sg_load(d) + sg_load(s)); }
+};
 
 template <typename T, typename Op>
 __device__ __forceinline__ void strided_body(const char *src, char *dst, long long n,
@@ -42,6 +47,8 @@ SG_STRIDED(strided_copy_4, unsigned int, SgAssign)
 SG_STRIDED(strided_copy_8, unsigned long long, SgAssign)
 
 /* one per copykernel.INC_DTYPES entry (tests/test_gpu_copykernel_source.py checks both agree) */
+SG_STRIDED(strided_inc_float16, __half, SgAdd)
+SG_STRIDED(strided_inc_bfloat16, __nv_bfloat16, SgAdd)
 SG_STRIDED(strided_inc_float32, float, SgAdd)
 SG_STRIDED(strided_inc_float64, double, SgAdd)
 SG_STRIDED(strided_inc_int8, signed char, SgAdd)

@@ -19,7 +19,7 @@ __all__ = ["storage_ctype", "value_ctype", "literal", "SUPPORTED", "acc_ctype_fo
 
 #: dtypes the generator handles (complex has no CUDA table entries)
 SUPPORTED = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-             "float16", "float32", "float64")
+             "float16", "bfloat16", "float32", "float64")
 
 
 def is_float_dtype(dtype: str) -> bool:
@@ -59,6 +59,11 @@ def literal(value, dtype: str) -> str:
     """A C literal of ``value`` in the value type of ``dtype`` (exact, NaN/inf safe)."""
     if dtype == "bool":
         return "true" if bool(value) else "false"
+    if dtype in HALF_DTYPES:
+        # the value the dtype holds (0.1 is 0.10009765625 in bfloat16), as the CPU's constant
+        with np.errstate(over="ignore"):      # past the dtype's range: inf, as it holds
+            held = np.asarray(value, dtype=dtype).astype(np.float32)
+        return _float_literal(float(held), dtype)
     if is_float_dtype(dtype):
         return _float_literal(float(value), dtype)
     v = int(value)
