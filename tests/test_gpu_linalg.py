@@ -744,6 +744,78 @@ def test_float32_entry_points_are_used_for_float32():
     assert "float32" in sol.potrfBatched
 
 
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r", "raw"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 6, 4), (2, 2, 3, 5), (0, 3),
+                                   (3, 0)])
+def test_qr_every_mode_matches_numpy(mode, shape):
+    x = RNG.normal(size=shape)
+    gop = gl.GpuQR(mode)
+    got, sol, _, _ = run_fake(gop, [x])
+    want = np.linalg.qr(x, mode)
+    want = [want] if mode == "r" else list(want)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        near(g, w, 1e-9)
+    batch = int(np.prod(shape[:-2]))
+    names = [c[0] for c in sol.calls]
+    if min(shape[-2:]):
+        assert names.count("geqrf") == batch
+        assert names.count("orgqr") == (batch if mode in ("reduced", "complete") else 0)
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("compute_uv", [True, False])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (3, 6, 4), (2, 2, 3, 5), (2, 40, 7),
+                                   (1, 33, 33), (0, 3), (2, 3, 0)])
+def test_svd_matches_numpy_on_the_batched_and_looped_paths(full, compute_uv, shape):
+    x = RNG.normal(size=shape)
+    got, sol, _, k = run_fake(gl.GpuSVD(full, compute_uv), [x])
+    want = np.linalg.svd(x, full, compute_uv)
+    want = list(want) if compute_uv else [want]
+    assert [g.shape for g in got] == [w.shape for w in want] and not k.errors
+    if not compute_uv:
+        near(got[0], want[0])
+    else:
+        u, s_, vt = got
+        near(s_, want[1])
+        kk = min(shape[-2:])
+        near((u[..., :, :kk] * s_[..., None, :]) @ vt[..., :kk, :], x)   # x = u s vt
+        eye = np.eye(u.shape[-1])
+        near(np.swapaxes(u, -1, -2) @ u, np.broadcast_to(eye, u.shape[:-2] + eye.shape))
+        eye = np.eye(vt.shape[-2])
+        near(vt @ np.swapaxes(vt, -1, -2), np.broadcast_to(eye, vt.shape[:-2] + eye.shape))
+        if full:   # NumPy's complete bases span the same spaces: compare the projections
+            near(u @ np.swapaxes(u, -1, -2), np.broadcast_to(np.eye(shape[-2]), u.shape))
+    names = {c[0] for c in sol.calls}
+    if min(shape[-2:]):
+        batched = len(shape) > 2 and max(shape[-2:]) <= 32
+        assert ("gesvdjBatched" in names) == batched and ("gesvdj" in names) == (not batched)
+        jobz = [c[1][1] for c in sol.calls if c[0] in ("gesvdj", "gesvdjBatched")]
+        assert set(jobz) == {int(compute_uv)}
+    else:
+        assert not names
+
+
+def test_svd_no_convergence_is_reported():
+    mem = Mem()
+    x = RNG.normal(size=(2, 4, 3))
+    sol = FakeSolver(mem, "float64")
+    real = sol.gesvdjBatched["float64"]
+
+    def failing(*args):
+        real(*args)
+        mem.view(args[13] + 4, 1, np.int32)[0] = 4    # matrix 1: info = min(m, n) + 1
+        return 0
+    sol.gesvdjBatched["float64"] = failing
+    k = FakeKernels(mem)
+    env = calls.Env("ctx", sol, FakeBlas(mem, "float64"), k, mem.allocate, {})
+    gop = gl.GpuSVD()
+    outs = [mem.allocate(int(np.prod(s)) * 8).ptr for s in gop.out_shapes([x.shape], "float64")]
+    gop.compute(env, "float64", [(mem.put(x), x.shape)], outs)
+    assert len(k.errors) == 1 and "matrix 1" in str(k.errors[0]) and \
+        "did not converge" in str(k.errors[0])
+
+
 # ============================================================================ placement
 
 def _gpu_names(f):
@@ -766,6 +838,25 @@ def test_linalg_training_graph_is_placed_on_the_gpu():
         assert {"GpuCholesky", "GpuSolve", "GpuEigh", "GpuEighGrad", "GpuSolveTriangular",
                 "GpuDet", "GpuMatrixInverse", "GpuCholeskySolve"} <= names, names
         assert not cpu_nodes(f.maker.fgraph), cpu_nodes(f.maker.fgraph)
+
+
+def test_qr_and_svd_are_placed_on_the_gpu_and_eig_stays_on_the_host():
+    """Eig's results are complex and GPU arrays have no complex dtype: it runs on the host,
+    with the transfers placed around it."""
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.tensor3("x")
+        q, r = NL.qr(x)
+        h, tau = NL.qr(x, "raw")
+        u, s, vt = NL.svd(x, full_matrices=False)
+        outs = [q, r, NL.qr(x, "r"), NL.qr(x, "complete")[0], h, tau, u, s, vt,
+                NL.svd(x, compute_uv=False), NL.eig(x[:, :2, :2])[0]]
+        f = function([x], outs)
+        names = _gpu_names(f)
+        assert {"GpuQR", "GpuSVD", "Eig"} <= names and not {"QRFull", "QRIncomplete",
+                                                             "SVD"} & names, names
+        modes = {n.op.mode for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "GpuQR"}
+        assert modes == {"reduced", "raw", "r", "complete"}
+        assert [type(n.op).__name__ for n in cpu_nodes(f.maker.fgraph)] == ["Eig"]
 
 
 def test_mixed_dtypes_and_generalized_eigvalsh_stay_on_the_host():
@@ -883,6 +974,118 @@ def test_gpu_linalg_graph_replays(cuda):
     first = [np.asarray(r).copy() for r in f(a, bv)]
     for r, s in zip(f(a, bv), first):
         np.testing.assert_array_equal(r, s)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch,n", [((), 1), ((), 17), ((9,), 32), ((5,), 33), ((2, 3), 64),
+                                     ((3,), 65), ((), 300)])
+def test_gpu_cholesky_small_kernel_and_cusolver_sizes(cuda, dtype, batch, n):
+    """The small-matrix kernel (n <= 64) and cuSOLVER's paths (Xpotrf, potrfBatched) against
+    the host, both triangles (garbage in the one not read), and a failing matrix."""
+    tol = TOL[dtype] * max(n, 10)
+    for lower in (True, False):
+        a = _garbage_in_the_ignored_triangle(spd(*batch, n=n), lower).astype(dtype)
+        _compare(lambda x: SL.Cholesky(lower)(x), [a], "GpuCholesky", tol)
+        if batch:
+            bad = a.copy()
+            bad[(0,) * len(batch)] = -np.eye(n, dtype=dtype)
+            x = T.TensorType(dtype, (False,) * bad.ndim)()
+            got = function([x], SL.Cholesky(lower, "nan")(x))(bad)
+            assert np.isnan(got[(0,) * len(batch)]).all()
+            assert np.isfinite(got.reshape(-1, n, n)[1:]).all()
+            with pytest.raises(np.linalg.LinAlgError, match="matrix 0.*not positive definite"):
+                function([x], SL.Cholesky(lower)(x))(bad)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch,n", [((1,), 40), ((6,), 64), ((2, 2), 129)])
+def test_gpu_eigh_of_stacks_above_32_is_batched_and_captured(cuda, dtype, batch, n):
+    a = spd(*batch, n=n).astype(dtype)
+    tol = TOL[dtype] * n
+    _compare(lambda x: [NL.eigh(x)[0], abs(NL.eigh(x, "U")[1])], [a], "GpuEigh", tol)
+    x = T.TensorType(dtype, (False,) * a.ndim)()
+    f = function([x], NL.eigh(x)[0] * 2)
+    first = np.asarray(f(a)).copy()
+    for _ in range(5):
+        np.testing.assert_array_equal(np.asarray(f(a)), first)
+    st = f.vm.runner.stats()
+    assert st["captures"] >= 1 and st["replays"] >= 1, st
+    np.testing.assert_allclose(first, 2 * np.linalg.eigvalsh(a.astype(np.float64)), rtol=tol,
+                               atol=tol)
+
+
+def _qr_canonical(q, r):
+    """q, r with R's diagonal made non-negative (QR is unique up to those signs)."""
+    k = min(q.shape[-1], r.shape[-2])
+    d = np.sign(np.diagonal(r[..., :k, :k], axis1=-2, axis2=-1))
+    d = np.where(d == 0, 1, d)
+    q = q.copy()
+    q[..., :k] *= d[..., None, :]
+    r = r.copy()
+    r[..., :k, :] *= d[..., :, None]
+    return q, r
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (33, 33), (3, 5, 2), (2, 2, 40, 9)])
+def test_gpu_qr_every_mode(cuda, dtype, shape):
+    xv = RNG.normal(size=shape).astype(dtype)
+    tol = TOL[dtype] * 10
+    x = T.TensorType(dtype, (False,) * len(shape))()
+    for mode in ("reduced", "complete"):
+        f = function([x], NL.qr(x, mode))
+        assert "GpuQR" in _gpu_names(f)
+        q, r = (np.asarray(v) for v in f(xv))
+        wq, wr = np.linalg.qr(xv.astype(np.float64), mode)
+        assert q.shape == wq.shape and r.shape == wr.shape
+        k = min(shape[-2:])
+        near_ = lambda g, w: np.testing.assert_allclose(g, w, rtol=tol, atol=tol)  # noqa: E731
+        near_(q[..., :k] @ r[..., :k, :], xv)
+        gq, gr = _qr_canonical(q, r)
+        cq, cr = _qr_canonical(wq, wr)
+        near_(gr, cr)
+        near_(gq[..., :k], cq[..., :k])
+    f = function([x], NL.qr(x, "r"))
+    r = np.asarray(f(xv))
+    np.testing.assert_allclose(abs(r), abs(np.linalg.qr(xv.astype(np.float64), "r")),
+                               rtol=tol, atol=tol)
+    h, tau = (np.asarray(v) for v in function([x], NL.qr(x, "raw"))(xv))
+    wh, wt = np.linalg.qr(xv.astype(np.float64), "raw")
+    assert h.shape == wh.shape and tau.shape == wt.shape
+    np.testing.assert_allclose(abs(np.triu(np.swapaxes(h, -1, -2))),
+                               abs(np.triu(np.swapaxes(wh, -1, -2))), rtol=tol, atol=tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (50, 50), (6, 5, 3), (2, 3, 32, 17),
+                                   (3, 40, 33)])
+def test_gpu_svd(cuda, dtype, shape):
+    xv = RNG.normal(size=shape).astype(dtype)
+    tol = TOL[dtype] * 20
+    x = T.TensorType(dtype, (False,) * len(shape))()
+    k = min(shape[-2:])
+    want_s = np.linalg.svd(xv.astype(np.float64), compute_uv=False)
+    for full in (True, False):
+        f = function([x], NL.svd(x, full))
+        assert "GpuSVD" in _gpu_names(f)
+        u, s_, vt = (np.asarray(v) for v in f(xv))
+        wu, _, wvt = np.linalg.svd(xv, full)
+        assert u.shape == wu.shape and vt.shape == wvt.shape
+        np.testing.assert_allclose(s_, want_s, rtol=tol, atol=tol)
+        np.testing.assert_allclose((u[..., :k] * s_[..., None, :]) @ vt[..., :k, :], xv,
+                                   rtol=tol, atol=tol)
+        for m_ in (u, np.swapaxes(vt, -1, -2)):
+            eye = np.eye(m_.shape[-1])
+            np.testing.assert_allclose(np.swapaxes(m_, -1, -2) @ m_,
+                                       np.broadcast_to(eye, m_.shape[:-2] + eye.shape),
+                                       rtol=tol, atol=tol)
+    f = function([x], NL.svd(x, compute_uv=False))
+    assert "GpuSVD" in _gpu_names(f)
+    np.testing.assert_allclose(np.asarray(f(xv)), want_s, rtol=tol, atol=tol)
 
 
 def test_one_library_handle_per_context_bound_to_its_stream():
