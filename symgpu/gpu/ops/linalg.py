@@ -1,7 +1,9 @@
 """GPU linear algebra through cuSOLVER and cuBLAS: GpuCholesky, GpuSolve (every structure of
 slinalg.Solve), GpuSolveTriangular, GpuCholeskySolve, GpuEigh, GpuEigvalsh, GpuEighGrad,
-GpuMatrixInverse and GpuDet, with their lifters from the host ops of symgpu/tensor/slinalg.py
-and nlinalg.py (float32/float64, stacks of matrices batched over the leading dimensions).
+GpuMatrixInverse, GpuDet, GpuQR and GpuSVD, with their lifters from the host ops of
+symgpu/tensor/slinalg.py and nlinalg.py (float32/float64, stacks of matrices batched over
+the leading dimensions). nlinalg.Eig stays on the host: its results are complex (NumPy's
+eig of a real matrix), and GPU arrays have no complex dtype.
 
 Each thunk packs its inputs (non-contiguous views are copied), takes its outputs from the
 context's pool and hands addresses to linalg_calls.py, which says which library calls run
