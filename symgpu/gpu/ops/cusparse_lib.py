@@ -181,7 +181,8 @@ class Cusparse:
 
     def buffer_size(self, what: str, h: int, op_a: int, op_b: int, a: int, b: int, c: int,
                     dtype: str, alg: int) -> int:
-        """cusparse{what}_bufferSize (what: 'SpMM', 'SDDMM' or 'SpMV') for C = 1 * op(A) op(B) + 0 * C;
+        """cusparse{what}_bufferSize (what: 'SpMM', 'SDDMM' or 'SpMV') for
+        C = 1 * op(A) op(B) + 0 * C;
         raises CusparseError (status NOT_SUPPORTED for a refused combination)."""
         size = _SZ()
         self.check(self._mm(f"cusparse{what}_bufferSize", h, op_a, op_b, a, b, c, dtype, alg,

@@ -221,7 +221,8 @@ class _GpuLinalg(DeviceChecked, Op):
             for cell, o in zip(out_cells, outs):
                 cell[0] = o
 
-        thunk.capturable = self.calls_capturable(node) and checks_are_deferred()  # type: ignore[attr-defined]
+        capturable = self.calls_capturable(node) and checks_are_deferred()
+        thunk.capturable = capturable              # type: ignore[attr-defined]
         thunk.launches = True                      # type: ignore[attr-defined]
         return thunk
 

@@ -358,8 +358,9 @@ def qr(env: Env, dtype: str, x: int, m: int, n: int, batch: int, mode: str, q: i
     of each (a transpose: X's column-major view is X^T), then R (upper triangle, `r`: K x N
     'reduced' / M x N 'complete') and Q by orgqr on the reflectors (`q`: M x K / M x M),
     transposed back to row-major; mode 'raw' writes LAPACK's reflectors as they lie (NumPy's
-    h, N x M) into `q` and tau into `r`; mode 'r' writes R alone (K x N, `q` unused). cuSOLVER has no batched QR: one geqrf (and orgqr)
-    per matrix, the layout kernels once for all."""
+    h, N x M) into `q` and tau into `r`; mode 'r' writes R alone (K x N, `q` unused).
+    cuSOLVER has no batched QR: one geqrf (and orgqr) per matrix, the layout kernels once
+    for all."""
     k = min(m, n)
     isz = _ITEM[dtype]
     if batch == 0:
