@@ -21,8 +21,8 @@ from symgpu import config, function
 from symgpu.gpu.ops import linalg as gl
 from symgpu.gpu.ops import linalg_calls as calls
 from symgpu.gpu.ops.cublas_lib import Cublas
-from symgpu.gpu.ops.cusolver_lib import (FILL_LOWER, FILL_UPPER, OP_N, OP_T, SIDE_RIGHT,
-                                         Cusolver)
+from symgpu.gpu.ops.cusolver_lib import (CUDA_R, FILL_LOWER, FILL_UPPER, OP_N, OP_T,
+                                         SIDE_RIGHT, Cusolver)
 from symgpu.gpu.placement.rewriting import cpu_nodes, virtual_context
 from symgpu.tensor import nlinalg as NL
 from symgpu.tensor import slinalg as SL
@@ -81,8 +81,13 @@ class FakeSolver:
         self.mem, self.dt, self.calls = mem, np.dtype(dtype), []
         for name in ("potrf_bufferSize", "potrf", "potrfBatched", "getrf_bufferSize", "getrf",
                      "getrs", "syevd_bufferSize", "syevd", "syevjBatched_bufferSize",
-                     "syevjBatched"):
+                     "syevjBatched", "geqrf_bufferSize", "geqrf", "orgqr_bufferSize", "orgqr",
+                     "gesvdj_bufferSize", "gesvdj", "gesvdjBatched_bufferSize",
+                     "gesvdjBatched"):
             setattr(self, name, {dtype: self._rec(name, getattr(self, "_" + name))})
+        # the 64-bit API: one entry point for every dtype (None where the library lacks it)
+        for name in ("Xpotrf_bufferSize", "Xpotrf", "XsyevBatched_bufferSize", "XsyevBatched"):
+            setattr(self, name, self._rec(name, getattr(self, "_" + name)))
 
     def _rec(self, name, fn):
         def call(*args):
@@ -95,6 +100,108 @@ class FakeSolver:
 
     def syevj_info(self, ctx):
         return "syevj-params"
+
+    def gesvdj_info(self, ctx):
+        return "gesvdj-params"
+
+    def params(self, ctx):
+        return "x-params"
+
+    def _sizes(self, dev_out, host_out, dev, host):
+        ctypes.c_size_t.from_address(dev_out).value = dev     # host size_t, as cuSOLVER's
+        ctypes.c_size_t.from_address(host_out).value = host
+        return 0
+
+    def _types(self, *types):
+        assert set(types) == {CUDA_R[self.dt.name]}, types
+
+    def _Xpotrf_bufferSize(self, h, params, uplo, n, ta, a, lda, tc, dev, host):
+        assert params == "x-params"
+        self._types(ta, tc)
+        return self._sizes(dev, host, 5 * n * self.dt.itemsize, 16)
+
+    def _Xpotrf(self, h, params, uplo, n, ta, a, lda, tc, ws, dev, hws, host, info):
+        self._types(ta, tc)
+        assert dev == 5 * n * self.dt.itemsize and self.mem.size_at(ws) >= dev
+        assert host == 16 and hws and (ctypes.c_char * 16).from_address(hws)
+        self._chol(self._m(a, n, lda), uplo, info, scribble=False)
+        return 0
+
+    def _XsyevBatched_bufferSize(self, h, params, jobz, uplo, n, ta, a, lda, tw, w, tc, dev,
+                                 host, batch):
+        assert params == "x-params"
+        self._types(ta, tw, tc)
+        return self._sizes(dev, host, 3 * n * batch * self.dt.itemsize, 0)
+
+    def _XsyevBatched(self, h, params, jobz, uplo, n, ta, a, lda, tw, w, tc, ws, dev, hws,
+                      host, info, batch):
+        self._types(ta, tw, tc)
+        assert dev == 3 * n * batch * self.dt.itemsize and self.mem.size_at(ws) >= dev
+        assert host == 0
+        isz = self.dt.itemsize
+        for i in range(batch):
+            self._eig(self._m(a + i * n * n * isz, n, lda), uplo, jobz, w + i * n * isz, n,
+                      info + 4 * i)
+        return 0
+
+    def _geqrf_bufferSize(self, h, m, n, a, lda, out):
+        return self._lwork(out, 2 * n + 1)
+
+    def _geqrf(self, h, m, n, a, lda, tau, ws, lwork, info):
+        assert lwork == 2 * n + 1 and self.mem.size_at(ws) >= lwork * self.dt.itemsize
+        v = self.mem.colmajor(a, m, n, lda, self.dt)
+        (h_, t_), _ = sla.qr(v.astype(np.float64), mode="raw")
+        v[:] = h_
+        self.mem.view(tau, min(m, n), self.dt)[:] = t_
+        self.mem.view(info, 1, np.int32)[0] = 0
+        return 0
+
+    def _orgqr_bufferSize(self, h, m, n, k, a, lda, tau, out):
+        return self._lwork(out, 3 * n + 1)
+
+    def _orgqr(self, h, m, n, k, a, lda, tau, ws, lwork, info):
+        assert m >= n >= k and lwork == 3 * n + 1
+        v = self.mem.colmajor(a, m, n, lda, self.dt)
+        t_ = self.mem.view(tau, k, self.dt).astype(np.float64)
+        q, _, inf = sla.lapack.dorgqr(v.astype(np.float64), t_)
+        v[:] = q
+        self.mem.view(info, 1, np.int32)[0] = inf
+        return 0
+
+    def _gesvdj_bufferSize(self, h, jobz, econ, m, n, a, lda, s, u, ldu, v, ldv, out,
+                           params):
+        assert params == "gesvdj-params" and lda == m and ldu == m and ldv == n
+        return self._lwork(out, 4 * (m + n))
+
+    def _svd_one(self, jobz, full, m, n, a, s, u, ldu, v, ldv, info):
+        x = self.mem.colmajor(a, m, n, m, self.dt).astype(np.float64)
+        uu, ss, vh = np.linalg.svd(x, full_matrices=full)
+        k = min(m, n)
+        self.mem.view(s, k, self.dt)[:] = ss
+        if jobz:
+            self.mem.colmajor(u, m, uu.shape[1], ldu, self.dt)[:] = uu
+            self.mem.colmajor(v, n, vh.shape[0], ldv, self.dt)[:] = vh.T
+        self.mem.view(info, 1, np.int32)[0] = 0
+
+    def _gesvdj(self, h, jobz, econ, m, n, a, lda, s, u, ldu, v, ldv, ws, lwork, info,
+                params):
+        assert lwork == 4 * (m + n) and params == "gesvdj-params"
+        self._svd_one(jobz, not econ, m, n, a, s, u, ldu, v, ldv, info)
+        return 0
+
+    def _gesvdjBatched_bufferSize(self, h, jobz, m, n, a, lda, s, u, ldu, v, ldv, out, params,
+                                  batch):
+        assert max(m, n) <= 32 and lda == m and ldu == m and ldv == n
+        return self._lwork(out, 5 * (m + n) * batch)
+
+    def _gesvdjBatched(self, h, jobz, m, n, a, lda, s, u, ldu, v, ldv, ws, lwork, info,
+                       params, batch):
+        assert lwork == 5 * (m + n) * batch and params == "gesvdj-params"
+        isz, k = self.dt.itemsize, min(m, n)
+        for i in range(batch):
+            self._svd_one(jobz, True, m, n, a + i * lda * n * isz, s + i * k * isz,
+                          u + i * ldu * m * isz, ldu, v + i * ldv * n * isz, ldv, info + 4 * i)
+        return 0
 
     def _lwork(self, out, value):
         ctypes.c_int.from_address(out).value = value    # a host int, as cuSOLVER's
@@ -293,9 +400,45 @@ class FakeKernels:
             if len(zero):
                 self.errors.append(describe((i << 32) | int(zero[0] + 1)))
 
-    def transpose(self, dtype, dst, src, rows, cols, batch):
-        s = self.mem.view(src, rows * cols * batch, dtype).reshape(batch, rows, cols)
-        self.mem.view(dst, rows * cols * batch, dtype)[:] = s.transpose(0, 2, 1).ravel()
+    def _blocks(self, ptr, per, stride, batch, dtype):
+        """Views of `batch` blocks of `per` elements, one every `stride` elements."""
+        return [self.mem.view(ptr + b * stride * np.dtype(dtype).itemsize, per, dtype)
+                for b in range(batch)]
+
+    def transpose(self, dtype, dst, src, rows, cols, batch, dst_stride=None, src_stride=None):
+        self.launches.append("transpose")
+        per = rows * cols
+        for d, s in zip(self._blocks(dst, per, dst_stride or per, batch, dtype),
+                        self._blocks(src, per, src_stride or per, batch, dtype)):
+            d[:] = s.reshape(rows, cols).T.ravel()
+
+    def take(self, dtype, dst, src, per, src_stride, batch):
+        for d, s in zip(self._blocks(dst, per, per, batch, dtype),
+                        self._blocks(src, per, src_stride, batch, dtype)):
+            d[:] = s
+
+    def qr_r(self, dtype, r, a, m, n, rows_out, stride, batch):
+        for d, s in zip(self._blocks(r, rows_out * n, rows_out * n, batch, dtype),
+                        self._blocks(a, m * n, stride, batch, dtype)):
+            full = np.zeros((rows_out, n))
+            top = np.triu(s.reshape(n, m).T)[:rows_out]
+            full[:top.shape[0]] = top
+            d[:] = full.ravel()
+
+    def potrf_small(self, dtype, dst, src, n, batch, lower, info, nan_fill):
+        self.launches.append("potrf_small")
+        xs, os_ = self._mats(src, n, batch, dtype), self._mats(dst, n, batch, dtype)
+        inf = self.mem.view(info, batch, np.int32)
+        for x, o, i in zip(xs, os_, range(batch)):
+            t = np.tril(x) if lower else np.triu(x).T       # the lower triangle read
+            try:
+                low = np.linalg.cholesky(t + np.tril(t, -1).T)
+            except np.linalg.LinAlgError:
+                inf[i] = 1
+                o[:] = np.nan if nan_fill else 0
+                continue
+            inf[i] = 0
+            o[:] = low if lower else low.T
 
     def tri(self, dtype, a, n, batch, keep_lower, info, nan_fill):
         ms, inf = self._mats(a, n, batch, dtype), self.mem.view(info, batch, np.int32)
@@ -373,19 +516,56 @@ def near(got, want, tol=1e-9):
 
 # ============================================================================ CPU: device work
 
+def _garbage_in_the_ignored_triangle(a, lower):
+    """a with noise in the triangle a factor of its `lower` (or upper) one never reads."""
+    noise = RNG.normal(size=a.shape)
+    return a + (np.triu(noise, 1) if lower else np.tril(noise, -1))
+
+
+@pytest.mark.parametrize("fill_lower", [True, False])
 @pytest.mark.parametrize("lower", [True, False])
 @pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
-def test_cholesky_maps_triangles_and_zeroes_the_other(lower, batch):
-    a = spd(*batch)
-    a = a + np.triu(RNG.normal(size=a.shape), 1) * (1 if lower else 0)   # ignored triangle
+def test_cholesky_through_cusolver_maps_triangles_and_zeroes_the_other(lower, batch,
+                                                                       fill_lower,
+                                                                       monkeypatch):
+    monkeypatch.setattr(calls, "SMALL_POTRF_MAX_N", 0)     # 4 x 4 through cuSOLVER
+    monkeypatch.setattr(calls, "POTRF_FILL_LOWER", fill_lower)
+    a = _garbage_in_the_ignored_triangle(spd(*batch), lower)
     (got,), sol, _, k = run_fake(gl.GpuCholesky(lower), [a])
     near(got, host(SL.Cholesky(lower), [a]))
-    names = [c[0] for c in sol.calls]
-    uplo = sol.calls[-1][1][1]
-    assert uplo == (FILL_UPPER if lower else FILL_LOWER)
-    assert names[-1] == ("potrf" if not batch else "potrfBatched") and not k.errors
+    name, args = sol.calls[-1]
+    assert name == ("potrfBatched" if batch else "Xpotrf") and not k.errors
+    uplo = args[1] if batch else args[2]
+    # the column-major LOWER fill always with fill_lower (a transposed copy for a row-major
+    # lower factor); otherwise the row-major triangle's own fill
+    assert uplo == (FILL_LOWER if fill_lower or not lower else FILL_UPPER)
+    assert k.launches.count("transpose") == (2 if fill_lower and lower else 0)
     if batch:
-        assert sol.calls[-1][1][-1] == int(np.prod(batch))
+        assert args[-1] == int(np.prod(batch))
+    else:
+        assert [c[0] for c in sol.calls] == ["Xpotrf_bufferSize", "Xpotrf"]
+
+
+def test_cholesky_falls_back_to_the_legacy_potrf_without_the_64_bit_api(monkeypatch):
+    monkeypatch.setattr(calls, "SMALL_POTRF_MAX_N", 0)
+    a = spd(n=5)
+    mem = Mem()
+    sol = FakeSolver(mem, "float64")
+    sol.Xpotrf = None
+    out = mem.allocate(a.nbytes).ptr
+    env = calls.Env("ctx", sol, FakeBlas(mem, "float64"), FakeKernels(mem), mem.allocate, {})
+    gl.GpuCholesky(True).compute(env, "float64", [(mem.put(a), a.shape)], [out])
+    near(mem.view(out, 25, np.float64).reshape(5, 5), np.linalg.cholesky(a))
+    assert [c[0] for c in sol.calls] == ["potrf_bufferSize", "potrf"]
+
+
+@pytest.mark.parametrize("lower", [True, False])
+@pytest.mark.parametrize("batch,n", [((), 4), ((5,), 32), ((2, 3), 33), ((2,), 64)])
+def test_small_cholesky_is_one_kernel_launch(lower, batch, n):
+    a = _garbage_in_the_ignored_triangle(spd(*batch, n=n), lower)
+    (got,), sol, _, k = run_fake(gl.GpuCholesky(lower), [a])
+    near(got, host(SL.Cholesky(lower), [a]))
+    assert not sol.calls and k.launches == ["potrf_small"] and not k.errors
 
 
 def test_cholesky_not_positive_definite_raises_or_gives_nan():
@@ -465,8 +645,11 @@ def test_cho_solve(lower):
 
 
 @pytest.mark.parametrize("uplo", ["L", "U"])
-@pytest.mark.parametrize("batch,n", [((), 5), ((4,), 5), ((2, 3), 3), ((3,), 40)])
-def test_eigh_syevj_batched_for_small_syevd_otherwise(uplo, batch, n):
+@pytest.mark.parametrize("batch,n", [((), 5), ((4,), 5), ((2, 3), 3), ((3,), 40), ((1,), 40),
+                                     ((2, 2), 33)])
+def test_eigh_paths_follow_the_input_type(uplo, batch, n):
+    """A stack (batch dimensions, even of size 1): syevjBatched up to 32 x 32, XsyevBatched
+    above; one matrix: syevd. The op is captured exactly when it takes a batched path."""
     a = spd(*batch, n=n)
     a = a + (np.triu if uplo == "L" else np.tril)(RNG.normal(size=a.shape), 1)
     (w, v), sol, _, _ = run_fake(gl.GpuEigh(uplo), [a])
@@ -476,9 +659,36 @@ def test_eigh_syevj_batched_for_small_syevd_otherwise(uplo, batch, n):
     s = s + np.swapaxes(s, -1, -2) - np.eye(n) * a   # the symmetric matrix eigh reads
     near(v @ (w[..., None] * np.swapaxes(v, -1, -2)), s, 1e-8)
     kinds = {c[0] for c in sol.calls}
-    small = bool(batch) and n <= 32
-    assert ("syevjBatched" in kinds) == small and ("syevd" in kinds) == (not small)
-    assert all(c[1][2] == (FILL_UPPER if uplo == "L" else FILL_LOWER) for c in sol.calls)
+    want = ("syevd" if not batch else "syevjBatched" if n <= 32 else "XsyevBatched")
+    assert want in kinds and not ({"syevd", "syevjBatched", "XsyevBatched"} - {want}) & kinds
+    fill = FILL_UPPER if uplo == "L" else FILL_LOWER
+    assert all(c[1][3 if c[0].startswith("X") else 2] == fill for c in sol.calls)
+    if want == "XsyevBatched":
+        assert sol.calls[-1][1][-1] == int(np.prod(batch))   # one call for the stack
+
+
+def test_eigh_xsyev_batched_is_cut_into_chunks_under_2_to_the_31_elements(monkeypatch):
+    monkeypatch.setattr(calls, "_SYEV_BATCHED_ELEMENTS", 40 * 40 * 2)
+    a = spd(5, n=40)
+    (w, _), sol, _, _ = run_fake(gl.GpuEigh("L"), [a])
+    near(w, np.linalg.eigvalsh(a), 1e-8)
+    assert [c[1][-1] for c in sol.calls if c[0] == "XsyevBatched"] == [2, 2, 1]
+
+
+def test_eigh_is_captured_only_for_stacks_with_a_batched_library():
+    from symgpu.gpu.placement.type import GpuArrayType
+    m, t = GpuArrayType("float32", (False,) * 2)(), GpuArrayType("float32", (False,) * 3)()
+    sol = FakeSolver(Mem(), "float32")
+    import symgpu.gpu.ops.cusolver_lib as cl
+    old = cl._cusolver
+    try:
+        cl._cusolver = sol
+        assert gl.GpuEigh().calls_capturable(gl.GpuEigh()(t)[0].owner)
+        assert not gl.GpuEigh().calls_capturable(gl.GpuEigh()(m)[0].owner)
+        sol.XsyevBatched = None           # an older cuSOLVER: syevd, never captured
+        assert not gl.GpuEigh().calls_capturable(gl.GpuEigh()(t)[0].owner)
+    finally:
+        cl._cusolver = old
 
 
 def test_eigvalsh():
@@ -534,6 +744,78 @@ def test_float32_entry_points_are_used_for_float32():
     assert "float32" in sol.potrfBatched
 
 
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r", "raw"])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (2, 6, 4), (2, 2, 3, 5), (0, 3),
+                                   (3, 0)])
+def test_qr_every_mode_matches_numpy(mode, shape):
+    x = RNG.normal(size=shape)
+    gop = gl.GpuQR(mode)
+    got, sol, _, _ = run_fake(gop, [x])
+    want = np.linalg.qr(x, mode)
+    want = [want] if mode == "r" else list(want)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want):
+        near(g, w, 1e-9)
+    batch = int(np.prod(shape[:-2]))
+    names = [c[0] for c in sol.calls]
+    if min(shape[-2:]):
+        assert names.count("geqrf") == batch
+        assert names.count("orgqr") == (batch if mode in ("reduced", "complete") else 0)
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("compute_uv", [True, False])
+@pytest.mark.parametrize("shape", [(5, 3), (3, 5), (4, 4), (3, 6, 4), (2, 2, 3, 5), (2, 40, 7),
+                                   (1, 33, 33), (0, 3), (2, 3, 0)])
+def test_svd_matches_numpy_on_the_batched_and_looped_paths(full, compute_uv, shape):
+    x = RNG.normal(size=shape)
+    got, sol, _, k = run_fake(gl.GpuSVD(full, compute_uv), [x])
+    want = np.linalg.svd(x, full, compute_uv)
+    want = list(want) if compute_uv else [want]
+    assert [g.shape for g in got] == [w.shape for w in want] and not k.errors
+    if not compute_uv:
+        near(got[0], want[0])
+    else:
+        u, s_, vt = got
+        near(s_, want[1])
+        kk = min(shape[-2:])
+        near((u[..., :, :kk] * s_[..., None, :]) @ vt[..., :kk, :], x)   # x = u s vt
+        eye = np.eye(u.shape[-1])
+        near(np.swapaxes(u, -1, -2) @ u, np.broadcast_to(eye, u.shape[:-2] + eye.shape))
+        eye = np.eye(vt.shape[-2])
+        near(vt @ np.swapaxes(vt, -1, -2), np.broadcast_to(eye, vt.shape[:-2] + eye.shape))
+        if full:   # NumPy's complete bases span the same spaces: compare the projections
+            near(u @ np.swapaxes(u, -1, -2), np.broadcast_to(np.eye(shape[-2]), u.shape))
+    names = {c[0] for c in sol.calls}
+    if min(shape[-2:]):
+        batched = len(shape) > 2 and max(shape[-2:]) <= 32
+        assert ("gesvdjBatched" in names) == batched and ("gesvdj" in names) == (not batched)
+        jobz = [c[1][1] for c in sol.calls if c[0] in ("gesvdj", "gesvdjBatched")]
+        assert set(jobz) == {int(compute_uv)}
+    else:
+        assert not names
+
+
+def test_svd_no_convergence_is_reported():
+    mem = Mem()
+    x = RNG.normal(size=(2, 4, 3))
+    sol = FakeSolver(mem, "float64")
+    real = sol.gesvdjBatched["float64"]
+
+    def failing(*args):
+        real(*args)
+        mem.view(args[13] + 4, 1, np.int32)[0] = 4    # matrix 1: info = min(m, n) + 1
+        return 0
+    sol.gesvdjBatched["float64"] = failing
+    k = FakeKernels(mem)
+    env = calls.Env("ctx", sol, FakeBlas(mem, "float64"), k, mem.allocate, {})
+    gop = gl.GpuSVD()
+    outs = [mem.allocate(int(np.prod(s)) * 8).ptr for s in gop.out_shapes([x.shape], "float64")]
+    gop.compute(env, "float64", [(mem.put(x), x.shape)], outs)
+    assert len(k.errors) == 1 and "matrix 1" in str(k.errors[0]) and \
+        "did not converge" in str(k.errors[0])
+
+
 # ============================================================================ placement
 
 def _gpu_names(f):
@@ -556,6 +838,25 @@ def test_linalg_training_graph_is_placed_on_the_gpu():
         assert {"GpuCholesky", "GpuSolve", "GpuEigh", "GpuEighGrad", "GpuSolveTriangular",
                 "GpuDet", "GpuMatrixInverse", "GpuCholeskySolve"} <= names, names
         assert not cpu_nodes(f.maker.fgraph), cpu_nodes(f.maker.fgraph)
+
+
+def test_qr_and_svd_are_placed_on_the_gpu_and_eig_stays_on_the_host():
+    """Eig's results are complex and GPU arrays have no complex dtype: it runs on the host,
+    with the transfers placed around it."""
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.tensor3("x")
+        q, r = NL.qr(x)
+        h, tau = NL.qr(x, "raw")
+        u, s, vt = NL.svd(x, full_matrices=False)
+        outs = [q, r, NL.qr(x, "r"), NL.qr(x, "complete")[0], h, tau, u, s, vt,
+                NL.svd(x, compute_uv=False), NL.eig(x[:, :2, :2])[0]]
+        f = function([x], outs)
+        names = _gpu_names(f)
+        assert {"GpuQR", "GpuSVD", "Eig"} <= names and not {"QRFull", "QRIncomplete",
+                                                             "SVD"} & names, names
+        modes = {n.op.mode for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "GpuQR"}
+        assert modes == {"reduced", "raw", "r", "complete"}
+        assert [type(n.op).__name__ for n in cpu_nodes(f.maker.fgraph)] == ["Eig"]
 
 
 def test_mixed_dtypes_and_generalized_eigvalsh_stay_on_the_host():
@@ -673,6 +974,118 @@ def test_gpu_linalg_graph_replays(cuda):
     first = [np.asarray(r).copy() for r in f(a, bv)]
     for r, s in zip(f(a, bv), first):
         np.testing.assert_array_equal(r, s)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch,n", [((), 1), ((), 17), ((9,), 32), ((5,), 33), ((2, 3), 64),
+                                     ((3,), 65), ((), 300)])
+def test_gpu_cholesky_small_kernel_and_cusolver_sizes(cuda, dtype, batch, n):
+    """The small-matrix kernel (n <= 64) and cuSOLVER's paths (Xpotrf, potrfBatched) against
+    the host, both triangles (garbage in the one not read), and a failing matrix."""
+    tol = TOL[dtype] * max(n, 10)
+    for lower in (True, False):
+        a = _garbage_in_the_ignored_triangle(spd(*batch, n=n), lower).astype(dtype)
+        _compare(lambda x: SL.Cholesky(lower)(x), [a], "GpuCholesky", tol)
+        if batch:
+            bad = a.copy()
+            bad[(0,) * len(batch)] = -np.eye(n, dtype=dtype)
+            x = T.TensorType(dtype, (False,) * bad.ndim)()
+            got = function([x], SL.Cholesky(lower, "nan")(x))(bad)
+            assert np.isnan(got[(0,) * len(batch)]).all()
+            assert np.isfinite(got.reshape(-1, n, n)[1:]).all()
+            with pytest.raises(np.linalg.LinAlgError, match="matrix 0.*not positive definite"):
+                function([x], SL.Cholesky(lower)(x))(bad)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch,n", [((1,), 40), ((6,), 64), ((2, 2), 129)])
+def test_gpu_eigh_of_stacks_above_32_is_batched_and_captured(cuda, dtype, batch, n):
+    a = spd(*batch, n=n).astype(dtype)
+    tol = TOL[dtype] * n
+    _compare(lambda x: [NL.eigh(x)[0], abs(NL.eigh(x, "U")[1])], [a], "GpuEigh", tol)
+    x = T.TensorType(dtype, (False,) * a.ndim)()
+    f = function([x], NL.eigh(x)[0] * 2)
+    first = np.asarray(f(a)).copy()
+    for _ in range(5):
+        np.testing.assert_array_equal(np.asarray(f(a)), first)
+    st = f.vm.runner.stats()
+    assert st["captures"] >= 1 and st["replays"] >= 1, st
+    np.testing.assert_allclose(first, 2 * np.linalg.eigvalsh(a.astype(np.float64)), rtol=tol,
+                               atol=tol)
+
+
+def _qr_canonical(q, r):
+    """q, r with R's diagonal made non-negative (QR is unique up to those signs)."""
+    k = min(q.shape[-1], r.shape[-2])
+    d = np.sign(np.diagonal(r[..., :k, :k], axis1=-2, axis2=-1))
+    d = np.where(d == 0, 1, d)
+    q = q.copy()
+    q[..., :k] *= d[..., None, :]
+    r = r.copy()
+    r[..., :k, :] *= d[..., :, None]
+    return q, r
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (33, 33), (3, 5, 2), (2, 2, 40, 9)])
+def test_gpu_qr_every_mode(cuda, dtype, shape):
+    xv = RNG.normal(size=shape).astype(dtype)
+    tol = TOL[dtype] * 10
+    x = T.TensorType(dtype, (False,) * len(shape))()
+    for mode in ("reduced", "complete"):
+        f = function([x], NL.qr(x, mode))
+        assert "GpuQR" in _gpu_names(f)
+        q, r = (np.asarray(v) for v in f(xv))
+        wq, wr = np.linalg.qr(xv.astype(np.float64), mode)
+        assert q.shape == wq.shape and r.shape == wr.shape
+        k = min(shape[-2:])
+        near_ = lambda g, w: np.testing.assert_allclose(g, w, rtol=tol, atol=tol)  # noqa: E731
+        near_(q[..., :k] @ r[..., :k, :], xv)
+        gq, gr = _qr_canonical(q, r)
+        cq, cr = _qr_canonical(wq, wr)
+        near_(gr, cr)
+        near_(gq[..., :k], cq[..., :k])
+    f = function([x], NL.qr(x, "r"))
+    r = np.asarray(f(xv))
+    np.testing.assert_allclose(abs(r), abs(np.linalg.qr(xv.astype(np.float64), "r")),
+                               rtol=tol, atol=tol)
+    h, tau = (np.asarray(v) for v in function([x], NL.qr(x, "raw"))(xv))
+    wh, wt = np.linalg.qr(xv.astype(np.float64), "raw")
+    assert h.shape == wh.shape and tau.shape == wt.shape
+    np.testing.assert_allclose(abs(np.triu(np.swapaxes(h, -1, -2))),
+                               abs(np.triu(np.swapaxes(wh, -1, -2))), rtol=tol, atol=tol)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(7, 4), (4, 7), (50, 50), (6, 5, 3), (2, 3, 32, 17),
+                                   (3, 40, 33)])
+def test_gpu_svd(cuda, dtype, shape):
+    xv = RNG.normal(size=shape).astype(dtype)
+    tol = TOL[dtype] * 20
+    x = T.TensorType(dtype, (False,) * len(shape))()
+    k = min(shape[-2:])
+    want_s = np.linalg.svd(xv.astype(np.float64), compute_uv=False)
+    for full in (True, False):
+        f = function([x], NL.svd(x, full))
+        assert "GpuSVD" in _gpu_names(f)
+        u, s_, vt = (np.asarray(v) for v in f(xv))
+        wu, _, wvt = np.linalg.svd(xv, full)
+        assert u.shape == wu.shape and vt.shape == wvt.shape
+        np.testing.assert_allclose(s_, want_s, rtol=tol, atol=tol)
+        np.testing.assert_allclose((u[..., :k] * s_[..., None, :]) @ vt[..., :k, :], xv,
+                                   rtol=tol, atol=tol)
+        for m_ in (u, np.swapaxes(vt, -1, -2)):
+            eye = np.eye(m_.shape[-1])
+            np.testing.assert_allclose(np.swapaxes(m_, -1, -2) @ m_,
+                                       np.broadcast_to(eye, m_.shape[:-2] + eye.shape),
+                                       rtol=tol, atol=tol)
+    f = function([x], NL.svd(x, compute_uv=False))
+    assert "GpuSVD" in _gpu_names(f)
+    np.testing.assert_allclose(np.asarray(f(xv)), want_s, rtol=tol, atol=tol)
 
 
 def test_one_library_handle_per_context_bound_to_its_stream():

@@ -72,6 +72,21 @@ class FakeCusparse:
         return self._new({"kind": "dense", "rows": rows, "cols": cols, "ld": ld, "ptr": ptr,
                           "dtype": dtype, "order": order})
 
+    def vector(self, size, ptr, dtype):
+        self.calls.append(("vector", size, dtype))
+        return self._new({"kind": "vector", "size": size, "ptr": ptr, "dtype": dtype})
+
+    def set_vector_values(self, d, ptr):
+        self.calls.append(("set_vector", d))
+        self.descr[d]["ptr"] = ptr
+
+    def destroy_vector(self, d):
+        self.calls.append(("destroy_vector", d))
+
+    def _vector(self, d):
+        x = self.descr[d]
+        return _host_array(x["ptr"], x["size"], x["dtype"])
+
     def set_dense_values(self, d, ptr):
         self.calls.append(("set_dense", d))
         self.descr[d]["ptr"] = ptr
@@ -113,6 +128,12 @@ class FakeCusparse:
     def run(self, what, h, op_a, op_b, a, b, c, dtype, alg, buf):
         self.calls.append(("run", what, op_a, op_b, alg, buf))
         assert buf, "the workspace is passed"
+        if what == "SpMV":
+            A = self._csr(a)
+            A = A.T if op_a == OP_T else A
+            assert self.descr[b]["kind"] == self.descr[c]["kind"] == "vector"
+            self._vector(c)[...] = A @ self._vector(b)
+            return
         if what == "SpMM":
             A = self._csr(a)
             A = A.T if op_a == OP_T else A
@@ -209,6 +230,49 @@ def test_a_new_matrix_at_the_same_addresses_gets_a_new_plan(fake):
     assert sum(c[0] == "csr" for c in f.calls) == n_csr + 1
     assert any(c[0] == "destroy_sparse" for c in f.calls)
     np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]), S @ D, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fmt,sparse_left,dtype",
+                         list(itertools.product(["csr", "csc"], [True, False],
+                                                ["float32", "float64"])))
+def test_spmv_thunk_against_scipy(fake, fmt, sparse_left, dtype):
+    ctx, f = fake
+    S = _rand_sparse(5, 4, fmt, dtype)
+    v = RNG.standard_normal(4 if sparse_left else 5).astype(dtype)
+    node = gsparse.GpuSpMV(sparse_left)(GpuSparseType(fmt, dtype)(),
+                                        GpuArrayType(dtype, (False,))()).owner
+    th, out = _thunk(node, [_gpu_sparse(ctx, S), device_array(ctx, v)])
+    th()
+    want = S @ v if sparse_left else v @ S
+    np.testing.assert_allclose(host_view(out[0]), want, rtol=1e-5)
+    stored = S.shape if fmt == "csr" else S.shape[::-1]
+    assert ("csr", stored[0], stored[1], S.nnz, dtype) in f.calls
+    assert [c[1] for c in f.calls if c[0] == "vector"] == [len(v), len(want)]
+    run = [c for c in f.calls if c[0] == "run"][0]
+    # opA: the stored CSR matrix itself where op(S) is it (csr S . v, csc v . S)
+    assert run[1] == "SpMV" and run[2] == (OP_N if (fmt == "csr") == sparse_left else OP_T)
+    assert run[4] == lib_mod.SPMV_ALG_DEFAULT
+    n_descr = sum(c[0] in ("csr", "vector") for c in f.calls)
+    th()      # the plan is reused: only the vectors' pointers move
+    assert sum(c[0] in ("csr", "vector") for c in f.calls) == n_descr
+    assert [c[0] for c in f.calls[-3:]] == ["set_vector", "set_vector", "run"]
+    np.testing.assert_allclose(host_view(out[0]), want, rtol=1e-5)
+
+
+def test_spmv_refused_algorithm_falls_back_and_misfit_names_the_node(fake):
+    ctx, f = fake
+    f.refuse = {("SpMV", lib_mod.SPMV_ALG_DEFAULT)}
+    S = _rand_sparse(6, 5, "csr", "float64")
+    v = RNG.standard_normal(5)
+    node = gsparse.GpuSpMV()(GpuSparseType("csr", "float64")(),
+                             GpuArrayType("float64", (False,))()).owner
+    th, out = _thunk(node, [_gpu_sparse(ctx, S), device_array(ctx, v)])
+    th()
+    assert [c[4] for c in f.calls if c[0] == "buffer_size"] == list(gsparse.SPMV_ALGS)
+    np.testing.assert_allclose(host_view(out[0]), S @ v)
+    th, _ = _thunk(node, [_gpu_sparse(ctx, S), device_array(ctx, np.ones(4))])
+    with pytest.raises(ValueError, match=r"GpuSpMV.*\(6, 5\).*\(4,\)"):
+        th()
 
 
 def test_spmm_geometry_by_hand():
@@ -309,6 +373,24 @@ def test_products_are_lifted_on_a_virtual_context():
                                          sp.structured_dot(d.T, s)], S, D)
         assert "GpuSpMM" in names and "GpuSparseTranspose" in names
         assert not {"StructuredDot", "Dot", "TrueDot", "HostFromGpuSparse"} & names
+        assert not cpu_nodes(f.maker.fgraph)
+
+
+def test_sparse_dense_vector_products_and_their_gradient_are_lifted_to_spmv():
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        S = GpuSparseType("csc", "float32")("S")
+        v, w = T.vector("v"), T.vector("w")
+        y = sp.dot(S, v)
+        z = sp.dot(w, S)
+        cost = (y ** 2).sum() + (z ** 2).sum()
+        gv, gw = symgpu.grad(cost, [v, w])
+        f = function([S, v, w], [y, z, gv, gw])
+        nodes = f.maker.fgraph.toposort()
+        spmv = [n for n in nodes if isinstance(n.op, gsparse.GpuSpMV)]
+        # y, z and the two gradients (S^T (2 y) and S (2 z)) each one SpMV
+        assert len(spmv) == 4, [type(n.op).__name__ for n in nodes]
+        assert {n.op.sparse_left for n in spmv} == {True, False}
+        assert not {"Dot", "HostFromGpuSparse"} & _names(f)
         assert not cpu_nodes(f.maker.fgraph)
 
 
@@ -413,6 +495,28 @@ def test_every_lifted_product_on_the_gpu(cuda, fmt, dtype):
     for got, want in zip(outs, [Sv @ Dv, Sv @ Dv, Sv @ Dv, Lv @ Sv, Lv @ Sv, Sv.T @ Lv.T]):
         np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
     f()  # a second call reuses the plans
+
+
+@requires_gpu
+@pytest.mark.parametrize("fmt,dtype", list(itertools.product(["csr", "csc"],
+                                                              ["float32", "float64"])))
+def test_sparse_times_vector_on_the_gpu(cuda, fmt, dtype):
+    Sv = _rand_sparse(41, 29, fmt, dtype, density=0.1)
+    vv = RNG.standard_normal(29).astype(dtype)
+    wv = RNG.standard_normal(41).astype(dtype)
+    S = symgpu.shared(Sv, name="S")
+    uv = RNG.standard_normal(58).astype(dtype)
+    v, w, u = (T.TensorType(dtype, (False,))() for _ in range(3))
+    y, z = sp.dot(S, v), sp.dot(w, S)
+    gv = symgpu.grad((y ** 2).sum() + (z ** 2).sum(), v)
+    f = function([v, w, u], [y, z, gv, sp.dot(S, u[::2])])     # a strided vector too
+    assert "GpuSpMV" in _gpu_names(f)
+    tol = 1e-4 if dtype == "float32" else 1e-10
+    want_y, want_z = Sv @ vv, wv @ Sv
+    wants = [want_y, want_z, 2 * (Sv.T @ want_y), Sv @ uv[::2]]
+    for _ in range(2):      # the second call reuses the plans (or replays the graph)
+        for got, want in zip(f(vv, wv, uv), wants):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=tol, atol=tol)
 
 
 @requires_gpu

@@ -1320,3 +1320,49 @@ CASES.update(_ATTENTION_CASES)
 @pytest.mark.parametrize("op_cls", list(_ATTENTION_CASES), ids=lambda c: c.__name__)
 def test_attention_inferred_shapes(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- GPU QR, SVD and SpMV
+# (symgpu/gpu/ops/linalg.py, sparse.py: QR and SVD follow their host twins, the first
+# output checked as _gpu_check does; SpMV is checked on given shapes, as the other GPU
+# sparse ops)
+def _qr_case(mode, v):
+    return gcase(lambda x: _GL.GpuQR(mode)(x)[0], lambda x: _NL.qr(x, mode)[0], "g", v)
+
+
+def _svd_case(full, v):
+    return gcase(lambda x: _GL.GpuSVD(full)(x)[0], lambda x: _NL.svd(x, full)[0], "g", v)
+
+
+_GPU_QR_SVD_CASES = {
+    _GL.GpuQR: [_qr_case(mode, v) for mode in ("reduced", "complete", "raw")
+                for v in (r(5, 3), r(2, 3, 5))]
+    + [gcase(lambda x: _GL.GpuQR("r")(x), lambda x: _NL.qr(x, "r"), "g", r(2, 4, 6))],
+    _GL.GpuSVD: [_svd_case(full, v) for full in (True, False)
+                 for v in (r(5, 3), r(2, 3, 5))]
+    + [gcase(lambda x: _GL.GpuSVD(True, False)(x), lambda x: _NL.svd(x, compute_uv=False),
+             "g", r(2, 4, 6))],
+}
+CASES.update(_GPU_QR_SVD_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_GPU_QR_SVD_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_gpu_qr_svd_inferred_shapes(op_cls):
+    for c in _GPU_QR_SVD_CASES[op_cls]:
+        _gpu_check(op_cls, c)
+
+
+_GV = lambda: symgpu.gpu.GpuArrayType("float32", (False,))()  # noqa: E731
+_GPU_SPMV_CASES = [(lambda: _gsp.GpuSpMV(True)(_GSP(), _GV()), [(5, 4), (4,)], (5,)),
+                   (lambda: _gsp.GpuSpMV(False)(_GSP(), _GV()), [(5, 4), (5,)], (4,))]
+CASES.update({_gsp.GpuSpMV: []})
+
+
+def test_gpu_spmv_inferred_shapes():
+    for build, in_shapes, want in _GPU_SPMV_CASES:
+        node = build().owner
+        assert type(node.op) is _gsp.GpuSpMV
+        got = node.op.infer_shape(None, node, [tuple(T.constant(np.int64(n)) for n in s)
+                                               for s in in_shapes])
+        assert [tuple(int(v.data) for v in got[0])] == [want], str(node.op)

@@ -1,7 +1,9 @@
 """GPU linear algebra through cuSOLVER and cuBLAS: GpuCholesky, GpuSolve (every structure of
 slinalg.Solve), GpuSolveTriangular, GpuCholeskySolve, GpuEigh, GpuEigvalsh, GpuEighGrad,
-GpuMatrixInverse and GpuDet, with their lifters from the host ops of symgpu/tensor/slinalg.py
-and nlinalg.py (float32/float64, stacks of matrices batched over the leading dimensions).
+GpuMatrixInverse, GpuDet, GpuQR and GpuSVD, with their lifters from the host ops of
+symgpu/tensor/slinalg.py and nlinalg.py (float32/float64, stacks of matrices batched over
+the leading dimensions). nlinalg.Eig stays on the host: its results are complex (NumPy's
+eig of a real matrix), and GPU arrays have no complex dtype.
 
 Each thunk packs its inputs (non-contiguous views are copied), takes its outputs from the
 context's pool and hands addresses to linalg_calls.py, which says which library calls run
@@ -34,11 +36,12 @@ from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, chec
                                               launch_checked)
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.nlinalg import Det, Eigh, EighGrad, MatrixInverse
+from symgpu.tensor.nlinalg import SVD, Det, Eigh, EighGrad, MatrixInverse, QRFull, QRIncomplete
 from symgpu.tensor.slinalg import Cholesky, CholeskySolve, Eigvalsh, Solve, SolveTriangular
 
 __all__ = ["GpuCholesky", "GpuSolve", "GpuSolveTriangular", "GpuCholeskySolve", "GpuEigh",
-           "GpuEigvalsh", "GpuEighGrad", "GpuMatrixInverse", "GpuDet", "LinalgKernels",
+           "GpuEigvalsh", "GpuEighGrad", "GpuMatrixInverse", "GpuDet", "GpuQR", "GpuSVD",
+           "LinalgKernels",
            "LINALG_DTYPES", "linalg_source"]
 
 #: dtype -> CUDA type
@@ -94,12 +97,35 @@ class LinalgKernels:
             launch_checked(self.node, self.ctx, self._fn(f"linalg_check_diag_{dtype}", "PqqP"),
                            _grid(n * batch), (_BLOCK, 1, 1), (a, n, batch), describe)
 
-    def transpose(self, dtype: str, dst: int, src: int, rows: int, cols: int,
-                  batch: int) -> None:
+    def transpose(self, dtype: str, dst: int, src: int, rows: int, cols: int, batch: int,
+                  dst_stride: int | None = None, src_stride: int | None = None) -> None:
+        """dst (cols x rows) = src (rows x cols)^T per matrix, matrices every rows * cols
+        elements unless strides say otherwise."""
         if rows * cols * batch > 0:
             grid = (-(-cols // 32), -(-rows // 32), min(batch, 65535))
-            self._fn(f"linalg_transpose_{dtype}", "PPqqq").prepared_async_call(
-                grid, (32, 8, 1), self.ctx.stream, dst, src, rows, cols, batch)
+            self._fn(f"linalg_transpose_{dtype}", "PPqqqqq").prepared_async_call(
+                grid, (32, 8, 1), self.ctx.stream, dst, src, rows, cols, batch,
+                rows * cols if dst_stride is None else dst_stride,
+                rows * cols if src_stride is None else src_stride)
+
+    def take(self, dtype: str, dst: int, src: int, per: int, src_stride: int,
+             batch: int) -> None:
+        self._go(f"linalg_take_{dtype}", "PPqqq", per * batch, dst, src, per, src_stride, batch)
+
+    def qr_r(self, dtype: str, r: int, a: int, m: int, n: int, rows_out: int, stride: int,
+             batch: int) -> None:
+        self._go(f"linalg_qr_r_{dtype}", "PPqqqqq", rows_out * n * batch, r, a, m, n,
+                 rows_out, stride, batch)
+
+    def potrf_small(self, dtype: str, dst: int, src: int, n: int, batch: int, lower: bool,
+                    info: int, nan_fill: bool) -> None:
+        """Cholesky of matrices up to 64 x 64 (linalg.cu's potrf_small_body), one block of
+        32 or 64 threads per matrix."""
+        if n * batch > 0:
+            width = 32 if n <= 32 else 64
+            self._fn(f"linalg_potrf{width}_{dtype}", "PPqqiPi").prepared_async_call(
+                (min(batch, 1 << 20), 1), (width, 1, 1), self.ctx.stream, dst, src, n, batch,
+                int(lower), info, int(nan_fill))
 
     def tri(self, dtype: str, a: int, n: int, batch: int, keep_lower: bool, info: int,
             nan_fill: bool) -> None:
@@ -195,9 +221,15 @@ class _GpuLinalg(DeviceChecked, Op):
             for cell, o in zip(out_cells, outs):
                 cell[0] = o
 
-        thunk.capturable = self.capturable_calls and checks_are_deferred()  # type: ignore[attr-defined]
+        capturable = self.calls_capturable(node) and checks_are_deferred()
+        thunk.capturable = capturable              # type: ignore[attr-defined]
         thunk.launches = True                      # type: ignore[attr-defined]
         return thunk
+
+    def calls_capturable(self, node: Apply) -> bool:
+        """Whether `node`'s library calls may be captured (decided from its types, so that
+        one compiled function keeps one answer whatever the shapes)."""
+        return self.capturable_calls
 
     def out_shapes(self, shapes: list[tuple], dtype: str) -> list[tuple]:
         _square(self, shapes[0], dtype)
@@ -213,8 +245,9 @@ def _describer(op: Any, what: str, shape: tuple, dtype: str) -> Callable[[int], 
 
 
 class GpuCholesky(_GpuLinalg):
-    """slinalg.Cholesky on the GPU: potrf (one matrix) or potrfBatched, then a kernel
-    zeroing the other triangle (and filling failed matrices with NaN for on_error='nan')."""
+    """slinalg.Cholesky on the GPU: our kernel for matrices up to 64 x 64, cuSOLVER's
+    Xpotrf (one matrix) or potrfBatched otherwise, then a kernel zeroing the other triangle
+    (and filling failed matrices with NaN for on_error='nan')."""
 
     __props__ = ("lower", "on_error")
     infer_shape = Cholesky.infer_shape
@@ -232,10 +265,8 @@ class GpuCholesky(_GpuLinalg):
         batch, n = _bn(shape)
         if n * batch == 0:
             return
-        env.k.copy(o, x, n * n * batch * np.dtype(dtype).itemsize)
         info = env.alloc(4 * batch)
-        calls.potrf(env, dtype, o, n, batch, self.lower, info)
-        env.k.tri(dtype, o, n, batch, self.lower, info, self.on_error == "nan")
+        calls.potrf(env, dtype, x, o, n, batch, self.lower, info, self.on_error == "nan")
         if self.on_error == "raise":
             env.k.check_info(info, batch, _describer(self, "is not positive definite", shape,
                                                      dtype))
@@ -312,8 +343,7 @@ class GpuSolve(_GpuSolveBase):
         w = env.alloc(n * n * batch * isz)
         info = env.alloc(4 * batch)
         if s == "positive_definite":
-            env.k.copy(w, a, n * n * batch * isz)
-            calls.potrf(env, dtype, w, n, batch, self.lower, info)
+            calls.potrf(env, dtype, a, w, n, batch, self.lower, info)
             env.k.check_info(info, batch, _describer(self, "is not positive definite", ashape,
                                                      dtype))
             env.k.copy(o, b, n * k * batch * isz)
@@ -368,10 +398,10 @@ class GpuCholeskySolve(_GpuSolveBase):
 
 
 class GpuEigh(_GpuLinalg):
-    """nlinalg.Eigh on the GPU: syevjBatched for stacks of matrices up to 32 x 32, syevd per
-    matrix otherwise; the eigenvectors (columns of cuSOLVER's column-major result) are
-    transposed into row-major columns. No convergence raises LinAlgError."""
-    capturable_calls = False   # syevd (n > 32 or one matrix) syncs inside
+    """nlinalg.Eigh on the GPU: for a stack (batch dimensions), syevjBatched up to 32 x 32
+    and XsyevBatched above, both captured into CUDA graphs; for one matrix syevd (which
+    syncs inside: never captured). The eigenvectors (columns of cuSOLVER's column-major
+    result) are transposed into row-major columns. No convergence raises LinAlgError."""
 
     __props__ = ("UPLO",)
     infer_shape = Eigh.infer_shape
@@ -385,6 +415,9 @@ class GpuEigh(_GpuLinalg):
         bc = x.broadcastable[:-2]
         return self._node(x, outs=[bc + (False,), bc + (False, False)])
 
+    def calls_capturable(self, node: Apply) -> bool:
+        return node.inputs[0].ndim > 2 and calls.syev_batched_capturable(cusolver_lib.cusolver())
+
     def out_shapes(self, shapes, dtype):
         _square(self, shapes[0], dtype)
         return [tuple(shapes[0][:-1]), tuple(shapes[0])]
@@ -397,7 +430,8 @@ class GpuEigh(_GpuLinalg):
         a = env.alloc(n * n * batch * np.dtype(dtype).itemsize)
         env.k.copy(a, x, n * n * batch * np.dtype(dtype).itemsize)
         info = env.alloc(4 * batch)
-        calls.syev(env, dtype, a, w, n, batch, self.UPLO == "L", True, info)
+        calls.syev(env, dtype, a, w, n, batch, self.UPLO == "L", True, info,
+                   stacked=len(shape) > 2)
         env.k.check_info(info, batch, _describer(self, "did not converge", shape, dtype))
         env.k.transpose(dtype, v, a, n, n, batch)
 
@@ -512,6 +546,88 @@ class GpuDet(_GpuLinalg):
         env.k.det(dtype, o, w, ipiv, n, batch)
 
 
+class GpuQR(_GpuLinalg):
+    """nlinalg.qr on the GPU, every NumPy mode: 'reduced' / 'complete' ([q, r]), 'raw'
+    ([h, tau]) and 'r' (r alone): geqrf and orgqr per matrix (cuSOLVER has no batched QR),
+    the layout kernels once for the stack. Not captured: cuSOLVER does not say these calls
+    are capturable, and a failed capture turns graphs off for the whole function."""
+    capturable_calls = False
+
+    __props__ = ("mode",)
+
+    def __init__(self, mode: str = "reduced"):
+        if mode not in ("reduced", "complete", "raw", "r"):
+            raise ValueError(f"GpuQR: mode must be 'reduced', 'complete', 'raw' or 'r', got "
+                             f"{mode!r}")
+        self.mode = mode
+
+    def make_node(self, x: Any) -> Apply:
+        if x.ndim < 2:
+            raise TypeError(f"{self}: x must be a matrix or a stack of them, got {x.type}")
+        bc = x.broadcastable[:-2]
+        if self.mode == "r":
+            return self._node(x, outs=[bc + (False, False)])
+        return self._node(x, outs=[bc + (False, False),
+                                   bc + ((False,) if self.mode == "raw" else (False, False))])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        host = QRIncomplete("r") if self.mode == "r" else QRFull(self.mode)
+        return host.infer_shape(fgraph, node, input_shapes)
+
+    def out_shapes(self, shapes, dtype):
+        b, (m, n) = tuple(shapes[0][:-2]), shapes[0][-2:]
+        k = min(m, n)
+        return {"reduced": [b + (m, k), b + (k, n)], "complete": [b + (m, m), b + (m, n)],
+                "raw": [b + (n, m), b + (k,)], "r": [b + (k, n)]}[self.mode]
+
+    def compute(self, env: calls.Env, dtype: str, ins: list, outs: list) -> None:
+        (x, shape), = ins
+        batch, (m, n) = int(np.prod(shape[:-2], dtype=np.int64)), shape[-2:]
+        q, r = (0, outs[0]) if self.mode == "r" else outs
+        calls.qr(env, dtype, x, int(m), int(n), batch, self.mode, q, r)
+
+
+class GpuSVD(_GpuLinalg):
+    """nlinalg.svd on the GPU with NumPy's full_matrices and compute_uv: gesvdjBatched for
+    stacks of matrices up to 32 x 32, gesvdj (Jacobi) per matrix otherwise; singular values
+    descending. No convergence raises LinAlgError. Not captured (gesvdj's convergence loop
+    is not documented as capturable)."""
+    capturable_calls = False
+
+    __props__ = ("full_matrices", "compute_uv")
+    infer_shape = SVD.infer_shape
+
+    def __init__(self, full_matrices: bool = True, compute_uv: bool = True):
+        self.full_matrices, self.compute_uv = bool(full_matrices), bool(compute_uv)
+
+    def make_node(self, x: Any) -> Apply:
+        if x.ndim < 2:
+            raise TypeError(f"{self}: x must be a matrix or a stack of them, got {x.type}")
+        bc = x.broadcastable[:-2]
+        if not self.compute_uv:
+            return self._node(x, outs=[bc + (False,)])
+        return self._node(x, outs=[bc + (False, False), bc + (False,), bc + (False, False)])
+
+    def out_shapes(self, shapes, dtype):
+        b, (m, n) = tuple(shapes[0][:-2]), shapes[0][-2:]
+        k = min(m, n)
+        if not self.compute_uv:
+            return [b + (k,)]
+        if self.full_matrices:
+            return [b + (m, m), b + (k,), b + (n, n)]
+        return [b + (m, k), b + (k,), b + (k, n)]
+
+    def compute(self, env: calls.Env, dtype: str, ins: list, outs: list) -> None:
+        (x, shape), = ins
+        batch, (m, n) = int(np.prod(shape[:-2], dtype=np.int64)), shape[-2:]
+        u, s, vt = outs if self.compute_uv else (0, outs[0], 0)
+        info = env.alloc(4 * max(batch, 1))
+        calls.svd(env, dtype, x, int(m), int(n), batch, self.full_matrices, self.compute_uv,
+                  u, s, vt, info, stacked=len(shape) > 2)
+        if min(m, n) and batch:
+            env.k.check_info(info, batch, _describer(self, "did not converge", shape, dtype))
+
+
 # ----------------------------------------------------------------------------- lifters
 
 def _floats(node: Apply) -> bool:
@@ -568,3 +684,21 @@ def lift_matrix_inverse(op: Any, node: Apply, context_name: Any, inputs: Any) ->
 @register_lifter(Det)
 def lift_det(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
     return [GpuDet()(inputs[0])] if _floats(node) else None
+
+
+@register_lifter(QRFull)
+def lift_qr(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
+    return GpuQR(op.mode)(inputs[0]) if _floats(node) else None
+
+
+@register_lifter(QRIncomplete)
+def lift_qr_r(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
+    return [GpuQR("r")(inputs[0])] if _floats(node) else None
+
+
+@register_lifter(SVD)
+def lift_svd(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
+    if not _floats(node):
+        return None
+    out = GpuSVD(op.full_matrices, op.compute_uv)(inputs[0])
+    return out if op.compute_uv else [out]

@@ -1,6 +1,7 @@
 """Sparse x dense products on the GPU through cuSPARSE (symgpu/gpu/ops/cusparse_lib.py):
-GpuSpMM (SpMM), GpuSparseTranspose (a view) and GpuStructuredDotGrad (SDDMM), with lifters
-from symgpu.sparse's StructuredDot, Dot, TrueDot, Transpose and StructuredDotGrad.
+GpuSpMM (SpMM), GpuSpMV (SpMV: a sparse matrix and a dense vector, either side),
+GpuSparseTranspose (a view) and GpuStructuredDotGrad (SDDMM), with lifters from
+symgpu.sparse's StructuredDot, Dot, TrueDot, Transpose and StructuredDotGrad.
 
 Layout: whatever the format, cuSPARSE sees the stored arrays as one CSR matrix R (a csr S is
 R, a csc S is R^T: the transpose of a CSR is the CSC with the same arrays), and the wanted
@@ -37,7 +38,7 @@ from symgpu.graph.op import Op
 from symgpu.tensor.shape_rules import dot_shape
 from symgpu.tensor.type import TensorType
 
-__all__ = ["GpuSpMM", "GpuSparseTranspose", "GpuStructuredDotGrad", "SPMM_ROW_ALGS",
+__all__ = ["GpuSpMM", "GpuSpMV", "GpuSparseTranspose", "GpuStructuredDotGrad", "SPMM_ROW_ALGS",
            "SPMM_OTHER_ALGS", "SPARSE_DTYPES", "spmm_geometry", "sddmm_geometry"]
 
 SPARSE_DTYPES = ("float32", "float64")
@@ -46,6 +47,8 @@ SPARSE_DTYPES = ("float32", "float64")
 SPMM_ROW_ALGS = (_lib.SPMM_CSR_ALG2, _lib.SPMM_ALG_DEFAULT)
 #: for the other cases (R^T, or column-major operands)
 SPMM_OTHER_ALGS = (_lib.SPMM_ALG_DEFAULT, _lib.SPMM_CSR_ALG1)
+#: SpMV algorithms tried, in order (the first accepted is kept per plan)
+SPMV_ALGS = (_lib.SPMV_ALG_DEFAULT, _lib.SPMV_CSR_ALG1)
 _MAX_PLANS = 4
 
 
@@ -105,6 +108,7 @@ class _Plan:
 
     def __init__(self, lib: Any) -> None:
         self.lib, self.sparse, self.dense, self.alg, self.block = lib, None, [], 0, None
+        self.vectors: list = []
         #: the sparse pattern's indices array the plan (and its preprocessing) was made
         #: for: a new matrix whose buffers land at the same addresses gets a new plan
         self.pattern: Any = None
@@ -114,7 +118,9 @@ class _Plan:
             self.lib.destroy_sparse(self.sparse)
         for d in self.dense:
             self.lib.destroy_dense(d)
-        self.sparse, self.dense, self.block = None, [], None
+        for d in self.vectors:
+            self.lib.destroy_vector(d)
+        self.sparse, self.dense, self.vectors, self.block = None, [], [], None
 
 
 def _plan_for(plans: dict, key: tuple, pattern: Any, make: Callable[[], "_Plan"]) -> "_Plan":
@@ -134,9 +140,12 @@ def _pick(lib: Any, ctx: Any, what: str, h: int, plan: _Plan, ops: tuple, dtype:
           algs: tuple, node: Any) -> None:
     """The first algorithm cuSPARSE accepts for the plan, its workspace from the pool and
     the optional preprocessing (once per plan)."""
-    a, b, c = plan.sparse if what == "SpMM" else plan.dense[0], \
-        plan.dense[0] if what == "SpMM" else plan.dense[1], \
-        plan.dense[1] if what == "SpMM" else plan.sparse
+    if what == "SpMV":
+        a, b, c = plan.sparse, plan.vectors[0], plan.vectors[1]
+    elif what == "SpMM":
+        a, b, c = plan.sparse, plan.dense[0], plan.dense[1]
+    else:
+        a, b, c = plan.dense[0], plan.dense[1], plan.sparse
     refused = []
     for alg in algs:
         try:
@@ -232,6 +241,81 @@ class GpuSpMM(Op):
         lib.set_dense_values(plan.dense[0], d.ptr)
         lib.set_dense_values(plan.dense[1], out.ptr)
         lib.run("SpMM", h, g["op_a"], OP_N, plan.sparse, plan.dense[0], plan.dense[1], name,
+                plan.alg, plan.block.ptr if plan.block is not None else 0)
+        return out
+
+
+class GpuSpMV(Op):
+    """S . v (`sparse_left`) or v . S = S^T v for a dense GPU vector v, through
+    cusparseSpMV on the stored CSR matrix R (S = R for csr, R^T for csc): a dense vector."""
+
+    __props__ = ("sparse_left",)
+
+    def __init__(self, sparse_left: bool = True):
+        self.sparse_left = bool(sparse_left)
+
+    def make_node(self, s: Any, v: Any) -> Apply:
+        if not is_gpu_sparse_var(s):
+            raise TypeError(f"{self}: S must be a GPU sparse matrix, got {s} "
+                            f"({getattr(s, 'type', type(s))})")
+        v = as_gpuarray_variable(v, s.type.context_name)
+        if v.ndim != 1 or v.dtype != s.dtype or v.dtype not in SPARSE_DTYPES:
+            raise TypeError(f"{self}: the dense operand must be a float32/float64 vector of "
+                            f"S's dtype {s.dtype}, got {v.type}")
+        return Apply(self, [s, v], [GpuArrayType(s.dtype, (False,), s.type.context_name)()])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        s, _ = input_shapes
+        return [(s[0],) if self.sparse_left else (s[1],)]
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        s_cell, v_cell = (storage_map[v] for v in node.inputs)
+        out_cell = storage_map[node.outputs[0]]
+        name = node.outputs[0].dtype
+        plans: dict = {}
+
+        def thunk() -> None:
+            ctx.activate()
+            out_cell[0] = self._run(ctx, plans, s_cell[0], v_cell[0], name, node)
+
+        thunk.capturable = True   # type: ignore[attr-defined]
+        thunk.launches = True     # type: ignore[attr-defined]
+        thunk.plans = plans       # type: ignore[attr-defined]
+        return thunk
+
+    def _run(self, ctx: Any, plans: dict, s: Any, v: Any, name: str, node: Any) -> Any:
+        m, k = s.shape if self.sparse_left else s.shape[::-1]     # op(S) is m x k
+        if v.shape[0] != k:
+            raise ValueError(f"{node}: S of shape {tuple(s.shape)} ({s.format}) and the vector "
+                             f"of shape {tuple(v.shape)} are not aligned")
+        out = new_array(ctx, (m,), np.dtype(name))
+        if m == 0:
+            return out
+        if s.nnz == 0 or k == 0:
+            return out.fill(0)
+        v = _c_contiguous(ctx, v)
+        lib = _lib.cusparse()
+        h = lib.handle(ctx)
+        rows, cols = _stored(s)
+        # op(S) is R where the stored matrix is S (csr, S . v) or S^T (csc, v . S)
+        op_a = OP_N if (s.format == "csr") == self.sparse_left else OP_T
+        key = (s.data.ptr, s.indices.ptr, s.indptr.ptr, rows, cols, s.nnz, op_a)
+
+        def make() -> _Plan:
+            plan = _Plan(lib)
+            plan.sparse = lib.csr(rows, cols, s.nnz, s.indptr.ptr, s.indices.ptr, s.data.ptr,
+                                  name)
+            plan.vectors = [lib.vector(k, v.ptr, name), lib.vector(m, out.ptr, name)]
+            _pick(lib, ctx, "SpMV", h, plan, (op_a, OP_N), name, SPMV_ALGS, node)
+            return plan
+
+        plan = _plan_for(plans, key, s.indices, make)
+        lib.set_vector_values(plan.vectors[0], v.ptr)
+        lib.set_vector_values(plan.vectors[1], out.ptr)
+        lib.run("SpMV", h, op_a, OP_N, plan.sparse, plan.vectors[0], plan.vectors[1], name,
                 plan.alg, plan.block.ptr if plan.block is not None else 0)
         return out
 
@@ -336,12 +420,21 @@ def _dense_ok(v: Any, dtype: str) -> bool:
     return is_gpu_var(v) and v.ndim == 2 and v.dtype == dtype
 
 
+def _vector_ok(v: Any, dtype: str) -> bool:
+    return is_gpu_var(v) and v.ndim == 1 and v.dtype == dtype
+
+
 def _lift_product(op, node, context_name, inputs):
-    """StructuredDot / Dot / TrueDot of a sparse and a dense matrix -> GpuSpMM."""
+    """StructuredDot / Dot / TrueDot of a sparse and a dense matrix -> GpuSpMM; sparse Dot
+    with a dense vector -> GpuSpMV."""
     x, y = inputs
     out = node.outputs[0]
     if not isinstance(out.type, TensorType) or out.dtype not in SPARSE_DTYPES:
         return None
+    if is_gpu_sparse_var(x) and _vector_ok(y, out.dtype) and x.dtype == out.dtype:
+        return [GpuSpMV(True)(x, y)]
+    if is_gpu_sparse_var(y) and _vector_ok(x, out.dtype) and y.dtype == out.dtype:
+        return [GpuSpMV(False)(y, x)]
     if is_gpu_sparse_var(x) and _dense_ok(y, out.dtype) and x.dtype == out.dtype:
         return [GpuSpMM(False, True)(x, gpu_contiguous(y))]
     if is_gpu_sparse_var(y) and _dense_ok(x, out.dtype) and y.dtype == out.dtype:

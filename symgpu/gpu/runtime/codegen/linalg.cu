@@ -33,15 +33,18 @@ extern "C" __global__ void linalg_check_info(const int *info, long long count,
     }
 }
 
+/* dst (cols x rows) = src^T (rows x cols) for each matrix; a matrix starts every src_stride
+   (dst_stride) elements, so a leading block of a larger buffer can be read (written). */
 template <typename T>
 __device__ __forceinline__ void transpose_body(T *dst, const T *src, long long rows,
-                                               long long cols, long long batch)
+                                               long long cols, long long batch,
+                                               long long dst_stride, long long src_stride)
 {
     __shared__ T tile[32][33];
     const long long c0 = (long long)blockIdx.x * 32, r0 = (long long)blockIdx.y * 32;
     for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
-        const T *s = src + b * rows * cols;
-        T *d = dst + b * rows * cols;
+        const T *s = src + b * src_stride;
+        T *d = dst + b * dst_stride;
         for (int k = threadIdx.y; k < 32; k += blockDim.y) {
             const long long r = r0 + k, c = c0 + threadIdx.x;
             if (r < rows && c < cols)
@@ -164,11 +167,132 @@ __device__ __forceinline__ void fold_body(T *out, const T *g, long long n, long 
             out[idx] = own ? g[idx] + g[b * n * n + j * n + i] : T(0);
     }
 }
+/* dst[b][i] = src[b * src_stride + i], i < per: the leading part of each matrix's buffer. */
+template <typename T>
+__device__ __forceinline__ void take_body(T *dst, const T *src, long long per,
+                                          long long src_stride, long long batch)
+{
+    LIN_LOOP(idx, per * batch) {
+        const long long b = idx / per, i = idx % per;
+        dst[idx] = src[b * src_stride + i];
+    }
+}
+
+/* QR's R from geqrf's column-major m x n result a (a matrix every `stride` elements):
+   r[b][i][j] = a[j * m + i] on and above the diagonal, 0 below, rows i < rows_out. */
+template <typename T>
+__device__ __forceinline__ void qr_r_body(T *r, const T *a, long long m, long long n,
+                                          long long rows_out, long long stride,
+                                          long long batch)
+{
+    LIN_LOOP(idx, rows_out * n * batch) {
+        const long long b = idx / (rows_out * n), e = idx % (rows_out * n);
+        const long long i = e / n, j = e % n;
+        r[idx] = (i <= j && i < m) ? a[b * stride + j * m + i] : T(0);
+    }
+}
+
+/* Cholesky of small matrices (n <= N), one thread block of N threads per matrix held in
+   shared memory: the lower triangle of the symmetric matrix (the row-major lower triangle
+   of x, or the transpose of its upper one) is loaded, factored right-looking (thread t owns
+   row t: at step k it scales its entry of column k, then updates its row), and written as
+   L (lower) or U = L^T with the other triangle zero; info[b] = k + 1 when the pivot of step
+   k is not positive (LAPACK's), and the matrix becomes NaN with nan_fill. */
+template <typename T, int N>
+__device__ __forceinline__ void potrf_small_body(T *out, const T *x, long long n,
+                                                 long long batch, int lower, int *info,
+                                                 int nan_fill)
+{
+    __shared__ T s[N][N + 1];
+    __shared__ int failed;
+    const int t = threadIdx.x;
+    for (long long b = blockIdx.x; b < batch; b += gridDim.x) {
+        const T *xb = x + b * n * n;
+        T *ob = out + b * n * n;
+        for (long long e = t; e < n * n; e += blockDim.x) {
+            const int i = (int)(e / n), j = (int)(e % n);
+            if (lower) {
+                if (j <= i)
+                    s[i][j] = xb[e];
+            } else if (j >= i) {
+                s[j][i] = xb[e];
+            }
+        }
+        if (t == 0)
+            failed = 0;
+        __syncthreads();
+        for (int k = 0; k < n; ++k) {
+            const T d = s[k][k];
+            if (!(d > T(0))) {          /* not positive, or NaN: every thread stops here */
+                if (t == 0)
+                    failed = k + 1;
+                break;
+            }
+            const T root = sqrt(d);
+            __syncthreads();            /* every thread has read the pivot */
+            if (t == k)
+                s[k][k] = root;
+            else if (t > k && t < n)
+                s[t][k] /= root;
+            __syncthreads();
+            if (t > k && t < n) {
+                const T l = s[t][k];
+                for (int j = k + 1; j <= t; ++j)
+                    s[t][j] -= l * s[j][k];
+            }
+            __syncthreads();
+        }
+        __syncthreads();
+        const int f = failed;
+        if (t == 0)
+            info[b] = f;
+        for (long long e = t; e < n * n; e += blockDim.x) {
+            const int i = (int)(e / n), j = (int)(e % n);
+            T v;
+            if (f && nan_fill)
+                v = lin_nan(T(0));
+            else if (lower)
+                v = j <= i ? s[i][j] : T(0);
+            else
+                v = j >= i ? s[j][i] : T(0);
+            ob[e] = v;
+        }
+        __syncthreads();                /* before the next matrix overwrites s */
+    }
+}
 //@ entries
 extern "C" __global__ void linalg_transpose_${name}(${t} *dst, const ${t} *src, long long rows,
-                                                  long long cols, long long batch)
+                                                  long long cols, long long batch,
+                                                  long long dst_stride, long long src_stride)
 {
-    transpose_body<${t}>(dst, src, rows, cols, batch);
+    transpose_body<${t}>(dst, src, rows, cols, batch, dst_stride, src_stride);
+}
+
+extern "C" __global__ void linalg_take_${name}(${t} *dst, const ${t} *src, long long per,
+                                             long long src_stride, long long batch)
+{
+    take_body<${t}>(dst, src, per, src_stride, batch);
+}
+
+extern "C" __global__ void linalg_qr_r_${name}(${t} *r, const ${t} *a, long long m, long long n,
+                                             long long rows_out, long long stride,
+                                             long long batch)
+{
+    qr_r_body<${t}>(r, a, m, n, rows_out, stride, batch);
+}
+
+extern "C" __global__ void linalg_potrf32_${name}(${t} *out, const ${t} *x, long long n,
+                                                long long batch, int lower, int *info,
+                                                int nan_fill)
+{
+    potrf_small_body<${t}, 32>(out, x, n, batch, lower, info, nan_fill);
+}
+
+extern "C" __global__ void linalg_potrf64_${name}(${t} *out, const ${t} *x, long long n,
+                                                long long batch, int lower, int *info,
+                                                int nan_fill)
+{
+    potrf_small_body<${t}, 64>(out, x, n, batch, lower, info, nan_fill);
 }
 
 extern "C" __global__ void linalg_tri_${name}(${t} *a, long long n, long long batch,
