@@ -477,7 +477,7 @@ def test_printing(dtype):
     from symgpu.d3viz.model import type_to_str
     x = T.vector("x", dtype=dtype)
     e = T.exp(x) * 2.5
-    assert symgpu.printing.pp(e) == "(exp(x) * 2.5)"
+    assert symgpu.printing.pp(e) == "(exp(x) * TensorConstant{2.5})"
     text = symgpu.printing.debugprint(function([x], e), file="str", print_type=True)
     assert f"TensorType({dtype}, vector)" in text and "2.5" in text
     assert type_to_str(x.type) == {"float16": "hvector", "bfloat16": "bfvector"}[dtype]
