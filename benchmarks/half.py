@@ -11,7 +11,7 @@ Rows:
   says the sizes): symgpu compiles the float32 program with ``mixed_precision=bfloat16``
   (products in bf16, reductions, losses and updates in float32); the peers
   (benchmarks/half_peers.py) are PyTorch under autocast (eager, torch.compile of the loss,
-  torch.compile max-autotune of the whole step) and JAX jit with bf16 casts inside the loss and
+  torch.compile max-autotune of the whole step with --max-autotune) and JAX jit with bf16 casts inside the loss and
   donated buffers. The contenders run in interleaved rounds (benchmarks/timing.py); the row
   prints each one's median and best, and symgpu's ratio to the best peer (goal: at most 1.0).
 - converge: the MLP trained 200 steps in float32 and in bf16 mixed precision from the same
@@ -111,7 +111,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS))
     ap.add_argument("--no-torch-compile", action="store_true")
+    ap.add_argument("--max-autotune", action="store_true",
+                    help="also torch.compile(mode='max-autotune') of the whole step (slow)")
     args = ap.parse_args()
+    half_peers.MAX_AUTOTUNE = args.max_autotune
     rows = [r for r in args.rows.split(",") if r]
     unknown = set(rows) - set(ROWS)
     if unknown:

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+#: also time torch.compile(mode="max-autotune") of the whole step (its compile takes minutes;
+#: half.py --max-autotune)
+MAX_AUTOTUNE = False
+
 from half_models import (GPT, LENET_SHAPES, LR, LSTM, MLP, adamw_hyper, gpt_params,
                          lenet_data, lstm_data, mlp_data)
 
@@ -52,7 +56,7 @@ def _torch_contenders(torch, params, loss_fn, opt_kind: str, compile_: bool) -> 
     out = [("PyTorch eager autocast", make(autocast_loss), sync)]
     if compile_:
         out.append(("torch.compile autocast", make(torch.compile(autocast_loss)), sync))
-
+    if compile_ and MAX_AUTOTUNE:
         @torch.compile(mode="max-autotune")
         def whole():
             opt.zero_grad(set_to_none=True)

@@ -1018,7 +1018,7 @@ def test_gpu_eigh_of_stacks_above_32_is_batched_and_captured(cuda, dtype, batch,
 
 def _qr_canonical(q, r):
     """q, r with R's diagonal made non-negative (QR is unique up to those signs)."""
-    k = min(q.shape[-1], r.shape[-2])
+    k = min(r.shape[-2:])      # R's diagonal (complete mode: q is m x m, r m x n)
     d = np.sign(np.diagonal(r[..., :k, :k], axis1=-2, axis2=-1))
     d = np.where(d == 0, 1, d)
     q = q.copy()

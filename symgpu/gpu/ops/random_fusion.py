@@ -45,6 +45,10 @@ _CU = sections("random_fusion.cu")   # packing helpers, then the entry point
 _PACK_CUDA = _CU[""].substitute()
 
 
+#: the largest value below 1 of each half dtype (as float literals; philox.py's _BELOW_ONE)
+HALF_BELOW_ONE = {"float16": 1 - 2.0 ** -11, "bfloat16": 1 - 2.0 ** -8}
+
+
 def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inputs: Sequence[bool],
                            sample_pos: int, dist: str, ndim: int, advance: bool = False) -> str:
     """The CUDA module of a GpuPhiloxElemwise: `sg_philox_ew_contig` (every full operand
@@ -73,8 +77,11 @@ def render_philox_elemwise(scalar_op: Any, in_dtypes: Sequence[str], scalar_inpu
 
     # a half draw is made in float32 and rounded, as the draw kernel stores it: the fused op
     # reads the numbers the unfused graph (and the CPU) would
+    # (a half uniform kept at its largest value below 1, as the draw kernel and the CPU keep it)
     drawn = "v[u]" if value_ctype(dtype) == storage_ctype(dtype) else \
         f"sg_round<{storage_ctype(dtype)}>(v[u])"
+    if drawn != "v[u]" and dist == "uniform":
+        drawn = f"fminf({drawn}, {HALF_BELOW_ONE[dtype]!r}f)"
 
     def args_with(load: Callable[[int], str]) -> str:
         args = []

@@ -82,16 +82,22 @@ template <> struct sg_vec<__nv_bfloat16, 4> { typedef sg_vec4<__nv_bfloat16> typ
 
 /* out[0:n] = the draw from state st; one thread per Philox block, one vector store. T is the
    storage type, V the type drawn in (float for the half types: the float32 numbers, rounded
-   to nearest even on the store, as the CPU's draw casts them). */
+   to nearest even on the store, as the CPU's draw casts them). top > 0: a half type's
+   uniform is kept at or below top, its largest value below 1 (float32 uniforms just under 1
+   round to 1.0; philox.py's as_draw_dtype does the same on the CPU). */
 template <typename T, typename V, int K>
 __device__ __forceinline__ void sg_philox_fill(const unsigned int *st, T *out, long long n,
-                                               bool normal)
+                                               bool normal, float top = 0.0f)
 {
     const long long nb = (n + K - 1) / K;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nb; b += step) {
         V v[K];
         sg_philox_values(st, (unsigned long long)b, normal, v);
+        if (top > 0.0f) {
+#pragma unroll
+            for (int u = 0; u < K; ++u) v[u] = v[u] > top ? (V)top : v[u];
+        }
         const long long i = b * K;
         if (i + K <= n) {
             typedef typename sg_vec<T, K>::type P;
@@ -117,12 +123,12 @@ extern "C" __global__ void sg_philox_uniform_float64(const unsigned int *st, dou
 extern "C" __global__ void sg_philox_normal_float64(const unsigned int *st, double *out, long long n)
 { sg_philox_fill<double, double, 2>(st, out, n, true); }
 extern "C" __global__ void sg_philox_uniform_float16(const unsigned int *st, __half *out, long long n)
-{ sg_philox_fill<__half, float, 4>(st, out, n, false); }
+{ sg_philox_fill<__half, float, 4>(st, out, n, false, 1.0f - 0x1p-11f); }
 extern "C" __global__ void sg_philox_normal_float16(const unsigned int *st, __half *out, long long n)
 { sg_philox_fill<__half, float, 4>(st, out, n, true); }
 extern "C" __global__ void sg_philox_uniform_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
                                                       long long n)
-{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, false); }
+{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, false, 1.0f - 0x1p-8f); }
 extern "C" __global__ void sg_philox_normal_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
                                                      long long n)
 { sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, true); }
