@@ -42,9 +42,7 @@ class GptSize:
 
 
 MLP, LSTM, GPT = MlpSize(), LstmSize(), GptSize()
-LENET_BATCH = 128
-LENET_SHAPES = ((20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10),
-                (10,))
+from convnet import BATCH as LENET_BATCH, SHAPES as LENET_SHAPES  # noqa: E402,F401
 
 
 def adamw_hyper() -> tuple[float, float, float, float]:
@@ -64,17 +62,10 @@ def mlp_data(seed: int = SEED):
 
 
 def lenet_data(seed: int = SEED):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(LENET_BATCH, 1, 28, 28)).astype("float32")
-    y = rng.integers(0, 10, LENET_BATCH).astype("int64")
-    params = []
-    for s in LENET_SHAPES:
-        if len(s) == 1:
-            params.append(np.zeros(s, "float32"))
-        else:
-            fan_in = int(np.prod(s[1:]))
-            params.append((rng.uniform(-1, 1, s) / np.sqrt(fan_in)).astype("float32"))
-    return x, y, params
+    """convnet.py's batch and parameters (class labels as int64, the peers' index type)."""
+    from convnet import data
+    x, y, params = data(seed)
+    return x, y.astype("int64"), params
 
 
 def lstm_data(seed: int = SEED):

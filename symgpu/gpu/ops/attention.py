@@ -39,7 +39,7 @@ from symgpu.gpu.runtime.codegen.types import storage_ctype
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.nnet.attention import Attention, AttentionGrad
+from symgpu.tensor.nnet.attention import Attention, AttentionGrad, check_shapes
 
 __all__ = ["GpuAttention", "GpuAttentionGrad", "attention_source", "ATTENTION_DTYPES",
            "HEAD_DIMS", "ENABLED"]
@@ -177,18 +177,11 @@ def _aligned(arrays: list, strides: list, itemsize: int) -> bool:
 
 
 def _check(op: Any, q: Any, k: Any, v: Any, mask: Any) -> None:
-    lead = q.shape[:-2]
-    if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != q.shape[-1] or \
-            v.shape != k.shape:
-        raise ValueError(f"{op}: q {q.shape}, k {k.shape} and v {v.shape} do not fit (q (..., "
-                         "Sq, D), k and v (..., Sk, D), same leading dims; the GPU kernels "
-                         "need v's head dim equal to q's)")
-    if mask is not None:
-        try:
-            np.broadcast_shapes(mask.shape, lead + (q.shape[-2], k.shape[-2]))
-        except ValueError:
-            raise ValueError(f"{op}: a mask of shape {mask.shape} does not broadcast against "
-                             f"the scores {lead + (q.shape[-2], k.shape[-2])}") from None
+    """The host op's shape checks, and the kernels' own need: v's head dim equal to q's."""
+    check_shapes(op, q, k, v, mask)
+    if v.shape != k.shape:
+        raise ValueError(f"{op}: k {k.shape} and v {v.shape} differ; the GPU kernels need v's "
+                         "head dim equal to q's")
 
 
 def _scale(op: Any, d: int) -> float:

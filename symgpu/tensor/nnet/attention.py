@@ -40,7 +40,8 @@ from symgpu.tensor.extra_funcs import tri
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
-__all__ = ["Attention", "AttentionGrad", "scaled_dot_product_attention", "attention_reference"]
+__all__ = ["Attention", "AttentionGrad", "scaled_dot_product_attention", "attention_reference",
+           "check_shapes"]
 
 _HALF = ("float16", "bfloat16")
 
@@ -69,8 +70,9 @@ def _check_inputs(op: Op, q: Variable, k: Variable, v: Variable, mask: Variable 
                             f"at most {q.ndim} dimensions, got {mask} ({mask.type})")
 
 
-def _check_shapes(op: Op, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                  mask: np.ndarray | None) -> None:
+def check_shapes(op: Op, q: Any, k: Any, v: Any, mask: Any) -> None:
+    """q (..., Sq, D), k (..., Sk, D), v (..., Sk, Dv) with one set of leading dims, and a mask
+    broadcasting against the scores (..., Sq, Sk): a ValueError naming `op` and the shapes."""
     lead = q.shape[:-2]
     if k.shape[:-2] != lead or v.shape[:-2] != lead or k.shape[-1] != q.shape[-1] or \
             k.shape[-2] != v.shape[-2]:
@@ -154,7 +156,7 @@ class Attention(Op):
     def perform(self, node, inputs, out):
         q, k, v = inputs[:3]
         mask = inputs[3] if self.has_mask else None
-        _check_shapes(self, q, k, v, mask)
+        check_shapes(self, q, k, v, mask)
         o, lse = attention_reference(q, k, v, mask, self.scale, self.causal)
         out[0][0] = o.astype(node.outputs[0].dtype)
         out[1][0] = lse.astype(node.outputs[1].dtype)
@@ -269,7 +271,7 @@ class AttentionGrad(Op):
         mask = inputs[3] if self.has_mask else None
         o, lse, do = inputs[n:n + 3]
         dlse = inputs[n + 3] if self.has_dlse else None
-        _check_shapes(self, q, k, v, mask)
+        check_shapes(self, q, k, v, mask)
         dq, dk, dv = attention_grad_reference(q, k, v, mask, o, lse, do, dlse, self.scale,
                                               self.causal)
         for cell, g, var in zip(out, (dq, dk, dv), node.outputs):
