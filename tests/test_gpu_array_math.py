@@ -154,6 +154,40 @@ def test_theano_user_story_adding_gradient_arrays(dev):
     dev.check(g, ((grads[0] + grads[1] + grads[2]) * 0.5 - 1) / 2)
 
 
+@pytest.fixture
+def request_cleanup():
+    todo = []
+    yield todo
+    for fn in todo:
+        fn()
+
+
+def test_theano_user_story_through_a_function_returning_gradients(dev, request_cleanup):
+    """Under a GPU context, a function's gradient of a GPU shared variable is a GpuArray
+    (its own buffer each call); ``g = f(0); g += f(1)`` adds on the device."""
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu.config import config
+    from symgpu.gpu.placement.type import gpuarray_shared_constructor
+    from symgpu.gpu.runtime.context import (context_names, get_context, register_context,
+                                            registered_name, unregister_context)
+    name = registered_name(dev.ctx)
+    if name not in context_names() or get_context(name) is not dev.ctx:
+        name = "array_math_story"
+        register_context(name, dev.ctx)
+        request_cleanup.append(lambda: unregister_context("array_math_story"))
+    with config.change_flags(floatX="float32"):
+        w = gpuarray_shared_constructor(np.arange(3, dtype="float32"), name="w", target=name)
+        k = symgpu.shared(np.ones(3, dtype="float32") * 3, target=name)
+        f = symgpu.function([], [T.grad((w * w * k).sum(), w), T.grad((w * k).sum(), w)])
+    assert all(type(n.op).__name__.startswith("Gpu") for n in f.maker.fgraph.toposort())
+    g, h = f()
+    assert isinstance(g, GpuArray) and isinstance(h, GpuArray)
+    g += f()[1]
+    g += h
+    dev.check(g, 6 * np.arange(3, dtype="float32") + 6)
+
+
 def test_in_place_rules_cast_broadcast_and_overlap(dev):
     a = _data((3, 3), "float32", 7)
     ga = dev(a)
