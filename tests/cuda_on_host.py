@@ -40,7 +40,7 @@ PRELUDE = r"""
 #include <type_traits>
 #include <utility>
 #include <vector>
-using std::min; using std::max;
+using std::min; using std::max; using std::isnan; using std::isinf;
 
 #define __device__
 #define __global__

@@ -187,3 +187,43 @@ def emulate_prepared_kernels(monkeypatch, directory, *modules: Any) -> None:
         return _PreparedFunction(_EmulatedKernel(lib, fn_name, signature))
     for module in modules:
         monkeypatch.setattr(module, "get_prepared_kernel", get_prepared_kernel)
+
+
+def emulated_array_device(monkeypatch, directory) -> EmulatedCtx:
+    """``emulated_kernel_device`` whose GpuArrays also move values like real ones: ``set``,
+    ``get`` and device-to-device copies read and write the host memory standing for the
+    device (the driver's copies are all that is not emulated), so GpuArray's own operators,
+    reductions and ``copy`` run their generated kernels for real."""
+    from symgpu.gpu.runtime.array import GpuArray
+    ctx = emulated_kernel_device(monkeypatch, directory)
+    real_set, real_get = GpuArray.set, GpuArray.get
+    real_copy_from = GpuArray._copy_from_device
+
+    def set_(self, ary):
+        if self.context is not ctx:
+            return real_set(self, ary)
+        src = ary.get() if isinstance(ary, GpuArray) else np.asarray(ary)
+        if src.shape != self.shape:
+            raise ValueError(f"cannot set a GpuArray of shape {self.shape} from shape "
+                             f"{src.shape}")
+        host_view(self)[...] = src.astype(self.dtype)
+        return self
+
+    def get(self, out=None):
+        if self.context is not ctx:
+            return real_get(self, out)
+        value = np.array(host_view(self), order="C")   # (0-d stays 0-d)
+        if out is None:
+            return value
+        out[...] = value
+        return out
+
+    def copy_from(self, src):
+        if self.context is not ctx:
+            return real_copy_from(self, src)
+        host_view(self)[...] = host_view(src)
+
+    monkeypatch.setattr(GpuArray, "set", set_)
+    monkeypatch.setattr(GpuArray, "get", get)
+    monkeypatch.setattr(GpuArray, "_copy_from_device", copy_from)
+    return ctx

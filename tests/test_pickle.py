@@ -705,3 +705,4 @@ def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
     fresh = [TensorType("float32", (False, True)), GpuArrayType("float32", (False,), "dev0")]
     assert [tt, gt] == fresh
     assert [hash(tt), hash(gt)] == [hash(t) for t in fresh]
+

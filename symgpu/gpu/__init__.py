@@ -84,6 +84,7 @@ import symgpu.gpu.placement.type  # noqa: E402,F401
 import symgpu.gpu.placement.basic_ops  # noqa: E402,F401
 import symgpu.gpu.placement.rewriting  # noqa: E402,F401
 import symgpu.gpu.ops.elemwise  # noqa: E402,F401
+import symgpu.gpu.ops.array_math  # noqa: E402,F401  (GpuArray's operators, reductions and ufuncs)
 import symgpu.gpu.ops.blas  # noqa: E402,F401
 import symgpu.gpu.ops.subtensor  # noqa: E402,F401
 import symgpu.gpu.ops.nnet  # noqa: E402,F401

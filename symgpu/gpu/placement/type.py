@@ -64,13 +64,7 @@ def _ctx(name: str | None) -> Any:
 
 def _unpickle_context(name: str | None) -> Any:
     """The context an unpickled GPU value goes to, or None (no GPU there, or a virtual one)."""
-    if name is None:
-        if not default_context_active():
-            return None
-    elif name not in gpu_context.context_names():
-        return None
-    ctx = _ctx(name)
-    return None if ctx.virtual else ctx
+    return gpu_context.context_in_use(name)
 
 
 class _Conversions:

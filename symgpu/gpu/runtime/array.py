@@ -12,6 +12,15 @@ one stream sync); the returned ndarray *is* that buffer and gives it back to the
 garbage-collected, so a loop ``r = f()`` allocates nothing and copies each byte once.  Past the
 pool's limits a copy goes through pageable memory.
 
+Arithmetic, comparisons, in-place operators, reductions, ``astype`` and NumPy's ufuncs are
+installed on the class by :mod:`symgpu.gpu.ops.array_math` (the GPU package loads it with
+its ops): they run the kernels the compiler generates for graphs, which live above this layer.
+
+A GpuArray copies (``copy.copy``/``copy.deepcopy``) on the device and pickles as its host value
+and the name of its context; loading looks that context up again and uploads the value there,
+or, where this process does not use it (no GPU, device=cpu), gives the NumPy array (Theano's
+``experimental.unpickle_gpu_on_cpu``, always on).
+
 PyCUDA is imported only inside functions, so ``import symgpu.gpu.runtime.array`` works without it.
 """
 from __future__ import annotations
@@ -25,8 +34,9 @@ import numpy as np
 from symgpu.gpu.runtime import context as gpu_context, dlpack
 from symgpu.gpu.runtime.check_slots import raise_device_errors
 from symgpu.gpu.runtime.codegen.layout import c_contiguous
-from symgpu.gpu.runtime.context import (context_for_ordinal, device_of_pointer,
-                                        foreign_stream_waits, wait_for_foreign_stream)
+from symgpu.gpu.runtime.context import (context_for_ordinal, context_in_use,
+                                        device_of_pointer, foreign_stream_waits,
+                                        registered_name, wait_for_foreign_stream)
 from symgpu.gpu.runtime.copykernel import strided_copy
 from symgpu.gpu.runtime.dtypes import SUPPORTED_DTYPES, check_dtype, dtype_name
 from symgpu.gpu.runtime.host_register import upload
@@ -502,6 +512,36 @@ class GpuArray:
         versioned = max_version is not None and tuple(max_version)[0] >= 1
         return dlpack.export_capsule(src, versioned)
 
+    # -- Python's protocols that read values (NumPy's rules; each downloads)
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise ValueError(f"the truth value of a GpuArray of shape {self.shape} is "
+                             "ambiguous: use a.any() or a.all() on the host (np.asarray(a))")
+        return bool(self.get().reshape(()))
+
+    def __float__(self) -> float:
+        return float(self._one_value("float"))
+
+    def __int__(self) -> int:
+        return int(self._one_value("int"))
+
+    def _one_value(self, what: str) -> np.ndarray:
+        if self.size != 1:
+            raise TypeError(f"only a GpuArray of one element converts to {what}; this one "
+                            f"has shape {self.shape}")
+        return self.get().reshape(())
+
+    # -- copying and pickling (see the module doc)
+    def __copy__(self) -> "GpuArray":
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict) -> "GpuArray":
+        return self.copy()
+
+    def __reduce__(self):
+        # the value and the context's name, never the context (PyCUDA objects do not pickle)
+        return (_gpuarray_from_pickle, (np.array(self.get()), registered_name(self.context)))
+
     # -- printing
     def __repr__(self) -> str:
         text = np.array_repr(self.get())
@@ -513,6 +553,13 @@ class GpuArray:
 
 
 _new_gpuarray = GpuArray.__new__
+
+
+def _gpuarray_from_pickle(host: np.ndarray, context_name: str | None) -> Any:
+    """Unpickling a GpuArray: uploaded to the context of that name where this process uses
+    it, else the host array itself (Theano's ``unpickle_gpu_on_cpu``)."""
+    ctx = context_in_use(context_name)
+    return host if ctx is None else to_gpu(host, ctx)
 
 
 def _word(data: bytes) -> int:

@@ -37,7 +37,7 @@ __all__ = [
     "gpu_available", "why_unavailable", "start_device", "init_default_context",
     "register_context", "unregister_context", "get_context", "context_names",
     "context_for_ordinal", "foreign_stream_waits", "wait_for_foreign_stream",
-    "device_of_pointer", "device_count",
+    "device_of_pointer", "device_count", "registered_name", "context_in_use",
 ]
 
 _MIB = 1 << 20
@@ -156,6 +156,18 @@ class GpuContext:
     def __repr__(self) -> str:
         kind = "virtual" if self.virtual else self.devname
         return f"<GpuContext {self.name!r} on {self.device} ({kind}, {self.arch})>"
+
+    # -- copying and pickling: a context is a process's handle on a device, never data. A
+    # copy is the context itself; a pickle names it and is looked up again on load (PyCUDA's
+    # Context, Stream and allocations cannot be pickled, and mean nothing in another process)
+    def __copy__(self) -> "GpuContext":
+        return self
+
+    def __deepcopy__(self, memo: dict) -> "GpuContext":
+        return self
+
+    def __reduce__(self):
+        return (_context_from_pickle, (registered_name(self), self.device))
 
     def _require_device(self) -> None:
         if self.virtual:
@@ -400,6 +412,43 @@ def get_context(name: str | None = None) -> GpuContext:
                               f"device=cuda) or pass a context; registered contexts: {known}")
     raise ContextNotFound(f"no GPU context named {name!r}; registered contexts: {known} "
                           f"(name them with the contexts flag, e.g. {name}->cuda0)")
+
+
+def registered_name(ctx: Any) -> str | None:
+    """The name ``ctx`` is registered under (its own first name when that still maps to it,
+    else the first name that does; its first name when none does): what a pickle of a value
+    on ``ctx`` records, to look the context up again on load."""
+    name = getattr(ctx, "name", None)
+    if _registry.get(name) is ctx:
+        return name
+    for other, registered in list(_registry.items()):
+        if registered is ctx:
+            return other
+    return name
+
+
+def context_in_use(name: str | None) -> GpuContext | None:
+    """The real (not virtual) context named ``name`` if this process uses it, else None: where
+    an unpickled GPU value goes.  The default context (None) is started from the flags on
+    first use (device=cuda); with device=cpu, or without a usable GPU, there is none."""
+    if name is None and None not in _registry:
+        if config.device == "cpu":
+            return None
+        init_default_context()   # device=cuda without a usable GPU warns once, as anywhere
+    ctx = _registry.get(name)
+    return None if ctx is None or ctx.virtual else ctx
+
+
+def _context_from_pickle(name: str | None, device: str) -> GpuContext:
+    """Unpickling a GpuContext: the context registered under ``name`` here."""
+    ctx = _registry.get(name) if name is not None or None in _registry else None
+    if ctx is None:
+        try:
+            return get_context(name)
+        except ContextNotFound as exc:
+            raise ContextNotFound(f"a pickled GPU context ({name!r}, {device} where it was "
+                                  f"saved) is not in use here: {exc}") from None
+    return ctx
 
 
 def context_names() -> list[str | None]:

@@ -108,7 +108,9 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
         if bad is not None:
             raise describe(bad)
         return
-    slots = node.tag.__dict__.setdefault("device_check_slots", {})
+    slots = node.tag.__dict__.get("device_check_slots")
+    if slots is None:
+        slots = node.tag.__dict__["device_check_slots"] = _NodeSlots()
     entry = slots.get(id(ctx))
     if entry is None:
         record: list = [describe]
@@ -120,6 +122,21 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
         entry = slots[id(ctx)] = (checks_of(ctx).new_slot(raise_for), record)
     entry[1][0] = describe   # this launch's shapes, for the message
     fn.prepared_async_call(grid, block, ctx.stream, *args, entry[0])
+
+
+class _NodeSlots(dict):
+    """A node's report slots by context (``launch_checked``): run-time state of this process
+    (mapped memory, closures over the last launch), so a pickle or a deep copy of the graph
+    holding the node carries an empty one; the copy's launches take their own slots."""
+
+    def __reduce__(self):
+        return (_NodeSlots, ())
+
+    def __copy__(self) -> "_NodeSlots":
+        return _NodeSlots()
+
+    def __deepcopy__(self, memo: dict) -> "_NodeSlots":
+        return _NodeSlots()
 
 
 def checks_are_deferred() -> bool:
