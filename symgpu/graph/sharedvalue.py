@@ -119,6 +119,12 @@ def _rebuild_container(type, value: Any, name: str | None) -> Container:
 class SharedVariable(Variable):
     """A variable whose value is stored with it and shared by every function that uses it."""
 
+    #: how the value is shown to the user and taken back, or None (as it is): an object with
+    #: ``present(host_value)`` (what get_value returns) and ``accept(value)`` (what set_value
+    #: hands the type). A random stream's state is shown as a RandomState-like object
+    #: (tensor/random/state.py) while functions see its plain uint32 words.
+    value_view: Any = None
+
     def __init__(self, type, value: Any, name: str | None = None, strict: bool = False,
                  allow_downcast: bool | None = None, container: Container | None = None):
         super().__init__(type, None, None, name)
@@ -130,14 +136,16 @@ class SharedVariable(Variable):
         """The current value; a copy unless `borrow=True` (then it may be the internal buffer)."""
         with self.container.locked():  # not while a call is between reading and updating it
             value = self.container.storage[0]
-            if borrow:
-                return value
-            return self._copy_out(value)
+            if not borrow:
+                value = self._copy_out(value)
+        return value if self.value_view is None else self.value_view.present(value)
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Replace the value (checked against the type; copied unless `borrow=True`).
 
         A value of another ndim or an unsafe dtype is refused and nothing changes."""
+        if self.value_view is not None:
+            value = self.value_view.accept(value)
         new = self.type.filter(value, strict=False, allow_downcast=None)
         if new is value and not borrow:
             new = self._copy_in(new)

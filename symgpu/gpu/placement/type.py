@@ -319,11 +319,14 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
                 if return_internal_type:
                     # a borrowed buffer is the user's to keep: graphs stop updating it in place
                     return lend(value) if borrow else value.copy()
-                return value.get()
+                value = value.get()
+        return value if self.value_view is None else self.value_view.present(value)
 
     def set_value(self, value: Any, borrow: bool = False) -> None:
         """Upload `value` (checked against the type first: on error nothing changes). A
         device value is copied unless `borrow=True`."""
+        if self.value_view is not None:
+            value = self.value_view.accept(value)
         with _call_lock(self.container.storage[0]):  # not during another thread's capture
             new = self.type.filter(value, strict=False, allow_downcast=None)
             on_device = not isinstance(value, (np.ndarray, np.generic, int, float, bool, list,
@@ -344,14 +347,19 @@ class GpuArraySharedVariable(SharedVariable, GpuArrayVariable):
     def __reduce__(self):
         # the container pickles the value as a host array (GpuArrayType.value_to_pickle)
         # and decides on load whether it goes back to a GPU or stays on the host
-        return (_unpickle_gpu_shared, (self.container, self.name))
+        return (_unpickle_gpu_shared, (self.container, self.name, self.value_view))
 
 
-def _unpickle_gpu_shared(container: Container, name: str | None) -> SharedVariable:
+def _unpickle_gpu_shared(container: Container, name: str | None,
+                         value_view: Any = None) -> SharedVariable:
     """A GPU shared variable where its context is in use, else a host one (same value)."""
     if isinstance(container.type, GpuArrayType):
-        return GpuArraySharedVariable(container.type, None, name=name, container=container)
-    return TensorSharedVariable(container.type, None, name=name, container=container)
+        var = GpuArraySharedVariable(container.type, None, name=name, container=container)
+    else:
+        var = TensorSharedVariable(container.type, None, name=name, container=container)
+    if value_view is not None:
+        var.value_view = value_view
+    return var
 
 
 @register_shared_constructor

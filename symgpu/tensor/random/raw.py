@@ -16,12 +16,13 @@ import numpy as np
 
 from symgpu.config import config
 from symgpu.graph.basic import Variable
-from symgpu.graph.sharedvalue import SharedVariable, shared
+from symgpu.graph.sharedvalue import SharedVariable, register_shared_constructor, shared
 from symgpu.scalar.dtypes import check_dtype, is_float, is_int, upcast
 from symgpu.tensor import math as tm
 from symgpu.tensor.basic import _as_int_scalar, _shape_entries, alloc, reshape
 from symgpu.tensor.extra_ops import PermuteAlongAxis
 from symgpu.tensor.random import philox
+from symgpu.tensor.random.state import RANDOM_STATE_VIEW, PhiloxRandomState, words_of
 from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
                                       MultinomialFromUniform, PhiloxAdvance, PhiloxSample,
                                       PoissonFromUniform, check_state)
@@ -29,7 +30,8 @@ from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorConstant, TensorVariable, as_tensor_variable, constant
 
 __all__ = ["uniform", "normal", "binomial", "poisson", "random_integers", "integers", "choice",
-           "permutation", "multinomial", "philox_state", "RandomStreamsBase"]
+           "permutation", "multinomial", "philox_state", "state_variable", "randomstate_constructor",
+           "RandomStreamsBase"]
 
 DEFAULT_SEED = 12345
 
@@ -43,7 +45,30 @@ def philox_state(seed: int = DEFAULT_SEED, stream: int = 0, name: str | None = N
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
             raise TypeError(f"philox_state: the {what} must be a non-negative integer, got {v!r}")
     key = philox.stream_key(int(seed), int(stream))
-    return shared(np.array([key[0], key[1], 0, 0], dtype=np.uint32), name=name)
+    return state_variable(np.array([key[0], key[1], 0, 0], dtype=np.uint32), name=name)
+
+
+def state_variable(words: np.ndarray, name: str | None = None,
+                   target: Any = "default") -> SharedVariable:
+    """A shared variable holding the Philox state `words` (on the GPU where shared arrays
+    go), whose `get_value` gives a `PhiloxRandomState` (Theano code seeds and restores
+    streams through it) and whose `set_value` takes one back (or a NumPy RandomState)."""
+    var = shared(np.array(words, dtype=np.uint32), name=name, target=target)
+    var.value_view = RANDOM_STATE_VIEW
+    return var
+
+
+@register_shared_constructor
+def randomstate_constructor(value: Any, name: str | None = None, borrow: bool = False,
+                            strict: bool = False, allow_downcast: bool | None = None,
+                            target: Any = "default", **kwargs: Any) -> SharedVariable:
+    """``shared(np.random.RandomState(s))`` (Theano's way to make a state for raw_random's
+    functions) and ``shared(PhiloxRandomState(...))``: a Philox state variable, keyed by the
+    words the RandomState would draw next (`state.words_of`). Raises TypeError (the next
+    constructor is tried) for other values."""
+    if not isinstance(value, (np.random.RandomState, PhiloxRandomState)):
+        raise TypeError(f"not a random state: {type(value).__name__}")
+    return state_variable(words_of(value), name=name, target=target)
 
 
 def _draw(state: Any, dist: str, entries: list, dtype: str) -> Draw:

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.graph.sharedvalue import SharedVariable, shared
+from symgpu.graph.sharedvalue import SharedVariable
 from symgpu.graph.basic import Variable
 from symgpu.tensor.random import philox, raw
-from symgpu.tensor.random.raw import DEFAULT_SEED, RandomStreamsBase
+from symgpu.tensor.random.raw import DEFAULT_SEED, RandomStreamsBase, state_variable
+from symgpu.tensor.random.state import PhiloxRandomState
 from symgpu.tensor.type import TensorVariable
 
 __all__ = ["RandomStreams", "RandomVariable"]
@@ -48,7 +49,9 @@ class RandomStreams(RandomStreamsBase):
 
     def __init__(self, seed: int | None = None):
         self.state_updates: list[tuple[SharedVariable, Variable]] = []
+        #: the constructor's seed: `seed()` without one goes back to it (as Theano's does)
         self.default_instance_seed = DEFAULT_SEED if seed is None else self._check_seed(seed)
+        self._seed = self.default_instance_seed
 
     @staticmethod
     def _check_seed(seed: Any) -> int:
@@ -57,28 +60,45 @@ class RandomStreams(RandomStreamsBase):
         return int(seed)
 
     def seed(self, seed: int | None = None) -> None:
-        """Re-seed every stream made so far (and the later ones): counters go back to 0."""
-        self.default_instance_seed = DEFAULT_SEED if seed is None else self._check_seed(seed)
+        """Re-seed every stream made so far (and the later ones): counters go back to 0;
+        without a seed, the constructor's seed again."""
+        self._seed = self.default_instance_seed if seed is None else self._check_seed(seed)
         for j, (state, _) in enumerate(self.state_updates):
             state.set_value(self._initial_state(j))
+
+    def __getitem__(self, item: SharedVariable) -> PhiloxRandomState:
+        """Theano's ``srng[rv.rng]``: the stream's state (``item.get_value(borrow=True)``)."""
+        self._check_own(item)
+        return item.get_value(borrow=True)
+
+    def __setitem__(self, item: SharedVariable, value: Any) -> None:
+        """Theano's ``srng[rv.rng] = state``: a `PhiloxRandomState`, its `get_state()` tuple
+        or a NumPy RandomState (``item.set_value(value, borrow=True)``)."""
+        self._check_own(item)
+        item.set_value(value, borrow=True)
+
+    def _check_own(self, item: Any) -> None:
+        if not any(item is state for state, _ in self.state_updates):
+            raise KeyError(f"RandomStreams: {item} is not the state of one of this "
+                           f"RandomStreams' streams (use a draw's .rng)")
 
     @property
     def rstate(self) -> int:
         """MRG_RandomStreams' state that seeds the streams made next: here the seed, since a
         stream's key comes from (seed, its number); ``g2.rstate = g1.rstate`` makes g2's next
         streams g1's (Theano's tutorial copies it so)."""
-        return self.default_instance_seed
+        return self._seed
 
     @rstate.setter
     def rstate(self, value: int) -> None:
-        self.default_instance_seed = self._check_seed(value)
+        self._seed = self._check_seed(value)
 
     def updates(self) -> list[tuple[SharedVariable, Variable]]:
         """The (state, new state) pairs of every stream (what the default updates do)."""
         return list(self.state_updates)
 
     def _initial_state(self, index: int) -> np.ndarray:
-        key = philox.stream_key(self.default_instance_seed, index)
+        key = philox.stream_key(self._seed, index)
         return np.array([key[0], key[1], 0, 0], dtype=np.uint32)
 
     def gen(self, op: Any, *args: Any, **kwargs: Any) -> TensorVariable:
@@ -87,7 +107,7 @@ class RandomStreams(RandomStreamsBase):
         back with `.rng` and `.update` set, and the state's update is registered (its
         `default_update` and `state_updates`)."""
         index = len(self.state_updates)
-        state = shared(self._initial_state(index), name=f"philox_state_{index}")
+        state = state_variable(self._initial_state(index), name=f"philox_state_{index}")
         new, out = op(state, *args, **kwargs)
         state.default_update = new
         self.state_updates.append((state, new))
