@@ -22,11 +22,13 @@ ABSENT: dict[str, str] = {
         "Python 2's division operator; on Python 3 division is __truediv__ / __floordiv__",
     # Theano's NumPy RandomState in the graph: symgpu's random state is a Philox counter
     "theano.tensor.raw_random:RandomStateType":
-        "the type of a NumPy RandomState held in the graph; symgpu's random state is a plain "
-        "uint32 Philox array in a shared variable (docs/random.md)",
+        "the type of a NumPy RandomState held in the graph; symgpu's random state is a uint32 "
+        "Philox array in a shared variable, shown as a RandomState-like PhiloxRandomState "
+        "(docs/random.md)",
     "theano.tensor.raw_random:random_state_type":
-        "makes a variable of a NumPy RandomState; symgpu's random state is a plain uint32 "
-        "Philox array in a shared variable (docs/random.md)",
+        "makes a variable of a NumPy RandomState; symgpu's random state is a uint32 Philox "
+        "array in a shared variable (shared(np.random.RandomState(s)) makes one, "
+        "docs/random.md)",
     "theano.tensor.raw_random:RandomFunction":
         "the op that calls a NumPy RandomState's methods; symgpu draws from Philox streams "
         "(symgpu.tensor.random: PhiloxSample and the transforms built on it, docs/random.md)",

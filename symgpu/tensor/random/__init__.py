@@ -6,7 +6,8 @@ C), `ops.py` the graph ops, `raw.py` Theano's functional `raw_random` API on Phi
 from symgpu.tensor.random.ops import (ArgsortKeys, CategoricalFromUniform,
                                       MultinomialFromUniform, PhiloxAdvance, PhiloxSample)
 from symgpu.tensor.random.raw import RandomStreamsBase, philox_state
+from symgpu.tensor.random.state import PhiloxRandomState
 from symgpu.tensor.random.streams import RandomStreams, RandomVariable
 
-__all__ = ["RandomStreams", "RandomStreamsBase", "RandomVariable", "philox_state", "PhiloxSample",
+__all__ = ["RandomStreams", "RandomStreamsBase", "PhiloxRandomState", "RandomVariable", "philox_state", "PhiloxSample",
            "PhiloxAdvance", "CategoricalFromUniform", "MultinomialFromUniform", "ArgsortKeys"]
