@@ -19,13 +19,16 @@ import theano_absent  # noqa: E402
 import theano_names  # noqa: E402
 from theano_names import Name  # noqa: E402
 
-#: what the data file holds (Theano 1.0.5's doc/library)
-DOCUMENTED_NAMES = 450
+#: what the data file holds (Theano 1.0.5's doc/library): 450 names the pages name, and 365
+#: module-level members of the 36 modules documented by a bare `:members:`
+DOCUMENTED_NAMES = 815
+FROM_BARE_MEMBERS = 365
 DOCUMENTED_MODULES = 74
 
-#: this issue's figures when the tool was written: they may rise, not fall (raise them then)
-PRESENT_FLOOR = 98.6        # per cent of this issue's documented names present
-COVERAGE_FLOOR = 100.0      # per cent present or deliberately absent
+#: this issue's figures when the members of the bare `:members:` modules were first counted
+#: (before them: 98.6% present, 100% covered); they may rise, not fall (raise them then)
+PRESENT_FLOOR = 69.6        # per cent of this issue's documented names present
+COVERAGE_FLOOR = 72.3       # per cent present or deliberately absent
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +50,13 @@ def test_the_data_file_holds_what_was_extracted(data):
     assert Name("theano.tensor", "matrix") in names
     assert Name("theano.config", "scan.allow_gc") in names
     assert Name("theano.compile.function", "In.borrow") in names
+    members = theano_names.members_of_whole()
+    assert len(members) == FROM_BARE_MEMBERS and set(members) <= set(names)
+    whole = set(theano_names.documented_whole())
+    assert all(n.module in whole for n in members) and len(whole) == 36
+    assert Name("theano.gof.graph", "ancestors") in members          # a function
+    assert Name("theano.sandbox.rng_mrg", "MRG_RandomStreams") in members   # a class
+    assert Name("theano.gof.graph", "np") not in members             # an imported module
 
 
 def test_every_name_marked_present_resolves_through_the_theano_alias(rep):
@@ -127,10 +137,23 @@ def test_the_other_issue_is_counted_apart():
 def test_extraction(tmp_path):
     """The parser on a page written for this test (module names, short and qualified names,
     several names a directive, braces, class members, the config prefix)."""
-    for module in ("pkg/__init__.py", "pkg/sub.py", "pkg/other.py"):
+    for module in ("__init__.py", "pkg/sub.py"):
         path = tmp_path / "theano" / module
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")
+    # a module that imports (its members by autodoc's rule) and one that does not (read
+    # from its source)
+    (tmp_path / "theano" / "pkg" / "other.py").write_text(
+        'import os\nfrom math import sqrt\n'
+        'def epsilon():\n    "Documented."\n'
+        'def undocumented():\n    pass\n'
+        'def _private():\n    "Private."\n'
+        'class Omega:\n    "A class."\n'
+        'ANSWER = 42\n')
+    (tmp_path / "theano" / "pkg" / "__init__.py").write_text(
+        'import no_such_module_anywhere\n'
+        'def kappa():\n    "Documented."\n'
+        'def lam():\n    pass\n')
     page = tmp_path / "doc" / "library" / "pkg" / "sub.txt"
     page.parent.mkdir(parents=True)
     page.write_text("""
@@ -148,6 +171,8 @@ def test_extraction(tmp_path):
 .. data:: zeta
 .. automodule:: theano.pkg.other
    :members:
+.. automodule:: theano.pkg
+   :members:
 .. autoclass:: theano.pkg.other.Omega
    :members: one, two
 """)
@@ -157,8 +182,8 @@ def test_extraction(tmp_path):
 .. attribute:: plain
 """)
     modules, names, whole = theano_names.extract(tmp_path)
-    assert whole == ["theano.pkg.other"]
-    assert modules == ["theano.config", "theano.pkg.sub", "theano.pkg.other"]
+    assert whole == ["theano.pkg.other", "theano.pkg"]
+    assert modules == ["theano.config", "theano.pkg.sub", "theano.pkg.other", "theano.pkg"]
     assert [str(n) for n in names] == [
         "theano.config:section.flag", "theano.config:plain",
         "theano.pkg.sub:alpha", "theano.pkg.sub:beta", "theano.pkg.sub:gamma",
@@ -166,10 +191,16 @@ def test_extraction(tmp_path):
         "theano.pkg.sub:Thing.size", "theano.pkg.sub:Thing.__add__",
         "theano.pkg.sub:Thing.__sub__", "theano.pkg.sub:Thing.run", "theano.pkg.sub:zeta",
         "theano.pkg.other:Omega", "theano.pkg.other:Omega.one", "theano.pkg.other:Omega.two"]
+    found = theano_names.module_members(tmp_path, whole)
+    assert found == {"theano.pkg.other": ["Omega", "epsilon"], "theano.pkg": ["kappa"]}
+    members = [Name(m, x) for m in whole for x in found[m]]
     data = tmp_path / "names.txt"
-    theano_names.write_data(modules, names, whole, data)
-    assert theano_names.load(data) == (modules, names)
+    theano_names.write_data(modules, names, whole, data, members=members)
+    new = [n for n in members if n not in names]      # epsilon and Omega are named already
+    assert new == [Name("theano.pkg", "kappa")]
+    assert theano_names.load(data) == (modules, names + new)
     assert theano_names.documented_whole(data) == whole
+    assert theano_names.members_of_whole(data) == new
 
 
 def test_the_tool_prints_the_figures(capsys, rep):
@@ -178,6 +209,7 @@ def test_the_tool_prints_the_figures(capsys, rep):
     assert f"present: {rep.present_share():.1f}%" in out
     assert "theano.tensor " in out and "\nmissing:\n" in out and "\nabsent:\n" in out
     assert "The other issue" in out
+    assert "theano.gof.graph" in out and " members: " in out
 
 
 def test_the_docs_say_how_to_run_it():

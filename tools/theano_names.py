@@ -5,17 +5,21 @@ tag rel-1.0.5): every ``.. autofunction::``, ``.. autoclass::``, ``.. function::
 ``.. class::``, ``.. attribute::``, ``.. method::`` and ``.. data::`` directive, with the module
 it belongs to (``.. module::``, ``.. currentmodule::`` and ``.. automodule::`` set it; a fully
 qualified name gives its own; a directive indented under a class names a member of it), and
-the names an ``automodule``/``autoclass`` lists in its ``:members: a, b`` option. (A bare
-``:members:`` documents the members found in Theano's source: those names are not in the list;
-the data file marks those modules with ``*``.) They
-were extracted once into tools/theano_library_names.txt (``module:qualified.name`` a line,
-names only), so neither this tool nor its test needs Theano or the network::
+the names an ``automodule``/``autoclass`` lists in its ``:members: a, b`` option. A bare
+``:members:`` documents the members found in Theano's source: at extraction they are listed by
+autodoc's rule (the module's ``__all__`` or attributes, public, defined in that module, with a
+docstring of their own; `module_members`, run by a Python that imports Theano), module-level
+names only (the methods of the classes are not counted); the data file marks those modules and
+their members with ``*``. They were extracted once into tools/theano_library_names.txt
+(``module:qualified.name`` a line, names only), so neither this tool nor its test needs Theano
+or the network::
 
     python tools/theano_names.py                 # per module, then the totals
     python tools/theano_names.py --missing       # and every missing name
     python tools/theano_names.py --absent        # and every deliberate absence, with its reason
-    python tools/theano_names.py --extract DIR   # re-extract from a checkout of Theano (DIR has
-                                                 # doc/library and theano/)
+    python tools/theano_names.py --extract DIR --theano-python PY
+        # re-extract from a checkout of Theano (DIR has doc/library and theano/; PY imports it:
+        # ../shared/tools/theano-oracle.sh's, $THEANO_ORACLE/bin/python)
 
 Each name's status here: *present* (it resolves under ``symgpu.`` in place of ``theano.``,
 through the real modules or the path table symgpu/theano_paths.py), *absent* (deliberately:
@@ -26,8 +30,12 @@ deliberate absence as covered: (present + absent) / documented.
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import json
+import os
 import re
+import subprocess
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -211,14 +219,84 @@ def extract(theano_root: Path) -> tuple[list[str], list[Name], list[str]]:
             list(dict.fromkeys(whole)))
 
 
+#: run with Theano importable: prints {module: [member, ...]} of the modules given on stdin,
+#: by autodoc's rule for a bare ``:members:`` (the module's ``__all__``, else its attributes;
+#: no private names, no modules, nothing defined in another module, only what has a
+#: docstring of its own); a module that fails to import maps to its error
+_MEMBERS_SCRIPT = r"""
+import importlib, inspect, json, sys
+out = {}
+for name in json.loads(sys.stdin.read()):
+    try:
+        mod = importlib.import_module(name)
+    except Exception as exc:
+        out[name] = repr(exc)
+        continue
+    found = []
+    for attr in list(getattr(mod, "__all__", None) or dir(mod)):
+        obj = getattr(mod, attr, None)
+        if attr.startswith("_") or inspect.ismodule(obj):
+            continue
+        if getattr(obj, "__module__", None) not in (None, name):
+            continue
+        doc = getattr(obj, "__doc__", None)
+        if not inspect.isclass(obj) and doc == getattr(type(obj), "__doc__", None):
+            doc = None
+        if doc:
+            found.append(attr)
+    out[name] = found
+print(json.dumps(out))
+"""
+
+
+def _static_members(theano_root: Path, module: str) -> list[str]:
+    """The members autodoc would list, read from the source where the module does not
+    import: its literal ``__all__``, else its top-level undecorated functions and classes
+    that have a docstring."""
+    path = theano_root.joinpath(*module.split("."))
+    path = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    defined = [node.name for node in tree.body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.decorator_list
+               and ast.get_docstring(node) and not node.name.startswith("_")]
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__"
+                                                 for t in node.targets)):
+            try:
+                return [n for n in ast.literal_eval(node.value) if not n.startswith("_")]
+            except ValueError:
+                break
+    return defined
+
+
+def module_members(theano_root: Path, modules: list[str], python: str = sys.executable
+                   ) -> dict[str, list[str]]:
+    """Each module's members as a bare ``:members:`` documents them (`_MEMBERS_SCRIPT`, run by
+    `python` with `theano_root` on its path; modules that do not import there: read from
+    the source, `_static_members`), sorted."""
+    env = dict(os.environ, PYTHONPATH=str(theano_root))
+    run = subprocess.run([python, "-c", _MEMBERS_SCRIPT], input=json.dumps(modules), env=env,
+                         capture_output=True, text=True, timeout=1200)
+    found = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {}
+    out = {}
+    for module in modules:
+        members = found.get(module)
+        if not isinstance(members, list):
+            members = _static_members(theano_root, module)
+        out[module] = sorted(members)
+    return out
+
+
 def write_data(modules: list[str], names: list[Name], whole: list[str] = (),
-               path: Path = DATA) -> None:
+               path: Path = DATA, members: list[Name] = ()) -> None:
     lines = ["# Theano 1.0.5's documented names: doc/library of the Theano repository (tag",
              "# rel-1.0.5), extracted by `python tools/theano_names.py --extract CHECKOUT`.",
              "# A line `module` is a module the reference documents (`module *`: also all its",
-             "# members, by a bare `:members:`; those are not listed); `module:name` a name in",
-             "# it (a class member is `module:Class.member`). Names only.",
-             *(m + (" *" if m in whole else "") for m in modules), *map(str, names)]
+             "# members, by a bare `:members:`); `module:name` a name in it (a class member is",
+             "# `module:Class.member`); `module:name *` a member a bare `:members:` documents",
+             "# (found in Theano's source by autodoc's rule). Names only.",
+             *(m + (" *" if m in whole else "") for m in modules), *map(str, names),
+             *(f"{n} *" for n in members if n not in set(names))]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -231,17 +309,26 @@ def load(path: Path = DATA) -> tuple[list[str], list[Name]]:
             continue
         if ":" in line:
             module, qualname = line.split(":", 1)
-            names.append(Name(module, qualname))
+            names.append(Name(module, qualname.split()[0]))
         else:
             modules.append(line.split()[0])
     return modules, names
 
 
 def documented_whole(path: Path = DATA) -> list[str]:
-    """The modules whose every member Theano's reference documents (a bare ``:members:``):
-    their names come from Theano's source and are not in the data file."""
+    """The modules whose every member Theano's reference documents (a bare ``:members:``)."""
     return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines()
-            if line.endswith(" *") and not line.startswith("#")]
+            if line.endswith(" *") and ":" not in line and not line.startswith("#")]
+
+
+def members_of_whole(path: Path = DATA) -> list[Name]:
+    """The names that come from a bare ``:members:`` (found in Theano's source)."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.endswith(" *") and ":" in line and not line.startswith("#"):
+            module, qualname = line.split()[0].split(":", 1)
+            out.append(Name(module, qualname))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,12 +484,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="list every deliberate absence with its reason")
     parser.add_argument("--extract", metavar="CHECKOUT", type=Path,
                         help="re-extract the data file from a checkout of Theano")
+    parser.add_argument("--theano-python", metavar="PYTHON", default=sys.executable,
+                        help="with --extract: a Python that imports the checkout's Theano (its "
+                             "dependencies installed), to list the members of the modules "
+                             "documented by a bare :members:")
     args = parser.parse_args(argv)
     out = sys.stdout
     if args.extract:
         modules, names, whole = extract(args.extract)
-        write_data(modules, names, whole)
-        print(f"{len(modules)} modules, {len(names)} names -> {DATA.relative_to(ROOT)}", file=out)
+        found = module_members(args.extract, whole, args.theano_python)
+        members = [Name(m, member) for m in whole for member in found[m]]
+        write_data(modules, names, whole, members=members)
+        print(f"{len(modules)} modules, {len(names)} names, {len(members)} members of "
+              f"{len(whole)} modules documented whole -> {DATA.relative_to(ROOT)}", file=out)
         return 0
     sys.path.insert(0, str(ROOT))  # run from anywhere: symgpu is the checkout's
     modules, names = load()
@@ -423,11 +517,14 @@ def main(argv: list[str] | None = None) -> int:
             if state != "present":
                 print(f"  {state}: {module}" + (f" — {reason}" if reason else ""), file=out)
     whole = documented_whole()
-    print(f"\nmodules whose every member the reference documents (`:members:`; those names "
-          f"are not counted above): {len(whole)}", file=out)
+    from_members = set(members_of_whole())
+    print(f"\nmodules whose every member the reference documents (a bare `:members:`; their "
+          f"members, found in Theano's source, are counted above): {len(whole)}", file=out)
     for module in whole:
-        print(f"  {module}" + (" [other issue]" if other_issue(Name(module, "")) else ""),
-              file=out)
+        c = Counter(rep.statuses[n][0] for n in names if n in from_members and n.module == module)
+        print(f"  {module:42} {sum(c.values()):>4} members: {c['present']} present, "
+              f"{c['absent']} absent, {c['missing']} missing"
+              + (" [other issue]" if other_issue(Name(module, "")) else ""), file=out)
     for flag, wanted in ((args.absent, "absent"), (args.missing, "missing")):
         if not flag:
             continue
