@@ -18,8 +18,8 @@ or the network::
     python tools/theano_names.py --missing       # and every missing name
     python tools/theano_names.py --absent        # and every deliberate absence, with its reason
     python tools/theano_names.py --extract DIR --theano-python PY
-        # re-extract from a checkout of Theano (DIR has doc/library and theano/; PY imports it:
-        # ../shared/tools/theano-oracle.sh's, $THEANO_ORACLE/bin/python)
+        # re-extract from a checkout of Theano (DIR has doc/library and theano/; PY is a Python
+        # with Theano 1.0.5 and its dependencies installed)
 
 Each name's status here: *present* (it resolves under ``symgpu.`` in place of ``theano.``,
 through the real modules or the path table symgpu/theano_paths.py), *absent* (deliberately:
