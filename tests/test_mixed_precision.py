@@ -394,3 +394,36 @@ def test_debugmode_judges_the_rewrites_against_the_policys_graph():
     ref = f.maker.fgraph.debugmode_reference
     assert any(type(n.op) is Dot and n.inputs[0].dtype == "bfloat16" for n in ref.toposort())
     np.testing.assert_allclose(f(*vals), function([x, w], out)(*vals), rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_fused_attention_and_its_gradient_read_half_operands(masked):
+    """Attention is fused (position 0.5) before the policy runs: the fused op and its gradient
+    are products too: q, k, v (and o, dO) in half; the mask and the row log-sum-exp stay
+    float32; the results are cast back and agree with float32 to bfloat16's precision."""
+    q, k, v = (T.tensor4(n, dtype="float32") for n in "qkv")
+    mask = T.tensor4("m", dtype="float32")
+    s = T.matmul(q, k.dimshuffle(0, 1, 3, 2)) * np.float32(0.35)
+    s = s + mask if masked else s
+    out = T.matmul(T.nnet.softmax(s, axis=-1), v)
+    cost = T.sqr(out).sum()
+    ins = [q, k, v] + ([mask] if masked else [])
+    outs = [cost] + T.grad(cost, [q, k, v])
+    rng = np.random.default_rng(0)
+    vals = [rng.standard_normal((2, 3, 6, 8)).astype("float32") for _ in range(3)]
+    if masked:
+        vals.append(np.where(rng.random((1, 1, 6, 6)) < 0.3, -1e9, 0).astype("float32")
+                    * np.ones((2, 3, 1, 1), "float32"))
+    ref = function(ins, outs)(*vals)
+    with autocast("bfloat16"):
+        f = function(ins, outs)
+    fused = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ in
+             ("Attention", "AttentionGrad")]
+    assert sorted(type(n.op).__name__ for n in fused) == ["Attention", "AttentionGrad"]
+    for n in fused:
+        assert [i.dtype for i in n.inputs[:3]] == ["bfloat16"] * 3
+        if masked:
+            assert n.inputs[3].dtype == "float32"
+    for a, b in zip(ref, f(*vals)):
+        assert b.dtype == np.float32
+        np.testing.assert_allclose(b, a, rtol=0.05, atol=0.05 * np.abs(a).max())

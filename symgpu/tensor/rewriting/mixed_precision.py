@@ -1,5 +1,6 @@
 """Mixed precision (passes `mixed_bfloat16` and `mixed_float16`, position 15): the matrix
-products and convolutions of a float32 graph take half inputs; everything else stays float32.
+products, convolutions and fused attention of a float32 graph take half inputs; everything
+else stays float32.
 
 The user writes the float32 program (training step, gradients and updates included); with the
 `mixed_precision` flag set (or a mode including one of the two tags) `function()` rewrites
@@ -28,7 +29,7 @@ product in half plus their scaling and accumulation in float32.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.rewriting import RewriteGroup, node_rewriter, optdb
@@ -36,6 +37,7 @@ from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.tensor.blas import Dot22, Gemm, Gemv, Ger
 from symgpu.tensor.elemwise import DimShuffle
 from symgpu.tensor.math import Dot, MatMul, dot
+from symgpu.tensor.nnet.attention import Attention, AttentionGrad
 from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
                                               Conv3d, Conv3dGradInputs, Conv3dGradWeights)
 from symgpu.tensor.rewriting.utils import ew_cast
@@ -50,12 +52,21 @@ POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 #: between specialize (3) and blas (20): see the module docstring
 POSITION = POSITIONS["mixed_precision"]
 
-#: product op class -> the positions of its operands (the inputs cast to half); the other
-#: inputs (a convolution's shape) are left alone
-PRODUCTS: dict[type, tuple[int, ...]] = {
+def _attention_grad_operands(op: AttentionGrad) -> tuple[int, ...]:
+    """q, k, v, o and dO of an AttentionGrad (the mask, lse and dlse stay float32)."""
+    n = 3 + op.has_mask
+    return (0, 1, 2, n, n + 2)
+
+
+#: product op class -> the positions of its operands (the inputs cast to half), or a function
+#: of the op giving them; the other inputs (a convolution's shape, attention's mask and
+#: row log-sum-exp) are left alone. Fused attention is a product too: the attention rewrite
+#: (position 0.5) has already replaced the matmuls it was written with.
+PRODUCTS: dict[type, tuple[int, ...] | Callable[[Any], tuple[int, ...]]] = {
     Dot: (0, 1), MatMul: (0, 1),
     Conv2d: (0, 1), Conv2dGradInputs: (0, 1), Conv2dGradWeights: (0, 1),
     Conv3d: (0, 1), Conv3dGradInputs: (0, 1), Conv3dGradWeights: (0, 1),
+    Attention: (0, 1, 2), AttentionGrad: _attention_grad_operands,
 }
 
 
@@ -123,23 +134,29 @@ def product_in_half(node: Apply, half: str) -> list[Variable] | None:
     op_type = type(node.op)
     if op_type in PRODUCTS:
         positions = PRODUCTS[op_type]
+        if callable(positions):
+            positions = positions(node.op)
         if not _operands_qualify(node, positions, half):
             return None
         inputs = [half_operand(v, half) if i in positions else v
                   for i, v in enumerate(node.inputs)]
-        new = node.op.make_node(*inputs).outputs[0]
+        news = node.op.make_node(*inputs).outputs
     elif op_type in BLAS_PRODUCTS:
         positions, build = BLAS_PRODUCTS[op_type]
         if not _operands_qualify(node, positions, half):
             return None
-        new = build(list(node.inputs), half)
+        news = [build(list(node.inputs), half)]
     else:
         return None
-    out = node.outputs[0]
-    new = ew_cast(new, out.dtype)
-    if new.type != out.type:
-        new = out.type.convert_variable(new)
-    return None if new is None else [new]
+    replacements = []
+    for new, out in zip(news, node.outputs):
+        new = ew_cast(new, out.dtype) if new.dtype != out.dtype else new
+        if new.type != out.type:
+            new = out.type.convert_variable(new)
+        if new is None:
+            return None
+        replacements.append(new)
+    return replacements
 
 
 def _make_rewrite(half: str) -> RewriteGroup:
@@ -150,7 +167,8 @@ def _make_rewrite(half: str) -> RewriteGroup:
     def rewrite(fgraph, node):
         return product_in_half(node, half)
     rewrite.__name__ = f"local_products_in_{half}"
-    rewrite.__doc__ = (f"A float32 product (dot, matmul, convolution and its gradients, "
+    rewrite.__doc__ = (f"A float32 product (dot, matmul, convolution and its gradients, fused "
+                       f"attention and its gradient, "
                        f"hand-built BLAS ops) reads {half} operands; its result is cast back "
                        "to float32.")
     group = RewriteGroup(tag)
