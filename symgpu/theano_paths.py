@@ -152,11 +152,11 @@ def _shadowed(fullname: str) -> Any:
     # the parent's own names only: a gathered parent's __getattr__ would import this path
     module = sys.modules.get(parent)
     value = vars(module).get(child) if module is not None else None
-    if value is None and module is not None and not isinstance(module, _Gathered):
-        try:   # a name the package loads on first use (PEP 562), e.g. theano.compile.pfunc
-            value = getattr(module, child)
-        except AttributeError:   # deferred name unknown: a plain submodule path
-            value = None
+    entry = (vars(module).get("_LAZY") or {}).get(child) if module is not None else None
+    if value is None and entry is not None and not (isinstance(entry, tuple) and entry[1] is None):
+        # a function the package loads on first use (its PEP 562 table, not one of its
+        # lazily loaded modules), e.g. theano.compile.pfunc
+        value = getattr(module, child)
     if isinstance(value, _CallableAlias):   # the path imported before under another name
         return value._function
     return value if callable(value) and not isinstance(value, types.ModuleType) else None
