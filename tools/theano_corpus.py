@@ -267,7 +267,7 @@ def pytest_runtest_logreport(report):
 
 def group_key(first: str) -> str:
     """A failure's group: its first error line with addresses and temp paths blurred."""
-    first = _TMP.sub("/tmp/…", _ADDRESS.sub("0x…", first.strip()))
+    first = _TMP.sub("/tmp/…", _ADDRESS.sub("0x…", first.strip())).replace(str(ROOT), "…")
     return first if len(first) <= 160 else first[:157] + "..."
 
 
