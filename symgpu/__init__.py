@@ -54,6 +54,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "misc": ("symgpu.misc", None),
     "d3viz": ("symgpu.d3viz", None),  # Theano's theano.d3viz: interactive graph pages
     "mixed_precision": ("symgpu.mixed_precision", None),  # autocast, DynamicLossScale
+    "change_flags": ("symgpu.config", "change_flags"),  # Theano's theano.change_flags
+    "compat": ("symgpu.compat", None),  # Theano's theano.compat (Python 2/3 helpers)
 }
 
 __all__ = ["config", "function", "shared", "grad", "In", "Out", "Apply", "Op", "Variable",

@@ -37,8 +37,10 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gof.optdb": "symgpu.graph.rewriting.db",
     "symgpu.gof.destroyhandler": "symgpu.graph.rewriting.destroy",
     "symgpu.gof.vm": "symgpu.link.vm",
+    "symgpu.gof.null_type": ("symgpu.gradient.core",),  # NullType
     # compiling (theano.compile)
     "symgpu.compile.function_module": "symgpu.compile.function",
+    "symgpu.compile.pfunc": "symgpu.compile.shared_rebuild",  # pfunc, rebuild_collect_shared
     "symgpu.compile.ops": ("symgpu.tensor.shape",),
     "symgpu.compile.builders": "symgpu.builders",  # OpFromGraph: above gradient and scan
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
@@ -148,7 +150,13 @@ def _shadowed(fullname: str) -> Any:
     last name (which importing the path would replace), or None."""
     parent, _, child = fullname.rpartition(".")
     # the parent's own names only: a gathered parent's __getattr__ would import this path
-    value = vars(sys.modules[parent]).get(child) if parent in sys.modules else None
+    module = sys.modules.get(parent)
+    value = vars(module).get(child) if module is not None else None
+    entry = (vars(module).get("_LAZY") or {}).get(child) if module is not None else None
+    if value is None and entry is not None and not (isinstance(entry, tuple) and entry[1] is None):
+        # a function the package loads on first use (its PEP 562 table, not one of its
+        # lazily loaded modules), e.g. theano.compile.pfunc
+        value = getattr(module, child)
     if isinstance(value, _CallableAlias):   # the path imported before under another name
         return value._function
     return value if callable(value) and not isinstance(value, types.ModuleType) else None

@@ -14,6 +14,7 @@ _LAZY = {
     "DebugMode": "debugmode", "MonitorMode": "monitormode", "NanGuardMode": "monitormode",
     "detect_nan": "monitormode", "shared": "sharedvalue", "SharedVariable": "sharedvalue",
     "ProfileStats": "profiling",
+    "pfunc": "shared_rebuild", "rebuild_collect_shared": "shared_rebuild",  # theano.compile.pfunc
 }
 
 __all__ = sorted(_LAZY)
@@ -24,7 +25,9 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     # deferred: Theano's theano.compile.X names resolve lazily (PEP 562), as documented
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # kept: Theano's path theano.compile.pfunc stays callable as pfunc
+    return value
 
 
 def __dir__() -> list[str]:

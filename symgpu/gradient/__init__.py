@@ -24,7 +24,8 @@ __all__ = ["grad", "Lop", "Rop", "jacobian", "hessian", "verify_grad", "numeric_
            "NullType", "grad_undefined", "grad_not_implemented", "disconnected_grad",
            "zero_grad", "consider_constant", "ZeroGrad", "DisconnectedGrad", "JacobianOp"]
 
-# Theano's T.grad, T.Lop, T.Rop, T.jacobian, T.hessian: the tensor namespace (a layer below
+# Theano's T.grad, T.Lop, T.Rop, T.jacobian, T.hessian, T.verify_grad, T.numeric_grad: the
+# tensor namespace (a layer below
 # this one) gets them from here when this package loads (the symgpu package imports it)
-for _name in ("grad", "Lop", "Rop", "jacobian", "hessian"):
+for _name in ("grad", "Lop", "Rop", "jacobian", "hessian", "verify_grad", "numeric_grad"):
     setattr(_tensor_package, _name, globals()[_name])

@@ -1,7 +1,8 @@
 """The rewrite machinery: node rewrites, graph rewrites, the equilibrium driver, merge,
 the destroy handler and the pass database (see db.py for positions and tags)."""
 from symgpu.graph.rewriting.basic import (GraphRewriter, InconsistencyError, NodeRewriter,
-                                          WalkingRewriter, apply_node_rewriter, copy_stack_trace,
+                                          WalkingRewriter, apply_node_rewriter, check_stack_trace,
+                                          copy_stack_trace,
                                           graph_rewriter, in2out, node_rewriter, out2in,
                                           replace_validate, same_typed_outputs, settings,
                                           sweep, try_replace)
@@ -14,7 +15,7 @@ from symgpu.graph.rewriting.merge import MergeRewriter
 
 __all__ = [
     "GraphRewriter", "InconsistencyError", "NodeRewriter", "WalkingRewriter",
-    "apply_node_rewriter", "copy_stack_trace", "graph_rewriter", "in2out", "node_rewriter",
+    "apply_node_rewriter", "check_stack_trace", "copy_stack_trace", "graph_rewriter", "in2out", "node_rewriter",
     "out2in", "replace_validate", "same_typed_outputs", "settings", "sweep", "try_replace",
     "POSITIONS", "PassDB",
     "RewriteGroup",

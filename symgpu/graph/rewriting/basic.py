@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
 
 __all__ = [
     "NodeRewriter", "node_rewriter", "GraphRewriter", "graph_rewriter", "InconsistencyError",
@@ -144,6 +145,58 @@ def copy_stack_trace(old: Variable, new: Variable, fgraph: FunctionGraph | None 
         for o in node.outputs:
             o.tag.trace = trace
         stack.extend(node.inputs)
+
+
+def check_stack_trace(f_or_fgraph: Any, ops_to_check: Any = "last",
+                      bug_print: str = "raise") -> bool:
+    """Theano's ``theano.gof.opt.check_stack_trace``: whether the outputs of the nodes chosen
+    by `ops_to_check` in a compiled function (or FunctionGraph) carry a creation trace, the
+    trace a runtime error names the user's line from (so a rewrite that forgot
+    copy_stack_trace shows here).
+
+    `ops_to_check`: ``'last'`` (the nodes of the graph's outputs), ``'all'``, an Op instance or
+    class or a list/tuple of them (a class matches an Elemwise's scalar op too), or a predicate
+    on Apply nodes. `bug_print` says what happens when nothing matches: ``'raise'``, ``'warn'``
+    or ``'ignore'`` (then True).
+    """
+    maker = getattr(f_or_fgraph, "maker", None)   # a compiled Function (a layer above)
+    fgraph = maker.fgraph if maker is not None else f_or_fgraph
+    if not isinstance(fgraph, FunctionGraph):
+        raise ValueError("check_stack_trace: expected a compiled function or a FunctionGraph, "
+                         f"got {type(f_or_fgraph).__name__}")
+    if isinstance(ops_to_check, Op) or (isinstance(ops_to_check, type)
+                                        and issubclass(ops_to_check, Op)):
+        ops_to_check = (ops_to_check,)
+    if isinstance(ops_to_check, str):
+        if ops_to_check == "last":
+            nodes = [o.owner for o in fgraph.outputs if o.owner is not None]
+        elif ops_to_check == "all":
+            nodes = list(fgraph.apply_nodes)
+        else:
+            raise ValueError(f"check_stack_trace: ops_to_check {ops_to_check!r} is neither "
+                             "'last' nor 'all'")
+    elif isinstance(ops_to_check, (tuple, list)):
+        classes = tuple(o for o in ops_to_check if isinstance(o, type))
+        instances = [o for o in ops_to_check if not isinstance(o, type)]
+        nodes = [n for n in fgraph.apply_nodes
+                 if any(n.op == i for i in instances) or isinstance(n.op, classes)
+                 or isinstance(getattr(n.op, "scalar_op", None), classes)]
+    elif callable(ops_to_check):
+        nodes = [n for n in fgraph.apply_nodes if ops_to_check(n)]
+    else:
+        raise ValueError("check_stack_trace: ops_to_check must be 'last', 'all', an op, an op "
+                         f"class, a list of them or a predicate, got {type(ops_to_check).__name__}")
+    if not nodes:
+        msg = "check_stack_trace: the ops asked for are not in the graph, or it is empty"
+        if bug_print == "raise":
+            raise ValueError(msg)
+        if bug_print == "warn":
+            warnings.warn(msg, stacklevel=2)
+        elif bug_print != "ignore":
+            raise ValueError(f"check_stack_trace: bug_print {bug_print!r} is not 'raise', "
+                             "'warn' or 'ignore'")
+        return True
+    return all(getattr(o.tag, "trace", None) for n in nodes for o in n.outputs)
 
 
 def _as_pairs(node: Apply, result: Any, name: str) -> list[tuple[Variable, Variable]]:
