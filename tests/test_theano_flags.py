@@ -240,6 +240,14 @@ def test_old_bug_warnings_are_accepted_and_satisfied():
     assert c.warn.subtensor_merge_bug is True and c.source("warn.subtensor_merge_bug") == "assignment"
 
 
+def test_unittests_rseed_is_theanos_test_seed():
+    # Theano's test helpers read it (unittest_tools.fetch_seed: int(config.unittests.rseed))
+    c = make()
+    assert c.unittests.rseed == "666" and int(c.unittests.rseed) == 666
+    c.unittests.rseed = "random"
+    assert c.unittests.rseed == "random" and c.source("unittests.rseed") == "assignment"
+
+
 # ----------------------------------------------------------------------------- mapped flags
 def test_optimizer_is_the_modes_rewrite_set():
     c = make()
