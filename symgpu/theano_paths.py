@@ -41,7 +41,6 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # compiling (theano.compile)
     "symgpu.compile.function_module": "symgpu.compile.function",
     "symgpu.compile.pfunc": "symgpu.compile.shared_rebuild",  # pfunc, rebuild_collect_shared
-    "symgpu.compile.ops": ("symgpu.tensor.shape",),
     "symgpu.compile.builders": "symgpu.builders",  # OpFromGraph: above gradient and scan
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
@@ -78,6 +77,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
+    # -- Theano's test corpus, round 2 (tools/theano_corpus.py): paths its tests import --
+    "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy"),
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",

@@ -15,6 +15,7 @@ _LAZY = {
     "detect_nan": "monitormode", "shared": "sharedvalue", "SharedVariable": "sharedvalue",
     "ProfileStats": "profiling",
     "pfunc": "shared_rebuild", "rebuild_collect_shared": "shared_rebuild",  # theano.compile.pfunc
+    "DeepCopyOp": "deepcopy", "deep_copy_op": "deepcopy",  # theano.compile.ops
 }
 
 __all__ = sorted(_LAZY)
