@@ -18,13 +18,14 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import INT_DTYPES, UINT_DTYPES, is_float, is_int
 from symgpu.tensor.basic import flatten
-from symgpu.tensor.extra_ops import ArgSort, Sort, argsort, sort  # re-exported: one definition
+from symgpu.tensor.extra_ops import (ArgSort, ArgSortOp, Sort, SortOp,  # re-exported: one
+                                     argsort, sort)                    # definition each
 from symgpu.tensor.math import abs as _abs
 from symgpu.tensor.ranges import arange
 from symgpu.tensor.shape_rules import as_dim
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
-__all__ = ["Sort", "ArgSort", "sort", "argsort", "TopKOp", "topk", "argtopk",
+__all__ = ["Sort", "ArgSort", "SortOp", "ArgSortOp", "sort", "argsort", "TopKOp", "topk", "argtopk",
            "topk_and_argtopk", "ScatterAlongAxis"]
 
 
