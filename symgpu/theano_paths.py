@@ -79,6 +79,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
                                 "symgpu.gpu.ops.pooling"),
     # -- Theano's test corpus, round 2 (tools/theano_corpus.py): paths its tests import --
     "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy"),
+    "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
