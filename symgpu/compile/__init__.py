@@ -16,6 +16,7 @@ _LAZY = {
     "ProfileStats": "profiling",
     "pfunc": "shared_rebuild", "rebuild_collect_shared": "shared_rebuild",  # theano.compile.pfunc
     "DeepCopyOp": "deepcopy", "deep_copy_op": "deepcopy",  # theano.compile.ops
+    "get_default_mode": "mode", "config": "mode", "UnusedInputError": "function",
 }
 
 __all__ = sorted(_LAZY)

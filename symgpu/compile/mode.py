@@ -31,7 +31,7 @@ from symgpu.link.vm import link
 from symgpu.tensor.c_elemwise import allow_c_kernels
 from symgpu.tensor.rewriting.mixed_precision import check_one_policy, policy_tag
 
-__all__ = ["Mode", "get_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
+__all__ = ["Mode", "get_mode", "get_default_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {
@@ -184,6 +184,11 @@ def get_mode(mode) -> Mode:
         factory = NAMED_MODES.get(mode)
         return factory() if factory is not None else Mode(mode)
     raise TypeError(f"mode must be a name ({', '.join(MODE_TAGS)}) or a Mode, got {mode!r}")
+
+
+def get_default_mode() -> Mode:
+    """Theano's name for the mode the `mode` flag selects (``get_mode(None)``)."""
+    return get_mode(None)
 
 
 #: Theano rewrite names that tutorials exclude, and the tag of ours that does the same work

@@ -612,3 +612,28 @@ def _broadcast_all(xs: list) -> list:
     for x in xs[1:]:
         ref = second(x, ref)
     return [second(ref, x) for x in xs]
+
+
+# -- Theano's test tolerances (theano.tensor.basic: tests written for Theano compare with them)
+float16_atol, float16_rtol = 1e-3, 1e-3
+float32_atol, float32_rtol = 1e-5, 1e-5
+float64_atol, float64_rtol = 1e-8, 1.0000000000000001e-05   # np.allclose's defaults
+
+
+def _get_atol_rtol(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Theano's (atol, rtol) for comparing `a` and `b`: by the narrowest float dtype."""
+    dtypes = (str(a.dtype), str(b.dtype))
+    if "float16" in dtypes:
+        return float16_atol, float16_rtol
+    if "float32" in dtypes or "complex64" in dtypes:
+        return float32_atol, float32_rtol
+    return float64_atol, float64_rtol
+
+
+def _allclose(a: Any, b: Any, rtol: float | None = None, atol: float | None = None) -> bool:
+    """Theano's ``theano.tensor.basic._allclose``: np.allclose with tolerances that follow
+    the dtypes (float32 results are compared at 1e-5, not float64's 1e-8)."""
+    a, b = np.asarray(a), np.asarray(b)
+    atol_, rtol_ = _get_atol_rtol(a, b)
+    return bool(np.allclose(a, b, atol=atol_ if atol is None else atol,
+                            rtol=rtol_ if rtol is None else rtol))
