@@ -21,3 +21,18 @@ def test_allclose_tolerances_follow_the_dtype():
     assert B._allclose(a.astype("float16"), a + 5e-4)
     assert not B._allclose(a.astype("float16"), a + 5e-4, atol=0, rtol=1e-6)
     assert B._get_atol_rtol(np.float32(1), np.float64(1)) == (B.float32_atol, B.float32_rtol)
+
+
+def test_searchsorted_with_sorter_and_theanos_op_name():
+    import symgpu.tensor as T
+    from symgpu.tensor.extra_ops import SearchSorted, SearchsortedOp, searchsorted
+    assert SearchsortedOp is SearchSorted and SearchsortedOp() == SearchSorted("left")
+    a, v, s = T.dvector(), T.dmatrix(), T.lvector()
+    f = symgpu.function([a, v, s], [searchsorted(a, v, "right", sorter=s), searchsorted(a, v)])
+    x = np.array([3.0, 1.0, 2.0, 5.0])
+    q = np.array([[0.5, 2.0], [4.0, 6.0]])
+    r = f(x, q, np.argsort(x))
+    np.testing.assert_array_equal(r[0], np.searchsorted(x, q, "right", sorter=np.argsort(x)))
+    np.testing.assert_array_equal(r[1], np.searchsorted(x, q))
+    shape = symgpu.function([a, v, s], searchsorted(a, v, sorter=s).shape)
+    np.testing.assert_array_equal(shape(x, q, np.argsort(x)), [2, 2])

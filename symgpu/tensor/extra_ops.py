@@ -24,7 +24,7 @@ from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, c
 __all__ = ["CumOp", "Sort", "ArgSort", "SortOp", "ArgSortOp", "Repeat", "Eye", "AllocDiag", "ExtractDiag", "Nonzero",
            "cumsum", "cumprod", "sort", "argsort", "repeat", "eye", "identity_like", "diag",
            "diagonal", "nonzero", "flatnonzero", "nonzero_values", "BinCount", "SearchSorted",
-           "bincount", "searchsorted", "to_one_hot"]
+           "bincount", "searchsorted", "to_one_hot", "SearchsortedOp"]
 
 _SORT_KINDS = ("quicksort", "mergesort", "heapsort", "stable")
 
@@ -724,27 +724,41 @@ class SearchSorted(Op):
             raise ValueError(f"searchsorted: side must be 'left' or 'right', got {side!r}")
         self.side = side
 
-    def make_node(self, a: Any, v: Any) -> Apply:
+    def make_node(self, a: Any, v: Any, sorter: Any = None) -> Apply:
+        """`sorter` (optional, Theano's): the int vector of indices that sort `a`."""
         a, v = as_tensor_variable(a), as_tensor_variable(v)
         if a.ndim != 1:
             raise ValueError(f"searchsorted: the sorted array {a} ({a.type}) must be a vector")
-        return Apply(self, [a, v], [TensorType("int64", v.broadcastable)()])
+        inputs = [a, v]
+        if sorter is not None:
+            sorter = as_tensor_variable(sorter)
+            if sorter.ndim != 1 or not sorter.dtype.startswith(("int", "uint")):
+                raise TypeError(f"searchsorted: sorter {sorter} ({sorter.type}) must be an "
+                                "integer vector (the argsort of a)")
+            inputs.append(sorter)
+        return Apply(self, inputs, [TensorType("int64", v.broadcastable)()])
 
     def perform(self, node, inputs, out):
-        a, v = inputs
-        out[0][0] = np.asarray(np.searchsorted(a, v, side=self.side), dtype="int64")
+        a, v, *sorter = inputs
+        out[0][0] = np.asarray(np.searchsorted(a, v, side=self.side,
+                                               sorter=sorter[0] if sorter else None),
+                               dtype="int64")
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [tuple(input_shapes[1])]
 
     def grad(self, inputs, output_grads):
-        return [None, None]
+        return [None] * len(inputs)
 
 
-def searchsorted(a: Any, v: Any, side: str = "left") -> TensorVariable:
+def searchsorted(a: Any, v: Any, side: str = "left", sorter: Any = None) -> TensorVariable:
     """Indices where the elements of `v` would be inserted into the sorted vector `a` to
-    keep it sorted, as np.searchsorted."""
-    return SearchSorted(side)(a, v)
+    keep it sorted, as np.searchsorted (`sorter`: indices that sort `a`, if it is not)."""
+    return SearchSorted(side)(a, v, sorter)
+
+
+#: Theano's name of the op (theano.tensor.extra_ops.SearchsortedOp)
+SearchsortedOp = SearchSorted
 
 
 def to_one_hot(y: Any, nb_class: Any, dtype: str | None = None) -> TensorVariable:
