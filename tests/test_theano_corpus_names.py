@@ -36,3 +36,12 @@ def test_searchsorted_with_sorter_and_theanos_op_name():
     np.testing.assert_array_equal(r[1], np.searchsorted(x, q))
     shape = symgpu.function([a, v, s], searchsorted(a, v, sorter=s).shape)
     np.testing.assert_array_equal(shape(x, q, np.argsort(x)), [2, 2])
+
+
+def test_theanos_dtype_lists():
+    import symgpu.tensor as T
+    assert T.integer_dtypes == T.int_dtypes + T.uint_dtypes and "bool" in T.discrete_dtypes
+    assert T.all_dtypes == T.discrete_dtypes + T.float_dtypes + T.complex_dtypes
+    assert T.continuous_dtypes == ["float16", "float32", "float64", "complex64", "complex128"]
+    for d in T.all_dtypes:
+        assert T.TensorType(d, ()).dtype == d

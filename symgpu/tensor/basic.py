@@ -30,6 +30,8 @@ from symgpu.tensor.ranges import ARange, arange
 from symgpu.tensor.type import TensorConstant, TensorType, TensorVariable, as_tensor_variable, constant
 
 __all__ = [
+    "int_dtypes", "uint_dtypes", "integer_dtypes", "discrete_dtypes", "float_dtypes",
+    "complex_dtypes", "continuous_dtypes", "all_dtypes",
     "MakeVector", "make_vector", "Reshape", "reshape", "flatten", "squeeze", "Join", "join",
     "concatenate", "stack", "Alloc", "alloc", "zeros", "ones", "ARange", "arange",
     "specify_shape", "shape_padleft", "shape_padright", "choose",
@@ -637,3 +639,14 @@ def _allclose(a: Any, b: Any, rtol: float | None = None, atol: float | None = No
     atol_, rtol_ = _get_atol_rtol(a, b)
     return bool(np.allclose(a, b, atol=atol_ if atol is None else atol,
                             rtol=rtol_ if rtol is None else rtol))
+
+
+# -- Theano's dtype lists (theano.tensor.*_dtypes; Theano's dtypes: no bfloat16)
+int_dtypes = ["int8", "int16", "int32", "int64"]
+uint_dtypes = ["uint8", "uint16", "uint32", "uint64"]
+integer_dtypes = int_dtypes + uint_dtypes
+discrete_dtypes = ["bool"] + integer_dtypes
+float_dtypes = ["float16", "float32", "float64"]
+complex_dtypes = ["complex64", "complex128"]
+continuous_dtypes = float_dtypes + complex_dtypes
+all_dtypes = discrete_dtypes + continuous_dtypes
