@@ -28,7 +28,6 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
                    "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
-    "symgpu.gof.graph": "symgpu.graph.basic",
     "symgpu.gof.op": "symgpu.graph.op",
     "symgpu.gof.type": ("symgpu.graph.basic",),
     "symgpu.gof.fg": "symgpu.graph.fg",
@@ -78,6 +77,11 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
+    # --- Theano's documented module members (issue 31, helper names2): graph walking and
+    # general helpers of theano.gof
+    "symgpu.gof.graph": ("symgpu.graph.basic", "symgpu.graph.traversal"),
+    "symgpu.gof.utils": "symgpu.graph.utils",
+    # --- end of names2's block
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
