@@ -406,3 +406,11 @@ def conv3d_grad_wrt_weights(input: Any, output_grad: Any, filter_shape: Any,
     op = Conv3dGradWeights(border_mode, subsample, filter_flip, filter_dilation, num_groups,
                            input_shape, filter_shape)
     return op(input, output_grad, k)
+
+
+# Theano's other names of this module (op class aliases, shape arithmetic, helpers): defined
+# beside it to keep this file about the ops; imported last, as they build on the above
+from symgpu.tensor.nnet.abstract_conv_theano import *  # noqa: E402,F401,F403
+from symgpu.tensor.nnet import abstract_conv_theano as _theano  # noqa: E402
+
+__all__ += _theano.__all__
