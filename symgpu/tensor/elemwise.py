@@ -7,6 +7,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
+from symgpu.graph.op_alias import op_alias
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import dtype_kind, is_float, value_dtype
@@ -540,8 +541,6 @@ shape_rules.use_elementwise_op(Elemwise)  # dimension arithmetic builds Elemwise
 # theano.tensor.elemwise's Sum/Prod/All/CAReduceDtype: our reductions are all CAReduce (one op
 # for rewrites and the GPU lifter); these names build and recognise the matching CAReduce.
 def _reduction_alias(name: str, op_name: str | None, doc: str) -> type:
-    from symgpu.graph.op_alias import op_alias
-
     def build(*args: Any, axis: Any = None, dtype: str | None = None,
               acc_dtype: str | None = None) -> CAReduce:
         if op_name is None:                      # CAReduceDtype(scalar_op, axis, dtype, ...)

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import HostFromGpu
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime import context as _ctx
+from symgpu.graph.op_alias import op_alias
 from symgpu.tensor.nnet import abstract_conv as _ac
 from symgpu.tensor.nnet import bn as _bn
 from symgpu.tensor.signal import pool as _pool
@@ -35,7 +37,7 @@ def _need_gpu(who: str, *vars: Any) -> None:
     name = infer_context_name(*vars)
     try:
         _ctx.get_context(name)
-    except Exception as exc:
+    except (_ctx.ContextNotFound, _ctx.GpuUnavailableError) as exc:
         raise RuntimeError(f"{who} runs on the GPU: no GPU context {name!r} ({exc}); register "
                            f"one (device=cuda) or use the tensor.nnet functions") from exc
 
@@ -148,8 +150,6 @@ def dnn_batch_normalization_test(inputs: Any, gamma: Any, beta: Any, mean: Any, 
 # theano.gpuarray.nnet's softmax classes: our one softmax kernel op (GpuSoftmaxRows) with and
 # without a bias, built and recognised under Theano's names
 def _softmax_alias(name: str, bias: bool) -> type:
-    from symgpu.graph.op_alias import op_alias
-    from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
     return op_alias(name, "symgpu.gpuarray.nnet", lambda: GpuSoftmaxRows(log=False, bias=bias),
                     lambda op: isinstance(op, GpuSoftmaxRows) and not op.log and op.bias == bias,
                     f"Theano's {name}(): our GpuSoftmaxRows(log=False, bias={bias}), "
