@@ -170,6 +170,59 @@ ABSENT: dict[str, str] = {
         "how many MRG31k3p streams to run for a draw's size on Theano's GPU; symgpu's Philox "
         "kernels derive each element's stream from its counter, with no stream count",
     # --- end of names2's block
+    # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
+    # counterpart here, each for its own reason (the ones symgpu has under other names are in
+    # symgpu/theano_paths.py's RENAMES)
+    "theano.gpuarray.dnn:GpuDnnBatchNorm":
+        "cuDNN's batch-norm op; symgpu's batch_normalization_train is a graph of elementwise "
+        "ops and reductions that the GPU placement fuses (dnn_batch_normalization_train builds it)",
+    "theano.gpuarray.dnn:GpuDnnBatchNormInference":
+        "cuDNN's batch-norm inference op; symgpu's batch_normalization_test is one fused "
+        "elementwise graph on the GPU (dnn_batch_normalization_test builds it)",
+    "theano.gpuarray.dnn:GpuDnnPoolGrad":
+        "cuDNN's one pooling-gradient op for every mode; symgpu's GPU pooling gradients are "
+        "GpuMaxPoolGrad and GpuAveragePoolGrad, one per mode (symgpu.gpu.ops.pooling)",
+    "theano.gpuarray.dnn:GpuDnnSoftmax":
+        "cuDNN's softmax op (algo, mode); symgpu's GPU softmax is its own one-launch kernel "
+        "GpuSoftmaxRows (theano.gpuarray.nnet's GpuSoftmax here)",
+    "theano.gpuarray.dnn:GpuDnnSoftmaxGrad":
+        "cuDNN's softmax gradient op; symgpu's softmax gradient is an elementwise graph that "
+        "the GPU placement fuses",
+    "theano.gpuarray.dnn:GpuDnnTransformerGrid":
+        "cuDNN's spatial transformer; symgpu has no spatial transformer op (dnn_spatialtf)",
+    "theano.gpuarray.dnn:GpuDnnTransformerSampler":
+        "cuDNN's spatial transformer sampler; symgpu has no spatial transformer op",
+    "theano.gpuarray.dnn:GpuDnnTransformerGradI":
+        "the gradient of cuDNN's spatial transformer, which symgpu does not have",
+    "theano.gpuarray.dnn:GpuDnnTransformerGradT":
+        "the gradient of cuDNN's spatial transformer, which symgpu does not have",
+    "theano.gpuarray.dnn:dnn_spatialtf":
+        "cuDNN's spatial transformer network layer; symgpu has no spatial transformer op",
+    "theano.gpuarray.dnn:RNNBlock":
+        "cuDNN's fused RNN/LSTM/GRU layers; symgpu's recurrences are scan loops (GPU scan "
+        "ops), with no cuDNN RNN binding",
+    "theano.gpuarray.blas:GpuCorrMM":
+        "Theano's im2col + GEMM correlation op; in symgpu that path is inside GpuConv2d "
+        "(conv_gemm.py), chosen when cuDNN does not load, not an op of its own",
+    "theano.gpuarray.blas:GpuCorrMM_gradInputs":
+        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradInputs "
+        "(conv_gemm.py), chosen when cuDNN does not load",
+    "theano.gpuarray.blas:GpuCorrMM_gradWeights":
+        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradWeights "
+        "(conv_gemm.py), chosen when cuDNN does not load",
+    "theano.gpuarray.blas:GpuCorr3dMM":
+        "Theano's vol2col + GEMM op; symgpu's GpuConv3d runs on cuDNN, with no separate "
+        "GEMM correlation op",
+    "theano.gpuarray.blas:GpuCorr3dMM_gradInputs":
+        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradInputs runs on cuDNN, with no "
+        "separate GEMM correlation op",
+    "theano.gpuarray.blas:GpuCorr3dMM_gradWeights":
+        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradWeights runs on cuDNN, with no "
+        "separate GEMM correlation op",
+    "theano.gpuarray.type:GpuContextType":
+        "the Type of a GPU context passed as a graph input to Theano's C ops; symgpu's GPU "
+        "ops hold their context name as a property and look the context up when they run",
+    # --- end of names3's block
     # the other issue's
     "theano.sparse.tests":
         "a helper of Theano's own test suite, not of its library",
