@@ -12,6 +12,9 @@
 #                                                # (gpu_call_parts), cpu_overhead,
 #                                                # threads --device cuda)
 #   bash benchmarks/device_session.sh breakdown  # kernel_breakdown: every contender's kernels
+#   bash benchmarks/device_session.sh half       # issue 34: half.py (every row, about 3 min with
+#                                                # torch.compile), attention.py in f16/bf16/f32
+#   bash benchmarks/device_session.sh library    # issue 33: library_gpu.py, every row
 # BASE is a copy of an older tree carried to the machine, e.g. made here with
 #   mkdir -p .device-wheels/base && git archive c10bea3 | tar -x -C .device-wheels/base
 # Writes logs under ${OUT:-/tmp/symgpu-device}. Run from the repository root after installing
@@ -53,8 +56,15 @@ case "$part" in
     python3 benchmarks/kernel_breakdown.py --dropout 2>&1 | tee "$out/kernels_dropout.txt"
     python3 benchmarks/kernel_breakdown.py --logreg 2>&1 | tee "$out/kernels_logreg.txt"
     ;;
+  half)
+    (cd benchmarks && python3 half.py 2>&1 | tee "$out/half.txt")
+    python3 benchmarks/attention.py --dtypes float16,bfloat16,float32 2>&1 | tee "$out/attention.txt"
+    ;;
+  library)
+    python3 benchmarks/library_gpu.py 2>&1 | tee "$out/library_gpu.txt"
+    ;;
   *)
-    echo "unknown part $part: tests, issues, ab BASE or breakdown" >&2
+    echo "unknown part $part: tests, issues, ab BASE, breakdown, half or library" >&2
     exit 2
     ;;
 esac

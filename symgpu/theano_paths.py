@@ -21,14 +21,13 @@ import sys
 import types
 from typing import Any
 
-__all__ = ["PATHS", "install", "resolve"]
+__all__ = ["PATHS", "RENAMES", "install", "resolve"]
 
 #: Theano's path (under ``symgpu.``) -> our module, or the modules whose public names it gathers
 PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
                    "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
-    "symgpu.gof.graph": "symgpu.graph.basic",
     "symgpu.gof.op": "symgpu.graph.op",
     "symgpu.gof.type": ("symgpu.graph.basic",),
     "symgpu.gof.fg": "symgpu.graph.fg",
@@ -61,10 +60,10 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpu.basic_ops": "symgpu.gpu.placement.basic_ops",
     "symgpu.gpu.type": "symgpu.gpu.placement.type",
     "symgpu.gpuarray": "symgpu.gpu",
-    "symgpu.gpuarray.basic_ops": "symgpu.gpu.placement.basic_ops",
-    "symgpu.gpuarray.type": "symgpu.gpu.placement.type",
+    "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
+    "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
     "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
-    "symgpu.gpuarray.elemwise": "symgpu.gpu.ops.elemwise",
+    "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
     "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
     "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
     "symgpu.gpuarray.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv", "symgpu.gpu.ops.pooling"),
@@ -77,6 +76,11 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
+    # --- Theano's documented module members (issue 31, helper names2): graph walking and
+    # general helpers of theano.gof
+    "symgpu.gof.graph": ("symgpu.graph.basic", "symgpu.graph.traversal"),
+    "symgpu.gof.utils": "symgpu.graph.utils",
+    # --- end of names2's block
     # -- Theano's test corpus, round 2 (tools/theano_corpus.py): paths its tests import --
     "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy"),
     "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
@@ -85,6 +89,57 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
     "symgpu.gpu.placement.producer_copies": "symgpu.gpu.ops.producer_copies",
 }
+
+# --- Theano's names that are ours under other names (issue 31, helper names3) -------------
+#: Theano path -> {Theano's name: "our.module:our_name"}: consulted by the gathered path
+#: before its modules (resolved lazily, on first use). Only where the object behaves as
+#: Theano's for what users do with it; the names Theano has with no meaning here are in
+#: tools/theano_absent.py, each with its reason.
+RENAMES: dict[str, dict[str, str]] = {
+    "symgpu.gpuarray.type": {
+        "get_context": "symgpu.gpu.runtime.context:get_context",
+        "reg_context": "symgpu.gpu.runtime.context:register_context",
+        "list_contexts": "symgpu.gpu.runtime.context:context_names",
+    },
+    "symgpu.gpuarray.basic_ops": {
+        "GpuJoin": "symgpu.gpu.ops.subtensor:GpuJoin",
+        "GpuAllocEmpty": "symgpu.gpu.ops.blas:GpuAllocEmpty",
+        "infer_context_name": "symgpu.gpu.ops.theano_dnn:infer_context_name",
+    },
+    "symgpu.gpuarray.elemwise": {
+        "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction
+    },
+    "symgpu.gpuarray.subtensor": {
+        # the atomicAdd scatter (Theano's "dev20": compute capability 2.0 and up)
+        "GpuAdvancedIncSubtensor1_dev20": "symgpu.gpu.ops.advanced:GpuAdvancedIncSubtensor1",
+    },
+    "symgpu.gpuarray.nnet": {
+        "GpuSoftmax": "symgpu.gpu.ops.theano_dnn:GpuSoftmax",
+        "GpuSoftmaxWithBias": "symgpu.gpu.ops.theano_dnn:GpuSoftmaxWithBias",
+    },
+    "symgpu.gpuarray.dnn": {
+        # the op classes, for isinstance on lifted graphs (2-d convolution and pooling: 3-d
+        # are GpuConv3d*/GpuPool3d); cuDNN or our own kernels are picked when they run
+        "GpuDnnConv": "symgpu.gpu.ops.conv:GpuConv2d",
+        "GpuDnnConvGradI": "symgpu.gpu.ops.conv:GpuConv2dGradInputs",
+        "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
+        "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
+        **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
+            "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
+            "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
+            "dnn_batch_normalization_test")},
+    },
+}
+
+
+def _renamed(path: str, name: str) -> Any:
+    """Theano's `name` of `path` from RENAMES (AttributeError where the table has none)."""
+    target = RENAMES.get(path, {}).get(name)
+    if target is None:
+        raise AttributeError(name)
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # deferred: resolved on first use
+# --- end of names3's block
 
 
 def _public(module: types.ModuleType) -> list[str]:
@@ -104,6 +159,12 @@ class _Gathered(types.ModuleType):
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
+        try:
+            value = _renamed(self.__name__, name)   # Theano's name for one of ours
+            setattr(self, name, value)
+            return value
+        except AttributeError:
+            pass
         for source in self._sources:  # names first: `from theano.scan_module import scan`
             module = importlib.import_module(source)  # deferred: resolved on first use
             if hasattr(module, name):
@@ -119,6 +180,7 @@ class _Gathered(types.ModuleType):
     def __dir__(self) -> list[str]:
         # deferred: resolved on first use
         names = {n for s in self._sources for n in _public(importlib.import_module(s))}
+        names |= set(RENAMES.get(self.__name__, {}))
         prefix = self.__name__ + "."
         names |= {p[len(prefix):] for p in PATHS
                   if p.startswith(prefix) and "." not in p[len(prefix):]}

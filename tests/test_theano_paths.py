@@ -50,7 +50,9 @@ def test_gathered_paths():
     from symgpu.graph.basic import Apply, Variable
     from symgpu.graph.fg import FunctionGraph
     assert gof.Variable is Variable and gof.Apply is Apply and gof.FunctionGraph is FunctionGraph
-    assert gof.graph is importlib.import_module("symgpu.graph.basic")  # a sub-path
+    assert gof.graph.Variable is Variable  # a sub-path (itself gathered: graph.basic and
+    assert gof.graph.ancestors is importlib.import_module("symgpu.graph.basic").ancestors
+    assert gof.graph.clone is importlib.import_module("symgpu.graph.traversal").clone  # walks)
     assert {"Variable", "FunctionGraph", "graph", "fg"} <= set(dir(gof))
     with pytest.raises(AttributeError, match="gathers symgpu.graph.basic"):
         gof.no_such_name

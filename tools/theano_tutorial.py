@@ -60,9 +60,6 @@ DELIBERATE: dict[str, str] = {
                     "original does, not Theano 1.0's one-element list (docs/from_theano.md)",
     "examples:329": "Function.copy() of a one-output function returns the output, as the "
                     "original does, not Theano 1.0's one-element list (docs/from_theano.md)",
-    "examples:411": _PHILOX + "a stream's state is a uint32 array, with no RandomState.seed",
-    "examples:431": _PHILOX + "a stream's state is a uint32 array, with no RandomState "
-                              "get_state/set_state",
     "examples:481": _PHILOX + "the numbers differ from Theano's",
     "examples:493": _PHILOX + "the numbers differ from Theano's (the two graphs agree)",
     "loop:320": _PHILOX + "the binomial mask drawn in the loop differs from Theano's",

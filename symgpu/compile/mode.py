@@ -31,7 +31,8 @@ from symgpu.link.vm import link
 from symgpu.tensor.c_elemwise import allow_c_kernels
 from symgpu.tensor.rewriting.mixed_precision import check_one_policy, policy_tag
 
-__all__ = ["Mode", "get_mode", "get_default_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE", "TAG_ALIASES"]
+__all__ = ["Mode", "get_mode", "get_default_mode", "MODE_TAGS", "FAST_RUN", "FAST_COMPILE",
+           "TAG_ALIASES"]
 
 #: the rewrite tags each mode includes
 MODE_TAGS = {

@@ -10,7 +10,7 @@ from symgpu.gradient.core import (DisconnectedInputError, DisconnectedType, as_v
                                   has_float_dtype, is_disconnected, is_tensor, restore_form)
 from symgpu.graph.basic import Constant, Variable, io_toposort
 
-__all__ = ["Lop", "Rop"]
+__all__ = ["Lop", "Rop", "format_as", "subgraph_grad"]
 
 
 def Lop(f: Any, wrt: Any, eval_points: Any, consider_constant: Sequence[Variable] | None = None,
@@ -127,3 +127,50 @@ def _rop_by_double_lop(f_list: list[Variable], wrt_list: list[Variable],
     present = [r for r in rs if r is not None]
     replaced = iter(clone_replace(present, fill))
     return [None if r is None else next(replaced) for r in rs]
+
+
+def format_as(use_list: bool, use_tuple: bool, outputs: Any) -> Any:
+    """`outputs` as a list (`use_list`), a tuple (`use_tuple`: a single value becomes a
+    one-element sequence) or, with neither flag, the single value (a one-element sequence is
+    unpacked). Theano's helper for returning results in the form they were asked in."""
+    if use_list and use_tuple:
+        raise ValueError("format_as: use_list and use_tuple cannot both be true")
+    if use_list or use_tuple:
+        seq = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        return seq if use_list else tuple(seq)
+    if isinstance(outputs, (list, tuple)):
+        if len(outputs) != 1:
+            raise ValueError(f"format_as: expected one output, got {len(outputs)}")
+        return outputs[0]
+    return outputs
+
+
+def subgraph_grad(wrt: list, end: list, start: dict | None = None, cost: Variable | None = None,
+                  details: bool = False) -> tuple:
+    """Theano's gradient of one block of a chain: the gradients of `cost` (and/or of the
+    gradients `start` = {variable: its known gradient}) with respect to `wrt` and to `end`,
+    not propagated past `end` (the block's inputs), so that blocks can be chained by handing
+    `end`'s gradients to the next block as its `start`. Returns (wrt grads, end grads), and
+    with `details` also the parts from `start` and from `cost`."""
+    if cost is None and start is None:
+        raise ValueError("subgraph_grad: give cost, start or both")
+    if not isinstance(end, list) or not isinstance(wrt, list):
+        raise TypeError("subgraph_grad: wrt and end must be lists")
+    if start is not None and not isinstance(start, dict):
+        raise TypeError("subgraph_grad: start must be a dict {variable: gradient}")
+    params = list(dict.fromkeys(wrt + end))
+    start_grads = cost_grads = None
+    if start is not None:
+        start_grads = list(grad(None, params, known_grads=start, consider_constant=end,
+                                disconnected_inputs="ignore"))
+    if cost is not None:
+        cost_grads = list(grad(cost, params, consider_constant=end,
+                               disconnected_inputs="ignore"))
+    if start_grads is None:
+        grads = cost_grads
+    else:
+        grads = start_grads if cost_grads is None else [a + b for a, b in zip(start_grads,
+                                                                             cost_grads)]
+    by_param = dict(zip(params, grads))
+    out = ([by_param[k] for k in wrt], [by_param[k] for k in end])
+    return out + (start_grads, cost_grads) if details else out

@@ -140,6 +140,8 @@ class Variable:
     """An edge of the graph: the result of an Apply (`owner`) or a free input."""
 
     __array_priority__ = 1000
+    #: callables told of each new variable (graph.traversal.nodes_constructed); usually none
+    construction_observers: list = []
 
     def __init__(self, type: Type, owner: "Apply | None" = None, index: int | None = None,
                  name: str | None = None):
@@ -150,6 +152,8 @@ class Variable:
         self.tag = VariableTag(type)
         if owner is None:
             self.tag.trace = user_stack()
+        for observer in Variable.construction_observers:
+            observer(self)
 
     def clone(self) -> "Variable":
         """A new free variable of the same type and name (tag copied, owner dropped)."""

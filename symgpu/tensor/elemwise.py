@@ -7,6 +7,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply, Constant
 from symgpu.graph.op import Op
+from symgpu.graph.op_alias import op_alias
 from symgpu.scalar.basic import SCALAR_OPS, ScalarOp
 from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import dtype_kind, is_float, value_dtype
@@ -534,3 +535,39 @@ class CAReduce(Op):
 
 
 shape_rules.use_elementwise_op(Elemwise)  # dimension arithmetic builds Elemwise nodes
+
+
+# ---------------------------------------------------------------- Theano's reduction classes
+# theano.tensor.elemwise's Sum/Prod/All/CAReduceDtype: our reductions are all CAReduce (one op
+# for rewrites and the GPU lifter); these names build and recognise the matching CAReduce.
+def _reduction_alias(name: str, op_name: str | None, doc: str) -> type:
+    def build(*args: Any, axis: Any = None, dtype: str | None = None,
+              acc_dtype: str | None = None) -> CAReduce:
+        if op_name is None:                      # CAReduceDtype(scalar_op, axis, dtype, ...)
+            scalar_op, *rest = args
+            args = tuple(rest)
+        else:
+            scalar_op = op_name
+        if args:
+            axis = args[0]
+            if len(args) > 1:
+                dtype = args[1]
+        if isinstance(axis, (int, np.integer)):
+            axis = (int(axis),)
+        return CAReduce(scalar_op, axis, dtype)
+
+    def accepts(op: Any) -> bool:
+        return isinstance(op, CAReduce) and (op_name is None or op.scalar_op.name == op_name)
+
+    return op_alias(name, __name__, build, accepts, doc)
+
+
+Sum = _reduction_alias("Sum", "add", "Theano's Sum(axis=None, dtype=None, acc_dtype=None): "
+                       "a CAReduce of add (sums of the half dtypes accumulate in float32)")
+Prod = _reduction_alias("Prod", "mul", "Theano's Prod(axis=None, dtype=None, acc_dtype=None): "
+                        "a CAReduce of mul")
+All = _reduction_alias("All", "and_", "Theano's All(axis=None): a CAReduce of logical and")
+CAReduceDtype = _reduction_alias("CAReduceDtype", None,
+                                 "Theano's CAReduceDtype(scalar_op, axis=None, dtype=None, "
+                                 "acc_dtype=None): a CAReduce with an output dtype")
+__all__ += ["Sum", "Prod", "All", "CAReduceDtype"]

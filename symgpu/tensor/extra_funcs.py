@@ -17,7 +17,7 @@ from symgpu.scalar.dtypes import upcast
 from symgpu.tensor.basic import (_as_int_scalar, _vector_length, alloc, arange, choose,
                                  concatenate, flatten, reshape, shape_padleft, shape_padright,
                                  stack)
-from symgpu.tensor.extra_ops import diagonal
+from symgpu.tensor.extra_ops import diagonal, diff, fill_diagonal  # Theano's extra_ops names
 from symgpu.tensor.math import (_make_elemwise, _prod_of, abs as _abs, all as _all, and_, argmax,
                                 cast, clip, eq, ge, invert, isinf, isnan, le, lt, matmul,
                                 max as _max, maximum, min as _min, minimum, neq, or_, second, sqr,
@@ -286,20 +286,6 @@ def vertical_stack(*args: Any) -> TensorVariable:
 
 # ============================================================================ differences, ranges
 
-def diff(x: Any, n: int = 1, axis: int = -1) -> TensorVariable:
-    """The n-th discrete difference along `axis`, as np.diff."""
-    x = as_tensor_variable(x)
-    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"diff: axis {axis} is out of range for {x} ({x.type})")
-    if n < 0:
-        raise ValueError(f"diff: order n must be >= 0, got {n}")
-    axis = axis % x.ndim
-    before = (slice(None),) * axis
-    for _ in range(n):
-        x = x[before + (slice(1, None),)] - x[before + (slice(None, -1),)]
-    return x
-
-
 def ptp(a: Any, axis: Any = None, keepdims: bool = False) -> TensorVariable:
     """max - min over `axis` (peak to peak), as np.ptp."""
     return _max(a, axis, keepdims) - _min(a, axis, keepdims)
@@ -409,17 +395,6 @@ def batched_tensordot(x: Any, y: Any, axes: Any = 2) -> TensorVariable:
                  ndim=3)
     out = matmul(x3, y3)
     return reshape(out, [batch] + x_shape + y_shape, ndim=1 + len(x_free) + len(y_free))
-
-
-def fill_diagonal(a: Any, val: Any) -> TensorVariable:
-    """A copy of the matrix `a` with its main diagonal set to the scalar `val`, as
-    np.fill_diagonal (which works in place)."""
-    a = as_tensor_variable(a)
-    if a.ndim != 2:
-        raise ValueError(f"fill_diagonal: {a} ({a.type}) must be a matrix")
-    n = minimum(shape_i(a, 0), shape_i(a, 1))
-    i = arange(n, dtype="int64")
-    return set_subtensor(a[i, i], cast(val, a.dtype))
 
 
 def to_one_hot(y: Any, nb_class: Any, dtype: str | None = None) -> TensorVariable:

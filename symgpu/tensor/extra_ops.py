@@ -15,16 +15,18 @@ from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import check_dtype, is_float, value_dtype
-from symgpu.tensor.basic import _as_int_scalar, arange, concatenate, flatten, zeros
+from symgpu.tensor.basic import _as_int_scalar, arange, concatenate, flatten, squeeze, zeros
 from symgpu.tensor.math import cast, max as _max, maximum, minimum, neq, sum as _sum
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.subtensor import inc_subtensor, set_subtensor
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable, constant
 
-__all__ = ["CumOp", "Sort", "ArgSort", "SortOp", "ArgSortOp", "Repeat", "Eye", "AllocDiag", "ExtractDiag", "Nonzero",
+__all__ = ["CumOp", "Sort", "ArgSort", "SortOp", "ArgSortOp", "Repeat", "Eye", "AllocDiag",
+           "ExtractDiag", "Nonzero",
            "cumsum", "cumprod", "sort", "argsort", "repeat", "eye", "identity_like", "diag",
            "diagonal", "nonzero", "flatnonzero", "nonzero_values", "BinCount", "SearchSorted",
-           "bincount", "searchsorted", "to_one_hot", "SearchsortedOp"]
+           "bincount", "searchsorted", "to_one_hot", "diff", "fill_diagonal", "squeeze",
+           "SearchsortedOp"]
 
 _SORT_KINDS = ("quicksort", "mergesort", "heapsort", "stable")
 
@@ -770,3 +772,31 @@ def to_one_hot(y: Any, nb_class: Any, dtype: str | None = None) -> TensorVariabl
     n = shape_i(y, 0)
     out = zeros((n, nb_class), dtype=dtype)
     return set_subtensor(out[arange(n), y], 1)
+
+
+# Theano's theano.tensor.extra_ops functions (also in symgpu.tensor; `squeeze` is
+# symgpu.tensor.basic's, imported above)
+
+def diff(x: Any, n: int = 1, axis: int = -1) -> TensorVariable:
+    """The n-th discrete difference along `axis`, as np.diff."""
+    x = as_tensor_variable(x)
+    if x.ndim == 0 or not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"diff: axis {axis} is out of range for {x} ({x.type})")
+    if n < 0:
+        raise ValueError(f"diff: order n must be >= 0, got {n}")
+    axis = axis % x.ndim
+    before = (slice(None),) * axis
+    for _ in range(n):
+        x = x[before + (slice(1, None),)] - x[before + (slice(None, -1),)]
+    return x
+
+
+def fill_diagonal(a: Any, val: Any) -> TensorVariable:
+    """A copy of the matrix `a` with its main diagonal set to the scalar `val`, as
+    np.fill_diagonal (which works in place)."""
+    a = as_tensor_variable(a)
+    if a.ndim != 2:
+        raise ValueError(f"fill_diagonal: {a} ({a.type}) must be a matrix")
+    n = minimum(shape_i(a, 0), shape_i(a, 1))
+    i = arange(n, dtype="int64")
+    return set_subtensor(a[i, i], cast(val, a.dtype))
