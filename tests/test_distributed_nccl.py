@@ -32,20 +32,28 @@ class _Entry:
         self.log.append((self.name, args))
         if self.name == "ncclGetUniqueId":
             ctypes.memmove(args[0], b"\x07" * 128, 128)
-        if self.name == "ncclCommInitRank":
+        if self.name in ("ncclCommInitRank", "ncclCommInitRankConfig"):
             args[0]._obj.value = 0xC0FFEE
         if self.name == "ncclCommGetAsyncError":
-            args[1]._obj.value = self.async_status
+            args[1]._obj.value = self.statuses.pop(0) if self.statuses else self.async_status
         return self.result
 
 
 class FakeNccl:
-    def __init__(self, async_status=0):
+    """``statuses``: what ncclCommGetAsyncError answers first (one per call), then
+    ``async_status`` for good; ncclCommInitRankConfig answers ``init_result``."""
+
+    def __init__(self, async_status=0, statuses=(), init_result=nccl_lib.IN_PROGRESS,
+                 without=()):
         self.log = []
         for name in nccl_lib._SIGNATURES:
+            if name in without:
+                continue
             e = _Entry(self.log, name)
-            e.async_status = async_status
+            e.async_status, e.statuses = async_status, list(statuses)
             setattr(self, name, e)
+        if "ncclCommInitRankConfig" not in without:
+            self.ncclCommInitRankConfig.result = init_result
         self.ncclGetErrorString = lambda status: b"remote process exited"
         self.ncclGetLastError = lambda comm: b"socket closed"
 
@@ -67,10 +75,10 @@ def test_binding_builds_each_collectives_arguments():
     assert calls["ncclReduceScatter"][3:5] == (4, 2)
     uid = b.unique_id()
     assert uid == b"\x07" * 128
-    comm = b.comm_init_rank(2, uid, 1)
+    comm, status = b.comm_init_rank(2, uid, 1)
     name, (ptr, n, ident, rank) = fake.log[-1]
     assert (name, n, rank, bytes(ident.internal)) == ("ncclCommInitRank", 2, 1, b"\x07" * 128)
-    assert comm.value == 0xC0FFEE
+    assert comm.value == 0xC0FFEE and status == 0
     with pytest.raises(TypeError, match="NCCL has no data type for complex64"):
         b.all_reduce(1, 2, 3, "complex64", "sum", "COMM", 0)
     with pytest.raises(ValueError, match="no reduce op 'mean'"):
@@ -98,29 +106,118 @@ def test_library_candidates_include_the_wheels_directory(tmp_path, monkeypatch):
     assert cands[0] == "libnccl.so.2" and str(lib / "libnccl.so.2") in cands
 
 
-def _communicator(world=2, rank=0, async_status=0):
+def _communicator(world=2, rank=0, async_status=0, statuses=(0,), clock=None, **fake_kw):
     from symgpu.distributed.env import LaunchInfo
     from symgpu.gpu.ops.collectives import NcclCommunicator
     class Host(dist.SelfCommunicator):
-        pass
+        closed = False
+
+        def broadcast(self, x, root=0):      # rank 0's unique id, whichever rank this is
+            return np.full_like(x, 7)
+
+        def close(self):
+            self.closed = True
     host = Host(timeout=5)
     host.rank, host.world_size = rank, world
-    fake = FakeNccl(async_status)
+    fake = FakeNccl(async_status, statuses, **fake_kw)
     ctx = type("VirtualCtx", (), {"virtual": True})()
     counters = np.zeros(4, np.uint64)
+    now = [0.0]
+
+    def sleep(dt):
+        now[0] += dt
     comm = NcclCommunicator(LaunchInfo(rank, world), host, 5.0, ctx=ctx,
-                            binding=nccl_lib.Nccl(fake), counters=(counters, 0), watch=False)
+                            binding=nccl_lib.Nccl(fake), counters=(counters, 0), watch=False,
+                            clock=lambda: now[0], sleep=sleep)
     return comm, fake, counters
 
 
 def test_the_communicator_shares_rank_0s_unique_id_and_inits_its_rank():
     comm, fake, _ = _communicator(world=2, rank=0)
     names = [n for n, _ in fake.log]
-    assert names[:2] == ["ncclGetUniqueId", "ncclCommInitRank"]
+    assert names[:3] == ["ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommGetAsyncError"]
     assert fake.log[1][1][1:4:2] == (2, 0)
+    config = fake.log[1][1][4]._obj                 # the ncclConfig_t NCCL received
+    assert (config.size, config.magic, config.version, config.blocking) == \
+        (48, 0xCAFEBEEF, 21700, 0)
+    assert (config.cgaClusterSize, config.minCTAs, config.maxCTAs, config.netName,
+            config.splitShare) == (-2 ** 31,) * 3 + (None, -2 ** 31)
+    assert comm.nonblocking and comm.handle.value == 0xC0FFEE
     assert comm.supports_device and comm.backend == "nccl"
     comm.close()
     assert fake.log[-1][0] == "ncclCommDestroy"
+
+
+def test_setup_polls_a_nonblocking_communicator_until_it_is_ready():
+    comm, fake, _ = _communicator(statuses=(7, 7, 7, 0))
+    assert [n for n, _ in fake.log].count("ncclCommGetAsyncError") == 4
+    assert comm.error is None and not comm.aborted
+
+
+def test_a_rank_missing_at_setup_times_out_naming_rank_and_world():
+    with pytest.raises(dist.DistributedTimeoutError,
+                       match=r"rank 1 of 3: NCCL communicator setup \(ncclCommInitRankConfig\) "
+                             r"did not finish within 5 s \(distributed.timeout\)"):
+        _communicator(world=3, rank=1, statuses=(), async_status=nccl_lib.IN_PROGRESS)
+
+
+def test_setup_that_fails_in_nccl_aborts_and_names_the_error():
+    with pytest.raises(dist.DistributedError, match="rank 0 of 2: NCCL communicator setup .*"
+                                                    "failed: NCCL reported ncclRemoteError"):
+        _communicator(statuses=(7, 6))
+
+
+def test_setup_aborts_the_communicator_on_expiry():
+    from symgpu.gpu.ops.collectives import NcclCommunicator
+    seen = {}
+    orig = NcclCommunicator.settle
+
+    def spy(self, what):
+        seen["comm"] = self
+        return orig(self, what)
+    NcclCommunicator.settle = spy
+    try:
+        with pytest.raises(dist.DistributedTimeoutError):
+            _communicator(statuses=(), async_status=nccl_lib.IN_PROGRESS)
+    finally:
+        NcclCommunicator.settle = orig
+    comm = seen["comm"]
+    assert comm.aborted and isinstance(comm.error, dist.DistributedTimeoutError)
+    names = [n for n, _ in comm.nccl.lib.log]
+    assert names[-1] == "ncclCommAbort" and "ncclCommDestroy" not in names
+    assert comm.host.closed                        # the rendezvous is released too
+
+
+def test_a_library_without_the_config_entry_point_inits_blocking():
+    comm, fake, _ = _communicator(without=("ncclCommInitRankConfig",))
+    names = [n for n, _ in fake.log]
+    assert names == ["ncclGetUniqueId", "ncclCommInitRank"] and not comm.nonblocking
+
+
+def test_a_collective_still_in_progress_is_settled_before_the_next_call(monkeypatch):
+    from symgpu.gpu.ops import collectives
+    comm, fake, _ = _communicator(statuses=(0, 7, 7, 0))
+    launched = []
+
+    class Kernel:
+        def prepared_async_call(self, *args):
+            launched.append("started")
+    monkeypatch.setattr(collectives, "get_prepared_kernel", lambda *a, **k: Kernel())
+    monkeypatch.setattr(collectives, "launch_checked", lambda *a: launched.append("finished"))
+    ctx = type("Ctx", (), {"stream": None})()
+    node = type("Node", (), {"op": "GpuAllReduce{sum, world}"})()
+    binding = comm.nccl
+    fake.ncclAllReduce.result = nccl_lib.IN_PROGRESS
+    comm.launch(node, ctx, lambda: binding.all_reduce(1, 2, 3, "float32", "sum", comm.handle,
+                                                      0))
+    assert launched == ["started", "finished"]
+    assert [n for n, _ in fake.log][-4:] == ["ncclAllReduce"] + ["ncclCommGetAsyncError"] * 3
+    fake.ncclCommGetAsyncError.async_status = nccl_lib.IN_PROGRESS   # never completes
+    with pytest.raises(dist.DistributedTimeoutError,
+                       match=r"rank 0 of 2: GpuAllReduce\{sum, world\} did not finish"):
+        comm.launch(node, ctx, lambda: binding.all_reduce(1, 2, 3, "float32", "sum",
+                                                          comm.handle, 0))
+    assert comm.aborted and fake.log[-1][0] == "ncclCommAbort"
 
 
 def test_the_watchdog_aborts_a_collective_that_makes_no_progress(capsys):
