@@ -442,7 +442,8 @@ class _DeviceStoreCommunicator(dist.StoreCommunicator):
     supports_device = True
 
     def __init__(self, base):
-        super().__init__(base.store, base.rank, base.world_size, base.timeout)
+        super().__init__(base.store, base.rank, base.world_size, base.timeout,
+                         prefix="device")        # keys apart from the host communicator's
         self.exchanges = []
 
     def exchange(self, payload, what="exchange"):
@@ -501,3 +502,55 @@ def test_the_broadcast_function_lifts_to_ncclbroadcast_on_a_virtual_gpu(vgpu):
     nodes = [n for n in f.maker.fgraph.apply_nodes if isinstance(n.op, GpuBroadcast)]
     assert len(nodes) == 2 and all(n.op.root == 0 for n in nodes)
     assert "Broadcast" not in _ops_of(f)               # nothing left on the host
+
+
+# ----------------------------------------------------------------------------- shape check
+
+def _shape_check_world(shapes, flag=True):
+    from symgpu.distributed.schedule import ShapeCheck
+    world = ThreadWorld(len(shapes), timeout=60)
+
+    def rank(r):
+        with symgpu.config.change_flags(**{"distributed.check_shapes": flag}):
+            with dist.use_communicator(world.communicator(r)):
+                x = T.fmatrix()
+                node = dist.all_reduce(x, "sum").owner
+                check = ShapeCheck(world.communicator(r), node)
+        outcome = []
+        for _ in range(2):                            # the first call checks, later ones not
+            try:
+                check(shapes[r])
+                outcome.append("ok")
+            except dist.CollectiveMismatchError as exc:
+                outcome.append(str(exc))
+        return outcome, world.communicator(r).seq
+    return world.run(rank)
+
+
+def test_the_first_call_compares_element_counts_of_each_collective():
+    out = _shape_check_world([(4, 3), (3, 4), (4, 3)])    # same counts: NCCL is fine
+    assert [o for o, _ in out] == [["ok", "ok"]] * 3
+    assert [seq for _, seq in out] == [1, 1, 1]            # one exchange, first call only
+
+
+def test_a_rank_with_another_count_makes_every_rank_raise_naming_it():
+    out = _shape_check_world([(4, 3), (5, 3)])
+    for r, (outcome, _) in enumerate(out):
+        msg = outcome[0]
+        other = 1 - r
+        shape = [(4, 3), (5, 3)][other]
+        assert f"rank {other} passes {[12, 15][other]} elements (shape {shape})" in msg, msg
+        assert f"rank {r} passes {[12, 15][r]}" in msg
+        assert msg.startswith("AllReduce{sum, world} (schedule entry: AllReduce{sum, world} "
+                              "of float32 2-d")
+        assert "distributed.check_shapes" in msg and outcome[1] == "ok"
+
+
+def test_the_shape_check_is_off_with_its_flag_and_in_a_world_of_one():
+    out = _shape_check_world([(4, 3), (5, 3)], flag=False)
+    assert [o for o, _ in out] == [["ok", "ok"]] * 2 and [s for _, s in out] == [0, 0]
+    from symgpu.distributed.schedule import ShapeCheck
+    x = T.fmatrix()
+    with dist.use_communicator(dist.SelfCommunicator()):
+        node = dist.all_reduce(x).owner
+    assert not ShapeCheck(dist.SelfCommunicator(), node).pending

@@ -320,6 +320,8 @@ f = function([x], [dist.all_reduce(x, "sum"), dist.all_gather(x), dist.broadcast
 names = [type(nd.op).__name__ for nd in f.maker.fgraph.apply_nodes]
 assert "GpuAllReduce" in names, names
 v = (np.arange(12, dtype="float32").reshape(4, 3) + 100 * r)
+if os.environ.get("MISMATCH") == str(r):
+    v = np.ones((5, 3), "float32")
 for step in range(int(os.environ.get("STEPS", "3"))):
     if os.environ.get("KILL") == str(r) and step == 2:
         os._exit(17)
@@ -358,11 +360,9 @@ def test_two_gpus_two_processes(tmp_path, transport):
     assert got == [f"RESULT {r} 2 {s} (8, 3) {(v + 100).tolist()}" for r in range(2)], got
 
 
-@pytest.mark.multigpu
-@multigpu
-def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
-    # started with the environment contract by hand: torchrun's agent would stop the
-    # survivor itself once a worker exits, hiding symgpu's own fault handling
+def _by_hand(tmp_path, extra_env):
+    """Two workers started with the environment contract by hand: torchrun's agent would stop
+    the survivor itself once a worker exits, hiding symgpu's own fault handling."""
     script = tmp_path / "w.py"
     script.write_text(_WORKER)
     with socket.socket() as s:
@@ -372,12 +372,30 @@ def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
     for r in range(2):
         env = dict(os.environ)
         env.update({"SYMGPU_FLAGS": "device=cuda,floatX=float32,distributed.timeout=20",
-                    "NCCL_NVLS_ENABLE": "0", "KILL": "1", "STEPS": "50", "RANK": str(r),
+                    "NCCL_NVLS_ENABLE": "0", "RANK": str(r),
                     "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                     "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+        env.update(extra_env)
         procs.append(subprocess.Popen([sys.executable, str(script)], cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    return procs
+
+
+@pytest.mark.multigpu
+@multigpu
+def test_mismatched_shapes_fail_on_every_rank_at_the_first_call(tmp_path):
+    procs = _by_hand(tmp_path, {"MISMATCH": "1"})
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode != 0 and f"RESULT {r}" not in out
+        assert "CollectiveMismatchError" in err and "passes 15 elements" in err, err[-4000:]
+
+
+@pytest.mark.multigpu
+@multigpu
+def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
+    procs = _by_hand(tmp_path, {"KILL": "1", "STEPS": "50"})
     (out1, err1) = procs[1].communicate(timeout=300)
     assert procs[1].returncode == 17, err1[-4000:]
     out0, err0 = procs[0].communicate(timeout=300)     # within timeout + the poll: no hang

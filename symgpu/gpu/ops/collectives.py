@@ -35,6 +35,7 @@ from symgpu.distributed.env import LaunchInfo
 from symgpu.distributed.ops import AllGather, AllReduce, Broadcast, ReduceScatter
 from symgpu.distributed.ops import group_communicator
 from symgpu.distributed.runtime import register_backend
+from symgpu.distributed.schedule import ShapeCheck
 from symgpu.gpu.ops import nccl_lib
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
@@ -302,9 +303,11 @@ class _GpuCollective(DeviceChecked, Op):
         cell, out_cell = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
         dtype = np.dtype(node.outputs[0].dtype)
         binding, stream = comm.nccl, ctx.stream_handle
+        check_shape = ShapeCheck(comm, node)
 
         def thunk() -> None:
             x = cell[0]
+            check_shape(tuple(x.shape))    # the first call only (distributed.check_shapes)
             if not x.is_c_contiguous:
                 x = x.copy()
             shape = self.out_shape(tuple(x.shape))
