@@ -294,6 +294,27 @@ def test_a_world_of_one_rank_through_real_nccl(cuda, monkeypatch):
         comm.close()
 
 
+@pytest.mark.gpu
+def test_broadcast_parameters_stays_on_the_gpu_through_real_nccl(cuda, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    from symgpu import shared
+    from symgpu.distributed.env import LaunchInfo
+    from symgpu.gpu.ops.collectives import GpuBroadcast, NcclCommunicator
+    comm = NcclCommunicator(LaunchInfo(), dist.SelfCommunicator(), 60.0, ctx=cuda)
+    try:
+        v = np.random.RandomState(1).randn(300, 7).astype("float32")
+        W = shared(v.copy())
+        with dist.use_communicator(comm):
+            f = dist.broadcast_function([W], root=0)
+            assert any(isinstance(n.op, GpuBroadcast) for n in f.maker.fgraph.apply_nodes)
+            before = int(comm.counters[1])
+            dist.broadcast_parameters([W], root=0)
+        np.testing.assert_array_equal(W.get_value(), v)
+        assert int(comm.counters[1]) > before and comm.error is None   # ncclBroadcast ran
+    finally:
+        comm.close()
+
+
 # ----------------------------------------------------------------------------- several GPUs
 
 def _gpu_count() -> int:
