@@ -4,11 +4,12 @@
 
 Part 1: all-reduce bus bandwidth of float32 buffers, 1 MB .. 1 GB: busbw = size * 2(n-1)/n /
 time (nccl-tests' definition), medians of interleaved rounds (symgpu, torch, symgpu, ...).
-Part 2: a data-parallel MLP step (784-1024-1024-10, fixed per-GPU batch): symgpu's step
-(data_parallel buckets) against PyTorch DDP (bucket_cap_mb=25, gradient_as_bucket_view, CUDA
-graph-free eager step, as its documentation writes it), throughput on this world size; run it
-once with --nproc_per_node=1 for the scaling ratio.  LeNet is not in this script yet.
-Rank 0 prints the tables.
+Part 2: data-parallel training steps at a fixed per-GPU batch, the MLP (784-1024-1024-10,
+batch 256) and LeNet (benchmarks/convnet.py's network, batch 128): symgpu's step
+(data_parallel buckets, batch and parameters on the device) against PyTorch DDP as its
+experts tune it (bucket_cap_mb=25, gradient_as_bucket_view, static_graph; eager step), and
+the same networks' plain steps on one GPU (no collectives) in the same run: throughput on
+one GPU, on the world, and the scaling ratio (world / one GPU).  Rank 0 prints the tables.
 """
 from __future__ import annotations
 
@@ -61,62 +62,144 @@ def allreduce_table(rounds, world, rank, ctx):
             print(f"{mb:>6} {a:>10.1f} {b:>10.1f} {a / b:>7.3f}")
 
 
-def mlp_table(rounds, world, rank, ctx, batch):
-    rng = np.random.RandomState(0)
+# ----------------------------------------------------------------------------- training steps
+# Each builder returns (symgpu step, torch step) for one GPU of a world: ``parallel`` True
+# gives symgpu's data_parallel step and the DDP-wrapped model, False the plain single-GPU
+# step (no collectives) of the same network and batch: the 1-GPU throughput of the ratio.
+
+def _symgpu_sgd(params, cost, lr, parallel, inputs=()):
+    grads = T.grad(cost, params)
+    ups = [(p, p - np.float32(lr) * g) for p, g in zip(params, grads)]
+    if parallel:
+        ups = sdist.data_parallel(ups, grads=grads, params=params)
+    return function(list(inputs), [], updates=ups)
+
+
+def _ddp(model, dev, parallel):
+    """PyTorch DDP as its documentation tunes it: 25 MB buckets, gradients as views of the
+    buckets (no copy in and out), static graph (the bucket order learnt once)."""
+    if not parallel:
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index],
+                                                     bucket_cap_mb=25,
+                                                     gradient_as_bucket_view=True,
+                                                     static_graph=True)
+
+
+def _torch_step(model, lr, x, y):
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def mlp_steps(rank, batch, parallel):
+    """784-1024-1024-10 ReLU MLP, softmax cross-entropy, SGD 0.01."""
+    rng = np.random.RandomState(rank)
     sizes = [784, 1024, 1024, 10]
     Ws = [(rng.randn(a, b) * 0.05).astype("float32") for a, b in zip(sizes, sizes[1:])]
     params = []
     for W in Ws:
         params += [shared(W), shared(np.zeros(W.shape[1], "float32"))]
-    x, y = T.fmatrix(), T.ivector()
-    h = x
+    X = rng.randn(batch, 784).astype("float32")
+    Y = rng.randint(0, 10, batch).astype("int32")
+    xs, ys = shared(X), shared(Y)               # the batch lives on the device, as torch's
+    h = xs
     for i in range(0, len(params), 2):
         h = T.dot(h, params[i]) + params[i + 1]
         if i + 2 < len(params):
             h = T.nnet.relu(h)
-    cost = T.nnet.categorical_crossentropy(T.nnet.softmax(h), y).mean()
-    grads = T.grad(cost, params)
-    lr = np.float32(0.01)
-    ups = sdist.data_parallel([(p, p - lr * g) for p, g in zip(params, grads)], grads=grads,
-                              params=params)
-    step = function([x, y], [], updates=ups)
-    X = rng.randn(batch, 784).astype("float32")
-    Y = rng.randint(0, 10, batch).astype("int32")
+    cost = T.nnet.categorical_crossentropy(T.nnet.softmax(h), ys).mean()
+    ours = _symgpu_sgd(params, cost, 0.01, parallel)
     dev = torch.device(f"cuda:{sdist.local_rank}")
     layers = []
     for W in Ws:
-        lin = torch.nn.Linear(*W.shape)
-        layers += [lin, torch.nn.ReLU()]
-    model = torch.nn.Sequential(*layers[:-1]).to(dev)
-    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index],
-                                                    bucket_cap_mb=25,
-                                                    gradient_as_bucket_view=True)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    tx, ty = torch.from_numpy(X).to(dev), torch.from_numpy(Y).long().to(dev)
-    loss_fn = torch.nn.CrossEntropyLoss()
+        layers += [torch.nn.Linear(*W.shape), torch.nn.ReLU()]
+    model = _ddp(torch.nn.Sequential(*layers[:-1]).to(dev), dev, parallel)
+    theirs = _torch_step(model, 0.01, torch.from_numpy(X).to(dev),
+                         torch.from_numpy(Y).long().to(dev))
+    return ours, theirs
 
-    def torch_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn(ddp(tx), ty).backward()
-        opt.step()
-    ours, theirs = [], []
-    step(X, Y)
-    torch_step()
+
+LENET_SHAPES = [(20, 1, 5, 5), (20,), (50, 20, 5, 5), (50,), (800, 500), (500,), (500, 10),
+                (10,)]
+
+
+def lenet_steps(rank, batch, parallel):
+    """benchmarks/convnet.py's network (Theano's LeNet tutorial): conv 20 5x5, tanh, max-pool
+    2; conv 50 5x5, tanh, max-pool 2; dense 500 tanh; dense 10 softmax; SGD 0.1."""
+    from symgpu.tensor.nnet import conv2d
+    from symgpu.tensor.signal.pool import pool_2d
+    rng = np.random.default_rng(rank)
+    x0 = rng.normal(size=(batch, 1, 28, 28)).astype("float32")
+    y0 = rng.integers(0, 10, batch)
+    p0 = []
+    for s in LENET_SHAPES:
+        fan_in = int(np.prod(s[1:])) if len(s) > 1 else 1
+        p0.append(np.zeros(s, "float32") if len(s) == 1 else
+                  (rng.uniform(-1, 1, s) / np.sqrt(fan_in)).astype("float32"))
+    x, y = shared(x0), shared(np.eye(10, dtype="float32")[y0])
+    ps = [shared(p.copy()) for p in p0]
+    w1, b1, w2, b2, w3, b3, w4, b4 = ps
+    h = pool_2d(T.tanh(conv2d(x, w1) + b1.dimshuffle("x", 0, "x", "x")), (2, 2),
+                ignore_border=True)
+    h = pool_2d(T.tanh(conv2d(h, w2) + b2.dimshuffle("x", 0, "x", "x")), (2, 2),
+                ignore_border=True)
+    h = T.tanh(T.dot(h.flatten(2), w3) + b3)
+    cost = T.mean(T.nnet.categorical_crossentropy(T.nnet.softmax(T.dot(h, w4) + b4), y))
+    ours = _symgpu_sgd(ps, cost, 0.1, parallel)
+    dev = torch.device(f"cuda:{sdist.local_rank}")
+    nn = torch.nn
+    model = nn.Sequential(nn.Conv2d(1, 20, 5), nn.Tanh(), nn.MaxPool2d(2),
+                          nn.Conv2d(20, 50, 5), nn.Tanh(), nn.MaxPool2d(2), nn.Flatten(),
+                          nn.Linear(800, 500), nn.Tanh(), nn.Linear(500, 10)).to(dev)
+    theirs = _torch_step(_ddp(model, dev, parallel), 0.1, torch.from_numpy(x0).to(dev),
+                         torch.from_numpy(y0).long().to(dev))
+    return ours, theirs
+
+
+def scaling_table(name, build, rounds, world, rank, ctx, batch, iters=50):
+    """Throughput (samples/s over the world) of the data-parallel step on ``world`` GPUs and
+    of the plain step on one GPU, symgpu and PyTorch, medians of interleaved rounds; the
+    scaling ratio is world throughput / one GPU's."""
+    par_ours, par_theirs = build(rank, batch, True)
+    one_ours, one_theirs = build(rank, batch, False)
+    contenders = {"symgpu": (par_ours, ctx.synchronize), "DDP": (par_theirs, _tsync),
+                  "symgpu 1": (one_ours, ctx.synchronize), "torch 1": (one_theirs, _tsync)}
+    times = {k: [] for k in contenders}
+    for fn, _ in contenders.values():           # first calls: compile, capture, warm up
+        fn()
+        fn()
     for _ in range(rounds):
-        ours.append(timed(lambda: step(X, Y), ctx.synchronize, 50))
-        theirs.append(timed(torch_step, torch.cuda.synchronize, 50))
-    a = batch * world / statistics.median(ours)
-    b = batch * world / statistics.median(theirs)
+        for k, (fn, sync) in contenders.items():
+            times[k].append(timed(fn, sync, iters))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    n_ours, n_theirs = batch * world / med["symgpu"], batch * world / med["DDP"]
+    o_ours, o_theirs = batch / med["symgpu 1"], batch / med["torch 1"]
     if rank == 0:
-        print(f"\ndata-parallel MLP step, {world} GPUs, batch {batch} per GPU (samples/s)")
-        print(f"{'symgpu':>12} {'DDP':>12} {'ratio':>7}")
-        print(f"{a:>12.0f} {b:>12.0f} {a / b:>7.3f}")
+        print(f"\ndata-parallel {name} step, batch {batch} per GPU (samples/s, medians of "
+              f"{rounds} rounds)")
+        print(f"{'':>8} {'1 GPU':>12} {f'{world} GPUs':>12} {'scaling':>8}")
+        print(f"{'symgpu':>8} {o_ours:>12.0f} {n_ours:>12.0f} {n_ours / o_ours:>8.3f}")
+        print(f"{'PyTorch':>8} {o_theirs:>12.0f} {n_theirs:>12.0f} {n_theirs / o_theirs:>8.3f}"
+              f"   (DDP on {world})")
+        print(f"symgpu / DDP on {world} GPUs: {n_ours / n_theirs:.3f}")
+
+
+def _tsync():
+    torch.cuda.synchronize()
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=256, help="MLP batch per GPU")
+    ap.add_argument("--lenet-batch", type=int, default=128, help="LeNet batch per GPU")
+    ap.add_argument("--skip-allreduce", action="store_true")
     args = ap.parse_args()
     symgpu.config.floatX = "float32"
     sdist.init()
@@ -125,8 +208,11 @@ def main():
     tdist.init_process_group("nccl")
     from symgpu.gpu import get_context
     ctx = get_context(None)
-    allreduce_table(args.rounds, world, rank, ctx)
-    mlp_table(args.rounds, world, rank, ctx, args.batch)
+    if not args.skip_allreduce:
+        allreduce_table(args.rounds, world, rank, ctx)
+    scaling_table("MLP 784-1024-1024-10", mlp_steps, args.rounds, world, rank, ctx,
+                  args.batch)
+    scaling_table("LeNet", lenet_steps, args.rounds, world, rank, ctx, args.lenet_batch)
     tdist.destroy_process_group()
     sdist.finalize()
 

@@ -461,6 +461,11 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
     ("distributed.timeout", FloatParam, 600.0,
      "seconds a collective waits for its peers before failing with DistributedTimeoutError "
      "(symgpu.distributed: a dead or hung rank; NCCL's waits are watched as long)"),
+    ("distributed.check_shapes", BoolParam, True,
+     "on the first call of each compiled function, exchange the element counts of its NCCL "
+     "collectives (one small host all-gather each) and raise CollectiveMismatchError naming "
+     "the rank and the collective where they differ (NCCL itself silently misbehaves on "
+     "mismatched counts); off: no exchange"),
     ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
     ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
     ("cxx", StrParam, "cc", "the C compiler of the CPU's fused elementwise kernels; empty: "

@@ -431,3 +431,126 @@ def test_the_example_runs_as_one_process_on_the_cpu():
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("rank 0 of 1 on cpu: loss after 20 steps")
+
+
+# ----------------------------------------------------------------------------- broadcast_parameters
+
+class _DeviceStoreCommunicator(dist.StoreCommunicator):
+    """A store communicator that claims device collectives (as NCCL's does): on the CPU the
+    function's Broadcast ops stay host ops, so the device path runs here end to end."""
+
+    supports_device = True
+
+    def __init__(self, base):
+        super().__init__(base.store, base.rank, base.world_size, base.timeout,
+                         prefix="device")        # keys apart from the host communicator's
+        self.exchanges = []
+
+    def exchange(self, payload, what="exchange"):
+        self.exchanges.append(what)
+        return super().exchange(payload, what)
+
+
+def test_broadcast_parameters_on_a_device_communicator_runs_one_compiled_function():
+    world = ThreadWorld(3, timeout=60)
+    comms = [_DeviceStoreCommunicator(world.communicator(r)) for r in range(3)]
+
+    def rank(r):
+        params = [shared(np.full((3, 4), float(r))), shared(np.arange(5.0) + 10 * r)]
+        with dist.use_communicator(comms[r]):
+            f = dist.broadcast_function(params, root=1)
+            kinds = _ops_of(f)
+            f()
+        return [p.get_value() for p in params], kinds, comms[r].exchanges
+
+    for values, kinds, exchanges in world.run(rank):
+        np.testing.assert_array_equal(values[0], np.full((3, 4), 1.0))
+        np.testing.assert_array_equal(values[1], np.arange(5.0) + 10)
+        assert kinds.count("Broadcast") == 2
+        assert exchanges[0] == "schedule check"      # a compiled function's collectives
+
+
+def test_broadcast_parameters_takes_the_device_path_only_on_device_communicators(monkeypatch):
+    dp = sys.modules["symgpu.distributed.data_parallel"]   # the name is the function's
+    built = []
+    real = dp.broadcast_function
+    import threading
+    monkeypatch.setattr(dp, "broadcast_function", lambda *a, **k:
+                        built.append(threading.current_thread().name) or real(*a, **k))
+    world = ThreadWorld(2, timeout=60)
+    device = [_DeviceStoreCommunicator(world.communicator(r)) for r in range(2)]
+
+    def rank(r):
+        p = shared(np.full(4, float(r)))
+        dist.broadcast_parameters([p], root=0)          # the thread's host communicator
+        host_built = built.count(f"rank{r}")
+        p.set_value(np.full(4, float(r)))
+        with dist.use_communicator(device[r]):
+            dist.broadcast_parameters([p], root=1)
+        return host_built, p.get_value()
+    out = world.run(rank)
+    assert [h for h, _ in out] == [0, 0]                # the host path compiles nothing
+    assert sorted(built) == ["rank0", "rank1"]          # the device path: once per rank
+    for _, v in out:
+        np.testing.assert_array_equal(v, np.ones(4))
+
+
+def test_the_broadcast_function_lifts_to_ncclbroadcast_on_a_virtual_gpu(vgpu):
+    from symgpu.gpu.ops.collectives import GpuBroadcast
+    params = [shared(np.ones((3, 4), "float32")), shared(np.zeros(7, "float32"))]
+    f = dist.broadcast_function(params, root=0, group="self")
+    nodes = [n for n in f.maker.fgraph.apply_nodes if isinstance(n.op, GpuBroadcast)]
+    assert len(nodes) == 2 and all(n.op.root == 0 for n in nodes)
+    assert "Broadcast" not in _ops_of(f)               # nothing left on the host
+
+
+# ----------------------------------------------------------------------------- shape check
+
+def _shape_check_world(shapes, flag=True):
+    from symgpu.distributed.schedule import ShapeCheck
+    world = ThreadWorld(len(shapes), timeout=60)
+
+    def rank(r):
+        with symgpu.config.change_flags(**{"distributed.check_shapes": flag}):
+            with dist.use_communicator(world.communicator(r)):
+                x = T.fmatrix()
+                node = dist.all_reduce(x, "sum").owner
+                check = ShapeCheck(world.communicator(r), node)
+        outcome = []
+        for _ in range(2):                            # the first call checks, later ones not
+            try:
+                check(shapes[r])
+                outcome.append("ok")
+            except dist.CollectiveMismatchError as exc:
+                outcome.append(str(exc))
+        return outcome, world.communicator(r).seq
+    return world.run(rank)
+
+
+def test_the_first_call_compares_element_counts_of_each_collective():
+    out = _shape_check_world([(4, 3), (3, 4), (4, 3)])    # same counts: NCCL is fine
+    assert [o for o, _ in out] == [["ok", "ok"]] * 3
+    assert [seq for _, seq in out] == [1, 1, 1]            # one exchange, first call only
+
+
+def test_a_rank_with_another_count_makes_every_rank_raise_naming_it():
+    out = _shape_check_world([(4, 3), (5, 3)])
+    for r, (outcome, _) in enumerate(out):
+        msg = outcome[0]
+        other = 1 - r
+        shape = [(4, 3), (5, 3)][other]
+        assert f"rank {other} passes {[12, 15][other]} elements (shape {shape})" in msg, msg
+        assert f"rank {r} passes {[12, 15][r]}" in msg
+        assert msg.startswith("AllReduce{sum, world} (schedule entry: AllReduce{sum, world} "
+                              "of float32 2-d")
+        assert "distributed.check_shapes" in msg and outcome[1] == "ok"
+
+
+def test_the_shape_check_is_off_with_its_flag_and_in_a_world_of_one():
+    out = _shape_check_world([(4, 3), (5, 3)], flag=False)
+    assert [o for o, _ in out] == [["ok", "ok"]] * 2 and [s for _, s in out] == [0, 0]
+    from symgpu.distributed.schedule import ShapeCheck
+    x = T.fmatrix()
+    with dist.use_communicator(dist.SelfCommunicator()):
+        node = dist.all_reduce(x).owner
+    assert not ShapeCheck(dist.SelfCommunicator(), node).pending

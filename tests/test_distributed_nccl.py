@@ -32,20 +32,28 @@ class _Entry:
         self.log.append((self.name, args))
         if self.name == "ncclGetUniqueId":
             ctypes.memmove(args[0], b"\x07" * 128, 128)
-        if self.name == "ncclCommInitRank":
+        if self.name in ("ncclCommInitRank", "ncclCommInitRankConfig"):
             args[0]._obj.value = 0xC0FFEE
         if self.name == "ncclCommGetAsyncError":
-            args[1]._obj.value = self.async_status
+            args[1]._obj.value = self.statuses.pop(0) if self.statuses else self.async_status
         return self.result
 
 
 class FakeNccl:
-    def __init__(self, async_status=0):
+    """``statuses``: what ncclCommGetAsyncError answers first (one per call), then
+    ``async_status`` for good; ncclCommInitRankConfig answers ``init_result``."""
+
+    def __init__(self, async_status=0, statuses=(), init_result=nccl_lib.IN_PROGRESS,
+                 without=()):
         self.log = []
         for name in nccl_lib._SIGNATURES:
+            if name in without:
+                continue
             e = _Entry(self.log, name)
-            e.async_status = async_status
+            e.async_status, e.statuses = async_status, list(statuses)
             setattr(self, name, e)
+        if "ncclCommInitRankConfig" not in without:
+            self.ncclCommInitRankConfig.result = init_result
         self.ncclGetErrorString = lambda status: b"remote process exited"
         self.ncclGetLastError = lambda comm: b"socket closed"
 
@@ -67,10 +75,10 @@ def test_binding_builds_each_collectives_arguments():
     assert calls["ncclReduceScatter"][3:5] == (4, 2)
     uid = b.unique_id()
     assert uid == b"\x07" * 128
-    comm = b.comm_init_rank(2, uid, 1)
+    comm, status = b.comm_init_rank(2, uid, 1)
     name, (ptr, n, ident, rank) = fake.log[-1]
     assert (name, n, rank, bytes(ident.internal)) == ("ncclCommInitRank", 2, 1, b"\x07" * 128)
-    assert comm.value == 0xC0FFEE
+    assert comm.value == 0xC0FFEE and status == 0
     with pytest.raises(TypeError, match="NCCL has no data type for complex64"):
         b.all_reduce(1, 2, 3, "complex64", "sum", "COMM", 0)
     with pytest.raises(ValueError, match="no reduce op 'mean'"):
@@ -98,29 +106,118 @@ def test_library_candidates_include_the_wheels_directory(tmp_path, monkeypatch):
     assert cands[0] == "libnccl.so.2" and str(lib / "libnccl.so.2") in cands
 
 
-def _communicator(world=2, rank=0, async_status=0):
+def _communicator(world=2, rank=0, async_status=0, statuses=(0,), clock=None, **fake_kw):
     from symgpu.distributed.env import LaunchInfo
     from symgpu.gpu.ops.collectives import NcclCommunicator
     class Host(dist.SelfCommunicator):
-        pass
+        closed = False
+
+        def broadcast(self, x, root=0):      # rank 0's unique id, whichever rank this is
+            return np.full_like(x, 7)
+
+        def close(self):
+            self.closed = True
     host = Host(timeout=5)
     host.rank, host.world_size = rank, world
-    fake = FakeNccl(async_status)
+    fake = FakeNccl(async_status, statuses, **fake_kw)
     ctx = type("VirtualCtx", (), {"virtual": True})()
     counters = np.zeros(4, np.uint64)
+    now = [0.0]
+
+    def sleep(dt):
+        now[0] += dt
     comm = NcclCommunicator(LaunchInfo(rank, world), host, 5.0, ctx=ctx,
-                            binding=nccl_lib.Nccl(fake), counters=(counters, 0), watch=False)
+                            binding=nccl_lib.Nccl(fake), counters=(counters, 0), watch=False,
+                            clock=lambda: now[0], sleep=sleep)
     return comm, fake, counters
 
 
 def test_the_communicator_shares_rank_0s_unique_id_and_inits_its_rank():
     comm, fake, _ = _communicator(world=2, rank=0)
     names = [n for n, _ in fake.log]
-    assert names[:2] == ["ncclGetUniqueId", "ncclCommInitRank"]
+    assert names[:3] == ["ncclGetUniqueId", "ncclCommInitRankConfig", "ncclCommGetAsyncError"]
     assert fake.log[1][1][1:4:2] == (2, 0)
+    config = fake.log[1][1][4]._obj                 # the ncclConfig_t NCCL received
+    assert (config.size, config.magic, config.version, config.blocking) == \
+        (48, 0xCAFEBEEF, 21700, 0)
+    assert (config.cgaClusterSize, config.minCTAs, config.maxCTAs, config.netName,
+            config.splitShare) == (-2 ** 31,) * 3 + (None, -2 ** 31)
+    assert comm.nonblocking and comm.handle.value == 0xC0FFEE
     assert comm.supports_device and comm.backend == "nccl"
     comm.close()
     assert fake.log[-1][0] == "ncclCommDestroy"
+
+
+def test_setup_polls_a_nonblocking_communicator_until_it_is_ready():
+    comm, fake, _ = _communicator(statuses=(7, 7, 7, 0))
+    assert [n for n, _ in fake.log].count("ncclCommGetAsyncError") == 4
+    assert comm.error is None and not comm.aborted
+
+
+def test_a_rank_missing_at_setup_times_out_naming_rank_and_world():
+    with pytest.raises(dist.DistributedTimeoutError,
+                       match=r"rank 1 of 3: NCCL communicator setup \(ncclCommInitRankConfig\) "
+                             r"did not finish within 5 s \(distributed.timeout\)"):
+        _communicator(world=3, rank=1, statuses=(), async_status=nccl_lib.IN_PROGRESS)
+
+
+def test_setup_that_fails_in_nccl_aborts_and_names_the_error():
+    with pytest.raises(dist.DistributedError, match="rank 0 of 2: NCCL communicator setup .*"
+                                                    "failed: NCCL reported ncclRemoteError"):
+        _communicator(statuses=(7, 6))
+
+
+def test_setup_aborts_the_communicator_on_expiry():
+    from symgpu.gpu.ops.collectives import NcclCommunicator
+    seen = {}
+    orig = NcclCommunicator.settle
+
+    def spy(self, what):
+        seen["comm"] = self
+        return orig(self, what)
+    NcclCommunicator.settle = spy
+    try:
+        with pytest.raises(dist.DistributedTimeoutError):
+            _communicator(statuses=(), async_status=nccl_lib.IN_PROGRESS)
+    finally:
+        NcclCommunicator.settle = orig
+    comm = seen["comm"]
+    assert comm.aborted and isinstance(comm.error, dist.DistributedTimeoutError)
+    names = [n for n, _ in comm.nccl.lib.log]
+    assert names[-1] == "ncclCommAbort" and "ncclCommDestroy" not in names
+    assert comm.host.closed                        # the rendezvous is released too
+
+
+def test_a_library_without_the_config_entry_point_inits_blocking():
+    comm, fake, _ = _communicator(without=("ncclCommInitRankConfig",))
+    names = [n for n, _ in fake.log]
+    assert names == ["ncclGetUniqueId", "ncclCommInitRank"] and not comm.nonblocking
+
+
+def test_a_collective_still_in_progress_is_settled_before_the_next_call(monkeypatch):
+    from symgpu.gpu.ops import collectives
+    comm, fake, _ = _communicator(statuses=(0, 7, 7, 0))
+    launched = []
+
+    class Kernel:
+        def prepared_async_call(self, *args):
+            launched.append("started")
+    monkeypatch.setattr(collectives, "get_prepared_kernel", lambda *a, **k: Kernel())
+    monkeypatch.setattr(collectives, "launch_checked", lambda *a: launched.append("finished"))
+    ctx = type("Ctx", (), {"stream": None})()
+    node = type("Node", (), {"op": "GpuAllReduce{sum, world}"})()
+    binding = comm.nccl
+    fake.ncclAllReduce.result = nccl_lib.IN_PROGRESS
+    comm.launch(node, ctx, lambda: binding.all_reduce(1, 2, 3, "float32", "sum", comm.handle,
+                                                      0))
+    assert launched == ["started", "finished"]
+    assert [n for n, _ in fake.log][-4:] == ["ncclAllReduce"] + ["ncclCommGetAsyncError"] * 3
+    fake.ncclCommGetAsyncError.async_status = nccl_lib.IN_PROGRESS   # never completes
+    with pytest.raises(dist.DistributedTimeoutError,
+                       match=r"rank 0 of 2: GpuAllReduce\{sum, world\} did not finish"):
+        comm.launch(node, ctx, lambda: binding.all_reduce(1, 2, 3, "float32", "sum",
+                                                          comm.handle, 0))
+    assert comm.aborted and fake.log[-1][0] == "ncclCommAbort"
 
 
 def test_the_watchdog_aborts_a_collective_that_makes_no_progress(capsys):
@@ -197,6 +294,27 @@ def test_a_world_of_one_rank_through_real_nccl(cuda, monkeypatch):
         comm.close()
 
 
+@pytest.mark.gpu
+def test_broadcast_parameters_stays_on_the_gpu_through_real_nccl(cuda, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    from symgpu import shared
+    from symgpu.distributed.env import LaunchInfo
+    from symgpu.gpu.ops.collectives import GpuBroadcast, NcclCommunicator
+    comm = NcclCommunicator(LaunchInfo(), dist.SelfCommunicator(), 60.0, ctx=cuda)
+    try:
+        v = np.random.RandomState(1).randn(300, 7).astype("float32")
+        W = shared(v.copy())
+        with dist.use_communicator(comm):
+            f = dist.broadcast_function([W], root=0)
+            assert any(isinstance(n.op, GpuBroadcast) for n in f.maker.fgraph.apply_nodes)
+            before = int(comm.counters[1])
+            dist.broadcast_parameters([W], root=0)
+        np.testing.assert_array_equal(W.get_value(), v)
+        assert int(comm.counters[1]) > before and comm.error is None   # ncclBroadcast ran
+    finally:
+        comm.close()
+
+
 # ----------------------------------------------------------------------------- several GPUs
 
 def _gpu_count() -> int:
@@ -223,6 +341,8 @@ f = function([x], [dist.all_reduce(x, "sum"), dist.all_gather(x), dist.broadcast
 names = [type(nd.op).__name__ for nd in f.maker.fgraph.apply_nodes]
 assert "GpuAllReduce" in names, names
 v = (np.arange(12, dtype="float32").reshape(4, 3) + 100 * r)
+if os.environ.get("MISMATCH") == str(r):
+    v = np.ones((5, 3), "float32")
 for step in range(int(os.environ.get("STEPS", "3"))):
     if os.environ.get("KILL") == str(r) and step == 2:
         os._exit(17)
@@ -261,11 +381,9 @@ def test_two_gpus_two_processes(tmp_path, transport):
     assert got == [f"RESULT {r} 2 {s} (8, 3) {(v + 100).tolist()}" for r in range(2)], got
 
 
-@pytest.mark.multigpu
-@multigpu
-def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
-    # started with the environment contract by hand: torchrun's agent would stop the
-    # survivor itself once a worker exits, hiding symgpu's own fault handling
+def _by_hand(tmp_path, extra_env):
+    """Two workers started with the environment contract by hand: torchrun's agent would stop
+    the survivor itself once a worker exits, hiding symgpu's own fault handling."""
     script = tmp_path / "w.py"
     script.write_text(_WORKER)
     with socket.socket() as s:
@@ -275,12 +393,30 @@ def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
     for r in range(2):
         env = dict(os.environ)
         env.update({"SYMGPU_FLAGS": "device=cuda,floatX=float32,distributed.timeout=20",
-                    "NCCL_NVLS_ENABLE": "0", "KILL": "1", "STEPS": "50", "RANK": str(r),
+                    "NCCL_NVLS_ENABLE": "0", "RANK": str(r),
                     "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                     "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")})
+        env.update(extra_env)
         procs.append(subprocess.Popen([sys.executable, str(script)], cwd=ROOT, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+    return procs
+
+
+@pytest.mark.multigpu
+@multigpu
+def test_mismatched_shapes_fail_on_every_rank_at_the_first_call(tmp_path):
+    procs = _by_hand(tmp_path, {"MISMATCH": "1"})
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=300)
+        assert p.returncode != 0 and f"RESULT {r}" not in out
+        assert "CollectiveMismatchError" in err and "passes 15 elements" in err, err[-4000:]
+
+
+@pytest.mark.multigpu
+@multigpu
+def test_a_killed_rank_makes_the_other_fail_within_the_timeout(tmp_path):
+    procs = _by_hand(tmp_path, {"KILL": "1", "STEPS": "50"})
     (out1, err1) = procs[1].communicate(timeout=300)
     assert procs[1].returncode == 17, err1[-4000:]
     out0, err0 = procs[0].communicate(timeout=300)     # within timeout + the poll: no hang

@@ -11,8 +11,8 @@ from symgpu.distributed.communicator import (CollectiveMismatchError, Communicat
                                              MpiCommunicator, SelfCommunicator,
                                              StoreCommunicator, ThreadWorld, communicator,
                                              set_communicator, use_communicator)
-from symgpu.distributed.data_parallel import (DEFAULT_BUCKET_BYTES, broadcast_parameters,
-                                              data_parallel, plan_buckets)
+from symgpu.distributed.data_parallel import (DEFAULT_BUCKET_BYTES, broadcast_function,
+                                              broadcast_parameters, data_parallel, plan_buckets)
 from symgpu.distributed.env import LaunchError, LaunchInfo, launch_info
 from symgpu.distributed.ops import (AllGather, AllReduce, Broadcast, ReduceScatter,
                                     all_gather, all_reduce, broadcast, reduce_scatter)
@@ -23,7 +23,8 @@ from symgpu.distributed.store import MemoryStore, TCPStore, TorchStore
 __all__ = ["init", "finalize", "get_rank", "get_world_size", "get_local_rank", "local_rank",
            "is_initialized", "register_backend", "all_reduce", "broadcast", "all_gather",
            "reduce_scatter", "AllReduce", "Broadcast", "AllGather", "ReduceScatter",
-           "data_parallel", "broadcast_parameters", "plan_buckets", "DEFAULT_BUCKET_BYTES",
+           "data_parallel", "broadcast_parameters", "broadcast_function", "plan_buckets",
+           "DEFAULT_BUCKET_BYTES",
            "Communicator", "StoreCommunicator", "SelfCommunicator", "MpiCommunicator",
            "ThreadWorld", "communicator", "set_communicator", "use_communicator",
            "DistributedError", "DistributedTimeoutError", "CollectiveMismatchError",

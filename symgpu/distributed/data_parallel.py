@@ -16,14 +16,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from symgpu.compile.function import clone_replace
+from symgpu.compile.function import clone_replace, function
 from symgpu.distributed.communicator import communicator
-from symgpu.distributed.ops import AllReduce
+from symgpu.distributed.ops import AllReduce, Broadcast
 from symgpu.graph.basic import Variable
 from symgpu.tensor.basic import concatenate
 from symgpu.tensor.type import as_tensor_variable
 
-__all__ = ["data_parallel", "broadcast_parameters", "plan_buckets", "DEFAULT_BUCKET_BYTES"]
+__all__ = ["data_parallel", "broadcast_parameters", "broadcast_function", "plan_buckets",
+           "DEFAULT_BUCKET_BYTES"]
 
 #: PyTorch DDP's default bucket_cap_mb
 DEFAULT_BUCKET_BYTES = 25 << 20
@@ -114,8 +115,28 @@ def _reduced(grads: list[Variable], params: Sequence[Any] | None, bucket_bytes: 
 def broadcast_parameters(shared_vars: Sequence[Any], root: int = 0,
                          group: str = "world") -> None:
     """Give every rank rank ``root``'s values of ``shared_vars`` (call once at start, after
-    each rank initialised them, so every replica starts from the same point)."""
+    each rank initialised them, so every replica starts from the same point).
+
+    Why two paths: on a communicator that runs device collectives (NCCL) the values never
+    leave the GPU: one compiled function of Broadcast ops updates the variables
+    (``broadcast_function``; the lifting pass makes them ncclBroadcast on the context's
+    stream).  A host communicator broadcasts each value through its host channel."""
     comm = communicator(group)
+    shared_vars = list(shared_vars)
+    if not shared_vars:
+        return
+    if getattr(comm, "supports_device", False):
+        broadcast_function(shared_vars, root, group)()
+        return
     for sv in shared_vars:
         value = np.asarray(sv.get_value())
         sv.set_value(comm.broadcast(value, root))
+
+
+def broadcast_function(shared_vars: Sequence[Any], root: int = 0,
+                       group: str = "world") -> Any:
+    """The compiled function (no inputs, no outputs) whose updates set each of
+    ``shared_vars`` to rank ``root``'s value: one Broadcast collective per variable, in the
+    order given (every rank must pass the same variables in the same order)."""
+    return function([], [], updates=[(sv, Broadcast(root, group)(sv)) for sv in shared_vars],
+                    name="broadcast_parameters")

@@ -15,14 +15,15 @@ import json
 import weakref
 from typing import Any
 
-from symgpu.distributed.communicator import (CollectiveMismatchError, DistributedError,
-                                             communicator)
+from symgpu.config import config
+from symgpu.distributed.communicator import (CollectiveMismatchError, Communicator,
+                                             DistributedError, communicator)
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.link.vm import LINK_HOOKS
 
 __all__ = ["collective_schedule", "schedule_digest", "compare_schedules", "check_schedule",
-           "raise_schedule_error"]
+           "raise_schedule_error", "ShapeCheck"]
 
 _CHECKED: "weakref.WeakKeyDictionary[FunctionGraph, bool]" = weakref.WeakKeyDictionary()
 _ERRORS: "weakref.WeakKeyDictionary[Apply, Exception]" = weakref.WeakKeyDictionary()
@@ -102,6 +103,44 @@ def raise_schedule_error(node: Apply) -> None:
     exc = _ERRORS.get(node)
     if exc is not None:
         raise exc
+
+
+class ShapeCheck:
+    """The run-time half of the check (``distributed.check_shapes``): the schedule compares
+    op, dtype and dims, not shapes, and NCCL exchanges whatever counts each rank passes.  On
+    the first call of a compiled function each of its device collectives (their thunks own a
+    ShapeCheck) all-gathers its input's shape through the host channel, once; a rank whose
+    element count differs makes every rank raise CollectiveMismatchError naming it and the
+    collective.  Later calls cost nothing; so does a world of one rank or the flag off."""
+
+    def __init__(self, comm: Communicator, node: Apply) -> None:
+        self.comm, self.node = comm, node
+        self.pending = bool(config.distributed.check_shapes) and comm.world_size > 1
+
+    def __call__(self, shape: tuple) -> None:
+        if not self.pending:
+            return
+        self.pending = False
+        comm, node = self.comm, self.node
+        count = int(_prod(shape))
+        payload = json.dumps({"count": count, "shape": list(shape)}).encode()
+        theirs = [json.loads(p.decode()) for p in comm.exchange(payload, "shape check")]
+        for r, other in enumerate(theirs):
+            if other["count"] != count:
+                entry = node.op.schedule_entry(node) if _is_collective(node) else str(node.op)
+                raise CollectiveMismatchError(
+                    f"{node.op} (schedule entry: {entry}): rank {r} passes "
+                    f"{other['count']} elements (shape {tuple(other['shape'])}), rank "
+                    f"{comm.rank} passes {count} (shape {tuple(shape)}); NCCL needs the same "
+                    f"count on every rank of the world of {comm.world_size} (checked on the "
+                    f"first call: distributed.check_shapes)")
+
+
+def _prod(shape: tuple) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 LINK_HOOKS.append(check_schedule)

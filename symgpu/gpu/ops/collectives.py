@@ -12,6 +12,13 @@ other finished (a peer died or hangs), it records the error, sets the abort word
 ``ncclCommAbort``, which makes the stuck NCCL kernels return; the finishing kernel then
 reports through the node's device-check slot, so the waiting call raises the error at its
 synchronisation, naming the node, instead of hanging.  Later collectives raise it at once.
+
+Setup is watched too: the communicator is created non-blocking (ncclCommInitRankConfig with
+``blocking = 0``, where the library has it) and polled under the ``distributed.timeout``
+deadline, so a rank that dies before or during NCCL's setup makes the others fail with a
+DistributedTimeoutError naming rank and world instead of hanging in ncclCommInitRank.  A
+non-blocking communicator's calls may return ncclInProgress: ``settle`` polls
+ncclCommGetAsyncError (under the same deadline) before the next call, as NCCL requires.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ from symgpu.distributed.env import LaunchInfo
 from symgpu.distributed.ops import AllGather, AllReduce, Broadcast, ReduceScatter
 from symgpu.distributed.ops import group_communicator
 from symgpu.distributed.runtime import register_backend
+from symgpu.distributed.schedule import ShapeCheck
 from symgpu.gpu.ops import nccl_lib
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
@@ -132,18 +140,28 @@ class NcclCommunicator(Communicator):
     def __init__(self, info: LaunchInfo, host: Communicator, timeout: float,
                  ctx: Any = None, binding: Any = None,
                  counters: tuple[np.ndarray, int] | None = None,
-                 watch: bool = True) -> None:
+                 watch: bool = True, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         super().__init__(timeout)
         self.host, self.rank, self.world_size = host, host.rank, host.world_size
         self.ctx = _context(None) if ctx is None else ctx
         self.nccl = nccl_lib.nccl() if binding is None else binding
         self.error: Exception | None = None
         self.aborted = False
+        self.clock, self.sleep = clock, sleep
         if not getattr(self.ctx, "virtual", False):
             self.ctx.activate()
         uid = self.nccl.unique_id() if self.rank == 0 else bytes(128)
         uid = host.broadcast(np.frombuffer(uid, np.uint8), 0).tobytes()
-        self.handle = self.nccl.comm_init_rank(self.world_size, uid, self.rank)
+        self.handle, status = self.nccl.comm_init_rank(self.world_size, uid, self.rank,
+                                                       blocking=False)
+        self.nonblocking = self.nccl.has_nonblocking_init
+        if self.nonblocking:
+            try:
+                self.settle("NCCL communicator setup (ncclCommInitRankConfig)")
+            except DistributedError:
+                host.close()                 # settle aborted NCCL's communicator already
+                raise
         self.counters, self.counters_ptr = _mapped_counters() if counters is None else counters
         self.watchdog = Watchdog(self, self.counters, self.timeout)
         if watch:
@@ -168,15 +186,44 @@ class NcclCommunicator(Communicator):
     def barrier(self) -> None:
         self.host.barrier()
 
-    def launch(self, node: Apply, ctx: Any, call: Callable[[], None]) -> None:
-        """Queue ``call`` (one NCCL call on ``ctx``'s stream) between the counting kernels."""
+    def settle(self, what: str) -> None:
+        """Wait until the communicator's last call is no longer in progress (a non-blocking
+        communicator's setup or enqueue), within ``timeout``; on an NCCL error or at the
+        deadline abort the communicator and raise, naming rank and world."""
+        deadline = self.clock() + self.timeout
+        while True:
+            status = self.nccl.async_error(self.handle)
+            if status == 0:
+                return
+            if status != nccl_lib.IN_PROGRESS:
+                exc: Exception = DistributedError(
+                    f"rank {self.rank} of {self.world_size}: {what} failed: NCCL reported "
+                    f"{self.nccl.error_text(status, self.handle)} (a peer rank died or its "
+                    f"connection failed); the communicator was aborted")
+                break
+            if self.clock() > deadline:
+                exc = DistributedTimeoutError(
+                    f"rank {self.rank} of {self.world_size}: {what} did not finish within "
+                    f"{self.timeout:g} s (distributed.timeout): a peer rank died or hangs "
+                    f"(or never started); the communicator was aborted")
+                break
+            self.sleep(0.002)
+        self.error = exc
+        self.nccl.abort(self.handle)
+        self.aborted = True
+        raise exc
+
+    def launch(self, node: Apply, ctx: Any, call: Callable[[], Any]) -> None:
+        """Queue ``call`` (one NCCL call on ``ctx``'s stream, returning its status) between
+        the counting kernels; a call still in progress is settled before the next one."""
         if self.error is not None:
             raise self.error
         start = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_started", "P", context=ctx)
         done = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_finished", "PP",
                                    context=ctx)
         start.prepared_async_call((1, 1), (1, 1, 1), ctx.stream, self.counters_ptr)
-        call()
+        if call() == nccl_lib.IN_PROGRESS:
+            self.settle(f"{node.op if node is not None else 'an NCCL call'}")
         launch_checked(node, ctx, done, (1, 1), (1, 1, 1), (self.counters_ptr,),
                        self._describe)
 
@@ -256,9 +303,11 @@ class _GpuCollective(DeviceChecked, Op):
         cell, out_cell = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
         dtype = np.dtype(node.outputs[0].dtype)
         binding, stream = comm.nccl, ctx.stream_handle
+        check_shape = ShapeCheck(comm, node)
 
         def thunk() -> None:
             x = cell[0]
+            check_shape(tuple(x.shape))    # the first call only (distributed.check_shapes)
             if not x.is_c_contiguous:
                 x = x.copy()
             shape = self.out_shape(tuple(x.shape))
@@ -281,8 +330,8 @@ class GpuAllReduce(_GpuCollective):
     def __init__(self, op: str = "sum", group: str = "world") -> None:
         self.op, self.group = op, group
 
-    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> None:
-        b.all_reduce(x.ptr, out.ptr, x.size, str(x.dtype), self.op, comm.handle, stream)
+    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> int:
+        return b.all_reduce(x.ptr, out.ptr, x.size, str(x.dtype), self.op, comm.handle, stream)
 
 
 class GpuBroadcast(_GpuCollective):
@@ -294,8 +343,9 @@ class GpuBroadcast(_GpuCollective):
     def __init__(self, root: int = 0, group: str = "world") -> None:
         self.root, self.group = int(root), group
 
-    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> None:
-        b.broadcast(x.ptr, out.ptr, x.size, str(x.dtype), self.root, comm.handle, stream)
+    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> int:
+        return b.broadcast(x.ptr, out.ptr, x.size, str(x.dtype), self.root, comm.handle,
+                           stream)
 
 
 class GpuAllGather(_GpuCollective):
@@ -310,8 +360,8 @@ class GpuAllGather(_GpuCollective):
     def out_shape(self, shape: tuple) -> tuple:
         return (shape[0] * self.world_size,) + shape[1:]
 
-    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> None:
-        b.all_gather(x.ptr, out.ptr, x.size, str(x.dtype), comm.handle, stream)
+    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> int:
+        return b.all_gather(x.ptr, out.ptr, x.size, str(x.dtype), comm.handle, stream)
 
 
 class GpuReduceScatter(_GpuCollective):
@@ -329,8 +379,9 @@ class GpuReduceScatter(_GpuCollective):
                              f"{self.world_size} equal parts")
         return (shape[0] // self.world_size,) + shape[1:]
 
-    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> None:
-        b.reduce_scatter(x.ptr, out.ptr, out.size, str(x.dtype), self.op, comm.handle, stream)
+    def nccl_call(self, b: Any, comm: Any, x: Any, out: Any, stream: int) -> int:
+        return b.reduce_scatter(x.ptr, out.ptr, out.size, str(x.dtype), self.op, comm.handle,
+                                stream)
 
 
 _TWINS = {AllReduce: GpuAllReduce, Broadcast: GpuBroadcast, AllGather: GpuAllGather,
