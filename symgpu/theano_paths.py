@@ -82,7 +82,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gof.utils": "symgpu.graph.utils",
     # --- end of names2's block
     # -- Theano's test corpus, round 2 (tools/theano_corpus.py): paths its tests import --
-    "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy"),
+    "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy",
+                           "symgpu.compile.python_ops"),
     "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",

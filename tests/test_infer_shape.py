@@ -1366,3 +1366,38 @@ def test_gpu_spmv_inferred_shapes():
         got = node.op.infer_shape(None, node, [tuple(T.constant(np.int64(n)) for n in s)
                                                for s in in_shapes])
         assert [tuple(int(v.data) for v in got[0])] == [want], str(node.op)
+
+
+# ---------------------------------------------------------------- Theano's compile.ops, gradient
+# stops and symbolic-axis sorts (the path layer's names: issue 31)
+from symgpu.compile.deepcopy import DeepCopyOp as _DeepCopyOp, deep_copy_op as _deep_copy_op  # noqa: E402
+from symgpu.compile import python_ops as _pyops  # noqa: E402
+from symgpu.gradient import stops as _stops  # noqa: E402
+from symgpu.tensor import extra_ops as _xops  # noqa: E402
+
+
+def _same_shape(fgraph, node, shapes):
+    return [shapes[0]]
+
+
+_THEANO_OPS_CASES = {
+    _DeepCopyOp: [case(lambda x: _deep_copy_op(x), r(3, 2))],
+    _pyops.FromFunctionOp: [case(lambda x: _pyops.as_op([T.dmatrix], [T.dmatrix],
+                                                        infer_shape=_same_shape)(np.exp)(x),
+                                 r(3, 2))],
+    _pyops.ViewOp: [case(lambda x: _pyops.view_op(x), r(3, 2))],
+    _pyops.Rebroadcast: [case(lambda x: _pyops.Rebroadcast((0, True))(x), r(1, 4))],
+    _stops.GradClip: [case(lambda x: _stops.grad_clip(x, -1.0, 1.0), r(3))],
+    _stops.GradScale: [case(lambda x: _stops.grad_scale(x, 2.0), r(3, 2))],
+    _stops.UndefinedGrad: [case(lambda x: _stops.undefined_grad(x), r(4))],
+    _xops.SortOp: [case(lambda x, a: _xops.SortOp("quicksort")(x, a), r(3, 4), i64(1))],
+    _xops.ArgSortOp: [case(lambda x, a: _xops.ArgSortOp("quicksort")(x, a), r(3, 4), i64(0))],
+    _xops.TakeAlongAxis: [case(lambda v, p, a: _xops.TakeAlongAxis()(v, p, a), r(3, 4),
+                               i64(np.argsort(r(3, 4), axis=1)), i64(1))],
+}
+CASES.update(_THEANO_OPS_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_THEANO_OPS_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_theano_compile_ops(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -303,6 +303,17 @@ def _cases():
         y, z = PdbBreakpoint("big")(T.gt(x.sum(), 1e9), x, x * 3)
         return [x], [y + z], [v]
 
+    @add("theano_corpus_ops")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.gradient.stops import grad_clip, grad_scale, undefined_grad
+        from symgpu.tensor.extra_ops import ArgSortOp, SortOp
+        x, v = _m()
+        a = T.lscalar("a")
+        s = SortOp("quicksort")(grad_scale(grad_clip(x, -5.0, 5.0), 2.0), a)
+        g = T.grad(s.sum(), x)
+        return [x, a], [s, ArgSortOp("quicksort")(x, a), g, undefined_grad(x) * 2], [v, 1]
+
     @add("attention")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them
