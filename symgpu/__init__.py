@@ -55,6 +55,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "d3viz": ("symgpu.d3viz", None),  # Theano's theano.d3viz: interactive graph pages
     "mixed_precision": ("symgpu.mixed_precision", None),  # autocast, DynamicLossScale
     "change_flags": ("symgpu.config", "change_flags"),  # Theano's theano.change_flags
+    "pprint": ("symgpu.printing", "pprint"),  # Theano's theano.pprint
     "compat": ("symgpu.compat", None),  # Theano's theano.compat (Python 2/3 helpers)
 }
 
