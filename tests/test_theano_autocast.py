@@ -40,3 +40,23 @@ def test_pprint_is_theanos_name_for_pp():
     from symgpu import pprint
     x = T.dvector("x")
     assert pprint(x + 1) == symgpu.pp(x + 1) == "(x + TensorConstant{1.0})"
+
+
+def test_get_vector_length_knows_what_the_graph_tells():
+    x = T.matrix("x")
+    assert T.get_vector_length(x.shape) == 2
+    assert T.get_vector_length(x.shape[1:]) == 1
+    assert T.get_vector_length(T.constant(np.arange(4))) == 4
+    assert T.get_vector_length(T.stack([x.sum(), x.max(), x.min()])) == 3
+    assert T.get_vector_length(T.TensorType("float64", (True,))("b")) == 1
+    with pytest.raises(ValueError, match="not known before the graph runs"):
+        T.get_vector_length(T.vector("v"))
+    with pytest.raises(TypeError, match="not a vector"):
+        T.get_vector_length(x)
+
+
+def test_underscore_shared_is_theanos_host_tensor_constructor():
+    s = T._shared(np.arange(3.0), name="s")
+    assert isinstance(s, T.TensorSharedVariable) and s.name == "s"
+    f = symgpu.function([], s * 2)
+    np.testing.assert_allclose(f(), [0.0, 2.0, 4.0])

@@ -15,6 +15,9 @@ from symgpu.tensor.basic import *  # noqa: F401,F403
 from symgpu.tensor.shape import SpecifyShape
 from symgpu.tensor.basic import specify_shape
 from symgpu.tensor.sharedvar import TensorSharedVariable
+# Theano's `T._shared`: the host tensor constructor (a tensor shared variable whatever the
+# device, as Theano's tests use it)
+from symgpu.tensor.sharedvar import tensor_constructor as _shared  # noqa: F401
 from symgpu.tensor.extra_ops import *  # noqa: F401,F403  (cumsum, sort, repeat, diag, eye...)
 from symgpu.tensor.extra_funcs import *  # noqa: F401,F403  (round modes, tile, roll, norm...)
 from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_constant_value)

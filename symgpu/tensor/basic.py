@@ -34,7 +34,7 @@ __all__ = [
     "complex_dtypes", "continuous_dtypes", "all_dtypes",
     "MakeVector", "make_vector", "Reshape", "reshape", "flatten", "squeeze", "Join", "join",
     "concatenate", "stack", "Alloc", "alloc", "zeros", "ones", "ARange", "arange",
-    "specify_shape", "shape_padleft", "shape_padright", "choose",
+    "specify_shape", "shape_padleft", "shape_padright", "choose", "get_vector_length",
     # re-exported from math.py / shape.py / subtensor.py
     "fill", "second", "zeros_like", "ones_like", "cast", "shape", "shape_i", "transpose",
     "dimshuffle", "specify_broadcastable_as", "getitem", "set_subtensor", "inc_subtensor",
@@ -89,6 +89,22 @@ def _vector_length(v: TensorVariable) -> int | None:
         if n is not None and not isinstance(entry, int) and entry is not None and entry is not Ellipsis:
             return len(range(n)[slice(*entry)])
     return None
+
+
+def get_vector_length(v: Any) -> int:
+    """Theano's `T.get_vector_length`: the length of the symbolic vector `v` when the graph
+    tells it (a constant, a shape, a MakeVector, a slice of those, a broadcastable vector);
+    a ValueError when only running the graph would tell it."""
+    v = as_tensor_variable(v)
+    if v.ndim != 1:
+        raise TypeError(f"get_vector_length: {v} ({v.type}) is not a vector")
+    if v.broadcastable[0]:
+        return 1
+    n = _vector_length(v)
+    if n is None:
+        raise ValueError(f"get_vector_length: the length of {v} is not known before the graph "
+                         "runs")
+    return n
 
 
 def _shape_entries(shape_: Any) -> list[TensorVariable]:
