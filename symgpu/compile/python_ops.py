@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
-from symgpu.tensor.type import TensorType, as_tensor_variable, check_declared_broadcastable
+from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["FromFunctionOp", "as_op", "ViewOp", "view_op", "Rebroadcast"]
 
@@ -109,44 +109,6 @@ class ViewOp(Op):
 view_op = ViewOp()
 
 
-class Rebroadcast(Op):
-    """`Rebroadcast((axis, flag), ...)(x)`: `x` with those dimensions' broadcastable flags set
-    (True: checked at run time to have length 1), as a view."""
-
-    __props__ = ("axis",)
-    view_map = {0: [0]}
-
-    def __init__(self, *axis: tuple[int, bool]):
-        pairs = []
-        for item in axis:
-            if not (isinstance(item, tuple) and len(item) == 2):
-                raise TypeError(f"Rebroadcast takes (axis, bool) pairs, got {item!r}")
-            pairs.append((int(item[0]), bool(item[1])))
-        self.axis = tuple(sorted(dict(pairs).items()))
-
-    def __str__(self) -> str:
-        return "Rebroadcast{" + ", ".join(f"({a}, {b})" for a, b in self.axis) + "}"
-
-    def make_node(self, x: Any) -> Apply:
-        x = as_tensor_variable(x)
-        bcast = list(x.broadcastable)
-        for a, b in self.axis:
-            if not -x.ndim <= a < x.ndim:
-                raise ValueError(f"{self}: axis {a} is out of range for {x.type}")
-            bcast[a] = b
-        return Apply(self, [x], [TensorType(x.dtype, tuple(bcast))()])
-
-    def perform(self, node, inputs, out):
-        (x,) = inputs
-        want = tuple(b and not xb for b, xb in zip(node.outputs[0].broadcastable,
-                                                    node.inputs[0].broadcastable))
-        out[0][0] = check_declared_broadcastable(x, want)
-
-    def infer_shape(self, fgraph, node, input_shapes):
-        return [tuple(1 if b else s for b, s in zip(node.outputs[0].broadcastable,
-                                                    input_shapes[0]))]
-
-    def grad(self, inputs, output_grads):
-        (x,) = inputs
-        back = Rebroadcast(*[(a, x.broadcastable[a]) for a, _ in self.axis])
-        return [back(output_grads[0])]
+# Rebroadcast lives with the tensor language (T.Rebroadcast, as Theano's tensor namespace
+# has it); theano.compile.ops serves it from here too
+from symgpu.tensor.theano_basic import Rebroadcast  # noqa: E402
