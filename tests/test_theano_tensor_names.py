@@ -145,3 +145,11 @@ def test_inplace_functions_overwrite_their_first_input():
     assert np.array_equal(_f([a], inplace.abs__inplace(a))(np.array([-1.0])), [1.0])
     with pytest.raises(TypeError, match="in place"):
         inplace.true_div_inplace(T.ivector(), T.ivector())
+
+
+def test_ceil_intdiv():
+    a, b = T.ivector(), T.ivector()
+    av = np.array([7, -7, 6, 1], "int32")
+    bv = np.array([2, 2, 3, -2], "int32")
+    got = _f([a, b], T.ceil_intdiv(a, b))(av, bv)
+    assert np.array_equal(got, (av // bv) + ((av % bv) != 0)) and got.dtype == np.int32

@@ -20,7 +20,7 @@ from symgpu.tensor.elemwise import _sum_to_broadcast_pattern
 from symgpu.tensor.extra_funcs import max_and_argmax, tile, tri
 from symgpu.tensor.ranges import arange
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
-from symgpu.tensor.math import eq, identity, mean, pow, switch
+from symgpu.tensor.math import cast, eq, identity, int_div, mean, neq, pow, switch
 from symgpu.tensor.type import (TensorConstant, TensorType, TensorVariable, as_tensor_variable,
                                 check_declared_broadcastable, constant)
 
@@ -28,7 +28,7 @@ __all__ = ["TensorFromScalar", "tensor_from_scalar", "ScalarFromTensor", "scalar
            "Default", "default", "PermuteRowElements", "permute_row_elements",
            "inverse_permutation", "Tensor", "tensor_copy", "power", "Split", "split",
            "AllocEmpty", "Rebroadcast", "NoneTypeT", "NoneConst", "extract_constant",
-           "MaxAndArgmax", "Mean", "Tile", "Tri", "Choose"]
+           "MaxAndArgmax", "Mean", "Tile", "Tri", "Choose", "ceil_intdiv"]
 
 _MODULE = "symgpu.tensor"
 Tensor = TensorType           # Theano's old name of TensorType
@@ -337,6 +337,12 @@ def extract_constant(x: Any, elemwise: bool = True, only_process_constants: bool
     value = np.array(value, copy=True)
     # a new constant, not the shared one constant() hands out: callers may change its data
     return TensorConstant(TensorType(value.dtype.name, ()), value)
+
+
+def ceil_intdiv(a: Any, b: Any) -> TensorVariable:
+    """Theano's: ceil(a / b) by integer arithmetic (a // b, plus 1 where a % b is not 0)."""
+    div = int_div(a, b)
+    return div + cast(neq(a % b, 0), div.dtype)
 
 
 def _builder(name: str, make: Callable[..., Callable[..., Any]], doc: str) -> type:
