@@ -1374,6 +1374,7 @@ from symgpu.compile.deepcopy import DeepCopyOp as _DeepCopyOp, deep_copy_op as _
 from symgpu.compile import python_ops as _pyops  # noqa: E402
 from symgpu.gradient import stops as _stops  # noqa: E402
 from symgpu.tensor import extra_ops as _xops  # noqa: E402
+from symgpu.tensor import theano_basic as _tb  # noqa: E402
 
 
 def _same_shape(fgraph, node, shapes):
@@ -1387,6 +1388,13 @@ _THEANO_OPS_CASES = {
                                  r(3, 2))],
     _pyops.ViewOp: [case(lambda x: _pyops.view_op(x), r(3, 2))],
     _pyops.Rebroadcast: [case(lambda x: _pyops.Rebroadcast((0, True))(x), r(1, 4))],
+    _tb.TensorFromScalar: [case(lambda x: _tb.tensor_from_scalar(x), r())],
+    _tb.ScalarFromTensor: [case(lambda x: _tb.scalar_from_tensor(x), r())],
+    _tb.Default: [case(lambda x, d: _tb.Default()(x, d), r(3, 2), r(3, 2))],
+    _tb.PermuteRowElements: [case(lambda x, p: _tb.PermuteRowElements()(x, p, 0), r(3, 4),
+                                  i64([[1, 0, 3, 2], [0, 1, 2, 3], [3, 2, 1, 0]]))],
+    _tb.Split: [case(lambda x, a, s: _tb.Split(2)(x, a, s)[0], r(5, 3), i64(0), i64([2, 3]))],
+    _tb.AllocEmpty: [case(lambda a, b: _tb.AllocEmpty("float64")(a, b), i64(3), i64(4))],
     _stops.GradClip: [case(lambda x: _stops.grad_clip(x, -1.0, 1.0), r(3))],
     _stops.GradScale: [case(lambda x: _stops.grad_scale(x, 2.0), r(3, 2))],
     _stops.UndefinedGrad: [case(lambda x: _stops.undefined_grad(x), r(4))],

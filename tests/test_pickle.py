@@ -314,6 +314,20 @@ def _cases():
         g = T.grad(s.sum(), x)
         return [x, a], [s, ArgSortOp("quicksort")(x, a), g, undefined_grad(x) * 2], [v, 1]
 
+    @add("theano_tensor_basic_ops")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor import theano_basic as tb
+        x, v = _m()
+        p = T.lmatrix("p")
+        a, b = tb.split(x, [1, 2], 2, axis=0)
+        s = T.dscalar("s")
+        outs = [tb.permute_row_elements(x, p), a * 2, b.sum(), tb.Default()(x, x * 2),
+                tb.Rebroadcast((0, False))(x), tb.tensor_from_scalar(s) * 2,
+                tb.scalar_from_tensor(s) + 1, tb.AllocEmpty("float64")(2, 3).shape]
+        perm = np.array([np.random.default_rng(k).permutation(4) for k in range(3)])
+        return [x, p, s], outs, [v, perm, 1.5]
+
     @add("attention")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them
