@@ -57,8 +57,11 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.scan_module.scan_op": "symgpu.scan.op",
     "symgpu.scan_module.scan_checkpoints": "symgpu.scan.checkpoints",
     # the GPU package under Theano's names (theano.gpuarray; the old theano.sandbox.cuda)
-    "symgpu.gpu.basic_ops": "symgpu.gpu.placement.basic_ops",
-    "symgpu.gpu.type": "symgpu.gpu.placement.type",
+    # symgpu.gpu, symgpu.gpuarray and symgpu.sandbox.cuda are one module object, so a
+    # submodule name under the three is one attribute: each is mapped alike (RENAMES are
+    # looked up under the gpuarray spelling, _canonical)
+    "symgpu.gpu.basic_ops": ("symgpu.gpu.placement.basic_ops",),
+    "symgpu.gpu.type": ("symgpu.gpu.placement.type",),
     "symgpu.gpuarray": "symgpu.gpu",
     "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
@@ -71,8 +74,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
     "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
     "symgpu.sandbox.cuda": "symgpu.gpu",
-    "symgpu.sandbox.cuda.basic_ops": "symgpu.gpu.placement.basic_ops",
-    "symgpu.sandbox.cuda.type": "symgpu.gpu.placement.type",
+    "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
+    "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),
     "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
@@ -133,9 +136,22 @@ RENAMES: dict[str, dict[str, str]] = {
 }
 
 
+def _canonical(path: str) -> str:
+    """`path` under the gpuarray spelling: symgpu.gpu and symgpu.sandbox.cuda are the same
+    module as symgpu.gpuarray, so their submodules share one attribute and one table."""
+    for prefix in ("symgpu.sandbox.cuda.", "symgpu.gpu."):
+        if path.startswith(prefix):
+            return "symgpu.gpuarray." + path[len(prefix):]
+    return path
+
+
+def _renames(path: str) -> dict[str, str]:
+    return RENAMES.get(path) or RENAMES.get(_canonical(path), {})
+
+
 def _renamed(path: str, name: str) -> Any:
     """Theano's `name` of `path` from RENAMES (AttributeError where the table has none)."""
-    target = RENAMES.get(path, {}).get(name)
+    target = _renames(path).get(name)
     if target is None:
         raise AttributeError(name)
     module, _, attr = target.partition(":")
@@ -181,7 +197,7 @@ class _Gathered(types.ModuleType):
     def __dir__(self) -> list[str]:
         # deferred: resolved on first use
         names = {n for s in self._sources for n in _public(importlib.import_module(s))}
-        names |= set(RENAMES.get(self.__name__, {}))
+        names |= set(_renames(self.__name__))
         prefix = self.__name__ + "."
         names |= {p[len(prefix):] for p in PATHS
                   if p.startswith(prefix) and "." not in p[len(prefix):]}

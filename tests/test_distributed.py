@@ -335,7 +335,7 @@ def _free_port() -> int:
 
 
 _WORKER = r"""
-import sys, numpy as np
+import os, sys, numpy as np
 import symgpu.tensor as T
 import symgpu.distributed as dist
 from symgpu import function
@@ -344,7 +344,9 @@ r = dist.get_rank()
 x = T.dvector()
 f = function([x], [dist.all_reduce(x, "sum"), dist.all_gather(x)])
 s, g = f(np.arange(3.0) + 10 * r)
-print("RESULT", r, dist.get_world_size(), s.tolist(), g.tolist(), flush=True)
+# one write(2) of under PIPE_BUF bytes: the ranks share torchrun's stdout, and print's
+# separate writes of each field interleave ("RESULTRESULT 1 ...")
+os.write(1, f"RESULT {r} {dist.get_world_size()} {s.tolist()} {g.tolist()}\n".encode())
 dist.finalize()
 """
 

@@ -4,7 +4,7 @@ from a Python function (`as_op`, `FromFunctionOp`), the identity view (`ViewOp`)
 
 Why here: code written for Theano builds these by name (`@as_op(itypes=[T.dmatrix],
 otypes=[T.dmatrix])` is the documented way to wrap NumPy code in a graph); the path table
-(`symgpu/theano_paths.py`) serves them at `theano.compile.ops`.
+(the path layer of the package's top) serves them at `theano.compile.ops`.
 """
 from __future__ import annotations
 
