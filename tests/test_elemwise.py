@@ -67,6 +67,9 @@ BINARY = {
 }
 BINARY["arctan2"] = np.arctan2
 BINARY["chi2sf"] = lambda x, k: sps.chdtrc(k, x)
+BINARY.update({"jv": sps.jv, "iv": sps.iv})   # order first, as scipy
+UNARY.update({"trunc": (np.trunc, "any"), "erfcx": (sps.erfcx, "any"), "j0": (sps.j0, "any"),
+              "j1": (sps.j1, "any"), "i0": (sps.i0, "any"), "i1": (sps.i1, "any")})
 INTEGER_ONLY = {"and_": np.bitwise_and, "or_": np.bitwise_or, "xor": np.bitwise_xor,
                 "invert": np.invert}
 OTHER_ROWS = {"switch", "clip", "second"}  # tested by name below

@@ -410,6 +410,28 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _unary(lambda T, x, o, gz: gz * T.tri_gamma(x)), "float"),
     ScalarOpSpec("tri_gamma", 1, _tri_gamma, None, _g_not_implemented("tri_gamma"), "float"),
     ScalarOpSpec("chi2sf", 2, _chi2sf, None, _g_not_implemented("chi2sf"), "float"),
+    # Bessel functions and erfcx (scipy.special on the host, CUDA's math library on the GPU;
+    # Theano's gradients). jv and iv take the order first; the order is a constant to the
+    # gradient (as in Theano, where its gradient is not implemented)
+    ScalarOpSpec("erfcx", 1, _special_row("erfcx"), "erfcx{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (2 * x * o - _TWO_SQRT_PI)), "float",
+                 cuda_only=True),
+    ScalarOpSpec("j0", 1, _special_row("j0"), "j0{f}({0})",
+                 _unary(lambda T, x, o, gz: -gz * T.j1(x)), "float", cuda_only=True),
+    ScalarOpSpec("j1", 1, _special_row("j1"), "j1{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (T.j0(x) - T.jv(2, x)) / 2), "float",
+                 cuda_only=True),
+    ScalarOpSpec("jv", 2, _special_row("jv"), None,
+                 lambda T, ins, o, gz: [None, gz * (T.jv(ins[0] - 1, ins[1])
+                                                     - T.jv(ins[0] + 1, ins[1])) / 2], "float"),
+    ScalarOpSpec("i0", 1, _special_row("i0"), "cyl_bessel_i0{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * T.i1(x)), "float", cuda_only=True),
+    ScalarOpSpec("i1", 1, _special_row("i1"), "cyl_bessel_i1{f}({0})",
+                 _unary(lambda T, x, o, gz: gz * (T.i0(x) + T.iv(2, x)) / 2), "float",
+                 cuda_only=True),
+    ScalarOpSpec("iv", 2, _special_row("iv"), None,
+                 lambda T, ins, o, gz: [None, gz * (T.iv(ins[0] - 1, ins[1])
+                                                     + T.iv(ins[0] + 1, ins[1])) / 2], "float"),
     ScalarOpSpec("arcsin", 1, np.arcsin, "asin{f}({0})",
                  _unary(lambda T, x, o, gz: gz / T.sqrt(1 - x * x)), "float"),
     ScalarOpSpec("arccos", 1, np.arccos, "acos{f}({0})",
@@ -428,6 +450,8 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _unary(lambda T, x, o, gz: gz * float(180 / np.pi)), "float"),
     # rounding: piecewise constant, so the gradient is zero
     ScalarOpSpec("floor", 1, np.floor, {"float": "floor{f}({0})", "int": "{0}", "bool": "{0}"},
+                 _zero_grad),
+    ScalarOpSpec("trunc", 1, np.trunc, {"float": "trunc{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),
     ScalarOpSpec("ceil", 1, np.ceil, {"float": "ceil{f}({0})", "int": "{0}", "bool": "{0}"},
                  _zero_grad),

@@ -20,7 +20,7 @@ _NAMES = ("lt gt le ge eq neq and_ or_ xor invert abs_ exp exp2 expm1 neg inv lo
           "log10 sgn ceil floor round_half_to_even round_half_away_from_zero sqr sqrt deg2rad "
           "rad2deg cos arccos sin arcsin tan arctan arctan2 cosh arccosh sinh arcsinh tanh "
           "arctanh erf erfc gamma gammaln psi tri_gamma chi2sf second maximum minimum add sub "
-          "mul true_div int_div mod pow").split()
+          "mul true_div int_div mod pow trunc erfcx j0 j1 jv i0 i1 iv").split()
 
 
 def _inplace(theano_name: str) -> Callable[..., TensorVariable]:

@@ -145,6 +145,17 @@ tri_gamma = _make_elemwise("tri_gamma", "Elementwise trigamma function (derivati
 chi2sf = _make_elemwise("chi2sf", "Elementwise chi-squared survival function of x with k "
                         "degrees of freedom (scipy.stats.chi2.sf(x, k)); host only.")
 floor = _make_elemwise("floor", "Elementwise floor.")
+trunc = _make_elemwise("trunc", "Elementwise truncation towards zero.")
+erfcx = _make_elemwise("erfcx", "Elementwise scaled complementary error function "
+                       "exp(x**2) * erfc(x).")
+j0 = _make_elemwise("j0", "Elementwise Bessel function of the first kind of order 0.")
+j1 = _make_elemwise("j1", "Elementwise Bessel function of the first kind of order 1.")
+jv = _make_elemwise("jv", "Elementwise Bessel function of the first kind of real order v "
+                    "(jv(v, x)); host only.")
+i0 = _make_elemwise("i0", "Elementwise modified Bessel function of the first kind of order 0.")
+i1 = _make_elemwise("i1", "Elementwise modified Bessel function of the first kind of order 1.")
+iv = _make_elemwise("iv", "Elementwise modified Bessel function of the first kind of real "
+                    "order v (iv(v, x)); host only.")
 ceil = _make_elemwise("ceil", "Elementwise ceiling.")
 round = _make_elemwise("round", "Elementwise rounding, half to even (like NumPy).")
 lt = _make_elemwise("lt", "Elementwise a < b (bool).")
