@@ -302,7 +302,26 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _FINDER = _Finder()
 
 
+def _child_paths(parent: types.ModuleType) -> Any:
+    """A module `__getattr__` for one of our packages: its Theano child paths (`T.opt`) as
+    attributes before any import of them, resolved through the table."""
+    prefix = parent.__name__ + "."
+
+    def __getattr__(name: str) -> Any:
+        if prefix + name in PATHS:
+            return importlib.import_module(prefix + name)  # deferred: resolved on first use
+        raise AttributeError(f"module {parent.__name__!r} has no attribute {name!r}")
+    return __getattr__
+
+
 def install() -> None:
-    """Put the finder first on sys.meta_path (once): the façade calls this."""
+    """Put the finder first on sys.meta_path (once), and give our loaded packages that have
+    Theano child paths and no `__getattr__` of their own one that serves them (`T.opt`):
+    the façade calls this, so nothing below this layer knows the table."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+    for path in PATHS:
+        parent = sys.modules.get(path.rpartition(".")[0])
+        if parent is not None and not isinstance(parent, _Gathered) and \
+                "__getattr__" not in vars(parent):
+            parent.__getattr__ = _child_paths(parent)

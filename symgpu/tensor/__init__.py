@@ -43,11 +43,3 @@ from symgpu.tensor.theano_basic import *  # noqa: E402,F401,F403
 from symgpu.tensor import inplace  # noqa: E402,F401  (T.inplace.exp_inplace ...)
 import symgpu.scalar as scal  # noqa: E402,F401  (Theano's T.scal: the scalar package)
 
-
-def __getattr__(name: str):
-    """`T.opt`: Theano's theano.tensor.opt, a path the façade's path table serves (the
-    rewrites gathered), reached as an attribute before any import of it."""
-    if name == "opt":
-        import importlib
-        return importlib.import_module(__name__ + ".opt")  # deferred: the path table's
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
