@@ -22,6 +22,7 @@ RNG = np.random.RandomState(1234)
 TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid",
                   "softplus", "sin", "cos", "tan", "arctan", "tanh", "sinh", "cosh", "erf", "pow"}
 TRANSCENDENTAL |= {"arcsin", "arccos", "arcsinh", "arccosh", "arctanh", "arctan2"}
+TRANSCENDENTAL |= {"xlogx", "xlogy0"}   # x * log(y)
 RTOL = {"float32": 2e-6, "float64": 1e-14}
 
 #: rows whose C form is refused for integer (and bool) operands

@@ -137,7 +137,7 @@ def _placement_cases(dtype: str):
         "cast_in": ([z32], T.cast(z32, dtype) * 2, {"GpuElemwise"}),
         "softmax": ([x], p, {"GpuSoftmaxRows"}),
         "log_softmax": ([x], T.nnet.log_softmax(x), {"GpuSoftmaxRows"}),
-        "softmax_vector": ([v], T.nnet.softmax(v), {"GpuCAReduce", "GpuElemwise"}),
+        "softmax_vector": ([v], T.nnet.softmax(v), {"GpuSoftmaxRows"}),   # a 1 x n row
         "softmax_grad": ([x], grad((p * x).sum(), x), {"GpuSoftmaxRows", "GpuElemwise"}),
         "nll": ([x, y], nll, {"GpuSoftmaxRows", "GpuTakeRows"}),
         "nll_grad": ([x, y], grad(nll, x), {"GpuNLLGrad"}),
@@ -313,8 +313,8 @@ def test_gpu_softmax_and_log_softmax_rows(cuda, dtype, n):
 @requires_gpu
 @pytest.mark.parametrize("dtype", HALVES)
 def test_gpu_softmax_of_a_vector_and_the_softmax_gradient(cuda, dtype):
-    """A vector's softmax is expanded into reductions and elementwise kernels (exp(x - max)
-    stored, its sum stored, the quotient: three roundings, 4 ulps); the gradient of
+    """A vector's softmax is a 1 x n row, as in Theano 1.0 (one GpuSoftmaxRows row: 4 ulps
+    are ample); the gradient of
     sum(softmax(x) * c), s * (c - rowsum(s * c)), cancels, so its tolerance is absolute:
     s, the row sum and the result rounded (|c| <= 1), 4 ulps of the largest s."""
     v, x = T.vector("v", dtype=dtype), T.matrix("x", dtype=dtype)
@@ -324,7 +324,8 @@ def test_gpu_softmax_of_a_vector_and_the_softmax_gradient(cuda, dtype):
     vv = _half(RNG.standard_normal(3000) * 3, dtype)
     xv = _half(RNG.standard_normal((16, 50)) * 2, dtype)
     sv, gx = f(vv, xv)
-    _close(sv, _softmax32(vv.astype(np.float32)[None])[0], dtype, ulps=4, atol=2.0 ** -23)
+    assert sv.shape == (1, vv.size)
+    _close(sv, _softmax32(vv.astype(np.float32)[None]), dtype, ulps=4, atol=2.0 ** -23)
     s, cs = _softmax32(xv.astype(np.float32)), c.astype(np.float32)
     want = s * (cs - (s * cs).sum(axis=1, keepdims=True))
     _close(gx, want, dtype, ulps=4, atol=4 * ULP[dtype] * float(s.max()))

@@ -32,7 +32,7 @@ def _graphs():
         "join": (T.concatenate([x, y], axis=1), GpuJoin),
         "softmax": (T.nnet.softmax(x), GpuSoftmaxRows),
         "log_softmax": (T.nnet.log_softmax(x, axis=0), None),
-        "softmax_vector": (T.nnet.softmax(v), None),
+        "softmax_vector": (T.nnet.softmax(v), GpuSoftmaxRows),   # a 1 x n row, as Theano
         "argmax": (T.argmax(x, axis=1), GpuArgmax),
         "argmin_all": (T.argmin(x), GpuArgmax),
     }

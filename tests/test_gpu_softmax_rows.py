@@ -39,14 +39,16 @@ def test_last_axis_softmax_of_a_matrix_is_one_node(build, log):
         assert not any(type(op).__name__ in ("GpuCAReduce", "GpuElemwise") for op in ops), ops
 
 
-def test_other_axes_and_vectors_stay_expanded():
+def test_other_axes_stay_expanded():
     with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
         x, v, t = T.matrix("x"), T.vector("v"), T.tensor3("t")
         for out in (T.nnet.softmax(x, axis=0), T.nnet.log_softmax(x, axis=None),
-                    T.nnet.softmax(v)):
+                    T.nnet.softmax(v, axis=None)):
             ops = _ops(function([x, v], out, on_unused_input="ignore"))
             assert not any(isinstance(op, GpuSoftmaxRows) for op in ops), ops
         ops = _ops(function([t], T.nnet.softmax(t)))      # a 3-d array's last axis: rows
+        assert GpuSoftmaxRows(log=False) in ops, ops
+        ops = _ops(function([v], T.nnet.softmax(v)))      # a vector is a 1 x n row (Theano)
         assert GpuSoftmaxRows(log=False) in ops, ops
 
 

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from symgpu.scalar.dtypes import (C_TYPES, FLOAT_DTYPES, HALF_DTYPES, is_bool, is_float, is_int, upcast,
-                                  upgrade_to_float)
+from symgpu.scalar.dtypes import (C_TYPES, FLOAT_DTYPES, HALF_DTYPES, in_value_dtype, is_bool,
+                                  is_float, is_int, upcast, upgrade_to_float)
 
 __all__ = ["ScalarOp", "Cast", "SCALAR_OPS", "get_scalar_op", "cuda_expression"]
 
@@ -127,6 +127,21 @@ def _chi2sf(x, k):
 def _softplus(x):
     # log(1+exp(x)) without overflow, the identity log1p(exp(-|x|)) + max(x, 0)
     return np.logaddexp(np.zeros((), dtype=np.asarray(x).dtype), x)
+
+
+def _xlogy0(x, y):
+    # Theano's xlogy0: x * log(y), 0 wherever x == 0 (whatever y is: 0 * log(0) counts as 0)
+    x, y = np.asarray(x), np.asarray(y)
+    dtype = np.result_type(x, y)
+    with np.errstate(divide="ignore", invalid="ignore"):   # half: in float32, one rounding
+        prod = in_value_dtype(x) * np.log(in_value_dtype(y))
+    if dtype.name in HALF_DTYPES:
+        prod = prod.astype(dtype)
+    return np.where(x == 0, np.zeros((), dtype=prod.dtype), prod)
+
+
+def _xlogx(x):
+    return _xlogy0(x, x)
 
 
 def _round_half_even(x):
@@ -410,6 +425,12 @@ SCALAR_TABLE: list[ScalarOpSpec] = [
                  _unary(lambda T, x, o, gz: gz * T.tri_gamma(x)), "float"),
     ScalarOpSpec("tri_gamma", 1, _tri_gamma, None, _g_not_implemented("tri_gamma"), "float"),
     ScalarOpSpec("chi2sf", 2, _chi2sf, None, _g_not_implemented("chi2sf"), "float"),
+    # Theano's tensor.xlogx: x log x and x log y with 0 log 0 = 0 (entropies, cross-entropies
+    # of binary units); Theano's gradients, which are -inf at 0 as log is
+    ScalarOpSpec("xlogx", 1, _xlogx, "((({0}) == 0) ? 0 : ({0}) * log{f}({0}))",
+                 _unary(lambda T, x, o, gz: gz * (1 + T.log(x))), "float"),
+    ScalarOpSpec("xlogy0", 2, _xlogy0, "((({0}) == 0) ? 0 : ({0}) * log{f}({1}))",
+                 lambda T, ins, o, gz: [gz * T.log(ins[1]), gz * ins[0] / ins[1]], "float"),
     # Bessel functions and erfcx (scipy.special on the host, CUDA's math library on the GPU;
     # Theano's gradients). jv and iv take the order first; the order is a constant to the
     # gradient (as in Theano, where its gradient is not implemented)

@@ -24,6 +24,7 @@ from symgpu.tensor.grids import *  # noqa: F401,F403  (mgrid, ogrid, get_scalar_
 from symgpu.tensor import typed_constructors as _typed
 from symgpu.tensor import nnet
 from symgpu.tensor import nlinalg  # T.nlinalg.*, as Theano's tensor namespace has it
+from symgpu.tensor import xlogx  # T.xlogx.xlogy0: Theano's tensor package imports the module
 # Theano's T.sort ... T.topk: importing the module binds T.sort to it, the names rebind after
 from symgpu.tensor.sort import argsort, argtopk, sort, topk, topk_and_argtopk  # noqa: E402
 

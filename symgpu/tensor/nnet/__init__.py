@@ -133,16 +133,30 @@ class LogSoftmax(_SoftmaxBase):
         return [ev - self._sum(sm * ev)]
 
 
+def _vector_as_row(x: TensorVariable, axis: int | None, who: str
+                   ) -> tuple[TensorVariable, int | None]:
+    """A vector is taken as a 1 x n row, as Theano 1.0's softmax and log-softmax do (SPEC.md:
+    Theano code relies on it, e.g. scan steps that return ``softmax(h_t)`` and index the
+    stacked result ``s[:, 0, :]``); over all elements (axis None) it stays a vector. Returns
+    the input and the normalised axis."""
+    if x.ndim == 1 and axis is not None:
+        _norm_axis(axis, 1, who)
+        return x.dimshuffle("x", 0), 1
+    return x, _norm_axis(axis, x.ndim, who)
+
+
 def softmax(x: Any, axis: int | None = -1) -> TensorVariable:
-    """Softmax along `axis` (the last by default; None = over all elements)."""
-    x = _as_float_tensor(x)
-    return Softmax(_norm_axis(axis, x.ndim, "softmax"))(x)
+    """Softmax along `axis` (the last by default; None = over all elements). A vector gives
+    a 1 x n row, as in Theano 1.0 (`softmax(v)[0]` is the vector)."""
+    x, axis = _vector_as_row(_as_float_tensor(x), axis, "softmax")
+    return Softmax(axis)(x)
 
 
 def log_softmax(x: Any, axis: int | None = -1) -> TensorVariable:
-    """log(softmax(x)) along `axis`, computed stably (finite for any finite logits)."""
-    x = _as_float_tensor(x)
-    return LogSoftmax(_norm_axis(axis, x.ndim, "log_softmax"))(x)
+    """log(softmax(x)) along `axis`, computed stably (finite for any finite logits); a
+    vector gives a 1 x n row, as softmax does."""
+    x, axis = _vector_as_row(_as_float_tensor(x), axis, "log_softmax")
+    return LogSoftmax(axis)(x)
 
 
 logsoftmax = log_softmax
