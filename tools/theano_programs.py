@@ -1,0 +1,507 @@
+"""The classic Theano programs (lisa-lab's DeepLearningTutorials) run unchanged on symgpu.
+
+Each program of the tutorials' ``code/`` folder runs as it is, in a subprocess of its own, with
+``theano`` aliased to symgpu (``sys.modules['theano'] = symgpu``, as tools/theano_tutorial.py
+does), on a small synthetic data set made in the program's own format (no download: a
+deterministic ``mnist.pkl.gz`` of 1000/200/200 examples, the two pickles of ``imdb.pkl``, an
+ATIS fold ``atis.fold3.pkl.gz``, piano rolls for rnnrbm), with epochs and sizes reduced through
+the program's own function arguments (DRIVERS: which function is called with what). The same
+runs under the real Theano 1.0.5 (``/work/shared/tools/theano-oracle.sh``, where it exists),
+and the numbers the two print are compared line by line::
+
+    python tools/theano_programs.py                       # every program, symgpu and Theano
+    python tools/theano_programs.py mlp dA --show         # some, with both outputs
+    python tools/theano_programs.py --device cuda         # symgpu under device=cuda
+    python tools/theano_programs.py --no-oracle           # symgpu only: does each one run?
+    python tools/theano_programs.py --checkout DIR        # another DeepLearningTutorials copy
+
+Numbers are compared where the computation is deterministic: lines that print a time are left
+out (TIMING), and a program that samples (MRG_RandomStreams: rbm, DBN, SdA's corruption, dA's
+30% corruption, rnnrbm, hmc) draws from symgpu's Philox streams, not Theano's MRG31k3p, so its
+sampled numbers differ by design (SAMPLES says which lines). Two support modules stand in
+where the programs import what is not installed: ``midi.utils`` (rnnrbm reads MIDI files; ours
+are NumPy piano rolls under the ``.mid`` name) and, without Pillow, ``PIL.Image`` (dA, cA and
+rbm save filter images; the stand-in writes the array).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import gzip
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+ROOT = TOOLS.parent
+MIRROR = Path("/work/.mirror/lisa-lab+DeepLearningTutorials/repo")
+ORACLE = Path("/work/shared/tools/theano-oracle.sh")
+
+#: program -> (module, the call, in Python, with ``DATA`` the data set's path)
+DRIVERS: dict[str, tuple[str, str]] = {
+    "logistic_sgd": ("logistic_sgd", "sgd_optimization_mnist(n_epochs=3, dataset=DATA, "
+                                     "batch_size=100)"),
+    "logistic_cg": ("logistic_cg", "cg_optimization_mnist(n_epochs=4, mnist_pkl_gz=DATA)"),
+    "mlp": ("mlp", "test_mlp(n_epochs=2, dataset=DATA, batch_size=20, n_hidden=100)"),
+    "convolutional_mlp": ("convolutional_mlp", "evaluate_lenet5(n_epochs=1, dataset=DATA, "
+                                               "nkerns=[5, 5], batch_size=100)"),
+    "dA": ("dA", "test_dA(training_epochs=1, dataset=DATA, batch_size=20, "
+                 "output_folder='dA_plots')"),
+    "cA": ("cA", "test_cA(training_epochs=1, dataset=DATA, batch_size=20, "
+                 "output_folder='cA_plots')"),
+    "SdA": ("SdA", "test_SdA(pretraining_epochs=1, training_epochs=1, dataset=DATA, "
+                   "batch_size=50)"),
+    "DBN": ("DBN", "test_DBN(pretraining_epochs=1, training_epochs=1, dataset=DATA, "
+                   "batch_size=50)"),
+    "rbm": ("rbm", "test_rbm(training_epochs=1, dataset=DATA, batch_size=20, n_chains=2, "
+                   "n_samples=2, n_hidden=50, output_folder='rbm_plots')"),
+    "lstm": ("lstm", "train_lstm(max_epochs=2, dim_proj=16, n_words=200, batch_size=16, "
+                     "valid_batch_size=32, dispFreq=5, validFreq=10, saveto='', "
+                     "use_dropout=False, test_size=60)"),
+    "lstm_dropout": ("lstm", "train_lstm(max_epochs=1, dim_proj=16, n_words=200, "
+                             "batch_size=16, valid_batch_size=32, dispFreq=5, validFreq=10, "
+                             "saveto='', use_dropout=True, test_size=60)"),
+    "rnnslu": ("rnnslu", "main({'fold': 3, 'data': 'atis', 'lr': 0.0970806646812754, "
+                         "'verbose': 1, 'decay': True, 'win': 7, 'nhidden': 20, "
+                         "'seed': 345, 'emb_dimension': 10, 'nepochs': 3, "
+                         "'savemodel': False})"),
+    "hmc": ("hmc.test_hmc", "sampler_on_nd_gaussian(HMC_sampler.new_from_shared_positions, "
+                            "burnin=100, n_samples=100, dim=5)"),
+    "rnnrbm": ("rnnrbm", "test_rnnrbm(batch_size=50, num_epochs=1)"),
+}
+
+#: the synthetic MNIST's (train, valid, test) sizes where a program needs others than
+#: 1000/200/200 (logistic_cg's minibatch is 600 examples, fixed in its code)
+MNIST_SIZES: dict[str, tuple[int, int, int]] = {"logistic_cg": (1200, 600, 600)}
+
+#: program -> why its sampled numbers differ from Theano's, and which lines are sampled
+#: (a regular expression; None: every number after the first sampled line)
+SAMPLES: dict[str, tuple[str, str | None]] = {
+    "dA": ("the 30% corruption run draws its binomial mask", None),
+    "SdA": ("pretraining corrupts the input with binomial masks", None),
+    "DBN": ("contrastive divergence samples the hidden and visible units", None),
+    "rbm": ("persistent contrastive divergence samples the units", None),
+    "lstm_dropout": ("dropout masks are drawn", None),
+    "hmc": ("the momenta and the Metropolis test are drawn", r"empirical|final|^\s*[\[\d-]"),
+    "rnnrbm": ("the Gibbs chains are drawn", None),
+}
+#: the first line of a program's output whose numbers come from sampling: the n-th line
+#: (from 1) that holds the text
+SAMPLED_FROM: dict[str, tuple[str, int]] = {
+    # dA's first run (no corruption: a binomial mask of p=1) is deterministic, its second
+    # (after one training epoch) is not
+    "dA": ("Training epoch", 2),
+    "SdA": ("Pre-training layer", 1),
+    "DBN": ("Pre-training layer", 1),
+    "rbm": ("Training epoch", 1),
+    "lstm_dropout": ("Epoch ", 1),
+    "hmc": ("empirical mean", 1),
+    "rnnrbm": ("Epoch", 1),
+}
+
+#: lines that print a time or a speed (never compared)
+TIMING = re.compile(r"\bsec\b|epochs/sec|ran for|[Tt]raining took|completed in|\d+\.\d+s\b|"
+                    r"\d+(\.\d+)?m\b|sec/epochs")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
+_NP_SCALAR = re.compile(r"np\.\w+\(([^()]*)\)")
+
+
+# ---------------------------------------------------------------------------------- data
+def mnist(path: Path, sizes: tuple[int, int, int] = (1000, 200, 200)) -> None:
+    """A deterministic MNIST look-alike in ``mnist.pkl.gz``'s format: (train, valid, test),
+    each (float32 images (n, 784) in [0, 1], int64 labels (n,)); ten noisy class prototypes,
+    so that the error rates are neither 0 nor chance."""
+    import numpy
+    rng = numpy.random.RandomState(1234)
+    protos = (rng.rand(10, 784) < 0.25) * rng.rand(10, 784)
+    sets = []
+    for n in sizes:
+        y = rng.randint(0, 10, size=n)
+        noise = rng.rand(n, 784) * (rng.rand(n, 784) < 0.5)
+        x = numpy.clip(0.2 * protos[y] + noise, 0, 1).astype("float32")
+        sets.append((x, y.astype("int64")))
+    with gzip.open(path, "wb") as f:
+        pickle.dump(tuple(sets), f, protocol=2)
+
+
+def imdb(path: Path) -> None:
+    """``imdb.pkl``'s format: two pickles, train then test, each (list of word-id lists,
+    list of 0/1 labels); reviews of 5-40 words whose label tilts the word distribution."""
+    import numpy
+    rng = numpy.random.RandomState(4321)
+    with open(path, "wb") as f:
+        for n in (400, 100):
+            xs, ys = [], []
+            for _ in range(n):
+                label = int(rng.randint(0, 2))
+                length = int(rng.randint(5, 41))
+                low = 2 + 100 * label
+                words = [int(w) for w in rng.randint(low, low + 150, size=length)]
+                xs.append(words)
+                ys.append(label)
+            pickle.dump((xs, ys), f, protocol=2)
+
+
+def atis(folder: Path) -> None:
+    """``atis.fold3.pkl.gz``'s format: (train, valid, test, dicts); a set is (word-id arrays,
+    named-entity arrays, label arrays) per sentence; dicts has 'words2idx' and 'labels2idx'
+    (IOB labels, as conlleval.pl reads them)."""
+    import numpy
+    rng = numpy.random.RandomState(777)
+    words = {f"w{i}": i for i in range(60)}
+    labels = ["O", "B-city", "I-city", "B-date", "I-date", "B-airline"]
+    labels2idx = {name: i for i, name in enumerate(labels)}
+
+    def sentences(n):
+        lex, ne, y = [], [], []
+        for _ in range(n):
+            length = int(rng.randint(4, 12))
+            w = rng.randint(0, 60, size=length).astype("int32")
+            tags, i = [], 0
+            while i < length:   # an entity's label follows from its words: learnable
+                kind = int(w[i]) % 4
+                if kind == 1 and i + 1 < length:
+                    tags += [labels2idx["B-city"], labels2idx["I-city"]]
+                    i += 2
+                elif kind == 2:
+                    tags.append(labels2idx["B-date"])
+                    i += 1
+                else:
+                    tags.append(labels2idx["O"])
+                    i += 1
+            lex.append(w)
+            ne.append(numpy.zeros(length, dtype="int32"))
+            y.append(numpy.asarray(tags, dtype="int32"))
+        return lex, ne, y
+
+    data = (sentences(100), sentences(20), sentences(20),
+            {"words2idx": words, "labels2idx": labels2idx, "tables2idx": {}})
+    with gzip.open(folder / "atis.fold3.pkl.gz", "wb") as f:
+        pickle.dump(data, f, protocol=2)
+
+
+def nottingham(folder: Path) -> None:
+    """Piano rolls for rnnrbm under ``data/Nottingham/train/*.mid`` (read by the ``midi.utils``
+    stand-in): 88 notes (MIDI 21-108), a few melodic lines moving by small steps."""
+    import numpy
+    rng = numpy.random.RandomState(99)
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(3):
+        steps = int(rng.randint(60, 120))
+        roll = numpy.zeros((steps, 88), dtype="int8")
+        note = int(rng.randint(30, 60))
+        for t in range(steps):
+            note = int(numpy.clip(note + rng.randint(-2, 3), 20, 70))
+            roll[t, note] = roll[t, note - 12] = 1
+        with open(folder / f"tune{k}.mid", "wb") as f:
+            numpy.save(f, roll)
+
+
+MIDI_STANDIN = '''"""Stand-in for python-midi's midi.utils (not installable here): the .mid files
+of the synthetic data set are NumPy piano rolls."""
+import numpy
+
+
+class midiread(object):
+    def __init__(self, filename, r=(21, 109), dt=0.2):
+        roll = numpy.load(filename)
+        self.piano_roll = roll[:, :r[1] - r[0]]
+
+
+def midiwrite(filename, piano_roll, r=(21, 109), dt=0.2):
+    numpy.save(filename + ".npy", numpy.asarray(piano_roll))
+'''
+
+PIL_STANDIN = '''"""Stand-in for Pillow's PIL.Image where Pillow is not installed: the programs
+only save their filter images."""
+import numpy
+
+
+class _Image(object):
+    def __init__(self, array):
+        self.array = numpy.asarray(array)
+
+    def save(self, filename, *args, **kwargs):
+        numpy.save(str(filename) + ".npy", self.array)
+
+
+def fromarray(array, mode=None):
+    return _Image(array)
+'''
+
+
+# ------------------------------------------------------------------------------- a child
+def child(program: str, code: Path, work: Path, backend: str) -> None:
+    """Run one program here (this process): make its data in `work`, alias ``theano`` (for
+    symgpu), import the program from `code` and call its driver."""
+    work.mkdir(parents=True, exist_ok=True)
+    support = work / "support"
+    (support / "midi").mkdir(parents=True, exist_ok=True)
+    (support / "midi" / "__init__.py").write_text("")
+    (support / "midi" / "utils.py").write_text(MIDI_STANDIN)
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        (support / "PIL").mkdir(exist_ok=True)
+        (support / "PIL" / "__init__.py").write_text("")
+        (support / "PIL" / "Image.py").write_text(PIL_STANDIN)
+    data = work / "mnist.pkl.gz"
+    mnist(data, MNIST_SIZES.get(program, (1000, 200, 200)))
+    imdb(work / "imdb.pkl")
+    atis(work)
+    nottingham(code.parent / "data" / "Nottingham" / "train")
+    os.environ["ATISDATA"] = str(work)
+    sys.path[:0] = [str(code), str(support)]
+    if backend == "symgpu":
+        import symgpu
+        sys.modules["theano"] = symgpu
+    import numpy
+    numpy.random.seed(0)    # lstm's module seeds again; others seed their own RandomState
+    os.chdir(work)
+    module_name, call = DRIVERS[program]
+    module = __import__(module_name, fromlist=["*"])
+    namespace = dict(vars(module), DATA=str(data))
+    if program == "hmc":
+        namespace["HMC_sampler"] = module.HMC_sampler
+    import theano
+    print(f"@@ floatX={theano.config.floatX} device={getattr(theano.config, 'device', '?')}",
+          flush=True)
+    eval(call, namespace)  # noqa: S307 - our own table of driver calls
+    sys.stdout.flush()
+
+
+# ------------------------------------------------------------------------------ comparing
+def numbers(program: str, output: str) -> tuple[list[tuple[str, list[str]]], int]:
+    """The compared lines of `output` (each with its numbers as printed) and the index of
+    the first sampled one (len() where none is)."""
+    lines = []
+    sampled = None
+    marker, nth = SAMPLED_FROM.get(program, (None, 0))
+    for raw in output.replace("\r", "\n").splitlines():
+        if raw.startswith("@@") or TIMING.search(raw) or "The code for file" in raw:
+            continue
+        line = _NP_SCALAR.sub(r"\1", raw)
+        # names with digits (float64, fold3, ../dA.py, w12) are not numbers
+        line = re.sub(r"[A-Za-z_][\w./-]*\d[\w./-]*", "", line)
+        found = _NUMBER.findall(line)
+        if not found:
+            continue
+        if sampled is None and marker is not None and marker in raw:
+            nth -= 1
+            if nth == 0:
+                sampled = len(lines)
+        lines.append((raw.strip(), found))
+    return lines, len(lines) if sampled is None else sampled
+
+
+def digits(a: str, b: str) -> int:
+    """How many significant digits two printed numbers share (17 where they are equal)."""
+    if a == b:
+        return 17
+    x, y = float(a), float(b)
+    if x == y:
+        return 17
+    scale = max(abs(x), abs(y))
+    rel = abs(x - y) / scale
+    n = 0
+    while n < 17 and rel < 0.5 * 10.0 ** -n:
+        n += 1
+    return n
+
+
+def compare(program: str, ours: str, theirs: str) -> dict:
+    """Line-by-line comparison of the deterministic numbers two runs printed."""
+    a, sa = numbers(program, ours)
+    b, sb = numbers(program, theirs)
+    det_a, det_b = a[:sa], b[:sb]
+    result = {"lines": len(det_a), "equal": True, "min_digits": 17, "first_diff": None,
+              "sampled_lines": (len(a) - sa, len(b) - sb)}
+    if len(det_a) != len(det_b):
+        result.update(equal=False, min_digits=0,
+                      first_diff=f"{len(det_a)} lines here, {len(det_b)} in Theano's output")
+        return result
+    for (la, na), (lb, nb) in zip(det_a, det_b):
+        if len(na) != len(nb):
+            result.update(equal=False, min_digits=0, first_diff=f"{la!r} vs {lb!r}")
+            return result
+        for x, y in zip(na, nb):
+            d = digits(x, y)
+            if x != y:
+                result["equal"] = False
+                if result["first_diff"] is None:
+                    result["first_diff"] = f"{la!r} vs {lb!r}"
+            result["min_digits"] = min(result["min_digits"], d)
+    return result
+
+
+# -------------------------------------------------------------------------------- running
+def extract(checkout: Path, scratch: Path) -> Path:
+    """The tutorials' ``code/`` folder copied into `scratch` (``git archive`` of a git
+    checkout, a copy otherwise); returns the copy's ``code`` path."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    git = checkout / ".git" if (checkout / ".git").exists() else checkout
+    if (git / "HEAD").exists() and (git / "objects").exists():
+        archive = subprocess.run(["git", f"--git-dir={git}", "archive", "HEAD", "code"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(scratch)], input=archive, check=True)
+    else:
+        shutil.copytree(checkout / "code", scratch / "code")
+    return scratch / "code"
+
+
+def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: str,
+            timeout: float) -> dict:
+    """One program in a subprocess (its own copy of the code, its own data)."""
+    place = scratch / f"{program}-{backend}"
+    code = extract(checkout, place)
+    env = dict(os.environ)
+    if backend == "symgpu":
+        cmd = [sys.executable]
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in
+                                            env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        if device == "cuda":
+            env["SYMGPU_FLAGS"] = ",".join(filter(None, ["device=cuda", "floatX=float32",
+                                                         env.get("SYMGPU_FLAGS", "")]))
+    else:
+        cmd = ["bash", str(ORACLE), "python"]
+        env.pop("PYTHONPATH", None)
+        if program in ("rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"):
+            env["THEANO_ORACLE_SCAN"] = "1"   # Theano's C scan does not build on Python 3.11
+        if device == "cuda":   # the reference for a float32 run: Theano on the CPU, float32
+            env["THEANO_FLAGS"] = ",".join(filter(None, ["floatX=float32",
+                                                         env.get("THEANO_FLAGS", "")]))
+    cmd += [str(Path(__file__).resolve()), "--child", program, "--code", str(code),
+            "--work", str(place / "work"), "--backend", backend]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + \
+            f"\n[timed out after {timeout:.0f} s]"
+        rc = -1
+    (place / "stdout.txt").write_text(out)
+    (place / "stderr.txt").write_text(err)
+    last = [ln for ln in err.strip().splitlines() if ln.strip()]
+    return {"rc": rc, "stdout": out, "stderr": err, "seconds": time.monotonic() - start,
+            "error": last[-1] if rc != 0 and last else ""}
+
+
+def _ran(run: dict | None) -> str:
+    return "-" if run is None else ("runs" if run["rc"] == 0 else "FAILS")
+
+
+def table(results: dict[str, dict], oracle: bool, device: str) -> str:
+    """The summary: per program, whether each side ran and how their numbers compare."""
+    head = (f"DeepLearningTutorials on symgpu (device={device})"
+            f"{' against Theano 1.0.5' if oracle else ''} (tools/theano_programs.py)")
+    lines = [head, "", f"{'program':<18} {'symgpu':<7} {'Theano':<7} numbers"]
+    for program, r in results.items():
+        if "cmp" not in r:
+            failed = [v["error"] for k, v in r.items() if v["rc"] != 0]
+            verdict = failed[0][:100] if failed else "-"
+        else:
+            c = r["cmp"]
+            if c["lines"] == 0 and c["sampled_lines"][0]:
+                verdict = "all sampled"
+            elif c["equal"]:
+                verdict = f"equal ({c['lines']} lines)"
+            elif c["min_digits"]:
+                verdict = f"agree to {c['min_digits']} digits ({c['lines']} lines)"
+            else:
+                verdict = f"DIFFER: {c['first_diff']}"[:120]
+            if c["sampled_lines"][0] and c["lines"]:
+                verdict += f"; then {c['sampled_lines'][0]} sampled lines"
+            if program in SAMPLES:
+                verdict += f" [sampled: {SAMPLES[program][0]}]"
+        lines.append(f"{program:<18} {_ran(r.get('symgpu')):<7} {_ran(r.get('theano')):<7} "
+                     f"{verdict}")
+    return "\n".join(lines)
+
+
+def run_program(program: str, args: argparse.Namespace, scratch: Path, oracle: bool) -> dict:
+    """Both runs of one program (or the symgpu run and Theano's output from --reference),
+    and their comparison."""
+    r = {}
+    if "symgpu" in args.backends:
+        r["symgpu"] = run_one(program, args.checkout, scratch, "symgpu", args.device,
+                              args.timeout)
+    if args.reference is not None:
+        ref = args.reference / f"{program}-theano" / "stdout.txt"
+        r["theano"] = ({"rc": 0, "stdout": ref.read_text(), "stderr": "", "seconds": 0.0,
+                        "error": ""} if ref.exists() else
+                       {"rc": 1, "stdout": "", "stderr": "", "seconds": 0.0,
+                        "error": f"no reference output {ref}"})
+    elif oracle and "theano" in args.backends:
+        r["theano"] = run_one(program, args.checkout, scratch, "theano", args.device,
+                              args.timeout)
+    if "symgpu" in r and "theano" in r and r["symgpu"]["rc"] == 0 and r["theano"]["rc"] == 0:
+        r["cmp"] = compare(program, r["symgpu"]["stdout"], r["theano"]["stdout"])
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("programs", nargs="*", help=f"some of {', '.join(DRIVERS)}")
+    parser.add_argument("--checkout", type=Path, default=MIRROR,
+                        help="a DeepLearningTutorials checkout or git dir (default: the mirror)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="symgpu's device (cuda: floatX=float32, and Theano's reference "
+                             "runs on the CPU in float32)")
+    parser.add_argument("--no-oracle", action="store_true", help="symgpu only")
+    parser.add_argument("--backends", default="symgpu,theano",
+                        help="which runs: symgpu,theano (default), symgpu or theano")
+    parser.add_argument("--reference", type=Path,
+                        help="Theano's outputs from an earlier run's --scratch folder "
+                             "(<program>-theano/stdout.txt), where Theano is not installed")
+    parser.add_argument("--jobs", type=int, default=1, help="programs run at once")
+    parser.add_argument("--show", action="store_true", help="print both outputs")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per program")
+    parser.add_argument("--summary", type=Path, help="write the table to this file")
+    parser.add_argument("--scratch", type=Path, help="keep the runs here (default: a temp dir)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.code, args.work, args.backend)
+        return 0
+    programs = args.programs or list(DRIVERS)
+    unknown = [p for p in programs if p not in DRIVERS]
+    if unknown:
+        parser.error(f"unknown programs {unknown}; known: {', '.join(DRIVERS)}")
+    args.backends = set(args.backends.split(","))
+    oracle = not args.no_oracle and ORACLE.exists()
+    scratch = (args.scratch or Path(tempfile.mkdtemp(prefix="theano-programs-"))).resolve()
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {p: pool.submit(run_program, p, args, scratch, oracle) for p in programs}
+        results: dict[str, dict] = {}
+        for program in programs:
+            r = results[program] = futures[program].result()
+            status = {k: v["rc"] for k, v in r.items() if k != "cmp"}
+            seconds = {k: round(v["seconds"]) for k, v in r.items() if k != "cmp"}
+            print(f"{program}: exit {status}, {seconds} s", file=sys.stderr, flush=True)
+            if args.show or any(v["rc"] != 0 for k, v in r.items() if k != "cmp"):
+                for backend in ("symgpu", "theano"):
+                    if backend in r:
+                        print(f"----- {program} on {backend} (exit {r[backend]['rc']})")
+                        print(r[backend]["stdout"][-4000:])
+                        if r[backend]["rc"] != 0:
+                            print(r[backend]["stderr"][-4000:])
+    text = table(results, "theano" in next(iter(results.values()), {}), args.device)
+    print(text)
+    if args.summary:
+        args.summary.write_text(text + "\n")
+    return 0 if all(r.get("symgpu", {"rc": 0})["rc"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
