@@ -14,6 +14,11 @@ and the numbers the two print are compared line by line::
     python tools/theano_programs.py --device cuda         # symgpu under device=cuda
     python tools/theano_programs.py --no-oracle           # symgpu only: does each one run?
     python tools/theano_programs.py --checkout DIR        # another DeepLearningTutorials copy
+    python tools/theano_programs.py --save-reference      # keep Theano's outputs in the repo
+
+Without Theano (the GPU machine), symgpu's output is compared with Theano's output kept in
+tools/theano_programs_reference/ (float64; float32 for ``--device cuda``, Theano's float32 run
+on the CPU).
 
 Numbers are compared where the computation is deterministic: lines that print a time are left
 out (TIMING), and a program that samples (MRG_RandomStreams: rbm, DBN, SdA's corruption, dA's
@@ -42,6 +47,9 @@ TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 MIRROR = Path("/work/.mirror/lisa-lab+DeepLearningTutorials/repo")
 ORACLE = Path("/work/shared/tools/theano-oracle.sh")
+#: Theano 1.0.5's outputs (float64 on the CPU; float32, the reference of a device=cuda run),
+#: compared with where Theano is not installed (the GPU machine); --save-reference remakes them
+REFERENCE = TOOLS / "theano_programs_reference"
 
 #: program -> (module, the call, in Python, with ``DATA`` the data set's path)
 DRIVERS: dict[str, tuple[str, str]] = {
@@ -75,6 +83,10 @@ DRIVERS: dict[str, tuple[str, str]] = {
                             "burnin=100, n_samples=100, dim=5)"),
     "rnnrbm": ("rnnrbm", "test_rnnrbm(batch_size=50, num_epochs=1)"),
 }
+
+#: the programs that loop with scan: Theano's C scan does not build on Python 3.11, so the
+#: oracle runs them without C (THEANO_ORACLE_SCAN=1)
+SCAN_PROGRAMS = {"rbm", "DBN", "rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"}
 
 #: the synthetic MNIST's (train, valid, test) sizes where a program needs others than
 #: 1000/200/200 (logistic_cg's minibatch is 600 examples, fixed in its code)
@@ -237,6 +249,27 @@ def fromarray(array, mode=None):
 
 
 # ------------------------------------------------------------------------------- a child
+def _count_gpu_functions(symgpu) -> None:
+    """Count the functions the program compiles and those whose graph holds GPU ops, and
+    print both at exit (``@@`` lines, never compared): under device=cuda, the proof that the
+    GPU really ran the program."""
+    import atexit
+    real = symgpu.function
+    seen = {"functions": 0, "on_gpu": 0}
+
+    def function(*args, **kwargs):
+        f = real(*args, **kwargs)
+        seen["functions"] += 1
+        names = {type(node.op).__name__ for node in f.maker.fgraph.apply_nodes}
+        seen["on_gpu"] += any(name.startswith("Gpu") for name in names)
+        return f
+
+    function.__doc__, function.__wrapped__ = real.__doc__, real
+    symgpu.function = function
+    atexit.register(lambda: print(f"@@ compiled functions: {seen['functions']}, with GPU ops: "
+                                  f"{seen['on_gpu']}", flush=True))
+
+
 def child(program: str, code: Path, work: Path, backend: str) -> None:
     """Run one program here (this process): make its data in `work`, alias ``theano`` (for
     symgpu), import the program from `code` and call its driver."""
@@ -261,6 +294,7 @@ def child(program: str, code: Path, work: Path, backend: str) -> None:
     if backend == "symgpu":
         import symgpu
         sys.modules["theano"] = symgpu
+        _count_gpu_functions(symgpu)
     import numpy
     numpy.random.seed(0)    # lstm's module seeds again; others seed their own RandomState
     os.chdir(work)
@@ -371,7 +405,7 @@ def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: s
     else:
         cmd = ["bash", str(ORACLE), "python"]
         env.pop("PYTHONPATH", None)
-        if program in ("rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"):
+        if program in SCAN_PROGRAMS:
             env["THEANO_ORACLE_SCAN"] = "1"   # Theano's C scan does not build on Python 3.11
         if device == "cuda":   # the reference for a float32 run: Theano on the CPU, float32
             env["THEANO_FLAGS"] = ",".join(filter(None, ["floatX=float32",
@@ -389,6 +423,7 @@ def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: s
         rc = -1
     (place / "stdout.txt").write_text(out)
     (place / "stderr.txt").write_text(err)
+    (place / "rc.txt").write_text(f"{rc}\n")
     last = [ln for ln in err.strip().splitlines() if ln.strip()]
     return {"rc": rc, "stdout": out, "stderr": err, "seconds": time.monotonic() - start,
             "error": last[-1] if rc != 0 and last else ""}
@@ -421,6 +456,10 @@ def table(results: dict[str, dict], oracle: bool, device: str) -> str:
                 verdict += f"; then {c['sampled_lines'][0]} sampled lines"
             if program in SAMPLES:
                 verdict += f" [sampled: {SAMPLES[program][0]}]"
+        gpu = re.search(r"^@@ compiled functions: (\d+), with GPU ops: (\d+)",
+                        r.get("symgpu", {}).get("stdout", ""), re.M)
+        if device == "cuda" and gpu:
+            verdict += f" [GPU ops in {gpu.group(2)} of {gpu.group(1)} functions]"
         lines.append(f"{program:<18} {_ran(r.get('symgpu')):<7} {_ran(r.get('theano')):<7} "
                      f"{verdict}")
     return "\n".join(lines)
@@ -430,18 +469,35 @@ def run_program(program: str, args: argparse.Namespace, scratch: Path, oracle: b
     """Both runs of one program (or the symgpu run and Theano's output from --reference),
     and their comparison."""
     r = {}
-    if "symgpu" in args.backends:
+    if args.outputs is not None:   # symgpu's outputs of an earlier run (e.g. on the GPU)
+        out = args.outputs / f"{program}-symgpu"
+        if (out / "stdout.txt").exists():
+            rc = (out / "rc.txt").read_text().strip() if (out / "rc.txt").exists() else "0"
+            err = (out / "stderr.txt").read_text() if (out / "stderr.txt").exists() else ""
+            last = [ln for ln in err.strip().splitlines() if ln.strip()]
+            r["symgpu"] = {"rc": int(rc), "stdout": (out / "stdout.txt").read_text(),
+                           "stderr": err, "seconds": 0.0,
+                           "error": last[-1] if int(rc) and last else ""}
+    elif "symgpu" in args.backends:
         r["symgpu"] = run_one(program, args.checkout, scratch, "symgpu", args.device,
                               args.timeout)
-    if args.reference is not None:
-        ref = args.reference / f"{program}-theano" / "stdout.txt"
-        r["theano"] = ({"rc": 0, "stdout": ref.read_text(), "stderr": "", "seconds": 0.0,
-                        "error": ""} if ref.exists() else
-                       {"rc": 1, "stdout": "", "stderr": "", "seconds": 0.0,
-                        "error": f"no reference output {ref}"})
+    if args.reference is not None or (not oracle and "theano" in args.backends):
+        ref = (args.reference / f"{program}-theano" / "stdout.txt" if args.reference
+               else REFERENCE / ("float32" if args.device == "cuda" else "float64")
+               / f"{program}.txt")
+        if ref.exists():
+            r["theano"] = {"rc": 0, "stdout": ref.read_text(), "stderr": "", "seconds": 0.0,
+                           "error": ""}
+        elif args.reference:
+            r["theano"] = {"rc": 1, "stdout": "", "stderr": "", "seconds": 0.0,
+                           "error": f"no reference output {ref}"}
     elif oracle and "theano" in args.backends:
         r["theano"] = run_one(program, args.checkout, scratch, "theano", args.device,
                               args.timeout)
+        if args.save_reference and r["theano"]["rc"] == 0:
+            folder = REFERENCE / ("float32" if args.device == "cuda" else "float64")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{program}.txt").write_text(r["theano"]["stdout"])
     if "symgpu" in r and "theano" in r and r["symgpu"]["rc"] == 0 and r["theano"]["rc"] == 0:
         r["cmp"] = compare(program, r["symgpu"]["stdout"], r["theano"]["stdout"])
     return r
@@ -461,6 +517,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", type=Path,
                         help="Theano's outputs from an earlier run's --scratch folder "
                              "(<program>-theano/stdout.txt), where Theano is not installed")
+    parser.add_argument("--save-reference", action="store_true",
+                        help="keep Theano's outputs as the references (REFERENCE) that a "
+                             "machine without Theano compares with")
+    parser.add_argument("--outputs", type=Path,
+                        help="symgpu's outputs from an earlier run's --scratch folder (a run "
+                             "on the GPU machine) instead of running symgpu")
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once")
     parser.add_argument("--show", action="store_true", help="print both outputs")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per program")
