@@ -390,7 +390,7 @@ def extract(checkout: Path, scratch: Path) -> Path:
 
 
 def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: str,
-            timeout: float) -> dict:
+            timeout: float, lean: bool = False) -> dict:
     """One program in a subprocess (its own copy of the code, its own data)."""
     place = scratch / f"{program}-{backend}"
     code = extract(checkout, place)
@@ -424,6 +424,10 @@ def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: s
     (place / "stdout.txt").write_text(out)
     (place / "stderr.txt").write_text(err)
     (place / "rc.txt").write_text(f"{rc}\n")
+    if lean:   # only the outputs stay (a run whose folder travels back from the GPU machine)
+        shutil.rmtree(place / "code", ignore_errors=True)
+        shutil.rmtree(place / "work", ignore_errors=True)
+        shutil.rmtree(place / "data", ignore_errors=True)
     last = [ln for ln in err.strip().splitlines() if ln.strip()]
     return {"rc": rc, "stdout": out, "stderr": err, "seconds": time.monotonic() - start,
             "error": last[-1] if rc != 0 and last else ""}
@@ -480,7 +484,7 @@ def run_program(program: str, args: argparse.Namespace, scratch: Path, oracle: b
                            "error": last[-1] if int(rc) and last else ""}
     elif "symgpu" in args.backends:
         r["symgpu"] = run_one(program, args.checkout, scratch, "symgpu", args.device,
-                              args.timeout)
+                              args.timeout, args.lean)
     if args.reference is not None or (not oracle and "theano" in args.backends):
         ref = (args.reference / f"{program}-theano" / "stdout.txt" if args.reference
                else REFERENCE / ("float32" if args.device == "cuda" else "float64")
@@ -493,7 +497,7 @@ def run_program(program: str, args: argparse.Namespace, scratch: Path, oracle: b
                            "error": f"no reference output {ref}"}
     elif oracle and "theano" in args.backends:
         r["theano"] = run_one(program, args.checkout, scratch, "theano", args.device,
-                              args.timeout)
+                              args.timeout, args.lean)
         if args.save_reference and r["theano"]["rc"] == 0:
             folder = REFERENCE / ("float32" if args.device == "cuda" else "float64")
             folder.mkdir(parents=True, exist_ok=True)
@@ -523,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--outputs", type=Path,
                         help="symgpu's outputs from an earlier run's --scratch folder (a run "
                              "on the GPU machine) instead of running symgpu")
+    parser.add_argument("--lean", action="store_true",
+                        help="keep only each run's stdout/stderr/exit status in --scratch")
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once")
     parser.add_argument("--show", action="store_true", help="print both outputs")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per program")
