@@ -88,6 +88,10 @@ DRIVERS: dict[str, tuple[str, str]] = {
 #: oracle runs them without C (THEANO_ORACLE_SCAN=1)
 SCAN_PROGRAMS = {"rbm", "DBN", "rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"}
 
+#: the programs that initialise weights from numpy.linalg.svd (ortho_weight), whose signs
+#: differ between NumPy builds: the child fixes them (_svd_with_fixed_signs) on both sides
+SVD_PROGRAMS = {"lstm", "lstm_dropout"}
+
 #: the synthetic MNIST's (train, valid, test) sizes where a program needs others than
 #: 1000/200/200 (logistic_cg's minibatch is 600 examples, fixed in its code)
 MNIST_SIZES: dict[str, tuple[int, int, int]] = {"logistic_cg": (1200, 600, 600)}
@@ -249,6 +253,31 @@ def fromarray(array, mode=None):
 
 
 # ------------------------------------------------------------------------------- a child
+def _svd_with_fixed_signs(numpy) -> None:
+    """numpy.linalg.svd with each singular pair's sign fixed (the largest entry of each
+    column of u positive): LAPACK builds pick signs differently, and lstm.py's ortho_weight
+    initialises its weights with the u of an SVD, so NumPy 2 (symgpu's side) and NumPy 1.23
+    (Theano's) would start from different weights."""
+    real = numpy.linalg.svd
+
+    def svd(a, full_matrices=True, compute_uv=True, *args, **kwargs):
+        res = real(a, full_matrices, compute_uv, *args, **kwargs)
+        if not compute_uv:
+            return res
+        u, s, vh = res
+        k = min(u.shape[-1], vh.shape[-2])
+        idx = numpy.argmax(numpy.abs(u[..., :, :k]), axis=-2)
+        signs = numpy.sign(numpy.take_along_axis(u[..., :, :k], idx[..., None, :], axis=-2))
+        signs[signs == 0] = 1
+        u = u.copy()
+        vh = vh.copy()
+        u[..., :, :k] *= signs
+        vh[..., :k, :] *= numpy.swapaxes(signs, -1, -2)
+        return u, s, vh
+
+    numpy.linalg.svd = svd
+
+
 def _count_gpu_functions(symgpu) -> None:
     """Count the functions the program compiles and those whose graph holds GPU ops, and
     print both at exit (``@@`` lines, never compared): under device=cuda, the proof that the
@@ -297,6 +326,8 @@ def child(program: str, code: Path, work: Path, backend: str) -> None:
         _count_gpu_functions(symgpu)
     import numpy
     numpy.random.seed(0)    # lstm's module seeds again; others seed their own RandomState
+    if program in SVD_PROGRAMS:
+        _svd_with_fixed_signs(numpy)
     os.chdir(work)
     module_name, call = DRIVERS[program]
     module = __import__(module_name, fromlist=["*"])
@@ -320,7 +351,7 @@ def numbers(program: str, output: str) -> tuple[list[tuple[str, list[str]]], int
     for raw in output.replace("\r", "\n").splitlines():
         if raw.startswith("@@") or TIMING.search(raw) or "The code for file" in raw:
             continue
-        line = _NP_SCALAR.sub(r"\1", raw)
+        line = _NP_SCALAR.sub(r"\1", re.sub(r"<[^<>]* at 0x[0-9a-fA-F]+>", "", raw))
         # names with digits (float64, fold3, ../dA.py, w12) are not numbers
         line = re.sub(r"[A-Za-z_][\w./-]*\d[\w./-]*", "", line)
         found = _NUMBER.findall(line)
