@@ -74,3 +74,45 @@ def test_logistic_sgd_runs_unchanged_through_the_alias(tmp_path):
     lines, _ = tp.numbers("logistic_sgd", r["stdout"])
     assert any("validation error" in line for line, _ in lines), r["stdout"]
     assert "@@ floatX=float64 device=cpu" in r["stdout"]
+
+
+@pytest.mark.skipif(not (tp.MIRROR / "HEAD").exists() and not (tp.MIRROR / ".git").exists(),
+                    reason="the DeepLearningTutorials mirror is not on this machine")
+def test_mlp_and_lenet_training_steps_compile_onto_the_virtual_gpu(tmp_path, monkeypatch,
+                                                                    vgpu):
+    """The classic programs' own layers (mlp.MLP, convolutional_mlp.LeNetConvPoolLayer,
+    logistic_sgd.LogisticRegression), their SGD step compiled as the programs compile it
+    (givens slicing shared data): with assert_no_cpu_op=raise every heavy op is a GPU op."""
+    import symgpu
+    from symgpu.config import config
+    code = tp.extract(tp.MIRROR, tmp_path)
+    monkeypatch.setitem(sys.modules, "theano", symgpu)
+    monkeypatch.syspath_prepend(str(code))
+    for name in ("mlp", "logistic_sgd", "convolutional_mlp"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import convolutional_mlp
+    import logistic_sgd
+    import mlp
+    T = symgpu.tensor
+    rng = np.random.RandomState(1)
+    x, y, i = T.matrix("x"), T.ivector("y"), T.lscalar()
+    data = symgpu.shared(np.zeros((100, 784), dtype="float32"))
+    labels = T.cast(symgpu.shared(np.zeros(100, dtype="float32")), "int32")
+    givens = {x: data[i * 20:(i + 1) * 20], y: labels[i * 20:(i + 1) * 20]}
+
+    def step(cost, params):
+        with config.change_flags(assert_no_cpu_op="raise"):
+            f = symgpu.function([i], cost, givens=givens,
+                                updates=[(p, p - 0.1 * T.grad(cost, p)) for p in params])
+        return {type(n.op).__name__ for n in f.maker.fgraph.apply_nodes}
+
+    net = mlp.MLP(rng=rng, input=x, n_in=784, n_hidden=50, n_out=10)
+    ops = step(net.negative_log_likelihood(y) + 1e-4 * net.L2_sqr, net.params)
+    assert {"GpuGemm", "GpuSoftmaxRows"} <= ops and "Dot22" not in ops, ops
+    conv = convolutional_mlp.LeNetConvPoolLayer(rng, input=x.reshape((20, 1, 28, 28)),
+                                                image_shape=(20, 1, 28, 28),
+                                                filter_shape=(5, 1, 5, 5), poolsize=(2, 2))
+    top = logistic_sgd.LogisticRegression(input=conv.output.flatten(2), n_in=5 * 12 * 12,
+                                          n_out=10)
+    ops = step(top.negative_log_likelihood(y), conv.params + top.params)
+    assert {"GpuConv2d", "GpuConv2dGradWeights", "GpuPool", "GpuMaxPoolGrad"} <= ops, ops
