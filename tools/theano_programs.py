@@ -67,17 +67,17 @@ DRIVERS: dict[str, tuple[str, str]] = {
                    "batch_size=50)"),
     "DBN": ("DBN", "test_DBN(pretraining_epochs=1, training_epochs=1, dataset=DATA, "
                    "batch_size=50)"),
-    "rbm": ("rbm", "test_rbm(training_epochs=1, dataset=DATA, batch_size=20, n_chains=2, "
-                   "n_samples=2, n_hidden=50, output_folder='rbm_plots')"),
+    "rbm": ("rbm", "test_rbm(training_epochs=1, dataset=DATA, batch_size=20, n_chains=1, "
+                   "n_samples=1, n_hidden=20, output_folder='rbm_plots')"),
     "lstm": ("lstm", "train_lstm(max_epochs=2, dim_proj=16, n_words=200, batch_size=16, "
                      "valid_batch_size=32, dispFreq=5, validFreq=10, saveto='', "
                      "use_dropout=False, test_size=60)"),
     "lstm_dropout": ("lstm", "train_lstm(max_epochs=1, dim_proj=16, n_words=200, "
                              "batch_size=16, valid_batch_size=32, dispFreq=5, validFreq=10, "
                              "saveto='', use_dropout=True, test_size=60)"),
-    "rnnslu": ("rnnslu", "main({'fold': 3, 'data': 'atis', 'lr': 0.0970806646812754, "
+    "rnnslu": ("rnnslu", "main({'fold': 3, 'data': 'atis', 'lr': 0.8, "
                          "'verbose': 1, 'decay': True, 'win': 7, 'nhidden': 20, "
-                         "'seed': 345, 'emb_dimension': 10, 'nepochs': 3, "
+                         "'seed': 345, 'emb_dimension': 10, 'nepochs': 4, "
                          "'savemodel': False})"),
     "hmc": ("hmc.test_hmc", "sampler_on_nd_gaussian(HMC_sampler.new_from_shared_positions, "
                             "burnin=100, n_samples=100, dim=5)"),
@@ -85,8 +85,9 @@ DRIVERS: dict[str, tuple[str, str]] = {
 }
 
 #: the programs that loop with scan: Theano's C scan does not build on Python 3.11, so the
-#: oracle runs them without C (THEANO_ORACLE_SCAN=1)
-SCAN_PROGRAMS = {"rbm", "DBN", "rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"}
+#: oracle runs them without C (THEANO_ORACLE_SCAN=1); DBN's one-step Gibbs chains compile
+#: with C there (no scan node is left)
+SCAN_PROGRAMS = {"rbm", "rnnslu", "lstm", "lstm_dropout", "rnnrbm", "hmc"}
 
 #: the programs that initialise weights from numpy.linalg.svd (ortho_weight), whose signs
 #: differ between NumPy builds: the child fixes them (_svd_with_fixed_signs) on both sides
@@ -94,7 +95,17 @@ SVD_PROGRAMS = {"lstm", "lstm_dropout"}
 
 #: the synthetic MNIST's (train, valid, test) sizes where a program needs others than
 #: 1000/200/200 (logistic_cg's minibatch is 600 examples, fixed in its code)
-MNIST_SIZES: dict[str, tuple[int, int, int]] = {"logistic_cg": (1200, 600, 600)}
+#: (rbm: Theano without C draws MRG numbers in a Python loop, one element at a time: its
+#: persistent CD-15 chains over 1000 images would take the oracle most of an hour)
+MNIST_SIZES: dict[str, tuple[int, int, int]] = {"logistic_cg": (1200, 600, 600),
+                                                "rbm": (200, 50, 50)}
+
+#: (program, --device) -> why Theano 1.0.5 itself fails it (so no reference is kept)
+THEANO_FAILS: dict[tuple[str, str], str] = {
+    ("logistic_cg", "cuda"): "Theano fails in float32: scipy's fmin_cg hands set_value a "
+                             "float64 theta, which Theano's float32 TensorType refuses "
+                             "(symgpu casts a float64 array to floatX)",
+}
 
 #: program -> why its sampled numbers differ from Theano's, and which lines are sampled
 #: (a regular expression; None: every number after the first sampled line)
@@ -196,7 +207,7 @@ def atis(folder: Path) -> None:
             y.append(numpy.asarray(tags, dtype="int32"))
         return lex, ne, y
 
-    data = (sentences(100), sentences(20), sentences(20),
+    data = (sentences(200), sentences(30), sentences(30),
             {"words2idx": words, "labels2idx": labels2idx, "tables2idx": {}})
     with gzip.open(folder / "atis.fold3.pkl.gz", "wb") as f:
         pickle.dump(data, f, protocol=2)
@@ -342,6 +353,13 @@ def child(program: str, code: Path, work: Path, backend: str) -> None:
 
 
 # ------------------------------------------------------------------------------ comparing
+def untimed(output: str) -> str:
+    """`output` without the lines (and carriage-return progress lines) that print a time:
+    what a kept reference holds."""
+    lines = output.replace("\r", "\n").splitlines()
+    return "".join(line + "\n" for line in lines if not TIMING.search(line))
+
+
 def numbers(program: str, output: str) -> tuple[list[tuple[str, list[str]]], int]:
     """The compared lines of `output` (each with its numbers as printed) and the index of
     the first sampled one (len() where none is)."""
@@ -476,7 +494,7 @@ def table(results: dict[str, dict], oracle: bool, device: str) -> str:
     for program, r in results.items():
         if "cmp" not in r:
             failed = [v["error"] for k, v in r.items() if v["rc"] != 0]
-            verdict = failed[0][:100] if failed else "-"
+            verdict = failed[0][:220] if failed else "-"
         else:
             c = r["cmp"]
             if c["lines"] == 0 and c["sampled_lines"][0]:
@@ -520,19 +538,27 @@ def run_program(program: str, args: argparse.Namespace, scratch: Path, oracle: b
         ref = (args.reference / f"{program}-theano" / "stdout.txt" if args.reference
                else REFERENCE / ("float32" if args.device == "cuda" else "float64")
                / f"{program}.txt")
+        rc_file = ref.with_name("rc.txt")
+        rc = int(rc_file.read_text().strip()) if args.reference and rc_file.exists() else 0
         if ref.exists():
-            r["theano"] = {"rc": 0, "stdout": ref.read_text(), "stderr": "", "seconds": 0.0,
-                           "error": ""}
+            r["theano"] = {"rc": rc, "stdout": ref.read_text(), "stderr": "", "seconds": 0.0,
+                           "error": THEANO_FAILS.get((program, args.device), "Theano failed")
+                           if rc else ""}
+        elif not args.reference and (program, args.device) in THEANO_FAILS:
+            r["theano"] = {"rc": 1, "stdout": "", "stderr": "", "seconds": 0.0,
+                           "error": THEANO_FAILS[(program, args.device)]}
         elif args.reference:
             r["theano"] = {"rc": 1, "stdout": "", "stderr": "", "seconds": 0.0,
                            "error": f"no reference output {ref}"}
     elif oracle and "theano" in args.backends:
         r["theano"] = run_one(program, args.checkout, scratch, "theano", args.device,
                               args.timeout, args.lean)
+        if r["theano"]["rc"] and (program, args.device) in THEANO_FAILS:
+            r["theano"]["error"] = THEANO_FAILS[(program, args.device)]
         if args.save_reference and r["theano"]["rc"] == 0:
             folder = REFERENCE / ("float32" if args.device == "cuda" else "float64")
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / f"{program}.txt").write_text(r["theano"]["stdout"])
+            (folder / f"{program}.txt").write_text(untimed(r["theano"]["stdout"]))
     if "symgpu" in r and "theano" in r and r["symgpu"]["rc"] == 0 and r["theano"]["rc"] == 0:
         r["cmp"] = compare(program, r["symgpu"]["stdout"], r["theano"]["stdout"])
     return r
