@@ -404,7 +404,13 @@ def compare(program: str, ours: str, theirs: str) -> dict:
     b, sb = numbers(program, theirs)
     det_a, det_b = a[:sa], b[:sb]
     result = {"lines": len(det_a), "equal": True, "min_digits": 17, "first_diff": None,
-              "sampled_lines": (len(a) - sa, len(b) - sb)}
+              "sampled_lines": (len(a) - sa, len(b) - sb), "sampled_rel": None}
+    pairs = [(x, y) for (_, na), (_, nb) in zip(a[sa:], b[sb:]) if len(na) == len(nb)
+             for x, y in zip(na, nb)]
+    if pairs and len(a) - sa == len(b) - sb:   # how far apart the sampled numbers land
+        result["sampled_rel"] = max(abs(float(x) - float(y)) /
+                                    max(abs(float(x)), abs(float(y)), 1e-300)
+                                    for x, y in pairs)
     if len(det_a) != len(det_b):
         result.update(equal=False, min_digits=0,
                       first_diff=f"{len(det_a)} lines here, {len(det_b)} in Theano's output")
@@ -482,6 +488,10 @@ def run_one(program: str, checkout: Path, scratch: Path, backend: str, device: s
             "error": last[-1] if rc != 0 and last else ""}
 
 
+def _lines(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
+
+
 def _ran(run: dict | None) -> str:
     return "-" if run is None else ("runs" if run["rc"] == 0 else "FAILS")
 
@@ -498,15 +508,17 @@ def table(results: dict[str, dict], oracle: bool, device: str) -> str:
         else:
             c = r["cmp"]
             if c["lines"] == 0 and c["sampled_lines"][0]:
-                verdict = "all sampled"
+                verdict = f"all {c['sampled_lines'][0]} lines sampled"
             elif c["equal"]:
-                verdict = f"equal ({c['lines']} lines)"
+                verdict = f"equal ({_lines(c['lines'])})"
             elif c["min_digits"]:
-                verdict = f"agree to {c['min_digits']} digits ({c['lines']} lines)"
+                verdict = f"agree to {c['min_digits']} digits ({_lines(c['lines'])})"
             else:
                 verdict = f"DIFFER: {c['first_diff']}"[:120]
             if c["sampled_lines"][0] and c["lines"]:
-                verdict += f"; then {c['sampled_lines'][0]} sampled lines"
+                verdict += f"; then {_lines(c['sampled_lines'][0])} sampled"
+            if c["sampled_rel"] is not None:
+                verdict += f" (within {100 * c['sampled_rel']:.2g}%)"
             if program in SAMPLES:
                 verdict += f" [sampled: {SAMPLES[program][0]}]"
         gpu = re.search(r"^@@ compiled functions: (\d+), with GPU ops: (\d+)",
