@@ -60,8 +60,7 @@ def test_other_advanced_forms_stay_on_cpu():
         m = T.lmatrix("m")
         assert "AdvancedSubtensor" in _names(x[:, iv], [x, iv])          # not axis 0
         assert "GpuAdvancedSubtensor2" in _names(x[iv, jv], [x, iv, jv])  # advanced_pairs.py
-        # a matrix index on axis 0 is gathered through its flattened vector (shape_ops.py)
-        assert "GpuAdvancedSubtensor1" in _names(x[m], [x, m])
+        assert "AdvancedSubtensor" in _names(x[m], [x, m])               # matrix index
         assert "AdvancedSubtensor" in _names(x[iv, 1:], [x, iv])         # partial slice
         assert "AdvancedIncSubtensor" in _names(T.inc_subtensor(x[:, iv], x[:, iv]), [x, iv])
 

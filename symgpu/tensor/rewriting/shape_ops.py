@@ -6,19 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
-from symgpu.tensor.basic import Alloc, MakeVector, Reshape, alloc, join, reshape
+from symgpu.tensor.basic import Alloc, MakeVector, Reshape, join
 from symgpu.tensor.elemwise import Elemwise
-from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape, shape_i
-from symgpu.tensor.subtensor import (SYM, AdvancedIncSubtensor, AdvancedSubtensor, IncSubtensor,
-                                     Slice, Subtensor)
-from symgpu.tensor.type import TensorConstant, specify_broadcastable_as
+from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
+from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
+from symgpu.tensor.type import TensorConstant
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
 from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
-           "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes",
-           "local_advanced_subtensor_of_nd_index", "local_advanced_inc_subtensor_of_nd_index"]
+           "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -253,66 +251,3 @@ def local_add_of_slice_writes(fgraph, node):
         out = node.op(merged, *rest) if rest else merged
         return [out] if out.type == node.outputs[0].type else False
     return False
-
-
-# --------------------------------------------- advanced indexing with an n-d integer array
-
-_FULL = Slice(None, None, None)
-
-
-def _nd_index_on_axis0(op, node, first: int):
-    """The integer index array of ndim >= 2 of an advanced index that takes axis 0 with that
-    one array and then only full slices (``emb[idxs]`` for an int matrix ``idxs``), else
-    None."""
-    idx_list = op.idx_list
-    if not idx_list or idx_list[0] != SYM or len(node.inputs) != first + 1:
-        return None
-    if any(not isinstance(e, Slice) or e != _FULL for e in idx_list[1:]):
-        return None
-    idx = node.inputs[first]
-    if idx.ndim < 2 or not (idx.dtype.startswith("int") or idx.dtype.startswith("uint")):
-        return None
-    return idx
-
-
-def _gathered_shape(x, idx) -> list:
-    """The shape of x[idx] (idx on axis 0): idx.shape + x.shape[1:], as scalars."""
-    return [shape_i(idx, d) for d in range(idx.ndim)] + [shape_i(x, d) for d in range(1, x.ndim)]
-
-
-@register_canonicalize
-@node_rewriter([AdvancedSubtensor])
-def local_advanced_subtensor_of_nd_index(fgraph, node):
-    """x[I] for an n-d integer I -> reshape(x[I.flatten()], I.shape + x.shape[1:]): the
-    vector form is the one the GPU gathers (GpuAdvancedSubtensor1), so the embedding lookups
-    of Theano programs (rnnslu.py's ``emb[idxs]`` over word windows) run on the device."""
-    if type(node.op) is not AdvancedSubtensor:
-        return None
-    idx = _nd_index_on_axis0(node.op, node, 1)
-    if idx is None:
-        return None
-    x, out = node.inputs[0], node.outputs[0]
-    flat = AdvancedSubtensor(node.op.idx_list)(x, idx.flatten())
-    res = reshape(flat, _gathered_shape(x, idx))
-    return [specify_broadcastable_as(res, out.type)]
-
-
-@register_canonicalize
-@node_rewriter([AdvancedIncSubtensor])
-def local_advanced_inc_subtensor_of_nd_index(fgraph, node):
-    """inc/set of x[I] for an n-d integer I -> the same on x[I.flatten()] with the values
-    broadcast to I.shape + x.shape[1:] and flattened alike (np.add.at and NumPy's last write
-    visit I in C order either way): the gradient of ``emb[idxs]``."""
-    if type(node.op) is not AdvancedIncSubtensor:
-        return None
-    idx = _nd_index_on_axis0(node.op, node, 2)
-    if idx is None:
-        return None
-    x, y = node.inputs[0], node.inputs[1]
-    ndim = idx.ndim + x.ndim - 1
-    full = y if y.ndim == ndim and not any(y.broadcastable) else \
-        alloc(y, *_gathered_shape(x, idx))
-    values = reshape(full, [make_constant(-1, "int64")] +
-                     [shape_i(x, d) for d in range(1, x.ndim)])
-    op = AdvancedIncSubtensor(node.op.idx_list, node.op.set_instead_of_inc, node.op.inplace)
-    return [op(x, values, idx.flatten())]
