@@ -9,7 +9,7 @@ import scipy.sparse as ssp
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import is_float, upcast
-from symgpu.sparse.construct import SparseFromDense, dense_from_sparse, sparse_shape
+from symgpu.sparse.construct import SparseFromDense, cast, dense_from_sparse, sparse_shape
 from symgpu.sparse.type import (SparseType, SparseVariable, _is_sparse_variable, all_dtypes,
                                 as_sparse_variable, describe, sparse_formats)
 
@@ -62,8 +62,8 @@ class HStack(Op):
         return [tuple(shape)]
 
     def grad(self, inputs, output_grads):
-        """Each block's slice of the (dense) output gradient, stored in this op's format;
-        no gradient flows to integer blocks."""
+        """Each block's slice of the (dense) output gradient, stored in the block's format
+        and dtype; no gradient flows to integer blocks."""
         (gz,) = output_grads
         if _is_sparse_variable(gz):
             gz = dense_from_sparse(gz)
@@ -71,8 +71,8 @@ class HStack(Op):
         for x in inputs:
             stop = start + sparse_shape(x)[self.axis]
             piece = gz[:, start:stop] if self.axis == 1 else gz[start:stop]
-            grads.append(SparseFromDense(self.format)(piece) if is_float(x.dtype)
-                         or x.dtype.startswith("complex") else None)
+            grads.append(cast(SparseFromDense(x.type.format)(piece), x.dtype)
+                         if is_float(x.dtype) or x.dtype.startswith("complex") else None)
             start = stop
         return grads
 
