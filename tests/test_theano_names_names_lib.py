@@ -457,3 +457,20 @@ def test_gpu_linalg_functions_on_the_gpu(cuda):
     np.testing.assert_allclose(sq.T @ sol, a[:4, :2], atol=1e-4)
     np.testing.assert_allclose(w, np.linalg.eigvalsh(sq), rtol=1e-4)
     np.testing.assert_allclose(c @ c.T, sq, rtol=1e-4, atol=1e-4)
+
+
+def test_functions_of_the_new_sparse_ops_pickle():
+    from symgpu.sparse.convolution import convolve
+    from symgpu.sparse.sampling import Binomial
+    x, y, s, k = S.csr_dmatrix("x"), S.csc_dmatrix("y"), T.dvector("s"), T.dmatrix("k")
+    img = T.dmatrix("img")
+    conv, _ = convolve(k, (2, 2), 2, img, (3, 3))
+    outs = [S.hstack([x, y]), S.vstack([x, x]), S.col_scale(y, s), S.row_scale(x, s[:3]),
+            S.clean(x), conv, Binomial("csr", "float64")(2, 0.0, [2, 2])]
+    f = function([x, y, s, k, img], outs)
+    g = pickle.loads(pickle.dumps(f, protocol=pickle.HIGHEST_PROTOCOL))
+    vals = [rnd(3, 4), rnd(3, 4, "csc", seed=1), RNG.normal(size=4), RNG.normal(size=(2, 4)),
+            RNG.normal(size=(2, 9))]
+    for got, want in zip(g(*vals), f(*vals)):
+        got, want = (v.toarray() if sp.issparse(v) else v for v in (got, want))
+        np.testing.assert_array_equal(got, want)

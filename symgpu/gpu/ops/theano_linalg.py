@@ -150,7 +150,7 @@ class GpuMagmaEigh(GpuEigh):
 
     def make_node(self, x: Any) -> Apply:
         node = super().make_node(x)
-        return node if self.compute_v else Apply(self, node.inputs, node.outputs[:1])
+        return node if self.compute_v else Apply(self, node.inputs, [node.outputs[0].type()])
 
     def out_shapes(self, shapes, dtype):
         out = super().out_shapes(shapes, dtype)
