@@ -88,6 +88,18 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy",
                            "symgpu.compile.python_ops"),
     "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
+    # --- Theano's library beyond the core (issue 33, helper names-lib): sparse matrices
+    # (theano.sparse.basic is the whole of Theano's sparse package: ours is split by
+    # concern, and symgpu.sparse.basic, the old name of symgpu.sparse.construct, gathers it
+    # too), its sandbox, the sandbox's neighbours
+    "symgpu.sparse.basic": ("symgpu.sparse",),
+    "symgpu.sparse.sandbox": ("symgpu.sparse.convolution", "symgpu.sparse.sampling"),
+    "symgpu.sparse.sandbox.sp": ("symgpu.sparse.convolution", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.sp2": ("symgpu.sparse.sampling", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.truedot": ("symgpu.sparse.products",),
+    "symgpu.sandbox.neighbours": "symgpu.tensor.nnet.neighbours",
+    "symgpu.gpuarray.linalg": ("symgpu.gpu.ops.theano_linalg", "symgpu.gpu.ops.linalg"),
+    # --- end of names-lib's block
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",

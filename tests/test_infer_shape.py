@@ -1409,3 +1409,85 @@ CASES.update(_THEANO_OPS_CASES)
 @pytest.mark.parametrize("op_cls", list(_THEANO_OPS_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_theano_compile_ops(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ----------------------------------------------------------------------------- issue 33 (names-lib)
+# Theano's sparse extras and sandbox, CholeskyGrad, theano.gpuarray.linalg's op classes
+from symgpu.sparse import convolution as _SPC  # noqa: E402
+from symgpu.sparse import sampling as _SPR  # noqa: E402
+from symgpu.gpu.ops import theano_linalg as _TGL  # noqa: E402
+
+
+def _probs():
+    return _Sp(_ssp.csr_matrix(np.array([[0.2, 0.8, 0.0], [0.0, 0.5, 0.5]])))
+
+
+_NAMES_LIB_SPARSE_CASES = {
+    _SP.EnsureSortedIndices: [case(_SP.ensure_sorted_indices, _spv(3, 4)),
+                              case(_SP.EnsureSortedIndices(True), _spv(3, 4, "csc"))],
+    _SP.HStack: [case(lambda x, y: _SP.hstack([x, y]), _spv(3, 4), _spv(3, 2, "csc"))],
+    _SP.VStack: [case(lambda x, y: _SP.vstack([x, y], format="csr"), _spv(3, 4),
+                      _spv(2, 4, "csc"))],
+    _SP.ColScaleCSC: [case(_SP.col_scale, _spv(3, 4, "csc"), r(4))],
+    _SP.RowScaleCSC: [case(lambda x, s: _SP.RowScaleCSC()(x, s), _spv(3, 4, "csc"), r(3))],
+    _SPR.Poisson: [case(_SPR.poisson, _spv(3, 4))],
+    _SPR.Binomial: [case(_SPR.csr_dbinomial, i64(5), r(), i64([3, 4]))],
+    _SPR.Multinomial: [case(_SPR.multinomial, i64(4), _probs())],
+}
+CASES.update(_NAMES_LIB_SPARSE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_SPARSE_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_sparse_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_SPARSE_CASES[op_cls]:
+        _sparse_check(op_cls, c)
+
+
+_NAMES_LIB_CASES = {
+    _SPC.ConvolutionIndices: [case(lambda i, k: _SPC.convolution_indices(i, k)[0],
+                                   i64([2, 5, 6]), i64([3, 2])),
+                              case(lambda i, k: _SPC.ConvolutionIndices((2, 1), "full")(i, k)[0],
+                                   i64([4, 5]), i64([2, 3]))],
+    _SL.CholeskyGrad: [case(lambda x, l, d: _SL.CholeskyGrad()(x, l, d), _spd(),
+                            np.linalg.cholesky(_spd()), r(3, 3))],
+}
+CASES.update(_NAMES_LIB_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_CASES[op_cls]:
+        _host_check(op_cls, c)
+
+
+_NAMES_LIB_GPU_CASES = {
+    _TGL.GpuCusolverSolve: [gcase(lambda a, b: _TGL.GpuCusolverSolve(trans="T")(a, b),
+                                  _SL.solve, "gg", _spd(), r(3, 4))],
+    _TGL.GpuCublasTriangularSolve: [gcase(lambda a, b: _TGL.GpuCublasTriangularSolve()(a, b),
+                                          _SL.solve_triangular, "gg", _spd(), r(3))],
+    _TGL.GpuMagmaCholesky: [gcase(lambda x: _TGL.GpuMagmaCholesky()(x), _SL.cholesky, "g",
+                                  _spd())],
+    _TGL.GpuMagmaMatrixInverse: [gcase(lambda x: _TGL.GpuMagmaMatrixInverse()(x),
+                                       _NL.matrix_inverse, "g", _spd())],
+    _TGL.GpuMagmaSVD: [gcase(lambda x: _TGL.GpuMagmaSVD(full)(x)[0],
+                             lambda x: _NL.svd(x, full)[1], "g", r(5, 3)) for full in (True, False)]
+    + [gcase(lambda x: _TGL.GpuMagmaSVD(True, False)(x), lambda x: _NL.svd(x, compute_uv=False),
+             "g", r(3, 5))],
+    _TGL.GpuMagmaQR: [gcase(lambda x: _TGL.GpuMagmaQR()(x)[0], lambda x: _NL.qr(x)[1], "g",
+                            r(5, 3)),
+                      gcase(lambda x: _TGL.GpuMagmaQR(False)(x), lambda x: _NL.qr(x, "r"), "g",
+                            r(3, 5))],
+    _TGL.GpuMagmaEigh: [gcase(lambda x: _TGL.GpuMagmaEigh("U", c)(x) if not c else
+                              _TGL.GpuMagmaEigh("U", c)(x)[0],
+                              lambda x: _NL.eigh(x)[0], "g", _spd()) for c in (True, False)],
+}
+CASES.update(_NAMES_LIB_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_GPU_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_gpu_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_GPU_CASES[op_cls]:
+        _gpu_check(op_cls, c)

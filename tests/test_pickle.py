@@ -337,6 +337,15 @@ def _cases():
         vals = [rng(40 + i).standard_normal((2, 5, 4)) for i in range(3)]
         return [q, k, v], [o, T.grad(o.sum(), q)], vals
 
+    @add("cholesky_grad")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.slinalg import Cholesky, CholeskyGrad
+        x, d = T.dmatrix("x"), T.dmatrix("d")
+        a = rng(7).standard_normal((3, 3))
+        return [x, d], [CholeskyGrad()(x, Cholesky()(x), d)], [a @ a.T + 3 * np.eye(3),
+                                                                rng(8).standard_normal((3, 3))]
+
     return cases
 
 
