@@ -1409,3 +1409,22 @@ CASES.update(_THEANO_OPS_CASES)
 @pytest.mark.parametrize("op_cls", list(_THEANO_OPS_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_theano_compile_ops(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# Theano's documented names, names-tensor's set (issue 31)
+from symgpu.tensor import checks as _checks  # noqa: E402
+from symgpu.tensor.random import mrg_math as _mrg  # noqa: E402
+
+_NAMES_TENSOR_CASES = {
+    _checks.Assert: [case(lambda x, n: _checks.Assert("m")(x, T.gt(n, 0)), r(3, 2), i64(1))],
+    _mrg.DotModulo: [case(lambda A, s, A2, s2: _mrg.DotModulo()(A, s, np.int32(7), A2, s2,
+                                                                np.int32(11)),
+                          i64([[1, 2, 3], [4, 5, 6]]), np.array([1, 2, 3], dtype="int32"),
+                          i64([[1, 2, 3]]), np.array([4, 5, 6], dtype="int32"))],
+}
+CASES.update(_NAMES_TENSOR_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NAMES_TENSOR_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_theano_names_tensor(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -328,6 +328,17 @@ def _cases():
         perm = np.array([np.random.default_rng(k).permutation(4) for k in range(3)])
         return [x, p, s], outs, [v, perm, 1.5]
 
+    @add("theano_names_tensor_ops")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.checks import Assert
+        from symgpu.tensor.random.mrg_math import DotModulo
+        x, v = _m()
+        A, s = T.lmatrix("A"), T.ivector("s")
+        m = T.constant(np.int32(7))
+        outs = [Assert("positive")(x, T.gt(x.size, 0)) * 2, DotModulo()(A, s, m, A, s, m)]
+        return [x, A, s], outs, [v, np.array([[1, 2], [3, 4]]), np.array([5, 6], dtype="int32")]
+
     @add("attention")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them

@@ -77,15 +77,6 @@ ABSENT: dict[str, str] = {
     "theano.gof.type:CDataType":
         "the type of an opaque C pointer passed between Theano's C ops; symgpu's ops pass "
         "Python objects and device pointers",
-    "theano.gof.type:CEnumType":
-        "an EnumType whose values are C constants (#define) for Theano's C ops; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumType":
-        "a Type of named C constants used as op parameters in Theano's C code; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumList":
-        "an EnumType of consecutive C constants for Theano's C op parameters; symgpu's ops "
-        "take plain Python string/int parameters",
     # MPI point-to-point ops
     "theano.tensor.io:MPIRecv":
         "receives an array over mpi4py inside a graph; symgpu's multi-process communication is "
@@ -159,16 +150,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.blas:BaseGpuCorr3dMM":
         "the 3-d im2col+GEMM base of Theano's GPU correlation back end; symgpu's GpuConv3d* "
         "choose cuDNN or their own GEMM inside one op",
-    # rng_mrg's MRG31k3p internals
-    "theano.sandbox.rng_mrg:DotModulo":
-        "MRG31k3p's modular matrix-vector product op, used to jump the MRG streams; symgpu's "
-        "MRG_RandomStreams draws from Philox counters, which jump by adding to the counter",
-    "theano.sandbox.rng_mrg:multMatVect":
-        "MRG31k3p's modular matrix-vector product (stream jumping); symgpu's streams are "
-        "Philox counters (docs/random.md)",
-    "theano.sandbox.rng_mrg:guess_n_streams":
-        "how many MRG31k3p streams to run for a draw's size on Theano's GPU; symgpu's Philox "
-        "kernels derive each element's stream from its counter, with no stream count",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in

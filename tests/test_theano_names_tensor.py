@@ -1,0 +1,339 @@
+"""Theano's documented names made present by issue 31's names-tensor set: theano.tensor.opt,
+theano.tensor.extra_ops, theano.tensor.nnet.abstract_conv, theano.gof.type,
+theano.gof.params_type, theano.compile.ops, theano.tensor.raw_random,
+theano.sandbox.rng_mrg and theano.tensor.io, each exercised for Theano's behaviour (reached
+through Theano's paths, as code written for Theano reaches them)."""
+from __future__ import annotations
+
+import importlib
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from symgpu import function
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting import InconsistencyError
+
+
+def theano(path: str):
+    """Theano's module `path` (``theano.X``) through the path layer."""
+    return importlib.import_module("symgpu" + path[len("theano"):])
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def op_types(f):
+    return [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+
+
+# ============================================================================ theano.gof.type
+
+def test_generic_holds_any_object_and_is_a_singleton():
+    gt = theano("theano.gof.type")
+    assert gt.Generic() is gt.generic and gt.Generic() == gt.generic
+    obj = {"a": [1, 2]}
+    assert gt.generic.filter(obj) is obj and gt.generic.is_valid_value(object())
+    v = gt.generic("g")
+    assert v.type == gt.generic and str(gt.generic) == "Generic"
+    assert pickle.loads(pickle.dumps(gt.generic)) == gt.generic
+
+
+def test_singleton_type_subclasses_are_distinct_singletons():
+    gt = theano("theano.gof.type")
+
+    class A(gt.SingletonType):
+        pass
+
+    class B(A):
+        pass
+    assert A() is A() and B() is B() and A() != B() and hash(A()) == hash(type(A()))
+    assert str(B()) == "B"
+
+
+def test_pure_type_is_the_base_of_types():
+    gt = theano("theano.gof.type")
+    assert isinstance(T.dmatrix, gt.PureType) and isinstance(gt.generic, gt.PureType)
+    assert T.dmatrix.is_valid_value(np.zeros((2, 2))) and not T.dmatrix.is_valid_value(1)
+
+
+def test_enum_type_constants_aliases_and_filter():
+    gt = theano("theano.gof.type")
+    enum = gt.EnumType(CONSTANT_1=1, CONSTANT_2=2.5, CONSTANT_3=False, CONSTANT_4=True)
+    assert (enum.CONSTANT_1, enum.CONSTANT_2, enum.CONSTANT_3, enum.CONSTANT_4) == (1, 2.5, 0, 1)
+    assert enum.ctype == "double" and enum.cname == "double"
+    e = gt.EnumType(A=("alpha", 1), B=("beta", 2), C=3, D=("delta", 4), ctype="size_t")
+    assert e.fromalias("alpha") == 1 and e.fromalias("C") == 3 and e.has_alias("beta")
+    assert e.get_aliases() == ("alpha", "beta", "delta")
+    assert e.filter("delta", strict=False) == 4 and e.filter(3) == 3
+    with pytest.raises(TypeError):
+        e.filter(7)
+    with pytest.raises((TypeError, KeyError)):
+        e.filter("delta", strict=True)
+    assert repr(e) == "EnumType<size_t>(A(alpha):1, B(beta):2, C:3, D(delta):4)"
+    with pytest.raises(AttributeError):
+        gt.EnumType(lower=1)
+    with pytest.raises(TypeError):
+        gt.EnumType(A="x")
+    with pytest.raises(AttributeError):
+        e.A = 5
+    with pytest.raises(TypeError):
+        e["A"] = 5
+    same = gt.EnumType(A=("alpha", 1), B=("beta", 2), C=3, D=("delta", 4), ctype="size_t")
+    assert same == e and hash(same) == hash(e) and e != gt.EnumType(A=1, B=2, C=3, D=4)
+    assert pickle.loads(pickle.dumps(e)) == e
+    v = e("mode")   # a variable of the type, as an op parameter
+    assert v.type is e
+
+
+def test_enum_list_and_c_enum_type_number_their_constants():
+    gt = theano("theano.gof")   # Theano's gof package has them too
+    enum = gt.EnumList("CONSTANT_1", "CONSTANT_2", ("CONSTANT_3", "three"))
+    assert (enum.CONSTANT_1, enum.CONSTANT_2, enum.CONSTANT_3) == (0, 1, 2)
+    assert enum.ctype == "int" and enum.fromalias("three") == 2
+    with pytest.raises(TypeError):
+        gt.EnumList("A", "A")
+    c = gt.CEnumType("CUDNN_A", "CUDNN_B", ctype="long")
+    assert isinstance(c, gt.EnumList) and c.CUDNN_B == 1 and c.ctype == "long"
+    assert c != gt.EnumList("CUDNN_A", "CUDNN_B", ctype="long")   # types differ
+    assert pickle.loads(pickle.dumps(c)) == c and pickle.loads(pickle.dumps(enum)) == enum
+
+
+# ============================================================================ rng_mrg
+
+def _mod_product(A, s, m):
+    return np.array([sum(int(a) * int(x) for a, x in zip(row, s)) % m for row in A])
+
+
+def test_dot_modulo_and_mult_mat_vect_jump_an_mrg_state():
+    mrg = theano("theano.sandbox.rng_mrg")
+    A1p72 = np.asarray([[1516919229, 758510237, 499121365],
+                        [1884998244, 1516919229, 335398200],
+                        [601897748, 1884998244, 358115744]], dtype="int64")
+    A2p72 = np.asarray([[1228857673, 1496414766, 954677935],
+                        [1133297478, 1407477216, 1496414766],
+                        [2002613992, 1639496704, 1407477216]], dtype="int64")
+    M1, M2 = 2147483647, 2147462579
+    state = np.array([12345, 12345, 12345, 12345, 12345, 12345], dtype="int32")
+    got = mrg.multMatVect(state, A1p72, M1, A2p72, M2)
+    want = np.concatenate([_mod_product(A1p72, state[:3], M1),
+                           _mod_product(A2p72, state[3:], M2)])
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    # the op itself, in a graph
+    A, A2 = T.lmatrix("A"), T.lmatrix("A2")
+    s, s2 = T.ivector("s"), T.ivector("s2")
+    m, m2 = T.iscalar("m"), T.iscalar("m2")
+    out = mrg.DotModulo()(A, s, m, A2, s2, m2)
+    f = function([A, s, m, A2, s2, m2], [out, out.shape])
+    r, shp = f(A1p72, state[:3], np.int32(M1), A2p72[:2], state[3:], np.int32(M2))
+    np.testing.assert_array_equal(r, np.concatenate([want[:3], want[3:5]]))
+    assert tuple(shp) == (5,)
+    np.testing.assert_array_equal(mrg.matVecModM(A1p72, state[:3], M1), want[:3])
+    with pytest.raises(TypeError, match="dimensions"):
+        mrg.DotModulo()(s, s, m, A2, s2, m2)
+
+
+def test_guess_n_streams():
+    mrg = theano("theano.sandbox.rng_mrg")
+    assert mrg.guess_n_streams((2, 3)) == 6
+    assert mrg.guess_n_streams((10, 12)) == 20
+    assert mrg.guess_n_streams([1000, 1000]) == 60 * 256
+    assert mrg.guess_n_streams(T.lvector().shape) == 60 * 256
+    with pytest.warns(UserWarning, match="guessing 60\\*256"):
+        assert mrg.guess_n_streams(T.lvector().shape, warn=True) == 60 * 256
+
+
+# ============================================================================ theano.tensor.opt
+
+def test_assert_op_checks_at_run_time_and_passes_gradients():
+    opt = theano("theano.tensor.opt")
+    x = T.dvector("x")
+    y = opt.assert_op(x, T.lt(x.size, 4))
+    f = function([x], y * 2)
+    np.testing.assert_array_equal(f(np.ones(3)), 2 * np.ones(3))
+    with pytest.raises(AssertionError, match="Theano Assert failed!"):
+        f(np.ones(5))
+    g = function([x], T.grad((opt.Assert("bad")(x, T.lt(x.size, 4)) ** 2).sum(), x))
+    np.testing.assert_allclose(g(np.array([1.0, 2.0])), [2.0, 4.0])
+    with pytest.raises(TypeError, match="scalar"):
+        opt.Assert()(x, x)
+    assert opt.assert_ is opt.assert_op and opt.Assert("m") == opt.Assert("m")
+    assert pickle.loads(pickle.dumps(opt.Assert("m"))) == opt.Assert("m")
+
+
+def test_constant_true_assertions_are_removed():
+    opt = theano("theano.tensor.opt")
+    x = T.dvector("x")
+    f = function([x], opt.assert_op(x, 1) * 2)
+    assert "Assert" not in op_types(f)
+    f2 = function([x], opt.assert_op(x, 1, T.gt(x.size, 1)) * 2)
+    (node,) = [n for n in f2.maker.fgraph.toposort() if isinstance(n.op, opt.Assert)]
+    assert len(node.inputs) == 2   # the constant condition dropped, the other kept
+    with pytest.raises(AssertionError):
+        f2(np.ones(1))
+
+
+def test_broadcast_helpers():
+    opt = theano("theano.tensor.opt")
+    assert opt.encompasses_broadcastable((False, False), (True, False))
+    assert not opt.encompasses_broadcastable((True, False), (False, False))
+    assert not opt.encompasses_broadcastable((False,), (False, False))
+    assert opt.encompasses_broadcastable((False, True, False), (True, False))
+    x, m = T.dmatrix("x"), T.fmatrix("m")
+    fg = FunctionGraph([x, m], [x * 2, m + 1], clone=False)
+    tmpl = fg.outputs[0]
+    b = opt.broadcast_like(3, tmpl, fg)
+    assert b.type == tmpl.type
+    np.testing.assert_array_equal(function([x], b)(np.zeros((2, 3))), np.full((2, 3), 3.0))
+    b32 = opt.broadcast_like(T.dscalar("s"), tmpl, fg, dtype="float32")
+    assert b32.dtype == "float32" and b32.broadcastable == (False, False)
+    with pytest.raises(ValueError, match="not in the graph"):
+        opt.broadcast_like(1, T.dmatrix(), fg)
+
+
+def test_scalar_constants_and_dtype_predicates():
+    opt = theano("theano.tensor.opt")
+    x = T.dvector("x")
+    c2 = T.constant(2.0)
+    consts, orig, rest = opt.scalarconsts_rest([x, c2, T.cast(c2, "float32"), T.constant([1., 2.])])
+    assert [float(c) for c in consts] == [2.0, 2.0] and orig[0] is c2 and rest[0] is x
+    assert len(rest) == 2
+    consts, orig, rest = opt.scalarconsts_rest([c2, T.cast(c2, "float32")],
+                                               only_process_constants=True)
+    assert len(consts) == 1 and len(rest) == 1
+    assert opt.is_an_upcast("int8", "int32") and opt.is_an_upcast("float32", "float64")
+    assert not opt.is_an_upcast("float64", "float32") and not opt.is_an_upcast("int64", "float32")
+    assert opt.is_an_upcast("int32", "float64") and not opt.is_an_upcast("float32", "int64")
+    from symgpu.scalar.basic import SCALAR_OPS
+    neg, exp, log = SCALAR_OPS["neg"], SCALAR_OPS["exp"], SCALAR_OPS["log"]
+    assert opt.is_inverse_pair(exp, log, (exp, log))
+    assert opt.is_inverse_pair(log, exp, ("exp", "log"))
+    assert not opt.is_inverse_pair(neg, log, ("exp", "log"))
+    assert not opt.is_inverse_pair(exp, exp, ("exp", "log"))
+    assert opt.is_inverse_pair(neg, neg, ("neg", "neg"))
+    assert opt.is_inverse_pair(neg, exp, (type(neg), type(exp)))   # classes, as Theano's
+
+
+def test_check_for_x_over_abs_x_and_clients():
+    opt = theano("theano.tensor.opt")
+    x, y = T.dvector("x"), T.dvector("y")
+    ax = abs(x)
+    num, den = opt.check_for_x_over_absX([x, y], [ax])
+    assert den == [] and num[0] is y
+    v = np.array([-2.0, 0.0, 3.0])
+    np.testing.assert_array_equal(function([x], num[1])(v), np.sign(v))
+    num, den = opt.check_for_x_over_absX([y], [ax])   # x is not a numerator: unchanged
+    assert den == [ax] and num == [y]
+    e = T.exp(x)
+    a, b = e + 1, e * 2
+    out = T.log(a) + b
+    fg = FunctionGraph([x], [out, a], clone=False)
+    clients = opt.get_clients(e.owner, fg)
+    assert set(clients) == {a.owner, b.owner}
+    assert set(opt.get_clients2(e.owner, fg)) == {out.owner, a.owner and T.log(a).owner} - {None} \
+        or len(opt.get_clients2(e.owner, fg)) == 2
+    assert opt.get_clients(a.owner, fg) != []
+
+
+def test_rebroadcast_rewrites():
+    opt = theano("theano.tensor.opt")
+    x = T.dmatrix("x")
+    useless = T.Rebroadcast((0, False))(x)
+    assert opt.apply_rebroadcast_opt(useless) is x
+    lifted = opt.apply_rebroadcast_opt(T.Rebroadcast((0, True))(T.exp(x)))
+    assert type(lifted.owner.op).__name__ == "Elemwise"
+    assert isinstance(lifted.owner.inputs[0].owner.op, T.Rebroadcast)
+    assert lifted.broadcastable == (True, False)
+    both = opt.apply_rebroadcast_opt(T.Rebroadcast((1, True))(T.Rebroadcast((0, True))(x)))
+    assert both.owner.op == T.Rebroadcast((0, True), (1, True)) and both.owner.inputs[0] is x
+    f = function([x], T.Rebroadcast((0, True))(T.exp(x)) * 2)
+    np.testing.assert_allclose(f(np.ones((1, 3))), 2 * np.e * np.ones((1, 3)))
+    with pytest.raises(Exception):
+        f(np.ones((2, 3)))
+
+
+def test_shape_feature_and_shape_optimizers():
+    opt = theano("theano.tensor.opt")
+    x, y = T.dmatrix("x"), T.dmatrix("y")
+    z = T.exp(x) + y
+    w = T.dot(z, x.T)
+    fg = FunctionGraph([x, y], [w], clone=False)
+    opt.ShapeOptimizer().apply(fg)
+    sf = fg.shape_feature
+    assert isinstance(sf, opt.ShapeFeature)
+    shp = sf.shape_of[w]
+    assert len(shp) == 2
+    g = function([x, y], list(shp))
+    xv, yv = np.ones((3, 4)), np.ones((3, 4))
+    assert [int(v) for v in g(xv, yv)] == [3, 3]
+    assert sf.same_shape(z, z) and sf.same_shape(w, w, 0, 0)
+    assert not sf.same_shape(w, x)      # (3, 3) and (3, 4): nothing proves them equal
+    v = T.dot(T.exp(x), y.T)            # rows of v are exp(x)'s rows, which are x's rows
+    fg2 = FunctionGraph([x, y], [v], clone=False)
+    sf2 = opt.ShapeFeature()
+    fg2.attach_feature(sf2)
+    assert sf2.same_shape(v, x, 0, 0) and sf2.same_shape(v, y, 1, 0)
+    assert not sf2.same_shape(v, x, 1, 1)
+    fg2.remove_feature(sf2)
+    assert not hasattr(fg2, "shape_feature")
+    assert int(function([x, y], sf.get_shape(w, 1), on_unused_input="ignore")(xv, yv)) == 3
+    sf.set_shape(y, (3, 4))
+    assert int(sf.get_shape(y, 1).data) == 4
+    opt.ShapeOptimizer().apply(fg)      # a second time: keeps the one feature
+    opt.UnShapeOptimizer().apply(fg)
+    assert getattr(fg, "shape_feature", None) is None
+
+
+def test_inplace_elemwise_optimizer():
+    opt = theano("theano.tensor.opt")
+    x = T.dvector("x")
+    a = T.exp(x)
+    out = T.log(a) * x
+    fg = FunctionGraph([x], [out])
+    assert opt.inplace_elemwise_optimizer.apply(fg) >= 1
+    pats = [dict(n.op.inplace_pattern) for n in fg.toposort()]
+    assert pats[0] == {} and all(p == {0: 0} for p in pats[1:])   # never into the input x
+    assert opt.InplaceElemwiseOptimizer(T.Elemwise).op is T.Elemwise
+
+
+def test_fusion_optimizer_with_local_elemwise_fusion():
+    opt = theano("theano.tensor.opt")
+    x, y = T.dvector("x"), T.dvector("y")
+    out = T.exp(x) * T.log(y) + y
+    fg = FunctionGraph([x, y], [out])
+    n = opt.FusionOptimizer(opt.local_elemwise_fusion).apply(fg)
+    assert n >= 1
+    (node,) = fg.toposort()
+    assert type(node.op.scalar_op).__name__ == "Composite"
+    from symgpu.compile.function import function as fn
+    f = fn([x, y], out)
+    xv, yv = rng().random(4), rng(1).random(4) + 0.5
+    np.testing.assert_allclose(f(xv, yv), np.exp(xv) * np.log(yv) + yv)
+    # an input read twice is not fused (it would be computed twice)
+    e = T.exp(x)
+    fg2 = FunctionGraph([x], [e * x, e + x], clone=False)
+    assert opt.FusionOptimizer(opt.local_elemwise_fusion).apply(fg2) == 0
+    # the input cap
+    capped = opt.local_elemwise_fusion_op(T.Elemwise, lambda node: 1)
+    fg3 = FunctionGraph([x, y], [T.exp(x) * T.log(y)])
+    assert opt.FusionOptimizer(capped).apply(fg3) == 0
+    assert opt.elemwise_max_input_fct(None) >= 32
+
+
+def test_local_add_mul_fusion():
+    opt = theano("theano.tensor.opt")
+    x, y, z, w = (T.dvector(n) for n in "xyzw")
+    out = ((x + y) + z) * (w * x)
+    fg = FunctionGraph([x, y, z, w], [out])
+    assert opt.FusionOptimizer(opt.local_add_mul_fusion).apply(fg) >= 2
+    names = sorted((n.op.scalar_op.name, len(n.inputs)) for n in fg.toposort())
+    assert names == [("add", 3), ("mul", 3)]
+    shared_sum = x + y
+    fg2 = FunctionGraph([x, y, z], [shared_sum + z, shared_sum * 2], clone=False)
+    assert opt.FusionOptimizer(opt.local_add_mul_fusion).apply(fg2) == 0
