@@ -1414,6 +1414,7 @@ def test_inferred_shape_theano_compile_ops(op_cls):
 # Theano's documented names, names-tensor's set (issue 31)
 from symgpu.tensor import checks as _checks  # noqa: E402
 from symgpu.tensor.random import mrg_math as _mrg  # noqa: E402
+from symgpu.tensor import index_ops as _iops  # noqa: E402
 
 _NAMES_TENSOR_CASES = {
     _checks.Assert: [case(lambda x, n: _checks.Assert("m")(x, T.gt(n, 0)), r(3, 2), i64(1))],
@@ -1421,6 +1422,17 @@ _NAMES_TENSOR_CASES = {
                                                                 np.int32(11)),
                           i64([[1, 2, 3], [4, 5, 6]]), np.array([1, 2, 3], dtype="int32"),
                           i64([[1, 2, 3]]), np.array([4, 5, 6], dtype="int32"))],
+    _iops.CpuContiguous: [case(lambda x: _iops.cpu_contiguous(x.T), r(3, 2))],
+    # Unique: the number of unique values is known once computed (ShapeError: x.shape is
+    # read from the result; tests/test_theano_names_tensor.py checks those shapes)
+    _iops.Unique: [],
+    _iops.UnravelIndex: [case(lambda i, d: _iops.UnravelIndex(2)(i, d)[1], i64([[1, 5], [7, 0]]),
+                              i64([3, 4]))],
+    _iops.RavelMultiIndex: [case(lambda a, b, d: _iops.RavelMultiIndex()(a, b, d), i64([0, 2]),
+                                 i64([1, 3]), i64([3, 4]))],
+    _iops.Bartlett: [case(lambda m: _iops.bartlett(m), i64(6)), case(lambda m: _iops.bartlett(m), i64(-2))],
+    _iops.FillDiagonalOffset: [case(lambda a, v, o: _iops.fill_diagonal_offset(a, v, o), r(3, 5),
+                                    r(), i64(1))],
 }
 CASES.update(_NAMES_TENSOR_CASES)
 

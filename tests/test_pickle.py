@@ -336,8 +336,14 @@ def _cases():
         x, v = _m()
         A, s = T.lmatrix("A"), T.ivector("s")
         m = T.constant(np.int32(7))
+        from symgpu.tensor import index_ops as io
         outs = [Assert("positive")(x, T.gt(x.size, 0)) * 2, DotModulo()(A, s, m, A, s, m)]
-        return [x, A, s], outs, [v, np.array([[1, 2], [3, 4]]), np.array([5, 6], dtype="int32")]
+        i = T.lvector("i")
+        outs += [io.cpu_contiguous(x.T), io.Unique(True, True, True)(x)[2],
+                 io.unravel_index(i, (2, 3))[1], io.ravel_multi_index((i, i), (3, 3)),
+                 io.bartlett(i.size), io.fill_diagonal_offset(x, 2.0, 1)]
+        return [x, A, s, i], outs, [v, np.array([[1, 2], [3, 4]]),
+                                    np.array([5, 6], dtype="int32"), np.array([0, 2, 1])]
 
     @add("attention")
     def _():

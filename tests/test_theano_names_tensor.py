@@ -337,3 +337,118 @@ def test_local_add_mul_fusion():
     shared_sum = x + y
     fg2 = FunctionGraph([x, y, z], [shared_sum + z, shared_sum * 2], clone=False)
     assert opt.FusionOptimizer(opt.local_add_mul_fusion).apply(fg2) == 0
+
+
+# ============================================================================ extra_ops
+
+def test_cpu_contiguous_copies_only_strided_inputs():
+    xo = theano("theano.tensor.extra_ops")
+    x = T.dmatrix("x")
+    f = function([x], xo.cpu_contiguous(x.T))
+    v = rng().random((3, 4))
+    out = f(v)
+    assert out.flags["C_CONTIGUOUS"]
+    np.testing.assert_array_equal(out, v.T)
+    g = function([x], T.grad((xo.CpuContiguous()(x) * x).sum(), x))
+    np.testing.assert_allclose(g(v), 2 * v)
+
+
+@pytest.mark.parametrize("flags", [(False, False, False), (True, True, False),
+                                   (True, True, True), (False, True, True)])
+def test_unique_matches_numpy(flags):
+    xo = theano("theano.tensor.extra_ops")
+    x = T.dmatrix("x")
+    out = xo.Unique(*flags)(x)
+    outs = out if isinstance(out, list) else [out]
+    f = function([x], outs + [o.shape for o in outs])
+    v = np.array([[1, 1, 1.0], [2, 3, 3.0]])
+    got = f(v)
+    want = np.unique(v, return_index=flags[0], return_inverse=flags[1], return_counts=flags[2])
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, np.reshape(w, g.shape))
+    for g, s in zip(got, got[len(outs):]):
+        assert tuple(s) == g.shape
+
+
+def test_unique_along_an_axis():
+    xo = theano("theano.tensor.extra_ops")
+    x = T.dmatrix("x")
+    u, inv = xo.Unique(return_inverse=True, axis=0)(x)
+    v = np.array([[1.0, 2], [1, 2], [0, 5]])
+    got_u, got_inv = function([x], [u, inv])(v)
+    want_u, want_inv = np.unique(v, return_inverse=True, axis=0)
+    np.testing.assert_array_equal(got_u, want_u)
+    np.testing.assert_array_equal(got_inv, want_inv.reshape(-1))
+    assert u.broadcastable == (False, False)
+    with pytest.raises(ValueError, match="outside of input ndim"):
+        xo.Unique(axis=2)(x)
+
+
+def test_unravel_and_ravel_index():
+    xo = theano("theano.tensor.extra_ops")
+    idx = T.lvector("idx")
+    coords = xo.unravel_index(idx, (3, 4, 5))
+    assert len(coords) == 3
+    f = function([idx], list(coords))
+    v = np.array([0, 7, 59, 22])
+    for g, w in zip(f(v), np.unravel_index(v, (3, 4, 5))):
+        np.testing.assert_array_equal(g, w)
+    fF = function([idx], list(xo.unravel_index(idx, (3, 4, 5), order="F")))
+    for g, w in zip(fF(v), np.unravel_index(v, (3, 4, 5), order="F")):
+        np.testing.assert_array_equal(g, w)
+    (one,) = xo.unravel_index(idx, (60,))
+    np.testing.assert_array_equal(function([idx], one)(v), v)
+    d = T.lvector("d")
+    with pytest.raises(ValueError, match="ndim"):
+        xo.unravel_index(idx, d)
+    assert len(xo.unravel_index(idx, d, ndim=2)) == 2
+    with pytest.raises(TypeError, match="index"):
+        xo.unravel_index(T.dvector(), (3, 4))
+    a, b = T.lvector("a"), T.lvector("b")
+    for mode in ("raise", "wrap", "clip"):
+        r = xo.ravel_multi_index((a, b), (3, 4), mode=mode)
+        av, bv = (np.array([0, 2, 1]), np.array([3, 1, 0])) if mode == "raise" \
+            else (np.array([0, 5, -1]), np.array([7, 1, 0]))
+        np.testing.assert_array_equal(function([a, b], r)(av, bv),
+                                      np.ravel_multi_index((av, bv), (3, 4), mode=mode))
+    with pytest.raises(ValueError):
+        function([a, b], xo.ravel_multi_index([a, b], (3, 4)))(np.array([5]), np.array([0]))
+    with pytest.raises(TypeError, match="tuple or a list"):
+        xo.ravel_multi_index(a, (3, 4))
+
+
+def test_compress_bartlett_and_fill_diagonal_offset():
+    xo = theano("theano.tensor.extra_ops")
+    c, x = T.lvector("c"), T.dmatrix("x")
+    v = rng().random((3, 4))
+    cond = np.array([1, 0, 1])
+    np.testing.assert_array_equal(function([c, x], xo.compress(c, x, axis=0))(cond, v),
+                                  np.compress(cond, v, axis=0))
+    np.testing.assert_array_equal(function([c, x], xo.compress(c, x))(cond, v),
+                                  np.compress(cond, v))
+    m = T.lscalar("m")
+    fb = function([m], [xo.bartlett(m), xo.bartlett(m).shape])
+    for n in (5, 1, 0, -3):
+        w, s = fb(n)
+        np.testing.assert_allclose(w, np.bartlett(n))
+        assert tuple(s) == np.bartlett(n).shape
+    with pytest.raises(TypeError, match="integer"):
+        xo.bartlett(T.dscalar())
+    val, off = T.dscalar("val"), T.lscalar("off")
+    f = function([x, val, off], xo.fill_diagonal_offset(x, val, off))
+    for shape in ((3, 4), (5, 3)):
+        a = rng(1).random(shape)
+        for o in (-2, -1, 0, 1, 3):
+            want = a.copy()
+            i = np.arange(min(shape))
+            r_, c_ = (i, i + o) if o >= 0 else (i - o, i)
+            keep = (r_ < shape[0]) & (c_ < shape[1])
+            want[r_[keep], c_[keep]] = 7.0
+            np.testing.assert_array_equal(f(a, 7.0, o), want)
+    with pytest.raises(TypeError, match="two"):
+        xo.fill_diagonal_offset(T.dvector(), 1.0, 0)
+    from symgpu.gradient import verify_grad
+    for o in (-1, 0, 2):
+        verify_grad(lambda a, s: xo.fill_diagonal_offset(a, s, o), [rng(2).random((4, 5)), 0.3],
+                    rng=np.random.RandomState(0))
