@@ -452,3 +452,88 @@ def test_compress_bartlett_and_fill_diagonal_offset():
     for o in (-1, 0, 2):
         verify_grad(lambda a, s: xo.fill_diagonal_offset(a, s, o), [rng(2).random((4, 5)), 0.3],
                     rng=np.random.RandomState(0))
+
+
+# ============================================================================ abstract_conv
+
+def _upsampled_two_by_two(two_by_two, ratio):
+    """Theano's reference (test_abstract_conv.get_upsampled_twobytwo_mat)."""
+    kern = np.arange(ratio + 1)
+    up_1D = two_by_two[:, :, :, :1] * kern[::-1] + two_by_two[:, :, :, 1:] * kern
+    up_2D = up_1D[:, :, :1, :] * kern[::-1][:, np.newaxis] + up_1D[:, :, 1:, :] * kern[:, np.newaxis]
+    for _ in range((ratio - 1) // 2):
+        up_2D = np.concatenate([up_2D[:, :, :1, :], up_2D], axis=2)
+        up_2D = np.concatenate([up_2D, up_2D[:, :, -1:, :]], axis=2)
+        up_2D = np.concatenate([up_2D[:, :, :, :1], up_2D], axis=3)
+        up_2D = np.concatenate([up_2D, up_2D[:, :, :, -1:]], axis=3)
+    if ratio % 2 == 0:
+        up_2D = np.concatenate([up_2D, up_2D[:, :, -1:, :]], axis=2)
+        up_2D = np.concatenate([up_2D, up_2D[:, :, :, -1:]], axis=3)
+    return up_2D / float(ratio) ** 2
+
+
+def test_bilinear_upsampling_matches_theanos_reference():
+    ac = theano("theano.tensor.nnet.abstract_conv")
+    x = np.array([[[[1, 2], [3, 4]]]], dtype="float64")
+    for ratio in (2, 3, 4, 5, 8):
+        for one_d, bs in ((True, 1), (False, None)):
+            up = ac.bilinear_upsampling(x, ratio=ratio, batch_size=bs, num_input_channels=bs,
+                                        use_1D_kernel=one_d)
+            np.testing.assert_allclose(function([], up)(), _upsampled_two_by_two(x, ratio),
+                                       rtol=1e-6)
+    v = T.dtensor4("v")
+    val = rng().random((2, 3, 4, 5))
+    a = function([v], ac.bilinear_upsampling(v, 3, use_1D_kernel=True))(val)
+    b = function([v], ac.bilinear_upsampling(v, 3, use_1D_kernel=False))(val)
+    assert a.shape == (2, 3, 12, 15)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+    with pytest.raises(ValueError, match="together"):
+        ac.bilinear_upsampling(v, 2, frac_ratio=(3, 2))
+    with pytest.raises(ValueError, match="No ratio"):
+        ac.bilinear_upsampling(v)
+    with pytest.raises(ValueError, match="1D kernel"):
+        ac.bilinear_upsampling(v, frac_ratio=(3, 2))
+
+
+def test_fractional_bilinear_upsampling():
+    ac = theano("theano.tensor.nnet.abstract_conv")
+    x = np.array([[[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]]], ndmin=4).astype("float64")
+    up = ac.bilinear_upsampling(x, frac_ratio=((7, 4), (5, 3)), use_1D_kernel=False)
+    want = np.array([[[[1., 1.2, 1.8, 2.], [1.28571429, 1.48571429, 2.08571429, 2.28571429],
+                       [2.42857143, 2.62857143, 3.22857143, 3.42857143], [3., 3.2, 3.8, 4.]],
+                      [[5., 5.2, 5.8, 6.], [5.28571429, 5.48571429, 6.08571429, 6.28571429],
+                       [6.42857143, 6.62857143, 7.22857143, 7.42857143], [7., 7.2, 7.8, 8.]],
+                      [[9., 9.2, 9.8, 10.], [9.28571429, 9.48571429, 10.08571429, 10.28571429],
+                       [10.42857143, 10.62857143, 11.22857143, 11.42857143],
+                       [11., 11.2, 11.8, 12.]]]])
+    np.testing.assert_allclose(function([], up)(), want, rtol=1e-6)
+    z = ac.frac_bilinear_upsampling(T.as_tensor_variable(rng().random((1, 1, 200, 200))), (24, 20))
+    assert tuple(function([], z.shape)()) == (1, 1, 240, 240)
+    with pytest.raises(ValueError, match="tuple"):
+        ac.frac_bilinear_upsampling(T.dtensor4(), [3, 2])
+
+
+def test_assert_conv_shape_and_assert_shape():
+    ac = theano("theano.tensor.nnet.abstract_conv")
+    n, c = T.lscalar("n"), T.lscalar("c")
+    shp = ac.assert_conv_shape((n, 3, c, 4))
+    assert shp[1] == 3 and shp[3] == 4
+    f = function([n, c], list(shp))
+    assert [int(v) for v in f(0, 2)] == [0, 3, 2, 4]
+    with pytest.raises(AssertionError, match=r"dim\[0\] < 0"):
+        f(-1, 2)
+    with pytest.raises(AssertionError, match=r"dim\[2\] <= 0"):
+        f(1, 0)
+    with pytest.raises(ValueError, match=r"dim\[3\]: 0 <= 0"):
+        ac.assert_conv_shape((1, 1, 2, 0))
+    with pytest.raises(ValueError, match=r"dim\[1\]: -1 < 0"):
+        ac.assert_conv_shape((1, -1, 2, 2))
+    x = T.dmatrix("x")
+    assert ac.assert_shape(x, (2, 3)) is x           # the flag is off by default
+    with symgpu.config.change_flags({"conv.assert_shape": True}):
+        y = ac.assert_shape(x, (2, None), msg="rows")
+        assert ac.assert_shape(x, (None, None)) is x and ac.assert_shape(x, None) is x
+    g = function([x], y * 1)
+    assert g(np.ones((2, 5))).shape == (2, 5)
+    with pytest.raises(AssertionError, match="rows"):
+        g(np.ones((3, 5)))
