@@ -537,3 +537,94 @@ def test_assert_conv_shape_and_assert_shape():
     assert g(np.ones((2, 5))).shape == (2, 5)
     with pytest.raises(AssertionError, match="rows"):
         g(np.ones((3, 5)))
+
+
+# ============================================================================ tensor.io (MPI)
+
+class FakeComm:
+    """mpi4py's Isend/Irecv between ranks of one process: a mailbox per (dest, tag); a
+    receive's request fills its buffer on wait()."""
+
+    def __init__(self):
+        self.box: dict = {}
+        self.log: list = []
+
+    class _Req:
+        def __init__(self, done):
+            self.done = done
+
+        def wait(self):
+            self.done()
+
+    def Isend(self, buf, dest, tag):
+        self.log.append(("Isend", dest, tag))
+        return self._Req(lambda: self.box.setdefault((dest, tag), []).append(np.array(buf)))
+
+    def Irecv(self, buf, source, tag):
+        self.log.append(("Irecv", source, tag))
+
+        def fill():
+            buf[...] = self.box[(source, tag)].pop(0)
+        return self._Req(fill)
+
+
+@pytest.fixture
+def fake_comm():
+    io = theano("theano.tensor.io")
+    from symgpu.tensor import mpi
+    comm = FakeComm()
+    mpi.set_comm(comm)
+    yield comm
+    mpi.set_comm(None)
+    assert io.MPISend is mpi.MPISend
+
+
+def test_mpi_send_then_receive(fake_comm):
+    io = theano("theano.tensor.io")
+    x = T.dmatrix("x")
+    f_send = function([x], io.send(x * 2, 1, 11))
+    assert f_send(np.ones((2, 3))) is True
+    assert fake_comm.log == [("Isend", 1, 11)]
+    y = io.recv((2, 3), "float64", 1, 11)
+    assert y.type == T.dmatrix and y.owner.op.tag == 11
+    f_recv = function([], y + 1)
+    np.testing.assert_array_equal(f_recv(), 3 * np.ones((2, 3)))
+    assert fake_comm.log[-1] == ("Irecv", 1, 11)
+    # non-blocking halves: the request and the buffer / the sent value
+    req, data = io.isend(x, 0, 3)
+    assert isinstance(req.owner.op, io.MPISend) and data.type == x.type
+    r, buf = io.irecv((4,), "int32", 0, 5)
+    assert buf.type == T.ivector and str(r.owner.op).startswith("MPIRecv{source: 0, tag: 5")
+    wait = io.MPIRecvWait(5)(r, buf)
+    assert wait.owner.op.view_map == {0: [1]}
+    from symgpu.tensor.rewriting.shape_feature import node_shapes
+    (none, shp), = [node_shapes(r.owner)]
+    assert none is None and [int(d.data) for d in shp] == [4]
+    assert [int(d.data) for d in node_shapes(wait.owner, [None, shp])[0]] == [4]
+
+
+def test_mpi_scheduling_keys(fake_comm):
+    io = theano("theano.tensor.io")
+    x = T.dvector("x")
+    s = io.send(x, 1, 7)
+    r, buf = io.irecv((3,), "float64", 1, 2)
+    got = io.MPIRecvWait(2)(r, buf)
+    nodes = [s.owner, s.owner.inputs[0].owner, r.owner, got.owner, T.exp(x).owner]
+    order = sorted(nodes, key=lambda a: (io.mpi_send_wait_key(a), io.mpi_tag_key(a)))
+    assert [type(n.op).__name__ for n in order] == ["MPIRecv", "MPISend", "Elemwise",
+                                                    "MPIRecvWait", "MPISendWait"]
+    assert io.mpi_tag_key(T.exp(x).owner) == 0 and io.mpi_tag_key(s.owner) == 7
+
+
+def test_mpi_ops_need_mpi4py_or_a_communicator():
+    from symgpu.tensor import mpi
+    mpi.set_comm(None)
+    try:
+        import mpi4py  # noqa: F401
+        pytest.skip("mpi4py is installed: COMM_WORLD is used")
+    except ImportError:
+        pass
+    io = theano("theano.tensor.io")
+    f = function([], io.recv((2,), "float64", 0, 1))
+    with pytest.raises(ImportError, match="mpi4py"):
+        f()

@@ -77,35 +77,6 @@ ABSENT: dict[str, str] = {
     "theano.gof.type:CDataType":
         "the type of an opaque C pointer passed between Theano's C ops; symgpu's ops pass "
         "Python objects and device pointers",
-    # MPI point-to-point ops
-    "theano.tensor.io:MPIRecv":
-        "receives an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives in the graph (symgpu.distributed: all_reduce, broadcast, all_gather, "
-        "reduce_scatter)",
-    "theano.tensor.io:MPIRecvWait":
-        "waits on an mpi4py receive; symgpu has no MPI ops (its collectives are NCCL's, "
-        "symgpu.distributed)",
-    "theano.tensor.io:MPISend":
-        "sends an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives (symgpu.distributed)",
-    "theano.tensor.io:MPISendWait":
-        "waits on an mpi4py send; symgpu has no MPI ops (symgpu.distributed uses NCCL)",
-    "theano.tensor.io:irecv":
-        "builds an MPI non-blocking receive; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:isend":
-        "builds an MPI non-blocking send; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:recv":
-        "an MPI receive and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:send":
-        "an MPI send and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:mpi_send_wait_key":
-        "the scheduling key that orders Theano's MPI send-waits last; symgpu has no MPI ops",
-    "theano.tensor.io:mpi_tag_key":
-        "the scheduling key that orders Theano's MPI ops by tag; symgpu has no MPI ops",
     # libgpuarray / Theano GPU back-end plumbing
     "theano.gpuarray.basic_ops:GpuKernelBase":
         "the mixin by which Theano's GPU ops hand libgpuarray kernel source to its C code; "

@@ -172,7 +172,8 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
         for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
             if constant_behind(inp) is None and inp.type.broadcastable == B:
                 out += [index[c] for c, _ in fgraph.clients.get(inp, ())
-                        if c != "output" and c in index and c.outputs[0].type.broadcastable == B]
+                        if c != "output" and c in index
+                        and getattr(c.outputs[0].type, "broadcastable", None) == B]
         return out
 
     work = deque(neighbours(start))
