@@ -1387,6 +1387,7 @@ _THEANO_OPS_CASES = {
                                                         infer_shape=_same_shape)(np.exp)(x),
                                  r(3, 2))],
     _pyops.ViewOp: [case(lambda x: _pyops.view_op(x), r(3, 2))],
+    _pyops.OutputGuard: [case(lambda x: _pyops.OutputGuard()(x * 2), r(3, 2))],
     _pyops.Rebroadcast: [case(lambda x: _pyops.Rebroadcast((0, True))(x), r(1, 4))],
     _tb.TensorFromScalar: [case(lambda x: _tb.tensor_from_scalar(x), r())],
     _tb.ScalarFromTensor: [case(lambda x: _tb.scalar_from_tensor(x), r())],

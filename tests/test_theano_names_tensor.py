@@ -628,3 +628,27 @@ def test_mpi_ops_need_mpi4py_or_a_communicator():
     f = function([], io.recv((2,), "float64", 0, 1))
     with pytest.raises(ImportError, match="mpi4py"):
         f()
+
+
+# ============================================================================ compile.ops
+
+def test_output_guard_is_a_destroying_view():
+    ops = theano("theano.compile.ops")
+    x = T.dvector("x")
+    y = T.exp(x)
+    guarded = ops.OutputGuard()(y)
+    assert guarded.owner.op.destroy_map == {0: [0]} and guarded.owner.op.view_map == {0: [0]}
+    f = function([x], guarded)
+    v = np.array([0.0, 1.0])
+    np.testing.assert_allclose(f(v), np.exp(v))
+    np.testing.assert_allclose(function([x], T.grad(ops.OutputGuard()(y).sum(), x))(v), np.exp(v))
+    # it holds its input: an in-place op may not write into exp(x) as well
+    fg = FunctionGraph([x], [ops.OutputGuard()(T.exp(x)), T.exp(x)], clone=False)
+    from symgpu.graph.rewriting import attach_destroy_handler, why_not_destroyable
+    attach_destroy_handler(fg)
+    e = fg.outputs[0].owner.inputs[0]
+    reader = T.log(e).owner
+    assert why_not_destroyable(fg, e, reader) is not None
+    v2 = np.array([3.0, 4.0])
+    np.testing.assert_array_equal(function([x], ops.OutputGuard()(x))(v2), [3.0, 4.0])
+    np.testing.assert_array_equal(v2, [3.0, 4.0])   # it never writes

@@ -63,10 +63,6 @@ ABSENT: dict[str, str] = {
     "theano.compile.ops:register_view_op_c_code":
         "registers C code for Theano's ViewOp on a new Type for its C linker; symgpu has no "
         "per-Type C snippets to register",
-    "theano.compile.ops:OutputGuard":
-        "a node Theano's AddDestroyHandler put on outputs so in-place ops would not overwrite "
-        "them; symgpu's destroy handler never lets an in-place op write an output or input "
-        "(symgpu.graph.rewriting.destroy), with no node",
     "theano.gof.params_type":
         "ParamsType/Params pack an op's parameters into one C struct for Theano's C code; "
         "symgpu's ops keep their parameters as Python attributes (__props__) and pass kernel "
