@@ -27,9 +27,10 @@ __all__ = ["PATHS", "RENAMES", "install", "resolve"]
 PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
-                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
+                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue",
+                   "symgpu.graph.theano_types"),
     "symgpu.gof.op": "symgpu.graph.op",
-    "symgpu.gof.type": ("symgpu.graph.basic",),
+    "symgpu.gof.type": ("symgpu.graph.basic", "symgpu.graph.theano_types"),
     "symgpu.gof.fg": "symgpu.graph.fg",
     "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting", "symgpu.graph.features"),
     "symgpu.gof.opt": "symgpu.graph.rewriting",
@@ -44,7 +45,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
-    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
     "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
@@ -112,6 +113,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
 #: Theano's for what users do with it; the names Theano has with no meaning here are in
 #: tools/theano_absent.py, each with its reason.
 RENAMES: dict[str, dict[str, str]] = {
+    # --- names-tensor (issue 31): Theano's base of Types without C code is our Type
+    "symgpu.gof.type": {"PureType": "symgpu.graph.basic:Type"},
     "symgpu.gpuarray.type": {
         "get_context": "symgpu.gpu.runtime.context:get_context",
         "reg_context": "symgpu.gpu.runtime.context:register_context",

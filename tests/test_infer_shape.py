@@ -1387,6 +1387,7 @@ _THEANO_OPS_CASES = {
                                                         infer_shape=_same_shape)(np.exp)(x),
                                  r(3, 2))],
     _pyops.ViewOp: [case(lambda x: _pyops.view_op(x), r(3, 2))],
+    _pyops.OutputGuard: [case(lambda x: _pyops.OutputGuard()(x * 2), r(3, 2))],
     _pyops.Rebroadcast: [case(lambda x: _pyops.Rebroadcast((0, True))(x), r(1, 4))],
     _tb.TensorFromScalar: [case(lambda x: _tb.tensor_from_scalar(x), r())],
     _tb.ScalarFromTensor: [case(lambda x: _tb.scalar_from_tensor(x), r())],
@@ -1491,3 +1492,37 @@ CASES.update(_NAMES_LIB_GPU_CASES)
 def test_names_lib_gpu_inferred_shapes(op_cls):
     for c in _NAMES_LIB_GPU_CASES[op_cls]:
         _gpu_check(op_cls, c)
+
+# Theano's documented names, names-tensor's set (issue 31)
+from symgpu.tensor import checks as _checks  # noqa: E402
+from symgpu.tensor.random import mrg_math as _mrg  # noqa: E402
+from symgpu.tensor import index_ops as _iops  # noqa: E402
+from symgpu.tensor import mpi as _mpi  # noqa: E402
+
+_NAMES_TENSOR_CASES = {
+    _checks.Assert: [case(lambda x, n: _checks.Assert("m")(x, T.gt(n, 0)), r(3, 2), i64(1))],
+    _mrg.DotModulo: [case(lambda A, s, A2, s2: _mrg.DotModulo()(A, s, np.int32(7), A2, s2,
+                                                                np.int32(11)),
+                          i64([[1, 2, 3], [4, 5, 6]]), np.array([1, 2, 3], dtype="int32"),
+                          i64([[1, 2, 3]]), np.array([4, 5, 6], dtype="int32"))],
+    _iops.CpuContiguous: [case(lambda x: _iops.cpu_contiguous(x.T), r(3, 2))],
+    # Unique: the number of unique values is known once computed (ShapeError: x.shape is
+    # read from the result; tests/test_theano_names_tensor.py checks those shapes)
+    _iops.Unique: [],
+    _iops.UnravelIndex: [case(lambda i, d: _iops.UnravelIndex(2)(i, d)[1], i64([[1, 5], [7, 0]]),
+                              i64([3, 4]))],
+    _iops.RavelMultiIndex: [case(lambda a, b, d: _iops.RavelMultiIndex()(a, b, d), i64([0, 2]),
+                                 i64([1, 3]), i64([3, 4]))],
+    _iops.Bartlett: [case(lambda m: _iops.bartlett(m), i64(6)), case(lambda m: _iops.bartlett(m), i64(-2))],
+    # the MPI ops have request outputs (Generic, no shape): tests/test_theano_names_tensor.py
+    # checks their shapes with a fake communicator
+    _mpi.MPIRecv: [], _mpi.MPIRecvWait: [], _mpi.MPISend: [], _mpi.MPISendWait: [],
+    _iops.FillDiagonalOffset: [case(lambda a, v, o: _iops.fill_diagonal_offset(a, v, o), r(3, 5),
+                                    r(), i64(1))],
+}
+CASES.update(_NAMES_TENSOR_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NAMES_TENSOR_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_theano_names_tensor(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

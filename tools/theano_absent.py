@@ -63,10 +63,6 @@ ABSENT: dict[str, str] = {
     "theano.compile.ops:register_view_op_c_code":
         "registers C code for Theano's ViewOp on a new Type for its C linker; symgpu has no "
         "per-Type C snippets to register",
-    "theano.compile.ops:OutputGuard":
-        "a node Theano's AddDestroyHandler put on outputs so in-place ops would not overwrite "
-        "them; symgpu's destroy handler never lets an in-place op write an output or input "
-        "(symgpu.graph.rewriting.destroy), with no node",
     "theano.gof.params_type":
         "ParamsType/Params pack an op's parameters into one C struct for Theano's C code; "
         "symgpu's ops keep their parameters as Python attributes (__props__) and pass kernel "
@@ -77,44 +73,6 @@ ABSENT: dict[str, str] = {
     "theano.gof.type:CDataType":
         "the type of an opaque C pointer passed between Theano's C ops; symgpu's ops pass "
         "Python objects and device pointers",
-    "theano.gof.type:CEnumType":
-        "an EnumType whose values are C constants (#define) for Theano's C ops; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumType":
-        "a Type of named C constants used as op parameters in Theano's C code; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumList":
-        "an EnumType of consecutive C constants for Theano's C op parameters; symgpu's ops "
-        "take plain Python string/int parameters",
-    # MPI point-to-point ops
-    "theano.tensor.io:MPIRecv":
-        "receives an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives in the graph (symgpu.distributed: all_reduce, broadcast, all_gather, "
-        "reduce_scatter)",
-    "theano.tensor.io:MPIRecvWait":
-        "waits on an mpi4py receive; symgpu has no MPI ops (its collectives are NCCL's, "
-        "symgpu.distributed)",
-    "theano.tensor.io:MPISend":
-        "sends an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives (symgpu.distributed)",
-    "theano.tensor.io:MPISendWait":
-        "waits on an mpi4py send; symgpu has no MPI ops (symgpu.distributed uses NCCL)",
-    "theano.tensor.io:irecv":
-        "builds an MPI non-blocking receive; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:isend":
-        "builds an MPI non-blocking send; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:recv":
-        "an MPI receive and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:send":
-        "an MPI send and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:mpi_send_wait_key":
-        "the scheduling key that orders Theano's MPI send-waits last; symgpu has no MPI ops",
-    "theano.tensor.io:mpi_tag_key":
-        "the scheduling key that orders Theano's MPI ops by tag; symgpu has no MPI ops",
     # libgpuarray / Theano GPU back-end plumbing
     "theano.gpuarray.basic_ops:GpuKernelBase":
         "the mixin by which Theano's GPU ops hand libgpuarray kernel source to its C code; "
@@ -159,16 +117,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.blas:BaseGpuCorr3dMM":
         "the 3-d im2col+GEMM base of Theano's GPU correlation back end; symgpu's GpuConv3d* "
         "choose cuDNN or their own GEMM inside one op",
-    # rng_mrg's MRG31k3p internals
-    "theano.sandbox.rng_mrg:DotModulo":
-        "MRG31k3p's modular matrix-vector product op, used to jump the MRG streams; symgpu's "
-        "MRG_RandomStreams draws from Philox counters, which jump by adding to the counter",
-    "theano.sandbox.rng_mrg:multMatVect":
-        "MRG31k3p's modular matrix-vector product (stream jumping); symgpu's streams are "
-        "Philox counters (docs/random.md)",
-    "theano.sandbox.rng_mrg:guess_n_streams":
-        "how many MRG31k3p streams to run for a draw's size on Theano's GPU; symgpu's Philox "
-        "kernels derive each element's stream from its counter, with no stream count",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in
