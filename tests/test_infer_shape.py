@@ -1493,6 +1493,7 @@ def test_names_lib_gpu_inferred_shapes(op_cls):
     for c in _NAMES_LIB_GPU_CASES[op_cls]:
         _gpu_check(op_cls, c)
 
+
 # Theano's documented names, names-tensor's set (issue 31)
 from symgpu.tensor import checks as _checks  # noqa: E402
 from symgpu.tensor.random import mrg_math as _mrg  # noqa: E402
