@@ -73,6 +73,11 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
     "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
+    # --- names-gpu (issue 31): Theano's helpers for writing GPU rewrites and kernels
+    "symgpu.gpuarray.opt_util": "symgpu.gpu.ops.rewrite_helpers",
+    "symgpu.gpuarray.kernel_codegen": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    "symgpu.gpuarray.fp16_help": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    # --- end of names-gpu's block
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
     "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),

@@ -32,16 +32,6 @@ ABSENT: dict[str, str] = {
     "theano.tensor.raw_random:RandomFunction":
         "the op that calls a NumPy RandomState's methods; symgpu draws from Philox streams "
         "(symgpu.tensor.random: PhiloxSample and the transforms built on it, docs/random.md)",
-    # libgpuarray's own kernel-writing helpers
-    "theano.gpuarray.opt_util":
-        "helpers for Theano's graph rewrites onto libgpuarray ops; symgpu's GPU placement has "
-        "its own (symgpu.gpu.placement.rewriting)",
-    "theano.gpuarray.kernel_codegen":
-        "helpers that write libgpuarray kernel source; symgpu generates its CUDA kernels with "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
-    "theano.gpuarray.fp16_help":
-        "float16 load/store helpers for libgpuarray kernel source; symgpu's kernels come from "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
     # --- names2 (issue 31): Theano internals documented by a bare `:members:` that have no
     # meaning in symgpu, each for its own reason
     # Theano's C linker: per-Type C snippets for its compiled-C ops

@@ -1,0 +1,260 @@
+"""theano.gpuarray's documented names (issue 31, helper names-gpu), each exercised as Theano's:
+rewrite helpers (opt_util) on graphs placed on a virtual GPU, the kernel-writing helpers
+(kernel_codegen, fp16_help) compiled by nvcc and run on the GPU, and GPU ops checked against
+NumPy (GPU tests marked `gpu`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from gpu_helpers import compile_for_sm90, requires_nvcc
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.basic import apply_node_rewriter
+
+
+def _ops(f_or_fgraph):
+    fg = getattr(getattr(f_or_fgraph, "maker", None), "fgraph", f_or_fgraph)
+    return [n.op for n in fg.toposort()]
+
+
+# ----------------------------------------------------------------------------- opt_util
+
+def _gemm_graph():
+    """z, x, y on the GPU and ``GpuGemm(z, 1, x, y, 0)`` (a fresh dot of x and y)."""
+    from symgpu.gpu.ops.blas import GpuGemm
+    from symgpu.gpu.placement.type import GpuArrayType
+    z, x, y = (GpuArrayType("float32", (False, False))(n) for n in "zxy")
+    one, zero = (T.constant(np.float32(v)) for v in (1, 0))
+    return (z, x, y), GpuGemm()(z, one, x, y, zero)
+
+
+def _gpu_scalar(value, nd):
+    """A float32 constant broadcast to `nd` dims, uploaded (as lifted graphs hold them)."""
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
+    return gpu_from_host(T.constant(np.full((1,) * nd, value, dtype="float32")))
+
+
+def test_grab_cpu_scalar_digs_through_transfers_and_broadcasts(vgpu):
+    from symgpu.gpuarray.opt_util import grab_cpu_scalar
+    from symgpu.gpu.placement.basic_ops import host_from_gpu
+    got = grab_cpu_scalar(_gpu_scalar(3.0, 2), nd=2)
+    assert got.ndim == 0 and float(got.data) == 3.0
+    bcast = T.constant(np.float32(2.5)).dimshuffle("x", "x")
+    assert float(grab_cpu_scalar(host_from_gpu(_gpu_scalar(1.0, 2)), 2).data) == 1.0
+    assert float(grab_cpu_scalar(bcast, 2).data) == 2.5
+    assert grab_cpu_scalar(T.fmatrix(), 2) is None                       # not a constant
+    assert grab_cpu_scalar(T.constant(np.ones((2, 2), "float32")), 2) is None   # not one value
+
+
+def test_find_node_looks_through_a_round_trip_and_counts_clients(vgpu):
+    from symgpu.gpu.ops.blas import GpuGemm
+    from symgpu.gpu.placement.basic_ops import gpu_from_host, host_from_gpu
+    from symgpu.gpuarray.opt_util import find_node
+    ins, g = _gemm_graph()
+    back = gpu_from_host(host_from_gpu(g))
+    fg = FunctionGraph(list(ins), [back * 2], clone=False)
+    assert find_node(back, GpuGemm, fgraph=fg) is g.owner
+    assert find_node(ins[0], GpuGemm, ignore_clients=True) is None     # a graph input
+    fg2 = FunctionGraph(list(ins), [back * 2, g], clone=False)          # g read twice
+    assert find_node(back, GpuGemm, fgraph=fg2) is None
+    assert find_node(back, GpuGemm, ignore_clients=True) is g.owner
+    with pytest.raises(ValueError, match="fgraph"):
+        find_node(back, GpuGemm)
+
+
+def test_is_equal_only_for_constants():
+    from symgpu.gpuarray.opt_util import is_equal
+    assert is_equal(T.constant(0.0), 0) and is_equal(T.constant(np.float32(2)), 2.0)
+    assert not is_equal(T.constant(1.0), 0) and not is_equal(T.dscalar(), 0)
+
+
+def _merged(rewriter, fg):
+    node = fg.outputs[0].owner
+    assert apply_node_rewriter(fg, node, rewriter)
+    return fg.outputs[0].owner
+
+
+@pytest.mark.parametrize("scale", [2.0, 0.0, 1.0])
+def test_alpha_merge_folds_a_constant_scale_into_gemm(vgpu, scale):
+    from symgpu.gpu.ops.blas import GpuGemm
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpuarray.opt_util import alpha_merge
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.tensor.grids import get_scalar_constant_value
+
+    @alpha_merge(GpuGemm, alpha_in=1, beta_in=4)
+    def local_gemm_alpha(node, *inputs):
+        return [GpuGemm(node.op.inplace)(*inputs)]
+
+    assert local_gemm_alpha.name == "local_gemm_alpha"
+    ins, g = _gemm_graph()
+    out = GpuElemwise(SCALAR_OPS["mul"])(_gpu_scalar(scale, 2), g)
+    fg = FunctionGraph(list(ins), [out], clone=False)
+    new = _merged(local_gemm_alpha, fg)
+    assert isinstance(new.op, GpuGemm) and new.inputs[2] is ins[1] and new.inputs[3] is ins[2]
+    alpha, beta = (float(get_scalar_constant_value(new.inputs[i])) for i in (1, 4))
+    assert (alpha, beta) == (scale, 0.0)     # 0 * alpha + scale * ... : alpha scaled, beta 0
+    # a non-constant factor, or another op, is left alone
+    other = GpuElemwise(SCALAR_OPS["mul"])(ins[0], g)
+    fg2 = FunctionGraph(list(ins), [other], clone=False)
+    assert not apply_node_rewriter(fg2, other.owner, local_gemm_alpha)
+
+
+def test_output_merge_adds_into_gemm_when_beta_is_zero(vgpu):
+    from symgpu.gpu.ops.blas import GpuGemm
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpuarray.opt_util import output_merge
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.tensor.grids import get_scalar_constant_value
+
+    @output_merge(GpuGemm, alpha_in=1, beta_in=4, out_in=0)
+    def local_gemm_output(node, *inputs):
+        return [GpuGemm(node.op.inplace)(*inputs)]
+
+    ins, g = _gemm_graph()
+    w = GpuArrayType("float32", (False, False))("w")
+    out = GpuElemwise(SCALAR_OPS["add"])(w, g)
+    fg = FunctionGraph([*ins, w], [out], clone=False)
+    new = _merged(local_gemm_output, fg)
+    assert isinstance(new.op, GpuGemm) and new.inputs[0] is w
+    assert float(get_scalar_constant_value(new.inputs[4])) == 1.0
+    # a broadcast addend (a row) would need tiling: left alone
+    row = GpuArrayType("float32", (True, False))("row")
+    ins2, g2 = _gemm_graph()
+    out2 = GpuElemwise(SCALAR_OPS["add"])(row, g2)
+    fg2 = FunctionGraph([*ins2, row], [out2], clone=False)
+    assert not apply_node_rewriter(fg2, out2.owner, local_gemm_output)
+
+
+def test_inplace_allocempty_gives_the_op_its_own_buffer(vgpu):
+    from symgpu.gpu.ops.blas import GpuAllocEmpty, GpuGemm
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpuarray.opt_util import inplace_allocempty
+
+    @inplace_allocempty(GpuGemm, 0)
+    def local_inplace_gemm(node, inputs):
+        return [GpuGemm(inplace=True)(*inputs)]
+
+    assert "inplace" in local_inplace_gemm.tags
+    x, y = (GpuArrayType("float32", (False, False))(n) for n in "xy")
+    buf = GpuAllocEmpty("float32")(T.constant(np.int64(3)), T.constant(np.int64(4)))
+    one, zero = (T.constant(np.float32(v)) for v in (1, 0))
+    g = GpuGemm()(buf, one, x, y, zero)
+    fg = FunctionGraph([x, y], [g, buf], clone=False)    # buf also read elsewhere
+    new = _merged(local_inplace_gemm, fg)
+    assert new.op == GpuGemm(inplace=True)
+    fresh = new.inputs[0]
+    assert isinstance(fresh.owner.op, GpuAllocEmpty) and fresh is not buf
+    assert not apply_node_rewriter(fg, new, local_inplace_gemm)        # already in place
+
+
+@pytest.mark.parametrize("shape, left, right, padded", [
+    ((3, 5, 7), 2, 2, (1, 3, 5, 7)), ((3, 5, 7, 9), 2, 2, (3, 5, 7, 9)),
+    ((3, 5, 7, 9, 11), 2, 2, (15, 7, 9, 11)), ((3, 5, 7, 9), 2, 3, (1, 3, 5, 7, 9))])
+def test_pad_dims_and_unpad_dims_on_the_virtual_gpu(vgpu, shape, left, right, padded):
+    """The shapes of Theano's docstring, computed by the shape machinery of the placed graph."""
+    from symgpu.gpu.placement.basic_ops import GpuReshape
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpuarray.opt_util import pad_dims, unpad_dims
+    x = GpuArrayType("float32", (False,) * len(shape))("x")
+    p = pad_dims(x, left, right)
+    assert p.ndim == left + right
+    if padded != shape:
+        assert isinstance(p.owner.op, GpuReshape)
+    f = symgpu.function([], [v for v in (p.shape, unpad_dims(p, x, left, right).shape)],
+                        givens={x: _zeros_like_gpu(shape)})
+    got_p, got_back = f()
+    assert tuple(got_p) == padded and tuple(got_back) == shape
+
+
+def _zeros_like_gpu(shape):
+    """A GPU variable of `shape` known from the host (the shapes are computed without running
+    a kernel: the vgpu context cannot run one)."""
+    from symgpu.gpu.ops.blas import GpuAllocEmpty
+    return GpuAllocEmpty("float32")(*(T.constant(np.int64(s)) for s in shape))
+
+
+def test_pad_dims_needs_the_right_dims():
+    from symgpu.gpuarray.opt_util import pad_dims
+    with pytest.raises(ValueError, match="rightdims"):
+        pad_dims(T.vector(), 2, 2)
+
+
+# ----------------------------------------------------------------------------- kernel text
+
+def test_nvcc_kernel_writes_one_kernel_with_flattened_statements():
+    from symgpu.gpuarray.kernel_codegen import nvcc_kernel
+    src = nvcc_kernel("kscale", ["float *x", "int n"],
+                      ["int i = blockIdx.x * blockDim.x + threadIdx.x",
+                       ["if (i < n) x[i] *= 2", "if (i == 0) x[0] += 0"]])
+    assert 'extern "C" __global__ void kscale(float *x, int n)' in src
+    assert "if (i < n) x[i] *= 2;\n" in src and src.rstrip().endswith("x[0] += 0;\n}")
+    assert "sg_load" in src          # the common helpers come first, as in every module
+
+
+def test_code_version_tags_a_function_and_wants_a_tuple():
+    from symgpu.gpuarray.kernel_codegen import code_version
+
+    @code_version((3, 1))
+    def render():
+        return "..."
+    assert render.code_version == (3, 1) and render() == "..."
+    with pytest.raises(TypeError, match="tuple"):
+        code_version([3])
+
+
+def test_fp16_help_names_the_work_dtype_and_conversions():
+    from symgpu.gpuarray.fp16_help import load_w, work_dtype, write_w
+    assert [work_dtype(d) for d in ("float16", "bfloat16", "float32", "int8")] == \
+        ["float32", "float32", "float32", "int8"]
+    assert (load_w("float16"), write_w("float16")) == ("__half2float", "__float2half_rn")
+    assert (load_w("float64"), write_w("float64")) == ("", "")
+    assert "%s(ival)" % load_w("float32") == "(ival)"
+
+
+def _half_kernel(dtype):
+    """A kernel (built with the helpers) that doubles an array of `dtype` in its work dtype."""
+    from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
+    from symgpu.gpuarray.fp16_help import load_w, work_dtype, write_w
+    from symgpu.gpuarray.kernel_codegen import nvcc_kernel
+    st, wt = storage_ctype(dtype), value_ctype(dtype)
+    assert (work_dtype(dtype) == "float32") == (wt == "float")
+    return nvcc_kernel(f"dbl_{dtype}", [f"{st} *x", "long long n"], [
+        "long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x",
+        "if (i >= n) return",
+        f"{wt} v = {load_w(dtype)}(x[i])",
+        f"x[i] = {write_w(dtype)}(v * 2)"])
+
+
+@requires_nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_kernel_helpers_compile_for_sm90(tmp_path, dtype):
+    assert compile_for_sm90(_half_kernel(dtype), tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_kernel_helpers_run_on_the_gpu(cuda, dtype):
+    from symgpu.gpu.runtime.array import GpuArray, to_gpu
+    from symgpu.gpu.runtime.compiler import get_prepared_kernel
+    host = np.arange(1000, dtype=dtype) / 8
+    a = to_gpu(host, cuda)
+    assert isinstance(a, GpuArray)
+    fn = get_prepared_kernel(("test_names_gpu", dtype), lambda: _half_kernel(dtype),
+                             f"dbl_{dtype}", "Pq", context=cuda)
+    cuda.activate()
+    fn.prepared_async_call((4, 1), (256, 1, 1), cuda.stream, a.ptr, host.size)
+    np.testing.assert_array_equal(a.get(), host * 2)
+
+
+# ----------------------------------------------------------------------------- type
+
+def test_gpu_supported_says_which_dtypes_live_on_the_gpu():
+    from symgpu.gpuarray.type import gpu_supported
+    assert gpu_supported(np.zeros(2, "float32")) and gpu_supported(T.bmatrix())
+    assert gpu_supported(np.zeros(2, "float16")) and gpu_supported(np.int64(3))
+    assert not gpu_supported(np.zeros(2, "complex64"))
+    assert not gpu_supported(T.zmatrix()) and not gpu_supported(np.array(["a"]))
