@@ -65,7 +65,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray": "symgpu.gpu",
     "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
-    "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
+    "symgpu.gpuarray.blas": ("symgpu.gpu.ops.blas",),                  # + RENAMES
     "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
     "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
     "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
@@ -81,7 +81,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
     "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),
-    "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
+    "symgpu.sandbox.cuda.blas": ("symgpu.gpu.ops.blas",),
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
     # --- Theano's documented module members (issue 31, helper names2): graph walking and
@@ -117,7 +117,15 @@ RENAMES: dict[str, dict[str, str]] = {
     },
     "symgpu.gpuarray.elemwise": {
         "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction
+        # the scalar ops of the table, whose CUDA rows GpuElemwise renders
+        "GpuErfinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfinv",
+        "GpuErfcinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfcinv",
     },
+    "symgpu.gpuarray.blas": {   # the correlations: our convolutions without the flip
+        n: f"symgpu.gpu.ops.theano_gpu_names:{n}" for n in (
+            "BaseGpuCorrMM", "GpuCorrMM", "GpuCorrMM_gradWeights", "GpuCorrMM_gradInputs",
+            "BaseGpuCorr3dMM", "GpuCorr3dMM", "GpuCorr3dMM_gradWeights",
+            "GpuCorr3dMM_gradInputs")},
     "symgpu.gpuarray.subtensor": {
         # the atomicAdd scatter (Theano's "dev20": compute capability 2.0 and up)
         "GpuAdvancedIncSubtensor1_dev20": "symgpu.gpu.ops.advanced:GpuAdvancedIncSubtensor1",
@@ -133,6 +141,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnConvGradI": "symgpu.gpu.ops.conv:GpuConv2dGradInputs",
         "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
+        "version": "symgpu.gpu.ops.cudnn:cudnn_version",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",

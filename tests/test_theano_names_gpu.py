@@ -258,3 +258,141 @@ def test_gpu_supported_says_which_dtypes_live_on_the_gpu():
     assert gpu_supported(np.zeros(2, "float16")) and gpu_supported(np.int64(3))
     assert not gpu_supported(np.zeros(2, "complex64"))
     assert not gpu_supported(T.zmatrix()) and not gpu_supported(np.array(["a"]))
+
+
+# ----------------------------------------------------------------------------- elemwise
+
+@pytest.mark.parametrize("name, fn", [("GpuErfinv", "erfinv"), ("GpuErfcinv", "erfcinv")])
+def test_gpu_erfinv_names_the_scalar_op_of_the_lifted_kernel(vgpu, name, fn):
+    import symgpu.gpuarray.elemwise as E
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.scalar.basic import SCALAR_OPS
+    alias = getattr(E, name)
+    x = T.fvector("x")
+    f = symgpu.function([x], getattr(T, fn)(x))
+    kernels = [op for op in _ops(f) if isinstance(op, GpuElemwise)]
+    assert len(kernels) == 1 and isinstance(kernels[0].scalar_op, alias)
+    assert alias(None, name=f"gpu_{fn}") is SCALAR_OPS[fn]
+    assert not isinstance(SCALAR_OPS["erf"], alias)
+    # the op builds kernels on the GPU: its CUDA row is the table's
+    assert f"{fn}" in SCALAR_OPS[fn].spec.cuda
+
+
+@pytest.mark.gpu
+def test_gpu_erfinv_on_the_gpu_matches_scipy(cuda):
+    import scipy.special
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpuarray.elemwise import GpuErfcinv, GpuErfinv
+    x = T.fvector("x")
+    f = symgpu.function([x], [T.erfinv(x), T.erfcinv(x + 1)])
+    assert any(isinstance(op, GpuElemwise) and isinstance(op.scalar_op, GpuErfinv)
+               for op in _ops(f))
+    assert any(isinstance(op, GpuElemwise) and isinstance(op.scalar_op, GpuErfcinv)
+               for op in _ops(f))
+    v = np.linspace(-0.99, 0.99, 101).astype("float32")
+    a, b = f(v)
+    np.testing.assert_allclose(a, scipy.special.erfinv(v), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(b, scipy.special.erfcinv(v + 1), rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- dnn.version
+
+def test_dnn_version_reports_the_loaded_cudnn_or_says_why_not(monkeypatch):
+    from symgpu.gpu.ops import cudnn as C
+    from symgpu.gpuarray.dnn import version
+
+    class Loaded:
+        version = 90100
+    monkeypatch.setattr(C, "cudnn", lambda: Loaded())
+    assert version() == 90100 and version(raises=False) == 90100
+
+    def missing():
+        raise C.CudnnError("libcudnn.so.9 not found")
+    monkeypatch.setattr(C, "cudnn", missing)
+    assert version(raises=False) == -1
+    with pytest.raises(RuntimeError, match="libcudnn.so.9 not found"):
+        version()
+
+
+@pytest.mark.gpu
+def test_dnn_version_on_the_gpu_machine(cuda):
+    from symgpu.gpu.ops.cudnn import cudnn_available
+    from symgpu.gpuarray.dnn import version
+    assert cudnn_available(), "the GPU machine has cuDNN 9"
+    assert version() >= 90000
+
+
+# ----------------------------------------------------------------------------- blas: GpuCorrMM
+
+def test_gpu_corr_mm_are_our_convolutions_without_the_flip(vgpu):
+    import symgpu.gpuarray.blas as B
+    from symgpu.gpu.ops import conv as C
+    op = B.GpuCorrMM(border_mode="half", subsample=(2, 1))
+    assert isinstance(op, C.GpuConv2d) and not op.filter_flip and op.subsample == (2, 1)
+    assert isinstance(op, B.GpuCorrMM) and isinstance(op, B.BaseGpuCorrMM)
+    assert not isinstance(op, B.GpuCorr3dMM) and not isinstance(op, B.BaseGpuCorr3dMM)
+    assert not isinstance(C.GpuConv2d(filter_flip=True), B.GpuCorrMM)   # a convolution
+    gw = B.GpuCorrMM_gradWeights(filter_dilation=(2, 2))
+    assert isinstance(gw, C.GpuConv2dGradWeights) and isinstance(gw, B.BaseGpuCorrMM)
+    assert not isinstance(gw, B.GpuCorrMM_gradInputs)
+    gi3 = B.GpuCorr3dMM_gradInputs(num_groups=2)
+    assert isinstance(gi3, C.GpuConv3dGradInputs) and isinstance(gi3, B.BaseGpuCorr3dMM)
+    assert isinstance(B.GpuCorr3dMM(), B.GpuCorr3dMM) and \
+        isinstance(B.GpuCorr3dMM_gradWeights(), C.GpuConv3dGradWeights)
+    with pytest.raises(ValueError, match="unshared"):
+        B.GpuCorrMM(unshared=True)
+    with pytest.raises(TypeError, match="base class"):
+        B.BaseGpuCorrMM()
+    # a correlation the user writes is lifted to the op Theano's class names
+    x, w = T.ftensor4("x"), T.ftensor4("w")
+    f = symgpu.function([x, w], T.nnet.conv2d(x, w, filter_flip=False))
+    assert any(isinstance(o, B.GpuCorrMM) for o in _ops(f))
+    # applied to GPU variables it makes a GPU node of the correlation's shape
+    from symgpu.gpu.placement.type import GpuArrayType
+    gx, gk = (GpuArrayType("float32", (False,) * 4)(n) for n in "xk")
+    out = op(gx, gk)
+    assert isinstance(out.owner.op, B.GpuCorrMM) and out.ndim == 4
+
+
+def _np_corr2d(x, w, pad=0, stride=1):
+    """Valid 2-d cross-correlation (NCHW, OIHW) by loops over the filter taps."""
+    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow), dtype=np.float64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out
+
+
+@pytest.mark.gpu
+def test_gpu_corr_mm_and_its_gradients_on_the_gpu(cuda):
+    import symgpu.gpuarray.blas as B
+    from symgpu.gpu.placement.basic_ops import gpu_from_host, host_from_gpu
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((2, 3, 9, 8)).astype("float32")
+    wv = rng.standard_normal((4, 3, 3, 2)).astype("float32")
+    x, w = T.ftensor4("x"), T.ftensor4("w")
+    gx, gw = gpu_from_host(x), gpu_from_host(w)
+    y = B.GpuCorrMM(border_mode=1, subsample=(2, 2))(gx, gw)
+    f = symgpu.function([x, w], host_from_gpu(y))
+    assert any(isinstance(o, B.GpuCorrMM) for o in _ops(f))
+    want = _np_corr2d(xv.astype("float64"), wv.astype("float64"), pad=1, stride=2)
+    np.testing.assert_allclose(f(xv, wv), want, rtol=1e-3, atol=1e-3)
+    # the gradients as Theano builds them (shape = the input's / the filters' spatial shape)
+    gy = T.ftensor4("gy")
+    gyv = rng.standard_normal(want.shape).astype("float32")
+    dw = B.GpuCorrMM_gradWeights(border_mode=1, subsample=(2, 2))(gx, gpu_from_host(gy),
+                                                                   (3, 2))
+    dx = B.GpuCorrMM_gradInputs(border_mode=1, subsample=(2, 2))(gw, gpu_from_host(gy),
+                                                                  (9, 8))
+    g = symgpu.function([x, w, gy], [host_from_gpu(dw), host_from_gpu(dx)])
+    conv = T.nnet.conv2d(x, w, border_mode=1, subsample=(2, 2), filter_flip=False)
+    ref = symgpu.function([x, w, gy], T.grad((conv * gy).sum(), [w, x]))
+    got_w, got_x = g(xv, wv, gyv)
+    want_w, want_x = ref(xv, wv, gyv)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(got_x, want_x, rtol=1e-3, atol=1e-3)

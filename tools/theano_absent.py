@@ -124,9 +124,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.elemwise:GpuCAReduceCPY":
         "libgpuarray's generic Python-generated reduction, Theano's fallback beside "
         "GpuCAReduceCuda; symgpu has one GPU reduction op (GpuCAReduce) with its own kernels",
-    "theano.gpuarray.dnn:version":
-        "the version of the cuDNN that Theano's C code was compiled against; symgpu loads "
-        "cuDNN through ctypes at run time (symgpu.gpu.ops.cudnn.cudnn_available)",
     "theano.gpuarray.dnn:DnnBase":
         "the base class giving Theano's cuDNN ops their C handle and headers; symgpu's ops "
         "call cuDNN through ctypes (symgpu.gpu.ops.cudnn)",
@@ -142,13 +139,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnSoftmaxBase":
         "the abstract base of Theano's cuDNN softmax ops (C code plumbing); symgpu's GPU "
         "softmax is its own row kernel (symgpu.gpu.ops.softmax_rows)",
-    "theano.gpuarray.blas:BaseGpuCorrMM":
-        "the base of Theano's im2col+GEMM correlation ops, one of the GPU convolution back "
-        "ends picked by its dnn.conv flags; symgpu has one GPU op per role (GpuConv2d*), whose "
-        "cuDNN call falls back to its own im2col+GEMM (symgpu.gpu.ops.conv_gemm) inside",
-    "theano.gpuarray.blas:BaseGpuCorr3dMM":
-        "the 3-d im2col+GEMM base of Theano's GPU correlation back end; symgpu's GpuConv3d* "
-        "choose cuDNN or their own GEMM inside one op",
     # rng_mrg's MRG31k3p internals
     "theano.sandbox.rng_mrg:DotModulo":
         "MRG31k3p's modular matrix-vector product op, used to jump the MRG streams; symgpu's "
@@ -191,24 +181,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:RNNBlock":
         "cuDNN's fused RNN/LSTM/GRU layers; symgpu's recurrences are scan loops (GPU scan "
         "ops), with no cuDNN RNN binding",
-    "theano.gpuarray.blas:GpuCorrMM":
-        "Theano's im2col + GEMM correlation op; in symgpu that path is inside GpuConv2d "
-        "(conv_gemm.py), chosen when cuDNN does not load, not an op of its own",
-    "theano.gpuarray.blas:GpuCorrMM_gradInputs":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradInputs "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorrMM_gradWeights":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradWeights "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorr3dMM":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3d runs on cuDNN, with no separate "
-        "GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradInputs":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradInputs runs on cuDNN, with no "
-        "separate GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradWeights":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradWeights runs on cuDNN, with no "
-        "separate GEMM correlation op",
     "theano.gpuarray.type:GpuContextType":
         "the Type of a GPU context passed as a graph input to Theano's C ops; symgpu's GPU "
         "ops hold their context name as a property and look the context up when they run",
