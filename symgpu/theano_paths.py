@@ -114,6 +114,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuJoin": "symgpu.gpu.ops.subtensor:GpuJoin",
         "GpuAllocEmpty": "symgpu.gpu.ops.blas:GpuAllocEmpty",
         "infer_context_name": "symgpu.gpu.ops.theano_dnn:infer_context_name",
+        **{n: f"symgpu.gpu.ops.constructors:{n}" for n in ("GpuEye", "GpuTri", "GpuSplit")},
     },
     "symgpu.gpuarray.elemwise": {
         "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction

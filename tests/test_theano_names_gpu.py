@@ -396,3 +396,116 @@ def test_gpu_corr_mm_and_its_gradients_on_the_gpu(cuda):
     want_w, want_x = ref(xv, wv, gyv)
     np.testing.assert_allclose(got_w, want_w, rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(got_x, want_x, rtol=1e-3, atol=1e-3)
+
+
+# ----------------------------------------------------------------------------- basic_ops
+
+def test_eye_and_split_are_lifted_to_gpu_eye_and_gpu_split(vgpu):
+    from symgpu.gpuarray.basic_ops import GpuEye, GpuSplit
+    x, n = T.fmatrix("x"), T.iscalar("n")
+    f = symgpu.function([x, n], [T.eye(n, 4, 1, dtype="float32") * 2,
+                                 *(p * 2 for p in T.split(x, [1, 2], 2, axis=1))])
+    ops = _ops(f)
+    assert GpuEye("float32") in ops
+    assert any(isinstance(o, GpuSplit) and o.len_splits == 2 for o in ops)
+    assert not any(type(o).__name__ in ("Eye", "Split") for o in ops)
+
+
+def test_gpu_eye_tri_split_build_gpu_nodes_with_theanos_signatures(vgpu):
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpuarray.basic_ops import GpuEye, GpuSplit, GpuTri
+    e = GpuEye(dtype="int32")(3, 5, -1)
+    t = GpuTri()(4, 4, 0)          # dtype floatX (float32 here)
+    assert e.type == GpuArrayType("int32", (False, False)) and t.dtype == "float32"
+    assert GpuEye() == GpuEye("float32", None) and GpuTri("int64") != GpuEye("int64")
+    with pytest.raises(TypeError, match="integer scalar"):
+        GpuTri()(T.fscalar(), 3, 0)
+    with pytest.raises(TypeError, match="complex64"):
+        GpuEye("complex64")
+    g = GpuArrayType("float32", (False, True, False))("g")
+    parts = GpuSplit(3)(g, 0, T.lvector())
+    # the host Split's output types (no dim known broadcastable: a piece may be empty)
+    assert len(parts) == 3 and all(p.type == g.type.clone(broadcastable=(False,) * 3)
+                                   for p in parts)
+    assert GpuSplit(3).view_map == {0: [0], 1: [0], 2: [0]}
+    with pytest.raises(TypeError, match="GPU variable"):
+        GpuSplit(2)(T.fmatrix(), 0, T.lvector())
+
+
+@requires_nvcc
+def test_gpu_eye_and_tri_kernels_compile_for_sm90(tmp_path):
+    from symgpu.gpu.ops.constructors import BAND_DTYPES, constructors_source
+    src = constructors_source()
+    assert all(f"eye_{d}" in src and f"tri_{d}" in src for d in BAND_DTYPES)
+    assert compile_for_sm90(src, tmp_path)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64", "bool"])
+def test_gpu_eye_and_tri_on_the_gpu(cuda, dtype):
+    from symgpu.gpu.placement.basic_ops import host_from_gpu
+    from symgpu.gpu.runtime.array import GpuArray
+    from symgpu.gpuarray.basic_ops import GpuEye, GpuTri
+    n, m, k = T.lscalars("n", "m", "k")
+    e, t = GpuEye(dtype)(n, m, k), GpuTri(dtype)(n, m, k)
+    f = symgpu.function([n, m, k], [e, t])
+    assert GpuEye(dtype) in _ops(f) and GpuTri(dtype) in _ops(f)
+    for shape in [(3, 5, 0), (5, 3, -1), (4, 4, 2), (0, 3, 0), (70, 90, 5)]:
+        got_e, got_t = f(*shape)
+        assert isinstance(got_e, GpuArray)
+        np.testing.assert_array_equal(got_e.get(), np.eye(*shape, dtype=dtype))
+        np.testing.assert_array_equal(got_t.get(), np.tri(*shape, dtype=dtype))
+    with pytest.raises(ValueError, match="negative"):
+        symgpu.function([n, m, k], host_from_gpu(e))(-1, 2, 0)
+
+
+@pytest.mark.gpu
+def test_gpu_split_on_the_gpu_gives_views_and_gradients(cuda):
+    from symgpu.gpuarray.basic_ops import GpuSplit
+    x = T.fmatrix("x")
+    sizes = T.lvector("sizes")
+    parts = T.split(x, sizes, 3, axis=1)
+    f = symgpu.function([x, sizes], [p * 1 for p in parts])
+    assert any(isinstance(o, GpuSplit) for o in _ops(f))
+    v = np.arange(24, dtype="float32").reshape(3, 8)
+    for got, want in zip(f(v, np.array([2, 5, 1])), np.split(v, [2, 7], axis=1)):
+        np.testing.assert_array_equal(np.asarray(got), want)
+    with pytest.raises(ValueError, match="add up"):
+        f(v, np.array([2, 2, 2]))
+    cost = (parts[0].sum() * 2 + (parts[2] ** 2).sum())
+    g = symgpu.function([x, sizes], T.grad(cost, x))
+    want = np.zeros_like(v)
+    want[:, :2] = 2
+    want[:, 7:] = 2 * v[:, 7:]
+    np.testing.assert_allclose(np.asarray(g(v, np.array([2, 5, 1]))), want)
+
+
+# ----------------------------------------------------------------------------- subtensor
+
+def test_check_and_convert_boolean_masks_as_theano():
+    from symgpu.gpuarray.subtensor import check_and_convert_boolean_masks
+    x = np.zeros((3, 4, 5))
+    mask = np.array([[True, False, True, False]] * 3)
+    out = check_and_convert_boolean_masks(x, [mask, slice(None)])
+    assert len(out) == 3 and out[2] == slice(None)
+    np.testing.assert_array_equal(x[tuple(out)], x[mask, :])
+    out = check_and_convert_boolean_masks(x, [np.newaxis, 1, np.array([0, 2]),
+                                              np.array([True] * 5)])
+    assert out[0] is np.newaxis and out[1] == 1 and len(out) == 4
+    np.testing.assert_array_equal(out[3], np.arange(5))
+    with pytest.raises(IndexError, match="dimension 1; dimension is 4 but corresponding "
+                                         "boolean dimension is 3"):
+        check_and_convert_boolean_masks(x, [slice(None), np.ones(3, bool)])
+
+
+def test_gpu_split_gradient_is_a_gpu_join(vgpu):
+    from symgpu.gpu.ops.subtensor import GpuJoin
+    from symgpu.gpu.placement.basic_ops import host_from_gpu
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpuarray.basic_ops import GpuSplit
+    g = GpuArrayType("float32", (False, False))("g")
+    a, _ = GpuSplit(2)(g, 1, T.constant(np.array([1, 2])))
+    dg = T.grad(host_from_gpu(a).sum() * 2, g)     # the second piece has no gradient
+    assert dg.type == g.type
+    f = symgpu.function([g], dg)
+    assert any(isinstance(o, GpuJoin) for o in _ops(f))
