@@ -27,7 +27,7 @@ DOCUMENTED_MODULES = 74
 
 #: this issue's figures when the members of the bare `:members:` modules were first counted
 #: (before them: 98.6% present, 100% covered); they may rise, not fall (raise them then)
-PRESENT_FLOOR = 86.5        # per cent of this documented names present (was 81.7)
+PRESENT_FLOOR = 86.6        # per cent of this documented names present (was 81.7)
 COVERAGE_FLOOR = 94.4       # per cent present or deliberately absent (was 92.7)
 
 

@@ -509,3 +509,22 @@ def test_gpu_split_gradient_is_a_gpu_join(vgpu):
     assert dg.type == g.type
     f = symgpu.function([g], dg)
     assert any(isinstance(o, GpuJoin) for o in _ops(f))
+
+
+# ----------------------------------------------------------------------------- elemwise limit
+
+def test_max_inputs_to_gpu_elemwise_bounds_the_fused_kernels(vgpu):
+    from functools import reduce
+    from symgpu.gpu.ops.elemwise import GpuElemwise, KERNEL_PARAM_BYTES
+    from symgpu.gpuarray.elemwise import max_inputs_to_GpuElemwise
+    xs = [T.fmatrix(f"x{i}") for i in range(70)]
+    f = symgpu.function(xs, reduce(lambda a, b: a * 2 + b, xs))
+    kernels = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuElemwise)]
+    assert len(kernels) >= 2           # 70 inputs do not fit one kernel
+    cap = max_inputs_to_GpuElemwise(kernels[0])
+    assert cap == max_inputs_to_GpuElemwise(kernels[0].outputs) == 64
+    assert all(len(n.inputs) <= max_inputs_to_GpuElemwise(n) for n in kernels)
+    assert max(len(n.inputs) for n in kernels) > 32           # and the fusion fills them
+    # the parameter space bounds it where operands are many-dimensional
+    wide = [T.TensorType("float32", (False,) * 300)()]
+    assert max_inputs_to_GpuElemwise(wide) == (KERNEL_PARAM_BYTES - 2 * 2408) // 2408

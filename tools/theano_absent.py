@@ -118,9 +118,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.elemwise:SupportCodeError":
         "raised when a scalar op's C support code cannot go into a libgpuarray kernel; "
         "symgpu's kernel code generator renders every scalar op it lifts",
-    "theano.gpuarray.elemwise:max_inputs_to_GpuElemwise":
-        "the cap on a fused kernel's inputs from libgpuarray's kernel-parameter size; "
-        "symgpu's fusion has its own limit (symgpu.tensor.rewriting.elemwise.MAX_FUSED_INPUTS)",
     "theano.gpuarray.elemwise:GpuCAReduceCPY":
         "libgpuarray's generic Python-generated reduction, Theano's fallback beside "
         "GpuCAReduceCuda; symgpu has one GPU reduction op (GpuCAReduce) with its own kernels",
