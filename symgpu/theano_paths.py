@@ -66,7 +66,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray": "symgpu.gpu",
     "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
-    "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
+    "symgpu.gpuarray.blas": ("symgpu.gpu.ops.blas",),                  # + RENAMES
     "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
     "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
     "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
@@ -74,10 +74,15 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
     "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
+    # --- names-gpu (issue 31): Theano's helpers for writing GPU rewrites and kernels
+    "symgpu.gpuarray.opt_util": "symgpu.gpu.ops.rewrite_helpers",
+    "symgpu.gpuarray.kernel_codegen": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    "symgpu.gpuarray.fp16_help": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    # --- end of names-gpu's block
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
     "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),
-    "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
+    "symgpu.sandbox.cuda.blas": ("symgpu.gpu.ops.blas",),
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
     # --- Theano's documented module members (issue 31, helper names2): graph walking and
@@ -124,10 +129,19 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuJoin": "symgpu.gpu.ops.subtensor:GpuJoin",
         "GpuAllocEmpty": "symgpu.gpu.ops.blas:GpuAllocEmpty",
         "infer_context_name": "symgpu.gpu.ops.theano_dnn:infer_context_name",
+        **{n: f"symgpu.gpu.ops.constructors:{n}" for n in ("GpuEye", "GpuTri", "GpuSplit")},
     },
     "symgpu.gpuarray.elemwise": {
         "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction
+        # the scalar ops of the table, whose CUDA rows GpuElemwise renders
+        "GpuErfinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfinv",
+        "GpuErfcinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfcinv",
     },
+    "symgpu.gpuarray.blas": {   # the correlations: our convolutions without the flip
+        n: f"symgpu.gpu.ops.theano_gpu_names:{n}" for n in (
+            "BaseGpuCorrMM", "GpuCorrMM", "GpuCorrMM_gradWeights", "GpuCorrMM_gradInputs",
+            "BaseGpuCorr3dMM", "GpuCorr3dMM", "GpuCorr3dMM_gradWeights",
+            "GpuCorr3dMM_gradInputs")},
     "symgpu.gpuarray.subtensor": {
         # the atomicAdd scatter (Theano's "dev20": compute capability 2.0 and up)
         "GpuAdvancedIncSubtensor1_dev20": "symgpu.gpu.ops.advanced:GpuAdvancedIncSubtensor1",
@@ -143,6 +157,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnConvGradI": "symgpu.gpu.ops.conv:GpuConv2dGradInputs",
         "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
+        "version": "symgpu.gpu.ops.cudnn:cudnn_version",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",

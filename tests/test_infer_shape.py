@@ -1527,3 +1527,25 @@ CASES.update(_NAMES_TENSOR_CASES)
 @pytest.mark.parametrize("op_cls", list(_NAMES_TENSOR_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_theano_names_tensor(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --- names-gpu (issue 31): Theano's GpuEye, GpuTri, GpuSplit ---------------------------------
+from symgpu.gpu.ops import constructors as _gcons  # noqa: E402
+
+_NAMES_GPU_CASES = {
+    _gcons.GpuEye: [gcase(lambda n, m, k: _gcons.GpuEye("float64")(n, m, k),
+                          lambda n, m, k: T.eye(n, m, k, dtype="float64"), "hhh",
+                          i64(3), i64(5), i64(1))],
+    _gcons.GpuTri: [gcase(lambda n, m, k: _gcons.GpuTri("float64")(n, m, k),
+                          lambda n, m, k: T.tri(n, m, k, dtype="float64"), "hhh",
+                          i64(4), i64(2), i64(0))],
+    _gcons.GpuSplit: [gcase(lambda x, a, s: _gcons.GpuSplit(2)(x, a, s)[0],
+                            lambda x, a, s: _tb.Split(2)(x, a, s)[0], "ghh",
+                            r(5, 3), i64(0), i64([2, 3]))],
+}
+CASES.update(_NAMES_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NAMES_GPU_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_names_gpu(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -32,16 +32,6 @@ ABSENT: dict[str, str] = {
     "theano.tensor.raw_random:RandomFunction":
         "the op that calls a NumPy RandomState's methods; symgpu draws from Philox streams "
         "(symgpu.tensor.random: PhiloxSample and the transforms built on it, docs/random.md)",
-    # libgpuarray's own kernel-writing helpers
-    "theano.gpuarray.opt_util":
-        "helpers for Theano's graph rewrites onto libgpuarray ops; symgpu's GPU placement has "
-        "its own (symgpu.gpu.placement.rewriting)",
-    "theano.gpuarray.kernel_codegen":
-        "helpers that write libgpuarray kernel source; symgpu generates its CUDA kernels with "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
-    "theano.gpuarray.fp16_help":
-        "float16 load/store helpers for libgpuarray kernel source; symgpu's kernels come from "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
     # --- names2 (issue 31): Theano internals documented by a bare `:members:` that have no
     # meaning in symgpu, each for its own reason
     # Theano's C linker: per-Type C snippets for its compiled-C ops
@@ -86,15 +76,9 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.elemwise:SupportCodeError":
         "raised when a scalar op's C support code cannot go into a libgpuarray kernel; "
         "symgpu's kernel code generator renders every scalar op it lifts",
-    "theano.gpuarray.elemwise:max_inputs_to_GpuElemwise":
-        "the cap on a fused kernel's inputs from libgpuarray's kernel-parameter size; "
-        "symgpu's fusion has its own limit (symgpu.tensor.rewriting.elemwise.MAX_FUSED_INPUTS)",
     "theano.gpuarray.elemwise:GpuCAReduceCPY":
         "libgpuarray's generic Python-generated reduction, Theano's fallback beside "
         "GpuCAReduceCuda; symgpu has one GPU reduction op (GpuCAReduce) with its own kernels",
-    "theano.gpuarray.dnn:version":
-        "the version of the cuDNN that Theano's C code was compiled against; symgpu loads "
-        "cuDNN through ctypes at run time (symgpu.gpu.ops.cudnn.cudnn_available)",
     "theano.gpuarray.dnn:DnnBase":
         "the base class giving Theano's cuDNN ops their C handle and headers; symgpu's ops "
         "call cuDNN through ctypes (symgpu.gpu.ops.cudnn)",
@@ -110,13 +94,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnSoftmaxBase":
         "the abstract base of Theano's cuDNN softmax ops (C code plumbing); symgpu's GPU "
         "softmax is its own row kernel (symgpu.gpu.ops.softmax_rows)",
-    "theano.gpuarray.blas:BaseGpuCorrMM":
-        "the base of Theano's im2col+GEMM correlation ops, one of the GPU convolution back "
-        "ends picked by its dnn.conv flags; symgpu has one GPU op per role (GpuConv2d*), whose "
-        "cuDNN call falls back to its own im2col+GEMM (symgpu.gpu.ops.conv_gemm) inside",
-    "theano.gpuarray.blas:BaseGpuCorr3dMM":
-        "the 3-d im2col+GEMM base of Theano's GPU correlation back end; symgpu's GpuConv3d* "
-        "choose cuDNN or their own GEMM inside one op",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in
@@ -149,24 +126,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:RNNBlock":
         "cuDNN's fused RNN/LSTM/GRU layers; symgpu's recurrences are scan loops (GPU scan "
         "ops), with no cuDNN RNN binding",
-    "theano.gpuarray.blas:GpuCorrMM":
-        "Theano's im2col + GEMM correlation op; in symgpu that path is inside GpuConv2d "
-        "(conv_gemm.py), chosen when cuDNN does not load, not an op of its own",
-    "theano.gpuarray.blas:GpuCorrMM_gradInputs":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradInputs "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorrMM_gradWeights":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradWeights "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorr3dMM":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3d runs on cuDNN, with no separate "
-        "GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradInputs":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradInputs runs on cuDNN, with no "
-        "separate GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradWeights":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradWeights runs on cuDNN, with no "
-        "separate GEMM correlation op",
     "theano.gpuarray.type:GpuContextType":
         "the Type of a GPU context passed as a graph input to Theano's C ops; symgpu's GPU "
         "ops hold their context name as a property and look the context up when they run",

@@ -119,3 +119,4 @@ import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFF
 import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
 import symgpu.gpu.ops.collectives  # noqa: E402,F401  (NCCL collectives, the distributed nccl backend)
 import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)
+import symgpu.gpu.ops.constructors  # noqa: E402,F401  (Eye -> GpuEye, Split -> GpuSplit; GpuTri)
