@@ -357,6 +357,8 @@ def test_a_data_parallel_step_through_real_nccl_equals_the_one_stream_step(cuda,
                 assert all(type(p.get_value(borrow=True, return_internal_type=True)).__name__
                            == "GpuArray" for p in params)
                 costs = [float(f(x, y)) for x, y in zip(xs, ys)]  # plain, capture, replays
+                st = f.vm.runner.stats()
+                assert st["captures"] >= 1 and st["replays"] >= 1, st
                 results[on] = (costs, [p.get_value() for p in params])
                 comm_handle = cuda.comm.handle if on else None
                 assert streams and set(streams) == {comm_handle}, streams
