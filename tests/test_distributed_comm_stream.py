@@ -370,3 +370,22 @@ def test_a_data_parallel_step_through_real_nccl_equals_the_one_stream_step(cuda,
         assert int(comm.counters[1]) >= 8 and comm.error is None     # NCCL really ran
     finally:
         comm.close()
+
+
+def test_gpu_parameters_gradients_are_reduced_in_their_own_type(vgpu):
+    # T.grad of a GPU parameter is a GPU variable (HostFromGpu's gradient uploads): the
+    # reduced gradient replacing it in the updates must be one too
+    from symgpu.gpu.ops.collectives import GpuAllReduce
+    from symgpu.gpu.ops.comm_join import GpuCommJoin
+    from symgpu.gpu.placement.type import GpuArrayType
+    W = GpuArrayType("float32", (False, False), None)("W")
+    x = T.fmatrix("x")
+    cost = (T.dot(x, W.transfer("cpu")) ** 2).sum()
+    (g,) = T.grad(cost, [W])
+    assert isinstance(g.type, GpuArrayType)
+    (new,) = [v for _, v in dist.data_parallel([(W, W - 0.1 * g)], grads=[g],
+                                                params=[np.zeros((3, 2), "float32")],
+                                                group="self")]
+    f = function([x, W], new)
+    kinds = [type(n.op) for n in f.maker.fgraph.apply_nodes]
+    assert GpuAllReduce in kinds and GpuCommJoin in kinds

@@ -101,6 +101,7 @@ def data_parallel(grads_or_updates: Any, grads: Sequence[Variable] | None = None
 
 def _reduced(grads: list[Variable], params: Sequence[Any] | None, bucket_bytes: int, op: str,
              group: str) -> list[Variable]:
+    given = list(grads)
     grads = [as_tensor_variable(g) for g in grads]
     if params is not None and len(params) != len(grads):
         raise ValueError(f"data_parallel: {len(params)} params for {len(grads)} gradients")
@@ -108,7 +109,11 @@ def _reduced(grads: list[Variable], params: Sequence[Any] | None, bucket_bytes: 
     out: list[Variable | None] = [None] * len(grads)
     for bucket in plan_buckets(grads, sizes, bucket_bytes):
         for i, r in zip(bucket, _reduce_bucket([grads[i] for i in bucket], op, group)):
-            out[i] = r
+            # the type of the gradient it replaces: a GPU parameter's gradient is a GPU
+            # variable, read on the host through HostFromGpu by the collectives' host ops
+            # (lifted back to the GPU with them), and uploaded again here
+            same = r if r.type == given[i].type else given[i].type.convert_variable(r)
+            out[i] = r if same is None else same
     return out   # type: ignore[return-value]
 
 
