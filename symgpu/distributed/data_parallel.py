@@ -6,9 +6,9 @@ expression: the gradients flattened and concatenated, one AllReduce, then slices
 back, all of which the GPU pass lifts (the all-reduce to NCCL).  Buckets are filled in reverse
 parameter order, the order a backward pass produces gradients (last layer first), so the
 first bucket depends only on the last layers' gradients and its collective can run while
-earlier layers' gradients are still being computed: the VM runs each node once its inputs
-are computed, in the graph's order (one stream on the GPU: the overlap is in the queue, not
-yet on a second stream).
+earlier layers' gradients are still being computed: on the GPU each all-reduce runs on the
+context's communication stream, started right after its bucket's gradients and joined back
+right before its slices are read (symgpu/gpu/runtime/comm_stream.py, symgpu/link/order.py).
 """
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 GpuReduceScatter (lifted from symgpu.distributed's host ops), the NCCL communicator (the
 ``nccl`` backend of ``symgpu.distributed.init``) and its watchdog.
 
-Each thunk enqueues one NCCL call on the context's stream, with no host synchronisation, so a
-step's CUDA graph captures it (NCCL calls on a capturing stream are recorded as graph nodes).
+Each thunk enqueues one NCCL call, with no host synchronisation, so a step's CUDA graph
+captures it (NCCL calls on a capturing stream are recorded as graph nodes): on the context's
+communication stream, forked off the compute stream and joined back by the GpuCommJoin that
+reads the result (ops/comm_join.py, runtime/comm_stream.py), or, without a join, on the
+compute stream.
 Around the call two one-thread kernels (codegen/nccl_watch.cu) count collectives started and
 finished in mapped host memory.  A watchdog thread per communicator polls
 ``ncclCommGetAsyncError`` and those counters: on an NCCL error (a peer's connection closed) or
