@@ -43,6 +43,30 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
+def _ancestor_masks(early: list[int], parents: list[list[int]], n: int) -> dict[int, int]:
+    """The ancestors of each early node as a bit mask (bit j: node j), by a walk up from it
+    that stops at early nodes already done (their masks are or-ed in): memory in the early
+    nodes only, time in the nodes walked (a chain of collectives walks each node once)."""
+    masks: dict[int, int] = {}
+    for i in sorted(early):          # an early ancestor has a smaller index: done first
+        bits = bytearray((n + 7) // 8)
+        extra = 0
+        seen = set(parents[i])
+        stack = list(seen)
+        while stack:
+            j = stack.pop()
+            bits[j >> 3] |= 1 << (j & 7)
+            if j in masks:
+                extra |= masks[j]
+                continue
+            for p in parents[j]:
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        masks[i] = int.from_bytes(bits, "little") | extra
+    return masks
+
+
 def hinted_order(nodes: Sequence[Apply]) -> list[Apply]:
     """``nodes`` (a topological order) with early nodes moved up and late nodes moved down
     (see the module's docstring); the same list when no node has a hint."""
@@ -59,12 +83,7 @@ def hinted_order(nodes: Sequence[Apply]) -> list[Apply]:
     placed_mask = 0
     early = [i for i, h in enumerate(hints) if h == "early"]
     if early:
-        ancestors = [0] * n
-        for i in range(n):
-            m = 0
-            for p in parents[i]:
-                m |= ancestors[p] | (1 << p)
-            ancestors[i] = m
+        ancestors = _ancestor_masks(early, parents, n)
         remaining = list(early)
         while remaining:
             best = min(remaining, key=lambda i: ((ancestors[i] & ~placed_mask).bit_count(), i))
