@@ -389,3 +389,48 @@ def test_gpu_parameters_gradients_are_reduced_in_their_own_type(vgpu):
     f = function([x, W], new)
     kinds = [type(n.op) for n in f.maker.fgraph.apply_nodes]
     assert GpuAllReduce in kinds and GpuCommJoin in kinds
+
+
+def test_a_join_in_a_later_segment_is_joined_at_the_end_of_the_forks_capture(fake_world):
+    # w + 1 goes to the host and back (plain steps) before the sum that reads the
+    # all-reduce.  The runner's plan puts the join with the collective, before the host
+    # work (a capture must join its forks anyway); a plan with the join in the second
+    # segment has the first capture join the fork itself (comm_stream.join_pending)
+    from graph_fakes import FakeScalarUp, FakeToHost
+    from symgpu.gpu.exec import graphs
+    from symgpu.gpu.ops.collectives import GpuAllReduce
+    from symgpu.gpu.ops.comm_join import GpuCommJoin, gpu_comm_joins
+    ctx, log = fake_world
+    x, w = gvec(), gvec()
+    s = FakeToHost()(add1()(w)).sum()
+    z = FakeElemwise("add", np.add)(GpuAllReduce("sum", "world")(x), FakeScalarUp(6)(s))
+    fg = FunctionGraph([x, w], [z], clone=False)
+    fg.update_mapping = {}
+    assert gpu_comm_joins(fg) == 1
+    xv, wv = upload(ctx, np.arange(6.0)), upload(ctx, np.full(6, 3.0))
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [xv], w: [wv]}, allow_gc=True)
+    at = {type(n.op).__name__: i for i, n in enumerate(vm.nodes)}
+    segments = [{i for i, _, _ in seg.items} for seg in vm.runner.segments]
+    assert at["GpuCommJoin"] in segments[0] and at["GpuAllReduce"] in segments[0]
+    want = np.arange(6.0) + 24
+    plans = [None, [("segment", [at["GpuAllReduce"], at["FakeKernelOp"]]),
+                    ("plain", [at["FakeToHost"]]), ("plain", [at["CAReduce"]]),
+                    ("segment", [at["FakeScalarUp"], at["GpuCommJoin"], at["FakeElemwise"]])]]
+    for plan in plans:
+        if plan is not None:
+            vm.runner = graphs.Runner(vm, plan, ctx)
+        del log[:]
+        for _ in range(5):
+            np.testing.assert_array_equal(read(call(vm, [z])[0]), want)
+            assert ctx.comm.pending == []
+        st = vm.runner.stats()
+        assert st["captures"] == 2 and st["replays"] >= 2, st
+        begins = [i for i, e in enumerate(log) if e[0] == "begin"]
+        captures = [log[b:next(i for i in range(b, len(log)) if log[i][0] == "end")]
+                    for b in begins]
+        for inside in captures:    # every fork of a capture is joined before it ends
+            forks = [t for t in inside if t[0] == "wait" and t[1] == COMM]
+            joins = [t for t in inside if t[0] == "wait" and t[1] == COMPUTE]
+            assert len(forks) == len(joins), inside
+        assert sum(("wait", COMPUTE, 102, True) in c for c in captures) == 1
