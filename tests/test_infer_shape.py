@@ -1549,3 +1549,18 @@ CASES.update(_NAMES_GPU_CASES)
 @pytest.mark.parametrize("op_cls", list(_NAMES_GPU_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_names_gpu(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- the join of a collective's stream (issue 35)
+from symgpu.gpu.ops import comm_join as _cjoin  # noqa: E402
+
+_COMM_JOIN_CASES = {
+    _cjoin.GpuCommJoin: [gcase(lambda x: _cjoin.comm_join(_coll.GpuAllReduce("sum", "self")(x)),
+                               lambda x: x * 1, "g", r(3, 2, dtype="float32"))],
+}
+CASES.update(_COMM_JOIN_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_COMM_JOIN_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_comm_join(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -29,6 +29,7 @@ from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRA
                                             results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, new_array
+from symgpu.gpu.runtime.comm_stream import join_pending
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
 from symgpu.gpu.runtime.libcuda import driver_errors
@@ -444,6 +445,9 @@ class Segment:
         sink: list = []
         try:
             ctx.activate()
+            # a fork still pending (a plain run's, joined in a later step) is joined before
+            # the capture: a capture never waits on an event recorded outside it
+            join_pending(ctx)
             pool.begin_sink(sink, drv.relaxed)
             began = False
             try:
@@ -480,6 +484,10 @@ class Segment:
             for t in self.param_thunks:
                 t.param_slot = None
             try:
+                try:   # every fork of the capture joins the capturing stream (CUDA requires it)
+                    join_pending(ctx)
+                except BaseException as exc:  # noqa: B902 (the capture must end all the same)
+                    err = err or exc
                 graph, end_err = drv.end(stream)
             finally:
                 pool.end_sink()
