@@ -28,7 +28,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
                    "symgpu.graph.rewriting", "symgpu.graph.sharedvalue",
-                   "symgpu.graph.theano_types"),
+                   "symgpu.graph.theano_types", "symgpu.graph.params_type"),
+    "symgpu.gof.params_type": "symgpu.graph.params_type",
     "symgpu.gof.op": "symgpu.graph.op",
     "symgpu.gof.type": ("symgpu.graph.basic", "symgpu.graph.theano_types"),
     "symgpu.gof.fg": "symgpu.graph.fg",
@@ -48,7 +49,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
-    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
+    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops",
+                                  "symgpu.tensor.random.numpy_state"),
     "symgpu.tensor.var": "symgpu.tensor.type",
     # Theano's test package: only its documented breakpoint op, a debugging tool
     "symgpu.tests": ("symgpu.misc.breakpoint",),  # a package, so that the path below resolves

@@ -1,0 +1,171 @@
+"""Behaviour of the last Theano names issue 31 made present (helper names-rest): gof.params_type,
+raw_random's NumPy RandomState op, tensor.opt's merge_two_slices and Canonizer, and the GPU op
+names of gpuarray.dnn / nnet / subtensor / neighbours. Each is reached through Theano's path
+(``import theano`` aliased to symgpu) and checked against NumPy or Theano's documented
+behaviour."""
+from __future__ import annotations
+
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+import symgpu
+from symgpu import tensor as T
+from symgpu.compile.function import function
+
+
+def S(dtype: str) -> T.TensorType:
+    """A 0-d tensor type (Theano's ``Scalar`` fields of a ParamsType)."""
+    return T.TensorType(dtype, ())
+
+
+@pytest.fixture(scope="module")
+def theano():
+    saved = sys.modules.get("theano")
+    sys.modules["theano"] = symgpu
+    import theano as th
+    yield th
+    if saved is None:
+        sys.modules.pop("theano", None)
+    else:
+        sys.modules["theano"] = saved
+
+
+# ----------------------------------------------------------------------- gof.params_type
+
+def test_params_type_bundles_typed_fields(theano):
+    from theano.gof.params_type import Params, ParamsType
+    from theano.gof import ParamsType as P2
+    assert P2 is ParamsType
+    pt = ParamsType(b=T.TensorType("float64", (False, False)), a=S("int32"))
+    assert pt.fields == ("a", "b") and pt.length == 2
+    assert pt.get_type("a") == S("int32") and pt.get_field(S("int32")) == "a"
+    assert pt.has_type(S("int32")) and not pt.has_type(S("float32"))
+
+    class Holder:
+        a = 10
+        b = [[1, 2, 3], [4, 5, 6]]
+
+    p = pt.get_params(Holder(), a=7)            # kwargs win over the object's attributes
+    assert isinstance(p, Params) and p.a == 7 and p["a"] == 7
+    np.testing.assert_array_equal(p.b, [[1, 2, 3], [4, 5, 6]])
+    assert isinstance(p.b, np.ndarray) and p.b.dtype == np.float64   # filtered by its Type
+    q = Params(pt, a=np.asarray(7, dtype="int32"), b=np.array([[1., 2, 3], [4, 5, 6]]))
+    assert p == q and hash(p) == hash(q) and {p: 1}[q] == 1
+    assert p != Params(pt, a=np.asarray(8, dtype="int32"), b=p.b)
+    with pytest.raises(TypeError, match="immutable"):
+        p.a = 3
+    with pytest.raises(TypeError, match="immutable"):
+        p["a"] = 3
+    with pytest.raises(AttributeError, match="c"):
+        p.c
+    with pytest.raises(TypeError, match='"b" not in Params'):
+        Params(pt, a=1)
+    assert pt.filter(q, strict=True) is q
+    with pytest.raises(TypeError, match="strict"):
+        pt.filter(Holder(), strict=True)
+    r = pt.filter(Holder())
+    assert isinstance(r, Params) and r.a == 10
+    assert pt.values_eq(p, q) and pt.values_eq_approx(p, q)
+    p2 = pickle.loads(pickle.dumps(p))
+    assert p2 == p and pickle.loads(pickle.dumps(pt)) == pt
+    ext = pt.extended(c=S("float64"))
+    assert ext.fields == ("a", "b", "c") and ext != pt and pt.name != ext.name
+    assert pt == ParamsType(a=S("int32"), b=T.TensorType("float64", (False, False)))
+
+
+def test_params_type_checks_its_fields_and_reads_enums(theano):
+    from theano.gof import EnumList, EnumType
+    from theano.gof.params_type import ParamsType
+    with pytest.raises(ValueError, match="empty"):
+        ParamsType()
+    with pytest.raises(AttributeError, match="identifier"):
+        ParamsType(**{"1x": S("int32")})
+    with pytest.raises(SyntaxError, match="keyword"):
+        ParamsType(int=S("int32"))
+    with pytest.raises(TypeError, match="Type"):
+        ParamsType(a=3)
+    w = ParamsType(scalar=S("int32"), letters=EnumType(A=("alpha", 1), B=2, C=3),
+                   digits=EnumList(("ZERO", "nothing"), "ONE", "TWO"))
+    assert w.C == 3 and w.TWO == 2 and w.get_enum("C") == 3
+    assert w.enum_from_alias("alpha") == 1 and w.enum_from_alias("nothing") == 0
+    assert w.enum_from_alias("C") == 3
+    with pytest.raises(AttributeError):
+        w.alpha
+    with pytest.raises(AttributeError, match="common constants names"):
+        ParamsType(e1=EnumList("A", "B"), e2=EnumType(A=0, C=5))
+    assert pickle.loads(pickle.dumps(w)).TWO == 2
+
+
+# ----------------------------------------------------------------------- raw_random
+
+def test_random_function_draws_numpy_numbers(theano):
+    from theano.tensor.raw_random import RandomFunction, RandomStateType, random_state_type
+    r = random_state_type()
+    assert isinstance(r.type, RandomStateType) and str(r.type) == "RandomStateType"
+    shape = T.lvector("shape")
+    new_r, sample = RandomFunction("uniform", T.dmatrix().type)(r, shape, 2.0, 5.0)
+    f = function([r, shape], [new_r, sample])
+    rs = np.random.RandomState(123)
+    r1, x1 = f(rs, np.array([3, 4]))
+    np.testing.assert_array_equal(x1, np.random.RandomState(123).uniform(2.0, 5.0, (3, 4)))
+    # not in place: the given state did not move, the returned one did
+    assert random_state_type.values_eq(rs, np.random.RandomState(123))
+    assert not random_state_type.values_eq(r1, rs)
+    ref = np.random.RandomState(123)
+    ref.uniform(size=(3, 4))
+    assert random_state_type.values_eq(r1, ref)
+    _, x2 = f(r1, np.array([2, 2]))
+    np.testing.assert_array_equal(x2, ref.uniform(2.0, 5.0, (2, 2)))
+    with pytest.raises(ValueError, match="shape mismatch"):
+        f(rs, np.array([3]))
+
+
+def test_random_function_in_place_ndim_added_and_checks(theano):
+    from theano.tensor.raw_random import RandomFunction, random_state_type
+    r = random_state_type()
+    op = RandomFunction("multinomial", T.lmatrix().type, inplace=True, ndim_added=1)
+    assert op.destroy_map == {0: [0]} and str(op) == "RandomFunction{multinomial}"
+    new_r, draw = op(r, [4], 10, [0.2, 0.3, 0.5])
+    f = function([r], [new_r, draw])
+    rs = np.random.RandomState(7)
+    r1, x = f(rs)
+    np.testing.assert_array_equal(x, np.random.RandomState(7).multinomial(10, [0.2, 0.3, 0.5], (4,)))
+    assert r1 is rs or random_state_type.values_eq(r1, rs)
+    # an empty shape: NumPy's size from the arguments (Theano's "automatic shape")
+    n_r, s = RandomFunction("normal", T.dvector().type)(r, [], T.dvector("m"), 1.0)
+    g = function([r, s.owner.inputs[2]], s)
+    np.testing.assert_array_equal(g(np.random.RandomState(3), np.array([0., 10., 20.])),
+                                  np.random.RandomState(3).normal([0., 10., 20.], 1.0))
+    with pytest.raises(TypeError, match="RandomStateType"):
+        RandomFunction("normal", T.dvector().type)(T.dvector(), [3])
+    with pytest.raises(TypeError, match="int32/int64"):
+        RandomFunction("normal", T.dvector().type)(r, T.dvector())
+    with pytest.raises(ValueError, match="no method"):
+        RandomFunction("nosuch", T.dvector().type)
+    with pytest.raises(TypeError, match="RandomState"):
+        random_state_type.filter(np.random.default_rng(0))
+    assert random_state_type.get_size(None) > 624 * 4
+    assert random_state_type.may_share_memory(rs, rs) and not random_state_type.may_share_memory(rs, r1 if r1 is not rs else np.random.RandomState(1))
+
+
+def test_random_function_shape_pickle_and_grad(theano):
+    from theano.tensor.raw_random import RandomFunction, random_state_type
+    from symgpu.tensor.rewriting.shape_feature import node_shapes
+    r, shp = random_state_type(), T.lvector("shp")
+    op = RandomFunction("binomial", T.lmatrix().type)
+    new_r, x = op(r, shp, 5, 0.5)
+    shapes = node_shapes(x.owner)
+    assert shapes[0] is None
+    f = function([shp], list(shapes[1]))
+    assert [int(v) for v in f(np.array([2, 6]))] == [2, 6]
+    op2 = pickle.loads(pickle.dumps(op))
+    assert op2 == op and hash(op2) == hash(op)
+    g = function([r, shp], op2(r, shp, 5, 0.5)[1])
+    np.testing.assert_array_equal(g(np.random.RandomState(1), np.array([2, 3])),
+                                  np.random.RandomState(1).binomial(5, 0.5, (2, 3)))
+    y = RandomFunction("normal", T.dvector().type)(r, [3], T.dscalar("mu"), 1.0)[1]
+    gm = symgpu.gradient.grad(y.sum(), y.owner.inputs[2], disconnected_inputs="ignore")
+    assert gm is not None
