@@ -163,7 +163,9 @@ RENAMES: dict[str, dict[str, str]] = {
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
-            "dnn_batch_normalization_test")},
+            "dnn_batch_normalization_test",
+            # --- names-rest: builders of our host graphs, isinstance on the lifted ops
+            "GpuDnnSoftmax", "GpuDnnSoftmaxBase", "GpuDnnPoolGrad", "GpuDnnPoolBase")},
     },
 }
 

@@ -169,3 +169,121 @@ def test_random_function_shape_pickle_and_grad(theano):
     y = RandomFunction("normal", T.dvector().type)(r, [3], T.dscalar("mu"), 1.0)[1]
     gm = symgpu.gradient.grad(y.sum(), y.owner.inputs[2], disconnected_inputs="ignore")
     assert gm is not None
+
+
+# ----------------------------------------------------------------------- gpuarray.dnn classes
+
+def _np_softmax(x, axes):
+    e = np.exp(x - x.max(axis=axes, keepdims=True))
+    return e / e.sum(axis=axes, keepdims=True)
+
+
+@pytest.mark.parametrize("algo", ["fast", "accurate", "log"])
+@pytest.mark.parametrize("mode, axes", [("instance", (1, 2, 3)), ("channel", (1,))])
+def test_gpu_dnn_softmax_computes_cudnn_softmax(theano, algo, mode, axes):
+    from theano.gpuarray.dnn import GpuDnnSoftmax
+    x = T.dtensor4("x")
+    f = function([x], GpuDnnSoftmax(algo, mode)(x))    # the host graph, as lifted on a GPU
+    v = np.random.RandomState(0).standard_normal((2, 3, 4, 5))
+    want = _np_softmax(v, axes)
+    np.testing.assert_allclose(f(v), np.log(want) if algo == "log" else want, rtol=1e-12)
+
+
+def test_gpu_dnn_softmax_checks_and_lifts_to_our_kernel(theano, vgpu):
+    from theano.gpuarray.dnn import GpuDnnSoftmax, GpuDnnSoftmaxBase
+    from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
+    with pytest.raises(ValueError, match="algo"):
+        GpuDnnSoftmax("exact", "channel")
+    with pytest.raises(ValueError, match="mode"):
+        GpuDnnSoftmax("fast", "pixel")
+    with pytest.raises(TypeError, match="4-d"):
+        GpuDnnSoftmax("fast", "channel")(T.matrix())
+    with pytest.raises(TypeError, match="base class"):
+        GpuDnnSoftmaxBase()
+    for algo in ("accurate", "log"):
+        x = T.tensor4("x")
+        f = function([x], GpuDnnSoftmax(algo, "channel")(x))
+        ops = [n.op for n in f.maker.fgraph.toposort()]
+        kernels = [op for op in ops if isinstance(op, GpuDnnSoftmax)]
+        assert len(kernels) == 1 and isinstance(kernels[0], GpuSoftmaxRows)
+        assert isinstance(kernels[0], GpuDnnSoftmaxBase) and kernels[0].log == (algo == "log")
+    assert not isinstance(GpuSoftmaxRows(bias=True), GpuDnnSoftmax)
+    assert not isinstance(T.nnet.Softmax(-1), GpuDnnSoftmax)
+
+
+@pytest.mark.parametrize("mode, ws, stride, pad", [
+    ("max", (2, 2), (2, 2), (0, 0)), ("max", (3, 2), (1, 2), (1, 1)),
+    ("average_inc_pad", (2, 3), (1, 1), (1, 0)), ("average_exc_pad", (2, 2), None, None),
+    ("average", (2, 2), (1, 1), (1, 1)), ("max", (2, 2, 2), (1, 2, 1), (0, 1, 0))])
+def test_gpu_dnn_pool_grad_is_the_pooling_gradient(theano, mode, ws, stride, pad):
+    from theano.gpuarray.dnn import GpuDnnPoolGrad
+    from symgpu.tensor.signal.pool import pool_2d, pool_3d
+    nd = len(ws)
+    x = T.dtensor5("x") if nd == 3 else T.dtensor4("x")
+    pool = pool_2d if nd == 2 else pool_3d
+    cu_mode = "average_inc_pad" if mode == "average" else mode
+    out = pool(x, ws, ignore_border=True, stride=stride, pad=(0,) * nd if pad is None else pad,
+               mode=cu_mode)
+    gz = out.type("gz")
+    want = T.grad(None, x, known_grads={out: gz})
+    got = GpuDnnPoolGrad(mode)(x, out, gz, ws, stride, pad)
+    f = function([x, gz], [got, want])
+    v = np.random.RandomState(1).standard_normal((2, 2, 5, 6) + ((4,) if nd == 3 else ()))
+    g = np.random.RandomState(2).standard_normal(function([x], out.shape)(v))
+    a, b = f(v, g)
+    np.testing.assert_allclose(a, b, rtol=1e-12)
+    assert np.abs(a).sum() > 0
+
+
+def test_gpu_dnn_pool_grad_checks_and_lifts(theano, vgpu):
+    from theano.gpuarray.dnn import GpuDnnPool, GpuDnnPoolBase, GpuDnnPoolGrad
+    from symgpu.gpu.ops.pooling import GpuAveragePoolGrad, GpuMaxPoolGrad
+    from symgpu.tensor.signal.pool import pool_2d
+    with pytest.raises(ValueError, match="mode"):
+        GpuDnnPoolGrad("median")
+    with pytest.raises(TypeError, match="base class"):
+        GpuDnnPoolBase("max")
+    x, gz = T.tensor4("x"), T.tensor4("gz")
+    with pytest.raises(TypeError, match="constant"):
+        GpuDnnPoolGrad("max")(x, x, gz, T.lvector("ws"))
+    with pytest.raises(ValueError, match="2 or 3"):
+        GpuDnnPoolGrad("max")(x, x, gz, (2,))
+    for mode, cls in (("max", GpuMaxPoolGrad), ("average_exc_pad", GpuAveragePoolGrad)):
+        out = pool_2d(x, (2, 2), ignore_border=True, mode=mode)
+        f = function([x, gz], GpuDnnPoolGrad(mode)(x, out, gz, T.constant([2, 2]), (2, 2),
+                                                   (0, 0)))
+        ops = [n.op for n in f.maker.fgraph.toposort()]
+        grads = [op for op in ops if isinstance(op, GpuDnnPoolGrad)]
+        assert len(grads) == 1 and isinstance(grads[0], cls) and grads[0].mode == mode
+        assert isinstance(grads[0], GpuDnnPoolBase)
+        assert any(isinstance(op, GpuDnnPool) and isinstance(op, GpuDnnPoolBase) for op in ops) \
+            == (mode == "max")
+    assert not isinstance(GpuMaxPoolGrad((2, 2), ignore_border=False), GpuDnnPoolGrad)
+
+
+@pytest.mark.gpu
+def test_gpu_dnn_softmax_and_pool_grad_run_on_the_gpu(theano, cuda):
+    from theano.gpuarray.dnn import GpuDnnPoolGrad, GpuDnnSoftmax
+    from symgpu.gpu.runtime.array import GpuArray
+    from symgpu.tensor.signal.pool import pool_2d
+    x = T.ftensor4("x")
+    v = np.random.RandomState(3).standard_normal((2, 3, 4, 5)).astype("float32")
+    for algo, mode, axes in (("accurate", "channel", (1,)), ("log", "instance", (1, 2, 3))):
+        f = function([x], symgpu.Out(GpuDnnSoftmax(algo, mode)(x).transfer(None), borrow=True))
+        assert any(isinstance(n.op, GpuDnnSoftmax) for n in f.maker.fgraph.toposort())
+        got = f(v)
+        assert isinstance(got, GpuArray)
+        want = _np_softmax(v.astype("float64"), axes)
+        np.testing.assert_allclose(np.asarray(got.get()), np.log(want) if algo == "log" else want,
+                                   rtol=1e-4, atol=1e-6)
+    out = pool_2d(x, (2, 2), ignore_border=True, mode="max")
+    gz = out.type("gz")
+    g = function([x, gz], GpuDnnPoolGrad("max")(x, out, gz, (2, 2), (2, 2), (0, 0)))
+    assert any(isinstance(n.op, GpuDnnPoolGrad) for n in g.maker.fgraph.toposort())
+    gv = np.random.RandomState(4).standard_normal((2, 3, 2, 2)).astype("float32")
+    win = v[:, :, :4, :4].reshape(2, 3, 2, 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+    hit = win == win.max(axis=(4, 5), keepdims=True)     # the max of each 2x2 window
+    want = np.zeros_like(v)
+    want[:, :, :4, :4] = (hit * gv[:, :, :, :, None, None]).transpose(0, 1, 2, 4, 3, 5) \
+        .reshape(2, 3, 4, 4)
+    np.testing.assert_allclose(g(v, gv), want, rtol=1e-6)

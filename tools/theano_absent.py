@@ -72,12 +72,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnPoolDesc":
         "an op that builds a cuDNN pooling descriptor as a graph value (deprecated in Theano "
         "1.0); symgpu's pooling kernels need no descriptor",
-    "theano.gpuarray.dnn:GpuDnnPoolBase":
-        "the abstract base of Theano's cuDNN pooling ops (C code plumbing); symgpu's GPU "
-        "pooling ops share _GpuPoolBase (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmaxBase":
-        "the abstract base of Theano's cuDNN softmax ops (C code plumbing); symgpu's GPU "
-        "softmax is its own row kernel (symgpu.gpu.ops.softmax_rows)",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in
@@ -88,12 +82,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnBatchNormInference":
         "cuDNN's batch-norm inference op; symgpu's batch_normalization_test is one fused "
         "elementwise graph on the GPU (dnn_batch_normalization_test builds it)",
-    "theano.gpuarray.dnn:GpuDnnPoolGrad":
-        "cuDNN's one pooling-gradient op for every mode; symgpu's GPU pooling gradients are "
-        "GpuMaxPoolGrad and GpuAveragePoolGrad, one per mode (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmax":
-        "cuDNN's softmax op (algo, mode); symgpu's GPU softmax is its own one-launch kernel "
-        "GpuSoftmaxRows (theano.gpuarray.nnet's GpuSoftmax here)",
     "theano.gpuarray.dnn:GpuDnnSoftmaxGrad":
         "cuDNN's softmax gradient op; symgpu's softmax gradient is an elementwise graph that "
         "the GPU placement fuses",
