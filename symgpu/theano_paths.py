@@ -46,7 +46,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
-    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.slices",
+                          "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
     "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops",

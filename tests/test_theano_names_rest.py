@@ -287,3 +287,44 @@ def test_gpu_dnn_softmax_and_pool_grad_run_on_the_gpu(theano, cuda):
     want[:, :, :4, :4] = (hit * gv[:, :, :, :, None, None]).transpose(0, 1, 2, 4, 3, 5) \
         .reshape(2, 3, 4, 4)
     np.testing.assert_allclose(g(v, gv), want, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------- tensor.opt slices
+
+def test_merge_two_slices_composes_any_two_slices(theano):
+    from theano.tensor.opt import merge_two_slices
+    x = T.dvector("x")
+    a, b, c, d, e, f = (T.lscalar(k) for k in "abcdef")
+    s1, s2 = slice(a, b, c), slice(d, e, f)
+    merged = merge_two_slices(s1, x.shape[0], s2, x[s1].shape[0])
+    assert isinstance(merged, slice)
+    run = function([x, a, b, c, d, e, f], x[merged])
+    rng = np.random.RandomState(0)
+    vals, steps = [-7, -3, -1, 0, 1, 2, 5, 9], [-3, -2, -1, 1, 2, 3]
+    for n in (0, 1, 4, 7):
+        v = np.arange(n, dtype=float)
+        for _ in range(150):
+            a_, b_, d_, e_ = (int(k) for k in rng.choice(vals, 4))
+            c_, f_ = (int(k) for k in rng.choice(steps, 2))
+            np.testing.assert_array_equal(run(v, a_, b_, c_, d_, e_, f_),
+                                          v[a_:b_:c_][d_:e_:f_])
+
+
+def test_merge_two_slices_with_an_index_and_constant_bounds(theano):
+    from theano.tensor.opt import merge_two_slices
+    from symgpu.tensor.rewriting.slices import get_canonical_form_slice
+    x, i = T.dvector("x"), T.lscalar("i")
+    s1 = slice(None, None, -2)
+    run = function([x, i], x[merge_two_slices(s1, x.shape[0], i, x[s1].shape[0])])
+    v = np.arange(7.0)
+    for k in (-4, -1, 0, 3):
+        assert run(v, k) == v[::-2][k]
+    for k in (-5, 4):          # out of range of the sliced axis: out of range of x
+        with pytest.raises(IndexError):
+            run(v, k)
+    with pytest.raises(ValueError, match="not an index"):
+        merge_two_slices(3, 7, slice(1, 2), 1)
+    canon, direction = get_canonical_form_slice(slice(-2, None, -3), 8)
+    got = function([], [canon.start, canon.stop])()
+    assert (int(got[0]), int(got[1]), canon.step, direction) == (0, 7, 3, -1)
+    assert list(np.arange(8)[int(got[0]):int(got[1]):3][::-1]) == list(np.arange(8)[-2::-3])
