@@ -47,6 +47,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
     "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.slices",
+                          "symgpu.tensor.rewriting.canonizer",
                           "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),

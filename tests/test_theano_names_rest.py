@@ -328,3 +328,67 @@ def test_merge_two_slices_with_an_index_and_constant_bounds(theano):
     got = function([], [canon.start, canon.stop])()
     assert (int(got[0]), int(got[1]), canon.step, direction) == (0, 7, 3, -1)
     assert list(np.arange(8)[int(got[0]):int(got[1]):3][::-1]) == list(np.arange(8)[-2::-3])
+
+
+# ----------------------------------------------------------------------- tensor.opt Canonizer
+
+def _canonize(c, ins, out):
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.graph.rewriting import apply_node_rewriter
+    fg = FunctionGraph(ins, [out], clone=False)
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(fg.toposort()):
+            if node in fg.apply_nodes and c.tracks_op(node.op) and \
+                    apply_node_rewriter(fg, node, c):
+                changed = True
+    return fg.outputs[0]
+
+
+def test_canonizer_does_what_theanos_docstring_lists(theano):
+    from theano.tensor.opt import Canonizer
+    from symgpu.printing import pprint
+    mul_c = Canonizer(T.mul, T.true_div, T.inv, lambda n, d: np.prod(n) / np.prod(d))
+    add_c = Canonizer(T.add, T.sub, T.neg, lambda n, d: sum(n) - sum(d))
+    x, y, z, a, b, c, d = (T.dscalar(n) for n in "xyzabcd")
+    ins = [x, y, z, a, b, c, d]
+    vals = [1.5, -2.0, 3.0, 0.5, 4.0, -1.25, 2.5]
+    for c_, expr, want in [
+            (mul_c, x / x, "TensorConstant{1.0}"), (mul_c, (x * y) / x, "y"),
+            (mul_c, x / y / x, "reciprocal(y)"), (mul_c, x / y / z, "(x / (y * z))"),
+            (mul_c, x / (y / z), "((x * z) / y)"), (mul_c, (a / b) * (b / c) * (c / d), "(a / d)"),
+            (mul_c, (2.0 * x) / (4.0 * y), "((TensorConstant{0.5} * x) / y)"),
+            (mul_c, 2 * x / 2, "x"), (mul_c, x * y * z, "(x * y * z)"),
+            (add_c, (x + y) - x, "y"), (add_c, x - (y - z), "((x + z) - y)")]:
+        before = function(ins, expr, on_unused_input="ignore", mode="FAST_COMPILE")(*vals)
+        new = _canonize(c_, ins, expr)
+        assert pprint(new) == want, (pprint(expr), pprint(new))
+        after = function(ins, new, on_unused_input="ignore", mode="FAST_COMPILE")(*vals)
+        np.testing.assert_allclose(after, before, rtol=1e-12)
+        assert _canonize(c_, ins, new) is new          # a canonical tree stays as it is
+
+
+def test_canonizer_parts_and_types(theano):
+    from theano.tensor.opt import Canonizer
+    from symgpu.printing import pprint
+    calc = lambda n, d: np.prod(n) / np.prod(d)   # noqa: E731
+    mul_c = Canonizer(T.mul, T.true_div, T.inv, calc)
+    x, y, z = T.dscalars("x", "y", "z")
+    num, den = mul_c.get_num_denum(x / (y * T.inv(z)))
+    assert num == [x, z] and den == [y]
+    assert mul_c.simplify_factors([x, y, x], [x, z]) == ([y, x], [z])
+    assert pprint(mul_c.merge_num_denum([], [y])) == "reciprocal(y)"
+    assert pprint(Canonizer(T.mul, T.true_div, T.inv, calc, use_reciprocal=False)
+                  .merge_num_denum([], [y])) == "(TensorConstant{1.0} / y)"
+    assert mul_c.get_constant(T.constant(3.0)) == 3.0 and mul_c.get_constant(x) is None
+    seen = []
+    mul_c.add_simplifier(lambda n, d, t: (seen.append(len(n)) or (n, d)), "spy")
+    m, v = T.dmatrix("m"), T.dvector("v")
+    out = _canonize(mul_c, [m, v], (m * v) / m)          # v, filled to m's shape
+    assert out.type == T.dmatrix().type and seen
+    mv = np.arange(6.0).reshape(2, 3) + 1
+    np.testing.assert_array_equal(function([m, v], out)(mv, np.array([1.0, 2, 3])),
+                                  np.tile([1.0, 2, 3], (2, 1)))
+    with pytest.raises(TypeError, match="op node"):
+        Canonizer(lambda a, b: a, T.true_div, T.inv, calc)
