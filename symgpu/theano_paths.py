@@ -28,7 +28,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
                    "symgpu.graph.rewriting", "symgpu.graph.sharedvalue",
-                   "symgpu.graph.theano_types"),
+                   "symgpu.graph.theano_types", "symgpu.graph.params_type"),
+    "symgpu.gof.params_type": "symgpu.graph.params_type",
     "symgpu.gof.op": "symgpu.graph.op",
     "symgpu.gof.type": ("symgpu.graph.basic", "symgpu.graph.theano_types"),
     "symgpu.gof.fg": "symgpu.graph.fg",
@@ -45,10 +46,13 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
-    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.slices",
+                          "symgpu.tensor.rewriting.canonizer",
+                          "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
-    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
+    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops",
+                                  "symgpu.tensor.random.numpy_state"),
     "symgpu.tensor.var": "symgpu.tensor.type",
     # Theano's test package: only its documented breakpoint op, a debugging tool
     "symgpu.tests": ("symgpu.misc.breakpoint",),  # a package, so that the path below resolves
@@ -161,7 +165,9 @@ RENAMES: dict[str, dict[str, str]] = {
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
-            "dnn_batch_normalization_test")},
+            "dnn_batch_normalization_test",
+            # --- names-rest: builders of our host graphs, isinstance on the lifted ops
+            "GpuDnnSoftmax", "GpuDnnSoftmaxBase", "GpuDnnPoolGrad", "GpuDnnPoolBase")},
     },
 }
 

@@ -376,6 +376,14 @@ def _cases():
         vals = [rng(40 + i).standard_normal((2, 5, 4)) for i in range(3)]
         return [q, k, v], [o, T.grad(o.sum(), q)], vals
 
+    @add("numpy_random_state")
+    def _():
+        # Theano's raw_random RandomFunction: a NumPy RandomState input, NumPy's draw out
+        from symgpu.tensor.random.numpy_state import RandomFunction, random_state_type
+        r, mu = random_state_type("r"), T.dvector("mu")
+        x = RandomFunction("normal", T.dvector().type)(r, [3], mu, 1.0)[1]
+        return [r, mu], [x + mu], [np.random.RandomState(5), np.array([0.0, 1.0, 2.0])]
+
     @add("cholesky_grad")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them

@@ -20,18 +20,6 @@ ABSENT: dict[str, str] = {
         "a misprint of Theano's reference for `conj`: Theano 1.0's variables have no `conf`",
     "theano.tensor:_tensor_py_operators.__div__":
         "Python 2's division operator; on Python 3 division is __truediv__ / __floordiv__",
-    # Theano's NumPy RandomState in the graph: symgpu's random state is a Philox counter
-    "theano.tensor.raw_random:RandomStateType":
-        "the type of a NumPy RandomState held in the graph; symgpu's random state is a uint32 "
-        "Philox array in a shared variable, shown as a RandomState-like PhiloxRandomState "
-        "(docs/random.md)",
-    "theano.tensor.raw_random:random_state_type":
-        "makes a variable of a NumPy RandomState; symgpu's random state is a uint32 Philox "
-        "array in a shared variable (shared(np.random.RandomState(s)) makes one, "
-        "docs/random.md)",
-    "theano.tensor.raw_random:RandomFunction":
-        "the op that calls a NumPy RandomState's methods; symgpu draws from Philox streams "
-        "(symgpu.tensor.random: PhiloxSample and the transforms built on it, docs/random.md)",
     # --- names2 (issue 31): Theano internals documented by a bare `:members:` that have no
     # meaning in symgpu, each for its own reason
     # Theano's C linker: per-Type C snippets for its compiled-C ops
@@ -53,10 +41,6 @@ ABSENT: dict[str, str] = {
     "theano.compile.ops:register_view_op_c_code":
         "registers C code for Theano's ViewOp on a new Type for its C linker; symgpu has no "
         "per-Type C snippets to register",
-    "theano.gof.params_type":
-        "ParamsType/Params pack an op's parameters into one C struct for Theano's C code; "
-        "symgpu's ops keep their parameters as Python attributes (__props__) and pass kernel "
-        "arguments directly",
     "theano.gof.type:CLinkerType":
         "the interface of Types that emit C declarations for Theano's C linker; symgpu's "
         "types have no C-code interface",
@@ -88,12 +72,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnPoolDesc":
         "an op that builds a cuDNN pooling descriptor as a graph value (deprecated in Theano "
         "1.0); symgpu's pooling kernels need no descriptor",
-    "theano.gpuarray.dnn:GpuDnnPoolBase":
-        "the abstract base of Theano's cuDNN pooling ops (C code plumbing); symgpu's GPU "
-        "pooling ops share _GpuPoolBase (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmaxBase":
-        "the abstract base of Theano's cuDNN softmax ops (C code plumbing); symgpu's GPU "
-        "softmax is its own row kernel (symgpu.gpu.ops.softmax_rows)",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in
@@ -104,12 +82,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnBatchNormInference":
         "cuDNN's batch-norm inference op; symgpu's batch_normalization_test is one fused "
         "elementwise graph on the GPU (dnn_batch_normalization_test builds it)",
-    "theano.gpuarray.dnn:GpuDnnPoolGrad":
-        "cuDNN's one pooling-gradient op for every mode; symgpu's GPU pooling gradients are "
-        "GpuMaxPoolGrad and GpuAveragePoolGrad, one per mode (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmax":
-        "cuDNN's softmax op (algo, mode); symgpu's GPU softmax is its own one-launch kernel "
-        "GpuSoftmaxRows (theano.gpuarray.nnet's GpuSoftmax here)",
     "theano.gpuarray.dnn:GpuDnnSoftmaxGrad":
         "cuDNN's softmax gradient op; symgpu's softmax gradient is an elementwise graph that "
         "the GPU placement fuses",
