@@ -486,7 +486,7 @@ class Segment:
             try:
                 try:   # every fork of the capture joins the capturing stream (CUDA requires it)
                     join_pending(ctx)
-                except BaseException as exc:  # noqa: B902 (the capture must end all the same)
+                except driver_errors() as exc:   # the capture must end all the same
                     err = err or exc
                 graph, end_err = drv.end(stream)
             finally:
