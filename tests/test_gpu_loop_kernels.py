@@ -7,6 +7,7 @@ while one into a value that is read afterwards does not.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import symgpu
 import symgpu.tensor as T
@@ -41,3 +42,82 @@ def test_in_place_increments_give_numpy_results_on_the_cpu():
     want = np.zeros((2, 4))
     want[:, 1:3] += yv
     np.testing.assert_allclose(f(xv, yv), want * 2)
+
+
+# ----------------------------------------------------------------- GpuJoin in one launch
+
+from cuda_on_host import requires_gxx  # noqa: E402
+from emulated_gpu import device_array, host_view  # noqa: E402
+from gpu_helpers import thunk_over  # noqa: E402
+from test_gpu_kernels_emulated_more import copyk, emu  # noqa: E402,F401  (fixtures)
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype", ["uint8", "float16", "float32", "float64"])
+def test_strided_join_matches_numpy_concatenate(emu, copyk, dtype):  # noqa: F811
+    """Inputs of any (outer, axis, inner) strides, a strided one among them, zero-length ones
+    skipped: one launch writes numpy.concatenate's result."""
+    rng = np.random.default_rng(3)
+    base = (rng.standard_normal((4, 10, 3)) * 20).astype(dtype)
+    for axis, parts in [(1, [base[:, :2], base[:, ::3], base[:, 5:5], base[:, 1:2]]),
+                        (0, [base[:1], base[1:4, :, :]]),
+                        (2, [base[..., :1], base[..., 1:]])]:
+        want = np.concatenate(parts, axis=axis)
+        out = np.full(want.shape, 77, dtype=dtype)
+        shape = want.shape
+        outer = int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))
+        specs, start = [], 0
+        for p in parts:
+            st = copyk.join_strides(p.shape, p.strides, axis)
+            assert st is not None
+            specs.append((p.ctypes.data, start, p.shape[axis], st))
+            start += p.shape[axis]
+        copyk.strided_join(emu, out.ctypes.data, out.itemsize, *outer, specs)
+        np.testing.assert_array_equal(out, want, err_msg=f"axis {axis}")
+
+
+def test_join_strides_declines_axes_that_do_not_merge():
+    from symgpu.gpu.runtime.copykernel import join_strides
+    a = np.zeros((3, 4, 5), dtype="float32")
+    assert join_strides(a.shape, a.strides, 1) == (80, 20, 4)
+    t = a.transpose(0, 2, 1)       # (3, 5, 4): the axes after axis 0 do not merge
+    assert join_strides(t.shape, t.strides, 0) is None
+    assert join_strides(t.shape, t.strides, 2) is None
+    assert join_strides(t.shape, t.strides, 1) == (80, 4, 20)
+
+
+@requires_gxx
+def test_gpu_join_thunk_runs_one_launch_or_the_copies(emu, copyk, monkeypatch):  # noqa: F811
+    from symgpu.gpu.ops import subtensor as gsub
+    from symgpu.gpu.ops.subtensor import GpuJoin
+    from symgpu.gpu.placement.type import GpuArrayType
+    launches = []
+    real = gsub.strided_join
+    monkeypatch.setattr(gsub, "strided_join", lambda *a: (launches.append(a), real(*a)))
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((3, n)).astype("float32") for n in (2, 4, 1)]
+    ins = [GpuArrayType("float32", (False, False), None)() for _ in xs]
+    node = GpuJoin(1).make_node(*ins)
+    thunk, storage = thunk_over(node, [device_array(emu, x) for x in xs])
+    thunk()
+    np.testing.assert_array_equal(host_view(storage[node.outputs[0]][0]),
+                                  np.concatenate(xs, axis=1))
+    assert len(launches) == 1
+    # a transposed input: its strides are the kernel's (one launch again)
+    t = device_array(emu, np.ascontiguousarray(xs[1].T)).transpose()
+    thunk, storage = thunk_over(node, [device_array(emu, xs[0]), t, device_array(emu, xs[2])])
+    thunk()
+    np.testing.assert_array_equal(host_view(storage[node.outputs[0]][0]),
+                                  np.concatenate(xs, axis=1))
+    assert len(launches) == 2
+    # 3-d inputs whose axes after the joined one do not merge: each copied on its own
+    ys = [rng.standard_normal((2, n, 3, 4)).astype("float32") for n in (1, 2)]
+    ins3 = [GpuArrayType("float32", (False,) * 4, None)() for _ in ys]
+    node3 = GpuJoin(1).make_node(*ins3)
+    vals = [device_array(emu, np.ascontiguousarray(y.transpose(0, 1, 3, 2))).transpose(0, 1, 3, 2)
+            for y in ys]
+    thunk, storage = thunk_over(node3, vals)
+    thunk()
+    np.testing.assert_array_equal(host_view(storage[node3.outputs[0]][0]),
+                                  np.concatenate(ys, axis=1))
+    assert len(launches) == 2
