@@ -121,3 +121,45 @@ def test_gpu_join_thunk_runs_one_launch_or_the_copies(emu, copyk, monkeypatch): 
     np.testing.assert_array_equal(host_view(storage[node3.outputs[0]][0]),
                                   np.concatenate(ys, axis=1))
     assert len(launches) == 2
+
+
+# ----------------------------------------------------------------- newaxis as a DimShuffle
+
+def test_newaxis_indexing_becomes_a_dimshuffle():
+    x, v = T.matrix("x"), T.vector("v")
+    a, b = np.random.RandomState(0).rand(3, 4), np.arange(5.)
+    cases = [(v[:, None], b[:, None]), (x[None, :, None], a[None, :, None]),
+             (x[..., None], a[..., None]), (x[None, ...], a[None]),
+             (x[:, None, :], a[:, None, :])]
+    for expr, want in cases:
+        f = function([x, v], expr, on_unused_input="ignore")
+        names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+        assert names == ["DimShuffle"], names
+        np.testing.assert_array_equal(f(a, b), want)
+    f = function([x], x[1:, None])    # a real slice: indexing stays
+    assert [type(n.op).__name__ for n in f.maker.fgraph.toposort()] == ["Subtensor"]
+    np.testing.assert_array_equal(f(a), a[1:, None])
+
+
+def test_a_masked_step_mixes_its_states_in_one_kernel(vgpu):
+    """``m[:, None] * h + (1 - m)[:, None] * h_prev``: the ``1 - m`` fuses into the step's
+    kernel, forward and backward."""
+    from symgpu.gpu.ops.scan_op import GpuScan
+    x, m, y = T.tensor3("x"), T.matrix("m"), T.matrix("y")
+    W, U = T.matrix("W"), T.matrix("U")
+
+    def step(xt, mt, hp, W, U):
+        h = T.tanh(T.dot(xt, W) + T.dot(hp, U))
+        return mt[:, None] * h + (1. - mt)[:, None] * hp
+
+    h, _ = symgpu.scan(step, sequences=[x, m], outputs_info=T.zeros((4, 5), dtype="float32"),
+                       non_sequences=[W, U])
+    cost = ((h[-1] - y) ** 2).sum()
+    f = function([x, m, y, W, U], symgpu.grad(cost, [W, U]))
+    fwd, bwd = sorted((n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuScan)),
+                      key=lambda n: n.op.info.name != "scan")
+    for node, most in ((fwd, 1), (bwd, 2)):
+        node.op.inner.compile()
+        kernels = [n for n in node.op.inner.compiled_fgraph.toposort()
+                   if type(n.op).__name__ == "GpuElemwise"]
+        assert len(kernels) <= most, (node.op.info.name, [str(n.op)[:60] for n in kernels])

@@ -84,6 +84,43 @@ def local_useless_subtensor(fgraph, node):
 
 @register_canonicalize
 @register_specialize
+@node_rewriter([Subtensor])
+def local_newaxis_subtensor_to_dimshuffle(fgraph, node):
+    """x[:, None], x[None, ..., None] and the like (full slices, newaxis, Ellipsis only) ->
+    a DimShuffle adding the broadcastable axes.
+
+    Why: elementwise fusion goes through DimShuffles, not through indexing, so a mask
+    written ``m[:, None] * h + (1 - m)[:, None] * h_prev`` is one kernel with its ``1 - m``
+    instead of two (in every step of a loop, forward and backward)."""
+    x = node.inputs[0]
+    idx = node.op.idx_list
+    if len(node.inputs) != 1 or None not in idx:
+        return None
+    n_dims = sum(1 for e in idx if e is not None and e is not Ellipsis)
+    if sum(1 for e in idx if e is Ellipsis) > 1 or n_dims > x.ndim:
+        return None
+    order: list = []
+    d = 0
+    for e in idx:
+        if e is None:
+            order.append("x")
+        elif e is Ellipsis:
+            k = x.ndim - n_dims
+            order.extend(range(d, d + k))
+            d += k
+        elif isinstance(e, Slice) and e.start in (None, 0) and e.stop is None \
+                and e.step in (None, 1):
+            order.append(d)
+            d += 1
+        else:
+            return None
+    order.extend(range(d, x.ndim))
+    out = x.dimshuffle(*order)
+    return [out] if out.type == node.outputs[0].type else None
+
+
+@register_canonicalize
+@register_specialize
 @node_rewriter([Reshape])
 def local_useless_reshape(fgraph, node):
     """Reshape(x, shape(x)) (or an equal MakeVector of x's dims) -> x."""
