@@ -1,8 +1,9 @@
 """What a recurrent step costs on the GPU: the launches of its compiled bodies (issue 32).
 
-Tests compile for a virtual GPU (`vgpu`) and inspect the rewritten graphs: a gradient's
-``inc_subtensor`` into a fresh zeros array writes in place (no copy of the zeros first),
-while one into a value that is read afterwards does not.
+Tests compile for a virtual GPU (`vgpu`) and inspect the rewritten graphs: an
+``inc_subtensor`` into a fresh array writes in place (no copy of it first), one into a value
+read afterwards does not; a write into zeros is a join; a join is one launch; ``x[:, None]``
+is a DimShuffle, so a masked step's ``1 - m`` fuses.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def _incs(f):
 
 def test_inc_subtensor_into_a_fresh_array_writes_in_place(vgpu):
     x, y = T.matrix("x"), T.matrix("y")
-    z = T.inc_subtensor(T.zeros_like(T.exp(x))[:, 1:3], y)
+    z = T.inc_subtensor(T.exp(x)[:, 1:3], y)
     f = function([x, y], z * 2)
     (inc,) = _incs(f)
     assert inc.op.inplace and inc.op.destroy_map == {0: [0]}
@@ -37,9 +38,9 @@ def test_inc_subtensor_into_a_value_read_later_copies(vgpu):
 def test_in_place_increments_give_numpy_results_on_the_cpu():
     """The same graphs on the host (the rule is the GPU's; the host's result must not move)."""
     x, y = T.matrix("x"), T.matrix("y")
-    f = function([x, y], T.inc_subtensor(T.zeros_like(T.exp(x))[:, 1:3], y) * 2)
+    f = function([x, y], T.inc_subtensor(T.exp(x)[:, 1:3], y) * 2)
     xv, yv = np.ones((2, 4)), np.arange(4.).reshape(2, 2)
-    want = np.zeros((2, 4))
+    want = np.exp(xv)
     want[:, 1:3] += yv
     np.testing.assert_allclose(f(xv, yv), want * 2)
 
@@ -163,3 +164,74 @@ def test_a_masked_step_mixes_its_states_in_one_kernel(vgpu):
         kernels = [n for n in node.op.inner.compiled_fgraph.toposort()
                    if type(n.op).__name__ == "GpuElemwise"]
         assert len(kernels) <= most, (node.op.info.name, [str(n.op)[:60] for n in kernels])
+
+
+# ----------------------------------------------------------------- a write into zeros is a join
+
+def test_a_write_into_zeros_is_a_join_of_zero_pieces_and_the_value():
+    x, y = T.matrix("x"), T.matrix("y")
+    rng = np.random.RandomState(1)
+    xv = rng.rand(3, 7)
+    for sl, width in [(slice(0, 4), 4), (slice(2, 5), 3), (slice(3, None), 4), (slice(5, 12), 2),
+                      (slice(9, 12), 0)]:
+        for set_ in (False, True):
+            z = T.zeros_like(T.exp(x))[:, sl]
+            e = T.set_subtensor(z, y) if set_ else T.inc_subtensor(z, y)
+            f = function([x, y], e)
+            names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+            assert "Join" in names and "IncSubtensor" not in names, names
+            yv = rng.rand(3, width)
+            want = np.zeros((3, 7))
+            want[:, sl] = yv
+            np.testing.assert_allclose(f(xv, yv), want)
+    # a joined value is spliced into the one join
+    a, b = T.matrix("a"), T.matrix("b")
+    f = function([x, a, b], T.inc_subtensor(T.zeros_like(T.exp(x))[:, 1:4],
+                                            T.concatenate([T.exp(a), T.exp(b)], axis=1)))
+    joins = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "Join"]
+    assert len(joins) == 1 and len(joins[0].inputs) == 4
+    av, bv = rng.rand(3, 1), rng.rand(3, 2)
+    want = np.zeros((3, 7))
+    want[:, 1:4] = np.exp(np.concatenate([av, bv], axis=1))
+    np.testing.assert_allclose(f(xv, av, bv), want)
+    # a value broadcast into the region stays an increment
+    r = T.row("r")
+    f = function([x, r], T.inc_subtensor(T.zeros_like(T.exp(x))[:, 1:3], r))
+    assert "IncSubtensor" in [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+
+
+# ----------------------------------------------------------------- a layer norm's reductions
+
+def test_a_variance_takes_its_expression_from_a_multi_output_kernel(vgpu):
+    """z - mean feeds the layer's output, sqr(z - mean) the variance: the variance's
+    reduction computes its own expression and the centred value fuses into the output's
+    kernel: two reductions and one elementwise kernel."""
+    from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+    z = T.matrix("z")
+    mu = z.mean(axis=-1, keepdims=True)
+    var = ((z - mu) ** 2).mean(axis=-1, keepdims=True)
+    f = function([z], T.tanh((z - mu) / T.sqrt(var + 1e-5)))
+    nodes = f.maker.fgraph.toposort()
+    reds = [n for n in nodes if isinstance(n.op, GpuCAReduce)]
+    kernels = [n for n in nodes if isinstance(n.op, GpuElemwise) and n.inputs[0].ndim == 2
+               and not all(n.outputs[0].broadcastable)]
+    assert len(reds) == 2 and sum(r.op.pre_scalar_op is not None for r in reds) == 1, \
+        [str(r.op) for r in reds]
+    assert len(kernels) == 1 and len(kernels[0].outputs) == 1, [str(k.op)[:80] for k in kernels]
+
+
+def test_only_outputs_keeps_the_steps_an_output_needs():
+    from symgpu.gpu.ops.lifters import _only_outputs
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.scalar.composite import CompositeBuilder
+    b = CompositeBuilder()
+    i0, i1 = b.add_input("float32"), b.add_input("float32")
+    d = b.add_op(SCALAR_OPS["sub"], [i0, i1])[0]
+    sq = b.add_op(SCALAR_OPS["sqr"], [d])[0]
+    ex = b.add_op(SCALAR_OPS["exp"], [i1])[0]
+    comp = b.build([d, sq, ex])
+    only = _only_outputs(comp, [1])
+    assert only.nout == 1 and len(only.steps) == 2 and only.nin == 2
+    assert float(only.impl(np.float32(5), np.float32(2))) == 9.0
+    two = _only_outputs(comp, [2, 0])
+    assert [float(v) for v in two.impl(np.float32(5), np.float32(0))] == [1.0, 5.0]
