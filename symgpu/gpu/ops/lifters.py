@@ -191,6 +191,8 @@ def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list | None:
         if not isinstance(comp, Composite):
             return None
         pre = _only_outputs(comp, [src.outputs.index(x)])
+        if len(pre.steps) > MAX_RECOMPUTED_STEPS:   # the reduction would redo a long chain
+            return None
     if not careduce_supported(op.scalar_op, pre, _dtypes(src.inputs)):
         return None
     new = GpuCAReduce(op.scalar_op, op.axis, op.dtype, pre)(*src.inputs)
@@ -206,6 +208,13 @@ def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list | None:
     rest[0].owner.tag.trace = getattr(src.tag, "trace", [])
     new.owner.tag.trace = getattr(node.tag, "trace", [])
     return [(node.outputs[0], new)] + [(src.outputs[k], r) for k, r in zip(keep, rest)]
+
+
+#: the longest expression a reduction recomputes rather than read from a multi-output kernel
+#: (a variance's ``sqr(z - s / n)`` is 3): a reduction over the batch axis runs few threads,
+#: each through its column, so a long chain of transcendental steps there costs more than
+#: the launch it saves (measured on a layer-normalised LSTM's backward step)
+MAX_RECOMPUTED_STEPS = 4
 
 
 def _only_outputs(comp: Composite, keep: list[int]) -> Composite:
