@@ -37,7 +37,6 @@ from symgpu.graph.rewriting.db import optdb
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.printing import Print as _Print
 from symgpu.scalar.basic import SCALAR_OPS
-from symgpu.scalar.composite import Composite, CompositeBuilder
 from symgpu.tensor.blas import Dot22 as _Dot22, Gemm as _Gemm, Gemv as _Gemv
 from symgpu.tensor.elemwise import (CAReduce as _CAReduce, DimShuffle as _DimShuffle,
                                     Elemwise as _Elemwise)
@@ -165,92 +164,32 @@ def lift_gemm(op: Any, node: Apply, context_name: Any, inputs: Any) -> list[Vari
 
 # ----------------------------------------------------------------------------- fusion
 
-def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list | None:
+def local_careduce_pre_op(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuCAReduce(GpuElemwise(f)(a, b, ..)) -> GpuCAReduce(pre=f)(a, b, ..) when the
     elementwise result has no other reader: the reduction reads a, b once and the
-    intermediate array is never written.  When the result is one output of a multi-output
-    kernel (fusion merged ``d = x - mean`` and ``sqr(d)`` into one, the variance reading
-    the second and the layer's output the first), the reduction takes that output's own
-    expression and the kernel keeps the others: one launch less (`fuse_careduce_pre_op`
-    fuses what the kernel has left into its readers)."""
+    intermediate array is never written."""
     op = node.op
     if not isinstance(op, GpuCAReduce) or op.pre_scalar_op is not None or \
             op.post_scalar_op is not None:
         return None
     x = node.inputs[0]
     src = x.owner
-    if src is None or type(src.op) is not GpuElemwise or src.op.inplace_pattern \
-            or x in fgraph.outputs:
+    if src is None or not isinstance(src.op, GpuElemwise) or src.op.inplace_pattern \
+            or len(src.outputs) != 1 or x in fgraph.outputs:
         return None
     if len(fgraph.clients.get(x, [])) != 1:
         return None
-    if len(src.outputs) == 1:
-        pre = src.op.scalar_op
-    else:
-        comp = src.op.scalar_op
-        if not isinstance(comp, Composite):
-            return None
-        pre = _only_outputs(comp, [src.outputs.index(x)])
-        if len(pre.steps) > MAX_RECOMPUTED_STEPS:   # the reduction would redo a long chain
-            return None
-    if not careduce_supported(op.scalar_op, pre, _dtypes(src.inputs)):
+    if not careduce_supported(op.scalar_op, src.op.scalar_op, _dtypes(src.inputs)):
         return None
-    new = GpuCAReduce(op.scalar_op, op.axis, op.dtype, pre)(*src.inputs)
+    new = GpuCAReduce(op.scalar_op, op.axis, op.dtype, src.op.scalar_op)(*src.inputs)
     if new.type != node.outputs[0].type:
         return None
-    if len(src.outputs) == 1:
-        return [new]
-    keep = [k for k, o in enumerate(src.outputs) if o is not x]
-    rest = GpuElemwise(_only_outputs(src.op.scalar_op, keep))(*src.inputs)
-    rest = rest if isinstance(rest, list) else [rest]
-    if any(r.type != src.outputs[k].type for r, k in zip(rest, keep)):
-        return None
-    rest[0].owner.tag.trace = getattr(src.tag, "trace", [])
-    new.owner.tag.trace = getattr(node.tag, "trace", [])
-    return [(node.outputs[0], new)] + [(src.outputs[k], r) for k, r in zip(keep, rest)]
-
-
-#: the longest expression a reduction recomputes rather than read from a multi-output kernel
-#: (a variance's ``sqr(z - s / n)`` is 3): a reduction over the batch axis runs few threads,
-#: each through its column, so a long chain of transcendental steps there costs more than
-#: the launch it saves (measured on a layer-normalised LSTM's backward step)
-MAX_RECOMPUTED_STEPS = 4
-
-
-def _only_outputs(comp: Composite, keep: list[int]) -> Composite:
-    """`comp` computing only its outputs `keep` (the steps they need; the same inputs)."""
-    b = CompositeBuilder()
-    refs = [b.add_input(d) for d in comp.in_dtypes]
-    outs = b.add_op(comp, refs)
-    full = b.build([outs[k] for k in keep])
-    need: set[int] = set()
-    todo = list(full.out_slots)
-    while todo:
-        s = todo.pop()
-        if s in need or s < full.first_step:
-            continue
-        need.add(s)
-        todo.extend(full.steps[s - full.first_step][1])
-    b = CompositeBuilder()
-    slots: list = [b.add_input(d) for d in full.in_dtypes]
-    slots += [b.add_constant(v, d) for v, d in full.constants]
-    for k, (sop, args) in enumerate(full.steps):
-        slot = full.first_step + k
-        slots.append(b.add_op(sop, [slots[a] for a in args])[0] if slot in need else None)
-    return b.build([slots[o] for o in full.out_slots])
+    return [new]
 
 
 def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
-    """Apply `local_careduce_pre_op` everywhere (one sweep; fused nodes are final); where a
-    reduction took one output of a multi-output kernel, fuse again, so what that kernel has
-    left joins its readers' kernels (the centred value of a layer norm, in the layer's
-    output kernel)."""
-    before = sum(1 for n in fgraph.apply_nodes if type(n.op) is GpuElemwise and len(n.outputs) > 1)
+    """Apply `local_careduce_pre_op` everywhere (one sweep; fused nodes are final)."""
     sweep(fgraph, local_careduce_pre_op, "local_careduce_pre_op")
-    after = sum(1 for n in fgraph.apply_nodes if type(n.op) is GpuElemwise and len(n.outputs) > 1)
-    if after < before:
-        gpu_fusion(fgraph)
-        sweep(fgraph, local_careduce_pre_op, "local_careduce_pre_op")
 
 
 def gpu_fusion(fgraph: FunctionGraph) -> None:
