@@ -13,7 +13,8 @@ overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db
   49.55 gpu_recompute        a fused kernel's output read only by other elementwise kernels is
                              recomputed there from its inputs where that moves fewer bytes
   60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
-  76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
+  76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm / GpuIncSubtensor write into
+                             a dying input
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import numpy as np
 from symgpu.gpu.ops.blas import (BLAS_DTYPES, GEMM_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer,
                                  gpu_matvec)
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.ops.subtensor import GpuIncSubtensor
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype
@@ -230,7 +232,8 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
     intermediate read by nobody else); returns how many changed."""
     nodes = [n for n in fgraph.toposort()
              if (type(n.op) is GpuElemwise and not n.op.inplace_pattern)
-             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer) and not n.op.inplace)]
+             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer, GpuIncSubtensor)
+                 and not n.op.inplace)]
     if not nodes:
         return 0
     attach_destroy_handler(fgraph)
@@ -250,7 +253,12 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
         else:
             cands = _destroyable_inputs(fgraph, node, node.outputs[0], set(),
                                         why_not_destroyable)
-            new_op = type(op)(True) if cands[:1] == [0] else None
+            if cands[:1] != [0]:
+                new_op = None
+            elif type(op) is GpuIncSubtensor:   # writes the region into x itself: no copy
+                new_op = GpuIncSubtensor(op.idx_list, op.set_instead_of_inc, True)
+            else:
+                new_op = type(op)(True)
         if new_op is None:
             continue
         try:
