@@ -120,7 +120,11 @@ class Segment:
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
-        self.seen: dict[tuple, bool] = {}    # key -> may be captured
+        #: key -> times met (0: never captured, e.g. inputs too large to check)
+        self.seen: dict[tuple, int] = {}
+        #: distinct keys met: past MAX_GRAPHS (shapes that change from call to call: a new
+        #: sequence length each call), a key is captured only at its VARIED_REPEATS-th sight
+        self.keys_met = 0
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
         self.nodes_captured = 0
@@ -184,15 +188,20 @@ class Segment:
                                 c[0] = None
                         self.replays += 1
                         return
-                ok = self.seen.get(key)
-                if ok:
-                    if self.n_graphs < _graphs.MAX_GRAPHS:
-                        self._capture(key, vals)
-                        return
-                elif ok is None:
+                sights = self.seen.get(key)
+                if sights is None:
                     if len(self.seen) >= _graphs.MAX_SEEN:
                         self.seen.clear()
-                    self.seen[key] = True
+                    self.seen[key] = 1
+                    self.keys_met += 1
+                elif sights:
+                    sights += 1
+                    if self.n_graphs < _graphs.MAX_GRAPHS and sights >= (
+                            2 if self.keys_met <= _graphs.MAX_GRAPHS
+                            else _graphs.VARIED_REPEATS):
+                        self._capture(key, vals)
+                        return
+                    self.seen[key] = sights
             self._plain_call(vals)
             return
         self._plain()
@@ -395,7 +404,7 @@ class Segment:
                                     f"({type(exc).__name__}: {exc})", self)
                 snap = None
             if snap is None:
-                self.seen[key] = False
+                self.seen[key] = 0
                 self._plain_call(vals)
                 return
             self._plain(count=False)   # a thunk's error is the call's own: it propagates
