@@ -514,3 +514,49 @@ def test_only_a_loops_first_graph_is_checked_against_plain_launches():
         check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
               want_accumulate(x, h0))
     assert scan_graph.STATS["captures"] == 3 and scan_graph.STATS["checks"] == 1
+
+
+def test_chunks_copy_results_straight_into_the_calls_arrays():
+    """A chunk's results are copied from the graph's memory into the call's arrays, not
+    first into arrays of their own (issue 32): per chunk, one copy per input staged and one
+    per kept state or per-step output, plus the initial state's copy into the history."""
+    op, node = accumulate_loop()
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50)):   # every chunk length captured
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    assert op.loop_graphs.chunking
+    copies = []
+    real = DRV.copy
+
+    def counting(dst, src):
+        copies.append(dst.shape)
+        real(dst, src)
+    DRV.copy = counting
+    before = dict(scan_graph.STATS)
+    x, h0 = rand(50, 3, seed=7), rand(1, 3, seed=8)
+    check(run(op, node, np.int64(50), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+          want_accumulate(x, h0), 1e-5)
+    chunks = len(scan_graph.chunk_lengths(50))
+    assert scan_graph.STATS["replays"] - before.get("replays", 0) == chunks
+    assert scan_graph.STATS["captures"] == before["captures"]
+    assert len(copies) == 1 + chunks * (2 + 2), copies
+
+
+def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
+    """A keep=False state's final value comes out of the last chunk's graph memory: the
+    caller gets a copy, which the next calls' replays leave untouched."""
+    a, b = gtype(1)("a"), gtype(1)("b")
+    new = GpuFakeKernel("add", lambda u, v: u + v)(a, b)
+    op = GpuScan([a, b], [new], ScanInfo(0, ((-2, -1),), (False,), 0, 0), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("F0"))
+    held = []
+    for n in (3, 7, 5, 9, 11, 6, 13, 10, 19, 12, 17, 3, 7, 5, 9, 11, 3, 7):
+        f0 = np.array([[1, 2], [n, 3]], "float32") / 8
+        fib = [f0[0], f0[1]]
+        for _ in range(n):
+            fib.append(fib[-2] + fib[-1])
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, f0))
+        held.append((got, np.array(fib[-2:])))
+    assert op.loop_graphs.chunking and scan_graph.STATS["replays"] > 0
+    for got, want in held:
+        np.testing.assert_allclose(read(got), want, rtol=1e-6)

@@ -119,12 +119,16 @@ class _LoopGraph:
         self.checked = False   # run once against plain launches (VERIFY)
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
+        self.stage(inputs)
+        self.replay()
+        self.emit(output_storage)
+
+    def stage(self, inputs: Sequence[Any]) -> None:
+        """Copy the call's GPU inputs into the graph's staging buffers."""
         drv = self.drv
         for dst, src in zip(self.staging, inputs):
             if dst is not None:
                 drv.copy(dst, src)
-        self.replay()
-        self.emit(output_storage)
 
     def replay(self) -> None:
         status = self.launch()
@@ -308,15 +312,17 @@ class LoopGraphs:
                 kept.append(None)
         nitsot: list[Any] = [None] * K
         state = list(inits)
+        in_graph = [False] * M     # a last-values state read from a graph's own memory
         off = 0
         for k in chunk_lengths(n):
             sub = [k] + [s[off:off + k] for s in seqs] + state + rest
-            cells = [[None] for _ in node.outputs]
-            key = self.key(sub)
-            if key is None or not self._call_whole(node, key, sub, cells, ctx):
+            res, graph_memory = self._run_chunk(node, sub, ctx)
+            if res is None:
+                cells = [[None] for _ in node.outputs]
                 self._run_plain(node, sub, cells)
-            res = [c[0] for c in cells]
+                res = [c[0] for c in cells]
             for j in range(M):
+                in_graph[j] = graph_memory and not info.keep[j]
                 if info.keep[j]:
                     _driver_copy(kept[j][n_init[j] + off:n_init[j] + off + k], res[j][n_init[j]:])
                     state[j] = kept[j][off + k:off + k + n_init[j]]
@@ -330,9 +336,57 @@ class LoopGraphs:
             off += k
             STATS["chunks"] += 1
         for j in range(M):
-            output_storage[j][0] = kept[j] if info.keep[j] else state[j]
+            out = kept[j] if info.keep[j] else state[j]
+            if in_graph[j]:    # the last chunk's graph memory: the caller gets its own copy
+                out = GpuArray(state[j].shape, state[j].dtype, ctx)
+                _driver_copy(out, state[j])
+            output_storage[j][0] = out
         for i in range(K):
             output_storage[M + i][0] = nitsot[i]
+
+    def _run_chunk(self, node: Any, sub: list, ctx: Any) -> tuple[list | None, bool]:
+        """One chunk as its graph: (its results, whether they are the graph's own memory,
+        read before its next launch, which comes after every copy out of them is queued),
+        or (None, False): run it plainly.  Results are not copied out of the graph first
+        (``_LoopGraph.emit``): the chunk loop copies them straight into the call's arrays."""
+        key = self.key(sub)
+        if key is None:
+            return None, False
+        if key in self.graphs:
+            g = self.graphs[key]
+            if g is None:
+                STATS["plain"] += 1
+                return None, False
+            self.graphs.move_to_end(key)
+            g.stage(sub)
+            g.replay()
+            STATS["replays"] += 1
+            return g.results, True
+        if key not in self.seen:
+            if len(self.seen) > 64:
+                self.seen.clear()
+            self.seen.add(key)
+            STATS["plain"] += 1
+            return None, False
+        g = self._capture(node, sub, ctx)
+        if g is None:
+            self._keep(key, None)
+            return None, False
+        if g.nbytes > MEMORY_LIMIT:   # not kept: its results go to arrays of their own
+            cells = [[None] for _ in node.outputs]
+            if g.checked:
+                g.emit(cells)
+            else:
+                g.run(sub, cells)
+            STATS["too_big"] += 1
+            g.free()
+            self._keep(key, None)
+            return [c[0] for c in cells], False
+        if not g.checked:   # the check ran the graph on this call's inputs already
+            g.stage(sub)
+            g.replay()
+        self._keep(key, g)
+        return g.results, True
 
     def _keep(self, key: tuple, g: Any) -> None:
         self.graphs[key] = g
