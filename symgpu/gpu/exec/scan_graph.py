@@ -451,10 +451,11 @@ class LoopGraphs:
             raise err
         if err is not None or end_err is not None:
             drv.destroy(None, graph)
-            STATS["capture_failures"] += 1
             if err is not None and end_err is None:
-                return None   # the loop's own error: the plain run raises it with context
-            self._give_up(end_err or f"{type(err).__name__}: {err}")
+                # the loop's own error: the plain run raises it with context
+                STATS["capture_failures"] += 1
+                return None
+            self._give_up(end_err or f"{type(err).__name__}: {err}")   # counts it
             return None
         try:
             exe = drv.instantiate(graph)
