@@ -32,7 +32,7 @@ def segment_counts(fn) -> list[tuple]:
              getattr(s, "shapes_met", None) and len(s.shapes_met)) for s in segs]
 
 
-def probe(key: str, calls: int, profile: int, tf32: bool) -> None:
+def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) -> None:
     import symgpu
     import symgpu.tensor as T
     from symgpu.gpu.exec import graphs, scan_graph
@@ -68,8 +68,9 @@ def probe(key: str, calls: int, profile: int, tf32: bool) -> None:
                   if v != loops0.get(k2, 0) and not k2.startswith("graph nodes")}
             ds = [(n[0], n[1] - b[1], n[2] - b[2], n[3] - b[3], n[4])
                   for n, b in zip(now, before)]
-            say(f"  call {k:3d} L={L:3d} {dt * 1e3:8.3f} ms  segs(nodes,plain,capt,repl,held)"
-                f"={ds}  loops={dl}")
+            if verbose:
+                say(f"  call {k:3d} L={L:3d} {dt * 1e3:7.2f} ms segs(nodes,plain,capt,repl,held)"
+                    f"={ds} loops={dl}")
             before, loops0 = now, loops
         say(f"  median {statistics.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms"
             f" over {calls} calls; graphs.STATS {dict(graphs.STATS)}")
@@ -82,8 +83,8 @@ def probe(key: str, calls: int, profile: int, tf32: bool) -> None:
             for _ in range(profile):
                 one()
             prof.disable()
-            pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-            pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
+            pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     for w in caught:
         say(f"  warning: {w.category.__name__}: {str(w.message)[:300]}")
     for node in fn.maker.fgraph.apply_nodes:
@@ -103,7 +104,8 @@ def main() -> None:
     os.environ["SYMGPU_FLAGS"] = ",".join(
         f for f in (os.environ.get("SYMGPU_FLAGS", ""), "device=cuda") if f)
     for tail in ("fixed", "var"):
-        probe(f"{args.row}-{tail}", args.calls, args.profile, args.tf32)
+        probe(f"{args.row}-{tail}", args.calls, args.profile if tail == "var" else 0,
+              args.tf32, verbose=tail == "var")
 
 
 if __name__ == "__main__":
