@@ -560,3 +560,46 @@ def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
     assert op.loop_graphs.chunking and scan_graph.STATS["replays"] > 0
     for got, want in held:
         np.testing.assert_allclose(read(got), want, rtol=1e-6)
+
+
+def test_chunks_read_non_sequences_in_place_until_one_moves():
+    """h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is (no staging copy per
+    chunk); a new w elsewhere is never read through an old graph: that chunk runs plainly,
+    and from then on the non-sequences are staged (copied once per chunk)."""
+    xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
+    xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
+    new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
+    op = GpuScan([xt, h, w], [new_h], ScanInfo(1, ((-1,),), (True,), 0, 1), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"), gtype(1)("W"))
+
+    def go(n, wv, seed):
+        x, h0 = rand(n, 3, seed=seed), rand(1, 3, seed=seed + 1)
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0), wv)
+        want = np.concatenate([h0, h0 + np.cumsum(x * read(wv), axis=0)])
+        np.testing.assert_allclose(read(got), want, rtol=1e-5, atol=1e-6)
+    w1 = upload(CTX_OBJ, [0.5, -1.0, 2.0])
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50, 7)):   # chunk graphs captured
+        go(n, w1, call)
+    lg = op.loop_graphs
+    assert lg.chunking and lg.pin_rest
+    kept = [g for g in lg.graphs.values() if g is not None]
+    assert any(g.pinned == ((3, w1.ptr),) for g in kept)
+    assert all(g.pinned in ((), ((3, w1.ptr),)) for g in kept)
+    copies = []
+    real = DRV.copy
+
+    def counting(dst, src):
+        copies.append(src.ptr)
+        real(dst, src)
+    DRV.copy = counting
+    go(50, w1, 99)
+    assert w1.ptr not in copies and len(copies) == 1 + 3 * (2 + 1), copies
+    DRV.copy = real
+    w2 = upload(CTX_OBJ, [1.0, 0.25, -0.5])        # w elsewhere: never read at w1's address
+    heap(w1.ptr, 3)[:] = np.nan
+    go(50, w2, 100)
+    assert not lg.pin_rest
+    for call, n in enumerate((50, 50, 13)):
+        go(n, w2, 200 + call)
+    chunk_graphs = [lg.graphs[k] for k in lg.graphs if k[0] in (32, 16, 8, 4, 2, 1)]
+    assert chunk_graphs and not any(g.pinned for g in chunk_graphs if g is not None)

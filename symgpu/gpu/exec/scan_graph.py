@@ -117,6 +117,10 @@ class _LoopGraph:
         #: per result: [block, weak reference to the lease of the array last made over it]
         self.spare: list[list[list]] = [[] for _ in results]
         self.checked = False   # run once against plain launches (VERIFY)
+        #: (input index, pointer) of the inputs the graph reads where they were when captured
+        #: (a chunk's non-sequences: no staging copy); it serves a call only while each is
+        #: still there
+        self.pinned: tuple = ()
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
         self.stage(inputs)
@@ -193,6 +197,9 @@ class LoopGraphs:
         self.lengths: set[int] = set()   # the n_steps met, until chunking starts
         self.verified = False             # a captured graph of this body matched plain runs
         self.chunking = False
+        #: chunk graphs read the loop's non-sequences (weights) in place, not from staging
+        #: copies made per chunk, until one is found moved (then they are staged for good)
+        self.pin_rest = True
         self.lock = threading.RLock()
 
     # -- deciding
@@ -357,6 +364,13 @@ class LoopGraphs:
             if g is None:
                 STATS["plain"] += 1
                 return None, False
+            for i, ptr in g.pinned:
+                if sub[i].ptr != ptr:   # a non-sequence moved: stage them from now on
+                    del self.graphs[key]
+                    g.free()
+                    self.pin_rest = False
+                    STATS["plain"] += 1
+                    return None, False
             self.graphs.move_to_end(key)
             g.stage(sub)
             g.replay()
@@ -368,7 +382,11 @@ class LoopGraphs:
             self.seen.add(key)
             STATS["plain"] += 1
             return None, False
-        g = self._capture(node, sub, ctx)
+        info = self.op.info
+        first = 1 + info.n_seqs + info.n_states
+        pinned = [i for i in range(first, len(sub)) if isinstance(sub[i], GpuArray)
+                  and sub[i].size] if self.pin_rest else []
+        g = self._capture(node, sub, ctx, pinned)
         if g is None:
             self._keep(key, None)
             return None, False
@@ -396,16 +414,19 @@ class LoopGraphs:
             if old is not None:
                 old.free()
 
-    def _staging(self, inputs: Sequence[Any], ctx: Any) -> list:
-        return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) else None
-                for v in inputs]
+    def _staging(self, inputs: Sequence[Any], ctx: Any, pinned: Sequence[int] = ()) -> list:
+        return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) and i not in pinned
+                else None for i, v in enumerate(inputs)]
 
-    def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
+    def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any,
+                 pinned: Sequence[int] = ()) -> _LoopGraph | None:
+        """Capture the loop on staging copies of its GPU inputs, but the ``pinned`` ones,
+        read where they are (``_LoopGraph.pinned``); None when it cannot be."""
         drv = graphs.driver()
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
         ctx.pool.hint = None
-        staging = self._staging(inputs, ctx)
+        staging = self._staging(inputs, ctx, pinned)
         for dst, src in zip(staging, inputs):
             if dst is not None:
                 drv.copy(dst, src)
@@ -465,6 +486,7 @@ class LoopGraphs:
             return None
         g = _LoopGraph(drv, exe, graph, tuple(b for b in sink if b is not None), staging,
                        [c[0] for c in out], ctx)
+        g.pinned = tuple((i, inputs[i].ptr) for i in pinned)
         del sink
         STATS["captures"] += 1
         try:
