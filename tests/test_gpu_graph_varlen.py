@@ -94,3 +94,63 @@ def test_a_fixed_length_still_replays_one_graph():
         st = step(vm, x, y, 50)
     assert st["plain"] == 1 and st["captures"] == 1 and st["replays"] == 18, st
     assert st["graphs"] == 1
+
+
+def test_the_garbage_collector_is_paused_while_a_stream_is_captured():
+    """A collection inside a capture runs other libraries' finalizers on the capturing
+    thread (XLA unloading a module: a call a capture forbids, which invalidated symgpu's loop
+    captures with JAX in the process): begin pauses the collector, end resumes it, also when
+    the end fails, and a failed begin leaves it as it was."""
+    import gc
+    from symgpu.gpu.exec.graph_driver import CudaGraphDriver
+    from symgpu.gpu.runtime import gc_pause
+    from symgpu.gpu.runtime.libcuda import DriverError
+
+    seen = []
+
+    class Lib:
+        fail_begin = False
+
+        def cuStreamBeginCapture_v2(self, stream, mode):
+            seen.append(("begin", gc.isenabled()))
+            return 1 if self.fail_begin else 0
+
+        def cuStreamEndCapture(self, stream, graph):
+            seen.append(("end", gc.isenabled()))
+            return 0
+
+        def cuGraphDestroy(self, graph):
+            pass
+    drv = object.__new__(CudaGraphDriver)
+    drv.lib = Lib()
+    drv.error = lambda status: f"error {status}"
+
+    def check(status, what):
+        if status:
+            raise DriverError(f"{what} failed", status)
+    drv.check = check
+    was = gc.isenabled()
+    gc.enable()
+    try:
+        drv.begin(7)
+        assert not gc.isenabled()
+        graph, err = drv.end(7)
+        assert gc.isenabled() and err is None
+        assert seen == [("begin", False), ("end", False)]
+        drv.lib.fail_begin = True
+        with pytest.raises(DriverError):
+            drv.begin(7)
+        assert gc.isenabled()
+        with gc_pause.gc_paused():          # nested pauses: the outermost resumes
+            gc_pause.pause_gc()
+            gc_pause.resume_gc()
+            assert not gc.isenabled()
+        assert gc.isenabled()
+        with pytest.raises(RuntimeError):
+            gc_pause.resume_gc()
+        gc.disable()                        # a collector the program turned off stays off
+        with gc_pause.gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable() if was else gc.disable()

@@ -50,6 +50,7 @@ from symgpu.gpu.ops.cublas_lib import (CUDA_DATA_TYPES, Cublas, CublasError, DEF
                                        STATUS, TF32_MATH, compute_type, load_library,
                                        with_pointer_mode)
 from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.gc_pause import gc_paused
 from symgpu.gpu.runtime.array import new_array
 
 __all__ = ["LtProblem", "AlgoChoice", "CHOICES", "TIMED_SIZES", "size_families", "cublaslt",
@@ -516,16 +517,17 @@ def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
     def capture(i: int) -> Any:
         """The instantiated graph of _REPS launches of candidate i, or None."""
         graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
-        if drv_["begin"](ctypes.c_void_p(stream), _CAPTURE_THREAD_LOCAL):
-            return None
-        failed = False
-        try:
-            for _ in range(_REPS):
-                launch(i)
-        except (LtUnsupported, RuntimeError):
-            failed = True
-        finally:
-            status = drv_["end"](ctypes.c_void_p(stream), ctypes.byref(graph))
+        with gc_paused():   # no collection inside the capture (runtime/gc_pause.py)
+            if drv_["begin"](ctypes.c_void_p(stream), _CAPTURE_THREAD_LOCAL):
+                return None
+            failed = False
+            try:
+                for _ in range(_REPS):
+                    launch(i)
+            except (LtUnsupported, RuntimeError):
+                failed = True
+            finally:
+                status = drv_["end"](ctypes.c_void_p(stream), ctypes.byref(graph))
         if failed or status or not graph.value:
             if graph.value:
                 drv_["graph_destroy"](graph)
