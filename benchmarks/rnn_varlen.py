@@ -94,15 +94,61 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
                 f"graphs={len(lg.graphs)}")
 
 
+def pair(key: str, blocks: int) -> None:
+    """The benchmark's own order: the float32 and the TF32 functions of one row built in one
+    process and called in alternating blocks of 3 calls (as timing.interleaved does), each
+    call timed alone with what it did."""
+    import symgpu
+    import symgpu.tensor as T
+    from symgpu.gpu.exec import scan_graph
+    spec = rc.parse_key(key)
+    fns = []
+    for tf32 in (False, True):
+        with symgpu.config.change_flags(gpuarray__allow_tf32=tf32):
+            call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec),
+                                            rc.data(spec))
+        todo = iter(rc.calls(spec, 3 + 3 * blocks, seed=rc.SEED + 6))
+        fns.append((tf32, call, fn, todo))
+    ops = {id(n.op) for _, _, fn, _ in fns for n in fn.maker.fgraph.apply_nodes
+           if hasattr(n.op, "loop_graphs")}
+    say(f"{key}: fp32 and TF32 functions, {len(ops)} distinct loop ops")
+    for tf32, call, fn, todo in fns:
+        for _ in range(3):
+            L, mask, _ = next(todo)
+            with symgpu.config.change_flags(gpuarray__allow_tf32=tf32):
+                call(L, mask)
+    for b in range(blocks):
+        for tf32, call, fn, todo in fns:
+            line = []
+            for _ in range(3):
+                L, mask, _ = next(todo)
+                before, loops0 = segment_counts(fn), dict(scan_graph.STATS)
+                t0 = time.perf_counter()
+                with symgpu.config.change_flags(gpuarray__allow_tf32=tf32):
+                    float(call(L, mask))
+                dt = time.perf_counter() - t0
+                now = segment_counts(fn)
+                capt = sum(n[2] - o[2] for n, o in zip(now, before))
+                dl = {k: v - loops0.get(k, 0) for k, v in scan_graph.STATS.items()
+                      if v != loops0.get(k, 0) and k in ("captures", "plain", "capture_failures")}
+                line.append(f"L={L:2d} {dt * 1e3:6.2f}ms c{capt}{dl or ''}")
+            say(f"  block {b} {'tf32' if tf32 else 'fp32'}: " + " | ".join(line))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", default="lstm-masked-last-b16-h128")
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--profile", type=int, default=20)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--pair", type=int, default=0,
+                    help="instead: N blocks of the fp32 and TF32 var functions alternating")
     args = ap.parse_args()
     os.environ["SYMGPU_FLAGS"] = ",".join(
         f for f in (os.environ.get("SYMGPU_FLAGS", ""), "device=cuda") if f)
+    if args.pair:
+        pair(f"{args.row}-var", args.pair)
+        return
     for tail in ("fixed", "var"):
         probe(f"{args.row}-{tail}", args.calls, args.profile if tail == "var" else 0,
               args.tf32, verbose=tail == "var")
