@@ -41,16 +41,16 @@ def step(vm, x, y, n):
 
 
 def test_a_new_length_every_call_stops_paying_captures_once_lengths_keep_changing():
-    """Up to MAX_GRAPHS distinct lengths a length is captured at its second sight; past
+    """Up to VARIED_AFTER distinct lengths a length is captured at its second sight; past
     them only at its VARIED_REPEATS-th: a length coming back once or twice among many runs
     plainly (no checked capture for a graph that would seldom replay)."""
     x = gvec()
     y = mul2()(add1()(x))
     vm = linked([x], [y], [upload(fakes.CTX_OBJ, [0])])
     seg = vm.runner.segments[0]
-    for n in range(1, graphs.MAX_GRAPHS + 2):      # MAX_GRAPHS + 1 distinct lengths
+    for n in range(1, graphs.VARIED_AFTER + 2):    # VARIED_AFTER + 1 distinct lengths
         st = step(vm, x, y, n)
-    assert st["captures"] == 0 and seg.keys_met == graphs.MAX_GRAPHS + 1
+    assert st["captures"] == 0 and seg.keys_met == graphs.VARIED_AFTER + 1
     for k in range(2, graphs.VARIED_REPEATS):       # length 3 met 2 .. VARIED_REPEATS - 1 times
         st = step(vm, x, y, 3)
         assert st["captures"] == 0, (k, st)
@@ -73,7 +73,7 @@ def test_many_lengths_cost_a_bounded_number_of_captures_and_stay_exact():
     first_varied = None
     for i, n in enumerate(lengths):
         counts[int(n)] = counts.get(int(n), 0) + 1
-        if first_varied is None and len(counts) > graphs.MAX_GRAPHS:
+        if first_varied is None and len(counts) > graphs.VARIED_AFTER:
             first_varied = i
         st = step(vm, x, y, int(n))
     # capturing every length at its second sight (the rule before, up to MAX_GRAPHS) took
@@ -154,3 +154,34 @@ def test_the_garbage_collector_is_paused_while_a_stream_is_captured():
         assert not gc.isenabled()
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_a_varied_segment_whose_input_moved_defers_the_new_capture_to_the_next_sight():
+    """A segment past VARIED_AFTER keys whose graph finds an input moved (a plain node's
+    output in a new buffer) runs that call plainly, staging the input, and captures again at
+    the key's next sight, not at once; every result exact."""
+    from test_gpu_graph_moves import FreshPlain
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    f = FreshPlain(1.0)(x)
+    y = mul2()(add1()(f))
+    vm = linked([x], [y, f], [upload(ctx, [0])])   # f returned too: a new buffer each call
+    seg = vm.runner.segments[0]
+
+    def go(n):
+        vals = np.arange(n, dtype="float32") * 0.5
+        vm.storage_map[x][0] = upload(ctx, vals)
+        (r, _) = call(vm, [y, f])
+        np.testing.assert_array_equal(read(r), (vals + 2) * 2)
+        return vm.runner.stats()
+    for n in range(1, graphs.VARIED_AFTER + 2):
+        go(n)
+    for _ in range(graphs.VARIED_REPEATS - 1):
+        st = go(3)
+    assert st["captures"] == 1 and st["graphs"] == 1    # the VARIED_REPEATS-th sight
+    st = go(3)                                          # f moved: plain, no capture at once
+    assert st["captures"] == 1 and st["graphs"] == 0 and seg.staged
+    st = go(3)                                          # next sight: captured, f staged
+    assert st["captures"] == 2
+    st = go(3)
+    assert st["replays"] == 1 and st["captures"] == 2

@@ -52,7 +52,8 @@ from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
-           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths"]
+           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths",
+           "CHUNK_AFTER"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -68,6 +69,10 @@ SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
 #: 'chunks', 'checks'
 STATS: Counter = Counter()
+#: a loop that has met more lengths than this runs every call as chunks (CHUNKS): before,
+#: each new length cost a plain step-by-step run and each length met twice the capture of a
+#: whole-loop graph that a loop meeting many lengths seldom replays
+CHUNK_AFTER = 3
 #: the loop lengths a loop whose length changes from call to call is cut into (largest first;
 #: the 1 makes every length reachable); () turns chunking off
 CHUNKS: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
@@ -282,15 +287,15 @@ class LoopGraphs:
 
     # -- lengths that change from call to call
     def _chunked(self, n: int) -> bool:
-        """Whether this call runs as chunks: once the loop has met more lengths than it keeps
-        graphs for (variable-length minibatches), every call does, so each new length costs
+        """Whether this call runs as chunks: once the loop has met more than CHUNK_AFTER
+        lengths (variable-length minibatches), every call does, so each new length costs
         no capture; a loop of one length keeps its single whole-loop graph."""
         if not CHUNKS or self.op.info.truncate_gradient >= 0:
             return False
         if self.chunking:
             return True
         self.lengths.add(n)
-        self.chunking = len(self.lengths) > MAX_GRAPHS
+        self.chunking = len(self.lengths) > CHUNK_AFTER
         return self.chunking
 
     def _call_chunked(self, node: Any, inputs: Sequence[Any], output_storage: list[list],
@@ -376,12 +381,8 @@ class LoopGraphs:
             g.replay()
             STATS["replays"] += 1
             return g.results, True
-        if key not in self.seen:
-            if len(self.seen) > 64:
-                self.seen.clear()
-            self.seen.add(key)
-            STATS["plain"] += 1
-            return None, False
+        # no plain first run: a chunk length comes back whatever the lengths, and the body's
+        # kernels were compiled by the loop's first calls
         info = self.op.info
         first = 1 + info.n_seqs + info.n_states
         pinned = [i for i in range(first, len(sub)) if isinstance(sub[i], GpuArray)
