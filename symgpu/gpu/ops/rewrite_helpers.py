@@ -88,6 +88,15 @@ def _binary_gpu(node: Apply, scalar_name: str) -> bool:
         and len(node.inputs) == 2
 
 
+def _operand_of(fgraph: FunctionGraph, node: Apply, cls: type) -> tuple[Apply, int] | None:
+    """(the `cls` node computing one operand of binary `node`, the other operand's index)."""
+    for here, other in ((0, 1), (1, 0)):
+        targ = find_node(node.inputs[here], cls, fgraph=fgraph)
+        if targ is not None:
+            return targ, other
+    return None
+
+
 def alpha_merge(cls: type, alpha_in: int, beta_in: int) -> Callable[[Callable], NodeRewriter]:
     """Decorator: a rewrite of ``scalar * cls(..., alpha, ..., beta, ...)`` into
     ``maker(node, *inputs)`` with alpha and beta scaled by the constant (the op computes
@@ -98,12 +107,10 @@ def alpha_merge(cls: type, alpha_in: int, beta_in: int) -> Callable[[Callable], 
         def rewrite(fgraph: FunctionGraph, node: Apply) -> Any:
             if not _binary_gpu(node, "mul"):
                 return None
-            for here, other in ((0, 1), (1, 0)):
-                targ = find_node(node.inputs[here], cls, fgraph=fgraph)
-                if targ is not None:
-                    break
-            else:
+            found = _operand_of(fgraph, node, cls)
+            if found is None:
                 return None
+            targ, other = found
             lr = grab_cpu_scalar(node.inputs[other], nd=targ.outputs[0].ndim)
             if lr is None or lr.dtype != targ.outputs[0].dtype:
                 return None
@@ -130,12 +137,10 @@ def output_merge(cls: type, alpha_in: int, beta_in: int,
         def rewrite(fgraph: FunctionGraph, node: Apply) -> Any:
             if not _binary_gpu(node, "add"):
                 return None
-            for here, other in ((0, 1), (1, 0)):
-                targ = find_node(node.inputs[here], cls, fgraph=fgraph)
-                if targ is not None:
-                    break
-            else:
+            found = _operand_of(fgraph, node, cls)
+            if found is None:
                 return None
+            targ, other = found
             W = node.inputs[other]
             if W.dtype != targ.outputs[0].dtype or not is_equal(targ.inputs[beta_in], 0.0):
                 return None
