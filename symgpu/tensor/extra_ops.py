@@ -526,15 +526,19 @@ def fill_diagonal(a: Any, val: Any) -> TensorVariable:
     return set_subtensor(a[i, i], cast(val, a.dtype))
 
 
-#: Theano's extra_ops names that live in symgpu/tensor/index_ops.py (which imports this
-#: module, so they are served on first use rather than imported here)
-_INDEX_OPS = ("CpuContiguous", "cpu_contiguous", "Unique", "UnravelIndex", "unravel_index",
-              "RavelMultiIndex", "ravel_multi_index", "compress", "Bartlett", "bartlett",
-              "FillDiagonalOffset", "fill_diagonal_offset")
+def compress(condition: Any, x: Any, axis: int | None = None) -> TensorVariable:
+    """``numpy.compress``: the slices of `x` along `axis` (of the flattened `x` when None)
+    where the 1-d `condition` is non-zero."""
+    x = as_tensor_variable(x)
+    where = flatnonzero(condition)
+    if axis is None:
+        return flatten(x)[where]
+    axis = _norm_axis(x, axis, "compress")
+    return x[(slice(None),) * axis + (where,)]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _INDEX_OPS:
-        import importlib
-        return getattr(importlib.import_module("symgpu.tensor.index_ops"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Theano's extra_ops names whose ops live in symgpu/tensor/index_ops.py (index arithmetic)
+from symgpu.tensor.index_ops import (Bartlett, CpuContiguous, FillDiagonalOffset,  # noqa: E402,F401
+                                     RavelMultiIndex, Unique, UnravelIndex, bartlett,
+                                     cpu_contiguous, fill_diagonal_offset, ravel_multi_index,
+                                     unravel_index)

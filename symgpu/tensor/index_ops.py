@@ -15,8 +15,6 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op, ShapeError
 from symgpu.scalar.dtypes import upcast
 from symgpu.tensor.basic import get_vector_length, int_dtypes, integer_dtypes
-from symgpu.tensor.extra_funcs import take
-from symgpu.tensor.extra_ops import flatnonzero
 from symgpu.tensor.math import (abs_, cast, ge, lt, minimum, prod, switch)
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
@@ -196,11 +194,6 @@ def ravel_multi_index(multi_index: Sequence[Any], dims: Any, mode: str = "raise"
         raise TypeError(f"multi_index must be a tuple or a list, got {type(multi_index).__name__}")
     return RavelMultiIndex(mode=mode, order=order)(*multi_index, dims)
 
-
-def compress(condition: Any, x: Any, axis: int | None = None) -> TensorVariable:
-    """``numpy.compress``: the slices of `x` along `axis` (of the flattened `x` when None)
-    where the 1-d `condition` is non-zero."""
-    return take(x, flatnonzero(condition), axis=axis)
 
 
 class Bartlett(Op):

@@ -109,10 +109,16 @@ def _zeros(var: Variable) -> bool:
     return scalar_constant(var) == 0
 
 
-def _float_cast_of_half(fgraph, var: Variable) -> Variable | None:
-    """y where `var` is cast(y, float32) of a half y, used only once and not computed by an
-    elementwise kernel (there the cast is fused already)."""
-    if _cast_to(var.owner) != "float32" or len(fgraph.clients[var]) != 1:
+def _float_cast_of_half(fgraph, var: Variable, views_may_share: bool = False
+                        ) -> Variable | None:
+    """y where `var` is cast(y, float32) of a half y, not computed by an elementwise kernel
+    (there the cast is fused already), and used only once -- or, with `views_may_share`,
+    only by views (each view then gets a cast of its own, fused where it is read)."""
+    if _cast_to(var.owner) != "float32":
+        return None
+    clients = fgraph.clients[var]
+    if len(clients) != 1 and not (views_may_share and
+                                  all(c != "output" and _is_view(c) for c, _ in clients)):
         return None
     y = var.owner.inputs[0]
     if y.dtype not in HALF_DTYPES:
@@ -126,7 +132,7 @@ def _float_cast_of_half(fgraph, var: Variable) -> Variable | None:
 @node_rewriter(list(VIEWS))
 def local_float_cast_down(fgraph, node):
     """view(cast(y, float32)) -> cast(view(y), float32) for a half product y."""
-    y = _float_cast_of_half(fgraph, node.inputs[0])
+    y = _float_cast_of_half(fgraph, node.inputs[0], views_may_share=True)
     if y is None:
         return False
     out = ew_cast(_with_input(node, y), "float32")
@@ -136,11 +142,15 @@ def local_float_cast_down(fgraph, node):
 @node_rewriter([Join])
 def local_float_cast_down_join(fgraph, node):
     """join(cast(y0, float32), cast(y1, float32), ...) -> cast(join(y0, y1, ...), float32)
-    for half products of one dtype."""
-    ys = [_float_cast_of_half(fgraph, v) for v in node.inputs]
-    if any(y is None for y in ys) or len({y.dtype for y in ys}) != 1:
+    for half products of one dtype; zero pieces (a gradient's untouched columns) join as
+    half zeros."""
+    ys = [None if _zeros(v) else _float_cast_of_half(fgraph, v) for v in node.inputs]
+    found = {y.dtype for y in ys if y is not None}
+    if len(found) != 1 or any(y is None and not _zeros(v) for y, v in zip(ys, node.inputs)):
         return False
-    out = ew_cast(node.op(*ys), "float32")
+    half = found.pop()
+    out = ew_cast(node.op(*[ew_cast(v, half) if y is None else y
+                            for y, v in zip(ys, node.inputs)]), "float32")
     return [out] if out.type == node.outputs[0].type else False
 
 

@@ -88,8 +88,8 @@ def broadcast_like(value: Any, template: Variable, fgraph: FunctionGraph,
     and broadcastable pattern; `template` must be in `fgraph` (its shape is read there,
     through the graph's ShapeFeature when one is attached)."""
     from symgpu.tensor.basic import alloc  # deferred: tensor.basic imports the rewrites' users
-    from symgpu.tensor.extra_funcs import unbroadcast
-    from symgpu.tensor.math import cast
+    from symgpu.tensor.extra_funcs import unbroadcast  # deferred: as tensor.basic's
+    from symgpu.tensor.math import cast  # deferred: tensor.math imports the rewrites' users
     value = as_tensor_variable(value)
     if value.type == template.type:
         return value
