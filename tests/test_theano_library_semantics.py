@@ -16,13 +16,12 @@ import symgpu.tensor as T
 @pytest.fixture
 def theano_alias():
     """`theano` is symgpu for the test (as code written for Theano runs it)."""
-    before = sys.modules.get("theano")
+    before = {k: v for k, v in sys.modules.items() if k == "theano" or k.startswith("theano.")}
     sys.modules["theano"] = symgpu
     yield symgpu
-    if before is None:
-        sys.modules.pop("theano", None)
-    else:
-        sys.modules["theano"] = before
+    for k in [k for k in sys.modules if k == "theano" or k.startswith("theano.")]:
+        del sys.modules[k]
+    sys.modules.update(before)
 
 
 # -- the GPU back end's "in use" flags (test_conv.py, layers/dnn.py, layers/corrmm.py) --------
@@ -155,3 +154,54 @@ def test_strict_scan_takes_free_variables_as_non_sequences():
     S = symgpu.shared(wv, name="S")
     with pytest.raises(ValueError, match="shared variable"):
         symgpu.scan(lambda row: T.dot(S, row), sequences=x, strict=True)
+
+
+# -- the tool's bookkeeping (tools/theano_library_suite.py; needs neither Lasagne nor Theano) --
+
+def _suite():
+    from pathlib import Path
+    tools = str(Path(__file__).resolve().parent.parent / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    import theano_library_suite
+    return theano_library_suite
+
+
+def test_suite_outcomes_from_log_records():
+    suite = _suite()
+    records = [{"id": "lasagne/tests/test_a.py::t1", "outcome": "collected", "first": ""},
+               {"id": "lasagne/tests/test_a.py::t2", "outcome": "collected", "first": ""},
+               {"id": "lasagne/tests/test_a.py::t3", "outcome": "collected", "first": ""},
+               {"id": "lasagne/tests/test_a.py::t1", "outcome": "passed", "first": ""},
+               {"id": "lasagne/tests/test_a.py::t2", "outcome": "failed", "first": "E: x"},
+               {"id": "lasagne/tests/test_a.py::t2", "outcome": "error", "first": "teardown"}]
+    out = suite.outcomes(records, timed_out=True, timeout=5)
+    assert out["lasagne/tests/test_a.py::t1"]["outcome"] == "passed"
+    assert out["lasagne/tests/test_a.py::t2"] == {"outcome": "failed", "first": "E: x"}
+    assert out["lasagne/tests/test_a.py::t3"]["first"].startswith("timeout")
+
+
+def test_suite_report_lists_what_passes_only_with_theano():
+    suite = _suite()
+    ours = {"lasagne/tests/test_a.py::t1": {"outcome": "passed", "first": ""},
+            "lasagne/tests/test_a.py::t2": {"outcome": "failed", "first": "TypeError: at 0x7f1"},
+            "lasagne/tests/layers/test_b.py": {"outcome": "error", "first": "ImportError: b"}}
+    theirs = {"lasagne/tests/test_a.py::t1": {"outcome": "failed", "first": "boom"},
+              "lasagne/tests/test_a.py::t2": {"outcome": "passed", "first": ""},
+              "lasagne/tests/layers/test_b.py::u1": {"outcome": "passed", "first": "",
+                                                     "mode": "no C"},
+              "lasagne/tests/layers/test_b.py::u2": {"outcome": "skipped", "first": "gpu"}}
+    text = suite.report(ours, theirs)
+    # the file that did not import counts its tests (as Theano collected them) as errors
+    assert "layers/test_b.py                 0     0     2     0       1     0     0     1" \
+        in text
+    assert "passed with Theano, not with symgpu: 2; passed with symgpu, not with Theano: 1" \
+        in text
+    assert "TypeError: at 0x…" in text and "ImportError: b" in text
+    assert "from a run without its C code" in text
+
+
+def test_suite_without_a_checkout_runs_nothing(tmp_path, capsys):
+    suite = _suite()
+    assert suite.main(["--mirror", str(tmp_path), "--no-save"]) == 0
+    assert "nothing run" in capsys.readouterr().out
