@@ -205,3 +205,23 @@ def test_suite_without_a_checkout_runs_nothing(tmp_path, capsys):
     suite = _suite()
     assert suite.main(["--mirror", str(tmp_path), "--no-save"]) == 0
     assert "nothing run" in capsys.readouterr().out
+
+
+# -- Python int constants (lasagne.updates.adam: `one = T.constant(1)` "to prevent upcasting of
+# float32", with floatX=float32) ----------------------------------------------------------------
+
+def test_int_constant_is_the_narrowest_int_and_keeps_float32():
+    assert [T.constant(v).dtype for v in (1, -128, 300, 70000, 2 ** 40)] == \
+        ["int8", "int8", "int16", "int32", "int64"]
+    t = T.fscalar("t")
+    one = T.constant(1)
+    assert (one - 0.999 ** t).dtype == "float32" and (one - T.fvector()).dtype == "float32"
+    assert (T.constant(1000) + T.bvector()).dtype == "int16"
+    assert T.as_tensor_variable(1).dtype == "int8"
+    with symgpu.config.change_flags(floatX="float32"):
+        # adam's step size, kept float32 as in Theano
+        t_prev = symgpu.shared(np.float32(0.0))
+        tt = t_prev + 1
+        a_t = 0.01 * T.sqrt(one - 0.999 ** tt) / (one - 0.9 ** tt)
+        assert a_t.dtype == "float32"
+        np.testing.assert_allclose(a_t.eval(), 0.01 * np.sqrt(1 - 0.999) / (1 - 0.9), rtol=1e-4)
