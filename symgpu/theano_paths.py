@@ -27,9 +27,11 @@ __all__ = ["PATHS", "RENAMES", "install", "resolve"]
 PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
-                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
+                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue",
+                   "symgpu.graph.theano_types", "symgpu.graph.params_type"),
+    "symgpu.gof.params_type": "symgpu.graph.params_type",
     "symgpu.gof.op": "symgpu.graph.op",
-    "symgpu.gof.type": ("symgpu.graph.basic",),
+    "symgpu.gof.type": ("symgpu.graph.basic", "symgpu.graph.theano_types"),
     "symgpu.gof.fg": "symgpu.graph.fg",
     "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting", "symgpu.graph.features"),
     "symgpu.gof.opt": "symgpu.graph.rewriting",
@@ -44,10 +46,13 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
-    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.slices",
+                          "symgpu.tensor.rewriting.canonizer",
+                          "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
-    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
+    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops",
+                                  "symgpu.tensor.random.numpy_state"),
     "symgpu.tensor.var": "symgpu.tensor.type",
     # Theano's test package: only its documented breakpoint op, a debugging tool
     "symgpu.tests": ("symgpu.misc.breakpoint",),  # a package, so that the path below resolves
@@ -66,7 +71,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray": "symgpu.gpu",
     "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
-    "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
+    "symgpu.gpuarray.blas": ("symgpu.gpu.ops.blas",),                  # + RENAMES
     "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
     "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
     "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
@@ -74,10 +79,15 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
     "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
+    # --- names-gpu (issue 31): Theano's helpers for writing GPU rewrites and kernels
+    "symgpu.gpuarray.opt_util": "symgpu.gpu.ops.rewrite_helpers",
+    "symgpu.gpuarray.kernel_codegen": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    "symgpu.gpuarray.fp16_help": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    # --- end of names-gpu's block
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
     "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),
-    "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
+    "symgpu.sandbox.cuda.blas": ("symgpu.gpu.ops.blas",),
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
     # --- Theano's documented module members (issue 31, helper names2): graph walking and
@@ -89,6 +99,18 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy",
                            "symgpu.compile.python_ops"),
     "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
+    # --- Theano's library beyond the core (issue 33, helper names-lib): sparse matrices
+    # (theano.sparse.basic is the whole of Theano's sparse package: ours is split by
+    # concern, and symgpu.sparse.basic, the old name of symgpu.sparse.construct, gathers it
+    # too), its sandbox, the sandbox's neighbours
+    "symgpu.sparse.basic": ("symgpu.sparse",),
+    "symgpu.sparse.sandbox": ("symgpu.sparse.convolution", "symgpu.sparse.sampling"),
+    "symgpu.sparse.sandbox.sp": ("symgpu.sparse.convolution", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.sp2": ("symgpu.sparse.sampling", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.truedot": ("symgpu.sparse.products",),
+    "symgpu.sandbox.neighbours": "symgpu.tensor.nnet.neighbours",
+    "symgpu.gpuarray.linalg": ("symgpu.gpu.ops.theano_linalg", "symgpu.gpu.ops.linalg"),
+    # --- end of names-lib's block
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
@@ -101,6 +123,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
 #: Theano's for what users do with it; the names Theano has with no meaning here are in
 #: tools/theano_absent.py, each with its reason.
 RENAMES: dict[str, dict[str, str]] = {
+    # --- names-tensor (issue 31): Theano's base of Types without C code is our Type
+    "symgpu.gof.type": {"PureType": "symgpu.graph.basic:Type"},
     "symgpu.gpuarray.type": {
         "get_context": "symgpu.gpu.runtime.context:get_context",
         "reg_context": "symgpu.gpu.runtime.context:register_context",
@@ -110,10 +134,19 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuJoin": "symgpu.gpu.ops.subtensor:GpuJoin",
         "GpuAllocEmpty": "symgpu.gpu.ops.blas:GpuAllocEmpty",
         "infer_context_name": "symgpu.gpu.ops.theano_dnn:infer_context_name",
+        **{n: f"symgpu.gpu.ops.constructors:{n}" for n in ("GpuEye", "GpuTri", "GpuSplit")},
     },
     "symgpu.gpuarray.elemwise": {
         "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction
+        # the scalar ops of the table, whose CUDA rows GpuElemwise renders
+        "GpuErfinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfinv",
+        "GpuErfcinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfcinv",
     },
+    "symgpu.gpuarray.blas": {   # the correlations: our convolutions without the flip
+        n: f"symgpu.gpu.ops.theano_gpu_names:{n}" for n in (
+            "BaseGpuCorrMM", "GpuCorrMM", "GpuCorrMM_gradWeights", "GpuCorrMM_gradInputs",
+            "BaseGpuCorr3dMM", "GpuCorr3dMM", "GpuCorr3dMM_gradWeights",
+            "GpuCorr3dMM_gradInputs")},
     "symgpu.gpuarray.subtensor": {
         # the atomicAdd scatter (Theano's "dev20": compute capability 2.0 and up)
         "GpuAdvancedIncSubtensor1_dev20": "symgpu.gpu.ops.advanced:GpuAdvancedIncSubtensor1",
@@ -129,10 +162,13 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnConvGradI": "symgpu.gpu.ops.conv:GpuConv2dGradInputs",
         "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
+        "version": "symgpu.gpu.ops.cudnn:cudnn_version",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_available", "dnn_present", "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
-            "dnn_batch_normalization_test")},
+            "dnn_batch_normalization_test",
+            # --- names-rest: builders of our host graphs, isinstance on the lifted ops
+            "GpuDnnSoftmax", "GpuDnnSoftmaxBase", "GpuDnnPoolGrad", "GpuDnnPoolBase")},
     },
 }
 

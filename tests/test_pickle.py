@@ -49,6 +49,25 @@ def _m(name="m", shape=(3, 4), seed=0):
     return T.dmatrix(name), rng(seed).standard_normal(shape)
 
 
+class _LoopbackComm:
+    """An mpi4py-like communicator for the MPI ops' pickling case: sends go nowhere,
+    receives get ones."""
+
+    class _Req:
+        def __init__(self, buf=None):
+            self.buf = buf
+
+        def wait(self):
+            if self.buf is not None:
+                self.buf[...] = 1
+
+    def Isend(self, buf, dest, tag):
+        return self._Req()
+
+    def Irecv(self, buf, source, tag):
+        return self._Req(buf)
+
+
 def _cases():
     """name -> () -> (inputs, outputs, values): every op family of symgpu.tensor."""
     cases = {}
@@ -328,6 +347,26 @@ def _cases():
         perm = np.array([np.random.default_rng(k).permutation(4) for k in range(3)])
         return [x, p, s], outs, [v, perm, 1.5]
 
+    @add("theano_names_tensor_ops")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.checks import Assert
+        from symgpu.tensor.random.mrg_math import DotModulo
+        x, v = _m()
+        A, s = T.lmatrix("A"), T.ivector("s")
+        m = T.constant(np.int32(7))
+        from symgpu.tensor import index_ops as io
+        outs = [Assert("positive")(x, T.gt(x.size, 0)) * 2, DotModulo()(A, s, m, A, s, m)]
+        i = T.lvector("i")
+        outs += [io.cpu_contiguous(x.T), io.Unique(True, True, True)(x)[2],
+                 io.unravel_index(i, (2, 3))[1], io.ravel_multi_index((i, i), (3, 3)),
+                 io.bartlett(i.size), io.fill_diagonal_offset(x, 2.0, 1)]
+        from symgpu.tensor import mpi
+        mpi.set_comm(_LoopbackComm())   # MPI ops: a receive gets ones, a send goes nowhere
+        outs += [mpi.send(x, 0, 4), mpi.recv((3, 4), "float64", 0, 4) + x]
+        return [x, A, s, i], outs, [v, np.array([[1, 2], [3, 4]]),
+                                    np.array([5, 6], dtype="int32"), np.array([0, 2, 1])]
+
     @add("attention")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them
@@ -336,6 +375,23 @@ def _cases():
         o = scaled_dot_product_attention(q, k, v, is_causal=True)
         vals = [rng(40 + i).standard_normal((2, 5, 4)) for i in range(3)]
         return [q, k, v], [o, T.grad(o.sum(), q)], vals
+
+    @add("numpy_random_state")
+    def _():
+        # Theano's raw_random RandomFunction: a NumPy RandomState input, NumPy's draw out
+        from symgpu.tensor.random.numpy_state import RandomFunction, random_state_type
+        r, mu = random_state_type("r"), T.dvector("mu")
+        x = RandomFunction("normal", T.dvector().type)(r, [3], mu, 1.0)[1]
+        return [r, mu], [x + mu], [np.random.RandomState(5), np.array([0.0, 1.0, 2.0])]
+
+    @add("cholesky_grad")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.slinalg import Cholesky, CholeskyGrad
+        x, d = T.dmatrix("x"), T.dmatrix("d")
+        a = rng(7).standard_normal((3, 3))
+        return [x, d], [CholeskyGrad()(x, Cholesky()(x), d)], [a @ a.T + 3 * np.eye(3),
+                                                                rng(8).standard_normal((3, 3))]
 
     return cases
 

@@ -69,19 +69,15 @@ PATCHES: tuple[tuple[str, str, str, str], ...] = (
 
 #: a group's first-line pattern -> why the test asserts a Theano internal symgpu lacks on purpose
 #: (none of the groups on this machine: each difference found was a behaviour, now fixed)
-INTERNALS: dict[str, str] = {
-    r"GpuCorrMM": "Theano's im2col+GEMM GPU op (lasagne.layers.corrmm reads gpu.blas.GpuCorrMM); "
-                  "in symgpu that path is inside GpuConv2d (tools/theano_absent.py)",
-}
+INTERNALS: dict[str, str] = {}
 
 #: what the summary says beyond the counts
 NOTES = (
     "On this machine (no GPU) both runs skip the GPU layers' tests (lasagne.layers.dnn, "
     "corrmm, cuda_convnet): gpuarray.pygpu_activated is False. With device=cuda, symgpu's "
     "pygpu_activated and dnn.dnn_present() are True, so lasagne.layers.dnn builds its layers "
-    "on symgpu's dnn_* functions; lasagne.layers.corrmm reads gpu.blas.GpuCorrMM, which "
-    "symgpu leaves out on purpose (see INTERNALS), so importing it raises AttributeError "
-    "there, not the ImportError the tests skip on.",
+    "on symgpu's dnn_* functions and lasagne.layers.corrmm on gpu.blas.GpuCorrMM (our "
+    "convolution without the flip); those tests are not compared here.",
 )
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

@@ -141,4 +141,6 @@ import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products throug
 import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFFT through cuFFT)
 import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
 import symgpu.gpu.ops.collectives  # noqa: E402,F401  (NCCL collectives, the distributed nccl backend)
+import symgpu.gpu.ops.comm_join  # noqa: E402,F401  (collectives joined back from their stream)
 import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)
+import symgpu.gpu.ops.constructors  # noqa: E402,F401  (Eye -> GpuEye, Split -> GpuSplit; GpuTri)

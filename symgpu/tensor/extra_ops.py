@@ -524,3 +524,17 @@ def fill_diagonal(a: Any, val: Any) -> TensorVariable:
     n = minimum(shape_i(a, 0), shape_i(a, 1))
     i = arange(n, dtype="int64")
     return set_subtensor(a[i, i], cast(val, a.dtype))
+
+
+#: Theano's extra_ops names that live in symgpu/tensor/index_ops.py (which imports this
+#: module, so they are served on first use rather than imported here)
+_INDEX_OPS = ("CpuContiguous", "cpu_contiguous", "Unique", "UnravelIndex", "unravel_index",
+              "RavelMultiIndex", "ravel_multi_index", "compress", "Bartlett", "bartlett",
+              "FillDiagonalOffset", "fill_diagonal_offset")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INDEX_OPS:
+        import importlib
+        return getattr(importlib.import_module("symgpu.tensor.index_ops"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -627,10 +627,12 @@ def bilinear_kernel_1D(ratio: int, normalize: bool = True) -> TensorVariable:
     return kern / ratio if normalize else kern
 
 
-def bilinear_kernel_2D(ratio: int, normalize: bool = True) -> TensorVariable:
-    """The 2-d bilinear upsampling kernel: the outer product of two 1-d ones."""
-    k = bilinear_kernel_1D(ratio, normalize)
-    return k.dimshuffle(0, "x") * k.dimshuffle("x", 0)
+def bilinear_kernel_2D(ratio: Any, normalize: bool = True) -> TensorVariable:
+    """The 2-d bilinear upsampling kernel: the outer product of two 1-d ones (`ratio` an int,
+    or (row ratio, column ratio))."""
+    rv, rh = ratio if isinstance(ratio, tuple) else (ratio, ratio)
+    return bilinear_kernel_1D(rv, normalize).dimshuffle(0, "x") * \
+        bilinear_kernel_1D(rh, normalize).dimshuffle("x", 0)
 
 
 def separable_conv2d(input: Any, depthwise_filters: Any, pointwise_filters: Any,
@@ -673,3 +675,15 @@ def causal_conv1d(input: Any, filters: Any, filter_shape: Sequence[int], input_s
                      tuple(filter_shape) + (1,), ((left, 0), (0, 0)), (subsample, 1),
                      filter_flip, (filter_dilation, 1), num_groups)
     return out[:, :, :, 0]
+
+
+#: Theano's abstract_conv helpers in symgpu/tensor/nnet/conv_helpers.py (which imports this
+#: module, so they are served on first use)
+_HELPERS = ("assert_conv_shape", "assert_shape", "bilinear_upsampling", "frac_bilinear_upsampling")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HELPERS:
+        import importlib
+        return getattr(importlib.import_module("symgpu.tensor.nnet.conv_helpers"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
