@@ -113,3 +113,16 @@ def test_stays_on_the_host_between_transfers_on_a_gpu(vgpu):
     f = function([x, w], T.exp(pool_2d(T.exp(x), ws=w)))
     names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
     assert "DynamicPool" in names and "GpuElemwise" in names and "HostFromGpu" in names
+
+
+@pytest.mark.gpu
+def test_between_gpu_kernels_on_a_gpu(cuda):
+    from symgpu.tensor.signal.pool_numpy import pool_reference
+    x = T.ftensor4("x")
+    w = T.ivector("w")
+    f = function([x, w], T.exp(pool_2d(T.exp(x), ws=w, ignore_border=False)))
+    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "DynamicPool" in names and "GpuElemwise" in names   # the GPU ran the exps
+    xv = np.random.default_rng(4).standard_normal((2, 3, 5, 7)).astype("float32") * 0.5
+    want = np.exp(pool_reference(np.exp(xv), (2, 3), False, (2, 3), (0, 0), "max"))
+    np.testing.assert_allclose(f(xv, _iv([2, 3])), want, rtol=1e-5)

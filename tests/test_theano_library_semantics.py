@@ -226,3 +226,17 @@ def test_int_constant_is_the_narrowest_int_and_keeps_float32():
         a_t = 0.01 * T.sqrt(one - 0.999 ** tt) / (one - 0.9 ** tt)
         assert a_t.dtype == "float32"
         np.testing.assert_allclose(a_t.eval(), 0.01 * np.sqrt(1 - 0.999) / (1 - 0.9), rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_in_use_flags_and_dnn_checks_are_true(cuda, theano_alias):
+    # what lasagne.layers.dnn checks before building cuDNN layers
+    from theano import gpuarray as gpu
+    assert gpu.pygpu_activated is True and gpu.cuda_enabled is True
+    assert gpu.dnn.dnn_present() is True and gpu.dnn.dnn_present.msg is None
+    x = T.ftensor4("x")
+    f = symgpu.function([x], gpu.dnn.dnn_pool(T.exp(x), (2, 2)))
+    assert any(type(n.op).__name__ == "GpuPool" for n in f.maker.fgraph.toposort())
+    xv = np.random.default_rng(3).standard_normal((2, 3, 4, 6)).astype("float32")
+    want = np.exp(xv).reshape(2, 3, 2, 2, 3, 2).max(axis=(3, 5))
+    np.testing.assert_allclose(f(xv), want, rtol=1e-5)
