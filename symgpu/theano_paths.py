@@ -61,6 +61,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's
     "symgpu.scan_module.scan_op": "symgpu.scan.op",
     "symgpu.scan_module.scan_checkpoints": "symgpu.scan.checkpoints",
+    "symgpu.scan_module.scan_utils": ("symgpu.graph.traversal", "symgpu.scan"),  # equal_computations
     # the GPU package under Theano's names (theano.gpuarray; the old theano.sandbox.cuda)
     # symgpu.gpu, symgpu.gpuarray and symgpu.sandbox.cuda are one module object, so a
     # submodule name under the three is one attribute: each is mapped alike (RENAMES are
@@ -163,7 +164,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
         "version": "symgpu.gpu.ops.cudnn:cudnn_version",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
-            "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
+            "dnn_available", "dnn_present", "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
             "dnn_batch_normalization_test",
             # --- names-rest: builders of our host graphs, isinstance on the lifted ops
@@ -296,7 +297,10 @@ def _ours(fullname: str) -> str | None:
         if name in PATHS or importlib.util.find_spec(name) is not None:
             return name
         return None
-    return fullname if fullname in PATHS else None
+    if fullname in PATHS:
+        return fullname
+    # `from theano.gpuarray import dnn` asks for it under the module's own name (symgpu.gpu)
+    return _canonical(fullname) if _canonical(fullname) in PATHS else None
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -1571,3 +1571,30 @@ def test_inferred_shape_comm_join(op_cls):
 from symgpu.tensor.random import numpy_state as _nps  # noqa: E402
 
 CASES.update({_nps.RandomFunction: []})
+
+
+# pooling with graph-valued sizes (Theano's Pool with symbolic ws; Lasagne's spatial pyramid
+# pooling): tools/theano_library_suite.py's helper
+from symgpu.tensor.signal import pool_dynamic as _pdyn  # noqa: E402
+
+_PX, _PZ = r(2, 3, 7, 6), r(2, 3, 4, 3)
+_DYNAMIC_POOL_CASES = {
+    _pdyn.DynamicPool: [
+        case(lambda x, w, s, p: _pdyn.DynamicPool(2, False, "max")(x, w, s, p), _PX,
+             i64([2, 3]), i64([2, 2]), i64([0, 0])),
+        case(lambda x, w, s, p: _pdyn.DynamicPool(2, True, "average_exc_pad")(x, w, s, p), _PX,
+             i64([3, 2]), i64([1, 2]), i64([1, 1])),
+        case(lambda x, w, s, p: _pdyn.DynamicPool(3, False, "sum")(x, w, s, p), r(2, 5, 4, 3),
+             i64([2, 3, 2]), i64([3, 1, 2]), i64([0, 0, 0]))],
+    _pdyn.DynamicPoolGrad: [
+        case(lambda x, z, g, w, s, p: _pdyn.DynamicPoolGrad(2, False, "max", "max_grad")(
+            x, z, g, w, s, p), _PX, _PZ, _PZ, i64([2, 2]), i64([2, 2]), i64([0, 0])),
+        case(lambda x, z, g, w, s, p: _pdyn.DynamicPoolGrad(2, False, "max", "max_grad_grad")(
+            x, z, g, w, s, p), _PX, _PZ, _PX, i64([2, 2]), i64([2, 2]), i64([0, 0]))],
+}
+CASES.update(_DYNAMIC_POOL_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_DYNAMIC_POOL_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_dynamic_pool(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -393,6 +393,17 @@ def _cases():
         return [x, d], [CholeskyGrad()(x, Cholesky()(x), d)], [a @ a.T + 3 * np.eye(3),
                                                                 rng(8).standard_normal((3, 3))]
 
+    @add("dynamic_pool")
+    def _():
+        # pooling with graph-valued sizes (DynamicPool, DynamicPoolGrad)
+        from symgpu.tensor.signal.pool import pool_2d
+        x, w = T.dtensor4("x"), T.lvector("w")
+        y = pool_2d(x, ws=w, stride=(1, 2), mode="max")
+        a = pool_2d(x, ws=w, mode="average_exc_pad", ignore_border=False)
+        outs = [y, T.grad(y.sum(), x), T.grad(a.sum(), x)]
+        return [x, w], outs, [rng(9).permutation(60).reshape(1, 2, 5, 6) * 0.5,
+                              np.array([2, 3])]
+
     return cases
 
 

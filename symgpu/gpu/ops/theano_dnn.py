@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.config import config
 from symgpu.gpu.ops.pooling import GpuAveragePoolGrad, GpuMaxPoolGrad, GpuPool
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import HostFromGpu
@@ -21,9 +22,9 @@ from symgpu.tensor.nnet import bn as _bn
 from symgpu.tensor.signal import pool as _pool
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
 
-__all__ = ["infer_context_name", "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d",
-           "dnn_gradweight", "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
-           "dnn_batch_normalization_test"]
+__all__ = ["infer_context_name", "dnn_available", "dnn_present", "dnn_conv", "dnn_conv3d",
+           "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight", "dnn_gradweight3d", "dnn_pool",
+           "dnn_batch_normalization_train", "dnn_batch_normalization_test"]
 
 
 def infer_context_name(*vars: Any) -> str | None:
@@ -36,6 +37,36 @@ def infer_context_name(*vars: Any) -> str | None:
         if owner is not None and isinstance(owner.op, HostFromGpu):
             return owner.inputs[0].type.context_name
     return None
+
+
+def dnn_available(context_name: str | None = None) -> bool:
+    """Whether the dnn functions can run on GPU context `context_name` (Theano's check that
+    libraries call before building cuDNN layers): True when it is a started, real GPU (they
+    run on cuDNN where it loads, else on symgpu's own kernels). When False, the reason is in
+    ``dnn_available.msg``, as in Theano."""
+    ctx = _ctx.context_in_use(context_name)
+    if ctx is None:
+        which = "default GPU context" if context_name is None else \
+            f"GPU context {context_name!r}"
+        dnn_available.msg = (f"no {which} in use (the device flag is {config.device!r}; "
+                             f"set device=cuda)")
+        return False
+    dnn_available.msg = None
+    return True
+
+
+dnn_available.msg = None
+
+
+def dnn_present() -> bool:
+    """Theano's check that cuDNN can be used at all: here, that the default GPU context is
+    in use (see dnn_available); the reason when not is in ``dnn_present.msg``."""
+    ok = dnn_available(None)
+    dnn_present.msg = dnn_available.msg
+    return ok
+
+
+dnn_present.msg = None
 
 
 def _need_gpu(who: str, *vars: Any) -> None:
