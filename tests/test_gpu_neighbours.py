@@ -288,26 +288,23 @@ def _gpu_function(inputs, outputs, expect: set[str]):
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int64",
                                    "uint8", "bool"])
 def test_images2neibs_on_the_gpu_in_every_mode(cuda, dtype):
-    from symgpu.gpu.runtime.array import GpuArray
     x = T.TensorType(dtype, (False,) * 4)("x")
     for mode, shape, ns, st in CASES:
-        f = _gpu_function([x], symgpu.Out(images2neibs(x, ns, st, mode=mode), borrow=True),
-                          {"GpuImages2Neibs"})
+        f = _gpu_function([x], images2neibs(x, ns, st, mode=mode), {"GpuImages2Neibs"})
         v = _values(shape, dtype)
-        got = f(v)
+        got = np.asarray(f(v))
         want = _host(Images2Neibs(mode), v, np.array(ns), np.array(st))
-        got = got.get() if isinstance(got, GpuArray) else np.asarray(got)
-        assert got.dtype == want.dtype
+        assert got.dtype == want.dtype and got.shape == want.shape
         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
                                       err_msg=f"{mode} {shape} {ns} {st}")
 
 
 @pytest.mark.gpu
 def test_images2neibs_on_the_gpu_reads_a_gpu_array_and_runs_there(cuda):
-    from symgpu.gpu.runtime.array import GpuArray
+    from symgpu.gpu.placement.type import gpuarray_shared_constructor, is_gpu_var
     v = _values((2, 3, 9, 8), "float32")
-    xs = symgpu.shared(v, name="xs")
-    assert isinstance(xs.get_value(borrow=True, return_internal_type=True), GpuArray)
+    xs = gpuarray_shared_constructor(v, name="xs")
+    assert is_gpu_var(xs)
     y = images2neibs(xs[:, :, ::2, ::-1], (3, 2), (1, 2), mode="half")   # a strided view
     f = _gpu_function([], y, {"GpuImages2Neibs"})
     want = _host(Images2Neibs("half"), v[:, :, ::2, ::-1], np.array([3, 2]), np.array([1, 2]))
@@ -358,3 +355,41 @@ def test_neibs2images_on_the_gpu_inverts_images2neibs(cuda):
     got, got_g = f(v)
     np.testing.assert_array_equal(got, v)
     np.testing.assert_array_equal(got_g, 2 * v)
+
+
+# ============================================================================ whole functions, emulated
+
+@pytest.fixture
+def emu_fn(monkeypatch, tmp_path):
+    """An emulated device registered as context 'emu_neibs' (tests/emulated_gpu.py): whole
+    compiled functions run there, transfers, elementwise kernels and ours included."""
+    from emulated_gpu import emulated_array_device
+    from symgpu.gpu.runtime.context import register_context, unregister_context
+    ctx = emulated_array_device(monkeypatch, tmp_path)
+    emulate_prepared_kernels(monkeypatch, tmp_path, gnb)
+    register_context("emu_neibs", ctx)
+    yield ctx
+    unregister_context("emu_neibs")
+
+
+@requires_gxx
+@pytest.mark.parametrize("mode, dtype", [(m, "float32") for m in MODES] + [
+    ("full", "float16"), ("wrap_centered", "bfloat16")])
+def test_a_compiled_function_runs_the_ops_and_the_gradient_on_the_device(emu_fn, mode, dtype):
+    from symgpu.config import config
+    from symgpu.gpu.placement.type import gpuarray_shared_constructor
+    ns, st = {"valid": ((3, 2), (1, 1)), "wrap_centered": ((3, 3), (2, 1))}.get(
+        mode, ((3, 2), (2, 1)))
+    v = _values((2, 1, 5, 6), dtype)    # small integers: every result is exact in dtype
+    with config.change_flags(floatX="float32"):
+        x = gpuarray_shared_constructor(v, name="x", target="emu_neibs")
+        y = images2neibs(x * 2, ns, st, mode=mode)
+        f = symgpu.function([], [y, T.grad((y ** 2).sum(), x)])
+    names = _names(f)
+    assert {"GpuImages2Neibs", "GpuImages2NeibsGrad"} <= names and "Images2Neibs" not in names
+    got_y, got_g = f()
+    want_y = _host(Images2Neibs(mode), v * 2, np.array(ns), np.array(st))
+    want_g = 2 * _host(Images2NeibsGrad(mode), 2 * want_y, v, np.array(ns), np.array(st))
+    assert got_y.dtype == got_g.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got_y, want_y)
+    np.testing.assert_array_equal(got_g.astype(np.float32), want_g.astype(np.float32))
