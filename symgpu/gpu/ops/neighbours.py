@@ -118,11 +118,6 @@ class _GpuNeibsBase(Op):
                                                            self.mode)
         return gc, gd, c, d, sx, sy, px, py
 
-    def _check_dtype(self, v: Any, what: str) -> None:
-        if v.dtype not in NEIBS_DTYPES:
-            raise TypeError(f"{self}: {what} {v} has dtype {v.dtype}, which GPU kernels do not "
-                            f"take ({', '.join(NEIBS_DTYPES)})")
-
 
 class GpuImages2Neibs(_GpuNeibsBase):
     """Images2Neibs on the GPU (Theano's GpuImages2Neibs): inputs (ten4, neib_shape,
@@ -133,8 +128,7 @@ class GpuImages2Neibs(_GpuNeibsBase):
     connection_pattern = Images2Neibs.connection_pattern
 
     def make_node(self, ten4: Any, neib_shape: Any, neib_step: Any = None) -> Apply:
-        ten4 = as_gpuarray_variable(ten4, _context_name(ten4))
-        self._check_dtype(ten4, "ten4")
+        ten4 = as_gpuarray_variable(ten4, _context_name(ten4))   # a GPU dtype: the kernels'
         # the host op's checks (4-d, integer vectors) and its input variables
         host = Images2Neibs(self.mode).make_node(TensorType(ten4.dtype, ten4.broadcastable)(),
                                                  neib_shape, neib_step)
@@ -176,7 +170,6 @@ class GpuImages2NeibsGrad(_GpuNeibsBase):
     def make_node(self, gz: Any, ten4: Any, neib_shape: Any, neib_step: Any) -> Apply:
         ctx = _context_name(gz, ten4)
         gz, ten4 = as_gpuarray_variable(gz, ctx), as_gpuarray_variable(ten4, ctx)
-        self._check_dtype(gz, "gz")
         host = Images2NeibsGrad(self.mode).make_node(
             TensorType(gz.dtype, gz.broadcastable)(),
             TensorType(ten4.dtype, ten4.broadcastable)(), neib_shape, neib_step)
