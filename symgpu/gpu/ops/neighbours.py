@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
