@@ -110,6 +110,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.sparse.sandbox.truedot": ("symgpu.sparse.products",),
     "symgpu.sandbox.neighbours": "symgpu.tensor.nnet.neighbours",
     "symgpu.gpuarray.linalg": ("symgpu.gpu.ops.theano_linalg", "symgpu.gpu.ops.linalg"),
+    "symgpu.gpuarray.neighbours": "symgpu.gpu.ops.neighbours",   # GpuImages2Neibs (issue 33)
     # --- end of names-lib's block
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",

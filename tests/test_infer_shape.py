@@ -1598,3 +1598,26 @@ CASES.update(_DYNAMIC_POOL_CASES)
 @pytest.mark.parametrize("op_cls", list(_DYNAMIC_POOL_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_dynamic_pool(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- images2neibs on the GPU (issue 33, helper neibs)
+from symgpu.gpu.ops import neighbours as _gnb  # noqa: E402
+
+_NEIBS_GPU_CASES = {
+    _gnb.GpuImages2Neibs: [
+        gcase(lambda x: _gnb.GpuImages2Neibs("half")(x, (3, 2), (1, 2)),
+              lambda x: _nb.images2neibs(x, (3, 2), (1, 2), mode="half"), "g", r(2, 3, 6, 8)),
+        gcase(lambda x: _gnb.GpuImages2Neibs("wrap_centered")(x, (3, 3), (2, 2)),
+              lambda x: _nb.images2neibs(x, (3, 3), (2, 2), mode="wrap_centered"), "g",
+              r(1, 2, 5, 6))],
+    _gnb.GpuImages2NeibsGrad: [
+        gcase(lambda g, x: _gnb.GpuImages2NeibsGrad("full")(g, x, (2, 3), (1, 2)),
+              lambda g, x: _nb.Images2NeibsGrad("full")(g, x, (2, 3), (1, 2)), "gg",
+              r(2 * 5 * 4, 6), r(1, 2, 4, 5))],
+}
+CASES.update(_NEIBS_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NEIBS_GPU_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_neibs_gpu(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

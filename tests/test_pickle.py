@@ -798,3 +798,29 @@ def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
     assert [tt, gt] == fresh
     assert [hash(tt), hash(gt)] == [hash(t) for t in fresh]
 
+
+
+def test_gpu_images2neibs_graphs_and_functions_pickle_under_a_virtual_context():
+    """GpuImages2Neibs and its gradient (issue 33): the ops, a lifted function and its graph
+    round-trip; the loaded function is the same GPU graph, re-linked."""
+    from symgpu.config import config
+    from symgpu.gpu.ops.neighbours import GpuImages2Neibs, GpuImages2NeibsGrad
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.tensor.nnet.neighbours import images2neibs, neibs2images
+    for op in (GpuImages2Neibs("wrap_centered"), GpuImages2NeibsGrad("full")):
+        assert roundtrip(op) == op and hash(roundtrip(op)) == hash(op)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.ftensor4("x")
+        nb = images2neibs(x, (3, 3), (1, 2), mode="half")
+        outs = [nb, T.grad((nb ** 2).sum(), x),
+                neibs2images(images2neibs(x, (2, 3)), (2, 3), x.shape)]
+        f = function([x], outs)
+        names = sorted(type(n.op).__name__ for n in f.maker.fgraph.toposort())
+        assert {"GpuImages2Neibs", "GpuImages2NeibsGrad"} <= set(names), names
+        g = roundtrip(f)
+        assert sorted(type(n.op).__name__ for n in g.maker.fgraph.toposort()) == names
+        modes = sorted(n.op.mode for n in g.maker.fgraph.toposort()
+                       if isinstance(n.op, (GpuImages2Neibs, GpuImages2NeibsGrad)))
+        assert modes == ["half", "half", "valid"], modes
+        x2, outs2 = roundtrip((x, outs))
+        assert [str(v.type) for v in outs2] == [str(v.type) for v in outs]

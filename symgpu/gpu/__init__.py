@@ -144,3 +144,4 @@ import symgpu.gpu.ops.collectives  # noqa: E402,F401  (NCCL collectives, the dis
 import symgpu.gpu.ops.comm_join  # noqa: E402,F401  (collectives joined back from their stream)
 import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)
 import symgpu.gpu.ops.constructors  # noqa: E402,F401  (Eye -> GpuEye, Split -> GpuSplit; GpuTri)
+import symgpu.gpu.ops.neighbours  # noqa: E402,F401  (Images2Neibs -> GpuImages2Neibs, its gradient)
