@@ -166,3 +166,90 @@ def test_general_gather_matches_numpy(emu, k):
     got = _run(emu, node, [x] + index_values)
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
+
+
+@requires_gxx
+def test_general_gather_reads_x_through_its_strides_and_reports_a_bad_index(emu):
+    from emulated_gpu import device_array, host_view
+    from symgpu.gpu.ops.advanced_general import GpuAdvancedSubtensor
+    from symgpu.gpu.runtime.device_checks import raise_device_errors
+    x = np.arange(4 * 5 * 6, dtype="float64").reshape(4, 5, 6)
+    X, a, b = T.dtensor3("x"), T.lvector("a"), T.ivector("b")
+    node = _gpu_node(X[a, 1:, b], GpuAdvancedSubtensor, 1)
+    xt = device_array(emu, np.ascontiguousarray(x.transpose(2, 1, 0))).transpose(2, 1, 0)
+    av, bv = np.array([3, -4], dtype="int64"), np.array([5, 0], dtype="int32")
+    out = [None]
+    node.op.perform(node, [xt, device_array(emu, av), device_array(emu, bv)], [out])
+    np.testing.assert_array_equal(host_view(out[0]), x[av, 1:, bv])
+    raise_device_errors(emu)                        # nothing reported
+    bad = np.array([3, 6], dtype="int32")
+    node.op.perform(node, [xt, device_array(emu, av), device_array(emu, bad)], [out])
+    with pytest.raises(IndexError, match="index 6 is out of bounds"):
+        raise_device_errors(emu)
+    with pytest.raises(IndexError, match="index 9 is out of bounds for axis 0 with size 4"):
+        n2 = _gpu_node(X[9, :, b], GpuAdvancedSubtensor, 1)
+        n2.op.perform(n2, [xt, np.asarray(9), device_array(emu, bv)], [out])
+    with pytest.raises(IndexError, match="could not be broadcast"):
+        node.op.perform(node, [xt, device_array(emu, np.zeros(3, "int64")),
+                               device_array(emu, bv)], [out])
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+@pytest.mark.parametrize("set_", [False, True])
+def test_general_inc_and_set_match_numpy(emu, dtype, set_):
+    """inc accumulates repeated indices (np.add.at); set writes (no repeats here: which
+    repeated write lands is unspecified); the value broadcasts over the region."""
+    from symgpu.gpu.ops.advanced_general import GpuAdvancedIncSubtensor
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((4, 5, 6)) * 10).astype(dtype)
+    X, Y, a, b = T.tensor3("x", dtype=dtype), T.matrix("y", dtype=dtype), T.lvector("a"), \
+        T.ivector("b")
+    av = np.array([3, 0, 3, -1] if not set_ else [3, 0, 1, 2], dtype="int64")
+    bv = np.array([1, 2, 1, 5] if not set_ else [1, 2, 3, 5], dtype="int32")
+    y = (rng.standard_normal((4, 3)) * 10).astype(dtype)
+    fn = T.set_subtensor if set_ else T.inc_subtensor
+    node = _gpu_node(fn(X[a, 1:4, b], Y), GpuAdvancedIncSubtensor, 2)
+    got = _run(emu, node, [x, y, av, bv])
+    want = x.copy()
+    if set_:
+        want[av, 1:4, bv] = y
+    else:
+        np.add.at(want, (av, slice(1, 4), bv), y)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # a value broadcast along the region's first dim (a row)
+    Yr = T.row("yr", dtype=dtype)
+    node = _gpu_node(fn(X[a, 1:4, b], Yr), GpuAdvancedIncSubtensor, 2)
+    got = _run(emu, node, [x, y[:1], av, bv])
+    want = x.copy()
+    if set_:
+        want[av, 1:4, bv] = y[:1]
+    else:
+        np.add.at(want, (av, slice(1, 4), bv), y[:1])
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@requires_gxx
+def test_boolean_masks_gather_and_increment_as_numpy(emu):
+    """Masks become their nonzero() arrays (Theano's check of their shape first), mixed
+    with slices and other index arrays."""
+    from symgpu.gpu.ops.advanced_general import (GpuAdvancedBooleanIncSubtensor,
+                                                 GpuAdvancedBooleanSubtensor)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 5, 6)).astype("float32")
+    X, M, M1, a = T.tensor3("x"), T.bmatrix("m") > 0, T.bvector("m1") > 0, T.lvector("a")
+    m = rng.random((4, 5)) > 0.5
+    m1 = rng.random(6) > 0.3
+    a1 = np.array([-1], dtype="int64")
+    for out, vals, want in ((X[M], [m], x[m]), (X[:, a, M1], [a1, m1], x[:, a1, m1]),
+                            (X[1:, :, M1], [m1], x[1:, :, m1])):
+        node = _gpu_node(out, GpuAdvancedBooleanSubtensor, 1)
+        got = _run(emu, node, [x] + vals)
+        np.testing.assert_array_equal(got, want)
+    node = _gpu_node(T.inc_subtensor(X[M], 1.5), GpuAdvancedBooleanIncSubtensor, 2)
+    want = x.copy()
+    want[m] += 1.5
+    np.testing.assert_allclose(_run(emu, node, [x, np.float32(1.5), m]), want, rtol=1e-6)
+    node = _gpu_node(X[M], GpuAdvancedBooleanSubtensor, 1)
+    with pytest.raises(IndexError, match="boolean index did not match"):
+        _run(emu, node, [x, np.ones((4, 4), bool)])
