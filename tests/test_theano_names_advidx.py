@@ -253,3 +253,224 @@ def test_boolean_masks_gather_and_increment_as_numpy(emu):
     node = _gpu_node(X[M], GpuAdvancedBooleanSubtensor, 1)
     with pytest.raises(IndexError, match="boolean index did not match"):
         _run(emu, node, [x, np.ones((4, 4), bool)])
+
+
+# ----------------------------------------------------------------------------- 1-hot xent
+
+def _softmax(r):
+    e = np.exp(r - r.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_theano_paths_name_the_gpu_xent_classes():
+    from symgpu.gpu.ops import xent_softmax as gx
+    import symgpu.gpuarray.nnet as gnn
+    import symgpu.tensor.nnet.nnet as nnet
+    assert gnn.GpuCrossentropySoftmaxArgmax1HotWithBias is \
+        gx.GpuCrossentropySoftmaxArgmax1HotWithBias
+    assert gnn.GpuCrossentropySoftmax1HotWithBiasDx is gx.GpuCrossentropySoftmax1HotWithBiasDx
+    assert nnet.CrossentropySoftmaxArgmax1HotWithBias is T.nnet.CrossentropySoftmaxArgmax1HotWithBias
+
+
+def test_host_xent_softmax_argmax_matches_numpy_and_checks_labels():
+    rng = np.random.default_rng(0)
+    x, b, y = T.fmatrix("x"), T.fvector("b"), T.ivector("y")
+    f = function([x, b, y], T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x, b, y))
+    xv = rng.standard_normal((6, 5)).astype("float32")
+    bv = rng.standard_normal(5).astype("float32")
+    yv = np.array([0, 4, 1, 2, 3, 4], dtype="int32")
+    nll, sm, am = f(xv, bv, yv)
+    r = (xv + bv).astype("float64")
+    np.testing.assert_allclose(sm, _softmax(r), rtol=1e-5)
+    np.testing.assert_allclose(nll, -np.log(_softmax(r)[np.arange(6), yv]), rtol=1e-5)
+    np.testing.assert_array_equal(am, r.argmax(axis=1))
+    assert (nll.dtype, sm.dtype, am.dtype) == ("float32", "float32", "int32")
+    with pytest.raises(ValueError, match="out of bounds"):
+        f(xv, bv, np.array([0, 5, 1, 2, 3, 4], dtype="int32"))
+    # the functions Theano builds from it
+    nll2, sm2 = function([x, y], T.nnet.crossentropy_softmax_1hot(x, y))(xv, yv)
+    np.testing.assert_allclose(nll2, -np.log(_softmax(xv.astype("float64"))[np.arange(6), yv]),
+                               rtol=1e-5)
+    outs = function([x, b, y], T.nnet.crossentropy_softmax_max_and_argmax_1hot_with_bias(
+        x, b, y))(xv, bv, yv)
+    np.testing.assert_allclose(outs[2], _softmax(r).max(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(outs[3], r.argmax(axis=1))
+
+
+def test_host_xent_gradients_verify():
+    from symgpu.gradient import verify_grad
+    rng = np.random.default_rng(1)
+    yv = np.array([0, 3, 1, 2, 3], dtype="int64")
+    op = T.nnet.crossentropy_softmax_argmax_1hot_with_bias
+    verify_grad(lambda x, b: op(x, b, yv)[0].sum() + (op(x, b, yv)[1] ** 2).sum(),
+                [rng.standard_normal((5, 4)), rng.standard_normal(4)], rng=rng)
+    sm = _softmax(rng.standard_normal((5, 4)))
+    dx = T.nnet.crossentropy_softmax_1hot_with_bias_dx
+    for dy in (rng.standard_normal(5), np.asarray(1.3), np.asarray([0.7])):
+        verify_grad(lambda d, s: dx(d, s, yv), [dy, sm], rng=rng)
+    d = T.dvector("d")
+    got = function([d], dx(d, sm, yv))(np.arange(5.0))
+    want = np.arange(5.0)[:, None] * sm
+    want[np.arange(5), yv] -= np.arange(5.0)
+    np.testing.assert_allclose(got, want)
+
+
+def test_xent_ops_and_their_gradient_are_placed_on_the_gpu(vgpu):
+    x, b, y = T.matrix("x"), T.vector("b"), T.ivector("y")
+    nll, sm, am = T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x, b, y)
+    f = function([x, b, y], [nll.mean(), am, *symgpu.grad(nll.mean(), [x, b])])
+    names = _ops(f)
+    assert {"GpuCrossentropySoftmaxArgmax1HotWithBias",
+            "GpuCrossentropySoftmax1HotWithBiasDx"} <= set(names), names
+    assert not any(n.startswith("Crossentropy") for n in names), names
+
+
+@requires_nvcc
+def test_the_xent_module_compiles_for_sm90(tmp_path):
+    from symgpu.gpu.ops.xent_softmax import xent_softmax_source
+    assert compile_for_sm90(xent_softmax_source(), tmp_path)
+
+
+@pytest.fixture
+def xemu(monkeypatch, tmp_path):
+    from emulated_gpu import emulate_prepared_kernels, emulated_array_device
+    from symgpu.gpu.ops import xent_softmax
+    ctx = emulated_array_device(monkeypatch, tmp_path)
+    emulate_prepared_kernels(monkeypatch, tmp_path, xent_softmax)
+    return ctx
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype,k", [("float32", 7), ("float64", 1500), ("float32", 40)])
+def test_gpu_xent_forward_matches_the_host_op(xemu, dtype, k):
+    """A warp per row (k <= 1024) or a block per row; x read transposed; a bad label is
+    reported and raised at the next sync."""
+    from emulated_gpu import device_array, host_view
+    from symgpu.gpu.ops.xent_softmax import GpuCrossentropySoftmaxArgmax1HotWithBias as Op_
+    from symgpu.gpu.runtime.device_checks import raise_device_errors
+    rng = np.random.default_rng(k)
+    n = 19
+    xv = rng.standard_normal((n, k)).astype(dtype)
+    xv[3, 5 % k] = xv[3].max() + 1      # a clear maximum
+    bv = rng.standard_normal(k).astype(dtype)
+    if k > 1:                           # a tie of x + b: the first one wins
+        bv[1] = bv[0]
+        xv[4, :2] = 10
+    yv = rng.integers(0, k, n).astype("int64")
+    node = Op_()(GpuArrayType(dtype, (False, False))(), GpuArrayType(dtype, (False,))(),
+                 GpuArrayType("int64", (False,))())[0].owner
+    xt = device_array(xemu, np.ascontiguousarray(xv.T)).transpose(1, 0)
+    out = [[None], [None], [None]]
+    node.op.perform(node, [xt, device_array(xemu, bv), device_array(xemu, yv)], out)
+    host = T.nnet.crossentropy_softmax_argmax_1hot_with_bias
+    xs, bs, ys = T.matrix(dtype=dtype), T.vector(dtype=dtype), T.lvector()
+    want = function([xs, bs, ys], host(xs, bs, ys))(xv, bv, yv)
+    got = [np.array(host_view(o[0])) for o in out]
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got[0], want[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(got[1], want[1], rtol=tol, atol=tol)
+    np.testing.assert_array_equal(got[2], want[2])
+    raise_device_errors(xemu)
+    bad = yv.copy()
+    bad[7] = k
+    node.op.perform(node, [xt, device_array(xemu, bv), device_array(xemu, bad)], out)
+    with pytest.raises(ValueError, match=rf"labels must lie in \[0, {k}\).*got label {k}"):
+        raise_device_errors(xemu)
+
+
+@requires_gxx
+@pytest.mark.parametrize("dy_shape", ["scalar", "one", "rows"])
+def test_gpu_xent_dx_matches_the_host_op(xemu, dy_shape):
+    from emulated_gpu import device_array, host_view
+    from symgpu.gpu.ops.xent_softmax import GpuCrossentropySoftmax1HotWithBiasDx as Op_
+    rng = np.random.default_rng(2)
+    n, k = 300, 9
+    sm = _softmax(rng.standard_normal((n, k))).astype("float32")
+    yv = rng.integers(0, k, n).astype("int32")
+    dy = {"scalar": rng.standard_normal(()), "one": rng.standard_normal(1),
+          "rows": rng.standard_normal(n)}[dy_shape].astype("float32")
+    node = Op_()(GpuArrayType("float32", (False,) * dy.ndim)(),
+                 GpuArrayType("float32", (False, False))(),
+                 GpuArrayType("int32", (False,))()).owner
+    out = [None]
+    node.op.perform(node, [device_array(xemu, dy), device_array(xemu, sm),
+                           device_array(xemu, yv)], [out])
+    d, s, yy = T.tensor(dtype="float32", shape=(False,) * dy.ndim), T.matrix(), T.ivector()
+    want = function([d, s, yy], T.nnet.crossentropy_softmax_1hot_with_bias_dx(d, s, yy))(
+        dy, sm, yv)
+    np.testing.assert_allclose(np.array(host_view(out[0])), want, rtol=1e-6, atol=1e-7)
+
+
+def test_gpu_ops_pickle_in_graphs(vgpu):
+    import pickle
+    x, a, b, y, bias = T.tensor3("x"), T.lvector("a"), T.imatrix("b"), T.ivector("y"), \
+        T.vector("bias")
+    m = T.matrix("m")
+    outs = [x[a, 1:, b], T.inc_subtensor(x[a, :, b], 1.0), x[m > 0],
+            T.set_subtensor(x[m > 0], 0.0),
+            *T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x[0], bias, y)]
+    f = function([x, a, b, m, y, bias], outs + [symgpu.grad(outs[4].sum(), x)],
+                 on_unused_input="ignore")
+    names = sorted(_ops(f))
+    g = pickle.loads(pickle.dumps(f))
+    assert sorted(_ops(g)) == names
+    for want in ("GpuAdvancedSubtensor", "GpuAdvancedIncSubtensor", "GpuAdvancedBooleanSubtensor",
+                 "GpuAdvancedBooleanIncSubtensor", "GpuCrossentropySoftmaxArgmax1HotWithBias",
+                 "GpuCrossentropySoftmax1HotWithBiasDx"):
+        assert want in names, names
+
+
+# ----------------------------------------------------------------------------- real GPU
+
+def _assert_gpu_ran(f, op_names):
+    names = set(_ops(f))
+    assert set(op_names) <= names, names
+    assert not names & (HOST_INDEXING | {"CrossentropySoftmaxArgmax1HotWithBias",
+                                         "CrossentropySoftmax1HotWithBiasDx"}), names
+
+
+@pytest.mark.gpu
+def test_general_indexing_on_the_gpu(cuda):
+    rng = np.random.default_rng(0)
+    x, a, b, mm = T.tensor3("x"), T.lvector("a"), T.imatrix("b"), T.matrix("mm")
+    xv = rng.standard_normal((4, 5, 6)).astype("float32")
+    av = np.array([3, -1, 0, 3], dtype="int64")
+    bv = np.array([[1, 5, -6, 1]], dtype="int32")
+    mv = rng.standard_normal((4, 5)).astype("float32")
+    outs = [x[a, 1:, b], x[None, a, ..., b], x[mm > 0], T.inc_subtensor(x[a, :, b], 1.5),
+            T.set_subtensor(x[mm > 0], 2.0), symgpu.grad(T.sum(x[a, 1:, b] ** 2), x)]
+    f = function([x, a, b, mm], outs)
+    _assert_gpu_ran(f, ["GpuAdvancedSubtensor", "GpuAdvancedBooleanSubtensor",
+                        "GpuAdvancedIncSubtensor", "GpuAdvancedBooleanIncSubtensor"])
+    got = f(xv, av, bv, mv)
+    inc = xv.copy()
+    np.add.at(inc, (av[None, :], slice(None), bv), 1.5)
+    st = xv.copy()
+    st[mv > 0] = 2.0
+    gx = np.zeros_like(xv)
+    np.add.at(gx, (av[None, :], slice(1, None), bv), 2 * xv[av, 1:, bv])
+    for g, w in zip(got, [xv[av, 1:, bv], xv[None, av, ..., bv], xv[mv > 0], inc, st, gx]):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_xent_softmax_ops_on_the_gpu(cuda):
+    rng = np.random.default_rng(1)
+    x, b, y = T.matrix("x"), T.vector("b"), T.ivector("y")
+    nll, sm, am = T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x, b, y)
+    f = function([x, b, y], [nll, sm, am, *symgpu.grad(nll.mean(), [x, b])])
+    _assert_gpu_ran(f, ["GpuCrossentropySoftmaxArgmax1HotWithBias",
+                        "GpuCrossentropySoftmax1HotWithBiasDx"])
+    xv = rng.standard_normal((33, 2000)).astype("float32")
+    bv = rng.standard_normal(2000).astype("float32")
+    yv = rng.integers(0, 2000, 33).astype("int32")
+    got = f(xv, bv, yv)
+    with config.change_flags(device="cpu"):
+        pass
+    r = (xv + bv).astype("float64")
+    p = _softmax(r)
+    dx = p.copy()
+    dx[np.arange(33), yv] -= 1
+    dx /= 33
+    for g, w in zip(got, [-np.log(p[np.arange(33), yv]), p, r.argmax(1), dx, dx.sum(0)]):
+        np.testing.assert_allclose(np.asarray(g), w, rtol=1e-4, atol=1e-6)
