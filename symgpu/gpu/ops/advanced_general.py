@@ -53,8 +53,8 @@ from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtens
 from symgpu.tensor.type import as_tensor_variable
 
 __all__ = ["GpuAdvancedSubtensor", "GpuAdvancedIncSubtensor", "GpuAdvancedBooleanSubtensor",
-           "GpuAdvancedBooleanIncSubtensor", "advanced_general_source", "MAX_REGION_DIMS",
-           "MAX_INDEX_ARRAYS"]
+           "GpuAdvancedBooleanIncSubtensor", "advanced_general_source", "plan_region",
+           "MAX_REGION_DIMS", "MAX_INDEX_ARRAYS"]
 
 #: dims of a region (x[index]) and index arrays one launch describes (AdvMeta's sizes)
 MAX_REGION_DIMS = 8
