@@ -13,7 +13,7 @@ import symgpu
 import symgpu.tensor as T
 from cuda_on_host import requires_gxx
 from gpu_helpers import compile_for_sm90, requires_nvcc
-from symgpu import config, function
+from symgpu import function
 from symgpu.gpu.placement.type import GpuArrayType
 
 HOST_INDEXING = {"AdvancedSubtensor", "AdvancedIncSubtensor"}
