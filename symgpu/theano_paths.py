@@ -73,8 +73,10 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
     "symgpu.gpuarray.blas": ("symgpu.gpu.ops.blas",),                  # + RENAMES
     "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
-    "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
-    "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
+    "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced",
+                                  "symgpu.gpu.ops.advanced_general"),
+    "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy",
+                             "symgpu.gpu.ops.xent_softmax"),
     "symgpu.gpuarray.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv", "symgpu.gpu.ops.pooling"),
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",

@@ -1621,3 +1621,44 @@ CASES.update(_NEIBS_GPU_CASES)
 @pytest.mark.parametrize("op_cls", list(_NEIBS_GPU_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_neibs_gpu(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --- advidx (issue 31): Theano's general advanced indexing on the GPU and the fused 1-hot
+# softmax cross-entropy ops (host and GPU) ---------------------------------------------------
+from symgpu.gpu.ops import advanced_general as _agen, xent_softmax as _gxent  # noqa: E402
+from symgpu.tensor.nnet import xent_softmax as _hxent  # noqa: E402
+from symgpu.tensor.subtensor import SYM as _SYM, Slice as _Slice  # noqa: E402
+
+_ADVIDX_IDX = (_SYM, _Slice(1, None, None), _SYM)
+_ADVIDX_CASES = {
+    _agen.GpuAdvancedSubtensor: [gcase(
+        lambda x, a, b: _agen.GpuAdvancedSubtensor(_ADVIDX_IDX)(x, a, b),
+        lambda x, a, b: x[a, 1:, b], "ggg", r(4, 5, 6), i64([0, 3, 1]), i64([[2], [0]]))],
+    _agen.GpuAdvancedIncSubtensor: [gcase(
+        lambda x, y, a, b: _agen.GpuAdvancedIncSubtensor(_ADVIDX_IDX)(x, y, a, b),
+        lambda x, y, a, b: x, "gggg", r(4, 5, 6), r(4), i64([0, 3, 1]), i64([[2], [0]]))],
+    _agen.GpuAdvancedBooleanSubtensor: [gcase(
+        lambda x, m: _agen.GpuAdvancedBooleanSubtensor((_SYM,))(x, m),
+        lambda x, m: x[m], "gh", r(4, 5, 6), np.arange(20).reshape(4, 5) % 3 == 0)],
+    _agen.GpuAdvancedBooleanIncSubtensor: [gcase(
+        lambda x, y, m: _agen.GpuAdvancedBooleanIncSubtensor((_SYM,), True)(x, y, m),
+        lambda x, y, m: x, "ggh", r(4, 5, 6), r(6), np.arange(20).reshape(4, 5) % 3 == 0)],
+    _gxent.GpuCrossentropySoftmaxArgmax1HotWithBias: [gcase(
+        lambda x, b, y: _gxent.GpuCrossentropySoftmaxArgmax1HotWithBias()(x, b, y)[0],
+        lambda x, b, y: (x + b)[:, 0], "ggg", r(3, 4), r(4), i64([0, 3, 1]))],
+    _gxent.GpuCrossentropySoftmax1HotWithBiasDx: [gcase(
+        lambda d, s, y: _gxent.GpuCrossentropySoftmax1HotWithBiasDx()(d, s, y),
+        lambda d, s, y: s, "ggg", r(3), r(3, 4), i64([0, 3, 1]))],
+    _hxent.CrossentropySoftmaxArgmax1HotWithBias: [case(
+        lambda x, b, y: _hxent.CrossentropySoftmaxArgmax1HotWithBias()(x, b, y),
+        r(3, 4), r(4), i64([0, 3, 1]))],
+    _hxent.CrossentropySoftmax1HotWithBiasDx: [case(
+        lambda d, s, y: _hxent.CrossentropySoftmax1HotWithBiasDx()(d, s, y),
+        r(3), r(3, 4), i64([0, 3, 1]))],
+}
+CASES.update(_ADVIDX_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_ADVIDX_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_advidx(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

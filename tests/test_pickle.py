@@ -404,6 +404,15 @@ def _cases():
         return [x, w], outs, [rng(9).permutation(60).reshape(1, 2, 5, 6) * 0.5,
                               np.array([2, 3])]
 
+    @add("xent_softmax_1hot")
+    def _():
+        # advidx (issue 31): Theano's fused classifier op and its gradient op
+        x, b, y = T.dmatrix("x"), T.dvector("b"), T.lvector("y")
+        nll, sm, am = T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x, b, y)
+        outs = [nll, sm, am, T.nnet.crossentropy_softmax_1hot_with_bias_dx(nll, sm, y)]
+        return [x, b, y], outs, [rng(9).standard_normal((3, 4)), rng(10).standard_normal(4),
+                                 np.array([0, 3, 1])]
+
     return cases
 
 

@@ -113,7 +113,9 @@ import symgpu.gpu.ops.subtensor  # noqa: E402,F401
 import symgpu.gpu.ops.nnet  # noqa: E402,F401
 import symgpu.gpu.ops.advanced  # noqa: E402,F401
 import symgpu.gpu.ops.advanced_pairs  # noqa: E402,F401
+import symgpu.gpu.ops.advanced_general  # noqa: E402,F401
 import symgpu.gpu.ops.crossentropy  # noqa: E402,F401
+import symgpu.gpu.ops.xent_softmax  # noqa: E402,F401
 import symgpu.gpu.ops.nll_grad  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.producer_copies  # noqa: E402,F401

@@ -310,3 +310,14 @@ from symgpu.tensor.nnet.attention import (  # noqa: E402
     Attention, AttentionGrad, scaled_dot_product_attention)
 
 __all__ += ["Attention", "AttentionGrad", "scaled_dot_product_attention"]
+from symgpu.tensor.nnet.xent_softmax import (  # noqa: E402
+    CrossentropySoftmax1HotWithBiasDx, CrossentropySoftmaxArgmax1HotWithBias,
+    crossentropy_softmax_1hot, crossentropy_softmax_1hot_with_bias,
+    crossentropy_softmax_1hot_with_bias_dx, crossentropy_softmax_argmax_1hot_with_bias,
+    crossentropy_softmax_max_and_argmax_1hot, crossentropy_softmax_max_and_argmax_1hot_with_bias)
+
+__all__ += ["CrossentropySoftmaxArgmax1HotWithBias", "CrossentropySoftmax1HotWithBiasDx",
+            "crossentropy_softmax_argmax_1hot_with_bias",
+            "crossentropy_softmax_1hot_with_bias_dx", "crossentropy_softmax_1hot_with_bias",
+            "crossentropy_softmax_1hot", "crossentropy_softmax_max_and_argmax_1hot_with_bias",
+            "crossentropy_softmax_max_and_argmax_1hot"]
