@@ -48,8 +48,11 @@ def gemm_row(n: int = 8192, iters: int = 30) -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32).astype("bfloat16")
     b = rng.standard_normal((n, n), dtype=np.float32).astype("bfloat16")
-    ours = half_gemm._symgpu_seconds(n, "bfloat16", iters, a, b)
-    theirs = half_gemm._torch_seconds(iters, a, b, "bfloat16")
+    res = half_gemm.gemm_seconds("bfloat16", a, b, iters, rounds=7)
+    if len(res) < 2:
+        SUMMARY.append(f"gemm bf16 {n}^3: not measured (a contender failed, above)")
+        return
+    ours, theirs = res["symgpu"], res["torch"]
     flop = 2.0 * n ** 3
     ratio = theirs / ours
     say(f"  bf16 GEMM {n}^3: symgpu {flop / ours / 1e12:.1f} TFLOP/s, torch.matmul "

@@ -159,6 +159,12 @@ def run_row(spec, args) -> dict:
     if args.device != "cpu":
         from symgpu.gpu.exec import scan_graph
         say(f"  loop graphs so far: {dict(scan_graph.STATS)}")
+        for c in contenders:     # why a loop runs step by step, when one does
+            fg = getattr(getattr(c.get("function"), "maker", None), "fgraph", None)
+            for node in (fg.apply_nodes if fg is not None else ()):
+                lg = getattr(node.op, "loop_graphs", None)
+                if lg is not None and lg.disabled is not None:
+                    say(f"  {c['name']}: {node.op} runs step by step: {lg.disabled}")
     check = ("random (not checked)" if not deterministic else
              ("ok" if not bad else "MISMATCH " + ",".join(bad)))
     return {"spec": spec, "check": check,

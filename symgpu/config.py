@@ -466,6 +466,12 @@ _BUILTIN_FLAGS: list[tuple[str, Callable[[], Param], Any, str]] = [  # name, par
      "collectives (one small host all-gather each) and raise CollectiveMismatchError naming "
      "the rank and the collective where they differ (NCCL itself silently misbehaves on "
      "mismatched counts); off: no exchange"),
+    ("distributed.comm_stream", BoolParam, True,
+     "queue GPU collectives on a communication stream of the context's own, forked off the "
+     "compute stream after their inputs and joined back before their first consumer, so an "
+     "all-reduce overlaps the computation queued in between (the rest of the backward pass), "
+     "as DDP's NCCL stream does; read when a function is compiled; off: on the compute "
+     "stream, in order"),
     ("nvcc.flags", StrParam, "", "extra nvcc flags, e.g. --use_fast_math"),
     ("compiledir", PathParam, None, "where compiled kernels are cached across processes"),
     ("cxx", StrParam, "cc", "the C compiler of the CPU's fused elementwise kernels; empty: "

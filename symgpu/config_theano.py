@@ -150,8 +150,10 @@ THEANO_FLAGS: tuple[tuple, ...] = (
     ("dnn.library_path", "path", "", "ignored",
      "symgpu loads cuDNN at run time (libcudnn.so.9 from the system or the nvidia-cudnn "
      "wheel, found by the loader)", ()),
-    ("conv.assert_shape", _B, False, "ignored",
-     "symgpu's convolutions add no shape asserts to the graph", ()),
+    ("conv.assert_shape", _B, False, "",
+     "when True, theano.tensor.nnet.abstract_conv.assert_shape wraps a tensor in an Assert "
+     "of its expected shape (False: it returns the tensor as is); symgpu's convolutions "
+     "check their operands' shapes when they run either way", ()),
     ("dnn.conv.workmem", "removed:dnn.conv.algo_fwd", "", "removed",
      "removed in Theano too: any value but '' is an error naming dnn.conv.algo_fwd", ()),
     ("dnn.conv.workmem_bwd", "removed:dnn.conv.algo_bwd_filter and dnn.conv.algo_bwd_data", "",

@@ -27,9 +27,11 @@ __all__ = ["PATHS", "RENAMES", "install", "resolve"]
 PATHS: dict[str, str | tuple[str, ...]] = {
     # the graph core (theano.gof)
     "symgpu.gof": ("symgpu.graph.basic", "symgpu.graph.op", "symgpu.graph.fg",
-                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue"),
+                   "symgpu.graph.rewriting", "symgpu.graph.sharedvalue",
+                   "symgpu.graph.theano_types", "symgpu.graph.params_type"),
+    "symgpu.gof.params_type": "symgpu.graph.params_type",
     "symgpu.gof.op": "symgpu.graph.op",
-    "symgpu.gof.type": ("symgpu.graph.basic",),
+    "symgpu.gof.type": ("symgpu.graph.basic", "symgpu.graph.theano_types"),
     "symgpu.gof.fg": "symgpu.graph.fg",
     "symgpu.gof.toolbox": ("symgpu.graph.fg", "symgpu.graph.rewriting", "symgpu.graph.features"),
     "symgpu.gof.opt": "symgpu.graph.rewriting",
@@ -44,10 +46,13 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.nanguardmode": "symgpu.compile.monitormode",  # NanGuardMode is a MonitorMode
     # the tensor language (theano.tensor)
     "symgpu.tensor.nnet.nnet": "symgpu.tensor.nnet",
-    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
+    "symgpu.tensor.opt": ("symgpu.tensor.rewriting.theano_opt", "symgpu.tensor.rewriting.slices",
+                          "symgpu.tensor.rewriting.canonizer",
+                          "symgpu.tensor.rewriting.basic", "symgpu.tensor.rewriting.math",
                           "symgpu.tensor.rewriting.elemwise", "symgpu.tensor.rewriting.stabilize",
                           "symgpu.tensor.rewriting.shape_feature"),
-    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops"),
+    "symgpu.tensor.raw_random": ("symgpu.tensor.random.raw", "symgpu.tensor.random.ops",
+                                  "symgpu.tensor.random.numpy_state"),
     "symgpu.tensor.var": "symgpu.tensor.type",
     # Theano's test package: only its documented breakpoint op, a debugging tool
     "symgpu.tests": ("symgpu.misc.breakpoint",),  # a package, so that the path below resolves
@@ -56,6 +61,7 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.scan_module": ("symgpu.scan",),  # its `scan` is the function, as Theano's
     "symgpu.scan_module.scan_op": "symgpu.scan.op",
     "symgpu.scan_module.scan_checkpoints": "symgpu.scan.checkpoints",
+    "symgpu.scan_module.scan_utils": ("symgpu.graph.traversal", "symgpu.scan"),  # equal_computations
     # the GPU package under Theano's names (theano.gpuarray; the old theano.sandbox.cuda)
     # symgpu.gpu, symgpu.gpuarray and symgpu.sandbox.cuda are one module object, so a
     # submodule name under the three is one attribute: each is mapped alike (RENAMES are
@@ -65,18 +71,25 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.gpuarray": "symgpu.gpu",
     "symgpu.gpuarray.basic_ops": ("symgpu.gpu.placement.basic_ops",),  # + RENAMES
     "symgpu.gpuarray.type": ("symgpu.gpu.placement.type",),            # + RENAMES
-    "symgpu.gpuarray.blas": "symgpu.gpu.ops.blas",
+    "symgpu.gpuarray.blas": ("symgpu.gpu.ops.blas",),                  # + RENAMES
     "symgpu.gpuarray.elemwise": ("symgpu.gpu.ops.elemwise",),          # + RENAMES
-    "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced"),
-    "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy"),
+    "symgpu.gpuarray.subtensor": ("symgpu.gpu.ops.subtensor", "symgpu.gpu.ops.advanced",
+                                  "symgpu.gpu.ops.advanced_general"),
+    "symgpu.gpuarray.nnet": ("symgpu.gpu.ops.nnet", "symgpu.gpu.ops.crossentropy",
+                             "symgpu.gpu.ops.xent_softmax"),
     "symgpu.gpuarray.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv", "symgpu.gpu.ops.pooling"),
     "symgpu.gpuarray.pool": "symgpu.gpu.ops.pooling",
     "symgpu.gpuarray.ctc": "symgpu.gpu.ops.ctc",
     "symgpu.gpuarray.fft": "symgpu.gpu.ops.fft",
+    # --- names-gpu (issue 31): Theano's helpers for writing GPU rewrites and kernels
+    "symgpu.gpuarray.opt_util": "symgpu.gpu.ops.rewrite_helpers",
+    "symgpu.gpuarray.kernel_codegen": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    "symgpu.gpuarray.fp16_help": ("symgpu.gpu.runtime.codegen.kernel_text",),
+    # --- end of names-gpu's block
     "symgpu.sandbox.cuda": "symgpu.gpu",
     "symgpu.sandbox.cuda.basic_ops": ("symgpu.gpu.placement.basic_ops",),
     "symgpu.sandbox.cuda.type": ("symgpu.gpu.placement.type",),
-    "symgpu.sandbox.cuda.blas": "symgpu.gpu.ops.blas",
+    "symgpu.sandbox.cuda.blas": ("symgpu.gpu.ops.blas",),
     "symgpu.sandbox.cuda.dnn": ("symgpu.gpu.ops.cudnn", "symgpu.gpu.ops.conv",
                                 "symgpu.gpu.ops.pooling"),
     # --- Theano's documented module members (issue 31, helper names2): graph walking and
@@ -88,6 +101,19 @@ PATHS: dict[str, str | tuple[str, ...]] = {
     "symgpu.compile.ops": ("symgpu.tensor.shape", "symgpu.compile.deepcopy",
                            "symgpu.compile.python_ops"),
     "symgpu.scalar.sharedvar": "symgpu.tensor.scalar_sharedvar",  # 0-d shared tensors
+    # --- Theano's library beyond the core (issue 33, helper names-lib): sparse matrices
+    # (theano.sparse.basic is the whole of Theano's sparse package: ours is split by
+    # concern, and symgpu.sparse.basic, the old name of symgpu.sparse.construct, gathers it
+    # too), its sandbox, the sandbox's neighbours
+    "symgpu.sparse.basic": ("symgpu.sparse",),
+    "symgpu.sparse.sandbox": ("symgpu.sparse.convolution", "symgpu.sparse.sampling"),
+    "symgpu.sparse.sandbox.sp": ("symgpu.sparse.convolution", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.sp2": ("symgpu.sparse.sampling", "symgpu.sparse"),
+    "symgpu.sparse.sandbox.truedot": ("symgpu.sparse.products",),
+    "symgpu.sandbox.neighbours": "symgpu.tensor.nnet.neighbours",
+    "symgpu.gpuarray.linalg": ("symgpu.gpu.ops.theano_linalg", "symgpu.gpu.ops.linalg"),
+    "symgpu.gpuarray.neighbours": "symgpu.gpu.ops.neighbours",   # GpuImages2Neibs (issue 33)
+    # --- end of names-lib's block
     # symgpu's own older paths: modules that moved keep their old path here
     "symgpu.gpu.placement.lifters": "symgpu.gpu.ops.lifters",
     "symgpu.gpu.placement.narrow_outputs": "symgpu.gpu.ops.narrow_outputs",
@@ -100,6 +126,8 @@ PATHS: dict[str, str | tuple[str, ...]] = {
 #: Theano's for what users do with it; the names Theano has with no meaning here are in
 #: tools/theano_absent.py, each with its reason.
 RENAMES: dict[str, dict[str, str]] = {
+    # --- names-tensor (issue 31): Theano's base of Types without C code is our Type
+    "symgpu.gof.type": {"PureType": "symgpu.graph.basic:Type"},
     "symgpu.gpuarray.type": {
         "get_context": "symgpu.gpu.runtime.context:get_context",
         "reg_context": "symgpu.gpu.runtime.context:register_context",
@@ -109,10 +137,19 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuJoin": "symgpu.gpu.ops.subtensor:GpuJoin",
         "GpuAllocEmpty": "symgpu.gpu.ops.blas:GpuAllocEmpty",
         "infer_context_name": "symgpu.gpu.ops.theano_dnn:infer_context_name",
+        **{n: f"symgpu.gpu.ops.constructors:{n}" for n in ("GpuEye", "GpuTri", "GpuSplit")},
     },
     "symgpu.gpuarray.elemwise": {
         "GpuCAReduceCuda": "symgpu.gpu.ops.elemwise:GpuCAReduce",   # our CUDA reduction
+        # the scalar ops of the table, whose CUDA rows GpuElemwise renders
+        "GpuErfinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfinv",
+        "GpuErfcinv": "symgpu.gpu.ops.theano_gpu_names:GpuErfcinv",
     },
+    "symgpu.gpuarray.blas": {   # the correlations: our convolutions without the flip
+        n: f"symgpu.gpu.ops.theano_gpu_names:{n}" for n in (
+            "BaseGpuCorrMM", "GpuCorrMM", "GpuCorrMM_gradWeights", "GpuCorrMM_gradInputs",
+            "BaseGpuCorr3dMM", "GpuCorr3dMM", "GpuCorr3dMM_gradWeights",
+            "GpuCorr3dMM_gradInputs")},
     "symgpu.gpuarray.subtensor": {
         # the atomicAdd scatter (Theano's "dev20": compute capability 2.0 and up)
         "GpuAdvancedIncSubtensor1_dev20": "symgpu.gpu.ops.advanced:GpuAdvancedIncSubtensor1",
@@ -128,10 +165,13 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnConvGradI": "symgpu.gpu.ops.conv:GpuConv2dGradInputs",
         "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
+        "version": "symgpu.gpu.ops.cudnn:cudnn_version",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
-            "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
+            "dnn_available", "dnn_present", "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",
-            "dnn_batch_normalization_test")},
+            "dnn_batch_normalization_test",
+            # --- names-rest: builders of our host graphs, isinstance on the lifted ops
+            "GpuDnnSoftmax", "GpuDnnSoftmaxBase", "GpuDnnPoolGrad", "GpuDnnPoolBase")},
     },
 }
 
@@ -260,7 +300,10 @@ def _ours(fullname: str) -> str | None:
         if name in PATHS or importlib.util.find_spec(name) is not None:
             return name
         return None
-    return fullname if fullname in PATHS else None
+    if fullname in PATHS:
+        return fullname
+    # `from theano.gpuarray import dnn` asks for it under the module's own name (symgpu.gpu)
+    return _canonical(fullname) if _canonical(fullname) in PATHS else None
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

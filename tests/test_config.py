@@ -298,7 +298,7 @@ def test_describe_and_dump():
              "optimizer_excluding", "profile", "profile_memory", "allow_gc", "assert_no_cpu_op",
              "contexts", "gpuarray.preallocate", "gpuarray.cuda_graphs", "gpuarray.sync_checks",
              "gpuarray.allow_tf32", "gpuarray.cublaslt", "gpuarray.gemm_epilogue",
-             "distributed.timeout", "distributed.check_shapes",
+             "distributed.timeout", "distributed.check_shapes", "distributed.comm_stream",
              "nvcc.flags",
              "compiledir", "cxx", "compile_log", "exception_verbosity", "print_active_device",
              "compute_test_value", "compute_test_value_opt", "print_test_value",

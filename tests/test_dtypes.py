@@ -181,7 +181,11 @@ def test_floatx_for_untyped_constructors_and_python_floats():
             assert T.tensor(shape=(None, 3)).dtype == fx
             assert T.constant(1.5).dtype == fx
             assert T.as_tensor_variable([1.5, 2.0]).dtype == fx
-            assert T.constant(2).dtype == "int64"
+            # Python ints: Theano's autocast_int, the narrowest int that holds them
+            assert T.constant(2).dtype == "int8" and T.constant(300).dtype == "int16"
+            assert T.constant(2 ** 40).dtype == "int64" and T.constant([2, 3]).dtype == "int64"
+            assert (T.constant(1) - T.fvector()).dtype == "float32"
+            assert symgpu.shared(2).dtype == "int64"
             assert T.cast(T.ivector(), "floatX").dtype == fx
     # typed constructors ignore floatX
     with config.change_flags(floatX="float32"):

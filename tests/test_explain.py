@@ -36,9 +36,9 @@ def test_explain_returns_without_printing_when_asked():
 
 
 def test_a_gpu_function_lists_its_transfers_syncs_and_cpu_ops(vgpu):
-    x, w, m = T.fmatrix("x"), T.fmatrix("w"), T.lmatrix("m")
+    x, w, m = T.fmatrix("x"), T.fmatrix("w"), T.bmatrix("m")
     h = T.exp(T.dot(x, w))
-    f = function([x, w, m], (h[m] * 2).sum())      # a matrix index: no GPU gather for it
+    f = function([x, w, m], (h[m] * 2).sum())      # an int8 index: no GPU gather for it
     rep, text = _report(f)
     assert rep.on_gpu and rep.contexts == [None]
     assert any("'x'" in u and "an input" in u for u in rep.uploads), rep.uploads
@@ -83,8 +83,8 @@ def test_explain_on_the_gpu_names_the_graph_key(cuda):
 def test_the_profile_points_to_explain_when_calls_wait_more_than_once(vgpu):
     """The profiler's kinds line names symgpu.explain once a call waits twice or more."""
     from symgpu.compile.profiling import ProfileStats
-    x, m = T.fmatrix("x"), T.lmatrix("m")
-    f = function([x, m], T.exp(x)[m] * 2)          # a round trip through the CPU gather
+    x, m = T.fmatrix("x"), T.bmatrix("m")
+    f = function([x, m], T.exp(x)[m] * 2)          # a round trip through the CPU gather (int8)
     stats = ProfileStats(atexit_print=False)
     for node in f.maker.fgraph.apply_nodes:
         stats.apply_callcount[node] = 1

@@ -338,7 +338,7 @@ def test_swapaxes():
 
 def test_new_ops_compile_for_a_gpu_context():
     """Host-only ops keep their transfers around them; the composed functions lift; sort
-    runs on the GPU (symgpu/gpu/ops/sort.py)."""
+    and eye run on the GPU (symgpu/gpu/ops/sort.py, constructors.py)."""
     with config.change_flags(floatX="float32"), virtual_context(None):
         x = T.fmatrix("x")
         outs = [T.cumsum(x, 1) * 2, T.sort(x) + 1, T.repeat(x, 2, 0).sum(), T.diag(x),
@@ -347,8 +347,8 @@ def test_new_ops_compile_for_a_gpu_context():
         f = function([x], outs)
         nodes = f.maker.fgraph.toposort()
         names = {type(n.op).__name__ for n in nodes}
-        assert {"CumOp", "GpuSort", "Repeat", "ExtractDiag", "Eye", "Nonzero"} <= names
-        assert "Sort" not in names
+        assert {"CumOp", "GpuSort", "Repeat", "ExtractDiag", "GpuEye", "Nonzero"} <= names
+        assert "Sort" not in names and "Eye" not in names
         assert "GpuFromHost" in names and "HostFromGpu" in names and "GpuElemwise" in names
 
 

@@ -54,15 +54,18 @@ def _names(out, inputs):
     return {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
 
 
-def test_other_advanced_forms_stay_on_cpu():
+def test_other_advanced_forms_take_the_general_ops():
+    """Forms advanced.py and advanced_pairs.py do not take go to advanced_general.py's ops;
+    index arrays of other integer dtypes stay on the CPU."""
     with config.change_flags(floatX="float32"), virtual_context(None):
         x, iv, jv = T.matrix("x"), T.lvector("iv"), T.lvector("jv")
-        m = T.lmatrix("m")
-        assert "AdvancedSubtensor" in _names(x[:, iv], [x, iv])          # not axis 0
+        m, bv = T.lmatrix("m"), T.bvector("bv")
+        assert "GpuAdvancedSubtensor" in _names(x[:, iv], [x, iv])       # not axis 0
         assert "GpuAdvancedSubtensor2" in _names(x[iv, jv], [x, iv, jv])  # advanced_pairs.py
-        assert "AdvancedSubtensor" in _names(x[m], [x, m])               # matrix index
-        assert "AdvancedSubtensor" in _names(x[iv, 1:], [x, iv])         # partial slice
-        assert "AdvancedIncSubtensor" in _names(T.inc_subtensor(x[:, iv], x[:, iv]), [x, iv])
+        assert "GpuAdvancedSubtensor" in _names(x[m], [x, m])            # matrix index
+        assert "GpuAdvancedSubtensor" in _names(x[iv, 1:], [x, iv])      # partial slice
+        assert "GpuAdvancedIncSubtensor" in _names(T.inc_subtensor(x[:, iv], x[:, iv]), [x, iv])
+        assert "AdvancedSubtensor" in _names(x[bv], [x, bv])             # an int8 index
 
 
 def test_matmul_with_batch_broadcasting_stays_on_cpu():

@@ -290,6 +290,52 @@ def test_numpy_functions_run_on_the_device_or_say_why_not(dev):
 
 # ----------------------------------------------------------------------------- methods
 
+def test_reshape_of_strided_data_is_a_view_where_numpy_makes_one(dev):
+    """A column block of a wider array (attention's q, k, v cut from one product) splits
+    its last axis as a view; merging axes that are not contiguous with each other copies."""
+    a = _data((4, 6, 12), "float32", 3)
+    ga = dev(a)
+    block = ga[:, :, 4:8]                                 # strides (288, 48, 4): not contiguous
+    r = block.reshape(4, 6, 2, 2)
+    assert r.ptr == block.ptr and r.strides == (288, 48, 8, 4)
+    dev.check(r, a[:, :, 4:8].reshape(4, 6, 2, 2))
+    merged = ga[:, 1:5].reshape(4, 48)                    # rows of one plane merge: a view
+    assert merged.ptr == ga[:, 1:5].ptr
+    dev.check(merged, a[:, 1:5].reshape(4, 48))
+    copied = block.reshape(4, 24)            # rows 48 bytes apart, each 16 bytes long: a copy
+    assert copied.ptr != block.ptr and copied.is_c_contiguous
+    dev.check(copied, a[:, :, 4:8].reshape(4, 24))
+
+
+def test_nocopy_strides_agrees_with_numpy():
+    from symgpu.gpu.runtime.array import nocopy_strides
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        shape = tuple(int(n) for n in rng.integers(1, 4, rng.integers(1, 4)))
+        base = np.zeros(tuple(2 * n for n in shape), "float32")
+        a = base[tuple(slice(int(rng.integers(0, 2)), None, int(rng.integers(1, 3)))
+                       for _ in shape)]
+        if rng.random() < 0.3:
+            a = a.transpose(rng.permutation(a.ndim))
+        new, rest = [], a.size
+        for _ in range(int(rng.integers(0, 3))):
+            k = int(rng.choice([d for d in range(1, rest + 1) if rest % d == 0]))
+            new.append(k)
+            rest //= k
+        new = tuple(new + [rest])
+        view = a.view()
+        try:
+            view.shape = new
+            want = view.strides
+        except AttributeError:
+            want = None
+        got = nocopy_strides(a.shape, a.strides, new)
+        assert (got is None) == (want is None), (a.shape, a.strides, new, got, want)
+        if got is not None:
+            np.testing.assert_array_equal(
+                np.lib.stride_tricks.as_strided(a, new, got), a.reshape(new))
+
+
 def test_astype_copy_reshape_transpose_and_scalars(dev):
     a = _data((2, 6), "float32", 14)
     ga = dev(a)

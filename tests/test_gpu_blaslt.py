@@ -60,6 +60,86 @@ def test_under_capture_the_heuristics_first_runs_and_nothing_is_remembered():
     assert choice.pick("one", 1, never, can_time=True) == 0 and choice.chosen["one"] == 0
 
 
+def _problem(m=512, n=128, k=800, lda=None, ldb=512, ldd=512):
+    return blaslt.LtProblem("float32", False, 0, 1, m, n, k, m if lda is None else lda, ldb,
+                            ldd, False, 1, 0, 0, 0, blaslt.EPILOGUE_DEFAULT, (256, 256, 256))
+
+
+def test_a_size_that_changes_every_call_is_timed_at_a_few_sizes_then_borrows():
+    """A product over a sequence length (k = L * batch, new each call) is timed at
+    TIMED_SIZES lengths; a new length then runs the candidate chosen for the nearest timed
+    one, found by its algorithm among the new problem's candidates (else the heuristic's
+    first), and is never timed; another product (other m) is timed as before."""
+    choice = blaslt.AlgoChoice()
+    timed = []
+
+    def time_for(best):
+        def time_all():
+            timed.append(best)
+            return [1.0 if i == best else 2.0 for i in range(4)]
+        return time_all
+
+    def ids(k):   # the new problem's candidates: the same algorithms in another order
+        return [("algo", (i + k) % 4) for i in range(4)]
+    for n, k in enumerate((160, 800, 1440)):
+        fams = blaslt.size_families("dev", _problem(k=k))
+        assert choice.borrowed(fams, ids(k)) is None
+        best = choice.pick(("dev", k), 4, time_for(n + 1), can_time=True)
+        choice.note(fams, ids(k)[best])
+    assert timed == [1, 2, 3]
+    # k = 900: nearest timed size 800, whose winner was ("algo", (2 + 800) % 4) = ("algo", 2)
+    got = choice.borrowed(blaslt.size_families("dev", _problem(k=900)), ids(900))
+    assert ids(900)[got] == ("algo", 2)
+    # a new problem whose candidates lack that algorithm: the heuristic's first
+    assert choice.borrowed(blaslt.size_families("dev", _problem(k=900)),
+                           [("other", i) for i in range(4)]) == 0
+    # m differs too: another family, timed as before
+    assert choice.borrowed(blaslt.size_families("dev", _problem(m=256, k=900)), ids(0)) is None
+    # a transposed A's leading dimension is k: it changes with k and is left out with it
+    fams = blaslt.size_families("dev", _problem(k=900, lda=900))
+    assert fams[2][0] == blaslt.size_families("dev", _problem(k=64, lda=64))[2][0]
+    choice.clear()
+    assert not choice.sizes
+
+
+def test_choose_times_new_sizes_only_until_the_family_has_enough(monkeypatch):
+    """blaslt._choose: per new k one timing for the first TIMED_SIZES sizes, none after;
+    each choice is remembered per problem."""
+    import sys
+    import types
+    fake_drv = types.ModuleType("pycuda.driver")
+    fake_drv.Error = RuntimeError
+    fake_pkg = types.ModuleType("pycuda")
+    fake_pkg.driver = fake_drv
+    monkeypatch.setitem(sys.modules, "pycuda", fake_pkg)
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake_drv)
+    monkeypatch.setattr(blaslt, "CHOICES", blaslt.AlgoChoice())
+    monkeypatch.setattr(blaslt, "_capturing", lambda ctx: False)
+
+    class Scratch:
+        ptr = 0
+
+        def fill(self, v):
+            pass
+    monkeypatch.setattr(blaslt, "new_array", lambda *a, **k: Scratch())
+    timings = []
+
+    def timer(ctx, lt, plan, args, scratch):
+        def time_all():
+            timings.append(plan.problem.k)
+            return [2.0, 1.0, 3.0]
+        return time_all
+    monkeypatch.setattr(blaslt, "_timer", timer)
+    algos = [((ctypes.c_uint64 * 8)(i), 0, f"heuristic #{i}") for i in range(2)] + \
+        [(None, 0, "classic cuBLAS")]
+    for k in (160, 320, 480, 640, 800, 960):
+        p = _problem(k=k)
+        plan = types.SimpleNamespace(algos=algos, problem=p)
+        got = blaslt._choose(types.SimpleNamespace(), None, plan, p, ("dev", p), ())
+        assert got == 1 and blaslt.CHOICES.chosen[("dev", p)] == 1
+    assert timings == [160, 320, 480][:blaslt.TIMED_SIZES]
+
+
 def test_alignment_of_device_addresses():
     assert blaslt.alignment(0x7f0000000000) == 256
     assert blaslt.alignment(0x7f0000000004) == 4

@@ -514,3 +514,92 @@ def test_only_a_loops_first_graph_is_checked_against_plain_launches():
         check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
               want_accumulate(x, h0))
     assert scan_graph.STATS["captures"] == 3 and scan_graph.STATS["checks"] == 1
+
+
+def test_chunks_copy_results_straight_into_the_calls_arrays():
+    """A chunk's results are copied from the graph's memory into the call's arrays, not
+    first into arrays of their own (issue 32): per chunk, one copy per input staged and one
+    per kept state or per-step output, plus the initial state's copy into the history."""
+    op, node = accumulate_loop()
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50)):   # every chunk length captured
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+    assert op.loop_graphs.chunking
+    copies = []
+    real = DRV.copy
+
+    def counting(dst, src):
+        copies.append(dst.shape)
+        real(dst, src)
+    DRV.copy = counting
+    before = dict(scan_graph.STATS)
+    x, h0 = rand(50, 3, seed=7), rand(1, 3, seed=8)
+    check(run(op, node, np.int64(50), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+          want_accumulate(x, h0), 1e-5)
+    chunks = len(scan_graph.chunk_lengths(50))
+    assert scan_graph.STATS["replays"] - before.get("replays", 0) == chunks
+    assert scan_graph.STATS["captures"] == before["captures"]
+    assert len(copies) == 1 + chunks * (2 + 2), copies
+
+
+def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
+    """A keep=False state's final value comes out of the last chunk's graph memory: the
+    caller gets a copy, which the next calls' replays leave untouched."""
+    a, b = gtype(1)("a"), gtype(1)("b")
+    new = GpuFakeKernel("add", lambda u, v: u + v)(a, b)
+    op = GpuScan([a, b], [new], ScanInfo(0, ((-2, -1),), (False,), 0, 0), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("F0"))
+    held = []
+    for n in (3, 7, 5, 9, 11, 6, 13, 10, 19, 12, 17, 3, 7, 5, 9, 11, 3, 7):
+        f0 = np.array([[1, 2], [n, 3]], "float32") / 8
+        fib = [f0[0], f0[1]]
+        for _ in range(n):
+            fib.append(fib[-2] + fib[-1])
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, f0))
+        held.append((got, np.array(fib[-2:])))
+    assert op.loop_graphs.chunking and scan_graph.STATS["replays"] > 0
+    for got, want in held:
+        np.testing.assert_allclose(read(got), want, rtol=1e-6)
+
+
+def test_chunks_read_non_sequences_in_place_until_one_moves():
+    """h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is (no staging copy per
+    chunk); a new w elsewhere is never read through an old graph: that chunk runs plainly,
+    and from then on the non-sequences are staged (copied once per chunk)."""
+    xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
+    xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
+    new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
+    op = GpuScan([xt, h, w], [new_h], ScanInfo(1, ((-1,),), (True,), 0, 1), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"), gtype(1)("W"))
+
+    def go(n, wv, seed):
+        x, h0 = rand(n, 3, seed=seed), rand(1, 3, seed=seed + 1)
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0), wv)
+        want = np.concatenate([h0, h0 + np.cumsum(x * read(wv), axis=0)])
+        np.testing.assert_allclose(read(got), want, rtol=1e-5, atol=1e-6)
+    w1 = upload(CTX_OBJ, [0.5, -1.0, 2.0])
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50, 7)):   # chunk graphs captured
+        go(n, w1, call)
+    lg = op.loop_graphs
+    assert lg.chunking and lg.pin_rest
+    kept = [g for g in lg.graphs.values() if g is not None]
+    assert any(g.pinned == ((3, w1.ptr),) for g in kept)
+    assert all(g.pinned in ((), ((3, w1.ptr),)) for g in kept)
+    copies = []
+    real = DRV.copy
+
+    def counting(dst, src):
+        copies.append(src.ptr)
+        real(dst, src)
+    DRV.copy = counting
+    go(50, w1, 99)
+    assert w1.ptr not in copies and len(copies) == 1 + 3 * (2 + 1), copies
+    DRV.copy = real
+    w2 = upload(CTX_OBJ, [1.0, 0.25, -0.5])        # w elsewhere: never read at w1's address
+    heap(w1.ptr, 3)[:] = np.nan
+    go(50, w2, 100)
+    assert not lg.pin_rest
+    for call, n in enumerate((50, 50, 13)):
+        go(n, w2, 200 + call)
+    chunk_graphs = [lg.graphs[k] for k in lg.graphs if k[0] in (32, 16, 8, 4, 2, 1)]
+    assert chunk_graphs and not any(g.pinned for g in chunk_graphs if g is not None)

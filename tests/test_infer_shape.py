@@ -1387,6 +1387,7 @@ _THEANO_OPS_CASES = {
                                                         infer_shape=_same_shape)(np.exp)(x),
                                  r(3, 2))],
     _pyops.ViewOp: [case(lambda x: _pyops.view_op(x), r(3, 2))],
+    _pyops.OutputGuard: [case(lambda x: _pyops.OutputGuard()(x * 2), r(3, 2))],
     _pyops.Rebroadcast: [case(lambda x: _pyops.Rebroadcast((0, True))(x), r(1, 4))],
     _tb.TensorFromScalar: [case(lambda x: _tb.tensor_from_scalar(x), r())],
     _tb.ScalarFromTensor: [case(lambda x: _tb.scalar_from_tensor(x), r())],
@@ -1408,4 +1409,256 @@ CASES.update(_THEANO_OPS_CASES)
 
 @pytest.mark.parametrize("op_cls", list(_THEANO_OPS_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_theano_compile_ops(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ----------------------------------------------------------------------------- issue 33 (names-lib)
+# Theano's sparse extras and sandbox, CholeskyGrad, theano.gpuarray.linalg's op classes
+from symgpu.sparse import convolution as _SPC  # noqa: E402
+from symgpu.sparse import sampling as _SPR  # noqa: E402
+from symgpu.gpu.ops import theano_linalg as _TGL  # noqa: E402
+
+
+def _probs():
+    return _Sp(_ssp.csr_matrix(np.array([[0.2, 0.8, 0.0], [0.0, 0.5, 0.5]])))
+
+
+_NAMES_LIB_SPARSE_CASES = {
+    _SP.EnsureSortedIndices: [case(_SP.ensure_sorted_indices, _spv(3, 4)),
+                              case(_SP.EnsureSortedIndices(True), _spv(3, 4, "csc"))],
+    _SP.HStack: [case(lambda x, y: _SP.hstack([x, y]), _spv(3, 4), _spv(3, 2, "csc"))],
+    _SP.VStack: [case(lambda x, y: _SP.vstack([x, y], format="csr"), _spv(3, 4),
+                      _spv(2, 4, "csc"))],
+    _SP.ColScaleCSC: [case(_SP.col_scale, _spv(3, 4, "csc"), r(4))],
+    _SP.RowScaleCSC: [case(lambda x, s: _SP.RowScaleCSC()(x, s), _spv(3, 4, "csc"), r(3))],
+    _SPR.Poisson: [case(_SPR.poisson, _spv(3, 4))],
+    _SPR.Binomial: [case(_SPR.csr_dbinomial, i64(5), r(), i64([3, 4]))],
+    _SPR.Multinomial: [case(_SPR.multinomial, i64(4), _probs())],
+}
+CASES.update(_NAMES_LIB_SPARSE_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_SPARSE_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_sparse_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_SPARSE_CASES[op_cls]:
+        _sparse_check(op_cls, c)
+
+
+_NAMES_LIB_CASES = {
+    _SPC.ConvolutionIndices: [case(lambda i, k: _SPC.convolution_indices(i, k)[0],
+                                   i64([2, 5, 6]), i64([3, 2])),
+                              case(lambda i, k: _SPC.ConvolutionIndices((2, 1), "full")(i, k)[0],
+                                   i64([4, 5]), i64([2, 3]))],
+    _SL.CholeskyGrad: [case(lambda x, l, d: _SL.CholeskyGrad()(x, l, d), _spd(),
+                            np.linalg.cholesky(_spd()), r(3, 3))],
+}
+CASES.update(_NAMES_LIB_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_CASES[op_cls]:
+        _host_check(op_cls, c)
+
+
+_NAMES_LIB_GPU_CASES = {
+    _TGL.GpuCusolverSolve: [gcase(lambda a, b: _TGL.GpuCusolverSolve(trans="T")(a, b),
+                                  _SL.solve, "gg", _spd(), r(3, 4))],
+    _TGL.GpuCublasTriangularSolve: [gcase(lambda a, b: _TGL.GpuCublasTriangularSolve()(a, b),
+                                          _SL.solve_triangular, "gg", _spd(), r(3))],
+    _TGL.GpuMagmaCholesky: [gcase(lambda x: _TGL.GpuMagmaCholesky()(x), _SL.cholesky, "g",
+                                  _spd())],
+    _TGL.GpuMagmaMatrixInverse: [gcase(lambda x: _TGL.GpuMagmaMatrixInverse()(x),
+                                       _NL.matrix_inverse, "g", _spd())],
+    _TGL.GpuMagmaSVD: [gcase(lambda x: _TGL.GpuMagmaSVD(full)(x)[0],
+                             lambda x: _NL.svd(x, full)[1], "g", r(5, 3)) for full in (True, False)]
+    + [gcase(lambda x: _TGL.GpuMagmaSVD(True, False)(x), lambda x: _NL.svd(x, compute_uv=False),
+             "g", r(3, 5))],
+    _TGL.GpuMagmaQR: [gcase(lambda x: _TGL.GpuMagmaQR()(x)[0], lambda x: _NL.qr(x)[1], "g",
+                            r(5, 3)),
+                      gcase(lambda x: _TGL.GpuMagmaQR(False)(x), lambda x: _NL.qr(x, "r"), "g",
+                            r(3, 5))],
+    _TGL.GpuMagmaEigh: [gcase(lambda x: _TGL.GpuMagmaEigh("U", c)(x) if not c else
+                              _TGL.GpuMagmaEigh("U", c)(x)[0],
+                              lambda x: _NL.eigh(x)[0], "g", _spd()) for c in (True, False)],
+}
+CASES.update(_NAMES_LIB_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", sorted(_NAMES_LIB_GPU_CASES, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_names_lib_gpu_inferred_shapes(op_cls):
+    for c in _NAMES_LIB_GPU_CASES[op_cls]:
+        _gpu_check(op_cls, c)
+
+
+# Theano's documented names, names-tensor's set (issue 31)
+from symgpu.tensor import checks as _checks  # noqa: E402
+from symgpu.tensor.random import mrg_math as _mrg  # noqa: E402
+from symgpu.tensor import index_ops as _iops  # noqa: E402
+from symgpu.tensor import mpi as _mpi  # noqa: E402
+
+_NAMES_TENSOR_CASES = {
+    _checks.Assert: [case(lambda x, n: _checks.Assert("m")(x, T.gt(n, 0)), r(3, 2), i64(1))],
+    _mrg.DotModulo: [case(lambda A, s, A2, s2: _mrg.DotModulo()(A, s, np.int32(7), A2, s2,
+                                                                np.int32(11)),
+                          i64([[1, 2, 3], [4, 5, 6]]), np.array([1, 2, 3], dtype="int32"),
+                          i64([[1, 2, 3]]), np.array([4, 5, 6], dtype="int32"))],
+    _iops.CpuContiguous: [case(lambda x: _iops.cpu_contiguous(x.T), r(3, 2))],
+    # Unique: the number of unique values is known once computed (ShapeError: x.shape is
+    # read from the result; tests/test_theano_names_tensor.py checks those shapes)
+    _iops.Unique: [],
+    _iops.UnravelIndex: [case(lambda i, d: _iops.UnravelIndex(2)(i, d)[1], i64([[1, 5], [7, 0]]),
+                              i64([3, 4]))],
+    _iops.RavelMultiIndex: [case(lambda a, b, d: _iops.RavelMultiIndex()(a, b, d), i64([0, 2]),
+                                 i64([1, 3]), i64([3, 4]))],
+    _iops.Bartlett: [case(lambda m: _iops.bartlett(m), i64(6)), case(lambda m: _iops.bartlett(m), i64(-2))],
+    # the MPI ops have request outputs (Generic, no shape): tests/test_theano_names_tensor.py
+    # checks their shapes with a fake communicator
+    _mpi.MPIRecv: [], _mpi.MPIRecvWait: [], _mpi.MPISend: [], _mpi.MPISendWait: [],
+    _iops.FillDiagonalOffset: [case(lambda a, v, o: _iops.fill_diagonal_offset(a, v, o), r(3, 5),
+                                    r(), i64(1))],
+}
+CASES.update(_NAMES_TENSOR_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NAMES_TENSOR_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_theano_names_tensor(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --- names-gpu (issue 31): Theano's GpuEye, GpuTri, GpuSplit ---------------------------------
+from symgpu.gpu.ops import constructors as _gcons  # noqa: E402
+
+_NAMES_GPU_CASES = {
+    _gcons.GpuEye: [gcase(lambda n, m, k: _gcons.GpuEye("float64")(n, m, k),
+                          lambda n, m, k: T.eye(n, m, k, dtype="float64"), "hhh",
+                          i64(3), i64(5), i64(1))],
+    _gcons.GpuTri: [gcase(lambda n, m, k: _gcons.GpuTri("float64")(n, m, k),
+                          lambda n, m, k: T.tri(n, m, k, dtype="float64"), "hhh",
+                          i64(4), i64(2), i64(0))],
+    _gcons.GpuSplit: [gcase(lambda x, a, s: _gcons.GpuSplit(2)(x, a, s)[0],
+                            lambda x, a, s: _tb.Split(2)(x, a, s)[0], "ghh",
+                            r(5, 3), i64(0), i64([2, 3]))],
+}
+CASES.update(_NAMES_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NAMES_GPU_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_names_gpu(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- the join of a collective's stream (issue 35)
+from symgpu.gpu.ops import comm_join as _cjoin  # noqa: E402
+
+_COMM_JOIN_CASES = {
+    _cjoin.GpuCommJoin: [gcase(lambda x: _cjoin.comm_join(_coll.GpuAllReduce("sum", "self")(x)),
+                               lambda x: x * 1, "g", r(3, 2, dtype="float32"))],
+}
+CASES.update(_COMM_JOIN_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_COMM_JOIN_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_comm_join(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --- names-rest (issue 31): raw_random's RandomFunction (a NumPy RandomState input: its
+# shapes are checked in tests/test_theano_names_rest.py, as the state has no shape) ----------
+from symgpu.tensor.random import numpy_state as _nps  # noqa: E402
+
+CASES.update({_nps.RandomFunction: []})
+
+
+# pooling with graph-valued sizes (Theano's Pool with symbolic ws; Lasagne's spatial pyramid
+# pooling): tools/theano_library_suite.py's helper
+from symgpu.tensor.signal import pool_dynamic as _pdyn  # noqa: E402
+
+_PX, _PZ = r(2, 3, 7, 6), r(2, 3, 4, 3)
+_DYNAMIC_POOL_CASES = {
+    _pdyn.DynamicPool: [
+        case(lambda x, w, s, p: _pdyn.DynamicPool(2, False, "max")(x, w, s, p), _PX,
+             i64([2, 3]), i64([2, 2]), i64([0, 0])),
+        case(lambda x, w, s, p: _pdyn.DynamicPool(2, True, "average_exc_pad")(x, w, s, p), _PX,
+             i64([3, 2]), i64([1, 2]), i64([1, 1])),
+        case(lambda x, w, s, p: _pdyn.DynamicPool(3, False, "sum")(x, w, s, p), r(2, 5, 4, 3),
+             i64([2, 3, 2]), i64([3, 1, 2]), i64([0, 0, 0]))],
+    _pdyn.DynamicPoolGrad: [
+        case(lambda x, z, g, w, s, p: _pdyn.DynamicPoolGrad(2, False, "max", "max_grad")(
+            x, z, g, w, s, p), _PX, _PZ, _PZ, i64([2, 2]), i64([2, 2]), i64([0, 0])),
+        case(lambda x, z, g, w, s, p: _pdyn.DynamicPoolGrad(2, False, "max", "max_grad_grad")(
+            x, z, g, w, s, p), _PX, _PZ, _PX, i64([2, 2]), i64([2, 2]), i64([0, 0]))],
+}
+CASES.update(_DYNAMIC_POOL_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_DYNAMIC_POOL_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_dynamic_pool(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ---------------------------------------------------------------- images2neibs on the GPU (issue 33, helper neibs)
+from symgpu.gpu.ops import neighbours as _gnb  # noqa: E402
+
+_NEIBS_GPU_CASES = {
+    _gnb.GpuImages2Neibs: [
+        gcase(lambda x: _gnb.GpuImages2Neibs("half")(x, (3, 2), (1, 2)),
+              lambda x: _nb.images2neibs(x, (3, 2), (1, 2), mode="half"), "g", r(2, 3, 6, 8)),
+        gcase(lambda x: _gnb.GpuImages2Neibs("wrap_centered")(x, (3, 3), (2, 2)),
+              lambda x: _nb.images2neibs(x, (3, 3), (2, 2), mode="wrap_centered"), "g",
+              r(1, 2, 5, 6))],
+    _gnb.GpuImages2NeibsGrad: [
+        gcase(lambda g, x: _gnb.GpuImages2NeibsGrad("full")(g, x, (2, 3), (1, 2)),
+              lambda g, x: _nb.Images2NeibsGrad("full")(g, x, (2, 3), (1, 2)), "gg",
+              r(2 * 5 * 4, 6), r(1, 2, 4, 5))],
+}
+CASES.update(_NEIBS_GPU_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_NEIBS_GPU_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_neibs_gpu(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --- advidx (issue 31): Theano's general advanced indexing on the GPU and the fused 1-hot
+# softmax cross-entropy ops (host and GPU) ---------------------------------------------------
+from symgpu.gpu.ops import advanced_general as _agen, xent_softmax as _gxent  # noqa: E402
+from symgpu.tensor.nnet import xent_softmax as _hxent  # noqa: E402
+from symgpu.tensor.subtensor import SYM as _SYM, Slice as _Slice  # noqa: E402
+
+_ADVIDX_IDX = (_SYM, _Slice(1, None, None), _SYM)
+_ADVIDX_CASES = {
+    _agen.GpuAdvancedSubtensor: [gcase(
+        lambda x, a, b: _agen.GpuAdvancedSubtensor(_ADVIDX_IDX)(x, a, b),
+        lambda x, a, b: x[a, 1:, b], "ggg", r(4, 5, 6), i64([0, 3, 1]), i64([[2], [0]]))],
+    _agen.GpuAdvancedIncSubtensor: [gcase(
+        lambda x, y, a, b: _agen.GpuAdvancedIncSubtensor(_ADVIDX_IDX)(x, y, a, b),
+        lambda x, y, a, b: x, "gggg", r(4, 5, 6), r(4), i64([0, 3, 1]), i64([[2], [0]]))],
+    _agen.GpuAdvancedBooleanSubtensor: [gcase(
+        lambda x, m: _agen.GpuAdvancedBooleanSubtensor((_SYM,))(x, m),
+        lambda x, m: x[m], "gh", r(4, 5, 6), np.arange(20).reshape(4, 5) % 3 == 0)],
+    _agen.GpuAdvancedBooleanIncSubtensor: [gcase(
+        lambda x, y, m: _agen.GpuAdvancedBooleanIncSubtensor((_SYM,), True)(x, y, m),
+        lambda x, y, m: x, "ggh", r(4, 5, 6), r(6), np.arange(20).reshape(4, 5) % 3 == 0)],
+    _gxent.GpuCrossentropySoftmaxArgmax1HotWithBias: [gcase(
+        lambda x, b, y: _gxent.GpuCrossentropySoftmaxArgmax1HotWithBias()(x, b, y)[0],
+        lambda x, b, y: (x + b)[:, 0], "ggg", r(3, 4), r(4), i64([0, 3, 1]))],
+    _gxent.GpuCrossentropySoftmax1HotWithBiasDx: [gcase(
+        lambda d, s, y: _gxent.GpuCrossentropySoftmax1HotWithBiasDx()(d, s, y),
+        lambda d, s, y: s, "ggg", r(3), r(3, 4), i64([0, 3, 1]))],
+    _hxent.CrossentropySoftmaxArgmax1HotWithBias: [case(
+        lambda x, b, y: _hxent.CrossentropySoftmaxArgmax1HotWithBias()(x, b, y),
+        r(3, 4), r(4), i64([0, 3, 1]))],
+    _hxent.CrossentropySoftmax1HotWithBiasDx: [case(
+        lambda d, s, y: _hxent.CrossentropySoftmax1HotWithBiasDx()(d, s, y),
+        r(3), r(3, 4), i64([0, 3, 1]))],
+}
+CASES.update(_ADVIDX_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_ADVIDX_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_advidx(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)

@@ -49,6 +49,25 @@ def _m(name="m", shape=(3, 4), seed=0):
     return T.dmatrix(name), rng(seed).standard_normal(shape)
 
 
+class _LoopbackComm:
+    """An mpi4py-like communicator for the MPI ops' pickling case: sends go nowhere,
+    receives get ones."""
+
+    class _Req:
+        def __init__(self, buf=None):
+            self.buf = buf
+
+        def wait(self):
+            if self.buf is not None:
+                self.buf[...] = 1
+
+    def Isend(self, buf, dest, tag):
+        return self._Req()
+
+    def Irecv(self, buf, source, tag):
+        return self._Req(buf)
+
+
 def _cases():
     """name -> () -> (inputs, outputs, values): every op family of symgpu.tensor."""
     cases = {}
@@ -328,6 +347,26 @@ def _cases():
         perm = np.array([np.random.default_rng(k).permutation(4) for k in range(3)])
         return [x, p, s], outs, [v, perm, 1.5]
 
+    @add("theano_names_tensor_ops")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.checks import Assert
+        from symgpu.tensor.random.mrg_math import DotModulo
+        x, v = _m()
+        A, s = T.lmatrix("A"), T.ivector("s")
+        m = T.constant(np.int32(7))
+        from symgpu.tensor import index_ops as io
+        outs = [Assert("positive")(x, T.gt(x.size, 0)) * 2, DotModulo()(A, s, m, A, s, m)]
+        i = T.lvector("i")
+        outs += [io.cpu_contiguous(x.T), io.Unique(True, True, True)(x)[2],
+                 io.unravel_index(i, (2, 3))[1], io.ravel_multi_index((i, i), (3, 3)),
+                 io.bartlett(i.size), io.fill_diagonal_offset(x, 2.0, 1)]
+        from symgpu.tensor import mpi
+        mpi.set_comm(_LoopbackComm())   # MPI ops: a receive gets ones, a send goes nowhere
+        outs += [mpi.send(x, 0, 4), mpi.recv((3, 4), "float64", 0, 4) + x]
+        return [x, A, s, i], outs, [v, np.array([[1, 2], [3, 4]]),
+                                    np.array([5, 6], dtype="int32"), np.array([0, 2, 1])]
+
     @add("attention")
     def _():
         # deferred: as the other families' cases, the ops load with the case that uses them
@@ -336,6 +375,43 @@ def _cases():
         o = scaled_dot_product_attention(q, k, v, is_causal=True)
         vals = [rng(40 + i).standard_normal((2, 5, 4)) for i in range(3)]
         return [q, k, v], [o, T.grad(o.sum(), q)], vals
+
+    @add("numpy_random_state")
+    def _():
+        # Theano's raw_random RandomFunction: a NumPy RandomState input, NumPy's draw out
+        from symgpu.tensor.random.numpy_state import RandomFunction, random_state_type
+        r, mu = random_state_type("r"), T.dvector("mu")
+        x = RandomFunction("normal", T.dvector().type)(r, [3], mu, 1.0)[1]
+        return [r, mu], [x + mu], [np.random.RandomState(5), np.array([0.0, 1.0, 2.0])]
+
+    @add("cholesky_grad")
+    def _():
+        # deferred: as the other families' cases, the ops load with the case that uses them
+        from symgpu.tensor.slinalg import Cholesky, CholeskyGrad
+        x, d = T.dmatrix("x"), T.dmatrix("d")
+        a = rng(7).standard_normal((3, 3))
+        return [x, d], [CholeskyGrad()(x, Cholesky()(x), d)], [a @ a.T + 3 * np.eye(3),
+                                                                rng(8).standard_normal((3, 3))]
+
+    @add("dynamic_pool")
+    def _():
+        # pooling with graph-valued sizes (DynamicPool, DynamicPoolGrad)
+        from symgpu.tensor.signal.pool import pool_2d
+        x, w = T.dtensor4("x"), T.lvector("w")
+        y = pool_2d(x, ws=w, stride=(1, 2), mode="max")
+        a = pool_2d(x, ws=w, mode="average_exc_pad", ignore_border=False)
+        outs = [y, T.grad(y.sum(), x), T.grad(a.sum(), x)]
+        return [x, w], outs, [rng(9).permutation(60).reshape(1, 2, 5, 6) * 0.5,
+                              np.array([2, 3])]
+
+    @add("xent_softmax_1hot")
+    def _():
+        # advidx (issue 31): Theano's fused classifier op and its gradient op
+        x, b, y = T.dmatrix("x"), T.dvector("b"), T.lvector("y")
+        nll, sm, am = T.nnet.crossentropy_softmax_argmax_1hot_with_bias(x, b, y)
+        outs = [nll, sm, am, T.nnet.crossentropy_softmax_1hot_with_bias_dx(nll, sm, y)]
+        return [x, b, y], outs, [rng(9).standard_normal((3, 4)), rng(10).standard_normal(4),
+                                 np.array([0, 3, 1])]
 
     return cases
 
@@ -731,3 +807,29 @@ def test_types_unpickled_in_another_process_hash_as_fresh_ones(tmp_path):
     assert [tt, gt] == fresh
     assert [hash(tt), hash(gt)] == [hash(t) for t in fresh]
 
+
+
+def test_gpu_images2neibs_graphs_and_functions_pickle_under_a_virtual_context():
+    """GpuImages2Neibs and its gradient (issue 33): the ops, a lifted function and its graph
+    round-trip; the loaded function is the same GPU graph, re-linked."""
+    from symgpu.config import config
+    from symgpu.gpu.ops.neighbours import GpuImages2Neibs, GpuImages2NeibsGrad
+    from symgpu.gpu.placement.rewriting import virtual_context
+    from symgpu.tensor.nnet.neighbours import images2neibs, neibs2images
+    for op in (GpuImages2Neibs("wrap_centered"), GpuImages2NeibsGrad("full")):
+        assert roundtrip(op) == op and hash(roundtrip(op)) == hash(op)
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.ftensor4("x")
+        nb = images2neibs(x, (3, 3), (1, 2), mode="half")
+        outs = [nb, T.grad((nb ** 2).sum(), x),
+                neibs2images(images2neibs(x, (2, 3)), (2, 3), x.shape)]
+        f = function([x], outs)
+        names = sorted(type(n.op).__name__ for n in f.maker.fgraph.toposort())
+        assert {"GpuImages2Neibs", "GpuImages2NeibsGrad"} <= set(names), names
+        g = roundtrip(f)
+        assert sorted(type(n.op).__name__ for n in g.maker.fgraph.toposort()) == names
+        modes = sorted(n.op.mode for n in g.maker.fgraph.toposort()
+                       if isinstance(n.op, (GpuImages2Neibs, GpuImages2NeibsGrad)))
+        assert modes == ["half", "half", "valid"], modes
+        x2, outs2 = roundtrip((x, outs))
+        assert [str(v.type) for v in outs2] == [str(v.type) for v in outs]

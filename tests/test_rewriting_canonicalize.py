@@ -241,8 +241,10 @@ def test_gradient_of_gates_sliced_from_one_product_is_one_region_write():
     gates = [T.nnet.sigmoid(x[:, 0:h]), T.tanh(x[:, h:2 * h]), T.exp(x[:, 2 * h:3 * h])]
     cost = sum(T.sum(g * (k + 1)) for k, g in enumerate(gates))
     f = symgpu.function([x], T.grad(cost, x))
+    # joined, and the write into the zeroed gradient is that join itself (specialize's
+    # local_write_into_zeros_to_join: the zero tail a fill of a slice, no length computed)
     incs = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, IncSubtensor)]
-    assert len(incs) == 1 and "Join" in op_names(f)
+    assert not incs and op_names(f).count("Join") == 1
     for cols in (6, 5, 8):          # whole, clipped by NumPy's slicing, and a zero tail
         v = rng.rand(3, cols)
         s = 1 / (1 + np.exp(-v[:, 0:2]))
@@ -256,4 +258,8 @@ def test_gradient_of_gates_sliced_from_one_product_is_one_region_write():
     # slices with a gap between them are left alone (a join would misplace the second)
     g = T.grad(T.sum(T.exp(x[:, 0:2])) + T.sum(T.exp(x[:, 3:5])), x)
     f = symgpu.function([x], g)
-    assert sum(isinstance(n.op, IncSubtensor) for n in f.maker.fgraph.toposort()) == 2
+    assert op_names(f).count("Join") == 2
+    v = rng.rand(3, 6)
+    ref = np.zeros_like(v)
+    ref[:, 0:2], ref[:, 3:5] = np.exp(v[:, 0:2]), np.exp(v[:, 3:5])
+    np.testing.assert_allclose(f(v), ref, rtol=1e-12)

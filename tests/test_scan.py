@@ -248,14 +248,20 @@ def test_closures_become_implicit_non_sequences_and_invariants_are_hoisted():
     assert not any(str(n.op).startswith("Sum") for n in node.op.fgraph.toposort())
 
 
-def test_strict_refuses_closures():
+def test_strict_refuses_shared_closures():
+    # Theano's rule: strict=True asks for the shared variables the step reads to be passed
+    # as non-sequences; other free variables become non-sequences on their own
+    S = symgpu.shared(np.eye(3), name="S")
     W = T.dmatrix("W")
     x = T.dmatrix("x")
-    with pytest.raises(ValueError, match="strict=True .* uses W"):
-        symgpu.scan(lambda row: T.dot(W, row), sequences=x, strict=True)
-    out, _ = symgpu.scan(lambda row, W: T.dot(W, row), sequences=x, non_sequences=W,
+    with pytest.raises(ValueError, match="strict=True .* shared variable.* S"):
+        symgpu.scan(lambda row: T.dot(S, row), sequences=x, strict=True)
+    out, _ = symgpu.scan(lambda row, S: T.dot(S, row), sequences=x, non_sequences=S,
                          strict=True)
     assert out.ndim == 2
+    out, _ = symgpu.scan(lambda row: T.dot(W, row), sequences=x, strict=True)
+    wv, xv = np.arange(9.0).reshape(3, 3), np.ones((2, 3))
+    np.testing.assert_allclose(symgpu.function([W, x], out)(wv, xv), xv @ wv.T)
 
 
 def test_until_with_sequences_stops_early():

@@ -27,8 +27,11 @@ DOCUMENTED_MODULES = 74
 
 #: this issue's figures when the members of the bare `:members:` modules were first counted
 #: (before them: 98.6% present, 100% covered); they may rise, not fall (raise them then)
-PRESENT_FLOOR = 81.7        # per cent of this issue's documented names present (was 74.8)
-COVERAGE_FLOOR = 92.7       # per cent present or deliberately absent (was 83.3)
+PRESENT_FLOOR = 95.9        # per cent of this issue's documented names present (was 74.8)
+COVERAGE_FLOOR = 100.0      # per cent present or deliberately absent (was 83.3)
+#: the other issue's ("The rest of Theano's library") figures (61.5% -> 99.0%)
+OTHER_PRESENT_FLOOR = 99.0
+OTHER_COVERAGE_FLOOR = 100.0
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +124,10 @@ def test_every_deliberate_absence_has_a_reason_and_is_still_absent(data, rep):
 def test_coverage_does_not_fall(rep):
     assert round(rep.present_share(), 1) >= PRESENT_FLOOR, f"{rep.present_share():.1f}% present"
     assert round(rep.coverage(), 1) >= COVERAGE_FLOOR, f"{rep.coverage():.1f}% covered"
+    assert round(rep.present_share(True), 1) >= OTHER_PRESENT_FLOOR, \
+        f"{rep.present_share(True):.1f}% present (the other issue)"
+    assert round(rep.coverage(True), 1) >= OTHER_COVERAGE_FLOOR, \
+        f"{rep.coverage(True):.1f}% covered (the other issue)"
     t = rep.totals(False)
     assert sum(t.values()) + sum(rep.totals(True).values()) == DOCUMENTED_NAMES
 

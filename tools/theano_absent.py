@@ -20,28 +20,6 @@ ABSENT: dict[str, str] = {
         "a misprint of Theano's reference for `conj`: Theano 1.0's variables have no `conf`",
     "theano.tensor:_tensor_py_operators.__div__":
         "Python 2's division operator; on Python 3 division is __truediv__ / __floordiv__",
-    # Theano's NumPy RandomState in the graph: symgpu's random state is a Philox counter
-    "theano.tensor.raw_random:RandomStateType":
-        "the type of a NumPy RandomState held in the graph; symgpu's random state is a uint32 "
-        "Philox array in a shared variable, shown as a RandomState-like PhiloxRandomState "
-        "(docs/random.md)",
-    "theano.tensor.raw_random:random_state_type":
-        "makes a variable of a NumPy RandomState; symgpu's random state is a uint32 Philox "
-        "array in a shared variable (shared(np.random.RandomState(s)) makes one, "
-        "docs/random.md)",
-    "theano.tensor.raw_random:RandomFunction":
-        "the op that calls a NumPy RandomState's methods; symgpu draws from Philox streams "
-        "(symgpu.tensor.random: PhiloxSample and the transforms built on it, docs/random.md)",
-    # libgpuarray's own kernel-writing helpers
-    "theano.gpuarray.opt_util":
-        "helpers for Theano's graph rewrites onto libgpuarray ops; symgpu's GPU placement has "
-        "its own (symgpu.gpu.placement.rewriting)",
-    "theano.gpuarray.kernel_codegen":
-        "helpers that write libgpuarray kernel source; symgpu generates its CUDA kernels with "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
-    "theano.gpuarray.fp16_help":
-        "float16 load/store helpers for libgpuarray kernel source; symgpu's kernels come from "
-        "its own code generator (symgpu.gpu.runtime.codegen)",
     # --- names2 (issue 31): Theano internals documented by a bare `:members:` that have no
     # meaning in symgpu, each for its own reason
     # Theano's C linker: per-Type C snippets for its compiled-C ops
@@ -63,58 +41,12 @@ ABSENT: dict[str, str] = {
     "theano.compile.ops:register_view_op_c_code":
         "registers C code for Theano's ViewOp on a new Type for its C linker; symgpu has no "
         "per-Type C snippets to register",
-    "theano.compile.ops:OutputGuard":
-        "a node Theano's AddDestroyHandler put on outputs so in-place ops would not overwrite "
-        "them; symgpu's destroy handler never lets an in-place op write an output or input "
-        "(symgpu.graph.rewriting.destroy), with no node",
-    "theano.gof.params_type":
-        "ParamsType/Params pack an op's parameters into one C struct for Theano's C code; "
-        "symgpu's ops keep their parameters as Python attributes (__props__) and pass kernel "
-        "arguments directly",
     "theano.gof.type:CLinkerType":
         "the interface of Types that emit C declarations for Theano's C linker; symgpu's "
         "types have no C-code interface",
     "theano.gof.type:CDataType":
         "the type of an opaque C pointer passed between Theano's C ops; symgpu's ops pass "
         "Python objects and device pointers",
-    "theano.gof.type:CEnumType":
-        "an EnumType whose values are C constants (#define) for Theano's C ops; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumType":
-        "a Type of named C constants used as op parameters in Theano's C code; symgpu's ops "
-        "take plain Python string/int parameters",
-    "theano.gof.type:EnumList":
-        "an EnumType of consecutive C constants for Theano's C op parameters; symgpu's ops "
-        "take plain Python string/int parameters",
-    # MPI point-to-point ops
-    "theano.tensor.io:MPIRecv":
-        "receives an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives in the graph (symgpu.distributed: all_reduce, broadcast, all_gather, "
-        "reduce_scatter)",
-    "theano.tensor.io:MPIRecvWait":
-        "waits on an mpi4py receive; symgpu has no MPI ops (its collectives are NCCL's, "
-        "symgpu.distributed)",
-    "theano.tensor.io:MPISend":
-        "sends an array over mpi4py inside a graph; symgpu's multi-process communication is "
-        "NCCL collectives (symgpu.distributed)",
-    "theano.tensor.io:MPISendWait":
-        "waits on an mpi4py send; symgpu has no MPI ops (symgpu.distributed uses NCCL)",
-    "theano.tensor.io:irecv":
-        "builds an MPI non-blocking receive; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:isend":
-        "builds an MPI non-blocking send; symgpu's processes exchange data with NCCL "
-        "collectives (symgpu.distributed)",
-    "theano.tensor.io:recv":
-        "an MPI receive and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:send":
-        "an MPI send and its wait; symgpu has no MPI point-to-point (symgpu.distributed: "
-        "NCCL collectives)",
-    "theano.tensor.io:mpi_send_wait_key":
-        "the scheduling key that orders Theano's MPI send-waits last; symgpu has no MPI ops",
-    "theano.tensor.io:mpi_tag_key":
-        "the scheduling key that orders Theano's MPI ops by tag; symgpu has no MPI ops",
     # libgpuarray / Theano GPU back-end plumbing
     "theano.gpuarray.basic_ops:GpuKernelBase":
         "the mixin by which Theano's GPU ops hand libgpuarray kernel source to its C code; "
@@ -128,15 +60,9 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.elemwise:SupportCodeError":
         "raised when a scalar op's C support code cannot go into a libgpuarray kernel; "
         "symgpu's kernel code generator renders every scalar op it lifts",
-    "theano.gpuarray.elemwise:max_inputs_to_GpuElemwise":
-        "the cap on a fused kernel's inputs from libgpuarray's kernel-parameter size; "
-        "symgpu's fusion has its own limit (symgpu.tensor.rewriting.elemwise.MAX_FUSED_INPUTS)",
     "theano.gpuarray.elemwise:GpuCAReduceCPY":
         "libgpuarray's generic Python-generated reduction, Theano's fallback beside "
         "GpuCAReduceCuda; symgpu has one GPU reduction op (GpuCAReduce) with its own kernels",
-    "theano.gpuarray.dnn:version":
-        "the version of the cuDNN that Theano's C code was compiled against; symgpu loads "
-        "cuDNN through ctypes at run time (symgpu.gpu.ops.cudnn.cudnn_available)",
     "theano.gpuarray.dnn:DnnBase":
         "the base class giving Theano's cuDNN ops their C handle and headers; symgpu's ops "
         "call cuDNN through ctypes (symgpu.gpu.ops.cudnn)",
@@ -146,29 +72,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnPoolDesc":
         "an op that builds a cuDNN pooling descriptor as a graph value (deprecated in Theano "
         "1.0); symgpu's pooling kernels need no descriptor",
-    "theano.gpuarray.dnn:GpuDnnPoolBase":
-        "the abstract base of Theano's cuDNN pooling ops (C code plumbing); symgpu's GPU "
-        "pooling ops share _GpuPoolBase (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmaxBase":
-        "the abstract base of Theano's cuDNN softmax ops (C code plumbing); symgpu's GPU "
-        "softmax is its own row kernel (symgpu.gpu.ops.softmax_rows)",
-    "theano.gpuarray.blas:BaseGpuCorrMM":
-        "the base of Theano's im2col+GEMM correlation ops, one of the GPU convolution back "
-        "ends picked by its dnn.conv flags; symgpu has one GPU op per role (GpuConv2d*), whose "
-        "cuDNN call falls back to its own im2col+GEMM (symgpu.gpu.ops.conv_gemm) inside",
-    "theano.gpuarray.blas:BaseGpuCorr3dMM":
-        "the 3-d im2col+GEMM base of Theano's GPU correlation back end; symgpu's GpuConv3d* "
-        "choose cuDNN or their own GEMM inside one op",
-    # rng_mrg's MRG31k3p internals
-    "theano.sandbox.rng_mrg:DotModulo":
-        "MRG31k3p's modular matrix-vector product op, used to jump the MRG streams; symgpu's "
-        "MRG_RandomStreams draws from Philox counters, which jump by adding to the counter",
-    "theano.sandbox.rng_mrg:multMatVect":
-        "MRG31k3p's modular matrix-vector product (stream jumping); symgpu's streams are "
-        "Philox counters (docs/random.md)",
-    "theano.sandbox.rng_mrg:guess_n_streams":
-        "how many MRG31k3p streams to run for a draw's size on Theano's GPU; symgpu's Philox "
-        "kernels derive each element's stream from its counter, with no stream count",
     # --- end of names2's block
     # --- names3 (issue 31): Theano names of its GPU ops and rewrite internals with no
     # counterpart here, each for its own reason (the ones symgpu has under other names are in
@@ -179,12 +82,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:GpuDnnBatchNormInference":
         "cuDNN's batch-norm inference op; symgpu's batch_normalization_test is one fused "
         "elementwise graph on the GPU (dnn_batch_normalization_test builds it)",
-    "theano.gpuarray.dnn:GpuDnnPoolGrad":
-        "cuDNN's one pooling-gradient op for every mode; symgpu's GPU pooling gradients are "
-        "GpuMaxPoolGrad and GpuAveragePoolGrad, one per mode (symgpu.gpu.ops.pooling)",
-    "theano.gpuarray.dnn:GpuDnnSoftmax":
-        "cuDNN's softmax op (algo, mode); symgpu's GPU softmax is its own one-launch kernel "
-        "GpuSoftmaxRows (theano.gpuarray.nnet's GpuSoftmax here)",
     "theano.gpuarray.dnn:GpuDnnSoftmaxGrad":
         "cuDNN's softmax gradient op; symgpu's softmax gradient is an elementwise graph that "
         "the GPU placement fuses",
@@ -201,24 +98,6 @@ ABSENT: dict[str, str] = {
     "theano.gpuarray.dnn:RNNBlock":
         "cuDNN's fused RNN/LSTM/GRU layers; symgpu's recurrences are scan loops (GPU scan "
         "ops), with no cuDNN RNN binding",
-    "theano.gpuarray.blas:GpuCorrMM":
-        "Theano's im2col + GEMM correlation op; in symgpu that path is inside GpuConv2d "
-        "(conv_gemm.py), chosen when cuDNN does not load, not an op of its own",
-    "theano.gpuarray.blas:GpuCorrMM_gradInputs":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradInputs "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorrMM_gradWeights":
-        "Theano's im2col + GEMM op; in symgpu that path is inside GpuConv2dGradWeights "
-        "(conv_gemm.py), chosen when cuDNN does not load",
-    "theano.gpuarray.blas:GpuCorr3dMM":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3d runs on cuDNN, with no separate "
-        "GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradInputs":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradInputs runs on cuDNN, with no "
-        "separate GEMM correlation op",
-    "theano.gpuarray.blas:GpuCorr3dMM_gradWeights":
-        "Theano's vol2col + GEMM op; symgpu's GpuConv3dGradWeights runs on cuDNN, with no "
-        "separate GEMM correlation op",
     "theano.gpuarray.type:GpuContextType":
         "the Type of a GPU context passed as a graph input to Theano's C ops; symgpu's GPU "
         "ops hold their context name as a property and look the context up when they run",

@@ -119,6 +119,17 @@ def link_frame(layout: Layout, share: dict[Variable, list] | None = None,
     return Frame(layout, vm, vm.storage_map, tuple(locks[k] for k in sorted(locks)), private)
 
 
+def _copied(ns: dict, var: Variable, name: str) -> str:
+    """The expression copying the value `name` of output `var`: ``.copy()`` (arrays), or its
+    Type's `copy_value` where the Type has one (values without a copy method, such as a
+    NumPy RandomState)."""
+    copy_value = getattr(var.type, "copy_value", None)
+    if copy_value is None:
+        return f"{name}.copy()"
+    ns[f"copy_{name}"] = copy_value
+    return f"copy_{name}({name})"
+
+
 def _generate(frame: Frame, filters: Sequence[Callable] | None,
               contended: Callable | None) -> Callable:
     """Straight-line code for one call over this frame's cells (a loop over lists costs a
@@ -181,8 +192,9 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
     for u, (out_index, _, _) in enumerate(layout.updates):
         ns[f"u{u}"] = frame.storage_map[fg.outputs[out_index]]
         lines.append(f"{ind}v{u} = u{u}[0]")
-    for u, (_, k, copy) in enumerate(layout.updates):
-        lines.append(f"{ind}H{k}[0] = v{u}.copy()" if copy else f"{ind}H{k}[0] = v{u}")
+    for u, (out_index, k, copy) in enumerate(layout.updates):
+        lines.append(f"{ind}H{k}[0] = {_copied(ns, fg.outputs[out_index], f'v{u}')}" if copy
+                     else f"{ind}H{k}[0] = v{u}")
     # empty the cells of computed results (no later call writes into an array the caller
     # holds) and of shared values (an old value is not kept alive after an update)
     clear = []
@@ -199,7 +211,8 @@ def _generate(frame: Frame, filters: Sequence[Callable] | None,
         tail.append(f"z{z}[0] = None")
     lines.append("    finally:")
     lines += [f"        {t}" for t in tail + give or ["pass"]]
-    results = [f"r{j}.copy()" if c else f"r{j}" for j, c in enumerate(layout.output_copy)]
+    results = [_copied(ns, fg.outputs[j], f"r{j}") if c else f"r{j}"
+               for j, c in enumerate(layout.output_copy)]
     lines.append(f"    return {results[0]}" if layout.single else f"    return [{', '.join(results)}]")
     exec(compile("\n".join(lines), f"<symgpu Function {layout.name or ''}>", "exec"), ns)
     return ns["call"]

@@ -430,6 +430,9 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
     ins = [i if isinstance(i, In) else In(i) if isinstance(i, Variable) else _bad_input(i)
            for i in inputs]
     seen = set()
+    #: computed inputs -> the free variables standing for them: as in Theano, an input may be
+    #: an intermediate result, whose value the call then gives (its own inputs are not needed)
+    cut: dict[Variable, Variable] = {}
     for i, inp in enumerate(ins):
         v = inp.variable
         if isinstance(v, Constant):
@@ -438,8 +441,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
             raise TypeError(f"input #{i} ({v}) is a shared variable; shared variables are "
                             "implicit inputs: leave it out of the list (or use givens)")
         if v.owner is not None:
-            raise TypeError(f"input #{i} ({v}) is computed by {v.owner.op}; inputs must be free "
-                            "variables (use givens to substitute a computed value)")
+            cut[v] = v.type(v.name)
         if v in seen:
             raise ValueError(f"input {v} appears twice in the inputs list")
         seen.add(v)
@@ -471,6 +473,10 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
         if not isinstance(var, Variable):
             raise TypeError(f"givens: keys must be symbolic variables, got {var!r}")
         given_pairs[var] = _to_variable_like(var, value, f"givens for {var}")
+    for var, free in cut.items():
+        if var in given_pairs:
+            raise ValueError(f"{var} is both an input and replaced by givens")
+        given_pairs[var] = free
 
     targets = [o.variable for o in outs] + [v for _, v in update_pairs]
     targets = clone_replace(targets, given_pairs)
@@ -479,7 +485,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
     used = set(ancestors(targets))
     policy = on_unused_input or "raise"
     for i, inp in enumerate(ins):
-        if inp.variable not in used:
+        if cut.get(inp.variable, inp.variable) not in used:
             msg = (f"input #{i} ({inp.variable}) of {name or 'the function'} is not used to "
                    "compute any output or update; pass on_unused_input='ignore' to allow it")
             if policy == "raise":
@@ -487,7 +493,7 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
             if policy == "warn":
                 warnings.warn(msg, stacklevel=2)
 
-    explicit = [inp.variable for inp in ins]
+    explicit = [cut.get(inp.variable, inp.variable) for inp in ins]
     shared_vars = [v for v in graph_inputs(targets) if isinstance(v, SharedVariable)
                    and v not in given_pairs]
     for s, _ in update_pairs:

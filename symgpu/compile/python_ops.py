@@ -14,7 +14,7 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.tensor.type import as_tensor_variable
 
-__all__ = ["FromFunctionOp", "as_op", "ViewOp", "view_op", "Rebroadcast"]
+__all__ = ["FromFunctionOp", "as_op", "ViewOp", "view_op", "OutputGuard", "Rebroadcast"]
 
 
 class FromFunctionOp(Op):
@@ -107,6 +107,18 @@ class ViewOp(Op):
 
 #: Theano's instance (``theano.compile.view_op``)
 view_op = ViewOp()
+
+
+class OutputGuard(ViewOp):
+    """A ViewOp declared as destroying its input (Theano put it on outputs so that no
+    in-place op could overwrite them): the destroy handler then lets nothing else write
+    into that input, and refuses it on a graph input, as any destroyer."""
+
+    destroy_map = {0: [0]}
+
+
+#: Theano's instance (``theano.compile.ops._output_guard``)
+_output_guard = OutputGuard()
 
 
 # Rebroadcast lives with the tensor language (T.Rebroadcast, as Theano's tensor namespace

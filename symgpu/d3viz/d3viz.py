@@ -25,7 +25,7 @@ from symgpu.d3viz.layout import layered_layout
 from symgpu.d3viz.model import Graph, build_graphs
 from symgpu.printing import DOT_COLORS
 
-__all__ = ["d3viz", "d3write", "page_data", "html_page", "safe_json"]
+__all__ = ["d3viz", "d3write", "page_data", "html_page", "safe_json", "replace_patterns"]
 
 #: node sizes in pixels: height of a box, pixels per label character, padding
 NODE_HEIGHT = 30.0
@@ -39,6 +39,14 @@ LEGEND = [("host op", "cpu", "ellipse"), ("GPU op", "gpu", "ellipse"),
           ("transfer", "transfer", "ellipse"), ("input", "input", "box"),
           ("shared variable", "shared", "box"), ("constant", "constant", "box"),
           ("output / update", "output", "box"), ("variable", "variable", "box")]
+
+
+def replace_patterns(x: str, replace: dict) -> str:
+    """`x` with every key of `replace` replaced by its value, in the dict's order (Theano's
+    helper: plain substrings, not regular expressions, both sides taken as `str`)."""
+    for from_, to in replace.items():
+        x = x.replace(str(from_), str(to))
+    return x
 
 
 def safe_json(obj: Any) -> str:

@@ -6,9 +6,9 @@ expression: the gradients flattened and concatenated, one AllReduce, then slices
 back, all of which the GPU pass lifts (the all-reduce to NCCL).  Buckets are filled in reverse
 parameter order, the order a backward pass produces gradients (last layer first), so the
 first bucket depends only on the last layers' gradients and its collective can run while
-earlier layers' gradients are still being computed: the VM runs each node once its inputs
-are computed, in the graph's order (one stream on the GPU: the overlap is in the queue, not
-yet on a second stream).
+earlier layers' gradients are still being computed: on the GPU each all-reduce runs on the
+context's communication stream, started right after its bucket's gradients and joined back
+right before its slices are read (symgpu/gpu/runtime/comm_stream.py, symgpu/link/order.py).
 """
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def data_parallel(grads_or_updates: Any, grads: Sequence[Variable] | None = None
 
 def _reduced(grads: list[Variable], params: Sequence[Any] | None, bucket_bytes: int, op: str,
              group: str) -> list[Variable]:
+    given = list(grads)
     grads = [as_tensor_variable(g) for g in grads]
     if params is not None and len(params) != len(grads):
         raise ValueError(f"data_parallel: {len(params)} params for {len(grads)} gradients")
@@ -108,7 +109,11 @@ def _reduced(grads: list[Variable], params: Sequence[Any] | None, bucket_bytes: 
     out: list[Variable | None] = [None] * len(grads)
     for bucket in plan_buckets(grads, sizes, bucket_bytes):
         for i, r in zip(bucket, _reduce_bucket([grads[i] for i in bucket], op, group)):
-            out[i] = r
+            # the type of the gradient it replaces: a GPU parameter's gradient is a GPU
+            # variable, read on the host through HostFromGpu by the collectives' host ops
+            # (lifted back to the GPU with them), and uploaded again here
+            same = r if r.type == given[i].type else given[i].type.convert_variable(r)
+            out[i] = r if same is None else same
     return out   # type: ignore[return-value]
 
 

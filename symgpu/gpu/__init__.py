@@ -63,9 +63,31 @@ _LAZY: dict[str, str] = {
 __all__ = sorted(_LAZY)
 
 
+#: Theano's flags saying its GPU back end is in use (theano.gpuarray.pygpu_activated, the old
+#: theano.sandbox.cuda.cuda_enabled): libraries written for Theano test them before building
+#: GPU layers. Read on each access, never cached: True once the default context is a real GPU.
+_IN_USE_FLAGS = ("pygpu_activated", "cuda_enabled")
+
+
+def _gpu_in_use() -> bool:
+    """Whether the default context is a started, real GPU (device=cuda and a usable GPU);
+    with device=cpu nothing is started."""
+    return _context.context_in_use(None) is not None
+
+
 def __getattr__(name: str) -> Any:
+    if name in _IN_USE_FLAGS:
+        return _gpu_in_use()
     module = _LAZY.get(name)
     if module is None:
+        # a submodule path not imported yet (Theano's `gpuarray.dnn`, served by the path
+        # layer's import hook when the façade installed it)
+        try:
+            # deferred: a submodule named by attribute, imported on first use
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     # deferred: public names resolve lazily (PEP 562): importing the package stays cheap
     value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
@@ -74,12 +96,13 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_IN_USE_FLAGS))
 
 
 # Importing these registers the GPU backend with the core (none imports PyCUDA): the shared
 # variable constructor (placement.type), the transfer() handler (placement.basic_ops), the
 # graph-to-GPU passes (placement.rewriting), and the lifters of every op module.
+from symgpu.gpu.runtime import context as _context  # noqa: E402
 import symgpu.gpu.placement.type  # noqa: E402,F401
 import symgpu.gpu.placement.basic_ops  # noqa: E402,F401
 import symgpu.gpu.placement.rewriting  # noqa: E402,F401
@@ -90,7 +113,9 @@ import symgpu.gpu.ops.subtensor  # noqa: E402,F401
 import symgpu.gpu.ops.nnet  # noqa: E402,F401
 import symgpu.gpu.ops.advanced  # noqa: E402,F401
 import symgpu.gpu.ops.advanced_pairs  # noqa: E402,F401
+import symgpu.gpu.ops.advanced_general  # noqa: E402,F401
 import symgpu.gpu.ops.crossentropy  # noqa: E402,F401
+import symgpu.gpu.ops.xent_softmax  # noqa: E402,F401
 import symgpu.gpu.ops.nll_grad  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.producer_copies  # noqa: E402,F401
@@ -118,4 +143,7 @@ import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products throug
 import symgpu.gpu.ops.fft  # noqa: E402,F401  (RFFTOp/IRFFTOp -> GpuRFFT/GpuIRFFT through cuFFT)
 import symgpu.gpu.ops.sort  # noqa: E402,F401  (sort, argsort, topk: CUB and a radix select)
 import symgpu.gpu.ops.collectives  # noqa: E402,F401  (NCCL collectives, the distributed nccl backend)
+import symgpu.gpu.ops.comm_join  # noqa: E402,F401  (collectives joined back from their stream)
 import symgpu.gpu.ops.attention  # noqa: E402,F401  (fused attention: FlashAttention-2 kernels)
+import symgpu.gpu.ops.constructors  # noqa: E402,F401  (Eye -> GpuEye, Split -> GpuSplit; GpuTri)
+import symgpu.gpu.ops.neighbours  # noqa: E402,F401  (Images2Neibs -> GpuImages2Neibs, its gradient)

@@ -12,8 +12,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from symgpu.graph.basic import Apply, Constant, Variable, ancestors, io_toposort
 
-__all__ = ["Node", "as_string", "clone", "clone_get_equiv", "general_toposort", "inputs",
-           "io_connection_pattern", "is_in_ancestors", "is_same_graph", "list_of_nodes",
+__all__ = ["Node", "as_string", "clone", "clone_get_equiv", "equal_computations",
+           "general_toposort", "inputs", "io_connection_pattern", "is_in_ancestors",
+           "is_same_graph", "list_of_nodes",
            "nodes_constructed", "op_as_string", "ops", "orphans", "stack_search", "variables",
            "variables_and_orphans", "view_roots"]
 
@@ -62,8 +63,17 @@ def stack_search(start: Iterable[Any], expand: Callable[[Any], Iterable[Any] | N
 def inputs(variable_list: Iterable[Variable],
            blockers: Iterable[Variable] | None = None) -> list[Variable]:
     """The ownerless variables the given ones are computed from (the walk stops at
-    `blockers`), in depth-first order."""
-    return [v for v in ancestors(variable_list, blockers or ()) if v.owner is None]
+    `blockers`), in Theano's depth-first order: the last of `variable_list` is walked first,
+    each node's inputs left to right (Lasagne's `collect_shared_vars` passes its expressions
+    reversed to list parameters in their order)."""
+    stop = set(blockers or ())
+
+    def expand(v: Variable) -> list[Variable] | None:
+        if v.owner is not None and v not in stop:
+            return list(v.owner.inputs)[::-1]
+        return None
+
+    return [v for v in stack_search(deque(variable_list), expand, "dfs") if v.owner is None]
 
 
 def variables_and_orphans(i: Iterable[Variable], o: Iterable[Variable]
@@ -217,6 +227,30 @@ def is_same_graph(var1: Variable, var2: Variable, givens: dict | None = None) ->
     """Whether `var1` and `var2` compute the same thing: equal ops over the same inputs (equal
     constants count as the same); `givens` {a: b} pairs count as the same variable."""
     return _same(var1, var2, dict(givens or {}))
+
+
+def equal_computations(xs: Sequence[Variable], ys: Sequence[Variable],
+                       in_xs: Sequence[Variable] | None = None,
+                       in_ys: Sequence[Variable] | None = None) -> bool:
+    """Whether each `xs[k]` computes what `ys[k]` does: equal ops over the same (or equal
+    constant) inputs, `in_xs[i]` and `in_ys[i]` counting as the same variable when their
+    types agree (Theano's scan_utils.equal_computations, which tests of graph-building
+    code use to compare an expression with the one expected)."""
+    xs, ys = list(xs), list(ys)
+    if len(xs) != len(ys):
+        raise ValueError(f"equal_computations: {len(xs)} graphs to compare with {len(ys)}")
+    in_xs, in_ys = list(in_xs or ()), list(in_ys or ())
+    if len(in_xs) != len(in_ys) or any(a.type != b.type for a, b in zip(in_xs, in_ys)):
+        return False
+    equal = dict(zip(in_xs, in_ys))
+    for x, y in zip(xs, ys):
+        if (x.owner is None) != (y.owner is None):
+            return False
+        if x not in equal and x.type != y.type:
+            return False
+        if not _same(x, y, equal):
+            return False
+    return True
 
 
 def view_roots(r: Variable) -> list[Variable]:

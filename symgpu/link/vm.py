@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 from symgpu.config import config
 from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
+from symgpu.link.order import hinted_order
 
 __all__ = ["VM", "link", "describe_failure", "VM_HOOKS", "LINK_HOOKS"]
 
@@ -208,7 +209,7 @@ def link(fgraph: FunctionGraph, storage_map: dict[Variable, list] | None = None,
     """
     storage_map = {} if storage_map is None else storage_map
     allow_gc = config.allow_gc if allow_gc is None else allow_gc
-    nodes = fgraph.toposort()
+    nodes = hinted_order(fgraph.toposort())   # collectives early, their joins late
     for var in fgraph.variables:
         if var not in storage_map:
             storage_map[var] = [var.data if isinstance(var, Constant) else None]

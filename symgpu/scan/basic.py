@@ -317,10 +317,13 @@ def scan_impl(fn: Callable[..., Any], sequences: Any, outputs_info: Any, non_seq
 
     variant = seq_inner + tap_args + upd_phs
     all_outs, nonseq_pairs, closures = hoist_invariants(all_outs, variant, {}, nonseq_args)
-    if strict and closures:
-        raise ValueError(f"{name}: strict=True but the step function uses "
-                         f"{', '.join(str(c) for c in closures)} without receiving it as a "
-                         "non-sequence (pass it in non_sequences)")
+    # strict=True is about shared variables (Theano's rule): other free variables the step
+    # reads become non-sequences on their own, strict or not
+    unpassed = [c for c in closures if isinstance(c, SharedVariable)]
+    if strict and unpassed:
+        raise ValueError(f"{name}: strict=True but the step function uses the shared "
+                         f"variable(s) {', '.join(str(c) for c in unpassed)} without "
+                         "receiving them as non-sequences (pass them in non_sequences)")
 
     n_user_states = len(state_specs)
     info = ScanInfo(

@@ -14,8 +14,8 @@ from symgpu.scalar.dtypes import upcast
 import symgpu.tensor as _T
 from symgpu.tensor import math as _tm
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
-from symgpu.sparse import basic as _basic
-from symgpu.sparse.basic import (CSM, _sp_value, cast, csm_properties, dense_from_sparse, neg,
+from symgpu.sparse import construct as _basic
+from symgpu.sparse.construct import (CSM, _sp_value, cast, csm_properties, dense_from_sparse, neg,
                                  sp_ones_like)
 from symgpu.sparse.type import (SparseType, SparseVariable, _is_sparse_variable,
                                 as_sparse_or_tensor_variable, as_sparse_variable)

@@ -14,7 +14,7 @@ from symgpu.scalar.dtypes import is_float, upcast
 from symgpu.tensor import math as _tm
 from symgpu.tensor.shape_rules import dot_shape
 from symgpu.tensor.type import TensorType, as_tensor_variable
-from symgpu.sparse.basic import (SparseFromDense, _sp_value, cast, dense_from_sparse, transpose)
+from symgpu.sparse.construct import (SparseFromDense, _sp_value, cast, dense_from_sparse, transpose)
 from symgpu.sparse.type import (SparseType, SparseVariable, _is_sparse_variable,
                                 as_sparse_or_tensor_variable, as_sparse_variable)
 

@@ -10,7 +10,7 @@ from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import is_float
 from symgpu.tensor import math as _tm
 from symgpu.tensor.type import TensorType
-from symgpu.sparse.basic import SparseFromDense, dense_from_sparse, sp_ones_like
+from symgpu.sparse.construct import SparseFromDense, dense_from_sparse, sp_ones_like
 from symgpu.sparse.elemwise import mul_s_d
 from symgpu.sparse.type import as_sparse_variable
 

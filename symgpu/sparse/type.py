@@ -153,7 +153,7 @@ class SparseType(Type):
         return _HOOKS["to_dense"](var)
 
 
-#: sparse.basic's cast and dense <-> sparse conversions, installed there (basic.py sits
+#: sparse.construct's cast and dense <-> sparse conversions, installed there (construct.py sits
 #: above this module)
 _HOOKS: dict = {}
 

@@ -2,7 +2,7 @@
 SparseConstant by the package): Theano's `_sparse_py_operators`."""
 from __future__ import annotations
 
-from symgpu.sparse import basic as _basic
+from symgpu.sparse import construct as _basic
 from symgpu.sparse import elemwise as _elemwise
 from symgpu.sparse import products as _products
 from symgpu.sparse import reductions as _reductions

@@ -50,10 +50,10 @@ def _check(op: Op, inputs: list, ndims: tuple[int, ...]) -> str:
         if v.ndim != nd:
             raise TypeError(f"{op}: expected inputs of {ndims} dimensions, got "
                             f"{[w.type for w in inputs]}")
-        if v.dtype != dtype:
-            raise TypeError(f"{op}: all inputs must have one dtype, got {[w.dtype for w in inputs]}")
-    if dtype not in BLAS_DTYPES:
+    if dtype not in BLAS_DTYPES:     # first: an integer matrix is the real mistake
         raise TypeError(f"{op}: BLAS computes in {' or '.join(BLAS_DTYPES)}, not {dtype}")
+    if any(v.dtype != dtype for v in inputs):
+        raise TypeError(f"{op}: all inputs must have one dtype, got {[w.dtype for w in inputs]}")
     return dtype
 
 

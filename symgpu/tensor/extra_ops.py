@@ -524,3 +524,21 @@ def fill_diagonal(a: Any, val: Any) -> TensorVariable:
     n = minimum(shape_i(a, 0), shape_i(a, 1))
     i = arange(n, dtype="int64")
     return set_subtensor(a[i, i], cast(val, a.dtype))
+
+
+def compress(condition: Any, x: Any, axis: int | None = None) -> TensorVariable:
+    """``numpy.compress``: the slices of `x` along `axis` (of the flattened `x` when None)
+    where the 1-d `condition` is non-zero."""
+    x = as_tensor_variable(x)
+    where = flatnonzero(condition)
+    if axis is None:
+        return flatten(x)[where]
+    axis = _norm_axis(x, axis, "compress")
+    return x[(slice(None),) * axis + (where,)]
+
+
+# Theano's extra_ops names whose ops live in symgpu/tensor/index_ops.py (index arithmetic)
+from symgpu.tensor.index_ops import (Bartlett, CpuContiguous, FillDiagonalOffset,  # noqa: E402,F401
+                                     RavelMultiIndex, Unique, UnravelIndex, bartlett,
+                                     cpu_contiguous, fill_diagonal_offset, ravel_multi_index,
+                                     unravel_index)

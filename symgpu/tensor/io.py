@@ -3,9 +3,9 @@ reads an ``.npy`` file when the function runs (the `LoadFromDisk` op), so a grap
 file name as its input. The path is a Python string: a constant, or a variable of `PathType`
 (Theano's ``Variable(Generic())``) given at call time.
 
-Theano's MPI ops of this module (MPIRecv, MPISend, MPIWait, isend, irecv, send, recv,
-mpi_send_wait_key, ...) are left out: they need mpi4py and a multi-process MPI launch, and the
-reference documents them only through a bare ``:members:`` (no name of theirs is counted).
+Theano's MPI ops of this module (MPIRecv, MPISend, MPIRecvWait, MPISendWait, isend, irecv,
+send, recv, mpi_send_wait_key, mpi_tag_key) are in symgpu/tensor/mpi.py (over mpi4py), served
+here too.
 """
 from __future__ import annotations
 
@@ -91,3 +91,10 @@ def load(path: Any, dtype: Any, broadcastable: Sequence[bool],
     the function is called) each time the function runs. mmap_mode None copies the file into
     memory; 'c' maps it copy-on-write, so only what the graph reads comes from disk."""
     return LoadFromDisk(dtype, broadcastable, mmap_mode)(path)
+
+
+from symgpu.tensor.mpi import (MPIRecv, MPIRecvWait, MPISend, MPISendWait, irecv,  # noqa: E402
+                               isend, mpi_send_wait_key, mpi_tag_key, recv, send)
+
+__all__ += ["MPIRecv", "MPIRecvWait", "MPISend", "MPISendWait", "isend", "send", "irecv",
+            "recv", "mpi_send_wait_key", "mpi_tag_key"]

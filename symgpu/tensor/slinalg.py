@@ -26,8 +26,8 @@ from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import (TensorType, TensorVariable, as_tensor_variable,
                                 computes_half_in_float32)
 
-__all__ = ["MATRIX_STRUCTURES", "Cholesky", "cholesky", "Solve", "solve", "solve_lower_triangular",
-           "solve_upper_triangular", "solve_symmetric", "SolveTriangular", "solve_triangular",
+__all__ = ["MATRIX_STRUCTURES", "Cholesky", "CholeskyGrad", "cholesky", "Solve", "solve",
+           "solve_lower_triangular", "solve_upper_triangular", "solve_symmetric", "SolveTriangular", "solve_triangular",
            "CholeskySolve", "cho_solve", "Eigvalsh", "EigvalshGrad", "eigvalsh", "Expm",
            "ExpmGrad", "expm", "kron"]
 
@@ -127,6 +127,58 @@ cholesky = Cholesky()
 
 
 # ============================================================================ solves
+
+class CholeskyGrad(Op):
+    """Theano's reverse-mode Cholesky gradient op, `CholeskyGrad(lower)(x, L, dz)` (S. P.
+    Smith, "Differentiation of the Cholesky Algorithm", 1995): the gradient with respect to
+    the triangle of x that the factorisation reads (lower, or upper with lower=False) of a
+    cost whose gradient at the factor L = cholesky(x) is dz; the other triangle is zero.
+    (Cholesky's own gradient is the symmetric formula of its L_op.) Stacks of matrices too."""
+
+    __props__ = ("lower", "destructive")
+
+    def __init__(self, lower: bool = True):
+        self.lower, self.destructive = bool(lower), False
+
+    def make_node(self, x: Any, l: Any, dz: Any) -> Apply:
+        x = _matrix_input(x, "CholeskyGrad")
+        l, dz = as_tensor_variable(l), as_tensor_variable(dz)
+        for v, name in ((l, "L"), (dz, "dz")):
+            if v.ndim != x.ndim:
+                raise TypeError(f"CholeskyGrad: {name} = {v} ({v.type}) must have x's "
+                                f"{x.ndim} dimensions ({x.type})")
+        if l.owner is not None and isinstance(l.owner.op, Cholesky) and \
+                l.owner.op.lower != self.lower:
+            raise ValueError(f"CholeskyGrad: lower={self.lower} but L comes from "
+                             f"{l.owner.op} (lower={l.owner.op.lower})")
+        return Apply(self, [x, l, dz], [x.type()])
+
+    def _one(self, x: np.ndarray, L: np.ndarray, dz: np.ndarray) -> np.ndarray:
+        n = x.shape[0]
+        if L.shape != x.shape or dz.shape != x.shape:
+            raise ValueError(f"CholeskyGrad: x {x.shape}, L {L.shape} and dz {dz.shape} must "
+                             "be square matrices of one shape")
+        if self.lower:
+            F = np.tril(dz).astype(np.result_type(x, L, dz), copy=True)
+        else:   # the upper case is the lower one transposed
+            F, L = np.tril(dz.T).astype(np.result_type(x, L, dz), copy=True), L.T
+        for k in range(n - 1, -1, -1):
+            for j in range(k + 1, n):
+                F[j:, k] -= F[j:, j] * L[j, k]
+                F[j, k] -= F[j:, j] @ L[j:, k]
+            F[k + 1:, k] /= L[k, k]
+            F[k, k] -= L[k + 1:, k] @ F[k + 1:, k]
+            F[k, k] /= 2 * L[k, k]
+        return F if self.lower else F.T
+
+    def perform(self, node, inputs, out):
+        x, L, dz = inputs
+        _check_square("CholeskyGrad", x)
+        out[0][0] = _out(_batched(self._one, x, L, dz, batch_ndim=x.ndim - 2), node.outputs[0])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [tuple(input_shapes[0])]
+
 
 def _rhs_check(what: str, a: TensorVariable, b: TensorVariable) -> None:
     if b.ndim not in (a.ndim - 1, a.ndim):

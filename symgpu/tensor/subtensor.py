@@ -77,7 +77,10 @@ def _scalar_part(p: Any, inputs: list) -> Any:
 
 
 def _parse_index(index: Any) -> tuple[tuple, list[TensorVariable], bool]:
-    """(idx_list, symbolic inputs, is_advanced) for a Python index."""
+    """(idx_list, symbolic inputs, is_advanced) for a Python index. A list holding a slice
+    is a tuple of indices, as in Theano (and NumPy before 1.23): `x[[slice(None), i]]`."""
+    if isinstance(index, list) and any(isinstance(item, slice) for item in index):
+        index = tuple(index)
     if not isinstance(index, tuple):
         index = (index,)
     entries: list = []
@@ -532,12 +535,12 @@ def getitem(x: Any, index: Any) -> TensorVariable:
     if (node is not None and isinstance(node.op, Shape) and len(idx_list) == 1
             and isinstance(idx_list[0], int) and not isinstance(idx_list[0], bool)):
         # x.shape[i] with a constant i: the cheaper Shape_i of the shaped tensor
+        # (an index past its ndim stays a Subtensor that fails when it runs, as in Theano:
+        # code reads x.shape[1] before checking that x is a matrix)
         src = node.inputs[0]
         i = idx_list[0]
-        if not -src.ndim <= i < src.ndim:
-            raise IndexError(f"index {i} is out of bounds for the shape of {src}, which has "
-                             f"{src.ndim} dimensions")
-        return shape_i(src, i % src.ndim)
+        if -src.ndim <= i < src.ndim:
+            return shape_i(src, i % src.ndim)
     op = AdvancedSubtensor(idx_list) if advanced else Subtensor(idx_list)
     return op(x, *inputs)
 

@@ -329,7 +329,8 @@ tensor4 = _constructor((False,) * 4, None)
 
 def constant(value: Any, name: str | None = None, ndim: int | None = None,
              dtype: str | None = None) -> TensorConstant:
-    """A TensorConstant; Python floats take floatX, Python ints int64 (unless dtype says)."""
+    """A TensorConstant; Python floats take floatX, Python ints the narrowest int dtype that
+    holds them (Theano's autocast_int: `T.constant(1)` is int8), unless dtype says."""
     if isinstance(value, TensorConstant):
         return value
     arr = _as_array(value, dtype)
@@ -360,7 +361,8 @@ _MAX_CACHED = 10000
 
 def python_number_array(value: Any) -> np.ndarray | None:
     """A Python bool, float or int as a 0-d array of symgpu's dtype for it (bool, floatX,
-    int64); None for anything else. Constants and shared values follow this one rule."""
+    int64); None for anything else. Shared values follow this rule; constants too, except
+    that a Python int constant takes the narrowest int that holds it (`_as_array`)."""
     if isinstance(value, bool):
         return np.asarray(value)
     if isinstance(value, float):
@@ -390,6 +392,12 @@ def computes_half_in_float32(perform: Callable) -> Callable:
 def _as_array(value: Any, dtype: str | None) -> np.ndarray:
     if dtype is not None:
         return np.asarray(value, dtype=check_dtype(dtype))
+    if isinstance(value, int) and not isinstance(value, bool):
+        # Theano's autocast_int: the narrowest int that holds it (T.constant(1) is int8, so
+        # `T.constant(1) - x` keeps a float32 x float32)
+        for name in ("int8", "int16", "int32", "int64"):
+            if np.iinfo(name).min <= value <= np.iinfo(name).max:
+                return np.asarray(value, dtype=name)
     arr = python_number_array(value)
     if arr is not None:
         return arr

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from symgpu.gpu.runtime import libcuda
 from symgpu.gpu.runtime.array import get_many
+from symgpu.gpu.runtime.gc_pause import pause_gc, resume_gc
 from symgpu.link import c_runtime
 
 __all__ = ["CudaGraphDriver"]
@@ -54,14 +55,26 @@ class CudaGraphDriver:
                                       ctypes.c_void_p])
 
     def begin(self, stream: int) -> None:
-        self.check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream),
-                                                     _CAPTURE_THREAD_LOCAL),
-                   "cuStreamBeginCapture")
+        """Begin capturing ``stream``, with Python's cyclic garbage collector paused until
+        :meth:`end` (runtime/gc_pause.py says why)."""
+        pause_gc()
+        began = False
+        try:
+            self.check(self.lib.cuStreamBeginCapture_v2(ctypes.c_void_p(stream),
+                                                         _CAPTURE_THREAD_LOCAL),
+                       "cuStreamBeginCapture")
+            began = True
+        finally:
+            if not began:
+                resume_gc()
 
     def end(self, stream: int) -> tuple[Any, str | None]:
         """End the capture (always call it once begun): (graph or None, error or None)."""
         graph = ctypes.c_void_p()
-        status = self.lib.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph))
+        try:
+            status = self.lib.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph))
+        finally:
+            resume_gc()
         if status:
             if graph.value:
                 self.lib.cuGraphDestroy(graph)

@@ -29,6 +29,7 @@ from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRA
                                             results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, new_array
+from symgpu.gpu.runtime.comm_stream import join_pending
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
 from symgpu.gpu.runtime.libcuda import driver_errors
@@ -120,7 +121,11 @@ class Segment:
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
-        self.seen: dict[tuple, bool] = {}    # key -> may be captured
+        #: key -> times met (0: never captured, e.g. inputs too large to check)
+        self.seen: dict[tuple, int] = {}
+        #: distinct keys met: past VARIED_AFTER (shapes that change from call to call: a new
+        #: sequence length each call), a key is captured only at its VARIED_REPEATS-th sight
+        self.keys_met = 0
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
         self.nodes_captured = 0
@@ -184,15 +189,20 @@ class Segment:
                                 c[0] = None
                         self.replays += 1
                         return
-                ok = self.seen.get(key)
-                if ok:
-                    if self.n_graphs < _graphs.MAX_GRAPHS:
-                        self._capture(key, vals)
-                        return
-                elif ok is None:
+                sights = self.seen.get(key)
+                if sights is None:
                     if len(self.seen) >= _graphs.MAX_SEEN:
                         self.seen.clear()
-                    self.seen[key] = True
+                    self.seen[key] = 1
+                    self.keys_met += 1
+                elif sights:
+                    sights += 1
+                    if self.n_graphs < _graphs.MAX_GRAPHS and sights >= (
+                            2 if self.keys_met <= _graphs.VARIED_AFTER
+                            else _graphs.VARIED_REPEATS):
+                        self._capture(key, vals)
+                        return
+                    self.seen[key] = sights
             self._plain_call(vals)
             return
         self._plain()
@@ -201,7 +211,9 @@ class Segment:
         """Inputs ``g`` reads in place are elsewhere this call: drop ``g``; inputs that may be
         staged are from now on (and this call captures), others run this call plainly (its
         update is copied back into the moved buffer) and are captured where they now are at
-        the next call, or keyed by pointer once they have moved twice."""
+        the next call, or keyed by pointer once they have moved twice.  A segment whose keys
+        vary (past VARIED_AFTER) runs this call plainly and captures the key again at its
+        next sight (its VARIED_REPEATS-th when an input that moved cannot be staged)."""
         moved = [j for j, ptr in g.pinned if vals[j].ptr != ptr]
         self._drop(key, g)
         capture = True
@@ -217,6 +229,12 @@ class Segment:
                                           self.by_pointer)
                 self.release()
                 self.seen.clear()
+        if self.keys_met > _graphs.VARIED_AFTER:
+            # shapes that vary: no capture at once for a key that may not come back soon; the
+            # next sight captures it (staging what moved), or, when what moved cannot be
+            # staged, the VARIED_REPEATS-th
+            self.seen[key] = _graphs.VARIED_REPEATS - 1 if capture else 1
+            capture = False
         if capture and self.n_graphs < _graphs.MAX_GRAPHS:
             self._capture(key, vals)
         else:
@@ -395,7 +413,7 @@ class Segment:
                                     f"({type(exc).__name__}: {exc})", self)
                 snap = None
             if snap is None:
-                self.seen[key] = False
+                self.seen[key] = 0
                 self._plain_call(vals)
                 return
             self._plain(count=False)   # a thunk's error is the call's own: it propagates
@@ -444,6 +462,9 @@ class Segment:
         sink: list = []
         try:
             ctx.activate()
+            # a fork still pending (a plain run's, joined in a later step) is joined before
+            # the capture: a capture never waits on an event recorded outside it
+            join_pending(ctx)
             pool.begin_sink(sink, drv.relaxed)
             began = False
             try:
@@ -480,6 +501,10 @@ class Segment:
             for t in self.param_thunks:
                 t.param_slot = None
             try:
+                try:   # every fork of the capture joins the capturing stream (CUDA requires it)
+                    join_pending(ctx)
+                except driver_errors() as exc:   # the capture must end all the same
+                    err = err or exc
                 graph, end_err = drv.end(stream)
             finally:
                 pool.end_sink()

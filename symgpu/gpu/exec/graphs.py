@@ -128,7 +128,8 @@ assert HELD_NAME == "_symgpu_held"   # the name Runner.entry binds while it hold
 
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
            "make_keyer", "Unkeyable", "Segment", "Runner", "GraphCaptureWarning", "STATS",
-           "MAX_GRAPHS", "register_gpu_timers", "driver", "node_contexts"]
+           "MAX_GRAPHS", "VARIED_REPEATS", "VARIED_AFTER",
+           "register_gpu_timers", "driver", "node_contexts"]
 
 #: graphs kept per segment (two alternate when the caller holds the last result)
 MAX_GRAPHS = 8
@@ -143,6 +144,14 @@ MAX_REPINS = 2
 #: keys remembered per segment before the first repeat (a bound on memory: keys are shapes
 #: and small host values, so a function sees few)
 MAX_SEEN = 64
+#: sights of one key before a segment that has met more than VARIED_AFTER distinct keys
+#: captures it (before that: the second sight).  A segment whose shapes change from call to
+#: call (a new sequence length each call) then runs plainly instead of paying a checked
+#: capture (tens of ms) for every length that happens to come back (a graph it keeps few
+#: calls would replay), and a graph of its whose input moved is dropped, not captured again
+#: at once; a shape that truly recurs is still captured, a little later
+VARIED_REPEATS = 4
+VARIED_AFTER = 4
 #: check each new graph once against plain launches of the same inputs (the GPU inputs are
 #: copied for that; segments whose GPU inputs pass VERIFY_LIMIT bytes are never captured)
 VERIFY = True

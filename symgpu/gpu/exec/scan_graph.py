@@ -52,7 +52,8 @@ from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
-           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths"]
+           "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths",
+           "CHUNK_AFTER"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -68,6 +69,10 @@ SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
 #: 'chunks', 'checks'
 STATS: Counter = Counter()
+#: a loop that has met more lengths than this runs every call as chunks (CHUNKS): before,
+#: each new length cost a plain step-by-step run and each length met twice the capture of a
+#: whole-loop graph that a loop meeting many lengths seldom replays
+CHUNK_AFTER = 3
 #: the loop lengths a loop whose length changes from call to call is cut into (largest first;
 #: the 1 makes every length reachable); () turns chunking off
 CHUNKS: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
@@ -117,14 +122,22 @@ class _LoopGraph:
         #: per result: [block, weak reference to the lease of the array last made over it]
         self.spare: list[list[list]] = [[] for _ in results]
         self.checked = False   # run once against plain launches (VERIFY)
+        #: (input index, pointer) of the inputs the graph reads where they were when captured
+        #: (a chunk's non-sequences: no staging copy); it serves a call only while each is
+        #: still there
+        self.pinned: tuple = ()
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
+        self.stage(inputs)
+        self.replay()
+        self.emit(output_storage)
+
+    def stage(self, inputs: Sequence[Any]) -> None:
+        """Copy the call's GPU inputs into the graph's staging buffers."""
         drv = self.drv
         for dst, src in zip(self.staging, inputs):
             if dst is not None:
                 drv.copy(dst, src)
-        self.replay()
-        self.emit(output_storage)
 
     def replay(self) -> None:
         status = self.launch()
@@ -189,6 +202,9 @@ class LoopGraphs:
         self.lengths: set[int] = set()   # the n_steps met, until chunking starts
         self.verified = False             # a captured graph of this body matched plain runs
         self.chunking = False
+        #: chunk graphs read the loop's non-sequences (weights) in place, not from staging
+        #: copies made per chunk, until one is found moved (then they are staged for good)
+        self.pin_rest = True
         self.lock = threading.RLock()
 
     # -- deciding
@@ -271,15 +287,15 @@ class LoopGraphs:
 
     # -- lengths that change from call to call
     def _chunked(self, n: int) -> bool:
-        """Whether this call runs as chunks: once the loop has met more lengths than it keeps
-        graphs for (variable-length minibatches), every call does, so each new length costs
+        """Whether this call runs as chunks: once the loop has met more than CHUNK_AFTER
+        lengths (variable-length minibatches), every call does, so each new length costs
         no capture; a loop of one length keeps its single whole-loop graph."""
         if not CHUNKS or self.op.info.truncate_gradient >= 0:
             return False
         if self.chunking:
             return True
         self.lengths.add(n)
-        self.chunking = len(self.lengths) > MAX_GRAPHS
+        self.chunking = len(self.lengths) > CHUNK_AFTER
         return self.chunking
 
     def _call_chunked(self, node: Any, inputs: Sequence[Any], output_storage: list[list],
@@ -308,15 +324,17 @@ class LoopGraphs:
                 kept.append(None)
         nitsot: list[Any] = [None] * K
         state = list(inits)
+        in_graph = [False] * M     # a last-values state read from a graph's own memory
         off = 0
         for k in chunk_lengths(n):
             sub = [k] + [s[off:off + k] for s in seqs] + state + rest
-            cells = [[None] for _ in node.outputs]
-            key = self.key(sub)
-            if key is None or not self._call_whole(node, key, sub, cells, ctx):
+            res, graph_memory = self._run_chunk(node, sub, ctx)
+            if res is None:
+                cells = [[None] for _ in node.outputs]
                 self._run_plain(node, sub, cells)
-            res = [c[0] for c in cells]
+                res = [c[0] for c in cells]
             for j in range(M):
+                in_graph[j] = graph_memory and not info.keep[j]
                 if info.keep[j]:
                     _driver_copy(kept[j][n_init[j] + off:n_init[j] + off + k], res[j][n_init[j]:])
                     state[j] = kept[j][off + k:off + k + n_init[j]]
@@ -330,9 +348,64 @@ class LoopGraphs:
             off += k
             STATS["chunks"] += 1
         for j in range(M):
-            output_storage[j][0] = kept[j] if info.keep[j] else state[j]
+            out = kept[j] if info.keep[j] else state[j]
+            if in_graph[j]:    # the last chunk's graph memory: the caller gets its own copy
+                out = GpuArray(state[j].shape, state[j].dtype, ctx)
+                _driver_copy(out, state[j])
+            output_storage[j][0] = out
         for i in range(K):
             output_storage[M + i][0] = nitsot[i]
+
+    def _run_chunk(self, node: Any, sub: list, ctx: Any) -> tuple[list | None, bool]:
+        """One chunk as its graph: (its results, whether they are the graph's own memory,
+        read before its next launch, which comes after every copy out of them is queued),
+        or (None, False): run it plainly.  Results are not copied out of the graph first
+        (``_LoopGraph.emit``): the chunk loop copies them straight into the call's arrays."""
+        key = self.key(sub)
+        if key is None:
+            return None, False
+        if key in self.graphs:
+            g = self.graphs[key]
+            if g is None:
+                STATS["plain"] += 1
+                return None, False
+            for i, ptr in g.pinned:
+                if sub[i].ptr != ptr:   # a non-sequence moved: stage them from now on
+                    del self.graphs[key]
+                    g.free()
+                    self.pin_rest = False
+                    STATS["plain"] += 1
+                    return None, False
+            self.graphs.move_to_end(key)
+            g.stage(sub)
+            g.replay()
+            STATS["replays"] += 1
+            return g.results, True
+        # no plain first run: a chunk length comes back whatever the lengths, and the body's
+        # kernels were compiled by the loop's first calls
+        info = self.op.info
+        first = 1 + info.n_seqs + info.n_states
+        pinned = [i for i in range(first, len(sub)) if isinstance(sub[i], GpuArray)
+                  and sub[i].size] if self.pin_rest else []
+        g = self._capture(node, sub, ctx, pinned)
+        if g is None:
+            self._keep(key, None)
+            return None, False
+        if g.nbytes > MEMORY_LIMIT:   # not kept: its results go to arrays of their own
+            cells = [[None] for _ in node.outputs]
+            if g.checked:
+                g.emit(cells)
+            else:
+                g.run(sub, cells)
+            STATS["too_big"] += 1
+            g.free()
+            self._keep(key, None)
+            return [c[0] for c in cells], False
+        if not g.checked:   # the check ran the graph on this call's inputs already
+            g.stage(sub)
+            g.replay()
+        self._keep(key, g)
+        return g.results, True
 
     def _keep(self, key: tuple, g: Any) -> None:
         self.graphs[key] = g
@@ -342,16 +415,19 @@ class LoopGraphs:
             if old is not None:
                 old.free()
 
-    def _staging(self, inputs: Sequence[Any], ctx: Any) -> list:
-        return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) else None
-                for v in inputs]
+    def _staging(self, inputs: Sequence[Any], ctx: Any, pinned: Sequence[int] = ()) -> list:
+        return [GpuArray(v.shape, v.dtype, ctx) if isinstance(v, GpuArray) and i not in pinned
+                else None for i, v in enumerate(inputs)]
 
-    def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any) -> _LoopGraph | None:
+    def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any,
+                 pinned: Sequence[int] = ()) -> _LoopGraph | None:
+        """Capture the loop on staging copies of its GPU inputs, but the ``pinned`` ones,
+        read where they are (``_LoopGraph.pinned``); None when it cannot be."""
         drv = graphs.driver()
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
         ctx.pool.hint = None
-        staging = self._staging(inputs, ctx)
+        staging = self._staging(inputs, ctx, pinned)
         for dst, src in zip(staging, inputs):
             if dst is not None:
                 drv.copy(dst, src)
@@ -397,10 +473,11 @@ class LoopGraphs:
             raise err
         if err is not None or end_err is not None:
             drv.destroy(None, graph)
-            STATS["capture_failures"] += 1
             if err is not None and end_err is None:
-                return None   # the loop's own error: the plain run raises it with context
-            self._give_up(end_err or f"{type(err).__name__}: {err}")
+                # the loop's own error: the plain run raises it with context
+                STATS["capture_failures"] += 1
+                return None
+            self._give_up(end_err or f"{type(err).__name__}: {err}")   # counts it
             return None
         try:
             exe = drv.instantiate(graph)
@@ -410,6 +487,7 @@ class LoopGraphs:
             return None
         g = _LoopGraph(drv, exe, graph, tuple(b for b in sink if b is not None), staging,
                        [c[0] for c in out], ctx)
+        g.pinned = tuple((i, inputs[i].ptr) for i in pinned)
         del sink
         STATS["captures"] += 1
         try:

@@ -24,7 +24,7 @@ GpuGer (the rank-1 update) lives with the other cuBLAS ops in blas.py.
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -50,7 +50,8 @@ from symgpu.tensor.subtensor import (AdvancedIncSubtensor as _AdvancedIncSubtens
 
 __all__ = ["GpuAdvancedSubtensor1", "GpuAdvancedIncSubtensor1", "GpuBatchedDot",
            "ADVANCED_DTYPES", "INDEX_DTYPES", "advanced_source", "gpu_batched_dot",
-           "ERROR_REPORT_SOURCE", "new_error_buffer", "read_error"]
+           "ERROR_REPORT_SOURCE", "new_error_buffer", "read_error",
+           "check_and_convert_boolean_masks"]
 
 #: value dtype -> CUDA type of the gather/scatter kernels (the half types' increments are
 #: atomicAdd's, rounded once as the elementwise add rounds)
@@ -419,3 +420,30 @@ def lift_matmul(op, node, context_name, inputs):
     if x.broadcastable[0] != y.broadcastable[0]:
         return None   # batch broadcasting declared in the types: stays on the CPU
     return [GpuBatchedDot()(x, y)]
+
+
+# ----------------------------------------------------------------------------- boolean masks
+
+def check_and_convert_boolean_masks(input: Any, idx_list: Sequence[Any]) -> list[Any]:
+    """`idx_list` (a NumPy index of `input`) with each boolean mask replaced by its
+    ``nonzero()`` index arrays, after checking that the mask's shape is `input`'s over the
+    dims it covers (IndexError naming the dim otherwise); ``np.newaxis`` counts no dim
+    (Theano's theano.gpuarray.subtensor helper)."""
+    dim_seen = 0
+    out: list[Any] = []
+    for index in idx_list:
+        if index is np.newaxis:
+            out.append(index)
+        elif isinstance(index, np.ndarray) and index.dtype == bool:
+            for i in range(index.ndim):
+                if index.shape[i] != input.shape[dim_seen + i]:
+                    raise IndexError(
+                        f"boolean index did not match indexed array along dimension "
+                        f"{dim_seen + i}; dimension is {input.shape[dim_seen + i]} but "
+                        f"corresponding boolean dimension is {index.shape[i]}")
+            dim_seen += index.ndim
+            out += list(index.nonzero())
+        else:
+            dim_seen += 1
+            out.append(index)
+    return out

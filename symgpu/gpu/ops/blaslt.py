@@ -50,9 +50,11 @@ from symgpu.gpu.ops.cublas_lib import (CUDA_DATA_TYPES, Cublas, CublasError, DEF
                                        STATUS, TF32_MATH, compute_type, load_library,
                                        with_pointer_mode)
 from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime.gc_pause import gc_paused
 from symgpu.gpu.runtime.array import new_array
 
-__all__ = ["LtProblem", "AlgoChoice", "CHOICES", "cublaslt", "lt_available", "lt_matmul",
+__all__ = ["LtProblem", "AlgoChoice", "CHOICES", "TIMED_SIZES", "size_families", "cublaslt",
+           "lt_available", "lt_matmul",
            "alignment", "LtUnsupported", "use_classic", "LT_DTYPES", "EPILOGUE_DEFAULT",
            "EPILOGUE_BIAS", "EPILOGUE_RELU_BIAS", "problem_elements", "classic"]
 
@@ -79,6 +81,13 @@ _ROUNDS = 3        # replays per candidate, in rounds over the candidates (the b
 #: keeps most multiprocessors idle), partial results reduced in place or in the workspace
 SPLITK_OF = 3
 SPLITK = (2, 4, 8, 16)
+#: a problem whose m, n or k has been timed at this many sizes, the rest of it unchanged (a
+#: product over a sequence length times the batch, new every call), is not timed at a new
+#: size: it runs the candidate chosen for the nearest timed size (the same algorithm and
+#: configuration when the new problem's candidates hold it, else the heuristic's first).  A
+#: timing costs about 20 ms, a hundred times the product: paid per new length it was most
+#: of a variable-length training step (issue 32)
+TIMED_SIZES = 3
 _SPLITK_MIN_K = 16   # at least this much K per part
 _REDUCTION_SCHEMES = (1, 2)   # CUBLASLT_REDUCTION_SCHEME_INPLACE, _COMPUTE_TYPE
 _ALGO_CONFIG_SPLITK_NUM, _ALGO_CONFIG_REDUCTION_SCHEME = 2, 3
@@ -130,6 +139,9 @@ class AlgoChoice:
     def __init__(self) -> None:
         self.chosen: dict[Any, int] = {}
         self.timings: dict[Any, list[float | None]] = {}   # for benchmarks and reports
+        #: family (a problem with one size left out) -> {timed size: the chosen candidate's
+        #: identity} (``note``, ``borrowed``)
+        self.sizes: dict[Any, dict[int, Any]] = {}
         self.lock = threading.Lock()
 
     def pick(self, key: Any, n_candidates: int,
@@ -159,6 +171,27 @@ class AlgoChoice:
             self.timings[key] = times
         return best
 
+    def borrowed(self, families: Sequence[tuple[Any, int]],
+                 identities: Sequence[Any]) -> int | None:
+        """For a problem that is one of ``families`` (``(family, size)``: the problem with
+        one of its sizes left out, and that size) whose family was timed at ``TIMED_SIZES``
+        sizes already: the index, among the problem's candidates (``identities``), of the
+        candidate chosen for the nearest timed size, 0 (the heuristic's first) when it is
+        not among them.  None when every family still has sizes to time."""
+        for family, size in families:
+            timed = self.sizes.get(family)
+            if timed is not None and len(timed) >= TIMED_SIZES:
+                near = min(timed, key=lambda s: (abs(s - size), s))
+                ident = timed[near]
+                return next((i for i, x in enumerate(identities) if x == ident), 0)
+        return None
+
+    def note(self, families: Sequence[tuple[Any, int]], identity: Any) -> None:
+        """Record that the problem of ``families`` was timed and ``identity`` won."""
+        with self.lock:
+            for family, size in families:
+                self.sizes.setdefault(family, {})[size] = identity
+
     def remember(self, key: Any, which: int) -> int:
         """Keep candidate ``which`` for ``key`` without timing (timing failed)."""
         with self.lock:
@@ -169,6 +202,7 @@ class AlgoChoice:
         with self.lock:
             self.chosen.clear()
             self.timings.clear()
+            self.sizes.clear()
 
 
 #: the process's choices (keyed by device name and LtProblem)
@@ -483,16 +517,17 @@ def _timer(ctx: Any, lt: _CublasLt, plan: _Plan, args: Sequence[Any],
     def capture(i: int) -> Any:
         """The instantiated graph of _REPS launches of candidate i, or None."""
         graph, exe = ctypes.c_void_p(), ctypes.c_void_p()
-        if drv_["begin"](ctypes.c_void_p(stream), _CAPTURE_THREAD_LOCAL):
-            return None
-        failed = False
-        try:
-            for _ in range(_REPS):
-                launch(i)
-        except (LtUnsupported, RuntimeError):
-            failed = True
-        finally:
-            status = drv_["end"](ctypes.c_void_p(stream), ctypes.byref(graph))
+        with gc_paused():   # no collection inside the capture (runtime/gc_pause.py)
+            if drv_["begin"](ctypes.c_void_p(stream), _CAPTURE_THREAD_LOCAL):
+                return None
+            failed = False
+            try:
+                for _ in range(_REPS):
+                    launch(i)
+            except (LtUnsupported, RuntimeError):
+                failed = True
+            finally:
+                status = drv_["end"](ctypes.c_void_p(stream), ctypes.byref(graph))
         if failed or status or not graph.value:
             if graph.value:
                 drv_["graph_destroy"](graph)
@@ -581,17 +616,44 @@ def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,
         return CHOICES.remember(key, 0)
     if _capturing(ctx):
         return CHOICES.pick(key, n, _never, can_time=False)
+    families = size_families(key[0], p)
+    identities = [_identity(a) for a, _, _ in plan.algos]
+    which = CHOICES.borrowed(families, identities)
+    if which is not None:      # a size that changes from call to call: not timed again
+        return CHOICES.remember(key, which)
     import pycuda.driver as drv
     scratch = new_array(ctx, (problem_elements(p),), np.dtype(p.dtype))
     scratch.fill(0)      # D is read (beta): defined values, whatever the pool held
     try:
-        return CHOICES.pick(key, n, _timer(ctx, lt, plan, args, scratch.ptr), can_time=True)
+        best = CHOICES.pick(key, n, _timer(ctx, lt, plan, args, scratch.ptr), can_time=True)
+        CHOICES.note(families, identities[best])
+        return best
     except LtUnsupported:
         raise
     except (RuntimeError, drv.Error) as exc:   # a capture, replay or event refused: no timing
         warnings.warn(f"symgpu: timing cuBLASLt's candidates for {p} failed ({exc}); "
                       f"its heuristic's first choice runs it", RuntimeWarning)
         return CHOICES.remember(key, 0)
+
+
+def size_families(device: str, p: LtProblem) -> list[tuple[Any, int]]:
+    """``(family, size)`` for each of m, n and k: the problem with that size left out, as
+    are the leading dimensions equal to it (a transposed operand's: they change with it),
+    with the device; and the size (AlgoChoice.borrowed)."""
+    out = []
+    for name in ("m", "n", "k"):
+        size = getattr(p, name)
+        free = {name: -1}
+        for ld in ("lda", "ldb", "ldd"):
+            if getattr(p, ld) == size:
+                free[ld] = -1
+        out.append(((device, name, p._replace(**free)), size))
+    return out
+
+
+def _identity(algo: Any) -> Any:
+    """A candidate's algorithm and configuration as a value (None: classic cuBLAS)."""
+    return None if algo is None else tuple(algo)
 
 
 def _never() -> list:

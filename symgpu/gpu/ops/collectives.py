@@ -2,8 +2,11 @@
 GpuReduceScatter (lifted from symgpu.distributed's host ops), the NCCL communicator (the
 ``nccl`` backend of ``symgpu.distributed.init``) and its watchdog.
 
-Each thunk enqueues one NCCL call on the context's stream, with no host synchronisation, so a
-step's CUDA graph captures it (NCCL calls on a capturing stream are recorded as graph nodes).
+Each thunk enqueues one NCCL call, with no host synchronisation, so a step's CUDA graph
+captures it (NCCL calls on a capturing stream are recorded as graph nodes): on the context's
+communication stream, forked off the compute stream and joined back by the GpuCommJoin that
+reads the result (ops/comm_join.py, runtime/comm_stream.py), or, without a join, on the
+compute stream.
 Around the call two one-thread kernels (codegen/nccl_watch.cu) count collectives started and
 finished in mapped host memory.  A watchdog thread per communicator polls
 ``ncclCommGetAsyncError`` and those counters: on an NCCL error (a peer's connection closed) or
@@ -43,6 +46,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import text
+from symgpu.gpu.runtime.comm_stream import fork_slot
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, checks_are_deferred,
                                               launch_checked)
@@ -213,19 +217,23 @@ class NcclCommunicator(Communicator):
         self.aborted = True
         raise exc
 
-    def launch(self, node: Apply, ctx: Any, call: Callable[[], Any]) -> None:
-        """Queue ``call`` (one NCCL call on ``ctx``'s stream, returning its status) between
-        the counting kernels; a call still in progress is settled before the next one."""
+    def launch(self, node: Apply, ctx: Any, call: Callable[[], Any],
+               stream: Any = None) -> None:
+        """Queue ``call`` (one NCCL call on ``stream``, returning its status) between the
+        counting kernels, on that stream too (PyCUDA's object: the context's communication
+        stream; None: its compute stream); a call still in progress is settled before the
+        next one."""
         if self.error is not None:
             raise self.error
         start = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_started", "P", context=ctx)
         done = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_finished", "PP",
                                    context=ctx)
-        start.prepared_async_call((1, 1), (1, 1, 1), ctx.stream, self.counters_ptr)
+        start.prepared_async_call((1, 1), (1, 1, 1), ctx.stream if stream is None else stream,
+                                  self.counters_ptr)
         if call() == nccl_lib.IN_PROGRESS:
             self.settle(f"{node.op if node is not None else 'an NCCL call'}")
         launch_checked(node, ctx, done, (1, 1), (1, 1, 1), (self.counters_ptr,),
-                       self._describe)
+                       self._describe, stream)
 
     def _describe(self, bad: int) -> Exception:
         return self.error or DistributedError(
@@ -256,6 +264,9 @@ class _GpuCollective(DeviceChecked, Op):
     thunk queues one NCCL call (``nccl_call``) on the stream (capturable)."""
 
     host_op: type = Op
+    #: placed right after its inputs (symgpu/link/order.py): its join comes as late as the
+    #: graph allows, so the computation queued between them overlaps the NCCL call
+    schedule_hint = "early"
 
     def make_node(self, x: Any) -> Apply:
         ctx = x.type.context_name if is_gpu_var(x) else None
@@ -304,6 +315,9 @@ class _GpuCollective(DeviceChecked, Op):
         dtype = np.dtype(node.outputs[0].dtype)
         binding, stream = comm.nccl, ctx.stream_handle
         check_shape = ShapeCheck(comm, node)
+        # the join of this node (GpuCommJoin, ops/comm_join.py), linked after it, gives the
+        # slot a Fork: then the call is queued on the communication stream
+        slot = fork_slot(out_cell)
 
         def thunk() -> None:
             x = cell[0]
@@ -313,7 +327,16 @@ class _GpuCollective(DeviceChecked, Op):
             shape = self.out_shape(tuple(x.shape))
             out = new_array(ctx, shape, dtype)
             if x.size:
-                comm.launch(node, ctx, lambda: self.nccl_call(binding, comm, x, out, stream))
+                fork = slot.fork
+                if fork is None:
+                    comm.launch(node, ctx,
+                                lambda: self.nccl_call(binding, comm, x, out, stream))
+                else:
+                    fork.begin()
+                    h = fork.handle
+                    comm.launch(node, ctx, lambda: self.nccl_call(binding, comm, x, out, h),
+                                fork.stream)
+                    fork.end(x, out)
             out_cell[0] = out
 
         thunk.capturable = checks_are_deferred()  # type: ignore[attr-defined]

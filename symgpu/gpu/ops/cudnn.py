@@ -29,7 +29,7 @@ import sys
 import threading
 from typing import Any, Callable, Sequence
 
-__all__ = ["CudnnError", "cudnn", "cudnn_available", "DATA_TYPES", "ConvDescs", "DEFAULT_MATH",
+__all__ = ["CudnnError", "cudnn", "cudnn_available", "cudnn_version", "DATA_TYPES", "ConvDescs", "DEFAULT_MATH",
            "TENSOR_OP_MATH", "FMA_MATH"]
 
 #: cudnnDataType_t: CUDNN_DATA_FLOAT, _DOUBLE, _HALF, _BFLOAT16
@@ -362,3 +362,15 @@ def cudnn_available() -> bool:
         return True
     except CudnnError:
         return False
+
+
+def cudnn_version(raises: bool = True) -> int:
+    """The version of the cuDNN library this process loads (e.g. 90100 for 9.1.0; Theano's
+    dnn.version): where none loads, RuntimeError naming why, or -1 when not `raises`."""
+    try:
+        return int(cudnn().version)
+    except CudnnError as exc:
+        if raises:
+            raise RuntimeError(f"cannot determine the cuDNN version: cuDNN is not available "
+                               f"({exc})") from exc
+        return -1

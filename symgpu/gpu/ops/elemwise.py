@@ -29,10 +29,11 @@ from symgpu.graph.op import Op
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.scalar.composite import Composite
 from symgpu.tensor.elemwise import Elemwise as _Elemwise, reduce_output_dtype
+from symgpu.tensor.rewriting.elemwise import MAX_FUSED_INPUTS
 from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
 
 __all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
-           "BLOCK"]
+           "BLOCK", "max_inputs_to_GpuElemwise", "KERNEL_PARAM_BYTES"]
 
 BLOCK = 256                 # threads per block of elementwise kernels
 MAX_GRID = (1 << 31) - 1    # blocks of a contiguous kernel (gridDim.x's limit; loops beyond)
@@ -74,6 +75,23 @@ def _virtual_thunk(op: Op, ctx: Any) -> Callable[[], None]:
 
 
 # ----------------------------------------------------------------------------- GpuElemwise
+
+#: the bytes of kernel parameters a launch may pass (CUDA 12.1+ on sm_70 and later)
+KERNEL_PARAM_BYTES = 32764
+
+
+def max_inputs_to_GpuElemwise(node_or_outputs: Apply | Sequence[Variable]) -> int:
+    """The most inputs one GpuElemwise kernel with these outputs (an Apply's, or a list of
+    variables) takes (Theano's rule of the same name): what fits the strided kernel's
+    parameters -- an index, the shape, and per operand a pointer and its strides, all 8-byte
+    (codegen/elemwise.cu) -- capped by the fusion's MAX_FUSED_INPUTS."""
+    outputs = node_or_outputs.outputs if isinstance(node_or_outputs, Apply) \
+        else list(node_or_outputs)
+    nd = outputs[0].type.ndim
+    per_operand = 8 + 8 * nd                       # pointer + strides
+    mandatory = 8 + 8 * nd + len(outputs) * per_operand   # n, shape, the outputs
+    return max(0, min(MAX_FUSED_INPUTS, (KERNEL_PARAM_BYTES - mandatory) // per_operand))
+
 
 class GpuElemwise(Op):
     """A scalar op (table row or fused Composite) over broadcast GPU arrays, as one kernel.

@@ -10,8 +10,11 @@ overwritten.  Passes registered here, by position (see symgpu/graph/rewriting/db
   41.5  gpu_scalar_uploads   host arithmetic on one-element values feeding an upload goes up;
                              an uploaded input's length is read from its upload
   49.5  gpu_fusion           the CPU fusion algorithm over GpuElemwise (one kernel per chain)
+  49.55 gpu_recompute        a fused kernel's output read only by other elementwise kernels is
+                             recomputed there from its inputs where that moves fewer bytes
   60    gpu_careduce_pre_op  an elementwise producer read only by a reduction joins its kernel
-  76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm write into a dying input
+  76    gpu_inplace          GpuElemwise / GpuGemv / GpuGemm / GpuIncSubtensor write into
+                             a dying input
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import numpy as np
 from symgpu.gpu.ops.blas import (BLAS_DTYPES, GEMM_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer,
                                  gpu_matvec)
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.ops.subtensor import GpuIncSubtensor
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import gpu_supports_dtype
@@ -40,6 +44,7 @@ from symgpu.tensor.elemwise import (CAReduce as _CAReduce, DimShuffle as _DimShu
                                     Elemwise as _Elemwise)
 from symgpu.tensor.math import Dot as _Dot
 from symgpu.tensor.rewriting.elemwise import fuse_elemwise
+from symgpu.tensor.rewriting.recompute import recompute_exported_values
 from symgpu.tensor.shape import Shape_i as _Shape_i
 
 __all__ = ["lift_elemwise", "lift_careduce", "lift_dot", "lift_dot22", "lift_gemv",
@@ -195,6 +200,11 @@ def gpu_fusion(fgraph: FunctionGraph) -> None:
     fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
 
 
+def gpu_recompute(fgraph: FunctionGraph) -> None:
+    """Recompute instead of store, over GpuElemwise (symgpu/tensor/rewriting/recompute.py)."""
+    recompute_exported_values(fgraph, GpuElemwise, GpuElemwise)
+
+
 def _uploads_an_argument(var: Variable) -> bool:
     """Whether `var` is the upload of an array the caller passes: a device array fed there
     is read where it is only while no kernel writes into the upload (placement/basic_ops.py
@@ -222,7 +232,8 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
     intermediate read by nobody else); returns how many changed."""
     nodes = [n for n in fgraph.toposort()
              if (type(n.op) is GpuElemwise and not n.op.inplace_pattern)
-             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer) and not n.op.inplace)]
+             or (type(n.op) in (GpuGemv, GpuGemm, GpuGer, GpuIncSubtensor)
+                 and not n.op.inplace)]
     if not nodes:
         return 0
     attach_destroy_handler(fgraph)
@@ -242,7 +253,12 @@ def make_gpu_inplace(fgraph: FunctionGraph) -> int:
         else:
             cands = _destroyable_inputs(fgraph, node, node.outputs[0], set(),
                                         why_not_destroyable)
-            new_op = type(op)(True) if cands[:1] == [0] else None
+            if cands[:1] != [0]:
+                new_op = None
+            elif type(op) is GpuIncSubtensor:   # writes the region into x itself: no copy
+                new_op = GpuIncSubtensor(op.idx_list, op.set_instead_of_inc, True)
+            else:
+                new_op = type(op)(True)
         if new_op is None:
             continue
         try:
@@ -314,6 +330,7 @@ gpu_scalar_uploads = EquilibriumRewriter([local_upload_scalar_operands,
 # after lifting (40): fuse chains, absorb producers into reductions, then go in place
 optdb.register("gpu_scalar_uploads", gpu_scalar_uploads, 41.5, "fast_run", "gpu")
 optdb.register("gpu_fusion", gpu_fusion, 49.5, "fast_run", "fusion", "gpu")
+optdb.register("gpu_recompute", gpu_recompute, 49.55, "fast_run", "fusion", "gpu")
 optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu")
 optdb.register("gpu_inplace", make_gpu_inplace, 76, "fast_run", "inplace", "gpu")
 

@@ -252,7 +252,10 @@ class GpuCholesky(_GpuLinalg):
     __props__ = ("lower", "on_error")
     infer_shape = Cholesky.infer_shape
 
-    def __init__(self, lower: bool = True, on_error: str = "raise"):
+    def __init__(self, lower: bool = True, on_error: str = "raise", *, inplace: bool = False):
+        """`inplace` (Theano's theano.gpuarray.linalg.GpuCholesky keyword) is accepted and
+        ignored: the factor always goes to a fresh buffer, which is what an in-place
+        factorisation computes without overwriting the input."""
         if on_error not in ("raise", "nan"):
             raise ValueError(f"GpuCholesky: on_error must be 'raise' or 'nan', got {on_error!r}")
         self.lower, self.on_error = bool(lower), on_error
@@ -330,10 +333,14 @@ class GpuSolve(_GpuSolveBase):
     def __str__(self) -> str:
         return f"GpuSolve{{{self.A_structure}}}"
 
+    #: whether the op solves A^T x = b (Theano's GpuCusolverSolve(trans='T'))
+    transposed = False
+
     def compute(self, env: calls.Env, dtype: str, ins: list, outs: list) -> None:
         s, o = self.A_structure, outs[0]
         if s in ("lower_triangular", "upper_triangular"):
-            self._triangular(env, dtype, ins, o, s == "lower_triangular", OP_N, False)
+            self._triangular(env, dtype, ins, o, s == "lower_triangular",
+                             OP_T if self.transposed else OP_N, False)
             return
         batch, n, k, vector = _rhs(ins)
         (a, ashape), (b, _) = ins
@@ -356,13 +363,14 @@ class GpuSolve(_GpuSolveBase):
         ipiv = env.alloc(4 * n * batch)
         ptrs = calls.lu(env, dtype, w, n, batch, ipiv, info)
         env.k.check_info(info, batch, _describer(self, "is singular", ashape, dtype))
+        op = OP_N if self.transposed else OP_T   # the LU is of A^T (column-major A)
         if vector:      # a vector per matrix is its own column-major n x 1 block
             env.k.copy(o, b, n * batch * isz)
-            calls.lu_solve(env, dtype, w, ptrs, n, batch, ipiv, o, 1, OP_T)
+            calls.lu_solve(env, dtype, w, ptrs, n, batch, ipiv, o, 1, op)
             return
         bt = env.alloc(n * k * batch * isz)
         env.k.transpose(dtype, bt, b, n, k, batch)
-        calls.lu_solve(env, dtype, w, ptrs, n, batch, ipiv, bt, k, OP_T)
+        calls.lu_solve(env, dtype, w, ptrs, n, batch, ipiv, bt, k, op)
         env.k.transpose(dtype, o, bt, k, n, batch)
 
 

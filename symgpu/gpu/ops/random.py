@@ -84,6 +84,10 @@ def _launch_thunk(thunk: Callable[[], None]) -> Callable[[], None]:
 class _RandomKernelOp(Op):
     """What both ops share: one CUDA module, offered to the link-time prefetch."""
 
+    #: its output is a random draw: values computed from it are stored, not recomputed in
+    #: other kernels (symgpu/tensor/rewriting/recompute.py), so each draw is made once
+    draws_random = True
+
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         return [(_MODULE_KEY, random_source, ())]
 

@@ -467,7 +467,7 @@ def _register_sparse_lifters() -> None:
     if _REGISTERED:
         return
     products = sys.modules.get("symgpu.sparse.products")
-    basic = sys.modules.get("symgpu.sparse.basic")
+    basic = sys.modules.get("symgpu.sparse.construct")
     if products is None or basic is None:
         return
     register_lifter(products.StructuredDot, products.Dot, products.TrueDot)(_lift_product)

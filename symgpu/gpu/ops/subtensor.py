@@ -19,7 +19,8 @@ from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray, new_array
-from symgpu.gpu.runtime.copykernel import (INC_DTYPES, prefetch_request as strided_copy_request,
+from symgpu.gpu.runtime.copykernel import (INC_DTYPES, MAX_JOIN, join_strides, strided_join,
+                                           prefetch_request as strided_copy_request,
                                            strided_inc)
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, PerformThunk
@@ -280,6 +281,9 @@ class GpuJoin(Op):
         shape = list(first)
         shape[a] = sum(x.shape[a] for x in inputs)
         res = GpuArray(tuple(shape), node.outputs[0].dtype, inputs[0].context)
+        if self._one_launch(res, inputs):
+            out[0][0] = res
+            return
         start = 0
         for x in inputs:
             n = x.shape[a]
@@ -288,6 +292,31 @@ class GpuJoin(Op):
                 view._copy_from_device(x)
             start += n
         out[0][0] = res
+
+
+    def _one_launch(self, res: GpuArray, inputs: Sequence[GpuArray]) -> bool:
+        """Copy every input with one kernel (copykernel.strided_join) when they are at most
+        MAX_JOIN and each is (outer, axis, inner) with one stride per side: a gradient's
+        gates joined in a BPTT step are one graph node, not one per gate."""
+        a = self.axis
+        if not 1 < len(inputs) <= MAX_JOIN or res.dtype.itemsize not in (1, 2, 4, 8):
+            return False
+        parts, start = [], 0
+        for x in inputs:
+            st = join_strides(x.shape, x.strides, a)
+            if st is None:
+                return False
+            parts.append((x.ptr, start, x.shape[a], st))
+            start += x.shape[a]
+        outer = int(np.prod(res.shape[:a], dtype=np.int64))
+        inner = int(np.prod(res.shape[a + 1:], dtype=np.int64))
+        strided_join(res.context, res.ptr, res.dtype.itemsize, outer, res.shape[a], inner, parts)
+        return True
+
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
+        """The strided-copy module (the join kernel and the copies): compiled with the
+        function's kernels, not on the first call."""
+        return [strided_copy_request()]
 
 
 # ----------------------------------------------------------------------------- lifters

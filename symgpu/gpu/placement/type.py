@@ -27,7 +27,7 @@ from symgpu.tensor.type import ArrayVariableMixin, TensorType, TensorVariable
 from symgpu.tensor.variable import TensorOperators
 
 __all__ = ["GpuArrayType", "GpuArrayVariable", "GpuArrayConstant", "GpuArraySharedVariable",
-           "gpuarray_shared_constructor", "gpu_supports_dtype", "move_to_gpu",
+           "gpuarray_shared_constructor", "gpu_supports_dtype", "gpu_supported", "move_to_gpu",
            "default_context_active", "is_gpu_var", "gpu_type_like", "register_conversions"]
 
 _GPU_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "uint16",
@@ -37,6 +37,12 @@ _GPU_DTYPES = frozenset(("bool", "int8", "int16", "int32", "int64", "uint8", "ui
 def gpu_supports_dtype(dtype: str) -> bool:
     """Whether a GpuArray can hold `dtype` (no complex, no objects)."""
     return str(dtype) in _GPU_DTYPES
+
+
+def gpu_supported(data: Any) -> bool:
+    """Theano's question "can this array or variable (anything with a dtype) live on the
+    GPU?": its dtype is one GPU arrays hold (complex, object and string dtypes are not)."""
+    return gpu_supports_dtype(str(data.dtype))
 
 
 def move_to_gpu(value: Any) -> bool:

@@ -49,6 +49,38 @@ __all__ = ["GpuArray", "DevicePointer", "new_array", "empty", "zeros", "to_gpu",
 _STAGING_LIMIT = 64 << 20      # larger copies go straight into the result (no double copy)
 _STAGING_KEEP = 8              # cached pinned buffers per context
 
+def nocopy_strides(shape: Sequence[int], strides: Sequence[int],
+                   new_shape: Sequence[int]) -> tuple[int, ...] | None:
+    """Byte strides that read an array of ``shape``/``strides`` as ``new_shape`` (same size)
+    without copying, or None where no view can (NumPy's ``_attempt_nocopy_reshape``, C
+    order): splitting or merging axes needs only the merged axes to be contiguous with each
+    other, so a column slice ``x[:, a:b]`` splits its last axis as a view."""
+    old = [(n, st) for n, st in zip(shape, strides) if n != 1]
+    new_strides = [0] * len(new_shape)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(new_shape) and oi < len(old):
+        np_, op_ = new_shape[ni], old[oi][0]
+        while np_ != op_:
+            if np_ < op_:
+                np_ *= new_shape[nj]
+                nj += 1
+            else:
+                op_ *= old[oj][0]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if old[k][1] != old[k + 1][0] * old[k + 1][1]:
+                return None
+        new_strides[nj - 1] = old[oj - 1][1]
+        for k in range(nj - 1, ni, -1):
+            new_strides[k - 1] = new_strides[k] * new_shape[k]
+        ni, oi = nj, oj
+        nj, oj = nj + 1, oj + 1
+    last = new_strides[ni - 1] if ni >= 1 else 0
+    for k in range(ni, len(new_shape)):
+        new_strides[k] = last
+    return tuple(new_strides)
+
+
 def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """Byte strides of a C-contiguous array of ``shape``."""
     nd = len(shape)
@@ -265,7 +297,8 @@ class GpuArray:
                           tuple(self.strides[a] for a in perm))
 
     def reshape(self, *shape: Any, order: str = "C") -> "GpuArray":
-        """A view when the data is C-contiguous, else a reshaped contiguous copy."""
+        """A view when the strides allow one (NumPy's rule: always for C-contiguous data), else
+        a reshaped contiguous copy."""
         if order != "C":
             raise ValueError("GpuArray.reshape supports order='C' only")
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
@@ -287,7 +320,12 @@ class GpuArray:
             total *= n
         if total != size or any(n < 0 for n in shape):
             raise ValueError(f"cannot reshape array of size {size} into shape {shape}")
-        src = self if self.is_c_contiguous else self.copy()
+        if self.is_c_contiguous:
+            return self._view(self.ptr, shape, c_strides(shape, self.itemsize))
+        view = nocopy_strides(self.shape, self.strides, shape) if size else None
+        if view is not None:
+            return self._view(self.ptr, shape, view)
+        src = self.copy()
         return src._view(src.ptr, shape, c_strides(shape, self.itemsize))
 
     def __getitem__(self, key: Any) -> "GpuArray":

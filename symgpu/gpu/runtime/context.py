@@ -141,6 +141,9 @@ class GpuContext:
         self.context_handle = 0
         self.stream: Any = None
         self.stream_handle = 0
+        #: the communication stream of its collectives (runtime/comm_stream.py), made by the
+        #: first collective that forks off the compute stream; None until then
+        self.comm: Any = None
         self.pool: Any = None
         self.pinned: Any = None  # PinnedPool: page-locked host buffers for copies back
         self.total_memory = 0

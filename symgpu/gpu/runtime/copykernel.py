@@ -14,10 +14,12 @@ from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.dtypes import dtype_name
 
-__all__ = ["MAX_DIMS", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes", "strided_copy",
-           "strided_inc", "prefetch_request"]
+__all__ = ["MAX_DIMS", "MAX_JOIN", "STRIDED_COPY_SOURCE", "INC_DTYPES", "collapse_axes",
+           "strided_copy", "strided_inc", "strided_join", "join_strides", "prefetch_request"]
 
 MAX_DIMS = 8
+#: inputs one strided_join launch copies (codegen/strided_copy.cu's MAX_JOIN)
+MAX_JOIN = 8
 
 #: dtype -> CUDA type of the strided "+=" kernels (a copy only needs the item size; the half
 #: types add in float32)
@@ -103,3 +105,53 @@ def strided_inc(dst: Any, src: Any) -> None:
         raise TypeError(f"GpuIncSubtensor: no increment kernel for dtype {dtype}")
     _launch(dst.context, f"strided_inc_{dtype}", src.ptr, dst.ptr, dst.shape, src.strides,
             dst.strides, "GpuIncSubtensor: a region")
+
+
+_JOIN_FORMAT = "Pq" + "q" * (MAX_JOIN + (MAX_JOIN + 1) + 3 * MAX_JOIN + 3)
+
+
+def join_strides(shape: Sequence[int], strides: Sequence[int], axis: int
+                 ) -> tuple[int, int, int] | None:
+    """An input of a join seen as (outer, axis, inner): the byte strides of its axes before
+    `axis` merged into one, of `axis`, and of its axes after merged into one; None when the
+    axes on one side do not merge (a transposed input: it is copied on its own)."""
+    def merged(dims: Sequence[int], strs: Sequence[int]) -> int | None:
+        out = None   # the stride of the innermost axis of length > 1
+        prev_n = prev_s = None
+        for n, st in zip(dims, strs):
+            if n == 1:
+                continue
+            if prev_n is not None and prev_s != n * st:
+                return None
+            prev_n, prev_s, out = n, st, st
+        return 0 if out is None else out
+    so = merged(shape[:axis], strides[:axis])
+    sc = merged(shape[axis + 1:], strides[axis + 1:])
+    if so is None or sc is None:
+        return None
+    return so, strides[axis], sc
+
+
+def strided_join(ctx: Any, dst_ptr: int, itemsize: int, outer: int, axis_len: int,
+                 inner: int, parts: Sequence[tuple[int, int, int, tuple[int, int, int]]]) -> None:
+    """Queue a join into the C-contiguous ``dst`` (outer, axis_len, inner) as one launch:
+    ``parts`` (at most MAX_JOIN) are (source address, offset along the axis, length along
+    it, (outer, axis, inner) byte strides from `join_strides`), covering the axis in order."""
+    if itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"no strided join for items of {itemsize} bytes")
+    parts = [p for p in parts if p[2]]
+    if len(parts) > MAX_JOIN:
+        raise ValueError(f"a join of {len(parts)} inputs in one launch; at most {MAX_JOIN}")
+    n = outer * axis_len * inner
+    if n == 0 or not parts:
+        return
+    pad = MAX_JOIN - len(parts)
+    src = [p[0] for p in parts] + [0] * pad
+    start = [p[1] for p in parts] + [axis_len] * (pad + 1)
+    strides = [[p[3][k] for p in parts] + [0] * pad for k in range(3)]
+    ctx.activate()
+    fn = get_prepared_kernel(("symgpu.strided_copy",), lambda: STRIDED_COPY_SOURCE,
+                             f"strided_join_{itemsize}", _JOIN_FORMAT, context=ctx)
+    blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
+    fn.prepared_async_call((blocks, 1), (_BLOCK, 1, 1), ctx.stream, dst_ptr, n, *src, *start,
+                           *strides[0], *strides[1], *strides[2], len(parts), axis_len, inner)

@@ -96,11 +96,14 @@ def read_error(err: Any) -> int | None:
 
 
 def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args: tuple,
-                   describe: Callable[[int], Exception]) -> None:
+                   describe: Callable[[int], Exception], stream: Any = None) -> None:
     """Launch the prepared kernel `fn` with `args` and a report slot as its last argument.
     Deferred (default): the slot is `node`'s mapped slot, read at the next synchronisation;
     with ``config.gpuarray.sync_checks``: a fresh device buffer read back at once.
-    `describe(bad)` makes the exception for a reported value (the launch's shapes go in it)."""
+    `describe(bad)` makes the exception for a reported value (the launch's shapes go in it).
+    `stream`: another stream of the context (PyCUDA's object; a collective's communication
+    stream, joined back before the synchronisation that reads the slot), deferred checks
+    only; None: the context's stream."""
     if _SYNC_CHECKS.value:
         err = new_error_buffer(ctx)
         fn.prepared_async_call(grid, block, ctx.stream, *args, err.ptr)
@@ -121,7 +124,8 @@ def launch_checked(node: Any, ctx: Any, fn: Any, grid: tuple, block: tuple, args
             return type(exc)(f"{exc}{where}")
         entry = slots[id(ctx)] = (checks_of(ctx).new_slot(raise_for), record)
     entry[1][0] = describe   # this launch's shapes, for the message
-    fn.prepared_async_call(grid, block, ctx.stream, *args, entry[0])
+    fn.prepared_async_call(grid, block, ctx.stream if stream is None else stream, *args,
+                           entry[0])
 
 
 class _NodeSlots(dict):

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.graph.basic import Apply
+from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.scalar.dtypes import in_value_dtype, is_float, is_int, upgrade_to_float
 from symgpu.tensor import basic as _b
@@ -166,7 +166,13 @@ def relu(x: Any, alpha: Any = 0) -> TensorVariable:
     """Rectifier max(x, 0); with `alpha`, the leaky form (x if x >= 0 else alpha * x).
 
     Written as a switch (not 0.5*(x+|x|) as in Theano) so relu(-inf) is 0, NaN propagates and
-    the gradient is exactly 1 or alpha."""
+    the gradient is exactly 1 or alpha. On NumPy values (neither argument a Variable) it is
+    Theano's arithmetic done by NumPy, as Theano's relu is: a NumPy result, which test code
+    compares with np.allclose."""
+    if not isinstance(x, Variable) and not isinstance(alpha, Variable):
+        if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 0:
+            return 0.5 * (x + abs(x))
+        return 0.5 * (1 + alpha) * x + 0.5 * (1 - alpha) * abs(x)
     x = as_tensor_variable(x)
     if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and alpha == 0:
         return _m.switch(_m.lt(x, 0), 0, x)
@@ -318,3 +324,14 @@ from symgpu.tensor.nnet.attention import (  # noqa: E402
     Attention, AttentionGrad, scaled_dot_product_attention)
 
 __all__ += ["Attention", "AttentionGrad", "scaled_dot_product_attention"]
+from symgpu.tensor.nnet.xent_softmax import (  # noqa: E402
+    CrossentropySoftmax1HotWithBiasDx, CrossentropySoftmaxArgmax1HotWithBias,
+    crossentropy_softmax_1hot, crossentropy_softmax_1hot_with_bias,
+    crossentropy_softmax_1hot_with_bias_dx, crossentropy_softmax_argmax_1hot_with_bias,
+    crossentropy_softmax_max_and_argmax_1hot, crossentropy_softmax_max_and_argmax_1hot_with_bias)
+
+__all__ += ["CrossentropySoftmaxArgmax1HotWithBias", "CrossentropySoftmax1HotWithBiasDx",
+            "crossentropy_softmax_argmax_1hot_with_bias",
+            "crossentropy_softmax_1hot_with_bias_dx", "crossentropy_softmax_1hot_with_bias",
+            "crossentropy_softmax_1hot", "crossentropy_softmax_max_and_argmax_1hot_with_bias",
+            "crossentropy_softmax_max_and_argmax_1hot"]

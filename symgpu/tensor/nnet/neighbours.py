@@ -48,9 +48,10 @@ def _pair(v: Any, name: str, what: str) -> TensorVariable:
     return v
 
 
-def _axis_index(length: int, c: int, step: int, mode: str, which: str) -> np.ndarray:
-    """(windows, c) indices into an axis of `length` pixels that window w reads at offset i;
-    -1 where it reads a padding zero. Checks the mode's conditions."""
+def _axis_grid(length: int, c: int, step: int, mode: str, which: str) -> tuple[int, int]:
+    """(window positions, leading padding) along an axis of `length` pixels: window w reads
+    pixel `w * step + i - padding` at offset i (modulo `length` in 'wrap_centered', a padding
+    zero outside the image otherwise). Checks the mode's conditions."""
     if mode == "wrap_centered":
         if c % 2 != 1:
             raise ValueError(f"images2neibs: mode 'wrap_centered' needs odd window shapes, "
@@ -59,9 +60,7 @@ def _axis_index(length: int, c: int, step: int, mode: str, which: str) -> np.nda
             raise ValueError(f"images2neibs: mode 'wrap_centered' needs images at least as "
                              f"large as the window: neib_shape[{which}] = {c}, image length "
                              f"{length}")
-        grid = -(-length // step)
-        pos = np.arange(grid)[:, None] * step + np.arange(c)[None, :] - c // 2
-        return pos % length
+        return -(-length // step), c // 2
     pad = {"valid": 0, "ignore_borders": 0, "half": c // 2, "full": c - 1}[mode]
     span = length + 2 * pad - c
     if length < c or (mode != "ignore_borders" and span % step != 0):
@@ -70,20 +69,46 @@ def _axis_index(length: int, c: int, step: int, mode: str, which: str) -> np.nda
                          f"{mode!r}: (length + {2 * pad} - {c}) must be a non-negative "
                          f"multiple of the step" + ("" if length >= c else
                                                     " (the window is larger than the image)"))
-    grid = span // step + 1
+    return span // step + 1, pad
+
+
+def _axis_index(length: int, c: int, step: int, mode: str, which: str) -> np.ndarray:
+    """(windows, c) indices into an axis of `length` pixels that window w reads at offset i;
+    -1 where it reads a padding zero. Checks the mode's conditions."""
+    grid, pad = _axis_grid(length, c, step, mode, which)
     pos = np.arange(grid)[:, None] * step + np.arange(c)[None, :] - pad
+    if mode == "wrap_centered":
+        return pos % length
     return np.where((pos >= 0) & (pos < length), pos, -1)
 
 
-def _indices(shape: tuple, neib_shape: np.ndarray, neib_step: np.ndarray, mode: str) -> tuple:
-    """(row index (gc, c), column index (gd, d)) of every window, from the runtime values."""
+def _window_pairs(neib_shape: np.ndarray, neib_step: np.ndarray) -> tuple[tuple, tuple]:
+    """((c, d), (sx, sy)) as ints, from the runtime values (checked)."""
     for name, v in (("neib_shape", neib_shape), ("neib_step", neib_step)):
         if np.shape(v) != (2,):
             raise ValueError(f"images2neibs: {name} must hold two integers, got {v!r}")
         if v[0] <= 0 or v[1] <= 0:
             raise ValueError(f"images2neibs: {name} must be positive, got {tuple(v)}")
-    (c, d), (sx, sy) = (int(v) for v in neib_shape), (int(v) for v in neib_step)
+    return tuple(int(v) for v in neib_shape), tuple(int(v) for v in neib_step)
+
+
+def _indices(shape: tuple, neib_shape: np.ndarray, neib_step: np.ndarray, mode: str) -> tuple:
+    """(row index (gc, c), column index (gd, d)) of every window, from the runtime values."""
+    (c, d), (sx, sy) = _window_pairs(neib_shape, neib_step)
     return (_axis_index(shape[2], c, sx, mode, "0"), _axis_index(shape[3], d, sy, mode, "1"))
+
+
+def window_geometry(shape: tuple, neib_shape: Any, neib_step: Any,
+                    mode: str) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """Per image axis (rows, columns) of images of `shape` (N, S, H, W): (window positions,
+    window length, step, leading padding), from the runtime values of neib_shape and
+    neib_step, with the mode's conditions checked (ValueError) as Images2Neibs checks them.
+    What a kernel needs to compute images2neibs or its gradient (symgpu.gpu.ops.neighbours)."""
+    _check_mode(mode, "window_geometry")
+    (c, d), (sx, sy) = _window_pairs(np.asarray(neib_shape), np.asarray(neib_step))
+    gc, px = _axis_grid(int(shape[2]), c, sx, mode, "0")
+    gd, py = _axis_grid(int(shape[3]), d, sy, mode, "1")
+    return (gc, c, sx, px), (gd, d, sy, py)
 
 
 def _grid_len(length: Any, c: Any, step: Any, mode: str) -> Any:

@@ -11,7 +11,8 @@ blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `bl
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
 attention   hand-written attention (and its gradient) -> Attention (pass `fuse_attention`, 0.5)
+theano_opt  Theano's tensor.opt helpers and rewriter classes; the Rebroadcast and Assert rewrites
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
 from symgpu.tensor.rewriting import blas, elemwise, inplace, mixed_precision  # noqa: F401
-from symgpu.tensor.rewriting import attention  # noqa: F401
+from symgpu.tensor.rewriting import attention, theano_opt  # noqa: F401

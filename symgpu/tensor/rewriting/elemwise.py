@@ -27,7 +27,7 @@ from symgpu.scalar.basic import ScalarOp
 from symgpu.scalar.composite import Composite, CompositeBuilder
 from symgpu.tensor.elemwise import Elemwise
 
-__all__ = ["fuse_elemwise", "FusionRewriter", "MAX_FUSED_INPUTS"]
+__all__ = ["fuse_elemwise", "fused_replacement", "FusionRewriter", "MAX_FUSED_INPUTS"]
 
 #: a fused node takes at most this many inputs (GPU kernel parameter space)
 MAX_FUSED_INPUTS = 64
@@ -172,7 +172,8 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
         for inp in n.inputs:  # siblings: other readers of the same (non-constant) input
             if constant_behind(inp) is None and inp.type.broadcastable == B:
                 out += [index[c] for c, _ in fgraph.clients.get(inp, ())
-                        if c != "output" and c in index and c.outputs[0].type.broadcastable == B]
+                        if c != "output" and c in index
+                        and getattr(c.outputs[0].type, "broadcastable", None) == B]
         return out
 
     work = deque(neighbours(start))
@@ -217,6 +218,19 @@ def _grow(fgraph, nodes, index, can, anc, desc, assigned, start: int) -> set[int
 
 
 def _fuse_group(fgraph, members: list[Apply], make_op) -> bool:
+    pairs = fused_replacement(fgraph, members, make_op)
+    if pairs is None:
+        return False
+    try:
+        replace_validate(fgraph, pairs, reason="fusion")
+    except InconsistencyError:
+        return False
+    return True
+
+
+def fused_replacement(fgraph, members: list[Apply], make_op) -> list | None:
+    """[(exported value, fused value)] for fusing `members` (in topological order) into one
+    `make_op(Composite)` node, or None where the fused node cannot be made (same types)."""
     inside = set(members)
     ext, exported = _group_io(fgraph, members, inside)
     b = CompositeBuilder()
@@ -237,19 +251,15 @@ def _fuse_group(fgraph, members: list[Apply], make_op) -> bool:
     try:
         new = make_op(comp).make_node(*ext).outputs
     except (TypeError, ValueError):
-        return False
+        return None
     if any(a.type != c.type for a, c in zip(exported, new)):
-        return False
+        return None
     trace = getattr(exported[0].owner.tag, "trace", None)
     if trace:
         new[0].owner.tag.trace = trace
         for o in new:
             o.tag.trace = trace
-    try:
-        replace_validate(fgraph, list(zip(exported, new)), reason="fusion")
-    except InconsistencyError:
-        return False
-    return True
+    return list(zip(exported, new))
 
 
 class FusionRewriter(GraphRewriter):

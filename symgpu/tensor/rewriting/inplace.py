@@ -8,13 +8,15 @@ accumulate into their y/C.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import (GraphRewriter, InconsistencyError, attach_destroy_handler,
                                     optdb, replace_validate, why_not_destroyable)
 from symgpu.tensor.blas import Gemm, Gemv, Ger
 from symgpu.tensor.elemwise import Elemwise
 
-__all__ = ["InplaceRewriter", "make_inplace"]
+__all__ = ["InplaceRewriter", "make_inplace", "inplace_elemwise_op"]
 
 
 def _candidates(fgraph, node, out_index: int, taken: set[int]) -> list[int]:
@@ -28,6 +30,22 @@ def _candidates(fgraph, node, out_index: int, taken: set[int]) -> list[int]:
     return found
 
 
+def inplace_elemwise_op(fgraph: FunctionGraph, node: Any) -> Any:
+    """The in-place version of the elementwise `node`'s op (each output writing into the
+    first input the destroy handler lets it take), or None; the op class is kept (its
+    constructor takes (scalar_op, inplace_pattern, name), as Elemwise's)."""
+    op = node.op
+    if op.inplace_pattern or node.outputs[0].ndim == 0:
+        # (0-d results: a fresh scalar is cheaper than writing into an input)
+        return None
+    pattern: dict[int, int] = {}
+    for o in range(len(node.outputs)):
+        cands = _candidates(fgraph, node, o, set(pattern.values()))
+        if cands:
+            pattern[o] = cands[0]
+    return type(op)(op.scalar_op, pattern, op.name) if pattern else None
+
+
 def make_inplace(fgraph: FunctionGraph) -> int:
     """Switch every node that safely can to its in-place version; returns how many."""
     attach_destroy_handler(fgraph)
@@ -37,15 +55,8 @@ def make_inplace(fgraph: FunctionGraph) -> int:
             continue
         op = node.op
         new_op = None
-        if type(op) is Elemwise and not op.inplace_pattern and node.outputs[0].ndim > 0:
-            # (0-d results: a fresh scalar is cheaper than writing into an input)
-            pattern: dict[int, int] = {}
-            for o in range(len(node.outputs)):
-                cands = _candidates(fgraph, node, o, set(pattern.values()))
-                if cands:
-                    pattern[o] = cands[0]
-            if pattern:
-                new_op = Elemwise(op.scalar_op, pattern, op.name)
+        if type(op) is Elemwise:
+            new_op = inplace_elemwise_op(fgraph, node)
         elif type(op) in (Gemv, Gemm, Ger) and not op.inplace:
             if _candidates(fgraph, node, 0, set()) [:1] == [0]:
                 new_op = type(op)(inplace=True)

@@ -19,7 +19,9 @@ half before the next one join the elementwise kernel between them (bias, activat
 kernel reads half and writes half, computing in float32 inside (half values are always
 computed in float32: `scalar.dtypes.value_dtype`). A cast whose operand is a transpose (the
 backward products read `W.T`, `x.T`) is moved before the transpose, so the forward and
-backward products of one weight share one cast of it (merged at position 48).
+backward products of one weight share one cast of it (merged at position 48). Where views
+(reshapes, head splits), joins or region writes stand between a cast and its kernel, the
+cast-motion rules (`cast_motion.py`, in the same pass) move it through them.
 
 It runs after canonicalize/stabilize/specialize, so the stable forms (log-softmax,
 cross-entropies) are already in place and stay float32, and before `blas` (20): a float32
@@ -38,6 +40,7 @@ from symgpu.tensor.blas import Dot22, Gemm, Gemv, Ger
 from symgpu.tensor.elemwise import DimShuffle
 from symgpu.tensor.math import Dot, MatMul, dot
 from symgpu.tensor.nnet.attention import Attention, AttentionGrad
+from symgpu.tensor.rewriting.cast_motion import CAST_MOTION
 from symgpu.tensor.nnet.abstract_conv import (Conv2d, Conv2dGradInputs, Conv2dGradWeights,
                                               Conv3d, Conv3dGradInputs, Conv3dGradWeights)
 from symgpu.tensor.rewriting.utils import ew_cast
@@ -174,6 +177,8 @@ def _make_rewrite(half: str) -> RewriteGroup:
     group = RewriteGroup(tag)
     group.register(node_rewriter(list(PRODUCTS) + list(BLAS_PRODUCTS))(rewrite),
                    tag, "mixed_precision")
+    for motion in CAST_MOTION:        # the casts it inserts move to where they fuse or cancel
+        group.register(motion, tag, "mixed_precision", "cast_motion")
     optdb.register(tag, group, POSITION, "mixed_precision")
     return group
 

@@ -27,12 +27,16 @@ __all__ = ["register_shape_reader", "shape_i_of", "shape_tuple", "node_shapes",
            "infer_graph_shapes", "rewrite_shape_read", "inferred_shape", "same_dim"]
 
 def _checked(node: Apply, shapes: Any) -> list[tuple]:
-    """`infer_shape`'s answer as int64 dims, after checking it has one entry per output dim."""
+    """`infer_shape`'s answer as int64 dims, after checking it has one entry per output dim
+    (None for an output whose type has no shape, such as an MPI request: Theano's rule)."""
     if shapes is None or len(shapes) != len(node.outputs):
         raise ShapeError(f"{node.op}.infer_shape returned {shapes!r} for a node with "
                          f"{len(node.outputs)} output(s)")
-    out = []
+    out: list = []
     for o, s in zip(node.outputs, shapes):
+        if s is None and not hasattr(o.type, "ndim"):
+            out.append(None)
+            continue
         if s is None or len(s) != o.type.ndim:
             raise ShapeError(f"{node.op}.infer_shape gave the shape {s!r} for the "
                              f"{o.type.ndim}-dimensional output {o} ({o.type})")

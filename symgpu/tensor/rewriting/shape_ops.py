@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
-from symgpu.tensor.basic import Alloc, MakeVector, Reshape, join
+from symgpu.tensor.basic import Alloc, Join, MakeVector, Reshape, join
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
@@ -80,6 +80,43 @@ def local_useless_subtensor(fgraph, node):
             return None
     out = node.outputs[0]
     return [x] if x.type == out.type else None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Subtensor])
+def local_newaxis_subtensor_to_dimshuffle(fgraph, node):
+    """x[:, None], x[None, ..., None] and the like (full slices, newaxis, Ellipsis only) ->
+    a DimShuffle adding the broadcastable axes.
+
+    Why: elementwise fusion goes through DimShuffles, not through indexing, so a mask
+    written ``m[:, None] * h + (1 - m)[:, None] * h_prev`` is one kernel with its ``1 - m``
+    instead of two (in every step of a loop, forward and backward)."""
+    x = node.inputs[0]
+    idx = node.op.idx_list
+    if len(node.inputs) != 1 or None not in idx:
+        return None
+    n_dims = sum(1 for e in idx if e is not None and e is not Ellipsis)
+    if sum(1 for e in idx if e is Ellipsis) > 1 or n_dims > x.ndim:
+        return None
+    order: list = []
+    d = 0
+    for e in idx:
+        if e is None:
+            order.append("x")
+        elif e is Ellipsis:
+            k = x.ndim - n_dims
+            order.extend(range(d, d + k))
+            d += k
+        elif isinstance(e, Slice) and e.start in (None, 0) and e.stop is None \
+                and e.step in (None, 1):
+            order.append(d)
+            d += 1
+        else:
+            return None
+    order.extend(range(d, x.ndim))
+    out = x.dimshuffle(*order)
+    return [out] if out.type == node.outputs[0].type else None
 
 
 @register_canonicalize
@@ -251,3 +288,48 @@ def local_add_of_slice_writes(fgraph, node):
         out = node.op(merged, *rest) if rest else merged
         return [out] if out.type == node.outputs[0].type else False
     return False
+
+
+def _zeros_piece(z, axis: int, lo, hi):
+    """Zeros `z` (a fill ``second(ref, 0)`` or any zeros) cut to ``[lo:hi]`` along `axis`:
+    the fill of ``ref[lo:hi]``, so no length is computed and a zero-width piece costs no
+    work; otherwise a view of `z`."""
+    idx = tuple(slice(lo, hi) if a == axis else slice(None) for a in range(z.ndim))
+    node = z.owner
+    if node is not None and isinstance(node.op, Elemwise) and \
+            getattr(node.op.scalar_op, "name", None) == "second" and \
+            node.inputs[0].type == z.type:
+        return node.op(node.inputs[0][idx], node.inputs[1])
+    return z[idx]
+
+
+@register_specialize   # after canonicalize's local_add_of_slice_writes merged the gates' writes
+@node_rewriter([IncSubtensor])
+def local_write_into_zeros_to_join(fgraph, node):
+    """``inc_subtensor(Z[:, a:b], y)`` (or set) with Z zeros -> ``join(Z[:, :a], y, Z[:, b:])``
+    (the zero pieces cut from Z's fill, without computing a length), a join in y's place
+    spliced in: a BPTT step's joined gate gradients written into the fused product's
+    gradient cost one join (one launch on the GPU, copykernel.strided_join) instead of
+    filling zeros, copying the gates and adding them into the region.  Only where y needs
+    no broadcasting into the region; NumPy's clipping of bounds past the end gives the same
+    region either way."""
+    if len(node.inputs) != 2:
+        return None
+    z, y = node.inputs
+    where = _one_axis_slice(node)
+    if where is None or scalar_constant(z) != 0 or y.ndim != z.ndim or y.dtype != z.dtype:
+        return None
+    axis, start, stop = where
+    if any(yb and not zb for yb, zb in zip(y.broadcastable, z.broadcastable)) or \
+            y.broadcastable[axis]:
+        return None
+    ys = [y]
+    if y.owner is not None and type(y.owner.op) is Join and y.owner.op.axis == axis and \
+            len(fgraph.clients.get(y, [])) == 1 and y not in fgraph.outputs:
+        ys = list(y.owner.inputs)
+    parts = ([_zeros_piece(z, axis, None, start)] if start else []) + ys + \
+        ([_zeros_piece(z, axis, stop, None)] if stop is not None else [])
+    out = join(axis, *parts)
+    if out.type != node.outputs[0].type:
+        out = node.outputs[0].type.convert_variable(out)
+    return [out] if out is not None else None

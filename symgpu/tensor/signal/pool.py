@@ -16,6 +16,7 @@ import numpy as np
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.tensor import math as _m
+from symgpu.tensor.signal import pool_dynamic as _pd
 from symgpu.tensor.signal import pool_numpy as _pn
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
 
@@ -279,8 +280,12 @@ def pool_2d(input: Any, ws: Any = None, ignore_border: bool = True, stride: Any 
     stride defaults to ws; pad (< ws) pads both sides of each axis and needs
     ignore_border=True. ignore_border=False keeps the partial windows at the far edges. Modes:
     'max', 'sum', 'average_inc_pad' (padding counts in the divisor), 'average_exc_pad'.
-    `ds`, `st` and `padding` are Theano's older names of `ws`, `stride` and `pad`."""
+    `ds`, `st` and `padding` are Theano's older names of `ws`, `stride` and `pad`. Sizes that
+    are graph values (an integer vector, or scalars among the ints) build a DynamicPool (a host
+    op, pool_dynamic.py), as Theano's Pool takes them as inputs."""
     ws, stride, pad = _old_names("pool_2d", ws, stride, pad, ds, st, padding)
+    if any(_pd.is_symbolic_size(v) for v in (ws, stride, pad)):
+        return _pd.dynamic_pool(input, 2, ws, stride, pad, ignore_border, mode)
     return Pool(ws, stride, pad, ignore_border, mode)(input)
 
 
@@ -306,6 +311,8 @@ def pool_3d(input: Any, ws: Any = None, ignore_border: bool = True, stride: Any 
     'max', 'sum', 'average_inc_pad' (padding counts in the divisor), 'average_exc_pad'.
     `ds`, `st` and `padding` are Theano's older names of `ws`, `stride` and `pad`."""
     ws, stride, pad = _old_names("pool_3d", ws, stride, pad, ds, st, padding)
+    if any(_pd.is_symbolic_size(v) for v in (ws, stride, pad)):
+        return _pd.dynamic_pool(input, 3, ws, stride, pad, ignore_border, mode)
     return Pool3d(ws, stride, pad, ignore_border, mode)(input)
 
 

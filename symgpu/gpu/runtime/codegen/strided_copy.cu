@@ -59,3 +59,39 @@ SG_STRIDED(strided_inc_uint8, unsigned char, SgAdd)
 SG_STRIDED(strided_inc_uint16, unsigned short, SgAdd)
 SG_STRIDED(strided_inc_uint32, unsigned int, SgAdd)
 SG_STRIDED(strided_inc_uint64, unsigned long long, SgAdd)
+
+/* GpuJoin in one launch (copykernel.strided_join): up to MAX_JOIN inputs, each seen as
+ * (outer, its length along the joined axis, inner) with byte strides of its own, written into
+ * the C-contiguous output (outer, total length, inner) at its offset along the axis. */
+#define MAX_JOIN 8
+
+struct JoinMeta {
+    long long src[MAX_JOIN];          /* device addresses */
+    long long start[MAX_JOIN + 1];    /* offsets along the axis; start[nin] = total length */
+    long long so[MAX_JOIN], sa[MAX_JOIN], sc[MAX_JOIN];   /* byte strides: outer, axis, inner */
+    long long nin, axis_len, inner;
+};
+
+template <typename T>
+__device__ __forceinline__ void join_body(T *dst, long long n, const JoinMeta &m)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        const long long c = i % m.inner, r = i / m.inner;
+        const long long a = r % m.axis_len, o = r / m.axis_len;
+        int k = 0;
+        while (k + 1 < m.nin && a >= m.start[k + 1])
+            ++k;
+        const char *s = reinterpret_cast<const char *>(m.src[k])
+            + o * m.so[k] + (a - m.start[k]) * m.sa[k] + c * m.sc[k];
+        dst[i] = *reinterpret_cast<const T *>(s);
+    }
+}
+
+#define SG_JOIN(NAME, T)                                                                     \
+    extern "C" __global__ void NAME(T *dst, long long n, JoinMeta m) { join_body<T>(dst, n, m); }
+
+SG_JOIN(strided_join_1, unsigned char)
+SG_JOIN(strided_join_2, unsigned short)
+SG_JOIN(strided_join_4, unsigned int)
+SG_JOIN(strided_join_8, unsigned long long)

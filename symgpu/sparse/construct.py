@@ -29,7 +29,8 @@ __all__ = ["CSM", "CSMProperties", "CSMGrad", "csm_properties", "csm_data", "csm
            "SparseFromDense", "csr_from_dense", "csc_from_dense", "Cast", "cast", "bcast",
            "wcast", "icast", "lcast", "fcast", "dcast", "ccast", "zcast", "Transpose",
            "transpose", "Neg", "neg", "Remove0", "remove0", "SparseShape_i", "SpNnz",
-           "sp_ones_like", "sp_zeros_like", "ConstructSparseFromList",
+           "sp_ones_like", "sp_zeros_like", "EnsureSortedIndices", "ensure_sorted_indices",
+           "clean", "ConstructSparseFromList",
            "construct_sparse_from_list", "SparseGradSubtensor1", "sparse_grad", "sparse_shape",
            "local_sparse_shape_infer"]
 
@@ -471,6 +472,49 @@ class Remove0(Op):
 
 
 remove0 = Remove0()
+
+
+class EnsureSortedIndices(Op):
+    """The matrix with its indices sorted within each row (csr) or column (csc): scipy.sparse
+    does not keep them sorted, and other libraries may need them so. `inplace=True` sorts the
+    input's own arrays (the output is a view of it). Regular gradient."""
+
+    __props__ = ("inplace",)
+
+    def __init__(self, inplace: bool = False):
+        self.inplace = bool(inplace)
+        if self.inplace:
+            self.view_map = {0: [0]}
+
+    def make_node(self, x: Any) -> Apply:
+        x = _sparse_input(x, "ensure_sorted_indices")
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, out):
+        x = inputs[0]
+        if self.inplace:
+            x.sort_indices()
+            out[0][0] = x
+        else:
+            out[0][0] = x.sorted_indices()
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        return [input_shapes[0]]
+
+    def grad(self, inputs, output_grads):
+        return [output_grads[0]]
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}{{{'inplace' if self.inplace else 'no_inplace'}}}"
+
+
+ensure_sorted_indices = EnsureSortedIndices(inplace=False)
+
+
+def clean(x: Any) -> SparseVariable:
+    """`x` without its explicitly stored zeros and with sorted indices (Theano's `clean`:
+    what other libraries expect); regular gradient."""
+    return ensure_sorted_indices(remove0(x))
 
 
 def sp_ones_like(x: Any) -> SparseVariable:
