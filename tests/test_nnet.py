@@ -72,7 +72,7 @@ def test_softmax_and_log_softmax_values(shape, axis):
     x = ftype(len(shape))()
     X = RNG.normal(size=shape) * 3
     sm, ls = run([x], [nnet.softmax(x, axis=axis), nnet.log_softmax(x, axis=axis)], X)
-    if len(shape) == 1:   # a vector is a 1 x n row, as in Theano 1.0 (SPEC.md)
+    if len(shape) == 1:   # a vector is a 1 x n row, as in Theano 1.0
         X, axis = X[None], 1
     assert sm.shape == ls.shape == X.shape
     np.testing.assert_allclose(sm, sps.softmax(X, axis=axis), rtol=1e-12)

@@ -101,7 +101,7 @@ def test_xlogy0_lifts_to_the_gpu(vgpu):
     (lambda v: T.nnet.log_softmax(v), lambda a: a - np.log(np.exp(a).sum())),
 ])
 def test_softmax_of_a_vector_is_a_row(fn, ref):
-    """Theano 1.0 pads a vector to a 1 x n row (SPEC.md)."""
+    """Theano 1.0 pads a vector to a 1 x n row, and Theano code relies on it."""
     v = T.dvector()
     out = fn(v)
     assert out.ndim == 2 and out.broadcastable == (True, False)

@@ -135,8 +135,8 @@ class LogSoftmax(_SoftmaxBase):
 
 def _vector_as_row(x: TensorVariable, axis: int | None, who: str
                    ) -> tuple[TensorVariable, int | None]:
-    """A vector is taken as a 1 x n row, as Theano 1.0's softmax and log-softmax do (SPEC.md:
-    Theano code relies on it, e.g. scan steps that return ``softmax(h_t)`` and index the
+    """A vector is taken as a 1 x n row, as Theano 1.0's softmax and log-softmax do (Theano
+    code relies on it, e.g. scan steps that return ``softmax(h_t)`` and index the
     stacked result ``s[:, 0, :]``); over all elements (axis None) it stays a vector. Returns
     the input and the normalised axis."""
     if x.ndim == 1 and axis is not None:
