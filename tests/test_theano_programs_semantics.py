@@ -195,3 +195,19 @@ def test_gradient_of_an_embedding_lookup_by_word_windows():
     want = np.zeros_like(E)
     np.add.at(want, I, w.data.reshape(2, 2, 3))
     np.testing.assert_allclose(g(E, I), want, rtol=1e-14)
+
+
+def test_rnnslu_embedding_step_runs_on_the_gpu(vgpu):
+    """rnnslu.py's lookup ``emb[idxs].reshape((n, de * cs))`` and its SGD update: gathered
+    and scattered on the device, no host advanced-indexing node."""
+    from symgpu.config import config
+    emb = symgpu.shared(np.zeros((30, 4), dtype="float32"), name="emb")
+    idxs = T.imatrix("idxs")
+    x = emb[idxs].reshape((idxs.shape[0], 4 * 3))
+    cost = T.sqr(x).sum()
+    with config.change_flags(assert_no_cpu_op="raise"):
+        f = function([idxs], cost, updates={emb: emb - 0.1 * symgpu.grad(cost, emb)})
+    names = {type(n.op).__name__ for n in f.maker.fgraph.apply_nodes}
+    assert any(n.startswith("GpuAdvancedSubtensor") for n in names), names
+    assert any(n.startswith("GpuAdvancedIncSubtensor") for n in names), names
+    assert not names & {"AdvancedSubtensor", "AdvancedIncSubtensor"}, names
