@@ -135,6 +135,7 @@ SAMPLED_FROM: dict[str, tuple[str, int]] = {
 #: lines that print a time or a speed (never compared)
 TIMING = re.compile(r"\bsec\b|epochs/sec|ran for|[Tt]raining took|completed in|\d+\.\d+s\b|"
                     r"\d+(\.\d+)?m\b|sec/epochs")
+GPU_USE = re.compile(r"^@@ compiled functions: (\d+), with GPU ops: (\d+)", re.M)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 _NP_SCALAR = re.compile(r"np\.\w+\(([^()]*)\)")
 
@@ -521,8 +522,7 @@ def table(results: dict[str, dict], oracle: bool, device: str) -> str:
                 verdict += f" (within {100 * c['sampled_rel']:.2g}%)"
             if program in SAMPLES:
                 verdict += f" [sampled: {SAMPLES[program][0]}]"
-        gpu = re.search(r"^@@ compiled functions: (\d+), with GPU ops: (\d+)",
-                        r.get("symgpu", {}).get("stdout", ""), re.M)
+        gpu = GPU_USE.search(r.get("symgpu", {}).get("stdout", ""))
         if device == "cuda" and gpu:
             verdict += f" [GPU ops in {gpu.group(2)} of {gpu.group(1)} functions]"
         lines.append(f"{program:<18} {_ran(r.get('symgpu')):<7} {_ran(r.get('theano')):<7} "
@@ -637,7 +637,14 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.summary:
         args.summary.write_text(text + "\n")
-    return 0 if all(r.get("symgpu", {"rc": 0})["rc"] == 0 for r in results.values()) else 1
+    ok = all(r.get("symgpu", {"rc": 0})["rc"] == 0 for r in results.values())
+    if args.device == "cuda":   # each program must have run on the GPU, not quietly on the host
+        for program, r in results.items():
+            gpu = GPU_USE.search(r.get("symgpu", {}).get("stdout", ""))
+            if "symgpu" in r and (gpu is None or int(gpu.group(2)) == 0):
+                print(f"{program}: no compiled function used the GPU", file=sys.stderr)
+                ok = False
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
