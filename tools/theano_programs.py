@@ -12,13 +12,18 @@ and the numbers the two print are compared line by line::
     python tools/theano_programs.py                       # every program, symgpu and Theano
     python tools/theano_programs.py mlp dA --show         # some, with both outputs
     python tools/theano_programs.py --device cuda         # symgpu under device=cuda
-    python tools/theano_programs.py --no-oracle           # symgpu only: does each one run?
+    python tools/theano_programs.py --no-oracle           # against Theano's kept outputs
+    python tools/theano_programs.py --backends symgpu     # symgpu only: does each one run?
     python tools/theano_programs.py --checkout DIR        # another DeepLearningTutorials copy
     python tools/theano_programs.py --save-reference      # keep Theano's outputs in the repo
+    python tools/theano_programs.py --outputs DIR         # compare a run made elsewhere
 
 Without Theano (the GPU machine), symgpu's output is compared with Theano's output kept in
 tools/theano_programs_reference/ (float64; float32 for ``--device cuda``, Theano's float32 run
-on the CPU).
+on the CPU). Under ``--device cuda`` each program reports how many of its compiled functions
+hold GPU ops, and the tool fails where none does. ``--jobs N`` runs programs side by side;
+``--lean`` keeps only each run's outputs in ``--scratch``. The programs need ``six`` and SciPy
+(and ``perl`` for rnnslu's conlleval.pl).
 
 Numbers are compared where the computation is deterministic: lines that print a time are left
 out (TIMING), and a program that samples (MRG_RandomStreams: rbm, DBN, SdA's corruption, dA's
