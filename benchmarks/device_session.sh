@@ -22,6 +22,10 @@
 #                                                # Theano's kept float32 outputs; needs the
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
+#   bash benchmarks/device_session.sh lasagne    # issue 31: Lasagne's own suite under
+#                                                # device=cuda (tools/theano_library_suite.py)
+#                                                # in 8 processes; needs Lasagne's tree carried
+#                                                # as .lasagne and mock in .pydeps
 # BASE is a copy of an older tree carried to the machine, e.g. made here with
 #   mkdir -p .device-wheels/base && git archive c10bea3 | tar -x -C .device-wheels/base
 # Writes logs under ${OUT:-/tmp/symgpu-device}. Run from the repository root after installing
@@ -79,8 +83,13 @@ case "$part" in
         --checkout .dlt --jobs 8 --lean --scratch "$out/runs" --timeout 240 \
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
+  lasagne)
+    python3 tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \
+        --deps .pydeps --timeout 400 --summary "$out/lasagne_cuda.txt" 2>&1 | tail -40
+    ;;
   *)
-    echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn or classic" >&2
+    echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn, classic" \
+         "or lasagne" >&2
     exit 2
     ;;
 esac

@@ -202,6 +202,40 @@ def test_suite_report_lists_what_passes_only_with_theano():
     assert "from a run without its C code" in text
 
 
+def test_suite_report_under_cuda_lists_failures_theano_skipped():
+    suite = _suite()
+    ours = {"lasagne/tests/layers/test_dnn.py::t1": {"outcome": "passed", "first": ""},
+            "lasagne/tests/layers/test_dnn.py::t2": {"outcome": "failed", "first": "E: dnn"}}
+    theirs = {"lasagne/tests/layers/test_dnn.py::t1": {"outcome": "skipped", "first": "gpu"},
+              "lasagne/tests/layers/test_dnn.py::t2": {"outcome": "skipped", "first": "gpu"}}
+    text = suite.report(ours, theirs, device="cuda")
+    assert "under device=cuda (Theano's column: its CPU run" in text
+    assert "failed with symgpu, which Theano skipped or did not run: 1" in text
+    assert "test_dnn.py::t2  (E: dnn)" in text
+    assert "On this machine (no GPU)" not in text        # the CPU run's note
+    assert "On this machine (no GPU)" in suite.report(ours, theirs)
+
+
+def test_suite_parallel_run_deals_every_file_once_and_merges(tmp_path, monkeypatch):
+    suite = _suite()
+    for rel, size in (("test_a.py", 30), ("layers/test_b.py", 10), ("test_c.py", 20)):
+        path = tmp_path / "lasagne/tests" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#" * size)
+    assert suite.test_files(tmp_path) == ["test_a.py", "test_c.py", "test_b.py"]
+    seen = []
+
+    def fake_run(scratch, timeout, deps, oracle, files, extra_env=None):
+        seen.append((tuple(files), extra_env))
+        return {f"{f}::t": {"outcome": "passed", "first": ""} for f in files}
+    monkeypatch.setattr(suite, "run_suite", fake_run)
+    env = {"SYMGPU_FLAGS": "device=cuda"}
+    merged = suite.run_parallel(tmp_path, 10, None, None, 2, env)
+    assert sorted(f for files, _ in seen for f in files) == ["test_a.py", "test_b.py",
+                                                              "test_c.py"]
+    assert all(e == env for _, e in seen) and len(merged) == 3
+
+
 def test_suite_without_a_checkout_runs_nothing(tmp_path, capsys):
     suite = _suite()
     assert suite.main(["--mirror", str(tmp_path), "--no-save"]) == 0

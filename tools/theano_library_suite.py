@@ -13,6 +13,8 @@ ran. ::
     python tools/theano_library_suite.py --oracle        # also Theano; rewrites the oracle file
     python tools/theano_library_suite.py --files test_updates.py   # only these test files
     python tools/theano_library_suite.py --oracle-no-c test_recurrent.py   # Theano without C
+    python tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \
+        --summary /tmp/out/lasagne_cuda.txt        # on the GPU machine, files in 8 processes
 
 The oracle's per-test outcomes are kept in tools/theano_library_suite_oracle.json (committed),
 so a symgpu run lists the tests that pass with Theano and not with symgpu without Theano being
@@ -149,6 +151,30 @@ def _git_dir(checkout: Path) -> Path:
     return checkout / ".git" if (checkout / ".git").exists() else checkout
 
 
+def test_files(scratch: Path) -> list[str]:
+    """The suite's test files, relative to the scratch directory, largest first (so that the
+    processes of a parallel run finish together)."""
+    found = sorted((scratch / "lasagne/tests").rglob("test_*.py"),
+                   key=lambda p: -p.stat().st_size)
+    return [p.name for p in found]
+
+
+def run_parallel(scratch: Path, timeout: float, deps: Path | None, files: list[str] | None,
+                 jobs: int, extra_env: dict[str, str]) -> dict[str, dict]:
+    """The suite's files dealt over `jobs` pytest processes (each as `run_suite` runs one),
+    their outcomes merged: a run that must fit one call on the GPU machine."""
+    from concurrent.futures import ThreadPoolExecutor
+    names = files or test_files(scratch)
+    shares = [names[k::jobs] for k in range(jobs) if names[k::jobs]]
+    with ThreadPoolExecutor(len(shares)) as pool:
+        parts = pool.map(lambda share: run_suite(scratch, timeout, deps, False, share,
+                                                 extra_env), shares)
+        merged: dict[str, dict] = {}
+        for part in parts:
+            merged.update(part)
+    return merged
+
+
 def run_suite(scratch: Path, timeout: float, deps: Path | None, oracle: bool,
               files: list[str] | None, extra_env: dict[str, str] | None = None
               ) -> dict[str, dict]:
@@ -243,15 +269,18 @@ def internals_reason(key: str) -> str | None:
     return None
 
 
-def report(ours: dict[str, dict], theirs: dict[str, dict] | None) -> str:
+def report(ours: dict[str, dict], theirs: dict[str, dict] | None, device: str = "cpu") -> str:
     """The summary text: per-file counts of both runs, then the tests Theano passes and
-    symgpu does not, grouped by first error line (largest groups first)."""
+    symgpu does not, grouped by first error line (largest groups first). With device
+    "cuda" the symgpu column ran on the GPU and Theano's is still the oracle's CPU run."""
     if theirs is not None:
         ours, theirs = expand_import_errors(ours, theirs), expand_import_errors(theirs, ours)
     mine, oracle = counts_by_file(ours), counts_by_file(theirs or {})
+    where = (" under device=cuda (Theano's column: its CPU run, the oracle file)"
+             if device == "cuda" else "")
     lines = ["Lasagne's own test suite (lasagne/tests) on symgpu (`theano` aliased) and on "
-             "Theano 1.0.5", "(tools/theano_library_suite.py; columns: passed failed errors "
-             "skipped)", "",
+             "Theano 1.0.5" + where, "(tools/theano_library_suite.py; columns: passed failed "
+             "errors skipped)", "",
              f"{'test file':28} {'symgpu':>23}   {'Theano 1.0.5':>23}"]
     total_m, total_o = collections.Counter(), collections.Counter()
     for name in sorted(set(mine) | set(oracle)):
@@ -296,7 +325,13 @@ def report(ours: dict[str, dict], theirs: dict[str, dict] | None) -> str:
         for t in sorted(both):
             lines.append(f"          {t}  (symgpu: {group_key(both[t]['first'])}; Theano: "
                          f"{group_key(theirs[t]['first'])})")
-    lines += [""] + [textwrap.fill(note, 96) for note in NOTES]
+    unmatched = {t: r for t, r in ours.items() if r["outcome"] in ("failed", "error")
+                 and theirs.get(t, {}).get("outcome") not in ("passed", "failed", "error")}
+    if unmatched:
+        lines += ["", f"failed with symgpu, which Theano skipped or did not run: {len(unmatched)}"]
+        lines += [f"          {t}  ({group_key(r['first'])})" for t, r in sorted(unmatched.items())]
+    if device == "cpu":
+        lines += [""] + [textwrap.fill(note, 96) for note in NOTES]
     if better:
         lines += ["", "passed with symgpu, not with Theano:"]
         lines += [f"          {t}  (Theano: {group_key(theirs[t]['first'])})"
@@ -350,12 +385,24 @@ def main(argv: list[str] | None = None) -> int:
                              f"Python 3.11); a test passing there passes for Theano")
     parser.add_argument("--json", type=Path, help="also write symgpu's outcomes here")
     parser.add_argument("--no-save", action="store_true", help=f"do not write {SUMMARY.name}")
+    parser.add_argument("--summary", type=Path, default=SUMMARY,
+                        help="where the summary goes (a run with --device cuda: elsewhere)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="symgpu's device for the suite (SYMGPU_FLAGS device=...); the "
+                             "Theano column stays the oracle file's CPU run")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="pytest processes, the test files dealt over them")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and args.oracle:
+        parser.error("--oracle runs Theano on the CPU; with --device cuda use the oracle file")
+    device_env = ({"SYMGPU_FLAGS": "device=cuda,floatX=float32"} if args.device == "cuda"
+                  else {})
     if not any((args.mirror / p).exists() for p in ("HEAD", ".git", "lasagne/tests")):
         print(f"theano_library_suite: no checkout of Lasagne at {args.mirror} (pass --mirror); "
               "nothing run")
         return 0
-    deps = args.deps if args.deps and args.deps.is_dir() else None
+    deps = args.deps.resolve() if args.deps and args.deps.is_dir() else None   # pytest runs
+    # in the scratch directory: a relative path would not find mock there
     probe = subprocess.run([sys.executable, "-c", "import mock"],
                            env=dict(os.environ, PYTHONPATH=str(deps or "")), capture_output=True)
     if probe.returncode:
@@ -366,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         extract(args.mirror, scratch)
         start = time.monotonic()
-        ours = run_suite(scratch, args.timeout, deps, False, args.files)
+        ours = (run_parallel(scratch, args.timeout, deps, args.files, args.jobs, device_env)
+                if args.jobs > 1 else
+                run_suite(scratch, args.timeout, deps, False, args.files, device_env))
         print(f"  symgpu: {len(ours)} tests in {time.monotonic() - start:.0f} s",
               file=sys.stderr, flush=True)
         theirs = json.loads(ORACLE_FILE.read_text()) if ORACLE_FILE.exists() else None
@@ -377,12 +426,12 @@ def main(argv: list[str] | None = None) -> int:
             theirs = {t: r for t, r in theirs.items() if Path(file_of(t)).name in args.files}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    text = report(ours, theirs)
+    text = report(ours, theirs, args.device)
     sys.stdout.write(text)
     if args.json:
         args.json.write_text(json.dumps(ours, indent=0))
-    if not args.no_save and not args.files:
-        SUMMARY.write_text(text)
+    if not args.no_save and (not args.files or args.summary != SUMMARY):
+        args.summary.write_text(text)
     return 0
 
 
