@@ -33,6 +33,11 @@ def heap(ptr: int, n: int) -> np.ndarray:
     return HEAP[i:i + n]
 
 
+def heap_bytes(ptr: int, n: int) -> np.ndarray:
+    i = ptr - BASE
+    return HEAP.view(np.uint8)[i:i + n]
+
+
 class _Alloc:
     def __init__(self, ptr):
         self.ptr = ptr
@@ -78,6 +83,24 @@ class FakeDriver(graph_fakes.FakeDriver):
 
     def to_host(self, arrays):
         return [read(a) for a in arrays]
+
+    def upload(self, ptr, data, stream):
+        """A chunk's copy table (scan_graph.TABLE_COPIES): never while capturing."""
+        assert not self.capturing
+        self.uploads += 1
+        heap_bytes(ptr, len(data))[:] = np.frombuffer(data, np.uint8)
+
+    def prepare_table(self, ctx):
+        assert not self.capturing
+
+    def copy_table(self, ctx, table_ptr, entries, max_bytes):
+        """graph_params.table_copy: the entries are read from the heap when the launch runs."""
+        def k():
+            table = heap_bytes(table_ptr, 24 * entries).view(np.int64).reshape(entries, 3)
+            for dst, src, n in table.tolist():
+                if n:
+                    heap_bytes(dst, n)[:] = heap_bytes(src, n)
+        self.launch_kernel(k)
 
 
 def read(a) -> np.ndarray:
@@ -516,10 +539,14 @@ def test_only_a_loops_first_graph_is_checked_against_plain_launches():
     assert scan_graph.STATS["captures"] == 3 and scan_graph.STATS["checks"] == 1
 
 
-def test_chunks_copy_results_straight_into_the_calls_arrays():
+@pytest.mark.parametrize("tables", [True, False])
+def test_chunks_copy_results_straight_into_the_calls_arrays(monkeypatch, tables):
     """A chunk's results are copied from the graph's memory into the call's arrays, not
-    first into arrays of their own (issue 32): per chunk, one copy per input staged and one
-    per kept state or per-step output, plus the initial state's copy into the history."""
+    first into arrays of their own (issue 32).  With copy tables, the graph does every copy
+    from one upload of pointers: per call, only the initial state's copy into the history
+    runs from the host, and one upload and one launch per chunk; without, per chunk, one copy
+    per input staged and one per kept state or per-step output."""
+    monkeypatch.setattr(scan_graph, "TABLE_COPIES", tables)
     op, node = accumulate_loop()
     for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50)):   # every chunk length captured
         x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
@@ -532,14 +559,20 @@ def test_chunks_copy_results_straight_into_the_calls_arrays():
         copies.append(dst.shape)
         real(dst, src)
     DRV.copy = counting
-    before = dict(scan_graph.STATS)
+    before, uploads, launches = dict(scan_graph.STATS), DRV.uploads, DRV.launches
     x, h0 = rand(50, 3, seed=7), rand(1, 3, seed=8)
     check(run(op, node, np.int64(50), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
           want_accumulate(x, h0), 1e-5)
     chunks = len(scan_graph.chunk_lengths(50))
     assert scan_graph.STATS["replays"] - before.get("replays", 0) == chunks
+    assert DRV.launches - launches == chunks
     assert scan_graph.STATS["captures"] == before["captures"]
-    assert len(copies) == 1 + chunks * (2 + 2), copies
+    if tables:
+        assert len(copies) == 1 and DRV.uploads - uploads == chunks, copies
+        assert all(g.table is not None for g in op.loop_graphs.graphs.values()
+                   if g is not None and g.results[0].shape[0] - 1 in scan_graph.CHUNKS)
+    else:
+        assert len(copies) == 1 + chunks * (2 + 2) and DRV.uploads == uploads, copies
 
 
 def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
@@ -593,7 +626,7 @@ def test_chunks_read_non_sequences_in_place_until_one_moves():
         real(dst, src)
     DRV.copy = counting
     go(50, w1, 99)
-    assert w1.ptr not in copies and len(copies) == 1 + 3 * (2 + 1), copies
+    assert w1.ptr not in copies and len(copies) == 1, copies   # the rest by copy tables
     DRV.copy = real
     w2 = upload(CTX_OBJ, [1.0, 0.25, -0.5])        # w elsewhere: never read at w1's address
     heap(w1.ptr, 3)[:] = np.nan
