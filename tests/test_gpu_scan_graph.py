@@ -636,3 +636,44 @@ def test_chunks_read_non_sequences_in_place_until_one_moves():
         go(n, w2, 200 + call)
     chunk_graphs = [lg.graphs[k] for k in lg.graphs if k[0] in (32, 16, 8, 4, 2, 1)]
     assert chunk_graphs and not any(g.pinned for g in chunk_graphs if g is not None)
+
+
+def test_the_first_chunked_call_captures_every_chunk_length_up_to_the_longest_met():
+    """Issue 32: once a loop runs as chunks, its first chunked call captures the graph of
+    every chunk length up to the longest length met (one warm-up call); from then on a new
+    length each call (any length up to twice that) costs no capture and no plain step, each
+    chunk graph serving every length that contains it, and the results are the plain loop's
+    exactly.  Captures stay bounded by the chunk lengths and the whole-loop graphs."""
+    op, node = accumulate_loop()
+    first = (5, 9, 30, 7)          # the 4th distinct length starts chunking (CHUNK_AFTER 3)
+    for call, n in enumerate(first):
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+    lg = op.loop_graphs
+    assert lg.chunking and not lg.warm_pending
+    chunk_keys = {k[0] for k, g in lg.graphs.items() if g is not None}
+    assert chunk_keys == {16, 8, 4, 2, 1}          # 7 = 4 + 2 + 1, and up to 30: 16, 8
+    captures, plain = scan_graph.STATS["captures"], scan_graph.STATS["plain"]
+    assert captures == len(chunk_keys) and scan_graph.STATS["checks"] == 1
+    launches = DRV.launches
+    lengths = [int(n) for n in np.random.RandomState(5).randint(1, 32, size=25)]
+    for call, n in enumerate(lengths):
+        x, h0 = rand(n, 3, seed=200 + call), rand(1, 3, seed=300 + call)
+        got = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+        check(got, want_accumulate(x, h0), 1e-5)
+    assert scan_graph.STATS["captures"] == captures          # one capture serves many lengths
+    assert scan_graph.STATS["plain"] == plain
+    assert DRV.launches - launches == sum(len(scan_graph.chunk_lengths(n)) for n in lengths)
+
+
+def test_warm_chunks_off_captures_only_the_lengths_a_call_runs(monkeypatch):
+    """scan_graph.WARM_CHUNKS off: the first chunked call captures only its own chunks'
+    lengths (the others wait for their first sight)."""
+    monkeypatch.setattr(scan_graph, "WARM_CHUNKS", False)
+    op, node = accumulate_loop()
+    for call, n in enumerate((5, 9, 30, 7)):
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+    assert {k[0] for k, g in op.loop_graphs.graphs.items() if g is not None} == {4, 2, 1}

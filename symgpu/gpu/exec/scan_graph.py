@@ -55,7 +55,7 @@ from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
            "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths",
-           "CHUNK_AFTER", "TABLE_COPIES"]
+           "CHUNK_AFTER", "TABLE_COPIES", "WARM_CHUNKS"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -69,7 +69,7 @@ MAX_GRAPHS = 4
 #: output arrays kept per result of a graph, reused once the caller dropped them
 SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
-#: 'chunks', 'checks'
+#: 'chunks', 'checks', 'warm captures'
 STATS: Counter = Counter()
 #: a loop that has met more lengths than this runs every call as chunks (CHUNKS): before,
 #: each new length cost a plain step-by-step run and each length met twice the capture of a
@@ -78,6 +78,9 @@ CHUNK_AFTER = 3
 #: the loop lengths a loop whose length changes from call to call is cut into (largest first;
 #: the 1 makes every length reachable); () turns chunking off
 CHUNKS: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
+#: the first call that runs as chunks also captures the chunk lengths up to the longest
+#: length met so far (a loop whose length varies will meet them: one warm-up call)
+WARM_CHUNKS = True
 #: a chunk graph copies its inputs into its staging buffers and its results into the call's
 #: arrays itself, from a table of pointers uploaded before each launch (graph_params'
 #: table_copy): one upload and one launch per chunk instead of a copy per input and result
@@ -251,6 +254,9 @@ class LoopGraphs:
         #: chunk graphs read the loop's non-sequences (weights) in place, not from staging
         #: copies made per chunk, until one is found moved (then they are staged for good)
         self.pin_rest = True
+        #: the first chunked call also captures every chunk length up to the longest length
+        #: met (WARM_CHUNKS): one warm-up call, not a capture in each of the next few
+        self.warm_pending = False
         self.lock = threading.RLock()
 
     # -- deciding
@@ -341,7 +347,7 @@ class LoopGraphs:
         if self.chunking:
             return True
         self.lengths.add(n)
-        self.chunking = len(self.lengths) > CHUNK_AFTER
+        self.chunking = self.warm_pending = len(self.lengths) > CHUNK_AFTER
         return self.chunking
 
     def _call_chunked(self, node: Any, inputs: Sequence[Any], output_storage: list[list],
@@ -430,6 +436,30 @@ class LoopGraphs:
             output_storage[j][0] = out
         for i in range(K):
             output_storage[M + i][0] = nitsot[i]
+        if self.warm_pending:
+            self.warm_pending = False
+            if WARM_CHUNKS and rest_key is not None:
+                self._warm_chunks(node, seqs, inits, rest, n_init, ctx)
+
+    def _warm_chunks(self, node: Any, seqs: list, inits: list, rest: list,
+                     n_init: list[int], ctx: Any) -> None:
+        """Capture the graph of every chunk length up to the longest length the loop has met
+        that has none yet, on inputs of those shapes (sequences as fresh buffers: a capture
+        runs nothing, each launch copies the call's own rows in).  Only once the loop body's
+        graph has been checked against plain launches (a check would run on those buffers)."""
+        if not self.verified:
+            return
+        longest = max(self.lengths)
+        states = [_rows(v, 0, n_init[j]) for j, v in enumerate(inits)]
+        for c in CHUNKS:
+            if c > longest:
+                continue
+            sub = [c] + [GpuArray((c,) + tuple(s.shape[1:]), s.dtype, ctx) for s in seqs] \
+                + states + rest
+            key = self.key(sub)
+            if key is not None and key not in self.graphs:
+                self._chunk_graph(node, key, sub, ctx)
+                STATS["warm captures"] += 1
 
     def _chunk_graph(self, node: Any, key: tuple, sub: list, ctx: Any) -> _LoopGraph | None:
         """The graph of one chunk (found, or captured now: no plain first run, a chunk length
