@@ -595,10 +595,34 @@ def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
         np.testing.assert_allclose(read(got), want, rtol=1e-6)
 
 
-def test_chunks_read_non_sequences_in_place_until_one_moves():
-    """h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is (no staging copy per
-    chunk); a new w elsewhere is never read through an old graph: that chunk runs plainly,
-    and from then on the non-sequences are staged (copied once per chunk)."""
+def test_chunks_with_copy_tables_copy_non_sequences_in_so_a_moved_one_costs_nothing():
+    """With copy tables a chunk graph copies the non-sequences in itself (no pins): a w
+    elsewhere every call is read where it is, with no plain run and no new capture."""
+    xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
+    xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
+    new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
+    op = GpuScan([xt, h, w], [new_h], ScanInfo(1, ((-1,),), (True,), 0, 1), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"), gtype(1)("W"))
+    captures = plain = None
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50, 7, 50, 21, 44)):
+        wv = upload(CTX_OBJ, np.array([0.5, -1.0, 2.0]) + call)   # a new w, elsewhere
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=call + 1)
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0), wv)
+        want = np.concatenate([h0, h0 + np.cumsum(x * read(wv), axis=0)])
+        np.testing.assert_allclose(read(got), want, rtol=1e-5, atol=1e-6)
+        if call == 9:
+            captures, plain = scan_graph.STATS["captures"], scan_graph.STATS["plain"]
+    assert op.loop_graphs.chunking
+    assert not any(g.pinned for g in op.loop_graphs.graphs.values() if g is not None)
+    assert scan_graph.STATS["captures"] == captures and scan_graph.STATS["plain"] == plain
+
+
+def test_chunks_read_non_sequences_in_place_until_one_moves(monkeypatch):
+    """Without copy tables: h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is
+    (no staging copy per chunk); a new w elsewhere is never read through an old graph: that
+    chunk runs plainly, and from then on the non-sequences are staged (copied once per
+    chunk)."""
+    monkeypatch.setattr(scan_graph, "TABLE_COPIES", False)
     xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
     xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
     new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
@@ -626,7 +650,7 @@ def test_chunks_read_non_sequences_in_place_until_one_moves():
         real(dst, src)
     DRV.copy = counting
     go(50, w1, 99)
-    assert w1.ptr not in copies and len(copies) == 1, copies   # the rest by copy tables
+    assert w1.ptr not in copies and len(copies) == 1 + 3 * (2 + 1), copies
     DRV.copy = real
     w2 = upload(CTX_OBJ, [1.0, 0.25, -0.5])        # w elsewhere: never read at w1's address
     heap(w1.ptr, 3)[:] = np.nan

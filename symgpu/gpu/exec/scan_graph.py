@@ -483,8 +483,12 @@ class LoopGraphs:
             return g
         info = self.op.info
         first = 1 + info.n_seqs + info.n_states
+        # with a copy table the non-sequences are copied in by the graph itself (device
+        # time only): no pins, so a non-sequence that moves from call to call (a value the
+        # function computes before the loop) costs no dropped graph and no recapture
+        tables = TABLE_COPIES and hasattr(graphs.driver(), "copy_table")
         pinned = [i for i in range(first, len(sub)) if isinstance(sub[i], GpuArray)
-                  and sub[i].size] if self.pin_rest else []
+                  and sub[i].size] if self.pin_rest and not tables else []
         outs = [(j, info.n_init(j)) for j in range(info.n_states) if info.keep[j]] + \
             [(info.n_states + i, 0) for i in range(info.n_nitsot)]
         g = self._capture(node, sub, ctx, pinned, outs)
