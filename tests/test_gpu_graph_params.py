@@ -255,7 +255,8 @@ def test_arange_and_scalar_upload_parameters():
 def test_parameter_kernels_compile_for_sm90(tmp_path):
     from symgpu.gpu.runtime.graph_params import PARAMS_SOURCE
     cubin = compile_for_sm90(PARAMS_SOURCE, tmp_path)
-    for name in ("dyn_slice_copy_4", "dyn_slice_copy_8", "arange_dev_int64", "arange_dev_int32"):
+    for name in ("dyn_slice_copy_4", "dyn_slice_copy_8", "arange_dev_int64", "arange_dev_int32",
+                 "table_copy"):
         assert name.encode() in cubin
 
 

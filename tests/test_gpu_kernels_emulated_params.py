@@ -336,3 +336,33 @@ def test_device_arange_reads_start_and_step_from_the_parameter_block(emu, params
     for start, step in [(100, -3), (-7, 11)]:
         got = host_view(_run_with_slot(emu, thunk, pack_int64(start, step)))
         np.testing.assert_array_equal(got, start + step * np.arange(300))
+
+
+@pytest.mark.parametrize("max_blocks", [4096, 1])
+def test_table_copy_copies_what_its_table_names(emu, params, monkeypatch, max_blocks):
+    """graph_params.table_copy (a chunked loop's staging and result copies, scan_graph.py):
+    each entry's bytes land at its destination, 16-byte words or single bytes by alignment,
+    an entry of length 0 is skipped, and nothing else is written; one block (max_blocks 1)
+    runs the grid-stride loop."""
+    gp, launched = params
+    monkeypatch.setattr(gp, "_MAX_BLOCKS", max_blocks)
+    src = np.arange(4096, dtype=np.uint8) * 7 % 251
+    src_d = device_array(emu, src.astype(np.uint8))
+    dst_d = device_array(emu, np.zeros(4096, dtype=np.uint8))
+    host_view(dst_d)[...] = 0xAB
+    cases = [(0, 0, 1024),      # aligned words
+             (2048, 16, 496),   # aligned words elsewhere
+             (1025, 3, 77),     # unaligned: bytes
+             (3000, 600, 0)]    # empty: skipped
+    flat = []
+    for d_off, s_off, n in cases:
+        flat += [dst_d.ptr + d_off, src_d.ptr + s_off, n]
+    table = device_array(emu, np.frombuffer(gp.pack_table(flat), dtype=np.uint8).copy())
+    gp.table_copy(emu, table.ptr, len(cases), max(n for *_, n in cases))
+    want = np.full(4096, 0xAB, dtype=np.uint8)
+    for d_off, s_off, n in cases:
+        want[d_off:d_off + n] = src[s_off:s_off + n]
+    np.testing.assert_array_equal(host_view(dst_d), want)
+    assert launched == ["table_copy"]
+    gp.table_copy(emu, table.ptr, 0, 0)      # no entries: no launch
+    assert launched == ["table_copy"]

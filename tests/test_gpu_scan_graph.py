@@ -33,6 +33,11 @@ def heap(ptr: int, n: int) -> np.ndarray:
     return HEAP[i:i + n]
 
 
+def heap_bytes(ptr: int, n: int) -> np.ndarray:
+    i = ptr - BASE
+    return HEAP.view(np.uint8)[i:i + n]
+
+
 class _Alloc:
     def __init__(self, ptr):
         self.ptr = ptr
@@ -78,6 +83,24 @@ class FakeDriver(graph_fakes.FakeDriver):
 
     def to_host(self, arrays):
         return [read(a) for a in arrays]
+
+    def upload(self, ptr, data, stream):
+        """A chunk's copy table (scan_graph.TABLE_COPIES): never while capturing."""
+        assert not self.capturing
+        self.uploads += 1
+        heap_bytes(ptr, len(data))[:] = np.frombuffer(data, np.uint8)
+
+    def prepare_table(self, ctx):
+        assert not self.capturing
+
+    def copy_table(self, ctx, table_ptr, entries, max_bytes):
+        """graph_params.table_copy: the entries are read from the heap when the launch runs."""
+        def k():
+            table = heap_bytes(table_ptr, 24 * entries).view(np.int64).reshape(entries, 3)
+            for dst, src, n in table.tolist():
+                if n:
+                    heap_bytes(dst, n)[:] = heap_bytes(src, n)
+        self.launch_kernel(k)
 
 
 def read(a) -> np.ndarray:
@@ -516,10 +539,14 @@ def test_only_a_loops_first_graph_is_checked_against_plain_launches():
     assert scan_graph.STATS["captures"] == 3 and scan_graph.STATS["checks"] == 1
 
 
-def test_chunks_copy_results_straight_into_the_calls_arrays():
+@pytest.mark.parametrize("tables", [True, False])
+def test_chunks_copy_results_straight_into_the_calls_arrays(monkeypatch, tables):
     """A chunk's results are copied from the graph's memory into the call's arrays, not
-    first into arrays of their own (issue 32): per chunk, one copy per input staged and one
-    per kept state or per-step output, plus the initial state's copy into the history."""
+    first into arrays of their own (issue 32).  With copy tables, the graph does every copy
+    from one upload of pointers: per call, only the initial state's copy into the history
+    runs from the host, and one upload and one launch per chunk; without, per chunk, one copy
+    per input staged and one per kept state or per-step output."""
+    monkeypatch.setattr(scan_graph, "TABLE_COPIES", tables)
     op, node = accumulate_loop()
     for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50)):   # every chunk length captured
         x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
@@ -532,14 +559,20 @@ def test_chunks_copy_results_straight_into_the_calls_arrays():
         copies.append(dst.shape)
         real(dst, src)
     DRV.copy = counting
-    before = dict(scan_graph.STATS)
+    before, uploads, launches = dict(scan_graph.STATS), DRV.uploads, DRV.launches
     x, h0 = rand(50, 3, seed=7), rand(1, 3, seed=8)
     check(run(op, node, np.int64(50), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
           want_accumulate(x, h0), 1e-5)
     chunks = len(scan_graph.chunk_lengths(50))
     assert scan_graph.STATS["replays"] - before.get("replays", 0) == chunks
+    assert DRV.launches - launches == chunks
     assert scan_graph.STATS["captures"] == before["captures"]
-    assert len(copies) == 1 + chunks * (2 + 2), copies
+    if tables:
+        assert len(copies) == 1 and DRV.uploads - uploads == chunks, copies
+        assert all(g.table is not None for g in op.loop_graphs.graphs.values()
+                   if g is not None and g.results[0].shape[0] - 1 in scan_graph.CHUNKS)
+    else:
+        assert len(copies) == 1 + chunks * (2 + 2) and DRV.uploads == uploads, copies
 
 
 def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
@@ -562,10 +595,34 @@ def test_a_last_values_state_returned_from_chunks_is_the_callers_own():
         np.testing.assert_allclose(read(got), want, rtol=1e-6)
 
 
-def test_chunks_read_non_sequences_in_place_until_one_moves():
-    """h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is (no staging copy per
-    chunk); a new w elsewhere is never read through an old graph: that chunk runs plainly,
-    and from then on the non-sequences are staged (copied once per chunk)."""
+def test_chunks_with_copy_tables_copy_non_sequences_in_so_a_moved_one_costs_nothing():
+    """With copy tables a chunk graph copies the non-sequences in itself (no pins): a w
+    elsewhere every call is read where it is, with no plain run and no new capture."""
+    xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
+    xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
+    new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
+    op = GpuScan([xt, h, w], [new_h], ScanInfo(1, ((-1,),), (True,), 0, 1), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"), gtype(1)("W"))
+    captures = plain = None
+    for call, n in enumerate((3, 5, 9, 17, 33, 2, 6, 50, 50, 7, 50, 21, 44)):
+        wv = upload(CTX_OBJ, np.array([0.5, -1.0, 2.0]) + call)   # a new w, elsewhere
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=call + 1)
+        (got,) = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0), wv)
+        want = np.concatenate([h0, h0 + np.cumsum(x * read(wv), axis=0)])
+        np.testing.assert_allclose(read(got), want, rtol=1e-5, atol=1e-6)
+        if call == 9:
+            captures, plain = scan_graph.STATS["captures"], scan_graph.STATS["plain"]
+    assert op.loop_graphs.chunking
+    assert not any(g.pinned for g in op.loop_graphs.graphs.values() if g is not None)
+    assert scan_graph.STATS["captures"] == captures and scan_graph.STATS["plain"] == plain
+
+
+def test_chunks_read_non_sequences_in_place_until_one_moves(monkeypatch):
+    """Without copy tables: h[t] = h[t-1] + x[t] * w: the chunk graphs read w where it is
+    (no staging copy per chunk); a new w elsewhere is never read through an old graph: that
+    chunk runs plainly, and from then on the non-sequences are staged (copied once per
+    chunk)."""
+    monkeypatch.setattr(scan_graph, "TABLE_COPIES", False)
     xt, h, w = gtype(1)("x_t"), gtype(1)("h"), gtype(1)("w")
     xw = GpuFakeKernel("mul", lambda a, b: a * b)(xt, w)
     new_h = GpuFakeKernel("add", lambda a, b: a + b)(h, xw)
@@ -603,3 +660,44 @@ def test_chunks_read_non_sequences_in_place_until_one_moves():
         go(n, w2, 200 + call)
     chunk_graphs = [lg.graphs[k] for k in lg.graphs if k[0] in (32, 16, 8, 4, 2, 1)]
     assert chunk_graphs and not any(g.pinned for g in chunk_graphs if g is not None)
+
+
+def test_the_first_chunked_call_captures_every_chunk_length_up_to_the_longest_met():
+    """Issue 32: once a loop runs as chunks, its first chunked call captures the graph of
+    every chunk length up to the longest length met (one warm-up call); from then on a new
+    length each call (any length up to twice that) costs no capture and no plain step, each
+    chunk graph serving every length that contains it, and the results are the plain loop's
+    exactly.  Captures stay bounded by the chunk lengths and the whole-loop graphs."""
+    op, node = accumulate_loop()
+    first = (5, 9, 30, 7)          # the 4th distinct length starts chunking (CHUNK_AFTER 3)
+    for call, n in enumerate(first):
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+    lg = op.loop_graphs
+    assert lg.chunking and not lg.warm_pending
+    chunk_keys = {k[0] for k, g in lg.graphs.items() if g is not None}
+    assert chunk_keys == {16, 8, 4, 2, 1}          # 7 = 4 + 2 + 1, and up to 30: 16, 8
+    captures, plain = scan_graph.STATS["captures"], scan_graph.STATS["plain"]
+    assert captures == len(chunk_keys) and scan_graph.STATS["checks"] == 1
+    launches = DRV.launches
+    lengths = [int(n) for n in np.random.RandomState(5).randint(1, 32, size=25)]
+    for call, n in enumerate(lengths):
+        x, h0 = rand(n, 3, seed=200 + call), rand(1, 3, seed=300 + call)
+        got = run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0))
+        check(got, want_accumulate(x, h0), 1e-5)
+    assert scan_graph.STATS["captures"] == captures          # one capture serves many lengths
+    assert scan_graph.STATS["plain"] == plain
+    assert DRV.launches - launches == sum(len(scan_graph.chunk_lengths(n)) for n in lengths)
+
+
+def test_warm_chunks_off_captures_only_the_lengths_a_call_runs(monkeypatch):
+    """scan_graph.WARM_CHUNKS off: the first chunked call captures only its own chunks'
+    lengths (the others wait for their first sight)."""
+    monkeypatch.setattr(scan_graph, "WARM_CHUNKS", False)
+    op, node = accumulate_loop()
+    for call, n in enumerate((5, 9, 30, 7)):
+        x, h0 = rand(n, 3, seed=call), rand(1, 3, seed=100 + call)
+        check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0), 1e-5)
+    assert {k[0] for k, g in op.loop_graphs.graphs.items() if g is not None} == {4, 2, 1}

@@ -9,7 +9,7 @@ import functools
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-from symgpu.gpu.runtime import libcuda
+from symgpu.gpu.runtime import graph_params, libcuda
 from symgpu.gpu.runtime.array import get_many
 from symgpu.gpu.runtime.gc_pause import pause_gc, resume_gc
 from symgpu.link import c_runtime
@@ -103,6 +103,18 @@ class CudaGraphDriver:
         status = self._htod(ptr, data, len(data), stream)
         if status:
             self.check(status, "cuMemcpyHtoDAsync (graph parameters)")
+
+    @staticmethod
+    def prepare_table(ctx: Any) -> None:
+        """Load the table copy's kernel before a capture launches it (no module loads while
+        a stream captures)."""
+        graph_params.load_kernels(ctx, table=True)
+
+    @staticmethod
+    def copy_table(ctx: Any, table_ptr: int, entries: int, max_bytes: int) -> None:
+        """Queue the copies a device table at ``table_ptr`` names when the launch runs
+        (graph_params.table_copy): captured, one graph serves any pointers the table holds."""
+        graph_params.table_copy(ctx, table_ptr, entries, max_bytes)
 
     def destroy(self, exe: Any, graph: Any) -> None:
         if exe is not None and exe.value:

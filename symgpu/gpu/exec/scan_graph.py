@@ -49,11 +49,13 @@ from symgpu.gpu.exec.graph_plan import node_capturable
 from symgpu.gpu.ops import scan_op
 from symgpu.gpu.ops.subtensor import GpuSubtensor
 from symgpu.gpu.runtime.array import GpuArray
+from symgpu.gpu.runtime.codegen.layout import c_contiguous
+from symgpu.gpu.runtime.graph_params import TABLE_ENTRY_BYTES, pack_table
 from symgpu.gpu.runtime.libcuda import driver_errors
 
 __all__ = ["LoopGraphs", "ENABLED", "VERIFY", "MEMORY_LIMIT", "MAX_GRAPHS", "SPARE_OUTPUTS", "STATS",
            "LoopGraphWarning", "body_capturable", "LOOP_CAPTURABLE", "CHUNKS", "chunk_lengths",
-           "CHUNK_AFTER"]
+           "CHUNK_AFTER", "TABLE_COPIES", "WARM_CHUNKS"]
 
 #: capture loops of known length (tests and benchmarks switch it off to compare)
 ENABLED = True
@@ -67,7 +69,7 @@ MAX_GRAPHS = 4
 #: output arrays kept per result of a graph, reused once the caller dropped them
 SPARE_OUTPUTS = 3
 #: process-wide counters: 'captures', 'replays', 'plain', 'capture_failures', 'too_big',
-#: 'chunks', 'checks'
+#: 'chunks', 'checks', 'warm captures'
 STATS: Counter = Counter()
 #: a loop that has met more lengths than this runs every call as chunks (CHUNKS): before,
 #: each new length cost a plain step-by-step run and each length met twice the capture of a
@@ -76,6 +78,14 @@ CHUNK_AFTER = 3
 #: the loop lengths a loop whose length changes from call to call is cut into (largest first;
 #: the 1 makes every length reachable); () turns chunking off
 CHUNKS: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
+#: the first call that runs as chunks also captures the chunk lengths up to the longest
+#: length met so far (a loop whose length varies will meet them: one warm-up call)
+WARM_CHUNKS = True
+#: a chunk graph copies its inputs into its staging buffers and its results into the call's
+#: arrays itself, from a table of pointers uploaded before each launch (graph_params'
+#: table_copy): one upload and one launch per chunk instead of a copy per input and result
+#: (~10 us of Python each: most of a variable-length call's host time, issue 32)
+TABLE_COPIES = True
 
 
 def chunk_lengths(n: int) -> list[int]:
@@ -126,6 +136,45 @@ class _LoopGraph:
         #: (a chunk's non-sequences: no staging copy); it serves a call only while each is
         #: still there
         self.pinned: tuple = ()
+        #: a chunk graph's copy table (TABLE_COPIES): a device block of table_copy entries,
+        #: the staging copies first (``table_in``: (input index, staging buffer)) then the
+        #: results' copies out (``table_out``: (result index, first row)); None: no table
+        self.table: Any = None
+        self.table_in: list[tuple[int, Any]] = []
+        self.table_out: list[tuple[int, int]] = []
+
+    def launch_table(self, inputs: Sequence[Any], dsts: Sequence[Any]) -> None:
+        """One chunk as one upload and one launch: the table names where this call's inputs
+        are (copied into the staging buffers inside the graph) and where the results go
+        (``dsts[m]`` receives ``table_out[m]``'s rows).  An input or destination a byte
+        copy cannot serve (not C-contiguous) is copied explicitly instead (its entry is
+        empty)."""
+        vals: list[int] = []
+        late: list[tuple[Any, Any]] = []
+        drv = self.drv
+        for i, buf in self.table_in:
+            v = inputs[i]
+            if c_contiguous(v.shape, v.strides, v.dtype.itemsize):
+                vals += (buf.ptr, v.ptr, buf.nbytes)
+            else:
+                drv.copy(buf, v)
+                vals += (0, 0, 0)
+        results = self.results
+        for (r, row), d in zip(self.table_out, dsts):
+            src = results[r]
+            if row:
+                src = src._view(src.ptr + row * src.strides[0], (src.shape[0] - row,)
+                                + src.shape[1:], src.strides)
+            if c_contiguous(d.shape, d.strides, d.dtype.itemsize) and \
+                    c_contiguous(src.shape, src.strides, src.dtype.itemsize):
+                vals += (d.ptr, src.ptr, d.nbytes)
+            else:
+                late.append((d, src))
+                vals += (0, 0, 0)
+        drv.upload(self.table.ptr, pack_table(vals), self.ctx.stream_handle)
+        self.replay()
+        for d, src in late:
+            drv.copy(d, src)
 
     def run(self, inputs: Sequence[Any], output_storage: list[list]) -> None:
         self.stage(inputs)
@@ -205,6 +254,9 @@ class LoopGraphs:
         #: chunk graphs read the loop's non-sequences (weights) in place, not from staging
         #: copies made per chunk, until one is found moved (then they are staged for good)
         self.pin_rest = True
+        #: the first chunked call also captures every chunk length up to the longest length
+        #: met (WARM_CHUNKS): one warm-up call, not a capture in each of the next few
+        self.warm_pending = False
         self.lock = threading.RLock()
 
     # -- deciding
@@ -295,7 +347,7 @@ class LoopGraphs:
         if self.chunking:
             return True
         self.lengths.add(n)
-        self.chunking = len(self.lengths) > CHUNK_AFTER
+        self.chunking = self.warm_pending = len(self.lengths) > CHUNK_AFTER
         return self.chunking
 
     def _call_chunked(self, node: Any, inputs: Sequence[Any], output_storage: list[list],
@@ -303,7 +355,9 @@ class LoopGraphs:
         """Run the n steps as a few loops of power-of-two lengths (50 = 32 + 16 + 2), each a
         graph captured once and replayed for any n: chunk c reads the sequences' rows
         [off, off + k) and starts from the states chunk c - 1 ended with; its per-step
-        outputs and state histories are copied into the call's own result arrays."""
+        outputs and state histories are copied into the call's own result arrays.  With a
+        copy table (TABLE_COPIES) those copies run inside the chunk's graph, from the
+        pointers one upload names: a chunk costs an upload and a launch."""
         info = self.op.info
         ctx = self.op._context()
         S, M, K = info.n_seqs, info.n_states, info.n_nitsot
@@ -311,8 +365,10 @@ class LoopGraphs:
         inits = list(inputs[1 + S:1 + S + M])
         rest = list(inputs[1 + S + M:])
         n_init = [info.n_init(j) for j in range(M)]
-        if any(s.shape[0] < n for s in seqs):
+        if any(s.shape[0] < n for s in seqs) or not all(
+                isinstance(v, GpuArray) for v in seqs + inits):
             return self._run_plain(node, inputs, output_storage)   # raises, in context
+        rest_key = self.key([0] + rest)
         kept: list[Any] = []
         for j in range(M):
             if info.keep[j]:
@@ -327,24 +383,49 @@ class LoopGraphs:
         in_graph = [False] * M     # a last-values state read from a graph's own memory
         off = 0
         for k in chunk_lengths(n):
-            sub = [k] + [s[off:off + k] for s in seqs] + state + rest
-            res, graph_memory = self._run_chunk(node, sub, ctx)
-            if res is None:
+            sub = [k] + [_rows(s, off, k) for s in seqs] + state + rest
+            g = None
+            if rest_key is not None:
+                key = (k,) + tuple(("g", v.shape, v.dtype.str) for v in sub[1:1 + S + M]) \
+                    + rest_key[1:]
+                g = self._chunk_graph(node, key, sub, ctx)
+            if g is None:
                 cells = [[None] for _ in node.outputs]
                 self._run_plain(node, sub, cells)
                 res = [c[0] for c in cells]
+                graph_memory = False
+                for j in range(M):
+                    if info.keep[j]:
+                        _driver_copy(_rows(kept[j], n_init[j] + off, k), res[j][n_init[j]:])
+                for i in range(K):
+                    r = res[M + i]
+                    if nitsot[i] is None:
+                        nitsot[i] = GpuArray((n,) + tuple(r.shape[1:]), r.dtype, ctx)
+                    _driver_copy(_rows(nitsot[i], off, k), r)
+            else:
+                res = g.results
+                graph_memory = True
+                for i in range(K):
+                    if nitsot[i] is None:
+                        r = res[M + i]
+                        nitsot[i] = GpuArray((n,) + tuple(r.shape[1:]), r.dtype, ctx)
+                dsts = [_rows(kept[j], n_init[j] + off, k) for j in range(M) if info.keep[j]] \
+                    + [_rows(nitsot[i], off, k) for i in range(K)]
+                if g.table is not None:
+                    g.launch_table(sub, dsts)
+                else:
+                    g.stage(sub)
+                    g.replay()
+                    srcs = [res[j][n_init[j]:] for j in range(M) if info.keep[j]] + res[M:]
+                    for d, r in zip(dsts, srcs):
+                        _driver_copy(d, r)
+                STATS["replays"] += 1
             for j in range(M):
                 in_graph[j] = graph_memory and not info.keep[j]
                 if info.keep[j]:
-                    _driver_copy(kept[j][n_init[j] + off:n_init[j] + off + k], res[j][n_init[j]:])
-                    state[j] = kept[j][off + k:off + k + n_init[j]]
+                    state[j] = _rows(kept[j], off + k, n_init[j])
                 else:
                     state[j] = res[j]
-            for i in range(K):
-                r = res[M + i]
-                if nitsot[i] is None:
-                    nitsot[i] = GpuArray((n,) + tuple(r.shape[1:]), r.dtype, ctx)
-                _driver_copy(nitsot[i][off:off + k], r)
             off += k
             STATS["chunks"] += 1
         for j in range(M):
@@ -355,57 +436,72 @@ class LoopGraphs:
             output_storage[j][0] = out
         for i in range(K):
             output_storage[M + i][0] = nitsot[i]
+        if self.warm_pending:
+            self.warm_pending = False
+            if WARM_CHUNKS and rest_key is not None:
+                self._warm_chunks(node, seqs, inits, rest, n_init, ctx)
 
-    def _run_chunk(self, node: Any, sub: list, ctx: Any) -> tuple[list | None, bool]:
-        """One chunk as its graph: (its results, whether they are the graph's own memory,
-        read before its next launch, which comes after every copy out of them is queued),
-        or (None, False): run it plainly.  Results are not copied out of the graph first
-        (``_LoopGraph.emit``): the chunk loop copies them straight into the call's arrays."""
-        key = self.key(sub)
-        if key is None:
-            return None, False
+    def _warm_chunks(self, node: Any, seqs: list, inits: list, rest: list,
+                     n_init: list[int], ctx: Any) -> None:
+        """Capture the graph of every chunk length up to the longest length the loop has met
+        that has none yet, on inputs of those shapes (sequences as fresh buffers: a capture
+        runs nothing, each launch copies the call's own rows in).  Only once the loop body's
+        graph has been checked against plain launches (a check would run on those buffers)."""
+        if not self.verified:
+            return
+        longest = max(self.lengths)
+        states = [_rows(v, 0, n_init[j]) for j, v in enumerate(inits)]
+        for c in CHUNKS:
+            if c > longest:
+                continue
+            sub = [c] + [GpuArray((c,) + tuple(s.shape[1:]), s.dtype, ctx) for s in seqs] \
+                + states + rest
+            key = self.key(sub)
+            if key is not None and key not in self.graphs:
+                self._chunk_graph(node, key, sub, ctx)
+                STATS["warm captures"] += 1
+
+    def _chunk_graph(self, node: Any, key: tuple, sub: list, ctx: Any) -> _LoopGraph | None:
+        """The graph of one chunk (found, or captured now: no plain first run, a chunk length
+        comes back whatever the lengths and the body's kernels were compiled by the loop's
+        first calls), not yet launched; None: run the chunk plainly.  The caller launches it
+        and copies its results (graph memory, read before its next launch, which comes
+        after every copy out of them is queued) into the call's arrays."""
         if key in self.graphs:
             g = self.graphs[key]
             if g is None:
                 STATS["plain"] += 1
-                return None, False
+                return None
             for i, ptr in g.pinned:
                 if sub[i].ptr != ptr:   # a non-sequence moved: stage them from now on
                     del self.graphs[key]
                     g.free()
                     self.pin_rest = False
                     STATS["plain"] += 1
-                    return None, False
+                    return None
             self.graphs.move_to_end(key)
-            g.stage(sub)
-            g.replay()
-            STATS["replays"] += 1
-            return g.results, True
-        # no plain first run: a chunk length comes back whatever the lengths, and the body's
-        # kernels were compiled by the loop's first calls
+            return g
         info = self.op.info
         first = 1 + info.n_seqs + info.n_states
+        # with a copy table the non-sequences are copied in by the graph itself (device
+        # time only): no pins, so a non-sequence that moves from call to call (a value the
+        # function computes before the loop) costs no dropped graph and no recapture
+        tables = TABLE_COPIES and hasattr(graphs.driver(), "copy_table")
         pinned = [i for i in range(first, len(sub)) if isinstance(sub[i], GpuArray)
-                  and sub[i].size] if self.pin_rest else []
-        g = self._capture(node, sub, ctx, pinned)
+                  and sub[i].size] if self.pin_rest and not tables else []
+        outs = [(j, info.n_init(j)) for j in range(info.n_states) if info.keep[j]] + \
+            [(info.n_states + i, 0) for i in range(info.n_nitsot)]
+        g = self._capture(node, sub, ctx, pinned, outs)
         if g is None:
             self._keep(key, None)
-            return None, False
-        if g.nbytes > MEMORY_LIMIT:   # not kept: its results go to arrays of their own
-            cells = [[None] for _ in node.outputs]
-            if g.checked:
-                g.emit(cells)
-            else:
-                g.run(sub, cells)
+            return None
+        if g.nbytes > MEMORY_LIMIT:   # not kept: this chunk runs plainly
             STATS["too_big"] += 1
             g.free()
             self._keep(key, None)
-            return [c[0] for c in cells], False
-        if not g.checked:   # the check ran the graph on this call's inputs already
-            g.stage(sub)
-            g.replay()
+            return None
         self._keep(key, g)
-        return g.results, True
+        return g
 
     def _keep(self, key: tuple, g: Any) -> None:
         self.graphs[key] = g
@@ -420,10 +516,17 @@ class LoopGraphs:
                 else None for i, v in enumerate(inputs)]
 
     def _capture(self, node: Any, inputs: Sequence[Any], ctx: Any,
-                 pinned: Sequence[int] = ()) -> _LoopGraph | None:
+                 pinned: Sequence[int] = (),
+                 outs: Sequence[tuple[int, int]] | None = None) -> _LoopGraph | None:
         """Capture the loop on staging copies of its GPU inputs, but the ``pinned`` ones,
-        read where they are (``_LoopGraph.pinned``); None when it cannot be."""
+        read where they are (``_LoopGraph.pinned``); None when it cannot be.  ``outs`` (a
+        chunk's results copied out: (result index, first row)) asks for a copy table
+        (TABLE_COPIES, where the driver has ``copy_table``): the graph begins with the
+        staging copies and ends with those copies out, both read from its table."""
         drv = graphs.driver()
+        table = outs is not None and TABLE_COPIES and hasattr(drv, "copy_table")
+        if table:
+            drv.prepare_table(ctx)
         # a block the function runner hinted for this node's output must not go to the graph
         # unowned (a hinted allocation bypasses the capture sink)
         ctx.pool.hint = None
@@ -432,6 +535,13 @@ class LoopGraphs:
             if dst is not None:
                 drv.copy(dst, src)
         args = [s if s is not None else v for s, v in zip(staging, inputs)]
+        table_in = [(i, b) for i, b in enumerate(staging) if b is not None] if table else []
+        tbl = None
+        if table:
+            entries = len(table_in) + len(outs)
+            tbl = GpuArray((max(1, entries) * TABLE_ENTRY_BYTES,), "uint8", ctx)
+            # an empty table (every length 0) while the check replays the graph below
+            drv.upload(tbl.ptr, bytes(tbl.nbytes), ctx.stream_handle)
         ref = None
         # one check per loop body: a graph of another length (a chunk, a new layout) unrolls
         # the same checked body, and each check costs a plain run and a synchronisation,
@@ -456,7 +566,13 @@ class LoopGraphs:
         graph = None
         end_err = None
         try:
+            if table_in:
+                drv.copy_table(ctx, tbl.ptr, len(table_in), max(b.nbytes for _, b in table_in))
             self._run_plain(node, args, out)
+            if table and outs:
+                sizes = [out[r][0].nbytes - row * out[r][0].strides[0] for r, row in outs]
+                drv.copy_table(ctx, tbl.ptr + len(table_in) * TABLE_ENTRY_BYTES, len(outs),
+                               max(sizes))
         # broad on purpose: the stream capture must end whatever the loop raised.  Nothing is
         # swallowed: below, a BaseException that is not an Exception is raised again, the
         # loop's own error is raised by the plain run that follows, and a capture fault is
@@ -488,6 +604,8 @@ class LoopGraphs:
         g = _LoopGraph(drv, exe, graph, tuple(b for b in sink if b is not None), staging,
                        [c[0] for c in out], ctx)
         g.pinned = tuple((i, inputs[i].ptr) for i in pinned)
+        if table:
+            g.table, g.table_in, g.table_out = tbl, table_in, list(outs)
         del sink
         STATS["captures"] += 1
         try:
@@ -522,6 +640,12 @@ class LoopGraphs:
         self.disabled = why
         warnings.warn(f"{self.op}: the loop runs step by step, not as a CUDA graph: {why}",
                       LoopGraphWarning, stacklevel=4)
+
+
+def _rows(a: Any, start: int, count: int) -> Any:
+    """``a[start:start + count]`` as a view, without the general indexing path (a chunk takes
+    a few per input every call)."""
+    return a._view(a.ptr + start * a.strides[0], (count,) + a.shape[1:], a.strides)
 
 
 def _driver_copy(dst: Any, src: Any) -> None:

@@ -24,8 +24,10 @@ known before the segment runs.  A host input read by any other node of the segme
 the key by value (graph_plan.make_keyer).
 
 Kernels here: ``dyn_slice_copy_N`` (JAX's dynamic_slice: a strided copy whose source offset is
-read from the block, into a buffer the graph owns) and ``arange_dev_T`` (an arange whose start
-and step are read from the block).
+read from the block, into a buffer the graph owns), ``arange_dev_T`` (an arange whose start
+and step are read from the block) and ``table_copy`` (byte copies whose destinations, sources
+and lengths are read from the block: a chunked loop's staging copies and results, so a chunk
+is one upload and one graph launch, not a copy per input and result: scan_graph.py).
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
-           "arange_from_params", "prefetch_request", "load_kernels"]
+           "arange_from_params", "prefetch_request", "load_kernels", "table_copy",
+           "pack_table", "TABLE_ENTRY_BYTES"]
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -52,7 +55,8 @@ PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(
     _CU["dyn_slice"].substitute(n=n, t=t)
     for n, t in ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
                  (8, "unsigned long long"))) + "".join(
-    _CU["arange_dev"].substitute(d=d, t=t) for d, t in (("int32", "int"), ("int64", "long long")))
+    _CU["arange_dev"].substitute(d=d, t=t) for d, t in (("int32", "int"), ("int64", "long long"))) \
+    + _CU["table_copy"].substitute()
 
 _COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
 
@@ -97,9 +101,12 @@ def _kernel(ctx: Any, name: str, fmt: str) -> Any:
     return get_prepared_kernel(_MODULE_KEY, lambda: PARAMS_SOURCE, name, fmt, context=ctx)
 
 
-def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None) -> None:
+def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None,
+                 table: bool = False) -> None:
     """Load the kernels a capture will launch (a thunk's ``param_prepare``): no module is
     loaded while a stream captures."""
+    if table:
+        _kernel(ctx, "table_copy", "P")
     if itemsize is not None:
         _kernel(ctx, f"dyn_slice_copy_{itemsize}", _COPY_FORMAT)
     if dtype is not None:
@@ -143,3 +150,26 @@ def arange_from_params(ctx: Any, out_ptr: int, params_ptr: int, n: int, dtype: s
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
     _kernel(ctx, f"arange_dev_{dtype}", "PPq").prepared_async_call(
         (blocks, 1), (_BLOCK, 1, 1), ctx.stream, out_ptr, params_ptr, n)
+
+
+#: bytes of one table_copy entry: destination, source, length (three int64)
+TABLE_ENTRY_BYTES = 24
+
+
+def pack_table(values: Sequence[int]) -> bytes:
+    """The bytes of table_copy entries given flat as (dst, src, nbytes, dst, src, ...)."""
+    return struct.pack(f"<{len(values)}q", *values)
+
+
+def table_copy(ctx: Any, table_ptr: int, entries: int, max_bytes: int) -> None:
+    """Queue the ``entries`` copies described at ``table_ptr`` (TABLE_ENTRY_BYTES each, read
+    on the device when the launch runs, so a captured graph copies whatever the block names at
+    replay); ``max_bytes`` sizes the grid (any length is still copied whole)."""
+    if entries <= 0:
+        return
+    if entries > 65535:
+        raise ValueError(f"table_copy: {entries} entries; at most 65535 per launch")
+    ctx.activate()
+    blocks = max(1, min(_MAX_BLOCKS, -(-max_bytes // (16 * _BLOCK))))
+    _kernel(ctx, "table_copy", "P").prepared_async_call(
+        (blocks, entries), (_BLOCK, 1, 1), ctx.stream, table_ptr)

@@ -15,3 +15,27 @@ extern "C" __global__ void arange_dev_${d}(${t} *out, const long long *p, long l
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = (${t})(start + i * step);
 }
+//@ table_copy
+
+// Byte copies whose destination, source and length a graph reads from its parameter block
+// at replay (a chunked loop's staging copies and results: scan_graph.py): entry blockIdx.y
+// of the table, 16-byte words where the three allow, bytes otherwise; a length of 0 skips.
+struct SgTableEntry { char *dst; const char *src; long long n; };
+
+extern "C" __global__ void table_copy(const SgTableEntry *table)
+{
+    const SgTableEntry e = table[blockIdx.y];
+    const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    if ((((unsigned long long)e.dst | (unsigned long long)e.src | (unsigned long long)e.n)
+         & 15ULL) == 0) {
+        uint4 *d = (uint4 *)e.dst;
+        const uint4 *s = (const uint4 *)e.src;
+        const long long words = e.n >> 4;
+        for (long long i = first; i < words; i += stride)
+            d[i] = s[i];
+    } else {
+        for (long long i = first; i < e.n; i += stride)
+            e.dst[i] = e.src[i];
+    }
+}
