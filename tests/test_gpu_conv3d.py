@@ -289,6 +289,19 @@ def test_3d_pooling_kernels_compile(tmp_path):
         assert f"pool3_{kind}_{dt}{sfx}\0".encode() in cubin
 
 
+def test_3d_gradients_take_the_window_kernel_where_windows_do_not_overlap():
+    cases = {((2, 2, 2), None, (0, 0, 0), True): True,
+             ((2, 1, 2), (3, 1, 2), (0, 0, 0), False): True,
+             ((3, 2, 1), (1, 1, 1), (0, 0, 0), True): False,      # overlapping
+             ((2, 2, 2), None, (1, 0, 0), True): False,           # padded
+             ((4, 2, 2), None, (0, 0, 0), True): False}           # no window along D
+    for (ws, st, pad, ib), want in cases.items():
+        op = gpooling.GpuMaxPoolGrad3d(ws=ws, stride=st, pad=pad, ignore_border=ib)
+        assert op.tiled(op.geo((2, 3, 3, 6, 4))) is want, (ws, st, pad, ib)
+    assert not gpooling.GpuMaxPoolGrad((2, 2)).tiled(gpooling.GpuMaxPoolGrad((2, 2)).geo(
+        (2, 3, 6, 4)))                                           # 2-d: the element kernel
+
+
 def test_3d_index_width():
     op = gpooling.GpuPool3d((2, 2, 2))
     assert gpooling.index_suffix(op.geo((8, 16, 30, 30, 30))) == "_i32"
@@ -298,7 +311,10 @@ def test_3d_index_width():
 
 
 EMU_CASES = [((2, 2, 2), None, (0, 0, 0), True), ((3, 2, 1), (1, 1, 1), (1, 1, 0), True),
-             ((1, 3, 2), (2, 3, 1), (0, 0, 0), False), ((2, 2, 2), (3, 1, 2), (1, 0, 1), True)]
+             ((1, 3, 2), (2, 3, 1), (0, 0, 0), False), ((2, 2, 2), (3, 1, 2), (1, 0, 1), True),
+             # windows that do not overlap, unpadded: the gradients' one-thread-per-window
+             # kernel (gradt), with gaps between windows, partial windows and a remainder
+             ((2, 1, 2), (3, 1, 2), (0, 0, 0), False), ((2, 4, 3), (2, 4, 3), (0, 0, 0), True)]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from gpu_helpers import (FakeCtx, fake_gpu_array, recording_loader, requires_gpu
                          requires_nvcc, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.ops import blas, blaslt, thin_gemm
-from symgpu.gpu.ops.thin_gemm import (MAX_K, ROWS_MAX_K, THIN, ThinPlan, plan_thin,
+from symgpu.gpu.ops.thin_gemm import (MAX_K, MIN_K, ROWS_MAX_K, THIN, ThinPlan, plan_thin,
                                       render_thin_gemm, thin_gemm_formats)
 
 VCTX = "thin-gemm-test"
@@ -57,6 +57,10 @@ def test_products_left_to_cublas():
     assert plan_thin(512, 10, MAX_K + 1, (1, 512), (10, 1), f32, SMS) is None
     assert plan_thin(512, 10, ROWS_MAX_K + 1, (ROWS_MAX_K + 1, 1), (10, 1), f32, SMS) is None
     assert plan_thin(512, 10, 0, (0, 1), (10, 1), f32, SMS) is None          # k = 0: beta only
+    # a short k (the 3-D CNN's dense layer, batch 8): cuBLAS's one kernel is faster
+    assert plan_thin(8, 6912, 10, (10, 1), (1, 10), f32, SMS) is None        # d @ W3.T
+    assert plan_thin(6912, 10, 8, (1, 6912), (10, 1), f32, SMS) is None      # h.T @ d
+    assert plan_thin(6912, 10, MIN_K, (1, 6912), (10, 1), f32, SMS).kernel == "tg_cols"
     assert plan_thin(0, 10, 5, (5, 1), (10, 1), f32, SMS) is None
     assert plan_thin(512, 10, ROWS_MAX_K, (ROWS_MAX_K, 1), (10, 1), f32, SMS).kernel == "tg_rows"
     assert plan_thin(512, 10, MAX_K, (1, 512), (10, 1), f32, SMS).kernel == "tg_cols"

@@ -4,8 +4,8 @@ symgpu/tensor/nnet/abstract_conv.py (same parameters, NCHW / NCDHW for users).  
 role for both (`nd`, the number of spatial axes, a class attribute as in the CPU Ops).
 
 Each op runs through cuDNN (symgpu/gpu/ops/cudnn.py) when the library loads, with the algorithm
-and descriptors chosen once per shape (cuDNN's heuristic algorithm, or with ALGO_SEARCH =
-"time" the fastest candidate, timed at the first call outside any capture) and the
+and descriptors chosen once per shape (the fastest of cuDNN's heuristic candidates, timed at
+the first call outside any capture; with ALGO_SEARCH = "heuristic" the heuristic's choice) and the
 workspace taken from the context's memory pool;
 otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/ops/conv_gemm.py).
 Which one runs is said once per process on stderr. Every call is queued on the context's
@@ -56,13 +56,15 @@ _PRECISIONS = {"float16": ("float16", "float32"), "bfloat16": ("float32",),
                "float32": ("float32",), "float64": ("float64",)}
 #: set True (tests) to run every GPU convolution through im2col + cuBLAS
 FORCE_GEMM = False
-#: how a cuDNN algorithm is chosen: "heuristic" takes cuDNN's heuristic choice, with no
-#: device work; "time" runs the heuristics' candidates once per geometry at its first call
-#: and keeps the fastest (cudnn.ConvDescs.time_algorithms: a sync, at a call that is not
-#: being captured, so never inside a CUDA graph).  Measured on the H100 (LeNet step, batch
-#: 128): both choices gave 303 us of device work per step, and the timed contender's step
-#: did not replay as a graph in the benchmark (docs/convnets.md), so it is opt-in
-ALGO_SEARCH = "heuristic"
+#: how a cuDNN algorithm is chosen: "time" (the default, as PyTorch's cudnn.benchmark) runs
+#: the heuristics' candidates once per geometry at its first call (warmed, then between CUDA
+#: events: cudnn.ConvDescs.time_algorithms; a sync, at a call that is not being captured, so
+#: never inside a CUDA graph) and keeps the fastest; "heuristic" takes cuDNN's heuristic
+#: choice, with no device work.  Why timed: on the H200 the heuristic's filter gradient of
+#: the 3-D CNN's first layer (benchmarks/library_gpu.py, 1 input channel) took 2.57 ms a step
+#: against 0.5 ms for the algorithm PyTorch's timed search keeps (on the H100's LeNet step
+#: both choices gave the same 303 us, docs/convnets.md)
+ALGO_SEARCH = "time"
 _announced: set[str] = set()
 _lock = threading.Lock()
 

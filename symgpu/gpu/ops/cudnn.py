@@ -7,7 +7,7 @@ nothing to build. cuDNN 9 is found in the system (``libcudnn.so.9``) or in the
 shim finds them). Algorithms come from cuDNN's heuristics (``*_v7``: no device work, so safe
 under CUDA-graph capture) and are cached per shape by the caller (symgpu/gpu/ops/conv.py),
 which may then time the candidates once per geometry (``ConvDescs.time_algorithms``,
-cuDNN's ``Find*AlgorithmEx``) at a call that is not being captured.
+each candidate warmed, then run between CUDA events) at a call that is not being captured.
 
 Descriptors: 2 spatial axes keep the 4-d calls (``cudnnSetTensor4dDescriptorEx``, ...), 3 use
 the N-d ones (``cudnnSetTensorNdDescriptor``, ``cudnnSetFilterNdDescriptor``,
@@ -188,22 +188,22 @@ class _Desc:
             getattr(self.lib.lib, f"cudnnDestroy{self.kind}Descriptor")(self.ptr)
 
 
-# the three directions: (algorithm query, workspace query, compute call, timed search)
+# the three directions: (algorithm query, workspace query, compute call)
 _KINDS = {
     "fwd": ("cudnnGetConvolutionForwardAlgorithm_v7",
-            "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward",
-            "cudnnFindConvolutionForwardAlgorithmEx"),
+            "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward"),
     "bwd_data": ("cudnnGetConvolutionBackwardDataAlgorithm_v7",
                  "cudnnGetConvolutionBackwardDataWorkspaceSize",
-                 "cudnnConvolutionBackwardData", "cudnnFindConvolutionBackwardDataAlgorithmEx"),
+                 "cudnnConvolutionBackwardData"),
     "bwd_filter": ("cudnnGetConvolutionBackwardFilterAlgorithm_v7",
                    "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-                   "cudnnConvolutionBackwardFilter",
-                   "cudnnFindConvolutionBackwardFilterAlgorithmEx"),
+                   "cudnnConvolutionBackwardFilter"),
 }
 MAX_WORKSPACE = 512 << 20
 #: the workspace a timed search may give the algorithms it tries
 SEARCH_WORKSPACE = 64 << 20
+#: timed runs of each candidate in a search (after its one untimed run)
+SEARCH_RUNS = 3
 _TENSOR_OP_MATHS = (1, 2)     # CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
 #: timed choices, per context and geometry, shared by every op and function of the process:
 #: key -> (algo, math type, workspace bytes)
@@ -242,7 +242,7 @@ class ConvDescs:
                                  f"{tuple(yshape)}")
         ctype = ctypes.c_double if dtype == "float64" else ctypes.c_float
         self.one, self.zero = ctype(1.0), ctype(0.0)
-        query, self.wsq, self.fn_name, self.find_name = _KINDS[kind]
+        query, self.wsq, self.fn_name = _KINDS[kind]
         wsq = self.wsq
         descs = self._order()
         perf = (_Perf * 16)()
@@ -250,6 +250,9 @@ class ConvDescs:
         lib.call(query, self.handle, *descs, 16, ctypes.byref(count), perf)
         self.algo, self.workspace = None, 0
         sizes = [0]
+        #: what a timed search tries: (algo, math type, workspace bytes) of every algorithm
+        #: the heuristics call usable, in their order
+        self.candidates: list[tuple[int, int, int]] = []
         for p in perf[:count.value]:
             if p.status != _STATUS_SUCCESS:
                 continue
@@ -257,6 +260,7 @@ class ConvDescs:
             if getattr(lib.lib, wsq)(self.handle, *descs, p.algo, ctypes.byref(size)) != 0:
                 continue
             sizes.append(int(size.value))
+            self.candidates.append((int(p.algo), int(p.mathType), int(size.value)))
             if size.value <= MAX_WORKSPACE and self.algo is None:
                 self.algo, self.workspace = p.algo, int(size.value)
         if self.algo is None:
@@ -268,55 +272,52 @@ class ConvDescs:
         self.search_workspace = max(self.workspace,
                                     max(n for n in sizes if n <= SEARCH_WORKSPACE))
         self.fn = getattr(lib.lib, self.fn_name)
+        self.stream = getattr(ctx, "stream", None)
 
     def _adopt(self, algo: int, math: int, workspace: int) -> None:
-        if math != self.math:
-            self.lib.call("cudnnSetConvolutionMathType", self.conv.ptr, int(math))
+        self._set_math(math)
         self.algo, self.math, self.workspace, self.timed = algo, math, workspace, True
 
+    def _set_math(self, math: int) -> None:
+        self.lib.call("cudnnSetConvolutionMathType", self.conv.ptr, int(math))
+
     def time_algorithms(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int,
-                        ws_size: int) -> None:
-        """Choose the algorithm by running the candidates on these buffers (cuDNN's
-        ``Find*AlgorithmEx``: host-blocking, it synchronises; ``out`` is overwritten, the
-        inputs are not), once per geometry per process; where the search is missing or
-        fails, the heuristic's choice stays.  Never call it while a CUDA graph is being
-        captured.  Candidates using tensor-op math are skipped unless the descriptor allows
-        them (float32 with TF32 allowed), where the choice's math type is then set on the
-        descriptor."""
+                        ws_size: int, timer: Callable[[Callable[[], int], int], float]
+                        | None = None) -> None:
+        """Choose the algorithm by running the heuristics' candidates on these buffers, once
+        per geometry per process (``out`` is overwritten, the inputs are not): each candidate
+        whose workspace fits ``ws_size`` runs once untimed (CUDA loads a kernel's module at
+        its first launch), then SEARCH_RUNS times between CUDA events (``timer(run, n)``:
+        seconds per run; a sync). The fastest is kept; where none runs, the heuristic's
+        choice stays. Why not cuDNN's ``Find*AlgorithmEx`` (used before): on the H200 it
+        kept, for the 3-D CNN's first filter gradient (1 input channel, library_gpu.py), the
+        heuristic's kernel of 2.57 ms a call where PyTorch's timed choice takes 0.5 ms, and
+        for its first forward convolution a kernel slower than the heuristic's (56 against
+        32 us): one run of each algorithm, the first (module loading included), decides.
+        Candidates using tensor-op math are skipped unless the descriptor allows them
+        (float32 with TF32 allowed). Never call it while a CUDA graph is being captured."""
         if self.timed:
             return
         done = _TIMED.get(self.geometry)
         if done is None:
-            perf = (_Perf * 16)()
-            count = ctypes.c_int(0)
-            x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
-            a, b = ctypes.c_void_p(a_ptr), ctypes.c_void_p(b_ptr)
-            out = ctypes.c_void_p(out_ptr)
-            args = {"fwd": (x, a, w, b, c, y, out), "bwd_data": (w, a, y, b, c, x, out),
-                    "bwd_filter": (x, a, y, b, c, w, out)}[self.kind]
-            find = getattr(self.lib.lib, self.find_name, None)
-            status = -1 if find is None else find(
-                self.handle, *args, 16, ctypes.byref(count), perf, ctypes.c_void_p(ws_ptr),
-                ctypes.c_size_t(ws_size))
-            if status != _STATUS_SUCCESS:   # no search in this build: keep the heuristic's
-                count.value = 0
-            done = (self.algo, self.math, self.workspace)
-            for p in perf[:count.value]:
-                if p.status != _STATUS_SUCCESS or p.memory > ws_size:
+            timer = timer or _event_timer(self.stream)
+            best: tuple[float, int, int, int] | None = None
+            for algo, math, size in self.candidates:
+                if size > ws_size or (self.math == FMA_MATH and math in _TENSOR_OP_MATHS):
                     continue
-                if self.math == FMA_MATH and p.mathType in _TENSOR_OP_MATHS:
+                math = FMA_MATH if self.math == FMA_MATH else math
+                self._set_math(math)
+
+                def run(algo: int = algo, size: int = size) -> int:
+                    return self._call(algo, a_ptr, b_ptr, out_ptr, ws_ptr, size)
+                if run() != _STATUS_SUCCESS:
                     continue
-                # an FMA-only descriptor stays so (the search ran under it)
-                math = FMA_MATH if self.math == FMA_MATH else int(p.mathType)
-                done = (int(p.algo), math, int(p.memory))
-                break
+                seconds = timer(run, SEARCH_RUNS)
+                if best is None or seconds < best[0]:
+                    best = (seconds, algo, math, size)
+            done = (self.algo, self.math, self.workspace) if best is None else best[1:]
             _TIMED[self.geometry] = done
         self._adopt(*done)
-        # the workspace the chosen algorithm needs with the descriptor as it is now
-        size = ctypes.c_size_t(0)
-        if getattr(self.lib.lib, self.wsq)(self.handle, *self._order(), self.algo,
-                                           ctypes.byref(size)) == 0:
-            self.workspace = max(self.workspace, int(size.value))
 
     def _order(self) -> list[Any]:
         x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
@@ -324,18 +325,38 @@ class ConvDescs:
 
     def run(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int) -> None:
         """fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw."""
+        self.lib.check(self._call(self.algo, a_ptr, b_ptr, out_ptr, ws_ptr, self.workspace),
+                       self.fn_name)
+
+    def _call(self, algo: int, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int,
+              workspace: int) -> int:
+        """One call with `algo` and `workspace` bytes at ws_ptr; cuDNN's status."""
         h, one, zero = self.handle, ctypes.byref(self.one), ctypes.byref(self.zero)
         a, b, out = ctypes.c_void_p(a_ptr), ctypes.c_void_p(b_ptr), ctypes.c_void_p(out_ptr)
-        ws = ctypes.c_void_p(ws_ptr if self.workspace else 0)
-        size = ctypes.c_size_t(self.workspace)
+        ws = ctypes.c_void_p(ws_ptr if workspace else 0)
+        size = ctypes.c_size_t(workspace)
         x, w, y, c = self.x.ptr, self.w.ptr, self.y.ptr, self.conv.ptr
         if self.kind == "fwd":
-            st = self.fn(h, one, x, a, w, b, c, self.algo, ws, size, zero, y, out)
-        elif self.kind == "bwd_data":
-            st = self.fn(h, one, w, a, y, b, c, self.algo, ws, size, zero, x, out)
-        else:
-            st = self.fn(h, one, x, a, y, b, c, self.algo, ws, size, zero, w, out)
-        self.lib.check(st, self.fn_name)
+            return self.fn(h, one, x, a, w, b, c, algo, ws, size, zero, y, out)
+        if self.kind == "bwd_data":
+            return self.fn(h, one, w, a, y, b, c, algo, ws, size, zero, x, out)
+        return self.fn(h, one, x, a, y, b, c, algo, ws, size, zero, w, out)
+
+
+def _event_timer(stream: Any) -> Callable[[Callable[[], int], int], float]:
+    """timer(run, n): seconds per call of `run` over n calls on `stream`, between two CUDA
+    events (waits for the second)."""
+    import pycuda.driver as drv   # the GPU path only
+
+    def timer(run: Callable[[], int], n: int) -> float:
+        start, end = drv.Event(), drv.Event()
+        start.record(stream)
+        for _ in range(n):
+            run()
+        end.record(stream)
+        end.synchronize()
+        return end.time_since(start) / 1e3 / n
+    return timer
 
 
 _lib: _Cudnn | None = None

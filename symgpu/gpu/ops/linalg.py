@@ -108,6 +108,23 @@ class LinalgKernels:
                 rows * cols if dst_stride is None else dst_stride,
                 rows * cols if src_stride is None else src_stride)
 
+    def transpose_lower(self, dtype: str, dst: int, src: int, n: int, batch: int) -> None:
+        """dst = src^T per n x n matrix where src's lower triangle lands (the tiles wholly
+        above src's diagonal are not copied)."""
+        if n * batch > 0:
+            grid = (-(-n // 32), -(-n // 32), min(batch, 65535))
+            self._fn(f"linalg_transpose_lower_{dtype}", "PPqq").prepared_async_call(
+                grid, (32, 8, 1), self.ctx.stream, dst, src, n, batch)
+
+    def factor_out(self, dtype: str, dst: int, w: int, n: int, batch: int, info: int,
+                   nan_fill: bool) -> None:
+        """dst (row-major L, zero above the diagonal; NaN for failed matrices with
+        `nan_fill`) from the column-major lower factor in w."""
+        if n * batch > 0:
+            grid = (-(-n // 32), -(-n // 32), min(batch, 65535))
+            self._fn(f"linalg_factor_out_{dtype}", "PPqqPi").prepared_async_call(
+                grid, (32, 8, 1), self.ctx.stream, dst, w, n, batch, info, int(nan_fill))
+
     def take(self, dtype: str, dst: int, src: int, per: int, src_stride: int,
              batch: int) -> None:
         self._go(f"linalg_take_{dtype}", "PPqqq", per * batch, dst, src, per, src_stride, batch)

@@ -141,23 +141,26 @@ def potrf(env: Env, dtype: str, src: int, dst: int, n: int, batch: int, lower: b
     `nan_fill`). Small matrices: our kernel; otherwise cuSOLVER on the column-major LOWER
     fill (POTRF_FILL_LOWER): the row-major upper triangle is the column-major view's lower one
     and its factor L read row-major is U; a row-major lower factor is computed on a
-    transposed copy (whose column-major view is A itself) and transposed back."""
+    transposed copy of the lower triangle (whose column-major view is A's lower triangle) and
+    read back transposed (LinalgKernels.transpose_lower and factor_out)."""
     if n == 0 or batch == 0:
         return
     if n <= SMALL_POTRF_MAX_N:
         env.k.potrf_small(dtype, dst, src, n, batch, lower, info, nan_fill)
         return
     nbytes = n * n * batch * _ITEM[dtype]
-    transposed = POTRF_FILL_LOWER and lower
-    if transposed:
+    if POTRF_FILL_LOWER and lower:
+        # the lower triangle transposed into w (whose column-major lower triangle it is),
+        # then L read back transposed with the upper triangle zeroed in one pass: on the
+        # H200 two full transposes and the clean-up took 166 us of a 4096^2 factorisation
+        # (1.72 ms, JAX 1.63 ms)
         w = env.alloc(nbytes)
-        env.k.transpose(dtype, w, src, n, n, batch)
-    else:
-        w = dst
-        env.k.copy(dst, src, nbytes)
-    _potrf(env, dtype, w, n, batch, FILL_LOWER if transposed else _uplo(lower), info)
-    if transposed:
-        env.k.transpose(dtype, dst, w, n, n, batch)
+        env.k.transpose_lower(dtype, w, src, n, batch)
+        _potrf(env, dtype, w, n, batch, FILL_LOWER, info)
+        env.k.factor_out(dtype, dst, w, n, batch, info, nan_fill)
+        return
+    env.k.copy(dst, src, nbytes)
+    _potrf(env, dtype, dst, n, batch, _uplo(lower), info)
     env.k.tri(dtype, dst, n, batch, lower, info, nan_fill)
 
 

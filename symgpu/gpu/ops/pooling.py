@@ -54,7 +54,7 @@ _MAKE3 = ("PoolGeo3<{i}> g = {{({i})L, ({i})D, ({i})H, ({i})W, ({i})od, ({i})oh,
           "({i})ws0, ({i})ws1, ({i})ws2, ({i})st0, ({i})st1, ({i})st2, ({i})p0, ({i})p1, "
           "({i})p2}};")
 _FORMATS3 = {"fwd": "PP" + "q" * 16 + "i", "grad": "PPPP" + "q" * 16 + "i",
-             "ggrad": "PPPP" + "q" * 16}
+             "gradt": "PPPP" + "q" * 16 + "i", "ggrad": "PPPP" + "q" * 16}
 #: index types: kernel name suffix -> C type (``_i32`` where every index fits an int)
 _INDEX = {"": "long long", "_i32": "int"}
 _INT32_LIMIT = 2 ** 31 - 1
@@ -73,7 +73,7 @@ def pooling3d_source() -> str:
     """The 3-d kernels' module: the shared prelude, the 3-d bodies, their entry points."""
     parts = [_CU[""].substitute(), _CU["body3"].substitute()]
     for (dt, t), (sfx, i) in itertools.product(POOL_DTYPES.items(), _INDEX.items()):
-        for kind in ("fwd", "grad", "ggrad"):
+        for kind in ("fwd", "grad", "gradt", "ggrad"):
             parts.append(_CU[kind + "3"].substitute(dt=dt, t=t, sfx=sfx, i=i, geo=_GEO3,
                                                     make=_MAKE3.format(i=i)))
     return "".join(parts)
@@ -124,6 +124,23 @@ class _GpuPoolBase(_PoolBase):
                for a in range(nd)]
         lead = int(np.prod(shape[:len(shape) - nd], dtype=np.int64))
         return [lead, *sp, *out, *self.ws, *self.stride, *self.pad]
+
+    def tiled(self, geo: list[int]) -> bool:
+        """Whether the gradient may run one thread per window (3-d ``gradt``): windows that
+        do not overlap (every stride at least its window), no padding, and at least one
+        window along every axis."""
+        nd = self.nd
+        o, ws, st, p = (geo[1 + k * nd:1 + (k + 1) * nd] for k in range(1, 5))
+        return nd == 3 and all(s >= w for s, w in zip(st, ws)) and not any(p) and all(o)
+
+    def _launch_grad(self, ctx: Any, dtype: str, gx: Any, ptrs: tuple, geo: list[int],
+                     mode: int) -> None:
+        """The gradient's launch: one thread per window where `tiled`, else per element."""
+        if self.tiled(geo) and gx.size:
+            windows = geo[0] * int(np.prod(self.out_dims(geo), dtype=np.int64))
+            self._launch(ctx, "gradt", dtype, windows, ptrs, geo, mode)
+        else:
+            self._launch(ctx, "grad", dtype, gx.size, ptrs, geo, mode)
 
     def out_dims(self, geo: list[int]) -> tuple:
         """The output's spatial lengths in `geo`."""
@@ -210,7 +227,7 @@ class GpuMaxPoolGrad(_GpuPoolBase):
         self._check_out(x, z, geo, "maxout")
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", dtype, gx.size, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo, 0)
+        self._launch_grad(ctx, dtype, gx, (x.ptr, z.ptr, gz.ptr, gx.ptr), geo, 0)
         return gx
 
 
@@ -231,8 +248,8 @@ class GpuAveragePoolGrad(_GpuPoolBase):
         geo = self.geo(x.shape)
         self._check_out(x, gz, geo, "the output gradient")
         gx = new_array(ctx, tuple(x.shape), x.dtype)
-        self._launch(ctx, "grad", dtype, gx.size, (x.ptr, gz.ptr, gz.ptr, gx.ptr), geo,
-                     MODES.index(self.mode))
+        self._launch_grad(ctx, dtype, gx, (x.ptr, gz.ptr, gz.ptr, gx.ptr), geo,
+                          MODES.index(self.mode))
         return gx
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, NamedTuple
 
 from symgpu.gpu.runtime.codegen import launch, template
 
-__all__ = ["ENABLED", "USE", "THIN", "MAX_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
+__all__ = ["ENABLED", "USE", "THIN", "MAX_K", "MIN_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
            "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request", "DTYPES"]
 
 #: products go to our kernels at all (False: cuBLAS for everything)
@@ -37,6 +37,11 @@ THIN = 16
 #: k, Y held in registers: thin_gemm.cu's TG_RT * TG_RK) up to ROWS_MAX_K
 MAX_K = 4096
 ROWS_MAX_K = 1024
+#: thin products with a shorter k go to cuBLAS too (one kernel there, no split-K): on the H200
+#: the 3-D CNN's dense layer (benchmarks/library_gpu.py, batch 8 of 6912 features, 10
+#: classes) took 30.8 us in tg_rows for d @ W3.T (k = 10) and 17.6 us in tg_cols for h.T @ d
+#: (k = 8), against cuBLAS's 3.0 us each in PyTorch's step
+MIN_K = 32
 #: kernel -> the dtypes plans may pick it for (the others' products go to cuBLAS)
 USE = {"tg_rows": ("float32", "float64"), "tg_cols": ("float32",)}
 _CTYPE = {"float32": "float", "float64": "double"}
@@ -79,8 +84,9 @@ def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, dtype: str,
               sms: int) -> ThinPlan | None:
     """How ``out (m x n) = X (m x k) @ Y (k x n)`` of ``dtype`` runs on our kernels, X and Y
     read with element strides ``xs`` and ``ys``; None where cuBLAS should do it (k == 0,
-    neither side thin, k over the kernel's limit, the kernel not in ``USE`` for dtype)."""
-    if not (m and n and k) or min(m, n) > THIN:
+    neither side thin, k under MIN_K or over the kernel's limit, the kernel not in ``USE``
+    for dtype)."""
+    if not (m and n and k) or min(m, n) > THIN or k < MIN_K:
         return None
     grid_cap = 16 * sms
     swap = n > THIN                           # m is the thin side: out.T = Y.T @ X.T

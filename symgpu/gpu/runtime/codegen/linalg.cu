@@ -38,10 +38,13 @@ extern "C" __global__ void linalg_check_info(const int *info, long long count,
 template <typename T>
 __device__ __forceinline__ void transpose_body(T *dst, const T *src, long long rows,
                                                long long cols, long long batch,
-                                               long long dst_stride, long long src_stride)
+                                               long long dst_stride, long long src_stride,
+                                               bool lower_only = false)
 {
     __shared__ T tile[32][33];
     const long long c0 = (long long)blockIdx.x * 32, r0 = (long long)blockIdx.y * 32;
+    if (lower_only && r0 + 31 < c0)     /* a tile wholly above src's diagonal: not wanted */
+        return;
     for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
         const T *s = src + b * src_stride;
         T *d = dst + b * dst_stride;
@@ -192,6 +195,38 @@ __device__ __forceinline__ void qr_r_body(T *r, const T *a, long long m, long lo
     }
 }
 
+/* dst (row-major) = the factor cuSOLVER's lower potrf left in w's column-major lower
+   triangle, read row-major as L: dst[i][j] = w[j * n + i] for j <= i, 0 above the diagonal
+   (tiles wholly above it are written without reading w), NaN everywhere in a failed matrix
+   with nan_fill: the transpose back and the clean-up in one pass, reading half of w. */
+template <typename T>
+__device__ __forceinline__ void factor_out_body(T *dst, const T *w, long long n,
+                                                long long batch, const int *info,
+                                                int nan_fill)
+{
+    __shared__ T tile[32][33];
+    const long long c0 = (long long)blockIdx.x * 32, r0 = (long long)blockIdx.y * 32;
+    const bool zeros = c0 > r0 + 31;    /* every j > i in this tile */
+    for (long long b = blockIdx.z; b < batch; b += gridDim.z) {
+        const bool failed = nan_fill && info[b] != 0;
+        const T *s = w + b * n * n;
+        T *d = dst + b * n * n;
+        if (!zeros && !failed)
+            for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+                const long long j = c0 + k, i = r0 + threadIdx.x;
+                if (i < n && j < n)
+                    tile[k][threadIdx.x] = s[j * n + i];
+            }
+        __syncthreads();
+        for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+            const long long i = r0 + k, j = c0 + threadIdx.x;
+            if (i < n && j < n)
+                d[i * n + j] = failed ? lin_nan(T(0)) : (j > i ? T(0) : tile[threadIdx.x][k]);
+        }
+        __syncthreads();
+    }
+}
+
 /* Cholesky of small matrices (n <= N), one thread block of N threads per matrix held in
    shared memory: the lower triangle of the symmetric matrix (the row-major lower triangle
    of x, or the transpose of its upper one) is loaded, factored right-looking (thread t owns
@@ -266,6 +301,19 @@ extern "C" __global__ void linalg_transpose_${name}(${t} *dst, const ${t} *src, 
                                                   long long dst_stride, long long src_stride)
 {
     transpose_body<${t}>(dst, src, rows, cols, batch, dst_stride, src_stride);
+}
+
+extern "C" __global__ void linalg_transpose_lower_${name}(${t} *dst, const ${t} *src,
+                                                        long long n, long long batch)
+{
+    transpose_body<${t}>(dst, src, n, n, batch, n * n, n * n, true);
+}
+
+extern "C" __global__ void linalg_factor_out_${name}(${t} *dst, const ${t} *w, long long n,
+                                                   long long batch, const int *info,
+                                                   int nan_fill)
+{
+    factor_out_body<${t}>(dst, w, n, batch, info, nan_fill);
 }
 
 extern "C" __global__ void linalg_take_${name}(${t} *dst, const ${t} *src, long long per,
