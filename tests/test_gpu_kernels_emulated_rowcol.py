@@ -12,7 +12,7 @@ import pytest
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import device_array, emulated_kernel_device, host_view
-from gpu_helpers import thunk_over
+from gpu_helpers import requires_nvcc, thunk_over
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import layout
@@ -288,3 +288,60 @@ def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C):
     assert launched[-1] == f"{kind}_{64 if wide else 32}"
     want = (f64(x) - mean) * rstd * g + b        # (in place: an element computed twice fails)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- nvcc
+
+@requires_nvcc
+def test_row_col_kernels_compile_for_sm_90(tmp_path):
+    """The bfloat16 affine layer norm's module (rows, columns, in place) and a float64 bias
+    add with a bool output: every row/column kernel is in the cubin."""
+    from symgpu.config import config
+    from symgpu.gpu.runtime import compiler
+    from symgpu.gpu.runtime.codegen.elemwise import kernel_names
+    nodes = [GpuElemwise(layer_norm_like("bfloat16", True), {0: 0})(
+        gvar("bfloat16", 3), gvar("bfloat16", 3, (False, False, True)),
+        gvar("bfloat16", 3, (False, False, True)), gvar("bfloat16", 3, (True, True, False)),
+        gvar("bfloat16", 3, (True, True, False))).owner,
+        GpuElemwise(S["gt"])(gvar("float64", 2), gvar("float64", 2, (True, False))).owner]
+    compiler.clear_memory_cache()
+    try:
+        with config.change_flags(compiledir=str(tmp_path), compile_log=False,
+                                 **{"nvcc.flags": ""}):
+            for node in nodes:
+                ((_, sig), src), = node.op.kernel_sources(node)
+                _, cubin, _ = compiler.compile_to_cubin(src, (), "sm_90")
+                for name in kernel_names(sig):
+                    assert name.encode() + b"\0" in cubin, name
+                assert b"sg_rowcol_vec_32\0" in cubin and b"sg_rowcol_64\0" in cubin
+    finally:
+        compiler.clear_memory_cache()
+
+
+# ----------------------------------------------------------------------------- from function()
+
+def test_the_fused_layer_norm_of_a_compiled_function_takes_the_vector_kernel(emu, launched):
+    """function() on a virtual GPU fuses (x - mean) * rstd * g + b into one GpuElemwise over
+    x, two (B, S, 1) statistics and two vectors dimshuffled to (1, 1, C); its thunk, run on
+    the emulator, launches sg_rowcol_vec_32."""
+    import symgpu.tensor as T
+    from symgpu import config, function
+    from symgpu.gpu.placement.rewriting import virtual_context
+    dtype = "bfloat16"
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.tensor(dtype, broadcastable=(False, False, False), name="x")
+        m, r = (T.tensor(dtype, broadcastable=(False, False, True)) for _ in range(2))
+        g, b = (T.tensor(dtype, broadcastable=(False,)) for _ in range(2))
+        f = function([x, m, r, g, b], (x - m) * r * g + b)
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuElemwise)]
+    assert [i.broadcastable for i in node.inputs] == [
+        (False,) * 3, (False, False, True), (False, False, True), (True, True, False),
+        (True, True, False)]
+    rng = np.random.default_rng(10)
+    hx = rng.standard_normal((2, 3, 40)).astype(dtype)
+    hm, hr = (rng.uniform(0.5, 2, (2, 3, 1)).astype(dtype) for _ in range(2))
+    hg, hb = (rng.standard_normal((1, 1, 40)).astype(dtype) for _ in range(2))
+    (got,), _, _ = run(node, [device_array(emu, a) for a in (hx, hm, hr, hg, hb)])
+    assert launched[-1] == "sg_rowcol_vec_32"
+    want = (f64(hx) - f64(hm)) * f64(hr) * f64(hg) + f64(hb)
+    np.testing.assert_allclose(f64(got), want, rtol=_TOL[dtype], atol=_TOL[dtype])

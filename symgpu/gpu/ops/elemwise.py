@@ -179,6 +179,10 @@ class _ElemwisePlan:
 class _ElemwiseThunk:
     """Builds and runs the plans of one GpuElemwise node."""
 
+    #: tuning knob (read when a plan is made): False sends row/column layouts to the strided
+    #: kernel (benchmarks/gpu_rowcol.py times both)
+    ROWCOL = True
+
     def __init__(self, op: GpuElemwise, node: Apply, storage_map: dict, ctx: Any) -> None:
         self.op, self.node, self.ctx = op, node, ctx
         self.sig = sig = op.signature(node)
@@ -258,7 +262,7 @@ class _ElemwiseThunk:
                 strides.append([s // d.itemsize for s in layout_c_strides(out_shape, d.itemsize)])
         cshape, cstr = layout.collapse(out_shape, strides)
         p.contig = False
-        rc = layout.row_col(cshape, cstr, len(self.out_dtypes))
+        rc = layout.row_col(cshape, cstr, len(self.out_dtypes)) if self.ROWCOL else None
         if rc is not None:
             return self._plan_row_col(p, rc, full, len(ins), cshape, cstr)
         nd = len(cshape)
