@@ -15,6 +15,13 @@
 #   bash benchmarks/device_session.sh half       # issue 34: half.py (every row, about 3 min with
 #                                                # torch.compile), attention.py in f16/bf16/f32
 #   bash benchmarks/device_session.sh library    # issue 33: library_gpu.py, every row
+#   bash benchmarks/device_session.sh rnn        # issue 32: rnn.py (the default matrix, about
+#                                                # 2 min) and the new-length-per-call probe
+#   bash benchmarks/device_session.sh classic    # issue 31: the DeepLearningTutorials under
+#                                                # device=cuda (tools/theano_programs.py), against
+#                                                # Theano's kept float32 outputs; needs the
+#                                                # mirror's code/ carried as .dlt and six as
+#                                                # .pydeps (the tool's docstring says how)
 # BASE is a copy of an older tree carried to the machine, e.g. made here with
 #   mkdir -p .device-wheels/base && git archive c10bea3 | tar -x -C .device-wheels/base
 # Writes logs under ${OUT:-/tmp/symgpu-device}. Run from the repository root after installing
@@ -63,8 +70,17 @@ case "$part" in
   library)
     python3 benchmarks/library_gpu.py 2>&1 | tee "$out/library_gpu.txt"
     ;;
+  rnn)
+    (cd benchmarks && python3 rnn.py --device cuda --no-cold 2>&1 | tee "$out/rnn.txt")
+    python3 benchmarks/rnn_varlen.py --pair 12 2>&1 | tee "$out/rnn_varlen.txt"
+    ;;
+  classic)
+    PYTHONPATH="$PWD/.pydeps:${PYTHONPATH:-}" python3 tools/theano_programs.py --device cuda \
+        --checkout .dlt --jobs 8 --lean --scratch "$out/runs" --timeout 240 \
+        --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
+    ;;
   *)
-    echo "unknown part $part: tests, issues, ab BASE, breakdown, half or library" >&2
+    echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn or classic" >&2
     exit 2
     ;;
 esac

@@ -491,8 +491,10 @@ def test_bilinear_upsampling_matches_theanos_reference():
         ac.bilinear_upsampling(v, 2, frac_ratio=(3, 2))
     with pytest.raises(ValueError, match="No ratio"):
         ac.bilinear_upsampling(v)
-    with pytest.raises(ValueError, match="1D kernel"):
-        ac.bilinear_upsampling(v, frac_ratio=(3, 2))
+    # fractional ratios take the 2-d kernel whatever use_1D_kernel says (Theano raised)
+    frac = function([v], ac.bilinear_upsampling(v, frac_ratio=(3, 2)))(val)
+    np.testing.assert_allclose(
+        frac, function([v], ac.frac_bilinear_upsampling(v, frac_ratio=(3, 2)))(val))
 
 
 def test_fractional_bilinear_upsampling():

@@ -45,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pytest_outcomes import OUTCOME_HELPERS
+
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
 SUMMARY = TOOLS / "theano_corpus_summary.txt"
@@ -221,24 +223,7 @@ def _nose_setup(request):
         if callable(getattr(inst, name, None)) and not hasattr(type(inst), "teardown_method"):
             getattr(inst, name)()
             break
-
-
-def _first_line(report):
-    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-    if crash is not None and crash.message:
-        return crash.message.strip().splitlines()[0]
-    text = getattr(report, "longreprtext", "") or str(getattr(report, "longrepr", ""))
-    for line in text.splitlines():
-        if line.startswith("E "):
-            return line[1:].strip()
-    lines = [l for l in text.splitlines() if l.strip()]
-    return lines[-1].strip() if lines else "(no message)"
-
-
-def _log(nodeid, outcome, first=""):
-    if _LOG:
-        with open(_LOG, "a") as f:
-            f.write(json.dumps({"id": nodeid, "outcome": outcome, "first": first}) + "\n")
+''' + OUTCOME_HELPERS + r'''
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -8,8 +8,10 @@ from typing import Any
 
 import numpy as np
 
+from symgpu.compile.function import function
 from symgpu.tensor.random.mrg_math import DotModulo, guess_n_streams, matVecModM
 from symgpu.tensor.random.streams import RandomStreams
+from symgpu.tensor.typed_constructors import iscalar, ivector, lmatrix
 
 MRG_RandomStreams = RandomStreams
 
@@ -22,8 +24,6 @@ def multMatVect(v: np.ndarray, A: np.ndarray, m1: Any, B: np.ndarray, m2: Any) -
     """The first half of the 6-int32 state `v` times `A` mod `m1`, the second times `B` mod
     `m2`: one jump of an MRG31k3p state (through a compiled DotModulo, as Theano's)."""
     if not _dot_modulo:
-        from symgpu.compile.function import function  # deferred: compiled on first use
-        from symgpu.tensor.typed_constructors import iscalar, ivector, lmatrix
         syms = [lmatrix("A"), ivector("s"), iscalar("m"), lmatrix("A2"), ivector("s2"),
                 iscalar("m2")]
         _dot_modulo.append(function(syms, DotModulo()(*syms)))

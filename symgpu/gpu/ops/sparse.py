@@ -103,6 +103,20 @@ def _c_contiguous(ctx: Any, x: Any) -> Any:
     return out
 
 
+
+def _dense_operand(op: Any, s: Any, d: Any, ndim: int) -> Any:
+    """`d` as a GPU variable on S's context, checked to be the float32/float64 matrix
+    (`ndim` 2) or vector (1) of S's dtype that a sparse product takes; S checked sparse."""
+    if not is_gpu_sparse_var(s):
+        raise TypeError(f"{op}: S must be a GPU sparse matrix, got {s} "
+                        f"({getattr(s, 'type', type(s))})")
+    d = as_gpuarray_variable(d, s.type.context_name)
+    if d.ndim != ndim or d.dtype != s.dtype or d.dtype not in SPARSE_DTYPES:
+        raise TypeError(f"{op}: the dense operand must be a float32/float64 "
+                        f"{'matrix' if ndim == 2 else 'vector'} of S's dtype {s.dtype}, "
+                        f"got {d.type}")
+    return d
+
 class _Plan:
     """Descriptors, algorithm and workspace of one geometry (destroyed when dropped)."""
 
@@ -174,13 +188,7 @@ class GpuSpMM(Op):
         self.transpose, self.sparse_left = bool(transpose), bool(sparse_left)
 
     def make_node(self, s: Any, d: Any) -> Apply:
-        if not is_gpu_sparse_var(s):
-            raise TypeError(f"{self}: S must be a GPU sparse matrix, got {s} "
-                            f"({getattr(s, 'type', type(s))})")
-        d = as_gpuarray_variable(d, s.type.context_name)
-        if d.ndim != 2 or d.dtype != s.dtype or d.dtype not in SPARSE_DTYPES:
-            raise TypeError(f"{self}: the dense operand must be a float32/float64 matrix of "
-                            f"S's dtype {s.dtype}, got {d.type}")
+        d = _dense_operand(self, s, d, 2)
         bcast = (False, d.broadcastable[1]) if self.sparse_left else (d.broadcastable[0], False)
         return Apply(self, [s, d], [GpuArrayType(s.dtype, bcast, s.type.context_name)()])
 
@@ -255,13 +263,7 @@ class GpuSpMV(Op):
         self.sparse_left = bool(sparse_left)
 
     def make_node(self, s: Any, v: Any) -> Apply:
-        if not is_gpu_sparse_var(s):
-            raise TypeError(f"{self}: S must be a GPU sparse matrix, got {s} "
-                            f"({getattr(s, 'type', type(s))})")
-        v = as_gpuarray_variable(v, s.type.context_name)
-        if v.ndim != 1 or v.dtype != s.dtype or v.dtype not in SPARSE_DTYPES:
-            raise TypeError(f"{self}: the dense operand must be a float32/float64 vector of "
-                            f"S's dtype {s.dtype}, got {v.type}")
+        v = _dense_operand(self, s, v, 1)
         return Apply(self, [s, v], [GpuArrayType(s.dtype, (False,), s.type.context_name)()])
 
     def infer_shape(self, fgraph, node, input_shapes):

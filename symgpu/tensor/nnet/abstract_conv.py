@@ -729,18 +729,15 @@ def bilinear_upsampling(input: Any, ratio: Any = None, frac_ratio: Any = None,
                         batch_size: int | None = None, num_input_channels: int | None = None,
                         use_1D_kernel: bool = True) -> TensorVariable:
     """Bilinear upsampling of a (N, C, H, W) batch by the integer `ratio` (result (N, C,
-    H*ratio, W*ratio)), or by `frac_ratio` (see frac_bilinear_upsampling; needs
-    use_1D_kernel=False). The edges are repeated, so the first and last rows keep their
+    H*ratio, W*ratio)), or by `frac_ratio` (see frac_bilinear_upsampling; always the 2-d kernel,
+    where Theano asked for use_1D_kernel=False). The edges are repeated, so the first and last rows keep their
     values; `use_1D_kernel` upsamples rows then columns (same result as the 2-d kernel)."""
     if ratio and frac_ratio:
         raise ValueError("can't use ratio and frac_ratio together")
     if not (ratio or frac_ratio):
         raise ValueError("No ratio (or frac_ratio) provided")
-    if frac_ratio:
-        if use_1D_kernel:
-            raise ValueError("For fractional ratios 1D kernel method not implemented. You may "
-                             "want to pass use_1D_kernel as False")
-        return frac_bilinear_upsampling(input, frac_ratio=frac_ratio)
+    if frac_ratio:   # the 2-d kernel whatever use_1D_kernel says (Theano refused True; the
+        return frac_bilinear_upsampling(input, frac_ratio=frac_ratio)   # result is the same)
     input = as_tensor_variable(input)
     try:
         up_bs = batch_size * num_input_channels

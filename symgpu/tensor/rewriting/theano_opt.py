@@ -20,15 +20,19 @@ from symgpu.graph.rewriting import (GraphRewriter, NodeRewriter, apply_node_rewr
                                     attach_destroy_handler, copy_stack_trace, node_rewriter,
                                     register_canonicalize, register_specialize,
                                     replace_validate, InconsistencyError)
+from symgpu.tensor.basic import alloc
 from symgpu.tensor.checks import Assert, assert_op
 from symgpu.tensor.elemwise import Elemwise
+from symgpu.tensor.extra_funcs import unbroadcast
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+from symgpu.tensor.math import cast
 from symgpu.tensor.rewriting.elemwise import MAX_FUSED_INPUTS, _default_fusable, \
     fused_replacement
 from symgpu.tensor.rewriting.inplace import inplace_elemwise_op
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
 from symgpu.tensor.rewriting.utils import ew, ew_name
 from symgpu.tensor.shape import Shape_i, shape_tuple
+from symgpu.tensor.shape_rules import as_dim
 from symgpu.tensor.theano_basic import Rebroadcast
 from symgpu.tensor.type import as_tensor_variable
 
@@ -87,9 +91,6 @@ def broadcast_like(value: Any, template: Variable, fgraph: FunctionGraph,
     """`value` cast to `dtype` (default: the template's) and broadcast to `template`'s shape
     and broadcastable pattern; `template` must be in `fgraph` (its shape is read there,
     through the graph's ShapeFeature when one is attached)."""
-    from symgpu.tensor.basic import alloc  # deferred: tensor.basic imports the rewrites' users
-    from symgpu.tensor.extra_funcs import unbroadcast  # deferred: as tensor.basic's
-    from symgpu.tensor.math import cast  # deferred: tensor.math imports the rewrites' users
     value = as_tensor_variable(value)
     if value.type == template.type:
         return value
@@ -308,7 +309,6 @@ class ShapeFeature(Feature):
 
     def set_shape(self, var: Variable, shape: Sequence[Any]) -> None:
         """Record `var`'s shape (ints or int64 scalars)."""
-        from symgpu.tensor.shape_rules import as_dim  # deferred: a light helper
         if len(shape) != var.ndim:
             raise ValueError(f"set_shape: {var} has {var.ndim} dims, got the shape {shape!r}")
         self.shape_of[var] = tuple(as_dim(s) for s in shape)
