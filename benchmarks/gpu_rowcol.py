@@ -10,6 +10,7 @@ a C % 4 != 0 vocabulary (the scalar row/column kernel).  CUDA-event times, micro
 the bytes of every operand read or written once over that time.  Not a test.
 
     python3 benchmarks/gpu_rowcol.py
+    python3 benchmarks/gpu_rowcol.py --no-torch-compile   # skip torch.compile (slow compiles)
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ def _layer_norm(dtype: str, affine: bool):
     return b.build([out])
 
 
-def main() -> None:
+def main(torch_compile: bool = True) -> None:
     import torch
     from symgpu.gpu.ops import elemwise as gelem
     from symgpu.gpu.ops.elemwise import GpuElemwise
@@ -115,6 +116,10 @@ def main() -> None:
         tvals = [torch.from_numpy(a.astype("float32")).to("cuda", getattr(torch, str(a.dtype)))
                  for a in values]
         row.append(cell(_event_time(lambda: tfn(*tvals))))
+        if not torch_compile:
+            row.append("skipped")
+            print(" ".join(row), flush=True)
+            continue
         try:
             compiled = torch.compile(tfn)
             compiled(*tvals)
@@ -125,4 +130,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(torch_compile="--no-torch-compile" not in sys.argv[1:])
