@@ -85,3 +85,34 @@ def test_gpu_attention_float32_allow_tf32(cuda):
             _case("float32", (1, 2, 150, 64), (1, 2, 150, 64), True, False, tol="float32tf")
         finally:
             del TOL["float32tf"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_gpu_attention_outputs_are_stored_heads_merged(cuda, dtype):
+    """o, dk and dv (and a half dq) are (B, H, S, d) arrays stored as (B, S, H, d): the heads'
+    merge users write, ``dimshuffle(0, 2, 1, 3).reshape((B, S, H * d))``, is then a view
+    (no strided copy); the values still match NumPy."""
+    from symgpu.gpu.placement.basic_ops import gpu_from_host
+    B, H, S, d = 2, 3, 70, 64
+    q, k, v, do = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in ("q", "k", "v", "do"))
+    o = sdpa(q, k, v, is_causal=True)
+    grads = T.grad(None, [q, k, v], known_grads={o: do})
+    f = symgpu.function([q, k, v, do], [gpu_from_host(t) for t in [o] + list(grads)])
+    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
+    vals = [RNG.standard_normal((B, H, S, d)).astype(dtype) for _ in range(4)]
+    got = f(*vals)
+    isz = np.dtype(dtype).itemsize
+    merged = (S * H * d * isz, d * isz, H * d * isz, isz)
+    for name, a in zip(("o", "dq", "dk", "dv"), got):
+        if name == "dq" and dtype == "float32":
+            continue            # the kernels' float32 accumulator itself: C-contiguous
+        assert a.strides == merged, (name, a.strides)
+    f64 = [x.astype("float64") for x in vals[:3]]
+    ro, lse = attention_reference(*f64, None, None, True)
+    rg = attention_grad_reference(*f64, None, ro, lse, vals[3].astype("float64"), None, None,
+                                  True)
+    to, tg = TOL[dtype]
+    for a, b, t in zip(got, [ro] + list(rg), [to, tg, tg, tg]):
+        a = np.asarray(a.get(), "float64")
+        np.testing.assert_allclose(a, b, atol=t * max(1.0, np.abs(b).max()), rtol=t)

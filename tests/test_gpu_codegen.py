@@ -476,8 +476,15 @@ def test_elemwise_thunk_broadcast_collapses_and_inplace(fake_device):
     thunk, storage = thunk_over(node, [fake_gpu_array(ctx, (4, 5, 6)), fake_gpu_array(ctx, (1, 1, 6))])
     thunk()
     name, _, _, args = calls[-1]
-    # dims 0 and 1 merge for every operand: (20, 6); row strides (0, 1)
-    assert name == "sg_strided_2_32" and args[:9] == (120, 20, 6, 6, 1, 0, 1, 6, 1)
+    # dims 0 and 1 merge for every operand: (20, 6); a row vector (strides (0, 1)) over a
+    # C-contiguous input: the row/column kernel, a scalar at a time (C % 4 != 0), with
+    # R, C, then rows strides (6, 0, 6) and column strides (1, 1, 1) of x, row, out
+    assert name == "sg_rowcol_32" and args[:8] == (20, 6, 6, 0, 6, 1, 1, 1)
+    m_t = fake_gpu_array(ctx, (6, 5, 4)).transpose()     # no longer rows: the strided kernel
+    thunk, storage = thunk_over(node, [m_t, fake_gpu_array(ctx, (1, 1, 6))])
+    thunk()
+    name, _, _, args = calls[-1]
+    assert name == "sg_strided_3_32" and args[:4] == (120, 4, 5, 6)
     node = GpuElemwise(SCALAR_OPS["mul"], {0: 0})(m, gvar("float32", (False,) * 3)).owner
     a = fake_gpu_array(ctx, (4, 5, 6))
     thunk, storage = thunk_over(node, [a, fake_gpu_array(ctx, (4, 5, 6))])

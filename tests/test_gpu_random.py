@@ -185,7 +185,9 @@ def test_fused_thunk_falls_back_when_the_draw_is_broadcast_at_run_time(monkeypat
                                             fake_gpu_array(ctx, (5, 7))])
     thunk()
     names = [c[0] for c in calls]
-    assert names[0] == "sg_philox_uniform_float32" and names[1].startswith("sg_strided"), names
+    # the draws, then the elementwise kernel over them as a row vector (strides (0, 1)): the
+    # row/column kernel, a scalar at a time (C = 7)
+    assert names[0] == "sg_philox_uniform_float32" and names[1] == "sg_rowcol_32", names
     assert calls[-2][3][2] == 7                     # 7 numbers drawn, broadcast to (5, 7)
     assert storage[out][0].shape == (5, 7)
 

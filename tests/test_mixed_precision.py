@@ -427,3 +427,39 @@ def test_fused_attention_and_its_gradient_read_half_operands(masked):
     for a, b in zip(ref, f(*vals)):
         assert b.dtype == np.float32
         np.testing.assert_allclose(b, a, rtol=0.05, atol=0.05 * np.abs(a).max())
+
+
+def test_a_gradients_zero_tail_is_shaped_like_the_product_not_the_float32_bias_add():
+    """q, k, v sliced from one ``dot(x, w) + b`` (a GPT's qkv): their gradient is the join
+    of theirs and a zero tail ``[12:]`` (empty here).  That fill reads only a shape; shaped
+    like the float32 ``dot + b`` it kept that value alive, and the fused bias-add kernel
+    wrote a float32 copy of the whole activation beside its bfloat16 cast (on the H200's
+    GPT block, 75 MB per step).  It is shaped like the half product instead."""
+    x = T.tensor3("x", dtype="float32")
+    w = T.matrix("w", dtype="float32")
+    b = T.vector("b", dtype="float32")
+    qkv = T.dot(x, w) + b
+    q, k, v = (qkv[:, :, j * 4:(j + 1) * 4] for j in range(3))
+    cost = T.sum(T.tanh(q) * k + T.sqr(v))
+    outs = [cost] + T.grad(cost, [w, b])
+    with autocast("bfloat16"):
+        f = function([x, w, b], outs)
+    fg = f.maker.fgraph
+    fills = [n for n in fg.toposort() if type(n.op) is Elemwise and "second" in str(n.op)]
+    assert fills, [str(n.op) for n in fg.toposort()]
+    for n in fills:
+        shaped = n.inputs[0].owner
+        while shaped is not None and type(shaped.op).__name__ in ("Subtensor", "DimShuffle",
+                                                                   "Reshape"):
+            shaped = shaped.inputs[0].owner
+        assert shaped is None or type(shaped.op) is not Elemwise, (n, shaped)
+    # the bias add computes only what the forward reads: no float32 output for the fill
+    adds = [n for n in fg.toposort() if type(n.op) is Elemwise and "Cast{float32}(i0) + i1"
+            in str(n.op)]
+    assert adds and all(len(n.outputs) == 1 for n in adds)
+    rng = np.random.default_rng(5)
+    vals = [rng.standard_normal((2, 3, 5)).astype("float32"),
+            (rng.standard_normal((5, 12)) * 0.3).astype("float32"),
+            rng.standard_normal(12).astype("float32")]
+    for a, r in zip(f(*vals), function([x, w, b], outs)(*vals)):
+        np.testing.assert_allclose(a, r, rtol=0.05, atol=0.05 * np.abs(r).max())

@@ -55,8 +55,8 @@ _BN = 64                # attention.cu's AT_BN (keys per tile); the backward's A
 _THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
-_FWD = struct.Struct("@6P13q6if4x")
-_BWD = struct.Struct("@10P16q6if4x")
+_FWD = struct.Struct("@6P16q6if4x")
+_BWD = struct.Struct("@10P22q6if4x")
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
 #: (itemsize, head dim) -> (forward warps, 16-row tiles per warp, backward stages): the
 #: forward's query block is 16 * tiles * warps rows (measured on the H200: 4 x 1 beat 4 x 2,
@@ -150,6 +150,21 @@ def _elem_strides(op: Any, x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     if any(s % isz for s in x.strides) or (x.shape[-1] > 1 and x.strides[-1] != isz):
         x = x.copy()
     return x, tuple(s // isz for s in x.strides)
+
+
+def _heads_merged(ctx: Any, shape: tuple, dtype: np.dtype) -> Any:
+    """A new (B, H, S, d) array stored as (B, S, H, d) (3-d shapes: C-contiguous).
+
+    Why: users merge the heads with ``o.dimshuffle(0, 2, 1, 3).reshape((B, S, H * d))``
+    before the output projection (and the gradients of q, k, v sliced from one product are
+    merged the same way); in this layout that dimshuffle is C-contiguous, so the reshape is
+    a view, not a strided copy of the whole activation (four of them in a GPT block's
+    step).  The kernels take every output's strides."""
+    if len(shape) != 4:
+        return new_array(ctx, shape, dtype)
+    _, H, S, d = shape
+    isz = dtype.itemsize
+    return new_array(ctx, shape, dtype, (S * H * d * isz, d * isz, H * d * isz, isz))
 
 
 def _lead(strides: tuple[int, ...], ndim: int) -> tuple[int, int, int]:
@@ -260,7 +275,7 @@ class GpuAttention(_GpuAttentionBase):
         nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
         bh = int(np.prod(q.shape[:-2]))
         heads = q.shape[1] if nd == 4 else 1
-        o = new_array(ctx, q.shape, q.dtype)
+        o = _heads_merged(ctx, q.shape, q.dtype)
         lse = new_array(ctx, q.shape[:-1], np.dtype("float32"))
         if bh == 0 or sq == 0:
             return [o, lse]
@@ -277,8 +292,10 @@ class GpuAttention(_GpuAttentionBase):
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
         smem = _fwd_smem(q.dtype.name, hd)
         fn = _kernel(ctx, q.dtype.name, hd, f"attn_fwd_{q.dtype.name}_{hd}", smem)
+        osz = o.dtype.itemsize
+        olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
-                        *leads[2], *ms, heads, sq, sk, d, int(self.causal), int(vec),
+                        *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
                         _scale(self, d))
         warps, mt, _ = _tiles(q.dtype.name, hd)
         fn._launch_kernel((-(-sq // (16 * mt * warps)), bh, 1), (32 * warps, 1, 1), buf, smem,
@@ -287,7 +304,8 @@ class GpuAttention(_GpuAttentionBase):
 
 
 class GpuAttentionGrad(_GpuAttentionBase):
-    """`AttentionGrad` on GPU arrays: (dq, dk, dv), C-contiguous."""
+    """`AttentionGrad` on GPU arrays: (dq, dk, dv), 4-d ones stored heads-merged
+    (``_heads_merged``; a float32 dq, the kernels' accumulator, C-contiguous)."""
 
     __props__ = ("causal", "scale", "has_mask", "has_dlse")
     infer_shape = AttentionGrad.infer_shape
@@ -310,7 +328,8 @@ class GpuAttentionGrad(_GpuAttentionBase):
         bh = int(np.prod(q.shape[:-2]))
         heads = q.shape[1] if nd == 4 else 1
         f32 = np.dtype("float32")
-        dq, dk, dv = (new_array(ctx, x.shape, x.dtype) for x in (q, k, v))
+        dq = (new_array if q.dtype == f32 else _heads_merged)(ctx, q.shape, q.dtype)
+        dk, dv = (_heads_merged(ctx, x.shape, x.dtype) for x in (k, v))
         if q.size == 0 or k.size == 0:
             for x in (dq, dk, dv):
                 if x.size:
@@ -321,8 +340,7 @@ class GpuAttentionGrad(_GpuAttentionBase):
         k, ks = _elem_strides(self, k, "k")
         v, vs = _elem_strides(self, v, "v")
         do, ds = _elem_strides(self, do, "do")
-        if not o.is_c_contiguous:
-            o = o.copy()
+        o, os_ = _elem_strides(self, o, "o")
         if not lse.is_c_contiguous:
             lse = lse.copy()
         if dlse is not None and (not dlse.is_c_contiguous or dlse.dtype != f32):
@@ -340,24 +358,28 @@ class GpuAttentionGrad(_GpuAttentionBase):
         fast = _fast_tf32(name)
         pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
                                   f"attn_bwd_pre_{name}",
-                                  "PPqqqPPPiiiq", context=ctx)
+                                  "PqqqPqqqPPPiiiq", context=ctx)
         blocks = max(1, min(8192, -(-rows // 8)))
-        pre.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, o.ptr, do.ptr,
-                                *leads[3], dlse.ptr if dlse is not None else 0, delta.ptr,
-                                acc.ptr, heads, sq, d, rows)
+        pre.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, o.ptr, *_lead(os_, nd),
+                                do.ptr, *leads[3], dlse.ptr if dlse is not None else 0,
+                                delta.ptr, acc.ptr, heads, sq, d, rows)
         vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
         smem = _bwd_smem(name, hd)
         fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
+        isz = q.dtype.itemsize
+        dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
         buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
-                        dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, heads, sq, sk,
-                        d, int(self.causal), int(vec), _scale(self, d))
+                        dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
+                        heads, sq, sk, d, int(self.causal), int(vec), _scale(self, d))
         fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
         if acc is not dq:
             total = dq.size
             cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                                      f"attn_bwd_dq_{name}", "PPq", context=ctx)
+                                      f"attn_bwd_dq_{name}", "PPqqqqiii", context=ctx)
             cvt.prepared_async_call((max(1, min(8192, -(-total // 256))), 1), (256, 1, 1),
-                                    ctx.stream, acc.ptr, dq.ptr, total)
+                                    ctx.stream, acc.ptr, dq.ptr, total,
+                                    *_lead(tuple(s // isz for s in dq.strides), nd), heads, sq,
+                                    d)
         return [dq, dk, dv]
 
 

@@ -20,7 +20,7 @@ from symgpu.gpu.runtime import context as gpu_context
 from symgpu.gpu.runtime.array import c_strides, new_array
 from symgpu.gpu.runtime.codegen import launch, layout
 from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, kernel_names, render_elemwise,
-                                                 strided_kernel_name)
+                                                 rowcol_kernel_name, strided_kernel_name)
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, reduce_formats, render_reduce
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, supports_scalar_op
 from symgpu.gpu.runtime.codegen.types import SUPPORTED
@@ -172,12 +172,16 @@ def gpu_elemwise(scalar_op: Any, *inputs: Any) -> Variable:
 class _ElemwisePlan:
     """One layout's launch: kernel(s), grid, fixed argument prefix, output shape/strides."""
 
-    __slots__ = ("out_shape", "out_strides", "n", "contig", "grid", "grid_vec", "prefix",
-                 "launch", "launch_vec", "align_mask", "inplace_ok", "checked")
+    __slots__ = ("out_shape", "out_strides", "n", "contig", "rowcol", "grid", "grid_vec",
+                 "prefix", "launch", "launch_vec", "align_mask", "inplace_ok", "checked")
 
 
 class _ElemwiseThunk:
     """Builds and runs the plans of one GpuElemwise node."""
+
+    #: tuning knob (read when a plan is made): False sends row/column layouts to the strided
+    #: kernel (benchmarks/gpu_rowcol.py times both)
+    ROWCOL = True
 
     def __init__(self, op: GpuElemwise, node: Apply, storage_map: dict, ctx: Any) -> None:
         self.op, self.node, self.ctx = op, node, ctx
@@ -198,6 +202,9 @@ class _ElemwiseThunk:
             ptrs = "P" * (len(self.in_cells) + len(self.out_cells))
             formats[strided_kernel_name(d, False)] = "I" * (1 + d + nfull * d) + ptrs
             formats[strided_kernel_name(d, True)] = "q" * (1 + d + nfull * d) + ptrs
+        for wide, c in ((False, "I"), (True, "q")):   # R, C, rs[nfull], cs[nfull], pointers
+            for vec in (False, True):
+                formats[rowcol_kernel_name(vec, wide)] = c * (2 + 2 * nfull) + ptrs
         self.kernels = launch.load_kernels(ctx, ("symgpu.elemwise", sig),
                                     lambda: render_elemwise(sig, str(op)), formats)
         self.launchers = {name: k.fast_launcher() for name, k in self.kernels.items()}
@@ -225,6 +232,7 @@ class _ElemwiseThunk:
             contig = contig and all(
                 layout.c_contiguous(ins[i].shape, ins[i].strides, ins[i].dtype.itemsize)
                 for i in self.inplace.values())
+        p.rowcol = False
         if contig or n <= 1:
             p.contig = True
             p.prefix = (n,)
@@ -253,13 +261,42 @@ class _ElemwiseThunk:
             else:
                 strides.append([s // d.itemsize for s in layout_c_strides(out_shape, d.itemsize)])
         cshape, cstr = layout.collapse(out_shape, strides)
+        p.contig = False
+        rc = layout.row_col(cshape, cstr, len(self.out_dtypes)) if self.ROWCOL else None
+        if rc is not None:
+            return self._plan_row_col(p, rc, full, len(ins), cshape, cstr)
         nd = len(cshape)
         grid = max(1, min(self.max_blocks, -(-n // BLOCK)))
         wide = not layout.fits_32bit(n, grid * BLOCK, cshape, cstr)
-        p.contig = False
         p.grid = (grid, 1, 1)
         p.prefix = (n, *cshape, *[s for st in cstr for s in st])
         p.launch = self.launchers[strided_kernel_name(nd, wide)]
+        return p
+
+    def _plan_row_col(self, p: _ElemwisePlan, rc: tuple, full: list[int], n_in: int,
+                      cshape: list[int], cstr: list[list[int]]) -> _ElemwisePlan:
+        """A layout of (R, C) row/column broadcasts (layout.row_col): sg_rowcol_vec where
+        C % 4 == 0 (when, at the call, every vector operand is aligned), else sg_rowcol;
+        grids as sg_contig_vec's, at most VEC_BLOCKS_PER_SM blocks per SM (each thread
+        divides once, then steps through its positions)."""
+        R, C, rs, cs = rc
+        n = p.n
+        wide = not layout.fits_32bit(n, 4 * self.max_vec_blocks * BLOCK, cshape, cstr)
+        p.rowcol = True
+        p.prefix = (R, C, *rs, *cs)
+        p.grid = (max(1, min(self.max_vec_blocks, -(-n // BLOCK))), 1, 1)
+        p.launch = self.launchers[rowcol_kernel_name(False, wide)]
+        n_full_in = len(full)
+        # pointers read or written as vectors: inputs along C (cs 1), every output
+        p.checked = tuple(full[k] for k in range(n_full_in) if cs[k]) + \
+            tuple(range(n_in, n_in + len(self.out_dtypes)))
+        if C % 4:
+            p.grid_vec, p.launch_vec, p.align_mask = p.grid, p.launch, 0
+            return p
+        p.grid_vec = (max(1, min(self.max_vec_blocks, -(-n // (4 * BLOCK)))), 1, 1)
+        p.launch_vec = self.launchers[rowcol_kernel_name(True, wide)]
+        masks = [4 * self.in_dtypes[full[k]].itemsize - 1 for k in range(n_full_in) if cs[k]]
+        p.align_mask = max(masks + [4 * d.itemsize - 1 for d in self.out_dtypes])
         return p
 
     # -- the per-call path
@@ -301,7 +338,7 @@ class _ElemwiseThunk:
                 outs.append(out)
             if p.n:
                 ptrs = [a.ptr for a in ins] + [o.ptr for o in outs]
-                if p.contig:
+                if p.contig or p.rowcol:
                     mask = p.align_mask
                     aligned = True
                     for k in p.checked:
@@ -358,12 +395,12 @@ class _ElemwiseThunk:
                     out = new_array(ctx, last[3], out_dtype, last[4], last[5])
             if p.n:
                 xp, op_ = x.ptr, out.ptr
-                if not p.contig:
+                if not (p.contig or p.rowcol):
                     p.launch(p.grid, block, *p.prefix, xp, op_)
                 elif (xp | op_) & p.align_mask:
-                    p.launch(p.grid, block, p.n, xp, op_)
+                    p.launch(p.grid, block, *p.prefix, xp, op_)
                 else:
-                    p.launch_vec(p.grid_vec, block, p.n, xp, op_)
+                    p.launch_vec(p.grid_vec, block, *p.prefix, xp, op_)
             out_cell[0] = out
 
         thunk.reuse_outputs = reuse   # type: ignore[attr-defined]
@@ -375,9 +412,10 @@ def _fits(target: Any, p: _ElemwisePlan, dtype: np.dtype, inplace: bool) -> bool
     """Whether an output of plan ``p`` may be computed into ``target`` (a ``write_into``
     entry: graph_segment.Segment writes an update straight into its variable's buffer): the
     output's shape and dtype, and C-contiguous, the layout the plan writes (a strided plan
-    writes an in-place output with its input's strides, so then only a contiguous plan)."""
+    writes an in-place output with its input's strides, so then only a contiguous or a
+    row/column plan, whose outputs are C-contiguous)."""
     return target.shape == p.out_shape and target.dtype == dtype and \
-        target.is_c_contiguous and p.n > 0 and (p.contig or not inplace)
+        target.is_c_contiguous and p.n > 0 and (p.contig or p.rowcol or not inplace)
 
 
 def _capturable(thunk: Callable[[], None]) -> Callable[[], None]:

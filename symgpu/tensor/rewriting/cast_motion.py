@@ -16,7 +16,11 @@ a 4 ms step).  The rules, each exact:
 - a cast to float32 of a half product moves *down* through views, joins and region writes
   into zeros, to the elementwise kernel that uses it (where it fuses) or to a cast back to
   half (where it cancels); the view or join then moves half the bytes;
-- ``cast(cast(y, float32), half)`` of a half ``y`` is ``y``: float32 holds every half value.
+- ``cast(cast(y, float32), half)`` of a half ``y`` is ``y``: float32 holds every half value;
+- a fill of a slice, ``second(view(e), v)``, reads only e's shape: it is shaped like the
+  input e is computed from (``_shape_twin``), so that a float32 ``e`` a fused kernel
+  would write only for the fill's sake (the GPT's ``qkv + b`` beside its half cast, sliced
+  by its gradient's zero tail) is no longer written.
 """
 from __future__ import annotations
 
@@ -28,12 +32,13 @@ from symgpu.scalar.basic import Cast
 from symgpu.scalar.dtypes import HALF_DTYPES
 from symgpu.tensor.basic import Alloc, Join, Reshape
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
+from symgpu.tensor.rewriting.shape_ops import _shape_twin
 from symgpu.tensor.rewriting.utils import ew_cast, scalar_constant
 from symgpu.tensor.subtensor import IncSubtensor, Subtensor
 
 __all__ = ["VIEWS", "CAST_MOTION", "local_half_cast_up", "local_float_cast_down",
            "local_float_cast_down_join", "local_float_cast_down_inc_zeros",
-           "local_cast_round_trip"]
+           "local_cast_round_trip", "local_fill_of_slice_shape_twin"]
 
 #: ops whose first input is the value they present differently (the other inputs, shapes
 #: and indices, stay): casts commute with them
@@ -179,6 +184,23 @@ def local_cast_round_trip(fgraph, node):
     return [y] if y.type == node.outputs[0].type else False
 
 
+@node_rewriter([Elemwise])
+def local_fill_of_slice_shape_twin(fgraph, node):
+    """second(x[idx], v) -> second(t[idx], v) where t is x's shape twin (an input x is
+    computed from elementwise with x's shape): the fill no longer keeps x's values alive."""
+    if getattr(node.op.scalar_op, "name", None) != "second" or len(node.inputs) != 2:
+        return False
+    view = node.inputs[0].owner
+    if view is None or type(view.op) is not Subtensor:
+        return False
+    twin = _shape_twin(view.inputs[0])
+    if twin is view.inputs[0]:
+        return False
+    out = node.op(_with_input(view, twin), node.inputs[1])
+    return [out] if out.type == node.outputs[0].type else False
+
+
 #: the rules, in the order the mixed-precision pass registers them
 CAST_MOTION = (local_half_cast_up, local_float_cast_down, local_float_cast_down_join,
-               local_float_cast_down_inc_zeros, local_cast_round_trip)
+               local_float_cast_down_inc_zeros, local_cast_round_trip,
+               local_fill_of_slice_shape_twin)

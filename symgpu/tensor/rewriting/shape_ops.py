@@ -290,15 +290,36 @@ def local_add_of_slice_writes(fgraph, node):
     return False
 
 
+def _shape_twin(ref):
+    """A variable of `ref`'s shape that `ref` is computed from: through elementwise nodes,
+    to an input with ref's broadcast pattern (so the same shape; a program where it is not
+    fails on ref already).  Why: a zero fill shaped like ``ref`` (a gradient's zeros) keeps
+    ref's value alive; a fill shaped like the input it came from does not, so where ref is
+    fused into a kernel with other outputs (a GPT's float32 ``qkv + b`` beside its bfloat16
+    cast) the kernel need not write it."""
+    while ref.owner is not None and isinstance(ref.owner.op, Elemwise):
+        nxt = next((i for i in ref.owner.inputs
+                    if i.type.broadcastable == ref.type.broadcastable), None)
+        if nxt is None:
+            break
+        ref = nxt
+    return ref
+
+
 def _zeros_piece(z, axis: int, lo, hi):
     """Zeros `z` (a fill ``second(ref, 0)`` or any zeros) cut to ``[lo:hi]`` along `axis`:
-    the fill of ``ref[lo:hi]``, so no length is computed and a zero-width piece costs no
-    work; otherwise a view of `z`."""
+    the fill of ``twin[lo:hi]`` (``_shape_twin(ref)``), so no length is computed and a
+    zero-width piece costs no work; otherwise a view of `z`."""
     idx = tuple(slice(lo, hi) if a == axis else slice(None) for a in range(z.ndim))
     node = z.owner
     if node is not None and isinstance(node.op, Elemwise) and \
             getattr(node.op.scalar_op, "name", None) == "second" and \
             node.inputs[0].type == z.type:
+        twin = _shape_twin(node.inputs[0])
+        if twin is not node.inputs[0]:
+            piece = node.op(twin[idx], node.inputs[1])
+            if piece.type == z.type:
+                return piece
         return node.op(node.inputs[0][idx], node.inputs[1])
     return z[idx]
 

@@ -250,6 +250,7 @@ template <typename T> __device__ __forceinline__ float at_f(T x) { return sg_loa
 struct AtArgs {
     const void *q, *k, *v; const float *mask; void *o; float *lse;
     long long qsb, qsh, qss, ksb, ksh, kss, vsb, vsh, vss, msb, msh, msi, msj;
+    long long osb, osh, oss;             // o's (batch, head, row) strides: any layout
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
@@ -398,7 +399,7 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
         }
         __syncthreads();                 // this stage is free for the tile after next
     }
-    T *o = (T *)a.o + (long long)bh * a.sq * a.d;
+    T *o = (T *)a.o + b * a.osb + h * a.osh;
     const bool pairs = (a.d & 1) == 0;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -413,7 +414,7 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
             for (int dt = 0; dt < HD / 8; ++dt) {
                 const int col = dt * 8 + 2 * t;
                 if (col < a.d)
-                    at_store2<T>(o + (long long)row * a.d + col, oacc[mt][dt][2 * r] * inv,
+                    at_store2<T>(o + (long long)row * a.oss + col, oacc[mt][dt][2 * r] * inv,
                                  oacc[mt][dt][2 * r + 1] * inv, pairs, col + 1 < a.d);
             }
             if (t == 0)
@@ -427,7 +428,8 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 /* Delta[row] = sum(dO[row] * O[row]) - dlse[row] (one warp per row), and zeros the float
    dq accumulator row (when it is not the output itself it has the same (rows, d) layout). */
 template <typename T>
-__device__ __forceinline__ void attn_bwd_pre_body(const T *o, const T *dout, long long dsb,
+__device__ __forceinline__ void attn_bwd_pre_body(const T *o, long long osb, long long osh,
+                                                  long long oss, const T *dout, long long dsb,
                                                   long long dsh, long long dss,
                                                   const float *dlse, float *delta, float *dqacc,
                                                   int heads, int sq, int d, long long rows)
@@ -436,7 +438,7 @@ __device__ __forceinline__ void attn_bwd_pre_body(const T *o, const T *dout, lon
     for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
          r += ((long long)gridDim.x * blockDim.x) >> 5) {
         const long long bh = r / sq, i = r % sq, b = bh / heads, h = bh % heads;
-        const T *orow = o + r * d;
+        const T *orow = o + b * osb + h * osh + i * oss;
         const T *drow = dout + b * dsb + h * dsh + i * dss;
         float acc = 0.f;
         for (int c = lane; c < d; c += 32) {
@@ -448,18 +450,25 @@ __device__ __forceinline__ void attn_bwd_pre_body(const T *o, const T *dout, lon
     }
 }
 
-/* dq (C-contiguous, (rows, d)) = dqacc rounded to T */
+/* dq (strides sb, sh, ss per batch, head, row) = dqacc ((rows, d), C-contiguous) rounded
+   to T */
 template <typename T>
-__device__ __forceinline__ void attn_bwd_dq_body(const float *dqacc, T *dq, long long n)
+__device__ __forceinline__ void attn_bwd_dq_body(const float *dqacc, T *dq, long long n,
+                                                 long long sb, long long sh, long long ss,
+                                                 int heads, int sq, int d)
 {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
-        sg_store(dq[i], dqacc[i]);
+         i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / d, bh = r / sq;
+        sg_store(dq[(bh / heads) * sb + (bh % heads) * sh + (r % sq) * ss + (i - r * d)],
+                 dqacc[i]);
+    }
 }
 
 struct AtBwdArgs {
     const void *q, *k, *v, *dout; const float *mask, *lse, *delta; float *dqacc; void *dk, *dv;
     long long qsb, qsh, qss, ksb, ksh, kss, vsb, vsh, vss, dsb, dsh, dss, msb, msh, msi, msj;
+    long long dksb, dksh, dkss, dvsb, dvsh, dvss;   // dk's and dv's strides: any layout
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
@@ -635,7 +644,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
         }
     }
     at_cp_wait_all();                    // (no query block: K and V were never waited for)
-    T *dko = (T *)a.dk + (long long)bh * a.sk * a.d, *dvo = (T *)a.dv + (long long)bh * a.sk * a.d;
+    T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = r ? key1 : key0;
@@ -644,22 +653,25 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
         for (int dt = 0; dt < HD / 8; ++dt) {
             const int col = dt * 8 + 2 * t;
             if (col >= a.d) continue;
-            at_store2<T>(dko + (long long)key * a.d + col, dk[dt][2 * r] * a.scale,
+            at_store2<T>(dko + (long long)key * a.dkss + col, dk[dt][2 * r] * a.scale,
                          dk[dt][2 * r + 1] * a.scale, pairs, col + 1 < a.d);
-            at_store2<T>(dvo + (long long)key * a.d + col, dv[dt][2 * r], dv[dt][2 * r + 1],
+            at_store2<T>(dvo + (long long)key * a.dvss + col, dv[dt][2 * r], dv[dt][2 * r + 1],
                          pairs, col + 1 < a.d);
         }
     }
 }
 //@ dtype
 
-extern "C" __global__ void attn_bwd_pre_${dtype}(const ${ctype} *o, const ${ctype} *dout, long long dsb, long long dsh,
+extern "C" __global__ void attn_bwd_pre_${dtype}(const ${ctype} *o, long long osb, long long osh,
+                      long long oss, const ${ctype} *dout, long long dsb, long long dsh,
                       long long dss, const float *dlse, float *delta, float *dqacc, int heads,
                       int sq, int d, long long rows)
-{ attn_bwd_pre_body<${ctype}>(o, dout, dsb, dsh, dss, dlse, delta, dqacc, heads, sq, d, rows); }
+{ attn_bwd_pre_body<${ctype}>(o, osb, osh, oss, dout, dsb, dsh, dss, dlse, delta, dqacc, heads,
+                              sq, d, rows); }
 
-extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq, long long n)
-{ attn_bwd_dq_body<${ctype}>(dqacc, dq, n); }
+extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq, long long n,
+                      long long sb, long long sh, long long ss, int heads, int sq, int d)
+{ attn_bwd_dq_body<${ctype}>(dqacc, dq, n, sb, sh, ss, heads, sq, d); }
 //@ head
 
 extern "C" __global__ void __launch_bounds__(${fwd_threads})

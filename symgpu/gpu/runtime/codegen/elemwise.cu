@@ -14,6 +14,12 @@
  *                        thread, then a scalar tail
  *   sg_strided_<nd>_<w>  any non-negative element strides (0 where broadcast), <nd> dims left
  *                        after collapsing, <w>-bit index arithmetic
+ *   sg_rowcol_vec_<w>    (R, C) after collapsing, outputs C-contiguous, each full input
+ *                        C-contiguous, a row vector (strides (0, 1): a bias) or a column
+ *                        vector (strides (1, 0): a per-row statistic): 4-wide accesses along C
+ *                        (C % 4 == 0, aligned), four in flight per thread, no division per
+ *                        element; at most VEC_BLOCKS_PER_SM blocks per SM
+ *   sg_rowcol_<w>        the same layouts a scalar at a time (C % 4 != 0, or misaligned)
  */
 ${common}
 ${apply}
@@ -86,3 +92,91 @@ __device__ __forceinline__ void sg_strided_body(const I n, const sg_meta<ND, I> 
     { sg_strided_body<ND, I>(n, m, p); }
 
 ${instances}
+
+/* Row and column broadcasts (issue 34).  Per full operand k (inputs that are not scalars,
+ * then outputs) the element at (r, c) is at r * rs[k] + c * cs[k]:
+ *   C-contiguous (rs, cs) = (C, 1)   row vector (0, 1)   column vector (1, 0)   one value (0, 0)
+ * A thread walks its positions with (r, c) stepped by the grid's stride (one division per
+ * thread, none per element), so a bias add or a layer norm's (x - mean) * rstd does not pay
+ * the strided kernel's division per element and dimension. */
+template <typename I> struct sg_rcmeta {
+    I rs[SG_NFULL];   /* elements between rows */
+    I cs[SG_NFULL];   /* elements between columns: 1, or 0 for a column vector */
+};
+
+/* (r, c) advanced by (sr, sc) (the grid's stride in rows and columns, sc < C), for c < C */
+template <typename I>
+__device__ __forceinline__ void sg_rc_step(I &r, I &c, const I sr, const I sc, const I C)
+{
+    c += sc;
+    r += sr;
+    if (c >= C) { c -= C; ++r; }
+}
+
+/* vectors j of the (R, C / 4) vector array: the outputs' (and C-contiguous inputs') vector j
+ * is (r, c); a row vector's is its c, a column vector's value is replicated four times
+ * (sg_rc_load).  The plan picks it only where C % 4 == 0 and every vector operand is
+ * aligned. */
+template <typename I>
+__device__ __forceinline__ void sg_rowcol_vec_body(const I R, const I C, const sg_rcmeta<I> &m,
+                                                   const sg_ptrs &p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const I cv = C >> 2, nvec = R * cv;
+    const I step = (I)gridDim.x * blockDim.x;
+    I j = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    I r = j / cv, c = j - r * cv;
+    const I sr = step / cv, sc = step - sr * cv;
+    for (; j + 3 * step < nvec; j += 4 * step) {
+        I r1 = r, c1 = c;
+        sg_rc_step<I>(r1, c1, sr, sc, cv);
+        I r2 = r1, c2 = c1;
+        sg_rc_step<I>(r2, c2, sr, sc, cv);
+        I r3 = r2, c3 = c2;
+        sg_rc_step<I>(r3, c3, sr, sc, cv);
+        const sg_vin a = sg_rc_load<I>(p, m.rs, m.cs, r, c);
+        const sg_vin b = sg_rc_load<I>(p, m.rs, m.cs, r1, c1);
+        const sg_vin e = sg_rc_load<I>(p, m.rs, m.cs, r2, c2);
+        const sg_vin d = sg_rc_load<I>(p, m.rs, m.cs, r3, c3);
+        sg_vec_store(p, s, j, a);
+        sg_vec_store(p, s, j + step, b);
+        sg_vec_store(p, s, j + 2 * step, e);
+        sg_vec_store(p, s, j + 3 * step, d);
+        r = r3;
+        c = c3;
+        sg_rc_step<I>(r, c, sr, sc, cv);
+    }
+    for (; j < nvec; j += step) {
+        sg_vec_store(p, s, j, sg_rc_load<I>(p, m.rs, m.cs, r, c));
+        sg_rc_step<I>(r, c, sr, sc, cv);
+    }
+}
+
+template <typename I>
+__device__ __forceinline__ void sg_rowcol_body(const I R, const I C, const sg_rcmeta<I> &m,
+                                               const sg_ptrs &p)
+{
+    const sg_scalars s = sg_load_scalars(p);
+    const I n = R * C;
+    const I step = (I)gridDim.x * blockDim.x;
+    I i = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    I r = i / C, c = i - r * C;
+    const I sr = step / C, sc = step - sr * C;
+    for (; i < n; i += step) {
+        I off[SG_NFULL];
+#pragma unroll
+        for (int k = 0; k < SG_NFULL; ++k) off[k] = r * m.rs[k] + c * m.cs[k];
+        sg_elem_off<I>(p, s, off);
+        sg_rc_step<I>(r, c, sr, sc, C);
+    }
+}
+
+#define SG_ROWCOL(I, NAME, VEC_NAME)                                                        \
+    extern "C" __global__ void VEC_NAME(const I R, const I C, const sg_rcmeta<I> m,         \
+                                        const sg_ptrs p)                                    \
+    { sg_rowcol_vec_body<I>(R, C, m, p); }                                                  \
+    extern "C" __global__ void NAME(const I R, const I C, const sg_rcmeta<I> m,             \
+                                    const sg_ptrs p)                                        \
+    { sg_rowcol_body<I>(R, C, m, p); }
+
+${rowcol_instances}

@@ -13,7 +13,8 @@ from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 
-__all__ = ["ElemwiseSignature", "render_elemwise", "strided_kernel_name", "kernel_names"]
+__all__ = ["ElemwiseSignature", "render_elemwise", "strided_kernel_name", "rowcol_kernel_name",
+           "kernel_names"]
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,19 @@ def strided_kernel_name(nd: int, wide: bool) -> str:
     return f"sg_strided_{nd}_{64 if wide else 32}"
 
 
+def rowcol_kernel_name(vec: bool, wide: bool) -> str:
+    """The row/column-broadcast kernel (elemwise.cu): 4-wide (``vec``) or a scalar at a time,
+    with 64-bit (``wide``) or 32-bit index arithmetic."""
+    return f"sg_rowcol{'_vec' if vec else ''}_{64 if wide else 32}"
+
+
 def kernel_names(sig: ElemwiseSignature) -> list[str]:
     """Every kernel the module for ``sig`` defines."""
     names = ["sg_contig", "sg_contig_vec"]
     for nd in range(1, max(sig.ndim, 1) + 1):
         names += [strided_kernel_name(nd, False), strided_kernel_name(nd, True)]
+    for wide in (False, True):
+        names += [rowcol_kernel_name(True, wide), rowcol_kernel_name(False, wide)]
     return names
 
 
@@ -80,12 +89,22 @@ def _operands(sig: ElemwiseSignature) -> str:
     contig = call(lambda i: f"sg_load(p.in{i}[i])", lambda j: f"sg_store(p.out{j}[i], r{j});", "    ")
     off = call(lambda i: f"sg_load(p.in{i}[off[{full_index[('in', i)]}]])",
                lambda j: f"sg_store(p.out{j}[off[{full_index[('out', j)]}]], r{j});", "    ")
-    vin, vload = [], []
+    vin, vload, rcload = [], [], []
     for i, d in enumerate(ins):
         if not sig.scalar_inputs[i]:
             t = storage_ctype(d)
+            k = full_index[("in", i)]
             vin.append(f"    sg_vec4<{t}> a{i};")
             vload.append(f"    v.a{i} = reinterpret_cast<const sg_vec4<{t}> *>(p.in{i})[j];")
+            # a C-contiguous input or a row vector: a vector (rs / 4 vectors between rows);
+            # a column vector (or one value): its value at row r, four times
+            rcload += [f"    if (cs[{k}]) {{",
+                       f"        v.a{i} = reinterpret_cast<const sg_vec4<{t}> *>(p.in{i})"
+                       f"[r * (rs[{k}] >> 2) + c];",
+                       "    } else {",
+                       f"        const {t} x = p.in{i}[r * rs[{k}]];",
+                       f"        v.a{i}.v[0] = x; v.a{i}.v[1] = x; v.a{i}.v[2] = x; v.a{i}.v[3] = x;",
+                       "    }"]
     if not vin:
         vin.append("    char unused;")
     vec = [f"    sg_vec4<{storage_ctype(d)}> b{j};" for j, d in enumerate(outs)]
@@ -106,6 +125,10 @@ def _operands(sig: ElemwiseSignature) -> str:
              "struct sg_vin {", *vin, "};",
              "__device__ __forceinline__ sg_vin sg_vec_load(const sg_ptrs &p, const long long j)",
              "{", "    sg_vin v;", *vload, "    return v;", "}",
+             "template <typename I>",
+             "__device__ __forceinline__ sg_vin sg_rc_load(const sg_ptrs &p, const I *rs,"
+             " const I *cs, const I r, const I c)",
+             "{", "    sg_vin v;", *rcload, "    return v;", "}",
              "__device__ __forceinline__ void sg_vec_store(const sg_ptrs &p, const sg_scalars &s,"
              " const long long j, const sg_vin &v)", "{", *vec, "}",
              "template <typename I>",
@@ -121,7 +144,10 @@ def render_elemwise(sig: ElemwiseSignature, title: str | None = None) -> str:
     for nd in range(1, max(sig.ndim, 1) + 1):
         instances.append(f"SG_STRIDED({nd}, unsigned int, {strided_kernel_name(nd, False)})")
         instances.append(f"SG_STRIDED({nd}, long long, {strided_kernel_name(nd, True)})")
+    rowcol = [f"SG_ROWCOL({t}, {rowcol_kernel_name(False, wide)}, {rowcol_kernel_name(True, wide)})"
+              for t, wide in (("unsigned int", False), ("long long", True))]
     label = title or f"{sig.scalar_op} over ({', '.join(sig.in_dtypes)}), ndim {sig.ndim}"
     return template("elemwise.cu").substitute(
         title=label.replace("*/", "* /"), common=common_source(), apply=apply_src,
-        operands=_operands(sig), instances="\n".join(instances))
+        operands=_operands(sig), instances="\n".join(instances),
+        rowcol_instances="\n".join(rowcol))

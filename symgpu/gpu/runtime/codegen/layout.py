@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["broadcast_shapes", "element_strides", "collapse", "ReducePlan", "plan_reduction",
-           "c_contiguous", "fits_32bit"]
+           "c_contiguous", "fits_32bit", "row_col"]
 
 
 def broadcast_shapes(shapes: Sequence[tuple[int, ...]], what: str = "elementwise op") -> tuple[int, ...]:
@@ -93,6 +93,34 @@ def fits_32bit(n: int, step: int, shape: Sequence[int], strides: Sequence[Sequen
         if sum((sz - 1) * s for sz, s in zip(shape, st)) >= limit:
             return False
     return True
+
+
+def row_col(shape: Sequence[int], strides: Sequence[Sequence[int]], n_out: int
+            ) -> tuple[int, int, list[int], list[int]] | None:
+    """The (R, C) view of a collapsed iteration space for the row/column kernels
+    (elemwise.cu's ``sg_rowcol*``), or None where it does not fit.
+
+    ``strides`` are the collapsed element strides of every full operand, the last ``n_out``
+    of them the outputs'.  Fits: two dimensions (R, C) whose outputs are C-contiguous
+    (strides (C, 1)) and whose inputs are each C-contiguous, a row vector (0, 1), a column
+    vector (1, 0) or one value (0, 0); or one dimension (R = 1) whose outputs have stride 1
+    and inputs stride 1 or 0.  Returns (R, C, rs, cs): per operand, the elements between
+    rows and between columns."""
+    if len(shape) == 1:
+        R, C = 1, shape[0]
+        pairs = [(C * s[0], s[0]) for s in strides]
+        if any(s[0] not in (0, 1) for s in strides):
+            return None
+    elif len(shape) == 2:
+        R, C = shape
+        pairs = [(s[0], s[1]) for s in strides]
+        if any(pr not in ((C, 1), (0, 1), (1, 0), (0, 0)) for pr in pairs):
+            return None
+    else:
+        return None
+    if any(pr != (C, 1) for pr in pairs[len(pairs) - n_out:]):
+        return None
+    return R, C, [pr[0] for pr in pairs], [pr[1] for pr in pairs]
 
 
 class ReducePlan:
