@@ -84,6 +84,18 @@ NOTES = (
     "convolution without the flip); those tests are not compared here.",
 )
 
+#: what a run under device=cuda says beyond the counts (its Theano column is a CPU run)
+NOTES_CUDA = (
+    "Under device=cuda, lasagne.layers.dnn and corrmm build on symgpu's cuDNN and GpuCorrMM, so "
+    "the GPU layers' tests run (Theano's CPU run skipped them). The test_import_without_gpu_* "
+    "tests skip themselves where a GPU and cuDNN are present: they check the error raised "
+    "without one.",
+    "A function whose output is a shared variable itself returns its GpuArray, as Theano's "
+    "GpuArrayType does; comparing that with a NumPy array of more than one element fails, as "
+    "it does under Theano on a GPU (pygpu's elemwise passes a non-GpuArray operand to its "
+    "kernel as a scalar argument): symgpu raises a TypeError that names the fix.",
+)
+
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _TMP = re.compile(r"/tmp/[^\s'\"]+")
 
@@ -330,8 +342,8 @@ def report(ours: dict[str, dict], theirs: dict[str, dict] | None, device: str = 
     if unmatched:
         lines += ["", f"failed with symgpu, which Theano skipped or did not run: {len(unmatched)}"]
         lines += [f"          {t}  ({group_key(r['first'])})" for t, r in sorted(unmatched.items())]
-    if device == "cpu":
-        lines += [""] + [textwrap.fill(note, 96) for note in NOTES]
+    lines += [""] + [textwrap.fill(note, 96) for note in (NOTES if device == "cpu"
+                                                            else NOTES_CUDA)]
     if better:
         lines += ["", "passed with symgpu, not with Theano:"]
         lines += [f"          {t}  (Theano: {group_key(theirs[t]['first'])})"
