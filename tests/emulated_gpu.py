@@ -227,3 +227,36 @@ def emulated_array_device(monkeypatch, directory) -> EmulatedCtx:
     monkeypatch.setattr(GpuArray, "get", get)
     monkeypatch.setattr(GpuArray, "_copy_from_device", copy_from)
     return ctx
+
+
+def gpu_var(dtype: str, ndim: int, bcast: tuple | None = None) -> Any:
+    """A symbolic GPU array of `ndim` dimensions (none broadcastable unless `bcast` says)."""
+    from symgpu.gpu.placement.type import GpuArrayType
+    return GpuArrayType(dtype, bcast or (False,) * ndim, None)()
+
+
+def run_node(node: Any, values: list) -> tuple[list[np.ndarray], Any, dict]:
+    """Run `node`'s thunk over `values` (GpuArrays); returns copies of its outputs, the thunk
+    and its storage map (to run it again or look at its cells)."""
+    from gpu_helpers import thunk_over
+    thunk, storage = thunk_over(node, values)
+    thunk()
+    return [host_view(storage[o][0]).copy() for o in node.outputs], thunk, storage
+
+
+def record_launches(monkeypatch) -> list[str]:
+    """The names of the kernels launched from now on, in order (to assert the path a thunk
+    took): every kernel module loaded afterwards reports its launches into the list."""
+    import symgpu.gpu.runtime.codegen.launch as launch
+    names: list[str] = []
+    load = launch.load_kernels
+
+    def recording(*args, **kwargs):
+        kernels = load(*args, **kwargs)
+        for k in kernels.values():
+            go = k.launch
+            k.fast_launcher = (lambda go=go, name=k.name: lambda *a: (names.append(name),
+                                                                      go(*a)))
+        return kernels
+    monkeypatch.setattr(launch, "load_kernels", recording)
+    return names

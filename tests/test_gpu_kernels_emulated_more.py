@@ -9,9 +9,8 @@ import symgpu.tensor as T
 
 from cuda_on_host import requires_gxx
 from emulated_gpu import (device_array, emulate_prepared_kernels, emulated_kernel_device,
-                          host_view)
+                          gpu_var, host_view, record_launches)
 from gpu_helpers import thunk_over
-from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.scalar.composite import CompositeBuilder
 from symgpu.tensor.random import philox
@@ -32,26 +31,13 @@ def on_host(ctx, a: np.ndarray):
     return g
 
 
-def gvar(dtype: str, ndim: int, bcast: tuple | None = None):
-    return GpuArrayType(dtype, bcast or (False,) * ndim, None)()
+gvar = gpu_var
 
 
 @pytest.fixture
 def launched(emu, monkeypatch):
-    """The names of the kernels launched, in order (to assert the path a thunk took)."""
-    import symgpu.gpu.runtime.codegen.launch as launch
-    names: list[str] = []
-    load = launch.load_kernels
-
-    def recording(*args, **kwargs):
-        kernels = load(*args, **kwargs)
-        for k in kernels.values():
-            go = k.launch
-            k.fast_launcher = (lambda go=go, name=k.name: lambda *a: (names.append(name),
-                                                                      go(*a)))
-        return kernels
-    monkeypatch.setattr(launch, "load_kernels", recording)
-    return names
+    """The names of the kernels launched, in order."""
+    return record_launches(monkeypatch)
 
 
 # ----------------------------------------------------------------- Philox draws fused

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from cuda_on_host import requires_gxx
-from emulated_gpu import device_array, emulated_kernel_device, host_view
+from emulated_gpu import (device_array, emulated_kernel_device, gpu_var, host_view,
+                          record_launches, run_node)
 from gpu_helpers import requires_nvcc, thunk_over
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import layout
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.scalar.composite import CompositeBuilder
@@ -33,29 +33,13 @@ def emu(monkeypatch, tmp_path):
 @pytest.fixture
 def launched(emu, monkeypatch):
     """The names of the kernels launched, in order."""
-    import symgpu.gpu.runtime.codegen.launch as launch
-    names: list[str] = []
-    load = launch.load_kernels
-
-    def recording(*args, **kwargs):
-        kernels = load(*args, **kwargs)
-        for k in kernels.values():
-            go = k.launch
-            k.fast_launcher = (lambda go=go, name=k.name: lambda *a: (names.append(name),
-                                                                      go(*a)))
-        return kernels
-    monkeypatch.setattr(launch, "load_kernels", recording)
-    return names
+    return record_launches(monkeypatch)
 
 
-def gvar(dtype: str, ndim: int, bcast: tuple | None = None):
-    return GpuArrayType(dtype, bcast or (False,) * ndim, None)()
+gvar = gpu_var
 
 
-def run(node, values):
-    thunk, storage = thunk_over(node, values)
-    thunk()
-    return [host_view(storage[o][0]).copy() for o in node.outputs], thunk, storage
+run = run_node
 
 
 def shifted(emu, host: np.ndarray, elements: int = 1):

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 
 from cuda_on_host import requires_gxx
-from emulated_gpu import device_array, emulated_kernel_device, host_view
+from emulated_gpu import device_array, emulated_kernel_device, gpu_var, host_view, run_node
 from gpu_helpers import thunk_over
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
-from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.scalar.composite import CompositeBuilder
 
@@ -27,14 +26,10 @@ def emu(monkeypatch, tmp_path):
     return emulated_kernel_device(monkeypatch, tmp_path)
 
 
-def gvar(dtype: str, ndim: int, bcast: tuple | None = None):
-    return GpuArrayType(dtype, bcast or (False,) * ndim, None)()
+gvar = gpu_var
 
 
-def run(node, values):
-    thunk, storage = thunk_over(node, values)
-    thunk()
-    return [host_view(storage[o][0]).copy() for o in node.outputs], thunk, storage
+run = run_node
 
 
 def test_elementwise_kernels_on_every_path(emu):
