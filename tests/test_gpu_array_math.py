@@ -387,3 +387,14 @@ def test_operands_on_two_contexts_are_refused(dev):
     b = device_array(other, np.ones(3, "float32"))
     with pytest.raises(ValueError, match="different GPU contexts"):
         a + b
+
+
+def test_byte_extent_spans_negative_and_broadcast_strides():
+    from types import SimpleNamespace
+    from symgpu.gpu.runtime.array import byte_extent
+    view = lambda shape, strides: SimpleNamespace(ptr=1000, shape=shape,  # noqa: E731
+                                                  strides=strides, itemsize=4)
+    assert byte_extent(view((3, 4), (16, 4))) == (1000, 1048)
+    assert byte_extent(view((3, 4), (-16, 4))) == (968, 1016)     # a reversed row order
+    assert byte_extent(view((3, 4), (0, 4))) == (1000, 1016)       # a broadcast row
+    assert byte_extent(view((), ())) == (1000, 1004)

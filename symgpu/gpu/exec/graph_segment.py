@@ -28,7 +28,7 @@ import numpy as np
 from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRAVEYARD,
                                             results_differ)
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
-from symgpu.gpu.runtime.array import GpuArray as _GpuArray, new_array
+from symgpu.gpu.runtime.array import GpuArray as _GpuArray, byte_extent, new_array
 from symgpu.gpu.runtime.comm_stream import join_pending
 from symgpu.gpu.runtime.compiler import CompileError
 from symgpu.gpu.runtime.device_checks import GuardedCopies, is_device_check_error
@@ -624,12 +624,12 @@ class Segment:
         t = vals[j]
         if not isinstance(t, _GpuArray) or not t.size or not t.is_c_contiguous:
             return None
-        lo, hi = _extent(t)
+        lo, hi = byte_extent(t)
         for c in node_in:
             a = c[0]
             if not isinstance(a, _GpuArray) or not a.size:
                 continue
-            a_lo, a_hi = _extent(a)
+            a_lo, a_hi = byte_extent(a)
             if a_lo < hi and lo < a_hi and (a.ptr != t.ptr or a.shape != t.shape or
                                             a.strides != t.strides or a.dtype != t.dtype):
                 return None
@@ -786,17 +786,6 @@ def _stageable(v: Any) -> bool:
     """Whether a GPU value can be copied into a static buffer of its own layout: not empty
     (an empty input is never read) and no negative stride."""
     return bool(v.size) and min(v.strides, default=0) >= 0
-
-
-def _extent(a: Any) -> tuple[int, int]:
-    """The device byte range ``[lo, hi)`` a non-empty array spans."""
-    lo = hi = a.ptr
-    for n, st in zip(a.shape, a.strides):
-        if st < 0:
-            lo += (n - 1) * st
-        else:
-            hi += (n - 1) * st
-    return lo, hi + a.itemsize
 
 
 def _same_layout(a: Any, b: Any) -> bool:

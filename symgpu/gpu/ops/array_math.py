@@ -27,7 +27,7 @@ import numpy as np
 
 from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, _ElemwiseThunk, _ReduceThunk
 from symgpu.gpu.placement.type import GpuArrayType
-from symgpu.gpu.runtime.array import GpuArray, to_gpu
+from symgpu.gpu.runtime.array import GpuArray, byte_extent, to_gpu
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes
 from symgpu.gpu.runtime.context import registered_name
 from symgpu.gpu.runtime.dtypes import BFLOAT16, check_dtype, dtype_name
@@ -223,12 +223,6 @@ def _same_kind(src: np.dtype, dst: np.dtype) -> bool:
     return _kind_rank(src) <= _kind_rank(dst)
 
 
-def _extent(a: GpuArray) -> tuple[int, int]:
-    lo = a.ptr + sum(min(0, (n - 1) * s) for n, s in zip(a.shape, a.strides))
-    hi = a.ptr + sum(max(0, (n - 1) * s) for n, s in zip(a.shape, a.strides)) + a.itemsize
-    return lo, hi
-
-
 def _hazard(a: GpuArray, b: GpuArray) -> bool:
     """Whether writing ``a`` element by element may change values of ``b`` still to be read
     (``a += a.T``): they overlap in memory with another layout."""
@@ -236,7 +230,7 @@ def _hazard(a: GpuArray, b: GpuArray) -> bool:
         return False
     if not a.size or not b.size:
         return False
-    (alo, ahi), (blo, bhi) = _extent(a), _extent(b)
+    (alo, ahi), (blo, bhi) = byte_extent(a), byte_extent(b)
     return alo < bhi and blo < ahi
 
 

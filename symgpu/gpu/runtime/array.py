@@ -81,6 +81,18 @@ def nocopy_strides(shape: Sequence[int], strides: Sequence[int],
     return tuple(new_strides)
 
 
+def byte_extent(a: "GpuArray") -> tuple[int, int]:
+    """The device byte range ``[lo, hi)`` a non-empty array spans (negative strides too):
+    what overlap tests between two views compare."""
+    lo = hi = a.ptr
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
 def c_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """Byte strides of a C-contiguous array of ``shape``."""
     nd = len(shape)
