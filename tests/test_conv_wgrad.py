@@ -1,0 +1,148 @@
+"""The direct filter gradient for small filters (symgpu/gpu/ops/conv_wgrad.py, codegen/
+conv_wgrad.cu): its kernels compiled as host C++ and run on emulated device memory
+(tests/emulated_gpu.py) against NumPy's filter gradient, 2-d and 3-d with strides, dilation,
+padding, groups and flips, several chunks (the deterministic second pass); which geometries
+it takes; nvcc compilation for sm_90.  The search's use of it: tests/test_cudnn_search.py;
+on a GPU: tests/test_gpu_conv3d.py."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cuda_on_host import requires_gxx
+from emulated_gpu import device_array, emulate_prepared_kernels, emulated_kernel_device, host_view
+from gpu_helpers import compile_for_sm90, requires_nvcc
+from symgpu.gpu.ops import conv_wgrad
+from symgpu.tensor.nnet import conv_numpy as cn
+
+RNG = np.random.default_rng(331)
+
+
+@pytest.fixture
+def emu(monkeypatch, tmp_path):
+    ctx = emulated_kernel_device(monkeypatch, tmp_path)
+    emulate_prepared_kernels(monkeypatch, tmp_path, conv_wgrad)
+    return ctx
+
+
+def _out_shape(xshape, ksp, pads, s, d):
+    return tuple((n + 2 * p - dd * (k - 1) - 1) // st + 1
+                 for n, k, p, st, dd in zip(xshape[2:], ksp, pads, s, d))
+
+
+def _direct(ctx, x, gy, wshape, pads, s, d, flip, groups):
+    """The direct kernels' dW of (x, gy), run on the emulated device."""
+    plan = conv_wgrad.direct_wgrad(str(x.dtype), x.shape, wshape, gy.shape, pads, s, d, flip,
+                                   groups)
+    assert plan is not None
+    xd, gyd = device_array(ctx, x), device_array(ctx, gy)
+    dw = device_array(ctx, np.full(wshape, np.nan, dtype=x.dtype))
+    ws = ctx.pool.allocate(plan.workspace)
+    plan.run(ctx, xd.ptr, gyd.ptr, dw.ptr, ws.ptr)
+    return plan, host_view(dw).copy()
+
+
+# (x shape, filters O, kernel, pads, strides, dilation, flip, groups)
+CASES = [
+    ((2, 1, 9, 8, 7), 3, (3, 3, 3), (0, 0, 0), (1, 1, 1), (1, 1, 1), True, 1),
+    ((1, 2, 7, 6, 5), 2, (2, 3, 2), (1, 0, 1), (2, 1, 1), (1, 2, 1), False, 1),
+    ((3, 4, 5, 5, 6), 4, (1, 2, 3), (0, 1, 2), (1, 2, 3), (2, 1, 1), True, 2),
+    ((2, 1, 11, 9), 5, (3, 3), (0, 0), (1, 1), (1, 1), True, 1),
+    ((3, 3, 7, 10), 2, (5, 3), (2, 1), (2, 3), (1, 2), False, 1),
+    ((1, 6, 5, 7), 6, (3, 3), (1, 1), (1, 1), (1, 1), True, 3),
+    ((2, 8, 4, 5), 3, (3, 2), (0, 1), (1, 1), (1, 1), False, 1),    # 48 taps: KMAX 64
+]
+
+
+@requires_gxx
+@pytest.mark.parametrize("case", CASES, ids=[str(c[0]) + str(c[2]) for c in CASES])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_direct_filter_gradient_matches_numpy(emu, monkeypatch, case, chunked):
+    """float32 and float64 against NumPy; `chunked`: the (image, position) range split into
+    chunks of a length that is no multiple of the block, so the second pass sums several
+    partials per element."""
+    xshape, o, ksp, pads, s, d, flip, groups = case
+    if chunked:
+        monkeypatch.setattr(conv_wgrad, "MIN_CHUNK", 7)
+    for dt, tol in (("float64", 1e-12), ("float32", 2e-5)):
+        x = RNG.normal(size=xshape).astype(dt)
+        wshape = (o, xshape[1] // groups, *ksp)
+        gy = RNG.normal(size=(xshape[0], o, *_out_shape(xshape, ksp, pads, s, d))).astype(dt)
+        plan, got = _direct(emu, x, gy, wshape, pads, s, d, flip, groups)
+        assert (plan.chunks > 1) is chunked
+        want = cn.conv_grad_weights(x, gy, ksp, tuple((p, p) for p in pads), s, d, flip,
+                                    groups, dt)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(),
+                                   err_msg=f"{case} {dt}")
+
+
+@requires_gxx
+def test_direct_filter_gradient_is_the_same_at_every_call(emu, monkeypatch):
+    monkeypatch.setattr(conv_wgrad, "MIN_CHUNK", 50)
+    x = RNG.normal(size=(2, 1, 8, 8, 8)).astype("float32")
+    gy = RNG.normal(size=(2, 2, 6, 6, 6)).astype("float32")
+    first = _direct(emu, x, gy, (2, 1, 3, 3, 3), (0,) * 3, (1,) * 3, (1,) * 3, True, 1)[1]
+    again = _direct(emu, x, gy, (2, 1, 3, 3, 3), (0,) * 3, (1,) * 3, (1,) * 3, True, 1)[1]
+    assert np.array_equal(first, again)
+
+
+@requires_gxx
+@pytest.mark.parametrize("dt", ["float16", "bfloat16"])
+def test_direct_filter_gradient_of_half_operands_accumulates_in_float32(emu, dt):
+    """The operands rounded to the half dtype, the sums against NumPy's in float32 of those
+    values, rounded once (bfloat16 has no NumPy dtype: its bits are the top half of a
+    float32's)."""
+    x32 = RNG.normal(size=(2, 2, 6, 7, 5)).astype("float32")
+    gy32 = RNG.normal(size=(2, 3, 4, 5, 3)).astype("float32")
+    if dt == "float16":
+        x, gy = x32.astype("float16"), gy32.astype("float16")
+        xv, gyv = x.astype("float32"), gy.astype("float32")
+    else:
+        def bf16(a):
+            return (a.view("uint32") >> 16).astype("uint16")
+        x, gy = bf16(x32), bf16(gy32)
+        xv = (x.astype("uint32") << 16).view("float32")
+        gyv = (gy.astype("uint32") << 16).view("float32")
+    wshape = (3, 2, 3, 3, 3)
+    plan = conv_wgrad.direct_wgrad(dt, x.shape, wshape, gy.shape, (0,) * 3, (1,) * 3,
+                                   (1,) * 3, True, 1)
+    xd, gyd = device_array(emu, x), device_array(emu, gy)
+    dw = device_array(emu, np.zeros(wshape, x.dtype))
+    plan.run(emu, xd.ptr, gyd.ptr, dw.ptr, emu.pool.allocate(plan.workspace).ptr)
+    raw = host_view(dw).copy()
+    got = raw.astype("float32") if dt == "float16" else (raw.astype("uint32") << 16).view(
+        "float32")
+    want = cn.conv_grad_weights(xv, gyv, (3, 3, 3), ((0, 0),) * 3, (1,) * 3, (1,) * 3, True, 1,
+                                "float32")
+    rel = 1e-2 if dt == "bfloat16" else 2e-3
+    np.testing.assert_allclose(got, want, rtol=rel, atol=rel * np.abs(want).max())
+
+
+def test_which_geometries_the_direct_kernel_takes():
+    args = ((0, 0, 0), (1, 1, 1), (1, 1, 1), True, 1)
+    # the 3-D CNN's first layer: 27 taps
+    plan = conv_wgrad.direct_wgrad("float32", (8, 1, 32, 32, 32), (16, 1, 3, 3, 3),
+                                   (8, 16, 30, 30, 30), *args)
+    assert plan.taps == 27 and plan.kmax == 32 and plan.partial_name == \
+        "wgrad_partial_float32_k32"
+    assert plan.chunks * 16 <= conv_wgrad.TARGET_BLOCKS + 16
+    assert plan.workspace == 16 * 27 * plan.chunks * 4
+    # its second layer: 16 * 27 taps, more than the registers hold
+    assert conv_wgrad.direct_wgrad("float32", (8, 16, 15, 15, 15), (32, 16, 3, 3, 3),
+                                   (8, 32, 13, 13, 13), *args) is None
+    # an index past an int
+    assert conv_wgrad.direct_wgrad("float32", (4096, 1, 128, 128, 128), (4, 1, 3, 3, 3),
+                                   (4096, 4, 126, 126, 126), *args) is None
+    assert conv_wgrad.direct_wgrad("int32", (8, 1, 8, 8, 8), (4, 1, 3, 3, 3),
+                                   (8, 4, 6, 6, 6), *args) is None
+    two = conv_wgrad.direct_wgrad("float64", (2, 3, 9, 9), (4, 3, 3, 3), (2, 4, 7, 7),
+                                  (0, 0), (1, 1), (1, 1), False, 1)
+    assert two.taps == 27 and two.workspace == 4 * 27 * two.chunks * 8
+    assert two.geo[5:8] == [1, 9, 9]       # 2-d as 3-d: one plane
+
+
+@requires_nvcc
+def test_direct_filter_gradient_kernels_compile(tmp_path):
+    cubin = compile_for_sm90(conv_wgrad.wgrad_source(), tmp_path)
+    for name in conv_wgrad.module_kernels():
+        assert f"{name}\0".encode() in cubin, name
