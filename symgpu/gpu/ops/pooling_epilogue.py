@@ -83,7 +83,7 @@ class GpuPoolGradEpilogue(_GpuPoolBase):
 
     __props__ = _PoolBase.__props__ + ("scalar_op", "roles", "extra_dtypes")
 
-    def __init__(self, ws: Any, stride: Any = None, pad: Any = (0, 0),
+    def __init__(self, ws: Any, stride: Any = None, pad: Any = None,
                  ignore_border: bool = True, mode: str = "max", scalar_op: Any = None,
                  roles: tuple = ("g",), extra_dtypes: tuple = ()):
         """``extra_dtypes``: the dtypes of the extra arrays, one per 'e<k>' of ``roles``."""
