@@ -1,6 +1,8 @@
 """Every cuDNN algorithm the heuristics list for the 3-D CNN's convolutions
 (benchmarks/library_gpu.py): status, math type, workspace and device time of each (warmed,
-then timed between CUDA events), and which one symgpu's search keeps.
+then timed between CUDA events), symgpu's direct filter gradient beside them where it applies
+(symgpu/gpu/ops/conv_wgrad.py: its time and its largest difference from cuDNN's heuristic
+algorithm on random operands), and which one symgpu's search keeps.
 
     python3 benchmarks/cudnn_algos.py
 """
@@ -25,6 +27,7 @@ GEOMETRIES = [("fwd", (8, 1, 32, 32, 32), (16, 1, 3, 3, 3), (8, 16, 30, 30, 30))
 
 def main() -> None:
     import symgpu.gpu
+    from symgpu.gpu.ops import conv_wgrad
     from symgpu.gpu.ops import cudnn as C
     from symgpu.gpu.runtime.array import new_array
     ctx = symgpu.gpu.init_default_context()
@@ -34,7 +37,9 @@ def main() -> None:
     for kind, xs, ws, ys in GEOMETRIES:
         d = C.ConvDescs(lib, ctx, kind, "float32", xs, ws, ys, (0, 0, 0), (1, 1, 1),
                         (1, 1, 1), False, 1, C.FMA_MATH)
-        arrays = {s: new_array(ctx, s, np.dtype("float32")) for s in (xs, ws, ys)}
+        rng = np.random.default_rng(5)
+        arrays = {s: new_array(ctx, s, np.dtype("float32")).set(
+            rng.normal(size=s).astype("float32")) for s in (xs, ws, ys)}
         a, b, out = {"fwd": (xs, ws, ys), "bwd_data": (ws, ys, xs),
                      "bwd_filter": (xs, ys, ws)}[kind]
         perf = (C._Perf * 16)()
@@ -59,10 +64,29 @@ def main() -> None:
                 else:
                     line += f" run status {rc}"
             print(line, flush=True)
+        direct = None if kind != "bwd_filter" else conv_wgrad.direct_wgrad(
+            "float32", xs, ws, ys, (0, 0, 0), (1, 1, 1), (1, 1, 1), False, 1)
+        if direct is not None:
+            scratch = ctx.pool.allocate(max(direct.workspace, 8))
+
+            def run_direct(w=scratch, plan=direct):
+                plan.run(ctx, arrays[xs].ptr, arrays[ys].ptr, arrays[ws].ptr, w.ptr)
+                return 0
+            run_direct()
+            mine = arrays[ws].get()
+            d.run(arrays[xs].ptr, arrays[ys].ptr, arrays[ws].ptr,
+                  ctx.pool.allocate(max(d.workspace, 8)).ptr)
+            ref = arrays[ws].get()
+            print(f"  direct ({direct.partial_name}, {direct.chunks} chunks, ws "
+                  f"{direct.workspace}) {timer(run_direct, 5) * 1e6:9.1f} us, max |diff| "
+                  f"{np.abs(mine - ref).max():.3g} (|dW| max {np.abs(ref).max():.3g})")
+            d.add_own(C.OwnAlgorithm("direct", direct.workspace,
+                                     lambda x, y, w, s, plan=direct: plan.run(ctx, x, y, w, s)))
         d.time_algorithms(arrays[a].ptr, arrays[b].ptr, arrays[out].ptr,
                           ctx.pool.allocate(max(d.search_workspace, 8)).ptr,
                           d.search_workspace)
-        print(f"  search (workspace {d.search_workspace}) keeps algo {d.algo}")
+        kept = d.own_choice.name if d.own_choice is not None else f"algo {d.algo}"
+        print(f"  search (workspace {d.search_workspace}) keeps {kept}")
 
 
 if __name__ == "__main__":

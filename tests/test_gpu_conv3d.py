@@ -35,7 +35,8 @@ from test_conv3d import COMBOS as CONV3D_COMBOS
 from test_pool3d import COMBOS as POOL3D_COMBOS
 
 RNG = np.random.default_rng(23)
-GPU_3D = {"GpuConv3d", "GpuConv3dGradWeights", "GpuPool3d", "GpuMaxPoolGrad3d"}
+# the max-pool gradients carry relu's derivative (pooling_epilogue.py)
+GPU_3D = {"GpuConv3d", "GpuConv3dGradWeights", "GpuPool3d", "GpuPoolGradEpilogue3d"}
 HOST_3D = {"Conv3d", "Conv3dGradInputs", "Conv3dGradWeights", "Pool3d", "MaxPoolGrad3d",
            "AveragePoolGrad3d"}
 

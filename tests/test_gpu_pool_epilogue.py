@@ -12,7 +12,7 @@ import symgpu.tensor as T
 from gpu_helpers import compile_for_sm90, on_the_cpu, requires_gpu, requires_nvcc
 from symgpu import config, function
 from symgpu.gpu.ops import pooling as gpooling
-from symgpu.gpu.ops.pooling_epilogue import GpuPoolGradEpilogue, epilogue_source
+from symgpu.gpu.ops.pooling_epilogue import MAX_EXTRA, GpuPoolGradEpilogue, epilogue_source
 from symgpu.gpu.placement.rewriting import virtual_context
 from symgpu.tensor.signal.pool import pool_2d
 
@@ -53,9 +53,26 @@ def test_no_fusion_where_the_gradient_is_read_elsewhere_or_other_operands_come_i
         # the pooling gradient itself is an output too
         f = function([x, gz], [gp * (1 - a * a), gp])
         assert not _nodes(f, "GpuPoolGradEpilogue") and _nodes(f, "GpuMaxPoolGrad")
-        # a third full operand: two kernels stay
-        f = function([x, gz, s], gp * (1 - a * a) * s)
+        # a broadcast operand: two kernels stay
+        b = T.TensorType("float32", (True, False, True, True))("b")
+        f = function([x, gz, b], gp * (1 - a * a) * b)
         assert not _nodes(f, "GpuPoolGradEpilogue") and _nodes(f, "GpuMaxPoolGrad")
+        # four more full operands than the gradient and x: more than MAX_EXTRA
+        more = [T.tensor4(f"s{k}") for k in range(MAX_EXTRA + 1)]
+        f = function([x, gz] + more, gp * (1 - a * a) * sum(more[1:], more[0]))
+        assert not _nodes(f, "GpuPoolGradEpilogue") and _nodes(f, "GpuMaxPoolGrad")
+
+
+def test_a_full_operand_besides_x_is_read_by_the_epilogue():
+    """gx * (1 - a * a) * s with s of x's shape: s is the epilogue's extra array e0."""
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x, gz, s = T.tensor4("x"), T.tensor4("gz"), T.tensor4("s")
+        a = T.tanh(x)
+        gp = symgpu.grad((pool_2d(a, (2, 2)) * gz).sum(), a)
+        f = function([x, gz, s], gp * (1 - a * a) * s)
+    (fused,) = _nodes(f, "GpuPoolGradEpilogue")
+    assert set(fused.op.roles) == {"g", "x", "e0"} and fused.op.extra_dtypes == ("float32",)
+    assert len(fused.inputs) == 4 and not _nodes(f, "GpuMaxPoolGrad")
 
 
 @requires_nvcc

@@ -1662,3 +1662,21 @@ CASES.update(_ADVIDX_CASES)
 @pytest.mark.parametrize("op_cls", list(_ADVIDX_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_advidx(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# --------------------------------------------------------- the 3-d pooling gradient's epilogue
+from symgpu.gpu.ops.pooling_epilogue import GpuPoolGradEpilogue3d as _GpuPoolGradEpilogue3d  # noqa: E402
+
+_EPI3_CASES = {
+    _GpuPoolGradEpilogue3d: [gcase(
+        lambda x, z, g, e: _GpuPoolGradEpilogue3d(ws=(2, 2, 2), scalar_op=SCALAR_OPS["mul"],
+                                                  roles=("g", "e0"),
+                                                  extra_dtypes=(str(PX3.dtype),))(x, z, g, e),
+        lambda x, z, g, e: x, "gggg", PX3, PZ3, PZ3, PX3)],
+}
+CASES.update(_EPI3_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_EPI3_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_pool_epilogue3d(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -6,7 +6,9 @@ role for both (`nd`, the number of spatial axes, a class attribute as in the CPU
 Each op runs through cuDNN (symgpu/gpu/ops/cudnn.py) when the library loads, with the algorithm
 and descriptors chosen once per shape (the fastest of cuDNN's heuristic candidates, timed at
 the first call outside any capture; with ALGO_SEARCH = "heuristic" the heuristic's choice) and the
-workspace taken from the context's memory pool;
+workspace taken from the context's memory pool; a filter gradient of a small filter (<= 64
+taps per filter) has a kernel of our own among the timed candidates (conv_wgrad.py: cuDNN's
+legacy algorithms take 2.57 ms for the 3-D CNN's first layer on the H200);
 otherwise, or for a shape cuDNN refuses, through im2col + cuBLAS (symgpu/gpu/ops/conv_gemm.py).
 Which one runs is said once per process on stderr. Every call is queued on the context's
 stream and never syncs, so the thunks are CUDA-graph capturable (symgpu/gpu/exec/graphs.py).
@@ -30,8 +32,9 @@ import numpy as np
 from symgpu.config import config
 from symgpu.gpu.ops.conv_gemm import (gemm_forward, gemm_grad_inputs, gemm_grad_weights,
                                       prefetch_request)
-from symgpu.gpu.ops.cudnn import (ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, TENSOR_OP_MATH,
-                                  cudnn)
+from symgpu.gpu.ops.conv_wgrad import direct_wgrad
+from symgpu.gpu.ops.cudnn import (ConvDescs, CudnnError, DEFAULT_MATH, FMA_MATH, OwnAlgorithm,
+                                  TENSOR_OP_MATH, cudnn)
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk, new_array
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -226,6 +229,7 @@ class _GpuConvBase(_ConvBase):
                 plan = ConvDescs(cudnn(), ctx, self.kind, dtype.name, xshape, wshape, yshape,
                                  p, self.subsample, self.filter_dilation, self.filter_flip,
                                  self.num_groups, _math_mode(dtype.name), **extra)
+                self._offer_own(ctx, plan, dtype.name, xshape, wshape, yshape, p)
             except CudnnError as exc:
                 where = "im2col" if self._gemm_path(dtype.name) else "the host"
                 _announce(f"cuDNN refused a shape ({exc}); that convolution runs through "
@@ -233,6 +237,18 @@ class _GpuConvBase(_ConvBase):
                 plan = None
         plans[key] = plan
         return plan
+
+    def _offer_own(self, ctx: Any, plan: Any, dtype: str, xshape, wshape, yshape,
+                   pads) -> None:
+        """Offer the timed search our own algorithm for this call where one applies: the
+        direct filter gradient (conv_wgrad.py) of a small filter."""
+        if self.kind != "bwd_filter":
+            return
+        direct = direct_wgrad(dtype, xshape, wshape, yshape, pads, self.subsample,
+                              self.filter_dilation, self.filter_flip, self.num_groups)
+        if direct is not None:
+            plan.add_own(OwnAlgorithm("direct", direct.workspace,
+                                      lambda a, b, out, ws: direct.run(ctx, a, b, out, ws)))
 
     @staticmethod
     def _execute(ctx: Any, plan: Any, a_ptr: int, b_ptr: int, out_ptr: int) -> None:

@@ -27,10 +27,10 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 __all__ = ["CudnnError", "cudnn", "cudnn_available", "cudnn_version", "DATA_TYPES", "ConvDescs", "DEFAULT_MATH",
-           "TENSOR_OP_MATH", "FMA_MATH"]
+           "TENSOR_OP_MATH", "FMA_MATH", "OwnAlgorithm"]
 
 #: cudnnDataType_t: CUDNN_DATA_FLOAT, _DOUBLE, _HALF, _BFLOAT16
 DATA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 9}
@@ -206,8 +206,20 @@ SEARCH_WORKSPACE = 64 << 20
 SEARCH_RUNS = 3
 _TENSOR_OP_MATHS = (1, 2)     # CUDNN_TENSOR_OP_MATH, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
 #: timed choices, per context and geometry, shared by every op and function of the process:
-#: key -> (algo, math type, workspace bytes)
-_TIMED: dict[tuple, tuple[int, int, int]] = {}
+#: key -> (algo, math type, workspace bytes); algo is an OwnAlgorithm's name where one won
+_TIMED: dict[tuple, tuple[int | str, int, int]] = {}
+
+
+class OwnAlgorithm(NamedTuple):
+    """An algorithm of symgpu's own that a timed search runs beside cuDNN's (e.g.
+    conv_wgrad.py's direct filter gradient): ``run(a_ptr, b_ptr, out_ptr, ws_ptr)`` queues it
+    on the handle's stream, with the operands of ConvDescs.run and ``workspace`` bytes at
+    ws_ptr.  Why in the search rather than chosen by a rule: where it is slower than cuDNN's
+    best the search keeps cuDNN's, so a wrong guess costs one timed run per geometry."""
+
+    name: str
+    workspace: int
+    run: Callable[[int, int, int, int], None]
 
 
 class ConvDescs:
@@ -273,10 +285,26 @@ class ConvDescs:
                                     max(n for n in sizes if n <= SEARCH_WORKSPACE))
         self.fn = getattr(lib.lib, self.fn_name)
         self.stream = getattr(ctx, "stream", None)
+        #: symgpu's own algorithms for this call (add_own), and the one a search chose
+        self.own: list[OwnAlgorithm] = []
+        self.own_choice: OwnAlgorithm | None = None
 
-    def _adopt(self, algo: int, math: int, workspace: int) -> None:
+    def add_own(self, algorithm: OwnAlgorithm) -> None:
+        """Offer ``algorithm`` to the timed search (its workspace joins the search's)."""
+        self.own.append(algorithm)
+        self.search_workspace = max(self.search_workspace, int(algorithm.workspace))
+
+    def _adopt(self, algo: int | str, math: int, workspace: int) -> None:
+        self.timed = True
+        if isinstance(algo, str):
+            # another op's search chose an own algorithm this plan was not offered: cuDNN's
+            # heuristic choice stays
+            self.own_choice = next((a for a in self.own if a.name == algo), None)
+            if self.own_choice is not None:
+                self.workspace = int(self.own_choice.workspace)
+            return
         self._set_math(math)
-        self.algo, self.math, self.workspace, self.timed = algo, math, workspace, True
+        self.algo, self.math, self.workspace = algo, math, workspace
 
     def _set_math(self, math: int) -> None:
         self.lib.call("cudnnSetConvolutionMathType", self.conv.ptr, int(math))
@@ -295,7 +323,9 @@ class ConvDescs:
         for its first forward convolution a kernel slower than the heuristic's (56 against
         32 us): one run of each algorithm, the first (module loading included), decides.
         Candidates using tensor-op math are skipped unless the descriptor allows them
-        (float32 with TF32 allowed). Never call it while a CUDA graph is being captured."""
+        (float32 with TF32 allowed). symgpu's own algorithms (add_own) whose workspace fits
+        are run and timed the same way, after cuDNN's. Never call it while a CUDA graph is
+        being captured."""
         if self.timed:
             return
         done = _TIMED.get(self.geometry)
@@ -315,6 +345,17 @@ class ConvDescs:
                 seconds = timer(run, SEARCH_RUNS)
                 if best is None or seconds < best[0]:
                     best = (seconds, algo, math, size)
+            for own in self.own:
+                if own.workspace > ws_size:
+                    continue
+
+                def run_own(own: OwnAlgorithm = own) -> int:
+                    own.run(a_ptr, b_ptr, out_ptr, ws_ptr)
+                    return _STATUS_SUCCESS
+                run_own()
+                seconds = timer(run_own, SEARCH_RUNS)
+                if best is None or seconds < best[0]:
+                    best = (seconds, own.name, self.math, int(own.workspace))
             done = (self.algo, self.math, self.workspace) if best is None else best[1:]
             _TIMED[self.geometry] = done
         self._adopt(*done)
@@ -324,7 +365,11 @@ class ConvDescs:
         return {"fwd": [x, w, c, y], "bwd_data": [w, y, c, x], "bwd_filter": [x, y, c, w]}[self.kind]
 
     def run(self, a_ptr: int, b_ptr: int, out_ptr: int, ws_ptr: int) -> None:
-        """fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw."""
+        """fwd: (x, w) -> y; bwd_data: (w, dy) -> dx; bwd_filter: (x, dy) -> dw (by the own
+        algorithm a search chose, if one did)."""
+        if self.own_choice is not None:
+            self.own_choice.run(a_ptr, b_ptr, out_ptr, ws_ptr)
+            return
         self.lib.check(self._call(self.algo, a_ptr, b_ptr, out_ptr, ws_ptr, self.workspace),
                        self.fn_name)
 

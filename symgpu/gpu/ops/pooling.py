@@ -134,26 +134,28 @@ class _GpuPoolBase(_PoolBase):
         return nd == 3 and all(s >= w for s, w in zip(st, ws)) and not any(p) and all(o)
 
     def _launch_grad(self, ctx: Any, dtype: str, gx: Any, ptrs: tuple, geo: list[int],
-                     mode: int) -> None:
-        """The gradient's launch: one thread per window where `tiled`, else per element."""
+                     mode: int, extra: tuple = ()) -> None:
+        """The gradient's launch: one thread per window where `tiled`, else per element
+        (`extra`: arguments after the mode, an epilogue's operands)."""
         if self.tiled(geo) and gx.size:
             windows = geo[0] * int(np.prod(self.out_dims(geo), dtype=np.int64))
-            self._launch(ctx, "gradt", dtype, windows, ptrs, geo, mode)
+            self._launch(ctx, "gradt", dtype, windows, ptrs, geo, mode, extra)
         else:
-            self._launch(ctx, "grad", dtype, gx.size, ptrs, geo, mode)
+            self._launch(ctx, "grad", dtype, gx.size, ptrs, geo, mode, extra)
 
     def out_dims(self, geo: list[int]) -> tuple:
         """The output's spatial lengths in `geo`."""
         return tuple(geo[1 + self.nd:1 + 2 * self.nd])
 
     def _launch(self, ctx: Any, kind: str, dtype: str, total: int, ptrs: tuple,
-                geo: list[int], mode: int | None = None) -> None:
-        """One launch of `kind` over `total` threads: (pointers, geometry, mode if any)."""
+                geo: list[int], mode: int | None = None, extra: tuple = ()) -> None:
+        """One launch of `kind` over `total` threads: (pointers, geometry, mode if any,
+        `extra`)."""
         if total:
             blocks = max(1, min(65535, -(-total // _BLOCK)))
             tail = () if mode is None else (mode,)
             self._function(ctx, kind, dtype, index_suffix(geo)).prepared_async_call(
-                (blocks, 1), (_BLOCK, 1, 1), ctx.stream, *ptrs, *geo, *tail)
+                (blocks, 1), (_BLOCK, 1, 1), ctx.stream, *ptrs, *geo, *tail, *extra)
 
     def _function(self, ctx: Any, kind: str, dtype: str, suffix: str) -> Any:
         """The prepared kernel of `kind` (symgpu/gpu/ops/pooling_epilogue.py has its own)."""

@@ -106,13 +106,15 @@ extern "C" __global__ void pool_grad_${dt}${sfx}(const ${t} *x, const ${t} *z, c
 //@ ggrad
 extern "C" __global__ void pool_ggrad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *ggx, ${t} *ggz, ${geo}) { ${make} pool_ggrad_body<${t}, ${i}>(x, z, ggx, ggz, g); }
 //@ epilogue_store
-
+/* the epilogue's operands besides the sum and x: arrays of x's shape (e.g. relu's mask),
+   read at the stored element's index */
 struct PoolEpilogueStore {
+${members}
     __device__ __forceinline__ ${t} operator()(const ${t} acc, const ${t} *x, long long t) const
     { ${vt} r; sg_epilogue(${args}, r); return (${t})r; }
 };
 //@ grad_epi
-extern "C" __global__ void pool_grad_epi${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode, PoolEpilogueStore()); }
+extern "C" __global__ void pool_grad_epi${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode${params}) { ${make} const PoolEpilogueStore st = {${fields}}; pool_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode, st); }
 //@ body3
 /* 3-d: (L, D, H, W) input, (L, od, oh, ow) output; axis a has window ws[a], stride st[a] and
    padding p[a]. */
@@ -176,10 +178,11 @@ __device__ void pool3_fwd_body(const T *x, T *z, PoolGeo3<I> g, int mode)
     }
 }
 
-/* gx[l, d, r, c] = sum over the windows containing (d, r, c) of (max: x == z) gz / divisor */
-template <typename T, typename I>
+/* gx[l, d, r, c] = E(sum over the windows containing (d, r, c) of (max: x == z) gz /
+   divisor), E as in 2-d */
+template <typename T, typename I, typename E>
 __device__ void pool3_grad_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo3<I> g,
-                                int mode)
+                                int mode, const E &store)
 {
     const I total = g.L * g.D * g.H * g.W, step = (I)gridDim.x * blockDim.x;
     for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -200,7 +203,7 @@ __device__ void pool3_grad_body(const T *x, const T *z, const T *gz, T *gx, Pool
                     pool3_window(g, i, j, k, s, e, a0, a1);
                     acc += gz[o] / pool3_divisor<T>(mode, s, e, a0, a1);
                 }
-        gx[t] = acc;
+        gx[t] = store(acc, x, t);
     }
 }
 
@@ -209,10 +212,11 @@ __device__ void pool3_grad_body(const T *x, const T *z, const T *gz, T *gx, Pool
    elements and the uncovered ones after it up to the next window (the input's end for the
    last), as zeros -- so z and gz are read once per window and no index is divided per input
    element (the per-element kernel above took 34 us a call for the 3-D CNN's pooling
-   gradients on the H200, PyTorch's 4.4 us). */
-template <typename T, typename I>
+   gradients on the H200, PyTorch's 4.4 us).  E applies to every element of the tile, the
+   uncovered ones' zeros included. */
+template <typename T, typename I, typename E>
 __device__ void pool3_gradt_body(const T *x, const T *z, const T *gz, T *gx, PoolGeo3<I> g,
-                                 int mode)
+                                 int mode, const E &store)
 {
     const I total = g.L * g.od * g.oh * g.ow, step = (I)gridDim.x * blockDim.x;
     for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -234,7 +238,7 @@ __device__ void pool3_gradt_body(const T *x, const T *z, const T *gz, T *gx, Poo
                     T out = T(0);
                     if (in_dr && c < a1[2])
                         out = mode == 0 ? (x[row + c] == zv ? v : T(0)) : v;
-                    gx[row + c] = out;
+                    gx[row + c] = store(out, x, row + c);
                 }
             }
     }
@@ -264,8 +268,12 @@ __device__ void pool3_ggrad_body(const T *x, const T *z, const T *ggx, T *ggz, P
 //@ fwd3
 extern "C" __global__ void pool3_fwd_${dt}${sfx}(const ${t} *x, ${t} *z, ${geo}, int mode) { ${make} pool3_fwd_body<${t}, ${i}>(x, z, g, mode); }
 //@ grad3
-extern "C" __global__ void pool3_grad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool3_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode); }
+extern "C" __global__ void pool3_grad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool3_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode, PoolPlainStore<${t}>()); }
 //@ gradt3
-extern "C" __global__ void pool3_gradt_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool3_gradt_body<${t}, ${i}>(x, z, gz, gx, g, mode); }
+extern "C" __global__ void pool3_gradt_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode) { ${make} pool3_gradt_body<${t}, ${i}>(x, z, gz, gx, g, mode, PoolPlainStore<${t}>()); }
 //@ ggrad3
 extern "C" __global__ void pool3_ggrad_${dt}${sfx}(const ${t} *x, const ${t} *z, const ${t} *ggx, ${t} *ggz, ${geo}) { ${make} pool3_ggrad_body<${t}, ${i}>(x, z, ggx, ggz, g); }
+//@ grad3_epi
+extern "C" __global__ void pool3_grad_epi${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode${params}) { ${make} const PoolEpilogueStore st = {${fields}}; pool3_grad_body<${t}, ${i}>(x, z, gz, gx, g, mode, st); }
+//@ gradt3_epi
+extern "C" __global__ void pool3_gradt_epi${sfx}(const ${t} *x, const ${t} *z, const ${t} *gz, ${t} *gx, ${geo}, int mode${params}) { ${make} const PoolEpilogueStore st = {${fields}}; pool3_gradt_body<${t}, ${i}>(x, z, gz, gx, g, mode, st); }
