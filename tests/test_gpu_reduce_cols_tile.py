@@ -239,6 +239,32 @@ def test_leading_axes_of_three_dims_and_float64(emu):
 
 
 @requires_gxx
+def test_a_bias_update_epilogue_written_into_its_variable(emu):
+    """b - lr * d.sum(0) through the reduction's epilogue (gpu_careduce_epilogue), stored by
+    the last block of each column tile, into the bias's own buffer (write_into)."""
+    from emulated_gpu import device_array, host_view
+    from symgpu.scalar.composite import CompositeBuilder
+    rng = np.random.default_rng(11)
+    d = rng.standard_normal((1500, 260)).astype("float32")
+    bias = rng.standard_normal(260).astype("float32")
+    b = CompositeBuilder()
+    db, bb = b.add_input("float32"), b.add_input("float32")
+    post = b.build(b.add_op(S["sub"], [bb, b.add_op(S["mul"], [b.add_constant(0.02, "float32"),
+                                                                db])[0]]))
+    node = GpuCAReduce(S["add"], (0,), None, None, post)(_gv("float32", 2),
+                                                           _gv("float32", 1)).owner
+    b_dev = device_array(emu, bias)
+    thunk, storage = thunk_over(node, [device_array(emu, d), b_dev])
+    thunk.write_into[0] = b_dev
+    thunk()
+    (plan,) = thunk.reduce_thunk.plans.values()
+    assert plan[0].kernel == "sg_cols_tile" and plan[0].G > 1
+    assert storage[node.outputs[0]][0] is b_dev
+    want = bias - np.float32(0.02) * d.sum(0, dtype="float64").astype("float32")
+    np.testing.assert_allclose(host_view(b_dev), want, rtol=1e-5, atol=1e-5)
+
+
+@requires_gxx
 @pytest.mark.parametrize("shape,G", [((1, 300), 1), ((37, 1), 1), ((37, 1), 4), ((1, 5), 1),
                                      ((9, 130), 3), ((300, 4), 7)])
 def test_the_kernel_at_edge_shapes(emu, shape, G):
