@@ -27,9 +27,11 @@ gvar = gpu_vector_maker(CTX)
 @pytest.fixture
 def fake_device(monkeypatch):
     import symgpu.gpu.runtime.codegen.launch as launch
+    from symgpu.gpu.runtime.array import GpuArray
     calls = []
     ctx = fake_kernel_device(monkeypatch, calls)
     monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
+    monkeypatch.setattr(GpuArray, "fill", lambda self, v: self)   # (one-pass counters' memset)
     return ctx, calls
 
 
@@ -76,9 +78,10 @@ def test_tall_columns_strided_and_transposed_inputs_keep_their_paths(fake_device
     tall = _ReduceThunk.COLS_BLOCK_ROWS_PER_LANE * 128 + 1       # one row too many a lane
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall, 64)))
     assert [c[0] for c in got] == ["sg_cols_partial", "sg_finish"]
-    # however many columns: walking R alone, a block is latency-bound
+    # however many columns: walking R alone, a block is latency-bound; at least 128
+    # contiguous columns take the column tiles (test_gpu_reduce_cols_tile.py)
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall, 8 * SMS)))
-    assert [c[0] for c in got] == ["sg_cols_partial", "sg_finish"]
+    assert [c[0] for c in got] == ["sg_cols_tile"]
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (tall - 1, 8 * SMS)))
     assert [c[0] for c in got] == ["sg_cols_block"] and got[0][1:3] == ((SMS, 1, 1), (8, 128, 1))
     # every other column: the kept stride is 2, not the coalesced layout the kernel is for
@@ -96,6 +99,9 @@ def test_tall_columns_strided_and_transposed_inputs_keep_their_paths(fake_device
 def test_knob_restores_the_split(fake_device, monkeypatch):
     ctx, calls = fake_device
     monkeypatch.setattr(_ReduceThunk, "COLS_BLOCK", False)
+    got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (512, 1024)))
+    assert [c[0] for c in got] == ["sg_cols_tile"]
+    monkeypatch.setattr(_ReduceThunk, "COLS_TILE", False)
     got, _ = _launches(ctx, calls, S["add"], (0,), fake_gpu_array(ctx, (512, 1024)))
     assert [c[0] for c in got] == ["sg_cols_partial", "sg_finish"]
 

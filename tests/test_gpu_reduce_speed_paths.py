@@ -19,7 +19,8 @@ from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker,
                          requires_nvcc, thunk_over, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.runtime import compiler
-from symgpu.gpu.runtime.codegen.reduce import (COLS_BLOCK_KERNELS, KERNELS, ONEPASS_KERNELS,
+from symgpu.gpu.runtime.codegen.reduce import (COLS_BLOCK_KERNELS, COLS_TILE_KERNELS, KERNELS,
+                                               ONEPASS_KERNELS,
                                                VECTOR_KERNELS, ReduceSignature,
                                        kernel_names, reduce_formats, render_reduce)
 from symgpu.gpu.runtime.context import gpu_available, why_unavailable
@@ -48,8 +49,8 @@ def test_vector_kernels_only_where_item_sizes_agree_and_reduced_dims_collapse():
     assert ReduceSignature("add", S["mul"], ("float32", "float64"), "float64", 1, 1
                            ).vector_width == 0
     assert ReduceSignature("add", None, ("float32",), "float32", 1, 2).vector_width == 0
-    assert kernel_names(one) == (KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS + VECTOR_KERNELS
-                                 + ("sg_finish",))
+    assert kernel_names(one) == (KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS
+                                 + COLS_TILE_KERNELS + VECTOR_KERNELS + ("sg_finish",))
 
 
 @pytest.mark.parametrize("sig", [

@@ -128,6 +128,10 @@ class Segment:
         self.keys_met = 0
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
+        #: whether a node of the segment may give other bits from the same inputs (an op with
+        #: ``deterministic = False``: float atomics, as fused attention's dq): a new graph is
+        #: then checked against the spread of two plain runs (graphs.Runner._segment sets it)
+        self.nondeterministic = False
         self.nodes_captured = 0
 
     # -- the per-call path
@@ -367,7 +371,7 @@ class Segment:
         for v, g in zip(vals, self.in_gpu):
             if g:
                 total += v.nbytes
-        if total > _graphs.VERIFY_LIMIT:
+        if total > _graphs.verify_limit(self.ctx):
             return None
         copy = self.runner.driver.copy
         snap: list = []
@@ -402,7 +406,7 @@ class Segment:
         drv = runner.driver
         pool = ctx.pool
         stream = ctx.stream_handle
-        ref = snap = None
+        ref = snap = spread = None
         if runner.verify:
             # run plainly first: the graph must give the same values (checked below)
             try:
@@ -419,6 +423,10 @@ class Segment:
             self._plain(count=False)   # a thunk's error is the call's own: it propagates
             try:
                 ref = self._host_values()
+                if self.nondeterministic:   # a second plain run: how far they may differ
+                    self._restore(vals, snap)
+                    self._plain(count=False)
+                    spread = self._host_values()
             except (MemoryError, *driver_errors()) as exc:   # the plain results stand
                 if is_device_check_error(exc):
                     raise               # a bad index of the call itself
@@ -558,7 +566,7 @@ class Segment:
         self._hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
-                why = results_differ(ref, self._host_values())
+                why = results_differ(ref, self._host_values(), spread)
             except (MemoryError, *driver_errors()) as exc:
                 if is_device_check_error(exc):
                     raise

@@ -80,7 +80,8 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   them (GpuToGpu) are queued device to device, ordered by events (runtime/peer.py).
 * **Checked.** Each new graph is checked once: the segment runs plainly from copies of its
   inputs, then the graph runs from the same values, and the results must agree (segments
-  whose GPU inputs pass ``VERIFY_LIMIT`` bytes are not captured at all).
+  whose GPU inputs pass :func:`verify_limit` bytes, a sixteenth of the device's memory by
+  default, are not captured at all).
 * **Fallback.** Anything unexpected (an unkeyable input, a capture error, an output the graph
   cannot rebuild, a disagreeing graph) runs the thunks plainly; a capture error also warns once
   and turns graphs off for that function.  Profiled functions (``vm.profiler`` set) never use
@@ -153,13 +154,31 @@ MAX_SEEN = 64
 VARIED_REPEATS = 4
 VARIED_AFTER = 4
 #: check each new graph once against plain launches of the same inputs (the GPU inputs are
-#: copied for that; segments whose GPU inputs pass VERIFY_LIMIT bytes are never captured)
+#: copied for that; segments whose GPU inputs pass :func:`verify_limit` bytes are never
+#: captured): VERIFY_LIMIT bytes where set, else VERIFY_FRACTION of the device's memory and
+#: at least VERIFY_LIMIT_FLOOR.  Why relative: a training step's inputs are its parameters
+#: and optimizer states, 85 MB for one GPT block with AdamW (7M parameters, two moments), so
+#: a fixed 64 MB kept every real model's step plain (a copy back per update, the host's gaps
+#: between launches); copying them once per captured key costs a few ms of device memory
+#: traffic on a device of 80-141 GB
 VERIFY = True
-VERIFY_LIMIT = 64 << 20
+VERIFY_LIMIT: int | None = None
+VERIFY_FRACTION = 1 / 16
+VERIFY_LIMIT_FLOOR = 64 << 20
 #: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
 #: counts of plain runs and replays: ``Runner.stats()``)
 STATS: Counter = Counter()
 _graph_segment.read_settings_from(sys.modules[__name__])   # Segment reads the settings above
+
+def verify_limit(ctx: Any) -> int:
+    """The most bytes of GPU inputs a segment on ``ctx`` may have to be captured (its check
+    copies them once): ``VERIFY_LIMIT`` where set, else ``VERIFY_FRACTION`` of the device's
+    memory, at least ``VERIFY_LIMIT_FLOOR``."""
+    if VERIFY_LIMIT is not None:
+        return int(VERIFY_LIMIT)
+    total = int(getattr(ctx, "total_memory", 0) or 0)
+    return max(VERIFY_LIMIT_FLOOR, int(total * VERIFY_FRACTION))
+
 
 class GraphCaptureWarning(RuntimeWarning):
     """A function's launches could not be captured into a CUDA graph; it runs them plainly."""
@@ -507,6 +526,7 @@ class Runner:
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
                       [sm[v] for v in internal], ctx, copy_back, param_thunks,
                       param_inputs, staged, written, direct)
+        seg.nondeterministic = any(not getattr(nodes[i].op, "deterministic", True) for i in idx)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters

@@ -309,6 +309,9 @@ class GpuAttentionGrad(_GpuAttentionBase):
 
     __props__ = ("causal", "scale", "has_mask", "has_dlse")
     infer_shape = AttentionGrad.infer_shape
+    #: dq is summed over key tiles with float atomics, in any order: a CUDA graph of it is
+    #: checked against the spread of two plain runs (graph_segment.Segment.nondeterministic)
+    deterministic = False
 
     def make_node(self, *inputs: Any) -> Apply:
         want = 6 + self.has_mask + self.has_dlse

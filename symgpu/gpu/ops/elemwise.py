@@ -582,7 +582,9 @@ class _ReduceThunk:
     (taller arrays keep the split: a lane walking R alone is latency-bound; measured on an
     H100, float32 sums: (512, 1024) 2.59 us against 3.36 us of split + finish kernels,
     (2048, 1024) at 16 rows a lane 4.40 against 4.31, (3072, 1024) 5.53 against 4.85,
-    (4096, 4224) with 132 blocks of 32 columns 34.4 against 26.3)."""
+    (4096, 4224) with 132 blocks of 32 columns 34.4 against 26.3).  Taller arrays of at
+    least ``COLS_TILE_MIN_K`` contiguous columns (a transformer's bias gradients: 22 us each
+    on the H200 through the split) are one ``sg_cols_tile`` launch (reduce.cu)."""
 
     #: tuning knobs (class attributes, read when a plan is made)
     USE_ONEPASS = True      # False: rows split over blocks finish in a second launch
@@ -593,6 +595,7 @@ class _ReduceThunk:
     ONEPASS_MIN_BYTES_PER_THREAD = 64
     COLS_BLOCK = True       # False: split columns always finish in a second launch
     COLS_BLOCK_ROWS_PER_LANE = 16
+    COLS_TILE, COLS_TILE_MIN_K, COLS_TILE_ROWS_PER_LANE = True, 128, 8   # (False: the split)
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:
@@ -671,12 +674,29 @@ class _ReduceThunk:
                     p.block, p.grid = (256, 1, 1), (1, g, 1)
         else:
             cw = self.cols_block_width(p, ins[0].dtype.itemsize)
-            if cw:
+            if not cw and self.cols_tile_fits(p, ks):
+                p.grid, p.G, p.chunk = layout.cols_tile_grid(
+                    p.K, p.R, self.op.signature(self.node, 1, 1).cols_vector, self.sms,
+                    self.COLS_TILE_ROWS_PER_LANE)
+                p.block, name = (32, 8, 1), "sg_cols_tile"
+                mode, counters = ((self.FINAL, 0) if p.G == 1 else
+                                  (self.ONEPASS, self.counter_ptr()))
+            elif cw:
                 name, mode = "sg_cols_block", self.FINAL
                 p.G, p.chunk = 1, p.R
                 p.block = (cw, 1024 // cw, 1)
                 p.grid = (min(-(-p.K // cw), 16 * self.sms), 1, 1)
+        p.kernel = name     # (the launch's kernel, for tests and explain)
         return p, ks[name], ks["sg_finish"], ks["acc_dtype"], tuple(p.meta()), mode, counters
+
+    def cols_tile_fits(self, p: Any, ks: dict) -> bool:
+        """Whether the columns plan ``p`` takes ``sg_cols_tile``: one kept and one reduced dim,
+        every operand's columns contiguous (or one value), at least ``COLS_TILE_MIN_K``, and
+        R tall enough to be split with no one-launch column block."""
+        return (self.COLS_TILE and p.strategy == "cols" and p.G > 1 and p.K and p.R
+                and p.K >= self.COLS_TILE_MIN_K and p.knd == 1 and p.rnd == 1
+                and "sg_cols_tile" in ks and p.kstrides[0][-1] == 1
+                and all(s[-1] in (0, 1) for s in p.kstrides))
 
     def cols_block_width(self, p: Any, itemsize: int) -> int:
         """The columns per block of ``sg_cols_block`` for the columns plan ``p`` (split over

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["broadcast_shapes", "element_strides", "collapse", "ReducePlan", "plan_reduction",
-           "c_contiguous", "fits_32bit", "row_col"]
+           "c_contiguous", "fits_32bit", "row_col", "cols_tile_grid"]
 
 
 def broadcast_shapes(shapes: Sequence[tuple[int, ...]], what: str = "elementwise op") -> tuple[int, ...]:
@@ -128,11 +128,12 @@ class ReducePlan:
     kept/reduced shapes and per-operand strides, the strategy and the launch geometry."""
 
     __slots__ = ("K", "R", "kshape", "rshape", "kstrides", "rstrides", "strategy", "grid",
-                 "block", "chunk", "G", "finish_grid", "out_shape")
+                 "block", "chunk", "G", "finish_grid", "out_shape", "kernel")
 
     def __repr__(self) -> str:
         return (f"ReducePlan(K={self.K}, R={self.R}, kshape={self.kshape}, rshape={self.rshape}, "
-                f"strategy={self.strategy}, grid={self.grid}, block={self.block}, G={self.G})")
+                f"strategy={self.strategy}, grid={self.grid}, block={self.block}, G={self.G}, "
+                f"kernel={self.kernel})")
 
     @property
     def knd(self) -> int:
@@ -196,6 +197,22 @@ def plan_reduction(shape: tuple[int, ...], strides: Sequence[Sequence[int]],
     p.chunk = _ceil(p.R, g) if p.R else 0
     p.G = _ceil(p.R, p.chunk) if p.chunk else 1
     p.strategy = strategy
+    p.kernel = None      # set by the thunk that launches the plan
     p.grid = (max(1, min(kb, 16 * sm_count)), p.G, 1)
     p.finish_grid = (max(1, min(_ceil(p.K, 8), 16 * sm_count)), 1, 1)
     return p
+
+
+def cols_tile_grid(K: int, R: int, cols_vector: int, sm_count: int, min_rows_per_lane: int
+                   ) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, G, chunk) of reduce.cu's ``sg_cols_tile`` over K columns of R rows: blocks of
+    32 x 8 threads over tiles of ``32 * cols_vector`` columns, R split into G row tiles of
+    ``chunk`` rows so that about a full wave of 256-thread blocks (8 per multiprocessor)
+    runs, each of the 8 row lanes of a block taking at least ``min_rows_per_lane`` rows
+    (fewer, longer lanes where the columns alone fill the GPU); the grid's x is capped at 16
+    blocks per multiprocessor (the one-pass counters: one per blockIdx.x)."""
+    tiles = _ceil(K, 32 * cols_vector)
+    g = max(1, min(_ceil(8 * sm_count, tiles), _ceil(R, 8 * max(1, min_rows_per_lane)), 65535))
+    chunk = _ceil(R, g) if R else 0
+    g = _ceil(R, chunk) if chunk else 1
+    return (max(1, min(tiles, 16 * sm_count)), g, 1), g, chunk

@@ -22,6 +22,16 @@
  *                            warp per column combines the Y lanes' values from shared memory),
  *                            so a column reduction of moderate R is one launch, no partials,
  *                            no atomics
+ *   sg_cols_tile             tall arrays of many contiguous columns (a bias gradient d.sum(0)
+ *                            of an (8192, 2304) activation), blockDim 32x8: a thread owns
+ *                            SG_CV adjacent columns, read as one aligned access of every
+ *                            operand per row (a scalar loop where the columns are not aligned,
+ *                            the last ones of a width that is not a multiple of SG_CV), a
+ *                            block a tile of 32 * SG_CV columns by `chunk` rows (gridDim.y
+ *                            row tiles); the 8 row lanes combine through shared memory, the
+ *                            row tiles' partials (a (G, K) array: coalesced) by the last block
+ *                            of each column tile, in a fixed order (one launch, no float
+ *                            atomics, the same bits every launch); G == 1 stores directly
  *   sg_finish                reduces the (K, G) partials when R was split over G blocks
  * A *partial* launch splits R over gridDim.y = G blocks, each writing its share to
  * partial[k * G + blockIdx.y], and sg_finish combines them in a second launch.  A *onepass*
@@ -40,6 +50,7 @@ typedef ${out_ctype} out_t;   /* ${out_dtype} */
 #define SG_KND ${knd}
 #define SG_RND ${rnd}
 #define SG_VW ${vw}      /* elements per 16-byte vector; 0: no vector kernels */
+#define SG_CV ${cv}      /* adjacent columns a thread of sg_cols_tile owns */
 #define SG_IDENTITY (${identity})
 #define SG_COLS_Y 8
 #define SG_FINAL 0
@@ -71,14 +82,31 @@ template <typename T> __device__ __forceinline__ T sg_velem(const uint4 &r, cons
 }
 #endif
 
-${operands}
-
 struct sg_rmeta {
     long long kshape[SG_KND];
     long long rshape[SG_RND];
     long long kstride[SG_NIN][SG_KND];   /* in elements, 0 where broadcast */
     long long rstride[SG_NIN][SG_RND];
 };
+
+/* SG_CV adjacent values of one operand (kept stride ks: 1, or 0 for one value repeated) as one
+ * aligned access (sg_cols_tile; the caller checked the alignment: sg_cvec_ok) */
+template <typename T, int N> struct alignas(N * sizeof(T)) sg_cvec { T v[N]; };
+template <typename T>
+__device__ __forceinline__ void sg_cvec_load(const T *at, const long long ks, T *x)
+{
+    if (ks == 0) {
+        const T one = *at;
+#pragma unroll
+        for (int u = 0; u < SG_CV; ++u) x[u] = one;
+    } else {
+        const sg_cvec<T, SG_CV> w = *reinterpret_cast<const sg_cvec<T, SG_CV> *>(at);
+#pragma unroll
+        for (int u = 0; u < SG_CV; ++u) x[u] = w.v[u];
+    }
+}
+
+${operands}
 
 __device__ __forceinline__ void sg_koff(const sg_rmeta &m, long long k, long long *off)
 {
@@ -312,6 +340,100 @@ __device__ __forceinline__ void sg_cols_block_body(const long long K, const long
     }
 }
 
+/* sg_cols_tile (see the header) */
+#define SG_CT_X 32
+#define SG_CT_Y 8
+#define SG_CT_COLS (SG_CT_X * SG_CV)
+/* combine rows r, r + SG_CT_Y, ... below r_end of columns k0 .. k0 + SG_CV - 1 into acc */
+__device__ __forceinline__ void sg_ctile_strip(const sg_rmeta &m, const sg_rptrs &p,
+                                               const long long k0, const long long K,
+                                               long long r, const long long r_end, acc_t *acc)
+{
+#if SG_KND == 1 && SG_RND == 1
+    long long koff[SG_NIN];
+    sg_koff(m, k0, koff);
+    if (k0 + SG_CV <= K && sg_cvec_ok(m, p, koff)) {
+        for (; r + 3 * SG_CT_Y < r_end; r += 4 * SG_CT_Y) {
+            const sg_craw c0 = sg_cload(m, p, koff, r), c1 = sg_cload(m, p, koff, r + SG_CT_Y);
+            const sg_craw c2 = sg_cload(m, p, koff, r + 2 * SG_CT_Y);
+            const sg_craw c3 = sg_cload(m, p, koff, r + 3 * SG_CT_Y);
+            acc_t a[SG_CV], b[SG_CV];
+#pragma unroll
+            for (int u = 0; u < SG_CV; ++u) { a[u] = SG_IDENTITY; b[u] = SG_IDENTITY; }
+            sg_cadd(a, c0); sg_cadd(b, c1); sg_cadd(a, c2); sg_cadd(b, c3);
+#pragma unroll
+            for (int u = 0; u < SG_CV; ++u) acc[u] = sg_combine(acc[u], sg_combine(a[u], b[u]));
+        }
+        for (; r < r_end; r += SG_CT_Y) sg_cadd(acc, sg_cload(m, p, koff, r));
+        return;
+    }
+#endif
+#pragma unroll
+    for (int u = 0; u < SG_CV; ++u) {
+        if (k0 + u < K) {
+            long long ku[SG_NIN];
+            sg_koff(m, k0 + u, ku);
+            acc[u] = sg_strip(m, p, ku, r, r_end, SG_CT_Y);
+        }
+    }
+}
+
+__device__ __forceinline__ void sg_cols_tile_body(const long long K, const long long R,
+                                                  const long long chunk, const sg_rmeta &m,
+                                                  const sg_rptrs &p)
+{
+    __shared__ acc_t sm[SG_CT_Y][SG_CT_COLS];
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * SG_CT_X + tx;
+    const long long r_begin = (long long)blockIdx.y * chunk;
+    const long long r_end = min(R, r_begin + chunk);
+    const long long G = gridDim.y;
+    for (long long kb = (long long)blockIdx.x * SG_CT_COLS; kb < K;
+         kb += (long long)gridDim.x * SG_CT_COLS) {
+        acc_t acc[SG_CV];
+#pragma unroll
+        for (int u = 0; u < SG_CV; ++u) acc[u] = SG_IDENTITY;
+        const long long k0 = kb + (long long)tx * SG_CV;
+        if (k0 < K) sg_ctile_strip(m, p, k0, K, r_begin + ty, r_end, acc);
+        /* column tx * SG_CV + u of the tile at slot u * 32 + tx: conflict-free stores */
+#pragma unroll
+        for (int u = 0; u < SG_CV; ++u) sm[ty][u * SG_CT_X + tx] = acc[u];
+        __syncthreads();
+        for (int c = tid; c < SG_CT_COLS; c += SG_CT_X * SG_CT_Y) {
+            const int slot = (c % SG_CV) * SG_CT_X + c / SG_CV;
+            acc_t a = sm[0][slot];
+#pragma unroll
+            for (int t = 1; t < SG_CT_Y; ++t) a = sg_combine(a, sm[t][slot]);
+            if (kb + c < K) {
+                if (G == 1) sg_put_p(p, kb + c, a);
+                else p.partial[blockIdx.y * K + kb + c] = a;
+            }
+        }
+        __syncthreads();
+    }
+    if (G == 1 || !sg_last_block(p.counters)) return;
+    /* the last block of this blockIdx.x: each column's G partials, lane l of the column taking
+     * g = l, l + lanes, ... in order, the lanes then combined in order (deterministic) */
+    const int lanes = (SG_CT_X * SG_CT_Y) / SG_CT_COLS;
+    const int c = tid % SG_CT_COLS, l = tid / SG_CT_COLS;
+    acc_t *flat = &sm[0][0];
+    for (long long kb = (long long)blockIdx.x * SG_CT_COLS; kb < K;
+         kb += (long long)gridDim.x * SG_CT_COLS) {
+        acc_t a = SG_IDENTITY;
+        if (kb + c < K) {
+#pragma unroll 4
+            for (long long g = l; g < G; g += lanes) a = sg_combine(a, __ldcg(p.partial + g * K + kb + c));
+        }
+        flat[l * SG_CT_COLS + c] = a;
+        __syncthreads();
+        if (l == 0 && kb + c < K) {
+            acc_t s = flat[c];
+            for (int t = 1; t < lanes; ++t) s = sg_combine(s, flat[t * SG_CT_COLS + c]);
+            sg_put_p(p, kb + c, s);
+        }
+        __syncthreads();
+    }
+}
+
 #define SG_ARGS const long long K, const long long R, const long long chunk, \
                 const sg_rmeta m, const sg_rptrs p
 extern "C" __global__ void sg_rows_final(SG_ARGS) { sg_rows_body<SG_FINAL>(K, R, chunk, m, p); }
@@ -322,6 +444,8 @@ extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, 
 /* 1024 threads (32x32, 16x64 or 8x128): at most 64 registers */
 extern "C" __global__ void __launch_bounds__(1024) sg_cols_block(SG_ARGS)
 { sg_cols_block_body(K, R, m, p); }
+extern "C" __global__ void __launch_bounds__(256) sg_cols_tile(SG_ARGS)
+{ sg_cols_tile_body(K, R, chunk, m, p); }
 #if SG_VW
 /* 256 threads (256x1 or 32x8), at most 64 registers: 4 blocks (1024 threads) per multiprocessor */
 extern "C" __global__ void __launch_bounds__(256, 4) sg_vrows_final(SG_ARGS)

@@ -16,7 +16,8 @@ from symgpu.gpu.runtime.codegen.types import (acc_ctype_for, is_float_dtype, lit
                                       value_ctype)
 
 __all__ = ["ReduceSignature", "render_reduce", "REDUCIBLE", "KERNELS", "ONEPASS_KERNELS",
-           "COLS_BLOCK_KERNELS", "VECTOR_KERNELS", "reduce_formats", "kernel_names"]
+           "COLS_BLOCK_KERNELS", "COLS_TILE_KERNELS", "VECTOR_KERNELS", "reduce_formats",
+           "kernel_names"]
 
 #: reductions the generator knows: name -> (identity kind, combine template by kind)
 REDUCIBLE = ("add", "mul", "maximum", "minimum", "and_", "or_")
@@ -25,6 +26,10 @@ KERNELS = ("sg_rows_final", "sg_rows_partial", "sg_cols_final", "sg_cols_partial
 ONEPASS_KERNELS = ("sg_rows_onepass",)
 #: and the one-launch columns kernel (a block finishes its 32 columns over the whole of R)
 COLS_BLOCK_KERNELS = ("sg_cols_block",)
+#: and the column-tile kernel for tall arrays of many contiguous columns (a bias gradient of an
+#: (8192, 2304) activation): each thread owns ``ReduceSignature.cols_vector`` adjacent columns
+#: read as one access, a block a tile of rows, row tiles combined by the last block (one launch)
+COLS_TILE_KERNELS = ("sg_cols_tile",)
 #: kernels of modules whose operands share one item size and whose reduced dims collapse to one
 #: (``ReduceSignature.vector_width`` > 0): 16-byte loads of contiguous rows
 VECTOR_KERNELS = ("sg_vrows_final", "sg_vrows_onepass")
@@ -75,11 +80,18 @@ class ReduceSignature:
             return 0
         return 16 // sizes.pop()
 
+    @property
+    def cols_vector(self) -> int:
+        """Adjacent columns a thread of ``sg_cols_tile`` owns and loads as one access per
+        operand: 4 (2 where an operand has 8-byte items: a 16-byte access at most)."""
+        return 2 if max(np.dtype(d).itemsize for d in self.in_dtypes) >= 8 else 4
+
 
 def kernel_names(sig: ReduceSignature) -> tuple[str, ...]:
     """Every kernel of ``sig``'s module."""
     vec = VECTOR_KERNELS if sig.vector_width else ()
-    return KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS + vec + ("sg_finish",)
+    return (KERNELS + ONEPASS_KERNELS + COLS_BLOCK_KERNELS + COLS_TILE_KERNELS + vec
+            + ("sg_finish",))
 
 
 def reduce_formats(sig: ReduceSignature) -> dict[str, str]:
@@ -153,7 +165,7 @@ def _operands(sig: ReduceSignature) -> str:
     out = ["struct sg_rptrs {", *ptrs, "};",
            f"__device__ __forceinline__ acc_t sg_valv({params})", "{", *body, "}",
            "__device__ __forceinline__ acc_t sg_value(const sg_rptrs &p, const long long *off)",
-           "{", f"    return sg_valv({at});", "}", *_put(sig)]
+           "{", f"    return sg_valv({at});", "}", *_put(sig), *_column_vectors(sig)]
     if not sig.vector_width:
         return "\n".join(out)
     item = np.dtype(sig.in_dtypes[0]).itemsize
@@ -187,6 +199,33 @@ def _operands(sig: ReduceSignature) -> str:
                 f"    for (int u = 0; u < {w}; ++u) t[u] = sg_combine(t[u], t[u + {w}]);")],
             "    return t[0];", "}"]
     return "\n".join(out)
+
+
+def _column_vectors(sig: ReduceSignature) -> list[str]:
+    """sg_ctile's per-operand helpers (reduce.cu): whether a thread's SG_CV columns can be
+    read as one aligned access of every operand (kept stride 1, or 0: one value repeated),
+    the raw values of one row (sg_craw, sg_cload) and their accumulation (sg_cadd)."""
+    nin = len(sig.in_dtypes)
+    st = [storage_ctype(d) for d in sig.in_dtypes]
+    ok = []
+    for i, t in enumerate(st):
+        ok += [f"    if (m.kstride[{i}][0] != 0) {{",
+               f"        if (m.kstride[{i}][0] != 1 || m.rstride[{i}][0] % SG_CV != 0) "
+               "return false;",
+               f"        if (reinterpret_cast<unsigned long long>(p.in{i} + koff[{i}]) % "
+               f"(SG_CV * sizeof({t})) != 0) return false;", "    }"]
+    loads = [f"    sg_cvec_load(p.in{i} + koff[{i}] + r * m.rstride[{i}][0], "
+             f"m.kstride[{i}][0], c.x{i});" for i in range(nin)]
+    args = ", ".join(f"c.x{i}[u]" for i in range(nin))
+    return ["struct sg_craw { " + " ".join(f"{t} x{i}[SG_CV];" for i, t in enumerate(st)) + " };",
+            "__device__ __forceinline__ bool sg_cvec_ok(const sg_rmeta &m, const sg_rptrs &p, "
+            "const long long *koff)", "{", *ok, "    return true;", "}",
+            "__device__ __forceinline__ sg_craw sg_cload(const sg_rmeta &m, const sg_rptrs &p, "
+            "const long long *koff, const long long r)", "{", "    sg_craw c;", *loads,
+            "    return c;", "}",
+            "__device__ __forceinline__ void sg_cadd(acc_t *acc, const sg_craw &c)", "{",
+            "#pragma unroll", f"    for (int u = 0; u < SG_CV; ++u) "
+            f"acc[u] = sg_combine(acc[u], sg_valv({args}));", "}"]
 
 
 def _put(sig: ReduceSignature) -> list[str]:
@@ -241,6 +280,7 @@ def render_reduce(sig: ReduceSignature, title: str | None = None) -> str:
         acc_ctype=acc_ctype_for(acc)[1] if acc != "int32" else "int", acc_dtype=acc,
         out_ctype=storage_ctype(sig.out_dtype), out_dtype=sig.out_dtype,
         nin=len(sig.in_dtypes), knd=sig.knd, rnd=sig.rnd, vw=sig.vector_width,
+        cv=sig.cols_vector,
         identity=_identity(sig),
         combine=_combine(sig), operands=_operands(sig),
         finish_params="".join(f", const {storage_ctype(d)} *ex{i}"
