@@ -14,6 +14,7 @@ the bytes of every operand read or written once over that time.  Not a test.
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -21,16 +22,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_kernels import _event_time  # noqa: E402  (CUDA-event timing, one copy)
+from gpu_kernels import _event_time as _kernels_event_time  # noqa: E402
 
 #: the activations' shape (batch, sequence, channels) and the operands' broadcast patterns
 B, S_, C = 8, 1024, 2304
 ROW, COL = (True, True, False), (False, False, True)
 
 
-def _event_time5(launch) -> float:
-    """Best of 5 timings of 50 launches (the row/column kernels differ by a few µs)."""
-    return _event_time(launch, iters=50, repeat=5)
+#: CUDA-event timing (gpu_kernels'), best of 5: the kernels differ by a few µs
+_event_time = functools.partial(_kernels_event_time, repeat=5)
 
 
 def _layer_norm(dtype: str, affine: bool):
@@ -99,14 +99,14 @@ def main(torch_compile: bool = True) -> None:
         row = [name.ljust(44)]
         for rowcol in (True, False):
             gelem._ElemwiseThunk.ROWCOL = rowcol
-            row.append(cell(_event_time5(thunk_for(sop, values, patterns))))
+            row.append(cell(_event_time(thunk_for(sop, values, patterns))))
         gelem._ElemwiseThunk.ROWCOL = True
         unary = thunk_for(S["neg"], values[:1], patterns[:1])
-        t = _event_time5(unary)   # its bytes: x and the output only
+        t = _event_time(unary)   # its bytes: x and the output only
         row.append(f"{t * 1e6:7.1f} us {2 * values[0].nbytes / t / 1e12:4.2f} TB/s")
         tvals = [torch.from_numpy(a.astype("float32")).to("cuda", getattr(torch, str(a.dtype)))
                  for a in values]
-        row.append(cell(_event_time5(lambda: tfn(*tvals))))
+        row.append(cell(_event_time(lambda: tfn(*tvals))))
         if not torch_compile:
             row.append("skipped")
             print(" ".join(row), flush=True)
@@ -114,7 +114,7 @@ def main(torch_compile: bool = True) -> None:
         try:
             compiled = torch.compile(tfn)
             compiled(*tvals)
-            row.append(cell(_event_time5(lambda: compiled(*tvals))))
+            row.append(cell(_event_time(lambda: compiled(*tvals))))
         except Exception as exc:                     # no Triton/compiler on the machine
             row.append(f"unavailable ({type(exc).__name__})")
         print(" ".join(row), flush=True)

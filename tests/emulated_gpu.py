@@ -260,3 +260,16 @@ def record_launches(monkeypatch) -> list[str]:
         return kernels
     monkeypatch.setattr(launch, "load_kernels", recording)
     return names
+
+
+def run_op_on(ctx: Any, op: Any, *values: np.ndarray) -> np.ndarray:
+    """`op`'s own thunk over emulated device copies of the NumPy `values` (a node built on a
+    virtual context): its output, copied to the host."""
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with virtual_context(None):
+        node = op(*[GpuArrayType(str(v.dtype), (False,) * v.ndim, None)() for v in values]).owner
+    cells = {v: [device_array(ctx, a)] for v, a in zip(node.inputs, values)}
+    cells[node.outputs[0]] = [None]
+    node.op.make_thunk(node, cells, {}, [])()
+    return host_view(cells[node.outputs[0]][0]).copy()

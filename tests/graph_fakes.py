@@ -521,3 +521,17 @@ class FakeGuardedCopies:
             return kernels
         monkeypatch.setattr(dc, "_guard_kernels", guard_kernels)
         return self
+
+
+def linked(inputs, outputs, values, updates=None):
+    """The VM of a graph over `inputs` (holding `values`) with CUDA graphs on, and the graph
+    (its updates as given)."""
+    from symgpu.config import config
+    from symgpu.graph.fg import FunctionGraph
+    from symgpu.link.vm import link
+    fg = FunctionGraph(inputs, outputs, clone=False)
+    fg.update_mapping = dict(updates or {})
+    storage = {v: [x] for v, x in zip(inputs, values)}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, storage)
+    return vm, fg

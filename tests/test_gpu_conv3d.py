@@ -19,7 +19,7 @@ import pytest
 import symgpu
 import symgpu.tensor as T
 from cuda_on_host import requires_gxx
-from emulated_gpu import device_array, emulate_prepared_kernels, emulated_kernel_device, host_view
+from emulated_gpu import emulate_prepared_kernels, emulated_kernel_device, run_op_on
 from gpu_helpers import (assert_one_segment, compile_for_sm90, on_the_cpu, requires_gpu,
                          requires_nvcc)
 from symgpu import config, function
@@ -326,14 +326,7 @@ def emu(monkeypatch, tmp_path):
     return ctx
 
 
-def _run(ctx, op, *values):
-    """op's own thunk over emulated device copies of `values`: the result on the host."""
-    with virtual_context(None):
-        node = op(*[GpuArrayType(str(v.dtype), (False,) * v.ndim, None)() for v in values]).owner
-    cells = {v: [device_array(ctx, a)] for v, a in zip(node.inputs, values)}
-    cells[node.outputs[0]] = [None]
-    node.op.make_thunk(node, cells, {}, [])()
-    return host_view(cells[node.outputs[0]][0]).copy()
+_run = run_op_on
 
 
 @requires_gxx

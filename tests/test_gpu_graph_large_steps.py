@@ -24,11 +24,9 @@ import graph_fakes as fakes
 from graph_fakes import FakeElemwise, FakeKernelOp, call, gvec, read, upload
 from symgpu.config import config
 from symgpu.graph.basic import Apply
-from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.gpu.exec import graphs
 from symgpu.gpu.exec.graph_instance import results_differ
-from symgpu.link.vm import link
 
 
 @pytest.fixture(autouse=True)
@@ -36,13 +34,7 @@ def fake_gpu(monkeypatch):
     yield from fakes.use_fake_gpu(monkeypatch)
 
 
-def linked(inputs, outputs, values, updates=None):
-    fg = FunctionGraph(inputs, outputs, clone=False)
-    fg.update_mapping = dict(updates or {})
-    storage = {v: [x] for v, x in zip(inputs, values)}
-    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
-        vm = link(fg, storage)
-    return vm, fg
+linked = fakes.linked
 
 
 # ============================================================================ the limit
@@ -280,7 +272,6 @@ def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypa
     parameters match the same step run with graphs off (plain launches) to bf16 tolerance."""
     import os
     import warnings as _w
-    import symgpu
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
     import half_symgpu

@@ -13,12 +13,9 @@ import pytest
 
 import graph_fakes as fakes
 from graph_fakes import MEM, FakeKernelOp, add1, call, gvec, read, upload
-from symgpu.config import config
 from symgpu.graph.basic import Apply
-from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.gpu.exec import graph_instance
-from symgpu.link.vm import link
 from gpu_helpers import requires_gpu
 
 
@@ -27,13 +24,7 @@ def fake_gpu(monkeypatch):
     yield from fakes.use_fake_gpu(monkeypatch)
 
 
-def linked(inputs, outputs, values, updates=None):
-    fg = FunctionGraph(inputs, outputs, clone=False)
-    fg.update_mapping = dict(updates or {})
-    storage = {v: [x] for v, x in zip(inputs, values)}
-    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
-        vm = link(fg, storage)
-    return vm, fg
+linked = fakes.linked
 
 
 class FreshPlain(Op):
