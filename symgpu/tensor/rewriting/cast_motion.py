@@ -18,7 +18,7 @@ a 4 ms step).  The rules, each exact:
   half (where it cancels); the view or join then moves half the bytes;
 - ``cast(cast(y, float32), half)`` of a half ``y`` is ``y``: float32 holds every half value;
 - a fill of a slice, ``second(view(e), v)``, reads only e's shape: it is shaped like the
-  input e is computed from (``_shape_twin``), so that a float32 ``e`` a fused kernel
+  input e is computed from (``shape_twin``), so that a float32 ``e`` a fused kernel
   would write only for the fill's sake (the GPT's ``qkv + b`` beside its half cast, sliced
   by its gradient's zero tail) is no longer written.
 """
@@ -32,7 +32,7 @@ from symgpu.scalar.basic import Cast
 from symgpu.scalar.dtypes import HALF_DTYPES
 from symgpu.tensor.basic import Alloc, Join, Reshape
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
-from symgpu.tensor.rewriting.shape_ops import _shape_twin
+from symgpu.tensor.rewriting.shape_ops import shape_twin
 from symgpu.tensor.rewriting.utils import ew_cast, scalar_constant
 from symgpu.tensor.subtensor import IncSubtensor, Subtensor
 
@@ -193,7 +193,7 @@ def local_fill_of_slice_shape_twin(fgraph, node):
     view = node.inputs[0].owner
     if view is None or type(view.op) is not Subtensor:
         return False
-    twin = _shape_twin(view.inputs[0])
+    twin = shape_twin(view.inputs[0])
     if twin is view.inputs[0]:
         return False
     out = node.op(_with_input(view, twin), node.inputs[1])

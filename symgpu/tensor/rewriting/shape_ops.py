@@ -290,7 +290,7 @@ def local_add_of_slice_writes(fgraph, node):
     return False
 
 
-def _shape_twin(ref):
+def shape_twin(ref):
     """A variable of `ref`'s shape that `ref` is computed from: through elementwise nodes,
     to an input with ref's broadcast pattern (so the same shape; a program where it is not
     fails on ref already).  Why: a zero fill shaped like ``ref`` (a gradient's zeros) keeps
@@ -308,14 +308,14 @@ def _shape_twin(ref):
 
 def _zeros_piece(z, axis: int, lo, hi):
     """Zeros `z` (a fill ``second(ref, 0)`` or any zeros) cut to ``[lo:hi]`` along `axis`:
-    the fill of ``twin[lo:hi]`` (``_shape_twin(ref)``), so no length is computed and a
+    the fill of ``twin[lo:hi]`` (``shape_twin(ref)``), so no length is computed and a
     zero-width piece costs no work; otherwise a view of `z`."""
     idx = tuple(slice(lo, hi) if a == axis else slice(None) for a in range(z.ndim))
     node = z.owner
     if node is not None and isinstance(node.op, Elemwise) and \
             getattr(node.op.scalar_op, "name", None) == "second" and \
             node.inputs[0].type == z.type:
-        twin = _shape_twin(node.inputs[0])
+        twin = shape_twin(node.inputs[0])
         if twin is not node.inputs[0]:
             piece = node.op(twin[idx], node.inputs[1])
             if piece.type == z.type:
