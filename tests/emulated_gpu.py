@@ -125,12 +125,14 @@ def emulating_loader(directory) -> Any:
 def emulated_kernel_device(monkeypatch, directory) -> EmulatedCtx:
     """An EmulatedCtx that GPU elementwise and reduction thunks are built against and run on;
     ``GpuArray.fill`` writes host memory for its arrays."""
+    import symgpu.gpu.ops.careduce as gcareduce
     import symgpu.gpu.ops.elemwise as gelem
     import symgpu.gpu.runtime.codegen.launch as launch
     from symgpu.gpu.runtime.array import GpuArray
     ctx = EmulatedCtx()
     monkeypatch.setattr(launch, "load_kernels", emulating_loader(directory))
-    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
+    for module in (gelem, gcareduce):     # the elementwise and reduction thunks
+        monkeypatch.setattr(module, "_context", lambda name: ctx)
     real_fill = GpuArray.fill
 
     def fill(self, value):

@@ -118,10 +118,12 @@ def fake_kernel_device(monkeypatch, calls: list) -> "FakeCtx":
     """A FakeCtx that GPU elementwise/reduction thunks are built against, their kernels
     recording each launch in `calls` (see `recording_loader`)."""
     import symgpu.gpu.runtime.codegen.launch as launch
+    import symgpu.gpu.ops.careduce as gcareduce
     import symgpu.gpu.ops.elemwise as gelem
     ctx = FakeCtx()
     monkeypatch.setattr(launch, "load_kernels", recording_loader(calls))
-    monkeypatch.setattr(gelem, "_context", lambda name: ctx)
+    for module in (gelem, gcareduce):     # the elementwise and reduction thunks
+        monkeypatch.setattr(module, "_context", lambda name: ctx)
     return ctx
 
 

@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, _ElemwiseThunk, _ReduceThunk
+from symgpu.gpu.ops.careduce import GpuCAReduce, _ReduceThunk
+from symgpu.gpu.ops.elemwise import GpuElemwise, _ElemwiseThunk
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.array import GpuArray, byte_extent, to_gpu
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes

@@ -24,7 +24,8 @@ import numpy as np
 
 from symgpu.gpu.ops.blas import (BLAS_DTYPES, GEMM_DTYPES, GpuDot22, GpuGemm, GpuGemv, GpuGer,
                                  gpu_matvec)
-from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.ops.careduce import GpuCAReduce, careduce_supported
+from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.ops.subtensor import GpuIncSubtensor
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost, GpuShape_i
 from symgpu.gpu.placement.rewriting import register_lifter

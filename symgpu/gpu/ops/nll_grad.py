@@ -19,7 +19,8 @@ import numpy as np
 
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
-from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.ops.careduce import GpuCAReduce
+from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from symgpu.gpu.ops.elemwise import GpuCAReduce, careduce_supported, gpu_elemwise
+from symgpu.gpu.ops.careduce import GpuCAReduce, careduce_supported
+from symgpu.gpu.ops.elemwise import gpu_elemwise
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.rewriting import register_lifter

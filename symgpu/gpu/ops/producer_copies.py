@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise, careduce_supported
+from symgpu.gpu.ops.careduce import GpuCAReduce, careduce_supported
+from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph

@@ -23,7 +23,8 @@ from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.gpu.ops.elemwise import GpuCAReduce, GpuElemwise
+from symgpu.gpu.ops.careduce import GpuCAReduce
+from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.scalar.composite import CompositeBuilder
 from symgpu.scalar.dtypes import is_float
