@@ -22,6 +22,9 @@
 #                                                # Theano's kept float32 outputs; needs the
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
+#   bash benchmarks/device_session.sh pending    # what was merged without a GPU run: the
+#                                                # direct filter gradient against cuDNN's
+#                                                # algorithms, column sums, the GPT step's runner
 #   bash benchmarks/device_session.sh lasagne    # issue 31: Lasagne's own suite under
 #                                                # device=cuda (tools/theano_library_suite.py)
 #                                                # in 8 processes; needs Lasagne's tree carried
@@ -83,13 +86,18 @@ case "$part" in
         --checkout .dlt --jobs 8 --lean --scratch "$out/runs" --timeout 240 \
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
+  pending)
+    python3 benchmarks/cudnn_algos.py 2>&1 | tee "$out/cudnn_algos.txt"
+    python3 benchmarks/gpu_colsum.py 2>&1 | tee "$out/gpu_colsum.txt"
+    python3 benchmarks/gpt_step_runner.py 2>&1 | tee "$out/gpt_step_runner.txt"
+    ;;
   lasagne)
     python3 tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \
         --deps .pydeps --timeout 400 --summary "$out/lasagne_cuda.txt" 2>&1 | tail -40
     ;;
   *)
-    echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn, classic" \
-         "or lasagne" >&2
+    echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn, classic," \
+         "pending or lasagne" >&2
     exit 2
     ;;
 esac
