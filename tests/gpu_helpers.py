@@ -127,6 +127,19 @@ def fake_kernel_device(monkeypatch, calls: list) -> "FakeCtx":
     return ctx
 
 
+def fake_reduce_device(monkeypatch, sms: int):
+    """A fake kernel device (fake_kernel_device) of `sms` multiprocessors for planning
+    reductions: (its context, the launches recorded); the one-pass kernels' counter fills
+    are no-ops."""
+    import symgpu.gpu.runtime.codegen.launch as launch
+    from symgpu.gpu.runtime.array import GpuArray
+    calls: list = []
+    ctx = fake_kernel_device(monkeypatch, calls)
+    monkeypatch.setattr(launch, "sm_count", lambda c: sms)
+    monkeypatch.setattr(GpuArray, "fill", lambda self, v: self)
+    return ctx, calls
+
+
 def fake_gpu_array(ctx, shape, dtype="float32", strides=None, ptr=None):
     """A GpuArray header on `ctx`'s fake pool (C-contiguous unless `strides` are given)."""
     import numpy as np

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_helpers import (fake_gpu_array, fake_kernel_device, gpu_vector_maker, requires_gpu,
+from gpu_helpers import (fake_gpu_array, fake_reduce_device, gpu_vector_maker, requires_gpu,
                          thunk_over, virtual_context)
 from symgpu.gpu.ops.elemwise import GpuCAReduce, _ReduceThunk
 from symgpu.scalar.basic import SCALAR_OPS as S
@@ -26,13 +26,7 @@ gvar = gpu_vector_maker(CTX)
 
 @pytest.fixture
 def fake_device(monkeypatch):
-    import symgpu.gpu.runtime.codegen.launch as launch
-    from symgpu.gpu.runtime.array import GpuArray
-    calls = []
-    ctx = fake_kernel_device(monkeypatch, calls)
-    monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
-    monkeypatch.setattr(GpuArray, "fill", lambda self, v: self)   # (one-pass counters' memset)
-    return ctx, calls
+    return fake_reduce_device(monkeypatch, SMS)
 
 
 def _launches(ctx, calls, op, axis, arr, ndim=2):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cuda_on_host import requires_gxx
-from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_kernel_device,
+from gpu_helpers import (compile_for_sm90, fake_gpu_array, fake_reduce_device,
                          gpu_vector_maker, on_the_cpu, requires_nvcc, thunk_over,
                          virtual_context)
 from symgpu.gpu.ops.elemwise import GpuCAReduce, _ReduceThunk
@@ -35,13 +35,7 @@ gvar = gpu_vector_maker(CTX)
 
 @pytest.fixture
 def fake_device(monkeypatch):
-    import symgpu.gpu.runtime.codegen.launch as launch
-    from symgpu.gpu.runtime.array import GpuArray
-    calls = []
-    ctx = fake_kernel_device(monkeypatch, calls)
-    monkeypatch.setattr(launch, "sm_count", lambda c: SMS)
-    monkeypatch.setattr(GpuArray, "fill", lambda self, v: self)   # (the counters' memset)
-    return ctx, calls
+    return fake_reduce_device(monkeypatch, SMS)
 
 
 def _launches(ctx, calls, arr, axis=(0,), op="add", pre=None, dtype=None):
