@@ -16,7 +16,8 @@ import numpy as np
 
 from symgpu.gpu.ops.kernel_ops import (_as_gpu, _capturable, _context,  # noqa: F401
                                       _pad_inputs, _virtual_thunk)
-from symgpu.gpu.placement.basic_ops import host_from_gpu
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, host_from_gpu  # noqa: F401 (Theano's
+# theano.gpuarray.elemwise.GpuDimShuffle: symgpu.gpuarray.elemwise is this module)
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.array import c_strides, new_array
 from symgpu.gpu.runtime.codegen import launch, layout
