@@ -14,7 +14,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["Lease", "results_differ"]
+__all__ = ["Lease", "results_differ", "OUT_BUFFER", "OUT_INPUT", "OUT_INPUT_VIEW", "OUT_FIXED",
+           "OUT_HOST", "OUT_EMPTY"]
+
+#: how a graph rebuilds an output cell on replay (graph_outputs.output_specs writes them):
+#: a buffer the graph owns, a segment input itself, a view of one, a fixed value (a
+#: constant's), a host value computed from shapes, an empty array
+OUT_BUFFER, OUT_INPUT, OUT_INPUT_VIEW, OUT_FIXED, OUT_HOST, OUT_EMPTY = range(6)
 
 
 class Lease:
@@ -51,12 +57,12 @@ class _Graph:
         #: captured: the graph serves a call only while each of them is still there
         self.pinned: tuple = ()
         #: whether some output handed out of the call is a buffer of the graph
-        self.escapes = any(kind == 0 and esc for _, kind, _, _, esc in outs)
+        self.escapes = any(kind == OUT_BUFFER and esc for _, kind, _, _, esc in outs)
         #: when every output is a buffer of the graph that leaves the call (a function's
         #: results, the common case): (cell, context, pointer, shape, strides, dtype) each,
         #: handed out by Segment.run (a replay) without looking at the other kinds
         self.fresh = tuple((cell, *b) for cell, kind, a, b, esc in outs) \
-            if outs and all(kind == 0 and esc for _, kind, _, _, esc in outs) else None
+            if outs and all(kind == OUT_BUFFER and esc for _, kind, _, _, esc in outs) else None
         #: whether a replay is the launch and that hand-out alone: every output fresh, no
         #: staged input, no graph parameters, no cell dying in the segment (set at capture;
         #: Segment.run skips the rest of the replay's steps for it)

@@ -8,7 +8,8 @@ blocks, check each new
 graph against plain launches, copy updates back into the buffers of the variables they update
 (or, under capture, have an elemwise compute them there: ``DIRECT_UPDATES``),
 fall back to plain launches on anything unexpected). The instantiated graph, the lease of
-what it hands out and the graveyard of collected graphs are in graph_instance.py.
+what it hands out and the graveyard of collected graphs are in graph_instance.py; how its
+outputs are described and rebuilt on replay, in graph_outputs.py.
 
 Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
 parameter and error-path rules must be read together; graphs.py keeps the entry points (the
@@ -27,6 +28,7 @@ import numpy as np
 
 from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRAVEYARD,
                                             results_differ)
+from symgpu.gpu.exec.graph_outputs import hand_out, output_specs
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, byte_extent, new_array
 from symgpu.gpu.runtime.comm_stream import join_pending
@@ -176,7 +178,7 @@ class Segment:
                             self.current = self.first
                             g.drv.check(status, "cuGraphLaunch")
                         fresh = g.fresh
-                        if fresh is not None:   # _hand_out's common case, inline
+                        if fresh is not None:   # hand_out's common case, inline
                             lease = _new_object(Lease)   # Lease(g.owned) without __init__
                             lease.blocks = g.owned
                             g.lease = _weak(lease)
@@ -187,7 +189,7 @@ class Segment:
                                 arr._gpudata = None
                                 cell[0] = arr
                         else:
-                            self._hand_out(g, vals)
+                            hand_out(g, vals)
                         if not quick:
                             for c in self.dead:
                                 c[0] = None
@@ -333,35 +335,6 @@ class Segment:
             if type(base) is not _Block or base.lent or v._gpudata is not None:
                 return False
         return True
-
-    def _hand_out(self, g: _Graph, vals: list) -> None:
-        """Fill the output cells from the graph's specs; the arrays over the graph's blocks
-        that leave the call share one new lease (see Lease)."""
-        owned = g.owned
-        lease = None
-        if g.escapes:
-            lease = Lease(owned)
-            g.lease = weakref.ref(lease)
-        for cell, kind, a, b, esc in g.outs:
-            if kind == 0:        # a buffer of the graph: a = its index in owned, b = layout
-                arr = _gpuarray_new(_GpuArray)
-                ctx, ptr, shape, strides, dtype = b
-                arr._set(ctx, ptr, shape, strides, dtype, lease if esc else owned[a])
-                cell[0] = arr
-            elif kind == 1:      # a segment input itself
-                cell[0] = vals[a]
-            elif kind == 2:      # a view of a segment input: (input, (offset, shape, strides))
-                v = vals[a]
-                off, shape, strides = b
-                cell[0] = v._view(v.ptr + off, shape, strides)
-            elif kind == 3:      # a fixed value (a constant's, or a view of one)
-                cell[0] = a
-            elif kind == 4:      # a host value computed from the shapes: a fresh copy
-                cell[0] = a.copy() if isinstance(a, np.ndarray) else a
-            else:                # an empty array (no memory)
-                arr = _gpuarray_new(_GpuArray)
-                arr._set(*b)
-                cell[0] = arr
 
     # -- capture
     def _snapshot(self, vals: list) -> list | None:
@@ -539,7 +512,7 @@ class Segment:
         owned = tuple(b for b in sink if b is not None)
         del sink
         written = tuple(b.base for j, b in staged if j in self.written)
-        outs = self._output_specs(cap_vals, owned + written,
+        outs = output_specs(self, cap_vals, owned + written,
                                   {j for j, _ in staged if j in self.written})
         owned += tuple(b.base for j, b in staged if j not in self.written) + written
         for j, _ in staged:
@@ -563,7 +536,7 @@ class Segment:
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
                          if gpu and j not in in_static and v.size)
-        self._hand_out(g, vals)   # the capture run's own arrays are not handed out
+        hand_out(g, vals)   # the capture run's own arrays are not handed out
         if ref is not None:
             try:
                 why = results_differ(ref, self._host_values(), spread)
@@ -690,57 +663,6 @@ class Segment:
             guarded.launch()
         for cell, j in done:
             cell[0] = vals[j]
-
-    def _output_specs(self, vals: list, owned: tuple, static: set = frozenset()) -> list | None:
-        """How each output cell is rebuilt on replay, from the values the capture run left
-        in them; None when one cannot be.  ``static``: staged inputs whose static buffers
-        (in ``owned``) the graph writes: outputs over them are the graph's buffers."""
-        where = {id(b): k for k, b in enumerate(owned)}
-        in_ids = {id(v): j for j, v in enumerate(vals) if j not in static}
-        in_bases = {}
-        for j, (v, g) in enumerate(zip(vals, self.in_gpu)):
-            if j in static:
-                continue
-            if g and v is not None and getattr(v, "base", None) is not None:
-                in_bases.setdefault(id(v.base), j)
-        const_bases = {id(c.base) for c in self.const_ids.values()
-                       if isinstance(c, _GpuArray) and c.base is not None}
-        outs = []
-        for cell in self.out_cells:
-            a = cell[0]
-            if a is None:
-                return None
-            j = in_ids.get(id(a))
-            if j is not None:
-                outs.append((cell, 1, j, None, False))
-                continue
-            if id(a) in self.const_ids:
-                outs.append((cell, 3, a, None, False))
-                continue
-            if isinstance(a, _GpuArray):
-                base = a.base
-                if a.size == 0:
-                    outs.append((cell, 5, None, (a.context, 0, a.shape, a.strides, a.dtype,
-                                                 None), False))
-                    continue
-                if base is not None and id(base) in const_bases:
-                    outs.append((cell, 3, a, None, False))
-                    continue
-                k = where.get(id(base)) if base is not None else None
-                if k is not None:
-                    outs.append((cell, 0, k, (a.context, a.ptr, a.shape, a.strides, a.dtype),
-                                 id(cell) in self.escaping))
-                    continue
-                j = in_bases.get(id(base)) if base is not None else None
-                if j is not None and vals[j].dtype == a.dtype:
-                    outs.append((cell, 2, j, (a.ptr - vals[j].ptr, a.shape, a.strides), False))
-                    continue
-                return None
-            if isinstance(a, (np.ndarray, np.generic, int, float, bool)):
-                outs.append((cell, 4, a, None, False))
-                continue
-            return None
-        return outs
 
     def _retry_after_thunk_error(self, err: Exception, vals: list) -> None:
         """A thunk raised under capture: run plainly.  If the plain run raises too, the error
