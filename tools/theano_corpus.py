@@ -37,7 +37,6 @@ import collections
 import concurrent.futures
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -45,7 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_outcomes import OUTCOME_HELPERS
+from pytest_outcomes import OUTCOME_HELPERS, group_key
+from pytest_outcomes import internals_reason as _internals_reason
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
@@ -79,8 +79,6 @@ INTERNALS: dict[str, str] = {
         "Theano's BLAS op names and their C/SciPy implementations",
 }
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_TMP = re.compile(r"/tmp/[^\s'\"]+")
 
 
 def test_files(checkout: Path, modules: tuple[str, ...]) -> dict[str, list[str]]:
@@ -250,18 +248,9 @@ def pytest_runtest_logreport(report):
 '''
 
 
-def group_key(first: str) -> str:
-    """A failure's group: its first error line with addresses and temp paths blurred."""
-    first = _TMP.sub("/tmp/…", _ADDRESS.sub("0x…", first.strip())).replace(str(ROOT), "…")
-    return first if len(first) <= 160 else first[:157] + "..."
-
-
 def internals_reason(key: str) -> str | None:
-    """Why the group `key` tests Theano's internals, or None."""
-    for pattern, why in INTERNALS.items():
-        if re.search(pattern, key):
-            return why
-    return None
+    """Why the group `key` tests Theano's internals (INTERNALS), or None."""
+    return _internals_reason(key, INTERNALS)
 
 
 def run_file(path: Path, scratch: Path, timeout: float, deps: Path | None,

@@ -33,7 +33,6 @@ import argparse
 import collections
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +41,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from pytest_outcomes import OUTCOME_HELPERS
+from pytest_outcomes import OUTCOME_HELPERS, group_key
+from pytest_outcomes import internals_reason as _internals_reason
 
 TOOLS = Path(__file__).resolve().parent
 ROOT = TOOLS.parent
@@ -96,8 +96,6 @@ NOTES_CUDA = (
     "kernel as a scalar argument): symgpu raises a TypeError that names the fix.",
 )
 
-_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-_TMP = re.compile(r"/tmp/[^\s'\"]+")
 
 # The scratch directory's conftest: `theano` is symgpu unless the run is the oracle's; every
 # test's outcome goes to $LIBRARY_SUITE_LOG as it ends.
@@ -268,17 +266,9 @@ def counts_by_file(results: dict[str, dict]) -> dict[str, collections.Counter]:
     return table
 
 
-def group_key(first: str) -> str:
-    """A failure's group: its first error line with addresses and temp paths blurred."""
-    first = _TMP.sub("/tmp/…", _ADDRESS.sub("0x…", first.strip())).replace(str(ROOT), "…")
-    return first if len(first) <= 160 else first[:157] + "..."
-
-
 def internals_reason(key: str) -> str | None:
-    for pattern, why in INTERNALS.items():
-        if re.search(pattern, key):
-            return why
-    return None
+    """Why the group `key` tests Theano's internals (INTERNALS), or None."""
+    return _internals_reason(key, INTERNALS)
 
 
 def report(ours: dict[str, dict], theirs: dict[str, dict] | None, device: str = "cpu") -> str:
@@ -393,8 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"{ORACLE_FILE.name}")
     parser.add_argument("--oracle-no-c", nargs="*", metavar="FILE",
                         help="run these test files under Theano again without its C code "
-                             f"(THEANO_ORACLE_SCAN=1: Theano's C scan does not build on "
-                             f"Python 3.11); a test passing there passes for Theano")
+                             "(THEANO_ORACLE_SCAN=1: Theano's C scan does not build on "
+                             "Python 3.11); a test passing there passes for Theano")
     parser.add_argument("--json", type=Path, help="also write symgpu's outcomes here")
     parser.add_argument("--no-save", action="store_true", help=f"do not write {SUMMARY.name}")
     parser.add_argument("--summary", type=Path, default=SUMMARY,
