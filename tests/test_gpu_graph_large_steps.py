@@ -269,12 +269,14 @@ def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
 def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypatch):
     """On the GPU: the GPT step is captured (its check over two plain runs passes), replays,
     writes its 37 updates into their variables (no copy back), and after 6 steps its
-    parameters match the same step run with graphs off (plain launches) to bf16 tolerance."""
+    parameters are as close to the same step run with graphs off (plain launches) as two plain
+    runs are to each other (or within 1% by norm)."""
     import os
     import warnings as _w
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
     import half_symgpu
+    monkeypatch.setattr(graphs, "_driver", None)   # the real driver, not the module's fake
 
     def run(graphs_on):
         with config.change_flags(mixed_precision="bfloat16",
@@ -296,5 +298,11 @@ def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypa
     direct = {len(g.direct) for gs in seg.graphs.values() for g in gs}
     assert direct == {37}, direct
     _, plain = run(False)
-    for a, b in zip(with_graphs, plain):
-        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)
+    _, plain_again = run(False)
+    # The attention gradient sums with atomics, so two plain runs differ too, and Adam's
+    # m / sqrt(v) turns a rounding-level change of a near-zero gradient into a whole step of
+    # one element: compare whole parameters (relative norm), against the plain runs' spread.
+    for k, (a, b, c) in enumerate(zip(with_graphs, plain, plain_again)):
+        scale = np.linalg.norm(b) + 1e-6
+        off, spread = np.linalg.norm(a - b) / scale, np.linalg.norm(c - b) / scale
+        assert off <= max(4 * spread, 1e-2), (k, a.shape, off, spread)
