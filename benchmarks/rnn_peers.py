@@ -1,5 +1,6 @@
 """benchmarks/rnn.py's peers for the cell matrix, each written the way its own users write
-it: PyTorch's cuDNN nn.LSTM/nn.GRU/nn.RNN (masked rows through pack_padded_sequence),
+it: PyTorch's cuDNN nn.LSTM/nn.GRU/nn.RNN, eager (masked rows through pack_padded_sequence)
+and as one CUDA graph per step shape (masked rows through a gather of each row's last state),
 torch.compile of one step in a Python loop over time, and JAX's lax.scan under jit (arrays
 as arguments, parameters donated, lengths padded to a bucket). Every builder takes the
 row's Spec, its initial weights and data (rnn_cells) and returns a contender dict, or
@@ -50,14 +51,10 @@ def _cudnn_order(spec, a):
     return np.concatenate([blocks[0], blocks[1], blocks[3], blocks[2]], axis=-1)
 
 
-def cudnn(spec, params, arrays, device="cuda") -> dict:
-    """nn.LSTM / nn.GRU / nn.RNN (tanh): cuDNN's fused kernels on the GPU. Masked rows go
-    through pack_padded_sequence (lengths on the host, unsorted), so each row stops at its
-    own end: h_n is each row's last state, the padded outputs are zero."""
+def _cudnn_net(torch, spec, params, device):
+    """nn.LSTM / nn.GRU / nn.RNN (tanh) holding the row's weights (cuDNN's gate order)."""
     if spec.cell not in CUDNN_CELLS:
         raise RuntimeError(f"no cuDNN kernel for a {spec.cell} cell")
-    torch = _torch(device)
-    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
     mod = getattr(torch.nn, CUDNN_CELLS[spec.cell])
     kw = {"nonlinearity": "tanh"} if spec.cell == "elman" else {}
     net = mod(spec.inp, spec.hidden, **kw).to(device)
@@ -66,11 +63,25 @@ def cudnn(spec, params, arrays, device="cuda") -> dict:
         net.weight_hh_l0.copy_(torch.from_numpy(_cudnn_order(spec, params["U"]).T.copy()))
         net.bias_ih_l0.copy_(torch.from_numpy(_cudnn_order(spec, params["b"])))
         net.bias_hh_l0.zero_()
+    return net
+
+
+def _zero_states(torch, spec, device):
+    z = torch.zeros(1, spec.batch, spec.hidden, device=device)
+    return (z, z.clone()) if rc.n_states(spec.cell) == 2 else z
+
+
+def cudnn(spec, params, arrays, device="cuda") -> dict:
+    """nn.LSTM / nn.GRU / nn.RNN (tanh) in eager mode: cuDNN's fused kernels on the GPU.
+    Masked rows go through pack_padded_sequence (lengths on the host, unsorted), so each row
+    stops at its own end: h_n is each row's last state, the padded outputs are zero."""
+    torch = _torch(device)
+    from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+    net = _cudnn_net(torch, spec, params, device)
     opt = torch.optim.SGD(net.parameters(), lr=float(rc.LR))
     x, y, y_last = _torch_arrays(torch, device, arrays)
     ns = rc.n_states(spec.cell)
-    z = torch.zeros(1, spec.batch, spec.hidden, device=device)
-    h0 = (z, z.clone()) if ns == 2 else z
+    h0 = _zero_states(torch, spec, device)
 
     def call(L, mask, lens):
         opt.zero_grad(set_to_none=True)
@@ -89,8 +100,89 @@ def cudnn(spec, params, arrays, device="cuda") -> dict:
         _sync(torch, device)
         return loss
     prec = "tf32" if device == "cuda" and torch.backends.cudnn.allow_tf32 else "fp32"
-    return {"name": f"PyTorch cuDNN nn.{CUDNN_CELLS[spec.cell]}", "call": call,
+    return {"name": f"PyTorch cuDNN nn.{CUDNN_CELLS[spec.cell]}, eager", "call": call,
             "precision": prec, "compile": 0.0}
+
+
+def cudnn_graphed(spec, params, arrays, device="cuda") -> dict:
+    """The same module as PyTorch's experts run a training step of fixed shapes: forward,
+    backward and the SGD update captured as one CUDA graph (torch.cuda.graph) and replayed.
+    pack_padded_sequence cannot be captured (its lengths live on the host), so a masked row
+    runs to the padded length and each row's last state is gathered at its own length - 1 (a
+    state does not depend on later steps: this equals the masked cell), and the all-states
+    loss multiplies by the mask. A new length is padded up to a multiple of BUCKET (one graph
+    per bucket, all captured before timing, as JAX's buckets are compiled)."""
+    if device != "cuda":
+        raise RuntimeError("a whole-step CUDA graph needs the GPU")
+    torch = _torch(device)
+    net = _cudnn_net(torch, spec, params, device)
+    opt = torch.optim.SGD(net.parameters(), lr=float(rc.LR))
+    x, y, y_last = _torch_arrays(torch, device, arrays)
+    B = spec.batch
+    h0 = _zero_states(torch, spec, device)
+    use_mask = spec.masked or spec.var
+    pad = lambda L: min(math.ceil(L / BUCKET) * BUCKET, spec.lmax) if spec.var else L  # noqa
+    last = torch.zeros(B, dtype=torch.long, device=device)       # the graphs' inputs
+    mask = torch.zeros(spec.lmax, B, device=device)
+    rows = torch.arange(B, device=device)
+    graphs: dict = {}
+
+    def step(Lb):
+        opt.zero_grad(set_to_none=False)
+        hs, _ = net(x[:Lb], h0)
+        loss = torch_loss(torch, spec, hs, hs[last, rows], y[:Lb], y_last,
+                          mask[:Lb] if use_mask else None)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def capture(Lb):
+        """Warm up on a side stream, capture, and put the weights back as they were."""
+        saved = [p.detach().clone() for p in net.parameters()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                step(Lb)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = step(Lb)
+        with torch.no_grad():
+            for p, v in zip(net.parameters(), saved):
+                p.copy_(v)
+        graphs[Lb] = (g, out)
+
+    def call(L, m, lens):
+        Lb = pad(L)
+        if Lb not in graphs:
+            capture(Lb)
+        idx = (lens - 1) if spec.masked else np.full(B, L - 1)
+        last.copy_(torch.from_numpy(np.ascontiguousarray(idx, dtype="int64")))
+        if use_mask:
+            mm = np.zeros((Lb, B), "float32")
+            mm[:L] = 1.0 if m is None else m
+            mask[:Lb].copy_(torch.from_numpy(mm))
+        g, out = graphs[Lb]
+        g.replay()
+        _sync(torch, device)
+        return out
+
+    def warm_buckets():
+        """Capture every bucket's graph before timing; returns the seconds."""
+        t0 = time.perf_counter()
+        lengths = range(spec.var_range[0], spec.var_range[1] + 1) if spec.var else [spec.fixed]
+        for Lb in sorted({pad(L) for L in lengths}):
+            if Lb not in graphs:
+                capture(Lb)
+        _sync(torch, device)
+        return time.perf_counter() - t0
+    prec = "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"
+    name = f"PyTorch cuDNN nn.{CUDNN_CELLS[spec.cell]}, whole step as a CUDA graph"
+    if spec.var:
+        name += f", bucket {BUCKET}"
+    return {"name": name, "call": call, "precision": prec, "compile": None,
+            "warm": warm_buckets}
 
 
 # -- torch.compile of the step ------------------------------------------------------------------

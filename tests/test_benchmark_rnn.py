@@ -102,3 +102,18 @@ def test_criteria_pass_and_fail_per_row():
             "| 1.14x | ok |") in table
     cpu = {CPU: _result(CPU, symgpu=0.5, pytensor=1.0) for CPU in [rnn.CPU_GOAL_ROW]}
     assert any(ln.startswith("- PASS CPU") for ln in rnn.criteria(cpu, "cpu", quick=False))
+
+
+def test_the_cudnn_ratio_takes_the_faster_of_eager_and_the_graphed_step():
+    """A peer written as its experts write it: the whole-step CUDA graph counts where it is
+    faster than eager cuDNN (and eager where the graph could not be built)."""
+    fast = _result("lstm-masked-last-b16-h128-fixed",
+                   **{"symgpu-tf32": 1.2, "cudnn": 4.0, "cudnn-graph": 0.5, "jax": 2.0})
+    eager_only = _result("gru-masked-last-b16-h128-fixed",
+                         **{"symgpu-tf32": 1.2, "cudnn": 1.0, "jax": 2.0})
+    assert rnn._ratio(fast["times"], "symgpu-tf32", rnn.CUDNN) == 1.2 / 0.5
+    assert rnn._ratio(eager_only["times"], "symgpu-tf32", rnn.CUDNN) == 1.2
+    lines = rnn.criteria({r["spec"].key: r for r in (fast, eager_only)}, "cuda", quick=False)
+    assert any(ln.startswith("- FAIL LSTM and GRU rows within 1.5x of cuDNN") and "2.40x" in ln
+               for ln in lines), lines
+    assert any("cuDNN graph ms" in ln for ln in rnn.table({"k": fast}, "cuda"))
