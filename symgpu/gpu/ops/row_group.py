@@ -199,7 +199,7 @@ class _RowGroupThunk:
                                  f"{[str(ins[a].dtype) for a in m.args if a >= 0]}") from None
             kept_of.append(full[:-1])
             lengths.append(full[-1])
-        kept = layout.broadcast_shapes(kept_of, str(op))
+        kept = kept_of[0]
         if any(k != kept for k in kept_of):
             raise ValueError(f"{op}: the members' rows differ: kept shapes {kept_of} of "
                              f"operands of shapes {[a.shape for a in ins]}")
