@@ -199,8 +199,9 @@ def test_layer_norm_lstm_loops_are_gpu_work_only(vgpu):
     for n in nodes:
         fg = body(n)
         assert not host_ops_in_body(fg), (n.op.info.name, [str(m) for m in host_ops_in_body(fg)])
-        # the reductions stay in the body, on the GPU
-        assert any(type(m.op).__name__ == "GpuCAReduce" for m in fg.toposort())
+        # the reductions stay in the body, on the GPU (grouped: gpu_row_reduce_group)
+        assert any(type(m.op).__name__ in ("GpuCAReduce", "GpuRowReduceGroup")
+                   for m in fg.toposort())
     with config.change_flags(optimizer_excluding="scan_pushout_shapes"):
         f_off = function(ins, [cost] + symgpu.grad(cost, ins[1:]))
     assert any(host_ops_in_body(body(n)) for n in loops(f_off, GpuScan))

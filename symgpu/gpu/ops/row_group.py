@@ -1,0 +1,257 @@
+"""GpuRowReduceGroup: several reductions over the last axis of the same rows in one launch
+(XLA's multi-output reduction fusion), the pass ``gpu_row_reduce_group`` building it lives in
+``row_group_rewrite.py``.
+
+Why: in a GPU loop body captured as a CUDA graph every kernel node costs a few microseconds
+whatever its size, and a layer-normalised LSTM step reduces the rows of four gate slices
+twice (mean, then variance) forward and three times backward: 8 and 12 tiny launches.  One
+kernel where a warp (a block, for long rows) owns a row computes every member, all lanes
+holding each result, so a member may read an earlier member's result for its row (the
+variance reads the mean) without another launch.
+
+Inputs: the row operands (each of the operands' common ndim; broadcastable dims are one value
+per row, per column or in all), then the epilogue operands (each one value, or of the kept
+shape).  Outputs: one per member, of the kept shape (the shape GpuCAReduce over the last axis
+gives), equal to what each member's GpuCAReduce computes (its accumulator dtype, its rounding
+of the result before the epilogue and before a later member reads it).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from symgpu.gpu.ops.careduce import _epilogue_operand
+from symgpu.gpu.ops.kernel_ops import _capturable, _context, _pad_inputs, _virtual_thunk
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.type import GpuArrayType
+from symgpu.gpu.runtime.array import new_array
+from symgpu.gpu.runtime.codegen import launch, layout
+from symgpu.gpu.runtime.codegen.row_group import (ROW_GROUP_REDUCIBLE, RowGroupSignature,
+                                                  RowMember, render_row_group, row_group_formats)
+from symgpu.gpu.runtime.codegen.scalar import output_dtypes
+from symgpu.graph.basic import Apply, Variable
+from symgpu.graph.op import Op
+from symgpu.tensor.elemwise import reduce_output_dtype
+
+__all__ = ["GpuRowReduceGroup", "RowMember"]
+
+#: rows longer than this take a block each (a warp each up to it)
+WIDE_ROW = 1024
+_BLOCK = 256
+_MAX_BLOCKS = 8192
+
+
+class GpuRowReduceGroup(Op):
+    """``members`` (``RowMember``s) reducing the last axis of the first ``n_row`` inputs
+    (the row operands), each through its own pre-op, reduce op and epilogue (the inputs
+    after the row operands); outputs: one per member, in order (see the module docstring)."""
+
+    __props__ = ("members", "n_row")
+    capturable = True
+    launches = True
+
+    def __init__(self, members: Sequence[RowMember], n_row: int):
+        self.members = tuple(members)
+        self.n_row = int(n_row)
+        if len(self.members) < 1:
+            raise ValueError("GpuRowReduceGroup needs at least one member")
+        for q, m in enumerate(self.members):
+            if m.reduce_op not in ROW_GROUP_REDUCIBLE:
+                raise ValueError(f"GpuRowReduceGroup: member {q} reduces with {m.reduce_op}; "
+                                 f"use one of {', '.join(ROW_GROUP_REDUCIBLE)}")
+            if any(a >= self.n_row or (a < 0 and -a - 1 >= q) for a in m.args):
+                raise ValueError(f"GpuRowReduceGroup: member {q}'s arguments {m.args} must be "
+                                 f"row operands (< {self.n_row}) or earlier members' results")
+            if m.pre_op is None and len(m.args) != 1:
+                raise ValueError(f"GpuRowReduceGroup: member {q} has no pre-op but "
+                                 f"{len(m.args)} arguments")
+            if (m.post_op is None and m.post_args) or (
+                    m.post_op is not None and m.post_op.nin != 1 + len(m.post_args)):
+                raise ValueError(f"GpuRowReduceGroup: member {q}'s epilogue {m.post_op} takes "
+                                 f"the result and {len(m.post_args)} operand(s)")
+
+    def __str__(self) -> str:
+        def one(m: RowMember) -> str:
+            s = m.reduce_op if m.pre_op is None else f"pre={m.pre_op},red={m.reduce_op}"
+            return s + (f",post={m.post_op}" if m.post_op is not None else "")
+        return f"GpuRowReduceGroup{{{'; '.join(one(m) for m in self.members)}}}"
+
+    # -- types
+    def _dtypes(self, row_dtypes: Sequence[str], ex_dtypes: Sequence[str]) -> tuple[list, list]:
+        """(reduced dtypes, output dtypes) of the members."""
+        reds: list[str] = []
+        outs: list[str] = []
+        for q, m in enumerate(self.members):
+            args = [row_dtypes[a] if a >= 0 else outs[-a - 1] for a in m.args]
+            value = args[0] if m.pre_op is None else output_dtypes(m.pre_op, args)[0]
+            red = m.dtype or reduce_output_dtype(m.reduce_op, value)
+            reds.append(red)
+            if m.post_op is None:
+                outs.append(red)
+            else:
+                got = output_dtypes(m.post_op, [red, *(ex_dtypes[e] for e in m.post_args)])
+                if len(got) != 1:
+                    raise TypeError(f"{self}: member {q}'s epilogue must have one output")
+                outs.append(got[0])
+        return reds, outs
+
+    def make_node(self, *inputs: Any) -> Apply:
+        if len(inputs) < self.n_row:
+            raise TypeError(f"{self} takes {self.n_row} row operand(s), got {len(inputs)} inputs")
+        rows, ctx_name = _pad_inputs(inputs[:self.n_row])
+        nd = rows[0].ndim
+        if nd < 2:
+            raise TypeError(f"{self}: row operands need at least 2 dims (rows of the last "
+                            f"axis), got {[v.type for v in rows]}")
+        extra = [as_gpuarray_variable(v, ctx_name) for v in inputs[self.n_row:]]
+        nex = 1 + max((e for m in self.members for e in m.post_args), default=-1)
+        if len(extra) != nex:
+            raise TypeError(f"{self} takes {nex} epilogue operand(s), got {len(extra)}")
+        reds, outs = self._dtypes([v.dtype for v in rows], [v.dtype for v in extra])
+        bcasts: list[tuple] = []
+        for q, m in enumerate(self.members):
+            pats = [rows[a].broadcastable[:-1] if a >= 0 else bcasts[-a - 1] for a in m.args]
+            bcasts.append(tuple(all(p[d] for p in pats) for d in range(nd - 1)))
+            for e in m.post_args:
+                v = extra[e]
+                if not (all(v.broadcastable) or v.broadcastable == bcasts[q]):
+                    raise TypeError(f"{self}: member {q}'s epilogue operand must be one value "
+                                    f"or of the output's broadcast pattern {bcasts[q]}, got "
+                                    f"{v.type}")
+        return Apply(self, [*rows, *extra],
+                     [GpuArrayType(o, b, ctx_name)() for o, b in zip(outs, bcasts)])
+
+    def infer_shape(self, fgraph, node, input_shapes):
+        """Each member's kept shape: the broadcast of its row operands' leading dims."""
+        shapes: list[tuple] = []
+        for m in self.members:
+            got = None
+            for a in m.args:
+                if a < 0:
+                    cand = shapes[-a - 1]
+                    bc = node.outputs[-a - 1].broadcastable
+                else:
+                    cand = tuple(input_shapes[a][:-1])
+                    bc = node.inputs[a].broadcastable[:-1]
+                if got is None:
+                    got = [(s, b) for s, b in zip(cand, bc)]
+                else:
+                    got = [g if not g[1] else (s, b) for g, s, b in zip(got, cand, bc)]
+            shapes.append(tuple(s for s, _ in got))
+        return shapes
+
+    def signature(self, node: Apply) -> RowGroupSignature:
+        rows, extra = node.inputs[:self.n_row], node.inputs[self.n_row:]
+        reds, outs = self._dtypes([v.dtype for v in rows], [v.dtype for v in extra])
+        return RowGroupSignature(self.members, tuple(v.dtype for v in rows),
+                                 tuple(v.dtype for v in extra),
+                                 tuple(all(v.broadcastable) for v in extra), tuple(reds),
+                                 tuple(outs), rows[0].ndim - 1)
+
+    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
+        """(key, source) of the node's one module (CI compiles it)."""
+        sig = self.signature(node)
+        return [(("symgpu.row_group", sig), render_row_group(sig, str(self)))]
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads."""
+        sig = self.signature(node)
+        return [(("symgpu.row_group", sig), lambda: render_row_group(sig, str(self)), ())]
+
+    def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
+                   no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        return _RowGroupThunk(self, node, storage_map, ctx).thunk()
+
+
+class _RowGroupThunk:
+    """Plans (per input layout: the rows, each operand's strides, each member's row length)
+    and launches one GpuRowReduceGroup node: a warp per row up to ``WIDE_ROW`` values in a
+    member's row, else a block per row."""
+
+    def __init__(self, op: GpuRowReduceGroup, node: Apply, storage_map: dict, ctx: Any) -> None:
+        self.op, self.node, self.ctx = op, node, ctx
+        self.in_cells = [storage_map[v] for v in node.inputs[:op.n_row]]
+        self.ex_cells = [storage_map[v] for v in node.inputs[op.n_row:]]
+        self.ex_scalar = [all(v.broadcastable) for v in node.inputs[op.n_row:]]
+        self.out_cells = [storage_map[v] for v in node.outputs]
+        self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs]
+        sig = op.signature(node)
+        ks = launch.load_kernels(ctx, ("symgpu.row_group", sig),
+                                 lambda: render_row_group(sig, str(op)), row_group_formats(sig))
+        self.kernels = {n: k.fast_launcher() for n, k in ks.items()}
+        self.plans: dict[tuple, tuple] = {}
+
+    def plan(self, ins: list) -> tuple:
+        """(kernel, grid, block, K, meta args, kept shape) for these operand arrays."""
+        op = self.op
+        kept_of: list[tuple] = []
+        lengths: list[int] = []
+        for q, m in enumerate(op.members):
+            shapes = [ins[a].shape if a >= 0 else kept_of[-a - 1] + (1,) for a in m.args]
+            try:
+                full = layout.broadcast_shapes(shapes, f"{op} (member {q})")
+            except ValueError as e:
+                raise ValueError(f"{e}; operand dtypes "
+                                 f"{[str(ins[a].dtype) for a in m.args if a >= 0]}") from None
+            kept_of.append(full[:-1])
+            lengths.append(full[-1])
+        kept = kept_of[0]
+        if any(k != kept for k in kept_of):
+            raise ValueError(f"{op}: the members' rows differ: kept shapes {kept_of} of "
+                             f"operands of shapes {[a.shape for a in ins]}")
+        for q, m in enumerate(op.members):
+            if lengths[q] == 0 and m.reduce_op in ("maximum", "minimum") and int(np.prod(kept)):
+                raise ValueError(f"{op}: member {q} cannot reduce an empty row (operands of "
+                                 f"shapes {[a.shape for a in ins]}; zero-size reduction has "
+                                 f"no identity)")
+        kstrides, cstrides = [], []
+        for a in ins:
+            st = layout.element_strides(a.shape, a.strides, a.dtype.itemsize,
+                                        kept + (a.shape[-1],))
+            kstrides.append(st[:-1])
+            cstrides.append(st[-1] if a.shape[-1] != 1 else 0)
+        K = int(np.prod(kept))
+        meta = [*kept, *(s for ks in kstrides for s in ks), *cstrides, *lengths]
+        wide = max(lengths) > WIDE_ROW
+        if wide:
+            name, block, grid = "rg_block_rows", (_BLOCK, 1, 1), (max(1, min(K, _MAX_BLOCKS)), 1, 1)
+        else:
+            per = _BLOCK // 32
+            name, block = "rg_warp_rows", (_BLOCK, 1, 1)
+            grid = (max(1, min(-(-K // per), _MAX_BLOCKS)), 1, 1)
+        return self.kernels[name], grid, block, K, tuple(meta), tuple(kept), name
+
+    def thunk(self) -> Callable[[], None]:
+        in_cells, ex_cells, out_cells, ctx = self.in_cells, self.ex_cells, self.out_cells, self.ctx
+        plans, plan_for, out_dtypes, op = self.plans, self.plan, self.out_dtypes, self.op
+        ex_scalar = self.ex_scalar
+        reuse = [False] * len(out_cells)   # graph_plan.mark_reusable_outputs sets them
+
+        def thunk() -> None:
+            ctx.activate()
+            ins = [c[0] for c in in_cells]
+            key = tuple([a.shape + a.strides for a in ins])
+            got = plans.get(key)
+            if got is None:
+                got = plans[key] = plan_for(ins)
+            kern, grid, block, K, meta, kept, _ = got
+            outs = []
+            for cell, dt, keep in zip(out_cells, out_dtypes, reuse):
+                o = cell[0]
+                if not keep or o is None or o.shape != kept or o.dtype != dt:
+                    o = new_array(ctx, kept, dt)
+                outs.append(o)
+            ex_arrays = [_epilogue_operand(op, c[0], kept, sc) for c, sc in zip(ex_cells, ex_scalar)]
+            if K:
+                kern(grid, block, K, *meta, *[a.ptr for a in ins], *[o.ptr for o in outs],
+                     *[a.ptr for a in ex_arrays])
+            for cell, o in zip(out_cells, outs):
+                cell[0] = o
+
+        thunk.row_group_thunk = self   # type: ignore[attr-defined]  (tests read plans)
+        thunk.reuse_outputs = reuse    # type: ignore[attr-defined]
+        return _capturable(thunk)
