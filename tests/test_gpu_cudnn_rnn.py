@@ -91,6 +91,8 @@ def test_split_params_are_views_in_theanos_order():
     assert [p.shape for p in parts] == [(5, 3), (3,)] * 3 + [(3, 3), (3,)] * 3
     parts[0][:] = 1            # W_r, transposed view of cuDNN's (hidden, in) block
     assert w[:15].sum() == 15 and w[15:].sum() == 0
+    parts[1][:] = 3            # bW_r of layer 0: the first bias, after every matrix
+    assert (w[126:129] == 3).all() and w[15:].sum() == 9
     shared = symgpu.shared(w)
     block.split_params(shared, 1, [7, 5])[-1][:] = 2      # bR_n of layer 1: the last 3
     assert (shared.get_value()[-3:] == 2).all()

@@ -15,10 +15,10 @@ with x the layer's input and h the previous hidden state, ``W_k`` (hidden, in) a
 - gru (gates r, z, n): r, z = sigmoid(W x + bW + R h + bR),
   n = tanh(W_n x + bW_n + r * (R_n h + bR_n)), h' = (1 - z) n + z h
 
-Weight layout (cuDNN's linear-input, double-bias layout, checked against cuDNN's
-cudnnGetRNNWeightParams by the GPU op): per pseudo-layer (layer * directions + direction),
-the matrices W_0..W_{n-1}, R_0..R_{n-1} (each row-major (hidden, in)), then the biases
-bW_0..bW_{n-1}, bR_0..bR_{n-1}.
+Weight layout (cuDNN 9's linear-input, double-bias layout, checked against
+cudnnGetRNNWeightParams by the GPU op on every plan): first the matrices of every
+pseudo-layer (layer * directions + direction), each W_0..W_{n-1}, R_0..R_{n-1} row-major
+(hidden, in); then the biases of every pseudo-layer, each bW_0..bW_{n-1}, bR_0..bR_{n-1}.
 """
 from __future__ import annotations
 
@@ -62,12 +62,10 @@ def rnn_layout(rnn_mode: str, hidden_size: int, num_layers: int, input_size: int
                 cols = width if k < n else hidden_size
                 m.append((off, (hidden_size, cols)))
                 off += hidden_size * cols
-            b = []
-            for _k in range(2 * n):
-                b.append((off, (hidden_size,)))
-                off += hidden_size
             mats.append(m)
-            biases.append(b)
+    for _ in mats:
+        biases.append([(off + k * hidden_size, (hidden_size,)) for k in range(2 * n)])
+        off += 2 * n * hidden_size
     return RNNLayout(mats, biases, off)
 
 
