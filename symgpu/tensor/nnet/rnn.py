@@ -28,7 +28,6 @@ import numpy as np
 
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.math import zeros_like
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["RNN_MODES", "DIRECTION_MODES", "RNNLayout", "rnn_layout", "rnn_forward_numpy",
@@ -300,11 +299,9 @@ class DnnRNN(_RNNBase):
         return [y, hs] + ([shapes[3]] if self.lstm else [])
 
     def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
-        """DnnRNNGrad of the inputs and every output's gradient (zeros where disconnected)."""
-        from symgpu.gradient import DisconnectedType
-        grads = [zeros_like(o) if isinstance(g.type, DisconnectedType) else g
-                 for o, g in zip(outputs, output_grads)]
-        outs = list(DnnRNNGrad(*self._props()).make_node(*inputs, *grads).outputs)
+        """DnnRNNGrad of the inputs and every output's gradient (the gradient machinery
+        gives zeros for an output that received none)."""
+        outs = list(DnnRNNGrad(*self._props()).make_node(*inputs, *output_grads).outputs)
         return [outs[-1]] + outs[:-1]
 
 
