@@ -166,6 +166,7 @@ RENAMES: dict[str, dict[str, str]] = {
         "GpuDnnConvGradW": "symgpu.gpu.ops.conv:GpuConv2dGradWeights",
         "GpuDnnPool": "symgpu.gpu.ops.pooling:GpuPool",
         "version": "symgpu.gpu.ops.cudnn:cudnn_version",
+        "RNNBlock": "symgpu.gpu.ops.cudnn_rnn:RNNBlock",
         **{f: f"symgpu.gpu.ops.theano_dnn:{f}" for f in (
             "dnn_available", "dnn_present", "dnn_conv", "dnn_conv3d", "dnn_gradinput", "dnn_gradinput3d", "dnn_gradweight",
             "dnn_gradweight3d", "dnn_pool", "dnn_batch_normalization_train",

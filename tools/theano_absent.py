@@ -95,9 +95,6 @@ ABSENT: dict[str, str] = {
         "the gradient of cuDNN's spatial transformer, which symgpu does not have",
     "theano.gpuarray.dnn:dnn_spatialtf":
         "cuDNN's spatial transformer network layer; symgpu has no spatial transformer op",
-    "theano.gpuarray.dnn:RNNBlock":
-        "cuDNN's fused RNN/LSTM/GRU layers; symgpu's recurrences are scan loops (GPU scan "
-        "ops), with no cuDNN RNN binding",
     "theano.gpuarray.type:GpuContextType":
         "the Type of a GPU context passed as a graph input to Theano's C ops; symgpu's GPU "
         "ops hold their context name as a property and look the context up when they run",

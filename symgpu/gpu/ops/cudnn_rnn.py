@@ -1,0 +1,315 @@
+"""cuDNN's fused recurrent layers: RNNBlock (Theano's theano.gpuarray.dnn.RNNBlock), the GPU
+ops GpuDnnRNNForward / GpuDnnRNNBackward on cuDNN 9's v8 RNN API, and the lifters from the
+host ops of symgpu/tensor/nnet/rnn.py.
+
+Why: a scan loop launches a GEMM and a gate kernel per step; cuDNN runs the whole sequence
+of every layer in a few persistent kernels (issue 32).
+
+The calls (cudnn_adv): cudnnSetRNNDescriptor_v8 (standard algorithm, double bias, linear
+input, no dropout), cudnnSetRNNDataDescriptor (SEQ_MAJOR_UNPACKED, every row full length,
+padded IO enabled), cudnnRNNForward in training mode (the reserve space is the forward op's
+last output, a uint8 vector the backward op reads), cudnnRNNBackwardData_v8 then
+cudnnRNNBackwardWeights_v8 (which adds into dw: zeroed first) in one backward op, on a copy
+of the reserve (backward data writes into it). devSeqLengths is a device int32 vector set by
+a memset. Workspaces come from the context's pool; nothing waits for the device or copies
+from the host, so both thunks are CUDA-graph capturable. float32 only (float64/float16 stay
+on the host ops); TF32 only under ``gpuarray.allow_tf32`` (as the convolutions).
+
+The weight layout is rnn.py's (cuDNN's); each plan checks it against
+cudnnGetRNNWeightParams and raises CudnnError naming the first difference.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from symgpu.gpu.ops.conv import _math_mode
+from symgpu.gpu.ops.cudnn import DATA_TYPES, CudnnError, _Desc, cudnn, cudnn_available
+from symgpu.gpu.ops.kernel_ops import _capturable, _context, _virtual_thunk
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.rewriting import register_lifter
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
+from symgpu.gpu.runtime.array import new_array
+from symgpu.graph.basic import Apply
+from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, RNN_MODES, DnnRNN, DnnRNNGrad, _RNNBase,
+                                    rnn_layout)
+
+__all__ = ["RNNBlock", "GpuDnnRNNForward", "GpuDnnRNNBackward", "RNNPlan", "ENABLED"]
+
+#: False: the lifters leave DnnRNN / DnnRNNGrad on the host (read when a function compiles)
+ENABLED = True
+
+# cuDNN 9 enums (cudnn_adv.h)
+_CELL = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}     # cudnnRNNMode_t
+_ALGO_STANDARD, _DOUBLE_BIAS, _LINEAR_INPUT = 0, 2, 0
+_PADDED_IO_ENABLED = 1
+_SEQ_MAJOR_UNPACKED = 0
+_FWD_TRAINING = 1
+_WGRAD_ADD = 0
+
+
+class RNNPlan:
+    """cuDNN's descriptors and space sizes for one (seq, batch, input) problem of an op (no
+    device work: safe while a graph is captured)."""
+
+    def __init__(self, op: _RNNBase, ctx: Any, t: int, b: int, isize: int, w_ptr: int,
+                 w_size: int) -> None:
+        lib = self.lib = cudnn()
+        self.handle = lib.handle(ctx)
+        dt = DATA_TYPES["float32"]
+        hs, dirs, layers = op.hidden_size, op.dirs, op.num_layers
+        self.dropout = _Desc(lib, "Dropout")
+        lib.call("cudnnSetDropoutDescriptor", self.dropout.ptr, self.handle, ctypes.c_float(0.0),
+                 None, ctypes.c_size_t(0), ctypes.c_ulonglong(0))
+        self.rnn = _Desc(lib, "RNN")
+        lib.call("cudnnSetRNNDescriptor_v8", self.rnn.ptr, _ALGO_STANDARD, _CELL[op.rnn_mode],
+                 _DOUBLE_BIAS, DIRECTION_MODES[op.direction_mode] - 1, _LINEAR_INPUT, dt, dt,
+                 _math_mode("float32"), isize, hs, hs, layers, self.dropout.ptr,
+                 ctypes.c_uint32(_PADDED_IO_ENABLED))
+        lengths = (ctypes.c_int * b)(*([t] * b))
+        self.fill = ctypes.c_float(0.0)
+        self.x = self._data(t, b, isize, lengths)
+        self.y = self._data(t, b, hs * dirs, lengths)
+        self.h = _Desc(lib, "Tensor")
+        n = layers * dirs
+        lib.call("cudnnSetTensorNdDescriptor", self.h.ptr, dt, 3, (ctypes.c_int * 3)(n, b, hs),
+                 (ctypes.c_int * 3)(b * hs, hs, 1))
+        size = ctypes.c_size_t(0)
+        lib.call("cudnnGetRNNWeightSpaceSize", self.handle, self.rnn.ptr, ctypes.byref(size))
+        self.weight_bytes = int(size.value)
+        lay = rnn_layout(op.rnn_mode, hs, layers, isize, dirs)
+        if self.weight_bytes != 4 * lay.size or w_size != lay.size:
+            raise CudnnError(f"{op}: cuDNN's weight space is {self.weight_bytes} bytes for "
+                             f"input size {isize}; symgpu's layout has {lay.size} float32 "
+                             f"weights and w has {w_size}")
+        self._check_layout(op, lay, w_ptr)
+        ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr, _FWD_TRAINING,
+                 self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
+        self.workspace, self.reserve = int(ws.value), max(int(rs.value), 1)
+        self.batch, self.seq = b, t
+
+    def _data(self, t: int, b: int, width: int, lengths: Any) -> _Desc:
+        d = _Desc(self.lib, "RNNData")
+        self.lib.call("cudnnSetRNNDataDescriptor", d.ptr, DATA_TYPES["float32"],
+                      _SEQ_MAJOR_UNPACKED, t, b, width, lengths, ctypes.byref(self.fill))
+        return d
+
+    def _check_layout(self, op: _RNNBase, lay: Any, w_ptr: int) -> None:
+        """cuDNN's offsets of every matrix and bias against rnn_layout's."""
+        m, bd = _Desc(self.lib, "Tensor"), _Desc(self.lib, "Tensor")
+        maddr, baddr = ctypes.c_void_p(), ctypes.c_void_p()
+        for p, (mats, biases) in enumerate(zip(lay.mats, lay.biases)):
+            for k, ((moff, _), (boff, _)) in enumerate(zip(mats, biases)):
+                self.lib.call("cudnnGetRNNWeightParams", self.handle, self.rnn.ptr, p,
+                              ctypes.c_size_t(self.weight_bytes), ctypes.c_void_p(w_ptr), k,
+                              m.ptr, ctypes.byref(maddr), bd.ptr, ctypes.byref(baddr))
+                got = ((maddr.value or 0) - w_ptr) // 4, ((baddr.value or 0) - w_ptr) // 4
+                if got != (moff, boff):
+                    raise CudnnError(f"{op}: cuDNN places pseudo-layer {p} linLayerID {k}'s "
+                                     f"matrix and bias at elements {got}, symgpu's layout at "
+                                     f"{(moff, boff)}")
+
+
+def _ptr(a: Any) -> ctypes.c_void_p:
+    return ctypes.c_void_p(a.ptr if a is not None else None)
+
+
+class _GpuRNNBase(_RNNBase):
+    """What both GPU ops share: their context, inputs on it and the cached plans."""
+
+    def _gpu(self, args: list) -> tuple[list, Any]:
+        ctx = next((a.type.context_name for a in args if is_gpu_var(a)), None)
+        out = [as_gpuarray_variable(a, ctx) for a in args]
+        for a in out:
+            if a.dtype != "float32":
+                raise TypeError(f"{self}: cuDNN's RNN takes float32, got {a.type}")
+        return out, ctx
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ctx = _context(node.outputs[0].type.context_name)
+        if ctx.virtual:
+            return _virtual_thunk(self, ctx)
+        cells = [storage_map[v] for v in node.inputs]
+        outs = [storage_map[v] for v in node.outputs]
+        plans: dict[tuple, RNNPlan] = {}
+
+        def thunk() -> None:
+            ctx.activate()
+            vals = [c[0] for c in cells]
+            vals = [v if v.is_c_contiguous else v.copy() for v in vals]
+            key = tuple(vals[1].shape) + (vals[0].shape[0],)
+            plan = plans.get(key)
+            if plan is None:
+                self._check(vals)
+                t, b, isize = vals[1].shape
+                plan = plans[key] = RNNPlan(self, ctx, t, b, isize, vals[0].ptr,
+                                            vals[0].shape[0])
+            for cell, v in zip(outs, self._run(ctx, plan, vals)):
+                cell[0] = v
+        return _capturable(thunk)
+
+    def _check(self, vals: list) -> None:
+        w, x, hx = vals[:3]
+        hshape = (self.num_layers * self.dirs, x.shape[1], self.hidden_size)
+        others = vals[3:4] if self.lstm else []
+        if tuple(hx.shape) != hshape or any(tuple(c.shape) != hshape for c in others):
+            raise ValueError(f"{self}: for x of shape {x.shape} hx (and cx) need shape "
+                             f"{hshape}, got {[tuple(v.shape) for v in [hx] + others]}")
+
+    def _lengths(self, ctx: Any, plan: RNNPlan) -> Any:
+        return new_array(ctx, (plan.batch,), np.dtype("int32")).fill(plan.seq)
+
+
+class GpuDnnRNNForward(_GpuRNNBase):
+    """(w, x, hx[, cx]) -> (y, hy[, cy], reserve) through cudnnRNNForward (training mode)."""
+
+    def make_node(self, w: Any, x: Any, hx: Any, cx: Any = None) -> Apply:
+        args, ctx = self._gpu([w, x, hx] + ([cx] if self.lstm else []))
+        t3 = GpuArrayType("float32", (False, False, False), ctx)
+        outs = [t3(name="rnn_y"), t3(name="rnn_hy")] + ([t3(name="rnn_cy")] if self.lstm else [])
+        outs.append(GpuArrayType("uint8", (False,), ctx)(name="rnn_reserve"))
+        return Apply(self, args, outs)
+
+    def _run(self, ctx: Any, plan: RNNPlan, vals: list) -> list:
+        w, x, hx = vals[:3]
+        cx = vals[3] if self.lstm else None
+        f32 = np.dtype("float32")
+        t, b, _ = x.shape
+        y = new_array(ctx, (t, b, self.hidden_size * self.dirs), f32)
+        hy = new_array(ctx, tuple(hx.shape), f32)
+        cy = new_array(ctx, tuple(hx.shape), f32) if self.lstm else None
+        reserve = new_array(ctx, (plan.reserve,), np.dtype("uint8"))
+        lengths = self._lengths(ctx, plan)
+        ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
+        plan.lib.call("cudnnRNNForward", plan.handle, plan.rnn.ptr, _FWD_TRAINING,
+                      _ptr(lengths), plan.x.ptr, _ptr(x), plan.y.ptr, _ptr(y), plan.h.ptr,
+                      _ptr(hx), _ptr(hy), plan.h.ptr, _ptr(cx), _ptr(cy),
+                      ctypes.c_size_t(plan.weight_bytes), _ptr(w),
+                      ctypes.c_size_t(plan.workspace), _ptr(ws),
+                      ctypes.c_size_t(plan.reserve), _ptr(reserve))
+        return [y, hy] + ([cy] if self.lstm else []) + [reserve]
+
+
+class GpuDnnRNNBackward(_GpuRNNBase):
+    """(w, x, hx[, cx], y, reserve, dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw):
+    cudnnRNNBackwardData_v8 then cudnnRNNBackwardWeights_v8 on a copy of the reserve."""
+
+    def make_node(self, *args: Any) -> Apply:
+        k = 4 if self.lstm else 3
+        if len(args) != 2 * k + 1:
+            raise TypeError(f"{self}: takes {2 * k + 1} inputs, got {len(args)}")
+        ctx = next((a.type.context_name for a in args if is_gpu_var(a)), None)
+        reserve = as_gpuarray_variable(args[k + 1], ctx)
+        rest, ctx = self._gpu(list(args[:k + 1]) + list(args[k + 2:]))
+        ins = rest[:k + 1] + [reserve] + rest[k + 1:]
+        outs = [v.type() for v in ins[1:k]] + [ins[0].type()]
+        return Apply(self, ins, outs)
+
+    def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        k = 4 if self.lstm else 3
+        return list(shapes[1:k]) + [shapes[0]]
+
+    def _run(self, ctx: Any, plan: RNNPlan, vals: list) -> list:
+        k = 4 if self.lstm else 3
+        w, x, hx = vals[:3]
+        cx = vals[3] if self.lstm else None
+        y, reserve, dy, dhy = vals[k:k + 4]
+        dcy = vals[k + 4] if self.lstm else None
+        f32 = np.dtype("float32")
+        dx = new_array(ctx, tuple(x.shape), f32)
+        dhx = new_array(ctx, tuple(hx.shape), f32)
+        dcx = new_array(ctx, tuple(hx.shape), f32) if self.lstm else None
+        dw = new_array(ctx, tuple(w.shape), f32).fill(0)
+        reserve = reserve.copy()      # backward data writes into it
+        lengths = self._lengths(ctx, plan)
+        ws = ctx.pool.allocate(plan.workspace) if plan.workspace else None
+        wsz, rsz = ctypes.c_size_t(plan.workspace), ctypes.c_size_t(plan.reserve)
+        wbytes = ctypes.c_size_t(plan.weight_bytes)
+        plan.lib.call("cudnnRNNBackwardData_v8", plan.handle, plan.rnn.ptr, _ptr(lengths),
+                      plan.y.ptr, _ptr(y), _ptr(dy), plan.x.ptr, _ptr(dx), plan.h.ptr,
+                      _ptr(hx), _ptr(dhy), _ptr(dhx), plan.h.ptr, _ptr(cx), _ptr(dcy),
+                      _ptr(dcx), wbytes, _ptr(w), wsz, _ptr(ws), rsz, _ptr(reserve))
+        plan.lib.call("cudnnRNNBackwardWeights_v8", plan.handle, plan.rnn.ptr, _WGRAD_ADD,
+                      _ptr(lengths), plan.x.ptr, _ptr(x), plan.h.ptr, _ptr(hx), plan.y.ptr,
+                      _ptr(y), wbytes, _ptr(dw), wsz, _ptr(ws), rsz, _ptr(reserve))
+        return [dx, dhx] + ([dcx] if self.lstm else []) + [dw]
+
+
+def _liftable(node: Apply, context_name: Any) -> bool:
+    return (ENABLED and all(v.dtype == "float32" for v in node.inputs)
+            and (_context(context_name).virtual or cudnn_available()))
+
+
+@register_lifter(DnnRNN)
+def lift_dnn_rnn(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
+    """DnnRNN -> GpuDnnRNNForward (float32, cuDNN loadable), its reserve unused here."""
+    if not _liftable(node, context_name):
+        return None
+    gin = [as_gpuarray_variable(v, context_name) for v in inputs]
+    return list(GpuDnnRNNForward(*op._props()).make_node(*gin).outputs[:-1])
+
+
+@register_lifter(DnnRNNGrad)
+def lift_dnn_rnn_grad(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
+    """DnnRNNGrad -> GpuDnnRNNBackward fed by a GpuDnnRNNForward of the same inputs (the
+    merge rewrite makes it the lifted forward node, so the reserve comes from there)."""
+    if not _liftable(node, context_name):
+        return None
+    gin = [as_gpuarray_variable(v, context_name) for v in inputs]
+    k = 4 if op.lstm else 3
+    fwd = GpuDnnRNNForward(*op._props()).make_node(*gin[:k]).outputs
+    y, reserve = fwd[0], fwd[-1]
+    return list(GpuDnnRNNBackward(*op._props()).make_node(*gin[:k], y, reserve,
+                                                          *gin[k:]).outputs)
+
+
+class RNNBlock:
+    """Theano's cuDNN RNN layer stack (theano.gpuarray.dnn.RNNBlock): ``apply`` builds the
+    host op DnnRNN, run by cuDNN when the graph is placed on a GPU (float32) and by a NumPy
+    loop otherwise. The flat weight vector's layout is cuDNN's (symgpu.tensor.nnet.rnn)."""
+
+    def __init__(self, dtype: str, hidden_size: int, num_layers: int, rnn_mode: str,
+                 input_mode: str = "linear", direction_mode: str = "unidirectional",
+                 context_name: Any = None) -> None:
+        if input_mode != "linear":
+            raise ValueError(f"RNNBlock: input_mode {input_mode!r}: symgpu's RNNBlock takes "
+                             f"input_mode='linear' (an input matrix on the first layer)")
+        self.op = DnnRNN(rnn_mode, direction_mode, num_layers, hidden_size)
+        self.dtype, self.hidden_size, self.num_layers = str(dtype), int(hidden_size), int(num_layers)
+        self.rnn_mode, self.input_mode, self.direction_mode = rnn_mode, input_mode, direction_mode
+        self.context_name = context_name
+
+    def _layout(self, input_size: Any) -> Any:
+        isize = int(input_size[-1]) if np.ndim(input_size) else int(input_size)
+        return rnn_layout(self.rnn_mode, self.hidden_size, self.num_layers, isize,
+                          DIRECTION_MODES[self.direction_mode])
+
+    def get_param_size(self, input_size: Any) -> int:
+        """Elements of the flat weight vector for inputs of ``input_size`` ((batch, input)
+        as Theano's, or the input width)."""
+        return self._layout(input_size).size
+
+    def split_params(self, w: Any, layer: int, input_size: Any) -> list:
+        """[W_0, bW_0, ..., W_{n-1}, bW_{n-1}, R_0, bR_0, ...] of pseudo-layer ``layer``, as
+        Theano's: matrices of shape (in, hidden) (the transposes of cuDNN's row-major
+        (hidden, in) blocks) and biases (hidden,). Views of ``w`` when it is a NumPy array
+        or a host shared variable (writing them sets the weights), symbolic otherwise."""
+        lay = self._layout(input_size)
+        if not 0 <= layer < len(lay.mats):
+            raise ValueError(f"RNNBlock.split_params: layer {layer} is not in [0, "
+                             f"{len(lay.mats)}) (pseudo-layers: layers * directions)")
+        if hasattr(w, "get_value") and isinstance(w.get_value(borrow=True), np.ndarray):
+            w = w.get_value(borrow=True)
+        out = []
+        for (moff, (h, c)), (boff, _) in zip(lay.mats[layer], lay.biases[layer]):
+            out.append(w[moff:moff + h * c].reshape((h, c)).T)
+            out.append(w[boff:boff + h])
+        return out
+
+    def apply(self, w: Any, x: Any, hx: Any, cx: Any = None) -> list:
+        """[y, hy] ([y, hy, cy] for lstm) of x (seq, batch, input) from hx (and cx)
+        (layers * directions, batch, hidden); y is (seq, batch, hidden * directions)."""
+        return list(self.op.make_node(w, x, hx, cx).outputs)

@@ -1,0 +1,201 @@
+"""RNNBlock (Theano's theano.gpuarray.dnn.RNNBlock): the host ops against a plain NumPy loop
+and finite differences, the placement of the cuDNN ops, and (GPU) cuDNN against the host."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from gpu_helpers import on_the_cpu, requires_gpu
+from symgpu import function
+from symgpu.gpu.ops import cudnn_rnn as crnn
+from symgpu.gpu.placement.rewriting import cpu_nodes
+from symgpu.gradient import verify_grad
+from symgpu.tensor.nnet.rnn import DnnRNN, DnnRNNGrad, rnn_layout
+
+MODES = ["rnn_relu", "rnn_tanh", "lstm", "gru"]
+
+
+def _sig(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def _reference(mode, block, w, x, h0, c0):
+    """One unidirectional layer stack written from Theano's split_params views (x @ W)."""
+    inp, hy, cy = x, [], []
+    for layer in range(block.num_layers):
+        p = block.split_params(w, layer, x.shape[1:])
+        n = len(p) // 4
+        Ws, bWs, Rs, bRs = p[0:2 * n:2], p[1:2 * n:2], p[2 * n::2], p[2 * n + 1::2]
+        h, c, out = h0[layer], (c0[layer] if c0 is not None else None), []
+        for t in range(inp.shape[0]):
+            px = [inp[t] @ Wk + bk for Wk, bk in zip(Ws, bWs)]
+            ph = [h @ Rk + bk for Rk, bk in zip(Rs, bRs)]
+            if mode == "rnn_relu":
+                h = np.maximum(px[0] + ph[0], 0)
+            elif mode == "rnn_tanh":
+                h = np.tanh(px[0] + ph[0])
+            elif mode == "lstm":
+                i, f = _sig(px[0] + ph[0]), _sig(px[1] + ph[1])
+                g, o = np.tanh(px[2] + ph[2]), _sig(px[3] + ph[3])
+                c = f * c + i * g
+                h = o * np.tanh(c)
+            else:
+                r, z = _sig(px[0] + ph[0]), _sig(px[1] + ph[1])
+                nn = np.tanh(px[2] + r * ph[2])
+                h = (1 - z) * nn + z * h
+            out.append(h)
+        inp = np.stack(out)
+        hy.append(h)
+        cy.append(c)
+    return inp, np.stack(hy), (np.stack(cy) if c0 is not None else None)
+
+
+def _case(mode, dtype, rng, t=4, b=3, i=5, h=4, layers=2, dirs=1):
+    block = crnn.RNNBlock(dtype, h, layers, mode,
+                          direction_mode="bidirectional" if dirs == 2 else "unidirectional")
+    w = (rng.standard_normal(block.get_param_size([b, i])) * 0.4).astype(dtype)
+    x = rng.standard_normal((t, b, i)).astype(dtype)
+    hx = rng.standard_normal((layers * dirs, b, h)).astype(dtype)
+    cx = rng.standard_normal(hx.shape).astype(dtype) if mode == "lstm" else None
+    return block, w, x, hx, cx
+
+
+def _symbolic(block, dtype, lstm):
+    w, x, hx = T.vector("w", dtype=dtype), T.tensor3("x", dtype=dtype), T.tensor3("hx", dtype=dtype)
+    cx = T.tensor3("cx", dtype=dtype) if lstm else None
+    ins = [w, x, hx] + ([cx] if lstm else [])
+    return ins, block.apply(w, x, hx, cx)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rnnblock_matches_a_numpy_loop(mode):
+    rng = np.random.default_rng(0)
+    block, w, x, hx, cx = _case(mode, "float64", rng)
+    ins, outs = _symbolic(block, "float64", mode == "lstm")
+    with on_the_cpu():
+        got = function(ins, outs)(*[v for v in (w, x, hx, cx) if v is not None])
+    want = _reference(mode, block, w, x, hx, cx)
+    assert len(got) == (3 if mode == "lstm" else 2)
+    for g, e in zip(got, want):
+        np.testing.assert_allclose(g, e, rtol=1e-10, atol=1e-12)
+
+
+def test_split_params_are_views_in_theanos_order():
+    block = crnn.RNNBlock("float32", 3, 2, "gru")
+    size = block.get_param_size([7, 5])
+    assert size == rnn_layout("gru", 3, 2, 5).size == 3 * 3 * (5 + 3) + 6 * 3 + 3 * 3 * (3 + 3) + 6 * 3
+    w = np.zeros(size, "float32")
+    parts = block.split_params(w, 0, [7, 5])
+    assert [p.shape for p in parts] == [(5, 3), (3,)] * 3 + [(3, 3), (3,)] * 3
+    parts[0][:] = 1            # W_r, transposed view of cuDNN's (hidden, in) block
+    assert w[:15].sum() == 15 and w[15:].sum() == 0
+    parts[1][:] = 3            # bW_r of layer 0: the first bias, after every matrix
+    assert (w[126:129] == 3).all() and w[15:].sum() == 9
+    shared = symgpu.shared(w)
+    block.split_params(shared, 1, [7, 5])[-1][:] = 2      # bR_n of layer 1: the last 3
+    assert (shared.get_value()[-3:] == 2).all()
+    with pytest.raises(ValueError, match="layer 2"):
+        block.split_params(w, 2, [7, 5])
+
+
+def test_rnnblock_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="rnn_mode"):
+        crnn.RNNBlock("float32", 3, 1, "elman")
+    with pytest.raises(ValueError, match="input_mode"):
+        crnn.RNNBlock("float32", 3, 1, "lstm", input_mode="skip")
+    block = crnn.RNNBlock("float64", 3, 1, "lstm")
+    with pytest.raises(TypeError, match="cx"):
+        block.apply(T.dvector(), T.dtensor3(), T.dtensor3())
+    ins, outs = _symbolic(block, "float64", True)
+    with on_the_cpu():
+        f = function(ins, outs)
+    with pytest.raises(ValueError, match="w of shape"):
+        f(np.zeros(3), np.zeros((2, 1, 4)), np.zeros((1, 1, 3)), np.zeros((1, 1, 3)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dirs", [1, 2])
+def test_rnnblock_gradients_verify(mode, dirs):
+    rng = np.random.default_rng(1)
+    block, w, x, hx, cx = _case(mode, "float64", rng, t=3, b=2, i=3, h=2, dirs=dirs)
+    pts = [v for v in (w, x, hx, cx) if v is not None]
+    with on_the_cpu():
+        verify_grad(lambda w, x, hx, *c: block.apply(w, x, hx, *c), pts,
+                    rng=np.random.RandomState(2))
+
+
+# ============================================================================ placement
+
+def _training(mode, dirs=1):
+    block = crnn.RNNBlock("float32", 4, 2, mode,
+                          direction_mode="bidirectional" if dirs == 2 else "unidirectional")
+    ins, outs = _symbolic(block, "float32", mode == "lstm")
+    cost = (outs[0] ** 2).sum() + outs[1].sum() + (outs[2].sum() if mode == "lstm" else 0)
+    return ins, outs, T.grad(cost, ins)
+
+
+def _ops(f, cls):
+    return [n for n in f.maker.fgraph.toposort() if isinstance(n.op, cls)]
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_training_graph_is_one_cudnn_forward_and_one_backward(vgpu, mode):
+    ins, outs, grads = _training(mode)
+    f = function(ins, outs + grads)
+    assert len(_ops(f, crnn.GpuDnnRNNForward)) == 1       # merged: its reserve feeds backward
+    (bwd,) = _ops(f, crnn.GpuDnnRNNBackward)
+    (fwd,) = _ops(f, crnn.GpuDnnRNNForward)
+    assert bwd.inputs[len(fwd.inputs) + 1] is fwd.outputs[-1]
+    assert not _ops(f, DnnRNN) and not _ops(f, DnnRNNGrad)
+    assert not cpu_nodes(f.maker.fgraph), cpu_nodes(f.maker.fgraph)
+
+
+def test_float64_and_disabled_stay_on_the_host(vgpu, monkeypatch):
+    block = crnn.RNNBlock("float64", 4, 1, "gru")
+    ins, outs = _symbolic(block, "float64", False)
+    f = function(ins, outs)
+    assert _ops(f, DnnRNN) and not _ops(f, crnn.GpuDnnRNNForward)
+    monkeypatch.setattr(crnn, "ENABLED", False)
+    ins, outs, grads = _training("lstm")
+    f = function(ins, outs + grads)
+    assert _ops(f, DnnRNN) and _ops(f, DnnRNNGrad) and not _ops(f, crnn.GpuDnnRNNBackward)
+
+
+# ============================================================================ on the GPU
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dirs", [1, 2])
+def test_gpu_rnnblock_matches_the_host(cuda, mode, dirs):
+    rng = np.random.default_rng(3)
+    _, w, x, hx, cx = _case(mode, "float32", rng, t=6, b=3, i=5, h=4, dirs=dirs)
+    ins, outs, grads = _training(mode, dirs)
+    vals = [v for v in (w, x, hx, cx) if v is not None]
+    with on_the_cpu():
+        want = function(ins, outs + grads)(*vals)
+    f = function(ins, outs + grads)
+    assert _ops(f, crnn.GpuDnnRNNForward) and _ops(f, crnn.GpuDnnRNNBackward)
+    assert not _ops(f, DnnRNN) and not _ops(f, DnnRNNGrad)
+    for _ in range(3):          # plain, captured, replayed
+        got = f(*vals)
+        for g, e in zip(got, want):
+            np.testing.assert_allclose(np.asarray(g), e, rtol=2e-4, atol=2e-4)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_lstm_weights_from_split_params(cuda):
+    """Weights written through split_params of a host array reach cuDNN in its layout."""
+    rng = np.random.default_rng(4)
+    block, w, x, hx, cx = _case("lstm", "float32", rng, t=5, b=2, i=3, h=4, layers=3)
+    for layer in range(3):
+        for p in block.split_params(w, layer, [2, 3]):
+            p[...] = rng.standard_normal(p.shape) * 0.3
+    ins, outs = _symbolic(block, "float32", True)
+    y, hy, cy = function(ins, outs)(w, x, hx, cx)
+    want = _reference("lstm", block, w.astype("float64"), x, hx, cx)
+    for g, e in zip((y, hy, cy), want):
+        np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-4)
