@@ -27,3 +27,4 @@ sys.modules[__name__].__class__ = _CallableModule
 import symgpu.scan.rewriting  # noqa: E402,F401  (registers the loop rewrites)
 import symgpu.scan.pushout_acc  # noqa: E402,F401  (registers scan_pushout_acc)
 import symgpu.scan.pushout_shapes  # noqa: E402,F401  (registers scan_pushout_shapes)
+import symgpu.scan.dnn_rnn_match  # noqa: E402,F401  (registers scan_to_dnn_rnn, opt-in)
