@@ -8,11 +8,12 @@ import types
 
 from symgpu.scan.basic import ScanUpdates, scan, until
 from symgpu.scan.checkpoints import scan_checkpoints
+from symgpu.scan.info import ScanGradOf
 from symgpu.scan.op import Scan, ScanError, ScanInfo
 from symgpu.scan.views import foldl, foldr, map, reduce
 
 __all__ = ["scan", "until", "map", "reduce", "foldl", "foldr", "Scan", "ScanInfo", "ScanError",
-           "ScanUpdates", "scan_checkpoints"]
+           "ScanUpdates", "scan_checkpoints", "ScanGradOf"]
 
 
 class _CallableModule(types.ModuleType):
