@@ -25,6 +25,14 @@ B, IN, H, L = 3, 5, 4, 6
 sig = T.nnet.sigmoid
 
 
+@pytest.fixture(autouse=True)
+def _keep_flags():
+    """benchmarks/rnn_cells.build_symbolic sets floatX, as a script may: put it back for
+    the tests that follow."""
+    with symgpu.config.change_flags(floatX=symgpu.config.floatX):
+        yield
+
+
 def _mode(on: bool) -> Mode:
     m = Mode(optimizer="fast_run")
     return m.including("scan_to_dnn_rnn") if on else m
