@@ -321,3 +321,17 @@ def test_go_backwards_is_a_forward_layer_over_the_reversed_sequence():
         got[on] = f(xv)
     for a, b in zip(got[False], got[True]):
         np.testing.assert_allclose(b, a, rtol=2e-4, atol=2e-5)
+
+
+def test_a_sequence_shorter_than_n_steps_still_fails():
+    x = T.tensor3("x", dtype="float32")
+    k = T.iscalar("k")
+    h0 = T.zeros((B, H), dtype="float32")
+    hs, _ = symgpu.scan(elman_step()[0], sequences=[x], outputs_info=h0, n_steps=k,
+                        non_sequences=_params(1, np.random.default_rng(0)))
+    f = function([x, k], hs, mode=_mode(True))
+    assert _ops(f, DnnRNN) and not _ops(f, Scan)
+    xv = np.zeros((L, B, IN), "float32")
+    assert f(xv, L - 2).shape == (L - 2, B, H)
+    with pytest.raises(AssertionError, match="shorter than n_steps"):
+        f(xv, L + 1)

@@ -30,6 +30,7 @@ from symgpu.graph.basic import Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scan.op import Scan
+from symgpu.tensor.checks import Assert
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
 from symgpu.tensor.math import Dot
@@ -473,10 +474,15 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
         if c_readers is None:
             return False
     plans = [_adjoints(b, m) for b in backs]
-    if any(p is None for p in plans):
+    if any(p is None for p in plans) or any(
+            len(b.outputs) != len(g.windows) + len(g.sums) + len(g.seq_grads)
+            for b, g in ((b, b.op.grad_of) for b in backs)):
         return False
-    n = node.inputs[0]
-    x = node.inputs[1][:n]
+    seq, n = node.inputs[1], node.inputs[0]
+    # the loop's own checks (ScanError), kept: x[:n] of a short sequence would run fewer steps
+    n = Assert(f"{info.name}: the sequence is shorter than n_steps, or n_steps < 0 (the loop "
+               "was replaced by scan_to_dnn_rnn)")(n, T.ge(seq.shape[0], n), T.ge(n, 0))
+    x = seq[:n]
     hx = node.inputs[1 + S + m.h_state][:1]
     cx = node.inputs[1 + S + m.c_state][:1] if m.c_state is not None else None
     if m.hidden is None:   # Elman: no gate blocks tell the hidden size
@@ -536,8 +542,6 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         news = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
             [v.dimshuffle("x", *range(v.ndim)) for v in g_ns] + \
             [dx[::-1] for _ in g.seq_grads]
-        if len(news) != len(b.outputs):
-            return False
         for old, new in zip(b.outputs, news):
             fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
     h_out = node.outputs[m.h_state]
