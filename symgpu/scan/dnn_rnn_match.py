@@ -462,7 +462,7 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
     if m is None:
         return False
     info = node.op.info
-    S, M = info.n_seqs, info.n_states
+    S = info.n_seqs
     backs = [b for b in fgraph.apply_nodes if isinstance(b.op, Scan) and
              getattr(b.op.grad_of, "forward", None) is node.op]
     if sum(1 for b in fgraph.apply_nodes if b.op is node.op) != 1:
