@@ -18,7 +18,7 @@ import symgpu.tensor as T
 from symgpu.gradient import grad
 from symgpu.graph.basic import Constant, Variable, ancestors, graph_inputs, io_toposort
 from symgpu.scalar.basic import SCALAR_OPS
-from symgpu.scan.info import ScanInfo
+from symgpu.scan.info import ScanGradOf, ScanInfo
 from symgpu.scan.inner import clone_with, hoist_invariants
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
@@ -188,6 +188,13 @@ def scan_grad(op: Scan, inputs: Sequence[Variable], outputs: Sequence[Variable],
         truncate_gradient=-1, name=f"grad_of_{info.name}")
     back = op.host_loop([ph for ph, _ in seq_pairs] + state_phs + [ph for ph, _ in nonseq_pairs],
                         body, back_info)
+    seq_pos = {ph: k for k, (ph, _) in enumerate(seq_pairs)}
+    back.grad_of = ScanGradOf(
+        forward=op,
+        adjoints=tuple((j, seq_pos.get(g_state_ph[j], -1),
+                        _adjoint_kind(output_grads[j], outputs[j], info.n_init(j))
+                        if info.keep[j] else "any") for j in g_state_ph),
+        windows=tuple(new_windows), sums=tuple(new_accs), seq_grads=tuple(float_seqs))
     init_windows = [_padleft(T.zeros_like(inits[j][:info.n_init(j)])) for j in new_windows]
     init_accs = [_padleft(T.zeros_like(nonseqs[k])) for k in new_accs]
     outs = back(n_back, *[ov for _, ov in seq_pairs], *init_windows, *init_accs,
@@ -281,6 +288,29 @@ def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:
     if tail.type.dtype != buf.type.dtype or tail.type.broadcastable != buf.type.broadcastable:
         return None   # broadcast into the region: the general path
     return tail
+
+
+def _adjoint_kind(g: Any, buf: Variable, L: int) -> str:
+    """"zero" when the adjoint `g` of the state buffer `buf` is zeros, "last" when it is
+    zeros but at the last step (what reading ``out[-1]`` of scan's result gives), else
+    "any" (recorded in ScanGradOf for rewrites that need a state's last value only)."""
+    if _zeros_of(g):
+        return "zero"
+    tail = _tail_adjoint(g, buf, L)
+    node = getattr(tail, "owner", None)
+    if tail is None or _zeros_of(tail):
+        return "zero" if tail is not None else "any"
+    if node is not None and type(node.op) is IncSubtensor and len(node.inputs) == 2 \
+            and node.op.idx_list == (-1,) and _zeros_of(node.inputs[0]):
+        return "last"
+    return "any"
+
+
+def _zeros_of(v: Any) -> bool:
+    """Whether `v` is ``zeros_like(x)`` as the gradient builds it (second(x, 0))."""
+    z = getattr(v, "owner", None)
+    return z is not None and isinstance(z.op, Elemwise) and \
+        z.op.scalar_op is SCALAR_OPS["second"] and _is_zero(z.inputs[1])
 
 
 def _is_zero(v: Variable) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ScanInfo"]
+__all__ = ["ScanInfo", "ScanGradOf"]
 
 
 @dataclass(frozen=True)
@@ -43,3 +43,20 @@ class ScanInfo:
     def nitsot_label(self, i: int) -> str:
         nm = self.nitsot_names[i] if i < len(self.nitsot_names) and self.nitsot_names[i] else None
         return f"output {self.n_states + i}" + (f" ({nm})" if nm else "")
+
+
+@dataclass(frozen=True)
+class ScanGradOf:
+    """What a backward loop built by scan_grad (grad.py) computes, read by rewrites that
+    replace a forward loop together with its gradient (dnn_rnn_match.py) instead of matching
+    the backward body: the forward op it differentiates; for each forward state j,
+    (j, position among the backward loop's sequences of j's output adjoint, reversed, or -1
+    when the body does not read it, and what that adjoint is known to be: "zero", "last"
+    (zero but at the last step) or "any"); and which forward state, non-sequence and
+    sequence each of the backward loop's outputs (windows, running sums, per-step
+    gradients, in that order) belongs to."""
+    forward: object
+    adjoints: tuple[tuple[int, int, str], ...]
+    windows: tuple[int, ...]
+    sums: tuple[int, ...]
+    seq_grads: tuple[int, ...]

@@ -33,6 +33,9 @@ class ScanError(ValueError):
 class Scan(Op):
     """Runs `inner` n_steps times (or until its condition holds), threading the states."""
 
+    #: set on the backward loops scan_grad builds: what they differentiate (ScanGradOf)
+    grad_of: Any = None
+
     def __init__(self, inner_inputs: Sequence[Variable], inner_outputs: Sequence[Variable],
                  info: ScanInfo, mode: Any = None):
         self.info = info

@@ -1,0 +1,566 @@
+"""`scan_to_dnn_rnn`: a loop whose step is exactly one unmasked recurrent layer (Elman, LSTM,
+cuDNN's GRU) becomes one DnnRNN node, and its gradient loop one DnnRNNGrad node (issue 32).
+
+Why: cuDNN's RNN API runs the whole sequence (forward, and backward through time) in a few
+calls; on the GPU the host ops below are lifted to GpuDnnRNNForward/Backward
+(symgpu/gpu/ops/cudnn_rnn.py). Opt-in (``optimizer_including=scan_to_dnn_rnn``) until it is
+measured on the GPU against the captured scan.
+
+The match is structural (no names): the step's inner graph must be one of the three forms
+below (`_match_elman`, `_match_lstm`, `_match_gru`), with the pre-activations built from
+``dot(x_t, W)``, ``dot(h_prev, U)`` and optional biases; anything else (a mask, peepholes,
+extra outputs, other taps, a while loop, truncate_gradient, float64, an output cuDNN cannot
+give) leaves the loop as it is. The user's W (in, nG*H), U (H, nG*H) and biases become cuDNN's
+flat weight vector (`rnn_layout`) through a symbolic join of transposed column blocks, so the
+gradient reaches the user's variables through it.
+
+The gradient: T.grad has already built the backward loop when the function compiles, so the
+backward loops scan_grad tags with `ScanGradOf` (symgpu/scan/info.py) for the matched loop are
+replaced by DnnRNNGrad of the same inputs (each of their outputs by the matching gradient);
+the forward's copies that only fed them go with them.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import symgpu.tensor as T
+from symgpu.compile.sharedvalue import SharedVariable
+from symgpu.gradient import grad
+from symgpu.graph.basic import Variable
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.rewriting.db import optdb
+from symgpu.scan.op import Scan
+from symgpu.tensor.checks import Assert
+from symgpu.tensor.elemwise import DimShuffle, Elemwise
+from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+from symgpu.tensor.math import Dot
+from symgpu.tensor.nnet.rnn import DnnRNN
+from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
+from symgpu.tensor.type import specify_broadcastable_as
+
+__all__ = ["RNNMatch", "match_rnn_step", "scan_to_dnn_rnn"]
+
+
+class RNNMatch(NamedTuple):
+    """A recognised step: cuDNN's mode, the hidden size, which state is h (and c), the
+    user's W and U (outer variables), the input-side and recurrent-side biases (outer 1-d
+    expressions), and the first column of each gate's block in W and in U, in cuDNN's gate
+    order (lstm i, f, g, o; gru r, z, n)."""
+    mode: str
+    hidden: int
+    h_state: int
+    c_state: int | None
+    W: Variable
+    U: Variable
+    x_biases: list
+    h_biases: list
+    x_cols: tuple
+    h_cols: tuple
+
+
+# ----------------------------------------------------------------------------- graph helpers
+
+def _ew(v: Any, name: str, arity: int | None = None) -> list | None:
+    """The inputs of `v` if it is the output of the elementwise op `name`."""
+    node = getattr(v, "owner", None)
+    if node is None or not isinstance(node.op, Elemwise) or \
+            getattr(node.op.scalar_op, "name", "") != name:
+        return None
+    if arity is not None and len(node.inputs) != arity:
+        return None
+    return list(node.inputs)
+
+
+def _add_terms(v: Variable) -> list:
+    """The terms of a (nested, any arity) sum; [v] when `v` is no sum."""
+    ins = _ew(v, "add")
+    if ins is None:
+        return [v]
+    return [t for i in ins for t in _add_terms(i)]
+
+
+def _pair(ins: list | None, test_a, test_b) -> tuple | None:
+    """(a, b) of a two-input commutative op's inputs, in either order, with test_a(a) and
+    test_b(b) true; None otherwise."""
+    if ins is None or len(ins) != 2:
+        return None
+    for a, b in (ins, ins[::-1]):
+        if test_a(a) and test_b(b):
+            return a, b
+    return None
+
+
+def _col_slice(v: Any) -> tuple | None:
+    """(base, start, stop) of ``base[:, start:stop]`` with constant bounds."""
+    node = getattr(v, "owner", None)
+    if node is None or type(node.op) is not Subtensor or len(node.inputs) != 1:
+        return None
+    idx = node.op.idx_list
+    if len(idx) != 2 or idx[0] != Slice(None, None, None) or not isinstance(idx[1], Slice):
+        return None
+    start, stop, step = idx[1]
+    start = 0 if start is None else start
+    if step not in (None, 1) or not isinstance(start, int) or not isinstance(stop, int) \
+            or start < 0 or stop <= start:
+        return None
+    return node.inputs[0], start, stop
+
+
+class _Step:
+    """The loop's inner inputs and how they map to the outer graph."""
+
+    def __init__(self, node: Any) -> None:
+        op, info = node.op, node.op.info
+        S, NT = info.n_seqs, info.n_taps
+        self.node, self.info = node, info
+        self.ins = op.inner_inputs
+        self.x_t = self.ins[0]
+        self.taps = self.ins[S:S + NT]
+        self.nonseq = dict(zip(self.ins[S + NT:], node.inputs[1 + S + info.n_states:]))
+
+    def bias(self, t: Any) -> Variable | None:
+        """The outer 1-d value of a bias term: a non-sequence (B broadcast by the add), as a
+        vector or a row."""
+        node = getattr(t, "owner", None)
+        if node is not None and isinstance(node.op, DimShuffle) and \
+                node.op.new_order == ("x", 0):
+            t = node.inputs[0]
+        outer = self.nonseq.get(t)
+        if outer is None:
+            return None
+        if t.ndim == 1:
+            return outer
+        if t.ndim == 2 and t.broadcastable == (True, False):
+            return outer.dimshuffle(1)
+        return None
+
+    def dot(self, t: Any, left: Variable) -> Variable | None:
+        """The outer matrix of ``dot(left, M)`` with M a non-sequence."""
+        node = getattr(t, "owner", None)
+        if node is None or not isinstance(node.op, Dot) or node.inputs[0] is not left:
+            return None
+        m = node.inputs[1]
+        return self.nonseq.get(m) if m.ndim == 2 else None
+
+    def affine(self, v: Variable, lefts: tuple) -> tuple | None:
+        """(matrices per left operand, biases) when `v` is a sum of one ``dot(l, M)`` per
+        operand in `lefts` and up to two bias terms, in any order; None otherwise."""
+        mats: dict = {}
+        biases = []
+        for t in _add_terms(v):
+            for left in lefts:
+                m = self.dot(t, left)
+                if m is not None and left not in mats:
+                    mats[left] = m
+                    break
+            else:
+                b = self.bias(t)
+                if b is None:
+                    return None
+                biases.append(b)
+        if len(mats) != len(lefts) or len(biases) > 2:
+            return None
+        return [mats[l] for l in lefts], biases
+
+
+def _is_const(v: Any, value: float, step: _Step | None) -> bool:
+    v = step.nonseq.get(v, v) if step is not None else v
+    try:
+        return float(get_scalar_constant_value(v)) == value
+    except NotScalarConstantError:
+        return False
+
+
+def _blocks(slices: list, base: Variable) -> tuple | None:
+    """(hidden, first columns) when `slices` (col_slice results) all cut `base` into
+    blocks of one width that tile [0, n * width)."""
+    if any(s is None or s[0] is not base for s in slices):
+        return None
+    width = slices[0][2] - slices[0][1]
+    starts = [s[1] for s in slices]
+    if any(s[2] - s[1] != width for s in slices) or \
+            sorted(starts) != [k * width for k in range(len(slices))]:
+        return None
+    return width, tuple(starts)
+
+
+# ----------------------------------------------------------------------------- the three forms
+
+def _match_elman(step: _Step, outs: list) -> RNNMatch | None:
+    """``h = tanh(pre)`` (rnn_tanh) or ``h = relu(pre)`` (rnn_relu: symgpu's
+    ``switch(pre < 0, 0, pre)`` or ``maximum(pre, 0)``), with
+    ``pre = dot(x_t, W) + dot(h_prev, U) [+ b [+ b2]]`` and h_prev the state's own tap."""
+    if len(outs) != 1:
+        return None
+    h, h_prev = outs[0], step.taps[0]
+    pre, mode = None, None
+    ins = _ew(h, "tanh", 1)
+    if ins is not None:
+        pre, mode = ins[0], "rnn_tanh"
+    sw = _ew(h, "switch", 3)
+    if sw is not None:
+        lt = _ew(sw[0], "lt", 2)
+        if lt is not None and lt[0] is sw[2] and _is_const(lt[1], 0, step) and \
+                _is_const(sw[1], 0, step):
+            pre, mode = sw[2], "rnn_relu"
+    mx = _pair(_ew(h, "maximum", 2), lambda a: True, lambda b: _is_const(b, 0, step))
+    if mx is not None:
+        pre, mode = mx[0], "rnn_relu"
+    if pre is None:
+        return None
+    aff = step.affine(pre, (step.x_t, h_prev))
+    if aff is None:
+        return None
+    (W, U), biases = aff
+    return RNNMatch(mode, None, 0, None, W, U, biases, [], (0,), (0,))
+
+
+def _match_lstm(step: _Step, outs: list) -> RNNMatch | None:
+    """``c = f * c_prev + i * tanh(g)``, ``h = o * tanh(c)`` with i, f, o sigmoids, every
+    gate a column block ``pre[:, k*H:(k+1)*H]`` of one
+    ``pre = dot(x_t, W) + dot(h_prev, U) [+ b [+ b2]]``, blocks in any order (found from
+    the roles they play), the products and sums in any operand order; h and c the two
+    states (either order), each reading its own tap."""
+    if len(outs) != 2:
+        return None
+    for hj, cj in ((0, 1), (1, 0)):
+        m = _lstm_roles(step, outs[hj], outs[cj], step.taps[hj], step.taps[cj])
+        if m is not None:
+            return m._replace(h_state=hj, c_state=cj)
+    return None
+
+
+def _gate(v: Any, name: str) -> tuple | None:
+    ins = _ew(v, name, 1)
+    return _col_slice(ins[0]) if ins is not None else None
+
+
+def _lstm_roles(step: _Step, h: Variable, c: Variable, h_prev: Variable,
+                c_prev: Variable) -> RNNMatch | None:
+    ho = _pair(_ew(h, "mul", 2), lambda a: _gate(a, "sigmoid") is not None,
+               lambda b: (_ew(b, "tanh", 1) or [None])[0] is c)
+    if ho is None:
+        return None
+    o = _gate(ho[0], "sigmoid")
+    terms = _ew(c, "add", 2)
+    if terms is None:
+        return None
+    fc = ig = None
+    for a, b in (terms, terms[::-1]):
+        fc = _pair(_ew(a, "mul", 2), lambda x: _gate(x, "sigmoid") is not None,
+                   lambda y: y is c_prev)
+        ig = _pair(_ew(b, "mul", 2), lambda x: _gate(x, "sigmoid") is not None,
+                   lambda y: _gate(y, "tanh") is not None)
+        if fc is not None and ig is not None:
+            break
+    if fc is None or ig is None:
+        return None
+    f, i, g = _gate(fc[0], "sigmoid"), _gate(ig[0], "sigmoid"), _gate(ig[1], "tanh")
+    pre = o[0]
+    blocks = _blocks([i, f, g, o], pre)
+    if blocks is None:
+        return None
+    aff = step.affine(pre, (step.x_t, h_prev))
+    if aff is None:
+        return None
+    (W, U), biases = aff
+    H, cols = blocks
+    return RNNMatch("lstm", H, 0, 1, W, U, biases, [], cols, cols)
+
+
+def _match_gru(step: _Step, outs: list) -> RNNMatch | None:
+    """cuDNN's GRU (PyTorch's, Keras' reset_after): ``r = sig(xr + hr)``,
+    ``z = sig(xz + hz)``, ``n = tanh(xn + r * hn)``, ``h = (1 - z) * n + z * h_prev`` (sums
+    and products in any operand order), where xr, xz, xn are column blocks of
+    ``dot(x_t, W) [+ b [+ b2]]`` and hr, hz, hn of ``dot(h_prev, U) [+ bU]``, each in any
+    order. Theano's classic GRU (``dot(r * h_prev, U_n)``) has no ``r * hn`` and does not
+    match."""
+    if len(outs) != 1:
+        return None
+    h, h_prev = outs[0], step.taps[0]
+    z_of = {}
+
+    def one_minus_z(v: Any) -> bool:
+        ins = _ew(v, "sub", 2)
+        if ins is None or not _is_const(ins[0], 1, step) or _ew(ins[1], "sigmoid", 1) is None:
+            return False
+        z_of["a"] = ins[1]
+        return True
+
+    terms = _ew(h, "add", 2)
+    if terms is None:
+        return None
+    found = None
+    for a, b in (terms, terms[::-1]):
+        zn = _pair(_ew(a, "mul", 2), one_minus_z, lambda v: _ew(v, "tanh", 1) is not None)
+        zh = _pair(_ew(b, "mul", 2), lambda v: v is z_of.get("a"), lambda v: v is h_prev)
+        if zn is not None and zh is not None:
+            found = zn
+            break
+    if found is None:
+        return None
+    z, n_pre = z_of["a"], _ew(found[1], "tanh", 1)[0]
+    # n = tanh(xn + r * hn)
+    nr = _pair(_ew(n_pre, "add", 2), lambda v: _col_slice(v) is not None,
+               lambda v: _ew(v, "mul", 2) is not None)
+    if nr is None:
+        return None
+    xn = _col_slice(nr[0])
+    rh = _pair(_ew(nr[1], "mul", 2), lambda v: _ew(v, "sigmoid", 1) is not None,
+               lambda v: _col_slice(v) is not None)
+    if rh is None:
+        return None
+    r, hn = rh[0], _col_slice(rh[1])
+    pairs = []
+    for gate in (r, z):
+        ins = _ew(_ew(gate, "sigmoid", 1)[0], "add", 2)
+        if ins is None:
+            return None
+        s = [_col_slice(v) for v in ins]
+        if None in s:
+            return None
+        pairs.append(s)
+    xw = xn[0]
+    xs, hs = [], []
+    for s in pairs:
+        a, b = s if s[0][0] is xw else s[::-1]
+        xs.append(a)
+        hs.append(b)
+    xb, hb = _blocks(xs + [xn], xw), _blocks(hs + [hn], hn[0])
+    if xb is None or hb is None or xb[0] != hb[0] or xw is hn[0]:
+        return None
+    ax = step.affine(xw, (step.x_t,))
+    ah = step.affine(hn[0], (h_prev,))
+    if ax is None or ah is None:
+        return None
+    return RNNMatch("gru", xb[0], 0, None, ax[0][0], ah[0][0], ax[1], ah[1], xb[1], hb[1])
+
+
+def match_rnn_step(node: Any) -> RNNMatch | None:
+    """The recurrent layer a Scan node runs, or None: a for loop over one sequence with one
+    (Elman, GRU) or two (LSTM) states read at tap -1, no per-step outputs, no truncated
+    gradient, float32 throughout, and a step of one of the three forms above."""
+    op = node.op
+    if not isinstance(op, Scan):
+        return None
+    info = op.info
+    if info.as_while or info.truncate_gradient != -1 or info.n_seqs != 1 or \
+            info.n_nitsot != 0 or info.n_states not in (1, 2) or \
+            any(t != (-1,) for t in info.state_taps):
+        return None
+    step = _Step(node)
+    if step.x_t.ndim != 2 or any(t.ndim != 2 for t in step.taps):
+        return None
+    outs = list(op.inner_outputs)
+    m = _match_lstm(step, outs) if info.n_states == 2 else \
+        (_match_elman(step, outs) or _match_gru(step, outs))
+    if m is None:
+        return None
+    outer = [node.inputs[1]] + list(node.inputs[2:2 + info.n_states]) + [m.W, m.U] + \
+        m.x_biases + m.h_biases
+    if any(v.dtype != "float32" for v in outer) or node.inputs[1].ndim != 3:
+        return None
+    return m
+
+
+# ----------------------------------------------------------------------------- the rewrite
+
+def _flat_weights(m: RNNMatch, x: Variable) -> Variable:
+    """cuDNN's flat weight vector (rnn_layout, one layer, one direction) from the user's
+    W, U and biases: matrices (H, in) and (H, H) row-major per gate, then input-side
+    biases, then recurrent-side biases (zeros where the user has none)."""
+    H = m.hidden
+    mats = [m.W[:, s:s + H].T.flatten() for s in m.x_cols] + \
+        [m.U[:, s:s + H].T.flatten() for s in m.h_cols]
+
+    def biases(terms: list, cols: tuple) -> list:
+        if not terms:
+            return [T.zeros((H * len(cols),), dtype=x.dtype)]
+        total = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+        return [total[s:s + H] for s in cols]
+    return T.concatenate(mats + biases(m.x_biases, m.x_cols) + biases(m.h_biases, m.h_cols))
+
+
+def _fit(v: Variable, like: Variable) -> Variable:
+    return specify_broadcastable_as(v, like.type)
+
+
+def _only_feeding(fgraph: FunctionGraph, targets: set, keep: Any) -> set:
+    """The nodes all of whose used outputs are read only by `targets` or by such nodes."""
+    only = set(targets)
+    for nd in reversed(fgraph.toposort()):
+        if nd in only or nd is keep:
+            continue
+        clients = [c for o in nd.outputs for c, _ in fgraph.clients.get(o, [])]
+        if clients and all(c != "output" and c in only for c in clients):
+            only.add(nd)
+    return only
+
+
+def _last_readers(fgraph: FunctionGraph, out: Variable, skip: set) -> list | None:
+    """The variables reading ``out[-1]`` or ``out[1:][-1]``, if that (or `skip`'s nodes)
+    is all that reads `out`."""
+    readers = []
+    for c, _ in fgraph.clients.get(out, []):
+        if c in skip:
+            continue
+        if c == "output" or type(c.op) is not Subtensor or len(c.inputs) != 1:
+            return None
+        if c.op.idx_list == (-1,):
+            readers.append(c.outputs[0])
+        elif c.op.idx_list == (Slice(1, None, None),):
+            sub = _last_readers(fgraph, c.outputs[0], skip)
+            if sub is None:
+                return None
+            readers += [("tail", r) for r in sub]
+        else:
+            return None
+    return [r[1] if isinstance(r, tuple) else r for r in readers]
+
+
+def _last_value(g_rev: Variable) -> Variable | None:
+    """`v` when the reversed adjoint sequence `g_rev` is ``inc_subtensor(zeros[-1], v)[::-1]``
+    (scan_grad's sequence for a state whose last value alone is read)."""
+    node = g_rev.owner
+    if node is None or type(node.op) is not Subtensor or \
+            node.op.idx_list != (Slice(None, None, -1),):
+        return None
+    inc = node.inputs[0].owner
+    if inc is None or type(inc.op) is not IncSubtensor or len(inc.inputs) != 2 or \
+            inc.op.idx_list != (-1,):
+        return None
+    base = inc.inputs[0].owner
+    if base is None or not isinstance(base.op, Elemwise) or \
+            getattr(base.op.scalar_op, "name", "") != "second" or \
+            not _is_const(base.inputs[1], 0, None):
+        return None
+    return inc.inputs[1]
+
+
+def _adjoints(b: Any, m: RNNMatch) -> tuple | None:
+    """(dy, dhy, dcy) for DnnRNNGrad from the backward loop `b`'s adjoint sequences (None
+    for zeros); None when cuDNN cannot take them (the cell state's adjoint at every step)."""
+    kinds = {j: (p, k) for j, p, k in b.op.grad_of.adjoints}
+
+    def last(j: int) -> Variable | None | bool:
+        p, k = kinds.get(j, (-1, "zero"))
+        if k == "zero" or p < 0:
+            return None
+        v = _last_value(b.inputs[1 + p]) if k == "last" else None
+        return v.dimshuffle("x", 0, 1) if v is not None else False
+    dy, dhy = None, last(m.h_state)
+    if dhy is False:
+        dy, dhy = b.inputs[1 + kinds[m.h_state][0]][::-1], None
+    dcy = last(m.c_state) if m.c_state is not None else None
+    if dcy is False:
+        return None
+    return dy, dhy, dcy
+
+
+def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
+    m = match_rnn_step(node)
+    if m is None:
+        return False
+    info = node.op.info
+    S = info.n_seqs
+    backs = [b for b in fgraph.apply_nodes if isinstance(b.op, Scan) and
+             getattr(b.op.grad_of, "forward", None) is node.op]
+    if sum(1 for b in fgraph.apply_nodes if b.op is node.op) != 1:
+        return False
+    only = _only_feeding(fgraph, set(backs), node)
+    c_readers = []
+    if m.c_state is not None:
+        c_readers = _last_readers(fgraph, node.outputs[m.c_state], only)
+        if c_readers is None:
+            return False
+    plans = [_adjoints(b, m) for b in backs]
+    if any(p is None for p in plans) or any(
+            len(b.outputs) != len(g.windows) + len(g.sums) + len(g.seq_grads)
+            for b, g in ((b, b.op.grad_of) for b in backs)):
+        return False
+    seq, n = node.inputs[1], node.inputs[0]
+    # the loop's own checks (ScanError), kept: x[:n] of a short sequence would run fewer steps
+    n = Assert(f"{info.name}: the sequence is shorter than n_steps, or n_steps < 0 (the loop "
+               "was replaced by scan_to_dnn_rnn)")(n, T.ge(seq.shape[0], n), T.ge(n, 0))
+    x = seq[:n]
+    hx = node.inputs[1 + S + m.h_state][:1]
+    cx = node.inputs[1 + S + m.c_state][:1] if m.c_state is not None else None
+    if m.hidden is None:   # Elman: no gate blocks tell the hidden size
+        return _rewrite_elman(fgraph, node, m, x, hx, backs, plans)
+    return _replace(fgraph, node, m, x, hx, cx, backs, plans, c_readers)
+
+
+def _rewrite_elman(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
+                   backs: list, plans: list) -> bool:
+    """Elman's hidden size is not in the step's graph (no gate slices): take it from a
+    constant shape of the initial state or of U."""
+    for v, axis in ((hx, 2), (m.U, 1), (m.U, 0)):
+        try:
+            H = int(get_scalar_constant_value(v.shape[axis]))
+            break
+        except NotScalarConstantError:
+            continue
+    else:
+        H = _shared_width(m.U)
+        if H is None:
+            return False
+    return _replace(fgraph, node, m._replace(hidden=H), x, hx, None, backs, plans, [])
+
+
+def _shared_width(U: Variable) -> int | None:
+    """U's width when it is a shared variable (its value's shape now; the DnnRNN op checks
+    the weights' size at run time, so a later set_value of another width fails loudly)."""
+    if not isinstance(U, SharedVariable):
+        return None
+    val = U.get_value(borrow=True)
+    return int(val.shape[1]) if getattr(val, "ndim", 0) == 2 else None
+
+
+def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
+             cx: Variable | None, backs: list, plans: list, c_readers: list) -> bool:
+    info = node.op.info
+    S, M = info.n_seqs, info.n_states
+    w = _flat_weights(m, x)
+    op = DnnRNN(m.mode, "unidirectional", 1, m.hidden)
+    fwd_in = [w, x, hx] + ([cx] if cx is not None else [])
+    outs = op(*fwd_in)
+    y, hy = outs[0], outs[1]
+    nonseqs = node.inputs[1 + S + M:]
+    for b, (dy, dhy, dcy) in zip(backs, plans):
+        g = b.op.grad_of
+        out_grads = [T.zeros_like(y) if dy is None else dy,
+                     T.zeros_like(hy) if dhy is None else dhy]
+        if cx is not None:
+            out_grads.append(T.zeros_like(outs[2]) if dcy is None else dcy)
+        dw, dx, dhx, *dcx = op.L_op(fwd_in, outs, out_grads)
+        state_grad = {m.h_state: dhx}
+        if cx is not None:
+            state_grad[m.c_state] = dcx[0]
+        wrt = [nonseqs[k] for k in g.sums]
+        g_ns = grad(None, wrt, known_grads={w: dw}, disconnected_inputs="ignore",
+                    return_disconnected="zero") if wrt else []
+        news = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
+            [v.dimshuffle("x", *range(v.ndim)) for v in g_ns] + \
+            [dx[::-1] for _ in g.seq_grads]
+        for old, new in zip(b.outputs, news):
+            fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
+    h_out = node.outputs[m.h_state]
+    h_buf = T.concatenate([hx, y]) if info.keep[m.h_state] else hy
+    fgraph.replace(h_out, _fit(h_buf, h_out), reason="scan_to_dnn_rnn")
+    for r in c_readers:
+        fgraph.replace(r, _fit(outs[2][0], r), reason="scan_to_dnn_rnn")
+    return True
+
+
+def scan_to_dnn_rnn(fgraph: FunctionGraph) -> None:
+    """Replace every loop that is one recurrent layer (and its gradient loops) by DnnRNN
+    (and DnnRNNGrad)."""
+    for node in list(fgraph.toposort()):
+        if isinstance(node.op, Scan) and node in fgraph.apply_nodes and \
+                node.op.grad_of is None:
+            _rewrite(fgraph, node)
+
+
+# opt-in until measured on the GPU; before scan_merge (3.5), which would fold the gradient's
+# copies of the forward loop into it, and long before the GPU lifting (40)
+optdb.register("scan_to_dnn_rnn", scan_to_dnn_rnn, 3.4, "scan_to_dnn_rnn")
