@@ -1680,3 +1680,46 @@ CASES.update(_EPI3_CASES)
 @pytest.mark.parametrize("op_cls", list(_EPI3_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_pool_epilogue3d(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# ------------------------------------------- RNNBlock's ops and the row-reduction group (s20)
+from symgpu.gpu.ops import cudnn_rnn as _crnn  # noqa: E402
+from symgpu.gpu.ops.row_group import GpuRowReduceGroup as _RowGroup, RowMember as _Member  # noqa: E402
+from symgpu.tensor.nnet import rnn as _rnn  # noqa: E402
+
+_RW = r(_rnn.rnn_layout("lstm", 2, 1, 3).size)
+_RX, _RH = r(4, 2, 3), r(1, 2, 2)
+_LSTM = ("lstm", "unidirectional", 1, 2)
+_S20_CASES = {
+    _rnn.DnnRNN: [case(lambda w, x, h, c: _rnn.DnnRNN(*_LSTM)(w, x, h, c), _RW, _RX, _RH, _RH)],
+    _rnn.DnnRNNGrad: [case(lambda w, x, h, c, dy, dh, dc: _rnn.DnnRNNGrad(*_LSTM)(
+        w, x, h, c, dy, dh, dc), _RW, _RX, _RH, _RH, r(4, 2, 2), _RH, _RH)],
+    # GpuDnnRNNForward: its reserve output's size is cuDNN's, known when the plan is made
+    # (ShapeError: the shapes of its outputs are read from the computed arrays)
+    _crnn.GpuDnnRNNForward: [],
+    _crnn.GpuDnnRNNBackward: [gcase(
+        lambda w, x, h, c, y, res, dy, dh, dc: _crnn.GpuDnnRNNBackward(*_LSTM)(
+            w, x, h, c, y, res, dy, dh, dc)[0],
+        lambda w, x, h, c, y, res, dy, dh, dc: x, "ggggggggg",
+        *(v.astype("float32") for v in (_RW, _RX, _RH, _RH, r(4, 2, 2))),
+        np.zeros(16, "uint8"), *(v.astype("float32") for v in (r(4, 2, 2), _RH, _RH)))],
+    _RowGroup: [gcase(lambda x: _RowGroup([_Member("add", None, (0,)),
+                                           _Member("maximum", None, (0,))], 1)(x)[0],
+                      lambda x: x.sum(axis=-1), "g", r(3, 5).astype("float32"))],
+}
+CASES.update(_S20_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_S20_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_s20(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
+
+def test_the_rnn_forward_says_why_its_shapes_are_not_inferred(vgpu):
+    from symgpu.graph.op import ShapeError
+    from symgpu.tensor.rewriting.shape_feature import node_shapes
+    from symgpu.gpu.placement.type import GpuArrayType
+    ins = [GpuArrayType("float32", (False,) * n, None)() for n in (1, 3, 3, 3)]
+    node = _crnn.GpuDnnRNNForward(*_LSTM)(*ins)[0].owner
+    with pytest.raises(ShapeError, match="reserve space"):
+        node_shapes(node)

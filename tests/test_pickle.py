@@ -413,6 +413,17 @@ def _cases():
         return [x, b, y], outs, [rng(9).standard_normal((3, 4)), rng(10).standard_normal(4),
                                  np.array([0, 3, 1])]
 
+    @add("dnn_rnn")
+    def _():
+        # RNNBlock's host ops (issue 32): an LSTM layer and its gradient
+        from symgpu.tensor.nnet.rnn import DnnRNN, rnn_layout
+        w, x, h0 = T.dvector("w"), T.dtensor3("x"), T.dtensor3("h0")
+        y, hy, cy = DnnRNN("lstm", "unidirectional", 1, 2)(w, x, h0, h0)
+        size = rnn_layout("lstm", 2, 1, 3).size
+        outs = [y, hy, cy, T.grad((y ** 2).sum() + hy.sum(), w)]
+        return [w, x, h0], outs, [rng(11).standard_normal(size) * 0.3,
+                                  rng(12).standard_normal((4, 2, 3)), np.zeros((1, 2, 2))]
+
     return cases
 
 

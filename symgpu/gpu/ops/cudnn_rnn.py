@@ -33,6 +33,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.graph.basic import Apply
+from symgpu.graph.op import ShapeError
 from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, RNN_MODES, DnnRNN, DnnRNNGrad, _RNNBase,
                                     rnn_layout)
 
@@ -172,6 +173,10 @@ class GpuDnnRNNForward(_GpuRNNBase):
         outs = [t3(name="rnn_y"), t3(name="rnn_hy")] + ([t3(name="rnn_cy")] if self.lstm else [])
         outs.append(GpuArrayType("uint8", (False,), ctx)(name="rnn_reserve"))
         return Apply(self, args, outs)
+
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: list) -> list:
+        raise ShapeError(f"{self}: the reserve space's size is cuDNN's, known when the plan "
+                         "is made (cudnnGetRNNTempSpaceSizes), not from the inputs' shapes")
 
     def _run(self, ctx: Any, plan: RNNPlan, vals: list) -> list:
         w, x, hx = vals[:3]
