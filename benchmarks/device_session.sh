@@ -22,9 +22,12 @@
 #                                                # Theano's kept float32 outputs; needs the
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
-#   bash benchmarks/device_session.sh pending    # what was merged without a GPU run: the
-#                                                # direct filter gradient against cuDNN's
-#                                                # algorithms, column sums, the GPT step's runner
+#   bash benchmarks/device_session.sh pending    # what was merged without a GPU run (session
+#                                                # 20): the partial_sums pass and the saved
+#                                                # pre-activation sum in loops, the opt-in
+#                                                # scan_to_dnn_rnn (its GPU test, then rnn.py's
+#                                                # unmasked rows with it on), the GPT row after
+#                                                # the row-reduction groups
 #   bash benchmarks/device_session.sh lasagne    # issue 31: Lasagne's own suite under
 #                                                # device=cuda (tools/theano_library_suite.py)
 #                                                # in 8 processes; needs Lasagne's tree carried
@@ -87,9 +90,17 @@ case "$part" in
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
   pending)
-    python3 benchmarks/cudnn_algos.py 2>&1 | tee "$out/cudnn_algos.txt"
-    python3 benchmarks/gpu_colsum.py 2>&1 | tee "$out/gpu_colsum.txt"
-    python3 benchmarks/gpt_step_runner.py 2>&1 | tee "$out/gpt_step_runner.txt"
+    python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scan_dnn_rnn_match.py \
+        tests/test_rewriting_partial_sums.py tests/test_gpu_scan.py tests/test_gpu_loop_kernels.py \
+        tests/test_gpu_cudnn_rnn.py 2>&1 | tee "$out/pending_tests.txt" | tail -5
+    rows=lstm-unmasked-all-b64-h512-fixed,gru-unmasked-all-b64-h512-fixed
+    rows=$rows,elman-unmasked-all-b64-h512-fixed,lstm-masked-last-b16-h128-fixed
+    (cd benchmarks && python3 rnn.py --device cuda --no-cold --skip compile,jax-fp32 \
+        --subset "$rows,lnlstm-masked-last-b16-h128-fixed" 2>&1 | tee "$out/rnn_pending.txt" | tail -16)
+    (cd benchmarks && SYMGPU_FLAGS=optimizer_including=scan_to_dnn_rnn python3 rnn.py \
+        --device cuda --no-cold --skip compile,jax-fp32,cudnn --subset "$rows" 2>&1 \
+        | tee "$out/rnn_dnn_match.txt" | tail -12)
+    (cd benchmarks && python3 half.py --rows gpt --no-torch-compile 2>&1 | tee "$out/half_gpt.txt" | tail -8)
     ;;
   lasagne)
     python3 tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \
