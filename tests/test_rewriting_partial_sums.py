@@ -102,3 +102,19 @@ def test_an_lstm_step_is_one_product_one_gemm_and_one_kernel_forward(vgpu):
     fwd, bwd = bodies["scan body"], bodies["grad_of_scan body"]
     assert fwd["GpuDot22"] == 1 and fwd["GpuGemm"] == 1 and fwd["GpuElemwise"] == 1, fwd
     assert bwd["GpuDot22"] + bwd["GpuGemm"] == 1, bwd
+
+
+def test_a_cast_under_a_distributed_bias_add_goes_into_the_slices_too():
+    """(cast(a) + b)[s_k]: once the add is per slice, so is the cast (tried again from the new
+    slices), so no float32 copy of the whole half-precision product is written."""
+    a, b = T.matrix("a", dtype="float16"), T.vector("b", dtype="float32")
+    z = T.cast(a, "float32") + b
+    f = symgpu.function([a, b], [T.tanh(z[:, :4]), T.exp(z[:, 4:8])])
+    nodes = f.maker.fgraph.toposort()
+    assert not any(type(n.op).__name__ == "Elemwise" and n.inputs[0] is f.maker.fgraph.inputs[0]
+                   for n in nodes), [str(n.op) for n in nodes]
+    av, bv = rand(3, 8).astype("float16"), rand(8).astype("float32")
+    zv = av.astype("float32") + bv
+    got = f(av, bv)
+    np.testing.assert_allclose(got[0], np.tanh(zv[:, :4]), rtol=1e-6)
+    np.testing.assert_allclose(got[1], np.exp(zv[:, 4:8]), rtol=1e-6)

@@ -94,10 +94,15 @@ def _only_elemwise_readers(fgraph, var: Variable) -> bool:
     return bool(clients) and all(c != "output" and isinstance(c.op, Elemwise) for c, _ in clients)
 
 
-@node_rewriter([Elemwise])
-def local_elemwise_into_slices(fgraph, node: Apply) -> list[Variable] | None:
+@node_rewriter([Elemwise, Subtensor])
+def local_elemwise_into_slices(fgraph, node: Apply) -> dict | None:
     """(elemwise(x, y))[s_k] -> elemwise(x[s_k], y[s_k]) for each of the disjoint slices that
-    are the result's only readers (see the module docstring)."""
+    are the result's only readers (see the module docstring).  Also tried from a slice (a
+    new slice of a cast the bias add was distributed over: the cast goes next)."""
+    if type(node.op) is Subtensor:
+        node = node.inputs[0].owner
+        if node is None or not isinstance(node.op, Elemwise):
+            return None
     if len(node.outputs) != 1 or node.outputs[0].ndim == 0:
         return None
     out = node.outputs[0]
