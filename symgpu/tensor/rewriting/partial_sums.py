@@ -89,7 +89,9 @@ def _disjoint(cuts: list[tuple[int, int, int | None]]) -> bool:
     return all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 
 
-def _only_elemwise_readers(fgraph, var: Variable) -> bool:
+def _elemwise_readers(fgraph, var: Variable) -> bool:
+    """Whether only elementwise nodes read `var` (they fuse with the piece: in a recurrent
+    step's gradient several read each gate, all in one kernel)."""
     clients = fgraph.clients.get(var, ())
     return bool(clients) and all(c != "output" and isinstance(c.op, Elemwise) for c, _ in clients)
 
@@ -103,7 +105,8 @@ def local_elemwise_into_slices(fgraph, node: Apply) -> dict | None:
         node = node.inputs[0].owner
         if node is None or not isinstance(node.op, Elemwise):
             return None
-    if len(node.outputs) != 1 or node.outputs[0].ndim == 0:
+    if len(node.outputs) != 1 or node.outputs[0].ndim == 0 or \
+            any(v.ndim != node.outputs[0].ndim for v in node.inputs):
         return None
     out = node.outputs[0]
     clients = fgraph.clients.get(out, ())
@@ -114,7 +117,7 @@ def local_elemwise_into_slices(fgraph, node: Apply) -> dict | None:
         return None
     axis = cuts[0][0]                                              # type: ignore[index]
     if out.broadcastable[axis] or \
-            not all(_only_elemwise_readers(fgraph, c.outputs[0]) for c, _ in clients):
+            not all(_elemwise_readers(fgraph, c.outputs[0]) for c, _ in clients):
         return None
     replaced = {}
     for (client, _), (_, start, stop) in zip(clients, cuts):     # type: ignore[misc]
