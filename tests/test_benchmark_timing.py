@@ -66,3 +66,20 @@ def test_gpu_test_shards_deal_every_test_once_in_order():
     assert sorted(t for s in shards for t in s) == sorted(ids)
     assert all(s == sorted(s, key=ids.index) for s in shards)
     assert [len(s) for s in shards] == [4, 4, 4, 3] and deal(ids[:2], 4) == [ids[:1], ids[1:2]]
+
+
+def test_gpu_test_shards_with_known_seconds_end_together():
+    """Longest first onto the least loaded shard; each shard keeps collection order; a test
+    without a known time counts as the median."""
+    from shard_tests import deal, durations
+    ids = [f"tests/t.py::test_{k}" for k in range(6)]
+    secs = {ids[0]: 10.0, ids[1]: 1.0, ids[2]: 1.0, ids[3]: 4.0, ids[4]: 5.0}
+    shards = deal(ids, 2, secs)
+    assert sorted(t for s in shards for t in s) == sorted(ids)
+    assert all(s == sorted(s, key=ids.index) for s in shards)
+    loads = [sum(secs.get(t, 4.0) for t in s) for s in shards]
+    assert sorted(loads) == [12.0, 13.0], (shards, loads)   # {10, 1, 1} against {5, 4, 4}
+    log = ["=== slowest durations ===", "3.50s call     tests/t.py::test_0",
+           "0.25s setup    tests/t.py::test_0", "1.00s teardown tests/t.py::test_1",
+           "(12 durations < 0.005s hidden.)"]
+    assert durations(log) == {ids[0]: 3.75, ids[1]: 1.0}
