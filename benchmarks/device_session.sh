@@ -2,10 +2,10 @@
 # Everything the GPU machine is used for (a cold start costs minutes), in parts that each fit
 # one device call (600 s):
 #   bash benchmarks/device_session.sh tests      # pytest -m gpu (about 340 s on an H100), the seeds
-#   bash benchmarks/device_session.sh tests 4    # the same in 4 concurrent pytest processes, test
-#                                                # tests spread by their last seconds (when device time
-#                                                # is short; logs gpu_tests.txt, and the tests'
-#                                                # seconds in gpu_test_durations.json)
+#   bash benchmarks/device_session.sh tests 4    # the same in 4 concurrent pytest processes,
+#                                                # tests spread by their last seconds (when
+#                                                # device time is short; logs gpu_tests.txt,
+#                                                # the tests' seconds gpu_test_durations.json)
 #   bash benchmarks/device_session.sh issues     # the open issues' rows: the MLP and fused chain
 #                                                # (gpu_speed), dropout (random), gpu_spellings
 #   bash benchmarks/device_session.sh ab BASE    # call overhead against the checkout at BASE
