@@ -29,6 +29,11 @@
 #                                                # on), the GPT row after the row-reduction
 #                                                # groups; on branch s20-partial-sums checked
 #                                                # out, its tests too (they are skipped here)
+#   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2: the GPUs' links,
+#                                                # pytest -m multigpu, multi_gpu.py (the seeds'
+#                                                # program, the 1.8x chains), distributed.py
+#                                                # under torchrun, the example on the default
+#                                                # and the forced network transport
 #   bash benchmarks/device_session.sh lasagne    # issue 31: Lasagne's own suite under
 #                                                # device=cuda (tools/theano_library_suite.py)
 #                                                # in 8 processes; needs Lasagne's tree carried
@@ -104,13 +109,28 @@ case "$part" in
         | tee "$out/rnn_dnn_match.txt" | tail -12)
     (cd benchmarks && python3 half.py --rows gpt --no-torch-compile 2>&1 | tee "$out/half_gpt.txt" | tail -8)
     ;;
+  multigpu)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    nvidia-smi topo -m 2>&1 | tee "$out/topology.txt"
+    python3 -m pytest -m multigpu -q -p no:cacheprovider -rfE tests/test_multigpu.py \
+        tests/test_distributed_nccl.py 2>&1 | tee "$out/multigpu_tests.txt" | tail -15
+    python3 benchmarks/multi_gpu.py 2>&1 | tee "$out/multi_gpu.txt"
+    torchrun --nproc_per_node=2 benchmarks/distributed.py 2>&1 | tee "$out/distributed.txt"
+    for transport in default network; do
+      if [ $transport = network ]; then export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; fi
+      echo "== examples/data_parallel_mlp.py, $transport transport"
+      SYMGPU_FLAGS=floatX=float32 torchrun --nproc_per_node=2 examples/data_parallel_mlp.py 2>&1 \
+          | tee -a "$out/example_transports.txt"
+    done
+    unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+    ;;
   lasagne)
     python3 tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \
         --deps .pydeps --timeout 400 --summary "$out/lasagne_cuda.txt" 2>&1 | tail -40
     ;;
   *)
     echo "unknown part $part: tests, issues, ab BASE, breakdown, half, library, rnn, classic," \
-         "pending or lasagne" >&2
+         "pending, multigpu or lasagne" >&2
     exit 2
     ;;
 esac

@@ -31,6 +31,7 @@ class FakeDriver:
         self.recorded: list = []
         self.launches = 0
         self.uploads = 0
+        self.destroyed = 0
         self.fail_next_capture = False
 
     def launch_kernel(self, fn) -> None:
@@ -63,7 +64,7 @@ class FakeDriver:
         return go
 
     def destroy(self, exe, graph):
-        pass
+        self.destroyed += 1
 
     def node_count(self, graph):
         return len(graph)

@@ -16,6 +16,7 @@ import symgpu.tensor as T
 from graph_fakes import MEM, FakeElemwise, add1, call, gvec, mul2, read, upload
 from symgpu import function, shared
 from symgpu.config import config
+from symgpu.gpu.exec import graphs
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
@@ -284,6 +285,39 @@ def test_a_capture_forks_and_joins_inside_it_and_replays_without_either(fake_wor
         np.testing.assert_array_equal(read(call(vm, [z])[0]), want)
     assert vm.runner.stats()["replays"] >= 3 and vm.runner.stats()["captures"] == 1
     assert not [e for e in log if e[0] in ("record", "wait", "ncclAllReduce")]
+
+
+def test_teardown_destroys_the_graphs_holding_collectives_and_they_capture_again(fake_world):
+    from symgpu.gpu.runtime.comm_stream import before_communicator_teardown
+    ctx, log = fake_world
+    vm, z = _step()
+    want = np.arange(6.0) + 8
+    for _ in range(3):
+        np.testing.assert_array_equal(read(call(vm, [z])[0]), want)
+    assert vm.runner.stats()["graphs"] == 1
+    (seg,) = [s for s in vm.runner.segments if s.graphs]
+    assert seg in graphs._COMMUNICATING
+    destroyed = fakes.DRV.destroyed
+    before_communicator_teardown()     # what NcclCommunicator.close runs before NCCL's teardown
+    assert vm.runner.stats()["graphs"] == 0 and fakes.DRV.destroyed == destroyed + 1
+    for _ in range(3):                 # a later call (a new communicator) captures again
+        np.testing.assert_array_equal(read(call(vm, [z])[0]), want)
+    assert vm.runner.stats()["graphs"] == 1 and vm.runner.stats()["captures"] == 2
+
+
+def test_segments_without_a_collective_are_not_released(fake_world):
+    ctx, _ = fake_world
+    x = gvec()
+    fg = FunctionGraph([x], [mul2()(add1()(x))], clone=False)
+    fg.update_mapping = {}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(ctx, np.arange(6.0))]}, allow_gc=True)
+    for _ in range(3):
+        call(vm, fg.outputs)
+    assert vm.runner.stats()["graphs"] == 1
+    assert not set(vm.runner.segments) & set(graphs._COMMUNICATING)
+    graphs.release_communicating_graphs()
+    assert vm.runner.stats()["graphs"] == 1
 
 
 def test_results_equal_the_one_stream_step(fake_world):

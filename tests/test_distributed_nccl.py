@@ -148,6 +148,36 @@ def test_the_communicator_shares_rank_0s_unique_id_and_inits_its_rank():
     assert fake.log[-1][0] == "ncclCommDestroy"
 
 
+def test_close_finalizes_polls_then_destroys_a_nonblocking_communicator():
+    comm, fake, _ = _communicator()
+    fake.ncclCommFinalize.result = nccl_lib.IN_PROGRESS
+    fake.ncclCommGetAsyncError.statuses = [7, 7, 0]
+    del fake.log[:]
+    comm.close()
+    assert [n for n, _ in fake.log] == ["ncclCommFinalize"] + ["ncclCommGetAsyncError"] * 3 \
+        + ["ncclCommDestroy"]
+    assert comm.host.closed and comm.handle is None
+
+
+def test_a_teardown_that_never_finishes_is_aborted_with_a_warning():
+    comm, fake, _ = _communicator()
+    fake.ncclCommFinalize.result = nccl_lib.IN_PROGRESS
+    fake.ncclCommGetAsyncError.async_status = nccl_lib.IN_PROGRESS
+    with pytest.warns(RuntimeWarning, match=r"rank 0 of 2: NCCL communicator teardown "
+                                            r"\(ncclCommFinalize\) did not finish within 5 s"):
+        comm.close()
+    names = [n for n, _ in fake.log]
+    assert names[-1] == "ncclCommAbort" and "ncclCommDestroy" not in names
+    assert comm.aborted and comm.host.closed
+
+
+def test_a_library_without_finalize_destroys_directly():
+    comm, fake, _ = _communicator(without=("ncclCommFinalize",))
+    del fake.log[:]
+    comm.close()
+    assert [n for n, _ in fake.log] == ["ncclCommDestroy"]
+
+
 def test_setup_polls_a_nonblocking_communicator_until_it_is_ready():
     comm, fake, _ = _communicator(statuses=(7, 7, 7, 0))
     assert [n for n, _ in fake.log].count("ncclCommGetAsyncError") == 4

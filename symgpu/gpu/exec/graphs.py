@@ -97,8 +97,10 @@ CUDA-event timers, which importing this module registers).
 """
 from __future__ import annotations
 
+import gc
 import sys
 import threading
+import weakref
 import warnings
 from collections import Counter
 from typing import Any, Callable
@@ -108,6 +110,7 @@ from symgpu.config import config
 from symgpu.gpu.exec import graph_segment as _graph_segment
 from symgpu.gpu.exec.event_timers import register_gpu_timers
 from symgpu.gpu.exec.graph_driver import CudaGraphDriver
+from symgpu.gpu.exec.graph_instance import _bury_collected
 from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
                                         escaping as _escaping, make_keyer, mark_reusable_outputs,
                                         node_capturable, node_launches, plan_steps, read_later,
@@ -117,6 +120,7 @@ from symgpu.gpu.ops.guarded_updates import reads_verdict
 from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
+from symgpu.gpu.runtime.comm_stream import on_communicator_teardown
 from symgpu.gpu.runtime.context import thread_state as _thread_state
 from symgpu.gpu.runtime.host_register import deferred_waits
 from symgpu.gpu.runtime.pool import Block as _Block
@@ -130,7 +134,11 @@ assert HELD_NAME == "_symgpu_held"   # the name Runner.entry binds while it hold
 __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_steps",
            "make_keyer", "Unkeyable", "Segment", "Runner", "GraphCaptureWarning", "STATS",
            "MAX_GRAPHS", "VARIED_REPEATS", "VARIED_AFTER",
-           "register_gpu_timers", "driver", "node_contexts"]
+           "register_gpu_timers", "driver", "node_contexts", "release_communicating_graphs"]
+
+#: segments holding a collective (an op with ``captures_communicator``): their graphs keep
+#: NCCL's communicator alive (release_communicating_graphs)
+_COMMUNICATING: "weakref.WeakSet[Segment]" = weakref.WeakSet()
 
 #: graphs kept per segment (two alternate when the caller holds the last result)
 MAX_GRAPHS = 8
@@ -527,6 +535,8 @@ class Runner:
                       [sm[v] for v in internal], ctx, copy_back, param_thunks,
                       param_inputs, staged, written, direct)
         seg.nondeterministic = any(not getattr(nodes[i].op, "deterministic", True) for i in idx)
+        if any(getattr(nodes[i].op, "captures_communicator", False) for i in idx):
+            _COMMUNICATING.add(seg)
         seg._out_vars = [(sm[v], v) for v in out_vars]
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
@@ -749,3 +759,17 @@ _lock = threading.Lock()
 with _lock:
     _register_vm_hook()
     register_gpu_timers()
+
+
+@on_communicator_teardown
+def release_communicating_graphs() -> int:
+    """Destroy every CUDA graph that captured a collective (the segments capture again if
+    called later).  NCCL's ncclCommDestroy waits until every graph holding one of its calls
+    is destroyed: a graph kept alive by a function past ``distributed.finalize()`` hung it
+    on two GPUs.  Returns how many segments were released."""
+    segments = list(_COMMUNICATING)
+    for seg in segments:
+        seg.release()
+    gc.collect()              # graphs caught in reference cycles too
+    _bury_collected()   # those collected during a capture
+    return len(segments)

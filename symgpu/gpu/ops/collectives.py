@@ -28,6 +28,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -46,7 +47,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import text
-from symgpu.gpu.runtime.comm_stream import fork_slot
+from symgpu.gpu.runtime.comm_stream import before_communicator_teardown, fork_slot
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, checks_are_deferred,
                                               launch_checked)
@@ -240,14 +241,33 @@ class NcclCommunicator(Communicator):
             f"rank {self.rank}: the NCCL communicator was aborted during this collective")
 
     def close(self) -> None:
+        """Tear NCCL's communicator down as NCCL asks of a non-blocking one: ncclCommFinalize,
+        polled until it is done (within ``timeout``; else aborted, with a warning), then
+        ncclCommDestroy, which then never blocks.  A plain ncclCommDestroy of a non-blocking
+        communicator hung on two H200s (NCCL 2.28), both ranks inside it: it waits until every
+        CUDA graph that captured one of its calls is destroyed, so those go first."""
         self.watchdog.stop()
         if self.handle is not None:
-            if self.aborted or self.error is not None:
-                pass                       # ncclCommAbort freed it already
-            else:
-                self.nccl.destroy(self.handle)
+            if not (self.aborted or self.error is not None):   # else ncclCommAbort freed it
+                self._finalize_and_destroy()
             self.handle = None
         self.host.close()
+
+    def _finalize_and_destroy(self) -> None:
+        if not getattr(self.ctx, "virtual", False):
+            self.ctx.activate()
+            before_communicator_teardown()   # NCCL waits until no CUDA graph holds its calls
+        if self.nonblocking and self.nccl.has_finalize:
+            try:
+                if self.nccl.finalize(self.handle) == nccl_lib.IN_PROGRESS:
+                    self.settle("NCCL communicator teardown (ncclCommFinalize)")
+            except (DistributedError, nccl_lib.NcclError) as exc:
+                if not self.aborted:
+                    self.nccl.abort(self.handle)
+                    self.aborted = True
+                warnings.warn(f"symgpu.distributed: {exc}", RuntimeWarning, stacklevel=3)
+                return
+        self.nccl.destroy(self.handle)
 
 
 def _make_nccl(info: LaunchInfo, host: Communicator, timeout: float) -> NcclCommunicator:
@@ -267,6 +287,8 @@ class _GpuCollective(DeviceChecked, Op):
     #: placed right after its inputs (symgpu/link/order.py): its join comes as late as the
     #: graph allows, so the computation queued between them overlaps the NCCL call
     schedule_hint = "early"
+    #: a CUDA graph that captures it holds NCCL's communicator (released before teardown)
+    captures_communicator = True
 
     def make_node(self, x: Any) -> Apply:
         ctx = x.type.context_name if is_gpu_var(x) else None

@@ -75,11 +75,12 @@ _SIGNATURES: dict[str, tuple[list, Any]] = {
     "ncclCommGetAsyncError": ([_P, ctypes.POINTER(_I)], _I),
     "ncclCommAbort": ([_P], _I),
     "ncclCommDestroy": ([_P], _I),
+    "ncclCommFinalize": ([_P], _I),
     "ncclGetErrorString": ([_I], ctypes.c_char_p),
     "ncclGetLastError": ([_P], ctypes.c_char_p),
 }
 
-_OPTIONAL = {"ncclCommInitRankConfig"}
+_OPTIONAL = {"ncclCommInitRankConfig", "ncclCommFinalize"}
 
 
 class NcclError(RuntimeError):
@@ -223,6 +224,16 @@ class Nccl:
 
     def abort(self, comm: Any) -> None:
         self.lib.ncclCommAbort(comm)
+
+    @property
+    def has_finalize(self) -> bool:
+        """Whether the library has ncclCommFinalize (NCCL >= 2.14)."""
+        return "ncclCommFinalize" not in self.missing
+
+    def finalize(self, comm: Any) -> int:
+        """Start flushing the communicator's outstanding work (a non-blocking communicator
+        answers IN_PROGRESS: poll ``async_error`` until it is done, then ``destroy``)."""
+        return self.check(self.lib.ncclCommFinalize(comm), "ncclCommFinalize", comm)
 
     def destroy(self, comm: Any) -> None:
         self.check(self.lib.ncclCommDestroy(comm), "ncclCommDestroy")   # IN_PROGRESS: freed

@@ -38,6 +38,7 @@ from typing import Any
 from symgpu.gpu.runtime import libcuda
 
 __all__ = ["CommDriver", "CommStream", "Fork", "ForkSlot", "driver", "comm_stream_of",
+           "on_communicator_teardown", "before_communicator_teardown",
            "join_pending", "fork_slot", "slot_of"]
 
 _CU_EVENT_DISABLE_TIMING = 2
@@ -236,3 +237,22 @@ def slot_of(cell: list) -> ForkSlot | None:
     with _lock:
         slot = _SLOTS.get(id(cell))
     return slot if slot is not None and slot.cell is cell else None
+
+
+#: what must let go of a communicator before NCCL tears it down (CUDA graphs holding its
+#: calls: symgpu/gpu/exec/graphs.py registers their release); here, below both the
+#: collectives (ops) and the graphs (exec), so neither layer imports the other
+_TEARDOWN_HOOKS: list = []
+
+
+def on_communicator_teardown(hook: Any) -> Any:
+    """Register ``hook()`` to run before a GPU communicator is torn down."""
+    if hook not in _TEARDOWN_HOOKS:
+        _TEARDOWN_HOOKS.append(hook)
+    return hook
+
+
+def before_communicator_teardown() -> None:
+    """Run the registered hooks (NcclCommunicator.close, before ncclCommFinalize)."""
+    for hook in list(_TEARDOWN_HOOKS):
+        hook()
