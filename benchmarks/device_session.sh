@@ -29,11 +29,13 @@
 #                                                # on), the GPT row after the row-reduction
 #                                                # groups; on branch s20-partial-sums checked
 #                                                # out, its tests too (they are skipped here)
-#   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2: the GPUs' links,
-#                                                # pytest -m multigpu, multi_gpu.py (the seeds'
-#                                                # program, the 1.8x chains), distributed.py
-#                                                # under torchrun, the example on the default
-#                                                # and the forced network transport
+#   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2 (about 8 min):
+#                                                # the GPUs' links, pytest -m multigpu,
+#                                                # multi_gpu.py (the seeds' program, the 1.8x
+#                                                # chains), distributed.py under torchrun, the
+#                                                # example on the default and the forced
+#                                                # network transport; then, in its own call,
+#                                                # `tests 16` (shards spread over the GPUs)
 #   bash benchmarks/device_session.sh lasagne    # issue 31: Lasagne's own suite under
 #                                                # device=cuda (tools/theano_library_suite.py)
 #                                                # in 8 processes; needs Lasagne's tree carried
@@ -111,16 +113,20 @@ case "$part" in
     ;;
   multigpu)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+    n=$(nvidia-smi -L | grep -c '^GPU ')
     nvidia-smi topo -m 2>&1 | tee "$out/topology.txt"
-    python3 -m pytest -m multigpu -q -p no:cacheprovider -rfE tests/test_multigpu.py \
+    timeout 150 python3 -m pytest -m multigpu -q -p no:cacheprovider -rfE tests/test_multigpu.py \
         tests/test_distributed_nccl.py 2>&1 | tee "$out/multigpu_tests.txt" | tail -15
-    python3 benchmarks/multi_gpu.py 2>&1 | tee "$out/multi_gpu.txt"
-    torchrun --nproc_per_node=2 benchmarks/distributed.py 2>&1 | tee "$out/distributed.txt"
+    timeout 120 python3 benchmarks/multi_gpu.py 2>&1 | tee "$out/multi_gpu.txt"
+    # the issue's rows: all-reduce 1 MB..1 GB, then the steps at per-GPU batches whose
+    # computation can hide the all-reduce, over three bucket sizes
+    timeout 220 torchrun --nproc_per_node="$n" benchmarks/distributed.py --batch 4096 \
+        --lenet-batch 1024 --bucket-mb 25,2,1 2>&1 | grep -v '^W1' | tee "$out/distributed.txt"
     for transport in default network; do
       if [ $transport = network ]; then export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; fi
       echo "== examples/data_parallel_mlp.py, $transport transport"
-      SYMGPU_FLAGS=floatX=float32 torchrun --nproc_per_node=2 examples/data_parallel_mlp.py 2>&1 \
-          | tee -a "$out/example_transports.txt"
+      SYMGPU_FLAGS=floatX=float32 timeout 50 torchrun --nproc_per_node="$n" \
+          examples/data_parallel_mlp.py 2>&1 | grep 'loss\|rror' | tee -a "$out/example_transports.txt"
     done
     unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
     ;;

@@ -12,7 +12,9 @@ this script writes as OUT/gpu_test_durations.json, committed), tests are dealt l
 to the shard with the least work so far, so the shards end together (one H200 run: 398 s
 for the longest of 8 round-robin shards against about 300 s for the others); tests it does
 not list count as its median.  Every shard's log also goes into OUT/gpu_tests.txt (the
-device tool brings back a limited number of files).
+device tool brings back a limited number of files).  On a machine with several GPUs the
+shards are spread over them (``CUDA_VISIBLE_DEVICES``: shard k on GPU k mod count); the
+tests that need two GPUs run apart, with ``pytest -m multigpu``.
 """
 from __future__ import annotations
 
@@ -54,6 +56,24 @@ def durations(log_lines: list[str]) -> dict[str, float]:
     return out
 
 
+def gpu_count() -> int:
+    """The GPUs nvidia-smi lists (0 where it cannot run)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+
+
+def shard_env(k: int, gpus: int, base: dict[str, str]) -> dict[str, str]:
+    """Shard k's environment: on several GPUs, GPU k mod count alone (unless the caller
+    already chose the visible devices)."""
+    env = dict(base)
+    if gpus > 1 and "CUDA_VISIBLE_DEVICES" not in base:
+        env["CUDA_VISIBLE_DEVICES"] = str(k % gpus)
+    return env
+
+
 def _known_seconds() -> dict[str, float]:
     try:
         with open(DURATIONS) as fh:
@@ -69,14 +89,17 @@ def main(n: int, out: str, paths: list[str]) -> int:
         print(listed.stdout[-3000:], listed.stderr[-2000:], sep="\n")   # whose tests would
         return listed.returncode or 1                                    # be missing
     ids = [line.strip() for line in listed.stdout.splitlines() if "::" in line]
-    print(f"{len(ids)} tests in {min(n, len(ids))} shards")
+    gpus = gpu_count()
+    print(f"{len(ids)} tests in {min(n, len(ids))} shards" + (f" on {gpus} GPUs" if gpus > 1
+                                                              else ""))
     procs = []
     for k, shard in enumerate(deal(ids, n, _known_seconds())):
         log = open(os.path.join(out, f"gpu_tests_{k}.txt"), "w")
         code = ("import pytest, sys; sys.exit(pytest.main(sys.argv[1:]))")
         procs.append((log, subprocess.Popen([sys.executable, "-c", code, *PYTEST[3:], "-rfE",
                                              "--durations=0", *shard],
-                                            stdout=log, stderr=subprocess.STDOUT)))
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            env=shard_env(k, gpus, dict(os.environ)))))
     status, seconds = 0, {}
     with open(os.path.join(out, "gpu_tests.txt"), "w") as combined:
         for k, (log, proc) in enumerate(procs):

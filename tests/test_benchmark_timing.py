@@ -83,3 +83,10 @@ def test_gpu_test_shards_with_known_seconds_end_together():
            "0.25s setup    tests/t.py::test_0", "1.00s teardown tests/t.py::test_1",
            "(12 durations < 0.005s hidden.)"]
     assert durations(log) == {ids[0]: 3.75, ids[1]: 1.0}
+
+
+def test_gpu_test_shards_spread_over_the_gpus_unless_the_devices_were_chosen():
+    from shard_tests import shard_env
+    assert [shard_env(k, 2, {})["CUDA_VISIBLE_DEVICES"] for k in range(4)] == ["0", "1", "0", "1"]
+    assert "CUDA_VISIBLE_DEVICES" not in shard_env(3, 1, {"A": "b"})
+    assert shard_env(1, 2, {"CUDA_VISIBLE_DEVICES": "1"})["CUDA_VISIBLE_DEVICES"] == "1"
