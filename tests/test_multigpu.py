@@ -157,3 +157,46 @@ def test_a_function_mixing_both_devices_called_from_two_threads(two_gpus):
         t.join()
     assert not errors, errors
     assert not c0.call_lock.locked() and not c1.call_lock.locked()
+
+
+def _mlp_step(ctx_name: str, parallel: bool):
+    """A float32 MLP step whose parameters live on ``ctx_name`` (rank 0's values everywhere)."""
+    import symgpu.distributed as dist
+    rng = np.random.RandomState(0)
+    params = [shared(rng.randn(20, 64).astype("float32") * 0.2, target=ctx_name, name="W1"),
+              shared(np.zeros(64, "float32"), target=ctx_name, name="b1"),
+              shared(rng.randn(64, 3).astype("float32") * 0.2, target=ctx_name, name="W2")]
+    W1, b1, W2 = params
+    x, y = T.fmatrix("x"), T.ivector("y")
+    p = T.nnet.softmax(T.dot(T.tanh(T.dot(x, W1) + b1), W2))
+    cost = -T.log(p[T.arange(y.shape[0]), y]).mean()
+    grads = T.grad(cost, params)
+    updates = [(q, q - np.float32(0.5) * g) for q, g in zip(params, grads)]
+    if parallel:
+        updates = dist.data_parallel(updates, grads=grads, params=params, bucket_bytes=4096)
+    return function([x, y], cost, updates=updates), params
+
+
+def test_one_process_trains_data_parallel_on_both_gpus_as_one_does_the_full_batch(two_gpus):
+    import symgpu.distributed as dist
+    rng = np.random.RandomState(1)
+    X, Y = rng.randn(64, 20).astype("float32"), rng.randint(0, 3, 64).astype("int32")
+    full, full_params = _mlp_step("dev0", parallel=False)
+    for _ in range(4):
+        full(X, Y)
+    want = [q.get_value() for q in full_params]
+    with dist.local_world(["dev0", "dev1"], timeout=120) as world:
+        assert world.backend == "nccl"
+
+        def replica(r):
+            step, params = _mlp_step(world.context(r), parallel=True)
+            names = {type(n.op).__name__ for n in step.maker.fgraph.apply_nodes}
+            assert "GpuAllReduce" in names and "GpuToGpu" not in names
+            for _ in range(4):   # a plain call, a capture, replays
+                step(X[32 * r:32 * r + 32], Y[32 * r:32 * r + 32])
+            return [q.get_value() for q in params], [_on(q, two_gpus[r]) for q in params]
+        out = world.run(replica)
+    for values, placed in out:
+        assert all(placed)
+        for got, ref in zip(values, want):
+            np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5)

@@ -1,6 +1,6 @@
-"""Data-parallel training across processes (one per GPU) started by torchrun, mpirun or srun:
-collectives as graph ops (NCCL on the GPU), gradient buckets, launcher environments and
-fault detection.  docs/multiple_gpus.md, "Data parallel", is the guide.
+"""Data-parallel training across processes (one per GPU) started by torchrun, mpirun or srun,
+or across the GPU contexts of one process (``local_world``): collectives as graph ops (NCCL on
+the GPU), gradient buckets, launcher environments and fault detection.  docs/multiple_gpus.md, "Data parallel", is the guide.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from symgpu.distributed.communicator import (CollectiveMismatchError, Communicat
 from symgpu.distributed.data_parallel import (DEFAULT_BUCKET_BYTES, broadcast_function,
                                               broadcast_parameters, data_parallel, plan_buckets)
 from symgpu.distributed.env import LaunchError, LaunchInfo, launch_info
+from symgpu.distributed.local import LocalWorld, local_world
 from symgpu.distributed.ops import (AllGather, AllReduce, Broadcast, ReduceScatter,
                                     all_gather, all_reduce, broadcast, reduce_scatter)
 from symgpu.distributed.runtime import (finalize, get_local_rank, get_rank, get_world_size,
@@ -26,7 +27,7 @@ __all__ = ["init", "finalize", "get_rank", "get_world_size", "get_local_rank", "
            "data_parallel", "broadcast_parameters", "broadcast_function", "plan_buckets",
            "DEFAULT_BUCKET_BYTES",
            "Communicator", "StoreCommunicator", "SelfCommunicator", "MpiCommunicator",
-           "ThreadWorld", "communicator", "set_communicator", "use_communicator",
+           "ThreadWorld", "LocalWorld", "local_world", "communicator", "set_communicator", "use_communicator",
            "DistributedError", "DistributedTimeoutError", "CollectiveMismatchError",
            "LaunchError", "LaunchInfo", "launch_info", "MemoryStore", "TCPStore", "TorchStore"]
 

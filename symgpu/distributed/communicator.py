@@ -269,7 +269,7 @@ class ThreadWorld:
 
         def body(r: int) -> None:
             try:
-                with use_communicator(self._comms[r], group):
+                with use_communicator(self.communicator(r), group):
                     results[r] = fn(r)
             except BaseException as exc:   # re-raised in the caller's thread below
                 errors[r] = exc

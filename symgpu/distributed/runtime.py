@@ -127,13 +127,28 @@ def is_initialized() -> bool:
 
 
 def get_rank(group: str = "world") -> int:
-    """This process's rank in ``group`` (0 before init: a world of one)."""
-    return communicator(group).rank if (is_initialized() or group != "world") else 0
+    """This rank's place in ``group``: the process's, or the thread's in a local world
+    (0 before init: a world of one)."""
+    return _bound(group).rank
 
 
 def get_world_size(group: str = "world") -> int:
     """The number of ranks of ``group`` (1 before init)."""
-    return communicator(group).world_size if (is_initialized() or group != "world") else 1
+    return _bound(group).world_size
+
+
+def _bound(group: str) -> Communicator:
+    """The communicator of ``group`` bound in this thread or process; before init, the world
+    is this process alone."""
+    try:
+        return communicator(group)
+    except DistributedError:
+        if group == "world":
+            return _WORLD_OF_ONE
+        raise
+
+
+_WORLD_OF_ONE = SelfCommunicator()
 
 
 def get_local_rank() -> int:

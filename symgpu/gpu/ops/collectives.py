@@ -38,6 +38,7 @@ from symgpu.distributed.communicator import (Communicator, DistributedError,
 from symgpu.distributed.env import LaunchInfo
 from symgpu.distributed.ops import AllGather, AllReduce, Broadcast, ReduceScatter
 from symgpu.distributed.ops import group_communicator
+from symgpu.distributed.local import register_context_lookup
 from symgpu.distributed.runtime import register_backend
 from symgpu.distributed.schedule import ShapeCheck
 from symgpu.gpu.ops import nccl_lib
@@ -49,6 +50,7 @@ from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import text
 from symgpu.gpu.runtime.comm_stream import before_communicator_teardown, fork_slot
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
+from symgpu.gpu.runtime.context import ContextNotFound, get_context
 from symgpu.gpu.runtime.device_checks import (REPORT_SOURCE, DeviceChecked, checks_are_deferred,
                                               launch_checked)
 from symgpu.graph.basic import Apply
@@ -270,11 +272,24 @@ class NcclCommunicator(Communicator):
         self.nccl.destroy(self.handle)
 
 
-def _make_nccl(info: LaunchInfo, host: Communicator, timeout: float) -> NcclCommunicator:
-    return NcclCommunicator(info, host, timeout)
+def _make_nccl(info: LaunchInfo, host: Communicator, timeout: float,
+               context: Any = None) -> NcclCommunicator:
+    """init()'s NCCL communicator on the default context (``context``: a local world's rank's)."""
+    return NcclCommunicator(info, host, timeout, ctx=context)
+
+
+def _local_context(name: str | None) -> Any:
+    """A local world's context by name; None for the default one where there is none."""
+    try:
+        return get_context(name)
+    except ContextNotFound:
+        if name is None:
+            return None
+        raise
 
 
 register_backend("nccl", _make_nccl)
+register_context_lookup(_local_context)
 
 
 # ----------------------------------------------------------------------------- the ops
@@ -333,6 +348,12 @@ class _GpuCollective(DeviceChecked, Op):
             raise DistributedError(f"{self}: the communicator of group {self.group!r} "
                                    f"({comm!r}) cannot run GPU collectives; init() with the "
                                    f"nccl backend")
+        own = getattr(getattr(comm, "ctx", None), "device", ctx.device)
+        if own != ctx.device:
+            raise DistributedError(f"{self}: its value is on {ctx.device} (context "
+                                   f"{ctx.name!r}) but this thread's communicator of group "
+                                   f"{self.group!r} is on {own}: in a local world, place each "
+                                   f"rank's values on its own context (world.context(rank))")
         cell, out_cell = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
         dtype = np.dtype(node.outputs[0].dtype)
         binding, stream = comm.nccl, ctx.stream_handle
