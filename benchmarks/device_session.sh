@@ -122,6 +122,9 @@ case "$part" in
     # computation can hide the all-reduce, over three bucket sizes
     timeout 220 torchrun --nproc_per_node="$n" benchmarks/distributed.py --batch 4096 \
         --lenet-batch 1024 --bucket-mb 25,2,1 2>&1 | grep -v '^W1' | tee "$out/distributed.txt"
+    # whether NCCL's registration of captured buffers explains the 4-16 MB gap (session 21)
+    NCCL_GRAPH_REGISTER=0 timeout 90 torchrun --nproc_per_node="$n" benchmarks/distributed.py \
+        --nets none 2>&1 | grep -v '^W1' | tee -a "$out/distributed.txt"
     for transport in default network; do
       if [ $transport = network ]; then export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; fi
       echo "== examples/data_parallel_mlp.py, $transport transport"
