@@ -172,6 +172,14 @@ def test_a_teardown_that_never_finishes_is_aborted_with_a_warning():
     assert comm.aborted and comm.host.closed
 
 
+def test_a_collective_on_a_closed_communicator_says_so():
+    comm, fake, _ = _communicator()
+    comm.close()
+    with pytest.raises(dist.DistributedError, match=r"rank 0 of 2: a collective runs on an "
+                                                    r"NCCL communicator that was closed"):
+        comm.launch(None, None, lambda: 0)
+
+
 def test_a_library_without_finalize_destroys_directly():
     comm, fake, _ = _communicator(without=("ncclCommFinalize",))
     del fake.log[:]

@@ -228,6 +228,12 @@ class NcclCommunicator(Communicator):
         next one."""
         if self.error is not None:
             raise self.error
+        if self.handle is None:
+            what = node.op if node is not None else "a collective"
+            raise DistributedError(f"rank {self.rank} of {self.world_size}: {what} "
+                                   f"runs on an NCCL communicator that was closed "
+                                   f"(distributed.finalize()); init() again and compile the "
+                                   f"function anew")
         start = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_started", "P", context=ctx)
         done = get_prepared_kernel(_MODULE_KEY, watch_source, "nccl_finished", "PP",
                                    context=ctx)
