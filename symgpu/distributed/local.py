@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from symgpu.config import config
 from symgpu.distributed.communicator import Communicator, DistributedError, ThreadWorld
 from symgpu.distributed.env import LaunchInfo
+from symgpu.distributed.runtime import _BACKENDS
 
 __all__ = ["LocalWorld", "local_world", "register_context_lookup"]
 
@@ -72,7 +73,6 @@ class LocalWorld(ThreadWorld):
         self.closed = True
 
     def _make_nccl(self, rank: int) -> Communicator:
-        from symgpu.distributed.runtime import _BACKENDS
         ctx = self._ctx[rank]
         ctx.activate()
         info = LaunchInfo(rank, self.world_size, local_rank=rank,
@@ -125,7 +125,6 @@ def _context(name: str) -> Any:
 
 
 def _backend(backend: str, contexts: list[Any]) -> str:
-    from symgpu.distributed.runtime import _BACKENDS
     real = all(c is not None and not c.virtual for c in contexts)
     if backend == "auto":
         return "nccl" if real and "nccl" in _BACKENDS else "store"
