@@ -98,8 +98,8 @@ def _symgpu_sgd(params, cost, lr, parallel, inputs=()):
 
 
 def _ddp(model, dev, parallel):
-    """PyTorch DDP as its documentation tunes it: 25 MB buckets (--bucket-mb), gradients as views of the
-    buckets (no copy in and out), static graph (the bucket order learnt once)."""
+    """PyTorch DDP as its documentation tunes it: 25 MB buckets (--bucket-mb), gradients as
+    views of the buckets (no copy in and out), static graph (the bucket order learnt once)."""
     if not parallel:
         return model
     return torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index],

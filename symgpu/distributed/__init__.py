@@ -1,6 +1,7 @@
 """Data-parallel training across processes (one per GPU) started by torchrun, mpirun or srun,
 or across the GPU contexts of one process (``local_world``): collectives as graph ops (NCCL on
-the GPU), gradient buckets, launcher environments and fault detection.  docs/multiple_gpus.md, "Data parallel", is the guide.
+the GPU), gradient buckets, launcher environments and fault detection.
+docs/multiple_gpus.md, "Data parallel", is the guide.
 """
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ __all__ = ["init", "finalize", "get_rank", "get_world_size", "get_local_rank", "
            "data_parallel", "broadcast_parameters", "broadcast_function", "plan_buckets",
            "DEFAULT_BUCKET_BYTES",
            "Communicator", "StoreCommunicator", "SelfCommunicator", "MpiCommunicator",
-           "ThreadWorld", "LocalWorld", "local_world", "communicator", "set_communicator", "use_communicator",
+           "ThreadWorld", "LocalWorld", "local_world", "communicator", "set_communicator",
+           "use_communicator",
            "DistributedError", "DistributedTimeoutError", "CollectiveMismatchError",
            "LaunchError", "LaunchInfo", "launch_info", "MemoryStore", "TCPStore", "TorchStore"]
 

@@ -770,6 +770,6 @@ def release_communicating_graphs() -> int:
     segments = list(_COMMUNICATING)
     for seg in segments:
         seg.release()
-    gc.collect()              # graphs caught in reference cycles too
-    _bury_collected()   # those collected during a capture
+    gc.collect()          # graphs caught in reference cycles too
+    _bury_collected()     # and those collected during a capture
     return len(segments)
