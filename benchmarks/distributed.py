@@ -9,7 +9,8 @@ same function without CUDA graphs (the ratio is the default's).
 Part 2: data-parallel training steps at a fixed per-GPU batch, the MLP (784-1024-1024-10,
 batch 256) and LeNet (benchmarks/convnet.py's network, batch 128): symgpu's step
 (data_parallel buckets, batch and parameters on the device) against PyTorch DDP as its
-experts tune it (bucket_cap_mb=25, gradient_as_bucket_view, static_graph; eager step), and
+experts tune it (bucket_cap_mb=25, gradient_as_bucket_view, static_graph), eager and with
+the whole step captured in a CUDA graph (the faster counts), and
 the same networks' plain steps on one GPU (no collectives) in the same run: throughput on
 one GPU, on the world, and the scaling ratio (world / one GPU).  Rank 0 prints the tables.
 ``--batch``/``--lenet-batch`` set the per-GPU batches, ``--bucket-mb 25,2`` sweeps the bucket
@@ -119,6 +120,41 @@ def _torch_step(model, lr, x, y):
     return step
 
 
+def _graphed_step(model, dev, parallel, lr, x, y, warmup=11):
+    """The whole step (forward, backward with DDP's all-reduces, SGD) replayed from one CUDA
+    graph, as PyTorch's CUDA-graph notes do it with DDP: the wrapper built on a side stream,
+    11 eager warm-up steps there, then the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step = _torch_step(_ddp(model, dev, parallel), lr, x, y)
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
+def _torch_variants(make_model, dev, parallel, lr, x, y, rank):
+    """PyTorch's step both ways its experts run it: eager, and captured whole in a CUDA graph
+    (a model of its own each: two DDP wrappers may not share parameters).  A capture that
+    fails is reported and left out."""
+    out = {"eager": _torch_step(_ddp(make_model().to(dev), dev, parallel), lr, x, y)}
+    try:
+        out["graph"] = _graphed_step(make_model().to(dev), dev, parallel, lr, x, y)
+    except Exception as exc:   # the eager step still runs; the table says which ran
+        print(f"  rank {rank}: PyTorch's CUDA-graph step failed ({type(exc).__name__}: {exc})")
+    # every rank must time the same steps (a DDP graph replayed on one rank alone would wait
+    # for its peers forever): keep the graph only where every rank captured it
+    ok = torch.tensor([int("graph" in out)], device=dev)
+    tdist.all_reduce(ok, op=tdist.ReduceOp.MIN)
+    if not int(ok.item()):
+        out.pop("graph", None)
+    return out
+
+
 def mlp_steps(rank, batch, parallel):
     """784-1024-1024-10 ReLU MLP, softmax cross-entropy, SGD 0.01."""
     rng = np.random.RandomState(rank)
@@ -138,12 +174,14 @@ def mlp_steps(rank, batch, parallel):
     cost = T.nnet.categorical_crossentropy(T.nnet.softmax(h), ys).mean()
     ours = _symgpu_sgd(params, cost, 0.01, parallel)
     dev = torch.device(f"cuda:{sdist.local_rank}")
-    layers = []
-    for W in Ws:
-        layers += [torch.nn.Linear(*W.shape), torch.nn.ReLU()]
-    model = _ddp(torch.nn.Sequential(*layers[:-1]).to(dev), dev, parallel)
-    theirs = _torch_step(model, 0.01, torch.from_numpy(X).to(dev),
-                         torch.from_numpy(Y).long().to(dev))
+
+    def make_model():
+        layers = []
+        for W in Ws:
+            layers += [torch.nn.Linear(*W.shape), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers[:-1])
+    theirs = _torch_variants(make_model, dev, parallel, 0.01, torch.from_numpy(X).to(dev),
+                             torch.from_numpy(Y).long().to(dev), rank)
     return ours, theirs
 
 
@@ -176,22 +214,28 @@ def lenet_steps(rank, batch, parallel):
     ours = _symgpu_sgd(ps, cost, 0.1, parallel)
     dev = torch.device(f"cuda:{sdist.local_rank}")
     nn = torch.nn
-    model = nn.Sequential(nn.Conv2d(1, 20, 5), nn.Tanh(), nn.MaxPool2d(2),
-                          nn.Conv2d(20, 50, 5), nn.Tanh(), nn.MaxPool2d(2), nn.Flatten(),
-                          nn.Linear(800, 500), nn.Tanh(), nn.Linear(500, 10)).to(dev)
-    theirs = _torch_step(_ddp(model, dev, parallel), 0.1, torch.from_numpy(x0).to(dev),
-                         torch.from_numpy(y0).long().to(dev))
+
+    def make_model():
+        return nn.Sequential(nn.Conv2d(1, 20, 5), nn.Tanh(), nn.MaxPool2d(2),
+                             nn.Conv2d(20, 50, 5), nn.Tanh(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(800, 500), nn.Tanh(), nn.Linear(500, 10))
+    theirs = _torch_variants(make_model, dev, parallel, 0.1, torch.from_numpy(x0).to(dev),
+                             torch.from_numpy(y0).long().to(dev), rank)
     return ours, theirs
 
 
 def scaling_table(name, build, rounds, world, rank, ctx, batch, iters=50):
     """Throughput (samples/s over the world) of the data-parallel step on ``world`` GPUs and
-    of the plain step on one GPU, symgpu and PyTorch, medians of interleaved rounds; the
-    scaling ratio is world throughput / one GPU's."""
+    of the plain step on one GPU, symgpu and PyTorch (eager and CUDA-graphed: the faster
+    counts, on each side), medians of interleaved rounds; the scaling ratio is world
+    throughput / one GPU's."""
     par_ours, par_theirs = build(rank, batch, True)
     one_ours, one_theirs = build(rank, batch, False)
-    contenders = {"symgpu": (par_ours, ctx.synchronize), "DDP": (par_theirs, _tsync),
-                  "symgpu 1": (one_ours, ctx.synchronize), "torch 1": (one_theirs, _tsync)}
+    contenders = {"symgpu": (par_ours, ctx.synchronize), "symgpu 1": (one_ours, ctx.synchronize)}
+    for way, fn in par_theirs.items():
+        contenders[f"DDP {way}"] = (fn, _tsync)
+    for way, fn in one_theirs.items():
+        contenders[f"torch 1 {way}"] = (fn, _tsync)
     times = {k: [] for k in contenders}
     for fn, _ in contenders.values():           # first calls: compile, capture, warm up
         fn()
@@ -200,16 +244,21 @@ def scaling_table(name, build, rounds, world, rank, ctx, batch, iters=50):
         for k, (fn, sync) in contenders.items():
             times[k].append(timed(fn, sync, iters))
     med = {k: statistics.median(v) for k, v in times.items()}
-    n_ours, n_theirs = batch * world / med["symgpu"], batch * world / med["DDP"]
-    o_ours, o_theirs = batch / med["symgpu 1"], batch / med["torch 1"]
+    best_ddp = min((k for k in med if k.startswith("DDP ")), key=med.__getitem__)
+    best_one = min((k for k in med if k.startswith("torch 1 ")), key=med.__getitem__)
+    n_ours, n_theirs = batch * world / med["symgpu"], batch * world / med[best_ddp]
+    o_ours, o_theirs = batch / med["symgpu 1"], batch / med[best_one]
     if rank == 0:
         print(f"\ndata-parallel {name} step, batch {batch} per GPU (samples/s, medians of "
               f"{rounds} rounds)")
         print(f"{'':>8} {'1 GPU':>12} {f'{world} GPUs':>12} {'scaling':>8}")
         print(f"{'symgpu':>8} {o_ours:>12.0f} {n_ours:>12.0f} {n_ours / o_ours:>8.3f}")
         print(f"{'PyTorch':>8} {o_theirs:>12.0f} {n_theirs:>12.0f} {n_theirs / o_theirs:>8.3f}"
-              f"   (DDP on {world})")
-        print(f"symgpu / DDP on {world} GPUs: {n_ours / n_theirs:.3f}")
+              f"   ({best_one.split()[-1]} on 1, DDP {best_ddp.split()[-1]} on {world})")
+        others = ", ".join(f"{k} {batch * (world if k.startswith('DDP') else 1) / v:.0f}"
+                           for k, v in med.items() if k.startswith(("DDP", "torch")))
+        print(f"  PyTorch, every way: {others}")
+        print(f"symgpu / PyTorch on {world} GPUs: {n_ours / n_theirs:.3f}")
 
 
 def _tsync():
