@@ -132,6 +132,9 @@ case "$part" in
           examples/data_parallel_mlp.py 2>&1 | grep 'loss\|rror' | tee -a "$out/example_transports.txt"
     done
     unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE
+    echo "== examples/data_parallel_local.py, one process, a rank per context"
+    SYMGPU_FLAGS="contexts=dev0->cuda0;dev1->cuda1,floatX=float32" timeout 60 \
+        python3 examples/data_parallel_local.py 2>&1 | tail -4 | tee -a "$out/example_transports.txt"
     ;;
   lasagne)
     python3 tools/theano_library_suite.py --device cuda --jobs 8 --mirror .lasagne \

@@ -161,3 +161,17 @@ def test_each_ranks_step_is_placed_on_its_own_context(two_virtual_contexts):
     for r, (names, where) in enumerate(out):
         assert "GpuAllReduce" in names and "GpuToGpu" not in names
         assert where == {f"lw{r}"}
+
+
+def test_the_one_process_example_runs_as_a_world_of_one_on_the_cpu():
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, SYMGPU_FLAGS="device=cpu,floatX=float32", TRAINING_STEPS="20",
+               PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples",
+                                                        "data_parallel_local.py")],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("rank 0 of 1 on default: loss after 20 steps"), proc.stdout
