@@ -298,7 +298,9 @@ def test_teardown_destroys_the_graphs_holding_collectives_and_they_capture_again
     (seg,) = [s for s in vm.runner.segments if s.graphs]
     assert seg in graphs._COMMUNICATING
     destroyed = fakes.DRV.destroyed
-    before_communicator_teardown()     # what NcclCommunicator.close runs before NCCL's teardown
+    before_communicator_teardown(type("Other", (), {"device": "cuda9"})())
+    assert vm.runner.stats()["graphs"] == 1            # another device's teardown: kept
+    before_communicator_teardown(ctx)   # what NcclCommunicator.close runs before NCCL's teardown
     assert vm.runner.stats()["graphs"] == 0 and fakes.DRV.destroyed == destroyed + 1
     for _ in range(3):                 # a later call (a new communicator) captures again
         np.testing.assert_array_equal(read(call(vm, [z])[0]), want)

@@ -762,12 +762,15 @@ with _lock:
 
 
 @on_communicator_teardown
-def release_communicating_graphs() -> int:
-    """Destroy every CUDA graph that captured a collective (the segments capture again if
-    called later).  NCCL's ncclCommDestroy waits until every graph holding one of its calls
-    is destroyed: a graph kept alive by a function past ``distributed.finalize()`` hung it
-    on two GPUs.  Returns how many segments were released."""
-    segments = list(_COMMUNICATING)
+def release_communicating_graphs(ctx: Any = None) -> int:
+    """Destroy every CUDA graph that captured a collective (on ``ctx``'s device; None: on
+    any), in the thread tearing that device's communicator down; the segments capture again
+    if called later.  NCCL's ncclCommDestroy waits until every graph holding one of its
+    calls is destroyed: a graph kept alive by a function past ``distributed.finalize()``
+    hung it on two GPUs.  Returns how many segments were released."""
+    device = getattr(ctx, "device", None)
+    segments = [seg for seg in list(_COMMUNICATING)
+                if device is None or getattr(seg.ctx, "device", None) == device]
     for seg in segments:
         seg.release()
     gc.collect()          # graphs caught in reference cycles too

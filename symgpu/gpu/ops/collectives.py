@@ -264,7 +264,7 @@ class NcclCommunicator(Communicator):
     def _finalize_and_destroy(self) -> None:
         if not getattr(self.ctx, "virtual", False):
             self.ctx.activate()
-            before_communicator_teardown()   # NCCL waits until no CUDA graph holds its calls
+            before_communicator_teardown(self.ctx)   # NCCL waits for the graphs holding it
         if self.nonblocking and self.nccl.has_finalize:
             try:
                 if self.nccl.finalize(self.handle) == nccl_lib.IN_PROGRESS:

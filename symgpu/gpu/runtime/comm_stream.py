@@ -246,13 +246,13 @@ _TEARDOWN_HOOKS: list = []
 
 
 def on_communicator_teardown(hook: Any) -> Any:
-    """Register ``hook()`` to run before a GPU communicator is torn down."""
+    """Register ``hook(ctx)`` to run before a GPU communicator on ``ctx`` is torn down."""
     if hook not in _TEARDOWN_HOOKS:
         _TEARDOWN_HOOKS.append(hook)
     return hook
 
 
-def before_communicator_teardown() -> None:
+def before_communicator_teardown(ctx: Any) -> None:
     """Run the registered hooks (NcclCommunicator.close, before ncclCommFinalize)."""
     for hook in list(_TEARDOWN_HOOKS):
-        hook()
+        hook(ctx)
