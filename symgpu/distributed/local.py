@@ -21,6 +21,15 @@ from symgpu.distributed.runtime import _BACKENDS
 __all__ = ["LocalWorld", "local_world", "register_context_lookup"]
 
 
+#: the name of the default device's rank (``shared``'s default ``target``)
+DEFAULT = "default"
+
+
+#: the GPU backend's context lookup (symgpu/gpu/ops/collectives.py registers it with the
+#: nccl backend): name -> context (None: the default one, or None where there is none)
+_LOOKUP: list[Callable[[str | None], Any]] = []
+
+
 class LocalWorld(ThreadWorld):
     """A world of ``len(contexts)`` ranks in this process, rank r on context ``contexts[r]``.
     ``run(fn)`` calls ``fn(rank)`` in one thread per rank, that rank's context current and
@@ -96,15 +105,6 @@ def local_world(contexts: Sequence[str] | None = None, backend: str = "auto",
     if contexts is None:
         contexts = list(config.context_map()) or [DEFAULT]
     return LocalWorld(contexts, backend, timeout)
-
-
-#: the name of the default device's rank (``shared``'s default ``target``)
-DEFAULT = "default"
-
-
-#: the GPU backend's context lookup (symgpu/gpu/ops/collectives.py registers it with the
-#: nccl backend): name -> context (None: the default one, or None where there is none)
-_LOOKUP: list[Callable[[str | None], Any]] = []
 
 
 def register_context_lookup(lookup: Callable[[str | None], Any]) -> None:
