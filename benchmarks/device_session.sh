@@ -24,11 +24,11 @@
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
 #   bash benchmarks/device_session.sh pending    # what was merged without a GPU run (session
-#                                                # 20): the opt-in scan_to_dnn_rnn (its GPU
-#                                                # test, then rnn.py's unmasked rows with it
-#                                                # on), the GPT row after the row-reduction
-#                                                # groups; on branch s20-partial-sums checked
-#                                                # out, its tests too (they are skipped here)
+#                                                # 20): the partial_sums pass and the saved
+#                                                # pre-activation sum in loops, the opt-in
+#                                                # scan_to_dnn_rnn (its GPU test, then rnn.py's
+#                                                # unmasked rows with it on), the GPT row after
+#                                                # the row-reduction groups
 #   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2 (about 8 min):
 #                                                # the GPUs' links, pytest -m multigpu,
 #                                                # multi_gpu.py (the seeds' program, the 1.8x
@@ -99,9 +99,8 @@ case "$part" in
     ;;
   pending)
     python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_scan_dnn_rnn_match.py \
-        tests/test_gpu_scan.py tests/test_gpu_loop_kernels.py tests/test_gpu_cudnn_rnn.py \
-        $(ls tests/test_rewriting_partial_sums.py 2>/dev/null) 2>&1 \
-        | tee "$out/pending_tests.txt" | tail -5
+        tests/test_rewriting_partial_sums.py tests/test_gpu_scan.py tests/test_gpu_loop_kernels.py \
+        tests/test_gpu_cudnn_rnn.py 2>&1 | tee "$out/pending_tests.txt" | tail -5
     rows=lstm-unmasked-all-b64-h512-fixed,gru-unmasked-all-b64-h512-fixed
     rows=$rows,elman-unmasked-all-b64-h512-fixed,lstm-masked-last-b16-h128-fixed
     (cd benchmarks && python3 rnn.py --device cuda --no-cold --skip compile,jax-fp32 \
