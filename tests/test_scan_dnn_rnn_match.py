@@ -111,6 +111,18 @@ def _ops(f, cls):
     return [n for n in f.maker.fgraph.toposort() if isinstance(n.op, cls)]
 
 
+def _branch_ops(f, cls):
+    """The ``cls`` nodes inside the function's IfElse branches (what cuDNN's branch runs)."""
+    from symgpu.graph.basic import io_toposort
+    from symgpu.ifelse import IfElse
+    found = []
+    for n in _ops(f, IfElse):
+        for inner in (n.op.then_fn, n.op.else_fn):
+            found += [a for a in io_toposort(inner.inputs, inner.outputs)
+                      if isinstance(a.op, cls)]
+    return found
+
+
 def _compare(specs, loss="last"):
     xv = np.random.default_rng(9).standard_normal((L, B, IN)).astype("float32")
     got = {}
@@ -373,6 +385,37 @@ def test_masked_cells_train_alike_through_the_branch(cell, loss):
                             if hasattr(v, "get_value")])
     assert runs["n"] >= 3                       # cuDNN's branch ran for the prefix masks
     np.testing.assert_allclose(res[True][0], res[False][0], rtol=1e-5, atol=1e-6)
+    for got, want in zip(res[True][1], res[False][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # the last cell state is not read: cuDNN runs unmasked, the states gathered per row
+    call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                    mode=_mode(True))
+    forwards = _branch_ops(fn, DnnRNN)
+    assert forwards and all(not n.op.with_lengths for n in forwards)
+
+
+def test_a_masked_lstm_whose_last_cell_state_is_read_runs_cudnn_with_lengths():
+    from symgpu.tensor.nnet import rnn as rnn_mod
+
+    def step(x_t, m_t, h_prev, c_prev, W, U, b):
+        h, c = lstm_step()[0](x_t, h_prev, c_prev, W, U, b)
+        return rc._masked(m_t, h, h_prev), rc._masked(m_t, c, c_prev)
+    x, mk = T.tensor3("x", dtype="float32"), T.matrix("m", dtype="float32")
+    (hs, cs), _ = symgpu.scan(step, sequences=[x, mk],
+                              outputs_info=[T.zeros((B, H), dtype="float32")] * 2,
+                              non_sequences=_params(4, np.random.default_rng(0)))
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((L, B, IN)).astype("float32")
+    lengths = rng.integers(1, L + 1, B)
+    mv = (np.arange(L)[:, None] < lengths[None, :]).astype("float32")
+    got = {}
+    for on in (False, True):
+        f = function([x, mk], [hs[-1], cs[-1]], mode=_mode(on))
+        if on:
+            assert {n.op.with_lengths for n in _branch_ops(f, rnn_mod.DnnRNN)} == {True}
+        got[on] = f(xv, mv)
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("spelling", ["switch", "lerp"])

@@ -625,23 +625,45 @@ def _prefix(mask: Variable, x: Variable) -> _Prefix:
     return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), cond)
 
 
+def _held(y: Variable, pre: _Prefix) -> Variable:
+    """A masked loop's states from an unmasked run over the padded sequence: with a prefix
+    mask, row i's state at step t is the unmasked one at min(t, len_i - 1) (the loop holds
+    a row's last state past its end, and before it both runs agree)."""
+    t = T.arange(y.shape[0]).dimshuffle(0, "x")
+    last = (pre.lengths - 1).dimshuffle("x", 0)
+    rows = T.arange(y.shape[1]).dimshuffle("x", 0)
+    return y[T.maximum(T.minimum(t, last), 0), rows]
+
+
 def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
              cx: Variable | None, backs: list, plans: list, c_readers: list,
              mask: Variable | None = None) -> bool:
     """Replace the loop (and its gradient loops). With a mask: each replaced output becomes
     ``ifelse(cond, cuDNN's value, the original loop's)``, the loop kept (a copy) for masks
-    that are no prefix; past a row's end the loop holds the row's last state, so its
-    all-states output is ``y + (1 - valid) * hy`` (y is 0 there)."""
+    that are no prefix. Where the last cell state is not read, cuDNN runs unmasked over the
+    padded sequence and each row's states are gathered (``_held``): its descriptors keep
+    one shape whatever the lengths, so a CUDA graph of the step serves every call; else
+    cuDNN takes the per-row lengths (its states are 0 past a row's end, so the all-states
+    output is ``y + (1 - valid) * hy``)."""
     info = node.op.info
     S, M = info.n_seqs, info.n_states
     w = _flat_weights(m, x)
     pre = _prefix(mask, x) if mask is not None else None
-    op = DnnRNN(m.mode, "unidirectional", 1, m.hidden, with_lengths=pre is not None)
+    gather = pre is not None and not c_readers
+    op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
+                with_lengths=pre is not None and not gather)
     fwd_in = [w, x, hx] + ([cx] if cx is not None else []) + \
-        ([pre.lengths] if pre is not None else [])
+        ([pre.lengths] if op.with_lengths else [])
     outs = op(*fwd_in)
     y, hy = outs[0], outs[1]
     nonseqs = node.inputs[1 + S + M:]
+    if pre is None:
+        h_all, h_last = y, hy
+    elif gather:
+        h_all = _held(y, pre)
+        h_last = h_all[-1].dimshuffle("x", 0, 1)
+    else:
+        h_all, h_last = y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1), hy
 
     def swap(olds: list, news: list, alts: list) -> None:
         news = [_fit(v, o) for v, o in zip(news, olds)]
@@ -652,10 +674,16 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
 
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
-        dhy_all = T.zeros_like(hy) if dhy is None else dhy
-        if pre is not None and dy is not None:   # the held states past the end read hy
-            dhy_all = dhy_all + ((1 - pre.valid) * dy).sum(axis=0).dimshuffle("x", 0, 1)
-        out_grads = [T.zeros_like(y) if dy is None else dy, dhy_all]
+        if gather:   # the adjoints of the gathered states, back onto cuDNN's y
+            known = {v: d for v, d in ((h_all, dy), (h_last, dhy)) if d is not None}
+            out_grads = [grad(None, [y], known_grads=known, disconnected_inputs="ignore",
+                              return_disconnected="zero")[0] if known else T.zeros_like(y),
+                         T.zeros_like(hy)]
+        else:
+            dhy_all = T.zeros_like(hy) if dhy is None else dhy
+            if pre is not None and dy is not None:   # the held states past the end read hy
+                dhy_all = dhy_all + ((1 - pre.valid) * dy).sum(axis=0).dimshuffle("x", 0, 1)
+            out_grads = [T.zeros_like(y) if dy is None else dy, dhy_all]
         if cx is not None:
             out_grads.append(T.zeros_like(outs[2]) if dcy is None else dcy)
         dw, dx, dhx, *rest = op.L_op(fwd_in, outs, out_grads)
@@ -674,8 +702,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         swap(list(b.outputs), news, alts)
     alt = node.op.make_node(*node.inputs) if pre is not None else None
     h_out = node.outputs[m.h_state]
-    h_all = y if pre is None else y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1)
-    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else hy
+    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
     olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
     for r in c_readers:
         olds.append(r)
