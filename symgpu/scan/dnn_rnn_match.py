@@ -21,7 +21,6 @@ the forward's copies that only fed them go with them.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, NamedTuple
 
 import symgpu.tensor as T
@@ -43,7 +42,8 @@ from symgpu.tensor.type import specify_broadcastable_as
 __all__ = ["RNNMatch", "match_rnn_step", "scan_to_dnn_rnn", "set_branch_builder"]
 
 #: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above
-#: this one, installs it when it loads (set_branch_builder); masked loops stay loops without it
+#: this one, installs it when it loads (set_branch_builder; the GPU backend loads it, the
+#: one that lifts cuDNN's RNN); masked loops stay loops without it
 _BRANCH: list = []
 
 
@@ -559,10 +559,6 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
         c_readers = _last_readers(fgraph, node.outputs[m.c_state], only)
         if c_readers is None:
             return False
-    if m.masked and not _BRANCH:
-        # symgpu.ifelse loads lazily (symgpu/__init__.py) and installs the branch on load;
-        # loaded by name: this layer does not import the one above it
-        importlib.import_module("symgpu.ifelse")
     if m.masked and (not _BRANCH or any(_mask_grad_read(fgraph, b) for b in backs)):
         return False   # no lazy branch here, or the gradient wrt the mask is read
     plans = [_adjoints(b, m) for b in backs]
