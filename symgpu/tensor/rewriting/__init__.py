@@ -17,5 +17,5 @@ theano_opt  Theano's tensor.opt helpers and rewriter classes; the Rebroadcast an
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
 from symgpu.tensor.rewriting import blas, elemwise, inplace, mixed_precision  # noqa: F401
-from symgpu.tensor.rewriting import partial_sums  # noqa: F401
+from symgpu.tensor.rewriting import leading_dims, partial_sums  # noqa: F401
 from symgpu.tensor.rewriting import attention, theano_opt  # noqa: F401
