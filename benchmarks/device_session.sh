@@ -105,7 +105,8 @@ case "$part" in
     rows=lstm-unmasked-all-b64-h512-fixed,gru-unmasked-all-b64-h512-fixed
     rows=$rows,elman-unmasked-all-b64-h512-fixed,lstm-masked-last-b16-h128-fixed
     (cd benchmarks && python3 rnn.py --device cuda --no-cold --skip compile,jax-fp32 \
-        --subset "$rows,lnlstm-masked-last-b16-h128-fixed" 2>&1 | tee "$out/rnn_pending.txt" | tail -16)
+        --subset "$rows,lnlstm-masked-last-b16-h128-fixed,peephole-masked-last-b16-h128-fixed,droplstm-masked-last-b16-h128-fixed,gru-masked-last-b16-h128-fixed" \
+        2>&1 | tee "$out/rnn_pending.txt" | tail -20)
     (cd benchmarks && SYMGPU_FLAGS=optimizer_including=scan_to_dnn_rnn python3 rnn.py \
         --device cuda --no-cold --skip compile,jax-fp32,cudnn \
         --subset "$rows,lstm-masked-last-b16-h128-var,gru-masked-last-b16-h128-fixed" 2>&1 \
