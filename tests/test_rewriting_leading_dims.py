@@ -16,11 +16,18 @@ from symgpu import function
 from symgpu.config import config
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "benchmarks"))
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "benchmarks"))      # appended: benchmarks/random.py is no stdlib
 import rnn_cells as rc  # noqa: E402
 
 rng = np.random.default_rng(0)
+
+
+@pytest.fixture(autouse=True)
+def _keep_flags():
+    """rnn_cells.build_symbolic sets floatX, as a script may: put it back afterwards."""
+    with config.change_flags(floatX=config.floatX):
+        yield
 
 
 def _elemwise_nodes(f):
