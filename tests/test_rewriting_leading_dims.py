@@ -108,3 +108,14 @@ def test_vgpu_masked_lstm_backward_step_is_three_launches(vgpu):
              "second" in str(n.op)]                    # the zero block of pre[:, 4H:] (empty)
     assert len(work) - len(empty) == 3, work
     assert "GpuGemm" in work and "GpuDot22" not in work
+
+
+def test_a_scalars_arithmetic_stays_in_the_kernel_that_reads_it():
+    """a * (exp(s)[None, None, None] * 2): the scalar part has no real axis to lose;
+    rewritten, it became a kernel of its own behind a DimShuffle (the GPT step's mean
+    divisor did)."""
+    a, s = T.tensor3("a"), T.scalar("s")
+    f = function([a, s], a * (T.exp(s).dimshuffle("x", "x", "x") * 2))
+    av = rng.standard_normal((2, 3, 4))
+    np.testing.assert_allclose(f(av, 0.5), av * np.exp(0.5) * 2)
+    assert len(_elemwise_nodes(f)) == 1

@@ -64,8 +64,8 @@ def _rewrite(node: Apply, ew_cls: type, ds_cls: type) -> list[Variable] | None:
     if type(op) is not ew_cls or op.inplace_pattern or len(node.outputs) != 1:
         return None
     out = node.outputs[0]
-    if out.ndim < 2 or not out.broadcastable[0]:
-        return None
+    if out.ndim < 2 or not out.broadcastable[0] or all(out.broadcastable):
+        return None   # an all-length-1 result (a scalar's arithmetic) fuses as it is
     parts = [_stripped(x, ds_cls) for x in node.inputs]
     if any(p is None for p in parts) or not any(added for _, added in parts):
         return None
