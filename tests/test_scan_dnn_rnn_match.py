@@ -394,6 +394,29 @@ def test_masked_cells_train_alike_through_the_branch(cell, loss):
     assert forwards and all(not n.op.with_lengths for n in forwards)
 
 
+def test_the_rewrite_on_by_flag_does_not_repeat_inside_its_own_fallback_branch():
+    """With ``optimizer_including=scan_to_dnn_rnn`` as a flag, every mode (the branches'
+    too) includes the rewrite: the loop copied into the branch for non-prefix masks is
+    marked and stays a loop (before: each branch's compile rewrote its copy again, without
+    end, a RecursionError on the GPU machine's benchmark)."""
+    import symgpu.ifelse  # noqa: F401  (installs the lazy branch the masked rewrite needs)
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 2)
+    bad = calls[0][1].copy()
+    bad[1, 1], bad[-1, 0] = 0, 1
+    res = {}
+    for on in (False, True):
+        flags = {"optimizer_including": "scan_to_dnn_rnn"} if on else {}
+        with symgpu.config.change_flags(**flags):
+            call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec),
+                                            rc.data(spec))
+            res[on] = [float(call(n, mk)) for n, mk, _ in calls] + [float(call(L, bad))]
+    np.testing.assert_allclose(res[True], res[False], rtol=1e-5, atol=1e-6)
+    fallbacks = [n for n in _branch_ops(fn, Scan) if n.op.grad_of is None]
+    assert fallbacks and all(n.op.info.keep_as_loop for n in fallbacks)
+    assert all(match_rnn_step(n) is None for n in fallbacks)
+
+
 def test_a_masked_lstm_whose_last_cell_state_is_read_runs_cudnn_with_lengths():
     from symgpu.tensor.nnet import rnn as rnn_mod
 

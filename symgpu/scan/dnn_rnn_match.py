@@ -21,6 +21,7 @@ the forward's copies that only fed them go with them.
 """
 from __future__ import annotations
 
+from dataclasses import replace as dc_replace
 from typing import Any, NamedTuple
 
 import symgpu.tensor as T
@@ -412,7 +413,7 @@ def match_rnn_step(node: Any) -> RNNMatch | None:
     if not isinstance(op, Scan):
         return None
     info = op.info
-    if info.as_while or info.truncate_gradient != -1 or info.n_seqs not in (1, 2) or \
+    if info.keep_as_loop or info.as_while or info.truncate_gradient != -1 or info.n_seqs not in (1, 2) or \
             info.n_nitsot != 0 or info.n_states not in (1, 2) or \
             any(t != (-1,) for t in info.state_taps):
         return None
@@ -696,7 +697,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
              for i, k in enumerate(g.seq_grads)]
         alts = list(b.op.make_node(*b.inputs).outputs) if pre is not None else []
         swap(list(b.outputs), news, alts)
-    alt = node.op.make_node(*node.inputs) if pre is not None else None
+    alt = _fallback_loop(node.op).make_node(*node.inputs) if pre is not None else None
     h_out = node.outputs[m.h_state]
     h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
     olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
@@ -707,6 +708,13 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
             alts += clone_replace([r], {node.outputs[m.c_state]: alt.outputs[m.c_state]})
     swap(olds, news, alts)
     return True
+
+
+def _fallback_loop(op: Scan) -> Scan:
+    """The masked loop's copy for the branch cuDNN cannot take, marked so that compiling
+    that branch (with this rewrite on) does not replace it again."""
+    return op.host_loop(op.inner_inputs, op.inner_outputs,
+                        dc_replace(op.info, keep_as_loop=True))
 
 
 def scan_to_dnn_rnn(fgraph: FunctionGraph) -> None:
