@@ -198,3 +198,9 @@ optdb.register("ifelse_inner_mode_fast_run",
                inner_mode_pass(IfElse, _ifelse_with_mode, "FAST_RUN"), 4.5, "fast_run")
 optdb.register("ifelse_inner_mode_fast_compile",
                inner_mode_pass(IfElse, _ifelse_with_mode, "FAST_COMPILE"), 4.5, "fast_compile")
+
+
+# the masked scan_to_dnn_rnn rewrite (a layer below) chooses between cuDNN and the loop lazily
+from symgpu.scan import dnn_rnn_match as _dnn_rnn_match  # noqa: E402
+
+_dnn_rnn_match.set_branch_builder(ifelse)

@@ -111,6 +111,18 @@ def _ops(f, cls):
     return [n for n in f.maker.fgraph.toposort() if isinstance(n.op, cls)]
 
 
+def _branch_ops(f, cls):
+    """The ``cls`` nodes inside the function's IfElse branches (what cuDNN's branch runs)."""
+    from symgpu.graph.basic import io_toposort
+    from symgpu.ifelse import IfElse
+    found = []
+    for n in _ops(f, IfElse):
+        for inner in (n.op.then_fn, n.op.else_fn):
+            found += [a for a in io_toposort(inner.inputs, inner.outputs)
+                      if isinstance(a.op, cls)]
+    return found
+
+
 def _compare(specs, loss="last"):
     xv = np.random.default_rng(9).standard_normal((L, B, IN)).astype("float32")
     got = {}
@@ -228,8 +240,8 @@ def test_elman_with_sigmoid_or_overlapping_lstm_blocks_stays():
     _stays_a_loop((overlap, 4, 2))
 
 
-def test_peephole_masked_and_dropout_cells_stay():
-    for cell, masked in (("peephole", False), ("lstm", True), ("gru", True), ("droplstm", False)):
+def test_peephole_and_dropout_cells_stay():
+    for cell, masked in (("peephole", False), ("peephole", True), ("droplstm", False)):
         spec = rc.Spec(cell, masked, "all", B, H, False, inp=IN, fixed=L)
         _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
                                      mode=_mode(True))
@@ -335,3 +347,147 @@ def test_a_sequence_shorter_than_n_steps_still_fails():
     assert f(xv, L - 2).shape == (L - 2, B, H)
     with pytest.raises(AssertionError, match="shorter than n_steps"):
         f(xv, L + 1)
+
+
+# ---------------------------------------------------------------- masked steps (prefix masks)
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "elman"])
+@pytest.mark.parametrize("loss", ["last", "all"])
+def test_masked_cells_train_alike_through_the_branch(cell, loss):
+    """rnn_cells' masked rows: prefix masks take cuDNN's branch (DnnRNN runs), a mask that is
+    no prefix the loop's; 3 SGD steps then the non-prefix call, losses and weights equal."""
+    from symgpu.ifelse import IfElse
+    from symgpu.tensor.nnet import rnn as rnn_mod
+    spec = rc.Spec(cell, True, loss, B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 3)
+    bad = calls[0][1].copy()
+    bad[1, 1], bad[-1, 0] = 0, 1            # a hole: no prefix
+    runs = {"n": 0}
+    orig = rnn_mod.DnnRNN.perform
+
+    def counting(self, *a):
+        runs["n"] += 1
+        return orig(self, *a)
+    res = {}
+    for on in (False, True):
+        rnn_mod.DnnRNN.perform = counting
+        try:
+            call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec),
+                                            rc.data(spec), mode=_mode(on))
+            assert bool(_ops(fn, IfElse)) == on
+            losses = [float(call(n, mk)) for n, mk, _ in calls]
+            before = runs["n"]
+            losses.append(float(call(L, bad)))
+            assert runs["n"] == before           # the loop's branch: no DnnRNN
+        finally:
+            rnn_mod.DnnRNN.perform = orig
+        res[on] = (losses, [np.asarray(v.get_value()) for v in fn.maker.fgraph.inputs
+                            if hasattr(v, "get_value")])
+    assert runs["n"] >= 3                       # cuDNN's branch ran for the prefix masks
+    np.testing.assert_allclose(res[True][0], res[False][0], rtol=1e-5, atol=1e-6)
+    for got, want in zip(res[True][1], res[False][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # the last cell state is not read: cuDNN runs unmasked, the states gathered per row
+    call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                    mode=_mode(True))
+    forwards = _branch_ops(fn, DnnRNN)
+    assert forwards and all(not n.op.with_lengths for n in forwards)
+
+
+def test_the_rewrite_on_by_flag_does_not_repeat_inside_its_own_fallback_branch():
+    """With ``optimizer_including=scan_to_dnn_rnn`` as a flag, every mode (the branches'
+    too) includes the rewrite: the loop copied into the branch for non-prefix masks is
+    marked and stays a loop (before: each branch's compile rewrote its copy again, without
+    end, a RecursionError on the GPU machine's benchmark)."""
+    import symgpu.ifelse  # noqa: F401  (installs the lazy branch the masked rewrite needs)
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 2)
+    bad = calls[0][1].copy()
+    bad[1, 1], bad[-1, 0] = 0, 1
+    res = {}
+    for on in (False, True):
+        flags = {"optimizer_including": "scan_to_dnn_rnn"} if on else {}
+        with symgpu.config.change_flags(**flags):
+            call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec),
+                                            rc.data(spec))
+            res[on] = [float(call(n, mk)) for n, mk, _ in calls] + [float(call(L, bad))]
+    np.testing.assert_allclose(res[True], res[False], rtol=1e-5, atol=1e-6)
+    fallbacks = [n for n in _branch_ops(fn, Scan) if n.op.grad_of is None]
+    assert fallbacks and all(n.op.info.keep_as_loop for n in fallbacks)
+    assert all(match_rnn_step(n) is None for n in fallbacks)
+
+
+def test_a_masked_lstm_whose_last_cell_state_is_read_runs_cudnn_with_lengths():
+    from symgpu.tensor.nnet import rnn as rnn_mod
+
+    def step(x_t, m_t, h_prev, c_prev, W, U, b):
+        h, c = lstm_step()[0](x_t, h_prev, c_prev, W, U, b)
+        return rc._masked(m_t, h, h_prev), rc._masked(m_t, c, c_prev)
+    x, mk = T.tensor3("x", dtype="float32"), T.matrix("m", dtype="float32")
+    (hs, cs), _ = symgpu.scan(step, sequences=[x, mk],
+                              outputs_info=[T.zeros((B, H), dtype="float32")] * 2,
+                              non_sequences=_params(4, np.random.default_rng(0)))
+    rng = np.random.default_rng(3)
+    xv = rng.standard_normal((L, B, IN)).astype("float32")
+    lengths = rng.integers(1, L + 1, B)
+    mv = (np.arange(L)[:, None] < lengths[None, :]).astype("float32")
+    got = {}
+    for on in (False, True):
+        f = function([x, mk], [hs[-1], cs[-1]], mode=_mode(on))
+        if on:
+            assert {n.op.with_lengths for n in _branch_ops(f, rnn_mod.DnnRNN)} == {True}
+        got[on] = f(xv, mv)
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("spelling", ["switch", "lerp"])
+def test_masked_spellings_match(spelling):
+    from symgpu.scan.dnn_rnn_match import match_rnn_step as match
+
+    def step(x_t, m_t, h_prev, W, U, b):
+        new = T.tanh(T.dot(x_t, W) + T.dot(h_prev, U) + b)
+        mm = m_t.dimshuffle(0, "x")
+        return T.switch(mm, new, h_prev) if spelling == "switch" else h_prev + mm * (new - h_prev)
+    x, mk = T.tensor3("x", dtype="float32"), T.matrix("m", dtype="float32")
+    hs, _ = symgpu.scan(step, sequences=[x, mk], outputs_info=T.zeros((B, H), dtype="float32"),
+                        non_sequences=_params(1, np.random.default_rng(0)))
+    m = match(_scan_node(hs.sum()))
+    assert m is not None and m.masked
+
+
+def test_mask_on_one_state_only_stays_a_loop():
+    def step(x_t, m_t, h_prev, c_prev, W, U, b):
+        h, c = lstm_step()[0](x_t, h_prev, c_prev, W, U, b)
+        return rc._masked(m_t, h, h_prev), c          # c not masked: no cuDNN layer
+    x, mk = T.tensor3("x", dtype="float32"), T.matrix("m", dtype="float32")
+    (hs, _), _ = symgpu.scan(step, sequences=[x, mk],
+                             outputs_info=[T.zeros((B, H), dtype="float32")] * 2,
+                             non_sequences=_params(4, np.random.default_rng(0)))
+    assert match_rnn_step(_scan_node(hs.sum())) is None
+
+
+def test_vgpu_masked_graph_branches_on_the_mask(vgpu):
+    """On a (virtual) GPU the masked loop compiles to branches on the prefix test; no host
+    DnnRNN/DnnRNNGrad is left outside them (what runs inside the branch: see the report)."""
+    from symgpu.ifelse import IfElse
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    assert _ops(fn, IfElse)
+    assert not _ops(fn, DnnRNN) and not _ops(fn, DnnRNNGrad)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_masked_lstm_trains_alike(cuda):
+    """benchmarks/rnn_cells' masked LSTM on the GPU: cuDNN's branch (rewrite on) against the
+    scan, 3 SGD steps with prefix masks, then a non-prefix mask."""
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 3)
+    res = {}
+    for on in (False, True):
+        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                        mode=_mode(on))
+        res[on] = [float(call(n, mk)) for n, mk, _ in calls]
+    np.testing.assert_allclose(res[True], res[False], rtol=2e-4, atol=2e-5)

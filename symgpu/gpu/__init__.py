@@ -129,6 +129,7 @@ import symgpu.gpu.exec.graphs  # noqa: E402,F401
 import symgpu.gpu.exec.backend  # noqa: E402,F401  (the compiler's view of the GPU)
 import symgpu.gpu.exec.prefetch  # noqa: E402,F401  (registers the pre-link parallel kernel compile)
 import symgpu.gpu.ops.random  # noqa: E402,F401
+import symgpu.ifelse  # noqa: E402,F401  (the lazy branch scan_to_dnn_rnn's masked loops take)
 import symgpu.gpu.ops.random_fusion  # noqa: E402,F401
 import symgpu.gpu.ops.conv  # noqa: E402,F401
 import symgpu.gpu.ops.pooling  # noqa: E402,F401

@@ -21,12 +21,14 @@ the forward's copies that only fed them go with them.
 """
 from __future__ import annotations
 
+from dataclasses import replace as dc_replace
 from typing import Any, NamedTuple
 
 import symgpu.tensor as T
 from symgpu.compile.sharedvalue import SharedVariable
 from symgpu.gradient import grad
-from symgpu.graph.basic import Variable
+from symgpu.compile.function import clone_replace
+from symgpu.graph.basic import Variable, graph_inputs
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scan.op import Scan
@@ -38,7 +40,18 @@ from symgpu.tensor.nnet.rnn import DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
 
-__all__ = ["RNNMatch", "match_rnn_step", "scan_to_dnn_rnn"]
+__all__ = ["RNNMatch", "match_rnn_step", "scan_to_dnn_rnn", "set_branch_builder"]
+
+#: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above
+#: this one, installs it when it loads (set_branch_builder; the GPU backend loads it, the
+#: one that lifts cuDNN's RNN); masked loops stay loops without it
+_BRANCH: list = []
+
+
+def set_branch_builder(fn: Any) -> None:
+    """Install ``fn(cond, then_list, else_list) -> list`` (symgpu.ifelse.ifelse): the masked
+    rewrite's choice between cuDNN (the mask is a prefix per row) and the original loop."""
+    _BRANCH[:] = [fn]
 
 
 class RNNMatch(NamedTuple):
@@ -56,6 +69,7 @@ class RNNMatch(NamedTuple):
     h_biases: list
     x_cols: tuple
     h_cols: tuple
+    masked: bool = False
 
 
 # ----------------------------------------------------------------------------- graph helpers
@@ -104,6 +118,57 @@ def _col_slice(v: Any) -> tuple | None:
             or start < 0 or stop <= start:
         return None
     return node.inputs[0], start, stop
+
+
+def _column(v: Any) -> Variable | None:
+    """u of ``u[:, None]`` (a newaxis index or ``dimshuffle(0, 'x')``) of a vector u."""
+    node = getattr(v, "owner", None)
+    if node is None or len(node.inputs) != 1 or node.inputs[0].ndim != 1:
+        return None
+    if isinstance(node.op, DimShuffle) and node.op.new_order == (0, "x"):
+        return node.inputs[0]
+    if type(node.op) is Subtensor and node.op.idx_list == (Slice(None, None, None), None):
+        return node.inputs[0]
+    return None
+
+
+def _row_mask(v: Any, mk: Variable) -> bool:
+    """v is ``mk[:, None]``: the step's mask broadcast along the hidden units."""
+    return _column(v) is mk
+
+
+def _one_minus_mask(v: Any, mk: Variable, step: "_Step") -> bool:
+    """v is ``(1 - mk)[:, None]`` or ``1 - mk[:, None]``."""
+    col = _column(v)
+    if col is not None:
+        ins = _ew(col, "sub", 2)
+        return ins is not None and _is_const(ins[0], 1, step) and ins[1] is mk
+    ins = _ew(v, "sub", 2)
+    return ins is not None and _is_const(ins[0], 1, step) and _row_mask(ins[1], mk)
+
+
+def _unmask(v: Variable, old: Variable, mk: Variable, step: "_Step") -> Variable | None:
+    """`new` of a masked state update ``m * new + (1 - m) * old``, ``switch(m, new, old)``
+    or ``old + m * (new - old)`` (m the step's mask as ``m[:, None]``, sums and products in
+    either order); None for anything else."""
+    sw = _ew(v, "switch", 3)
+    if sw is not None:
+        return sw[1] if _row_mask(sw[0], mk) and sw[2] is old else None
+    terms = _ew(v, "add", 2)
+    if terms is None:
+        return None
+    for a, b in (terms, terms[::-1]):
+        kept = _pair(_ew(b, "mul", 2), lambda u: _one_minus_mask(u, mk, step),
+                     lambda u: u is old)
+        new = _pair(_ew(a, "mul", 2), lambda u: _row_mask(u, mk), lambda u: True)
+        if kept is not None and new is not None:
+            return new[1]
+        if a is old:   # old + m * (new - old)
+            md = _pair(_ew(b, "mul", 2), lambda u: _row_mask(u, mk),
+                       lambda u: (_ew(u, "sub", 2) or [None, None])[1] is old)
+            if md is not None:
+                return _ew(md[1], "sub", 2)[0]
+    return None
 
 
 class _Step:
@@ -336,6 +401,10 @@ def _match_gru(step: _Step, outs: list) -> RNNMatch | None:
     return RNNMatch("gru", xb[0], 0, None, ax[0][0], ah[0][0], ax[1], ah[1], xb[1], hb[1])
 
 
+def _inputs_of(v: Variable) -> set:
+    return set(graph_inputs([v]))
+
+
 def match_rnn_step(node: Any) -> RNNMatch | None:
     """The recurrent layer a Scan node runs, or None: a for loop over one sequence with one
     (Elman, GRU) or two (LSTM) states read at tap -1, no per-step outputs, no truncated
@@ -344,7 +413,7 @@ def match_rnn_step(node: Any) -> RNNMatch | None:
     if not isinstance(op, Scan):
         return None
     info = op.info
-    if info.as_while or info.truncate_gradient != -1 or info.n_seqs != 1 or \
+    if info.keep_as_loop or info.as_while or info.truncate_gradient != -1 or info.n_seqs not in (1, 2) or \
             info.n_nitsot != 0 or info.n_states not in (1, 2) or \
             any(t != (-1,) for t in info.state_taps):
         return None
@@ -352,10 +421,19 @@ def match_rnn_step(node: Any) -> RNNMatch | None:
     if step.x_t.ndim != 2 or any(t.ndim != 2 for t in step.taps):
         return None
     outs = list(op.inner_outputs)
+    if info.n_seqs == 2:   # a per-step mask (batch,): every state a masked update
+        mk = step.ins[1]
+        if mk.ndim != 1:
+            return None
+        outs = [_unmask(o, t, mk, step) for o, t in zip(outs, step.taps)]
+        if None in outs or any(mk in _inputs_of(o) for o in outs):
+            return None
     m = _match_lstm(step, outs) if info.n_states == 2 else \
         (_match_elman(step, outs) or _match_gru(step, outs))
     if m is None:
         return None
+    if info.n_seqs == 2:
+        m = m._replace(masked=True)
     outer = [node.inputs[1]] + list(node.inputs[2:2 + info.n_states]) + [m.W, m.U] + \
         m.x_biases + m.h_biases
     if any(v.dtype != "float32" for v in outer) or node.inputs[1].ndim != 3:
@@ -457,6 +535,15 @@ def _adjoints(b: Any, m: RNNMatch) -> tuple | None:
     return dy, dhy, dcy
 
 
+def _mask_grad_read(fgraph: FunctionGraph, b: Any) -> bool:
+    """Whether the backward loop `b`'s gradient of the mask (sequence 1) is read (scan_grad
+    builds every float sequence's gradient; an unread one is left to dead-code removal)."""
+    g = b.op.grad_of
+    first = len(g.windows) + len(g.sums)
+    return any(fgraph.clients.get(b.outputs[first + i]) for i, k in enumerate(g.seq_grads)
+               if k == 1)
+
+
 def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
     m = match_rnn_step(node)
     if m is None:
@@ -473,6 +560,8 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
         c_readers = _last_readers(fgraph, node.outputs[m.c_state], only)
         if c_readers is None:
             return False
+    if m.masked and (not _BRANCH or any(_mask_grad_read(fgraph, b) for b in backs)):
+        return False   # no lazy branch here, or the gradient wrt the mask is read
     plans = [_adjoints(b, m) for b in backs]
     if any(p is None for p in plans) or any(
             len(b.outputs) != len(g.windows) + len(g.sums) + len(g.seq_grads)
@@ -483,15 +572,16 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
     n = Assert(f"{info.name}: the sequence is shorter than n_steps, or n_steps < 0 (the loop "
                "was replaced by scan_to_dnn_rnn)")(n, T.ge(seq.shape[0], n), T.ge(n, 0))
     x = seq[:n]
+    mask = node.inputs[2][:n] if m.masked else None
     hx = node.inputs[1 + S + m.h_state][:1]
     cx = node.inputs[1 + S + m.c_state][:1] if m.c_state is not None else None
     if m.hidden is None:   # Elman: no gate blocks tell the hidden size
-        return _rewrite_elman(fgraph, node, m, x, hx, backs, plans)
-    return _replace(fgraph, node, m, x, hx, cx, backs, plans, c_readers)
+        return _rewrite_elman(fgraph, node, m, x, hx, backs, plans, mask)
+    return _replace(fgraph, node, m, x, hx, cx, backs, plans, c_readers, mask)
 
 
 def _rewrite_elman(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
-                   backs: list, plans: list) -> bool:
+                   backs: list, plans: list, mask: Variable | None) -> bool:
     """Elman's hidden size is not in the step's graph (no gate slices): take it from a
     constant shape of the initial state or of U."""
     for v, axis in ((hx, 2), (m.U, 1), (m.U, 0)):
@@ -504,7 +594,7 @@ def _rewrite_elman(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, h
         H = _shared_width(m.U)
         if H is None:
             return False
-    return _replace(fgraph, node, m._replace(hidden=H), x, hx, None, backs, plans, [])
+    return _replace(fgraph, node, m._replace(hidden=H), x, hx, None, backs, plans, [], mask)
 
 
 def _shared_width(U: Variable) -> int | None:
@@ -516,40 +606,115 @@ def _shared_width(U: Variable) -> int | None:
     return int(val.shape[1]) if getattr(val, "ndim", 0) == 2 else None
 
 
+class _Prefix(NamedTuple):
+    """A masked loop's cuDNN side: per-row lengths, which steps run (L, batch, 1, float) and
+    whether the mask is a prefix mask per row with every length >= 1 (the branch's
+    condition)."""
+    lengths: Variable
+    valid: Variable
+    cond: Variable
+
+
+def _prefix(mask: Variable, x: Variable) -> _Prefix:
+    lengths = T.cast(mask.sum(axis=0), "int32")
+    steps = T.lt(T.arange(x.shape[0]).dimshuffle(0, "x"), lengths.dimshuffle("x", 0))
+    cond = T.and_(T.all(T.eq(mask, T.cast(steps, mask.dtype))), T.all(T.ge(lengths, 1)))
+    return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), cond)
+
+
+def _held(y: Variable, pre: _Prefix) -> Variable:
+    """A masked loop's states from an unmasked run over the padded sequence: with a prefix
+    mask, row i's state at step t is the unmasked one at min(t, len_i - 1) (the loop holds
+    a row's last state past its end, and before it both runs agree)."""
+    t = T.arange(y.shape[0]).dimshuffle(0, "x")
+    last = (pre.lengths - 1).dimshuffle("x", 0)
+    rows = T.arange(y.shape[1]).dimshuffle("x", 0)
+    return y[T.maximum(T.minimum(t, last), 0), rows]
+
+
 def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
-             cx: Variable | None, backs: list, plans: list, c_readers: list) -> bool:
+             cx: Variable | None, backs: list, plans: list, c_readers: list,
+             mask: Variable | None = None) -> bool:
+    """Replace the loop (and its gradient loops). With a mask: each replaced output becomes
+    ``ifelse(cond, cuDNN's value, the original loop's)``, the loop kept (a copy) for masks
+    that are no prefix. Where the last cell state is not read, cuDNN runs unmasked over the
+    padded sequence and each row's states are gathered (``_held``): its descriptors keep
+    one shape whatever the lengths, so a CUDA graph of the step serves every call; else
+    cuDNN takes the per-row lengths (its states are 0 past a row's end, so the all-states
+    output is ``y + (1 - valid) * hy``)."""
     info = node.op.info
     S, M = info.n_seqs, info.n_states
     w = _flat_weights(m, x)
-    op = DnnRNN(m.mode, "unidirectional", 1, m.hidden)
-    fwd_in = [w, x, hx] + ([cx] if cx is not None else [])
+    pre = _prefix(mask, x) if mask is not None else None
+    gather = pre is not None and not c_readers
+    op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
+                with_lengths=pre is not None and not gather)
+    fwd_in = [w, x, hx] + ([cx] if cx is not None else []) + \
+        ([pre.lengths] if op.with_lengths else [])
     outs = op(*fwd_in)
     y, hy = outs[0], outs[1]
     nonseqs = node.inputs[1 + S + M:]
+    if pre is None:
+        h_all, h_last = y, hy
+    elif gather:
+        h_all = _held(y, pre)
+        h_last = h_all[-1].dimshuffle("x", 0, 1)
+    else:
+        h_all, h_last = y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1), hy
+
+    def swap(olds: list, news: list, alts: list) -> None:
+        news = [_fit(v, o) for v, o in zip(news, olds)]
+        if pre is not None:
+            news = _BRANCH[0](pre.cond, news, alts)
+        for old, new in zip(olds, news):
+            fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
+
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
-        out_grads = [T.zeros_like(y) if dy is None else dy,
-                     T.zeros_like(hy) if dhy is None else dhy]
+        if gather:   # the adjoints of the gathered states, back onto cuDNN's y
+            known = {v: d for v, d in ((h_all, dy), (h_last, dhy)) if d is not None}
+            out_grads = [grad(None, [y], known_grads=known, disconnected_inputs="ignore",
+                              return_disconnected="zero")[0] if known else T.zeros_like(y),
+                         T.zeros_like(hy)]
+        else:
+            dhy_all = T.zeros_like(hy) if dhy is None else dhy
+            if pre is not None and dy is not None:   # the held states past the end read hy
+                dhy_all = dhy_all + ((1 - pre.valid) * dy).sum(axis=0).dimshuffle("x", 0, 1)
+            out_grads = [T.zeros_like(y) if dy is None else dy, dhy_all]
         if cx is not None:
             out_grads.append(T.zeros_like(outs[2]) if dcy is None else dcy)
-        dw, dx, dhx, *dcx = op.L_op(fwd_in, outs, out_grads)
+        dw, dx, dhx, *rest = op.L_op(fwd_in, outs, out_grads)
         state_grad = {m.h_state: dhx}
         if cx is not None:
-            state_grad[m.c_state] = dcx[0]
+            state_grad[m.c_state] = rest[0]
         wrt = [nonseqs[k] for k in g.sums]
         g_ns = grad(None, wrt, known_grads={w: dw}, disconnected_inputs="ignore",
                     return_disconnected="zero") if wrt else []
-        news = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
-            [v.dimshuffle("x", *range(v.ndim)) for v in g_ns] + \
-            [dx[::-1] for _ in g.seq_grads]
-        for old, new in zip(b.outputs, news):
-            fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
+        news_prefix = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
+            [v.dimshuffle("x", *range(v.ndim)) for v in g_ns]
+        news = news_prefix + \
+            [dx[::-1] if k == 0 else T.zeros_like(b.outputs[len(news_prefix) + i])
+             for i, k in enumerate(g.seq_grads)]
+        alts = list(b.op.make_node(*b.inputs).outputs) if pre is not None else []
+        swap(list(b.outputs), news, alts)
+    alt = _fallback_loop(node.op).make_node(*node.inputs) if pre is not None else None
     h_out = node.outputs[m.h_state]
-    h_buf = T.concatenate([hx, y]) if info.keep[m.h_state] else hy
-    fgraph.replace(h_out, _fit(h_buf, h_out), reason="scan_to_dnn_rnn")
+    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
+    olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
     for r in c_readers:
-        fgraph.replace(r, _fit(outs[2][0], r), reason="scan_to_dnn_rnn")
+        olds.append(r)
+        news.append(outs[2][0])
+        if alt is not None:
+            alts += clone_replace([r], {node.outputs[m.c_state]: alt.outputs[m.c_state]})
+    swap(olds, news, alts)
     return True
+
+
+def _fallback_loop(op: Scan) -> Scan:
+    """The masked loop's copy for the branch cuDNN cannot take, marked so that compiling
+    that branch (with this rewrite on) does not replace it again."""
+    return op.host_loop(op.inner_inputs, op.inner_outputs,
+                        dc_replace(op.info, keep_as_loop=True))
 
 
 def scan_to_dnn_rnn(fgraph: FunctionGraph) -> None:

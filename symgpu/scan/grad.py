@@ -223,7 +223,8 @@ def _saved_products(forward: list, body: Sequence[Variable], variant: set,
                     replaced: set) -> list[Variable]:
     """The matrix products of the forward step (`forward`: its nodes) that the backward step
     `body` reads and that change with the step (they read a sequence's or a state's value
-    at t)."""
+    at t); where the step only adds saved products together (an LSTM's ``dot(x_t, W) +
+    dot(h, U)``), their sum instead (`_summed_products`)."""
     read = {n for n in io_toposort(list(variant), list(body))}
     out = []
     for node in forward:
@@ -231,7 +232,42 @@ def _saved_products(forward: list, body: Sequence[Variable], variant: set,
                 node.outputs[0] not in replaced and \
                 any(v in variant for v in ancestors(node.inputs)):
             out.append(node.outputs[0])
-    return out
+    return _summed_products(forward, out, read, replaced)
+
+
+def _is_add(node: Any) -> bool:
+    return isinstance(node.op, Elemwise) and node.op.scalar_op is SCALAR_OPS["add"]
+
+
+def _summed_products(forward: list, saved: list[Variable], read: set,
+                     replaced: set) -> list[Variable]:
+    """`saved` with every add of saved products whose only reader is that add replaced by
+    the add's output, repeatedly (``(a + b) + c``). Why: the backward step then reads one
+    array per step where it read two and added them again (a launch per backward step), and
+    the forward products no longer leave the step, so the second becomes a Gemm writing into
+    the first (a launch less per forward step) and the forward loop stores half as much.
+    Sums with anything else (``dot(x_t, W) + b``) stay apart: the bias then fuses into the
+    kernels that read the sum."""
+    clients: dict[Variable, list] = {}
+    for node in forward:
+        for v in node.inputs:
+            clients.setdefault(v, []).append(node)
+    saved = list(saved)
+    while True:
+        pool = set(saved)
+        for node in forward:
+            ins = node.inputs
+            if not (_is_add(node) and node in read and len(ins) >= 2
+                    and node.outputs[0] not in replaced and all(v in pool for v in ins)
+                    and len(set(ins)) == len(ins)
+                    and all(clients.get(v) == [node] for v in ins)):
+                continue
+            at = min(saved.index(v) for v in ins)
+            saved = [v for v in saved if v not in ins]
+            saved.insert(at, node.outputs[0])
+            break
+        else:
+            return saved
 
 
 def _tail_adjoint(g: Any, buf: Variable, L: int) -> Variable | None:

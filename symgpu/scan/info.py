@@ -24,6 +24,10 @@ class ScanInfo:
     name: str = "scan"
     state_names: tuple[str, ...] = field(default=())
     nitsot_names: tuple[str, ...] = field(default=())
+    #: a fallback copy (scan_to_dnn_rnn's loop for masks cuDNN cannot take): no rewrite
+    #: replaces it by a library layer again, else compiling its branch would repeat the
+    #: rewrite inside it without end
+    keep_as_loop: bool = False
 
     @property
     def n_states(self) -> int:

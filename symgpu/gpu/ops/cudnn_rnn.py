@@ -10,10 +10,20 @@ input, no dropout), cudnnSetRNNDataDescriptor (SEQ_MAJOR_UNPACKED, every row ful
 padded IO enabled), cudnnRNNForward in training mode (the reserve space is the forward op's
 last output, a uint8 vector the backward op reads), cudnnRNNBackwardData_v8 then
 cudnnRNNBackwardWeights_v8 (which adds into dw: zeroed first) in one backward op, on a copy
-of the reserve (backward data writes into it). devSeqLengths is a device int32 vector set by
-a memset. Workspaces come from the context's pool; nothing waits for the device or copies
-from the host, so both thunks are CUDA-graph capturable. float32 only (float64/float16 stay
-on the host ops); TF32 only under ``gpuarray.allow_tf32`` (as the convolutions).
+of the reserve (backward data writes into it). Without lengths, devSeqLengths is a device
+int32 vector set by a memset; workspaces come from the context's pool; nothing waits for the
+device or copies from the host, so both thunks are CUDA-graph capturable. float32 only
+(float64/float16 stay on the host ops); TF32 only under ``gpuarray.allow_tf32`` (as the
+convolutions).
+
+Per-row lengths (ops built with ``with_lengths=True``, rnn.py's semantics): cuDNN needs them
+twice, as a host int array in cudnnSetRNNDataDescriptor (seqLengthArray: the descriptors, and
+so the plan, depend on the values) and as a device int32 vector (devSeqLengths) in every call.
+So the lengths are a host input of the GPU ops (a lengths vector computed on the GPU comes
+back through one transfer), each distinct vector gets its own plan (descriptors and a device
+copy of the lengths uploaded when the plan is made; the last PLAN_CACHE plans kept), and such
+a thunk is not capturable: its plan depends on values read on the host per call (the
+function runs it between captured segments).
 
 The weight layout is rnn.py's (cuDNN's); each plan checks it against
 cudnnGetRNNWeightParams and raises CudnnError naming the first difference.
@@ -28,19 +38,23 @@ import numpy as np
 from symgpu.gpu.ops.conv import _math_mode
 from symgpu.gpu.ops.cudnn import DATA_TYPES, CudnnError, _Desc, cudnn, cudnn_available
 from symgpu.gpu.ops.kernel_ops import _capturable, _context, _virtual_thunk
-from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
+from symgpu.gpu.placement.basic_ops import as_gpuarray_variable, host_from_gpu
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import ShapeError
-from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, RNN_MODES, DnnRNN, DnnRNNGrad, _RNNBase,
-                                    rnn_layout)
+from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, LENGTH_DTYPES, RNN_MODES, DnnRNN,
+                                    DnnRNNGrad, _RNNBase, check_lengths, rnn_layout)
+from symgpu.tensor.type import as_tensor_variable
 
-__all__ = ["RNNBlock", "GpuDnnRNNForward", "GpuDnnRNNBackward", "RNNPlan", "ENABLED"]
+__all__ = ["RNNBlock", "GpuDnnRNNForward", "GpuDnnRNNBackward", "RNNPlan", "ENABLED",
+           "PLAN_CACHE"]
 
 #: False: the lifters leave DnnRNN / DnnRNNGrad on the host (read when a function compiles)
 ENABLED = True
+#: plans kept per node (one per shape and, with lengths, per distinct lengths vector)
+PLAN_CACHE = 64
 
 # cuDNN 9 enums (cudnn_adv.h)
 _CELL = {"rnn_relu": 0, "rnn_tanh": 1, "lstm": 2, "gru": 3}     # cudnnRNNMode_t
@@ -56,7 +70,7 @@ class RNNPlan:
     device work: safe while a graph is captured)."""
 
     def __init__(self, op: _RNNBase, ctx: Any, t: int, b: int, isize: int, w_ptr: int,
-                 w_size: int) -> None:
+                 w_size: int, seq_lengths: np.ndarray | None = None) -> None:
         lib = self.lib = cudnn()
         self.handle = lib.handle(ctx)
         dt = DATA_TYPES["float32"]
@@ -69,7 +83,12 @@ class RNNPlan:
                  _DOUBLE_BIAS, DIRECTION_MODES[op.direction_mode] - 1, _LINEAR_INPUT, dt, dt,
                  _math_mode("float32"), isize, hs, hs, layers, self.dropout.ptr,
                  ctypes.c_uint32(_PADDED_IO_ENABLED))
-        lengths = (ctypes.c_int * b)(*([t] * b))
+        per_row = [t] * b if seq_lengths is None else [int(v) for v in seq_lengths]
+        lengths = (ctypes.c_int * b)(*per_row)
+        # devSeqLengths of a plan with lengths: uploaded once here (not capturable: see the
+        # module docstring); None: a memset of the full length per call
+        self.dev_lengths = None if seq_lengths is None else new_array(
+            ctx, (b,), np.dtype("int32")).set(np.asarray(per_row, dtype=np.int32))
         self.fill = ctypes.c_float(0.0)
         self.x = self._data(t, b, isize, lengths)
         self.y = self._data(t, b, hs * dirs, lengths)
@@ -129,6 +148,13 @@ class _GpuRNNBase(_RNNBase):
                 raise TypeError(f"{self}: cuDNN's RNN takes float32, got {a.type}")
         return out, ctx
 
+    def _host_lengths(self, lengths: Any) -> Any:
+        """The lengths as a host int vector (cuDNN's seqLengthArray is read on the host)."""
+        v = host_from_gpu(lengths) if is_gpu_var(lengths) else as_tensor_variable(lengths)
+        if v.ndim != 1 or v.dtype not in LENGTH_DTYPES:
+            raise TypeError(f"{self}: lengths must be an int32 or int64 vector, got {v.type}")
+        return v
+
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         ctx = _context(node.outputs[0].type.context_name)
         if ctx.virtual:
@@ -136,21 +162,30 @@ class _GpuRNNBase(_RNNBase):
         cells = [storage_map[v] for v in node.inputs]
         outs = [storage_map[v] for v in node.outputs]
         plans: dict[tuple, RNNPlan] = {}
+        li = 3 + int(self.lstm) if self.with_lengths else None
 
         def thunk() -> None:
             ctx.activate()
             vals = [c[0] for c in cells]
-            vals = [v if v.is_c_contiguous else v.copy() for v in vals]
-            key = tuple(vals[1].shape) + (vals[0].shape[0],)
-            plan = plans.get(key)
+            lengths = None
+            if li is not None:
+                lengths = check_lengths(self, vals[li], vals[1].shape[0], vals[1].shape[1])
+            vals = [v if i == li or v.is_c_contiguous else v.copy()
+                    for i, v in enumerate(vals)]
+            key = tuple(vals[1].shape) + (vals[0].shape[0],) + \
+                (tuple(lengths.tolist()) if lengths is not None else ())
+            plan = plans.pop(key, None)
             if plan is None:
                 self._check(vals)
                 t, b, isize = vals[1].shape
-                plan = plans[key] = RNNPlan(self, ctx, t, b, isize, vals[0].ptr,
-                                            vals[0].shape[0])
+                plan = RNNPlan(self, ctx, t, b, isize, vals[0].ptr, vals[0].shape[0], lengths)
+                while len(plans) >= PLAN_CACHE:
+                    plans.pop(next(iter(plans)))
+            plans[key] = plan            # most recently used last
             for cell, v in zip(outs, self._run(ctx, plan, vals)):
                 cell[0] = v
-        return _capturable(thunk)
+        # with lengths the plan depends on values read on the host: never captured
+        return thunk if self.with_lengths else _capturable(thunk)
 
     def _check(self, vals: list) -> None:
         w, x, hx = vals[:3]
@@ -161,14 +196,20 @@ class _GpuRNNBase(_RNNBase):
                              f"{hshape}, got {[tuple(v.shape) for v in [hx] + others]}")
 
     def _lengths(self, ctx: Any, plan: RNNPlan) -> Any:
+        if plan.dev_lengths is not None:
+            return plan.dev_lengths
         return new_array(ctx, (plan.batch,), np.dtype("int32")).fill(plan.seq)
 
 
 class GpuDnnRNNForward(_GpuRNNBase):
-    """(w, x, hx[, cx]) -> (y, hy[, cy], reserve) through cudnnRNNForward (training mode)."""
+    """(w, x, hx[, cx][, lengths]) -> (y, hy[, cy], reserve) through cudnnRNNForward
+    (training mode); lengths (with_lengths) a host int vector."""
 
-    def make_node(self, w: Any, x: Any, hx: Any, cx: Any = None) -> Apply:
-        args, ctx = self._gpu([w, x, hx] + ([cx] if self.lstm else []))
+    def make_node(self, w: Any, x: Any, hx: Any, *more: Any) -> Apply:
+        fwd = self._forward_args(w, x, hx, more)
+        args, ctx = self._gpu(fwd[:3 + int(self.lstm)])
+        if self.with_lengths:
+            args.append(self._host_lengths(fwd[-1]))
         t3 = GpuArrayType("float32", (False, False, False), ctx)
         outs = [t3(name="rnn_y"), t3(name="rnn_hy")] + ([t3(name="rnn_cy")] if self.lstm else [])
         outs.append(GpuArrayType("uint8", (False,), ctx)(name="rnn_reserve"))
@@ -199,26 +240,27 @@ class GpuDnnRNNForward(_GpuRNNBase):
 
 
 class GpuDnnRNNBackward(_GpuRNNBase):
-    """(w, x, hx[, cx], y, reserve, dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw):
+    """(w, x, hx[, cx][, lengths], y, reserve, dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw):
     cudnnRNNBackwardData_v8 then cudnnRNNBackwardWeights_v8 on a copy of the reserve."""
 
     def make_node(self, *args: Any) -> Apply:
-        k = 4 if self.lstm else 3
-        if len(args) != 2 * k + 1:
-            raise TypeError(f"{self}: takes {2 * k + 1} inputs, got {len(args)}")
+        k, s = self.n_fwd, 3 + int(self.lstm)
+        n = k + 4 + int(self.lstm)
+        if len(args) != n:
+            raise TypeError(f"{self}: takes {n} inputs, got {len(args)}")
         ctx = next((a.type.context_name for a in args if is_gpu_var(a)), None)
         reserve = as_gpuarray_variable(args[k + 1], ctx)
-        rest, ctx = self._gpu(list(args[:k + 1]) + list(args[k + 2:]))
-        ins = rest[:k + 1] + [reserve] + rest[k + 1:]
-        outs = [v.type() for v in ins[1:k]] + [ins[0].type()]
+        rest, ctx = self._gpu(list(args[:s]) + [args[k]] + list(args[k + 2:]))
+        lengths = [self._host_lengths(args[s])] if self.with_lengths else []
+        ins = rest[:s] + lengths + [rest[s], reserve] + rest[s + 1:]
+        outs = [v.type() for v in ins[1:s]] + [ins[0].type()]
         return Apply(self, ins, outs)
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
-        k = 4 if self.lstm else 3
-        return list(shapes[1:k]) + [shapes[0]]
+        return list(shapes[1:3 + int(self.lstm)]) + [shapes[0]]
 
     def _run(self, ctx: Any, plan: RNNPlan, vals: list) -> list:
-        k = 4 if self.lstm else 3
+        k = self.n_fwd
         w, x, hx = vals[:3]
         cx = vals[3] if self.lstm else None
         y, reserve, dy, dhy = vals[k:k + 4]
@@ -244,8 +286,16 @@ class GpuDnnRNNBackward(_GpuRNNBase):
 
 
 def _liftable(node: Apply, context_name: Any) -> bool:
-    return (ENABLED and all(v.dtype == "float32" for v in node.inputs)
+    floats = [v for v in node.inputs if v.dtype not in LENGTH_DTYPES]   # not the lengths
+    return (ENABLED and all(v.dtype == "float32" for v in floats)
             and (_context(context_name).virtual or cudnn_available()))
+
+
+def _lifted_inputs(op: _RNNBase, inputs: Any, context_name: Any) -> list:
+    """The lifter's inputs on the GPU, except the lengths: on the host (inputs.host)."""
+    li = 3 + int(op.lstm) if op.with_lengths else None
+    return [inputs.host(i) if i == li else as_gpuarray_variable(v, context_name)
+            for i, v in enumerate(inputs)]
 
 
 @register_lifter(DnnRNN)
@@ -253,7 +303,7 @@ def lift_dnn_rnn(op: Any, node: Apply, context_name: Any, inputs: Any) -> list |
     """DnnRNN -> GpuDnnRNNForward (float32, cuDNN loadable), its reserve unused here."""
     if not _liftable(node, context_name):
         return None
-    gin = [as_gpuarray_variable(v, context_name) for v in inputs]
+    gin = _lifted_inputs(op, inputs, context_name)
     return list(GpuDnnRNNForward(*op._props()).make_node(*gin).outputs[:-1])
 
 
@@ -263,8 +313,8 @@ def lift_dnn_rnn_grad(op: Any, node: Apply, context_name: Any, inputs: Any) -> l
     merge rewrite makes it the lifted forward node, so the reserve comes from there)."""
     if not _liftable(node, context_name):
         return None
-    gin = [as_gpuarray_variable(v, context_name) for v in inputs]
-    k = 4 if op.lstm else 3
+    gin = _lifted_inputs(op, inputs, context_name)
+    k = op.n_fwd
     fwd = GpuDnnRNNForward(*op._props()).make_node(*gin[:k]).outputs
     y, reserve = fwd[0], fwd[-1]
     return list(GpuDnnRNNBackward(*op._props()).make_node(*gin[:k], y, reserve,
@@ -314,7 +364,12 @@ class RNNBlock:
             out.append(w[boff:boff + h])
         return out
 
-    def apply(self, w: Any, x: Any, hx: Any, cx: Any = None) -> list:
+    def apply(self, w: Any, x: Any, hx: Any, cx: Any = None, lengths: Any = None) -> list:
         """[y, hy] ([y, hy, cy] for lstm) of x (seq, batch, input) from hx (and cx)
-        (layers * directions, batch, hidden); y is (seq, batch, hidden * directions)."""
-        return list(self.op.make_node(w, x, hx, cx).outputs)
+        (layers * directions, batch, hidden); y is (seq, batch, hidden * directions).
+        `lengths` (symgpu's addition): an int vector of per-row lengths in [1, seq]; rows
+        stop at their own length (y is 0 past it, hy/cy the state at the row's end)."""
+        if lengths is None:
+            return list(self.op.make_node(w, x, hx, cx).outputs)
+        op = DnnRNN(*self.op._props()[:4], with_lengths=True)
+        return list(op.make_node(w, x, hx, cx, lengths).outputs)

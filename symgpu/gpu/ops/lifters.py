@@ -45,6 +45,7 @@ from symgpu.tensor.elemwise import (CAReduce as _CAReduce, DimShuffle as _DimShu
                                     Elemwise as _Elemwise)
 from symgpu.tensor.math import Dot as _Dot
 from symgpu.tensor.rewriting.elemwise import fuse_elemwise
+from symgpu.tensor.rewriting.leading_dims import sink_leading_dims_of
 from symgpu.tensor.rewriting.recompute import recompute_exported_values
 from symgpu.tensor.shape import Shape_i as _Shape_i
 
@@ -196,6 +197,11 @@ def fuse_careduce_pre_op(fgraph: FunctionGraph) -> None:
     sweep(fgraph, local_careduce_pre_op, "local_careduce_pre_op")
 
 
+def gpu_sink_leading_dims(fgraph: FunctionGraph) -> None:
+    """symgpu/tensor/rewriting/leading_dims.py over GpuElemwise/GpuDimShuffle."""
+    sink_leading_dims_of(fgraph, GpuElemwise, GpuDimShuffle)
+
+
 def gpu_fusion(fgraph: FunctionGraph) -> None:
     """The CPU fusion pass's algorithm over GpuElemwise nodes."""
     fuse_elemwise(fgraph, GpuElemwise, GpuElemwise, inline_lone_constants=True)
@@ -330,6 +336,8 @@ gpu_scalar_uploads = EquilibriumRewriter([local_upload_scalar_operands,
 
 # after lifting (40): fuse chains, absorb producers into reductions, then go in place
 optdb.register("gpu_scalar_uploads", gpu_scalar_uploads, 41.5, "fast_run", "gpu")
+optdb.register("gpu_sink_leading_dims", gpu_sink_leading_dims, 48.6, "fast_run", "fusion",
+               "gpu")
 optdb.register("gpu_fusion", gpu_fusion, 49.5, "fast_run", "fusion", "gpu")
 optdb.register("gpu_recompute", gpu_recompute, 49.55, "fast_run", "fusion", "gpu")
 optdb.register("gpu_careduce_pre_op", fuse_careduce_pre_op, 60, "fast_run", "gpu")

@@ -15,6 +15,14 @@ with x the layer's input and h the previous hidden state, ``W_k`` (hidden, in) a
 - gru (gates r, z, n): r, z = sigmoid(W x + bW + R h + bR),
   n = tanh(W_n x + bW_n + r * (R_n h + bR_n)), h' = (1 - z) n + z h
 
+Per-row lengths (optional, ``with_lengths=True``: an int32/int64 vector ``lengths`` of the
+batch, each in [1, seq], as cuDNN's ``seqLengthArray`` with the SEQ_MAJOR_UNPACKED layout):
+row b runs steps 0..lengths[b]-1 only. Then y[t, b] = 0 for t >= lengths[b] (cuDNN's padding
+fill 0), hy/cy are the state after the row's last step, the reverse direction of a
+bidirectional layer starts at the row's own last step (t = lengths[b]-1) from hx, and no
+gradient flows through the padding (dy there is ignored, dx there is 0). Why [1, seq]: cuDNN
+rejects a zero length (CUDNN_STATUS_BAD_PARAM in cudnnSetRNNDataDescriptor).
+
 Weight layout (cuDNN 9's linear-input, double-bias layout, checked against
 cudnnGetRNNWeightParams by the GPU op on every plan): first the matrices of every
 pseudo-layer (layer * directions + direction), each W_0..W_{n-1}, R_0..R_{n-1} row-major
@@ -30,12 +38,13 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
-__all__ = ["RNN_MODES", "DIRECTION_MODES", "RNNLayout", "rnn_layout", "rnn_forward_numpy",
+__all__ = ["RNN_MODES", "DIRECTION_MODES", "LENGTH_DTYPES", "check_lengths", "RNNLayout", "rnn_layout", "rnn_forward_numpy",
            "rnn_backward_numpy", "DnnRNN", "DnnRNNGrad"]
 
 #: rnn_mode -> gates per layer (cuDNN's cudnnRNNMode_t order: relu, tanh, lstm, gru)
 RNN_MODES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
 DIRECTION_MODES = {"unidirectional": 1, "bidirectional": 2}
+LENGTH_DTYPES = ("int32", "int64")
 
 
 class RNNLayout(NamedTuple):
@@ -108,8 +117,14 @@ def _cell(mode: str, px: np.ndarray, ph: np.ndarray, h: np.ndarray, c: np.ndarra
     return (1 - z) * nn + z * h, None, (r, z, nn, phn)
 
 
+def _valid(lengths: np.ndarray | None, t: int) -> np.ndarray | None:
+    """(batch, 1) booleans: the rows whose sequence still runs at step t (None: all)."""
+    return None if lengths is None else (t < lengths)[:, None]
+
+
 def _run(mode: str, hidden: int, num_layers: int, dirs: int, w: np.ndarray, x: np.ndarray,
-         hx: np.ndarray, cx: np.ndarray | None, keep: bool) -> tuple:
+         hx: np.ndarray, cx: np.ndarray | None, keep: bool,
+         lengths: np.ndarray | None = None) -> tuple:
     n = RNN_MODES[mode]
     lay = rnn_layout(mode, hidden, num_layers, x.shape[2], dirs)
     t_len, batch = x.shape[:2]
@@ -128,9 +143,16 @@ def _run(mode: str, hidden: int, num_layers: int, dirs: int, w: np.ndarray, x: n
             for t in order:
                 hs_prev.append(h)
                 cs_prev.append(c)
-                h, c, cache = _cell(mode, px_all[t], h @ R.T + bR, h, c, hidden)
+                hn, cn, cache = _cell(mode, px_all[t], h @ R.T + bR, h, c, hidden)
                 steps.append(cache)
-                out[t, :, d * hidden:(d + 1) * hidden] = h
+                v = _valid(lengths, t)
+                if v is None:
+                    h, c = hn, cn
+                    out[t, :, d * hidden:(d + 1) * hidden] = h
+                else:   # finished (or, reversed, not yet started) rows keep their state
+                    h = np.where(v, hn, h)
+                    c = np.where(v, cn, c) if c is not None else None
+                    out[t, :, d * hidden:(d + 1) * hidden] = np.where(v, hn, 0)
             hy[p] = h
             if cy is not None:
                 cy[p] = c
@@ -142,10 +164,12 @@ def _run(mode: str, hidden: int, num_layers: int, dirs: int, w: np.ndarray, x: n
 
 def rnn_forward_numpy(rnn_mode: str, hidden_size: int, num_layers: int, directions: int,
                       w: np.ndarray, x: np.ndarray, hx: np.ndarray,
-                      cx: np.ndarray | None = None) -> tuple:
+                      cx: np.ndarray | None = None, lengths: np.ndarray | None = None) -> tuple:
     """(y, hy, cy) of the stacked recurrence (cy None unless lstm); x (seq, batch, in),
-    hx/cx (num_layers * directions, batch, hidden)."""
-    y, hy, cy, _, _ = _run(rnn_mode, hidden_size, num_layers, directions, w, x, hx, cx, False)
+    hx/cx (num_layers * directions, batch, hidden); `lengths` (batch,) per-row lengths in
+    [1, seq] or None (every row full length; see the module docstring)."""
+    y, hy, cy, _, _ = _run(rnn_mode, hidden_size, num_layers, directions, w, x, hx, cx, False,
+                           lengths)
     return y, hy, cy
 
 
@@ -174,11 +198,12 @@ def _cell_grad(mode: str, cache: tuple, dh: np.ndarray, dc: np.ndarray | None,
 
 def rnn_backward_numpy(rnn_mode: str, hidden_size: int, num_layers: int, directions: int,
                        w: np.ndarray, x: np.ndarray, hx: np.ndarray, cx: np.ndarray | None,
-                       dy: np.ndarray, dhy: np.ndarray, dcy: np.ndarray | None) -> tuple:
+                       dy: np.ndarray, dhy: np.ndarray, dcy: np.ndarray | None,
+                       lengths: np.ndarray | None = None) -> tuple:
     """(dx, dhx, dcx, dw) of rnn_forward_numpy's outputs given their gradients (dcx None
-    unless lstm)."""
+    unless lstm); `lengths` as rnn_forward_numpy's."""
     mode, hs, dirs = rnn_mode, hidden_size, directions
-    _, _, _, caches, lay = _run(mode, hs, num_layers, dirs, w, x, hx, cx, True)
+    _, _, _, caches, lay = _run(mode, hs, num_layers, dirs, w, x, hx, cx, True, lengths)
     n = RNN_MODES[mode]
     dw = np.zeros_like(w)
     dhx = np.zeros_like(hx)
@@ -195,13 +220,28 @@ def rnn_backward_numpy(rnn_mode: str, hidden_size: int, num_layers: int, directi
             dh, dc = dhy[p].copy(), (dcy[p].copy() if dcy is not None else None)
             for j in range(len(order) - 1, -1, -1):
                 t = order[j]
-                dh = dh + d_out[t, :, d * hs:(d + 1) * hs]
-                dpx_t, dph, dh_direct, dc = _cell_grad(mode, steps[j], dh, dc, hs_prev[j],
-                                                       cs_prev[j])
+                v = _valid(lengths, t)
+                g_out = d_out[t, :, d * hs:(d + 1) * hs]
+                if v is None:
+                    dh = dh + g_out
+                    dh_in, dc_in = dh, dc
+                else:   # only running rows step; the others pass their adjoint through
+                    dh = dh + np.where(v, g_out, 0)
+                    dh_in = np.where(v, dh, 0)
+                    dc_in = np.where(v, dc, 0) if dc is not None else None
+                dpx_t, dph, dh_direct, dc_new = _cell_grad(mode, steps[j], dh_in, dc_in,
+                                                           hs_prev[j], cs_prev[j])
+                if v is not None:   # the padding's cached values never reach the weights
+                    dpx_t, dph = np.where(v, dpx_t, 0), np.where(v, dph, 0)
                 dpx[t] = dpx_t
                 dR += dph.T @ hs_prev[j]
                 dbR += dph.sum(axis=0)
-                dh = dph @ R + dh_direct
+                dh_new = dph @ R + dh_direct
+                if v is None:
+                    dh, dc = dh_new, dc_new
+                else:
+                    dh = np.where(v, dh_new, dh)
+                    dc = np.where(v, dc_new, dc) if dc is not None else None
             dhx[p] = dh
             if dcx is not None:
                 dcx[p] = dc
@@ -222,7 +262,7 @@ def rnn_backward_numpy(rnn_mode: str, hidden_size: int, num_layers: int, directi
     return d_out, dhx, dcx, dw
 
 
-def _check_inputs(op: Op, w: Any, x: Any, hx: Any, cx: Any) -> None:
+def _check_inputs(op: Op, w: Any, x: Any, hx: Any, cx: Any, lengths: Any = None) -> None:
     if w.ndim != 1 or x.ndim != 3 or hx.ndim != 3 or (cx is not None and cx.ndim != 3):
         raise TypeError(f"{op}: needs w 1-d, x 3-d (seq, batch, input), hx"
                         f"{' and cx' if cx is not None else ''} 3-d (layers * directions, "
@@ -232,13 +272,30 @@ def _check_inputs(op: Op, w: Any, x: Any, hx: Any, cx: Any) -> None:
     if len(dtypes) != 1 or not dtypes <= {"float16", "float32", "float64"}:
         raise TypeError(f"{op}: w, x, hx{', cx' if cx is not None else ''} need one float "
                         f"dtype, got {sorted(dtypes)}")
+    if lengths is not None and (lengths.ndim != 1 or lengths.dtype not in LENGTH_DTYPES):
+        raise TypeError(f"{op}: lengths must be an int32 or int64 vector (one length per "
+                        f"row of the batch), got {lengths.type}")
+
+
+def check_lengths(op: Any, lengths: Any, seq: int, batch: int) -> np.ndarray:
+    """`lengths` as an int32 array after checking it against x's (seq, batch): one per row,
+    each in [1, seq] (cuDNN's rule for seqLengthArray)."""
+    arr = np.asarray(lengths)
+    if arr.shape != (batch,):
+        raise ValueError(f"{op}: lengths of shape {arr.shape}, expected ({batch},) for x of "
+                         f"{seq} steps and batch {batch}")
+    if batch and (arr.min() < 1 or arr.max() > seq):
+        raise ValueError(f"{op}: every length must be in [1, {seq}] (x's steps; cuDNN takes no "
+                         f"zero length), got {arr.tolist()}")
+    return arr.astype(np.int32)
 
 
 class _RNNBase(Op):
-    __props__ = ("rnn_mode", "direction_mode", "num_layers", "hidden_size")
+    __props__ = ("rnn_mode", "direction_mode", "num_layers", "hidden_size", "with_lengths")
+    with_lengths = False     # ops pickled before the prop existed
 
     def __init__(self, rnn_mode: str, direction_mode: str, num_layers: int,
-                 hidden_size: int) -> None:
+                 hidden_size: int, with_lengths: bool = False) -> None:
         if rnn_mode not in RNN_MODES:
             raise ValueError(f"rnn_mode must be one of {sorted(RNN_MODES)}, got {rnn_mode!r}")
         if direction_mode not in DIRECTION_MODES:
@@ -246,6 +303,33 @@ class _RNNBase(Op):
                              f"{direction_mode!r}")
         self.rnn_mode, self.direction_mode = rnn_mode, direction_mode
         self.num_layers, self.hidden_size = int(num_layers), int(hidden_size)
+        self.with_lengths = bool(with_lengths)
+
+    @property
+    def n_fwd(self) -> int:
+        """How many inputs the forward op takes: w, x, hx[, cx][, lengths]."""
+        return 3 + int(self.lstm) + int(self.with_lengths)
+
+    def _split(self, args: list) -> tuple:
+        """(w, x, hx, cx or None, lengths or None) of the forward inputs `args`."""
+        w, x, hx = args[:3]
+        cx = args[3] if self.lstm else None
+        lengths = args[3 + int(self.lstm)] if self.with_lengths else None
+        return w, x, hx, cx, lengths
+
+    def _forward_args(self, w: Any, x: Any, hx: Any, more: tuple) -> list:
+        """[w, x, hx[, cx][, lengths]] from a make_node call: `more` is (cx, lengths) in
+        that order, either left out or None where the op takes none (RNNBlock.apply passes
+        cx=None for the plain cells)."""
+        more = [m for m in more if m is not None]
+        if self.lstm and not more:
+            raise TypeError(f"{self}: lstm needs the initial cell state cx")
+        want = int(self.lstm) + int(self.with_lengths)
+        if len(more) != want:
+            raise TypeError(f"{self}: takes w, x, hx{', cx' if self.lstm else ''}"
+                            f"{', lengths' if self.with_lengths else ''}; got {3 + len(more)} "
+                            "inputs")
+        return [w, x, hx] + list(more)
 
     @property
     def dirs(self) -> int:
@@ -257,31 +341,29 @@ class _RNNBase(Op):
 
 
 class DnnRNN(_RNNBase):
-    """(w, x, hx[, cx]) -> (y, hy[, cy]): the stacked recurrence of RNNBlock on the host
-    (NumPy loop; cx/cy for lstm only). y is (seq, batch, hidden * directions)."""
+    """(w, x, hx[, cx][, lengths]) -> (y, hy[, cy]): the stacked recurrence of RNNBlock on
+    the host (NumPy loop; cx/cy for lstm only, lengths with ``with_lengths=True``: per-row
+    lengths, see the module docstring). y is (seq, batch, hidden * directions)."""
 
-    def make_node(self, w: Any, x: Any, hx: Any, cx: Any = None) -> Apply:
-        w, x, hx = (as_tensor_variable(v) for v in (w, x, hx))
-        if self.lstm and cx is None:
-            raise TypeError(f"{self}: lstm needs the initial cell state cx")
-        cx = as_tensor_variable(cx) if self.lstm else None
-        _check_inputs(self, w, x, hx, cx)
+    def make_node(self, w: Any, x: Any, hx: Any, *more: Any) -> Apply:
+        args = [as_tensor_variable(v) for v in self._forward_args(w, x, hx, more)]
+        w, x, hx, cx, lengths = self._split(args)
+        _check_inputs(self, w, x, hx, cx, lengths)
         t3 = TensorType(x.dtype, (False, False, False))
         outs = [t3(name="rnn_y"), t3(name="rnn_hy")] + ([t3(name="rnn_cy")] if self.lstm else [])
-        return Apply(self, [w, x, hx] + ([cx] if cx is not None else []), outs)
+        return Apply(self, args, outs)
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        w, x, hx = inputs[:3]
-        cx = inputs[3] if self.lstm else None
-        self._check_values(w, x, hx, cx)
+        w, x, hx, cx, lengths = self._split(inputs)
+        lengths = self._check_values(w, x, hx, cx, lengths)
         y, hy, cy = rnn_forward_numpy(self.rnn_mode, self.hidden_size, self.num_layers,
-                                      self.dirs, w, x, hx, cx)
+                                      self.dirs, w, x, hx, cx, lengths)
         outputs[0][0], outputs[1][0] = y, hy
         if self.lstm:
             outputs[2][0] = cy
 
     def _check_values(self, w: np.ndarray, x: np.ndarray, hx: np.ndarray,
-                      cx: np.ndarray | None) -> None:
+                      cx: np.ndarray | None, lengths: Any = None) -> np.ndarray | None:
         size = rnn_layout(self.rnn_mode, self.hidden_size, self.num_layers, x.shape[2],
                           self.dirs).size
         hshape = (self.num_layers * self.dirs, x.shape[1], self.hidden_size)
@@ -292,46 +374,52 @@ class DnnRNN(_RNNBase):
         bad = [b for b in bad if b]
         if bad:
             raise ValueError(f"{self}: for x of shape {x.shape}: " + ", ".join(bad))
+        return None if lengths is None else check_lengths(self, lengths, x.shape[0],
+                                                          x.shape[1])
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
         xs, hs = shapes[1], shapes[2]
         y = (xs[0], xs[1], self.hidden_size * self.dirs)
         return [y, hs] + ([shapes[3]] if self.lstm else [])
 
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        n = len(node.outputs)
+        return [[True] * n] * (3 + int(self.lstm)) + ([[False] * n] if self.with_lengths else [])
+
     def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
         """DnnRNNGrad of the inputs and every output's gradient (the gradient machinery
-        gives zeros for an output that received none)."""
+        gives zeros for an output that received none); none flows to the integer lengths."""
         outs = list(DnnRNNGrad(*self._props()).make_node(*inputs, *output_grads).outputs)
-        return [outs[-1]] + outs[:-1]
+        return [outs[-1]] + outs[:-1] + ([None] if self.with_lengths else [])
 
 
 class DnnRNNGrad(_RNNBase):
-    """(w, x, hx[, cx], dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw): DnnRNN's gradient on the
-    host (the forward loop rerun, then backpropagation through time)."""
+    """(w, x, hx[, cx][, lengths], dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw): DnnRNN's
+    gradient on the host (the forward loop rerun, then backpropagation through time)."""
 
     def make_node(self, *args: Any) -> Apply:
-        k = 4 if self.lstm else 3
-        if len(args) != 2 * k - 1:
-            raise TypeError(f"{self}: takes {2 * k - 1} inputs, got {len(args)}")
+        k = self.n_fwd
+        n = k + 2 + int(self.lstm)
+        if len(args) != n:
+            raise TypeError(f"{self}: takes {n} inputs, got {len(args)}")
         args = [as_tensor_variable(a) for a in args]
-        _check_inputs(self, args[0], args[1], args[2], args[3] if self.lstm else None)
-        outs = [a.type() for a in args[1:k]] + [args[0].type()]
+        w, x, hx, cx, lengths = self._split(args)
+        _check_inputs(self, w, x, hx, cx, lengths)
+        outs = [a.type() for a in args[1:3 + int(self.lstm)]] + [args[0].type()]
         return Apply(self, args, outs)
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        k = 4 if self.lstm else 3
-        w, x, hx = inputs[:3]
-        cx = inputs[3] if self.lstm else None
+        k = self.n_fwd
+        w, x, hx, cx, lengths = self._split(inputs)
         dy, dhy = inputs[k], inputs[k + 1]
         dcy = inputs[k + 2] if self.lstm else None
-        DnnRNN._check_values(self, w, x, hx, cx)   # type: ignore[arg-type]
+        lengths = DnnRNN._check_values(self, w, x, hx, cx, lengths)  # type: ignore[arg-type]
         dx, dhx, dcx, dw = rnn_backward_numpy(self.rnn_mode, self.hidden_size,
                                               self.num_layers, self.dirs, w, x, hx, cx,
-                                              dy, dhy, dcy)
+                                              dy, dhy, dcy, lengths)
         res = [dx, dhx] + ([dcx] if self.lstm else []) + [dw]
         for cell, v in zip(outputs, res):
             cell[0] = v
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
-        k = 4 if self.lstm else 3
-        return list(shapes[1:k]) + [shapes[0]]
+        return list(shapes[1:3 + int(self.lstm)]) + [shapes[0]]

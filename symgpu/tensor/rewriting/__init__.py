@@ -7,6 +7,8 @@ stabilize   softplus, sigmoid, log_softmax, stable crossentropies
 sigm        sigmoid/exp algebra on products, greedy distribution (finite gradients)
 mixed_precision  products in half under a mixed-precision policy (passes `mixed_bfloat16`,
             `mixed_float16`, 15; selected by the `mixed_precision` flag)
+partial_sums  a flat add reads a partial sum computed anyway; elementwise work read through
+            disjoint slices computed per slice (pass `partial_sums`, 19)
 blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)
@@ -15,4 +17,5 @@ theano_opt  Theano's tensor.opt helpers and rewriter classes; the Rebroadcast an
 """
 from symgpu.tensor.rewriting import basic, math, shape_ops, sigm, stabilize  # noqa: F401
 from symgpu.tensor.rewriting import blas, elemwise, inplace, mixed_precision  # noqa: F401
+from symgpu.tensor.rewriting import leading_dims, partial_sums  # noqa: F401
 from symgpu.tensor.rewriting import attention, theano_opt  # noqa: F401

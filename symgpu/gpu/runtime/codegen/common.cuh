@@ -24,3 +24,19 @@ template <typename T, typename V> __device__ __forceinline__ V sg_round(const V 
 /* four elements moved as one aligned access (16 bytes for 4-byte types; the compiler splits
  * 32-byte ones into two 16-byte accesses) */
 template <typename T> struct alignas(4 * sizeof(T)) sg_vec4 { T v[4]; };
+
+/* The element offsets of kept position k (row-major over m.kshape[KND]) in each of NIN
+ * operands (m.kstride[NIN][KND], in elements): the reductions' and the row groups' rows. */
+template <int NIN, int KND, typename Meta>
+__device__ __forceinline__ void sg_kept_offsets(const Meta &m, long long k, long long *off)
+{
+#pragma unroll
+    for (int i = 0; i < NIN; ++i) off[i] = 0;
+#pragma unroll
+    for (int d = KND - 1; d >= 0; --d) {
+        const long long c = (d == 0) ? k : k % m.kshape[d];
+        if (d > 0) k /= m.kshape[d];
+#pragma unroll
+        for (int i = 0; i < NIN; ++i) off[i] += c * m.kstride[i][d];
+    }
+}

@@ -110,15 +110,7 @@ ${operands}
 
 __device__ __forceinline__ void sg_koff(const sg_rmeta &m, long long k, long long *off)
 {
-#pragma unroll
-    for (int i = 0; i < SG_NIN; ++i) off[i] = 0;
-#pragma unroll
-    for (int d = SG_KND - 1; d >= 0; --d) {
-        const long long c = (d == 0) ? k : k % m.kshape[d];
-        if (d > 0) k /= m.kshape[d];
-#pragma unroll
-        for (int i = 0; i < SG_NIN; ++i) off[i] += c * m.kstride[i][d];
-    }
+    sg_kept_offsets<SG_NIN, SG_KND>(m, k, off);
 }
 
 __device__ __forceinline__ acc_t sg_at(const sg_rmeta &m, const sg_rptrs &p,

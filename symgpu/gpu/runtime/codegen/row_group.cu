@@ -51,15 +51,7 @@ __device__ __forceinline__ T rg_all(T v, const F f, const T identity)
 
 __device__ __forceinline__ void rg_koff(const rg_meta &m, long long k, long long *off)
 {
-#pragma unroll
-    for (int i = 0; i < RG_NIN; ++i) off[i] = 0;
-#pragma unroll
-    for (int d = SG_KND - 1; d >= 0; --d) {
-        const long long c = (d == 0) ? k : k % m.kshape[d];
-        if (d > 0) k /= m.kshape[d];
-#pragma unroll
-        for (int i = 0; i < RG_NIN; ++i) off[i] += c * m.kstride[i][d];
-    }
+    sg_kept_offsets<RG_NIN, SG_KND>(m, k, off);
 }
 
 /* the members of row k, in order (a member reads only earlier members' results) */
