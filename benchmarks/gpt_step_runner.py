@@ -4,11 +4,12 @@ what its updates cost (issue 34).  Not a test: a report for the GPU machine.
 Prints the runner of the compiled step (enabled, why disabled, plain runs / captures /
 replays, each segment's nodes, updates copied back and written in place, whether its check
 used two plain runs), any GraphCaptureWarning, the step's wall time (median of 20 after 10
-warm-up steps), and with PyTorch's profiler (CUPTI) the kernels, device-to-device copies and
-device time of one step.
+warm-up steps), and with PyTorch's profiler (CUPTI) the kernels, device-to-device copies,
+device time of one step and the kernels that take most of it.
 
     python3 benchmarks/gpt_step_runner.py
     python3 benchmarks/gpt_step_runner.py --old-limit    # graphs.VERIFY_LIMIT = 64 MB: as before
+    python3 benchmarks/gpt_step_runner.py --jax          # then JAX's step, its kernels alike
 """
 from __future__ import annotations
 
@@ -21,6 +22,58 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def kernel_table(step, sync, n: int = 5, rows: int = 25) -> None:
+    """CUPTI (PyTorch's profiler) over `n` steps: device events, device-to-device copies,
+    device time per step and the kernels taking most of it (any library's kernels in this
+    process: JAX's too)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as exc:
+        print(f"torch profiler unavailable: {exc}")
+        return
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            step()
+        sync()
+    evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    copies = [e for e in evs if "memcpy" in e.name.lower() and "dtod" in e.name.lower()]
+    total = sum(e.device_time for e in evs)
+    print(f"per step (CUPTI): {len(evs) / n:.0f} device events, "
+          f"{len(copies) / n:.0f} device-to-device copies "
+          f"({sum(e.device_time for e in copies) / n:.1f} us), "
+          f"device time {total / n / 1e3:.3f} ms")
+    by: dict[str, list] = {}
+    for e in evs:
+        t = by.setdefault(e.name[:80], [0, 0.0])
+        t[0] += 1
+        t[1] += e.device_time
+    print("kernels taking most of a step's device time (us per step, launches per step):")
+    for name, (count, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"  {us / n:8.1f} us  x{count / n:4.1f}  {name}")
+
+
+def jax_table() -> None:
+    """The same table for JAX's step (cuDNN attention), the best peer of half.py's GPT row."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
+    import half_peers
+    try:
+        name, step, sync = half_peers.jax_gpt()[0]
+    except ImportError as exc:
+        print(f"JAX unavailable: {exc}")
+        return
+    for _ in range(10):
+        step()
+    sync()
+    times = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    print(f"{name}: median {np.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms")
+    kernel_table(step, sync)
 
 
 def main(old_limit: bool) -> None:
@@ -67,25 +120,10 @@ def main(old_limit: bool) -> None:
                 for g in gs:
                     print(f"  graph: updates written in place {len(g.direct)}, "
                           f"copied back {len(g.backs) - len(g.direct)}, staged {len(g.staged)}")
-        try:
-            import torch
-            from torch.profiler import ProfilerActivity, profile
-        except ImportError as exc:
-            print(f"torch profiler unavailable: {exc}")
-            return
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                step()
-            sync()
-        evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-        copies = [e for e in evs if "memcpy" in e.name.lower() and "dtod" in e.name.lower()]
-        total = sum(e.device_time for e in evs)
-        print(f"per step (CUPTI): {len(evs) / 5:.0f} device events, "
-              f"{len(copies) / 5:.0f} device-to-device copies "
-              f"({sum(e.device_time for e in copies) / 5:.1f} us), "
-              f"device time {total / 5 / 1e3:.3f} ms")
-        del torch
+        kernel_table(step, sync)
 
 
 if __name__ == "__main__":
     main("--old-limit" in sys.argv[1:])
+    if "--jax" in sys.argv[1:]:
+        jax_table()

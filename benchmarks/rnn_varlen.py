@@ -32,6 +32,34 @@ def segment_counts(fn) -> list[tuple]:
              getattr(s, "shapes_met", None) and len(s.shapes_met)) for s in segs]
 
 
+def device_time(one, n: int = 5) -> None:
+    """CUPTI (PyTorch's profiler) over `n` calls: kernels per call, device time per call, and
+    the kernels that take most of it: whether a call is bound by the GPU or by the host."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as exc:
+        say(f"  CUPTI unavailable: {exc}")
+        return
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            one()
+        torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) / n
+    evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    total = sum(e.device_time for e in evs) / n
+    say(f"  CUPTI: {len(evs) / n:.0f} device events per call, device time {total / 1e3:.3f} ms "
+        f"of {wall * 1e3:.3f} ms wall (profiled)")
+    by: dict[str, list] = {}
+    for e in evs:
+        t = by.setdefault(e.name[:70], [0, 0.0])
+        t[0] += 1
+        t[1] += e.device_time
+    for name, (count, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:10]:
+        say(f"    {us / n:8.1f} us  x{count / n:5.1f}  {name}")
+
+
 def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) -> None:
     import symgpu
     import symgpu.tensor as T
@@ -40,7 +68,7 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
     with symgpu.config.change_flags(gpuarray__allow_tf32=tf32):
         call, compile_s, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec),
                                                 rc.data(spec))
-    todo = rc.calls(spec, 2 + calls + profile + 3, seed=rc.SEED + 6)
+    todo = rc.calls(spec, 2 + calls + profile + 8, seed=rc.SEED + 6)   # 5 for device_time
     it = iter(todo)
     caught: list = []
 
@@ -85,6 +113,7 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(12)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+        device_time(one)
     for w in caught:
         say(f"  warning: {w.category.__name__}: {str(w.message)[:300]}")
     for node in fn.maker.fgraph.apply_nodes:
@@ -141,6 +170,8 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--profile", type=int, default=20)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--profile-fixed", action="store_true",
+                    help="profile the fixed-length function's calls too")
     ap.add_argument("--pair", type=int, default=0,
                     help="instead: N blocks of the fp32 and TF32 var functions alternating")
     args = ap.parse_args()
@@ -150,7 +181,8 @@ def main() -> None:
         pair(f"{args.row}-var", args.pair)
         return
     for tail in ("fixed", "var"):
-        probe(f"{args.row}-{tail}", args.calls, args.profile if tail == "var" else 0,
+        probe(f"{args.row}-{tail}", args.calls,
+              args.profile if tail == "var" or args.profile_fixed else 0,
               args.tf32, verbose=tail == "var")
 
 

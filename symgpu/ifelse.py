@@ -8,7 +8,7 @@ outside, once, as usual.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
@@ -148,10 +148,15 @@ def _branch(outs: list[Variable], outside: set[Variable]) -> tuple[list[Variable
     return outer, phs, inner_outs
 
 
-def ifelse(condition: Any, then_branch: Any, else_branch: Any, name: str | None = None) -> Any:
+def ifelse(condition: Any, then_branch: Any, else_branch: Any, name: str | None = None,
+           *, outer: Collection[Variable] = ()) -> Any:
     """`then_branch` if `condition` (a scalar) is true, else `else_branch`; lazily: only the
     chosen branch is computed. Branches are variables or equally long lists of them, with
-    matching dtypes and dimensions; returns a variable or a list accordingly."""
+    matching dtypes and dimensions; returns a variable or a list accordingly.
+
+    Work a branch needs goes inside it, except what the condition or the other branch needs
+    and the variables in `outer`: a rewrite that builds a branch inside a graph passes the
+    graph's variables, which are computed anyway (inside, they would be computed twice)."""
     single = not isinstance(then_branch, (list, tuple))
     thens = [then_branch] if single else list(then_branch)
     elses = [else_branch] if not isinstance(else_branch, (list, tuple)) else list(else_branch)
@@ -178,7 +183,7 @@ def ifelse(condition: Any, then_branch: Any, else_branch: Any, name: str | None 
                 raise TypeError(f"{label}: output {k} is {a.type} in the then branch and "
                                 f"{b.type} in the else branch; both branches must give the same "
                                 "dtype and number of dimensions (cast one of them)")
-    need_cond = set(ancestors([cond]))
+    need_cond = set(ancestors([cond])) | set(outer)
     then_outer, then_ph, then_inner = _branch(thens, need_cond | set(ancestors(elses)))
     else_outer, else_ph, else_inner = _branch(elses, need_cond | set(ancestors(thens)))
     op = IfElse(then_ph, then_inner, else_ph, else_inner, name=name)

@@ -91,6 +91,23 @@ def test_several_outputs_and_shared_parts_stay_outside():
     assert not any("exp" in s for s in inner)
 
 
+def test_outer_variables_stay_outside_even_when_one_branch_alone_reads_them():
+    """`outer=`: a rewrite passes the graph's variables, computed anyway; without it the
+    branch reading `common` alone takes a copy of its work inside."""
+    c = T.iscalar("c")
+    x, y = T.dvector("x"), T.dvector("y")
+    common = T.exp(x)
+    inside = ifelse(c, common + y, y * 2)
+    outside = ifelse(c, common + y, y * 2, outer={common})
+    assert any("exp" in str(n.op) for n in inside.owner.op.then_fn.fgraph.toposort())
+    assert not any("exp" in str(n.op) for n in outside.owner.op.then_fn.fgraph.toposort())
+    assert common in outside.owner.inputs
+    f = symgpu.function([c, x, y], [outside, common])
+    xv, yv = np.array([0.0, 1.0]), np.array([2.0, 3.0])
+    np.testing.assert_allclose(f(1, xv, yv)[0], np.exp(xv) + yv)
+    np.testing.assert_allclose(f(0, xv, yv)[0], yv * 2)
+
+
 def test_output_never_aliases_an_input():
     c = T.iscalar("c")
     x = T.dvector("x")

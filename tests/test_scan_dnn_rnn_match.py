@@ -417,6 +417,44 @@ def test_the_rewrite_on_by_flag_does_not_repeat_inside_its_own_fallback_branch()
     assert all(match_rnn_step(n) is None for n in fallbacks)
 
 
+@pytest.mark.parametrize("mask, n, lengths, ok", [
+    ([[1, 1, 1], [1, 0, 1], [0, 0, 1]], 3, [2, 1, 3], 1),      # a prefix per row
+    ([[1, 1, 1], [1, 0, 1], [0, 1, 1]], 3, [2, 2, 3], 0),      # a hole in row 1
+    ([[1, 0, 1], [1, 0, 1]], 2, [2, 0, 2], 0),                 # an empty row: cuDNN refuses
+    ([[1, 0.5], [1, 0]], 2, [2, 0], 0),                         # not 0/1
+    ([[1, 1], [1, 0], [0, 1]], 2, [2, 1], 1),                   # only the first n steps
+])
+def test_prefix_mask_lengths_and_condition(mask, n, lengths, ok):
+    from symgpu.scan.dnn_rnn_match import PrefixMask
+    m, k = T.matrix("m", dtype="float32"), T.iscalar("n")
+    f = symgpu.function([m, k], list(PrefixMask()(m, k)))
+    got_len, got_ok = f(np.asarray(mask, "float32"), n)
+    np.testing.assert_array_equal(got_len, lengths)
+    assert int(got_ok) == ok and got_len.dtype == np.int32
+
+
+def test_vgpu_masked_branches_hold_cudnn_alone_and_the_mask_is_checked_on_the_host(vgpu):
+    """The prefix test reads the caller's host mask (no read-back from the GPU, which would
+    wait for it every call); cuDNN's branches hold no loop and no nested branch (work the
+    graph computes anyway stays outside them); the backward branch gives only the
+    gradients that are read."""
+    from symgpu.gpu.placement.basic_ops import HostFromGpu
+    from symgpu.ifelse import IfElse
+    from symgpu.scan.dnn_rnn_match import PrefixMask
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    checks = _ops(fn, PrefixMask)
+    assert len(checks) == 1 and checks[0].inputs[0].owner is None      # the input itself
+    branches = _ops(fn, IfElse)
+    assert len(branches) == 2
+    assert all(n.inputs[0] is checks[0].outputs[1] for n in branches)
+    for n in branches:
+        inner = n.op.then_fn.rewritten().toposort()     # as the branch compiles
+        assert not any(isinstance(a.op, (Scan, IfElse, PrefixMask, HostFromGpu)) for a in inner)
+    assert max(len(n.outputs) for n in branches) == 3      # dW, dU, db: what SGD reads
+
+
 def test_a_masked_lstm_whose_last_cell_state_is_read_runs_cudnn_with_lengths():
     from symgpu.tensor.nnet import rnn as rnn_mod
 

@@ -24,11 +24,14 @@ from __future__ import annotations
 from dataclasses import replace as dc_replace
 from typing import Any, NamedTuple
 
+import numpy as np
+
 import symgpu.tensor as T
 from symgpu.compile.sharedvalue import SharedVariable
-from symgpu.gradient import grad
 from symgpu.compile.function import clone_replace
-from symgpu.graph.basic import Variable, graph_inputs
+from symgpu.graph.basic import Apply, Variable, graph_inputs
+from symgpu.graph.op import Op
+from symgpu.gradient import DisconnectedType, grad
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scan.op import Scan
@@ -40,7 +43,7 @@ from symgpu.tensor.nnet.rnn import DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
 
-__all__ = ["RNNMatch", "match_rnn_step", "scan_to_dnn_rnn", "set_branch_builder"]
+__all__ = ["PrefixMask", "RNNMatch", "match_rnn_step", "scan_to_dnn_rnn", "set_branch_builder"]
 
 #: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above
 #: this one, installs it when it loads (set_branch_builder; the GPU backend loads it, the
@@ -49,8 +52,9 @@ _BRANCH: list = []
 
 
 def set_branch_builder(fn: Any) -> None:
-    """Install ``fn(cond, then_list, else_list) -> list`` (symgpu.ifelse.ifelse): the masked
-    rewrite's choice between cuDNN (the mask is a prefix per row) and the original loop."""
+    """Install ``fn(cond, then_list, else_list, outer=variables) -> list``
+    (symgpu.ifelse.ifelse): the masked rewrite's choice between cuDNN (the mask is a prefix
+    per row) and the original loop; `outer`, the graph's variables, stay outside."""
     _BRANCH[:] = [fn]
 
 
@@ -572,7 +576,7 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
     n = Assert(f"{info.name}: the sequence is shorter than n_steps, or n_steps < 0 (the loop "
                "was replaced by scan_to_dnn_rnn)")(n, T.ge(seq.shape[0], n), T.ge(n, 0))
     x = seq[:n]
-    mask = node.inputs[2][:n] if m.masked else None
+    mask = node.inputs[2] if m.masked else None   # PrefixMask reads its first n steps
     hx = node.inputs[1 + S + m.h_state][:1]
     cx = node.inputs[1 + S + m.c_state][:1] if m.c_state is not None else None
     if m.hidden is None:   # Elman: no gate blocks tell the hidden size
@@ -606,6 +610,47 @@ def _shared_width(U: Variable) -> int | None:
     return int(val.shape[1]) if getattr(val, "ndim", 0) == 2 else None
 
 
+class PrefixMask(Op):
+    """(mask (steps, batch), n) -> (lengths int32 (batch,), ok int8 scalar) over the mask's
+    first n steps: each row's number of steps, and whether the mask is a prefix mask there
+    (row b is 1 for its first lengths[b] steps, then 0) with every length >= 1: the
+    condition under which cuDNN's run equals the masked loop.
+
+    Why an op of its own, on the host, that slices for itself: the masked loop's mask is
+    usually an input the caller passes from the host; checking it there, before it is
+    uploaded, lets the branch choose without reading anything back from the GPU (a
+    synchronisation per call), where ``mask[:n]`` as a node of its own would be placed on
+    the GPU beside the loop's upload. It has no GPU lifter: a mask already on the GPU is
+    read back once (``host_check``: cpu_nodes does not report it as float work)."""
+
+    host_check = True
+
+    def make_node(self, mask: Any, n: Any) -> Apply:
+        mask, n = T.as_tensor_variable(mask), T.as_tensor_variable(n)
+        if mask.ndim != 2 or n.ndim != 0 or "int" not in n.dtype:
+            raise TypeError(f"PrefixMask: expected a (steps, batch) mask and an integer "
+                            f"step count, got {mask.type} and {n.type}")
+        return Apply(self, [mask, n], [T.TensorType("int32", (False,))(name="lengths"),
+                                       T.TensorType("int8", ())(name="prefix_ok")])
+
+    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
+        m = np.asarray(inputs[0])[:int(inputs[1])]
+        lengths = m.sum(axis=0, dtype=np.float64).astype(np.int32)
+        steps = np.arange(m.shape[0])[:, None] < lengths[None, :]
+        ok = bool(np.array_equal(m, steps.astype(m.dtype)) and (lengths >= 1).all())
+        outputs[0][0] = lengths
+        outputs[1][0] = np.int8(ok)
+
+    def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        return [(shapes[0][1],), ()]
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[False, False], [False, False]]
+
+    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
+        return [DisconnectedType()(), DisconnectedType()()]
+
+
 class _Prefix(NamedTuple):
     """A masked loop's cuDNN side: per-row lengths, which steps run (L, batch, 1, float) and
     whether the mask is a prefix mask per row with every length >= 1 (the branch's
@@ -615,11 +660,10 @@ class _Prefix(NamedTuple):
     cond: Variable
 
 
-def _prefix(mask: Variable, x: Variable) -> _Prefix:
-    lengths = T.cast(mask.sum(axis=0), "int32")
+def _prefix(mask: Variable, n: Variable, x: Variable) -> _Prefix:
+    lengths, ok = PrefixMask()(mask, n)
     steps = T.lt(T.arange(x.shape[0]).dimshuffle(0, "x"), lengths.dimshuffle("x", 0))
-    cond = T.and_(T.all(T.eq(mask, T.cast(steps, mask.dtype))), T.all(T.ge(lengths, 1)))
-    return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), cond)
+    return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), ok)
 
 
 def _held(y: Variable, pre: _Prefix) -> Variable:
@@ -645,7 +689,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     info = node.op.info
     S, M = info.n_seqs, info.n_states
     w = _flat_weights(m, x)
-    pre = _prefix(mask, x) if mask is not None else None
+    pre = _prefix(mask, x.shape[0], x) if mask is not None else None
     gather = pre is not None and not c_readers
     op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
                 with_lengths=pre is not None and not gather)
@@ -663,12 +707,43 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         h_all, h_last = y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1), hy
 
     def swap(olds: list, news: list, alts: list) -> None:
-        news = [_fit(v, o) for v, o in zip(news, olds)]
+        """Replace the outputs that are read (an unread one would keep its loop alive
+        inside the branch); with a mask, through ``ifelse(cond, news, alts)``."""
+        read = [k for k, o in enumerate(olds) if fgraph.clients.get(o)]
+        if not read:
+            return
+        olds, news = [olds[k] for k in read], [_fit(news[k], olds[k]) for k in read]
         if pre is not None:
-            news = _BRANCH[0](pre.cond, news, alts)
+            news = _BRANCH[0](pre.cond, news, [alts[k] for k in read],
+                              outer=fgraph.variables)
         for old, new in zip(olds, news):
             fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
 
+    # the fallback branches read the loop's marked copy, and the forward copies that feed
+    # only the gradient loops (scan_grad's full-history loop) go into them marked alike:
+    # an unmarked loop inside a branch would be rewritten again when the branch compiles
+    alt = _fallback_loop(node.op).make_node(*node.inputs) if pre is not None else None
+    copies = dict(zip(node.outputs, alt.outputs)) if alt is not None else {}
+    if pre is not None:
+        for nd in _only_feeding(fgraph, set(backs), node):
+            if isinstance(nd.op, Scan) and nd.op.grad_of is None:
+                copies.update(zip(nd.outputs,
+                                  _fallback_loop(nd.op).make_node(*nd.inputs).outputs))
+
+    def fallback(inputs: list) -> list:
+        return _substitute(list(inputs), copies)
+
+    # the forward first: the gradient loops' adjoints are computed from its outputs, and
+    # a branch built before would take the original loop inside with them
+    h_out = node.outputs[m.h_state]
+    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
+    olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
+    for r in c_readers:
+        olds.append(r)
+        news.append(outs[2][0])
+        if alt is not None:
+            alts += clone_replace([r], {node.outputs[m.c_state]: alt.outputs[m.c_state]})
+    swap(olds, news, alts)
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
         if gather:   # the adjoints of the gathered states, back onto cuDNN's y
@@ -692,22 +767,31 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
                     return_disconnected="zero") if wrt else []
         news_prefix = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
             [v.dimshuffle("x", *range(v.ndim)) for v in g_ns]
-        news = news_prefix + \
-            [dx[::-1] if k == 0 else T.zeros_like(b.outputs[len(news_prefix) + i])
-             for i, k in enumerate(g.seq_grads)]
-        alts = list(b.op.make_node(*b.inputs).outputs) if pre is not None else []
+        # a sequence other than x is the mask, whose gradient is not read (_mask_grad_read)
+        news = news_prefix + [dx[::-1] if k == 0 else None for k in g.seq_grads]
+        alts = list(b.op.make_node(*fallback(b.inputs)).outputs) if pre is not None else []
         swap(list(b.outputs), news, alts)
-    alt = _fallback_loop(node.op).make_node(*node.inputs) if pre is not None else None
-    h_out = node.outputs[m.h_state]
-    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
-    olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
-    for r in c_readers:
-        olds.append(r)
-        news.append(outs[2][0])
-        if alt is not None:
-            alts += clone_replace([r], {node.outputs[m.c_state]: alt.outputs[m.c_state]})
-    swap(olds, news, alts)
     return True
+
+
+def _substitute(outputs: list, mapping: dict) -> list:
+    """`outputs` with the keys of `mapping` replaced, rebuilding only the nodes between
+    them (clone_replace copies every node back to the graph's inputs: a branch would then
+    compute those copies again inside it)."""
+    memo = dict(mapping)
+
+    def new(v: Variable) -> Variable:
+        if v in memo:
+            return memo[v]
+        nd = v.owner
+        out = v
+        if nd is not None:
+            ins = [new(i) for i in nd.inputs]
+            if any(a is not b for a, b in zip(ins, nd.inputs)):
+                out = nd.op.make_node(*ins).outputs[nd.outputs.index(v)]
+        memo[v] = out
+        return out
+    return [new(v) for v in outputs]
 
 
 def _fallback_loop(op: Scan) -> Scan:

@@ -455,12 +455,14 @@ class CpuOpWarning(UserWarning):
 def cpu_nodes(fgraph: FunctionGraph) -> list[Apply]:
     """Nodes doing float work on the host: not a GPU op or a transfer, with a float host
     array (ndim > 0) among their inputs or outputs. Host scalar arithmetic (shape lengths,
-    their casts, a mean's divisor) is cheap and is not reported."""
+    their casts, a mean's divisor) is cheap and is not reported, nor is an op that only
+    checks a host value to choose a path (``host_check``: scan_to_dnn_rnn's PrefixMask)."""
     found = []
     for node in fgraph.toposort():
         # GPU ops, transfers, and shape reads (no transfer, no real CPU work) are not CPU work
         if (is_device_node(node) or isinstance(node.op, TRANSFER_OPS)
-                or getattr(node.op, "shape_read", None) is not None):
+                or getattr(node.op, "shape_read", None) is not None
+                or getattr(node.op, "host_check", False)):
             continue
         if any(isinstance(v.type, TensorType) and is_float(v.type.dtype)
                and v.type.ndim > 0 for v in node.inputs + node.outputs):
