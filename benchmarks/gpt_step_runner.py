@@ -15,43 +15,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import warnings
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def kernel_table(step, sync, n: int = 5, rows: int = 25) -> None:
-    """CUPTI (PyTorch's profiler) over `n` steps: device events, device-to-device copies,
-    device time per step and the kernels taking most of it (any library's kernels in this
-    process: JAX's too)."""
-    try:
-        from torch.profiler import ProfilerActivity, profile
-    except ImportError as exc:
-        print(f"torch profiler unavailable: {exc}")
-        return
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            step()
-        sync()
-    evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    copies = [e for e in evs if "memcpy" in e.name.lower() and "dtod" in e.name.lower()]
-    total = sum(e.device_time for e in evs)
-    print(f"per step (CUPTI): {len(evs) / n:.0f} device events, "
-          f"{len(copies) / n:.0f} device-to-device copies "
-          f"({sum(e.device_time for e in copies) / n:.1f} us), "
-          f"device time {total / n / 1e3:.3f} ms")
-    by: dict[str, list] = {}
-    for e in evs:
-        t = by.setdefault(e.name[:80], [0, 0.0])
-        t[0] += 1
-        t[1] += e.device_time
-    print("kernels taking most of a step's device time (us per step, launches per step):")
-    for name, (count, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:rows]:
-        print(f"  {us / n:8.1f} us  x{count / n:4.1f}  {name}")
+from cupti_table import kernel_table, step_times  # noqa: E402
 
 
 def jax_table() -> None:
@@ -63,16 +32,8 @@ def jax_table() -> None:
     except ImportError as exc:
         print(f"JAX unavailable: {exc}")
         return
-    for _ in range(10):
-        step()
-    sync()
-    times = []
-    for _ in range(20):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    print(f"{name}: median {np.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms")
+    med, best = step_times(step, sync)
+    print(f"{name}: median {med * 1e3:.3f} ms, best {best * 1e3:.3f} ms")
     kernel_table(step, sync)
 
 
@@ -96,13 +57,8 @@ def main(old_limit: bool) -> None:
             sync()
         for w in caught:
             print(f"warning: {w.category.__name__}: {w.message}")
-        times = []
-        for _ in range(20):
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - t0)
-        print(f"step: median {np.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms")
+        med, best = step_times(step, sync, warm=0)
+        print(f"step: median {med * 1e3:.3f} ms, best {best * 1e3:.3f} ms")
         runner = getattr(step.vm, "runner", None)
         print(f"runner: {type(runner).__name__}, enabled {getattr(runner, 'enabled', None)}, "
               f"disabled because: {getattr(runner, 'disabled_reason', None)}")

@@ -23,6 +23,7 @@ sys.path.append(os.path.dirname(_HERE))
 
 import rnn_cells as rc  # noqa: E402
 from timing import say  # noqa: E402
+from cupti_table import kernel_table  # noqa: E402
 
 
 def segment_counts(fn) -> list[tuple]:
@@ -30,34 +31,6 @@ def segment_counts(fn) -> list[tuple]:
     segs = getattr(runner, "segments", None) or []
     return [(len(s.items), s.plain_runs, s.captures, s.replays, s.n_graphs,
              getattr(s, "shapes_met", None) and len(s.shapes_met)) for s in segs]
-
-
-def device_time(one, n: int = 5) -> None:
-    """CUPTI (PyTorch's profiler) over `n` calls: kernels per call, device time per call, and
-    the kernels that take most of it: whether a call is bound by the GPU or by the host."""
-    try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
-    except ImportError as exc:
-        say(f"  CUPTI unavailable: {exc}")
-        return
-    t0 = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            one()
-        torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) / n
-    evs = [e for e in prof.events() if e.device_type.name == "CUDA"]
-    total = sum(e.device_time for e in evs) / n
-    say(f"  CUPTI: {len(evs) / n:.0f} device events per call, device time {total / 1e3:.3f} ms "
-        f"of {wall * 1e3:.3f} ms wall (profiled)")
-    by: dict[str, list] = {}
-    for e in evs:
-        t = by.setdefault(e.name[:70], [0, 0.0])
-        t[0] += 1
-        t[1] += e.device_time
-    for name, (count, us) in sorted(by.items(), key=lambda kv: -kv[1][1])[:10]:
-        say(f"    {us / n:8.1f} us  x{count / n:5.1f}  {name}")
 
 
 def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) -> None:
@@ -113,7 +86,11 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
             prof.disable()
             pstats.Stats(prof).sort_stats("tottime").print_stats(12)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-        device_time(one)
+        try:
+            import torch
+            kernel_table(one, torch.cuda.synchronize, rows=10, say=say)
+        except ImportError as exc:
+            say(f"  CUPTI unavailable: {exc}")
     for w in caught:
         say(f"  warning: {w.category.__name__}: {str(w.message)[:300]}")
     for node in fn.maker.fgraph.apply_nodes:
