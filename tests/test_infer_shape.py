@@ -1709,6 +1709,19 @@ _S20_CASES = {
 }
 CASES.update(_S20_CASES)
 
+# scan_to_dnn_rnn's prefix test (s22): lengths per row and a scalar
+from symgpu.scan.dnn_rnn_match import PrefixMask as _PrefixMask  # noqa: E402
+
+_S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
+                                 np.array([[1, 1, 1], [1, 0, 1], [0, 0, 1]], "float32"),
+                                 i64(2))]}
+CASES.update(_S22_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_S22_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_s22(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
+
 
 @pytest.mark.parametrize("op_cls", list(_S20_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_s20(op_cls):
