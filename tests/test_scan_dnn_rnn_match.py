@@ -444,8 +444,10 @@ def test_vgpu_masked_branches_hold_cudnn_alone_and_the_mask_is_checked_on_the_ho
     spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
     _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
                                  mode=_mode(True))
+    from symgpu.gpu.placement.rewriting import cpu_nodes
     checks = _ops(fn, PrefixMask)
     assert len(checks) == 1 and checks[0].inputs[0].owner is None      # the input itself
+    assert checks[0] not in cpu_nodes(fn.maker.fgraph)    # a check, not float work on the host
     branches = _ops(fn, IfElse)
     assert len(branches) == 2
     assert all(n.inputs[0] is checks[0].outputs[1] for n in branches)
