@@ -8,6 +8,7 @@ import pytest
 import symgpu
 import symgpu.tensor as T
 from gpu_helpers import on_the_cpu, requires_gpu
+from rnn_helpers import rnn_case
 from symgpu import function
 from symgpu.gpu.ops import cudnn_rnn as crnn
 from symgpu.gpu.placement.rewriting import cpu_nodes
@@ -52,14 +53,7 @@ def _reference(mode, block, w, x, h0, c0):
     return inp, np.stack(hy), (np.stack(cy) if c0 is not None else None)
 
 
-def _case(mode, dtype, rng, t=4, b=3, i=5, h=4, layers=2, dirs=1):
-    block = crnn.RNNBlock(dtype, h, layers, mode,
-                          direction_mode="bidirectional" if dirs == 2 else "unidirectional")
-    w = (rng.standard_normal(block.get_param_size([b, i])) * 0.4).astype(dtype)
-    x = rng.standard_normal((t, b, i)).astype(dtype)
-    hx = rng.standard_normal((layers * dirs, b, h)).astype(dtype)
-    cx = rng.standard_normal(hx.shape).astype(dtype) if mode == "lstm" else None
-    return block, w, x, hx, cx
+_case = rnn_case
 
 
 def _symbolic(block, dtype, lstm):

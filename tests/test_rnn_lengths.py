@@ -8,6 +8,7 @@ import pytest
 
 import symgpu.tensor as T
 from gpu_helpers import on_the_cpu, requires_gpu
+from rnn_helpers import rnn_case
 from symgpu import function
 from symgpu.gpu.ops import cudnn_rnn as crnn
 from symgpu.gradient import verify_grad
@@ -17,14 +18,8 @@ from symgpu.tensor.nnet.rnn import (DnnRNN, DnnRNNGrad, rnn_backward_numpy,
 MODES = ["rnn_relu", "rnn_tanh", "lstm", "gru"]
 
 
-def _case(mode, dtype, rng, t=5, b=4, i=3, h=3, layers=2, dirs=1):
-    block = crnn.RNNBlock(dtype, h, layers, mode,
-                          direction_mode="bidirectional" if dirs == 2 else "unidirectional")
-    w = (rng.standard_normal(block.get_param_size([b, i])) * 0.5).astype(dtype)
-    x = rng.standard_normal((t, b, i)).astype(dtype)
-    hx = rng.standard_normal((layers * dirs, b, h)).astype(dtype)
-    cx = rng.standard_normal(hx.shape).astype(dtype) if mode == "lstm" else None
-    return block, w, x, hx, cx
+def _case(mode, dtype, rng, t=5, b=4, i=3, h=3, **kw):
+    return rnn_case(mode, dtype, rng, t=t, b=b, i=i, h=h, scale=0.5, **kw)
 
 
 @pytest.mark.parametrize("mode", MODES)

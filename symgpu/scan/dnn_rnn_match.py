@@ -29,7 +29,6 @@ import numpy as np
 
 import symgpu.tensor as T
 from symgpu.compile.sharedvalue import SharedVariable
-from symgpu.compile.function import clone_replace
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.gradient import DisconnectedType, grad
@@ -108,10 +107,10 @@ def _last_readers(fgraph: FunctionGraph, out: Variable, skip: set) -> list | Non
             sub = _last_readers(fgraph, c.outputs[0], skip)
             if sub is None:
                 return None
-            readers += [("tail", r) for r in sub]
+            readers += sub
         else:
             return None
-    return [r[1] if isinstance(r, tuple) else r for r in readers]
+    return readers
 
 
 def _last_value(g_rev: Variable) -> Variable | None:
@@ -274,8 +273,9 @@ class _Prefix(NamedTuple):
     cond: Variable
 
 
-def _prefix(mask: Variable, n: Variable, x: Variable) -> _Prefix:
-    lengths, ok = PrefixMask()(mask, n)
+def _prefix(mask: Variable, x: Variable) -> _Prefix:
+    """The prefix test over the mask's first len(x) steps (x the loop's sequence)."""
+    lengths, ok = PrefixMask()(mask, x.shape[0])
     steps = T.lt(T.arange(x.shape[0]).dimshuffle(0, "x"), lengths.dimshuffle("x", 0))
     return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), ok)
 
@@ -303,7 +303,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     info = node.op.info
     S, M = info.n_seqs, info.n_states
     w = _flat_weights(m, x)
-    pre = _prefix(mask, x.shape[0], x) if mask is not None else None
+    pre = _prefix(mask, x) if mask is not None else None
     gather = pre is not None and not c_readers
     op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
                 with_lengths=pre is not None and not gather)
@@ -356,7 +356,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         olds.append(r)
         news.append(outs[2][0])
         if alt is not None:
-            alts += clone_replace([r], {node.outputs[m.c_state]: alt.outputs[m.c_state]})
+            alts += fallback([r])
     swap(olds, news, alts)
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
