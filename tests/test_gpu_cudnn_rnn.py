@@ -193,3 +193,30 @@ def test_gpu_lstm_weights_from_split_params(cuda):
     want = _reference("lstm", block, w.astype("float64"), x, hx, cx)
     for g, e in zip((y, hy, cy), want):
         np.testing.assert_allclose(np.asarray(g), e, rtol=1e-4, atol=1e-4)
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_gpu_new_lengths_share_the_layer_plan_and_stay_right(cuda, mode, monkeypatch):
+    """A new sequence length builds only its data descriptors (RNNPlan's `layer`): values and
+    gradients at lengths 6, 3, 6 and 9 equal the host op's, and the layer's descriptors and
+    weight check are made once."""
+    made = []
+    orig = crnn.RNNPlan._layer
+
+    def counting(self, *a, **k):
+        made.append(1)
+        return orig(self, *a, **k)
+    monkeypatch.setattr(crnn.RNNPlan, "_layer", counting)
+    rng = np.random.default_rng(5)
+    ins, outs, grads = _training(mode)
+    f = function(ins, outs + grads)
+    with on_the_cpu():
+        ref = function(ins, outs + grads)
+    for t in (6, 3, 6, 9):
+        _, w, x, hx, cx = _case(mode, "float32", rng, t=t, b=3, i=5, h=4)
+        vals = [v for v in (w, x, hx, cx) if v is not None]
+        for g, e in zip(f(*vals), ref(*vals)):
+            np.testing.assert_allclose(np.asarray(g), e, rtol=2e-4, atol=2e-4)
+    assert len(made) == 2       # the forward node's and the backward node's, once each

@@ -67,12 +67,45 @@ _WGRAD_ADD = 0
 
 class RNNPlan:
     """cuDNN's descriptors and space sizes for one (seq, batch, input) problem of an op (no
-    device work: safe while a graph is captured)."""
+    device work: safe while a graph is captured). `layer`, an earlier plan of the same
+    batch, input size, weights and math (``layer_key``), lends its layer descriptors and
+    weight check: only the sequence's data descriptors and space sizes are new, which is
+    what a new length costs (a loop whose length changes every call)."""
 
     def __init__(self, op: _RNNBase, ctx: Any, t: int, b: int, isize: int, w_ptr: int,
-                 w_size: int, seq_lengths: np.ndarray | None = None) -> None:
+                 w_size: int, seq_lengths: np.ndarray | None = None,
+                 layer: "RNNPlan | None" = None) -> None:
         lib = self.lib = cudnn()
         self.handle = lib.handle(ctx)
+        if layer is not None:
+            self.dropout, self.rnn, self.h = layer.dropout, layer.rnn, layer.h
+            self.weight_bytes = layer.weight_bytes
+        else:
+            self._layer(op, ctx, b, isize, w_ptr, w_size)
+        per_row = [t] * b if seq_lengths is None else [int(v) for v in seq_lengths]
+        lengths = (ctypes.c_int * b)(*per_row)
+        # devSeqLengths of a plan with lengths: uploaded once here (not capturable: see the
+        # module docstring); None: a memset of the full length per call
+        self.dev_lengths = None if seq_lengths is None else new_array(
+            ctx, (b,), np.dtype("int32")).set(np.asarray(per_row, dtype=np.int32))
+        self.fill = ctypes.c_float(0.0)
+        self.x = self._data(t, b, isize, lengths)
+        self.y = self._data(t, b, op.hidden_size * op.dirs, lengths)
+        ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr, _FWD_TRAINING,
+                 self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
+        self.workspace, self.reserve = int(ws.value), max(int(rs.value), 1)
+        self.batch, self.seq = b, t
+
+    @staticmethod
+    def layer_key(b: int, isize: int, w_size: int) -> tuple:
+        """What the layer descriptors depend on (the math mode: the TF32 flag now)."""
+        return b, isize, w_size, _math_mode("float32")
+
+    def _layer(self, op: _RNNBase, ctx: Any, b: int, isize: int, w_ptr: int,
+               w_size: int) -> None:
+        """The RNN, dropout and state descriptors, and the weight layout's check."""
+        lib = self.lib
         dt = DATA_TYPES["float32"]
         hs, dirs, layers = op.hidden_size, op.dirs, op.num_layers
         self.dropout = _Desc(lib, "Dropout")
@@ -83,15 +116,6 @@ class RNNPlan:
                  _DOUBLE_BIAS, DIRECTION_MODES[op.direction_mode] - 1, _LINEAR_INPUT, dt, dt,
                  _math_mode("float32"), isize, hs, hs, layers, self.dropout.ptr,
                  ctypes.c_uint32(_PADDED_IO_ENABLED))
-        per_row = [t] * b if seq_lengths is None else [int(v) for v in seq_lengths]
-        lengths = (ctypes.c_int * b)(*per_row)
-        # devSeqLengths of a plan with lengths: uploaded once here (not capturable: see the
-        # module docstring); None: a memset of the full length per call
-        self.dev_lengths = None if seq_lengths is None else new_array(
-            ctx, (b,), np.dtype("int32")).set(np.asarray(per_row, dtype=np.int32))
-        self.fill = ctypes.c_float(0.0)
-        self.x = self._data(t, b, isize, lengths)
-        self.y = self._data(t, b, hs * dirs, lengths)
         self.h = _Desc(lib, "Tensor")
         n = layers * dirs
         lib.call("cudnnSetTensorNdDescriptor", self.h.ptr, dt, 3, (ctypes.c_int * 3)(n, b, hs),
@@ -105,11 +129,6 @@ class RNNPlan:
                              f"input size {isize}; symgpu's layout has {lay.size} float32 "
                              f"weights and w has {w_size}")
         self._check_layout(op, lay, w_ptr)
-        ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr, _FWD_TRAINING,
-                 self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
-        self.workspace, self.reserve = int(ws.value), max(int(rs.value), 1)
-        self.batch, self.seq = b, t
 
     def _data(self, t: int, b: int, width: int, lengths: Any) -> _Desc:
         d = _Desc(self.lib, "RNNData")
@@ -162,6 +181,7 @@ class _GpuRNNBase(_RNNBase):
         cells = [storage_map[v] for v in node.inputs]
         outs = [storage_map[v] for v in node.outputs]
         plans: dict[tuple, RNNPlan] = {}
+        layer_plans: dict[tuple, RNNPlan] = {}   # the newest plan of each layer_key
         li = 3 + int(self.lstm) if self.with_lengths else None
 
         def thunk() -> None:
@@ -172,13 +192,15 @@ class _GpuRNNBase(_RNNBase):
                 lengths = check_lengths(self, vals[li], vals[1].shape[0], vals[1].shape[1])
             vals = [v if i == li or v.is_c_contiguous else v.copy()
                     for i, v in enumerate(vals)]
-            key = tuple(vals[1].shape) + (vals[0].shape[0],) + \
-                (tuple(lengths.tolist()) if lengths is not None else ())
+            t, b, isize = vals[1].shape
+            layer_key = RNNPlan.layer_key(b, isize, vals[0].shape[0])
+            key = (t,) + layer_key + (tuple(lengths.tolist()) if lengths is not None else ())
             plan = plans.pop(key, None)
             if plan is None:
                 self._check(vals)
-                t, b, isize = vals[1].shape
-                plan = RNNPlan(self, ctx, t, b, isize, vals[0].ptr, vals[0].shape[0], lengths)
+                plan = RNNPlan(self, ctx, t, b, isize, vals[0].ptr, vals[0].shape[0], lengths,
+                               layer=layer_plans.get(layer_key))
+                layer_plans[layer_key] = plan
                 while len(plans) >= PLAN_CACHE:
                     plans.pop(next(iter(plans)))
             plans[key] = plan            # most recently used last
