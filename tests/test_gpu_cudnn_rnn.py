@@ -220,3 +220,34 @@ def test_gpu_new_lengths_share_the_layer_plan_and_stay_right(cuda, mode, monkeyp
         for g, e in zip(f(*vals), ref(*vals)):
             np.testing.assert_allclose(np.asarray(g), e, rtol=2e-4, atol=2e-4)
     assert len(made) == 2       # the forward node's and the backward node's, once each
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_reserve_outputs_and_gradients_equal_the_plain_ops(mode):
+    """DnnRNN(reserve=True) also returns the reserve space (empty on the host) and its
+    gradient DnnRNNGrad(reserve=True) takes y and that reserve: values and gradients are the
+    plain ops' (the GPU's backward reads them instead of running the forward again)."""
+    from symgpu.graph.op import ShapeError
+    rng = np.random.default_rng(6)
+    _, w, x, hx, cx = _case(mode, "float32", rng, t=5, b=2, i=3, h=4, layers=1)
+    lstm = mode == "lstm"
+    ws, xs, hs = T.vector(dtype="float32"), T.tensor3(dtype="float32"), T.tensor3(dtype="float32")
+    cs = T.tensor3(dtype="float32") if lstm else None
+    ins = [ws, xs, hs] + ([cs] if lstm else [])
+    res = []
+    for reserve in (False, True):
+        op = DnnRNN(mode, "unidirectional", 1, 4, reserve=reserve)
+        outs = op(*ins)
+        assert len(outs) == 2 + int(lstm) + int(reserve)
+        cost = (outs[0] ** 2).sum() + outs[1].sum()
+        gs = T.grad(cost, ins)
+        if reserve:
+            assert outs[-1].dtype == "uint8"
+            with pytest.raises(ShapeError):
+                op.infer_shape(None, outs[0].owner, [(), (), ()])
+            assert any(isinstance(n.op, DnnRNNGrad) and n.op.reserve
+                       for n in symgpu.graph.basic.io_toposort(ins, gs))
+        res.append(function(ins, list(outs[:2]) + gs)(*[v for v in (w, x, hx, cx)
+                                                        if v is not None]))
+    for a, b in zip(*res):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -451,10 +451,21 @@ def test_vgpu_masked_branches_hold_cudnn_alone_and_the_mask_is_checked_on_the_ho
     branches = _ops(fn, IfElse)
     assert len(branches) == 2
     assert all(n.inputs[0] is checks[0].outputs[1] for n in branches)
+    from symgpu.gpu.ops.cudnn_rnn import GpuDnnRNNBackward, GpuDnnRNNForward
+    kinds = []
     for n in branches:
         inner = n.op.then_fn.rewritten().toposort()     # as the branch compiles
         assert not any(isinstance(a.op, (Scan, IfElse, PrefixMask, HostFromGpu)) for a in inner)
-    assert max(len(n.outputs) for n in branches) == 3      # dW, dU, db: what SGD reads
+        kinds += [type(a.op) for a in inner if isinstance(a.op, (GpuDnnRNNForward,
+                                                                 GpuDnnRNNBackward))]
+    # cuDNN's forward runs once: the backward branch takes y and the reserve space from
+    # the forward branch's outputs
+    assert sorted(k.__name__ for k in kinds) == ["GpuDnnRNNBackward", "GpuDnnRNNForward"]
+    forward = next(n for n in branches if n.outputs[-1].dtype == "uint8")
+    assert len(forward.outputs) == 3                       # h, then cuDNN's y and reserve
+    backward = next(n for n in branches if n is not forward)
+    assert len(backward.outputs) == 3                      # dW, dU, db: what SGD reads
+    assert forward.outputs[-1] in backward.inputs
 
 
 def test_a_masked_lstm_whose_last_cell_state_is_read_runs_cudnn_with_lengths():

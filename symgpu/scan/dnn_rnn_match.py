@@ -305,8 +305,10 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     w = _flat_weights(m, x)
     pre = _prefix(mask, x) if mask is not None else None
     gather = pre is not None and not c_readers
+    # with a mask, the backward branch takes cuDNN's y and reserve space from the forward
+    # branch (else it would run the forward layer again for them)
     op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
-                with_lengths=pre is not None and not gather)
+                with_lengths=pre is not None and not gather, reserve=pre is not None)
     fwd_in = [w, x, hx] + ([cx] if cx is not None else []) + \
         ([pre.lengths] if op.with_lengths else [])
     outs = op(*fwd_in)
@@ -320,18 +322,20 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     else:
         h_all, h_last = y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1), hy
 
-    def swap(olds: list, news: list, alts: list) -> None:
+    def swap(olds: list, news: list, alts: list, extra: tuple = ()) -> list:
         """Replace the outputs that are read (an unread one would keep its loop alive
-        inside the branch); with a mask, through ``ifelse(cond, news, alts)``."""
+        inside the branch); with a mask, through ``ifelse(cond, news, alts)``, which also
+        gives the `extra` (cuDNN's value, the fallback's) pairs: returns those."""
         read = [k for k, o in enumerate(olds) if fgraph.clients.get(o)]
-        if not read:
-            return
         olds, news = [olds[k] for k in read], [_fit(news[k], olds[k]) for k in read]
-        if pre is not None:
-            news = _BRANCH[0](pre.cond, news, [alts[k] for k in read],
-                              outer=fgraph.variables)
+        got = [e for e, _ in extra]
+        if pre is not None and (news or extra):
+            res = _BRANCH[0](pre.cond, news + got, [alts[k] for k in read] +
+                             [a for _, a in extra], outer=fgraph.variables)
+            news, got = res[:len(news)], res[len(news):]
         for old, new in zip(olds, news):
             fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
+        return got
 
     # the fallback branches read the loop's marked copy, and the forward copies that feed
     # only the gradient loops (scan_grad's full-history loop) go into them marked alike:
@@ -357,22 +361,35 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         news.append(outs[2][0])
         if alt is not None:
             alts += fallback([r])
-    swap(olds, news, alts)
+    extra = () if pre is None else (
+        (y, T.zeros((x.shape[0], x.shape[1], m.hidden), dtype=y.dtype)),
+        (outs[-1], T.zeros((0,), dtype="uint8")))
+    got = swap(olds, news, alts, extra)
+    y_f, *reserve = got if pre is not None else [y]
+    # zeros shaped like hx and cx, not like hy and cy: read from the branch, their shapes
+    # would need the forward layer
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
         if gather:   # the adjoints of the gathered states, back onto cuDNN's y
-            known = {v: d for v, d in ((h_all, dy), (h_last, dhy)) if d is not None}
-            out_grads = [grad(None, [y], known_grads=known, disconnected_inputs="ignore",
-                              return_disconnected="zero")[0] if known else T.zeros_like(y),
-                         T.zeros_like(hy)]
+            held = _held(y_f, pre)
+            known = {v: d for v, d in ((held, dy), (held[-1].dimshuffle("x", 0, 1), dhy))
+                     if d is not None}
+            out_grads = [grad(None, [y_f], known_grads=known, disconnected_inputs="ignore",
+                              return_disconnected="zero")[0] if known else T.zeros_like(y_f),
+                         T.zeros_like(hx)]
         else:
-            dhy_all = T.zeros_like(hy) if dhy is None else dhy
+            dhy_all = T.zeros_like(hx) if dhy is None else dhy
             if pre is not None and dy is not None:   # the held states past the end read hy
                 dhy_all = dhy_all + ((1 - pre.valid) * dy).sum(axis=0).dimshuffle("x", 0, 1)
-            out_grads = [T.zeros_like(y) if dy is None else dy, dhy_all]
+            out_grads = [T.zeros_like(y_f) if dy is None else dy, dhy_all]
         if cx is not None:
-            out_grads.append(T.zeros_like(outs[2]) if dcy is None else dcy)
-        dw, dx, dhx, *rest = op.L_op(fwd_in, outs, out_grads)
+            out_grads.append(T.zeros_like(cx) if dcy is None else dcy)
+        if pre is not None:   # y and the reserve space from the forward branch
+            fwd_out = [y_f] + list(outs[1:-1]) + reserve
+            out_grads.append(None)
+        else:
+            fwd_out = outs
+        dw, dx, dhx, *rest = op.L_op(fwd_in, fwd_out, out_grads)
         state_grad = {m.h_state: dhx}
         if cx is not None:
             state_grad[m.c_state] = rest[0]

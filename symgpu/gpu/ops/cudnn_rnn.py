@@ -308,7 +308,8 @@ class GpuDnnRNNBackward(_GpuRNNBase):
 
 
 def _liftable(node: Apply, context_name: Any) -> bool:
-    floats = [v for v in node.inputs if v.dtype not in LENGTH_DTYPES]   # not the lengths
+    # not the lengths, nor the reserve space (DnnRNNGrad with reserve=True)
+    floats = [v for v in node.inputs if v.dtype not in LENGTH_DTYPES + ("uint8",)]
     return (ENABLED and all(v.dtype == "float32" for v in floats)
             and (_context(context_name).virtual or cudnn_available()))
 
@@ -326,21 +327,26 @@ def lift_dnn_rnn(op: Any, node: Apply, context_name: Any, inputs: Any) -> list |
     if not _liftable(node, context_name):
         return None
     gin = _lifted_inputs(op, inputs, context_name)
-    return list(GpuDnnRNNForward(*op._props()).make_node(*gin).outputs[:-1])
+    outs = GpuDnnRNNForward(*op.layer_props()).make_node(*gin).outputs
+    return list(outs if op.reserve else outs[:-1])
 
 
 @register_lifter(DnnRNNGrad)
 def lift_dnn_rnn_grad(op: Any, node: Apply, context_name: Any, inputs: Any) -> list | None:
     """DnnRNNGrad -> GpuDnnRNNBackward fed by a GpuDnnRNNForward of the same inputs (the
-    merge rewrite makes it the lifted forward node, so the reserve comes from there)."""
+    merge rewrite makes it the lifted forward node, so the reserve comes from there), or,
+    with ``reserve=True``, by the y and reserve space it is given."""
     if not _liftable(node, context_name):
         return None
     gin = _lifted_inputs(op, inputs, context_name)
     k = op.n_fwd
-    fwd = GpuDnnRNNForward(*op._props()).make_node(*gin[:k]).outputs
-    y, reserve = fwd[0], fwd[-1]
-    return list(GpuDnnRNNBackward(*op._props()).make_node(*gin[:k], y, reserve,
-                                                          *gin[k:]).outputs)
+    if op.reserve:
+        y, reserve, rest = gin[k], gin[k + 1], gin[k + 2:]
+    else:
+        fwd = GpuDnnRNNForward(*op.layer_props()).make_node(*gin[:k]).outputs
+        y, reserve, rest = fwd[0], fwd[-1], gin[k:]
+    return list(GpuDnnRNNBackward(*op.layer_props()).make_node(*gin[:k], y, reserve,
+                                                               *rest).outputs)
 
 
 class RNNBlock:

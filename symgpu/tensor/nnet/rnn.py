@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from symgpu.graph.basic import Apply
-from symgpu.graph.op import Op
+from symgpu.graph.op import Op, ShapeError
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["RNN_MODES", "DIRECTION_MODES", "LENGTH_DTYPES", "check_lengths", "RNNLayout", "rnn_layout", "rnn_forward_numpy",
@@ -339,11 +339,31 @@ class _RNNBase(Op):
     def lstm(self) -> bool:
         return self.rnn_mode == "lstm"
 
+    def layer_props(self) -> tuple:
+        """The layer's props (what every RNN op, host or GPU, is built from)."""
+        return (self.rnn_mode, self.direction_mode, self.num_layers, self.hidden_size,
+                self.with_lengths)
 
-class DnnRNN(_RNNBase):
-    """(w, x, hx[, cx][, lengths]) -> (y, hy[, cy]): the stacked recurrence of RNNBlock on
-    the host (NumPy loop; cx/cy for lstm only, lengths with ``with_lengths=True``: per-row
-    lengths, see the module docstring). y is (seq, batch, hidden * directions)."""
+
+class _WithReserve:
+    """The ``reserve`` prop of DnnRNN and DnnRNNGrad: the forward also returns cuDNN's
+    reserve space (a uint8 vector, empty on the host), and its gradient takes y and that
+    reserve after the forward inputs, so that a backward computed apart from its forward
+    (scan_to_dnn_rnn's two branches) need not run the forward again on the GPU."""
+
+    __props__ = _RNNBase.__props__ + ("reserve",)
+    reserve = False
+
+    def __init__(self, *args: Any, reserve: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self.reserve = bool(reserve)
+
+
+class DnnRNN(_WithReserve, _RNNBase):
+    """(w, x, hx[, cx][, lengths]) -> (y, hy[, cy][, reserve]): the stacked recurrence of
+    RNNBlock on the host (NumPy loop; cx/cy for lstm only, lengths with
+    ``with_lengths=True``: per-row lengths, see the module docstring; the reserve space with
+    ``reserve=True``). y is (seq, batch, hidden * directions)."""
 
     def make_node(self, w: Any, x: Any, hx: Any, *more: Any) -> Apply:
         args = [as_tensor_variable(v) for v in self._forward_args(w, x, hx, more)]
@@ -351,6 +371,8 @@ class DnnRNN(_RNNBase):
         _check_inputs(self, w, x, hx, cx, lengths)
         t3 = TensorType(x.dtype, (False, False, False))
         outs = [t3(name="rnn_y"), t3(name="rnn_hy")] + ([t3(name="rnn_cy")] if self.lstm else [])
+        if self.reserve:
+            outs.append(TensorType("uint8", (False,))(name="rnn_reserve"))
         return Apply(self, args, outs)
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
@@ -361,6 +383,8 @@ class DnnRNN(_RNNBase):
         outputs[0][0], outputs[1][0] = y, hy
         if self.lstm:
             outputs[2][0] = cy
+        if self.reserve:
+            outputs[-1][0] = np.zeros(0, np.uint8)
 
     def _check_values(self, w: np.ndarray, x: np.ndarray, hx: np.ndarray,
                       cx: np.ndarray | None, lengths: Any = None) -> np.ndarray | None:
@@ -378,28 +402,38 @@ class DnnRNN(_RNNBase):
                                                           x.shape[1])
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        if self.reserve:
+            raise ShapeError(f"{self}: the reserve space's size is cuDNN's (known when its "
+                             "plan is made on the GPU), not the inputs'")
         xs, hs = shapes[1], shapes[2]
         y = (xs[0], xs[1], self.hidden_size * self.dirs)
         return [y, hs] + ([shapes[3]] if self.lstm else [])
 
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
         n = len(node.outputs)
-        return [[True] * n] * (3 + int(self.lstm)) + ([[False] * n] if self.with_lengths else [])
+        pattern = [[True] * (n - int(self.reserve)) + [False] * int(self.reserve)]
+        return pattern * (3 + int(self.lstm)) + ([[False] * n] if self.with_lengths else [])
 
     def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
         """DnnRNNGrad of the inputs and every output's gradient (the gradient machinery
         gives zeros for an output that received none); none flows to the integer lengths."""
-        outs = list(DnnRNNGrad(*self._props()).make_node(*inputs, *output_grads).outputs)
+        grads = output_grads[:len(output_grads) - int(self.reserve)]
+        if self.reserve:
+            op = DnnRNNGrad(*self.layer_props(), reserve=True)
+            outs = list(op.make_node(*inputs, outputs[0], outputs[-1], *grads).outputs)
+        else:
+            outs = list(DnnRNNGrad(*self.layer_props()).make_node(*inputs, *grads).outputs)
         return [outs[-1]] + outs[:-1] + ([None] if self.with_lengths else [])
 
 
-class DnnRNNGrad(_RNNBase):
-    """(w, x, hx[, cx][, lengths], dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw): DnnRNN's
-    gradient on the host (the forward loop rerun, then backpropagation through time)."""
+class DnnRNNGrad(_WithReserve, _RNNBase):
+    """(w, x, hx[, cx][, lengths][, y, reserve], dy, dhy[, dcy]) -> (dx, dhx[, dcx], dw):
+    DnnRNN's gradient on the host (the forward loop rerun, then backpropagation through
+    time; y and the reserve space, taken with ``reserve=True``, are for the GPU's op)."""
 
     def make_node(self, *args: Any) -> Apply:
         k = self.n_fwd
-        n = k + 2 + int(self.lstm)
+        n = k + 2 + int(self.lstm) + 2 * int(self.reserve)
         if len(args) != n:
             raise TypeError(f"{self}: takes {n} inputs, got {len(args)}")
         args = [as_tensor_variable(a) for a in args]
@@ -409,7 +443,7 @@ class DnnRNNGrad(_RNNBase):
         return Apply(self, args, outs)
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        k = self.n_fwd
+        k = self.n_fwd + 2 * int(self.reserve)
         w, x, hx, cx, lengths = self._split(inputs)
         dy, dhy = inputs[k], inputs[k + 1]
         dcy = inputs[k + 2] if self.lstm else None
