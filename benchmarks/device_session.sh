@@ -23,12 +23,11 @@
 #                                                # Theano's kept float32 outputs; needs the
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
-#   bash benchmarks/device_session.sh pending    # what was merged without a GPU run (session
-#                                                # 20): the partial_sums pass and the saved
-#                                                # pre-activation sum in loops, the opt-in
-#                                                # scan_to_dnn_rnn (its GPU test, then rnn.py's
-#                                                # unmasked rows with it on), the GPT row after
-#                                                # the row-reduction groups
+#   bash benchmarks/device_session.sh pending    # what waits on branch s22-pending for its
+#                                                # GPU run (about 3 min): the cuDNN RNN tests,
+#                                                # rnn.py's masked rows with scan_to_dnn_rnn
+#                                                # on (fixed and new-length), rnn_varlen's
+#                                                # per-call and CUPTI view of them
 #   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2 (about 8 min):
 #                                                # the GPUs' links, pytest -m multigpu,
 #                                                # multi_gpu.py (the seeds' program, the 1.8x
@@ -98,20 +97,20 @@ case "$part" in
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
   pending)
-    python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_scan_dnn_rnn_match.py \
-        tests/test_rewriting_partial_sums.py tests/test_gpu_scan.py tests/test_gpu_loop_kernels.py \
-        tests/test_gpu_cudnn_rnn.py tests/test_rnn_lengths.py 2>&1 | tee "$out/pending_tests.txt" \
-        | tail -8
-    rows=lstm-unmasked-all-b64-h512-fixed,gru-unmasked-all-b64-h512-fixed
-    rows=$rows,elman-unmasked-all-b64-h512-fixed,lstm-masked-last-b16-h128-fixed
-    (cd benchmarks && python3 rnn.py --device cuda --no-cold --skip compile,jax-fp32 \
-        --subset "$rows,lnlstm-masked-last-b16-h128-fixed,peephole-masked-last-b16-h128-fixed,droplstm-masked-last-b16-h128-fixed,gru-masked-last-b16-h128-fixed" \
-        2>&1 | tee "$out/rnn_pending.txt" | tail -20)
+    # session 22's branch s22-pending: cuDNN plans shared across lengths, the masked
+    # rewrite's backward branch reading the forward's reserve space
+    python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
+        tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py 2>&1 \
+        | tee "$out/pending_tests.txt" | tail -6
+    rows=lstm-masked-last-b16-h128-fixed,lstm-masked-last-b16-h128-var
+    rows=$rows,gru-masked-last-b16-h128-fixed,gru-masked-all-b16-h128-var
+    rows=$rows,lstm-masked-all-b64-h512-fixed,lstm-unmasked-all-b64-h512-fixed
     (cd benchmarks && SYMGPU_FLAGS=optimizer_including=scan_to_dnn_rnn python3 rnn.py \
-        --device cuda --no-cold --skip compile,jax-fp32,cudnn \
-        --subset "$rows,lstm-masked-last-b16-h128-var,gru-masked-last-b16-h128-fixed" 2>&1 \
-        | tee "$out/rnn_dnn_match.txt" | tail -14)
-    (cd benchmarks && python3 half.py --rows gpt --no-torch-compile 2>&1 | tee "$out/half_gpt.txt" | tail -8)
+        --device cuda --no-cold --skip compile,jax-fp32,cudnn,symgpu --subset "$rows" \
+        2>&1 | tee "$out/rnn_dnn_match.txt" | grep -v '^    ' | tail -16)
+    SYMGPU_FLAGS=optimizer_including=scan_to_dnn_rnn python3 benchmarks/rnn_varlen.py \
+        --calls 8 --profile 4 --tf32 --profile-fixed 2>&1 | tee "$out/rnn_varlen_dnn.txt" \
+        | grep 'median\|CUPTI\| us ' | head -30
     ;;
   multigpu)
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
