@@ -28,7 +28,8 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import InconsistencyError, replace_validate
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
-__all__ = ["recompute_exported_values", "MAX_STEPS"]
+__all__ = ["recompute_exported_values", "MAX_STEPS", "program", "needed_slots", "replay",
+           "full_bytes", "producer_without"]
 
 #: a value is recomputed only if its program has at most this many scalar steps
 MAX_STEPS = 24
@@ -36,12 +37,12 @@ MAX_STEPS = 24
 MAX_INPUTS = 64
 
 
-def _program(op: Any) -> Composite | None:
+def program(op: Any) -> Composite | None:
     sop = getattr(op, "scalar_op", None)
     return sop if isinstance(sop, Composite) else None
 
 
-def _needed(comp: Composite, outs: Sequence[int]) -> set[int]:
+def needed_slots(comp: Composite, outs: Sequence[int]) -> set[int]:
     """The slots (inputs, constants, steps) that `comp`'s outputs `outs` depend on."""
     need, work = set(), [comp.out_slots[j] for j in outs]
     while work:
@@ -54,11 +55,11 @@ def _needed(comp: Composite, outs: Sequence[int]) -> set[int]:
     return need
 
 
-def _replay(b: CompositeBuilder, comp: Composite, in_refs: dict[int, Any],
+def replay(b: CompositeBuilder, comp: Composite, in_refs: dict[int, Any],
             outs: Sequence[int]) -> list:
     """Refs of `comp`'s outputs `outs` built into `b` from refs of the inputs they need
     (only the steps those outputs depend on)."""
-    need = _needed(comp, outs)
+    need = needed_slots(comp, outs)
     slots: dict[int, Any] = {i: r for i, r in in_refs.items() if i in need}
     for k, (v, d) in enumerate(comp.constants):
         if comp.nin + k in need:
@@ -70,7 +71,7 @@ def _replay(b: CompositeBuilder, comp: Composite, in_refs: dict[int, Any],
     return [slots[comp.out_slots[j]] for j in outs]
 
 
-def _full_bytes(var: Variable, pattern: tuple) -> int:
+def full_bytes(var: Variable, pattern: tuple) -> int:
     """Bytes per element of the iteration space that `var` costs to read: its item size if
     it is as large as `pattern`, 0 if it is broadcast along some axis (a bias, a scalar)."""
     bc = getattr(var.type, "broadcastable", None)
@@ -85,7 +86,7 @@ def _reader_with_value(reader: Apply, value: Variable, producer: Apply, j: int,
                        make_op: Any) -> Apply | None:
     """`reader` rebuilt to compute `value` (output `j` of `producer`) from the producer's
     inputs instead of reading it, or None where the rebuilt node would not type-check."""
-    fcomp = _program(producer.op)
+    fcomp = program(producer.op)
     b = CompositeBuilder()
     ext: list[Variable] = []
     refs: dict[Variable, Any] = {}
@@ -95,8 +96,8 @@ def _reader_with_value(reader: Apply, value: Variable, producer: Apply, j: int,
             refs[var] = b.add_input(var.dtype)
             ext.append(var)
         return refs[var]
-    need = _needed(fcomp, [j])
-    vref = _replay(b, fcomp, {i: ref(v) for i, v in enumerate(producer.inputs) if i in need},
+    need = needed_slots(fcomp, [j])
+    vref = replay(b, fcomp, {i: ref(v) for i, v in enumerate(producer.inputs) if i in need},
                    [j])[0]
     args = [vref if v is value else ref(v) for v in reader.inputs]
     outs = b.add_op(reader.op.scalar_op, args)
@@ -111,13 +112,13 @@ def _reader_with_value(reader: Apply, value: Variable, producer: Apply, j: int,
     return node
 
 
-def _producer_without(producer: Apply, drop: int, make_op: Any) -> Apply | None:
+def producer_without(producer: Apply, drop: int, make_op: Any) -> Apply | None:
     """`producer` without its output `drop`."""
-    comp = _program(producer.op)
+    comp = program(producer.op)
     keep = [k for k in range(comp.nout) if k != drop]
     b = CompositeBuilder()
     in_refs = {i: b.add_input(v.dtype) for i, v in enumerate(producer.inputs)}
-    outs = _replay(b, comp, in_refs, keep)
+    outs = replay(b, comp, in_refs, keep)
     # inputs the remaining outputs no longer read stay (dropping them would renumber slots
     # for no kernel saving: an unread input costs one pointer argument)
     try:
@@ -131,8 +132,8 @@ def _producer_without(producer: Apply, drop: int, make_op: Any) -> Apply | None:
 
 
 def _worth_it(fgraph: FunctionGraph, producer: Apply, j: int, readers: list[Apply]) -> bool:
-    comp = _program(producer.op)
-    need = _needed(comp, [j])
+    comp = program(producer.op)
+    need = needed_slots(comp, [j])
     if sum(1 for s in need if s >= comp.first_step) > MAX_STEPS:
         return False
     if any(v.owner is not None and getattr(v.owner.op, "draws_random", False)
@@ -140,11 +141,11 @@ def _worth_it(fgraph: FunctionGraph, producer: Apply, j: int, readers: list[Appl
         return False        # a value of a random draw: the draw is made (and read) once
     value = producer.outputs[j]
     pattern = value.type.broadcastable
-    saved = _full_bytes(value, pattern) * (1 + len(readers))
+    saved = full_bytes(value, pattern) * (1 + len(readers))
     cost = 0
     for r in readers:
         have = set(r.inputs)
-        cost += sum(_full_bytes(v, pattern) for i, v in enumerate(producer.inputs)
+        cost += sum(full_bytes(v, pattern) for i, v in enumerate(producer.inputs)
                     if i in need and v not in have)
     return cost < saved
 
@@ -158,13 +159,13 @@ def recompute_exported_values(fgraph: FunctionGraph, op_class: type, make_op: An
         changed = False
         for producer in fgraph.toposort():
             if type(producer.op) is not op_class or producer.op.inplace_pattern or \
-                    _program(producer.op) is None or len(producer.outputs) < 2:
+                    program(producer.op) is None or len(producer.outputs) < 2:
                 continue
             for j, value in enumerate(producer.outputs):
                 clients = fgraph.clients.get(value, [])
                 readers = [c for c, _ in clients]
                 if not readers or any(c == "output" or c is producer or type(c.op) is not op_class
-                                      or c.op.inplace_pattern or _program(c.op) is None
+                                      or c.op.inplace_pattern or program(c.op) is None
                                       and not hasattr(c.op, "scalar_op") for c in readers):
                     continue
                 readers = list(dict.fromkeys(readers))
@@ -172,7 +173,7 @@ def recompute_exported_values(fgraph: FunctionGraph, op_class: type, make_op: An
                     continue
                 new_readers = [_reader_with_value(r, value, producer, j, make_op)
                                for r in readers]
-                new_producer = _producer_without(producer, j, make_op)
+                new_producer = producer_without(producer, j, make_op)
                 if new_producer is None or any(n is None for n in new_readers):
                     continue
                 pairs = [(o, n) for r, nr in zip(readers, new_readers)
