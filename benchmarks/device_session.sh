@@ -24,10 +24,11 @@
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
 #   bash benchmarks/device_session.sh pending    # what waits on branch s22-pending for its
-#                                                # GPU run (about 3 min): the cuDNN RNN tests,
-#                                                # rnn.py's masked rows with scan_to_dnn_rnn
-#                                                # on (fixed and new-length), rnn_varlen's
-#                                                # per-call and CUPTI view of them
+#                                                # GPU run (about 7 min): its GPU tests, the
+#                                                # GPT step's kernels against JAX's, half.py's
+#                                                # MLP and GPT rows, rnn.py's masked rows with
+#                                                # scan_to_dnn_rnn on (fixed and new-length),
+#                                                # rnn_varlen's per-call and CUPTI view
 #   bash benchmarks/device_session.sh multigpu   # issue 35 on nvidia-h200-x2 (about 8 min):
 #                                                # the GPUs' links, pytest -m multigpu,
 #                                                # multi_gpu.py (the seeds' program, the 1.8x
@@ -100,8 +101,14 @@ case "$part" in
     # session 22's branch s22-pending: cuDNN plans shared across lengths, the masked
     # rewrite's backward branch reading the forward's reserve space
     python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
-        tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py 2>&1 \
-        | tee "$out/pending_tests.txt" | tail -6
+        tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py \
+        tests/test_gpu_reduce_cols_tile.py tests/test_gpu_reduce_prologue.py \
+        tests/test_mixed_precision_gpu.py 2>&1 | tee "$out/pending_tests.txt" | tail -6
+    # gpu_reduce_prologue: the bf16 steps' bias-gradient sums reading the half gradient
+    timeout 150 python3 benchmarks/gpt_step_runner.py --jax 2>&1 | tee "$out/gpt_runner.txt" \
+        | grep -v Warning | tail -45
+    (cd benchmarks && timeout 150 python3 half.py --rows mlp,gpt --no-torch-compile 2>&1 \
+        | tee "$out/half_pending.txt" | tail -10)
     rows=lstm-masked-last-b16-h128-fixed,lstm-masked-last-b16-h128-var
     rows=$rows,gru-masked-last-b16-h128-fixed,gru-masked-all-b16-h128-var
     rows=$rows,lstm-masked-all-b64-h512-fixed,lstm-unmasked-all-b64-h512-fixed
