@@ -21,11 +21,11 @@ from symgpu.gpu.ops.careduce import GpuCAReduce, careduce_supported
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.graph.basic import Apply
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.rewriting import InconsistencyError, replace_validate
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scalar.composite import CompositeBuilder
 from symgpu.tensor.rewriting.recompute import (MAX_STEPS, full_bytes, needed_slots,
-                                               producer_without, program, replay)
+                                               producer_without, program, replay,
+                                               rewrite_outputs_until_stable)
 
 __all__ = ["gpu_reduce_prologue"]
 
@@ -79,41 +79,26 @@ def gpu_reduce_prologue(fgraph: FunctionGraph) -> int:
     """Apply the rule to every GpuElemwise of `fgraph` (a single-output one whenever its
     reduction is its only reader); returns how many values are now computed by their
     reduction."""
-    count = 0
-    changed = True
-    while changed:
-        changed = False
-        for producer in fgraph.toposort():
-            if type(producer.op) is not GpuElemwise or producer.op.inplace_pattern or \
-                    program(producer.op) is None:
-                continue
-            alone = len(producer.outputs) == 1
-            for j, value in enumerate(producer.outputs):
-                if value in fgraph.outputs:
-                    continue
-                reader = _reduction_reader(fgraph, producer, j)
-                # the last output left (the others taken by their reductions): the kernel
-                # goes altogether, as gpu_careduce_pre_op folds a single-output kernel
-                if reader is None or not (alone or _worth_it(producer, j)):
-                    continue
-                new_reader = _reduction_with_program(reader, producer, j)
-                new_producer = None if alone else producer_without(producer, j, GpuElemwise)
-                if new_reader is None or (new_producer is None and not alone):
-                    continue
-                pairs = [(reader.outputs[0], new_reader.outputs[0])]
-                if new_producer is not None:
-                    kept = [o for k, o in enumerate(producer.outputs) if k != j]
-                    pairs += list(zip(kept, new_producer.outputs))
-                try:
-                    replace_validate(fgraph, pairs, reason="reduce_prologue")
-                except InconsistencyError:
-                    continue
-                count += 1
-                changed = True
-                break
-            if changed:
-                break
-    return count
+
+    def attempt(producer: Apply, j: int) -> list | None:
+        if producer.outputs[j] in fgraph.outputs:
+            return None
+        alone = len(producer.outputs) == 1
+        reader = _reduction_reader(fgraph, producer, j)
+        # the last output left (the others taken by their reductions): the kernel goes
+        # altogether, as gpu_careduce_pre_op folds a single-output kernel
+        if reader is None or not (alone or _worth_it(producer, j)):
+            return None
+        new_reader = _reduction_with_program(reader, producer, j)
+        new_producer = None if alone else producer_without(producer, j, GpuElemwise)
+        if new_reader is None or (new_producer is None and not alone):
+            return None
+        pairs = [(reader.outputs[0], new_reader.outputs[0])]
+        if new_producer is not None:
+            kept = [o for k, o in enumerate(producer.outputs) if k != j]
+            pairs += list(zip(kept, new_producer.outputs))
+        return pairs
+    return rewrite_outputs_until_stable(fgraph, GpuElemwise, attempt, "reduce_prologue")
 
 
 # after the single-output fold (gpu_careduce_pre_op, 60), before the reductions' epilogues

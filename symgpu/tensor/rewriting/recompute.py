@@ -29,7 +29,7 @@ from symgpu.graph.rewriting import InconsistencyError, replace_validate
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
 __all__ = ["recompute_exported_values", "MAX_STEPS", "program", "needed_slots", "replay",
-           "full_bytes", "producer_without"]
+           "full_bytes", "producer_without", "rewrite_outputs_until_stable"]
 
 #: a value is recomputed only if its program has at most this many scalar steps
 MAX_STEPS = 24
@@ -150,38 +150,27 @@ def _worth_it(fgraph: FunctionGraph, producer: Apply, j: int, readers: list[Appl
     return cost < saved
 
 
-def recompute_exported_values(fgraph: FunctionGraph, op_class: type, make_op: Any) -> int:
-    """Apply the rule to every fused `op_class` node of `fgraph` (fused nodes built with
-    `make_op`); returns how many values are now recomputed instead of stored."""
+def rewrite_outputs_until_stable(fgraph: FunctionGraph, op_class: type, attempt: Any,
+                                 reason: str, min_outputs: int = 1) -> int:
+    """Sweep the fused `op_class` nodes (not in place, with a Composite program and at least
+    `min_outputs` outputs) and their outputs; ``attempt(producer, j)`` gives the
+    replacement pairs for output j or None. Each accepted replacement restarts the sweep
+    (the graph changed); returns how many were made. What recompute_exported_values and
+    the GPU's reduce prologue (symgpu/gpu/ops/reduce_prologue.py) share."""
     count = 0
     changed = True
     while changed:
         changed = False
         for producer in fgraph.toposort():
             if type(producer.op) is not op_class or producer.op.inplace_pattern or \
-                    program(producer.op) is None or len(producer.outputs) < 2:
+                    program(producer.op) is None or len(producer.outputs) < min_outputs:
                 continue
-            for j, value in enumerate(producer.outputs):
-                clients = fgraph.clients.get(value, [])
-                readers = [c for c, _ in clients]
-                if not readers or any(c == "output" or c is producer or type(c.op) is not op_class
-                                      or c.op.inplace_pattern or program(c.op) is None
-                                      and not hasattr(c.op, "scalar_op") for c in readers):
+            for j in range(len(producer.outputs)):
+                pairs = attempt(producer, j)
+                if not pairs:
                     continue
-                readers = list(dict.fromkeys(readers))
-                if not _worth_it(fgraph, producer, j, readers):
-                    continue
-                new_readers = [_reader_with_value(r, value, producer, j, make_op)
-                               for r in readers]
-                new_producer = producer_without(producer, j, make_op)
-                if new_producer is None or any(n is None for n in new_readers):
-                    continue
-                pairs = [(o, n) for r, nr in zip(readers, new_readers)
-                         for o, n in zip(r.outputs, nr.outputs)]
-                kept = [o for k, o in enumerate(producer.outputs) if k != j]
-                pairs += list(zip(kept, new_producer.outputs))
                 try:
-                    replace_validate(fgraph, pairs, reason="recompute")
+                    replace_validate(fgraph, pairs, reason=reason)
                 except InconsistencyError:
                     continue
                 count += 1
@@ -190,3 +179,28 @@ def recompute_exported_values(fgraph: FunctionGraph, op_class: type, make_op: An
             if changed:
                 break
     return count
+
+
+def recompute_exported_values(fgraph: FunctionGraph, op_class: type, make_op: Any) -> int:
+    """Apply the rule to every fused `op_class` node of `fgraph` (fused nodes built with
+    `make_op`); returns how many values are now recomputed instead of stored."""
+
+    def attempt(producer: Apply, j: int) -> list | None:
+        value = producer.outputs[j]
+        readers = [c for c, _ in fgraph.clients.get(value, [])]
+        if not readers or any(c == "output" or c is producer or type(c.op) is not op_class
+                              or c.op.inplace_pattern or program(c.op) is None
+                              and not hasattr(c.op, "scalar_op") for c in readers):
+            return None
+        readers = list(dict.fromkeys(readers))
+        if not _worth_it(fgraph, producer, j, readers):
+            return None
+        new_readers = [_reader_with_value(r, value, producer, j, make_op) for r in readers]
+        new_producer = producer_without(producer, j, make_op)
+        if new_producer is None or any(n is None for n in new_readers):
+            return None
+        pairs = [(o, n) for r, nr in zip(readers, new_readers)
+                 for o, n in zip(r.outputs, nr.outputs)]
+        kept = [o for k, o in enumerate(producer.outputs) if k != j]
+        return pairs + list(zip(kept, new_producer.outputs))
+    return rewrite_outputs_until_stable(fgraph, op_class, attempt, "recompute", min_outputs=2)
