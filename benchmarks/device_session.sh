@@ -103,6 +103,7 @@ case "$part" in
     python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
         tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py \
         tests/test_gpu_reduce_cols_tile.py tests/test_gpu_reduce_prologue.py \
+        tests/test_gpu_advanced_pairs.py \
         tests/test_mixed_precision_gpu.py 2>&1 | tee "$out/pending_tests.txt" | tail -6
     # gpu_reduce_prologue: the bf16 steps' bias-gradient sums reading the half gradient
     timeout 150 python3 benchmarks/gpt_step_runner.py --jax 2>&1 | tee "$out/gpt_runner.txt" \

@@ -46,6 +46,24 @@ def test_the_tutorials_nll_and_its_gradient_stay_on_the_gpu():
             assert report.syncs_per_call == 1, report.syncs     # only the results' copy
 
 
+def test_broadcast_arange_indices_are_made_on_the_device():
+    """A gather at ``y[arange(n)[:, None], arange(m)[None, :]]`` (scan_to_dnn_rnn's held
+    states): both ranges become GpuARange under a GpuDimShuffle, not host ranges uploaded
+    every call."""
+    from symgpu.gpu.placement.basic_ops import GpuFromHost
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        y = T.tensor3("y")
+        t = T.arange(y.shape[0]).dimshuffle(0, "x")
+        rows = T.arange(y.shape[1]).dimshuffle("x", 0)
+        f = function([y], y[t, rows] * 2)
+        nodes = f.maker.fgraph.toposort()
+        names = _ops(f)
+        assert "GpuARange" in names and not names & CPU_NAMES, names
+        uploads = [n for n in nodes if isinstance(n.op, GpuFromHost) and
+                   n.inputs[0].owner is not None and n.inputs[0].dtype.startswith("int")]
+        assert not uploads, [str(n.inputs[0].owner.op) for n in uploads]
+
+
 def test_the_minibatch_step_is_one_captured_segment():
     """The deep-learning tutorials' minibatch MLP step (data sliced by an index, the NLL's
     pairs gather): the mean's divisor is the gather's length, computed on the host from the
@@ -163,3 +181,17 @@ def test_gpu_nll_step_matches_the_cpu(cuda):
     onehot = np.eye(3, dtype="float32")[yv]
     np.testing.assert_allclose(got[1], xv.T @ (np.exp(logp) - onehot) / 16, rtol=1e-4,
                                atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_gather_at_broadcast_device_ranges(cuda):
+    """y[arange(n)[:, None], arange(m)[None, :]] with the ranges made on the device: NumPy's
+    values, and no host range left."""
+    y = T.tensor3("y", dtype="float32")
+    t = T.arange(y.shape[0]).dimshuffle(0, "x")
+    rows = T.arange(y.shape[1]).dimshuffle("x", 0)
+    yv = np.random.default_rng(2).standard_normal((5, 3, 4)).astype("float32")
+    n, m = np.arange(5)[:, None], np.arange(3)[None, :]
+    f = check_on_gpu([y], y[t, rows] * 2, [yv], yv[n, m] * 2, CPU_NAMES)
+    assert "GpuARange" in _ops(f)

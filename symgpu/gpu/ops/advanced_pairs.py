@@ -24,7 +24,7 @@ from symgpu.gpu.runtime.graph_params import (arange_from_params, load_kernels, p
                                           prefetch_request, slot_ptr)
 from symgpu.gpu.ops.advanced import ADVANCED_DTYPES, INDEX_DTYPES
 from symgpu.gpu.ops.elemwise import gpu_elemwise, new_array
-from symgpu.gpu.placement.basic_ops import (GpuFromHost, as_gpuarray_variable,
+from symgpu.gpu.placement.basic_ops import (GpuDimShuffle, GpuFromHost, as_gpuarray_variable,
                                             specify_gpu_broadcastable_as)
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
@@ -39,6 +39,7 @@ from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.tensor.basic import ARange
+from symgpu.tensor.elemwise import DimShuffle
 from symgpu.tensor.shape_rules import arange_length, numpy_broadcast
 from symgpu.tensor.subtensor import AdvancedIncSubtensor, AdvancedSubtensor, SYM
 from symgpu.tensor.type import as_tensor_variable
@@ -380,8 +381,13 @@ def lift_advanced_incsubtensor2(op, node, context_name, inputs):
 @node_rewriter([GpuFromHost])
 def local_gpu_arange(fgraph, node):
     """GpuFromHost(ARange(start, stop, step)) -> GpuARange(start, stop, step): an integer
-    range that only GPU ops read is made on the device, not computed and uploaded."""
+    range that only GPU ops read is made on the device, not computed and uploaded; the same
+    through a DimShuffle (``arange(n)[:, None]``, a gather's broadcast row or column
+    index), which then becomes a GpuDimShuffle view of the device range."""
     src = node.inputs[0]
+    shuffle = None
+    if src.owner is not None and isinstance(src.owner.op, DimShuffle):
+        shuffle, src = src.owner.op, src.owner.inputs[0]
     if src.owner is None or type(src.owner.op) is not ARange or \
             src.owner.op.dtype not in INDEX_DTYPES:
         return None
@@ -389,6 +395,8 @@ def local_gpu_arange(fgraph, node):
     if not all(v.dtype.startswith(("int", "uint")) for v in (start, stop, step)):
         return None
     new = GpuARange(src.owner.op.dtype, node.op.context_name)(start, stop, step)
+    if shuffle is not None:
+        new = GpuDimShuffle(new.broadcastable, shuffle.new_order)(new)
     out = node.outputs[0]
     if new.type != out.type:
         new = specify_gpu_broadcastable_as(new, out.type)
