@@ -44,7 +44,7 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import ShapeError
-from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, LENGTH_DTYPES, RNN_MODES, DnnRNN,
+from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, LENGTH_DTYPES, DnnRNN,
                                     DnnRNNGrad, _RNNBase, check_lengths, rnn_layout)
 from symgpu.tensor.type import as_tensor_variable
 
@@ -200,7 +200,10 @@ class _GpuRNNBase(_RNNBase):
                 self._check(vals)
                 plan = RNNPlan(self, ctx, t, b, isize, vals[0].ptr, vals[0].shape[0], lengths,
                                layer=layer_plans.get(layer_key))
-                layer_plans[layer_key] = plan
+                layer_plans.pop(layer_key, None)
+                layer_plans[layer_key] = plan      # most recently made last
+                while len(layer_plans) > PLAN_CACHE:   # a batch size per call: bounded too
+                    layer_plans.pop(next(iter(layer_plans)))
                 while len(plans) >= PLAN_CACHE:
                     plans.pop(next(iter(plans)))
             plans[key] = plan            # most recently used last
