@@ -83,6 +83,31 @@ def test_bias_gradients_of_tall_activations_are_one_tile_launch(fake_device):
     assert call[0] == "sg_cols_tile" and call[3][0] == 1029
 
 
+def _stat_times_grad(stat_first=True):
+    """sum(stat * dy, axis=(0, 1)) as a mixed-precision layer norm's gain gradient fuses it:
+    a per-row float32 statistic (B, S, 1) beside the (B, S, C) bfloat16 gradient."""
+    stat = GpuArrayType("float32", (False, False, True), None)()
+    dy = _gv("bfloat16", 3)
+    ins = [stat, dy] if stat_first else [dy, stat]
+    return GpuCAReduce(S["add"], (0, 1), None, S["mul"])(*ins).owner
+
+
+def test_a_broadcast_first_operand_does_not_choose_the_walk(fake_device):
+    """The walk follows the operand with the most values: following the (B, S, 1) statistic
+    read first made this a row reduction striding through the gradient (the GPT step's
+    gain gradients took 95 us each in sg_rows_onepass instead of one column tile)."""
+    ctx, calls = fake_device
+    for stat_first in (True, False):
+        node = _stat_times_grad(stat_first)
+        stat = fake_gpu_array(ctx, (8, 1024, 1))
+        dy = fake_gpu_array(ctx, (8, 1024, 768), "bfloat16")
+        thunk, storage = thunk_over(node, [stat, dy] if stat_first else [dy, stat])
+        calls.clear()
+        thunk()
+        assert [c[0] for c in calls] == ["sg_cols_tile"]
+        assert calls[0][3][:2] == (768, 8192) and storage[node.outputs[0]][0].shape == (768,)
+
+
 def test_other_layouts_keep_their_paths(fake_device, monkeypatch):
     ctx, calls = fake_device
     tall = _ReduceThunk.COLS_BLOCK_ROWS_PER_LANE * 128 + 1
@@ -218,6 +243,20 @@ def test_two_operand_pre_op_broadcast_rows_and_maximum(emu):
     got, _, _ = _run_thunk(node, [device_array(emu, xh)])
     want = xh.max(0)
     assert np.isnan(got[7]) and np.array_equal(np.delete(got, 7), np.delete(want, 7))
+
+
+@requires_gxx
+def test_a_per_row_statistic_read_first_sums_by_columns(emu):
+    from emulated_gpu import device_array
+    rng = np.random.default_rng(9)
+    stat = rng.uniform(-1, 1, (4, 300, 1)).astype("float32")
+    dy = rng.uniform(-1, 1, (4, 300, 132)).astype("bfloat16")
+    got, thunk, _ = _run_thunk(_stat_times_grad(), [device_array(emu, stat),
+                                                    device_array(emu, dy)])
+    (plan,) = thunk.reduce_thunk.plans.values()
+    assert (plan[0].K, plan[0].R, plan[0].kernel) == (132, 1200, "sg_cols_tile")
+    np.testing.assert_allclose(got, (stat * dy.astype("float64")).sum((0, 1)),
+                               rtol=1e-5, atol=1e-4)
 
 
 @requires_gxx

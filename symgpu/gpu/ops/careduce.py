@@ -242,11 +242,13 @@ class _ReduceThunk:
                    for a in ins]
         if not shape:          # a 0-d input: one position, one value
             shape, strides = (1,), [[0] for _ in ins]
-            axes = (0,)
+            axes, lead = (0,), 0
         else:
             axes = self.axes
-            shape, strides = _order_reduced(shape, strides, axes)
-        p = layout.plan_reduction(shape, strides, axes, self.sms)
+            lead = layout.lead_operand(shape, strides)
+            shape, strides = _order_reduced(shape, strides, axes, lead)
+        p = layout.plan_reduction(shape, strides, axes, self.sms, lead)
+        itemsize = ins[lead].dtype.itemsize
         if not ins[0].shape:
             p.out_shape = ()
         if p.R == 0 and self.is_minmax and p.K:
@@ -265,7 +267,7 @@ class _ReduceThunk:
                 mode, counters = self.ONEPASS, self.counter_ptr()
                 name = "sg_vrows_onepass" if vec else "sg_rows_onepass"
                 if p.K == 1:
-                    per_thread = max(1, self.ONEPASS_MIN_BYTES_PER_THREAD // ins[0].dtype.itemsize)
+                    per_thread = max(1, self.ONEPASS_MIN_BYTES_PER_THREAD // itemsize)
                     g = min(max(1, self.ONEPASS_BLOCKS_PER_SM) * self.sms,
                             -(-p.R // (256 * per_thread)), 65535)
                     if g == 1:
@@ -274,7 +276,7 @@ class _ReduceThunk:
                     p.G, p.chunk = g, -(-p.R // g)
                     p.block, p.grid = (256, 1, 1), (1, g, 1)
         else:
-            cw = self.cols_block_width(p, ins[0].dtype.itemsize)
+            cw = self.cols_block_width(p, itemsize)
             if not cw and self.cols_tile_fits(p, ks):
                 p.grid, p.G, p.chunk = layout.cols_tile_grid(
                     p.K, p.R, self.op.signature(self.node, 1, 1).cols_vector, self.sms,
@@ -296,7 +298,7 @@ class _ReduceThunk:
         R tall enough to be split with no one-launch column block."""
         return (self.COLS_TILE and p.strategy == "cols" and p.G > 1 and p.K and p.R
                 and p.K >= self.COLS_TILE_MIN_K and p.knd == 1 and p.rnd == 1
-                and "sg_cols_tile" in ks and p.kstrides[0][-1] == 1
+                and "sg_cols_tile" in ks and p.kstrides[p.lead][-1] == 1
                 and all(s[-1] in (0, 1) for s in p.kstrides))
 
     def cols_block_width(self, p: Any, itemsize: int) -> int:
@@ -378,14 +380,16 @@ def _epilogue_operand(op: GpuCAReduce, a: Any, out_shape: tuple, scalar: bool) -
     return a if a.is_c_contiguous else a.copy()
 
 
-def _order_reduced(shape: tuple, strides: list, axes: Sequence[int]) -> tuple[tuple, list]:
+def _order_reduced(shape: tuple, strides: list, axes: Sequence[int],
+                   lead: int = 0) -> tuple[tuple, list]:
     """The same iteration space with the reduced dims (their order does not change a
-    commutative reduction) sorted by operand 0's stride, largest outside and broadcast ones
-    outermost, so that ``x.T.sum()`` walks memory in order (and collapses like ``x.sum()``)."""
+    commutative reduction) sorted by operand ``lead``'s stride, largest outside and broadcast
+    ones outermost, so that ``x.T.sum()`` walks memory in order (and collapses like
+    ``x.sum()``)."""
     red = [d for d in range(len(shape)) if d in axes]
     if len(red) < 2:
         return shape, strides
-    s0 = strides[0]
+    s0 = strides[lead]
     order = sorted(red, key=lambda d: float("inf") if s0[d] == 0 else abs(s0[d]), reverse=True)
     if order == red:
         return shape, strides

@@ -128,7 +128,7 @@ class ReducePlan:
     kept/reduced shapes and per-operand strides, the strategy and the launch geometry."""
 
     __slots__ = ("K", "R", "kshape", "rshape", "kstrides", "rstrides", "strategy", "grid",
-                 "block", "chunk", "G", "finish_grid", "out_shape", "kernel")
+                 "block", "chunk", "G", "finish_grid", "out_shape", "kernel", "lead")
 
     def __repr__(self) -> str:
         return (f"ReducePlan(K={self.K}, R={self.R}, kshape={self.kshape}, rshape={self.rshape}, "
@@ -157,10 +157,25 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def lead_operand(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> int:
+    """The operand whose memory order a reduction follows: the one holding the most distinct
+    values (the fewest broadcast dims), the first of equals.  A fused pre-op may read a
+    per-row statistic first, say ``(8, 1024, 1)`` beside the ``(8, 1024, 768)`` gradient;
+    walking that one's order would stride through the big one."""
+    def values(s: Sequence[int]) -> int:
+        n = 1
+        for d, e in enumerate(shape):
+            if s[d] != 0:
+                n *= e
+        return n
+    sizes = [values(s) for s in strides]
+    return sizes.index(max(sizes)) if sizes else 0
+
+
 def plan_reduction(shape: tuple[int, ...], strides: Sequence[Sequence[int]],
-                   axes: Sequence[int], sm_count: int) -> ReducePlan:
+                   axes: Sequence[int], sm_count: int, lead: int = 0) -> ReducePlan:
     """Plan reducing ``axes`` of an iteration space ``shape`` read by operands with element
-    ``strides`` (0 where broadcast)."""
+    ``strides`` (0 where broadcast), coalescing the reads of operand ``lead``."""
     kept = [d for d in range(len(shape)) if d not in axes]
     red = [d for d in range(len(shape)) if d in axes]
     kshape, kstr = collapse([shape[d] for d in kept], [[s[d] for d in kept] for s in strides])
@@ -174,9 +189,10 @@ def plan_reduction(shape: tuple[int, ...], strides: Sequence[Sequence[int]],
         p.R *= shape[d]
     p.kshape, p.rshape, p.kstrides, p.rstrides = kshape, rshape, kstr, rstr
     p.out_shape = tuple(shape[d] for d in kept)
-    # operand 0 decides which axis the threads of a warp walk along (coalescing)
-    k_inner = abs(kstr[0][-1]) if p.K > 1 else None
-    r_inner = abs(rstr[0][-1]) if p.R > 1 else None
+    # operand ``lead`` decides which axis the threads of a warp walk along (coalescing)
+    p.lead = lead
+    k_inner = abs(kstr[lead][-1]) if p.K > 1 else None
+    r_inner = abs(rstr[lead][-1]) if p.R > 1 else None
     if r_inner == 1 or k_inner is None:
         strategy = "rows"
     elif k_inner == 1:
