@@ -288,8 +288,9 @@ def test_attention_tiles_fit_shared_memory():
     for dtype in A.ATTENTION_DTYPES:
         for hd in A.HEAD_DIMS:
             assert max(A._fwd_smem(dtype, hd), A._bwd_smem(dtype, hd)) <= 227 * 1024
-            warps, mt, stages = A._tiles(dtype, hd)
-            assert A._fwd_rows(dtype, hd) == 16 * warps * mt and stages in (1, 2)
+            t = A._tiles(dtype, hd)
+            assert A._fwd_rows(dtype, hd) == 16 * t.fwd_warps * t.fwd_tiles
+            assert t.bwd_stages in (1, 2) and t.fwd_keys % 16 == 0 and t.fwd_keys <= 128
     assert 2 * A._bwd_smem("float16", 64) <= 227 * 1024
 
 

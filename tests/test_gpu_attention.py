@@ -76,6 +76,14 @@ def test_gpu_attention_head_40_padded(cuda):
     _case("float16", (1, 2, 65, 40), (1, 2, 65, 40), True, True)
 
 
+@pytest.mark.parametrize("dtype,d", [("float16", 36), ("float32", 34), ("float32", 36)])
+def test_gpu_attention_rows_of_odd_sixteen_byte_chunks(cuda, dtype, d):
+    """The backward's row kernels (Delta and dq's rounding) take 16-byte accesses only where
+    every row starts aligned and d fills whole chunks: 36 halves and 34 floats do not, 36
+    floats do."""
+    _case(dtype, (2, 2, 45, d), (2, 2, 45, d), True, False)
+
+
 def test_gpu_attention_float32_allow_tf32(cuda):
     """gpuarray.allow_tf32: one TF32 product per multiply (PyTorch's TF32 class of accuracy)."""
     from symgpu.config import config

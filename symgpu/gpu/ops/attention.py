@@ -24,7 +24,7 @@ device: both thunks are captured into CUDA graphs.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -51,25 +51,40 @@ HEAD_DIMS = (64, 128)
 #: False: the lifter leaves attention on the host (read when a function is compiled)
 ENABLED = True
 
-_BN = 64                # attention.cu's AT_BN (keys per tile); the backward's AT_BM too
+_BN = 64                # attention.cu's AT_BN (the backward's keys per block); its AT_BM too
 _THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
 _FWD = struct.Struct("@6P16q6if4x")
 _BWD = struct.Struct("@10P22q6if4x")
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
-#: (itemsize, head dim) -> (forward warps, 16-row tiles per warp, backward stages): the
-#: forward's query block is 16 * tiles * warps rows (measured on the H200: 4 x 1 beat 4 x 2,
-#: which spills, and 8 x 1); two backward stages prefetch the next query block during the
-#: whole step, one during its dQ part (float32: two stages would leave one block per SM)
-_TILES = {(2, 64): (4, 1, 2), (2, 128): (4, 1, 2), (4, 64): (4, 1, 1), (4, 128): (4, 1, 1)}
+class Tiles(NamedTuple):
+    """One instance's tiling: the forward's query block is 16 * fwd_tiles * fwd_warps rows
+    against fwd_keys keys a tile; two backward stages prefetch the next query block during the
+    whole step, one during its dQ part; the min blocks are __launch_bounds__' (1: the
+    compiler's choice of registers)."""
+    fwd_warps: int
+    fwd_tiles: int
+    fwd_keys: int
+    bwd_stages: int
+    fwd_min_blocks: int = 1
+    bwd_min_blocks: int = 1
+
+
+#: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
+#: B 8, H 12, S 1024, causal, bfloat16): forward 4 x 1 x 64 at 4 blocks per SM (128
+#: registers) 90.5 us, against 97.5 with 153 registers and 3 blocks, 94 for 4 x 2 x 64, 92
+#: for 4 x 1 x 128; backward two stages 228.5 us, one 232, two at 3 blocks per SM (170
+#: registers) 243. float32 keeps one stage (two would leave one block per SM).
+_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4), (2, 128): Tiles(4, 1, 64, 2),
+          (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
 
 
 def _itemsize(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def _tiles(dtype: str, hd: int) -> tuple[int, int, int]:
+def _tiles(dtype: str, hd: int) -> Tiles:
     return _TILES[(_itemsize(dtype), hd)]
 
 
@@ -83,13 +98,16 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False) -> str:
     """The CUDA module of one (dtype, head dim[, 1xTF32]): its pre/dq kernels, forward and
     backward (one module per instance: a graph compiles only what it runs)."""
     ctype = ATTENTION_DTYPES[dtype]
-    warps, mt, stages = _tiles(dtype, hd)
+    t = _tiles(dtype, hd)
     return "".join([common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
                     _CU[""].substitute(),
                     _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
                     _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
-                                           fwd_threads=32 * warps, fwd_warps=warps,
-                                           fwd_mt=mt, bwd_stages=stages)])
+                                           fwd_threads=32 * t.fwd_warps,
+                                           fwd_warps=t.fwd_warps, fwd_mt=t.fwd_tiles,
+                                           fwd_bn=t.fwd_keys, bwd_stages=t.bwd_stages,
+                                           fwd_min_blocks=t.fwd_min_blocks,
+                                           bwd_min_blocks=t.bwd_min_blocks)])
 
 
 def _source(dtype: str, hd: int, fast: bool) -> Callable[[], str]:
@@ -106,16 +124,17 @@ def _head(op: Any, d: int, shapes: str) -> int:
 
 
 def _fwd_rows(dtype: str, hd: int) -> int:
-    warps, mt, _ = _tiles(dtype, hd)
-    return 16 * mt * warps
+    t = _tiles(dtype, hd)
+    return 16 * t.fwd_tiles * t.fwd_warps
 
 
 def _fwd_smem(dtype: str, hd: int) -> int:
-    return (_fwd_rows(dtype, hd) + 4 * _BN) * (hd + _PAD) * _itemsize(dtype)
+    """Q's block and two stages of K and V tiles."""
+    return (_fwd_rows(dtype, hd) + 4 * _tiles(dtype, hd).fwd_keys) * (hd + _PAD) * _itemsize(dtype)
 
 
 def _bwd_smem(dtype: str, hd: int) -> int:
-    stages, isz = _tiles(dtype, hd)[2], _itemsize(dtype)
+    stages, isz = _tiles(dtype, hd).bwd_stages, _itemsize(dtype)
     return (((2 + 2 * stages) * _BN * (hd + _PAD) + _BN * (_BN + _PAD)) * isz +
             2 * stages * _BN * 4)
 
@@ -185,10 +204,18 @@ def _mask_strides(mask: Any, ndim: int, shape: tuple) -> tuple[Any, tuple[int, i
     return mask, st
 
 
-def _aligned(arrays: list, strides: list, itemsize: int) -> bool:
+def _aligned(arrays: list, leads: list, itemsize: int) -> bool:
+    """Whether every row of these arrays starts 16-byte aligned: aligned data and (batch,
+    head, row) strides (``_lead``) of whole 16-byte chunks."""
     ch = 16 // itemsize
-    return all(a.ptr % 16 == 0 for a in arrays) and all(s % ch == 0 for st in strides
-                                                         for s in st[:-1])
+    return all(a.ptr % 16 == 0 for a in arrays) and all(s % ch == 0 for st in leads
+                                                         for s in st)
+
+
+def _row_blocks(rows: int, vec: bool) -> tuple[int, int]:
+    """The grid of the pre and dq kernels (256 threads a block): a warp takes 4 rows at a
+    time with 16-byte accesses (vec), else one."""
+    return max(1, min(8192, -(-rows // (32 if vec else 8)))), 1
 
 
 def _check(op: Any, q: Any, k: Any, v: Any, mask: Any) -> None:
@@ -297,8 +324,8 @@ class GpuAttention(_GpuAttentionBase):
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
                         _scale(self, d))
-        warps, mt, _ = _tiles(q.dtype.name, hd)
-        fn._launch_kernel((-(-sq // (16 * mt * warps)), bh, 1), (32 * warps, 1, 1), buf, smem,
+        fn._launch_kernel((-(-sq // _fwd_rows(q.dtype.name, hd)), bh, 1),
+                          (32 * _tiles(q.dtype.name, hd).fwd_warps, 1, 1), buf, smem,
                           ctx.stream)
         return [o, lse]
 
@@ -361,28 +388,28 @@ class GpuAttentionGrad(_GpuAttentionBase):
         fast = _fast_tf32(name)
         pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
                                   f"attn_bwd_pre_{name}",
-                                  "PqqqPqqqPPPiiiq", context=ctx)
-        blocks = max(1, min(8192, -(-rows // 8)))
-        pre.prepared_async_call((blocks, 1), (256, 1, 1), ctx.stream, o.ptr, *_lead(os_, nd),
-                                do.ptr, *leads[3], dlse.ptr if dlse is not None else 0,
-                                delta.ptr, acc.ptr, heads, sq, d, rows)
+                                  "PqqqPqqqPPPiiiqi", context=ctx)
+        isz = q.dtype.itemsize
+        rows_vec = d % (16 // isz) == 0 and _aligned([o, do], [_lead(os_, nd), leads[3]], isz)
+        pre.prepared_async_call(_row_blocks(rows, rows_vec), (256, 1, 1), ctx.stream, o.ptr,
+                                *_lead(os_, nd), do.ptr, *leads[3],
+                                dlse.ptr if dlse is not None else 0, delta.ptr, acc.ptr, heads,
+                                sq, d, rows, int(rows_vec))
         vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
         smem = _bwd_smem(name, hd)
         fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
-        isz = q.dtype.itemsize
         dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
         buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                         dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
                         heads, sq, sk, d, int(self.causal), int(vec), _scale(self, d))
         fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
         if acc is not dq:
-            total = dq.size
             cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                                      f"attn_bwd_dq_{name}", "PPqqqqiii", context=ctx)
-            cvt.prepared_async_call((max(1, min(8192, -(-total // 256))), 1), (256, 1, 1),
-                                    ctx.stream, acc.ptr, dq.ptr, total,
-                                    *_lead(tuple(s // isz for s in dq.strides), nd), heads, sq,
-                                    d)
+                                      f"attn_bwd_dq_{name}", "PPqqqqiiii", context=ctx)
+            dql = _lead(tuple(s // isz for s in dq.strides), nd)
+            dq_vec = d % (16 // isz) == 0 and _aligned([dq], [dql], isz)
+            cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,
+                                    dq.ptr, rows, *dql, heads, sq, d, int(dq_vec))
         return [dq, dk, dv]
 
 

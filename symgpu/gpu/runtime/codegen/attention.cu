@@ -12,7 +12,7 @@
 // side by side are exactly an A operand (the probabilities feed P @ V without shared memory).
 // 16-bit operands come from shared memory by ldmatrix (.trans where the tile is stored k-major).
 #define AT_BM 64             // backward: query rows per step; keys per block
-#define AT_BN 64             // keys per tile (forward and backward)
+#define AT_BN 64             // keys per tile (backward; the forward's is its template's BN)
 #define AT_THREADS 128       // backward: 4 warps x 16 keys
 #define AT_LOG2E 1.4426950408889634f
 #define AT_LN2 0.6931471805599453f
@@ -256,10 +256,10 @@ struct AtArgs {
 
 /* The forward: one block of WARPS warps per (16 * MT * WARPS query rows, batch * head), the
    blocks with the most keys (causal) first; 64-key tiles of K and V in two cp.async stages. */
-template <typename T, int HD, int WARPS, int MT>
+template <typename T, int HD, int WARPS, int MT, int BN>
 __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 {
-    constexpr int BM = 16 * MT * WARPS, BN = AT_BN, LD = HD + 8, THREADS = 32 * WARPS;
+    constexpr int BM = 16 * MT * WARPS, LD = HD + 8, THREADS = 32 * WARPS;
     typedef typename AtFrag<T>::A FA;
     typedef typename AtFrag<T>::B FB;
     extern __shared__ __align__(16) unsigned char at_smem[];
@@ -274,6 +274,10 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
     const float *mask = a.mask ? a.mask + b * a.msb + h * a.msh : 0;
     const float sl2 = a.scale * AT_LOG2E;
+    // Without a mask (and with a positive scale) the logits stay raw until the exponent,
+    // exp2(s * sl2 - max), one FFMA; a mask is added to logits scaled first (mult 1 then)
+    const bool prescale = mask != 0 || !(sl2 > 0.f);
+    const float mult = prescale ? 1.f : sl2;
     const int n_end = a.causal ? min(a.sk, m0 + BM) : a.sk;
     const int wrow = m0 + warp * MT * 16;          // the warp's first row
 
@@ -338,19 +342,28 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
             const int row0 = wrow + mt * 16 + g, row1 = row0 + 8;
+            if (prescale) {        // logits in log2 units first: a mask adds to them
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
+                for (int nt = 0; nt < BN / 8; ++nt)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                    float x = s[mt][nt][e] * sl2;
-                    if (mask && row < a.sq && col < a.sk)
-                        x += mask[row * a.msi + col * a.msj] * AT_LOG2E;
-                    if (edge && (col >= a.sk || (a.causal && col > row))) x = -INFINITY;
-                    s[mt][nt][e] = x;
-                }
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
+                        float x = s[mt][nt][e] * sl2;
+                        if (mask && row < a.sq && col < a.sk)
+                            x += mask[row * a.msi + col * a.msj] * AT_LOG2E;
+                        s[mt][nt][e] = x;
+                    }
             }
-            float mx[2] = {mrow[mt][0], mrow[mt][1]};
+            if (edge) {            // keys past the end or after the row (causal): none
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
+                        if (col >= a.sk || (a.causal && col > row)) s[mt][nt][e] = -INFINITY;
+                    }
+            }
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt) {
                 mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
@@ -361,17 +374,18 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
             for (int r = 0; r < 2; ++r) {
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
                 mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mx[r] = fmaxf(mrow[mt][r], mx[r] * mult);     // (mult > 0 keeps the order)
                 base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
                 alpha[mt][r] = at_exp2(mrow[mt][r] - base[r]);
                 mrow[mt][r] = mx[r];
                 lrow[mt][r] *= alpha[mt][r];
             }
 #pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                s[mt][nt][0] = at_exp2(s[mt][nt][0] - base[0]);
-                s[mt][nt][1] = at_exp2(s[mt][nt][1] - base[0]);
-                s[mt][nt][2] = at_exp2(s[mt][nt][2] - base[1]);
-                s[mt][nt][3] = at_exp2(s[mt][nt][3] - base[1]);
+            for (int nt = 0; nt < BN / 8; ++nt) {   // one FFMA and one EX2 a probability
+                s[mt][nt][0] = at_exp2(fmaf(s[mt][nt][0], mult, -base[0]));
+                s[mt][nt][1] = at_exp2(fmaf(s[mt][nt][1], mult, -base[0]));
+                s[mt][nt][2] = at_exp2(fmaf(s[mt][nt][2], mult, -base[1]));
+                s[mt][nt][3] = at_exp2(fmaf(s[mt][nt][3], mult, -base[1]));
                 lrow[mt][0] += s[mt][nt][0] + s[mt][nt][1];
                 lrow[mt][1] += s[mt][nt][2] + s[mt][nt][3];
             }
@@ -425,45 +439,132 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
     }
 }
 
-/* Delta[row] = sum(dO[row] * O[row]) - dlse[row] (one warp per row), and zeros the float
-   dq accumulator row (when it is not the output itself it has the same (rows, d) layout). */
+/* The two values of a 32-bit word of T as floats (T float: one value, y unused) */
+__device__ __forceinline__ float2 at_unpack2(unsigned w, const __nv_bfloat16 *) {
+    return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 at_unpack2(unsigned w, const __half *) {
+    return __half22float2(__halves2half2(__ushort_as_half((unsigned short)(w & 0xffffu)),
+                                         __ushort_as_half((unsigned short)(w >> 16))));
+}
+
+/* sum(x[i] * y[i]) over the 16 bytes at x and y (16-byte aligned) */
+template <typename T>
+__device__ __forceinline__ float at_dot16(const T *x, const T *y) {
+    const uint4 a = *reinterpret_cast<const uint4 *>(x), b = *reinterpret_cast<const uint4 *>(y);
+    if constexpr (sizeof(T) == 4) {
+        return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
+               __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
+    } else {
+        const T *tag = nullptr;
+        const float2 a0 = at_unpack2(a.x, tag), a1 = at_unpack2(a.y, tag), a2 = at_unpack2(a.z, tag),
+                     a3 = at_unpack2(a.w, tag), b0 = at_unpack2(b.x, tag), b1 = at_unpack2(b.y, tag),
+                     b2 = at_unpack2(b.z, tag), b3 = at_unpack2(b.w, tag);
+        return a0.x * b0.x + a0.y * b0.y + a1.x * b1.x + a1.y * b1.y + a2.x * b2.x + a2.y * b2.y +
+               a3.x * b3.x + a3.y * b3.y;
+    }
+}
+
+/* 16 bytes of T at dst (16-byte aligned) from 16 / sizeof(T) floats at src (16-byte aligned) */
+template <typename T>
+__device__ __forceinline__ void at_round16(T *dst, const float *src) {
+    const float4 x = *reinterpret_cast<const float4 *>(src);
+    if constexpr (sizeof(T) == 4) {
+        *reinterpret_cast<float4 *>(dst) = x;
+    } else {
+        const float4 y = *reinterpret_cast<const float4 *>(src + 4);
+        *reinterpret_cast<uint4 *>(dst) = make_uint4(AtFrag<T>::pack(x.x, x.y), AtFrag<T>::pack(x.z, x.w),
+                                                     AtFrag<T>::pack(y.x, y.y), AtFrag<T>::pack(y.z, y.w));
+    }
+}
+
+/* Row r of the (batch * head * rows) space: its (batch, head, row) in 32-bit arithmetic where
+   the space fits (64-bit division is a long software sequence, once per row here) */
+__device__ __forceinline__ void at_row_index(long long r, int heads, int sq, long long rows,
+                                             long long &b, long long &h, long long &i) {
+    if (rows <= 0x7fffffffLL) {
+        const int ri = (int)r, bh = ri / sq;
+        i = ri - bh * sq; b = bh / heads; h = bh - (int)b * heads;
+    } else {
+        const long long bh = r / sq;
+        i = r - bh * sq; b = bh / heads; h = bh - b * heads;
+    }
+}
+
+/* The pre and dq kernels' rows: VEC (the host checked that every row starts 16-byte aligned
+   and d fills whole 16-byte accesses of T and of float): 8 lanes a row, 4 rows a warp, one
+   16-byte access a lane at a time; else a warp a row, one value a lane. Every lane of a warp
+   runs the same iterations (the row sums shuffle over them). */
+#define AT_ROWS_LOOP(VEC)                                                                      \
+    const int lane = threadIdx.x & 31, per = (VEC) ? 4 : 1, sub = (VEC) ? lane >> 3 : 0;      \
+    const int rl = (VEC) ? lane & 7 : lane, rlanes = (VEC) ? 8 : 32;                           \
+    const long long w0 = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;             \
+    const long long nw = ((long long)gridDim.x * blockDim.x) >> 5;                            \
+    for (long long r0 = w0 * per; r0 < rows; r0 += nw * per)
+
+/* Delta[row] = sum(dO[row] * O[row]) - dlse[row], and zeros the float dq accumulator row
+   (when it is not the output itself it has the same (rows, d) layout). */
 template <typename T>
 __device__ __forceinline__ void attn_bwd_pre_body(const T *o, long long osb, long long osh,
                                                   long long oss, const T *dout, long long dsb,
                                                   long long dsh, long long dss,
                                                   const float *dlse, float *delta, float *dqacc,
-                                                  int heads, int sq, int d, long long rows)
+                                                  int heads, int sq, int d, long long rows,
+                                                  int vec)
 {
-    const int lane = threadIdx.x & 31;
-    for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows;
-         r += ((long long)gridDim.x * blockDim.x) >> 5) {
-        const long long bh = r / sq, i = r % sq, b = bh / heads, h = bh % heads;
-        const T *orow = o + b * osb + h * osh + i * oss;
-        const T *drow = dout + b * dsb + h * dsh + i * dss;
+    constexpr int V = 16 / sizeof(T);
+    AT_ROWS_LOOP(vec) {
+        const long long r = r0 + sub;
         float acc = 0.f;
-        for (int c = lane; c < d; c += 32) {
-            acc += at_f(orow[c]) * at_f(drow[c]);
-            dqacc[r * d + c] = 0.f;
+        if (r < rows) {
+            long long b, h, i;
+            at_row_index(r, heads, sq, rows, b, h, i);
+            const T *orow = o + b * osb + h * osh + i * oss;
+            const T *drow = dout + b * dsb + h * dsh + i * dss;
+            float *qrow = dqacc + r * d;
+            if (vec) {
+                for (int c = rl * V; c < d; c += 8 * V) {
+                    acc += at_dot16(orow + c, drow + c);
+#pragma unroll
+                    for (int u = 0; u < V; u += 4)
+                        *reinterpret_cast<float4 *>(qrow + c + u) = make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            } else {
+                for (int c = rl; c < d; c += rlanes) {
+                    acc += at_f(orow[c]) * at_f(drow[c]);
+                    qrow[c] = 0.f;
+                }
+            }
         }
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) delta[r] = acc - (dlse ? dlse[r] : 0.f);
+        for (int off = rlanes >> 1; off > 0; off >>= 1)
+            acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (rl == 0 && r < rows) delta[r] = acc - (dlse ? dlse[r] : 0.f);
     }
 }
 
 /* dq (strides sb, sh, ss per batch, head, row) = dqacc ((rows, d), C-contiguous) rounded
    to T */
 template <typename T>
-__device__ __forceinline__ void attn_bwd_dq_body(const float *dqacc, T *dq, long long n,
+__device__ __forceinline__ void attn_bwd_dq_body(const float *dqacc, T *dq, long long rows,
                                                  long long sb, long long sh, long long ss,
-                                                 int heads, int sq, int d)
+                                                 int heads, int sq, int d, int vec)
 {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const long long r = i / d, bh = r / sq;
-        sg_store(dq[(bh / heads) * sb + (bh % heads) * sh + (r % sq) * ss + (i - r * d)],
-                 dqacc[i]);
+    constexpr int V = 16 / sizeof(T);
+    AT_ROWS_LOOP(vec) {
+        const long long r = r0 + sub;
+        if (r >= rows) continue;
+        long long b, h, i;
+        at_row_index(r, heads, sq, rows, b, h, i);
+        T *out = dq + b * sb + h * sh + i * ss;
+        const float *in = dqacc + r * d;
+        if (vec) {
+            for (int c = rl * V; c < d; c += 8 * V) at_round16(out + c, in + c);
+        } else {
+            for (int c = rl; c < d; c += rlanes) sg_store(out[c], in[c]);
+        }
     }
 }
+#undef AT_ROWS_LOOP
 
 struct AtBwdArgs {
     const void *q, *k, *v, *dout; const float *mask, *lse, *delta; float *dqacc; void *dk, *dv;
@@ -503,6 +604,8 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
     const float *lse = a.lse + (long long)bh * a.sq, *delta = a.delta + (long long)bh * a.sq;
     float *dqacc = a.dqacc + (long long)bh * a.sq * a.d;
     const float sl2 = a.scale * AT_LOG2E;
+    const bool prescale = mask != 0 || !(sl2 > 0.f);   // as the forward
+    const float mult = prescale ? 1.f : sl2;
     const int m_start = a.causal ? (n0 / BM) * BM : 0;
 
     at_load_tile<T, HD, LD, BN, THREADS>(sK, k, a.kss, n0, a.sk, a.d, a.vec);
@@ -563,21 +666,42 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
         }
         const bool edge = (m0 + BM > a.sq) || (n0 + BN > a.sk) ||
                           (a.causal && n0 + BN - 1 > m0);
+        if (prescale) {                  // logits in log2 units first: a mask adds to them
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = e < 2 ? key0 : key1, qr = m0 + nt * 8 + 2 * t + (e & 1);
+                    float x = s[nt][e] * sl2;
+                    if (mask && qr < a.sq && key < a.sk)
+                        x += mask[qr * a.msi + key * a.msj] * AT_LOG2E;
+                    s[nt][e] = x;
+                }
+        }
 #pragma unroll
         for (int nt = 0; nt < BM / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int key = e < 2 ? key0 : key1, ql = nt * 8 + 2 * t + (e & 1), qr = m0 + ql;
-                float x = s[nt][e] * sl2;
-                if (mask && qr < a.sq && key < a.sk)
-                    x += mask[qr * a.msi + key * a.msj] * AT_LOG2E;
-                const float l = cL[ql];
-                float p = at_exp2(x - (l == -INFINITY ? INFINITY : l * AT_LOG2E));  // masked row: 0
-                if (edge && (qr >= a.sq || key >= a.sk || (a.causal && key > qr))) p = 0.f;
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - cDelta[ql]);     // dS^T
+                const int ql = nt * 8 + 2 * t + (e & 1);
+                const float l = cL[ql];      // a fully masked row's -inf: probabilities 0
+                const float off = l == -INFINITY ? -INFINITY : -l * AT_LOG2E;
+                s[nt][e] = at_exp2(fmaf(s[nt][e], mult, off));
             }
         }
+        if (edge) {                      // queries or keys past the ends, keys after the query
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = e < 2 ? key0 : key1, qr = m0 + nt * 8 + 2 * t + (e & 1);
+                    if (qr >= a.sq || key >= a.sk || (a.causal && key > qr)) s[nt][e] = 0.f;
+                }
+        }
+#pragma unroll
+        for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)      // dS^T
+                dp[nt][e] = s[nt][e] * (dp[nt][e] - cDelta[nt * 8 + 2 * t + (e & 1)]);
 #pragma unroll
         for (int j = 0; j < BM / 16; ++j) {
             FA pa, sa;
@@ -665,17 +789,19 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 extern "C" __global__ void attn_bwd_pre_${dtype}(const ${ctype} *o, long long osb, long long osh,
                       long long oss, const ${ctype} *dout, long long dsb, long long dsh,
                       long long dss, const float *dlse, float *delta, float *dqacc, int heads,
-                      int sq, int d, long long rows)
+                      int sq, int d, long long rows, int vec)
 { attn_bwd_pre_body<${ctype}>(o, osb, osh, oss, dout, dsb, dsh, dss, dlse, delta, dqacc, heads,
-                              sq, d, rows); }
+                              sq, d, rows, vec); }
 
-extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq, long long n,
-                      long long sb, long long sh, long long ss, int heads, int sq, int d)
-{ attn_bwd_dq_body<${ctype}>(dqacc, dq, n, sb, sh, ss, heads, sq, d); }
+extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq, long long rows,
+                      long long sb, long long sh, long long ss, int heads, int sq, int d,
+                      int vec)
+{ attn_bwd_dq_body<${ctype}>(dqacc, dq, rows, sb, sh, ss, heads, sq, d, vec); }
 //@ head
 
-extern "C" __global__ void __launch_bounds__(${fwd_threads})
-attn_fwd_${dtype}_${hd}(AtArgs a) { attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}>(a); }
+extern "C" __global__ void __launch_bounds__(${fwd_threads}, ${fwd_min_blocks})
+attn_fwd_${dtype}_${hd}(AtArgs a)
+{ attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}, ${fwd_bn}>(a); }
 
-extern "C" __global__ void __launch_bounds__(AT_THREADS)
+extern "C" __global__ void __launch_bounds__(AT_THREADS, ${bwd_min_blocks})
 attn_bwd_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_body<${ctype}, ${hd}, ${bwd_stages}>(a); }
