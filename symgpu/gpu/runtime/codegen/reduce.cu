@@ -436,7 +436,10 @@ extern "C" __global__ void sg_cols_partial(SG_ARGS) { sg_cols_body<false>(K, R, 
 /* 1024 threads (32x32, 16x64 or 8x128): at most 64 registers */
 extern "C" __global__ void __launch_bounds__(1024) sg_cols_block(SG_ARGS)
 { sg_cols_block_body(K, R, m, p); }
-extern "C" __global__ void __launch_bounds__(256) sg_cols_tile(SG_ARGS)
+/* at most 85 registers (3 blocks of 256 a multiprocessor): a heavy fused pre-op (a layer
+   norm's gain gradient: two divisions and a square root a value) over 4 rows in flight took
+   226 registers, one block a multiprocessor, 570 GB/s on the H200 */
+extern "C" __global__ void __launch_bounds__(256, 3) sg_cols_tile(SG_ARGS)
 { sg_cols_tile_body(K, R, chunk, m, p); }
 #if SG_VW
 /* 256 threads (256x1 or 32x8), at most 64 registers: 4 blocks (1024 threads) per multiprocessor */
