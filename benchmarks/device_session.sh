@@ -14,7 +14,8 @@
 #                                                # threads --device cuda)
 #   bash benchmarks/device_session.sh breakdown  # kernel_breakdown: every contender's kernels
 #   bash benchmarks/device_session.sh half       # issue 34: half.py (every row, about 3 min with
-#                                                # torch.compile), attention.py in f16/bf16/f32
+#                                                # torch.compile), attention.py in f16/bf16/f32,
+#                                                # attention_variants.py (the tilings)
 #   bash benchmarks/device_session.sh library    # issue 33: library_gpu.py, every row
 #   bash benchmarks/device_session.sh rnn        # issue 32: rnn.py (the default matrix, about
 #                                                # 2 min) and the new-length-per-call probe
@@ -23,8 +24,9 @@
 #                                                # Theano's kept float32 outputs; needs the
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
-#   bash benchmarks/device_session.sh pending    # what waits on branch s22-pending for its
-#                                                # GPU run (about 7 min): its GPU tests, the
+#   bash benchmarks/device_session.sh pending    # the quick look at issues 32 and 34 (about
+#                                                # 7 min; written for session 22's branch,
+#                                                # merged in session 23): their GPU tests, the
 #                                                # GPT step's kernels against JAX's, half.py's
 #                                                # MLP and GPT rows, rnn.py's masked rows with
 #                                                # scan_to_dnn_rnn on (fixed and new-length),
@@ -84,6 +86,7 @@ case "$part" in
   half)
     (cd benchmarks && python3 half.py 2>&1 | tee "$out/half.txt")
     python3 benchmarks/attention.py --dtypes float16,bfloat16,float32 2>&1 | tee "$out/attention.txt"
+    (cd benchmarks && python3 attention_variants.py 2>&1 | tee "$out/attention_variants.txt")
     ;;
   library)
     python3 benchmarks/library_gpu.py 2>&1 | tee "$out/library_gpu.txt"
@@ -98,8 +101,8 @@ case "$part" in
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
   pending)
-    # session 22's branch s22-pending: cuDNN plans shared across lengths, the masked
-    # rewrite's backward branch reading the forward's reserve space
+    # session 22's changes (merged): cuDNN plans shared across lengths, the masked
+    # rewrite's backward branch reading the forward's reserve space, the reduce prologue
     python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
         tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py \
         tests/test_gpu_reduce_cols_tile.py tests/test_gpu_reduce_prologue.py \
