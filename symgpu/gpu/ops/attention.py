@@ -58,6 +58,8 @@ _CU = sections("attention.cu")
 _FWD = struct.Struct("@6P16q6if4x")
 _BWD = struct.Struct("@10P22q6if4x")
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
+
+
 class Tiles(NamedTuple):
     """One instance's tiling: the forward's query block is 16 * fwd_tiles * fwd_warps rows
     against fwd_keys keys a tile; two backward stages prefetch the next query block during the
@@ -130,7 +132,8 @@ def _fwd_rows(dtype: str, hd: int) -> int:
 
 def _fwd_smem(dtype: str, hd: int) -> int:
     """Q's block and two stages of K and V tiles."""
-    return (_fwd_rows(dtype, hd) + 4 * _tiles(dtype, hd).fwd_keys) * (hd + _PAD) * _itemsize(dtype)
+    rows = _fwd_rows(dtype, hd) + 4 * _tiles(dtype, hd).fwd_keys
+    return rows * (hd + _PAD) * _itemsize(dtype)
 
 
 def _bwd_smem(dtype: str, hd: int) -> int:

@@ -452,17 +452,18 @@ __device__ __forceinline__ float2 at_unpack2(unsigned w, const __half *) {
 template <typename T>
 __device__ __forceinline__ float at_dot16(const T *x, const T *y) {
     const uint4 a = *reinterpret_cast<const uint4 *>(x), b = *reinterpret_cast<const uint4 *>(y);
-    if constexpr (sizeof(T) == 4) {
-        return __uint_as_float(a.x) * __uint_as_float(b.x) + __uint_as_float(a.y) * __uint_as_float(b.y) +
-               __uint_as_float(a.z) * __uint_as_float(b.z) + __uint_as_float(a.w) * __uint_as_float(b.w);
-    } else {
-        const T *tag = nullptr;
-        const float2 a0 = at_unpack2(a.x, tag), a1 = at_unpack2(a.y, tag), a2 = at_unpack2(a.z, tag),
-                     a3 = at_unpack2(a.w, tag), b0 = at_unpack2(b.x, tag), b1 = at_unpack2(b.y, tag),
-                     b2 = at_unpack2(b.z, tag), b3 = at_unpack2(b.w, tag);
-        return a0.x * b0.x + a0.y * b0.y + a1.x * b1.x + a1.y * b1.y + a2.x * b2.x + a2.y * b2.y +
-               a3.x * b3.x + a3.y * b3.y;
+    const unsigned wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if constexpr (sizeof(T) == 4) {
+            acc += __uint_as_float(wa[i]) * __uint_as_float(wb[i]);
+        } else {
+            const float2 u = at_unpack2(wa[i], x), v = at_unpack2(wb[i], y);
+            acc += u.x * v.x + u.y * v.y;
+        }
     }
+    return acc;
 }
 
 /* 16 bytes of T at dst (16-byte aligned) from 16 / sizeof(T) floats at src (16-byte aligned) */
@@ -473,8 +474,9 @@ __device__ __forceinline__ void at_round16(T *dst, const float *src) {
         *reinterpret_cast<float4 *>(dst) = x;
     } else {
         const float4 y = *reinterpret_cast<const float4 *>(src + 4);
-        *reinterpret_cast<uint4 *>(dst) = make_uint4(AtFrag<T>::pack(x.x, x.y), AtFrag<T>::pack(x.z, x.w),
-                                                     AtFrag<T>::pack(y.x, y.y), AtFrag<T>::pack(y.z, y.w));
+        *reinterpret_cast<uint4 *>(dst) =
+            make_uint4(AtFrag<T>::pack(x.x, x.y), AtFrag<T>::pack(x.z, x.w),
+                       AtFrag<T>::pack(y.x, y.y), AtFrag<T>::pack(y.z, y.w));
     }
 }
 
