@@ -24,7 +24,9 @@ def _time(fn, reps: int, sync) -> float:
     return (time.perf_counter() - t0) / reps * 1e3
 
 
-def symgpu_case(dtype: str, shape: tuple, reps: int) -> float:
+def symgpu_step(dtype: str, shape: tuple):
+    """A compiled causal attention fwd+bwd (outputs left on the GPU), its GPU arguments and
+    their float32 host values."""
     import symgpu
     import symgpu.tensor as T
     from symgpu.gpu import to_gpu
@@ -37,7 +39,12 @@ def symgpu_case(dtype: str, shape: tuple, reps: int) -> float:
     names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
     assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
     rng = np.random.default_rng(0)
-    args = [to_gpu(rng.standard_normal(shape).astype(dtype)) for _ in range(4)]
+    host = [rng.standard_normal(shape).astype("float32") for _ in range(4)]
+    return f, [to_gpu(h.astype(dtype)) for h in host], host
+
+
+def symgpu_case(dtype: str, shape: tuple, reps: int) -> float:
+    f, args, _ = symgpu_step(dtype, shape)
     ctx = args[0].context
     return _time(lambda: f(*args), reps, lambda: ctx.synchronize() if hasattr(ctx, "synchronize")
                  else np.asarray(f(*args)[0]))

@@ -15,27 +15,10 @@ import argparse
 
 import numpy as np
 
+from attention import symgpu_step
 from cupti_table import kernel_table
 
 DEFAULT_VARIANTS = "4,1,64,2,4,1;4,1,64,2,1,1;4,1,128,2,2,1;4,2,64,2,2,1"
-
-
-def symgpu_step(dtype: str, shape: tuple):
-    """A compiled fwd+bwd of causal attention and its GPU arguments."""
-    import symgpu
-    import symgpu.tensor as T
-    from symgpu.gpu import to_gpu
-    from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
-    q, k, v, do = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in ("q", "k", "v", "do"))
-    o = sdpa(q, k, v, is_causal=True)
-    grads = T.grad(None, [q, k, v], known_grads={o: do})
-    outs = [symgpu.Out(x.transfer(None), borrow=True) for x in [o] + list(grads)]
-    f = symgpu.function([q, k, v, do], outs)
-    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
-    assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
-    rng = np.random.default_rng(0)
-    host = [rng.standard_normal(shape).astype("float32") for _ in range(4)]
-    return f, [to_gpu(h.astype(dtype)) for h in host], host
 
 
 def torch_reference(dtype: str, host: list):
