@@ -233,11 +233,12 @@ def gpt_step(monkeypatch, tmp_path):
 def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
     """The runner's rules (graphs.Runner._segment, _direct_update) on the GPT step: one
     segment after the host's shape arithmetic, holding every update's node (GpuElemwise:
-    write_into), none read later, no device-checked op; GpuAttentionGrad in it (checked
-    against two plain runs); its GPU inputs past 64 MB and within an H200's limit."""
+    write_into), none read later, no device-checked op; the attention gradient in it (written
+    into its join, GpuAttentionGradJoin; checked against two plain runs); its GPU inputs past
+    64 MB and within an H200's limit."""
     from symgpu.compile.sharedvalue import SharedVariable
     from symgpu.gpu.exec.graph_plan import aliases, plan_steps, read_later, updates_last
-    from symgpu.gpu.ops.attention import GpuAttentionGrad
+    from symgpu.gpu.ops.attention_join import GpuAttentionGradJoin
     from symgpu.gpu.ops.elemwise import GpuElemwise
     fg = gpt_step.maker.fgraph
     nodes = list(gpt_step.vm.nodes)
@@ -252,7 +253,8 @@ def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
     updates = [(fg.outputs[o], fg.inputs[i]) for o, i in fg.update_mapping.items()]
     assert len(updates) == 37                    # t, and 12 parameters with 2 moments each
     assert not any(getattr(n.op, "device_checked", False) for n in nodes)
-    assert any(isinstance(nodes[i].op, GpuAttentionGrad) for i in idx)
+    grad = [nodes[i].op for i in idx if isinstance(nodes[i].op, GpuAttentionGradJoin)]
+    assert len(grad) == 1 and grad[0].deterministic is False
     order = updates_last(nodes, idx, updates)
     for new, old in updates:
         assert isinstance(new.owner.op, GpuElemwise), new.owner.op

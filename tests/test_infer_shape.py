@@ -1294,6 +1294,7 @@ def test_inferred_shape_gemm_epilogue(op_cls):
 # ---------------------------------------------------------------- fused attention
 from symgpu.tensor.nnet import attention as _AT  # noqa: E402
 from symgpu.gpu.ops import attention as _GAT  # noqa: E402
+from symgpu.gpu.ops import attention_join as _GATJ  # noqa: E402
 
 _f32 = lambda *s: r(*s, dtype="float32")  # noqa: E731
 _ATTENTION_CASES = {
@@ -1314,6 +1315,19 @@ _ATTENTION_CASES = {
         _f32(2, 3, 4), _f32(2, 5, 4), _f32(2, 5, 4), _f32(2, 3, 4), _f32(2, 3),
         _f32(2, 3, 4))],
 }
+
+
+def _attention_grad_join_twin(q, k, v, o, l, g, s0, s1, s2, after):
+    grads = _AT.AttentionGrad()(q, k, v, o, l, g)
+    merged = [x.dimshuffle(0, 2, 1, 3).reshape(s, ndim=3) for x, s in zip(grads, (s0, s1, s2))]
+    return T.concatenate(merged + [after], axis=2)
+
+
+_half = lambda *s: np.full(s, 0.5, "float32")  # noqa: E731  (the module's random draws untouched)
+_ATTENTION_CASES[_GATJ.GpuAttentionGradJoin] = [gcase(
+    lambda *ins: _GATJ.GpuAttentionGradJoin(after=1)(*ins), _attention_grad_join_twin,
+    "gggggghhhg", *[_half(1, 2, 3, 4)] * 4, _half(1, 2, 3), _half(1, 2, 3, 4),
+    *[np.array([1, 3, 8], "int64")] * 3, _half(1, 3, 5))]
 CASES.update(_ATTENTION_CASES)
 
 

@@ -24,7 +24,7 @@ device: both thunks are captured into CUDA graphs.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -351,69 +351,80 @@ class GpuAttentionGrad(_GpuAttentionBase):
         return Apply(self, gins, [x.type() for x in gins[:3]])
 
     def _run(self, ctx: Any, *inputs: Any) -> list[Any]:
-        q, k, v = inputs[:3]
-        n = 3 + self.has_mask
-        mask = inputs[3] if self.has_mask else None
-        o, lse, do = inputs[n:n + 3]
-        dlse = inputs[n + 3] if self.has_dlse else None
-        _check(self, q, k, v, mask)
-        nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
-        bh = int(np.prod(q.shape[:-2]))
-        heads = q.shape[1] if nd == 4 else 1
-        f32 = np.dtype("float32")
+        return grads_into(self, ctx, inputs)
+
+
+def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | None = None
+               ) -> list[Any]:
+    """[dq, dk, dv] of the attention gradient ``op`` (a GpuAttentionGrad's props) from its
+    input arrays, written into ``outs`` (arrays of q's, k's and v's shapes in any layout whose
+    last axis has unit stride; q and k not empty) or into new heads-merged arrays."""
+    q, k, v = inputs[:3]
+    n = 3 + op.has_mask
+    mask = inputs[3] if op.has_mask else None
+    o, lse, do = inputs[n:n + 3]
+    dlse = inputs[n + 3] if op.has_dlse else None
+    _check(op, q, k, v, mask)
+    nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
+    bh = int(np.prod(q.shape[:-2]))
+    heads = q.shape[1] if nd == 4 else 1
+    f32 = np.dtype("float32")
+    if outs is not None:
+        dq, dk, dv = outs
+    else:
         dq = (new_array if q.dtype == f32 else _heads_merged)(ctx, q.shape, q.dtype)
         dk, dv = (_heads_merged(ctx, x.shape, x.dtype) for x in (k, v))
-        if q.size == 0 or k.size == 0:
-            for x in (dq, dk, dv):
-                if x.size:
-                    x.fill(0)
-            return [dq, dk, dv]
-        hd = _head(self, d, f"q {q.shape}")
-        q, qs = _elem_strides(self, q, "q")
-        k, ks = _elem_strides(self, k, "k")
-        v, vs = _elem_strides(self, v, "v")
-        do, ds = _elem_strides(self, do, "do")
-        o, os_ = _elem_strides(self, o, "o")
-        if not lse.is_c_contiguous:
-            lse = lse.copy()
-        if dlse is not None and (not dlse.is_c_contiguous or dlse.dtype != f32):
-            dlse = dlse.astype(f32) if dlse.dtype != f32 else dlse.copy()
-        leads = [_lead(qs, nd), _lead(ks, nd), _lead(vs, nd), _lead(ds, nd)]
-        if mask is not None:
-            mask, ms = _mask_strides(mask, nd, mask.shape)
-            mptr = mask.ptr
-        else:
-            ms, mptr = (0, 0, 0, 0), 0
-        rows = bh * sq
-        delta = new_array(ctx, (rows,), f32)
-        acc = dq if q.dtype == f32 else new_array(ctx, q.shape, f32)
-        name = q.dtype.name
-        fast = _fast_tf32(name)
-        pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                                  f"attn_bwd_pre_{name}",
-                                  "PqqqPqqqPPPiiiqi", context=ctx)
-        isz = q.dtype.itemsize
-        rows_vec = d % (16 // isz) == 0 and _aligned([o, do], [_lead(os_, nd), leads[3]], isz)
-        pre.prepared_async_call(_row_blocks(rows, rows_vec), (256, 1, 1), ctx.stream, o.ptr,
-                                *_lead(os_, nd), do.ptr, *leads[3],
-                                dlse.ptr if dlse is not None else 0, delta.ptr, acc.ptr, heads,
-                                sq, d, rows, int(rows_vec))
-        vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
-        smem = _bwd_smem(name, hd)
-        fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
-        dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
-        buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
-                        dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
-                        heads, sq, sk, d, int(self.causal), int(vec), _scale(self, d))
-        fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
-        if acc is not dq:
-            cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                                      f"attn_bwd_dq_{name}", "PPqqqqiiii", context=ctx)
-            dql = _lead(tuple(s // isz for s in dq.strides), nd)
-            dq_vec = d % (16 // isz) == 0 and _aligned([dq], [dql], isz)
-            cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,
-                                    dq.ptr, rows, *dql, heads, sq, d, int(dq_vec))
+    if q.size == 0 or k.size == 0:
+        for x in (dq, dk, dv):
+            if x.size:
+                x.fill(0)
         return [dq, dk, dv]
+    hd = _head(op, d, f"q {q.shape}")
+    q, qs = _elem_strides(op, q, "q")
+    k, ks = _elem_strides(op, k, "k")
+    v, vs = _elem_strides(op, v, "v")
+    do, ds = _elem_strides(op, do, "do")
+    o, os_ = _elem_strides(op, o, "o")
+    if not lse.is_c_contiguous:
+        lse = lse.copy()
+    if dlse is not None and (not dlse.is_c_contiguous or dlse.dtype != f32):
+        dlse = dlse.astype(f32) if dlse.dtype != f32 else dlse.copy()
+    leads = [_lead(qs, nd), _lead(ks, nd), _lead(vs, nd), _lead(ds, nd)]
+    if mask is not None:
+        mask, ms = _mask_strides(mask, nd, mask.shape)
+        mptr = mask.ptr
+    else:
+        ms, mptr = (0, 0, 0, 0), 0
+    rows = bh * sq
+    delta = new_array(ctx, (rows,), f32)
+    acc = dq if q.dtype == f32 and dq.is_c_contiguous else new_array(ctx, q.shape, f32)
+    name = q.dtype.name
+    fast = _fast_tf32(name)
+    pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
+                              f"attn_bwd_pre_{name}",
+                              "PqqqPqqqPPPiiiqi", context=ctx)
+    isz = q.dtype.itemsize
+    rows_vec = d % (16 // isz) == 0 and _aligned([o, do], [_lead(os_, nd), leads[3]], isz)
+    pre.prepared_async_call(_row_blocks(rows, rows_vec), (256, 1, 1), ctx.stream, o.ptr,
+                            *_lead(os_, nd), do.ptr, *leads[3],
+                            dlse.ptr if dlse is not None else 0, delta.ptr, acc.ptr, heads,
+                            sq, d, rows, int(rows_vec))
+    vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
+    smem = _bwd_smem(name, hd)
+    fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
+    dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
+    buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
+                    dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
+                    heads, sq, sk, d, int(op.causal), int(vec), _scale(op, d))
+    fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
+    if acc is not dq:
+        cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
+                                  f"attn_bwd_dq_{name}", "PPqqqqiiii", context=ctx)
+        dql = _lead(tuple(s // isz for s in dq.strides), nd)
+        dq_vec = d % (16 // isz) == 0 and _aligned([dq], [dql], isz)
+        cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,
+                                dq.ptr, rows, *dql, heads, sq, d, int(dq_vec))
+    return [dq, dk, dv]
 
 
 def _liftable(node: Apply) -> bool:

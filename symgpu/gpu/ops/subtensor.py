@@ -239,6 +239,49 @@ class GpuIncSubtensor(IncSubtensorProps):
 
 # ----------------------------------------------------------------------------- GpuJoin
 
+def join_gpu_arrays(inputs: list, a: int, dtype: Any) -> GpuArray:
+    """A new array of ``inputs`` (GPU arrays of one rank) concatenated along axis ``a``: every
+    input copied on the device into its slice, by one kernel (copykernel.strided_join) when
+    they are at most MAX_JOIN and each is (outer, axis, inner) with one stride per side (a
+    gradient's gates joined in a BPTT step are one graph node, not one per gate)."""
+    first = inputs[0].shape
+    for x in inputs:
+        if len(x.shape) != len(first) or any(
+                s != f for d, (s, f) in enumerate(zip(x.shape, first)) if d != a):
+            raise ValueError(f"join along axis {a}: the shapes "
+                             f"{', '.join(str(i.shape) for i in inputs)} differ outside "
+                             "that axis")
+    shape = list(first)
+    shape[a] = sum(x.shape[a] for x in inputs)
+    res = GpuArray(tuple(shape), dtype, inputs[0].context)
+    if _join_in_one_launch(res, inputs, a):
+        return res
+    start = 0
+    for x in inputs:
+        n = x.shape[a]
+        if n and x.size:
+            view = res[(slice(None),) * a + (slice(start, start + n),)]
+            view._copy_from_device(x)
+        start += n
+    return res
+
+
+def _join_in_one_launch(res: GpuArray, inputs: Sequence[GpuArray], a: int) -> bool:
+    if not 1 < len(inputs) <= MAX_JOIN or res.dtype.itemsize not in (1, 2, 4, 8):
+        return False
+    parts, start = [], 0
+    for x in inputs:
+        st = join_strides(x.shape, x.strides, a)
+        if st is None:
+            return False
+        parts.append((x.ptr, start, x.shape[a], st))
+        start += x.shape[a]
+    outer = int(np.prod(res.shape[:a], dtype=np.int64))
+    inner = int(np.prod(res.shape[a + 1:], dtype=np.int64))
+    strided_join(res.context, res.ptr, res.dtype.itemsize, outer, res.shape[a], inner, parts)
+    return True
+
+
 class GpuJoin(Op):
     """Concatenate GPU tensors of one dtype along ``axis``: a new array, each input copied
     on the device into its slice."""
@@ -270,48 +313,7 @@ class GpuJoin(Op):
         return Apply(self, tensors, [tensors[0].type.clone(broadcastable=bcast)()])
 
     def perform(self, node, inputs, out):
-        a = self.axis
-        first = inputs[0].shape
-        for x in inputs:
-            if len(x.shape) != len(first) or any(
-                    s != f for d, (s, f) in enumerate(zip(x.shape, first)) if d != a):
-                raise ValueError(f"join along axis {a}: the shapes "
-                                 f"{', '.join(str(i.shape) for i in inputs)} differ outside "
-                                 "that axis")
-        shape = list(first)
-        shape[a] = sum(x.shape[a] for x in inputs)
-        res = GpuArray(tuple(shape), node.outputs[0].dtype, inputs[0].context)
-        if self._one_launch(res, inputs):
-            out[0][0] = res
-            return
-        start = 0
-        for x in inputs:
-            n = x.shape[a]
-            if n and x.size:
-                view = res[(slice(None),) * a + (slice(start, start + n),)]
-                view._copy_from_device(x)
-            start += n
-        out[0][0] = res
-
-
-    def _one_launch(self, res: GpuArray, inputs: Sequence[GpuArray]) -> bool:
-        """Copy every input with one kernel (copykernel.strided_join) when they are at most
-        MAX_JOIN and each is (outer, axis, inner) with one stride per side: a gradient's
-        gates joined in a BPTT step are one graph node, not one per gate."""
-        a = self.axis
-        if not 1 < len(inputs) <= MAX_JOIN or res.dtype.itemsize not in (1, 2, 4, 8):
-            return False
-        parts, start = [], 0
-        for x in inputs:
-            st = join_strides(x.shape, x.strides, a)
-            if st is None:
-                return False
-            parts.append((x.ptr, start, x.shape[a], st))
-            start += x.shape[a]
-        outer = int(np.prod(res.shape[:a], dtype=np.int64))
-        inner = int(np.prod(res.shape[a + 1:], dtype=np.int64))
-        strided_join(res.context, res.ptr, res.dtype.itemsize, outer, res.shape[a], inner, parts)
-        return True
+        out[0][0] = join_gpu_arrays(list(inputs), self.axis, node.outputs[0].dtype)
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         """The strided-copy module (the join kernel and the copies): compiled with the
