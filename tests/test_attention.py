@@ -294,6 +294,20 @@ def test_attention_tiles_fit_shared_memory():
     assert 2 * A._bwd_smem("float16", 64) <= 227 * 1024
 
 
+def test_sixteen_byte_rows_need_every_lead_stride_in_whole_chunks():
+    """The kernels' 16-byte paths (cp.async tiles, the row kernels) need every row to start
+    aligned: the data and the batch, head and row strides in whole 16-byte chunks. A row
+    stride of 68 halves (q sliced from a wider array) takes the scalar path."""
+    from types import SimpleNamespace
+    from symgpu.gpu.ops.attention import _aligned
+    a = SimpleNamespace(ptr=4096)
+    assert _aligned([a], [(2 * 64 * 64, 64 * 64, 64)], 2)
+    assert not _aligned([a], [(2 * 64 * 68, 64 * 68, 68)], 2)      # the row stride
+    assert not _aligned([a], [(2 * 64 * 64 + 4, 64 * 64, 64)], 2)  # the batch stride
+    assert not _aligned([SimpleNamespace(ptr=4098)], [(0, 0, 64)], 2)
+    assert _aligned([a], [(0, 0, 68)], 4) and not _aligned([a], [(0, 0, 66)], 4)
+
+
 def test_graph_check_tolerates_one_ulp_in_16_bit_outputs():
     """A new CUDA graph is checked against plain launches: float32 atomics (attention's dq)
     summed in another order may round a float16 result one unit the other way; a real

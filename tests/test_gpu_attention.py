@@ -84,6 +84,34 @@ def test_gpu_attention_rows_of_odd_sixteen_byte_chunks(cuda, dtype, d):
     _case(dtype, (2, 2, 45, d), (2, 2, 45, d), True, False)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_gpu_attention_rows_of_a_wider_array(cuda, dtype):
+    """q, k, v, dO as views of (..., 68) arrays: rows 68 values apart (136 or 272 bytes, not
+    whole 16-byte chunks for halves) take the scalar loads; the values still match."""
+    if not gpu_supports_dtype(dtype):
+        pytest.skip(f"GPU placement does not take {dtype} yet")
+    shape = (1, 2, 70, 64)
+    q, k, v, do = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in ("q", "k", "v", "do"))
+    o = sdpa(q, k, v, is_causal=True)
+    grads = T.grad(None, [q, k, v], known_grads={o: do})
+    f = symgpu.function([q, k, v, do], [o] + list(grads))
+    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
+    from symgpu.gpu import to_gpu
+    wide = [RNG.standard_normal(shape[:-1] + (68,)).astype(dtype) for _ in range(4)]
+    views = [to_gpu(w)[..., :64] for w in wide]
+    assert views[0].strides[-2] == 68 * np.dtype(dtype).itemsize
+    got = f(*views)
+    f64 = [w[..., :64].astype("float64") for w in wide[:3]]
+    ro, lse = attention_reference(*f64, None, None, True)
+    rg = attention_grad_reference(*f64, None, ro, lse, wide[3][..., :64].astype("float64"),
+                                  None, None, True)
+    to, tg = TOL[dtype]
+    for a, b, t in zip(got, [ro] + list(rg), [to, tg, tg, tg]):
+        np.testing.assert_allclose(np.asarray(a, "float64"), b,
+                                   atol=t * max(1.0, np.abs(b).max()), rtol=t)
+
+
 def test_gpu_attention_float32_allow_tf32(cuda):
     """gpuarray.allow_tf32: one TF32 product per multiply (PyTorch's TF32 class of accuracy)."""
     from symgpu.config import config
