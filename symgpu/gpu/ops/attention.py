@@ -35,11 +35,10 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import common_source, sections
-from symgpu.gpu.runtime.codegen.types import storage_ctype
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.nnet.attention import Attention, AttentionGrad, check_shapes
+from symgpu.tensor.nnet.attention import Attention, AttentionGrad, check_shapes, grad_inputs
 
 __all__ = ["GpuAttention", "GpuAttentionGrad", "attention_source", "ATTENTION_DTYPES",
            "HEAD_DIMS", "ENABLED"]
@@ -359,11 +358,7 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
     """[dq, dk, dv] of the attention gradient ``op`` (a GpuAttentionGrad's props) from its
     input arrays, written into ``outs`` (arrays of q's, k's and v's shapes in any layout whose
     last axis has unit stride; q and k not empty) or into new heads-merged arrays."""
-    q, k, v = inputs[:3]
-    n = 3 + op.has_mask
-    mask = inputs[3] if op.has_mask else None
-    o, lse, do = inputs[n:n + 3]
-    dlse = inputs[n + 3] if op.has_dlse else None
+    q, k, v, mask, o, lse, do, dlse = grad_inputs(op, inputs)
     _check(op, q, k, v, mask)
     nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
     bh = int(np.prod(q.shape[:-2]))

@@ -26,7 +26,7 @@ Semantics (the host ops', which the GPU kernels match):
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -234,6 +234,15 @@ def _sum_to(x: TensorVariable, like: Variable) -> TensorVariable:
     return r
 
 
+def grad_inputs(op: Any, inputs: Sequence[Any]) -> tuple:
+    """(q, k, v, mask, o, lse, dO, dlse) of an attention gradient's inputs (host or GPU op):
+    mask and dlse None where ``op`` has none."""
+    n = 3 + op.has_mask
+    o, lse, do = inputs[n:n + 3]
+    return (*inputs[:3], inputs[3] if op.has_mask else None, o, lse, do,
+            inputs[n + 3] if op.has_dlse else None)
+
+
 class AttentionGrad(Op):
     """(dq, dk, dv) of `Attention` from its inputs, o, lse and dO (and, ``has_dlse``, the
     gradient of lse): P is recomputed from lse, Delta = rowsum(dO o) - dlse,
@@ -266,11 +275,7 @@ class AttentionGrad(Op):
         return Apply(self, ins, [q.type(), k.type(), v.type()])
 
     def perform(self, node, inputs, out):
-        q, k, v = inputs[:3]
-        n = 3 + self.has_mask
-        mask = inputs[3] if self.has_mask else None
-        o, lse, do = inputs[n:n + 3]
-        dlse = inputs[n + 3] if self.has_dlse else None
+        q, k, v, mask, o, lse, do, dlse = grad_inputs(self, inputs)
         check_shapes(self, q, k, v, mask)
         dq, dk, dv = attention_grad_reference(q, k, v, mask, o, lse, do, dlse, self.scale,
                                               self.causal)
