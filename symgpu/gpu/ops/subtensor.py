@@ -267,6 +267,8 @@ def join_gpu_arrays(inputs: list, a: int, dtype: Any) -> GpuArray:
 
 
 def _join_in_one_launch(res: GpuArray, inputs: Sequence[GpuArray], a: int) -> bool:
+    """Copy every input into ``res`` with one strided_join launch; False (nothing copied)
+    where there are too many inputs or one is not (outer, axis, inner) with one stride each."""
     if not 1 < len(inputs) <= MAX_JOIN or res.dtype.itemsize not in (1, 2, 4, 8):
         return False
     parts, start = [], 0

@@ -255,7 +255,7 @@ struct AtArgs {
 };
 
 /* The forward: one block of WARPS warps per (16 * MT * WARPS query rows, batch * head), the
-   blocks with the most keys (causal) first; 64-key tiles of K and V in two cp.async stages. */
+   blocks with the most keys (causal) first; BN-key tiles of K and V in two cp.async stages. */
 template <typename T, int HD, int WARPS, int MT, int BN>
 __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 {
