@@ -105,6 +105,55 @@ def test_strided_column_slices_and_broadcast_operands(emu):
     np.testing.assert_array_equal(got[5], z[:, 72:].min(-1))
 
 
+def _ln_backward_group():
+    """A layer norm's backward rows, mixed precision: sum(dy * (x - mean)) with dy bfloat16,
+    x float32 and the mean one value per row; sum(dy * g) with the gain g a row vector."""
+    b = CompositeBuilder()
+    dy, x, mu = b.add_input("bfloat16"), b.add_input("float32"), b.add_input("float32")
+    dyf = b.add_op(SCALAR_OPS["mul"], [dy, b.add_op(SCALAR_OPS["sub"], [x, mu])[0]])
+    pre0 = b.build(dyf)
+    b = CompositeBuilder()
+    dy, g = b.add_input("bfloat16"), b.add_input("float32")
+    pre1 = b.build(b.add_op(SCALAR_OPS["mul"], [dy, g]))
+    return GpuRowReduceGroup([RowMember("add", pre0, (0, 1, 2), dtype="float32"),
+                              RowMember("add", pre1, (0, 3), dtype="float32")], 4)
+
+
+@requires_gxx
+@pytest.mark.parametrize("cols,view,vec", [(768, None, 1), (2000, None, 1), (770, None, 0),
+                                           (768, "offset", 0), (768, "strided-rows", 1)])
+def test_four_values_a_lane_where_rows_allow(emu, monkeypatch, cols, view, vec):
+    """rg_load4 (4 adjacent values a lane, one 16- or 8-byte load) where every operand along
+    the row is unit-stride and each row starts aligned to 4 values and the length is a
+    multiple of 4; the same values as one value a lane (VEC off) and as NumPy."""
+    import symgpu.gpu.ops.row_group as rg
+    rng = np.random.default_rng(cols)
+    R = 24
+    width = cols + (1 if view == "offset" else 0) + (4 if view == "strided-rows" else 0)
+    x_all = rng.standard_normal((R, width)).astype("float32")
+    dy_all = rng.standard_normal((R, width)).astype("bfloat16")
+    mu = rng.standard_normal((R, 1)).astype("float32")
+    g = rng.standard_normal((1, cols)).astype("float32")
+    lo = 1 if view == "offset" else 0
+    xd, dyd = device_array(emu, x_all)[:, lo:lo + cols], device_array(emu, dy_all)[:, lo:lo + cols]
+    x, dy = x_all[:, lo:lo + cols], dy_all[:, lo:lo + cols]
+    node = _ln_backward_group()(gpu_var("bfloat16", 2), gpu_var("float32", 2),
+                                gpu_var("float32", 2, (False, True)),
+                                gpu_var("float32", 2, (True, False)))[0].owner
+    vals = [dyd, xd, device_array(emu, mu), device_array(emu, g)]
+    got, thunk, _ = run_node(node, vals)
+    (plan,) = thunk.row_group_thunk.plans.values()
+    assert plan[4][-1] == vec
+    dy64 = dy.astype("float64")
+    np.testing.assert_allclose(got[0], (dy64 * (x - mu)).sum(-1), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(got[1], (dy64 * g).sum(-1), rtol=1e-4, atol=1e-3)
+    monkeypatch.setattr(rg._RowGroupThunk, "VEC", False)
+    scalar, thunk, _ = run_node(node, vals)
+    assert next(iter(thunk.row_group_thunk.plans.values()))[4][-1] == 0
+    for a, b in zip(got, scalar):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-4)
+
+
 @requires_gxx
 def test_outputs_equal_the_separate_reductions(emu):
     # a 3-d operand (two kept dims) with a per-row epilogue operand of the kept shape
@@ -165,4 +214,17 @@ def test_group_modules_compile_for_sm90(tmp_path, dtype):
                   gpu_var(acc or dtype, 0))[0].owner
         (key, src), = op.kernel_sources(node)
     assert 'extern "C" __global__' in src and "rg_warp_rows" in src and "rg_block_rows" in src
+    compile_for_sm90(src, tmp_path)
+
+
+@requires_nvcc
+def test_the_mixed_precision_group_compiles_for_sm90(tmp_path):
+    """rg_v4 of bfloat16 (8-byte loads) beside float32 (16-byte loads) in one module."""
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with virtual_context(None):
+        op = _ln_backward_group()
+        node = op(gpu_var("bfloat16", 2), gpu_var("float32", 2),
+                  gpu_var("float32", 2, (False, True)), gpu_var("float32", 2, (True, False)))[0].owner
+        (key, src), = op.kernel_sources(node)
+    assert "rg_v4<__nv_bfloat16>" in src and "rg_v4<float>" in src
     compile_for_sm90(src, tmp_path)

@@ -167,6 +167,25 @@ class GpuRowReduceGroup(Op):
         return _RowGroupThunk(self, node, storage_map, ctx).thunk()
 
 
+#: the row operands' dtypes read 4 values a lane at a time (16 or 8 bytes)
+_VEC_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _four_at_a_time(ins: list, kstrides: list, cstrides: list, lengths: list) -> bool:
+    """Whether the group reads 4 adjacent values a lane (row_group.cu's rg_load4): every
+    operand along the row unit-stride, of a 2- or 4-byte float dtype, every row of it
+    starting aligned to 4 values, and every member's length a multiple of 4."""
+    along = [i for i, c in enumerate(cstrides) if c]
+    if not along or any(n % 4 for n in lengths):
+        return False
+    for i in along:
+        a = ins[i]
+        if cstrides[i] != 1 or a.dtype.name not in _VEC_DTYPES or \
+                a.ptr % (4 * a.dtype.itemsize) or any(s % 4 for s in kstrides[i]):
+            return False
+    return True
+
+
 class _RowGroupThunk:
     """Plans (per input layout: the rows, each operand's strides, each member's row length)
     and launches one GpuRowReduceGroup node: a warp per row up to ``WIDE_ROW`` values in a
@@ -184,6 +203,9 @@ class _RowGroupThunk:
                                  lambda: render_row_group(sig, str(op)), row_group_formats(sig))
         self.kernels = {n: k.fast_launcher() for n, k in ks.items()}
         self.plans: dict[tuple, tuple] = {}
+
+    #: False: one value a lane at a time always (the 4-wide path's tests compare the two)
+    VEC = True
 
     def plan(self, ins: list) -> tuple:
         """(kernel, grid, block, K, meta args, kept shape) for these operand arrays."""
@@ -215,7 +237,8 @@ class _RowGroupThunk:
             kstrides.append(st[:-1])
             cstrides.append(st[-1] if a.shape[-1] != 1 else 0)
         K = int(np.prod(kept))
-        meta = [*kept, *(s for ks in kstrides for s in ks), *cstrides, *lengths]
+        vec = self.VEC and _four_at_a_time(ins, kstrides, cstrides, lengths)
+        meta = [*kept, *(s for ks in kstrides for s in ks), *cstrides, *lengths, int(vec)]
         wide = max(lengths) > WIDE_ROW
         if wide:
             name, block, grid = "rg_block_rows", (_BLOCK, 1, 1), (max(1, min(K, _MAX_BLOCKS)), 1, 1)

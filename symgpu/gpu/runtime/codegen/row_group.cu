@@ -12,7 +12,8 @@
  * Kernels:
  *   rg_warp_rows   a warp per row, 8 rows per 256-thread block (rows up to RG_WIDE values)
  *   rg_block_rows  a 256-thread block per row (longer rows)
- * Both stride over the rows (gridDim.x is capped).  One launch for the whole group: no
+ * Both stride over the rows (gridDim.x is capped), and read 4 adjacent values a lane at a time
+ * where the layout allows (m.vec), else one.  One launch for the whole group: no
  * partials, no atomics, no counters, so a replayed CUDA graph needs nothing reset.
  */
 ${common}
@@ -26,7 +27,21 @@ struct rg_meta {
     long long kstride[RG_NIN][SG_KND];   /* in elements, 0 where broadcast */
     long long cstride[RG_NIN];           /* along the row, 0 where one value per row */
     long long C[RG_NM];                  /* each member's row length */
+    long long vec;                       /* 1: 4 values a lane at a time (rg_load4) */
 };
+
+/* 4 adjacent values of a row operand: one 16-byte (float) or 8-byte (half) load where the host
+ * checked that every row operand along the row is unit-stride, every row starts aligned
+ * and every member's length is a multiple of 4 (the plan's vec) */
+template <typename T> struct __align__(4 * sizeof(T)) rg_v4 { T v[4]; };
+template <typename T>
+__device__ __forceinline__ rg_v4<T> rg_load4(const T *x, const long long cstride)
+{
+    if (cstride) return *reinterpret_cast<const rg_v4<T> *>(x);
+    rg_v4<T> r;
+    r.v[0] = r.v[1] = r.v[2] = r.v[3] = x[0];      /* one value per row */
+    return r;
+}
 
 ${ptrs}
 

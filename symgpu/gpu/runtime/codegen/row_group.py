@@ -68,7 +68,7 @@ class RowGroupSignature:
 def row_group_formats(sig: RowGroupSignature) -> dict[str, str]:
     """name -> struct format of each kernel's arguments (K, rg_meta, rg_ptrs)."""
     nin, nm = len(sig.in_dtypes), len(sig.members)
-    meta = "q" * (sig.knd + nin * sig.knd + nin + nm)
+    meta = "q" * (sig.knd + nin * sig.knd + nin + nm + 1)
     fmt = "q" + meta + "P" * (nin + nm + len(sig.ex_dtypes))
     return {name: fmt for name in ROW_GROUP_KERNELS}
 
@@ -95,8 +95,10 @@ def _member(sig: RowGroupSignature, q: int) -> tuple[str, list[str]]:
              f"const rg_acc{q}_t a, const rg_acc{q}_t b) const {{ return {_combine(rs)}; }} }};"]
     loads = [f"sg_load(p.in{a}[koff[{a}] + j * m.cstride[{a}]])" if a >= 0 else f"res{-a - 1}"
              for a in m.args]
+    vloads = [f"sg_load(x{a}.v[u])" if a >= 0 else f"res{-a - 1}" for a in m.args]
     if m.pre_op is None:
         value = [f"            const rg_acc{q}_t v = (rg_acc{q}_t)({loads[0]});"]
+        vvalue = [f"                const rg_acc{q}_t v = (rg_acc{q}_t)({vloads[0]});"]
     else:
         src, outs = render_apply_function(m.pre_op, dtypes, name=f"rg_pre{q}")
         if len(outs) != 1:
@@ -106,14 +108,26 @@ def _member(sig: RowGroupSignature, q: int) -> tuple[str, list[str]]:
         value = [f"            {value_ctype(outs[0])} r;",
                  f"            rg_pre{q}({', '.join(loads + ['r'])});",
                  f"            const rg_acc{q}_t v = (rg_acc{q}_t)(r);"]
+        vvalue = [f"                {value_ctype(outs[0])} r;",
+                  f"                rg_pre{q}({', '.join(vloads + ['r'])});",
+                  f"                const rg_acc{q}_t v = (rg_acc{q}_t)(r);"]
+    vec_loads = [f"            const rg_v4<{storage_ctype(sig.in_dtypes[a])}> x{a} = "
+                 f"rg_load4(p.in{a} + koff[{a}] + j * m.cstride[{a}], m.cstride[{a}]);"
+                 for a in sorted({a for a in m.args if a >= 0})]
     ident = _identity(rs)
     out_st, out_v = storage_ctype(sig.out_dtypes[q]), value_ctype(sig.out_dtypes[q])
     body = [f"    /* member {q}: {m.reduce_op} of {m.pre_op or 'the values'} -> "
             f"{sig.out_dtypes[q]} */",
             f"    {out_v} res{q};", "    {",
             f"        rg_acc{q}_t acc = {ident};",
+            "        if (m.vec) {",
+            f"        for (long long j = 4 * lane; j < m.C[{q}]; j += 4 * lanes) {{", *vec_loads,
+            "#pragma unroll",
+            "            for (int u = 0; u < 4; ++u) {", *vvalue,
+            f"                acc = rg_op{q}()(acc, v);", "            }", "        }",
+            "        } else {",
             f"        for (long long j = lane; j < m.C[{q}]; j += lanes) {{", *value,
-            f"            acc = rg_op{q}()(acc, v);", "        }",
+            f"            acc = rg_op{q}()(acc, v);", "        }", "        }",
             f"        acc = rg_all<rg_acc{q}_t, rg_op{q}, WIDE>(acc, rg_op{q}(), {ident});",
             f"        {out_st} st;"]
     if m.post_op is None:
