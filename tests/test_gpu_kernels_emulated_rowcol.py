@@ -244,15 +244,18 @@ def test_a_broadcast_view_through_the_one_input_thunk(emu, launched):
 # ----------------------------------------------------------------------------- stepping
 
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("C", [96, 95])
-def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C):
+@pytest.mark.parametrize("C, in_flight", [(96, 256), (96, 1000), (96, 300), (96, 96), (95, 256)])
+def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C, in_flight):
     """One block of 256 threads over more vectors (elements) than it has threads: each
     thread steps its (row, column) by the grid's stride (10 rows and 16 vectors for C = 96:
-    the four-vector loop, then one at a time; 2 rows and 66 columns for C = 95), in 32- and
-    64-bit index arithmetic."""
+    the loop of SG_VEC_DEPTH vectors, then one at a time; 2 rows and 66 columns for C = 95),
+    in 32- and 64-bit index arithmetic.  The affine layer norm's five float32 operands and
+    output take 96 bytes a vector: 2 vectors in flight by default, 4, 3 or 1 under other
+    byte budgets."""
     from symgpu.gpu.ops import elemwise as gelem
-    from symgpu.gpu.runtime.codegen import launch
+    from symgpu.gpu.runtime.codegen import elemwise as codegen_elemwise, launch
     monkeypatch.setattr(launch, "sm_count", lambda ctx: 1)
+    monkeypatch.setattr(codegen_elemwise, "VEC_BYTES_IN_FLIGHT", in_flight)
     monkeypatch.setattr(gelem, "VEC_BLOCKS_PER_SM", 1)
     if wide:
         monkeypatch.setattr(layout, "fits_32bit", lambda *a: False)
@@ -266,6 +269,7 @@ def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C):
     node = GpuElemwise(layer_norm_like("float32", True), {0: 0})(
         gvar("float32", 2), gvar("float32", 2, col), gvar("float32", 2, col),
         gvar("float32", 2, row), gvar("float32", 2, row)).owner
+    assert node.op.signature(node).vec_depth == {256: 2, 1000: 4, 300: 3, 96: 1}[in_flight]
     xd = device_array(emu, x)
     (got,), _, _ = run(node, [xd] + [device_array(emu, a) for a in (mean, rstd, g, b)])
     kind = "sg_rowcol_vec" if C % 4 == 0 else "sg_rowcol"

@@ -54,20 +54,25 @@ def test_elementwise_kernels_on_every_path(emu):
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_vector_kernel_loops_four_vectors_then_one_then_the_tail(emu, monkeypatch, in_place):
+@pytest.mark.parametrize("in_flight", [256, 96, 64, 32])
+def test_vector_kernel_loops_four_vectors_then_one_then_the_tail(emu, monkeypatch, in_place,
+                                                                 in_flight):
     """sg_contig_vec over more vectors than its grid has threads: each thread's loop takes
-    four vectors at a time, then one, and the last elements go through the scalar tail
-    (one multiprocessor assumed: a grid of VEC_BLOCKS_PER_SM blocks). In place, an element
+    SG_VEC_DEPTH vectors at a time (4, 3, 2, 1 for a float32 exp's 32 bytes a vector under
+    these byte budgets), then one, and the last elements go through the scalar tail (one
+    multiprocessor assumed: a grid of VEC_BLOCKS_PER_SM blocks). In place, an element
     computed twice would be exp(exp(x))."""
     from symgpu.gpu.ops import elemwise as gpu_elemwise
-    from symgpu.gpu.runtime.codegen import launch
+    from symgpu.gpu.runtime.codegen import elemwise as codegen_elemwise, launch
     monkeypatch.setattr(launch, "sm_count", lambda ctx: 1)
+    monkeypatch.setattr(codegen_elemwise, "VEC_BYTES_IN_FLIGHT", in_flight)
     step = gpu_elemwise.VEC_BLOCKS_PER_SM * gpu_elemwise.BLOCK       # vectors per grid pass
     n = 4 * (4 * step * 2 + step + 5) + 3
     host = np.random.default_rng(7).standard_normal(n).astype("float32")
     x = gvar("float32", 1)
     op = GpuElemwise(SCALAR_OPS["exp"], {0: 0} if in_place else None)
     node = op(x).owner
+    assert op.signature(node).vec_depth == {256: 4, 96: 3, 64: 2, 32: 1}[in_flight]
     (got,), thunk, storage = run(node, [device_array(emu, host)])
     np.testing.assert_allclose(got, np.exp(host), rtol=1e-6)
 

@@ -25,6 +25,16 @@ ${common}
 ${apply}
 ${operands}
 
+/* The vector kernels keep SG_VEC_DEPTH vectors of every operand in flight (4 for light operand
+ * lists; fewer where the operands' bytes are many: ElemwiseSignature.vec_depth) within launch
+ * bounds of 256 threads, 4 blocks a multiprocessor (64 registers).  Before, four vectors of
+ * every operand of a layer norm's backward (two divisions an element over three float32
+ * operands and five per-row statistics) took 168 registers, one block of 256 a multiprocessor
+ * at a time: 82.8 us on the H200 (half.py's GPT step, the node timed alone), 36.3 us at 64
+ * registers; the layer norm's affine apply 28.6 -> 19.5 us */
+#define SG_VEC_DEPTH ${vec_depth}
+#define SG_VEC_BOUNDS __launch_bounds__(256, 4)
+
 extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
 {
     const sg_scalars s = sg_load_scalars(p);
@@ -33,26 +43,26 @@ extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
         sg_elem_contig(p, s, i);
 }
 
-/* 4-wide vector accesses in a grid-stride loop that loads four vectors before computing and
- * storing them (more loads in flight per thread), then a vector at a time, then the scalar
+/* 4-wide vector accesses in a grid-stride loop that loads SG_VEC_DEPTH vectors before computing
+ * and storing them (more loads in flight per thread), then a vector at a time, then the scalar
  * tail.  Launched with at most VEC_BLOCKS_PER_SM blocks per multiprocessor (ops/elemwise.py),
  * four waves at full occupancy: on an H200 the fused chain of benchmarks/gpu_speed.py ran at
- * 3.91 TB/s, against 3.39 for one vector per thread over a grid covering the array and
- * 3.57 for torch.compile (benchmarks/gpu_kernels.py --chain, 2026-11-28) */
-extern "C" __global__ void sg_contig_vec(const long long n, const sg_ptrs p)
+ * 3.91 TB/s (four vectors in flight), against 3.39 for one vector per thread over a grid
+ * covering the array and 3.57 for torch.compile (benchmarks/gpu_kernels.py --chain,
+ * 2026-11-28) */
+extern "C" __global__ void SG_VEC_BOUNDS sg_contig_vec(const long long n, const sg_ptrs p)
 {
     const sg_scalars s = sg_load_scalars(p);
     const long long step = (long long)gridDim.x * blockDim.x;
     const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     const long long nvec = n >> 2;
     long long j = tid;
-    for (; j + 3 * step < nvec; j += 4 * step) {
-        const sg_vin a = sg_vec_load(p, j), b = sg_vec_load(p, j + step);
-        const sg_vin c = sg_vec_load(p, j + 2 * step), d = sg_vec_load(p, j + 3 * step);
-        sg_vec_store(p, s, j, a);
-        sg_vec_store(p, s, j + step, b);
-        sg_vec_store(p, s, j + 2 * step, c);
-        sg_vec_store(p, s, j + 3 * step, d);
+    for (; j + (SG_VEC_DEPTH - 1) * step < nvec; j += SG_VEC_DEPTH * step) {
+        sg_vin v[SG_VEC_DEPTH];
+#pragma unroll
+        for (int u = 0; u < SG_VEC_DEPTH; ++u) v[u] = sg_vec_load(p, j + u * step);
+#pragma unroll
+        for (int u = 0; u < SG_VEC_DEPTH; ++u) sg_vec_store(p, s, j + u * step, v[u]);
     }
     for (; j < nvec; j += step)
         sg_vec_store(p, s, j, sg_vec_load(p, j));
@@ -127,24 +137,15 @@ __device__ __forceinline__ void sg_rowcol_vec_body(const I R, const I C, const s
     I j = (I)blockIdx.x * blockDim.x + threadIdx.x;
     I r = j / cv, c = j - r * cv;
     const I sr = step / cv, sc = step - sr * cv;
-    for (; j + 3 * step < nvec; j += 4 * step) {
-        I r1 = r, c1 = c;
-        sg_rc_step<I>(r1, c1, sr, sc, cv);
-        I r2 = r1, c2 = c1;
-        sg_rc_step<I>(r2, c2, sr, sc, cv);
-        I r3 = r2, c3 = c2;
-        sg_rc_step<I>(r3, c3, sr, sc, cv);
-        const sg_vin a = sg_rc_load<I>(p, m.rs, m.cs, r, c);
-        const sg_vin b = sg_rc_load<I>(p, m.rs, m.cs, r1, c1);
-        const sg_vin e = sg_rc_load<I>(p, m.rs, m.cs, r2, c2);
-        const sg_vin d = sg_rc_load<I>(p, m.rs, m.cs, r3, c3);
-        sg_vec_store(p, s, j, a);
-        sg_vec_store(p, s, j + step, b);
-        sg_vec_store(p, s, j + 2 * step, e);
-        sg_vec_store(p, s, j + 3 * step, d);
-        r = r3;
-        c = c3;
-        sg_rc_step<I>(r, c, sr, sc, cv);
+    for (; j + (SG_VEC_DEPTH - 1) * step < nvec; j += SG_VEC_DEPTH * step) {
+        sg_vin v[SG_VEC_DEPTH];
+#pragma unroll
+        for (int u = 0; u < SG_VEC_DEPTH; ++u) {
+            v[u] = sg_rc_load<I>(p, m.rs, m.cs, r, c);
+            sg_rc_step<I>(r, c, sr, sc, cv);
+        }
+#pragma unroll
+        for (int u = 0; u < SG_VEC_DEPTH; ++u) sg_vec_store(p, s, j + u * step, v[u]);
     }
     for (; j < nvec; j += step) {
         sg_vec_store(p, s, j, sg_rc_load<I>(p, m.rs, m.cs, r, c));
@@ -172,8 +173,8 @@ __device__ __forceinline__ void sg_rowcol_body(const I R, const I C, const sg_rc
 }
 
 #define SG_ROWCOL(I, NAME, VEC_NAME)                                                        \
-    extern "C" __global__ void VEC_NAME(const I R, const I C, const sg_rcmeta<I> m,         \
-                                        const sg_ptrs p)                                    \
+    extern "C" __global__ void SG_VEC_BOUNDS VEC_NAME(const I R, const I C,                 \
+                                                      const sg_rcmeta<I> m, const sg_ptrs p) \
     { sg_rowcol_vec_body<I>(R, C, m, p); }                                                  \
     extern "C" __global__ void NAME(const I R, const I C, const sg_rcmeta<I> m,             \
                                     const sg_ptrs p)                                        \

@@ -9,9 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
+
+#: bytes a thread of the vector kernels aims to keep in flight (ElemwiseSignature.vec_depth)
+VEC_BYTES_IN_FLIGHT = 256
 
 __all__ = ["ElemwiseSignature", "render_elemwise", "strided_kernel_name", "rowcol_kernel_name",
            "kernel_names"]
@@ -33,6 +38,16 @@ class ElemwiseSignature:
     def n_full(self) -> int:
         """Operands indexed per element: non-scalar inputs, then every output."""
         return sum(1 for s in self.scalar_inputs if not s) + len(self.out_dtypes)
+
+    @property
+    def vec_depth(self) -> int:
+        """Vectors of every operand the vector kernels keep in flight per thread: about
+        VEC_BYTES_IN_FLIGHT bytes, 1 to 4.  Four vectors of a light operand list keep the
+        memory busy; four of a long one (a layer norm's backward: 152 bytes a vector) only
+        take registers from other warps."""
+        full = [d for d, s in zip(self.in_dtypes, self.scalar_inputs) if not s]
+        per_vector = sum(4 * np.dtype(d).itemsize for d in full + list(self.out_dtypes))
+        return max(1, min(4, VEC_BYTES_IN_FLIGHT // max(per_vector, 1)))
 
 
 def strided_kernel_name(nd: int, wide: bool) -> str:
@@ -150,4 +165,4 @@ def render_elemwise(sig: ElemwiseSignature, title: str | None = None) -> str:
     return template("elemwise.cu").substitute(
         title=label.replace("*/", "* /"), common=common_source(), apply=apply_src,
         operands=_operands(sig), instances="\n".join(instances),
-        rowcol_instances="\n".join(rowcol))
+        rowcol_instances="\n".join(rowcol), vec_depth=sig.vec_depth)
