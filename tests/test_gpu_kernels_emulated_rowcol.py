@@ -16,7 +16,7 @@ from emulated_gpu import (device_array, emulated_kernel_device, gpu_var, host_vi
 from gpu_helpers import requires_nvcc, thunk_over
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.runtime.codegen import layout
-from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scalar.basic import Cast, SCALAR_OPS
 from symgpu.scalar.composite import CompositeBuilder
 
 pytestmark = requires_gxx
@@ -244,18 +244,20 @@ def test_a_broadcast_view_through_the_one_input_thunk(emu, launched):
 # ----------------------------------------------------------------------------- stepping
 
 @pytest.mark.parametrize("wide", [False, True])
-@pytest.mark.parametrize("C, in_flight", [(96, 256), (96, 1000), (96, 300), (96, 96), (95, 256)])
+@pytest.mark.parametrize("C, in_flight", [(96, (256, 64)), (96, (1000, 1000)),
+                                          (96, (300, 1000)), (96, (96, 64)), (95, (256, 64))])
 def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C, in_flight):
     """One block of 256 threads over more vectors (elements) than it has threads: each
     thread steps its (row, column) by the grid's stride (10 rows and 16 vectors for C = 96:
     the loop of SG_VEC_DEPTH vectors, then one at a time; 2 rows and 66 columns for C = 95),
     in 32- and 64-bit index arithmetic.  The affine layer norm's five float32 operands and
-    output take 96 bytes a vector: 2 vectors in flight by default, 4, 3 or 1 under other
-    byte budgets."""
+    output take 96 bytes and 24 values a vector: 2 vectors in flight by default, 4, 3 or 1
+    under other budgets."""
     from symgpu.gpu.ops import elemwise as gelem
     from symgpu.gpu.runtime.codegen import elemwise as codegen_elemwise, launch
     monkeypatch.setattr(launch, "sm_count", lambda ctx: 1)
-    monkeypatch.setattr(codegen_elemwise, "VEC_BYTES_IN_FLIGHT", in_flight)
+    monkeypatch.setattr(codegen_elemwise, "VEC_BYTES_IN_FLIGHT", in_flight[0])
+    monkeypatch.setattr(codegen_elemwise, "VEC_VALUES_IN_FLIGHT", in_flight[1])
     monkeypatch.setattr(gelem, "VEC_BLOCKS_PER_SM", 1)
     if wide:
         monkeypatch.setattr(layout, "fits_32bit", lambda *a: False)
@@ -269,7 +271,7 @@ def test_threads_step_through_rows(emu, launched, monkeypatch, wide, C, in_fligh
     node = GpuElemwise(layer_norm_like("float32", True), {0: 0})(
         gvar("float32", 2), gvar("float32", 2, col), gvar("float32", 2, col),
         gvar("float32", 2, row), gvar("float32", 2, row)).owner
-    assert node.op.signature(node).vec_depth == {256: 2, 1000: 4, 300: 3, 96: 1}[in_flight]
+    assert node.op.signature(node).vec_depth == {256: 2, 1000: 4, 300: 3, 96: 1}[in_flight[0]]
     xd = device_array(emu, x)
     (got,), _, _ = run(node, [xd] + [device_array(emu, a) for a in (mean, rstd, g, b)])
     kind = "sg_rowcol_vec" if C % 4 == 0 else "sg_rowcol"
@@ -304,6 +306,51 @@ def test_row_col_kernels_compile_for_sm_90(tmp_path):
                 assert b"sg_rowcol_vec_32\0" in cubin and b"sg_rowcol_64\0" in cubin
     finally:
         compiler.clear_memory_cache()
+
+
+def layer_norm_backward_like():
+    """The GPT step's layer-norm backward as the fusion makes it (i1, i5 one value each):
+    i8 + i3 * (i2 - i0 / i1) / (i4 * i5) + i9 + (i6 + i7) / i5, float32 and its bfloat16
+    rounding: eight float32 operands and two outputs a position."""
+    b = CompositeBuilder()
+    i = [b.add_input("float32") for _ in range(10)]
+
+    def op(name, *args):
+        return b.add_op(S[name], list(args))[0]
+    centred = op("sub", i[2], op("true_div", i[0], i[1]))
+    out = op("add", op("add", op("add", i[8], op("true_div", op("mul", i[3], centred),
+                                                   op("mul", i[4], i[5]))), i[9]),
+             op("true_div", op("add", i[6], i[7]), i[5]))
+    return b.build([out, b.add_op(Cast("bfloat16"), [out])[0]])
+
+
+@requires_nvcc
+def test_vector_kernels_of_long_operand_lists_do_not_spill(tmp_path):
+    """The vector kernels run within 64 registers (SG_VEC_BOUNDS); fewer vectors in flight
+    for long operand lists (vec_depth) keep them out of local memory: four vectors of the
+    layer norm's backward operands spilled, and took 168 registers unbounded."""
+    import shutil
+    import subprocess
+    col, row = (False, False, True), (True, True, False)
+    nodes = [GpuElemwise(layer_norm_like("bfloat16", True))(
+        gvar("bfloat16", 3), gvar("bfloat16", 3, col), gvar("bfloat16", 3, col),
+        gvar("bfloat16", 3, row), gvar("bfloat16", 3, row)).owner,
+        GpuElemwise(layer_norm_backward_like())(*[
+            gvar("float32", 3, col if k in (0, 3, 4, 6, 7) else (True,) * 3 if k in (1, 5)
+                 else (False,) * 3) for k in range(10)])[0].owner]
+    for n, node in enumerate(nodes):
+        ((_, sig), src), = node.op.kernel_sources(node)
+        assert sig.vec_depth == (2, 1)[n]
+        path = tmp_path / f"m{n}.cu"
+        path.write_text(src)
+        log = subprocess.run([shutil.which("nvcc"), "-arch=sm_90", "-cubin", "-o",
+                              str(tmp_path / f"m{n}.cubin"), "-Xptxas", "-v", str(path)],
+                             capture_output=True, text=True, check=True).stderr
+        # (sg_rowcol_vec_64, for arrays past 2**31 elements, keeps 64-bit strides of every
+        # operand: the backward's twenty take 84 bytes of local memory)
+        for kernel in ("sg_contig_vec", "sg_rowcol_vec_32"):
+            props = log.split(f"Function properties for {kernel}\n")[1].splitlines()[0]
+            assert " 0 bytes spill stores" in props, (kernel, props)
 
 
 # ----------------------------------------------------------------------------- from function()

@@ -196,7 +196,7 @@ class _ReduceThunk:
     ONEPASS_MIN_BYTES_PER_THREAD = 64
     COLS_BLOCK = True       # False: split columns always finish in a second launch
     COLS_BLOCK_ROWS_PER_LANE = 16
-    COLS_TILE, COLS_TILE_MIN_K, COLS_TILE_ROWS_PER_LANE = True, 128, 16  # (False: the split)
+    COLS_TILE, COLS_TILE_MIN_K, COLS_TILE_ROWS_PER_LANE = True, 128, 8   # (False: the split)
     FINAL, SPLIT, ONEPASS = 0, 1, 2
 
     def __init__(self, op: GpuCAReduce, node: Apply, storage_map: dict, ctx: Any) -> None:

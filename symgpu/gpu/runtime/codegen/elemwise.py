@@ -15,8 +15,9 @@ from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 
-#: bytes a thread of the vector kernels aims to keep in flight (ElemwiseSignature.vec_depth)
-VEC_BYTES_IN_FLIGHT = 256
+#: bytes and values a thread of the vector kernels keeps in flight at most
+#: (ElemwiseSignature.vec_depth)
+VEC_BYTES_IN_FLIGHT, VEC_VALUES_IN_FLIGHT = 256, 64
 
 __all__ = ["ElemwiseSignature", "render_elemwise", "strided_kernel_name", "rowcol_kernel_name",
            "kernel_names"]
@@ -41,13 +42,16 @@ class ElemwiseSignature:
 
     @property
     def vec_depth(self) -> int:
-        """Vectors of every operand the vector kernels keep in flight per thread: about
-        VEC_BYTES_IN_FLIGHT bytes, 1 to 4.  Four vectors of a light operand list keep the
-        memory busy; four of a long one (a layer norm's backward: 152 bytes a vector) only
-        take registers from other warps."""
+        """Vectors of every operand the vector kernels keep in flight per thread, 1 to 4:
+        about VEC_BYTES_IN_FLIGHT bytes, and at most VEC_VALUES_IN_FLIGHT values (a half
+        operand's vector takes 2 registers loaded, 4 once converted) so that the kernels'
+        64 registers hold them without spilling.  Four vectors of a light operand list keep
+        the memory busy; four of a long one only take registers from other warps."""
         full = [d for d, s in zip(self.in_dtypes, self.scalar_inputs) if not s]
-        per_vector = sum(4 * np.dtype(d).itemsize for d in full + list(self.out_dtypes))
-        return max(1, min(4, VEC_BYTES_IN_FLIGHT // max(per_vector, 1)))
+        full += list(self.out_dtypes)
+        per_vector = sum(4 * np.dtype(d).itemsize for d in full)
+        return max(1, min(4, VEC_BYTES_IN_FLIGHT // max(per_vector, 1),
+                          VEC_VALUES_IN_FLIGHT // max(4 * len(full), 1)))
 
 
 def strided_kernel_name(nd: int, wide: bool) -> str:

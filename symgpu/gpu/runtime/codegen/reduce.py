@@ -83,11 +83,8 @@ class ReduceSignature:
     @property
     def cols_vector(self) -> int:
         """Adjacent columns a thread of ``sg_cols_tile`` owns and loads as one access per
-        operand: 16 bytes of the widest operand's items, at most 8 columns (2 of 8-byte
-        items, 4 of float32, 8 of float16/bfloat16).  On the H200 the bfloat16 bias gradients
-        of half.py's GPT step took 12.0-12.9 us with 8-byte loads, 9.7-10.8 with 16-byte ones
-        (and 16 rows a lane: COLS_TILE_ROWS_PER_LANE)."""
-        return max(2, min(8, 16 // max(np.dtype(d).itemsize for d in self.in_dtypes)))
+        operand: 4 (2 where an operand has 8-byte items: a 16-byte access at most)."""
+        return 2 if max(np.dtype(d).itemsize for d in self.in_dtypes) >= 8 else 4
 
 
 def kernel_names(sig: ReduceSignature) -> tuple[str, ...]:
