@@ -25,15 +25,16 @@ ${common}
 ${apply}
 ${operands}
 
-/* The vector kernels keep SG_VEC_DEPTH vectors of every operand in flight (4 for light operand
- * lists; fewer where the operands' bytes are many: ElemwiseSignature.vec_depth) within launch
- * bounds of 256 threads, 4 blocks a multiprocessor (64 registers).  Before, four vectors of
- * every operand of a layer norm's backward (two divisions an element over three float32
- * operands and five per-row statistics) took 168 registers, one block of 256 a multiprocessor
- * at a time: 82.8 us on the H200 (half.py's GPT step, the node timed alone), 36.3 us at 64
- * registers; the layer norm's affine apply 28.6 -> 19.5 us */
+/* The vector kernels keep SG_VEC_DEPTH vectors of every operand in flight: 4 for light operand
+ * lists, fewer where the operands are many (ElemwiseSignature.vec_depth), and then within launch
+ * bounds of 256 threads, 4 blocks a multiprocessor (64 registers: SG_VEC_BOUNDS).  Before, four
+ * vectors of every operand of a layer norm's backward (two divisions an element over three
+ * float32 operands and five per-row statistics) took 168 registers, one block of 256 a
+ * multiprocessor at a time: 82.8 us on the H200 (half.py's GPT step, the node timed alone),
+ * 36.3 us at 64 registers.  Light kernels stay unbounded: bounded, nvcc gave a bfloat16 bias add
+ * more registers than it needs (22.7 -> 24.8 us, benchmarks/gpu_rowcol.py) */
 #define SG_VEC_DEPTH ${vec_depth}
-#define SG_VEC_BOUNDS __launch_bounds__(256, 4)
+#define SG_VEC_BOUNDS ${vec_bounds}
 
 extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
 {
@@ -137,6 +138,29 @@ __device__ __forceinline__ void sg_rowcol_vec_body(const I R, const I C, const s
     I j = (I)blockIdx.x * blockDim.x + threadIdx.x;
     I r = j / cv, c = j - r * cv;
     const I sr = step / cv, sc = step - sr * cv;
+#if SG_VEC_DEPTH == 4
+    /* (written out: the same loop over arrays took 8-24 more registers for light operand
+       lists, which run unbounded) */
+    for (; j + 3 * step < nvec; j += 4 * step) {
+        I r1 = r, c1 = c;
+        sg_rc_step<I>(r1, c1, sr, sc, cv);
+        I r2 = r1, c2 = c1;
+        sg_rc_step<I>(r2, c2, sr, sc, cv);
+        I r3 = r2, c3 = c2;
+        sg_rc_step<I>(r3, c3, sr, sc, cv);
+        const sg_vin a = sg_rc_load<I>(p, m.rs, m.cs, r, c);
+        const sg_vin b = sg_rc_load<I>(p, m.rs, m.cs, r1, c1);
+        const sg_vin e = sg_rc_load<I>(p, m.rs, m.cs, r2, c2);
+        const sg_vin d = sg_rc_load<I>(p, m.rs, m.cs, r3, c3);
+        sg_vec_store(p, s, j, a);
+        sg_vec_store(p, s, j + step, b);
+        sg_vec_store(p, s, j + 2 * step, e);
+        sg_vec_store(p, s, j + 3 * step, d);
+        r = r3;
+        c = c3;
+        sg_rc_step<I>(r, c, sr, sc, cv);
+    }
+#else
     for (; j + (SG_VEC_DEPTH - 1) * step < nvec; j += SG_VEC_DEPTH * step) {
         sg_vin v[SG_VEC_DEPTH];
 #pragma unroll
@@ -147,6 +171,7 @@ __device__ __forceinline__ void sg_rowcol_vec_body(const I R, const I C, const s
 #pragma unroll
         for (int u = 0; u < SG_VEC_DEPTH; ++u) sg_vec_store(p, s, j + u * step, v[u]);
     }
+#endif
     for (; j < nvec; j += step) {
         sg_vec_store(p, s, j, sg_rc_load<I>(p, m.rs, m.cs, r, c));
         sg_rc_step<I>(r, c, sr, sc, cv);

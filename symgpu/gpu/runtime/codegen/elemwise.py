@@ -169,4 +169,5 @@ def render_elemwise(sig: ElemwiseSignature, title: str | None = None) -> str:
     return template("elemwise.cu").substitute(
         title=label.replace("*/", "* /"), common=common_source(), apply=apply_src,
         operands=_operands(sig), instances="\n".join(instances),
-        rowcol_instances="\n".join(rowcol), vec_depth=sig.vec_depth)
+        rowcol_instances="\n".join(rowcol), vec_depth=sig.vec_depth,
+        vec_bounds="__launch_bounds__(256, 4)" if sig.vec_depth < 4 else "")
