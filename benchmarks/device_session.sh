@@ -25,8 +25,8 @@
 #                                                # mirror's code/ carried as .dlt and six as
 #                                                # .pydeps (the tool's docstring says how)
 #   bash benchmarks/device_session.sh pending    # the quick look at issues 32 and 34 (about
-#                                                # 7 min; first, branch s23-pending's row
-#                                                # groups' tests): their GPU tests, the
+#                                                # 7 min; first, the GPT step's nodes alone:
+#                                                # node_times.py): their GPU tests, the
 #                                                # GPT step's kernels against JAX's, half.py's
 #                                                # MLP and GPT rows, rnn.py's masked rows with
 #                                                # scan_to_dnn_rnn on (fixed and new-length),
@@ -101,11 +101,9 @@ case "$part" in
         --summary "$out/classic_summary.txt" 2>&1 | tee "$out/classic.txt"
     ;;
   pending)
-    # session 22's changes (merged): cuDNN plans shared across lengths, the masked
-    # rewrite's backward branch reading the forward's reserve space, the reduce prologue
-    # session 23's branch s23-pending: row groups reading 4 values a lane (rg_load4)
-    python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_row_group_rewrite.py \
-        tests/test_gpu_attention_join.py tests/test_gpu_attention.py 2>&1 | tail -4
+    # the GPT step's memory-bound nodes, each timed alone (session 24: vector depth)
+    timeout 120 python3 benchmarks/node_times.py 2>&1 | grep -v Warn \
+        | tee "$out/node_times.txt" | tail -40
     python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
         tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py \
         tests/test_gpu_reduce_cols_tile.py tests/test_gpu_reduce_prologue.py \
