@@ -21,8 +21,14 @@ import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# appended, not first: benchmarks/random.py must not shadow the standard library's random
+# (run as a script, this folder is sys.path[0]: moved to the end)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
+    sys.path.append(sys.path.pop(0))
+for _path in (os.path.dirname(_HERE), _HERE):
+    if _path not in sys.path:
+        sys.path.append(_path)
 
 #: the node kinds timed by default: the memory-bound kernels symgpu generates
 KINDS = ("GpuElemwise", "GpuCAReduce", "GpuRowReduceGroup")
