@@ -247,6 +247,17 @@ __device__ __forceinline__ void at_load_row(float *s, const float *g, int i0, in
 
 template <typename T> __device__ __forceinline__ float at_f(T x) { return sg_load(x); }
 
+/* a score in log2 units with the mask's value at (query q, key k) added: the prescaled logits
+   of the forward and of the backward (AtArgs or AtBwdArgs) */
+template <typename A>
+__device__ __forceinline__ float at_prescaled(const float s, const float sl2, const float *mask,
+                                              const A &a, const int q, const int k)
+{
+    float x = s * sl2;
+    if (mask && q < a.sq && k < a.sk) x += mask[q * a.msi + k * a.msj] * AT_LOG2E;
+    return x;
+}
+
 struct AtArgs {
     const void *q, *k, *v; const float *mask; void *o; float *lse;
     long long qsb, qsh, qss, ksb, ksh, kss, vsb, vsh, vss, msb, msh, msi, msj;
@@ -348,10 +359,7 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                        float x = s[mt][nt][e] * sl2;
-                        if (mask && row < a.sq && col < a.sk)
-                            x += mask[row * a.msi + col * a.msj] * AT_LOG2E;
-                        s[mt][nt][e] = x;
+                        s[mt][nt][e] = at_prescaled(s[mt][nt][e], sl2, mask, a, row, col);
                     }
             }
             if (edge) {            // keys past the end or after the row (causal): none
@@ -674,10 +682,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int key = e < 2 ? key0 : key1, qr = m0 + nt * 8 + 2 * t + (e & 1);
-                    float x = s[nt][e] * sl2;
-                    if (mask && qr < a.sq && key < a.sk)
-                        x += mask[qr * a.msi + key * a.msj] * AT_LOG2E;
-                    s[nt][e] = x;
+                    s[nt][e] = at_prescaled(s[nt][e], sl2, mask, a, qr, key);
                 }
         }
 #pragma unroll
