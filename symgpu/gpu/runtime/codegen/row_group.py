@@ -96,21 +96,21 @@ def _member(sig: RowGroupSignature, q: int) -> tuple[str, list[str]]:
     loads = [f"sg_load(p.in{a}[koff[{a}] + j * m.cstride[{a}]])" if a >= 0 else f"res{-a - 1}"
              for a in m.args]
     vloads = [f"sg_load(x{a}.v[u])" if a >= 0 else f"res{-a - 1}" for a in m.args]
-    if m.pre_op is None:
-        value = [f"            const rg_acc{q}_t v = (rg_acc{q}_t)({loads[0]});"]
-        vvalue = [f"                const rg_acc{q}_t v = (rg_acc{q}_t)({vloads[0]});"]
-    else:
+    pre_out = None
+    if m.pre_op is not None:
         src, outs = render_apply_function(m.pre_op, dtypes, name=f"rg_pre{q}")
         if len(outs) != 1:
             raise TypeError(f"a row group member's pre-op must have one output, {m.pre_op} "
                             f"has {len(outs)}")
         funcs.append(src)
-        value = [f"            {value_ctype(outs[0])} r;",
-                 f"            rg_pre{q}({', '.join(loads + ['r'])});",
-                 f"            const rg_acc{q}_t v = (rg_acc{q}_t)(r);"]
-        vvalue = [f"                {value_ctype(outs[0])} r;",
-                  f"                rg_pre{q}({', '.join(vloads + ['r'])});",
-                  f"                const rg_acc{q}_t v = (rg_acc{q}_t)(r);"]
+        pre_out = value_ctype(outs[0])
+
+    def value(args: list[str], indent: str) -> list[str]:
+        """The lines that make v, the member's value from these loads."""
+        if pre_out is None:
+            return [f"{indent}const rg_acc{q}_t v = (rg_acc{q}_t)({args[0]});"]
+        return [f"{indent}{pre_out} r;", f"{indent}rg_pre{q}({', '.join(args + ['r'])});",
+                f"{indent}const rg_acc{q}_t v = (rg_acc{q}_t)(r);"]
     vec_loads = [f"            const rg_v4<{storage_ctype(sig.in_dtypes[a])}> x{a} = "
                  f"rg_load4(p.in{a} + koff[{a}] + j * m.cstride[{a}], m.cstride[{a}]);"
                  for a in sorted({a for a in m.args if a >= 0})]
@@ -123,10 +123,10 @@ def _member(sig: RowGroupSignature, q: int) -> tuple[str, list[str]]:
             "        if (m.vec) {",
             f"        for (long long j = 4 * lane; j < m.C[{q}]; j += 4 * lanes) {{", *vec_loads,
             "#pragma unroll",
-            "            for (int u = 0; u < 4; ++u) {", *vvalue,
+            "            for (int u = 0; u < 4; ++u) {", *value(vloads, " " * 16),
             f"                acc = rg_op{q}()(acc, v);", "            }", "        }",
             "        } else {",
-            f"        for (long long j = lane; j < m.C[{q}]; j += lanes) {{", *value,
+            f"        for (long long j = lane; j < m.C[{q}]; j += lanes) {{", *value(loads, " " * 12),
             f"            acc = rg_op{q}()(acc, v);", "        }", "        }",
             f"        acc = rg_all<rg_acc{q}_t, rg_op{q}, WIDE>(acc, rg_op{q}(), {ident});",
             f"        {out_st} st;"]
