@@ -1750,3 +1750,21 @@ def test_the_rnn_forward_says_why_its_shapes_are_not_inferred(vgpu):
     node = _crnn.GpuDnnRNNForward(*_LSTM)(*ins)[0].owner
     with pytest.raises(ShapeError, match="reserve space"):
         node_shapes(node)
+
+
+# the column group (s25): the map's written output; a member's column vector (the first output
+# of a group without a map: the test infers the first output)
+from symgpu.gpu.ops.col_group import ColMember as _ColMember, GpuColumnReduceGroup as _ColGroup  # noqa: E402,E501
+
+_COL_GROUP = _ColGroup([_ColMember("add", None, (-1,)), _ColMember("maximum", None, (0,))],
+                       symgpu.scalar.basic.SCALAR_OPS["tanh"], (0,), (True,))
+_S25_CASES = {_ColGroup: [
+    gcase(lambda x: _COL_GROUP(x)[0], lambda x: T.tanh(x), "g", r(2, 3, 5).astype("float32")),
+    gcase(lambda x: _ColGroup([_ColMember("maximum", None, (0,))] * 2)(x)[0],
+          lambda x: x.max(axis=(0, 1)), "g", r(2, 3, 5).astype("float32"))]}
+CASES.update(_S25_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_S25_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_s25(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)
