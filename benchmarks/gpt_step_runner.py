@@ -1,5 +1,6 @@
-"""How benchmarks/half.py's GPT block step runs on the GPU: CUDA graphs or plain launches, and
-what its updates cost (issue 34).  Not a test: a report for the GPU machine.
+"""How benchmarks/half.py's GPT block step (or another of its models) runs on the GPU: CUDA
+graphs or plain launches, and what its updates cost (issue 34).  Not a test: a report for the
+GPU machine.
 
 Prints the runner of the compiled step (enabled, why disabled, plain runs / captures /
 replays, each segment's nodes, updates copied back and written in place, whether its check
@@ -10,6 +11,8 @@ device time of one step and the kernels that take most of it.
     python3 benchmarks/gpt_step_runner.py
     python3 benchmarks/gpt_step_runner.py --old-limit    # graphs.VERIFY_LIMIT = 64 MB: as before
     python3 benchmarks/gpt_step_runner.py --jax          # then JAX's step, its kernels alike
+    python3 benchmarks/gpt_step_runner.py --model mlp --jax   # half.py's MLP step (mlp, lenet,
+                                                               # lstm, gpt)
 """
 from __future__ import annotations
 
@@ -23,12 +26,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cupti_table import kernel_table, step_times  # noqa: E402
 
 
-def jax_table() -> None:
-    """The same table for JAX's step (cuDNN attention), the best peer of half.py's GPT row."""
+def jax_table(model: str = "gpt") -> None:
+    """The same table for JAX's step (for the GPT block: cuDNN attention), the best peer of
+    half.py's rows."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # JAX shares the GPU
     import half_peers
     try:
-        name, step, sync = half_peers.jax_gpt()[0]
+        name, step, sync = getattr(half_peers, f"jax_{model}")()[0]
     except ImportError as exc:
         print(f"JAX unavailable: {exc}")
         return
@@ -37,7 +41,7 @@ def jax_table() -> None:
     kernel_table(step, sync)
 
 
-def main(old_limit: bool) -> None:
+def main(old_limit: bool, model: str = "gpt") -> None:
     import symgpu
     from symgpu import config
     from symgpu.gpu.exec import graphs
@@ -49,7 +53,7 @@ def main(old_limit: bool) -> None:
         print(f"device: {getattr(ctx, 'devname', ctx)}; verify limit "
               f"{graphs.verify_limit(ctx) / 2**20:.0f} MB")
         with config.change_flags(mixed_precision="bfloat16"):
-            step, _, sync = half_symgpu.gpt({})
+            step, _, sync = half_symgpu.BUILDERS[model]({})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             for _ in range(10):
@@ -80,6 +84,8 @@ def main(old_limit: bool) -> None:
 
 
 if __name__ == "__main__":
-    main("--old-limit" in sys.argv[1:])
-    if "--jax" in sys.argv[1:]:
-        jax_table()
+    args = sys.argv[1:]
+    which = args[args.index("--model") + 1] if "--model" in args else "gpt"
+    main("--old-limit" in args, which)
+    if "--jax" in args:
+        jax_table(which)

@@ -110,6 +110,19 @@ def converge_row(steps: int = 200) -> None:
                    f"steps ({'met' if rel <= 0.01 else 'NOT met'})")
 
 
+def share_cudnn_with_torch() -> None:
+    """Load PyTorch's cuDNN before symgpu loads one: a process holds one libcudnn.so.9, and
+    where symgpu loaded the system's first (9.14 on the GPU machine) PyTorch's cuDNN LSTM, built
+    against its bundled 9.19, refused to run ("cuDNN version incompatibility"): the LSTM row
+    lost its cuDNN peer.  symgpu then uses the cuDNN PyTorch loaded."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.backends.cudnn.version()
+    except Exception as exc:   # no PyTorch: its rows say so themselves
+        say(f"  (PyTorch's cuDNN not loaded first: {type(exc).__name__}: {exc})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default=",".join(ROWS))
@@ -122,6 +135,7 @@ def main() -> None:
     unknown = set(rows) - set(ROWS)
     if unknown:
         raise SystemExit(f"unknown rows {sorted(unknown)}; choose from {', '.join(ROWS)}")
+    share_cudnn_with_torch()
     import symgpu
     if symgpu.gpu.init_default_context() is None:
         raise SystemExit("no usable GPU here")

@@ -226,7 +226,9 @@ def jax_lenet() -> list:
         return jax.lax.conv_general_dilated(a, w[:, :, ::-1, ::-1].astype(bf), (1, 1), "VALID")
 
     def pool(a):
-        return jax.lax.reduce_window(a, jnp.array(-jnp.inf, bf), jax.lax.max,
+        # the init a Python scalar, as flax's max_pool: the GPU machine's JAX differentiates
+        # reduce_window only with a constant init ("Linearization failed" for an array)
+        return jax.lax.reduce_window(a, -jnp.inf, jax.lax.max,
                                      (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
 
     def loss(ps, xb, yb):

@@ -701,3 +701,49 @@ def test_warm_chunks_off_captures_only_the_lengths_a_call_runs(monkeypatch):
         check(run(op, node, np.int64(n), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
               want_accumulate(x, h0), 1e-5)
     assert {k[0] for k, g in op.loop_graphs.graphs.items() if g is not None} == {4, 2, 1}
+
+
+class GpuFakeKernelInto(GpuFakeKernel):
+    """GpuFakeKernel whose thunk computes into an array it is given (``write_into``, as
+    GpuElemwise's): the loop's buffers then take each step's result with no copy."""
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        ins = [storage_map[v] for v in node.inputs]
+        out = storage_map[node.outputs[0]]
+        fn, into = self.fn, [None]
+
+        def thunk():
+            xs = [c[0] for c in ins]
+            target = into[0]
+            o = target if target is not None and target.shape == xs[0].shape else \
+                GpuArray(xs[0].shape, "float32", CTX_OBJ)
+            ptrs, n, optr = [x.ptr for x in xs], xs[0].size, o.ptr
+
+            def k():
+                heap(optr, n)[:] = fn(*[heap(p, n) for p in ptrs])
+            DRV.launch_kernel(k)
+            out[0] = o
+        thunk.capturable = thunk.launches = True
+        thunk.write_into = into
+        return thunk
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_step_results_are_computed_into_the_loops_buffers(monkeypatch, direct):
+    """A body whose kernels can write into a given array computes the kept state and the
+    per-step output straight into their slots: the captured loop holds the kernels and no
+    per-step copies (the per-step output's first step is still copied: its buffer is made
+    once its shape is known)."""
+    from symgpu.gpu.ops import scan_op
+    monkeypatch.setattr(scan_op, "DIRECT_OUTPUTS", direct)
+    xt, h = gtype(1)("x_t"), gtype(1)("h")
+    new_h = GpuFakeKernelInto("add", lambda a, b: a + b)(h, xt)
+    y = GpuFakeKernelInto("twice", lambda a: 2 * a)(new_h)
+    op = GpuScan([xt, h], [new_h, y], ScanInfo(1, ((-1,),), (True,), 1, 0), context_name=CTX)
+    node = op.make_node(T.lscalar("n"), gtype(2)("X"), gtype(2)("H0"))
+    for call in range(4):
+        x, h0 = rand(6, 3, seed=call), rand(1, 3, seed=10 + call)
+        check(run(op, node, np.int64(6), upload(CTX_OBJ, x), upload(CTX_OBJ, h0)),
+              want_accumulate(x, h0))
+    copies = 1 + (6 * 2 if not direct else 1)      # the initial state, then the steps'
+    assert scan_graph.STATS["graph nodes (scan)"] == copies + 6 * 2

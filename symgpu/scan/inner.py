@@ -117,7 +117,7 @@ class InnerFunction:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         for k in ("vm", "_run", "input_cells", "output_cells", "clear_cells", "compiled_fgraph",
-                  "lock", "_rewritten"):
+                  "lock", "_rewritten", "_direct_outputs"):
             state.pop(k, None)
         state["vm"] = None
         state["compiled_fgraph"] = None

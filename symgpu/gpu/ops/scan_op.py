@@ -261,12 +261,22 @@ class GpuScan(Scan):
         seq_plan = list(zip(seq_cells, seqs))
         cond_cell = out_cells[M + K] if info.as_while else None
         run = inner._run
+        direct = direct_outputs(inner) if DIRECT_OUTPUTS else [None] * (M + K)
+        aim_states = [(direct[j], bufs[j], n_inits[j]) for j in range(M)
+                      if keep[j] and direct[j] is not None]
+        aim_nitsot = [(direct[M + i], i) for i in range(K) if direct[M + i] is not None]
         steps_done = n
         for t in range(n):
             for cell, s in seq_plan:
                 cell[0] = s[t]
             for cell, buf, off, kept in tap_plan:
                 cell[0] = buf[t + off] if kept else buf[off]
+            # outputs computed straight into their slot of the loop's buffers where the
+            # thunk can (see direct_outputs): no copy after the step
+            aimed = [(into, k) for (into, k), buf, n_init in aim_states
+                     if _aim(into, k, buf[t + n_init])]
+            aimed += [(into, k) for (into, k), i in aim_nitsot
+                      if nitsot[i] is not None and _aim(into, k, nitsot[i][t])]
             try:
                 run()
             # any error of the body is the loop's own: re-raised, with the step named where
@@ -275,6 +285,9 @@ class GpuScan(Scan):
                 if not _simple(exc):
                     raise
                 raise type(exc)(f"{exc}\n(in {info.name}, step {t} of {n})") from exc
+            finally:
+                for into, k in aimed:
+                    into[k] = None
             for cell, buf, n_init, kept, j in state_plan:
                 val = cell[0]
                 if kept:
@@ -282,7 +295,8 @@ class GpuScan(Scan):
                     if val.shape != dst.shape:
                         raise ScanError(self._shape_msg(info.state_label(j), t, val.shape,
                                                         dst.shape))
-                    _copy(dst, val)
+                    if val.ptr != dst.ptr or val.strides != dst.strides:   # (not computed there)
+                        _copy(dst, val)
                 else:
                     if val.shape != buf[-1].shape:
                         raise ScanError(self._shape_msg(info.state_label(j), t, val.shape,
@@ -302,7 +316,9 @@ class GpuScan(Scan):
                 elif val.shape != arr.shape[1:]:
                     raise ScanError(self._shape_msg(info.nitsot_label(i), t, val.shape,
                                                     arr.shape[1:]))
-                _copy(arr[t], val)
+                dst = arr[t]
+                if val.ptr != dst.ptr or val.strides != dst.strides:
+                    _copy(dst, val)
             stop = bool(cond_cell[0]) if cond_cell is not None else False
             for c in clear:
                 c[0] = None
@@ -326,6 +342,42 @@ class GpuScan(Scan):
                 o = node.outputs[M + i]
                 arr = GpuArray((0,) * o.ndim, o.dtype, ctx)
             output_storage[M + i][0] = arr[:steps_done]
+
+
+#: False: every step's outputs are copied into the loop's buffers (the tests compare the two)
+DIRECT_OUTPUTS = True
+
+
+def direct_outputs(inner: Any) -> list:
+    """Per output of the compiled body: ``(write_into, k)`` of the thunk computing it where
+    that thunk can compute its output k into an array it is given (GpuElemwise's
+    ``write_into``, as graph_segment's direct updates use it), else None.
+
+    Why: a loop keeping every step's state (an LSTM whose states feed its gradient) copied
+    each step's results into its buffers: two device copies a step, about 1 us each in a
+    captured graph, 200 a step of half.py's LSTM step (length 50, forward and backward)."""
+    got = inner.__dict__.get("_direct_outputs")
+    if got is None:
+        fg, vm = inner.compiled_fgraph, inner.vm
+        thunk_of = dict(zip(vm.nodes, vm.thunks))
+        inputs = set(fg.inputs)
+        got = []
+        for v in fg.outputs:
+            into = getattr(thunk_of.get(v.owner), "write_into", None)
+            # (an output listed twice, or a graph input passed through, keeps its copies)
+            once = fg.outputs.count(v) == 1 and v not in inputs
+            got.append((into, v.owner.outputs.index(v)) if into is not None and once else None)
+        inner._direct_outputs = got
+    return got
+
+
+def _aim(into: list, k: int, target: Any) -> bool:
+    """Ask a thunk to compute its output k into ``target`` (it may decline: a layout its plan
+    cannot write); False where another request holds the slot."""
+    if into[k] is not None:
+        return False
+    into[k] = target
+    return True
 
 
 def _copy(dst: Any, src: Any) -> None:
