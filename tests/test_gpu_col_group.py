@@ -217,6 +217,27 @@ def test_the_group_equals_the_nodes_it_replaces(emu, monkeypatch):
     np.testing.assert_allclose(s_group, s_sep, rtol=2e-6, atol=1e-5)
 
 
+@requires_gxx
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sibling_reductions_of_the_operand_itself(emu, dtype):
+    """No map and no pre-op (x.sum(0), x.max(0), x.min(0) of a half array: nothing to compute
+    but the reductions, the first module the GPU suite found failing to render); sums
+    accumulate in float32 and round once."""
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (3, 70, 36)).astype(dtype)
+    members = [ColMember("add", None, (0,)), ColMember("maximum", None, (0,)),
+               ColMember("minimum", None, (0,)), ColMember("add", None, (0,), "float32")]
+    node = _node(GpuColumnReduceGroup(members), [(dtype, (False,) * 3)])
+    assert [o.dtype for o in node.outputs] == [dtype, dtype, dtype, "float32"]
+    s, mx, mn, s32 = run_node(node, [device_array(emu, x)])[0]
+    flat = x.astype("float32").reshape(-1, 36)
+    want = flat.astype("float64").sum(0)
+    np.testing.assert_allclose(s32, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(s, s32.astype(dtype))        # the same sum, rounded once
+    np.testing.assert_array_equal(mx, x.reshape(-1, 36).max(0))
+    np.testing.assert_array_equal(mn, x.reshape(-1, 36).min(0))
+
+
 def test_bad_members_and_operands_are_refused(vgpu):
     with pytest.raises(ValueError, match="reduces with and_"):
         GpuColumnReduceGroup([ColMember("and_", None, (0,))])
@@ -276,3 +297,28 @@ def test_the_gpt_blocks_groups_compile_for_sm90_without_spilling(vgpu, tmp_path)
                              capture_output=True, text=True, check=True).stderr
         props = log.split("Function properties for cg_cols\n")[1].splitlines()[0]
         assert " 0 bytes spill stores" in props, (str(n.op)[:200], props)
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_group_the_pass_builds_runs(emu, dtype):
+    """The sibling group gpu_col_reduce_group makes of a sum, a kept-dims sum, a float32 sum
+    and a max of one operand (tests/test_gpu_col_group_rewrite.py's GPU case, small), run on
+    the emulator against NumPy."""
+    import symgpu.tensor as T
+    from symgpu import config, function
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        x = T.tensor(dtype, (False,) * 3)
+        f = function([x], [x.sum(axis=(0, 1)), x.astype("float32").sum(axis=(0, 1)),
+                           x.max(axis=(0, 1))])
+    (node,) = [n for n in f.maker.fgraph.toposort() if type(n.op) is GpuColumnReduceGroup]
+    host = np.random.default_rng(1).uniform(-1, 1, (2, 37, 72)).astype(dtype)
+    got = run_node(node, [device_array(emu, host)])[0]
+    flat = host.astype("float64").reshape(-1, 72)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    ops = [m.reduce_op for m in node.op.members]     # (float32: the two sums are one)
+    assert ops == (["add", "maximum"] if dtype == "float32" else ["add", "add", "maximum"])
+    for g, op in zip(got, ops):
+        want = flat.sum(0) if op == "add" else flat.max(0)
+        np.testing.assert_allclose(np.asarray(g, "float64"), want, rtol=tol, atol=tol)

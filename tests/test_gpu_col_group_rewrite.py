@@ -159,3 +159,30 @@ def test_an_mlps_gradients_on_the_gpu(cuda):
     off = _mlp(T.tanh, three_d=True, **OFF)
     for a, b in zip(got, off(*vals)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("shape,axis", [((8192, 2304), (0,)), ((8192, 771), (0,)),
+                                        ((8, 1024, 768), (0, 1)), ((3001, 130), (0,))])
+def test_sibling_column_sums_on_the_gpu(cuda, dtype, shape, axis):
+    """tests/test_gpu_reduce_cols_tile.py's sums, with the groups: a sum, a sum kept, a
+    float32 sum of a half array and a max (or a sum of a column slice: not aligned) of one
+    operand, one pass, against the CPU."""
+    import symgpu
+    from gpu_helpers import on_the_cpu
+    rng = np.random.default_rng(shape[-1] + len(shape))
+    host = rng.uniform(-1, 1, shape).astype(dtype)
+    x = T.tensor(dtype, (False,) * len(shape))
+    outs = [x.sum(axis=axis), x.sum(axis=axis, keepdims=True),
+            x.astype("float32").sum(axis=axis), x[:, 1:].sum(axis=0) if len(shape) == 2
+            else x.max(axis=axis)]
+    f = symgpu.function([x], outs)
+    assert _groups(f)
+    got = f(host)
+    with on_the_cpu():
+        want = symgpu.function([x], outs)(host)
+    for a, b in zip(got, want):
+        a, b = np.asarray(a).astype("float64"), np.asarray(b).astype("float64")
+        tol = 1e-5 if dtype == "float32" else 1e-2
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())

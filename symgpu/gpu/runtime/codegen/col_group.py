@@ -121,10 +121,11 @@ def _member_functor(sig: ColGroupSignature, q: int) -> str:
         "const { sg_store(res[k], a); }", "};"])
 
 
-def fused_values(sig: ColGroupSignature) -> Composite:
+def fused_values(sig: ColGroupSignature) -> Composite | None:
     """One scalar function of every operand giving the map's outputs, then the values of the
     members with a pre-op: the builder shares the steps they have in common, so a pre-op
-    recomputing the map's expression costs nothing more."""
+    recomputing the map's expression costs nothing more.  None where there is nothing to
+    compute (sibling sums of the operands themselves: x.sum(0) and x.max(0))."""
     b = CompositeBuilder()
     ins = [b.add_input(d) for d in sig.in_dtypes]
     maps: list = []
@@ -141,7 +142,7 @@ def fused_values(sig: ColGroupSignature) -> Composite:
                 raise TypeError(f"a column group member's pre-op must have one output, "
                                 f"{m.pre_op} has {len(got)}")
             outs.append(got[0])
-    return b.build(outs)
+    return b.build(outs) if outs else None
 
 
 def _member_values(sig: ColGroupSignature, n_map: int) -> list[str]:
@@ -183,9 +184,10 @@ def _row_body(sig: ColGroupSignature, value_dtypes: list[str]) -> str:
     lines += [f"{ind}{storage_ctype(d)} o{j}[CG_CV];" for j, d in enumerate(sig.map_dtypes)]
     args = [_operand_value(sig, i) for i in range(len(sig.in_dtypes))]
     vals = [f"v{n}" for n in range(len(value_dtypes))]
+    call = [f"{ind}    cg_all({', '.join(args + vals)});"] if value_dtypes else []
     lines += ["#pragma unroll", f"{ind}for (int u = 0; u < CG_CV; ++u) {{",
               *[f"{ind}    {value_ctype(d)} v{n};" for n, d in enumerate(value_dtypes)],
-              f"{ind}    cg_all({', '.join(args + vals)});",
+              *call,
               *[f"{ind}    sg_store(o{j}[u], v{j});" for j in range(n_map)],
               *[f"{ind}    acc{q}[u] = op{q}(acc{q}[u], (cg_acc{q}_t)({value}));"
                 for q, value in enumerate(_member_values(sig, n_map))],
@@ -210,7 +212,9 @@ def render_col_group(sig: ColGroupSignature, title: str | None = None) -> str:
     for q, m in enumerate(sig.members):
         if m.pre_op is None and len(m.args) != 1:
             raise ValueError(f"column group member {q} without a pre-op must have one argument")
-    src, value_dtypes = render_apply_function(fused_values(sig), sig.in_dtypes, name="cg_all")
+    fused = fused_values(sig)
+    src, value_dtypes = ("", []) if fused is None else render_apply_function(
+        fused, sig.in_dtypes, name="cg_all")
     if tuple(value_dtypes[:len(sig.map_dtypes)]) != sig.map_dtypes:
         raise TypeError(f"the column group's map {sig.map_op} gives "
                         f"{value_dtypes[:len(sig.map_dtypes)]}, the signature says "
