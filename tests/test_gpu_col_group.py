@@ -322,3 +322,14 @@ def test_the_group_the_pass_builds_runs(emu, dtype):
     for g, op in zip(got, ops):
         want = flat.sum(0) if op == "add" else flat.max(0)
         np.testing.assert_allclose(np.asarray(g, "float64"), want, rtol=tol, atol=tol)
+
+
+@requires_nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
+def test_sibling_modules_without_pre_ops_compile_for_sm90(vgpu, tmp_path, dtype):
+    from gpu_helpers import compile_for_sm90
+    members = [ColMember("add", None, (0,)), ColMember("maximum", None, (0,))]
+    node = _node(GpuColumnReduceGroup(members), [(dtype, (False,) * 2)])
+    ((_, src),) = node.op.kernel_sources(node)
+    assert "cg_all(" not in src
+    assert compile_for_sm90(src, tmp_path)
