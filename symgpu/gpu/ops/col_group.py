@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.ops.kernel_ops import _capturable, _context, _pad_inputs, _virtual_thunk
+from symgpu.gpu.ops.kernel_ops import (OneModule, _capturable, _context, _pad_inputs,
+                                        _virtual_thunk)
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import launch, layout
@@ -37,7 +38,7 @@ from symgpu.tensor.shape_rules import elemwise_shape
 __all__ = ["GpuColumnReduceGroup", "ColMember"]
 
 
-class GpuColumnReduceGroup(Op):
+class GpuColumnReduceGroup(OneModule, Op):
     """``members`` (``ColMember``s) reducing every dim but the last of their values, beside an
     elementwise ``map_op`` (a scalar op, or None) of the operands ``map_args`` whose outputs
     flagged in ``kept`` are written (see the module docstring)."""
@@ -45,6 +46,8 @@ class GpuColumnReduceGroup(Op):
     __props__ = ("members", "map_op", "map_args", "kept")
     capturable = True
     launches = True
+    MODULE = "symgpu.col_group"
+    render = staticmethod(render_col_group)
 
     def __init__(self, members: Sequence[ColMember], map_op: Any = None,
                  map_args: Sequence[int] = (), kept: Sequence[bool] = ()):
@@ -128,16 +131,6 @@ class GpuColumnReduceGroup(Op):
                                  self.map_op, self.map_args, tuple(maps), self.kept,
                                  self.members, tuple(reds), node.inputs[0].ndim - 1)
 
-    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
-        """(key, source) of the node's one module (CI compiles it)."""
-        sig = self.signature(node)
-        return [(("symgpu.col_group", sig), render_col_group(sig, str(self)))]
-
-    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
-        """(key, source factory, options) of the module make_thunk loads."""
-        sig = self.signature(node)
-        return [(("symgpu.col_group", sig), lambda: render_col_group(sig, str(self)), ())]
-
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
         ctx = _context(node.outputs[0].type.context_name)
@@ -161,8 +154,8 @@ class _ColGroupThunk:
         self.sig = sig = op.signature(node)
         self.acc_dtypes = [np.dtype(sig.reduce_signature(q).acc_dtype)
                            for q in range(len(sig.members))]
-        ks = launch.load_kernels(ctx, ("symgpu.col_group", sig),
-                                 lambda: render_col_group(sig, str(op)), col_group_formats(sig))
+        ks = launch.load_kernels(ctx, (op.MODULE, sig),
+                                 lambda: op.render(sig, str(op)), col_group_formats(sig))
         self.kernel = ks[COL_GROUP_KERNEL].fast_launcher()
         self.sms = launch.sm_count(ctx)
         self.plans: dict[tuple, tuple] = {}

@@ -30,6 +30,7 @@ from __future__ import annotations
 from symgpu.gpu.ops.careduce import GpuCAReduce
 from symgpu.gpu.ops.col_group import ColMember, GpuColumnReduceGroup
 from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.row_group_rewrite import computed_from
 from symgpu.gpu.runtime.codegen.col_group import COL_GROUP_REDUCIBLE
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
 from symgpu.graph.basic import Apply, Variable
@@ -79,24 +80,9 @@ def _map_anchor(fgraph: FunctionGraph, node: Apply, pos: dict) -> Apply | None:
     producers = [v.owner for v in node.inputs if _map_node(v.owner, nd)]
     for emap in readers + producers:
         others = [v for v in node.inputs if v.owner is not emap]
-        if not _depends(others, set(emap.outputs), pos, pos[emap]):
+        if not computed_from(others, set(emap.outputs), pos, pos[emap]):
             return emap
     return None
-
-
-def _depends(inputs: list[Variable], outputs: set, pos: dict, first: int) -> bool:
-    """Whether any of ``inputs`` is computed from one of ``outputs`` (the group's)."""
-    todo, seen = list(inputs), set()
-    while todo:
-        v = todo.pop()
-        if v in outputs:
-            return True
-        o = v.owner
-        if o is None or o in seen or pos.get(o, -1) < first:
-            continue
-        seen.add(o)
-        todo.extend(o.inputs)
-    return False
 
 
 def _build(fgraph: FunctionGraph, emap: Apply | None, reds: list[Apply], pos: dict
@@ -127,7 +113,7 @@ def _build(fgraph: FunctionGraph, emap: Apply | None, reds: list[Apply], pos: di
                                for v in r.inputs), r.op.dtype) for r in reds]
     group_nodes = set(reds) | ({emap} if emap is not None else set())
     outs = {o for n in group_nodes for o in n.outputs}
-    if _depends(operands, outs, pos, min(pos[n] for n in group_nodes)):
+    if computed_from(operands, outs, pos, min(pos[n] for n in group_nodes)):
         return None
     kept = tuple(any(c == "output" or c not in group_nodes for c, _ in fgraph.clients[o])
                  for o in map_outs)

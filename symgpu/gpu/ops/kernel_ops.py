@@ -1,6 +1,7 @@
 """What the GPU kernel ops (GpuElemwise, GpuCAReduce and the ops built like them) share: their
 context by name, their inputs as GPU variables padded to one rank, the thunk of a virtual
-context (placement only) and the mark of a thunk a CUDA graph may record.
+context (placement only), the mark of a thunk a CUDA graph may record, and (OneModule) the
+sources of an op that launches one generated module.
 
 Why apart: GpuElemwise (elemwise.py) and GpuCAReduce (careduce.py) both use them, and
 elemwise.py serves GpuCAReduce under its old path, so they cannot live in either.
@@ -12,10 +13,11 @@ from typing import Any, Callable, Sequence
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, as_gpuarray_variable
 from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.gpu.runtime import context as gpu_context
-from symgpu.graph.basic import Variable
+from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 
-__all__ = ["_context", "_as_gpu", "_pad_inputs", "_virtual_thunk", "_capturable"]
+__all__ = ["_context", "_as_gpu", "_pad_inputs", "_virtual_thunk", "_capturable",
+           "OneModule"]
 
 
 def _context(name: str | None) -> Any:
@@ -53,3 +55,23 @@ def _capturable(thunk: Callable[[], None]) -> Callable[[], None]:
     thunk.capturable = True   # type: ignore[attr-defined]
     thunk.launches = True     # type: ignore[attr-defined]
     return thunk
+
+
+class OneModule:
+    """Mixin of an op whose node launches one generated module, keyed ``(MODULE,
+    signature(node))`` and rendered by the class's ``render(sig, title)``: the sources CI
+    compiles (``kernel_sources``) and the kernel prefetch compiles ahead (``prefetch_sources``).
+    The row and column reduction groups are such ops."""
+
+    MODULE = ""
+    render: Callable[[Any, str], str]
+
+    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
+        """(key, source) of the node's one module (CI compiles it)."""
+        sig = self.signature(node)   # type: ignore[attr-defined]
+        return [((self.MODULE, sig), type(self).render(sig, str(self)))]
+
+    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """(key, source factory, options) of the module make_thunk loads."""
+        sig = self.signature(node)   # type: ignore[attr-defined]
+        return [((self.MODULE, sig), lambda: type(self).render(sig, str(self)), ())]

@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from symgpu.gpu.ops.careduce import _epilogue_operand
-from symgpu.gpu.ops.kernel_ops import _capturable, _context, _pad_inputs, _virtual_thunk
+from symgpu.gpu.ops.kernel_ops import (OneModule, _capturable, _context, _pad_inputs,
+                                        _virtual_thunk)
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.array import new_array
@@ -42,7 +43,7 @@ _BLOCK = 256
 _MAX_BLOCKS = 8192
 
 
-class GpuRowReduceGroup(Op):
+class GpuRowReduceGroup(OneModule, Op):
     """``members`` (``RowMember``s) reducing the last axis of the first ``n_row`` inputs
     (the row operands), each through its own pre-op, reduce op and epilogue (the inputs
     after the row operands); outputs: one per member, in order (see the module docstring)."""
@@ -50,6 +51,8 @@ class GpuRowReduceGroup(Op):
     __props__ = ("members", "n_row")
     capturable = True
     launches = True
+    MODULE = "symgpu.row_group"
+    render = staticmethod(render_row_group)
 
     def __init__(self, members: Sequence[RowMember], n_row: int):
         self.members = tuple(members)
@@ -149,16 +152,6 @@ class GpuRowReduceGroup(Op):
                                  tuple(all(v.broadcastable) for v in extra), tuple(reds),
                                  tuple(outs), rows[0].ndim - 1)
 
-    def kernel_sources(self, node: Apply) -> list[tuple[Any, str]]:
-        """(key, source) of the node's one module (CI compiles it)."""
-        sig = self.signature(node)
-        return [(("symgpu.row_group", sig), render_row_group(sig, str(self)))]
-
-    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
-        """(key, source factory, options) of the module make_thunk loads."""
-        sig = self.signature(node)
-        return [(("symgpu.row_group", sig), lambda: render_row_group(sig, str(self)), ())]
-
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
         ctx = _context(node.outputs[0].type.context_name)
@@ -199,8 +192,8 @@ class _RowGroupThunk:
         self.out_cells = [storage_map[v] for v in node.outputs]
         self.out_dtypes = [np.dtype(v.dtype) for v in node.outputs]
         sig = op.signature(node)
-        ks = launch.load_kernels(ctx, ("symgpu.row_group", sig),
-                                 lambda: render_row_group(sig, str(op)), row_group_formats(sig))
+        ks = launch.load_kernels(ctx, (op.MODULE, sig),
+                                 lambda: op.render(sig, str(op)), row_group_formats(sig))
         self.kernels = {n: k.fast_launcher() for n, k in ks.items()}
         self.plans: dict[tuple, tuple] = {}
 

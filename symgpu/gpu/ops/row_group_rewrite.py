@@ -43,7 +43,7 @@ from symgpu.graph.rewriting.db import optdb
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
 from symgpu.tensor.shape_rules import dim_value
 
-__all__ = ["gpu_row_reduce_group", "MAX_ROW"]
+__all__ = ["gpu_row_reduce_group", "MAX_ROW", "computed_from"]
 
 #: a member whose row is known to be longer stays a GpuCAReduce (see the module docstring)
 MAX_ROW = 4096
@@ -131,19 +131,14 @@ class _Member:
         return True
 
 
-def _depends(node: Apply, group: list[_Member], pos: dict, first: int) -> bool:
-    """Whether ``node`` reads a group member's output other than through a chain input."""
-    outs = {m.node.outputs[0] for m in group}
-    todo: list[Variable] = []
-    for v in node.inputs:
-        src = _chain_source(v) if v in _reduced(node) else None
-        if src in outs:
-            continue
-        todo.append(v)
-    seen: set = set()
+def computed_from(inputs: list[Variable], outputs: set, pos: dict, first: int) -> bool:
+    """Whether any of ``inputs`` is one of ``outputs`` or computed from one, walking up the
+    graph no further than the node at topological position ``first`` (``pos``: node ->
+    position): the test a group node's inputs must fail (the column groups use it too)."""
+    todo, seen = list(inputs), set()
     while todo:
         v = todo.pop()
-        if v in outs:
+        if v in outputs:
             return True
         o = v.owner
         if o is None or o in seen or pos.get(o, -1) < first:
@@ -151,6 +146,14 @@ def _depends(node: Apply, group: list[_Member], pos: dict, first: int) -> bool:
         seen.add(o)
         todo.extend(o.inputs)
     return False
+
+
+def _depends(node: Apply, group: list[_Member], pos: dict, first: int) -> bool:
+    """Whether ``node`` reads a group member's output other than through a chain input."""
+    outs = {m.node.outputs[0] for m in group}
+    todo = [v for v in node.inputs
+            if (_chain_source(v) if v in _reduced(node) else None) not in outs]
+    return computed_from(todo, outs, pos, first)
 
 
 def _build(group: list[_Member]) -> list[tuple[Variable, Variable]] | None:

@@ -104,18 +104,6 @@ __device__ __forceinline__ void cg_put(T *at, const bool vec, const int valid, c
     }
 }
 
-__device__ __forceinline__ bool cg_last_block(unsigned int *counters)
-{
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0)
-        last = atomicInc(counters + blockIdx.x, gridDim.y - 1) == gridDim.y - 1;
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
-
 /* member q's 8 row lanes of the tile at kb combined (column tx * CG_CV + u of the tile sits at
  * slot u * 32 + tx: conflict-free stores), then stored: the result (one row tile) or the
  * block's partial */
@@ -190,7 +178,7 @@ ${row_body}
         }
 ${combine}
     }
-    if (gridDim.y == 1 || !cg_last_block(p.counters)) return;
+    if (gridDim.y == 1 || !sg_last_block(p.counters)) return;
     for (long long kb = (long long)blockIdx.x * CG_COLS; kb < K;
          kb += (long long)gridDim.x * CG_COLS) {
 ${gather}

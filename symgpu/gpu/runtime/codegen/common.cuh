@@ -40,3 +40,19 @@ __device__ __forceinline__ void sg_kept_offsets(const Meta &m, long long k, long
         for (int i = 0; i < NIN; ++i) off[i] += c * m.kstride[i][d];
     }
 }
+
+/* one-pass launches (reduce.cu, col_group.cu): whether this block is the last of its column
+ * (blockIdx.x) to have written its partials.  Every thread fences its own partial stores
+ * before the barrier; one thread counts (atomicInc wraps the counter back to 0: zero between
+ * launches); the last block fences again before reading the others' partials (through L2). */
+__device__ __forceinline__ bool sg_last_block(unsigned int *counters)
+{
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0 && threadIdx.y == 0)
+        last = atomicInc(counters + blockIdx.x, gridDim.y - 1) == gridDim.y - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}

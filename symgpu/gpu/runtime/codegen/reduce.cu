@@ -171,20 +171,7 @@ __device__ __forceinline__ acc_t sg_row_reduce(acc_t v, acc_t *sm)
     return v;
 }
 
-/* one-pass launches: whether this block is the last of its column (blockIdx.x) to have written
- * its partials.  Every thread fences its own partial stores before the barrier; one thread
- * counts; the last block fences again before reading the others' partials (through L2). */
-__device__ __forceinline__ bool sg_last_block(unsigned int *counters)
-{
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0)
-        last = atomicInc(counters + blockIdx.x, gridDim.y - 1) == gridDim.y - 1;
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
+/* (one-pass launches end with common.cuh's sg_last_block) */
 
 /* the last block of a rows-shaped one-pass launch: the same kept positions as the block's own
  * loop, each combining its G partials over threadIdx.x */
