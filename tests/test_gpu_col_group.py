@@ -333,3 +333,30 @@ def test_sibling_modules_without_pre_ops_compile_for_sm90(vgpu, tmp_path, dtype)
     ((_, src),) = node.op.kernel_sources(node)
     assert "cg_all(" not in src
     assert compile_for_sm90(src, tmp_path)
+
+
+@requires_gxx
+def test_a_view_off_the_vector_grid_gets_its_own_plan(emu):
+    """Two calls with arrays of one shape and strides, the second starting one element off
+    the 16-byte grid (x[:, 1:97] against x[:, 0:96] of one (R, 100) array): the plans are kept
+    apart, the second reads scalars (a vector plan reused would read misaligned)."""
+    rng = np.random.default_rng(11)
+    whole = rng.standard_normal((40, 100)).astype("float32")
+    d = device_array(emu, whole)
+    node = _node(GpuColumnReduceGroup([ColMember("add", None, (0,))], S["exp"], (0,), (True,)),
+                 [("float32", (False, False))])
+    from gpu_helpers import thunk_over
+    first = d[:, 0:96]
+    thunk, storage = thunk_over(node, [first])
+    thunk()
+    second = d[:, 1:97]
+    assert (second.shape, second.strides) == (first.shape, first.strides)
+    storage[node.inputs[0]][0] = second
+    thunk()
+    from emulated_gpu import host_view
+    np.testing.assert_allclose(host_view(storage[node.outputs[1]][0]),
+                               whole[:, 1:97].astype("float64").sum(0), rtol=1e-5)
+    np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]), np.exp(whole[:, 1:97]),
+                               rtol=1e-6)
+    vecs = sorted(meta[-1] for *_, meta in thunk.col_group_thunk.plans.values())
+    assert vecs == [0, 1]

@@ -228,3 +228,27 @@ def test_the_mixed_precision_group_compiles_for_sm90(tmp_path):
         (key, src), = op.kernel_sources(node)
     assert "rg_v4<__nv_bfloat16>" in src and "rg_v4<float>" in src
     compile_for_sm90(src, tmp_path)
+
+
+@requires_gxx
+def test_a_view_off_the_vector_grid_gets_its_own_plan(emu):
+    """One node called on x[:, 0:64] then on x[:, 1:65] of one (R, 72) array (one shape, one
+    stride, the second off the 16-byte grid): two plans, the second reading one value a lane
+    (a 4-wide plan reused by shape alone would have read misaligned vectors)."""
+    from gpu_helpers import thunk_over
+    from emulated_gpu import host_view
+    rng = np.random.default_rng(12)
+    whole = rng.standard_normal((24, 72)).astype("float32")
+    d = device_array(emu, whole)
+    node = GpuRowReduceGroup([RowMember("add", None, (0,)), RowMember("maximum", None, (0,))],
+                             1)(gpu_var("float32", 2))[0].owner
+    first, second = d[:, 0:64], d[:, 1:65]
+    assert (second.shape, second.strides) == (first.shape, first.strides)
+    thunk, storage = thunk_over(node, [first])
+    thunk()
+    storage[node.inputs[0]][0] = second
+    thunk()
+    np.testing.assert_allclose(host_view(storage[node.outputs[0]][0]),
+                               whole[:, 1:65].sum(-1), rtol=1e-5)
+    np.testing.assert_array_equal(host_view(storage[node.outputs[1]][0]), whole[:, 1:65].max(-1))
+    assert sorted(p[4][-1] for p in thunk.row_group_thunk.plans.values()) == [0, 1]

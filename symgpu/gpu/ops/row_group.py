@@ -250,7 +250,8 @@ class _RowGroupThunk:
         def thunk() -> None:
             ctx.activate()
             ins = [c[0] for c in in_cells]
-            key = tuple([a.shape + a.strides for a in ins])
+            # (the 16-byte alignment too: it decides whether the plan reads vectors)
+            key = tuple([a.shape + a.strides + (a.ptr & 15,) for a in ins])
             got = plans.get(key)
             if got is None:
                 got = plans[key] = plan_for(ins)

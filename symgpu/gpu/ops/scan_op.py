@@ -359,7 +359,8 @@ def direct_outputs(inner: Any) -> list:
     got = inner.__dict__.get("_direct_outputs")
     if got is None:
         fg, vm = inner.compiled_fgraph, inner.vm
-        thunk_of = dict(zip(vm.nodes, vm.thunks))
+        # (a linker whose VM does not list its thunks by node: every output is copied)
+        thunk_of = dict(zip(getattr(vm, "nodes", ()), getattr(vm, "thunks", ())))
         inputs = set(fg.inputs)
         got = []
         for v in fg.outputs:
