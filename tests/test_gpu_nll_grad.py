@@ -24,6 +24,12 @@ def _loss(z, y, rows=None):
     return -T.mean(T.log(p)[r, y])
 
 
+def _logsoftmax_loss(z, y):
+    """The same loss spelled with ``T.nnet.logsoftmax`` (its gradient writes the softmax as
+    ``exp(logsoftmax(z))``)."""
+    return -T.mean(T.nnet.logsoftmax(z)[T.arange(y.shape[0]), y])
+
+
 def _names(f):
     return [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
 
@@ -57,6 +63,22 @@ def test_the_gradient_reads_the_losss_log_softmax_instead_of_a_softmax_of_its_ow
     assert "GpuNLLGrad{exp}" in fused and "GpuSoftmaxRows{softmax}" not in fused, fused
     assert "GpuSoftmaxRows{log}" in fused
     assert "GpuNLLGrad" in plain and "GpuSoftmaxRows{softmax}" in plain, plain
+    assert len(fused) == len(plain) - 1
+
+
+def test_the_logsoftmax_spelling_takes_the_exp_in_the_gradients_kernel():
+    """``-mean(logsoftmax(z)[arange(n), y])``: its gradient's softmax is ``exp`` of the
+    log-softmax, an elementwise launch of its own; gpu_nll_grad_log_softmax folds it into
+    GpuNLLGrad{exp}, which reads the log-softmax."""
+    def ops(**flags):
+        with config.change_flags(floatX="float32", **flags), virtual_context(None):
+            x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
+            loss = _logsoftmax_loss(T.dot(x, w), y)
+            f = function([x, w, y], [loss, T.grad(loss, w)])
+        return [str(n.op) for n in f.maker.fgraph.toposort()]
+    fused, plain = ops(), ops(optimizer_excluding="gpu_nll_grad_log_softmax")
+    assert "GpuNLLGrad{exp}" in fused and not any("{exp," in o for o in fused), fused
+    assert "GpuNLLGrad" in plain and any("GpuElemwise{exp" in o for o in plain), plain
     assert len(fused) == len(plain) - 1
 
 
@@ -175,12 +197,13 @@ def test_values_equal_the_unfused_ops_and_numpy(cuda, dtype, label_dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("spelling", ["log(softmax)", "logsoftmax"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_the_gradient_from_the_log_softmax_matches_the_softmaxs(cuda, dtype):
+def test_the_gradient_from_the_log_softmax_matches_the_softmaxs(cuda, dtype, spelling):
     z, y = T.matrix("z", dtype=dtype), T.lvector("y")
     zv = (RNG.standard_normal((40, 13)) * 3).astype(dtype)
     yv = RNG.integers(0, 13, 40)
-    loss = _loss(z, y)
+    loss = _loss(z, y) if spelling == "log(softmax)" else _logsoftmax_loss(z, y)
     outs = [loss, T.grad(loss, z)]
     fused = function([z, y], outs)                             # in fast_run
     assert "GpuNLLGrad{exp}" in [str(n.op) for n in fused.maker.fgraph.toposort()]

@@ -261,13 +261,30 @@ def _same(a: list[Variable] | None, b: list[Variable]) -> bool:
     return a is not None and len(a) == len(b) and all(u is w for u, w in zip(a, b))
 
 
+def _exp_of_log_softmax(m: Variable) -> Variable | None:
+    """L where ``m`` is ``GpuElemwise{exp}(L)`` of a log-softmax L (GpuSoftmaxRows{log}): the
+    softmax as the gradient of ``T.nnet.logsoftmax`` writes it; else None."""
+    node = m.owner
+    if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
+            getattr(node.op.scalar_op, "name", None) != "exp" or len(node.inputs) != 1:
+        return None
+    (log,) = node.inputs
+    return log if _softmax_rows(log, log=True) is not None and log.type == m.type else None
+
+
 def _from_log_softmax(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuNLLGrad(v, softmax(z), r, y) -> GpuNLLGrad{exp}(v, log_softmax(z), r, y) where the
     graph computes log_softmax(z) anyway, else None. With a bias (GpuSoftmaxRows{bias}:
-    softmax(z + b)), only a log-softmax of the same z and the same b will do."""
+    softmax(z + b)), only a log-softmax of the same z and the same b will do. The softmax
+    written ``exp(log_softmax(z))`` (the gradient of a loss spelled with
+    ``T.nnet.logsoftmax``) is read the same way: the exp taken in the gradient's kernel, its
+    own launch gone."""
     if type(node.op) is not GpuNLLGrad or node.op.exp_m:
         return None
     v, m, r, y = node.inputs
+    log = _exp_of_log_softmax(m)
+    if log is not None:
+        return [GpuNLLGrad(exp_m=True)(v, log, r, y)]
     args = _softmax_rows(m, log=False)
     if args is None:
         return None
@@ -281,7 +298,8 @@ def _from_log_softmax(fgraph: FunctionGraph, node: Apply) -> list[Variable] | No
 def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
     """Make each GpuNLLGrad read the loss's log-softmax where the graph has one
     (`_from_log_softmax`): the gradient takes exp of the loss's log-probabilities (within a
-    few ulp of the softmax) and the softmax kernel, read by nothing else, is gone. Returns
+    few ulp of the softmax) and the softmax kernel (or the exp of the log-softmax), read by
+    nothing else, is gone. Returns
     how many were replaced. In the default passes (fast_run);
     ``optimizer_excluding=gpu_nll_grad_log_softmax`` turns it off."""
     return sweep(fgraph, _from_log_softmax, "gpu_nll_grad_log_softmax")
