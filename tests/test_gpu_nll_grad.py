@@ -49,17 +49,22 @@ def test_the_classifier_gradient_is_one_node(label_dtype):
         assert "GpuNLLGrad" not in names and "GpuAdvancedIncSubtensor2" in names, names
 
 
+def _classifier_ops(loss_of, **flags) -> list[str]:
+    """The ops of a classifier's loss and weight gradient on a virtual GPU (``loss_of(z, y)``
+    the loss of the logits z = x . w)."""
+    with config.change_flags(floatX="float32", **flags), virtual_context(None):
+        x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
+        loss = loss_of(T.dot(x, w), y)
+        f = function([x, w, y], [loss, T.grad(loss, w)])
+    return [str(n.op) for n in f.maker.fgraph.toposort()]
+
+
 def test_the_gradient_reads_the_losss_log_softmax_instead_of_a_softmax_of_its_own():
     """With the loss computed too, its log-softmax feeds the gradient (exp taken there): one
     softmax kernel less, by default (gpu_nll_grad_log_softmax is in fast_run); with
     ``optimizer_excluding=gpu_nll_grad_log_softmax``, the softmax is back."""
-    def ops(**flags):
-        with config.change_flags(floatX="float32", **flags), virtual_context(None):
-            x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
-            loss = _loss(T.dot(x, w), y)
-            f = function([x, w, y], [loss, T.grad(loss, w)])
-        return [str(n.op) for n in f.maker.fgraph.toposort()]
-    fused, plain = ops(), ops(optimizer_excluding="gpu_nll_grad_log_softmax")
+    fused = _classifier_ops(_loss)
+    plain = _classifier_ops(_loss, optimizer_excluding="gpu_nll_grad_log_softmax")
     assert "GpuNLLGrad{exp}" in fused and "GpuSoftmaxRows{softmax}" not in fused, fused
     assert "GpuSoftmaxRows{log}" in fused
     assert "GpuNLLGrad" in plain and "GpuSoftmaxRows{softmax}" in plain, plain
@@ -70,13 +75,8 @@ def test_the_logsoftmax_spelling_takes_the_exp_in_the_gradients_kernel():
     """``-mean(logsoftmax(z)[arange(n), y])``: its gradient's softmax is ``exp`` of the
     log-softmax, an elementwise launch of its own; gpu_nll_grad_log_softmax folds it into
     GpuNLLGrad{exp}, which reads the log-softmax."""
-    def ops(**flags):
-        with config.change_flags(floatX="float32", **flags), virtual_context(None):
-            x, w, y = T.matrix("x"), T.matrix("w"), T.lvector("y")
-            loss = _logsoftmax_loss(T.dot(x, w), y)
-            f = function([x, w, y], [loss, T.grad(loss, w)])
-        return [str(n.op) for n in f.maker.fgraph.toposort()]
-    fused, plain = ops(), ops(optimizer_excluding="gpu_nll_grad_log_softmax")
+    fused = _classifier_ops(_logsoftmax_loss)
+    plain = _classifier_ops(_logsoftmax_loss, optimizer_excluding="gpu_nll_grad_log_softmax")
     assert "GpuNLLGrad{exp}" in fused and not any("{exp," in o for o in fused), fused
     assert "GpuNLLGrad" in plain and any("GpuElemwise{exp" in o for o in plain), plain
     assert len(fused) == len(plain) - 1
