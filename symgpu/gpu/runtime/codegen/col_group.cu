@@ -3,7 +3,7 @@
  * Rendered by symgpu/gpu/runtime/codegen/col_group.py for GpuColumnReduceGroup
  * (symgpu/gpu/ops/col_group.py).  One pass over an iteration space of R rows (the leading
  * dims, CG_RND of them, collapsed on the host to m.rnd) by K columns (the last axis): an
- * elementwise map (optional) writes its kept outputs at every position, and CG_NM members each
+ * elementwise map (optional) writes its kept outputs at every position, and the members each
  * reduce the leading dims of their own values (a pre-op of the operands, or a map output as
  * stored) into one value per column: a bias gradient summed in the same pass that computes
  * the gradient (XLA's multi-output fusion), or sibling column sums of one operand.
@@ -22,7 +22,7 @@
  * those with one value per row (the last dim broadcast) once a row: the arithmetic of per-row
  * values (a layer norm's 1 / sqrt(var / n + eps)) is then shared by a thread's columns.
  * Tuning on the H200 (the GPT block's four groups): more rows in flight a thread (2-8, as
- * loads first) was slower at every register budget; 16 rows a lane beat 8 and 32.
+ * loads first) was slower at every register budget; 12 or 16 rows a lane beat 8 and 32.
  * Each member's 8 row lanes combine through shared memory; with gridDim.y > 1 the row tiles'
  * partials (a (G, K) array per member) are combined by the last block of each blockIdx.x (a
  * counter per blockIdx.x, atomicInc wrapping it back to 0: zero between launches, as graph
