@@ -344,6 +344,15 @@ def test_tile_kernels_compile_for_sm90(sig, tmp_path):
 
 # ============================================================================ on a GPU
 
+def column_sums(x, axis) -> list:
+    """A sum, a sum keeping dims, a float32 sum and a max of ``x`` over ``axis`` (a 2-d ``x``:
+    a sum of the column slice x[:, 1:], off the vector grid, for the max): the column
+    reductions the GPU tests run (tests/test_gpu_col_group_rewrite.py too, with the groups)."""
+    return [x.sum(axis=axis), x.sum(axis=axis, keepdims=True),
+            x.astype("float32").sum(axis=axis), x[:, 1:].sum(axis=0) if x.ndim == 2
+            else x.max(axis=axis)]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("shape,axis", [((8192, 2304), (0,)), ((8192, 771), (0,)),
@@ -355,9 +364,7 @@ def test_gpu_column_sums_against_the_cpu(cuda, dtype, shape, axis):
     rng = np.random.default_rng(shape[-1] + len(shape))
     host = rng.uniform(-1, 1, shape).astype(dtype)
     x = T.tensor(dtype, (False,) * len(shape))
-    outs = [x.sum(axis=axis), x.sum(axis=axis, keepdims=True),
-            x.astype("float32").sum(axis=axis), x[:, 1:].sum(axis=0) if len(shape) == 2
-            else x.max(axis=axis)]
+    outs = column_sums(x, axis)
     # (the column groups, which join sibling sums of x into one pass, are off: this is the
     # GpuCAReduce kernel's test; tests/test_gpu_col_group_rewrite.py runs the same with them)
     with symgpu.config.change_flags(optimizer_excluding="gpu_col_reduce_group"):

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.ops.careduce import _ReduceThunk
 from symgpu.gpu.ops.kernel_ops import (OneModule, _capturable, _context, _pad_inputs,
                                         _virtual_thunk)
 from symgpu.gpu.placement.type import GpuArrayType
@@ -161,14 +162,8 @@ class _ColGroupThunk:
         self.plans: dict[tuple, tuple] = {}
         self.counters: Any = None
 
-    def counter_ptr(self) -> int:
-        """The node's block counters (one per possible blockIdx.x), zeroed once and left at
-        zero by every launch (CUDA graphs captured from its launches point at them)."""
-        if self.counters is None:
-            counters = new_array(self.ctx, (16 * self.sms,), np.dtype("uint32"))
-            counters.fill(0)
-            self.counters = counters
-        return self.counters.ptr
+    #: the node's one-pass block counters, as GpuCAReduce's (the same zeroed-once array)
+    counter_ptr = _ReduceThunk.counter_ptr
 
     def plan(self, ins: list) -> tuple:
         """(grid, G, K, full shape, meta args) for these operand arrays."""

@@ -295,7 +295,7 @@ class GpuScan(Scan):
                     if val.shape != dst.shape:
                         raise ScanError(self._shape_msg(info.state_label(j), t, val.shape,
                                                         dst.shape))
-                    if val.ptr != dst.ptr or val.strides != dst.strides:   # (not computed there)
+                    if not _same_place(val, dst):   # (not computed there)
                         _copy(dst, val)
                 else:
                     if val.shape != buf[-1].shape:
@@ -317,7 +317,7 @@ class GpuScan(Scan):
                     raise ScanError(self._shape_msg(info.nitsot_label(i), t, val.shape,
                                                     arr.shape[1:]))
                 dst = arr[t]
-                if val.ptr != dst.ptr or val.strides != dst.strides:
+                if not _same_place(val, dst):
                     _copy(dst, val)
             stop = bool(cond_cell[0]) if cond_cell is not None else False
             for c in clear:
@@ -379,6 +379,12 @@ def _aim(into: list, k: int, target: Any) -> bool:
         return False
     into[k] = target
     return True
+
+
+def _same_place(a: Any, b: Any) -> bool:
+    """Whether two arrays of one shape are the same memory in the same layout (a step's
+    output computed into its slot: nothing to copy)."""
+    return a.ptr == b.ptr and a.strides == b.strides
 
 
 def _copy(dst: Any, src: Any) -> None:
