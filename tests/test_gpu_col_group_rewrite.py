@@ -177,7 +177,12 @@ def test_sibling_column_sums_on_the_gpu(cuda, dtype, shape, axis):
     x = T.tensor(dtype, (False,) * len(shape))
     outs = column_sums(x, axis)
     f = symgpu.function([x], outs)
-    assert _groups(f)
+    if dtype == "float32" and len(shape) == 2:
+        # x's sum, its kept twin and its float32 sum merge into one reduction, and the slice's
+        # sum has another operand: nothing to group
+        assert not _groups(f)
+    else:
+        assert _groups(f)
     got = f(host)
     with on_the_cpu():
         want = symgpu.function([x], outs)(host)
