@@ -19,7 +19,7 @@ __all__ = ["as_dim", "dim_value", "s_add", "s_sub", "s_mul", "s_floordiv", "s_ma
            "s_switch", "s_eq", "s_lt", "s_prod", "s_sum", "pick_dim", "elemwise_shape",
            "numpy_broadcast", "reduce_shape", "dimshuffle_shape", "slice_length",
            "join_shape", "dot_shape", "matmul_shape", "arange_length", "is_shape_read",
-           "is_nonnegative", "use_elementwise_op"]
+           "is_nonnegative", "same_dim", "use_elementwise_op"]
 
 #: the elementwise op class that dimension arithmetic builds its nodes with: Elemwise, which
 #: sits above this module (its own infer_shape uses these rules) and installs itself here
@@ -103,6 +103,21 @@ def is_nonnegative(s: Any, depth: int = 4) -> bool:
     return False
 
 
+def same_dim(a: Any, b: Any) -> bool:
+    """Whether two lengths are provably equal: the same variable, equal constants, or the
+    same op on the same inputs (two reads of one array's length)."""
+    if a is b:
+        return True
+    va, vb = dim_value(a), dim_value(b)
+    if va is not None or vb is not None:
+        return va == vb
+    oa, ob = getattr(a, "owner", None), getattr(b, "owner", None)
+    return (oa is not None and ob is not None and oa.op == ob.op
+            and len(oa.inputs) == len(ob.inputs)
+            and all(x is y for x, y in zip(oa.inputs, ob.inputs))
+            and oa.outputs.index(a) == ob.outputs.index(b))
+
+
 def _binary(name: str, fold, a: Any, b: Any) -> Variable:
     va, vb = dim_value(a), dim_value(b)
     if va is not None and vb is not None:
@@ -142,6 +157,13 @@ def s_floordiv(a: Any, b: Any) -> Variable:
 
 
 def s_max(a: Any, b: Any) -> Variable:
+    """max(a, b); a length's floor at 0 (an arange's or a slice's) is dropped where the
+    other side is provably non-negative, so ``arange(y.shape[0])`` is ``y.shape[0]`` long
+    and a shape graph comparing it with ``y.shape[0]`` can see the two are one length."""
+    if dim_value(b) == 0 and is_nonnegative(a):
+        return as_dim(a)
+    if dim_value(a) == 0 and is_nonnegative(b):
+        return as_dim(b)
     return _binary("maximum", max, a, b)
 
 
@@ -224,7 +246,8 @@ def numpy_broadcast(shapes: Sequence[tuple]) -> tuple:
             continue
         res = dims[0]
         for x in dims[1:]:
-            res = s_switch(s_eq(res, 1), x, res)
+            if not same_dim(res, x):
+                res = s_switch(s_eq(res, 1), x, res)
         out.append(as_dim(res))
     return tuple(out)
 

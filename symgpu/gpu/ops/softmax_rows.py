@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
-from symgpu.gpu.placement.type import is_gpu_var
+from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import common_source, sections
 from symgpu.gpu.runtime.codegen.types import value_ctype
@@ -34,9 +34,10 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scalar.basic import Cast
 
-__all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "softmax_rows_source", "rows_layout",
-           "gpu_softmax_rows_bias"]
+__all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "HALF_INPUTS", "softmax_rows_source",
+           "rows_layout", "gpu_softmax_rows_bias"]
 
 #: dtype -> CUDA storage type the kernels are instantiated for (the half types are loaded,
 #: computed and summed in float, rounded once on the store)
@@ -52,20 +53,31 @@ _CU = sections("softmax_rows.cu")
 WIDE_ROW = 1024
 
 
-def _kernel_name(dtype: str, log: bool, wide: bool, bias: bool = False) -> str:
+#: the half types whose arrays a float32 softmax may read as they are (``x_dtype``)
+HALF_INPUTS = ("float16", "bfloat16")
+
+
+def _kernel_name(dtype: str, log: bool, wide: bool, bias: bool = False,
+                 x_dtype: str | None = None) -> str:
     """(Each kernel has a ``_bias`` twin: the module defines both.)"""
     name = f"{'log_' if log else ''}softmax_{'block' if wide else 'warp'}_rows_{dtype}"
+    if x_dtype is not None:
+        name += f"_from_{x_dtype}"
     return name + "_bias" if bias else name
 
 
 def softmax_rows_source() -> str:
-    """The CUDA module with every ``[log_]softmax_{warp,block}_rows_<dtype>`` kernel."""
+    """The CUDA module with every ``[log_]softmax_{warp,block}_rows_<dtype>`` kernel, and
+    the float32 ones reading a half x (``..._float32_from_<half>``)."""
     parts = [common_source(), _CU[""].substitute()]
-    for dtype, ctype in SOFTMAX_ROWS_DTYPES.items():
+    kinds = [(d, None) for d in SOFTMAX_ROWS_DTYPES] + [("float32", h) for h in HALF_INPUTS]
+    for dtype, x_dtype in kinds:
+        ctype = SOFTMAX_ROWS_DTYPES[dtype]
         for log in (False, True):
             for wide in (False, True):
                 parts.append(_CU["rows"].substitute(
-                    name=_kernel_name(dtype, log, wide), ctype=ctype, vtype=value_ctype(dtype),
+                    name=_kernel_name(dtype, log, wide, x_dtype=x_dtype), ctype=ctype,
+                    xtype=SOFTMAX_ROWS_DTYPES[x_dtype or dtype], vtype=value_ctype(dtype),
                     log="true" if log else "false", wide="true" if wide else "false"))
     return "".join(parts)
 
@@ -94,17 +106,24 @@ def rows_layout(shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int, 
 class GpuSoftmaxRows(Op):
     """softmax (``log=False``) or log_softmax (``log=True``) of a float GPU array
     along its last axis (with ``bias``: of the array plus a vector along that axis): a new
-    C-contiguous array of its type."""
+    C-contiguous array of its type. With ``x_dtype`` (a half type), x is an array of that
+    type read as float32 and the result is float32: the softmax of ``cast(x, 'float32')``,
+    the cast no launch of its own (``gpu_softmax_rows_bias``)."""
 
-    __props__ = ("log", "bias")
+    __props__ = ("log", "bias", "x_dtype")
     capturable = True   # a pool allocation and one launch on the stream (graphs.py)
     launches = True
 
-    def __init__(self, log: bool = False, bias: bool = False):
-        self.log, self.bias = bool(log), bool(bias)
+    def __init__(self, log: bool = False, bias: bool = False, x_dtype: str | None = None):
+        if x_dtype is not None and x_dtype not in HALF_INPUTS:
+            raise ValueError(f"GpuSoftmaxRows: x_dtype must be one of {HALF_INPUTS} or None, "
+                             f"got {x_dtype!r}")
+        self.log, self.bias, self.x_dtype = bool(log), bool(bias), x_dtype
 
     def __str__(self) -> str:
-        return f"GpuSoftmaxRows{{{'log' if self.log else 'softmax'}{',bias' if self.bias else ''}}}"
+        src = f",from {self.x_dtype}" if self.x_dtype else ""
+        return (f"GpuSoftmaxRows{{{'log' if self.log else 'softmax'}"
+                f"{',bias' if self.bias else ''}{src}}}")
 
     def make_node(self, x: Any, b: Any = None) -> Apply:
         if not is_gpu_var(x):
@@ -114,11 +133,17 @@ class GpuSoftmaxRows(Op):
                             f"of at least one dimension, got {x.type}")
         if (b is not None) != self.bias:
             raise TypeError(f"{self}: takes {'a bias' if self.bias else 'no bias'}")
+        out_type = x.type
+        if self.x_dtype is not None:
+            if x.dtype != self.x_dtype:
+                raise TypeError(f"{self}: reads an array of {self.x_dtype}, got {x.type}")
+            out_type = GpuArrayType("float32", x.broadcastable, x.type.context_name)
         if b is None:
-            return Apply(self, [x], [x.type()])
-        if not is_gpu_var(b) or b.ndim != 1 or b.dtype != x.dtype:
-            raise TypeError(f"{self}: the bias must be a GPU vector of {x.dtype}, got {b}")
-        return Apply(self, [x, b], [x.type()])   # b broadcasts along x's last axis only
+            return Apply(self, [x], [out_type()])
+        if not is_gpu_var(b) or b.ndim != 1 or b.dtype != out_type.dtype:
+            raise TypeError(f"{self}: the bias must be a GPU vector of {out_type.dtype}, "
+                            f"got {b}")
+        return Apply(self, [x, b], [out_type()])   # b broadcasts along x's last axis only
 
     def infer_shape(self, fgraph, node, input_shapes):
         return [input_shapes[0]]
@@ -131,9 +156,9 @@ class GpuSoftmaxRows(Op):
     def perform_args(self, node: Apply) -> tuple[tuple[str, str]]:
         """``perform``'s kernels, from the node's dtypes (its run-time arrays'): resolved
         once per node, by Op.make_thunk."""
-        dtype = node.inputs[0].dtype
-        return ((_kernel_name(dtype, self.log, False, self.bias),
-                 _kernel_name(dtype, self.log, True, self.bias)),)
+        dtype = node.outputs[0].dtype
+        return ((_kernel_name(dtype, self.log, False, self.bias, self.x_dtype),
+                 _kernel_name(dtype, self.log, True, self.bias, self.x_dtype)),)
 
     def perform(self, node, inputs, out, kernels=None):
         x = inputs[0]
@@ -147,7 +172,7 @@ class GpuSoftmaxRows(Op):
             if b.strides[0] % b.dtype.itemsize:
                 b = b.copy()
             bias = (b.ptr, 0 if b.shape[0] == 1 else b.strides[0] // b.dtype.itemsize)
-        res = GpuArray(x.shape, x.dtype, x.context)
+        res = GpuArray(x.shape, node.outputs[0].dtype, x.context)
         if x.size:
             layout = rows_layout(x.shape, x.strides, x.dtype.itemsize)
             if layout is None:
@@ -185,22 +210,52 @@ def _row_bias_add(var: Variable) -> tuple[Variable, Variable] | None:
     return None
 
 
+def _read_only_by_softmaxes(fgraph: FunctionGraph, z: Variable) -> bool:
+    return z not in fgraph.outputs and all(
+        isinstance(c, Apply) and type(c.op) is GpuSoftmaxRows
+        for c, _ in fgraph.clients.get(z, []))
+
+
+def _half_cast_to_float32(var: Variable) -> Variable | None:
+    """h where ``var`` is ``GpuElemwise{Cast{float32}}(h)`` of a half array h, else None."""
+    node = var.owner
+    if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
+            not isinstance(node.op.scalar_op, Cast) or var.dtype != "float32":
+        return None
+    (h,) = node.inputs
+    return h if h.dtype in HALF_INPUTS and h.broadcastable == var.broadcastable else None
+
+
 def _with_bias(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
     """GpuSoftmaxRows(x + b) -> GpuSoftmaxRows{bias}(x, b) where every reader of the sum is
-    such a softmax (the add then launches nothing), else None."""
-    if type(node.op) is not GpuSoftmaxRows or node.op.bias:
+    such a softmax (the add then launches nothing); then GpuSoftmaxRows(cast(h, 'float32'),
+    ...) -> GpuSoftmaxRows{from half}(h, ...) where every reader of the cast is such a
+    softmax (a mixed-precision classifier's half logits: the cast launches nothing); else
+    None."""
+    if type(node.op) is not GpuSoftmaxRows or node.op.x_dtype is not None:
         return None
-    z = node.inputs[0]
-    found = _row_bias_add(z)
-    if found is None or z in fgraph.outputs or not all(
+    op, inputs = node.op, list(node.inputs)
+    found = None if op.bias else _row_bias_add(inputs[0])
+    if found is not None and not _read_only_by_softmaxes(fgraph, inputs[0]):
+        found = None
+    if found is not None:
+        inputs = list(found)
+    h = _half_cast_to_float32(inputs[0])
+    # (below a bias add taken in, the cast's readers must be that add alone)
+    add = node.inputs[0].owner if found is not None else None
+    if h is not None and inputs[0] not in fgraph.outputs and all(
+            c is add if add is not None else
             isinstance(c, Apply) and type(c.op) is GpuSoftmaxRows
-            for c, _ in fgraph.clients.get(z, [])):
+            for c, _ in fgraph.clients.get(inputs[0], [])):
+        return [GpuSoftmaxRows(op.log, len(inputs) == 2, x_dtype=h.dtype)(h, *inputs[1:])]
+    if inputs == list(node.inputs):
         return None
-    return [GpuSoftmaxRows(node.op.log, bias=True)(*found)]
+    return [GpuSoftmaxRows(op.log, bias=True)(*inputs)]
 
 
 def gpu_softmax_rows_bias(fgraph: FunctionGraph) -> int:
-    """Apply `_with_bias` everywhere; returns how many softmaxes take their bias."""
+    """Apply `_with_bias` everywhere; returns how many softmaxes took their bias or the cast
+    of their half input. ``optimizer_excluding=gpu_softmax_rows_bias`` turns both off."""
     return sweep(fgraph, _with_bias, "gpu_softmax_rows_bias")
 
 

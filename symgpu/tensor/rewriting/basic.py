@@ -79,7 +79,8 @@ def constant_folding(fgraph, node):
 @node_rewriter([Elemwise])
 def local_useless_elemwise(fgraph, node):
     """identity(x) -> x; cast(x) to x's dtype -> x; second(a, b) -> b when b already has the
-    output's type; a one-input add/mul -> its input."""
+    output's type; switch(c, a, a) -> a (a broadcast's length test whose two lengths are
+    one); a one-input add/mul -> its input."""
     op = node.op
     if op.inplace_pattern or len(node.outputs) != 1:
         return None
@@ -91,6 +92,8 @@ def local_useless_elemwise(fgraph, node):
     elif isinstance(sop, Cast):
         cand = node.inputs[0]
     elif name == "second":
+        cand = node.inputs[1]
+    elif name == "switch" and node.inputs[1] is node.inputs[2]:
         cand = node.inputs[1]
     else:
         return None

@@ -20,7 +20,7 @@ from symgpu.graph.basic import Apply, Constant, Variable, io_toposort
 from symgpu.graph.op import ShapeError
 from symgpu.tensor.basic import MakeVector
 from symgpu.tensor.shape import _one, register_shape_reader, shape_i_of, shape_tuple
-from symgpu.tensor.shape_rules import as_dim, dim_value, is_shape_read
+from symgpu.tensor.shape_rules import as_dim, dim_value, is_shape_read, same_dim
 from symgpu.tensor.type import TensorConstant
 
 __all__ = ["register_shape_reader", "shape_i_of", "shape_tuple", "node_shapes",
@@ -109,20 +109,6 @@ def inferred_shape(fgraph: Any, var: Variable) -> tuple | None:
         return None
     shapes = _memo_shapes(fgraph, var.owner)
     return None if shapes is None else shapes[var.owner.outputs.index(var)]
-
-
-def same_dim(a: Variable, b: Variable) -> bool:
-    """Whether two dims are provably equal: the same variable, equal constants, or the same
-    op on the same inputs (two reads of one length)."""
-    if a is b:
-        return True
-    va, vb = dim_value(a), dim_value(b)
-    if va is not None or vb is not None:
-        return va == vb
-    return (a.owner is not None and b.owner is not None and a.owner.op == b.owner.op
-            and len(a.owner.inputs) == len(b.owner.inputs)
-            and all(x is y for x, y in zip(a.owner.inputs, b.owner.inputs))
-            and a.owner.outputs.index(a) == b.owner.outputs.index(b))
 
 
 def _still_valid(fgraph: Any, shapes: list[tuple] | None) -> bool:

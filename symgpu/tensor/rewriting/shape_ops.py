@@ -8,15 +8,17 @@ import numpy as np
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
 from symgpu.tensor.basic import Alloc, Join, MakeVector, Reshape, join
 from symgpu.tensor.elemwise import Elemwise
-from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape
-from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
+from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape, shape_i_of
+from symgpu.tensor.subtensor import AdvancedIncSubtensor, IncSubtensor, Slice, Subtensor, \
+    index_broadcastable
 from symgpu.tensor.type import TensorConstant
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
-from symgpu.tensor.rewriting.utils import ew_cast, make_constant, scalar_constant
+from symgpu.tensor.rewriting.utils import ew_cast, is_ew, make_constant, scalar_constant
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
-           "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes"]
+           "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes",
+           "local_fill_model_of_its_shape", "local_inc_fill_of_index_shape"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -354,3 +356,81 @@ def local_write_into_zeros_to_join(fgraph, node):
     if out.type != node.outputs[0].type:
         out = node.outputs[0].type.convert_variable(out)
     return [out] if out is not None else None
+
+
+def _resolved_dim(fgraph, d, depth: int = 4):
+    """Length `d` with the reads of computed lengths replaced by what infer_shape says, and
+    NumPy's broadcast of two lengths that are one (``switch(eq(a, 1), b, a)``) by that
+    length: a form `same_dim` can compare."""
+    node = d.owner
+    if node is None or depth == 0:
+        return d
+    if type(node.op) is Shape_i and node.inputs[0].owner is not None:
+        shape = inferred_shape(fgraph, node.inputs[0])
+        return d if shape is None else _resolved_dim(fgraph, shape[node.op.i], depth - 1)
+    if is_ew(node, "switch"):
+        cond, b, a = node.inputs
+        test = cond.owner
+        if test is not None and is_ew(test, "eq") and test.inputs[0] is a and \
+                scalar_constant(test.inputs[1]) == 1:
+            ra, rb = _resolved_dim(fgraph, a, depth - 1), _resolved_dim(fgraph, b, depth - 1)
+            if same_dim(ra, rb):
+                return ra
+    return d
+
+
+def _input_of_its_shape(fgraph, x):
+    """An input of x's node with x's type pattern whose lengths infer_shape proves equal to
+    x's, else None: ``lp[arange(y.shape[0]), y]`` is y's length."""
+    node = x.owner
+    if node is None or isinstance(node.op, Elemwise):
+        return None
+    shape = inferred_shape(fgraph, x)
+    if shape is None:
+        return None
+    # a graph input first (nothing computes it), then any other (an arange to the labels'
+    # length is computed for the fill alone once the pick is gone)
+    for cand in sorted(node.inputs, key=lambda v: v.owner is not None):
+        if type(cand.type) is type(x.type) and \
+                cand.type.broadcastable == x.type.broadcastable and all(
+                same_dim(_resolved_dim(fgraph, d), _resolved_dim(fgraph, shape_i_of(cand, i)))
+                for i, d in enumerate(shape)):
+            return cand
+    return None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([Elemwise])
+def local_fill_model_of_its_shape(fgraph, node):
+    """second(x, v) -> second(i, v) where i is an input of x's node of x's shape (the gradient
+    of a picked-out loss ``-mean(lp[arange(n), y])`` fills the pick's shape with ``-1/n``):
+    the fill reads only a shape, and x, read by nothing else, is no longer computed."""
+    if not is_ew(node, "second") or len(node.inputs) != 2:
+        return None
+    twin = _input_of_its_shape(fgraph, node.inputs[0])
+    if twin is None:
+        return None
+    out = node.op(twin, node.inputs[1])
+    return [out] if out.type == node.outputs[0].type else None
+
+
+@register_canonicalize
+@register_specialize
+@node_rewriter([AdvancedIncSubtensor])
+def local_inc_fill_of_index_shape(fgraph, node):
+    """x[a, b] += second(b, s) -> x[a, b] += s for a value s broadcast everywhere (a
+    ``(True,)`` vector): the written region has the index's shape, which the fill only
+    repeated. The gradient of ``-mean(lp[arange(n), y])`` scatters ``-1/n`` so, and then
+    needs no kernel filling a vector with it."""
+    x, v, *index = node.inputs
+    fill = v.owner
+    if fill is None or not is_ew(fill, "second") or len(fill.inputs) != 2:
+        return None
+    model, s = fill.inputs
+    region = index_broadcastable(x.broadcastable, node.op.idx_list, index)
+    if model not in index or v.ndim != len(region) or s.dtype != v.dtype or \
+            not all(s.type.broadcastable) or s.ndim != v.ndim or \
+            model.type.broadcastable != v.type.broadcastable:
+        return None
+    return [node.op.make_node(x, s, *index).outputs[0]]

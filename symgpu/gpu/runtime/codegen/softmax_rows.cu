@@ -40,9 +40,11 @@ __device__ __forceinline__ T sr_reduce(T v, T *shared)
    long rows), blocks striding over the rows: the row's max, then the sum of exp(x - max),
    then the row written in one more pass, as the CPU op computes it: exp(x - max) / sum, or
    (x - max) - log(sum).  T is the storage type, V the type computed in: float for the half
-   types (loaded, computed and summed in float32, rounded once on the store). */
-template <typename T, typename V, bool LOG, bool WIDE, bool BIAS>
-__device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, long long xs1,
+   types (loaded, computed and summed in float32, rounded once on the store). TX is x's
+   storage type: T, or a half type read as float32 (the cast of a mixed-precision
+   classifier's half logits, absorbed). */
+template <typename T, typename TX, typename V, bool LOG, bool WIDE, bool BIAS>
+__device__ __forceinline__ void softmax_rows_body(const TX *x, long long xs0, long long xs1,
                                                   const T *b, long long bs, T *out,
                                                   long long rows, long long n)
 {
@@ -55,7 +57,7 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
     const long long step = (long long)gridDim.x * per_block;
     for (long long r = (long long)blockIdx.x * per_block + (WIDE ? 0 : (threadIdx.x >> 5));
          r < rows; r += step) {
-        const T *xr = x + r * xs0;
+        const TX *xr = x + r * xs0;
         T *orow = out + r * n;
         V m = -INFINITY;
         for (long long j = first; j < n; j += stride) m = sr_max(m, SR_X(j));
@@ -74,11 +76,13 @@ __device__ __forceinline__ void softmax_rows_body(const T *x, long long xs0, lon
 }
 //@ rows
 
-extern "C" __global__ void ${name}(const ${ctype} *x, long long xs0, long long xs1,
+extern "C" __global__ void ${name}(const ${xtype} *x, long long xs0, long long xs1,
                                    ${ctype} *out, long long rows, long long n)
-{ softmax_rows_body<${ctype}, ${vtype}, ${log}, ${wide}, false>(x, xs0, xs1, 0, 0, out, rows, n); }
+{ softmax_rows_body<${ctype}, ${xtype}, ${vtype}, ${log}, ${wide}, false>(x, xs0, xs1, 0, 0, out,
+                                                                          rows, n); }
 
-extern "C" __global__ void ${name}_bias(const ${ctype} *x, long long xs0, long long xs1,
+extern "C" __global__ void ${name}_bias(const ${xtype} *x, long long xs0, long long xs1,
                                         const ${ctype} *b, long long bs, ${ctype} *out,
                                         long long rows, long long n)
-{ softmax_rows_body<${ctype}, ${vtype}, ${log}, ${wide}, true>(x, xs0, xs1, b, bs, out, rows, n); }
+{ softmax_rows_body<${ctype}, ${xtype}, ${vtype}, ${log}, ${wide}, true>(x, xs0, xs1, b, bs, out,
+                                                                         rows, n); }
