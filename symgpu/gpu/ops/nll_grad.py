@@ -32,12 +32,13 @@ from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
 from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
-from symgpu.graph.rewriting import sweep
+from symgpu.graph.rewriting import InconsistencyError, replace_validate, sweep
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scalar.basic import Cast
 from symgpu.tensor.type import as_tensor_variable, constant
 
-__all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "nll_grad_source", "gpu_nll_grad_fusion",
-           "gpu_nll_grad_log_softmax"]
+__all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "COPY_DTYPES", "nll_grad_source",
+           "gpu_nll_grad_fusion", "gpu_nll_grad_log_softmax", "gpu_nll_grad_half_copy"]
 
 #: value dtype -> CUDA storage type (the half types computed in float32)
 NLL_GRAD_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
@@ -48,19 +49,28 @@ _MODULE_KEY = ("symgpu.nll_grad",)
 _CU = sections("nll_grad.cu")
 
 
-def _kernel_name(dtype: str, idx_dtype: str, exp_m: bool = False) -> str:
-    return f"nll_grad_{'exp_' if exp_m else ''}{dtype}_{idx_dtype}"
+#: the half types a float32 gradient may also be written in (``copy_dtype``)
+COPY_DTYPES = ("float16", "bfloat16")
+
+
+def _kernel_name(dtype: str, idx_dtype: str, exp_m: bool = False,
+                 copy_dtype: str | None = None) -> str:
+    name = f"nll_grad_{'exp_' if exp_m else ''}{dtype}_{idx_dtype}"
+    return f"{name}_copy_{copy_dtype}" if copy_dtype else name
 
 
 def nll_grad_source() -> str:
-    """The CUDA module with every ``nll_grad_[exp_]<dtype>_<label dtype>`` kernel."""
+    """The CUDA module with every ``nll_grad_[exp_]<dtype>_<label dtype>`` kernel, and the
+    float32 ones that also write a half copy (``..._copy_<half>``)."""
     parts = [common_source(), ERROR_REPORT_SOURCE, _CU[""].substitute()]
-    for dtype, t in NLL_GRAD_DTYPES.items():
+    kinds = [(d, None) for d in NLL_GRAD_DTYPES] + [("float32", h) for h in COPY_DTYPES]
+    for dtype, copy in kinds:
+        t = NLL_GRAD_DTYPES[dtype]
         for idt, it in INDEX_DTYPES.items():
             for exp_m in (False, True):
-                parts.append(_CU["grad"].substitute(name=_kernel_name(dtype, idt, exp_m), t=t,
-                                                    vt=value_ctype(dtype), it=it,
-                                                    exp_m=str(exp_m).lower()))
+                parts.append(_CU["copy" if copy else "grad"].substitute(
+                    name=_kernel_name(dtype, idt, exp_m, copy), t=t, vt=value_ctype(dtype),
+                    it=it, exp_m=str(exp_m).lower(), h=NLL_GRAD_DTYPES[copy or dtype]))
     return "".join(parts)
 
 
@@ -77,15 +87,22 @@ class GpuNLLGrad(DeviceChecked, Op):
     in its first ``labelled`` rows: a new C-contiguous matrix. Inputs: v (a vector of length
     ``labelled``, or of length 1: broadcast), m (a float matrix), labelled (a host integer),
     y (int32/int64 labels, of length ``labelled`` or 1). With ``exp_m`` the input is log(m)
-    (``gpu_nll_grad_log_softmax``: the loss's log-softmax, so no softmax of its own)."""
+    (``gpu_nll_grad_log_softmax``: the loss's log-softmax, so no softmax of its own). With
+    ``copy_dtype`` (a half type; m float32) a second output holds the values rounded to it
+    (``gpu_nll_grad_half_copy``: the cast a mixed-precision step makes for its products)."""
 
-    __props__ = ("exp_m",)
+    __props__ = ("exp_m", "copy_dtype")
 
-    def __init__(self, exp_m: bool = False):
-        self.exp_m = bool(exp_m)
+    def __init__(self, exp_m: bool = False, copy_dtype: str | None = None):
+        if copy_dtype is not None and copy_dtype not in COPY_DTYPES:
+            raise ValueError(f"GpuNLLGrad: copy_dtype must be one of {COPY_DTYPES} or None, "
+                             f"got {copy_dtype!r}")
+        self.exp_m, self.copy_dtype = bool(exp_m), copy_dtype
 
     def __str__(self) -> str:
-        return "GpuNLLGrad{exp}" if self.exp_m else "GpuNLLGrad"
+        parts = (["exp"] if self.exp_m else []) + ([f"+{self.copy_dtype}"] if self.copy_dtype
+                                                   else [])
+        return f"GpuNLLGrad{{{','.join(parts)}}}" if parts else "GpuNLLGrad"
 
     def make_node(self, v: Any, m: Any, labelled: Any, y: Any) -> Apply:
         labelled = as_tensor_variable(labelled)
@@ -99,11 +116,15 @@ class GpuNLLGrad(DeviceChecked, Op):
         if labelled.ndim != 0 or not labelled.dtype.startswith(("int", "uint")):
             raise TypeError(f"{self}: the labelled row count must be an integer scalar, got "
                             f"{labelled.type}")
-        out = GpuArrayType(m.dtype, (False, False), m.type.context_name)()
-        return Apply(self, [v, m, labelled, y], [out])
+        outs = [GpuArrayType(m.dtype, (False, False), m.type.context_name)()]
+        if self.copy_dtype is not None:
+            if m.dtype != "float32":
+                raise TypeError(f"{self}: a half copy is of a float32 gradient, got {m.type}")
+            outs.append(GpuArrayType(self.copy_dtype, (False, False), m.type.context_name)())
+        return Apply(self, [v, m, labelled, y], outs)
 
     def infer_shape(self, fgraph, node, input_shapes):
-        return [input_shapes[1]]
+        return [input_shapes[1]] * len(node.outputs)
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
         """The module (else compiled on the first call), for the link-time prefetch."""
@@ -112,7 +133,8 @@ class GpuNLLGrad(DeviceChecked, Op):
     def perform_args(self, node: Apply) -> tuple[str]:
         """``perform``'s kernel, from the node's dtypes (its run-time arrays'): resolved
         once per node, by Op.make_thunk."""
-        return (_kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m),)
+        return (_kernel_name(node.inputs[1].dtype, node.inputs[3].dtype, self.exp_m,
+                             self.copy_dtype),)
 
     def perform(self, node, inputs, out, kernel=None):
         v, m, labelled, y = inputs
@@ -127,6 +149,7 @@ class GpuNLLGrad(DeviceChecked, Op):
                 raise ValueError(f"{self}: {name} of shape {a.shape} do not broadcast to the "
                                  f"{labelled} labelled rows of an array of shape {shape}")
         res = GpuArray(shape, m.dtype, m.context)
+        copy = () if self.copy_dtype is None else (GpuArray(shape, self.copy_dtype, m.context),)
         if labelled and not cols:
             raise IndexError(f"{self}: no label can index an array of shape {shape} (axis 1 "
                              f"has length 0)")
@@ -138,7 +161,7 @@ class GpuNLLGrad(DeviceChecked, Op):
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
                                      self.perform_args(node)[0] if kernel is None else kernel,
-                                     "PqPqqPqPqqqP", context=ctx)
+                                     "PqPqqPqP" + "P" * len(copy) + "qqqP", context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 
             def describe(bad: int) -> Exception:
@@ -146,9 +169,11 @@ class GpuNLLGrad(DeviceChecked, Op):
                                   f"{shape} (axis 0 has length {rows}, axis 1 has length "
                                   f"{cols})")
             launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
-                           (v.ptr, vs, m.ptr, ms0, ms1, y.ptr, ys, res.ptr, rows, cols,
-                            labelled), describe)
+                           (v.ptr, vs, m.ptr, ms0, ms1, y.ptr, ys, res.ptr,
+                            *(c.ptr for c in copy), rows, cols, labelled), describe)
         out[0][0] = res
+        if copy:
+            out[1][0] = copy[0]
 
 
 # ----------------------------------------------------------------------------- the pass
@@ -306,4 +331,44 @@ def gpu_nll_grad_log_softmax(fgraph: FunctionGraph) -> int:
 
 
 optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "fast_run", "fusion",
+               "gpu")
+
+
+def _half_casts(fgraph: FunctionGraph, var: Variable) -> list[Apply]:
+    """The readers of ``var`` that are ``GpuElemwise{Cast{<half>}}`` of it alone."""
+    return [c for c, _ in fgraph.clients.get(var, [])
+            if isinstance(c, Apply) and type(c.op) is GpuElemwise and not c.op.inplace_pattern
+            and isinstance(c.op.scalar_op, Cast) and len(c.inputs) == 1
+            and c.outputs[0].dtype in COPY_DTYPES
+            and c.outputs[0].broadcastable == var.broadcastable]
+
+
+def gpu_nll_grad_half_copy(fgraph: FunctionGraph) -> int:
+    """A float32 GpuNLLGrad read by a cast to a half type also writes that half copy
+    (``copy_dtype``): the mixed-precision step's cast of the gradient for its products is no
+    launch of its own (the float32 values stay for the bias gradient's float32 sum). Returns
+    how many were given a copy. In the default passes (fast_run);
+    ``optimizer_excluding=gpu_nll_grad_half_copy`` turns it off."""
+    done = 0
+    for node in list(fgraph.toposort()):
+        if type(node.op) is not GpuNLLGrad or node.op.copy_dtype is not None or \
+                node.outputs[0].dtype != "float32" or node not in fgraph.apply_nodes:
+            continue
+        casts = _half_casts(fgraph, node.outputs[0])
+        if not casts:
+            continue
+        half = casts[0].outputs[0].dtype
+        new = GpuNLLGrad(node.op.exp_m, half).make_node(*node.inputs).outputs
+        pairs = [(node.outputs[0], new[0])] + [(c.outputs[0], new[1]) for c in casts
+                                               if c.outputs[0].dtype == half]
+        try:
+            replace_validate(fgraph, pairs, reason="gpu_nll_grad_half_copy")
+        except InconsistencyError:
+            continue
+        done += 1
+    return done
+
+
+# after gpu_nll_grad_log_softmax (which makes new GpuNLLGrad nodes), before gpu_fusion
+optdb.register("gpu_nll_grad_half_copy", gpu_nll_grad_half_copy, 49.425, "fast_run", "fusion",
                "gpu")

@@ -7,14 +7,16 @@
    [-cols, cols) is reported (negative ones count from the end, as the scatter's) and its row
    gets no one-hot term: the host raises at its next sync. With EXP_M, m holds logarithms
    (a log-softmax the loss already computed): m's values are exp(m). T is the storage type,
-   V the type computed in (float for the half types: sg_load/sg_store, common.cuh). */
+   V the type computed in (float for the half types: sg_load/sg_store, common.cuh). With a
+   `copy` (H not void), each value is stored there too, rounded to H: the half copy a
+   mixed-precision step casts the gradient to for its products. */
 __device__ __forceinline__ float nll_grad_exp(float x) { return expf(x); }
 __device__ __forceinline__ double nll_grad_exp(double x) { return exp(x); }
 
-template <typename T, typename V, typename I, bool EXP_M>
+template <typename T, typename V, typename I, bool EXP_M, typename H = T, bool COPY = false>
 __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T *m,
     long long ms0, long long ms1, const I *y, long long ys, T *out, long long rows,
-    long long cols, long long labelled, unsigned long long *err)
+    long long cols, long long labelled, unsigned long long *err, H *copy = 0)
 {
     const long long total = rows * cols;
     const long long step = (long long)gridDim.x * blockDim.x;
@@ -32,7 +34,9 @@ __device__ __forceinline__ void nll_grad_body(const T *v, long long vs, const T 
             }
         }
         const V mk = (V)sg_load(m[i * ms0 + j * ms1]);
-        sg_store(out[k], g - (EXP_M ? nll_grad_exp(mk) : mk) * s);
+        const V value = g - (EXP_M ? nll_grad_exp(mk) : mk) * s;
+        sg_store(out[k], value);
+        if (COPY) sg_store(copy[k], value);
     }
 }
 //@ grad
@@ -42,3 +46,10 @@ extern "C" __global__ void ${name}(const ${t} *v, long long vs, const ${t} *m,
     long long cols, long long labelled, unsigned long long *err)
 { nll_grad_body<${t}, ${vt}, ${it}, ${exp_m}>(v, vs, m, ms0, ms1, y, ys, out, rows, cols, labelled,
                                        err); }
+//@ copy
+
+extern "C" __global__ void ${name}(const ${t} *v, long long vs, const ${t} *m,
+    long long ms0, long long ms1, const ${it} *y, long long ys, ${t} *out, ${h} *copy,
+    long long rows, long long cols, long long labelled, unsigned long long *err)
+{ nll_grad_body<${t}, ${vt}, ${it}, ${exp_m}, ${h}, true>(v, vs, m, ms0, ms1, y, ys, out, rows,
+                                                     cols, labelled, err, copy); }
