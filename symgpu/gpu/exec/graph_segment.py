@@ -580,7 +580,8 @@ class Segment:
             into = thunk.write_into
             aimed = []
             for k, node_in, j in wants:
-                target = self._direct_target(vals, j, node_in, backs)
+                target = self._direct_target(vals, j, node_in, backs,
+                                             getattr(thunk, "aligned_read", None))
                 if target is not None and into[k] is None:
                     into[k] = target
                     aimed.append((k, j))
@@ -595,11 +596,14 @@ class Segment:
         return written
 
     @staticmethod
-    def _direct_target(vals: list, j: int, node_in: list, backs: list[int]) -> Any:
+    def _direct_target(vals: list, j: int, node_in: list, backs: list[int],
+                       aligned_read: Callable[[Any, Any], bool] | None = None) -> Any:
         """The array an update of input ``j`` may be computed into, or None: the input is
         overwritable (``backs``), not empty, C-contiguous, and every input of the node that
         shares its memory reads it with its own layout (an elementwise kernel reading and
-        writing the same element is safe; a transposed, shifted or broadcast read is not)."""
+        writing the same element is safe; a transposed, shifted or broadcast read is not),
+        or in a way the thunk's ``aligned_read(a, t)`` vouches for (a reduction reading
+        the target broadcast along its reduced axes: GpuCAReduce)."""
         if j not in backs:
             return None
         t = vals[j]
@@ -612,7 +616,8 @@ class Segment:
                 continue
             a_lo, a_hi = byte_extent(a)
             if a_lo < hi and lo < a_hi and (a.ptr != t.ptr or a.shape != t.shape or
-                                            a.strides != t.strides or a.dtype != t.dtype):
+                                            a.strides != t.strides or a.dtype != t.dtype) \
+                    and not (aligned_read is not None and aligned_read(a, t)):
                 return None
         return t
 

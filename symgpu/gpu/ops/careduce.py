@@ -28,7 +28,7 @@ from symgpu.scalar.basic import SCALAR_OPS
 from symgpu.tensor.elemwise import reduce_output_dtype
 from symgpu.tensor.shape_rules import elemwise_shape, reduce_shape
 
-__all__ = ["GpuCAReduce", "careduce_supported"]
+__all__ = ["GpuCAReduce", "careduce_supported", "reads_aligned"]
 
 _REDUCE_NAMES = {"add": "add", "mul": "mul", "maximum": "maximum", "minimum": "minimum",
                  "and_": "and", "or_": "or"}
@@ -366,7 +366,26 @@ class _ReduceThunk:
             # updates): each kept position's thread reads its operands' values there, then
             # stores its result
             thunk.write_into = into   # type: ignore[attr-defined]
+            axes = self.op._axes
+            thunk.aligned_read = (   # type: ignore[attr-defined]
+                lambda a, t: reads_aligned(axes(len(a.shape)), a, t))
         return _capturable(thunk)
+
+
+def reads_aligned(reduced_axes: Sequence[int], a: Any, target: Any) -> bool:
+    """Whether a reduction's input ``a`` (over ``reduced_axes``) reads ``target``'s memory
+    only where it reads the element of ``target`` at the kept position it contributes to:
+    its reduced axes have length 1 or stride 0, and its kept axes are ``target``'s
+    (pointer, lengths, strides). Then an update may be computed into ``target`` under capture
+    (graph_segment's direct updates, a thunk's ``aligned_read``): a kept position's result
+    is stored after its whole reduction, and no other position's reduction reads it (a
+    bias's update ``b - lr * (g * f(b)).sum(0)`` reading b broadcast over the rows)."""
+    if a.dtype != target.dtype or a.ptr != target.ptr:
+        return False
+    reduced = set(reduced_axes)
+    kept = [(n, s) for d, (n, s) in enumerate(zip(a.shape, a.strides)) if d not in reduced]
+    return all(a.shape[d] == 1 or a.strides[d] == 0 for d in reduced) and \
+        kept == list(zip(target.shape, target.strides))
 
 
 def _epilogue_operand(op: GpuCAReduce, a: Any, out_shape: tuple, scalar: bool) -> Any:
