@@ -85,3 +85,21 @@ def private_compiledir(tmp_path, monkeypatch):
     monkeypatch.setattr(c_elemwise, "_failed", set())
     with symgpu.config.change_flags(compiledir=str(tmp_path)):
         yield tmp_path
+
+
+@pytest.fixture
+def gpt_step(monkeypatch):
+    """A builder of benchmarks/half.py's mixed-precision GPT block step (``build(**flags)``:
+    compiled for device=cuda under those flags, on whatever context the test gives)."""
+    import os
+    from symgpu import config as symgpu_config
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
+    import half_symgpu
+
+    def build(**flags):
+        with symgpu_config.change_flags(device="cuda", mixed_precision="bfloat16", **flags):
+            step, _, _ = half_symgpu.gpt({})
+        return step
+    yield build
+    sys.modules.pop("half_symgpu", None)

@@ -5,7 +5,6 @@ gradients on the real GPU against the CPU."""
 from __future__ import annotations
 
 import collections
-import os
 
 import numpy as np
 import pytest
@@ -108,21 +107,6 @@ def test_a_reduction_reading_what_the_map_feeds_stays_apart(vgpu):
     (g,) = _groups(f)
     assert g.op.map_op is not None and len(g.op.members) == 1     # e and e.sum(0)
     assert _counts(f)["GpuCAReduce"] == 1                           # (e * z).sum(0)
-
-
-@pytest.fixture
-def gpt_step(monkeypatch):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.syspath_prepend(os.path.join(root, "benchmarks"))
-    import half_symgpu
-
-    def build(**flags):
-        with config.change_flags(device="cuda", mixed_precision="bfloat16", **flags):
-            step, _, _ = half_symgpu.gpt({})
-        return step
-    yield build
-    import sys
-    sys.modules.pop("half_symgpu", None)
 
 
 def test_the_gpt_blocks_column_sums_join_their_producers(vgpu, gpt_step):

@@ -122,6 +122,7 @@ import symgpu.gpu.ops.reduce_prologue  # noqa: E402,F401
 import symgpu.gpu.ops.attention_join  # noqa: E402,F401
 import symgpu.gpu.ops.row_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.col_group_rewrite  # noqa: E402,F401
+import symgpu.gpu.ops.elemwise_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.producer_copies  # noqa: E402,F401
 import symgpu.gpu.ops.narrow_outputs  # noqa: E402,F401
 import symgpu.gpu.ops.guarded_updates  # noqa: E402,F401
