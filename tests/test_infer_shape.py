@@ -1768,3 +1768,20 @@ CASES.update(_S25_CASES)
 @pytest.mark.parametrize("op_cls", list(_S25_CASES), ids=lambda c: c.__name__)
 def test_inferred_shape_s25(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
+
+
+# the elementwise group (s26): its first member's output (the test infers the first output)
+from symgpu.gpu.ops.elemwise import GpuElemwise as _GpuElemwise  # noqa: E402
+from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup as _ElemwiseGroup  # noqa: E402
+
+_EW_GROUP = _ElemwiseGroup([_GpuElemwise(SCALAR_OPS["tanh"]), _GpuElemwise(SCALAR_OPS["exp"])],
+                           [(1, 1), (1, 1)])
+_S26_CASES = {_ElemwiseGroup: [
+    gcase(lambda x, y: _EW_GROUP(x, y)[0], lambda x, y: T.tanh(x), "gg",
+          r(2, 3, 5).astype("float32"), r(4).astype("float32"))]}
+CASES.update(_S26_CASES)
+
+
+@pytest.mark.parametrize("op_cls", list(_S26_CASES), ids=lambda c: c.__name__)
+def test_inferred_shape_s26(op_cls):
+    test_inferred_shape_equals_computed_shape(op_cls)

@@ -66,14 +66,15 @@ class GpuElemwiseGroup(Op):
         if len(inputs) != sum(a for a, _ in self.arity):
             raise TypeError(f"{self}: takes {sum(a for a, _ in self.arity)} inputs, got "
                             f"{len(inputs)}")
-        outs = []
-        for op, ins, (_, n_out) in zip(self.members, self.slices(inputs), self.arity):
-            node = op.make_node(*ins)
-            if len(node.outputs) != n_out or node.inputs != ins:
-                raise TypeError(f"{self}: member {op} does not take {len(ins)} GPU inputs of "
-                                f"its ndim to {n_out} outputs")
+        ins, outs = [], []
+        for op, sub, (n_in, n_out) in zip(self.members, self.slices(inputs), self.arity):
+            node = op.make_node(*sub)     # (uploads host inputs, pads to the member's ndim)
+            if len(node.outputs) != n_out or len(node.inputs) != n_in:
+                raise TypeError(f"{self}: member {op} does not take {n_in} inputs to {n_out} "
+                                f"outputs")
+            ins += node.inputs
             outs += [o.type() for o in node.outputs]
-        return Apply(self, list(inputs), outs)
+        return Apply(self, ins, outs)
 
     def member_nodes(self, node: Apply) -> list["MemberNode"]:
         """Each member as a node over the group's own variables (its storage cells)."""
