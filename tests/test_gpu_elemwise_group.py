@@ -143,9 +143,12 @@ def _group_nodes(f):
 
 def test_an_mlps_casts_and_updates_are_two_groups(vgpu):
     groups = _group_nodes(_mlp_step())
-    assert [len(g.op.members) for g in groups] == [3, 2], groups   # x, w0, w1; w0, w1
-    casts, updates = groups
-    assert all(str(m.scalar_op) == "Cast{bfloat16}" for m in casts.op.members)
+    # sources: the casts of x, w0 and w1, and the loss gradient's -1/n of the labels' count
+    # (host arithmetic on a length, uploaded); sinks: the updates of w0 and w1
+    assert [len(g.op.members) for g in groups] == [4, 2], groups
+    sources, updates = groups
+    names = sorted(str(m.scalar_op) for m in sources.op.members)
+    assert names[:3] == ["Cast{bfloat16}"] * 3 and "reciprocal" in names[3], names
     assert all(o.dtype == "float32" for o in updates.outputs)
     assert not _group_nodes(_mlp_step(**OFF))
 
@@ -153,7 +156,7 @@ def test_an_mlps_casts_and_updates_are_two_groups(vgpu):
 def test_the_gpt_blocks_casts_and_adamw_updates_are_two_groups(vgpu, gpt_step):
     f = gpt_step()
     groups = _group_nodes(f)
-    assert sorted(len(g.op.members) for g in groups) == [5, 12], groups
+    assert sorted(len(g.op.members) for g in groups) == [6, 12], groups
     adamw = max(groups, key=lambda g: len(g.op.members))
     assert all(m.nout == 3 for m in adamw.op.members)     # moments and weight
     fg = f.maker.fgraph

@@ -7,7 +7,8 @@ Two kinds of nodes are independent by construction, and those are the ones group
   update, at the end of a training step), or copied to the host for them: no node reads
   another's results;
 * **sources**: every input is a function input or a constant, seen through transfers and
-  dimshuffles (the cast of a parameter to half, at the start of a mixed-precision step).
+  views, or host arithmetic on them and their lengths (the cast of a parameter to half at
+  the start of a mixed-precision step; a loss's ``-1 / n`` made a one-element kernel).
 
 A group of either kind reads no member's result, so it is acyclic and the members may run in
 any order. A member's in-place input must be read by no other member (they run at once).
@@ -43,17 +44,24 @@ def _is_sink(fgraph: FunctionGraph, node: Apply) -> bool:
     return all(_only_returned(fgraph, o) for o in node.outputs)
 
 
-def _from_inputs(var: Variable, depth: int = 4) -> bool:
+def _from_inputs(var: Variable, depth: int = 6) -> bool:
     """A function input or a constant, possibly uploaded or seen through views (a
     dimshuffle, a reshape: GPU ops viewing their first input, any other input on the
-    host)."""
+    host), or a host value computed from such values and their lengths (a mean's count,
+    uploaded for a one-element kernel)."""
     if var.owner is None or isinstance(var, Constant):
         return True
     node = var.owner
+    if depth == 0:
+        return False
+    if getattr(node.op, "shape_read", None):            # a length: no kernel's result
+        return _from_inputs(node.inputs[0], depth - 1)
+    if not is_gpu_var(var) and not getattr(node.op, "transfer", None):   # host arithmetic
+        return all(_from_inputs(v, depth - 1) for v in node.inputs)
     views = isinstance(node.op, GpuFromHost) or (
         getattr(node.op, "view_map", None) == {0: [0]} and len(node.outputs) == 1
         and not any(is_gpu_var(v) for v in node.inputs[1:]))
-    return depth > 0 and views and _from_inputs(node.inputs[0], depth - 1)
+    return views and _from_inputs(node.inputs[0], depth - 1)
 
 
 def _is_source(node: Apply) -> bool:
