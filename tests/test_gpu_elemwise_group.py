@@ -120,6 +120,11 @@ def test_props_make_node_and_errors():
     assert str(op) == "GpuElemwiseGroup{4 kernels}"
     node = _node()
     assert [o.dtype for o in node.outputs] == ["bfloat16"] + ["float32"] * 4
+    # the prefetch compiles the group's module and each member's (run alone where a layout
+    # has no contiguous plan)
+    keys = [k for k, _, _ in op.prefetch_sources(node)]
+    assert keys[0][0] == "symgpu.elemwise_group" and len(keys) == 5 and \
+        all(k[0] == "symgpu.elemwise" for k in keys[1:])
     with pytest.raises(TypeError, match="takes 7 inputs"):
         op(gpu_var("float32", 1))
     with pytest.raises(ValueError, match="two or more members"):

@@ -97,8 +97,14 @@ class GpuElemwiseGroup(Op):
         return [((MODULE, sigs), render_group(sigs))]
 
     def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+        """The group's module and each member's own (its kernels run a member alone where a
+        layout has no contiguous plan; loaded when the thunk is made), for the link-time
+        prefetch to compile in parallel."""
         sigs = self.signatures(node)
-        return [((MODULE, sigs), lambda: render_group(sigs), ())]
+        out = [((MODULE, sigs), lambda: render_group(sigs), ())]
+        for op, sub in zip(self.members, self.member_nodes(node)):
+            out += op.prefetch_sources(sub)
+        return out
 
     def make_thunk(self, node: Apply, storage_map: dict, compute_map: dict,
                    no_recycling: Sequence[Variable], impl: str | None = None) -> Callable[[], None]:
