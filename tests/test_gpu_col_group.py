@@ -71,7 +71,7 @@ def _node(op, dtypes_bcasts):
 def test_map_and_bias_gradient_in_one_pass_match_numpy(emu, monkeypatch, lead, cols,
                                                       rows_per_lane):
     import symgpu.gpu.ops.col_group as cg
-    monkeypatch.setattr(cg._ColGroupThunk, "ROWS_PER_LANE", rows_per_lane)
+    monkeypatch.setattr(cg._ColGroupThunk, "rows_per_lane", lambda self, K, R: rows_per_lane)
     nd = len(lead) + 1
     node = _node(_gelu_group(), [("bfloat16", (False,) * nd),
                                  ("float32", (True,) * (nd - 1) + (False,)),

@@ -74,7 +74,7 @@ def _want(x, b, dy):
 @pytest.mark.parametrize("rows,cols,rows_per_lane", [(512, 96, 1), (40, 130, 1000)])
 def test_the_update_is_stored_by_the_group(emu, monkeypatch, rows, cols, rows_per_lane):
     import symgpu.gpu.ops.col_group as cg
-    monkeypatch.setattr(cg._ColGroupThunk, "ROWS_PER_LANE", rows_per_lane)
+    monkeypatch.setattr(cg._ColGroupThunk, "rows_per_lane", lambda self, K, R: rows_per_lane)
     node = _node()
     assert str(node.op).endswith("post=Composite{(i1 - (0.009999999776482582 * i0))}}")
     x, b, dy = _arrays(rows, cols)
@@ -171,3 +171,19 @@ def test_an_mlp_step_on_the_gpu_against_the_cpu(cuda):
     assert f.vm.runner.stats()["replays"] > 0
     for p, q in zip(ps, ps_cpu):
         np.testing.assert_allclose(np.asarray(p.get_value()), q.get_value(), atol=3e-2)
+
+
+def test_small_groups_take_more_row_tiles():
+    """Rows a lane: 12 where the column tiles and row tiles fill the GPU (the GPT block's
+    (8192, 768) layer norm groups), fewer where they would leave multiprocessors idle (an
+    MLP's (512, 1024) ReLU backward: 24 blocks at 12 rows a lane, then two blocks a
+    multiprocessor)."""
+    from symgpu.gpu.ops.col_group import _ColGroupThunk
+    from symgpu.gpu.runtime.codegen import layout
+    thunk = _ColGroupThunk.__new__(_ColGroupThunk)
+    thunk.sig, thunk.sms = _group().signature(_node()), 132
+    assert thunk.sig.cols_vector == 8
+    assert thunk.rows_per_lane(768, 8192) == 12
+    rows = thunk.rows_per_lane(1024, 512)
+    grid, G, _ = layout.cols_tile_grid(1024, 512, 8, 132, rows)
+    assert rows == 1 and grid[0] * G >= 132

@@ -232,14 +232,15 @@ def gpt_step(monkeypatch, tmp_path):
 
 def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
     """The runner's rules (graphs.Runner._segment, _direct_update) on the GPT step: one
-    segment after the host's shape arithmetic, holding every update's node (GpuElemwise:
-    write_into), none read later, no device-checked op; the attention gradient in it (written
+    segment after the host's shape arithmetic, holding every update's node (GpuElemwise or
+    an elementwise group: write_into), none read later, no device-checked op; the attention gradient in it (written
     into its join, GpuAttentionGradJoin; checked against two plain runs); its GPU inputs past
     64 MB and within an H200's limit."""
     from symgpu.compile.sharedvalue import SharedVariable
     from symgpu.gpu.exec.graph_plan import aliases, plan_steps, read_later, updates_last
     from symgpu.gpu.ops.attention_join import GpuAttentionGradJoin
     from symgpu.gpu.ops.elemwise import GpuElemwise
+    from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup
     fg = gpt_step.maker.fgraph
     nodes = list(gpt_step.vm.nodes)
     names = [type(n.op).__name__ for n in nodes]
@@ -256,8 +257,8 @@ def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
     grad = [nodes[i].op for i in idx if isinstance(nodes[i].op, GpuAttentionGradJoin)]
     assert len(grad) == 1 and grad[0].deterministic is False
     order = updates_last(nodes, idx, updates)
-    for new, old in updates:
-        assert isinstance(new.owner.op, GpuElemwise), new.owner.op
+    for new, old in updates:   # (AdamW's updates as one group: gpu_elemwise_group)
+        assert isinstance(new.owner.op, (GpuElemwise, GpuElemwiseGroup)), new.owner.op
         pos = next(p for p, i in enumerate(order) if nodes[i] is new.owner)
         assert not read_later(nodes, order, pos, old), new.owner.op
         assert not any(aliases(v, old) for v in fg.outputs if v is not new)

@@ -177,7 +177,10 @@ def test_guarded_updates_are_written_in_place_and_copy_nothing(monkeypatch, fake
 def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypatch):
     """examples/mlp_dropout.py with its shared variables on a virtual GPU: eight updates,
     the six weights' selections folded into their update kernels, the two generator states'
-    into one two-output kernel."""
+    into one two-output kernel (the weights' and the states' kernels one elementwise group,
+    the hidden biases' updates in their layers' column groups: gpu_elemwise_group,
+    gpu_col_reduce_group)."""
+    from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup
     from symgpu.graph import sharedvalue as sv
     from symgpu.compile.sharedvalue import Container
     from symgpu.gpu.placement.type import GpuArraySharedVariable, move_to_gpu
@@ -195,7 +198,43 @@ def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypat
         train, _, _ = mlp_dropout.build(64, on_device=True)
     fg = train.maker.fgraph
     writers = {fg.outputs[k].owner for k in fg.update_mapping}
-    assert len(fg.update_mapping) == 8 and len(writers) == 7
+    assert len(fg.update_mapping) == 8 and len(writers) < 7
     assert all(reads_verdict(w) for w in writers)
-    (states,) = [w for w in writers if len(w.outputs) == 2]
-    assert [o.dtype for o in states.outputs] == ["uint32", "uint32"]
+    kernels = [(op, w) for w in writers for op in (
+        w.op.members if isinstance(w.op, GpuElemwiseGroup) else [w.op])]
+    (states,) = [op for op, _ in kernels if getattr(op, "nout", 1) == 2]
+    (owner,) = [w for op, w in kernels if op is states]
+    outs = owner.outputs if owner.op is states else owner.op.slices(
+        owner.outputs, True)[owner.op.members.index(states)]
+    assert [o.dtype for o in outs] == ["uint32", "uint32"]
+
+
+def test_grouped_updates_of_a_checked_step_read_the_verdict():
+    """A ReLU layer with a bias: its bias's update is stored by the column group of the
+    layer's backward (the verdict padded to the group's rank: two dimshuffles), the weights'
+    updates by one elementwise group; every update still selects by the verdict, so the
+    runner writes them into their buffers (Runner.updates_guarded)."""
+    import symgpu.tensor as T
+    from symgpu import function
+    from symgpu.compile.sharedvalue import Container
+    from symgpu.gpu.ops.col_group import GpuColumnReduceGroup
+    from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup
+    from symgpu.gpu.placement.type import GpuArraySharedVariable
+
+    def shared(shape, name):
+        t = GpuArrayType("float32", (False,) * len(shape), None)
+        return GpuArraySharedVariable(t, None, name=name,
+                                      container=Container(t, np.zeros(shape, "float32"), name))
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        w0, b0, w1 = shared((5, 4), "w0"), shared((4,), "b0"), shared((4, 3), "w1")
+        x = GpuArrayType("float32", (False, False), None)("x")
+        y = GpuArrayType("int64", (False,), None)("y")
+        p = T.nnet.softmax(T.dot(T.maximum(T.dot(x, w0) + b0, 0), w1))
+        cost = -T.mean(T.log(p)[T.arange(y.shape[0]), y])
+        ps = [w0, b0, w1]
+        f = function([x, y], cost, updates=[(v, v - 0.1 * g)
+                                            for v, g in zip(ps, T.grad(cost, ps))])
+    fg = f.maker.fgraph
+    owners = {fg.outputs[k].owner for k in fg.update_mapping}
+    assert {type(n.op) for n in owners} == {GpuColumnReduceGroup, GpuElemwiseGroup}, owners
+    assert all(reads_verdict(n) for n in owners)

@@ -108,16 +108,23 @@ def _bury_collected() -> None:
 _HALF_TOLERANCE = {"float16": (2e-3, 1e-6), "bfloat16": (1.6e-2, 1e-6)}
 
 
+#: how far past the two plain runs' largest difference a graph's results may stray
+#: (results_differ): each is the largest of a tensor's differences, a heavy-tailed sample
+#: (an AdamW step of the H200's GPT block: plain runs 7.6e-6 apart, the graph 2.8e-5 from
+#: one of them, a graph that was right; 2x dropped it, and the step ran 2x slower plainly)
+SPREAD_FACTOR = 4
+
+
 def results_differ(ref: list, got: list, spread: list | None = None) -> str | None:
     """Why two lists of host results differ (None when they agree to float tolerance): a
     new graph's check against plain launches (also scan_graph.py's).
 
     ``spread``: a second plain run's results, for segments whose ops may give other bits
     from the same inputs (float atomics): a float output then also agrees when no element
-    differs from ``ref`` by more than twice the largest difference between the two plain
-    runs (an optimizer step amplifies an ulp of a gradient near zero into a step of the
-    learning rate: an element-wise tolerance cannot hold; a graph reading wrong memory
-    differs by far more than plain runs do)."""
+    differs from ``ref`` by more than ``SPREAD_FACTOR`` times the largest difference between
+    the two plain runs (an optimizer step amplifies an ulp of a gradient near zero into a
+    step of the learning rate: an element-wise tolerance cannot hold; a graph reading wrong
+    memory differs by far more than plain runs do)."""
     for k, (a, b) in enumerate(zip(ref, got)):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape or a.dtype != b.dtype:
@@ -133,7 +140,7 @@ def results_differ(ref: list, got: list, spread: list | None = None) -> str | No
                 same_nans = np.array_equal(np.isnan(a), np.isnan(b))
                 if c is not None and c.shape == a.shape and a.size and same_nans:
                     seen = np.nanmax(np.abs(a - c.astype(a.dtype)))
-                    if worst <= 2 * seen:
+                    if worst <= SPREAD_FACTOR * seen:
                         continue
                     return (f"output {k}: max difference {worst:.3g}, plain runs differ by "
                             f"{seen:.3g}")

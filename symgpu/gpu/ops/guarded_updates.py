@@ -71,12 +71,13 @@ class GpuCheckVerdict(Op):
 
 
 def reads_verdict(node: Apply | None) -> bool:
-    """Whether `node` reads a GpuCheckVerdict (directly or broadcast by a GpuDimShuffle)."""
+    """Whether `node` reads a GpuCheckVerdict (directly or broadcast by GpuDimShuffles: a
+    column group pads a reduction's epilogue operands to its rank)."""
     if node is None:
         return False
     for v in node.inputs:
         src = v.owner
-        if src is not None and type(src.op) is GpuDimShuffle:
+        while src is not None and type(src.op) is GpuDimShuffle:
             src = src.inputs[0].owner
         if src is not None and isinstance(src.op, GpuCheckVerdict):
             return True
