@@ -107,7 +107,9 @@ def test_the_update_goes_into_a_write_into_target_the_group_reads(emu):
 
 def test_epilogue_errors():
     with pytest.raises(ValueError, match="does not take the result and 0 operands"):
-        GpuColumnReduceGroup([ColMember("add", None, (0,), None, _sgd(), ())])
+        GpuColumnReduceGroup([ColMember("add", None, (0,), "float32", _sgd(), ())])
+    with pytest.raises(ValueError, match="give its reduction's own dtype"):
+        GpuColumnReduceGroup([ColMember("add", None, (0,), None, _sgd(), (0,))])
     bad = GpuColumnReduceGroup([ColMember("add", None, (0,), "float32", _sgd(), (0,))])
     with pytest.raises(TypeError, match="one value per column"):
         bad(gpu_var("float32", 2))

@@ -28,10 +28,12 @@ def _epilogues(nodes):
 
 
 def test_the_mlps_bias_updates_and_mean_go_into_their_reductions_by_default(vgpu):
-    # (the column groups, which take the sums the epilogue leaves, are off on both sides)
-    plain = _mlp_step(optimizer_excluding="gpu_careduce_epilogue:gpu_col_reduce_group")
+    # (the column groups, which take the sums the epilogue leaves, and the elementwise
+    # groups, which take the update kernels it leaves, are off on both sides)
+    plain = _mlp_step(optimizer_excluding="gpu_careduce_epilogue:gpu_col_reduce_group:"
+                                          "gpu_elemwise_group")
     assert not _epilogues(plain)
-    fused = _mlp_step(optimizer_excluding="gpu_col_reduce_group")   # the epilogue: fast_run
+    fused = _mlp_step(optimizer_excluding="gpu_col_reduce_group:gpu_elemwise_group")
     eps = _epilogues(fused)
     assert len(eps) == 4
     biases = [n for n in eps if n.op.axis == (0,)]

@@ -578,7 +578,7 @@ def test_every_protocol():
 
 def test_pkl_utils_stores_arrays_as_npy_members(tmp_path):
     from symgpu.misc.pkl_utils import dump, load
-    big = rng(0).standard_normal((50, 40))
+    big = rng(0).standard_normal((100, 40))   # (the pickle also holds each pass's time)
     w = shared(big, name="w")
     b = shared(np.zeros(40), name="b")
     x = T.dmatrix("x")
@@ -597,7 +597,7 @@ def test_pkl_utils_stores_arrays_as_npy_members(tmp_path):
     assert meta["epoch"] == 3
     np.testing.assert_array_equal(meta["extra"], big[:2])
     np.testing.assert_array_equal(w2.get_value(), big)
-    v = rng(1).standard_normal((2, 50))
+    v = rng(1).standard_normal((2, 100))
     np.testing.assert_array_equal(f2(v), np.dot(v, big))
     np.testing.assert_array_equal(b2.get_value(), np.ones(40))
 

@@ -73,6 +73,9 @@ class GpuColumnReduceGroup(OneModule, Op):
             if m.pre_op is None and len(m.args) != 1:
                 raise ValueError(f"GpuColumnReduceGroup: member {q} has no pre-op but "
                                  f"{len(m.args)} arguments")
+            if m.post_op is not None and m.dtype is None:
+                raise ValueError(f"GpuColumnReduceGroup: member {q} has an epilogue; give "
+                                 f"its reduction's own dtype (ColMember.dtype)")
             if len(m.post_args) != (0 if m.post_op is None else m.post_op.nin - 1):
                 raise ValueError(f"GpuColumnReduceGroup: member {q}'s epilogue {m.post_op} "
                                  f"does not take the result and {len(m.post_args)} operands")

@@ -5,7 +5,8 @@ Two kinds of nodes are independent by construction, and those are the ones group
 
 * **sinks**: every output is read by nothing but the function's outputs (a parameter's
   update, at the end of a training step), or copied to the host for them: no node reads
-  another's results;
+  another's results (not an update reading an all-reduced gradient through its join: each
+  runs when its own collective is in);
 * **sources**: every input is a function input or a constant, seen through transfers and
   views, or host arithmetic on them and their lengths (the cast of a parameter to half at
   the start of a mixed-precision step; a loss's ``-1 / n`` made a one-element kernel).
@@ -16,6 +17,8 @@ any order. A member's in-place input must be read by no other member (they run a
 """
 from __future__ import annotations
 
+from symgpu.gpu.ops.collectives import _GpuCollective
+from symgpu.gpu.ops.comm_join import GpuCommJoin
 from symgpu.gpu.ops.elemwise import KERNEL_PARAM_BYTES, GpuElemwise
 from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup
 from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
@@ -41,7 +44,13 @@ def _only_returned(fgraph: FunctionGraph, var: Variable) -> bool:
 
 
 def _is_sink(fgraph: FunctionGraph, node: Apply) -> bool:
-    return all(_only_returned(fgraph, o) for o in node.outputs)
+    """Read only as outputs, and not reading a collective's result (or its join): each
+    update of a data-parallel step runs as soon as its gradient's all-reduce is in, while
+    the others are still on the wire (gpu/ops/comm_join.py); a group would wait for the
+    last."""
+    return all(_only_returned(fgraph, o) for o in node.outputs) and not any(
+        v.owner is not None and isinstance(v.owner.op, (GpuCommJoin, _GpuCollective))
+        for v in node.inputs)
 
 
 def _from_inputs(var: Variable, depth: int = 6) -> bool:

@@ -20,7 +20,6 @@ from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, _combine, _identi
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import acc_ctype_for, storage_ctype, value_ctype
 from symgpu.scalar.composite import Composite, CompositeBuilder
-from symgpu.tensor.elemwise import reduce_output_dtype
 
 __all__ = ["ColMember", "ColGroupSignature", "render_col_group", "col_group_formats",
            "COL_GROUP_KERNEL", "COL_GROUP_REDUCIBLE"]
@@ -39,9 +38,9 @@ class ColMember:
     ``pre_op`` (a scalar op, or None: the one argument itself) of ``args`` (``i >= 0``: the
     group's operand i; ``-(j + 1)``: the map's output j, as stored in its dtype), its result
     of ``dtype`` (NumPy's ``dtype=``; None: the reduction's default); with a ``post_op``
-    (an epilogue, as GpuCAReduce's), the stored result is ``post_op(result, *operands
-    post_args)``: operands with one value per column (a bias's SGD update
-    ``b - lr * d.sum(0)``)."""
+    (an epilogue, as GpuCAReduce's; ``dtype`` then required, the reduction's own), the
+    stored result is ``post_op(result, *operands post_args)``: operands with one value per
+    column (a bias's SGD update ``b - lr * d.sum(0)``)."""
     reduce_op: str
     pre_op: Any
     args: tuple[int, ...]
@@ -86,12 +85,13 @@ class ColGroupSignature:
         args = tuple(self.arg_dtypes(q))
         if m.post_op is None:
             return ReduceSignature(m.reduce_op, m.pre_op, args, self.out_dtypes[q], 1, 1)
-        value = args[0] if m.pre_op is None else output_dtypes(m.pre_op, list(args))[0]
+        if m.dtype is None:
+            raise ValueError(f"column group member {q} has an epilogue: give the reduction's "
+                             f"own dtype (ColMember.dtype)")
         return ReduceSignature(m.reduce_op, m.pre_op, args, self.out_dtypes[q], 1, 1,
                                m.post_op, tuple(self.in_dtypes[a] for a in m.post_args),
                                tuple(self.row_invariant[a] and self.per_row[a]
-                                     for a in m.post_args),
-                               m.dtype or reduce_output_dtype(m.reduce_op, value))
+                                     for a in m.post_args), m.dtype)
 
 
 def col_group_formats(sig: ColGroupSignature) -> dict[str, str]:
