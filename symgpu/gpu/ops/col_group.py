@@ -183,15 +183,22 @@ class _ColGroupThunk:
     #: the node's one-pass block counters, as GpuCAReduce's (the same zeroed-once array)
     counter_ptr = _ReduceThunk.counter_ptr
 
+    #: row tiles at most where ``rows_per_lane`` shortens the lanes (the last block of a
+    #: column tile then combines that many partials a column)
+    MAX_ROW_TILES = 32
+
     def rows_per_lane(self, K: int, R: int) -> int:
         """``ROWS_PER_LANE``, or fewer where that leaves less than a block a multiprocessor:
-        then about two, each lane down to one row (an MLP's (512, 1024) ReLU backward with
-        its bias's update: 24 blocks at 12 rows a lane, 13 us on the H200)."""
+        then about two (each lane down to one row, at most ``MAX_ROW_TILES`` row tiles): an
+        MLP's (512, 1024) ReLU backward with its bias's update ran 24 blocks of 12 rows a
+        lane in 13 us on the H200, 64 row tiles of one row in 9 us (the last blocks adding
+        64 partials a column)."""
         tiles = -(-K // (32 * self.sig.cols_vector))
         rows = self.ROWS_PER_LANE
         if tiles * -(-R // (8 * rows)) >= self.sms:
             return rows
-        return max(1, min(rows, R // (8 * -(-2 * self.sms // max(tiles, 1)))))
+        want = min(self.MAX_ROW_TILES, -(-2 * self.sms // max(tiles, 1)))
+        return max(1, min(rows, -(-R // (8 * want))))
 
     def plan(self, ins: list) -> tuple:
         """(grid, G, K, full shape, meta args) for these operand arrays."""

@@ -140,7 +140,7 @@ __device__ __forceinline__ void cg_gather(A *sm, const long long kb, const long 
     const long long G = gridDim.y;
     A a = identity;
     if (kb + c < K) {
-#pragma unroll 4
+#pragma unroll 16
         for (long long g = l; g < G; g += lanes) a = op(a, __ldcg(partial + g * K + kb + c));
     }
     sm[l * CG_COLS + c] = a;
