@@ -183,6 +183,15 @@ def test_results_differ_with_a_spread():
     assert results_differ(ref, nan, [np.array([1.0, 2.0, 4.0], "float32")]) is not None
     ints = [np.array([1, 2], "int32")]
     assert results_differ(ints, [np.array([1, 3], "int32")], ints) is not None
+    # an optimizer's weights: two plain runs 2e-7 apart at most, the graph 5e-6 at one
+    # element (an ulp of a near-zero gradient, amplified): close in norm, it agrees; a graph
+    # off by that much everywhere does not
+    w = np.random.default_rng(0).standard_normal(100_000).astype("float32")
+    plain2, graph, wrong = w.copy(), w.copy(), w + np.float32(5e-3)
+    plain2[7] += 2e-7
+    graph[9] += 5e-6
+    assert results_differ([w], [graph], [plain2]) is None
+    assert "plain runs differ by" in results_differ([w], [wrong], [plain2])
 
 
 def test_fused_attention_gradient_is_marked_nondeterministic():
