@@ -180,6 +180,13 @@ def test_a_destroyed_input_read_by_another_member_splits_the_group(vgpu):
     runs = _groups(fg)
     assert all(not ({first.owner, second.owner} <= set(r)) for r in runs), runs
     assert any(third.owner in r for r in runs)
+    # the same through a view: the reader sees the destroyed memory as a dimshuffle
+    from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+    d, e = gpu_var("float32", 2), gpu_var("float32", 2)
+    wrecks = GpuElemwise(S["add"], {0: 0})(d, e)
+    peeks = GpuElemwise(S["exp"])(GpuDimShuffle((False, False), (1, 0))(d))
+    fg = FunctionGraph([d, e], [wrecks, peeks], clone=False)
+    assert not any({wrecks.owner, peeks.owner} <= set(r) for r in _groups(fg))
 
 
 @requires_nvcc

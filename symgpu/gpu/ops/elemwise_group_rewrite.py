@@ -12,7 +12,8 @@ Two kinds of nodes are independent by construction, and those are the ones group
   the start of a mixed-precision step; a loss's ``-1 / n`` made a one-element kernel).
 
 A group of either kind reads no member's result, so it is acyclic and the members may run in
-any order. A member's in-place input must be read by no other member (they run at once).
+any order. A member's in-place input must be read by no other member, through no view
+either (they run at once).
 ``optimizer_excluding=gpu_elemwise_group`` turns the pass off.
 """
 from __future__ import annotations
@@ -77,6 +78,30 @@ def _is_source(node: Apply) -> bool:
     return all(_from_inputs(v) for v in node.inputs)
 
 
+def _memory(var: Variable) -> set:
+    """``var`` and the variables whose memory it views (through view and in-place ops)."""
+    out, todo = set(), [var]
+    while todo:
+        v = todo.pop()
+        if v in out:
+            continue
+        out.add(v)
+        node = v.owner
+        if node is not None:
+            for mapping in (getattr(node.op, "view_map", None) or {},
+                            getattr(node.op, "destroy_map", None) or {}):
+                todo += [node.inputs[i] for i in mapping.get(node.outputs.index(v), ())]
+    return out
+
+
+def _destroys(node: Apply) -> set:
+    return set().union(*[_memory(node.inputs[i]) for _, i in node.op.inplace_pattern])
+
+
+def _reads(node: Apply) -> set:
+    return set().union(*[_memory(v) for v in node.inputs])
+
+
 def _param_bytes(node: Apply) -> int:
     """The group kernel's parameter bytes for a member (three int64, a pointer per
     operand)."""
@@ -95,10 +120,8 @@ def _groups(fgraph: FunctionGraph) -> list[list[Apply]]:
             continue
         runs = kinds.setdefault((kind, node.outputs[0].type.context_name), [[]])
         run = runs[-1]
-        destroyed = {node.inputs[i] for _, i in node.op.inplace_pattern}
-        clash = any(destroyed & set(m.inputs) or
-                    {m.inputs[i] for _, i in m.op.inplace_pattern} & set(node.inputs)
-                    for m in run)
+        # (memory, not variables: a view of a destroyed input is the same memory)
+        clash = any(_destroys(node) & _reads(m) or _destroys(m) & _reads(node) for m in run)
         if clash or len(run) >= MAX_MEMBERS or \
                 sum(map(_param_bytes, run)) + _param_bytes(node) > KERNEL_PARAM_BYTES:
             run = []
