@@ -51,25 +51,10 @@ extern "C" __global__ void sg_contig(const long long n, const sg_ptrs p)
  * 3.91 TB/s (four vectors in flight), against 3.39 for one vector per thread over a grid
  * covering the array and 3.57 for torch.compile (benchmarks/gpu_kernels.py --chain,
  * 2026-11-28) */
+${contig_loop}
+
 extern "C" __global__ void SG_VEC_BOUNDS sg_contig_vec(const long long n, const sg_ptrs p)
-{
-    const sg_scalars s = sg_load_scalars(p);
-    const long long step = (long long)gridDim.x * blockDim.x;
-    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    const long long nvec = n >> 2;
-    long long j = tid;
-    for (; j + (SG_VEC_DEPTH - 1) * step < nvec; j += SG_VEC_DEPTH * step) {
-        sg_vin v[SG_VEC_DEPTH];
-#pragma unroll
-        for (int u = 0; u < SG_VEC_DEPTH; ++u) v[u] = sg_vec_load(p, j + u * step);
-#pragma unroll
-        for (int u = 0; u < SG_VEC_DEPTH; ++u) sg_vec_store(p, s, j + u * step, v[u]);
-    }
-    for (; j < nvec; j += step)
-        sg_vec_store(p, s, j, sg_vec_load(p, j));
-    for (long long i = (nvec << 2) + tid; i < n; i += step)
-        sg_elem_contig(p, s, i);
-}
+{ sg_contig_run(n, p, blockIdx.x, gridDim.x, true); }
 
 template <int ND, typename I> struct sg_meta {
     I shape[ND];

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from symgpu.gpu.runtime.codegen import common_source, template
+from symgpu.gpu.runtime.codegen import common_source, template, text
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
 
@@ -170,4 +170,5 @@ def render_elemwise(sig: ElemwiseSignature, title: str | None = None) -> str:
         title=label.replace("*/", "* /"), common=common_source(), apply=apply_src,
         operands=_operands(sig), instances="\n".join(instances),
         rowcol_instances="\n".join(rowcol), vec_depth=sig.vec_depth,
+        contig_loop=text("elemwise_contig.cuh"),
         vec_bounds="__launch_bounds__(256, 4)" if sig.vec_depth < 4 else "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen import common_source, template, text
 from symgpu.gpu.runtime.codegen.elemwise import ElemwiseSignature, _operands
 from symgpu.gpu.runtime.codegen.scalar import render_apply_function
 
@@ -28,9 +28,8 @@ def _member(k: int, sig: ElemwiseSignature) -> str:
     apply_src, _ = render_apply_function(sig.scalar_op, sig.in_dtypes, sig.scalar_inputs)
     return "\n".join([f"namespace hz{k} {{  /* {str(sig.scalar_op).replace('*/', '* /')} */",
                       apply_src, _operands(sig),
-                      f"constexpr int depth = {sig.vec_depth};",
-                      sections("elemwise_group.cu")["member"].substitute(),
-                      "}", "#undef SG_NFULL"])
+                      f"#define SG_VEC_DEPTH {sig.vec_depth}", text("elemwise_contig.cuh"),
+                      "}", "#undef SG_NFULL", "#undef SG_VEC_DEPTH"])
 
 
 def render_group(sigs: Sequence[ElemwiseSignature]) -> str:
@@ -41,10 +40,10 @@ def render_group(sigs: Sequence[ElemwiseSignature]) -> str:
     branches = []
     for k in range(len(sigs)):
         end = f"first{k + 1}" if k + 1 < len(sigs) else "(long long)gridDim.x"
-        branches.append(f"    if (b < {end}) {{ hz{k}::run(n{k}, p{k}, b - first{k}, "
+        branches.append(f"    if (b < {end}) {{ hz{k}::sg_contig_run(n{k}, p{k}, b - first{k}, "
                         f"{end} - first{k}, vec{k}); return; }}")
     bounds = "__launch_bounds__(256, 4)" if any(s.vec_depth < 4 for s in sigs) else ""
-    return sections("elemwise_group.cu")[""].substitute(
+    return template("elemwise_group.cu").substitute(
         common=common_source(),
         members="\n".join(_member(k, s) for k, s in enumerate(sigs)),
         params=params, branches="\n".join(branches), bounds=bounds)
