@@ -360,3 +360,21 @@ def test_a_view_off_the_vector_grid_gets_its_own_plan(emu):
                                rtol=1e-6)
     vecs = sorted(meta[-1] for *_, meta in thunk.col_group_thunk.plans.values())
     assert vecs == [0, 1]
+
+
+def test_small_groups_take_more_row_tiles():
+    """Rows a lane: 12 where the column tiles and row tiles fill the GPU (the GPT block's
+    (8192, 768) layer norm groups), fewer where they would leave multiprocessors idle (a
+    (512, 1024) MLP layer's backward: 24 blocks at 12 rows a lane, 13 us on the H200; then 32
+    row tiles, the most MAX_ROW_TILES allows)."""
+    from symgpu.gpu.ops.col_group import _ColGroupThunk
+    from symgpu.gpu.runtime.codegen import layout
+    thunk = _ColGroupThunk.__new__(_ColGroupThunk)
+    node = _node(_gelu_group(), [("bfloat16", (False, False)), ("float32", (True, False)),
+                                 ("bfloat16", (False, False))])
+    thunk.sig, thunk.sms = node.op.signature(node), 132
+    assert thunk.sig.cols_vector == 8
+    assert thunk.rows_per_lane(768, 8192) == 12
+    rows = thunk.rows_per_lane(1024, 512)
+    grid, G, _ = layout.cols_tile_grid(1024, 512, 8, 132, rows)
+    assert rows == 2 and G == 32 and grid[0] * G >= 66

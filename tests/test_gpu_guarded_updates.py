@@ -210,14 +210,13 @@ def test_the_dropout_steps_generator_states_are_selected_by_one_kernel(monkeypat
 
 
 def test_grouped_updates_of_a_checked_step_read_the_verdict():
-    """A ReLU layer with a bias: its bias's update is stored by the column group of the
-    layer's backward (the verdict padded to the group's rank: two dimshuffles), the weights'
-    updates by one elementwise group; every update still selects by the verdict, so the
-    runner writes them into their buffers (Runner.updates_guarded)."""
+    """A ReLU layer with a bias: its bias's update is stored by its sum's kernel (an
+    epilogue), the weights' updates by one elementwise group; every update still selects by
+    the verdict, so the runner writes them into their buffers (Runner.updates_guarded)."""
     import symgpu.tensor as T
     from symgpu import function
     from symgpu.compile.sharedvalue import Container
-    from symgpu.gpu.ops.col_group import GpuColumnReduceGroup
+    from symgpu.gpu.ops.careduce import GpuCAReduce
     from symgpu.gpu.ops.elemwise_group import GpuElemwiseGroup
     from symgpu.gpu.placement.type import GpuArraySharedVariable
 
@@ -236,5 +235,5 @@ def test_grouped_updates_of_a_checked_step_read_the_verdict():
                                             for v, g in zip(ps, T.grad(cost, ps))])
     fg = f.maker.fgraph
     owners = {fg.outputs[k].owner for k in fg.update_mapping}
-    assert {type(n.op) for n in owners} == {GpuColumnReduceGroup, GpuElemwiseGroup}, owners
+    assert {type(n.op) for n in owners} == {GpuCAReduce, GpuElemwiseGroup}, owners
     assert all(reads_verdict(n) for n in owners)

@@ -56,7 +56,8 @@ How (the VM hook :func:`install`, run on every new VM while ``gpuarray.cuda_grap
   function has no device-checked op (nothing could then stop the write once a check
   reported), no later node of the segment reads the variable (update nodes that are sinks
   move after such readers: graph_plan.updates_last) and the node reads the variable, if at
-  all, with its own layout.
+  all, with its own layout (or as its thunk's ``aligned_read`` vouches: a reduction reading
+  a bias broadcast over the rows it sums, GpuCAReduce).
 * **Outputs: whose memory.** A graph owns every block allocated while it was captured:
   outputs, intermediates, reduction scratch, static input buffers.  Which of its outputs may
   leave the call is known when the runner is built (function outputs and what they may alias

@@ -13,9 +13,7 @@ Inputs: the operands, of one ndim (two or more; broadcastable dims as in an elem
 Outputs: the map's kept outputs (full arrays, C-contiguous, of its dtypes), then one per
 member: its reduction over every dim but the last (a vector of the last dim's length), equal
 to what each member's GpuCAReduce computes (its accumulator dtype; a member reading a map
-output reads it as stored, rounded to the output's dtype), through its epilogue where it has
-one (``ColMember.post_op`` over operands with one value per column: a bias's SGD update,
-which under capture may be computed into the bias's own buffer, ``write_into``).
+output reads it as stored, rounded to the output's dtype).
 """
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from symgpu.gpu.ops.careduce import _ReduceThunk, reads_aligned
+from symgpu.gpu.ops.careduce import _ReduceThunk
 from symgpu.gpu.ops.kernel_ops import (OneModule, _capturable, _context, _pad_inputs,
                                         _virtual_thunk)
 from symgpu.gpu.placement.type import GpuArrayType
@@ -73,20 +71,10 @@ class GpuColumnReduceGroup(OneModule, Op):
             if m.pre_op is None and len(m.args) != 1:
                 raise ValueError(f"GpuColumnReduceGroup: member {q} has no pre-op but "
                                  f"{len(m.args)} arguments")
-            if m.post_op is not None and m.dtype is None:
-                raise ValueError(f"GpuColumnReduceGroup: member {q} has an epilogue; give "
-                                 f"its reduction's own dtype (ColMember.dtype)")
-            if len(m.post_args) != (0 if m.post_op is None else m.post_op.nin - 1):
-                raise ValueError(f"GpuColumnReduceGroup: member {q}'s epilogue {m.post_op} "
-                                 f"does not take the result and {len(m.post_args)} operands")
-            if any(a < 0 for a in m.post_args):
-                raise ValueError(f"GpuColumnReduceGroup: member {q}'s epilogue operands "
-                                 f"{m.post_args} must be the group's operands")
 
     def __str__(self) -> str:
         def one(m: ColMember) -> str:
-            s = m.reduce_op if m.pre_op is None else f"pre={m.pre_op},red={m.reduce_op}"
-            return s if m.post_op is None else f"{s},post={m.post_op}"
+            return m.reduce_op if m.pre_op is None else f"pre={m.pre_op},red={m.reduce_op}"
         head = f"map={self.map_op}; " if self.map_op is not None else ""
         return f"GpuColumnReduceGroup{{{head}{'; '.join(one(m) for m in self.members)}}}"
 
@@ -102,10 +90,7 @@ class GpuColumnReduceGroup(OneModule, Op):
         for m in self.members:
             args = [in_dtypes[a] if a >= 0 else maps[-a - 1] for a in m.args]
             value = args[0] if m.pre_op is None else output_dtypes(m.pre_op, args)[0]
-            red = m.dtype or reduce_output_dtype(m.reduce_op, value)
-            if m.post_op is not None:
-                red = output_dtypes(m.post_op, [red, *(in_dtypes[a] for a in m.post_args)])[0]
-            reds.append(red)
+            reds.append(m.dtype or reduce_output_dtype(m.reduce_op, value))
         return maps, reds
 
     def make_node(self, *inputs: Any) -> Apply:
@@ -129,9 +114,6 @@ class GpuColumnReduceGroup(OneModule, Op):
             if pattern(m.args) != full:
                 raise TypeError(f"{self}: member {q}'s operands must span every position, "
                                 f"broadcast pattern {full}; got {pattern(m.args)}")
-            if any(a >= len(ins) or not all(ins[a].broadcastable[:-1]) for a in m.post_args):
-                raise TypeError(f"{self}: member {q}'s epilogue operands {m.post_args} must "
-                                f"have one value per column (every leading dim broadcast)")
         maps, reds = self._dtypes([v.dtype for v in ins])
         outs = [GpuArrayType(d, full, ctx_name)() for d, k in zip(maps, self.kept) if k]
         outs += [GpuArrayType(d, full[-1:], ctx_name)() for d in reds]
@@ -189,10 +171,10 @@ class _ColGroupThunk:
 
     def rows_per_lane(self, K: int, R: int) -> int:
         """``ROWS_PER_LANE``, or fewer where that leaves less than a block a multiprocessor:
-        then about two (each lane down to one row, at most ``MAX_ROW_TILES`` row tiles): an
-        MLP's (512, 1024) ReLU backward with its bias's update ran 24 blocks of 12 rows a
+        then about two (each lane down to one row, at most ``MAX_ROW_TILES`` row tiles): a
+        (512, 1024) MLP layer's ReLU backward with its bias's sum ran 24 blocks of 12 rows a
         lane in 13 us on the H200, 64 row tiles of one row in 9 us (the last blocks adding
-        64 partials a column)."""
+        64 partials a column, four at a time then)."""
         tiles = -(-K // (32 * self.sig.cols_vector))
         rows = self.ROWS_PER_LANE
         if tiles * -(-R // (8 * rows)) >= self.sms:
@@ -243,7 +225,6 @@ class _ColGroupThunk:
             self.acc_dtypes
         n_map = sum(self.op.kept)
         reuse = [False] * len(out_cells)   # graph_plan.mark_reusable_outputs sets them
-        into = [None] * len(out_cells)     # graph_segment sets them for one capture (write_into)
         block = (32, 8, 1)
 
         def thunk() -> None:
@@ -258,11 +239,8 @@ class _ColGroupThunk:
             outs = []
             for n, (cell, dt, keep) in enumerate(zip(out_cells, out_dtypes, reuse)):
                 want = shape if n < n_map else shape[-1:]
-                o, target = cell[0], into[n]
-                if target is not None and target.shape == want and target.dtype == dt and \
-                        target.is_c_contiguous:
-                    o = target   # an update computed in its variable's buffer (write_into)
-                elif not keep or o is None or o.shape != want or o.dtype != dt:
+                o = cell[0]
+                if not keep or o is None or o.shape != want or o.dtype != dt:
                     o = new_array(ctx, want, dt)
                 outs.append(o)
             parts = ([new_array(ctx, (G * K,), dt) for dt in acc_dtypes] if G > 1 else [])
@@ -275,12 +253,4 @@ class _ColGroupThunk:
 
         thunk.col_group_thunk = self   # type: ignore[attr-defined]  (tests read plans)
         thunk.reuse_outputs = reuse    # type: ignore[attr-defined]
-        if any(m.post_op is not None for m in self.op.members):
-            # a member with an epilogue (a bias's SGD update) may be computed in the updated
-            # variable's buffer under capture (graph_segment's direct updates), which the
-            # group reads, if at all, with one value per column: a column's result is stored
-            # after its whole reduction (and its epilogue's read of the same element)
-            thunk.write_into = into   # type: ignore[attr-defined]
-            thunk.aligned_read = (   # type: ignore[attr-defined]
-                lambda a, t: reads_aligned(range(len(a.shape) - 1), a, t))
         return _capturable(thunk)

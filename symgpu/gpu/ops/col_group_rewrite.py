@@ -9,10 +9,9 @@ reads its megabytes again.  XLA fuses such reductions with their producer (multi
 fusion); the GPT block's step spends about 230 us of 1.44 ms in those sums.
 
 Which nodes: ``GpuCAReduce`` over every axis but the last of operands of two or more dims
-(all of one ndim), add/mul/maximum/minimum, a pre-op the generator supports, and an epilogue
-if any whose operands have one value per column (the SGD update ``b - lr * d.sum(0)``: the
-member stores it, into the updated variable under capture as the reduction did).  Each one
-joins, in order:
+(all of one ndim), add/mul/maximum/minimum, no epilogue (a reduction with one, as the SGD
+update ``b - lr * d.sum(0)``, keeps its own kernel, which writes into the updated variable
+under capture), a pre-op the generator supports.  Each one joins, in order:
   1. a ``GpuElemwise`` (not in place, every output spanning every position) reading every
      input the reduction reads (the bias gradient recomputing the map's expression: the
      kernel computes the shared arithmetic once);
@@ -31,7 +30,6 @@ from __future__ import annotations
 from symgpu.gpu.ops.careduce import GpuCAReduce
 from symgpu.gpu.ops.col_group import ColMember, GpuColumnReduceGroup
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.ops.row_group_rewrite import computed_from
 from symgpu.gpu.runtime.codegen.col_group import COL_GROUP_REDUCIBLE
 from symgpu.gpu.runtime.codegen.scalar import supports_scalar_op
@@ -47,42 +45,18 @@ def _full(v: Variable) -> bool:
     return not any(v.broadcastable)
 
 
-def _reduced(node: Apply) -> list[Variable]:
-    """The inputs a GpuCAReduce reduces (the rest are its epilogue's)."""
-    return node.inputs[:node.op.n_reduced_inputs(len(node.inputs))]
-
-
-def _epilogue(node: Apply) -> list[Variable]:
-    return node.inputs[node.op.n_reduced_inputs(len(node.inputs)):]
-
-
 def _candidate(node: Apply) -> bool:
     op = node.op
-    if type(op) is not GpuCAReduce or op.scalar_op.name not in COL_GROUP_REDUCIBLE:
+    if type(op) is not GpuCAReduce or op.post_scalar_op is not None \
+            or op.scalar_op.name not in COL_GROUP_REDUCIBLE:
         return False
-    red = _reduced(node)
-    nd = red[0].ndim
-    if nd < 2 or op._axes(nd) != tuple(range(nd - 1)) or any(v.ndim != nd for v in red):
+    nd = node.inputs[0].ndim
+    if nd < 2 or op._axes(nd) != tuple(range(nd - 1)) or any(v.ndim != nd for v in node.inputs):
         return False
-    if not any(_full(v) for v in red):
+    if not any(_full(v) for v in node.inputs):
         return False
-    if op.post_scalar_op is not None and not (
-            all(v.ndim <= 1 for v in _epilogue(node)) and supports_scalar_op(
-                op.post_scalar_op, [op.reduced_dtype(node)] + [v.dtype for v in _epilogue(node)])):
-        return False
-    dtypes = [v.dtype for v in red]
+    dtypes = [v.dtype for v in node.inputs]
     return op.pre_scalar_op is None or supports_scalar_op(op.pre_scalar_op, dtypes)
-
-
-def _as_operand(fgraph: FunctionGraph, v: Variable, nd: int) -> Variable:
-    """An epilogue operand (one value per column, or one value) as a group operand of ndim
-    ``nd``: v with leading broadcast dims (the graph's own dimshuffle of v where it has
-    one, so that the group reads it once)."""
-    order = ("x",) * (nd - v.ndim) + tuple(range(v.ndim))
-    for c, _ in fgraph.clients.get(v, []):
-        if c != "output" and type(c.op) is GpuDimShuffle and c.op.new_order == order:
-            return c.outputs[0]
-    return GpuDimShuffle(v.broadcastable, order)(v)
 
 
 def _map_node(node: Apply | None, nd: int) -> bool:
@@ -99,12 +73,11 @@ def _map_node(node: Apply | None, nd: int) -> bool:
 def _map_anchor(fgraph: FunctionGraph, node: Apply, pos: dict) -> Apply | None:
     """The map a column reduction joins (rules 1 and 2 of the module docstring), or None:
     the first whose outputs none of the reduction's other inputs is computed from."""
-    red = _reduced(node)
-    nd = red[0].ndim
-    mine = set(red)
-    readers = [c for v in red if _full(v) for c, _ in fgraph.clients.get(v, [])
+    nd = node.inputs[0].ndim
+    mine = set(node.inputs)
+    readers = [c for v in node.inputs if _full(v) for c, _ in fgraph.clients.get(v, [])
                if c != "output" and _map_node(c, nd) and mine <= set(c.inputs)]
-    producers = [v.owner for v in red if _map_node(v.owner, nd)]
+    producers = [v.owner for v in node.inputs if _map_node(v.owner, nd)]
     for emap in readers + producers:
         others = [v for v in node.inputs if v.owner is not emap]
         if not computed_from(others, set(emap.outputs), pos, pos[emap]):
@@ -119,7 +92,7 @@ def _build(fgraph: FunctionGraph, emap: Apply | None, reds: list[Apply], pos: di
     if emap is not None:
         # a member's positions are the map's where it reads a map output or a full map input
         proven = set(emap.outputs) | {v for v in emap.inputs if _full(v)}
-        reds = [r for r in reds if any(v in proven for v in _reduced(r) if _full(v))]
+        reds = [r for r in reds if any(v in proven for v in r.inputs if _full(v))]
     elif len(reds) < 2:
         return None
     if not reds:
@@ -135,14 +108,9 @@ def _build(fgraph: FunctionGraph, emap: Apply | None, reds: list[Apply], pos: di
 
     map_args = tuple(slot(v) for v in emap.inputs) if emap is not None else ()
     map_outs = list(emap.outputs) if emap is not None else []
-    nd = _reduced(reds[0])[0].ndim
     members = [ColMember(r.op.scalar_op.name, r.op.pre_scalar_op,
                          tuple(-map_outs.index(v) - 1 if v in map_outs else slot(v)
-                               for v in _reduced(r)),
-                         r.op.reduced_dtype(r) if r.op.post_scalar_op is not None else r.op.dtype,
-                         r.op.post_scalar_op,
-                         tuple(slot(_as_operand(fgraph, v, nd)) for v in _epilogue(r)))
-               for r in reds]
+                               for v in r.inputs), r.op.dtype) for r in reds]
     group_nodes = set(reds) | ({emap} if emap is not None else set())
     outs = {o for n in group_nodes for o in n.outputs}
     if computed_from(operands, outs, pos, min(pos[n] for n in group_nodes)):
@@ -177,7 +145,7 @@ def gpu_col_reduce_group(fgraph: FunctionGraph) -> int:
         if emap is not None:
             by_map.setdefault(emap, []).append(node)
             continue
-        full = {v for v in _reduced(node) if _full(v)}
+        full = {v for v in node.inputs if _full(v)}
         joined = [g for g in siblings if g[0] & full]
         merged = (full.union(*(g[0] for g in joined)), [n for g in joined for n in g[1]] + [node])
         siblings = [g for g in siblings if not g[0] & full] + [merged]

@@ -17,7 +17,7 @@ import numpy as np
 
 from symgpu.gpu.runtime.codegen import common_source, template
 from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, _combine, _identity
-from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
+from symgpu.gpu.runtime.codegen.scalar import render_apply_function
 from symgpu.gpu.runtime.codegen.types import acc_ctype_for, storage_ctype, value_ctype
 from symgpu.scalar.composite import Composite, CompositeBuilder
 
@@ -37,16 +37,11 @@ class ColMember:
     """One column reduction of a group: ``reduce_op`` over the leading dims of the values of
     ``pre_op`` (a scalar op, or None: the one argument itself) of ``args`` (``i >= 0``: the
     group's operand i; ``-(j + 1)``: the map's output j, as stored in its dtype), its result
-    of ``dtype`` (NumPy's ``dtype=``; None: the reduction's default); with a ``post_op``
-    (an epilogue, as GpuCAReduce's; ``dtype`` then required, the reduction's own), the
-    stored result is ``post_op(result, *operands post_args)``: operands with one value per
-    column (a bias's SGD update ``b - lr * d.sum(0)``)."""
+    of ``dtype`` (NumPy's ``dtype=``; None: the reduction's default)."""
     reduce_op: str
     pre_op: Any
     args: tuple[int, ...]
     dtype: str | None = None
-    post_op: Any = None
-    post_args: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,19 +74,10 @@ class ColGroupSignature:
                 for a in self.members[q].args]
 
     def reduce_signature(self, q: int) -> ReduceSignature:
-        """Member q as the single reduction it replaces (its accumulator, identity, combine,
-        epilogue)."""
+        """Member q as the single reduction it replaces (its accumulator, identity, combine)."""
         m = self.members[q]
-        args = tuple(self.arg_dtypes(q))
-        if m.post_op is None:
-            return ReduceSignature(m.reduce_op, m.pre_op, args, self.out_dtypes[q], 1, 1)
-        if m.dtype is None:
-            raise ValueError(f"column group member {q} has an epilogue: give the reduction's "
-                             f"own dtype (ColMember.dtype)")
-        return ReduceSignature(m.reduce_op, m.pre_op, args, self.out_dtypes[q], 1, 1,
-                               m.post_op, tuple(self.in_dtypes[a] for a in m.post_args),
-                               tuple(self.row_invariant[a] and self.per_row[a]
-                                     for a in m.post_args), m.dtype)
+        return ReduceSignature(m.reduce_op, m.pre_op, tuple(self.arg_dtypes(q)),
+                               self.out_dtypes[q], 1, 1)
 
 
 def col_group_formats(sig: ColGroupSignature) -> dict[str, str]:
@@ -126,42 +112,13 @@ def _member_functor(sig: ColGroupSignature, q: int) -> str:
         raise ValueError(f"column group member {q}'s arguments {m.args} name no operand or "
                          f"map output")
     acc_c = acc_ctype_for(rs.acc_dtype)[1]
-    if m.post_op is None:
-        ex, put = [], ["        sg_store(res[k], a);"]
-    else:   # as GpuCAReduce's epilogue (reduce.py's sg_put): rounded to the reduction's dtype
-        ex = [f"    const {storage_ctype(sig.in_dtypes[a])} *ex{e}; long long es{e};"
-              for e, a in enumerate(m.post_args)]
-        loads = [f"sg_load(ex{e}[k * es{e}])" for e in range(len(m.post_args))]
-        put = [f"        {storage_ctype(rs.reduced_dtype)} red;", "        sg_store(red, a);",
-               f"        {value_ctype(sig.out_dtypes[q])} o;",
-               f"        cg_post{q}({', '.join(['sg_load(red)'] + loads + ['o'])});",
-               "        sg_store(res[k], o);"]
     return "\n".join([
         f"typedef {acc_c} cg_acc{q}_t;   /* {rs.acc_dtype} */", f"struct cg_op{q} {{",
-        f"    {storage_ctype(sig.out_dtypes[q])} *res;", *ex,
+        f"    {storage_ctype(sig.out_dtypes[q])} *res;",
         f"    __device__ __forceinline__ cg_acc{q}_t operator()(const cg_acc{q}_t a, "
         f"const cg_acc{q}_t b) const {{ return {_combine(rs)}; }}",
         f"    __device__ __forceinline__ void put(const long long k, const cg_acc{q}_t a) "
-        "const {", *put, "    }", "};"])
-
-
-def _post_function(sig: ColGroupSignature, q: int) -> str:
-    """Member q's epilogue as ``cg_post<q>`` ("" without one)."""
-    m, rs = sig.members[q], sig.reduce_signature(q)
-    if m.post_op is None:
-        return ""
-    src, outs = render_apply_function(m.post_op, [rs.reduced_dtype, *rs.post_dtypes],
-                                      name=f"cg_post{q}")
-    if list(outs) != [sig.out_dtypes[q]]:
-        raise TypeError(f"column group member {q}'s epilogue {m.post_op} gives {outs}, the "
-                        f"signature says {sig.out_dtypes[q]}")
-    return src
-
-
-def _functor(sig: ColGroupSignature, q: int) -> str:
-    """Member q's functor built from the kernel's arguments (p, m)."""
-    ex = "".join(f", p.in{a}, m.cstride[{a}]" for a in sig.members[q].post_args)
-    return f"cg_op{q}{{p.res{q}{ex}}}"
+        "const { sg_store(res[k], a); }", "};"])
 
 
 def fused_values(sig: ColGroupSignature) -> Composite | None:
@@ -262,19 +219,18 @@ def render_col_group(sig: ColGroupSignature, title: str | None = None) -> str:
         raise TypeError(f"the column group's map {sig.map_op} gives "
                         f"{value_dtypes[:len(sig.map_dtypes)]}, the signature says "
                         f"{list(sig.map_dtypes)}")
-    funcs = [src] + [_post_function(sig, q) + _member_functor(sig, q)
-                     for q in range(len(sig.members))]
+    funcs = [src] + [_member_functor(sig, q) for q in range(len(sig.members))]
     ind = " " * 8
     acc_init, combine, gather = [], [], []
     for q in range(len(sig.members)):
         ident = _identity(sig.reduce_signature(q))
-        acc_init += [f"{ind}const cg_op{q} op{q} = {_functor(sig, q)};",
+        acc_init += [f"{ind}const cg_op{q} op{q}{{p.res{q}}};",
                      f"{ind}cg_acc{q}_t acc{q}[CG_CV];",
                      "#pragma unroll", f"{ind}for (int u = 0; u < CG_CV; ++u) acc{q}[u] = {ident};"]
         combine.append(f"{ind}cg_tile_combine(reinterpret_cast<cg_acc{q}_t *>(cg_sm), acc{q}, kb, "
                        f"K, op{q}, p.part{q});")
         gather.append(f"{ind}cg_gather(reinterpret_cast<cg_acc{q}_t *>(cg_sm), kb, K, "
-                      f"{_functor(sig, q)}, p.part{q}, ({ident}));")
+                      f"cg_op{q}{{p.res{q}}}, p.part{q}, ({ident}));")
     hoisted = []
     for i, d in enumerate(sig.in_dtypes):
         if sig.row_invariant[i]:
