@@ -71,8 +71,8 @@ class GpuCheckVerdict(Op):
 
 
 def reads_verdict(node: Apply | None) -> bool:
-    """Whether `node` reads a GpuCheckVerdict (directly or broadcast by GpuDimShuffles: a
-    column group pads a reduction's epilogue operands to its rank)."""
+    """Whether `node` reads a GpuCheckVerdict (directly or broadcast by one GpuDimShuffle
+    or a chain of them)."""
     if node is None:
         return False
     for v in node.inputs:
