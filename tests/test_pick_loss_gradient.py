@@ -77,6 +77,22 @@ def test_the_gradient_computes_no_pick_and_no_length_test(dtype):
     np.testing.assert_allclose(f(a, labels), _numpy_grad(a, labels), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("spelling", ["-mean(pick)", "mean(-pick)", "(-pick).mean()",
+                                      "-pick.sum() / n"])
+def test_other_spellings_compute_no_pick_either(spelling):
+    """The fill's shape is found through elementwise ops of the pick's shape (a negation
+    applied before the mean) and whatever divides the sum."""
+    m, y = T.matrix("m"), T.lvector("y")
+    pick = T.nnet.logsoftmax(m)[T.arange(y.shape[0]), y]
+    loss = {"-mean(pick)": lambda: -T.mean(pick), "mean(-pick)": lambda: T.mean(-pick),
+            "(-pick).mean()": lambda: (-pick).mean(),
+            "-pick.sum() / n": lambda: -pick.sum() / y.shape[0]}[spelling]()
+    f = function([m, y], T.grad(loss, m))
+    assert "AdvancedSubtensor" not in _op_names(f), _op_names(f)
+    a, labels = RNG.standard_normal((7, 4)), RNG.integers(0, 4, 7)
+    np.testing.assert_allclose(f(a, labels), _numpy_grad(a, labels), rtol=1e-12, atol=1e-12)
+
+
 def test_the_loss_and_its_gradient_together_still_pick():
     m, y = T.matrix("m"), T.lvector("y")
     loss = _loss(m, y)

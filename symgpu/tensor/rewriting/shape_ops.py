@@ -404,11 +404,14 @@ def _input_of_its_shape(fgraph, x):
 @node_rewriter([Elemwise])
 def local_fill_model_of_its_shape(fgraph, node):
     """second(x, v) -> second(i, v) where i is an input of x's node of x's shape (the gradient
-    of a picked-out loss ``-mean(lp[arange(n), y])`` fills the pick's shape with ``-1/n``):
-    the fill reads only a shape, and x, read by nothing else, is no longer computed."""
+    of a picked-out loss ``-mean(lp[arange(n), y])`` fills the pick's shape with ``-1/n``),
+    x seen through elementwise ops of its shape first (``categorical_crossentropy``'s
+    ``-lp[arange(n), y]``): the fill reads only a shape, and x, read by nothing else, is no
+    longer computed."""
     if not is_ew(node, "second") or len(node.inputs) != 2:
         return None
-    twin = _input_of_its_shape(fgraph, node.inputs[0])
+    model = shape_twin(node.inputs[0])
+    twin = _input_of_its_shape(fgraph, model)
     if twin is None:
         return None
     out = node.op(twin, node.inputs[1])
