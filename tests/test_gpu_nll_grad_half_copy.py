@@ -119,3 +119,76 @@ def test_a_mixed_precision_step_on_the_gpu(cuda):
         assert abs(float(np.asarray(step(xv, yv))) - float(ref(xv, yv))) < 2e-2
     np.testing.assert_allclose(np.asarray(w.get_value()), w_cpu.get_value(), atol=2e-2)
     np.testing.assert_allclose(np.asarray(b.get_value()), b_cpu.get_value(), atol=2e-2)
+
+
+# ----------------------------------------------------------------------------- count_op
+
+def _minus_reciprocal():
+    """-1 / cast(n, float32), as the mean of a picked loss differentiates to."""
+    from symgpu.scalar.composite import CompositeBuilder
+    from symgpu.scalar.basic import SCALAR_OPS as S, Cast
+    b = CompositeBuilder()
+    n = b.add_input("int64")
+    r = b.add_op(S["reciprocal"], b.add_op(Cast("float32"), [n]))[0]
+    return b.build(b.add_op(S["neg"], [r]))
+
+
+def test_the_losss_one_value_is_computed_from_the_count(vgpu):
+    """A float32 classifier (no cast to group the -1/n with): the one-element kernel of the
+    labels' count is gone, its scalar op computed by the gradient's node (count_op); with
+    ``optimizer_excluding=gpu_nll_grad_count`` it is a launch again."""
+    def nodes(**flags):
+        with config.change_flags(**flags):
+            x, y = T.matrix("x"), T.lvector("y")
+            w = symgpu.shared(RNG.standard_normal((6, 5)).astype("float32"))
+            lp = T.nnet.logsoftmax(T.dot(x, w))
+            loss = -T.mean(lp[T.arange(y.shape[0]), y])
+            f = function([x, y], [], updates=[(w, w - 0.1 * T.grad(loss, w))])
+        return f.maker.fgraph.toposort()
+
+    def tiny(ns):
+        return [n for n in ns if type(n.op).__name__ == "GpuElemwise"
+                and all(n.outputs[0].broadcastable)]
+    on = nodes()
+    (nll,) = [n for n in on if isinstance(n.op, GpuNLLGrad)]
+    assert "v=Composite" in str(nll.op) and nll.inputs[0].dtype == "int64" and not tiny(on)
+    off = nodes(optimizer_excluding="gpu_nll_grad_count")
+    (nll,) = [n for n in off if isinstance(n.op, GpuNLLGrad)]
+    assert nll.op.count_op is None and len(tiny(off)) == 1
+
+
+def test_count_op_errors():
+    m = GpuArrayType("float32", (False, False), None)()
+    y = GpuArrayType("int64", (False,), None)()
+    op = GpuNLLGrad(exp_m=True, count_op=_minus_reciprocal())
+    assert op(T.lscalar(), m, T.lscalar(), y).type == m.type
+    with pytest.raises(TypeError, match="host integer scalar"):
+        op(T.dscalar(), m, T.lscalar(), y)
+    with pytest.raises(TypeError, match="host integer scalar"):   # float32 values, m float64
+        op(T.lscalar(), GpuArrayType("float64", (False, False), None)(), T.lscalar(), y)
+
+
+@requires_gxx
+@pytest.mark.parametrize("copy", [None, "bfloat16"])
+def test_count_values_on_the_emulator(monkeypatch, tmp_path, copy):
+    """The gradient with v = -1/c computed from the host count c (no v array), against
+    NumPy; c may differ from the labelled rows (a loss averaged over another count)."""
+    ctx = emulated_kernel_device(monkeypatch, tmp_path)
+    emulate_prepared_kernels(monkeypatch, tmp_path, ng)
+    rows, cols, count = 6, 5, 8
+    z = RNG.standard_normal((rows, cols))
+    lp = (z - np.log(np.exp(z).sum(axis=1, keepdims=True))).astype("float32")
+    labels = RNG.integers(0, cols, rows)
+    op = GpuNLLGrad(exp_m=True, copy_dtype=copy, count_op=_minus_reciprocal())
+    node = op.make_node(T.lscalar(), GpuArrayType("float32", (False, False), None)(),
+                        T.lscalar(), GpuArrayType("int64", (False,), None)())
+    out = [[None] for _ in node.outputs]
+    op.perform(node, [np.int64(count), device_array(ctx, lp), np.int64(rows),
+                      device_array(ctx, labels)], out)
+    v = np.float32(-1.0) / np.float32(count)
+    want = -np.exp(lp) * v
+    want[np.arange(rows), labels] += v
+    got = np.array(host_view(out[0][0]))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    if copy:
+        np.testing.assert_array_equal(np.array(host_view(out[1][0])), got.astype(copy))

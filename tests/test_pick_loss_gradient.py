@@ -126,8 +126,9 @@ def test_switch_between_one_value_is_that_value():
 
 
 def test_on_a_virtual_gpu_the_gradient_is_the_nll_kernel_and_no_pick(vgpu):
-    """The mixed-precision classifier of benchmarks/half.py: GpuNLLGrad reads ``-1/n`` as a
-    broadcast value; no GpuTakeRows, no fill of the labels' shape, no length test."""
+    """The mixed-precision classifier of benchmarks/half.py: GpuNLLGrad computes ``-1/n`` from
+    the labels' count (gpu_nll_grad_count); no GpuTakeRows, no fill of the labels' shape, no
+    length test, no one-element kernel."""
     from symgpu.gpu.ops.nll_grad import GpuNLLGrad
     with config.change_flags(mixed_precision="bfloat16"):
         x, w, y = T.matrix("x"), symgpu.shared(np.zeros((8, 5), "float32")), T.lvector("y")
@@ -135,7 +136,10 @@ def test_on_a_virtual_gpu_the_gradient_is_the_nll_kernel_and_no_pick(vgpu):
         f = function([x, y], [], updates=[(w, w - 0.1 * T.grad(loss, w))])
     nodes = f.maker.fgraph.toposort()
     (nll,) = [n for n in nodes if isinstance(n.op, GpuNLLGrad)]
-    assert nll.inputs[0].broadcastable == (True,), nll.inputs[0].type
+    assert nll.op.count_op is not None and nll.inputs[0].ndim == 0, nll.op
+    assert "reciprocal" in str(nll.op.count_op)
+    assert not any(type(n.op).__name__ == "GpuElemwise" and all(n.outputs[0].broadcastable)
+                   for n in nodes)
     names = [type(n.op).__name__ for n in nodes]
     assert "GpuTakeRows" not in names and "GpuARange" not in names, names
     assert not any(s in ("switch", "maximum", "second") for s in _scalar_names(f))

@@ -22,10 +22,11 @@ from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.careduce import GpuCAReduce
 from symgpu.gpu.ops.elemwise import GpuElemwise
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.scalar import output_dtypes
 from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
@@ -38,7 +39,8 @@ from symgpu.scalar.basic import Cast
 from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "COPY_DTYPES", "nll_grad_source",
-           "gpu_nll_grad_fusion", "gpu_nll_grad_log_softmax", "gpu_nll_grad_half_copy"]
+           "gpu_nll_grad_fusion", "gpu_nll_grad_log_softmax", "gpu_nll_grad_half_copy",
+           "gpu_nll_grad_count"]
 
 #: value dtype -> CUDA storage type (the half types computed in float32)
 NLL_GRAD_DTYPES = {"float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float",
@@ -89,28 +91,48 @@ class GpuNLLGrad(DeviceChecked, Op):
     y (int32/int64 labels, of length ``labelled`` or 1). With ``exp_m`` the input is log(m)
     (``gpu_nll_grad_log_softmax``: the loss's log-softmax, so no softmax of its own). With
     ``copy_dtype`` (a half type; m float32) a second output holds the values rounded to it
-    (``gpu_nll_grad_half_copy``: the cast a mixed-precision step makes for its products)."""
+    (``gpu_nll_grad_half_copy``: the cast a mixed-precision step makes for its products).
+    With ``count_op`` (a scalar op of one integer), v is a host integer c instead and every
+    value is ``count_op(c)``, computed on the host when the node runs (``gpu_nll_grad_count``:
+    a loss's ``-1 / n`` of the labels' count, no one-element kernel of its own; under a CUDA
+    graph the host inputs key the graph, so the value captured is the one replayed)."""
 
-    __props__ = ("exp_m", "copy_dtype")
+    __props__ = ("exp_m", "copy_dtype", "count_op")
 
-    def __init__(self, exp_m: bool = False, copy_dtype: str | None = None):
+    def __init__(self, exp_m: bool = False, copy_dtype: str | None = None,
+                 count_op: Any = None):
         if copy_dtype is not None and copy_dtype not in COPY_DTYPES:
             raise ValueError(f"GpuNLLGrad: copy_dtype must be one of {COPY_DTYPES} or None, "
                              f"got {copy_dtype!r}")
-        self.exp_m, self.copy_dtype = bool(exp_m), copy_dtype
+        if count_op is not None and getattr(count_op, "nin", 1) != 1:
+            raise ValueError(f"GpuNLLGrad: count_op must take one input, got {count_op}")
+        self.exp_m, self.copy_dtype, self.count_op = bool(exp_m), copy_dtype, count_op
 
     def __str__(self) -> str:
         parts = (["exp"] if self.exp_m else []) + ([f"+{self.copy_dtype}"] if self.copy_dtype
                                                    else [])
+        if self.count_op is not None:
+            parts.append(f"v={self.count_op}")
         return f"GpuNLLGrad{{{','.join(parts)}}}" if parts else "GpuNLLGrad"
 
     def make_node(self, v: Any, m: Any, labelled: Any, y: Any) -> Apply:
         labelled = as_tensor_variable(labelled)
-        if not (is_gpu_var(v) and is_gpu_var(m) and is_gpu_var(y)):
+        if self.count_op is not None:
+            v = as_tensor_variable(v)
+        if not ((self.count_op is not None or is_gpu_var(v)) and is_gpu_var(m)
+                and is_gpu_var(y)):
             raise TypeError(f"{self}: v, m and y must be GPU variables, got {v}, {m}, {y}")
-        if m.ndim != 2 or m.dtype not in NLL_GRAD_DTYPES or v.ndim != 1 or v.dtype != m.dtype:
-            raise TypeError(f"{self}: m must be a float matrix ({', '.join(NLL_GRAD_DTYPES)}) "
-                            f"and v a vector of its dtype, got {m.type} and {v.type}")
+        if m.ndim != 2 or m.dtype not in NLL_GRAD_DTYPES:
+            raise TypeError(f"{self}: m must be a float matrix ({', '.join(NLL_GRAD_DTYPES)}), "
+                            f"got {m.type}")
+        if self.count_op is not None:
+            if v.ndim != 0 or not v.dtype.startswith(("int", "uint")) or \
+                    list(output_dtypes(self.count_op, [v.dtype])) != [m.dtype]:
+                raise TypeError(f"{self}: v must be a host integer scalar the count op maps "
+                                f"to {m.dtype}, got {v.type}")
+        elif v.ndim != 1 or v.dtype != m.dtype:
+            raise TypeError(f"{self}: m must be a float matrix and v a vector of its dtype, "
+                            f"got {m.type} and {v.type}")
         if y.ndim != 1 or y.dtype not in INDEX_DTYPES:
             raise TypeError(f"{self}: labels must be an int32/int64 vector, got {y.type}")
         if labelled.ndim != 0 or not labelled.dtype.startswith(("int", "uint")):
@@ -144,7 +166,12 @@ class GpuNLLGrad(DeviceChecked, Op):
         if labelled > rows:   # the scatter's row index arange(labelled) would be out of range
             raise IndexError(f"{self}: index {rows} is out of bounds for an array of shape "
                              f"{shape} (axis 0 has length {rows}, axis 1 has length {cols})")
-        for name, a in (("values", v), ("labels", y)):
+        vconst = 0.0
+        if self.count_op is not None:   # one value, computed here from the host count
+            vconst = float(np.asarray(self.count_op.impl(np.asarray(v, node.inputs[0].dtype)),
+                                      m.dtype))
+            v = None
+        for name, a in (("values", v), ("labels", y)) if v is not None else (("labels", y),):
             if a.shape[0] not in (1, labelled):
                 raise ValueError(f"{self}: {name} of shape {a.shape} do not broadcast to the "
                                  f"{labelled} labelled rows of an array of shape {shape}")
@@ -154,14 +181,17 @@ class GpuNLLGrad(DeviceChecked, Op):
             raise IndexError(f"{self}: no label can index an array of shape {shape} (axis 1 "
                              f"has length 0)")
         if rows and cols:
-            v, (vs,) = _elems(v)
+            vptr, vs = 0, 0
+            if v is not None:
+                v, (vs,) = _elems(v)
+                vptr = v.ptr
             y, (ys,) = _elems(y)
             m, (ms0, ms1) = _elems(m)
             ctx = m.context
             ctx.activate()
             fn = get_prepared_kernel(_MODULE_KEY, nll_grad_source,
                                      self.perform_args(node)[0] if kernel is None else kernel,
-                                     "PqPqqPqP" + "P" * len(copy) + "qqqP", context=ctx)
+                                     "PqdPqqPqP" + "P" * len(copy) + "qqqP", context=ctx)
             blocks = max(1, min(_MAX_BLOCKS, -(-(rows * cols) // _BLOCK)))
 
             def describe(bad: int) -> Exception:
@@ -169,7 +199,7 @@ class GpuNLLGrad(DeviceChecked, Op):
                                   f"{shape} (axis 0 has length {rows}, axis 1 has length "
                                   f"{cols})")
             launch_checked(node, ctx, fn, (blocks, 1), (_BLOCK, 1, 1),
-                           (v.ptr, vs, m.ptr, ms0, ms1, y.ptr, ys, res.ptr,
+                           (vptr, vs, vconst, m.ptr, ms0, ms1, y.ptr, ys, res.ptr,
                             *(c.ptr for c in copy), rows, cols, labelled), describe)
         out[0][0] = res
         if copy:
@@ -372,3 +402,50 @@ def gpu_nll_grad_half_copy(fgraph: FunctionGraph) -> int:
 # after gpu_nll_grad_log_softmax (which makes new GpuNLLGrad nodes), before gpu_fusion
 optdb.register("gpu_nll_grad_half_copy", gpu_nll_grad_half_copy, 49.425, "fast_run", "fusion",
                "gpu")
+
+
+def _one_value_of_a_count(v: Variable) -> tuple[Any, Variable] | None:
+    """(f, c) where ``v`` is a one-element GpuElemwise ``f`` of the upload of a host integer
+    scalar c (broadcast by dimshuffles): a loss's ``-1 / n``; else None."""
+    node = v.owner
+    if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
+            len(node.inputs) != 1 or len(node.outputs) != 1 or not all(v.broadcastable):
+        return None
+    src = node.inputs[0]
+    while src.owner is not None and type(src.owner.op) is GpuDimShuffle:
+        src = src.owner.inputs[0]
+    up = src.owner
+    if up is None or type(up.op) is not GpuFromHost:
+        return None
+    (c,) = up.inputs
+    if is_gpu_var(c) or c.ndim != 0 or not c.dtype.startswith(("int", "uint")):
+        return None
+    return node.op.scalar_op, c
+
+
+def _with_count(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    if type(node.op) is not GpuNLLGrad or node.op.count_op is not None:
+        return None
+    v, m, r, y = node.inputs
+    found = _one_value_of_a_count(v)
+    if found is None:
+        return None
+    op, c = found
+    try:
+        new = GpuNLLGrad(node.op.exp_m, node.op.copy_dtype, op).make_node(c, m, r, y).outputs
+    except TypeError:
+        return None
+    return new
+
+
+def gpu_nll_grad_count(fgraph: FunctionGraph) -> int:
+    """GpuNLLGrad(f(upload(c)), ...) -> GpuNLLGrad{v=f}(c, ...) for a one-element kernel f of
+    a host integer c (the loss's ``-1 / n``): the value is computed on the host when the node
+    runs, and its kernel is no launch of its own (the float32 classifier's step had it as one
+    more launch of two microseconds). Returns how many were replaced. In the default passes
+    (fast_run); ``optimizer_excluding=gpu_nll_grad_count`` turns it off."""
+    return sweep(fgraph, _with_count, "gpu_nll_grad_count")
+
+
+# after gpu_fusion (49.5), which makes the -1 / n one kernel of the count
+optdb.register("gpu_nll_grad_count", gpu_nll_grad_count, 49.51, "fast_run", "fusion", "gpu")
