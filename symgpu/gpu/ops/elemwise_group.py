@@ -132,7 +132,8 @@ class _GroupThunk:
     def __init__(self, op: GpuElemwiseGroup, node: Apply, storage_map: dict, ctx: Any):
         self.ctx = ctx
         subs = op.member_nodes(node)
-        self.members = [_ElemwiseThunk(m, sub, storage_map, ctx) for m, sub in zip(op.members, subs)]
+        self.members = [_ElemwiseThunk(m, sub, storage_map, ctx)
+                        for m, sub in zip(op.members, subs)]
         sigs = tuple(t.sig for t in self.members)
         kernels = launch.load_kernels(ctx, (MODULE, sigs), lambda: render_group(sigs),
                                       {GROUP_KERNEL: group_format(sigs)})
