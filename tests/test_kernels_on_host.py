@@ -114,11 +114,11 @@ def nll_lib(tmp_path_factory):
             for exp_m in (False, True):
                 name = ng._kernel_name(dtype, idt, exp_m)
                 wraps.append(
-                    f"EMU_WRAP(run_{name}, {name}, (const {t} *v, long long vs, "
+                    f"EMU_WRAP(run_{name}, {name}, (const {t} *v, long long vs, double vconst, "
                     f"const {t} *m, long long ms0, long long ms1, const {it} *y, long long ys, "
                     f"{t} *out, long long rows, long long cols, long long labelled, "
-                    f"unsigned long long *err), (v, vs, m, ms0, ms1, y, ys, out, rows, cols, "
-                    f"labelled, err))")
+                    f"unsigned long long *err), (v, vs, vconst, m, ms0, ms1, y, ys, out, rows, "
+                    f"cols, labelled, err))")
     return build(ng.nll_grad_source(), "\n".join(wraps), tmp_path_factory.mktemp("nll"))
 
 
@@ -146,12 +146,14 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
     given = np.log(m) if exp_m else m
     m = np.exp(given.astype("float64")) if exp_m else m.astype("float64")   # what it reads
 
-    def launch(y, grid):
+    def launch(y, grid, by_value=False):
+        """(by_value: no v array, its one value passed as vconst, as GpuNLLGrad{v=...}.)"""
         out = np.full((rows, cols), 99.0, dtype=dtype)
         err = _error_page()
         slot = err[8:]                                        # a slot inside the page
-        run(ctypes.c_longlong(grid), ctypes.c_longlong(64), _ONE, _ptr(v), ctypes.c_longlong(0),
-            _ptr(given), ctypes.c_longlong(cols), ctypes.c_longlong(1), _ptr(y),
+        run(ctypes.c_longlong(grid), ctypes.c_longlong(64), _ONE,
+            ctypes.c_void_p(0) if by_value else _ptr(v), ctypes.c_longlong(0),
+            ctypes.c_double(float(v[0]) if by_value else 0.0), _ptr(given), ctypes.c_longlong(cols), ctypes.c_longlong(1), _ptr(y),
             ctypes.c_longlong(1), _ptr(out), ctypes.c_longlong(rows), ctypes.c_longlong(cols),
             ctypes.c_longlong(labelled), _ptr(slot))
         return out, err, slot
@@ -165,6 +167,8 @@ def test_nll_grad_kernel_matches_numpy_and_reports_a_bad_label(nll_lib, dtype, i
     out = out.astype("float64")
     np.testing.assert_allclose(out, want, **tol)
     assert slot[0] == 0 and err[0] == 0
+    by_value, _, _ = launch(y, grid=2, by_value=True)
+    np.testing.assert_array_equal(by_value.astype("float64"), out)
     bad = y.copy()
     bad[4] = cols + 3
     out, err, slot = launch(bad, grid=1)
