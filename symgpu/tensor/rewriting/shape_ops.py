@@ -405,9 +405,9 @@ def _input_of_its_shape(fgraph, x):
 def local_fill_model_of_its_shape(fgraph, node):
     """second(x, v) -> second(i, v) where i is an input of x's node of x's shape (the gradient
     of a picked-out loss ``-mean(lp[arange(n), y])`` fills the pick's shape with ``-1/n``),
-    x seen through elementwise ops of its shape first (``categorical_crossentropy``'s
-    ``-lp[arange(n), y]``): the fill reads only a shape, and x, read by nothing else, is no
-    longer computed."""
+    x seen through elementwise ops of its shape first (a negated pick,
+    ``mean(-lp[arange(n), y])``): the fill reads only a shape, and x, read by nothing else,
+    is no longer computed."""
     if not is_ew(node, "second") or len(node.inputs) != 2:
         return None
     model = shape_twin(node.inputs[0])
