@@ -107,8 +107,11 @@ case "$part" in
     python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_gpu_cudnn_rnn.py \
         tests/test_scan_dnn_rnn_match.py tests/test_rnn_lengths.py \
         tests/test_gpu_reduce_cols_tile.py tests/test_gpu_reduce_prologue.py \
-        tests/test_gpu_advanced_pairs.py \
+        tests/test_gpu_advanced_pairs.py tests/test_gpu_nll_grad.py \
+        tests/test_gpu_nll_grad_half_copy.py tests/test_gpu_softmax_rows.py \
+        tests/test_gpu_elemwise_group.py \
         tests/test_mixed_precision_gpu.py 2>&1 | tee "$out/pending_tests.txt" | tail -6
+    # (session 26: gpu_nll_grad_count's kernels, not yet run on a GPU; the elementwise groups)
     # gpu_reduce_prologue: the bf16 steps' bias-gradient sums reading the half gradient
     timeout 150 python3 benchmarks/gpt_step_runner.py --jax 2>&1 | tee "$out/gpt_runner.txt" \
         | grep -v Warning | tail -45
