@@ -192,3 +192,16 @@ def test_count_values_on_the_emulator(monkeypatch, tmp_path, copy):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     if copy:
         np.testing.assert_array_equal(np.array(host_view(out[1][0])), got.astype(copy))
+
+
+def test_a_count_the_caller_passes_stays_a_kernel(vgpu):
+    """-pick.sum() / n with n an integer argument: its value would key a new CUDA graph per
+    value as a host input of the node, where as the upload's graph parameter it does not; so
+    the one-element kernel stays."""
+    x, y, n = T.matrix("x"), T.lvector("y"), T.lscalar("n")
+    w = symgpu.shared(RNG.standard_normal((6, 5)).astype("float32"))
+    lp = T.nnet.logsoftmax(T.dot(x, w))
+    loss = -lp[T.arange(y.shape[0]), y].sum() / n
+    f = function([x, y, n], [], updates=[(w, w - 0.1 * T.grad(loss, w))])
+    (nll,) = [nd for nd in f.maker.fgraph.toposort() if isinstance(nd.op, GpuNLLGrad)]
+    assert nll.op.count_op is None

@@ -30,7 +30,7 @@ from symgpu.gpu.runtime.codegen.scalar import output_dtypes
 from symgpu.gpu.runtime.codegen.types import value_ctype
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.device_checks import DeviceChecked, launch_checked
-from symgpu.graph.basic import Apply, Variable, constant_behind
+from symgpu.graph.basic import Apply, Constant, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import InconsistencyError, replace_validate, sweep
@@ -406,7 +406,8 @@ optdb.register("gpu_nll_grad_half_copy", gpu_nll_grad_half_copy, 49.425, "fast_r
 
 def _one_value_of_a_count(v: Variable) -> tuple[Any, Variable] | None:
     """(f, c) where ``v`` is a one-element GpuElemwise ``f`` of the upload of a host integer
-    scalar c (broadcast by dimshuffles): a loss's ``-1 / n``; else None."""
+    scalar c computed from lengths (broadcast by dimshuffles): a loss's ``-1 / n``; else
+    None."""
     node = v.owner
     if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
             len(node.inputs) != 1 or len(node.outputs) != 1 or not all(v.broadcastable):
@@ -418,9 +419,24 @@ def _one_value_of_a_count(v: Variable) -> tuple[Any, Variable] | None:
     if up is None or type(up.op) is not GpuFromHost:
         return None
     (c,) = up.inputs
-    if is_gpu_var(c) or c.ndim != 0 or not c.dtype.startswith(("int", "uint")):
+    if is_gpu_var(c) or c.ndim != 0 or not c.dtype.startswith(("int", "uint")) or \
+            not _from_lengths(c):
         return None
     return node.op.scalar_op, c
+
+
+def _from_lengths(var: Variable, depth: int = 6) -> bool:
+    """Whether host value ``var`` is computed from arrays' lengths and constants only: such a
+    value keys a CUDA graph through the lengths anyway, where an integer the caller passes
+    (uploaded as a graph parameter) would key a new capture for each value it takes."""
+    if isinstance(var, Constant):
+        return True
+    node = var.owner
+    if node is None or depth == 0 or is_gpu_var(var):
+        return False
+    if getattr(node.op, "shape_read", None):
+        return True
+    return all(_from_lengths(v, depth - 1) for v in node.inputs)
 
 
 def _with_count(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
