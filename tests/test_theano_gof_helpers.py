@@ -182,3 +182,17 @@ def test_stack_helpers_and_method_not_defined():
     assert issubclass(U.MethodNotDefined, Exception)
     with pytest.raises(U.MethodNotDefined):
         raise U.MethodNotDefined("perform")
+
+
+def test_sharing_memory_walks_views_and_in_place_ops(g):
+    """symgpu.graph.traversal.sharing_memory (the graph runner's outputs' memory, the
+    elementwise groups' in-place rule): views and destroyed inputs, not computed values."""
+    from symgpu.graph.traversal import sharing_memory
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.tensor.elemwise import Elemwise
+    x, y, s, z = g
+    v = x[1:].dimshuffle("x", 0)
+    w = Elemwise(SCALAR_OPS["add"], {0: 0})(v, v)          # in place on its first input
+    got = sharing_memory([w])
+    assert {w, v, x} <= got and y not in got
+    assert sharing_memory([s]) == {s}                        # a new array: itself only

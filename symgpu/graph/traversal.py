@@ -16,7 +16,7 @@ __all__ = ["Node", "as_string", "clone", "clone_get_equiv", "equal_computations"
            "general_toposort", "inputs", "io_connection_pattern", "is_in_ancestors",
            "is_same_graph", "list_of_nodes",
            "nodes_constructed", "op_as_string", "ops", "orphans", "stack_search", "variables",
-           "variables_and_orphans", "view_roots"]
+           "variables_and_orphans", "view_roots", "sharing_memory"]
 
 
 class Node(abc.ABC):
@@ -264,6 +264,26 @@ def view_roots(r: Variable) -> list[Variable]:
     if k not in view_map:
         return [r]
     return [root for i in view_map[k] for root in view_roots(node.inputs[i])]
+
+
+def sharing_memory(start: Iterable[Variable]) -> set:
+    """``start`` and every variable one of them may share memory with, walking back
+    through views and in-place ops (their view_map and destroy_map)."""
+    out: set = set()
+    stack = list(start)
+    while stack:
+        v = stack.pop()
+        if v in out:
+            continue
+        out.add(v)
+        if v.owner is None:
+            continue
+        op = v.owner.op
+        for mapping in (getattr(op, "view_map", None) or {},
+                        getattr(op, "destroy_map", None) or {}):
+            for i in mapping.get(v.index, ()):
+                stack.append(v.owner.inputs[i])
+    return out
 
 
 def default_leaf_formatter(r: Variable) -> str:

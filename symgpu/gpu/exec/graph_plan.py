@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.graph.traversal import sharing_memory
 
 __all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
            "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
@@ -269,38 +270,18 @@ def updates_last(nodes: Sequence[Any], idx: Sequence[int],
     return [k for k in idx if k not in moved] + moved
 
 
-def _sharing_memory(start: list) -> set:
-    """``start`` and every variable one of them may share memory with, walking back
-    through views and in-place ops."""
-    out: set = set()
-    stack = list(start)
-    while stack:
-        v = stack.pop()
-        if v in out:
-            continue
-        out.add(v)
-        if v.owner is None:
-            continue
-        op = v.owner.op
-        for mapping in (getattr(op, "view_map", None) or {},
-                        getattr(op, "destroy_map", None) or {}):
-            for i in mapping.get(v.index, ()):
-                stack.append(v.owner.inputs[i])
-    return out
-
-
 def escaping(fgraph: Any) -> set:
     """The variables whose memory may leave a call of ``fgraph``: its outputs and every
     variable one of them may share memory with through views and in-place ops (the reverse
     of :func:`aliases`, for all outputs at once).  A buffer outside this set is the call's
     own: nothing holds it after the call, so it may be reused or overwritten by the next."""
-    return _sharing_memory(fgraph.outputs)
+    return sharing_memory(fgraph.outputs)
 
 
 def overwritten(fgraph: Any) -> set:
     """The variables whose memory some node of ``fgraph`` overwrites: the inputs in-place
     ops destroy, and what those view."""
-    return _sharing_memory([node.inputs[i] for node in fgraph.apply_nodes
+    return sharing_memory([node.inputs[i] for node in fgraph.apply_nodes
                             for ins in (getattr(node.op, "destroy_map", None) or {}).values()
                             for i in ins])
 

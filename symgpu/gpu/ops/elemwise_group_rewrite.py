@@ -28,6 +28,7 @@ from symgpu.graph.basic import Apply, Constant, Variable
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import InconsistencyError, replace_validate
 from symgpu.graph.rewriting.db import optdb
+from symgpu.graph.traversal import sharing_memory
 
 __all__ = ["gpu_elemwise_group", "MAX_MEMBERS"]
 
@@ -78,28 +79,13 @@ def _is_source(node: Apply) -> bool:
     return all(_from_inputs(v) for v in node.inputs)
 
 
-def _memory(var: Variable) -> set:
-    """``var`` and the variables whose memory it views (through view and in-place ops)."""
-    out, todo = set(), [var]
-    while todo:
-        v = todo.pop()
-        if v in out:
-            continue
-        out.add(v)
-        node = v.owner
-        if node is not None:
-            for mapping in (getattr(node.op, "view_map", None) or {},
-                            getattr(node.op, "destroy_map", None) or {}):
-                todo += [node.inputs[i] for i in mapping.get(node.outputs.index(v), ())]
-    return out
-
-
 def _destroys(node: Apply) -> set:
-    return set().union(*[_memory(node.inputs[i]) for _, i in node.op.inplace_pattern])
+    """The memory ``node`` overwrites: its in-place inputs and what they view."""
+    return sharing_memory(node.inputs[i] for _, i in node.op.inplace_pattern)
 
 
 def _reads(node: Apply) -> set:
-    return set().union(*[_memory(v) for v in node.inputs])
+    return sharing_memory(node.inputs)
 
 
 def _param_bytes(node: Apply) -> int:
