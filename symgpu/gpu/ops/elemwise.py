@@ -26,12 +26,12 @@ from symgpu.gpu.runtime.codegen.elemwise import (ElemwiseSignature, render_elemw
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
-from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.scalar.basic import SCALAR_OPS, Cast
 from symgpu.scalar.composite import Composite
 from symgpu.tensor.elemwise import Elemwise as _Elemwise
 from symgpu.tensor.rewriting.elemwise import MAX_FUSED_INPUTS
 
-__all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "new_array",
+__all__ = ["GpuElemwise", "GpuCAReduce", "gpu_elemwise", "cast_target", "new_array",
            "BLOCK", "max_inputs_to_GpuElemwise", "KERNEL_PARAM_BYTES"]
 
 BLOCK = 256                 # threads per block of elementwise kernels
@@ -127,6 +127,17 @@ class GpuElemwise(Op):
         grads = _Elemwise(self.scalar_op).grad(host_in, [host_from_gpu(g) for g in output_grads])
         return [None if g is None else _as_gpu(g, x.type.context_name)
                 for g, x in zip(grads, inputs)]
+
+
+def cast_target(node: Any) -> str | None:
+    """The dtype a GpuElemwise cast node (not in place, one input, no broadcast added) casts
+    to, or None for any other node (the GPU rewrites that fold a cast into a kernel)."""
+    if not isinstance(node, Apply) or type(node.op) is not GpuElemwise or \
+            node.op.inplace_pattern or not isinstance(node.op.scalar_op, Cast) or \
+            len(node.inputs) != 1 or \
+            node.inputs[0].broadcastable != node.outputs[0].broadcastable:
+        return None
+    return node.outputs[0].dtype
 
 
 def gpu_elemwise(scalar_op: Any, *inputs: Any) -> Variable:

@@ -20,7 +20,7 @@ import numpy as np
 from symgpu.gpu.ops.advanced import ERROR_REPORT_SOURCE, INDEX_DTYPES
 from symgpu.gpu.ops.advanced_pairs import GpuAdvancedIncSubtensor2, GpuARange
 from symgpu.gpu.ops.careduce import GpuCAReduce
-from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.elemwise import GpuElemwise, cast_target
 from symgpu.gpu.ops.softmax_rows import GpuSoftmaxRows
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuFromHost
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
@@ -35,7 +35,6 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import InconsistencyError, replace_validate, sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.scalar.basic import Cast
 from symgpu.tensor.type import as_tensor_variable, constant
 
 __all__ = ["GpuNLLGrad", "NLL_GRAD_DTYPES", "COPY_DTYPES", "nll_grad_source",
@@ -366,11 +365,7 @@ optdb.register("gpu_nll_grad_log_softmax", gpu_nll_grad_log_softmax, 49.42, "fas
 
 def _half_casts(fgraph: FunctionGraph, var: Variable) -> list[Apply]:
     """The readers of ``var`` that are ``GpuElemwise{Cast{<half>}}`` of it alone."""
-    return [c for c, _ in fgraph.clients.get(var, [])
-            if isinstance(c, Apply) and type(c.op) is GpuElemwise and not c.op.inplace_pattern
-            and isinstance(c.op.scalar_op, Cast) and len(c.inputs) == 1
-            and c.outputs[0].dtype in COPY_DTYPES
-            and c.outputs[0].broadcastable == var.broadcastable]
+    return [c for c, _ in fgraph.clients.get(var, []) if cast_target(c) in COPY_DTYPES]
 
 
 def gpu_nll_grad_half_copy(fgraph: FunctionGraph) -> int:

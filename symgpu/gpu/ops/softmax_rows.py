@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.elemwise import GpuElemwise, cast_target
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import GpuArray
@@ -34,7 +34,6 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.op import Op
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.scalar.basic import Cast
 
 __all__ = ["GpuSoftmaxRows", "SOFTMAX_ROWS_DTYPES", "HALF_INPUTS", "softmax_rows_source",
            "rows_layout", "gpu_softmax_rows_bias"]
@@ -218,12 +217,10 @@ def _read_only_by_softmaxes(fgraph: FunctionGraph, z: Variable) -> bool:
 
 def _half_cast_to_float32(var: Variable) -> Variable | None:
     """h where ``var`` is ``GpuElemwise{Cast{float32}}(h)`` of a half array h, else None."""
-    node = var.owner
-    if node is None or type(node.op) is not GpuElemwise or node.op.inplace_pattern or \
-            not isinstance(node.op.scalar_op, Cast) or var.dtype != "float32":
+    if cast_target(var.owner) != "float32":
         return None
-    (h,) = node.inputs
-    return h if h.dtype in HALF_INPUTS and h.broadcastable == var.broadcastable else None
+    (h,) = var.owner.inputs
+    return h if h.dtype in HALF_INPUTS else None
 
 
 def _with_bias(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
