@@ -15,7 +15,7 @@ returns.  ``prefetch()`` (benchmarks, tests) waits for its batch.
 
 The protocol, optional on any GPU op::
 
-    op.prefetch_sources(node) -> [(key, source_factory, nvcc_options), ...]
+    op.prefetch_sources(node) -> [(key, source_factory, nvcc_options[, arch]), ...]
 
 ``key`` is the in-memory key the node's thunk uses for that module (``get_kernel`` /
 ``load_kernels``): the first request of a key in run order wins, as in those caches, and a
@@ -123,17 +123,18 @@ def iter_requests(nodes: Sequence[Apply], include_virtual: bool = False,
             ctx = _node_context(node)
             if ctx is None or (ctx.virtual and not include_virtual):
                 continue
-            for key, factory, options in ask(node):
+            for key, factory, options, *target in ask(node):
                 options = tuple(options)
-                ident = (key, options, ctx.arch)
+                arch = (target[0] if target else None) or ctx.arch
+                ident = (key, options, arch)
                 if ident in taken:
                     continue
                 taken.add(ident)
                 if skip_seen:
                     with _lock:
-                        if _seen_key(key, options, ctx.arch) in _seen:
+                        if _seen_key(key, options, arch) in _seen:
                             continue
-                yield KernelRequest(key, factory(), options, ctx.arch)
+                yield KernelRequest(key, factory(), options, arch)
         except RENDER_ERRORS:  # the node's own thunk reports what is wrong with it
             continue
 

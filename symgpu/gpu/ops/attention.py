@@ -35,6 +35,7 @@ from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.gpu.runtime.codegen import common_source, sections
+from symgpu.gpu.runtime.codegen.wgmma import wgmma_source
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
@@ -53,6 +54,7 @@ ENABLED = True
 _BN = 64                # attention.cu's AT_BN (the backward's keys per block); its AT_BM too
 _THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
+_WG = sections("attention_wgmma.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
 _FWD = struct.Struct("@6P16q6if4x")
 _BWD = struct.Struct("@10P22q6if4x")
@@ -63,13 +65,18 @@ class Tiles(NamedTuple):
     """One instance's tiling: the forward's query block is 16 * fwd_tiles * fwd_warps rows
     against fwd_keys keys a tile; two backward stages prefetch the next query block during the
     whole step, one during its dQ part; the min blocks are __launch_bounds__' (1: the
-    compiler's choice of registers)."""
+    compiler's choice of registers).  On Hopper a 16-bit forward without a mask runs the
+    wgmma kernel (attention_wgmma.cu) where wg_fwd > 0: wg_fwd warpgroups of 64 rows
+    against wg_keys keys a tile."""
     fwd_warps: int
     fwd_tiles: int
     fwd_keys: int
     bwd_stages: int
     fwd_min_blocks: int = 1
     bwd_min_blocks: int = 1
+    wg_fwd: int = 0
+    wg_keys: int = 128
+    wg_min_blocks: int = 1
 
 
 #: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
@@ -77,7 +84,8 @@ class Tiles(NamedTuple):
 #: registers) 90.5 us, against 97.5 with 153 registers and 3 blocks, 94 for 4 x 2 x 64, 92
 #: for 4 x 1 x 128; backward two stages 228.5 us, one 232, two at 3 blocks per SM (170
 #: registers) 243. float32 keeps one stage (two would leave one block per SM).
-_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4), (2, 128): Tiles(4, 1, 64, 2),
+_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=2, wg_keys=64, wg_min_blocks=2),
+          (2, 128): Tiles(4, 1, 64, 2, wg_fwd=2, wg_keys=64),
           (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
 
 
@@ -95,24 +103,46 @@ def _fast_tf32(dtype: str) -> bool:
     return dtype == "float32" and bool(config.gpuarray.allow_tf32)
 
 
-def attention_source(dtype: str, hd: int, fast_tf32: bool = False) -> str:
+def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool = False
+                     ) -> str:
     """The CUDA module of one (dtype, head dim[, 1xTF32]): its pre/dq kernels, forward and
-    backward (one module per instance: a graph compiles only what it runs)."""
+    backward (one module per instance: a graph compiles only what it runs); ``hopper``: the
+    wgmma forward too (``_uses_wgmma``; the module is then built for sm_90a)."""
     ctype = ATTENTION_DTYPES[dtype]
     t = _tiles(dtype, hd)
-    return "".join([common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
-                    _CU[""].substitute(),
-                    _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
-                    _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
-                                           fwd_threads=32 * t.fwd_warps,
-                                           fwd_warps=t.fwd_warps, fwd_mt=t.fwd_tiles,
-                                           fwd_bn=t.fwd_keys, bwd_stages=t.bwd_stages,
-                                           fwd_min_blocks=t.fwd_min_blocks,
-                                           bwd_min_blocks=t.bwd_min_blocks)])
+    parts = [common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
+             _CU[""].substitute(),
+             _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
+             _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
+                                    fwd_threads=32 * t.fwd_warps,
+                                    fwd_warps=t.fwd_warps, fwd_mt=t.fwd_tiles,
+                                    fwd_bn=t.fwd_keys, bwd_stages=t.bwd_stages,
+                                    fwd_min_blocks=t.fwd_min_blocks,
+                                    bwd_min_blocks=t.bwd_min_blocks)]
+    if hopper and _wgmma_tiles(dtype, hd):
+        parts += [wgmma_source((t.wg_keys, hd)), _WG[""].substitute(),
+                  _WG["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
+                                         wg_threads=128 * t.wg_fwd, wg_fwd=t.wg_fwd,
+                                         wg_keys=t.wg_keys, wg_min_blocks=t.wg_min_blocks)]
+    return "".join(parts)
 
 
-def _source(dtype: str, hd: int, fast: bool) -> Callable[[], str]:
-    return lambda: attention_source(dtype, hd, fast)
+def _wgmma_tiles(dtype: str, hd: int) -> bool:
+    return dtype != "float32" and _tiles(dtype, hd).wg_fwd > 0
+
+
+def _hopper(ctx: Any) -> bool:
+    """Whether ``ctx``'s modules may use sm_90a's wgmma (built for ``sm_90a``)."""
+    return getattr(ctx, "arch", None) == "sm_90"
+
+
+def _arch(ctx: Any, dtype: str, hd: int) -> str | None:
+    """The nvcc target of (dtype, hd)'s module on ctx: sm_90a where it holds wgmma kernels."""
+    return "sm_90a" if _hopper(ctx) and _wgmma_tiles(dtype, hd) else None
+
+
+def _source(dtype: str, hd: int, fast: bool, hopper: bool = False) -> Callable[[], str]:
+    return lambda: attention_source(dtype, hd, fast, hopper)
 
 
 def _head(op: Any, d: int, shapes: str) -> int:
@@ -135,6 +165,13 @@ def _fwd_smem(dtype: str, hd: int) -> int:
     return rows * (hd + _PAD) * _itemsize(dtype)
 
 
+def _wg_fwd_smem(dtype: str, hd: int) -> int:
+    """The wgmma forward's Q block and two stages of K and V tiles (unpadded: swizzled), and
+    1024 bytes to align them to the swizzle's atoms."""
+    t = _tiles(dtype, hd)
+    return (64 * t.wg_fwd + 4 * t.wg_keys) * hd * 2 + 1024
+
+
 def _bwd_smem(dtype: str, hd: int) -> int:
     stages, isz = _tiles(dtype, hd).bwd_stages, _itemsize(dtype)
     return (((2 + 2 * stages) * _BN * (hd + _PAD) + _BN * (_BN + _PAD)) * isz +
@@ -144,15 +181,30 @@ def _bwd_smem(dtype: str, hd: int) -> int:
 _big_smem: set = set()
 
 
-def _key(dtype: str, hd: int, fast: bool) -> tuple:
-    return ("symgpu.attention", dtype, hd, fast, _tiles(dtype, hd))
+class _Module(NamedTuple):
+    """One (dtype, head dim) module on a context: its cache key, source and nvcc target."""
+    key: tuple
+    source: Callable[[], str]
+    arch: str | None
+
+
+def _module(ctx: Any, dtype: str, hd: int) -> _Module:
+    fast, arch = _fast_tf32(dtype), _arch(ctx, dtype, hd)
+    hopper = arch is not None
+    return _Module(("symgpu.attention", dtype, hd, fast, hopper, _tiles(dtype, hd)),
+                   _source(dtype, hd, fast, hopper), arch)
+
+
+def _prepared(ctx: Any, dtype: str, hd: int, name: str, signature: str) -> Any:
+    m = _module(ctx, dtype, hd)
+    return get_prepared_kernel(m.key, m.source, name, signature, context=ctx, arch=m.arch)
 
 
 def _kernel(ctx: Any, dtype: str, hd: int, name: str, smem: int) -> Any:
     """The PyCUDA Function, allowed ``smem`` bytes of dynamic shared memory (past 48 KB the
     driver wants the attribute set first)."""
-    fast = _fast_tf32(dtype)
-    fn = get_kernel(_key(dtype, hd, fast), _source(dtype, hd, fast), name, context=ctx)
+    m = _module(ctx, dtype, hd)
+    fn = get_kernel(m.key, m.source, name, context=ctx, arch=m.arch)
     key = (id(fn), smem)
     if key not in _big_smem:
         import pycuda.driver as drv   # deferred: PyCUDA loads with the GPU path only
@@ -244,11 +296,12 @@ class _GpuAttentionBase(Op):
 
     __str__ = Attention.__str__
 
-    def prefetch_sources(self, node: Apply) -> list[tuple[Any, Callable[[], str], tuple]]:
+    def prefetch_sources(self, node: Apply) -> list[tuple]:
         """The head dim 64 module of the node's dtype (the common head dim; the head dim is
         known only when the node runs), for the link-time prefetch (gpu/exec/prefetch.py)."""
-        dtype, fast = node.inputs[0].dtype, _fast_tf32(node.inputs[0].dtype)
-        return [(_key(dtype, HEAD_DIMS[0], fast), _source(dtype, HEAD_DIMS[0], fast), ())]
+        m = _module(_context(node.outputs[0].type.context_name), node.inputs[0].dtype,
+                    HEAD_DIMS[0])
+        return [(m.key, m.source, (), m.arch)]
 
     def _gpu_inputs(self, inputs: list) -> tuple[list, Any]:
         ctx = next((x.type.context_name for x in inputs if is_gpu_var(x)), None)
@@ -318,17 +371,23 @@ class GpuAttention(_GpuAttentionBase):
             mptr = mask.ptr
         else:
             ms, mptr = (0, 0, 0, 0), 0
+        name, scale = q.dtype.name, _scale(self, d)
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
-        smem = _fwd_smem(q.dtype.name, hd)
-        fn = _kernel(ctx, q.dtype.name, hd, f"attn_fwd_{q.dtype.name}_{hd}", smem)
+        t = _tiles(name, hd)
+        if vec and mask is None and scale > 0 and _arch(ctx, name, hd) is not None:
+            smem = _wg_fwd_smem(name, hd)
+            fn = _kernel(ctx, name, hd, f"attn_fwd_wg_{name}_{hd}", smem)
+            rows, threads = 64 * t.wg_fwd, 128 * t.wg_fwd
+        else:
+            smem = _fwd_smem(name, hd)
+            fn = _kernel(ctx, name, hd, f"attn_fwd_{name}_{hd}", smem)
+            rows, threads = _fwd_rows(name, hd), 32 * t.fwd_warps
         osz = o.dtype.itemsize
         olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
-                        _scale(self, d))
-        fn._launch_kernel((-(-sq // _fwd_rows(q.dtype.name, hd)), bh, 1),
-                          (32 * _tiles(q.dtype.name, hd).fwd_warps, 1, 1), buf, smem,
-                          ctx.stream)
+                        scale)
+        fn._launch_kernel((-(-sq // rows), bh, 1), (threads, 1, 1), buf, smem, ctx.stream)
         return [o, lse]
 
 
@@ -394,10 +453,7 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
     delta = new_array(ctx, (rows,), f32)
     acc = dq if q.dtype == f32 and dq.is_c_contiguous else new_array(ctx, q.shape, f32)
     name = q.dtype.name
-    fast = _fast_tf32(name)
-    pre = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                              f"attn_bwd_pre_{name}",
-                              "PqqqPqqqPPPiiiqi", context=ctx)
+    pre = _prepared(ctx, name, hd, f"attn_bwd_pre_{name}", "PqqqPqqqPPPiiiqi")
     isz = q.dtype.itemsize
     rows_vec = d % (16 // isz) == 0 and _aligned([o, do], [_lead(os_, nd), leads[3]], isz)
     pre.prepared_async_call(_row_blocks(rows, rows_vec), (256, 1, 1), ctx.stream, o.ptr,
@@ -413,8 +469,7 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
                     heads, sq, sk, d, int(op.causal), int(vec), _scale(op, d))
     fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
     if acc is not dq:
-        cvt = get_prepared_kernel(_key(name, hd, fast), _source(name, hd, fast),
-                                  f"attn_bwd_dq_{name}", "PPqqqqiiii", context=ctx)
+        cvt = _prepared(ctx, name, hd, f"attn_bwd_dq_{name}", "PPqqqqiiii")
         dql = _lead(tuple(s // isz for s in dq.strides), nd)
         dq_vec = d % (16 // isz) == 0 and _aligned([dq], [dql], isz)
         cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,

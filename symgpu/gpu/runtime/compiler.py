@@ -321,11 +321,14 @@ def compile_module(source: str, options: Sequence[str] = (), arch: str | None = 
 
 
 def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
-               options: Sequence[str] = (), context: Any = None) -> Any:
+               options: Sequence[str] = (), context: Any = None,
+               arch: str | None = None) -> Any:
     """The PyCUDA ``Function`` ``fn_name`` for the caller's hashable ``key`` on ``context``.
 
     ``source_factory`` is called only on a memory miss, so the hot path costs one dict lookup.
-    ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...)."""
+    ``key`` must determine the source (op signature, dtypes, ndim, contiguity ...).  ``arch``
+    overrides the context's nvcc target (``sm_90a`` for modules with Hopper-only code); the
+    key must then determine it too."""
     ctx = context
     if ctx is None:
         ctx = gpu_context.get_context(None)
@@ -333,7 +336,7 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
     fn = _kernels.get(mkey)
     if fn is not None:
         return fn
-    module = compile_module(source_factory(), options, ctx.arch, ctx)
+    module = compile_module(source_factory(), options, arch or ctx.arch, ctx)
     fn = module.get_function(fn_name)
     with _lock:
         _kernels[mkey] = fn
@@ -341,7 +344,8 @@ def get_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
 
 
 def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: str,
-                        signature: str, options: Sequence[str] = (), context: Any = None) -> Any:
+                        signature: str, options: Sequence[str] = (), context: Any = None,
+                        arch: str | None = None) -> Any:
     """:func:`get_kernel`'s Function with ``.prepare(signature)`` done, for
     ``prepared_async_call`` (wrapped: :class:`PreparedKernel` launches with less Python per
     call).
@@ -355,7 +359,7 @@ def get_prepared_kernel(key: Any, source_factory: Callable[[], str], fn_name: st
     mkey = (key, fn_name, tuple(options), _nvcc_flags().value, id(context))
     got = _prepared.get(mkey)
     if got is None:
-        fn = get_kernel(key, source_factory, fn_name, options, context)
+        fn = get_kernel(key, source_factory, fn_name, options, context, arch)
         with _lock:
             got = _prepared.get(mkey)   # another thread may have just prepared it
             if got is None:
