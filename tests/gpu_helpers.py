@@ -159,14 +159,15 @@ def thunk_over(node, values):
     return node.op.make_thunk(node, storage, {}, []), storage
 
 
-def compile_for_sm90(source: str, compiledir) -> bytes:
-    """The cubin nvcc makes of `source` for sm_90, compiled afresh in `compiledir`."""
+def compile_for_sm90(source: str, compiledir, arch: str = "sm_90") -> bytes:
+    """The cubin nvcc makes of `source` for sm_90 (or `arch`), compiled afresh in
+    `compiledir`."""
     from symgpu.config import config
     from symgpu.gpu.runtime import compiler
     compiler.clear_memory_cache()
     with config.change_flags(compiledir=str(compiledir), compile_log=False,
                              **{"nvcc.flags": ""}):
-        _, cubin, _ = compiler.compile_to_cubin(source, (), "sm_90")
+        _, cubin, _ = compiler.compile_to_cubin(source, (), arch)
     compiler.clear_memory_cache()
     return cubin
 

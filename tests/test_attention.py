@@ -321,3 +321,63 @@ def test_graph_check_tolerates_one_ulp_in_16_bit_outputs():
     assert "output 0" in results_differ([a], [b])
     f = np.linspace(0.1, 4, 50).astype("float32")
     assert results_differ([f], [f * np.float32(1 + 1e-3)]) is not None
+
+
+@requires_nvcc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_hopper_attention_module_compiles_for_sm90a_without_serialized_products(tmp_path,
+                                                                                 dtype, hd):
+    """On Hopper the 16-bit module also holds the wgmma kernels, built for sm_90a; ptxas
+    must keep their products asynchronous (its C7512 warning: too few registers, the
+    products serialized, the kernels' point lost)."""
+    import subprocess
+    from symgpu.gpu.ops.attention import attention_source
+    from symgpu.gpu.runtime.compiler import _nvcc
+    src = attention_source(dtype, hd, hopper=True)
+    cubin = compile_for_sm90(src, tmp_path, "sm_90a")
+    for name in (f"attn_fwd_wg_{dtype}_{hd}", f"attn_bwd_wg_{dtype}_{hd}",
+                 f"attn_fwd_{dtype}_{hd}", f"attn_bwd_pre_{dtype}"):
+        assert name.encode() in cubin
+    cu = tmp_path / "m.cu"
+    cu.write_text(src)
+    run = subprocess.run([_nvcc(), "-cubin", "-arch=sm_90a", "-O3", "-Xptxas", "-v", str(cu),
+                          "-o", str(tmp_path / "m.cubin")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    log = run.stdout + run.stderr
+    assert "attn_fwd_wg" in log and "serialized" not in log, log[-3000:]
+    assert "wgmma" not in attention_source(dtype, hd)          # other GPUs: no sm_90a code
+
+
+def test_wgmma_kernels_take_only_the_calls_they_were_written_for():
+    """16-bit, no mask, a positive scale, d equal to the head dim with aligned rows, a
+    Hopper context: anything else runs the general kernels."""
+    from types import SimpleNamespace
+    from symgpu.gpu.ops.attention import _wgmma_runs
+    hopper, other = SimpleNamespace(arch="sm_90"), SimpleNamespace(arch="sm_80")
+    assert _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, 0.125)
+    assert _wgmma_runs(hopper, "float16", 128, 1, True, None, 0.125)
+    assert not _wgmma_runs(other, "bfloat16", 64, 2, True, None, 0.125)
+    assert not _wgmma_runs(hopper, "float32", 64, 2, True, None, 0.125)
+    assert not _wgmma_runs(hopper, "bfloat16", 64, 0, True, None, 0.125)     # tiles: off
+    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, False, None, 0.125)    # d < hd, strides
+    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, object(), 0.125)  # a mask
+    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, -0.125)
+    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, float("nan"))
+
+
+def test_attention_prefetch_names_the_modules_nvcc_target():
+    """The link-time prefetch compiles the module the node will load: on a Hopper context
+    the sm_90a build of the 16-bit module, the context's own target for float32."""
+    from symgpu.config import config
+    from symgpu.gpu.exec import prefetch
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        for dtype, arch in (("bfloat16", "sm_90a"), ("float32", "sm_90")):
+            q, k, v = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in "qkv")
+            f = symgpu.function([q, k, v], sdpa(q, k, v, is_causal=True).transfer(None))
+            nodes = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "GpuAttention"]
+            assert nodes
+            reqs = prefetch.requests(nodes, include_virtual=True, skip_seen=False)
+            assert [r.arch for r in reqs] == [arch]
+            assert ("attn_fwd_wg_" in reqs[0].source) == (arch == "sm_90a")

@@ -65,9 +65,10 @@ class Tiles(NamedTuple):
     """One instance's tiling: the forward's query block is 16 * fwd_tiles * fwd_warps rows
     against fwd_keys keys a tile; two backward stages prefetch the next query block during the
     whole step, one during its dQ part; the min blocks are __launch_bounds__' (1: the
-    compiler's choice of registers).  On Hopper a 16-bit forward without a mask runs the
-    wgmma kernel (attention_wgmma.cu) where wg_fwd > 0: wg_fwd warpgroups of 64 rows
-    against wg_keys keys a tile."""
+    compiler's choice of registers).  On Hopper 16-bit attention without a mask runs the
+    wgmma kernels (attention_wgmma.cu): the forward where wg_fwd > 0 (wg_fwd warpgroups of
+    64 rows against wg_keys keys a tile; wg_pipe: the next tile's scores overlap this
+    tile's softmax), the backward where wg_bwd > 0 (wg_bwd warpgroups of 64 keys)."""
     fwd_warps: int
     fwd_tiles: int
     fwd_keys: int
@@ -77,6 +78,9 @@ class Tiles(NamedTuple):
     wg_fwd: int = 0
     wg_keys: int = 128
     wg_min_blocks: int = 1
+    wg_bwd: int = 0
+    wg_bwd_min_blocks: int = 1
+    wg_pipe: int = 1
 
 
 #: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
@@ -84,8 +88,9 @@ class Tiles(NamedTuple):
 #: registers) 90.5 us, against 97.5 with 153 registers and 3 blocks, 94 for 4 x 2 x 64, 92
 #: for 4 x 1 x 128; backward two stages 228.5 us, one 232, two at 3 blocks per SM (170
 #: registers) 243. float32 keeps one stage (two would leave one block per SM).
-_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=2, wg_keys=64, wg_min_blocks=2),
-          (2, 128): Tiles(4, 1, 64, 2, wg_fwd=2, wg_keys=64),
+_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=1, wg_keys=64, wg_min_blocks=3,
+                         wg_bwd=2),
+          (2, 128): Tiles(4, 1, 64, 2, wg_fwd=1, wg_keys=64, wg_bwd=2),
           (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
 
 
@@ -120,15 +125,29 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
                                     fwd_min_blocks=t.fwd_min_blocks,
                                     bwd_min_blocks=t.bwd_min_blocks)]
     if hopper and _wgmma_tiles(dtype, hd):
-        parts += [wgmma_source((t.wg_keys, hd)), _WG[""].substitute(),
+        wg_bwd = max(t.wg_bwd, 1)
+        parts += [wgmma_source((t.wg_keys, hd, 64, hd // wg_bwd)), _WG[""].substitute(),
                   _WG["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
-                                         wg_threads=128 * t.wg_fwd, wg_fwd=t.wg_fwd,
-                                         wg_keys=t.wg_keys, wg_min_blocks=t.wg_min_blocks)]
+                                         wg_threads=128 * max(t.wg_fwd, 1),
+                                         wg_fwd=max(t.wg_fwd, 1), wg_keys=t.wg_keys,
+                                         wg_min_blocks=t.wg_min_blocks,
+                                         wg_pipe="true" if t.wg_pipe else "false",
+                                         wg_bwd_threads=128 * wg_bwd, wg_bwd=wg_bwd,
+                                         wg_bwd_min_blocks=t.wg_bwd_min_blocks)]
     return "".join(parts)
 
 
 def _wgmma_tiles(dtype: str, hd: int) -> bool:
-    return dtype != "float32" and _tiles(dtype, hd).wg_fwd > 0
+    t = _tiles(dtype, hd)
+    return dtype != "float32" and (t.wg_fwd > 0 or t.wg_bwd > 0)
+
+
+def _wgmma_runs(ctx: Any, dtype: str, hd: int, warpgroups: int, vec: bool, mask: Any,
+                scale: float) -> bool:
+    """Whether a wgmma kernel of ``warpgroups`` (the tiles' wg_fwd or wg_bwd) takes this
+    call: Hopper, 16-bit, no mask, a positive scale, d == hd and rows 16-byte aligned."""
+    return (warpgroups > 0 and vec and mask is None and scale > 0 and
+            _arch(ctx, dtype, hd) is not None)
 
 
 def _hopper(ctx: Any) -> bool:
@@ -166,10 +185,17 @@ def _fwd_smem(dtype: str, hd: int) -> int:
 
 
 def _wg_fwd_smem(dtype: str, hd: int) -> int:
-    """The wgmma forward's Q block and two stages of K and V tiles (unpadded: swizzled), and
-    1024 bytes to align them to the swizzle's atoms."""
+    """The wgmma forward's Q block and three stages of K and V tiles (unpadded: swizzled),
+    and 1024 bytes to align them to the swizzle's atoms."""
     t = _tiles(dtype, hd)
-    return (64 * t.wg_fwd + 4 * t.wg_keys) * hd * 2 + 1024
+    return (64 * t.wg_fwd + 6 * t.wg_keys) * hd * 2 + 1024
+
+
+def _wg_bwd_smem(dtype: str, hd: int) -> int:
+    """The wgmma backward's K and V (64 keys a warpgroup), two stages of Q, dO (64 rows), lse
+    and Delta, dS^T, and 1024 bytes of alignment."""
+    keys = 64 * _tiles(dtype, hd).wg_bwd
+    return (2 * keys * hd + 4 * 64 * hd + keys * 64) * 2 + 4 * 64 * 4 + 1024
 
 
 def _bwd_smem(dtype: str, hd: int) -> int:
@@ -374,7 +400,7 @@ class GpuAttention(_GpuAttentionBase):
         name, scale = q.dtype.name, _scale(self, d)
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
         t = _tiles(name, hd)
-        if vec and mask is None and scale > 0 and _arch(ctx, name, hd) is not None:
+        if _wgmma_runs(ctx, name, hd, t.wg_fwd, vec, mask, scale):
             smem = _wg_fwd_smem(name, hd)
             fn = _kernel(ctx, name, hd, f"attn_fwd_wg_{name}_{hd}", smem)
             rows, threads = 64 * t.wg_fwd, 128 * t.wg_fwd
@@ -461,13 +487,20 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
                             dlse.ptr if dlse is not None else 0, delta.ptr, acc.ptr, heads,
                             sq, d, rows, int(rows_vec))
     vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
-    smem = _bwd_smem(name, hd)
-    fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
+    scale, t = _scale(op, d), _tiles(name, hd)
+    if _wgmma_runs(ctx, name, hd, t.wg_bwd, vec, mask, scale):
+        smem = _wg_bwd_smem(name, hd)
+        fn = _kernel(ctx, name, hd, f"attn_bwd_wg_{name}_{hd}", smem)
+        keys, threads = 64 * t.wg_bwd, 128 * t.wg_bwd
+    else:
+        smem = _bwd_smem(name, hd)
+        fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
+        keys, threads = _BN, _THREADS
     dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                     dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
-                    heads, sq, sk, d, int(op.causal), int(vec), _scale(op, d))
-    fn._launch_kernel((-(-sk // _BN), bh, 1), (_THREADS, 1, 1), buf, smem, ctx.stream)
+                    heads, sq, sk, d, int(op.causal), int(vec), scale)
+    fn._launch_kernel((-(-sk // keys), bh, 1), (threads, 1, 1), buf, smem, ctx.stream)
     if acc is not dq:
         cvt = _prepared(ctx, name, hd, f"attn_bwd_dq_{name}", "PPqqqqiiii")
         dql = _lead(tuple(s // isz for s in dq.strides), nd)

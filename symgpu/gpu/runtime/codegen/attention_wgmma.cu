@@ -1,9 +1,9 @@
-// Fused attention on Hopper (sm_90a): the forward with warpgroup products (wgmma), pasted
+// Fused attention on Hopper (sm_90a): forward and backward with warpgroup products (wgmma), pasted
 // after attention.cu (its AtArgs, cp.async and store helpers) and wgmma.py's Wg<T>.
 // float16 / bfloat16, no mask, a positive scale, head dim HD (64 or 128) equal to d, every row
 // 16-byte aligned (attention.py picks this kernel only then; the general one runs the rest).
 // A block of NWG warpgroups takes 64 * NWG query rows; K and V stream through shared memory in
-// BN-key tiles (cp.async, two stages) stored in wgmma's 128-byte swizzle; S = Q K^T reads both
+// BN-key tiles (cp.async, three stages) stored in wgmma's 128-byte swizzle; S = Q K^T reads both
 // operands from shared memory, O += P V takes P from registers (the accumulator layout of two
 // 8-column blocks is the A fragment's) and V as an MN-major operand.
 // Accumulator layout (per warp w of the warpgroup, lane = 4 g + t, column block j):
@@ -51,7 +51,19 @@ __device__ __forceinline__ unsigned char *aw_smem_base(unsigned char *raw, unsig
     return raw + pad;
 }
 
-template <typename T, int HD, int NWG, int BN>
+/* S = Q K^T of the key tile at shared address aK (issued, not waited for) */
+template <typename T, int HD, int BM, int BN>
+__device__ __forceinline__ void aw_scores(float (&s)[BN / 2], unsigned aQ, unsigned aK, int wg) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk)
+        Wg<T>::template ss<0, 0>(s, aw_kmajor<BM>(aQ, kk, wg * 64 * 128),
+                                 aw_kmajor<BN>(aK, kk, 0), kk > 0);
+}
+
+/* The forward. Key tiles rotate through three stages: tile n + 2 streams in during tile n.
+   PIPE: the next tile's scores are issued before this tile's softmax (the tensor cores work
+   while the warpgroup computes exponents); else after its P V. */
+template <typename T, int HD, int NWG, int BN, bool PIPE>
 __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
 {
     constexpr int BM = 64 * NWG, THREADS = 128 * NWG;
@@ -59,8 +71,8 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
     extern __shared__ __align__(128) unsigned char aw_smem[];
     unsigned aQ;
     unsigned char *sQ = aw_smem_base(aw_smem, aQ);
-    unsigned char *sK = sQ + QBYTES, *sV = sK + 2 * KBYTES;
-    const unsigned aK = aQ + QBYTES, aV = aK + 2 * KBYTES;
+    unsigned char *sK = sQ + QBYTES, *sV = sK + 3 * KBYTES;
+    const unsigned aK = aQ + QBYTES, aV = aK + 3 * KBYTES;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
@@ -79,86 +91,105 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
         aw_load<T, HD, BN, THREADS>(sK, k, a.kss, 0, a.sk);
         aw_load<T, HD, BN, THREADS>(sV, v, a.vss, 0, a.sk);
     }
-    at_cp_commit();
-    float o[HD / 2];
+    at_cp_commit();                      // group: Q and tile 0
+    if (BN < n_end) {
+        aw_load<T, HD, BN, THREADS>(sK + KBYTES, k, a.kss, BN, a.sk);
+        aw_load<T, HD, BN, THREADS>(sV + KBYTES, v, a.vss, BN, a.sk);
+    }
+    at_cp_commit();                      // group: tile 1 (maybe empty)
+    at_cp_wait_one();
+    wg_proxy_fence();
+    __syncthreads();
+    float o[HD / 2], s[BN / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
+    if (0 < wg_end && n_end > 0) {
+        wg_fence();
+        aw_scores<T, HD, BM, BN>(s, aQ, aK, wg);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(s);
+    }
 
-    for (int n0 = 0, st = 0; n0 < n_end; n0 += BN, st ^= 1) {
-        if (n0 + BN < n_end) {         // the next tile streams in while this one is used
-            aw_load<T, HD, BN, THREADS>(sK + (st ^ 1) * KBYTES, k, a.kss, n0 + BN, a.sk);
-            aw_load<T, HD, BN, THREADS>(sV + (st ^ 1) * KBYTES, v, a.vss, n0 + BN, a.sk);
-            at_cp_commit();
-            at_cp_wait_one();
-        } else {
+    for (int n0 = 0, st = 0; n0 < n_end; n0 += BN, st = st == 2 ? 0 : st + 1) {
+        const int nx = st == 2 ? 0 : st + 1, nx2 = nx == 2 ? 0 : nx + 1;
+        const bool next = n0 + BN < wg_end;   // this warpgroup has a next tile
+        if (n0 + BN < n_end) {           // tile n + 1 in, visible to all; tile n - 1 read
             at_cp_wait_all();
+            wg_proxy_fence();
+            __syncthreads();
+            if (n0 + 2 * BN < n_end) {   // tile n + 2 into tile n - 1's stage
+                aw_load<T, HD, BN, THREADS>(sK + nx2 * KBYTES, k, a.kss, n0 + 2 * BN, a.sk);
+                aw_load<T, HD, BN, THREADS>(sV + nx2 * KBYTES, v, a.vss, n0 + 2 * BN, a.sk);
+                at_cp_commit();
+            }
         }
-        wg_proxy_fence();
-        __syncthreads();
-        if (n0 < wg_end) {             // (causal: a warpgroup's rows all before the tile skip it)
-            float s[BN / 2];
+        if (n0 >= wg_end) continue;      // (causal: a warpgroup's rows all before the tile)
+        float sn[BN / 2];
+        if (PIPE && next) {
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk)
-                Wg<T>::template ss<0, 0>(s, aw_kmajor<BM>(aQ, kk, wg * 64 * 128),
-                                         aw_kmajor<BN>(aK + st * KBYTES, kk, 0), kk > 0);
+            aw_scores<T, HD, BM, BN>(sn, aQ, aK + nx * KBYTES, wg);
             wg_commit();
-            wg_wait<0>();
-            wg_keep(s);
-            const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
-            if (edge) {                // keys past the end or after the row (causal): none
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                        if (col >= a.sk || (a.causal && col > row)) s[4 * nt + e] = -INFINITY;
-                    }
-            }
-            float mx[2] = {-INFINITY, -INFINITY}, base[2], alpha[2];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mx[r] = fmaxf(mrow[r], mx[r] * sl2);
-                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-                alpha[r] = at_exp2(mrow[r] - base[r]);
-                mrow[r] = mx[r];
-                lrow[r] *= alpha[r];
-            }
-            unsigned p[BN / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk) {   // one FFMA and one EX2 a probability
-                float e[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-                    e[i] = at_exp2(fmaf(s[8 * kk + i], sl2, -base[(i >> 1) & 1]));
-                lrow[0] += (e[0] + e[1]) + (e[4] + e[5]);
-                lrow[1] += (e[2] + e[3]) + (e[6] + e[7]);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) p[kk][i] = AtFrag<T>::pack(e[2 * i], e[2 * i + 1]);
-            }
-#pragma unroll
-            for (int i = 0; i < HD / 8; ++i) {
-                o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
-                o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
-            }
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < BN / 16; ++kk)
-                Wg<T>::template rs<1>(o, p[kk], aw_mnmajor<BN>(aV + st * KBYTES, kk), 1);
-            wg_commit();
-            wg_wait<0>();
-            wg_keep(o);
-            wg_keep(p);
         }
-        __syncthreads();                 // this stage is free for the tile after next
+        const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
+        if (edge) {                      // keys past the end or after the row (causal): none
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
+                    if (col >= a.sk || (a.causal && col > row)) s[4 * nt + e] = -INFINITY;
+                }
+        }
+        float mx[2] = {-INFINITY, -INFINITY}, base[2], alpha[2];
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
+            mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            mx[r] = fmaxf(mrow[r], mx[r] * sl2);
+            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+            alpha[r] = at_exp2(mrow[r] - base[r]);
+            mrow[r] = mx[r];
+            lrow[r] *= alpha[r];
+        }
+        unsigned p[BN / 16][4];
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {   // one FFMA and one EX2 a probability
+            float e[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                e[i] = at_exp2(fmaf(s[8 * kk + i], sl2, -base[(i >> 1) & 1]));
+            lrow[0] += (e[0] + e[1]) + (e[4] + e[5]);
+            lrow[1] += (e[2] + e[3]) + (e[6] + e[7]);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[kk][i] = AtFrag<T>::pack(e[2 * i], e[2 * i + 1]);
+        }
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+        }
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T>::template rs<1>(o, p[kk], aw_mnmajor<BN>(aV + st * KBYTES, kk), 1);
+        if (!PIPE && next)
+            aw_scores<T, HD, BM, BN>(sn, aQ, aK + nx * KBYTES, wg);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(o);
+        wg_keep(p);
+        if (next) {
+            wg_keep(sn);
+#pragma unroll
+            for (int i = 0; i < BN / 2; ++i) s[i] = sn[i];
+        }
     }
     T *out = (T *)a.o + b * a.osb + h * a.osh;
 #pragma unroll
@@ -178,8 +209,186 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
                         : -INFINITY;
     }
 }
+
+/* Two 16-bit values (x, y) at (row r, columns c, c + 1) of a swizzled tile of ROWS rows of 64
+   values (c even) */
+template <typename T>
+__device__ __forceinline__ void aw_put2(unsigned char *s, int r, int c, float x, float y) {
+    *reinterpret_cast<unsigned *>(s + r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) =
+        AtFrag<T>::pack(x, y);
+}
+
+/* The backward: a block of NWG warpgroups takes 64 * NWG keys (64 a warpgroup) and loops over
+   the query blocks of 64 (the next one's Q, dO, lse and Delta stream in during this one):
+   S^T = K Q^T and dP^T = V dO^T (shared-memory operands), P^T = exp(S^T - lse),
+   dS^T = P^T (dP^T - Delta); dV += P^T dO and dK += dS^T Q from registers; dS^T goes to
+   shared memory (swizzled) and dQ = dS K (both operands MN-major; the warpgroups split its
+   columns) is added into the float accumulator with atomics. */
+template <typename T, int HD, int NWG>
+__device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
+{
+    constexpr int BM = 64, BN = 64 * NWG, THREADS = 128 * NWG, DQN = HD / NWG;
+    constexpr unsigned KB = BN * HD * 2, QB = BM * HD * 2, SB = BN * BM * 2;
+    extern __shared__ __align__(128) unsigned char aw_smem[];
+    unsigned aK;
+    unsigned char *sK = aw_smem_base(aw_smem, aK);
+    unsigned char *sV = sK + KB, *sQ = sV + KB, *sD = sQ + 2 * QB, *sS = sD + 2 * QB;
+    float *sL = reinterpret_cast<float *>(sS + SB), *sDelta = sL + 2 * BM;
+    const unsigned aV = aK + KB, aQ = aV + KB, aD = aQ + 2 * QB, aS = aD + 2 * QB;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.x * BN;
+    const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
+    const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
+    const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
+    const T *dout = (const T *)a.dout + b * a.dsb + h * a.dsh;
+    const float *lse = a.lse + (long long)bh * a.sq, *delta = a.delta + (long long)bh * a.sq;
+    float *dqacc = a.dqacc + (long long)bh * a.sq * a.d;
+    const float sl2 = a.scale * AT_LOG2E;
+    const int m_start = a.causal ? (n0 / BM) * BM : 0;
+    const int kw0 = n0 + 64 * wg;                 // the warpgroup's first key
+    const int key0 = kw0 + 16 * warp + g, key1 = key0 + 8;
+    const int srow = 64 * wg + 16 * warp + g;     // its dS^T rows in shared memory: srow, +8
+
+    aw_load<T, HD, BN, THREADS>(sK, k, a.kss, n0, a.sk);
+    aw_load<T, HD, BN, THREADS>(sV, v, a.vss, n0, a.sk);
+    if (m_start < a.sq) {
+        aw_load<T, HD, BM, THREADS>(sQ, q, a.qss, m_start, a.sq);
+        aw_load<T, HD, BM, THREADS>(sD, dout, a.dss, m_start, a.sq);
+        at_load_row<BM, THREADS>(sL, lse, m_start, a.sq);
+        at_load_row<BM, THREADS>(sDelta, delta, m_start, a.sq);
+    }
+    at_cp_commit();
+    float dk[HD / 2], dv[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; ++i) dk[i] = dv[i] = 0.f;
+
+    for (int m0 = m_start, st = 0; m0 < a.sq; m0 += BM, st ^= 1) {
+        if (m0 + BM < a.sq) {            // its last readers finished in the last step
+            const int nx = st ^ 1;
+            aw_load<T, HD, BM, THREADS>(sQ + nx * QB, q, a.qss, m0 + BM, a.sq);
+            aw_load<T, HD, BM, THREADS>(sD + nx * QB, dout, a.dss, m0 + BM, a.sq);
+            at_load_row<BM, THREADS>(sL + nx * BM, lse, m0 + BM, a.sq);
+            at_load_row<BM, THREADS>(sDelta + nx * BM, delta, m0 + BM, a.sq);
+            at_cp_commit();
+            at_cp_wait_one();
+        } else {
+            at_cp_wait_all();
+        }
+        wg_proxy_fence();
+        __syncthreads();                 // this block's tiles are in; the last dQ step is done
+        const unsigned cQ = aQ + st * QB, cD = aD + st * QB;
+        const float *cL = sL + st * BM, *cDelta = sDelta + st * BM;
+        unsigned pa[BM / 16][4], sa[BM / 16][4];
+        if (a.causal && m0 + BM - 1 < kw0) {      // every key after every query: dS^T = 0
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt) {
+                aw_put2<T>(sS, srow, nt * 8 + 2 * t, 0.f, 0.f);
+                aw_put2<T>(sS, srow + 8, nt * 8 + 2 * t, 0.f, 0.f);
+            }
+        } else {
+            float s[BM / 2], dp[BM / 2];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk)
+                Wg<T>::template ss<0, 0>(s, aw_kmajor<BN>(aK, kk, wg * 64 * 128),
+                                         aw_kmajor<BM>(cQ, kk, 0), kk > 0);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk)
+                Wg<T>::template ss<0, 0>(dp, aw_kmajor<BN>(aV, kk, wg * 64 * 128),
+                                         aw_kmajor<BM>(cD, kk, 0), kk > 0);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(s);
+            wg_keep(dp);
+            const bool edge = (m0 + BM > a.sq) || (kw0 + 64 > a.sk) ||
+                              (a.causal && kw0 + 63 > m0);
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int ql = nt * 8 + 2 * t + (e & 1), i = 4 * nt + e;
+                    const float l = cL[ql];  // a fully masked row's -inf: probabilities 0
+                    float p = at_exp2(fmaf(s[i], sl2, l == -INFINITY ? -INFINITY : -l * AT_LOG2E));
+                    if (edge) {          // queries or keys past the ends, keys after the query
+                        const int key = e < 2 ? key0 : key1, qr = m0 + ql;
+                        if (qr >= a.sq || key >= a.sk || (a.causal && key > qr)) p = 0.f;
+                    }
+                    s[i] = p;
+                    dp[i] = p * (dp[i] - cDelta[ql]);
+                }
+            }
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    pa[kk][i] = AtFrag<T>::pack(s[8 * kk + 2 * i], s[8 * kk + 2 * i + 1]);
+                    sa[kk][i] = AtFrag<T>::pack(dp[8 * kk + 2 * i], dp[8 * kk + 2 * i + 1]);
+                }
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BM / 16; ++kk) {
+                Wg<T>::template rs<1>(dv, pa[kk], aw_mnmajor<BM>(cD, kk), 1);
+                Wg<T>::template rs<1>(dk, sa[kk], aw_mnmajor<BM>(cQ, kk), 1);
+            }
+            wg_commit();
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt) {      // dS^T, rounded as the products' operands
+                aw_put2<T>(sS, srow, nt * 8 + 2 * t, dp[4 * nt], dp[4 * nt + 1]);
+                aw_put2<T>(sS, srow + 8, nt * 8 + 2 * t, dp[4 * nt + 2], dp[4 * nt + 3]);
+            }
+        }
+        wg_proxy_fence();
+        __syncthreads();                 // dS^T is whole
+        // dQ rows m0 .., columns DQN wg ..: A = dS (queries x keys) stored k-major as dS^T
+        float dq[DQN / 2];
+        const int c0 = DQN * wg;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+            Wg<T>::template ss<1, 1>(dq, aw_mnmajor<BN>(aS, kk),
+                                     wg_desc(aK + (c0 >> 6) * (BN * 128) + (c0 & 63) * 2 +
+                                             kk * 2048, BN * 128, 1024), kk > 0);
+        wg_commit();
+        wg_wait<0>();
+        wg_keep(dq);
+        wg_keep(dv);
+        wg_keep(dk);
+        wg_keep(pa);
+        wg_keep(sa);
+        const int q0 = m0 + 16 * warp + g, q1 = q0 + 8;
+#pragma unroll
+        for (int j = 0; j < DQN / 8; ++j) {
+            const int col = c0 + 8 * j + 2 * t;
+            if (q0 < a.sq)
+                at_add2(dqacc + (long long)q0 * a.d + col, dq[4 * j] * a.scale,
+                        dq[4 * j + 1] * a.scale, true, true);
+            if (q1 < a.sq)
+                at_add2(dqacc + (long long)q1 * a.d + col, dq[4 * j + 2] * a.scale,
+                        dq[4 * j + 3] * a.scale, true, true);
+        }
+    }
+    at_cp_wait_all();                    // (no query block: K and V were never waited for)
+    T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = r ? key1 : key0;
+        if (key >= a.sk) continue;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            const int col = dt * 8 + 2 * t;
+            at_store2<T>(dko + (long long)key * a.dkss + col, dk[4 * dt + 2 * r] * a.scale,
+                         dk[4 * dt + 2 * r + 1] * a.scale, true, true);
+            at_store2<T>(dvo + (long long)key * a.dvss + col, dv[4 * dt + 2 * r],
+                         dv[4 * dt + 2 * r + 1], true, true);
+        }
+    }
+}
 //@ head
 
 extern "C" __global__ void __launch_bounds__(${wg_threads}, ${wg_min_blocks})
 attn_fwd_wg_${dtype}_${hd}(AtArgs a)
-{ attn_fwd_wg_body<${ctype}, ${hd}, ${wg_fwd}, ${wg_keys}>(a); }
+{ attn_fwd_wg_body<${ctype}, ${hd}, ${wg_fwd}, ${wg_keys}, ${wg_pipe}>(a); }
+
+extern "C" __global__ void __launch_bounds__(${wg_bwd_threads}, ${wg_bwd_min_blocks})
+attn_bwd_wg_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}>(a); }
