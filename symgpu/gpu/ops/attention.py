@@ -14,6 +14,12 @@ into a float32 accumulator with atomics (a pre-pass computes Delta = rowsum(dO o
 the accumulator; a last pass rounds it to the dtype, skipped in float32 where the
 accumulator is dq itself).
 
+On Hopper (a context of arch sm_90) the 16-bit module is built for sm_90a and also holds
+FlashAttention-3-style kernels (runtime/codegen/attention_wgmma.cu): warpgroup products
+(wgmma) on tiles stored in the 128-byte swizzle, P and dS fed from registers, dQ from dS^T in
+shared memory; they take the calls without a mask, with a positive scale and d equal to the
+head dim on 16-byte aligned rows (``_wgmma_runs``), the general kernels the rest.
+
 Head dims up to 128 run (the kernels are instantiated for 64 and 128, smaller dims zero-padded
 in shared memory); a larger head dim raises ValueError when the node runs (the head dim is
 not part of a variable's type, so the lifter cannot know it: keep such graphs on the host
@@ -67,8 +73,8 @@ class Tiles(NamedTuple):
     whole step, one during its dQ part; the min blocks are __launch_bounds__' (1: the
     compiler's choice of registers).  On Hopper 16-bit attention without a mask runs the
     wgmma kernels (attention_wgmma.cu): the forward where wg_fwd > 0 (wg_fwd warpgroups of
-    64 rows against wg_keys keys a tile; wg_pipe: the next tile's scores overlap this
-    tile's softmax), the backward where wg_bwd > 0 (wg_bwd warpgroups of 64 keys)."""
+    64 rows against wg_keys keys a tile), the backward where wg_bwd > 0 (wg_bwd warpgroups
+    of 64 keys)."""
     fwd_warps: int
     fwd_tiles: int
     fwd_keys: int
@@ -80,7 +86,6 @@ class Tiles(NamedTuple):
     wg_min_blocks: int = 1
     wg_bwd: int = 0
     wg_bwd_min_blocks: int = 1
-    wg_pipe: int = 1
 
 
 #: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
@@ -88,7 +93,12 @@ class Tiles(NamedTuple):
 #: registers) 90.5 us, against 97.5 with 153 registers and 3 blocks, 94 for 4 x 2 x 64, 92
 #: for 4 x 1 x 128; backward two stages 228.5 us, one 232, two at 3 blocks per SM (170
 #: registers) 243. float32 keeps one stage (two would leave one block per SM).
-_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=1, wg_keys=64, wg_min_blocks=3,
+#: The Hopper (wgmma) kernels on the same shape: forward 2 warpgroups x 64 keys at 2 blocks
+#: per SM (123 registers) 72.3 us, against 73.2 at 1, 76.4 for 2 x 128 at 2, 73.3 for 1 x 64
+#: at 3, 83.9 for 3 x 128; backward 2 warpgroups 212 us (204 registers, 1 block per SM),
+#: against 221 for 1. Head dim 128 (float16, 4 x 16 x 1024 x 128): backward 2 warpgroups
+#: 227 us, 1 260, the general kernel 309; forward 1 x 64 about 97, the general 113.
+_TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=2, wg_keys=64, wg_min_blocks=2,
                          wg_bwd=2),
           (2, 128): Tiles(4, 1, 64, 2, wg_fwd=1, wg_keys=64, wg_bwd=2),
           (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
@@ -131,7 +141,6 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
                                          wg_threads=128 * max(t.wg_fwd, 1),
                                          wg_fwd=max(t.wg_fwd, 1), wg_keys=t.wg_keys,
                                          wg_min_blocks=t.wg_min_blocks,
-                                         wg_pipe="true" if t.wg_pipe else "false",
                                          wg_bwd_threads=128 * wg_bwd, wg_bwd=wg_bwd,
                                          wg_bwd_min_blocks=t.wg_bwd_min_blocks)]
     return "".join(parts)
@@ -185,10 +194,10 @@ def _fwd_smem(dtype: str, hd: int) -> int:
 
 
 def _wg_fwd_smem(dtype: str, hd: int) -> int:
-    """The wgmma forward's Q block and three stages of K and V tiles (unpadded: swizzled),
-    and 1024 bytes to align them to the swizzle's atoms."""
+    """The wgmma forward's Q block and two stages of K and V tiles (unpadded: swizzled), and
+    1024 bytes to align them to the swizzle's atoms."""
     t = _tiles(dtype, hd)
-    return (64 * t.wg_fwd + 6 * t.wg_keys) * hd * 2 + 1024
+    return (64 * t.wg_fwd + 4 * t.wg_keys) * hd * 2 + 1024
 
 
 def _wg_bwd_smem(dtype: str, hd: int) -> int:

@@ -3,7 +3,7 @@
 // float16 / bfloat16, no mask, a positive scale, head dim HD (64 or 128) equal to d, every row
 // 16-byte aligned (attention.py picks this kernel only then; the general one runs the rest).
 // A block of NWG warpgroups takes 64 * NWG query rows; K and V stream through shared memory in
-// BN-key tiles (cp.async, three stages) stored in wgmma's 128-byte swizzle; S = Q K^T reads both
+// BN-key tiles (cp.async, two stages) stored in wgmma's 128-byte swizzle; S = Q K^T reads both
 // operands from shared memory, O += P V takes P from registers (the accumulator layout of two
 // 8-column blocks is the A fragment's) and V as an MN-major operand.
 // Accumulator layout (per warp w of the warpgroup, lane = 4 g + t, column block j):
@@ -51,19 +51,10 @@ __device__ __forceinline__ unsigned char *aw_smem_base(unsigned char *raw, unsig
     return raw + pad;
 }
 
-/* S = Q K^T of the key tile at shared address aK (issued, not waited for) */
-template <typename T, int HD, int BM, int BN>
-__device__ __forceinline__ void aw_scores(float (&s)[BN / 2], unsigned aQ, unsigned aK, int wg) {
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk)
-        Wg<T>::template ss<0, 0>(s, aw_kmajor<BM>(aQ, kk, wg * 64 * 128),
-                                 aw_kmajor<BN>(aK, kk, 0), kk > 0);
-}
-
-/* The forward. Key tiles rotate through three stages: tile n + 2 streams in during tile n.
-   PIPE: the next tile's scores are issued before this tile's softmax (the tensor cores work
-   while the warpgroup computes exponents); else after its P V. */
-template <typename T, int HD, int NWG, int BN, bool PIPE>
+/* The forward: K and V tiles in two cp.async stages (the next streams in during this one).
+   Measured against a three-stage version whose next tile's scores overlapped this tile's
+   softmax: its extra registers cost more (83 against 72 us on the GPT shape). */
+template <typename T, int HD, int NWG, int BN>
 __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
 {
     constexpr int BM = 64 * NWG, THREADS = 128 * NWG;
@@ -71,8 +62,8 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
     extern __shared__ __align__(128) unsigned char aw_smem[];
     unsigned aQ;
     unsigned char *sQ = aw_smem_base(aw_smem, aQ);
-    unsigned char *sK = sQ + QBYTES, *sV = sK + 3 * KBYTES;
-    const unsigned aK = aQ + QBYTES, aV = aK + 3 * KBYTES;
+    unsigned char *sK = sQ + QBYTES, *sV = sK + 2 * KBYTES;
+    const unsigned aK = aQ + QBYTES, aV = aK + 2 * KBYTES;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
@@ -91,105 +82,86 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
         aw_load<T, HD, BN, THREADS>(sK, k, a.kss, 0, a.sk);
         aw_load<T, HD, BN, THREADS>(sV, v, a.vss, 0, a.sk);
     }
-    at_cp_commit();                      // group: Q and tile 0
-    if (BN < n_end) {
-        aw_load<T, HD, BN, THREADS>(sK + KBYTES, k, a.kss, BN, a.sk);
-        aw_load<T, HD, BN, THREADS>(sV + KBYTES, v, a.vss, BN, a.sk);
-    }
-    at_cp_commit();                      // group: tile 1 (maybe empty)
-    at_cp_wait_one();
-    wg_proxy_fence();
-    __syncthreads();
-    float o[HD / 2], s[BN / 2];
+    at_cp_commit();
+    float o[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) o[i] = 0.f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.f, 0.f};
-    if (0 < wg_end && n_end > 0) {
-        wg_fence();
-        aw_scores<T, HD, BM, BN>(s, aQ, aK, wg);
-        wg_commit();
-        wg_wait<0>();
-        wg_keep(s);
-    }
 
-    for (int n0 = 0, st = 0; n0 < n_end; n0 += BN, st = st == 2 ? 0 : st + 1) {
-        const int nx = st == 2 ? 0 : st + 1, nx2 = nx == 2 ? 0 : nx + 1;
-        const bool next = n0 + BN < wg_end;   // this warpgroup has a next tile
-        if (n0 + BN < n_end) {           // tile n + 1 in, visible to all; tile n - 1 read
+    for (int n0 = 0, st = 0; n0 < n_end; n0 += BN, st ^= 1) {
+        if (n0 + BN < n_end) {         // the next tile streams in while this one is used
+            aw_load<T, HD, BN, THREADS>(sK + (st ^ 1) * KBYTES, k, a.kss, n0 + BN, a.sk);
+            aw_load<T, HD, BN, THREADS>(sV + (st ^ 1) * KBYTES, v, a.vss, n0 + BN, a.sk);
+            at_cp_commit();
+            at_cp_wait_one();
+        } else {
             at_cp_wait_all();
-            wg_proxy_fence();
-            __syncthreads();
-            if (n0 + 2 * BN < n_end) {   // tile n + 2 into tile n - 1's stage
-                aw_load<T, HD, BN, THREADS>(sK + nx2 * KBYTES, k, a.kss, n0 + 2 * BN, a.sk);
-                aw_load<T, HD, BN, THREADS>(sV + nx2 * KBYTES, v, a.vss, n0 + 2 * BN, a.sk);
-                at_cp_commit();
-            }
         }
-        if (n0 >= wg_end) continue;      // (causal: a warpgroup's rows all before the tile)
-        float sn[BN / 2];
-        if (PIPE && next) {
+        wg_proxy_fence();
+        __syncthreads();
+        if (n0 < wg_end) {             // (causal: a warpgroup's rows all before the tile skip it)
+            float s[BN / 2];
             wg_fence();
-            aw_scores<T, HD, BM, BN>(sn, aQ, aK + nx * KBYTES, wg);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk)
+                Wg<T>::template ss<0, 0>(s, aw_kmajor<BM>(aQ, kk, wg * 64 * 128),
+                                         aw_kmajor<BN>(aK + st * KBYTES, kk, 0), kk > 0);
             wg_commit();
+            wg_wait<0>();
+            wg_keep(s);
+            const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
+            if (edge) {                // keys past the end or after the row (causal): none
+#pragma unroll
+                for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
+                        if (col >= a.sk || (a.causal && col > row)) s[4 * nt + e] = -INFINITY;
+                    }
+            }
+            float mx[2] = {-INFINITY, -INFINITY}, base[2], alpha[2];
+#pragma unroll
+            for (int nt = 0; nt < BN / 8; ++nt) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
+            }
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                mx[r] = fmaxf(mrow[r], mx[r] * sl2);
+                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+                alpha[r] = at_exp2(mrow[r] - base[r]);
+                mrow[r] = mx[r];
+                lrow[r] *= alpha[r];
+            }
+            unsigned p[BN / 16][4];
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk) {   // one FFMA and one EX2 a probability
+                float e[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    e[i] = at_exp2(fmaf(s[8 * kk + i], sl2, -base[(i >> 1) & 1]));
+                lrow[0] += (e[0] + e[1]) + (e[4] + e[5]);
+                lrow[1] += (e[2] + e[3]) + (e[6] + e[7]);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) p[kk][i] = AtFrag<T>::pack(e[2 * i], e[2 * i + 1]);
+            }
+#pragma unroll
+            for (int i = 0; i < HD / 8; ++i) {
+                o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
+                o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
+            }
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < BN / 16; ++kk)
+                Wg<T>::template rs<1>(o, p[kk], aw_mnmajor<BN>(aV + st * KBYTES, kk), 1);
+            wg_commit();
+            wg_wait<0>();
+            wg_keep(o);
+            wg_keep(p);
         }
-        const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
-        if (edge) {                      // keys past the end or after the row (causal): none
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                    if (col >= a.sk || (a.causal && col > row)) s[4 * nt + e] = -INFINITY;
-                }
-        }
-        float mx[2] = {-INFINITY, -INFINITY}, base[2], alpha[2];
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
-            mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-        }
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            mx[r] = fmaxf(mrow[r], mx[r] * sl2);
-            base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-            alpha[r] = at_exp2(mrow[r] - base[r]);
-            mrow[r] = mx[r];
-            lrow[r] *= alpha[r];
-        }
-        unsigned p[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {   // one FFMA and one EX2 a probability
-            float e[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                e[i] = at_exp2(fmaf(s[8 * kk + i], sl2, -base[(i >> 1) & 1]));
-            lrow[0] += (e[0] + e[1]) + (e[4] + e[5]);
-            lrow[1] += (e[2] + e[3]) + (e[6] + e[7]);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) p[kk][i] = AtFrag<T>::pack(e[2 * i], e[2 * i + 1]);
-        }
-#pragma unroll
-        for (int i = 0; i < HD / 8; ++i) {
-            o[4 * i] *= alpha[0]; o[4 * i + 1] *= alpha[0];
-            o[4 * i + 2] *= alpha[1]; o[4 * i + 3] *= alpha[1];
-        }
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T>::template rs<1>(o, p[kk], aw_mnmajor<BN>(aV + st * KBYTES, kk), 1);
-        if (!PIPE && next)
-            aw_scores<T, HD, BM, BN>(sn, aQ, aK + nx * KBYTES, wg);
-        wg_commit();
-        wg_wait<0>();
-        wg_keep(o);
-        wg_keep(p);
-        if (next) {
-            wg_keep(sn);
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) s[i] = sn[i];
-        }
+        __syncthreads();                 // this stage is free for the tile after next
     }
     T *out = (T *)a.o + b * a.osb + h * a.osh;
 #pragma unroll
@@ -209,7 +181,6 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
                         : -INFINITY;
     }
 }
-
 /* Two 16-bit values (x, y) at (row r, columns c, c + 1) of a swizzled tile of ROWS rows of 64
    values (c even) */
 template <typename T>
@@ -388,7 +359,7 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
 
 extern "C" __global__ void __launch_bounds__(${wg_threads}, ${wg_min_blocks})
 attn_fwd_wg_${dtype}_${hd}(AtArgs a)
-{ attn_fwd_wg_body<${ctype}, ${hd}, ${wg_fwd}, ${wg_keys}, ${wg_pipe}>(a); }
+{ attn_fwd_wg_body<${ctype}, ${hd}, ${wg_fwd}, ${wg_keys}>(a); }
 
 extern "C" __global__ void __launch_bounds__(${wg_bwd_threads}, ${wg_bwd_min_blocks})
 attn_bwd_wg_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}>(a); }
