@@ -74,7 +74,8 @@ class Tiles(NamedTuple):
     compiler's choice of registers).  On Hopper 16-bit attention without a mask runs the
     wgmma kernels (attention_wgmma.cu): the forward where wg_fwd > 0 (wg_fwd warpgroups of
     64 rows against wg_keys keys a tile), the backward where wg_bwd > 0 (wg_bwd warpgroups
-    of 64 keys)."""
+    of 64 keys against 64 * wg_bwd_queries queries a step: 1 or wg_bwd; wg_bwd_defer: a
+    step's dQ atomics overlap the next step's first products)."""
     fwd_warps: int
     fwd_tiles: int
     fwd_keys: int
@@ -86,6 +87,8 @@ class Tiles(NamedTuple):
     wg_min_blocks: int = 1
     wg_bwd: int = 0
     wg_bwd_min_blocks: int = 1
+    wg_bwd_queries: int = 1
+    wg_bwd_defer: int = 0
 
 
 #: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
@@ -135,14 +138,17 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
                                     fwd_min_blocks=t.fwd_min_blocks,
                                     bwd_min_blocks=t.bwd_min_blocks)]
     if hopper and _wgmma_tiles(dtype, hd):
-        wg_bwd = max(t.wg_bwd, 1)
-        parts += [wgmma_source((t.wg_keys, hd, 64, hd // wg_bwd)), _WG[""].substitute(),
+        wg_bwd, qf = max(t.wg_bwd, 1), t.wg_bwd_queries
+        dq_cols = hd if qf == wg_bwd > 1 else hd // wg_bwd
+        parts += [wgmma_source((t.wg_keys, hd, 64 * qf, dq_cols)), _WG[""].substitute(),
                   _WG["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
                                          wg_threads=128 * max(t.wg_fwd, 1),
                                          wg_fwd=max(t.wg_fwd, 1), wg_keys=t.wg_keys,
                                          wg_min_blocks=t.wg_min_blocks,
                                          wg_bwd_threads=128 * wg_bwd, wg_bwd=wg_bwd,
-                                         wg_bwd_min_blocks=t.wg_bwd_min_blocks)]
+                                         wg_bwd_min_blocks=t.wg_bwd_min_blocks,
+                                         wg_bwd_queries=qf,
+                                         wg_bwd_defer="true" if t.wg_bwd_defer else "false")]
     return "".join(parts)
 
 
@@ -201,10 +207,11 @@ def _wg_fwd_smem(dtype: str, hd: int) -> int:
 
 
 def _wg_bwd_smem(dtype: str, hd: int) -> int:
-    """The wgmma backward's K and V (64 keys a warpgroup), two stages of Q, dO (64 rows), lse
-    and Delta, dS^T, and 1024 bytes of alignment."""
-    keys = 64 * _tiles(dtype, hd).wg_bwd
-    return (2 * keys * hd + 4 * 64 * hd + keys * 64) * 2 + 4 * 64 * 4 + 1024
+    """The wgmma backward's K and V (64 keys a warpgroup), two stages of Q, dO, lse and Delta
+    (64 * wg_bwd_queries rows), dS^T, and 1024 bytes of alignment."""
+    t = _tiles(dtype, hd)
+    keys, rows = 64 * t.wg_bwd, 64 * t.wg_bwd_queries
+    return (2 * keys * hd + 4 * rows * hd + keys * rows) * 2 + 4 * rows * 4 + 1024
 
 
 def _bwd_smem(dtype: str, hd: int) -> int:

@@ -181,24 +181,50 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
                         : -INFINITY;
     }
 }
-/* Two 16-bit values (x, y) at (row r, columns c, c + 1) of a swizzled tile of ROWS rows of 64
-   values (c even) */
-template <typename T>
+/* Two 16-bit values (x, y) at (row r, columns c, c + 1) of a swizzled tile of ROWS rows
+   (c even) */
+template <typename T, int ROWS>
 __device__ __forceinline__ void aw_put2(unsigned char *s, int r, int c, float x, float y) {
-    *reinterpret_cast<unsigned *>(s + r * 128 + (((c >> 3) ^ (r & 7)) << 4) + (c & 7) * 2) =
+    *reinterpret_cast<unsigned *>(s + aw_chunk<ROWS>(r, c >> 3) + (c & 7) * 2) =
         AtFrag<T>::pack(x, y);
 }
 
+/* p[0] += x, p[1] += y where ok: one predicated vector reduction (no branch: issued between
+   a warpgroup's products and their wait, a branch would make ptxas serialize them) */
+__device__ __forceinline__ void aw_red2(float *p, float x, float y, bool ok) {
+    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n"
+                 "@q red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
+                 :: "l"(p), "f"(x), "f"(y), "r"((int)ok) : "memory");
+}
+
+/* dqacc[q0, c0 ..] and dqacc[q0 + 8, c0 ..] += scale * a warpgroup's dQ accumulator (rows
+   past sq skipped; lane = 4 g + t) */
+template <int N>
+__device__ __forceinline__ void aw_dq_add(float *dqacc, const float (&dq)[N / 2], int q0, int c0,
+                                          int t, int sq, int d, float scale) {
+    float *p0 = dqacc + (long long)q0 * d + c0 + 2 * t, *p1 = p0 + 8LL * d;
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) {
+        aw_red2(p0 + 8 * j, dq[4 * j] * scale, dq[4 * j + 1] * scale, q0 < sq);
+        aw_red2(p1 + 8 * j, dq[4 * j + 2] * scale, dq[4 * j + 3] * scale, q0 + 8 < sq);
+    }
+}
+
 /* The backward: a block of NWG warpgroups takes 64 * NWG keys (64 a warpgroup) and loops over
-   the query blocks of 64 (the next one's Q, dO, lse and Delta stream in during this one):
+   the query blocks of 64 * QF (the next one's Q, dO, lse and Delta stream in during this one):
    S^T = K Q^T and dP^T = V dO^T (shared-memory operands), P^T = exp(S^T - lse),
    dS^T = P^T (dP^T - Delta); dV += P^T dO and dK += dS^T Q from registers; dS^T goes to
-   shared memory (swizzled) and dQ = dS K (both operands MN-major; the warpgroups split its
-   columns) is added into the float accumulator with atomics. */
-template <typename T, int HD, int NWG>
+   shared memory (swizzled) and dQ = dS K (both operands MN-major) is added into the float
+   accumulator with atomics, the warpgroups splitting its rows (QF == NWG) or else its
+   columns. DEFER: a step's dQ atomics wait for the next step's S^T and dP^T products to be
+   issued, and run while the tensor cores compute them. */
+template <typename T, int HD, int NWG, int QF, bool DEFER>
 __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
 {
-    constexpr int BM = 64, BN = 64 * NWG, THREADS = 128 * NWG, DQN = HD / NWG;
+    static_assert(QF == 1 || QF == NWG, "dQ's split: by rows (QF == NWG) or by columns");
+    constexpr int BM = 64 * QF, BN = 64 * NWG, THREADS = 128 * NWG;
+    constexpr bool ROWS_SPLIT = QF == NWG && NWG > 1;
+    constexpr int DQN = ROWS_SPLIT ? HD : HD / NWG;
     constexpr unsigned KB = BN * HD * 2, QB = BM * HD * 2, SB = BN * BM * 2;
     extern __shared__ __align__(128) unsigned char aw_smem[];
     unsigned aK;
@@ -230,9 +256,13 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         at_load_row<BM, THREADS>(sDelta, delta, m_start, a.sq);
     }
     at_cp_commit();
-    float dk[HD / 2], dv[HD / 2];
+    float dk[HD / 2], dv[HD / 2], dq[DQN / 2], dq_held[DQN / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) dk[i] = dv[i] = 0.f;
+    // the warpgroup's part of dQ: rows r0 .. r0 + 63 of a query block, columns c0 .. c0 + DQN
+    const int c0 = ROWS_SPLIT ? 0 : DQN * wg, r0 = ROWS_SPLIT ? 64 * wg : 0;
+    const int dq_row = r0 + 16 * warp + g;
+    int pending = -1;                    // DEFER: the query block whose dQ is in dq_held
 
     for (int m0 = m_start, st = 0; m0 < a.sq; m0 += BM, st ^= 1) {
         if (m0 + BM < a.sq) {            // its last readers finished in the last step
@@ -252,10 +282,12 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         const float *cL = sL + st * BM, *cDelta = sDelta + st * BM;
         unsigned pa[BM / 16][4], sa[BM / 16][4];
         if (a.causal && m0 + BM - 1 < kw0) {      // every key after every query: dS^T = 0
+            if (DEFER && pending >= 0)
+                aw_dq_add<DQN>(dqacc, dq_held, pending + dq_row, c0, t, a.sq, a.d, 1.f);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; ++nt) {
-                aw_put2<T>(sS, srow, nt * 8 + 2 * t, 0.f, 0.f);
-                aw_put2<T>(sS, srow + 8, nt * 8 + 2 * t, 0.f, 0.f);
+                aw_put2<T, BN>(sS, srow, nt * 8 + 2 * t, 0.f, 0.f);
+                aw_put2<T, BN>(sS, srow + 8, nt * 8 + 2 * t, 0.f, 0.f);
             }
         } else {
             float s[BM / 2], dp[BM / 2];
@@ -269,6 +301,10 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
                 Wg<T>::template ss<0, 0>(dp, aw_kmajor<BN>(aV, kk, wg * 64 * 128),
                                          aw_kmajor<BM>(cD, kk, 0), kk > 0);
             wg_commit();
+            if (DEFER)                   // while the tensor cores compute S^T and dP^T (no
+                                         // branch between the products and their wait)
+                aw_dq_add<DQN>(dqacc, dq_held, pending >= 0 ? pending + dq_row : a.sq, c0, t,
+                               a.sq, a.d, 1.f);
             wg_wait<0>();
             wg_keep(s);
             wg_keep(dp);
@@ -305,19 +341,18 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
             wg_commit();
 #pragma unroll
             for (int nt = 0; nt < BM / 8; ++nt) {      // dS^T, rounded as the products' operands
-                aw_put2<T>(sS, srow, nt * 8 + 2 * t, dp[4 * nt], dp[4 * nt + 1]);
-                aw_put2<T>(sS, srow + 8, nt * 8 + 2 * t, dp[4 * nt + 2], dp[4 * nt + 3]);
+                aw_put2<T, BN>(sS, srow, nt * 8 + 2 * t, dp[4 * nt], dp[4 * nt + 1]);
+                aw_put2<T, BN>(sS, srow + 8, nt * 8 + 2 * t, dp[4 * nt + 2], dp[4 * nt + 3]);
             }
         }
         wg_proxy_fence();
         __syncthreads();                 // dS^T is whole
-        // dQ rows m0 .., columns DQN wg ..: A = dS (queries x keys) stored k-major as dS^T
-        float dq[DQN / 2];
-        const int c0 = DQN * wg;
+        // dQ: A = dS (queries x keys), stored M-major as dS^T (its 64-query panels BN * 128
+        // bytes apart)
         wg_fence();
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk)
-            Wg<T>::template ss<1, 1>(dq, aw_mnmajor<BN>(aS, kk),
+            Wg<T>::template ss<1, 1>(dq, aw_mnmajor<BN>(aS + (r0 >> 6) * (BN * 128), kk),
                                      wg_desc(aK + (c0 >> 6) * (BN * 128) + (c0 & 63) * 2 +
                                              kk * 2048, BN * 128, 1024), kk > 0);
         wg_commit();
@@ -327,18 +362,15 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         wg_keep(dk);
         wg_keep(pa);
         wg_keep(sa);
-        const int q0 = m0 + 16 * warp + g, q1 = q0 + 8;
+        if (DEFER) {                     // (new registers, scaled: ptxas must not see the
+            pending = m0;                // product's own registers read past its next issue)
 #pragma unroll
-        for (int j = 0; j < DQN / 8; ++j) {
-            const int col = c0 + 8 * j + 2 * t;
-            if (q0 < a.sq)
-                at_add2(dqacc + (long long)q0 * a.d + col, dq[4 * j] * a.scale,
-                        dq[4 * j + 1] * a.scale, true, true);
-            if (q1 < a.sq)
-                at_add2(dqacc + (long long)q1 * a.d + col, dq[4 * j + 2] * a.scale,
-                        dq[4 * j + 3] * a.scale, true, true);
-        }
+            for (int i = 0; i < DQN / 2; ++i) dq_held[i] = dq[i] * a.scale;
+        } else
+            aw_dq_add<DQN>(dqacc, dq, m0 + dq_row, c0, t, a.sq, a.d, a.scale);
     }
+    if (DEFER && pending >= 0)
+        aw_dq_add<DQN>(dqacc, dq_held, pending + dq_row, c0, t, a.sq, a.d, 1.f);
     at_cp_wait_all();                    // (no query block: K and V were never waited for)
     T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
 #pragma unroll
@@ -362,4 +394,5 @@ attn_fwd_wg_${dtype}_${hd}(AtArgs a)
 { attn_fwd_wg_body<${ctype}, ${hd}, ${wg_fwd}, ${wg_keys}>(a); }
 
 extern "C" __global__ void __launch_bounds__(${wg_bwd_threads}, ${wg_bwd_min_blocks})
-attn_bwd_wg_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}>(a); }
+attn_bwd_wg_${dtype}_${hd}(AtBwdArgs a)
+{ attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}, ${wg_bwd_queries}, ${wg_bwd_defer}>(a); }
