@@ -291,6 +291,9 @@ def test_attention_tiles_fit_shared_memory():
             t = A._tiles(dtype, hd)
             assert A._fwd_rows(dtype, hd) == 16 * t.fwd_warps * t.fwd_tiles
             assert t.bwd_stages in (1, 2) and t.fwd_keys % 16 == 0 and t.fwd_keys <= 128
+            if A._wgmma_tiles(dtype, hd):    # the Hopper kernels' (attention_wgmma.cu)
+                assert max(A._wg_fwd_smem(dtype, hd), A._wg_bwd_smem(dtype, hd)) <= 227 * 1024
+                assert t.wg_bwd_queries in (1, t.wg_bwd) and t.wg_keys in (64, 128)
     assert 2 * A._bwd_smem("float16", 64) <= 227 * 1024
 
 

@@ -74,8 +74,7 @@ class Tiles(NamedTuple):
     compiler's choice of registers).  On Hopper 16-bit attention without a mask runs the
     wgmma kernels (attention_wgmma.cu): the forward where wg_fwd > 0 (wg_fwd warpgroups of
     64 rows against wg_keys keys a tile), the backward where wg_bwd > 0 (wg_bwd warpgroups
-    of 64 keys against 64 * wg_bwd_queries queries a step: 1 or wg_bwd; wg_bwd_defer: a
-    step's dQ atomics overlap the next step's first products)."""
+    of 64 keys against 64 * wg_bwd_queries queries a step: 1 or wg_bwd)."""
     fwd_warps: int
     fwd_tiles: int
     fwd_keys: int
@@ -88,7 +87,6 @@ class Tiles(NamedTuple):
     wg_bwd: int = 0
     wg_bwd_min_blocks: int = 1
     wg_bwd_queries: int = 1
-    wg_bwd_defer: int = 0
 
 
 #: (itemsize, head dim) -> Tiles, measured on the H200 (benchmarks/attention_variants.py,
@@ -98,11 +96,13 @@ class Tiles(NamedTuple):
 #: registers) 243. float32 keeps one stage (two would leave one block per SM).
 #: The Hopper (wgmma) kernels on the same shape: forward 2 warpgroups x 64 keys at 2 blocks
 #: per SM (123 registers) 72.3 us, against 73.2 at 1, 76.4 for 2 x 128 at 2, 73.3 for 1 x 64
-#: at 3, 83.9 for 3 x 128; backward 2 warpgroups 212 us (204 registers, 1 block per SM),
-#: against 221 for 1. Head dim 128 (float16, 4 x 16 x 1024 x 128): backward 2 warpgroups
-#: 227 us, 1 260, the general kernel 309; forward 1 x 64 about 97, the general 113.
+#: at 3, 83.9 for 3 x 128; backward 2 warpgroups against 128 queries a step 198 us (255
+#: registers, no spill, 1 block per SM), against 64 queries 212-215 (204 registers), 1
+#: warpgroup 221. Head dim 128 (float16, 4 x 16 x 1024 x 128): backward 2 warpgroups against
+#: 64 queries 226 us, 1 260, the general kernel 309 (128 queries a step spill there); forward
+#: 1 x 64 about 97, the general 113.
 _TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=2, wg_keys=64, wg_min_blocks=2,
-                         wg_bwd=2),
+                         wg_bwd=2, wg_bwd_queries=2),
           (2, 128): Tiles(4, 1, 64, 2, wg_fwd=1, wg_keys=64, wg_bwd=2),
           (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
 
@@ -147,8 +147,7 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
                                          wg_min_blocks=t.wg_min_blocks,
                                          wg_bwd_threads=128 * wg_bwd, wg_bwd=wg_bwd,
                                          wg_bwd_min_blocks=t.wg_bwd_min_blocks,
-                                         wg_bwd_queries=qf,
-                                         wg_bwd_defer="true" if t.wg_bwd_defer else "false")]
+                                         wg_bwd_queries=qf)]
     return "".join(parts)
 
 

@@ -189,8 +189,7 @@ __device__ __forceinline__ void aw_put2(unsigned char *s, int r, int c, float x,
         AtFrag<T>::pack(x, y);
 }
 
-/* p[0] += x, p[1] += y where ok: one predicated vector reduction (no branch: issued between
-   a warpgroup's products and their wait, a branch would make ptxas serialize them) */
+/* p[0] += x, p[1] += y where ok: one predicated vector reduction */
 __device__ __forceinline__ void aw_red2(float *p, float x, float y, bool ok) {
     asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n"
                  "@q red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
@@ -216,9 +215,9 @@ __device__ __forceinline__ void aw_dq_add(float *dqacc, const float (&dq)[N / 2]
    dS^T = P^T (dP^T - Delta); dV += P^T dO and dK += dS^T Q from registers; dS^T goes to
    shared memory (swizzled) and dQ = dS K (both operands MN-major) is added into the float
    accumulator with atomics, the warpgroups splitting its rows (QF == NWG) or else its
-   columns. DEFER: a step's dQ atomics wait for the next step's S^T and dP^T products to be
-   issued, and run while the tensor cores compute them. */
-template <typename T, int HD, int NWG, int QF, bool DEFER>
+   columns. (Measured on the GPT shape: query blocks of 128 with two warpgroups 198 us, of 64
+   215; a step's dQ atomics deferred to run during the next step's first products, +8 us.) */
+template <typename T, int HD, int NWG, int QF>
 __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
 {
     static_assert(QF == 1 || QF == NWG, "dQ's split: by rows (QF == NWG) or by columns");
@@ -256,13 +255,12 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         at_load_row<BM, THREADS>(sDelta, delta, m_start, a.sq);
     }
     at_cp_commit();
-    float dk[HD / 2], dv[HD / 2], dq[DQN / 2], dq_held[DQN / 2];
+    float dk[HD / 2], dv[HD / 2], dq[DQN / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; ++i) dk[i] = dv[i] = 0.f;
     // the warpgroup's part of dQ: rows r0 .. r0 + 63 of a query block, columns c0 .. c0 + DQN
     const int c0 = ROWS_SPLIT ? 0 : DQN * wg, r0 = ROWS_SPLIT ? 64 * wg : 0;
     const int dq_row = r0 + 16 * warp + g;
-    int pending = -1;                    // DEFER: the query block whose dQ is in dq_held
 
     for (int m0 = m_start, st = 0; m0 < a.sq; m0 += BM, st ^= 1) {
         if (m0 + BM < a.sq) {            // its last readers finished in the last step
@@ -282,8 +280,6 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         const float *cL = sL + st * BM, *cDelta = sDelta + st * BM;
         unsigned pa[BM / 16][4], sa[BM / 16][4];
         if (a.causal && m0 + BM - 1 < kw0) {      // every key after every query: dS^T = 0
-            if (DEFER && pending >= 0)
-                aw_dq_add<DQN>(dqacc, dq_held, pending + dq_row, c0, t, a.sq, a.d, 1.f);
 #pragma unroll
             for (int nt = 0; nt < BM / 8; ++nt) {
                 aw_put2<T, BN>(sS, srow, nt * 8 + 2 * t, 0.f, 0.f);
@@ -301,10 +297,6 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
                 Wg<T>::template ss<0, 0>(dp, aw_kmajor<BN>(aV, kk, wg * 64 * 128),
                                          aw_kmajor<BM>(cD, kk, 0), kk > 0);
             wg_commit();
-            if (DEFER)                   // while the tensor cores compute S^T and dP^T (no
-                                         // branch between the products and their wait)
-                aw_dq_add<DQN>(dqacc, dq_held, pending >= 0 ? pending + dq_row : a.sq, c0, t,
-                               a.sq, a.d, 1.f);
             wg_wait<0>();
             wg_keep(s);
             wg_keep(dp);
@@ -362,15 +354,8 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         wg_keep(dk);
         wg_keep(pa);
         wg_keep(sa);
-        if (DEFER) {                     // (new registers, scaled: ptxas must not see the
-            pending = m0;                // product's own registers read past its next issue)
-#pragma unroll
-            for (int i = 0; i < DQN / 2; ++i) dq_held[i] = dq[i] * a.scale;
-        } else
-            aw_dq_add<DQN>(dqacc, dq, m0 + dq_row, c0, t, a.sq, a.d, a.scale);
+        aw_dq_add<DQN>(dqacc, dq, m0 + dq_row, c0, t, a.sq, a.d, a.scale);
     }
-    if (DEFER && pending >= 0)
-        aw_dq_add<DQN>(dqacc, dq_held, pending + dq_row, c0, t, a.sq, a.d, 1.f);
     at_cp_wait_all();                    // (no query block: K and V were never waited for)
     T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
 #pragma unroll
@@ -395,4 +380,4 @@ attn_fwd_wg_${dtype}_${hd}(AtArgs a)
 
 extern "C" __global__ void __launch_bounds__(${wg_bwd_threads}, ${wg_bwd_min_blocks})
 attn_bwd_wg_${dtype}_${hd}(AtBwdArgs a)
-{ attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}, ${wg_bwd_queries}, ${wg_bwd_defer}>(a); }
+{ attn_bwd_wg_body<${ctype}, ${hd}, ${wg_bwd}, ${wg_bwd_queries}>(a); }
