@@ -1,7 +1,8 @@
 """The Hopper attention kernels (attention_wgmma.cu: wgmma products, swizzled tiles) on the
-GPU machine: which calls they take, and their values against float64 NumPy and against the general kernels of the same call, over the shapes their tiling must
-handle: lengths that are not a multiple of 64, more keys than queries and fewer, causal or
-not, head dims 64 and 128, float16 and bfloat16.
+GPU machine: which calls they take, and their values against float64 NumPy and against the
+general kernels of the same call, over the shapes their tiling must handle: lengths that are
+not a multiple of 64, more keys than queries and fewer, causal or not, head dims 64 and 128,
+float16 and bfloat16.
 
 Tolerances are test_gpu_attention's (inputs and P, dS rounded to the dtype, float32
 accumulation); the two kernels' results agree to the same."""

@@ -257,6 +257,33 @@ def _kernel(ctx: Any, dtype: str, hd: int, name: str, smem: int) -> Any:
     return fn
 
 
+class _Launch(NamedTuple):
+    """One step's kernel for a call: its Function, dynamic shared memory, query rows (forward)
+    or keys (backward) per block, and threads per block."""
+    fn: Any
+    smem: int
+    per_block: int
+    threads: int
+
+
+def _launch_plan(ctx: Any, dtype: str, hd: int, step: str, vec: bool, mask: Any,
+                 scale: float) -> _Launch:
+    """The kernel of ``step`` ("fwd" or "bwd") for a call: the Hopper one where it takes the
+    call (``_wgmma_runs``), else the general one."""
+    t = _tiles(dtype, hd)
+    wg = t.wg_fwd if step == "fwd" else t.wg_bwd
+    if _wgmma_runs(ctx, dtype, hd, wg, vec, mask, scale):
+        smem = (_wg_fwd_smem if step == "fwd" else _wg_bwd_smem)(dtype, hd)
+        name, per_block, threads = f"attn_{step}_wg_{dtype}_{hd}", 64 * wg, 128 * wg
+    elif step == "fwd":
+        smem, name = _fwd_smem(dtype, hd), f"attn_fwd_{dtype}_{hd}"
+        per_block, threads = _fwd_rows(dtype, hd), 32 * t.fwd_warps
+    else:
+        smem, name = _bwd_smem(dtype, hd), f"attn_bwd_{dtype}_{hd}"
+        per_block, threads = _BN, _THREADS
+    return _Launch(_kernel(ctx, dtype, hd, name, smem), smem, per_block, threads)
+
+
 def _elem_strides(op: Any, x: Any, what: str) -> tuple[Any, tuple[int, ...]]:
     """x (copied C-contiguous where its last axis is not unit-stride) and its strides in
     elements."""
@@ -412,23 +439,16 @@ class GpuAttention(_GpuAttentionBase):
             mptr = mask.ptr
         else:
             ms, mptr = (0, 0, 0, 0), 0
-        name, scale = q.dtype.name, _scale(self, d)
+        scale = _scale(self, d)
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
-        t = _tiles(name, hd)
-        if _wgmma_runs(ctx, name, hd, t.wg_fwd, vec, mask, scale):
-            smem = _wg_fwd_smem(name, hd)
-            fn = _kernel(ctx, name, hd, f"attn_fwd_wg_{name}_{hd}", smem)
-            rows, threads = 64 * t.wg_fwd, 128 * t.wg_fwd
-        else:
-            smem = _fwd_smem(name, hd)
-            fn = _kernel(ctx, name, hd, f"attn_fwd_{name}_{hd}", smem)
-            rows, threads = _fwd_rows(name, hd), 32 * t.fwd_warps
+        run = _launch_plan(ctx, q.dtype.name, hd, "fwd", vec, mask, scale)
         osz = o.dtype.itemsize
         olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
                         scale)
-        fn._launch_kernel((-(-sq // rows), bh, 1), (threads, 1, 1), buf, smem, ctx.stream)
+        run.fn._launch_kernel((-(-sq // run.per_block), bh, 1), (run.threads, 1, 1), buf,
+                              run.smem, ctx.stream)
         return [o, lse]
 
 
@@ -502,20 +522,14 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
                             dlse.ptr if dlse is not None else 0, delta.ptr, acc.ptr, heads,
                             sq, d, rows, int(rows_vec))
     vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
-    scale, t = _scale(op, d), _tiles(name, hd)
-    if _wgmma_runs(ctx, name, hd, t.wg_bwd, vec, mask, scale):
-        smem = _wg_bwd_smem(name, hd)
-        fn = _kernel(ctx, name, hd, f"attn_bwd_wg_{name}_{hd}", smem)
-        keys, threads = 64 * t.wg_bwd, 128 * t.wg_bwd
-    else:
-        smem = _bwd_smem(name, hd)
-        fn = _kernel(ctx, name, hd, f"attn_bwd_{name}_{hd}", smem)
-        keys, threads = _BN, _THREADS
+    scale = _scale(op, d)
+    run = _launch_plan(ctx, name, hd, "bwd", vec, mask, scale)
     dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                     dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
                     heads, sq, sk, d, int(op.causal), int(vec), scale)
-    fn._launch_kernel((-(-sk // keys), bh, 1), (threads, 1, 1), buf, smem, ctx.stream)
+    run.fn._launch_kernel((-(-sk // run.per_block), bh, 1), (run.threads, 1, 1), buf, run.smem,
+                          ctx.stream)
     if acc is not dq:
         cvt = _prepared(ctx, name, hd, f"attn_bwd_dq_{name}", "PPqqqqiiii")
         dql = _lead(tuple(s // isz for s in dq.strides), nd)

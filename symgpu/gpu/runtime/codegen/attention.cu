@@ -583,6 +583,29 @@ struct AtBwdArgs {
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
+/* dK (times the scale) and dV at keys key0 and key0 + 8 (keys past sk skipped), columns < d,
+   from a warp's accumulators in the C layout: acc(key0 + 8 r, 8 dt + 2 t + e) =
+   x[4 dt + 2 r + e] (a float[HD / 8][4] flattened, or wgmma's float[HD / 2]) */
+template <typename T, int HD>
+__device__ __forceinline__ void at_store_dkdv(const AtBwdArgs &a, int b, int h, const float *dk,
+                                              const float *dv, int key0, int t, bool pairs) {
+    T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = key0 + 8 * r;
+        if (key >= a.sk) continue;
+#pragma unroll
+        for (int dt = 0; dt < HD / 8; ++dt) {
+            const int col = dt * 8 + 2 * t, i = 4 * dt + 2 * r;
+            if (col >= a.d) continue;
+            at_store2<T>(dko + (long long)key * a.dkss + col, dk[i] * a.scale,
+                         dk[i + 1] * a.scale, pairs, col + 1 < a.d);
+            at_store2<T>(dvo + (long long)key * a.dvss + col, dv[i], dv[i + 1], pairs,
+                         col + 1 < a.d);
+        }
+    }
+}
+
 /* The backward: one block per (64 keys, batch * head), 4 warps of 16 keys, looping over the
    query blocks of 64 (STAGES 2: the next block's Q, dO, lse and Delta stream in during this
    one; 1: during its dQ step):
@@ -775,21 +798,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
         }
     }
     at_cp_wait_all();                    // (no query block: K and V were never waited for)
-    T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int key = r ? key1 : key0;
-        if (key >= a.sk) continue;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-            const int col = dt * 8 + 2 * t;
-            if (col >= a.d) continue;
-            at_store2<T>(dko + (long long)key * a.dkss + col, dk[dt][2 * r] * a.scale,
-                         dk[dt][2 * r + 1] * a.scale, pairs, col + 1 < a.d);
-            at_store2<T>(dvo + (long long)key * a.dvss + col, dv[dt][2 * r], dv[dt][2 * r + 1],
-                         pairs, col + 1 < a.d);
-        }
-    }
+    at_store_dkdv<T, HD>(a, b, h, &dk[0][0], &dv[0][0], key0, t, pairs);
 }
 //@ dtype
 

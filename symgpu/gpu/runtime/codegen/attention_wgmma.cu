@@ -357,20 +357,7 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
         aw_dq_add<DQN>(dqacc, dq, m0 + dq_row, c0, t, a.sq, a.d, a.scale);
     }
     at_cp_wait_all();                    // (no query block: K and V were never waited for)
-    T *dko = (T *)a.dk + b * a.dksb + h * a.dksh, *dvo = (T *)a.dv + b * a.dvsb + h * a.dvsh;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int key = r ? key1 : key0;
-        if (key >= a.sk) continue;
-#pragma unroll
-        for (int dt = 0; dt < HD / 8; ++dt) {
-            const int col = dt * 8 + 2 * t;
-            at_store2<T>(dko + (long long)key * a.dkss + col, dk[4 * dt + 2 * r] * a.scale,
-                         dk[4 * dt + 2 * r + 1] * a.scale, true, true);
-            at_store2<T>(dvo + (long long)key * a.dvss + col, dv[4 * dt + 2 * r],
-                         dv[4 * dt + 2 * r + 1], true, true);
-        }
-    }
+    at_store_dkdv<T, HD>(a, b, h, dk, dv, key0, t, true);
 }
 //@ head
 
