@@ -265,6 +265,43 @@ struct AtArgs {
     int heads, sq, sk, d, causal, vec; float scale;
 };
 
+/* One key tile of the online softmax for a warp's rows row0 and row0 + 8, its scores x in the
+   C layout (x[4 nt + e]: column n0 + 8 nt + 2 t + (e & 1) of row e < 2 ? row0 : row0 + 8):
+   where EDGE, keys past sk or after the row (causal) become -inf; the rows' maxima in log2
+   units (a raw max times mult > 0, which keeps the order) go into mrow, the exponents' bases
+   into base, the old sums' factors into alpha, and lrow is rescaled by them. */
+template <int BN>
+__device__ __forceinline__ void at_online_max(float *x, int n0, int row0, int t, int sk,
+                                              int causal, bool edge, float mult,
+                                              float (&mrow)[2], float (&lrow)[2],
+                                              float (&base)[2], float (&alpha)[2]) {
+    if (edge) {
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = row0 + (e < 2 ? 0 : 8), col = n0 + nt * 8 + 2 * t + (e & 1);
+                if (col >= sk || (causal && col > row)) x[4 * nt + e] = -INFINITY;
+            }
+    }
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt) {
+        mx[0] = fmaxf(mx[0], fmaxf(x[4 * nt], x[4 * nt + 1]));
+        mx[1] = fmaxf(mx[1], fmaxf(x[4 * nt + 2], x[4 * nt + 3]));
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        mx[r] = fmaxf(mrow[r], mx[r] * mult);
+        base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
+        alpha[r] = at_exp2(mrow[r] - base[r]);
+        mrow[r] = mx[r];
+        lrow[r] *= alpha[r];
+    }
+}
+
 /* The forward: one block of WARPS warps per (16 * MT * WARPS query rows, batch * head), the
    blocks with the most keys (causal) first; BN-key tiles of K and V in two cp.async stages. */
 template <typename T, int HD, int WARPS, int MT, int BN>
@@ -362,32 +399,9 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
                         s[mt][nt][e] = at_prescaled(s[mt][nt][e], sl2, mask, a, row, col);
                     }
             }
-            if (edge) {            // keys past the end or after the row (causal): none
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                        if (col >= a.sk || (a.causal && col > row)) s[mt][nt][e] = -INFINITY;
-                    }
-            }
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[mt][nt][0], s[mt][nt][1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[mt][nt][2], s[mt][nt][3]));
-            }
             float base[2];
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mx[r] = fmaxf(mrow[mt][r], mx[r] * mult);     // (mult > 0 keeps the order)
-                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-                alpha[mt][r] = at_exp2(mrow[mt][r] - base[r]);
-                mrow[mt][r] = mx[r];
-                lrow[mt][r] *= alpha[mt][r];
-            }
+            at_online_max<BN>(&s[mt][0][0], n0, row0, t, a.sk, a.causal, edge, mult, mrow[mt],
+                              lrow[mt], base, alpha[mt]);
 #pragma unroll
             for (int nt = 0; nt < BN / 8; ++nt) {   // one FFMA and one EX2 a probability
                 s[mt][nt][0] = at_exp2(fmaf(s[mt][nt][0], mult, -base[0]));

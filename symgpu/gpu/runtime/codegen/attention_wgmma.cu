@@ -110,31 +110,8 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
             wg_wait<0>();
             wg_keep(s);
             const bool edge = (n0 + BN > a.sk) || (a.causal && n0 + BN - 1 > wrow);
-            if (edge) {                // keys past the end or after the row (causal): none
-#pragma unroll
-                for (int nt = 0; nt < BN / 8; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int row = e < 2 ? row0 : row1, col = n0 + nt * 8 + 2 * t + (e & 1);
-                        if (col >= a.sk || (a.causal && col > row)) s[4 * nt + e] = -INFINITY;
-                    }
-            }
-            float mx[2] = {-INFINITY, -INFINITY}, base[2], alpha[2];
-#pragma unroll
-            for (int nt = 0; nt < BN / 8; ++nt) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[4 * nt], s[4 * nt + 1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[4 * nt + 2], s[4 * nt + 3]));
-            }
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                mx[r] = fmaxf(mrow[r], mx[r] * sl2);
-                base[r] = mx[r] == -INFINITY ? 0.f : mx[r];
-                alpha[r] = at_exp2(mrow[r] - base[r]);
-                mrow[r] = mx[r];
-                lrow[r] *= alpha[r];
-            }
+            float base[2], alpha[2];
+            at_online_max<BN>(s, n0, row0, t, a.sk, a.causal, edge, sl2, mrow, lrow, base, alpha);
             unsigned p[BN / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BN / 16; ++kk) {   // one FFMA and one EX2 a probability
