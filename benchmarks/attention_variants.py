@@ -1,6 +1,8 @@
 """The fused attention kernels' tilings side by side (GPU machine): for each forward tiling
 (warps, 16-row tiles a warp, keys a tile), backward stage count and minimum blocks
-per SM (attention.py's ``Tiles``), the results checked against
+per SM, and on Hopper the wgmma kernels' warpgroups, key tile, minimum blocks, backward
+warpgroups, its minimum blocks and query blocks a step (attention.py's ``Tiles``, in its
+field order; 0 warpgroups: the general kernel), the results checked against
 PyTorch's and the kernels' device times by CUPTI, next to PyTorch's flash kernels in the same
 process. The winner goes into symgpu/gpu/ops/attention.py's ``_TILES``.
 
