@@ -29,6 +29,7 @@ device: both thunks are captured into CUDA graphs.
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -125,7 +126,8 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
                      ) -> str:
     """The CUDA module of one (dtype, head dim[, 1xTF32]): its pre/dq kernels, forward and
     backward (one module per instance: a graph compiles only what it runs); ``hopper``: the
-    wgmma forward too (``_uses_wgmma``; the module is then built for sm_90a)."""
+    wgmma kernels too, where the tiles enable them (``_wgmma_tiles``; the module is then
+    built for sm_90a)."""
     ctype = ATTENTION_DTYPES[dtype]
     t = _tiles(dtype, hd)
     parts = [common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
@@ -230,9 +232,14 @@ class _Module(NamedTuple):
 
 
 def _module(ctx: Any, dtype: str, hd: int) -> _Module:
-    fast, arch = _fast_tf32(dtype), _arch(ctx, dtype, hd)
+    return _module_of(_arch(ctx, dtype, hd), dtype, hd, _fast_tf32(dtype), _tiles(dtype, hd))
+
+
+@functools.lru_cache(maxsize=None)
+def _module_of(arch: str | None, dtype: str, hd: int, fast: bool, tiles: Tiles) -> _Module:
+    """(memoised: a launch asks for its module on every plain call)"""
     hopper = arch is not None
-    return _Module(("symgpu.attention", dtype, hd, fast, hopper, _tiles(dtype, hd)),
+    return _Module(("symgpu.attention", dtype, hd, fast, hopper, tiles),
                    _source(dtype, hd, fast, hopper), arch)
 
 
