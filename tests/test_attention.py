@@ -357,17 +357,18 @@ def test_wgmma_kernels_take_only_the_calls_they_were_written_for():
     """16-bit, no mask, a positive scale, d equal to the head dim with aligned rows, a
     Hopper context: anything else runs the general kernels."""
     from types import SimpleNamespace
-    from symgpu.gpu.ops.attention import _wgmma_runs
+    from symgpu.gpu.ops.attention import _arch, _wgmma_runs
     hopper, other = SimpleNamespace(arch="sm_90"), SimpleNamespace(arch="sm_80")
-    assert _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, 0.125)
-    assert _wgmma_runs(hopper, "float16", 128, 1, True, None, 0.125)
-    assert not _wgmma_runs(other, "bfloat16", 64, 2, True, None, 0.125)
-    assert not _wgmma_runs(hopper, "float32", 64, 2, True, None, 0.125)
-    assert not _wgmma_runs(hopper, "bfloat16", 64, 0, True, None, 0.125)     # tiles: off
-    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, False, None, 0.125)    # d < hd, strides
-    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, object(), 0.125)  # a mask
-    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, -0.125)
-    assert not _wgmma_runs(hopper, "bfloat16", 64, 2, True, None, float("nan"))
+    bf16 = _arch(hopper, "bfloat16", 64)
+    assert bf16 == "sm_90a" and _arch(hopper, "float16", 128) == "sm_90a"
+    assert _arch(other, "bfloat16", 64) is None and _arch(hopper, "float32", 64) is None
+    assert _wgmma_runs(bf16, 2, True, None, 0.125)
+    assert not _wgmma_runs(None, 2, True, None, 0.125)              # not Hopper, or float32
+    assert not _wgmma_runs(bf16, 0, True, None, 0.125)              # tiles: off
+    assert not _wgmma_runs(bf16, 2, False, None, 0.125)             # d < hd, strides
+    assert not _wgmma_runs(bf16, 2, True, object(), 0.125)          # a mask
+    assert not _wgmma_runs(bf16, 2, True, None, -0.125)
+    assert not _wgmma_runs(bf16, 2, True, None, float("nan"))
 
 
 def test_attention_prefetch_names_the_modules_nvcc_target():
@@ -385,3 +386,34 @@ def test_attention_prefetch_names_the_modules_nvcc_target():
             reqs = prefetch.requests(nodes, include_virtual=True, skip_seen=False)
             assert [r.arch for r in reqs] == [arch]
             assert ("attn_fwd_wg_" in reqs[0].source) == (arch == "sm_90a")
+
+
+def test_launch_plan_picks_the_kernel_the_call_can_take(monkeypatch):
+    """_launch_plan: the Hopper kernel, its grid unit and threads where _wgmma_runs holds, the
+    general kernel's otherwise (the kernel lookup stubbed: no GPU here)."""
+    from types import SimpleNamespace
+    from symgpu.gpu.ops import attention as A
+    asked = []
+
+    def get_kernel(key, source, name, options=(), context=None, arch=None):
+        asked.append((name, arch))
+        return SimpleNamespace()
+
+    class AllSeen(set):     # the shared-memory attributes: no driver to set them on
+        def __contains__(self, key):
+            return True
+    monkeypatch.setattr(A, "get_kernel", get_kernel)
+    monkeypatch.setattr(A, "_big_smem", AllSeen())
+    hopper, other = SimpleNamespace(arch="sm_90"), SimpleNamespace(arch="sm_80")
+    t = A._tiles("bfloat16", 64)
+    run = A._launch_plan(hopper, "bfloat16", 64, "bwd", True, None, 0.125)
+    assert asked[-1] == ("attn_bwd_wg_bfloat16_64", "sm_90a")
+    assert (run.per_block, run.threads, run.smem) == (64 * t.wg_bwd, 128 * t.wg_bwd,
+                                                      A._wg_bwd_smem("bfloat16", 64))
+    run = A._launch_plan(hopper, "bfloat16", 64, "fwd", True, object(), 0.125)
+    assert asked[-1] == ("attn_fwd_bfloat16_64", "sm_90a")      # masked: the general kernel
+    assert (run.per_block, run.smem) == (A._fwd_rows("bfloat16", 64), A._fwd_smem("bfloat16", 64))
+    A._launch_plan(other, "bfloat16", 64, "fwd", True, None, 0.125)
+    assert asked[-1] == ("attn_fwd_bfloat16_64", None)          # not Hopper: its own target
+    A._launch_plan(hopper, "float32", 64, "bwd", True, None, 0.125)
+    assert asked[-1] == ("attn_bwd_float32_64", None)

@@ -158,12 +158,11 @@ def _wgmma_tiles(dtype: str, hd: int) -> bool:
     return dtype != "float32" and (t.wg_fwd > 0 or t.wg_bwd > 0)
 
 
-def _wgmma_runs(ctx: Any, dtype: str, hd: int, warpgroups: int, vec: bool, mask: Any,
-                scale: float) -> bool:
+def _wgmma_runs(arch: str | None, warpgroups: int, vec: bool, mask: Any, scale: float) -> bool:
     """Whether a wgmma kernel of ``warpgroups`` (the tiles' wg_fwd or wg_bwd) takes this
-    call: Hopper, 16-bit, no mask, a positive scale, d == hd and rows 16-byte aligned."""
-    return (warpgroups > 0 and vec and mask is None and scale > 0 and
-            _arch(ctx, dtype, hd) is not None)
+    call: a module built for Hopper (``arch``, ``_arch``'s: 16-bit on sm_90), no mask, a
+    positive scale, d == hd and rows 16-byte aligned (``vec``)."""
+    return (arch is not None and warpgroups > 0 and vec and mask is None and scale > 0)
 
 
 def _hopper(ctx: Any) -> bool:
@@ -248,10 +247,9 @@ def _prepared(ctx: Any, dtype: str, hd: int, name: str, signature: str) -> Any:
     return get_prepared_kernel(m.key, m.source, name, signature, context=ctx, arch=m.arch)
 
 
-def _kernel(ctx: Any, dtype: str, hd: int, name: str, smem: int) -> Any:
-    """The PyCUDA Function, allowed ``smem`` bytes of dynamic shared memory (past 48 KB the
-    driver wants the attribute set first)."""
-    m = _module(ctx, dtype, hd)
+def _kernel(ctx: Any, m: _Module, name: str, smem: int) -> Any:
+    """The PyCUDA Function ``name`` of module ``m``, allowed ``smem`` bytes of dynamic shared
+    memory (past 48 KB the driver wants the attribute set first)."""
     fn = get_kernel(m.key, m.source, name, context=ctx, arch=m.arch)
     key = (id(fn), smem)
     if key not in _big_smem:
@@ -273,22 +271,40 @@ class _Launch(NamedTuple):
     threads: int
 
 
+class _Plan(NamedTuple):
+    """_Launch's fields that the tiles fix: the kernel's name in place of its Function."""
+    name: str
+    smem: int
+    per_block: int
+    threads: int
+
+
+@functools.lru_cache(maxsize=None)
+def _step_plans(dtype: str, hd: int, step: str, tiles: Tiles) -> tuple[_Plan, _Plan]:
+    """(the Hopper kernel's plan, the general kernel's) of ``step`` ("fwd" or "bwd"); memoised:
+    a launch asks on every plain call."""
+    t = tiles
+    wg = max(t.wg_fwd if step == "fwd" else t.wg_bwd, 1)
+    hopper = _Plan(f"attn_{step}_wg_{dtype}_{hd}",
+                   (_wg_fwd_smem if step == "fwd" else _wg_bwd_smem)(dtype, hd), 64 * wg,
+                   128 * wg)
+    if step == "fwd":
+        general = _Plan(f"attn_fwd_{dtype}_{hd}", _fwd_smem(dtype, hd), _fwd_rows(dtype, hd),
+                        32 * t.fwd_warps)
+    else:
+        general = _Plan(f"attn_bwd_{dtype}_{hd}", _bwd_smem(dtype, hd), _BN, _THREADS)
+    return hopper, general
+
+
 def _launch_plan(ctx: Any, dtype: str, hd: int, step: str, vec: bool, mask: Any,
                  scale: float) -> _Launch:
     """The kernel of ``step`` ("fwd" or "bwd") for a call: the Hopper one where it takes the
     call (``_wgmma_runs``), else the general one."""
-    t = _tiles(dtype, hd)
+    t, m = _tiles(dtype, hd), _module(ctx, dtype, hd)
+    hopper, general = _step_plans(dtype, hd, step, t)
     wg = t.wg_fwd if step == "fwd" else t.wg_bwd
-    if _wgmma_runs(ctx, dtype, hd, wg, vec, mask, scale):
-        smem = (_wg_fwd_smem if step == "fwd" else _wg_bwd_smem)(dtype, hd)
-        name, per_block, threads = f"attn_{step}_wg_{dtype}_{hd}", 64 * wg, 128 * wg
-    elif step == "fwd":
-        smem, name = _fwd_smem(dtype, hd), f"attn_fwd_{dtype}_{hd}"
-        per_block, threads = _fwd_rows(dtype, hd), 32 * t.fwd_warps
-    else:
-        smem, name = _bwd_smem(dtype, hd), f"attn_bwd_{dtype}_{hd}"
-        per_block, threads = _BN, _THREADS
-    return _Launch(_kernel(ctx, dtype, hd, name, smem), smem, per_block, threads)
+    p = hopper if _wgmma_runs(m.arch, wg, vec, mask, scale) else general
+    return _Launch(_kernel(ctx, m, p.name, p.smem), p.smem, p.per_block, p.threads)
 
 
 def _elem_strides(op: Any, x: Any, what: str) -> tuple[Any, tuple[int, ...]]:

@@ -166,13 +166,6 @@ __device__ __forceinline__ void aw_put2(unsigned char *s, int r, int c, float x,
         AtFrag<T>::pack(x, y);
 }
 
-/* p[0] += x, p[1] += y where ok: one predicated vector reduction */
-__device__ __forceinline__ void aw_red2(float *p, float x, float y, bool ok) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n"
-                 "@q red.global.add.v2.f32 [%0], {%1, %2};\n}\n"
-                 :: "l"(p), "f"(x), "f"(y), "r"((int)ok) : "memory");
-}
-
 /* dqacc[q0, c0 ..] and dqacc[q0 + 8, c0 ..] += scale * a warpgroup's dQ accumulator (rows
    past sq skipped; lane = 4 g + t) */
 template <int N>
@@ -181,8 +174,9 @@ __device__ __forceinline__ void aw_dq_add(float *dqacc, const float (&dq)[N / 2]
     float *p0 = dqacc + (long long)q0 * d + c0 + 2 * t, *p1 = p0 + 8LL * d;
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
-        aw_red2(p0 + 8 * j, dq[4 * j] * scale, dq[4 * j + 1] * scale, q0 < sq);
-        aw_red2(p1 + 8 * j, dq[4 * j + 2] * scale, dq[4 * j + 3] * scale, q0 + 8 < sq);
+        if (q0 < sq) at_add2(p0 + 8 * j, dq[4 * j] * scale, dq[4 * j + 1] * scale, true, true);
+        if (q0 + 8 < sq)
+            at_add2(p1 + 8 * j, dq[4 * j + 2] * scale, dq[4 * j + 3] * scale, true, true);
     }
 }
 
