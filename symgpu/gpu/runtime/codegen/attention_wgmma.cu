@@ -234,19 +234,20 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
     const int dq_row = r0 + 16 * warp + g;
 
     for (int m0 = m_start, st = 0; m0 < a.sq; m0 += BM, st ^= 1) {
-        if (m0 + BM < a.sq) {            // its last readers finished in the last step
+        at_cp_wait_all();
+        wg_proxy_fence();
+        __syncthreads();                 // this block's tiles are in; the last dQ step is done
+        if (m0 + BM < a.sq) {
+            // The next block goes into the last step's stage only now: each warpgroup waits
+            // for its products reading that stage before this barrier, but the other one's
+            // dV/dK products may still be reading it until then.
             const int nx = st ^ 1;
             aw_load<T, HD, BM, THREADS>(sQ + nx * QB, q, a.qss, m0 + BM, a.sq);
             aw_load<T, HD, BM, THREADS>(sD + nx * QB, dout, a.dss, m0 + BM, a.sq);
             at_load_row<BM, THREADS>(sL + nx * BM, lse, m0 + BM, a.sq);
             at_load_row<BM, THREADS>(sDelta + nx * BM, delta, m0 + BM, a.sq);
             at_cp_commit();
-            at_cp_wait_one();
-        } else {
-            at_cp_wait_all();
         }
-        wg_proxy_fence();
-        __syncthreads();                 // this block's tiles are in; the last dQ step is done
         const unsigned cQ = aQ + st * QB, cD = aD + st * QB;
         const float *cL = sL + st * BM, *cDelta = sDelta + st * BM;
         unsigned pa[BM / 16][4], sa[BM / 16][4];
