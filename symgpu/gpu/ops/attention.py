@@ -101,11 +101,15 @@ class Tiles(NamedTuple):
 #: registers, no spill, 1 block per SM), against 64 queries 212-215 (204 registers), 1
 #: warpgroup 221. Head dim 128 (float16, 4 x 16 x 1024 x 128): backward 2 warpgroups against
 #: 64 queries 226 us, 1 260, the general kernel 309 (128 queries a step spill there); forward
-#: 1 x 64 about 97, the general 113.
+#: 1 x 64 about 97, the general 113. float32 (3xTF32) on the GPT shape: forward 4 x 2 x 32
+#: 406 us against 461 for 4 x 1 x 64 and 428 for 4 x 1 x 32; backward two stages 2701 us
+#: against one 1592 (one block per SM); head dim 128 (4 x 16 x 1024 x 128) forward 4 x 1 x 32
+#: 520 us against 669 for 4 x 1 x 64 (whose 174 KB leave one block per SM). (Measured before
+#: the cheaper TF32 splits, which took the GPT shape's float32 fwd+bwd from 2.07 to 1.3 ms.)
 _TILES = {(2, 64): Tiles(4, 1, 64, 2, fwd_min_blocks=4, wg_fwd=2, wg_keys=64, wg_min_blocks=2,
                          wg_bwd=2, wg_bwd_queries=2),
           (2, 128): Tiles(4, 1, 64, 2, wg_fwd=1, wg_keys=64, wg_bwd=2),
-          (4, 64): Tiles(4, 1, 64, 1), (4, 128): Tiles(4, 1, 64, 1)}
+          (4, 64): Tiles(4, 2, 32, 1), (4, 128): Tiles(4, 1, 32, 1)}
 
 
 def _itemsize(dtype: str) -> int:
