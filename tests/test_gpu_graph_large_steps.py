@@ -277,12 +277,25 @@ def test_the_gpt_steps_updates_are_all_written_in_place_under_capture(gpt_step):
         "total_memory": 141 << 30})())
 
 
+def _comparable(name: str, value: np.ndarray) -> np.ndarray:
+    """A GPT parameter's value without the key third of the qkv bias: adding one vector to
+    every key adds the same number to a query's scores, which the softmax ignores, so that
+    bias's gradient is zero in exact arithmetic and AdamW turns its rounding noise into whole
+    steps (any difference between two runs, such as the order in which the attention's dQ
+    atomics add, moves it elsewhere)."""
+    if name == "b_qkv":
+        d = value.shape[0] // 3
+        return np.concatenate([value[:d], value[2 * d:]])
+    return value
+
+
 @pytest.mark.gpu
 def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypatch):
     """On the GPU: the GPT step is captured (its check over two plain runs passes), replays,
     writes its 37 updates into their variables (no copy back), and after 6 steps its
     parameters are as close to the same step run with graphs off (plain launches) as two plain
-    runs are to each other (or within 1% by norm)."""
+    runs are to each other (or within 1% by norm; the qkv bias's key third left out:
+    _comparable)."""
     import os
     import warnings as _w
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -298,7 +311,8 @@ def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypa
             step()
         sync()
         shared = [v for v in step.maker.fgraph.inputs if hasattr(v, "get_value")]
-        return step, [np.asarray(v.get_value(), "float64") for v in shared]
+        return step, [_comparable(v.name, np.asarray(v.get_value(), "float64"))
+                      for v in shared]
     with _w.catch_warnings():
         _w.simplefilter("error", graphs.GraphCaptureWarning)
         step, with_graphs = run(True)
@@ -314,7 +328,10 @@ def test_gpu_gpt_step_replays_one_graph_with_its_updates_in_place(cuda, monkeypa
     # The attention gradient sums with atomics, so two plain runs differ too, and Adam's
     # m / sqrt(v) turns a rounding-level change of a near-zero gradient into a whole step of
     # one element: compare whole parameters (relative norm), against the plain runs' spread.
+    far = []
     for k, (a, b, c) in enumerate(zip(with_graphs, plain, plain_again)):
         scale = np.linalg.norm(b) + 1e-6
         off, spread = np.linalg.norm(a - b) / scale, np.linalg.norm(c - b) / scale
-        assert off <= max(4 * spread, 1e-2), (k, a.shape, off, spread)
+        if not off <= max(4 * spread, 1e-2):
+            far.append((k, a.shape, off, spread))
+    assert not far, far
