@@ -417,3 +417,15 @@ def test_launch_plan_picks_the_kernel_the_call_can_take(monkeypatch):
     assert asked[-1] == ("attn_fwd_bfloat16_64", None)          # not Hopper: its own target
     A._launch_plan(hopper, "float32", 64, "bwd", True, None, 0.125)
     assert asked[-1] == ("attn_bwd_float32_64", None)
+
+
+def test_attention_grid_puts_every_head_first_block_first():
+    """The kernels' grid is (batch * heads, row blocks): the hardware starts blocks in x-first
+    order, so every head's block 0 (under a causal mask the longest: the forward's last query
+    block, the backward's first key block) starts before any block 1; and a grid past 65535
+    row blocks is a clear error, not a failed launch."""
+    from symgpu.gpu.ops import attention as A
+    assert A._grid(1024, 128, 96) == (96, 8, 1)
+    assert A._grid(1000, 64, 70000) == (70000, 16, 1)     # batch * heads past 65535: fine
+    with pytest.raises(ValueError, match="65535"):
+        A._grid(65536 * 64 + 1, 64, 2)

@@ -266,6 +266,18 @@ def _kernel(ctx: Any, m: _Module, name: str, smem: int) -> Any:
     return fn
 
 
+def _grid(rows: int, per_block: int, bh: int) -> tuple[int, int, int]:
+    """The forward's or backward's grid: (batch * heads, row blocks), so that every (batch,
+    head)'s block 0 launches before any block 1. The kernels give block 0 the most work under
+    a causal mask (the forward its last query block, the backward its first key block): the
+    longest blocks start first and the shortest fill the end."""
+    blocks = -(-rows // per_block)
+    if blocks > 65535:
+        raise ValueError(f"attention: {rows} rows make {blocks} blocks of {per_block}, past "
+                         f"the 65535 a CUDA grid holds")
+    return (bh, blocks, 1)
+
+
 class _Launch(NamedTuple):
     """One step's kernel for a call: its Function, dynamic shared memory, query rows (forward)
     or keys (backward) per block, and threads per block."""
@@ -474,7 +486,7 @@ class GpuAttention(_GpuAttentionBase):
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
                         scale)
-        run.fn._launch_kernel((-(-sq // run.per_block), bh, 1), (run.threads, 1, 1), buf,
+        run.fn._launch_kernel(_grid(sq, run.per_block, bh), (run.threads, 1, 1), buf,
                               run.smem, ctx.stream)
         return [o, lse]
 
@@ -555,7 +567,7 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                     dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
                     heads, sq, sk, d, int(op.causal), int(vec), scale)
-    run.fn._launch_kernel((-(-sk // run.per_block), bh, 1), (run.threads, 1, 1), buf, run.smem,
+    run.fn._launch_kernel(_grid(sk, run.per_block, bh), (run.threads, 1, 1), buf, run.smem,
                           ctx.stream)
     if acc is not dq:
         cvt = _prepared(ctx, name, hd, f"attn_bwd_dq_{name}", "PPqqqqiiii")

@@ -327,8 +327,8 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
     T *sK = sQ + BM * LD;                // two stages of K and V
     T *sV = sK + 2 * BN * LD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
-    const int m0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;   // (attention.py: _grid)
+    const int m0 = (a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
@@ -654,7 +654,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
     float *sL = reinterpret_cast<float *>(sS + BN * LDS);   // lse, STAGES x BM
     float *sDelta = sL + STAGES * BM;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.x * BN;
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.y * BN;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;

@@ -66,8 +66,8 @@ __device__ __forceinline__ void attn_fwd_wg_body(const AtArgs &a)
     const unsigned aK = aQ + QBYTES, aV = aK + 2 * KBYTES;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads;
-    const int m0 = (a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * BM;
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads;
+    const int m0 = (a.causal ? gridDim.y - 1 - blockIdx.y : blockIdx.y) * BM;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
@@ -204,7 +204,7 @@ __device__ __forceinline__ void attn_bwd_wg_body(const AtBwdArgs &a)
     const unsigned aV = aK + KB, aQ = aV + KB, aD = aQ + 2 * QB, aS = aD + 2 * QB;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int bh = blockIdx.y, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.x * BN;
+    const int bh = blockIdx.x, b = bh / a.heads, h = bh % a.heads, n0 = blockIdx.y * BN;
     const T *q = (const T *)a.q + b * a.qsb + h * a.qsh;
     const T *k = (const T *)a.k + b * a.ksb + h * a.ksh;
     const T *v = (const T *)a.v + b * a.vsb + h * a.vsh;
