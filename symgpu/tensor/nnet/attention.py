@@ -22,11 +22,16 @@ Semantics (the host ops', which the GPU kernels match):
 - A row whose keys are all masked with -inf gives zeros (and lse = -inf), not NaN.
 - float16/bfloat16 inputs are computed in float32 (scores, softmax and both products
   accumulate in float32); the outputs are rounded once.
+- ``dropout`` (optional, a `Dropout`): the probabilities that multiply v are dropped where
+  the uniform draw of the generator state (the op's last input) is not below ``keep``, and
+  the kept ones divided by ``div``: ``p * binomial(size=p.shape, p=keep) / div`` with the
+  same draw, element for element (tensor/random/philox.py's layout over the scores' shape),
+  so the fused op drops exactly what the written-out graph drops. lse is the undropped rows'.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,11 +42,12 @@ from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.extra_funcs import tri
+from symgpu.tensor.nnet.attention_written import mask_grad
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
-__all__ = ["Attention", "AttentionGrad", "scaled_dot_product_attention", "attention_reference",
-           "check_shapes"]
+__all__ = ["Attention", "AttentionGrad", "Dropout", "scaled_dot_product_attention",
+           "attention_reference", "check_shapes", "dropout_kept"]
 
 _HALF = ("float16", "bfloat16")
 
@@ -86,6 +92,23 @@ def check_shapes(op: Op, q: Any, k: Any, v: Any, mask: Any) -> None:
                              f"the scores {lead + (q.shape[-2], k.shape[-2])}") from None
 
 
+class Dropout(NamedTuple):
+    """Dropout on the probabilities: a score's probability is kept where the uniform of its
+    element (a draw of the scores' shape, in ``draw``'s float type) is below ``keep``, and
+    divided by ``div`` (``1 - p`` for a drop rate p)."""
+    keep: float
+    div: float
+    draw: str
+
+
+def dropout_kept(state: np.ndarray, shape: tuple, dropout: Dropout) -> np.ndarray:
+    """Which elements of scores of `shape` the draw of generator `state` keeps (bool): the
+    uniform that `binomial(size=shape, p=keep)` compares, element for element."""
+    from symgpu.tensor.random import philox   # deferred: the random package imports tensor
+    u = philox.sample(np.asarray(state, np.uint32), "uniform", dropout.draw, tuple(shape))
+    return u < np.asarray(dropout.keep, dtype=u.dtype)
+
+
 def _scale_value(scale: float | None, d: int) -> float:
     return 1.0 / math.sqrt(d) if scale is None else float(scale)
 
@@ -102,10 +125,20 @@ def _scores(q: np.ndarray, k: np.ndarray, mask: np.ndarray | None, scale: float,
     return s
 
 
+def _dropped(p: np.ndarray, kept: np.ndarray | None, div: float) -> np.ndarray:
+    """p with the dropped elements zero and the kept ones divided by div (as the written-out
+    ``p * kept / div`` computes them)."""
+    if kept is None:
+        return p
+    return np.where(kept, p / np.asarray(div, p.dtype), np.asarray(0, p.dtype))
+
+
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                         mask: np.ndarray | None = None, scale: float | None = None,
-                        causal: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(o, lse) of the attention in NumPy, the semantics above (tests and the host op)."""
+                        causal: bool = False, kept: np.ndarray | None = None,
+                        div: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(o, lse) of the attention in NumPy, the semantics above (tests and the host op);
+    `kept` (bool, the scores' shape): dropout's kept elements, divided by `div`."""
     acc = _acc_dtype(q.dtype.name)
     s = _scores(q, k, mask, _scale_value(scale, q.shape[-1]), causal, acc)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -116,7 +149,7 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray,
         l = np.sum(e, axis=-1, keepdims=True)
         p = e / np.where(l > 0, l, 1)
         lse = np.where(l > 0, m_safe + np.log(l), -np.inf)[..., 0].astype(acc)
-    o = np.matmul(p, v.astype(acc))
+    o = np.matmul(_dropped(p, kept, div), v.astype(acc))
     return o.astype(q.dtype), lse
 
 
@@ -125,39 +158,44 @@ class Attention(Op):
     semantics); calling it returns o (``default_output = 0``), ``outputs[1]`` is lse (float32,
     float64 for float64 inputs), saved for the gradient."""
 
-    __props__ = ("causal", "scale", "has_mask")
+    __props__ = ("causal", "scale", "has_mask", "dropout")
     default_output = 0
 
     def __init__(self, causal: bool = False, scale: float | None = None,
-                 has_mask: bool = False) -> None:
+                 has_mask: bool = False, dropout: Dropout | None = None) -> None:
         self.causal = bool(causal)
         self.scale = None if scale is None else float(scale)
         self.has_mask = bool(has_mask)
+        self.dropout = _as_dropout(dropout)
 
     def __str__(self) -> str:
         parts = ["causal"] if self.causal else []
         parts.append("scale=1/sqrt(d)" if self.scale is None else f"scale={self.scale:.6g}")
         if self.has_mask:
             parts.append("mask")
+        if getattr(self, "dropout", None) is not None:
+            parts.append(f"keep={self.dropout.keep:.6g}")
         return f"{type(self).__name__}{{{','.join(parts)}}}"
 
-    def make_node(self, q: Any, k: Any, v: Any, mask: Any = None) -> Apply:
+    def make_node(self, q: Any, k: Any, v: Any, *extra: Any) -> Apply:
+        """q, k, v, then the mask (has_mask) and the generator state (dropout)."""
         q, k, v = (as_tensor_variable(x) for x in (q, k, v))
-        if (mask is not None) != self.has_mask:
-            raise TypeError(f"{self} takes {'a mask' if self.has_mask else 'no mask'}")
-        mask = None if mask is None else as_tensor_variable(mask)
+        mask, state = _extra_inputs(self, extra)
         _check_inputs(self, q, k, v, mask)
         lead = tuple(a and b and c for a, b, c in zip(q.broadcastable[:-2], k.broadcastable[:-2],
                                                       v.broadcastable[:-2]))
         o = TensorType(q.dtype, lead + (q.broadcastable[-2], v.broadcastable[-1]))()
         lse = TensorType(_acc_dtype(q.dtype), lead + (q.broadcastable[-2],))()
-        return Apply(self, [q, k, v] + ([mask] if mask is not None else []), [o, lse])
+        ins = [q, k, v] + [x for x in (mask, state) if x is not None]
+        return Apply(self, ins, [o, lse])
 
     def perform(self, node, inputs, out):
         q, k, v = inputs[:3]
         mask = inputs[3] if self.has_mask else None
         check_shapes(self, q, k, v, mask)
-        o, lse = attention_reference(q, k, v, mask, self.scale, self.causal)
+        kept = _kept(self, inputs, q, k)
+        o, lse = attention_reference(q, k, v, mask, self.scale, self.causal, kept,
+                                     self.dropout.div if kept is not None else 1.0)
         out[0][0] = o.astype(node.outputs[0].dtype)
         out[1][0] = lse.astype(node.outputs[1].dtype)
 
@@ -166,21 +204,61 @@ class Attention(Op):
         return [tuple(qs[:-1]) + (vs[-1],), tuple(qs[:-1])]
 
     def connection_pattern(self, node):
-        return [[True, True] for _ in node.inputs]
+        n = 3 + self.has_mask
+        return [[i < n, i < n] for i in range(len(node.inputs))]
 
     def L_op(self, inputs, outputs, output_grads):
-        """One AttentionGrad node for dq, dk, dv (it recomputes the probabilities from lse);
-        a mask's gradient (rarely wanted: a learned bias) as a graph of ordinary ops."""
+        """One AttentionGrad node for dq, dk, dv (it recomputes the probabilities from lse,
+        and the dropout from the same state); a mask's gradient (rarely wanted: a learned
+        bias) as a graph of ordinary ops."""
         o, lse = outputs
         go, glse = output_grads
         has_dlse = not _is_zero(glse)
-        grad_op = AttentionGrad(self.causal, self.scale, self.has_mask, has_dlse)
+        grad_op = AttentionGrad(self.causal, self.scale, self.has_mask, has_dlse, self.dropout)
         extra = [glse] if has_dlse else []
         dq, dk, dv = grad_op(*inputs, o, lse, go, *extra)
         grads = [dq, dk, dv]
         if self.has_mask:
-            grads.append(_mask_grad(self, inputs, o, lse, go, glse if has_dlse else None))
+            grads.append(mask_grad(self, inputs, o, lse, go, glse if has_dlse else None))
+        if self.dropout is not None:
+            from symgpu.gradient.core import DisconnectedType   # deferred: imports tensor
+            grads.append(DisconnectedType()())
         return grads
+
+
+def _as_dropout(dropout: Any) -> Dropout | None:
+    if dropout is None:
+        return None
+    keep, div, draw = dropout
+    if not 0.0 < float(keep) <= 1.0 or float(div) == 0.0:
+        raise ValueError(f"attention dropout: keep must be in (0, 1] and div non-zero, got "
+                         f"{dropout}")
+    return Dropout(float(keep), float(div), str(draw))
+
+
+def _extra_inputs(op: Any, extra: Sequence[Any]) -> tuple[Any, Any]:
+    """(mask, state) from the inputs after q, k, v, as the op's flags say (None where absent)."""
+    dropout = getattr(op, "dropout", None)
+    want = op.has_mask + (dropout is not None)
+    if len(extra) != want:
+        raise TypeError(f"{op} takes q, k, v{', a mask' if op.has_mask else ''}"
+                        f"{', the generator state' if dropout is not None else ''}: got "
+                        f"{3 + len(extra)} inputs")
+    mask = as_tensor_variable(extra[0]) if op.has_mask else None
+    state = None
+    if dropout is not None:
+        from symgpu.tensor.random.ops import check_state   # deferred: random imports tensor
+        state = check_state(extra[-1], str(op))
+    return mask, state
+
+
+def _kept(op: Any, inputs: Sequence[Any], q: np.ndarray, k: np.ndarray) -> np.ndarray | None:
+    """The dropout's kept elements of the scores (None without dropout): the state is the
+    input after q, k, v and the mask."""
+    if op.dropout is None:
+        return None
+    state = inputs[3 + op.has_mask]
+    return dropout_kept(state, q.shape[:-1] + (k.shape[-2],), op.dropout)
 
 
 def _is_zero(g: Variable) -> bool:
@@ -199,45 +277,10 @@ def _is_zero(g: Variable) -> bool:
             return False
 
 
-def _mask_grad(op: Attention, inputs: list, o: Variable, lse: Variable, go: Variable,
-               glse: Variable | None) -> TensorVariable:
-    """d/dmask = dS = P * (dP - rowsum(dO o) + dlse), summed to the mask's broadcast dims."""
-    q, k, v, mask = inputs
-    acc = lse.dtype
-    qf, kf, vf, gof = (_m.cast(x, acc) for x in (q, k, v, go))
-    d = _m.cast(shape_i(q, q.ndim - 1), acc)
-    scale = (1.0 / _m.sqrt(d)) if op.scale is None else _b.constant(op.scale, dtype=acc)
-    swap = list(range(q.ndim - 2)) + [q.ndim - 1, q.ndim - 2]
-    s = _m.matmul(qf, kf.dimshuffle(*swap)) * scale + _m.cast(mask, acc)
-    if op.causal:
-        keep = tri(shape_i(q, q.ndim - 2), shape_i(k, k.ndim - 2), 0, "bool")
-        s = _m.switch(keep, s, _b.constant(-np.inf, dtype=acc))
-    lse_e = lse.dimshuffle(*range(lse.ndim), "x")
-    p = _m.switch(_m.isinf(lse_e), _b.constant(0.0, dtype=acc), _m.exp(s - lse_e))
-    dp = _m.matmul(gof, vf.dimshuffle(*swap))
-    delta = _m.sum(gof * _m.cast(o, acc), axis=-1, keepdims=True)
-    if glse is not None:
-        delta = delta - glse.dimshuffle(*range(glse.ndim), "x")
-    ds = p * (dp - delta)
-    return _m.cast(_sum_to(ds, mask), mask.dtype)
-
-
-def _sum_to(x: TensorVariable, like: Variable) -> TensorVariable:
-    """x summed over the dims where `like` broadcasts (and its missing leading dims)."""
-    lead = x.ndim - like.ndim
-    axes = list(range(lead)) + [lead + i for i, b in enumerate(like.broadcastable) if b]
-    if not axes:
-        return x
-    r = _m.sum(x, axis=axes, keepdims=True)
-    if lead:
-        r = r.dimshuffle(*range(lead, x.ndim))
-    return r
-
-
 def grad_inputs(op: Any, inputs: Sequence[Any]) -> tuple:
     """(q, k, v, mask, o, lse, dO, dlse) of an attention gradient's inputs (host or GPU op):
-    mask and dlse None where ``op`` has none."""
-    n = 3 + op.has_mask
+    mask and dlse None where ``op`` has none (a dropout's state, after the mask: `_kept`)."""
+    n = 3 + op.has_mask + (getattr(op, "dropout", None) is not None)
     o, lse, do = inputs[n:n + 3]
     return (*inputs[:3], inputs[3] if op.has_mask else None, o, lse, do,
             inputs[n + 3] if op.has_dlse else None)
@@ -249,26 +292,31 @@ class AttentionGrad(Op):
     dS = P (dO v^T - Delta), dq = scale dS k, dk = scale dS^T q, dv = P^T dO (FlashAttention-2's
     backward)."""
 
-    __props__ = ("causal", "scale", "has_mask", "has_dlse")
+    __props__ = ("causal", "scale", "has_mask", "has_dlse", "dropout")
 
     def __init__(self, causal: bool = False, scale: float | None = None,
-                 has_mask: bool = False, has_dlse: bool = False) -> None:
+                 has_mask: bool = False, has_dlse: bool = False,
+                 dropout: Dropout | None = None) -> None:
         self.causal = bool(causal)
         self.scale = None if scale is None else float(scale)
         self.has_mask, self.has_dlse = bool(has_mask), bool(has_dlse)
+        self.dropout = _as_dropout(dropout)
 
     __str__ = Attention.__str__
 
     def make_node(self, *inputs: Any) -> Apply:
-        n = 3 + self.has_mask
+        n = 3 + self.has_mask + (self.dropout is not None)
         want = n + 3 + self.has_dlse
         if len(inputs) != want:
             raise TypeError(f"{self} takes {want} inputs (q, k, v{', mask' if self.has_mask else ''}"
+                            f"{', state' if self.dropout is not None else ''}"
                             f", o, lse, do{', dlse' if self.has_dlse else ''}), got {len(inputs)}")
-        ins = [as_tensor_variable(x) for x in inputs]
-        q, k, v = ins[:3]
-        _check_inputs(self, q, k, v, ins[3] if self.has_mask else None)
-        o, lse, do = ins[n:n + 3]
+        q, k, v = (as_tensor_variable(x) for x in inputs[:3])
+        mask, state = _extra_inputs(self, inputs[3:n])
+        _check_inputs(self, q, k, v, mask)
+        o, lse, do = (as_tensor_variable(x) for x in inputs[n:n + 3])
+        ins = [q, k, v] + [x for x in (mask, state) if x is not None] + [o, lse, do] + \
+            [as_tensor_variable(x) for x in inputs[n + 3:]]
         if o.ndim != q.ndim or do.ndim != q.ndim or lse.ndim != q.ndim - 1:
             raise TypeError(f"{self}: o {o.type}, lse {lse.type} and do {do.type} do not "
                             f"fit q {q.type}")
@@ -277,8 +325,10 @@ class AttentionGrad(Op):
     def perform(self, node, inputs, out):
         q, k, v, mask, o, lse, do, dlse = grad_inputs(self, inputs)
         check_shapes(self, q, k, v, mask)
+        kept = _kept(self, inputs, q, k)
         dq, dk, dv = attention_grad_reference(q, k, v, mask, o, lse, do, dlse, self.scale,
-                                              self.causal)
+                                              self.causal, kept,
+                                              self.dropout.div if kept is not None else 1.0)
         for cell, g, var in zip(out, (dq, dk, dv), node.outputs):
             cell[0] = g.astype(var.dtype)
 
@@ -286,8 +336,11 @@ class AttentionGrad(Op):
         return [tuple(s) for s in input_shapes[:3]]
 
 
-def attention_grad_reference(q, k, v, mask, o, lse, do, dlse=None, scale=None, causal=False):
-    """(dq, dk, dv) in NumPy (AttentionGrad's semantics), in the accumulation dtype."""
+def attention_grad_reference(q, k, v, mask, o, lse, do, dlse=None, scale=None, causal=False,
+                             kept=None, div=1.0):
+    """(dq, dk, dv) in NumPy (AttentionGrad's semantics), in the accumulation dtype; under
+    dropout (`kept`, `div`) dv takes the dropped probabilities and dP the kept elements'
+    divided by div (Delta = rowsum(dO o) holds as it is)."""
     acc = _acc_dtype(q.dtype.name)
     sc = _scale_value(scale, q.shape[-1])
     s = _scores(q, k, mask, sc, causal, acc)
@@ -296,8 +349,8 @@ def attention_grad_reference(q, k, v, mask, o, lse, do, dlse=None, scale=None, c
         p = np.where(np.isinf(lse_e), 0, np.exp(s - np.where(np.isinf(lse_e), 0, lse_e)))
     p = p.astype(acc)
     dof = do.astype(acc)
-    dv = np.matmul(np.swapaxes(p, -1, -2), dof)
-    dp = np.matmul(dof, np.swapaxes(v.astype(acc), -1, -2))
+    dv = np.matmul(np.swapaxes(_dropped(p, kept, div), -1, -2), dof)
+    dp = _dropped(np.matmul(dof, np.swapaxes(v.astype(acc), -1, -2)), kept, div)
     delta = np.sum(dof * o.astype(acc), axis=-1, keepdims=True)
     if dlse is not None:
         delta = delta - np.asarray(dlse, acc)[..., None]

@@ -24,9 +24,15 @@ output; add/mul operands in either order). What it finds is replaced by the grad
 fused node (AttentionGrad). So `T.grad` of a hand-written attention gets the fused backward
 too, whatever spelling the forward used. Canonicalize would reshape those gradient graphs.
 
-Dropout on the probabilities (`p * binomial(...) / (1 - p)`) is not fused: nothing here
-matches it, so such graphs run as written. ``optimizer_excluding=fuse_attention`` turns the
-pass off.
+    dropout on the probabilities before the product with v:
+        p * kept / c, p * kept * c, kept * (p / c) ...    (kept = binomial(size=p.shape,
+                                                    p=keep) or its uniform < keep, one
+                                                    draw of the probabilities' shape; any
+                                                    constant factors: the op's div)
+    The fused op takes the draw's generator state and drops exactly the elements the
+    written-out graph drops (the same uniforms); the state's update stays as it was.
+
+``optimizer_excluding=fuse_attention`` turns the pass off.
 """
 from __future__ import annotations
 
@@ -45,7 +51,8 @@ from symgpu.tensor.basic import Alloc, ARange
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from symgpu.tensor.math import MatMul
 from symgpu.tensor.nnet import Softmax
-from symgpu.tensor.nnet.attention import Attention
+from symgpu.tensor.nnet.attention import Attention, Dropout
+from symgpu.tensor.random.ops import PhiloxSample
 from symgpu.tensor.rewriting.utils import ew_name, scalar_constant
 from symgpu.tensor.type import TensorConstant, TensorType
 
@@ -68,6 +75,8 @@ class AttentionMatch:
         self.masks: list[Variable] = []         # additive masks
         self.causal = False
         self.leaves: list[Variable] = []
+        self.dropout: Dropout | None = None
+        self.state: Variable | None = None      # the dropout draw's generator state
 
 
 # ----------------------------------------------------------------------------- constants
@@ -351,15 +360,59 @@ def _probabilities(var: Variable) -> Variable | None:
     return x
 
 
+def _kept(var: Variable) -> tuple[Variable, float, str] | None:
+    """(generator state, keep, draw dtype) when var is a dropout's keep-mask: uniform < keep
+    (a bool, or cast to a number: `binomial(n=1)`), the uniform one PhiloxSample draw."""
+    if (ew_name(var) or "").startswith("cast_") and var.owner.inputs[0].dtype == "bool":
+        var = var.owner.inputs[0]
+    if ew_name(var) != "lt" or var.dtype != "bool":
+        return None
+    u, thr = var.owner.inputs
+    keep = _scalar(thr)
+    node = u.owner
+    if keep is None or not 0.0 < keep <= 1.0 or node is None or \
+            not isinstance(node.op, PhiloxSample) or node.op.dist != "uniform":
+        return None
+    return node.inputs[0], keep, node.op.dtype
+
+
+def _dropout(var: Variable, m: AttentionMatch) -> Variable:
+    """var without a dropout (a keep-mask and constant factors multiplying it): the
+    probabilities, with m.dropout and m.state filled; var itself when there is none."""
+    factor, kept, rest = 1.0, None, _through_identity(var)
+    while ew_name(rest) in ("mul", "true_div") and len(rest.owner.inputs) == 2:
+        a, b = rest.owner.inputs
+        div = ew_name(rest) == "true_div"
+        found = False
+        for x, y in ((a, b), (b, a)) if not div else ((a, b),):
+            c = _scalar(y) if _scalar_like(y) else None
+            k = None if c is not None or div else _kept(y)
+            if c is not None and c != 0:
+                factor = factor / c if div else factor * c
+            elif k is not None and kept is None and y.broadcastable == var.broadcastable:
+                kept = k
+            else:
+                continue
+            rest, found = _through_identity(x), True
+            break
+        if not found:
+            break
+    if kept is None or factor == 0:
+        return var
+    state, keep, draw = kept
+    m.dropout, m.state = Dropout(keep, 1.0 / factor, draw), state
+    return rest
+
+
 def match_attention(node: Apply) -> AttentionMatch | None:
     """The attention computed by the MatMul `node` (probabilities @ v), or None."""
     if not isinstance(node.op, MatMul):
         return None
     p, v = node.inputs
-    s = _probabilities(p)
+    m = AttentionMatch()
+    s = _probabilities(_dropout(p, m))
     if s is None:
         return None
-    m = AttentionMatch()
     if not _scores(s, m):
         return None
     m.v = v
@@ -384,8 +437,8 @@ def _fused(m: AttentionMatch) -> Variable:
         acc = "float64" if q.dtype == "float64" else "float32"   # the op adds masks in float32
         mk = mk if mk.dtype == acc else _m.cast(mk, acc)
         mask = mk if mask is None else mask + mk
-    op = Attention(m.causal, m.scale, mask is not None)
-    return op(q, k, v, *([mask] if mask is not None else []))
+    op = Attention(m.causal, m.scale, mask is not None, m.dropout)
+    return op(q, k, v, *[x for x in (mask, m.state) if x is not None])
 
 
 # ----------------------------------------------------------------------------- the gradient

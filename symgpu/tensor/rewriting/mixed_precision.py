@@ -56,8 +56,9 @@ POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 POSITION = POSITIONS["mixed_precision"]
 
 def _attention_grad_operands(op: AttentionGrad) -> tuple[int, ...]:
-    """q, k, v, o and dO of an AttentionGrad (the mask, lse and dlse stay float32)."""
-    n = 3 + op.has_mask
+    """q, k, v, o and dO of an AttentionGrad (the mask, the dropout's generator state, lse
+    and dlse stay as they are)."""
+    n = 3 + op.has_mask + (op.dropout is not None)
     return (0, 1, 2, n, n + 2)
 
 
