@@ -1,8 +1,8 @@
 """Dropout on attention's probabilities (issue 34): the fused ops' dropout (the same Philox
 draw as the written-out ``p * binomial(...) / keep``, element for element), the rewrite per
 spelling (graph inspected; values and gradients equal to the unfused graph's over calls that
-advance the generator), near misses left alone, verify_grad, the written-out graphs a GPU
-compile runs, and their placement on a virtual GPU."""
+advance the generator), near misses left alone, verify_grad, and placement on a virtual
+GPU (the kernels' values: test_gpu_attention.py)."""
 import collections
 import pickle
 
@@ -15,7 +15,6 @@ from symgpu.compile.mode import get_mode
 from symgpu.gradient import verify_grad
 from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
 from symgpu.tensor.nnet.attention import Attention, AttentionGrad, Dropout, dropout_kept
-from symgpu.tensor.nnet.attention_written import written_out, written_out_grad
 from symgpu.tensor.shared_randomstreams import RandomStreams
 
 RNG = np.random.default_rng(77)
@@ -96,6 +95,15 @@ def test_dropout_attention_verify_grad(causal):
                 rng=np.random.default_rng(2))
 
 
+def test_dropout_attention_verify_grad_of_a_learned_mask():
+    """The mask's gradient (a graph: mask_grad) drops what the op drops."""
+    op = Attention(True, 0.5, True, Dropout(0.7, 0.7, "float64"))
+    state = T.constant(STATE)
+    verify_grad(lambda a, b, c, m: op(a, b, c, m, state),
+                [x[:1, :2, :5] for x in QKV] + [RNG.standard_normal((5, 5))],
+                rng=np.random.default_rng(3))
+
+
 def test_dropout_ops_compare_pickle_and_say_their_keep():
     a = Attention(True, None, False, (0.9, 0.9, "float32"))
     assert a == Attention(True, None, False, Dropout(0.9, 0.9, "float32"))
@@ -109,39 +117,23 @@ def test_dropout_ops_compare_pickle_and_say_their_keep():
         a(q, k, v)
 
 
-@pytest.mark.parametrize("mask", [False, True])
-@pytest.mark.parametrize("causal", [False, True])
-def test_written_out_graphs_equal_the_fused_ops(mask, causal):
-    """What a GPU compile runs in place of the fused ops (written_out, written_out_grad)
-    gives their values: o, lse, dq, dk, dv, with a mask and a fully masked key."""
-    m = T.matrix("m")
-    state = T.constant(STATE)
-    drop = Dropout(0.8, 0.8, "float64")
-    op = Attention(causal, 0.5, mask, drop)
-    ins = [q, k, v] + ([m] if mask else []) + [state]
-    o, lse = op.make_node(*ins).outputs
-    gop = AttentionGrad(causal, 0.5, mask, False, drop)
-    gins = ins + [o, lse, do]
-    outs = [o, lse] + written_out(op, ins, "float64") + list(gop(*gins)) + \
-        written_out_grad(gop, gins)
-    f = symgpu.function([q, k, v] + ([m] if mask else []) + [do], outs)
-    mval = RNG.standard_normal((7, 7))
-    mval[:, 2] = -np.inf
-    got = f(*QKV, *([mval] if mask else []), RNG.standard_normal((2, 3, 7, 4)))
-    for fused, written in zip(got[:2] + got[4:7], got[2:4] + got[7:]):
-        np.testing.assert_allclose(written, fused, rtol=1e-12, atol=1e-12)
-
-
-def test_dropout_attention_is_written_out_for_the_gpu(vgpu):
-    """A graph compiled for a GPU runs the dropout's attention written out (no fused kernel
-    draws it yet): no Attention node stays on the host, the draw runs on the GPU."""
+def test_dropout_attention_lifts_to_the_gpu_kernels(vgpu):
+    """A graph compiled for a GPU runs the dropout's attention in the fused kernels (which
+    draw the same uniforms): GpuAttention and GpuAttentionGrad with the op's dropout, the
+    generator state on the GPU, no draw of the scores' shape left."""
     rng = RandomStreams(3)
     qf, kf, vf = (T.tensor4(n, dtype="float32") for n in "qkv")
     o = sdpa(qf, kf, vf, dropout_p=0.1, rng=rng, is_causal=True)
     f = symgpu.function([qf, kf, vf], [o] + T.grad(o.sum(), [qf, kf, vf]))
     names = collections.Counter(op_names(f))
     assert not names["Attention"] and not names["AttentionGrad"], names
-    assert names["GpuPhiloxElemwise"] >= 1, names
+    assert not names["GpuPhiloxElemwise"] and not names["PhiloxSample"], names
+    fused = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ in
+             ("GpuAttention", "GpuAttentionGrad", "GpuAttentionGradJoin")]
+    assert len(fused) == 2 and all(n.op.dropout.keep == pytest.approx(0.9) for n in fused)
+    for n in fused:
+        state = n.inputs[3]
+        assert state.dtype == "uint32" and type(state.type).__name__ == "GpuArrayType"
 
 
 def test_mixed_precision_casts_the_operands_of_dropout_attention_not_its_state():

@@ -13,7 +13,7 @@ import symgpu
 import symgpu.tensor as T
 from symgpu.gpu.placement.type import gpu_supports_dtype
 from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
-from symgpu.tensor.nnet.attention import attention_grad_reference, attention_reference
+from symgpu.tensor.nnet.attention import Attention, attention_grad_reference, attention_reference
 
 pytestmark = pytest.mark.gpu
 TOL = {"float32": (2e-4, 1e-3), "float16": (1e-2, 3e-2), "bfloat16": (4e-2, 1e-1)}
@@ -165,3 +165,64 @@ def test_gpu_attention_outputs_are_stored_heads_merged(cuda, dtype):
     for a, b, t in zip(got, [ro] + list(rg), [to, tg, tg, tg]):
         a = np.asarray(a.get(), "float64")
         np.testing.assert_allclose(a, b, atol=t * max(1.0, np.abs(b).max()), rtol=t)
+
+
+@pytest.mark.parametrize("dtype,draw,causal", [("float32", "float32", True),
+                                               ("float16", "float32", False),
+                                               ("bfloat16", "bfloat16", True),
+                                               ("float32", "float64", False)])
+def test_gpu_attention_dropout_drops_what_the_host_drops(cuda, dtype, draw, causal):
+    """The kernels compute each score's uniform as the host's draw lays it out: the GPU's o,
+    dq, dk, dv equal the host's fused op with the same generator state (which equals the
+    written-out graph: test_attention_dropout.py), within the dtype's tolerance."""
+    from symgpu.tensor.nnet.attention import Dropout, dropout_kept
+    if not gpu_supports_dtype(dtype):
+        pytest.skip(f"GPU placement does not take {dtype} yet")
+    drop = Dropout(0.8, 0.8, draw)
+    state = np.array([5, 6, 7, 0], "uint32")
+    q, k, v, do = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in "qkvd")
+    o = Attention(causal, None, False, drop)(q, k, v, T.constant(state))
+    f = symgpu.function([q, k, v, do], [o] + T.grad(None, [q, k, v], known_grads={o: do}))
+    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuAttention" in names and "GpuAttentionGrad" in names, names
+    shape = (2, 3, 70, 64)
+    Q, K, V, DO = (RNG.standard_normal(shape).astype(dtype) for _ in range(4))
+    got = f(Q, K, V, DO)
+    f64 = [x.astype("float64") for x in (Q, K, V)]
+    kept = dropout_kept(state, shape[:-1] + (shape[-2],), drop)
+    ro, lse = attention_reference(*f64, None, None, causal, kept, drop.div)
+    rg = attention_grad_reference(*f64, None, ro, lse, DO.astype("float64"), None, None,
+                                  causal, kept, drop.div)
+    to, tg = TOL[dtype]
+    for a, b, t in zip(got, [ro] + list(rg), [to, tg, tg, tg]):
+        np.testing.assert_allclose(np.asarray(a, "float64"), b,
+                                   atol=t * max(1.0, np.abs(b).max()), rtol=t)
+
+
+def test_gpu_sdpa_dropout_step_uses_the_generator_as_the_host_does(cuda):
+    """sdpa with dropout through the whole GPU pipeline (the rewrite, the lift, the state
+    uploaded and advanced): each call's o equals the host op's from the state before it."""
+    from symgpu.graph.basic import ancestors
+    from symgpu.tensor.nnet.attention import dropout_kept
+    from symgpu.tensor.shared_randomstreams import RandomStreams
+    q, k, v = (T.tensor(dtype="float32", shape=(None,) * 4, name=n) for n in "qkv")
+    o = sdpa(q, k, v, dropout_p=0.3, rng=RandomStreams(9), is_causal=True)
+    f = symgpu.function([q, k, v], o)
+    names = [type(n.op).__name__ for n in f.maker.fgraph.toposort()]
+    assert "GpuAttention" in names and "GpuPhiloxElemwise" not in names, names
+    (state,) = [x for x in ancestors([o]) if hasattr(x, "get_value") and x.dtype == "uint32"]
+    (node,) = [n for n in f.maker.fgraph.toposort() if type(n.op).__name__ == "GpuAttention"]
+    drop = node.op.dropout
+    Q, K, V = (RNG.standard_normal((1, 2, 40, 64)).astype("float32") for _ in range(3))
+    outs = []
+    for _ in range(2):
+        before = state.get_value().copy()
+        got = np.asarray(f(Q, K, V), "float64")
+        kept = dropout_kept(before, (1, 2, 40, 40), drop)
+        want, _ = attention_reference(*(x.astype("float64") for x in (Q, K, V)), None, None,
+                                      True, kept, drop.div)
+        np.testing.assert_allclose(got, want, atol=2e-4 * max(1.0, np.abs(want).max()),
+                                   rtol=2e-4)
+        outs.append(got)
+    assert not np.allclose(outs[0], outs[1])        # the generator moved on
+    assert drop.keep == pytest.approx(0.7) and drop.div == pytest.approx(0.7)

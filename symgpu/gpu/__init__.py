@@ -120,7 +120,6 @@ import symgpu.gpu.ops.nll_grad  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_prologue  # noqa: E402,F401
 import symgpu.gpu.ops.attention_join  # noqa: E402,F401
-import symgpu.gpu.ops.attention_dropout  # noqa: E402,F401
 import symgpu.gpu.ops.row_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.col_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.elemwise_group_rewrite  # noqa: E402,F401

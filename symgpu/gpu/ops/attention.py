@@ -46,7 +46,9 @@ from symgpu.gpu.runtime.codegen.wgmma import wgmma_source
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.nnet.attention import Attention, AttentionGrad, check_shapes, grad_inputs
+from symgpu.gpu.ops.random import PHILOX_CUDA
+from symgpu.tensor.nnet.attention import (Attention, AttentionGrad, Dropout, as_dropout,
+                                          check_shapes, grad_inputs)
 
 __all__ = ["GpuAttention", "GpuAttentionGrad", "attention_source", "ATTENTION_DTYPES",
            "HEAD_DIMS", "ENABLED"]
@@ -63,8 +65,10 @@ _THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
 _WG = sections("attention_wgmma.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
-_FWD = struct.Struct("@6P16q6if4x")
-_BWD = struct.Struct("@10P22q6if4x")
+_FWD = struct.Struct("@6P16q6ifiPdff")    # AtArgs, then AT_DROP_FIELDS
+_BWD = struct.Struct("@10P22q6ifiPdff")   # AtBwdArgs, then AT_DROP_FIELDS
+#: a dropout's draw dtype -> attention.cu's AT_DRAW_*
+_DRAWS = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4}
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
 
 
@@ -136,7 +140,7 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
     built for sm_90a)."""
     ctype = ATTENTION_DTYPES[dtype]
     t = _tiles(dtype, hd)
-    parts = [common_source(), "#define AT_FAST_TF32\n" if fast_tf32 else "",
+    parts = [common_source(), PHILOX_CUDA, "#define AT_FAST_TF32\n" if fast_tf32 else "",
              _CU[""].substitute(),
              _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
              _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
@@ -398,10 +402,12 @@ class _GpuAttentionBase(Op):
     launches = True
 
     def __init__(self, causal: bool = False, scale: float | None = None,
-                 has_mask: bool = False, has_dlse: bool = False) -> None:
+                 has_mask: bool = False, has_dlse: bool = False,
+                 dropout: Dropout | None = None) -> None:
         self.causal = bool(causal)
         self.scale = None if scale is None else float(scale)
         self.has_mask, self.has_dlse = bool(has_mask), bool(has_dlse)
+        self.dropout = as_dropout(dropout)
 
     __str__ = Attention.__str__
 
@@ -424,6 +430,11 @@ class _GpuAttentionBase(Op):
         if self.has_mask and (gins[3].dtype != "float32" or gins[3].ndim > q.ndim):
             raise TypeError(f"{self}: the GPU kernels add a float32 mask of at most {q.ndim} "
                             f"dims, got {gins[3].type}")
+        if self.dropout is not None:
+            st = gins[3 + self.has_mask]
+            if st.dtype != "uint32" or st.ndim != 1:
+                raise TypeError(f"{self}: the dropout's generator state must be a uint32 "
+                                f"vector, got {st.type}")
         return gins, ctx
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
@@ -447,21 +458,28 @@ class _GpuAttentionBase(Op):
 class GpuAttention(_GpuAttentionBase):
     """`Attention` on GPU arrays (float16, bfloat16, float32; 3-d or 4-d; a float32 mask)."""
 
-    __props__ = ("causal", "scale", "has_mask")
+    __props__ = ("causal", "scale", "has_mask", "dropout")
     default_output = 0
     infer_shape = Attention.infer_shape
 
-    def make_node(self, q: Any, k: Any, v: Any, mask: Any = None) -> Apply:
-        if (mask is not None) != self.has_mask:
-            raise TypeError(f"{self} takes {'a mask' if self.has_mask else 'no mask'}")
-        gins, ctx = self._gpu_inputs([q, k, v] + ([mask] if mask is not None else []))
+    def __init__(self, causal: bool = False, scale: float | None = None,
+                 has_mask: bool = False, dropout: Dropout | None = None) -> None:
+        super().__init__(causal, scale, has_mask, False, dropout)
+
+    def make_node(self, q: Any, k: Any, v: Any, *extra: Any) -> Apply:
+        """q, k, v, then the mask (has_mask) and the generator state (dropout)."""
+        want = self.has_mask + (self.dropout is not None)
+        if len(extra) != want:
+            raise TypeError(f"{self} takes {3 + want} inputs, got {3 + len(extra)}")
+        gins, ctx = self._gpu_inputs([q, k, v, *extra])
         q = gins[0]
         lead = q.broadcastable[:-2]
         o = GpuArrayType(q.dtype, lead + (q.broadcastable[-2], gins[2].broadcastable[-1]), ctx)()
         lse = GpuArrayType("float32", lead + (q.broadcastable[-2],), ctx)()
         return Apply(self, gins, [o, lse])
 
-    def _run(self, ctx: Any, q: Any, k: Any, v: Any, mask: Any = None) -> list[Any]:
+    def _run(self, ctx: Any, q: Any, k: Any, v: Any, *extra: Any) -> list[Any]:
+        mask = extra[0] if self.has_mask else None
         _check(self, q, k, v, mask)
         nd, (sq, d), sk = q.ndim, q.shape[-2:], k.shape[-2]
         bh = int(np.prod(q.shape[:-2]))
@@ -482,12 +500,12 @@ class GpuAttention(_GpuAttentionBase):
             ms, mptr = (0, 0, 0, 0), 0
         scale = _scale(self, d)
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
-        run = _launch_plan(ctx, q.dtype.name, hd, "fwd", vec, mask, scale)
+        run = _launch_plan(ctx, q.dtype.name, hd, "fwd", vec, _general(self, mask), scale)
         osz = o.dtype.itemsize
         olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
-                        scale)
+                        scale, *_drop_fields(self, extra[-1] if self.dropout else None))
         run.fn._launch_kernel(_grid(sq, run.per_block, bh), (run.threads, 1, 1), buf,
                               run.smem, ctx.stream)
         return [o, lse]
@@ -497,14 +515,14 @@ class GpuAttentionGrad(_GpuAttentionBase):
     """`AttentionGrad` on GPU arrays: (dq, dk, dv), 4-d ones stored heads-merged
     (``_heads_merged``; a float32 dq, the kernels' accumulator, C-contiguous)."""
 
-    __props__ = ("causal", "scale", "has_mask", "has_dlse")
+    __props__ = ("causal", "scale", "has_mask", "has_dlse", "dropout")
     infer_shape = AttentionGrad.infer_shape
     #: dq is summed over key tiles with float atomics, in any order: a CUDA graph of it is
     #: checked against the spread of two plain runs (graph_segment.Segment.nondeterministic)
     deterministic = False
 
     def make_node(self, *inputs: Any) -> Apply:
-        want = 6 + self.has_mask + self.has_dlse
+        want = 6 + self.has_mask + self.has_dlse + (self.dropout is not None)
         if len(inputs) != want:
             raise TypeError(f"{self} takes {want} inputs, got {len(inputs)}")
         gins, ctx = self._gpu_inputs(list(inputs))
@@ -564,11 +582,13 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
                             sq, d, rows, int(rows_vec))
     vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
     scale = _scale(op, d)
-    run = _launch_plan(ctx, name, hd, "bwd", vec, mask, scale)
+    run = _launch_plan(ctx, name, hd, "bwd", vec, _general(op, mask), scale)
     dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
+    state = inputs[3 + op.has_mask] if op.dropout is not None else None
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                     dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
-                    heads, sq, sk, d, int(op.causal), int(vec), scale)
+                    heads, sq, sk, d, int(op.causal), int(vec), scale,
+                    *_drop_fields(op, state))
     run.fn._launch_kernel(_grid(sk, run.per_block, bh), (run.threads, 1, 1), buf, run.smem,
                           ctx.stream)
     if acc is not dq:
@@ -578,6 +598,24 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
         cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,
                                 dq.ptr, rows, *dql, heads, sq, d, int(dq_vec))
     return [dq, dk, dv]
+
+
+def _general(op: Any, mask: Any) -> Any:
+    """What _launch_plan reads as the mask: a dropout also takes the general kernels (the
+    Hopper ones draw none)."""
+    return mask if op.dropout is None else True
+
+
+def _drop_fields(op: Any, state: Any) -> tuple:
+    """AT_DROP_FIELDS' values: (drop, state pointer, keep, keep in the draw's type, 1 / div)."""
+    d = op.dropout
+    if d is None:
+        return (0, 0, 0.0, 0.0, 1.0)
+    if state.shape != (4,) or not state.is_c_contiguous:
+        raise ValueError(f"{op}: the generator state must hold 4 contiguous uint32 words, got "
+                         f"shape {state.shape}")
+    return (_DRAWS[d.draw], state.ptr, d.keep, float(np.asarray(d.keep, d.draw)),
+            1.0 / d.div)
 
 
 def _liftable(node: Apply) -> bool:
@@ -593,7 +631,8 @@ def lift_attention(op: Any, node: Apply, context_name: Any, inputs: Any) -> list
     if not _liftable(node):
         return None
     gin = [as_gpuarray_variable(x, context_name) for x in inputs]
-    return list(GpuAttention(op.causal, op.scale, op.has_mask).make_node(*gin).outputs)
+    gop = GpuAttention(op.causal, op.scale, op.has_mask, op.dropout)
+    return list(gop.make_node(*gin).outputs)
 
 
 @register_lifter(AttentionGrad)
@@ -603,5 +642,5 @@ def lift_attention_grad(op: Any, node: Apply, context_name: Any,
     if not _liftable(node):
         return None
     gin = [as_gpuarray_variable(x, context_name) for x in inputs]
-    gop = GpuAttentionGrad(op.causal, op.scale, op.has_mask, op.has_dlse)
+    gop = GpuAttentionGrad(op.causal, op.scale, op.has_mask, op.has_dlse, op.dropout)
     return list(gop.make_node(*gin).outputs)

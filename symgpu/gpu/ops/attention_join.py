@@ -39,13 +39,13 @@ class GpuAttentionGradJoin(_GpuAttentionBase):
     with these props. Inputs: the gradient's own, the three merges' target shapes (int64
     vectors), then the ``before`` and ``after`` pieces (3-d GPU arrays)."""
 
-    __props__ = ("causal", "scale", "has_mask", "has_dlse", "before", "after")
+    __props__ = ("causal", "scale", "has_mask", "has_dlse", "before", "after", "dropout")
     deterministic = False   # dq's float atomics, as GpuAttentionGrad
 
     def __init__(self, causal: bool = False, scale: float | None = None,
                  has_mask: bool = False, has_dlse: bool = False, before: int = 0,
-                 after: int = 0) -> None:
-        super().__init__(causal, scale, has_mask, has_dlse)
+                 after: int = 0, dropout: Any = None) -> None:
+        super().__init__(causal, scale, has_mask, has_dlse, dropout)
         self.before, self.after = int(before), int(after)
 
     def __str__(self) -> str:
@@ -55,7 +55,7 @@ class GpuAttentionGradJoin(_GpuAttentionBase):
     @property
     def n_grad(self) -> int:
         """How many inputs are the attention gradient's own."""
-        return 6 + self.has_mask + self.has_dlse
+        return 6 + self.has_mask + self.has_dlse + (self.dropout is not None)
 
     def make_node(self, *inputs: Any) -> Apply:
         n = self.n_grad
@@ -153,7 +153,8 @@ def _join_replacement(fgraph: FunctionGraph, node: Apply) -> Any | None:
             continue
         g = run[0][0]
         op = GpuAttentionGradJoin(g.op.causal, g.op.scale, g.op.has_mask, g.op.has_dlse,
-                                  before=i, after=len(node.inputs) - i - 3)
+                                  before=i, after=len(node.inputs) - i - 3,
+                                  dropout=g.op.dropout)
         new = op(*g.inputs, *[f[2] for f in run], *node.inputs[:i], *node.inputs[i + 3:])
         return new if new.type == node.outputs[0].type else None
     return None

@@ -166,7 +166,7 @@ class Attention(Op):
         self.causal = bool(causal)
         self.scale = None if scale is None else float(scale)
         self.has_mask = bool(has_mask)
-        self.dropout = _as_dropout(dropout)
+        self.dropout = as_dropout(dropout)
 
     def __str__(self) -> str:
         parts = ["causal"] if self.causal else []
@@ -226,7 +226,7 @@ class Attention(Op):
         return grads
 
 
-def _as_dropout(dropout: Any) -> Dropout | None:
+def as_dropout(dropout: Any) -> Dropout | None:
     if dropout is None:
         return None
     keep, div, draw = dropout
@@ -300,7 +300,7 @@ class AttentionGrad(Op):
         self.causal = bool(causal)
         self.scale = None if scale is None else float(scale)
         self.has_mask, self.has_dlse = bool(has_mask), bool(has_dlse)
-        self.dropout = _as_dropout(dropout)
+        self.dropout = as_dropout(dropout)
 
     __str__ = Attention.__str__
 
@@ -381,7 +381,8 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     Without dropout this is one `Attention` node (one fused kernel on the GPU, and one for
     its gradient). ``dropout_p > 0`` drops probabilities with ``rng`` (a RandomStreams or
     MRG_RandomStreams) and scales the kept ones by 1/(1 - p): that is built from ordinary
-    ops (matmul, softmax, a binomial draw), which the attention rewrite leaves unfused."""
+    ops (matmul, softmax, a binomial draw), which the attention rewrite fuses into one
+    `Attention` that draws the same uniforms."""
     q, k, v = (as_tensor_variable(x) for x in (query, key, value))
     if q.ndim not in (3, 4):
         raise ValueError(f"scaled_dot_product_attention: query must be (batch, heads, seq, "

@@ -1,8 +1,7 @@
-"""Attention written out in ordinary ops (matmul, the softmax's terms, the dropout's draw):
-the gradient of a mask, and ``written_out`` / ``written_out_grad``, which a backend without a
-fused kernel for an `Attention` or `AttentionGrad` node runs in its place (the GPU for
-dropout: gpu/ops/attention.py). The semantics are nnet/attention.py's; these build the same
-values as graphs, one matrix of scores per head."""
+"""The gradient of attention's mask (a learned bias, rarely wanted), written out in ordinary
+ops: the scores, P recomputed from the rows' log-sum-exp, the dropout's draw again, dS. The
+semantics are nnet/attention.py's; this builds them as a graph, one matrix of scores per
+head."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -16,7 +15,7 @@ from symgpu.tensor.extra_funcs import tri
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorVariable
 
-__all__ = ["mask_grad", "written_out", "written_out_grad"]
+__all__ = ["mask_grad"]
 
 
 def _swap(x: Variable) -> TensorVariable:
@@ -59,30 +58,14 @@ def _dropped(op: Any, state: Variable | None, x: TensorVariable) -> TensorVariab
 
 
 def _parts(op: Any, inputs: Sequence[Variable]) -> tuple:
-    """(q, k, v, mask, state, rest): the inputs after q, k, v as the op's flags lay them out."""
-    n = 3 + op.has_mask
+    """(q, k, v, mask, state): the inputs after q, k, v as the op's flags lay them out."""
     mask = inputs[3] if op.has_mask else None
-    state = inputs[n] if op.dropout is not None else None
-    return (*inputs[:3], mask, state, list(inputs[n + (op.dropout is not None):]))
+    state = inputs[3 + op.has_mask] if op.dropout is not None else None
+    return (*inputs[:3], mask, state)
 
 
 def _rows(x: TensorVariable) -> TensorVariable:
     return x.dimshuffle(*range(x.ndim), "x")
-
-
-def written_out(op: Any, inputs: Sequence[Variable], acc: str) -> list[TensorVariable]:
-    """An `Attention` node's (o, lse) in ordinary ops (`acc`: its lse dtype)."""
-    q, k, v, mask, state, _ = _parts(op, inputs)
-    s = _scores(op, q, k, mask, acc)
-    m = _m.max(s, axis=-1, keepdims=True)
-    m = _m.switch(_m.isinf(m), _b.constant(0.0, dtype=acc), m)   # a row masked throughout
-    e = _m.exp(s - m)
-    l = _m.sum(e, axis=-1, keepdims=True)
-    some = _m.gt(l, 0)
-    p = e / _m.switch(some, l, _b.constant(1.0, dtype=acc))
-    lse = _m.switch(some, m + _m.log(l), _b.constant(-np.inf, dtype=acc))
-    o = _m.matmul(_dropped(op, state, p), _m.cast(v, acc))
-    return [_m.cast(o, q.dtype), lse[..., 0]]
 
 
 def _probabilities(op: Any, q: Variable, k: Variable, mask: Variable | None, lse: Variable
@@ -93,10 +76,11 @@ def _probabilities(op: Any, q: Variable, k: Variable, mask: Variable | None, lse
     return _m.switch(_m.isinf(lse_e), _b.constant(0.0, dtype=acc), _m.exp(s - lse_e))
 
 
-def _ds(op: Any, inputs: Sequence[Variable], o: Variable, lse: Variable, go: Variable,
-        glse: Variable | None) -> tuple[TensorVariable, TensorVariable, TensorVariable]:
-    """(P, the dropped P, dS = P (dP - rowsum(dO o) + dlse)) of the attention's inputs."""
-    q, k, v, mask, state, _ = _parts(op, inputs)
+def mask_grad(op: Any, inputs: Sequence[Variable], o: Variable, lse: Variable, go: Variable,
+              glse: Variable | None) -> TensorVariable:
+    """d/dmask = dS = P (dP - rowsum(dO o) + dlse), summed to the mask's broadcast dims (under
+    dropout dP is the kept elements' divided by div, the rest zero)."""
+    q, k, v, mask, state = _parts(op, inputs)
     acc = lse.dtype
     gof = _m.cast(go, acc)
     p = _probabilities(op, q, k, mask, lse)
@@ -104,29 +88,7 @@ def _ds(op: Any, inputs: Sequence[Variable], o: Variable, lse: Variable, go: Var
     delta = _m.sum(gof * _m.cast(o, acc), axis=-1, keepdims=True)
     if glse is not None:
         delta = delta - _rows(glse)
-    return p, _dropped(op, state, p), p * (dp - delta)
-
-
-def mask_grad(op: Any, inputs: Sequence[Variable], o: Variable, lse: Variable, go: Variable,
-              glse: Variable | None) -> TensorVariable:
-    """d/dmask = dS, summed to the mask's broadcast dims."""
-    mask = inputs[3]
-    _, _, ds = _ds(op, inputs, o, lse, go, glse)
-    return _m.cast(_sum_to(ds, mask), mask.dtype)
-
-
-def written_out_grad(op: Any, inputs: Sequence[Variable]) -> list[TensorVariable]:
-    """An `AttentionGrad` node's (dq, dk, dv) in ordinary ops."""
-    q, k, v, mask, state, rest = _parts(op, inputs)
-    o, lse, go = rest[:3]
-    glse = rest[3] if op.has_dlse else None
-    acc = lse.dtype
-    _, pd, ds = _ds(op, inputs, o, lse, go, glse)
-    sc = _scale(op, q, acc)
-    dq = _m.matmul(ds, _m.cast(k, acc)) * sc
-    dk = _m.matmul(_swap(ds), _m.cast(q, acc)) * sc
-    dv = _m.matmul(_swap(pd), _m.cast(go, acc))
-    return [_m.cast(g, x.dtype) for g, x in ((dq, q), (dk, k), (dv, v))]
+    return _m.cast(_sum_to(p * (dp - delta), mask), mask.dtype)
 
 
 def _sum_to(x: TensorVariable, like: Variable) -> TensorVariable:

@@ -270,12 +270,60 @@ __device__ __forceinline__ float at_prescaled(const float s, const float sl2, co
     return x;
 }
 
+/* Dropout on the probabilities (both kernels' arguments end with these): drop 0 none, else
+   the draw's dtype (AT_DRAW_*); the generator state {key0, key1, ctr_lo, ctr_hi} on the
+   device; an element is kept where its uniform, as tensor/random/philox.py lays a draw of the
+   scores' shape out, is below keep (keep_f: keep in the draw's type, as a float); kept
+   probabilities are multiplied by inv_div. */
+#define AT_DRAW_F32 1
+#define AT_DRAW_F64 2
+#define AT_DRAW_F16 3
+#define AT_DRAW_BF16 4
+#define AT_DROP_FIELDS int drop; const unsigned *dstate; double keep_d; float keep_f, inv_div;
+
 struct AtArgs {
     const void *q, *k, *v; const float *mask; void *o; float *lse;
     long long qsb, qsh, qss, ksb, ksh, kss, vsb, vsh, vss, msb, msh, msi, msj;
     long long osb, osh, oss;             // o's (batch, head, row) strides: any layout
     int heads, sq, sk, d, causal, vec; float scale;
+    AT_DROP_FIELDS
 };
+
+/* Whether the dropout keeps element e (flat index in the scores, (batch * head, row, key) in
+   C order): the uniform binomial(size=scores.shape) compares, bit for bit. */
+template <typename A>
+__device__ __forceinline__ bool at_kept(const A &a, unsigned long long e) {
+    unsigned w[4];
+    if (a.drop == AT_DRAW_F64) {         // two words an element
+        sg_philox_block(a.dstate, e >> 1, w);
+        const bool hi = e & 1;
+        return sg_u01_f64(hi ? w[2] : w[0], hi ? w[3] : w[1]) < a.keep_d;
+    }
+    sg_philox_block(a.dstate, e >> 2, w);
+    const unsigned j = (unsigned)(e & 3);
+    float u = sg_u01_f32(j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3]);
+    if (a.drop == AT_DRAW_F16)           // the half draw: rounded, kept below 1
+        u = fminf(__half2float(__float2half_rn(u)), 1.0f - 0x1p-11f);
+    else if (a.drop == AT_DRAW_BF16)
+        u = fminf(__bfloat162float(__float2bfloat16_rn(u)), 1.0f - 0x1p-8f);
+    return u < a.keep_f;
+}
+
+/* x (a key tile's probabilities in the C layout of rows row0 and row0 + 8, columns n0 ..)
+   dropped: the kept ones times inv_div, the rest zero */
+template <int BN>
+__device__ __forceinline__ void at_drop_tile(float *x, const AtArgs &a, int bh, int row0, int n0,
+                                             int t) {
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int row = row0 + (e < 2 ? 0 : 8), col = n0 + nt * 8 + 2 * t + (e & 1);
+            const unsigned long long i =
+                ((unsigned long long)bh * a.sq + row) * (unsigned long long)a.sk + col;
+            x[4 * nt + e] = at_kept(a, i) ? x[4 * nt + e] * a.inv_div : 0.f;
+        }
+}
 
 /* One key tile of the online softmax for a warp's rows row0 and row0 + 8, its scores x in the
    C layout (x[4 nt + e]: column n0 + 8 nt + 2 t + (e & 1) of row e < 2 ? row0 : row0 + 8):
@@ -423,6 +471,8 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
                 lrow[mt][0] += s[mt][nt][0] + s[mt][nt][1];
                 lrow[mt][1] += s[mt][nt][2] + s[mt][nt][3];
             }
+            if (a.drop)                    // (the row sums are the undropped ones')
+                at_drop_tile<BN>(&s[mt][0][0], a, bh, row0, n0, t);
 #pragma unroll
             for (int i = 0; i < HD / 8; ++i) {
                 oacc[mt][i][0] *= alpha[mt][0]; oacc[mt][i][1] *= alpha[mt][0];
@@ -607,6 +657,7 @@ struct AtBwdArgs {
     long long qsb, qsh, qss, ksb, ksh, kss, vsb, vsh, vss, dsb, dsh, dss, msb, msh, msi, msj;
     long long dksb, dksh, dkss, dvsb, dvsh, dvss;   // dk's and dv's strides: any layout
     int heads, sq, sk, d, causal, vec; float scale;
+    AT_DROP_FIELDS
 };
 
 /* dK (times the scale) and dV at keys key0 and key0 + 8 (keys past sk skipped), columns < d,
@@ -753,11 +804,25 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
                     if (qr >= a.sq || key >= a.sk || (a.causal && key > qr)) s[nt][e] = 0.f;
                 }
         }
+        if (a.drop) {                    // dS^T from the kept dP / div; dV takes P dropped
 #pragma unroll
-        for (int nt = 0; nt < BM / 8; ++nt)
+            for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)      // dS^T
-                dp[nt][e] = s[nt][e] * (dp[nt][e] - cDelta[nt * 8 + 2 * t + (e & 1)]);
+                for (int e = 0; e < 4; ++e) {
+                    const int key = e < 2 ? key0 : key1, qr = m0 + nt * 8 + 2 * t + (e & 1);
+                    const bool kept = at_kept(a, ((unsigned long long)bh * a.sq + qr) *
+                                                     (unsigned long long)a.sk + key);
+                    const float p = s[nt][e], d = kept ? dp[nt][e] * a.inv_div : 0.f;
+                    dp[nt][e] = p * (d - cDelta[nt * 8 + 2 * t + (e & 1)]);
+                    s[nt][e] = kept ? p * a.inv_div : 0.f;
+                }
+        } else {
+#pragma unroll
+            for (int nt = 0; nt < BM / 8; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // dS^T
+                    dp[nt][e] = s[nt][e] * (dp[nt][e] - cDelta[nt * 8 + 2 * t + (e & 1)]);
+        }
 #pragma unroll
         for (int j = 0; j < BM / 16; ++j) {
             FA pa, sa;
