@@ -221,8 +221,7 @@ class Attention(Op):
         if self.has_mask:
             grads.append(mask_grad(self, inputs, o, lse, go, glse if has_dlse else None))
         if self.dropout is not None:
-            from symgpu.gradient.core import DisconnectedType   # deferred: imports tensor
-            grads.append(DisconnectedType()())
+            grads.append(None)          # the generator state: no gradient
         return grads
 
 
