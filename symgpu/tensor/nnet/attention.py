@@ -225,13 +225,18 @@ class Attention(Op):
         return grads
 
 
+_DRAW_DTYPES = ("float16", "bfloat16", "float32", "float64")   # philox.py's uniform draws
+
+
 def as_dropout(dropout: Any) -> Dropout | None:
+    """A (keep, div, draw) triple as a checked `Dropout` (None stays None): the ops' props
+    compare and hash by it."""
     if dropout is None:
         return None
     keep, div, draw = dropout
-    if not 0.0 < float(keep) <= 1.0 or float(div) == 0.0:
-        raise ValueError(f"attention dropout: keep must be in (0, 1] and div non-zero, got "
-                         f"{dropout}")
+    if not 0.0 < float(keep) <= 1.0 or float(div) == 0.0 or str(draw) not in _DRAW_DTYPES:
+        raise ValueError(f"attention dropout: keep must be in (0, 1], div non-zero and the "
+                         f"draw one of {', '.join(_DRAW_DTYPES)}; got {dropout}")
     return Dropout(float(keep), float(div), str(draw))
 
 
