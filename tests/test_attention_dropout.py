@@ -32,7 +32,8 @@ def _spelled(kind, rng):
     """Attention with dropout (keep 0.75) written as users write it."""
     if kind == "sdpa":
         return sdpa(q, k, v, dropout_p=0.25, rng=rng, scale=0.5, is_causal=True)
-    p = T.nnet.softmax((q @ k.swapaxes(-1, -2)) * 0.5)
+    causal = np.where(np.tri(7, dtype=bool), 0, -np.inf)
+    p = T.nnet.softmax((q @ k.swapaxes(-1, -2)) * 0.5 + causal)
     kept = rng.binomial(size=p.shape, n=1, p=0.75, dtype="float64")
     return {"p_kept_div": lambda: (p * kept / 0.75) @ v,
             "kept_first": lambda: (kept * (p / 0.75)) @ v,
@@ -44,8 +45,9 @@ def _spelled(kind, rng):
                                   "bool_uniform"])
 def test_rewrite_fuses_dropout_and_drops_what_the_written_graph_drops(kind):
     results = []
-    for mode in (None, UNFUSED):
-        o = _spelled(kind, RandomStreams(3))
+    # sdpa builds the fused op itself: its reference is a written-out spelling of the same draw
+    for spelling, mode in ((kind, None), ("p_kept_div" if kind == "sdpa" else kind, UNFUSED)):
+        o = _spelled(spelling, RandomStreams(3))
         f = symgpu.function([q, k, v], [o] + T.grad((o ** 2).sum(), [q, k, v]), mode=mode)
         results.append((op_names(f), [f(*QKV) for _ in range(2)]))
     (fused_names, fused), (plain_names, plain) = results
@@ -55,6 +57,7 @@ def test_rewrite_fuses_dropout_and_drops_what_the_written_graph_drops(kind):
     (node,) = [n for n in symgpu.function([q, k, v], _spelled(kind, RandomStreams(3)))
                .maker.fgraph.toposort() if isinstance(n.op, Attention)]
     assert node.op.dropout.keep == 0.75 and node.op.dropout.div == pytest.approx(0.75)
+    assert node.op.causal and node.op.scale == 0.5
     for call_f, call_p in zip(fused, plain):
         for a, b in zip(call_f, call_p):
             np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)

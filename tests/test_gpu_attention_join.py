@@ -24,16 +24,20 @@ def _heads(t):
     return t.reshape((t.shape[0], t.shape[1], H, HD)).dimshuffle(0, 2, 1, 3)
 
 
-def _block(order=(0, 1, 2), dtype="float32"):
+def _block(order=(0, 1, 2), dtype="float32", dropout=0.0):
     """x -> qkv = x w -> causal attention over heads -> merged heads -> sum of squares; the
     gradient of w (the join of the three slices' gradients). ``order``: which slice is q, k
-    and v."""
+    and v; ``dropout``: on the probabilities (a RandomStreams draw)."""
     x = T.tensor3("x", dtype=dtype)
     w = T.matrix("w", dtype=dtype)
     qkv = T.dot(x, w)
     parts = [_heads(qkv[:, :, j * D:(j + 1) * D]) for j in range(3)]
     q, k, v = (parts[i] for i in order)
-    o = sdpa(q, k, v, is_causal=True)
+    if dropout:
+        from symgpu.tensor.shared_randomstreams import RandomStreams
+        o = sdpa(q, k, v, is_causal=True, dropout_p=dropout, rng=RandomStreams(1))
+    else:
+        o = sdpa(q, k, v, is_causal=True)
     y = o.dimshuffle(0, 2, 1, 3).reshape((o.shape[0], o.shape[2], D))
     cost = T.sum(T.sqr(y))
     return [x, w], [cost, T.grad(cost, w)], q
@@ -53,6 +57,17 @@ def test_the_slices_gradient_is_written_in_place_of_the_join(vgpu):
     assert (node.op.before, node.op.after) == (0, 1)      # the zeros for qkv[:, :, 3D:]
     without = function(ins, outs, mode=Mode().excluding("gpu_attention_grad_join"))
     assert "GpuJoin" in _names(without) and "GpuAttentionGradJoin" not in _names(without)
+
+
+def test_the_join_carries_a_dropout_and_its_generator_state(vgpu):
+    """With dropout the joined gradient keeps the op's dropout and reads the same state as
+    the forward (the kernels redraw the forward's uniforms)."""
+    ins, outs, _ = _block(dropout=0.2)
+    f = function(ins, outs)
+    nodes = {type(n.op).__name__: n for n in f.maker.fgraph.toposort()}
+    join, fwd = nodes["GpuAttentionGradJoin"], nodes["GpuAttention"]
+    assert join.op.dropout == fwd.op.dropout and join.op.dropout.keep == pytest.approx(0.8)
+    assert join.inputs[3] is fwd.inputs[3] and join.inputs[3].dtype == "uint32"
 
 
 def test_gradients_joined_in_another_order_keep_the_join(vgpu):

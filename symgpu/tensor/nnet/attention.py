@@ -47,7 +47,7 @@ from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
 __all__ = ["Attention", "AttentionGrad", "Dropout", "scaled_dot_product_attention",
-           "attention_reference", "check_shapes", "dropout_kept"]
+           "attention_reference", "check_shapes", "dropout_draw", "dropout_kept"]
 
 _HALF = ("float16", "bfloat16")
 
@@ -382,11 +382,11 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     (batch, seq, heads, dim) instead). ``attn_mask``: boolean (True = attend) or float
     (added); ``scale`` None = 1/sqrt(dim); ``is_causal``: query i sees keys j <= i.
 
-    Without dropout this is one `Attention` node (one fused kernel on the GPU, and one for
-    its gradient). ``dropout_p > 0`` drops probabilities with ``rng`` (a RandomStreams or
-    MRG_RandomStreams) and scales the kept ones by 1/(1 - p): that is built from ordinary
-    ops (matmul, softmax, a binomial draw), which the attention rewrite fuses into one
-    `Attention` that draws the same uniforms."""
+    This is one `Attention` node (one fused kernel on the GPU, and one for its gradient).
+    ``dropout_p > 0`` drops probabilities with ``rng`` (a RandomStreams or MRG_RandomStreams)
+    and scales the kept ones by 1/(1 - p): the op takes the generator state of a binomial
+    draw of the scores' shape and drops what ``p * draw / (1 - p)`` would (the draw itself
+    is never made; the state advances past it)."""
     q, k, v = (as_tensor_variable(x) for x in (query, key, value))
     if q.ndim not in (3, 4):
         raise ValueError(f"scaled_dot_product_attention: query must be (batch, heads, seq, "
@@ -402,18 +402,44 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     if rng is None:
         raise ValueError("scaled_dot_product_attention: dropout_p > 0 needs rng (a "
                          "RandomStreams) to draw the dropout mask from")
-    from symgpu.tensor.nnet import softmax  # deferred: nnet's package imports this module
-    acc = _acc_dtype(q.dtype)
-    swap = list(range(q.ndim - 2)) + [q.ndim - 1, q.ndim - 2]
-    d = _m.cast(shape_i(q, q.ndim - 1), acc)
-    sc = (1.0 / _m.sqrt(d)) if scale is None else _b.constant(float(scale), dtype=acc)
-    s = _m.matmul(_m.cast(q, acc), _m.cast(k, acc).dimshuffle(*swap)) * sc
-    if mask is not None:
-        s = s + mask
-    if is_causal:
-        keep = tri(shape_i(q, q.ndim - 2), shape_i(k, k.ndim - 2), 0, "bool")
-        s = _m.switch(keep, s, _b.constant(-np.inf, dtype=acc))
-    p = softmax(s, axis=-1)
-    kept = rng.binomial(size=p.shape, n=1, p=1.0 - float(dropout_p), dtype=acc)
-    p = p * kept / _b.constant(1.0 - float(dropout_p), dtype=acc)
-    return _m.cast(_m.matmul(p, _m.cast(v, acc)), q.dtype)
+    keep = 1.0 - float(dropout_p)
+    size = [shape_i(q, i) for i in range(q.ndim - 1)] + [shape_i(k, k.ndim - 2)]  # scores
+    drawn = dropout_draw(rng.binomial(size=size, n=1, p=keep, dtype=_acc_dtype(q.dtype)))
+    state, keep_in_draw, draw = drawn
+    op = Attention(bool(is_causal), scale, mask is not None, Dropout(keep_in_draw, keep, draw))
+    return op(q, k, v, *([mask] if mask is not None else []), state)
+
+
+def dropout_draw(kept: Variable) -> tuple[Variable, float, str] | None:
+    """(generator state, keep, draw dtype) when `kept` is a dropout's keep-mask, uniform <
+    keep (a bool, or cast to a number: ``binomial(n=1)``) of one Philox draw: what the fused
+    op takes in its place (the draw's own node is then unused; the state's update stays)."""
+    from symgpu.tensor.random.ops import PhiloxSample   # deferred: random imports tensor
+    node = kept.owner
+    if node is not None and isinstance(node.op, Elemwise) and \
+            str(getattr(node.op.scalar_op, "name", "")).startswith("cast_") and \
+            node.inputs[0].dtype == "bool":
+        kept = node.inputs[0]
+        node = kept.owner
+    if node is None or not isinstance(node.op, Elemwise) or \
+            getattr(node.op.scalar_op, "name", "") != "lt" or kept.dtype != "bool":
+        return None
+    u, thr = node.inputs
+    keep = _constant_scalar(thr)
+    draw = u.owner
+    if keep is None or not 0.0 < keep <= 1.0 or draw is None or \
+            not isinstance(draw.op, PhiloxSample) or draw.op.dist != "uniform":
+        return None
+    return draw.inputs[0], keep, draw.op.dtype
+
+
+def _constant_scalar(var: Variable) -> float | None:
+    """The value of a scalar constant, through casts and broadcasting DimShuffles (the
+    threshold binomial compares with), else None."""
+    while var.owner is not None and (isinstance(var.owner.op, DimShuffle) or (
+            isinstance(var.owner.op, Elemwise) and len(var.owner.inputs) == 1 and
+            str(getattr(var.owner.op.scalar_op, "name", "")).startswith("cast_"))):
+        var = var.owner.inputs[0]
+    if not isinstance(var, Constant) or np.size(var.data) != 1:
+        return None
+    return float(np.asarray(var.data).reshape(()))

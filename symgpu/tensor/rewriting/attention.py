@@ -51,8 +51,7 @@ from symgpu.tensor.basic import Alloc, ARange
 from symgpu.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from symgpu.tensor.math import MatMul
 from symgpu.tensor.nnet import Softmax
-from symgpu.tensor.nnet.attention import Attention, Dropout
-from symgpu.tensor.random.ops import PhiloxSample
+from symgpu.tensor.nnet.attention import Attention, Dropout, dropout_draw
 from symgpu.tensor.rewriting.utils import ew_name, scalar_constant
 from symgpu.tensor.type import TensorConstant, TensorType
 
@@ -360,22 +359,6 @@ def _probabilities(var: Variable) -> Variable | None:
     return x
 
 
-def _kept(var: Variable) -> tuple[Variable, float, str] | None:
-    """(generator state, keep, draw dtype) when var is a dropout's keep-mask: uniform < keep
-    (a bool, or cast to a number: `binomial(n=1)`), the uniform one PhiloxSample draw."""
-    if (ew_name(var) or "").startswith("cast_") and var.owner.inputs[0].dtype == "bool":
-        var = var.owner.inputs[0]
-    if ew_name(var) != "lt" or var.dtype != "bool":
-        return None
-    u, thr = var.owner.inputs
-    keep = _scalar(thr)
-    node = u.owner
-    if keep is None or not 0.0 < keep <= 1.0 or node is None or \
-            not isinstance(node.op, PhiloxSample) or node.op.dist != "uniform":
-        return None
-    return node.inputs[0], keep, node.op.dtype
-
-
 def _dropout(var: Variable, m: AttentionMatch) -> Variable:
     """var without a dropout (a keep-mask and constant factors multiplying it): the
     probabilities, with m.dropout and m.state filled; var itself when there is none."""
@@ -386,7 +369,7 @@ def _dropout(var: Variable, m: AttentionMatch) -> Variable:
         found = False
         for x, y in ((a, b), (b, a)) if not div else ((a, b),):
             c = _scalar(y) if _scalar_like(y) else None
-            k = None if c is not None or div else _kept(y)
+            k = None if c is not None or div else dropout_draw(y)
             if c is not None and c != 0:
                 factor = factor / c if div else factor * c
             elif k is not None and kept is None and y.broadcastable == var.broadcastable:
