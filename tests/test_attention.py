@@ -410,6 +410,10 @@ def test_launch_plan_picks_the_kernel_the_call_can_take(monkeypatch):
     assert asked[-1] == ("attn_fwd_bfloat16_64", None)          # not Hopper: its own target
     A._launch_plan(hopper, "float32", 64, "bwd", True, None, 0.125)
     assert asked[-1] == ("attn_bwd_float32_64", None)
+    for step in ("fwd", "bwd"):                                  # a dropout: its own kernels
+        run = A._launch_plan(hopper, "bfloat16", 64, step, True, None, 0.125, drop=True)
+        assert asked[-1] == (f"attn_{step}_drop_bfloat16_64", "sm_90a")
+        assert run.threads == (32 * t.fwd_warps if step == "fwd" else A._THREADS)
 
 
 def test_attention_grid_puts_every_head_first_block_first():

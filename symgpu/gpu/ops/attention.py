@@ -302,9 +302,9 @@ class _Plan(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
-def _step_plans(dtype: str, hd: int, step: str, tiles: Tiles) -> tuple[_Plan, _Plan]:
-    """(the Hopper kernel's plan, the general kernel's) of ``step`` ("fwd" or "bwd"); memoised:
-    a launch asks on every plain call."""
+def _step_plans(dtype: str, hd: int, step: str, tiles: Tiles) -> tuple[_Plan, _Plan, _Plan]:
+    """(the Hopper kernel's plan, the general kernel's, the general dropout kernel's) of
+    ``step`` ("fwd" or "bwd"); memoised: a launch asks on every plain call."""
     t = tiles
     wg = max(t.wg_fwd if step == "fwd" else t.wg_bwd, 1)
     hopper = _Plan(f"attn_{step}_wg_{dtype}_{hd}",
@@ -315,17 +315,18 @@ def _step_plans(dtype: str, hd: int, step: str, tiles: Tiles) -> tuple[_Plan, _P
                         32 * t.fwd_warps)
     else:
         general = _Plan(f"attn_bwd_{dtype}_{hd}", _bwd_smem(dtype, hd), _BN, _THREADS)
-    return hopper, general
+    return hopper, general, general._replace(name=f"attn_{step}_drop_{dtype}_{hd}")
 
 
 def _launch_plan(ctx: Any, dtype: str, hd: int, step: str, vec: bool, mask: Any,
-                 scale: float) -> _Launch:
-    """The kernel of ``step`` ("fwd" or "bwd") for a call: the Hopper one where it takes the
-    call (``_wgmma_runs``), else the general one."""
+                 scale: float, drop: bool = False) -> _Launch:
+    """The kernel of ``step`` ("fwd" or "bwd") for a call: under a dropout the general one
+    that draws it (the Hopper ones draw none), else the Hopper one where it takes the call
+    (``_wgmma_runs``), else the general one."""
     t, m = _tiles(dtype, hd), _module(ctx, dtype, hd)
-    hopper, general = _step_plans(dtype, hd, step, t)
+    hopper, general, dropout = _step_plans(dtype, hd, step, t)
     wg = t.wg_fwd if step == "fwd" else t.wg_bwd
-    p = hopper if _wgmma_runs(m.arch, wg, vec, mask, scale) else general
+    p = dropout if drop else hopper if _wgmma_runs(m.arch, wg, vec, mask, scale) else general
     return _Launch(_kernel(ctx, m, p.name, p.smem), p.smem, p.per_block, p.threads)
 
 
@@ -500,7 +501,8 @@ class GpuAttention(_GpuAttentionBase):
             ms, mptr = (0, 0, 0, 0), 0
         scale = _scale(self, d)
         vec = d == hd and _aligned([q, k, v], leads, q.dtype.itemsize)
-        run = _launch_plan(ctx, q.dtype.name, hd, "fwd", vec, _general(self, mask), scale)
+        run = _launch_plan(ctx, q.dtype.name, hd, "fwd", vec, mask, scale,
+                           self.dropout is not None)
         osz = o.dtype.itemsize
         olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
@@ -582,7 +584,7 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
                             sq, d, rows, int(rows_vec))
     vec = d == hd and _aligned([q, k, v, do], leads, q.dtype.itemsize)
     scale = _scale(op, d)
-    run = _launch_plan(ctx, name, hd, "bwd", vec, _general(op, mask), scale)
+    run = _launch_plan(ctx, name, hd, "bwd", vec, mask, scale, op.dropout is not None)
     dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
     state = inputs[3 + op.has_mask] if op.dropout is not None else None
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
@@ -598,12 +600,6 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
         cvt.prepared_async_call(_row_blocks(rows, dq_vec), (256, 1, 1), ctx.stream, acc.ptr,
                                 dq.ptr, rows, *dql, heads, sq, d, int(dq_vec))
     return [dq, dk, dv]
-
-
-def _general(op: Any, mask: Any) -> Any:
-    """What _launch_plan reads as the mask: a dropout also takes the general kernels (the
-    Hopper ones draw none)."""
-    return mask if op.dropout is None else True
 
 
 def _drop_fields(op: Any, state: Any) -> tuple:

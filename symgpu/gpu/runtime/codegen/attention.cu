@@ -364,7 +364,7 @@ __device__ __forceinline__ void at_online_max(float *x, int n0, int row0, int t,
 
 /* The forward: one block of WARPS warps per (16 * MT * WARPS query rows, batch * head), the
    blocks with the most keys (causal) first; BN-key tiles of K and V in two cp.async stages. */
-template <typename T, int HD, int WARPS, int MT, int BN>
+template <typename T, int HD, int WARPS, int MT, int BN, bool DROP>
 __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
 {
     constexpr int BM = 16 * MT * WARPS, LD = HD + 8, THREADS = 32 * WARPS;
@@ -471,7 +471,7 @@ __device__ __forceinline__ void attn_fwd_body(const AtArgs &a)
                 lrow[mt][0] += s[mt][nt][0] + s[mt][nt][1];
                 lrow[mt][1] += s[mt][nt][2] + s[mt][nt][3];
             }
-            if (a.drop)                    // (the row sums are the undropped ones')
+            if (DROP)                      // (the row sums are the undropped ones')
                 at_drop_tile<BN>(&s[mt][0][0], a, bh, row0, n0, t);
 #pragma unroll
             for (int i = 0; i < HD / 8; ++i) {
@@ -690,7 +690,7 @@ __device__ __forceinline__ void at_store_dkdv(const AtBwdArgs &a, int b, int h, 
    dV += P^T dO, dK += dS^T Q (registers); dQ += dS K through shared memory and float atomics,
    32 columns at a time. K and V's operands are read from shared memory at each use (kept in
    registers they would spill). */
-template <typename T, int HD, int STAGES>
+template <typename T, int HD, int STAGES, bool DROP>
 __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
 {
     constexpr int BM = AT_BM, BN = AT_BN, LD = HD + 8, LDS = BM + 8, THREADS = AT_THREADS;
@@ -804,7 +804,7 @@ __device__ __forceinline__ void attn_bwd_body(const AtBwdArgs &a)
                     if (qr >= a.sq || key >= a.sk || (a.causal && key > qr)) s[nt][e] = 0.f;
                 }
         }
-        if (a.drop) {                    // dS^T from the kept dP / div; dV takes P dropped
+        if (DROP) {                      // dS^T from the kept dP / div; dV takes P dropped
 #pragma unroll
             for (int nt = 0; nt < BM / 8; ++nt)
 #pragma unroll
@@ -906,9 +906,19 @@ extern "C" __global__ void attn_bwd_dq_${dtype}(const float *dqacc, ${ctype} *dq
 { attn_bwd_dq_body<${ctype}>(dqacc, dq, rows, sb, sh, ss, heads, sq, d, vec); }
 //@ head
 
+// (the dropout's kernels apart: its Philox code in the others cost the 16-bit head dim 64
+// forward 56 more bytes of spill)
 extern "C" __global__ void __launch_bounds__(${fwd_threads}, ${fwd_min_blocks})
 attn_fwd_${dtype}_${hd}(AtArgs a)
-{ attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}, ${fwd_bn}>(a); }
+{ attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}, ${fwd_bn}, false>(a); }
+
+extern "C" __global__ void __launch_bounds__(${fwd_threads}, ${fwd_min_blocks})
+attn_fwd_drop_${dtype}_${hd}(AtArgs a)
+{ attn_fwd_body<${ctype}, ${hd}, ${fwd_warps}, ${fwd_mt}, ${fwd_bn}, true>(a); }
 
 extern "C" __global__ void __launch_bounds__(AT_THREADS, ${bwd_min_blocks})
-attn_bwd_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_body<${ctype}, ${hd}, ${bwd_stages}>(a); }
+attn_bwd_${dtype}_${hd}(AtBwdArgs a) { attn_bwd_body<${ctype}, ${hd}, ${bwd_stages}, false>(a); }
+
+extern "C" __global__ void __launch_bounds__(AT_THREADS, ${bwd_min_blocks})
+attn_bwd_drop_${dtype}_${hd}(AtBwdArgs a)
+{ attn_bwd_body<${ctype}, ${hd}, ${bwd_stages}, true>(a); }
