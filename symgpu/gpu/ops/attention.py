@@ -37,6 +37,7 @@ import numpy as np
 
 from symgpu.config import config
 from symgpu.gpu.ops.elemwise import _context, _virtual_thunk
+from symgpu.gpu.ops.random import PHILOX_CUDA
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
 from symgpu.gpu.placement.type import GpuArrayType, gpu_supports_dtype, is_gpu_var
@@ -46,7 +47,6 @@ from symgpu.gpu.runtime.codegen.wgmma import wgmma_source
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.gpu.ops.random import PHILOX_CUDA
 from symgpu.tensor.nnet.attention import (Attention, AttentionGrad, Dropout, as_dropout,
                                           check_shapes, grad_inputs)
 
@@ -63,6 +63,7 @@ ENABLED = True
 _BN = 64                # attention.cu's AT_BN (the backward's keys per block); its AT_BM too
 _THREADS = 128          # the backward's AT_THREADS
 _CU = sections("attention.cu")
+_BWD_CU = sections("attention_bwd.cu")   # the general backward, after attention.cu's code
 _WG = sections("attention_wgmma.cu")
 # AtArgs / AtBwdArgs of attention.cu, native alignment (the CUDA parameter layout)
 _FWD = struct.Struct("@6P16q6ifiPdff")    # AtArgs, then AT_DROP_FIELDS
@@ -141,7 +142,7 @@ def attention_source(dtype: str, hd: int, fast_tf32: bool = False, hopper: bool 
     ctype = ATTENTION_DTYPES[dtype]
     t = _tiles(dtype, hd)
     parts = [common_source(), PHILOX_CUDA, "#define AT_FAST_TF32\n" if fast_tf32 else "",
-             _CU[""].substitute(),
+             _CU[""].substitute(), _BWD_CU[""].substitute(),
              _CU["dtype"].substitute(dtype=dtype, ctype=ctype),
              _CU["head"].substitute(dtype=dtype, ctype=ctype, hd=hd,
                                     fwd_threads=32 * t.fwd_warps,
@@ -457,7 +458,8 @@ class _GpuAttentionBase(Op):
 
 
 class GpuAttention(_GpuAttentionBase):
-    """`Attention` on GPU arrays (float16, bfloat16, float32; 3-d or 4-d; a float32 mask)."""
+    """`Attention` on GPU arrays (float16, bfloat16, float32; 3-d or 4-d; a float32 mask; a
+    dropout, drawn in the general kernels)."""
 
     __props__ = ("causal", "scale", "has_mask", "dropout")
     default_output = 0
