@@ -79,15 +79,23 @@ def test_dropout_near_misses_stay_written_out():
         assert "Attention" not in op_names(symgpu.function(ins, o))
 
 
-def test_kept_elements_follow_the_draw_layout():
-    """dropout_kept is binomial's comparison of philox.sample's uniforms, element for
-    element (so a kernel computing one element's uniform keeps what the graph keeps)."""
-    from symgpu.tensor.random import philox
-    d = Dropout(0.6, 0.6, "float32")
-    kept = dropout_kept(STATE, (2, 3, 5, 6), d)
-    u = philox.sample(STATE, "uniform", "float32", (2 * 3 * 5 * 6,)).reshape(2, 3, 5, 6)
-    np.testing.assert_array_equal(kept, u < np.float32(0.6))
-    assert 0.45 < kept.mean() < 0.75
+@pytest.mark.parametrize("draw", ["float32", "float64"])
+def test_kept_elements_are_what_binomial_draws(draw):
+    """dropout_draw finds a binomial's state, keep and draw dtype, and dropout_kept keeps what
+    the compiled binomial draws from that state, element for element (a keep of 0.6, not
+    exact in float32)."""
+    from symgpu.config import config
+    from symgpu.tensor.nnet.attention import dropout_draw
+    shape = (2, 3, 5, 6)
+    with config.change_flags(floatX=draw):       # the uniform's dtype follows floatX
+        kept = RandomStreams(21).binomial(size=shape, n=1, p=0.6, dtype="int8")
+    state, keep, dtype = dropout_draw(kept)
+    assert dtype == draw and keep == float(np.asarray(0.6, draw))
+    f = symgpu.function([], kept)
+    for _ in range(2):                           # the second call from the advanced state
+        before = state.get_value().copy()
+        np.testing.assert_array_equal(f().astype(bool),
+                                      dropout_kept(before, shape, Dropout(keep, keep, dtype)))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -155,3 +163,14 @@ def test_mixed_precision_casts_the_operands_of_dropout_attention_not_its_state()
         assert state.dtype == "uint32" and n.inputs[0].dtype == "bfloat16", n.inputs
     got = f(*(x.astype("float32") for x in QKV))
     assert all(np.all(np.isfinite(g)) for g in got)
+
+
+def test_kernel_draw_codes_follow_the_host_table():
+    """attention.cu's AT_DRAW_* codes are the host's (DROPOUT_DRAWS' order, 1 up): the kernel
+    reads the draw dtype by that number."""
+    import re
+    from symgpu.gpu.ops import attention as A
+    src = A.attention_source("bfloat16", 64)
+    names = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
+    for dtype, code in A._DRAWS.items():
+        assert re.search(rf"#define AT_DRAW_{names[dtype]} {code}\b", src), (dtype, code)

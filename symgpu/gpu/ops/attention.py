@@ -47,8 +47,8 @@ from symgpu.gpu.runtime.codegen.wgmma import wgmma_source
 from symgpu.gpu.runtime.compiler import get_kernel, get_prepared_kernel
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
-from symgpu.tensor.nnet.attention import (Attention, AttentionGrad, Dropout, as_dropout,
-                                          check_shapes, grad_inputs)
+from symgpu.tensor.nnet.attention import (DROPOUT_DRAWS, Attention, AttentionGrad, Dropout,
+                                          as_dropout, check_shapes, grad_inputs)
 
 __all__ = ["GpuAttention", "GpuAttentionGrad", "attention_source", "ATTENTION_DTYPES",
            "HEAD_DIMS", "ENABLED"]
@@ -69,7 +69,7 @@ _WG = sections("attention_wgmma.cu")
 _FWD = struct.Struct("@6P16q6ifiPdff")    # AtArgs, then AT_DROP_FIELDS
 _BWD = struct.Struct("@10P22q6ifiPdff")   # AtBwdArgs, then AT_DROP_FIELDS
 #: a dropout's draw dtype -> attention.cu's AT_DRAW_*
-_DRAWS = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4}
+_DRAWS = {d: i + 1 for i, d in enumerate(DROPOUT_DRAWS)}
 _PAD = 8                # shared-memory row padding in elements (attention.cu's LD = HD + 8)
 
 
@@ -509,7 +509,8 @@ class GpuAttention(_GpuAttentionBase):
         olead = _lead(tuple(x // osz for x in o.strides), nd)
         buf = _FWD.pack(q.ptr, k.ptr, v.ptr, mptr, o.ptr, lse.ptr, *leads[0], *leads[1],
                         *leads[2], *ms, *olead, heads, sq, sk, d, int(self.causal), int(vec),
-                        scale, *_drop_fields(self, extra[-1] if self.dropout else None))
+                        scale, *(_NO_DROP if self.dropout is None else
+                                 _drop_fields(self, extra[-1])))
         run.fn._launch_kernel(_grid(sq, run.per_block, bh), (run.threads, 1, 1), buf,
                               run.smem, ctx.stream)
         return [o, lse]
@@ -588,11 +589,11 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
     scale = _scale(op, d)
     run = _launch_plan(ctx, name, hd, "bwd", vec, mask, scale, op.dropout is not None)
     dkl, dvl = (_lead(tuple(s // isz for s in x.strides), nd) for x in (dk, dv))
-    state = inputs[3 + op.has_mask] if op.dropout is not None else None
     buf = _BWD.pack(q.ptr, k.ptr, v.ptr, do.ptr, mptr, lse.ptr, delta.ptr, acc.ptr, dk.ptr,
                     dv.ptr, *leads[0], *leads[1], *leads[2], *leads[3], *ms, *dkl, *dvl,
                     heads, sq, sk, d, int(op.causal), int(vec), scale,
-                    *_drop_fields(op, state))
+                    *(_NO_DROP if op.dropout is None else
+                      _drop_fields(op, inputs[3 + op.has_mask])))
     run.fn._launch_kernel(_grid(sk, run.per_block, bh), (run.threads, 1, 1), buf, run.smem,
                           ctx.stream)
     if acc is not dq:
@@ -604,16 +605,25 @@ def grads_into(op: Any, ctx: Any, inputs: Sequence[Any], outs: Sequence[Any] | N
     return [dq, dk, dv]
 
 
+_NO_DROP = (0, 0, 0.0, 0.0, 1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _drop_constants(dropout: Dropout) -> tuple[int, float, float, float]:
+    """(AT_DRAW_*, keep, keep in the draw's type, 1 / div) of a dropout; memoised: a launch
+    asks on every plain call."""
+    return (_DRAWS[dropout.draw], dropout.keep, float(np.asarray(dropout.keep, dropout.draw)),
+            1.0 / dropout.div)
+
+
 def _drop_fields(op: Any, state: Any) -> tuple:
-    """AT_DROP_FIELDS' values: (drop, state pointer, keep, keep in the draw's type, 1 / div)."""
-    d = op.dropout
-    if d is None:
-        return (0, 0, 0.0, 0.0, 1.0)
+    """AT_DROP_FIELDS' values under ``op``'s dropout (_NO_DROP without one): (drop, state
+    pointer, keep, keep in the draw's type, 1 / div)."""
     if state.shape != (4,) or not state.is_c_contiguous:
         raise ValueError(f"{op}: the generator state must hold 4 contiguous uint32 words, got "
                          f"shape {state.shape}")
-    return (_DRAWS[d.draw], state.ptr, d.keep, float(np.asarray(d.keep, d.draw)),
-            1.0 / d.div)
+    code, keep, keep_f, inv_div = _drop_constants(op.dropout)
+    return (code, state.ptr, keep, keep_f, inv_div)
 
 
 def _liftable(node: Apply) -> bool:

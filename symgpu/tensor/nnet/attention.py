@@ -42,7 +42,10 @@ from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 from symgpu.tensor.extra_funcs import tri
+from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
 from symgpu.tensor.nnet.attention_written import mask_grad
+from symgpu.tensor.random import philox
+from symgpu.tensor.random.ops import PhiloxSample, check_state
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorType, TensorVariable, as_tensor_variable
 
@@ -104,7 +107,6 @@ class Dropout(NamedTuple):
 def dropout_kept(state: np.ndarray, shape: tuple, dropout: Dropout) -> np.ndarray:
     """Which elements of scores of `shape` the draw of generator `state` keeps (bool): the
     uniform that `binomial(size=shape, p=keep)` compares, element for element."""
-    from symgpu.tensor.random import philox   # deferred: the random package imports tensor
     u = philox.sample(np.asarray(state, np.uint32), "uniform", dropout.draw, tuple(shape))
     return u < np.asarray(dropout.keep, dtype=u.dtype)
 
@@ -173,7 +175,7 @@ class Attention(Op):
         parts.append("scale=1/sqrt(d)" if self.scale is None else f"scale={self.scale:.6g}")
         if self.has_mask:
             parts.append("mask")
-        if getattr(self, "dropout", None) is not None:
+        if self.dropout is not None:
             parts.append(f"keep={self.dropout.keep:.6g}")
         return f"{type(self).__name__}{{{','.join(parts)}}}"
 
@@ -225,7 +227,9 @@ class Attention(Op):
         return grads
 
 
-_DRAW_DTYPES = ("float16", "bfloat16", "float32", "float64")   # philox.py's uniform draws
+#: the draw dtypes of a dropout (philox.py's uniform draws), in the order of attention.cu's
+#: AT_DRAW_* codes (1, 2, ...)
+DROPOUT_DRAWS = ("float32", "float64", "float16", "bfloat16")
 
 
 def as_dropout(dropout: Any) -> Dropout | None:
@@ -234,15 +238,15 @@ def as_dropout(dropout: Any) -> Dropout | None:
     if dropout is None:
         return None
     keep, div, draw = dropout
-    if not 0.0 < float(keep) <= 1.0 or float(div) == 0.0 or str(draw) not in _DRAW_DTYPES:
+    if not 0.0 < float(keep) <= 1.0 or float(div) == 0.0 or str(draw) not in DROPOUT_DRAWS:
         raise ValueError(f"attention dropout: keep must be in (0, 1], div non-zero and the "
-                         f"draw one of {', '.join(_DRAW_DTYPES)}; got {dropout}")
+                         f"draw one of {', '.join(DROPOUT_DRAWS)}; got {dropout}")
     return Dropout(float(keep), float(div), str(draw))
 
 
 def _extra_inputs(op: Any, extra: Sequence[Any]) -> tuple[Any, Any]:
     """(mask, state) from the inputs after q, k, v, as the op's flags say (None where absent)."""
-    dropout = getattr(op, "dropout", None)
+    dropout = op.dropout
     want = op.has_mask + (dropout is not None)
     if len(extra) != want:
         raise TypeError(f"{op} takes q, k, v{', a mask' if op.has_mask else ''}"
@@ -251,7 +255,6 @@ def _extra_inputs(op: Any, extra: Sequence[Any]) -> tuple[Any, Any]:
     mask = as_tensor_variable(extra[0]) if op.has_mask else None
     state = None
     if dropout is not None:
-        from symgpu.tensor.random.ops import check_state   # deferred: random imports tensor
         state = check_state(extra[-1], str(op))
     return mask, state
 
@@ -284,7 +287,7 @@ def _is_zero(g: Variable) -> bool:
 def grad_inputs(op: Any, inputs: Sequence[Any]) -> tuple:
     """(q, k, v, mask, o, lse, dO, dlse) of an attention gradient's inputs (host or GPU op):
     mask and dlse None where ``op`` has none (a dropout's state, after the mask: `_kept`)."""
-    n = 3 + op.has_mask + (getattr(op, "dropout", None) is not None)
+    n = 3 + op.has_mask + (op.dropout is not None)
     o, lse, do = inputs[n:n + 3]
     return (*inputs[:3], inputs[3] if op.has_mask else None, o, lse, do,
             inputs[n + 3] if op.has_dlse else None)
@@ -405,6 +408,9 @@ def scaled_dot_product_attention(query: Any, key: Any, value: Any, attn_mask: An
     keep = 1.0 - float(dropout_p)
     size = [shape_i(q, i) for i in range(q.ndim - 1)] + [shape_i(k, k.ndim - 2)]  # scores
     drawn = dropout_draw(rng.binomial(size=size, n=1, p=keep, dtype=_acc_dtype(q.dtype)))
+    if drawn is None:
+        raise TypeError(f"scaled_dot_product_attention: rng must be a RandomStreams (whose "
+                        f"binomial is a Philox draw), got {type(rng).__name__}")
     state, keep_in_draw, draw = drawn
     op = Attention(bool(is_causal), scale, mask is not None, Dropout(keep_in_draw, keep, draw))
     return op(q, k, v, *([mask] if mask is not None else []), state)
@@ -414,7 +420,6 @@ def dropout_draw(kept: Variable) -> tuple[Variable, float, str] | None:
     """(generator state, keep, draw dtype) when `kept` is a dropout's keep-mask, uniform <
     keep (a bool, or cast to a number: ``binomial(n=1)``) of one Philox draw: what the fused
     op takes in its place (the draw's own node is then unused; the state's update stays)."""
-    from symgpu.tensor.random.ops import PhiloxSample   # deferred: random imports tensor
     node = kept.owner
     if node is not None and isinstance(node.op, Elemwise) and \
             str(getattr(node.op.scalar_op, "name", "")).startswith("cast_") and \
@@ -425,21 +430,12 @@ def dropout_draw(kept: Variable) -> tuple[Variable, float, str] | None:
             getattr(node.op.scalar_op, "name", "") != "lt" or kept.dtype != "bool":
         return None
     u, thr = node.inputs
-    keep = _constant_scalar(thr)
+    try:
+        keep = float(get_scalar_constant_value(thr))
+    except NotScalarConstantError:
+        return None
     draw = u.owner
-    if keep is None or not 0.0 < keep <= 1.0 or draw is None or \
+    if not 0.0 < keep <= 1.0 or draw is None or \
             not isinstance(draw.op, PhiloxSample) or draw.op.dist != "uniform":
         return None
     return draw.inputs[0], keep, draw.op.dtype
-
-
-def _constant_scalar(var: Variable) -> float | None:
-    """The value of a scalar constant, through casts and broadcasting DimShuffles (the
-    threshold binomial compares with), else None."""
-    while var.owner is not None and (isinstance(var.owner.op, DimShuffle) or (
-            isinstance(var.owner.op, Elemwise) and len(var.owner.inputs) == 1 and
-            str(getattr(var.owner.op.scalar_op, "name", "")).startswith("cast_"))):
-        var = var.owner.inputs[0]
-    if not isinstance(var, Constant) or np.size(var.data) != 1:
-        return None
-    return float(np.asarray(var.data).reshape(()))

@@ -12,6 +12,7 @@ from symgpu.graph.basic import Variable
 from symgpu.tensor import basic as _b
 from symgpu.tensor import math as _m
 from symgpu.tensor.extra_funcs import tri
+from symgpu.tensor.random.ops import PhiloxSample
 from symgpu.tensor.shape import shape_i
 from symgpu.tensor.type import TensorVariable
 
@@ -42,7 +43,6 @@ def _scores(op: Any, q: Variable, k: Variable, mask: Variable | None, acc: str
 
 def _kept(dropout: Any, state: Variable, like: TensorVariable) -> TensorVariable:
     """The dropout's kept elements (the draw `binomial` makes) of `like`'s shape."""
-    from symgpu.tensor.random.ops import PhiloxSample   # deferred: random imports tensor
     u = PhiloxSample("uniform", dropout.draw)(state, *[shape_i(like, i)
                                                         for i in range(like.ndim)])
     return _m.lt(u, _b.constant(dropout.keep, dtype=dropout.draw))

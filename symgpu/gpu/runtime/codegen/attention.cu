@@ -304,9 +304,9 @@ __device__ __forceinline__ bool at_kept(const A &a, unsigned long long e) {
     const unsigned j = (unsigned)(e & 3);
     float u = sg_u01_f32(j == 0 ? w[0] : j == 1 ? w[1] : j == 2 ? w[2] : w[3]);
     if (a.drop == AT_DRAW_F16)           // the half draw: rounded, kept below 1
-        u = fminf(__half2float(__float2half_rn(u)), 1.0f - 0x1p-11f);
+        u = fminf(__half2float(__float2half_rn(u)), SG_BELOW_ONE_F16);
     else if (a.drop == AT_DRAW_BF16)
-        u = fminf(__bfloat162float(__float2bfloat16_rn(u)), 1.0f - 0x1p-8f);
+        u = fminf(__bfloat162float(__float2bfloat16_rn(u)), SG_BELOW_ONE_BF16);
     return u < a.keep_f;
 }
 

@@ -23,6 +23,11 @@ __device__ __forceinline__ void sg_philox_block(const unsigned int *st, unsigned
     sg_philox4x32_10(w, st[0], st[1]);
 }
 
+/* The largest uniform of a half draw: float32 uniforms above it round to 1.0 in the half
+   type and are kept at it (philox.py's _BELOW_ONE, as_draw_dtype) */
+#define SG_BELOW_ONE_F16 (1.0f - 0x1p-11f)
+#define SG_BELOW_ONE_BF16 (1.0f - 0x1p-8f)
+
 /* uniform (0, 1), exact: ((w >> 9) + 0.5) * 2^-23 and ((w0 << 20 | w1 >> 12) + 0.5) * 2^-52 */
 __device__ __forceinline__ float sg_u01_f32(unsigned int w)
 { return __fmul_rn(__fadd_rn((float)(w >> 9), 0.5f), 1.1920928955078125e-07f); }
@@ -123,12 +128,12 @@ extern "C" __global__ void sg_philox_uniform_float64(const unsigned int *st, dou
 extern "C" __global__ void sg_philox_normal_float64(const unsigned int *st, double *out, long long n)
 { sg_philox_fill<double, double, 2>(st, out, n, true); }
 extern "C" __global__ void sg_philox_uniform_float16(const unsigned int *st, __half *out, long long n)
-{ sg_philox_fill<__half, float, 4>(st, out, n, false, 1.0f - 0x1p-11f); }
+{ sg_philox_fill<__half, float, 4>(st, out, n, false, SG_BELOW_ONE_F16); }
 extern "C" __global__ void sg_philox_normal_float16(const unsigned int *st, __half *out, long long n)
 { sg_philox_fill<__half, float, 4>(st, out, n, true); }
 extern "C" __global__ void sg_philox_uniform_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
                                                       long long n)
-{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, false, 1.0f - 0x1p-8f); }
+{ sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, false, SG_BELOW_ONE_BF16); }
 extern "C" __global__ void sg_philox_normal_bfloat16(const unsigned int *st, __nv_bfloat16 *out,
                                                      long long n)
 { sg_philox_fill<__nv_bfloat16, float, 4>(st, out, n, true); }
