@@ -5,6 +5,7 @@ advance the generator), near misses left alone, verify_grad, and placement on a 
 GPU (the kernels' values: test_gpu_attention.py)."""
 import collections
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -14,7 +15,10 @@ import symgpu.tensor as T
 from symgpu.compile.mode import get_mode
 from symgpu.gradient import verify_grad
 from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
-from symgpu.tensor.nnet.attention import Attention, AttentionGrad, Dropout, dropout_kept
+from symgpu.config import config
+from symgpu.gpu.ops import attention as A
+from symgpu.tensor.nnet.attention import (Attention, AttentionGrad, Dropout, dropout_draw,
+                                          dropout_kept)
 from symgpu.tensor.shared_randomstreams import RandomStreams
 
 RNG = np.random.default_rng(77)
@@ -84,8 +88,6 @@ def test_kept_elements_are_what_binomial_draws(draw):
     """dropout_draw finds a binomial's state, keep and draw dtype, and dropout_kept keeps what
     the compiled binomial draws from that state, element for element (a keep of 0.6, not
     exact in float32)."""
-    from symgpu.config import config
-    from symgpu.tensor.nnet.attention import dropout_draw
     shape = (2, 3, 5, 6)
     with config.change_flags(floatX=draw):       # the uniform's dtype follows floatX
         kept = RandomStreams(21).binomial(size=shape, n=1, p=0.6, dtype="int8")
@@ -150,7 +152,6 @@ def test_dropout_attention_lifts_to_the_gpu_kernels(vgpu):
 def test_mixed_precision_casts_the_operands_of_dropout_attention_not_its_state():
     """On the host, mixed precision casts q, k, v, o and dO of the fused ops to half and
     leaves the generator state (and lse) alone; the step still drops what it drew."""
-    from symgpu.config import config
     qf, kf, vf = (T.tensor4(n, dtype="float32") for n in "qkv")
     with config.change_flags(mixed_precision="bfloat16", floatX="float32"):
         o = sdpa(qf, kf, vf, dropout_p=0.2, rng=RandomStreams(4))
@@ -168,8 +169,6 @@ def test_mixed_precision_casts_the_operands_of_dropout_attention_not_its_state()
 def test_kernel_draw_codes_follow_the_host_table():
     """attention.cu's AT_DRAW_* codes are the host's (DROPOUT_DRAWS' order, 1 up): the kernel
     reads the draw dtype by that number."""
-    import re
-    from symgpu.gpu.ops import attention as A
     src = A.attention_source("bfloat16", 64)
     names = {"float32": "F32", "float64": "F64", "float16": "F16", "bfloat16": "BF16"}
     for dtype, code in A._DRAWS.items():

@@ -11,9 +11,12 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
+from symgpu.graph.basic import ancestors
 from symgpu.gpu.placement.type import gpu_supports_dtype
 from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
-from symgpu.tensor.nnet.attention import Attention, attention_grad_reference, attention_reference
+from symgpu.tensor.nnet.attention import (Attention, Dropout, attention_grad_reference,
+                                          attention_reference, dropout_kept)
+from symgpu.tensor.shared_randomstreams import RandomStreams
 
 pytestmark = pytest.mark.gpu
 TOL = {"float32": (2e-4, 1e-3), "float16": (1e-2, 3e-2), "bfloat16": (4e-2, 1e-1)}
@@ -175,7 +178,6 @@ def test_gpu_attention_dropout_drops_what_the_host_drops(cuda, dtype, draw, caus
     """The kernels compute each score's uniform as the host's draw lays it out: the GPU's o,
     dq, dk, dv equal the host's fused op with the same generator state (which equals the
     written-out graph: test_attention_dropout.py), within the dtype's tolerance."""
-    from symgpu.tensor.nnet.attention import Dropout, dropout_kept
     if not gpu_supports_dtype(dtype):
         pytest.skip(f"GPU placement does not take {dtype} yet")
     drop = Dropout(0.8, 0.8, draw)
@@ -202,9 +204,6 @@ def test_gpu_attention_dropout_drops_what_the_host_drops(cuda, dtype, draw, caus
 def test_gpu_sdpa_dropout_step_uses_the_generator_as_the_host_does(cuda):
     """sdpa with dropout through the whole GPU pipeline (the rewrite, the lift, the state
     uploaded and advanced): each call's o equals the host op's from the state before it."""
-    from symgpu.graph.basic import ancestors
-    from symgpu.tensor.nnet.attention import dropout_kept
-    from symgpu.tensor.shared_randomstreams import RandomStreams
     q, k, v = (T.tensor(dtype="float32", shape=(None,) * 4, name=n) for n in "qkv")
     o = sdpa(q, k, v, dropout_p=0.3, rng=RandomStreams(9), is_causal=True)
     f = symgpu.function([q, k, v], o)

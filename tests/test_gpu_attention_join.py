@@ -15,6 +15,7 @@ import symgpu.tensor as T
 from symgpu import Mode, function
 from symgpu.gpu.ops.attention_join import GpuAttentionGradJoin
 from symgpu.tensor.nnet import scaled_dot_product_attention as sdpa
+from symgpu.tensor.shared_randomstreams import RandomStreams
 
 H, HD = 2, 8
 D = H * HD
@@ -34,7 +35,6 @@ def _block(order=(0, 1, 2), dtype="float32", dropout=0.0):
     parts = [_heads(qkv[:, :, j * D:(j + 1) * D]) for j in range(3)]
     q, k, v = (parts[i] for i in order)
     if dropout:
-        from symgpu.tensor.shared_randomstreams import RandomStreams
         o = sdpa(q, k, v, is_causal=True, dropout_p=dropout, rng=RandomStreams(1))
     else:
         o = sdpa(q, k, v, is_causal=True)
