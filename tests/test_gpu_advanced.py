@@ -75,8 +75,21 @@ def test_matmul_with_batch_broadcasting_stays_on_cpu():
         names = _names(T.matmul(a, b), [a, b])
         assert "MatMul" in names and "GpuBatchedDot" not in names, names
         c = T.tensor4("c")
-        names = _names(T.matmul(c, c), [c])
-        assert "MatMul" in names, names
+        d = T.tensor(dtype="float32", shape=(None, 1, None, None), name="d")
+        names = _names(T.matmul(c, d), [c, d])
+        assert "MatMul" in names and "GpuBatchedDot" not in names, names
+
+
+@pytest.mark.parametrize("ndim", [4, 5])
+def test_matmul_of_stacks_with_more_dims_lifts(ndim):
+    """(batch, heads, m, k) @ (batch, heads, k, n) and more: one GpuBatchedDot over the
+    leading dims (before, a 4-d matmul in a GPU graph ran on the host)."""
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        a, b = (T.tensor(dtype="float32", shape=(None,) * ndim, name=n) for n in "ab")
+        f = function([a, b], T.matmul(a, b.swapaxes(-1, -2)))
+        nodes = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuBatchedDot)]
+        assert len(nodes) == 1 and nodes[0].outputs[0].ndim == ndim
+        assert "MatMul" not in {type(n.op).__name__ for n in f.maker.fgraph.toposort()}
 
 
 def test_grad_of_gather_lifts():
@@ -200,3 +213,25 @@ def test_gpu_batched_dot(cuda, dtype):
     f = function([a3, b3], T.matmul(a3, b3))
     with pytest.raises(ValueError, match="not aligned"):
         f(a, a)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gpu_batched_dot_of_4d_stacks(cuda, dtype):
+    """The leading dims as one batch: contiguous, a heads-swapped view (copied), one side's
+    leading dims all 1 (read with stride 0), and leading dims that do not match (an error)."""
+    a4, b4 = (T.tensor(dtype=dtype, shape=(None,) * 4, name=n) for n in "ab")
+    out = T.matmul(a4, b4)
+    names = {type(n.op).__name__ for n in function([a4, b4], out).maker.fgraph.toposort()}
+    assert "GpuBatchedDot" in names and "MatMul" not in names, names
+    tol = 1e-4 if dtype == "float32" else None
+    a = RNG.standard_normal((2, 3, 5, 4)).astype(dtype)
+    b = RNG.standard_normal((2, 3, 4, 6)).astype(dtype)
+    _check([a4, b4], out, [a, b], np.matmul(a, b), tol)
+    a_swapped = RNG.standard_normal((3, 2, 5, 4)).astype(dtype).transpose(1, 0, 2, 3)
+    _check([a4, b4], out, [a_swapped, b], np.matmul(a_swapped, b), tol)
+    one = RNG.standard_normal((1, 1, 4, 6)).astype(dtype)
+    _check([a4, b4], out, [a, one], np.matmul(a, one), tol)
+    f = function([a4, b4], out)
+    with pytest.raises(ValueError, match="leading dims"):
+        f(a, RNG.standard_normal((3, 2, 4, 6)).astype(dtype))

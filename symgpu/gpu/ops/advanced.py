@@ -295,11 +295,12 @@ def _batch_operand(a: Any) -> tuple[Any, int, int, int]:
 
 
 class GpuBatchedDot(Op):
-    """``matmul(x, y)`` of two 3-d stacks, ``x[b] @ y[b]`` for each b, through one
+    """``matmul(x, y)`` of two stacks of matrices, ``x[b] @ y[b]`` for each b, through one
     cublas<S|D>gemmStridedBatched call (float32/float64) or one strided-batched cuBLASLt
     product accumulated in float32 (float16/bfloat16; row-major handled as column-major
-    transposes, as GpuDot22). Batch sizes must be equal or one of them 1 (read with stride
-    0)."""
+    transposes, as GpuDot22). 3-d stacks: batch sizes equal or one of them 1 (read with
+    stride 0); more dims ((batch, heads, m, k)): the leading dims are one batch (a view where
+    the strides allow it), the same on both sides or all 1 on one."""
 
     __props__ = ()
 
@@ -310,12 +311,13 @@ class GpuBatchedDot(Op):
 
     def make_node(self, x: Any, y: Any) -> Apply:
         ctx = _ctx_name(x, y)
-        x, y = _blas_matrix(x, ctx, 3, "GpuBatchedDot's x", GEMM_DTYPES), \
-            _blas_matrix(y, ctx, 3, "GpuBatchedDot's y", GEMM_DTYPES)
+        nd = max(3, getattr(x, "ndim", 3))
+        x, y = _blas_matrix(x, ctx, nd, "GpuBatchedDot's x", GEMM_DTYPES), \
+            _blas_matrix(y, ctx, nd, "GpuBatchedDot's y", GEMM_DTYPES)
         if x.dtype != y.dtype:
             raise TypeError(f"GpuBatchedDot needs one dtype, got {x.dtype} and {y.dtype}")
-        bcast = (x.broadcastable[0] and y.broadcastable[0], x.broadcastable[1],
-                 y.broadcastable[2])
+        bcast = tuple(a and b for a, b in zip(x.broadcastable[:-2], y.broadcastable[:-2])) + \
+            (x.broadcastable[-2], y.broadcastable[-1])
         return Apply(self, [x, y], [GpuArrayType(x.dtype, bcast, ctx)()])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
@@ -345,6 +347,9 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
     def thunk() -> None:
         ctx.activate()
         x, y = x_cell[0], y_cell[0]
+        lead = None
+        if x.ndim > 3:       # the leading dims as one batch
+            lead, x, y = _one_batch(label, x, y)
         bx, m, k = x.shape
         by, k2, n = y.shape
         if k != k2:
@@ -365,7 +370,7 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
                 if half:
                     _half_batched(ctx, dtype, use_lt, declined, (ta, tb, n, m, k, lda, ldb,
                                   sy, sx, b), one, zero, y, x, out, label)
-                    out_cell[0] = out
+                    out_cell[0] = out if lead is None else out.reshape(lead + (m, n))
                     return
                 blas.math_mode(handle, math_mode)
                 status = gemm(handle, ctypes.c_int(ta), ctypes.c_int(tb), ctypes.c_int(n),
@@ -377,11 +382,26 @@ def _batched_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any) -> Callable
                               ctypes.c_int(max(n, 1)), ctypes.c_longlong(m * n),
                               ctypes.c_int(b))
                 blas.check(status, f"{label} (gemmStridedBatched {b} x {m}x{k} @ {k}x{n})")
-        out_cell[0] = out
+        out_cell[0] = out if lead is None else out.reshape(lead + (m, n))
 
     thunk.launches = True       # type: ignore[attr-defined]
     thunk.capturable = True     # type: ignore[attr-defined]
     return thunk
+
+
+def _one_batch(label: str, x: Any, y: Any) -> tuple[tuple, Any, Any]:
+    """(the output's leading dims, x and y as 3-d stacks): N-d operands' leading dims merged
+    into one batch (views where the strides allow, else copies); they must be equal, or all 1
+    on one side (that side read with stride 0)."""
+    lx, ly = tuple(x.shape[:-2]), tuple(y.shape[:-2])
+    ones = lambda lead: all(n == 1 for n in lead)   # noqa: E731
+    if lx != ly and not (ones(lx) or ones(ly)):
+        raise ValueError(f"{label}: the leading dims of shapes {x.shape} and {y.shape} are "
+                         f"neither equal nor all 1 (no broadcasting between them)")
+    lead = lx if lx == ly or ones(ly) else ly
+    flat = lambda a, lead_a: a.reshape((int(np.prod(lead_a, dtype=np.int64)),)  # noqa: E731
+                                       + tuple(a.shape[-2:]))
+    return lead, flat(x, lx), flat(y, ly)
 
 
 def _half_batched(ctx: Any, dtype: str, use_lt: bool, declined: set, geo: tuple, one: Any,
@@ -412,12 +432,14 @@ def gpu_batched_dot(x: Any, y: Any) -> Any:
 
 @register_lifter(_MatMul)
 def lift_matmul(op, node, context_name, inputs):
+    """matmul of two stacks of one rank (3-d, or (batch, heads, m, k) and more: the
+    leading dims one batch) -> GpuBatchedDot."""
     x, y = inputs
-    if x.ndim != 3 or y.ndim != 3 or not (is_gpu_var(x) and is_gpu_var(y)):
+    if x.ndim != y.ndim or x.ndim < 3 or not (is_gpu_var(x) and is_gpu_var(y)):
         return None
     if not (x.dtype == y.dtype == node.outputs[0].dtype) or x.dtype not in GEMM_DTYPES:
         return None
-    if x.broadcastable[0] != y.broadcastable[0]:
+    if x.broadcastable[:-2] != y.broadcastable[:-2]:
         return None   # batch broadcasting declared in the types: stays on the CPU
     return [GpuBatchedDot()(x, y)]
 
