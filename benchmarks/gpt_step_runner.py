@@ -23,7 +23,7 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cupti_table import kernel_table, step_times  # noqa: E402
+from cupti_table import kernel_table, queue_times, step_times  # noqa: E402
 
 
 def jax_table(model: str = "gpt") -> None:
@@ -38,6 +38,9 @@ def jax_table(model: str = "gpt") -> None:
         return
     med, best = step_times(step, sync)
     print(f"{name}: median {med * 1e3:.3f} ms, best {best * 1e3:.3f} ms")
+    queued, total = queue_times(step, sync)
+    print(f"50 steps back to back: {queued * 1e3:.3f} ms a step to queue, "
+          f"{total * 1e3:.3f} ms a step with the final sync")
     kernel_table(step, sync)
 
 
@@ -63,6 +66,9 @@ def main(old_limit: bool, model: str = "gpt") -> None:
             print(f"warning: {w.category.__name__}: {w.message}")
         med, best = step_times(step, sync, warm=0)
         print(f"step: median {med * 1e3:.3f} ms, best {best * 1e3:.3f} ms")
+        queued, total = queue_times(step, sync)
+        print(f"50 steps back to back: {queued * 1e3:.3f} ms a step to queue, "
+              f"{total * 1e3:.3f} ms a step with the final sync")
         runner = getattr(step.vm, "runner", None)
         print(f"runner: {type(runner).__name__}, enabled {getattr(runner, 'enabled', None)}, "
               f"disabled because: {getattr(runner, 'disabled_reason', None)}")
