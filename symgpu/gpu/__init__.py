@@ -121,6 +121,7 @@ import symgpu.gpu.ops.reduce_epilogue  # noqa: E402,F401
 import symgpu.gpu.ops.reduce_prologue  # noqa: E402,F401
 import symgpu.gpu.ops.attention_join  # noqa: E402,F401
 import symgpu.gpu.ops.row_group_rewrite  # noqa: E402,F401
+import symgpu.gpu.ops.row_group_map_rewrite  # noqa: E402,F401  (elementwise consumers join row groups)
 import symgpu.gpu.ops.col_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.elemwise_group_rewrite  # noqa: E402,F401
 import symgpu.gpu.ops.producer_copies  # noqa: E402,F401

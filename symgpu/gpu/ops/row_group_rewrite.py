@@ -43,14 +43,15 @@ from symgpu.graph.rewriting.db import optdb
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
 from symgpu.tensor.shape_rules import dim_value
 
-__all__ = ["gpu_row_reduce_group", "MAX_ROW", "computed_from"]
+__all__ = ["gpu_row_reduce_group", "MAX_ROW", "computed_from", "chain_source", "row_tokens",
+           "same_token", "slot"]
 
 #: a member whose row is known to be longer stays a GpuCAReduce (see the module docstring)
 MAX_ROW = 4096
 _FULL = (None, None, None)
 
 
-def _chain_source(v: Variable) -> Variable | None:
+def chain_source(v: Variable) -> Variable | None:
     """x where ``v`` is ``DimShuffle{0,..,nd-2,x}(x)`` (one value per row of x), else None."""
     o = v.owner
     if o is None or type(o.op) is not GpuDimShuffle:
@@ -81,7 +82,7 @@ def _candidate(fgraph: FunctionGraph, node: Apply) -> bool:
     return True
 
 
-def _tokens(fgraph: FunctionGraph, v: Variable, d: int) -> list[tuple[str, Any]]:
+def row_tokens(fgraph: FunctionGraph, v: Variable, d: int) -> list[tuple[str, Any]]:
     """What proves dim ``d`` (a kept dim) of ``v``: the variables it is a last-axis slice of
     (``v`` included) and their inferred dims."""
     out: list[tuple[str, Any]] = []
@@ -99,7 +100,8 @@ def _tokens(fgraph: FunctionGraph, v: Variable, d: int) -> list[tuple[str, Any]]
         return out
 
 
-def _same(a: tuple, b: tuple) -> bool:
+def same_token(a: tuple, b: tuple) -> bool:
+    """Whether two of ``row_tokens``' proofs name the same dim."""
     if a[0] != b[0]:
         return False
     return a[1] is b[1] if a[0] == "var" else same_dim(a[1], b[1])
@@ -116,8 +118,8 @@ class _Member:
         for d in range(nd - 1):
             toks = []
             for v in ins:
-                if not v.broadcastable[d] and _chain_source(v) is None:
-                    toks += _tokens(fgraph, v, d)
+                if not v.broadcastable[d] and chain_source(v) is None:
+                    toks += row_tokens(fgraph, v, d)
             self.rows.append(toks)
 
     def same_rows(self, other: "_Member") -> bool:
@@ -126,7 +128,7 @@ class _Member:
         for a, b in zip(self.rows, other.rows):
             if not a and not b:
                 continue
-            if not any(_same(x, y) for x in a for y in b):
+            if not any(same_token(x, y) for x in a for y in b):
                 return False
         return True
 
@@ -152,8 +154,17 @@ def _depends(node: Apply, group: list[_Member], pos: dict, first: int) -> bool:
     """Whether ``node`` reads a group member's output other than through a chain input."""
     outs = {m.node.outputs[0] for m in group}
     todo = [v for v in node.inputs
-            if (_chain_source(v) if v in _reduced(node) else None) not in outs]
+            if (chain_source(v) if v in _reduced(node) else None) not in outs]
     return computed_from(todo, outs, pos, first)
+
+
+def slot(lst: list, v: Variable) -> int:
+    """v's index in ``lst`` (by identity), appended where it is not there yet."""
+    for i, w in enumerate(lst):
+        if w is v:
+            return i
+    lst.append(v)
+    return len(lst) - 1
 
 
 def _build(group: list[_Member]) -> list[tuple[Variable, Variable]] | None:
@@ -162,19 +173,11 @@ def _build(group: list[_Member]) -> list[tuple[Variable, Variable]] | None:
     extra: list[Variable] = []
     members: list[RowMember] = []
     index = {m.node.outputs[0]: q for q, m in enumerate(group)}
-
-    def slot(lst: list, v: Variable) -> int:
-        for i, w in enumerate(lst):
-            if w is v:
-                return i
-        lst.append(v)
-        return len(lst) - 1
-
     for m in group:
         op, ins = m.node.op, _reduced(m.node)
         args = []
         for v in ins:
-            src = _chain_source(v)
+            src = chain_source(v)
             args.append(-index[src] - 1 if src in index else slot(rows, v))
         post = tuple(slot(extra, v) for v in m.node.inputs[len(ins):])
         members.append(RowMember(op.scalar_op.name, op.pre_scalar_op, tuple(args),

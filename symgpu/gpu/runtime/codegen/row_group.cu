@@ -26,7 +26,7 @@ struct rg_meta {
     long long kshape[SG_KND];
     long long kstride[RG_NIN][SG_KND];   /* in elements, 0 where broadcast */
     long long cstride[RG_NIN];           /* along the row, 0 where one value per row */
-    long long C[RG_NM];                  /* each member's row length */
+    long long C[RG_NM];                  /* each member's row length */${map_meta}
     long long vec;                       /* 1: 4 values a lane at a time (rg_load4) */
 };
 

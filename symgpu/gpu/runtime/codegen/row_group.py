@@ -6,6 +6,14 @@ Why apart from reduce.py: a group has one launch shape (a warp or a block per ro
 holding each result), where reduce.py plans split and column strategies for one reduction;
 each member's accumulator type, identity and combine come from ``ReduceSignature``
 (reduce.py), so a member accumulates exactly as the GpuCAReduce it replaces.
+
+After the members a group may compute ``RowApply``s: per-row applies (elementwise ops of the
+members' results, one value a row, a layer norm's ``sqrt(var / n + eps)``) and one row map
+(an elementwise op at every element of the row, a layer norm's ``(x - mean) / std * g + b``),
+so a layer norm's forward is one launch.  The map reads the row again (from L1/L2: a warp
+has just read it) and writes full-shape C-contiguous outputs, 4 values a lane where the
+members read 4 (rg_v4 stores for 2- and 4-byte floats).  A group without them renders the
+source it rendered before they existed.
 """
 from __future__ import annotations
 
@@ -17,11 +25,15 @@ from symgpu.gpu.runtime.codegen.reduce import ReduceSignature, _combine, _identi
 from symgpu.gpu.runtime.codegen.scalar import output_dtypes, render_apply_function
 from symgpu.gpu.runtime.codegen.types import acc_ctype_for, storage_ctype, value_ctype
 
-__all__ = ["RowMember", "RowGroupSignature", "render_row_group", "row_group_formats",
-           "ROW_GROUP_KERNELS", "ROW_GROUP_REDUCIBLE"]
+__all__ = ["RowMember", "RowApply", "RowGroupSignature", "render_row_group", "row_group_formats",
+           "ROW_GROUP_KERNELS", "ROW_GROUP_REDUCIBLE", "ROW_ARG_KINDS"]
 
 ROW_GROUP_KERNELS = ("rg_warp_rows", "rg_block_rows")
 ROW_GROUP_REDUCIBLE = ("add", "mul", "maximum", "minimum")
+#: what a RowApply argument ``(kind, i)`` names (see RowApply)
+ROW_ARG_KINDS = ("row", "res", "app", "ex")
+#: output dtypes a map stores 4 at a time (one 16- or 8-byte store)
+_VEC_STORE = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,20 @@ class RowMember:
 
 
 @dataclass(frozen=True)
+class RowApply:
+    """An elementwise ``scalar_op`` a group computes after its members, on ``args``, each
+    ``(kind, i)``: ``("row", i)`` row operand i (in the map, its value at the element; in a
+    per-row apply, its one value for the row: its last dim is 1), ``("res", q)`` member q's
+    stored result, ``("app", j)`` per-row output j (the per-row applies' outputs counted in
+    order, each stored and re-read in its dtype as a separate node's would be), ``("ex", e)``
+    epilogue operand e (one value, or one per row).  A per-row apply's outputs have the kept
+    shape, plus a last dim of 1 where ``keep_axis``; a map's outputs, the rows' full shape."""
+    scalar_op: Any
+    args: tuple[tuple[str, int], ...]
+    keep_axis: bool = True
+
+
+@dataclass(frozen=True)
 class RowGroupSignature:
     """What determines a group module's source."""
     members: tuple[RowMember, ...]
@@ -49,6 +75,35 @@ class RowGroupSignature:
     red_dtypes: tuple[str, ...]      # each member's reduced dtype (before its epilogue)
     out_dtypes: tuple[str, ...]      # each member's output dtype
     knd: int                         # kept dims (the operands' ndim - 1), >= 1
+    per_row: tuple[RowApply, ...] = ()   # per-row applies, after the members
+    row_map: RowApply | None = None      # the row map, after them
+
+    def value_dtype(self, arg: tuple[str, int], apps: list[str]) -> str:
+        """The dtype of a RowApply argument (``apps``: the per-row outputs' dtypes so far)."""
+        kind, i = arg
+        table = {"row": self.in_dtypes, "res": self.out_dtypes, "app": apps, "ex": self.ex_dtypes}
+        if kind not in table or not 0 <= i < len(table[kind]):
+            raise ValueError(f"a row group apply's argument {arg} names nothing: {kind} "
+                             f"has {len(table.get(kind, ()))} value(s)")
+        return table[kind][i]
+
+    def app_dtypes(self) -> list[list[str]]:
+        """Each per-row apply's output dtypes."""
+        flat: list[str] = []
+        outs: list[list[str]] = []
+        for a in self.per_row:
+            got = output_dtypes(a.scalar_op, [self.value_dtype(x, flat) for x in a.args])
+            outs.append(got)
+            flat += got
+        return outs
+
+    def map_dtypes(self) -> list[str]:
+        """The row map's output dtypes (none without a map)."""
+        if self.row_map is None:
+            return []
+        apps = [d for ds in self.app_dtypes() for d in ds]
+        return output_dtypes(self.row_map.scalar_op,
+                             [self.value_dtype(x, apps) for x in self.row_map.args])
 
     def arg_dtypes(self, q: int) -> list[str]:
         """Member q's argument dtypes (a chained result: that member's output dtype)."""
@@ -68,8 +123,9 @@ class RowGroupSignature:
 def row_group_formats(sig: RowGroupSignature) -> dict[str, str]:
     """name -> struct format of each kernel's arguments (K, rg_meta, rg_ptrs)."""
     nin, nm = len(sig.in_dtypes), len(sig.members)
-    meta = "q" * (sig.knd + nin * sig.knd + nin + nm + 1)
-    fmt = "q" + meta + "P" * (nin + nm + len(sig.ex_dtypes))
+    meta = "q" * (sig.knd + nin * sig.knd + nin + nm + 1 + (sig.row_map is not None))
+    nout = nm + sum(len(d) for d in sig.app_dtypes()) + len(sig.map_dtypes())
+    fmt = "q" + meta + "P" * (nin + nout + len(sig.ex_dtypes))
     return {name: fmt for name in ROW_GROUP_KERNELS}
 
 
@@ -79,6 +135,11 @@ def _ptrs(sig: RowGroupSignature) -> str:
     lines += [f"    {storage_ctype(d)} *out{q};   /* {d} */" for q, d in enumerate(sig.out_dtypes)]
     lines += [f"    const {storage_ctype(d)} *ex{e};   /* {d} */"
               for e, d in enumerate(sig.ex_dtypes)]
+    apps = [d for ds in sig.app_dtypes() for d in ds]
+    lines += [f"    {storage_ctype(d)} *aout{j};   /* {d}, per-row output {j} */"
+              for j, d in enumerate(apps)]
+    lines += [f"    {storage_ctype(d)} *mout{j};   /* {d}, the map's output {j} */"
+              for j, d in enumerate(sig.map_dtypes())]
     return "struct rg_ptrs {\n" + "\n".join(lines) + "\n};"
 
 
@@ -150,6 +211,104 @@ def _member(sig: RowGroupSignature, q: int) -> tuple[str, list[str]]:
     return "\n".join(funcs), body
 
 
+def _per_row_value(sig: RowGroupSignature, arg: tuple[str, int]) -> str:
+    """A RowApply argument's one value for row k (a map's row operands are read per element)."""
+    kind, i = arg
+    if kind == "row":
+        return f"sg_load(p.in{i}[koff[{i}]])"
+    if kind == "ex":
+        return f"sg_load(p.ex{i}[{'0' if sig.ex_scalar[i] else 'k'}])"
+    return f"{kind}{i}"
+
+
+def _per_row(sig: RowGroupSignature) -> tuple[list[str], list[str]]:
+    """(device functions, row-body lines) of the per-row applies: every lane computes them,
+    lane 0 stores, and later applies and the map read the stored values (app<j>)."""
+    funcs: list[str] = []
+    lines: list[str] = []
+    apps: list[str] = []
+    for t, a in enumerate(sig.per_row):
+        dtypes = [sig.value_dtype(x, apps) for x in a.args]
+        src, outs = render_apply_function(a.scalar_op, dtypes, name=f"rg_app{t}")
+        funcs.append(src)
+        base = len(apps)
+        apps += outs
+        names = [f"o{j}" for j in range(len(outs))]
+        call = ", ".join([_per_row_value(sig, x) for x in a.args] + names)
+        lines += [f"    /* per-row apply {t}: {a.scalar_op} -> {', '.join(outs)} */",
+                  *(f"    {value_ctype(d)} app{base + j};" for j, d in enumerate(outs)),
+                  "    {",
+                  *(f"        {value_ctype(d)} {n};" for n, d in zip(names, outs)),
+                  f"        rg_app{t}({call});"]
+        for j, (n, d) in enumerate(zip(names, outs)):
+            lines += [f"        {storage_ctype(d)} st{j};", f"        sg_store(st{j}, {n});",
+                      f"        if (lane == 0) p.aout{base + j}[k] = st{j};",
+                      f"        app{base + j} = sg_load(st{j});"]
+        lines += ["    }", *(f"    (void)app{base + j};" for j in range(len(outs)))]
+    return funcs, lines
+
+
+#: whether an output pointer takes a map's 4-value stores (the pool aligns; a check is cheap)
+_ALIGNED4 = """template <typename T>
+__device__ __forceinline__ bool rg_aligned4(const T *x)
+{
+    return !(reinterpret_cast<unsigned long long>(x) % (4 * sizeof(T)));
+}
+"""
+
+
+def _row_map(sig: RowGroupSignature) -> tuple[list[str], list[str]]:
+    """(device functions, row-body lines) of the row map: every element of row k, the
+    outputs C-contiguous (row k's at k * CM); 4 values a lane where the plan reads 4."""
+    rm = sig.row_map
+    if rm is None:
+        return [], []
+    apps = [d for ds in sig.app_dtypes() for d in ds]
+    dtypes = [sig.value_dtype(x, apps) for x in rm.args]
+    src, outs = render_apply_function(rm.scalar_op, dtypes, name="rg_map")
+    if not any(kind == "row" for kind, _ in rm.args):
+        raise ValueError(f"a row group's map {rm.scalar_op} reads no row operand")
+    funcs = [src, _ALIGNED4]
+    rows = sorted({i for kind, i in rm.args if kind == "row"})
+    per = {x: f"mv{n}" for n, x in enumerate(dict.fromkeys(x for x in rm.args if x[0] == "ex"))}
+    names = [f"o{j}" for j in range(len(outs))]
+    vec_out = [j for j, d in enumerate(outs) if d in _VEC_STORE]
+
+    def arg(x: tuple[str, int], vec: bool) -> str:
+        if x[0] == "row":
+            i = x[1]
+            return f"sg_load(x{i}.v[u])" if vec else \
+                f"sg_load(p.in{i}[koff[{i}] + j * m.cstride[{i}]])"
+        return per.get(x, f"{x[0]}{x[1]}")
+
+    def call(vec: bool, indent: str) -> list[str]:
+        return [*(f"{indent}{value_ctype(d)} {n};" for n, d in zip(names, outs)),
+                f"{indent}rg_map({', '.join([arg(x, vec) for x in rm.args] + names)});"]
+    aligned = " && ".join(["m.vec"] + [f"rg_aligned4(p.mout{j})" for j in vec_out])
+    lines = [f"    /* the row map: {rm.scalar_op} -> {', '.join(outs)}, at each of the row's "
+             f"m.CM elements */", "    {",
+             "        const long long mbase = k * m.CM;",
+             *(f"        const {value_ctype(sig.value_dtype(x, apps))} {n} = "
+               f"{_per_row_value(sig, x)};" for x, n in per.items()),
+             f"        if ({aligned}) {{",
+             "        for (long long j = 4 * lane; j < m.CM; j += 4 * lanes) {",
+             *(f"            const rg_v4<{storage_ctype(sig.in_dtypes[i])}> x{i} = rg_load4("
+               f"p.in{i} + koff[{i}] + j * m.cstride[{i}], m.cstride[{i}]);" for i in rows),
+             *(f"            rg_v4<{storage_ctype(outs[j])}> y{j};" for j in vec_out),
+             "#pragma unroll", "            for (int u = 0; u < 4; ++u) {", *call(True, " " * 16),
+             *(f"                sg_store(y{j}.v[u], o{j});" if j in vec_out else
+               f"                sg_store(p.mout{j}[mbase + j + u], o{j});"
+               for j in range(len(outs))),
+             "            }",
+             *(f"            *reinterpret_cast<rg_v4<{storage_ctype(outs[j])}> *>"
+               f"(p.mout{j} + mbase + j) = y{j};" for j in vec_out),
+             "        }", "        } else {",
+             "        for (long long j = lane; j < m.CM; j += lanes) {", *call(False, " " * 12),
+             *(f"            sg_store(p.mout{j}[mbase + j], o{j});" for j in range(len(outs))),
+             "        }", "        }", "    }"]
+    return funcs, lines
+
+
 def render_row_group(sig: RowGroupSignature, title: str | None = None) -> str:
     """The CUDA source of the group module for ``sig`` (see ``row_group.cu``)."""
     if not sig.members:
@@ -169,9 +328,14 @@ def render_row_group(sig: RowGroupSignature, title: str | None = None) -> str:
         f, body = _member(sig, q)
         funcs.append(f)
         lines += body
+    for f, body in (_per_row(sig), _row_map(sig)):
+        funcs += f
+        lines += body
     label = title or (f"{len(sig.members)} row reductions of "
                       f"({', '.join(sig.in_dtypes)}) -> ({', '.join(sig.out_dtypes)})")
     return template("row_group.cu").substitute(
         title=label.replace("*/", "* /"), common=common_source(), apply="\n".join(funcs),
         knd=sig.knd, nin=len(sig.in_dtypes), nm=len(sig.members), ptrs=_ptrs(sig),
-        members="\n".join(lines))
+        members="\n".join(lines),
+        map_meta="\n    long long CM;                        /* the map's row length */"
+        if sig.row_map is not None else "")
