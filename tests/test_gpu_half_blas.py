@@ -150,13 +150,7 @@ def test_epilogue_op_checks_its_operands(vgpu):
     with pytest.raises(ValueError, match="epilogue must be one of"):
         GpuGemmEpilogue("gelu")
     with pytest.raises(TypeError, match="one dtype"):
-        GpuGemmEpilogue()(g("float16", 2), g("bfloat16", 2), g("float16", 1))
-    for x, bias in (("float32", "float16"), ("float16", "float64"), ("float16", "bfloat16")):
-        with pytest.raises(TypeError, match="or float32 for a half product"):
-            GpuGemmEpilogue()(g(x, 2), g(x, 2), g(bias, 1))
-    # a half product's bias may be float32 (mixed precision's float32 master bias)
-    assert GpuGemmEpilogue()(g("float16", 2), g("float16", 2), g("float32", 1)).dtype == \
-        "float16"
+        GpuGemmEpilogue()(g("float16", 2), g("float16", 2), g("float32", 1))
     with pytest.raises(TypeError, match="bias must be a 1-d"):
         GpuGemmEpilogue()(g("float16", 2), g("float16", 2), g("float16", 2))
     assert str(GpuGemmEpilogue("relu_bias")) == "GpuGemmEpilogue{relu_bias}"

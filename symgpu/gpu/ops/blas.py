@@ -337,9 +337,8 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 xi: int, yi: int, scalar_pos: tuple, epi: Any = None) -> Callable[[], None]:
     """The thunk of a product ``beta z + alpha x @ y`` (GpuGemm), ``x @ y`` (GpuDot22) or,
     with ``epi``, ``act(x @ y + bias)`` (GpuGemmEpilogue, gemm_epilogue.py: ``epi.code`` is
-    its cuBLASLt epilogue, ``epi.bias_index`` the bias input, ``epi.bias_type`` its dtype
-    where it is not the product's (a half product's float32 bias) else None,
-    ``epi.apply(out, bias)`` the same epilogue by a kernel of ours after a classic product)."""
+    its cuBLASLt epilogue, ``epi.bias_index`` the bias input, ``epi.apply(out, bias)`` the
+    same epilogue by a kernel of ours after a classic product)."""
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -352,7 +351,6 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     scal = _Scalars(node, scalar_pos, scale_dtype(dtype), ctx, storage_map) if scalar_pos \
         else None
     epi_code = blaslt.EPILOGUE_DEFAULT if epi is None else epi.code
-    bias_type = None if epi is None else epi.bias_type
     bias_cell = storage_map[node.inputs[epi.bias_index]] if epi is not None else None
     device_scalars = scal is not None and scal.device
     in_cells = [storage_map[v] for v in node.inputs]
@@ -409,7 +407,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
                                          ldc, y, x, out, alpha_p, beta_p, device_scalars,
-                                         problems, epi_code, bias, bias_type):
+                                         problems, epi_code, bias):
                 out_cell[0] = out
                 return
             blas.math_mode(handle, math_mode)
@@ -444,15 +442,14 @@ def _accumulates_into(t: Any, z: Any, x: Any, y: Any, shape: tuple) -> bool:
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
              alpha_p: Any, beta_p: Any, device_scalars: bool, problems: dict,
-             epilogue: int = 1, bias: Any = None, bias_type: str | None = None) -> bool:
+             epilogue: int = 1, bias: Any = None) -> bool:
     """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
     cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
     caller runs classic cuBLAS).  ``problems`` is the thunk's memo of LtProblems (None for
     one cuBLASLt declined) by layout: the arguments that vary and the pointers' low byte,
     which fixes their alignment, so a call builds no LtProblem (dtype, math mode, pointer
     mode and epilogue are the thunk's own).  With an epilogue, ``bias`` is its vector (one
-    value per row of the column-major out) and ``bias_type`` its dtype where it is not
-    out's (LtProblem.bias_dtype)."""
+    value per row of the column-major out)."""
     ap, bp, dp = a.ptr, b.ptr, out.ptr
     key = (ta, tb, rows, cols, k, lda, ldb, ldd, ap & 255, bp & 255, dp & 255)
     p = problems.get(key, _NEW)
@@ -460,7 +457,7 @@ def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, 
         p = problems[key] = blaslt.LtProblem(
             dtype, math_mode == _TF32_MATH, ta, tb, rows, cols, k, max(lda, 1), max(ldb, 1),
             max(ldd, 1), device_scalars, 1, 0, 0, 0, epilogue,
-            tuple(blaslt.alignment(v) for v in (ap, bp, dp)), bias_type)
+            tuple(blaslt.alignment(v) for v in (ap, bp, dp)))
     if p is None:
         return False
     try:

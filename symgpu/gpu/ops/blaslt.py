@@ -29,13 +29,7 @@ A problem may be a strided batch (``batch`` products whose operands lie ``stride
 apart: the layouts' BATCH_COUNT and STRIDED_BATCH_OFFSET) and may carry an epilogue
 (``EPILOGUE_BIAS``, ``EPILOGUE_RELU_BIAS``: a bias vector, one value per row of the
 column-major D, added before the activation; its address is set on the descriptor at each
-call), which classic cuBLAS cannot run, so such problems have no classic candidate.  The
-bias is of D's type, or (``bias_dtype`` "float32", a mixed-precision layer's float32 bias)
-CUDA_R_32F for a half D with CUBLAS_COMPUTE_32F (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE): added
-to the float32 accumulator before D's one rounding.  Where the heuristic offers no
-algorithm for that, the problem is declined as any other (blas.py's fallback kernel then
-adds the float32 bias).  A problem's bias type is part of it, so of its plan's and its
-choice's keys.
+call), which classic cuBLAS cannot run, so such problems have no classic candidate.
 
 Capture-safe: the call names its stream and a workspace from the context's pool (kept as long
 as the context's handle), and allocates nothing.  Where libcublasLt cannot be loaded, or its
@@ -70,7 +64,7 @@ LT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS = 1, 4, 6
 _R_32F, _R_64F = 0, 1                                             # cudaDataType
 _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4          # cublasLtMatmulDescAttributes_t
-_DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_DATA_TYPE = 7, 8, 26
+_DESC_EPILOGUE, _DESC_BIAS_POINTER = 7, 8
 _LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6                  # ...MatrixLayoutAttribute_t
 _PREF_MAX_WORKSPACE = 1                                           # ...PreferenceAttributes_t
 _PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (bytes)
@@ -123,8 +117,6 @@ class LtProblem(NamedTuple):
     stride_d: int
     epilogue: int            # cublasLtEpilogue_t (EPILOGUE_DEFAULT: none)
     align: tuple             # (A, B, D) pointer alignments in bytes, at most 256
-    #: the epilogue's bias dtype where it is not D's ("float32" for a half D), else None
-    bias_dtype: str | None = None
 
 
 def problem_elements(p: LtProblem) -> int:
@@ -311,8 +303,6 @@ class _CublasLt:
                  (_DESC_POINTER_MODE, 1 if p.device_scalars else 0)]
         if p.epilogue != EPILOGUE_DEFAULT:
             attrs.append((_DESC_EPILOGUE, p.epilogue))
-        if p.bias_dtype is not None and p.bias_dtype != p.dtype:
-            attrs.append((_DESC_BIAS_DATA_TYPE, CUDA_DATA_TYPES[p.bias_dtype]))
         for attr, val in attrs:
             v = ctypes.c_int32(val)
             check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v),
@@ -616,8 +606,7 @@ def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: 
     status = lt.matmul(ctx, plan, which, alpha, a, b, beta, d)
     if status:   # (the message is made only then: a call costs no formatting)
         lt.check(status, f"cublasLtMatmul ({p.dtype}, {p.batch} x {p.m}x{p.k} @ {p.k}x{p.n}, "
-                         f"epilogue {p.epilogue}"
-                         f"{f', {p.bias_dtype} bias' if p.bias_dtype else ''})")
+                         f"epilogue {p.epilogue})")
 
 
 def _choose(ctx: Any, lt: _CublasLt, plan: _Plan, p: LtProblem, key: tuple,

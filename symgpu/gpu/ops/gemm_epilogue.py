@@ -13,32 +13,16 @@ and after ``gpu_softmax_rows_bias`` (49.43), which takes a classifier's bias fir
 
 * ``GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b))`` -> ``GpuGemmEpilogue{bias}(x,
   W, b)`` when the product has no other reader;
-* the same through a GpuReshape of the product that keeps its columns as the last axis (a
-  3-d activation's ``dot(a, W) + b``: ``GpuDimShuffle{x,x,0}(b)``; proven from the graph's
-  shapes, else left alone), the reshape then applied to the fused result;
-* mixed precision's ``Cast{half}(Cast{float32}(p) + b)`` (either order) of such a half
-  product ``p`` and a float32 bias (a float32 master weight's): ``GpuGemmEpilogue{bias}``
-  with the float32 bias and a half output (cuBLASLt's BIAS_DATA_TYPE, blaslt.py), so a GPT
-  block's qkv projection no longer reads and writes its activation a second time.  The
-  epilogue adds the float32 bias to the float32 accumulator and rounds once, where the
-  unfused graph rounds the product to half, adds in float32 and rounds again: results may
-  differ by one half-precision ulp;
 * ``switch(lt(a, 0), 0, a)`` (``symgpu.tensor.nnet.relu``) or ``maximum(a, 0)`` of such an
   ``a`` that nothing else reads -> ``GpuGemmEpilogue{relu_bias}(x, W, b)``.  A training
   graph's ReLU gradient reads ``lt(a, 0)`` too: there only the bias is folded.
 
-A reader that needs only the product's shape (a shape read, or the fill ``second(p, 0)`` of
-a gradient's zero tail, possibly through a slice or reshape) does not count: it is moved
-onto the fused result, which has that shape.
-
 ``gpuarray.gemm_epilogue`` says for which dtypes: ``half`` (the default: float16 and
 bfloat16, where the gain is largest and the rounding better), ``all`` (float32 and float64
 too) or ``off``.  Where cuBLASLt is off, missing or has no algorithm for a problem, the
-product runs on classic cuBLAS and ``ge_bias_act_<dtype>`` (``_float32`` appended for a half
-product's float32 bias; ``codegen/gemm_epilogue.cu``) applies the epilogue: one launch more,
-the same values (in a half dtype up to one ulp: the classic product is rounded first).
-GELU is not folded: symgpu has no ``gelu`` whose form (cuBLASLt's is the tanh
-approximation) a rewrite could recognise.
+product runs on classic cuBLAS and ``ge_bias_act_<dtype>`` (``codegen/gemm_epilogue.cu``)
+applies the epilogue: the same values, one launch more.  GELU is not folded: symgpu has no
+``gelu`` whose form (cuBLASLt's is the tanh approximation) a rewrite could recognise.
 """
 from __future__ import annotations
 
@@ -51,8 +35,7 @@ from symgpu.gpu.ops import blaslt
 from symgpu.gpu.ops.blas import GEMM_DTYPES, GpuDot22, _CublasOp, _blas_matrix, _ctx_name, \
     _gemm_thunk
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.ops.subtensor import GpuSubtensor
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuReshape
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import common_source, launch, sections
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
@@ -60,16 +43,11 @@ from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
-from symgpu.scalar.basic import Cast
-from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import HALF_DTYPES
 from symgpu.tensor import blas as _host_blas
-from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
-from symgpu.tensor.shape_rules import dim_value
 
 __all__ = ["GpuGemmEpilogue", "EPILOGUES", "gpu_gemm_epilogue", "epilogue_source",
-           "epilogue_kernel", "local_gemm_bias_epilogue", "local_gemm_relu_epilogue",
-           "epilogue_dtypes"]
+           "local_gemm_bias_epilogue", "local_gemm_relu_epilogue", "epilogue_dtypes"]
 
 #: epilogue name -> (cublasLtEpilogue_t, whether our kernel applies a ReLU)
 EPILOGUES = {"bias": (blaslt.EPILOGUE_BIAS, False),
@@ -78,57 +56,38 @@ _CU = sections("gemm_epilogue.cu")
 _BLOCK = 256
 _MAX_BLOCKS = 4096
 _BIAS_ALIGN = 16     # bytes: cuBLASLt's vectorised epilogues read the bias so aligned
-#: a half product's bias may be float32 (cuBLASLt: BIAS_DATA_TYPE CUDA_R_32F, COMPUTE_32F)
-_WIDE_BIAS = "float32"
 
 
-def _bias_dtypes(dtype: str) -> tuple[str, ...]:
-    """The dtypes a bias of a ``dtype`` product may have."""
-    return (dtype, _WIDE_BIAS) if dtype in HALF_DTYPES else (dtype,)
-
-
-def epilogue_kernel(dtype: str, bias_dtype: str | None = None) -> str:
-    """The fallback kernel's name for a ``dtype`` output and ``bias_dtype`` bias."""
-    bias_dtype = bias_dtype or dtype
-    return f"ge_bias_act_{dtype}" + ("" if bias_dtype == dtype else f"_{bias_dtype}")
-
-
-def epilogue_source(dtype: str, bias_dtype: str | None = None) -> str:
-    """The CUDA module of the fallback epilogue kernel (``epilogue_kernel``)."""
-    bias_dtype = bias_dtype or dtype
+def epilogue_source(dtype: str) -> str:
+    """The CUDA module of ``ge_bias_act_<dtype>`` (the fallback epilogue kernel)."""
     return common_source() + _CU[""].substitute() + _CU["entry"].substitute(
-        name=epilogue_kernel(dtype, bias_dtype), t=storage_ctype(dtype),
-        bt=storage_ctype(bias_dtype), v=value_ctype(dtype))
+        dt=dtype, t=storage_ctype(dtype), v=value_ctype(dtype))
 
 
-def _module_key(dtype: str, bias_dtype: str) -> tuple:
-    return ("symgpu.gemm_epilogue", dtype) + (() if bias_dtype == dtype else (bias_dtype,))
+def _module_key(dtype: str) -> tuple:
+    return ("symgpu.gemm_epilogue", dtype)
 
 
 class _Epilogue:
     """What ``blas._gemm_thunk`` needs of an epilogue: its cuBLASLt code, which input is the
-    bias and its dtype where it is not the product's, the bias checked and made readable,
-    and the fallback kernel's launch."""
+    bias, the bias checked and made readable, and the fallback kernel's launch."""
 
     bias_index = 2
 
-    def __init__(self, ctx: Any, dtype: str, name: str, bias_dtype: str | None = None) -> None:
+    def __init__(self, ctx: Any, dtype: str, name: str) -> None:
         self.code, self.relu = EPILOGUES[name]
         self.dtype = np.dtype(dtype)
-        bias_dtype = bias_dtype or dtype
-        #: cuBLASLt's BIAS_DATA_TYPE where it is not D's (LtProblem.bias_dtype)
-        self.bias_type = None if bias_dtype == dtype else bias_dtype
-        kernel = epilogue_kernel(dtype, bias_dtype)
-        ks = launch.load_kernels(ctx, _module_key(dtype, bias_dtype),
-                                 lambda: epilogue_source(dtype, bias_dtype), {kernel: "PPqqi"})
+        kernel = f"ge_bias_act_{dtype}"
+        ks = launch.load_kernels(ctx, _module_key(dtype), lambda: epilogue_source(dtype),
+                                 {kernel: "PPqqi"})
         self.go = ks[kernel].fast_launcher()
 
     def operand(self, bias: Any, n: int, label: str) -> Any:
         """``bias`` as cuBLASLt reads it: n packed elements at an aligned address (else a
         copy from the pool)."""
         if bias.shape != (n,):
-            raise ValueError(f"{label}: the bias of shape {bias.shape} ({bias.dtype}) does "
-                             f"not match the {n} columns of the product")
+            raise ValueError(f"{label}: the bias of shape {bias.shape} does not match the "
+                             f"{n} columns of the product")
         if n > 1 and bias.strides[0] != bias.dtype.itemsize or bias.ptr % _BIAS_ALIGN:
             bias = bias.copy()
         return bias
@@ -146,8 +105,7 @@ class _Epilogue:
 class GpuGemmEpilogue(_CublasOp):
     """``act(dot(x, y) + b)`` of matrices x, y and a vector b (one value per column of the
     product) in one cuBLASLt call: ``epilogue`` is ``"bias"`` (act = identity) or
-    ``"relu_bias"``.  float16, bfloat16 (accumulated in float32; the bias of their dtype or
-    float32, added to the accumulator before the one rounding), float32, float64."""
+    ``"relu_bias"``.  float16, bfloat16 (accumulated in float32), float32, float64."""
 
     __props__ = ("epilogue",)
 
@@ -167,20 +125,18 @@ class GpuGemmEpilogue(_CublasOp):
         x = _blas_matrix(x, ctx, 2, f"{self}'s x", GEMM_DTYPES)
         y = _blas_matrix(y, ctx, 2, f"{self}'s y", GEMM_DTYPES)
         b = _blas_matrix(b, ctx, 1, f"{self}'s bias", GEMM_DTYPES)
-        if x.dtype != y.dtype or b.dtype not in _bias_dtypes(x.dtype):
-            raise TypeError(f"{self} needs x and y of one dtype and a bias of theirs (or "
-                            f"float32 for a half product), got x {x.dtype}, y {y.dtype}, "
+        if not x.dtype == y.dtype == b.dtype:
+            raise TypeError(f"{self} needs one dtype, got x {x.dtype}, y {y.dtype}, "
                             f"b {b.dtype}")
         out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
         return Apply(self, [x, y, b], [out()])
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
-        dtype, bias_dtype = node.outputs[0].dtype, node.inputs[2].dtype
-        return [(_module_key(dtype, bias_dtype), lambda: epilogue_source(dtype, bias_dtype),
-                 ())]
+        dtype = node.outputs[0].dtype
+        return [(_module_key(dtype), lambda: epilogue_source(dtype), ())]
 
     def _thunk(self, node: Apply, storage_map: dict, ctx: Any) -> Callable[[], None]:
-        epi = _Epilogue(ctx, node.outputs[0].dtype, self.epilogue, node.inputs[2].dtype)
+        epi = _Epilogue(ctx, node.outputs[0].dtype, self.epilogue)
         return _gemm_thunk(self, node, storage_map, ctx, None, 0, 1, (), epi)
 
 
@@ -209,223 +165,21 @@ def _elemwise(node: Any, name: str, nin: int) -> bool:
         and getattr(node.op.scalar_op, "name", None) == name and len(node.inputs) == nin
 
 
-def _cast(node: Any, dtypes: tuple[str, ...]) -> bool:
-    """Whether ``node`` is a GpuElemwise cast to one of ``dtypes``."""
-    return node is not None and type(node.op) is GpuElemwise and \
-        not node.op.inplace_pattern and isinstance(node.op.scalar_op, Cast) and \
-        node.op.scalar_op.dtype in dtypes
-
-
-# --- readers of the product that need only its shape
-
-#: views whose own readers may need only the shape (a gradient's zero tail slices the product)
-_VIEWS = (GpuSubtensor, GpuDimShuffle, GpuReshape)
-
-
-def _reads_shape(fgraph: FunctionGraph, client: Apply, i: int, var: Variable,
-                 depth: int = 3) -> bool:
-    """Whether ``client``, reading ``var`` as input ``i``, needs only its shape: a shape read,
-    the fill ``second(var, v)``, or a view of it read only so."""
-    op = client.op
-    if getattr(op, "shape_read", None) is not None:
-        return True
-    if _elemwise(client, "second", 2):
-        return i == 0 and client.inputs[1] is not var
-    if not depth or i or type(op) not in _VIEWS or var in client.inputs[1:]:
-        return False
-    out = client.outputs[0]
-    return out not in fgraph.outputs and all(
-        c != "output" and _reads_shape(fgraph, c, j, out, depth - 1)
-        for c, j in fgraph.clients.get(out, []))
-
-
-def _shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[Apply] | None:
-    """The clients of ``var`` besides ``readers`` when each needs only its shape (they move
-    onto the fused result); None when ``var`` is an output or something else reads it."""
-    if var in fgraph.outputs:
+def local_gemm_bias_epilogue(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
+    """GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b)) (either order) ->
+    GpuGemmEpilogue{bias}(x, W, b), when nothing else reads the product."""
+    if not _elemwise(node, "add", 2):
         return None
-    moved = []
-    for client, i in fgraph.clients.get(var, []):
-        if client == "output":
-            return None
-        if client not in readers:
-            if not _reads_shape(fgraph, client, i, var):
-                return None
-            moved.append(client)
-    return moved
-
-
-# --- a reshape that keeps the product's columns last
-
-def _unit_factor(node: Apply, d: Variable) -> Variable | None:
-    """The input that length ``d`` (an output of ``node``) equals when ``node`` only
-    multiplies it by ones (a flatten's ``1 * n``, possibly inside a Composite), else None."""
-    sop = getattr(node.op, "scalar_op", None)
-    if getattr(sop, "name", None) == "mul":
-        rest = [v for v in node.inputs if dim_value(v) != 1]
-        return rest[0] if len(rest) == 1 else None
-    if not isinstance(sop, Composite):
-        return None
-    slot = sop.out_slots[node.outputs.index(d)]
-    while slot >= sop.first_step:
-        step_op, args = sop.steps[slot - sop.first_step]
-        rest = [a for a in args if not (sop.nin <= a < sop.first_step and
-                                        sop.constants[a - sop.nin][0] == 1)]
-        if getattr(step_op, "name", None) != "mul" or len(rest) != 1:
-            return None
-        slot = rest[0]
-    return node.inputs[slot] if slot < sop.nin else None
-
-
-def _unless_minus_one(node: Apply) -> Variable | None:
-    """``e`` of ``switch(eq(e, -1), inferred, e)`` (a reshape's entry that may be -1)."""
-    if getattr(getattr(node.op, "scalar_op", None), "name", None) != "switch" or \
-            len(node.inputs) != 3:
-        return None
-    cond, _, e = node.inputs
-    cn = cond.owner
-    ok = cn is not None and getattr(getattr(cn.op, "scalar_op", None), "name", None) == "eq" \
-        and any(v is e for v in cn.inputs) and any(dim_value(v) == -1 for v in cn.inputs)
-    return e if ok else None
-
-
-def _length(fgraph: FunctionGraph, d: Any, depth: int = 8) -> Any:
-    """Length ``d`` followed back through shape inference and products by one: an int, an
-    (array, axis) read of a graph input, or the variable where the trail stops."""
-    for _ in range(depth):
-        value = dim_value(d)
-        if value is not None:
-            return value
-        node = getattr(d, "owner", None)
-        if node is None:
-            return d
-        e = _unless_minus_one(node)
-        if e is not None:       # d is e where e is a length (never -1)
-            got = _length(fgraph, e, depth - 1)
-            return got if isinstance(got, tuple) or isinstance(got, int) and got >= 0 else d
-        if getattr(node.op, "shape_read", None) == "dim":
-            arr, axis = node.inputs[0], node.op.i
-            shape = inferred_shape(fgraph, arr)
-            nxt = None if shape is None else shape[axis]
-            if nxt is None or nxt is d or (nxt.owner is not None and nxt.owner.op == node.op
-                                           and nxt.owner.inputs[0] is arr):
-                return (arr, axis)
-            d = nxt
+    for p, d in (node.inputs, node.inputs[::-1]):
+        pn, dn = p.owner, d.owner
+        if pn is None or type(pn.op) is not GpuDot22 or dn is None or \
+                type(dn.op) is not GpuDimShuffle or dn.op.new_order != ("x", 0) or \
+                dn.inputs[0].dtype != p.dtype or p.dtype not in epilogue_dtypes() or \
+                not _only_reader(fgraph, p, {node}):
             continue
-        nxt = _unit_factor(node, d)
-        if nxt is None:
-            return d
-        d = nxt
-    return d
-
-
-def _same_length(fgraph: FunctionGraph, a: Any, b: Any) -> bool:
-    """Whether lengths ``a`` and ``b`` are provably equal."""
-    la, lb = _length(fgraph, a), _length(fgraph, b)
-    if isinstance(la, tuple) and isinstance(lb, tuple):
-        return la[0] is lb[0] and la[1] == lb[1]
-    if isinstance(la, int) or isinstance(lb, int) or isinstance(la, tuple) or \
-            isinstance(lb, tuple):
-        return la == lb
-    return same_dim(la, lb)
-
-
-def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> bool:
-    """Whether GpuReshape node ``reshape`` of matrix ``product`` provably keeps its columns
-    as the last axis (then ``reshape(p) + b`` is ``reshape(p + b)`` for b along it)."""
-    out_shape, p_shape = inferred_shape(fgraph, reshape.outputs[0]), \
-        inferred_shape(fgraph, product)
-    return out_shape is not None and p_shape is not None and reshape.outputs[0].ndim >= 1 \
-        and _same_length(fgraph, out_shape[-1], p_shape[1])
-
-
-# --- the bias fold
-
-def _bias_vector(d: Variable, ndim: int) -> Variable | None:
-    """``b`` of ``GpuDimShuffle{x,..,x,0}(b)``, a vector along the last of ``ndim`` axes (a
-    half ``b`` behind a Cast{float32}, on either side of the broadcast, taken as is)."""
-    if _cast(d.owner, ("float32",)) and d.owner.inputs[0].dtype in HALF_DTYPES:
-        d = d.owner.inputs[0]
-    dn = d.owner
-    if dn is None or type(dn.op) is not GpuDimShuffle or \
-            dn.op.new_order != ("x",) * (ndim - 1) + (0,):
-        return None
-    b = dn.inputs[0]
-    if _cast(b.owner, ("float32",)) and b.owner.inputs[0].dtype in HALF_DTYPES:
-        b = b.owner.inputs[0]
-    return None if b.broadcastable[0] else b
-
-
-def _bias_adds(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable, set]]:
-    """``(a, d, readers)`` for each way ``node`` adds ``d`` to ``a``: the add itself (either
-    order; ``readers`` = {node}), or mixed precision's ``Cast{half}(Cast{float32}(a) + d)``
-    (either order) whose float32 cast and sum nothing else reads (``readers``: that cast)."""
-    if _elemwise(node, "add", 2):
-        return [(a, d, {node}) for a, d in (node.inputs, node.inputs[::-1])]
-    if not _cast(node, HALF_DTYPES):
-        return []
-    s = node.inputs[0]
-    sn = s.owner
-    if not (_elemwise(sn, "add", 2) and s.dtype == "float32" and
-            _only_reader(fgraph, s, {node})):
-        return []
-    out = []
-    for c, d in (sn.inputs, sn.inputs[::-1]):
-        cn = c.owner
-        if _cast(cn, ("float32",)) and cn.inputs[0].dtype == node.outputs[0].dtype and \
-                _only_reader(fgraph, c, {sn}):
-            out.append((cn.inputs[0], d, {cn}))
-    return out
-
-
-def _fold(fgraph: FunctionGraph, node: Apply, a: Variable, d: Variable,
-          readers: set) -> list | None:
-    """The replacement of ``node`` (which computes ``a + d``) by GpuGemmEpilogue{bias} (then
-    the reshape), with the shape-only readers moved; None where it does not apply."""
-    b = _bias_vector(d, a.ndim)
-    an = a.owner
-    if b is None or an is None or a.dtype not in epilogue_dtypes():
-        return None
-    reshape = an if type(an.op) is GpuReshape else None
-    pn = an.inputs[0].owner if reshape is not None else an
-    if pn is None or type(pn.op) is not GpuDot22 or b.dtype not in _bias_dtypes(a.dtype):
-        return None
-    p = pn.outputs[0]
-    if reshape is not None:
-        moved_r = _shape_readers(fgraph, a, readers)
-        moved_p = _shape_readers(fgraph, p, {reshape})
-        if moved_r is None or moved_p is None or not _keeps_columns(fgraph, reshape, p):
-            return None
-    else:
-        moved_r, moved_p = [], _shape_readers(fgraph, p, readers)
-        if moved_p is None:
-            return None
-    fused = GpuGemmEpilogue("bias")(pn.inputs[0], pn.inputs[1], b)
-    if fused.type != p.type:
-        return None
-    new = fused if reshape is None else \
-        reshape.clone_with_new_inputs([fused] + reshape.inputs[1:]).outputs[0]
-    if new.type != node.outputs[0].type:
-        return None
-    for v in (fused, new):      # the new nodes keep the old one's creation trace
-        v.owner.tag.trace = getattr(node.tag, "trace", [])
-    pairs = [(node.outputs[0], new)]
-    for clients, old, repl in ((moved_p, p, fused), (moved_r, a, new)):
-        for c in clients:
-            c2 = c.clone_with_new_inputs([repl if v is old else v for v in c.inputs])
-            pairs += list(zip(c.outputs, c2.outputs))
-    return pairs
-
-
-def local_gemm_bias_epilogue(fgraph: FunctionGraph, node: Apply) -> list | None:
-    """GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b)) (either order), or through a
-    reshape of the product keeping its columns last, or mixed precision's
-    ``Cast{half}(Cast{float32}(dot) + b)`` with a float32 b -> GpuGemmEpilogue{bias}(x, W, b)
-    (then the reshape), when nothing else reads the product's values."""
-    for a, d, readers in _bias_adds(fgraph, node):
-        pairs = _fold(fgraph, node, a, d, readers)
-        if pairs is not None:
-            return pairs
+        new = GpuGemmEpilogue("bias")(pn.inputs[0], pn.inputs[1], dn.inputs[0])
+        if new.type == node.outputs[0].type:
+            return [new]
     return None
 
 

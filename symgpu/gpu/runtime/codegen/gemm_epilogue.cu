@@ -5,12 +5,10 @@
  *     out[r, c] = act(out[r, c] + bias[c])     out: rows x cols, C-contiguous
  *
  * computed in the value type (float for the half dtypes: loaded, added, rounded once on
- * store); relu is symgpu's switch(x < 0, 0, x), so NaN stays NaN.  The bias is of out's
- * dtype (ge_bias_act_<dtype>) or, for a half out, float32 (a mixed-precision layer's
- * float32 bias: ge_bias_act_<dtype>_float32), read exactly into the same float sum. */
+ * store); relu is symgpu's switch(x < 0, 0, x), so NaN stays NaN. */
 //@ entry
-extern "C" __global__ void ${name}(${t} *out, const ${bt} *bias, long long rows,
-                                   long long cols, int relu)
+extern "C" __global__ void ge_bias_act_${dt}(${t} *out, const ${t} *bias, long long rows,
+                                             long long cols, int relu)
 {
     const long long total = rows * cols, step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
