@@ -13,9 +13,25 @@ and after ``gpu_softmax_rows_bias`` (49.43), which takes a classifier's bias fir
 
 * ``GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b))`` -> ``GpuGemmEpilogue{bias}(x,
   W, b)`` when the product has no other reader;
+* the same through a GpuReshape of the product that keeps its columns as the last axis (a
+  3-d activation's ``dot(a, W) + b``: ``GpuDimShuffle{x,x,0}(b)``; proven from the graph's
+  shapes, else left alone), the reshape then applied to the fused result;
+* mixed precision's ``Cast{half}(Cast{float32}(p) + b)`` (either order) of such a half
+  product ``p`` and a float32 bias (a float32 master weight's) -> ``GpuGemmEpilogue{bias}``
+  of ``Cast{half}(b)``: the bias rounded to half, as PyTorch's autocast rounds a linear
+  layer's, then added to the float32 accumulator, the sum rounded once; the unfused graph
+  rounds the product instead, so results may differ by one half-precision ulp.  (cuBLASLt
+  takes a float32 bias for a half D only in some configurations: on the H200 it declined
+  BIAS_DATA_TYPE CUDA_R_32F for the GPT block's bf16 qkv product.)  The GPT block's qkv
+  projection no longer reads and writes its activation a second time, and the bias's cast
+  joins the weights' cast group;
 * ``switch(lt(a, 0), 0, a)`` (``symgpu.tensor.nnet.relu``) or ``maximum(a, 0)`` of such an
   ``a`` that nothing else reads -> ``GpuGemmEpilogue{relu_bias}(x, W, b)``.  A training
   graph's ReLU gradient reads ``lt(a, 0)`` too: there only the bias is folded.
+
+A reader that needs only the product's shape (a shape read, or the fill ``second(p, 0)`` of
+a gradient's zero tail, possibly through a slice or reshape) does not count: it is moved
+onto the fused result, which has that shape.
 
 ``gpuarray.gemm_epilogue`` says for which dtypes: ``half`` (the default: float16 and
 bfloat16, where the gain is largest and the rounding better), ``all`` (float32 and float64
@@ -35,7 +51,8 @@ from symgpu.gpu.ops import blaslt
 from symgpu.gpu.ops.blas import GEMM_DTYPES, GpuDot22, _CublasOp, _blas_matrix, _ctx_name, \
     _gemm_thunk
 from symgpu.gpu.ops.elemwise import GpuElemwise
-from symgpu.gpu.placement.basic_ops import GpuDimShuffle
+from symgpu.gpu.ops.subtensor import GpuSubtensor
+from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuReshape
 from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.codegen import common_source, launch, sections
 from symgpu.gpu.runtime.codegen.types import storage_ctype, value_ctype
@@ -43,8 +60,12 @@ from symgpu.graph.basic import Apply, Variable, constant_behind
 from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scalar.basic import Cast
+from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import HALF_DTYPES
 from symgpu.tensor import blas as _host_blas
+from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
+from symgpu.tensor.shape_rules import dim_value
 
 __all__ = ["GpuGemmEpilogue", "EPILOGUES", "gpu_gemm_epilogue", "epilogue_source",
            "local_gemm_bias_epilogue", "local_gemm_relu_epilogue", "epilogue_dtypes"]
@@ -165,21 +186,228 @@ def _elemwise(node: Any, name: str, nin: int) -> bool:
         and getattr(node.op.scalar_op, "name", None) == name and len(node.inputs) == nin
 
 
-def local_gemm_bias_epilogue(fgraph: FunctionGraph, node: Apply) -> list[Variable] | None:
-    """GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b)) (either order) ->
-    GpuGemmEpilogue{bias}(x, W, b), when nothing else reads the product."""
-    if not _elemwise(node, "add", 2):
+def _cast(node: Any, dtypes: tuple[str, ...]) -> bool:
+    """Whether ``node`` is a GpuElemwise cast to one of ``dtypes``."""
+    return node is not None and type(node.op) is GpuElemwise and \
+        not node.op.inplace_pattern and isinstance(node.op.scalar_op, Cast) and \
+        node.op.scalar_op.dtype in dtypes
+
+
+# --- readers of the product that need only its shape
+
+#: views whose own readers may need only the shape (a gradient's zero tail slices the product)
+_VIEWS = (GpuSubtensor, GpuDimShuffle, GpuReshape)
+
+
+def _reads_shape(fgraph: FunctionGraph, client: Apply, i: int, var: Variable,
+                 depth: int = 3) -> bool:
+    """Whether ``client``, reading ``var`` as input ``i``, needs only its shape: a shape read,
+    the fill ``second(var, v)``, or a view of it read only so."""
+    op = client.op
+    if getattr(op, "shape_read", None) is not None:
+        return True
+    if _elemwise(client, "second", 2):
+        return i == 0 and client.inputs[1] is not var
+    if not depth or i or type(op) not in _VIEWS or var in client.inputs[1:]:
+        return False
+    out = client.outputs[0]
+    return out not in fgraph.outputs and all(
+        c != "output" and _reads_shape(fgraph, c, j, out, depth - 1)
+        for c, j in fgraph.clients.get(out, []))
+
+
+def _shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[Apply] | None:
+    """The clients of ``var`` besides ``readers`` when each needs only its shape (they move
+    onto the fused result); None when ``var`` is an output or something else reads it."""
+    if var in fgraph.outputs:
         return None
-    for p, d in (node.inputs, node.inputs[::-1]):
-        pn, dn = p.owner, d.owner
-        if pn is None or type(pn.op) is not GpuDot22 or dn is None or \
-                type(dn.op) is not GpuDimShuffle or dn.op.new_order != ("x", 0) or \
-                dn.inputs[0].dtype != p.dtype or p.dtype not in epilogue_dtypes() or \
-                not _only_reader(fgraph, p, {node}):
+    moved = []
+    for client, i in fgraph.clients.get(var, []):
+        if client == "output":
+            return None
+        if client not in readers:
+            if not _reads_shape(fgraph, client, i, var):
+                return None
+            moved.append(client)
+    return moved
+
+
+# --- a reshape that keeps the product's columns last
+
+def _unit_factor(node: Apply, d: Variable) -> Variable | None:
+    """The input that length ``d`` (an output of ``node``) equals when ``node`` only
+    multiplies it by ones (a flatten's ``1 * n``, possibly inside a Composite), else None."""
+    sop = getattr(node.op, "scalar_op", None)
+    if getattr(sop, "name", None) == "mul":
+        rest = [v for v in node.inputs if dim_value(v) != 1]
+        return rest[0] if len(rest) == 1 else None
+    if not isinstance(sop, Composite):
+        return None
+    slot = sop.out_slots[node.outputs.index(d)]
+    while slot >= sop.first_step:
+        step_op, args = sop.steps[slot - sop.first_step]
+        rest = [a for a in args if not (sop.nin <= a < sop.first_step and
+                                        sop.constants[a - sop.nin][0] == 1)]
+        if getattr(step_op, "name", None) != "mul" or len(rest) != 1:
+            return None
+        slot = rest[0]
+    return node.inputs[slot] if slot < sop.nin else None
+
+
+def _unless_minus_one(node: Apply) -> Variable | None:
+    """``e`` of ``switch(eq(e, -1), inferred, e)`` (a reshape's entry that may be -1)."""
+    if getattr(getattr(node.op, "scalar_op", None), "name", None) != "switch" or \
+            len(node.inputs) != 3:
+        return None
+    cond, _, e = node.inputs
+    cn = cond.owner
+    ok = cn is not None and getattr(getattr(cn.op, "scalar_op", None), "name", None) == "eq" \
+        and any(v is e for v in cn.inputs) and any(dim_value(v) == -1 for v in cn.inputs)
+    return e if ok else None
+
+
+def _length(fgraph: FunctionGraph, d: Any, depth: int = 8) -> Any:
+    """Length ``d`` followed back through shape inference and products by one: an int, an
+    (array, axis) read of a graph input, or the variable where the trail stops."""
+    for _ in range(depth):
+        value = dim_value(d)
+        if value is not None:
+            return value
+        node = getattr(d, "owner", None)
+        if node is None:
+            return d
+        e = _unless_minus_one(node)
+        if e is not None:       # d is e where e is a length (never -1)
+            got = _length(fgraph, e, depth - 1)
+            return got if isinstance(got, tuple) or isinstance(got, int) and got >= 0 else d
+        if getattr(node.op, "shape_read", None) == "dim":
+            arr, axis = node.inputs[0], node.op.i
+            shape = inferred_shape(fgraph, arr)
+            nxt = None if shape is None else shape[axis]
+            if nxt is None or nxt is d or (nxt.owner is not None and nxt.owner.op == node.op
+                                           and nxt.owner.inputs[0] is arr):
+                return (arr, axis)
+            d = nxt
             continue
-        new = GpuGemmEpilogue("bias")(pn.inputs[0], pn.inputs[1], dn.inputs[0])
-        if new.type == node.outputs[0].type:
-            return [new]
+        nxt = _unit_factor(node, d)
+        if nxt is None:
+            return d
+        d = nxt
+    return d
+
+
+def _same_length(fgraph: FunctionGraph, a: Any, b: Any) -> bool:
+    """Whether lengths ``a`` and ``b`` are provably equal."""
+    la, lb = _length(fgraph, a), _length(fgraph, b)
+    if isinstance(la, tuple) and isinstance(lb, tuple):
+        return la[0] is lb[0] and la[1] == lb[1]
+    if isinstance(la, int) or isinstance(lb, int) or isinstance(la, tuple) or \
+            isinstance(lb, tuple):
+        return la == lb
+    return same_dim(la, lb)
+
+
+def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> bool:
+    """Whether GpuReshape node ``reshape`` of matrix ``product`` provably keeps its columns
+    as the last axis (then ``reshape(p) + b`` is ``reshape(p + b)`` for b along it)."""
+    out_shape, p_shape = inferred_shape(fgraph, reshape.outputs[0]), \
+        inferred_shape(fgraph, product)
+    return out_shape is not None and p_shape is not None and reshape.outputs[0].ndim >= 1 \
+        and _same_length(fgraph, out_shape[-1], p_shape[1])
+
+
+# --- the bias fold
+
+def _bias_vector(d: Variable, ndim: int) -> Variable | None:
+    """``b`` of ``GpuDimShuffle{x,..,x,0}(b)``, a vector along the last of ``ndim`` axes (a
+    half ``b`` behind a Cast{float32}, on either side of the broadcast, taken as is)."""
+    if _cast(d.owner, ("float32",)) and d.owner.inputs[0].dtype in HALF_DTYPES:
+        d = d.owner.inputs[0]
+    dn = d.owner
+    if dn is None or type(dn.op) is not GpuDimShuffle or \
+            dn.op.new_order != ("x",) * (ndim - 1) + (0,):
+        return None
+    b = dn.inputs[0]
+    if _cast(b.owner, ("float32",)) and b.owner.inputs[0].dtype in HALF_DTYPES:
+        b = b.owner.inputs[0]
+    return None if b.broadcastable[0] else b
+
+
+def _bias_adds(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Variable, set]]:
+    """``(a, d, readers)`` for each way ``node`` adds ``d`` to ``a``: the add itself (either
+    order; ``readers`` = {node}), or mixed precision's ``Cast{half}(Cast{float32}(a) + d)``
+    (either order) whose float32 cast and sum nothing else reads (``readers``: that cast)."""
+    if _elemwise(node, "add", 2):
+        return [(a, d, {node}) for a, d in (node.inputs, node.inputs[::-1])]
+    if not _cast(node, HALF_DTYPES):
+        return []
+    s = node.inputs[0]
+    sn = s.owner
+    if not (_elemwise(sn, "add", 2) and s.dtype == "float32" and
+            _only_reader(fgraph, s, {node})):
+        return []
+    out = []
+    for c, d in (sn.inputs, sn.inputs[::-1]):
+        cn = c.owner
+        if _cast(cn, ("float32",)) and cn.inputs[0].dtype == node.outputs[0].dtype and \
+                _only_reader(fgraph, c, {sn}):
+            out.append((cn.inputs[0], d, {cn}))
+    return out
+
+
+def _fold(fgraph: FunctionGraph, node: Apply, a: Variable, d: Variable,
+          readers: set) -> list | None:
+    """The replacement of ``node`` (which computes ``a + d``) by GpuGemmEpilogue{bias} (then
+    the reshape), with the shape-only readers moved; None where it does not apply."""
+    b = _bias_vector(d, a.ndim)
+    an = a.owner
+    if b is None or an is None or a.dtype not in epilogue_dtypes():
+        return None
+    reshape = an if type(an.op) is GpuReshape else None
+    pn = an.inputs[0].owner if reshape is not None else an
+    if pn is None or type(pn.op) is not GpuDot22:
+        return None
+    if b.dtype != a.dtype:
+        if a.dtype not in HALF_DTYPES or b.dtype != "float32":
+            return None
+        b = GpuElemwise(Cast(a.dtype))(b)     # autocast's half bias (the module docstring)
+    p = pn.outputs[0]
+    if reshape is not None:
+        moved_r = _shape_readers(fgraph, a, readers)
+        moved_p = _shape_readers(fgraph, p, {reshape})
+        if moved_r is None or moved_p is None or not _keeps_columns(fgraph, reshape, p):
+            return None
+    else:
+        moved_r, moved_p = [], _shape_readers(fgraph, p, readers)
+        if moved_p is None:
+            return None
+    fused = GpuGemmEpilogue("bias")(pn.inputs[0], pn.inputs[1], b)
+    if fused.type != p.type:
+        return None
+    new = fused if reshape is None else \
+        reshape.clone_with_new_inputs([fused] + reshape.inputs[1:]).outputs[0]
+    if new.type != node.outputs[0].type:
+        return None
+    for v in (fused, new):      # the new nodes keep the old one's creation trace
+        v.owner.tag.trace = getattr(node.tag, "trace", [])
+    pairs = [(node.outputs[0], new)]
+    for clients, old, repl in ((moved_p, p, fused), (moved_r, a, new)):
+        for c in clients:
+            c2 = c.clone_with_new_inputs([repl if v is old else v for v in c.inputs])
+            pairs += list(zip(c.outputs, c2.outputs))
+    return pairs
+
+
+def local_gemm_bias_epilogue(fgraph: FunctionGraph, node: Apply) -> list | None:
+    """GpuElemwise{add}(GpuDot22(x, W), GpuDimShuffle{x,0}(b)) (either order), or through a
+    reshape of the product keeping its columns last, or mixed precision's
+    ``Cast{half}(Cast{float32}(dot) + b)`` with a float32 b -> GpuGemmEpilogue{bias}(x, W, b)
+    (b cast to the half dtype; then the reshape), when nothing else reads the product's
+    values."""
+    for a, d, readers in _bias_adds(fgraph, node):
+        pairs = _fold(fgraph, node, a, d, readers)
+        if pairs is not None:
+            return pairs
     return None
 
 
