@@ -1,0 +1,148 @@
+"""The runner's shape memo (symgpu/gpu/exec/shape_memo.py): host nodes that compute only from
+the shapes of a call's inputs run once per new set of shapes; a replay with the last call's
+shapes restores their outputs.
+
+CPU tests drive the runner with the fakes of tests/graph_fakes.py: a host matrix ``h`` whose
+shape (not values) gives a slice's bounds, ``x[2 * rows : 2 * rows + cols]``, the slice a
+recorded fake kernel reading its start from the graph's parameter block.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_fakes as fakes
+from graph_fakes import FakeDynSlice, add1, call, gvec, read, upload
+from symgpu.config import config
+from symgpu.gpu.exec import shape_memo
+from symgpu.gpu.exec.shape_memo import ShapeMemoStep, memo_nodes
+from symgpu.graph.basic import Constant
+from symgpu.graph.fg import FunctionGraph
+from symgpu.link.vm import link
+from symgpu.scalar.basic import SCALAR_OPS
+from symgpu.tensor.elemwise import Elemwise
+from symgpu.tensor.shape import Shape_i
+from symgpu.tensor.type import TensorType, as_tensor_variable
+
+DATA = np.arange(60, dtype="float32") * 0.5
+
+
+@pytest.fixture(autouse=True)
+def fake_gpu(monkeypatch):
+    yield from fakes.use_fake_gpu(monkeypatch)
+
+
+def _int(value: int) -> Constant:
+    c = as_tensor_variable(np.asarray(value, "int64"))
+    assert isinstance(c, Constant)
+    return c
+
+
+def _bounds(h, extra=None):
+    """(start, stop) = (2 * rows, 2 * rows + cols (+ extra)) of host matrix h's shape."""
+    rows, cols = Shape_i(0)(h), Shape_i(1)(h)
+    start = Elemwise(SCALAR_OPS["mul"])(rows, _int(2))
+    stop = Elemwise(SCALAR_OPS["add"])(start, cols)
+    if extra is not None:
+        stop = Elemwise(SCALAR_OPS["add"])(stop, extra)
+    return start, stop
+
+
+def _linked(inputs, outputs, values):
+    fg = FunctionGraph(inputs, outputs, clone=False)
+    fg.update_mapping = {}
+    storage = {v: [x] for v, x in zip(inputs, values)}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        return link(fg, storage, allow_gc=True)
+
+
+def _counting(monkeypatch) -> list:
+    """Record every run of a host Shape_i thunk."""
+    runs: list = []
+    real = Shape_i.make_thunk
+
+    def make_thunk(self, node, *args, **kw):
+        inner = real(self, node, *args, **kw)
+
+        def thunk():
+            runs.append(node)
+            inner()
+        return thunk
+    monkeypatch.setattr(Shape_i, "make_thunk", make_thunk)
+    return runs
+
+
+def test_the_shape_arithmetic_runs_once_per_set_of_shapes(monkeypatch):
+    runs = _counting(monkeypatch)
+    x, h = gvec(), TensorType("float64", (False, False))()
+    y = add1()(FakeDynSlice()(x, *_bounds(h)))
+    vm = _linked([x, h], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4))])
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    assert len(memo.indices) == 4, "two lengths, a product and a sum"
+    assert not [st for st in vm.runner.steps if type(st).__name__ == "_PlainStep"]
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4)] * 6 + [(5, 2)] * 6 + [(3, 4)] * 3
+    for rows, cols in shapes:      # new values every call: only the shapes count
+        vm.storage_map[h][0] = rng.standard_normal((rows, cols))
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[2 * rows:2 * rows + cols] + 1)
+        del r
+    assert len(runs) == 2 * 3, "two reads at each of three changes of shape"
+    st = vm.runner.stats()
+    assert st["graphs"] == 2 and st["captures"] == 2, st
+
+
+def test_a_host_value_read_as_a_value_keeps_its_node_apart(monkeypatch):
+    """stop = 2 * rows + cols + k for a host scalar k: the sum reading k runs every call
+    (the shape arithmetic before it stays in the memo)."""
+    x, h, k = gvec(), TensorType("float64", (False, False))(), TensorType("int64", ())()
+    y = add1()(FakeDynSlice()(x, *_bounds(h, k)))
+    vm = _linked([x, h, k], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4)), 0])
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    assert len(memo.indices) == 4
+    for extra in (0, 3, 1, 3, 0, 5):
+        vm.storage_map[k][0] = np.int64(extra)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[6:10 + extra] + 1)
+        del r
+
+
+def test_outputs_of_the_function_and_overwritten_values_are_not_taken():
+    h = TensorType("float64", (False, False))()
+    rows = Shape_i(0)(h)
+    twice = Elemwise(SCALAR_OPS["mul"])(rows, _int(2))
+    fg = FunctionGraph([h], [twice], clone=False)
+    nodes = fg.toposort()
+    assert memo_nodes(nodes, fg) == [0], "the length, not the returned product"
+    # a later node overwriting the product in place: the product is not taken
+    inc = Elemwise(SCALAR_OPS["add"], {0: 0})(twice, _int(1))
+    fg = FunctionGraph([h], [inc], clone=False)
+    assert memo_nodes(fg.toposort(), fg) == [0]
+
+
+def test_a_failed_call_computes_again_and_names_its_node(monkeypatch):
+    x, h = gvec(), TensorType("float64", (False, False))()
+    y = add1()(FakeDynSlice()(x, *_bounds(h)))
+    vm = _linked([x, h], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4))])
+    (r,) = call(vm, [y])
+    del r
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    vm.storage_map[h][0] = np.zeros(4)      # a vector: Shape_i{1} fails
+    with pytest.raises(Exception) as err:
+        call(vm, [y])
+    assert "Shape_i{1}" in str(err.value) or "Shape_i{1}" in "".join(
+        getattr(err.value, "__notes__", [])), err.value
+    assert memo.key is None
+    vm.storage_map[h][0] = np.zeros((3, 4))
+    (r,) = call(vm, [y])
+    np.testing.assert_array_equal(read(r), DATA[6:10] + 1)
+
+
+def test_turned_off_every_node_is_a_plain_step(monkeypatch):
+    monkeypatch.setattr(shape_memo, "ENABLED", False)
+    x, h = gvec(), TensorType("float64", (False, False))()
+    y = add1()(FakeDynSlice()(x, *_bounds(h)))
+    vm = _linked([x, h], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4))])
+    assert not [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    (r,) = call(vm, [y])
+    np.testing.assert_array_equal(read(r), DATA[6:10] + 1)
