@@ -94,7 +94,10 @@ class ShapeMemoStep:
         self.values: list = []
 
     def run(self) -> None:
-        key = tuple([_shape(c[0]) for c in self.sources])
+        try:    # arrays, host or device (a Python scalar input has no .shape)
+            key = tuple([c[0].shape for c in self.sources])
+        except AttributeError:
+            key = tuple([_shape(c[0]) for c in self.sources])
         if key == self.key:
             for c, v in zip(self.kept, self.values):
                 c[0] = v
