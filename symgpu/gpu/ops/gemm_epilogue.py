@@ -20,11 +20,11 @@ and after ``gpu_softmax_rows_bias`` (49.43), which takes a classifier's bias fir
   product ``p`` and a float32 bias (a float32 master weight's) -> ``GpuGemmEpilogue{bias}``
   of ``Cast{half}(b)``: the bias rounded to half, as PyTorch's autocast rounds a linear
   layer's, then added to the float32 accumulator, the sum rounded once; the unfused graph
-  rounds the product instead, so results may differ by one half-precision ulp.  (cuBLASLt
-  takes a float32 bias for a half D only in some configurations: on the H200 it declined
-  BIAS_DATA_TYPE CUDA_R_32F for the GPT block's bf16 qkv product.)  The GPT block's qkv
-  projection no longer reads and writes its activation a second time, and the bias's cast
-  joins the weights' cast group;
+  rounds the product instead, so results may differ by about one half-precision ulp of the
+  larger of the product and the bias.  (cuBLASLt takes a float32 bias for a half D only in
+  some configurations: on the H200 it declined BIAS_DATA_TYPE CUDA_R_32F for the GPT
+  block's bf16 qkv product.)  The GPT block's qkv projection no longer reads and writes its
+  activation a second time, and the bias's cast joins the weights' cast group;
 * ``switch(lt(a, 0), 0, a)`` (``symgpu.tensor.nnet.relu``) or ``maximum(a, 0)`` of such an
   ``a`` that nothing else reads -> ``GpuGemmEpilogue{relu_bias}(x, W, b)``.  A training
   graph's ReLU gradient reads ``lt(a, 0)`` too: there only the bias is folded.
