@@ -50,7 +50,7 @@ from symgpu.config import config
 from symgpu.gpu.ops import blaslt
 from symgpu.gpu.ops.blas import GEMM_DTYPES, GpuDot22, _CublasOp, _blas_matrix, _ctx_name, \
     _gemm_thunk
-from symgpu.gpu.ops.elemwise import GpuElemwise
+from symgpu.gpu.ops.elemwise import GpuElemwise, cast_target
 from symgpu.gpu.ops.subtensor import GpuSubtensor
 from symgpu.gpu.placement.basic_ops import GpuDimShuffle, GpuReshape
 from symgpu.gpu.placement.type import GpuArrayType
@@ -61,11 +61,10 @@ from symgpu.graph.fg import FunctionGraph
 from symgpu.graph.rewriting import sweep
 from symgpu.graph.rewriting.db import optdb
 from symgpu.scalar.basic import Cast
-from symgpu.scalar.composite import Composite
 from symgpu.scalar.dtypes import HALF_DTYPES
 from symgpu.tensor import blas as _host_blas
-from symgpu.tensor.rewriting.shape_feature import inferred_shape, same_dim
-from symgpu.tensor.shape_rules import dim_value
+from symgpu.tensor.rewriting.shape_feature import inferred_shape
+from symgpu.tensor.rewriting.shape_ops import same_length
 
 __all__ = ["GpuGemmEpilogue", "EPILOGUES", "gpu_gemm_epilogue", "epilogue_source",
            "local_gemm_bias_epilogue", "local_gemm_relu_epilogue", "epilogue_dtypes"]
@@ -186,13 +185,6 @@ def _elemwise(node: Any, name: str, nin: int) -> bool:
         and getattr(node.op.scalar_op, "name", None) == name and len(node.inputs) == nin
 
 
-def _cast(node: Any, dtypes: tuple[str, ...]) -> bool:
-    """Whether ``node`` is a GpuElemwise cast to one of ``dtypes``."""
-    return node is not None and type(node.op) is GpuElemwise and \
-        not node.op.inplace_pattern and isinstance(node.op.scalar_op, Cast) and \
-        node.op.scalar_op.dtype in dtypes
-
-
 # --- readers of the product that need only its shape
 
 #: views whose own readers may need only the shape (a gradient's zero tail slices the product)
@@ -234,86 +226,13 @@ def _shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[A
 
 # --- a reshape that keeps the product's columns last
 
-def _unit_factor(node: Apply, d: Variable) -> Variable | None:
-    """The input that length ``d`` (an output of ``node``) equals when ``node`` only
-    multiplies it by ones (a flatten's ``1 * n``, possibly inside a Composite), else None."""
-    sop = getattr(node.op, "scalar_op", None)
-    if getattr(sop, "name", None) == "mul":
-        rest = [v for v in node.inputs if dim_value(v) != 1]
-        return rest[0] if len(rest) == 1 else None
-    if not isinstance(sop, Composite):
-        return None
-    slot = sop.out_slots[node.outputs.index(d)]
-    while slot >= sop.first_step:
-        step_op, args = sop.steps[slot - sop.first_step]
-        rest = [a for a in args if not (sop.nin <= a < sop.first_step and
-                                        sop.constants[a - sop.nin][0] == 1)]
-        if getattr(step_op, "name", None) != "mul" or len(rest) != 1:
-            return None
-        slot = rest[0]
-    return node.inputs[slot] if slot < sop.nin else None
-
-
-def _unless_minus_one(node: Apply) -> Variable | None:
-    """``e`` of ``switch(eq(e, -1), inferred, e)`` (a reshape's entry that may be -1)."""
-    if getattr(getattr(node.op, "scalar_op", None), "name", None) != "switch" or \
-            len(node.inputs) != 3:
-        return None
-    cond, _, e = node.inputs
-    cn = cond.owner
-    ok = cn is not None and getattr(getattr(cn.op, "scalar_op", None), "name", None) == "eq" \
-        and any(v is e for v in cn.inputs) and any(dim_value(v) == -1 for v in cn.inputs)
-    return e if ok else None
-
-
-def _length(fgraph: FunctionGraph, d: Any, depth: int = 8) -> Any:
-    """Length ``d`` followed back through shape inference and products by one: an int, an
-    (array, axis) read of a graph input, or the variable where the trail stops."""
-    for _ in range(depth):
-        value = dim_value(d)
-        if value is not None:
-            return value
-        node = getattr(d, "owner", None)
-        if node is None:
-            return d
-        e = _unless_minus_one(node)
-        if e is not None:       # d is e where e is a length (never -1)
-            got = _length(fgraph, e, depth - 1)
-            return got if isinstance(got, tuple) or isinstance(got, int) and got >= 0 else d
-        if getattr(node.op, "shape_read", None) == "dim":
-            arr, axis = node.inputs[0], node.op.i
-            shape = inferred_shape(fgraph, arr)
-            nxt = None if shape is None else shape[axis]
-            if nxt is None or nxt is d or (nxt.owner is not None and nxt.owner.op == node.op
-                                           and nxt.owner.inputs[0] is arr):
-                return (arr, axis)
-            d = nxt
-            continue
-        nxt = _unit_factor(node, d)
-        if nxt is None:
-            return d
-        d = nxt
-    return d
-
-
-def _same_length(fgraph: FunctionGraph, a: Any, b: Any) -> bool:
-    """Whether lengths ``a`` and ``b`` are provably equal."""
-    la, lb = _length(fgraph, a), _length(fgraph, b)
-    if isinstance(la, tuple) and isinstance(lb, tuple):
-        return la[0] is lb[0] and la[1] == lb[1]
-    if isinstance(la, int) or isinstance(lb, int) or isinstance(la, tuple) or \
-            isinstance(lb, tuple):
-        return la == lb
-    return same_dim(la, lb)
-
-
 def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> bool:
     """Whether GpuReshape node ``reshape`` of matrix ``product`` provably keeps its columns
     as the last axis (then ``reshape(p) + b`` is ``reshape(p + b)`` for b along it)."""
     out_shape, p_shape = inferred_shape(fgraph, reshape.outputs[0]), \
         inferred_shape(fgraph, product)
     return out_shape is not None and p_shape is not None and reshape.outputs[0].ndim >= 1 \
-        and _same_length(fgraph, out_shape[-1], p_shape[1])
+        and same_length(fgraph, out_shape[-1], p_shape[1])
 
 
 # --- the bias fold
@@ -321,14 +240,14 @@ def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> 
 def _bias_vector(d: Variable, ndim: int) -> Variable | None:
     """``b`` of ``GpuDimShuffle{x,..,x,0}(b)``, a vector along the last of ``ndim`` axes (a
     half ``b`` behind a Cast{float32}, on either side of the broadcast, taken as is)."""
-    if _cast(d.owner, ("float32",)) and d.owner.inputs[0].dtype in HALF_DTYPES:
+    if cast_target(d.owner) == "float32" and d.owner.inputs[0].dtype in HALF_DTYPES:
         d = d.owner.inputs[0]
     dn = d.owner
     if dn is None or type(dn.op) is not GpuDimShuffle or \
             dn.op.new_order != ("x",) * (ndim - 1) + (0,):
         return None
     b = dn.inputs[0]
-    if _cast(b.owner, ("float32",)) and b.owner.inputs[0].dtype in HALF_DTYPES:
+    if cast_target(b.owner) == "float32" and b.owner.inputs[0].dtype in HALF_DTYPES:
         b = b.owner.inputs[0]
     return None if b.broadcastable[0] else b
 
@@ -339,7 +258,7 @@ def _bias_adds(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Varia
     (either order) whose float32 cast and sum nothing else reads (``readers``: that cast)."""
     if _elemwise(node, "add", 2):
         return [(a, d, {node}) for a, d in (node.inputs, node.inputs[::-1])]
-    if not _cast(node, HALF_DTYPES):
+    if cast_target(node) not in HALF_DTYPES:
         return []
     s = node.inputs[0]
     sn = s.owner
@@ -349,7 +268,7 @@ def _bias_adds(fgraph: FunctionGraph, node: Apply) -> list[tuple[Variable, Varia
     out = []
     for c, d in (sn.inputs, sn.inputs[::-1]):
         cn = c.owner
-        if _cast(cn, ("float32",)) and cn.inputs[0].dtype == node.outputs[0].dtype and \
+        if cast_target(cn) == "float32" and cn.inputs[0].dtype == node.outputs[0].dtype and \
                 _only_reader(fgraph, c, {sn}):
             out.append((cn.inputs[0], d, {cn}))
     return out

@@ -3,9 +3,12 @@ tensor/subtensor.py): `Shape()[i]` -> `Shape_i(i)`, useless reshapes/allocs/subt
 shapes of computed variables from their ops' `infer_shape` (shape_feature.py)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from symgpu.graph.rewriting import node_rewriter, register_canonicalize, register_specialize
+from symgpu.scalar.composite import Composite
 from symgpu.tensor.basic import Alloc, Join, MakeVector, Reshape, join
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.shape import Shape, Shape_i, SpecifyShape, shape_i_of
@@ -14,11 +17,12 @@ from symgpu.tensor.subtensor import AdvancedIncSubtensor, IncSubtensor, Slice, S
 from symgpu.tensor.type import TensorConstant
 from symgpu.tensor.rewriting.shape_feature import inferred_shape, rewrite_shape_read, same_dim
 from symgpu.tensor.rewriting.utils import ew_cast, is_ew, make_constant, scalar_constant
+from symgpu.tensor.shape_rules import dim_value
 
 __all__ = ["local_shape_to_shape_i", "local_useless_subtensor", "local_subtensor_of_make_vector",
            "local_useless_reshape", "local_reshape_reshape", "local_useless_alloc",
            "local_shape_infer", "local_useless_specify_shape", "local_add_of_slice_writes",
-           "local_fill_model_of_its_shape", "local_inc_fill_of_index_shape"]
+           "local_fill_model_of_its_shape", "local_inc_fill_of_index_shape", "same_length"]
 
 
 def _is_dim_of(var, x, d: int) -> bool:
@@ -377,6 +381,83 @@ def _resolved_dim(fgraph, d, depth: int = 4):
             if same_dim(ra, rb):
                 return ra
     return d
+
+
+def _unit_factor(node: Any, d: Any) -> Any:
+    """The input that length ``d`` (an output of ``node``) equals when ``node`` only
+    multiplies it by ones (a flatten's ``1 * n``, possibly inside a Composite), else None."""
+    sop = getattr(node.op, "scalar_op", None)
+    if getattr(sop, "name", None) == "mul":
+        rest = [v for v in node.inputs if dim_value(v) != 1]
+        return rest[0] if len(rest) == 1 else None
+    if not isinstance(sop, Composite):
+        return None
+    slot = sop.out_slots[node.outputs.index(d)]
+    while slot >= sop.first_step:
+        step_op, args = sop.steps[slot - sop.first_step]
+        rest = [a for a in args if not (sop.nin <= a < sop.first_step and
+                                        sop.constants[a - sop.nin][0] == 1)]
+        if getattr(step_op, "name", None) != "mul" or len(rest) != 1:
+            return None
+        slot = rest[0]
+    return node.inputs[slot] if slot < sop.nin else None
+
+
+def _unless_minus_one(node: Any) -> Any:
+    """``e`` of ``switch(eq(e, -1), inferred, e)`` (a reshape's entry that may be -1)."""
+    if getattr(getattr(node.op, "scalar_op", None), "name", None) != "switch" or \
+            len(node.inputs) != 3:
+        return None
+    cond, _, e = node.inputs
+    cn = cond.owner
+    ok = cn is not None and getattr(getattr(cn.op, "scalar_op", None), "name", None) == "eq" \
+        and any(v is e for v in cn.inputs) and any(dim_value(v) == -1 for v in cn.inputs)
+    return e if ok else None
+
+
+def _length(fgraph: Any, d: Any, depth: int = 8) -> Any:
+    """Length ``d`` followed back through shape inference and products by one: an int, an
+    (array, axis) read of a graph input, or the variable where the trail stops."""
+    for _ in range(depth):
+        value = dim_value(d)
+        if value is not None:
+            return value
+        node = getattr(d, "owner", None)
+        if node is None:
+            return d
+        e = _unless_minus_one(node)
+        if e is not None:       # d is e where e is a length (never -1)
+            got = _length(fgraph, e, depth - 1)
+            return got if isinstance(got, tuple) or isinstance(got, int) and got >= 0 else d
+        if getattr(node.op, "shape_read", None) == "dim":
+            arr, axis = node.inputs[0], node.op.i
+            shape = inferred_shape(fgraph, arr)
+            nxt = None if shape is None else shape[axis]
+            if nxt is None or nxt is d or (nxt.owner is not None and nxt.owner.op == node.op
+                                           and nxt.owner.inputs[0] is arr):
+                return (arr, axis)
+            d = nxt
+            continue
+        nxt = _unit_factor(node, d)
+        if nxt is None:
+            return d
+        d = nxt
+    return d
+
+
+def same_length(fgraph: Any, a: Any, b: Any) -> bool:
+    """Whether lengths ``a`` and ``b`` are provably equal, each followed back through shape
+    inference (a read of a computed array's length), a reshape's ``switch(eq(e, -1), .., e)``
+    and products by one (a flatten's ``1 * n``): a reshape of a product that keeps its
+    columns (gpu/ops/gemm_epilogue.py).  ``_resolved_dim`` above follows NumPy's broadcast
+    of lengths instead, for ``same_dim``."""
+    la, lb = _length(fgraph, a), _length(fgraph, b)
+    if isinstance(la, tuple) and isinstance(lb, tuple):
+        return la[0] is lb[0] and la[1] == lb[1]
+    if isinstance(la, int) or isinstance(lb, int) or isinstance(la, tuple) or \
+            isinstance(lb, tuple):
+        return la == lb
+    return same_dim(la, lb)
 
 
 def _input_of_its_shape(fgraph, x):
