@@ -5,6 +5,11 @@ the 43 of benchmarks/half_symgpu.py's GPT block), called with the memo on and of
 alternation.  Not a test: a figure for the notes.
 
     python3 benchmarks/fake_shape_memo.py
+
+Rows: the benchmark's call (the same shapes every call); with an index input and a
+learning rate (a Python float) changed every call; with results held across calls; with
+shapes that change every call (the memo misses every time: a new length per call); and two
+threads calling the same function.
 """
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "tests"))
 
 
-def build(memo: bool):
-    """The function's VM, its graph captured and replaying."""
+def build(memo: bool, variant: str = "same shapes"):
+    """A call of the function's VM (``variant``: see the module docstring), its graph
+    captured and replaying."""
     import graph_fakes as fakes
     from symgpu.config import config
     from symgpu.gpu.exec import shape_memo
@@ -35,23 +41,52 @@ def build(memo: bool):
     total = as_tensor_variable(np.asarray(0, "int64"))
     for h in hs:    # 4 nodes a matrix: two lengths, their product, the running sum
         total = add(total, mul(Shape_i(0)(h), Shape_i(1)(h)))
-    y = fakes.add1()(fakes.FakeDynSlice()(x, total, add(total, as_tensor_variable(
-        np.asarray(4, "int64")))))
-    fg = FunctionGraph([x, *hs], [y], clone=False)
+    k, lr = TensorType("int64", ())(), TensorType("float32", ())()
+    start = add(total, k)
+    sl = fakes.FakeDynSlice()(x, start, add(start, as_tensor_variable(np.asarray(4, "int64"))))
+    y = fakes.FakeKernelOp("mul", lambda a, b: a * b)(sl, fakes.FakeScalarUp(4)(lr))
+    fg = FunctionGraph([x, k, lr, *hs], [y], clone=False)
     fg.update_mapping = {}
-    values = [fakes.upload(fakes.CTX_OBJ, np.arange(64, dtype="float32"))] + \
+    values = [fakes.upload(fakes.CTX_OBJ, np.arange(64, dtype="float32")), 0, 0.5] + \
         [np.zeros((1, 1), "float32")] * 10
     shape_memo.ENABLED = memo
     with config.change_flags(**{"gpuarray.cuda_graphs": True}):
         vm = link(fg, {v: [a] for v, a in zip(fg.inputs, values)}, allow_gc=True)
     shape_memo.ENABLED = True
 
+    cells = vm.storage_map
+    kc, lc, h0 = cells[k], cells[lr], cells[hs[0]]
+    held: list = []
+    step = [0]
+    shapes = [np.zeros((1, 1), "float32"), np.zeros((1, 2), "float32")]
+
     def run():
+        step[0] += 1
+        if variant == "index and learning rate":
+            kc[0], lc[0] = step[0] % 7, 0.5 + step[0] % 3
+        elif variant == "new shapes every call":
+            h0[0] = shapes[step[0] % 2]
         vm()
-        vm.storage_map[y][0] = None
-    for _ in range(5):
+        if variant == "results held":
+            held.append(cells[y][0])
+            if len(held) > 4:
+                held.pop(0)
+        cells[y][0] = None
+    for _ in range(12):
         run()
     return run
+
+
+def _threads(f, number: int) -> float:
+    """Seconds a call with two threads calling ``f`` (each number / 2 calls)."""
+    import threading
+    ts = [threading.Thread(target=lambda: [f() for _ in range(number // 2)]) for _ in range(2)]
+    t0 = timeit.default_timer()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return (timeit.default_timer() - t0) / number
 
 
 def main() -> None:
@@ -62,13 +97,18 @@ def main() -> None:
         def setattr(obj, name, value):
             setattr(obj, name, value)
     next(fakes.use_fake_gpu(Patch()))
-    calls = {"memo on": build(True), "memo off": build(False)}
-    best = {k: float("inf") for k in calls}
-    for _ in range(15):
-        for k, f in calls.items():
-            best[k] = min(best[k], timeit.timeit(f, number=2000) / 2000)
-    for k, t in best.items():
-        print(f"{k}: {t * 1e6:.2f} us a call (best of 15 x 2000, fake driver)")
+    for variant in ("same shapes", "index and learning rate", "results held",
+                    "new shapes every call", "two threads"):
+        calls = {memo: build(memo, variant if variant != "two threads" else "same shapes")
+                 for memo in (True, False)}
+        best = {memo: float("inf") for memo in calls}
+        for _ in range(9):
+            for memo, f in calls.items():
+                t = _threads(f, 2000) if variant == "two threads" else \
+                    timeit.timeit(f, number=2000) / 2000
+                best[memo] = min(best[memo], t)
+        print(f"{variant:24s} memo on {best[True] * 1e6:6.2f} us a call, off "
+              f"{best[False] * 1e6:6.2f} us (best of 9 x 2000, fake driver)")
 
 
 if __name__ == "__main__":
