@@ -146,3 +146,27 @@ def test_turned_off_every_node_is_a_plain_step(monkeypatch):
     assert not [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
     (r,) = call(vm, [y])
     np.testing.assert_array_equal(read(r), DATA[6:10] + 1)
+
+
+def test_a_value_another_node_reads_in_between_is_not_freed_early():
+    """The memo runs where its first node was.  A memo value whose last reader is a later memo
+    node (freed after it) but that a host node between the two places reads as well (a host
+    scalar k added to a length, as images2neibs' shape arithmetic did on the H200) stays
+    alive for that node, on every call."""
+    x, h, k = gvec(), TensorType("float64", (False, False))(), TensorType("int64", ())()
+    rows = Shape_i(0)(h)
+    start = Elemwise(SCALAR_OPS["add"])(rows, k)             # reads k's value: not the memo's
+    stop = Elemwise(SCALAR_OPS["add"])(start, _int(2))
+    twice = Elemwise(SCALAR_OPS["mul"])(rows, _int(2))       # a memo node, after `start`
+    y = add1()(FakeDynSlice()(x, start, stop))
+    z = add1()(FakeDynSlice()(x, twice, Elemwise(SCALAR_OPS["add"])(twice, _int(1))))
+    vm = _linked([x, h, k], [y, z], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4)), 0])
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    assert len(memo.indices) == 3, "the length, twice it and that plus one"
+    for rows_, extra in ((3, 0), (3, 1), (4, 1), (4, 1), (3, 2)):
+        vm.storage_map[h][0] = np.zeros((rows_, 2))
+        vm.storage_map[k][0] = np.int64(extra)
+        ry, rz = call(vm, [y, z])
+        np.testing.assert_array_equal(read(ry), DATA[rows_ + extra:rows_ + extra + 2] + 1)
+        np.testing.assert_array_equal(read(rz), DATA[2 * rows_:2 * rows_ + 1] + 1)
+        del ry, rz

@@ -133,7 +133,12 @@ def with_shape_memo(steps: list, plain_type: type, nodes: list, thunks: list, sm
             if all(c is not cell for c in sources):
                 sources.append(cell)
     outs = [sm[v] for i in taken for v in nodes[i].outputs]
-    dead = [c for i in taken for c in plain[i].dead]
+    # the memo runs where its first node was: a cell freed after a later memo node (its last
+    # reader) stays alive where another node read it between the two places (a shape read's
+    # input too)
+    read_after = {id(sm[v]) for j in range(taken[0] + 1, len(nodes)) if j not in mine
+                  for v in nodes[j].inputs if v in sm}
+    dead = [c for i in taken for c in plain[i].dead if id(c) not in read_after]
     memo = ShapeMemoStep(taken, [thunks[i] for i in taken], sources, outs, dead)
     out: list = []
     for st in steps:
