@@ -287,7 +287,7 @@ def test_the_gpt_blocks_groups_compile_for_sm90_without_spilling(vgpu, tmp_path)
         sys.path.remove(os.path.join(root, "benchmarks"))
         sys.modules.pop("half_symgpu", None)
     groups = [n for n in step.maker.fgraph.toposort() if type(n.op) is GpuColumnReduceGroup]
-    assert len(groups) == 4
+    assert len(groups) == 3, "the layer norms'; the GELU's gradient is a product's epilogue"
     for i, n in enumerate(groups):
         ((_, src),) = n.op.kernel_sources(n)
         path = tmp_path / f"g{i}.cu"

@@ -164,9 +164,10 @@ def test_an_mlps_casts_and_updates_are_two_groups(vgpu):
 def test_the_gpt_blocks_casts_and_adamw_updates_are_two_groups(vgpu, gpt_step):
     f = gpt_step()
     groups = _group_nodes(f)
-    # the casts to bfloat16 of the four weights and of the qkv bias (gemm_epilogue casts it
-    # for its product's epilogue), the step counter's to float32, the bias correction's terms
-    assert sorted(len(g.op.members) for g in groups) == [7, 12], groups
+    # the casts to bfloat16 of the four weights and of the qkv and MLP biases (gemm_epilogue
+    # and gelu_epilogue_rewrite cast them for their products' epilogues), the step counter's
+    # to float32, the bias correction's terms
+    assert sorted(len(g.op.members) for g in groups) == [8, 12], groups
     adamw = max(groups, key=lambda g: len(g.op.members))
     assert all(m.nout == 3 for m in adamw.op.members)     # moments and weight
     fg = f.maker.fgraph

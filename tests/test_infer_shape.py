@@ -1274,14 +1274,24 @@ def test_inferred_shape_collectives(op_cls):
     test_inferred_shape_equals_computed_shape(op_cls)
 
 
-# ---------------------------------------------------------------- the product with a bias/ReLU epilogue
+# ---------------------------------------------------------------- the product with a bias/ReLU/GELU epilogue
 from symgpu.gpu.ops.gemm_epilogue import GpuGemmEpilogue as _GpuGemmEpilogue  # noqa: E402
 
 _EPILOGUE_CASES = {
     _GpuGemmEpilogue: [gcase(lambda A, B, b: _GpuGemmEpilogue("relu_bias")(A, B, b),
                              lambda A, B, b: T.nnet.relu(T.dot(A, B) + b), "ggg",
                              r(3, 4, dtype="float32"), r(4, 2, dtype="float32"),
-                             r(2, dtype="float32"))],
+                             r(2, dtype="float32")),
+                       # (the first output's shape: the second's, the pre-activation's,
+                       # is checked in test_gpu_gemm_epilogue_gelu.py)
+                       gcase(lambda A, B, b: _GpuGemmEpilogue("gelu_aux_bias")(A, B, b)[0],
+                             lambda A, B, b: T.dot(A, B) + b, "ggg",
+                             r(3, 4, dtype="float32"), r(4, 2, dtype="float32"),
+                             r(2, dtype="float32")),
+                       gcase(lambda A, B, a: _GpuGemmEpilogue("dgelu")(A, B, a),
+                             lambda A, B, a: T.dot(A, B) * a, "ggg",
+                             r(3, 4, dtype="float32"), r(4, 2, dtype="float32"),
+                             r(3, 2, dtype="float32"))],
 }
 CASES.update(_EPILOGUE_CASES)
 

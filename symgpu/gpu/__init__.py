@@ -129,6 +129,7 @@ import symgpu.gpu.ops.narrow_outputs  # noqa: E402,F401
 import symgpu.gpu.ops.guarded_updates  # noqa: E402,F401
 import symgpu.gpu.ops.take_rows  # noqa: E402,F401
 import symgpu.gpu.ops.gemm_epilogue  # noqa: E402,F401
+import symgpu.gpu.ops.gelu_epilogue_rewrite  # noqa: E402,F401  (GELU and its gradient in epilogues)
 import symgpu.gpu.ops.lifters  # noqa: E402,F401
 import symgpu.gpu.exec.graphs  # noqa: E402,F401
 import symgpu.gpu.exec.backend  # noqa: E402,F401  (the compiler's view of the GPU)

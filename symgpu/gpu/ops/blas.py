@@ -336,9 +336,12 @@ def gemm_math_mode(dtype: str) -> int:
 def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variable | None,
                 xi: int, yi: int, scalar_pos: tuple, epi: Any = None) -> Callable[[], None]:
     """The thunk of a product ``beta z + alpha x @ y`` (GpuGemm), ``x @ y`` (GpuDot22) or,
-    with ``epi``, ``act(x @ y + bias)`` (GpuGemmEpilogue, gemm_epilogue.py: ``epi.code`` is
-    its cuBLASLt epilogue, ``epi.bias_index`` the bias input, ``epi.apply(out, bias)`` the
-    same epilogue by a kernel of ours after a classic product)."""
+    with ``epi``, its epilogue (GpuGemmEpilogue, gemm_epilogue.py: ``epi.code`` is its
+    cuBLASLt epilogue, ``epi.bias_index`` / ``epi.aux_index`` the bias / aux input or None,
+    ``epi.aux_out`` whether aux is a second output (allocated here, of out's layout),
+    ``epi.operand`` / ``epi.aux_operand`` those inputs checked and made readable,
+    ``epi.apply(ctx, out, bias, aux)`` the same epilogue by a kernel of ours after a classic
+    product)."""
     blas = cublas()
     handle = blas.handle(ctx)
     dtype = node.outputs[0].dtype
@@ -351,7 +354,14 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
     scal = _Scalars(node, scalar_pos, scale_dtype(dtype), ctx, storage_map) if scalar_pos \
         else None
     epi_code = blaslt.EPILOGUE_DEFAULT if epi is None else epi.code
-    bias_cell = storage_map[node.inputs[epi.bias_index]] if epi is not None else None
+    bias_cell = aux_cell = aux_out_cell = None
+    if epi is not None:
+        if epi.bias_index is not None:
+            bias_cell = storage_map[node.inputs[epi.bias_index]]
+        if epi.aux_index is not None:
+            aux_cell = storage_map[node.inputs[epi.aux_index]]
+        if epi.aux_out:
+            aux_out_cell = storage_map[node.outputs[1]]
     device_scalars = scal is not None and scal.device
     in_cells = [storage_map[v] for v in node.inputs]
     out_cell = storage_map[node.outputs[0]]
@@ -389,9 +399,13 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                     out._copy_from_device(z._broadcast_to((m, n)))
         else:
             out = new_array(ctx, (m, n), np_dtype)
-        bias = None
+        bias = aux = None
         if bias_cell is not None:
             bias = epi.operand(bias_cell[0], n, label)
+        if aux_cell is not None:
+            aux = epi.aux_operand(aux_cell[0], x, y, label)
+        elif aux_out_cell is not None:
+            aux = aux_out_cell[0] = new_array(ctx, (m, n), np_dtype)   # out's layout
         if m and n and thin is not None and \
                 thin(x, y, out, *(unit if scal is None else scal.kernel_args())):
             out_cell[0] = out     # one launch of ours: a thin side (thin_gemm.py)
@@ -407,7 +421,7 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
                 (alpha_p, beta_p), keep = scal.args()
             if use_lt and k and _lt_gemm(ctx, dtype, math_mode, ta, tb, n, m, k, lda, ldb,
                                          ldc, y, x, out, alpha_p, beta_p, device_scalars,
-                                         problems, epi_code, bias):
+                                         problems, epi_code, bias, aux):
                 out_cell[0] = out
                 return
             blas.math_mode(handle, math_mode)
@@ -419,8 +433,8 @@ def _gemm_thunk(op: Op, node: Apply, storage_map: dict, ctx: Any, z_var: Variabl
             if status:   # (the message is made only then)
                 blas.check(status, f"{label} (gemm {m}x{k} @ {k}x{n})")
             del keep
-            if bias is not None:
-                epi.apply(ctx, out, bias)   # cuBLASLt missing or declined: our kernel
+            if epi is not None:
+                epi.apply(ctx, out, bias, aux)   # cuBLASLt missing or declined: our kernel
         out_cell[0] = out
 
     if z_var is not None:
@@ -442,16 +456,19 @@ def _accumulates_into(t: Any, z: Any, x: Any, y: Any, shape: tuple) -> bool:
 def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, cols: int,
              k: int, lda: int, ldb: int, ldd: int, a: Any, b: Any, out: Any,
              alpha_p: Any, beta_p: Any, device_scalars: bool, problems: dict,
-             epilogue: int = 1, bias: Any = None) -> bool:
+             epilogue: int = 1, bias: Any = None, aux: Any = None) -> bool:
     """The column-major gemm out (rows x cols) = alpha op(a) op(b) + beta out through
     cuBLASLt (symgpu/gpu/ops/blaslt.py); False where cuBLASLt has no algorithm for it (the
     caller runs classic cuBLAS).  ``problems`` is the thunk's memo of LtProblems (None for
     one cuBLASLt declined) by layout: the arguments that vary and the pointers' low byte,
     which fixes their alignment, so a call builds no LtProblem (dtype, math mode, pointer
     mode and epilogue are the thunk's own).  With an epilogue, ``bias`` is its vector (one
-    value per row of the column-major out)."""
+    value per row of the column-major out) and ``aux`` its aux matrix (out's layout; its
+    address's low byte joins the memo's key)."""
     ap, bp, dp = a.ptr, b.ptr, out.ptr
     key = (ta, tb, rows, cols, k, lda, ldb, ldd, ap & 255, bp & 255, dp & 255)
+    if aux is not None:
+        key += (aux.ptr & 255,)
     p = problems.get(key, _NEW)
     if p is _NEW:
         p = problems[key] = blaslt.LtProblem(
@@ -461,7 +478,10 @@ def _lt_gemm(ctx: Any, dtype: str, math_mode: int, ta: int, tb: int, rows: int, 
     if p is None:
         return False
     try:
-        if bias is None:
+        if aux is not None:
+            blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp,
+                             0 if bias is None else bias.ptr, aux.ptr)
+        elif bias is None:
             blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp)
         else:
             blaslt.lt_matmul(ctx, p, alpha_p, ap, bp, beta_p, dp, bias.ptr)

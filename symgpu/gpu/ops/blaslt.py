@@ -27,9 +27,14 @@ float32 (CUBLAS_COMPUTE_32F) with float32 alpha and beta, so a result is rounded
 classic candidate is ``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` with the same types.
 A problem may be a strided batch (``batch`` products whose operands lie ``stride_*`` elements
 apart: the layouts' BATCH_COUNT and STRIDED_BATCH_OFFSET) and may carry an epilogue
-(``EPILOGUE_BIAS``, ``EPILOGUE_RELU_BIAS``: a bias vector, one value per row of the
-column-major D, added before the activation; its address is set on the descriptor at each
-call), which classic cuBLAS cannot run, so such problems have no classic candidate.
+(``EPILOGUE_BIAS``, ``EPILOGUE_RELU_BIAS``, ``EPILOGUE_GELU_AUX_BIAS``: a bias vector, one
+value per row of the column-major D, added before the activation; ``EPILOGUE_GELU_AUX_BIAS``
+also writes the pre-activation to an aux matrix of D's layout, and ``EPILOGUE_DGELU``
+multiplies the product by gelu' of such an aux matrix, which it reads; the bias's and aux's
+addresses are set on the descriptor at each call, aux's leading dimension, D's, when the
+problem is planned), which classic cuBLAS cannot run, so such problems have no classic
+candidate.  GELU is the tanh form.  ``EPILOGUE_DGELU_BGRAD`` (208) is not used: it took
+223 us for the GPT block's bf16 MLP product on an H200, against 76 for DGELU.
 
 Capture-safe: the call names its stream and a workspace from the context's pool (kept as long
 as the context's handle), and allocates nothing.  Where libcublasLt cannot be loaded, or its
@@ -56,15 +61,22 @@ from symgpu.gpu.runtime.array import new_array
 __all__ = ["LtProblem", "AlgoChoice", "CHOICES", "TIMED_SIZES", "size_families", "cublaslt",
            "lt_available", "lt_matmul",
            "alignment", "LtUnsupported", "use_classic", "LT_DTYPES", "EPILOGUE_DEFAULT",
-           "EPILOGUE_BIAS", "EPILOGUE_RELU_BIAS", "problem_elements", "classic"]
+           "EPILOGUE_BIAS", "EPILOGUE_RELU_BIAS", "EPILOGUE_AUX", "EPILOGUE_GELU_AUX_BIAS",
+           "EPILOGUE_DGELU", "AUX_LD_MULTIPLE", "problem_elements", "classic"]
 
 #: the dtypes cuBLASLt products run in (half ones with float32 accumulation)
 LT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: cublasLtEpilogue_t values used here
 EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS = 1, 4, 6
+#: the bit of an epilogue that has an aux matrix (CUBLASLT_EPILOGUE_AUX), and the two GELU
+#: epilogues (tanh form): GELU_AUX_BIAS writes aux (bias bit 4 set), DGELU reads it (no bias)
+EPILOGUE_AUX, EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU = 128, 164, 192
+#: a GELU aux matrix's leading dimension must be a multiple of this many elements
+AUX_LD_MULTIPLE = 8
 _R_32F, _R_64F = 0, 1                                             # cudaDataType
 _DESC_POINTER_MODE, _DESC_TRANSA, _DESC_TRANSB = 2, 3, 4          # cublasLtMatmulDescAttributes_t
 _DESC_EPILOGUE, _DESC_BIAS_POINTER = 7, 8
+_DESC_AUX_POINTER, _DESC_AUX_LD = 11, 12    # EPILOGUE_AUX_POINTER (void *), _LD (int64)
 _LAYOUT_BATCH_COUNT, _LAYOUT_BATCH_STRIDE = 5, 6                  # ...MatrixLayoutAttribute_t
 _PREF_MAX_WORKSPACE = 1                                           # ...PreferenceAttributes_t
 _PREF_MIN_ALIGN = (5, 6, 7, 8)                                    # A, B, C, D (bytes)
@@ -287,11 +299,15 @@ class _CublasLt:
 
     def plan(self, ctx: Any, p: LtProblem) -> _Plan:
         """The descriptors and candidates of ``p`` on ``ctx`` (made once); raises
-        LtUnsupported when the heuristic has nothing."""
+        LtUnsupported when the heuristic has nothing, or when an epilogue's aux matrix (of
+        D's layout) has a leading dimension cuBLASLt does not take."""
         key = (id(ctx), p)
         got = self.plans.get(key)
         if got is not None:
             return got
+        if p.epilogue & EPILOGUE_AUX and p.ldd % AUX_LD_MULTIPLE:
+            raise LtUnsupported(f"an aux leading dimension of {p.ldd} elements, not a "
+                                f"multiple of {AUX_LD_MULTIPLE} ({p})")
         h, _, ws_bytes = self.handle(ctx)
         lib, check = self.lib, self.check
         dtype = CUDA_DATA_TYPES[p.dtype]
@@ -308,6 +324,11 @@ class _CublasLt:
             check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v),
                                                      ctypes.sizeof(v)),
                   "cublasLtMatmulDescSetAttribute")
+        if p.epilogue & EPILOGUE_AUX:    # read by the heuristic: set before it
+            ld = ctypes.c_int64(p.ldd)
+            check(lib.cublasLtMatmulDescSetAttribute(desc, _DESC_AUX_LD, ctypes.byref(ld),
+                                                     ctypes.sizeof(ld)),
+                  "cublasLtMatmulDescSetAttribute (aux leading dimension)")
         a_rows, a_cols = (p.m, p.k) if p.transa == 0 else (p.k, p.m)
         b_rows, b_cols = (p.k, p.n) if p.transb == 0 else (p.n, p.k)
         layouts = []
@@ -390,6 +411,14 @@ class _CublasLt:
         self.check(self.lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_BIAS_POINTER,
                                                            ctypes.byref(v), ctypes.sizeof(v)),
                    "cublasLtMatmulDescSetAttribute (bias pointer)")
+
+    def set_aux(self, plan: _Plan, aux: int) -> None:
+        """Point ``plan``'s epilogue at the aux matrix at device address ``aux`` (written by
+        GELU_AUX_BIAS, read by DGELU; a host setting like the bias pointer)."""
+        v = ctypes.c_void_p(aux)
+        self.check(self.lib.cublasLtMatmulDescSetAttribute(plan.desc, _DESC_AUX_POINTER,
+                                                           ctypes.byref(v), ctypes.sizeof(v)),
+                   "cublasLtMatmulDescSetAttribute (aux pointer)")
 
     def matmul(self, ctx: Any, plan: _Plan, which: int, alpha: Any, a: int, b: int,
                beta: Any, d: int) -> int:
@@ -590,15 +619,21 @@ def _graph_calls() -> dict[str, Any]:
 
 
 def lt_matmul(ctx: Any, p: LtProblem, alpha: Any, a: int, b: int, beta: Any, d: int,
-              bias: int = 0) -> None:
+              bias: int = 0, aux: int = 0) -> None:
     """D = alpha op(A) op(B) + beta D, then the problem's epilogue (reading the bias vector
-    at ``bias``), through cuBLASLt on ``ctx``'s stream, with the problem's chosen algorithm
-    (timed now, on scratch memory, if it has none and the stream is not capturing).  Raises
-    LtUnsupported when cuBLASLt cannot run it, CublasError when the launch fails."""
+    at ``bias``; writing or reading the aux matrix at ``aux``, of D's layout), through
+    cuBLASLt on ``ctx``'s stream, with the problem's chosen algorithm (timed now, on scratch
+    memory, if it has none and the stream is not capturing: GELU_AUX_BIAS's candidates then
+    write the real aux, which the call itself overwrites).  Raises LtUnsupported when
+    cuBLASLt cannot run it, CublasError when the launch fails."""
     lt = cublaslt()
     plan = lt.plan(ctx, p)
     if p.epilogue & EPILOGUE_BIAS:
         lt.set_bias(plan, bias)
+    if p.epilogue & EPILOGUE_AUX:
+        if not aux:
+            raise ValueError(f"epilogue {p.epilogue} needs its aux matrix's address")
+        lt.set_aux(plan, aux)
     key = (getattr(ctx, "devname", ""), p)
     which = CHOICES.chosen.get(key)
     if which is None:

@@ -1,5 +1,5 @@
 """Matrix products with their bias and activation fused in: GpuGemmEpilogue and the pass
-``gpu_gemm_epilogue`` (49.46) that makes it.
+``gpu_gemm_epilogue`` (49.46) that makes its ``bias`` and ``relu_bias`` forms.
 
 Why: a layer's ``relu(dot(x, W) + b)`` is a product and an elementwise kernel that reads the
 product back and writes it again; cuBLASLt applies the bias (one value per output column)
@@ -37,12 +37,22 @@ onto the fused result, which has that shape.
 bfloat16, where the gain is largest and the rounding better), ``all`` (float32 and float64
 too) or ``off``.  Where cuBLASLt is off, missing or has no algorithm for a problem, the
 product runs on classic cuBLAS and ``ge_bias_act_<dtype>`` (``codegen/gemm_epilogue.cu``)
-applies the epilogue: the same values, one launch more.  GELU is not folded: symgpu has no
-``gelu`` whose form (cuBLASLt's is the tanh approximation) a rewrite could recognise.
+applies the epilogue: the same values, one launch more.
+
+GELU (always the tanh form cuBLASLt computes: ``0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715
+z^3)))``) has two epilogues, for a GPT block's MLP: ``gelu_aux_bias`` (``x, W, b`` -> ``out =
+gelu(x @ W + b)`` and ``aux = x @ W + b``, the pre-activation the backward pass needs,
+rounded to the dtype: CUBLASLT_EPILOGUE_GELU_AUX_BIAS) and ``dgelu`` (``x, W, aux`` -> ``(x @
+W) * gelu'(aux)``, the gradient through the GELU: CUBLASLT_EPILOGUE_DGELU), so neither the
+activation nor its gradient is a kernel of its own.  The pass here does not make them: the
+rewrite in ``symgpu/gpu/ops/gelu_epilogue_rewrite.py`` recognises the GELU and its gradient.
+Their fallback is ``ge_gelu_<dtype>`` after classic cuBLAS.  (DGELU_BGRAD, which also sums
+the bias gradient, took 223 us for the GPT's bf16 product on an H200 against DGELU's 76: not
+used.)
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -66,20 +76,40 @@ from symgpu.tensor import blas as _host_blas
 from symgpu.tensor.rewriting.shape_feature import inferred_shape
 from symgpu.tensor.rewriting.shape_ops import same_length
 
-__all__ = ["GpuGemmEpilogue", "EPILOGUES", "gpu_gemm_epilogue", "epilogue_source",
-           "local_gemm_bias_epilogue", "local_gemm_relu_epilogue", "epilogue_dtypes"]
+__all__ = ["GpuGemmEpilogue", "EPILOGUES", "EpilogueFacts", "gpu_gemm_epilogue",
+           "epilogue_source", "local_gemm_bias_epilogue", "local_gemm_relu_epilogue",
+           "epilogue_dtypes"]
 
-#: epilogue name -> (cublasLtEpilogue_t, whether our kernel applies a ReLU)
-EPILOGUES = {"bias": (blaslt.EPILOGUE_BIAS, False),
-             "relu_bias": (blaslt.EPILOGUE_RELU_BIAS, True)}
+
+class EpilogueFacts(NamedTuple):
+    """What the op, the thunk and the fallback need of one epilogue (a row of EPILOGUES)."""
+    code: int              # its cublasLtEpilogue_t
+    bias: int | None       # the input that is the bias vector (one value per column), if any
+    aux_in: int | None     # the input that is aux, a matrix of the product's shape, if any
+    aux_out: bool          # whether aux (the pre-activation) is a second output
+    kernel: str            # the fallback kernel (codegen/gemm_epilogue.cu), without dtype
+    act: int               # its last argument: ge_bias_act's relu, ge_gelu's grad
+
+
+#: epilogue name -> its facts; inputs are (x, y, third), the third a bias or an aux matrix
+EPILOGUES = {
+    "bias": EpilogueFacts(blaslt.EPILOGUE_BIAS, 2, None, False, "ge_bias_act", 0),
+    "relu_bias": EpilogueFacts(blaslt.EPILOGUE_RELU_BIAS, 2, None, False, "ge_bias_act", 1),
+    "gelu_aux_bias": EpilogueFacts(blaslt.EPILOGUE_GELU_AUX_BIAS, 2, None, True, "ge_gelu",
+                                   0),
+    "dgelu": EpilogueFacts(blaslt.EPILOGUE_DGELU, None, 2, False, "ge_gelu", 1),
+}
+#: fallback kernel -> (its argument format, whether it takes the aux matrix)
+_KERNELS = {"ge_bias_act": ("PPqqi", False), "ge_gelu": ("PPPqqi", True)}
 _CU = sections("gemm_epilogue.cu")
 _BLOCK = 256
 _MAX_BLOCKS = 4096
-_BIAS_ALIGN = 16     # bytes: cuBLASLt's vectorised epilogues read the bias so aligned
+_BIAS_ALIGN = 16     # bytes: cuBLASLt's vectorised epilogues read the bias (and aux) so aligned
 
 
 def epilogue_source(dtype: str) -> str:
-    """The CUDA module of ``ge_bias_act_<dtype>`` (the fallback epilogue kernel)."""
+    """The CUDA module of ``ge_bias_act_<dtype>`` and ``ge_gelu_<dtype>`` (the fallback
+    epilogue kernels)."""
     return common_source() + _CU[""].substitute() + _CU["entry"].substitute(
         dt=dtype, t=storage_ctype(dtype), v=value_ctype(dtype))
 
@@ -89,18 +119,20 @@ def _module_key(dtype: str) -> tuple:
 
 
 class _Epilogue:
-    """What ``blas._gemm_thunk`` needs of an epilogue: its cuBLASLt code, which input is the
-    bias, the bias checked and made readable, and the fallback kernel's launch."""
-
-    bias_index = 2
+    """What ``blas._gemm_thunk`` needs of an epilogue: its cuBLASLt code, which inputs are the
+    bias and aux, whether aux is an output, those inputs checked and made readable, and the
+    fallback kernel's launch."""
 
     def __init__(self, ctx: Any, dtype: str, name: str) -> None:
-        self.code, self.relu = EPILOGUES[name]
+        facts = EPILOGUES[name]
+        self.code, self.act = facts.code, facts.act
+        self.bias_index, self.aux_index, self.aux_out = facts.bias, facts.aux_in, facts.aux_out
         self.dtype = np.dtype(dtype)
-        kernel = f"ge_bias_act_{dtype}"
+        # both kernels, whichever runs: the module's kernels are loaded once per context
         ks = launch.load_kernels(ctx, _module_key(dtype), lambda: epilogue_source(dtype),
-                                 {kernel: "PPqqi"})
-        self.go = ks[kernel].fast_launcher()
+                                 {f"{k}_{dtype}": fmt for k, (fmt, _) in _KERNELS.items()})
+        self.go = ks[f"{facts.kernel}_{dtype}"].fast_launcher()
+        self.takes_aux = _KERNELS[facts.kernel][1]
 
     def operand(self, bias: Any, n: int, label: str) -> Any:
         """``bias`` as cuBLASLt reads it: n packed elements at an aligned address (else a
@@ -112,20 +144,43 @@ class _Epilogue:
             bias = bias.copy()
         return bias
 
-    def apply(self, ctx: Any, out: Any, bias: Any) -> None:
-        """out = act(out + bias) on ``ctx``'s stream (out C-contiguous, rows x n)."""
+    def aux_operand(self, aux: Any, x: Any, y: Any, label: str) -> Any:
+        """``aux`` (an input) as cuBLASLt reads it: the product's number of elements, read in
+        C order as the product's shape (D's layout; the rewrite pairs aux and the product
+        position by position, whatever shapes reshapes gave them), of the dtype, at an
+        aligned address (else a copy from the pool)."""
+        shape = (x.shape[0], y.shape[1])
+        if aux.size != shape[0] * shape[1] or aux.dtype != self.dtype:
+            raise ValueError(f"{label}: aux of shape {aux.shape} and dtype {aux.dtype} does "
+                             f"not match the product of x {x.shape} and y {y.shape}, of shape "
+                             f"{shape} and dtype {self.dtype}")
+        if not aux.is_c_contiguous or aux.ptr % _BIAS_ALIGN:
+            aux = aux.copy()
+        return aux if aux.shape == shape else aux.reshape(shape)
+
+    def apply(self, ctx: Any, out: Any, bias: Any, aux: Any = None) -> None:
+        """The epilogue on ``out``, the product (C-contiguous, rows x n), on ``ctx``'s stream:
+        out = act(out + bias), or the GELU's (aux and out of one layout)."""
         rows, cols = out.shape
         total = rows * cols
         if total:
-            blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
-            self.go((blocks, 1, 1), (_BLOCK, 1, 1), out.ptr, bias.ptr, rows, cols,
-                    int(self.relu))
+            grid, block = (max(1, min(_MAX_BLOCKS, -(-total // _BLOCK))), 1, 1), (_BLOCK, 1, 1)
+            if self.takes_aux:
+                self.go(grid, block, out.ptr, aux.ptr, 0 if bias is None else bias.ptr, rows,
+                        cols, self.act)
+            else:
+                self.go(grid, block, out.ptr, bias.ptr, rows, cols, self.act)
 
 
 class GpuGemmEpilogue(_CublasOp):
-    """``act(dot(x, y) + b)`` of matrices x, y and a vector b (one value per column of the
-    product) in one cuBLASLt call: ``epilogue`` is ``"bias"`` (act = identity) or
-    ``"relu_bias"``.  float16, bfloat16 (accumulated in float32), float32, float64."""
+    """A matrix product and its epilogue in one cuBLASLt call, of matrices x, y and a third
+    input, all of one dtype: float16, bfloat16 (accumulated in float32), float32, float64.
+
+    * ``"bias"``, ``"relu_bias"``: ``act(dot(x, y) + b)``, b a vector (one value per column
+      of the product), act the identity or relu;
+    * ``"gelu_aux_bias"``: two outputs, ``gelu(a)`` and ``a = dot(x, y) + b`` (rounded to the
+      dtype), GELU in its tanh form;
+    * ``"dgelu"``: ``dot(x, y) * gelu'(aux)``, aux a matrix of the product's shape."""
 
     __props__ = ("epilogue",)
 
@@ -138,18 +193,24 @@ class GpuGemmEpilogue(_CublasOp):
     def __str__(self) -> str:
         return f"GpuGemmEpilogue{{{self.epilogue}}}"
 
-    infer_shape = _host_blas.Dot22.infer_shape    # x's rows by y's columns
+    def infer_shape(self, fgraph: Any, node: Apply, input_shapes: list) -> list:
+        """x's rows by y's columns, for each output."""
+        shape = _host_blas.Dot22.infer_shape(self, fgraph, node, input_shapes)[0]
+        return [shape] * len(node.outputs)
 
     def make_node(self, x: Any, y: Any, b: Any) -> Apply:
+        """``b`` is the bias vector, or (``dgelu``) the aux matrix."""
+        facts = EPILOGUES[self.epilogue]
+        third, ndim = ("aux", 2) if facts.aux_in is not None else ("bias", 1)
         ctx = _ctx_name(x, y, b)
         x = _blas_matrix(x, ctx, 2, f"{self}'s x", GEMM_DTYPES)
         y = _blas_matrix(y, ctx, 2, f"{self}'s y", GEMM_DTYPES)
-        b = _blas_matrix(b, ctx, 1, f"{self}'s bias", GEMM_DTYPES)
+        b = _blas_matrix(b, ctx, ndim, f"{self}'s {third}", GEMM_DTYPES)
         if not x.dtype == y.dtype == b.dtype:
             raise TypeError(f"{self} needs one dtype, got x {x.dtype}, y {y.dtype}, "
-                            f"b {b.dtype}")
+                            f"{third} {b.dtype}")
         out = GpuArrayType(x.dtype, (x.broadcastable[0], y.broadcastable[1]), ctx)
-        return Apply(self, [x, y, b], [out()])
+        return Apply(self, [x, y, b], [out() for _ in range(1 + facts.aux_out)])
 
     def prefetch_sources(self, node: Apply) -> list[tuple]:
         dtype = node.outputs[0].dtype
