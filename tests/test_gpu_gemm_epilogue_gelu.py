@@ -95,6 +95,16 @@ def test_dgelu_has_one_output_and_reads_an_aux_matrix(dtype):
     assert out.type == GpuArrayType(dtype, (False, True), VCTX)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_bias_has_one_output_and_a_bias(dtype):
+    """Inference's GELU (nothing reads the pre-activation): cuBLASLt's GELU_BIAS."""
+    x, w, b = _g(dtype), _g(dtype), _g(dtype, False)
+    out = GpuGemmEpilogue("gelu_bias")(x, w, b)
+    assert len(out.owner.outputs) == 1 and out.owner.inputs == [x, w, b]
+    facts = EPILOGUES["gelu_bias"]
+    assert (facts.code, facts.bias, facts.aux_in, facts.aux_out) == (36, 2, None, False)
+
+
 def test_the_gelu_epilogues_check_their_operands_by_name():
     gab, dg = GpuGemmEpilogue("gelu_aux_bias"), GpuGemmEpilogue("dgelu")
     m16 = _g("float16")
@@ -198,6 +208,26 @@ def test_fallback_gelu_aux_bias_on_the_host(dtype, tmp_path):
     v = prod.astype(vt) + bias.astype(vt)             # the kernel's sum, in its value type
     np.testing.assert_array_equal(aux.astype("float64"), v.astype(dtype).astype("float64"))
     z = v.astype("float64")
+    want = gelu(z)
+    _within(out, want, _HOST_RTOL[dtype] * np.abs(want) + _HOST_VEPS[dtype] * (1 + np.abs(z)) +
+            _HOST_TINY[dtype])
+
+
+@requires_gxx
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fallback_gelu_bias_on_the_host(dtype, tmp_path):
+    """ge_gelu (grad 2): out = gelu(out + bias), no aux written (a null aux pointer)."""
+    lib = _host_kernel(dtype, tmp_path)
+    rows, cols = 9, 7
+    prod = _host_values(dtype, rows, cols, 2)
+    bias = _host_values(dtype, 1, cols, 3)[0]
+    out = prod.copy()
+    lib.run(ctypes.c_longlong(1), ctypes.c_longlong(32), ctypes.c_longlong(1),
+            ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(0),
+            ctypes.c_void_p(bias.ctypes.data), ctypes.c_longlong(rows),
+            ctypes.c_longlong(cols), ctypes.c_int(2))
+    vt = "float64" if dtype == "float64" else "float32"
+    z = (prod.astype(vt) + bias.astype(vt)).astype("float64")
     want = gelu(z)
     _within(out, want, _HOST_RTOL[dtype] * np.abs(want) + _HOST_VEPS[dtype] * (1 + np.abs(z)) +
             _HOST_TINY[dtype])
@@ -539,3 +569,22 @@ def test_gpu_dgelu_matches_numpy(cuda, lt_seen, dtype, shape, lt):
         assert out.dtype == np.dtype(dtype)
         _assert_close(out, want, dtype, k, _ACT_TOL * np.abs(p) * (1 + z * z))
     _check_path(lt_seen, blaslt.EPILOGUE_DGELU, n, lt)
+
+
+@requires_gpu
+@pytest.mark.parametrize("lt", [True, False], ids=["cublaslt", "fallback"])
+@pytest.mark.parametrize("shape", list(_SHAPES), ids=list(_SHAPES))
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gpu_gelu_bias_matches_numpy(cuda, lt_seen, dtype, shape, lt):
+    """Inference's GELU_BIAS (no aux, so no leading-dimension rule): cuBLASLt runs the GPT
+    shape where it is on."""
+    m, k, n = _SHAPES[shape]
+    hx, hw, hb, _, p = _gpu_inputs(dtype, m, k, n)
+    z = p + hb.astype("float64")
+    for (out,) in _run_node(cuda, "gelu_bias", [hx, hw, hb], lt):
+        assert out.dtype == np.dtype(dtype)
+        _assert_close(out, gelu(z), dtype, k, _ACT_TOL * (1 + np.abs(z)))
+    if not lt:
+        assert not lt_seen
+    elif n % blaslt.AUX_LD_MULTIPLE == 0:
+        assert any(ok and p.epilogue == blaslt.EPILOGUE_GELU_BIAS for p, ok in lt_seen)

@@ -62,7 +62,7 @@ __all__ = ["LtProblem", "AlgoChoice", "CHOICES", "TIMED_SIZES", "size_families",
            "lt_available", "lt_matmul",
            "alignment", "LtUnsupported", "use_classic", "LT_DTYPES", "EPILOGUE_DEFAULT",
            "EPILOGUE_BIAS", "EPILOGUE_RELU_BIAS", "EPILOGUE_AUX", "EPILOGUE_GELU_AUX_BIAS",
-           "EPILOGUE_DGELU", "AUX_LD_MULTIPLE", "problem_elements", "classic"]
+           "EPILOGUE_DGELU", "EPILOGUE_GELU_BIAS", "AUX_LD_MULTIPLE", "problem_elements", "classic"]
 
 #: the dtypes cuBLASLt products run in (half ones with float32 accumulation)
 LT_DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -71,6 +71,8 @@ EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS = 1, 4, 6
 #: the bit of an epilogue that has an aux matrix (CUBLASLT_EPILOGUE_AUX), and the two GELU
 #: epilogues (tanh form): GELU_AUX_BIAS writes aux (bias bit 4 set), DGELU reads it (no bias)
 EPILOGUE_AUX, EPILOGUE_GELU_AUX_BIAS, EPILOGUE_DGELU = 128, 164, 192
+#: GELU after the bias, no aux (inference: nothing reads the pre-activation)
+EPILOGUE_GELU_BIAS = 36
 #: a GELU aux matrix's leading dimension must be a multiple of this many elements
 AUX_LD_MULTIPLE = 8
 _R_32F, _R_64F = 0, 1                                             # cudaDataType

@@ -33,6 +33,9 @@ that ``gpuarray.gemm_epilogue`` names:
   of the unrounded value (the bias gradient's sum in mixed precision) reads the result cast
   to float32.
 
+Where nothing reads ``aux`` (inference), the forward becomes GpuGemmEpilogue{gelu_bias}
+(cuBLASLt's GELU_BIAS), which does not write it.
+
 In ``fast_run`` at 49.455, before ``gpu_gemm_epilogue`` (49.46) and ``gpu_fusion`` (49.5);
 ``optimizer_excluding=gpu_gelu_epilogue`` turns it off.
 """
@@ -56,7 +59,7 @@ from symgpu.scalar.basic import Cast
 from symgpu.scalar.dtypes import HALF_DTYPES
 
 __all__ = ["gelu_tanh", "gelu_tanh_grad", "gpu_gelu_epilogue", "local_gelu_forward",
-           "local_gelu_backward"]
+           "local_gelu_backward", "local_gelu_without_aux"]
 
 _K0, _K1 = float(np.sqrt(2.0 / np.pi)), 0.044715
 
@@ -336,12 +339,23 @@ def local_gelu_backward(fgraph: FunctionGraph, node: Apply) -> list | None:
     return None
 
 
+def local_gelu_without_aux(fgraph: FunctionGraph, node: Apply) -> list | None:
+    """GpuGemmEpilogue{gelu_aux_bias} whose aux nothing reads (inference, or a gradient
+    that needs no GELU) -> GpuGemmEpilogue{gelu_bias}, which does not write it (63 us
+    against 80 for the GPT block's bf16 MLP product on an H200)."""
+    if type(node.op) is not GpuGemmEpilogue or node.op.epilogue != "gelu_aux_bias" or \
+            _clients(fgraph, node.outputs[1]):
+        return None
+    return [GpuGemmEpilogue("gelu_bias")(*node.inputs)]
+
+
 def gpu_gelu_epilogue(fgraph: FunctionGraph) -> int:
     """Fold GELUs into their products, then their gradients; how many were folded."""
     if not epilogue_dtypes():
         return 0
     return sweep(fgraph, local_gelu_forward, "gpu_gelu_epilogue") + \
-        sweep(fgraph, local_gelu_backward, "gpu_gelu_epilogue")
+        sweep(fgraph, local_gelu_backward, "gpu_gelu_epilogue") + \
+        sweep(fgraph, local_gelu_without_aux, "gpu_gelu_epilogue")
 
 
 # before gpu_gemm_epilogue (49.46), which would take the bias of a product whose sum only a

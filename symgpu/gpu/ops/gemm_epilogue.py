@@ -43,8 +43,10 @@ GELU (always the tanh form cuBLASLt computes: ``0.5 z (1 + tanh(sqrt(2/pi) (z + 
 z^3)))``) has two epilogues, for a GPT block's MLP: ``gelu_aux_bias`` (``x, W, b`` -> ``out =
 gelu(x @ W + b)`` and ``aux = x @ W + b``, the pre-activation the backward pass needs,
 rounded to the dtype: CUBLASLT_EPILOGUE_GELU_AUX_BIAS) and ``dgelu`` (``x, W, aux`` -> ``(x @
-W) * gelu'(aux)``, the gradient through the GELU: CUBLASLT_EPILOGUE_DGELU), so neither the
-activation nor its gradient is a kernel of its own.  The pass here does not make them: the
+W) * gelu'(aux)``, the gradient through the GELU: CUBLASLT_EPILOGUE_DGELU; aux of the
+product's size, read in C order as its shape), so neither the activation nor its gradient
+is a kernel of its own; ``gelu_bias`` (GELU_BIAS) is the forward without aux, for
+inference.  The pass here does not make them: the
 rewrite in ``symgpu/gpu/ops/gelu_epilogue_rewrite.py`` recognises the GELU and its gradient.
 Their fallback is ``ge_gelu_<dtype>`` after classic cuBLAS.  (DGELU_BGRAD, which also sums
 the bias gradient, took 223 us for the GPT's bf16 product on an H200 against DGELU's 76: not
@@ -98,6 +100,7 @@ EPILOGUES = {
     "gelu_aux_bias": EpilogueFacts(blaslt.EPILOGUE_GELU_AUX_BIAS, 2, None, True, "ge_gelu",
                                    0),
     "dgelu": EpilogueFacts(blaslt.EPILOGUE_DGELU, None, 2, False, "ge_gelu", 1),
+    "gelu_bias": EpilogueFacts(blaslt.EPILOGUE_GELU_BIAS, 2, None, False, "ge_gelu", 2),
 }
 #: fallback kernel -> (its argument format, whether it takes the aux matrix)
 _KERNELS = {"ge_bias_act": ("PPqqi", False), "ge_gelu": ("PPPqqi", True)}
@@ -166,8 +169,8 @@ class _Epilogue:
         if total:
             grid, block = (max(1, min(_MAX_BLOCKS, -(-total // _BLOCK))), 1, 1), (_BLOCK, 1, 1)
             if self.takes_aux:
-                self.go(grid, block, out.ptr, aux.ptr, 0 if bias is None else bias.ptr, rows,
-                        cols, self.act)
+                self.go(grid, block, out.ptr, 0 if aux is None else aux.ptr,
+                        0 if bias is None else bias.ptr, rows, cols, self.act)
             else:
                 self.go(grid, block, out.ptr, bias.ptr, rows, cols, self.act)
 

@@ -5,6 +5,7 @@
  *
  *     ge_bias_act:  out[r, c] = act(out[r, c] + bias[c])         act: identity or relu
  *     ge_gelu:      v = out[r, c] + bias[c]; aux[r, c] = v; out[r, c] = gelu(v)   (grad 0)
+ *                   out[r, c] = gelu(out[r, c] + bias[c])                         (grad 2)
  *                   out[r, c] = out[r, c] * gelu'(aux[r, c])                      (grad 1)
  *
  * computed in the value type (float for the half dtypes: loaded, computed, rounded once on
@@ -46,18 +47,19 @@ extern "C" __global__ void ge_bias_act_${dt}(${t} *out, const ${t} *bias, long l
     }
 }
 
-/* grad 0: GELU_AUX_BIAS (aux written, bias read); grad 1: DGELU (aux read, bias unused) */
+/* grad 0: GELU_AUX_BIAS (aux written, bias read); grad 1: DGELU (aux read, bias unused);
+ * grad 2: GELU_BIAS (bias read, no aux) */
 extern "C" __global__ void ge_gelu_${dt}(${t} *out, ${t} *aux, const ${t} *bias,
                                          long long rows, long long cols, int grad)
 {
     const long long total = rows * cols, step = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += step) {
         const ${v} p = (${v})sg_load(out[i]);
-        if (grad) {
+        if (grad == 1) {
             sg_store(out[i], p * ge_dgelu((${v})sg_load(aux[i])));
         } else {
             const ${v} v = p + (${v})sg_load(bias[i % cols]);
-            sg_store(aux[i], v);
+            if (grad == 0) sg_store(aux[i], v);
             sg_store(out[i], ge_gelu(v));
         }
     }
