@@ -315,10 +315,10 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 from symgpu.tensor.nnet.activations import (  # noqa: E402
-    elu, hard_sigmoid, selu, sigmoid_binary_crossentropy, softsign, ultra_fast_sigmoid)
+    elu, gelu, hard_sigmoid, selu, sigmoid_binary_crossentropy, softsign, ultra_fast_sigmoid)
 from symgpu.tensor.nnet import bn  # noqa: E402,F401
 
-__all__ += ["elu", "selu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
+__all__ += ["elu", "selu", "gelu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
             "sigmoid_binary_crossentropy"]
 from symgpu.tensor.nnet.attention import (  # noqa: E402
     Attention, AttentionGrad, scaled_dot_product_attention)

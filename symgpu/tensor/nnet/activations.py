@@ -2,13 +2,14 @@
 gradients, fusion and the GPU kernels come from the scalar table)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from symgpu.scalar.dtypes import is_float, upgrade_to_float
 from symgpu.tensor import math as _m
 from symgpu.tensor.type import TensorVariable, as_tensor_variable
 
-__all__ = ["elu", "selu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
+__all__ = ["elu", "selu", "gelu", "ultra_fast_sigmoid", "hard_sigmoid", "softsign",
            "sigmoid_binary_crossentropy"]
 
 
@@ -32,6 +33,25 @@ def selu(x: Any) -> TensorVariable:
     alpha = 1.6732632423543772848170429916717
     scale = 1.0507009873554804934193349852946
     return _m.mul(scale, elu(x, alpha))
+
+
+def gelu(x: Any, approximate: str | bool = "tanh") -> TensorVariable:
+    """Gaussian error linear unit (Hendrycks and Gimpel), as ``jax.nn.gelu`` and
+    ``torch.nn.functional.gelu`` take it: ``approximate="tanh"`` (or True, JAX's default)
+    ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, the form GPT-2 trained with and the
+    one cuBLASLt's epilogues compute (after a product with a bias on the GPU it runs inside
+    the product: gpu/ops/gelu_epilogue_rewrite.py); ``"none"`` (or False) the exact ``x
+    Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))``."""
+    form = ("tanh" if approximate else "none") if isinstance(approximate, bool) \
+        else approximate
+    if form not in ("tanh", "none"):
+        raise ValueError(f"gelu: approximate must be 'tanh', 'none', True or False, got "
+                         f"{approximate!r}")
+    x = _float(x)      # Python constants take x's float dtype
+    if form == "none":
+        return _m.mul(0.5, x, _m.add(1.0, _m.erf(_m.mul(x, math.sqrt(0.5)))))
+    inner = _m.mul(math.sqrt(2 / math.pi), _m.add(x, _m.mul(0.044715, _m.mul(x, x, x))))
+    return _m.mul(0.5, x, _m.add(1.0, _m.tanh(inner)))
 
 
 def _fast_tanh_half(a: TensorVariable) -> TensorVariable:
