@@ -80,7 +80,7 @@ from symgpu.tensor.rewriting.shape_ops import same_length
 
 __all__ = ["GpuGemmEpilogue", "EPILOGUES", "EpilogueFacts", "gpu_gemm_epilogue",
            "epilogue_source", "local_gemm_bias_epilogue", "local_gemm_relu_epilogue",
-           "epilogue_dtypes"]
+           "epilogue_dtypes", "bias_vector", "keeps_columns", "shape_readers"]
 
 
 class EpilogueFacts(NamedTuple):
@@ -272,7 +272,7 @@ def _reads_shape(fgraph: FunctionGraph, client: Apply, i: int, var: Variable,
         for c, j in fgraph.clients.get(out, []))
 
 
-def _shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[Apply] | None:
+def shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[Apply] | None:
     """The clients of ``var`` besides ``readers`` when each needs only its shape (they move
     onto the fused result); None when ``var`` is an output or something else reads it."""
     if var in fgraph.outputs:
@@ -290,7 +290,7 @@ def _shape_readers(fgraph: FunctionGraph, var: Variable, readers: set) -> list[A
 
 # --- a reshape that keeps the product's columns last
 
-def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> bool:
+def keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> bool:
     """Whether GpuReshape node ``reshape`` of matrix ``product`` provably keeps its columns
     as the last axis (then ``reshape(p) + b`` is ``reshape(p + b)`` for b along it)."""
     out_shape, p_shape = inferred_shape(fgraph, reshape.outputs[0]), \
@@ -301,7 +301,7 @@ def _keeps_columns(fgraph: FunctionGraph, reshape: Apply, product: Variable) -> 
 
 # --- the bias fold
 
-def _bias_vector(d: Variable, ndim: int) -> Variable | None:
+def bias_vector(d: Variable, ndim: int) -> Variable | None:
     """``b`` of ``GpuDimShuffle{x,..,x,0}(b)``, a vector along the last of ``ndim`` axes (a
     half ``b`` behind a Cast{float32}, on either side of the broadcast, taken as is)."""
     if cast_target(d.owner) == "float32" and d.owner.inputs[0].dtype in HALF_DTYPES:
@@ -342,7 +342,7 @@ def _fold(fgraph: FunctionGraph, node: Apply, a: Variable, d: Variable,
           readers: set) -> list | None:
     """The replacement of ``node`` (which computes ``a + d``) by GpuGemmEpilogue{bias} (then
     the reshape), with the shape-only readers moved; None where it does not apply."""
-    b = _bias_vector(d, a.ndim)
+    b = bias_vector(d, a.ndim)
     an = a.owner
     if b is None or an is None or a.dtype not in epilogue_dtypes():
         return None
@@ -356,12 +356,12 @@ def _fold(fgraph: FunctionGraph, node: Apply, a: Variable, d: Variable,
         b = GpuElemwise(Cast(a.dtype))(b)     # autocast's half bias (the module docstring)
     p = pn.outputs[0]
     if reshape is not None:
-        moved_r = _shape_readers(fgraph, a, readers)
-        moved_p = _shape_readers(fgraph, p, {reshape})
-        if moved_r is None or moved_p is None or not _keeps_columns(fgraph, reshape, p):
+        moved_r = shape_readers(fgraph, a, readers)
+        moved_p = shape_readers(fgraph, p, {reshape})
+        if moved_r is None or moved_p is None or not keeps_columns(fgraph, reshape, p):
             return None
     else:
-        moved_r, moved_p = [], _shape_readers(fgraph, p, readers)
+        moved_r, moved_p = [], shape_readers(fgraph, p, readers)
         if moved_p is None:
             return None
     fused = GpuGemmEpilogue("bias")(pn.inputs[0], pn.inputs[1], b)
