@@ -82,6 +82,10 @@ def test_a_region_evaluates_as_its_graph_computes(vgpu):
     (got,) = reg.evaluate({a: z})
     np.testing.assert_allclose(got, z * np.tanh(z * z), rtol=1e-6)
     assert reg.depends_on(r, a)
+    sq = r.owner.inputs[1].owner.inputs[0]              # a * a
+    assert reg.depends_on(r, a, besides=sq), "r also reads a directly"
+    t = r.owner.inputs[1]
+    assert not reg.depends_on(t, a, besides=sq), "tanh(a * a) reads a only through a * a"
 
 
 def test_the_reference_derivative_is_gelus():

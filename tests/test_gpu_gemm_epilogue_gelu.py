@@ -190,10 +190,12 @@ def _within(got, want, tol):
 
 
 @requires_gxx
+@pytest.mark.parametrize("grad", [0, 2], ids=["gelu_aux_bias", "gelu_bias"])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_fallback_gelu_aux_bias_on_the_host(dtype, tmp_path):
-    """ge_gelu (grad 0): v = out + bias in the value type, aux = v rounded (exactly), out =
-    gelu(v) rounded once, against float64 NumPy's tanh form within _HOST_* tolerances."""
+def test_fallback_gelu_on_the_host(dtype, grad, tmp_path):
+    """ge_gelu, grad 0: v = out + bias in the value type, aux = v rounded (exactly), out =
+    gelu(v) rounded once; grad 2: the same without aux (a null pointer, nothing written);
+    against float64 NumPy's tanh form within _HOST_* tolerances."""
     lib = _host_kernel(dtype, tmp_path)
     rows, cols = 9, 7
     prod = _host_values(dtype, rows, cols, 0)
@@ -201,33 +203,14 @@ def test_fallback_gelu_aux_bias_on_the_host(dtype, tmp_path):
     bias[0] = 0                             # the special values reach gelu as they are
     out, aux = prod.copy(), np.zeros_like(prod)
     lib.run(ctypes.c_longlong(1), ctypes.c_longlong(32), ctypes.c_longlong(1),  # 1 block: strides
-            ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(aux.ctypes.data),
+            ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(aux.ctypes.data if grad == 0 else 0),
             ctypes.c_void_p(bias.ctypes.data), ctypes.c_longlong(rows),
-            ctypes.c_longlong(cols), ctypes.c_int(0))
+            ctypes.c_longlong(cols), ctypes.c_int(grad))
     vt = "float64" if dtype == "float64" else "float32"
     v = prod.astype(vt) + bias.astype(vt)             # the kernel's sum, in its value type
-    np.testing.assert_array_equal(aux.astype("float64"), v.astype(dtype).astype("float64"))
+    if grad == 0:
+        np.testing.assert_array_equal(aux.astype("float64"), v.astype(dtype).astype("float64"))
     z = v.astype("float64")
-    want = gelu(z)
-    _within(out, want, _HOST_RTOL[dtype] * np.abs(want) + _HOST_VEPS[dtype] * (1 + np.abs(z)) +
-            _HOST_TINY[dtype])
-
-
-@requires_gxx
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fallback_gelu_bias_on_the_host(dtype, tmp_path):
-    """ge_gelu (grad 2): out = gelu(out + bias), no aux written (a null aux pointer)."""
-    lib = _host_kernel(dtype, tmp_path)
-    rows, cols = 9, 7
-    prod = _host_values(dtype, rows, cols, 2)
-    bias = _host_values(dtype, 1, cols, 3)[0]
-    out = prod.copy()
-    lib.run(ctypes.c_longlong(1), ctypes.c_longlong(32), ctypes.c_longlong(1),
-            ctypes.c_void_p(out.ctypes.data), ctypes.c_void_p(0),
-            ctypes.c_void_p(bias.ctypes.data), ctypes.c_longlong(rows),
-            ctypes.c_longlong(cols), ctypes.c_int(2))
-    vt = "float64" if dtype == "float64" else "float32"
-    z = (prod.astype(vt) + bias.astype(vt)).astype("float64")
     want = gelu(z)
     _within(out, want, _HOST_RTOL[dtype] * np.abs(want) + _HOST_VEPS[dtype] * (1 + np.abs(z)) +
             _HOST_TINY[dtype])

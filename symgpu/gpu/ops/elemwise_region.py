@@ -63,11 +63,15 @@ class Region:
             env[node.outputs[0]] = np.asarray(out[0][0])
         return [env[v] for v in (wanted or [self.root])]
 
-    def depends_on(self, var: Variable, leaf: Variable) -> bool:
-        """Whether region variable ``var`` is computed from ``leaf``."""
+    def depends_on(self, var: Variable, leaf: Variable,
+                   besides: Variable | None = None) -> bool:
+        """Whether region variable ``var`` is computed from ``leaf`` (by a path that does not
+        go through ``besides``, when given)."""
         seen, todo = set(), [var]
         while todo:
             v = todo.pop()
+            if v is besides:
+                continue
             if v is leaf:
                 return True
             if v in self.variables and id(v) not in seen:

@@ -50,7 +50,7 @@ from symgpu.gpu.ops.blas import GpuDot22
 from symgpu.gpu.ops.elemwise import GpuElemwise, cast_target
 from symgpu.gpu.ops.elemwise_region import Region, region
 from symgpu.gpu.ops.gemm_epilogue import GpuGemmEpilogue, bias_vector, epilogue_dtypes, \
-    keeps_columns, shape_readers
+    keeps_columns, moved_pairs, shape_readers
 from symgpu.gpu.placement.basic_ops import GpuReshape
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.fg import FunctionGraph
@@ -174,25 +174,28 @@ def _moved(prod: tuple, leaf: Variable, out: Variable, new_r: Variable) -> list:
     """Pairs moving the shape-only readers of the product (``_product``'s) onto the fused
     result ``out`` (those of its reshape ``leaf`` onto ``new_r``)."""
     p, _, moved_p, moved_r = prod
-    pairs = []
-    for moved, old, new in ((moved_p, p, out), (moved_r, leaf, new_r)):
-        for c in moved:
-            c2 = c.clone_with_new_inputs([new if v is old else v for v in c.inputs])
-            pairs += list(zip(c.outputs, c2.outputs))
-    return pairs
+    return moved_pairs(((moved_p, p, out), (moved_r, leaf, new_r)))
 
 
-# --- forward
-
-def _forward_match(fgraph: FunctionGraph, node: Apply) -> tuple | None:
-    """(r, y, reg, z, p_leaf, b, product) of a GELU of a product plus a bias, or None."""
+def _two_leaf_region(node: Apply) -> tuple[Variable, Variable, Region] | None:
+    """``(r, y, region of y)`` of a candidate result (``_value_root``) whose arithmetic has
+    two leaves besides constants (a product and a bias, or a product and aux)."""
     roots = _value_root(node)
     if roots is None:
         return None
     r, y = roots
     reg = region(y)
-    if reg is None or len(reg.leaves) != 2:
+    return None if reg is None or len(reg.leaves) != 2 else (r, y, reg)
+
+
+# --- forward
+
+def _forward_match(fgraph: FunctionGraph, node: Apply) -> tuple | None:
+    """(r, y, reg, z, p_leaf, b) of a GELU of a product plus a bias, or None."""
+    got = _two_leaf_region(node)
+    if got is None:
         return None
+    r, y, reg = got
     for p_leaf, d in (reg.leaves, reg.leaves[::-1]):
         if p_leaf.dtype not in epilogue_dtypes() or p_leaf.owner is None:
             continue
@@ -233,7 +236,7 @@ def local_gelu_forward(fgraph: FunctionGraph, node: Apply) -> list | None:
         v = n.outputs[0]
         if v is r or not _outside_readers(fgraph, reg, v, {node}):
             continue
-        if _depends_past(reg, v, z, p_leaf):
+        if reg.depends_on(v, p_leaf, besides=z):
             return None
         rewire.append(v)
     dtype = p.dtype
@@ -258,21 +261,6 @@ def local_gelu_forward(fgraph: FunctionGraph, node: Apply) -> list | None:
     return pairs + _moved(prod, p_leaf, out, new_r)
 
 
-def _depends_past(reg: Region, var: Variable, z: Variable, leaf: Variable) -> bool:
-    """Whether ``var`` reaches ``leaf`` by a path that does not go through ``z``."""
-    seen, todo = set(), [var]
-    while todo:
-        v = todo.pop()
-        if v is z:
-            continue
-        if v is leaf:
-            return True
-        if v in reg.variables and id(v) not in seen:
-            seen.add(id(v))
-            todo.extend(v.owner.inputs)
-    return False
-
-
 # --- backward
 
 def _aux_of(var: Variable) -> Variable | None:
@@ -289,13 +277,10 @@ def _aux_of(var: Variable) -> Variable | None:
 
 def local_gelu_backward(fgraph: FunctionGraph, node: Apply) -> list | None:
     """``g * gelu'(a)`` of a product g and an aux output a -> GpuGemmEpilogue{dgelu}."""
-    roots = _value_root(node)
-    if roots is None:
+    got = _two_leaf_region(node)
+    if got is None:
         return None
-    r, y = roots
-    reg = region(y)
-    if reg is None or len(reg.leaves) != 2:
-        return None
+    r, y, reg = got
     for g_leaf, a_leaf in (reg.leaves, reg.leaves[::-1]):
         got = _aux_of(a_leaf)
         if got is None or g_leaf.dtype != a_leaf.dtype or g_leaf.type != a_leaf.type:

@@ -80,7 +80,7 @@ from symgpu.tensor.rewriting.shape_ops import same_length
 
 __all__ = ["GpuGemmEpilogue", "EPILOGUES", "EpilogueFacts", "gpu_gemm_epilogue",
            "epilogue_source", "local_gemm_bias_epilogue", "local_gemm_relu_epilogue",
-           "epilogue_dtypes", "bias_vector", "keeps_columns", "shape_readers"]
+           "epilogue_dtypes", "bias_vector", "keeps_columns", "shape_readers", "moved_pairs"]
 
 
 class EpilogueFacts(NamedTuple):
@@ -373,10 +373,16 @@ def _fold(fgraph: FunctionGraph, node: Apply, a: Variable, d: Variable,
         return None
     for v in (fused, new):      # the new nodes keep the old one's creation trace
         v.owner.tag.trace = getattr(node.tag, "trace", [])
-    pairs = [(node.outputs[0], new)]
-    for clients, old, repl in ((moved_p, p, fused), (moved_r, a, new)):
+    return [(node.outputs[0], new)] + moved_pairs(((moved_p, p, fused), (moved_r, a, new)))
+
+
+def moved_pairs(moves: Any) -> list[tuple[Variable, Variable]]:
+    """Replacement pairs that move readers onto a fused result: for each ``(clients, old,
+    new)``, each client (a reader of ``old``'s shape alone) cloned to read ``new``."""
+    pairs = []
+    for clients, old, new in moves:
         for c in clients:
-            c2 = c.clone_with_new_inputs([repl if v is old else v for v in c.inputs])
+            c2 = c.clone_with_new_inputs([new if v is old else v for v in c.inputs])
             pairs += list(zip(c.outputs, c2.outputs))
     return pairs
 
