@@ -110,12 +110,15 @@ def test_a_reduction_reading_what_the_map_feeds_stays_apart(vgpu):
 
 
 def test_the_gpt_blocks_column_sums_join_their_producers(vgpu, gpt_step):
-    """The block's eight column sums: the GELU backward's bias gradient with the map that
-    computes it; the second layer norm's gain gradient and its bias gradient with its
-    backward map; the first's gain and bias gradients as siblings (one operand); the
-    residual's and the MLP output's bias gradients with the maps that write their
-    operands.  One stays (the qkv bias gradient: a sum of the attention gradient's join)."""
-    on, off = gpt_step(), gpt_step(**OFF)
+    """The block's eight column sums, its GELU an elementwise kernel (the GELU epilogues off,
+    as for GELU's erf form): the GELU backward's bias gradient with the map that computes
+    it; the second layer norm's gain gradient and its bias gradient with its backward map;
+    the first's gain and bias gradients as siblings (one operand); the residual's and the
+    MLP output's bias gradients with the maps that write their operands.  One stays (the
+    qkv bias gradient: a sum of the attention gradient's join)."""
+    elementwise_gelu = "gpu_gelu_epilogue"
+    on = gpt_step(optimizer_excluding=elementwise_gelu)
+    off = gpt_step(optimizer_excluding=f"{OFF['optimizer_excluding']}:{elementwise_gelu}")
     c_on, c_off = _counts(on), _counts(off)
     groups = _groups(on)
     assert len(groups) == 4
@@ -124,6 +127,15 @@ def test_the_gpt_blocks_column_sums_join_their_producers(vgpu, gpt_step):
     assert c_off["GpuCAReduce"] - c_on["GpuCAReduce"] == 7
     assert c_off["GpuElemwise"] - c_on["GpuElemwise"] == 3
     _acyclic(on)
+
+
+def test_with_the_gelu_in_its_products_the_other_groups_stay(vgpu, gpt_step):
+    """The default: the GELU's gradient is the DGELU epilogue's, and its bias gradient a
+    plain column sum of that product's half result; the layer norms' three groups stay."""
+    f = gpt_step()
+    groups = _groups(f)
+    assert sorted(len(g.op.members) for g in groups) == [2, 2, 2]
+    _acyclic(f)
 
 
 @pytest.mark.gpu
