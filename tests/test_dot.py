@@ -198,3 +198,38 @@ def test_blas_constant_host_scalars_are_made_once():
     cell[0] = np.asarray(-1.0, "float32")
     assert [v.value for v in moving.args()[1]] == [1.5, -1.0]
     assert isinstance(moving.args()[1][0], ctypes.c_float)
+
+
+# ----------------------------------------------------------------------------- x @ W
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (2, 2, 3, 4)])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_stack_times_a_matrix_is_a_dot(shape, dtype):
+    """``x @ W`` of a stack and one matrix (a linear layer over a batch of sequences): np.matmul's
+    values, built as dot (one product of the stack's rows) rather than MatMul, so it lifts to
+    the GPU as the GEMM it is; its gradient by verify_grad."""
+    from symgpu.gradient_check import verify_grad
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal(shape).astype(dtype)
+    wv = rng.standard_normal((4, 5)).astype(dtype)
+    x, w = T.TensorType(dtype, (False,) * len(shape))(), T.TensorType(dtype, (False, False))()
+    out = T.matmul(x, w)
+    assert out.broadcastable == (False,) * len(shape)
+    f = function([x, w], out)
+    assert not [n for n in f.maker.fgraph.toposort() if isinstance(n.op, MatMul)]
+    np.testing.assert_allclose(f(xv, wv), np.matmul(xv, wv), rtol=1e-5 if dtype == "float32"
+                               else 1e-12)
+    if dtype == "float64":
+        verify_grad(T.matmul, [xv, wv])
+
+
+def test_a_stack_times_a_matrix_runs_on_the_gpu(vgpu):
+    """On a (virtual) GPU no host MatMul is left (it broadcast W over the stack, and its
+    lifter takes two stacks only)."""
+    from symgpu import shared
+    x = T.tensor3("x")
+    W = shared(np.ones((4, 5), "float32"), name="W")
+    f = function([x], T.matmul(x, W).sum())
+    host = [type(n.op).__name__ for n in f.maker.fgraph.toposort()
+            if type(n.op).__name__ in ("MatMul", "Dot", "Dot22", "Gemm")]
+    assert not host, host

@@ -509,6 +509,12 @@ def matmul(x: Any, y: Any) -> TensorVariable:
         raise ValueError("matmul does not take scalars; use *")
     if x.ndim <= 2 and y.ndim <= 2:
         return _dot(x, y)
+    if y.ndim == 2 and x.ndim > 2:
+        # a stack times one matrix (a linear layer over a batch of sequences, ``x @ W``):
+        # np.dot's contraction of x's last axis with W's first, the same values; as dot it
+        # is one product of the stack's rows (reshape, GEMM, reshape) on every backend, where
+        # MatMul broadcast W over the stack (on the GPU it stayed on the host)
+        return dot(x, y)
     if x.ndim == 1:
         return _squeeze_axis(MatMul()(x.dimshuffle("x", 0), y), -2)
     if y.ndim == 1:
