@@ -223,13 +223,27 @@ def test_a_stack_times_a_matrix_is_a_dot(shape, dtype):
         verify_grad(T.matmul, [xv, wv])
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 5), (2, 3, 4, 5)])
+def test_a_matrix_times_a_stack_is_two_transposes_around_a_dot(shape):
+    """``A @ y`` of one matrix and a stack: np.matmul's values and gradient, no MatMul."""
+    from symgpu.gradient_check import verify_grad
+    rng = np.random.default_rng(1)
+    av, yv = rng.standard_normal((3, 4)), rng.standard_normal(shape)
+    a, y = T.dmatrix(), T.TensorType("float64", (False,) * len(shape))()
+    f = function([a, y], T.matmul(a, y))
+    assert not [n for n in f.maker.fgraph.toposort() if isinstance(n.op, MatMul)]
+    np.testing.assert_allclose(f(av, yv), np.matmul(av, yv), rtol=1e-12)
+    verify_grad(T.matmul, [av, yv])
+
+
 def test_a_stack_times_a_matrix_runs_on_the_gpu(vgpu):
     """On a (virtual) GPU no host MatMul is left (it broadcast W over the stack, and its
     lifter takes two stacks only)."""
     from symgpu import shared
     x = T.tensor3("x")
     W = shared(np.ones((4, 5), "float32"), name="W")
-    f = function([x], T.matmul(x, W).sum())
-    host = [type(n.op).__name__ for n in f.maker.fgraph.toposort()
-            if type(n.op).__name__ in ("MatMul", "Dot", "Dot22", "Gemm")]
-    assert not host, host
+    for out in (T.matmul(x, W), T.matmul(W.T, x.dimshuffle(0, 2, 1))):
+        f = function([x], out.sum())
+        host = [type(n.op).__name__ for n in f.maker.fgraph.toposort()
+                if type(n.op).__name__ in ("MatMul", "Dot", "Dot22", "Gemm")]
+        assert not host, host

@@ -125,7 +125,7 @@ CASES: dict[type, list[Case]] = {
                case(lambda x, y: O["Dot"]()(x, y), r(2, 3), r(3, 4)),
                case(lambda x, y: O["Dot"]()(x, y), r(3), r(3))],
     O["MatMul"]: [case(lambda x, y: T.matmul(x, y), r(1, 3, 4), r(5, 4, 2)),
-                  case(lambda x, y: T.matmul(x, y), r(3, 4), r(2, 4, 5))],   # (x @ W: a dot)
+                  case(lambda x, y: T.matmul(x, y), r(2, 1, 3, 4), r(5, 4, 2))],
     O["Softmax"]: [case(lambda x: T.nnet.softmax(x), r(2, 3))],
     O["LogSoftmax"]: [case(lambda x: T.nnet.log_softmax(x), r(2, 3))],
     O["CrossentropyCategorical1Hot"]: [
@@ -1456,7 +1456,8 @@ _NAMES_LIB_SPARSE_CASES = {
     _SP.ColScaleCSC: [case(_SP.col_scale, _spv(3, 4, "csc"), r(4))],
     _SP.RowScaleCSC: [case(lambda x, s: _SP.RowScaleCSC()(x, s), _spv(3, 4, "csc"), r(3))],
     _SPR.Poisson: [case(_SPR.poisson, _spv(3, 4))],
-    _SPR.Binomial: [case(_SPR.csr_dbinomial, i64(5), r(), i64([3, 4]))],
+    # p a probability (r() draws from -1..1: which one depended on the cases before it)
+    _SPR.Binomial: [case(_SPR.csr_dbinomial, i64(5), np.asarray(0.3), i64([3, 4]))],
     _SPR.Multinomial: [case(_SPR.multinomial, i64(4), _probs())],
 }
 CASES.update(_NAMES_LIB_SPARSE_CASES)

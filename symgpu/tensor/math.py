@@ -515,6 +515,11 @@ def matmul(x: Any, y: Any) -> TensorVariable:
         # is one product of the stack's rows (reshape, GEMM, reshape) on every backend, where
         # MatMul broadcast W over the stack (on the GPU it stayed on the host)
         return dot(x, y)
+    if x.ndim == 2 and y.ndim > 2:
+        # one matrix times a stack, A @ y = (y^T @ A^T)^T per stack entry: the stack-times-
+        # matrix product above, between two transposes (MatMul had no GPU form for it)
+        swap = tuple(range(y.ndim - 2)) + (y.ndim - 1, y.ndim - 2)
+        return dot(y.dimshuffle(*swap), x.T).dimshuffle(*swap)
     if x.ndim == 1:
         return _squeeze_axis(MatMul()(x.dimshuffle("x", 0), y), -2)
     if y.ndim == 1:
