@@ -104,12 +104,10 @@ def region(root: Variable, stop: Callable[[Variable], bool] = lambda v: False) -
     order: list[Apply] = []
     leaves: list[Variable] = []
     constants: dict[Variable, Any] = {}
-    state: dict[int, int] = {}        # node id -> 1 visiting, 2 done
+    seen = {id(root.owner)}           # nodes pushed (each taken once)
     stack: list[tuple[Apply, int]] = [(root.owner, 0)]
     while stack:
         node, i = stack.pop()
-        if i == 0:
-            state[id(node)] = 1
         if i < len(node.inputs):
             stack.append((node, i + 1))
             v = node.inputs[i]
@@ -117,7 +115,8 @@ def region(root: Variable, stop: Callable[[Variable], bool] = lambda v: False) -
                 continue
             owner = v.owner
             if not stop(v) and _pure(owner):
-                if state.get(id(owner)) is None:
+                if id(owner) not in seen:
+                    seen.add(id(owner))
                     stack.append((owner, 0))
                 continue
             value = _one_value(v)
@@ -126,7 +125,6 @@ def region(root: Variable, stop: Callable[[Variable], bool] = lambda v: False) -
             else:
                 leaves.append(v)
             continue
-        state[id(node)] = 2
         order.append(node)
         if len(order) > MAX_NODES:
             return None

@@ -141,11 +141,11 @@ def _clients(fgraph: FunctionGraph, var: Variable) -> list:
     return fgraph.clients.get(var, [])
 
 
-def _outside_readers(fgraph: FunctionGraph, reg: Region, var: Variable,
-                     also_inside: set) -> list:
-    """The clients of region variable ``var`` that are not region nodes nor ``also_inside``."""
-    inside = set(reg.nodes) | also_inside
-    return [c for c, _ in _clients(fgraph, var) if c == "output" or c not in inside]
+def _outside_readers(fgraph: FunctionGraph, reg: Region, var: Variable, root: Apply) -> list:
+    """The clients of region variable ``var`` besides the region's nodes and ``root`` (the
+    candidate node the rewrite replaces: mixed precision's Cast{half} of the region)."""
+    return [c for c, _ in _clients(fgraph, var)
+            if c == "output" or c is not root and c not in reg.nodes]
 
 
 def _rebuild(var: Variable, old: Variable, new: Variable, memo: dict) -> Variable:
@@ -234,7 +234,7 @@ def local_gelu_forward(fgraph: FunctionGraph, node: Apply) -> list | None:
     rewire = []
     for n in reg.nodes:
         v = n.outputs[0]
-        if v is r or not _outside_readers(fgraph, reg, v, {node}):
+        if v is r or not _outside_readers(fgraph, reg, v, node):
             continue
         if reg.depends_on(v, p_leaf, besides=z):
             return None
@@ -300,7 +300,7 @@ def local_gelu_backward(fgraph: FunctionGraph, node: Apply) -> list | None:
         if p.type != aux.type:
             continue
         # values other nodes read that need g cannot be kept (y's readers: below)
-        if any(_outside_readers(fgraph, reg, n.outputs[0], {node}) and
+        if any(_outside_readers(fgraph, reg, n.outputs[0], node) and
                reg.depends_on(n.outputs[0], g_leaf)
                for n in reg.nodes if n.outputs[0] is not r and n.outputs[0] is not y):
             continue
@@ -316,7 +316,7 @@ def local_gelu_backward(fgraph: FunctionGraph, node: Apply) -> list | None:
         for v in (out, new_r):
             v.owner.tag.trace = getattr(node.tag, "trace", [])
         pairs = [(r, new_r)]
-        if r is not y and _outside_readers(fgraph, reg, y, {node}):
+        if r is not y and _outside_readers(fgraph, reg, y, node):
             y_new = GpuElemwise(Cast(y.dtype))(new_r)    # the float32 readers: rounded once
             if y_new.type != y.type:
                 continue
