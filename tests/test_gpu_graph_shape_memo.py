@@ -170,3 +170,80 @@ def test_a_value_another_node_reads_in_between_is_not_freed_early():
         np.testing.assert_array_equal(read(ry), DATA[rows_ + extra:rows_ + extra + 2] + 1)
         np.testing.assert_array_equal(read(rz), DATA[2 * rows_:2 * rows_ + 1] + 1)
         del ry, rz
+
+
+def test_the_lengths_of_a_gpu_input_are_memo_nodes_too(monkeypatch):
+    """A GPU step reads its inputs' lengths with GpuShape_i (the half.py GPT step's reshapes:
+    43 host nodes a call before the memo took them): x[n - 10 : n - 7] for n = len(x)."""
+    from symgpu.gpu.placement.basic_ops import GpuShape_i
+    runs: list = []
+    real = GpuShape_i.make_thunk
+
+    def make_thunk(self, node, *args, **kw):
+        inner = real(self, node, *args, **kw)
+
+        def thunk():
+            runs.append(node)
+            inner()
+        return thunk
+    monkeypatch.setattr(GpuShape_i, "make_thunk", make_thunk, raising=False)
+    x = gvec()
+    n = GpuShape_i(0)(x)
+    start = Elemwise(SCALAR_OPS["sub"])(n, _int(10))
+    y = add1()(FakeDynSlice()(x, start, Elemwise(SCALAR_OPS["add"])(start, _int(3))))
+    vm = _linked([x], [y], [upload(fakes.CTX_OBJ, DATA)])
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    assert len(memo.indices) == 3, "the length, a difference and a sum"
+    assert not [st for st in vm.runner.steps if type(st).__name__ == "_PlainStep"]
+    for length in (60, 60, 60, 40, 40, 40, 60):
+        vm.storage_map[x][0] = upload(fakes.CTX_OBJ, DATA[:length])
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[length - 10:length - 7] + 1)
+        del r
+    assert len(runs) == 3, "read at each of three changes of length"
+
+
+def test_a_segment_keys_the_memos_outputs_by_identity(monkeypatch):
+    """x * (2 * rows) for the rows of a host matrix h: the factor, a memo output, reaches the
+    segment as a host value keyed by value (its bytes); the memo restores the same object on a
+    call with the last shapes, so its key part is not computed again; a new shape gives a new
+    object, a new key and a new graph."""
+    from graph_fakes import FakeHostScale
+    from symgpu.gpu.exec import graph_plan
+    keyed: list = []
+    real = graph_plan._host_key
+    monkeypatch.setattr(graph_plan, "_host_key", lambda v: keyed.append(v) or real(v))
+    x, h = gvec(), TensorType("float64", (False, False))()
+    y = FakeHostScale()(x, Elemwise(SCALAR_OPS["mul"])(Shape_i(0)(h), _int(2)))
+    vm = _linked([x, h], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4))])
+    (seg,) = vm.runner.segments
+    assert seg.memoised == [False, True], seg.memoised
+    counts = []
+    for rows in [3] * 3 + [5] * 3 + [3] * 2:
+        vm.storage_map[h][0] = np.zeros((rows, 2))
+        keyed.clear()
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA * (2 * rows))
+        del r
+        counts.append(len(keyed))
+    assert counts == [1, 0, 0, 1, 0, 0, 1, 0], counts
+    assert vm.runner.stats()["graphs"] == 2
+
+
+def test_a_host_view_is_taken_unless_something_changes_it():
+    """A DimShuffle of a length (the GPT step's mean divisor, rows as a broadcastable block)
+    is a memo node; where a later node overwrites the view, neither it nor the length it
+    views is taken."""
+    from symgpu.tensor.elemwise import DimShuffle
+
+    def taken(inplace: bool) -> set:
+        h = TensorType("float64", (False, False))()
+        rows = Shape_i(0)(h)
+        block = DimShuffle((), ["x", "x"])(rows)
+        out = Elemwise(SCALAR_OPS["add"], {0: 0} if inplace else None)(block, _int(1))
+        fg = FunctionGraph([h], [out], clone=False)
+        nodes = fg.toposort()
+        mine = {rows.owner, block.owner}
+        return {str(nodes[i].op) for i in memo_nodes(nodes, fg) if nodes[i] in mine}
+    assert taken(False) == {"Shape_i{0}", "InplaceDimShuffle{x,x}"}
+    assert taken(True) == set()

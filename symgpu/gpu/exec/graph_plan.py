@@ -169,14 +169,15 @@ _UNROLLED_KEYS = 8
 
 def make_fetcher(cells: Sequence[list], is_gpu: Sequence[bool],
                  params: Sequence[bool] | None = None,
-                 by_pointer: Sequence[bool] | None = None) -> Callable[[], tuple]:
+                 by_pointer: Sequence[bool] | None = None,
+                 memoised: Sequence[bool] | None = None) -> Callable[[], tuple]:
     """``fetch()``: ``(values, key)``, the values now in ``cells`` and their
     :func:`make_keyer` key (GPU-only inputs: shapes and strides, flat), in one call.  Raises
     as the key does; the caller then reads the cells itself."""
     n = len(cells)
     gpu_only = all(is_gpu) and not any(by_pointer or ())
     if not gpu_only or not 0 < n <= _UNROLLED_KEYS:
-        key = make_keyer(is_gpu, params, by_pointer)
+        key = make_keyer(is_gpu, params, by_pointer, memoised)
 
         def fetch() -> tuple:
             vals = [c[0] for c in cells]
@@ -192,7 +193,8 @@ def make_fetcher(cells: Sequence[list], is_gpu: Sequence[bool],
 
 
 def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
-               by_pointer: Sequence[bool] | None = None) -> Callable[[list], tuple]:
+               by_pointer: Sequence[bool] | None = None,
+               memoised: Sequence[bool] | None = None) -> Callable[[list], tuple]:
     """``key(values)``: the tuple a graph of a segment is looked up by.  GPU values give
     their shape and strides (a graph reads an input where it was captured, or from a static
     buffer of its own that the input is copied into: graph_segment.Segment, so the input's
@@ -200,23 +202,40 @@ def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
     writes in place that kept moving: their pointer too).  Host values give their dtype,
     shape and bytes (scalars: type and value), except those marked in ``params``: parameters
     of the graph (graph_params.py), whose values are written into its parameter block instead
-    and only count through the key parts of the nodes reading them.  Raises
-    :class:`Unkeyable` (or AttributeError for a value of the wrong kind)."""
+    and only count through the key parts of the nodes reading them.  Host values marked in
+    ``memoised`` are outputs of the runner's shape memo (shape_memo.py), which nothing else
+    writes and which a call with the last call's shapes restores as the same objects: their
+    key part is kept with the object and computed again only for a new one (the GPT step's
+    21 reshape targets: a ``tobytes`` each, every call).  Raises :class:`Unkeyable` (or
+    AttributeError for a value of the wrong kind)."""
     gpu = tuple(bool(g) for g in is_gpu)
     skip = tuple(bool(p) for p in params) if params is not None else (False,) * len(gpu)
     ptr = tuple(bool(p) for p in by_pointer) if by_pointer is not None else (False,) * len(gpu)
+    memo = tuple(bool(m) for m in memoised) if memoised is not None else (False,) * len(gpu)
     if all(gpu) and not any(ptr):
         def key_gpu(vals: list) -> tuple:
             return tuple([(v.shape, v.strides) for v in vals])
         return key_gpu
-    # 0: GPU by layout, 1: host by value, 2: parameter (left out), 3: GPU by pointer too
-    kinds = tuple((3 if q else 0) if g else (2 if p else 1) for g, p, q in zip(gpu, skip, ptr))
+    # 0: GPU by layout, 1: host by value, 2: parameter (left out), 3: GPU by pointer too,
+    # 4: host by value, a memo output (its key part kept with the object)
+    kinds = tuple((3 if q else 0) if g else (2 if p else (4 if m else 1))
+                  for g, p, q, m in zip(gpu, skip, ptr, memo))
+    kept: dict[int, tuple] = {}     # position -> (the memo's object, its key part)
+
+    def memo_part(j: int, v: Any) -> Any:
+        last = kept.get(j)
+        if last is not None and last[0] is v:
+            return last[1]
+        part = _host_key(v)
+        kept[j] = (v, part)
+        return part
 
     def key(vals: list) -> tuple:
         return tuple([(v.shape, v.strides) if k == 0 else
                       (_host_key(v) if k == 1 else
-                       (None if k == 2 else (v.ptr, v.shape, v.strides)))
-                      for v, k in zip(vals, kinds)])
+                       (None if k == 2 else
+                        ((v.ptr, v.shape, v.strides) if k == 3 else memo_part(j, v))))
+                      for j, (v, k) in enumerate(zip(vals, kinds))])
     return key
 
 

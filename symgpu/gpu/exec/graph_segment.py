@@ -109,6 +109,8 @@ class Segment:
         self.moves: dict[int, int] = {}
         self.param_inputs = param_inputs
         self.by_pointer = [False] * len(in_gpu)
+        #: host inputs the runner's shape memo writes (``key_memo_outputs``)
+        self.memoised: list[bool] | None = None
         self.fetch = make_fetcher(self.in_cells, in_gpu, param_inputs)
         #: nodes reading host scalars from the parameter block when captured (graph_params.py)
         self.param_thunks = list(param_thunks)
@@ -213,6 +215,16 @@ class Segment:
             return
         self._plain()
 
+    def key_memo_outputs(self, cells: Sequence[list]) -> None:
+        """Key the host inputs that are in ``cells`` (the shape memo's outputs) by the
+        object's identity first (graph_plan.make_keyer's ``memoised``)."""
+        ids = {id(c) for c in cells}
+        memoised = [not g and id(c) in ids for c, g in zip(self.in_cells, self.in_gpu)]
+        if any(memoised):
+            self.memoised = memoised
+            self.fetch = make_fetcher(self.in_cells, self.in_gpu, self.param_inputs,
+                                      self.by_pointer, memoised)
+
     def _moved(self, key: tuple, g: _Graph, vals: list) -> None:
         """Inputs ``g`` reads in place are elsewhere this call: drop ``g``; inputs that may be
         staged are from now on (and this call captures), others run this call plainly (its
@@ -232,7 +244,7 @@ class Segment:
             if n >= 2 and not self.by_pointer[j]:
                 self.by_pointer[j] = True
                 self.fetch = make_fetcher(self.in_cells, self.in_gpu, self.param_inputs,
-                                          self.by_pointer)
+                                          self.by_pointer, self.memoised)
                 self.release()
                 self.seen.clear()
         if self.keys_met > _graphs.VARIED_AFTER:

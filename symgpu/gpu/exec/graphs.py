@@ -117,7 +117,7 @@ from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cel
                                         node_capturable, node_launches, plan_steps, read_later,
                                         schedule, updates_last)
 from symgpu.gpu.exec.graph_segment import Segment
-from symgpu.gpu.exec.shape_memo import with_shape_memo
+from symgpu.gpu.exec.shape_memo import ShapeMemoStep, with_shape_memo
 from symgpu.gpu.ops.guarded_updates import reads_verdict
 from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
@@ -390,6 +390,10 @@ class Runner:
                 self.steps.append(seg)
         # host arithmetic of the inputs' shapes: once per new set of shapes (shape_memo.py)
         self.steps = with_shape_memo(self.steps, _PlainStep, nodes, thunks, sm, fg)
+        for memo in self.steps:
+            if isinstance(memo, ShapeMemoStep):
+                for seg in self.segments:
+                    seg.key_memo_outputs(memo.kept)
         # without garbage collection, the cells read after a segment are emptied after the
         # call all the same: nothing keeps a graph's buffers between calls
         self.post_clear = seg_out_cells if vm.gc_after is None else []

@@ -7,59 +7,89 @@ Replaying a CUDA graph, the runner still ran each such node every call: 43 of th
 benchmarks/half_symgpu.py's GPT block, most of the host time of a call (a cProfile on the
 H200: 93-161 us to queue a step), the same values from the same shapes every time.
 
-Which nodes: host ops that are pure functions of their inputs (``Shape_i``, ``Shape``,
-``MakeVector``, a non-destructive ``Elemwise`` of a deterministic scalar op), whose inputs
-are constants, earlier memo nodes' outputs, or (for the shape reads alone) the function's
-own inputs, read for their shape.  Their outputs may not be function outputs (a caller
-could keep and change the array) nor overwritten or viewed by a later node.  Such nodes need nothing
-computed in the call, so the memo runs them all where the first of them ran; a call whose
-inputs have the shapes of the last call's restores their last outputs instead.
+Which nodes: host ops that are pure functions of their inputs (the shape reads: ``Shape_i``,
+``Shape`` and every op declaring ``shape_read``, as ``GpuShape_i`` of a GPU shared variable;
+``MakeVector``; a host ``DimShuffle``; a non-destructive ``Elemwise`` of a deterministic
+scalar op), whose inputs are constants, earlier memo nodes' outputs, or (for the shape reads
+alone) the function's own inputs, read for their shape.  Their outputs may not change after
+they are made: no function output (a caller could keep and change the array), nothing a
+later node overwrites, nor a view of either.  Such nodes need nothing computed in the call,
+so the memo runs them all where the first of them ran; a call whose inputs have the shapes
+of the last call's restores their last outputs instead.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from symgpu.graph.basic import Constant
 from symgpu.tensor.basic import MakeVector
-from symgpu.tensor.elemwise import Elemwise
-from symgpu.tensor.shape import Shape, Shape_i
+from symgpu.tensor.elemwise import DimShuffle, Elemwise
 
 __all__ = ["memo_nodes", "ShapeMemoStep", "with_shape_memo"]
 
-_PURE = (Shape_i, Shape, MakeVector, Elemwise)
+#: the ops whose outputs depend on their inputs alone, besides the shape reads (a host
+#: DimShuffle is a view: taken where nothing changes it, as every memo value)
+_PURE = (MakeVector, Elemwise, DimShuffle)
 
 #: read when a runner is built: False keeps every node a plain step of its own (A/B timing)
 ENABLED = True
 
 
+def _shape_read(op: Any) -> bool:
+    """Whether ``op``'s value is its input's shape or one of its lengths (host or GPU input:
+    the memo tested host ``Shape_i`` alone, and a GPU step's shapes are ``GpuShape_i``)."""
+    return getattr(op, "shape_read", None) in ("dim", "all")
+
+
 def _pure(op: Any) -> bool:
     """Whether ``op`` is one of the host ops whose outputs depend on their inputs alone."""
-    if type(op) not in _PURE or getattr(op, "destroy_map", None):
+    if getattr(op, "destroy_map", None):
+        return False
+    if _shape_read(op):
+        return True
+    if type(op) not in _PURE:
         return False
     if type(op) is Elemwise:
         return not op.inplace_pattern and getattr(op.scalar_op, "deterministic", True)
     return True
 
 
+def _changed(nodes: list, outputs: Sequence[Any]) -> set:
+    """The values that may change after they are made: those a node overwrites, the
+    function's outputs (the caller may write into them), and what any of these views."""
+    viewed: dict = {}
+    changed = set(outputs)
+    for n in nodes:
+        for k, ins in (getattr(n.op, "view_map", None) or {}).items():
+            viewed.setdefault(n.outputs[k], []).extend(n.inputs[i] for i in ins)
+        changed.update(n.inputs[i] for ins in (getattr(n.op, "destroy_map", None) or {}).values()
+                       for i in ins)
+    stack = list(changed)
+    while stack:
+        for v in viewed.get(stack.pop(), ()):
+            if v not in changed:
+                changed.add(v)
+                stack.append(v)
+    return changed
+
+
 def memo_nodes(nodes: list, fgraph: Any, allowed: set | None = None) -> list[int]:
     """The positions in ``nodes`` (the VM's order) of the nodes the memo may take (among
     ``allowed`` positions: the runner's one-node plain steps)."""
-    inputs, outputs = set(fgraph.inputs), set(fgraph.outputs)
-    # values a later node overwrites, or views (a view could be overwritten in turn)
-    changed = {n.inputs[i] for n in nodes for m in ("destroy_map", "view_map")
-               for ins in (getattr(n.op, m, None) or {}).values() for i in ins}
+    inputs = set(fgraph.inputs)
+    changed = _changed(nodes, fgraph.outputs)
     made: set = set()
     taken: list[int] = []
     for i, node in enumerate(nodes):
         if allowed is not None and i not in allowed or not _pure(node.op):
             continue
-        if type(node.op) in (Shape_i, Shape):
+        if _shape_read(node.op):
             ok = node.inputs[0] in inputs or isinstance(node.inputs[0], Constant)
         else:
             ok = all(isinstance(v, Constant) or v in made for v in node.inputs)
-        if ok and not any(v in outputs or v in changed for v in node.outputs):
+        if ok and not any(v in changed for v in node.outputs):
             taken.append(i)
             made.update(node.outputs)
     return taken
@@ -128,7 +158,7 @@ def with_shape_memo(steps: list, plain_type: type, nodes: list, thunks: list, sm
     sources: list = []
     for i in taken:
         node = nodes[i]
-        if type(node.op) in (Shape_i, Shape) and not isinstance(node.inputs[0], Constant):
+        if _shape_read(node.op) and not isinstance(node.inputs[0], Constant):
             cell = sm[node.inputs[0]]
             if all(c is not cell for c in sources):
                 sources.append(cell)
