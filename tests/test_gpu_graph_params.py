@@ -80,6 +80,25 @@ def test_one_capture_serves_every_index_value():
     assert fakes.DRV.uploads == fakes.DRV.launches == 29
 
 
+def test_the_same_parameters_again_are_not_uploaded_again():
+    """The block keeps the last upload: a replay with the same bytes (a start that comes
+    from shapes, or an index that stays) launches without a copy; a new value uploads."""
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(x, i, j))
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
+    uploads = []
+    for k in [4, 4, 4, 4, 9, 9, 4, 4]:
+        before = fakes.DRV.uploads
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[k:k + 5] + 1)
+        del r
+        uploads.append(fakes.DRV.uploads - before)
+    assert vm.runner.stats()["graphs"] == 1
+    # a plain run, the capture's first replay (upload), then replays: new bytes only
+    assert uploads == [0, 1, 0, 0, 1, 0, 1, 0], uploads
+
+
 def test_learning_rate_and_index_together_one_graph():
     x, i, j, lr = gvec(), iscalar(), iscalar(), fscalar()
     sl = FakeDynSlice()(x, i, j)

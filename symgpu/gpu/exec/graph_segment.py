@@ -122,6 +122,7 @@ class Segment:
         self.param_size = size
         self.param_block: Any = None     # a pool block, taken at the first capture
         self.params = b""                # this call's parameter bytes
+        self.uploaded: bytes | None = None  # the bytes the block holds (its last upload)
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
@@ -315,9 +316,12 @@ class Segment:
         return tuple(parts)
 
     def _upload_params(self) -> None:
-        """One stream-ordered host-to-device copy of this call's parameters."""
-        if self.param_thunks:
+        """One stream-ordered host-to-device copy of this call's parameters, left out when
+        the block holds them already (the last upload, earlier on the stream: a step whose
+        parameters come from shapes alone uploads once per new set of shapes)."""
+        if self.param_thunks and self.params != self.uploaded:
             self.runner.driver.upload(self.param_block.ptr, self.params, self.ctx.stream_handle)
+            self.uploaded = self.params
 
     def _plain_call(self, vals: list) -> None:
         self._plain()
