@@ -105,6 +105,36 @@ def test_matmul_batches(xs, ys):
     check(run([x, y], [z, T.matmul(x, y)], X, Y)[0], expected)
 
 
+@pytest.mark.parametrize("xs,xb,ys,yb", [
+    ((2, 3, 5, 4), (0, 0, 0, 0), (2, 1, 4, 6), (0, 1, 0, 0)),   # keys shared by every head
+    ((2, 1, 5, 4), (0, 1, 0, 0), (1, 3, 4, 6), (1, 0, 0, 0)),   # each side its own batch dim
+    ((1, 5, 4), (1, 0, 0), (3, 4, 6), (0, 0, 0)),
+    ((2, 3, 5, 4), (0, 0, 0, 0), (3, 4, 6), (0, 0, 0)),         # y one rank lower
+    ((2, 1, 3, 5, 4), (0, 1, 0, 0, 0), (1, 7, 3, 4, 6), (1, 0, 0, 0, 0)),
+    ((2, 3, 1, 4), (0, 0, 1, 0), (2, 1, 4, 1), (0, 1, 0, 1)),   # one row, one column
+    ((4,), (0,), (2, 1, 4, 6), (0, 1, 0, 0)),                   # vector @ stack
+    ((2, 1, 5, 4), (0, 1, 0, 0), (4,), (0,)),
+    ((2, 3, 5, 4), (0, 0, 0, 0), (2, 1, 4, 6), (0, 0, 0, 0)),   # broadcast at run time only
+])
+def test_matmul_of_batches_broadcast_on_one_side(xs, xb, ys, yb):
+    """Batch dims declared broadcast on one side only are folded into the other side's rows or
+    columns (one product of stacks with the same batch dims): np.matmul's values, shape and
+    broadcast pattern."""
+    x = T.TensorType("float64", tuple(bool(b) for b in xb))()
+    y = T.TensorType("float64", tuple(bool(b) for b in yb))()
+    X, Y = r(*xs), r(*ys)
+    z = T.matmul(x, y)
+    expected = np.matmul(X, Y)
+    assert z.ndim == expected.ndim
+    got = run([x, y], z, X, Y)
+    assert got.shape == expected.shape
+    check(got, expected)
+    if len(xs) > 1 and len(ys) > 1:
+        want = tuple(a and b for a, b in zip((True,) * (z.ndim - len(xb)) + tuple(map(bool, xb)),
+                                              (True,) * (z.ndim - len(yb)) + tuple(map(bool, yb))))
+        assert z.broadcastable == want[:-2] + (bool(xb[-2]), bool(yb[-1]))
+
+
 def test_matmul_rejects_scalars():
     with pytest.raises(ValueError, match="scalar"):
         T.dscalar() @ T.dmatrix()

@@ -68,16 +68,27 @@ def test_other_advanced_forms_take_the_general_ops():
         assert "AdvancedSubtensor" in _names(x[bv], [x, bv])             # an int8 index
 
 
-def test_matmul_with_batch_broadcasting_stays_on_cpu():
-    with config.change_flags(floatX="float32"), virtual_context(None):
-        a = T.tensor3("a")
-        b = T.tensor(dtype="float32", shape=(1, None, None), name="b")
-        names = _names(T.matmul(a, b), [a, b])
-        assert "MatMul" in names and "GpuBatchedDot" not in names, names
-        c = T.tensor4("c")
-        d = T.tensor(dtype="float32", shape=(None, 1, None, None), name="d")
-        names = _names(T.matmul(c, d), [c, d])
-        assert "MatMul" in names and "GpuBatchedDot" not in names, names
+#: (x's shape and declared broadcast dims, y's): batch dims broadcast on one side only
+FOLDED = [((2, 3, 5, 4), (0, 0, 0, 0), (2, 1, 4, 6), (0, 1, 0, 0)),    # keys shared by heads
+          ((2, 1, 5, 4), (0, 1, 0, 0), (1, 3, 4, 6), (1, 0, 0, 0)),    # outer over batches
+          ((3, 5, 4), (0, 0, 0), (1, 4, 6), (1, 0, 0)),
+          ((2, 3, 5, 4), (0, 0, 0, 0), (3, 4, 6), (0, 0, 0)),          # y one rank lower
+          ((2, 1, 3, 5, 4), (0, 1, 0, 0, 0), (1, 7, 3, 4, 6), (1, 0, 0, 0, 0))]
+
+
+def _declared(shape, bcast, dtype, name):
+    return T.TensorType(dtype, tuple(bool(b) for b in bcast))(name)
+
+
+@pytest.mark.parametrize("xs,xb,ys,yb", FOLDED)
+def test_matmul_with_batch_broadcasting_lifts(xs, xb, ys, yb):
+    """Batch dims declared broadcast on one side only: one product of stacks with the same
+    batch dims (a GEMM or a GpuBatchedDot), nothing on the host (MatMul ran there before)."""
+    with config.change_flags(floatX="float32", assert_no_cpu_op="raise"), virtual_context(None):
+        x, y = _declared(xs, xb, "float32", "x"), _declared(ys, yb, "float32", "y")
+        names = _names(T.matmul(x, y), [x, y])
+        assert "MatMul" not in names, names
+        assert names & {"GpuBatchedDot", "GpuGemm", "GpuDot22"}, names
 
 
 @pytest.mark.parametrize("ndim", [4, 5])
@@ -213,6 +224,15 @@ def test_gpu_batched_dot(cuda, dtype):
     f = function([a3, b3], T.matmul(a3, b3))
     with pytest.raises(ValueError, match="not aligned"):
         f(a, a)
+
+
+@requires_gpu
+@pytest.mark.parametrize("xs,xb,ys,yb", FOLDED)
+def test_gpu_matmul_with_batch_broadcasting(cuda, xs, xb, ys, yb):
+    x, y = _declared(xs, xb, "float32", "x"), _declared(ys, yb, "float32", "y")
+    a = RNG.standard_normal(xs).astype("float32")
+    b = RNG.standard_normal(ys).astype("float32")
+    _check([x, y], T.matmul(x, y), [a, b], np.matmul(a, b), 1e-4)
 
 
 @requires_gpu

@@ -246,6 +246,14 @@ def test_matmul_batched_and_broadcast():
     check(lambda a, b: a @ b, U((2, 3, 4)), U((4,), seed=1))
 
 
+def test_matmul_of_batches_broadcast_on_one_side():
+    """The folded products (dims declared broadcast on one side only, math._folded_matmul)."""
+    check(lambda a, b: a @ b.dimshuffle(0, "x", 1, 2), U((2, 3, 4, 5)), U((2, 5, 3), seed=1))
+    check(lambda a, b: a.dimshuffle(0, "x", 1, 2) @ b.dimshuffle("x", 0, 1, 2),
+          U((2, 4, 5)), U((3, 5, 2), seed=1))
+    check(lambda a, b: a @ b, U((2, 3, 4, 5)), U((3, 5, 2), seed=1))
+
+
 @pytest.mark.parametrize("axes", [1, 2, [[1], [0]], [[0, 2], [1, 0]]])
 def test_tensordot(axes):
     a = U((3, 4, 2))

@@ -521,10 +521,62 @@ def matmul(x: Any, y: Any) -> TensorVariable:
         swap = tuple(range(y.ndim - 2)) + (y.ndim - 1, y.ndim - 2)
         return dot(y.dimshuffle(*swap), x.T).dimshuffle(*swap)
     if x.ndim == 1:
-        return _squeeze_axis(MatMul()(x.dimshuffle("x", 0), y), -2)
+        return _squeeze_axis(matmul(x.dimshuffle("x", 0), y), -2)
     if y.ndim == 1:
-        return _squeeze_axis(MatMul()(x, y.dimshuffle(0, "x")), -1)
+        return _squeeze_axis(matmul(x, y.dimshuffle(0, "x")), -1)
+    nd = builtins.max(x.ndim, y.ndim)
+    xb, yb = ((True,) * (nd - v.ndim) + v.broadcastable for v in (x, y))
+    if xb[:-2] != yb[:-2]:
+        x, y = (v.dimshuffle(*(["x"] * (nd - v.ndim) + list(range(v.ndim)))) for v in (x, y))
+        return _folded_matmul(x, y)
     return MatMul()(x, y)
+
+
+def _folded_matmul(x: TensorVariable, y: TensorVariable) -> TensorVariable:
+    """np.matmul of two stacks of one rank whose batch dims are declared broadcast on one side
+    only (keys shared by every head, ``(B, H, S, d) @ (B, 1, d, S)``; a mask or bias stack): a
+    dim broadcast in y is folded into x's rows, one broadcast in x into y's columns, so one
+    product of stacks with the same batch dims remains (a GEMM or one batched GEMM on the GPU,
+    where MatMul had no GPU form for broadcast batches), and the result is put back in
+    np.matmul's order.  The values are np.matmul's; the dims both sides have stay batch dims
+    (broadcast at run time as MatMul does)."""
+    nb = x.ndim - 2
+    xb, yb = x.broadcastable[:nb], y.broadcastable[:nb]
+    both = [i for i in range(nb) if not xb[i] and not yb[i]]
+    x_only = [i for i in range(nb) if not xb[i] and yb[i]]
+    y_only = [i for i in range(nb) if xb[i] and not yb[i]]
+    ns, nx, ny = len(both), len(x_only), len(y_only)
+    # x as (both..., x_only..., m, k) and y as (both..., k, y_only..., n), broadcast dims
+    # dropped; then x's x_only dims joined with m, y's y_only dims with n
+    xt = x.dimshuffle(*(both + x_only + [nb, nb + 1]))
+    yt = y.dimshuffle(*(both + [nb] + y_only + [nb + 1]))
+    x_dims = [xt.shape[ns + j] for j in range(nx)]
+    y_dims = [yt.shape[ns + 1 + j] for j in range(ny)]
+    m, k, n = xt.shape[ns + nx], xt.shape[ns + nx + 1], yt.shape[ns + 1 + ny]
+    rows = m
+    for d in x_dims:
+        rows = rows * d
+    cols = n
+    for d in y_dims:
+        cols = cols * d
+    x2 = xt.reshape([xt.shape[j] for j in range(ns)] + [rows, k], ndim=ns + 2)
+    y2 = yt.reshape([yt.shape[j] for j in range(ns)] + [k, cols], ndim=ns + 2)
+    r = MatMul()(x2, y2) if ns else _dot(x2, y2)
+    r = r.reshape([r.shape[j] for j in range(ns)] + x_dims + [m] + y_dims + [n],
+                  ndim=ns + nx + ny + 2)
+    order: list = []
+    for i in range(nb):
+        if i in both:
+            order.append(both.index(i))
+        elif i in x_only:
+            order.append(ns + x_only.index(i))
+        elif i in y_only:
+            order.append(ns + nx + 1 + y_only.index(i))
+        else:
+            order.append("x")
+    r = r.dimshuffle(*(order + [ns + nx, ns + nx + 1 + ny]))
+    bcast = tuple(a and b for a, b in zip(xb, yb)) + (x.broadcastable[-2], y.broadcastable[-1])
+    return specify_broadcastable_as(r, r.type.clone(broadcastable=bcast))
 
 
 def _squeeze_axis(r: TensorVariable, axis: int) -> TensorVariable:
