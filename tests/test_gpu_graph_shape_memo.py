@@ -56,10 +56,10 @@ def _linked(inputs, outputs, values):
         return link(fg, storage, allow_gc=True)
 
 
-def _counting(monkeypatch) -> list:
-    """Record every run of a host Shape_i thunk."""
+def _counting(monkeypatch, op_class: type = Shape_i) -> list:
+    """Record every run of a thunk of ``op_class`` (host Shape_i by default)."""
     runs: list = []
-    real = Shape_i.make_thunk
+    real = op_class.make_thunk
 
     def make_thunk(self, node, *args, **kw):
         inner = real(self, node, *args, **kw)
@@ -68,7 +68,7 @@ def _counting(monkeypatch) -> list:
             runs.append(node)
             inner()
         return thunk
-    monkeypatch.setattr(Shape_i, "make_thunk", make_thunk)
+    monkeypatch.setattr(op_class, "make_thunk", make_thunk, raising=False)
     return runs
 
 
@@ -176,17 +176,7 @@ def test_the_lengths_of_a_gpu_input_are_memo_nodes_too(monkeypatch):
     """A GPU step reads its inputs' lengths with GpuShape_i (the half.py GPT step's reshapes:
     43 host nodes a call before the memo took them): x[n - 10 : n - 7] for n = len(x)."""
     from symgpu.gpu.placement.basic_ops import GpuShape_i
-    runs: list = []
-    real = GpuShape_i.make_thunk
-
-    def make_thunk(self, node, *args, **kw):
-        inner = real(self, node, *args, **kw)
-
-        def thunk():
-            runs.append(node)
-            inner()
-        return thunk
-    monkeypatch.setattr(GpuShape_i, "make_thunk", make_thunk, raising=False)
+    runs = _counting(monkeypatch, GpuShape_i)
     x = gvec()
     n = GpuShape_i(0)(x)
     start = Elemwise(SCALAR_OPS["sub"])(n, _int(10))
