@@ -6,7 +6,10 @@ alternation.  Not a test: a figure for the notes.
 
     python3 benchmarks/fake_shape_memo.py
 
-Rows: the benchmark's call (the same shapes every call); with an index input and a
+Rows: the benchmark's call (the same shapes every call); the same with GPU matrices, whose
+shapes a GPU step reads with ``GpuShape_i`` (the memo took only host ``Shape_i`` until
+2026-11-30, so on the H200 it took nothing of the GPT step; this row would have shown it);
+with an index input and a
 learning rate (a Python float) changed every call; with results held across calls; with
 shapes that change every call (the memo misses every time: a new length per call); and two
 threads calling the same function.
@@ -37,18 +40,27 @@ def build(memo: bool, variant: str = "same shapes"):
     from symgpu.tensor.type import TensorType, as_tensor_variable
     add, mul = Elemwise(SCALAR_OPS["add"]), Elemwise(SCALAR_OPS["mul"])
     x = fakes.gvec()
-    hs = [TensorType("float32", (False, False))() for _ in range(10)]
+    on_gpu = variant == "GPU matrices' shapes"
+    if on_gpu:      # the shapes a GPU step reads: GpuShape_i of GPU inputs (shared variables)
+        from symgpu.gpu.placement.basic_ops import GpuShape_i as shape_i
+        from symgpu.gpu.placement.type import GpuArrayType
+        hs = [GpuArrayType("float32", (False, False), fakes.CTX)() for _ in range(10)]
+    else:
+        shape_i = Shape_i
+        hs = [TensorType("float32", (False, False))() for _ in range(10)]
     total = as_tensor_variable(np.asarray(0, "int64"))
     for h in hs:    # 4 nodes a matrix: two lengths, their product, the running sum
-        total = add(total, mul(Shape_i(0)(h), Shape_i(1)(h)))
+        total = add(total, mul(shape_i(0)(h), shape_i(1)(h)))
     k, lr = TensorType("int64", ())(), TensorType("float32", ())()
     start = add(total, k)
     sl = fakes.FakeDynSlice()(x, start, add(start, as_tensor_variable(np.asarray(4, "int64"))))
     y = fakes.FakeKernelOp("mul", lambda a, b: a * b)(sl, fakes.FakeScalarUp(4)(lr))
     fg = FunctionGraph([x, k, lr, *hs], [y], clone=False)
     fg.update_mapping = {}
+    matrix = fakes.upload(fakes.CTX_OBJ, np.zeros((1, 1))) if on_gpu else \
+        np.zeros((1, 1), "float32")
     values = [fakes.upload(fakes.CTX_OBJ, np.arange(64, dtype="float32")), 0, 0.5] + \
-        [np.zeros((1, 1), "float32")] * 10
+        [matrix] * 10
     shape_memo.ENABLED = memo
     with config.change_flags(**{"gpuarray.cuda_graphs": True}):
         vm = link(fg, {v: [a] for v, a in zip(fg.inputs, values)}, allow_gc=True)
@@ -97,8 +109,8 @@ def main() -> None:
         def setattr(obj, name, value):
             setattr(obj, name, value)
     next(fakes.use_fake_gpu(Patch()))
-    for variant in ("same shapes", "index and learning rate", "results held",
-                    "new shapes every call", "two threads"):
+    for variant in ("same shapes", "GPU matrices' shapes", "index and learning rate",
+                    "results held", "new shapes every call", "two threads"):
         calls = {memo: build(memo, variant if variant != "two threads" else "same shapes")
                  for memo in (True, False)}
         best = {memo: float("inf") for memo in calls}
