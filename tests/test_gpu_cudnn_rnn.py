@@ -157,6 +157,23 @@ def test_float64_and_disabled_stay_on_the_host(vgpu, monkeypatch):
     assert _ops(f, DnnRNN) and _ops(f, DnnRNNGrad) and not _ops(f, crnn.GpuDnnRNNBackward)
 
 
+def test_persistent_algorithm_only_where_cudnn_runs_it_both_ways(monkeypatch):
+    """The small-hidden persistent kernel up to each cell's limit and batch 256, without
+    per-row lengths, and never with PERSISTENT off; the standard algorithm everywhere else."""
+    def algo(mode, h, lengths=False, batch=16):
+        op = crnn.GpuDnnRNNForward(mode, "unidirectional", 1, h, lengths)
+        return crnn.rnn_algorithm(op, batch)
+    small, standard = crnn._ALGO_PERSIST_SMALL_H, crnn._ALGO_STANDARD
+    assert [algo("lstm", h) for h in (4, 128, 129, 192)] == [small, small, standard, standard]
+    assert [algo("gru", h) for h in (128, 129)] == [small, standard]
+    assert [algo(m, 256) for m in ("rnn_tanh", "rnn_relu")] == [small, small]
+    assert algo("rnn_tanh", 257) == standard
+    assert algo("lstm", 64, lengths=True) == standard
+    assert [algo("lstm", 128, batch=b) for b in (256, 257)] == [small, standard]
+    monkeypatch.setattr(crnn, "PERSISTENT", False)
+    assert algo("lstm", 64) == standard
+
+
 # ============================================================================ on the GPU
 
 @requires_gpu
@@ -251,3 +268,39 @@ def test_reserve_outputs_and_gradients_equal_the_plain_ops(mode):
                                                         if v is not None]))
     for a, b in zip(*res):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode,hidden", [("lstm", 128), ("lstm", 160), ("gru", 128),
+                                         ("gru", 192), ("rnn_tanh", 256)])
+def test_gpu_persistent_and_standard_plans_match_the_host(cuda, mode, hidden):
+    """Each side of the persistent kernel's limits (one layer, batch 16: the sizes the loop
+    benchmark runs) trains as the host op does, on the algorithm rnn_algorithm named."""
+    rng = np.random.default_rng(6)
+    block, w, x, hx, cx = _case(mode, "float32", rng, t=9, b=16, i=32, h=hidden, layers=1,
+                                scale=0.1)
+    ins, outs = _symbolic(block, "float32", mode == "lstm")
+    cost = (outs[0] ** 2).sum() + outs[1].sum() + (outs[2].sum() if mode == "lstm" else 0)
+    grads = T.grad(cost, ins)
+    vals = [v for v in (w, x, hx, cx) if v is not None]
+    with on_the_cpu():
+        want = function(ins, outs + grads)(*vals)
+    made = []
+    orig = crnn.RNNPlan._layer
+
+    def recording(self, *a, **k):
+        orig(self, *a, **k)
+        made.append(self.algo)
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(crnn.RNNPlan, "_layer", recording)
+    try:
+        f = function(ins, outs + grads)
+        for _ in range(3):
+            got = f(*vals)
+            for g, e in zip(got, want):     # float32 sums over 256 units: error by the scale
+                assert np.max(np.abs(np.asarray(g) - e)) <= 5e-4 * (1 + np.max(np.abs(e)))
+    finally:
+        monkeypatch.undo()
+    (fwd,) = _ops(f, crnn.GpuDnnRNNForward)
+    assert made == [crnn.rnn_algorithm(fwd.op, 16)] * 2      # the forward and backward plans
