@@ -433,14 +433,18 @@ def test_prefix_mask_lengths_and_condition(mask, n, lengths, ok):
     assert int(got_ok) == ok and got_len.dtype == np.int32
 
 
-def test_vgpu_masked_branches_hold_cudnn_alone_and_the_mask_is_checked_on_the_host(vgpu):
-    """The prefix test reads the caller's host mask (no read-back from the GPU, which would
+def test_vgpu_masked_branches_hold_cudnn_alone_and_the_mask_is_checked_on_the_host(
+        vgpu, monkeypatch):
+    """(The branch, what a function that cannot compile again gets: GUARD off here; the
+    guard: test_scan_dnn_rnn_guard.py.) The prefix test reads the caller's host mask (no read-back from the GPU, which would
     wait for it every call); cuDNN's branches hold no loop and no nested branch (work the
     graph computes anyway stays outside them); the backward branch gives only the
     gradients that are read."""
     from symgpu.gpu.placement.basic_ops import HostFromGpu
     from symgpu.ifelse import IfElse
+    from symgpu.scan import dnn_rnn_match
     from symgpu.scan.dnn_rnn_match import PrefixMask
+    monkeypatch.setattr(dnn_rnn_match, "GUARD", False)
     spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
     _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
                                  mode=_mode(True))
@@ -518,10 +522,13 @@ def test_mask_on_one_state_only_stays_a_loop():
     assert match_rnn_step(_scan_node(hs.sum())) is None
 
 
-def test_vgpu_masked_graph_branches_on_the_mask(vgpu):
-    """On a (virtual) GPU the masked loop compiles to branches on the prefix test; no host
-    DnnRNN/DnnRNNGrad is left outside them (what runs inside the branch: see the report)."""
+def test_vgpu_masked_graph_branches_on_the_mask(vgpu, monkeypatch):
+    """On a (virtual) GPU with GUARD off the masked loop compiles to branches on the prefix
+    test; no host DnnRNN/DnnRNNGrad is left outside them (what runs inside the branch: see
+    the report)."""
     from symgpu.ifelse import IfElse
+    from symgpu.scan import dnn_rnn_match
+    monkeypatch.setattr(dnn_rnn_match, "GUARD", False)
     spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
     _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
                                  mode=_mode(True))

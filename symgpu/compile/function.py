@@ -11,6 +11,7 @@ from symgpu.compile import devices
 from symgpu.compile import frames as _frames
 from symgpu.compile.frames import Layout, link_frame
 from symgpu.compile.host_fallback import keep_source, recompile_on_host
+from symgpu.compile.speculation import SpeculationFailed, allow_guards, without_rewrite
 from symgpu.compile.io import In, Out
 import symgpu.compile.debugmode  # noqa: F401  (registers mode='DebugMode')
 from symgpu.compile.function_copy import copy_function
@@ -190,7 +191,25 @@ class Function:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != self._n_inputs:
             args = self._bind(args, kwargs)
-        return self._fast(*args)
+        try:
+            return self._fast(*args)
+        except SpeculationFailed as exc:     # nothing was updated: recompile and call again
+            self._respecialize(exc.rewrite)
+            return self._fast(*args)
+
+    def _respecialize(self, rewrite: str) -> None:
+        """Compile this function again without `rewrite`, one of whose guards failed
+        (compile/speculation.py), keeping its name, profile and input checking."""
+        with self._link_lock:
+            if rewrite in self.maker.mode.excluding:
+                raise RuntimeError(f"{self._label()}: a guard of {rewrite!r} failed in a "
+                                   "function compiled without it")
+            maker = without_rewrite(self.maker, rewrite)
+            trust, profile = self.trust_input, self.profile
+            Function.__init__(self, maker, self.name)
+            self.trust_input = trust
+            if profile is not None:
+                attach_profile(self, profile)
 
     # -- frames -----------------------------------------------------------------------------
     def _call_spare(self, *args: Any) -> Any:
@@ -507,6 +526,8 @@ def function(inputs: Sequence[Any] = (), outputs: Any = None, updates: Any = (),
     mode_obj = get_mode(mode)
     t0 = time.perf_counter()
     source = keep_source(fgraph)
+    if source is not None:       # what a failed guard recompiles from (compile/speculation.py)
+        allow_guards(fgraph)
     pass_times = mode_obj.rewrite(fgraph)
     t1 = time.perf_counter()
 

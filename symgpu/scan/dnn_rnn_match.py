@@ -29,6 +29,7 @@ import numpy as np
 
 import symgpu.tensor as T
 from symgpu.compile.sharedvalue import SharedVariable
+from symgpu.compile.speculation import SpeculationFailed, may_guard
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
 from symgpu.gradient import DisconnectedType, grad
@@ -43,7 +44,14 @@ from symgpu.tensor.nnet.rnn import DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
 
-__all__ = ["PrefixMask", "RNNMatch", "match_rnn_step", "scan_to_dnn_rnn", "set_branch_builder"]
+__all__ = ["PrefixMask", "PrefixGuard", "RNNMatch", "match_rnn_step", "scan_to_dnn_rnn",
+           "set_branch_builder", "GUARD"]
+
+#: True: a masked loop in a function that can compile again (compile/speculation.py) runs
+#: cuDNN behind a guard (PrefixGuard: a mask that is no prefix recompiles the function
+#: without this rewrite) instead of a per-call branch between cuDNN and the loop (the
+#: branch splits the step around it: 0.82 against 0.48 ms an LSTM step on an H200)
+GUARD = True
 
 #: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above
 #: this one, installs it when it loads (set_branch_builder; the GPU backend loads it, the
@@ -177,8 +185,9 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
         c_readers = _last_readers(fgraph, node.outputs[m.c_state], only)
         if c_readers is None:
             return False
-    if m.masked and (not _BRANCH or any(_mask_grad_read(fgraph, b) for b in backs)):
-        return False   # no lazy branch here, or the gradient wrt the mask is read
+    if m.masked and ((not _BRANCH and not (GUARD and may_guard(fgraph)))
+                     or any(_mask_grad_read(fgraph, b) for b in backs)):
+        return False   # neither a guard nor a lazy branch here, or the mask's gradient is read
     plans = [_adjoints(b, m) for b in backs]
     if any(p is None for p in plans) or any(
             len(b.outputs) != len(g.windows) + len(g.sums) + len(g.seq_grads)
@@ -264,18 +273,51 @@ class PrefixMask(Op):
         return [DisconnectedType()(), DisconnectedType()()]
 
 
+class PrefixGuard(PrefixMask):
+    """(mask (steps, batch), n) -> lengths int32 (batch,), PrefixMask's lengths, raising
+    SpeculationFailed (scan_to_dnn_rnn) where PrefixMask's condition fails: the function
+    then compiles again without the rewrite and runs that call as a loop."""
+
+    def make_node(self, mask: Any, n: Any) -> Apply:
+        inputs = super().make_node(mask, n).inputs
+        return Apply(self, inputs, [T.TensorType("int32", (False,))(name="lengths")])
+
+    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
+        both: list = [[None], [None]]
+        super().perform(node, inputs, both)
+        if not both[1][0]:
+            raise SpeculationFailed(
+                "scan_to_dnn_rnn: the loop's mask is not a prefix mask in every row (ones, "
+                "then zeros, at least one step), which a cuDNN layer needs: the function "
+                "runs the loop from now on", rewrite="scan_to_dnn_rnn")
+        outputs[0][0] = both[0][0]
+
+    def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        return [(shapes[0][1],)]
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[False], [False]]
+
+    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
+        return [DisconnectedType()(), DisconnectedType()()]
+
+
 class _Prefix(NamedTuple):
     """A masked loop's cuDNN side: per-row lengths, which steps run (L, batch, 1, float) and
     whether the mask is a prefix mask per row with every length >= 1 (the branch's
     condition)."""
     lengths: Variable
     valid: Variable
-    cond: Variable
+    cond: Variable | None
 
 
-def _prefix(mask: Variable, x: Variable) -> _Prefix:
-    """The prefix test over the mask's first len(x) steps (x the loop's sequence)."""
-    lengths, ok = PrefixMask()(mask, x.shape[0])
+def _prefix(mask: Variable, x: Variable, guard: bool) -> _Prefix:
+    """The prefix test over the mask's first len(x) steps (x the loop's sequence): a branch
+    condition, or (`guard`) a guard and no condition."""
+    if guard:
+        lengths, ok = PrefixGuard()(mask, x.shape[0]), None
+    else:
+        lengths, ok = PrefixMask()(mask, x.shape[0])
     steps = T.lt(T.arange(x.shape[0]).dimshuffle(0, "x"), lengths.dimshuffle("x", 0))
     return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), ok)
 
@@ -293,7 +335,8 @@ def _held(y: Variable, pre: _Prefix) -> Variable:
 def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
              cx: Variable | None, backs: list, plans: list, c_readers: list,
              mask: Variable | None = None) -> bool:
-    """Replace the loop (and its gradient loops). With a mask: each replaced output becomes
+    """Replace the loop (and its gradient loops). With a mask: behind a guard where the
+    function can compile again (PrefixGuard, GUARD), else each replaced output becomes
     ``ifelse(cond, cuDNN's value, the original loop's)``, the loop kept (a copy) for masks
     that are no prefix. Where the last cell state is not read, cuDNN runs unmasked over the
     padded sequence and each row's states are gathered (``_held``): its descriptors keep
@@ -303,7 +346,9 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     info = node.op.info
     S, M = info.n_seqs, info.n_states
     w = _flat_weights(m, x)
-    pre = _prefix(mask, x) if mask is not None else None
+    guard = GUARD and may_guard(fgraph)
+    pre = _prefix(mask, x, guard) if mask is not None else None
+    branch = pre is not None and not guard
     gather = pre is not None and not c_readers
     # with a mask, the backward branch takes cuDNN's y and reserve space from the forward
     # branch (else it would run the forward layer again for them)
@@ -329,7 +374,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         read = [k for k, o in enumerate(olds) if fgraph.clients.get(o)]
         olds, news = [olds[k] for k in read], [_fit(news[k], olds[k]) for k in read]
         got = [e for e, _ in extra]
-        if pre is not None and (news or extra):
+        if branch and (news or extra):
             res = _BRANCH[0](pre.cond, news + got, [alts[k] for k in read] +
                              [a for _, a in extra], outer=fgraph.variables)
             news, got = res[:len(news)], res[len(news):]
@@ -340,9 +385,9 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     # the fallback branches read the loop's marked copy, and the forward copies that feed
     # only the gradient loops (scan_grad's full-history loop) go into them marked alike:
     # an unmarked loop inside a branch would be rewritten again when the branch compiles
-    alt = _fallback_loop(node.op).make_node(*node.inputs) if pre is not None else None
+    alt = _fallback_loop(node.op).make_node(*node.inputs) if branch else None
     copies = dict(zip(node.outputs, alt.outputs)) if alt is not None else {}
-    if pre is not None:
+    if branch:
         for nd in _only_feeding(fgraph, set(backs), node):
             if isinstance(nd.op, Scan) and nd.op.grad_of is None:
                 copies.update(zip(nd.outputs,
@@ -361,11 +406,11 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         news.append(outs[2][0])
         if alt is not None:
             alts += fallback([r])
-    extra = () if pre is None else (
+    extra = () if not branch else (
         (y, T.zeros((x.shape[0], x.shape[1], m.hidden), dtype=y.dtype)),
         (outs[-1], T.zeros((0,), dtype="uint8")))
     got = swap(olds, news, alts, extra)
-    y_f, *reserve = got if pre is not None else [y]
+    y_f, *reserve = got if branch else [y, outs[-1]] if pre is not None else [y]
     # zeros shaped like hx and cx, not like hy and cy: read from the branch, their shapes
     # would need the forward layer
     for b, (dy, dhy, dcy) in zip(backs, plans):
@@ -400,7 +445,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
             [v.dimshuffle("x", *range(v.ndim)) for v in g_ns]
         # a sequence other than x is the mask, whose gradient is not read (_mask_grad_read)
         news = news_prefix + [dx[::-1] if k == 0 else None for k in g.seq_grads]
-        alts = list(b.op.make_node(*fallback(b.inputs)).outputs) if pre is not None else []
+        alts = list(b.op.make_node(*fallback(b.inputs)).outputs) if branch else []
         swap(list(b.outputs), news, alts)
     return True
 

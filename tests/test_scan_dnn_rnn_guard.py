@@ -1,0 +1,169 @@
+"""scan_to_dnn_rnn's masked loops behind a guard (compile/speculation.py): where the function
+can compile again, cuDNN runs with no branch around it; a mask that is no prefix mask makes
+the function compile again without the rewrite and run that call, and every later one, as
+the loop, its shared values untouched by the failed attempt."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import symgpu
+import symgpu.tensor as T
+from gpu_helpers import requires_gpu
+from symgpu.compile import host_fallback
+from symgpu.compile.mode import Mode
+from symgpu.compile.speculation import SpeculationFailed
+from symgpu.ifelse import IfElse
+from symgpu.scan.dnn_rnn_match import PrefixGuard
+from symgpu.tensor.nnet import rnn as rnn_mod
+from symgpu.tensor.nnet.rnn import DnnRNN, DnnRNNGrad
+
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import rnn_cells as rc  # noqa: E402
+
+B, IN, H, L = 3, 5, 4, 6
+
+
+@pytest.fixture(autouse=True)
+def _keep_flags():
+    with symgpu.config.change_flags(floatX=symgpu.config.floatX):
+        yield
+
+
+@pytest.fixture
+def recompilable(monkeypatch):
+    """Functions keep the graph they were given, as they do where a GPU may take part
+    (host_fallback.keep_source), so that rewrites may guard on the CPU too."""
+    monkeypatch.setattr(host_fallback, "_gpu_may_be_involved", lambda fgraph: True)
+
+
+def _mode(on: bool) -> Mode:
+    m = Mode(optimizer="fast_run")
+    return m.including("scan_to_dnn_rnn") if on else m
+
+
+def _ops(fn, cls):
+    return [n for n in fn.maker.fgraph.toposort() if isinstance(n.op, cls)]
+
+
+def _bad(mask):
+    bad = mask.copy()
+    bad[1, 1], bad[-1, 0] = 0, 1            # a hole: no prefix
+    return bad
+
+
+@pytest.mark.parametrize("mask, n, lengths", [
+    ([[1, 1, 1], [1, 0, 1], [0, 0, 1]], 3, [2, 1, 3]),
+    ([[1, 1, 1], [1, 0, 1], [0, 1, 1]], 3, None),      # a hole in row 1
+    ([[1, 0, 1], [1, 0, 1]], 2, None),                 # an empty row
+    ([[1, 0.5], [1, 0]], 2, None),                     # not 0/1
+    ([[1, 1], [1, 0], [0, 1]], 2, [2, 1]),             # only the first n steps
+])
+def test_guard_gives_the_lengths_or_raises_naming_its_rewrite(mask, n, lengths):
+    m, k = T.matrix("m", dtype="float32"), T.iscalar("n")
+    node = PrefixGuard()(m, k).owner
+    out = [[None]]
+    args = [np.asarray(mask, "float32"), np.int32(n)]
+    if lengths is None:
+        with pytest.raises(SpeculationFailed) as info:
+            node.op.perform(node, args, out)
+        assert info.value.rewrite == "scan_to_dnn_rnn"
+    else:
+        node.op.perform(node, args, out)
+        np.testing.assert_array_equal(out[0][0], lengths)
+        assert out[0][0].dtype == np.int32
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "elman"])
+@pytest.mark.parametrize("loss", ["last", "all"])
+def test_masked_cells_train_alike_behind_the_guard(recompilable, monkeypatch, cell, loss):
+    """Three SGD steps with prefix masks run cuDNN (no branch in the graph); a mask with a
+    hole recompiles the function without the rewrite and runs as the loop; losses and
+    weights equal the loop's all along."""
+    spec = rc.Spec(cell, True, loss, B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 4)
+    bad = _bad(calls[0][1])
+    runs = {"n": 0}
+    orig = rnn_mod.DnnRNN.perform
+
+    def counting(self, *a):
+        runs["n"] += 1
+        return orig(self, *a)
+    monkeypatch.setattr(rnn_mod.DnnRNN, "perform", counting)
+    res = {}
+    for on in (False, True):
+        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                        mode=_mode(on))
+        if on:
+            assert _ops(fn, PrefixGuard) and not _ops(fn, IfElse)
+            assert _ops(fn, DnnRNN) and _ops(fn, DnnRNNGrad)
+        losses = [float(call(n, mk)) for n, mk, _ in calls[:3]]
+        assert runs["n"] >= (3 if on else 0)
+        losses.append(float(call(L, bad)))          # cuDNN may have run before the guard
+        ran = runs["n"]
+        losses.append(float(call(*calls[3][:2])))     # a prefix mask again: still the loop
+        assert runs["n"] == ran
+        if on:
+            assert not _ops(fn, DnnRNN) and not _ops(fn, PrefixGuard)
+            assert "scan_to_dnn_rnn" in fn.maker.mode.excluding
+        res[on] = (losses, [np.asarray(v.get_value()) for v in fn.maker.fgraph.inputs
+                            if hasattr(v, "get_value")])
+    np.testing.assert_allclose(res[True][0], res[False][0], rtol=1e-5, atol=1e-6)
+    for got, want in zip(res[True][1], res[False][1]):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_a_failed_guard_keeps_the_functions_name_and_input_checks(recompilable):
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    (n, mask, _), = rc.calls(spec, 1)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    name = fn.name
+    fn(n, _bad(mask))
+    assert fn.name == name and not fn.trust_input
+    with pytest.raises(TypeError):
+        fn(n, mask.astype("complex64"))
+
+
+def test_without_a_kept_graph_the_masked_loop_takes_the_branch():
+    """On the CPU a function keeps no source graph (nothing to fall back from): the rewrite
+    uses the per-call branch there."""
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    assert _ops(fn, IfElse) and not _ops(fn, PrefixGuard)
+
+
+def test_vgpu_masked_step_is_one_piece_with_the_guard_on_the_host_mask(vgpu):
+    """On a (virtual) GPU the guard reads the caller's host mask and the graph holds one
+    cuDNN forward and one backward, no branch."""
+    from symgpu.gpu.ops.cudnn_rnn import GpuDnnRNNBackward, GpuDnnRNNForward
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    (guard,) = _ops(fn, PrefixGuard)
+    assert guard.inputs[0].owner is None              # the function's input itself
+    assert not _ops(fn, IfElse)
+    assert len(_ops(fn, GpuDnnRNNForward)) == 1 and len(_ops(fn, GpuDnnRNNBackward)) == 1
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_masked_lstm_behind_the_guard_trains_alike(cuda):
+    """On the GPU (cuDNN, captured segments): three prefix-mask steps, a mask with a hole
+    (the function compiles again as the loop), one more step; losses equal the loop's."""
+    from symgpu.gpu.ops.cudnn_rnn import GpuDnnRNNForward
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    calls = rc.calls(spec, 4)
+    res = {}
+    for on in (False, True):
+        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                        mode=_mode(on))
+        assert bool(_ops(fn, GpuDnnRNNForward)) == on and not _ops(fn, IfElse)
+        res[on] = [float(call(n, mk)) for n, mk, _ in calls[:3]]
+        res[on] += [float(call(L, _bad(calls[0][1]))), float(call(*calls[3][:2]))]
+        assert not _ops(fn, GpuDnnRNNForward)
+    np.testing.assert_allclose(res[True], res[False], rtol=2e-4, atol=2e-5)
