@@ -49,30 +49,38 @@ DEFAULT_QUICK = ["lstm-masked-last-b16-h128-fixed", "lstm-masked-last-b16-h128-v
                  "peephole-masked-last-b16-h128-fixed", "lnlstm-unmasked-last-b16-h128-fixed",
                  "droplstm-masked-all-b16-h128-fixed"]
 CPU_GOAL_ROW = "lstm-masked-last-b16-h128-fixed"
-COLUMNS = [("symgpu", "symgpu fp32"), ("symgpu-tf32", "symgpu TF32"), ("pytensor", "PyTensor"),
+COLUMNS = [("symgpu", "symgpu fp32"), ("symgpu-tf32", "symgpu TF32"),
+           ("symgpu-cudnn", "symgpu TF32 + scan_to_dnn_rnn"), ("pytensor", "PyTensor"),
            ("cudnn", "cuDNN eager"), ("cudnn-graph", "cuDNN graph"),
            ("compile", "torch.compile"), ("jax", "JAX"),
            ("jax-fp32", "JAX fp32")]
 PEERS = ("cudnn", "cudnn-graph", "compile", "jax", "jax-fp32", "pytensor")
+#: cells scan_to_dnn_rnn recognises: their rows also time symgpu with that opt-in rewrite
+DNN_CELLS = ("lstm", "gru", "elman")
 #: "the cuDNN module's time": the faster of its two formulations in the same run
 CUDNN = ("cudnn", "cudnn-graph")
 
 
 # -- contenders -----------------------------------------------------------------------------------
 
-def symgpu_contender(spec, params, arrays, device, tf32=False) -> dict:
+def symgpu_contender(spec, params, arrays, device, tf32=False, dnn=False) -> dict:
+    """symgpu's scan as the user wrote it; `dnn`: with the opt-in scan_to_dnn_rnn rewrite
+    (an LSTM, GRU or Elman step as one cuDNN layer)."""
     import symgpu
     import symgpu.tensor as T
+    from symgpu.compile.mode import get_mode
     flags = {"gpuarray__allow_tf32": tf32} if device != "cpu" else {}
+    mode = get_mode(None).including("scan_to_dnn_rnn") if dnn else None
     with symgpu.config.change_flags(**flags):
-        call, compile_s, fn = rc.build_symbolic(symgpu, T, spec, params, arrays)
+        call, compile_s, fn = rc.build_symbolic(symgpu, T, spec, params, arrays, mode=mode)
     if flags:
         def run(L, mask, lens, call=call):
             with symgpu.config.change_flags(**flags):
                 return call(L, mask)
     else:
         run = lambda L, mask, lens: call(L, mask)  # noqa: E731
-    return {"name": f"symgpu scan ({device})" + (", TF32" if tf32 else ""), "call": run,
+    return {"name": f"symgpu scan ({device})" + (", TF32" if tf32 else "")
+            + (", scan_to_dnn_rnn" if dnn else ""), "call": run,
             "precision": "tf32" if tf32 else "fp32", "compile": compile_s, "function": fn}
 
 
@@ -91,6 +99,9 @@ def builders(spec, args) -> list[tuple[str, object]]:
     out = [("symgpu", lambda p, a: symgpu_contender(spec, p, a, dev))]
     if dev != "cpu":
         out.append(("symgpu-tf32", lambda p, a: symgpu_contender(spec, p, a, dev, tf32=True)))
+        if spec.cell in DNN_CELLS:
+            out.append(("symgpu-cudnn", lambda p, a: symgpu_contender(spec, p, a, dev,
+                                                                      tf32=True, dnn=True)))
     else:
         out.append(("pytensor", lambda p, a: pytensor_contender(spec, p, a)))
     if pdev != "none":
@@ -216,6 +227,16 @@ def table(results: dict, device: str) -> list[str]:
     return lines
 
 
+def _var_pairs(rows: dict, kind: str) -> list[tuple]:
+    """(key, time with a new length every call / time at length 50) of `kind` per row."""
+    pairs = []
+    for r in rows.values():
+        twin = _fixed_twin(rows, r["spec"]) if r["spec"].var else {}
+        if kind in r["times"] and kind in twin:
+            pairs.append((r["spec"].key, r["times"][kind] / twin[kind]))
+    return pairs
+
+
 def criteria(results: dict, device: str, quick: bool) -> list[str]:
     """The issue's "done when", each PASS, FAIL or n/a (not measured in this run)."""
     sg = headline(device)
@@ -236,6 +257,9 @@ def criteria(results: dict, device: str, quick: bool) -> list[str]:
                            [(r["spec"].key, _ratio(r["times"], sg, CUDNN)) for r in lg], 1.5))
         out.append(verdict("LSTM and GRU rows at or under JAX",
                            [(r["spec"].key, _ratio(r["times"], sg, "jax")) for r in lg], 1.0))
+        out.append(verdict("(opt-in scan_to_dnn_rnn) LSTM and GRU rows within 1.5x of cuDNN",
+                           [(r["spec"].key, _ratio(r["times"], "symgpu-cudnn", CUDNN))
+                            for r in lg], 1.5))
         nl = [r for r in rows.values() if r["spec"].cell in ("peephole", "lnlstm", "droplstm")]
         out.append(verdict("peephole, layer-norm and dropout cells at or under JAX",
                            [(r["spec"].key, _ratio(r["times"], sg, "jax")) for r in nl], 1.0))
@@ -244,12 +268,12 @@ def criteria(results: dict, device: str, quick: bool) -> list[str]:
         out.append(verdict("Elman ahead of JAX",
                            [(k, _ratio(r["times"], sg, "jax")) for k, r in el], 1.0,
                            strict=True))
-    pairs = []
-    for r in rows.values():
-        twin = _fixed_twin(rows, r["spec"]) if r["spec"].var else {}
-        if sg in r["times"] and sg in twin:
-            pairs.append((r["spec"].key, r["times"][sg] / twin[sg]))
-    out.append(verdict("a new length every call within 1.1x of length 50", pairs, 1.1))
+    out.append(verdict("a new length every call within 1.1x of length 50",
+                       _var_pairs(rows, sg), 1.1))
+    pairs = _var_pairs(rows, "symgpu-cudnn")
+    if pairs:
+        out.append(verdict("(opt-in scan_to_dnn_rnn) a new length within 1.1x of length 50",
+                           pairs, 1.1))
     if device == "cpu":
         r = rows.get(CPU_GOAL_ROW)
         out.append(verdict(f"CPU {CPU_GOAL_ROW} at or under 0.5x PyTensor's scan",
