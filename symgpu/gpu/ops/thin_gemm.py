@@ -104,9 +104,8 @@ def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, dtype: str,
 def cols_lanes(k: int, dtype: str) -> int:
     """tg_cols' lanes down k: four rows of k a lane, a power of two from 4 (one warp) to the
     kernel's TG_CL (128 in float32, 64 in float64).  Why: an LSTM's recurrent product (k 128)
-    ran 1024-thread blocks whose lanes held one row each, mostly the 32 warps' barriers and
-    sums: on the H200, rnn.py's masked LSTM step (three launches a time step) took 4.95 us a
-    launch that way and 4.40 with 32 lanes (device time a call 1.21 -> 1.13 ms)."""
+    ran 1024-thread blocks whose lanes held one row each (about 5 us a launch on the H200,
+    three launches a time step), mostly the 32 warps' barriers and sums."""
     top = 64 if dtype == "float64" else 128
     lanes = 4
     while lanes < top and 4 * lanes < k:
