@@ -19,8 +19,8 @@ from gpu_helpers import (FakeCtx, fake_gpu_array, recording_loader, requires_gpu
                          requires_nvcc, virtual_context)
 from symgpu.config import config
 from symgpu.gpu.ops import blas, blaslt, thin_gemm
-from symgpu.gpu.ops.thin_gemm import (MAX_K, MIN_K, ROWS_MAX_K, THIN, ThinPlan, cols_lanes,
-                                      plan_thin, render_thin_gemm, thin_gemm_formats)
+from symgpu.gpu.ops.thin_gemm import (MAX_K, MIN_K, ROWS_MAX_K, THIN, ThinPlan, plan_thin,
+                                      render_thin_gemm, thin_gemm_formats)
 
 VCTX = "thin-gemm-test"
 SMS = 132
@@ -48,16 +48,6 @@ def test_a_thin_m_is_the_thin_n_of_the_transposed_product():
     # d.T (10 x 512) @ h2 (512 x 1024): out.T = h2.T @ d, X (h2.T) read along m
     p = plan_thin(10, 1024, 512, (1, 10), (1024, 1), "float32", SMS)
     assert p.kernel == "tg_cols" and p.swap and p.grid == (128, 1, 1)
-
-
-def test_a_short_k_gets_fewer_lanes_down_it():
-    """tg_cols' lanes: four rows of k each (an LSTM's recurrent product, k 128: 32 lanes, 256
-    threads a block), from one warp's 4 up to the kernel's 128 (float32) or 64 (float64)."""
-    p = plan_thin(16, 512, 128, (128, 1), (512, 1), "float32", SMS)     # h @ U, batch 16
-    assert p == ThinPlan("tg_cols", (64, 1, 1), (8, 32, 1), True)
-    assert [cols_lanes(k, "float32") for k in (8, 32, 100, 128, 129, 512, 4096)] == \
-        [4, 8, 32, 32, 64, 128, 128]
-    assert cols_lanes(4096, "float64") == 64
 
 
 def test_products_left_to_cublas():
@@ -279,8 +269,7 @@ def _close(got, want, dtype):
 
 SHAPES = [(512, 1024, 10), (1024, 512, 10), (512, 10, 1024), (10, 1024, 512), (10, 512, 1024),
           (7, 33, 5), (1000, 4096, 16), (333, 2000, 1), (1, 700, 300), (129, 16, 130),
-          (600, 17, 3), (1, 1, 1), (70, 3, 2),
-          (16, 128, 512), (512, 128, 16), (300, 200, 12), (40, 64, 9)]   # tg_cols' fewer lanes
+          (600, 17, 3), (1, 1, 1), (70, 3, 2)]
 
 
 @requires_gpu

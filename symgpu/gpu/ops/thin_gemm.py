@@ -26,8 +26,7 @@ from typing import Any, Callable, NamedTuple
 from symgpu.gpu.runtime.codegen import launch, template
 
 __all__ = ["ENABLED", "USE", "THIN", "MAX_K", "MIN_K", "ROWS_MAX_K", "ThinPlan", "plan_thin",
-           "cols_lanes", "ThinGemm", "render_thin_gemm", "thin_gemm_formats",
-           "prefetch_request", "DTYPES"]
+           "ThinGemm", "render_thin_gemm", "thin_gemm_formats", "prefetch_request", "DTYPES"]
 
 #: products go to our kernels at all (False: cuBLAS for everything)
 ENABLED = True
@@ -96,21 +95,9 @@ def plan_thin(m: int, n: int, k: int, xs: tuple, ys: tuple, dtype: str,
         if k <= ROWS_MAX_K and dtype in USE.get("tg_rows", ()):
             return ThinPlan("tg_rows", (min(_ceil(rows, 4), grid_cap), 1, 1), (256, 1, 1), swap)
     elif k <= MAX_K and dtype in USE.get("tg_cols", ()):
-        return ThinPlan("tg_cols", (min(_ceil(rows, 8), grid_cap), 1, 1),
-                        (8, cols_lanes(k, dtype), 1), swap)
+        lanes = 64 if dtype == "float64" else 128
+        return ThinPlan("tg_cols", (min(_ceil(rows, 8), grid_cap), 1, 1), (8, lanes, 1), swap)
     return None
-
-
-def cols_lanes(k: int, dtype: str) -> int:
-    """tg_cols' lanes down k: four rows of k a lane, a power of two from 4 (one warp) to the
-    kernel's TG_CL (128 in float32, 64 in float64).  Why: an LSTM's recurrent product (k 128)
-    ran 1024-thread blocks whose lanes held one row each (about 5 us a launch on the H200,
-    three launches a time step), mostly the 32 warps' barriers and sums."""
-    top = 64 if dtype == "float64" else 128
-    lanes = 4
-    while lanes < top and 4 * lanes < k:
-        lanes *= 2
-    return lanes
 
 
 def _elem_strides(a: Any) -> tuple | None:

@@ -168,11 +168,10 @@ extern "C" __global__ void __launch_bounds__(TG_RT) tg_rows(TG_PARAMS)
     }
 }
 
-/* tg_cols: X read along m.  Blocks of TG_CW columns (rows of the output) x blockDim.y lanes
- * down k (at most TG_CL; fewer for a short k, so that each lane takes four rows of it and
- * fewer warps' sums are added); Y's tile in shared memory (pitch TG_CP: the four rows a warp
- * reads at once fall in different banks) read as 16-byte vectors; a warp's four k lanes are
- * summed with shuffles, the warps' sums (through the tile's memory) in a fixed order. */
+/* tg_cols: X read along m.  Blocks of TG_CW columns (rows of the output) x TG_CL lanes down k;
+ * Y's tile in shared memory (pitch TG_CP: the four rows a warp reads at once fall in
+ * different banks) read as 16-byte vectors; a warp's four k lanes are summed with shuffles,
+ * the warps' sums (through the tile's memory) in a fixed order. */
 #define TG_CW 8
 #define TG_CL (sizeof(T) == 8 ? 64 : 128)
 #define TG_CP (TG_NB + 16 / (int)sizeof(T))
@@ -180,8 +179,8 @@ extern "C" __global__ void __launch_bounds__(TG_CW * TG_CL) tg_cols(TG_PARAMS)
 {
     __shared__ __align__(16) T ys[TG_KT * TG_CP];
     const T alpha = alpha_p ? *alpha_p : alpha_v, beta = beta_p ? *beta_p : beta_v;
-    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TG_CW + tx, cl = blockDim.y;
-    const int lane = tid & 31, warp = tid >> 5, nthr = TG_CW * cl, nwarps = nthr / 32;
+    const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TG_CW + tx;
+    const int lane = tid & 31, warp = tid >> 5, nthr = TG_CW * TG_CL, nwarps = nthr / 32;
     T *red = ys;                                 /* [nwarps][TG_CW][TG_NB] after the tiles */
     for (long long ib = (long long)blockIdx.x * TG_CW; ib < m; ib += (long long)gridDim.x * TG_CW) {
         const long long i = ib + tx;
@@ -194,16 +193,16 @@ extern "C" __global__ void __launch_bounds__(TG_CW * TG_CL) tg_cols(TG_PARAMS)
             __syncthreads();
             tg_stage_y<8>(ys, TG_CP, Y, ys0, ys1, k0, kt, (int)n, tid, nthr);
             __syncthreads();
-            for (int r0 = ty; r0 < kt; r0 += 4 * cl) {
+            for (int r0 = ty; r0 < kt; r0 += 4 * TG_CL) {
                 T xv[4];
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const int r = r0 + u * cl;
+                    const int r = r0 + u * TG_CL;
                     xv[u] = (i < m && r < kt) ? __ldg(xcol + (k0 + r) * xs1) : T(0);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
-                    const int r = r0 + u * cl;
+                    const int r = r0 + u * TG_CL;
                     if (r < kt) {
                         const TV *yv = reinterpret_cast<const TV *>(ys + r * TG_CP);
 #pragma unroll
