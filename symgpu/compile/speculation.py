@@ -46,13 +46,12 @@ def may_guard(fgraph: FunctionGraph) -> bool:
 def without_rewrite(maker: Any, rewrite: str) -> Any:
     """A FunctionMaker compiled again from `maker.source` with `rewrite` excluded (no guard
     of it can fail there), for the same inputs, outputs and updates."""
-    from symgpu.compile.function import FunctionMaker  # deferred: function.py imports this module
     inputs, outputs = maker.source
     fgraph = FunctionGraph(inputs, outputs, clone=True)
     fgraph.update_mapping = dict(maker.fgraph.update_mapping)
     mode = maker.mode.excluding_tags(rewrite)
     pass_times = mode.rewrite(fgraph)
-    new = FunctionMaker(fgraph, mode, maker.inputs, maker.outputs, 0.0, 0.0, pass_times,
+    new = type(maker)(fgraph, mode, maker.inputs, maker.outputs, 0.0, 0.0, pass_times,
                         maker.shared_vars, maker.updates, maker.single,
                         maker.allow_input_downcast)
     new.source = maker.source
