@@ -534,18 +534,3 @@ def test_vgpu_masked_graph_branches_on_the_mask(vgpu, monkeypatch):
                                  mode=_mode(True))
     assert _ops(fn, IfElse)
     assert not _ops(fn, DnnRNN) and not _ops(fn, DnnRNNGrad)
-
-
-@requires_gpu
-@pytest.mark.gpu
-def test_gpu_masked_lstm_trains_alike(cuda):
-    """benchmarks/rnn_cells' masked LSTM on the GPU: cuDNN's branch (rewrite on) against the
-    scan, 3 SGD steps with prefix masks, then a non-prefix mask."""
-    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
-    calls = rc.calls(spec, 3)
-    res = {}
-    for on in (False, True):
-        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
-                                        mode=_mode(on))
-        res[on] = [float(call(n, mk)) for n, mk, _ in calls]
-    np.testing.assert_allclose(res[True], res[False], rtol=2e-4, atol=2e-5)
