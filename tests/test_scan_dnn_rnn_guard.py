@@ -167,3 +167,17 @@ def test_gpu_masked_lstm_behind_the_guard_trains_alike(cuda):
         res[on] += [float(call(L, _bad(calls[0][1]))), float(call(*calls[3][:2]))]
         assert not _ops(fn, GpuDnnRNNForward)
     np.testing.assert_allclose(res[True], res[False], rtol=2e-4, atol=2e-5)
+
+
+def test_a_copy_recompiles_too_and_a_swapped_copy_says_why_it_cannot(recompilable):
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    (n, mask, _), = rc.calls(spec, 1)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    same = fn.copy()
+    same(n, _bad(mask))
+    assert not _ops(same, PrefixGuard) and _ops(fn, PrefixGuard)
+    first = fn.get_shared()[0]
+    swapped = fn.copy(swap={first: symgpu.shared(first.get_value(), name="twin")})
+    with pytest.raises(RuntimeError, match="optimizer_excluding=scan_to_dnn_rnn"):
+        swapped(n, _bad(mask))

@@ -201,6 +201,11 @@ class Function:
         """Compile this function again without `rewrite`, one of whose guards failed
         (compile/speculation.py), keeping its name, profile and input checking."""
         with self._link_lock:
+            if getattr(self.maker, "source", None) is None:
+                raise RuntimeError(f"{self._label()}: a guard of {rewrite!r} failed and this "
+                                   "function (a copy with swapped or deleted updates) keeps no "
+                                   "graph to compile again; compile it with "
+                                   f"optimizer_excluding={rewrite}")
             if rewrite in self.maker.mode.excluding:
                 raise RuntimeError(f"{self._label()}: a guard of {rewrite!r} failed in a "
                                    "function compiled without it")

@@ -71,6 +71,8 @@ def copy_function(fn: Any, share_memory: bool = False, swap: dict | None = None,
     new_maker = type(maker)(new_fg, maker.mode, list(maker.inputs), list(maker.outputs),
                               0.0, 0.0, {}, shared_vars, updates, maker.single,
                               maker.allow_input_downcast)
+    if not swap and not delete_updates:      # the same graph: a failed guard recompiles it
+        new_maker.source = getattr(maker, "source", None)
     if name is None and fn.name:
         name = fn.name + " copy"
     copy = type(fn)(new_maker, name, share, guard)
