@@ -1735,11 +1735,15 @@ _S20_CASES = {
 CASES.update(_S20_CASES)
 
 # scan_to_dnn_rnn's prefix test (s22): lengths per row and a scalar
+from symgpu.scan.dnn_rnn_match import PrefixGuard as _PrefixGuard  # noqa: E402
 from symgpu.scan.dnn_rnn_match import PrefixMask as _PrefixMask  # noqa: E402
 
 _S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
                                  np.array([[1, 1, 1], [1, 0, 1], [0, 0, 1]], "float32"),
-                                 i64(2))]}
+                                 i64(2))],
+              _PrefixGuard: [case(lambda m, n: _PrefixGuard()(m, n),
+                                  np.array([[1, 1, 1], [1, 0, 1], [0, 0, 1]], "float32"),
+                                  i64(2))]}
 CASES.update(_S22_CASES)
 
 
