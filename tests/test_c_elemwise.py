@@ -599,3 +599,19 @@ def test_uint64_int64_comparison_is_exact():
     eq, lt = f(a, b)
     assert_same(eq, np.equal(a, b))
     assert_same(lt, np.less(b, a))
+
+
+def test_an_elemwise_of_constants_alone_runs():
+    """Constants fused after constant folding (shape expressions a later rewrite builds) make
+    an Elemwise with no inputs: it runs without the C kernel (no input to take a shape
+    from; it used to fail with a NameError in the generated thunk)."""
+    from symgpu.compile.mode import Mode
+    one, four = T.constant(np.int64(1)), T.constant(np.int64(4))
+    s = (one + four) - one
+    mode = Mode(optimizer="fast_run").excluding_tags("constant_folding")
+    f = symgpu.function([], [s, s + 1], mode=mode)
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, Elemwise)]
+    assert not node.inputs
+    assert c_elemwise.c_elemwise_thunk(node, {v: [None] for v in node.outputs}, None) is None
+    for _ in range(2):
+        assert [int(v) for v in f()] == [4, 5]

@@ -123,6 +123,8 @@ def c_source(node) -> str | None:
 def c_elemwise_thunk(node, storage_map: dict, fallback: Callable) -> Callable | None:
     """A thunk running `node` through its C kernel (`fallback` for layouts it does not
     take), or None when the node is not one for C or C kernels are off."""
+    if not node.inputs:       # constants fused after constant folding: no shape to read
+        return None
     source = c_source(node)
     if source is None or not c_kernels_enabled():
         return None
