@@ -181,3 +181,17 @@ def test_a_copy_recompiles_too_and_a_swapped_copy_says_why_it_cannot(recompilabl
     swapped = fn.copy(swap={first: symgpu.shared(first.get_value(), name="twin")})
     with pytest.raises(RuntimeError, match="optimizer_excluding=scan_to_dnn_rnn"):
         swapped(n, _bad(mask))
+
+
+def test_a_second_failed_guard_finds_the_function_compiled_again(recompilable):
+    """Two calls in flight (two threads) that both failed the guard: the first compiles the
+    function again, the second finds it done and runs its call there (no error)."""
+    spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
+    (n, mask, _), = rc.calls(spec, 1)
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    fn._respecialize("scan_to_dnn_rnn")
+    maker = fn.maker
+    fn._respecialize("scan_to_dnn_rnn")          # the second thread's turn
+    assert fn.maker is maker and not _ops(fn, PrefixGuard)
+    assert np.isfinite(float(fn(n, _bad(mask))))

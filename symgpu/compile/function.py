@@ -195,7 +195,7 @@ class Function:
             return self._fast(*args)
         except SpeculationFailed as exc:     # nothing was updated: recompile and call again
             self._respecialize(exc.rewrite)
-            return self._fast(*args)
+            return self._fast(*args)         # once: a guard failing again there propagates
 
     def _respecialize(self, rewrite: str) -> None:
         """Compile this function again without `rewrite`, one of whose guards failed
@@ -207,8 +207,7 @@ class Function:
                                    "graph to compile again; compile it with "
                                    f"optimizer_excluding={rewrite}")
             if rewrite in self.maker.mode.excluding:
-                raise RuntimeError(f"{self._label()}: a guard of {rewrite!r} failed in a "
-                                   "function compiled without it")
+                return      # another thread's call compiled it again meanwhile
             maker = without_rewrite(self.maker, rewrite)
             trust, profile = self.trust_input, self.profile
             Function.__init__(self, maker, self.name)
