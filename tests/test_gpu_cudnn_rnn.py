@@ -274,7 +274,7 @@ def test_reserve_outputs_and_gradients_equal_the_plain_ops(mode):
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode,hidden", [("lstm", 128), ("lstm", 160), ("gru", 128),
                                          ("gru", 192), ("rnn_tanh", 256)])
-def test_gpu_persistent_and_standard_plans_match_the_host(cuda, mode, hidden):
+def test_gpu_persistent_and_standard_plans_match_the_host(cuda, monkeypatch, mode, hidden):
     """Each side of the persistent kernel's limits (one layer, batch 16: the sizes the loop
     benchmark runs) trains as the host op does, on the algorithm rnn_algorithm named."""
     rng = np.random.default_rng(6)
@@ -292,15 +292,11 @@ def test_gpu_persistent_and_standard_plans_match_the_host(cuda, mode, hidden):
     def recording(self, *a, **k):
         orig(self, *a, **k)
         made.append(self.algo)
-    monkeypatch = pytest.MonkeyPatch()
     monkeypatch.setattr(crnn.RNNPlan, "_layer", recording)
-    try:
-        f = function(ins, outs + grads)
-        for _ in range(3):
-            got = f(*vals)
-            for g, e in zip(got, want):     # float32 sums over 256 units: error by the scale
-                assert np.max(np.abs(np.asarray(g) - e)) <= 5e-4 * (1 + np.max(np.abs(e)))
-    finally:
-        monkeypatch.undo()
+    f = function(ins, outs + grads)
+    for _ in range(3):
+        got = f(*vals)
+        for g, e in zip(got, want):     # float32 sums over 256 units: error by the scale
+            assert np.max(np.abs(np.asarray(g) - e)) <= 5e-4 * (1 + np.max(np.abs(e)))
     (fwd,) = _ops(f, crnn.GpuDnnRNNForward)
     assert made == [crnn.rnn_algorithm(fwd.op, 16)] * 2      # the forward and backward plans

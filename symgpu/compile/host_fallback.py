@@ -10,7 +10,7 @@ of the same dtype and pattern, GPU-typed results come back as host arrays.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from symgpu.compile import devices
 from symgpu.compile.io import In
@@ -18,7 +18,7 @@ from symgpu.config import config
 from symgpu.graph.basic import Variable, io_toposort
 from symgpu.graph.fg import FunctionGraph
 
-__all__ = ["keep_source", "recompile_on_host"]
+__all__ = ["keep_source", "recompile_on_host", "compile_source"]
 
 
 def _is_gpu(var: Variable) -> bool:
@@ -65,16 +65,25 @@ def _host_graph(inputs: list, outputs: list) -> tuple[list, list]:
     return host_inputs, [memo.get(o, o) for o in outputs]
 
 
+def compile_source(maker: Any, inputs: list, outputs: list, mode: Any,
+                   ins: Callable[[FunctionGraph], list] | None = None) -> Any:
+    """A FunctionMaker like `maker` (its outputs, shared variables, updates) for the graph
+    (`inputs`, `outputs`), a version of its source, rewritten by `mode`; `ins(fgraph)` its
+    In inputs (default `maker`'s). It keeps `maker`'s source, to compile from again."""
+    fgraph = FunctionGraph(inputs, outputs, clone=True)
+    fgraph.update_mapping = dict(maker.fgraph.update_mapping)
+    pass_times = mode.rewrite(fgraph)
+    new = type(maker)(fgraph, mode, maker.inputs if ins is None else ins(fgraph),
+                      maker.outputs, 0.0, 0.0, pass_times, maker.shared_vars, maker.updates,
+                      maker.single, maker.allow_input_downcast)
+    new.source = maker.source
+    return new
+
+
 def recompile_on_host(maker: Any) -> Any:
     """A FunctionMaker for the host, compiled from `maker.source` with `maker`'s mode."""
-    host_inputs, outputs = _host_graph(*maker.source)
-    fgraph = FunctionGraph(host_inputs, outputs, clone=True)
-    fgraph.update_mapping = dict(maker.fgraph.update_mapping)
-    pass_times = maker.mode.rewrite(fgraph)
-    inputs = [In(fgraph.inputs[k], name=i.name, value=i.value, mutable=i.mutable,
-                 strict=i.strict, allow_downcast=i.allow_downcast, borrow=i.borrow)
-              if _is_gpu(i.variable) else i for k, i in enumerate(maker.inputs)]
-    new = type(maker)(fgraph, maker.mode, inputs, maker.outputs, 0.0, 0.0, pass_times,
-                        maker.shared_vars, maker.updates, maker.single,
-                        maker.allow_input_downcast)
-    return new
+    def host_ins(fgraph: FunctionGraph) -> list:
+        return [In(fgraph.inputs[k], name=i.name, value=i.value, mutable=i.mutable,
+                   strict=i.strict, allow_downcast=i.allow_downcast, borrow=i.borrow)
+                if _is_gpu(i.variable) else i for k, i in enumerate(maker.inputs)]
+    return compile_source(maker, *_host_graph(*maker.source), maker.mode, host_ins)

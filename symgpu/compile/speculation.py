@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from symgpu.compile.host_fallback import compile_source
 from symgpu.graph.fg import FunctionGraph
 
 __all__ = ["SpeculationFailed", "may_guard", "allow_guards", "without_rewrite"]
@@ -46,13 +47,4 @@ def may_guard(fgraph: FunctionGraph) -> bool:
 def without_rewrite(maker: Any, rewrite: str) -> Any:
     """A FunctionMaker compiled again from `maker.source` with `rewrite` excluded (no guard
     of it can fail there), for the same inputs, outputs and updates."""
-    inputs, outputs = maker.source
-    fgraph = FunctionGraph(inputs, outputs, clone=True)
-    fgraph.update_mapping = dict(maker.fgraph.update_mapping)
-    mode = maker.mode.excluding_tags(rewrite)
-    pass_times = mode.rewrite(fgraph)
-    new = type(maker)(fgraph, mode, maker.inputs, maker.outputs, 0.0, 0.0, pass_times,
-                        maker.shared_vars, maker.updates, maker.single,
-                        maker.allow_input_downcast)
-    new.source = maker.source
-    return new
+    return compile_source(maker, *maker.source, maker.mode.excluding_tags(rewrite))

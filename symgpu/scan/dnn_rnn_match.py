@@ -247,19 +247,28 @@ class PrefixMask(Op):
 
     host_check = True
 
-    def make_node(self, mask: Any, n: Any) -> Apply:
+    def _inputs(self, mask: Any, n: Any) -> list:
         mask, n = T.as_tensor_variable(mask), T.as_tensor_variable(n)
         if mask.ndim != 2 or n.ndim != 0 or "int" not in n.dtype:
-            raise TypeError(f"PrefixMask: expected a (steps, batch) mask and an integer "
-                            f"step count, got {mask.type} and {n.type}")
-        return Apply(self, [mask, n], [T.TensorType("int32", (False,))(name="lengths"),
-                                       T.TensorType("int8", ())(name="prefix_ok")])
+            raise TypeError(f"{type(self).__name__}: expected a (steps, batch) mask and an "
+                            f"integer step count, got {mask.type} and {n.type}")
+        return [mask, n]
 
-    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        m = np.asarray(inputs[0])[:int(inputs[1])]
+    def make_node(self, mask: Any, n: Any) -> Apply:
+        return Apply(self, self._inputs(mask, n),
+                     [T.TensorType("int32", (False,))(name="lengths"),
+                      T.TensorType("int8", ())(name="prefix_ok")])
+
+    @staticmethod
+    def test(mask: Any, n: Any) -> tuple[np.ndarray, bool]:
+        """(lengths int32, whether the mask is a prefix mask with every length >= 1)."""
+        m = np.asarray(mask)[:int(n)]
         lengths = m.sum(axis=0, dtype=np.float64).astype(np.int32)
         steps = np.arange(m.shape[0])[:, None] < lengths[None, :]
-        ok = bool(np.array_equal(m, steps.astype(m.dtype)) and (lengths >= 1).all())
+        return lengths, bool(np.array_equal(m, steps.astype(m.dtype)) and (lengths >= 1).all())
+
+    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
+        lengths, ok = self.test(*inputs)
         outputs[0][0] = lengths
         outputs[1][0] = np.int8(ok)
 
@@ -279,18 +288,17 @@ class PrefixGuard(PrefixMask):
     then compiles again without the rewrite and runs that call as a loop."""
 
     def make_node(self, mask: Any, n: Any) -> Apply:
-        inputs = super().make_node(mask, n).inputs
-        return Apply(self, inputs, [T.TensorType("int32", (False,))(name="lengths")])
+        return Apply(self, self._inputs(mask, n),
+                     [T.TensorType("int32", (False,))(name="lengths")])
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        both: list = [[None], [None]]
-        super().perform(node, inputs, both)
-        if not both[1][0]:
+        lengths, ok = self.test(*inputs)
+        if not ok:
             raise SpeculationFailed(
                 "scan_to_dnn_rnn: the loop's mask is not a prefix mask in every row (ones, "
                 "then zeros, at least one step), which a cuDNN layer needs: the function "
                 "runs the loop from now on", rewrite="scan_to_dnn_rnn")
-        outputs[0][0] = both[0][0]
+        outputs[0][0] = lengths
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
         return [(shapes[0][1],)]

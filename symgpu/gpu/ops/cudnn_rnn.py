@@ -117,17 +117,17 @@ class RNNPlan:
         self.x = self._data(t, b, isize, lengths)
         self.y = self._data(t, b, op.hidden_size * op.dirs, lengths)
         ws, rs = ctypes.c_size_t(0), ctypes.c_size_t(0)
-        try:
-            lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr, _FWD_TRAINING,
-                     self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
-        except CudnnError as exc:
-            if self.algo == _ALGO_STANDARD or _NOT_SUPPORTED not in str(exc):
-                raise
+        while True:
+            try:
+                lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr,
+                         _FWD_TRAINING, self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
+                break
+            except CudnnError as exc:
+                if self.algo == _ALGO_STANDARD or _NOT_SUPPORTED not in str(exc):
+                    raise
             # cuDNN refuses its persistent kernel here: the standard algorithm (the forward
             # and the backward node fall back alike: their plans are made the same way)
             self._layer(op, ctx, b, isize, w_ptr, w_size, _ALGO_STANDARD)
-            lib.call("cudnnGetRNNTempSpaceSizes", self.handle, self.rnn.ptr, _FWD_TRAINING,
-                     self.x.ptr, ctypes.byref(ws), ctypes.byref(rs))
         self.workspace, self.reserve = int(ws.value), max(int(rs.value), 1)
         self.batch, self.seq = b, t
 
