@@ -18,6 +18,7 @@ from symgpu.compile.mode import Mode
 from symgpu.compile.speculation import SpeculationFailed
 from symgpu.ifelse import IfElse
 from symgpu.scan.dnn_rnn_match import PrefixGuard
+from symgpu.tensor.nnet.pad_steps import PadSteps
 from symgpu.tensor.nnet import rnn as rnn_mod
 from symgpu.tensor.nnet.rnn import DnnRNN, DnnRNNGrad
 
@@ -116,6 +117,57 @@ def test_masked_cells_train_alike_behind_the_guard(recompilable, monkeypatch, ce
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("cell, masked, loss", [("lstm", True, "last"), ("gru", True, "all"),
+                                               ("lstm", False, "all"), ("elman", False, "last")])
+def test_lengths_that_vary_run_cudnn_padded_to_a_bucket_and_train_alike(
+        recompilable, monkeypatch, cell, masked, loss):
+    """A new length every call: after the second length cuDNN runs over the sequence padded
+    to a multiple of BUCKET (PadSteps), the states read up to the true length; losses and
+    weights equal the loop's over calls of lengths 2..9."""
+    from symgpu.scan import dnn_rnn_match
+    monkeypatch.setattr(dnn_rnn_match, "BUCKET", 4)
+    spec = rc.Spec(cell, masked, loss, B, H, True, inp=IN, var_range=(2, 9))
+    calls = rc.calls(spec, 8)
+    assert len({n for n, _, _ in calls}) > 2
+    seen = []
+    orig = rnn_mod.DnnRNN.perform
+
+    def recording(self, node, inputs, outputs):
+        seen.append(inputs[1].shape[0])
+        return orig(self, node, inputs, outputs)
+    monkeypatch.setattr(rnn_mod.DnnRNN, "perform", recording)
+    res = {}
+    for on in (False, True):
+        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                        mode=_mode(on))
+        if on:
+            (pad,) = _ops(fn, PadSteps)
+            assert pad.op.q == 4 and _ops(fn, DnnRNN)
+        res[on] = ([float(call(n, mk)) for n, mk, _ in calls],
+                   [np.asarray(v.get_value()) for v in fn.get_shared()])
+    lengths = [n for n, _, _ in calls]
+    first = lengths[0]
+    varied = lengths.index(next(n for n in lengths if n != first))
+    want = lengths[:varied] + [-(-n // 4) * 4 for n in lengths[varied:]]
+    assert seen == want                  # one forward a call: the backward reads its y
+
+    np.testing.assert_allclose(res[True][0], res[False][0], rtol=1e-5, atol=1e-6)
+    for got, ref in zip(res[True][1], res[False][1]):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
+
+
+def test_vgpu_the_pad_is_placed_on_the_gpu(vgpu):
+    """On a (virtual) GPU the pad is a GpuPadSteps of the GPU sequence (its thunk, not
+    captured: test_gpu_pad_steps_pads_on_the_device_outside_graphs)."""
+    from symgpu.gpu.ops.pad_steps import GpuPadSteps
+    from symgpu.gpu.placement.type import is_gpu_var
+    spec = rc.Spec("lstm", True, "last", B, H, True, inp=IN, var_range=(2, 9))
+    _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                 mode=_mode(True))
+    (pad,) = _ops(fn, PadSteps)
+    assert isinstance(pad.op, GpuPadSteps) and is_gpu_var(pad.inputs[0])
+
+
 def test_a_failed_guard_keeps_the_functions_name_and_input_checks(recompilable):
     spec = rc.Spec("lstm", True, "last", B, H, False, inp=IN, fixed=L)
     (n, mask, _), = rc.calls(spec, 1)
@@ -195,3 +247,28 @@ def test_a_second_failed_guard_finds_the_function_compiled_again(recompilable):
     fn._respecialize("scan_to_dnn_rnn")          # the second thread's turn
     assert fn.maker is maker and not _ops(fn, PrefixGuard)
     assert np.isfinite(float(fn(n, _bad(mask))))
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
+    """GpuPadSteps: the sequence unpadded while its length stays, then zero steps up to a
+    multiple of q; its thunk is not marked capturable (the graphs after it are keyed by
+    the bucket); the gradient slices back."""
+    from symgpu.gpu.ops.pad_steps import GpuPadSteps
+    x = symgpu.shared(np.zeros((1, 2, 3), "float32"), name="seq")
+    y = PadSteps(4)(x)
+    g = T.grad((y * y).sum(), x)
+    f = symgpu.function([], [y, g])
+    (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuPadSteps)]
+    storage = {v: [None] for v in node.inputs + node.outputs}
+    assert not getattr(node.op.make_thunk(node, storage, {}, []), "capturable", False)
+    rng = np.random.default_rng(0)
+    for n, padded in ((5, 5), (5, 5), (6, 8), (3, 4), (9, 12)):
+        v = rng.standard_normal((n, 2, 3)).astype("float32")
+        x.set_value(v)
+        got, dx = (np.asarray(a) for a in f())
+        assert got.shape == (padded, 2, 3)
+        np.testing.assert_array_equal(got[:n], v)
+        assert not got[n:].any()
+        np.testing.assert_allclose(dx, 2 * v, rtol=1e-6)

@@ -146,6 +146,7 @@ import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401
 import symgpu.gpu.ops.builders  # noqa: E402,F401  (OpFromGraph -> GpuOpFromGraph)
 import symgpu.gpu.ops.ctc  # noqa: E402,F401
 import symgpu.gpu.ops.cudnn_rnn  # noqa: E402,F401  (DnnRNN/DnnRNNGrad -> cuDNN's RNN API)
+import symgpu.gpu.ops.pad_steps  # noqa: E402,F401  (PadSteps -> GpuPadSteps, not captured)
 import symgpu.gpu.ops.linalg  # noqa: E402,F401  (cuSOLVER/cuBLAS linear algebra)
 import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices: type, shared variables, transfers)
 import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)

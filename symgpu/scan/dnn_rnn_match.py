@@ -40,6 +40,7 @@ from symgpu.scan.rnn_step_match import RNNMatch, _is_const, match_rnn_step
 from symgpu.tensor.checks import Assert
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
+from symgpu.tensor.nnet.pad_steps import PadSteps
 from symgpu.tensor.nnet.rnn import DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
@@ -52,6 +53,11 @@ __all__ = ["PrefixMask", "PrefixGuard", "RNNMatch", "match_rnn_step", "scan_to_d
 #: without this rewrite) instead of a per-call branch between cuDNN and the loop (the
 #: branch splits the step around it: 0.82 against 0.55 ms a masked LSTM step on an H200)
 GUARD = True
+#: where a GPU may take part, a loop whose last cell state is not read runs cuDNN over its
+#: sequence padded to a multiple of BUCKET steps once the length has varied between calls
+#: (PadSteps), its states read up to the true length: the step after the pad then has a
+#: few shapes, each captured once, instead of one per length (1: never padded)
+BUCKET = 16
 
 #: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above
 #: this one, installs it when it loads (set_branch_builder; the GPU backend loads it, the
@@ -330,12 +336,13 @@ def _prefix(mask: Variable, x: Variable, guard: bool) -> _Prefix:
     return _Prefix(lengths, T.cast(steps, x.dtype).dimshuffle(0, 1, "x"), ok)
 
 
-def _held(y: Variable, pre: _Prefix) -> Variable:
-    """A masked loop's states from an unmasked run over the padded sequence: with a prefix
-    mask, row i's state at step t is the unmasked one at min(t, len_i - 1) (the loop holds
-    a row's last state past its end, and before it both runs agree)."""
-    t = T.arange(y.shape[0]).dimshuffle(0, "x")
-    last = (pre.lengths - 1).dimshuffle("x", 0)
+def _held(y: Variable, lengths: Variable, steps: Variable) -> Variable:
+    """A masked loop's states from an unmasked run over the padded sequence (`steps` long):
+    with a prefix mask, row i's state at step t is the unmasked one at min(t, len_i - 1)
+    (the loop holds a row's last state past its end, and before it both runs agree). An
+    unmasked loop run over a sequence padded past its length L: lengths all L."""
+    t = T.arange(steps).dimshuffle(0, "x")
+    last = (lengths - 1).dimshuffle("x", 0)
     rows = T.arange(y.shape[1]).dimshuffle("x", 0)
     return y[T.maximum(T.minimum(t, last), 0), rows]
 
@@ -358,20 +365,28 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     pre = _prefix(mask, x, guard) if mask is not None else None
     branch = pre is not None and not guard
     gather = pre is not None and not c_readers
-    # with a mask, the backward branch takes cuDNN's y and reserve space from the forward
-    # branch (else it would run the forward layer again for them)
+    steps = x.shape[0]
+    bucket = BUCKET > 1 and not c_readers and not branch and may_guard(fgraph)
+    run_x = PadSteps(BUCKET)(x) if bucket else x
+    # the states are read per row at min(t, len - 1): a prefix mask's lengths, or the
+    # true length of a padded run
+    lens = pre.lengths if gather else \
+        T.cast(T.alloc(steps, x.shape[1]), "int32") if bucket else None
+    # the backward takes cuDNN's y and reserve space from the forward (else it would run
+    # the forward layer again for them)
     op = DnnRNN(m.mode, "unidirectional", 1, m.hidden,
-                with_lengths=pre is not None and not gather, reserve=pre is not None)
-    fwd_in = [w, x, hx] + ([cx] if cx is not None else []) + \
+                with_lengths=pre is not None and not gather, reserve=pre is not None or bucket)
+    fwd_in = [w, run_x, hx] + ([cx] if cx is not None else []) + \
         ([pre.lengths] if op.with_lengths else [])
     outs = op(*fwd_in)
     y, hy = outs[0], outs[1]
     nonseqs = node.inputs[1 + S + M:]
-    if pre is None:
+    if lens is not None:
+        held = _held(y, lens, run_x.shape[0])
+        h_all = held[:steps] if bucket else held
+        h_last = held[-1].dimshuffle("x", 0, 1)
+    elif pre is None:
         h_all, h_last = y, hy
-    elif gather:
-        h_all = _held(y, pre)
-        h_last = h_all[-1].dimshuffle("x", 0, 1)
     else:
         h_all, h_last = y + (1 - pre.valid) * hy[0].dimshuffle("x", 0, 1), hy
 
@@ -418,14 +433,15 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         (y, T.zeros((x.shape[0], x.shape[1], m.hidden), dtype=y.dtype)),
         (outs[-1], T.zeros((0,), dtype="uint8")))
     got = swap(olds, news, alts, extra)
-    y_f, *reserve = got if branch else [y, outs[-1]] if pre is not None else [y]
+    y_f, *reserve = got if branch else [y, outs[-1]] if op.reserve else [y]
     # zeros shaped like hx and cx, not like hy and cy: read from the branch, their shapes
     # would need the forward layer
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
-        if gather:   # the adjoints of the gathered states, back onto cuDNN's y
-            held = _held(y_f, pre)
-            known = {v: d for v, d in ((held, dy), (held[-1].dimshuffle("x", 0, 1), dhy))
+        if lens is not None:   # the adjoints of the gathered states, back onto cuDNN's y
+            held = _held(y_f, lens, run_x.shape[0])
+            seen = held[:steps] if bucket else held
+            known = {v: d for v, d in ((seen, dy), (held[-1].dimshuffle("x", 0, 1), dhy))
                      if d is not None}
             out_grads = [grad(None, [y_f], known_grads=known, disconnected_inputs="ignore",
                               return_disconnected="zero")[0] if known else T.zeros_like(y_f),
@@ -437,7 +453,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
             out_grads = [T.zeros_like(y_f) if dy is None else dy, dhy_all]
         if cx is not None:
             out_grads.append(T.zeros_like(cx) if dcy is None else dcy)
-        if pre is not None:   # y and the reserve space from the forward branch
+        if op.reserve:   # y and the reserve space from the forward (branch)
             fwd_out = [y_f] + list(outs[1:-1]) + reserve
             out_grads.append(None)
         else:
@@ -452,7 +468,8 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         news_prefix = [state_grad[j].dimshuffle("x", 0, 1, 2) for j in g.windows] + \
             [v.dimshuffle("x", *range(v.ndim)) for v in g_ns]
         # a sequence other than x is the mask, whose gradient is not read (_mask_grad_read)
-        news = news_prefix + [dx[::-1] if k == 0 else None for k in g.seq_grads]
+        dx_seq = dx[:steps] if bucket else dx
+        news = news_prefix + [dx_seq[::-1] if k == 0 else None for k in g.seq_grads]
         alts = list(b.op.make_node(*fallback(b.inputs)).outputs) if branch else []
         swap(list(b.outputs), news, alts)
     return True

@@ -1,0 +1,81 @@
+"""PadSteps: a sequence (steps, ...) padded with zero steps to a multiple of `q` once its
+length has been seen to vary between calls (scan_to_dnn_rnn's length buckets, issue 32).
+
+Why: a training step whose sequence length changes every call (variable-length minibatches)
+gives every node after the sequence a new shape per call, so no CUDA graph of the step is
+ever replayed: each call launches its kernels one by one. A recurrent layer whose outputs
+are read only up to the true length (its states do not depend on later steps) can run over
+a padded sequence instead, and then every node after the pad sees one of a few lengths
+(the buckets). A program whose length never changes pays nothing: until a second length
+arrives the op passes the sequence through unpadded. On the GPU the pad is not captured
+(symgpu/gpu/ops/pad_steps.py), so the graphs after it are keyed by the bucket alone.
+
+The output's length is known when the op runs, not from its input's shape (it depends on
+the lengths seen before): ``infer_shape`` says so (ShapeError), and shapes after it are read
+from the padded value.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op, ShapeError
+from symgpu.tensor.type import TensorType, as_tensor_variable
+
+__all__ = ["PadSteps", "StepBuckets"]
+
+
+class StepBuckets:
+    """One node's memory of the lengths it has run: the padded length for the next call
+    (``steps(n)``): `n` itself while every call had that length, else `n` rounded up to a
+    multiple of `q`."""
+
+    def __init__(self, q: int) -> None:
+        self.q, self.first, self.varied = q, None, False
+
+    def steps(self, n: int) -> int:
+        if self.first is None:
+            self.first = n
+        elif n != self.first:
+            self.varied = True
+        return -(-n // self.q) * self.q if self.varied else n
+
+
+class PadSteps(Op):
+    """x (steps, ...) -> (padded steps, ...): x, then zero steps (StepBuckets' length)."""
+
+    __props__ = ("q",)
+
+    def __init__(self, q: int) -> None:
+        if int(q) < 1:
+            raise ValueError(f"PadSteps: the bucket size must be >= 1, got {q}")
+        self.q = int(q)
+
+    def make_node(self, x: Any) -> Apply:
+        x = as_tensor_variable(x)
+        if x.ndim < 1:
+            raise TypeError(f"{self}: needs a sequence (steps, ...), got {x.type}")
+        out = TensorType(x.dtype, (False,) + x.type.broadcastable[1:])(name="padded")
+        return Apply(self, [x], [out])
+
+    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
+        x = np.asarray(inputs[0])
+        buckets = getattr(node.tag, "buckets", None)
+        if buckets is None:
+            buckets = node.tag.buckets = StepBuckets(self.q)
+        n = buckets.steps(x.shape[0])
+        out = np.zeros((n,) + x.shape[1:], dtype=x.dtype)
+        out[:x.shape[0]] = x
+        outputs[0][0] = out
+
+    def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        raise ShapeError(f"{self}: the padded length depends on the lengths earlier calls "
+                         "had (StepBuckets), not on the input's shape alone")
+
+    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
+        return [output_grads[0][:inputs[0].shape[0]]]
+
+    def __str__(self) -> str:
+        return f"PadSteps{{{self.q}}}"
