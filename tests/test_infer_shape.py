@@ -1735,7 +1735,9 @@ _S20_CASES = {
 CASES.update(_S20_CASES)
 
 # scan_to_dnn_rnn's prefix test (s22): lengths per row and a scalar
+from symgpu.gpu.ops.pad_steps import GpuPadSteps as _GpuPadSteps  # noqa: E402
 from symgpu.scan.dnn_rnn_match import PrefixGuard as _PrefixGuard  # noqa: E402
+from symgpu.tensor.nnet.pad_steps import PadSteps as _PadSteps  # noqa: E402
 from symgpu.scan.dnn_rnn_match import PrefixMask as _PrefixMask  # noqa: E402
 
 _S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
@@ -1743,7 +1745,10 @@ _S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
                                  i64(2))],
               _PrefixGuard: [case(lambda m, n: _PrefixGuard()(m, n),
                                   np.array([[1, 1, 1], [1, 0, 1], [0, 0, 1]], "float32"),
-                                  i64(2))]}
+                                  i64(2))],
+              # PadSteps and its GPU op: the padded length depends on the lengths earlier
+              # calls had (ShapeError: shapes after it are read from the padded value)
+              _PadSteps: [], _GpuPadSteps: []}
 CASES.update(_S22_CASES)
 
 
