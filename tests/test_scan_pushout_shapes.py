@@ -230,3 +230,45 @@ def test_layer_norm_lstm_loop_is_captured_on_the_gpu(cuda):
     nodes = loops(f)
     assert len(nodes) == 2 and all(type(n.op).__name__ == "GpuScan" for n in nodes)
     assert all(type(n.outputs[0].type).__name__ == "GpuArrayType" for n in nodes)
+
+
+# ============================================================================ per-step dims
+
+def _rnn_step_with_gradient():
+    """An Elman RNN's cost and weight gradients: the backward loop's per-step output is
+    flattened after the loop for the weight products."""
+    x, W, U = T.tensor3("x"), T.matrix("W"), T.matrix("U")
+    h0 = T.zeros((x.shape[1], U.shape[0]))
+    hs, _ = symgpu.scan(lambda xt, h, W, U: T.tanh(T.dot(xt, W) + T.dot(h, U)), sequences=[x],
+                        outputs_info=[h0], non_sequences=[W, U])
+    cost = T.sqr(hs[-1]).sum()
+    return [x, W, U], [cost] + T.grad(cost, [W, U])
+
+
+def test_a_gpu_loops_per_step_dims_come_from_the_inputs_lengths():
+    """On a virtual GPU the backward loop's per-step output (batch x hidden a step) is not read
+    for its dims after the loop: they come from x and U (per_step_dims).  Before, GpuScan's
+    rule read them from the result, a host step between two CUDA graphs every call."""
+    from symgpu.gpu.ops.scan_op import GpuScan
+    from symgpu.gpu.placement.rewriting import virtual_context
+    with config.change_flags(floatX="float32"), virtual_context(None):
+        ins, outs = _rnn_step_with_gradient()
+        f = function(ins, outs)
+    backward = [n for n in loops(f, GpuScan) if "grad_of" in str(n.op)]
+    assert backward
+    reads = [n for n in shape_reads(f.maker.fgraph) if n.inputs[0].owner in backward]
+    assert not reads, reads
+
+
+def test_per_step_dims_answer_from_lengths_and_non_sequences_only():
+    """``x_t[:k]`` for a non-sequence k: the dim is k's value, known before the loop; a width
+    that follows a per-step value (``x_t[:n_t]`` for a sequence n) cannot be known (None:
+    the dim is read from the result, and the loop checks that every step gives one shape)."""
+    from symgpu.scan.pushout_shapes import per_step_dims
+    x, k, n = T.matrix("x"), T.lscalar("k"), T.lvector("n")
+    ys, _ = symgpu.scan(lambda xt, k: T.tanh(xt[:k]), sequences=[x], non_sequences=[k])
+    (dim,) = per_step_dims(ys.owner, 0)
+    assert function([x, k], dim)(np.ones((4, 7)), 3) == 3
+    zs, _ = symgpu.scan(lambda xt, nt: xt[:nt] * 2, sequences=[x, n])
+    assert per_step_dims(zs.owner, 0) is None
+    assert function([x, n], zs.shape[1])(np.ones((4, 7)), np.full(4, 2)) == 2

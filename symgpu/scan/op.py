@@ -245,10 +245,13 @@ class Scan(Op):
             else:
                 lead = n_init
             out.append((lead,) + tuple(init_shape[1:]))
+        from symgpu.scan.pushout_shapes import per_step_dims   # (it imports this module)
         for i in range(info.n_nitsot):
             o = node.outputs[info.n_states + i]
             lead = o.shape[0] if info.as_while else n
-            out.append((lead,) + tuple(o.shape[d] for d in range(1, o.ndim)))
+            rest = per_step_dims(node, info.n_states + i)
+            out.append((lead,) + (rest if rest is not None else
+                                  tuple(o.shape[d] for d in range(1, o.ndim))))
         return out
 
     def L_op(self, inputs, outputs, output_grads):

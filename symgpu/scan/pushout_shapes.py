@@ -40,7 +40,7 @@ from symgpu.tensor.rewriting.shape_feature import node_shapes
 from symgpu.tensor.shape import shape_i_of
 from symgpu.tensor.type import TensorConstant
 
-__all__ = ["scan_pushout_shapes", "hoist_body_shapes"]
+__all__ = ["scan_pushout_shapes", "hoist_body_shapes", "per_step_dims"]
 
 #: rounds of answering reads: a read whose answer goes through another op's shape input (an
 #: Alloc of a length read from a per-step value) is answered once that read is
@@ -150,6 +150,30 @@ def _answer_reads(outputs: list, lengths: _Lengths, allowed: set) -> dict:
                 continue
         replace[n.outputs[0]] = new
     return replace
+
+
+def per_step_dims(node: Any, k: int) -> tuple | None:
+    """The lengths of inner output k (a state's new value or a per-step output: the loop
+    output's dims after the first) in terms of the outer inputs' lengths and the
+    non-sequences, or None where one depends on a per-step value.  Why: Scan's
+    ``infer_shape`` read a per-step output's dims from the output itself, so code after a
+    loop that reshapes its outputs (a gradient loop's ``(L, batch, hidden)`` results flattened
+    for the weight product) kept host reads of a device result mid-step: on the GPU, a host
+    step between two CUDA graphs every call."""
+    op: Scan = node.op
+    info = op.info
+    S, M = info.n_seqs, info.n_states
+    lengths = _Lengths(node)
+    dims = lengths.dims(op.inner_outputs[k])
+    if dims is None:
+        return None
+    nonseq_in = op.inner_inputs[S + info.n_taps:]
+    allowed = set(lengths.placeholders) | set(nonseq_in)
+    if not all(_invariant(e, allowed) for e in dims):
+        return None
+    inner_to_outer = dict(zip(nonseq_in, node.inputs[1 + S + M:]))
+    inner_to_outer.update(lengths.placeholders)
+    return tuple(clone_with(list(dims), inner_to_outer))
 
 
 def hoist_body_shapes(fgraph: FunctionGraph, node: Any) -> bool:

@@ -29,6 +29,7 @@ from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.graph.basic import Apply, Variable
 from symgpu.link.vm import VM
 from symgpu.scan.inner import clone_with
+from symgpu.scan.pushout_shapes import per_step_dims
 from symgpu.scan.op import Scan, ScanError, ScanInfo, _simple
 import symgpu.tensor as T
 
@@ -139,8 +140,9 @@ class GpuScan(Scan):
         return Apply(self, node.inputs, outs)
 
     def infer_shape(self, fgraph, node: Apply, input_shapes: list) -> list[tuple]:
-        """Scan's rule; the lengths only a run knows (while loops) and the per-step dims of
-        the outputs are read with GpuShape_i, which the shape rewrite leaves alone."""
+        """Scan's rule; the lengths only a run knows (while loops) and the per-step dims
+        the body's shapes do not give (scan.pushout_shapes.per_step_dims) are read with
+        GpuShape_i, which the shape rewrite leaves alone."""
         info = self.info
         n = node.inputs[0]
         out = []
@@ -156,7 +158,9 @@ class GpuScan(Scan):
         for i in range(info.n_nitsot):
             o = node.outputs[info.n_states + i]
             lead = GpuShape_i(0)(o) if info.as_while else n
-            out.append((lead,) + tuple(GpuShape_i(d)(o) for d in range(1, o.ndim)))
+            rest = per_step_dims(node, info.n_states + i)
+            out.append((lead,) + (rest if rest is not None else
+                                  tuple(GpuShape_i(d)(o) for d in range(1, o.ndim))))
         return out
 
     # -- running
