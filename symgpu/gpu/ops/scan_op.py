@@ -113,6 +113,12 @@ def scratch_needing_copy(fg: Any, info: ScanInfo, scratch: Sequence[int]) -> fro
 class GpuScan(Scan):
     """`Scan` over device buffers (see the module doc); `context_name` is where it runs."""
 
+    #: its lengths are host arithmetic on its inputs' (n_steps, the initial values', the
+    #: body's shapes: ``infer_shape``), so reads of them are answered so even though the
+    #: loop runs anyway: a read of the result would be a host step after the loop, between
+    #: two CUDA graphs (shape_feature._sliced); while loops' lengths stay reads
+    shape_from_inputs = True
+
     def __init__(self, inner_inputs: Sequence[Variable], inner_outputs: Sequence[Variable],
                  info: ScanInfo, mode: Any = None, context_name: Any = None,
                  scratch: Sequence[int] = ()):
