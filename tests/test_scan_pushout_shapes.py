@@ -265,7 +265,7 @@ def test_per_step_dims_answer_from_lengths_and_non_sequences_only():
     """``x_t[:k]`` for a non-sequence k: the dim is k's value, known before the loop; a width
     that follows a per-step value (``x_t[:n_t]`` for a sequence n) cannot be known (None:
     the dim is read from the result, and the loop checks that every step gives one shape)."""
-    from symgpu.scan.pushout_shapes import per_step_dims
+    from symgpu.scan.body_lengths import per_step_dims
     x, k, n = T.matrix("x"), T.lscalar("k"), T.lvector("n")
     ys, _ = symgpu.scan(lambda xt, k: T.tanh(xt[:k]), sequences=[x], non_sequences=[k])
     (dim,) = per_step_dims(ys.owner, 0)

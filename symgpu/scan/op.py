@@ -18,6 +18,7 @@ import numpy as np
 import symgpu.tensor as T
 from symgpu.graph.basic import Apply, Variable
 from symgpu.graph.op import Op
+from symgpu.scan.body_lengths import per_step_dims
 from symgpu.scan.grad import scan_grad
 from symgpu.scan.info import ScanInfo
 from symgpu.scan.inner import InnerFunction
@@ -245,7 +246,6 @@ class Scan(Op):
             else:
                 lead = n_init
             out.append((lead,) + tuple(init_shape[1:]))
-        from symgpu.scan.pushout_shapes import per_step_dims   # (it imports this module)
         for i in range(info.n_nitsot):
             o = node.outputs[info.n_states + i]
             lead = o.shape[0] if info.as_while else n

@@ -28,92 +28,20 @@ from typing import Any
 
 import numpy as np
 
-import symgpu.tensor as T
-from symgpu.graph.basic import Constant, Variable, ancestors, io_toposort
+from symgpu.graph.basic import Constant, Variable, io_toposort
 from symgpu.graph.fg import FunctionGraph
-from symgpu.graph.op import ShapeError
 from symgpu.graph.rewriting.db import optdb
+from symgpu.scan.body_lengths import BodyLengths, invariant
 from symgpu.scan.inner import clone_with, hoist_invariants
 from symgpu.scan.op import Scan
 from symgpu.tensor.basic import MakeVector
-from symgpu.tensor.rewriting.shape_feature import node_shapes
-from symgpu.tensor.shape import shape_i_of
 from symgpu.tensor.type import TensorConstant
 
-__all__ = ["scan_pushout_shapes", "hoist_body_shapes", "per_step_dims"]
+__all__ = ["scan_pushout_shapes", "hoist_body_shapes"]
 
 #: rounds of answering reads: a read whose answer goes through another op's shape input (an
 #: Alloc of a length read from a per-step value) is answered once that read is
 _ROUNDS = 4
-
-
-class _Lengths:
-    """The lengths of the body's variables in terms of its inputs' lengths (placeholders made
-    on first use, each with the outer expression it stands for)."""
-
-    def __init__(self, node: Any) -> None:
-        op: Scan = node.op
-        info = op.info
-        S, M = info.n_seqs, info.n_states
-        outer = node.inputs
-        #: inner input -> (outer variable, axis offset): its dim d is the outer's d + offset
-        self.source: dict[Variable, tuple[Variable, int]] = {}
-        inner_in = op.inner_inputs
-        for k in range(S):
-            self.source[inner_in[k]] = (outer[1 + k], 1)
-        pos = S
-        for j in range(M):
-            for _tap in info.state_taps[j]:
-                self.source[inner_in[pos]] = (outer[1 + S + j], 1)
-                pos += 1
-        for m, v in enumerate(inner_in[S + info.n_taps:]):
-            self.source[v] = (outer[1 + S + M + m], 0)
-        #: placeholder -> outer length expression
-        self.placeholders: dict[Variable, Variable] = {}
-        self._ph: dict[tuple[Variable, int], Variable] = {}
-        self._memo: dict[Variable, tuple | None] = {}
-
-    def dims(self, v: Variable) -> tuple | None:
-        """v's shape as int64 scalars built on placeholders, constants and what infer_shape
-        reads (None where an op has no rule here)."""
-        if v in self._memo:
-            return self._memo[v]
-        ndim = getattr(v.type, "ndim", None)
-        out: tuple | None
-        if ndim is None:
-            out = None
-        elif isinstance(v, Constant) or all(v.type.broadcastable):
-            out = tuple(shape_i_of(v, d) for d in range(ndim))
-        elif v in self.source:
-            out = tuple(shape_i_of(v, d) if v.type.broadcastable[d] else self._placeholder(v, d)
-                        for d in range(ndim))
-        elif v.owner is None:
-            out = None
-        else:
-            node = v.owner
-            ins = [self.dims(i) for i in node.inputs]
-            if any(s is None and getattr(i.type, "ndim", None) is not None
-                   for s, i in zip(ins, node.inputs)):
-                out = None
-            else:
-                try:
-                    shapes = node_shapes(node, ins)
-                except (ShapeError, NotImplementedError):   # no rule: the read stays
-                    shapes = None
-                for o, s in zip(node.outputs, shapes or [None] * len(node.outputs)):
-                    self._memo[o] = s
-                return self._memo[v]
-        self._memo[v] = out
-        return out
-
-    def _placeholder(self, v: Variable, d: int) -> Variable:
-        key = (v, d)
-        ph = self._ph.get(key)
-        if ph is None:
-            outer, off = self.source[v]
-            ph = self._ph[key] = T.lscalar(f"{v.name or 'input'}.shape[{d}]")
-            self.placeholders[ph] = shape_i_of(outer, d + off)
-        return ph
 
 
 def _as_vector(entries: tuple, like: Variable) -> Variable:
@@ -124,13 +52,7 @@ def _as_vector(entries: tuple, like: Variable) -> Variable:
     return new if new.type == like.type else like.type.convert_variable(new)
 
 
-def _invariant(e: Variable, allowed: set) -> bool:
-    """Whether `e` is built on constants and `allowed` variables only."""
-    return all(isinstance(a, Constant) or a in allowed
-               for a in ancestors([e], blockers=allowed) if a.owner is None)
-
-
-def _answer_reads(outputs: list, lengths: _Lengths, allowed: set) -> dict:
+def _answer_reads(outputs: list, lengths: BodyLengths, allowed: set) -> dict:
     """{shape read output: its loop-invariant answer} over the body's graph."""
     replace: dict = {}
     for n in io_toposort([], outputs):
@@ -142,7 +64,7 @@ def _answer_reads(outputs: list, lengths: _Lengths, allowed: set) -> dict:
         if dims is None:
             continue
         new = dims[n.op.i] if kind == "dim" else _as_vector(dims, n.outputs[0])
-        if new is n.outputs[0] or not _invariant(new, allowed | set(lengths.placeholders)):
+        if new is n.outputs[0] or not invariant(new, allowed | set(lengths.placeholders)):
             continue
         if new.type != n.outputs[0].type:
             new = n.outputs[0].type.convert_variable(new)
@@ -150,30 +72,6 @@ def _answer_reads(outputs: list, lengths: _Lengths, allowed: set) -> dict:
                 continue
         replace[n.outputs[0]] = new
     return replace
-
-
-def per_step_dims(node: Any, k: int) -> tuple | None:
-    """The lengths of inner output k (a state's new value or a per-step output: the loop
-    output's dims after the first) in terms of the outer inputs' lengths and the
-    non-sequences, or None where one depends on a per-step value.  Why: Scan's
-    ``infer_shape`` read a per-step output's dims from the output itself, so code after a
-    loop that reshapes its outputs (a gradient loop's ``(L, batch, hidden)`` results flattened
-    for the weight product) kept host reads of a device result mid-step: on the GPU, a host
-    step between two CUDA graphs every call."""
-    op: Scan = node.op
-    info = op.info
-    S, M = info.n_seqs, info.n_states
-    lengths = _Lengths(node)
-    dims = lengths.dims(op.inner_outputs[k])
-    if dims is None:
-        return None
-    nonseq_in = op.inner_inputs[S + info.n_taps:]
-    allowed = set(lengths.placeholders) | set(nonseq_in)
-    if not all(_invariant(e, allowed) for e in dims):
-        return None
-    inner_to_outer = dict(zip(nonseq_in, node.inputs[1 + S + M:]))
-    inner_to_outer.update(lengths.placeholders)
-    return tuple(clone_with(list(dims), inner_to_outer))
 
 
 def hoist_body_shapes(fgraph: FunctionGraph, node: Any) -> bool:
@@ -187,7 +85,7 @@ def hoist_body_shapes(fgraph: FunctionGraph, node: Any) -> bool:
     if not any(getattr(n.op, "shape_read", None) in ("dim", "all")
                for n in io_toposort([], outputs)):
         return False
-    lengths = _Lengths(node)
+    lengths = BodyLengths(node)
     changed = False
     for _ in range(_ROUNDS):
         replace = _answer_reads(outputs, lengths, set(nonseq_in))

@@ -29,7 +29,7 @@ from symgpu.gpu.runtime.copykernel import prefetch_request
 from symgpu.graph.basic import Apply, Variable
 from symgpu.link.vm import VM
 from symgpu.scan.inner import clone_with
-from symgpu.scan.pushout_shapes import per_step_dims
+from symgpu.scan.body_lengths import per_step_dims
 from symgpu.scan.op import Scan, ScanError, ScanInfo, _simple
 import symgpu.tensor as T
 
@@ -147,7 +147,7 @@ class GpuScan(Scan):
 
     def infer_shape(self, fgraph, node: Apply, input_shapes: list) -> list[tuple]:
         """Scan's rule; the lengths only a run knows (while loops) and the per-step dims
-        the body's shapes do not give (scan.pushout_shapes.per_step_dims) are read with
+        the body's shapes do not give (scan.body_lengths.per_step_dims) are read with
         GpuShape_i, which the shape rewrite leaves alone."""
         info = self.info
         n = node.inputs[0]
