@@ -34,8 +34,8 @@ def _keep_flags():
 
 
 def _mode(on: bool) -> Mode:
-    m = Mode(optimizer="fast_run")
-    return m.including("scan_to_dnn_rnn") if on else m
+    m = Mode(optimizer="fast_run")     # off: not even where a GPU may take part
+    return m.including("scan_to_dnn_rnn") if on else m.excluding_tags("scan_to_dnn_rnn")
 
 
 def _sl(v, k):

@@ -4,9 +4,9 @@ GRU; masked or not) becomes one DnnRNN node, and its gradient loop one DnnRNNGra
 
 Why: cuDNN's RNN API runs the whole sequence (forward, and backward through time) in a few
 calls; on the GPU the host ops below are lifted to GpuDnnRNNForward/Backward
-(symgpu/gpu/ops/cudnn_rnn.py). Opt-in (``optimizer_including=scan_to_dnn_rnn``): on the H200
-it beats the captured loop at a fixed length, and loses to it when the length changes every
-call (each new length is a new cuDNN plan; docs/loops.md has the figures).
+(symgpu/gpu/ops/cudnn_rnn.py). On by default where a GPU may take part
+(``scan_to_dnn_rnn_where_a_gpu_runs``), anywhere with ``optimizer_including=scan_to_dnn_rnn``;
+docs/loops.md has the H200 figures.
 
 The match is structural (no names; symgpu/scan/rnn_step_match.py): the step's inner graph
 must be an Elman, LSTM or GRU layer, with the pre-activations built from ``dot(x_t, W)``,
@@ -46,7 +46,7 @@ from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
 
 __all__ = ["PrefixMask", "PrefixGuard", "RNNMatch", "match_rnn_step", "scan_to_dnn_rnn",
-           "set_branch_builder", "GUARD"]
+           "scan_to_dnn_rnn_where_a_gpu_runs", "set_branch_builder", "GUARD", "BUCKET"]
 
 #: True: a masked loop in a function that can compile again (compile/speculation.py) runs
 #: cuDNN behind a guard (PrefixGuard: a mask that is no prefix recompiles the function
@@ -511,6 +511,17 @@ def scan_to_dnn_rnn(fgraph: FunctionGraph) -> None:
             _rewrite(fgraph, node)
 
 
-# opt-in until measured on the GPU; before scan_merge (3.5), which would fold the gradient's
-# copies of the forward loop into it, and long before the GPU lifting (40)
+def scan_to_dnn_rnn_where_a_gpu_runs(fgraph: FunctionGraph) -> None:
+    """scan_to_dnn_rnn in every fast_run compile where a GPU may take part (the function
+    keeps its source, so a failed guard falls back to the loop): on the H200 every LSTM,
+    GRU and Elman row of benchmarks/rnn.py ran faster through cuDNN than as a loop."""
+    if may_guard(fgraph):
+        scan_to_dnn_rnn(fgraph)
+
+
+# before scan_merge (3.5), which would fold the gradient's copies of the forward loop into
+# it, and long before the GPU lifting (40). The opt-in tag runs it anywhere (the host too);
+# the default entry where a GPU may take part; excluding the tag turns both off
 optdb.register("scan_to_dnn_rnn", scan_to_dnn_rnn, 3.4, "scan_to_dnn_rnn")
+optdb.register("scan_to_dnn_rnn_where_a_gpu_runs", scan_to_dnn_rnn_where_a_gpu_runs, 3.41,
+               "fast_run", "scan_to_dnn_rnn")
