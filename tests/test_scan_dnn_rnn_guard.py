@@ -272,3 +272,21 @@ def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
         np.testing.assert_array_equal(got[:n], v)
         assert not got[n:].any()
         np.testing.assert_allclose(dx, 2 * v, rtol=1e-6)
+
+
+def test_padded_lengths_then_a_mask_with_a_hole_fall_back_to_the_loop(recompilable):
+    """Lengths that vary (cuDNN padded to buckets), then a mask that is no prefix: the
+    function compiles again as the loop (no pad, no cuDNN) and matches the loop's losses."""
+    spec = rc.Spec("lstm", True, "last", B, H, True, inp=IN, var_range=(2, 9))
+    calls = rc.calls(spec, 5)
+    n = calls[-1][0]
+    hole = np.ones((n, B), "float32")
+    hole[0, 1] = 0                         # row 1 starts late: no prefix at any length
+    res = {}
+    for on in (False, True):
+        call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                                        mode=_mode(on))
+        res[on] = [float(call(k, mk)) for k, mk, _ in calls[:4]] + [float(call(n, hole))]
+        if on:
+            assert not _ops(fn, PadSteps) and not _ops(fn, DnnRNN)
+    np.testing.assert_allclose(res[True], res[False], rtol=1e-5, atol=1e-6)
