@@ -424,6 +424,14 @@ def _cases():
         return [w, x, h0], outs, [rng(11).standard_normal(size) * 0.3,
                                   rng(12).standard_normal((4, 2, 3)), np.zeros((1, 2, 2))]
 
+    @add("pad_steps")
+    def _():
+        # scan_to_dnn_rnn's length buckets (issue 32): a sequence padded once lengths vary
+        from symgpu.tensor.nnet.pad_steps import PadSteps
+        x = T.dtensor3("x")
+        y = PadSteps(4)(x)
+        return [x], [y, T.grad((y ** 2).sum(), x)], [rng(13).standard_normal((5, 2, 3))]
+
     return cases
 
 
