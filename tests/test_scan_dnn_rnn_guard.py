@@ -41,6 +41,20 @@ def recompilable(monkeypatch):
     monkeypatch.setattr(host_fallback, "_gpu_may_be_involved", lambda fgraph: True)
 
 
+@pytest.fixture
+def forwards(monkeypatch):
+    """The sequence length of every host DnnRNN forward run in the test (one a call: the
+    backward reads the forward's y)."""
+    seen = []
+    orig = rnn_mod.DnnRNN.perform
+
+    def recording(self, node, inputs, outputs):
+        seen.append(inputs[1].shape[0])
+        return orig(self, node, inputs, outputs)
+    monkeypatch.setattr(rnn_mod.DnnRNN, "perform", recording)
+    return seen
+
+
 def _mode(on: bool) -> Mode:
     m = Mode(optimizer="fast_run")     # off: not even where a GPU may take part
     return m.including("scan_to_dnn_rnn") if on else m.excluding_tags("scan_to_dnn_rnn")
@@ -80,20 +94,13 @@ def test_guard_gives_the_lengths_or_raises_naming_its_rewrite(mask, n, lengths):
 
 @pytest.mark.parametrize("cell", ["lstm", "gru", "elman"])
 @pytest.mark.parametrize("loss", ["last", "all"])
-def test_masked_cells_train_alike_behind_the_guard(recompilable, monkeypatch, cell, loss):
+def test_masked_cells_train_alike_behind_the_guard(recompilable, forwards, cell, loss):
     """Three SGD steps with prefix masks run cuDNN (no branch in the graph); a mask with a
     hole recompiles the function without the rewrite and runs as the loop; losses and
     weights equal the loop's all along."""
     spec = rc.Spec(cell, True, loss, B, H, False, inp=IN, fixed=L)
     calls = rc.calls(spec, 4)
     bad = _bad(calls[0][1])
-    runs = {"n": 0}
-    orig = rnn_mod.DnnRNN.perform
-
-    def counting(self, *a):
-        runs["n"] += 1
-        return orig(self, *a)
-    monkeypatch.setattr(rnn_mod.DnnRNN, "perform", counting)
     res = {}
     for on in (False, True):
         call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
@@ -102,11 +109,11 @@ def test_masked_cells_train_alike_behind_the_guard(recompilable, monkeypatch, ce
             assert _ops(fn, PrefixGuard) and not _ops(fn, IfElse)
             assert _ops(fn, DnnRNN) and _ops(fn, DnnRNNGrad)
         losses = [float(call(n, mk)) for n, mk, _ in calls[:3]]
-        assert runs["n"] >= (3 if on else 0)
+        assert len(forwards) >= (3 if on else 0)
         losses.append(float(call(L, bad)))          # cuDNN may have run before the guard
-        ran = runs["n"]
+        ran = len(forwards)
         losses.append(float(call(*calls[3][:2])))     # a prefix mask again: still the loop
-        assert runs["n"] == ran
+        assert len(forwards) == ran
         if on:
             assert not _ops(fn, DnnRNN) and not _ops(fn, PrefixGuard)
             assert "scan_to_dnn_rnn" in fn.maker.mode.excluding
@@ -120,7 +127,7 @@ def test_masked_cells_train_alike_behind_the_guard(recompilable, monkeypatch, ce
 @pytest.mark.parametrize("cell, masked, loss", [("lstm", True, "last"), ("gru", True, "all"),
                                                ("lstm", False, "all"), ("elman", False, "last")])
 def test_lengths_that_vary_run_cudnn_padded_to_a_bucket_and_train_alike(
-        recompilable, monkeypatch, cell, masked, loss):
+        recompilable, monkeypatch, forwards, cell, masked, loss):
     """A new length every call: after the second length cuDNN runs over the sequence padded
     to a multiple of BUCKET (PadSteps), the states read up to the true length; losses and
     weights equal the loop's over calls of lengths 2..9."""
@@ -129,13 +136,6 @@ def test_lengths_that_vary_run_cudnn_padded_to_a_bucket_and_train_alike(
     spec = rc.Spec(cell, masked, loss, B, H, True, inp=IN, var_range=(2, 9))
     calls = rc.calls(spec, 8)
     assert len({n for n, _, _ in calls}) > 2
-    seen = []
-    orig = rnn_mod.DnnRNN.perform
-
-    def recording(self, node, inputs, outputs):
-        seen.append(inputs[1].shape[0])
-        return orig(self, node, inputs, outputs)
-    monkeypatch.setattr(rnn_mod.DnnRNN, "perform", recording)
     res = {}
     for on in (False, True):
         call, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
@@ -149,7 +149,7 @@ def test_lengths_that_vary_run_cudnn_padded_to_a_bucket_and_train_alike(
     first = lengths[0]
     varied = lengths.index(next(n for n in lengths if n != first))
     want = lengths[:varied] + [-(-n // 4) * 4 for n in lengths[varied:]]
-    assert seen == want                  # one forward a call: the backward reads its y
+    assert forwards == want
 
     np.testing.assert_allclose(res[True][0], res[False][0], rtol=1e-5, atol=1e-6)
     for got, ref in zip(res[True][1], res[False][1]):
