@@ -429,8 +429,8 @@ def _cases():
         # scan_to_dnn_rnn's length buckets (issue 32): a sequence padded once lengths vary
         from symgpu.tensor.nnet.pad_steps import PadSteps
         x = T.dtensor3("x")
-        y = PadSteps(4)(x)
-        return [x], [y, T.grad((y ** 2).sum(), x)], [rng(13).standard_normal((5, 2, 3))]
+        y, steps = PadSteps(4)(x)
+        return [x], [y, steps, T.grad((y ** 2).sum(), x)], [rng(13).standard_normal((5, 2, 3))]
 
     return cases
 

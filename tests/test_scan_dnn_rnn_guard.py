@@ -257,9 +257,9 @@ def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
     the bucket); the gradient slices back."""
     from symgpu.gpu.ops.pad_steps import GpuPadSteps
     x = symgpu.shared(np.zeros((1, 2, 3), "float32"), name="seq")
-    y = PadSteps(4)(x)
+    y, steps = PadSteps(4)(x)
     g = T.grad((y * y).sum(), x)
-    f = symgpu.function([], [y, g])
+    f = symgpu.function([], [y, steps, g])
     (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuPadSteps)]
     storage = {v: [None] for v in node.inputs + node.outputs}
     assert not getattr(node.op.make_thunk(node, storage, {}, []), "capturable", False)
@@ -267,8 +267,8 @@ def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
     for n, padded in ((5, 5), (5, 5), (6, 8), (3, 4), (9, 12)):
         v = rng.standard_normal((n, 2, 3)).astype("float32")
         x.set_value(v)
-        got, dx = (np.asarray(a) for a in f())
-        assert got.shape == (padded, 2, 3)
+        got, k, dx = (np.asarray(a) for a in f())
+        assert got.shape == (padded, 2, 3) and int(k) == padded
         np.testing.assert_array_equal(got[:n], v)
         assert not got[n:].any()
         np.testing.assert_allclose(dx, 2 * v, rtol=1e-6)

@@ -367,7 +367,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     gather = pre is not None and not c_readers
     steps = x.shape[0]
     bucket = BUCKET > 1 and not c_readers and not branch and may_guard(fgraph)
-    run_x = PadSteps(BUCKET)(x) if bucket else x
+    run_x, run_steps = PadSteps(BUCKET)(x) if bucket else (x, steps)
     # the states are read per row at min(t, len - 1): a prefix mask's lengths, or the
     # true length of a padded run
     lens = pre.lengths if gather else \
@@ -382,7 +382,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     y, hy = outs[0], outs[1]
     nonseqs = node.inputs[1 + S + M:]
     if lens is not None:
-        held = _held(y, lens, run_x.shape[0])
+        held = _held(y, lens, run_steps)
         h_all = held[:steps] if bucket else held
         h_last = held[-1].dimshuffle("x", 0, 1)
     elif pre is None:
@@ -439,7 +439,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     for b, (dy, dhy, dcy) in zip(backs, plans):
         g = b.op.grad_of
         if lens is not None:   # the adjoints of the gathered states, back onto cuDNN's y
-            held = _held(y_f, lens, run_x.shape[0])
+            held = _held(y_f, lens, run_steps)
             seen = held[:steps] if bucket else held
             known = {v: d for v, d in ((seen, dy), (held[-1].dimshuffle("x", 0, 1), dhy))
                      if d is not None}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from symgpu.gpu.ops.kernel_ops import _context, _virtual_thunk
 from symgpu.gpu.placement.basic_ops import as_gpuarray_variable
 from symgpu.gpu.placement.rewriting import register_lifter
@@ -18,6 +20,7 @@ from symgpu.gpu.placement.type import GpuArrayType
 from symgpu.gpu.runtime.array import new_array
 from symgpu.graph.basic import Apply
 from symgpu.tensor.nnet.pad_steps import PadSteps, StepBuckets
+from symgpu.tensor.type import TensorType
 
 __all__ = ["GpuPadSteps"]
 
@@ -29,13 +32,14 @@ class GpuPadSteps(PadSteps):
         x = as_gpuarray_variable(x, getattr(x.type, "context_name", None))
         out = GpuArrayType(x.dtype, (False,) + x.type.broadcastable[1:],
                            x.type.context_name)(name="padded")
-        return Apply(self, [x], [out])
+        return Apply(self, [x], [out, TensorType("int64", ())(name="padded_steps")])
 
     def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
         ctx = _context(node.outputs[0].type.context_name)
         if ctx.virtual:
             return _virtual_thunk(self, ctx)
         src, dst = storage_map[node.inputs[0]], storage_map[node.outputs[0]]
+        steps = storage_map[node.outputs[1]]
         buckets = StepBuckets(self.q)
 
         def thunk() -> None:
@@ -46,14 +50,13 @@ class GpuPadSteps(PadSteps):
             out[:n]._copy_from_device(x)
             if out.shape[0] > n:
                 out[n:].fill(0)
-            dst[0] = out
+            dst[0], steps[0] = out, np.int64(out.shape[0])
         return thunk
 
 
 @register_lifter(PadSteps)
 def lift_pad_steps(op: PadSteps, node: Apply, context_name: Any, inputs: Any) -> list | None:
-    """PadSteps of a value placed on the GPU -> GpuPadSteps."""
+    """PadSteps of a value placed on the GPU -> GpuPadSteps (the length stays on the host)."""
     if isinstance(op, GpuPadSteps) or not inputs.was_on_gpu[0]:
         return None
-    return [GpuPadSteps(op.q).make_node(as_gpuarray_variable(inputs[0],
-                                                             context_name)).outputs[0]]
+    return GpuPadSteps(op.q).make_node(as_gpuarray_variable(inputs[0], context_name)).outputs

@@ -44,7 +44,10 @@ class StepBuckets:
 
 
 class PadSteps(Op):
-    """x (steps, ...) -> (padded steps, ...): x, then zero steps (StepBuckets' length)."""
+    """x (steps, ...) -> (padded (steps', ...): x, then zero steps; steps', an int64 scalar):
+    StepBuckets' length. Why the length as an output of its own: what reads it (the states'
+    indices) then needs no read of the padded array's shape, so on the GPU it is known, on
+    the host, where the pad ends its graph, not after the work that follows."""
 
     __props__ = ("q",)
 
@@ -58,7 +61,7 @@ class PadSteps(Op):
         if x.ndim < 1:
             raise TypeError(f"{self}: needs a sequence (steps, ...), got {x.type}")
         out = TensorType(x.dtype, (False,) + x.type.broadcastable[1:])(name="padded")
-        return Apply(self, [x], [out])
+        return Apply(self, [x], [out, TensorType("int64", ())(name="padded_steps")])
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
         x = np.asarray(inputs[0])
@@ -69,10 +72,14 @@ class PadSteps(Op):
         out = np.zeros((n,) + x.shape[1:], dtype=x.dtype)
         out[:x.shape[0]] = x
         outputs[0][0] = out
+        outputs[1][0] = np.int64(n)
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
         raise ShapeError(f"{self}: the padded length depends on the lengths earlier calls "
                          "had (StepBuckets), not on the input's shape alone")
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[True, False]]
 
     def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
         return [output_grads[0][:inputs[0].shape[0]]]
