@@ -29,7 +29,8 @@ import numpy as np
 from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRAVEYARD,
                                             results_differ)
 from symgpu.gpu.exec.graph_outputs import hand_out, output_specs
-from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher
+from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher, node_launches
+from symgpu.gpu.exec.graph_varying import ShapeWatch
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, byte_extent, new_array
 from symgpu.gpu.runtime.comm_stream import join_pending
 from symgpu.gpu.runtime.compiler import CompileError
@@ -131,6 +132,10 @@ class Segment:
         #: distinct keys met: past VARIED_AFTER (shapes that change from call to call: a new
         #: sequence length each call), a key is captured only at its VARIED_REPEATS-th sight
         self.keys_met = 0
+        #: past VARIED_AFTER keys, the plain runs are watched node by node (graph_varying.py)
+        #: where the runner can split the segment by what varies; False once decided
+        self.watching = runner.can_split
+        self.watch: ShapeWatch | None = None
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
         #: whether a node of the segment may give other bits from the same inputs (an op with
@@ -212,7 +217,7 @@ class Segment:
                         self._capture(key, vals)
                         return
                     self.seen[key] = sights
-            self._plain_call(vals)
+            self._plain_call(vals, key)
             return
         self._plain()
 
@@ -323,10 +328,34 @@ class Segment:
             self.runner.driver.upload(self.param_block.ptr, self.params, self.ctx.stream_handle)
             self.uploaded = self.params
 
-    def _plain_call(self, vals: list) -> None:
-        self._plain()
+    def _plain_call(self, vals: list, key: tuple | None = None) -> None:
+        if self.watching and key is not None and self.keys_met > _graphs.VARIED_AFTER:
+            self._watched(key)
+        else:
+            self._plain()
         if self.copy_back:
             self._plain_copy_back(vals)
+
+    def _watched(self, key: tuple) -> None:
+        """A plain run of a varied segment, its nodes' shapes kept (graph_varying.py); once
+        the watch names the nodes that follow the call, the runner plans again with them
+        run plainly (Runner.split), from the next call on."""
+        watch = self.watch
+        if watch is None:
+            vm = self.runner.vm
+            watch = self.watch = ShapeWatch(
+                self.items, vm.nodes, vm.storage_map, {id(t) for t in self.param_thunks},
+                [node_launches(vm.nodes[i], t) for i, t, _ in self.items])
+        self.plain_runs += 1
+        watch.run(key, self._set_current)
+        varying = watch.verdict()
+        if varying is not None:
+            self.watching, self.watch = False, None
+            if varying:
+                self.runner.split(varying)
+
+    def _set_current(self, idx: int) -> None:
+        self.current = idx
 
     def _plain(self, count: bool = True) -> None:
         if count:   # the reference run of a capture being verified is not counted

@@ -160,7 +160,9 @@ MAX_SEEN = 64
 #: call (a new sequence length each call) then runs plainly instead of paying a checked
 #: capture (tens of ms) for every length that happens to come back (a graph it keeps few
 #: calls would replay), and a graph of its whose input moved is dropped, not captured again
-#: at once; a shape that truly recurs is still captured, a little later
+#: at once; a shape that truly recurs is still captured, a little later.  Such a segment's
+#: plain runs are watched, and the runner splits it: the nodes whose shapes follow the call
+#: run plainly, the others are captured apart, keyed by what they see (graph_varying.py)
 VARIED_REPEATS = 4
 VARIED_AFTER = 4
 #: check each new graph once against plain launches of the same inputs (the GPU inputs are
@@ -175,8 +177,8 @@ VERIFY = True
 VERIFY_LIMIT: int | None = None
 VERIFY_FRACTION = 1 / 16
 VERIFY_LIMIT_FLOOR = 64 << 20
-#: process-wide counters of the rare events: 'captures', 'capture_failures' (per-segment
-#: counts of plain runs and replays: ``Runner.stats()``)
+#: process-wide counters of the rare events: 'captures', 'capture_failures', 'splits'
+#: (per-segment counts of plain runs and replays: ``Runner.stats()``)
 STATS: Counter = Counter()
 _graph_segment.read_settings_from(sys.modules[__name__])   # Segment reads the settings above
 
@@ -303,6 +305,11 @@ class Runner:
         self.locks = [_call_lock(c) for c in self.contexts]
         self.driver = drv if drv is not None else driver()
         self.enabled = True
+        #: nodes run plainly although capturable: found to follow the call in a varied
+        #: segment (graph_varying.py); a runner of one context may split (``split``)
+        self.forced_plain: frozenset[int] = frozenset()
+        self.can_split = node_contexts is None
+        self.retired = False
         self.verify = VERIFY
         self.disabled_reason: str | None = None
         nodes, thunks, sm = vm.nodes, vm.thunks, vm.storage_map
@@ -574,6 +581,22 @@ class Runner:
     def __call__(self) -> None:
         self.entry()
 
+    def split(self, varying: set[int]) -> None:
+        """Plan the steps again with the nodes in ``varying`` (those of a varied segment whose
+        shapes follow the call: graph_varying.py) run plainly, so that the rest form segments
+        keyed by what they see (a bucket of lengths); the new runner serves the next call
+        (this one finishes on this runner's steps)."""
+        if self.retired or not self.can_split:
+            return
+        new = _planned(self.vm, [self.ctx], None, self.forced_plain | frozenset(varying),
+                       self.driver)
+        if new is None:
+            return
+        new.enabled, new.verify = self.enabled, self.verify
+        self.retired = True
+        STATS["splits"] += 1
+        self.vm.runner = new
+
     def disable(self, reason: str, segment: Segment | None = None) -> None:
         """Turn graphs off for this function (warned once)."""
         if not self.enabled:
@@ -739,20 +762,33 @@ def install(vm: Any) -> None:
     graphs_on = bool(config.gpuarray.cuda_graphs)
     if not graphs_on and not several:
         return
-    nodes, thunks = vm.nodes, vm.thunks
-    capt = [node_capturable(n, t) for n, t in zip(nodes, thunks)]
-    if not any(capt) and not several:
+    runner = _planned(vm, ctxs, per_node if several else None)
+    if runner is None:
         return
+    if not graphs_on:
+        runner.enabled = False    # segments run their thunks plainly, in the plan's order
+    vm.runner = runner
+
+
+def _planned(vm: Any, ctxs: list, per_node: list | None,
+             plain: frozenset[int] = frozenset(), drv: Any = None) -> Runner | None:
+    """A Runner of the VM's nodes, those in ``plain`` run plainly (Runner.split), or None
+    where nothing would be a segment on one device (the plain VM does as well)."""
+    nodes, thunks = vm.nodes, vm.thunks
+    capt = [node_capturable(n, t) and i not in plain
+            for i, (n, t) in enumerate(zip(nodes, thunks))]
+    several = per_node is not None
+    if not any(capt) and not several:
+        return None
     launches = [c and node_launches(n, t) for n, t, c in zip(nodes, thunks, capt)]
     batch = [isinstance(n.op, HostFromGpu) for n in nodes]
     devices = [c.ordinal if c is not None else -1 for c in per_node] if several else None
     steps = plan_steps(nodes, capt, launches, batch, devices)
     if not several and not any(kind != "plain" for kind, _ in steps):
-        return
-    runner = Runner(vm, steps, ctxs[0], node_contexts=per_node if several else None)
-    if not graphs_on:
-        runner.enabled = False    # segments run their thunks plainly, in the plan's order
-    vm.runner = runner
+        return None
+    runner = Runner(vm, steps, ctxs[0], drv, node_contexts=per_node)
+    runner.forced_plain = plain
+    return runner
 
 
 def _register_vm_hook() -> None:

@@ -1,0 +1,128 @@
+"""A varied segment split by what varies, without a GPU (tests/graph_fakes.py): after a pad
+to a bucket (as GpuPadSteps), the nodes that take the true length's shapes run plainly and
+the bucket's nodes before and after them replay one graph per bucket
+(symgpu/gpu/exec/graph_varying.py, graphs.Runner.split)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import graph_fakes as fakes
+from graph_fakes import MEM, add1, call, gvec, mul2, read, upload
+from symgpu.config import config
+from symgpu.gpu.exec import graph_varying, graphs
+from symgpu.graph.basic import Apply
+from symgpu.graph.fg import FunctionGraph
+from symgpu.graph.op import Op
+from symgpu.link.vm import link
+from test_gpu_graph_buckets import FakePadSteps
+
+
+@pytest.fixture(autouse=True)
+def fake_gpu(monkeypatch):
+    yield from fakes.use_fake_gpu(monkeypatch)
+
+
+def _kernel_thunk(ins, out, shape_of, body):
+    """A capturable, launching thunk: out = body(input arrays) of shape_of(inputs)."""
+    from symgpu.gpu.ops.elemwise import new_array
+
+    def thunk():
+        xs = [c[0] for c in ins]
+        o = new_array(fakes.CTX_OBJ, shape_of(*xs), np.dtype("float32"))
+        lays = [(x.ptr, x.size) for x in xs]
+        optr, n = o.ptr, o.size
+
+        def k():
+            MEM[optr][:n] = body(*[MEM[p][:m] for p, m in lays])
+        fakes.DRV.launch_kernel(k)
+        out[0] = o
+    thunk.capturable = True
+    thunk.launches = True
+    return thunk
+
+
+class FakeTrim(Op):
+    """padded[:len(x)]: the true length's values of a padded vector (a copy)."""
+
+    __props__ = ()
+
+    def make_node(self, padded, x):
+        return Apply(self, [padded, x], [padded.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        return _kernel_thunk([storage_map[v] for v in node.inputs],
+                             storage_map[node.outputs[0]], lambda p, x: (x.shape[0],),
+                             lambda p, x: p[:x.size])
+
+
+class FakeSum(Op):
+    """The sum of a vector, as a vector of one element."""
+
+    __props__ = ()
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def make_thunk(self, node, storage_map, compute_map, no_recycling, impl=None):
+        return _kernel_thunk([storage_map[node.inputs[0]]], storage_map[node.outputs[0]],
+                             lambda x: (1,), lambda x: np.array([x.sum()], "float32"))
+
+
+def _linked(n0: int):
+    x = gvec()
+    padded = FakePadSteps(4)(x)
+    stable = add1()(padded)                       # the bucket's
+    own = mul2()(FakeTrim()(stable, x))           # the true length's
+    y = add1()(mul2()(FakeSum()(own)))            # one element, whatever the length
+    fg = FunctionGraph([x], [y], clone=False)
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(n0))]})
+    return vm, x, y
+
+
+def test_the_nodes_of_the_true_length_run_plainly_the_buckets_replay():
+    vm, x, y = _linked(5)
+    cell = vm.storage_map[x]
+    first = vm.runner
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(3, 17, 40)]
+    splits = graphs.STATS["splits"]
+    for n in lengths:
+        v = rng.standard_normal(n).astype("float32")
+        cell[0] = upload(fakes.CTX_OBJ, v)
+        (r,) = call(vm, [y])
+        np.testing.assert_allclose(read(r), [((v + 1) * 2).sum() * 2 + 1], rtol=1e-5)
+        del r
+    runner = vm.runner
+    assert runner is not first and graphs.STATS["splits"] == splits + 1
+    # the trim, the product after it and the sum reading it run plainly (their shapes, or
+    # their input's, are the length's); the bucket's add and the tail of one element are
+    # segments of their own
+    plain = sorted(str(vm.nodes[i].op) for i in runner.forced_plain)
+    assert plain == ["FakeSum", "FakeTrim", "Fakemul2"], plain
+    sizes = sorted(len(s.items) for s in runner.segments)
+    assert sizes == [1, 2], sizes
+    tail = next(s for s in runner.segments if len(s.items) == 2)
+    head = next(s for s in runner.segments if len(s.items) == 1)
+    assert tail.captures == 1 and tail.replays > 10, runner.stats()
+    assert head.captures >= 2 and head.replays > 5, runner.stats()
+
+
+def test_a_segment_whose_every_node_follows_the_call_is_left_whole(monkeypatch):
+    monkeypatch.setattr(graph_varying, "MAX_KEYS", 8)
+    x = gvec()
+    y = mul2()(add1()(x))
+    fg = FunctionGraph([x], [y], clone=False)
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(3))]})
+    first = vm.runner
+    (seg,) = first.segments
+    for n in range(3, 20):
+        v = np.arange(n, dtype="float32")
+        vm.storage_map[x][0] = upload(fakes.CTX_OBJ, v)
+        (r,) = call(vm, [y])
+        np.testing.assert_allclose(read(r), (v + 1) * 2)
+        del r
+    assert vm.runner is first and not seg.watching and seg.watch is None
+    assert seg.plain_runs == 17 and seg.captures == 0
