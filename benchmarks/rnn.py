@@ -190,6 +190,13 @@ def run_row(spec, args) -> dict:
     if args.device != "cpu":
         from symgpu.gpu.exec import scan_graph
         say(f"  loop graphs so far: {dict(scan_graph.STATS)}")
+        for c in contenders:     # where symgpu's calls went: replays, captures, plain runs
+            runner = getattr(getattr(c.get("function"), "vm", None), "runner", None)
+            if hasattr(runner, "stats"):
+                moved = [(sum(g.moves.values()), sum(g.repins.values())) for g in runner.segments]
+                say(f"  {c['name']}: CUDA graphs {runner.stats()}, "
+                    f"{len(runner.forced_plain)} nodes run plainly after a split; "
+                    f"(inputs moved, re-pinned) per segment {moved}")
         for c in contenders:     # why a loop runs step by step, when one does
             fg = getattr(getattr(c.get("function"), "maker", None), "fgraph", None)
             for node in (fg.apply_nodes if fg is not None else ()):
@@ -321,6 +328,8 @@ def parse_args(argv=None):
     ap.add_argument("--jax-fp32", action="store_true", help="add JAX with 'highest' precision")
     ap.add_argument("--seq", type=int, default=100, help="elman-classic's time steps")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-compile probe")
+    ap.add_argument("--no-split", action="store_true",
+                    help="varied CUDA-graph segments stay whole (graph_varying.SPLIT off)")
     ap.add_argument("--profile-cold", action="store_true",
                     help="print a cProfile of the cold compile's phases")
     ap.add_argument("--cold-probe", action="store_true", help=argparse.SUPPRESS)
@@ -345,6 +354,9 @@ def main(argv=None) -> dict:
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
         os.environ["SYMGPU_FLAGS"] = ",".join(
             f for f in (os.environ.get("SYMGPU_FLAGS", ""), f"device={args.device}") if f)
+        if args.no_split:
+            from symgpu.gpu.exec import graph_varying
+            graph_varying.SPLIT = False
     if args.full:
         keys = [s.key for s in rc.all_specs()] + ["elman-classic"]
     else:

@@ -16,6 +16,8 @@ import sys
 import time
 import warnings
 
+import numpy as np
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0] or ".") == _HERE:
     sys.path.append(sys.path.pop(0))
@@ -30,10 +32,11 @@ def segment_counts(fn) -> list[tuple]:
     runner = getattr(fn.vm, "runner", None)
     segs = getattr(runner, "segments", None) or []
     return [(len(s.items), s.plain_runs, s.captures, s.replays, s.n_graphs,
-             getattr(s, "shapes_met", None) and len(s.shapes_met)) for s in segs]
+             sum(s.moves.values()), sum(s.by_pointer)) for s in segs]
 
 
-def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) -> None:
+def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True,
+          warm_full: bool = False) -> None:
     import symgpu
     import symgpu.tensor as T
     from symgpu.gpu.exec import graphs, scan_graph
@@ -52,6 +55,11 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()
+        if warm_full and spec.var:   # as rnn.py does: every length once, full masks
+            for n in range(spec.var_range[0], spec.var_range[1] + 1):
+                with symgpu.config.change_flags(gpuarray__allow_tf32=tf32):
+                    call(n, np.ones((n, spec.batch), "float32") if spec.masked else None)
+            say(f"  after every length once: {segment_counts(fn)}")
         one()
         one()
         say(f"{key}: compile {compile_s:.2f} s, first two calls {time.perf_counter() - t0:.2f} s")
@@ -67,10 +75,11 @@ def probe(key: str, calls: int, profile: int, tf32: bool, verbose: bool = True) 
             loops = dict(scan_graph.STATS)
             dl = {k2: v - loops0.get(k2, 0) for k2, v in loops.items()
                   if v != loops0.get(k2, 0) and not k2.startswith("graph nodes")}
-            ds = [(n[0], n[1] - b[1], n[2] - b[2], n[3] - b[3], n[4])
+            ds = [(n[0], n[1] - b[1], n[2] - b[2], n[3] - b[3], n[4], n[5], n[6])
                   for n, b in zip(now, before)]
             if verbose:
-                say(f"  call {k:3d} L={L:3d} {dt * 1e3:7.2f} ms segs(nodes,plain,capt,repl,held)"
+                say(f"  call {k:3d} L={L:3d} {dt * 1e3:7.2f} ms "
+                    "segs(nodes,plain,capt,repl,held,moves,by_pointer)"
                     f"={ds} loops={dl}")
             before, loops0 = now, loops
         say(f"  median {statistics.median(times) * 1e3:.3f} ms, best {min(times) * 1e3:.3f} ms"
@@ -147,6 +156,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=40)
     ap.add_argument("--profile", type=int, default=20)
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--warm-full", action="store_true",
+                    help="call the var function with every length once first, full masks "
+                         "(as rnn.py warms it)")
     ap.add_argument("--profile-fixed", action="store_true",
                     help="profile the fixed-length function's calls too")
     ap.add_argument("--pair", type=int, default=0,
@@ -160,7 +172,7 @@ def main() -> None:
     for tail in ("fixed", "var"):
         probe(f"{args.row}-{tail}", args.calls,
               args.profile if tail == "var" or args.profile_fixed else 0,
-              args.tf32, verbose=tail == "var")
+              args.tf32, verbose=tail == "var", warm_full=args.warm_full)
 
 
 if __name__ == "__main__":

@@ -126,3 +126,23 @@ def test_a_segment_whose_every_node_follows_the_call_is_left_whole(monkeypatch):
         del r
     assert vm.runner is first and not seg.watching and seg.watch is None
     assert seg.plain_runs == 17 and seg.captures == 0
+
+
+def test_no_split_where_the_repeating_nodes_launch_little():
+    """One launch of the bucket's beside five of the length's: the segment stays whole (its
+    replay would save one launch and cost the copies into the graph's buffers)."""
+    x = gvec()
+    own = FakeTrim()(add1()(FakePadSteps(4)(x)), x)
+    y = FakeSum()(mul2()(mul2()(mul2()(own))))
+    fg = FunctionGraph([x], [y], clone=False)
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(5))]})
+    first = vm.runner
+    (seg,) = first.segments
+    for n in range(3, 20):
+        v = np.arange(n, dtype="float32")
+        vm.storage_map[x][0] = upload(fakes.CTX_OBJ, v)
+        (r,) = call(vm, [y])
+        np.testing.assert_allclose(read(r), [((v + 1) * 8).sum()])
+        del r
+    assert vm.runner is first and not seg.watching

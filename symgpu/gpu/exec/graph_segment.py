@@ -136,6 +136,9 @@ class Segment:
         #: where the runner can split the segment by what varies; False once decided
         self.watching = runner.can_split
         self.watch: ShapeWatch | None = None
+        #: a segment of a runner planned again by a split (Runner.split): its keys were
+        #: seen to repeat (a bucket), so a key's second sight captures however many it met
+        self.split_off = bool(runner.forced_plain)
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
         #: whether a node of the segment may give other bits from the same inputs (an op with
@@ -212,8 +215,7 @@ class Segment:
                 elif sights:
                     sights += 1
                     if self.n_graphs < _graphs.MAX_GRAPHS and sights >= (
-                            2 if self.keys_met <= _graphs.VARIED_AFTER
-                            else _graphs.VARIED_REPEATS):
+                            2 if self._few_keys() else _graphs.VARIED_REPEATS):
                         self._capture(key, vals)
                         return
                     self.seen[key] = sights
@@ -237,7 +239,8 @@ class Segment:
         update is copied back into the moved buffer) and are captured where they now are at
         the next call, or keyed by pointer once they have moved twice.  A segment whose keys
         vary (past VARIED_AFTER) runs this call plainly and captures the key again at its
-        next sight (its VARIED_REPEATS-th when an input that moved cannot be staged)."""
+        next sight (its VARIED_REPEATS-th when an input that moved cannot be staged); one
+        split off a varied segment (``split_off``: its keys repeat) captures at once."""
         moved = [j for j, ptr in g.pinned if vals[j].ptr != ptr]
         self._drop(key, g)
         capture = True
@@ -253,7 +256,7 @@ class Segment:
                                           self.by_pointer, self.memoised)
                 self.release()
                 self.seen.clear()
-        if self.keys_met > _graphs.VARIED_AFTER:
+        if not self._few_keys():
             # shapes that vary: no capture at once for a key that may not come back soon; the
             # next sight captures it (staging what moved), or, when what moved cannot be
             # staged, the VARIED_REPEATS-th
@@ -263,6 +266,12 @@ class Segment:
             self._capture(key, vals)
         else:
             self._plain_call(vals)
+
+    def _few_keys(self) -> bool:
+        """Whether a key's second sight captures: up to VARIED_AFTER distinct keys, or up to
+        MAX_GRAPHS for a segment split off a varied one (its keys repeat: a bucket's)."""
+        return self.keys_met <= (_graphs.MAX_GRAPHS if self.split_off
+                                 else _graphs.VARIED_AFTER)
 
     def _settled(self, settle: tuple, vals: list) -> bool:
         """Count, for each staged input that may be read in place again (``_Graph.settle``),
@@ -576,7 +585,10 @@ class Segment:
         g.backs = tuple(direct + copied)
         g.direct = tuple(direct)
         g.staged = tuple(staged)
-        g.settle = tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
+        # (never in a segment split off a varied one: what moved there moves with the
+        # call's shapes and other functions' plain runs, and each re-pin costs a capture)
+        g.settle = () if self.split_off else \
+            tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
         g.quick = g.fresh is not None and not (staged or self.param_thunks or self.dead)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))

@@ -9,13 +9,16 @@ states up to it, the loss over them, their gradients) take shapes of the length 
 bucket's nodes would replay one graph per bucket if the length's nodes were not in their
 segment.  So a varied segment watches its plain runs (:class:`ShapeWatch`): each node's
 *signature* (its GPU inputs' and outputs' shapes and strides, its host inputs' shapes and,
-for nodes that do not read them as graph parameters, values).  Once the runs have met
-``MIN_KEYS`` distinct keys and some launching node has fewer distinct signatures than the
+for nodes that do not read them as graph parameters, values: what puts it in the key).
+Once the runs have met ``MIN_KEYS`` distinct keys and some launching node has fewer distinct signatures than the
 segment has keys (it repeats where the call does not: a bucket), the nodes whose signatures
-are as many as the keys are the call's own; the runner plans its steps again with those
-nodes run plainly (graphs.Runner.split), and the rest form segments of their own, keyed by
-what they see.  Where no node repeats within ``MAX_KEYS`` keys, everything follows the call
-and the segment stays as it is, unwatched.
+are as many as the keys are the call's own; where the others hold at least half of the
+segment's launches, the runner plans its steps again with the call's own nodes run plainly
+(graphs.Runner.split), and the rest form segments of their own, keyed by what they see.
+Where no node repeats within ``MAX_KEYS`` keys, or the repeating ones launch little (a loop
+whose every step follows the length, and only its weight updates do not: the copies into
+their graph's buffers would cost what the replay saves), the segment stays as it is,
+unwatched.
 """
 from __future__ import annotations
 
@@ -23,9 +26,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from symgpu.gpu.exec.graph_plan import HOST_KEY_LIMIT
 from symgpu.gpu.runtime.array import GpuArray
 
-__all__ = ["ShapeWatch", "MIN_KEYS", "MAX_KEYS"]
+__all__ = ["ShapeWatch", "SPLIT", "MIN_KEYS", "MAX_KEYS"]
+
+#: whether varied segments are watched and split (read when a runner is built)
+SPLIT = True
 
 #: distinct keys a watch sees before it may decide (a bucket's nodes repeat once two calls
 #: fall in one bucket: with a few buckets, within a few calls)
@@ -36,13 +43,13 @@ MAX_KEYS = 16
 
 def _part(v: Any, by_value: bool) -> Any:
     """One value's share of a node's signature: a GPU value's shape and strides, a host
-    array's dtype and shape, a host scalar's value where ``by_value`` (a node that does not
-    read it as a graph parameter: it is in the key by value)."""
+    array's dtype and shape, and its bytes and a host scalar's value where ``by_value`` (a
+    node that does not read them as graph parameters: they are in the key by value)."""
     if isinstance(v, GpuArray):
         return (v.shape, v.strides)
     if isinstance(v, np.ndarray):
-        if v.ndim == 0 and by_value:
-            return v.item()
+        if by_value and v.size <= HOST_KEY_LIMIT:   # in the key by value (graph_plan)
+            return (v.dtype.str, v.shape, v.tobytes())
         return (v.dtype.str, v.shape)
     if by_value and isinstance(v, (bool, int, float, np.generic)):
         return v
@@ -84,6 +91,11 @@ class ShapeWatch:
         if n < MIN_KEYS:
             return None
         counts = [len(set(r[k] for r in runs)) for k in range(len(self.items))]
-        if not any(c < n and self.launches[k] for k, c in enumerate(counts)):
+        stable = sum(1 for k, c in enumerate(counts) if c < n and self.launches[k])
+        if not stable:
             return None if n < MAX_KEYS else set()
+        # worth a split where most launches become replays: a few launches replayed beside
+        # many run plainly save little and cost the copies into their graphs' buffers
+        if stable < sum(self.launches) - stable:
+            return set()
         return {self.items[k][0] for k, c in enumerate(counts) if c == n}

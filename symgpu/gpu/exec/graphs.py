@@ -109,6 +109,7 @@ from typing import Any, Callable
 from symgpu.compile.sharedvalue import SharedVariable
 from symgpu.config import config
 from symgpu.gpu.exec import graph_segment as _graph_segment
+from symgpu.gpu.exec import graph_varying as _graph_varying
 from symgpu.gpu.exec.event_timers import register_gpu_timers
 from symgpu.gpu.exec.graph_driver import CudaGraphDriver
 from symgpu.gpu.exec.graph_instance import _bury_collected
@@ -288,7 +289,8 @@ class Runner:
     """``vm.runner``: runs the VM's nodes as plain steps, batched copies and segments."""
 
     def __init__(self, vm: Any, steps: list[tuple[str, list[int]]], ctx: Any,
-                 drv: Any = None, node_contexts: list | None = None) -> None:
+                 drv: Any = None, node_contexts: list | None = None,
+                 forced_plain: frozenset[int] = frozenset()) -> None:
         self.vm = vm
         self.ctx = ctx
         #: each node's context, for a function on several devices (None: all on ``ctx``):
@@ -307,8 +309,8 @@ class Runner:
         self.enabled = True
         #: nodes run plainly although capturable: found to follow the call in a varied
         #: segment (graph_varying.py); a runner of one context may split (``split``)
-        self.forced_plain: frozenset[int] = frozenset()
-        self.can_split = node_contexts is None
+        self.forced_plain = forced_plain
+        self.can_split = node_contexts is None and _graph_varying.SPLIT
         self.retired = False
         self.verify = VERIFY
         self.disabled_reason: str | None = None
@@ -355,6 +357,14 @@ class Runner:
         self._stageable = {v for v in fg.inputs
                            if _is_gpu_var(v) and not isinstance(v, SharedVariable)
                            and v not in updated and not any(_aliases(d, v) for d in destroyed)}
+        # after a split, what plain steps compute moves with the call's shapes and the pool:
+        # a segment reads it from static buffers from the start, so no graph is dropped for
+        # that move (a segment's outputs, one graph's per bucket, are staged once moved)
+        if forced_plain:
+            in_segments = {i for kind, idx in steps if kind == "segment" for i in idx}
+            self._stageable |= {v for i, n in enumerate(nodes) if i not in in_segments
+                                for v in n.outputs if _is_gpu_var(v)
+                                and not any(_aliases(d, v) for d in destroyed)}
         #: host arrays are uploaded (runtime/host_register.deferred_waits)
         self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
                                   and not all(n.inputs[0].type.broadcastable) for n in nodes)
@@ -786,9 +796,7 @@ def _planned(vm: Any, ctxs: list, per_node: list | None,
     steps = plan_steps(nodes, capt, launches, batch, devices)
     if not several and not any(kind != "plain" for kind, _ in steps):
         return None
-    runner = Runner(vm, steps, ctxs[0], drv, node_contexts=per_node)
-    runner.forced_plain = plain
-    return runner
+    return Runner(vm, steps, ctxs[0], drv, node_contexts=per_node, forced_plain=plain)
 
 
 def _register_vm_hook() -> None:
