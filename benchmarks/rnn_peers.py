@@ -137,7 +137,10 @@ def cudnn_graphed(spec, params, arrays, device="cuda") -> dict:
         return loss
 
     def capture(Lb):
-        """Warm up on a side stream, capture, and put the weights back as they were."""
+        """Warm up on a side stream, capture, and put the weights back as they were. The
+        last-state indices are zeroed first: the previous call's may be past this bucket's
+        length (each call writes its own before the replay)."""
+        last.zero_()
         saved = [p.detach().clone() for p in net.parameters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
