@@ -109,21 +109,27 @@ def test_the_nodes_of_the_true_length_run_plainly_the_buckets_replay():
     assert head.captures >= 2 and head.replays > 5, runner.stats()
 
 
-def test_a_segment_whose_every_node_follows_the_call_is_left_whole(monkeypatch):
-    monkeypatch.setattr(graph_varying, "MAX_KEYS", 8)
-    x = gvec()
-    y = mul2()(add1()(x))
+def _lengths_3_to_19(x, y, expected):
+    """Link y(x), call it with x = arange(n) for n in 3..19, check each result against
+    expected(v); returns the VM and its first runner."""
     fg = FunctionGraph([x], [y], clone=False)
     with config.change_flags(**{"gpuarray.cuda_graphs": True}):
         vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(3))]})
     first = vm.runner
-    (seg,) = first.segments
     for n in range(3, 20):
         v = np.arange(n, dtype="float32")
         vm.storage_map[x][0] = upload(fakes.CTX_OBJ, v)
         (r,) = call(vm, [y])
-        np.testing.assert_allclose(read(r), (v + 1) * 2)
+        np.testing.assert_allclose(read(r), expected(v))
         del r
+    return vm, first
+
+
+def test_a_segment_whose_every_node_follows_the_call_is_left_whole(monkeypatch):
+    monkeypatch.setattr(graph_varying, "MAX_KEYS", 8)
+    x = gvec()
+    vm, first = _lengths_3_to_19(x, mul2()(add1()(x)), lambda v: (v + 1) * 2)
+    (seg,) = first.segments
     assert vm.runner is first and not seg.watching and seg.watch is None
     assert seg.plain_runs == 17 and seg.captures == 0
 
@@ -134,15 +140,6 @@ def test_no_split_where_the_repeating_nodes_launch_little():
     x = gvec()
     own = FakeTrim()(add1()(FakePadSteps(4)(x)), x)
     y = FakeSum()(mul2()(mul2()(mul2()(own))))
-    fg = FunctionGraph([x], [y], clone=False)
-    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
-        vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(5))]})
-    first = vm.runner
+    vm, first = _lengths_3_to_19(x, y, lambda v: [((v + 1) * 8).sum()])
     (seg,) = first.segments
-    for n in range(3, 20):
-        v = np.arange(n, dtype="float32")
-        vm.storage_map[x][0] = upload(fakes.CTX_OBJ, v)
-        (r,) = call(vm, [y])
-        np.testing.assert_allclose(read(r), [((v + 1) * 8).sum()])
-        del r
-    assert vm.runner is first and not seg.watching
+    assert vm.runner is first and not seg.watching and seg.plain_runs == 17
