@@ -69,12 +69,21 @@ class FakeSum(Op):
                              lambda x: (1,), lambda x: np.array([x.sum()], "float32"))
 
 
-def _linked(n0: int):
+def _padded_graph():
+    """x -> pad to 4 -> +1 (the bucket's) -> trim to len(x) -> *2 -> sum (the length's)
+    -> *2 -> +1 (one element): (x, y)."""
     x = gvec()
-    padded = FakePadSteps(4)(x)
-    stable = add1()(padded)                       # the bucket's
-    own = mul2()(FakeTrim()(stable, x))           # the true length's
-    y = add1()(mul2()(FakeSum()(own)))            # one element, whatever the length
+    stable = add1()(FakePadSteps(4)(x))
+    own = mul2()(FakeTrim()(stable, x))
+    return x, add1()(mul2()(FakeSum()(own)))
+
+
+def _expected(v):
+    return [((v + 1) * 2).sum() * 2 + 1]
+
+
+def _linked(n0: int):
+    x, y = _padded_graph()
     fg = FunctionGraph([x], [y], clone=False)
     with config.change_flags(**{"gpuarray.cuda_graphs": True}):
         vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(n0))]})
@@ -92,7 +101,7 @@ def test_the_nodes_of_the_true_length_run_plainly_the_buckets_replay():
         v = rng.standard_normal(n).astype("float32")
         cell[0] = upload(fakes.CTX_OBJ, v)
         (r,) = call(vm, [y])
-        np.testing.assert_allclose(read(r), [((v + 1) * 2).sum() * 2 + 1], rtol=1e-5)
+        np.testing.assert_allclose(read(r), _expected(v), rtol=1e-5)
         del r
     runner = vm.runner
     assert runner is not first and graphs.STATS["splits"] == splits + 1
@@ -143,3 +152,18 @@ def test_no_split_where_the_repeating_nodes_launch_little():
     vm, first = _lengths_3_to_19(x, y, lambda v: [((v + 1) * 8).sum()])
     (seg,) = first.segments
     assert vm.runner is first and not seg.watching and seg.plain_runs == 17
+
+
+def test_a_failed_plan_keeps_the_runner_and_the_call(monkeypatch):
+    """Planning again raising (an optimisation's failure) warns once; every call still
+    returns the right values on the runner it had."""
+    planned = graphs._planned
+
+    def broken(vm, ctxs, per_node, plain=frozenset(), drv=None):
+        if plain:    # the split's, not the first plan's
+            raise RuntimeError("no plan")
+        return planned(vm, ctxs, per_node, plain, drv)
+    monkeypatch.setattr(graphs, "_planned", broken)
+    with pytest.warns(graphs.GraphCaptureWarning, match="no plan"):
+        vm, first = _lengths_3_to_19(*_padded_graph(), _expected)
+    assert vm.runner is first and not first.can_split

@@ -10,11 +10,12 @@ bucket's nodes would replay one graph per bucket if the length's nodes were not 
 segment.  So a varied segment watches its plain runs (:class:`ShapeWatch`): each node's
 *signature* (its GPU inputs' and outputs' shapes and strides, its host inputs' shapes and,
 for nodes that do not read them as graph parameters, values: what puts it in the key).
-Once the runs have met ``MIN_KEYS`` distinct keys and some launching node has fewer distinct signatures than the
-segment has keys (it repeats where the call does not: a bucket), the nodes whose signatures
-are as many as the keys are the call's own; where the others hold at least half of the
-segment's launches, the runner plans its steps again with the call's own nodes run plainly
-(graphs.Runner.split), and the rest form segments of their own, keyed by what they see.
+Once the runs have met ``MIN_KEYS`` distinct keys and some launching node has fewer
+distinct signatures than the segment has keys (it repeats where the call does not: a
+bucket), the nodes whose signatures are as many as the keys are the call's own; where the
+others hold at least half of the segment's launches, the runner plans its steps again with
+the call's own nodes run plainly (graphs.Runner.split), and the rest form segments of their
+own, keyed by what they see.
 Where no node repeats within ``MAX_KEYS`` keys, or the repeating ones launch little (a loop
 whose every step follows the length, and only its weight updates do not: the copies into
 their graph's buffers would cost what the replay saves), the segment stays as it is,
