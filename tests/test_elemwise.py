@@ -631,3 +631,23 @@ def test_gpu_rows_match_numpy_on_edge_values(dtype):
         assert not failures, "\n".join(failures)
     finally:
         gctx.unregister_context(name)
+
+
+def test_a_composites_text_grows_with_its_steps_not_its_paths():
+    """x + x 22 times shares each sum twice: written out in full the text doubles at every
+    step (millions of characters; at forty steps, more than any memory); long steps are
+    named (t0=...) and read by name."""
+    from symgpu.scalar.basic import SCALAR_OPS
+    from symgpu.scalar.composite import CompositeBuilder
+    b = CompositeBuilder()
+    x = b.add_input("float64")
+    for _ in range(22):
+        x = b.add_op(SCALAR_OPS["add"], [x, x])[0]
+    c = b.build([x])
+    text = str(c)
+    assert len(text) < 20000 and "t0=" in text and c.name == text
+    small = CompositeBuilder()
+    i = small.add_input("float64")
+    assert str(small.build([small.add_op(SCALAR_OPS["add"], [i, i])[0]])) == \
+        "Composite{(i0 + i0)}"
+    np.testing.assert_allclose(c.impl(np.float64(1.5)), 1.5 * 2 ** 22)

@@ -133,18 +133,27 @@ class Composite:
         return (Composite, (self.in_dtypes, self.constants, self.steps, self.out_slots))
 
     def __str__(self) -> str:
+        """The program as expressions of i0, i1...; a step whose text passes _LONG_TEXT is
+        named (t0=...; ...) and read by its name, so the text grows with the steps, not
+        with the paths through them (shared subexpressions doubled at every level)."""
         names = [f"i{k}" for k in range(self.nin)]
         names += [_const_text(v) for v, _ in self.constants]
+        named: list[str] = []
         for op, args in self.steps:
             a = [names[k] for k in args]
             sym = _INFIX.get(str(op))
             if sym is not None and len(a) >= 2:
-                names.append("(" + f" {sym} ".join(a) + ")")
+                text = "(" + f" {sym} ".join(a) + ")"
             elif str(op) == "neg" and len(a) == 1:
-                names.append(f"(-{a[0]})")
+                text = f"(-{a[0]})"
             else:
-                names.append(f"{op}({', '.join(a)})")
-        return "Composite{" + ", ".join(names[o] for o in self.out_slots) + "}"
+                text = f"{op}({', '.join(a)})"
+            if len(text) > _LONG_TEXT:
+                named.append(f"t{len(named)}={text}")
+                text = f"t{len(named) - 1}"
+            names.append(text)
+        return "Composite{" + "; ".join(
+            named + [", ".join(names[o] for o in self.out_slots)]) + "}"
 
     __repr__ = __str__
 
@@ -279,6 +288,8 @@ class Composite:
 
 
 #: scalar ops a Composite's name writes infix, as Theano's (``Composite{(log(i0) * i0)}``)
+#: a step's text past this many characters is named in ``str(Composite)`` (t0=...)
+_LONG_TEXT = 160
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "true_div": "/", "int_div": "//", "pow": "**",
           "mod": "%"}
 
