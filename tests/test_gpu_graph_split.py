@@ -153,17 +153,3 @@ def test_no_split_where_the_repeating_nodes_launch_little():
     (seg,) = first.segments
     assert vm.runner is first and not seg.watching and seg.plain_runs == 17
 
-
-def test_a_failed_plan_keeps_the_runner_and_the_call(monkeypatch):
-    """Planning again raising (an optimisation's failure) warns once; every call still
-    returns the right values on the runner it had."""
-    planned = graphs._planned
-
-    def broken(vm, ctxs, per_node, plain=frozenset(), drv=None):
-        if plain:    # the split's, not the first plan's
-            raise RuntimeError("no plan")
-        return planned(vm, ctxs, per_node, plain, drv)
-    monkeypatch.setattr(graphs, "_planned", broken)
-    with pytest.warns(graphs.GraphCaptureWarning, match="no plan"):
-        vm, first = _lengths_3_to_19(*_padded_graph(), _expected)
-    assert vm.runner is first and not first.can_split

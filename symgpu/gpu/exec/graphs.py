@@ -598,15 +598,8 @@ class Runner:
         (this one finishes on this runner's steps)."""
         if self.retired or not self.can_split:
             return
-        try:
-            new = _planned(self.vm, [self.ctx], None, self.forced_plain | frozenset(varying),
-                           self.driver)
-        except Exception as exc:   # an optimisation: the call and this runner go on
-            self.can_split = False
-            warnings.warn(f"symgpu: planning the CUDA graphs again after a split failed "
-                          f"({type(exc).__name__}: {exc}); the function keeps its graphs",
-                          GraphCaptureWarning, stacklevel=2)
-            return
+        new = _planned(self.vm, [self.ctx], None, self.forced_plain | frozenset(varying),
+                       self.driver)
         if new is None:
             return
         new.enabled, new.verify = self.enabled, self.verify
