@@ -9,12 +9,15 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from symgpu.gpu.placement.basic_ops import HostFromGpu
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
+from symgpu.graph.basic import Constant
 from symgpu.graph.traversal import sharing_memory
 
 __all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
            "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
-           "mark_reusable_outputs", "overwritten", "read_later", "updates_last"]
+           "mark_reusable_outputs", "overwritten", "read_later", "updates_last", "tail_safe",
+           "parameter_nodes"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
 HOST_KEY_LIMIT = 64
@@ -358,3 +361,35 @@ def dead_cells(nodes: list, order: list[int], gc_after: list | None, sm: dict) -
             done.add(id(cell))
             dead[pos].append(cell)
     return dead
+
+
+def tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> bool:
+    """Whether updates of segment step ``s_no`` may be written into their variables' buffers:
+    nothing that can fail runs after the segment (the call then cannot raise after the shared
+    variable changed): the steps left are copies to the host at most (a check they raise
+    stops the copy itself: device_checks.GuardedCopies)."""
+    return all(k == "batch" or (k == "plain" and all(
+        isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
+
+
+def parameter_nodes(idx: list[int], nodes: list, thunks: list,
+                inputs: list) -> tuple[list, list[bool]]:
+    """A segment's parameter nodes and which of its inputs are parameters (graph_params.py).
+
+    A node takes part when its thunk speaks the protocol (``param_nbytes``) and each of its
+    inputs is a segment input or a constant (its values are known before the segment runs).
+    A host input is a parameter (left out of the key) when every node of the segment that
+    reads it takes part; otherwise its value stays in the key."""
+    known = set(inputs)
+    active = set()
+    for i in idx:
+        if getattr(thunks[i], "param_nbytes", None) and all(
+                v in known or isinstance(v, Constant) for v in nodes[i].inputs):
+            active.add(i)
+    readers: dict = {}
+    for i in idx:
+        for v in nodes[i].inputs:
+            readers.setdefault(v, set()).add(i)
+    mask = [not _is_gpu_var(v) and bool(readers.get(v)) and readers[v] <= active
+            for v in inputs]
+    return [thunks[i] for i in idx if i in active], mask

@@ -115,8 +115,9 @@ from symgpu.gpu.exec.graph_driver import CudaGraphDriver
 from symgpu.gpu.exec.graph_instance import _bury_collected
 from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cells as _dead_cells,
                                         escaping as _escaping, make_keyer, mark_reusable_outputs,
-                                        node_capturable, node_launches, plan_steps, read_later,
-                                        schedule, updates_last)
+                                        node_capturable, node_launches, parameter_nodes,
+                                        plan_steps, read_later, schedule, tail_safe,
+                                        updates_last)
 from symgpu.gpu.exec.graph_segment import Segment
 from symgpu.gpu.exec.shape_memo import ShapeMemoStep, with_shape_memo
 from symgpu.gpu.ops.guarded_updates import reads_verdict
@@ -339,7 +340,7 @@ class Runner:
                    getattr(thunks[at[new.owner]], "write_into", None) is not None]
         if self.direct_updates and writers:
             steps = [(kind, updates_last(nodes, idx, writers)
-                      if kind == "segment" and _tail_safe(steps, s_no, nodes) else idx)
+                      if kind == "segment" and tail_safe(steps, s_no, nodes) else idx)
                      for s_no, (kind, idx) in enumerate(steps)]
         order = [i for _, idx in steps for i in idx]
         dead = _dead_cells(nodes, order, vm.gc_after, sm)
@@ -400,7 +401,7 @@ class Runner:
                     [c for d in my_dead for c in d], HostFromGpu.perform_many))
             else:
                 seg = self._segment(idx, my_dead, nodes, thunks, sm, order, protected,
-                                    updates if _tail_safe(steps, s_no, nodes) else [],
+                                    updates if tail_safe(steps, s_no, nodes) else [],
                                     step_ctx or ctx)
                 seg_out_cells += [c for c, v in seg._out_vars if v not in protected]
                 self.segments.append(seg)
@@ -548,7 +549,7 @@ class Runner:
                 if self.direct_updates:
                     self._direct_update(direct, idx, nodes, thunks, sm, new, old,
                                         inputs.index(old))
-        param_thunks, param_inputs = _parameters(idx, nodes, thunks, inputs)
+        param_thunks, param_inputs = parameter_nodes(idx, nodes, thunks, inputs)
         staged = [k for k, v in enumerate(inputs) if v in self._stageable]
         destroyed = [nodes[i].inputs[k] for i in idx
                      for ins in (getattr(nodes[i].op, "destroy_map", None) or {}).values()
@@ -634,38 +635,6 @@ class Runner:
             out["graphs"] += s.n_graphs
             out["nodes_captured"] = max(out["nodes_captured"], s.nodes_captured)
         return out
-
-
-def _tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> bool:
-    """Whether updates of segment step ``s_no`` may be written into their variables' buffers:
-    nothing that can fail runs after the segment (the call then cannot raise after the shared
-    variable changed): the steps left are copies to the host at most (a check they raise
-    stops the copy itself: device_checks.GuardedCopies)."""
-    return all(k == "batch" or (k == "plain" and all(
-        isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
-
-
-def _parameters(idx: list[int], nodes: list, thunks: list,
-                inputs: list) -> tuple[list, list[bool]]:
-    """A segment's parameter nodes and which of its inputs are parameters (graph_params.py).
-
-    A node takes part when its thunk speaks the protocol (``param_nbytes``) and each of its
-    inputs is a segment input or a constant (its values are known before the segment runs).
-    A host input is a parameter (left out of the key) when every node of the segment that
-    reads it takes part; otherwise its value stays in the key."""
-    known = set(inputs)
-    active = set()
-    for i in idx:
-        if getattr(thunks[i], "param_nbytes", None) and all(
-                v in known or isinstance(v, Constant) for v in nodes[i].inputs):
-            active.add(i)
-    readers: dict = {}
-    for i in idx:
-        for v in nodes[i].inputs:
-            readers.setdefault(v, set()).add(i)
-    mask = [not _is_gpu_var(v) and bool(readers.get(v)) and readers[v] <= active
-            for v in inputs]
-    return [thunks[i] for i in idx if i in active], mask
 
 
 # ============================================================================ installing
