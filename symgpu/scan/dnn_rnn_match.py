@@ -282,7 +282,7 @@ class PrefixMask(Op):
         return [(shapes[0][1],), ()]
 
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[False, False], [False, False]]
+        return [[False] * len(node.outputs) for _ in node.inputs]
 
     def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
         return [DisconnectedType()(), DisconnectedType()()]
@@ -308,12 +308,6 @@ class PrefixGuard(PrefixMask):
 
     def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
         return [(shapes[0][1],)]
-
-    def connection_pattern(self, node: Apply) -> list[list[bool]]:
-        return [[False], [False]]
-
-    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
-        return [DisconnectedType()(), DisconnectedType()()]
 
 
 class _Prefix(NamedTuple):

@@ -312,7 +312,6 @@ class Runner:
         #: segment (graph_varying.py); a runner of one context may split (``split``)
         self.forced_plain = forced_plain
         self.can_split = node_contexts is None and _graph_varying.SPLIT
-        self.retired = False
         self.verify = VERIFY
         self.disabled_reason: str | None = None
         nodes, thunks, sm = vm.nodes, vm.thunks, vm.storage_map
@@ -597,14 +596,13 @@ class Runner:
         shapes follow the call: graph_varying.py) run plainly, so that the rest form segments
         keyed by what they see (a bucket of lengths); the new runner serves the next call
         (this one finishes on this runner's steps)."""
-        if self.retired or not self.can_split:
-            return
+        if self.vm.runner is not self or not self.can_split:
+            return      # split already (the call that found it is still on this runner)
         new = _planned(self.vm, [self.ctx], None, self.forced_plain | frozenset(varying),
                        self.driver)
         if new is None:
             return
         new.enabled, new.verify = self.enabled, self.verify
-        self.retired = True
         STATS["splits"] += 1
         self.vm.runner = new
 

@@ -8,7 +8,8 @@ of every layer in a few persistent kernels (issue 32).
 The calls (cudnn_adv): cudnnSetRNNDescriptor_v8 (double bias, linear input, no dropout; the
 algorithm from ``rnn_algorithm``: see there), cudnnSetRNNDataDescriptor (SEQ_MAJOR_UNPACKED,
 every row full length, padded IO enabled), cudnnRNNForward in training mode (the reserve
-space is the forward op's last output, a uint8 vector the backward op reads), cudnnRNNBackwardData_v8 then
+space is the forward op's last output, a uint8 vector the backward op reads),
+cudnnRNNBackwardData_v8 then
 cudnnRNNBackwardWeights_v8 (which adds into dw: zeroed first) in one backward op, on a copy
 of the reserve (backward data writes into it). Without lengths, devSeqLengths is a device
 int32 vector set by a memset; workspaces come from the context's pool; nothing waits for the
