@@ -290,3 +290,20 @@ def test_padded_lengths_then_a_mask_with_a_hole_fall_back_to_the_loop(recompilab
         if on:
             assert not _ops(fn, PadSteps) and not _ops(fn, DnnRNN)
     np.testing.assert_allclose(res[True], res[False], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cell, hidden, cudnn", [
+    ("lstm", 128, True), ("lstm", 160, False), ("gru", 129, False),
+    ("elman", 256, True), ("elman", 320, False)])
+def test_vgpu_the_default_takes_hidden_sizes_of_cudnns_persistent_kernel(
+        vgpu, cell, hidden, cudnn):
+    """By default (no scan_to_dnn_rnn tag) a GPU function runs cuDNN for hidden sizes its
+    persistent kernel takes (SMALL_H_LIMIT) and the loop above them, where the loop was
+    faster on the H200; the opt-in tag runs cuDNN at any width."""
+    from symgpu.gpu.ops.cudnn_rnn import GpuDnnRNNForward
+    spec = rc.Spec(cell, False, "all", B, hidden, False, inp=IN, fixed=L)
+    default = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec))[2]
+    assert bool(_ops(default, GpuDnnRNNForward)) == cudnn
+    opted = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
+                              mode=_mode(True))[2]
+    assert _ops(opted, GpuDnnRNNForward)

@@ -41,7 +41,7 @@ from symgpu.tensor.checks import Assert
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_value
 from symgpu.tensor.nnet.pad_steps import PadSteps
-from symgpu.tensor.nnet.rnn import DnnRNN
+from symgpu.tensor.nnet.rnn import SMALL_H_LIMIT, DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
 from symgpu.tensor.type import specify_broadcastable_as
 
@@ -175,7 +175,9 @@ def _mask_grad_read(fgraph: FunctionGraph, b: Any) -> bool:
                if k == 1)
 
 
-def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
+def _rewrite(fgraph: FunctionGraph, node: Any, widest: dict | None = None) -> bool:
+    """Replace `node` when it is one recurrent layer of a hidden size at most widest[cell]
+    (None: any)."""
     m = match_rnn_step(node)
     if m is None:
         return False
@@ -208,25 +210,24 @@ def _rewrite(fgraph: FunctionGraph, node: Any) -> bool:
     hx = node.inputs[1 + S + m.h_state][:1]
     cx = node.inputs[1 + S + m.c_state][:1] if m.c_state is not None else None
     if m.hidden is None:   # Elman: no gate blocks tell the hidden size
-        return _rewrite_elman(fgraph, node, m, x, hx, backs, plans, mask)
+        m = _elman_width(m, hx)
+        if m is None:
+            return False
+    if widest is not None and m.hidden > widest.get(m.mode, 0):
+        return False
     return _replace(fgraph, node, m, x, hx, cx, backs, plans, c_readers, mask)
 
 
-def _rewrite_elman(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Variable,
-                   backs: list, plans: list, mask: Variable | None) -> bool:
-    """Elman's hidden size is not in the step's graph (no gate slices): take it from a
-    constant shape of the initial state or of U."""
+def _elman_width(m: RNNMatch, hx: Variable) -> RNNMatch | None:
+    """Elman's hidden size is not in the step's graph (no gate slices): the match with it
+    taken from a constant shape of the initial state or of U (None: not known)."""
     for v, axis in ((hx, 2), (m.U, 1), (m.U, 0)):
         try:
-            H = int(get_scalar_constant_value(v.shape[axis]))
-            break
+            return m._replace(hidden=int(get_scalar_constant_value(v.shape[axis])))
         except NotScalarConstantError:
             continue
-    else:
-        H = _shared_width(m.U)
-        if H is None:
-            return False
-    return _replace(fgraph, node, m._replace(hidden=H), x, hx, None, backs, plans, [], mask)
+    H = _shared_width(m.U)
+    return None if H is None else m._replace(hidden=H)
 
 
 def _shared_width(U: Variable) -> int | None:
@@ -496,21 +497,25 @@ def _fallback_loop(op: Scan) -> Scan:
                         dc_replace(op.info, keep_as_loop=True))
 
 
-def scan_to_dnn_rnn(fgraph: FunctionGraph) -> None:
+def scan_to_dnn_rnn(fgraph: FunctionGraph, widest: dict | None = None) -> None:
     """Replace every loop that is one recurrent layer (and its gradient loops) by DnnRNN
-    (and DnnRNNGrad)."""
+    (and DnnRNNGrad); with `widest`, only layers of a hidden size at most widest[cell]."""
     for node in list(fgraph.toposort()):
         if isinstance(node.op, Scan) and node in fgraph.apply_nodes and \
                 node.op.grad_of is None:
-            _rewrite(fgraph, node)
+            _rewrite(fgraph, node, widest)
 
 
 def scan_to_dnn_rnn_where_a_gpu_runs(fgraph: FunctionGraph) -> None:
     """scan_to_dnn_rnn in every fast_run compile where a GPU may take part (the function
-    keeps its source, so a failed guard falls back to the loop): on the H200 every LSTM,
-    GRU and Elman row of benchmarks/rnn.py ran faster through cuDNN than as a loop."""
+    keeps its source, so a failed guard falls back to the loop), for hidden sizes cuDNN's
+    persistent kernel takes (SMALL_H_LIMIT). Why that limit: on the H200 (benchmarks/rnn.py,
+    TF32, ms a training step) at hidden 128, batch 16, the cuDNN path ran 0.57 against the
+    loop's 1.32 (LSTM) and 0.43 against 1.46 (GRU); at hidden 512, batch 64 (cuDNN's
+    standard algorithm) the loop was faster: LSTM 1.82 against 2.03-2.26, GRU 1.86 against
+    1.97-2.06, Elman 1.22 against 1.25."""
     if may_guard(fgraph):
-        scan_to_dnn_rnn(fgraph)
+        scan_to_dnn_rnn(fgraph, SMALL_H_LIMIT)
 
 
 # before scan_merge (3.5), which would fold the gradient's copies of the forward loop into

@@ -45,7 +45,7 @@ from symgpu.gpu.placement.type import GpuArrayType, is_gpu_var
 from symgpu.gpu.runtime.array import new_array
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import ShapeError
-from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, LENGTH_DTYPES, DnnRNN,
+from symgpu.tensor.nnet.rnn import (DIRECTION_MODES, LENGTH_DTYPES, SMALL_H_LIMIT, DnnRNN,
                                     DnnRNNGrad, _RNNBase, check_lengths, rnn_layout)
 from symgpu.tensor.type import as_tensor_variable
 
@@ -56,12 +56,9 @@ __all__ = ["RNNBlock", "GpuDnnRNNForward", "GpuDnnRNNBackward", "RNNPlan", "ENAB
 ENABLED = True
 #: plans kept per node (one per shape and, with lengths, per distinct lengths vector)
 PLAN_CACHE = 64
-#: False: cuDNN's standard algorithm always (read when a plan is made)
+#: False: cuDNN's standard algorithm always (read when a plan is made); where it applies:
+#: SMALL_H_LIMIT (symgpu/tensor/nnet/rnn.py, re-exported here) and SMALL_H_MAX_BATCH
 PERSISTENT = True
-#: the largest hidden size cuDNN's persistent small-hidden algorithm runs forward and backward,
-#: per cell (H200, cuDNN 9.14 and 9.19: an LSTM or GRU of hidden 129 or 192 passes the forward
-#: and the backward refuses it, NOT_SUPPORTED; 256 refuses both; Elman cells run up to 256)
-SMALL_H_LIMIT = {"lstm": 128, "gru": 128, "rnn_tanh": 256, "rnn_relu": 256}
 #: the largest batch it is asked for: a training step of length 50 took 0.21-0.70x the
 #: standard algorithm's time up to batch 256 and 0.45-1.14x at 512 (H200, one layer)
 SMALL_H_MAX_BATCH = 256

@@ -39,7 +39,14 @@ from symgpu.graph.op import Op, ShapeError
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["RNN_MODES", "DIRECTION_MODES", "LENGTH_DTYPES", "check_lengths", "RNNLayout", "rnn_layout", "rnn_forward_numpy",
-           "rnn_backward_numpy", "DnnRNN", "DnnRNNGrad"]
+           "rnn_backward_numpy", "DnnRNN", "DnnRNNGrad", "SMALL_H_LIMIT"]
+
+#: the largest hidden size cuDNN's persistent small-hidden algorithm runs forward and backward,
+#: per cell (H200, cuDNN 9.14 and 9.19: an LSTM or GRU of hidden 129 or 192 passes the forward
+#: and the backward refuses it, NOT_SUPPORTED; 256 refuses both; Elman cells run up to 256).
+#: Read by the GPU plans (symgpu.gpu.ops.cudnn_rnn) and by where scan_to_dnn_rnn is on by
+#: default (symgpu.scan.dnn_rnn_match)
+SMALL_H_LIMIT = {"lstm": 128, "gru": 128, "rnn_tanh": 256, "rnn_relu": 256}
 
 #: rnn_mode -> gates per layer (cuDNN's cudnnRNNMode_t order: relu, tanh, lstm, gru)
 RNN_MODES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
