@@ -43,6 +43,7 @@ from symgpu.tensor.grids import NotScalarConstantError, get_scalar_constant_valu
 from symgpu.tensor.nnet.pad_steps import PadSteps
 from symgpu.tensor.nnet.rnn import SMALL_H_LIMIT, DnnRNN
 from symgpu.tensor.subtensor import IncSubtensor, Slice, Subtensor
+from symgpu.tensor.rewriting.subtensor_merge import merge_reads
 from symgpu.tensor.type import specify_broadcastable_as
 
 __all__ = ["PrefixMask", "PrefixGuard", "RNNMatch", "match_rnn_step", "scan_to_dnn_rnn",
@@ -378,7 +379,7 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     nonseqs = node.inputs[1 + S + M:]
     if lens is not None:
         held = _held(y, lens, run_steps)
-        h_all = held[:steps] if bucket else held
+        h_all = held
         h_last = held[-1].dimshuffle("x", 0, 1)
     elif pre is None:
         h_all, h_last = y, hy
@@ -397,7 +398,10 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
                              [a for _, a in extra], outer=fgraph.variables)
             news, got = res[:len(news)], res[len(news):]
         for old, new in zip(olds, news):
-            fgraph.replace(old, _fit(new, old), reason="scan_to_dnn_rnn")
+            new = _fit(new, old)
+            fgraph.replace(old, new, reason="scan_to_dnn_rnn")
+            if bucket:   # buffer[:L + 1] read as buffer[:L + 1][1:][-1]: one index
+                merge_reads(fgraph, new, reason="scan_to_dnn_rnn")
         return got
 
     # the fallback branches read the loop's marked copy, and the forward copies that feed
@@ -417,7 +421,11 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
     # the forward first: the gradient loops' adjoints are computed from its outputs, and
     # a branch built before would take the original loop inside with them
     h_out = node.outputs[m.h_state]
-    h_buf = T.concatenate([hx, h_all]) if info.keep[m.h_state] else h_last
+    # a padded run's buffer is sliced to the true length after the join, so that reads of
+    # it merge into one index of a bucket-shaped array (subtensor_merge: the last state
+    # buffer[:L + 1][1:][-1] is buffer[L]) and the graph reading it serves every length
+    h_buf = (T.concatenate([hx, h_all])[:steps + 1] if bucket else
+             T.concatenate([hx, h_all])) if info.keep[m.h_state] else h_last
     olds, news, alts = [h_out], [h_buf], ([alt.outputs[m.h_state]] if alt else [])
     for r in c_readers:
         olds.append(r)

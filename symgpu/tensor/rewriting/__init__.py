@@ -2,6 +2,8 @@
 
 basic       constant folding, useless ops, fill sinking, dimshuffles, shape lifting
 shape_ops   Shape()[i] -> Shape_i, useless reshape/alloc/subtensor, known shapes
+subtensor_merge  x[s1][s2] -> x[s] (Theano's local_subtensor_merge; applied by rewrites
+            that slice after the canonical passes, not a pass of its own)
 math        add/mul canonical forms, powers, sums, log1p/expm1
 stabilize   softplus, sigmoid, log_softmax, stable crossentropies
 sigm        sigmoid/exp algebra on products, greedy distribution (finite gradients)
