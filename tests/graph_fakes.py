@@ -374,18 +374,23 @@ class FakeDynSlice(Op):
             launches = True
             param_nbytes = 8
             param_slot = None
+            param_layout_input = 0     # x's layout alone: it may be computed in the segment
+            keep_layout = False
+            seen_layout = None
 
-            def bounds(self):
-                x = xc[0]
+            def bounds(self, x=None):
+                x = xc[0] if x is None else x
                 start, stop, _ = slice(int(sc[0]), int(ec[0])).indices(x.size)
                 return x, start, max(stop - start, 0)
 
-            def param_values(self):
-                _, start, n = self.bounds()
+            def param_values(self, x=None):
+                _, start, n = self.bounds(x)
                 return n, np.int64(start).tobytes()
 
             def __call__(self):
                 x, start, n = self.bounds()
+                if self.keep_layout:
+                    self.seen_layout = (x.context, x.shape, x.strides, x.dtype, n)
                 o = new_array(ctx, (n,), np.dtype("float32"))
                 xp, op_, slot = x.ptr, o.ptr, self.param_slot
                 if n:

@@ -167,6 +167,55 @@ def test_plain_runs_and_failed_parameters_leave_no_slot_bound():
     assert vm.runner.enabled
 
 
+def test_an_index_into_an_array_the_segment_computes_is_a_parameter():
+    """x + 1 computed inside the segment, then sliced at host bounds (a padded buffer read at
+    the true length): the slice reads only that array's layout, so it is a parameter node
+    all the same.  The first run of a key learns the layout (plainly), and from then on one
+    graph serves every bound; a longer x is a new key, learnt again."""
+    x, i, j = gvec(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(add1()(x), i, j))
+    vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
+    seg = vm.runner.segments[0]
+    assert len(seg.items) == 3 and seg.param_inner == [True]
+    for k in [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3:
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[k:k + 5] + 2)
+        del r
+    st = vm.runner.stats()
+    assert st["plain"] == 2 and st["captures"] == 1 and st["replays"] == 27, st
+    longer = np.arange(90, dtype="float32")
+    vm.storage_map[x][0] = upload(fakes.CTX_OBJ, longer)
+    for k in [70, 3, 84, 61, 8]:
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), longer[k:k + 5] + 2)
+        del r
+    st = vm.runner.stats()
+    assert st["graphs"] == 2 and st["captures"] == 2 and st["plain"] == 4, st
+
+
+def test_slices_of_slices_the_segment_computes_learn_their_layouts_in_one_run():
+    """The second slice's array takes its length from the first slice's bounds: both
+    layouts are learnt by the first plain run, each under the parts before its own."""
+    x, i, j, a, b = gvec(), iscalar(), iscalar(), iscalar(), iscalar()
+    y = add1()(FakeDynSlice()(add1()(FakeDynSlice()(add1()(x), i, j)), a, b))
+    vm = linked([x, i, j, a, b], [y], [upload(fakes.CTX_OBJ, DATA), 0, 9, 0, 3])
+    assert vm.runner.segments[0].param_inner == [True, True]
+    rng = np.random.default_rng(3)
+    for n in [9, 9, 9, 9, 12, 12, 12, 12]:
+        k, m = int(rng.integers(0, 40)), int(rng.integers(0, 5))
+        cells = vm.storage_map
+        cells[i][0], cells[j][0] = np.int64(k), np.int64(k + n)
+        cells[a][0], cells[b][0] = np.int64(m), np.int64(m + 3)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (DATA[k:k + n] + 2)[m:m + 3] + 1)
+        del r
+    st = vm.runner.stats()
+    # per length of the first slice: the learning run, a first sight, a capture, a replay
+    assert st["plain"] == 4 and st["captures"] == 2 and st["replays"] == 2, st
+
+
 # ============================================================================ the real ops
 
 @pytest.mark.parametrize("idx, values, shape", [
@@ -194,6 +243,31 @@ def test_dynamic_slice_parameters_match_numpy_views(idx, values, shape):
     assert shp == view.shape and strides == view.strides
     offset = view.__array_interface__["data"][0] - host.__array_interface__["data"][0]
     assert np.frombuffer(raw, np.int64)[0] == offset
+
+
+def test_slice_parameters_from_a_stand_in_of_the_layout_match_the_array_s():
+    """What a segment passes for an input it computes (graph_params.layout_stand_in): the
+    same key part and bytes as the array itself, and the same IndexError out of range."""
+    from gpu_helpers import FakeCtx, fake_gpu_array
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.type import GpuArrayType
+    from symgpu.gpu.runtime.graph_params import layout_stand_in
+    from symgpu.tensor.subtensor import SYM, Slice
+    ctx = FakeCtx()
+    for idx, values, shape in [((SYM,), (3,), (9, 4)), ((SYM,), (-1,), (9, 4)),
+                               ((Slice(SYM, SYM, None),), (2, 7), (9, 4)),
+                               ((Slice(None, None, None), SYM), (1,), (5, 6))]:
+        x = GpuArrayType("float32", (False,) * len(shape), fakes.CTX)()
+        node = GpuSubtensor(idx).make_node(x, *[TensorType("int64", ())() for _ in values])
+        arr = fake_gpu_array(ctx, shape)
+        thunk, _ = thunk_over(node, [arr] + [np.int64(v) for v in values])
+        assert thunk.param_layout_input == 0
+        stand_in = layout_stand_in(ctx, arr.shape, arr.strides, arr.dtype)
+        assert thunk.param_values(stand_in) == thunk.param_values()
+    node = GpuSubtensor((SYM,)).make_node(x, TensorType("int64", ())())
+    thunk, _ = thunk_over(node, [fake_gpu_array(ctx, (5, 6)), np.int64(5)])
+    with pytest.raises(IndexError, match="out of bounds"):
+        thunk.param_values(layout_stand_in(ctx, (5, 6), (24, 4), np.dtype("float32")))
 
 
 def _sym_idx(idx):

@@ -400,8 +400,10 @@ def _replace(fgraph: FunctionGraph, node: Any, m: RNNMatch, x: Variable, hx: Var
         for old, new in zip(olds, news):
             new = _fit(new, old)
             fgraph.replace(old, new, reason="scan_to_dnn_rnn")
-            if bucket:   # buffer[:L + 1] read as buffer[:L + 1][1:][-1]: one index
-                merge_reads(fgraph, new, reason="scan_to_dnn_rnn")
+            if bucket:   # buffer[:L + 1] read as buffer[:L + 1][1:][-1]: one index,
+                # its bounds from the bucket's length (known before the layer runs)
+                merge_reads(fgraph, new, reason="scan_to_dnn_rnn",
+                            shape=(run_steps + 1, hx.shape[1], hx.shape[2]))
         return got
 
     # the fallback branches read the loop's marked copy, and the forward copies that feed

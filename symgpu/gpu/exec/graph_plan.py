@@ -207,8 +207,8 @@ def make_keyer(is_gpu: Sequence[bool], params: Sequence[bool] | None = None,
     of the graph (graph_params.py), whose values are written into its parameter block instead
     and only count through the key parts of the nodes reading them.  Host values marked in
     ``memoised`` are outputs of the runner's shape memo (shape_memo.py), which nothing else
-    writes and which a call with the last call's shapes restores as the same objects: their
-    key part is kept with the object and computed again only for a new one (the GPT step's
+    writes and which a call with an earlier call's shapes restores as the same objects: the
+    key part of the last one is kept with it and computed again only for another (the GPT step's
     21 reshape targets: a ``tobytes`` each, every call).  Raises :class:`Unkeyable` (or
     AttributeError for a value of the wrong kind)."""
     gpu = tuple(bool(g) for g in is_gpu)
@@ -372,24 +372,41 @@ def tail_safe(steps: list[tuple[str, list[int]]], s_no: int, nodes: list) -> boo
         isinstance(nodes[i].op, HostFromGpu) for i in ix)) for k, ix in steps[s_no + 1:])
 
 
-def parameter_nodes(idx: list[int], nodes: list, thunks: list,
-                inputs: list) -> tuple[list, list[bool]]:
-    """A segment's parameter nodes and which of its inputs are parameters (graph_params.py).
+def parameter_nodes(idx: list[int], nodes: list, thunks: list, inputs: list,
+                    fixed: set | frozenset = frozenset()) -> tuple[list, list[bool], list[bool]]:
+    """A segment's parameter nodes, which of its inputs are parameters, and which of the
+    parameter nodes read an array the segment computes (graph_params.py).
 
     A node takes part when its thunk speaks the protocol (``param_nbytes``) and each of its
-    inputs is a segment input or a constant (its values are known before the segment runs).
-    A host input is a parameter (left out of the key) when every node of the segment that
-    reads it takes part; otherwise its value stays in the key."""
+    inputs is a segment input or a constant (its values are known before the segment runs),
+    but for the input its thunk names ``param_layout_input``: its parameters read that one's
+    layout alone, so it may be computed inside the segment (the last state of a loop padded
+    to a bucket, ``buffer[n]`` of the bucket's buffer).  A host input is a parameter (left
+    out of the key) when every node of the segment that reads it takes part; otherwise its
+    value stays in the key.  A node whose host inputs are all ``fixed`` (computed from
+    shapes alone: the shape memo's values, determined by the key) is left out: keyed by
+    value it costs no graph more, and a slice stays a view instead of a copy."""
     known = set(inputs)
     active = set()
+    inner = set()
     for i in idx:
-        if getattr(thunks[i], "param_nbytes", None) and all(
-                v in known or isinstance(v, Constant) for v in nodes[i].inputs):
+        t = thunks[i]
+        if not getattr(t, "param_nbytes", None):
+            continue
+        lay = getattr(t, "param_layout_input", None)
+        ins = nodes[i].inputs
+        if all(v in fixed or isinstance(v, Constant) for v in ins if not _is_gpu_var(v)):
+            continue
+        if all(v in known or isinstance(v, Constant) or k == lay for k, v in enumerate(ins)):
             active.add(i)
+            if lay is not None and ins[lay] not in known and \
+                    not isinstance(ins[lay], Constant):
+                inner.add(i)
     readers: dict = {}
     for i in idx:
         for v in nodes[i].inputs:
             readers.setdefault(v, set()).add(i)
     mask = [not _is_gpu_var(v) and bool(readers.get(v)) and readers[v] <= active
             for v in inputs]
-    return [thunks[i] for i in idx if i in active], mask
+    return ([thunks[i] for i in idx if i in active], mask,
+            [i in inner for i in idx if i in active])

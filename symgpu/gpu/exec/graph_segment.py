@@ -12,8 +12,9 @@ what it hands out and the graveyard of collected graphs are in graph_instance.py
 outputs are described and rebuilt on replay, in graph_outputs.py.
 
 Why apart from graphs.py: this is the machinery behind one segment, whose ownership,
-parameter and error-path rules must be read together; graphs.py keeps the entry points (the
-VM hook, ``Runner`` and its other steps, the driver) and the settings.  The settings
+parameter and error-path rules must be read together (the parameters' own bookkeeping is in
+graph_segment_params.py); graphs.py keeps the entry points (the VM hook, ``Runner`` and its
+other steps, the driver) and the settings.  The settings
 (``MAX_GRAPHS``, ``MAX_SEEN``, ``VERIFY_LIMIT``, ``STATS``) stay in graphs.py and are read here
 through that module at call time, so setting or patching ``symgpu.gpu.exec.graphs.VERIFY_LIMIT``
 (as tests do) keeps taking effect: graphs.py hands itself over when it loads
@@ -30,6 +31,7 @@ from symgpu.gpu.exec.graph_instance import (Lease, _bury_collected, _Graph, _GRA
                                             results_differ)
 from symgpu.gpu.exec.graph_outputs import hand_out, output_specs
 from symgpu.gpu.exec.graph_plan import Unkeyable, make_fetcher, node_launches
+from symgpu.gpu.exec.graph_segment_params import SegmentParams
 from symgpu.gpu.exec.graph_varying import ShapeWatch
 from symgpu.gpu.runtime.array import GpuArray as _GpuArray, byte_extent, new_array
 from symgpu.gpu.runtime.comm_stream import join_pending
@@ -53,7 +55,7 @@ _new_object = object.__new__
 _weak = weakref.ref
 
 
-class Segment:
+class Segment(SegmentParams):
     """A run of capturable nodes: plain launches, a capture, or a replay per call."""
 
     def __init__(self, runner: "Runner", items: list[tuple[int, Callable, list]],
@@ -64,7 +66,8 @@ class Segment:
                  param_thunks: Sequence[Any] = (),
                  param_inputs: Sequence[bool] | None = None,
                  staged: Sequence[int] = (), written: Sequence[int] = (),
-                 direct: Sequence[tuple[int, int, list, int]] = ()) -> None:
+                 direct: Sequence[tuple[int, int, list, int]] = (),
+                 param_inner: Sequence[bool] = ()) -> None:
         self.runner = runner
         self.items = items                   # (node index, thunk, cells dead after it)
         self.in_cells, self.in_gpu = in_cells, in_gpu
@@ -97,6 +100,9 @@ class Segment:
         #: inputs a graph may stage once they moved: GPU inputs no update is copied back into
         targets = {j for _, j in copy_back}
         self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
+        #: movable inputs the call computes before the segment (not variables, not function
+        #: inputs): staged once the keys vary (graphs.Runner._segment sets it)
+        self.computed: set[int] = set()
         #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
         self.written = set(written)
         #: staged input -> [the pointer its last replays read it from, how many in a row],
@@ -113,17 +119,7 @@ class Segment:
         #: host inputs the runner's shape memo writes (``key_memo_outputs``)
         self.memoised: list[bool] | None = None
         self.fetch = make_fetcher(self.in_cells, in_gpu, param_inputs)
-        #: nodes reading host scalars from the parameter block when captured (graph_params.py)
-        self.param_thunks = list(param_thunks)
-        self.param_offsets: list[int] = []
-        size = 0
-        for t in self.param_thunks:
-            self.param_offsets.append(size)
-            size += int(t.param_nbytes)
-        self.param_size = size
-        self.param_block: Any = None     # a pool block, taken at the first capture
-        self.params = b""                # this call's parameter bytes
-        self.uploaded: bytes | None = None  # the bytes the block holds (its last upload)
+        self._init_params(param_thunks, param_inner)
         self.ctx = ctx
         self.graphs: dict[tuple, list[_Graph]] = {}
         self.n_graphs = 0
@@ -132,6 +128,10 @@ class Segment:
         #: distinct keys met: past VARIED_AFTER (shapes that change from call to call: a new
         #: sequence length each call), a key is captured only at its VARIED_REPEATS-th sight
         self.keys_met = 0
+        #: keys met a second time: where they are at least half of the keys met, up to
+        #: MAX_GRAPHS of them, the keys repeat (a bucket's, whatever pads to it) and the
+        #: segment captures as one with few keys (``_few_keys``)
+        self.repeated_keys = 0
         #: past VARIED_AFTER keys, the plain runs are watched node by node (graph_varying.py)
         #: where the runner can split the segment by what varies; False once decided
         self.watching = runner.can_split
@@ -153,7 +153,7 @@ class Segment:
             try:
                 vals, key = self.fetch()
                 if self.param_thunks:
-                    key = (key, self._param_key())
+                    key = (key, self._param_key(key))
             except (Unkeyable, AttributeError, TypeError, ValueError):
                 # unkeyable or bad input: the plain run raises the node's error
                 vals, key = [c[0] for c in self.in_cells], None
@@ -214,12 +214,16 @@ class Segment:
                     self.keys_met += 1
                 elif sights:
                     sights += 1
+                    if sights == 2:
+                        self.repeated_keys += 1
                     if self.n_graphs < _graphs.MAX_GRAPHS and sights >= (
                             2 if self._few_keys() else _graphs.VARIED_REPEATS):
                         self._capture(key, vals)
                         return
                     self.seen[key] = sights
             self._plain_call(vals, key)
+            if self.learning is not None:
+                self._learn_layouts()
             return
         self._plain()
 
@@ -269,9 +273,16 @@ class Segment:
 
     def _few_keys(self) -> bool:
         """Whether a key's second sight captures: up to VARIED_AFTER distinct keys, or up to
-        MAX_GRAPHS for a segment split off a varied one (its keys repeat: a bucket's)."""
-        return self.keys_met <= (_graphs.MAX_GRAPHS if self.split_off
-                                 else _graphs.VARIED_AFTER)
+        MAX_GRAPHS where the keys repeat: a segment split off a varied one, or one whose
+        keys came back (at least half of them: lengths padded to a few buckets)."""
+        met = self.keys_met
+        return met <= _graphs.VARIED_AFTER or met <= _graphs.MAX_GRAPHS and (
+            self.split_off or 2 * self.repeated_keys >= met)
+
+    def _past_varied(self) -> bool:
+        """Whether the keys have varied (split off a varied segment, or more of them than
+        VARIED_AFTER): pinning what moves with them would cost a capture each time."""
+        return self.split_off or self.keys_met > _graphs.VARIED_AFTER
 
     def _settled(self, settle: tuple, vals: list) -> bool:
         """Count, for each staged input that may be read in place again (``_Graph.settle``),
@@ -314,28 +325,6 @@ class Segment:
             self.n_graphs -= 1
             if not graphs:
                 del self.graphs[key]
-
-    def _param_key(self) -> tuple:
-        """The parameter nodes' key parts; their bytes go to ``self.params``."""
-        parts = []
-        raws = []
-        for t in self.param_thunks:
-            part, raw = t.param_values()
-            parts.append(part)
-            raws.append(raw)
-        params = b"".join(raws)
-        if len(params) != self.param_size:
-            raise ValueError(f"parameter bytes: {len(params)}, slots: {self.param_size}")
-        self.params = params
-        return tuple(parts)
-
-    def _upload_params(self) -> None:
-        """One stream-ordered host-to-device copy of this call's parameters, left out when
-        the block holds them already (the last upload, earlier on the stream: a step whose
-        parameters come from shapes alone uploads once per new set of shapes)."""
-        if self.param_thunks and self.params != self.uploaded:
-            self.runner.driver.upload(self.param_block.ptr, self.params, self.ctx.stream_handle)
-            self.uploaded = self.params
 
     def _plain_call(self, vals: list, key: tuple | None = None) -> None:
         if self.watching and key is not None and self.keys_met > _graphs.VARIED_AFTER:
@@ -473,6 +462,11 @@ class Segment:
             except (MemoryError, CompileError, *driver_errors()) as exc:
                 self._give_up(exc, vals, snap)
                 return
+        if self.computed and self._past_varied():
+            # keys that change: what the call computes before the segment (a padded input,
+            # another segment's graph outputs) takes a new place with them, and pinned it
+            # would cost a capture per move; staged, a device copy per replay
+            self.staged |= self.computed
         staged: list = []
         cap_vals = vals
         if self.staged:
@@ -585,9 +579,9 @@ class Segment:
         g.backs = tuple(direct + copied)
         g.direct = tuple(direct)
         g.staged = tuple(staged)
-        # (never in a segment split off a varied one: what moved there moves with the
-        # call's shapes and other functions' plain runs, and each re-pin costs a capture)
-        g.settle = () if self.split_off else \
+        # (never once the keys vary: what moved there moves with the call's shapes and
+        # other functions' plain runs, and each re-pin costs a capture)
+        g.settle = () if self._past_varied() else \
             tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
         g.quick = g.fresh is not None and not (staged or self.param_thunks or self.dead)
         in_static = {j for j, _ in staged}

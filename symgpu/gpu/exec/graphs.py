@@ -119,7 +119,7 @@ from symgpu.gpu.exec.graph_plan import (Unkeyable, aliases as _aliases, dead_cel
                                         plan_steps, read_later, schedule, tail_safe,
                                         updates_last)
 from symgpu.gpu.exec.graph_segment import Segment
-from symgpu.gpu.exec.shape_memo import ShapeMemoStep, with_shape_memo
+from symgpu.gpu.exec.shape_memo import ShapeMemoStep, memo_nodes, with_shape_memo
 from symgpu.gpu.ops.guarded_updates import reads_verdict
 from symgpu.gpu.placement.basic_ops import GpuFromHost, HostFromGpu
 from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
@@ -368,6 +368,7 @@ class Runner:
         #: host arrays are uploaded (runtime/host_register.deferred_waits)
         self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
                                   and not all(n.inputs[0].type.broadcastable) for n in nodes)
+        self._shape_fixed = {v for i in memo_nodes(nodes, fg) for v in nodes[i].outputs}
         seg_inputs: set = set()
         for kind, idx in steps:
             if kind == "segment":
@@ -548,7 +549,8 @@ class Runner:
                 if self.direct_updates:
                     self._direct_update(direct, idx, nodes, thunks, sm, new, old,
                                         inputs.index(old))
-        param_thunks, param_inputs = parameter_nodes(idx, nodes, thunks, inputs)
+        param_thunks, param_inputs, param_inner = parameter_nodes(idx, nodes, thunks, inputs,
+                                                                  self._shape_fixed)
         staged = [k for k, v in enumerate(inputs) if v in self._stageable]
         destroyed = [nodes[i].inputs[k] for i in idx
                      for ins in (getattr(nodes[i].op, "destroy_map", None) or {}).values()
@@ -558,11 +560,12 @@ class Runner:
                       [sm[v] for v in inputs], [_is_gpu_var(v) for v in inputs], consts,
                       [sm[v] for v in out_vars], [sm[v] for v in produced],
                       [sm[v] for v in internal], ctx, copy_back, param_thunks,
-                      param_inputs, staged, written, direct)
+                      param_inputs, staged, written, direct, param_inner)
         seg.nondeterministic = any(not getattr(nodes[i].op, "deterministic", True) for i in idx)
         if any(getattr(nodes[i].op, "captures_communicator", False) for i in idx):
             _COMMUNICATING.add(seg)
         seg._out_vars = [(sm[v], v) for v in out_vars]
+        seg.computed = {k for k, v in enumerate(inputs) if v.owner is not None} & seg.movable
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
         seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]

@@ -15,7 +15,7 @@ alone) the function's own inputs, read for their shape.  Their outputs may not c
 they are made: no function output (a caller could keep and change the array), nothing a
 later node overwrites, nor a view of either.  Such nodes need nothing computed in the call,
 so the memo runs them all where the first of them ran; a call whose inputs have the shapes
-of the last call's restores their last outputs instead.
+of an earlier call's restores the outputs computed then instead.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ _PURE = (MakeVector, Elemwise, DimShuffle)
 
 #: read when a runner is built: False keeps every node a plain step of its own (A/B timing)
 ENABLED = True
+#: sets of shapes a memo keeps the values of (a new length per call: the lengths of a
+#: data set, each met again); past that it starts again from none
+MAX_SHAPE_SETS = 128
 
 
 def _shape_read(op: Any) -> bool:
@@ -102,13 +105,13 @@ def _shape(value: Any) -> Any:
 
 class ShapeMemoStep:
     """One runner step for the memo nodes (``memo_nodes``), at the first one's place: on a
-    call whose shape sources have the last call's shapes, their last outputs go back into
-    the cells that later nodes read; else their thunks run (``current``: the one running,
-    for the error's node) and the outputs are kept.  Cells only memo nodes read are emptied
-    after, as the plain steps' garbage collection did."""
+    call whose shape sources have the shapes of a call met before (up to MAX_SHAPE_SETS of
+    them: lengths that vary by call come back, each with its own values), their outputs
+    then go back into the cells that later nodes read; else their thunks run (``current``:
+    the one running, for the error's node) and the outputs are kept.  Cells only memo nodes
+    read are emptied after, as the plain steps' garbage collection did."""
 
-    __slots__ = ("current", "first", "thunks", "indices", "sources", "kept", "dead", "key",
-                 "values")
+    __slots__ = ("current", "first", "thunks", "indices", "sources", "kept", "dead", "memo")
 
     def __init__(self, indices: list[int], thunks: list[Callable], sources: list[list],
                  out_cells: list[list], dead: list[list]) -> None:
@@ -120,25 +123,27 @@ class ShapeMemoStep:
         #: the output cells read after the memo (restored on a hit)
         self.kept = [c for c in out_cells if id(c) not in dead_ids]
         self.dead = dead
-        self.key: Any = None
-        self.values: list = []
+        #: the sources' shapes -> the kept values computed from them (the same objects each
+        #: time: a segment keys them by identity first)
+        self.memo: dict[tuple, list] = {}
 
     def run(self) -> None:
         try:    # arrays, host or device (a Python scalar input has no .shape)
             key = tuple([c[0].shape for c in self.sources])
         except AttributeError:
             key = tuple([_shape(c[0]) for c in self.sources])
-        if key == self.key:
-            for c, v in zip(self.kept, self.values):
+        values = self.memo.get(key)
+        if values is not None:
+            for c, v in zip(self.kept, values):
                 c[0] = v
             return
-        self.key = None
         for i, thunk in zip(self.indices, self.thunks):
             self.current = i
             thunk()
         self.current = self.first
-        self.values = [c[0] for c in self.kept]
-        self.key = key
+        if len(self.memo) >= MAX_SHAPE_SETS:
+            self.memo.clear()
+        self.memo[key] = [c[0] for c in self.kept]
         for c in self.dead:
             c[0] = None
 

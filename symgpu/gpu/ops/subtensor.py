@@ -117,9 +117,12 @@ class _SliceThunk(PerformThunk):
     """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
     symgpu/gpu/runtime/graph_params.py when its bounds are symbolic."""
 
-    __slots__ = ("param_slot", "param_nbytes", "rows")
+    __slots__ = ("param_slot", "param_nbytes", "rows", "keep_layout", "seen_layout")
     capturable = True   # a view (host bookkeeping), or one launch under a capture
     launches = False
+    #: the parameters read x (input 0) only through its layout: x may be computed inside the
+    #: segment (graph_params.py), which then passes a stand-in of the layout it last saw
+    param_layout_input = 0
 
     def __init__(self, op: GpuSubtensor, node: Apply, storage_map: dict, compute_map: dict):
         super().__init__(op, node, storage_map, compute_map)
@@ -128,10 +131,16 @@ class _SliceThunk(PerformThunk):
             self.param_nbytes = 8   # the slice's byte offset from x's pointer
         #: x[a:b] on the first axis (the minibatch of a data set): computed directly per call
         self.rows = op.idx_list == (Slice(SYM, SYM, None),)
+        #: set by a segment whose parameters need x's layout after the run (x computed
+        #: inside it): each run leaves x's (context, shape, strides, dtype) and its key part
+        #: in seen_layout
+        self.keep_layout = False
+        self.seen_layout: tuple | None = None
 
-    def _view(self) -> tuple[Any, Any, bool]:
+    def _view(self, x: Any = None) -> tuple[Any, Any, bool]:
         op = self.op
-        x = self.inputs[0][0]
+        if x is None:
+            x = self.inputs[0][0]
         key = _index_key(op.idx_list, op._const, [c[0] for c in self.inputs[1:]])
         if Ellipsis not in key:
             key = key + (Ellipsis,)
@@ -142,8 +151,8 @@ class _SliceThunk(PerformThunk):
         return x, view, reversed_
 
     def param_prepare(self) -> None:
-        x = self.inputs[0][0]
-        load_kernels(x.context, itemsize=x.itemsize)
+        x = self.node.inputs[0]    # from its type: the segment may not have computed it yet
+        load_kernels(x.type.context, itemsize=np.dtype(x.dtype).itemsize)
 
     def _rows(self, x: Any) -> tuple[tuple, int]:
         """x[a:b] of ``rows`` (x not 0-d): (its shape, its byte offset from x's pointer),
@@ -153,18 +162,22 @@ class _SliceThunk(PerformThunk):
         n = stop - start if stop > start else 0
         return (n,) + shape[1:], start * x.strides[0] if n else 0
 
-    def param_values(self) -> tuple[tuple, bytes]:
-        """(the slice's shape and strides, its byte offset from x's pointer)."""
-        if self.rows:
+    def param_values(self, x: Any = None) -> tuple[tuple, bytes]:
+        """(the slice's shape and strides, its byte offset from x's pointer); ``x`` stands in
+        for the input (an array of its layout) where the segment computes it."""
+        if x is None:
             x = self.inputs[0][0]
-            if x.shape:
-                shape, offset = self._rows(x)
-                return (shape, x.strides), pack_int64(offset)
-        x, view, _ = self._view()
+        if self.rows and x.shape:
+            shape, offset = self._rows(x)
+            return (shape, x.strides), pack_int64(offset)
+        x, view, _ = self._view(x)
         return (view.shape, view.strides), pack_int64(view.ptr - x.ptr)
 
     def __call__(self) -> None:
         slot = self.param_slot
+        if self.keep_layout:
+            x = self.inputs[0][0]
+            self.seen_layout = (x.context, x.shape, x.strides, x.dtype, self.param_values()[0])
         if slot is None:
             x = self.inputs[0][0]
             if self.rows and x.shape:   # the minibatch's slice: no index key to parse

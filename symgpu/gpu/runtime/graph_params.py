@@ -20,7 +20,12 @@ The protocol, on a node's thunk (``graph_segment`` looks for ``param_nbytes``):
   and the thunk reads its host scalars from ``block.ptr + offset`` on the device.
 
 Only a node whose inputs are all segment inputs (or constants) takes part: its values must be
-known before the segment runs.  A host input read by any other node of the segment stays in
+known before the segment runs; but for the input its thunk names ``param_layout_input`` (its
+parameters read that one's layout alone: a slice's offset and shape).  That one may be computed
+inside the segment; the thunk then has ``keep_layout`` set and leaves ``seen_layout`` (that
+input's context, shape, strides and dtype, and the run's key part) at each run, and
+``param_values(stand_in)`` is given :func:`layout_stand_in` of the layout seen under the same
+key.  A host input read by any other node of the segment stays in
 the key by value (graph_plan.make_keyer).
 
 Kernels here: ``dyn_slice_copy_N`` (JAX's dynamic_slice: a strided copy whose source offset is
@@ -36,13 +41,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from symgpu.gpu.runtime.array import GpuArray
 from symgpu.gpu.runtime.codegen import sections
 from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
-           "arange_from_params", "prefetch_request", "load_kernels", "table_copy",
-           "pack_table", "TABLE_ENTRY_BYTES"]
+           "layout_stand_in", "arange_from_params", "prefetch_request", "load_kernels",
+           "table_copy", "pack_table", "TABLE_ENTRY_BYTES"]
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -173,3 +179,11 @@ def table_copy(ctx: Any, table_ptr: int, entries: int, max_bytes: int) -> None:
     blocks = max(1, min(_MAX_BLOCKS, -(-max_bytes // (16 * _BLOCK))))
     _kernel(ctx, "table_copy", "P").prepared_async_call(
         (blocks, entries), (_BLOCK, 1, 1), ctx.stream, table_ptr)
+
+
+def layout_stand_in(ctx: Any, shape: tuple, strides: tuple, dtype: np.dtype) -> Any:
+    """An array of this layout over no memory (pointer 0): what ``param_values`` reads of an
+    input a segment computes (its views' offsets from the pointer, its bounds)."""
+    arr = GpuArray.__new__(GpuArray)
+    arr._set(ctx, 0, shape, strides, dtype, None)
+    return arr

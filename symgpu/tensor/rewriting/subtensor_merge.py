@@ -56,10 +56,11 @@ def _sliced_length(s: slice, length: Any) -> Any:
     return (sl.stop - sl.start + sl.step - 1) // sl.step
 
 
-def merged_index(x: Any, first: list, second: list) -> tuple:
+def merged_index(x: Any, first: list, second: list, shape: Sequence | None = None) -> tuple:
     """The index `s` with ``x[s] == x[first][second]``: each axis of `x` kept by a slice of
     `first` takes the next entry of `second` composed with it; axes `first` drops keep
-    their index."""
+    their index.  `shape`: `x`'s shape where the caller knows it in other terms than
+    ``x.shape`` (so that the bounds need not wait for `x` to be computed)."""
     out: list = []
     k = 0                          # the axis of x[first] the next entry of `second` indexes
     for axis in range(x.ndim):
@@ -68,7 +69,7 @@ def merged_index(x: Any, first: list, second: list) -> tuple:
             out.append(s1)
             continue
         if k < len(second) and not _full(second[k]):
-            n = x.shape[axis]
+            n = x.shape[axis] if shape is None else shape[axis]
             out.append(merge_two_slices(s1, n, second[k], _sliced_length(s1, n)))
         else:
             out.append(s1)
@@ -78,9 +79,8 @@ def merged_index(x: Any, first: list, second: list) -> tuple:
     return tuple(out)
 
 
-@node_rewriter([Subtensor])
-def local_subtensor_merge(fgraph, node):
-    """x[s1][s2] -> x[s] (integers and slices; see the module's docstring)."""
+def _merged(node: Any, shape: Sequence | None = None) -> Any:
+    """``node``'s output as one Subtensor of what its input slices, or None."""
     mid = node.inputs[0]
     inner = mid.owner
     if inner is None or type(inner.op) is not Subtensor:
@@ -90,26 +90,33 @@ def local_subtensor_merge(fgraph, node):
     if first is None or second is None:
         return None
     x = inner.inputs[0]
-    out = getitem(x, merged_index(x, first, second))
-    if out.type != node.outputs[0].type:
-        return None
-    return [out]
+    out = getitem(x, merged_index(x, first, second, shape))
+    return out if out.type == node.outputs[0].type else None
 
 
-def merge_reads(fgraph, var, reason: str = "local_subtensor_merge") -> int:
+@node_rewriter([Subtensor])
+def local_subtensor_merge(fgraph, node):
+    """x[s1][s2] -> x[s] (integers and slices; see the module's docstring)."""
+    out = _merged(node)
+    return None if out is None else [out]
+
+
+def merge_reads(fgraph, var, reason: str = "local_subtensor_merge",
+                shape: Sequence | None = None) -> int:
     """Merge the Subtensors reading `var` (and those reading them) into `var`'s own, in
     place in `fgraph`: for a rewrite that builds a sliced variable after the canonical
-    passes ran. Returns how many it merged."""
+    passes ran.  `shape`: the shape of what `var` slices, in terms known before it is
+    computed (a padded buffer's length from the bucket).  Returns how many it merged."""
     merged = 0
     todo = [n for n, _ in fgraph.clients.get(var, []) if not isinstance(n, str)]
     while todo:
         node = todo.pop()
         if node not in fgraph.apply_nodes or type(node.op) is not Subtensor:
             continue
-        out = local_subtensor_merge.transform(fgraph, node)
-        if not out:
+        out = _merged(node, shape)
+        if out is None:
             continue
-        fgraph.replace(node.outputs[0], out[0], reason=reason)
+        fgraph.replace(node.outputs[0], out, reason=reason)
         merged += 1
-        todo.extend(n for n, _ in fgraph.clients.get(out[0], []) if not isinstance(n, str))
+        todo.extend(n for n, _ in fgraph.clients.get(out, []) if not isinstance(n, str))
     return merged
