@@ -21,6 +21,7 @@ import numpy as np
 
 from symgpu.scalar.basic import SCALAR_OPS, Cast, ScalarOp
 from symgpu.scalar.dtypes import C_TYPES, HALF_DTYPES, dtype_kind, upcast, value_dtype
+from symgpu.scalar.int_program import int_thunk
 
 __all__ = ["Composite", "CompositeBuilder", "ScalarVariable", "ScalarNode"]
 
@@ -271,10 +272,13 @@ class Composite:
         in_bcast = tuple(v.type.broadcastable for v in node.inputs)
         out_bcast = node.outputs[0].type.broadcastable
         make = self._kernel(in_bcast, out_bcast, tuple(op.inplace_pattern), cells=True)
-        thunk = make([storage_map[v] for v in node.inputs], [storage_map[v] for v in node.outputs])
+        in_cells = [storage_map[v] for v in node.inputs]
+        out_cells = [storage_map[v] for v in node.outputs]
+        thunk = make(in_cells, out_cells)
+        # 0-d integer programs run on Python ints, with this thunk for what they cannot do
+        thunk = int_thunk(self, node, in_cells, out_cells, thunk) or thunk
         thunk.op, thunk.node = op, node
-        thunk.inputs = [storage_map[v] for v in node.inputs]
-        thunk.outputs = [storage_map[v] for v in node.outputs]
+        thunk.inputs, thunk.outputs = in_cells, out_cells
         thunk.lazy = False
         return thunk
 
