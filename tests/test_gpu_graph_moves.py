@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import graph_fakes as fakes
-from graph_fakes import MEM, FakeKernelOp, add1, call, gvec, read, upload
+from graph_fakes import MEM, FakeKernelOp, add1, call, gvec, mul2, read, upload
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op
 from symgpu.gpu.exec import graph_instance
@@ -174,6 +174,44 @@ def test_inputs_that_keep_moving_stay_staged_and_repins_are_bounded():
             run(phase % 2)
     assert seg.repins == {0: graphs.MAX_REPINS}
     assert _staged_copies(vm) == [0]
+
+
+class PlacedPlain(Op):
+    """A plain node that writes ``x + 1`` into the buffer ``where`` names (a test moves it)."""
+
+    __props__ = ()
+    where: list = []
+
+    def make_node(self, x):
+        return Apply(self, [x], [x.type()])
+
+    def perform(self, node, inputs, out):
+        x, a = inputs[0], PlacedPlain.where[0]
+        MEM[a.ptr][: a.size] = MEM[x.ptr][: x.size] + 1.0
+        out[0][0] = a
+
+
+def test_an_input_the_call_computes_is_never_re_pinned():
+    """A plain node's output that moved (another function's calls took its block) is staged,
+    and stays staged when it then arrives from one place again: such a value moves whenever
+    the pool's blocks change hands, and each re-pin would cost a capture."""
+    from symgpu.gpu.exec import graphs
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    f = PlacedPlain()(x)
+    y = mul2()(add1()(f))
+    vm, fg = linked([x], [y], [upload(ctx, [1, 2, 3])])
+    seg = vm.runner.segments[0]
+    assert seg.computed == {0}
+    PlacedPlain.where = [upload(ctx, [0, 0, 0])]
+    for i in range(4 + 3 * graphs.SETTLE_REPLAYS):
+        if i == 4:                      # elsewhere from now on, and there to stay
+            PlacedPlain.where = [upload(ctx, [0, 0, 0])]
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), [6, 8, 10])
+        del r
+    assert _staged_copies(vm) == [0] and 0 in seg.staged and seg.repins == {}
+    assert vm.runner.stats()["captures"] == 2, vm.runner.stats()
 
 
 def test_a_plain_node_feeding_a_segment_computes_into_a_block_it_owns():

@@ -579,10 +579,12 @@ class Segment(SegmentParams):
         g.backs = tuple(direct + copied)
         g.direct = tuple(direct)
         g.staged = tuple(staged)
-        # (never once the keys vary: what moved there moves with the call's shapes and
-        # other functions' plain runs, and each re-pin costs a capture)
+        # (never once the keys vary, nor what the call computes before the segment: that
+        # moves with the call's shapes and with other functions' calls between this one's
+        # (the pool's blocks change hands), and each re-pin costs a capture)
         g.settle = () if self._past_varied() else \
-            tuple(j for j, _ in staged if j not in self.per_call and j not in self.written)
+            tuple(j for j, _ in staged if j not in self.per_call and j not in self.written
+                  and j not in self.computed)
         g.quick = g.fresh is not None and not (staged or self.param_thunks or self.dead)
         in_static = {j for j, _ in staged}
         g.pinned = tuple((j, v.ptr) for j, (v, gpu) in enumerate(zip(vals, self.in_gpu))
