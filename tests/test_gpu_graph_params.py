@@ -46,6 +46,15 @@ def fscalar():
 DATA = np.arange(60, dtype="float32") * 0.5
 
 
+def slices_of(vm, y, i, j, starts, want):
+    """Calls with y's slice bounds (i, j) = (k, k + 5) for each k, checked against want."""
+    for k in starts:
+        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), want[k:k + 5])
+        del r
+
+
 @pytest.mark.parametrize("value, dtype", [
     (np.asarray(0.01, "float32"), "float32"), (np.asarray(384, "int64"), "int64"),
     (np.asarray(7, "int8"), "int8"), (np.asarray(-3, "int32"), "int32"),
@@ -68,11 +77,7 @@ def test_one_capture_serves_every_index_value():
     vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
     seg = vm.runner.segments[0]
     assert len(seg.param_thunks) == 1 and seg.param_size == 8
-    for k in [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3:
-        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
-        (r,) = call(vm, [y])
-        np.testing.assert_array_equal(read(r), DATA[k:k + 5] + 1)
-        del r
+    slices_of(vm, y, i, j, [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3, DATA + 1)
     st = vm.runner.stats()
     assert st["plain"] == 1 and st["captures"] == 1 and st["replays"] == 28, st
     assert st["graphs"] == 1
@@ -177,20 +182,12 @@ def test_an_index_into_an_array_the_segment_computes_is_a_parameter():
     vm = linked([x, i, j], [y], [upload(fakes.CTX_OBJ, DATA), 0, 5])
     seg = vm.runner.segments[0]
     assert len(seg.items) == 3 and seg.param_inner == [True]
-    for k in [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3:
-        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
-        (r,) = call(vm, [y])
-        np.testing.assert_array_equal(read(r), DATA[k:k + 5] + 2)
-        del r
+    slices_of(vm, y, i, j, [3, 17, 0, 40, 22, 9, 3, 55, 31, 12] * 3, DATA + 2)
     st = vm.runner.stats()
     assert st["plain"] == 2 and st["captures"] == 1 and st["replays"] == 27, st
     longer = np.arange(90, dtype="float32")
     vm.storage_map[x][0] = upload(fakes.CTX_OBJ, longer)
-    for k in [70, 3, 84, 61, 8]:
-        vm.storage_map[i][0], vm.storage_map[j][0] = np.int64(k), np.int64(k + 5)
-        (r,) = call(vm, [y])
-        np.testing.assert_array_equal(read(r), longer[k:k + 5] + 2)
-        del r
+    slices_of(vm, y, i, j, [70, 3, 84, 61, 8], longer + 2)
     st = vm.runner.stats()
     assert st["graphs"] == 2 and st["captures"] == 2 and st["plain"] == 4, st
 
