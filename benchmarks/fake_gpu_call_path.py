@@ -5,6 +5,8 @@ both checkouts), this checkout against another one in alternating processes.
 
     python3 benchmarks/fake_gpu_call_path.py --against /path/to/other/checkout
     python3 benchmarks/fake_gpu_call_path.py --profile     # cProfile of this checkout's calls
+    python3 benchmarks/fake_gpu_call_path.py --against PATH --variants
+        # also an index input, a Python-float shared variable, results held, another thread
     python3 benchmarks/fake_gpu_call_path.py --against PATH --null-launch
         # the replay's launch a C no-op: only symgpu's own Python per call is timed (the
         # fake kernel, a NumPy closure of ~2 us, no longer hides the difference)
@@ -28,9 +30,13 @@ import timeit
 import numpy as np
 
 
-def one_kernel_function():
+def one_kernel_function(variant: str = "shared"):
     """function([], Out(add1(x), borrow=True)) over a GPU shared x on the fake context, its
-    graph captured and replaying, the context current in this thread (as on a GPU)."""
+    graph captured and replaying, the context current in this thread (as on a GPU).  Other
+    spellings (``variant``): "index", x[i:i + 2] for an int input i that changes every call
+    (a graph parameter); "float_lr", x * lr for a Python-float shared lr (a host scalar
+    upload, a parameter too); "held", the results of the last three calls kept alive.
+    Returns a callable of no argument."""
     sys.path.insert(0, os.path.join(os.getcwd(), "tests"))
     import graph_fakes as fakes
     try:                                    # the layout since the gpu/ package was split
@@ -53,10 +59,36 @@ def one_kernel_function():
     t = GpuArrayType("float32", (False,), fakes.CTX)
     arr = fakes.upload(ctx, np.ones(4, "float32"))
     x = GpuArraySharedVariable(t, arr, name="x", container=Container(t, arr, "x"))
-    f = function([], Out(fakes.add1()(x), borrow=True))
+    if variant == "index":
+        import symgpu.tensor as T
+        i = T.lscalar("i")
+        g = function([i], Out(fakes.add1()(fakes.FakeDynSlice()(x, i, i + 2)), borrow=True))
+        idx = iter(np.arange(10 ** 8) % 2)
+        f = lambda: g(next(idx))  # noqa: E731
+    elif variant == "float_lr":
+        from symgpu import shared
+        lr = shared(0.5, name="lr")
+        mul = fakes.FakeKernelOp("mul", lambda a, b: a * b)
+        f = function([], Out(mul(x, fakes.FakeScalarUp(4)(lr)), borrow=True))
+    elif variant == "held":
+        g = function([], fakes.add1()(x))
+        kept: list = [None, None, None]
+
+        def f():
+            kept.append(g())
+            del kept[0]
+    else:
+        f = function([], Out(fakes.add1()(x), borrow=True))
     for _ in range(5):                      # plain, capture, replays
         f()
     return f
+
+
+VARIANTS = [("one-kernel GPU call, fake driver", "shared"),
+            ("x[i:i + 2], an index input per call", "index"),
+            ("x * lr, a Python-float shared variable", "float_lr"),
+            ("results of the last three calls held", "held"),
+            ("one-kernel call from a second thread", "thread")]
 
 
 def null_launches(f) -> None:
@@ -68,7 +100,8 @@ def null_launches(f) -> None:
                 g.launch = functools.partial(int, 0)
 
 
-def child(number: int, repeat: int, profile: bool, null_launch: bool = False) -> None:
+def child(number: int, repeat: int, profile: bool, null_launch: bool = False,
+          variants: bool = False) -> None:
     f = one_kernel_function()
     if null_launch:
         null_launches(f)
@@ -76,7 +109,21 @@ def child(number: int, repeat: int, profile: bool, null_launch: bool = False) ->
         from timing import profile_calls
         profile_calls(f, number)
         return
-    print(json.dumps({"call": min(timeit.repeat(f, number=number, repeat=repeat)) / number}))
+    out = {"call": min(timeit.repeat(f, number=number, repeat=repeat)) / number}
+    if variants:
+        import threading
+        for _, name in VARIANTS[1:]:
+            if name == "thread":    # the shared-variable call, made from another thread
+                got: list = []
+                t = threading.Thread(target=lambda: got.append(
+                    min(timeit.repeat(f, number=number, repeat=repeat)) / number))
+                t.start()
+                t.join()
+                out[name] = got[0]
+            else:
+                g = one_kernel_function(name)
+                out[name] = min(timeit.repeat(g, number=number, repeat=repeat)) / number
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -88,21 +135,26 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="profile this checkout's calls")
     parser.add_argument("--null-launch", action="store_true",
                         help="replays launch a C no-op: time symgpu's Python alone")
+    parser.add_argument("--variants", action="store_true",
+                        help="also the spellings users write: an index input, a Python-float "
+                             "shared variable, results held across calls, another thread")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.child:
-        child(opts.number, opts.repeat, opts.profile, opts.null_launch)
+        child(opts.number, opts.repeat, opts.profile, opts.null_launch, opts.variants)
         return
     from timing import alternate_checkouts, report_checkouts, run_checkout
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     args = ["--number", str(opts.number), "--repeat", str(opts.repeat)] + \
-        (["--null-launch"] if opts.null_launch else [])
+        (["--null-launch"] if opts.null_launch else []) + \
+        (["--variants"] if opts.variants else [])
     if opts.profile:
         run_checkout(__file__, here, [*args, "--profile"])
         return
     other = os.path.abspath(opts.against or here)
     best = alternate_checkouts(__file__, here, other, opts.rounds, args)
-    report_checkouts(best, here, other, [("one-kernel GPU call, fake driver", "call")],
+    rows = [(VARIANTS[0][0], "call")] + (VARIANTS[1:] if opts.variants else [])
+    report_checkouts(best, here, other, rows,
                      f"best of {opts.rounds} processes x {opts.repeat} x {opts.number} calls:")
 
 

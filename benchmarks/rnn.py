@@ -354,7 +354,7 @@ def main(argv=None) -> dict:
         os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.4")
         os.environ["SYMGPU_FLAGS"] = ",".join(
             f for f in (os.environ.get("SYMGPU_FLAGS", ""), f"device={args.device}") if f)
-        if args.no_split:
+        if args.no_split:   # imported here: symgpu reads SYMGPU_FLAGS (set above) on import
             from symgpu.gpu.exec import graph_varying
             graph_varying.SPLIT = False
     if args.full:

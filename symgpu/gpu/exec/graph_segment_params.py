@@ -41,6 +41,8 @@ class SegmentParams:
         for t, inner in zip(self.param_thunks, self.param_inner):
             if inner:
                 t.keep_layout = True
+        if any(self.param_inner):   # the per-call key, chosen once (the common case: none)
+            self._param_key = self._layout_param_key
         self.layouts: dict[tuple, Any] = {}
         self.learning: tuple | None = None
         self.param_block: Any = None     # a pool block, taken at the first capture
@@ -48,10 +50,21 @@ class SegmentParams:
         self.uploaded: bytes | None = None  # the bytes the block holds (its last upload)
 
     def _param_key(self, key: tuple) -> tuple:
-        """The parameter nodes' key parts; their bytes go to ``self.params``.  A node reading
-        an array the segment computes takes the layout seen under ``key`` and the parts
-        before its own; where one was not seen yet, Unkeyable: the run is plain, and
-        ``_learn_layouts`` keeps what its nodes saw (``learning``: the parts known before)."""
+        """The parameter nodes' key parts; their bytes go to ``self.params``.  (A segment with
+        a node reading an array it computes has ``_layout_param_key`` in this place.)"""
+        parts = []
+        raws = []
+        for t in self.param_thunks:
+            part, raw = t.param_values()
+            parts.append(part)
+            raws.append(raw)
+        return self._packed(parts, raws)
+
+    def _layout_param_key(self, key: tuple) -> tuple:
+        """``_param_key`` where a node reads an array the segment computes: it takes the
+        layout seen under ``key`` and the parts before its own; where one was not seen yet,
+        Unkeyable: the run is plain, and ``_learn_layouts`` keeps what its nodes saw
+        (``learning``: the parts known before)."""
         parts: list = []
         raws = []
         missing = False
@@ -70,6 +83,9 @@ class SegmentParams:
         if missing:
             self.learning = (key, parts)
             raise Unkeyable("the layout of an array the segment computes")
+        return self._packed(parts, raws)
+
+    def _packed(self, parts: list, raws: list) -> tuple:
         params = b"".join(raws)
         if len(params) != self.param_size:
             raise ValueError(f"parameter bytes: {len(params)}, slots: {self.param_size}")
