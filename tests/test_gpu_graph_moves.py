@@ -194,7 +194,8 @@ class PlacedPlain(Op):
 def test_an_input_the_call_computes_is_never_re_pinned():
     """A plain node's output that moved (another function's calls took its block) is staged,
     and stays staged when it then arrives from one place again: such a value moves whenever
-    the pool's blocks change hands, and each re-pin would cost a capture."""
+    the pool's blocks change hands, and each re-pin would cost a capture (and the new
+    capture of a key already checked is not checked again)."""
     from symgpu.gpu.exec import graphs
     ctx = fakes.CTX_OBJ
     x = gvec()
@@ -212,6 +213,9 @@ def test_an_input_the_call_computes_is_never_re_pinned():
         del r
     assert _staged_copies(vm) == [0] and 0 in seg.staged and seg.repins == {}
     assert vm.runner.stats()["captures"] == 2, vm.runner.stats()
+    # the key's graph was checked against plain launches once: captured again where its
+    # input now is, it is not checked again
+    assert seg.verified == 1
 
 
 def test_a_plain_node_feeding_a_segment_computes_into_a_block_it_owns():

@@ -141,6 +141,11 @@ class Segment(SegmentParams):
         self.split_off = bool(runner.forced_plain)
         self.current = items[0][0]
         self.plain_runs = self.captures = self.replays = self.verified = 0
+        #: keys whose graph was checked against plain launches: captured again (an input
+        #: moved or settled: the same nodes and shapes, only where inputs are read differs),
+        #: a key's graph is not checked again (the check costs a plain run, copies of every
+        #: input and a read-back: most of a capture's milliseconds)
+        self.checked: set[tuple] = set()
         #: whether a node of the segment may give other bits from the same inputs (an op with
         #: ``deterministic = False``: float atomics, as fused attention's dq): a new graph is
         #: then checked against the spread of two plain runs (graphs.Runner._segment sets it)
@@ -423,7 +428,7 @@ class Segment(SegmentParams):
         pool = ctx.pool
         stream = ctx.stream_handle
         ref = snap = spread = None
-        if runner.verify:
+        if runner.verify and key not in self.checked:
             # run plainly first: the graph must give the same values (checked below)
             try:
                 snap = self._snapshot(vals)
@@ -603,6 +608,9 @@ class Segment(SegmentParams):
                                                    f"launches ({why})")
                 return
             self.verified += 1
+            if len(self.checked) >= _graphs.MAX_SEEN:
+                self.checked.clear()
+            self.checked.add(key)
         try:
             self.nodes_captured = drv.node_count(graph)
         except driver_errors():

@@ -167,7 +167,7 @@ MAX_SEEN = 64
 #: run plainly, the others are captured apart, keyed by what they see (graph_varying.py)
 VARIED_REPEATS = 4
 VARIED_AFTER = 4
-#: check each new graph once against plain launches of the same inputs (the GPU inputs are
+#: check each key's first graph against plain launches of the same inputs (the GPU inputs are
 #: copied for that; segments whose GPU inputs pass :func:`verify_limit` bytes are never
 #: captured): VERIFY_LIMIT bytes where set, else VERIFY_FRACTION of the device's memory and
 #: at least VERIFY_LIMIT_FLOOR.  Why relative: a training step's inputs are its parameters
