@@ -175,6 +175,29 @@ def test_the_garbage_collector_is_paused_while_a_stream_is_captured():
         gc.enable() if was else gc.disable()
 
 
+def test_two_shapes_stage_what_the_call_computes_from_the_first_capture():
+    """Once a segment has met a second key (two sequence lengths, a training and a
+    validation batch), what the call computes before it moves with the shapes: its graphs
+    read it from static buffers from their capture on, not pinned and dropped at the first
+    move (a capture each); with one key it stays pinned until it moves."""
+    from test_gpu_graph_moves import FreshPlain
+    ctx = fakes.CTX_OBJ
+    x = gvec()
+    f = FreshPlain(1.0)(x)
+    y = mul2()(add1()(f))
+    vm = linked([x], [y], [upload(ctx, [0])])
+    seg = vm.runner.segments[0]
+    for n in [4, 7] * 8:
+        vals = np.arange(n, dtype="float32")
+        vm.storage_map[x][0] = upload(ctx, vals)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (vals + 2) * 2)
+        del r
+    st = vm.runner.stats()
+    assert st["captures"] == st["graphs"] == 2 and not seg.moves, (st, seg.moves)
+    assert seg.computed <= seg.staged
+
+
 def test_a_varied_segment_stages_what_the_call_computes_from_its_first_capture():
     """A segment past VARIED_AFTER keys reads the outputs of plain nodes before it (here a
     new buffer every call; a padded input of a new bucket's shape) from static buffers of

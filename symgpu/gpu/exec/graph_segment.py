@@ -467,10 +467,11 @@ class Segment(SegmentParams):
             except (MemoryError, CompileError, *driver_errors()) as exc:
                 self._give_up(exc, vals, snap)
                 return
-        if self.computed and self._past_varied():
-            # keys that change: what the call computes before the segment (a padded input,
-            # another segment's graph outputs) takes a new place with them, and pinned it
-            # would cost a capture per move; staged, a device copy per replay
+        if self.computed and (self.keys_met > 1 or self.split_off):
+            # shapes that change: what the call computes before the segment (a padded input,
+            # another segment's graph outputs) takes a new place with them (another size
+            # class of the pool), and pinned it would cost a capture per move; staged, a
+            # device copy per replay.  (One key: pinned until it moves.)
             self.staged |= self.computed
         staged: list = []
         cap_vals = vals
