@@ -249,6 +249,20 @@ def test_a_second_failed_guard_finds_the_function_compiled_again(recompilable):
     assert np.isfinite(float(fn(n, _bad(mask))))
 
 
+def test_the_pad_passes_a_length_that_needs_no_padding_through_uncopied():
+    """PadSteps: the sequence itself while its length stays (and for a length that is a
+    multiple of q once they vary), a padded copy otherwise."""
+    x = T.dtensor3("x")
+    node = PadSteps(4)(x)[0].owner
+    assert node.op.view_map == {0: [0]}
+    for n, copied in ((5, False), (5, False), (6, True), (8, False), (3, True)):
+        v = np.ones((n, 2, 3))
+        out = [[None], [None]]
+        node.op.perform(node, [v], out)
+        assert (out[0][0] is not v) == copied and out[0][0].shape[0] == int(out[1][0])
+        np.testing.assert_array_equal(out[0][0][:n], v)
+
+
 @requires_gpu
 @pytest.mark.gpu
 def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
@@ -262,7 +276,12 @@ def test_gpu_pad_steps_pads_on_the_device_outside_graphs(cuda):
     f = symgpu.function([], [y, steps, g])
     (node,) = [n for n in f.maker.fgraph.toposort() if isinstance(n.op, GpuPadSteps)]
     storage = {v: [None] for v in node.inputs + node.outputs}
-    assert not getattr(node.op.make_thunk(node, storage, {}, []), "capturable", False)
+    thunk = node.op.make_thunk(node, storage, {}, [])
+    assert not getattr(thunk, "capturable", False)
+    seq = x.get_value(borrow=True, return_internal_type=True)
+    storage[node.inputs[0]][0] = seq
+    thunk()                                     # one length so far: the sequence itself
+    assert storage[node.outputs[0]][0] is seq and int(storage[node.outputs[1]][0]) == 1
     rng = np.random.default_rng(0)
     for n, padded in ((5, 5), (5, 5), (6, 8), (3, 4), (9, 12)):
         v = rng.standard_normal((n, 2, 3)).astype("float32")

@@ -46,7 +46,11 @@ class GpuPadSteps(PadSteps):
             ctx.activate()
             x = src[0]
             n = x.shape[0]
-            out = new_array(ctx, (buckets.steps(n),) + tuple(x.shape[1:]), x.dtype)
+            padded = buckets.steps(n)
+            if padded == n:     # nothing to pad: the sequence itself (view_map)
+                dst[0], steps[0] = x, np.int64(n)
+                return
+            out = new_array(ctx, (padded,) + tuple(x.shape[1:]), x.dtype)
             out[:n]._copy_from_device(x)
             if out.shape[0] > n:
                 out[n:].fill(0)

@@ -7,8 +7,9 @@ ever replayed: each call launches its kernels one by one. A recurrent layer whos
 are read only up to the true length (its states do not depend on later steps) can run over
 a padded sequence instead, and then every node after the pad sees one of a few lengths
 (the buckets). A program whose length never changes pays nothing: until a second length
-arrives the op passes the sequence through unpadded. On the GPU the pad is not captured
-(symgpu/gpu/ops/pad_steps.py), so the graphs after it are keyed by the bucket alone.
+arrives the op passes the sequence itself through, no copy (``view_map``).  On the GPU the
+pad is not captured (symgpu/gpu/ops/pad_steps.py), so the graphs after it are keyed by the
+bucket alone.
 
 The output's length is known when the op runs, not from its input's shape (it depends on
 the lengths seen before): ``infer_shape`` says so (ShapeError), and shapes after it are read
@@ -50,6 +51,9 @@ class PadSteps(Op):
     the host, where the pad ends its graph, not after the work that follows."""
 
     __props__ = ("q",)
+    #: a length that needs no padding (one that has not varied, or a multiple of q) goes out
+    #: as the sequence itself: no copy
+    view_map = {0: [0]}
 
     def __init__(self, q: int) -> None:
         if int(q) < 1:
@@ -69,8 +73,11 @@ class PadSteps(Op):
         if buckets is None:
             buckets = node.tag.buckets = StepBuckets(self.q)
         n = buckets.steps(x.shape[0])
-        out = np.zeros((n,) + x.shape[1:], dtype=x.dtype)
-        out[:x.shape[0]] = x
+        if n == x.shape[0]:
+            out = x
+        else:
+            out = np.zeros((n,) + x.shape[1:], dtype=x.dtype)
+            out[:x.shape[0]] = x
         outputs[0][0] = out
         outputs[1][0] = np.int64(n)
 
