@@ -357,14 +357,6 @@ class Runner:
         self._stageable = {v for v in fg.inputs
                            if _is_gpu_var(v) and not isinstance(v, SharedVariable)
                            and v not in updated and not any(_aliases(d, v) for d in destroyed)}
-        # after a split, what plain steps compute moves with the call's shapes and the pool:
-        # a segment reads it from static buffers from the start, so no graph is dropped for
-        # that move (a segment's outputs, one graph's per bucket, are staged once moved)
-        if forced_plain:
-            in_segments = {i for kind, idx in steps if kind == "segment" for i in idx}
-            self._stageable |= {v for i, n in enumerate(nodes) if i not in in_segments
-                                for v in n.outputs if _is_gpu_var(v)
-                                and not any(_aliases(d, v) for d in destroyed)}
         #: host arrays are uploaded (runtime/host_register.deferred_waits)
         self.uploads_arrays = any(isinstance(n.op, GpuFromHost)
                                   and not all(n.inputs[0].type.broadcastable) for n in nodes)
