@@ -1738,6 +1738,8 @@ CASES.update(_S20_CASES)
 from symgpu.gpu.ops.pad_steps import GpuPadSteps as _GpuPadSteps  # noqa: E402
 from symgpu.scan.dnn_rnn_match import PrefixGuard as _PrefixGuard  # noqa: E402
 from symgpu.tensor.nnet.pad_steps import PadSteps as _PadSteps  # noqa: E402
+from symgpu.tensor.nnet.pad_steps import StepBucket as _StepBucket  # noqa: E402
+from symgpu.gpu.ops.pad_steps import GpuPadPrefix as _GpuPadPrefix  # noqa: E402
 from symgpu.scan.dnn_rnn_match import PrefixMask as _PrefixMask  # noqa: E402
 
 _S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
@@ -1748,7 +1750,13 @@ _S22_CASES = {_PrefixMask: [case(lambda m, n: _PrefixMask()(m, n),
                                   i64(2))],
               # PadSteps and its GPU op: the padded length depends on the lengths earlier
               # calls had (ShapeError: shapes after it are read from the padded value)
-              _PadSteps: [], _GpuPadSteps: []}
+              _PadSteps: [], _GpuPadSteps: [],
+              # the prefix pad takes its length as an input (StepBucket's): a shape rule
+              _StepBucket: [case(lambda n: _StepBucket(4)(n)[0], i64(6))],
+              _GpuPadPrefix: [gcase(lambda x, n, s, v: _GpuPadPrefix()(x, n, s, v),
+                                    lambda x, n, s, v: T.alloc(np.float32(0), s, *x.shape[1:]),
+                                    "ghhh", np.ones((5, 2, 3), "float32"), i64(3), i64(4),
+                                    i64(1))]}
 CASES.update(_S22_CASES)
 
 

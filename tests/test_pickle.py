@@ -432,6 +432,13 @@ def _cases():
         y, steps = PadSteps(4)(x)
         return [x], [y, steps, T.grad((y ** 2).sum(), x)], [rng(13).standard_normal((5, 2, 3))]
 
+    @add("step_bucket")
+    def _():
+        # the length rule of a pad captured with its readers (GpuPadPrefix's bucket)
+        from symgpu.tensor.nnet.pad_steps import StepBucket
+        n = T.lscalar("n")
+        return [n], list(StepBucket(4)(n)), [np.int64(6)]
+
     return cases
 
 

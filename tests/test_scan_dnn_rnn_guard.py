@@ -156,16 +156,44 @@ def test_lengths_that_vary_run_cudnn_padded_to_a_bucket_and_train_alike(
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-6)
 
 
-def test_vgpu_the_pad_is_placed_on_the_gpu(vgpu):
-    """On a (virtual) GPU the pad is a GpuPadSteps of the GPU sequence (its thunk, not
-    captured: test_gpu_pad_steps_pads_on_the_device_outside_graphs)."""
-    from symgpu.gpu.ops.pad_steps import GpuPadSteps
+def test_vgpu_the_pad_of_a_sliced_sequence_is_placed_on_the_gpu_with_its_readers(vgpu):
+    """On a (virtual) GPU the pad of ``x[:L]`` (the whole sequence sliced by the length) is
+    a GpuPadPrefix of the whole GPU sequence, its length and bucket host scalars (a graph
+    parameter and a key part: test_gpu_pad_prefix.py), and no slice of it is left; the
+    gather of each row's last state reads an uploaded lengths vector, its index arithmetic
+    on the GPU."""
+    from symgpu.gpu.ops.pad_steps import GpuPadPrefix
+    from symgpu.gpu.ops.subtensor import GpuSubtensor
+    from symgpu.gpu.placement.basic_ops import GpuFromHost
     from symgpu.gpu.placement.type import is_gpu_var
+    from symgpu.tensor.basic import ARange
+    from symgpu.tensor.elemwise import Elemwise
+    from symgpu.tensor.nnet.pad_steps import StepBucket
     spec = rc.Spec("lstm", True, "last", B, H, True, inp=IN, var_range=(2, 9))
     _, _, fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec),
                                  mode=_mode(True))
+    assert not _ops(fn, PadSteps) and not _ops(fn, ARange)
+    (pad,) = _ops(fn, GpuPadPrefix)
+    assert is_gpu_var(pad.inputs[0]) and pad.inputs[0].owner.inputs[0].name == "x"
+    assert isinstance(pad.inputs[2].owner.op, StepBucket)
+    assert not [n for n in _ops(fn, GpuSubtensor) if n.inputs[0] is pad.inputs[0]]
+    uploads = [n.inputs[0] for n in _ops(fn, GpuFromHost)
+               if n.inputs[0].owner is not None and n.inputs[0].ndim]   # (not scalars)
+    assert [type(v.owner.op) for v in uploads if v.dtype.startswith("int")] == [PrefixGuard]
+    assert not [n for n in _ops(fn, Elemwise) if n.outputs[0].ndim]   # no host vectors
+
+
+def test_vgpu_the_pad_of_a_sequence_given_whole_stays_between_graphs(vgpu):
+    """A sequence passed whole (its length its own) keeps GpuPadSteps, run between graphs
+    (test_gpu_pad_steps_pads_on_the_device_outside_graphs)."""
+    from symgpu.gpu.ops.pad_steps import GpuPadPrefix, GpuPadSteps
+    from symgpu.gpu.placement.type import is_gpu_var
+    x = T.tensor3("x")
+    y, steps = PadSteps(4)(x * 2)      # (a value computed on the GPU)
+    fn = symgpu.function([x], [y * 2, steps])
     (pad,) = _ops(fn, PadSteps)
     assert isinstance(pad.op, GpuPadSteps) and is_gpu_var(pad.inputs[0])
+    assert not _ops(fn, GpuPadPrefix)
 
 
 def test_a_failed_guard_keeps_the_functions_name_and_input_checks(recompilable):

@@ -113,6 +113,7 @@ import symgpu.gpu.ops.subtensor  # noqa: E402,F401
 import symgpu.gpu.ops.nnet  # noqa: E402,F401
 import symgpu.gpu.ops.advanced  # noqa: E402,F401
 import symgpu.gpu.ops.advanced_pairs  # noqa: E402,F401
+import symgpu.gpu.ops.index_uploads  # noqa: E402,F401  (integer index arithmetic on the GPU)
 import symgpu.gpu.ops.advanced_general  # noqa: E402,F401
 import symgpu.gpu.ops.crossentropy  # noqa: E402,F401
 import symgpu.gpu.ops.xent_softmax  # noqa: E402,F401
@@ -146,7 +147,7 @@ import symgpu.gpu.ops.scan_ifelse  # noqa: E402,F401
 import symgpu.gpu.ops.builders  # noqa: E402,F401  (OpFromGraph -> GpuOpFromGraph)
 import symgpu.gpu.ops.ctc  # noqa: E402,F401
 import symgpu.gpu.ops.cudnn_rnn  # noqa: E402,F401  (DnnRNN/DnnRNNGrad -> cuDNN's RNN API)
-import symgpu.gpu.ops.pad_steps  # noqa: E402,F401  (PadSteps -> GpuPadSteps, not captured)
+import symgpu.gpu.ops.pad_steps  # noqa: E402,F401  (PadSteps -> GpuPadSteps, GpuPadPrefix)
 import symgpu.gpu.ops.linalg  # noqa: E402,F401  (cuSOLVER/cuBLAS linear algebra)
 import symgpu.gpu.placement.sparse_type  # noqa: E402,F401  (GPU sparse matrices: type, shared variables, transfers)
 import symgpu.gpu.ops.sparse  # noqa: E402,F401  (sparse x dense products through cuSPARSE)

@@ -30,9 +30,11 @@ the key by value (graph_plan.make_keyer).
 
 Kernels here: ``dyn_slice_copy_N`` (JAX's dynamic_slice: a strided copy whose source offset is
 read from the block, into a buffer the graph owns), ``arange_dev_T`` (an arange whose start
-and step are read from the block) and ``table_copy`` (byte copies whose destinations, sources
-and lengths are read from the block: a chunked loop's staging copies and results, so a chunk
-is one upload and one graph launch, not a copy per input and result: scan_graph.py).
+and step are read from the block), ``pad_prefix_N`` (a sequence's first n rows, n read from
+the block, then zeros up to its bucket's length) and ``table_copy`` (byte copies whose
+destinations, sources and lengths are read from the block: a chunked loop's staging copies
+and results, so a chunk is one upload and one graph launch, not a copy per input and result:
+scan_graph.py).
 """
 from __future__ import annotations
 
@@ -47,8 +49,8 @@ from symgpu.gpu.runtime.compiler import get_prepared_kernel
 from symgpu.gpu.runtime.copykernel import MAX_DIMS, STRIDED_COPY_SOURCE, collapse_axes
 
 __all__ = ["PARAMS_SOURCE", "slot_ptr", "pack_int64", "pack_scalar", "dyn_slice_copy",
-           "layout_stand_in", "arange_from_params", "prefetch_request", "load_kernels",
-           "table_copy", "pack_table", "TABLE_ENTRY_BYTES"]
+           "layout_stand_in", "arange_from_params", "pad_prefix", "prefetch_request",
+           "load_kernels", "table_copy", "pack_table", "TABLE_ENTRY_BYTES"]
 
 _BLOCK = 256
 _MAX_BLOCKS = 4096
@@ -57,14 +59,17 @@ _MODULE_KEY = ("symgpu.graph_params",)
 #: the strided copy's body, entered at a source offset read from device memory, and an
 #: arange whose start and step are read from device memory
 _CU = sections("graph_params.cu")
+#: an item of each size as a CUDA type (kernels that move items without reading them)
+_ITEM_TYPES = ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
+               (8, "unsigned long long"))
 PARAMS_SOURCE = STRIDED_COPY_SOURCE + "".join(
-    _CU["dyn_slice"].substitute(n=n, t=t)
-    for n, t in ((1, "unsigned char"), (2, "unsigned short"), (4, "unsigned int"),
-                 (8, "unsigned long long"))) + "".join(
+    _CU["dyn_slice"].substitute(n=n, t=t) for n, t in _ITEM_TYPES) + "".join(
     _CU["arange_dev"].substitute(d=d, t=t) for d, t in (("int32", "int"), ("int64", "long long"))) \
+    + "".join(_CU["pad_prefix"].substitute(n=n, t=t) for n, t in _ITEM_TYPES) \
     + _CU["table_copy"].substitute()
 
 _COPY_FORMAT = "PPPqq" + "q" * (3 * MAX_DIMS)
+_PAD_FORMAT = "PPPqqqq"
 
 _ndarray, _asarray = np.ndarray, np.asarray
 _q = struct.Struct("<q")
@@ -108,9 +113,11 @@ def _kernel(ctx: Any, name: str, fmt: str) -> Any:
 
 
 def load_kernels(ctx: Any, itemsize: int | None = None, dtype: str | None = None,
-                 table: bool = False) -> None:
+                 table: bool = False, pad_itemsize: int | None = None) -> None:
     """Load the kernels a capture will launch (a thunk's ``param_prepare``): no module is
     loaded while a stream captures."""
+    if pad_itemsize is not None:
+        _kernel(ctx, f"pad_prefix_{pad_itemsize}", _PAD_FORMAT)
     if table:
         _kernel(ctx, "table_copy", "P")
     if itemsize is not None:
@@ -156,6 +163,22 @@ def arange_from_params(ctx: Any, out_ptr: int, params_ptr: int, n: int, dtype: s
     blocks = max(1, min(_MAX_BLOCKS, -(-n // _BLOCK)))
     _kernel(ctx, f"arange_dev_{dtype}", "PPq").prepared_async_call(
         (blocks, 1), (_BLOCK, 1, 1), ctx.stream, out_ptr, params_ptr, n)
+
+
+def pad_prefix(ctx: Any, out_ptr: int, x_ptr: int, n_ptr: int, n: int, rows: int, row: int,
+               x_row: int, itemsize: int) -> None:
+    """Queue ``out[:n] = x[:n]; out[n:] = 0`` for ``out`` of ``rows`` C-contiguous rows of
+    ``row`` items and ``x``'s rows ``x_row`` items apart; ``n`` is read on the device at
+    ``n_ptr`` (a parameter slot) unless that is 0, then ``n`` is passed."""
+    if itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"no padded copy for items of {itemsize} bytes")
+    total = rows * row
+    if total == 0:
+        return
+    ctx.activate()
+    blocks = max(1, min(_MAX_BLOCKS, -(-total // _BLOCK)))
+    _kernel(ctx, f"pad_prefix_{itemsize}", _PAD_FORMAT).prepared_async_call(
+        (blocks, 1), (_BLOCK, 1, 1), ctx.stream, out_ptr, x_ptr, n_ptr, n, rows, row, x_row)
 
 
 #: bytes of one table_copy entry: destination, source, length (three int64)

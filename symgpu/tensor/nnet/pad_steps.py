@@ -25,7 +25,7 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, ShapeError
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
-__all__ = ["PadSteps", "StepBuckets"]
+__all__ = ["PadSteps", "StepBuckets", "StepBucket"]
 
 
 class StepBuckets:
@@ -93,3 +93,49 @@ class PadSteps(Op):
 
     def __str__(self) -> str:
         return f"PadSteps{{{self.q}}}"
+
+
+class StepBucket(Op):
+    """n (an int scalar) -> (steps int64: StepBuckets' length for n, varied int8: whether
+    lengths have varied, so that the pad copies): PadSteps' length rule apart from its copy,
+    for a pad whose copy runs inside a CUDA graph with n as a graph parameter
+    (symgpu/gpu/ops/pad_steps.py, GpuPadPrefix): the graph is keyed by (steps, varied),
+    which a host op computes before it."""
+
+    __props__ = ("q",)
+
+    def __init__(self, q: int) -> None:
+        if int(q) < 1:
+            raise ValueError(f"StepBucket: the bucket size must be >= 1, got {q}")
+        self.q = int(q)
+
+    def make_node(self, n: Any) -> Apply:
+        n = as_tensor_variable(n)
+        if n.ndim != 0 or not n.dtype.startswith(("int", "uint")):
+            raise TypeError(f"{self}: needs an integer scalar length, got {n.type}")
+        return Apply(self, [n], [TensorType("int64", ())(name="padded_steps"),
+                                 TensorType("int8", ())(name="steps_varied")])
+
+    def perform(self, node: Apply, inputs: list, outputs: list) -> None:
+        buckets = getattr(node.tag, "buckets", None)
+        if buckets is None:
+            buckets = node.tag.buckets = StepBuckets(self.q)
+        n = int(inputs[0])
+        if n < 0:
+            raise ValueError(f"{self}: a negative length, {n}")
+        outputs[0][0] = np.int64(buckets.steps(n))
+        outputs[1][0] = np.int8(buckets.varied)
+
+    def infer_shape(self, fgraph: Any, node: Apply, shapes: list) -> list:
+        return [(), ()]
+
+    def connection_pattern(self, node: Apply) -> list[list[bool]]:
+        return [[False, False]]
+
+    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
+        # (local: symgpu.gradient imports symgpu.tensor, a module-level import is a circle)
+        from symgpu.gradient import DisconnectedType
+        return [DisconnectedType()()]
+
+    def __str__(self) -> str:
+        return f"StepBucket{{{self.q}}}"

@@ -15,6 +15,24 @@ extern "C" __global__ void arange_dev_${d}(${t} *out, const long long *p, long l
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = (${t})(start + i * step);
 }
+//@ pad_prefix
+
+// A sequence padded to its bucket: the first n rows of x (rows of `row` items, x's `x_row`
+// items apart) into out (`rows` rows, C-contiguous), zeros after them; n is read from the
+// parameter block (p) under a capture, else passed (p null): one graph per bucket serves
+// every length in it (symgpu/gpu/ops/pad_steps.py, GpuPadPrefix).
+extern "C" __global__ void pad_prefix_${n}(${t} *out, const ${t} *x, const long long *p,
+                                           long long n_arg, long long rows, long long row,
+                                           long long x_row)
+{
+    const long long n = p ? p[0] : n_arg;
+    const long long total = rows * row;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const long long r = i / row;
+        out[i] = r < n ? x[r * x_row + (i - r * row)] : (${t})0;
+    }
+}
 //@ table_copy
 
 // Byte copies whose destination, source and length a graph reads from its parameter block
