@@ -60,6 +60,10 @@ PEERS = ("cudnn", "cudnn-graph", "compile", "jax", "jax-fp32", "pytensor")
 DNN_CELLS = ("lstm", "gru", "elman")
 #: "the cuDNN module's time": the faster of its two formulations in the same run
 CUDNN = ("cudnn", "cudnn-graph")
+#: untimed calls of each contender before each of its timed blocks (timing.interleaved):
+#: every contender's block then times calls that follow its own, as a training loop makes
+#: them, not the first call after another library's block (its caches cold)
+LEAD = 1
 
 
 # -- contenders -----------------------------------------------------------------------------------
@@ -144,7 +148,7 @@ def run_row(spec, args) -> dict:
     checks = rc.calls(spec, 2, seed=rc.SEED + 5)
     deterministic = spec.cell != "droplstm"
     ref, ref_name = reference(spec, params, arrays, checks) if deterministic else ([], "")
-    n_calls = 2 + args.rounds * args.steps
+    n_calls = 2 + args.rounds * (args.steps + LEAD)
     contenders, bad = [], []
     for kind, build in builders(spec, args):
         try:
@@ -177,10 +181,11 @@ def run_row(spec, args) -> dict:
         contenders.append(c)
     if not contenders:
         return {"spec": spec, "times": {}, "check": "nothing ran"}
-    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds)
+    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds, lead=LEAD)
     say(f"{spec.key}: input {spec.inp}, hidden {spec.hidden}, batch {spec.batch}, "
         + (f"length uniform in {spec.var_range[0]}..{spec.var_range[1]} per call" if spec.var
-           else f"length {spec.fixed}") + f"; {args.rounds} blocks of {args.steps} calls")
+           else f"length {spec.fixed}")
+        + f"; {args.rounds} blocks of {args.steps} calls, each after {LEAD} untimed")
     if ref:
         say(f"  reference ({ref_name}) losses: " + ", ".join(f"{v:.6g}" for v in ref))
     for c, (best, med) in zip(contenders, times):

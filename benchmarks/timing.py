@@ -66,13 +66,16 @@ def guarded(label: str, fn: Callable) -> None:
 
 
 def interleaved(steps: list, number: int, rounds: int,
-                syncs: list | None = None) -> list[tuple[float, float]]:
+                syncs: list | None = None, lead: int = 0) -> list[tuple[float, float]]:
     """(best, median) seconds per call of each `step()`, over blocks of `number` calls, the
     steps timed in alternation block after block: short blocks and many rounds, so that the
     machine's drift (on a shared 2-core VM it swings by tens of percent within a second;
     on a GPU, clocks and a peer's own run-to-run swings) hits every contender alike.
     `syncs[k]` (optional; None for none) ends each block of step k: a device's work is
-    counted in its block and never overlaps the next contender's."""
+    counted in its block and never overlaps the next contender's.  `lead` calls of a step
+    run untimed before each of its blocks: the first call after another contender's block
+    finds the caches holding that one's code and data, which a loop calling one step back
+    to back (a training loop) never does."""
     syncs = syncs or [None] * len(steps)
     for step, sync in zip(steps, syncs):     # warm: compiles, captures, first-call tuning
         step()
@@ -82,6 +85,10 @@ def interleaved(steps: list, number: int, rounds: int,
     for _ in range(rounds):
         for k, step in enumerate(steps):
             sync = syncs[k]
+            for _ in range(lead):
+                step()
+            if lead and sync is not None:
+                sync()
             t0 = time.perf_counter()
             for _ in range(number):
                 step()

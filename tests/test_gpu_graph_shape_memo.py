@@ -92,6 +92,25 @@ def test_the_shape_arithmetic_runs_once_per_set_of_shapes(monkeypatch):
     assert st["graphs"] == 2 and st["captures"] == 2, st
 
 
+def test_a_value_another_set_of_shapes_computes_again_is_the_same_object():
+    """h of (3, 4) then (3, 5): the slice's start (2 * rows) is the same value, so the second
+    set keeps the first one's object (a segment keys memo values by identity first: a length that
+    changes every call must not make a weight's shape a new key part each time)."""
+    x, h = gvec(), TensorType("float64", (False, False))()
+    y = add1()(FakeDynSlice()(x, *_bounds(h)))
+    vm = _linked([x, h], [y], [upload(fakes.CTX_OBJ, DATA), np.zeros((3, 4))])
+    (memo,) = [st for st in vm.runner.steps if isinstance(st, ShapeMemoStep)]
+    for cols in (4, 5, 4):
+        vm.storage_map[h][0] = np.zeros((3, cols))
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), DATA[6:6 + cols] + 1)
+        del r
+    first, second = memo.memo[((3, 4),)], memo.memo[((3, 5),)]
+    same = [a is b for a, b in zip(first, second)]
+    equal = [bool(np.array_equal(a, b)) for a, b in zip(first, second)]
+    assert same == equal and any(same) and not all(same), (first, second)
+
+
 def test_a_host_value_read_as_a_value_keeps_its_node_apart(monkeypatch):
     """stop = 2 * rows + cols + k for a host scalar k: the sum reading k runs every call
     (the shape arithmetic before it stays in the memo)."""

@@ -111,7 +111,8 @@ class ShapeMemoStep:
     the one running, for the error's node) and the outputs are kept.  Cells only memo nodes
     read are emptied after, as the plain steps' garbage collection did."""
 
-    __slots__ = ("current", "first", "thunks", "indices", "sources", "kept", "dead", "memo")
+    __slots__ = ("current", "first", "thunks", "indices", "sources", "kept", "dead", "memo",
+                 "last")
 
     def __init__(self, indices: list[int], thunks: list[Callable], sources: list[list],
                  out_cells: list[list], dead: list[list]) -> None:
@@ -124,8 +125,11 @@ class ShapeMemoStep:
         self.kept = [c for c in out_cells if id(c) not in dead_ids]
         self.dead = dead
         #: the sources' shapes -> the kept values computed from them (the same objects each
-        #: time: a segment keys them by identity first)
+        #: time, and across sets where equal: a segment keys them by identity first, and a
+        #: length that changes every call leaves a weight's shape the same object)
         self.memo: dict[tuple, list] = {}
+        #: the values of the last set made (a new set takes their objects where equal)
+        self.last: list | None = None
 
     def run(self) -> None:
         try:    # arrays, host or device (a Python scalar input has no .shape)
@@ -143,9 +147,25 @@ class ShapeMemoStep:
         self.current = self.first
         if len(self.memo) >= MAX_SHAPE_SETS:
             self.memo.clear()
-        self.memo[key] = [c[0] for c in self.kept]
+        values = [c[0] for c in self.kept]
+        last = self.last
+        if last is not None:    # equal values keep their objects: keys read them by identity
+            for k, (c, v, old) in enumerate(zip(self.kept, values, last)):
+                if v is not old and _equal(v, old):
+                    values[k] = c[0] = old
+        self.memo[key] = self.last = values
         for c in self.dead:
             c[0] = None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Whether two host values are the same value of the same type (a memo value of one set
+    of shapes that another set computes again: a weight's shape while a length changes)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (np.ndarray, np.generic)):
+        return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a, b))
+    return isinstance(a, (int, float, bool)) and a == b
 
 
 def with_shape_memo(steps: list, plain_type: type, nodes: list, thunks: list, sm: dict,
