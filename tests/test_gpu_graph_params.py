@@ -219,6 +219,8 @@ def test_slices_of_slices_the_segment_computes_learn_their_layouts_in_one_run():
     ((slice(0, 1, None),), (4, 9), (10, 3)),              # x[a:b]
     ((slice(0, 1, None), 2), (1, 7, 3), (10, 5)),         # x[a:b, c]
     ((0,), (-2,), (6, 4)),                                 # x[a] (negative)
+    ((0,), (5,), (6, 4)), ((0,), (-6,), (6, 4)),          # x[a] at both ends
+    ((0,), (2,), (4, 3, 2)),                               # x[a] of a 3-d array
     ((slice(0, 1, 2),), (1, 9, 3), (12, 2)),              # x[a:b:c]
 ])
 def test_dynamic_slice_parameters_match_numpy_views(idx, values, shape):

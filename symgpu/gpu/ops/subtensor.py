@@ -117,7 +117,7 @@ class _SliceThunk(PerformThunk):
     """GpuSubtensor's thunk: ``perform`` (a view), or the parameter protocol of
     symgpu/gpu/runtime/graph_params.py when its bounds are symbolic."""
 
-    __slots__ = ("param_slot", "param_nbytes", "rows", "keep_layout", "seen_layout")
+    __slots__ = ("param_slot", "param_nbytes", "rows", "item", "keep_layout", "seen_layout")
     capturable = True   # a view (host bookkeeping), or one launch under a capture
     launches = False
     #: the parameters read x (input 0) only through its layout: x may be computed inside the
@@ -131,6 +131,8 @@ class _SliceThunk(PerformThunk):
             self.param_nbytes = 8   # the slice's byte offset from x's pointer
         #: x[a:b] on the first axis (the minibatch of a data set): computed directly per call
         self.rows = op.idx_list == (Slice(SYM, SYM, None),)
+        #: x[i] on the first axis (a loop's last state: buffer[n] of a padded run)
+        self.item = op.idx_list == (SYM,)
         #: set by a segment whose parameters need x's layout after the run (x computed
         #: inside it): each run leaves x's (context, shape, strides, dtype) and its key part
         #: in seen_layout
@@ -170,6 +172,10 @@ class _SliceThunk(PerformThunk):
         if self.rows and x.shape:
             shape, offset = self._rows(x)
             return (shape, x.strides), pack_int64(offset)
+        if self.item and x.shape:
+            i, n = int(self.inputs[1][0]), x.shape[0]
+            if -n <= i < n:     # (else the general routine raises its IndexError)
+                return (x.shape[1:], x.strides[1:]), pack_int64((i % n) * x.strides[0])
         x, view, _ = self._view(x)
         return (view.shape, view.strides), pack_int64(view.ptr - x.ptr)
 
