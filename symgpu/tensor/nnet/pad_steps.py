@@ -132,10 +132,8 @@ class StepBucket(Op):
     def connection_pattern(self, node: Apply) -> list[list[bool]]:
         return [[False, False]]
 
-    def L_op(self, inputs: list, outputs: list, output_grads: list) -> list:
-        # (local: symgpu.gradient imports symgpu.tensor, a module-level import is a circle)
-        from symgpu.gradient import DisconnectedType
-        return [DisconnectedType()()]
+    def grad(self, inputs: list, output_grads: list) -> list:
+        return [None]       # an integer length: no gradient (as ARange's integer bounds)
 
     def __str__(self) -> str:
         return f"StepBucket{{{self.q}}}"
