@@ -1,4 +1,5 @@
-"""PadSteps: a sequence (steps, ...) padded with zero steps to a multiple of `q` once its
+"""PadSteps: a sequence (steps, ...) padded with zero steps to a bucket (a multiple of `q`,
+or of a quarter of its length's power of two where more: ``bucket_length``) once its
 length has been seen to vary between calls (scan_to_dnn_rnn's length buckets, issue 32).
 
 Why: a training step whose sequence length changes every call (variable-length minibatches)
@@ -25,13 +26,21 @@ from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, ShapeError
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
-__all__ = ["PadSteps", "StepBuckets", "StepBucket"]
+__all__ = ["PadSteps", "StepBuckets", "StepBucket", "bucket_length"]
+
+
+def bucket_length(n: int, q: int) -> int:
+    """`n` rounded up to a bucket: a multiple of `q`, or of a quarter of the largest power
+    of two up to `n` where that is more (four buckets an octave: at most 25% of padding,
+    and a range of lengths twice as long costs four graphs more, not twice as many)."""
+    step = max(q, 1 << max(n.bit_length() - 3, 0))
+    return -(-n // step) * step
 
 
 class StepBuckets:
     """One node's memory of the lengths it has run: the padded length for the next call
-    (``steps(n)``): `n` itself while every call had that length, else `n` rounded up to a
-    multiple of `q`."""
+    (``steps(n)``): `n` itself while every call had that length, else its bucket
+    (:func:`bucket_length`)."""
 
     def __init__(self, q: int) -> None:
         self.q, self.first, self.varied = q, None, False
@@ -41,7 +50,7 @@ class StepBuckets:
             self.first = n
         elif n != self.first:
             self.varied = True
-        return -(-n // self.q) * self.q if self.varied else n
+        return bucket_length(n, self.q) if self.varied else n
 
 
 class PadSteps(Op):
