@@ -22,18 +22,17 @@ def _sums_of_incs(f):
             and any(v.owner is not None and isinstance(v.owner.op, INCS) for v in n.inputs)]
 
 
-def test_the_gradient_of_a_matrix_read_by_column_blocks_is_one_chain():
-    """The gates of a fused matrix: the gradient writes each block into one zero fill (a
-    chain, in place after the in-place pass), no sum of whole matrices; overlapping blocks
-    and an index array add up alike."""
+def test_the_gradient_of_a_matrix_read_by_blocks_and_an_index_array_sums_no_increment():
+    """The gates of a fused matrix (their slices joined by the canonical passes) and an
+    index array into it: the index array's increment goes onto the blocks' sum, no sum
+    reads an increment."""
     x = T.matrix("x")
     cost = (x[:, 0:2] ** 2).sum() + (3 * x[:, 2:4]).sum() + T.tanh(x[:, 1:3]).sum() \
         + x[[0, 2, 0], 1].sum()
     f = symgpu.function([x], T.grad(cost, x))
     assert not _sums_of_incs(f)
-    incs = _nodes(f, INCS)
-    assert len(incs) == 4 and sum(isinstance(n.inputs[0].owner.op, INCS)
-                                  for n in incs if n.inputs[0].owner) == 3
+    (inc,) = _nodes(f, INCS)
+    assert inc.outputs[0] is f.maker.fgraph.outputs[0]
     v = np.random.default_rng(0).standard_normal((3, 4)).astype(symgpu.config.floatX)
     want = np.zeros_like(v)
     want[:, 0:2] += 2 * v[:, 0:2]
@@ -75,3 +74,24 @@ def test_increments_of_other_bases_keep_their_sum_as_the_chains_start():
     want[0:2] += yv
     want[1:3] += yv
     np.testing.assert_allclose(f(av, bv, cv, yv), want, rtol=1e-5)
+
+
+def test_vgpu_a_cudnn_layers_weight_gradients_are_one_join_each(vgpu):
+    """scan_to_dnn_rnn unpacks cuDNN's flat weight gradient after the canonical passes: the
+    late pass joins each matrix's gate blocks (one launch), no zero fill copied per gate
+    and no sum of whole matrices."""
+    import os
+    import sys
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import rnn_cells as rc
+    from symgpu.gpu.ops.subtensor import GpuIncSubtensor, GpuJoin
+    from symgpu.gpu.ops.elemwise import GpuElemwise
+    for cell, gates in (("gru", 3), ("lstm", 4)):
+        spec = rc.parse_key(f"{cell}-masked-last-b16-h128-fixed")
+        fn = rc.build_symbolic(symgpu, T, spec, rc.init_params(spec), rc.data(spec))[2]
+        joins = [n for n in _nodes(fn, GpuJoin) if len(n.inputs) >= gates]
+        assert len(joins) >= 4, [str(n.op) for n in joins]       # W, U, biases, cuDNN's
+        writes = _nodes(fn, GpuIncSubtensor)
+        assert len(writes) == 1, [str(n.op) for n in writes]     # the last state's
+        assert not [n for n in _nodes(fn, GpuElemwise)
+                    if getattr(n.op.scalar_op, "name", "") == "add" and n.outputs[0].ndim == 2]
