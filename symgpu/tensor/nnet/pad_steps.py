@@ -29,6 +29,12 @@ from symgpu.tensor.type import TensorType, as_tensor_variable
 __all__ = ["PadSteps", "StepBuckets", "StepBucket", "bucket_length"]
 
 
+def _bucket_size(op: Any, q: int) -> int:
+    if int(q) < 1:
+        raise ValueError(f"{type(op).__name__}: the bucket size must be >= 1, got {q}")
+    return int(q)
+
+
 def bucket_length(n: int, q: int) -> int:
     """`n` rounded up to a bucket: a multiple of `q`, or of a quarter of the largest power
     of two up to `n` where that is more (four buckets an octave: at most 25% of padding,
@@ -65,9 +71,7 @@ class PadSteps(Op):
     view_map = {0: [0]}
 
     def __init__(self, q: int) -> None:
-        if int(q) < 1:
-            raise ValueError(f"PadSteps: the bucket size must be >= 1, got {q}")
-        self.q = int(q)
+        self.q = _bucket_size(self, q)
 
     def make_node(self, x: Any) -> Apply:
         x = as_tensor_variable(x)
@@ -114,9 +118,7 @@ class StepBucket(Op):
     __props__ = ("q",)
 
     def __init__(self, q: int) -> None:
-        if int(q) < 1:
-            raise ValueError(f"StepBucket: the bucket size must be >= 1, got {q}")
-        self.q = int(q)
+        self.q = _bucket_size(self, q)
 
     def make_node(self, n: Any) -> Apply:
         n = as_tensor_variable(n)
