@@ -7,13 +7,22 @@ row's Spec, its initial weights and data (rnn_cells) and returns a contender dic
 raises with the reason it cannot run (the caller prints it and goes on)."""
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 import rnn_cells as rc
 
-BUCKET = 16        # JAX: a new length is padded up to a multiple of 16 (one trace per bucket)
+#: a new length is padded up to its bucket (one CUDA graph or one trace per bucket): the
+#: buckets symgpu pads to (symgpu.tensor.nnet.pad_steps.bucket_length, dnn_rnn_match.BUCKET),
+#: so the peers run the same padded steps
+BUCKET = 8
+
+
+def _padded(spec, L: int) -> int:
+    """The length a call of length L runs at: its bucket (at most the data's length)."""
+    # (local: the peers' module imports no symgpu until a padded row asks for its rule)
+    from symgpu.tensor.nnet.pad_steps import bucket_length
+    return min(bucket_length(L, BUCKET), spec.lmax) if spec.var else L
 
 
 def _torch(device: str):
@@ -110,7 +119,7 @@ def cudnn_graphed(spec, params, arrays, device="cuda") -> dict:
     pack_padded_sequence cannot be captured (its lengths live on the host), so a masked row
     runs to the padded length and each row's last state is gathered at its own length - 1 (a
     state does not depend on later steps: this equals the masked cell), and the all-states
-    loss multiplies by the mask. A new length is padded up to a multiple of BUCKET (one graph
+    loss multiplies by the mask. A new length is padded up to its bucket (_padded: one graph
     per bucket, all captured before timing, as JAX's buckets are compiled)."""
     if device != "cuda":
         raise RuntimeError("a whole-step CUDA graph needs the GPU")
@@ -121,7 +130,7 @@ def cudnn_graphed(spec, params, arrays, device="cuda") -> dict:
     B = spec.batch
     h0 = _zero_states(torch, spec, device)
     use_mask = spec.masked or spec.var
-    pad = lambda L: min(math.ceil(L / BUCKET) * BUCKET, spec.lmax) if spec.var else L  # noqa
+    pad = lambda L: _padded(spec, L)  # noqa: E731
     last = torch.zeros(B, dtype=torch.long, device=device)       # the graphs' inputs
     mask = torch.zeros(spec.lmax, B, device=device)
     rows = torch.arange(B, device=device)
@@ -183,7 +192,7 @@ def cudnn_graphed(spec, params, arrays, device="cuda") -> dict:
     prec = "tf32" if torch.backends.cudnn.allow_tf32 else "fp32"
     name = f"PyTorch cuDNN nn.{CUDNN_CELLS[spec.cell]}, whole step as a CUDA graph"
     if spec.var:
-        name += f", bucket {BUCKET}"
+        name += ", buckets as symgpu's"
     return {"name": name, "call": call, "precision": prec, "compile": None,
             "warm": warm_buckets}
 
@@ -261,7 +270,7 @@ def torch_reference(spec, params, arrays, calls) -> list[float]:
 def jax_scan(spec, params, arrays, precision="default", device="cuda") -> dict:
     """lax.scan under jit, as JAX users write it: the parameters, data, mask and PRNG key
     are arguments (parameters and key donated: updated in place), the step is the same cell.
-    A new length is padded up to a multiple of BUCKET with the mask zero on the padding (so
+    A new length is padded up to its bucket (_padded) with the mask zero on the padding (so
     the state stays put and the loss ignores it): one trace per bucket, not per length;
     every bucket is compiled before timing (compile reports them all). Fixed, unmasked rows
     run without a mask. `precision` "default" (TF32 products on the GPU) or "highest"."""
@@ -274,7 +283,7 @@ def jax_scan(spec, params, arrays, precision="default", device="cuda") -> dict:
     ns = rc.n_states(spec.cell)
     use_mask = spec.masked or spec.var
     x_np, y_np, yl_np = arrays
-    pad = lambda L: min(math.ceil(L / BUCKET) * BUCKET, spec.lmax) if spec.var else L  # noqa
+    pad = lambda L: _padded(spec, L)  # noqa: E731
     xs, ys = {}, {}
     lengths = range(spec.var_range[0], spec.var_range[1] + 1) if spec.var else [spec.fixed]
     for Lb in sorted({pad(L) for L in lengths}):
@@ -322,7 +331,7 @@ def jax_scan(spec, params, arrays, precision="default", device="cuda") -> dict:
         return time.perf_counter() - t0
     name = "JAX lax.scan (jit)" + ("" if precision == "default" else f", {precision}")
     if spec.var:
-        name += f", bucket {BUCKET}"
+        name += ", buckets as symgpu's"
     prec = "tf32" if precision == "default" and device == "cuda" else "fp32"
     return {"name": name, "call": call, "precision": prec, "compile": None,
             "warm": warm_buckets}
