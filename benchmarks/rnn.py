@@ -181,7 +181,9 @@ def run_row(spec, args) -> dict:
         contenders.append(c)
     if not contenders:
         return {"spec": spec, "times": {}, "check": "nothing ran"}
-    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds, lead=LEAD)
+    calls = [[] for _ in contenders] if args.per_call else None
+    times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds, lead=LEAD,
+                        calls=calls)
     say(f"{spec.key}: input {spec.inp}, hidden {spec.hidden}, batch {spec.batch}, "
         + (f"length uniform in {spec.var_range[0]}..{spec.var_range[1]} per call" if spec.var
            else f"length {spec.fixed}")
@@ -192,6 +194,9 @@ def run_row(spec, args) -> dict:
         say(f"  {c['name']:<38} {c['precision']:>4}  compile {c['compile']:7.3f} s  "
             f"best {best * 1e3:8.3f} ms  median {med * 1e3:8.3f} ms  losses "
             + ", ".join(f"{v:.6g}" for v in c["losses"]) + ("" if c["ok"] else "  MISMATCH"))
+    if calls is not None:
+        for c, own in zip(contenders, calls):
+            say(f"  {c['name']}: " + per_call_summary(own, args.steps))
     if args.device != "cpu":
         from symgpu.gpu.exec import scan_graph
         say(f"  loop graphs so far: {dict(scan_graph.STATS)}")
@@ -315,6 +320,17 @@ def criteria(results: dict, device: str, quick: bool) -> list[str]:
 
 # -- main -----------------------------------------------------------------------------------
 
+def per_call_summary(seconds: list, per_block: int) -> str:
+    """Single calls' 10th, 50th and 90th percentiles, and the median of each position in a
+    block (a slow first call after the lead call shows where a block's time goes)."""
+    def ms(values: list, q: float) -> float:
+        return sorted(values)[min(len(values) - 1, int(q * len(values)))] * 1e3
+    spots = [seconds[k::per_block] for k in range(per_block)]
+    return (f"calls p10 {ms(seconds, 0.1):.3f} p50 {ms(seconds, 0.5):.3f} "
+            f"p90 {ms(seconds, 0.9):.3f} ms; by position in a block (median) "
+            + ", ".join(f"{ms(s, 0.5):.3f}" for s in spots) + " ms")
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -333,6 +349,9 @@ def parse_args(argv=None):
     ap.add_argument("--jax-fp32", action="store_true", help="add JAX with 'highest' precision")
     ap.add_argument("--seq", type=int, default=100, help="elman-classic's time steps")
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-compile probe")
+    ap.add_argument("--per-call", action="store_true",
+                    help="also time each call apart: percentiles and the median by position "
+                    "in a block, per contender")
     ap.add_argument("--no-split", action="store_true",
                     help="varied CUDA-graph segments stay whole (graph_varying.SPLIT off)")
     ap.add_argument("--profile-cold", action="store_true",

@@ -66,7 +66,8 @@ def guarded(label: str, fn: Callable) -> None:
 
 
 def interleaved(steps: list, number: int, rounds: int,
-                syncs: list | None = None, lead: int = 0) -> list[tuple[float, float]]:
+                syncs: list | None = None, lead: int = 0,
+                calls: list | None = None) -> list[tuple[float, float]]:
     """(best, median) seconds per call of each `step()`, over blocks of `number` calls, the
     steps timed in alternation block after block: short blocks and many rounds, so that the
     machine's drift (on a shared 2-core VM it swings by tens of percent within a second;
@@ -75,7 +76,9 @@ def interleaved(steps: list, number: int, rounds: int,
     counted in its block and never overlaps the next contender's.  `lead` calls of a step
     run untimed before each of its blocks: the first call after another contender's block
     finds the caches holding that one's code and data, which a loop calling one step back
-    to back (a training loop) never does."""
+    to back (a training loop) never does.  `calls` (optional, one list per step) receives
+    every timed call's own seconds, block by block (each call timed apart: where in a block
+    the time goes)."""
     syncs = syncs or [None] * len(steps)
     for step, sync in zip(steps, syncs):     # warm: compiles, captures, first-call tuning
         step()
@@ -90,8 +93,14 @@ def interleaved(steps: list, number: int, rounds: int,
             if lead and sync is not None:
                 sync()
             t0 = time.perf_counter()
-            for _ in range(number):
-                step()
+            if calls is None:
+                for _ in range(number):
+                    step()
+            else:
+                for _ in range(number):
+                    t1 = time.perf_counter()
+                    step()
+                    calls[k].append(time.perf_counter() - t1)
             if sync is not None:
                 sync()
             blocks[k].append((time.perf_counter() - t0) / number)

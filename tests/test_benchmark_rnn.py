@@ -117,3 +117,14 @@ def test_the_cudnn_ratio_takes_the_faster_of_eager_and_the_graphed_step():
     assert any(ln.startswith("- FAIL LSTM and GRU rows within 1.5x of cuDNN") and "2.40x" in ln
                for ln in lines), lines
     assert any("cuDNN graph ms" in ln for ln in rnn.table({"k": fast}, "cuda"))
+
+
+def test_per_call_times_say_where_a_block_spends(capsys):
+    """--per-call: each timed call apart, its percentiles and the median by position in a
+    block (the first call after another contender's block against the rest)."""
+    summary = rnn.per_call_summary([0.004, 0.001, 0.001, 0.006, 0.001, 0.002], 3)
+    assert summary.startswith("calls p10 1.000 p50 2.000 p90 6.000 ms")
+    assert summary.endswith("by position in a block (median) 6.000, 1.000, 2.000 ms")
+    rnn.main(["--quick", "--device", "cpu", "--skip", "pytensor", "--per-call",
+              "--subset", "gru-unmasked-all-b16-h128-fixed"])
+    assert "calls p10" in capsys.readouterr().out
