@@ -9,8 +9,10 @@ are read only up to the true length (its states do not depend on later steps) ca
 a padded sequence instead, and then every node after the pad sees one of a few lengths
 (the buckets). A program whose length never changes pays nothing: until a second length
 arrives the op passes the sequence itself through, no copy (``view_map``).  On the GPU the
-pad is not captured (symgpu/gpu/ops/pad_steps.py), so the graphs after it are keyed by the
-bucket alone.
+pad of a sequence passed whole is not captured (GpuPadSteps), so the graphs after it are
+keyed by the bucket alone; the pad of a slice of a longer array (``x[:L]``) is captured
+with its length as a graph parameter (GpuPadPrefix, keyed by StepBucket's bucket): both in
+symgpu/gpu/ops/pad_steps.py.
 
 The output's length is known when the op runs, not from its input's shape (it depends on
 the lengths seen before): ``infer_shape`` says so (ShapeError), and shapes after it are read
@@ -66,8 +68,8 @@ class PadSteps(Op):
     the host, where the pad ends its graph, not after the work that follows."""
 
     __props__ = ("q",)
-    #: a length that needs no padding (one that has not varied, or a multiple of q) goes out
-    #: as the sequence itself: no copy
+    #: a length that needs no padding (one that has not varied, or one equal to its bucket)
+    #: goes out as the sequence itself: no copy
     view_map = {0: [0]}
 
     def __init__(self, q: int) -> None:
