@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import rnn_cells as rc
+from symgpu.tensor.nnet.pad_steps import bucket_length
 
 #: a new length is padded up to its bucket (one CUDA graph or one trace per bucket): the
 #: buckets symgpu pads to (symgpu.tensor.nnet.pad_steps.bucket_length, dnn_rnn_match.BUCKET),
@@ -20,8 +21,6 @@ BUCKET = 8
 
 def _padded(spec, L: int) -> int:
     """The length a call of length L runs at: its bucket (at most the data's length)."""
-    # (local: the peers' module imports no symgpu until a padded row asks for its rule)
-    from symgpu.tensor.nnet.pad_steps import bucket_length
     return min(bucket_length(L, BUCKET), spec.lmax) if spec.var else L
 
 

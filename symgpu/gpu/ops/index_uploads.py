@@ -21,6 +21,7 @@ from symgpu.gpu.placement.type import is_gpu_var
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
+from symgpu.scalar.dtypes import is_bool, is_int
 from symgpu.tensor.basic import ARange
 from symgpu.tensor.elemwise import DimShuffle, Elemwise
 
@@ -28,7 +29,7 @@ __all__ = ["local_gpu_index_math"]
 
 
 def _discrete(v: Any) -> bool:
-    return v.dtype.startswith(("int", "uint")) or v.dtype == "bool"
+    return is_int(v.dtype) or is_bool(v.dtype)
 
 
 def _only_uploaded(fgraph: Any, v: Any) -> bool:

@@ -33,6 +33,7 @@ from symgpu.graph.op import Op, PerformThunk
 from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.db import POSITIONS
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
+from symgpu.scalar.dtypes import is_int
 from symgpu.tensor.nnet.pad_steps import PadSteps, StepBucket, StepBuckets
 from symgpu.tensor.shape_rules import slice_length
 from symgpu.tensor.subtensor import Slice
@@ -98,7 +99,7 @@ class GpuPadPrefix(Op):
             raise TypeError(f"{self}: needs a GPU sequence (rows, ...), got {x}")
         ints = [as_tensor_variable(v) for v in (n, steps, varied)]
         for name, v in zip(("n", "steps", "varied"), ints):
-            if v.ndim != 0 or not v.dtype.startswith(("int", "uint")):
+            if v.ndim != 0 or not is_int(v.dtype):
                 raise TypeError(f"{self}: {name} must be an integer scalar on the host, "
                                 f"got {v.type}")
         out = GpuArrayType(x.dtype, (False,) + x.type.broadcastable[1:],
@@ -139,7 +140,7 @@ def _rows(x: Any) -> tuple[int, int] | None:
 class _PadPrefixThunk(PerformThunk):
     """GpuPadPrefix's thunk, with the parameter protocol of graph_params.py (n in the slot)."""
 
-    __slots__ = ("param_slot", "ctx")
+    __slots__ = ("param_slot", "ctx", "layout")
     capturable = True
     launches = True
     param_nbytes = 8
@@ -149,6 +150,15 @@ class _PadPrefixThunk(PerformThunk):
         super().__init__(op, node, storage_map, compute_map)
         self.param_slot: tuple | None = None
         self.ctx = ctx
+        #: (shape, strides, _rows of them) of the last x: the same every call of a key
+        self.layout: tuple = ((), (), None)
+
+    def _rows(self, x: Any) -> tuple[int, int] | None:
+        shape, strides, rows = self.layout
+        if x.shape != shape or x.strides != strides:
+            rows = _rows(x)
+            self.layout = (x.shape, x.strides, rows)
+        return rows
 
     def _args(self) -> tuple[Any, int, int, bool]:
         x, n, steps, varied = (c[0] for c in self.inputs)
@@ -165,7 +175,7 @@ class _PadPrefixThunk(PerformThunk):
         """((steps, varied), n): a copy reads n from the slot; one whose rows the kernel
         cannot read runs plainly (TypeError)."""
         x, n, steps, varied = self._args()
-        if varied and _rows(x) is None:
+        if varied and self._rows(x) is None:
             raise TypeError(f"{self.op}: rows of strides {x.strides} are not contiguous")
         return (steps, varied), pack_int64(n)
 
@@ -177,7 +187,7 @@ class _PadPrefixThunk(PerformThunk):
         ctx = self.ctx
         ctx.activate()
         out = new_array(ctx, (steps,) + tuple(x.shape[1:]), x.dtype)
-        rows = _rows(x)
+        rows = self._rows(x)
         slot = self.param_slot
         if rows is not None:
             pad_prefix(ctx, out.ptr, x.ptr, slot_ptr(slot) if slot is not None else 0, n,

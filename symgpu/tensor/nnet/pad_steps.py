@@ -26,6 +26,7 @@ import numpy as np
 
 from symgpu.graph.basic import Apply
 from symgpu.graph.op import Op, ShapeError
+from symgpu.scalar.dtypes import is_int
 from symgpu.tensor.type import TensorType, as_tensor_variable
 
 __all__ = ["PadSteps", "StepBuckets", "StepBucket", "bucket_length"]
@@ -124,7 +125,7 @@ class StepBucket(Op):
 
     def make_node(self, n: Any) -> Apply:
         n = as_tensor_variable(n)
-        if n.ndim != 0 or not n.dtype.startswith(("int", "uint")):
+        if n.ndim != 0 or not is_int(n.dtype):
             raise TypeError(f"{self}: needs an integer scalar length, got {n.type}")
         return Apply(self, [n], [TensorType("int64", ())(name="padded_steps"),
                                  TensorType("int8", ())(name="steps_varied")])
