@@ -11,8 +11,8 @@ mixed_precision  products in half under a mixed-precision policy (passes `mixed_
             `mixed_float16`, 15; selected by the `mixed_precision` flag)
 partial_sums  a flat add reads a partial sum computed anyway; elementwise work read through
             disjoint slices computed per slice (pass `partial_sums`, 19)
-inc_serialize  add(inc(a, y0, s0), inc(b, y1, s1)) -> inc(inc(a + b, y0, s0), y1, s1)
-            (pass `inc_subtensor_serialize`, 3.45: after scan_to_dnn_rnn)
+inc_serialize  add(inc(a, y0, s0), inc(b, y1, s1)) -> inc(inc(a + b, y0, s0), y1, s1),
+            after scan_to_dnn_rnn, between the joins of slices that meet (3.45-3.47)
 blas        dot -> Gemv/Gemm/Dot22 with scalings and updates folded in (pass `blas`, 20)
 elemwise    elementwise fusion into Composite (pass `fusion`, 49)
 inplace     in-place variants under the DestroyHandler (pass `inplace`, 75)

@@ -8,10 +8,11 @@ increment is linear, so the sum is ``inc(inc(zeros_like(W), g0, s0), g1, s1)...`
 fill and a block write per slice, which the in-place pass makes in place.  The canonical
 passes turn such sums of slices that meet into one join already
 (shape_ops.local_add_of_slice_writes, local_write_into_zeros_to_join); scan_to_dnn_rnn makes
-its sums after them, when it unpacks cuDNN's weight gradient, so this rewrite runs in a pass
-of its own after it (``inc_subtensor_serialize``, 3.45).  (Joining there instead, by running
-those two again, would save the fill and the writes but a join of each block: not measured
-on a GPU yet.)
+its sums after them, when it unpacks cuDNN's weight gradient, so those two run again after
+it (passes ``late_add_of_slice_writes``, 3.45, and ``late_write_into_zeros_to_join``, 3.47:
+a matrix's gate blocks are one join, one launch) and this rewrite between them chains what
+they leave (``inc_subtensor_serialize``, 3.46); the tag ``inc_subtensor_serialize`` names
+all three.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from symgpu.graph.rewriting import node_rewriter, optdb
 from symgpu.graph.rewriting.equilibrium import EquilibriumRewriter
 from symgpu.tensor.elemwise import Elemwise
 from symgpu.tensor.math import add
+from symgpu.tensor.rewriting.shape_ops import (local_add_of_slice_writes,
+                                               local_write_into_zeros_to_join)
 from symgpu.tensor.rewriting.utils import is_constant_value, is_ew
 from symgpu.tensor.subtensor import AdvancedIncSubtensor, IncSubtensor
 
@@ -61,8 +64,13 @@ def local_inc_subtensor_serialize(fgraph, node):
     return [tip]
 
 
-# after scan_to_dnn_rnn (3.4, 3.41), which unpacks cuDNN's weight gradient into such sums
-optdb.register("inc_subtensor_serialize",
-               EquilibriumRewriter([local_inc_subtensor_serialize],
-                                   name="inc_subtensor_serialize"),
-               3.45, "fast_run")
+# after scan_to_dnn_rnn (3.4, 3.41), which unpacks cuDNN's weight gradient into such sums:
+# the blocks of a matrix that meet are joined (one launch: the canonical passes' rewrites run
+# again), what is left chained; in passes of their own, in this order (in one equilibrium
+# the writes would each become a join before their sum is seen whole)
+for _k, (_name, _rewrite) in enumerate((
+        ("late_add_of_slice_writes", local_add_of_slice_writes),
+        ("inc_subtensor_serialize", local_inc_subtensor_serialize),
+        ("late_write_into_zeros_to_join", local_write_into_zeros_to_join))):
+    optdb.register(_name, EquilibriumRewriter([_rewrite], name=_name), 3.45 + 0.01 * _k,
+                   "fast_run", "inc_subtensor_serialize")
