@@ -221,17 +221,22 @@ class FakeCtx:
 NON_LAUNCHING = {"GpuShape_i", "GpuShape", "GpuDimShuffle", "GpuReshape"}
 
 
-def planned_step_kinds(nodes) -> list[str]:
+def planned_steps(nodes) -> list[tuple[str, list]]:
     """The CUDA-graph runner's plan (graph_plan.plan_steps) of a function compiled on a
     virtual context, with the flags the GPU thunks carry on the GPU machine: device ops are
     capturable, views and shape reads capture without launching, transfers to the host are
-    not capturable and batch their syncs."""
+    not capturable and batch their syncs. ``(kind, [node, ...])`` per step."""
     from symgpu.gpu.exec.graph_plan import plan_steps
     names = [type(n.op).__name__ for n in nodes]
     capt = [nm.startswith("Gpu") and nm != "HostFromGpu" for nm in names]
     launches = [c and nm not in NON_LAUNCHING for c, nm in zip(capt, names)]
     batch = [nm == "HostFromGpu" for nm in names]
-    return [k for k, _ in plan_steps(nodes, capt, launches, batch)]
+    return [(k, [nodes[i] for i in idx]) for k, idx in plan_steps(nodes, capt, launches, batch)]
+
+
+def planned_step_kinds(nodes) -> list[str]:
+    """The kinds of planned_steps' steps."""
+    return [k for k, _ in planned_steps(nodes)]
 
 
 def assert_one_segment(nodes) -> None:

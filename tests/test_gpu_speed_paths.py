@@ -112,6 +112,36 @@ def test_schedule_puts_host_work_first_and_transfers_last():
     assert steps == [("plain", [3]), ("segment", [0, 2, 4]), ("batch", [1, 5])]
 
 
+def test_a_host_check_runs_after_the_launches_that_do_not_need_it():
+    """A host check that overlaps launches (``overlaps_launches``: scan_to_dnn_rnn's
+    PrefixGuard, numpy over the caller's mask) runs after a first segment of the launches
+    that do not read it, so that its host time overlaps theirs; the work that reads it and
+    every write in place (a check that raises leaves the buffers as they were) wait for it.
+    Any other host work still runs before the first launch."""
+    from graph_fakes import FakeHostScale
+    from symgpu.tensor.type import TensorType
+
+    class Check(Op):
+        def make_node(self, h):
+            return Apply(self, [h], [h.type()])
+
+    class OverlappingCheck(Check):
+        overlaps_launches = True
+
+    for check, plan in ((OverlappingCheck, [("segment", [0, 1]), ("plain", [2]),
+                                            ("segment", [3, 4])]),
+                        (Check, [("plain", [2]), ("segment", [0, 1, 3, 4])])):
+        x, h = gvec(), TensorType("float32", ())()
+        a = add1()(x)                          # 0 a launch that needs no check
+        a2 = add1()(x)                         # 1 another, written in place below
+        c = check()(h)                         # 2 the check
+        b = FakeHostScale()(a, c)              # 3 reads the check's result
+        w = mul2(inplace=True)(a2)             # 4 writes in place: after the check
+        nodes = [a.owner, a2.owner, c.owner, b.owner, w.owner]
+        capt = [True, True, False, True, True]
+        assert graphs.plan_steps(nodes, capt, capt, [False] * 5) == plan, check
+
+
 def test_plan_keeps_view_only_runs_plain_and_splits_at_dependencies():
     from symgpu.gpu.placement.basic_ops import GpuDimShuffle
     x = gvec()

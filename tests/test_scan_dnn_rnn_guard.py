@@ -12,7 +12,7 @@ import pytest
 
 import symgpu
 import symgpu.tensor as T
-from gpu_helpers import requires_gpu
+from gpu_helpers import planned_steps, requires_gpu
 from symgpu.compile import host_fallback
 from symgpu.compile.mode import Mode
 from symgpu.compile.speculation import SpeculationFailed
@@ -228,6 +228,14 @@ def test_vgpu_masked_step_is_one_piece_with_the_guard_on_the_host_mask(vgpu):
     assert guard.inputs[0].owner is None              # the function's input itself
     assert not _ops(fn, IfElse)
     assert len(_ops(fn, GpuDnnRNNForward)) == 1 and len(_ops(fn, GpuDnnRNNBackward)) == 1
+    # the runner launches the forward (it reads no length) before the guard's numpy, and
+    # the backward and the weights' updates after it
+    where = {id(n): k for k, (_, step) in enumerate(planned_steps(fn.maker.fgraph.toposort()))
+             for n in step}
+    (fwd,), (bwd,) = _ops(fn, GpuDnnRNNForward), _ops(fn, GpuDnnRNNBackward)
+    updates = [n for n in fn.maker.fgraph.toposort() if getattr(n.op, "destroy_map", None)]
+    assert updates and where[id(fwd)] < where[id(guard)] < where[id(bwd)]
+    assert all(where[id(n)] > where[id(guard)] for n in updates)
 
 
 @requires_gpu

@@ -296,7 +296,12 @@ class PrefixMask(Op):
 class PrefixGuard(PrefixMask):
     """(mask (steps, batch), n) -> lengths int32 (batch,), PrefixMask's lengths, raising
     SpeculationFailed (scan_to_dnn_rnn) where PrefixMask's condition fails: the function
-    then compiles again without the rewrite and runs that call as a loop."""
+    then compiles again without the rewrite and runs that call as a loop.
+
+    Its numpy work overlaps the GPU's (``overlaps_launches``, graph_plan.schedule): the
+    cuDNN forward, which does not read the lengths, is launched before it."""
+
+    overlaps_launches = True
 
     def make_node(self, mask: Any, n: Any) -> Apply:
         return Apply(self, self._inputs(mask, n),

@@ -14,7 +14,7 @@ from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.graph.basic import Constant
 from symgpu.graph.traversal import sharing_memory
 
-__all__ = ["node_capturable", "node_launches", "schedule", "plan_steps", "make_keyer",
+__all__ = ["node_capturable", "node_launches", "overlaps_launches", "schedule", "plan_steps", "make_keyer",
            "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
            "mark_reusable_outputs", "overwritten", "read_later", "updates_last", "tail_safe",
            "parameter_nodes"]
@@ -53,13 +53,41 @@ def node_launches(node: Any, thunk: Any) -> bool:
     return _flag(node, thunk, "launches")
 
 
+def overlaps_launches(node: Any) -> bool:
+    """Whether ``node`` is host work that may run while the GPU works (its op's
+    ``overlaps_launches``: a check of a host input, such as scan_to_dnn_rnn's PrefixGuard):
+    the launches that do not need its result go first, so that its host time overlaps
+    theirs instead of delaying the first launch.  Writes in place wait for it (a check that
+    raises leaves every buffer as it was)."""
+    return bool(getattr(node.op, "overlaps_launches", False))
+
+
+def _wait_for_checks(nodes: Sequence[Any], parents: list[set[int]],
+                     children: list[list[int]], checks: list[int]) -> None:
+    """Make every node that writes in place (a destroy_map) a child of each check in
+    ``checks`` it is not an ancestor of: no update runs before a check that may raise."""
+    for d in checks:
+        above, todo = set(), list(parents[d])
+        while todo:
+            p = todo.pop()
+            if p not in above:
+                above.add(p)
+                todo.extend(parents[p])
+        for w, node in enumerate(nodes):
+            if w != d and w not in above and d not in parents[w] and \
+                    getattr(node.op, "destroy_map", None):
+                parents[w].add(d)
+                children[d].append(w)
+
+
 def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
              launches: Sequence[bool], contexts: Sequence[int] | None = None) -> list[int]:
     """A topological order (indices into ``nodes``, themselves in topological order) that
     groups capturable nodes: ready host work with no launching node before it first (with
     the capturable nodes it reads), then capturable nodes (non-launching ones, such as views,
     before launching ones), then the remaining nodes as late as possible.  Ties keep the
-    original order.
+    original order.  Host checks that overlap launches (``overlaps_launches``) run after
+    the capturable nodes that do not need them, before the rest.
 
     ``contexts`` (a function on several GPUs: each node's device ordinal, -1 for host
     nodes) groups the ready capturable nodes of one device together, so that each device's
@@ -74,6 +102,9 @@ def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
         parents.append(ps)
         for p in ps:
             children[p].append(i)
+    checks = [i for i in range(n) if not capturable[i] and overlaps_launches(nodes[i])]
+    if checks:
+        _wait_for_checks(nodes, parents, children, checks)
     after_launch = [False] * n      # some launching node is an ancestor
     for i in range(n):
         after_launch[i] = any(after_launch[p] or launches[p] for p in parents[i])
@@ -86,9 +117,13 @@ def schedule(nodes: Sequence[Any], capturable: Sequence[bool],
 
     group = list(contexts) if contexts is not None else [0] * n
 
+    overlapping = set(checks)
+
     def rank(i: int) -> tuple[int, int, int]:
         if not capturable[i]:
-            return (0 if not after_launch[i] else 3, 0, i)
+            if after_launch[i]:
+                return (4, 0, i)
+            return (3 if i in overlapping else 0, 0, i)
         if feeds_head[i]:
             return (0, 0, i)
         return (1 if not launches[i] else 2, group[i], i)
