@@ -12,7 +12,10 @@ Contenders per row: with `--device cuda` symgpu in float32 and TF32, PyTorch's c
 nn.LSTM/nn.GRU/nn.RNN (eager, and the whole step as one CUDA graph: the ratio takes the
 faster), torch.compile of the step, JAX's lax.scan (rnn_peers.py); on the CPU
 symgpu and PyTensor's scan (default mode). Each contender's first two calls are checked
-against a float64 reference with the same weights. The run ends with a Markdown table and
+against a float64 reference with the same weights. The contenders' blocks of calls alternate;
+a contender's time is the mean of its blocks without the fastest and the slowest (with a new
+length every call a block's time varies by design: a median of ten blocks of three calls
+would be a draw of the lengths, not their cost). The run ends with a Markdown table and
 the issue's "done when" criteria, PASS or FAIL.
 
     python benchmarks/rnn.py [--device cpu|cuda] [--subset KEYS|GLOBS] [--full] [--quick]
@@ -36,7 +39,7 @@ import numpy as np  # noqa: E402
 # the checkout's symgpu when no other is importable (`python benchmarks/rnn.py` from the root)
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rnn_cells as rc  # noqa: E402
-from timing import interleaved, say  # noqa: E402
+from timing import interleaved, say, trimmed_mean  # noqa: E402
 
 DEFAULT_CUDA = ["lstm-masked-last-b16-h128-fixed", "lstm-masked-last-b16-h128-var",
                 "gru-masked-last-b16-h128-fixed", "elman-unmasked-all-b64-h512-fixed",
@@ -182,17 +185,20 @@ def run_row(spec, args) -> dict:
     if not contenders:
         return {"spec": spec, "times": {}, "check": "nothing ran"}
     calls = [[] for _ in contenders] if args.per_call else None
+    blocks: list = []
     times = interleaved([c["fn"] for c in contenders], args.steps, args.rounds, lead=LEAD,
-                        calls=calls)
+                        calls=calls, blocks_out=blocks)
+    means = [trimmed_mean(b) for b in blocks]
     say(f"{spec.key}: input {spec.inp}, hidden {spec.hidden}, batch {spec.batch}, "
         + (f"length uniform in {spec.var_range[0]}..{spec.var_range[1]} per call" if spec.var
            else f"length {spec.fixed}")
         + f"; {args.rounds} blocks of {args.steps} calls, each after {LEAD} untimed")
     if ref:
         say(f"  reference ({ref_name}) losses: " + ", ".join(f"{v:.6g}" for v in ref))
-    for c, (best, med) in zip(contenders, times):
+    for c, (best, med), mean in zip(contenders, times, means):
         say(f"  {c['name']:<38} {c['precision']:>4}  compile {c['compile']:7.3f} s  "
-            f"best {best * 1e3:8.3f} ms  median {med * 1e3:8.3f} ms  losses "
+            f"best {best * 1e3:8.3f} ms  median {med * 1e3:8.3f} ms  "
+            f"trimmed mean {mean * 1e3:8.3f} ms  losses "
             + ", ".join(f"{v:.6g}" for v in c["losses"]) + ("" if c["ok"] else "  MISMATCH"))
     if calls is not None:
         for c, own in zip(contenders, calls):
@@ -216,7 +222,7 @@ def run_row(spec, args) -> dict:
     check = ("random (not checked)" if not deterministic else
              ("ok" if not bad else "MISMATCH " + ",".join(bad)))
     return {"spec": spec, "check": check,
-            "times": {c["kind"]: med for c, (_, med) in zip(contenders, times)},
+            "times": {c["kind"]: mean for c, mean in zip(contenders, means)},
             "compile": {c["kind"]: c["compile"] for c in contenders}}
 
 
@@ -409,8 +415,9 @@ def main(argv=None) -> dict:
                 **{"pytensor": v for n, v in meds.items() if n.startswith("PyTensor")}}}
             continue
         results[spec.key] = run_row(spec, args)
-    say(f"\n## RNN matrix ({args.device}{', quick' if args.quick else ''}): median ms per "
-        f"training step; ratios use {headline(args.device)}; "
+    say(f"\n## RNN matrix ({args.device}{', quick' if args.quick else ''}): ms per training "
+        f"step, the mean of the timed blocks without the fastest and the slowest "
+        f"(elman-classic: the median); ratios use {headline(args.device)}; "
         f"{time.perf_counter() - start:.0f} s in all\n")
     for line in table(results, args.device):
         say(line)

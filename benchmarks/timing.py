@@ -67,7 +67,8 @@ def guarded(label: str, fn: Callable) -> None:
 
 def interleaved(steps: list, number: int, rounds: int,
                 syncs: list | None = None, lead: int = 0,
-                calls: list | None = None) -> list[tuple[float, float]]:
+                calls: list | None = None,
+                blocks_out: list | None = None) -> list[tuple[float, float]]:
     """(best, median) seconds per call of each `step()`, over blocks of `number` calls, the
     steps timed in alternation block after block: short blocks and many rounds, so that the
     machine's drift (on a shared 2-core VM it swings by tens of percent within a second;
@@ -78,7 +79,8 @@ def interleaved(steps: list, number: int, rounds: int,
     finds the caches holding that one's code and data, which a loop calling one step back
     to back (a training loop) never does.  `calls` (optional, one list per step) receives
     every timed call's own seconds, block by block (each call timed apart: where in a block
-    the time goes)."""
+    the time goes); `blocks_out` (optional) receives each step's seconds per call of every
+    block (for statistics other than the best and the median: trimmed_mean)."""
     syncs = syncs or [None] * len(steps)
     for step, sync in zip(steps, syncs):     # warm: compiles, captures, first-call tuning
         step()
@@ -104,7 +106,19 @@ def interleaved(steps: list, number: int, rounds: int,
             if sync is not None:
                 sync()
             blocks[k].append((time.perf_counter() - t0) / number)
+    if blocks_out is not None:
+        blocks_out[:] = blocks
     return [(min(b), sorted(b)[len(b) // 2]) for b in blocks]
+
+
+def trimmed_mean(values: list[float], cut: int = 1) -> float:
+    """The mean of `values` without their `cut` smallest and `cut` largest (all of them when
+    that would leave none): a mean, where a block's time varies by design (a new sequence
+    length every call: a median of a few blocks is then a draw of the lengths, not their
+    cost), kept from a stray slow block."""
+    ordered = sorted(values)
+    kept = ordered[cut:len(ordered) - cut] if len(ordered) > 2 * cut else ordered
+    return sum(kept) / len(kept)
 
 
 def report_interleaved(label: str, names: list[str], times: list[tuple[float, float]],

@@ -128,3 +128,16 @@ def test_per_call_times_say_where_a_block_spends(capsys):
     rnn.main(["--quick", "--device", "cpu", "--skip", "pytensor", "--per-call",
               "--subset", "gru-unmasked-all-b16-h128-fixed"])
     assert "calls p10" in capsys.readouterr().out
+
+
+def test_a_rows_time_is_the_mean_of_its_blocks_without_the_extremes():
+    """A new length every call makes a block's time vary by design: the row's time is the
+    mean of the blocks, the fastest and the slowest dropped (a stray slow block stays out),
+    not their median (a draw of the lengths); with two blocks or fewer, their mean."""
+    from timing import interleaved, trimmed_mean
+    assert trimmed_mean([5.0, 1.0, 2.0, 3.0, 100.0]) == pytest.approx(10.0 / 3)
+    assert trimmed_mean([2.0, 4.0]) == 3.0
+    blocks: list = []
+    ticks = iter(range(1000))
+    interleaved([lambda: next(ticks)], 2, 4, blocks_out=blocks)
+    assert len(blocks) == 1 and len(blocks[0]) == 4 and all(t > 0 for t in blocks[0])

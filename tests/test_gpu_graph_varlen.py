@@ -13,6 +13,8 @@ from graph_fakes import add1, call, gvec, mul2, read, upload
 from symgpu.config import config
 from symgpu.graph.fg import FunctionGraph
 from symgpu.gpu.exec import graphs
+from symgpu.graph.basic import Apply
+from symgpu.graph.op import Op
 from symgpu.link.vm import link
 
 
@@ -173,6 +175,48 @@ def test_the_garbage_collector_is_paused_while_a_stream_is_captured():
         assert not gc.isenabled()
     finally:
         gc.enable() if was else gc.disable()
+
+
+class _HostCheck(Op):
+    """s -> s, a check of a host input that the runner overlaps with the launches that do
+    not need it (``overlaps_launches``, as scan_to_dnn_rnn's PrefixGuard)."""
+
+    __props__ = ()
+    overlaps_launches = True
+
+    def make_node(self, s):
+        return Apply(self, [s], [s.type()])
+
+    def perform(self, node, inputs, out):
+        out[0][0] = np.float32(inputs[0])
+
+
+def test_a_segment_reads_the_segment_before_it_in_place_whatever_the_shapes():
+    """A masked cuDNN step's plan: a first segment (the forward), a host check, a second
+    segment reading the first's outputs. With a new shape every call (two buckets), the
+    second's graphs read those outputs where the first's graph for that shape put them:
+    pinned, no copy before a replay, one capture per shape each."""
+    from graph_fakes import FakeHostScale
+    from symgpu.tensor.type import TensorType
+    ctx = fakes.CTX_OBJ
+    x, s = gvec(), TensorType("float32", ())()
+    a = mul2()(add1()(x))                          # the first segment
+    y = add1()(FakeHostScale()(a, _HostCheck()(s)))   # the second, after the check
+    fg = FunctionGraph([x, s], [y], clone=False)
+    fg.update_mapping = {}
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(ctx, [0])], s: [np.float32(3)]}, allow_gc=True)
+    first, second = vm.runner.segments
+    for n in [4, 7] * 6:
+        vals = np.arange(n, dtype="float32")
+        vm.storage_map[x][0] = upload(ctx, vals)
+        (r,) = call(vm, [y])
+        np.testing.assert_array_equal(read(r), (vals + 1) * 2 * 3 + 1)
+        del r
+    assert not second.computed and not second.staged and not second.moves
+    assert [j for gs in second.graphs.values() for g in gs for j, _ in g.staged] == []
+    st = vm.runner.stats()
+    assert st["captures"] == st["graphs"] == 4, st
 
 
 def test_two_shapes_stage_what_the_call_computes_from_the_first_capture():

@@ -101,7 +101,8 @@ class Segment(SegmentParams):
         targets = {j for _, j in copy_back}
         self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
         #: movable inputs the call computes before the segment (not variables, not function
-        #: inputs): staged once the keys vary (graphs.Runner._segment sets it)
+        #: inputs, not another segment's outputs): staged once the keys vary
+        #: (graphs.Runner._segment sets it)
         self.computed: set[int] = set()
         #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
         self.written = set(written)
@@ -468,10 +469,10 @@ class Segment(SegmentParams):
                 self._give_up(exc, vals, snap)
                 return
         if self.computed and (self.keys_met > 1 or self.split_off):
-            # shapes that change: what the call computes before the segment (a padded input,
-            # another segment's graph outputs) takes a new place with them (another size
-            # class of the pool), and pinned it would cost a capture per move; staged, a
-            # device copy per replay.  (One key: pinned until it moves.)
+            # shapes that change: what the call computes before the segment by plain steps (a
+            # padded input) takes a new place with them (another size class of the pool),
+            # and pinned it would cost a capture per move; staged, a device copy per replay.
+            # (One key: pinned until it moves.)
             self.staged |= self.computed
         staged: list = []
         cap_vals = vals

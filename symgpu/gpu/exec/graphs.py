@@ -369,6 +369,8 @@ class Runner:
         self.segments: list[Segment] = []
         self.steps: list[Any] = []
         seg_out_cells: list[list] = []
+        #: values earlier segments hand out (Segment.computed leaves them pinned)
+        self._graph_outputs: set = set()
         pos = 0
         for s_no, (kind, idx) in enumerate(steps):
             my_dead = [dead[pos + k] for k in range(len(idx))]
@@ -558,7 +560,12 @@ class Runner:
         if any(getattr(nodes[i].op, "captures_communicator", False) for i in idx):
             _COMMUNICATING.add(seg)
         seg._out_vars = [(sm[v], v) for v in out_vars]
-        seg.computed = {k for k, v in enumerate(inputs) if v.owner is not None} & seg.movable
+        # another segment's outputs are its graph's buffers, at one place per key of that
+        # segment, which this one's shapes follow (a bucket's graph before it): pinned, not
+        # staged; one that moves after all is staged then (Segment._moved)
+        seg.computed = {k for k, v in enumerate(inputs)
+                        if v.owner is not None and v not in self._graph_outputs} & seg.movable
+        self._graph_outputs.update(out_vars)
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
         seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
