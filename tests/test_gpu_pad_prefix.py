@@ -52,15 +52,17 @@ def test_step_bucket_is_the_length_until_lengths_vary_then_its_bucket():
         StepBucket(0)
 
 
-def test_buckets_are_multiples_of_q_then_four_an_octave():
+def test_buckets_are_multiples_of_q_then_eight_an_octave():
     from symgpu.tensor.nnet.pad_steps import bucket_length
-    padded = [bucket_length(n, 8) for n in range(1, 513)]
+    padded = [bucket_length(n, 8) for n in range(1, 1025)]
     assert padded == sorted(padded) and all(p >= n for n, p in enumerate(padded, 1))
-    assert all(p % 8 == 0 and p - n < 8 for n, p in enumerate(padded[:31], 1))
-    assert max(p / n for n, p in enumerate(padded, 1) if n >= 32) <= 1.25
-    for lo in (64, 128, 256):       # four buckets an octave past 32
-        assert len({bucket_length(n, 8) for n in range(lo + 1, 2 * lo + 1)}) == 4
-    assert len({bucket_length(n, 8) for n in range(10, 91)}) == 9
+    assert all(p % 8 == 0 and p - n < 8 for n, p in enumerate(padded[:127], 1))
+    assert max(p / n for n, p in enumerate(padded, 1) if n >= 64) <= 1.125
+    for lo in (128, 256, 512):      # eight buckets an octave past 64
+        assert len({bucket_length(n, 8) for n in range(lo + 1, 2 * lo + 1)}) == 8
+    lengths = range(10, 91)
+    assert len({bucket_length(n, 8) for n in lengths}) == 11
+    assert sum(bucket_length(n, 8) for n in lengths) / len(lengths) < 53.6   # 7% padding
 
 
 def test_vgpu_nested_prefix_slices_become_one_pad_of_the_whole_sequence(vgpu):
