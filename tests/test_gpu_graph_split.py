@@ -153,3 +153,35 @@ def test_no_split_where_the_repeating_nodes_launch_little():
     (seg,) = first.segments
     assert vm.runner is first and not seg.watching and seg.plain_runs == 17
 
+
+
+def test_a_segment_whose_keys_are_buckets_is_not_split():
+    """After a pad to buckets, every node of the segment takes the bucket's shapes or fixed
+    ones: its keys come back, one graph each. Lengths met in order (as a warm-up over the
+    range makes them) show each bucket first in a plain run, where the bucket's nodes seem to
+    follow the call; such a segment is not watched, nor split, and replays."""
+    from symgpu.tensor.nnet.pad_steps import bucket_length
+    x = gvec()
+    y = FakeSum()(mul2()(add1()(FakePadSteps(4)(x))))
+    for _ in range(4):                 # launches of fixed shapes: most of the segment's
+        y = add1()(y)
+    fg = FunctionGraph([x], [y], clone=False)
+    with config.change_flags(**{"gpuarray.cuda_graphs": True}):
+        vm = link(fg, {x: [upload(fakes.CTX_OBJ, np.zeros(3))]})
+    first = vm.runner
+    rng = np.random.default_rng(1)
+    lengths = list(range(3, 41)) + [int(n) for n in rng.integers(3, 41, 30)]
+    for k, n in enumerate(lengths):
+        v = np.arange(n, dtype="float32")
+        vm.storage_map[x][0] = upload(fakes.CTX_OBJ, v)
+        (r,) = call(vm, [y])
+        padded = np.zeros(bucket_length(n, 4) if k else n, "float32")   # StepBuckets
+        padded[:n] = v
+        np.testing.assert_allclose(read(r), [((padded + 1) * 2).sum() + 4])
+        del r
+    assert vm.runner is first and not first.forced_plain
+    (seg,) = first.segments
+    # a plain run at each key's first sight (the first length's and 10 buckets), a capture at
+    # each bucket's second, replays since
+    assert seg.plain_runs == 11 and seg.captures == seg.n_graphs == 10, first.stats()
+    assert seg.replays == len(lengths) - 21

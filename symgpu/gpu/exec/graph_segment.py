@@ -333,7 +333,11 @@ class Segment(SegmentParams):
                 del self.graphs[key]
 
     def _plain_call(self, vals: list, key: tuple | None = None) -> None:
-        if self.watching and key is not None and self.keys_met > _graphs.VARIED_AFTER:
+        # keys that come back (a bucket's) are served by a graph each: only a segment whose
+        # keys keep coming new is watched (each of a bucket's nodes would seem to follow the
+        # call over the first sights of its buckets, the only plain runs it makes)
+        if self.watching and key is not None and self.keys_met > _graphs.VARIED_AFTER and \
+                not self._few_keys():
             self._watched(key)
         else:
             self._plain()

@@ -145,8 +145,8 @@ __all__ = ["install", "node_capturable", "node_launches", "schedule", "plan_step
 _COMMUNICATING: "weakref.WeakSet[Segment]" = weakref.WeakSet()
 
 #: graphs kept per segment (two alternate when the caller holds the last result; a
-#: sequence padded to its bucket: one per bucket, 9 for lengths 10..90, 13 for 10..200)
-MAX_GRAPHS = 12
+#: sequence padded to its bucket: one per bucket, 11 for lengths 10..90, 16 for 10..160)
+MAX_GRAPHS = 16
 #: replays in a row a staged input that moved must arrive from one place (a shared variable
 #: after set_value, a GpuArray passed for a host input after host arrays) before the graph is
 #: captured again reading it there, so it is no longer copied into a static buffer before
