@@ -101,9 +101,11 @@ class Segment(SegmentParams):
         targets = {j for _, j in copy_back}
         self.movable = {k for k, g in enumerate(in_gpu) if g and k not in targets}
         #: movable inputs the call computes before the segment (not variables, not function
-        #: inputs, not another segment's outputs): staged once the keys vary
-        #: (graphs.Runner._segment sets it)
+        #: inputs): never read in place again once staged; staged once the keys vary but
+        #: for the ``steady`` ones, which keep one place per key (another segment's graph
+        #: outputs) (graphs.Runner._segment sets both)
         self.computed: set[int] = set()
+        self.steady: set[int] = set()
         #: inputs a node of the segment writes in place: a staged one's outputs are the graph's
         self.written = set(written)
         #: staged input -> [the pointer its last replays read it from, how many in a row],
@@ -477,7 +479,7 @@ class Segment(SegmentParams):
             # padded input) takes a new place with them (another size class of the pool),
             # and pinned it would cost a capture per move; staged, a device copy per replay.
             # (One key: pinned until it moves.)
-            self.staged |= self.computed
+            self.staged |= self.computed - self.steady
         staged: list = []
         cap_vals = vals
         if self.staged:

@@ -369,8 +369,9 @@ class Runner:
         self.segments: list[Segment] = []
         self.steps: list[Any] = []
         seg_out_cells: list[list] = []
-        #: values earlier segments hand out (Segment.computed leaves them pinned)
-        self._graph_outputs: set = set()
+        #: values that keep one place per key (Segment.steady: pinned, not staged once keys
+        #: vary): earlier segments' outputs
+        self._steady: set = set()
         pos = 0
         for s_no, (kind, idx) in enumerate(steps):
             my_dead = [dead[pos + k] for k in range(len(idx))]
@@ -562,10 +563,11 @@ class Runner:
         seg._out_vars = [(sm[v], v) for v in out_vars]
         # another segment's outputs are its graph's buffers, at one place per key of that
         # segment, which this one's shapes follow (a bucket's graph before it): pinned, not
-        # staged; one that moves after all is staged then (Segment._moved)
-        seg.computed = {k for k, v in enumerate(inputs)
-                        if v.owner is not None and v not in self._graph_outputs} & seg.movable
-        self._graph_outputs.update(out_vars)
+        # staged; one that moves after all is staged then (Segment._moved), and stays so.
+        # (An owned plain step's block is not: an upload of a new length outgrows it.)
+        seg.computed = {k for k, v in enumerate(inputs) if v.owner is not None} & seg.movable
+        seg.steady = {k for k in seg.computed if inputs[k] in self._steady}
+        self._steady.update(out_vars)
         seg.escaping = {id(sm[v]) for v in out_vars if v in self._escaping}
         # for symgpu.explain: host inputs keyed by value, and those passed as parameters
         seg.param_vars = [v for v, p in zip(inputs, param_inputs) if p]
