@@ -14,8 +14,8 @@ from symgpu.gpu.placement.type import is_gpu_var as _is_gpu_var
 from symgpu.graph.basic import Constant
 from symgpu.graph.traversal import sharing_memory
 
-__all__ = ["node_capturable", "node_launches", "overlaps_launches", "schedule", "plan_steps", "make_keyer",
-           "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
+__all__ = ["node_capturable", "node_launches", "overlaps_launches", "schedule", "plan_steps",
+           "make_keyer", "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
            "mark_reusable_outputs", "overwritten", "read_later", "updates_last", "tail_safe",
            "parameter_nodes"]
 

@@ -41,8 +41,8 @@ def _bucket_size(op: Any, q: int) -> int:
 def bucket_length(n: int, q: int) -> int:
     """`n` rounded up to a bucket: a multiple of `q`, or of an eighth of the largest power
     of two up to `n` where that is more (eight buckets an octave: at most 12.5% of padding,
-    and a range of lengths twice as long costs eight graphs more, not twice as many; four
-    an octave padded lengths 10..90 by 10% on average, against 7% now, in 11 buckets)."""
+    and a range of lengths twice as long costs eight graphs more, not twice as many:
+    lengths 10..90 make 11 buckets, 7% of padding on average; four an octave, 9 and 10%)."""
     step = max(q, 1 << max(n.bit_length() - 4, 0))
     return -(-n // step) * step
 
