@@ -15,9 +15,9 @@ from symgpu.graph.basic import Constant
 from symgpu.graph.traversal import sharing_memory
 
 __all__ = ["node_capturable", "node_launches", "overlaps_launches", "schedule", "plan_steps",
-           "make_keyer", "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells", "escaping",
-           "mark_reusable_outputs", "overwritten", "read_later", "updates_last", "tail_safe",
-           "parameter_nodes"]
+           "make_keyer", "make_fetcher", "Unkeyable", "HOST_KEY_LIMIT", "aliases", "dead_cells",
+           "escaping", "mark_reusable_outputs", "overwritten", "read_later", "updates_last",
+           "tail_safe", "parameter_nodes"]
 
 #: elements of a host value a key may hold (larger host inputs: the segment runs plainly)
 HOST_KEY_LIMIT = 64
