@@ -187,7 +187,7 @@ class DevicePool:
         self.capture_guard: Callable[[], Any] | None = None
         #: a block the next allocation of its size class on ``hint_thread`` returns: a block
         #: a plain step of the graph runner owns and gives to its node's output each call
-        #: (graphs._OwnedPlainStep), so the segment reading it finds it where it was
+        #: (graph_steps._OwnedPlainStep), so the segment reading it finds it where it was
         self.hint: Block | None = None
         self.hint_thread = 0
         if preallocate > 0:
