@@ -212,14 +212,16 @@ def _prefix_slice(v: Any) -> tuple[Any, Any] | None:
     return node.inputs[0], (node.inputs[1] if isinstance(e.stop, str) else e.stop)
 
 
-def _length(v: Any) -> Any:
-    """v's length (rows), as host arithmetic on the lengths of the prefix slices it is made
-    of, down to the first array that is no such slice."""
+def _prefix_of(v: Any) -> tuple[Any, Any] | None:
+    """(y, n) where ``v`` is ``y[:a][:b]...`` through prefix slices on the GPU (y no such
+    slice; n its rows, host arithmetic on the slices' stops), else None."""
     sliced = _prefix_slice(v)
     if sliced is None:
-        return v.shape[0]
+        return None
     y, stop = sliced
-    return slice_length(None, stop, None, _length(y))
+    inner = _prefix_of(y)
+    base, rows = inner if inner is not None else (y, y.shape[0])
+    return base, slice_length(None, stop, None, rows)
 
 
 @node_rewriter([GpuPadSteps])
@@ -227,15 +229,13 @@ def local_gpu_pad_prefix(fgraph, node):
     """GpuPadSteps(y[:a][:b]...) -> GpuPadPrefix(y, n, *StepBucket(n)), n the slices'
     length: the pad is captured with what reads it, n a graph parameter, and the slices'
     views (plain steps before the graph) go."""
-    x = node.inputs[0]
-    if _prefix_slice(x) is None:
+    prefix = _prefix_of(node.inputs[0])
+    if prefix is None:
         return None
-    n = as_tensor_variable(_length(x))
+    base, n = prefix
+    n = as_tensor_variable(n)
     if n.dtype != "int64":
         n = n.astype("int64")
-    base = x
-    while _prefix_slice(base) is not None:
-        base = _prefix_slice(base)[0]
     steps, varied = StepBucket(node.op.q)(n)
     return [GpuPadPrefix()(base, n, steps, varied), steps]
 
