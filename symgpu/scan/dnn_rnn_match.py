@@ -56,11 +56,11 @@ __all__ = ["PrefixMask", "PrefixGuard", "RNNMatch", "match_rnn_step", "scan_to_d
 GUARD = True
 #: where a GPU may take part, a loop whose last cell state is not read runs cuDNN over its
 #: sequence padded to a bucket once the length has varied between calls (PadSteps: a
-#: multiple of BUCKET steps, or of a quarter of the length's power of two where more), its
+#: multiple of BUCKET steps, or of an eighth of the length's power of two where more), its
 #: states read up to the true length: the step after the pad then has a few shapes, each
-#: captured once, instead of one per length (1: never padded).  8: lengths 10..90 pad to 9
-#: buckets, 10% more steps on average (16: 6 buckets, 15%; on an H200 the padded steps
-#: were most of what a new length every call cost over length 50)
+#: captured once, instead of one per length (1: never padded).  8: lengths 10..90 pad to 11
+#: buckets, 7% more steps on average (16 with four an octave: 6 buckets, 15%; on an H200
+#: the padded steps were most of what a new length every call cost over length 50)
 BUCKET = 8
 
 #: the lazy branch (symgpu.ifelse.ifelse) a masked match needs; symgpu.ifelse, a layer above

@@ -1,5 +1,5 @@
 """PadSteps: a sequence (steps, ...) padded with zero steps to a bucket (a multiple of `q`,
-or of a quarter of its length's power of two where more: ``bucket_length``) once its
+or of an eighth of its length's power of two where more: ``bucket_length``) once its
 length has been seen to vary between calls (scan_to_dnn_rnn's length buckets, issue 32).
 
 Why: a training step whose sequence length changes every call (variable-length minibatches)
@@ -55,6 +55,14 @@ class StepBuckets:
     def __init__(self, q: int) -> None:
         self.q, self.first, self.varied = q, None, False
 
+    @staticmethod
+    def of(node: Apply, q: int) -> "StepBuckets":
+        """The memory of ``node`` (a host op's, kept on its tag across calls)."""
+        buckets = getattr(node.tag, "buckets", None)
+        if buckets is None:
+            buckets = node.tag.buckets = StepBuckets(q)
+        return buckets
+
     def steps(self, n: int) -> int:
         if self.first is None:
             self.first = n
@@ -86,9 +94,7 @@ class PadSteps(Op):
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
         x = np.asarray(inputs[0])
-        buckets = getattr(node.tag, "buckets", None)
-        if buckets is None:
-            buckets = node.tag.buckets = StepBuckets(self.q)
+        buckets = StepBuckets.of(node, self.q)
         n = buckets.steps(x.shape[0])
         if n == x.shape[0]:
             out = x
@@ -132,9 +138,7 @@ class StepBucket(Op):
                                  TensorType("int8", ())(name="steps_varied")])
 
     def perform(self, node: Apply, inputs: list, outputs: list) -> None:
-        buckets = getattr(node.tag, "buckets", None)
-        if buckets is None:
-            buckets = node.tag.buckets = StepBuckets(self.q)
+        buckets = StepBuckets.of(node, self.q)
         n = int(inputs[0])
         if n < 0:
             raise ValueError(f"{self}: a negative length, {n}")
