@@ -35,6 +35,9 @@ def test_quick_cpu_run_checks_every_row_against_the_reference(capsys):
         assert results[key]["check"] == "ok", out
         assert results[key]["times"]["symgpu"] > 0
     assert "| lstm-masked-last-b4-h8-var |" in out and "x | ok |" in out   # var/fixed ratio
+    var = results["lstm-masked-last-b4-h8-var"]["times"]     # length 50 in the row's rounds
+    assert set(var) == {"symgpu", "symgpu@fixed"}
+    assert "symgpu scan (cpu), length 5 " in out and "4 blocks" in out
     assert "every contender's losses match the reference" in out and "PASS every" in out
 
 
@@ -100,6 +103,14 @@ def test_criteria_pass_and_fail_per_row():
     table = rnn.table(results, "cuda")
     assert ("| lstm-masked-last-b16-h128-var | 1600.00 | 1000.00 | 1500.00 | 1.60x | 1.07x "
             "| 1.14x | ok |") in table
+    side = dict(results)         # the var row's own length-50 calls, timed in its rounds
+    side["lstm-masked-last-b16-h128-var"]["times"]["symgpu-tf32@fixed"] = 1.5
+    lines = rnn.criteria(side, "cuda", quick=False)
+    assert "- PASS a new length every call within 1.1x of length 50: worst 1.07x over 1 rows" \
+        in lines                                                       # 1.6 / 1.5
+    assert "  (against the fixed row's time, timed apart: lstm-masked-last-b16-h128-var 1.14x)" \
+        in lines
+    assert "| 1.07x | ok |" in rnn.table(side, "cuda")[-3]
     cpu = {CPU: _result(CPU, symgpu=0.5, pytensor=1.0) for CPU in [rnn.CPU_GOAL_ROW]}
     assert any(ln.startswith("- PASS CPU") for ln in rnn.criteria(cpu, "cpu", quick=False))
 
